@@ -1,0 +1,32 @@
+/* tz-bench: standalone memory benchmarks, each printed beside the raw ceiling it is compared with. */
+#include "bench/bench.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *help;
+} subcommands[] = {
+  {"tiers", tz_bench_tiers, "tier-to-tier bandwidth beside fio and raw copies"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: tz-bench <benchmark> [options]   (tz-bench <benchmark> --help for its options)\n\n");
+  for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+    fprintf(f, "  %-12s %s\n", subcommands[i].name, subcommands[i].help);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+    if (strcmp(argv[1], subcommands[i].name) == 0)
+      return subcommands[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "tz-bench: unknown benchmark '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,66 @@
+#define _GNU_SOURCE
+#include "testlib.h"
+
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void tz_test_skip(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stdout, "SKIP: ");
+  vfprintf(stdout, fmt, ap);
+  fprintf(stdout, "\n");
+  va_end(ap);
+  fflush(stdout);
+  exit(TZ_TEST_SKIP);
+}
+
+char *tz_test_mkdtemp(const char *tag) {
+  const char *base = getenv("TZ_TEST_TMPDIR");
+  if (!base || !*base)
+    base = "/tmp";
+  char *path = NULL;
+  if (asprintf(&path, "%s/tz-%s-XXXXXX", base, tag) < 0)
+    return NULL;
+  if (!mkdtemp(path)) {
+    free(path);
+    return NULL;
+  }
+  return path;
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb, (void)flag, (void)ftw;
+  return remove(p);
+}
+
+void tz_test_rmdir(char *dir) {
+  if (!dir)
+    return;
+  nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  free(dir);
+}
+
+uint64_t tz_test_rand(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void tz_test_fill(void *buf, size_t n, uint64_t seed) {
+  uint8_t *p = buf;
+  uint64_t s = seed;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = tz_test_rand(&s);
+    memcpy(p + i, &v, 8);
+  }
+  if (i < n) {
+    uint64_t v = tz_test_rand(&s);
+    memcpy(p + i, &v, n - i);
+  }
+}

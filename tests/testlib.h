@@ -1,0 +1,34 @@
+/* What every test executable shares: cmocka, a skip convention, temporary directories, random data. */
+#ifndef TZ_TESTLIB_H
+#define TZ_TESTLIB_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* ctest's SKIP_RETURN_CODE: the machine lacks what the test needs. */
+#define TZ_TEST_SKIP 77
+
+/* Prints "SKIP: <why>" and exits 77. Call from main, before cmocka runs. */
+_Noreturn void tz_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A fresh directory under $TZ_TEST_TMPDIR (or /tmp), removed with its files by tz_test_rmdir. */
+char *tz_test_mkdtemp(const char *tag);
+void tz_test_rmdir(char *dir);
+
+/* Deterministic pseudo-random bytes (splitmix64 of seed and index). */
+void tz_test_fill(void *buf, size_t n, uint64_t seed);
+uint64_t tz_test_rand(uint64_t *state);
+
+/* Asserts rc == 0 and prints the thread's error message when it is not. */
+#define TZ_ASSERT_OK(call)                                                                         \
+  do {                                                                                             \
+    int tz_t_rc_ = (call);                                                                         \
+    if (tz_t_rc_ != 0)                                                                             \
+      print_error("%s -> %d (%s): %s\n", #call, tz_t_rc_, tz_strerror(tz_t_rc_), tz_err_msg());    \
+    assert_int_equal(tz_t_rc_, 0);                                                                 \
+  } while (0)
+
+#endif
