@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-int tz_bench_tiers(int argc, char **argv);
+int tz_bench_tiers(int argc, char **argv);   /* bench/tiers.c */
 
 /* Wall-clock seconds, monotonic. */
 double tz_bench_now(void);

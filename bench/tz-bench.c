@@ -9,12 +9,12 @@ static const struct {
   int (*run)(int argc, char **argv);
   const char *help;
 } subcommands[] = {
-  {"tiers", tz_bench_tiers, "tier-to-tier bandwidth beside fio and raw copies"},
+  {NULL, NULL, NULL}, /* subcommands are added above this line */
 };
 
 static void usage(FILE *f) {
   fprintf(f, "usage: tz-bench <benchmark> [options]   (tz-bench <benchmark> --help for its options)\n\n");
-  for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+  for (size_t i = 0; subcommands[i].name; i++)
     fprintf(f, "  %-12s %s\n", subcommands[i].name, subcommands[i].help);
 }
 
@@ -23,7 +23,7 @@ int main(int argc, char **argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+  for (size_t i = 0; subcommands[i].name; i++)
     if (strcmp(argv[1], subcommands[i].name) == 0)
       return subcommands[i].run(argc - 1, argv + 1);
   fprintf(stderr, "tz-bench: unknown benchmark '%s'\n", argv[1]);
