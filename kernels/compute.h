@@ -31,6 +31,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct tz_compute tz_compute;
 
 enum tz_dtype {
@@ -199,5 +203,9 @@ int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, const void *dout, 
  * are float; backends may walk the vocabulary in chunks. */
 int tz_compute_xent(tz_compute *cm, float *losses, void *dlogits, const void *logits,
                     const int32_t *targets, int N, int V, float dscale);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

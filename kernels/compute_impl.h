@@ -9,6 +9,10 @@
 
 #include "kernels/compute.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct tz_compute_ops {
   void (*destroy)(void *ctx);
   int (*sync)(void *ctx);
@@ -78,5 +82,9 @@ struct tz_compute_backend {
 /* kernels/cpu/compute.c and kernels/cuda/compute.cu; the registry lists cuda only with CUDA. */
 extern const struct tz_compute_backend tz_compute_backend_cpu;
 extern const struct tz_compute_backend tz_compute_backend_cuda;
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
