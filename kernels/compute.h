@@ -22,6 +22,9 @@
  * floating-point atomics; every reduction has a fixed order (reductions over rows that feed a
  * parameter gradient run in row order for each output element). tz_compute_sum fixes its order
  * exactly (below), so the gradient norm is the same on every backend for the same gradient bits.
+ * An op that accumulates (+=) computes this call's whole contribution first and adds it onto the
+ * old value once per element, so the result depends on the old value's bits, never on how they
+ * were formed: accumulating two micro-batches into g equals adding their separate gradients.
  *
  * Shapes. N is a number of rows (tokens, N = B*T), C the model width, V the vocabulary, F the MLP
  * width, H / Hkv the query / key-value heads, D the head dimension. Matrices are row-major. */
