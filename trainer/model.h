@@ -112,6 +112,20 @@ uint64_t tz_model_layer_numel_padded(const struct tz_model_config *cfg, int worl
 int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed,
                         uint64_t begin, uint64_t end, float *out);
 
+/* ---- Parameter blocks in backend memory ---- */
+
+/* One buffer per block (tz_model_block_numel elements of the storage dtype of cm each), zeroed.
+ * *out is an array of n_blocks pointers; free both with tz_model_blocks_free. */
+int tz_model_blocks_alloc(tz_compute *cm, const struct tz_model_config *cfg, void ***out);
+void tz_model_blocks_free(tz_compute *cm, const struct tz_model_config *cfg, void **blocks);
+/* Every block initialised by tz_model_init_block(seed) and stored in the storage dtype. */
+int tz_model_blocks_init(tz_compute *cm, const struct tz_model_config *cfg, uint64_t seed,
+                         void *const *blocks);
+/* n host floats <-> n elements of the storage dtype in backend memory (cast on the backend);
+ * synchronous. */
+int tz_model_block_upload(tz_compute *cm, void *dst, const float *src, uint64_t n);
+int tz_model_block_download(tz_compute *cm, float *dst, const void *src, uint64_t n);
+
 /* ---- Activations (backend memory, storage dtype S unless said; N = B*T) ---- */
 
 /* What one layer's forward keeps for its backward. */
