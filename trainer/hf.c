@@ -205,7 +205,9 @@ int tz_hf_config_write(const char *dir, const struct tz_model_config *cfg, enum 
   json_decref(r);
   char *path = join(dir, "config.json"), *line = NULL;
   int rc;
-  if (!text || !path || asprintf(&line, "%s\n", text) < 0)
+  if (text && path && (line = malloc(strlen(text) + 2)))
+    sprintf(line, "%s\n", text);
+  if (!line)
     rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
   else
     rc = write_file_atomic(path, line);
