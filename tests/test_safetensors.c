@@ -386,11 +386,19 @@ static void test_bad_config(void **state) {
   write_text(dir, "config.json", "{\"hidden_size\": 64,");
   assert_int_equal(tz_hf_config_read(dir, &c, NULL), TZ_ECONFIG);
   assert_non_null(strstr(tz_err_msg(), "line 1"));
+  /* The nested form of newer transformers. */
+  write_text(dir, "config.json",
+             "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+             " \"intermediate_size\": 128, \"vocab_size\": 100, \"rope_parameters\": "
+             "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}, \"dtype\": \"float16\"}");
+  enum tz_dtype dt;
+  TZ_ASSERT_OK(tz_hf_config_read(dir, &c, &dt));
+  assert_true(c.rope_theta == 500000.0);
+  assert_int_equal(dt, TZ_F16);
   /* Defaults of LlamaConfig where keys are absent; torch_dtype read. */
   write_text(dir, "config.json",
              "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
              " \"intermediate_size\": 128, \"vocab_size\": 100, \"torch_dtype\": \"bfloat16\"}");
-  enum tz_dtype dt;
   TZ_ASSERT_OK(tz_hf_config_read(dir, &c, &dt));
   assert_int_equal(c.n_kv_head, 4);
   assert_int_equal(c.tie_embeddings, 0);

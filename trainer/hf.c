@@ -85,9 +85,27 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   json_t *act = json_object_get(root, "hidden_act");
   if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
     return tz_err_set(TZ_ENOTSUP, "%s: hidden_act must be \"silu\"", path);
-  json_t *rs = json_object_get(root, "rope_scaling");
-  if (rs && !json_is_null(rs))
-    return tz_err_set(TZ_ENOTSUP, "%s: rope_scaling is not supported (only plain RoPE)", path);
+  /* Plain RoPE only. Newer transformers write {"rope_type": "default", "rope_theta": ...} under
+   * rope_parameters (or rope_scaling) instead of a top-level rope_theta. */
+  double theta_nested = 0;
+  const char *rope_keys[] = {"rope_scaling", "rope_parameters"};
+  for (int i = 0; i < 2; i++) {
+    json_t *rs = json_object_get(root, rope_keys[i]);
+    if (!rs || json_is_null(rs))
+      continue;
+    json_t *type = json_object_get(rs, "rope_type");
+    if (!type)
+      type = json_object_get(rs, "type");
+    if (!json_is_object(rs) || !json_is_string(type) ||
+        strcmp(json_string_value(type), "default") != 0)
+      return tz_err_set(TZ_ENOTSUP, "%s: %s other than plain RoPE (rope_type \"default\") is "
+                                    "not supported", path, rope_keys[i]);
+    json_t *th = json_object_get(rs, "rope_theta");
+    if (th && !json_is_number(th))
+      return tz_err_set(TZ_ECONFIG, "%s: %s.rope_theta must be a number", path, rope_keys[i]);
+    if (th)
+      theta_nested = json_number_value(th);
+  }
   const char *bias_keys[] = {"attention_bias", "mlp_bias"};
   for (int i = 0; i < 2; i++) {
     json_t *b = json_object_get(root, bias_keys[i]);
@@ -103,7 +121,8 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   TZ_CHECK(get_int(root, path, "intermediate_size", 1, 0, &cfg->ffn_dim));
   TZ_CHECK(get_int(root, path, "vocab_size", 1, 0, &cfg->vocab));
   TZ_CHECK(get_int(root, path, "max_position_embeddings", 0, 2048, &cfg->max_seq));
-  TZ_CHECK(get_num(root, path, "rope_theta", 10000.0, &cfg->rope_theta));
+  TZ_CHECK(get_num(root, path, "rope_theta", theta_nested > 0 ? theta_nested : 10000.0,
+                   &cfg->rope_theta));
   TZ_CHECK(get_num(root, path, "rms_norm_eps", 1e-6, &cfg->norm_eps));
   json_t *tie = json_object_get(root, "tie_word_embeddings");
   if (tie && !json_is_boolean(tie))
