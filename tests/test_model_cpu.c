@@ -267,6 +267,10 @@ static void test_layout(void **state) {
   TZ_ASSERT_OK(tz_model_preset("llama-7b", &c));
   assert_true(tz_model_n_params(&c) == 6738415616ull); /* the published LLaMA-7B count */
   assert_true(tz_model_layer_numel_padded(&c, 6) % (6 * TZ_MODEL_ALIGN) == 0);
+  assert_true(tz_model_checkpoint_default(&c, TZ_BF16, 1, 2048));
+  struct tz_model_config tiny;
+  TZ_ASSERT_OK(tz_model_preset("tiny", &tiny));
+  assert_false(tz_model_checkpoint_default(&tiny, TZ_F32, 8, 256));
   assert_int_equal(tz_model_preset("llama-99b", &c), TZ_ENOENT);
   c.n_kv_head = 3;
   assert_int_equal(tz_model_config_check(&c), TZ_ECONFIG);

@@ -568,6 +568,11 @@ int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, cons
   return linear_fwd(cm, logits, s->h, W, N, C, V);
 }
 
+int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
+                                int T) {
+  return (uint64_t)cfg->n_layer * tz_model_acts_bytes(cfg, dt, B, T) > TZ_MODEL_ACTS_BUDGET;
+}
+
 /* ---- the whole-model driver ---- */
 
 struct tz_model_runner {

@@ -221,6 +221,13 @@ int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, cons
                          const void *embed, const void *x, void *logits,
                          const struct tz_head_scratch *s, int B, int T);
 
+/* Whether to checkpoint activations (keep only each layer's input, recompute in backward) by
+ * default: yes once keeping every layer's activations for B x T tokens would take more than
+ * TZ_MODEL_ACTS_BUDGET bytes, which is every model larger than the tiny ones at useful batch
+ * sizes; the costlier memory matters more than the third more compute then. */
+#define TZ_MODEL_ACTS_BUDGET (1ull << 30)
+int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);
+
 /* ---- A whole-model driver for tests and tools (the trainer drives the phases itself) ---- */
 
 typedef struct tz_model_runner tz_model_runner;

@@ -204,7 +204,29 @@ static int cpu_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_
   return 0;
 }
 
-/* ---- matmul ---- */
+/* ---- matmul ----
+ * C is cut into fixed tiles of MM_TILE_M x MM_TILE_N, each computed by one single-threaded BLAS
+ * call over the whole K, the tiles spread over the OpenMP threads. The tiles do not depend on the
+ * thread count, so neither do the bits; and only OpenMP's threads run, so BLAS's own pool does not
+ * compete with them for the cores. */
+#define MM_TILE_M 64
+#define MM_TILE_N 512
+
+static void gemm_tiles(int nt, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
+  int tm = (M + MM_TILE_M - 1) / MM_TILE_M, tn = (N + MM_TILE_N - 1) / MM_TILE_N;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int t = 0; t < tm * tn; t++) {
+    int i0 = (t / tn) * MM_TILE_M, j0 = (t % tn) * MM_TILE_N;
+    int m = M - i0 < MM_TILE_M ? M - i0 : MM_TILE_M, n = N - j0 < MM_TILE_N ? N - j0 : MM_TILE_N;
+    /* rows i0.. of op(A): rows of A, or columns of A when transposed; likewise columns of op(B) */
+    const float *a = trans_a ? A + i0 : A + (size_t)i0 * lda;
+    const float *b = trans_b ? B + (size_t)j0 * ldb : B + j0;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, K, alpha, a, lda, b, ldb, 0.0f,
+                C + (size_t)i0 * ldc + j0, ldc);
+  }
+}
 
 static int cpu_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
                       const void *A, int lda, const void *B, int ldb, float beta, void *C,
@@ -213,14 +235,11 @@ static int cpu_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, 
   (void)c_dt; /* the wrapper allows S or F32, and S is F32 here */
   float *Cf = C;
   if (beta == 0.0f) {
-    /* beta*C would keep C's NaNs; compute.h promises they are ignored. */
-    for (int i = 0; i < M; i++)
-      memset(Cf + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
     if (K > 0 && alpha != 0.0f) {
-      openblas_set_num_threads(c->nt);
-      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                  trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, 0.0f, Cf,
-                  ldc);
+      gemm_tiles(c->nt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, Cf, ldc);
+    } else {
+      for (int i = 0; i < M; i++)
+        memset(Cf + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
     }
     return 0;
   }
@@ -235,13 +254,10 @@ static int cpu_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, 
     c->tmp_n = need;
   }
   float *P = c->tmp;
-  if (K > 0 && alpha != 0.0f) {
-    openblas_set_num_threads(c->nt);
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, 0.0f, P, N);
-  } else {
+  if (K > 0 && alpha != 0.0f)
+    gemm_tiles(c->nt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, P, N);
+  else
     memset(P, 0, need * sizeof *P);
-  }
 #pragma omp parallel for num_threads(c->nt) schedule(static)
   for (int i = 0; i < M; i++) {
     float *row = Cf + (size_t)i * ldc;
@@ -646,6 +662,8 @@ static int cpu_create(const struct tz_compute_params *p, tz_compute *cm) {
   c->nt = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
   if (c->nt < 1)
     c->nt = 1;
+  /* BLAS runs single-threaded inside OpenMP's threads (see matmul). */
+  openblas_set_num_threads(1);
   cm->ops = &cpu_ops;
   cm->ctx = c;
   cm->n_threads = c->nt;
