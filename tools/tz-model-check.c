@@ -15,8 +15,10 @@
 #include "trainer/model.h"
 
 static void usage(FILE *fp) {
-  fprintf(fp, "usage: tz-model-check --import DIR --tokens T0,T1,... [--backend cpu] [--threads N]\n"
-              "       tz-model-check --preset NAME [--seed S] --export DIR [--dtype f32|bf16|f16]\n");
+  fprintf(fp, "usage: tz-model-check --import DIR --tokens T0,T1,... [--backend cpu]"
+              " [--threads N]\n"
+              "       tz-model-check --preset NAME [--seed S] --export DIR"
+              " [--dtype f32|bf16|f16]\n");
 }
 
 static int parse_tokens(const char *s, int32_t **out, int *n) {

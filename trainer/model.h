@@ -158,8 +158,9 @@ struct tz_layer_scratch {
   float *delta; /* (B, H, T) F32 */
 };
 
-/* Scratch for the head. The head works on TZ_MODEL_HEAD_CHUNK_ELEMS / V rows of logits at a time
- * (at least one row): a constant of the config, so the order of its sums never depends on memory. */
+/* Scratch for the head. The head works on TZ_MODEL_HEAD_CHUNK_ELEMS / V rows of logits at a
+ * time (at least one row): a constant of the config, so the order of its sums never depends on
+ * memory. */
 #define TZ_MODEL_HEAD_CHUNK_ELEMS (1u << 24)
 struct tz_head_scratch {
   void *h;      /* (N, C) final-norm output */
