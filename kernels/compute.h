@@ -24,7 +24,8 @@
  * Determinism. The same inputs give the same bits on every run and for every thread count: no
  * floating-point atomics; every reduction has an order fixed by the op and its shapes alone (the
  * cpu backend sums over rows in row order; a GPU kernel may use a fixed tree). tz_compute_sum
- * fixes its order exactly (below), so the gradient norm is the same on every backend for the same gradient bits.
+ * fixes its order exactly (below), so the gradient norm is the same on every backend for the
+ * same gradient bits.
  * An op that accumulates (+=) computes this call's whole contribution first and adds it onto the
  * old value once per element, so the result depends on the old value's bits, never on how they
  * were formed: accumulating two micro-batches into g equals adding their separate gradients.
