@@ -64,22 +64,36 @@ struct key {
 };
 
 #define OFF(f) offsetof(struct tz_config, f)
-#define BOOL(p, f, d) {.path = p, .type = K_BOOL, .off = OFF(f), .imin = 0, .imax = 1, .def = {d}}
+/* The _Generic selections make a key whose field has the wrong C type fail to compile. */
+#define FT(f) (((struct tz_config *)0)->f)
+#define BOOL(p, f, d)                                                                              \
+  {.path = p, .type = _Generic(FT(f), int: K_BOOL), .off = OFF(f), .imin = 0, .imax = 1,         \
+   .def = {d}}
 #define BOOLA(p, f, d)                                                                             \
-  {.path = p, .type = K_BOOL, .off = OFF(f), .imin = 0, .imax = 1, .flags = F_AUTO, .def = {d}}
+  {.path = p, .type = _Generic(FT(f), int: K_BOOL), .off = OFF(f), .imin = 0, .imax = 1,         \
+   .flags = F_AUTO, .def = {d}}
 #define INT(p, f, lo, hi, d, fl)                                                                   \
-  {.path = p, .type = K_INT, .off = OFF(f), .imin = lo, .imax = hi, .flags = fl, .def = {d}}
+  {.path = p, .type = _Generic(FT(f), int: K_INT), .off = OFF(f), .imin = lo, .imax = hi,        \
+   .flags = fl, .def = {d}}
 #define I64(p, f, lo, d, fl)                                                                       \
-  {.path = p, .type = K_I64, .off = OFF(f), .imin = lo, .imax = INT64_MAX, .flags = fl, .def = {d}}
+  {.path = p, .type = _Generic(FT(f), int64_t: K_I64), .off = OFF(f), .imin = lo,                \
+   .imax = INT64_MAX, .flags = fl, .def = {d}}
 #define SIZE(p, f, lo, d, fl)                                                                      \
-  {.path = p, .type = K_SIZE, .off = OFF(f), .imin = lo, .imax = INT64_MAX, .flags = fl, .def = {d}}
+  {.path = p, .type = _Generic(FT(f), uint64_t: K_SIZE), .off = OFF(f), .imin = lo,              \
+   .imax = INT64_MAX, .flags = fl, .def = {d}}
 #define DBL(p, f, lo, hi, d, fl)                                                                   \
-  {.path = p, .type = K_DOUBLE, .off = OFF(f), .dmin = lo, .dmax = hi, .flags = fl, .def = {d}}
+  {.path = p, .type = _Generic(FT(f), double: K_DOUBLE), .off = OFF(f), .dmin = lo, .dmax = hi,  \
+   .flags = fl, .def = {d}}
+#define PAIR(p, f, lo, hi, d0, d1, fl)                                                             \
+  {.path = p, .type = _Generic(&FT(f), double(*)[2]: K_PAIR), .off = OFF(f), .dmin = lo,         \
+   .dmax = hi, .flags = fl, .def = {d0, d1}}
+/* Enum fields are checked by the _Static_asserts above (an enum is not "int" to _Generic). */
 #define ENUM(p, f, nm, d, fl)                                                                      \
   {.path = p, .type = K_ENUM, .off = OFF(f), .names = nm,                                          \
    .n_names = (int)(sizeof nm / sizeof nm[0]), .flags = fl, .def = {d}}
-#define STR(p, f) {.path = p, .type = K_STR, .off = OFF(f)}
-#define PATHS(p, f) {.path = p, .type = K_PATHS, .off = OFF(f)}
+#define STR(p, f) {.path = p, .type = _Generic(FT(f), char *: K_STR), .off = OFF(f)}
+#define PATHS(p, f)                                                                                \
+  {.path = p, .type = _Generic(FT(f), struct tz_config_paths: K_PATHS), .off = OFF(f)}
 #define FIXED(p, v) {.path = p, .type = K_FIXED, .imin = 0, .imax = 1, .def = {v}}
 
 static const char *const optimizer_names[] = {"Adam", "AdamW"};
@@ -97,8 +111,7 @@ static const struct key keys[] = {
   DBL("gradient_clipping", gradient_clipping, 0, INFINITY, 0, F_AUTO),
   ENUM("optimizer.type", optimizer.type, optimizer_names, TZ_OPTIMIZER_ADAMW, F_ICASE),
   DBL("optimizer.params.lr", optimizer.lr, 0, INFINITY, 1e-3, F_AUTO),
-  {.path = "optimizer.params.betas", .type = K_PAIR, .off = OFF(optimizer.betas), .dmin = 0,
-   .dmax = 1, .flags = F_AUTO | F_MAX_OPEN, .def = {0.9, 0.999}},
+  PAIR("optimizer.params.betas", optimizer.betas, 0, 1, 0.9, 0.999, F_AUTO | F_MAX_OPEN),
   DBL("optimizer.params.eps", optimizer.eps, 0, INFINITY, 1e-8, F_AUTO | F_MIN_OPEN),
   DBL("optimizer.params.weight_decay", optimizer.weight_decay, 0, INFINITY, 0, F_AUTO),
   BOOL("optimizer.params.adam_w_mode", optimizer.adam_w_mode, 1),
@@ -365,10 +378,13 @@ static int is_section(const char *path) {
 /* ------------------------------------------------------------------------------------------ */
 /* Messages */
 
-/* Where a value came from: "<file>: <json path>" or, for text, the variable or path alone. */
+/* A value being parsed and where it came from: "<file>: <json path>" or, for text, the variable
+ * or path alone. */
 struct where {
   const char *origin; /* file or string name; NULL for text values */
   const char *name;   /* JSON path, or environment variable */
+  const json_t *json; /* the value, from a file */
+  const char *text;   /* or the value, as text */
 };
 
 static int where_err(const struct where *w, const char *fmt, ...)
@@ -486,17 +502,27 @@ static void describe(const struct key *k, int text, char *buf, size_t len) {
     snprintf(buf + n, len - n, " or \"auto\"");
 }
 
-static int bad_value(const struct where *w, const struct key *k, int text, const char *got) {
-  char want[160];
-  describe(k, text, want, sizeof want);
+/* The value as given, for "got ...": JSON as written, text quoted. */
+static void render_got(const struct where *w, char *buf, size_t len) {
+  if (w->json)
+    render_json(w->json, buf, len);
+  else
+    render_text(w->text, buf, len);
+}
+
+static int bad_value(const struct where *w, const struct key *k) {
+  char want[160], got[80];
+  describe(k, w->json == NULL, want, sizeof want);
+  render_got(w, got, sizeof got);
   if (k->type == K_FIXED)
     return where_err(w, "only %s is supported, got %s", want, got);
   return where_err(w, "expected %s, got %s", want, got);
 }
 
-static int unknown_enum(const struct where *w, const struct key *k, const char *got) {
-  char want[160];
+static int unknown_enum(const struct where *w, const struct key *k) {
+  char want[160], got[80];
   describe(k, 0, want, sizeof want);
+  render_got(w, got, sizeof got);
   /* "one of A, B" reads "(expected one of A, B)" */
   return where_err(w, "unknown value %s (expected %s)", got, want);
 }
@@ -587,8 +613,6 @@ static int dup_str(const char *s, size_t n, char **out) {
 
 /* A JSON value for k (not null). */
 static int parse_json(const struct where *w, const struct key *k, json_t *j, struct val *v) {
-  char got[80];
-  render_json(j, got, sizeof got);
   memset(v, 0, sizeof *v);
   if (json_is_string(j) && (k->flags & F_AUTO) && is_auto(json_string_value(j))) {
     v->is_default = 1;
@@ -598,10 +622,10 @@ static int parse_json(const struct where *w, const struct key *k, json_t *j, str
   case K_BOOL:
   case K_FIXED:
     if (!json_is_boolean(j))
-      return bad_value(w, k, 0, got);
+      return bad_value(w, k);
     v->i = json_is_true(j);
     if (k->type == K_FIXED && v->i != (int64_t)k->def[0])
-      return bad_value(w, k, 0, got);
+      return bad_value(w, k);
     return 0;
   case K_INT:
   case K_I64:
@@ -610,61 +634,56 @@ static int parse_json(const struct where *w, const struct key *k, json_t *j, str
       v->i = json_integer_value(j);
     else if (json_is_real(j)) {
       if (real_to_i64(json_real_value(j), &v->i) < 0)
-        return bad_value(w, k, 0, got);
+        return bad_value(w, k);
     } else if (k->type == K_SIZE && json_is_string(j)) {
       uint64_t u;
       if (tz_config_parse_size(json_string_value(j), &u) < 0)
-        return bad_value(w, k, 0, got);
+        return bad_value(w, k);
       v->i = (int64_t)u;
     } else {
-      return bad_value(w, k, 0, got);
+      return bad_value(w, k);
     }
-    return check_irange(k, v->i) ? 0 : bad_value(w, k, 0, got);
+    return check_irange(k, v->i) ? 0 : bad_value(w, k);
   case K_DOUBLE:
     if (!json_is_number(j) || !in_drange(k, json_number_value(j)))
-      return bad_value(w, k, 0, got);
+      return bad_value(w, k);
     v->d[0] = json_number_value(j);
     return 0;
   case K_PAIR:
     if (!json_is_array(j) || json_array_size(j) != 2)
-      return bad_value(w, k, 0, got);
+      return bad_value(w, k);
     for (int i = 0; i < 2; i++) {
       json_t *e = json_array_get(j, (size_t)i);
       if (!json_is_number(e) || !in_drange(k, json_number_value(e)))
-        return bad_value(w, k, 0, got);
+        return bad_value(w, k);
       v->d[i] = json_number_value(e);
     }
     return 0;
   case K_ENUM: {
     if (!json_is_string(j))
-      return bad_value(w, k, 0, got);
+      return bad_value(w, k);
     int i = find_name(k, json_string_value(j));
     if (i < 0)
-      return unknown_enum(w, k, got);
+      return unknown_enum(w, k);
     v->i = i;
     return 0;
   }
   case K_STR:
     if (!json_is_string(j) || json_string_length(j) == 0 ||
         strlen(json_string_value(j)) != json_string_length(j))
-      return bad_value(w, k, 0, got);
+      return bad_value(w, k);
     return dup_str(json_string_value(j), json_string_length(j), &v->s);
   case K_PATHS: {
-    json_t *one[1] = {j};
-    json_t **items = one;
-    size_t n = 1;
-    if (json_is_array(j)) {
-      n = json_array_size(j);
-      if (n < 1 || n > TZ_CONFIG_MAX_PATHS)
-        return bad_value(w, k, 0, got);
-      items = NULL;
-    }
+    /* One string is a list of one. */
+    size_t n = json_is_array(j) ? json_array_size(j) : 1;
+    if (n < 1 || n > TZ_CONFIG_MAX_PATHS)
+      return bad_value(w, k);
     for (size_t i = 0; i < n; i++) {
-      json_t *e = items ? items[i] : json_array_get(j, i);
+      json_t *e = json_is_array(j) ? json_array_get(j, i) : j;
       if (!json_is_string(e) || json_string_length(e) == 0 ||
           strlen(json_string_value(e)) != json_string_length(e)) {
         val_free(v);
-        return bad_value(w, k, 0, got);
+        return bad_value(w, k);
       }
       int rc = dup_str(json_string_value(e), json_string_length(e), &v->paths.path[i]);
       if (rc < 0) {
@@ -703,8 +722,6 @@ static int parse_double_text(const char *s, double *out) {
 
 /* A value given as text (environment variable, command line) for k. */
 static int parse_text(const struct where *w, const struct key *k, const char *s, struct val *v) {
-  char got[80];
-  render_text(s, got, sizeof got);
   memset(v, 0, sizeof *v);
   if ((k->flags & F_AUTO) && is_auto(s)) {
     v->is_default = 1;
@@ -714,7 +731,7 @@ static int parse_text(const struct where *w, const struct key *k, const char *s,
   case K_BOOL:
   case K_FIXED:
     if (parse_bool_text(s, &v->i) < 0 || (k->type == K_FIXED && v->i != (int64_t)k->def[0]))
-      return bad_value(w, k, 1, got);
+      return bad_value(w, k);
     return 0;
   case K_INT:
   case K_I64: {
@@ -722,43 +739,43 @@ static int parse_text(const struct where *w, const struct key *k, const char *s,
     errno = 0;
     long long x = strtoll(s, &end, 10);
     if (end == s || *end || errno == ERANGE || !check_irange(k, x))
-      return bad_value(w, k, 1, got);
+      return bad_value(w, k);
     v->i = x;
     return 0;
   }
   case K_SIZE: {
     uint64_t u;
     if (tz_config_parse_size(s, &u) < 0 || !check_irange(k, (int64_t)u))
-      return bad_value(w, k, 1, got);
+      return bad_value(w, k);
     v->i = (int64_t)u;
     return 0;
   }
   case K_DOUBLE:
     if (parse_double_text(s, &v->d[0]) < 0 || !in_drange(k, v->d[0]))
-      return bad_value(w, k, 1, got);
+      return bad_value(w, k);
     return 0;
   case K_PAIR: {
     const char *comma = strchr(s, ',');
     char first[64];
     if (!comma || (size_t)(comma - s) >= sizeof first)
-      return bad_value(w, k, 1, got);
+      return bad_value(w, k);
     memcpy(first, s, (size_t)(comma - s));
     first[comma - s] = '\0';
     if (parse_double_text(first, &v->d[0]) < 0 || parse_double_text(comma + 1, &v->d[1]) < 0 ||
         !in_drange(k, v->d[0]) || !in_drange(k, v->d[1]))
-      return bad_value(w, k, 1, got);
+      return bad_value(w, k);
     return 0;
   }
   case K_ENUM: {
     int i = find_name(k, s);
     if (i < 0)
-      return unknown_enum(w, k, got);
+      return unknown_enum(w, k);
     v->i = i;
     return 0;
   }
   case K_STR:
     if (!*s)
-      return bad_value(w, k, 1, got);
+      return bad_value(w, k);
     return dup_str(s, strlen(s), &v->s);
   case K_PATHS:
     for (const char *p = s;;) {
@@ -766,7 +783,7 @@ static int parse_text(const struct where *w, const struct key *k, const char *s,
       size_t n = colon ? (size_t)(colon - p) : strlen(p);
       if (n == 0 || v->paths.n == TZ_CONFIG_MAX_PATHS) {
         val_free(v);
-        return bad_value(w, k, 1, got);
+        return bad_value(w, k);
       }
       int rc = dup_str(p, n, &v->paths.path[v->paths.n]);
       if (rc < 0) {
@@ -901,7 +918,7 @@ static int walk(struct tz_config *c, const char *origin, json_t *obj, const char
       rc = tz_err_set(TZ_ENOMEM, "config: out of memory");
       goto next;
     }
-    struct where w = {origin, spath};
+    struct where w = {.origin = origin, .name = spath, .json = j};
     const struct key *k = find_key(cpath);
     if (json_is_null(j)) {
       /* null: not given */
@@ -913,7 +930,7 @@ static int walk(struct tz_config *c, const char *origin, json_t *obj, const char
     } else if (is_section(cpath)) {
       if (!json_is_object(j)) {
         char got[80];
-        render_json(j, got, sizeof got);
+        render_got(&w, got, sizeof got);
         rc = where_err(&w, "expected an object, got %s", got);
       } else {
         rc = walk(c, origin, j, cpath, spath);
@@ -1087,7 +1104,7 @@ int tz_config_apply_env(struct tz_config *c) {
     const char *s = name ? getenv(name) : NULL;
     if (!s || !*s)
       continue;
-    struct where w = {NULL, name};
+    struct where w = {.name = name, .text = s};
     struct val v;
     rc = parse_text(&w, &keys[i], s, &v);
     if (rc == 0)
@@ -1120,7 +1137,7 @@ int tz_config_set(struct tz_config *c, const char *path, const char *value) {
   int rc = tz_config_copy(&tmp, c);
   if (rc < 0)
     return rc;
-  struct where w = {NULL, path};
+  struct where w = {.name = path, .text = value};
   struct val v;
   rc = parse_text(&w, k, value, &v);
   if (rc == 0) {
