@@ -85,6 +85,9 @@ void tz_fence_signal_msg(tz_fence *f, int rc, const char *msg) {
   /* Callbacks may release the last other reference; keep f alive until they have run. */
   tz_fence_retain(f);
   pthread_mutex_unlock(&f->mu);
+  /* Callbacks learn the error's message the way any code does: from this thread's message. */
+  if (rc < 0 && cbs)
+    tz_err_set(rc, "%s", f->msg ? f->msg : tz_strerror(rc));
   for (struct callback *c = cbs, *n; c; c = n) {
     n = c->next;
     c->fn(c->arg, rc);
@@ -143,6 +146,8 @@ int tz_fence_then(tz_fence *f, void (*fn)(void *arg, int rc), void *arg) {
     int rc = f->rc;
     pthread_mutex_unlock(&f->mu);
     free(c);
+    if (rc < 0)
+      tz_err_set(rc, "%s", f->msg ? f->msg : tz_strerror(rc));
     fn(arg, rc);
     return 0;
   }
