@@ -71,7 +71,8 @@ static double run_fio(const char *file, uint64_t size, uint64_t block, int qd, i
   char cmd[1024];
   snprintf(cmd, sizeof cmd,
            "fio --name=tz --filename=%s --ioengine=io_uring --direct=1 --rw=%s --bs=%llu "
-           "--iodepth=%d --size=%llu --output-format=terse --terse-version=3 2>/dev/null",
+           "--iodepth=%d --size=%llu --fixedbufs --registerfiles --output-format=terse "
+           "--terse-version=3 2>/dev/null",
            file, write ? "write" : "read", (unsigned long long)block, qd,
            (unsigned long long)size);
   FILE *p = popen(cmd, "r");
