@@ -173,7 +173,7 @@ int tz_bench_tiers(int argc, char **argv) {
                     "raw figure\n");
   if (!o.json)
     printf("host<->nvme in %s, %llu MiB per run, queue depth %d, median of %d; raw = fio "
-           "io_uring O_DIRECT\n%-6s %10s %12s %12s %7s\n",
+           "io_uring O_DIRECT with fixed buffers and registered files, as the tier\n%-6s %10s %12s %12s %7s\n",
            o.path, (unsigned long long)(o.size >> 20), qd, o.reps, "op", "block", "tier GB/s",
            "fio GB/s", "ratio");
   int rc = 0;
