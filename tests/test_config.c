@@ -287,7 +287,7 @@ static void test_tierzero_section(void **state) {
   assert_int_equal(c.tierzero.staging_bytes, 256u << 20);
   assert_int_equal(c.tierzero.chunk_bytes, 8u << 20);
   assert_int_equal(c.tierzero.queue_depth, 128);
-  assert_string_equal(c.tierzero.faults, "nvme:read:eio@0.01");
+  assert_string_equal(c.tierzero.faults, "eio-read@3,short%5,seed=7");
   assert_int_equal(c.tierzero.lookahead, 6);
   assert_int_equal(c.tierzero.jitter_us, 50);
   assert_int_equal(c.tierzero.sched_debug, 1);
@@ -597,7 +597,7 @@ static void test_env(void **state) {
   setenv("TZ_LOG", "debug", 1);
   setenv("TZ_MODEL", "llama-7b", 1);
   setenv("TZ_LOOKAHEAD", "-1", 1);
-  setenv("TZ_FAULTS", "host:write:eio@1", 1);
+  setenv("TZ_FAULTS", "flip@1", 1);
   setenv("TZ_SCHED_DEBUG", "false", 1);
   setenv("TZ_THREADS", "", 1); /* empty: not set */
   TZ_ASSERT_OK(tz_config_apply_env(&c));
@@ -610,7 +610,7 @@ static void test_env(void **state) {
   assert_int_equal(c.tierzero.log, TZ_LOG_DEBUG);
   assert_string_equal(c.tierzero.model, "llama-7b");
   assert_int_equal(c.tierzero.lookahead, -1);
-  assert_string_equal(c.tierzero.faults, "host:write:eio@1");
+  assert_string_equal(c.tierzero.faults, "flip@1");
   assert_int_equal(c.tierzero.sched_debug, 0);
   assert_int_equal(c.tierzero.threads, 24); /* from the file */
   assert_int_equal(c.tierzero.nvme_budget, 2000000000000ull);
