@@ -3,8 +3,11 @@
  * (bf16 or fp16 storage with float32 accumulation; GEMM through cuBLASLt, own kernels elsewhere).
  *
  * Memory. Every tensor pointer below is in the backend's memory (host for cpu, device for cuda),
- * obtained from tz_compute_alloc or from a tier that the backend can address, and 256-byte aligned
- * unless said otherwise. Host memory is only touched by copy_in/copy_out.
+ * obtained from tz_compute_alloc or from a tier that the backend can address. Buffers from
+ * tz_compute_alloc and parameter tensors are 256-byte aligned, but ops also receive pointers to a
+ * chunk of rows inside them, aligned only to the element size (16 bytes for matrices whose rows
+ * are a multiple of 8 elements): a kernel checks alignment before it takes a vectorised path.
+ * Host memory is only touched by copy_in/copy_out.
  *
  * Ordering. Operations are enqueued on the instance's one compute stream, in call order, and may
  * return before they have run (cpu runs them at once). tz_compute_sync waits for all of them.
@@ -19,9 +22,13 @@
  * whatever the storage: loads widen to float, stores round to nearest even.
  *
  * Determinism. The same inputs give the same bits on every run and for every thread count: no
- * floating-point atomics; every reduction has a fixed order (reductions over rows that feed a
- * parameter gradient run in row order for each output element). tz_compute_sum fixes its order
- * exactly (below), so the gradient norm is the same on every backend for the same gradient bits.
+ * floating-point atomics; every reduction has an order fixed by the op and its shapes alone (the
+ * cpu backend sums over rows in row order; a GPU kernel may use a fixed tree). tz_compute_sum
+ * fixes its order exactly (below), so the gradient norm is the same on every backend for the
+ * same gradient bits.
+ * An op that accumulates (+=) computes this call's whole contribution first and adds it onto the
+ * old value once per element, so the result depends on the old value's bits, never on how they
+ * were formed: accumulating two micro-batches into g equals adding their separate gradients.
  *
  * Shapes. N is a number of rows (tokens, N = B*T), C the model width, V the vocabulary, F the MLP
  * width, H / Hkv the query / key-value heads, D the head dimension. Matrices are row-major. */
@@ -103,7 +110,7 @@ int tz_compute_zero(tz_compute *cm, void *dst, size_t bytes);
 int tz_compute_fill(tz_compute *cm, enum tz_dtype dt, void *x, float value, size_t n);
 /* x[i] *= alpha */
 int tz_compute_scale(tz_compute *cm, enum tz_dtype dt, void *x, float alpha, size_t n);
-/* y[i] += alpha * x[i]  (computed as y + (alpha*x), two roundings in float, no fused multiply-add) */
+/* y[i] += alpha * x[i]  (as y + (alpha*x): two roundings in float, no fused multiply-add) */
 int tz_compute_axpy(tz_compute *cm, enum tz_dtype dt, void *y, float alpha, const void *x,
                     size_t n);
 /* out[i] = a[i] + b[i]  (the residual add; out may alias a or b) */

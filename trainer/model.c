@@ -204,6 +204,88 @@ int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t s
   return 0;
 }
 
+/* ---- parameter blocks in backend memory ---- */
+
+int tz_model_blocks_alloc(tz_compute *cm, const struct tz_model_config *cfg, void ***out) {
+  *out = NULL;
+  int nb = tz_model_n_blocks(cfg);
+  void **b = calloc((size_t)nb, sizeof *b);
+  if (!b)
+    return tz_err_set(TZ_ENOMEM, "model: out of memory");
+  size_t es = tz_dtype_size(tz_compute_dtype(cm));
+  for (int i = 0; i < nb; i++) {
+    size_t bytes = tz_model_block_numel(cfg, i) * es;
+    int rc = tz_compute_alloc(cm, bytes, &b[i]);
+    if (!rc)
+      rc = tz_compute_zero(cm, b[i], bytes);
+    if (rc < 0) {
+      tz_model_blocks_free(cm, cfg, b);
+      return rc;
+    }
+  }
+  *out = b;
+  return 0;
+}
+
+void tz_model_blocks_free(tz_compute *cm, const struct tz_model_config *cfg, void **blocks) {
+  if (!blocks)
+    return;
+  for (int i = 0; i < tz_model_n_blocks(cfg); i++)
+    tz_compute_free(cm, blocks[i]);
+  free(blocks);
+}
+
+int tz_model_block_upload(tz_compute *cm, void *dst, const float *src, uint64_t n) {
+  enum tz_dtype S = tz_compute_dtype(cm);
+  if (S == TZ_F32) {
+    TZ_CHECK(tz_compute_copy_in(cm, dst, src, n * sizeof(float)));
+    return tz_compute_sync(cm);
+  }
+  void *tmp;
+  TZ_CHECK(tz_compute_alloc(cm, n * sizeof(float), &tmp));
+  int rc = tz_compute_copy_in(cm, tmp, src, n * sizeof(float));
+  if (!rc)
+    rc = tz_compute_cast(cm, dst, S, tmp, TZ_F32, n);
+  if (!rc)
+    rc = tz_compute_sync(cm);
+  tz_compute_free(cm, tmp);
+  return rc;
+}
+
+int tz_model_block_download(tz_compute *cm, float *dst, const void *src, uint64_t n) {
+  enum tz_dtype S = tz_compute_dtype(cm);
+  if (S == TZ_F32) {
+    TZ_CHECK(tz_compute_copy_out(cm, dst, src, n * sizeof(float)));
+    return tz_compute_sync(cm);
+  }
+  void *tmp;
+  TZ_CHECK(tz_compute_alloc(cm, n * sizeof(float), &tmp));
+  int rc = tz_compute_cast(cm, tmp, TZ_F32, src, S, n);
+  if (!rc)
+    rc = tz_compute_copy_out(cm, dst, tmp, n * sizeof(float));
+  if (!rc)
+    rc = tz_compute_sync(cm);
+  tz_compute_free(cm, tmp);
+  return rc;
+}
+
+int tz_model_blocks_init(tz_compute *cm, const struct tz_model_config *cfg, uint64_t seed,
+                         void *const *blocks) {
+  for (int b = 0; b < tz_model_n_blocks(cfg); b++) {
+    uint64_t n = tz_model_block_numel(cfg, b);
+    float *buf = malloc(sizeof(float) * n);
+    if (!buf)
+      return tz_err_set(TZ_ENOMEM, "model: cannot allocate block %d (%llu floats)", b,
+                        (unsigned long long)n);
+    int rc = tz_model_init_block(cfg, b, seed, 0, n, buf);
+    if (!rc)
+      rc = tz_model_block_upload(cm, blocks[b], buf, n);
+    free(buf);
+    TZ_CHECK(rc);
+  }
+  return 0;
+}
+
 /* ---- activation buffers ---- */
 
 struct carver {
@@ -484,6 +566,11 @@ int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, cons
   head_weights(cm, cfg, head, embed, NULL, NULL, &W, &dW);
   TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps));
   return linear_fwd(cm, logits, s->h, W, N, C, V);
+}
+
+int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
+                                int T) {
+  return (uint64_t)cfg->n_layer * tz_model_acts_bytes(cfg, dt, B, T) > TZ_MODEL_ACTS_BUDGET;
 }
 
 /* ---- the whole-model driver ---- */

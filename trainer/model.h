@@ -112,6 +112,20 @@ uint64_t tz_model_layer_numel_padded(const struct tz_model_config *cfg, int worl
 int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed,
                         uint64_t begin, uint64_t end, float *out);
 
+/* ---- Parameter blocks in backend memory ---- */
+
+/* One buffer per block (tz_model_block_numel elements of the storage dtype of cm each), zeroed.
+ * *out is an array of n_blocks pointers; free both with tz_model_blocks_free. */
+int tz_model_blocks_alloc(tz_compute *cm, const struct tz_model_config *cfg, void ***out);
+void tz_model_blocks_free(tz_compute *cm, const struct tz_model_config *cfg, void **blocks);
+/* Every block initialised by tz_model_init_block(seed) and stored in the storage dtype. */
+int tz_model_blocks_init(tz_compute *cm, const struct tz_model_config *cfg, uint64_t seed,
+                         void *const *blocks);
+/* n host floats <-> n elements of the storage dtype in backend memory (cast on the backend);
+ * synchronous. */
+int tz_model_block_upload(tz_compute *cm, void *dst, const float *src, uint64_t n);
+int tz_model_block_download(tz_compute *cm, float *dst, const void *src, uint64_t n);
+
 /* ---- Activations (backend memory, storage dtype S unless said; N = B*T) ---- */
 
 /* What one layer's forward keeps for its backward. */
@@ -144,8 +158,9 @@ struct tz_layer_scratch {
   float *delta; /* (B, H, T) F32 */
 };
 
-/* Scratch for the head. The head works on TZ_MODEL_HEAD_CHUNK_ELEMS / V rows of logits at a time
- * (at least one row): a constant of the config, so the order of its sums never depends on memory. */
+/* Scratch for the head. The head works on TZ_MODEL_HEAD_CHUNK_ELEMS / V rows of logits at a
+ * time (at least one row): a constant of the config, so the order of its sums never depends on
+ * memory. */
 #define TZ_MODEL_HEAD_CHUNK_ELEMS (1u << 24)
 struct tz_head_scratch {
   void *h;      /* (N, C) final-norm output */
@@ -206,6 +221,13 @@ int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void 
 int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
                          const void *embed, const void *x, void *logits,
                          const struct tz_head_scratch *s, int B, int T);
+
+/* Whether to checkpoint activations (keep only each layer's input, recompute in backward) by
+ * default: yes once keeping every layer's activations for B x T tokens would take more than
+ * TZ_MODEL_ACTS_BUDGET bytes, which is every model larger than the tiny ones at useful batch
+ * sizes; the costlier memory matters more than the third more compute then. */
+#define TZ_MODEL_ACTS_BUDGET (1ull << 30)
+int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);
 
 /* ---- A whole-model driver for tests and tools (the trainer drives the phases itself) ---- */
 

@@ -15,10 +15,12 @@
 #include "kernels/half.h"
 
 struct cpu {
-  int nt; /* OpenMP and BLAS threads */
+  int nt;        /* OpenMP and BLAS threads */
+  float *tmp;    /* an accumulating matmul's product, grown on demand */
+  size_t tmp_n;  /* floats in tmp */
 };
 
-/* Channel slices that one thread owns in reductions over rows (dw of rmsnorm, embedding grads). */
+/* Channel slices that one thread owns in rmsnorm's reduction over rows for dw. */
 #define COL_BLOCK 64
 
 static inline float ld(enum tz_dtype dt, const void *p, size_t i) {
@@ -45,7 +47,11 @@ static inline void st(enum tz_dtype dt, void *p, size_t i, float v) {
   }
 }
 
-static void cpu_destroy(void *ctx) { free(ctx); }
+static void cpu_destroy(void *ctx) {
+  struct cpu *c = ctx;
+  free(c->tmp);
+  free(c);
+}
 
 static int cpu_sync(void *ctx) {
   (void)ctx;
@@ -198,7 +204,29 @@ static int cpu_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_
   return 0;
 }
 
-/* ---- matmul ---- */
+/* ---- matmul ----
+ * C is cut into fixed tiles of MM_TILE_M x MM_TILE_N, each computed by one single-threaded BLAS
+ * call over the whole K, the tiles spread over the OpenMP threads. The tiles do not depend on the
+ * thread count, so neither do the bits; and only OpenMP's threads run, so BLAS's own pool does not
+ * compete with them for the cores. */
+#define MM_TILE_M 64
+#define MM_TILE_N 512
+
+static void gemm_tiles(int nt, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
+  int tm = (M + MM_TILE_M - 1) / MM_TILE_M, tn = (N + MM_TILE_N - 1) / MM_TILE_N;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int t = 0; t < tm * tn; t++) {
+    int i0 = (t / tn) * MM_TILE_M, j0 = (t % tn) * MM_TILE_N;
+    int m = M - i0 < MM_TILE_M ? M - i0 : MM_TILE_M, n = N - j0 < MM_TILE_N ? N - j0 : MM_TILE_N;
+    /* rows i0.. of op(A): rows of A, or columns of A when transposed; likewise columns of op(B) */
+    const float *a = trans_a ? A + i0 : A + (size_t)i0 * lda;
+    const float *b = trans_b ? B + (size_t)j0 * ldb : B + j0;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, K, alpha, a, lda, b, ldb, 0.0f,
+                C + (size_t)i0 * ldc + j0, ldc);
+  }
+}
 
 static int cpu_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
                       const void *A, int lda, const void *B, int ldb, float beta, void *C,
@@ -207,20 +235,40 @@ static int cpu_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, 
   (void)c_dt; /* the wrapper allows S or F32, and S is F32 here */
   float *Cf = C;
   if (beta == 0.0f) {
-    /* BLAS leaves beta*C's NaNs in place on some paths; compute.h promises they are ignored. */
-    for (int i = 0; i < M; i++)
-      memset(Cf + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
-  }
-  if (K == 0 || alpha == 0.0f) {
-    if (beta != 0.0f && beta != 1.0f)
+    if (K > 0 && alpha != 0.0f) {
+      gemm_tiles(c->nt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, Cf, ldc);
+    } else {
       for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++)
-          Cf[(size_t)i * ldc + j] *= beta;
+        memset(Cf + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
+    }
     return 0;
   }
-  openblas_set_num_threads(c->nt);
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, Cf, ldc);
+  /* Accumulating: the whole product first, then one addition per element (compute.h). BLAS
+   * itself would add partial products over blocks of K into C one block at a time. */
+  size_t need = (size_t)M * N;
+  if (need > c->tmp_n) {
+    float *t = realloc(c->tmp, need * sizeof *t);
+    if (!t)
+      return tz_err_set(TZ_ENOMEM, "compute cpu matmul: cannot allocate a (%d,%d) product", M, N);
+    c->tmp = t;
+    c->tmp_n = need;
+  }
+  float *P = c->tmp;
+  if (K > 0 && alpha != 0.0f)
+    gemm_tiles(c->nt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, P, N);
+  else
+    memset(P, 0, need * sizeof *P);
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int i = 0; i < M; i++) {
+    float *row = Cf + (size_t)i * ldc;
+    const float *pr = P + (size_t)i * N;
+    if (beta == 1.0f)
+      for (int j = 0; j < N; j++)
+        row[j] = row[j] + pr[j];
+    else
+      for (int j = 0; j < N; j++)
+        row[j] = beta * row[j] + pr[j];
+  }
   return 0;
 }
 
@@ -250,21 +298,48 @@ static int cpu_embedding_bwd(void *ctx, void *dwte, const void *dout, const int3
                              int N, int C, int V) {
   struct cpu *c = ctx;
   TZ_CHECK(check_tokens("embedding_bwd", tokens, N, V));
+  /* Group the rows by token with a stable counting sort: start[v] .. start[v+1] lists, in
+   * increasing n, the rows whose token is v. One thread owns each vocabulary row. */
+  int *start = calloc((size_t)V + 1, sizeof *start), *order = malloc((size_t)N * sizeof *order);
+  float *acc = malloc((size_t)c->nt * C * sizeof *acc);
+  if (!start || !order || !acc) {
+    free(start), free(order), free(acc);
+    return tz_err_set(TZ_ENOMEM, "compute cpu embedding_bwd: out of memory (V=%d, N=%d)", V, N);
+  }
+  for (int n = 0; n < N; n++)
+    start[tokens[n] + 1]++;
+  for (int v = 0; v < V; v++)
+    start[v + 1] += start[v];
+  int *fill = malloc((size_t)V * sizeof *fill);
+  if (!fill) {
+    free(start), free(order), free(acc);
+    return tz_err_set(TZ_ENOMEM, "compute cpu embedding_bwd: out of memory (V=%d)", V);
+  }
+  memcpy(fill, start, (size_t)V * sizeof *fill);
+  for (int n = 0; n < N; n++)
+    order[fill[tokens[n]]++] = n;
+  free(fill);
   float *dw = dwte;
   const float *d = dout;
-  int nb = (C + COL_BLOCK - 1) / COL_BLOCK;
-  /* A thread owns a slice of channels across the whole vocabulary and walks the tokens in order:
-   * every element receives its contributions in increasing n. */
-#pragma omp parallel for num_threads(c->nt) schedule(static)
-  for (int b = 0; b < nb; b++) {
-    int c0 = b * COL_BLOCK, c1 = c0 + COL_BLOCK < C ? c0 + COL_BLOCK : C;
-    for (int n = 0; n < N; n++) {
-      float *row = dw + (size_t)tokens[n] * C;
-      const float *src = d + (size_t)n * C;
-      for (int j = c0; j < c1; j++)
-        row[j] += src[j];
+#pragma omp parallel for num_threads(c->nt) schedule(dynamic, 8)
+  for (int v = 0; v < V; v++) {
+    if (start[v] == start[v + 1])
+      continue;
+    float *a = acc + (size_t)omp_get_thread_num() * C;
+    for (int j = 0; j < C; j++)
+      a[j] = 0.0f;
+    for (int i = start[v]; i < start[v + 1]; i++) {
+      const float *src = d + (size_t)order[i] * C;
+      for (int j = 0; j < C; j++)
+        a[j] += src[j];
     }
+    float *row = dw + (size_t)v * C;
+    for (int j = 0; j < C; j++)
+      row[j] += a[j];
   }
+  free(start);
+  free(order);
+  free(acc);
   return 0;
 }
 
@@ -312,12 +387,15 @@ static int cpu_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, cons
 #pragma omp parallel for num_threads(c->nt) schedule(static)
   for (int b = 0; b < nb; b++) {
     int c0 = b * COL_BLOCK, c1 = c0 + COL_BLOCK < C ? c0 + COL_BLOCK : C;
+    float acc[COL_BLOCK] = {0};
     for (int n = 0; n < N; n++) {
       const float *dyr = dy + (size_t)n * C, *xr = xf + (size_t)n * C;
       float r = rstd[n];
       for (int j = c0; j < c1; j++)
-        dwf[j] += dyr[j] * (xr[j] * r);
+        acc[j - c0] += dyr[j] * (xr[j] * r);
     }
+    for (int j = c0; j < c1; j++)
+      dwf[j] += acc[j - c0];
   }
   return 0;
 }
@@ -584,6 +662,8 @@ static int cpu_create(const struct tz_compute_params *p, tz_compute *cm) {
   c->nt = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
   if (c->nt < 1)
     c->nt = 1;
+  /* BLAS runs single-threaded inside OpenMP's threads (see matmul). */
+  openblas_set_num_threads(1);
   cm->ops = &cpu_ops;
   cm->ctx = c;
   cm->n_threads = c->nt;
