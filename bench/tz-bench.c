@@ -10,6 +10,7 @@ static const struct {
   const char *help;
 } subcommands[] = {
   {"tiers", tz_bench_tiers, "tier-to-tier bandwidth beside fio and raw copies"},
+  {"layer", tz_bench_layer, "one transformer layer fwd+bwd on the cuda backend beside PyTorch"},
   {NULL, NULL, NULL}, /* subcommands are added above this line */
 };
 

@@ -47,9 +47,9 @@ __global__ void first_min_kernel(int *first, const int32_t *tokens, int N, int V
   }
 }
 
-/* Block (n, column tile): if n is the first position of its token v, adds dout rows m >= n with
- * tokens[m] == v into dwte[v] for this tile's columns, in increasing m, in float, rounding to G
- * once at the end. */
+/* Block (n, column tile): if n is the first position of its token v, sums the dout rows m >= n
+ * with tokens[m] == v for this tile's columns, in increasing m, in float, and adds the sum onto
+ * dwte[v] once (compute.h: an accumulating op adds its whole contribution once per element). */
 template <typename TG, typename TS>
 __global__ void embedding_bwd_kernel(TG *dwte, const TS *dout, const int32_t *tokens,
                                      const int *first, int N, int C, int V) {
@@ -59,7 +59,7 @@ __global__ void embedding_bwd_kernel(TG *dwte, const TS *dout, const int32_t *to
   if (v < 0 || v >= V || first[v] != n)
     return; /* the whole block leaves: the condition is the same for all its threads */
   int j = blockIdx.y * blockDim.x + threadIdx.x;
-  float acc = j < C ? tz_ld(dwte[(size_t)v * C + j]) : 0.0f;
+  float acc = 0.0f;
   for (int m0 = n; m0 < N; m0 += TOKEN_TILE) {
     int cnt = N - m0 < TOKEN_TILE ? N - m0 : TOKEN_TILE;
     __syncthreads(); /* the previous tile has been read */
@@ -71,8 +71,10 @@ __global__ void embedding_bwd_kernel(TG *dwte, const TS *dout, const int32_t *to
         if (stok[i] == v)
           acc = __fadd_rn(acc, tz_ld(dout[(size_t)(m0 + i) * C + j]));
   }
-  if (j < C)
-    dwte[(size_t)v * C + j] = tz_st<TG>(acc);
+  if (j < C) {
+    TG *w = dwte + (size_t)v * C + j;
+    *w = tz_st<TG>(__fadd_rn(tz_ld(*w), acc));
+  }
 }
 
 int tz_cuda_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte, int N,

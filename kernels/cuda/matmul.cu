@@ -10,7 +10,10 @@
  * Float32 compute (CUBLAS_COMPUTE_32F, never TF32). The algorithm for each (transposes, sizes,
  * leading dimensions, dtypes, beta == 0, pointer alignments) is asked of the heuristic once and
  * kept in a table with its descriptors: the same call then always runs the same kernel with the
- * same workspace, which is what makes cuBLASLt bit-reproducible. */
+ * same workspace, which is what makes cuBLASLt bit-reproducible. Split-K algorithms may only
+ * reduce their partial products in a float workspace: reducing in place would add pieces of the
+ * product into C one at a time, and compute.h wants an accumulating call to add its whole
+ * product once per element; reducing in the output type would round the pieces to 16 bits. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,6 +131,10 @@ static int entry_build(struct tz_cuda *c, struct tz_cuda_mm_entry *e) {
   uint32_t al_a = (uint32_t)k->align_b, al_b = (uint32_t)k->align_a, al_c = (uint32_t)k->align_c;
   cublasStatus_t st1 = cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  if (st1 == CUBLAS_STATUS_SUCCESS)
+    st1 = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                               &schemes, sizeof schemes);
   if (st1 == CUBLAS_STATUS_SUCCESS)
     st1 = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                &al_a, sizeof al_a);
