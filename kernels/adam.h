@@ -94,12 +94,18 @@ int tz_adam_cpu(const struct tz_adam_params *p, float *master, float *m, float *
                 const struct tz_adam_cpu_opts *o);
 
 /* The ceiling tz_adam_cpu is measured against: the same loads and stores of the same arrays, in
- * the same chunks, on the same threads and path, with no arithmetic. It moves data around
- * (master <- m, m <- v, v <- master, param_copy <- grad narrowed or widened bitwise), so the
- * arrays' contents afterwards are not meaningful. Same arguments and errors as tz_adam_cpu. */
+ * the same chunks, on the same threads and path, with no arithmetic. It rotates the state
+ * (master <- m, m <- v, v <- master, so the values stay valid Adam state for later runs) and
+ * writes param_copy <- grad bitwise (the top 16 bits of an f32, or a 16-bit value shifted up
+ * into an f32). Same arguments and errors as tz_adam_cpu. */
 int tz_adam_cpu_ceiling(float *master, float *m, float *v, const void *grad,
                         enum tz_dtype grad_dtype, void *param_copy, enum tz_dtype copy_dtype,
                         size_t n, const struct tz_adam_cpu_opts *o);
+
+/* Binds the OpenMP team of o->threads threads (the same count rule as tz_adam_cpu) to o->cpus as
+ * tz_adam_cpu would, without computing anything: for work that must run where the optimizer
+ * will, such as first-touch filling of its arrays. 0 when o->cpus is NULL. */
+int tz_adam_cpu_bind(const struct tz_adam_cpu_opts *o);
 
 /* 1 if this CPU and OS can run the path (AUTO and SCALAR always), else 0. */
 int tz_adam_cpu_path_supported(enum tz_adam_cpu_path path);

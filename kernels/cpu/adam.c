@@ -76,19 +76,27 @@ static ALWAYS_INLINE void adam_one(const struct adam_consts *c, float *p, float 
   copy_at(copy, cdt, i, p1);
 }
 
-/* The ceiling's element: Adam's loads and stores, no arithmetic. */
-static ALWAYS_INLINE void move_one(float *p, float *m, float *v, const void *g, int gdt, void *copy,
-                                   int cdt, size_t i) {
+/* Where the ceiling kernel's gradient bits go when there is no parameter copy to write them to,
+ * so that the gradient loads cannot be dropped: one OR per range. */
+static uint32_t ceiling_sink;
+
+static void sink(uint32_t bits) { __atomic_fetch_or(&ceiling_sink, bits, __ATOMIC_RELAXED); }
+
+/* The ceiling's element: Adam's loads and stores, no arithmetic. The state arrays rotate, so
+ * their values stay what they were (valid Adam state, no NaN or subnormal) for later runs. */
+static ALWAYS_INLINE uint32_t move_one(float *p, float *m, float *v, const void *g, int gdt,
+                                       void *copy, int cdt, size_t i) {
   uint32_t gb = gdt == TZ_F32 ? tz_f32_bits(((const float *)g)[i])
                               : (uint32_t)((const uint16_t *)g)[i] << 16;
   float p0 = p[i];
   p[i] = m[i];
   m[i] = v[i];
-  v[i] = tz_f32_from_bits(tz_f32_bits(p0) ^ gb);
+  v[i] = p0;
   if (cdt == TZ_F32)
     ((float *)copy)[i] = tz_f32_from_bits(gb);
   else if (cdt != COPY_NONE)
     ((uint16_t *)copy)[i] = (uint16_t)(gb >> 16);
+  return gb;
 }
 
 /* Calls BODY(gdt, cdt) with both as constants for the dtype pair given, so that each pair gets
@@ -129,11 +137,14 @@ static void adam_scalar(const struct adam_consts *c, float *p, float *m, float *
 static void move_scalar(const struct adam_consts *c, float *p, float *m, float *v, const void *g,
                         int gdt, void *copy, int cdt, size_t b, size_t e) {
   (void)c;
+  uint32_t acc = 0;
 #define BODY(G, C)                                                                                 \
   for (size_t i = b; i < e; i++)                                                                   \
-    move_one(p, m, v, g, G, copy, C, i)
+    acc |= move_one(p, m, v, g, G, copy, C, i)
   DISPATCH_DTYPES(gdt, cdt, BODY);
 #undef BODY
+  if (cdt == COPY_NONE)
+    sink(acc);
 }
 
 #if TZ_ADAM_X86
@@ -218,21 +229,27 @@ AVX512 static ALWAYS_INLINE void adam_body16(const struct adam_consts *c, float 
 
 AVX512 static ALWAYS_INLINE void move_body16(float *p, float *m, float *v, const void *g, int gdt,
                                              void *copy, int cdt, size_t b, size_t e) {
+  __m512i acc = _mm512_setzero_si512();
   size_t i = b;
   for (; i + 16 <= e; i += 16) {
     __m512i gb = grad_bits16(g, gdt, i);
     __m512i p0 = _mm512_loadu_si512(p + i);
     _mm512_storeu_si512(p + i, _mm512_loadu_si512(m + i));
     _mm512_storeu_si512(m + i, _mm512_loadu_si512(v + i));
-    _mm512_storeu_si512(v + i, _mm512_xor_si512(p0, gb));
+    _mm512_storeu_si512(v + i, p0);
     if (cdt == TZ_F32)
       _mm512_storeu_si512((float *)copy + i, gb);
     else if (cdt != COPY_NONE)
       _mm256_storeu_si256((__m256i *)((uint16_t *)copy + i),
                           _mm512_cvtepi32_epi16(_mm512_srli_epi32(gb, 16)));
+    else
+      acc = _mm512_or_si512(acc, gb);
   }
+  uint32_t tail = 0;
   for (; i < e; i++)
-    move_one(p, m, v, g, gdt, copy, cdt, i);
+    tail |= move_one(p, m, v, g, gdt, copy, cdt, i);
+  if (cdt == COPY_NONE)
+    sink(tail | (uint32_t)_mm512_reduce_or_epi32(acc));
 }
 
 AVX512 static void adam_avx512(const struct adam_consts *c, float *p, float *m, float *v,
@@ -336,20 +353,31 @@ AVX2 static ALWAYS_INLINE void adam_body8(const struct adam_consts *c, float *p,
 
 AVX2 static ALWAYS_INLINE void move_body8(float *p, float *m, float *v, const void *g, int gdt,
                                           void *copy, int cdt, size_t b, size_t e) {
+  __m256i acc = _mm256_setzero_si256();
   size_t i = b;
   for (; i + 8 <= e; i += 8) {
     __m256i gb = grad_bits8(g, gdt, i);
     __m256i p0 = _mm256_loadu_si256((const __m256i *)(p + i));
     _mm256_storeu_si256((__m256i *)(p + i), _mm256_loadu_si256((const __m256i *)(m + i)));
     _mm256_storeu_si256((__m256i *)(m + i), _mm256_loadu_si256((const __m256i *)(v + i)));
-    _mm256_storeu_si256((__m256i *)(v + i), _mm256_xor_si256(p0, gb));
+    _mm256_storeu_si256((__m256i *)(v + i), p0);
     if (cdt == TZ_F32)
       _mm256_storeu_si256((__m256i *)((float *)copy + i), gb);
     else if (cdt != COPY_NONE)
       _mm_storeu_si128((__m128i *)((uint16_t *)copy + i), narrow8(_mm256_srli_epi32(gb, 16)));
+    else
+      acc = _mm256_or_si256(acc, gb);
   }
+  uint32_t tail = 0;
   for (; i < e; i++)
-    move_one(p, m, v, g, gdt, copy, cdt, i);
+    tail |= move_one(p, m, v, g, gdt, copy, cdt, i);
+  if (cdt == COPY_NONE) {
+    uint32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, acc);
+    for (int k = 0; k < 8; k++)
+      tail |= lanes[k];
+    sink(tail);
+  }
 }
 
 AVX2 static void adam_avx2(const struct adam_consts *c, float *p, float *m, float *v, const void *g,
@@ -461,29 +489,38 @@ static enum tz_adam_cpu_path resolve_path(enum tz_adam_cpu_path want) {
   return want == TZ_ADAM_CPU_AUTO ? tz_adam_cpu_path_best() : want;
 }
 
+static int team_size(const struct tz_adam_cpu_opts *o) {
+  return o->threads > 0 ? o->threads : o->cpus ? o->ncpus : omp_get_max_threads();
+}
+
+/* Binds the calling team member to its cpu; on failure records the first error for the caller. */
+static void bind_member(const struct tz_adam_cpu_opts *o, int *bind_err, int *bind_cpu) {
+  if (!o->cpus)
+    return;
+  int cpu = o->cpus[omp_get_thread_num() % o->ncpus];
+  int e = bind_self(cpu);
+  if (e) {
+#pragma omp critical(tz_adam_bind)
+    if (!*bind_err) {
+      *bind_err = e;
+      *bind_cpu = cpu;
+    }
+  }
+}
+
 /* Runs fn over fixed chunks of [0, n) on the OpenMP team, each thread bound first when a cpu
  * list is given. Chunk boundaries do not depend on the thread count. */
 static int run_chunks(const struct tz_adam_cpu_opts *o, range_fn fn, const struct adam_consts *c,
                       float *p, float *m, float *v, const void *g, int gdt, void *copy, int cdt,
                       size_t n) {
   size_t nchunks = (n + TZ_ADAM_CPU_CHUNK - 1) / TZ_ADAM_CPU_CHUNK;
-  int nt = o->threads > 0 ? o->threads : o->cpus ? o->ncpus : omp_get_max_threads();
+  int nt = team_size(o);
   if ((size_t)nt > nchunks)
     nt = (int)nchunks;
   int bind_err = 0, bind_cpu = -1;
 #pragma omp parallel num_threads(nt)
   {
-    if (o->cpus) {
-      int cpu = o->cpus[omp_get_thread_num() % o->ncpus];
-      int e = bind_self(cpu);
-      if (e) {
-#pragma omp critical(tz_adam_bind)
-        if (!bind_err) {
-          bind_err = e;
-          bind_cpu = cpu;
-        }
-      }
-    }
+    bind_member(o, &bind_err, &bind_cpu);
     /* after the barrier every thread sees the same bind_err, so all or none enter the loop */
 #pragma omp barrier
     if (!bind_err) {
@@ -501,6 +538,20 @@ static int run_chunks(const struct tz_adam_cpu_opts *o, range_fn fn, const struc
 #endif
     }
   }
+  if (bind_err)
+    return tz_err_errno(bind_err, "adam: binding an OpenMP thread to cpu %d", bind_cpu);
+  return 0;
+}
+
+int tz_adam_cpu_bind(const struct tz_adam_cpu_opts *o) {
+  if (!o)
+    return tz_err_set(TZ_EINVAL, "adam: bind without options");
+  TZ_CHECK(check_call(NULL, NULL, NULL, NULL, TZ_F32, NULL, TZ_F32, 0, o));
+  if (!o->cpus)
+    return 0;
+  int bind_err = 0, bind_cpu = -1;
+#pragma omp parallel num_threads(team_size(o))
+  bind_member(o, &bind_err, &bind_cpu);
   if (bind_err)
     return tz_err_errno(bind_err, "adam: binding an OpenMP thread to cpu %d", bind_cpu);
   return 0;
