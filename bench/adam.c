@@ -230,7 +230,8 @@ static void *alloc_pages(size_t bytes) {
   return posix_memalign(&ptr, 2u << 20, bytes ? bytes : 1) ? NULL : ptr;
 }
 
-static int arrays_create(struct arrays *a, const struct opts *o, const struct tz_adam_cpu_opts *ko) {
+static int arrays_create(struct arrays *a, const struct opts *o,
+                         const struct tz_adam_cpu_opts *ko) {
   size_t n = o->n;
   a->p = alloc_pages(n * 4);
   a->m = alloc_pages(n * 4);

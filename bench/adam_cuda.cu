@@ -30,7 +30,8 @@ extern "C" int tz_bench_adam_gpu(size_t n, enum tz_dtype gdt, int has_copy, enum
     return 77;
   }
   const size_t gsize = tz_dtype_size(gdt), csize = has_copy ? tz_dtype_size(cdt) : 0;
-  const size_t bpp = 12 + gsize + 12 + csize; /* read master, grad, m, v; write master, m, v, copy */
+  /* read master, grad, m, v; write master, m, v, copy */
+  const size_t bpp = 12 + gsize + 12 + csize;
   const size_t half = n * bpp / 2;
   int rc = 0;
   float *p = NULL, *m = NULL, *v = NULL;

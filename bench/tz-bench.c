@@ -9,7 +9,7 @@ static const struct {
   int (*run)(int argc, char **argv);
   const char *help;
 } subcommands[] = {
-  {"adam", tz_bench_adam, "CPU (and --gpu GPU) Adam against a streaming ceiling measured beside it"},
+  {"adam", tz_bench_adam, "CPU (and --gpu GPU) Adam beside the streaming ceiling of the same run"},
   {NULL, NULL, NULL}, /* subcommands are added above this line */
 };
 

@@ -67,7 +67,7 @@ enum tz_adam_cpu_path {
 };
 
 struct tz_adam_cpu_opts {
-  int threads;                /* OpenMP threads; 0: ncpus when cpus is set, else omp_get_max_threads() */
+  int threads;                /* OpenMP threads; 0: ncpus with cpus, else omp_get_max_threads() */
   enum tz_adam_cpu_path path; /* TZ_ADAM_CPU_AUTO unless testing */
   /* Optional (ncpus), borrowed: thread i of the team is bound to cpus[i % ncpus] (the topology
    * advice's optimizer cores). The calling thread is thread 0 and stays bound after the call, so

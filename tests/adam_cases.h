@@ -70,7 +70,8 @@ static inline void adam_case_fill_grad(void *g, enum tz_dtype dt, size_t n, uint
   }
 }
 
-/* Hyperparameters for step t, varied by the random state. Returns tz_adam_params_for_step's code. */
+/* Hyperparameters for step t, varied by the random state; returns tz_adam_params_for_step's
+ * code. */
 static inline int adam_case_params(struct tz_adam_params *p, uint64_t *s, int64_t t) {
   uint64_t r = tz_test_rand(s);
   static const float eps[] = {1e-8f, 0.0f, 1e-40f /* subnormal */, 1e-6f};

@@ -212,7 +212,8 @@ static void check_against_f64(const struct tz_adam_params *hp, const struct stat
         worst_seen = err;
       if (!(err <= TOL)) {
         print_error("element %zu output %d: %.9g, float64 %.9g (scale %.3g, p %.9g m %.9g v "
-                    "%.9g g %.9g)\n", i, k, got[k], want[k], scale[k], p, m, v, grad_f64(before, i));
+                    "%.9g g %.9g)\n",
+                    i, k, got[k], want[k], scale[k], p, m, v, grad_f64(before, i));
         fail();
       }
     }

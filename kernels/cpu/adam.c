@@ -7,7 +7,6 @@
 #define _GNU_SOURCE
 #include "kernels/adam.h"
 
-#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
