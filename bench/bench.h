@@ -7,6 +7,18 @@
 
 int tz_bench_tiers(int argc, char **argv);   /* bench/tiers.c */
 
+/* What `tz-bench tiers` hands its GPU rows. */
+struct tz_bench_tiers_opts {
+  int json;         /* one JSON object per row instead of a table */
+  const char *path; /* a directory on the disk for the nvme rows; NULL: tmpfs (/dev/shm) only */
+  uint64_t size;    /* bytes moved per repetition and pair; 0: 1 GiB */
+  int reps;         /* repetitions, tier and raw interleaved, the median reported; 0: 5 */
+};
+/* bench/tiers_gpu.c, in CUDA builds only (bench/CMakeLists.txt): the GPU rows of `tz-bench
+ * tiers`. Returns 0, 1 (failed, with a message on stderr) or 77 (no GPU: nothing printed on
+ * stdout, the reason on stderr). */
+int tz_bench_tiers_gpu(const struct tz_bench_tiers_opts *o);
+
 /* Wall-clock seconds, monotonic. */
 double tz_bench_now(void);
 /* Median of n values (sorts v in place). */
