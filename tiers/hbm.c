@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include "tiers/hbm.h"
 #include "core/error.h"
+#include "core/internal.h"
 #include "core/log.h"
 #include "core/tier_impl.h"
 
@@ -37,14 +38,32 @@
 #define PIN_PIECE (64ull << 30) /* cudaHostRegister takes at most this much at once */
 #define MAX_ARENAS 64
 #define PAGE 4096ull
+/* How long an event seen pending stands for the later ones of its stream (see event_poll). */
+#define HINT_NS 5000ull
 
 struct hbm;
+
+/* A copy stream. Its events are numbered in the order they are recorded on it; a stream runs in
+ * order, so once event k has completed every event before k has too, and while k is pending so is
+ * every event after it. The progress engine polls each copy's fence; with this it calls
+ * cudaEventQuery about once per stream and round instead of once per copy in flight. */
+struct lane {
+  cudaStream_t s;
+  pthread_mutex_t mu;   /* numbers and records together, so numbers follow the stream's order */
+  uint64_t next_seq;    /* under mu */
+  uint64_t done_seq;    /* atomic: every event numbered up to it has completed */
+  uint64_t hint_seq;    /* atomic: an event seen pending at hint_ns */
+  uint64_t hint_ns;     /* atomic */
+};
+enum { LANE_H2D, LANE_D2H, LANE_D2D, N_LANES };
 
 /* One pooled event; the ctx of the polled fence of one copy. */
 struct hbm_event {
   cudaEvent_t ev;
   struct hbm *h;
   struct hbm_event *next_free;
+  struct lane *lane;
+  uint64_t seq;     /* its number on the lane */
   const char *what; /* for the error message: which copy this event ends */
   uint64_t off, n;
 };
@@ -71,7 +90,7 @@ struct hbm {
   char name[48];
   unsigned char *base; /* the arena: capacity bytes of device memory */
   uint64_t bytes;
-  cudaStream_t h2d, d2h, d2d;
+  struct lane lanes[N_LANES]; /* host->GPU, GPU->host, GPU->GPU */
   tz_progress *pe;
   int host_numa;
   uint64_t pin_piece;
@@ -136,6 +155,8 @@ static void hbm_free(struct hbm *h) {
   }
   pthread_mutex_destroy(&h->ev_mu);
   pthread_mutex_destroy(&h->reg_mu);
+  for (int i = 0; i < N_LANES; i++)
+    pthread_mutex_destroy(&h->lanes[i].mu);
   free(h);
 }
 
@@ -209,13 +230,34 @@ static void event_put(void *ctx) {
   hbm_unref(h);
 }
 
+/* Only the progress engine polls. A stale hint costs a delay of at most HINT_NS, never a wrong
+ * answer: an event is reported complete only by the driver, or after a later one of its stream. */
 static int event_poll(void *ctx) {
   struct hbm_event *e = ctx;
-  cudaError_t r = cudaEventQuery(e->ev);
-  if (r == cudaSuccess)
+  struct lane *l = e->lane;
+  uint64_t done = __atomic_load_n(&l->done_seq, __ATOMIC_ACQUIRE);
+  if (e->seq <= done)
     return 1;
-  if (r == cudaErrorNotReady)
+  uint64_t hint = __atomic_load_n(&l->hint_seq, __ATOMIC_RELAXED);
+  uint64_t t = tz_now_ns();
+  int fresh = hint > done && t - __atomic_load_n(&l->hint_ns, __ATOMIC_RELAXED) < HINT_NS;
+  if (fresh && e->seq > hint)
     return 0;
+  cudaError_t r = cudaEventQuery(e->ev);
+  if (r == cudaSuccess) {
+    uint64_t d = done;
+    while (d < e->seq && !__atomic_compare_exchange_n(&l->done_seq, &d, e->seq, 0,
+                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      ;
+    return 1;
+  }
+  if (r == cudaErrorNotReady) {
+    if (!fresh || e->seq < hint) {
+      __atomic_store_n(&l->hint_seq, e->seq, __ATOMIC_RELAXED);
+      __atomic_store_n(&l->hint_ns, t, __ATOMIC_RELAXED);
+    }
+    return 0;
+  }
   return cuda_fail(r, "%s: %s of %llu bytes at offset %llu on GPU %d failed", e->h->name, e->what,
                    (unsigned long long)e->n, (unsigned long long)e->off, e->h->device);
 }
@@ -226,10 +268,11 @@ static const struct tz_fence_poll_ops cuda_event_ops = {
   .destroy = event_put,
 };
 
-/* Ends a copy enqueued on s with a pooled event and hands out its fence. On failure the copies
- * already enqueued are drained first: the caller may reuse its buffer once we return. */
-static int record(struct hbm *h, cudaStream_t s, const char *what, uint64_t off, uint64_t n,
+/* Ends a copy enqueued on lane l with a pooled event and hands out its fence. On failure the
+ * copies already enqueued are drained first: the caller may reuse its buffer once we return. */
+static int record(struct hbm *h, struct lane *l, const char *what, uint64_t off, uint64_t n,
                   tz_fence **done) {
+  cudaStream_t s = l->s;
   struct hbm_event *e;
   int rc = event_get(h, &e);
   if (rc < 0) {
@@ -239,7 +282,11 @@ static int record(struct hbm *h, cudaStream_t s, const char *what, uint64_t off,
   e->what = what;
   e->off = off;
   e->n = n;
+  e->lane = l;
+  pthread_mutex_lock(&l->mu);
+  e->seq = ++l->next_seq;
   cudaError_t r = cudaEventRecord(e->ev, s);
+  pthread_mutex_unlock(&l->mu);
   if (r != cudaSuccess) {
     rc = cuda_fail(r, "%s: cudaEventRecord after the %s at offset %llu", h->name, what,
                    (unsigned long long)off);
@@ -402,8 +449,8 @@ static int hbm_register_host(tz_tier *t, void *base, uint64_t bytes) {
 static void hbm_unregister_host(tz_tier *t, void *base) {
   struct hbm *h = t->ctx;
   /* Nothing may still be copying from or into it. */
-  cudaStreamSynchronize(h->h2d);
-  cudaStreamSynchronize(h->d2h);
+  cudaStreamSynchronize(h->lanes[LANE_H2D].s);
+  cudaStreamSynchronize(h->lanes[LANE_D2H].s);
   struct arena a = {0};
   pthread_mutex_lock(&h->reg_mu);
   for (int i = 0; i < h->n_arenas; i++)
@@ -580,12 +627,11 @@ static uint64_t pin_piece_from_env(void) {
 }
 
 static void release_device(struct hbm *h) {
-  cudaStream_t *ss[3] = {&h->h2d, &h->d2h, &h->d2d};
-  for (int i = 0; i < 3; i++)
-    if (*ss[i]) {
-      cudaStreamSynchronize(*ss[i]);
-      cudaStreamDestroy(*ss[i]);
-      *ss[i] = NULL;
+  for (int i = 0; i < N_LANES; i++)
+    if (h->lanes[i].s) {
+      cudaStreamSynchronize(h->lanes[i].s);
+      cudaStreamDestroy(h->lanes[i].s);
+      h->lanes[i].s = NULL;
     }
   if (h->base)
     cudaFree(h->base);
@@ -612,6 +658,8 @@ static int hbm_init(tz_tier *t, const struct tz_tier_params *p) {
   h->pin_piece = pin_piece_from_env();
   pthread_mutex_init(&h->ev_mu, NULL);
   pthread_mutex_init(&h->reg_mu, NULL);
+  for (int i = 0; i < N_LANES; i++)
+    pthread_mutex_init(&h->lanes[i].mu, NULL);
   int prev, rc = device_enter(h, &prev);
   if (rc < 0) {
     hbm_unref(h);
@@ -628,11 +676,10 @@ static int hbm_init(tz_tier *t, const struct tz_tier_params *p) {
     h->base = NULL;
     goto fail;
   }
-  cudaStream_t *ss[3] = {&h->h2d, &h->d2h, &h->d2d};
-  for (int i = 0; i < 3; i++) {
-    e = cudaStreamCreateWithFlags(ss[i], cudaStreamNonBlocking);
+  for (int i = 0; i < N_LANES; i++) {
+    e = cudaStreamCreateWithFlags(&h->lanes[i].s, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
-      *ss[i] = NULL;
+      h->lanes[i].s = NULL;
       rc = cuda_fail(e, "%s: cudaStreamCreate on GPU %d", t->name, h->device);
       goto fail;
     }
@@ -687,7 +734,8 @@ static void hbm_fini(tz_tier *t) {
 static int host_copy(tz_tier *t, int to_gpu, uint64_t off, unsigned char *host, uint64_t n,
                      tz_fence **done) {
   struct hbm *h = t->ctx;
-  cudaStream_t s = to_gpu ? h->h2d : h->d2h;
+  struct lane *l = &h->lanes[to_gpu ? LANE_H2D : LANE_D2H];
+  cudaStream_t s = l->s;
   const char *what = to_gpu ? "host->GPU copy" : "GPU->host copy";
   const unsigned char *abase;
   uint64_t piece;
@@ -719,7 +767,7 @@ static int host_copy(tz_tier *t, int to_gpu, uint64_t off, unsigned char *host, 
     d += len;
   }
   __atomic_add_fetch(to_gpu ? &h->h2d_copies : &h->d2h_copies, 1, __ATOMIC_RELAXED);
-  return record(h, s, what, off, n, done);
+  return record(h, l, what, off, n, done);
 }
 
 static int hbm_read(tz_tier *t, uint64_t off, void *buf, uint64_t n, tz_fence **done) {
@@ -743,21 +791,22 @@ static int hbm_copy(tz_tier *dst, uint64_t dst_off, tz_tier *src, uint64_t src_o
     return tz_err_set(TZ_ENOTSUP, "%s: no direct path from %s (%s)", dst->name, src->name,
                       src->ops->name);
   struct hbm *d = dst->ctx, *s = src->ctx;
+  struct lane *l = &d->lanes[LANE_D2D];
   cudaError_t e;
   if (d->device == s->device)
-    e = cudaMemcpyAsync(d->base + dst_off, s->base + src_off, n, cudaMemcpyDeviceToDevice, d->d2d);
+    e = cudaMemcpyAsync(d->base + dst_off, s->base + src_off, n, cudaMemcpyDeviceToDevice, l->s);
   else
-    e = cudaMemcpyPeerAsync(d->base + dst_off, d->device, s->base + src_off, s->device, n, d->d2d);
+    e = cudaMemcpyPeerAsync(d->base + dst_off, d->device, s->base + src_off, s->device, n, l->s);
   if (e != cudaSuccess) {
     int rc = cuda_fail(e, "%s: copy of %llu bytes from %s offset %llu (GPU %d) to offset %llu "
                        "(GPU %d)",
                        d->name, (unsigned long long)n, s->name, (unsigned long long)src_off,
                        s->device, (unsigned long long)dst_off, d->device);
-    cudaStreamSynchronize(d->d2d);
+    cudaStreamSynchronize(l->s);
     return rc;
   }
   __atomic_add_fetch(&d->d2d_copies, 1, __ATOMIC_RELAXED);
-  return record(d, d->d2d, "GPU->GPU copy", dst_off, n, done);
+  return record(d, l, "GPU->GPU copy", dst_off, n, done);
 }
 
 static void hbm_describe(tz_tier *t, uint64_t off, char *buf, size_t len) {
