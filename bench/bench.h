@@ -10,9 +10,10 @@ int tz_bench_tiers(int argc, char **argv);   /* bench/tiers.c */
 /* What `tz-bench tiers` hands its GPU rows. */
 struct tz_bench_tiers_opts {
   int json;         /* one JSON object per row instead of a table */
-  const char *path; /* a directory on the disk for the nvme rows; NULL: tmpfs (/dev/shm) only */
-  uint64_t size;    /* bytes moved per repetition and pair; 0: 1 GiB */
-  int reps;         /* repetitions, tier and raw interleaved, the median reported; 0: 5 */
+  const char *path; /* a directory on the drive for the nvme rows; NULL: tmpfs (/dev/shm) only */
+  uint64_t size;    /* bytes moved per measurement; 0: 1 GiB */
+  int reps;         /* repetitions, tier and raw interleaved, the median kept; the GPU rows take
+                     * at least 5 */
 };
 /* bench/tiers_gpu.c, in CUDA builds only (bench/CMakeLists.txt): the GPU rows of `tz-bench
  * tiers`. Returns 0, 1 (failed, with a message on stderr) or 77 (no GPU: nothing printed on

@@ -35,6 +35,7 @@
 #define SLOTS 8                   /* staging chunks, and the raw pipeline's buffers */
 #define WAIT_NS (300ll * 1000000000ll)
 #define MAX_REPS 101
+#define STAGED_MAX (1ull << 30)
 
 enum { H2D = 1, D2H = 2, BOTH = 3 };
 
@@ -610,7 +611,7 @@ int tz_bench_tiers_gpu(const struct tz_bench_tiers_opts *opts) {
     return 77;
   }
   uint64_t size = opts->size ? opts->size : 1ull << 30;
-  int reps = opts->reps > 0 ? opts->reps : 5;
+  int reps = opts->reps > 5 ? opts->reps : 5; /* a median of at least 5 */
   if (reps > MAX_REPS)
     reps = MAX_REPS;
   if (size < MIN_CHUNK) {
@@ -640,12 +641,15 @@ int tz_bench_tiers_gpu(const struct tz_bench_tiers_opts *opts) {
            gds ? "available" : "not usable", why);
   }
   int rc = pcie_rows(&o, size, reps);
+  /* Staged rows move at most 1 GiB per measurement: ten measurements per chunk size and
+   * repetition, against a disk, add up. */
+  uint64_t staged = size < STAGED_MAX ? size : STAGED_MAX;
   if (rc == 0 && access("/dev/shm", W_OK) == 0)
-    rc = staged_rows(&o, "/dev/shm", "tmpfs", size, reps);
+    rc = staged_rows(&o, "/dev/shm", "tmpfs", staged, reps);
   else if (rc == 0 && !o.json)
     printf("no writable /dev/shm: the tmpfs rows are left out\n");
   if (rc == 0 && opts->path)
-    rc = staged_rows(&o, opts->path, "disk", size, reps);
+    rc = staged_rows(&o, opts->path, "disk", staged, reps);
   else if (rc == 0 && !o.json)
     printf("no --path: the disk rows are left out\n");
   if (rc < 0) {
