@@ -16,13 +16,18 @@ int tz_bench_adam(int argc, char **argv);    /* bench/adam.c */
 int tz_bench_adam_gpu(size_t n, enum tz_dtype gdt, int has_copy, enum tz_dtype cdt, int reps,
                       int json);
 
-/* What tz-bench tiers passes on to its GPU rows (bench/tiers_gpu.cu). */
+/* What `tz-bench tiers` hands its GPU rows. */
 struct tz_bench_tiers_opts {
-  int json;
-  const char *path; /* directory on the drive */
-  uint64_t size;    /* bytes per measurement */
-  int reps;
+  int json;         /* one JSON object per row instead of a table */
+  const char *path; /* a directory on the drive for the nvme rows; NULL: tmpfs (/dev/shm) only */
+  uint64_t size;    /* bytes moved per measurement; 0: 1 GiB */
+  int reps;         /* repetitions, tier and raw interleaved, the median kept; the GPU rows take
+                     * at least 5 */
 };
+/* bench/tiers_gpu.c, in CUDA builds only (bench/CMakeLists.txt): the GPU rows of `tz-bench
+ * tiers`. Returns 0, 1 (failed, with a message on stderr) or 77 (no GPU: nothing printed on
+ * stdout, the reason on stderr). */
+int tz_bench_tiers_gpu(const struct tz_bench_tiers_opts *o);
 
 /* Wall-clock seconds, monotonic. */
 double tz_bench_now(void);
