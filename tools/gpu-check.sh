@@ -31,7 +31,13 @@ fi
 if [ "$what" != tests ]; then
   [ -x $b/bin/tz-topo ] && step topo $b/bin/tz-topo && step topo-json $b/bin/tz-topo --json
   step tiers $b/bin/tz-bench tiers --path /var/tmp --size 2G --reps 3
-  step adam $b/bin/tz-bench adam
-  step layer $b/bin/tz-bench layer
+  step adam $b/bin/tz-bench adam --gpu
+  [ -x $b/bin/tz-model-check ] && {
+    step hf-export $b/bin/tz-model-check --preset tiny --seed 1 --export /tmp/tz-ours
+    step hf-ours python3 tools/hf_check.py run /tmp/tz-ours --tokens 72,101,108,108,111 --tz $b/bin/tz-model-check
+    step hf-make python3 tools/hf_check.py make /tmp/tz-theirs --kv-heads 2
+    step hf-theirs python3 tools/hf_check.py run /tmp/tz-theirs --tokens 3,1,4,1,5,9,2,6 --tz $b/bin/tz-model-check
+  }
+  grep -q '"layer"' bench/tz-bench.c && step layer $b/bin/tz-bench layer
 fi
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
