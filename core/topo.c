@@ -422,14 +422,15 @@ static int load_hwloc(tz_topo *t, const char *xml) {
   if (hwloc_topology_init(&t->hw) != 0)
     return tz_err_errno(errno, "topo: hwloc_topology_init");
   /* An XML is kept as it was saved; live, hwloc keeps the PCI devices that matter (GPUs, NICs,
-   * storage) and the bridges above them. The OpenCL, GL, Level Zero and RSMI components find
-   * nothing tierzero uses and OpenCL can take seconds to start. */
+   * storage) and the bridges above them. Components that add nothing here stay off: OpenCL, GL,
+   * Level Zero and RSMI find nothing tierzero uses (OpenCL can take seconds to start), and "pci"
+   * only adds names from libpciaccess on Linux, where the linux component discovers the devices
+   * itself; it also leaks on every load. */
   hwloc_topology_set_io_types_filter(t->hw, xml ? HWLOC_TYPE_FILTER_KEEP_ALL
                                                 : HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-  hwloc_topology_set_components(t->hw, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "opencl");
-  hwloc_topology_set_components(t->hw, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "gl");
-  hwloc_topology_set_components(t->hw, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "levelzero");
-  hwloc_topology_set_components(t->hw, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "rsmi");
+  static const char *const off[] = {"opencl", "gl", "levelzero", "rsmi", "pci"};
+  for (size_t i = 0; i < sizeof off / sizeof off[0]; i++)
+    hwloc_topology_set_components(t->hw, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, off[i]);
   if (xml) {
     if (hwloc_topology_set_xml(t->hw, xml) != 0)
       return tz_err_set(TZ_EFORMAT,

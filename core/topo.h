@@ -198,6 +198,8 @@ struct tz_topo_advice_params {
                                                    nvme_path); none: advise NVMe mounts */
   int n_swap_dirs;
   int64_t memlock_bytes;      /* RLIMIT_MEMLOCK: bytes, TZ_TOPO_UNLIMITED, or TZ_TOPO_FACT_LIVE */
+  int cap_ipc_lock;           /* 1: the process holds CAP_IPC_LOCK, which lifts the limit; 0 not;
+                                 TZ_TOPO_FACT_LIVE (default) */
   const char *thp;            /* "always", "madvise", "never", or NULL for TZ_TOPO_FACT_LIVE */
   int progress_cores;         /* cores per GPU kept for its progress engine; default 1 */
 };
@@ -230,6 +232,7 @@ struct tz_topo_advice {
   int n_warnings;
   int64_t memlock_bytes;   /* the facts used: bytes, TZ_TOPO_UNLIMITED, or TZ_TOPO_FACT_LIVE when
                               unknown */
+  int cap_ipc_lock;        /* 1, 0, or TZ_TOPO_FACT_LIVE when unknown */
   const char *thp;         /* NULL unknown */
 };
 
@@ -264,11 +267,51 @@ int tz_topo_binding_format(const struct tz_topo_binding *b, char *buf, size_t le
  * are on several nodes or none is resident. This machine only. */
 int tz_topo_area_node(tz_topo *t, const void *addr, size_t len, int *node);
 
+/* ---- measured bandwidth ----------------------------------------------------------------------- */
+
+struct tz_topo_measure_params {
+  uint64_t bytes;          /* per path and direction; default 256 MiB (rounded down to blocks) */
+  uint64_t block;          /* bytes per operation; default 1 MiB */
+  int queue_depth;         /* operations in flight; default 32 */
+  const char *dirs[TZ_TOPO_MAX_SWAP_DIRS]; /* NVMe directories; none: every dir the advice names */
+  int n_dirs;
+  int gpus;                /* 1 (default): pinned H2D and D2H per GPU as well */
+};
+void tz_topo_measure_params_init(struct tz_topo_measure_params *p);
+
+struct tz_topo_bandwidth {
+  const char *kind;        /* "nvme_write", "nvme_read" (O_DIRECT), "h2d", "d2h" (pinned) */
+  int gpu;                 /* h2d, d2h: the GPU; else -1 */
+  const char *dir;         /* nvme_*: the directory; else NULL */
+  int numa_node;           /* where the host buffer lived; -1 unknown */
+  int odirect;             /* nvme_*: 1 O_DIRECT opens there, 0 the tier fell back to buffered
+                              I/O, -1 unknown; else -1 */
+  uint64_t bytes;          /* moved in the timed pass */
+  double gbps;             /* 1e9 bytes per second; -1 not measured */
+  const char *error;       /* why not measured, or NULL */
+};
+
+struct tz_topo_measured {
+  struct tz_topo_bandwidth *items;
+  int n;
+};
+
+/* Measures each path through the tier backends (nvme, host, hbm), with host buffers on the node
+ * the advice gives. This machine only (TZ_ENOTSUP for an XML). A path that cannot be measured (no
+ * GPU tier in this build, a full disk) is listed with its error rather than failing the call.
+ * Each NVMe directory gets a file of p->bytes for the duration. The caller owns *out. */
+int tz_topo_measure(tz_topo *t, const struct tz_topo_advice *a,
+                    const struct tz_topo_measure_params *p, struct tz_topo_measured **out);
+void tz_topo_measured_destroy(struct tz_topo_measured *m); /* NULL is a no-op */
+
 /* ---- output ----------------------------------------------------------------------------------- */
 
-/* The tree, the matrix and, when a is not NULL, the advice, as tz-topo prints them. */
-int tz_topo_print(FILE *f, const tz_topo *t, const struct tz_topo_advice *a);
-/* One JSON object (schema in docs/tz-topo.md); advice is null when a is NULL. */
-int tz_topo_json(FILE *f, const tz_topo *t, const struct tz_topo_advice *a);
+/* The tree, the matrix and, when a (m) is not NULL, the advice (the measurements), as tz-topo
+ * prints them. */
+int tz_topo_print(FILE *f, const tz_topo *t, const struct tz_topo_advice *a,
+                  const struct tz_topo_measured *m);
+/* One JSON object (schema in docs/tz-topo.md); advice (measured) is null when a (m) is NULL. */
+int tz_topo_json(FILE *f, const tz_topo *t, const struct tz_topo_advice *a,
+                 const struct tz_topo_measured *m);
 
 #endif

@@ -59,6 +59,7 @@ static int warn(struct advice *a, const char *code, int gpu, const char *fmt, ..
 void tz_topo_advice_params_init(struct tz_topo_advice_params *p) {
   memset(p, 0, sizeof *p);
   p->memlock_bytes = TZ_TOPO_FACT_LIVE;
+  p->cap_ipc_lock = TZ_TOPO_FACT_LIVE;
   p->progress_cores = 1;
 }
 
@@ -173,8 +174,9 @@ static int check_swap_dirs(const tz_topo *t, const struct tz_topo_advice_params 
                     dir, m->fstype, m->path));
     else if (m->blockdev >= 0 && any_rotational(t, m->blockdev))
       TZ_CHECK(warn(a, "swap_dir_rotational", -1,
-                    "swap dir %s is on %s, a rotational disk: expect 100-250 MB/s where an NVMe "
-                    "drive reads several GB/s",
+                    "swap dir %s is on %s, which the kernel reports as rotational: a spinning "
+                    "disk moves 100-250 MB/s where an NVMe drive moves several GB/s (virtual "
+                    "disks often claim this wrongly; tz-topo --measure shows the real rate)",
                     dir, t->blockdevs[m->blockdev].name));
     else if (m->blockdev < 0)
       TZ_CHECK(warn(a, "swap_dir_unknown", -1,
@@ -417,6 +419,9 @@ int tz_topo_advise(const tz_topo *t, const struct tz_topo_advice_params *p,
     return tz_err_set(TZ_EINVAL, "topo: thp \"%s\" is not always, madvise or never", p->thp);
   if (p->memlock_bytes < TZ_TOPO_FACT_LIVE)
     return tz_err_set(TZ_EINVAL, "topo: memlock_bytes %lld", (long long)p->memlock_bytes);
+  if (p->cap_ipc_lock != TZ_TOPO_FACT_LIVE && p->cap_ipc_lock != 0 && p->cap_ipc_lock != 1)
+    return tz_err_set(TZ_EINVAL, "topo: cap_ipc_lock %d is not 0, 1 or TZ_TOPO_FACT_LIVE",
+                      p->cap_ipc_lock);
 
   struct advice *a = calloc(1, sizeof *a);
   if (!a)
@@ -427,6 +432,9 @@ int tz_topo_advise(const tz_topo *t, const struct tz_topo_advice_params *p,
   a->pub.memlock_bytes = p->memlock_bytes != TZ_TOPO_FACT_LIVE ? p->memlock_bytes
                          : live                                ? topo_live_memlock()
                                                                : TZ_TOPO_FACT_LIVE;
+  a->pub.cap_ipc_lock = p->cap_ipc_lock != TZ_TOPO_FACT_LIVE ? p->cap_ipc_lock
+                        : live                                ? topo_live_cap_ipc_lock()
+                                                              : TZ_TOPO_FACT_LIVE;
   a->pub.thp = p->thp ? p->thp : live ? topo_live_thp() : NULL;
 
   int np = t->n_gpus > 0 ? t->n_gpus : 1;
@@ -489,7 +497,8 @@ int tz_topo_advise(const tz_topo *t, const struct tz_topo_advice_params *p,
                        "no NVMe drive: state that does not fit in GPU and host memory has no fast "
                        "place to go"),
                   rc, fail);
-  if (p->pinned_pool_bytes > 0 && a->pub.memlock_bytes >= 0 &&
+  /* CAP_IPC_LOCK (root has it) lifts the limit for mlock and io_uring buffer registration. */
+  if (p->pinned_pool_bytes > 0 && a->pub.memlock_bytes >= 0 && a->pub.cap_ipc_lock != 1 &&
       (uint64_t)a->pub.memlock_bytes < p->pinned_pool_bytes) {
     char have[32], need[32];
     human((uint64_t)a->pub.memlock_bytes, have, sizeof have);

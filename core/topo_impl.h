@@ -64,6 +64,8 @@ void topo_probe_odirect(tz_topo *t);
 void topo_sysfs_pcie(const tz_topo *t, const char *busid, struct tz_topo_pcie *link);
 int topo_sysfs_numa_node(const tz_topo *t, const char *busid);
 int64_t topo_live_memlock(void);
+/* 1 when the process's effective capabilities include CAP_IPC_LOCK, 0 when not, -2 unknown. */
+int topo_live_cap_ipc_lock(void);
 /* "always", "madvise", "never", or NULL when the file is missing. Static strings. */
 const char *topo_live_thp(void);
 

@@ -472,6 +472,23 @@ int64_t topo_live_memlock(void) {
   return r.rlim_cur == RLIM_INFINITY ? TZ_TOPO_UNLIMITED : (int64_t)r.rlim_cur;
 }
 
+int topo_live_cap_ipc_lock(void) {
+  FILE *f = fopen("/proc/self/status", "re");
+  if (!f)
+    return TZ_TOPO_FACT_LIVE;
+  char line[256];
+  int r = TZ_TOPO_FACT_LIVE;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long long caps;
+    if (sscanf(line, "CapEff: %llx", &caps) == 1) {
+      r = (int)((caps >> 14) & 1); /* CAP_IPC_LOCK is capability 14 */
+      break;
+    }
+  }
+  fclose(f);
+  return r;
+}
+
 const char *topo_live_thp(void) {
   char buf[128];
   if (read_line("/sys/kernel/mm/transparent_hugepage/enabled", buf, sizeof buf) != 0)

@@ -282,18 +282,47 @@ static void print_advice(FILE *f, const tz_topo *t, const struct tz_topo_advice 
     human((uint64_t)a->memlock_bytes, ml, sizeof ml);
   else
     snprintf(ml, sizeof ml, "unknown");
-  fprintf(f, "  Facts: RLIMIT_MEMLOCK %s, transparent hugepages %s\n", ml,
+  fprintf(f, "  Facts: RLIMIT_MEMLOCK %s%s, transparent hugepages %s\n", ml,
+          a->cap_ipc_lock == 1   ? " (lifted: the process holds CAP_IPC_LOCK)"
+          : a->cap_ipc_lock == 0 ? ""
+                                 : " (CAP_IPC_LOCK unknown)",
           a->thp ? a->thp : "unknown");
   fprintf(f, "Warnings:%s\n", a->n_warnings ? "" : " none");
   for (int i = 0; i < a->n_warnings; i++)
     fprintf(f, "  [%s] %s\n", a->warnings[i].code, a->warnings[i].message);
 }
 
-int tz_topo_print(FILE *f, const tz_topo *t, const struct tz_topo_advice *a) {
+static void print_measured(FILE *f, const struct tz_topo_measured *m) {
+  fprintf(f, "\nMeasured (through the tier backends):\n");
+  if (!m->n)
+    fprintf(f, "  nothing to measure: no NVMe directory (give one with --swap-dir) and no GPU\n");
+  for (int i = 0; i < m->n; i++) {
+    const struct tz_topo_bandwidth *b = &m->items[i];
+    char what[300], node[32] = "";
+    if (b->gpu >= 0)
+      snprintf(what, sizeof what, "GPU%d %s", b->gpu, strcmp(b->kind, "h2d") ? "GPU->host (D2H)"
+                                                                             : "host->GPU (H2D)");
+    else
+      snprintf(what, sizeof what, "%s %s%s", b->dir, strcmp(b->kind, "nvme_read") ? "write" : "read",
+               b->odirect == 1 ? " (O_DIRECT)" : b->odirect == 0 ? " (buffered)" : "");
+    if (b->numa_node >= 0)
+      snprintf(node, sizeof node, ", buffer on node %d", b->numa_node);
+    if (b->gbps >= 0)
+      fprintf(f, "  %-48s %8.2f GB/s  (%llu MiB%s)\n", what, b->gbps,
+              (unsigned long long)(b->bytes >> 20), node);
+    else
+      fprintf(f, "  %-48s not measured: %s\n", what, b->error ? b->error : "unknown");
+  }
+}
+
+int tz_topo_print(FILE *f, const tz_topo *t, const struct tz_topo_advice *a,
+                  const struct tz_topo_measured *m) {
   print_tree(f, t);
   print_matrix(f, t);
   if (a)
     print_advice(f, t, a);
+  if (m)
+    print_measured(f, m);
   if (fflush(f) != 0 || ferror(f))
     return tz_err_errno(errno ? errno : EIO, "topo: writing the report");
   return 0;
@@ -462,11 +491,30 @@ static json_t *json_advice(const tz_topo *t, const struct tz_topo_advice *a) {
   json_t *memlock = a->memlock_bytes == TZ_TOPO_UNLIMITED ? json_string("unlimited")
                     : a->memlock_bytes >= 0               ? json_integer(a->memlock_bytes)
                                                           : json_null();
-  json_t *facts = json_pack("{s:o, s:o}", "memlock_bytes", memlock, "thp", jstr_or_null(a->thp));
+  json_t *facts = json_pack("{s:o, s:o, s:o}", "memlock_bytes", memlock, "cap_ipc_lock",
+                            jbool_or_null(a->cap_ipc_lock == TZ_TOPO_FACT_LIVE ? -1
+                                                                               : a->cap_ipc_lock),
+                            "thp", jstr_or_null(a->thp));
   return json_pack("{s:o, s:o, s:o}", "facts", facts, "placements", pls, "warnings", warns);
 }
 
-int tz_topo_json(FILE *f, const tz_topo *t, const struct tz_topo_advice *a) {
+static json_t *json_measured(const struct tz_topo_measured *m) {
+  json_t *arr = json_array();
+  for (int i = 0; i < m->n; i++) {
+    const struct tz_topo_bandwidth *b = &m->items[i];
+    json_array_append_new(
+        arr, json_pack("{s:s, s:o, s:o, s:o, s:o, s:I, s:o, s:o}", "kind", b->kind, "gpu",
+                       jint_or_null(b->gpu), "dir", jstr_or_null(b->dir), "numa_node",
+                       jint_or_null(b->numa_node), "odirect", jbool_or_null(b->odirect), "bytes",
+                       (json_int_t)b->bytes, "gbps",
+                       b->gbps >= 0 ? json_real(b->gbps) : json_null(), "error",
+                       jstr_or_null(b->error)));
+  }
+  return arr;
+}
+
+int tz_topo_json(FILE *f, const tz_topo *t, const struct tz_topo_advice *a,
+                 const struct tz_topo_measured *m) {
   json_t *root = json_object();
   if (!root)
     return tz_err_set(TZ_ENOMEM, "topo: no memory for JSON");
@@ -476,10 +524,11 @@ int tz_topo_json(FILE *f, const tz_topo *t, const struct tz_topo_advice *a) {
   json_devices(t, root);
   json_matrix(t, root);
   json_object_set_new(root, "advice", a ? json_advice(t, a) : json_null());
+  json_object_set_new(root, "measured", m ? json_measured(m) : json_null());
   /* json_pack returns NULL on a bad format or no memory, and a NULL value is not set: check that
    * every key arrived. */
   static const char *const keys[] = {"source", "machine", "packages", "numa_nodes", "gpus",
-                                     "block_devices", "nics", "matrix", "advice"};
+                                     "block_devices", "nics", "matrix", "advice", "measured"};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (!json_object_get(root, keys[i])) {
       json_decref(root);

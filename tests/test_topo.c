@@ -4,6 +4,7 @@
 #include "testlib.h"
 
 #include "core/error.h"
+#include "core/tier.h"
 #include "core/topo.h"
 
 #include <dirent.h>
@@ -47,6 +48,7 @@ static tz_topo *load_fixture(const char *xml, const char *mountinfo, const char 
 static void quiet_params(struct tz_topo_advice_params *p) {
   tz_topo_advice_params_init(p);
   p->memlock_bytes = TZ_TOPO_UNLIMITED;
+  p->cap_ipc_lock = 0;
   p->thp = "madvise";
 }
 
@@ -456,6 +458,13 @@ static void test_machine_warnings(void **state) {
   assert_string_equal(a->thp, "never");
   tz_topo_advice_destroy(a);
 
+  /* CAP_IPC_LOCK lifts the limit. */
+  p.cap_ipc_lock = 1;
+  a = advise(t, &p);
+  assert_null(tz_topo_advice_warning(a, "memlock_low", -1));
+  tz_topo_advice_destroy(a);
+  p.cap_ipc_lock = 0;
+
   p.memlock_bytes = TZ_TOPO_UNLIMITED;
   p.thp = "always";
   a = advise(t, &p);
@@ -471,6 +480,7 @@ static void test_machine_warnings(void **state) {
   p.pinned_pool_bytes = 1ull << 40;
   a = advise(t, &p);
   assert_int_equal(a->memlock_bytes, TZ_TOPO_FACT_LIVE);
+  assert_int_equal(a->cap_ipc_lock, TZ_TOPO_FACT_LIVE);
   assert_null(a->thp);
   assert_int_equal(a->n_warnings, 0);
   tz_topo_advice_destroy(a);
@@ -718,7 +728,7 @@ static json_t *report_json(const tz_topo *t, const struct tz_topo_advice *a) {
   char *buf = NULL;
   size_t n = 0;
   FILE *f = open_memstream(&buf, &n);
-  TZ_ASSERT_OK(tz_topo_json(f, t, a));
+  TZ_ASSERT_OK(tz_topo_json(f, t, a, NULL));
   fclose(f);
   json_error_t err;
   json_t *j = json_loads(buf, 0, &err);
@@ -784,7 +794,7 @@ static void test_json_fixture(void **state) {
   char *text = NULL;
   size_t n = 0;
   FILE *f = open_memstream(&text, &n);
-  TZ_ASSERT_OK(tz_topo_print(f, t, a));
+  TZ_ASSERT_OK(tz_topo_print(f, t, a, NULL));
   fclose(f);
   assert_non_null(strstr(text, "GPU0  0000:1b:00.0  NVIDIA H100 80GB HBM3"));
   assert_non_null(strstr(text, "[thp_disabled]"));
@@ -880,7 +890,7 @@ static void test_live(void **state) {
   char *text = NULL;
   size_t n = 0;
   FILE *f = open_memstream(&text, &n);
-  TZ_ASSERT_OK(tz_topo_print(f, t, a));
+  TZ_ASSERT_OK(tz_topo_print(f, t, a, NULL));
   fclose(f);
   assert_non_null(strstr(text, "NUMA node"));
   free(text);
@@ -946,6 +956,84 @@ static void test_live_binding(void **state) {
   assert_int_equal(sched_setaffinity(0, sizeof saved, &saved), 0);
   tz_topo_advice_destroy(a);
   tz_topo_destroy(t);
+}
+
+/* Bandwidth through the nvme and host tiers into a temporary directory; GPU rows only with GPUs. */
+static void test_live_measure(void **state) {
+  (void)state;
+  char why[256];
+  if (tz_tier_probe("nvme", why, sizeof why) < 0) {
+    print_message("  SKIP: the nvme tier cannot run here: %s\n", why);
+    skip();
+  }
+  char *dir = tz_test_mkdtemp("topo-measure");
+  assert_non_null(dir);
+  tz_topo *t = NULL;
+  TZ_ASSERT_OK(tz_topo_load(NULL, &t));
+  struct tz_topo_advice_params ap;
+  tz_topo_advice_params_init(&ap);
+  ap.swap_dirs[ap.n_swap_dirs++] = dir;
+  struct tz_topo_advice *a = advise(t, &ap);
+  struct tz_topo_measure_params mp;
+  tz_topo_measure_params_init(&mp);
+  mp.bytes = 8 << 20;
+  mp.block = 256 << 10;
+  mp.queue_depth = 4;
+  mp.dirs[mp.n_dirs++] = dir;
+  struct tz_topo_measured *m = NULL;
+  TZ_ASSERT_OK(tz_topo_measure(t, a, &mp, &m));
+  assert_int_equal(m->n, 2 + 2 * tz_topo_gpu_count(t));
+  for (int i = 0; i < 2; i++) {
+    const struct tz_topo_bandwidth *b = &m->items[i];
+    assert_string_equal(b->kind, i ? "nvme_read" : "nvme_write");
+    assert_string_equal(b->dir, dir);
+    assert_int_equal(b->gpu, -1);
+    if (b->error)
+      print_error("%s: %s\n", b->kind, b->error);
+    assert_null(b->error);
+    assert_int_equal(b->bytes, 8 << 20);
+    assert_true(b->gbps > 0);
+    print_message("  %s %s: %.2f GB/s\n", b->kind, b->dir, b->gbps);
+  }
+  for (int i = 2; i < m->n; i++) /* h2d, d2h per GPU: measured, or saying why not */
+    assert_true(m->items[i].gbps > 0 || m->items[i].error);
+  /* The tier's file is gone afterwards. */
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int files = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    files += e->d_name[0] != '.';
+  closedir(d);
+  assert_int_equal(files, 0);
+  json_t *j = NULL;
+  {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    TZ_ASSERT_OK(tz_topo_json(f, t, a, m));
+    fclose(f);
+    j = json_loads(buf, 0, NULL);
+    free(buf);
+  }
+  assert_non_null(j);
+  json_t *rows = json_object_get(j, "measured");
+  assert_int_equal(json_array_size(rows), (size_t)m->n);
+  assert_true(json_real_value(json_object_get(json_array_get(rows, 1), "gbps")) > 0);
+  json_decref(j);
+  tz_topo_measured_destroy(m);
+
+  /* Nonsense parameters, and another machine's topology. */
+  mp.block = 0;
+  assert_int_equal(tz_topo_measure(t, a, &mp, &m), TZ_EINVAL);
+  tz_topo_advice_destroy(a);
+  tz_topo_destroy(t);
+  t = load_fixture("laptop.xml", NULL, NULL);
+  a = advise(t, NULL);
+  assert_int_equal(tz_topo_measure(t, a, NULL, &m), TZ_ENOTSUP);
+  tz_topo_measured_destroy(NULL);
+  tz_topo_advice_destroy(a);
+  tz_topo_destroy(t);
+  tz_test_rmdir(dir);
 }
 
 /* ---- bad input -------------------------------------------------------------------------------- */
@@ -1094,7 +1182,8 @@ int main(void) {
       cmocka_unit_test(test_vm_pci_only_gpu), cmocka_unit_test(test_vm_sysfs),
       cmocka_unit_test(test_laptop),         cmocka_unit_test(test_laptop_sysfs),
       cmocka_unit_test(test_json_fixture),   cmocka_unit_test(test_live),
-      cmocka_unit_test(test_live_binding),   cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_live_binding),   cmocka_unit_test(test_live_measure),
+      cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_tool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

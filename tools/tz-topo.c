@@ -22,13 +22,17 @@ static void usage(FILE *f) {
           "  --swap-dir DIR       a directory the nvme tier would use (repeatable, up to %d)\n"
           "  --pinned-pool SIZE   pinned host memory the run will lock (e.g. 64G), for the\n"
           "                       RLIMIT_MEMLOCK check\n"
-          "  --memlock SIZE       assume this RLIMIT_MEMLOCK ('unlimited' allowed)\n"
+          "  --memlock SIZE       assume this RLIMIT_MEMLOCK ('unlimited' allowed) and no\n"
+          "                       CAP_IPC_LOCK\n"
           "  --thp MODE           assume transparent hugepages are always|madvise|never\n"
           "  --progress-cores N   cores per GPU kept for its progress engine (default 1)\n"
           "  --no-nvml            do not ask NVML for GPU names and NVLinks\n"
           "  --bind GPU           bind this process's thread as the advice says for GPU (-1: the\n"
           "                       CPU-only placement) and print the binding read back\n"
-          "  --measure            measured bandwidths per path (not available in this build)\n"
+          "  --measure            measure each path through the tier backends: O_DIRECT write\n"
+          "                       and read per NVMe directory (the --swap-dir ones, else those\n"
+          "                       advised), pinned H2D and D2H per GPU\n"
+          "  --measure-size SIZE  bytes per path and direction (default 256M)\n"
           "  -h, --help\n",
           TZ_TOPO_MAX_SWAP_DIRS);
 }
@@ -61,7 +65,7 @@ static int fail(int rc) {
 
 int main(int argc, char **argv) {
   enum { OPT_XML = 256, OPT_SYSFS, OPT_MOUNTINFO, OPT_SWAP, OPT_POOL, OPT_MEMLOCK, OPT_THP,
-         OPT_PROGRESS, OPT_NO_NVML, OPT_BIND, OPT_MEASURE, OPT_JSON };
+         OPT_PROGRESS, OPT_NO_NVML, OPT_BIND, OPT_MEASURE, OPT_MEASURE_SIZE, OPT_JSON };
   static const struct option opts[] = {
       {"json", no_argument, NULL, OPT_JSON},
       {"xml", required_argument, NULL, OPT_XML},
@@ -75,14 +79,17 @@ int main(int argc, char **argv) {
       {"no-nvml", no_argument, NULL, OPT_NO_NVML},
       {"bind", required_argument, NULL, OPT_BIND},
       {"measure", no_argument, NULL, OPT_MEASURE},
+      {"measure-size", required_argument, NULL, OPT_MEASURE_SIZE},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
   struct tz_topo_load_params lp;
   struct tz_topo_advice_params ap;
+  struct tz_topo_measure_params mp;
   tz_topo_load_params_init(&lp);
   tz_topo_advice_params_init(&ap);
-  int json = 0, bind = 0, bind_gpu = 0;
+  tz_topo_measure_params_init(&mp);
+  int json = 0, bind = 0, bind_gpu = 0, measure = 0;
   for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
     long long v;
     char *end;
@@ -114,6 +121,7 @@ int main(int argc, char **argv) {
         return 2;
       }
       ap.memlock_bytes = v;
+      ap.cap_ipc_lock = 0;
       break;
     case OPT_THP: ap.thp = optarg; break;
     case OPT_PROGRESS:
@@ -131,9 +139,14 @@ int main(int argc, char **argv) {
         return 2;
       }
       break;
-    case OPT_MEASURE:
-      fprintf(stderr, "tz-topo: --measure needs the tier backends, which this build lacks\n");
-      return 2;
+    case OPT_MEASURE: measure = 1; break;
+    case OPT_MEASURE_SIZE:
+      if ((v = parse_size(optarg)) <= 0) {
+        fprintf(stderr, "tz-topo: --measure-size %s: not a size (e.g. 256M)\n", optarg);
+        return 2;
+      }
+      mp.bytes = (uint64_t)v;
+      break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -146,6 +159,7 @@ int main(int argc, char **argv) {
 
   tz_topo *t = NULL;
   struct tz_topo_advice *a = NULL;
+  struct tz_topo_measured *m = NULL;
   int rc = tz_topo_load(&lp, &t);
   if (rc < 0)
     return fail(rc);
@@ -174,11 +188,18 @@ int main(int argc, char **argv) {
                 text);
     }
   }
+  if (status == 0 && measure) {
+    for (int i = 0; i < ap.n_swap_dirs; i++)
+      mp.dirs[mp.n_dirs++] = ap.swap_dirs[i];
+    if ((rc = tz_topo_measure(t, a, &mp, &m)) < 0)
+      status = fail(rc);
+  }
   if (status == 0) {
-    rc = json ? tz_topo_json(stdout, t, a) : tz_topo_print(stdout, t, a);
+    rc = json ? tz_topo_json(stdout, t, a, m) : tz_topo_print(stdout, t, a, m);
     if (rc < 0)
       status = fail(rc);
   }
+  tz_topo_measured_destroy(m);
   tz_topo_advice_destroy(a);
   tz_topo_destroy(t);
   return status;
