@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 void *topo_keep(tz_topo *t, void *p) {
   if (!p)
@@ -578,8 +579,43 @@ const struct tz_topo_mount *tz_topo_mount(const tz_topo *t, int i) {
   return i >= 0 && i < t->n_mounts ? &t->mounts[i] : NULL;
 }
 
+/* The canonical form of path on this machine: realpath of its longest existing prefix (a swap dir
+ * need not exist yet) with the rest appended; relative paths are taken from the working directory.
+ * NULL when nothing resolves or memory runs out. */
+static char *resolve_live(const char *path) {
+  char *abs = NULL;
+  if (path[0] == '/') {
+    abs = strdup(path);
+  } else {
+    char *cwd = getcwd(NULL, 0);
+    if (cwd && asprintf(&abs, "%s/%s", cwd, path) < 0)
+      abs = NULL;
+    free(cwd);
+  }
+  if (!abs)
+    return NULL;
+  for (char *cut = abs + strlen(abs); cut > abs;) {
+    char saved = *cut;
+    *cut = '\0';
+    char *real = realpath(abs, NULL);
+    *cut = saved;
+    if (real) {
+      char *out = NULL;
+      if (asprintf(&out, "%s%s", strcmp(real, "/") == 0 && *cut == '/' ? "" : real, cut) < 0)
+        out = NULL;
+      free(real);
+      free(abs);
+      return out;
+    }
+    while (cut > abs && *--cut != '/')
+      ;
+  }
+  free(abs);
+  return NULL;
+}
+
 int tz_topo_mount_for_path(const tz_topo *t, const char *path) {
-  char *real = t->probe_live ? realpath(path, NULL) : NULL;
+  char *real = t->probe_live ? resolve_live(path) : NULL;
   const char *p = real ? real : path;
   int best = -1;
   size_t best_len = 0;

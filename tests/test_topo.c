@@ -642,7 +642,7 @@ static void test_laptop(void **state) {
   tz_topo_destroy(t);
 }
 
-/* The laptop's NVMe with an encrypted root on dm-0 over its third partition. */
+/* The laptop's NVMe with an LVM root on dm-0 over its third partition. */
 static void test_laptop_sysfs(void **state) {
   (void)state;
   char *root = tz_test_mkdtemp("topo-sysfs");
@@ -873,6 +873,20 @@ static void test_live(void **state) {
     assert_int_equal(access(path, F_OK), 0);
   }
   assert_true(tz_topo_mount_for_path(t, "/") >= 0);
+  /* A swap dir that does not exist yet, reached through a symlink, is on the link target's mount. */
+  int shm = tz_topo_mount_for_path(t, "/dev/shm");
+  if (shm >= 0 && strcmp(tz_topo_mount(t, shm)->path, "/dev/shm") == 0) {
+    char *dir = tz_test_mkdtemp("topo-link");
+    char *link = NULL, *deep = NULL;
+    assert_true(asprintf(&link, "%s/shm", dir) > 0);
+    assert_true(asprintf(&deep, "%s/not/yet/made", link) > 0);
+    assert_int_equal(symlink("/dev/shm", link), 0);
+    assert_int_equal(tz_topo_mount_for_path(t, deep), shm);
+    unlink(link);
+    free(link);
+    free(deep);
+    tz_test_rmdir(dir);
+  }
   print_message("  live: %d NUMA nodes, %d cores, %d GPUs, %d block devices, %d NICs; NVML %s\n",
                 m->n_numa, m->n_cores, tz_topo_gpu_count(t), tz_topo_blockdev_count(t),
                 tz_topo_nic_count(t), m->nvml);
