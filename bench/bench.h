@@ -3,9 +3,18 @@
 #ifndef TZ_BENCH_H
 #define TZ_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "core/dtype.h"
+
 int tz_bench_tiers(int argc, char **argv);   /* bench/tiers.c */
+int tz_bench_adam(int argc, char **argv);    /* bench/adam.c */
+
+/* bench/adam_cuda.cu, CUDA builds only: GPU Adam on n parameters against device-to-device copy
+ * bandwidth; prints a line (or a JSON object). Returns an exit code (77: no GPU). */
+int tz_bench_adam_gpu(size_t n, enum tz_dtype gdt, int has_copy, enum tz_dtype cdt, int reps,
+                      int json);
 
 /* What tz-bench tiers passes on to its GPU rows (bench/tiers_gpu.cu). */
 struct tz_bench_tiers_opts {
