@@ -14,7 +14,7 @@ typedef struct tz_cpuset {
 } tz_cpuset;
 
 void tz_cpuset_zero(tz_cpuset *s);
-void tz_cpuset_set(tz_cpuset *s, int cpu);   /* cpu outside [0, TZ_CPUSET_MAX) is ignored */
+void tz_cpuset_set(tz_cpuset *s, int cpu); /* cpu outside [0, TZ_CPUSET_MAX) is ignored */
 void tz_cpuset_clr(tz_cpuset *s, int cpu);
 int tz_cpuset_isset(const tz_cpuset *s, int cpu);
 int tz_cpuset_count(const tz_cpuset *s);
@@ -25,7 +25,8 @@ int tz_cpuset_includes(const tz_cpuset *super, const tz_cpuset *sub); /* sub is 
 void tz_cpuset_or(tz_cpuset *dst, const tz_cpuset *src);
 void tz_cpuset_and(tz_cpuset *dst, const tz_cpuset *src);
 void tz_cpuset_andnot(tz_cpuset *dst, const tz_cpuset *src); /* dst &= ~src */
-/* First set index at or after from, or -1. Iterate: for (c = next(s, 0); c >= 0; c = next(s, c + 1)) */
+/* First set index at or after from, or -1. Iterate: for (c = next(s, 0); c >= 0; c = next(s, c +
+ * 1)) */
 int tz_cpuset_next(const tz_cpuset *s, int from);
 
 /* "0-3,8,10-11" (the kernel's cpulist format; "" for an empty set). Returns the length the full

@@ -42,9 +42,7 @@ void topo_bitmap_to_cpuset(hwloc_const_bitmap_t b, tz_cpuset *out) {
   if (!b)
     return;
   int i;
-  hwloc_bitmap_foreach_begin(i, b) {
-    tz_cpuset_set(out, i);
-  }
+  hwloc_bitmap_foreach_begin(i, b) { tz_cpuset_set(out, i); }
   hwloc_bitmap_foreach_end();
 }
 
@@ -56,8 +54,8 @@ int topo_parse_busid(const char *s, unsigned *dom, unsigned *bus, unsigned *dev,
 }
 
 static void busid_of(hwloc_obj_t o, char out[16]) {
-  snprintf(out, 16, "%04x:%02x:%02x.%01x", o->attr->pcidev.domain & 0xffffu,
-           o->attr->pcidev.bus, o->attr->pcidev.dev, o->attr->pcidev.func & 0xfu);
+  snprintf(out, 16, "%04x:%02x:%02x.%01x", o->attr->pcidev.domain & 0xffffu, o->attr->pcidev.bus,
+           o->attr->pcidev.dev, o->attr->pcidev.func & 0xfu);
 }
 
 /* Index of the package whose CPUs hold all of set, or -1. */
@@ -78,7 +76,7 @@ void topo_locality(const tz_topo *t, hwloc_obj_t io, int *numa, int *package, tz
     *cpus = set;
   if (numa)
     *numa = a && a->nodeset && hwloc_bitmap_weight(a->nodeset) == 1 ? hwloc_bitmap_first(a->nodeset)
-                                                                     : -1;
+                                                                    : -1;
   if (package)
     *package = package_of_cpus(t, &set);
 }
@@ -103,7 +101,8 @@ static int load_cpu_side(tz_topo *t) {
     p->n_pus = (int)count_inside(hw, o->cpuset, HWLOC_OBJ_PU);
     p->n_l3 = (int)count_inside(hw, o->cpuset, HWLOC_OBJ_L3CACHE);
     for (int k = 0; k < p->n_l3; k++) {
-      hwloc_obj_t c = hwloc_get_obj_inside_cpuset_by_type(hw, o->cpuset, HWLOC_OBJ_L3CACHE, (unsigned)k);
+      hwloc_obj_t c =
+          hwloc_get_obj_inside_cpuset_by_type(hw, o->cpuset, HWLOC_OBJ_L3CACHE, (unsigned)k);
       if (c && c->attr->cache.size > p->l3_bytes)
         p->l3_bytes = c->attr->cache.size;
     }
@@ -199,7 +198,8 @@ static int load_gpus(tz_topo *t) {
     /* Names, best first: a CUDA or NVML object below it (NVML itself is asked later, live only),
      * hwloc's PCI name database, the PCI ids. */
     for (hwloc_obj_t c = o->io_first_child; c && !g->name; c = c->next_sibling) {
-      const char *m = c->type == HWLOC_OBJ_OS_DEVICE ? hwloc_obj_get_info_by_name(c, "GPUModel") : NULL;
+      const char *m =
+          c->type == HWLOC_OBJ_OS_DEVICE ? hwloc_obj_get_info_by_name(c, "GPUModel") : NULL;
       if (m && *m) {
         g->name = topo_strdup(t, m);
         g->name_source = "hwloc";
@@ -402,7 +402,8 @@ static int build_matrix(tz_topo *t) {
       return tz_err_set(TZ_ENOMEM, "topo: no memory for the matrix");
     }
     for (int j = 0; j < n; j++)
-      t->pci_class[i * n + j] = (unsigned char)(i == j ? TZ_TOPO_SELF : pci_class(t, objs[i], objs[j]));
+      t->pci_class[i * n + j] =
+          (unsigned char)(i == j ? TZ_TOPO_SELF : pci_class(t, objs[i], objs[j]));
   }
   free(objs);
   return 0;
@@ -497,9 +498,9 @@ int tz_topo_load(const struct tz_topo_load_params *p, tz_topo **out) {
   unsigned v = hwloc_get_api_version();
   snprintf(ver, sizeof ver, "API %u.%u.%u", v >> 16, (v >> 8) & 0xff, v & 0xff);
   t->machine.hwloc_version = topo_strdup(t, hv && *hv ? hv : ver);
-  t->machine.nvml = topo_strdup(t, p->xml ? "not asked (the topology is from an XML file)"
-                                          : p->use_nvml ? "not asked (no NVIDIA GPU)"
-                                                        : "not asked (disabled)");
+  t->machine.nvml = topo_strdup(t, p->xml        ? "not asked (the topology is from an XML file)"
+                                   : p->use_nvml ? "not asked (no NVIDIA GPU)"
+                                                 : "not asked (disabled)");
   if (!t->machine.hostname || !t->machine.os_release || !t->machine.arch ||
       !t->machine.hwloc_version || !t->machine.nvml) {
     rc = tz_err_set(TZ_ENOMEM, "topo: no memory");
@@ -622,8 +623,8 @@ int tz_topo_mount_for_path(const tz_topo *t, const char *path) {
   for (int i = 0; i < t->n_mounts; i++) {
     const char *m = t->mounts[i].path;
     size_t n = strlen(m);
-    int under = strcmp(m, "/") == 0 ? p[0] == '/'
-                                    : strncmp(p, m, n) == 0 && (p[n] == '\0' || p[n] == '/');
+    int under =
+        strcmp(m, "/") == 0 ? p[0] == '/' : strncmp(p, m, n) == 0 && (p[n] == '\0' || p[n] == '/');
     /* The later of two mounts on the same point hides the earlier, so >= keeps the last. */
     if (under && (best < 0 || n >= best_len)) {
       best = i;

@@ -74,10 +74,12 @@ static void human(uint64_t b, char *buf, size_t len) {
   snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, units[u]);
 }
 
-/* Cores (each as the set of its hardware threads) inside set and outside taken, in hwloc's order. */
-static int cores_in(const tz_topo *t, const tz_cpuset *set, const tz_cpuset *taken, tz_cpuset **out) {
-  hwloc_obj_type_t type = hwloc_get_nbobjs_by_type(t->hw, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE
-                                                                             : HWLOC_OBJ_PU;
+/* Cores (each as the set of its hardware threads) inside set and outside taken, in hwloc's order.
+ */
+static int cores_in(const tz_topo *t, const tz_cpuset *set, const tz_cpuset *taken,
+                    tz_cpuset **out) {
+  hwloc_obj_type_t type =
+      hwloc_get_nbobjs_by_type(t->hw, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
   int total = hwloc_get_nbobjs_by_type(t->hw, type);
   tz_cpuset *cores = calloc((size_t)total + 1, sizeof *cores);
   if (!cores)
@@ -87,7 +89,8 @@ static int cores_in(const tz_topo *t, const tz_cpuset *set, const tz_cpuset *tak
     hwloc_obj_t o = hwloc_get_obj_by_type(t->hw, type, (unsigned)i);
     tz_cpuset c;
     topo_bitmap_to_cpuset(o->cpuset, &c);
-    if (!tz_cpuset_empty(&c) && tz_cpuset_includes(set, &c) && (!taken || !tz_cpuset_intersects(taken, &c)))
+    if (!tz_cpuset_empty(&c) && tz_cpuset_includes(set, &c) &&
+        (!taken || !tz_cpuset_intersects(taken, &c)))
       cores[n++] = c;
   }
   *out = cores;
@@ -97,7 +100,8 @@ static int cores_in(const tz_topo *t, const tz_cpuset *set, const tz_cpuset *tak
 /* The worse (farther) of two classes, UNKNOWN counting as farthest. */
 static enum tz_topo_link worse(enum tz_topo_link a, enum tz_topo_link b) { return a > b ? a : b; }
 
-/* Class of the path from endpoint e (a GPU) to block device b; md/dm count as their farthest member. */
+/* Class of the path from endpoint e (a GPU) to block device b; md/dm count as their farthest
+ * member. */
 static enum tz_topo_link gpu_to_block(const tz_topo *t, int e, int b) {
   if (b < 0)
     return TZ_TOPO_UNKNOWN;
@@ -198,8 +202,8 @@ static int place_storage(const tz_topo *t, struct advice *a, struct tz_topo_plac
   int e = pl->gpu >= 0 ? tz_topo_endpoint_find(t, TZ_TOPO_KIND_GPU, pl->gpu) : -1;
   int *devs = keep(a, calloc((size_t)t->n_blockdevs + 1, sizeof *devs));
   const char **dirs = keep(a, calloc((size_t)n_cands + 1, sizeof *dirs));
-  enum tz_topo_link *cls = calloc((size_t)(n_cands > t->n_blockdevs ? n_cands : t->n_blockdevs) + 1,
-                                  sizeof *cls);
+  enum tz_topo_link *cls =
+      calloc((size_t)(n_cands > t->n_blockdevs ? n_cands : t->n_blockdevs) + 1, sizeof *cls);
   if (!devs || !dirs || !cls) {
     free(cls);
     return tz_err_set(TZ_ENOMEM, "topo: no memory for advice");
@@ -249,14 +253,13 @@ static int place_storage(const tz_topo *t, struct advice *a, struct tz_topo_plac
     if (nd == 0 && n_cands > 0 && pl->gpu >= 0) {
       const struct tz_topo_gpu *g = &t->gpus[pl->gpu];
       int b = cands[nearest].blockdev;
-      int rc = warn(a, "gpu_nvme_remote", pl->gpu,
-                    "GPU%d (NUMA node %d) has no %s on its NUMA node; the nearest, %s (%s), is %s "
-                    "away, so its reads cross %s",
-                    pl->gpu, g->numa_node, dirs_given ? "swap dir" : "NVMe drive",
-                    cands[nearest].dir, b >= 0 ? t->blockdevs[b].name : "unknown disk",
-                    tz_topo_link_name(nearest_cls),
-                    nearest_cls == TZ_TOPO_SYS ? "the link between the sockets"
-                                               : "an unknown path");
+      int rc =
+          warn(a, "gpu_nvme_remote", pl->gpu,
+               "GPU%d (NUMA node %d) has no %s on its NUMA node; the nearest, %s (%s), is %s "
+               "away, so its reads cross %s",
+               pl->gpu, g->numa_node, dirs_given ? "swap dir" : "NVMe drive", cands[nearest].dir,
+               b >= 0 ? t->blockdevs[b].name : "unknown disk", tz_topo_link_name(nearest_cls),
+               nearest_cls == TZ_TOPO_SYS ? "the link between the sockets" : "an unknown path");
       if (rc < 0) {
         free(cls);
         return rc;
@@ -433,8 +436,8 @@ int tz_topo_advise(const tz_topo *t, const struct tz_topo_advice_params *p,
                          : live                                ? topo_live_memlock()
                                                                : TZ_TOPO_FACT_LIVE;
   a->pub.cap_ipc_lock = p->cap_ipc_lock != TZ_TOPO_FACT_LIVE ? p->cap_ipc_lock
-                        : live                                ? topo_live_cap_ipc_lock()
-                                                              : TZ_TOPO_FACT_LIVE;
+                        : live                               ? topo_live_cap_ipc_lock()
+                                                             : TZ_TOPO_FACT_LIVE;
   a->pub.thp = p->thp ? p->thp : live ? topo_live_thp() : NULL;
 
   int np = t->n_gpus > 0 ? t->n_gpus : 1;

@@ -117,7 +117,8 @@ static void sb_printf(struct strbuf *s, const char *fmt, ...) __attribute__((for
 static void sb_printf(struct strbuf *s, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  int r = vsnprintf(s->n < s->len ? s->buf + s->n : NULL, s->n < s->len ? s->len - s->n : 0, fmt, ap);
+  int r =
+      vsnprintf(s->n < s->len ? s->buf + s->n : NULL, s->n < s->len ? s->len - s->n : 0, fmt, ap);
   va_end(ap);
   if (r > 0)
     s->n += (size_t)r;

@@ -19,27 +19,27 @@ struct tz_topo {
   struct tz_topo_numa *numa;
   int n_numa;
   struct tz_topo_gpu *gpus;
-  hwloc_obj_t *gpu_obj;       /* (n_gpus) their PCI objects */
+  hwloc_obj_t *gpu_obj; /* (n_gpus) their PCI objects */
   int n_gpus;
   struct tz_topo_blockdev *blockdevs;
   hwloc_obj_t *blockdev_obj;  /* (n_blockdevs) the controller's PCI object, or NULL */
   char (*blockdev_devno)[16]; /* (n_blockdevs) "259:0", "" unknown */
   int n_blockdevs;
   struct tz_topo_nic *nics;
-  hwloc_obj_t *nic_obj;       /* (n_nics) */
+  hwloc_obj_t *nic_obj; /* (n_nics) */
   int n_nics;
   struct tz_topo_mount *mounts;
   int n_mounts;
 
   struct tz_topo_endpoint *endpoints;
   int n_endpoints;
-  unsigned char *pci_class;   /* (n_endpoints, n_endpoints) enum tz_topo_link */
-  int *nvlinks;               /* (n_gpus, n_gpus) NVLinks between GPU pairs; NULL without NVML */
+  unsigned char *pci_class; /* (n_endpoints, n_endpoints) enum tz_topo_link */
+  int *nvlinks;             /* (n_gpus, n_gpus) NVLinks between GPU pairs; NULL without NVML */
 
-  char *sysfs_root;           /* NULL: no sysfs (an XML without one) */
-  int probe_live;             /* 1: the mounts are this process's, so they may be probed */
+  char *sysfs_root; /* NULL: no sysfs (an XML without one) */
+  int probe_live;   /* 1: the mounts are this process's, so they may be probed */
 
-  void **owned;               /* strings and arrays freed with the topology */
+  void **owned; /* strings and arrays freed with the topology */
   int n_owned, cap_owned;
 };
 

@@ -1,6 +1,7 @@
 /* What Linux says beyond hwloc: block devices and PCIe links from sysfs, mounts from mountinfo,
  * whether O_DIRECT opens on a filesystem, RLIMIT_MEMLOCK and transparent hugepages. Every sysfs
- * path is read below t->sysfs_root, so a tree saved from (or laid out like) another machine works. */
+ * path is read below t->sysfs_root, so a tree saved from (or laid out like) another machine works.
+ */
 #define _GNU_SOURCE
 #include "core/topo_impl.h"
 
@@ -390,7 +391,8 @@ int topo_read_mountinfo(tz_topo *t, const char *path) {
     m->source = topo_strdup(t, fields[dash + 2]);
     m->major = major;
     m->minor = minor;
-    m->read_only = strncmp(fields[5], "ro", 2) == 0 && (fields[5][2] == '\0' || fields[5][2] == ',');
+    m->read_only =
+        strncmp(fields[5], "ro", 2) == 0 && (fields[5][2] == '\0' || fields[5][2] == ',');
     m->blockdev = mount_blockdev(t, major, minor, fields[dash + 2]);
     m->odirect = -1;
     if (!m->path || !m->fstype || !m->source) {

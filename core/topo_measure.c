@@ -40,8 +40,8 @@ static const char *mstrdup(struct measured *m, const char *s) {
   return d;
 }
 
-static struct tz_topo_bandwidth *add(struct measured *m, const char *kind, int gpu,
-                                     const char *dir, int node) {
+static struct tz_topo_bandwidth *add(struct measured *m, const char *kind, int gpu, const char *dir,
+                                     int node) {
   if (m->pub.n == m->cap) {
     int cap = m->cap ? 2 * m->cap : 8;
     struct tz_topo_bandwidth *n = realloc(m->pub.items, (size_t)cap * sizeof *n);

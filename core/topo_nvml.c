@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int nvml_return;                 /* nvmlReturn_t */
+typedef int nvml_return;                    /* nvmlReturn_t */
 typedef struct nvml_device_st *nvml_device; /* nvmlDevice_t */
-typedef struct {                         /* nvmlPciInfo_t */
+typedef struct {                            /* nvmlPciInfo_t */
   char bus_id_legacy[16];
   unsigned domain, bus, device, pci_device_id, pci_subsystem_id;
   char bus_id[32];
@@ -21,9 +21,9 @@ typedef struct {                         /* nvmlPciInfo_t */
 
 enum {
   NVML_OK = 0,
-  NVML_ENABLED = 1,               /* nvmlEnableState_t NVML_FEATURE_ENABLED */
-  NVML_MAX_LINKS = 18,            /* NVML_NVLINK_MAX_LINKS (Hopper and Blackwell: 18) */
-  NVML_REMOTE_GPU = 0,            /* nvmlIntNvLinkDeviceType_t */
+  NVML_ENABLED = 1,    /* nvmlEnableState_t NVML_FEATURE_ENABLED */
+  NVML_MAX_LINKS = 18, /* NVML_NVLINK_MAX_LINKS (Hopper and Blackwell: 18) */
+  NVML_REMOTE_GPU = 0, /* nvmlIntNvLinkDeviceType_t */
   NVML_REMOTE_SWITCH = 2,
 };
 

@@ -33,7 +33,9 @@ static void pcie_text(const struct tz_topo_pcie *l, char *buf, size_t len) {
     snprintf(buf + n, len - (size_t)n, "%s%.1f GB/s", n ? ", " : "PCIe ", l->bandwidth_gbs);
 }
 
-static const char *rot_text(int r) { return r == 1 ? "rotational" : r == 0 ? "solid-state" : "rotation unknown"; }
+static const char *rot_text(int r) {
+  return r == 1 ? "rotational" : r == 0 ? "solid-state" : "rotation unknown";
+}
 
 static const char *odirect_text(int o) { return o == 1 ? "yes" : o == 0 ? "no" : "unknown"; }
 
@@ -87,8 +89,8 @@ static void print_block(FILE *f, const tz_topo *t, int i, const char *indent) {
  * with both -1, neither. */
 static int print_devices(FILE *f, const tz_topo *t, int node, int pkg, const char *indent) {
   int n = 0;
-#define HERE(x) ((node >= 0 && (x).numa_node == node) ||                                          \
-                 (node < 0 && (x).numa_node < 0 && (x).package == pkg))
+#define HERE(x)                                                                                    \
+  ((node >= 0 && (x).numa_node == node) || (node < 0 && (x).numa_node < 0 && (x).package == pkg))
   for (int i = 0; i < t->n_gpus; i++)
     if (HERE(t->gpus[i])) {
       print_gpu(f, t, i, indent);
@@ -108,7 +110,8 @@ static int print_devices(FILE *f, const tz_topo *t, int node, int pkg, const cha
   return n;
 }
 
-static void print_numa(FILE *f, const tz_topo *t, const struct tz_topo_numa *n, const char *indent) {
+static void print_numa(FILE *f, const tz_topo *t, const struct tz_topo_numa *n,
+                       const char *indent) {
   char total[32], free_b[32], cpus[256];
   human(n->total_bytes, total, sizeof total);
   if (n->free_bytes >= 0)
@@ -145,8 +148,10 @@ static void print_tree(FILE *f, const tz_topo *t) {
     human(pk->l3_bytes, pl3, sizeof pl3);
     fprintf(f, "  Package %d: %s, %d cores, %d threads (cpus %s)", pk->os_index,
             pk->cpu_model[0] ? pk->cpu_model : "unknown CPU", pk->n_cores, pk->n_pus, cpus);
-    if (pk->n_l3)
-      fprintf(f, ", L3 %s%s", pk->n_l3 > 1 ? "" : "", pl3);
+    if (pk->n_l3 == 1)
+      fprintf(f, ", L3 %s", pl3);
+    else if (pk->n_l3 > 1)
+      fprintf(f, ", %d x %s L3", pk->n_l3, pl3);
     fprintf(f, "\n");
     for (int i = 0; i < t->n_numa; i++)
       if (t->numa[i].package == p) {
@@ -247,7 +252,8 @@ static void print_advice(FILE *f, const tz_topo *t, const struct tz_topo_advice 
     else
       fprintf(f, "(any)");
     fprintf(f, "; I/O and optimizer threads on cpus %s (%d core%s); progress engine on cpus %s\n",
-            cpus[0] ? cpus : "none", p->n_cores, p->n_cores == 1 ? "" : "s", prog[0] ? prog : "none");
+            cpus[0] ? cpus : "none", p->n_cores, p->n_cores == 1 ? "" : "s",
+            prog[0] ? prog : "none");
     int e = p->gpu >= 0 ? tz_topo_endpoint_find(t, TZ_TOPO_KIND_GPU, p->gpu) : -1;
     fprintf(f, "        NVMe:");
     if (!p->n_nvme)
@@ -268,8 +274,8 @@ static void print_advice(FILE *f, const tz_topo *t, const struct tz_topo_advice 
       fprintf(f, "; NIC: ");
       if (p->nic >= 0)
         fprintf(f, "%s (%s)", t->nics[p->nic].name,
-                tz_topo_link_name(tz_topo_pci_link(
-                    t, e, tz_topo_endpoint_find(t, TZ_TOPO_KIND_NIC, p->nic))));
+                tz_topo_link_name(
+                    tz_topo_pci_link(t, e, tz_topo_endpoint_find(t, TZ_TOPO_KIND_NIC, p->nic))));
       else
         fprintf(f, "none");
     }
@@ -300,11 +306,14 @@ static void print_measured(FILE *f, const struct tz_topo_measured *m) {
     const struct tz_topo_bandwidth *b = &m->items[i];
     char what[300], node[32] = "";
     if (b->gpu >= 0)
-      snprintf(what, sizeof what, "GPU%d %s", b->gpu, strcmp(b->kind, "h2d") ? "GPU->host (D2H)"
-                                                                             : "host->GPU (H2D)");
+      snprintf(what, sizeof what, "GPU%d %s", b->gpu,
+               strcmp(b->kind, "h2d") ? "GPU->host (D2H)" : "host->GPU (H2D)");
     else
-      snprintf(what, sizeof what, "%s %s%s", b->dir, strcmp(b->kind, "nvme_read") ? "write" : "read",
-               b->odirect == 1 ? " (O_DIRECT)" : b->odirect == 0 ? " (buffered)" : "");
+      snprintf(what, sizeof what, "%s %s%s", b->dir,
+               strcmp(b->kind, "nvme_read") ? "write" : "read",
+               b->odirect == 1   ? " (O_DIRECT)"
+               : b->odirect == 0 ? " (buffered)"
+                                 : "");
     if (b->numa_node >= 0)
       snprintf(node, sizeof node, ", buffer on node %d", b->numa_node);
     if (b->gbps >= 0)
@@ -328,7 +337,7 @@ int tz_topo_print(FILE *f, const tz_topo *t, const struct tz_topo_advice *a,
   return 0;
 }
 
-/* ---- JSON ------------------------------------------------------------------------------------- */
+/* ---- JSON ------------------------------------------------------------------------------------ */
 
 static json_t *jint_or_null(long long v) { return v >= 0 ? json_integer(v) : json_null(); }
 
@@ -363,31 +372,29 @@ static json_t *json_cpu_side(const tz_topo *t, json_t *root) {
                       json_pack("{s:b, s:o, s:s, s:s, s:b}", "live", m->live, "xml",
                                 jstr_or_null(m->xml_path), "hwloc_version", m->hwloc_version,
                                 "nvml", m->nvml, "free_memory_known", m->free_known));
-  json_object_set_new(root, "machine",
-                      json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:I, s:I}", "hostname",
-                                m->hostname, "os_release", m->os_release, "arch", m->arch,
-                                "packages", m->n_packages, "numa_nodes", m->n_numa, "cores",
-                                m->n_cores, "pus", m->n_pus, "l3_count", m->n_l3, "l3_bytes",
-                                (json_int_t)m->l3_bytes, "memory_bytes",
-                                (json_int_t)m->memory_bytes));
+  json_object_set_new(
+      root, "machine",
+      json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:I, s:I}", "hostname", m->hostname,
+                "os_release", m->os_release, "arch", m->arch, "packages", m->n_packages,
+                "numa_nodes", m->n_numa, "cores", m->n_cores, "pus", m->n_pus, "l3_count", m->n_l3,
+                "l3_bytes", (json_int_t)m->l3_bytes, "memory_bytes", (json_int_t)m->memory_bytes));
   json_t *pk = json_array();
   for (int i = 0; i < t->n_packages; i++) {
     const struct tz_topo_package *p = &t->packages[i];
     json_array_append_new(pk, json_pack("{s:i, s:s, s:o, s:i, s:i, s:i, s:I}", "os_index",
-                                         p->os_index, "cpu_model", p->cpu_model, "cpus",
-                                         jcpus(&p->cpus), "cores", p->n_cores, "pus", p->n_pus,
-                                         "l3_count", p->n_l3, "l3_bytes", (json_int_t)p->l3_bytes));
+                                        p->os_index, "cpu_model", p->cpu_model, "cpus",
+                                        jcpus(&p->cpus), "cores", p->n_cores, "pus", p->n_pus,
+                                        "l3_count", p->n_l3, "l3_bytes", (json_int_t)p->l3_bytes));
   }
   json_object_set_new(root, "packages", pk);
   json_t *nodes = json_array();
   for (int i = 0; i < t->n_numa; i++) {
     const struct tz_topo_numa *n = &t->numa[i];
-    json_array_append_new(nodes,
-                          json_pack("{s:i, s:o, s:I, s:o, s:o, s:i, s:i}", "os_index", n->os_index,
-                                    "package", jint_or_null(n->package), "total_bytes",
-                                    (json_int_t)n->total_bytes, "free_bytes",
-                                    jint_or_null(n->free_bytes), "cpus", jcpus(&n->cpus), "cores",
-                                    n->n_cores, "pus", n->n_pus));
+    json_array_append_new(nodes, json_pack("{s:i, s:o, s:I, s:o, s:o, s:i, s:i}", "os_index",
+                                           n->os_index, "package", jint_or_null(n->package),
+                                           "total_bytes", (json_int_t)n->total_bytes, "free_bytes",
+                                           jint_or_null(n->free_bytes), "cpus", jcpus(&n->cpus),
+                                           "cores", n->n_cores, "pus", n->n_pus));
   }
   json_object_set_new(root, "numa_nodes", nodes);
   return root;
@@ -414,29 +421,28 @@ static void json_devices(const tz_topo *t, json_t *root) {
     for (int k = 0; k < b->n_mounts; k++) {
       const struct tz_topo_mount *m = &t->mounts[b->mounts[k]];
       json_array_append_new(mounts, json_pack("{s:s, s:s, s:s, s:b, s:o}", "path", m->path,
-                                              "fstype", m->fstype, "source", m->source,
-                                              "read_only", m->read_only, "odirect",
-                                              jbool_or_null(m->odirect)));
+                                              "fstype", m->fstype, "source", m->source, "read_only",
+                                              m->read_only, "odirect", jbool_or_null(m->odirect)));
     }
     json_array_append_new(
-        blocks, json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name",
-                          b->name, "kind", b->kind, "model", b->model, "size_bytes",
-                          b->size_bytes ? json_integer((json_int_t)b->size_bytes) : json_null(),
-                          "rotational", jbool_or_null(b->rotational), "pci_bus_id",
-                          jstr_or_null(b->busid), "pcie", jpcie(&b->link), "numa_node",
-                          jint_or_null(b->numa_node), "package", jint_or_null(b->package),
-                          "members", members, "mounts", mounts));
+        blocks,
+        json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "name", b->name,
+                  "kind", b->kind, "model", b->model, "size_bytes",
+                  b->size_bytes ? json_integer((json_int_t)b->size_bytes) : json_null(),
+                  "rotational", jbool_or_null(b->rotational), "pci_bus_id", jstr_or_null(b->busid),
+                  "pcie", jpcie(&b->link), "numa_node", jint_or_null(b->numa_node), "package",
+                  jint_or_null(b->package), "members", members, "mounts", mounts));
   }
   json_object_set_new(root, "block_devices", blocks);
   json_t *nics = json_array();
   for (int i = 0; i < t->n_nics; i++) {
     const struct tz_topo_nic *n = &t->nics[i];
     json_array_append_new(
-        nics, json_pack("{s:s, s:o, s:s, s:s, s:o, s:o, s:o, s:o, s:o}", "name", n->name, "netdev",
-                        jstr_or_null(n->netdev), "kind", n->kind, "pci_bus_id", n->busid,
-                        "vendor_id", jhex4(n->vendor_id), "device_id", jhex4(n->device_id), "pcie",
-                        jpcie(&n->link), "numa_node", jint_or_null(n->numa_node), "package",
-                        jint_or_null(n->package)));
+        nics,
+        json_pack("{s:s, s:o, s:s, s:s, s:o, s:o, s:o, s:o, s:o}", "name", n->name, "netdev",
+                  jstr_or_null(n->netdev), "kind", n->kind, "pci_bus_id", n->busid, "vendor_id",
+                  jhex4(n->vendor_id), "device_id", jhex4(n->device_id), "pcie", jpcie(&n->link),
+                  "numa_node", jint_or_null(n->numa_node), "package", jint_or_null(n->package)));
   }
   json_object_set_new(root, "nics", nics);
 }
@@ -462,8 +468,9 @@ static void json_matrix(const tz_topo *t, json_t *root) {
     }
     json_array_append_new(rows, row);
   }
-  json_object_set_new(root, "matrix", json_pack("{s:o, s:o, s:o, s:o}", "labels", labels, "kinds",
-                                                kind, "indices", index, "classes", rows));
+  json_object_set_new(root, "matrix",
+                      json_pack("{s:o, s:o, s:o, s:o}", "labels", labels, "kinds", kind, "indices",
+                                index, "classes", rows));
 }
 
 static json_t *json_advice(const tz_topo *t, const struct tz_topo_advice *a) {
@@ -491,10 +498,10 @@ static json_t *json_advice(const tz_topo *t, const struct tz_topo_advice *a) {
   json_t *memlock = a->memlock_bytes == TZ_TOPO_UNLIMITED ? json_string("unlimited")
                     : a->memlock_bytes >= 0               ? json_integer(a->memlock_bytes)
                                                           : json_null();
-  json_t *facts = json_pack("{s:o, s:o, s:o}", "memlock_bytes", memlock, "cap_ipc_lock",
-                            jbool_or_null(a->cap_ipc_lock == TZ_TOPO_FACT_LIVE ? -1
-                                                                               : a->cap_ipc_lock),
-                            "thp", jstr_or_null(a->thp));
+  json_t *facts =
+      json_pack("{s:o, s:o, s:o}", "memlock_bytes", memlock, "cap_ipc_lock",
+                jbool_or_null(a->cap_ipc_lock == TZ_TOPO_FACT_LIVE ? -1 : a->cap_ipc_lock), "thp",
+                jstr_or_null(a->thp));
   return json_pack("{s:o, s:o, s:o}", "facts", facts, "placements", pls, "warnings", warns);
 }
 
@@ -502,13 +509,13 @@ static json_t *json_measured(const struct tz_topo_measured *m) {
   json_t *arr = json_array();
   for (int i = 0; i < m->n; i++) {
     const struct tz_topo_bandwidth *b = &m->items[i];
-    json_array_append_new(
-        arr, json_pack("{s:s, s:o, s:o, s:o, s:o, s:I, s:o, s:o}", "kind", b->kind, "gpu",
-                       jint_or_null(b->gpu), "dir", jstr_or_null(b->dir), "numa_node",
-                       jint_or_null(b->numa_node), "odirect", jbool_or_null(b->odirect), "bytes",
-                       (json_int_t)b->bytes, "gbps",
-                       b->gbps >= 0 ? json_real(b->gbps) : json_null(), "error",
-                       jstr_or_null(b->error)));
+    json_array_append_new(arr,
+                          json_pack("{s:s, s:o, s:o, s:o, s:o, s:I, s:o, s:o}", "kind", b->kind,
+                                    "gpu", jint_or_null(b->gpu), "dir", jstr_or_null(b->dir),
+                                    "numa_node", jint_or_null(b->numa_node), "odirect",
+                                    jbool_or_null(b->odirect), "bytes", (json_int_t)b->bytes,
+                                    "gbps", b->gbps >= 0 ? json_real(b->gbps) : json_null(),
+                                    "error", jstr_or_null(b->error)));
   }
   return arr;
 }
@@ -527,8 +534,9 @@ int tz_topo_json(FILE *f, const tz_topo *t, const struct tz_topo_advice *a,
   json_object_set_new(root, "measured", m ? json_measured(m) : json_null());
   /* json_pack returns NULL on a bad format or no memory, and a NULL value is not set: check that
    * every key arrived. */
-  static const char *const keys[] = {"source", "machine", "packages", "numa_nodes", "gpus",
-                                     "block_devices", "nics", "matrix", "advice", "measured"};
+  static const char *const keys[] = {"source", "machine",       "packages", "numa_nodes",
+                                     "gpus",   "block_devices", "nics",     "matrix",
+                                     "advice", "measured"};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (!json_object_get(root, keys[i])) {
       json_decref(root);

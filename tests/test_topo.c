@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* ---- helpers ---------------------------------------------------------------------------------- */
+/* ---- helpers --------------------------------------------------------------------------------- */
 
 static char *data_path(const char *name) {
   const char *d = getenv("TZ_TEST_DATA");
@@ -152,7 +152,7 @@ static char *slurp(const char *path, size_t *n) {
   return buf;
 }
 
-/* ---- cpusets ---------------------------------------------------------------------------------- */
+/* ---- cpusets --------------------------------------------------------------------------------- */
 
 static void test_cpuset(void **state) {
   (void)state;
@@ -185,7 +185,7 @@ static void test_cpuset(void **state) {
   assert_false(tz_cpuset_intersects(&a, &b));
 }
 
-/* ---- the DGX H100-like fixture -------------------------------------------------------------- */
+/* ---- the DGX H100-like fixture --------------------------------------------------------------- */
 
 static void test_dgx_inventory(void **state) {
   (void)state;
@@ -503,7 +503,7 @@ static void test_machine_warnings(void **state) {
   tz_topo_destroy(t);
 }
 
-/* ---- the 1-GPU virtual machine ---------------------------------------------------------------- */
+/* ---- the 1-GPU virtual machine --------------------------------------------------------------- */
 
 static void test_vm_pci_only_gpu(void **state) {
   (void)state;
@@ -615,7 +615,7 @@ static void test_vm_sysfs(void **state) {
   tz_test_rmdir(root);
 }
 
-/* ---- the CPU-only laptop ---------------------------------------------------------------------- */
+/* ---- the CPU-only laptop --------------------------------------------------------------------- */
 
 static void test_laptop(void **state) {
   (void)state;
@@ -722,7 +722,7 @@ static void test_laptop_sysfs(void **state) {
   tz_test_rmdir(root);
 }
 
-/* ---- the report ------------------------------------------------------------------------------- */
+/* ---- the report ------------------------------------------------------------------------------ */
 
 static json_t *report_json(const tz_topo *t, const struct tz_topo_advice *a) {
   char *buf = NULL;
@@ -751,8 +751,8 @@ static void test_json_fixture(void **state) {
   assert_int_equal(json_integer_value(json_object_get(j, "schema_version")), 1);
   json_t *src = json_object_get(j, "source");
   assert_true(json_is_false(json_object_get(src, "live")));
-  assert_true(json_is_null(json_object_get(json_array_get(json_object_get(j, "numa_nodes"), 0),
-                                           "free_bytes")));
+  assert_true(json_is_null(
+      json_object_get(json_array_get(json_object_get(j, "numa_nodes"), 0), "free_bytes")));
   json_t *gpus = json_object_get(j, "gpus");
   assert_int_equal(json_array_size(gpus), 8);
   json_t *g0 = json_array_get(gpus, 0);
@@ -762,26 +762,25 @@ static void test_json_fixture(void **state) {
   assert_true(json_is_null(json_object_get(json_object_get(g0, "pcie"), "gen")));
   json_t *b0 = json_array_get(json_object_get(j, "block_devices"), 0);
   assert_true(json_is_null(json_object_get(b0, "rotational")));
-  assert_string_equal(json_string_value(json_object_get(
-                          json_array_get(json_object_get(b0, "mounts"), 0), "path")),
-                      "/mnt/nvme0");
+  assert_string_equal(
+      json_string_value(json_object_get(json_array_get(json_object_get(b0, "mounts"), 0), "path")),
+      "/mnt/nvme0");
   assert_int_equal(json_array_size(json_object_get(j, "nics")), 4);
   json_t *mx = json_object_get(j, "matrix");
   assert_int_equal(json_array_size(json_object_get(mx, "labels")), 20);
-  assert_string_equal(json_string_value(json_array_get(
-                          json_array_get(json_object_get(mx, "classes"), 0), 1)),
-                      "PIX");
-  assert_string_equal(json_string_value(json_array_get(json_object_get(mx, "kinds"), 19)),
-                      "block");
+  assert_string_equal(
+      json_string_value(json_array_get(json_array_get(json_object_get(mx, "classes"), 0), 1)),
+      "PIX");
+  assert_string_equal(json_string_value(json_array_get(json_object_get(mx, "kinds"), 19)), "block");
   json_t *adv = json_object_get(j, "advice");
   json_t *p0 = json_array_get(json_object_get(adv, "placements"), 0);
   assert_string_equal(json_string_value(json_object_get(p0, "cpus")), "1,17");
   assert_string_equal(json_string_value(json_object_get(p0, "nic")), "mlx5_0");
   assert_string_equal(json_string_value(json_array_get(json_object_get(p0, "dirs"), 0)),
                       "/mnt/nvme0");
-  assert_string_equal(json_string_value(json_object_get(json_object_get(adv, "facts"),
-                                                        "memlock_bytes")),
-                      "unlimited");
+  assert_string_equal(
+      json_string_value(json_object_get(json_object_get(adv, "facts"), "memlock_bytes")),
+      "unlimited");
   json_t *w0 = json_array_get(json_object_get(adv, "warnings"), 0);
   assert_string_equal(json_string_value(json_object_get(w0, "code")), "thp_disabled");
   assert_true(json_is_null(json_object_get(w0, "gpu")));
@@ -804,7 +803,7 @@ static void test_json_fixture(void **state) {
   tz_topo_destroy(t);
 }
 
-/* ---- this machine ----------------------------------------------------------------------------- */
+/* ---- this machine ---------------------------------------------------------------------------- */
 
 /* NVIDIA display-class functions in sysfs: what the report must call GPUs. */
 static int sysfs_nvidia_gpus(void) {
@@ -873,7 +872,8 @@ static void test_live(void **state) {
     assert_int_equal(access(path, F_OK), 0);
   }
   assert_true(tz_topo_mount_for_path(t, "/") >= 0);
-  /* A swap dir that does not exist yet, reached through a symlink, is on the link target's mount. */
+  /* A swap dir that does not exist yet, reached through a symlink, is on the link target's mount.
+   */
   int shm = tz_topo_mount_for_path(t, "/dev/shm");
   if (shm >= 0 && strcmp(tz_topo_mount(t, shm)->path, "/dev/shm") == 0) {
     char *dir = tz_test_mkdtemp("topo-link");
@@ -1050,7 +1050,7 @@ static void test_live_measure(void **state) {
   tz_test_rmdir(dir);
 }
 
-/* ---- bad input -------------------------------------------------------------------------------- */
+/* ---- bad input ------------------------------------------------------------------------------- */
 
 static int load_xml_rc(const char *xml) {
   struct tz_topo_load_params lp;
@@ -1094,8 +1094,8 @@ static void test_bad_input(void **state) {
   struct tz_topo_load_params lp;
   tz_topo_load_params_init(&lp);
   lp.xml = fixture;
-  char *bad_mi = write_temp(dir, "mountinfo", "28 1 254:1 / / rw - ext4 /dev/vda1 rw\nnonsense\n",
-                            48);
+  char *bad_mi =
+      write_temp(dir, "mountinfo", "28 1 254:1 / / rw - ext4 /dev/vda1 rw\nnonsense\n", 48);
   lp.mountinfo = bad_mi;
   tz_topo *t = NULL;
   assert_int_equal(tz_topo_load(&lp, &t), TZ_EFORMAT);
@@ -1125,7 +1125,7 @@ static void test_bad_input(void **state) {
   tz_test_rmdir(dir);
 }
 
-/* ---- the program ------------------------------------------------------------------------------ */
+/* ---- the program ----------------------------------------------------------------------------- */
 
 static int run(const char *args, char **out) {
   const char *bin = getenv("TZ_BIN");
@@ -1190,15 +1190,14 @@ static void test_tool(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_cpuset),         cmocka_unit_test(test_dgx_inventory),
-      cmocka_unit_test(test_dgx_matrix),     cmocka_unit_test(test_dgx_advice),
-      cmocka_unit_test(test_dgx_swap_dirs),  cmocka_unit_test(test_machine_warnings),
+      cmocka_unit_test(test_cpuset),          cmocka_unit_test(test_dgx_inventory),
+      cmocka_unit_test(test_dgx_matrix),      cmocka_unit_test(test_dgx_advice),
+      cmocka_unit_test(test_dgx_swap_dirs),   cmocka_unit_test(test_machine_warnings),
       cmocka_unit_test(test_vm_pci_only_gpu), cmocka_unit_test(test_vm_sysfs),
-      cmocka_unit_test(test_laptop),         cmocka_unit_test(test_laptop_sysfs),
-      cmocka_unit_test(test_json_fixture),   cmocka_unit_test(test_live),
-      cmocka_unit_test(test_live_binding),   cmocka_unit_test(test_live_measure),
-      cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_tool),
+      cmocka_unit_test(test_laptop),          cmocka_unit_test(test_laptop_sysfs),
+      cmocka_unit_test(test_json_fixture),    cmocka_unit_test(test_live),
+      cmocka_unit_test(test_live_binding),    cmocka_unit_test(test_live_measure),
+      cmocka_unit_test(test_bad_input),       cmocka_unit_test(test_tool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -64,8 +64,21 @@ static int fail(int rc) {
 }
 
 int main(int argc, char **argv) {
-  enum { OPT_XML = 256, OPT_SYSFS, OPT_MOUNTINFO, OPT_SWAP, OPT_POOL, OPT_MEMLOCK, OPT_THP,
-         OPT_PROGRESS, OPT_NO_NVML, OPT_BIND, OPT_MEASURE, OPT_MEASURE_SIZE, OPT_JSON };
+  enum {
+    OPT_XML = 256,
+    OPT_SYSFS,
+    OPT_MOUNTINFO,
+    OPT_SWAP,
+    OPT_POOL,
+    OPT_MEMLOCK,
+    OPT_THP,
+    OPT_PROGRESS,
+    OPT_NO_NVML,
+    OPT_BIND,
+    OPT_MEASURE,
+    OPT_MEASURE_SIZE,
+    OPT_JSON
+  };
   static const struct option opts[] = {
       {"json", no_argument, NULL, OPT_JSON},
       {"xml", required_argument, NULL, OPT_XML},
