@@ -866,6 +866,21 @@ static void test_live(void **state) {
   int want = sysfs_nvidia_gpus();
   if (want >= 0)
     assert_int_equal(tz_topo_gpu_count(t), want);
+  /* Where NVML answered, it named every GPU it found, and NVLink classes are symmetric. */
+  for (int g = 0; g < tz_topo_gpu_count(t); g++) {
+    const struct tz_topo_gpu *gp = tz_topo_gpu(t, g);
+    print_message("  GPU%d %s %s (%s), node %d\n", g, gp->busid, gp->name, gp->name_source,
+                  gp->numa_node);
+    if (!strncmp(m->nvml, "driver", 6) && strstr(m->nvml, "of") &&
+        atoi(strstr(m->nvml, ", ") + 2) == tz_topo_gpu_count(t))
+      assert_string_equal(gp->name_source, "nvml");
+    for (int h = 0; h < tz_topo_gpu_count(t); h++) {
+      int i = ep(t, TZ_TOPO_KIND_GPU, g), j = ep(t, TZ_TOPO_KIND_GPU, h);
+      int a = 0, b = 0;
+      assert_int_equal(tz_topo_link(t, i, j, &a), tz_topo_link(t, j, i, &b));
+      assert_int_equal(a, b);
+    }
+  }
   for (int i = 0; i < tz_topo_blockdev_count(t); i++) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "/sys/block/%s", tz_topo_blockdev(t, i)->name);
@@ -1176,6 +1191,24 @@ static void test_tool(void **state) {
   assert_int_equal(run("", &out), 0);
   assert_non_null(strstr(out, "This machine"));
   assert_non_null(strstr(out, "Advice:"));
+  free(out);
+
+  /* --bind: the CPUs read back are the ones the advice printed beside them. */
+  if (sysfs_nvidia_gpus() == 0) {
+    assert_int_equal(run("--bind -1", &out), 0);
+    const char *got = strstr(out, "read back: cpus ");
+    const char *want = strstr(out, "I/O and optimizer threads on cpus ");
+    assert_non_null(got);
+    assert_non_null(want);
+    got += strlen("read back: cpus ");
+    want += strlen("I/O and optimizer threads on cpus ");
+    size_t n = strcspn(want, " ");
+    assert_true(n > 0);
+    assert_memory_equal(got, want, n);
+    assert_true(got[n] == ' ' || got[n] == ',');
+    free(out);
+  }
+  assert_int_equal(run("--bind 99", &out), 2);
   free(out);
 
   assert_int_equal(run("--xml /nonexistent/topo.xml", &out), 1);
