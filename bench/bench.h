@@ -7,6 +7,14 @@
 
 int tz_bench_tiers(int argc, char **argv);   /* bench/tiers.c */
 
+/* What tz-bench tiers passes on to its GPU rows (bench/tiers_gpu.cu). */
+struct tz_bench_tiers_opts {
+  int json;
+  const char *path; /* directory on the drive */
+  uint64_t size;    /* bytes per measurement */
+  int reps;
+};
+
 /* Wall-clock seconds, monotonic. */
 double tz_bench_now(void);
 /* Median of n values (sorts v in place). */

@@ -9,6 +9,7 @@ static const struct {
   int (*run)(int argc, char **argv);
   const char *help;
 } subcommands[] = {
+  {"tiers", tz_bench_tiers, "tier-to-tier bandwidth beside fio and raw copies"},
   {NULL, NULL, NULL}, /* subcommands are added above this line */
 };
 

@@ -18,12 +18,15 @@ void tz_fence_release(tz_fence *f); /* NULL is a no-op */
 
 /* Completes f with status rc and runs its callbacks on this thread. Signalling twice is a bug. */
 void tz_fence_signal(tz_fence *f, int rc);
+/* The same, with the message a waiter gets as its thread's error message when rc < 0 (the
+ * signalling thread is often not the waiting one). */
+void tz_fence_signal_msg(tz_fence *f, int rc, const char *msg);
 
 /* 1 complete and ok, 0 pending, negative: complete with that error. Never blocks. */
 int tz_fence_query(tz_fence *f);
 
 /* Waits on the host until f completes or timeout_ns passes (negative: no limit).
- * Returns f's status, or TZ_ETIMEDOUT with a message. */
+ * Returns f's status (and on error sets this thread's message to the fence's), or TZ_ETIMEDOUT. */
 int tz_fence_wait(tz_fence *f, int64_t timeout_ns);
 
 /* Runs fn(arg, status) once f completes: at once on this thread if it already has, otherwise on

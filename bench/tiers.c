@@ -1,0 +1,216 @@
+/* tz-bench tiers: read and write bandwidth host<->nvme through the tier API over block sizes and
+ * queue depths, each row beside fio (io_uring, O_DIRECT, same directory, block size, depth and
+ * size) run in the same invocation; the two are interleaved and the median of each kept. GPU
+ * pairs come from bench/tiers_gpu.cu where the build has CUDA and the machine a GPU. */
+#define _GNU_SOURCE
+#include "bench/bench.h"
+#include "core/error.h"
+#include "core/runtime.h"
+#include "core/tier.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int tz_bench_tiers_gpu(const struct tz_bench_tiers_opts *o) __attribute__((weak));
+
+struct row {
+  uint64_t block;
+  int qd;
+  const char *op;
+  double tier, raw;
+};
+
+/* Moves size bytes between one host buffer region and the nvme extent with qd operations in
+ * flight, the way a prefetching scheduler does; returns GB/s or a negative code. */
+static double run_tier(tz_runtime *rt, tz_tier *nvme, tz_tier *host, uint64_t size,
+                       uint64_t block, int qd, int write) {
+  tz_extent ext, buf;
+  if (tz_tier_alloc(nvme, size, &ext) < 0 || tz_tier_alloc(host, block * (uint64_t)qd, &buf) < 0)
+    return TZ_ENOMEM;
+  (void)rt;
+  unsigned char *b = tz_tier_host_ptr(host, buf.offset);
+  tz_fence **f = calloc((size_t)qd, sizeof *f);
+  uint64_t n_ops = size / block, issued = 0, done = 0;
+  int rc = 0;
+  double t0 = tz_bench_now();
+  while (done < n_ops && rc == 0) {
+    while (issued < n_ops && issued - done < (uint64_t)qd) {
+      int slot = (int)(issued % (uint64_t)qd);
+      rc = write ? tz_tier_write(&ext, issued * block, b + (uint64_t)slot * block, block, &f[slot])
+                 : tz_tier_read(&ext, issued * block, b + (uint64_t)slot * block, block, &f[slot]);
+      if (rc < 0)
+        break;
+      issued++;
+    }
+    if (rc < 0)
+      break;
+    int slot = (int)(done % (uint64_t)qd);
+    rc = tz_fence_wait(f[slot], -1);
+    tz_fence_release(f[slot]);
+    done++;
+  }
+  double dt = tz_bench_now() - t0;
+  while (done < issued) { /* drain after an error */
+    int slot = (int)(done++ % (uint64_t)qd);
+    tz_fence_wait(f[slot], -1);
+    tz_fence_release(f[slot]);
+  }
+  free(f);
+  tz_tier_free(&ext);
+  tz_tier_free(&buf);
+  if (rc < 0)
+    return rc;
+  return (double)(n_ops * block) / dt / 1e9;
+}
+
+/* fio with the same parameters; GB/s, or a negative value when fio is missing or failed. */
+static double run_fio(const char *file, uint64_t size, uint64_t block, int qd, int write) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "fio --name=tz --filename=%s --ioengine=io_uring --direct=1 --rw=%s --bs=%llu "
+           "--iodepth=%d --size=%llu --fixedbufs --registerfiles --output-format=terse "
+           "--terse-version=3 2>/dev/null",
+           file, write ? "write" : "read", (unsigned long long)block, qd,
+           (unsigned long long)size);
+  FILE *p = popen(cmd, "r");
+  if (!p)
+    return -1;
+  char line[8192] = "";
+  char *ok = fgets(line, sizeof line, p);
+  int st = pclose(p);
+  if (!ok || st != 0)
+    return -1;
+  /* terse v3: field 7 is read bandwidth in KiB/s, field 48 write bandwidth (1-based). */
+  int field = 1;
+  double kib = -1;
+  for (char *s = line; *s; s++)
+    if (*s == ';' && ++field == (write ? 48 : 7)) {
+      kib = strtod(s + 1, NULL);
+      break;
+    }
+  return kib < 0 ? -1 : kib * 1024.0 / 1e9;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: tz-bench tiers [--json] [--path DIR] [--size BYTES] [--reps N] [--qd N]\n"
+          "  host<->nvme through the tier API beside fio (io_uring, O_DIRECT) over block sizes\n"
+          "  128K..8M; GPU pairs too where there is a GPU.\n"
+          "  --path DIR   directory on the drive to measure (default /var/tmp)\n"
+          "  --size BYTES bytes moved per measurement (default 512M)\n"
+          "  --reps N     interleaved repetitions; the median is kept (default 3)\n"
+          "  --qd N       operations in flight (default 32)\n"
+          "  --min B --max B  block size range (default 128K..8M)\n");
+}
+
+int tz_bench_tiers(int argc, char **argv) {
+  struct tz_bench_tiers_opts o = {.json = 0, .path = "/var/tmp", .size = 512ull << 20, .reps = 3};
+  int qd = 32;
+  uint64_t bmin = 128 << 10, bmax = 8 << 20;
+  static const struct option longopts[] = {
+    {"json", no_argument, 0, 'j'}, {"path", required_argument, 0, 'p'},
+    {"size", required_argument, 0, 's'}, {"reps", required_argument, 0, 'r'},
+    {"qd", required_argument, 0, 'q'}, {"min", required_argument, 0, 'a'},
+    {"max", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'j': o.json = 1; break;
+    case 'p': o.path = optarg; break;
+    case 's': o.size = tz_bench_parse_size(optarg); break;
+    case 'r': o.reps = atoi(optarg); break;
+    case 'q': qd = atoi(optarg); break;
+    case 'a': bmin = tz_bench_parse_size(optarg); break;
+    case 'b': bmax = tz_bench_parse_size(optarg); break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (!o.size || o.reps < 1 || qd < 1 || !bmin || bmax < bmin) {
+    usage(stderr);
+    return 2;
+  }
+  if (o.size < bmax * (uint64_t)qd)
+    o.size = bmax * (uint64_t)qd;
+  char why[256];
+  if (tz_tier_probe("nvme", why, sizeof why) < 0) {
+    fprintf(stderr, "tz-bench tiers: %s\n", why);
+    return 77;
+  }
+  tz_runtime *rt;
+  tz_tier *nvme, *host;
+  struct tz_tier_params p;
+  if (tz_runtime_create(NULL, &rt) < 0) {
+    fprintf(stderr, "tz-bench tiers: %s\n", tz_err_msg());
+    return 1;
+  }
+  tz_tier_params_init(&p);
+  p.name = "host";
+  p.capacity = bmax * (uint64_t)qd + (64 << 20);
+  if (tz_tier_create(rt, "host", &p, &host) < 0)
+    goto fail;
+  tz_tier_params_init(&p);
+  p.name = "nvme";
+  p.capacity = o.size;
+  p.paths[0] = o.path;
+  p.n_paths = 1;
+  p.queue_depth = qd;
+  p.stripe_bytes = bmax;
+  if (tz_tier_create(rt, "nvme", &p, &nvme) < 0)
+    goto fail;
+  char fio_file[1024];
+  snprintf(fio_file, sizeof fio_file, "%s/tierzero-bench-fio-%d.bin", o.path, (int)getpid());
+  /* Lay both files out with real data first: reading never-written blocks reads no disk. */
+  if (run_tier(rt, nvme, host, o.size, bmax, qd, 1) < 0)
+    goto fail;
+  int have_fio = run_fio(fio_file, o.size, bmax, qd, 1) >= 0;
+  if (!have_fio)
+    fprintf(stderr, "tz-bench tiers: fio did not run (apt-get install fio): rows have no "
+                    "raw figure\n");
+  if (!o.json)
+    printf("host<->nvme in %s, %llu MiB per run, queue depth %d, median of %d; raw = fio "
+           "io_uring O_DIRECT with fixed buffers and registered files, as the tier\n%-6s %10s %12s %12s %7s\n",
+           o.path, (unsigned long long)(o.size >> 20), qd, o.reps, "op", "block", "tier GB/s",
+           "fio GB/s", "ratio");
+  int rc = 0;
+  for (uint64_t block = bmin; block <= bmax; block *= 2) {
+    for (int w = 1; w >= 0; w--) {
+      double tier[64], raw[64];
+      int reps = o.reps > 64 ? 64 : o.reps;
+      for (int r = 0; r < reps; r++) {
+        tier[r] = run_tier(rt, nvme, host, o.size, block, qd, w);
+        raw[r] = have_fio ? run_fio(fio_file, o.size, block, qd, w) : -1;
+        if (tier[r] < 0) {
+          fprintf(stderr, "tz-bench tiers: %s\n", tz_err_msg());
+          rc = 1;
+          goto done;
+        }
+      }
+      double tm = tz_bench_median(tier, reps), rm = have_fio ? tz_bench_median(raw, reps) : -1;
+      const char *op = w ? "write" : "read";
+      if (o.json)
+        printf("{\"bench\":\"tiers\",\"pair\":\"%s\",\"block_bytes\":%llu,\"queue_depth\":%d,"
+               "\"op\":\"%s\",\"tier_gbps\":%.4f,\"raw_gbps\":%.4f,\"ratio\":%.4f}\n",
+               w ? "host->nvme" : "nvme->host", (unsigned long long)block, qd, op, tm, rm,
+               rm > 0 ? tm / rm : 0.0);
+      else
+        printf("%-6s %9lluK %12.3f %12.3f %7.3f\n", op, (unsigned long long)(block >> 10), tm, rm,
+               rm > 0 ? tm / rm : 0.0);
+      fflush(stdout);
+    }
+  }
+done:
+  unlink(fio_file);
+  tz_runtime_destroy(rt);
+  if (rc == 0 && tz_bench_tiers_gpu)
+    rc = tz_bench_tiers_gpu(&o);
+  return rc;
+fail:
+  fprintf(stderr, "tz-bench tiers: %s\n", tz_err_msg());
+  tz_runtime_destroy(rt);
+  return 1;
+}
