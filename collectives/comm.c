@@ -168,7 +168,8 @@ int tz_comm_all_gather(tz_comm *c, const void *send, void *recv, size_t bytes, t
   if (bytes > SIZE_MAX / (size_t)c->size)
     return tz_err_set(TZ_EINVAL, "comm %s: all_gather of %zu bytes overflows", c->ops->name, bytes);
   tz_fence *f = NULL;
-  return finish(c->ops->all_gather(c->ctx, send, recv, bytes, after, &f), f, done);
+  int rc = c->ops->all_gather(c->ctx, send, recv, bytes, after, &f);
+  return finish(rc, f, done);
 }
 
 int tz_comm_reduce_scatter(tz_comm *c, const void *send, void *recv, size_t count,
@@ -176,7 +177,8 @@ int tz_comm_reduce_scatter(tz_comm *c, const void *send, void *recv, size_t coun
   TZ_CHECK(check_common(c, done, "reduce_scatter"));
   TZ_CHECK(check_reduce(c, send, recv, count, dt, (size_t)c->size, "reduce_scatter"));
   tz_fence *f = NULL;
-  return finish(c->ops->reduce_scatter(c->ctx, send, recv, count, dt, after, &f), f, done);
+  int rc = c->ops->reduce_scatter(c->ctx, send, recv, count, dt, after, &f);
+  return finish(rc, f, done);
 }
 
 int tz_comm_all_reduce(tz_comm *c, const void *send, void *recv, size_t count, enum tz_dtype dt,
@@ -184,7 +186,8 @@ int tz_comm_all_reduce(tz_comm *c, const void *send, void *recv, size_t count, e
   TZ_CHECK(check_common(c, done, "all_reduce"));
   TZ_CHECK(check_reduce(c, send, recv, count, dt, (size_t)c->size, "all_reduce"));
   tz_fence *f = NULL;
-  return finish(c->ops->all_reduce(c->ctx, send, recv, count, dt, after, &f), f, done);
+  int rc = c->ops->all_reduce(c->ctx, send, recv, count, dt, after, &f);
+  return finish(rc, f, done);
 }
 
 int tz_comm_broadcast(tz_comm *c, void *buf, size_t bytes, int root, tz_fence *after,
@@ -196,13 +199,15 @@ int tz_comm_broadcast(tz_comm *c, void *buf, size_t bytes, int root, tz_fence *a
     return tz_err_set(TZ_EINVAL, "comm %s: broadcast from root %d in a world of %d", c->ops->name,
                       root, c->size);
   tz_fence *f = NULL;
-  return finish(c->ops->broadcast(c->ctx, buf, bytes, root, after, &f), f, done);
+  int rc = c->ops->broadcast(c->ctx, buf, bytes, root, after, &f);
+  return finish(rc, f, done);
 }
 
 int tz_comm_barrier(tz_comm *c, tz_fence *after, tz_fence **done) {
   TZ_CHECK(check_common(c, done, "barrier"));
   tz_fence *f = NULL;
-  return finish(c->ops->barrier(c->ctx, after, &f), f, done);
+  int rc = c->ops->barrier(c->ctx, after, &f);
+  return finish(rc, f, done);
 }
 
 void tz_comm_abort(tz_comm *c, int rc, const char *why) {

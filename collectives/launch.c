@@ -195,7 +195,7 @@ int tz_bootstrap_detect(struct tz_bootstrap *bs) {
     /* Only inside an srun step: a batch script also has SLURM_PROCID=0 and SLURM_NTASKS=N, and
      * taking those for a world would wait for N-1 ranks that were never started. */
     bs->kind = TZ_LAUNCH_SLURM;
-    int step_tasks;
+    int step_tasks = 0;
     if ((rc = env_int("SLURM_STEP_NUM_TASKS", &step_tasks)) < 0)
       return rc;
     if (rc > 0)
@@ -359,7 +359,7 @@ static int tcp_listen(const struct tz_bootstrap *bs, int *out) {
 /* Rank 0: serves one exchange to each of the other ranks, as they connect. */
 static int tcp_serve(struct tz_bootstrap *bs, const void *buf, size_t len) {
   double deadline = now_s() + bs->timeout_s;
-  int lfd;
+  int lfd = -1;
   TZ_CHECK(tcp_listen(bs, &lfd));
   unsigned char *served = calloc((size_t)bs->size, 1);
   if (!served) {

@@ -24,8 +24,10 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "collectives/comm_impl.h"
 #include "core/error.h"
@@ -48,6 +50,7 @@ struct mpi_op {
   uint64_t seq;      /* the comm's collective number, the same on every rank */
   int stage;         /* 0: waiting for after; 1, 2: that MPI call is in flight */
   int rc;
+  char *msg;         /* why it failed, for the waiter (signalled from another thread) */
   MPI_Request req;
   MPI_Datatype type; /* a block type for byte counts above INT_MAX; MPI_DATATYPE_NULL else */
   double started;
@@ -173,8 +176,8 @@ static MPI_Datatype elem_type(enum tz_dtype dt) {
 }
 
 static int start_stage1(struct mpi_ctx *ctx, struct mpi_op *op) {
-  int P = ctx->size, err = MPI_SUCCESS, count;
-  MPI_Datatype type;
+  int P = ctx->size, err = MPI_SUCCESS, count = 0;
+  MPI_Datatype type = MPI_BYTE;
   size_t es = tz_comm_dtype_size(op->dt);
   switch (op->kind) {
   case OP_ALL_GATHER: {
@@ -268,6 +271,7 @@ static void op_free(struct mpi_op *op) {
     MPI_Type_free(&op->type);
   tz_fence_release(op->after);
   tz_fence_release(op->done);
+  free(op->msg);
   free(op);
 }
 
@@ -300,11 +304,14 @@ static int mpi_poll(void *arg) {
       int failed = ctx->failed;
       pthread_mutex_unlock(&ctx->lock);
       if (q < 0) {
-        rc = q;
-        TZ_LOG_ERR("comm mpi: rank %d: %s #%llu not started: its input failed (%s)", ctx->rank,
-                   kind_names[op->kind], (unsigned long long)op->seq, tz_strerror(q));
+        rc = tz_err_set(q, "comm mpi: rank %d: %s #%llu not started: its input failed (%s)",
+                        ctx->rank, kind_names[op->kind], (unsigned long long)op->seq,
+                        tz_strerror(q));
+        TZ_LOG_ERR("%s", tz_err_msg());
       } else if (failed) {
-        rc = TZ_ECANCELED;
+        rc = tz_err_set(TZ_ECANCELED, "comm mpi: rank %d: %s #%llu canceled: an earlier "
+                        "collective failed (%s)", ctx->rank, kind_names[op->kind],
+                        (unsigned long long)op->seq, tz_strerror(failed));
       } else if ((rc = start_stage1(ctx, op)) < 0) {
         TZ_LOG_ERR("%s", tz_err_msg());
       }
@@ -332,6 +339,7 @@ static int mpi_poll(void *arg) {
       break;
     op->rc = rc < 0 ? rc : 0;
     if (op->rc < 0) {
+      op->msg = strdup(tz_err_msg());
       pthread_mutex_lock(&ctx->lock);
       if (!ctx->failed)
         ctx->failed = op->rc;
@@ -347,7 +355,7 @@ static int mpi_poll(void *arg) {
   while (finished) {
     struct mpi_op *op = finished;
     finished = op->next;
-    tz_fence_signal(op->done, op->rc);
+    tz_fence_signal_msg(op->done, op->rc, op->msg);
     op_free(op);
     pthread_mutex_lock(&ctx->lock);
     if (--ctx->pending == 0)

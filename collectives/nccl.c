@@ -23,6 +23,7 @@
 #include <nccl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -48,6 +49,8 @@ struct nccl_ctx {
   void *scratch;         /* device: the chunks of this rank's shard, for fp32-accumulated sums */
   size_t scratch_cap;
   float *one;            /* device: the barrier's all-reduce of one float */
+  /* This comm's fence ops: a fence with these is on this comm's stream, which needs no wait. */
+  struct tz_fence_poll_ops fence_ops;
 };
 
 /* A collective's completion: what its fence polls. The event comes first so that a compute
@@ -111,35 +114,46 @@ static int wait_ready(struct nccl_ctx *ctx, const char *what) {
 
 /* ---- Completion fences ---- */
 
+static int aborted_status(const struct nccl_done *d) {
+  int rc = atomic_load(&d->ctx->aborted);
+  return tz_err_set(rc, "comm nccl: rank %d: %s #%llu: the communicator was aborted (%s)",
+                    d->ctx->rank, d->op, (unsigned long long)d->seq, tz_strerror(rc));
+}
+
 static int done_poll(void *arg) {
   struct nccl_done *d = arg;
   struct nccl_ctx *ctx = d->ctx;
   cudaError_t e = cudaEventQuery(d->event);
   if (e == cudaSuccess)
-    return atomic_load(&ctx->aborted) ? atomic_load(&ctx->aborted) : 1;
+    return atomic_load(&ctx->aborted) ? aborted_status(d) : 1;
   if (e != cudaErrorNotReady) {
-    cuda_error(e, "waiting for a collective", ctx->rank);
-    TZ_LOG_ERR("%s #%llu: %s", d->op, (unsigned long long)d->seq, tz_err_msg());
+    char what[64];
+    snprintf(what, sizeof what, "%s #%llu", d->op, (unsigned long long)d->seq);
+    cuda_error(e, what, ctx->rank);
+    TZ_LOG_ERR("%s", tz_err_msg());
     return TZ_ECUDA;
   }
   if (atomic_load(&ctx->aborted))
-    return atomic_load(&ctx->aborted);
+    return aborted_status(d);
   /* The launching thread may hold the lock for long only while connecting; skip a round then. */
   if (pthread_mutex_trylock(&ctx->lock) != 0)
     return 0;
   int rc = 0;
+  char why_buf[512];
+  snprintf(why_buf, sizeof why_buf, "%s #%llu: the communicator was aborted", d->op,
+           (unsigned long long)d->seq);
   if (ctx->comm) {
     ncclResult_t st = ncclSuccess;
     ncclCommGetAsyncError(ctx->comm, &st);
-    char why[512];
+    char *why = why_buf;
     if (st != ncclSuccess && st != ncclInProgress) {
       rc = nccl_error(ctx, st, d->op);
-      snprintf(why, sizeof why, "%s #%llu failed: %s", d->op, (unsigned long long)d->seq,
+      snprintf(why, sizeof why_buf, "%s #%llu failed: %s", d->op, (unsigned long long)d->seq,
                tz_err_msg());
       abort_locked(ctx, rc, why);
     } else if (tz_comm_now() - d->started > ctx->timeout_s) {
       rc = TZ_ETIMEDOUT;
-      snprintf(why, sizeof why, "%s #%llu (%zu bytes) did not complete within %.0f s "
+      snprintf(why, sizeof why_buf, "%s #%llu (%zu bytes) did not complete within %.0f s "
                "(TZ_COMM_TIMEOUT): another rank has not joined it", d->op,
                (unsigned long long)d->seq, d->bytes, ctx->timeout_s);
       abort_locked(ctx, rc, why);
@@ -148,6 +162,8 @@ static int done_poll(void *arg) {
     rc = atomic_load(&ctx->aborted) ? atomic_load(&ctx->aborted) : TZ_ECOMM;
   }
   pthread_mutex_unlock(&ctx->lock);
+  if (rc < 0) /* the message names the collective and why the communicator ended */
+    tz_err_set(rc, "comm nccl: rank %d: %s", ctx->rank, why_buf);
   return rc;
 }
 
@@ -158,11 +174,6 @@ static void done_destroy(void *arg) {
   free(d);
 }
 
-static const struct tz_fence_poll_ops done_ops = {
-  .kind = "cuda-event",
-  .poll = done_poll,
-  .destroy = done_destroy,
-};
 
 /* ---- Launching ---- */
 
@@ -176,13 +187,9 @@ static ncclDataType_t nccl_type(enum tz_dtype dt) {
 
 /* Makes the stream wait for `after`. Caller holds the lock. */
 static int wait_after(struct nccl_ctx *ctx, tz_fence *after, const char *op) {
-  if (!after)
+  /* A fence of this comm is an event on this stream: stream order already waits for it. */
+  if (!after || tz_fence_native(after, &ctx->fence_ops))
     return 0;
-  struct nccl_done *d = tz_fence_native(after, &done_ops);
-  if (d) {
-    cudaError_t e = cudaStreamWaitEvent(ctx->stream, d->event, 0);
-    return e == cudaSuccess ? 0 : cuda_error(e, "cudaStreamWaitEvent", ctx->rank);
-  }
   int q = tz_fence_wait(after, (int64_t)(ctx->timeout_s * 1e9));
   if (q < 0)
     return tz_err_set(q, "comm nccl: rank %d: %s not started: its input failed (%s)", ctx->rank,
@@ -391,7 +398,7 @@ out:
     return rc;
   }
   atomic_fetch_add(&ctx->inflight, 1);
-  tz_fence *f = tz_fence_create_polled(ctx->pe, &done_ops, d);
+  tz_fence *f = tz_fence_create_polled(ctx->pe, &ctx->fence_ops, d);
   if (!f) {
     /* The collective is on the stream; without a fence nobody learns when it ends. */
     done_destroy(d);
@@ -480,6 +487,8 @@ static int nccl_create(struct tz_bootstrap *bs, const struct tz_comm_params *p, 
   ctx->size = bs->size;
   ctx->timeout_s = tz_comm_timeout(p);
   ctx->accum = p->accum;
+  ctx->fence_ops = (struct tz_fence_poll_ops){.kind = "cuda-event", .poll = done_poll,
+                                              .destroy = done_destroy};
   int rc = 0;
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess)

@@ -1,5 +1,6 @@
 /* The collectives registry: which backends this build has, and creating a comm by name. The only
  * place that knows which backends were compiled in. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -50,7 +50,8 @@ static void single_destroy(void *ctx) { free(ctx); }
 static void run(struct single_op *op, int rc) {
   int prior = atomic_load(&op->ctx->failed);
   if (rc == 0 && prior)
-    rc = TZ_ECANCELED;
+    rc = tz_err_set(TZ_ECANCELED, "comm single: canceled: an earlier collective failed (%s)",
+                    tz_strerror(prior));
   if (rc == 0 && op->n) {
     if (op->reduce)
       tz_comm_sum_chunks(op->dst, op->src, op->n, op->n, 1, op->dt,
