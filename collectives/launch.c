@@ -237,9 +237,13 @@ int tz_bootstrap_detect(struct tz_bootstrap *bs) {
   return 0;
 }
 
+/* Rank 0 writes to the launcher, the others read from it. */
+static int has_pipe(const struct tz_bootstrap *bs) {
+  return bs->rank == 0 ? bs->fd_to_parent >= 0 : bs->fd_from_parent >= 0;
+}
+
 int tz_bootstrap_has_channel(const struct tz_bootstrap *bs) {
-  return bs->size == 1 || bs->bcast_fn || (bs->fd_from_parent >= 0 && bs->fd_to_parent >= 0) ||
-         bs->master_addr[0];
+  return bs->size == 1 || bs->bcast_fn || has_pipe(bs) || bs->master_addr[0];
 }
 
 /* ---- Byte moving with deadlines ---- */
@@ -492,7 +496,7 @@ int tz_bootstrap_bcast(struct tz_bootstrap *bs, void *buf, size_t len) {
   int rc;
   if (bs->bcast_fn)
     rc = bs->bcast_fn(bs->bcast_arg, buf, len);
-  else if (bs->fd_from_parent >= 0 && bs->fd_to_parent >= 0)
+  else if (has_pipe(bs))
     rc = pipe_bcast(bs, buf, len);
   else if (bs->master_addr[0])
     rc = bs->rank == 0 ? tcp_serve(bs, buf, len) : tcp_fetch(bs, buf, len);
@@ -833,7 +837,7 @@ int tz_launch_run(const struct tz_launch_params *lp, int argc, char **argv,
       kill_at = now_s() + grace;
     }
     if (stopping && running > 0 && now_s() >= kill_at) {
-      TZ_LOG_ERR("launch: %d worker%s still running %.0f s after SIGTERM; sending SIGKILL", running,
+      TZ_LOG_ERR("launch: %d worker%s still running %.1f s after SIGTERM; sending SIGKILL", running,
                  running == 1 ? "" : "s", grace);
       for (int i = 0; i < n; i++)
         if (ch[i].running)
