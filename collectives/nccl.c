@@ -87,8 +87,8 @@ static void abort_locked(struct nccl_ctx *ctx, int rc, const char *why) {
 }
 
 /* Polls a non-blocking communicator until its last call has finished. Caller holds ctx->lock. */
-static int wait_ready(struct nccl_ctx *ctx, const char *what) {
-  double deadline = tz_comm_now() + ctx->timeout_s;
+static int wait_ready_for(struct nccl_ctx *ctx, const char *what, double timeout_s) {
+  double deadline = tz_comm_now() + timeout_s;
   for (;;) {
     ncclResult_t st = ncclInProgress;
     ncclResult_t r = ncclCommGetAsyncError(ctx->comm, &st);
@@ -103,13 +103,17 @@ static int wait_ready(struct nccl_ctx *ctx, const char *what) {
     }
     if (tz_comm_now() > deadline) {
       int rc = tz_err_set(TZ_ETIMEDOUT, "comm nccl: rank %d: %s did not finish within %.0f s "
-                          "(TZ_COMM_TIMEOUT): a rank is missing", ctx->rank, what, ctx->timeout_s);
+                          "(TZ_COMM_TIMEOUT): a rank is missing", ctx->rank, what, timeout_s);
       abort_locked(ctx, rc, tz_err_msg());
       return rc;
     }
     struct timespec ts = {0, 20 * 1000};
     nanosleep(&ts, NULL);
   }
+}
+
+static int wait_ready(struct nccl_ctx *ctx, const char *what) {
+  return wait_ready_for(ctx, what, ctx->timeout_s);
 }
 
 /* ---- Completion fences ---- */
@@ -123,6 +127,8 @@ static int aborted_status(const struct nccl_done *d) {
 static int done_poll(void *arg) {
   struct nccl_done *d = arg;
   struct nccl_ctx *ctx = d->ctx;
+  /* The engine's thread: without this its first CUDA call would set up a context on GPU 0. */
+  cudaSetDevice(ctx->device);
   cudaError_t e = cudaEventQuery(d->event);
   if (e == cudaSuccess)
     return atomic_load(&ctx->aborted) ? aborted_status(d) : 1;
@@ -528,7 +534,11 @@ static int nccl_create(struct tz_bootstrap *bs, const struct tz_comm_params *p, 
       ncclCommAbort(ctx->comm);
     ctx->comm = NULL;
   } else {
-    rc = wait_ready(ctx, "ncclCommInitRankConfig");
+    /* Every rank is known to be alive (the bootstrap reached them all), and setting up a
+     * communicator can legitimately take long at scale: a short collective timeout (a test's)
+     * does not apply here. */
+    rc = wait_ready_for(ctx, "ncclCommInitRankConfig",
+                        ctx->timeout_s > 120 ? ctx->timeout_s : 120);
   }
   pthread_mutex_unlock(&ctx->lock);
   if (rc < 0)
