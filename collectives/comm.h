@@ -67,8 +67,9 @@ int tz_comm_probe(const char *backend, char *why, size_t why_len);
  * the backend sees differs from bs), TZ_ECOMM, TZ_ECUDA, TZ_ETIMEDOUT. */
 int tz_comm_create(const char *backend, struct tz_bootstrap *bs, const struct tz_comm_params *p,
                    tz_comm **out);
-/* Waits for collectives in flight (up to the timeout, then aborts them), then frees. NULL is a
- * no-op. mpi finalizes MPI with the last comm if a comm initialized it. */
+/* Waits for collectives in flight (up to the timeout, then aborts them), then frees. Fences the
+ * caller still holds stay valid. Destroy a comm before the progress engine it was given. NULL is
+ * a no-op. mpi finalizes MPI with the last comm if a comm initialized it. */
 void tz_comm_destroy(tz_comm *c);
 
 int tz_comm_rank(const tz_comm *c);

@@ -124,8 +124,7 @@ static int aborted_status(const struct nccl_done *d) {
                     d->ctx->rank, d->op, (unsigned long long)d->seq, tz_strerror(rc));
 }
 
-static int done_poll(void *arg) {
-  struct nccl_done *d = arg;
+static int poll_once(struct nccl_done *d) {
   struct nccl_ctx *ctx = d->ctx;
   /* The engine's thread: without this its first CUDA call would set up a context on GPU 0. */
   cudaSetDevice(ctx->device);
@@ -173,10 +172,24 @@ static int done_poll(void *arg) {
   return rc;
 }
 
+/* The engine stops polling a fence once this returns non-zero: that is when the collective
+ * stops counting as in flight, and the last time d touches the comm (which may be destroyed
+ * while the caller still holds the fence). */
+static int done_poll(void *arg) {
+  struct nccl_done *d = arg;
+  struct nccl_ctx *ctx = d->ctx;
+  int rc = poll_once(d);
+  if (rc != 0) {
+    d->ctx = NULL;
+    atomic_fetch_sub(&ctx->inflight, 1);
+  }
+  return rc;
+}
+
+/* When the fence's last reference goes: the event outlives the comm if the caller keeps it. */
 static void done_destroy(void *arg) {
   struct nccl_done *d = arg;
   cudaEventDestroy(d->event);
-  atomic_fetch_sub(&d->ctx->inflight, 1);
   free(d);
 }
 
@@ -407,6 +420,7 @@ out:
   tz_fence *f = tz_fence_create_polled(ctx->pe, &ctx->fence_ops, d);
   if (!f) {
     /* The collective is on the stream; without a fence nobody learns when it ends. */
+    atomic_fetch_sub(&ctx->inflight, 1);
     done_destroy(d);
     return tz_err_set(TZ_ENOMEM, "comm nccl: out of memory for a fence");
   }
@@ -580,10 +594,17 @@ static void nccl_destroy(void *arg) {
     }
   }
   pthread_mutex_unlock(&ctx->lock);
-  /* A fence whose poller is still running would touch ctx; wait a little longer for it. */
-  while (atomic_load(&ctx->inflight) > 0) {
+  /* After the abort every poller returns at its next round; one still to come would touch ctx. */
+  deadline = tz_comm_now() + 10;
+  while (atomic_load(&ctx->inflight) > 0 && tz_comm_now() < deadline) {
     struct timespec ts = {0, 1000 * 1000};
     nanosleep(&ts, NULL);
+  }
+  if (atomic_load(&ctx->inflight) > 0) {
+    TZ_LOG_ERR("comm nccl: rank %d: %d collectives were never polled to the end (was the progress "
+               "engine destroyed before the comm?); leaving the comm's memory in place",
+               ctx->rank, atomic_load(&ctx->inflight));
+    return;
   }
   ctx_free(ctx);
 }
