@@ -15,24 +15,6 @@ double tz_comm_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-size_t tz_comm_dtype_size(enum tz_dtype dt) {
-  switch (dt) {
-  case TZ_F32: return 4;
-  case TZ_BF16: return 2;
-  case TZ_F16: return 2;
-  }
-  return 0;
-}
-
-const char *tz_comm_dtype_name(enum tz_dtype dt) {
-  switch (dt) {
-  case TZ_F32: return "f32";
-  case TZ_BF16: return "bf16";
-  case TZ_F16: return "f16";
-  }
-  return "?";
-}
-
 double tz_comm_timeout(const struct tz_comm_params *p) {
   if (p && p->timeout_s > 0)
     return p->timeout_s;
@@ -57,23 +39,23 @@ void tz_comm_params_init(struct tz_comm_params *p) {
 
 static inline float load(const void *p, size_t i, enum tz_dtype dt) {
   switch (dt) {
-  case TZ_BF16: return tz_f32_from_bf16(((const uint16_t *)p)[i]);
-  case TZ_F16: return tz_f32_from_f16(((const uint16_t *)p)[i]);
+  case TZ_BF16: return tz_bf16_to_f32(((const uint16_t *)p)[i]);
+  case TZ_F16: return tz_f16_to_f32(((const uint16_t *)p)[i]);
   default: return ((const float *)p)[i];
   }
 }
 
 static inline float round_to(float v, enum tz_dtype dt) {
   switch (dt) {
-  case TZ_BF16: return tz_f32_from_bf16(tz_bf16_from_f32(v));
-  case TZ_F16: return tz_f32_from_f16(tz_f16_from_f32(v));
+  case TZ_BF16: return tz_bf16_to_f32(tz_f32_to_bf16(v));
+  case TZ_F16: return tz_f16_to_f32(tz_f32_to_f16(v));
   default: return v;
   }
 }
 
 void tz_comm_sum_chunks(void *out, const void *in, size_t stride, size_t n, int nchunks,
                         enum tz_dtype dt, int accum_f32) {
-  size_t es = tz_comm_dtype_size(dt);
+  size_t es = tz_dtype_size(dt);
   const char *base = in;
   if (dt == TZ_F32) {
     float acc[SUM_BLOCK];
@@ -106,10 +88,10 @@ void tz_comm_sum_chunks(void *out, const void *in, size_t stride, size_t n, int 
     uint16_t *o = (uint16_t *)out + b;
     if (dt == TZ_BF16)
       for (size_t i = 0; i < m; i++)
-        o[i] = tz_bf16_from_f32(acc[i]);
+        o[i] = tz_f32_to_bf16(acc[i]);
     else
       for (size_t i = 0; i < m; i++)
-        o[i] = tz_f16_from_f32(acc[i]);
+        o[i] = tz_f32_to_f16(acc[i]);
   }
 }
 
@@ -149,13 +131,13 @@ static int check_reduce(tz_comm *c, const void *send, void *recv, size_t count, 
                         size_t mult, const char *op) {
   if (!send || !recv)
     return tz_err_set(TZ_EINVAL, "comm %s: %s with a NULL buffer", c->ops->name, op);
-  if (tz_comm_dtype_size(dt) == 0)
+  if (tz_dtype_size(dt) == 0)
     return tz_err_set(TZ_EINVAL, "comm %s: %s: unknown dtype %d", c->ops->name, op, (int)dt);
   if (c->accum_mode != TZ_F32 && dt != TZ_F32 && dt != c->accum_mode)
     return tz_err_set(TZ_EINVAL, "comm %s: %s of %s was configured to reduce in %s; a payload "
                       "is reduced in fp32 or in its own dtype", c->ops->name, op,
-                      tz_comm_dtype_name(dt), tz_comm_dtype_name(c->accum_mode));
-  if (count > SIZE_MAX / mult / tz_comm_dtype_size(dt))
+                      tz_dtype_name(dt), tz_dtype_name(c->accum_mode));
+  if (count > SIZE_MAX / mult / tz_dtype_size(dt))
     return tz_err_set(TZ_EINVAL, "comm %s: %s of %zu elements overflows", c->ops->name, op, count);
   return 0;
 }

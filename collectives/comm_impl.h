@@ -47,8 +47,6 @@ extern const struct tz_comm_ops tz_comm_mpi_ops;
 extern const struct tz_comm_ops tz_comm_nccl_ops;
 
 /* Helpers the backends share (comm.c). */
-size_t tz_comm_dtype_size(enum tz_dtype dt);
-const char *tz_comm_dtype_name(enum tz_dtype dt);
 /* The timeout in seconds: p->timeout_s, else $TZ_COMM_TIMEOUT, else 300. */
 double tz_comm_timeout(const struct tz_comm_params *p);
 /* out[i] = sum over r in 0..nchunks-1, in that order, of in[r * stride + i], for i < n, with

@@ -178,7 +178,7 @@ static MPI_Datatype elem_type(enum tz_dtype dt) {
 static int start_stage1(struct mpi_ctx *ctx, struct mpi_op *op) {
   int P = ctx->size, err = MPI_SUCCESS, count = 0;
   MPI_Datatype type = MPI_BYTE;
-  size_t es = tz_comm_dtype_size(op->dt);
+  size_t es = tz_dtype_size(op->dt);
   switch (op->kind) {
   case OP_ALL_GATHER: {
     TZ_CHECK(byte_type(op, op->n, &count, &type));
@@ -234,7 +234,7 @@ static int start_stage1(struct mpi_ctx *ctx, struct mpi_op *op) {
 static int advance(struct mpi_ctx *ctx, struct mpi_op *op) {
   int P = ctx->size;
   int accum_f32 = ctx->accum == TZ_F32 || op->dt == TZ_F32;
-  size_t es = tz_comm_dtype_size(op->dt);
+  size_t es = tz_dtype_size(op->dt);
   if (op->kind == OP_REDUCE_SCATTER) {
     tz_comm_sum_chunks(op->recv, ctx->scratch, op->n, op->n, P, op->dt, accum_f32);
     return 1;

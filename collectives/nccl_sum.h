@@ -13,8 +13,8 @@ extern "C" {
 
 /* Enqueues on s: out[i] = round(in[i] + in[stride + i] + ... + in[(nchunks-1) * stride + i]) for
  * i < n, summed in that order in fp32 and rounded once to nearest even, with in and out device
- * arrays of dtype (1: bf16, 2: f16, as enum tz_dtype). Rounding matches core/dtype.h bit for bit,
- * so the result equals the mpi backend's. Returns the launch's error. */
+ * arrays of dtype (1: bf16, 2: f16, as enum tz_dtype). Rounding is core/dtype.h's, so the result
+ * equals the mpi backend's. Returns the launch's error. */
 cudaError_t tz_nccl_sum_chunks(void *out, const void *in, size_t stride, size_t n, int nchunks,
                                int dtype, cudaStream_t s);
 

@@ -75,7 +75,7 @@ int tz_comm_create(const char *backend, struct tz_bootstrap *bs, const struct tz
     tz_comm_params_init(&defaults);
     p = &defaults;
   }
-  if (tz_comm_dtype_size(p->accum) == 0)
+  if (tz_dtype_size(p->accum) == 0)
     return tz_err_set(TZ_EINVAL, "comm: accumulation dtype %d is not a dtype", (int)p->accum);
   struct tz_bootstrap detected;
   if (!bs) {

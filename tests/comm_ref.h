@@ -19,22 +19,22 @@ static inline float ref_load(const void *p, size_t i, enum tz_dtype dt) {
   if (dt == TZ_F32)
     return ((const float *)p)[i];
   uint16_t h = ((const uint16_t *)p)[i];
-  return dt == TZ_BF16 ? tz_f32_from_bf16(h) : tz_f32_from_f16(h);
+  return dt == TZ_BF16 ? tz_bf16_to_f32(h) : tz_f16_to_f32(h);
 }
 
 static inline void ref_store(void *p, size_t i, enum tz_dtype dt, float v) {
   if (dt == TZ_F32)
     ((float *)p)[i] = v;
   else
-    ((uint16_t *)p)[i] = dt == TZ_BF16 ? tz_bf16_from_f32(v) : tz_f16_from_f32(v);
+    ((uint16_t *)p)[i] = dt == TZ_BF16 ? tz_f32_to_bf16(v) : tz_f32_to_f16(v);
 }
 
 /* v rounded to dt and back. */
 static inline float ref_round(float v, enum tz_dtype dt) {
   if (dt == TZ_BF16)
-    return tz_f32_from_bf16(tz_bf16_from_f32(v));
+    return tz_bf16_to_f32(tz_f32_to_bf16(v));
   if (dt == TZ_F16)
-    return tz_f32_from_f16(tz_f16_from_f32(v));
+    return tz_f16_to_f32(tz_f32_to_f16(v));
   return v;
 }
 
