@@ -109,6 +109,15 @@ int tz_bench_collectives(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (nproc > 1 && !tz_launch_is_worker() && backend && strcmp(backend, "nccl") == 0) {
+    char why[256] = "";
+    int gpus = tz_comm_probe("nccl", why, sizeof why);
+    if (gpus < nproc) {
+      fprintf(stderr, "tz-bench collectives: --nproc %d needs %d GPUs: %s\n", nproc, nproc,
+              gpus < 0 ? why : "fewer are visible");
+      return 77;
+    }
+  }
   if (nproc > 1 && !tz_launch_is_worker()) {
     /* Workers run this same command line; tz-bench's own name goes first again. */
     char **wargv = calloc((size_t)argc + 2, sizeof *wargv);
