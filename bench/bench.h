@@ -10,6 +10,7 @@
 
 int tz_bench_tiers(int argc, char **argv);   /* bench/tiers.c */
 int tz_bench_adam(int argc, char **argv);    /* bench/adam.c */
+int tz_bench_collectives(int argc, char **argv); /* bench/collectives.c */
 
 /* bench/adam_cuda.cu, CUDA builds only: GPU Adam on n parameters against device-to-device copy
  * bandwidth; prints a line (or a JSON object). Returns an exit code (77: no GPU). */
@@ -28,6 +29,22 @@ struct tz_bench_tiers_opts {
  * tiers`. Returns 0, 1 (failed, with a message on stderr) or 77 (no GPU: nothing printed on
  * stdout, the reason on stderr). */
 int tz_bench_tiers_gpu(const struct tz_bench_tiers_opts *o);
+
+/* The baseline tz-bench collectives sets beside the comm: the same library calls made directly on
+ * the comm's own communicator (bench/collectives_mpi.c, bench/collectives_nccl.c, built when the
+ * library is). Buffers are where the backend wants them (host for mpi, device for nccl). */
+typedef struct tz_comm tz_comm;
+struct tz_bench_coll_direct {
+  /* Allocates send and recv of max_bytes each, set to zero. */
+  int (*setup)(tz_comm *c, uint64_t max_bytes, void **ctx, void **send, void **recv);
+  /* iters back-to-back calls, then waits for the last; 0 or a negative code. */
+  int (*all_gather)(void *ctx, const void *send, void *recv, uint64_t bytes_per_rank, int iters);
+  int (*reduce_scatter)(void *ctx, const void *send, void *recv, uint64_t count, int dtype,
+                        int iters);
+  void (*teardown)(void *ctx);
+};
+const struct tz_bench_coll_direct *tz_bench_coll_direct_mpi(void) __attribute__((weak));
+const struct tz_bench_coll_direct *tz_bench_coll_direct_nccl(void) __attribute__((weak));
 
 /* Wall-clock seconds, monotonic. */
 double tz_bench_now(void);
