@@ -18,20 +18,6 @@ static const struct tz_compute_backend *const backends[] = {
 };
 #define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))
 
-size_t tz_dtype_size(enum tz_dtype dt) { return dt == TZ_F32 ? 4 : 2; }
-
-const char *tz_dtype_name(enum tz_dtype dt) {
-  switch (dt) {
-  case TZ_F32:
-    return "f32";
-  case TZ_BF16:
-    return "bf16";
-  case TZ_F16:
-    return "f16";
-  }
-  return "?";
-}
-
 int tz_dtype_parse(const char *s, enum tz_dtype *out) {
   static const struct {
     const char *name;

@@ -38,21 +38,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/dtype.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct tz_compute tz_compute;
 
-enum tz_dtype {
-  TZ_F32 = 0,
-  TZ_BF16 = 1,
-  TZ_F16 = 2,
-};
-/* Bytes per element: 4 or 2. */
-size_t tz_dtype_size(enum tz_dtype dt);
-/* "f32", "bf16", "f16"; "?" for anything else. */
-const char *tz_dtype_name(enum tz_dtype dt);
 /* Parses "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16". TZ_EINVAL otherwise. */
 int tz_dtype_parse(const char *s, enum tz_dtype *out);
 

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "kernels/compute.h"
-#include "kernels/half.h"
+#include "core/dtype.h"
 #include "testlib.h"
 
 static tz_compute *cpu(int threads) {
@@ -67,19 +67,19 @@ static void test_registry(void **state) {
 /* bf16: the nearest of the two neighbours, ties to the even one; checked in double. */
 static void test_bf16_rounding(void **state) {
   (void)state;
-  assert_int_equal(tz_bf16_from_f32(1.0f), 0x3f80);
-  assert_int_equal(tz_bf16_from_f32(1.0f + 0x1.0p-8f), 0x3f80);       /* tie, to even */
-  assert_int_equal(tz_bf16_from_f32(1.0f + 3 * 0x1.0p-8f), 0x3f82);   /* tie, to even */
-  assert_int_equal(tz_bf16_from_f32(INFINITY), 0x7f80);
-  assert_true(isnan(tz_f32_from_bf16(tz_bf16_from_f32(NAN))));
-  assert_int_equal(tz_bf16_from_f32(0x1.fffffep127f), 0x7f80);         /* rounds up to inf */
+  assert_int_equal(tz_f32_to_bf16(1.0f), 0x3f80);
+  assert_int_equal(tz_f32_to_bf16(1.0f + 0x1.0p-8f), 0x3f80);       /* tie, to even */
+  assert_int_equal(tz_f32_to_bf16(1.0f + 3 * 0x1.0p-8f), 0x3f82);   /* tie, to even */
+  assert_int_equal(tz_f32_to_bf16(INFINITY), 0x7f80);
+  assert_true(isnan(tz_bf16_to_f32(tz_f32_to_bf16(NAN))));
+  assert_int_equal(tz_f32_to_bf16(0x1.fffffep127f), 0x7f80);         /* rounds up to inf */
   uint64_t st = 1;
   for (int i = 0; i < 200000; i++) {
     uint32_t u = (uint32_t)tz_test_rand(&st);
     float f = tz_f32_from_bits(u);
     if (!isfinite(f))
       continue;
-    uint16_t h = tz_bf16_from_f32(f);
+    uint16_t h = tz_f32_to_bf16(f);
     /* The two bf16 neighbours of f towards zero and away from it; past the largest finite one
      * the "next" value is 2^128, which stands for infinity (the IEEE overflow rule). */
     uint32_t down = u & 0xffff0000u, up = down + 0x10000u;
@@ -109,9 +109,9 @@ static void test_f16_rounding(void **state) {
     _Float16 ref = (_Float16)f;
     uint16_t want;
     memcpy(&want, &ref, 2);
-    uint16_t got = tz_f16_from_f32(f);
+    uint16_t got = tz_f32_to_f16(f);
     if (isnan(f))
-      assert_true(isnan(tz_f32_from_f16(got)));
+      assert_true(isnan(tz_f16_to_f32(got)));
     else if (got != want)
       fail_msg("f16 of %a (0x%08x): got 0x%04x want 0x%04x", (double)f, u, got, want);
   }
@@ -119,7 +119,7 @@ static void test_f16_rounding(void **state) {
     _Float16 x;
     uint16_t hh = (uint16_t)h;
     memcpy(&x, &hh, 2);
-    float want = (float)x, got = tz_f32_from_f16(hh);
+    float want = (float)x, got = tz_f16_to_f32(hh);
     if (isnan(want))
       assert_true(isnan(got));
     else
@@ -138,19 +138,19 @@ static void test_cast_op(void **state) {
     x[i] = (urand(&st) - 0.5f) * 1000.0f;
   TZ_ASSERT_OK(tz_compute_cast(cm, h, TZ_BF16, x, TZ_F32, n));
   for (int i = 0; i < n; i++)
-    assert_int_equal(h[i], tz_bf16_from_f32(x[i]));
+    assert_int_equal(h[i], tz_f32_to_bf16(x[i]));
   TZ_ASSERT_OK(tz_compute_cast(cm, back, TZ_F32, h, TZ_BF16, n));
   for (int i = 0; i < n; i++)
-    assert_true(back[i] == tz_f32_from_bf16(h[i]));
+    assert_true(back[i] == tz_bf16_to_f32(h[i]));
   TZ_ASSERT_OK(tz_compute_cast(cm, h, TZ_F16, x, TZ_F32, n));
   for (int i = 0; i < n; i++)
-    assert_int_equal(h[i], tz_f16_from_f32(x[i]));
+    assert_int_equal(h[i], tz_f32_to_f16(x[i]));
   /* elementwise ops on 16-bit storage too */
   TZ_ASSERT_OK(tz_compute_fill(cm, TZ_BF16, h, 1.5f, n));
   TZ_ASSERT_OK(tz_compute_axpy(cm, TZ_BF16, h, 2.0f, h, n));
   TZ_ASSERT_OK(tz_compute_scale(cm, TZ_BF16, h, 0.5f, n));
   for (int i = 0; i < n; i++)
-    assert_true(tz_f32_from_bf16(h[i]) == 2.25f);
+    assert_true(tz_bf16_to_f32(h[i]) == 2.25f);
   free(x);
   free(back);
   free(h);

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "kernels/compute.h"
-#include "kernels/half.h"
+#include "core/dtype.h"
 #include "testlib.h"
 #include "trainer/hf.h"
 #include "trainer/model.h"
@@ -80,8 +80,8 @@ static void round_trip(int tie, enum tz_dtype dt) {
     TZ_ASSERT_OK(tz_hf_read_block(m, b, got));
     for (uint64_t e = 0; e < n; e++) {
       float want = dt == TZ_F32    ? src.b[b][e]
-                   : dt == TZ_BF16 ? tz_f32_from_bf16(tz_bf16_from_f32(src.b[b][e]))
-                                   : tz_f32_from_f16(tz_f16_from_f32(src.b[b][e]));
+                   : dt == TZ_BF16 ? tz_bf16_to_f32(tz_f32_to_bf16(src.b[b][e]))
+                                   : tz_f16_to_f32(tz_f32_to_f16(src.b[b][e]));
       if (memcmp(&got[e], &want, 4) != 0)
         fail_msg("block %d element %llu: %a after the round trip, want %a", b,
                  (unsigned long long)e, (double)got[e], (double)want);

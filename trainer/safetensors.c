@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "kernels/half.h"
+#include "core/dtype.h"
 
 /* Larger headers than this are refused rather than read into memory (the reference
  * implementation's limit is 100 MB). */
@@ -303,7 +303,7 @@ int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *sha
       uint64_t n = (uint64_t)got / 2, first = done / 2;
       const uint16_t *h = (const uint16_t *)buf;
       for (uint64_t i = 0; i < n; i++)
-        out[first + i] = bf16 ? tz_f32_from_bf16(h[i]) : tz_f32_from_f16(h[i]);
+        out[first + i] = bf16 ? tz_bf16_to_f32(h[i]) : tz_f16_to_f32(h[i]);
       got &= ~(ssize_t)1; /* whole elements only: an odd byte is read again next time */
     }
     done += (uint64_t)got;
@@ -436,7 +436,7 @@ int tz_st_writer_put(tz_st_writer *w, const float *data, uint64_t n) {
     for (uint64_t i = 0; ok && i < n; i += 4096) {
       uint64_t m = n - i < 4096 ? n - i : 4096;
       for (uint64_t j = 0; j < m; j++)
-        buf[j] = e->dtype == TZ_BF16 ? tz_bf16_from_f32(data[i + j]) : tz_f16_from_f32(data[i + j]);
+        buf[j] = e->dtype == TZ_BF16 ? tz_f32_to_bf16(data[i + j]) : tz_f32_to_f16(data[i + j]);
       ok = fwrite(buf, 2, m, w->fp) == m;
     }
   }

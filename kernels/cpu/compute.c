@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "kernels/compute_impl.h"
-#include "kernels/half.h"
+#include "core/dtype.h"
 
 struct cpu {
   int nt;        /* OpenMP and BLAS threads */
@@ -26,9 +26,9 @@ struct cpu {
 static inline float ld(enum tz_dtype dt, const void *p, size_t i) {
   switch (dt) {
   case TZ_BF16:
-    return tz_f32_from_bf16(((const uint16_t *)p)[i]);
+    return tz_bf16_to_f32(((const uint16_t *)p)[i]);
   case TZ_F16:
-    return tz_f32_from_f16(((const uint16_t *)p)[i]);
+    return tz_f16_to_f32(((const uint16_t *)p)[i]);
   default:
     return ((const float *)p)[i];
   }
@@ -37,10 +37,10 @@ static inline float ld(enum tz_dtype dt, const void *p, size_t i) {
 static inline void st(enum tz_dtype dt, void *p, size_t i, float v) {
   switch (dt) {
   case TZ_BF16:
-    ((uint16_t *)p)[i] = tz_bf16_from_f32(v);
+    ((uint16_t *)p)[i] = tz_f32_to_bf16(v);
     break;
   case TZ_F16:
-    ((uint16_t *)p)[i] = tz_f16_from_f32(v);
+    ((uint16_t *)p)[i] = tz_f32_to_f16(v);
     break;
   default:
     ((float *)p)[i] = v;
