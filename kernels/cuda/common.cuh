@@ -67,8 +67,8 @@ struct tz_cuda {
   size_t rope_cap;           /* entries allocated */
   int rope_T, rope_D;
   float rope_theta;
-  int *err_host;             /* mapped host memory: {code, index, value, limit} */
-  int *err_dev;              /* the same memory as the device sees it */
+  int *err_dev;              /* device: {code, index, value, limit} of the first bad input */
+  int *err_host;             /* pinned host copy of it, read at sync */
 };
 
 /* Returns scratch of at least bytes, 256-byte aligned, valid until the next call. Growing it
@@ -84,18 +84,24 @@ static inline unsigned tz_cuda_grid(const struct tz_cuda *c, size_t n, unsigned 
   return blocks ? (unsigned)blocks : 1u;
 }
 
-/* ---- storage types: loads widen to float, stores round to nearest even ---- */
+/* ---- storage types: loads widen to float, stores round to nearest even ----
+ * Through core/dtype.h's integer conversions, the ones the cpu backend uses, so that both give
+ * the same bits for every value, NaN payloads included. */
 
 __device__ __forceinline__ float tz_ld(float x) { return x; }
-__device__ __forceinline__ float tz_ld(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float tz_ld(__half x) { return __half2float(x); }
+__device__ __forceinline__ float tz_ld(__nv_bfloat16 x) {
+  return tz_bf16_to_f32(__bfloat16_as_ushort(x));
+}
+__device__ __forceinline__ float tz_ld(__half x) { return tz_f16_to_f32(__half_as_ushort(x)); }
 
 template <typename T> __device__ __forceinline__ T tz_st(float x);
 template <> __device__ __forceinline__ float tz_st<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 tz_st<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
+  return __ushort_as_bfloat16(tz_f32_to_bf16(x));
 }
-template <> __device__ __forceinline__ __half tz_st<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __half tz_st<__half>(float x) {
+  return __ushort_as_half(tz_f32_to_f16(x));
+}
 
 /* Calls f with a value of the C++ type of dt: f(float()), f(__nv_bfloat16()) or f(__half()). */
 template <typename F> static inline int tz_cuda_dispatch(enum tz_dtype dt, F f) {
@@ -118,7 +124,6 @@ __device__ __forceinline__ void tz_cuda_report(int *err, int code, int index, in
     err[1] = index;
     err[2] = value;
     err[3] = limit;
-    __threadfence_system();
   }
 }
 

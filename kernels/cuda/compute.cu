@@ -48,19 +48,26 @@ static void cuda_destroy(void *ctx) {
     (void)cudaFree(c->rope_cs);
   if (c->err_host)
     (void)cudaFreeHost(c->err_host);
+  if (c->err_dev)
+    (void)cudaFree(c->err_dev);
   if (c->stream)
     (void)cudaStreamDestroy(c->stream);
   free(c);
 }
 
-/* Reports (once) the bad input a kernel recorded since the last sync. */
+/* Reports (once) the bad input a kernel recorded since the last sync. The record lives in device
+ * memory (atomics on mapped host memory are not atomic across PCIe on every machine) and comes
+ * back through a small pinned buffer on the stream. */
 static int take_device_error(struct tz_cuda *c) {
-  volatile int *e = c->err_host;
-  int code = e[0];
+  TZ_CU(cudaMemcpyAsync(c->err_host, c->err_dev, 4 * sizeof(int), cudaMemcpyDeviceToHost,
+                        c->stream));
+  TZ_CU(cudaStreamSynchronize(c->stream));
+  int code = c->err_host[0];
   if (!code)
     return 0;
-  int index = e[1], value = e[2], limit = e[3];
-  e[0] = 0;
+  int index = c->err_host[1], value = c->err_host[2], limit = c->err_host[3];
+  TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
+  TZ_CU(cudaStreamSynchronize(c->stream));
   const char *what = code == TZ_CUDA_BAD_EMBED_FWD   ? "embedding_fwd token"
                      : code == TZ_CUDA_BAD_EMBED_BWD ? "embedding_bwd token"
                                                      : "xent target";
@@ -182,9 +189,9 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   TZ_CU(cudaMalloc(&c->workspace, c->workspace_bytes));
   void *scratch;
   TZ_CHECK(tz_cuda_scratch(c, TZ_CUDA_MIN_SCRATCH, &scratch));
-  TZ_CU(cudaHostAlloc((void **)&c->err_host, 4 * sizeof(int), cudaHostAllocMapped));
-  memset(c->err_host, 0, 4 * sizeof(int));
-  TZ_CU(cudaHostGetDevicePointer((void **)&c->err_dev, c->err_host, 0));
+  TZ_CU(cudaHostAlloc((void **)&c->err_host, 4 * sizeof(int), cudaHostAllocDefault));
+  TZ_CU(cudaMalloc((void **)&c->err_dev, 4 * sizeof(int)));
+  TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
   const char *mode = getenv("TZ_CUDA_ATTENTION");
   c->attn_simple = mode && strcmp(mode, "simple") == 0;
   return 0;
