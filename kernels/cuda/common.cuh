@@ -55,6 +55,7 @@ struct tz_cuda {
   int n_sm;                  /* multiprocessors, for grid sizes */
   size_t smem_optin;         /* the most shared memory one block may ask for */
   int attn_simple;           /* TZ_CUDA_ATTENTION=simple: the plain kernels for every shape */
+  int mm_plain;              /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
   cudaStream_t stream;
   cublasLtHandle_t lt;
   void *workspace;           /* cuBLASLt workspace, allocated once */

@@ -194,6 +194,8 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
   const char *mode = getenv("TZ_CUDA_ATTENTION");
   c->attn_simple = mode && strcmp(mode, "simple") == 0;
+  mode = getenv("TZ_CUDA_MATMUL");
+  c->mm_plain = mode && strcmp(mode, "plain") == 0;
   return 0;
 }
 

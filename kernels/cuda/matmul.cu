@@ -13,11 +13,18 @@
  * same workspace, which is what makes cuBLASLt bit-reproducible. Split-K algorithms may only
  * reduce their partial products in a float workspace: reducing in place would add pieces of the
  * product into C one at a time, and compute.h wants an accumulating call to add its whole
- * product once per element; reducing in the output type would round the pieces to 16 bits. */
+ * product once per element; reducing in the output type would round the pieces to 16 bits.
+ * A shape cuBLASLt has no algorithm for (leading dimensions or pointers too poorly aligned for its
+ * kernels) runs a plain tiled kernel instead; each such shape is logged once as a warning.
+ * TZ_CUDA_MATMUL=plain (read at create) sends every call there, to test that kernel. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/common.cuh"
+
+extern "C" {
+#include "core/log.h"
+}
 
 struct mm_key {
   int trans_a, trans_b, M, N, K, lda, ldb, ldc;
@@ -27,6 +34,7 @@ struct mm_key {
 
 struct tz_cuda_mm_entry {
   int used;
+  int plain; /* no cuBLASLt algorithm: the plain kernel below */
   struct mm_key key;
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (our B), B (our A), C = D */
@@ -153,14 +161,17 @@ static int entry_build(struct tz_cuda *c, struct tz_cuda_mm_entry *e) {
     st1 = cublasLtMatmulAlgoGetHeuristic(c->lt, e->op, e->la, e->lb, e->lc, e->lc, pref, 1, &res,
                                          &found);
   (void)cublasLtMatmulPreferenceDestroy(pref);
+  if (st1 == CUBLAS_STATUS_NOT_SUPPORTED || (st1 == CUBLAS_STATUS_SUCCESS && found < 1)) {
+    e->plain = 1;
+    TZ_WARN("compute cuda matmul: cuBLASLt has no algorithm for M=%d N=%d K=%d trans_a=%d "
+            "trans_b=%d lda=%d ldb=%d ldc=%d %s -> %s (alignments %d/%d/%d); using the plain "
+            "kernel for this shape",
+            k->M, k->N, k->K, k->trans_a, k->trans_b, k->lda, k->ldb, k->ldc,
+            tz_dtype_name((enum tz_dtype)k->s_dt), tz_dtype_name((enum tz_dtype)k->c_dt),
+            k->align_a, k->align_b, k->align_c);
+    return 0;
+  }
   TZ_LT(st1);
-  if (found < 1)
-    return tz_err_set(TZ_ENOTSUP,
-                      "compute cuda matmul: cuBLASLt has no algorithm for M=%d N=%d K=%d "
-                      "trans_a=%d trans_b=%d lda=%d ldb=%d ldc=%d %s x %s -> %s",
-                      k->M, k->N, k->K, k->trans_a, k->trans_b, k->lda, k->ldb, k->ldc,
-                      tz_dtype_name((enum tz_dtype)k->s_dt), tz_dtype_name((enum tz_dtype)k->s_dt),
-                      tz_dtype_name((enum tz_dtype)k->c_dt));
   e->algo = res.algo;
   return 0;
 }
@@ -202,6 +213,57 @@ template <typename T> __global__ void scale_c_kernel(T *C, int M, int N, int ldc
   }
 }
 
+/* The plain GEMM: 16x16 output tiles, K in steps of 16 through shared memory, each output's
+ * products summed in increasing k in float, then C = alpha * sum (+ beta * C) rounded once. */
+#define PT 16
+template <typename T, typename TC>
+__global__ void gemm_plain_kernel(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                                  const T *A, int lda, const T *B, int ldb, float beta, TC *C,
+                                  int ldc) {
+  __shared__ float sA[PT][PT + 1], sB[PT][PT + 1];
+  int tx = threadIdx.x, ty = threadIdx.y;
+  int i = blockIdx.y * PT + ty, j = blockIdx.x * PT + tx;
+  float acc = 0.0f;
+  for (int k0 = 0; k0 < K; k0 += PT) {
+    int ka = k0 + tx, kb = k0 + ty, ia = blockIdx.y * PT + ty;
+    /* sA[r][kk] = op(A)[row r of the tile][k0 + kk]; sB[kk][cc] = op(B)[k0 + kk][col cc] */
+    sA[ty][tx] = ia < M && ka < K
+                     ? tz_ld(trans_a ? A[(size_t)ka * lda + ia] : A[(size_t)ia * lda + ka])
+                     : 0.0f;
+    sB[ty][tx] = kb < K && j < N
+                     ? tz_ld(trans_b ? B[(size_t)j * ldb + kb] : B[(size_t)kb * ldb + j])
+                     : 0.0f;
+    __syncthreads();
+    for (int kk = 0; kk < PT; kk++)
+      acc = __fadd_rn(acc, __fmul_rn(sA[ty][kk], sB[kk][tx]));
+    __syncthreads();
+  }
+  if (i < M && j < N) {
+    TC *p = C + (size_t)i * ldc + j;
+    float prod = __fmul_rn(alpha, acc);
+    *p = tz_st<TC>(beta == 0.0f ? prod : __fadd_rn(__fmul_rn(beta, tz_ld(*p)), prod));
+  }
+}
+
+static int gemm_plain(struct tz_cuda *c, int trans_a, int trans_b, int M, int N, int K,
+                      float alpha, const void *A, int lda, const void *B, int ldb, float beta,
+                      void *C, enum tz_dtype c_dt, int ldc) {
+  if ((M + PT - 1) / PT > 65535)
+    return tz_err_set(TZ_EINVAL, "compute cuda matmul: M=%d too large for the plain kernel", M);
+  dim3 grid((unsigned)((N + PT - 1) / PT), (unsigned)((M + PT - 1) / PT)), block(PT, PT);
+  return tz_cuda_dispatch(c->S, [&](auto stag) {
+    using T = decltype(stag);
+    return tz_cuda_dispatch(c_dt, [&](auto ctag) {
+      using TC = decltype(ctag);
+      gemm_plain_kernel<T, TC><<<grid, block, 0, c->stream>>>(trans_a, trans_b, M, N, K, alpha,
+                                                              (const T *)A, lda, (const T *)B,
+                                                              ldb, beta, (TC *)C, ldc);
+      TZ_CU_LAUNCHED();
+      return 0;
+    });
+  });
+}
+
 int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
                    const void *A, int lda, const void *B, int ldb, float beta, void *C,
                    enum tz_dtype c_dt, int ldc) {
@@ -217,6 +279,8 @@ int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, flo
       return 0;
     });
   }
+  if (c->mm_plain)
+    return gemm_plain(c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, c_dt, ldc);
   struct mm_key k;
   memset(&k, 0, sizeof k);
   k.trans_a = trans_a;
@@ -235,6 +299,8 @@ int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, flo
   k.align_c = alignment(C);
   struct tz_cuda_mm_entry *e;
   TZ_CHECK(lookup(c, &k, &e));
+  if (e->plain)
+    return gemm_plain(c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, c_dt, ldc);
   TZ_LT(cublasLtMatmul(c->lt, e->op, &alpha, B, e->la, A, e->lb, &beta, C, e->lc, C, e->lc,
                        &e->algo, c->workspace, c->workspace_bytes, c->stream));
   return 0;
