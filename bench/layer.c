@@ -1,8 +1,8 @@
 /* tz-bench layer: one transformer layer, forward + backward, on the cuda compute backend in bf16,
  * timed beside the same layer in PyTorch (bf16, scaled_dot_product_attention pinned to its flash
  * backend; tools/bench_layer_torch.py) run in the same invocation. Also attention forward +
- * backward alone on both, the GEMM ceiling (bf16 8192^3 through the backend's matmul, and
- * torch.matmul), and each op's share of the layer time.
+ * backward alone on both, the GEMM ceiling (bf16 8192^3 by default through the backend's
+ * matmul, and torch.matmul), and each op's share of the layer time.
  *
  * Times are wall-clock between tz_compute_sync calls (the backend's stream drained before and
  * after), medians over --iters runs after --warmup. The op shares come from one more pass through
@@ -216,6 +216,7 @@ static const struct tz_compute_ops shim_ops = {
 
 struct opts {
   int C, F, H, Hkv, T, B, iters, warmup, torch, json;
+  int gemm; /* the ceiling's GEMM size: gemm^3 */
   enum tz_dtype G;
   const char *python, *script;
 };
@@ -326,9 +327,10 @@ static int step_run(const struct step *s) {
     return layer_step(s->cm, s->cfg, s->o, s->l);
   case 1:
     return attn_step(s->cm, s->o, s->l);
-  default:
-    return tz_compute_matmul(s->cm, 0, 0, 8192, 8192, 8192, 1.0f, s->A, 8192, s->B, 8192, 0.0f,
-                             s->C, TZ_BF16, 8192);
+  default: {
+    int n = s->o->gemm;
+    return tz_compute_matmul(s->cm, 0, 0, n, n, n, 1.0f, s->A, n, s->B, n, 0.0f, s->C, TZ_BF16, n);
+  }
   }
 }
 
@@ -369,8 +371,9 @@ static void run_torch(const struct opts *o, struct torch_result *r) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd,
            "%s '%s' --d-model %d --ffn %d --heads %d --kv-heads %d --seq %d --batch %d "
-           "--iters %d --warmup %d 2>&1",
-           o->python, o->script, o->C, o->F, o->H, o->Hkv, o->T, o->B, o->iters, o->warmup);
+           "--iters %d --warmup %d --gemm-size %d 2>&1",
+           o->python, o->script, o->C, o->F, o->H, o->Hkv, o->T, o->B, o->iters, o->warmup,
+           o->gemm);
   FILE *p = popen(cmd, "r");
   if (!p) {
     snprintf(r->why, sizeof r->why, "cannot run %s", o->python);
@@ -408,6 +411,17 @@ static void run_torch(const struct opts *o, struct torch_result *r) {
   if (!r->ok)
     snprintf(r->why, sizeof r->why, "incomplete result from %s", o->script);
   json_decref(last);
+}
+
+/* One line of the table; theirs < 0: not measured. With is_time the speed column is theirs / ours
+ * (above 1: faster than PyTorch). */
+static void row(const char *name, double ours, double theirs, int is_time, const char *target) {
+  char t[32] = "-", r[32] = "";
+  if (theirs >= 0)
+    snprintf(t, sizeof t, "%12.3f", theirs);
+  if (theirs >= 0 && is_time)
+    snprintf(r, sizeof r, "%8.3f", theirs / ours);
+  printf("%-28s %12.3f %12s %8s %8s\n", name, ours, t, r, target);
 }
 
 static int bench(const struct opts *o) {
@@ -455,7 +469,7 @@ static int bench(const struct opts *o) {
       rc = tz_compute_sync(cm);
   }
   layer_free(cm, &l);
-  size_t gemm_bytes = (size_t)8192 * 8192 * 2;
+  size_t gemm_bytes = (size_t)o->gemm * o->gemm * 2;
   st.which = 2;
   if (rc == 0)
     rc = tz_compute_alloc(cm, gemm_bytes, &st.A);
@@ -483,16 +497,18 @@ static int bench(const struct opts *o) {
   else
     snprintf(tr.why, sizeof tr.why, "--no-torch");
 
-  double gemm_tflops = 2.0 * 8192.0 * 8192.0 * 8192.0 / t_gemm / 1e12;
+  double gemm_tflops = 2.0 * o->gemm * (double)o->gemm * o->gemm / t_gemm / 1e12;
   double op_total = 0;
   for (int i = 0; i < OP_COUNT; i++)
     op_total += shim.t[i];
   if (o->json) {
     printf("{\"bench\":\"layer\",\"d_model\":%d,\"ffn\":%d,\"heads\":%d,\"kv_heads\":%d,"
            "\"seq\":%d,\"batch\":%d,\"grad_dtype\":\"%s\",\"layer_ms\":%.4f,"
-           "\"layer_tflops\":%.2f,\"attn_ms\":%.4f,\"attn_tflops\":%.2f,\"gemm_tflops\":%.2f",
+           "\"layer_tflops\":%.2f,\"attn_ms\":%.4f,\"attn_tflops\":%.2f,\"gemm_size\":%d,"
+           "\"gemm_tflops\":%.2f",
            o->C, o->F, o->H, o->Hkv, o->T, o->B, tz_dtype_name(o->G), t_layer * 1e3,
-           layer_flops / t_layer / 1e12, t_attn * 1e3, attn_flops / t_attn / 1e12, gemm_tflops);
+           layer_flops / t_layer / 1e12, t_attn * 1e3, attn_flops / t_attn / 1e12, o->gemm,
+           gemm_tflops);
     if (tr.ok)
       printf(",\"torch_layer_ms\":%.4f,\"torch_attn_ms\":%.4f,\"torch_gemm_tflops\":%.2f,"
              "\"layer_ratio\":%.4f,\"attn_ratio\":%.4f",
@@ -511,19 +527,16 @@ static int bench(const struct opts *o) {
     printf("pytorch %s on %s, sdpa pinned to flash\n", tr.version, tr.device);
   else
     printf("pytorch: not measured (%s)\n", tr.why);
+  char gemm_name[64];
+  snprintf(gemm_name, sizeof gemm_name, "GEMM ceiling bf16 %d^3", o->gemm);
   printf("\n%-28s %12s %12s %8s %8s\n", "", "tierzero", "pytorch", "speed", "target");
-  printf("%-28s %12.3f %12s %8s %8s\n", "layer fwd+bwd ms", t_layer * 1e3, "", "", "");
-  if (tr.ok)
-    printf("%-28s %12s %12.3f %8.3f %8s\n", "", "", tr.layer_ms, tr.layer_ms / (t_layer * 1e3),
-           ">=0.80");
-  printf("%-28s %12.1f %12.1f\n", "layer model TFLOP/s", layer_flops / t_layer / 1e12,
-         tr.ok ? layer_flops / (tr.layer_ms * 1e-3) / 1e12 : 0.0);
-  printf("%-28s %12.3f %12.3f %8.3f %8s\n", "attention fwd+bwd ms", t_attn * 1e3,
-         tr.ok ? tr.attn_ms : 0.0, tr.ok ? tr.attn_ms / (t_attn * 1e3) : 0.0, ">=0.50");
-  printf("%-28s %12.1f %12.1f\n", "attention TFLOP/s", attn_flops / t_attn / 1e12,
-         tr.ok ? attn_flops / (tr.attn_ms * 1e-3) / 1e12 : 0.0);
-  printf("%-28s %12.1f %12.1f\n", "GEMM ceiling bf16 8192^3", gemm_tflops,
-         tr.ok ? tr.gemm_tflops : 0.0);
+  row("layer fwd+bwd ms", t_layer * 1e3, tr.ok ? tr.layer_ms : -1, 1, ">=0.80");
+  row("layer model TFLOP/s", layer_flops / t_layer / 1e12,
+      tr.ok ? layer_flops / (tr.layer_ms * 1e-3) / 1e12 : -1, 0, "");
+  row("attention fwd+bwd ms", t_attn * 1e3, tr.ok ? tr.attn_ms : -1, 1, ">=0.50");
+  row("attention TFLOP/s", attn_flops / t_attn / 1e12,
+      tr.ok ? attn_flops / (tr.attn_ms * 1e-3) / 1e12 : -1, 0, "");
+  row(gemm_name, gemm_tflops, tr.ok ? tr.gemm_tflops : -1, 0, "");
   printf("(speed = pytorch time / tierzero time; TFLOP/s count the same FLOPs for both)\n");
   printf("\nshare of the layer time per op (each call timed alone, stream drained around it; "
          "sum %.3f ms):\n",
@@ -539,12 +552,13 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: tz-bench layer [--d-model N] [--ffn N] [--heads N] [--kv-heads N] [--seq N]\n"
           "                      [--batch N] [--iters N] [--warmup N] [--grad-dtype bf16|f32]\n"
-          "                      [--python PY] [--torch-script PATH] [--no-torch] [--json]\n"
+          "                      [--gemm-size N] [--python PY] [--torch-script PATH]\n"
+          "                      [--no-torch] [--json]\n"
           "  One transformer layer forward + backward on the cuda backend (bf16) beside PyTorch\n"
           "  (bf16, flash attention) run in the same invocation; attention alone; the bf16 GEMM\n"
-          "  ceiling (8192^3); each op's share. Defaults: Llama-7B's layer, d_model 4096, ffn\n"
-          "  11008, 32 heads, seq 2048, micro-batch 4, gradients bf16 as PyTorch's, 10 iterations\n"
-          "  after 3 warm-up. Exit 77 without a CUDA device.\n");
+          "  ceiling (N^3, --gemm-size, default 8192); each op's share. Defaults: Llama-7B's\n"
+          "  layer, d_model 4096, ffn 11008, 32 heads, seq 2048, micro-batch 4, gradients bf16\n"
+          "  as PyTorch's, 10 iterations after 3 warm-up. Exit 77 without a CUDA device.\n");
 }
 
 int tz_bench_layer(int argc, char **argv) {
@@ -558,7 +572,8 @@ int tz_bench_layer(int argc, char **argv) {
   else
     snprintf(script, sizeof script, "tools/bench_layer_torch.py");
   struct opts o = {.C = 4096, .F = 11008, .H = 32, .Hkv = 32, .T = 2048, .B = 4, .iters = 10,
-                   .warmup = 3, .torch = 1, .json = 0, .G = TZ_BF16, .python = "python3",
+                   .warmup = 3, .torch = 1, .json = 0, .gemm = 8192, .G = TZ_BF16,
+                   .python = "python3",
                    .script = script};
   static const struct option longopts[] = {
       {"d-model", required_argument, 0, 'c'}, {"ffn", required_argument, 0, 'f'},
@@ -568,6 +583,7 @@ int tz_bench_layer(int argc, char **argv) {
       {"grad-dtype", required_argument, 0, 'g'}, {"python", required_argument, 0, 'p'},
       {"torch-script", required_argument, 0, 's'}, {"no-torch", no_argument, 0, 'n'},
       {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+      {"gemm-size", required_argument, 0, 'm'},
       {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -591,12 +607,13 @@ int tz_bench_layer(int argc, char **argv) {
     case 's': o.script = optarg; break;
     case 'n': o.torch = 0; break;
     case 'j': o.json = 1; break;
+    case 'm': o.gemm = atoi(optarg); break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
   if (o.C < 1 || o.F < 1 || o.H < 1 || o.Hkv < 1 || o.T < 1 || o.B < 1 || o.iters < 1 ||
-      o.warmup < 0 || (o.G != TZ_BF16 && o.G != TZ_F32)) {
+      o.warmup < 0 || o.gemm < 1 || (o.G != TZ_BF16 && o.G != TZ_F32)) {
     usage(stderr);
     return 2;
   }

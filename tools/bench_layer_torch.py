@@ -2,7 +2,8 @@
 """The PyTorch side of `tz-bench layer`: the same Llama layer (RMSNorm, q/k/v/o projections
 without bias, half-split RoPE, causal attention, RMSNorm, SwiGLU MLP, two residuals), in bf16,
 forward + backward timed with CUDA events; attention alone (scaled_dot_product_attention pinned
-to its flash backend) forward + backward; and torch.matmul bf16 at 8192^3. Prints one JSON line:
+to its flash backend) forward + backward; and torch.matmul bf16 at N^3 (--gemm-size, default
+8192). Prints one JSON line:
 
   {"torch": "2.x", "device": "...", "layer_ms": ..., "attn_ms": ..., "gemm_tflops": ...}
 
@@ -10,7 +11,7 @@ or {"error": "..."} with exit status 3 when torch or a CUDA device is missing. t
 it in the same invocation with the same shape arguments:
 
   bench_layer_torch.py --d-model 4096 --ffn 11008 --heads 32 --kv-heads 32 --seq 2048 \\
-      --batch 4 --iters 10 --warmup 3
+      --batch 4 --iters 10 --warmup 3 --gemm-size 8192
 """
 import argparse
 import json
@@ -58,6 +59,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--theta", type=float, default=10000.0)
     ap.add_argument("--eps", type=float, default=1e-5)
+    ap.add_argument("--gemm-size", type=int, default=8192)
     a = ap.parse_args()
     try:
         import torch
@@ -138,8 +140,9 @@ def main():
         q.grad = k.grad = v.grad = None
         attention(q, k, v).backward(do)
 
-    ga = torch.randn(8192, 8192, device=dev, dtype=dt)
-    gb = torch.randn(8192, 8192, device=dev, dtype=dt)
+    G = a.gemm_size
+    ga = torch.randn(G, G, device=dev, dtype=dt)
+    gb = torch.randn(G, G, device=dev, dtype=dt)
 
     def gemm_step():
         torch.matmul(ga, gb)
@@ -155,7 +158,7 @@ def main():
         "device": torch.cuda.get_device_name(),
         "layer_ms": layer_ms,
         "attn_ms": attn_ms,
-        "gemm_tflops": 2.0 * 8192 ** 3 / (gemm_ms * 1e-3) / 1e12,
+        "gemm_tflops": 2.0 * G ** 3 / (gemm_ms * 1e-3) / 1e12,
     }))
     return 0
 
