@@ -62,7 +62,8 @@ static void write_metrics(const char *path, int steps) {
       m.has_eval = 1;
       m.eval_loss = m.loss + 0.1;
     }
-    TZ_ASSERT_OK(tz_step_metrics_add_traffic(&m, "nvme", "read", 300000000 + 1000000 * (uint64_t)s));
+    uint64_t rd = 300000000 + 1000000 * (uint64_t)s;
+    TZ_ASSERT_OK(tz_step_metrics_add_traffic(&m, "nvme", "read", rd));
     TZ_ASSERT_OK(tz_step_metrics_add_traffic(&m, "nvme", "write", 100000000));
     TZ_ASSERT_OK(tz_step_metrics_add_traffic(&m, "host", "h2d", 800000000));
     tz_metrics_derive(&m, 1e6, 1e12);

@@ -93,8 +93,8 @@ def plot_throughput(plt, steps, path):
     a2.grid(alpha=0.3)
     # MFU is TFLOP/s over a fixed peak: a second scale on the same curve, not another curve.
     ratio = next((100 * s["mfu"] / s["tflops"] for s in steps
-                  if isinstance(s.get("mfu"), (int, float)) and isinstance(s.get("tflops"), (int, float))
-                  and s["tflops"] > 0), None)
+                  if isinstance(s.get("mfu"), (int, float))
+                  and isinstance(s.get("tflops"), (int, float)) and s["tflops"] > 0), None)
     if ratio:
         sec = a2.secondary_yaxis("right", functions=(lambda t: t * ratio, lambda m: m / ratio))
         sec.set_ylabel("MFU (%)")

@@ -215,7 +215,8 @@ static int file_open(struct file *f, const char *path, int force_text) {
     for (int i = 0; i < 3; i++)
       hdr[i] = (int32_t)le32toh((uint32_t)hdr[i]);
   }
-  int shard = !force_text && (ends_with(path, ".bin") || (size >= 4 && hdr[0] == TZ_DATA_SHARD_MAGIC));
+  int shard = !force_text &&
+              (ends_with(path, ".bin") || (size >= 4 && hdr[0] == TZ_DATA_SHARD_MAGIC));
   if (!shard) {
     f->kind = KIND_TEXT;
     f->tok = b;

@@ -99,7 +99,11 @@ static void fmt_si(char *buf, size_t n, double v) {
     v /= 1000.0;
     u++;
   }
-  snprintf(buf, n, u == 0 ? "%.0f%s" : fabs(v) < 10 ? "%.2f%s" : fabs(v) < 100 ? "%.1f%s" : "%.0f%s",
+  snprintf(buf, n,
+           u == 0             ? "%.0f%s"
+           : fabs(v) < 10.0   ? "%.2f%s"
+           : fabs(v) < 100.0  ? "%.1f%s"
+                              : "%.0f%s",
            v, units[u]);
 }
 
