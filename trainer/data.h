@@ -77,7 +77,9 @@ const char *tz_data_describe(const tz_data *d);
 uint64_t tz_data_sample_index(uint64_t step, int A, int a, int W, int r, int B);
 
 /* Samples first .. first+B-1 of the split into tokens (B, T+1), row b the T+1 tokens of sample
- * first+b. TZ_EINVAL for the validation split when there is none. */
+ * first+b. TZ_EINVAL for the validation split when there is none. d is only read: several
+ * threads may fetch batches at once (a loader thread ahead of the step, say); the first touch of
+ * a page of a file on disk is a page fault, which such a thread keeps off the training loop. */
 int tz_data_batch(const tz_data *d, enum tz_data_split s, uint64_t first, int B, int32_t *tokens);
 /* The same, split into the model's inputs (B, T) and next-token targets (B, T). */
 int tz_data_batch_io(const tz_data *d, enum tz_data_split s, uint64_t first, int B,
