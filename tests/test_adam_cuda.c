@@ -85,6 +85,9 @@ static void *host_array(struct pair *s, int k) {
 
 static void pair_upload(struct pair *s, int k) {
   CUDA_OK(cudaMemcpy(s->d[k], host_array(s, k), s->n * s->esize[k], cudaMemcpyHostToDevice));
+  /* A copy from pageable memory may return before the data has landed, and the kernel's stream is
+   * non-blocking, so it is not ordered after the copy: wait for the device. */
+  CUDA_OK(cudaDeviceSynchronize());
 }
 
 /* Device outputs equal the host's, bit for bit; the guards around them are untouched. */
