@@ -712,6 +712,13 @@ static void test_set(void **state) {
   assert_string_equal(tz_err_msg(), "optimizer.params.lrr: unknown key (did you mean lr?)");
   assert_int_equal(tz_config_set(&c, "nonsense", "1"), TZ_ENOENT);
   assert_string_equal(tz_err_msg(), "nonsense: unknown key");
+  /* Text JSON cannot hold is refused rather than dumped as null (found by tests/fuzz). */
+  assert_int_equal(tz_config_set(&c, "tierzero.nvme_path", "/a:/b\371c"), TZ_ECONFIG);
+  assert_string_equal(tz_err_msg(), "tierzero.nvme_path: not valid UTF-8 text");
+  assert_int_equal(tz_config_set(&c, "tierzero.model", "\377"), TZ_ECONFIG);
+  assert_int_equal(c.tierzero.nvme_path.n, 0);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.nvme_path", "/d\303\251j\303\240:/b"));
+  assert_int_equal(c.tierzero.nvme_path.n, 2);
   tz_config_free(&c);
 }
 

@@ -1187,7 +1187,8 @@ int tz_ckpt_list(const char *root, uint64_t *steps, int cap) {
   }
   closedir(d);
   if (rc == 0) {
-    qsort(all, (size_t)n, sizeof *all, cmp_u64);
+    if (n > 1)
+      qsort(all, (size_t)n, sizeof *all, cmp_u64);
     for (int i = 0; i < n && i < cap; i++)
       steps[i] = all[i];
     rc = n;
