@@ -331,8 +331,14 @@ static void store(struct tz_config *c, const struct key *k, struct val *v) {
   case K_ENUM: set_int(c, k, (int)v->i); break;
   case K_I64: *(int64_t *)field(c, k) = v->i; break;
   case K_SIZE: *(uint64_t *)field(c, k) = (uint64_t)v->i; break;
-  case K_DOUBLE: *(double *)field(c, k) = v->d[0]; break;
-  case K_PAIR: memcpy(field(c, k), v->d, 2 * sizeof(double)); break;
+  /* + 0.0 turns -0.0 into 0.0: the dump writes -0.0 as -0, which JSON reads back as the integer
+   * 0, so a signed zero would not survive a checkpoint (found by tests/fuzz). */
+  case K_DOUBLE: *(double *)field(c, k) = v->d[0] + 0.0; break;
+  case K_PAIR:
+    v->d[0] += 0.0;
+    v->d[1] += 0.0;
+    memcpy(field(c, k), v->d, 2 * sizeof(double));
+    break;
   case K_STR:
     free_owned(c, k);
     *(char **)field(c, k) = v->s;

@@ -227,6 +227,17 @@ static void test_round_trip(void **state) {
   TZ_ASSERT_OK(tz_ckpt_latest(root, &step));
   assert_int_equal(step, 7);
   assert_int_equal(count_suffix(root, ".tmp"), 0);
+  /* Without latest (a first save that crashed before writing it), open offers what is there. */
+  char *latest = join(root, "latest");
+  char *aside = join(root, "latest.aside");
+  assert_int_equal(rename(latest, aside), 0);
+  tz_ckpt_reader *none;
+  assert_int_equal(tz_ckpt_open(root, 0, &none), TZ_ENOENT);
+  if (!strstr(tz_err_msg(), "has no latest") || !strstr(tz_err_msg(), "step-00000007"))
+    fail_msg("%s", tz_err_msg());
+  assert_int_equal(rename(aside, latest), 0);
+  free(aside);
+  free(latest);
 
   tz_ckpt_reader *r;
   TZ_ASSERT_OK(tz_ckpt_open(root, 1, &r));
@@ -540,25 +551,37 @@ static void test_damaged(void **state) {
 
 /* ---- crash at every operation of the save path ---- */
 
-/* The checkpoint latest names must be complete and hold one of the expected saves. */
-static void verify_after_crash(const char *root, uint64_t s_old, int v_old, uint64_t s_new,
-                               int v_new, int *saw_old, int *saw_new) {
+enum crash_case {
+  FIRST_SAVE,   /* an empty root */
+  OVER_OLDER,   /* a root holding step 1 */
+  REPLACE_SAME, /* a root holding step 1 (latest) and a step 2 from a run resumed from step 1 */
+};
+
+/* What latest names must be complete and hold one of the expected saves: step 1, variant 0 or
+ * step 2, variant 2 (or nothing, when the first save crashed before its latest was written). */
+static void verify_after_crash(const char *root, int *saw_old, int *saw_new) {
   uint64_t s;
   int v;
-  verify(root, &s, &v);
-  char *dir = step_dir(root, s);
-  TZ_ASSERT_OK(tz_ckpt_check(dir, 1));
-  free(dir);
-  if (s == s_old && v == v_old)
+  if (tz_ckpt_latest(root, &s) == TZ_ENOENT) {
+    tz_ckpt_reader *r;
+    assert_int_equal(tz_ckpt_open(root, 0, &r), TZ_ENOENT);
     (*saw_old)++;
-  else if (s == s_new && v == v_new)
-    (*saw_new)++;
-  else
-    fail_msg("latest holds step %" PRIu64 " variant %d", s, v);
+  } else {
+    verify(root, &s, &v);
+    char *dir = step_dir(root, s);
+    TZ_ASSERT_OK(tz_ckpt_check(dir, 1));
+    free(dir);
+    if (s == 1 && v == 0)
+      (*saw_old)++;
+    else if (s == 2 && v == 2)
+      (*saw_new)++;
+    else
+      fail_msg("latest holds step %" PRIu64 " variant %d", s, v);
+  }
   /* Every checkpoint that list reports is complete as well. */
   uint64_t steps[8];
   int n = tz_ckpt_list(root, steps, 8);
-  assert_true(n >= 1 && n <= 8);
+  assert_true(n >= 0 && n <= 8);
   for (int i = 0; i < n; i++) {
     char *d = step_dir(root, steps[i]);
     TZ_ASSERT_OK(tz_ckpt_check(d, 1));
@@ -566,25 +589,22 @@ static void verify_after_crash(const char *root, uint64_t s_old, int v_old, uint
   }
 }
 
-/* Saves (s_new, v_new) over a root holding (s_old, v_old) (and, with replace, a checkpoint of
- * s_new from another run), killed before the 1st, 2nd, ... operation until one save completes. */
-static void crash_loop(int replace, int keep) {
-  const uint64_t s_old = 1, s_new = 2;
+/* Saves step 2 (variant 2) with --keep keep, killed before the 1st, 2nd, ... operation of the
+ * save until one completes. Returns the number of points. */
+static int crash_loop(enum crash_case cc, int keep) {
   int saw_old = 0, saw_new = 0, n;
   for (n = 1;; n++) {
     char *root = tz_test_mkdtemp("ckpt-crash");
-    if (replace) {
-      TZ_ASSERT_OK(save(root, s_new, 1, 0));
-      TZ_ASSERT_OK(save(root, s_old, 0, 0));
-    } else {
-      TZ_ASSERT_OK(save(root, s_old, 0, 0));
-    }
+    if (cc == REPLACE_SAME)
+      TZ_ASSERT_OK(save(root, 2, 1, 0));
+    if (cc != FIRST_SAVE)
+      TZ_ASSERT_OK(save(root, 1, 0, 0));
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
       tz_ckpt_fault_set(TZ_CKPT_FAULT_CRASH, n);
-      int rc = save(root, s_new, 2, keep);
+      int rc = save(root, 2, 2, keep);
       if (rc)
         fprintf(stderr, "save: %s\n", tz_err_msg());
       _exit(rc ? 1 : 0);
@@ -596,11 +616,11 @@ static void crash_loop(int replace, int keep) {
       assert_int_equal(WEXITSTATUS(st), 0);
     else
       assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-    verify_after_crash(root, s_old, 0, s_new, 2, &saw_old, &saw_new);
+    verify_after_crash(root, &saw_old, &saw_new);
     if (completed) {
       uint64_t s;
       TZ_ASSERT_OK(tz_ckpt_latest(root, &s));
-      assert_int_equal(s, s_new);
+      assert_int_equal(s, 2);
       assert_int_equal(count_suffix(root, ".tmp"), 0);
       assert_int_equal(count_suffix(root, ".old"), 0);
       if (keep == 1)
@@ -625,17 +645,23 @@ static void crash_loop(int replace, int keep) {
    * fsyncs of the directories: many more than 12 points. */
   assert_true(n - 1 > 12);
   assert_true(saw_old > 0);
-  assert_true(saw_new > 1);
+  assert_true(saw_new > 1); /* latest renamed, then killed; and the save that completed */
+  return n - 1;
 }
 
-static void test_crash_new_step(void **state) {
+static void test_crash_first_save(void **state) {
   (void)state;
-  crash_loop(0, 1);
+  crash_loop(FIRST_SAVE, 1);
+}
+
+static void test_crash_over_older(void **state) {
+  (void)state;
+  crash_loop(OVER_OLDER, 1);
 }
 
 static void test_crash_replace_step(void **state) {
   (void)state;
-  crash_loop(1, 0);
+  crash_loop(REPLACE_SAME, 0);
 }
 
 /* The fault hook counts what the save does, without a fault. */
@@ -710,7 +736,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_round_trip),         cmocka_unit_test(test_writer_refusals),
       cmocka_unit_test(test_keep_and_list),      cmocka_unit_test(test_replace),
       cmocka_unit_test(test_damaged),            cmocka_unit_test(test_fault_count),
-      cmocka_unit_test(test_crash_new_step),     cmocka_unit_test(test_crash_replace_step),
+      cmocka_unit_test(test_crash_first_save),   cmocka_unit_test(test_crash_over_older),
+      cmocka_unit_test(test_crash_replace_step),
       cmocka_unit_test(test_enospc),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

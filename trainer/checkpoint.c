@@ -1031,10 +1031,22 @@ int tz_ckpt_open(const char *path, int rank, tz_ckpt_reader **out) {
       rc = open_dir(dir, rank, 1, out);
     free(dir);
   } else {
-    rc = tz_err_set(TZ_ENOENT,
-                    "checkpoint: nothing to resume at %s: it has neither a manifest (a step "
-                    "directory) nor a latest (a checkpoint root)",
-                    path);
+    /* A crash between a first save's rename and its latest leaves a checkpoint but no latest. */
+    uint64_t newest[1];
+    int n = tz_ckpt_list(path, NULL, 0), m = n > 0 ? n : 0;
+    uint64_t *steps = m ? malloc(sizeof *steps * (size_t)m) : newest;
+    if (steps && m && tz_ckpt_list(path, steps, m) == m)
+      rc = tz_err_set(TZ_ENOENT,
+                      "checkpoint: %s has no latest, but holds complete checkpoints; the newest "
+                      "is " STEP_FMT ": --resume %s/" STEP_FMT,
+                      path, steps[m - 1], path, steps[m - 1]);
+    else
+      rc = tz_err_set(TZ_ENOENT,
+                      "checkpoint: nothing to resume at %s: it has neither a manifest (a step "
+                      "directory) nor a latest (a checkpoint root)",
+                      path);
+    if (steps != newest)
+      free(steps);
   }
   free(manifest);
   free(latest);
