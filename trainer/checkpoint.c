@@ -269,9 +269,10 @@ struct tz_ckpt_writer {
 
 static uint64_t w_pos(const tz_ckpt_writer *w) { return w->flushed + w->buf_len; }
 
+/* A failed write, of the bytes from file offset w->flushed on. */
 static int w_fail(tz_ckpt_writer *w, int e, const char *what) {
   w->failed = 1;
-  return tz_err_errno(e, "checkpoint %s: %s at offset %" PRIu64, w->path, what, w_pos(w));
+  return tz_err_errno(e, "checkpoint %s: %s at offset %" PRIu64, w->path, what, w->flushed);
 }
 
 static int w_flush(tz_ckpt_writer *w) {
@@ -580,7 +581,9 @@ int tz_ckpt_commit(tz_ckpt_writer *w) {
   TZ_CHECK_GOTO(w_append(w, tr, sizeof tr), rc, fail);
   TZ_CHECK_GOTO(w_flush(w), rc, fail);
   if ((e = ck_fsync(w->fd))) {
-    rc = w_fail(w, e, "fsync");
+    w->failed = 1;
+    rc = tz_err_errno(e, "checkpoint %s: fsync after writing %" PRIu64 " bytes", w->path,
+                      w->flushed);
     goto fail;
   }
   int fd = w->fd;

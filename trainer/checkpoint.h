@@ -34,6 +34,7 @@
 
 /* ---- writing ---- */
 
+/* A writer is used by one thread at a time. */
 typedef struct tz_ckpt_writer tz_ckpt_writer;
 
 /* Starts this rank's file of checkpoint `step` under root. Rank 0 must call it before every other
@@ -87,6 +88,8 @@ int tz_ckpt_abandon(const char *root, uint64_t step);
 
 /* ---- reading ---- */
 
+/* A reader is used by one thread at a time; readers of different ranks or checkpoints are
+ * independent. */
 typedef struct tz_ckpt_reader tz_ckpt_reader;
 
 /* Opens rank `rank`'s file of a checkpoint. path is either a step directory (it holds a
