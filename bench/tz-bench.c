@@ -12,6 +12,7 @@ static const struct {
   {"tiers", tz_bench_tiers, "tier-to-tier bandwidth beside fio and raw copies"},
   {"adam", tz_bench_adam, "CPU (and --gpu GPU) Adam beside the streaming ceiling of the same run"},
   {"collectives", tz_bench_collectives, "all-gather and reduce-scatter busbw beside direct MPI or NCCL calls"},
+  {"layer", tz_bench_layer, "one transformer layer fwd+bwd on the cuda backend beside PyTorch"},
   {NULL, NULL, NULL}, /* subcommands are added above this line */
 };
 

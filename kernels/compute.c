@@ -12,7 +12,7 @@
 
 static const struct tz_compute_backend *const backends[] = {
     &tz_compute_backend_cpu,
-#ifdef TZ_HAVE_CUDA_COMPUTE
+#ifdef TZ_HAVE_CUDA
     &tz_compute_backend_cuda,
 #endif
 };
