@@ -30,8 +30,12 @@ static const struct {
   const char *name;
   uint64_t bytes;
 } sections[] = {
-    {"empty", 0},          {"one", 1},           {"layer.0.param", 4095},
-    {"layer.0.adam_m", 4096}, {"layer.0.adam_v", 4097}, {"layer.1.param", (1u << 20) + 12345},
+    {"empty", 0},
+    {"one", 1},
+    {"layer.0.param", 4095},
+    {"layer.0.adam_m", 4096},
+    {"layer.0.adam_v", 4097},
+    {"layer.1.param", (1u << 20) + 12345},
     {"rng", 100},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
@@ -40,15 +44,15 @@ static const struct {
 static void *section_data(uint64_t step, int variant, int rank, int i) {
   void *p = malloc(sections[i].bytes + 1);
   assert_non_null(p);
-  tz_test_fill(p, sections[i].bytes, step * 1000003u + (uint64_t)variant * 7919u +
-                                         (uint64_t)rank * 131u + (uint64_t)i);
+  tz_test_fill(p, sections[i].bytes,
+               step * 1000003u + (uint64_t)variant * 7919u + (uint64_t)rank * 131u + (uint64_t)i);
   return p;
 }
 
 static char *meta_json(uint64_t step, int variant, int rank) {
   char *s;
-  assert_true(asprintf(&s, "{\"step\": %" PRIu64 ", \"variant\": %d, \"rank\": %d}", step,
-                       variant, rank) > 0);
+  assert_true(asprintf(&s, "{\"step\": %" PRIu64 ", \"variant\": %d, \"rank\": %d}", step, variant,
+                       rank) > 0);
   return s;
 }
 
@@ -325,8 +329,8 @@ static void test_writer_refusals(void **state) {
   TZ_ASSERT_OK(tz_ckpt_section_begin(w, "s", 10));
   assert_int_equal(tz_ckpt_section_begin(w, "t", 10), TZ_EINVAL); /* s still open */
   TZ_ASSERT_OK(tz_ckpt_section_write(w, d, 6));
-  assert_int_equal(tz_ckpt_section_write(w, d, 5), TZ_EINVAL);   /* past its 10 bytes */
-  assert_int_equal(tz_ckpt_section_end(w), TZ_EINVAL);           /* 6 of 10 */
+  assert_int_equal(tz_ckpt_section_write(w, d, 5), TZ_EINVAL); /* past its 10 bytes */
+  assert_int_equal(tz_ckpt_section_end(w), TZ_EINVAL);         /* 6 of 10 */
   TZ_ASSERT_OK(tz_ckpt_section_write(w, d, 4));
   TZ_ASSERT_OK(tz_ckpt_section_end(w));
   TZ_ASSERT_OK(tz_ckpt_section_begin(w, "u", 3));
@@ -463,8 +467,9 @@ static void test_damaged(void **state) {
   TZ_ASSERT_OK(save(root, 100, 0, 0));
   char *dir = step_dir(root, 100), *rank1 = join(dir, "rank-00001.bin"),
        *manifest = join(dir, "manifest"), hint[512];
-  snprintf(hint, sizeof hint, "the previous checkpoint step-00000090 is intact: --resume %s/"
-                              "step-00000090",
+  snprintf(hint, sizeof hint,
+           "the previous checkpoint step-00000090 is intact: --resume %s/"
+           "step-00000090",
            root);
   uint64_t off = section_offset(dir, 1, "layer.0.adam_m");
 
@@ -733,10 +738,14 @@ static void test_enospc(void **state) {
 int main(int argc, char **argv) {
   (void)argc, (void)argv;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_round_trip),         cmocka_unit_test(test_writer_refusals),
-      cmocka_unit_test(test_keep_and_list),      cmocka_unit_test(test_replace),
-      cmocka_unit_test(test_damaged),            cmocka_unit_test(test_fault_count),
-      cmocka_unit_test(test_crash_first_save),   cmocka_unit_test(test_crash_over_older),
+      cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_writer_refusals),
+      cmocka_unit_test(test_keep_and_list),
+      cmocka_unit_test(test_replace),
+      cmocka_unit_test(test_damaged),
+      cmocka_unit_test(test_fault_count),
+      cmocka_unit_test(test_crash_first_save),
+      cmocka_unit_test(test_crash_over_older),
       cmocka_unit_test(test_crash_replace_step),
       cmocka_unit_test(test_enospc),
   };

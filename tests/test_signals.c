@@ -116,8 +116,8 @@ static void test_from_outside(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_term_then_int),     cmocka_unit_test(test_restore),
-      cmocka_unit_test(test_second_sigint),     cmocka_unit_test(test_term_then_sigint_kills),
+      cmocka_unit_test(test_term_then_int), cmocka_unit_test(test_restore),
+      cmocka_unit_test(test_second_sigint), cmocka_unit_test(test_term_then_sigint_kills),
       cmocka_unit_test(test_from_outside),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

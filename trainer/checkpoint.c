@@ -257,14 +257,14 @@ struct tz_ckpt_writer {
   int fd;
   uint64_t step;
   int rank, world;
-  uint8_t *buf;     /* IO_BYTES, holding the bytes from file offset `flushed` on */
+  uint8_t *buf; /* IO_BYTES, holding the bytes from file offset `flushed` on */
   size_t buf_len;
   uint64_t flushed; /* bytes written to the file */
   struct wsec *sec;
   int n, cap;
-  int open;         /* section sec[n - 1] is being written */
-  uint64_t done;    /* its bytes so far */
-  int failed;       /* an operation failed: only destroy (or a failing commit) remains */
+  int open;      /* section sec[n - 1] is being written */
+  uint64_t done; /* its bytes so far */
+  int failed;    /* an operation failed: only destroy (or a failing commit) remains */
 };
 
 static uint64_t w_pos(const tz_ckpt_writer *w) { return w->flushed + w->buf_len; }
@@ -337,8 +337,7 @@ void tz_ckpt_writer_destroy(tz_ckpt_writer *w) {
   }
   int e = ck_unlink(w->path);
   if (e && e != ENOENT)
-    tz_log(TZ_LOG_WARN, "checkpoint: cannot remove the partial file %s: %s", w->path,
-           strerror(e));
+    tz_log(TZ_LOG_WARN, "checkpoint: cannot remove the partial file %s: %s", w->path, strerror(e));
   w_free(w);
 }
 
@@ -346,8 +345,8 @@ int tz_ckpt_begin(const char *root, uint64_t step, int rank, int world, tz_ckpt_
   *out = NULL;
   if (!root || !*root || world < 1 || world > MAX_WORLD || rank < 0 || rank >= world ||
       step > INT64_MAX)
-    return tz_err_set(TZ_EINVAL, "checkpoint: bad arguments (root %s, step %" PRIu64
-                                 ", rank %d of %d)",
+    return tz_err_set(TZ_EINVAL,
+                      "checkpoint: bad arguments (root %s, step %" PRIu64 ", rank %d of %d)",
                       root ? root : "NULL", step, rank, world);
   int rc = 0, e;
   char *tmp = step_path(root, step, ".tmp");
@@ -490,10 +489,9 @@ int tz_ckpt_section_end(tz_ckpt_writer *w) {
     return tz_err_set(TZ_EINVAL, "checkpoint %s: no section is open", w->path);
   struct wsec *s = &w->sec[w->n - 1];
   if (w->done != s->bytes)
-    return tz_err_set(TZ_EINVAL,
-                      "checkpoint %s: section \"%s\" ended after %" PRIu64 " of its %" PRIu64
-                      " bytes",
-                      w->path, s->name, w->done, s->bytes);
+    return tz_err_set(
+        TZ_EINVAL, "checkpoint %s: section \"%s\" ended after %" PRIu64 " of its %" PRIu64 " bytes",
+        w->path, s->name, w->done, s->bytes);
   w->open = 0;
   return 0;
 }
@@ -713,8 +711,9 @@ static int manifest_read(const char *dir, struct manifest *m) {
   }
   ok = ok && *p++ == '\n';
   if (!ok) {
-    rc = tz_err_set(TZ_EFORMAT, "checkpoint %s: the first line is not \"%s <version> <bytes> "
-                                "<crc32c>\"",
+    rc = tz_err_set(TZ_EFORMAT,
+                    "checkpoint %s: the first line is not \"%s <version> <bytes> "
+                    "<crc32c>\"",
                     path, TZ_CKPT_MANIFEST_TAG);
     goto out;
   }
@@ -746,16 +745,18 @@ static int manifest_read(const char *dir, struct manifest *m) {
   if (!root || !json_is_object(root) || !json_uint(root, "step", INT64_MAX, &step) ||
       !json_uint(root, "world", MAX_WORLD, &world) || world < 1 ||
       !json_is_array(ranks = json_object_get(root, "ranks")) || json_array_size(ranks) != world) {
-    rc = tz_err_set(TZ_EFORMAT, "checkpoint %s: the body is not {\"step\", \"world\", \"ranks\"}%s%s",
-                    path, root ? "" : ": ", root ? "" : je.text);
+    rc = tz_err_set(TZ_EFORMAT,
+                    "checkpoint %s: the body is not {\"step\", \"world\", \"ranks\"}%s%s", path,
+                    root ? "" : ": ", root ? "" : je.text);
     goto out;
   }
   uint64_t named;
   const char *base = strrchr(dir, '/');
   base = base ? base + 1 : dir;
   if (parse_step_name(base, "", &named) && named != step) {
-    rc = tz_err_set(TZ_EFORMAT, "checkpoint %s: holds step %" PRIu64 ", not the %" PRIu64
-                                " of its directory's name",
+    rc = tz_err_set(TZ_EFORMAT,
+                    "checkpoint %s: holds step %" PRIu64 ", not the %" PRIu64
+                    " of its directory's name",
                     path, step, named);
     goto out;
   }
@@ -805,7 +806,7 @@ struct tz_ckpt_reader {
   int fd;
   uint64_t step;
   int rank, world;
-  int hints;  /* damaged files get the previous checkpoint suggested in their message */
+  int hints; /* damaged files get the previous checkpoint suggested in their message */
   struct rsec *sec;
   int n;
   uint8_t *buf; /* IO_BYTES, for streaming */
@@ -840,8 +841,8 @@ static int hint_previous(int rc, const char *dir, uint64_t step) {
     strcpy(root, ".");
   uint64_t prev;
   if (tz_ckpt_previous(root, step, &prev) == 0)
-    tz_err_set(rc, "%s; the previous checkpoint " STEP_FMT " is intact: --resume %s/" STEP_FMT,
-               msg, prev, root, prev);
+    tz_err_set(rc, "%s; the previous checkpoint " STEP_FMT " is intact: --resume %s/" STEP_FMT, msg,
+               prev, root, prev);
   else
     tz_err_set(rc, "%s; no earlier intact checkpoint in %s", msg, root);
   free(root);
@@ -865,8 +866,7 @@ static int reader_load(tz_ckpt_reader *r, const struct manifest *m) {
   TZ_CHECK(read_at(r->fd, r->path, h, sizeof h, 0));
   uint32_t hc = (uint32_t)tz_ckpt_get_le(h + TZ_CKPT_HEADER_CRC_AT, 4);
   if (tz_crc32c(0, h, TZ_CKPT_HEADER_CRC_AT) != hc)
-    return tz_err_set(TZ_ECHECKSUM, "checkpoint %s: header at offset 0: crc32c mismatch",
-                      r->path);
+    return tz_err_set(TZ_ECHECKSUM, "checkpoint %s: header at offset 0: crc32c mismatch", r->path);
   if (memcmp(h, TZ_CKPT_MAGIC, 8) != 0 || tz_ckpt_get_le(h + 8, 4) != TZ_CKPT_VERSION ||
       tz_ckpt_get_le(h + 12, 4) != (uint64_t)r->rank ||
       tz_ckpt_get_le(h + 16, 4) != (uint64_t)m->world ||
@@ -879,8 +879,7 @@ static int reader_load(tz_ckpt_reader *r, const struct manifest *m) {
   uint64_t toff = size - TZ_CKPT_TRAILER_BYTES;
   TZ_CHECK(read_at(r->fd, r->path, t, sizeof t, toff));
   if (tz_crc32c(0, t, TZ_CKPT_TRAILER_CRC_AT) != tz_ckpt_get_le(t + TZ_CKPT_TRAILER_CRC_AT, 4))
-    return tz_err_set(TZ_ECHECKSUM, "checkpoint %s: trailer at offset %" PRIu64
-                                    ": crc32c mismatch",
+    return tz_err_set(TZ_ECHECKSUM, "checkpoint %s: trailer at offset %" PRIu64 ": crc32c mismatch",
                       r->path, toff);
   uint64_t index_off = tz_ckpt_get_le(t + 8, 8), index_bytes = tz_ckpt_get_le(t + 16, 8),
            n = tz_ckpt_get_le(t + 24, 4);
@@ -891,8 +890,8 @@ static int reader_load(tz_ckpt_reader *r, const struct manifest *m) {
       index_off % TZ_CKPT_ALIGN || index_off < TZ_CKPT_HEADER_BYTES || index_off > toff ||
       index_bytes != toff - index_off || index_bytes > MAX_INDEX_BYTES ||
       n > index_bytes / TZ_CKPT_ENTRY_FIXED)
-    return tz_err_set(TZ_EFORMAT, "checkpoint %s: trailer at offset %" PRIu64
-                                  " does not describe this file",
+    return tz_err_set(TZ_EFORMAT,
+                      "checkpoint %s: trailer at offset %" PRIu64 " does not describe this file",
                       r->path, toff);
   if (index_crc != m->index_crc[r->rank])
     return tz_err_set(TZ_ECHECKSUM,
@@ -924,8 +923,8 @@ static int reader_load(tz_ckpt_reader *r, const struct manifest *m) {
         len > index_bytes - at - TZ_CKPT_ENTRY_FIXED || s->off % TZ_CKPT_ALIGN || s->off < end ||
         s->off > index_off || s->bytes > index_off - s->off ||
         (s->kind != TZ_CKPT_KIND_BYTES && s->kind != TZ_CKPT_KIND_JSON)) {
-      rc = tz_err_set(TZ_EFORMAT, "checkpoint %s: index entry %" PRIu64 " at offset %" PRIu64
-                                  " is malformed",
+      rc = tz_err_set(TZ_EFORMAT,
+                      "checkpoint %s: index entry %" PRIu64 " at offset %" PRIu64 " is malformed",
                       r->path, i, index_off + at);
       break;
     }
@@ -935,8 +934,9 @@ static int reader_load(tz_ckpt_reader *r, const struct manifest *m) {
     }
     r->n++;
     if (strlen(s->name) != len || !name_ok(s->name)) {
-      rc = tz_err_set(TZ_EFORMAT, "checkpoint %s: index entry %" PRIu64 " at offset %" PRIu64
-                                  " has a malformed name",
+      rc = tz_err_set(TZ_EFORMAT,
+                      "checkpoint %s: index entry %" PRIu64 " at offset %" PRIu64
+                      " has a malformed name",
                       r->path, i, index_off + at);
       break;
     }
@@ -948,8 +948,9 @@ static int reader_load(tz_ckpt_reader *r, const struct manifest *m) {
     end = s->off + s->bytes;
   }
   if (rc == 0 && at != index_bytes)
-    rc = tz_err_set(TZ_EFORMAT, "checkpoint %s: index at offset %" PRIu64 " has %" PRIu64
-                                " bytes after its %" PRIu64 " entries",
+    rc = tz_err_set(TZ_EFORMAT,
+                    "checkpoint %s: index at offset %" PRIu64 " has %" PRIu64
+                    " bytes after its %" PRIu64 " entries",
                     r->path, index_off, index_bytes - at, n);
   free(index);
   return rc;
@@ -1098,7 +1099,8 @@ int tz_ckpt_get(tz_ckpt_reader *r, const char *name, void *dst, uint64_t bytes) 
     return tz_err_set(TZ_ENOENT, "checkpoint %s: no section \"%s\"", r->path, name);
   if (bytes != s->bytes)
     return tz_err_set(TZ_EINVAL,
-                      "checkpoint %s: section \"%s\" is %" PRIu64 " bytes, the caller expects %" PRIu64,
+                      "checkpoint %s: section \"%s\" is %" PRIu64
+                      " bytes, the caller expects %" PRIu64,
                       r->path, name, s->bytes, bytes);
   int rc = read_at(r->fd, r->path, dst, bytes, s->off);
   if (rc < 0)
@@ -1274,9 +1276,9 @@ static int committed_file(const char *tmp, uint64_t step, int rank, int world, u
   struct stat sb;
   uint8_t t[TZ_CKPT_TRAILER_BYTES];
   if (fd < 0) {
-    rc = errno == ENOENT ? tz_err_set(TZ_ENOENT, "checkpoint %s: missing: rank %d did not commit",
-                                      path, rank)
-                         : tz_err_errno(errno, "checkpoint %s: cannot open", path);
+    rc = errno == ENOENT
+             ? tz_err_set(TZ_ENOENT, "checkpoint %s: missing: rank %d did not commit", path, rank)
+             : tz_err_errno(errno, "checkpoint %s: cannot open", path);
   } else if (fstat(fd, &sb) < 0) {
     rc = tz_err_errno(errno, "checkpoint %s: fstat", path);
   } else if ((uint64_t)sb.st_size < TZ_CKPT_HEADER_BYTES + TZ_CKPT_TRAILER_BYTES ||
@@ -1455,9 +1457,9 @@ static void prune(const char *root, uint64_t step, int keep) {
 
 int tz_ckpt_finalize(const char *root, uint64_t step, int world, int keep) {
   if (!root || !*root || world < 1 || world > MAX_WORLD || step > INT64_MAX)
-    return tz_err_set(TZ_EINVAL, "checkpoint: bad arguments to finalize (step %" PRIu64
-                                 ", world %d)",
-                      step, world);
+    return tz_err_set(TZ_EINVAL,
+                      "checkpoint: bad arguments to finalize (step %" PRIu64 ", world %d)", step,
+                      world);
   char *tmp = step_path(root, step, ".tmp"), *dir = step_path(root, step, ""),
        *latest = path_join(root, TZ_CKPT_LATEST), *latest_tmp = path_join(root, "latest.tmp"),
        *replaced = NULL;
@@ -1490,14 +1492,15 @@ int tz_ckpt_finalize(const char *root, uint64_t step, int world, int keep) {
     goto fail_latest;
   }
   if ((e = ck_fsync_dir(root))) {
-    rc = tz_err_errno(e, "checkpoint: fsync of %s after renaming %s into it (latest names %s, "
-                         "but a crash may still bring back the previous one)",
+    rc = tz_err_errno(e,
+                      "checkpoint: fsync of %s after renaming %s into it (latest names %s, "
+                      "but a crash may still bring back the previous one)",
                       root, latest_tmp, dir);
     goto out;
   }
   prune(root, step, keep);
   goto out;
-fail_latest: {
+fail_latest : {
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", tz_err_msg());
   tz_err_set(rc, "%s; %s is complete, but %s still names the previous checkpoint", msg, dir,

@@ -27,11 +27,11 @@
 #define TZ_CKPT_VERSION 1
 #define TZ_CKPT_ALIGN 4096u
 #define TZ_CKPT_HEADER_BYTES 4096u
-#define TZ_CKPT_HEADER_CRC_AT 32   /* the header's crc covers [0, 32) and sits here */
+#define TZ_CKPT_HEADER_CRC_AT 32 /* the header's crc covers [0, 32) and sits here */
 #define TZ_CKPT_TRAILER_BYTES 64u
-#define TZ_CKPT_TRAILER_CRC_AT 60  /* the trailer's crc covers [0, 60) */
+#define TZ_CKPT_TRAILER_CRC_AT 60 /* the trailer's crc covers [0, 60) */
 #define TZ_CKPT_TRAILER_INDEX_CRC_AT 28
-#define TZ_CKPT_ENTRY_FIXED 24u    /* an index entry without its name */
+#define TZ_CKPT_ENTRY_FIXED 24u /* an index entry without its name */
 #define TZ_CKPT_MANIFEST "manifest"
 #define TZ_CKPT_MANIFEST_TAG "tierzero-checkpoint"
 #define TZ_CKPT_LATEST "latest"

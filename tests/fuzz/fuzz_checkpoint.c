@@ -12,11 +12,11 @@
  * parsing behind them. Everything that opens is read through every entry point. */
 #define _GNU_SOURCE
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/config.h"
@@ -163,8 +163,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   put(rank0, file, left);
   if (flags & 1) {
     uint32_t icrc = left >= TZ_CKPT_TRAILER_BYTES
-                        ? (uint32_t)tz_ckpt_get_le(file + left - TZ_CKPT_TRAILER_BYTES +
-                                                       TZ_CKPT_TRAILER_INDEX_CRC_AT, 4)
+                        ? (uint32_t)tz_ckpt_get_le(
+                              file + left - TZ_CKPT_TRAILER_BYTES + TZ_CKPT_TRAILER_INDEX_CRC_AT, 4)
                         : 0;
     char body[256];
     int n = snprintf(body, sizeof body,

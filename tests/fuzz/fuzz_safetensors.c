@@ -27,8 +27,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       const struct tz_st_tensor *t = tz_st_get(f, i);
       if (!t || tz_st_find(f, t->name) == NULL)
         abort();
-      int readable = !strcmp(t->dtype, "F32") || !strcmp(t->dtype, "BF16") ||
-                     !strcmp(t->dtype, "F16");
+      int readable =
+          !strcmp(t->dtype, "F32") || !strcmp(t->dtype, "BF16") || !strcmp(t->dtype, "F16");
       /* open checked end - begin = numel * element size against the file, so this is bounded by
        * the input's size. */
       float *out = malloc(sizeof(float) * (t->numel ? t->numel : 1));
