@@ -216,11 +216,15 @@ static uint64_t window_for(const struct tz_plan_request *r, uint64_t used_comput
 }
 
 /* Moves, among the blocks the plan may move that sit in `from`, the one whose move to the next
- * tier with room costs the bound least per byte. 1 if it moved one. */
+ * tier with room costs the bound least per byte freed (ties: the larger block, so fewer moves).
+ * 1 if it moved one. */
 static int move_one(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
                     uint64_t used[], int from, struct tz_plan *scratch) {
+  simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch);
+  double before = scratch->bound_s;
   int best = -1, best_to = -1;
   double best_score = 0;
+  uint64_t best_bytes = 0;
   for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++) {
     if (fixed[i] || tiers[i] != from)
       continue;
@@ -229,25 +233,26 @@ static int move_one(const struct tz_plan_request *r, int8_t *tiers, const int8_t
     for (int t = from + 1; t < TZ_PLAN_TIERS && to < 0; t++)
       if (r->capacity[t] >= used[t] + b)
         to = t;
-    if (to < 0)
+    if (to < 0 || b == 0)
       continue;
     tiers[i] = (int8_t)to;
     uint64_t uc = used[TZ_PLAN_COMPUTE] - (from == TZ_PLAN_COMPUTE ? b : 0);
     simulate(r, tiers, window_for(r, uc), scratch);
     tiers[i] = (int8_t)from;
-    double score = scratch->bound_s / (double)(b ? b : 1);
-    if (best < 0 || score < best_score) {
+    double score = (scratch->bound_s - before) / (double)b;
+    double tol = 1e-12 * (before > 0 ? before : 1) / (double)b;
+    if (best < 0 || score < best_score - tol || (score <= best_score + tol && b > best_bytes)) {
       best = i;
       best_to = to;
       best_score = score;
+      best_bytes = b;
     }
   }
   if (best < 0)
     return 0;
-  uint64_t b = block_bytes(r, best / TZ_PLAN_KINDS, best % TZ_PLAN_KINDS);
   tiers[best] = (int8_t)best_to;
-  used[from] -= b;
-  used[best_to] += b;
+  used[from] -= best_bytes;
+  used[best_to] += best_bytes;
   return 1;
 }
 
