@@ -64,49 +64,12 @@ static struct tz_topo_bandwidth *add(struct measured *m, const char *kind, int g
   return b;
 }
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Moves bytes between ext and the host buffer, block by block with qd in flight; GB/s, or a
- * negative code with the thread's message set. */
+/* GB/s of one streaming pass, or a negative code with the thread's message set. */
 static double stream(const tz_extent *ext, unsigned char *buf, uint64_t bytes, uint64_t block,
                      int qd, int write) {
-  tz_fence **f = calloc((size_t)qd, sizeof *f);
-  if (!f)
-    return tz_err_set(TZ_ENOMEM, "topo: no memory");
-  uint64_t n_ops = bytes / block, issued = 0, done = 0;
-  int rc = 0;
-  double t0 = now();
-  while (done < n_ops && rc == 0) {
-    while (issued < n_ops && issued - done < (uint64_t)qd) {
-      int slot = (int)(issued % (uint64_t)qd);
-      unsigned char *b = buf + (uint64_t)slot * block;
-      rc = write ? tz_tier_write(ext, issued * block, b, block, &f[slot])
-                 : tz_tier_read(ext, issued * block, b, block, &f[slot]);
-      if (rc < 0)
-        break;
-      issued++;
-    }
-    if (rc < 0)
-      break;
-    int slot = (int)(done % (uint64_t)qd);
-    rc = tz_fence_wait(f[slot], -1);
-    tz_fence_release(f[slot]);
-    done++;
-  }
-  double dt = now() - t0;
-  while (done < issued) { /* drain what is in flight after an error */
-    int slot = (int)(done++ % (uint64_t)qd);
-    tz_fence_wait(f[slot], -1);
-    tz_fence_release(f[slot]);
-  }
-  free(f);
-  if (rc < 0)
-    return rc;
-  return (double)(n_ops * block) / dt / 1e9;
+  double seconds;
+  int rc = tz_tier_stream(ext, buf, bytes / block * block, block, qd, write, &seconds);
+  return rc < 0 ? rc : (double)(bytes / block * block) / seconds / 1e9;
 }
 
 /* One path: a host tier on node for the buffers, the far tier from backend/params, and two timed
