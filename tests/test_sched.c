@@ -13,6 +13,7 @@
 #include "testlib.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -65,6 +66,7 @@ struct model {
 };
 
 struct env {
+  char dir[256];  /* the nvme tier's own directory, so a failed test leaves nothing in the way */
   tz_runtime *rt;
   tz_tier *compute, *host, *nvme, *nvme_base;
   tz_sched *s;
@@ -75,6 +77,9 @@ enum home_kind { HOME_HOST, HOME_NVME };
 
 static int make_env(struct env *e, uint64_t compute_cap, const char *faults) {
   memset(e, 0, sizeof *e);
+  snprintf(e->dir, sizeof e->dir, "%s/tz-sched-XXXXXX", nvme_dir);
+  if (!mkdtemp(e->dir))
+    return tz_err_errno(errno, "mkdtemp %s", e->dir);
   struct tz_runtime_params rp;
   tz_runtime_params_init(&rp);
   rp.chunk_bytes = 256 << 10;
@@ -91,7 +96,7 @@ static int make_env(struct env *e, uint64_t compute_cap, const char *faults) {
   tz_tier_params_init(&p);
   p.name = faults ? "nvme-base" : "nvme";
   p.capacity = 64 << 20;
-  p.paths[0] = nvme_dir;
+  p.paths[0] = e->dir;
   p.n_paths = 1;
   TZ_CHECK(tz_tier_create(e->rt, "nvme", &p, &e->nvme));
   if (faults) {
@@ -140,6 +145,7 @@ static void add_block(struct env *e, const char *name, uint64_t bytes, int home,
 static void free_env(struct env *e) {
   tz_sched_destroy(e->s);
   tz_runtime_destroy(e->rt);
+  rmdir(e->dir);
   for (int i = 0; i < e->m.n; i++)
     free(e->m.base[i]);
 }
@@ -570,6 +576,7 @@ static void test_stale_copies_never_used(void **state) {
         TZ_ASSERT_OK(tz_sched_block_store(e.s, 0, e.m.base[0]));
         old_base = old;
         TZ_ASSERT_OK(run_step(&e, order, 4, 0));
+        TZ_ASSERT_OK(tz_sched_sync(e.s)); /* fills are counted when they complete */
         uint64_t f1;
         TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, &f1, NULL, NULL));
         assert_true(f1 > f0); /* the copy made before the store was not used */
@@ -718,8 +725,10 @@ static void test_overlap_in_trace(void **state) {
   int overlapped = 0;
   for (int l = 0; l + 1 < L; l++) {
     assert_true(have_c[l]);
-    if (!have_f[l + 1])
+    if (!have_f[l + 1]) {
+      print_error("layer %d: no fill of layer %d in the trace\n", l, l + 1);
       continue;
+    }
     /* The fill of layer l+1 starts before layer l's compute ends and ends after it began. */
     if (f0[l + 1] < c1[l] && f1[l + 1] > c0[l])
       overlapped++;
@@ -750,7 +759,7 @@ static void test_fault_mid_step(void **state) {
   /* Warm up what stays for the process's life (OpenMP's threads from the host tier). */
   struct env warm;
   TZ_ASSERT_OK(make_env(&warm, 1 << 20, NULL));
-  tz_runtime_destroy(warm.rt);
+  free_env(&warm);
   /* The 9th or 23rd transfer of the fault tier fails, whatever it is; or every write-back. */
   const char *specs[3] = {"eio@9", "eio@23", "eio-write%100"};
   for (int k = 0; k < 3; k++) {
@@ -814,10 +823,7 @@ static void test_fault_mid_step(void **state) {
         }
       free(buf);
     }
-    tz_runtime_destroy(e.rt);
-    e.rt = NULL;
-    for (int i = 0; i < e.m.n; i++)
-      free(e.m.base[i]);
+    free_env(&e);
     assert_int_equal(count_threads(), threads);
   }
 }
@@ -880,7 +886,7 @@ static void test_debug_prints_decisions(void **state) {
   close(saved);
   fclose(f);
   FILE *r = fopen(path, "r");
-  char text[16384] = "";
+  static char text[1 << 20];
   size_t n = fread(text, 1, sizeof text - 1, r);
   text[n] = '\0';
   fclose(r);
