@@ -53,7 +53,7 @@ static void test_run(void **state) {
                           "   \"offload_optimizer\": {\"device\": \"cpu\"}}}\n");
   char args[2048];
   snprintf(args, sizeof args, "--config %s/ds.json --model tiny --steps 8 --seed 3 --seq 32 "
-           "--metrics %s/m.jsonl", dir, dir);
+           "--data synthetic --metrics %s/m.jsonl", dir, dir);
   int rc = tz_train(args);
   if (rc != 0)
     print_error("%s", output());
@@ -70,7 +70,11 @@ static void test_run(void **state) {
     json_error_t err;
     json_t *o = json_loads(line, 0, &err);
     assert_non_null(o);
-    assert_int_equal(json_integer_value(json_object_get(o, "step")), n);
+    if (json_is_true(json_object_get(o, "summary"))) {
+      json_decref(o);
+      continue;
+    }
+    assert_int_equal(json_integer_value(json_object_get(o, "step")), n + 1);
     json_t *loss = json_object_get(o, "loss");
     assert_true(json_is_number(loss));
     assert_true(json_is_number(json_object_get(o, "step_s")));
@@ -85,6 +89,17 @@ static void test_run(void **state) {
   fclose(f);
   assert_int_equal(n, 8);
   assert_true(last < first);
+}
+
+/* The built-in corpus, the default data. */
+static void test_corpus(void **state) {
+  (void)state;
+  int rc = tz_train("--model tiny --steps 2 --seq 32");
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(output(), "step 2/2"));
+  assert_non_null(strstr(output(), "data: "));
 }
 
 static void test_plan(void **state) {
@@ -117,6 +132,7 @@ int main(void) {
   dir = tz_test_mkdtemp("train-cli");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_run),
+      cmocka_unit_test(test_corpus),
       cmocka_unit_test(test_plan),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

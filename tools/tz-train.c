@@ -8,12 +8,13 @@
 #include "core/plan.h"
 #include "core/runtime.h"
 #include "core/sched.h"
+#include "trainer/data.h"
+#include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/rates.h"
 #include "trainer/synthetic.h"
 #include "trainer/train.h"
 
-#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,15 +24,17 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: tz-train [options]\n"
           "Trains a Llama-shaped model with ZeRO-3 sharding, its state placed across the compute\n"
-          "tier, host memory and NVMe, on synthetic token sequences.\n\n"
+          "tier, host memory and NVMe.\n\n"
           "  --config FILE        DeepSpeed-style JSON (docs/config.md); may be repeated\n"
           "  --model PRESET       tiny, llama-1b, llama-3b, llama-7b, llama-13b (default: the\n"
           "                       config's tierzero.model, else tiny)\n"
           "  --steps N            optimizer steps (default 10)\n"
           "  --seed N             initialisation and data seed (default: the config's seed)\n"
           "  --seq N              tokens per sequence (default 64, at most the model's max_seq)\n"
-          "  --metrics FILE       one JSON object per step (step, loss, grad_norm, lr, step_s,\n"
-          "                       bound_s, stall_s, tokens_per_s)\n"
+          "  --data SPEC          builtin (the built-in corpus, the default), text:PATH, an llm.c\n"
+          "                       shard or a glob of them (docs/data.md), or synthetic\n"
+          "  --metrics FILE       one JSON object per step (docs/data.md: step, loss, grad_norm,\n"
+          "                       lr, step_s, bound_s, stall_s, tokens_per_s, ...)\n"
           "  --plan               print the placement and the predicted bound, and stop\n"
           "  --auto-placement     let the plan choose homes instead of the offload_* devices\n"
           "  --optimizer-step M   auto, folded, overlapped or unfolded (default auto)\n"
@@ -48,7 +51,7 @@ struct opts {
   int n_configs;
   const char *sets[32];
   int n_sets;
-  const char *model, *metrics, *rates;
+  const char *model, *metrics, *rates, *data;
   int64_t steps, seed;
   int seq, plan, auto_place, remeasure, nproc;
   enum tz_opt_mode mode;
@@ -63,6 +66,7 @@ static int parse(int argc, char **argv, struct opts *o) {
       {"optimizer-step", required_argument, 0, 'o'},
       {"rates", required_argument, 0, 'r'},  {"remeasure", no_argument, 0, 'R'},
       {"nproc", required_argument, 0, 'n'},  {"set", required_argument, 0, 'k'},
+      {"data", required_argument, 0, 'd'},
       {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
   o->steps = 10;
@@ -83,6 +87,7 @@ static int parse(int argc, char **argv, struct opts *o) {
       o->sets[o->n_sets++] = optarg;
       break;
     case 'm': o->model = optarg; break;
+    case 'd': o->data = optarg; break;
     case 'M': o->metrics = optarg; break;
     case 'r': o->rates = optarg; break;
     case 'p': o->plan = 1; break;
@@ -180,61 +185,89 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
     fflush(stdout);
   }
   int rc = 0;
-  FILE *mf = NULL;
-  int64_t n = cfg->gradient_accumulation_steps * cfg->train_micro_batch_size_per_gpu * o->seq;
+  tz_metrics_writer *mw = NULL;
+  tz_data *data = NULL;
+  int synthetic = o->data && strcmp(o->data, "synthetic") == 0;
+  int micro = (int)cfg->train_micro_batch_size_per_gpu;
+  int accum = (int)cfg->gradient_accumulation_steps;
+  int64_t n = (int64_t)accum * micro * o->seq;
   int32_t *tok = NULL, *tgt = NULL;
   if (o->plan)
     goto out;
-  if (rank == 0 && o->metrics && !(mf = fopen(o->metrics, "w"))) {
-    rc = tz_err_errno(errno, "tz-train: cannot write %s", o->metrics);
-    goto out;
+  if (!synthetic) {
+    struct tz_data_params dp = {.seq_len = o->seq, .seed = (uint64_t)cfg->seed};
+    TZ_CHECK_GOTO(tz_data_open(o->data, mc.vocab, &dp, &data), rc, out);
+    if (rank == 0)
+      printf("tz-train: data: %s\n", tz_data_describe(data));
   }
+  if (rank == 0 && o->metrics)
+    TZ_CHECK_GOTO(tz_metrics_writer_create(o->metrics, 0, &mw), rc, out);
   tok = malloc(sizeof *tok * (size_t)n);
   tgt = malloc(sizeof *tgt * (size_t)n);
   if (!tok || !tgt) {
     rc = tz_err_set(TZ_ENOMEM, "tz-train: no memory for a batch");
     goto out;
   }
-  int micro = (int)cfg->train_micro_batch_size_per_gpu, accum = (int)cfg->gradient_accumulation_steps;
+  double fpt = tz_metrics_flops_per_token(&mc, o->seq, 0), elapsed = 0;
+  struct tz_metrics_summary sum;
+  tz_metrics_summary_init(&sum, fpt, 0);
   for (int64_t s = 0; s < o->steps; s++) {
     for (int k = 0; k < accum; k++) {
-      uint64_t first = tz_synthetic_first(s, k, rank, world, accum, micro);
-      tz_synthetic_batch((uint64_t)cfg->seed, first, micro, o->seq, mc.vocab,
-                         tok + (int64_t)k * micro * o->seq, tgt + (int64_t)k * micro * o->seq);
+      int32_t *ti = tok + (int64_t)k * micro * o->seq, *tt = tgt + (int64_t)k * micro * o->seq;
+      if (synthetic)
+        tz_synthetic_batch((uint64_t)cfg->seed, tz_synthetic_first(s, k, rank, world, accum, micro),
+                           micro, o->seq, mc.vocab, ti, tt);
+      else
+        TZ_CHECK_GOTO(tz_data_batch_io(data, TZ_DATA_TRAIN,
+                                       tz_data_sample_index((uint64_t)s, accum, k, world, rank,
+                                                            micro),
+                                       micro, ti, tt),
+                      rc, out);
     }
     struct tz_step_result r;
     TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, &r), rc, out);
-    double tps = r.step_s > 0 ? (double)n * world / r.step_s : 0;
+    elapsed += r.step_s;
+    struct tz_step_metrics m;
+    tz_step_metrics_init(&m);
+    m.step = s + 1;
+    m.total_steps = o->steps;
+    m.elapsed_s = elapsed;
+    m.loss = r.loss;
+    m.lr = r.lr;
+    m.grad_norm = r.grad_norm;
+    m.tokens = (uint64_t)n * (uint64_t)world;
+    m.step_s = r.step_s;
+    m.bound_s = plan->bound_s;
+    m.stall_s = r.stall_s;
+    tz_metrics_derive(&m, fpt, 0);
+    tz_metrics_summary_add(&sum, &m);
     if (rank == 0) {
       printf("step %lld/%lld  loss %.4f  norm %.3f  lr %.3g  %.1f ms (bound %.1f ms, stall %.1f "
              "ms)  %.0f tok/s\n",
-             (long long)s + 1, (long long)o->steps, r.loss, r.grad_norm, r.lr, 1e3 * r.step_s,
-             1e3 * plan->bound_s, 1e3 * r.stall_s, tps);
+             (long long)m.step, (long long)o->steps, r.loss, r.grad_norm, r.lr, 1e3 * r.step_s,
+             1e3 * plan->bound_s, 1e3 * r.stall_s, m.tokens_per_s);
       fflush(stdout);
-      if (mf) {
-        fprintf(mf, "{\"step\":%lld,\"loss\":%.9g,\"grad_norm\":%.9g,\"clip_scale\":%.9g,"
-                    "\"lr\":%.9g,\"step_s\":%.6f,\"bound_s\":%.6f,\"stall_s\":%.6f,"
-                    "\"tokens_per_s\":%.1f}\n",
-                (long long)r.step, r.loss, r.grad_norm, r.clip_scale, r.lr, r.step_s,
-                plan->bound_s, r.stall_s, tps);
-        fflush(mf);
-      }
+      if (mw)
+        TZ_CHECK_GOTO(tz_metrics_write_step(mw, &m), rc, out);
     }
   }
   TZ_CHECK_GOTO(tz_trainer_sync(tr), rc, out);
   if (rank == 0) {
     struct tz_sched_stats st;
     tz_trainer_sched_stats(tr, &st);
+    tz_metrics_summary_print(&sum, stdout);
     printf("tz-train: %llu phases, %llu fills (%.1f MiB), %llu write-backs (%.1f MiB), %llu hits, "
            "%llu evictions, stalled %.3f s of %.3f s computing\n",
            (unsigned long long)st.phases, (unsigned long long)st.fills,
            (double)st.fill_bytes / (1 << 20), (unsigned long long)st.flushes,
            (double)st.flush_bytes / (1 << 20), (unsigned long long)st.hits,
            (unsigned long long)st.evictions, st.stall_s, st.compute_s);
+    if (mw)
+      TZ_CHECK_GOTO(tz_metrics_write_summary(mw, &sum), rc, out);
   }
 out:
-  if (mf && fclose(mf) != 0 && rc == 0)
-    rc = tz_err_errno(errno, "tz-train: writing %s", o->metrics);
+  tz_metrics_writer_destroy(mw);
+  tz_data_destroy(data);
   free(tok);
   free(tgt);
   tz_trainer_destroy(tr);
