@@ -55,8 +55,9 @@ static int check_request(const struct tz_plan_request *r) {
       const struct tz_plan_use *x = &ph->uses[u];
       if (x->group < 0 || x->group >= r->n_groups || x->kind < 0 || x->kind >= TZ_PLAN_KINDS ||
           x->access < 1 || x->access > 3)
-        return tz_err_set(TZ_EINVAL, "plan: phase '%s' has a bad use (group %d, kind %d, access %d)",
-                          ph->name, x->group, x->kind, x->access);
+        return tz_err_set(TZ_EINVAL,
+                          "plan: phase '%s' has a bad use (group %d, kind %d, access %d)", ph->name,
+                          x->group, x->kind, x->access);
     }
   }
   return 0;
@@ -298,8 +299,10 @@ int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
     fmt_bytes(a, sizeof a, r->window);
     fmt_bytes(b, sizeof b, minw - r->window);
     fmt_bytes(c, sizeof c, minw);
-    rc = tz_err_set(TZ_ENOMEM, "plan: the scheduler's window of %s is %s short of its minimum %s "
-                    "(the largest phase's blocks plus one chunk)", a, b, c);
+    rc = tz_err_set(TZ_ENOMEM,
+                    "plan: the scheduler's window of %s is %s short of its minimum %s "
+                    "(the largest phase's blocks plus one chunk)",
+                    a, b, c);
     goto out;
   }
   if (missing) {
@@ -307,9 +310,11 @@ int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
     fmt_bytes(b, sizeof b, missing);
     fmt_bytes(c, sizeof c, r->compute_fixed);
     fmt_bytes(d, sizeof d, r->window ? r->window : minw);
-    rc = tz_err_set(TZ_ENOMEM, "plan: the compute tier's budget of %s is %s short of the minimum: "
+    rc = tz_err_set(TZ_ENOMEM,
+                    "plan: the compute tier's budget of %s is %s short of the minimum: "
                     "%s for activations, gathered weights and full gradients, plus %s for the "
-                    "scheduler's window (the largest phase's blocks plus one chunk)", a, b, c, d);
+                    "scheduler's window (the largest phase's blocks plus one chunk)",
+                    a, b, c, d);
     goto out;
   }
   account(r, tiers, used);
@@ -327,9 +332,11 @@ int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
       fmt_bytes(c, sizeof c, used[TZ_PLAN_COMPUTE]);
       fmt_bytes(d, sizeof d, forced);
       fmt_bytes(e, sizeof e, r->compute_fixed + (r->window ? r->window : minw));
-      rc = tz_err_set(TZ_ENOMEM, "plan: the compute tier's budget of %s is %s short: %s of state "
+      rc = tz_err_set(TZ_ENOMEM,
+                      "plan: the compute tier's budget of %s is %s short: %s of state "
                       "stays there (%s of it forced there) beside %s of buffers and minimum "
-                      "window, and host and nvme have no room to take more", a, b, c, d, e);
+                      "window, and host and nvme have no room to take more",
+                      a, b, c, d, e);
       goto out;
     }
   while (used[TZ_PLAN_HOST] > r->capacity[TZ_PLAN_HOST])
@@ -337,16 +344,19 @@ int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
       fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_HOST]);
       fmt_bytes(b, sizeof b, used[TZ_PLAN_HOST] - r->capacity[TZ_PLAN_HOST]);
       fmt_bytes(c, sizeof c, used[TZ_PLAN_HOST]);
-      rc = tz_err_set(TZ_ENOMEM, "plan: host memory's budget of %s is %s short: %s of state must "
-                      "live there (forced, or no room in nvme)", a, b, c);
+      rc = tz_err_set(TZ_ENOMEM,
+                      "plan: host memory's budget of %s is %s short: %s of state must "
+                      "live there (forced, or no room in nvme)",
+                      a, b, c);
       goto out;
     }
   if (used[TZ_PLAN_NVME] > r->capacity[TZ_PLAN_NVME]) {
     fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_NVME]);
     fmt_bytes(b, sizeof b, used[TZ_PLAN_NVME] - r->capacity[TZ_PLAN_NVME]);
     fmt_bytes(c, sizeof c, used[TZ_PLAN_NVME]);
-    rc = tz_err_set(TZ_ENOMEM, "plan: nvme's budget of %s is %s short: %s of state is placed there%s",
-                    a, b, c, r->capacity[TZ_PLAN_NVME] ? "" : " (no nvme_path is configured)");
+    rc = tz_err_set(TZ_ENOMEM,
+                    "plan: nvme's budget of %s is %s short: %s of state is placed there%s", a, b, c,
+                    r->capacity[TZ_PLAN_NVME] ? "" : " (no nvme_path is configured)");
     goto out;
   }
   out->n_groups = r->n_groups;
@@ -413,8 +423,8 @@ void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_na
   fmt_bytes(a, sizeof a, p->compute_fixed);
   fmt_bytes(b, sizeof b, p->window);
   fmt_bytes(c, sizeof c, p->min_window);
-  fprintf(f, "  compute  buffers %s, scheduler window %s (minimum %s), lookahead %d phases\n", a,
-          b, c, p->lookahead);
+  fprintf(f, "  compute  buffers %s, scheduler window %s (minimum %s), lookahead %d phases\n", a, b,
+          c, p->lookahead);
   char t0[32], t1[32], t2[32], t3[32], t4[32];
   fmt_time(t0, sizeof t0, p->bound_s);
   fmt_time(t1, sizeof t1, p->compute_s);

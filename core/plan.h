@@ -47,14 +47,14 @@ const char *tz_plan_kind_name(int kind); /* "param", "master", "m", "v", "grad" 
 /* Machine rates, in bytes or elements or FLOP per second. 0 means unknown: the lanes it costs
  * are treated as free, and the bound says so (tz_plan.unknown_rates). */
 struct tz_plan_rates {
-  double flops;        /* the compute backend's matrix multiply */
-  double copy_in;      /* host -> compute tier */
-  double copy_out;     /* compute tier -> host */
-  double copy_local;   /* within the compute tier */
-  double nvme_read;    /* nvme -> host */
-  double nvme_write;   /* host -> nvme */
-  double adam;         /* Adam elements per second where opt phases run */
-  double collective;   /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
+  double flops;      /* the compute backend's matrix multiply */
+  double copy_in;    /* host -> compute tier */
+  double copy_out;   /* compute tier -> host */
+  double copy_local; /* within the compute tier */
+  double nvme_read;  /* nvme -> host */
+  double nvme_write; /* host -> nvme */
+  double adam;       /* Adam elements per second where opt phases run */
+  double collective; /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
 };
 
 #define TZ_PLAN_MAX_USES 8
@@ -62,13 +62,13 @@ struct tz_plan_rates {
 /* One phase of the step, as the scheduler runs it. */
 struct tz_plan_phase {
   char name[24];
-  double flop;         /* compute on the compute lane */
-  double coll_bytes;   /* bytes moved by this rank's collectives inside the phase */
-  double adam_elems;   /* optimizer elements updated in the phase */
+  double flop;       /* compute on the compute lane */
+  double coll_bytes; /* bytes moved by this rank's collectives inside the phase */
+  double adam_elems; /* optimizer elements updated in the phase */
   int n_uses;
   struct tz_plan_use {
-    int group, kind;   /* the block */
-    int access;        /* enum tz_access (core/sched.h): 1 read, 2 write, 3 read and write */
+    int group, kind; /* the block */
+    int access;      /* enum tz_access (core/sched.h): 1 read, 2 write, 3 read and write */
   } uses[TZ_PLAN_MAX_USES];
 };
 
@@ -78,34 +78,34 @@ struct tz_plan_request {
   int n_phases;
   const struct tz_plan_phase *phases; /* one step, in order */
   uint64_t capacity[TZ_PLAN_TIERS];   /* bytes each tier may hold (compute: the HBM budget) */
-  uint64_t compute_fixed;  /* compute-tier bytes the client takes before any home: activations,
-                              gathered weights, full gradients */
-  uint64_t align;          /* the compute tier's alignment (blocks are rounded up to it) */
-  uint64_t chunk;          /* the runtime's chunk: the scheduler keeps one for its lane */
-  uint64_t window;         /* the scheduler's budget; 0: all the compute tier has left */
-  int lookahead;           /* phases the scheduler may look ahead; <= 0: unlimited */
-  int force[TZ_PLAN_KINDS];           /* a tier, or TZ_PLAN_AUTO */
-  const int8_t *force_each;           /* optional (n_groups * TZ_PLAN_KINDS, row-major): a tier per
-                                         block, or TZ_PLAN_AUTO; wins over force[] */
+  uint64_t compute_fixed;   /* compute-tier bytes the client takes before any home: activations,
+                               gathered weights, full gradients */
+  uint64_t align;           /* the compute tier's alignment (blocks are rounded up to it) */
+  uint64_t chunk;           /* the runtime's chunk: the scheduler keeps one for its lane */
+  uint64_t window;          /* the scheduler's budget; 0: all the compute tier has left */
+  int lookahead;            /* phases the scheduler may look ahead; <= 0: unlimited */
+  int force[TZ_PLAN_KINDS]; /* a tier, or TZ_PLAN_AUTO */
+  const int8_t *force_each; /* optional (n_groups * TZ_PLAN_KINDS, row-major): a tier per
+                               block, or TZ_PLAN_AUTO; wins over force[] */
   struct tz_plan_rates rates;
 };
 
 struct tz_plan {
   int n_groups;
-  int8_t *tier;                       /* (n_groups, TZ_PLAN_KINDS): the home tier of each block */
-  uint64_t used[TZ_PLAN_TIERS];       /* home bytes in each tier (compute: without fixed, window) */
+  int8_t *tier;                 /* (n_groups, TZ_PLAN_KINDS): the home tier of each block */
+  uint64_t used[TZ_PLAN_TIERS]; /* home bytes in each tier (compute: without fixed, window) */
   uint64_t compute_fixed;
-  uint64_t window;                    /* the scheduler's budget in the compute tier */
-  uint64_t min_window;                /* the largest phase's working set plus one chunk */
+  uint64_t window;     /* the scheduler's budget in the compute tier */
+  uint64_t min_window; /* the largest phase's working set plus one chunk */
   uint64_t capacity[TZ_PLAN_TIERS];
-  int lookahead;                      /* phases the window lets the scheduler look ahead (the
-                                         fewest over the step) */
-  double bound_s;                     /* predicted step time: the simulated critical path */
-  double compute_s;                   /* the compute lane's busy time in one step */
-  double lane_s[TZ_PLAN_TIERS + 1];   /* busy time of: copy in, copy out, nvme, (unused) */
-  double moved[TZ_PLAN_TIERS];        /* bytes per step read from each home tier */
-  int unknown_rates;                  /* some lane was costed with an unknown (0) rate */
-  int moves;                          /* blocks the plan moved down from the fastest tier */
+  int lookahead;                    /* phases the window lets the scheduler look ahead (the
+                                       fewest over the step) */
+  double bound_s;                   /* predicted step time: the simulated critical path */
+  double compute_s;                 /* the compute lane's busy time in one step */
+  double lane_s[TZ_PLAN_TIERS + 1]; /* busy time of: copy in, copy out, nvme, (unused) */
+  double moved[TZ_PLAN_TIERS];      /* bytes per step read from each home tier */
+  int unknown_rates;                /* some lane was costed with an unknown (0) rate */
+  int moves;                        /* blocks the plan moved down from the fastest tier */
 };
 
 /* Places the blocks and predicts the bound. The caller owns *out (tz_plan_free).

@@ -6,7 +6,8 @@
  *  - folded and overlapped optimizer steps against unfolded ones, tied and untied: the same bits;
  *  - the plan: capacities respected, forced placements honoured, budgets below the minimum
  *    refused with the missing amount; the bound.
- * argv[1]: "plain", or "jitter" (random delays in the scheduler's lanes and the progress engine). */
+ * argv[1]: "plain", or "jitter" (random delays in the scheduler's lanes and the progress engine).
+ */
 #define _GNU_SOURCE
 #include "collectives/comm.h"
 #include "core/config.h"
@@ -294,8 +295,12 @@ static int make_plan_only(struct world *w, const char *hbm, const char *host, in
     tp.seq_len = TC_SEQ;
     tp.plan_only = 1;
     tp.auto_placement = auto_place;
-    struct tz_plan_rates rates = {.flops = 1e11, .copy_in = 2e10, .copy_out = 2e10,
-                                  .copy_local = 1e11, .nvme_read = 3e9, .nvme_write = 2e9,
+    struct tz_plan_rates rates = {.flops = 1e11,
+                                  .copy_in = 2e10,
+                                  .copy_out = 2e10,
+                                  .copy_local = 1e11,
+                                  .nvme_read = 3e9,
+                                  .nvme_write = 2e9,
                                   .adam = 1e9};
     tp.rates = &rates;
     rc = tz_trainer_create(&cfg, &mc, w->comm, w->rt, &tp, tr);
@@ -326,8 +331,8 @@ static void test_plan(void **state) {
   uint64_t fixed = p->compute_fixed, minw = p->min_window;
   tz_trainer_destroy(tr);
 
-  /* Auto, with room in the compute tier for fixed buffers, half the state and the minimum window, and
-   * host room for a quarter: every capacity holds, and some state stays in each tier. */
+  /* Auto, with room in the compute tier for fixed buffers, half the state and the minimum window,
+   * and host room for a quarter: every capacity holds, and some state stays in each tier. */
   char hbm[32], host[32];
   snprintf(hbm, sizeof hbm, "%llu", (unsigned long long)(fixed + state_bytes / 2 + minw));
   snprintf(host, sizeof host, "%llu", (unsigned long long)(state_bytes / 4));
@@ -386,8 +391,12 @@ static void test_bound(void **state) {
   r.chunk = 4096;
   for (int k = 0; k < TZ_PLAN_KINDS; k++)
     r.force[k] = TZ_PLAN_AUTO;
-  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e9, .copy_out = 1e9,
-                                   .copy_local = 1e11, .nvme_read = 1e8, .nvme_write = 1e8,
+  r.rates = (struct tz_plan_rates){.flops = 1e12,
+                                   .copy_in = 1e9,
+                                   .copy_out = 1e9,
+                                   .copy_local = 1e11,
+                                   .nvme_read = 1e8,
+                                   .nvme_write = 1e8,
                                    .adam = 1e9};
   int8_t tiers[2 * TZ_PLAN_KINDS];
   struct tz_plan a, b, c;

@@ -46,14 +46,17 @@ static void write_config(const char *name, const char *json) {
 
 static void test_run(void **state) {
   (void)state;
-  write_config("ds.json", "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 2,\n"
-                          " \"gradient_clipping\": 1.0,\n"
-                          " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.003}},\n"
-                          " \"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"cpu\"},\n"
-                          "   \"offload_optimizer\": {\"device\": \"cpu\"}}}\n");
+  write_config("ds.json",
+               "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 2,\n"
+               " \"gradient_clipping\": 1.0,\n"
+               " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.003}},\n"
+               " \"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"cpu\"},\n"
+               "   \"offload_optimizer\": {\"device\": \"cpu\"}}}\n");
   char args[2048];
-  snprintf(args, sizeof args, "--config %s/ds.json --model tiny --steps 8 --seed 3 --seq 32 "
-           "--data synthetic --metrics %s/m.jsonl", dir, dir);
+  snprintf(args, sizeof args,
+           "--config %s/ds.json --model tiny --steps 8 --seed 3 --seq 32 "
+           "--data synthetic --metrics %s/m.jsonl",
+           dir, dir);
   int rc = tz_train(args);
   if (rc != 0)
     print_error("%s", output());
@@ -105,8 +108,10 @@ static void test_corpus(void **state) {
 static void test_plan(void **state) {
   (void)state;
   char args[2048];
-  snprintf(args, sizeof args, "--model tiny --plan --auto-placement --set tierzero.hbm_budget=24MiB "
-           "--set tierzero.host_budget=4MiB --set tierzero.nvme_path=%s", dir);
+  snprintf(args, sizeof args,
+           "--model tiny --plan --auto-placement --set tierzero.hbm_budget=24MiB "
+           "--set tierzero.host_budget=4MiB --set tierzero.nvme_path=%s",
+           dir);
   int rc = tz_train(args);
   if (rc != 0)
     print_error("%s", output());
@@ -120,7 +125,8 @@ static void test_plan(void **state) {
   assert_int_equal(tz_train("--steps 0"), 2);
   assert_int_equal(tz_train("--optimizer-step sideways"), 2);
   assert_int_equal(tz_train("--model tiny --steps 1 --set gradient_clipping=1 "
-                            "--optimizer-step overlapped"), 1);
+                            "--optimizer-step overlapped"),
+                   1);
   assert_non_null(strstr(output(), "gradient_clipping"));
 }
 

@@ -37,15 +37,15 @@ static inline void tc_model(struct tz_model_config *m) {
 }
 
 struct tc_opts {
-  int micro, accum;           /* micro-batch per rank, accumulation steps */
-  double clip;                /* gradient_clipping; 0 off */
-  const char *param_dev;      /* offload_param.device: "none", "cpu", "nvme" */
-  const char *opt_dev;        /* offload_optimizer.device */
-  const char *nvme_dir;       /* tierzero.nvme_path */
+  int micro, accum;      /* micro-batch per rank, accumulation steps */
+  double clip;           /* gradient_clipping; 0 off */
+  const char *param_dev; /* offload_param.device: "none", "cpu", "nvme" */
+  const char *opt_dev;   /* offload_optimizer.device */
+  const char *nvme_dir;  /* tierzero.nvme_path */
   int jitter_us;
   enum tz_opt_mode mode;
-  const int8_t *force_tiers;  /* a mixed plan */
-  uint64_t window;            /* scheduler budget; 0 the trainer's default (a quarter) */
+  const int8_t *force_tiers; /* a mixed plan */
+  uint64_t window;           /* scheduler budget; 0 the trainer's default (a quarter) */
   int steps;
   int untied;
 };

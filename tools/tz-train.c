@@ -58,16 +58,22 @@ struct opts {
 };
 
 static int parse(int argc, char **argv, struct opts *o) {
-  static const struct option longs[] = {
-      {"config", required_argument, 0, 'c'}, {"model", required_argument, 0, 'm'},
-      {"steps", required_argument, 0, 's'},  {"seed", required_argument, 0, 'S'},
-      {"seq", required_argument, 0, 'T'},    {"metrics", required_argument, 0, 'M'},
-      {"plan", no_argument, 0, 'p'},         {"auto-placement", no_argument, 0, 'a'},
-      {"optimizer-step", required_argument, 0, 'o'},
-      {"rates", required_argument, 0, 'r'},  {"remeasure", no_argument, 0, 'R'},
-      {"nproc", required_argument, 0, 'n'},  {"set", required_argument, 0, 'k'},
-      {"data", required_argument, 0, 'd'},
-      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+  static const struct option longs[] = {{"config", required_argument, 0, 'c'},
+                                        {"model", required_argument, 0, 'm'},
+                                        {"steps", required_argument, 0, 's'},
+                                        {"seed", required_argument, 0, 'S'},
+                                        {"seq", required_argument, 0, 'T'},
+                                        {"metrics", required_argument, 0, 'M'},
+                                        {"plan", no_argument, 0, 'p'},
+                                        {"auto-placement", no_argument, 0, 'a'},
+                                        {"optimizer-step", required_argument, 0, 'o'},
+                                        {"rates", required_argument, 0, 'r'},
+                                        {"remeasure", no_argument, 0, 'R'},
+                                        {"nproc", required_argument, 0, 'n'},
+                                        {"set", required_argument, 0, 'k'},
+                                        {"data", required_argument, 0, 'd'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
   o->steps = 10;
   o->seed = -1;
@@ -86,13 +92,27 @@ static int parse(int argc, char **argv, struct opts *o) {
         return fprintf(stderr, "tz-train: at most 32 --set options\n"), -1;
       o->sets[o->n_sets++] = optarg;
       break;
-    case 'm': o->model = optarg; break;
-    case 'd': o->data = optarg; break;
-    case 'M': o->metrics = optarg; break;
-    case 'r': o->rates = optarg; break;
-    case 'p': o->plan = 1; break;
-    case 'a': o->auto_place = 1; break;
-    case 'R': o->remeasure = 1; break;
+    case 'm':
+      o->model = optarg;
+      break;
+    case 'd':
+      o->data = optarg;
+      break;
+    case 'M':
+      o->metrics = optarg;
+      break;
+    case 'r':
+      o->rates = optarg;
+      break;
+    case 'p':
+      o->plan = 1;
+      break;
+    case 'a':
+      o->auto_place = 1;
+      break;
+    case 'R':
+      o->remeasure = 1;
+      break;
     case 's':
     case 'S':
     case 'T':
@@ -100,8 +120,12 @@ static int parse(int argc, char **argv, struct opts *o) {
       long long v = strtoll(optarg, &end, 10);
       if (*end || v < 0 || (c != 'S' && v < 1))
         return fprintf(stderr, "tz-train: --%s: expected a %s integer, got '%s'\n",
-                       c == 's' ? "steps" : c == 'S' ? "seed" : c == 'T' ? "seq" : "nproc",
-                       c == 'S' ? "non-negative" : "positive", optarg), -1;
+                       c == 's'   ? "steps"
+                       : c == 'S' ? "seed"
+                       : c == 'T' ? "seq"
+                                  : "nproc",
+                       c == 'S' ? "non-negative" : "positive", optarg),
+               -1;
       if (c == 's')
         o->steps = v;
       else if (c == 'S')
@@ -116,8 +140,12 @@ static int parse(int argc, char **argv, struct opts *o) {
       if (tz_opt_mode_parse(optarg, &o->mode) < 0)
         return fprintf(stderr, "tz-train: --%s\n", tz_err_msg()), -1;
       break;
-    case 'h': usage(stdout); exit(0);
-    default: usage(stderr); return -1;
+    case 'h':
+      usage(stdout);
+      exit(0);
+    default:
+      usage(stderr);
+      return -1;
     }
   }
   if (optind < argc)
@@ -218,11 +246,11 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
         tz_synthetic_batch((uint64_t)cfg->seed, tz_synthetic_first(s, k, rank, world, accum, micro),
                            micro, o->seq, mc.vocab, ti, tt);
       else
-        TZ_CHECK_GOTO(tz_data_batch_io(data, TZ_DATA_TRAIN,
-                                       tz_data_sample_index((uint64_t)s, accum, k, world, rank,
-                                                            micro),
-                                       micro, ti, tt),
-                      rc, out);
+        TZ_CHECK_GOTO(
+            tz_data_batch_io(data, TZ_DATA_TRAIN,
+                             tz_data_sample_index((uint64_t)s, accum, k, world, rank, micro), micro,
+                             ti, tt),
+            rc, out);
     }
     struct tz_step_result r;
     TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, &r), rc, out);
@@ -281,8 +309,10 @@ int main(int argc, char **argv) {
   if (o.nproc > 1 && !tz_launch_is_worker()) {
     char why[256];
     if (tz_comm_probe("nccl", why, sizeof why) < 0) {
-      fprintf(stderr, "tz-train: --nproc %d starts one worker per GPU, and %s; on CPUs run "
-              "`mpirun -np %d tz-train ...`\n", o.nproc, why, o.nproc);
+      fprintf(stderr,
+              "tz-train: --nproc %d starts one worker per GPU, and %s; on CPUs run "
+              "`mpirun -np %d tz-train ...`\n",
+              o.nproc, why, o.nproc);
       return 2;
     }
     return tz_launch_nproc(o.nproc, argc, argv);

@@ -204,9 +204,9 @@ static int measure_compute(const char *backend, struct tz_plan_rates *r) {
   double best = 0;
   for (int i = 0; i < REPS + 1; i++) {
     double t0 = now_s();
-    TZ_CHECK_GOTO(tz_compute_matmul(cm, 0, 1, M, M, M, 1.0f, a, M, b, M, 0.0f, c,
-                                    tz_compute_dtype(cm), M),
-                  rc, out);
+    TZ_CHECK_GOTO(
+        tz_compute_matmul(cm, 0, 1, M, M, M, 1.0f, a, M, b, M, 0.0f, c, tz_compute_dtype(cm), M),
+        rc, out);
     TZ_CHECK_GOTO(tz_compute_sync(cm), rc, out);
     double t = now_s() - t0;
     if (i > 0 && (best == 0 || t < best)) /* the first call chooses the algorithm */
@@ -226,8 +226,12 @@ static int measure_adam(struct tz_plan_rates *r) {
   float *buf = calloc(5 * n, sizeof(float));
   if (!buf)
     return tz_err_set(TZ_ENOMEM, "rates: no memory for the Adam probe");
-  struct tz_adam_params p = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                             .decoupled = 1, .grad_scale = 1.0f};
+  struct tz_adam_params p = {.lr = 1e-3f,
+                             .beta1 = 0.9f,
+                             .beta2 = 0.999f,
+                             .eps = 1e-8f,
+                             .decoupled = 1,
+                             .grad_scale = 1.0f};
   int rc = tz_adam_params_for_step(&p, 1);
   double best = 0;
   for (int i = 0; rc == 0 && i < REPS; i++) {

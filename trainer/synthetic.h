@@ -9,8 +9,8 @@
 
 /* Fills tokens and targets (n_seq * T int32 each) with sequences first .. first + n_seq - 1:
  * targets are the tokens shifted by one (next-token prediction). vocab >= 2. */
-void tz_synthetic_batch(uint64_t seed, uint64_t first, int n_seq, int T, int vocab,
-                        int32_t *tokens, int32_t *targets);
+void tz_synthetic_batch(uint64_t seed, uint64_t first, int n_seq, int T, int vocab, int32_t *tokens,
+                        int32_t *targets);
 
 /* The global index of the first sequence of micro-batch `micro` on `rank` in step `step`: a step
  * takes world * accum * micro_batch sequences, micro-batch k of rank r being the (k * world + r)th

@@ -70,7 +70,7 @@ struct tz_trainer {
   uint64_t n_seg;                   /* norm segments of the whole model */
   uint64_t (*bytes)[TZ_PLAN_KINDS]; /* per block and kind: bytes of the rank's block */
   tz_extent (*home)[TZ_PLAN_KINDS];
-  int (*bid)[TZ_PLAN_KINDS];        /* scheduler block ids */
+  int (*bid)[TZ_PLAN_KINDS]; /* scheduler block ids */
   char **names;
   struct tz_plan plan;
 
@@ -86,11 +86,11 @@ struct tz_trainer {
   struct tz_layer_acts acts;
   struct tz_layer_scratch ls;
   struct tz_head_scratch hs;
-  void *gw, *gw_embed;       /* gathered weights: a layer or the head; the embedding */
-  float *fg, *fg_embed;      /* full gradients of the same */
-  float *partials;           /* (n_seg) sums of squares of norm segments */
-  float *scal;               /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
-  int32_t *host_tokens[2];   /* host copies by step parity: tokens then targets, each G*N */
+  void *gw, *gw_embed;     /* gathered weights: a layer or the head; the embedding */
+  float *fg, *fg_embed;    /* full gradients of the same */
+  float *partials;         /* (n_seg) sums of squares of norm segments */
+  float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
+  int32_t *host_tokens[2]; /* host copies by step parity: tokens then targets, each G*N */
 
   /* Written by the step's last backward job, read by the client after the step's fence. */
   float loss, norm, clip_scale;
@@ -187,8 +187,7 @@ static int finish_step(tz_trainer *tr) {
   if (tr->world > 1) {
     TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->scal, tr->scal, 1, TZ_F32, NULL, &f));
     TZ_CHECK(wait_release(f));
-    TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->partials, tr->partials, tr->n_seg, TZ_F32, NULL,
-                                &f));
+    TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->partials, tr->partials, tr->n_seg, TZ_F32, NULL, &f));
     TZ_CHECK(wait_release(f));
   }
   TZ_CHECK(tz_compute_sum(tr->cm, tr->scal + 1, TZ_F32, tr->partials, tr->n_seg, 0));
@@ -238,8 +237,7 @@ static int run_job(void *arg) {
                                   (size_t)tr->G * N * sizeof(int32_t)));
     }
     TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw_embed));
-    return tz_model_embed_fwd(tr->cm, mc, tr->gw_embed, tr->tokens + (size_t)k * N, tr->x[0], B,
-                              T);
+    return tz_model_embed_fwd(tr->cm, mc, tr->gw_embed, tr->tokens + (size_t)k * N, tr->x[0], B, T);
   case PH_FWD:
     TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw));
     return tz_model_layer_fwd(tr->cm, mc, tr->gw, tr->x[b - 1], tr->x[b], &tr->acts, B, T);
@@ -248,9 +246,8 @@ static int run_job(void *arg) {
     TZ_CHECK(tz_compute_zero(tr->cm, tr->fg, tr->padded[b] * sizeof(float)));
     if (tr->tied)
       TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
-    TZ_CHECK(tz_model_head(tr->cm, mc, tr->gw, tr->gw_embed, tr->fg,
-                           tr->tied ? tr->fg_embed : NULL, tr->x[L], tr->targets + (size_t)k * N,
-                           dscale, tr->dx, &tr->hs, B, T));
+    TZ_CHECK(tz_model_head(tr->cm, mc, tr->gw, tr->gw_embed, tr->fg, tr->tied ? tr->fg_embed : NULL,
+                           tr->x[L], tr->targets + (size_t)k * N, dscale, tr->dx, &tr->hs, B, T));
     if (k == 0)
       TZ_CHECK(tz_compute_copy(tr->cm, tr->scal, tr->hs.loss, sizeof(float)));
     else
@@ -268,8 +265,8 @@ static int run_job(void *arg) {
   case PH_EMBED_BWD:
     if (!tr->tied)
       TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
-    TZ_CHECK(tz_model_embed_bwd(tr->cm, mc, tr->fg_embed, tr->tokens + (size_t)k * N, tr->dx, B,
-                                T));
+    TZ_CHECK(
+        tz_model_embed_bwd(tr->cm, mc, tr->fg_embed, tr->tokens + (size_t)k * N, tr->dx, B, T));
     TZ_CHECK(reduce_into(tr, b, tr->fg_embed, j->ptr[TZ_PLAN_GRAD], k));
     if (k < tr->G - 1)
       return 0;
@@ -368,7 +365,8 @@ static int build_phases(tz_trainer *tr) {
   if (tr->mode == TZ_OPT_UNFOLDED)
     for (int b = 0; b < tr->nb; b++)
       add_phase(tr, &n, PH_OPT, b, 0);
-  return n == tr->n_ph ? 0 : tz_err_set(TZ_EINVAL, "train: %d phases built, %d expected", n, tr->n_ph);
+  return n == tr->n_ph ? 0
+                       : tz_err_set(TZ_EINVAL, "train: %d phases built, %d expected", n, tr->n_ph);
 }
 
 /* ---- sizes and the plan ---- */
@@ -404,8 +402,20 @@ static uint64_t sizes_total(const uint64_t *sizes, int n) {
 }
 
 enum {
-  BUF_TOKENS, BUF_TARGETS, BUF_DX, BUF_ACTS, BUF_LS, BUF_HS, BUF_GW, BUF_GWE, BUF_FG, BUF_FGE,
-  BUF_PARTIALS, BUF_SCAL, BUF_X, BUF_COUNT
+  BUF_TOKENS,
+  BUF_TARGETS,
+  BUF_DX,
+  BUF_ACTS,
+  BUF_LS,
+  BUF_HS,
+  BUF_GW,
+  BUF_GWE,
+  BUF_FG,
+  BUF_FGE,
+  BUF_PARTIALS,
+  BUF_SCAL,
+  BUF_X,
+  BUF_COUNT
 };
 
 static void buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
@@ -542,25 +552,30 @@ static int check_options(tz_trainer *tr, const struct tz_trainer_params *p) {
                       (long long)c->train_micro_batch_size_per_gpu,
                       (long long)c->gradient_accumulation_steps);
   if (p->seq_len < 1 || p->seq_len > tr->mc.max_seq)
-    return tz_err_set(TZ_ECONFIG, "train: sequence length %d is not in [1, max_seq %d]",
-                      p->seq_len, tr->mc.max_seq);
+    return tz_err_set(TZ_ECONFIG, "train: sequence length %d is not in [1, max_seq %d]", p->seq_len,
+                      tr->mc.max_seq);
   if (c->zero_optimization.stage != 3)
     TZ_WARN("train: zero_optimization.stage %d: tierzero always shards parameters, gradients and "
-            "optimizer state (stage 3)", c->zero_optimization.stage);
+            "optimizer state (stage 3)",
+            c->zero_optimization.stage);
   if (c->communication_data_type != TZ_PRECISION_FP32)
-    return tz_err_set(TZ_ECONFIG, "train: communication_data_type %s: gradients are reduced in "
-                      "fp32 only", c->communication_data_type == TZ_PRECISION_BF16 ? "bf16" : "fp16");
+    return tz_err_set(TZ_ECONFIG,
+                      "train: communication_data_type %s: gradients are reduced in "
+                      "fp32 only",
+                      c->communication_data_type == TZ_PRECISION_BF16 ? "bf16" : "fp16");
   if (c->gradient_predivide_factor != 1.0 || c->prescale_gradients)
     return tz_err_set(TZ_ECONFIG, "train: gradient_predivide_factor and prescale_gradients are not "
-                      "supported (the mean is taken once, in the loss gradient)");
+                                  "supported (the mean is taken once, in the loss gradient)");
   tr->clip = c->gradient_clipping;
   tr->mode = p->opt_mode;
   if (tr->mode == TZ_OPT_AUTO)
     tr->mode = tr->clip > 0 ? TZ_OPT_FOLDED : TZ_OPT_OVERLAPPED;
   if (tr->mode == TZ_OPT_OVERLAPPED && tr->clip > 0)
-    return tz_err_set(TZ_ECONFIG, "train: the optimizer step cannot overlap backward with "
+    return tz_err_set(TZ_ECONFIG,
+                      "train: the optimizer step cannot overlap backward with "
                       "gradient_clipping %g: the global norm is known only when backward ends "
-                      "(use folded or unfolded)", tr->clip);
+                      "(use folded or unfolded)",
+                      tr->clip);
   return 0;
 }
 
@@ -572,8 +587,10 @@ static int create_compute(tz_trainer *tr, const struct tz_trainer_params *p) {
   cp.dtype = TZ_F32;
   cp.grad_dtype = TZ_F32;
   if (strcmp(backend, "cpu") != 0)
-    return tz_err_set(TZ_ENOTSUP, "train: compute backend '%s': the trainer runs its phases as "
-                      "jobs on a CPU lane and supports the cpu backend only", backend);
+    return tz_err_set(TZ_ENOTSUP,
+                      "train: compute backend '%s': the trainer runs its phases as "
+                      "jobs on a CPU lane and supports the cpu backend only",
+                      backend);
   if (tr->cfg.precision != TZ_PRECISION_FP32)
     TZ_WARN("train: the cpu backend computes in fp32; %s.enabled is ignored",
             tr->cfg.precision == TZ_PRECISION_BF16 ? "bf16" : "fp16");
@@ -639,7 +656,8 @@ static int create_tiers(tz_trainer *tr) {
   if (pl->used[TZ_PLAN_NVME]) {
     const char *dir = nvme_dir(c);
     if (!dir)
-      return tz_err_set(TZ_ECONFIG, "train: state is placed on nvme but no directory is given "
+      return tz_err_set(TZ_ECONFIG,
+                        "train: state is placed on nvme but no directory is given "
                         "(tierzero.nvme_path or zero_optimization.offload_*.nvme_path)");
     tz_tier_params_init(&tp);
     tp.name = "nvme";
@@ -741,8 +759,8 @@ static int create_sched(tz_trainer *tr) {
     for (int k = 0; k < TZ_PLAN_KINDS; k++) {
       char name[64];
       snprintf(name, sizeof name, "%s.%s", tr->names[b], tz_plan_kind_name(k));
-      TZ_CHECK(tz_sched_block_add(tr->sched, name, tr->bytes[b][k], &tr->home[b][k],
-                                  &tr->bid[b][k]));
+      TZ_CHECK(
+          tz_sched_block_add(tr->sched, name, tr->bytes[b][k], &tr->home[b][k], &tr->bid[b][k]));
     }
   for (int i = 0; i < tr->n_ph; i++)
     for (int u = 0; u < tr->ph[i].n_uses; u++)
@@ -810,7 +828,8 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   TZ_CHECK_GOTO(init_homes(tr), rc, fail);
   TZ_CHECK_GOTO(create_sched(tr), rc, fail);
   TZ_INFO("train: rank %d of %d, %d blocks, %d phases per step, optimizer step %s, window %llu "
-          "bytes", tr->rank, tr->world, tr->nb, tr->n_ph, tz_opt_mode_name(tr->mode),
+          "bytes",
+          tr->rank, tr->world, tr->nb, tr->n_ph, tz_opt_mode_name(tr->mode),
           (unsigned long long)tr->plan.window);
   *out = tr;
   return 0;

@@ -37,7 +37,7 @@
 typedef struct tz_trainer tz_trainer;
 
 enum tz_opt_mode {
-  TZ_OPT_AUTO = 0,   /* folded with gradient clipping, overlapped without */
+  TZ_OPT_AUTO = 0, /* folded with gradient clipping, overlapped without */
   TZ_OPT_FOLDED,
   TZ_OPT_OVERLAPPED, /* refused with gradient clipping */
   TZ_OPT_UNFOLDED,
@@ -51,8 +51,8 @@ int tz_opt_mode_parse(const char *s, enum tz_opt_mode *out);
 #define TZ_TRAIN_NORM_SEGMENT 16384
 
 struct tz_trainer_params {
-  int seq_len;               /* T; the micro-batch B is the config's train_micro_batch_size_per_gpu */
-  int64_t total_steps;       /* for the LR schedules that decay, when the config does not say */
+  int seq_len;         /* T; the micro-batch B is the config's train_micro_batch_size_per_gpu */
+  int64_t total_steps; /* for the LR schedules that decay, when the config does not say */
   enum tz_opt_mode opt_mode;
   int auto_placement;        /* 1: the plan chooses homes where the config does not force them;
                                 0 (default): offload_param.device and offload_optimizer.device */
@@ -60,8 +60,8 @@ struct tz_trainer_params {
                                 TZ_PLAN_AUTO; wins over the config (tests, mixed plans) */
   uint64_t window;           /* the scheduler's budget in the compute tier; 0: what is left */
   const struct tz_plan_rates *rates; /* for the bound; NULL: all unknown (bound not predicted) */
-  const char *compute_backend; /* "cpu" (default) */
-  int plan_only;             /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
+  const char *compute_backend;       /* "cpu" (default) */
+  int plan_only; /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
 };
 void tz_trainer_params_init(struct tz_trainer_params *p);
 
@@ -77,13 +77,13 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
 void tz_trainer_destroy(tz_trainer *tr);
 
 struct tz_step_result {
-  int64_t step;       /* 0-based index of the step just done */
-  float loss;         /* mean token loss over every rank's micro-batches of the step */
-  float grad_norm;    /* global norm of the step's gradient, before clipping */
-  float clip_scale;   /* the factor the gradient is scaled by (1 without clipping) */
-  double lr;          /* learning rate of this step's update */
-  double step_s;      /* wall time of tz_trainer_step */
-  double stall_s;     /* compute-lane time spent waiting for inputs in this step */
+  int64_t step;     /* 0-based index of the step just done */
+  float loss;       /* mean token loss over every rank's micro-batches of the step */
+  float grad_norm;  /* global norm of the step's gradient, before clipping */
+  float clip_scale; /* the factor the gradient is scaled by (1 without clipping) */
+  double lr;        /* learning rate of this step's update */
+  double step_s;    /* wall time of tz_trainer_step */
+  double stall_s;   /* compute-lane time spent waiting for inputs in this step */
 };
 
 /* One optimizer step (collective). tokens and targets: gradient_accumulation_steps * B * T int32
