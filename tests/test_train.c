@@ -258,6 +258,92 @@ static void test_overlapped(void **state) {
   }
 }
 
+/* ---- resume: the rank's shards saved after some steps and stored into a new trainer ---- */
+
+struct saved {
+  int nb;
+  void *shard[16][TZ_PLAN_KINDS];
+};
+
+/* Steps [from, to) of the run of o on trainer tr; losses into loss[from..to). */
+static void steps(tz_trainer *tr, const struct tc_opts *o, int from, int to, float *loss) {
+  struct tz_model_config mc;
+  tc_model(&mc);
+  int n = o->accum * o->micro * TC_SEQ;
+  int32_t *tok = malloc(sizeof *tok * (size_t)n), *tgt = malloc(sizeof *tgt * (size_t)n);
+  for (int s = from; s < to; s++) {
+    for (int k = 0; k < o->accum; k++)
+      tz_synthetic_batch(7, tz_synthetic_first(s, k, 0, 1, o->accum, o->micro), o->micro, TC_SEQ,
+                         mc.vocab, tok + k * o->micro * TC_SEQ, tgt + k * o->micro * TC_SEQ);
+    struct tz_step_result r;
+    TZ_ASSERT_OK(tz_trainer_step(tr, tok, tgt, &r));
+    assert_int_equal(r.step, s);
+    loss[s] = r.loss;
+  }
+  free(tok);
+  free(tgt);
+}
+
+static tz_trainer *trainer(struct world *w, const struct tc_opts *o, struct tz_config *cfg) {
+  struct tz_model_config mc;
+  tc_model(&mc);
+  TZ_ASSERT_OK(tc_config(cfg, o, 1));
+  struct tz_trainer_params tp;
+  tz_trainer_params_init(&tp);
+  tp.seq_len = TC_SEQ;
+  tp.total_steps = o->steps;
+  tp.opt_mode = o->mode;
+  tz_trainer *tr;
+  TZ_ASSERT_OK(tz_trainer_create(cfg, &mc, w->comm, w->rt, &tp, &tr));
+  return tr;
+}
+
+static void test_resume(void **state) {
+  (void)state;
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.jitter_us = jitter_us;
+  o.nvme_dir = nvme_dir;
+  o.opt_dev = "nvme";
+  struct tc_result whole;
+  run(&o, &whole);
+  struct world w;
+  world_open(&w);
+  struct tz_config cfg;
+  float loss[TC_STEPS_MAX];
+  tz_trainer *tr = trainer(&w, &o, &cfg);
+  steps(tr, &o, 0, 3, loss);
+  struct saved sv;
+  sv.nb = whole.nb;
+  for (int b = 0; b < sv.nb; b++)
+    for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+      sv.shard[b][k] = malloc(tz_trainer_shard_bytes(tr, b, k));
+      TZ_ASSERT_OK(tz_trainer_shard_load(tr, b, k, sv.shard[b][k]));
+    }
+  assert_int_equal(tz_trainer_steps_done(tr), 3);
+  tz_trainer_destroy(tr);
+  tz_config_free(&cfg);
+  tr = trainer(&w, &o, &cfg);
+  for (int b = 0; b < sv.nb; b++)
+    for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+      TZ_ASSERT_OK(tz_trainer_shard_store(tr, b, k, sv.shard[b][k]));
+      free(sv.shard[b][k]);
+    }
+  TZ_ASSERT_OK(tz_trainer_set_steps_done(tr, 3));
+  steps(tr, &o, 3, o.steps, loss);
+  assert_memory_equal(loss, whole.loss, sizeof(float) * (size_t)o.steps);
+  for (int b = 0; b < whole.nb; b++) {
+    float *m = malloc(sizeof(float) * whole.numel[b]);
+    TZ_ASSERT_OK(tz_trainer_param_load(tr, b, TZ_PLAN_MASTER, m));
+    assert_memory_equal(m, whole.master[b], sizeof(float) * whole.numel[b]);
+    free(m);
+  }
+  tz_trainer_destroy(tr);
+  tz_config_free(&cfg);
+  world_close(&w);
+  tc_result_free(&whole);
+}
+
 static void test_overlap_refused_with_clipping(void **state) {
   (void)state;
   struct world w;
@@ -430,13 +516,10 @@ int main(int argc, char **argv) {
   alarm(240);
   nvme_dir = tz_test_mkdtemp("train");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bound),
-      cmocka_unit_test(test_plan),
-      cmocka_unit_test(test_reference),
-      cmocka_unit_test(test_placement),
-      cmocka_unit_test(test_folded),
-      cmocka_unit_test(test_overlapped),
-      cmocka_unit_test(test_overlap_refused_with_clipping),
+      cmocka_unit_test(test_bound),     cmocka_unit_test(test_plan),
+      cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
+      cmocka_unit_test(test_folded),    cmocka_unit_test(test_overlapped),
+      cmocka_unit_test(test_resume),    cmocka_unit_test(test_overlap_refused_with_clipping),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);

@@ -1032,6 +1032,46 @@ out:
   return rc;
 }
 
+uint64_t tz_trainer_shard_bytes(const tz_trainer *tr, int block, int kind) {
+  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_KINDS)
+    return 0;
+  return tr->bytes[block][kind];
+}
+
+static int check_shard(const tz_trainer *tr, int block, int kind) {
+  if (!tr->sched)
+    return tz_err_set(TZ_EINVAL, "train: the trainer was made for its plan only");
+  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_KINDS)
+    return tz_err_set(TZ_EINVAL, "train: no block %d of kind %d", block, kind);
+  return 0;
+}
+
+int tz_trainer_shard_load(tz_trainer *tr, int block, int kind, void *dst) {
+  TZ_CHECK(check_shard(tr, block, kind));
+  TZ_CHECK(tz_trainer_sync(tr));
+  return tz_sched_block_load(tr->sched, tr->bid[block][kind], dst);
+}
+
+int tz_trainer_shard_store(tz_trainer *tr, int block, int kind, const void *src) {
+  TZ_CHECK(check_shard(tr, block, kind));
+  if (tr->pending)
+    return tz_err_set(TZ_EINVAL, "train: storing %s %s while an update is pending (sync first)",
+                      tr->names[block], tz_plan_kind_name(kind));
+  return tz_sched_block_store(tr->sched, tr->bid[block][kind], src);
+}
+
+int64_t tz_trainer_steps_done(const tz_trainer *tr) { return tr->step; }
+
+int tz_trainer_set_steps_done(tz_trainer *tr, int64_t steps) {
+  if (steps < 0)
+    return tz_err_set(TZ_EINVAL, "train: %lld steps done", (long long)steps);
+  if (tr->pending)
+    return tz_err_set(TZ_EINVAL, "train: setting the step while an update is pending (sync first)");
+  tr->step = steps;
+  tr->updates = steps;
+  return 0;
+}
+
 const struct tz_plan *tz_trainer_plan(const tz_trainer *tr) { return &tr->plan; }
 const char *const *tz_trainer_group_names(const tz_trainer *tr) {
   return (const char *const *)tr->names;

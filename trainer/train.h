@@ -101,6 +101,23 @@ int tz_trainer_sync(tz_trainer *tr);
  * TZ_PLAN_MASTER, TZ_PLAN_M, TZ_PLAN_V or TZ_PLAN_GRAD. Syncs first (collective). */
 int tz_trainer_param_load(tz_trainer *tr, int block, int kind, float *dst);
 
+/* ---- Checkpoints: the rank's own shards, as they are stored (resume at the same world size) ----
+ */
+
+/* Bytes of the rank's shard of (block, kind): shard elements times 4, or times the storage
+ * dtype's size for TZ_PLAN_PARAM. 0 for a block or kind that does not exist. */
+uint64_t tz_trainer_shard_bytes(const tz_trainer *tr, int block, int kind);
+/* The rank's shard into dst (tz_trainer_shard_bytes). Applies a pending update first (collective
+ * only in that it must be called on every rank alike; it sends nothing). */
+int tz_trainer_shard_load(tz_trainer *tr, int block, int kind, void *dst);
+/* Replaces the rank's shard (a resume). Between steps, with no update pending. */
+int tz_trainer_shard_store(tz_trainer *tr, int block, int kind, const void *src);
+/* Steps done (each one's update applied after tz_trainer_sync). */
+int64_t tz_trainer_steps_done(const tz_trainer *tr);
+/* Declares that the stored state is that after `steps` steps: the next step is number `steps`,
+ * with that learning rate and Adam step. Between steps, with no update pending. */
+int tz_trainer_set_steps_done(tz_trainer *tr, int64_t steps);
+
 /* The placement and bound in use (or made with plan_only). Borrowed. */
 const struct tz_plan *tz_trainer_plan(const tz_trainer *tr);
 /* Names of the plan's groups ("embed", "layer0", ..., "head"), for tz_plan_print. Borrowed. */
