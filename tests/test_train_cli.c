@@ -130,6 +130,32 @@ static void test_plan(void **state) {
   assert_non_null(strstr(output(), "gradient_clipping"));
 }
 
+/* A read of the optimizer state from NVMe fails, or returns a flipped bit: the run stops with the
+ * error, naming the block, instead of hanging or training on bad data. */
+static void test_faults(void **state) {
+  (void)state;
+  /* Creation writes the 18 nvme blocks (master, m, v of 6 model blocks) through the fault tier
+   * first; the 20th operation is one of the first step's. */
+  const char *specs[] = {"eio@20", "flip@20"};
+  const char *says[] = {"failed", "checksum"};
+  for (int i = 0; i < 2; i++) {
+    char args[2048];
+    snprintf(args, sizeof args,
+             "--model tiny --steps 3 --seq 16 --data synthetic "
+             "--set zero_optimization.offload_optimizer.device=nvme "
+             "--set tierzero.nvme_path=%s --set tierzero.nvme_buffered=true "
+             "--set tierzero.faults=%s",
+             dir, specs[i]);
+    int rc = tz_train(args);
+    const char *out = output();
+    if (rc != 1 || !strstr(out, says[i]) || !strstr(out, "block '"))
+      print_error("%s: exit %d\n%s", specs[i], rc, out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, says[i]));
+    assert_non_null(strstr(out, "block '"));
+  }
+}
+
 int main(void) {
   const char *b = getenv("TZ_BIN");
   if (!b)
@@ -140,6 +166,7 @@ int main(void) {
       cmocka_unit_test(test_run),
       cmocka_unit_test(test_corpus),
       cmocka_unit_test(test_plan),
+      cmocka_unit_test(test_faults),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

@@ -59,6 +59,7 @@ struct tz_trainer {
   enum tz_dtype S;
   size_t es; /* bytes per element of S */
   tz_tier *t_compute, *t_host, *t_nvme;
+  tz_tier *t_nvme_base; /* under t_nvme when tierzero.faults wraps it in a fault tier */
   tz_sched *sched;
   enum tz_opt_mode mode;
   int B, T, G, N, L, nb, tied;
@@ -673,7 +674,21 @@ static int create_tiers(tz_trainer *tr) {
     tp.checksum = c->tierzero.nvme_checksum;
     tp.buffered = c->tierzero.nvme_buffered;
     tp.queue_depth = c->tierzero.queue_depth;
-    TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme));
+    tp.faults = c->tierzero.faults;
+    if (c->tierzero.faults) {
+      /* Fault injection (tests): the nvme tier wrapped in a fault tier, used only through it. */
+      tp.name = "nvme-base";
+      TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme_base));
+      struct tz_tier_params fp;
+      tz_tier_params_init(&fp);
+      fp.name = "nvme";
+      fp.capacity = pl->used[TZ_PLAN_NVME];
+      fp.base = tr->t_nvme_base;
+      fp.faults = c->tierzero.faults;
+      TZ_CHECK(tz_tier_create(tr->rt, "fault", &fp, &tr->t_nvme));
+    } else {
+      TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme));
+    }
   }
   TZ_CHECK(tz_tier_alloc(tr->t_compute, pl->compute_fixed, &tr->buf));
   char *base = tier_ptr(tr->t_compute, tr->buf.offset), *q = base;
@@ -848,6 +863,7 @@ void tz_trainer_destroy(tz_trainer *tr) {
         tz_tier_free(&tr->home[b][k]);
   tz_tier_free(&tr->buf);
   tz_tier_destroy(tr->t_nvme);
+  tz_tier_destroy(tr->t_nvme_base);
   tz_tier_destroy(tr->t_host);
   tz_tier_destroy(tr->t_compute);
   tz_compute_destroy(tr->cm);
