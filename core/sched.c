@@ -1,8 +1,11 @@
 /* The scheduler. docs/scheduler.md explains the rules; in short:
  *
  * - One mutex guards all state. Decisions are made under it; transfers are issued and promise
- *   fences signalled outside it, by whichever thread is "pumping" (a callback or the client), so a
- *   callback that fires at once from inside a transfer never re-enters a locked section.
+ *   fences signalled outside it, by whichever thread is "pumping" (the progress engine or the
+ *   client), so a callback that fires at once from inside a transfer never re-enters a locked
+ *   section. Completion callbacks do only what cannot wait (a phase's end is pushed on a stack,
+ *   a fill's promise is signalled) and leave the rest to the progress engine, through a poller:
+ *   the compute lane's thread goes straight on to its next job.
  * - A block has a home extent and at most one copy, in the compute tier, carved from the budget.
  *   Generation numbers: a writer's enter makes the block a new generation, which its copy will
  *   hold once the writer's fence completes; tz_sched_block_store makes one in the home. A copy is
@@ -82,6 +85,10 @@ struct inst {
   tz_fence *done;     /* recorded at leave */
   struct tz_lane_wait wait;
   struct inst *prev, *next;
+  struct inst *next_done; /* the completed stack */
+  int rc;
+  uint64_t t_done;
+  char msg[256];
 };
 
 struct xlane {
@@ -152,6 +159,9 @@ struct tz_sched {
   int err;
   char err_msg[512];
   int outstanding;        /* atomic: callbacks registered and not yet returned */
+  struct inst *completed; /* atomic: a stack of instances whose fence completed */
+  int pump_wanted;        /* atomic: a callback asked the progress engine to pump */
+  int polling;            /* the poller is registered with the progress engine */
 
   struct tz_sched_stats st;
   struct xlane xl[MAX_XLANES];
@@ -659,6 +669,12 @@ static void pump(tz_sched *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
+/* Asks the progress engine to pump (a callback never pumps on the thread that signalled it). */
+static void want_pump(tz_sched *s) {
+  __atomic_store_n(&s->pump_wanted, 1, __ATOMIC_RELEASE);
+  tz_progress_kick(tz_runtime_progress(s->rt));
+}
+
 static void xfer_done(void *arg, int rc) {
   struct xfer *x = arg;
   tz_sched *s = x->s;
@@ -707,19 +723,32 @@ static void xfer_done(void *arg, int rc) {
   tz_fence_signal_msg(promise, rc, rc < 0 ? msg : NULL);
   tz_fence_release(promise);
   free(x);
-  pump(s);
+  want_pump(s);
   __atomic_sub_fetch(&s->outstanding, 1, __ATOMIC_ACQ_REL);
 }
 
-/* A phase's fence completed: its pins drop, what it wrote is dirty (the pump writes it back). */
+/* A phase's fence completed (on whatever thread signalled it: the compute lane's, for a CPU
+ * lane): note when, and leave the rest to the progress engine. */
 static void inst_done(void *arg, int rc) {
   struct inst *I = arg;
   tz_sched *s = I->s;
-  char msg[512] = "";
+  I->t_done = tz_now_ns();
+  I->rc = rc;
   if (rc < 0)
-    snprintf(msg, sizeof msg, "%s", tz_err_msg());
-  uint64_t now = tz_now_ns();
-  pthread_mutex_lock(&s->mu);
+    snprintf(I->msg, sizeof I->msg, "%s", tz_err_msg());
+  I->next_done = __atomic_load_n(&s->completed, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(&s->completed, &I->next_done, I, 1, __ATOMIC_RELEASE,
+                                      __ATOMIC_RELAXED))
+    ;
+  want_pump(s);
+  __atomic_sub_fetch(&s->outstanding, 1, __ATOMIC_ACQ_REL);
+}
+
+/* The phase's pins drop, what it wrote is dirty (the pump writes it back). Lock held. */
+static void inst_finish(tz_sched *s, struct inst *I) {
+  int rc = I->rc;
+  const char *msg = I->msg;
+  uint64_t now = I->t_done;
   struct phase *ph = &s->phases[I->phase];
   for (int k = 0; k < ph->n_uses; k++) {
     struct block *b = &s->blocks[ph->uses[k].block];
@@ -755,9 +784,36 @@ static void inst_done(void *arg, int rc) {
   inst_unlink(s, I);
   tz_fence_release(I->done);
   free(I);
-  pthread_mutex_unlock(&s->mu);
+}
+
+/* The progress engine's poller: finishes completed phases in the order they were entered, then
+ * pumps. Returns the number of things it did. */
+static int sched_poll(void *arg) {
+  tz_sched *s = arg;
+  struct inst *stack = __atomic_exchange_n(&s->completed, NULL, __ATOMIC_ACQUIRE);
+  int wanted = __atomic_exchange_n(&s->pump_wanted, 0, __ATOMIC_ACQ_REL);
+  if (!stack && !wanted)
+    return 0;
+  int n = 0;
+  if (stack) {
+    struct inst *fifo = NULL; /* the stack reversed: oldest first */
+    while (stack) {
+      struct inst *next = stack->next_done;
+      stack->next_done = fifo;
+      fifo = stack;
+      stack = next;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (fifo) {
+      struct inst *next = fifo->next_done;
+      inst_finish(s, fifo);
+      fifo = next;
+      n++;
+    }
+    pthread_mutex_unlock(&s->mu);
+  }
   pump(s);
-  __atomic_sub_fetch(&s->outstanding, 1, __ATOMIC_ACQ_REL);
+  return n + 1;
 }
 
 /* Waits on the condition until done(s) holds or an error is kept. Lock held. what names the wait
@@ -829,6 +885,17 @@ int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **
     s->own_lane = rc == 0;
   }
   if (rc < 0) {
+    free(s->trace_path);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+    return rc;
+  }
+  if (rc == 0 && (rc = tz_progress_add(tz_runtime_progress(rt), sched_poll, s, -1)) == 0)
+    s->polling = 1;
+  if (rc < 0) {
+    if (s->own_lane)
+      tz_lane_destroy(s->lane);
     free(s->trace_path);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -1579,9 +1646,12 @@ void tz_sched_destroy(tz_sched *s) {
                s->n_xfers);
   cancel_ahead(s);
   pthread_mutex_unlock(&s->mu);
-  /* The last callbacks may still be on their way out of pump. */
+  /* The last callbacks may still be on their way out; then the engine lets go of the poller
+   * (tz_progress_remove waits until it is out of any call to it). */
   while (__atomic_load_n(&s->outstanding, __ATOMIC_ACQUIRE) > 0)
     usleep(50);
+  if (s->polling)
+    tz_progress_remove(tz_runtime_progress(s->rt), sched_poll, s);
   if (s->trace_path && !s->trace_written && s->trace_complete &&
       tz_sched_trace_write(s, s->trace_path) < 0)
     TZ_LOG_ERR("%s", tz_err_msg());
