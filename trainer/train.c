@@ -218,7 +218,8 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
     return tz_compute_cast(tr->cm, param, tr->S, master, TZ_F32, n);
   struct tz_adam_params p = j->adam;
   p.grad_scale = tr->clip > 0 ? tr->clip_scale : 1.0f;
-  return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, NULL);
+  struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
+  return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, &o);
 }
 
 static int run_job(void *arg) {
@@ -975,6 +976,7 @@ static int apply_pending(tz_trainer *tr) {
   struct tz_adam_params ap;
   TZ_CHECK(adam_params(tr, tr->updates, &ap));
   ap.grad_scale = tr->clip > 0 ? tr->clip_scale : 1.0f;
+  struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
   uint64_t most = 0;
   for (int b = 0; b < tr->nb; b++)
     if (tr->shard[b] > most)
@@ -991,7 +993,7 @@ static int apply_pending(tz_trainer *tr) {
       TZ_CHECK_GOTO(tz_sched_block_load(tr->sched, tr->bid[b][k], buf[k]), rc, out);
     TZ_CHECK_GOTO(tz_adam_cpu(&ap, buf[TZ_PLAN_MASTER], buf[TZ_PLAN_M], buf[TZ_PLAN_V],
                               buf[TZ_PLAN_GRAD], TZ_F32, buf[TZ_PLAN_PARAM], tr->S, tr->shard[b],
-                              NULL),
+                              &o),
                   rc, out);
     for (int k = TZ_PLAN_PARAM; k < TZ_PLAN_GRAD; k++)
       TZ_CHECK_GOTO(tz_sched_block_store(tr->sched, tr->bid[b][k], buf[k]), rc, out);
