@@ -596,6 +596,10 @@ static int create_compute(tz_trainer *tr, const struct tz_trainer_params *p) {
   if (tr->cfg.precision != TZ_PRECISION_FP32)
     TZ_WARN("train: the cpu backend computes in fp32; %s.enabled is ignored",
             tr->cfg.precision == TZ_PRECISION_BF16 ? "bf16" : "fp16");
+  if (strcmp(tz_comm_backend(tr->comm), "nccl") == 0)
+    return tz_err_set(TZ_ENOTSUP, "train: the nccl comm reduces device buffers, and the cpu "
+                                  "backend's are in host memory: run CPU ranks under mpirun (the "
+                                  "mpi comm)");
   TZ_CHECK(tz_compute_create(backend, &cp, &tr->cm));
   tr->S = tz_compute_dtype(tr->cm);
   tr->es = tz_dtype_size(tr->S);
