@@ -93,7 +93,10 @@ static void *engine_main(void *arg) {
     __atomic_add_fetch(&pe->round, 1, __ATOMIC_ACQ_REL);
     int jitter = __atomic_load_n(&pe->jitter_us, __ATOMIC_ACQUIRE);
     if (jitter > 0) {
-      uint64_t us = splitmix(&pe->jitter_state) % (uint64_t)(jitter + 1);
+      /* The state is re-seeded by tz_progress_set_jitter from another thread. */
+      uint64_t st = __atomic_load_n(&pe->jitter_state, __ATOMIC_RELAXED);
+      uint64_t us = splitmix(&st) % (uint64_t)(jitter + 1);
+      __atomic_store_n(&pe->jitter_state, st, __ATOMIC_RELAXED);
       usleep((useconds_t)us);
     }
     pthread_mutex_lock(&pe->mu);
@@ -249,6 +252,6 @@ int tz_progress_watch(tz_progress *pe, tz_fence *f) {
 }
 
 void tz_progress_set_jitter(tz_progress *pe, int max_us, uint64_t seed) {
-  pe->jitter_state = seed;
+  __atomic_store_n(&pe->jitter_state, seed, __ATOMIC_RELAXED);
   __atomic_store_n(&pe->jitter_us, max_us, __ATOMIC_RELEASE);
 }

@@ -48,6 +48,7 @@ void tz_runtime_params_init(struct tz_runtime_params *p) {
 }
 
 tz_progress *tz_runtime_progress(tz_runtime *rt) { return rt->pe; }
+uint64_t tz_runtime_chunk_bytes(const tz_runtime *rt) { return rt->p.chunk_bytes; }
 struct tz_pool *tz_runtime_copy_pool(tz_runtime *rt) { return rt->copy_pool; }
 
 int tz_runtime_create(const struct tz_runtime_params *p, tz_runtime **out) {

@@ -24,6 +24,8 @@ int tz_runtime_create(const struct tz_runtime_params *p, tz_runtime **out);
 void tz_runtime_destroy(tz_runtime *rt); /* NULL is a no-op; waits for transfers in flight */
 
 tz_progress *tz_runtime_progress(tz_runtime *rt);
+/* Bytes per staged chunk (params.chunk_bytes after defaults). */
+uint64_t tz_runtime_chunk_bytes(const tz_runtime *rt);
 
 /* Moves n bytes from src at src_off to dst at dst_off, whatever the two tiers are: a host-
  * addressable side is read or written directly; a pair with a direct path uses it; anything else

@@ -1,0 +1,36 @@
+/* What a lane backend implements (private to core/ and the backends). One static const ops table
+ * per backend, filled with designated initializers. The CPU lane is in core/lane.c; a GPU backend
+ * makes a CUDA-stream lane with tz_lane_create_ops. */
+#ifndef TZ_LANE_IMPL_H
+#define TZ_LANE_IMPL_H
+
+#include "core/lane.h"
+
+struct tz_lane_ops {
+  const char *kind; /* "cpu", "cuda-stream" */
+  /* Later work waits for f. info (may be NULL) must be filled before any fence recorded on the
+   * lane after this call completes. A failed f poisons the lane (see core/lane.h). */
+  int (*wait)(tz_lane *l, tz_fence *f, struct tz_lane_wait *info);
+  /* optional: NULL means the lane runs no host functions (TZ_ENOTSUP). */
+  int (*submit)(tz_lane *l, int (*fn)(void *arg), void *arg);
+  int (*record)(tz_lane *l, tz_fence **out);
+  /* optional: NULL means no native handle. */
+  void *(*native)(tz_lane *l);
+  /* optional: NULL means the lane has no jitter hook. */
+  void (*set_jitter)(tz_lane *l, int max_us, uint64_t seed);
+  /* Waits for the lane's work and frees ctx. */
+  void (*destroy)(tz_lane *l);
+};
+
+struct tz_lane {
+  const struct tz_lane_ops *ops;
+  void *ctx;
+  char name[32];
+  /* Kept by the backend, read by tz_lane_stats; atomic. */
+  uint64_t busy_ns, stall_ns, jobs, waits;
+};
+
+/* A lane over a backend's ops; ctx is handed over and freed by ops->destroy. */
+int tz_lane_create_ops(const struct tz_lane_ops *ops, void *ctx, const char *name, tz_lane **out);
+
+#endif

@@ -1,0 +1,436 @@
+/* The plan: placement of blocks in tiers and the predicted bound (core/plan.h). */
+#include "core/plan.h"
+#include "core/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const tier_names[] = {"compute", "host", "nvme"};
+static const char *const kind_names[] = {"param", "master", "m", "v", "grad"};
+
+const char *tz_plan_tier_name(int tier) {
+  return tier >= 0 && tier < TZ_PLAN_TIERS ? tier_names[tier] : "?";
+}
+
+const char *tz_plan_kind_name(int kind) {
+  return kind >= 0 && kind < TZ_PLAN_KINDS ? kind_names[kind] : "?";
+}
+
+static uint64_t round_up(uint64_t x, uint64_t a) { return a ? (x + a - 1) / a * a : x; }
+
+static uint64_t block_bytes(const struct tz_plan_request *r, int g, int k) {
+  return round_up(r->bytes[g][k], r->align);
+}
+
+static uint64_t phase_ws(const struct tz_plan_request *r, int p) {
+  uint64_t ws = 0;
+  for (int u = 0; u < r->phases[p].n_uses; u++)
+    ws += block_bytes(r, r->phases[p].uses[u].group, r->phases[p].uses[u].kind);
+  return ws;
+}
+
+static uint64_t min_window(const struct tz_plan_request *r) {
+  uint64_t max = 0;
+  for (int p = 0; p < r->n_phases; p++) {
+    uint64_t ws = phase_ws(r, p);
+    if (ws > max)
+      max = ws;
+  }
+  return max + round_up(r->chunk, r->align);
+}
+
+uint64_t tz_plan_min_window(const struct tz_plan_request *req) { return min_window(req); }
+
+static int check_request(const struct tz_plan_request *r) {
+  if (r->n_groups < 1 || !r->bytes || r->n_phases < 1 || !r->phases)
+    return tz_err_set(TZ_EINVAL, "plan: a request needs groups of blocks and phases");
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    if (r->force[k] != TZ_PLAN_AUTO && (r->force[k] < 0 || r->force[k] >= TZ_PLAN_TIERS))
+      return tz_err_set(TZ_EINVAL, "plan: %s forced to tier %d", kind_names[k], r->force[k]);
+  for (int p = 0; p < r->n_phases; p++) {
+    const struct tz_plan_phase *ph = &r->phases[p];
+    if (ph->n_uses < 0 || ph->n_uses > TZ_PLAN_MAX_USES)
+      return tz_err_set(TZ_EINVAL, "plan: phase '%s' uses %d blocks", ph->name, ph->n_uses);
+    for (int u = 0; u < ph->n_uses; u++) {
+      const struct tz_plan_use *x = &ph->uses[u];
+      if (x->group < 0 || x->group >= r->n_groups || x->kind < 0 || x->kind >= TZ_PLAN_KINDS ||
+          x->access < 1 || x->access > 3)
+        return tz_err_set(TZ_EINVAL,
+                          "plan: phase '%s' has a bad use (group %d, kind %d, access %d)", ph->name,
+                          x->group, x->kind, x->access);
+    }
+  }
+  return 0;
+}
+
+/* ---- the bound ---- */
+
+static double cost(double amount, double rate, int *unknown) {
+  if (amount <= 0)
+    return 0;
+  if (rate <= 0) {
+    *unknown = 1;
+    return 0;
+  }
+  return amount / rate;
+}
+
+static double max2(double a, double b) { return a > b ? a : b; }
+
+enum { LANE_IN, LANE_OUT, LANE_NVME };
+
+/* Two steps over the lanes; the second step's duration is the bound. tiers: the homes. */
+static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint64_t window,
+                     struct tz_plan *out) {
+  int n = r->n_phases, unknown = 0;
+  const struct tz_plan_rates *rt = &r->rates;
+  uint64_t chunk = round_up(r->chunk, r->align);
+  uint64_t room = window > chunk ? window - chunk : 0;
+  int cap = r->lookahead > 0 ? r->lookahead : n;
+  if (cap > n)
+    cap = n;
+  /* How far ahead of phase p the window reaches: the most phases before p whose working sets fit
+   * beside p's (the order repeats across steps). */
+  int *ahead = malloc(sizeof *ahead * (size_t)n);
+  double *end = malloc(sizeof *end * (size_t)(2 * n));
+  if (!ahead || !end) {
+    free(ahead);
+    free(end);
+    out->bound_s = 0;
+    out->unknown_rates = 1;
+    return;
+  }
+  int fewest = cap;
+  for (int p = 0; p < n; p++) {
+    uint64_t sum = phase_ws(r, p);
+    int k = 0;
+    while (k < cap) {
+      uint64_t next = phase_ws(r, ((p - k - 1) % n + n) % n);
+      if (sum + next > room)
+        break;
+      sum += next;
+      k++;
+    }
+    ahead[p] = k;
+    if (k < fewest)
+      fewest = k;
+  }
+  double comp = 0, lane[3] = {0, 0, 0}, busy[3] = {0, 0, 0}, compute_s = 0;
+  double moved[TZ_PLAN_TIERS] = {0, 0, 0};
+  for (int s = 0; s < 2; s++) {
+    for (int p = 0; p < n; p++) {
+      const struct tz_plan_phase *ph = &r->phases[p];
+      int idx = s * n + p;
+      int from = idx - ahead[p] - 1;
+      double gate = from >= 0 ? end[from] : 0, ready = gate;
+      for (int u = 0; u < ph->n_uses; u++) {
+        const struct tz_plan_use *x = &ph->uses[u];
+        if (!(x->access & 1))
+          continue;
+        int t = tiers[x->group * TZ_PLAN_KINDS + x->kind];
+        double b = (double)r->bytes[x->group][x->kind], at = gate;
+        if (t == TZ_PLAN_NVME) {
+          double d = cost(b, rt->nvme_read, &unknown);
+          lane[LANE_NVME] = max2(lane[LANE_NVME], at) + d;
+          at = lane[LANE_NVME];
+          if (s == 1)
+            busy[LANE_NVME] += d;
+        }
+        double d = cost(b, t == TZ_PLAN_COMPUTE ? rt->copy_local : rt->copy_in, &unknown);
+        lane[LANE_IN] = max2(lane[LANE_IN], at) + d;
+        ready = max2(ready, lane[LANE_IN]);
+        if (s == 1) {
+          busy[LANE_IN] += d;
+          moved[t] += b;
+        }
+      }
+      double d = cost(ph->flop, rt->flops, &unknown) +
+                 cost(ph->coll_bytes, rt->collective, &unknown) +
+                 cost(ph->adam_elems, rt->adam, &unknown);
+      comp = max2(comp, ready) + d;
+      end[idx] = comp;
+      if (s == 1)
+        compute_s += d;
+      for (int u = 0; u < ph->n_uses; u++) {
+        const struct tz_plan_use *x = &ph->uses[u];
+        if (!(x->access & 2))
+          continue;
+        int t = tiers[x->group * TZ_PLAN_KINDS + x->kind];
+        double b = (double)r->bytes[x->group][x->kind];
+        double d2 = cost(b, t == TZ_PLAN_COMPUTE ? rt->copy_local : rt->copy_out, &unknown);
+        lane[LANE_OUT] = max2(lane[LANE_OUT], comp) + d2;
+        if (s == 1)
+          busy[LANE_OUT] += d2;
+        if (t == TZ_PLAN_NVME) {
+          double d3 = cost(b, rt->nvme_write, &unknown);
+          lane[LANE_NVME] = max2(lane[LANE_NVME], lane[LANE_OUT]) + d3;
+          if (s == 1)
+            busy[LANE_NVME] += d3;
+        }
+      }
+    }
+  }
+  /* A step ends when its compute and its write-backs are done; write-backs left from one step
+   * overlap the next, so the second step is measured from the first one's last phase. */
+  out->bound_s = max2(end[2 * n - 1], max2(lane[LANE_OUT], lane[LANE_NVME])) - end[n - 1];
+  out->compute_s = compute_s;
+  for (int i = 0; i < 3; i++)
+    out->lane_s[i] = busy[i];
+  out->lane_s[3] = 0;
+  for (int t = 0; t < TZ_PLAN_TIERS; t++)
+    out->moved[t] = moved[t];
+  out->lookahead = fewest;
+  out->unknown_rates = unknown;
+  free(ahead);
+  free(end);
+}
+
+int tz_plan_bound(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,
+                  struct tz_plan *out) {
+  TZ_CHECK(check_request(req));
+  simulate(req, tiers, window, out);
+  return 0;
+}
+
+/* ---- placement ---- */
+
+static void account(const struct tz_plan_request *r, const int8_t *tiers, uint64_t used[]) {
+  for (int t = 0; t < TZ_PLAN_TIERS; t++)
+    used[t] = 0;
+  for (int g = 0; g < r->n_groups; g++)
+    for (int k = 0; k < TZ_PLAN_KINDS; k++)
+      used[tiers[g * TZ_PLAN_KINDS + k]] += block_bytes(r, g, k);
+}
+
+/* The compute tier's bytes left for homes with the window at its least. */
+static uint64_t compute_room(const struct tz_plan_request *r, uint64_t minw, uint64_t *missing) {
+  uint64_t need = r->compute_fixed + (r->window ? r->window : minw);
+  *missing = need > r->capacity[TZ_PLAN_COMPUTE] ? need - r->capacity[TZ_PLAN_COMPUTE] : 0;
+  return *missing ? 0 : r->capacity[TZ_PLAN_COMPUTE] - need;
+}
+
+static uint64_t window_for(const struct tz_plan_request *r, uint64_t used_compute) {
+  if (r->window)
+    return r->window;
+  uint64_t taken = r->compute_fixed + used_compute;
+  return r->capacity[TZ_PLAN_COMPUTE] > taken ? r->capacity[TZ_PLAN_COMPUTE] - taken : 0;
+}
+
+/* Moves, among the blocks the plan may move that sit in `from`, the one whose move to the next
+ * tier with room costs the bound least per byte freed (ties: the larger block, so fewer moves).
+ * 1 if it moved one. */
+static int move_one(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
+                    uint64_t used[], int from, struct tz_plan *scratch) {
+  simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch);
+  double before = scratch->bound_s;
+  int best = -1, best_to = -1;
+  double best_score = 0;
+  uint64_t best_bytes = 0;
+  for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++) {
+    if (fixed[i] || tiers[i] != from)
+      continue;
+    uint64_t b = block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
+    int to = -1;
+    for (int t = from + 1; t < TZ_PLAN_TIERS && to < 0; t++)
+      if (r->capacity[t] >= used[t] + b)
+        to = t;
+    if (to < 0 || b == 0)
+      continue;
+    tiers[i] = (int8_t)to;
+    uint64_t uc = used[TZ_PLAN_COMPUTE] - (from == TZ_PLAN_COMPUTE ? b : 0);
+    simulate(r, tiers, window_for(r, uc), scratch);
+    tiers[i] = (int8_t)from;
+    double score = (scratch->bound_s - before) / (double)b;
+    double tol = 1e-12 * (before > 0 ? before : 1) / (double)b;
+    if (best < 0 || score < best_score - tol || (score <= best_score + tol && b > best_bytes)) {
+      best = i;
+      best_to = to;
+      best_score = score;
+      best_bytes = b;
+    }
+  }
+  if (best < 0)
+    return 0;
+  tiers[best] = (int8_t)best_to;
+  used[from] -= best_bytes;
+  used[best_to] += best_bytes;
+  return 1;
+}
+
+static void fmt_bytes(char *buf, size_t len, uint64_t b) {
+  if (b >= (1ull << 30))
+    snprintf(buf, len, "%.2f GiB", (double)b / (double)(1ull << 30));
+  else if (b >= (1ull << 20))
+    snprintf(buf, len, "%.2f MiB", (double)b / (double)(1ull << 20));
+  else if (b >= (1ull << 10))
+    snprintf(buf, len, "%.1f KiB", (double)b / 1024.0);
+  else
+    snprintf(buf, len, "%llu B", (unsigned long long)b);
+}
+
+int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
+  memset(out, 0, sizeof *out);
+  TZ_CHECK(check_request(r));
+  int n = r->n_groups * TZ_PLAN_KINDS;
+  int8_t *tiers = malloc((size_t)n), *fixed = malloc((size_t)n);
+  if (!tiers || !fixed) {
+    free(tiers);
+    free(fixed);
+    return tz_err_set(TZ_ENOMEM, "plan: no memory");
+  }
+  for (int i = 0; i < n; i++) {
+    int f = r->force_each ? r->force_each[i] : TZ_PLAN_AUTO;
+    if (f == TZ_PLAN_AUTO)
+      f = r->force[i % TZ_PLAN_KINDS];
+    if (f != TZ_PLAN_AUTO && (f < 0 || f >= TZ_PLAN_TIERS)) {
+      free(tiers);
+      free(fixed);
+      return tz_err_set(TZ_EINVAL, "plan: group %d %s forced to tier %d", i / TZ_PLAN_KINDS,
+                        kind_names[i % TZ_PLAN_KINDS], f);
+    }
+    fixed[i] = f != TZ_PLAN_AUTO;
+    tiers[i] = (int8_t)(fixed[i] ? f : TZ_PLAN_COMPUTE);
+  }
+  uint64_t minw = min_window(r), missing, used[TZ_PLAN_TIERS];
+  int rc = 0;
+  char a[32], b[32], c[32], d[32];
+  uint64_t room = compute_room(r, minw, &missing);
+  if (r->window && r->window < minw) {
+    fmt_bytes(a, sizeof a, r->window);
+    fmt_bytes(b, sizeof b, minw - r->window);
+    fmt_bytes(c, sizeof c, minw);
+    rc = tz_err_set(TZ_ENOMEM,
+                    "plan: the scheduler's window of %s is %s short of its minimum %s "
+                    "(the largest phase's blocks plus one chunk)",
+                    a, b, c);
+    goto out;
+  }
+  if (missing) {
+    fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_COMPUTE]);
+    fmt_bytes(b, sizeof b, missing);
+    fmt_bytes(c, sizeof c, r->compute_fixed);
+    fmt_bytes(d, sizeof d, r->window ? r->window : minw);
+    rc = tz_err_set(TZ_ENOMEM,
+                    "plan: the compute tier's budget of %s is %s short of the minimum: "
+                    "%s for activations, gathered weights and full gradients, plus %s for the "
+                    "scheduler's window (the largest phase's blocks plus one chunk)",
+                    a, b, c, d);
+    goto out;
+  }
+  account(r, tiers, used);
+  struct tz_plan scratch;
+  memset(&scratch, 0, sizeof scratch);
+  while (used[TZ_PLAN_COMPUTE] > room)
+    if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, &scratch)) {
+      uint64_t forced = 0;
+      for (int i = 0; i < n; i++)
+        if (fixed[i] && tiers[i] == TZ_PLAN_COMPUTE)
+          forced += block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
+      char e[32];
+      fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_COMPUTE]);
+      fmt_bytes(b, sizeof b, used[TZ_PLAN_COMPUTE] - room);
+      fmt_bytes(c, sizeof c, used[TZ_PLAN_COMPUTE]);
+      fmt_bytes(d, sizeof d, forced);
+      fmt_bytes(e, sizeof e, r->compute_fixed + (r->window ? r->window : minw));
+      rc = tz_err_set(TZ_ENOMEM,
+                      "plan: the compute tier's budget of %s is %s short: %s of state "
+                      "stays there (%s of it forced there) beside %s of buffers and minimum "
+                      "window, and host and nvme have no room to take more",
+                      a, b, c, d, e);
+      goto out;
+    }
+  while (used[TZ_PLAN_HOST] > r->capacity[TZ_PLAN_HOST])
+    if (!move_one(r, tiers, fixed, used, TZ_PLAN_HOST, &scratch)) {
+      fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_HOST]);
+      fmt_bytes(b, sizeof b, used[TZ_PLAN_HOST] - r->capacity[TZ_PLAN_HOST]);
+      fmt_bytes(c, sizeof c, used[TZ_PLAN_HOST]);
+      rc = tz_err_set(TZ_ENOMEM,
+                      "plan: host memory's budget of %s is %s short: %s of state must "
+                      "live there (forced, or no room in nvme)",
+                      a, b, c);
+      goto out;
+    }
+  if (used[TZ_PLAN_NVME] > r->capacity[TZ_PLAN_NVME]) {
+    fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_NVME]);
+    fmt_bytes(b, sizeof b, used[TZ_PLAN_NVME] - r->capacity[TZ_PLAN_NVME]);
+    fmt_bytes(c, sizeof c, used[TZ_PLAN_NVME]);
+    rc = tz_err_set(TZ_ENOMEM,
+                    "plan: nvme's budget of %s is %s short: %s of state is placed there%s", a, b, c,
+                    r->capacity[TZ_PLAN_NVME] ? "" : " (no nvme_path is configured)");
+    goto out;
+  }
+  out->n_groups = r->n_groups;
+  out->tier = tiers;
+  tiers = NULL;
+  for (int t = 0; t < TZ_PLAN_TIERS; t++) {
+    out->used[t] = used[t];
+    out->capacity[t] = r->capacity[t];
+  }
+  out->compute_fixed = r->compute_fixed;
+  out->min_window = minw;
+  out->window = window_for(r, used[TZ_PLAN_COMPUTE]);
+  for (int i = 0; i < n; i++)
+    out->moves += !fixed[i] && out->tier[i] != TZ_PLAN_COMPUTE;
+  simulate(r, out->tier, out->window, out);
+out:
+  free(tiers);
+  free(fixed);
+  return rc;
+}
+
+void tz_plan_free(struct tz_plan *p) {
+  if (!p)
+    return;
+  free(p->tier);
+  p->tier = NULL;
+}
+
+static void fmt_time(char *buf, size_t len, double s) {
+  if (s >= 1)
+    snprintf(buf, len, "%.3f s", s);
+  else if (s >= 1e-3)
+    snprintf(buf, len, "%.3f ms", s * 1e3);
+  else
+    snprintf(buf, len, "%.1f us", s * 1e6);
+}
+
+void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_names) {
+  char a[32], b[32], c[32];
+  fprintf(f, "plan: homes per kind of block (%d groups)\n", p->n_groups);
+  for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+    int cnt[TZ_PLAN_TIERS] = {0, 0, 0};
+    for (int g = 0; g < p->n_groups; g++)
+      cnt[p->tier[g * TZ_PLAN_KINDS + k]]++;
+    fprintf(f, "  %-7s", kind_names[k]);
+    for (int t = 0; t < TZ_PLAN_TIERS; t++)
+      fprintf(f, "  %s %d", tier_names[t], cnt[t]);
+    fputc('\n', f);
+  }
+  if (group_names) {
+    fprintf(f, "  per group (param master m v grad):\n");
+    for (int g = 0; g < p->n_groups; g++) {
+      fprintf(f, "    %-10s", group_names[g]);
+      for (int k = 0; k < TZ_PLAN_KINDS; k++)
+        fprintf(f, " %-7s", tier_names[p->tier[g * TZ_PLAN_KINDS + k]]);
+      fputc('\n', f);
+    }
+  }
+  for (int t = 0; t < TZ_PLAN_TIERS; t++) {
+    fmt_bytes(a, sizeof a, p->used[t]);
+    fmt_bytes(b, sizeof b, p->capacity[t]);
+    fprintf(f, "  %-7s  homes %s of %s\n", tier_names[t], a, b);
+  }
+  fmt_bytes(a, sizeof a, p->compute_fixed);
+  fmt_bytes(b, sizeof b, p->window);
+  fmt_bytes(c, sizeof c, p->min_window);
+  fprintf(f, "  compute  buffers %s, scheduler window %s (minimum %s), lookahead %d phases\n", a, b,
+          c, p->lookahead);
+  char t0[32], t1[32], t2[32], t3[32], t4[32];
+  fmt_time(t0, sizeof t0, p->bound_s);
+  fmt_time(t1, sizeof t1, p->compute_s);
+  fmt_time(t2, sizeof t2, p->lane_s[0]);
+  fmt_time(t3, sizeof t3, p->lane_s[1]);
+  fmt_time(t4, sizeof t4, p->lane_s[2]);
+  fprintf(f, "  bound    %s per step (compute %s; copy in %s, copy out %s, nvme %s)%s\n", t0, t1,
+          t2, t3, t4, p->unknown_rates ? " [some rates unknown: counted as free]" : "");
+}

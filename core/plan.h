@@ -1,0 +1,132 @@
+/* The plan (DESIGN.md "The bound"): for every block of model state, which tier is its home; how
+ * much of the compute tier the scheduler gets as its window; and the predicted lower bound on the
+ * step's time, the critical path of the step's phases over the lanes that run them.
+ *
+ * The plan knows nothing of models. Its client describes one step as the scheduler will run it:
+ * groups of blocks (a model block: the embedding, a layer, the head), each with one block of every
+ * kind below, and the phases in order, each with its compute, its collective bytes and the blocks
+ * it uses. The plan then
+ *   - places each (group, kind) in the compute tier, host or nvme: where the configuration forces
+ *     it, there; elsewhere it starts from the fastest tier and moves, one block at a time, the
+ *     block whose move costs the bound least per byte freed, until every tier is within its
+ *     capacity;
+ *   - refuses a compute tier too small for the fixed buffers plus the scheduler's minimum window,
+ *     or state that fits nowhere, with a message saying how many bytes are missing where;
+ *   - predicts the bound by simulating two steps over the lanes (compute; copies into and out of
+ *     the compute tier; the NVMe device, shared by reads and writes) with the rates measured on
+ *     this machine, each phase's inputs issued as soon as the window lets the scheduler look that
+ *     far ahead; the second step's duration is the bound.
+ * Pure functions of their inputs: tested with made-up machines. */
+#ifndef TZ_PLAN_H
+#define TZ_PLAN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+enum tz_plan_tier {
+  TZ_PLAN_COMPUTE = 0, /* the tier phases run in: HBM, or host memory on a CPU-only machine */
+  TZ_PLAN_HOST = 1,    /* pinned host memory */
+  TZ_PLAN_NVME = 2,    /* files on NVMe */
+  TZ_PLAN_TIERS = 3
+};
+
+enum tz_plan_kind {
+  TZ_PLAN_PARAM = 0,  /* the rank's shard of the parameters, in the storage dtype */
+  TZ_PLAN_MASTER = 1, /* fp32 master weights of the shard */
+  TZ_PLAN_M = 2,      /* Adam first moment */
+  TZ_PLAN_V = 3,      /* Adam second moment */
+  TZ_PLAN_GRAD = 4,   /* the shard's gradient, accumulated over micro-batches */
+  TZ_PLAN_KINDS = 5
+};
+
+#define TZ_PLAN_AUTO (-1) /* in tz_plan_request.force: the plan chooses */
+
+const char *tz_plan_tier_name(int tier); /* "compute", "host", "nvme" */
+const char *tz_plan_kind_name(int kind); /* "param", "master", "m", "v", "grad" */
+
+/* Machine rates, in bytes or elements or FLOP per second. 0 means unknown: the lanes it costs
+ * are treated as free, and the bound says so (tz_plan.unknown_rates). */
+struct tz_plan_rates {
+  double flops;      /* the compute backend's matrix multiply */
+  double copy_in;    /* host -> compute tier */
+  double copy_out;   /* compute tier -> host */
+  double copy_local; /* within the compute tier */
+  double nvme_read;  /* nvme -> host */
+  double nvme_write; /* host -> nvme */
+  double adam;       /* Adam elements per second where opt phases run */
+  double collective; /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
+};
+
+#define TZ_PLAN_MAX_USES 8
+
+/* One phase of the step, as the scheduler runs it. */
+struct tz_plan_phase {
+  char name[24];
+  double flop;       /* compute on the compute lane */
+  double coll_bytes; /* bytes moved by this rank's collectives inside the phase */
+  double adam_elems; /* optimizer elements updated in the phase */
+  int n_uses;
+  struct tz_plan_use {
+    int group, kind; /* the block */
+    int access;      /* enum tz_access (core/sched.h): 1 read, 2 write, 3 read and write */
+  } uses[TZ_PLAN_MAX_USES];
+};
+
+struct tz_plan_request {
+  int n_groups;
+  const uint64_t (*bytes)[TZ_PLAN_KINDS]; /* n_groups rows: bytes of each block (the rank's) */
+  int n_phases;
+  const struct tz_plan_phase *phases; /* one step, in order */
+  uint64_t capacity[TZ_PLAN_TIERS];   /* bytes each tier may hold (compute: the HBM budget) */
+  uint64_t compute_fixed;   /* compute-tier bytes the client takes before any home: activations,
+                               gathered weights, full gradients */
+  uint64_t align;           /* the compute tier's alignment (blocks are rounded up to it) */
+  uint64_t chunk;           /* the runtime's chunk: the scheduler keeps one for its lane */
+  uint64_t window;          /* the scheduler's budget; 0: all the compute tier has left */
+  int lookahead;            /* phases the scheduler may look ahead; <= 0: unlimited */
+  int force[TZ_PLAN_KINDS]; /* a tier, or TZ_PLAN_AUTO */
+  const int8_t *force_each; /* optional (n_groups * TZ_PLAN_KINDS, row-major): a tier per
+                               block, or TZ_PLAN_AUTO; wins over force[] */
+  struct tz_plan_rates rates;
+};
+
+struct tz_plan {
+  int n_groups;
+  int8_t *tier;                 /* (n_groups, TZ_PLAN_KINDS): the home tier of each block */
+  uint64_t used[TZ_PLAN_TIERS]; /* home bytes in each tier (compute: without fixed, window) */
+  uint64_t compute_fixed;
+  uint64_t window;     /* the scheduler's budget in the compute tier */
+  uint64_t min_window; /* the largest phase's working set plus one chunk */
+  uint64_t capacity[TZ_PLAN_TIERS];
+  int lookahead;                    /* phases the window lets the scheduler look ahead (the
+                                       fewest over the step) */
+  double bound_s;                   /* predicted step time: the simulated critical path */
+  double compute_s;                 /* the compute lane's busy time in one step */
+  double lane_s[TZ_PLAN_TIERS + 1]; /* busy time of: copy in, copy out, nvme, (unused) */
+  double moved[TZ_PLAN_TIERS];      /* bytes per step read from each home tier */
+  int unknown_rates;                /* some lane was costed with an unknown (0) rate */
+  int moves;                        /* blocks the plan moved down from the fastest tier */
+};
+
+/* Places the blocks and predicts the bound. The caller owns *out (tz_plan_free).
+ * Errors: TZ_EINVAL (a malformed request), TZ_ENOMEM when the compute tier cannot hold the fixed
+ * buffers, the forced homes and the minimum window, or when state fits in no tier allowed to it;
+ * the message says how many bytes are missing and where. */
+int tz_plan_make(const struct tz_plan_request *req, struct tz_plan *out);
+void tz_plan_free(struct tz_plan *p); /* frees what tz_plan_make allocated; NULL-safe fields */
+
+/* The bound of req with the placement tiers (n_groups * TZ_PLAN_KINDS) and this window, without
+ * placing anything: for the client's own what-ifs and for tests. Fills the timing fields of out
+ * (bound_s, compute_s, lane_s, moved, lookahead); out->tier is not touched. */
+int tz_plan_bound(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,
+                  struct tz_plan *out);
+
+/* The scheduler's minimum window for req: the largest phase's blocks (each rounded up to align)
+ * plus one chunk, as tz_sched_min_budget counts it. */
+uint64_t tz_plan_min_window(const struct tz_plan_request *req);
+
+/* Prints the placement per kind (blocks and bytes in each tier), the window, and the bound with
+ * its lanes, for `tz-train --plan` and the start of a run. group_names may be NULL. */
+void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_names);
+
+#endif

@@ -1,0 +1,191 @@
+/* The scheduler (DESIGN.md "The client contract"): blocks of model state live in home tiers; a
+ * phase of the client's step needs some of them in the compute tier; the scheduler brings them in
+ * ahead of time within a byte budget, makes the compute lane wait for them on fences, writes back
+ * what phases wrote, and accounts for every byte and every stall.
+ *
+ *   tz_sched_block_add(s, "L0.w", bytes, &home, &id);     once per block
+ *   tz_sched_declare(s, phases, n);                        the phases of one step, in order
+ *   for each step:
+ *     for each phase p:
+ *       tz_sched_enter(s, p, &view);      view: the blocks' addresses in the compute tier
+ *       tz_sched_submit(s, fn, arg);      compute on the compute lane (or launch on view.lane)
+ *       tz_sched_leave(s, p);             outputs become dirty, pins drop, when the lane gets here
+ *     tz_sched_step_end(s);
+ *
+ * The host waits inside tz_sched_enter only until the phase's blocks have room in the budget and
+ * their transfers are issued; the compute lane waits for the transfers. Nothing is reused, written
+ * back or freed before the fence of its last reader or writer has completed.
+ *
+ * Threads: one client thread calls the functions below (they are not meant to be called from two
+ * threads at once); the scheduler's own work runs in fence callbacks on the progress engine, the
+ * runtime's copy lane and the compute lane.
+ *
+ * Errors: the first failure (a transfer, a compute job, a timeout) is kept; every later call
+ * returns it with its message, until tz_sched_destroy. */
+#ifndef TZ_SCHED_H
+#define TZ_SCHED_H
+
+#include <stdint.h>
+
+#include "core/lane.h"
+#include "core/runtime.h"
+#include "core/tier.h"
+
+typedef struct tz_sched tz_sched;
+
+enum tz_access {
+  TZ_ACCESS_READ = 1,      /* the phase reads the block */
+  TZ_ACCESS_WRITE = 2,     /* the phase overwrites all of it; its old contents are not brought in */
+  TZ_ACCESS_READWRITE = 3, /* reads, then changes it */
+};
+
+/* One block a phase uses; needed in the scheduler's compute tier. */
+struct tz_block_use {
+  int block;  /* id from tz_sched_block_add */
+  int access; /* enum tz_access */
+};
+
+#define TZ_SCHED_MAX_USES 32
+
+struct tz_phase_decl {
+  const char *name;                /* "fwd3"; copied */
+  const struct tz_block_use *uses; /* n_uses entries, each block at most once; copied */
+  int n_uses;                      /* 0..TZ_SCHED_MAX_USES */
+};
+
+struct tz_sched_params {
+  tz_tier *compute;     /* the tier phases need their blocks in (hbm; on a CPU-only machine a host
+                           tier with an HBM's budget). Required, borrowed. */
+  uint64_t budget;      /* bytes of the compute tier the scheduler takes at tz_sched_declare and
+                           never exceeds; 0: the largest free range of the tier */
+  int lookahead;        /* phases after the one last entered whose blocks may be brought in, across
+                           step boundaries; 0 none; default 2 */
+  int record;           /* 0: the order is the declared one. 1: the phases given to tz_sched_declare
+                           are a table, and the order is recorded on the first step */
+  tz_lane *lane;        /* the compute lane (a CUDA stream lane on a GPU), borrowed; NULL: the
+                           scheduler makes and owns a CPU lane */
+  int jitter_us;        /* test mode: random delays up to this on the compute lane, the progress
+                           engine and the runtime's copy lane; 0 off */
+  uint64_t seed;        /* for jitter */
+  int trace_step;       /* the step whose lanes are traced (-1: none, the default) */
+  const char *trace_path; /* where tz_sched_destroy writes that trace if not written before; copied */
+  int64_t timeout_ms;   /* the longest one host wait inside the scheduler may take before it fails
+                           with TZ_ETIMEDOUT and says what it waited for; default 60000 */
+};
+void tz_sched_params_init(struct tz_sched_params *p);
+
+/* The scheduler borrows rt and its tiers; it must be destroyed before them. TZ_SCHED_DEBUG=1 in
+ * the environment prints every decision on stderr. */
+int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **out);
+/* Waits for every phase entered and every transfer issued, then frees the scheduler's memory in
+ * the compute tier and its lane. NULL is a no-op. */
+void tz_sched_destroy(tz_sched *s);
+
+/* A block of `bytes` whose home is `home` (borrowed; at least bytes long). Its current contents
+ * are the block's. Only before tz_sched_declare. *id counts from 0. */
+int tz_sched_block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_extent *home,
+                       int *id);
+
+/* The smallest budget that phases[0..n) can run in: the largest working set of one phase (each
+ * block rounded to the compute tier's alignment) plus one chunk for the compute lane. */
+int tz_sched_min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes);
+
+/* Declares the phases (copied), once. Takes the budget from the compute tier. TZ_ENOMEM when the
+ * budget is below tz_sched_min_budget, with a message saying how many bytes are missing. */
+int tz_sched_declare(tz_sched *s, const struct tz_phase_decl *phases, int n);
+
+/* What tz_sched_enter gives the client: where the phase's blocks are in the compute tier. */
+struct tz_view {
+  uint64_t step;
+  int phase;
+  const char *name;
+  int n_blocks;
+  struct tz_view_block {
+    int block, access;
+    void *ptr;      /* in the compute tier: a device pointer on a GPU tier, else a host pointer */
+    uint64_t bytes; /* the block's size */
+  } blocks[TZ_SCHED_MAX_USES]; /* in the order of the phase's uses */
+  void *scratch;         /* the compute lane's chunk in the compute tier, for the phase's own use */
+  uint64_t scratch_bytes;
+  tz_lane *lane;         /* the compute lane */
+};
+
+/* Enters phase `phase` (an index into the declared phases). Makes the compute lane wait on fences
+ * for the phase's blocks; fills *view. A phase other than the one the order expects is reported
+ * (a warning, stats.order_changes) and handled: the order is recorded again from this step on. */
+int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view);
+/* Queues fn(arg) on the compute lane, behind the current phase's inputs. Between enter and leave.
+ * fn returns 0 or a negative TZ_E* code with a message; a failure becomes the scheduler's error. */
+int tz_sched_submit(tz_sched *s, int (*fn)(void *arg), void *arg);
+/* Leaves the phase entered last: records a fence on the compute lane; when it completes the
+ * phase's written blocks become dirty (and are written back) and its pins drop. */
+int tz_sched_leave(tz_sched *s, int phase);
+/* Ends a step. In recording mode the first step's order becomes the order. */
+int tz_sched_step_end(tz_sched *s);
+
+/* Waits on the host until every phase entered so far has completed and every dirty block has been
+ * written back to its home. Then the homes hold the latest contents. */
+int tz_sched_sync(tz_sched *s);
+
+/* Latest contents of a block into dst (bytes long), waiting for phases in flight that write it.
+ * For tests and checkpoints, not for the step. */
+int tz_sched_block_load(tz_sched *s, int id, void *dst);
+/* Replaces a block's contents from the host: waits for phases in flight that use the block, writes
+ * its home and makes the block a new generation, so that copies made earlier (prefetched ones
+ * included) are stale and are brought in again before use. */
+int tz_sched_block_store(tz_sched *s, int id, const void *src);
+
+/* ---- accounting ---- */
+
+struct tz_sched_stats {
+  uint64_t steps;          /* tz_sched_step_end calls */
+  uint64_t phases;         /* phase runs completed */
+  uint64_t fills, fill_bytes;   /* home -> compute */
+  uint64_t flushes, flush_bytes;/* compute -> home (write-back) */
+  uint64_t hits;           /* block uses served by a copy already there or on its way */
+  uint64_t evictions;      /* copies dropped to make room */
+  uint64_t refills;        /* stale copies brought in again */
+  uint64_t order_changes;  /* phases entered out of the expected order */
+  uint64_t budget;         /* bytes the scheduler holds in the compute tier */
+  uint64_t min_budget;     /* tz_sched_min_budget of the declared phases */
+  uint64_t used, peak_used;/* of the budget, now and at most; checked at every decision */
+  uint64_t over_budget;    /* decisions that found used > budget: 0 unless there is a bug */
+  double stall_s;          /* compute-lane time waiting on fences, all phases */
+  double compute_s;        /* compute-lane time running phases */
+};
+void tz_sched_stats(tz_sched *s, struct tz_sched_stats *out);
+
+struct tz_sched_phase_stats {
+  const char *name;
+  uint64_t runs, stalls;   /* stalls: runs that waited for their inputs */
+  double stall_s;          /* compute-lane idle time waiting for this phase's inputs */
+  double compute_s;        /* compute-lane time from inputs ready to the phase's fence */
+};
+/* Fills up to max entries (one per declared phase); returns the number of phases. */
+int tz_sched_phase_stats(tz_sched *s, struct tz_sched_phase_stats *out, int max);
+
+/* One per lane: the compute lane, then a transfer lane per (source tier, destination tier) pair
+ * the scheduler moved bytes over. busy_s: time with work in flight on the lane. */
+struct tz_sched_lane_stats {
+  char name[64];           /* "compute", "host->compute" */
+  const char *src, *dst;   /* tier names; NULL for the compute lane */
+  double busy_s;
+  uint64_t bytes, ops;
+};
+int tz_sched_lane_stats(tz_sched *s, struct tz_sched_lane_stats *out, int max);
+
+/* Fills, write-backs and stale refills of one block so far. */
+int tz_sched_block_stats(tz_sched *s, int id, uint64_t *fills, uint64_t *flushes,
+                         uint64_t *refills);
+
+/* Durations in seconds of the last completed steps, oldest first: step k lasts from the end of
+ * step k-1's last phase on the compute lane (for the first step: its first enter) to the end of
+ * its own. Returns how many it wrote (at most max). */
+int tz_sched_step_times(tz_sched *s, double *out, int max);
+
+/* Writes the Chrome/Perfetto trace (JSON, docs/scheduler.md) of params.trace_step: a track per
+ * lane (compute, stalls, each transfer lane) over the time that step ran. TZ_EBUSY when that step
+ * has not completed yet, TZ_ENOENT when no step is traced. */
+int tz_sched_trace_write(tz_sched *s, const char *path);
+
+#endif

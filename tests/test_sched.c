@@ -1,0 +1,922 @@
+/* The scheduler, through a synthetic client: blocks hold known bytes (a per-block pattern plus a
+ * version added to every byte); each phase's compute job, on the compute lane, checks the bytes of
+ * what it reads and adds 1 to every byte of what it writes, so every result is predictable and
+ * checked byte for byte, in the phases and in the homes afterwards.
+ *
+ * argv[1]: "plain", or "jitter" (random delays in every lane and the progress engine). Every wait
+ * is bounded: the scheduler's own timeout, and a watchdog that fails a test that hangs. */
+#define _GNU_SOURCE
+#include "core/error.h"
+#include "core/runtime.h"
+#include "core/sched.h"
+#include "core/tier.h"
+#include "testlib.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXB 32
+#define MAXP 16
+
+static int jitter_us;
+static const char *nvme_dir = "/var/tmp";
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void watchdog(int sig) {
+  (void)sig;
+  static const char msg[] = "test_sched: a test hung for 120 s (watchdog)\n";
+  ssize_t r = write(2, msg, sizeof msg - 1);
+  (void)r;
+  _exit(1);
+}
+
+static int arm(void **state) {
+  (void)state;
+  alarm(120);
+  return 0;
+}
+
+static int disarm(void **state) {
+  (void)state;
+  alarm(0);
+  return 0;
+}
+
+/* ---- the synthetic client ---- */
+
+struct model {
+  int n;
+  uint64_t bytes[MAXB];
+  uint8_t *base[MAXB];   /* (bytes) the pattern: version v has base[k] + v in byte k */
+  uint32_t version[MAXB];
+  tz_extent home[MAXB];
+  int id[MAXB];
+};
+
+struct env {
+  char dir[256];  /* the nvme tier's own directory, so a failed test leaves nothing in the way */
+  tz_runtime *rt;
+  tz_tier *compute, *host, *nvme, *nvme_base;
+  tz_sched *s;
+  struct model m;
+};
+
+enum home_kind { HOME_HOST, HOME_NVME };
+
+static int make_env(struct env *e, uint64_t compute_cap, const char *faults) {
+  memset(e, 0, sizeof *e);
+  snprintf(e->dir, sizeof e->dir, "%s/tz-sched-XXXXXX", nvme_dir);
+  if (!mkdtemp(e->dir))
+    return tz_err_errno(errno, "mkdtemp %s", e->dir);
+  struct tz_runtime_params rp;
+  tz_runtime_params_init(&rp);
+  rp.chunk_bytes = 256 << 10;
+  rp.staging_bytes = 4 << 20;
+  TZ_CHECK(tz_runtime_create(&rp, &e->rt));
+  struct tz_tier_params p;
+  tz_tier_params_init(&p);
+  p.name = "compute";
+  p.capacity = compute_cap;
+  TZ_CHECK(tz_tier_create(e->rt, "host", &p, &e->compute));
+  p.name = "host";
+  p.capacity = 64 << 20;
+  TZ_CHECK(tz_tier_create(e->rt, "host", &p, &e->host));
+  tz_tier_params_init(&p);
+  p.name = faults ? "nvme-base" : "nvme";
+  p.capacity = 64 << 20;
+  p.paths[0] = e->dir;
+  p.n_paths = 1;
+  TZ_CHECK(tz_tier_create(e->rt, "nvme", &p, &e->nvme));
+  if (faults) {
+    e->nvme_base = e->nvme;
+    tz_tier_params_init(&p);
+    p.name = "nvme";
+    p.base = e->nvme_base;
+    p.faults = faults;
+    TZ_CHECK(tz_tier_create(e->rt, "fault", &p, &e->nvme));
+  }
+  return 0;
+}
+
+static void *aligned(uint64_t n) {
+  void *p = NULL;
+  assert_int_equal(posix_memalign(&p, 4096, (n + 4095) / 4096 * 4096), 0);
+  return p;
+}
+
+static uint64_t rounded(uint64_t n) { return (n + 4095) / 4096 * 4096; }
+
+/* A block of the model, with its home in host or nvme holding version 0. */
+static void add_block(struct env *e, const char *name, uint64_t bytes, int home, uint64_t seed) {
+  struct model *m = &e->m;
+  int i = m->n++;
+  assert_true(i < MAXB);
+  m->bytes[i] = bytes;
+  m->base[i] = malloc(bytes);
+  tz_test_fill(m->base[i], bytes, seed);
+  m->version[i] = 0;
+  tz_tier *t = home == HOME_NVME ? e->nvme : e->host;
+  TZ_ASSERT_OK(tz_tier_alloc(t, bytes, &m->home[i]));
+  uint8_t *buf = aligned(bytes);
+  memset(buf, 0, rounded(bytes));
+  memcpy(buf, m->base[i], bytes);
+  /* Set-up bypasses a fault tier, so that its faults hit only the scheduler's traffic. */
+  tz_extent w = m->home[i];
+  if (e->nvme_base && w.tier == e->nvme)
+    w.tier = e->nvme_base;
+  TZ_ASSERT_OK(tz_tier_write_sync(&w, 0, buf, rounded(bytes)));
+  free(buf);
+  TZ_ASSERT_OK(tz_sched_block_add(e->s, name, bytes, &m->home[i], &m->id[i]));
+  assert_int_equal(m->id[i], i);
+}
+
+static void free_env(struct env *e) {
+  tz_sched_destroy(e->s);
+  tz_runtime_destroy(e->rt);
+  rmdir(e->dir);
+  for (int i = 0; i < e->m.n; i++)
+    free(e->m.base[i]);
+}
+
+struct job {
+  int64_t spin_ns;
+  int n;
+  struct {
+    uint8_t *p;
+    const uint8_t *base;
+    uint64_t bytes;
+    int access, block;
+    uint32_t v;
+  } b[TZ_SCHED_MAX_USES];
+};
+
+static int job_run(void *arg) {
+  struct job *j = arg;
+  uint64_t t0 = now_ns();
+  int rc = 0;
+  for (int i = 0; i < j->n && rc == 0; i++) {
+    uint8_t *p = j->b[i].p;
+    const uint8_t *base = j->b[i].base;
+    uint8_t v = (uint8_t)j->b[i].v;
+    if (j->b[i].access & TZ_ACCESS_READ)
+      for (uint64_t k = 0; k < j->b[i].bytes; k++)
+        if (p[k] != (uint8_t)(base[k] + v)) {
+          rc = tz_err_set(TZ_EINVAL, "block %d: byte %llu is %u, expected %u (version %u)",
+                          j->b[i].block, (unsigned long long)k, p[k], (uint8_t)(base[k] + v),
+                          j->b[i].v);
+          break;
+        }
+    if (rc == 0 && (j->b[i].access & TZ_ACCESS_WRITE)) {
+      if (j->b[i].access & TZ_ACCESS_READ)
+        for (uint64_t k = 0; k < j->b[i].bytes; k++)
+          p[k]++;
+      else
+        for (uint64_t k = 0; k < j->b[i].bytes; k++)
+          p[k] = (uint8_t)(base[k] + v + 1);
+    }
+  }
+  while (j->spin_ns > 0 && (int64_t)(now_ns() - t0) < j->spin_ns)
+    ;
+  free(j);
+  return rc;
+}
+
+/* One phase as a client runs it: enter, the job on the compute lane, leave. */
+static int run_phase(struct env *e, int phase, int64_t spin_ns) {
+  struct tz_view v;
+  int rc = tz_sched_enter(e->s, phase, &v);
+  if (rc < 0)
+    return rc;
+  struct job *j = calloc(1, sizeof *j);
+  j->spin_ns = spin_ns;
+  j->n = v.n_blocks;
+  for (int i = 0; i < v.n_blocks; i++) {
+    int b = v.blocks[i].block;
+    assert_non_null(v.blocks[i].ptr);
+    assert_int_equal(v.blocks[i].bytes, e->m.bytes[b]);
+    j->b[i].p = v.blocks[i].ptr;
+    j->b[i].base = e->m.base[b];
+    j->b[i].bytes = e->m.bytes[b];
+    j->b[i].access = v.blocks[i].access;
+    j->b[i].block = b;
+    j->b[i].v = e->m.version[b];
+    if (v.blocks[i].access & TZ_ACCESS_WRITE)
+      e->m.version[b]++;
+  }
+  rc = tz_sched_submit(e->s, job_run, j);
+  if (rc < 0) {
+    free(j);
+    return rc;
+  }
+  return tz_sched_leave(e->s, phase);
+}
+
+static int run_step(struct env *e, const int *order, int n, int64_t spin_ns) {
+  for (int i = 0; i < n; i++)
+    TZ_CHECK(run_phase(e, order[i], spin_ns));
+  return tz_sched_step_end(e->s);
+}
+
+/* After tz_sched_sync: every home holds the model's version, byte for byte; loads agree. */
+static void check_homes(struct env *e) {
+  struct model *m = &e->m;
+  for (int i = 0; i < m->n; i++) {
+    uint8_t *buf = aligned(m->bytes[i]), *exp = malloc(m->bytes[i]);
+    for (uint64_t k = 0; k < m->bytes[i]; k++)
+      exp[k] = (uint8_t)(m->base[i][k] + m->version[i]);
+    TZ_ASSERT_OK(tz_tier_read_sync(&m->home[i], 0, buf, rounded(m->bytes[i])));
+    if (memcmp(buf, exp, m->bytes[i]) != 0)
+      print_error("home of block %d differs from version %u\n", i, m->version[i]);
+    assert_memory_equal(buf, exp, m->bytes[i]);
+    memset(buf, 0, m->bytes[i]);
+    TZ_ASSERT_OK(tz_sched_block_load(e->s, m->id[i], buf));
+    assert_memory_equal(buf, exp, m->bytes[i]);
+    free(buf);
+    free(exp);
+  }
+}
+
+static uint64_t pair_bytes(tz_runtime *rt, const char *src, const char *dst) {
+  struct tz_pair_stats ps[64];
+  int n = tz_runtime_pair_stats(rt, ps, 64);
+  uint64_t b = 0;
+  for (int i = 0; i < n && i < 64; i++)
+    if (strcmp(ps[i].src, src) == 0 && strcmp(ps[i].dst, dst) == 0)
+      b += ps[i].bytes;
+  return b;
+}
+
+/* The bytes moved per tier pair are what the schedule implies: the runtime's counters, the
+ * scheduler's transfer lanes and the sum over blocks of (fills or write-backs) x size agree. */
+static void check_bytes(struct env *e) {
+  struct tz_sched_lane_stats ls[16];
+  int n = tz_sched_lane_stats(e->s, ls, 16);
+  assert_true(n >= 1 && n <= 16);
+  assert_string_equal(ls[0].name, "compute");
+  const char *homes[2] = {"host", "nvme"};
+  for (int h = 0; h < 2; h++) {
+    uint64_t in = 0, out = 0;
+    for (int i = 0; i < e->m.n; i++) {
+      if (strcmp(tz_tier_name(e->m.home[i].tier), homes[h]) != 0)
+        continue;
+      uint64_t fills, flushes;
+      TZ_ASSERT_OK(tz_sched_block_stats(e->s, i, &fills, &flushes, NULL));
+      in += fills * rounded(e->m.bytes[i]);
+      out += flushes * rounded(e->m.bytes[i]);
+    }
+    uint64_t lane_in = 0, lane_out = 0;
+    for (int i = 1; i < n; i++) {
+      if (strcmp(ls[i].src, homes[h]) == 0 && strcmp(ls[i].dst, "compute") == 0)
+        lane_in += ls[i].bytes;
+      if (strcmp(ls[i].dst, homes[h]) == 0 && strcmp(ls[i].src, "compute") == 0)
+        lane_out += ls[i].bytes;
+    }
+    assert_int_equal(lane_in, in);
+    assert_int_equal(lane_out, out);
+    assert_int_equal(pair_bytes(e->rt, homes[h], "compute"), in);
+    assert_int_equal(pair_bytes(e->rt, "compute", homes[h]), out);
+  }
+}
+
+static void check_budget(struct env *e) {
+  struct tz_sched_stats st;
+  tz_sched_stats(e->s, &st);
+  assert_int_equal(st.over_budget, 0);
+  assert_true(st.peak_used <= st.budget);
+  assert_true(st.budget >= st.min_budget);
+}
+
+static void sched_params(struct env *e, struct tz_sched_params *p, uint64_t budget, int lookahead) {
+  tz_sched_params_init(p);
+  p->compute = e->compute;
+  p->budget = budget;
+  p->lookahead = lookahead;
+  p->jitter_us = jitter_us;
+  p->seed = 11;
+  p->timeout_ms = 20000;
+}
+
+/* ---- tests ---- */
+
+/* Three layers: forward reads the weights, backward reads them and writes gradients, the
+ * optimizer reads gradients and updates weights; across steps, within a budget that holds two
+ * layers, from host and nvme homes. */
+static void test_training_like_step(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 2);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  enum { L = 3 };
+  for (int l = 0; l < L; l++) {
+    char name[32];
+    snprintf(name, sizeof name, "L%d.w", l);
+    add_block(&e, name, 256 << 10, l % 2 ? HOME_NVME : HOME_HOST, 100 + (uint64_t)l);
+    snprintf(name, sizeof name, "L%d.g", l);
+    add_block(&e, name, 128 << 10, HOME_HOST, 200 + (uint64_t)l);
+  }
+  struct tz_block_use fwd[L][1], bwd[L][2], opt[L][2];
+  struct tz_phase_decl ph[3 * L];
+  char names[3 * L][16];
+  for (int l = 0; l < L; l++) {
+    fwd[l][0] = (struct tz_block_use){2 * l, TZ_ACCESS_READ};
+    bwd[l][0] = (struct tz_block_use){2 * l, TZ_ACCESS_READ};
+    bwd[l][1] = (struct tz_block_use){2 * l + 1, TZ_ACCESS_WRITE};
+    opt[l][0] = (struct tz_block_use){2 * l + 1, TZ_ACCESS_READ};
+    opt[l][1] = (struct tz_block_use){2 * l, TZ_ACCESS_READWRITE};
+    snprintf(names[l], 16, "fwd%d", l);
+    snprintf(names[L + l], 16, "bwd%d", L - 1 - l);
+    snprintf(names[2 * L + l], 16, "opt%d", l);
+  }
+  for (int l = 0; l < L; l++) {
+    ph[l] = (struct tz_phase_decl){names[l], fwd[l], 1};
+    ph[L + l] = (struct tz_phase_decl){names[L + l], bwd[L - 1 - l], 2};
+    ph[2 * L + l] = (struct tz_phase_decl){names[2 * L + l], opt[l], 2};
+  }
+  uint64_t min;
+  TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, 3 * L, &min));
+  assert_int_equal(min, (256 << 10) + (128 << 10) + (256 << 10)); /* bwd/opt, plus a chunk */
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 3 * L));
+  int order[3 * L];
+  for (int i = 0; i < 3 * L; i++)
+    order[i] = i;
+  for (int step = 0; step < 4; step++)
+    TZ_ASSERT_OK(run_step(&e, order, 3 * L, 0));
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  check_homes(&e);
+  check_bytes(&e);
+  check_budget(&e);
+  struct tz_sched_stats st;
+  tz_sched_stats(e.s, &st);
+  assert_int_equal(st.phases, 4 * 3 * L);
+  assert_int_equal(st.steps, 4);
+  assert_int_equal(st.order_changes, 0);
+  /* Generous budget: each weight block is brought in once and then stays; gradients are only
+   * ever written first, so never brought in at all. */
+  for (int l = 0; l < L; l++) {
+    uint64_t fills, flushes;
+    TZ_ASSERT_OK(tz_sched_block_stats(e.s, 2 * l, &fills, &flushes, NULL));
+    assert_int_equal(fills, 1);
+    assert_true(flushes >= 1 && flushes <= 4);
+    TZ_ASSERT_OK(tz_sched_block_stats(e.s, 2 * l + 1, &fills, &flushes, NULL));
+    assert_int_equal(fills, 0);
+    assert_true(flushes >= 1 && flushes <= 4);
+  }
+  struct tz_sched_phase_stats ps[3 * L];
+  assert_int_equal(tz_sched_phase_stats(e.s, ps, 3 * L), 3 * L);
+  for (int i = 0; i < 3 * L; i++)
+    assert_int_equal(ps[i].runs, 4);
+  double times[8];
+  assert_int_equal(tz_sched_step_times(e.s, times, 8), 4);
+  free_env(&e);
+}
+
+/* Random phase graphs over host and nvme homes, budgets from generous down to the minimum,
+ * lookahead 0..4, declared or recorded order. */
+static void test_random_budgets(void **state) {
+  (void)state;
+  uint64_t rs = 20240601;
+  for (int c = 0; c < 12; c++) {
+    struct env e;
+    TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
+    int nb = 4 + (int)(tz_test_rand(&rs) % 10), np = 3 + (int)(tz_test_rand(&rs) % 6);
+    struct tz_sched_params p;
+    int lookahead = (int)(tz_test_rand(&rs) % 5);
+    sched_params(&e, &p, 0, lookahead);
+    p.record = (int)(tz_test_rand(&rs) % 3 == 0);
+    TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+    uint64_t total = 0;
+    for (int i = 0; i < nb; i++) {
+      char name[16];
+      snprintf(name, sizeof name, "b%d", i);
+      uint64_t bytes = (1 + tz_test_rand(&rs) % 48) * 4096 * (tz_test_rand(&rs) % 4 == 0 ? 8 : 1);
+      if (tz_test_rand(&rs) % 3 == 0)
+        bytes -= 100; /* not a multiple of the alignment */
+      add_block(&e, name, bytes, (int)(tz_test_rand(&rs) % 2), (uint64_t)c * 100 + (uint64_t)i);
+      total += rounded(bytes);
+    }
+    struct tz_block_use uses[MAXP][4];
+    struct tz_phase_decl ph[MAXP];
+    char names[MAXP][16];
+    for (int i = 0; i < np; i++) {
+      int nu = 1 + (int)(tz_test_rand(&rs) % 4);
+      int k = 0;
+      for (int t = 0; t < nu; t++) {
+        int b = (int)(tz_test_rand(&rs) % (uint64_t)nb);
+        int dup = 0;
+        for (int j = 0; j < k; j++)
+          dup |= uses[i][j].block == b;
+        if (!dup)
+          uses[i][k++] = (struct tz_block_use){b, 1 + (int)(tz_test_rand(&rs) % 3)};
+      }
+      snprintf(names[i], 16, "p%d", i);
+      ph[i] = (struct tz_phase_decl){names[i], uses[i], k};
+    }
+    uint64_t min;
+    TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, np, &min));
+    /* The first case is the minimum exactly, the second generous, the rest in between. */
+    uint64_t span = total + (256 << 10) > min ? total + (256 << 10) - min : 0;
+    uint64_t budget = c == 0 ? min : c == 1 ? total + (1 << 20) : min + tz_test_rand(&rs) % (span + 1);
+    budget = budget / 4096 * 4096;
+    if (budget < min)
+      budget = min;
+    tz_sched_destroy(e.s);
+    p.budget = budget;
+    TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+    for (int i = 0; i < nb; i++) {
+      char name[16];
+      int id;
+      snprintf(name, sizeof name, "b%d", i);
+      TZ_ASSERT_OK(tz_sched_block_add(e.s, name, e.m.bytes[i], &e.m.home[i], &id));
+    }
+    TZ_ASSERT_OK(tz_sched_declare(e.s, ph, np));
+    int order[MAXP];
+    for (int i = 0; i < np; i++)
+      order[i] = i;
+    for (int step = 0; step < 3; step++) {
+      int rc = run_step(&e, order, np, 0);
+      if (rc < 0)
+        print_error("case %d (budget %llu, minimum %llu, lookahead %d): %s\n", c,
+                    (unsigned long long)budget, (unsigned long long)min, lookahead, tz_err_msg());
+      assert_int_equal(rc, 0);
+    }
+    TZ_ASSERT_OK(tz_sched_sync(e.s));
+    check_homes(&e);
+    check_bytes(&e);
+    check_budget(&e);
+    struct tz_sched_stats st;
+    tz_sched_stats(e.s, &st);
+    assert_int_equal(st.budget, budget);
+    assert_int_equal(st.phases, 3 * (uint64_t)np);
+    assert_int_equal(st.order_changes, 0);
+    for (int i = 0; i < nb; i++) {
+      uint64_t fills, reads = 0;
+      for (int q = 0; q < np; q++)
+        for (int k = 0; k < ph[q].n_uses; k++)
+          reads += uses[q][k].block == i && (uses[q][k].access & TZ_ACCESS_READ);
+      TZ_ASSERT_OK(tz_sched_block_stats(e.s, i, &fills, NULL, NULL));
+      if (fills > 4 * reads)
+        print_error("case %d block %d: %llu fills for %llu reads\n", c, i,
+                    (unsigned long long)fills, (unsigned long long)reads);
+      /* Never brought in for nothing: once per read at most, the window's look into the step
+       * after the last included. */
+      assert_true(fills <= 4 * reads);
+      if (c == 1) /* everything fits: at most once */
+        assert_true(fills <= 1);
+    }
+    free_env(&e);
+  }
+}
+
+static void test_budget_below_minimum_refused(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 2);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "a", 1 << 20, HOME_HOST, 1);
+  add_block(&e, "b", 512 << 10, HOME_NVME, 2);
+  struct tz_block_use u0[2] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_READWRITE}};
+  struct tz_block_use u1[1] = {{1, TZ_ACCESS_READ}};
+  struct tz_phase_decl ph[2] = {{"both", u0, 2}, {"one", u1, 1}};
+  uint64_t min;
+  TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, 2, &min));
+  assert_int_equal(min, (1 << 20) + (512 << 10) + (256 << 10));
+  tz_sched_destroy(e.s);
+  p.budget = min - 8192;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  int id;
+  TZ_ASSERT_OK(tz_sched_block_add(e.s, "a", 1 << 20, &e.m.home[0], &id));
+  TZ_ASSERT_OK(tz_sched_block_add(e.s, "b", 512 << 10, &e.m.home[1], &id));
+  assert_int_equal(tz_sched_declare(e.s, ph, 2), TZ_ENOMEM);
+  assert_non_null(strstr(tz_err_msg(), "8192 bytes short"));
+  assert_non_null(strstr(tz_err_msg(), "phase 'both'"));
+  /* Bad declarations are refused with what is wrong. */
+  struct tz_block_use twice[2] = {{0, TZ_ACCESS_READ}, {0, TZ_ACCESS_WRITE}};
+  struct tz_phase_decl bad = {"twice", twice, 2};
+  assert_int_equal(tz_sched_declare(e.s, &bad, 1), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "twice"));
+  struct tz_view v;
+  assert_int_equal(tz_sched_enter(e.s, 0, &v), TZ_EINVAL);
+  tz_sched_destroy(e.s);
+  /* At the minimum exactly it runs. */
+  p.budget = min;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  TZ_ASSERT_OK(tz_sched_block_add(e.s, "a", 1 << 20, &e.m.home[0], &id));
+  TZ_ASSERT_OK(tz_sched_block_add(e.s, "b", 512 << 10, &e.m.home[1], &id));
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 2));
+  int order[2] = {0, 1};
+  for (int step = 0; step < 3; step++)
+    TZ_ASSERT_OK(run_step(&e, order, 2, 0));
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  check_homes(&e);
+  check_budget(&e);
+  free_env(&e);
+}
+
+/* A block written at the end of a step is read at the start of the next, with the next step's
+ * reads brought in ahead of time; and a block replaced from the host between two steps, after
+ * the window has already brought in a copy for the next step. Neither may be read stale. */
+static void test_stale_copies_never_used(void **state) {
+  (void)state;
+  for (int tight = 0; tight <= 1; tight++) {
+    struct env e;
+    TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+    struct tz_sched_params p;
+    sched_params(&e, &p, 0, 6);
+    TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+    add_block(&e, "A", 192 << 10, HOME_NVME, 7);
+    add_block(&e, "B", 64 << 10, HOME_HOST, 8);
+    add_block(&e, "C", 256 << 10, HOME_NVME, 9);
+    struct tz_block_use r_ab[2] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_READ}};
+    struct tz_block_use r_c[1] = {{2, TZ_ACCESS_READ}};
+    struct tz_block_use w_a[1] = {{0, TZ_ACCESS_READWRITE}};
+    struct tz_block_use w_b[2] = {{1, TZ_ACCESS_WRITE}, {2, TZ_ACCESS_READ}};
+    struct tz_phase_decl ph[4] = {
+      {"read A B", r_ab, 2}, {"read C", r_c, 1}, {"write A", w_a, 1}, {"write B", w_b, 2}};
+    if (tight) { /* room for one phase only: every block goes and comes back each step */
+      uint64_t min;
+      TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, 4, &min));
+      tz_sched_destroy(e.s);
+      p.budget = min;
+      TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+      for (int i = 0; i < 3; i++) {
+        int id;
+        TZ_ASSERT_OK(tz_sched_block_add(e.s, "x", e.m.bytes[i], &e.m.home[i], &id));
+      }
+    }
+    TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 4));
+    int order[4] = {0, 1, 2, 3};
+    uint8_t *old_base = NULL;
+    for (int step = 0; step < 5; step++) {
+      TZ_ASSERT_OK(run_step(&e, order, 4, 0));
+      if (step == 2) {
+        /* Replace A from the host: version 0 of a new pattern. */
+        uint64_t f0;
+        TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, &f0, NULL, NULL));
+        /* Jobs already queued still compare against the old pattern: keep it until the end. */
+        uint8_t *old = e.m.base[0];
+        e.m.base[0] = malloc(e.m.bytes[0]);
+        tz_test_fill(e.m.base[0], e.m.bytes[0], 4242);
+        e.m.version[0] = 0;
+        TZ_ASSERT_OK(tz_sched_block_store(e.s, 0, e.m.base[0]));
+        old_base = old;
+        TZ_ASSERT_OK(run_step(&e, order, 4, 0));
+        TZ_ASSERT_OK(tz_sched_sync(e.s)); /* fills are counted when they complete */
+        uint64_t f1;
+        TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, &f1, NULL, NULL));
+        assert_true(f1 > f0); /* the copy made before the store was not used */
+      }
+    }
+    TZ_ASSERT_OK(tz_sched_sync(e.s));
+    check_homes(&e);
+    check_bytes(&e);
+    check_budget(&e);
+    free_env(&e);
+    free(old_base);
+  }
+}
+
+/* Phases entered in another order than declared: reported, recorded again, never a hang. Then a
+ * recorded order: the first step is recorded, later ones are checked and brought in ahead. */
+static void test_order_changes(void **state) {
+  (void)state;
+  for (int record = 0; record <= 1; record++) {
+    struct env e;
+    TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+    struct tz_sched_params p;
+    sched_params(&e, &p, 3 << 20, 2);
+    p.record = record;
+    TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+    for (int i = 0; i < 4; i++) {
+      char name[8];
+      snprintf(name, sizeof name, "b%d", i);
+      add_block(&e, name, 512 << 10, i % 2 ? HOME_NVME : HOME_HOST, 30 + (uint64_t)i);
+    }
+    struct tz_block_use u[4][2];
+    struct tz_phase_decl ph[4];
+    char names[4][8];
+    for (int i = 0; i < 4; i++) {
+      u[i][0] = (struct tz_block_use){i, TZ_ACCESS_READ};
+      u[i][1] = (struct tz_block_use){(i + 1) % 4, TZ_ACCESS_READWRITE};
+      snprintf(names[i], 8, "p%d", i);
+      ph[i] = (struct tz_phase_decl){names[i], u[i], 2};
+    }
+    TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 4));
+    int declared[4] = {0, 1, 2, 3}, swapped[4] = {0, 2, 1, 3}, shorter[3] = {3, 1, 0};
+    struct tz_sched_stats st;
+    if (!record) {
+      TZ_ASSERT_OK(run_step(&e, declared, 4, 0));
+      TZ_ASSERT_OK(run_step(&e, swapped, 4, 0));
+      tz_sched_stats(e.s, &st);
+      assert_int_equal(st.order_changes, 1);
+      TZ_ASSERT_OK(run_step(&e, swapped, 4, 0)); /* now the recorded order */
+      TZ_ASSERT_OK(run_step(&e, shorter, 3, 0)); /* changed again, and shorter */
+      tz_sched_stats(e.s, &st);
+      assert_true(st.order_changes >= 2);
+      uint64_t before = st.order_changes;
+      TZ_ASSERT_OK(run_step(&e, shorter, 3, 0));
+      TZ_ASSERT_OK(run_step(&e, shorter, 3, 0));
+      tz_sched_stats(e.s, &st);
+      assert_int_equal(st.order_changes, before);
+    } else {
+      for (int step = 0; step < 4; step++)
+        TZ_ASSERT_OK(run_step(&e, swapped, 4, 0));
+      tz_sched_stats(e.s, &st);
+      assert_int_equal(st.order_changes, 0);
+      assert_true(st.hits > 0);
+    }
+    TZ_ASSERT_OK(tz_sched_sync(e.s));
+    check_homes(&e);
+    check_bytes(&e);
+    check_budget(&e);
+    free_env(&e);
+  }
+}
+
+/* From the trace: while phase i computes, the blocks of phase i+1 are on their way in. */
+static void test_overlap_in_trace(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
+  enum { L = 6 };
+  const uint64_t bytes = 2 << 20;
+  char *dir = tz_test_mkdtemp("sched-trace");
+  assert_non_null(dir);
+  char path[512];
+  snprintf(path, sizeof path, "%s/trace.json", dir);
+  struct tz_sched_params p;
+  /* Room for two layers: phase i+1's block can come in only once phase i-1 has finished, that is
+   * while phase i computes. */
+  sched_params(&e, &p, 2 * bytes + (256 << 10), 1);
+  p.trace_step = 1;
+  p.trace_path = path;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  struct tz_block_use u[L][1];
+  struct tz_phase_decl ph[L];
+  char names[L][8];
+  for (int l = 0; l < L; l++) {
+    char name[8];
+    snprintf(name, sizeof name, "W%d", l);
+    add_block(&e, name, bytes, HOME_NVME, 50 + (uint64_t)l);
+    u[l][0] = (struct tz_block_use){l, TZ_ACCESS_READ};
+    snprintf(names[l], 8, "layer%d", l);
+    ph[l] = (struct tz_phase_decl){names[l], u[l], 1};
+  }
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, L));
+  int order[L] = {0, 1, 2, 3, 4, 5};
+  for (int step = 0; step < 3; step++)
+    TZ_ASSERT_OK(run_step(&e, order, L, 15 * 1000000ll));
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  check_budget(&e);
+  tz_sched_destroy(e.s); /* writes the trace */
+  e.s = NULL;
+  json_error_t jerr;
+  json_t *root = json_load_file(path, 0, &jerr);
+  if (!root)
+    print_error("trace %s: %s (line %d)\n", path, jerr.text, jerr.line);
+  assert_non_null(root);
+  json_t *events = json_object_get(root, "traceEvents");
+  assert_true(json_is_array(events));
+  double c0[L], c1[L], f0[L], f1[L];
+  int have_c[L] = {0}, have_f[L] = {0}, lanes = 0;
+  size_t i;
+  json_t *ev;
+  json_array_foreach(events, i, ev) {
+    const char *ph_ = json_string_value(json_object_get(ev, "ph"));
+    const char *name = json_string_value(json_object_get(ev, "name"));
+    const char *cat = json_string_value(json_object_get(ev, "cat"));
+    if (ph_ && strcmp(ph_, "M") == 0 && strcmp(name, "thread_name") == 0)
+      lanes++;
+    if (!ph_ || strcmp(ph_, "X") != 0)
+      continue;
+    double ts = json_number_value(json_object_get(ev, "ts"));
+    double dur = json_number_value(json_object_get(ev, "dur"));
+    json_t *args = json_object_get(ev, "args");
+    int step = (int)json_integer_value(json_object_get(args, "step"));
+    if (strcmp(cat, "compute") == 0 && step == 1) {
+      int l = (int)json_integer_value(json_object_get(args, "phase"));
+      assert_true(l >= 0 && l < L);
+      c0[l] = ts;
+      c1[l] = ts + dur;
+      have_c[l] = 1;
+    } else if (strcmp(cat, "fill") == 0 && step == 1 && name[0] == 'W') {
+      int l = name[1] - '0';
+      f0[l] = ts;
+      f1[l] = ts + dur;
+      have_f[l] = 1;
+    }
+  }
+  assert_true(lanes >= 2); /* the compute lane and nvme->compute */
+  int overlapped = 0;
+  for (int l = 0; l + 1 < L; l++) {
+    assert_true(have_c[l]);
+    if (!have_f[l + 1]) {
+      print_error("layer %d: no fill of layer %d in the trace\n", l, l + 1);
+      continue;
+    }
+    /* The fill of layer l+1 starts before layer l's compute ends and ends after it began. */
+    if (f0[l + 1] < c1[l] && f1[l + 1] > c0[l])
+      overlapped++;
+    else
+      print_error("layer %d computes [%.0f, %.0f] us, the fill of layer %d is [%.0f, %.0f]\n", l,
+                  c0[l], c1[l], l + 1, f0[l + 1], f1[l + 1]);
+  }
+  assert_true(overlapped >= L - 2);
+  json_decref(root);
+  tz_test_rmdir(dir);
+  free_env(&e);
+}
+
+static int count_threads(void) {
+  DIR *d = opendir("/proc/self/task");
+  int n = 0;
+  for (struct dirent *de; d && (de = readdir(d));)
+    n += de->d_name[0] != '.';
+  if (d)
+    closedir(d);
+  return n;
+}
+
+/* An I/O error in the middle of a step ends in a clear error within seconds, no thread is left
+ * behind, and the blocks no phase was writing are intact in their homes. */
+static void test_fault_mid_step(void **state) {
+  (void)state;
+  /* Warm up what stays for the process's life (OpenMP's threads from the host tier). */
+  struct env warm;
+  TZ_ASSERT_OK(make_env(&warm, 1 << 20, NULL));
+  free_env(&warm);
+  /* The 9th or 23rd transfer of the fault tier fails, whatever it is; or every write-back. */
+  const char *specs[3] = {"eio@9", "eio@23", "eio-write%100"};
+  for (int k = 0; k < 3; k++) {
+    int threads = count_threads();
+    enum { L = 6 };
+    const char *spec = specs[k];
+    struct env e;
+    TZ_ASSERT_OK(make_env(&e, 16 << 20, spec));
+    struct tz_sched_params p;
+    sched_params(&e, &p, 3 * (256 << 10) + (256 << 10), 2);
+    TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+    struct tz_block_use u[L][1];
+    struct tz_phase_decl ph[L];
+    char names[L][8];
+    for (int l = 0; l < L; l++) {
+      char name[8];
+      snprintf(name, sizeof name, "W%d", l);
+      add_block(&e, name, 256 << 10, HOME_NVME, 70 + (uint64_t)l);
+      /* Odd layers write their block (so there are write-backs to fail), even ones read. */
+      u[l][0] = (struct tz_block_use){l, l % 2 ? TZ_ACCESS_READWRITE : TZ_ACCESS_READ};
+      snprintf(names[l], 8, "L%d", l);
+      ph[l] = (struct tz_phase_decl){names[l], u[l], 1};
+    }
+    TZ_ASSERT_OK(tz_sched_declare(e.s, ph, L));
+    int order[L] = {0, 1, 2, 3, 4, 5};
+    uint64_t t0 = now_ns();
+    int rc = 0;
+    for (int step = 0; step < 20 && rc == 0; step++)
+      rc = run_step(&e, order, L, 1000000);
+    if (rc == 0)
+      rc = tz_sched_sync(e.s);
+    double took = 1e-9 * (double)(now_ns() - t0);
+    if (rc != TZ_EIO)
+      print_error("%s: rc %d (%s) after %.3f s\n", spec, rc, tz_err_msg(), took);
+    assert_int_equal(rc, TZ_EIO);
+    assert_non_null(strstr(tz_err_msg(), "injected EIO"));
+    assert_non_null(strstr(tz_err_msg(), "block 'W"));
+    assert_true(took < 10.0);
+    /* Every later call says the same. */
+    struct tz_view v;
+    assert_int_equal(tz_sched_enter(e.s, 0, &v), TZ_EIO);
+    tz_sched_destroy(e.s);
+    e.s = NULL;
+    /* Read-only blocks hold their data; written ones one whole version (no torn write-back), or
+     * fail their checksum where the failed write-back left the old bytes. */
+    for (int l = 0; l < L; l++) {
+      uint8_t *buf = aligned(256 << 10);
+      int rrc = tz_tier_read_sync(&e.m.home[l], 0, buf, 256 << 10);
+      if (l % 2 && rrc == TZ_ECHECKSUM) {
+        free(buf);
+        continue;
+      }
+      TZ_ASSERT_OK(rrc);
+      uint8_t d = (uint8_t)(buf[0] - e.m.base[l][0]);
+      if (l % 2 == 0)
+        assert_int_equal(d, 0);
+      for (uint64_t b = 0; b < (256 << 10); b++)
+        if ((uint8_t)(buf[b] - e.m.base[l][b]) != d) {
+          print_error("block %d: byte %llu is of another version\n", l, (unsigned long long)b);
+          assert_true(0);
+        }
+      free(buf);
+    }
+    free_env(&e);
+    assert_int_equal(count_threads(), threads);
+  }
+}
+
+/* A compute job that fails is the scheduler's error too, with the job's message. */
+static int job_fails(void *arg) {
+  (void)arg;
+  return tz_err_set(TZ_EINVAL, "the job failed on purpose");
+}
+
+static void test_compute_failure(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 2);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "a", 64 << 10, HOME_HOST, 1);
+  struct tz_block_use u[1] = {{0, TZ_ACCESS_READWRITE}};
+  struct tz_phase_decl ph[1] = {{"only", u, 1}};
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 1));
+  struct tz_view v;
+  TZ_ASSERT_OK(tz_sched_enter(e.s, 0, &v));
+  TZ_ASSERT_OK(tz_sched_submit(e.s, job_fails, NULL));
+  TZ_ASSERT_OK(tz_sched_leave(e.s, 0));
+  assert_int_equal(tz_sched_sync(e.s), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "the job failed on purpose"));
+  assert_int_equal(tz_sched_step_end(e.s), TZ_EINVAL);
+  free_env(&e);
+}
+
+/* TZ_SCHED_DEBUG=1 prints every decision. */
+static void test_debug_prints_decisions(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("sched-debug");
+  char path[512];
+  snprintf(path, sizeof path, "%s/stderr", dir);
+  fflush(stderr);
+  int saved = dup(2);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  dup2(fileno(f), 2);
+  setenv("TZ_SCHED_DEBUG", "1", 1);
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 1);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "dbg-block", 64 << 10, HOME_NVME, 1);
+  struct tz_block_use u[1] = {{0, TZ_ACCESS_READWRITE}};
+  struct tz_phase_decl ph[1] = {{"dbg-phase", u, 1}};
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 1));
+  int order[1] = {0};
+  TZ_ASSERT_OK(run_step(&e, order, 1, 0));
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  free_env(&e);
+  unsetenv("TZ_SCHED_DEBUG");
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  fclose(f);
+  FILE *r = fopen(path, "r");
+  static char text[1 << 20];
+  size_t n = fread(text, 1, sizeof text - 1, r);
+  text[n] = '\0';
+  fclose(r);
+  assert_non_null(strstr(text, "place 'dbg-block'"));
+  assert_non_null(strstr(text, "fill 'dbg-block'"));
+  assert_non_null(strstr(text, "enter step 0 phase 'dbg-phase'"));
+  assert_non_null(strstr(text, "write back 'dbg-block'"));
+  tz_test_rmdir(dir);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2)
+    tz_test_skip("usage: test_sched plain|jitter");
+  jitter_us = strcmp(argv[1], "jitter") == 0 ? 300 : 0;
+  char why[256];
+  if (tz_tier_probe("nvme", why, sizeof why) < 0)
+    tz_test_skip("%s", why);
+  if (access(nvme_dir, W_OK) != 0)
+    tz_test_skip("no writable %s for nvme files", nvme_dir);
+  signal(SIGALRM, watchdog);
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test_setup_teardown(test_training_like_step, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_random_budgets, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_budget_below_minimum_refused, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_stale_copies_never_used, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_order_changes, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_overlap_in_trace, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_fault_mid_step, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_compute_failure, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_debug_prints_decisions, arm, disarm),
+  };
+  return cmocka_run_group_tests_name(argv[1], tests, NULL, NULL);
+}

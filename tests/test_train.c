@@ -1,0 +1,527 @@
+/* ZeRO-3 training on the scheduler, world of one, cpu backend:
+ *  - against a direct reference (the whole-model runner, the same Adam, the same clipping), bit
+ *    for bit;
+ *  - placement invariance: offload none, cpu, nvme and a mixed plan, streaming through a window of
+ *    a quarter of the state, give the same bits;
+ *  - folded and overlapped optimizer steps against unfolded ones, tied and untied: the same bits;
+ *  - the plan: capacities respected, forced placements honoured, budgets below the minimum
+ *    refused with the missing amount; the bound.
+ * argv[1]: "plain", or "jitter" (random delays in the scheduler's lanes and the progress engine).
+ */
+#define _GNU_SOURCE
+#include "collectives/comm.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/plan.h"
+#include "core/runtime.h"
+#include "core/sched.h"
+#include "kernels/adam.h"
+#include "kernels/compute.h"
+#include "testlib.h"
+#include "train_cases.h"
+#include "trainer/lr.h"
+#include "trainer/model.h"
+#include "trainer/synthetic.h"
+#include "trainer/train.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int jitter_us;
+static char *nvme_dir;
+
+static void watchdog(int sig) {
+  (void)sig;
+  static const char msg[] = "test_train: a test hung for 240 s (watchdog)\n";
+  ssize_t r = write(2, msg, sizeof msg - 1);
+  (void)r;
+  _exit(1);
+}
+
+struct world {
+  tz_runtime *rt;
+  tz_comm *comm;
+};
+
+static void world_open(struct world *w) {
+  struct tz_runtime_params rp;
+  tz_runtime_params_init(&rp);
+  rp.chunk_bytes = 64 << 10;
+  rp.staging_bytes = 1 << 20;
+  TZ_ASSERT_OK(tz_runtime_create(&rp, &w->rt));
+  struct tz_bootstrap bs;
+  tz_bootstrap_single(&bs);
+  struct tz_comm_params cp;
+  tz_comm_params_init(&cp);
+  cp.progress = tz_runtime_progress(w->rt);
+  TZ_ASSERT_OK(tz_comm_create("single", &bs, &cp, &w->comm));
+}
+
+static void world_close(struct world *w) {
+  tz_comm_destroy(w->comm);
+  tz_runtime_destroy(w->rt);
+}
+
+static void run(const struct tc_opts *o, struct tc_result *r) {
+  struct world w;
+  world_open(&w);
+  struct tc_opts oo = *o;
+  oo.jitter_us = jitter_us;
+  oo.nvme_dir = nvme_dir;
+  TZ_ASSERT_OK(tc_run(&oo, w.comm, w.rt, r));
+  world_close(&w);
+  assert_int_equal(r->steps, o->steps);
+  for (int s = 0; s < r->steps; s++)
+    assert_true(isfinite(r->loss[s]) && r->loss[s] > 0);
+}
+
+static void expect_same(const struct tc_result *a, const struct tc_result *b, const char *what) {
+  int ld;
+  uint64_t d = tc_diff(a, b, &ld);
+  if (ld || d) {
+    for (int s = 0; s < a->steps; s++)
+      print_error("%s: step %d loss %.9g vs %.9g\n", what, s, a->loss[s], b->loss[s]);
+    print_error("%s: %llu parameter elements differ\n", what, (unsigned long long)d);
+  }
+  assert_false(ld);
+  assert_int_equal(d, 0);
+}
+
+/* ---- a direct reference: the runner, then the same segment norm, clipping and Adam ---- */
+
+static void test_reference(void **state) {
+  (void)state;
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.accum = 1;
+  o.steps = 3;
+  o.mode = TZ_OPT_FOLDED;
+  struct tc_result got;
+  run(&o, &got);
+
+  struct tz_model_config mc;
+  tc_model(&mc);
+  struct tz_config cfg;
+  TZ_ASSERT_OK(tc_config(&cfg, &o, 1));
+  tz_compute *cm;
+  TZ_ASSERT_OK(tz_compute_create("cpu", NULL, &cm));
+  void **params, **grads;
+  TZ_ASSERT_OK(tz_model_blocks_alloc(cm, &mc, &params));
+  TZ_ASSERT_OK(tz_model_blocks_alloc(cm, &mc, &grads));
+  TZ_ASSERT_OK(tz_model_blocks_init(cm, &mc, 7, params));
+  int nb = tz_model_n_blocks(&mc), N = o.micro * TC_SEQ;
+  float *master[8], *m[8], *v[8], *seg = malloc(sizeof(float) * TZ_TRAIN_NORM_SEGMENT);
+  float partial[256];
+  for (int b = 0; b < nb; b++) {
+    uint64_t n = tz_model_block_numel(&mc, b);
+    master[b] = malloc(sizeof(float) * n);
+    m[b] = calloc(n, sizeof(float));
+    v[b] = calloc(n, sizeof(float));
+    TZ_ASSERT_OK(tz_model_init_block(&mc, b, 7, 0, n, master[b]));
+  }
+  tz_model_runner *r;
+  TZ_ASSERT_OK(tz_model_runner_create(cm, &mc, o.micro, TC_SEQ, 1, &r));
+  int32_t tok[64 * TC_SEQ], tgt[64 * TC_SEQ];
+  for (int s = 0; s < o.steps; s++) {
+    for (int b = 0; b < nb; b++)
+      memset(grads[b], 0, sizeof(float) * tz_model_block_numel(&mc, b));
+    tz_synthetic_batch(7, tz_synthetic_first(s, 0, 0, 1, 1, o.micro), o.micro, TC_SEQ, mc.vocab,
+                       tok, tgt);
+    float loss;
+    TZ_ASSERT_OK(tz_model_runner_step(r, params, grads, tok, tgt, 1.0f / (float)N, &loss));
+    if (memcmp(&loss, &got.loss[s], sizeof loss) != 0)
+      print_error("step %d: loss %.9g, reference %.9g\n", s, got.loss[s], loss);
+    assert_memory_equal(&loss, &got.loss[s], sizeof loss);
+    /* The norm: sums of squares of each block's segments, in block order, summed in the fixed
+     * order of tz_compute_sum. */
+    int np = 0;
+    for (int b = 0; b < nb; b++) {
+      uint64_t n = tz_model_block_numel(&mc, b);
+      for (uint64_t off = 0; off < n; off += TZ_TRAIN_NORM_SEGMENT) {
+        uint64_t len = n - off < TZ_TRAIN_NORM_SEGMENT ? n - off : TZ_TRAIN_NORM_SEGMENT;
+        memset(seg, 0, sizeof(float) * TZ_TRAIN_NORM_SEGMENT);
+        memcpy(seg, (float *)grads[b] + off, sizeof(float) * len);
+        assert_true(np < 256);
+        TZ_ASSERT_OK(tz_compute_sumsq(cm, &partial[np++], TZ_F32, seg, TZ_TRAIN_NORM_SEGMENT, 0));
+      }
+    }
+    float sumsq;
+    TZ_ASSERT_OK(tz_compute_sum(cm, &sumsq, TZ_F32, partial, (size_t)np, 0));
+    double norm = sqrt((double)sumsq), coef = o.clip / (norm + 1e-6);
+    assert_true(coef < 1.0); /* the test means clipping to happen */
+    float fnorm = (float)norm;
+    assert_memory_equal(&fnorm, &got.norm[s], sizeof fnorm);
+    struct tz_adam_params ap = {.lr = (float)tz_lr_at(&cfg, s, o.steps),
+                                .beta1 = (float)cfg.optimizer.betas[0],
+                                .beta2 = (float)cfg.optimizer.betas[1],
+                                .eps = (float)cfg.optimizer.eps,
+                                .weight_decay = (float)cfg.optimizer.weight_decay,
+                                .decoupled = cfg.optimizer.adam_w_mode,
+                                .grad_scale = (float)coef};
+    TZ_ASSERT_OK(tz_adam_params_for_step(&ap, s + 1));
+    for (int b = 0; b < nb; b++)
+      TZ_ASSERT_OK(tz_adam_cpu(&ap, master[b], m[b], v[b], grads[b], TZ_F32, params[b], TZ_F32,
+                               tz_model_block_numel(&mc, b), NULL));
+  }
+  for (int b = 0; b < nb; b++) {
+    uint64_t n = tz_model_block_numel(&mc, b);
+    assert_memory_equal(master[b], got.master[b], sizeof(float) * n);
+    assert_memory_equal(params[b], got.param[b], sizeof(float) * n);
+    free(master[b]);
+    free(m[b]);
+    free(v[b]);
+  }
+  tz_model_runner_destroy(r);
+  tz_model_blocks_free(cm, &mc, params);
+  tz_model_blocks_free(cm, &mc, grads);
+  tz_compute_destroy(cm);
+  tz_config_free(&cfg);
+  free(seg);
+  tc_result_free(&got);
+}
+
+/* ---- placement invariance ---- */
+
+static void test_placement(void **state) {
+  (void)state;
+  struct tc_opts o;
+  tc_opts_init(&o);
+  struct tc_result none, cpu, nvme, mixed;
+  run(&o, &none);
+  /* The window was a quarter of the state: blocks were streamed in and evicted. */
+  assert_true(none.st.fills > 0);
+  assert_true(none.st.evictions > 0);
+  assert_int_equal(none.st.over_budget, 0);
+  o.param_dev = "cpu";
+  o.opt_dev = "cpu";
+  run(&o, &cpu);
+  expect_same(&none, &cpu, "offload cpu");
+  o.param_dev = "nvme";
+  o.opt_dev = "nvme";
+  run(&o, &nvme);
+  expect_same(&none, &nvme, "offload nvme");
+  struct tz_model_config mc;
+  tc_model(&mc);
+  int nb = tz_model_n_blocks(&mc);
+  int8_t tiers[16 * TZ_PLAN_KINDS];
+  for (int i = 0; i < nb * TZ_PLAN_KINDS; i++)
+    tiers[i] = (int8_t)((i * 7 / 3) % TZ_PLAN_TIERS);
+  o.force_tiers = tiers;
+  run(&o, &mixed);
+  expect_same(&none, &mixed, "mixed plan");
+  tc_result_free(&none);
+  tc_result_free(&cpu);
+  tc_result_free(&nvme);
+  tc_result_free(&mixed);
+}
+
+/* ---- where the optimizer step runs ---- */
+
+static void test_folded(void **state) {
+  (void)state;
+  for (int untied = 0; untied < 2; untied++) {
+    struct tc_opts o;
+    tc_opts_init(&o);
+    o.untied = untied;
+    o.param_dev = "cpu";
+    o.mode = TZ_OPT_UNFOLDED;
+    struct tc_result unfolded, folded;
+    run(&o, &unfolded);
+    o.mode = TZ_OPT_FOLDED;
+    run(&o, &folded);
+    expect_same(&unfolded, &folded, untied ? "folded, untied" : "folded");
+    tc_result_free(&unfolded);
+    tc_result_free(&folded);
+  }
+}
+
+static void test_overlapped(void **state) {
+  (void)state;
+  for (int untied = 0; untied < 2; untied++) {
+    struct tc_opts o;
+    tc_opts_init(&o);
+    o.untied = untied;
+    o.clip = 0;
+    o.opt_dev = "cpu";
+    o.mode = TZ_OPT_UNFOLDED;
+    struct tc_result unfolded, overlapped;
+    run(&o, &unfolded);
+    o.mode = TZ_OPT_AUTO; /* without clipping: overlapped */
+    run(&o, &overlapped);
+    expect_same(&unfolded, &overlapped, untied ? "overlapped, untied" : "overlapped");
+    tc_result_free(&unfolded);
+    tc_result_free(&overlapped);
+  }
+}
+
+/* ---- resume: the rank's shards saved after some steps and stored into a new trainer ---- */
+
+struct saved {
+  int nb;
+  void *shard[16][TZ_PLAN_KINDS];
+};
+
+/* Steps [from, to) of the run of o on trainer tr; losses into loss[from..to). */
+static void steps(tz_trainer *tr, const struct tc_opts *o, int from, int to, float *loss) {
+  struct tz_model_config mc;
+  tc_model(&mc);
+  int n = o->accum * o->micro * TC_SEQ;
+  int32_t *tok = malloc(sizeof *tok * (size_t)n), *tgt = malloc(sizeof *tgt * (size_t)n);
+  for (int s = from; s < to; s++) {
+    for (int k = 0; k < o->accum; k++)
+      tz_synthetic_batch(7, tz_synthetic_first(s, k, 0, 1, o->accum, o->micro), o->micro, TC_SEQ,
+                         mc.vocab, tok + k * o->micro * TC_SEQ, tgt + k * o->micro * TC_SEQ);
+    struct tz_step_result r;
+    TZ_ASSERT_OK(tz_trainer_step(tr, tok, tgt, &r));
+    assert_int_equal(r.step, s);
+    loss[s] = r.loss;
+  }
+  free(tok);
+  free(tgt);
+}
+
+static tz_trainer *trainer(struct world *w, const struct tc_opts *o, struct tz_config *cfg) {
+  struct tz_model_config mc;
+  tc_model(&mc);
+  TZ_ASSERT_OK(tc_config(cfg, o, 1));
+  struct tz_trainer_params tp;
+  tz_trainer_params_init(&tp);
+  tp.seq_len = TC_SEQ;
+  tp.total_steps = o->steps;
+  tp.opt_mode = o->mode;
+  tz_trainer *tr;
+  TZ_ASSERT_OK(tz_trainer_create(cfg, &mc, w->comm, w->rt, &tp, &tr));
+  return tr;
+}
+
+static void test_resume(void **state) {
+  (void)state;
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.jitter_us = jitter_us;
+  o.nvme_dir = nvme_dir;
+  o.opt_dev = "nvme";
+  struct tc_result whole;
+  run(&o, &whole);
+  struct world w;
+  world_open(&w);
+  struct tz_config cfg;
+  float loss[TC_STEPS_MAX];
+  tz_trainer *tr = trainer(&w, &o, &cfg);
+  steps(tr, &o, 0, 3, loss);
+  struct saved sv;
+  sv.nb = whole.nb;
+  for (int b = 0; b < sv.nb; b++)
+    for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+      sv.shard[b][k] = malloc(tz_trainer_shard_bytes(tr, b, k));
+      TZ_ASSERT_OK(tz_trainer_shard_load(tr, b, k, sv.shard[b][k]));
+    }
+  assert_int_equal(tz_trainer_steps_done(tr), 3);
+  tz_trainer_destroy(tr);
+  tz_config_free(&cfg);
+  tr = trainer(&w, &o, &cfg);
+  for (int b = 0; b < sv.nb; b++)
+    for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+      TZ_ASSERT_OK(tz_trainer_shard_store(tr, b, k, sv.shard[b][k]));
+      free(sv.shard[b][k]);
+    }
+  TZ_ASSERT_OK(tz_trainer_set_steps_done(tr, 3));
+  steps(tr, &o, 3, o.steps, loss);
+  assert_memory_equal(loss, whole.loss, sizeof(float) * (size_t)o.steps);
+  for (int b = 0; b < whole.nb; b++) {
+    float *m = malloc(sizeof(float) * whole.numel[b]);
+    TZ_ASSERT_OK(tz_trainer_param_load(tr, b, TZ_PLAN_MASTER, m));
+    assert_memory_equal(m, whole.master[b], sizeof(float) * whole.numel[b]);
+    free(m);
+  }
+  tz_trainer_destroy(tr);
+  tz_config_free(&cfg);
+  world_close(&w);
+  tc_result_free(&whole);
+}
+
+static void test_overlap_refused_with_clipping(void **state) {
+  (void)state;
+  struct world w;
+  world_open(&w);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.mode = TZ_OPT_OVERLAPPED;
+  struct tc_result r;
+  int rc = tc_run(&o, w.comm, w.rt, &r);
+  assert_int_equal(rc, TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "gradient_clipping"));
+  world_close(&w);
+}
+
+/* ---- the plan ---- */
+
+static int make_plan_only(struct world *w, const char *hbm, const char *host, int auto_place,
+                          const char *pdev, const char *odev, tz_trainer **tr) {
+  struct tz_model_config mc;
+  tc_model(&mc);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.param_dev = pdev;
+  o.opt_dev = odev;
+  o.nvme_dir = nvme_dir;
+  struct tz_config cfg;
+  int rc = tc_config(&cfg, &o, 1);
+  if (rc == 0 && hbm)
+    rc = tz_config_set(&cfg, "tierzero.hbm_budget", hbm);
+  if (rc == 0 && host)
+    rc = tz_config_set(&cfg, "tierzero.host_budget", host);
+  if (rc == 0) {
+    struct tz_trainer_params tp;
+    tz_trainer_params_init(&tp);
+    tp.seq_len = TC_SEQ;
+    tp.plan_only = 1;
+    tp.auto_placement = auto_place;
+    struct tz_plan_rates rates = {.flops = 1e11,
+                                  .copy_in = 2e10,
+                                  .copy_out = 2e10,
+                                  .copy_local = 1e11,
+                                  .nvme_read = 3e9,
+                                  .nvme_write = 2e9,
+                                  .adam = 1e9};
+    tp.rates = &rates;
+    rc = tz_trainer_create(&cfg, &mc, w->comm, w->rt, &tp, tr);
+  }
+  tz_config_free(&cfg);
+  return rc;
+}
+
+static void test_plan(void **state) {
+  (void)state;
+  struct world w;
+  world_open(&w);
+  tz_trainer *tr = NULL;
+  /* Forced: every kind where the config puts it. */
+  TZ_ASSERT_OK(make_plan_only(&w, NULL, NULL, 0, "cpu", "nvme", &tr));
+  const struct tz_plan *p = tz_trainer_plan(tr);
+  for (int g = 0; g < p->n_groups; g++) {
+    assert_int_equal(p->tier[g * TZ_PLAN_KINDS + TZ_PLAN_PARAM], TZ_PLAN_HOST);
+    assert_int_equal(p->tier[g * TZ_PLAN_KINDS + TZ_PLAN_MASTER], TZ_PLAN_NVME);
+    assert_int_equal(p->tier[g * TZ_PLAN_KINDS + TZ_PLAN_M], TZ_PLAN_NVME);
+    assert_int_equal(p->tier[g * TZ_PLAN_KINDS + TZ_PLAN_V], TZ_PLAN_NVME);
+    assert_int_equal(p->tier[g * TZ_PLAN_KINDS + TZ_PLAN_GRAD], TZ_PLAN_HOST);
+  }
+  assert_true(p->bound_s > 0);
+  assert_false(p->unknown_rates);
+  double forced_bound = p->bound_s;
+  uint64_t state_bytes = p->used[TZ_PLAN_HOST] + p->used[TZ_PLAN_NVME];
+  uint64_t fixed = p->compute_fixed, minw = p->min_window;
+  tz_trainer_destroy(tr);
+
+  /* Auto, with room in the compute tier for fixed buffers, half the state and the minimum window,
+   * and host room for a quarter: every capacity holds, and some state stays in each tier. */
+  char hbm[32], host[32];
+  snprintf(hbm, sizeof hbm, "%llu", (unsigned long long)(fixed + state_bytes / 2 + minw));
+  snprintf(host, sizeof host, "%llu", (unsigned long long)(state_bytes / 4));
+  TZ_ASSERT_OK(make_plan_only(&w, hbm, host, 1, "none", "none", &tr));
+  p = tz_trainer_plan(tr);
+  for (int t = 0; t < TZ_PLAN_TIERS; t++)
+    assert_true(p->used[t] <= p->capacity[t]);
+  assert_true(p->compute_fixed + p->used[TZ_PLAN_COMPUTE] + p->window <=
+              p->capacity[TZ_PLAN_COMPUTE]);
+  assert_true(p->window >= p->min_window);
+  assert_true(p->used[TZ_PLAN_COMPUTE] > 0 && p->used[TZ_PLAN_HOST] > 0 &&
+              p->used[TZ_PLAN_NVME] > 0);
+  /* Keeping state in faster tiers than the forced cpu/nvme plan never predicts a slower step. */
+  assert_true(p->bound_s <= forced_bound);
+  tz_trainer_destroy(tr);
+
+  /* A budget below the minimum: refused, saying by how much. */
+  snprintf(hbm, sizeof hbm, "%llu", (unsigned long long)(fixed + minw - 8192));
+  int rc = make_plan_only(&w, hbm, NULL, 1, "none", "none", &tr);
+  assert_int_equal(rc, TZ_ENOMEM);
+  assert_null(tr);
+  assert_non_null(strstr(tz_err_msg(), "8.0 KiB short"));
+  /* Forced into a compute tier that cannot hold it: refused too. */
+  snprintf(hbm, sizeof hbm, "%llu", (unsigned long long)(fixed + 2 * minw));
+  rc = make_plan_only(&w, hbm, NULL, 0, "none", "none", &tr);
+  assert_int_equal(rc, TZ_ENOMEM);
+  assert_non_null(strstr(tz_err_msg(), "short"));
+  world_close(&w);
+}
+
+/* The bound on a made-up machine: a phase waits for its inputs; slower tiers cost more. */
+static void test_bound(void **state) {
+  (void)state;
+  uint64_t bytes[2][TZ_PLAN_KINDS] = {{1000000, 2000000, 2000000, 2000000, 2000000},
+                                      {1000000, 2000000, 2000000, 2000000, 2000000}};
+  struct tz_plan_phase ph[4];
+  memset(ph, 0, sizeof ph);
+  for (int i = 0; i < 2; i++) {
+    snprintf(ph[i].name, sizeof ph[i].name, "fwd%d", i);
+    ph[i].flop = 1e9;
+    ph[i].n_uses = 1;
+    ph[i].uses[0] = (struct tz_plan_use){i, TZ_PLAN_PARAM, 1};
+    snprintf(ph[2 + i].name, sizeof ph[2 + i].name, "opt%d", i);
+    ph[2 + i].adam_elems = 5e5;
+    ph[2 + i].n_uses = 2;
+    ph[2 + i].uses[0] = (struct tz_plan_use){i, TZ_PLAN_MASTER, 3};
+    ph[2 + i].uses[1] = (struct tz_plan_use){i, TZ_PLAN_PARAM, 2};
+  }
+  struct tz_plan_request r;
+  memset(&r, 0, sizeof r);
+  r.n_groups = 2;
+  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])bytes;
+  r.n_phases = 4;
+  r.phases = ph;
+  r.align = 4096;
+  r.chunk = 4096;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    r.force[k] = TZ_PLAN_AUTO;
+  r.rates = (struct tz_plan_rates){.flops = 1e12,
+                                   .copy_in = 1e9,
+                                   .copy_out = 1e9,
+                                   .copy_local = 1e11,
+                                   .nvme_read = 1e8,
+                                   .nvme_write = 1e8,
+                                   .adam = 1e9};
+  int8_t tiers[2 * TZ_PLAN_KINDS];
+  struct tz_plan a, b, c;
+  memset(tiers, TZ_PLAN_COMPUTE, sizeof tiers);
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 1 << 24, &a));
+  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 1 << 24, &b));
+  memset(tiers, TZ_PLAN_NVME, sizeof tiers);
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 1 << 24, &c));
+  /* Compute: 2 x 1 ms of forward, 2 x 0.5 ms of Adam = 3 ms; inputs in place cost 10-20 us. */
+  assert_true(a.compute_s > 2.99e-3 && a.compute_s < 3.01e-3);
+  assert_true(a.bound_s >= a.compute_s && a.bound_s < 3.2e-3);
+  /* From host: 6 MB in and 6 MB out per step at 1 GB/s; the copies overlap the compute. */
+  assert_true(b.bound_s > a.bound_s);
+  assert_true(b.bound_s >= b.lane_s[0] && b.bound_s < b.compute_s + b.lane_s[0] + b.lane_s[1]);
+  /* From nvme: 60 ms of reads and 60 ms of writes through one device: the device is the bound. */
+  assert_true(c.bound_s > b.bound_s);
+  assert_true(c.bound_s >= c.lane_s[2]);
+  assert_true(c.lane_s[2] > 0.119 && c.lane_s[2] < 0.121);
+  /* With no window to look ahead, every input waits for the phase before: slower still. */
+  struct tz_plan d;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 4096 + 4 * 1024 * 1024, &d));
+  assert_true(d.lookahead < c.lookahead);
+  assert_true(d.bound_s >= c.bound_s);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "jitter") == 0)
+    jitter_us = 200;
+  signal(SIGALRM, watchdog);
+  alarm(240);
+  nvme_dir = tz_test_mkdtemp("train");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bound),     cmocka_unit_test(test_plan),
+      cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
+      cmocka_unit_test(test_folded),    cmocka_unit_test(test_overlapped),
+      cmocka_unit_test(test_resume),    cmocka_unit_test(test_overlap_refused_with_clipping),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  tz_test_rmdir(nvme_dir);
+  return rc;
+}

@@ -1,0 +1,182 @@
+/* Training runs shared by test_train.c and tests/train_mpi: a small model, a config, and a run
+ * that records every step's loss and every final parameter, so that two runs can be compared bit
+ * for bit. */
+#ifndef TZ_TEST_TRAIN_CASES_H
+#define TZ_TEST_TRAIN_CASES_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/comm.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/runtime.h"
+#include "core/sched.h"
+#include "testlib.h"
+#include "trainer/model.h"
+#include "trainer/synthetic.h"
+#include "trainer/train.h"
+
+#define TC_SEQ 16
+#define TC_STEPS_MAX 16
+
+/* Four layers, grouped-query attention, tied embeddings: every phase kind in a few milliseconds. */
+static inline void tc_model(struct tz_model_config *m) {
+  memset(m, 0, sizeof *m);
+  m->d_model = 64;
+  m->n_layer = 4;
+  m->n_head = 4;
+  m->n_kv_head = 2;
+  m->ffn_dim = 160;
+  m->vocab = 96;
+  m->max_seq = 32;
+  m->rope_theta = 10000.0;
+  m->norm_eps = 1e-5;
+  m->tie_embeddings = 1;
+}
+
+struct tc_opts {
+  int micro, accum;      /* micro-batch per rank, accumulation steps */
+  double clip;           /* gradient_clipping; 0 off */
+  const char *param_dev; /* offload_param.device: "none", "cpu", "nvme" */
+  const char *opt_dev;   /* offload_optimizer.device */
+  const char *nvme_dir;  /* tierzero.nvme_path */
+  int jitter_us;
+  enum tz_opt_mode mode;
+  const int8_t *force_tiers; /* a mixed plan */
+  uint64_t window;           /* scheduler budget; 0 the trainer's default (a quarter) */
+  int steps;
+  int untied;
+};
+
+static inline void tc_opts_init(struct tc_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->micro = 2;
+  o->accum = 2;
+  o->clip = 0.05;
+  o->param_dev = "none";
+  o->opt_dev = "none";
+  o->mode = TZ_OPT_AUTO;
+  o->steps = 5;
+}
+
+/* What a run leaves: the loss of each step, the norm, and the master weights of every block. */
+struct tc_result {
+  int steps;
+  float loss[TC_STEPS_MAX], norm[TC_STEPS_MAX];
+  int nb;
+  uint64_t numel[64];
+  float *master[64], *param[64];
+  struct tz_sched_stats st;
+};
+
+static inline void tc_result_free(struct tc_result *r) {
+  for (int b = 0; b < r->nb; b++) {
+    free(r->master[b]);
+    free(r->param[b]);
+  }
+  memset(r, 0, sizeof *r);
+}
+
+static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int world) {
+  tz_config_defaults(c);
+  char buf[64];
+  snprintf(buf, sizeof buf, "%d", o->micro);
+  TZ_CHECK(tz_config_set(c, "train_micro_batch_size_per_gpu", buf));
+  snprintf(buf, sizeof buf, "%d", o->accum);
+  TZ_CHECK(tz_config_set(c, "gradient_accumulation_steps", buf));
+  snprintf(buf, sizeof buf, "%g", o->clip);
+  TZ_CHECK(tz_config_set(c, "gradient_clipping", buf));
+  TZ_CHECK(tz_config_set(c, "optimizer.params.lr", "0.01"));
+  TZ_CHECK(tz_config_set(c, "optimizer.params.weight_decay", "0.1"));
+  TZ_CHECK(tz_config_set(c, "zero_optimization.offload_param.device", o->param_dev));
+  TZ_CHECK(tz_config_set(c, "zero_optimization.offload_optimizer.device", o->opt_dev));
+  if (o->nvme_dir)
+    TZ_CHECK(tz_config_set(c, "tierzero.nvme_path", o->nvme_dir));
+  snprintf(buf, sizeof buf, "%d", o->jitter_us);
+  TZ_CHECK(tz_config_set(c, "tierzero.jitter_us", buf));
+  TZ_CHECK(tz_config_set(c, "seed", "7"));
+  return tz_config_resolve_batch(c, world);
+}
+
+/* Trains o->steps steps on comm's world and records the result (every rank gets the full
+ * parameters). */
+static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
+                         struct tc_result *res) {
+  memset(res, 0, sizeof *res);
+  struct tz_model_config mc;
+  tc_model(&mc);
+  if (o->untied)
+    mc.tie_embeddings = 0;
+  int world = tz_comm_size(comm), rank = tz_comm_rank(comm);
+  struct tz_config cfg;
+  int rc = tc_config(&cfg, o, world);
+  if (rc < 0) {
+    tz_config_free(&cfg);
+    return rc;
+  }
+  struct tz_trainer_params tp;
+  tz_trainer_params_init(&tp);
+  tp.seq_len = TC_SEQ;
+  tp.total_steps = o->steps;
+  tp.opt_mode = o->mode;
+  tp.force_tiers = o->force_tiers;
+  tp.window = o->window;
+  tz_trainer *tr = NULL;
+  int n = o->accum * o->micro * TC_SEQ;
+  int32_t *tok = malloc(sizeof *tok * (size_t)n), *tgt = malloc(sizeof *tgt * (size_t)n);
+  if (!tok || !tgt) {
+    rc = tz_err_set(TZ_ENOMEM, "test: no memory");
+    goto out;
+  }
+  TZ_CHECK_GOTO(tz_trainer_create(&cfg, &mc, comm, rt, &tp, &tr), rc, out);
+  for (int s = 0; s < o->steps; s++) {
+    for (int k = 0; k < o->accum; k++) {
+      uint64_t first = tz_synthetic_first(s, k, rank, world, o->accum, o->micro);
+      tz_synthetic_batch(7, first, o->micro, TC_SEQ, mc.vocab, tok + k * o->micro * TC_SEQ,
+                         tgt + k * o->micro * TC_SEQ);
+    }
+    struct tz_step_result sr;
+    TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, &sr), rc, out);
+    res->loss[s] = sr.loss;
+    res->norm[s] = sr.grad_norm;
+    res->steps = s + 1;
+  }
+  TZ_CHECK_GOTO(tz_trainer_sync(tr), rc, out);
+  res->nb = tz_model_n_blocks(&mc);
+  for (int b = 0; b < res->nb; b++) {
+    res->numel[b] = tz_model_block_numel(&mc, b);
+    res->master[b] = malloc(sizeof(float) * res->numel[b]);
+    res->param[b] = malloc(sizeof(float) * res->numel[b]);
+    if (!res->master[b] || !res->param[b]) {
+      rc = tz_err_set(TZ_ENOMEM, "test: no memory");
+      goto out;
+    }
+    TZ_CHECK_GOTO(tz_trainer_param_load(tr, b, TZ_PLAN_MASTER, res->master[b]), rc, out);
+    TZ_CHECK_GOTO(tz_trainer_param_load(tr, b, TZ_PLAN_PARAM, res->param[b]), rc, out);
+  }
+  tz_trainer_sched_stats(tr, &res->st);
+out:
+  tz_trainer_destroy(tr);
+  tz_config_free(&cfg);
+  free(tok);
+  free(tgt);
+  return rc;
+}
+
+/* Number of elements whose bits differ between the two runs' parameters, and whether the losses
+ * differ in any bit. */
+static inline uint64_t tc_diff(const struct tc_result *a, const struct tc_result *b,
+                               int *loss_differs) {
+  *loss_differs = a->steps != b->steps || memcmp(a->loss, b->loss, sizeof a->loss) != 0;
+  uint64_t d = 0;
+  for (int i = 0; i < a->nb && i < b->nb; i++)
+    for (uint64_t e = 0; e < a->numel[i]; e++) {
+      d += memcmp(&a->master[i][e], &b->master[i][e], sizeof(float)) != 0;
+      d += memcmp(&a->param[i][e], &b->param[i][e], sizeof(float)) != 0;
+    }
+  return d + (uint64_t)(a->nb != b->nb);
+}
+
+#endif

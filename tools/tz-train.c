@@ -1,0 +1,357 @@
+/* tz-train: ZeRO-3 training of a Llama-shaped model on the scheduler (docs/training.md). */
+#define _GNU_SOURCE
+#include "collectives/comm.h"
+#include "collectives/launch.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/plan.h"
+#include "core/runtime.h"
+#include "core/sched.h"
+#include "trainer/data.h"
+#include "trainer/metrics.h"
+#include "trainer/model.h"
+#include "trainer/rates.h"
+#include "trainer/synthetic.h"
+#include "trainer/train.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: tz-train [options]\n"
+          "Trains a Llama-shaped model with ZeRO-3 sharding, its state placed across the compute\n"
+          "tier, host memory and NVMe.\n\n"
+          "  --config FILE        DeepSpeed-style JSON (docs/config.md); may be repeated\n"
+          "  --model PRESET       tiny, llama-1b, llama-3b, llama-7b, llama-13b (default: the\n"
+          "                       config's tierzero.model, else tiny)\n"
+          "  --steps N            optimizer steps (default 10)\n"
+          "  --seed N             initialisation and data seed (default: the config's seed)\n"
+          "  --seq N              tokens per sequence (default 64, at most the model's max_seq)\n"
+          "  --data SPEC          builtin (the built-in corpus, the default), text:PATH, an llm.c\n"
+          "                       shard or a glob of them (docs/data.md), or synthetic\n"
+          "  --metrics FILE       one JSON object per step (docs/data.md: step, loss, grad_norm,\n"
+          "                       lr, step_s, bound_s, stall_s, tokens_per_s, ...)\n"
+          "  --plan               print the placement and the predicted bound, and stop\n"
+          "  --auto-placement     let the plan choose homes instead of the offload_* devices\n"
+          "  --optimizer-step M   auto, folded, overlapped or unfolded (default auto)\n"
+          "  --rates FILE         rates cache (default ~/.cache/tierzero/rates-<host>.json)\n"
+          "  --remeasure          measure the machine's rates even when cached\n"
+          "  --nproc N            start N workers on this machine (needs a GPU per worker);\n"
+          "                       on CPUs run N ranks under mpirun instead\n"
+          "  --set KEY=VALUE      set one config key (JSON path), after the files\n"
+          "  -h, --help\n");
+}
+
+struct opts {
+  const char *configs[8];
+  int n_configs;
+  const char *sets[32];
+  int n_sets;
+  const char *model, *metrics, *rates, *data;
+  int64_t steps, seed;
+  int seq, plan, auto_place, remeasure, nproc;
+  enum tz_opt_mode mode;
+};
+
+static int parse(int argc, char **argv, struct opts *o) {
+  static const struct option longs[] = {{"config", required_argument, 0, 'c'},
+                                        {"model", required_argument, 0, 'm'},
+                                        {"steps", required_argument, 0, 's'},
+                                        {"seed", required_argument, 0, 'S'},
+                                        {"seq", required_argument, 0, 'T'},
+                                        {"metrics", required_argument, 0, 'M'},
+                                        {"plan", no_argument, 0, 'p'},
+                                        {"auto-placement", no_argument, 0, 'a'},
+                                        {"optimizer-step", required_argument, 0, 'o'},
+                                        {"rates", required_argument, 0, 'r'},
+                                        {"remeasure", no_argument, 0, 'R'},
+                                        {"nproc", required_argument, 0, 'n'},
+                                        {"set", required_argument, 0, 'k'},
+                                        {"data", required_argument, 0, 'd'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+  memset(o, 0, sizeof *o);
+  o->steps = 10;
+  o->seed = -1;
+  o->seq = 64;
+  int c;
+  char *end;
+  while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    switch (c) {
+    case 'c':
+      if (o->n_configs == 8)
+        return fprintf(stderr, "tz-train: at most 8 --config files\n"), -1;
+      o->configs[o->n_configs++] = optarg;
+      break;
+    case 'k':
+      if (o->n_sets == 32)
+        return fprintf(stderr, "tz-train: at most 32 --set options\n"), -1;
+      o->sets[o->n_sets++] = optarg;
+      break;
+    case 'm':
+      o->model = optarg;
+      break;
+    case 'd':
+      o->data = optarg;
+      break;
+    case 'M':
+      o->metrics = optarg;
+      break;
+    case 'r':
+      o->rates = optarg;
+      break;
+    case 'p':
+      o->plan = 1;
+      break;
+    case 'a':
+      o->auto_place = 1;
+      break;
+    case 'R':
+      o->remeasure = 1;
+      break;
+    case 's':
+    case 'S':
+    case 'T':
+    case 'n': {
+      long long v = strtoll(optarg, &end, 10);
+      if (*end || v < 0 || (c != 'S' && v < 1))
+        return fprintf(stderr, "tz-train: --%s: expected a %s integer, got '%s'\n",
+                       c == 's'   ? "steps"
+                       : c == 'S' ? "seed"
+                       : c == 'T' ? "seq"
+                                  : "nproc",
+                       c == 'S' ? "non-negative" : "positive", optarg),
+               -1;
+      if (c == 's')
+        o->steps = v;
+      else if (c == 'S')
+        o->seed = v;
+      else if (c == 'T')
+        o->seq = (int)v;
+      else
+        o->nproc = (int)v;
+      break;
+    }
+    case 'o':
+      if (tz_opt_mode_parse(optarg, &o->mode) < 0)
+        return fprintf(stderr, "tz-train: --%s\n", tz_err_msg()), -1;
+      break;
+    case 'h':
+      usage(stdout);
+      exit(0);
+    default:
+      usage(stderr);
+      return -1;
+    }
+  }
+  if (optind < argc)
+    return fprintf(stderr, "tz-train: unexpected argument '%s'\n", argv[optind]), -1;
+  return 0;
+}
+
+static int load_config(const struct opts *o, int world, struct tz_config *cfg) {
+  tz_config_defaults(cfg);
+  for (int i = 0; i < o->n_configs; i++)
+    TZ_CHECK(tz_config_load_file(cfg, o->configs[i]));
+  TZ_CHECK(tz_config_apply_env(cfg));
+  for (int i = 0; i < o->n_sets; i++) {
+    char key[256];
+    const char *eq = strchr(o->sets[i], '=');
+    if (!eq || eq == o->sets[i] || (size_t)(eq - o->sets[i]) >= sizeof key)
+      return tz_err_set(TZ_ECONFIG, "--set %s: expected KEY=VALUE", o->sets[i]);
+    memcpy(key, o->sets[i], (size_t)(eq - o->sets[i]));
+    key[eq - o->sets[i]] = 0;
+    TZ_CHECK(tz_config_set(cfg, key, eq + 1));
+  }
+  if (o->seed >= 0) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", (long long)o->seed);
+    TZ_CHECK(tz_config_set(cfg, "seed", buf));
+  }
+  if (cfg->train_batch_size == 0 && cfg->train_micro_batch_size_per_gpu == 0)
+    TZ_CHECK(tz_config_set(cfg, "train_micro_batch_size_per_gpu", "4"));
+  TZ_CHECK(tz_config_resolve_batch(cfg, world));
+  tz_log_set_level((enum tz_log_level)cfg->tierzero.log);
+  return 0;
+}
+
+static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_config *cfg) {
+  int rank = tz_comm_rank(comm), world = tz_comm_size(comm);
+  struct tz_model_config mc;
+  const char *preset = o->model ? o->model : cfg->tierzero.model ? cfg->tierzero.model : "tiny";
+  TZ_CHECK(tz_model_preset(preset, &mc));
+  if (rank == 0)
+    for (int i = 0; i < tz_config_ignored_count(cfg); i++)
+      fprintf(stderr, "tz-train: config key %s is not used%s%s%s\n", tz_config_ignored(cfg, i),
+              tz_config_ignored_hint(cfg, i) ? " (did you mean " : "",
+              tz_config_ignored_hint(cfg, i) ? tz_config_ignored_hint(cfg, i) : "",
+              tz_config_ignored_hint(cfg, i) ? "?)" : "");
+  struct tz_plan_rates rates;
+  TZ_CHECK(tz_rates_get(cfg, "cpu", rt, comm, o->rates, o->remeasure, &rates));
+  struct tz_trainer_params tp;
+  tz_trainer_params_init(&tp);
+  tp.seq_len = o->seq;
+  tp.total_steps = o->steps;
+  tp.opt_mode = o->mode;
+  tp.auto_placement = o->auto_place;
+  tp.rates = &rates;
+  tp.plan_only = o->plan;
+  tz_trainer *tr = NULL;
+  TZ_CHECK(tz_trainer_create(cfg, &mc, comm, rt, &tp, &tr));
+  const struct tz_plan *plan = tz_trainer_plan(tr);
+  if (rank == 0) {
+    printf("tz-train: model %s (%llu parameters), %d rank%s, micro-batch %lld x %d tokens, "
+           "accumulation %lld, optimizer step %s\n",
+           preset, (unsigned long long)tz_model_n_params(&mc), world, world > 1 ? "s" : "",
+           (long long)cfg->train_micro_batch_size_per_gpu, o->seq,
+           (long long)cfg->gradient_accumulation_steps, tz_opt_mode_name(tz_trainer_opt_mode(tr)));
+    tz_plan_print(stdout, plan, o->plan ? tz_trainer_group_names(tr) : NULL);
+    fflush(stdout);
+  }
+  int rc = 0;
+  tz_metrics_writer *mw = NULL;
+  tz_data *data = NULL;
+  int synthetic = o->data && strcmp(o->data, "synthetic") == 0;
+  int micro = (int)cfg->train_micro_batch_size_per_gpu;
+  int accum = (int)cfg->gradient_accumulation_steps;
+  int64_t n = (int64_t)accum * micro * o->seq;
+  int32_t *tok = NULL, *tgt = NULL;
+  if (o->plan)
+    goto out;
+  if (!synthetic) {
+    struct tz_data_params dp = {.seq_len = o->seq, .seed = (uint64_t)cfg->seed};
+    TZ_CHECK_GOTO(tz_data_open(o->data, mc.vocab, &dp, &data), rc, out);
+    if (rank == 0)
+      printf("tz-train: data: %s\n", tz_data_describe(data));
+  }
+  if (rank == 0 && o->metrics)
+    TZ_CHECK_GOTO(tz_metrics_writer_create(o->metrics, 0, &mw), rc, out);
+  tok = malloc(sizeof *tok * (size_t)n);
+  tgt = malloc(sizeof *tgt * (size_t)n);
+  if (!tok || !tgt) {
+    rc = tz_err_set(TZ_ENOMEM, "tz-train: no memory for a batch");
+    goto out;
+  }
+  double fpt = tz_metrics_flops_per_token(&mc, o->seq, 0), elapsed = 0;
+  struct tz_metrics_summary sum;
+  tz_metrics_summary_init(&sum, fpt, 0);
+  for (int64_t s = 0; s < o->steps; s++) {
+    for (int k = 0; k < accum; k++) {
+      int32_t *ti = tok + (int64_t)k * micro * o->seq, *tt = tgt + (int64_t)k * micro * o->seq;
+      if (synthetic)
+        tz_synthetic_batch((uint64_t)cfg->seed, tz_synthetic_first(s, k, rank, world, accum, micro),
+                           micro, o->seq, mc.vocab, ti, tt);
+      else
+        TZ_CHECK_GOTO(
+            tz_data_batch_io(data, TZ_DATA_TRAIN,
+                             tz_data_sample_index((uint64_t)s, accum, k, world, rank, micro), micro,
+                             ti, tt),
+            rc, out);
+    }
+    struct tz_step_result r;
+    TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, &r), rc, out);
+    elapsed += r.step_s;
+    struct tz_step_metrics m;
+    tz_step_metrics_init(&m);
+    m.step = s + 1;
+    m.total_steps = o->steps;
+    m.elapsed_s = elapsed;
+    m.loss = r.loss;
+    m.lr = r.lr;
+    m.grad_norm = r.grad_norm;
+    m.tokens = (uint64_t)n * (uint64_t)world;
+    m.step_s = r.step_s;
+    m.bound_s = plan->bound_s;
+    m.stall_s = r.stall_s;
+    tz_metrics_derive(&m, fpt, 0);
+    tz_metrics_summary_add(&sum, &m);
+    if (rank == 0) {
+      printf("step %lld/%lld  loss %.4f  norm %.3f  lr %.3g  %.1f ms (bound %.1f ms, stall %.1f "
+             "ms)  %.0f tok/s\n",
+             (long long)m.step, (long long)o->steps, r.loss, r.grad_norm, r.lr, 1e3 * r.step_s,
+             1e3 * plan->bound_s, 1e3 * r.stall_s, m.tokens_per_s);
+      fflush(stdout);
+      if (mw)
+        TZ_CHECK_GOTO(tz_metrics_write_step(mw, &m), rc, out);
+    }
+  }
+  TZ_CHECK_GOTO(tz_trainer_sync(tr), rc, out);
+  if (rank == 0) {
+    struct tz_sched_stats st;
+    tz_trainer_sched_stats(tr, &st);
+    tz_metrics_summary_print(&sum, stdout);
+    printf("tz-train: %llu phases, %llu fills (%.1f MiB), %llu write-backs (%.1f MiB), %llu hits, "
+           "%llu evictions, stalled %.3f s of %.3f s computing\n",
+           (unsigned long long)st.phases, (unsigned long long)st.fills,
+           (double)st.fill_bytes / (1 << 20), (unsigned long long)st.flushes,
+           (double)st.flush_bytes / (1 << 20), (unsigned long long)st.hits,
+           (unsigned long long)st.evictions, st.stall_s, st.compute_s);
+    if (mw)
+      TZ_CHECK_GOTO(tz_metrics_write_summary(mw, &sum), rc, out);
+  }
+out:
+  tz_metrics_writer_destroy(mw);
+  tz_data_destroy(data);
+  free(tok);
+  free(tgt);
+  tz_trainer_destroy(tr);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  struct opts o;
+  if (parse(argc, argv, &o) < 0)
+    return 2;
+  if (o.nproc > 1 && !tz_launch_is_worker()) {
+    char why[256];
+    if (tz_comm_probe("nccl", why, sizeof why) < 0) {
+      fprintf(stderr,
+              "tz-train: --nproc %d starts one worker per GPU, and %s; on CPUs run "
+              "`mpirun -np %d tz-train ...`\n",
+              o.nproc, why, o.nproc);
+      return 2;
+    }
+    return tz_launch_nproc(o.nproc, argc, argv);
+  }
+  struct tz_bootstrap bs;
+  if (tz_bootstrap_detect(&bs) < 0) {
+    fprintf(stderr, "tz-train: %s\n", tz_err_msg());
+    return 1;
+  }
+  struct tz_config cfg;
+  if (load_config(&o, bs.size, &cfg) < 0) {
+    fprintf(stderr, "tz-train: %s\n", tz_err_msg());
+    tz_config_free(&cfg);
+    return 2;
+  }
+  const char *backend = bs.size == 1 ? "single" : bs.kind == TZ_LAUNCH_MPIRUN ? "mpi" : "nccl";
+  tz_runtime *rt = NULL;
+  tz_comm *comm = NULL;
+  struct tz_runtime_params rp;
+  tz_runtime_params_init(&rp);
+  rp.staging_bytes = cfg.tierzero.staging_bytes;
+  rp.chunk_bytes = cfg.tierzero.chunk_bytes;
+  rp.numa_node = cfg.tierzero.numa_node;
+  int rc = tz_runtime_create(&rp, &rt);
+  if (rc == 0) {
+    struct tz_comm_params cp;
+    tz_comm_params_init(&cp);
+    cp.progress = tz_runtime_progress(rt);
+    rc = tz_comm_create(backend, &bs, &cp, &comm);
+  }
+  if (rc == 0)
+    rc = train(&o, comm, rt, &cfg);
+  if (rc < 0) {
+    fprintf(stderr, "tz-train: rank %d: %s\n", bs.rank, tz_err_msg());
+    if (comm && bs.size > 1)
+      tz_comm_abort(comm, rc, tz_err_msg());
+  }
+  tz_comm_destroy(comm);
+  tz_runtime_destroy(rt);
+  tz_config_free(&cfg);
+  return rc < 0 ? 1 : 0;
+}

@@ -1,0 +1,1108 @@
+/* ZeRO-3 training on the scheduler (trainer/train.h, docs/training.md).
+ *
+ * Who touches what. The client thread (tz_trainer_step) enters the phases in order and queues
+ * one job per phase on the scheduler's compute lane; every compute op and every collective of the
+ * step runs in those jobs, one after the other on the lane's thread. Trainer-owned buffers in the
+ * compute tier (activations, gathered weights, full gradients) are therefore only ever used by
+ * one thread at a time, in phase order. The client writes only what no queued job reads: the
+ * host copy of the tokens and the job slots, both double-buffered by step parity, and it waits
+ * at the end of each step for that step's last backward phase, so the lane is never more than
+ * one step behind. */
+#define _GNU_SOURCE
+#include "trainer/train.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/sched.h"
+#include "core/tier.h"
+#include "kernels/adam.h"
+#include "trainer/lr.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ALIGN 4096 /* home extents and blocks: a page, the host and nvme tiers' alignment */
+
+enum phase_kind { PH_EMBED, PH_FWD, PH_HEAD, PH_BWD, PH_EMBED_BWD, PH_OPT };
+
+struct phase {
+  enum phase_kind kind;
+  int block; /* model block */
+  int micro;
+  int n_uses;
+  struct tz_block_use uses[TZ_PLAN_KINDS];
+  int kinds[TZ_PLAN_KINDS]; /* the kind of each use */
+  char name[24];
+};
+
+/* What one run of a phase needs, filled by the client at enter. */
+struct job {
+  tz_trainer *tr;
+  int phase;
+  void *ptr[TZ_PLAN_KINDS]; /* the view's pointers, by kind */
+  int pending;              /* opt: 1 applies an update; 0 only refreshes param from master */
+  struct tz_adam_params adam;
+  const int32_t *tokens_host; /* embed of micro 0: this step's tokens and targets */
+  const int32_t *targets_host;
+};
+
+struct tz_trainer {
+  struct tz_config cfg;
+  struct tz_model_config mc;
+  tz_comm *comm;
+  int rank, world;
+  tz_runtime *rt;
+  tz_compute *cm;
+  enum tz_dtype S;
+  size_t es; /* bytes per element of S */
+  tz_tier *t_compute, *t_host, *t_nvme;
+  tz_tier *t_nvme_base; /* under t_nvme when tierzero.faults wraps it in a fault tier */
+  tz_sched *sched;
+  enum tz_opt_mode mode;
+  int B, T, G, N, L, nb, tied;
+  double clip;
+  int64_t total_steps;
+
+  uint64_t *numel, *padded, *shard; /* per model block, elements */
+  uint64_t *seg_off;                /* per block: its first norm segment */
+  uint64_t n_seg;                   /* norm segments of the whole model */
+  uint64_t (*bytes)[TZ_PLAN_KINDS]; /* per block and kind: bytes of the rank's block */
+  tz_extent (*home)[TZ_PLAN_KINDS];
+  int (*bid)[TZ_PLAN_KINDS]; /* scheduler block ids */
+  char **names;
+  struct tz_plan plan;
+
+  struct phase *ph;
+  int n_ph, loss_phase;
+  struct job *jobs; /* 2 * n_ph: slots by step parity */
+
+  /* In the compute tier, trainer-owned (compute_fixed of the plan). */
+  tz_extent buf;
+  int32_t *tokens, *targets; /* (G, B, T) */
+  void **x;                  /* L + 1 of (B, T, C) S: each layer's input, then the last output */
+  void *dx;                  /* (B, T, C) S */
+  struct tz_layer_acts acts;
+  struct tz_layer_scratch ls;
+  struct tz_head_scratch hs;
+  void *gw, *gw_embed;     /* gathered weights: a layer or the head; the embedding */
+  float *fg, *fg_embed;    /* full gradients of the same */
+  float *partials;         /* (n_seg) sums of squares of norm segments */
+  float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
+  int32_t *host_tokens[2]; /* host copies by step parity: tokens then targets, each G*N */
+
+  /* Written by the step's last backward job, read by the client after the step's fence. */
+  float loss, norm, clip_scale;
+
+  int64_t step, updates; /* steps done; Adam updates applied or queued */
+  int pending;           /* folded: the last step's update is not applied yet */
+};
+
+const char *tz_opt_mode_name(enum tz_opt_mode m) {
+  switch (m) {
+  case TZ_OPT_AUTO:
+    return "auto";
+  case TZ_OPT_FOLDED:
+    return "folded";
+  case TZ_OPT_OVERLAPPED:
+    return "overlapped";
+  case TZ_OPT_UNFOLDED:
+    return "unfolded";
+  }
+  return "?";
+}
+
+int tz_opt_mode_parse(const char *s, enum tz_opt_mode *out) {
+  for (int m = TZ_OPT_AUTO; m <= TZ_OPT_UNFOLDED; m++)
+    if (s && strcmp(s, tz_opt_mode_name((enum tz_opt_mode)m)) == 0) {
+      *out = (enum tz_opt_mode)m;
+      return 0;
+    }
+  return tz_err_set(TZ_EINVAL, "optimizer step '%s': expected auto, folded, overlapped or unfolded",
+                    s ? s : "(null)");
+}
+
+void tz_trainer_params_init(struct tz_trainer_params *p) {
+  memset(p, 0, sizeof *p);
+  p->seq_len = 64;
+  p->opt_mode = TZ_OPT_AUTO;
+}
+
+static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *tier_ptr(tz_tier *t, uint64_t off) {
+  void *p = tz_tier_device_ptr(t, off);
+  return p ? p : tz_tier_host_ptr(t, off);
+}
+
+/* ---- collectives inside jobs: issued and waited for on the compute lane ---- */
+
+static int wait_release(tz_fence *f) {
+  int rc = tz_fence_wait(f, -1);
+  tz_fence_release(f);
+  return rc < 0 ? rc : 0;
+}
+
+static int gather(tz_trainer *tr, int b, const void *shard, void *full) {
+  tz_fence *f = NULL;
+  TZ_CHECK(tz_comm_all_gather(tr->comm, shard, full, tr->shard[b] * tr->es, NULL, &f));
+  return wait_release(f);
+}
+
+/* Reduce-scatters the full gradient fg of block b and adds the rank's part into the gradient
+ * shard (micro-batch 0 copies it: the sum then starts from the first term, as the reduction's
+ * does, so accumulation and a larger world give the same bits). */
+static int reduce_into(tz_trainer *tr, int b, float *fg, float *grad, int micro) {
+  uint64_t n = tr->shard[b];
+  float *mine = fg + (uint64_t)tr->rank * n;
+  tz_fence *f = NULL;
+  TZ_CHECK(tz_comm_reduce_scatter(tr->comm, fg, mine, n, TZ_F32, NULL, &f));
+  TZ_CHECK(wait_release(f));
+  if (micro == 0)
+    return tz_compute_copy(tr->cm, grad, mine, n * sizeof(float));
+  return tz_compute_add(tr->cm, TZ_F32, grad, grad, mine, n);
+}
+
+/* Sums of squares of the rank's norm segments of block b's gradient shard. */
+static int norm_partials(tz_trainer *tr, int b, const float *grad) {
+  uint64_t per = tr->shard[b] / TZ_TRAIN_NORM_SEGMENT;
+  uint64_t first = (uint64_t)tr->rank * per;
+  uint64_t nseg = (tr->numel[b] + TZ_TRAIN_NORM_SEGMENT - 1) / TZ_TRAIN_NORM_SEGMENT;
+  for (uint64_t j = 0; j < per && first + j < nseg; j++)
+    TZ_CHECK(tz_compute_sumsq(tr->cm, tr->partials + tr->seg_off[b] + first + j, TZ_F32,
+                              grad + j * TZ_TRAIN_NORM_SEGMENT, TZ_TRAIN_NORM_SEGMENT, 0));
+  return 0;
+}
+
+/* The step's totals, once its last backward is done: loss, gradient norm, clip factor. */
+static int finish_step(tz_trainer *tr) {
+  tz_fence *f = NULL;
+  if (tr->world > 1) {
+    TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->scal, tr->scal, 1, TZ_F32, NULL, &f));
+    TZ_CHECK(wait_release(f));
+    TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->partials, tr->partials, tr->n_seg, TZ_F32, NULL, &f));
+    TZ_CHECK(wait_release(f));
+  }
+  TZ_CHECK(tz_compute_sum(tr->cm, tr->scal + 1, TZ_F32, tr->partials, tr->n_seg, 0));
+  float host[2];
+  TZ_CHECK(tz_compute_copy_out(tr->cm, host, tr->scal, sizeof host));
+  TZ_CHECK(tz_compute_zero(tr->cm, tr->partials, tr->n_seg * sizeof(float)));
+  TZ_CHECK(tz_compute_sync(tr->cm));
+  tr->loss = host[0] / (float)((int64_t)tr->G * tr->world * tr->N);
+  double norm = sqrt((double)host[1]);
+  tr->norm = (float)norm;
+  tr->clip_scale = 1.0f;
+  if (tr->clip > 0) {
+    /* DeepSpeed's rule: scale by clip / (norm + 1e-6) when that is below 1. */
+    double coef = tr->clip / (norm + 1e-6);
+    if (coef < 1.0)
+      tr->clip_scale = (float)coef;
+  }
+  return 0;
+}
+
+static int run_opt(tz_trainer *tr, struct job *j, int b) {
+  float *master = j->ptr[TZ_PLAN_MASTER], *m = j->ptr[TZ_PLAN_M], *v = j->ptr[TZ_PLAN_V];
+  const float *grad = j->ptr[TZ_PLAN_GRAD];
+  void *param = j->ptr[TZ_PLAN_PARAM];
+  uint64_t n = tr->shard[b];
+  if (!j->pending)
+    return tz_compute_cast(tr->cm, param, tr->S, master, TZ_F32, n);
+  struct tz_adam_params p = j->adam;
+  p.grad_scale = tr->clip > 0 ? tr->clip_scale : 1.0f;
+  struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
+  return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, &o);
+}
+
+static int run_job(void *arg) {
+  struct job *j = arg;
+  tz_trainer *tr = j->tr;
+  const struct phase *ph = &tr->ph[j->phase];
+  const struct tz_model_config *mc = &tr->mc;
+  int b = ph->block, k = ph->micro, B = tr->B, T = tr->T, L = tr->L;
+  size_t N = (size_t)tr->N;
+  float dscale = 1.0f / (float)((int64_t)tr->G * tr->world * tr->N);
+  switch (ph->kind) {
+  case PH_EMBED:
+    if (k == 0) {
+      TZ_CHECK(tz_compute_copy_in(tr->cm, tr->tokens, j->tokens_host,
+                                  (size_t)tr->G * N * sizeof(int32_t)));
+      TZ_CHECK(tz_compute_copy_in(tr->cm, tr->targets, j->targets_host,
+                                  (size_t)tr->G * N * sizeof(int32_t)));
+    }
+    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw_embed));
+    return tz_model_embed_fwd(tr->cm, mc, tr->gw_embed, tr->tokens + (size_t)k * N, tr->x[0], B, T);
+  case PH_FWD:
+    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw));
+    return tz_model_layer_fwd(tr->cm, mc, tr->gw, tr->x[b - 1], tr->x[b], &tr->acts, B, T);
+  case PH_HEAD: {
+    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw));
+    TZ_CHECK(tz_compute_zero(tr->cm, tr->fg, tr->padded[b] * sizeof(float)));
+    if (tr->tied)
+      TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
+    TZ_CHECK(tz_model_head(tr->cm, mc, tr->gw, tr->gw_embed, tr->fg, tr->tied ? tr->fg_embed : NULL,
+                           tr->x[L], tr->targets + (size_t)k * N, dscale, tr->dx, &tr->hs, B, T));
+    if (k == 0)
+      TZ_CHECK(tz_compute_copy(tr->cm, tr->scal, tr->hs.loss, sizeof(float)));
+    else
+      TZ_CHECK(tz_compute_add(tr->cm, TZ_F32, tr->scal, tr->scal, tr->hs.loss, 1));
+    TZ_CHECK(reduce_into(tr, b, tr->fg, j->ptr[TZ_PLAN_GRAD], k));
+    return k == tr->G - 1 ? norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]) : 0;
+  }
+  case PH_BWD:
+    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw));
+    TZ_CHECK(tz_compute_zero(tr->cm, tr->fg, tr->padded[b] * sizeof(float)));
+    TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, tr->gw, tr->fg, tr->x[b - 1], &tr->acts, 1, tr->dx,
+                                tr->dx, &tr->ls, B, T));
+    TZ_CHECK(reduce_into(tr, b, tr->fg, j->ptr[TZ_PLAN_GRAD], k));
+    return k == tr->G - 1 ? norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]) : 0;
+  case PH_EMBED_BWD:
+    if (!tr->tied)
+      TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
+    TZ_CHECK(
+        tz_model_embed_bwd(tr->cm, mc, tr->fg_embed, tr->tokens + (size_t)k * N, tr->dx, B, T));
+    TZ_CHECK(reduce_into(tr, b, tr->fg_embed, j->ptr[TZ_PLAN_GRAD], k));
+    if (k < tr->G - 1)
+      return 0;
+    TZ_CHECK(norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]));
+    return finish_step(tr);
+  case PH_OPT:
+    return run_opt(tr, j, b);
+  }
+  return tz_err_set(TZ_EINVAL, "train: phase %d of unknown kind", j->phase);
+}
+
+/* ---- the order of a step ---- */
+
+static void use(struct phase *p, tz_trainer *tr, int kind, int access) {
+  p->uses[p->n_uses] = (struct tz_block_use){tr->bid ? tr->bid[p->block][kind] : -1, access};
+  p->kinds[p->n_uses++] = kind;
+}
+
+static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, int micro) {
+  struct phase *p = &tr->ph[(*n)++];
+  memset(p, 0, sizeof *p);
+  p->kind = kind;
+  p->block = block;
+  p->micro = micro;
+  int gacc = micro == 0 ? TZ_ACCESS_WRITE : TZ_ACCESS_READWRITE;
+  switch (kind) {
+  case PH_EMBED:
+    snprintf(p->name, sizeof p->name, "embed.%d", micro);
+    use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+    break;
+  case PH_FWD:
+    snprintf(p->name, sizeof p->name, "fwd%d.%d", block - 1, micro);
+    use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+    break;
+  case PH_HEAD:
+    snprintf(p->name, sizeof p->name, "head.%d", micro);
+    use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+    use(p, tr, TZ_PLAN_GRAD, gacc);
+    break;
+  case PH_BWD:
+    snprintf(p->name, sizeof p->name, "bwd%d.%d", block - 1, micro);
+    use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+    use(p, tr, TZ_PLAN_GRAD, gacc);
+    break;
+  case PH_EMBED_BWD:
+    snprintf(p->name, sizeof p->name, "embed-bwd.%d", micro);
+    use(p, tr, TZ_PLAN_GRAD, gacc);
+    break;
+  case PH_OPT:
+    snprintf(p->name, sizeof p->name, "opt-%s", tr->names[block]);
+    use(p, tr, TZ_PLAN_MASTER, TZ_ACCESS_READWRITE);
+    use(p, tr, TZ_PLAN_M, TZ_ACCESS_READWRITE);
+    use(p, tr, TZ_PLAN_V, TZ_ACCESS_READWRITE);
+    use(p, tr, TZ_PLAN_GRAD, TZ_ACCESS_READ);
+    use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_WRITE);
+    break;
+  }
+  return *n - 1;
+}
+
+/* Builds the step's phases in order (DESIGN.md "A training step"). */
+static int build_phases(tz_trainer *tr) {
+  int L = tr->L, G = tr->G, H = L + 1;
+  tr->n_ph = G * (2 * L + 3) + tr->nb;
+  free(tr->ph);
+  tr->ph = calloc((size_t)tr->n_ph, sizeof *tr->ph);
+  if (!tr->ph)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for %d phases", tr->n_ph);
+  int n = 0, folded = tr->mode == TZ_OPT_FOLDED, overlapped = tr->mode == TZ_OPT_OVERLAPPED;
+  for (int k = 0; k < G; k++) {
+    int first = k == 0, last = k == G - 1;
+    if (folded && first)
+      add_phase(tr, &n, PH_OPT, 0, 0);
+    add_phase(tr, &n, PH_EMBED, 0, k);
+    for (int i = 0; i < L; i++) {
+      if (folded && first)
+        add_phase(tr, &n, PH_OPT, 1 + i, 0);
+      add_phase(tr, &n, PH_FWD, 1 + i, k);
+    }
+    if (folded && first)
+      add_phase(tr, &n, PH_OPT, H, 0);
+    add_phase(tr, &n, PH_HEAD, H, k);
+    if (overlapped && last)
+      add_phase(tr, &n, PH_OPT, H, 0);
+    for (int i = L - 1; i >= 0; i--) {
+      add_phase(tr, &n, PH_BWD, 1 + i, k);
+      if (overlapped && last)
+        add_phase(tr, &n, PH_OPT, 1 + i, 0);
+    }
+    int eb = add_phase(tr, &n, PH_EMBED_BWD, 0, k);
+    if (last)
+      tr->loss_phase = eb;
+    if (overlapped && last)
+      add_phase(tr, &n, PH_OPT, 0, 0);
+  }
+  if (tr->mode == TZ_OPT_UNFOLDED)
+    for (int b = 0; b < tr->nb; b++)
+      add_phase(tr, &n, PH_OPT, b, 0);
+  return n == tr->n_ph ? 0
+                       : tz_err_set(TZ_EINVAL, "train: %d phases built, %d expected", n, tr->n_ph);
+}
+
+/* ---- sizes and the plan ---- */
+
+static uint64_t layer_matrix_params(const struct tz_model_config *c) {
+  uint64_t C = (uint64_t)c->d_model, D = (uint64_t)tz_model_head_dim(c);
+  return C * D * (uint64_t)(2 * c->n_head + 2 * c->n_kv_head) + 3 * C * (uint64_t)c->ffn_dim;
+}
+
+/* FLOP of one phase for one micro-batch; backward includes the recomputed forward. */
+static double phase_flop(const tz_trainer *tr, const struct phase *p) {
+  const struct tz_model_config *c = &tr->mc;
+  double N = tr->N, C = c->d_model, V = c->vocab;
+  double layer = 2.0 * N * (double)layer_matrix_params(c) +
+                 2.0 * (double)tr->B * (double)tr->T * (double)tr->T * C; /* causal attention */
+  switch (p->kind) {
+  case PH_FWD:
+    return layer;
+  case PH_BWD:
+    return 3.0 * layer;
+  case PH_HEAD:
+    return 3.0 * 2.0 * N * C * V;
+  default:
+    return 0;
+  }
+}
+
+static uint64_t sizes_total(const uint64_t *sizes, int n) {
+  uint64_t t = 0;
+  for (int i = 0; i < n; i++)
+    t += round_up(sizes[i], 256);
+  return t;
+}
+
+enum {
+  BUF_TOKENS,
+  BUF_TARGETS,
+  BUF_DX,
+  BUF_ACTS,
+  BUF_LS,
+  BUF_HS,
+  BUF_GW,
+  BUF_GWE,
+  BUF_FG,
+  BUF_FGE,
+  BUF_PARTIALS,
+  BUF_SCAL,
+  BUF_X,
+  BUF_COUNT
+};
+
+static void buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
+  const struct tz_model_config *c = &tr->mc;
+  uint64_t x = (uint64_t)tr->N * (uint64_t)c->d_model * tr->es, maxp = 0;
+  for (int b = 1; b < tr->nb; b++)
+    if (tr->padded[b] > maxp)
+      maxp = tr->padded[b];
+  sz[BUF_TOKENS] = sz[BUF_TARGETS] = (uint64_t)tr->G * (uint64_t)tr->N * sizeof(int32_t);
+  sz[BUF_DX] = x;
+  sz[BUF_ACTS] = tz_model_acts_bytes(c, tr->S, tr->B, tr->T);
+  sz[BUF_LS] = tz_model_scratch_bytes(c, tr->S, tr->B, tr->T);
+  sz[BUF_HS] = tz_model_head_scratch_bytes(c, tr->S, tr->B, tr->T);
+  sz[BUF_GW] = maxp * tr->es;
+  sz[BUF_GWE] = tr->padded[0] * tr->es;
+  sz[BUF_FG] = maxp * sizeof(float);
+  sz[BUF_FGE] = tr->padded[0] * sizeof(float);
+  sz[BUF_PARTIALS] = tr->n_seg * sizeof(float);
+  sz[BUF_SCAL] = 4 * sizeof(float);
+  sz[BUF_X] = (uint64_t)(tr->L + 1) * round_up(x, 256);
+}
+
+static int tier_of_device(enum tz_offload_device d) {
+  return d == TZ_OFFLOAD_CPU ? TZ_PLAN_HOST : d == TZ_OFFLOAD_NVME ? TZ_PLAN_NVME : TZ_PLAN_COMPUTE;
+}
+
+static const char *nvme_dir(const struct tz_config *c) {
+  if (c->tierzero.nvme_path.n > 0)
+    return c->tierzero.nvme_path.path[0];
+  if (c->zero_optimization.offload_optimizer.nvme_path)
+    return c->zero_optimization.offload_optimizer.nvme_path;
+  return c->zero_optimization.offload_param.nvme_path;
+}
+
+static uint64_t host_free_share(void) {
+  long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 0;
+}
+
+static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
+  const struct tz_config *c = &tr->cfg;
+  struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
+  if (!pp)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
+  double share = tr->world > 1 ? (double)(tr->world - 1) / tr->world : 0;
+  for (int i = 0; i < tr->n_ph; i++) {
+    const struct phase *ph = &tr->ph[i];
+    snprintf(pp[i].name, sizeof pp[i].name, "%s", ph->name);
+    pp[i].flop = phase_flop(tr, ph);
+    if (ph->kind == PH_OPT) {
+      pp[i].adam_elems = (double)tr->shard[ph->block];
+    } else {
+      int reads = ph->kind != PH_EMBED_BWD, grads = ph->kind >= PH_HEAD;
+      pp[i].coll_bytes = share * (double)tr->padded[ph->block] *
+                         ((double)reads * (double)tr->es + (double)grads * 4.0);
+    }
+    pp[i].n_uses = ph->n_uses;
+    for (int u = 0; u < ph->n_uses; u++)
+      pp[i].uses[u] = (struct tz_plan_use){ph->block, ph->kinds[u], ph->uses[u].access};
+  }
+  uint64_t sz[BUF_COUNT];
+  buffer_sizes(tr, sz);
+  struct tz_plan_request r;
+  memset(&r, 0, sizeof r);
+  r.n_groups = tr->nb;
+  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])tr->bytes;
+  r.n_phases = tr->n_ph;
+  r.phases = pp;
+  r.compute_fixed = round_up(sizes_total(sz, BUF_COUNT), ALIGN);
+  r.align = ALIGN;
+  r.chunk = tz_runtime_chunk_bytes(tr->rt);
+  r.window = p->window;
+  r.lookahead = c->tierzero.lookahead > 0 ? c->tierzero.lookahead : 0;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    r.force[k] = TZ_PLAN_AUTO;
+  if (!p->auto_placement) {
+    int pt = tier_of_device(c->zero_optimization.offload_param.device);
+    int ot = tier_of_device(c->zero_optimization.offload_optimizer.device);
+    r.force[TZ_PLAN_PARAM] = pt;
+    r.force[TZ_PLAN_MASTER] = r.force[TZ_PLAN_M] = r.force[TZ_PLAN_V] = ot;
+    /* Gradient shards are written every micro-batch: with the optimizer state on NVMe they
+     * stay in host memory, as ZeRO-Infinity keeps them. */
+    r.force[TZ_PLAN_GRAD] = ot == TZ_PLAN_NVME ? TZ_PLAN_HOST : ot;
+  }
+  r.force_each = p->force_tiers;
+  if (p->rates)
+    r.rates = *p->rates;
+  uint64_t state = 0;
+  for (int b = 0; b < tr->nb; b++)
+    for (int k = 0; k < TZ_PLAN_KINDS; k++)
+      state += round_up(tr->bytes[b][k], ALIGN);
+  /* Capacities. The compute tier: tierzero.hbm_budget; without one, room for the buffers, the
+   * homes forced into it and a window of a quarter of the state (on a CPU-only machine the
+   * compute tier is host memory, and a small window makes every path of the scheduler run). */
+  r.capacity[TZ_PLAN_COMPUTE] = c->tierzero.hbm_budget;
+  if (!r.capacity[TZ_PLAN_COMPUTE]) {
+    uint64_t forced = 0;
+    for (int b = 0; b < tr->nb; b++)
+      for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+        int f = p->force_tiers ? p->force_tiers[b * TZ_PLAN_KINDS + k] : TZ_PLAN_AUTO;
+        if (f == TZ_PLAN_AUTO)
+          f = r.force[k];
+        forced += f == TZ_PLAN_COMPUTE ? round_up(tr->bytes[b][k], ALIGN) : 0;
+      }
+    uint64_t window = p->window ? p->window : round_up(state / 4, ALIGN);
+    if (window < tz_plan_min_window(&r))
+      window = tz_plan_min_window(&r);
+    r.capacity[TZ_PLAN_COMPUTE] = r.compute_fixed + forced + window;
+    if (!p->window)
+      r.window = window;
+  }
+  r.capacity[TZ_PLAN_HOST] = c->tierzero.host_budget ? c->tierzero.host_budget : host_free_share();
+  const char *dir = nvme_dir(c);
+  r.capacity[TZ_PLAN_NVME] = 0;
+  if (dir) {
+    struct statvfs vfs;
+    r.capacity[TZ_PLAN_NVME] = c->tierzero.nvme_budget;
+    if (!r.capacity[TZ_PLAN_NVME] && statvfs(dir, &vfs) == 0)
+      r.capacity[TZ_PLAN_NVME] = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize / 2;
+  }
+  int rc = tz_plan_make(&r, &tr->plan);
+  free(pp);
+  return rc;
+}
+
+/* ---- creation ---- */
+
+static int check_options(tz_trainer *tr, const struct tz_trainer_params *p) {
+  const struct tz_config *c = &tr->cfg;
+  if (c->train_micro_batch_size_per_gpu < 1 || c->gradient_accumulation_steps < 1)
+    return tz_err_set(TZ_ECONFIG, "train: batch sizes are not resolved (tz_config_resolve_batch)");
+  if (c->train_micro_batch_size_per_gpu > INT32_MAX / 2 || c->gradient_accumulation_steps > 65536)
+    return tz_err_set(TZ_ECONFIG, "train: micro batch %lld or accumulation %lld out of range",
+                      (long long)c->train_micro_batch_size_per_gpu,
+                      (long long)c->gradient_accumulation_steps);
+  if (p->seq_len < 1 || p->seq_len > tr->mc.max_seq)
+    return tz_err_set(TZ_ECONFIG, "train: sequence length %d is not in [1, max_seq %d]", p->seq_len,
+                      tr->mc.max_seq);
+  if (c->zero_optimization.stage != 3)
+    TZ_WARN("train: zero_optimization.stage %d: tierzero always shards parameters, gradients and "
+            "optimizer state (stage 3)",
+            c->zero_optimization.stage);
+  if (c->communication_data_type != TZ_PRECISION_FP32)
+    return tz_err_set(TZ_ECONFIG,
+                      "train: communication_data_type %s: gradients are reduced in "
+                      "fp32 only",
+                      c->communication_data_type == TZ_PRECISION_BF16 ? "bf16" : "fp16");
+  if (c->gradient_predivide_factor != 1.0 || c->prescale_gradients)
+    return tz_err_set(TZ_ECONFIG, "train: gradient_predivide_factor and prescale_gradients are not "
+                                  "supported (the mean is taken once, in the loss gradient)");
+  tr->clip = c->gradient_clipping;
+  tr->mode = p->opt_mode;
+  if (tr->mode == TZ_OPT_AUTO)
+    tr->mode = tr->clip > 0 ? TZ_OPT_FOLDED : TZ_OPT_OVERLAPPED;
+  if (tr->mode == TZ_OPT_OVERLAPPED && tr->clip > 0)
+    return tz_err_set(TZ_ECONFIG,
+                      "train: the optimizer step cannot overlap backward with "
+                      "gradient_clipping %g: the global norm is known only when backward ends "
+                      "(use folded or unfolded)",
+                      tr->clip);
+  return 0;
+}
+
+static int create_compute(tz_trainer *tr, const struct tz_trainer_params *p) {
+  const char *backend = p->compute_backend ? p->compute_backend : "cpu";
+  struct tz_compute_params cp;
+  tz_compute_params_init(&cp);
+  cp.n_threads = tr->cfg.tierzero.threads;
+  cp.dtype = TZ_F32;
+  cp.grad_dtype = TZ_F32;
+  if (strcmp(backend, "cpu") != 0)
+    return tz_err_set(TZ_ENOTSUP,
+                      "train: compute backend '%s': the trainer runs its phases as "
+                      "jobs on a CPU lane and supports the cpu backend only",
+                      backend);
+  if (tr->cfg.precision != TZ_PRECISION_FP32)
+    TZ_WARN("train: the cpu backend computes in fp32; %s.enabled is ignored",
+            tr->cfg.precision == TZ_PRECISION_BF16 ? "bf16" : "fp16");
+  if (strcmp(tz_comm_backend(tr->comm), "nccl") == 0)
+    return tz_err_set(TZ_ENOTSUP, "train: the nccl comm reduces device buffers, and the cpu "
+                                  "backend's are in host memory: run CPU ranks under mpirun (the "
+                                  "mpi comm)");
+  TZ_CHECK(tz_compute_create(backend, &cp, &tr->cm));
+  tr->S = tz_compute_dtype(tr->cm);
+  tr->es = tz_dtype_size(tr->S);
+  return 0;
+}
+
+static int sizes(tz_trainer *tr) {
+  int nb = tr->nb;
+  tr->numel = calloc((size_t)nb, sizeof *tr->numel);
+  tr->padded = calloc((size_t)nb, sizeof *tr->padded);
+  tr->shard = calloc((size_t)nb, sizeof *tr->shard);
+  tr->seg_off = calloc((size_t)nb, sizeof *tr->seg_off);
+  tr->bytes = calloc((size_t)nb, sizeof *tr->bytes);
+  tr->home = calloc((size_t)nb, sizeof *tr->home);
+  tr->names = calloc((size_t)nb + 1, sizeof *tr->names);
+  if (!tr->numel || !tr->padded || !tr->shard || !tr->seg_off || !tr->bytes || !tr->home ||
+      !tr->names)
+    return tz_err_set(TZ_ENOMEM, "train: no memory");
+  uint64_t unit = (uint64_t)tr->world * TZ_TRAIN_NORM_SEGMENT;
+  for (int b = 0; b < nb; b++) {
+    tr->numel[b] = tz_model_block_numel(&tr->mc, b);
+    tr->padded[b] = round_up(tr->numel[b], unit);
+    tr->shard[b] = tr->padded[b] / (uint64_t)tr->world;
+    tr->seg_off[b] = tr->n_seg;
+    tr->n_seg += (tr->numel[b] + TZ_TRAIN_NORM_SEGMENT - 1) / TZ_TRAIN_NORM_SEGMENT;
+    tr->bytes[b][TZ_PLAN_PARAM] = tr->shard[b] * tr->es;
+    for (int k = TZ_PLAN_MASTER; k < TZ_PLAN_KINDS; k++)
+      tr->bytes[b][k] = tr->shard[b] * sizeof(float);
+    char name[32];
+    if (b == 0)
+      snprintf(name, sizeof name, "embed");
+    else if (b == nb - 1)
+      snprintf(name, sizeof name, "head");
+    else
+      snprintf(name, sizeof name, "layer%d", b - 1);
+    if (!(tr->names[b] = strdup(name)))
+      return tz_err_set(TZ_ENOMEM, "train: no memory");
+  }
+  return 0;
+}
+
+static int create_tiers(tz_trainer *tr) {
+  const struct tz_config *c = &tr->cfg;
+  const struct tz_plan *pl = &tr->plan;
+  uint64_t sz[BUF_COUNT];
+  buffer_sizes(tr, sz);
+  struct tz_tier_params tp;
+  tz_tier_params_init(&tp);
+  tp.name = "compute";
+  tp.numa_node = c->tierzero.numa_node;
+  tp.capacity = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->window;
+  TZ_CHECK(tz_tier_create(tr->rt, "host", &tp, &tr->t_compute));
+  if (pl->used[TZ_PLAN_HOST]) {
+    tz_tier_params_init(&tp);
+    tp.name = "host";
+    tp.numa_node = c->tierzero.numa_node;
+    tp.capacity = pl->used[TZ_PLAN_HOST];
+    TZ_CHECK(tz_tier_create(tr->rt, "host", &tp, &tr->t_host));
+  }
+  if (pl->used[TZ_PLAN_NVME]) {
+    const char *dir = nvme_dir(c);
+    if (!dir)
+      return tz_err_set(TZ_ECONFIG,
+                        "train: state is placed on nvme but no directory is given "
+                        "(tierzero.nvme_path or zero_optimization.offload_*.nvme_path)");
+    tz_tier_params_init(&tp);
+    tp.name = "nvme";
+    tp.capacity = pl->used[TZ_PLAN_NVME];
+    if (c->tierzero.nvme_path.n > 0) {
+      tp.n_paths = c->tierzero.nvme_path.n;
+      for (int i = 0; i < tp.n_paths; i++)
+        tp.paths[i] = c->tierzero.nvme_path.path[i];
+    } else {
+      tp.paths[0] = dir;
+      tp.n_paths = 1;
+    }
+    tp.checksum = c->tierzero.nvme_checksum;
+    tp.buffered = c->tierzero.nvme_buffered;
+    tp.queue_depth = c->tierzero.queue_depth;
+    tp.faults = c->tierzero.faults;
+    if (c->tierzero.faults) {
+      /* Fault injection (tests): the nvme tier wrapped in a fault tier, used only through it. */
+      tp.name = "nvme-base";
+      TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme_base));
+      struct tz_tier_params fp;
+      tz_tier_params_init(&fp);
+      fp.name = "nvme";
+      fp.capacity = pl->used[TZ_PLAN_NVME];
+      fp.base = tr->t_nvme_base;
+      fp.faults = c->tierzero.faults;
+      TZ_CHECK(tz_tier_create(tr->rt, "fault", &fp, &tr->t_nvme));
+    } else {
+      TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme));
+    }
+  }
+  TZ_CHECK(tz_tier_alloc(tr->t_compute, pl->compute_fixed, &tr->buf));
+  char *base = tier_ptr(tr->t_compute, tr->buf.offset), *q = base;
+#define CARVE(i) (q += round_up(sz[i], 256), q - round_up(sz[i], 256))
+  tr->tokens = (int32_t *)CARVE(BUF_TOKENS);
+  tr->targets = (int32_t *)CARVE(BUF_TARGETS);
+  tr->dx = CARVE(BUF_DX);
+  tz_model_acts_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_ACTS), &tr->acts);
+  tz_model_scratch_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_LS), &tr->ls);
+  tz_model_head_scratch_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_HS), &tr->hs);
+  tr->gw = CARVE(BUF_GW);
+  tr->gw_embed = CARVE(BUF_GWE);
+  tr->fg = (float *)CARVE(BUF_FG);
+  tr->fg_embed = (float *)CARVE(BUF_FGE);
+  tr->partials = (float *)CARVE(BUF_PARTIALS);
+  tr->scal = (float *)CARVE(BUF_SCAL);
+  char *xs = CARVE(BUF_X);
+#undef CARVE
+  uint64_t xb = round_up((uint64_t)tr->N * (uint64_t)tr->mc.d_model * tr->es, 256);
+  for (int i = 0; i <= tr->L; i++)
+    tr->x[i] = xs + (uint64_t)i * xb;
+  TZ_CHECK(tz_compute_zero(tr->cm, base, (size_t)pl->compute_fixed));
+  return 0;
+}
+
+static tz_tier *tier_for(tz_trainer *tr, int t) {
+  return t == TZ_PLAN_COMPUTE ? tr->t_compute : t == TZ_PLAN_HOST ? tr->t_host : tr->t_nvme;
+}
+
+/* Allocates every home and writes the rank's initial shard into it. */
+static int init_homes(tz_trainer *tr) {
+  uint64_t most = 0;
+  for (int b = 0; b < tr->nb; b++)
+    if (tr->shard[b] > most)
+      most = tr->shard[b];
+  float *f32 = NULL, *buf = NULL;
+  if (posix_memalign((void **)&f32, ALIGN, most * sizeof(float)) != 0 ||
+      posix_memalign((void **)&buf, ALIGN, most * sizeof(float)) != 0) {
+    free(f32);
+    return tz_err_set(TZ_ENOMEM, "train: no memory to initialise shards");
+  }
+  int rc = 0;
+  for (int b = 0; b < tr->nb && rc == 0; b++) {
+    uint64_t n = tr->shard[b], begin = (uint64_t)tr->rank * n;
+    TZ_CHECK_GOTO(tz_model_init_block(&tr->mc, b, (uint64_t)tr->cfg.seed, begin, begin + n, f32),
+                  rc, out);
+    for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+      tz_tier *t = tier_for(tr, tr->plan.tier[b * TZ_PLAN_KINDS + k]);
+      uint64_t bytes = tr->bytes[b][k];
+      TZ_CHECK_GOTO(tz_tier_alloc(t, bytes, &tr->home[b][k]), rc, out);
+      const void *src = buf;
+      if (k == TZ_PLAN_MASTER) {
+        src = f32;
+      } else if (k == TZ_PLAN_PARAM) {
+        TZ_CHECK_GOTO(tz_compute_cast(tr->cm, buf, tr->S, f32, TZ_F32, n), rc, out);
+      } else {
+        memset(buf, 0, bytes);
+      }
+      TZ_CHECK_GOTO(tz_tier_write_sync(&tr->home[b][k], 0, src, round_up(bytes, ALIGN)), rc, out);
+    }
+  }
+out:
+  free(f32);
+  free(buf);
+  return rc;
+}
+
+static int create_sched(tz_trainer *tr) {
+  const struct tz_config *c = &tr->cfg;
+  struct tz_sched_params sp;
+  tz_sched_params_init(&sp);
+  sp.compute = tr->t_compute;
+  sp.budget = tr->plan.window;
+  sp.lookahead = c->tierzero.lookahead >= 0 ? c->tierzero.lookahead : tr->n_ph;
+  sp.jitter_us = c->tierzero.jitter_us;
+  sp.seed = (uint64_t)c->seed + 1000003u * (uint64_t)tr->rank;
+  sp.trace_step = (int)c->tierzero.trace_step;
+  TZ_CHECK(tz_sched_create(tr->rt, &sp, &tr->sched));
+  tr->bid = calloc((size_t)tr->nb, sizeof *tr->bid);
+  if (!tr->bid)
+    return tz_err_set(TZ_ENOMEM, "train: no memory");
+  for (int b = 0; b < tr->nb; b++)
+    for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+      char name[64];
+      snprintf(name, sizeof name, "%s.%s", tr->names[b], tz_plan_kind_name(k));
+      TZ_CHECK(
+          tz_sched_block_add(tr->sched, name, tr->bytes[b][k], &tr->home[b][k], &tr->bid[b][k]));
+    }
+  for (int i = 0; i < tr->n_ph; i++)
+    for (int u = 0; u < tr->ph[i].n_uses; u++)
+      tr->ph[i].uses[u].block = tr->bid[tr->ph[i].block][tr->ph[i].kinds[u]];
+  struct tz_phase_decl *d = calloc((size_t)tr->n_ph, sizeof *d);
+  if (!d)
+    return tz_err_set(TZ_ENOMEM, "train: no memory");
+  for (int i = 0; i < tr->n_ph; i++)
+    d[i] = (struct tz_phase_decl){tr->ph[i].name, tr->ph[i].uses, tr->ph[i].n_uses};
+  int rc = tz_sched_declare(tr->sched, d, tr->n_ph);
+  free(d);
+  return rc;
+}
+
+int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config *mc, tz_comm *comm,
+                      tz_runtime *rt, const struct tz_trainer_params *p, tz_trainer **out) {
+  *out = NULL;
+  TZ_CHECK(tz_model_config_check(mc));
+  struct tz_trainer_params defaults;
+  if (!p) {
+    tz_trainer_params_init(&defaults);
+    p = &defaults;
+  }
+  tz_trainer *tr = calloc(1, sizeof *tr);
+  if (!tr)
+    return tz_err_set(TZ_ENOMEM, "train: no memory");
+  int rc = tz_config_copy(&tr->cfg, cfg);
+  if (rc < 0) {
+    free(tr);
+    return rc;
+  }
+  tr->mc = *mc;
+  tr->comm = comm;
+  tr->rt = rt;
+  tr->rank = tz_comm_rank(comm);
+  tr->world = tz_comm_size(comm);
+  tr->L = mc->n_layer;
+  tr->nb = tz_model_n_blocks(mc);
+  tr->tied = mc->tie_embeddings != 0;
+  tr->B = (int)cfg->train_micro_batch_size_per_gpu;
+  tr->G = (int)cfg->gradient_accumulation_steps;
+  tr->T = p->seq_len;
+  tr->N = tr->B * tr->T;
+  tr->total_steps = p->total_steps;
+  tr->clip_scale = 1.0f;
+  TZ_CHECK_GOTO(check_options(tr, p), rc, fail);
+  TZ_CHECK_GOTO(create_compute(tr, p), rc, fail);
+  TZ_CHECK_GOTO(sizes(tr), rc, fail);
+  TZ_CHECK_GOTO(build_phases(tr), rc, fail);
+  TZ_CHECK_GOTO(make_plan(tr, p), rc, fail);
+  if (p->plan_only) {
+    *out = tr;
+    return 0;
+  }
+  tr->x = calloc((size_t)tr->L + 1, sizeof *tr->x);
+  tr->jobs = calloc(2 * (size_t)tr->n_ph, sizeof *tr->jobs);
+  size_t tok = (size_t)tr->G * (size_t)tr->N * 2;
+  tr->host_tokens[0] = malloc(tok * sizeof(int32_t));
+  tr->host_tokens[1] = malloc(tok * sizeof(int32_t));
+  if (!tr->x || !tr->jobs || !tr->host_tokens[0] || !tr->host_tokens[1]) {
+    rc = tz_err_set(TZ_ENOMEM, "train: no memory");
+    goto fail;
+  }
+  TZ_CHECK_GOTO(create_tiers(tr), rc, fail);
+  TZ_CHECK_GOTO(init_homes(tr), rc, fail);
+  TZ_CHECK_GOTO(create_sched(tr), rc, fail);
+  TZ_INFO("train: rank %d of %d, %d blocks, %d phases per step, optimizer step %s, window %llu "
+          "bytes",
+          tr->rank, tr->world, tr->nb, tr->n_ph, tz_opt_mode_name(tr->mode),
+          (unsigned long long)tr->plan.window);
+  *out = tr;
+  return 0;
+fail:
+  tz_trainer_destroy(tr);
+  return rc;
+}
+
+void tz_trainer_destroy(tz_trainer *tr) {
+  if (!tr)
+    return;
+  tz_sched_destroy(tr->sched);
+  if (tr->home)
+    for (int b = 0; b < tr->nb; b++)
+      for (int k = 0; k < TZ_PLAN_KINDS; k++)
+        tz_tier_free(&tr->home[b][k]);
+  tz_tier_free(&tr->buf);
+  tz_tier_destroy(tr->t_nvme);
+  tz_tier_destroy(tr->t_nvme_base);
+  tz_tier_destroy(tr->t_host);
+  tz_tier_destroy(tr->t_compute);
+  tz_compute_destroy(tr->cm);
+  tz_plan_free(&tr->plan);
+  if (tr->names)
+    for (int b = 0; b < tr->nb; b++)
+      free(tr->names[b]);
+  free(tr->names);
+  free(tr->numel);
+  free(tr->padded);
+  free(tr->shard);
+  free(tr->seg_off);
+  free(tr->bytes);
+  free(tr->home);
+  free(tr->bid);
+  free(tr->ph);
+  free(tr->jobs);
+  free(tr->x);
+  free(tr->host_tokens[0]);
+  free(tr->host_tokens[1]);
+  tz_config_free(&tr->cfg);
+  free(tr);
+}
+
+/* ---- steps ---- */
+
+static int adam_params(tz_trainer *tr, int64_t update, struct tz_adam_params *p) {
+  const struct tz_config *c = &tr->cfg;
+  memset(p, 0, sizeof *p);
+  p->lr = (float)tz_lr_at(c, update, tr->total_steps);
+  p->beta1 = (float)c->optimizer.betas[0];
+  p->beta2 = (float)c->optimizer.betas[1];
+  p->eps = (float)c->optimizer.eps;
+  p->weight_decay = (float)c->optimizer.weight_decay;
+  p->decoupled = c->optimizer.adam_w_mode;
+  p->grad_scale = 1.0f;
+  return tz_adam_params_for_step(p, update + 1);
+}
+
+int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *targets,
+                    struct tz_step_result *res) {
+  if (!tr->sched)
+    return tz_err_set(TZ_EINVAL, "train: the trainer was made for its plan only");
+  double t0 = now_s();
+  struct tz_sched_stats st0;
+  tz_sched_stats(tr->sched, &st0);
+  int par = (int)(tr->step & 1);
+  size_t n = (size_t)tr->G * (size_t)tr->N;
+  int32_t *ht = tr->host_tokens[par];
+  memcpy(ht, tokens, n * sizeof(int32_t));
+  memcpy(ht + n, targets, n * sizeof(int32_t));
+  /* Which update this step's opt phases apply: folded, the previous step's (if still pending);
+   * otherwise this step's own. */
+  int pending = tr->mode == TZ_OPT_FOLDED ? tr->pending : 1;
+  struct tz_adam_params ap;
+  memset(&ap, 0, sizeof ap);
+  if (pending)
+    TZ_CHECK(adam_params(tr, tr->updates, &ap));
+  tz_fence *done = NULL;
+  int rc = 0;
+  for (int i = 0; i < tr->n_ph; i++) {
+    struct job *j = &tr->jobs[(size_t)par * (size_t)tr->n_ph + (size_t)i];
+    struct tz_view v;
+    TZ_CHECK_GOTO(tz_sched_enter(tr->sched, i, &v), rc, out);
+    memset(j, 0, sizeof *j);
+    j->tr = tr;
+    j->phase = i;
+    for (int u = 0; u < v.n_blocks; u++)
+      j->ptr[tr->ph[i].kinds[u]] = v.blocks[u].ptr;
+    j->pending = pending;
+    j->adam = ap;
+    j->tokens_host = ht;
+    j->targets_host = ht + n;
+    rc = tz_sched_submit(tr->sched, run_job, j);
+    int rc2 = tz_sched_leave(tr->sched, i);
+    if (rc < 0 || rc2 < 0) {
+      rc = rc < 0 ? rc : rc2;
+      goto out;
+    }
+    /* The step's results are ready when the lane has run its last backward phase. */
+    if (i == tr->loss_phase)
+      TZ_CHECK_GOTO(tz_lane_record(v.lane, &done), rc, out);
+  }
+  TZ_CHECK_GOTO(tz_sched_step_end(tr->sched), rc, out);
+  TZ_CHECK_GOTO(tz_fence_wait(done, -1), rc, out);
+  if (pending)
+    tr->updates++;
+  tr->pending = tr->mode == TZ_OPT_FOLDED;
+  if (res) {
+    struct tz_sched_stats st1;
+    tz_sched_stats(tr->sched, &st1);
+    res->step = tr->step;
+    res->loss = tr->loss;
+    res->grad_norm = tr->norm;
+    res->clip_scale = tr->clip_scale;
+    res->lr = tz_lr_at(&tr->cfg, tr->step, tr->total_steps);
+    res->step_s = now_s() - t0;
+    res->stall_s = st1.stall_s - st0.stall_s;
+  }
+  tr->step++;
+out:
+  tz_fence_release(done);
+  return rc;
+}
+
+/* Applies the pending folded update on the host, from the homes, with the same Adam the opt
+ * phase runs (every Adam gives the same bits, kernels/adam.h). */
+static int apply_pending(tz_trainer *tr) {
+  struct tz_adam_params ap;
+  TZ_CHECK(adam_params(tr, tr->updates, &ap));
+  ap.grad_scale = tr->clip > 0 ? tr->clip_scale : 1.0f;
+  struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
+  uint64_t most = 0;
+  for (int b = 0; b < tr->nb; b++)
+    if (tr->shard[b] > most)
+      most = tr->shard[b];
+  float *buf[TZ_PLAN_KINDS] = {0};
+  int rc = 0;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    if (!(buf[k] = malloc(most * sizeof(float)))) {
+      rc = tz_err_set(TZ_ENOMEM, "train: no memory to apply the pending update");
+      goto out;
+    }
+  for (int b = 0; b < tr->nb; b++) {
+    for (int k = TZ_PLAN_MASTER; k < TZ_PLAN_KINDS; k++)
+      TZ_CHECK_GOTO(tz_sched_block_load(tr->sched, tr->bid[b][k], buf[k]), rc, out);
+    TZ_CHECK_GOTO(tz_adam_cpu(&ap, buf[TZ_PLAN_MASTER], buf[TZ_PLAN_M], buf[TZ_PLAN_V],
+                              buf[TZ_PLAN_GRAD], TZ_F32, buf[TZ_PLAN_PARAM], tr->S, tr->shard[b],
+                              &o),
+                  rc, out);
+    for (int k = TZ_PLAN_PARAM; k < TZ_PLAN_GRAD; k++)
+      TZ_CHECK_GOTO(tz_sched_block_store(tr->sched, tr->bid[b][k], buf[k]), rc, out);
+  }
+  tr->updates++;
+  tr->pending = 0;
+out:
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    free(buf[k]);
+  return rc;
+}
+
+int tz_trainer_sync(tz_trainer *tr) {
+  if (!tr->sched)
+    return tz_err_set(TZ_EINVAL, "train: the trainer was made for its plan only");
+  TZ_CHECK(tz_sched_sync(tr->sched));
+  if (tr->pending)
+    TZ_CHECK(apply_pending(tr));
+  return tz_sched_sync(tr->sched);
+}
+
+int tz_trainer_param_load(tz_trainer *tr, int block, int kind, float *dst) {
+  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_KINDS)
+    return tz_err_set(TZ_EINVAL, "train: no block %d of kind %d", block, kind);
+  TZ_CHECK(tz_trainer_sync(tr));
+  uint64_t n = tr->shard[block], es = kind == TZ_PLAN_PARAM ? tr->es : sizeof(float);
+  void *shard = malloc(n * es), *full = malloc(tr->padded[block] * es);
+  int rc = 0;
+  if (!shard || !full) {
+    rc = tz_err_set(TZ_ENOMEM, "train: no memory to load block %d", block);
+    goto out;
+  }
+  TZ_CHECK_GOTO(tz_sched_block_load(tr->sched, tr->bid[block][kind], shard), rc, out);
+  /* Gathered through the compute tier's gradient buffer: the lane is idle after the sync, and a
+   * device comm needs device memory. */
+  float *dev = block == 0 ? tr->fg_embed : tr->fg;
+  char *mine = (char *)dev + (uint64_t)tr->rank * n * es;
+  TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, mine, shard, n * es), rc, out);
+  tz_fence *f = NULL;
+  TZ_CHECK_GOTO(tz_comm_all_gather(tr->comm, mine, dev, n * es, NULL, &f), rc, out);
+  TZ_CHECK_GOTO(wait_release(f), rc, out);
+  TZ_CHECK_GOTO(tz_compute_copy_out(tr->cm, full, dev, tr->padded[block] * es), rc, out);
+  if (kind == TZ_PLAN_PARAM && tr->S != TZ_F32) {
+    for (uint64_t i = 0; i < tr->numel[block]; i++) {
+      uint16_t h = ((const uint16_t *)full)[i];
+      dst[i] = tr->S == TZ_BF16 ? tz_bf16_to_f32(h) : tz_f16_to_f32(h);
+    }
+  } else {
+    memcpy(dst, full, tr->numel[block] * sizeof(float));
+  }
+out:
+  free(shard);
+  free(full);
+  return rc;
+}
+
+uint64_t tz_trainer_shard_bytes(const tz_trainer *tr, int block, int kind) {
+  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_KINDS)
+    return 0;
+  return tr->bytes[block][kind];
+}
+
+static int check_shard(const tz_trainer *tr, int block, int kind) {
+  if (!tr->sched)
+    return tz_err_set(TZ_EINVAL, "train: the trainer was made for its plan only");
+  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_KINDS)
+    return tz_err_set(TZ_EINVAL, "train: no block %d of kind %d", block, kind);
+  return 0;
+}
+
+int tz_trainer_shard_load(tz_trainer *tr, int block, int kind, void *dst) {
+  TZ_CHECK(check_shard(tr, block, kind));
+  TZ_CHECK(tz_trainer_sync(tr));
+  return tz_sched_block_load(tr->sched, tr->bid[block][kind], dst);
+}
+
+int tz_trainer_shard_store(tz_trainer *tr, int block, int kind, const void *src) {
+  TZ_CHECK(check_shard(tr, block, kind));
+  if (tr->pending)
+    return tz_err_set(TZ_EINVAL, "train: storing %s %s while an update is pending (sync first)",
+                      tr->names[block], tz_plan_kind_name(kind));
+  return tz_sched_block_store(tr->sched, tr->bid[block][kind], src);
+}
+
+int64_t tz_trainer_steps_done(const tz_trainer *tr) { return tr->step; }
+
+int tz_trainer_set_steps_done(tz_trainer *tr, int64_t steps) {
+  if (steps < 0)
+    return tz_err_set(TZ_EINVAL, "train: %lld steps done", (long long)steps);
+  if (tr->pending)
+    return tz_err_set(TZ_EINVAL, "train: setting the step while an update is pending (sync first)");
+  tr->step = steps;
+  tr->updates = steps;
+  return 0;
+}
+
+const struct tz_plan *tz_trainer_plan(const tz_trainer *tr) { return &tr->plan; }
+const char *const *tz_trainer_group_names(const tz_trainer *tr) {
+  return (const char *const *)tr->names;
+}
+enum tz_opt_mode tz_trainer_opt_mode(const tz_trainer *tr) { return tr->mode; }
+
+void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out) {
+  if (tr->sched)
+    tz_sched_stats(tr->sched, out);
+  else
+    memset(out, 0, sizeof *out);
+}

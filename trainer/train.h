@@ -1,0 +1,130 @@
+/* ZeRO-3 training of the Llama model on the scheduler (docs/training.md).
+ *
+ * Every model block (the embedding, each layer, the head) is cut into world-size shards, and each
+ * rank's shard of five kinds of state is a scheduler block: param (storage dtype), master, m, v
+ * (fp32) and grad (fp32, accumulated over micro-batches). The plan (core/plan.h) gives each its
+ * home: the compute tier, host memory or NVMe. A step is a sequence of phases, declared once:
+ *   embed, fwd(i), head, bwd(i), embed-bwd for each micro-batch, and opt(b) for each model block,
+ * where each phase all-gathers the full weights it needs from the shards and each backward phase
+ * reduce-scatters its full gradient into the rank's gradient shard. The trainer never copies
+ * state between tiers itself: the scheduler brings each phase's blocks into the compute tier and
+ * writes back what the phase changed.
+ *
+ * The optimizer step (DESIGN.md "A training step") runs in one of three places in the order,
+ * always with exactly the result of synchronous Adam:
+ *   folded      opt(b) just before block b's first forward of the next step: needed when the
+ *               global gradient norm (clipping) must be known before any update;
+ *   overlapped  opt(b) right after block b's last backward: without clipping;
+ *   unfolded    every opt(b) at the end of the step (the reference).
+ * With folded steps the last update is pending after tz_trainer_step returns; tz_trainer_sync
+ * applies it (checkpoint, evaluation and export call it first).
+ *
+ * Threads: one client thread calls these functions. Phase work runs on the scheduler's compute
+ * lane; collectives inside it. Every rank calls the same functions in the same order (those that
+ * say "collective" talk to the other ranks). */
+#ifndef TZ_TRAINER_TRAIN_H
+#define TZ_TRAINER_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "collectives/comm.h"
+#include "core/config.h"
+#include "core/plan.h"
+#include "core/runtime.h"
+#include "trainer/model.h"
+
+typedef struct tz_trainer tz_trainer;
+
+enum tz_opt_mode {
+  TZ_OPT_AUTO = 0, /* folded with gradient clipping, overlapped without */
+  TZ_OPT_FOLDED,
+  TZ_OPT_OVERLAPPED, /* refused with gradient clipping */
+  TZ_OPT_UNFOLDED,
+};
+const char *tz_opt_mode_name(enum tz_opt_mode m); /* "auto", "folded", ... */
+int tz_opt_mode_parse(const char *s, enum tz_opt_mode *out);
+
+/* Norm segments: the gradient norm is the sum, in a fixed order, of the sums of squares of
+ * segments of this many elements of each block; shards are multiples of it, so every world size
+ * sums the same segments in the same order (docs/training.md). */
+#define TZ_TRAIN_NORM_SEGMENT 16384
+
+struct tz_trainer_params {
+  int seq_len;         /* T; the micro-batch B is the config's train_micro_batch_size_per_gpu */
+  int64_t total_steps; /* for the LR schedules that decay, when the config does not say */
+  enum tz_opt_mode opt_mode;
+  int auto_placement;        /* 1: the plan chooses homes where the config does not force them;
+                                0 (default): offload_param.device and offload_optimizer.device */
+  const int8_t *force_tiers; /* optional (n_blocks * TZ_PLAN_KINDS): a tier per block or
+                                TZ_PLAN_AUTO; wins over the config (tests, mixed plans) */
+  uint64_t window;           /* the scheduler's budget in the compute tier; 0: what is left */
+  const struct tz_plan_rates *rates; /* for the bound; NULL: all unknown (bound not predicted) */
+  const char *compute_backend;       /* "cpu" (default) */
+  int plan_only; /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
+};
+void tz_trainer_params_init(struct tz_trainer_params *p);
+
+/* Creates the tiers the plan needs inside rt (compute: a host tier of tierzero.hbm_budget bytes
+ * on a CPU-only machine; host; nvme under tierzero.nvme_path), places every rank's shards in them
+ * initialised from (seed, index) (the same numbers at every world size), and declares the step's
+ * phases. cfg (batch sizes already resolved for comm's world size) and mc are copied; comm and rt
+ * are borrowed and must outlive the trainer. Errors: TZ_ECONFIG (an option the trainer cannot
+ * honour, named), TZ_ENOMEM (the plan does not fit: the message says by how much), tier errors. */
+int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config *mc, tz_comm *comm,
+                      tz_runtime *rt, const struct tz_trainer_params *p, tz_trainer **out);
+/* Waits for everything in flight, then frees; the tiers it created go with it. NULL is a no-op. */
+void tz_trainer_destroy(tz_trainer *tr);
+
+struct tz_step_result {
+  int64_t step;     /* 0-based index of the step just done */
+  float loss;       /* mean token loss over every rank's micro-batches of the step */
+  float grad_norm;  /* global norm of the step's gradient, before clipping */
+  float clip_scale; /* the factor the gradient is scaled by (1 without clipping) */
+  double lr;        /* learning rate of this step's update */
+  double step_s;    /* wall time of tz_trainer_step */
+  double stall_s;   /* compute-lane time spent waiting for inputs in this step */
+};
+
+/* One optimizer step (collective). tokens and targets: gradient_accumulation_steps * B * T int32
+ * each, host memory, this rank's micro-batches one after the other. Returns once the step's loss
+ * is known; the scheduler may still be writing back and, unfolded or overlapped, updating. */
+int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *targets,
+                    struct tz_step_result *res);
+
+/* Applies a pending (folded) update and waits until every home holds the latest state
+ * (collective). */
+int tz_trainer_sync(tz_trainer *tr);
+
+/* The full block `block` (tz_model_block_numel elements, padding removed) gathered from every
+ * rank's shard into dst (host floats): kind TZ_PLAN_PARAM (converted from the storage dtype),
+ * TZ_PLAN_MASTER, TZ_PLAN_M, TZ_PLAN_V or TZ_PLAN_GRAD. Syncs first (collective). */
+int tz_trainer_param_load(tz_trainer *tr, int block, int kind, float *dst);
+
+/* ---- Checkpoints: the rank's own shards, as they are stored (resume at the same world size) ----
+ */
+
+/* Bytes of the rank's shard of (block, kind): shard elements times 4, or times the storage
+ * dtype's size for TZ_PLAN_PARAM. 0 for a block or kind that does not exist. */
+uint64_t tz_trainer_shard_bytes(const tz_trainer *tr, int block, int kind);
+/* The rank's shard into dst (tz_trainer_shard_bytes). Applies a pending update first (collective
+ * only in that it must be called on every rank alike; it sends nothing). */
+int tz_trainer_shard_load(tz_trainer *tr, int block, int kind, void *dst);
+/* Replaces the rank's shard (a resume). Between steps, with no update pending. */
+int tz_trainer_shard_store(tz_trainer *tr, int block, int kind, const void *src);
+/* Steps done (each one's update applied after tz_trainer_sync). */
+int64_t tz_trainer_steps_done(const tz_trainer *tr);
+/* Declares that the stored state is that after `steps` steps: the next step is number `steps`,
+ * with that learning rate and Adam step. Between steps, with no update pending. */
+int tz_trainer_set_steps_done(tz_trainer *tr, int64_t steps);
+
+/* The placement and bound in use (or made with plan_only). Borrowed. */
+const struct tz_plan *tz_trainer_plan(const tz_trainer *tr);
+/* Names of the plan's groups ("embed", "layer0", ..., "head"), for tz_plan_print. Borrowed. */
+const char *const *tz_trainer_group_names(const tz_trainer *tr);
+enum tz_opt_mode tz_trainer_opt_mode(const tz_trainer *tr); /* the mode in use, never AUTO */
+/* The scheduler's statistics so far (core/sched.h). */
+struct tz_sched_stats;
+void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out);
+
+#endif
