@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 int tz_bench_tiers(int argc, char **argv);   /* bench/tiers.c */
+int tz_bench_prefetch(int argc, char **argv); /* bench/prefetch.c */
 
 /* What tz-bench tiers passes on to its GPU rows (bench/tiers_gpu.cu). */
 struct tz_bench_tiers_opts {

@@ -10,6 +10,7 @@ static const struct {
   const char *help;
 } subcommands[] = {
   {"tiers", tz_bench_tiers, "tier-to-tier bandwidth beside fio and raw copies"},
+  {"prefetch", tz_bench_prefetch, "the scheduler streaming layers in ahead of compute, against the critical path"},
   {NULL, NULL, NULL}, /* subcommands are added above this line */
 };
 

@@ -103,6 +103,7 @@ struct step_rec {
   int live, ended;
   uint64_t entered, done;
   uint64_t t_first_enter, t_lane_begin, t_last_done;
+  uint64_t stall_ns, compute_ns;
 };
 
 enum { ACT_FILL, ACT_FLUSH };
@@ -167,7 +168,7 @@ struct tz_sched {
   struct xlane xl[MAX_XLANES];
   int n_xl;
   struct step_rec steps[STEP_RING];
-  double times[TIMES_RING];
+  struct tz_sched_step_time times[TIMES_RING];
   uint64_t n_times, last_step_done;
 
   int trace_on, trace_complete, trace_written;
@@ -304,10 +305,12 @@ static void step_check_done(tz_sched *s, struct step_rec *r) {
   if (r->entered == 0)
     return;
   uint64_t from = s->last_step_done ? s->last_step_done : r->t_first_enter;
-  s->times[s->n_times++ % TIMES_RING] = 1e-9 * (double)(r->t_last_done - from);
+  struct tz_sched_step_time *t = &s->times[s->n_times++ % TIMES_RING];
+  *t = (struct tz_sched_step_time){r->step, 1e-9 * (double)(r->t_last_done - from),
+                                   1e-9 * (double)r->stall_ns, 1e-9 * (double)r->compute_ns};
   s->last_step_done = r->t_last_done;
-  dbg(s, "step %llu complete: %.3f ms", (unsigned long long)r->step,
-      1e3 * s->times[(s->n_times - 1) % TIMES_RING]);
+  dbg(s, "step %llu complete: %.3f ms, stalled %.3f ms", (unsigned long long)r->step,
+      1e3 * t->seconds, 1e3 * t->stall_s);
   if (s->p.trace_step >= 0 && r->step == (uint64_t)s->p.trace_step) {
     s->trace_on = 0;
     s->trace_complete = 1;
@@ -777,6 +780,8 @@ static void inst_finish(tz_sched *s, struct inst *I) {
   if (r->live && r->step == I->step) {
     r->done++;
     r->t_last_done = now;
+    r->stall_ns += I->wait.stall_ns;
+    r->compute_ns += compute;
     if (ready - I->wait.stall_ns < r->t_lane_begin)
       r->t_lane_begin = ready - I->wait.stall_ns;
     step_check_done(s, r);
@@ -1576,7 +1581,7 @@ int tz_sched_block_stats(tz_sched *s, int id, uint64_t *fills, uint64_t *flushes
   return 0;
 }
 
-int tz_sched_step_times(tz_sched *s, double *out, int max) {
+int tz_sched_step_times(tz_sched *s, struct tz_sched_step_time *out, int max) {
   pthread_mutex_lock(&s->mu);
   uint64_t n = s->n_times < TIMES_RING ? s->n_times : TIMES_RING;
   if ((uint64_t)max < n)
