@@ -919,8 +919,8 @@ int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **
   return 0;
 }
 
-int tz_sched_block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_extent *home,
-                       int *id) {
+static int block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_extent *home,
+                     int *id) {
   if (s->declared)
     return tz_err_set(TZ_EINVAL, "sched: block '%s' added after the phases were declared", name);
   if (!home || !home->tier || bytes == 0)
@@ -948,6 +948,14 @@ int tz_sched_block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_e
   b->gen = b->home_gen = 1;
   *id = s->n_blocks++;
   return 0;
+}
+
+int tz_sched_block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_extent *home,
+                       int *id) {
+  pthread_mutex_lock(&s->mu);
+  int rc = block_add(s, name, bytes, home, id);
+  pthread_mutex_unlock(&s->mu);
+  return rc;
 }
 
 static int check_phases(tz_sched *s, const struct tz_phase_decl *phases, int n) {
@@ -983,7 +991,7 @@ static uint64_t phase_ws(tz_sched *s, const struct tz_phase_decl *d, uint64_t al
   return ws;
 }
 
-int tz_sched_min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes) {
+static int min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes) {
   TZ_CHECK(check_phases(s, phases, n));
   uint64_t align = tz_tier_alignment(s->compute), max = 0;
   for (int i = 0; i < n; i++) {
@@ -993,6 +1001,13 @@ int tz_sched_min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, 
   }
   *bytes = max + round_up(s->chunk, align);
   return 0;
+}
+
+int tz_sched_min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes) {
+  pthread_mutex_lock(&s->mu);
+  int rc = min_budget(s, phases, n, bytes);
+  pthread_mutex_unlock(&s->mu);
+  return rc;
 }
 
 /* Positions in the order where each block is used, for the eviction order. */
@@ -1016,11 +1031,11 @@ static int index_order(tz_sched *s) {
   return 0;
 }
 
-int tz_sched_declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
+static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
   if (s->declared)
     return tz_err_set(TZ_EINVAL, "sched: phases are declared once");
   uint64_t min;
-  TZ_CHECK(tz_sched_min_budget(s, phases, n, &min));
+  TZ_CHECK(min_budget(s, phases, n, &min));
   s->align = tz_tier_alignment(s->compute);
   uint64_t budget = s->p.budget;
   if (!budget) {
@@ -1094,8 +1109,16 @@ int tz_sched_declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
   s->declared = 1;
   dbg(s, "declared %d phases over %d blocks: budget %llu bytes in %s, minimum %llu", n,
       s->n_blocks, (unsigned long long)budget, tz_tier_name(s->compute), (unsigned long long)min);
-  pump(s); /* the window starts bringing in the first phases */
   return 0;
+}
+
+int tz_sched_declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
+  pthread_mutex_lock(&s->mu);
+  int rc = declare(s, phases, n);
+  pthread_mutex_unlock(&s->mu);
+  if (rc == 0)
+    pump(s); /* the window starts bringing in the first phases */
+  return rc;
 }
 
 /* ---- the client contract ---- */
