@@ -3,18 +3,50 @@
 #ifndef TZ_BENCH_H
 #define TZ_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "core/dtype.h"
+
 int tz_bench_tiers(int argc, char **argv);   /* bench/tiers.c */
+int tz_bench_adam(int argc, char **argv);    /* bench/adam.c */
+int tz_bench_collectives(int argc, char **argv); /* bench/collectives.c */
+int tz_bench_layer(int argc, char **argv);   /* bench/layer.c */
 int tz_bench_prefetch(int argc, char **argv); /* bench/prefetch.c */
 
-/* What tz-bench tiers passes on to its GPU rows (bench/tiers_gpu.cu). */
+/* bench/adam_cuda.cu, CUDA builds only: GPU Adam on n parameters against device-to-device copy
+ * bandwidth; prints a line (or a JSON object). Returns an exit code (77: no GPU). */
+int tz_bench_adam_gpu(size_t n, enum tz_dtype gdt, int has_copy, enum tz_dtype cdt, int reps,
+                      int json);
+
+/* What `tz-bench tiers` hands its GPU rows. */
 struct tz_bench_tiers_opts {
-  int json;
-  const char *path; /* directory on the drive */
-  uint64_t size;    /* bytes per measurement */
-  int reps;
+  int json;         /* one JSON object per row instead of a table */
+  const char *path; /* a directory on the drive for the nvme rows; NULL: tmpfs (/dev/shm) only */
+  uint64_t size;    /* bytes moved per measurement; 0: 1 GiB */
+  int reps;         /* repetitions, tier and raw interleaved, the median kept; the GPU rows take
+                     * at least 5 */
 };
+/* bench/tiers_gpu.c, in CUDA builds only (bench/CMakeLists.txt): the GPU rows of `tz-bench
+ * tiers`. Returns 0, 1 (failed, with a message on stderr) or 77 (no GPU: nothing printed on
+ * stdout, the reason on stderr). */
+int tz_bench_tiers_gpu(const struct tz_bench_tiers_opts *o);
+
+/* The baseline tz-bench collectives sets beside the comm: the same library calls made directly on
+ * the comm's own communicator (bench/collectives_mpi.c, bench/collectives_nccl.c, built when the
+ * library is). Buffers are where the backend wants them (host for mpi, device for nccl). */
+typedef struct tz_comm tz_comm;
+struct tz_bench_coll_direct {
+  /* Allocates send and recv of max_bytes each, set to zero. */
+  int (*setup)(tz_comm *c, uint64_t max_bytes, void **ctx, void **send, void **recv);
+  /* iters back-to-back calls, then waits for the last; 0 or a negative code. */
+  int (*all_gather)(void *ctx, const void *send, void *recv, uint64_t bytes_per_rank, int iters);
+  int (*reduce_scatter)(void *ctx, const void *send, void *recv, uint64_t count, int dtype,
+                        int iters);
+  void (*teardown)(void *ctx);
+};
+const struct tz_bench_coll_direct *tz_bench_coll_direct_mpi(void) __attribute__((weak));
+const struct tz_bench_coll_direct *tz_bench_coll_direct_nccl(void) __attribute__((weak));
 
 /* Wall-clock seconds, monotonic. */
 double tz_bench_now(void);

@@ -16,54 +16,21 @@
 
 int tz_bench_tiers_gpu(const struct tz_bench_tiers_opts *o) __attribute__((weak));
 
-struct row {
-  uint64_t block;
-  int qd;
-  const char *op;
-  double tier, raw;
-};
-
 /* Moves size bytes between one host buffer region and the nvme extent with qd operations in
  * flight, the way a prefetching scheduler does; returns GB/s or a negative code. */
-static double run_tier(tz_runtime *rt, tz_tier *nvme, tz_tier *host, uint64_t size,
-                       uint64_t block, int qd, int write) {
+static double run_tier(tz_tier *nvme, tz_tier *host, uint64_t size, uint64_t block, int qd,
+                       int write) {
   tz_extent ext, buf;
   if (tz_tier_alloc(nvme, size, &ext) < 0 || tz_tier_alloc(host, block * (uint64_t)qd, &buf) < 0)
     return TZ_ENOMEM;
-  (void)rt;
-  unsigned char *b = tz_tier_host_ptr(host, buf.offset);
-  tz_fence **f = calloc((size_t)qd, sizeof *f);
-  uint64_t n_ops = size / block, issued = 0, done = 0;
-  int rc = 0;
-  double t0 = tz_bench_now();
-  while (done < n_ops && rc == 0) {
-    while (issued < n_ops && issued - done < (uint64_t)qd) {
-      int slot = (int)(issued % (uint64_t)qd);
-      rc = write ? tz_tier_write(&ext, issued * block, b + (uint64_t)slot * block, block, &f[slot])
-                 : tz_tier_read(&ext, issued * block, b + (uint64_t)slot * block, block, &f[slot]);
-      if (rc < 0)
-        break;
-      issued++;
-    }
-    if (rc < 0)
-      break;
-    int slot = (int)(done % (uint64_t)qd);
-    rc = tz_fence_wait(f[slot], -1);
-    tz_fence_release(f[slot]);
-    done++;
-  }
-  double dt = tz_bench_now() - t0;
-  while (done < issued) { /* drain after an error */
-    int slot = (int)(done++ % (uint64_t)qd);
-    tz_fence_wait(f[slot], -1);
-    tz_fence_release(f[slot]);
-  }
-  free(f);
+  double seconds;
+  int rc = tz_tier_stream(&ext, tz_tier_host_ptr(host, buf.offset), size / block * block, block,
+                          qd, write, &seconds);
   tz_tier_free(&ext);
   tz_tier_free(&buf);
   if (rc < 0)
     return rc;
-  return (double)(n_ops * block) / dt / 1e9;
+  return (double)(size / block * block) / seconds / 1e9;
 }
 
 /* fio with the same parameters; GB/s, or a negative value when fio is missing or failed. */
@@ -165,7 +132,7 @@ int tz_bench_tiers(int argc, char **argv) {
   char fio_file[1024];
   snprintf(fio_file, sizeof fio_file, "%s/tierzero-bench-fio-%d.bin", o.path, (int)getpid());
   /* Lay both files out with real data first: reading never-written blocks reads no disk. */
-  if (run_tier(rt, nvme, host, o.size, bmax, qd, 1) < 0)
+  if (run_tier(nvme, host, o.size, bmax, qd, 1) < 0)
     goto fail;
   int have_fio = run_fio(fio_file, o.size, bmax, qd, 1) >= 0;
   if (!have_fio)
@@ -182,7 +149,7 @@ int tz_bench_tiers(int argc, char **argv) {
       double tier[64], raw[64];
       int reps = o.reps > 64 ? 64 : o.reps;
       for (int r = 0; r < reps; r++) {
-        tier[r] = run_tier(rt, nvme, host, o.size, block, qd, w);
+        tier[r] = run_tier(nvme, host, o.size, block, qd, w);
         raw[r] = have_fio ? run_fio(fio_file, o.size, block, qd, w) : -1;
         if (tier[r] < 0) {
           fprintf(stderr, "tz-bench tiers: %s\n", tz_err_msg());

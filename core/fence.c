@@ -24,6 +24,7 @@ struct tz_fence {
   struct callback **cbs_tail;
   const struct tz_fence_poll_ops *poll_ops; /* polled fences only */
   void *poll_ctx;
+  tz_fence *via; /* owned reference: the fence this one forwards (tz_fence_forward) */
 };
 
 static tz_fence *fence_alloc(void) {
@@ -66,6 +67,7 @@ void tz_fence_release(tz_fence *f) {
   }
   if (f->poll_ops && f->poll_ops->destroy && f->poll_ctx)
     f->poll_ops->destroy(f->poll_ctx);
+  tz_fence_release(f->via);
   pthread_mutex_destroy(&f->mu);
   pthread_cond_destroy(&f->cv);
   free(f->msg);
@@ -216,9 +218,17 @@ tz_fence *tz_fence_create_polled(tz_progress *pe, const struct tz_fence_poll_ops
 }
 
 void *tz_fence_native(tz_fence *f, const struct tz_fence_poll_ops *ops) {
-  if (f->poll_ops != ops || __atomic_load_n(&f->done, __ATOMIC_ACQUIRE))
+  if (__atomic_load_n(&f->done, __ATOMIC_ACQUIRE))
     return NULL;
-  return f->poll_ctx;
+  /* The inner fence may have completed already while f's callbacks still run: its object is
+   * still valid (f holds it), and waiting on it is then a no-op, which is what f means too. */
+  while (f->via)
+    f = f->via;
+  return f->poll_ops == ops ? f->poll_ctx : NULL;
+}
+
+void tz_fence_forward(tz_fence *f, tz_fence *inner) {
+  f->via = tz_fence_retain(inner);
 }
 
 int tz_fence_poll_once(tz_fence *f) {

@@ -48,7 +48,16 @@ struct tz_fence_poll_ops {
 };
 typedef struct tz_progress tz_progress;
 tz_fence *tz_fence_create_polled(tz_progress *pe, const struct tz_fence_poll_ops *ops, void *ctx);
-/* The backend object of a polled fence whose ops are `ops`, or NULL (another kind, or done). */
+/* The backend object of a polled fence whose ops are `ops`, or NULL (another kind, or done).
+ * For a fence that forwards another (below), the object of the fence it forwards, for as long as
+ * f is pending: f holds a reference to it, so the object stays valid (a CUDA event that has
+ * completed since is still a valid, and then trivial, thing to wait on). */
 void *tz_fence_native(tz_fence *f, const struct tz_fence_poll_ops *ops);
+
+/* Declares that f completes exactly when inner does, with inner's status, and only host
+ * bookkeeping in between (a transfer's fence around the copy's event). Then tz_fence_native(f)
+ * is inner's, so a device lane can wait on f without the host. f keeps a reference to inner.
+ * Call it once, before f is handed to anyone. */
+void tz_fence_forward(tz_fence *f, tz_fence *inner);
 
 #endif

@@ -411,6 +411,8 @@ int tz_transfer(tz_runtime *rt, const tz_extent *dst, uint64_t dst_off, const tz
       return tz_err_set(TZ_ENOMEM, "transfer: no memory");
     }
     *x = (struct xfer){rt, st, dt, tz_fence_retain(out)};
+    /* out completes with f and only counters in between: a device lane may wait on f's event. */
+    tz_fence_forward(out, f);
     pair_begin(rt, st, dt, n, 0);
     if (tz_fence_then(f, xfer_done, x) < 0)
       xfer_done(x, tz_fence_wait(f, -1));

@@ -320,3 +320,42 @@ int tz_tier_read_sync(const tz_extent *src, uint64_t off, void *buf, uint64_t n)
   tz_fence_release(f);
   return rc;
 }
+
+int tz_tier_stream(const tz_extent *ext, void *buf, uint64_t bytes, uint64_t block, int depth,
+                   int write, double *seconds) {
+  if (block == 0 || depth < 1 || bytes % block)
+    return tz_err_set(TZ_EINVAL, "stream: %llu bytes is not a whole number of %llu-byte blocks",
+                      (unsigned long long)bytes, (unsigned long long)block);
+  tz_fence **f = calloc((size_t)depth, sizeof *f);
+  if (!f)
+    return tz_err_set(TZ_ENOMEM, "stream: no memory");
+  unsigned char *b = buf;
+  uint64_t n_ops = bytes / block, issued = 0, done = 0;
+  int rc = 0;
+  uint64_t t0 = tz_now_ns();
+  while (done < n_ops && rc == 0) {
+    while (issued < n_ops && issued - done < (uint64_t)depth) {
+      int slot = (int)(issued % (uint64_t)depth);
+      void *p = b + (uint64_t)slot * block;
+      rc = write ? tz_tier_write(ext, issued * block, p, block, &f[slot])
+                 : tz_tier_read(ext, issued * block, p, block, &f[slot]);
+      if (rc < 0)
+        break;
+      issued++;
+    }
+    if (rc < 0)
+      break;
+    int slot = (int)(done % (uint64_t)depth);
+    rc = tz_fence_wait(f[slot], -1);
+    tz_fence_release(f[slot]);
+    done++;
+  }
+  *seconds = 1e-9 * (double)(tz_now_ns() - t0);
+  while (done < issued) {
+    int slot = (int)(done++ % (uint64_t)depth);
+    tz_fence_wait(f[slot], -1);
+    tz_fence_release(f[slot]);
+  }
+  free(f);
+  return rc;
+}

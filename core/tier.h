@@ -77,6 +77,13 @@ int tz_tier_read(const tz_extent *src, uint64_t off, void *buf, uint64_t n, tz_f
 int tz_tier_write_sync(const tz_extent *dst, uint64_t off, const void *buf, uint64_t n);
 int tz_tier_read_sync(const tz_extent *src, uint64_t off, void *buf, uint64_t n);
 
+/* Moves the first `bytes` of ext (a multiple of block) to the tier (write) or from it, through
+ * buf, which holds depth * block bytes used as a ring, with `depth` operations in flight; waits for
+ * all of them and puts the elapsed time in *seconds. How fast a tier streams, for tz-bench and
+ * tz-topo --measure. After an error it still waits for what is in flight before returning it. */
+int tz_tier_stream(const tz_extent *ext, void *buf, uint64_t bytes, uint64_t block, int depth,
+                   int write, double *seconds);
+
 /* Arena statistics. fragmentation = 1 - largest_free / free (0 when free is 0). */
 struct tz_arena_stats {
   uint64_t capacity, used, free, largest_free;

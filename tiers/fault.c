@@ -1,5 +1,5 @@
-/* fault: wraps another tier and injects errors, for tests. The spec (params.faults, or the
- * TZ_FAULTS environment variable) is a comma-separated list of items:
+/* fault: wraps another tier and injects errors, for tests. The spec (params.faults; programs take
+ * it from the config's tierzero.faults or TZ_FAULTS) is a comma-separated list of items:
  *   KIND@N      the Nth operation (reads and writes counted together, from 1)
  *   KIND%P      each operation with probability P percent (seeded: seed=S, default 1)
  *   delay=US    every operation starts US microseconds late (on the fault tier's own thread)
@@ -109,8 +109,6 @@ static int fault_init(tz_tier *t, const struct tz_tier_params *p) {
   f->seed = 1;
   pthread_mutex_init(&f->mu, NULL);
   int rc = parse_spec(t, f, p->faults);
-  if (rc == 0)
-    rc = parse_spec(t, f, getenv("TZ_FAULTS"));
   if (rc == 0 && f->delay_us)
     rc = tz_pool_create(2, "fault", &f->delay_pool);
   if (rc < 0) {

@@ -143,7 +143,6 @@ static int nvme_init(tz_tier *t, const struct tz_tier_params *p) {
   pthread_mutex_init(&n->mu, NULL);
   t->ctx = n;
   parse_faults(n, p->faults);
-  parse_faults(n, getenv("TZ_FAULTS"));
   n->stripe = p->stripe_bytes ? p->stripe_bytes : 1ull << 20;
   n->qd = p->queue_depth > 0 ? (unsigned)p->queue_depth : 64;
   n->direct = !p->buffered;

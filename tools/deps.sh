@@ -3,7 +3,8 @@
 # Runs apt-get as root, or through sudo.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libnuma-dev liburing-dev libhwloc-dev hwloc libcmocka-dev
-      libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin fio python3)
+      libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin fio python3
+      python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

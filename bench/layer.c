@@ -1,0 +1,631 @@
+/* tz-bench layer: one transformer layer, forward + backward, on the cuda compute backend in bf16,
+ * timed beside the same layer in PyTorch (bf16, scaled_dot_product_attention pinned to its flash
+ * backend; tools/bench_layer_torch.py) run in the same invocation. Also attention forward +
+ * backward alone on both, the GEMM ceiling (bf16 8192^3 by default through the backend's
+ * matmul, and torch.matmul), and each op's share of the layer time.
+ *
+ * Times are wall-clock between tz_compute_sync calls (the backend's stream drained before and
+ * after), medians over --iters runs after --warmup. The op shares come from one more pass through
+ * a timing wrapper around the instance's ops table that drains the stream around every call; they
+ * are shares of the sum of those per-call times (which include a few microseconds of launch and
+ * sync per call), not of the median above.
+ *
+ * FLOPs (counted the same way for both sides): a layer's forward is 2 N (C HD + 2 C KD + HD C +
+ * 3 C F) for the projections plus 2 B H T^2 D for causal attention (QK^T and PV over the lower
+ * triangle); forward + backward is 3x that. Attention forward + backward alone is 3.5x its forward
+ * (the backward's five products, as flash-attention benchmarks count). */
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench.h"
+#include "core/error.h"
+#include "kernels/compute.h"
+#include "kernels/compute_impl.h"
+#include "trainer/model.h"
+
+/* ---- a timing wrapper around an instance's ops table ---- */
+
+enum {
+  OP_MM_FWD, /* x W^T */
+  OP_MM_DX,  /* dy W */
+  OP_MM_DW,  /* dy^T x */
+  OP_ATTN_FWD,
+  OP_ATTN_BWD,
+  OP_RMS_FWD,
+  OP_RMS_BWD,
+  OP_ROPE,
+  OP_SWIGLU_FWD,
+  OP_SWIGLU_BWD,
+  OP_ADD,
+  OP_COPY,
+  OP_OTHER,
+  OP_COUNT
+};
+
+static const char *const op_names[OP_COUNT] = {
+    "matmul x W^T", "matmul dy W", "matmul dy^T x", "attention_fwd", "attention_bwd",
+    "rmsnorm_fwd",  "rmsnorm_bwd", "rope",          "swiglu_fwd",    "swiglu_bwd",
+    "add",          "copy",        "other",
+};
+
+static struct {
+  tz_compute *inner;
+  double t[OP_COUNT];
+  int calls[OP_COUNT];
+} shim;
+
+#define IN shim.inner->ops
+#define CTX shim.inner->ctx
+
+static double shim_begin(void) {
+  (void)tz_compute_sync(shim.inner);
+  return tz_bench_now();
+}
+
+static void shim_end(int op, double t0) {
+  (void)tz_compute_sync(shim.inner);
+  shim.t[op] += tz_bench_now() - t0;
+  shim.calls[op]++;
+}
+
+#define TIMED(op, call)                                                                            \
+  do {                                                                                             \
+    double t0_ = shim_begin();                                                                     \
+    int rc_ = (call);                                                                              \
+    shim_end((op), t0_);                                                                           \
+    return rc_;                                                                                    \
+  } while (0)
+
+static void s_destroy(void *ctx) { (void)ctx; }
+static int s_sync(void *ctx) { (void)ctx; return IN->sync(CTX); }
+static void *s_stream(void *ctx) { (void)ctx; return IN->stream ? IN->stream(CTX) : NULL; }
+static int s_alloc(void *ctx, size_t b, void **o) { (void)ctx; return IN->alloc(CTX, b, o); }
+static void s_free(void *ctx, void *p) { (void)ctx; IN->free(CTX, p); }
+static int s_copy_in(void *ctx, void *d, const void *s, size_t b) {
+  (void)ctx;
+  return IN->copy_in(CTX, d, s, b);
+}
+static int s_copy_out(void *ctx, void *d, const void *s, size_t b) {
+  (void)ctx;
+  return IN->copy_out(CTX, d, s, b);
+}
+static int s_copy(void *ctx, void *d, const void *s, size_t b) {
+  (void)ctx;
+  TIMED(OP_COPY, IN->copy(CTX, d, s, b));
+}
+static int s_zero(void *ctx, void *d, size_t b) {
+  (void)ctx;
+  TIMED(OP_OTHER, IN->zero(CTX, d, b));
+}
+static int s_fill(void *ctx, enum tz_dtype dt, void *x, float v, size_t n) {
+  (void)ctx;
+  TIMED(OP_OTHER, IN->fill(CTX, dt, x, v, n));
+}
+static int s_scale(void *ctx, enum tz_dtype dt, void *x, float a, size_t n) {
+  (void)ctx;
+  TIMED(OP_OTHER, IN->scale(CTX, dt, x, a, n));
+}
+static int s_axpy(void *ctx, enum tz_dtype dt, void *y, float a, const void *x, size_t n) {
+  (void)ctx;
+  TIMED(OP_OTHER, IN->axpy(CTX, dt, y, a, x, n));
+}
+static int s_add(void *ctx, enum tz_dtype dt, void *o, const void *a, const void *b, size_t n) {
+  (void)ctx;
+  TIMED(OP_ADD, IN->add(CTX, dt, o, a, b, n));
+}
+static int s_cast(void *ctx, void *d, enum tz_dtype dd, const void *s, enum tz_dtype sd,
+                  size_t n) {
+  (void)ctx;
+  TIMED(OP_OTHER, IN->cast(CTX, d, dd, s, sd, n));
+}
+static int s_sum(void *ctx, float *o, enum tz_dtype dt, const void *x, size_t n, int sq,
+                 int acc) {
+  (void)ctx;
+  TIMED(OP_OTHER, IN->sum(CTX, o, dt, x, n, sq, acc));
+}
+static int s_matmul(void *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+                    int lda, const void *B, int ldb, float beta, void *C, enum tz_dtype c_dt,
+                    int ldc) {
+  (void)ctx;
+  int op = ta ? OP_MM_DW : tb ? OP_MM_FWD : OP_MM_DX;
+  TIMED(op, IN->matmul(CTX, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, c_dt, ldc));
+}
+static int s_emb_fwd(void *ctx, void *o, const int32_t *t, const void *w, int N, int C, int V) {
+  (void)ctx;
+  TIMED(OP_OTHER, IN->embedding_fwd(CTX, o, t, w, N, C, V));
+}
+static int s_emb_bwd(void *ctx, void *dw, const void *d, const int32_t *t, int N, int C, int V) {
+  (void)ctx;
+  TIMED(OP_OTHER, IN->embedding_bwd(CTX, dw, d, t, N, C, V));
+}
+static int s_rms_fwd(void *ctx, void *o, float *r, const void *x, const void *w, int N, int C,
+                     float eps) {
+  (void)ctx;
+  TIMED(OP_RMS_FWD, IN->rmsnorm_fwd(CTX, o, r, x, w, N, C, eps));
+}
+static int s_rms_bwd(void *ctx, void *dx, void *dw, const void *dy, const void *x, const void *w,
+                     const float *r, int N, int C) {
+  (void)ctx;
+  TIMED(OP_RMS_BWD, IN->rmsnorm_bwd(CTX, dx, dw, dy, x, w, r, N, C));
+}
+static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inv) {
+  (void)ctx;
+  TIMED(OP_ROPE, IN->rope(CTX, x, B, T, nh, D, theta, inv));
+}
+static int s_attn_fwd(void *ctx, void *o, float *l, const void *q, const void *k, const void *v,
+                      int B, int T, int H, int Hkv, int D) {
+  (void)ctx;
+  TIMED(OP_ATTN_FWD, IN->attention_fwd(CTX, o, l, q, k, v, B, T, H, Hkv, D));
+}
+static int s_attn_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
+                      const void *q, const void *k, const void *v, const void *o, const float *l,
+                      int B, int T, int H, int Hkv, int D) {
+  (void)ctx;
+  TIMED(OP_ATTN_BWD,
+        IN->attention_bwd(CTX, dq, dk, dv, delta, dout, q, k, v, o, l, B, T, H, Hkv, D));
+}
+static int s_swiglu_fwd(void *ctx, void *o, const void *g, const void *u, size_t n) {
+  (void)ctx;
+  TIMED(OP_SWIGLU_FWD, IN->swiglu_fwd(CTX, o, g, u, n));
+}
+static int s_swiglu_bwd(void *ctx, void *dg, void *du, const void *d, const void *g,
+                        const void *u, size_t n) {
+  (void)ctx;
+  TIMED(OP_SWIGLU_BWD, IN->swiglu_bwd(CTX, dg, du, d, g, u, n));
+}
+static int s_xent(void *ctx, float *l, void *dl, const void *lg, const int32_t *t, int N, int V,
+                  float ds) {
+  (void)ctx;
+  TIMED(OP_OTHER, IN->xent(CTX, l, dl, lg, t, N, V, ds));
+}
+
+static const struct tz_compute_ops shim_ops = {
+    .destroy = s_destroy,
+    .sync = s_sync,
+    .stream = s_stream,
+    .alloc = s_alloc,
+    .free = s_free,
+    .copy_in = s_copy_in,
+    .copy_out = s_copy_out,
+    .copy = s_copy,
+    .zero = s_zero,
+    .fill = s_fill,
+    .scale = s_scale,
+    .axpy = s_axpy,
+    .add = s_add,
+    .cast = s_cast,
+    .sum = s_sum,
+    .matmul = s_matmul,
+    .embedding_fwd = s_emb_fwd,
+    .embedding_bwd = s_emb_bwd,
+    .rmsnorm_fwd = s_rms_fwd,
+    .rmsnorm_bwd = s_rms_bwd,
+    .rope = s_rope,
+    .attention_fwd = s_attn_fwd,
+    .attention_bwd = s_attn_bwd,
+    .swiglu_fwd = s_swiglu_fwd,
+    .swiglu_bwd = s_swiglu_bwd,
+    .xent = s_xent,
+};
+
+/* ---- set-up ---- */
+
+struct opts {
+  int C, F, H, Hkv, T, B, iters, warmup, torch, json;
+  int gemm; /* the ceiling's GEMM size: gemm^3 */
+  enum tz_dtype G;
+  const char *python, *script;
+};
+
+/* Fills n elements of dtype dt at dst with uniform values in [-scale, scale): a host pattern of
+ * `chunk` values cast on the device over and over. */
+static int fill_random(tz_compute *cm, void *dst, enum tz_dtype dt, size_t n, float scale,
+                       uint64_t seed) {
+  enum { CHUNK = 1 << 20 };
+  float *h = malloc(CHUNK * sizeof *h);
+  void *tmp = NULL;
+  int rc = h ? tz_compute_alloc(cm, CHUNK * sizeof(float), &tmp)
+             : tz_err_set(TZ_ENOMEM, "bench layer: out of memory");
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; rc == 0 && i < CHUNK; i++) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    h[i] = scale * (float)((double)(s >> 11) * 0x1.0p-52 - 1.0);
+  }
+  if (rc == 0)
+    rc = tz_compute_copy_in(cm, tmp, h, CHUNK * sizeof(float));
+  for (size_t off = 0; rc == 0 && off < n; off += CHUNK) {
+    size_t len = n - off < CHUNK ? n - off : CHUNK;
+    rc = tz_compute_cast(cm, (char *)dst + off * tz_dtype_size(dt), dt, tmp, TZ_F32, len);
+  }
+  if (rc == 0)
+    rc = tz_compute_sync(cm);
+  tz_compute_free(cm, tmp);
+  free(h);
+  return rc;
+}
+
+struct layer_bufs {
+  void *params, *grads, *x_in, *x_out, *dx_out, *dx_in, *acts_mem, *scratch_mem;
+  struct tz_layer_acts acts;
+  struct tz_layer_scratch scratch;
+};
+
+static void layer_free(tz_compute *cm, struct layer_bufs *l) {
+  void *all[] = {l->params, l->grads,  l->x_in,     l->x_out,
+                 l->dx_out, l->dx_in, l->acts_mem, l->scratch_mem};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    tz_compute_free(cm, all[i]);
+  memset(l, 0, sizeof *l);
+}
+
+static int layer_alloc(tz_compute *cm, const struct tz_model_config *cfg, const struct opts *o,
+                       struct layer_bufs *l) {
+  memset(l, 0, sizeof *l);
+  enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
+  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  size_t x_bytes = (size_t)o->B * o->T * o->C * tz_dtype_size(S);
+  int rc = 0;
+  TZ_CHECK_GOTO(tz_compute_alloc(cm, np * tz_dtype_size(S), &l->params), rc, fail);
+  TZ_CHECK_GOTO(tz_compute_alloc(cm, np * tz_dtype_size(G), &l->grads), rc, fail);
+  TZ_CHECK_GOTO(tz_compute_alloc(cm, x_bytes, &l->x_in), rc, fail);
+  TZ_CHECK_GOTO(tz_compute_alloc(cm, x_bytes, &l->x_out), rc, fail);
+  TZ_CHECK_GOTO(tz_compute_alloc(cm, x_bytes, &l->dx_out), rc, fail);
+  TZ_CHECK_GOTO(tz_compute_alloc(cm, x_bytes, &l->dx_in), rc, fail);
+  TZ_CHECK_GOTO(tz_compute_alloc(cm, tz_model_acts_bytes(cfg, S, o->B, o->T), &l->acts_mem), rc,
+                fail);
+  TZ_CHECK_GOTO(
+      tz_compute_alloc(cm, tz_model_scratch_bytes(cfg, S, o->B, o->T), &l->scratch_mem), rc,
+      fail);
+  tz_model_acts_carve(cfg, S, o->B, o->T, l->acts_mem, &l->acts);
+  tz_model_scratch_carve(cfg, S, o->B, o->T, l->scratch_mem, &l->scratch);
+  /* weights ~ 0.02 (norm weights too: the values do not change the time), inputs of order one,
+   * an upstream gradient of a mean loss's size */
+  TZ_CHECK_GOTO(fill_random(cm, l->params, S, np, 0.02f, 1), rc, fail);
+  TZ_CHECK_GOTO(tz_compute_zero(cm, l->grads, np * tz_dtype_size(G)), rc, fail);
+  TZ_CHECK_GOTO(fill_random(cm, l->x_in, S, x_bytes / tz_dtype_size(S), 1.0f, 2), rc, fail);
+  TZ_CHECK_GOTO(fill_random(cm, l->dx_out, S, x_bytes / tz_dtype_size(S), 1e-3f, 3), rc, fail);
+  return 0;
+fail:
+  layer_free(cm, l);
+  return rc;
+}
+
+static int layer_step(tz_compute *cm, const struct tz_model_config *cfg, const struct opts *o,
+                      struct layer_bufs *l) {
+  TZ_CHECK(tz_model_layer_fwd(cm, cfg, l->params, l->x_in, l->x_out, &l->acts, o->B, o->T));
+  return tz_model_layer_bwd(cm, cfg, l->params, l->grads, l->x_in, &l->acts, 0, l->dx_out,
+                            l->dx_in, &l->scratch, o->B, o->T);
+}
+
+static int attn_step(tz_compute *cm, const struct opts *o, struct layer_bufs *l) {
+  int D = o->C / o->H;
+  TZ_CHECK(tz_compute_attention_fwd(cm, l->acts.att, l->acts.lse, l->acts.q, l->acts.k,
+                                    l->acts.v, o->B, o->T, o->H, o->Hkv, D));
+  return tz_compute_attention_bwd(cm, l->scratch.dq, l->scratch.dk, l->scratch.dv,
+                                  l->scratch.delta, l->scratch.datt, l->acts.q, l->acts.k,
+                                  l->acts.v, l->acts.att, l->acts.lse, o->B, o->T, o->H, o->Hkv,
+                                  D);
+}
+
+/* What a timed step runs. */
+struct step {
+  tz_compute *cm;
+  const struct tz_model_config *cfg;
+  const struct opts *o;
+  struct layer_bufs *l;
+  int which; /* 0 the layer, 1 attention alone, 2 the GEMM */
+  void *A, *B, *C;
+};
+
+static int step_run(const struct step *s) {
+  switch (s->which) {
+  case 0:
+    return layer_step(s->cm, s->cfg, s->o, s->l);
+  case 1:
+    return attn_step(s->cm, s->o, s->l);
+  default: {
+    int n = s->o->gemm;
+    return tz_compute_matmul(s->cm, 0, 0, n, n, n, 1.0f, s->A, n, s->B, n, 0.0f, s->C, TZ_BF16, n);
+  }
+  }
+}
+
+/* *out = median seconds of `iters` runs of the step after `warmup`, the stream drained around
+ * each run. */
+static int time_median(const struct step *s, int warmup, int iters, double *out) {
+  double *ts = calloc((size_t)iters, sizeof *ts);
+  if (!ts)
+    return tz_err_set(TZ_ENOMEM, "bench layer: out of memory");
+  int rc = 0;
+  for (int i = 0; i < warmup + iters && rc == 0; i++) {
+    rc = tz_compute_sync(s->cm);
+    double t0 = tz_bench_now();
+    if (rc == 0)
+      rc = step_run(s);
+    if (rc == 0)
+      rc = tz_compute_sync(s->cm);
+    if (i >= warmup)
+      ts[i - warmup] = tz_bench_now() - t0;
+  }
+  if (rc == 0)
+    *out = tz_bench_median(ts, iters);
+  free(ts);
+  return rc;
+}
+
+/* ---- the comparison ---- */
+
+struct torch_result {
+  int ok;
+  char why[256];
+  double layer_ms, attn_ms, gemm_tflops;
+  char version[64], device[128];
+};
+
+static void run_torch(const struct opts *o, struct torch_result *r) {
+  memset(r, 0, sizeof *r);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "%s '%s' --d-model %d --ffn %d --heads %d --kv-heads %d --seq %d --batch %d "
+           "--iters %d --warmup %d --gemm-size %d 2>&1",
+           o->python, o->script, o->C, o->F, o->H, o->Hkv, o->T, o->B, o->iters, o->warmup,
+           o->gemm);
+  FILE *p = popen(cmd, "r");
+  if (!p) {
+    snprintf(r->why, sizeof r->why, "cannot run %s", o->python);
+    return;
+  }
+  /* The JSON is the last line that parses; anything else (warnings) is passed through. */
+  char line[8192];
+  json_t *last = NULL;
+  while (fgets(line, sizeof line, p)) {
+    json_t *j = line[0] == '{' ? json_loads(line, 0, NULL) : NULL;
+    if (j) {
+      json_decref(last);
+      last = j;
+    } else if (!o->json) {
+      fprintf(stderr, "pytorch: %s", line);
+    }
+  }
+  int st = pclose(p);
+  const char *err = last ? json_string_value(json_object_get(last, "error")) : NULL;
+  if (!last || err) {
+    snprintf(r->why, sizeof r->why, "%s", err ? err : "no result (exit status %d)");
+    if (!err)
+      snprintf(r->why, sizeof r->why, "no result from %s (exit status %d)", o->script, st);
+    json_decref(last);
+    return;
+  }
+  r->layer_ms = json_number_value(json_object_get(last, "layer_ms"));
+  r->attn_ms = json_number_value(json_object_get(last, "attn_ms"));
+  r->gemm_tflops = json_number_value(json_object_get(last, "gemm_tflops"));
+  const char *v = json_string_value(json_object_get(last, "torch"));
+  const char *d = json_string_value(json_object_get(last, "device"));
+  snprintf(r->version, sizeof r->version, "%s", v ? v : "?");
+  snprintf(r->device, sizeof r->device, "%s", d ? d : "?");
+  r->ok = r->layer_ms > 0 && r->attn_ms > 0;
+  if (!r->ok)
+    snprintf(r->why, sizeof r->why, "incomplete result from %s", o->script);
+  json_decref(last);
+}
+
+/* One line of the table; theirs < 0: not measured. With is_time the speed column is theirs / ours
+ * (above 1: faster than PyTorch). */
+static void row(const char *name, double ours, double theirs, int is_time, const char *target) {
+  char t[32] = "-", r[32] = "";
+  if (theirs >= 0)
+    snprintf(t, sizeof t, "%12.3f", theirs);
+  if (theirs >= 0 && is_time)
+    snprintf(r, sizeof r, "%8.3f", theirs / ours);
+  printf("%-28s %12.3f %12s %8s %8s\n", name, ours, t, r, target);
+}
+
+static int bench(const struct opts *o) {
+  struct tz_model_config cfg = {.d_model = o->C, .n_layer = 1, .n_head = o->H,
+                                .n_kv_head = o->Hkv, .ffn_dim = o->F, .vocab = 256,
+                                .max_seq = o->T, .rope_theta = 10000.0, .norm_eps = 1e-5,
+                                .tie_embeddings = 1};
+  TZ_CHECK(tz_model_config_check(&cfg));
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  p.dtype = TZ_BF16;
+  p.grad_dtype = o->G;
+  tz_compute *cm;
+  TZ_CHECK(tz_compute_create("cuda", &p, &cm));
+  struct layer_bufs l;
+  int rc = layer_alloc(cm, &cfg, o, &l);
+  if (rc < 0) {
+    tz_compute_destroy(cm);
+    return rc;
+  }
+  double t_layer = 0, t_attn = 0, t_gemm = 0;
+  int D = o->C / o->H, HD = o->H * D, KD = o->Hkv * D;
+  double N = (double)o->B * o->T;
+  double attn_fwd_flops = 2.0 * o->B * o->H * (double)o->T * o->T * D;
+  double layer_flops =
+      3.0 * (2.0 * N * ((double)o->C * HD + 2.0 * o->C * KD + (double)HD * o->C +
+                        3.0 * o->C * o->F) +
+             attn_fwd_flops);
+  double attn_flops = 3.5 * attn_fwd_flops;
+
+  /* the layer, attention alone, one pass through the timing wrapper, the GEMM ceiling */
+  struct step st = {.cm = cm, .cfg = &cfg, .o = o, .l = &l, .which = 0};
+  rc = time_median(&st, o->warmup, o->iters, &t_layer);
+  st.which = 1;
+  if (rc == 0)
+    rc = time_median(&st, o->warmup, o->iters, &t_attn);
+  if (rc == 0) {
+    memset(&shim, 0, sizeof shim);
+    shim.inner = cm;
+    struct tz_compute wrapped = *cm;
+    wrapped.ops = &shim_ops;
+    wrapped.ctx = NULL;
+    rc = layer_step(&wrapped, &cfg, o, &l);
+    if (rc == 0)
+      rc = tz_compute_sync(cm);
+  }
+  layer_free(cm, &l);
+  size_t gemm_bytes = (size_t)o->gemm * o->gemm * 2;
+  st.which = 2;
+  if (rc == 0)
+    rc = tz_compute_alloc(cm, gemm_bytes, &st.A);
+  if (rc == 0)
+    rc = tz_compute_alloc(cm, gemm_bytes, &st.B);
+  if (rc == 0)
+    rc = tz_compute_alloc(cm, gemm_bytes, &st.C);
+  if (rc == 0)
+    rc = fill_random(cm, st.A, TZ_BF16, gemm_bytes / 2, 1.0f, 4);
+  if (rc == 0)
+    rc = fill_random(cm, st.B, TZ_BF16, gemm_bytes / 2, 1.0f, 5);
+  if (rc == 0)
+    rc = time_median(&st, 2, 5, &t_gemm);
+  tz_compute_free(cm, st.A);
+  tz_compute_free(cm, st.B);
+  tz_compute_free(cm, st.C);
+  tz_compute_destroy(cm);
+  if (rc < 0)
+    return rc;
+
+  struct torch_result tr;
+  memset(&tr, 0, sizeof tr);
+  if (o->torch)
+    run_torch(o, &tr);
+  else
+    snprintf(tr.why, sizeof tr.why, "--no-torch");
+
+  double gemm_tflops = 2.0 * o->gemm * (double)o->gemm * o->gemm / t_gemm / 1e12;
+  double op_total = 0;
+  for (int i = 0; i < OP_COUNT; i++)
+    op_total += shim.t[i];
+  if (o->json) {
+    printf("{\"bench\":\"layer\",\"d_model\":%d,\"ffn\":%d,\"heads\":%d,\"kv_heads\":%d,"
+           "\"seq\":%d,\"batch\":%d,\"grad_dtype\":\"%s\",\"layer_ms\":%.4f,"
+           "\"layer_tflops\":%.2f,\"attn_ms\":%.4f,\"attn_tflops\":%.2f,\"gemm_size\":%d,"
+           "\"gemm_tflops\":%.2f",
+           o->C, o->F, o->H, o->Hkv, o->T, o->B, tz_dtype_name(o->G), t_layer * 1e3,
+           layer_flops / t_layer / 1e12, t_attn * 1e3, attn_flops / t_attn / 1e12, o->gemm,
+           gemm_tflops);
+    if (tr.ok)
+      printf(",\"torch_layer_ms\":%.4f,\"torch_attn_ms\":%.4f,\"torch_gemm_tflops\":%.2f,"
+             "\"layer_ratio\":%.4f,\"attn_ratio\":%.4f",
+             tr.layer_ms, tr.attn_ms, tr.gemm_tflops, tr.layer_ms / (t_layer * 1e3),
+             tr.attn_ms / (t_attn * 1e3));
+    printf(",\"shares\":{");
+    for (int i = 0; i < OP_COUNT; i++)
+      printf("%s\"%s\":%.4f", i ? "," : "", op_names[i], op_total > 0 ? shim.t[i] / op_total : 0);
+    printf("}}\n");
+    return 0;
+  }
+  printf("one layer, forward + backward: d_model %d, ffn %d, heads %d/%d (head dim %d), seq %d, "
+         "micro-batch %d, causal, bf16 storage, %s gradients\n",
+         o->C, o->F, o->H, o->Hkv, D, o->T, o->B, tz_dtype_name(o->G));
+  if (tr.ok)
+    printf("pytorch %s on %s, sdpa pinned to flash\n", tr.version, tr.device);
+  else
+    printf("pytorch: not measured (%s)\n", tr.why);
+  char gemm_name[64];
+  snprintf(gemm_name, sizeof gemm_name, "GEMM ceiling bf16 %d^3", o->gemm);
+  printf("\n%-28s %12s %12s %8s %8s\n", "", "tierzero", "pytorch", "speed", "target");
+  row("layer fwd+bwd ms", t_layer * 1e3, tr.ok ? tr.layer_ms : -1, 1, ">=0.80");
+  row("layer model TFLOP/s", layer_flops / t_layer / 1e12,
+      tr.ok ? layer_flops / (tr.layer_ms * 1e-3) / 1e12 : -1, 0, "");
+  row("attention fwd+bwd ms", t_attn * 1e3, tr.ok ? tr.attn_ms : -1, 1, ">=0.50");
+  row("attention TFLOP/s", attn_flops / t_attn / 1e12,
+      tr.ok ? attn_flops / (tr.attn_ms * 1e-3) / 1e12 : -1, 0, "");
+  row(gemm_name, gemm_tflops, tr.ok ? tr.gemm_tflops : -1, 0, "");
+  printf("(speed = pytorch time / tierzero time; TFLOP/s count the same FLOPs for both)\n");
+  printf("\nshare of the layer time per op (each call timed alone, stream drained around it; "
+         "sum %.3f ms):\n",
+         op_total * 1e3);
+  for (int i = 0; i < OP_COUNT; i++)
+    if (shim.calls[i])
+      printf("  %-16s %6.1f%%  %9.3f ms  %3d calls\n", op_names[i], 100.0 * shim.t[i] / op_total,
+             shim.t[i] * 1e3, shim.calls[i]);
+  return 0;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: tz-bench layer [--d-model N] [--ffn N] [--heads N] [--kv-heads N] [--seq N]\n"
+          "                      [--batch N] [--iters N] [--warmup N] [--grad-dtype bf16|f32]\n"
+          "                      [--gemm-size N] [--python PY] [--torch-script PATH]\n"
+          "                      [--no-torch] [--json]\n"
+          "  One transformer layer forward + backward on the cuda backend (bf16) beside PyTorch\n"
+          "  (bf16, flash attention) run in the same invocation; attention alone; the bf16 GEMM\n"
+          "  ceiling (N^3, --gemm-size, default 8192); each op's share. Defaults: Llama-7B's\n"
+          "  layer, d_model 4096, ffn 11008, 32 heads, seq 2048, micro-batch 4, gradients bf16\n"
+          "  as PyTorch's, 10 iterations after 3 warm-up. Exit 77 without a CUDA device.\n");
+}
+
+int tz_bench_layer(int argc, char **argv) {
+  /* The script lives in the source tree next to this file: <repo>/tools/. */
+  static char script[4096];
+  snprintf(script, sizeof script, "%s", __FILE__);
+  char *slash = strrchr(script, '/');
+  if (slash && slash - script >= 6 && strncmp(slash - 6, "/bench", 6) == 0)
+    snprintf(slash - 6, sizeof script - (size_t)(slash - 6 - script),
+             "/tools/bench_layer_torch.py");
+  else
+    snprintf(script, sizeof script, "tools/bench_layer_torch.py");
+  struct opts o = {.C = 4096, .F = 11008, .H = 32, .Hkv = 32, .T = 2048, .B = 4, .iters = 10,
+                   .warmup = 3, .torch = 1, .json = 0, .gemm = 8192, .G = TZ_BF16,
+                   .python = "python3",
+                   .script = script};
+  static const struct option longopts[] = {
+      {"d-model", required_argument, 0, 'c'}, {"ffn", required_argument, 0, 'f'},
+      {"heads", required_argument, 0, 'H'},   {"kv-heads", required_argument, 0, 'K'},
+      {"seq", required_argument, 0, 't'},     {"batch", required_argument, 0, 'b'},
+      {"iters", required_argument, 0, 'i'},   {"warmup", required_argument, 0, 'w'},
+      {"grad-dtype", required_argument, 0, 'g'}, {"python", required_argument, 0, 'p'},
+      {"torch-script", required_argument, 0, 's'}, {"no-torch", no_argument, 0, 'n'},
+      {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+      {"gemm-size", required_argument, 0, 'm'},
+      {0, 0, 0, 0}};
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'c': o.C = atoi(optarg); break;
+    case 'f': o.F = atoi(optarg); break;
+    case 'H': o.H = atoi(optarg); break;
+    case 'K': o.Hkv = atoi(optarg); break;
+    case 't': o.T = atoi(optarg); break;
+    case 'b': o.B = atoi(optarg); break;
+    case 'i': o.iters = atoi(optarg); break;
+    case 'w': o.warmup = atoi(optarg); break;
+    case 'g':
+      if (tz_dtype_parse(optarg, &o.G) < 0) {
+        fprintf(stderr, "tz-bench layer: %s\n", tz_err_msg());
+        return 2;
+      }
+      break;
+    case 'p': o.python = optarg; break;
+    case 's': o.script = optarg; break;
+    case 'n': o.torch = 0; break;
+    case 'j': o.json = 1; break;
+    case 'm': o.gemm = atoi(optarg); break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (o.C < 1 || o.F < 1 || o.H < 1 || o.Hkv < 1 || o.T < 1 || o.B < 1 || o.iters < 1 ||
+      o.warmup < 0 || o.gemm < 1 || (o.G != TZ_BF16 && o.G != TZ_F32)) {
+    usage(stderr);
+    return 2;
+  }
+  char why[256];
+  if (tz_compute_probe("cuda", why, sizeof why) < 0) {
+    fprintf(stderr, "tz-bench layer: %s\n", why);
+    return 77;
+  }
+  int rc = bench(&o);
+  if (rc < 0) {
+    fprintf(stderr, "tz-bench layer: %s\n", tz_err_msg());
+    return rc == TZ_ENOTSUP ? 77 : 1;
+  }
+  return 0;
+}

@@ -1,0 +1,255 @@
+/* Configuration: every tunable of tierzero in one struct, filled once at start-up and read from
+ * there by everything else (no other module calls getenv for a tunable).
+ *
+ * Layers, lowest precedence first:
+ *   1. built-in defaults                      tz_config_defaults
+ *   2. a JSON file: the part of DeepSpeed's    tz_config_load_file (may be called more than once;
+ *      ds_config.json that applies, plus a     each file merges over what is there)
+ *      "tierzero" section for our own keys
+ *   3. TZ_* environment variables (env wins)  tz_config_apply_env
+ * then tz_config_resolve_batch once the world size is known.
+ *
+ * Every key, its type, default and meaning: docs/config.md. In the JSON, null means "not given"
+ * (the value stays as it was) and, where DeepSpeed allows it, "auto" means "unset": the built-in
+ * default, which for batch sizes and step counts is 0 = derive it.
+ *
+ * Ownership: a tz_config owns its strings (the char * fields below) and its list of ignored keys.
+ * Read them freely; change them only through tz_config_set, which frees what it replaces. A
+ * tz_config that has been filled is released with tz_config_free. Loading is all or nothing: on
+ * an error the struct is left exactly as it was. */
+#ifndef TZ_CONFIG_H
+#define TZ_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* At most this many NVMe directories (the same limit as struct tz_tier_params.paths). */
+#define TZ_CONFIG_MAX_PATHS 16
+
+enum tz_optimizer_type {
+  TZ_OPTIMIZER_ADAM,  /* "Adam": decoupled weight decay unless adam_w_mode is false */
+  TZ_OPTIMIZER_ADAMW, /* "AdamW": always decoupled weight decay */
+};
+
+enum tz_lr_schedule {
+  TZ_LR_CONSTANT,      /* no "scheduler" section: optimizer.params.lr throughout */
+  TZ_LR_WARMUP,        /* "WarmupLR": warm up to warmup_max_lr, then constant */
+  TZ_LR_WARMUP_DECAY,  /* "WarmupDecayLR": warm up, then linear decay to 0 at total_num_steps */
+  TZ_LR_WARMUP_COSINE, /* "WarmupCosineLR": warm up (ratios of lr), then cosine to cos_min_ratio */
+};
+
+enum tz_warmup_type {
+  TZ_WARMUP_LOG,    /* "log": lr rises with log(step) (DeepSpeed's default) */
+  TZ_WARMUP_LINEAR, /* "linear" */
+};
+
+enum tz_offload_device {
+  TZ_OFFLOAD_NONE, /* "none": the state stays in GPU memory */
+  TZ_OFFLOAD_CPU,  /* "cpu": pinned host memory */
+  TZ_OFFLOAD_NVME, /* "nvme": files on NVMe, staged through host memory */
+};
+
+enum tz_precision {
+  TZ_PRECISION_FP32, /* "fp32" */
+  TZ_PRECISION_FP16, /* "fp16" */
+  TZ_PRECISION_BF16, /* "bf16" */
+};
+
+/* A list of directories (owned strings). */
+struct tz_config_paths {
+  int n;
+  char *path[TZ_CONFIG_MAX_PATHS];
+};
+
+/* One key of the file that tierzero did not use, with its JSON path ("tensorboard",
+ * "zero_optimization.offload_parm"); hint is the known key it is probably a typo of, or NULL. */
+struct tz_config_ignored_key {
+  char *path;
+  char *hint;
+};
+
+struct tz_config {
+  /* Batch: train_batch_size = micro * gradient_accumulation_steps * world size. 0 = not given;
+   * tz_config_resolve_batch derives the missing ones. */
+  int64_t train_batch_size;               /* sequences per optimizer step, all ranks together */
+  int64_t train_micro_batch_size_per_gpu; /* sequences per forward/backward on one rank */
+  int64_t gradient_accumulation_steps;    /* micro-batches accumulated before each step */
+  double gradient_clipping;               /* global gradient-norm clip; 0 = off */
+
+  struct {
+    enum tz_optimizer_type type;
+    double lr;           /* peak learning rate (the schedule scales it) */
+    double betas[2];     /* Adam beta1, beta2, each in [0, 1) */
+    double eps;          /* Adam epsilon, added to sqrt(v_hat) */
+    double weight_decay; /* decoupled (AdamW) or L2 (Adam with adam_w_mode false) */
+    int adam_w_mode;     /* 1: decoupled weight decay; forced to 1 for AdamW */
+    int torch_adam;      /* recorded for DeepSpeed compatibility; tierzero has one Adam */
+  } optimizer;
+
+  struct {
+    enum tz_lr_schedule type;
+    double warmup_min_lr;          /* WarmupLR/WarmupDecayLR: lr at step 0 */
+    double warmup_max_lr;          /* WarmupLR/WarmupDecayLR: lr at the end of warmup */
+    int64_t warmup_num_steps;      /* steps of warmup */
+    enum tz_warmup_type warmup_type;
+    int64_t total_num_steps;       /* WarmupDecayLR/WarmupCosineLR: 0 = the trainer's step count */
+    double warmup_min_ratio;       /* WarmupCosineLR: lr/peak at step 0 */
+    double cos_min_ratio;          /* WarmupCosineLR: lr/peak at total_num_steps */
+  } scheduler;
+
+  struct {
+    int enabled; /* bf16 weights and activations, fp32 master and optimizer state */
+  } bf16;
+
+  struct {
+    int enabled;             /* fp16 weights and activations with loss scaling */
+    double loss_scale;       /* 0 = dynamic; otherwise a fixed scale */
+    int initial_scale_power; /* dynamic: the scale starts at 2^this */
+    int loss_scale_window;   /* dynamic: steps without overflow before the scale doubles */
+    int hysteresis;          /* dynamic: overflows tolerated before the scale halves */
+    double min_loss_scale;   /* dynamic: the scale never drops below this */
+  } fp16;
+
+  /* Derived from bf16.enabled and fp16.enabled after each load: the compute precision. */
+  enum tz_precision precision;
+
+  struct {
+    int stage; /* 3 = shard parameters, gradients and optimizer state (native); 0..2 shard less */
+    struct {
+      enum tz_offload_device device; /* where parameter shards live between uses */
+      char *nvme_path;               /* directory for device nvme; NULL = tierzero.nvme_path */
+      int pin_memory;                /* page-locked host buffers */
+      int buffer_count;              /* staging buffers for parameter reads */
+      int64_t buffer_size;           /* elements per staging buffer */
+      int64_t max_in_cpu;            /* parameter elements kept in host memory with device nvme */
+    } offload_param;
+    struct {
+      enum tz_offload_device device; /* where optimizer state (fp32 master, m, v) lives */
+      char *nvme_path;               /* directory for device nvme; NULL = tierzero.nvme_path */
+      int pin_memory;
+      int buffer_count;              /* staging buffers for optimizer state reads */
+      int fast_init;                 /* create state in place instead of through host memory */
+      double ratio;                  /* fraction of optimizer work done on the CPU, in [0, 1] */
+    } offload_optimizer;
+    int64_t stage3_prefetch_bucket_size;        /* elements gathered ahead of use */
+    int64_t stage3_max_live_parameters;         /* elements of full parameters kept on GPU */
+    int64_t stage3_max_reuse_distance;          /* elements: keep a parameter if reused sooner */
+    int64_t stage3_param_persistence_threshold; /* elements: smaller parameters are not sharded */
+    int overlap_comm;                           /* overlap collectives with compute */
+    int contiguous_gradients;                   /* copy gradients into one buffer as produced */
+    int64_t reduce_bucket_size;                 /* elements per gradient reduce-scatter */
+    int64_t sub_group_size;                     /* elements per optimizer step group */
+  } zero_optimization;
+
+  struct {
+    int64_t block_size; /* bytes per NVMe request */
+    int queue_depth;    /* requests in flight per ring */
+    int thread_count;   /* I/O submission threads */
+    int single_submit;  /* submit one request per call instead of batches */
+    int overlap_events; /* overlap submission and completion */
+  } aio;
+
+  struct {
+    int partition_activations;          /* shard checkpointed activations across ranks */
+    int cpu_checkpointing;              /* keep checkpointed activations in host memory */
+    int contiguous_memory_optimization; /* one buffer for all checkpoints */
+    int number_checkpoints;             /* checkpoints per step; 0 = one per layer */
+    int synchronize_checkpoint_boundary;
+    int profile;                        /* time the checkpoint functions */
+  } activation_checkpointing;
+
+  int64_t steps_per_print;          /* a progress line every this many steps */
+  int wall_clock_breakdown;         /* time forward, backward and step separately */
+  double gradient_predivide_factor; /* divide gradients by this before the reduction */
+  int prescale_gradients;           /* divide by the world size before rather than after */
+  enum tz_precision communication_data_type; /* dtype of gradient reductions */
+  int64_t seed;                     /* initialisation and data order are functions of it */
+
+  /* The "tierzero" section; each key is also TZ_<KEY> in the environment. */
+  struct {
+    char *model;                  /* model preset name; NULL = the trainer's default */
+    uint64_t hbm_budget;          /* bytes of GPU memory to use; 0 = what is free */
+    uint64_t host_budget;         /* bytes of pinned host memory; 0 = a share of what is free */
+    uint64_t nvme_budget;         /* bytes of NVMe space; 0 = a share of what is free */
+    struct tz_config_paths nvme_path; /* NVMe directories, one file striped over each */
+    int nvme_checksum;            /* checksum blocks written to NVMe and verify on read */
+    int nvme_buffered;            /* use the page cache instead of O_DIRECT */
+    uint64_t staging_bytes;       /* pinned host bytes for staged transfers */
+    uint64_t chunk_bytes;         /* bytes per staged chunk (<= staging_bytes) */
+    int queue_depth;              /* io_uring entries per ring; 0 = the backend's default */
+    char *faults;                 /* fault-injection spec for the fault tier; NULL = none */
+    int lookahead;                /* phases prefetched ahead; -1 = as far as budget allows */
+    int jitter_us;                /* test hook: random delay up to this before each progress round */
+    int sched_debug;              /* log every placement decision */
+    int log;                      /* enum tz_log_level (core/log.h) */
+    int64_t trace_step;           /* step to record a lane trace for; -1 = none */
+    int threads;                  /* CPU optimizer threads; 0 = auto */
+    int numa_node;                /* NUMA node for host memory and threads; -1 = the GPU's */
+    int device;                   /* GPU index; -1 = from the local rank */
+  } tierzero;
+
+  /* Private: keys of the file that were not used (tz_config_ignored). */
+  struct tz_config_ignored_key *ignored_;
+  int n_ignored_, cap_ignored_;
+};
+
+/* Fills c with the built-in defaults. Overwrites c without freeing it: on a struct that holds
+ * strings, call tz_config_free first. */
+void tz_config_defaults(struct tz_config *c);
+
+/* Merges the JSON file at path over c. Errors: TZ_ENOENT (no such file; the message has the
+ * path), TZ_EPERM/TZ_EIO (cannot read it), TZ_ECONFIG (syntax error with line and column, a wrong
+ * type or value, with the file and the key's JSON path in the message). c is unchanged on error.
+ * Keys that do not apply are recorded (tz_config_ignored); a likely typo of a known key also gets
+ * a warning with the suggestion. */
+int tz_config_load_file(struct tz_config *c, const char *path);
+
+/* The same from a string; origin names it in messages (NULL: "<string>"). */
+int tz_config_load_string(struct tz_config *c, const char *json, const char *origin);
+
+/* Applies the TZ_* variables of the tierzero section (TZ_HBM_BUDGET, ...; docs/config.md). Unset
+ * or empty variables change nothing. TZ_ECONFIG names the variable; c is unchanged on error. A
+ * TZ_* variable that is not known but is close to a known name is warned about. */
+int tz_config_apply_env(struct tz_config *c);
+
+/* Sets one key from text, as an environment variable would give it: path is the JSON path
+ * ("tierzero.host_budget", "optimizer.params.lr"); value is parsed by the key's type (sizes take
+ * units, booleans 1/0/true/false/yes/no/on/off, pairs "0.9,0.95", lists of paths "a:b"). For
+ * command-line overrides. TZ_ENOENT for an unknown path, TZ_ECONFIG for a bad value. */
+int tz_config_set(struct tz_config *c, const char *path, const char *value);
+
+/* Parses a size as the config takes it: decimal digits, an optional single space, an optional
+ * unit, case-insensitive: B, kB (10^3), MB, GB, TB, PB, KiB (2^10), MiB, GiB, TiB, PiB. No sign,
+ * fraction or exponent; at most INT64_MAX bytes. For programs that take sizes on their command
+ * line. 0, or -1 when s is not such a size. */
+int tz_config_parse_size(const char *s, uint64_t *out);
+
+/* DeepSpeed's rule train_batch_size = micro * gradient_accumulation_steps * world_size: any two
+ * given determine the third; gradient_accumulation_steps defaults to 1; the micro batch is
+ * derived when train_batch_size is divisible. TZ_ECONFIG with all the numbers when they disagree
+ * or do not divide, or when neither train_batch_size nor the micro batch is given. */
+int tz_config_resolve_batch(struct tz_config *c, int world_size);
+
+/* Keys the loaded files had that tierzero does not use, in file order. The strings belong to c. */
+int tz_config_ignored_count(const struct tz_config *c);
+const char *tz_config_ignored(const struct tz_config *c, int i);      /* the JSON path */
+const char *tz_config_ignored_hint(const struct tz_config *c, int i); /* suggestion or NULL */
+
+/* Deep copy; dst is overwritten (not freed). TZ_ENOMEM leaves dst as after tz_config_defaults. */
+int tz_config_copy(struct tz_config *dst, const struct tz_config *src);
+
+/* Frees the strings and the ignored list c owns and sets those pointers to NULL. */
+void tz_config_free(struct tz_config *c);
+
+/* Writes the effective configuration as JSON (DeepSpeed layout plus "tierzero"), which
+ * tz_config_load_string reads back over tz_config_defaults to the same values. Values that are
+ * not set are written "auto" or null. For metrics and checkpoints. */
+int tz_config_dump(const struct tz_config *c, FILE *f);
+
+/* The known keys by JSON path, for help output and for checking the documentation. */
+int tz_config_key_count(void);
+const char *tz_config_key(int i);
+/* The environment variable of key i, or NULL if it has none. */
+const char *tz_config_key_env(int i);
+
+#endif

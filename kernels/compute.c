@@ -1,0 +1,362 @@
+/* The compute registry and the public wrappers: argument checks live here once, so backends
+ * see only calls that make sense. */
+#include "kernels/compute.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/error.h"
+#include "kernels/compute_impl.h"
+
+static const struct tz_compute_backend *const backends[] = {
+    &tz_compute_backend_cpu,
+#ifdef TZ_HAVE_CUDA
+    &tz_compute_backend_cuda,
+#endif
+};
+#define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))
+
+int tz_dtype_parse(const char *s, enum tz_dtype *out) {
+  static const struct {
+    const char *name;
+    enum tz_dtype dt;
+  } names[] = {{"f32", TZ_F32},       {"fp32", TZ_F32},  {"float32", TZ_F32},
+               {"bf16", TZ_BF16},     {"bfloat16", TZ_BF16}, {"f16", TZ_F16},
+               {"fp16", TZ_F16},      {"float16", TZ_F16}};
+  for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++) {
+    if (strcasecmp(s, names[i].name) == 0) {
+      *out = names[i].dt;
+      return 0;
+    }
+  }
+  return tz_err_set(TZ_EINVAL, "dtype: unknown '%s' (want f32, bf16 or f16)", s ? s : "(null)");
+}
+
+static int dtype_valid(enum tz_dtype dt) { return dt == TZ_F32 || dt == TZ_BF16 || dt == TZ_F16; }
+
+void tz_compute_params_init(struct tz_compute_params *p) {
+  memset(p, 0, sizeof *p);
+  p->dtype = TZ_F32;
+  p->grad_dtype = TZ_F32;
+}
+
+int tz_compute_backend_count(void) { return N_BACKENDS; }
+
+const char *tz_compute_backend_name(int i) {
+  return i >= 0 && i < N_BACKENDS ? backends[i]->name : NULL;
+}
+
+static const struct tz_compute_backend *find_backend(const char *name) {
+  for (int i = 0; name && i < N_BACKENDS; i++)
+    if (strcmp(backends[i]->name, name) == 0)
+      return backends[i];
+  return NULL;
+}
+
+int tz_compute_probe(const char *backend, char *why, size_t why_len) {
+  const struct tz_compute_backend *b = find_backend(backend);
+  if (!b) {
+    int known = backend && strcmp(backend, "cuda") == 0;
+    if (why && why_len)
+      snprintf(why, why_len, "%s: %s", backend ? backend : "(null)",
+               known ? "not compiled in (this build has no CUDA toolkit)" : "no such backend");
+    return known ? TZ_ENOTSUP : TZ_ENOENT;
+  }
+  if (why && why_len)
+    why[0] = '\0';
+  return b->probe(why, why_len);
+}
+
+int tz_compute_create(const char *backend, const struct tz_compute_params *p, tz_compute **out) {
+  *out = NULL;
+  char why[256];
+  int rc = tz_compute_probe(backend, why, sizeof why);
+  if (rc < 0)
+    return tz_err_set(rc, "compute: %s", why);
+  struct tz_compute_params q;
+  tz_compute_params_init(&q);
+  if (p)
+    q = *p;
+  if (!dtype_valid(q.dtype) || !dtype_valid(q.grad_dtype))
+    return tz_err_set(TZ_EINVAL, "compute %s: invalid dtype %d or grad_dtype %d", backend,
+                      (int)q.dtype, (int)q.grad_dtype);
+  if (q.n_threads < 0)
+    return tz_err_set(TZ_EINVAL, "compute %s: n_threads %d < 0", backend, q.n_threads);
+  tz_compute *cm = calloc(1, sizeof *cm);
+  if (!cm)
+    return tz_err_set(TZ_ENOMEM, "compute %s: out of memory", backend);
+  const struct tz_compute_backend *b = find_backend(backend);
+  cm->backend = b->name;
+  cm->dtype = q.dtype;
+  cm->grad_dtype = q.grad_dtype;
+  cm->n_threads = 1;
+  rc = b->create(&q, cm);
+  if (rc < 0) {
+    free(cm);
+    return rc;
+  }
+  *out = cm;
+  return 0;
+}
+
+void tz_compute_destroy(tz_compute *cm) {
+  if (!cm)
+    return;
+  cm->ops->destroy(cm->ctx);
+  free(cm);
+}
+
+const char *tz_compute_backend(const tz_compute *cm) { return cm->backend; }
+enum tz_dtype tz_compute_dtype(const tz_compute *cm) { return cm->dtype; }
+enum tz_dtype tz_compute_grad_dtype(const tz_compute *cm) { return cm->grad_dtype; }
+int tz_compute_threads(const tz_compute *cm) { return cm->n_threads; }
+
+void *tz_compute_stream(tz_compute *cm) {
+  return cm->ops->stream ? cm->ops->stream(cm->ctx) : NULL;
+}
+
+int tz_compute_sync(tz_compute *cm) { return cm->ops->sync(cm->ctx); }
+
+/* ---- argument checks ---- */
+
+#define NEED(cond, ...)                                                                            \
+  do {                                                                                             \
+    if (!(cond))                                                                                   \
+      return tz_err_set(TZ_EINVAL, __VA_ARGS__);                                                   \
+  } while (0)
+
+static int check_dt(const char *op, enum tz_dtype dt) {
+  NEED(dtype_valid(dt), "compute %s: invalid dtype %d", op, (int)dt);
+  return 0;
+}
+
+int tz_compute_alloc(tz_compute *cm, size_t bytes, void **out) {
+  *out = NULL;
+  return cm->ops->alloc(cm->ctx, bytes ? bytes : 1, out);
+}
+
+void tz_compute_free(tz_compute *cm, void *p) {
+  if (p)
+    cm->ops->free(cm->ctx, p);
+}
+
+int tz_compute_copy_in(tz_compute *cm, void *dst, const void *host_src, size_t bytes) {
+  if (!bytes)
+    return 0;
+  NEED(dst && host_src, "compute copy_in: NULL pointer");
+  return cm->ops->copy_in(cm->ctx, dst, host_src, bytes);
+}
+
+int tz_compute_copy_out(tz_compute *cm, void *host_dst, const void *src, size_t bytes) {
+  if (!bytes)
+    return 0;
+  NEED(host_dst && src, "compute copy_out: NULL pointer");
+  return cm->ops->copy_out(cm->ctx, host_dst, src, bytes);
+}
+
+int tz_compute_copy(tz_compute *cm, void *dst, const void *src, size_t bytes) {
+  if (!bytes || dst == src)
+    return 0;
+  NEED(dst && src, "compute copy: NULL pointer");
+  const char *d = dst, *s = src;
+  NEED(d + bytes <= s || s + bytes <= d, "compute copy: overlapping ranges (%zu bytes)", bytes);
+  return cm->ops->copy(cm->ctx, dst, src, bytes);
+}
+
+int tz_compute_zero(tz_compute *cm, void *dst, size_t bytes) {
+  if (!bytes)
+    return 0;
+  NEED(dst, "compute zero: NULL pointer");
+  return cm->ops->zero(cm->ctx, dst, bytes);
+}
+
+int tz_compute_fill(tz_compute *cm, enum tz_dtype dt, void *x, float value, size_t n) {
+  TZ_CHECK(check_dt("fill", dt));
+  if (!n)
+    return 0;
+  NEED(x, "compute fill: NULL pointer");
+  return cm->ops->fill(cm->ctx, dt, x, value, n);
+}
+
+int tz_compute_scale(tz_compute *cm, enum tz_dtype dt, void *x, float alpha, size_t n) {
+  TZ_CHECK(check_dt("scale", dt));
+  if (!n)
+    return 0;
+  NEED(x, "compute scale: NULL pointer");
+  return cm->ops->scale(cm->ctx, dt, x, alpha, n);
+}
+
+int tz_compute_axpy(tz_compute *cm, enum tz_dtype dt, void *y, float alpha, const void *x,
+                    size_t n) {
+  TZ_CHECK(check_dt("axpy", dt));
+  if (!n)
+    return 0;
+  NEED(x && y, "compute axpy: NULL pointer");
+  return cm->ops->axpy(cm->ctx, dt, y, alpha, x, n);
+}
+
+int tz_compute_add(tz_compute *cm, enum tz_dtype dt, void *out, const void *a, const void *b,
+                   size_t n) {
+  TZ_CHECK(check_dt("add", dt));
+  if (!n)
+    return 0;
+  NEED(out && a && b, "compute add: NULL pointer");
+  return cm->ops->add(cm->ctx, dt, out, a, b, n);
+}
+
+int tz_compute_cast(tz_compute *cm, void *dst, enum tz_dtype dst_dt, const void *src,
+                    enum tz_dtype src_dt, size_t n) {
+  TZ_CHECK(check_dt("cast", dst_dt));
+  TZ_CHECK(check_dt("cast", src_dt));
+  if (!n)
+    return 0;
+  NEED(dst && src, "compute cast: NULL pointer");
+  return cm->ops->cast(cm->ctx, dst, dst_dt, src, src_dt, n);
+}
+
+int tz_compute_sum(tz_compute *cm, float *out, enum tz_dtype dt, const void *x, size_t n,
+                   int accumulate) {
+  TZ_CHECK(check_dt("sum", dt));
+  NEED(out && (x || !n), "compute sum: NULL pointer");
+  return cm->ops->sum(cm->ctx, out, dt, x, n, 0, accumulate);
+}
+
+int tz_compute_sumsq(tz_compute *cm, float *out, enum tz_dtype dt, const void *x, size_t n,
+                     int accumulate) {
+  TZ_CHECK(check_dt("sumsq", dt));
+  NEED(out && (x || !n), "compute sumsq: NULL pointer");
+  return cm->ops->sum(cm->ctx, out, dt, x, n, 1, accumulate);
+}
+
+int tz_compute_matmul(tz_compute *cm, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                      const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                      enum tz_dtype c_dt, int ldc) {
+  NEED(M >= 0 && N >= 0 && K >= 0, "compute matmul: negative size M=%d N=%d K=%d", M, N, K);
+  NEED(c_dt == cm->dtype || c_dt == TZ_F32,
+       "compute matmul: C dtype %s is neither the storage dtype %s nor f32", tz_dtype_name(c_dt),
+       tz_dtype_name(cm->dtype));
+  /* The stored A is (M,K), or (K,M) when transposed: its rows have K or M elements. */
+  NEED(lda >= (trans_a ? M : K) && lda >= 1, "compute matmul: lda %d too small", lda);
+  NEED(ldb >= (trans_b ? K : N) && ldb >= 1, "compute matmul: ldb %d too small", ldb);
+  NEED(ldc >= N && ldc >= 1, "compute matmul: ldc %d < N %d", ldc, N);
+  if (!M || !N)
+    return 0;
+  NEED(C && (K == 0 || (A && B)), "compute matmul: NULL pointer");
+  return cm->ops->matmul(cm->ctx, trans_a != 0, trans_b != 0, M, N, K, alpha, A, lda, B, ldb, beta,
+                         C, c_dt, ldc);
+}
+
+int tz_compute_embedding_fwd(tz_compute *cm, void *out, const int32_t *tokens, const void *wte,
+                             int N, int C, int V) {
+  NEED(N >= 0 && C > 0 && V > 0, "compute embedding_fwd: bad sizes N=%d C=%d V=%d", N, C, V);
+  if (!N)
+    return 0;
+  NEED(out && tokens && wte, "compute embedding_fwd: NULL pointer");
+  return cm->ops->embedding_fwd(cm->ctx, out, tokens, wte, N, C, V);
+}
+
+int tz_compute_embedding_bwd(tz_compute *cm, void *dwte, const void *dout, const int32_t *tokens,
+                             int N, int C, int V) {
+  NEED(N >= 0 && C > 0 && V > 0, "compute embedding_bwd: bad sizes N=%d C=%d V=%d", N, C, V);
+  if (!N)
+    return 0;
+  NEED(dwte && dout && tokens, "compute embedding_bwd: NULL pointer");
+  return cm->ops->embedding_bwd(cm->ctx, dwte, dout, tokens, N, C, V);
+}
+
+int tz_compute_rmsnorm_fwd(tz_compute *cm, void *out, float *rstd, const void *x, const void *w,
+                           int N, int C, float eps) {
+  NEED(N >= 0 && C > 0, "compute rmsnorm_fwd: bad sizes N=%d C=%d", N, C);
+  NEED(eps >= 0.0f, "compute rmsnorm_fwd: eps %g < 0", (double)eps);
+  if (!N)
+    return 0;
+  NEED(out && rstd && x && w, "compute rmsnorm_fwd: NULL pointer");
+  return cm->ops->rmsnorm_fwd(cm->ctx, out, rstd, x, w, N, C, eps);
+}
+
+int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, void *dw, const void *dout, const void *x,
+                           const void *w, const float *rstd, int N, int C) {
+  NEED(N >= 0 && C > 0, "compute rmsnorm_bwd: bad sizes N=%d C=%d", N, C);
+  if (!N)
+    return 0;
+  NEED(dx && dw && dout && x && w && rstd, "compute rmsnorm_bwd: NULL pointer");
+  NEED(dx != dout && dx != x, "compute rmsnorm_bwd: dx aliases dout or x");
+  return cm->ops->rmsnorm_bwd(cm->ctx, dx, dw, dout, x, w, rstd, N, C);
+}
+
+static int check_rope(const char *op, void *x, int B, int T, int nh, int D, float theta) {
+  NEED(B >= 0 && T >= 0 && nh > 0 && D > 0 && D % 2 == 0,
+       "compute %s: bad sizes B=%d T=%d nh=%d D=%d (D must be even)", op, B, T, nh, D);
+  NEED(theta > 0.0f, "compute %s: theta %g <= 0", op, (double)theta);
+  NEED(x || !B || !T, "compute %s: NULL pointer", op);
+  return 0;
+}
+
+int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D, float theta) {
+  TZ_CHECK(check_rope("rope_fwd", x, B, T, nh, D, theta));
+  if (!B || !T)
+    return 0;
+  return cm->ops->rope(cm->ctx, x, B, T, nh, D, theta, 0);
+}
+
+int tz_compute_rope_bwd(tz_compute *cm, void *dx, int B, int T, int nh, int D, float theta) {
+  TZ_CHECK(check_rope("rope_bwd", dx, B, T, nh, D, theta));
+  if (!B || !T)
+    return 0;
+  return cm->ops->rope(cm->ctx, dx, B, T, nh, D, theta, 1);
+}
+
+static int check_attn(const char *op, int B, int T, int H, int Hkv, int D) {
+  NEED(B >= 0 && T >= 0 && H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0,
+       "compute %s: bad sizes B=%d T=%d H=%d Hkv=%d D=%d (H must be a multiple of Hkv)", op, B, T,
+       H, Hkv, D);
+  return 0;
+}
+
+int tz_compute_attention_fwd(tz_compute *cm, void *out, float *lse, const void *q, const void *k,
+                             const void *v, int B, int T, int H, int Hkv, int D) {
+  TZ_CHECK(check_attn("attention_fwd", B, T, H, Hkv, D));
+  if (!B || !T)
+    return 0;
+  NEED(out && lse && q && k && v, "compute attention_fwd: NULL pointer");
+  return cm->ops->attention_fwd(cm->ctx, out, lse, q, k, v, B, T, H, Hkv, D);
+}
+
+int tz_compute_attention_bwd(tz_compute *cm, void *dq, void *dk, void *dv, float *delta,
+                             const void *dout, const void *q, const void *k, const void *v,
+                             const void *out, const float *lse, int B, int T, int H, int Hkv,
+                             int D) {
+  TZ_CHECK(check_attn("attention_bwd", B, T, H, Hkv, D));
+  if (!B || !T)
+    return 0;
+  NEED(dq && dk && dv && delta && dout && q && k && v && out && lse,
+       "compute attention_bwd: NULL pointer");
+  return cm->ops->attention_bwd(cm->ctx, dq, dk, dv, delta, dout, q, k, v, out, lse, B, T, H, Hkv,
+                                D);
+}
+
+int tz_compute_swiglu_fwd(tz_compute *cm, void *out, const void *g, const void *u, size_t n) {
+  if (!n)
+    return 0;
+  NEED(out && g && u, "compute swiglu_fwd: NULL pointer");
+  return cm->ops->swiglu_fwd(cm->ctx, out, g, u, n);
+}
+
+int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, const void *dout, const void *g,
+                          const void *u, size_t n) {
+  if (!n)
+    return 0;
+  NEED(dg && du && dout && g && u, "compute swiglu_bwd: NULL pointer");
+  return cm->ops->swiglu_bwd(cm->ctx, dg, du, dout, g, u, n);
+}
+
+int tz_compute_xent(tz_compute *cm, float *losses, void *dlogits, const void *logits,
+                    const int32_t *targets, int N, int V, float dscale) {
+  NEED(N >= 0 && V > 0, "compute xent: bad sizes N=%d V=%d", N, V);
+  if (!N)
+    return 0;
+  NEED(losses && logits && targets, "compute xent: NULL pointer");
+  return cm->ops->xent(cm->ctx, losses, dlogits, logits, targets, N, V, dscale);
+}

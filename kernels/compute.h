@@ -1,0 +1,211 @@
+/* Compute backends (DESIGN.md "Backends"): the model is written once against these operations, and
+ * each backend implements them: `cpu` (float32; GEMM through OpenBLAS, the rest OpenMP) and `cuda`
+ * (bf16 or fp16 storage with float32 accumulation; GEMM through cuBLASLt, own kernels elsewhere).
+ *
+ * Memory. Every tensor pointer below is in the backend's memory (host for cpu, device for cuda),
+ * obtained from tz_compute_alloc or from a tier that the backend can address. Buffers from
+ * tz_compute_alloc and parameter tensors are 256-byte aligned, but ops also receive pointers to a
+ * chunk of rows inside them, aligned only to the element size (16 bytes for matrices whose rows
+ * are a multiple of 8 elements): a kernel checks alignment before it takes a vectorised path.
+ * Host memory is only touched by copy_in/copy_out.
+ *
+ * Ordering. Operations are enqueued on the instance's one compute stream, in call order, and may
+ * return before they have run (cpu runs them at once). tz_compute_sync waits for all of them.
+ * copy_in and copy_out are synchronous for the host buffer: they wait for earlier work, and the
+ * host buffer may be reused as soon as they return. An error found when an operation is enqueued
+ * is returned by that call; an error that happens while it runs is returned by the next sync.
+ *
+ * Dtypes. An instance has a storage dtype S (tz_compute_dtype: parameters, activations and their
+ * gradients, logits) and a gradient dtype G (tz_compute_grad_dtype: parameter gradients, into which
+ * backward accumulates). Arguments marked F32 are always float: saved statistics (rstd, logsumexp),
+ * losses and reduction results. Elementwise ops take their dtype explicitly. Arithmetic is float32
+ * whatever the storage: loads widen to float, stores round to nearest even.
+ *
+ * Determinism. The same inputs give the same bits on every run and for every thread count: no
+ * floating-point atomics; every reduction has an order fixed by the op and its shapes alone (the
+ * cpu backend sums over rows in row order; a GPU kernel may use a fixed tree). tz_compute_sum
+ * fixes its order exactly (below), so the gradient norm is the same on every backend for the
+ * same gradient bits.
+ * An op that accumulates (+=) computes this call's whole contribution first and adds it onto the
+ * old value once per element, so the result depends on the old value's bits, never on how they
+ * were formed: accumulating two micro-batches into g equals adding their separate gradients.
+ *
+ * Shapes. N is a number of rows (tokens, N = B*T), C the model width, V the vocabulary, F the MLP
+ * width, H / Hkv the query / key-value heads, D the head dimension. Matrices are row-major. */
+#ifndef TZ_KERNELS_COMPUTE_H
+#define TZ_KERNELS_COMPUTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tz_compute tz_compute;
+
+/* Parses "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16". TZ_EINVAL otherwise. */
+int tz_dtype_parse(const char *s, enum tz_dtype *out);
+
+/* What a backend needs to create an instance. Zero means "the backend's default" throughout. */
+struct tz_compute_params {
+  int n_threads;             /* cpu: OpenMP and BLAS threads; 0: omp_get_max_threads() */
+  int device;                /* cuda: device index */
+  enum tz_dtype dtype;       /* S: storage of parameters and activations; cpu: TZ_F32 only */
+  enum tz_dtype grad_dtype;  /* G: parameter gradients; default TZ_F32 */
+  uint64_t workspace_bytes;  /* cuda: cuBLASLt workspace; default 32 MiB */
+};
+void tz_compute_params_init(struct tz_compute_params *p);
+
+/* Registry. Backends compiled into this build, in order: "cpu", and "cuda" with CUDA. */
+int tz_compute_backend_count(void);
+const char *tz_compute_backend_name(int i);
+/* 0 when the backend can run here; otherwise a negative code and why[] says why
+ * ("cuda: not compiled in", "cuda: cudaGetDeviceCount: no CUDA-capable device is detected"). */
+int tz_compute_probe(const char *backend, char *why, size_t why_len);
+
+/* Creates an instance. The caller owns it and destroys it with tz_compute_destroy after every
+ * allocation from it has been freed. p may be NULL for defaults. Errors: TZ_ENOENT (no such
+ * backend), TZ_ENOTSUP (cannot run here, or a dtype the backend lacks), TZ_ENOMEM, TZ_ECUDA. */
+int tz_compute_create(const char *backend, const struct tz_compute_params *p, tz_compute **out);
+void tz_compute_destroy(tz_compute *cm); /* NULL is a no-op; waits for work in flight */
+
+const char *tz_compute_backend(const tz_compute *cm);
+enum tz_dtype tz_compute_dtype(const tz_compute *cm);      /* S */
+enum tz_dtype tz_compute_grad_dtype(const tz_compute *cm); /* G */
+int tz_compute_threads(const tz_compute *cm);              /* cpu threads; 1 for cuda */
+/* The native stream work is enqueued on (a cudaStream_t for cuda), for a tier or the scheduler
+ * to order copies and events against; NULL for backends without one (cpu). Borrowed. */
+void *tz_compute_stream(tz_compute *cm);
+
+/* Waits until every operation enqueued so far has completed; returns the first error among them. */
+int tz_compute_sync(tz_compute *cm);
+
+/* ---- Memory ---- */
+
+/* bytes of backend memory, 256-byte aligned, contents undefined. Freed with tz_compute_free
+ * (NULL is a no-op). Not for the training step's steady state, which uses tier arenas. */
+int tz_compute_alloc(tz_compute *cm, size_t bytes, void **out);
+void tz_compute_free(tz_compute *cm, void *p);
+/* host -> backend and backend -> host; synchronous for the host buffer (see Ordering). */
+int tz_compute_copy_in(tz_compute *cm, void *dst, const void *host_src, size_t bytes);
+int tz_compute_copy_out(tz_compute *cm, void *host_dst, const void *src, size_t bytes);
+/* backend -> backend; the ranges may not overlap unless dst == src (then a no-op). */
+int tz_compute_copy(tz_compute *cm, void *dst, const void *src, size_t bytes);
+/* Sets bytes to zero. */
+int tz_compute_zero(tz_compute *cm, void *dst, size_t bytes);
+
+/* ---- Elementwise (x, y, out: (n) of dtype dt) ---- */
+
+/* x[i] = value */
+int tz_compute_fill(tz_compute *cm, enum tz_dtype dt, void *x, float value, size_t n);
+/* x[i] *= alpha */
+int tz_compute_scale(tz_compute *cm, enum tz_dtype dt, void *x, float alpha, size_t n);
+/* y[i] += alpha * x[i]  (as y + (alpha*x): two roundings in float, no fused multiply-add) */
+int tz_compute_axpy(tz_compute *cm, enum tz_dtype dt, void *y, float alpha, const void *x,
+                    size_t n);
+/* out[i] = a[i] + b[i]  (the residual add; out may alias a or b) */
+int tz_compute_add(tz_compute *cm, enum tz_dtype dt, void *out, const void *a, const void *b,
+                   size_t n);
+/* dst (n, dst_dt) = src (n, src_dt): widening is exact, narrowing rounds to nearest even.
+ * Every backend supports every pair here, the cpu one included. dst and src do not overlap. */
+int tz_compute_cast(tz_compute *cm, void *dst, enum tz_dtype dst_dt, const void *src,
+                    enum tz_dtype src_dt, size_t n);
+
+/* ---- Reductions ----
+ * *out (F32, one float in backend memory) = (accumulate ? *out : 0) + R, where R sums f(x[i]) over
+ * x (n, dt) with f(v) = v (tz_compute_sum) or v*v (tz_compute_sumsq, each square rounded to float),
+ * in exactly this order, which every backend follows so that the result has the same bits:
+ *   - split x into chunks of TZ_SUM_CHUNK elements (the last may be short);
+ *   - a chunk's partial: 32 lanes; lane l adds, in float, f(x[j*32 + l]) for j = 0, 1, ... within
+ *     the chunk, starting from 0; then for s = 16, 8, 4, 2, 1: lane[l] += lane[l + s] for l < s;
+ *     the partial is lane[0]. (A warp-per-chunk kernel with shuffle-down is exactly this.)
+ *   - while more than one partial remains, the sequence of partials is reduced again in the same
+ *     way (f(v) = v), chunk by chunk;
+ *   - R is the last partial (0 when n == 0), added to the starting value last. */
+#define TZ_SUM_CHUNK 1024
+int tz_compute_sum(tz_compute *cm, float *out, enum tz_dtype dt, const void *x, size_t n,
+                   int accumulate);
+int tz_compute_sumsq(tz_compute *cm, float *out, enum tz_dtype dt, const void *x, size_t n,
+                     int accumulate);
+
+/* ---- Matrix multiply ----
+ * C (M,N) = alpha * op(A) (M,K) * op(B) (K,N) + beta * C, row-major.
+ * op(A) is A (M,K) with leading dimension lda when trans_a == 0, and A^T where A is (K,M) with
+ * leading dimension lda when trans_a != 0; likewise B. C has leading dimension ldc.
+ * A and B are S; C is c_dt, which is S or TZ_F32 (G for a weight gradient: beta = 1 accumulates).
+ * beta == 0 ignores C's previous contents (NaN included). Accumulation is float; the choice of
+ * algorithm is made once per shape and kept, so the same call gives the same bits every time. */
+int tz_compute_matmul(tz_compute *cm, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                      const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                      enum tz_dtype c_dt, int ldc);
+
+/* ---- Embedding ----
+ * fwd: out (N,C) S = wte (V,C) S [tokens (N) int32]
+ * bwd: dwte (V,C) G += scatter of dout (N,C) S by token, each row's contributions added in
+ *      increasing n (no atomics: one owner per output element).
+ * A token outside [0, V) is TZ_EINVAL (cpu checks at once; cuda may report it at sync). */
+int tz_compute_embedding_fwd(tz_compute *cm, void *out, const int32_t *tokens, const void *wte,
+                             int N, int C, int V);
+int tz_compute_embedding_bwd(tz_compute *cm, void *dwte, const void *dout, const int32_t *tokens,
+                             int N, int C, int V);
+
+/* ---- RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), statistics in float ----
+ * fwd: out (N,C) S; rstd (N) F32 saved for backward; x (N,C) S; w (C) S. out may alias x.
+ * bwd: dx (N,C) S += the gradient through the norm (accumulates: the residual's gradient is
+ *      already there); dw (C) G += sum over rows in row order; dout, x, w, rstd as in fwd.
+ *      dx must not alias dout or x. */
+int tz_compute_rmsnorm_fwd(tz_compute *cm, void *out, float *rstd, const void *x, const void *w,
+                           int N, int C, float eps);
+int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, void *dw, const void *dout, const void *x,
+                           const void *w, const float *rstd, int N, int C);
+
+/* ---- RoPE, in place, positions 0..T-1, the "half-split" convention of Hugging Face Llama ----
+ * x (B,T,nh,D) S, D even. For position t and i in [0, D/2): angle = t * theta^(-2i/D), computed
+ * in double then cos and sin rounded to float; (x[i], x[i+D/2]) becomes
+ * (x[i]*cos - x[i+D/2]*sin, x[i+D/2]*cos + x[i]*sin). This is HF's q*cos + rotate_half(q)*sin,
+ * so q_proj and k_proj weights move between the two without permutation.
+ * bwd applies the transpose (the rotation by -angle) to the gradient dx (B,T,nh,D) in place. */
+int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D, float theta);
+int tz_compute_rope_bwd(tz_compute *cm, void *dx, int B, int T, int nh, int D, float theta);
+
+/* ---- Causal self-attention with grouped-query heads ----
+ * q (B,T,H,D), k and v (B,T,Hkv,D), out (B,T,H,D): S. H % Hkv == 0; query head h reads key-value
+ * head h / (H/Hkv). Scores s = (q_t . k_u) / sqrt(D) for u <= t, softmax over u, out_t = sum p v_u.
+ * lse (B,H,T) F32: the logsumexp of each row of scores, saved for backward (flash-style: no
+ * (T,T) matrix needs to be kept).
+ * bwd: dq (B,T,H,D), dk and dv (B,T,Hkv,D) S are overwritten; dout, q, k, v, out, lse as in fwd.
+ *      delta (B,H,T) F32 is scratch the caller provides (it receives rowsum(dout * out)).
+ *      dk and dv sum over the H/Hkv query heads of a group and over t in an order that the
+ *      backend fixes (never the thread count or timing). */
+int tz_compute_attention_fwd(tz_compute *cm, void *out, float *lse, const void *q, const void *k,
+                             const void *v, int B, int T, int H, int Hkv, int D);
+int tz_compute_attention_bwd(tz_compute *cm, void *dq, void *dk, void *dv, float *delta,
+                             const void *dout, const void *q, const void *k, const void *v,
+                             const void *out, const float *lse, int B, int T, int H, int Hkv,
+                             int D);
+
+/* ---- SwiGLU: out = silu(g) * u, silu(g) = g / (1 + exp(-g)) ----
+ * fwd: out (N,F) S from g, u (N,F) S. out may alias g or u.
+ * bwd: dg, du (N,F) S overwritten from dout, g, u (N,F) S. dg may alias g, du may alias u. */
+int tz_compute_swiglu_fwd(tz_compute *cm, void *out, const void *g, const void *u, size_t n);
+int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, const void *dout, const void *g,
+                          const void *u, size_t n);
+
+/* ---- Cross-entropy fused with softmax: forward loss and backward dlogits in one call ----
+ * logits (N,V) S, targets (N) int32 in [0, V) (else TZ_EINVAL, as for embedding).
+ * losses (N) F32 = logsumexp(logits_n) - logits_n[target_n].
+ * dlogits (N,V) S = (softmax(logits_n) - onehot(target_n)) * dscale, where the caller chooses
+ * dscale (1 / the number of tokens in the whole step, for a mean over micro-batches). dlogits may
+ * alias logits (computed in place); NULL skips the backward (evaluation). The row's max and sum
+ * are float; backends may walk the vocabulary in chunks. */
+int tz_compute_xent(tz_compute *cm, float *losses, void *dlogits, const void *logits,
+                    const int32_t *targets, int N, int V, float dscale);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,90 @@
+/* For compute backends only: the ops table behind tz_compute (kernels/compute.h) and the backend
+ * descriptors the registry (kernels/compute.c) lists. A backend fills one `static const struct
+ * tz_compute_ops` with designated initializers and exports one `struct tz_compute_backend`.
+ * Every entry has the meaning, arguments and errors of the public function of the same name in
+ * compute.h; the wrapper has already checked the arguments it can (sizes, NULL pointers, dtypes
+ * against the instance) before it calls the entry. */
+#ifndef TZ_KERNELS_COMPUTE_IMPL_H
+#define TZ_KERNELS_COMPUTE_IMPL_H
+
+#include "kernels/compute.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct tz_compute_ops {
+  void (*destroy)(void *ctx);
+  int (*sync)(void *ctx);
+  void *(*stream)(void *ctx); /* optional: NULL means the backend has no native stream */
+
+  int (*alloc)(void *ctx, size_t bytes, void **out);
+  void (*free)(void *ctx, void *p);
+  int (*copy_in)(void *ctx, void *dst, const void *host_src, size_t bytes);
+  int (*copy_out)(void *ctx, void *host_dst, const void *src, size_t bytes);
+  int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+  int (*zero)(void *ctx, void *dst, size_t bytes);
+
+  int (*fill)(void *ctx, enum tz_dtype dt, void *x, float value, size_t n);
+  int (*scale)(void *ctx, enum tz_dtype dt, void *x, float alpha, size_t n);
+  int (*axpy)(void *ctx, enum tz_dtype dt, void *y, float alpha, const void *x, size_t n);
+  int (*add)(void *ctx, enum tz_dtype dt, void *out, const void *a, const void *b, size_t n);
+  int (*cast)(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src, enum tz_dtype src_dt,
+              size_t n);
+  /* square: 0 for tz_compute_sum, 1 for tz_compute_sumsq */
+  int (*sum)(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
+             int accumulate);
+
+  int (*matmul)(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                enum tz_dtype c_dt, int ldc);
+
+  int (*embedding_fwd)(void *ctx, void *out, const int32_t *tokens, const void *wte, int N, int C,
+                       int V);
+  int (*embedding_bwd)(void *ctx, void *dwte, const void *dout, const int32_t *tokens, int N,
+                       int C, int V);
+  int (*rmsnorm_fwd)(void *ctx, void *out, float *rstd, const void *x, const void *w, int N,
+                     int C, float eps);
+  int (*rmsnorm_bwd)(void *ctx, void *dx, void *dw, const void *dout, const void *x,
+                     const void *w, const float *rstd, int N, int C);
+  /* inverse: 0 forward rotation, 1 its transpose (backward) */
+  int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inverse);
+  int (*attention_fwd)(void *ctx, void *out, float *lse, const void *q, const void *k,
+                       const void *v, int B, int T, int H, int Hkv, int D);
+  int (*attention_bwd)(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
+                       const void *q, const void *k, const void *v, const void *out,
+                       const float *lse, int B, int T, int H, int Hkv, int D);
+  int (*swiglu_fwd)(void *ctx, void *out, const void *g, const void *u, size_t n);
+  int (*swiglu_bwd)(void *ctx, void *dg, void *du, const void *dout, const void *g,
+                    const void *u, size_t n);
+  int (*xent)(void *ctx, float *losses, void *dlogits, const void *logits,
+              const int32_t *targets, int N, int V, float dscale);
+};
+
+struct tz_compute {
+  const struct tz_compute_ops *ops;
+  void *ctx;
+  const char *backend;      /* the descriptor's name */
+  enum tz_dtype dtype;      /* S */
+  enum tz_dtype grad_dtype; /* G */
+  int n_threads;
+};
+
+/* One per backend. create() receives parameters with defaults already filled in (dtype and
+ * grad_dtype valid enum values, n_threads >= 1 for cpu) and fills the instance's ops, ctx and
+ * n_threads; the registry sets the rest. It returns TZ_ENOTSUP for a dtype it lacks. */
+struct tz_compute_backend {
+  const char *name;
+  int (*probe)(char *why, size_t why_len);
+  int (*create)(const struct tz_compute_params *p, tz_compute *cm);
+};
+
+/* kernels/cpu/compute.c and kernels/cuda/compute.cu; the registry lists cuda only with CUDA. */
+extern const struct tz_compute_backend tz_compute_backend_cpu;
+extern const struct tz_compute_backend tz_compute_backend_cuda;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,677 @@
+/* The cpu compute backend: float32 storage, GEMM through OpenBLAS, everything else plain loops
+ * parallelised with OpenMP over independent outputs. Each output element is computed by one thread
+ * with a loop order that does not depend on the thread count, so results are bit-identical for
+ * any number of threads. Written for clarity first; the trainer's tiny demo model is what it must
+ * run at a reasonable speed. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kernels/compute_impl.h"
+#include "core/dtype.h"
+
+struct cpu {
+  int nt;        /* OpenMP and BLAS threads */
+  float *tmp;    /* an accumulating matmul's product, grown on demand */
+  size_t tmp_n;  /* floats in tmp */
+};
+
+/* Channel slices that one thread owns in rmsnorm's reduction over rows for dw. */
+#define COL_BLOCK 64
+
+static inline float ld(enum tz_dtype dt, const void *p, size_t i) {
+  switch (dt) {
+  case TZ_BF16:
+    return tz_bf16_to_f32(((const uint16_t *)p)[i]);
+  case TZ_F16:
+    return tz_f16_to_f32(((const uint16_t *)p)[i]);
+  default:
+    return ((const float *)p)[i];
+  }
+}
+
+static inline void st(enum tz_dtype dt, void *p, size_t i, float v) {
+  switch (dt) {
+  case TZ_BF16:
+    ((uint16_t *)p)[i] = tz_f32_to_bf16(v);
+    break;
+  case TZ_F16:
+    ((uint16_t *)p)[i] = tz_f32_to_f16(v);
+    break;
+  default:
+    ((float *)p)[i] = v;
+  }
+}
+
+static void cpu_destroy(void *ctx) {
+  struct cpu *c = ctx;
+  free(c->tmp);
+  free(c);
+}
+
+static int cpu_sync(void *ctx) {
+  (void)ctx;
+  return 0;
+}
+
+/* ---- memory ---- */
+
+static int cpu_alloc(void *ctx, size_t bytes, void **out) {
+  (void)ctx;
+  size_t rounded = (bytes + 255) & ~(size_t)255;
+  void *p = aligned_alloc(256, rounded);
+  if (!p)
+    return tz_err_set(TZ_ENOMEM, "compute cpu: cannot allocate %zu bytes", bytes);
+  *out = p;
+  return 0;
+}
+
+static void cpu_free(void *ctx, void *p) {
+  (void)ctx;
+  free(p);
+}
+
+static int cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+  (void)ctx;
+  memcpy(dst, src, bytes);
+  return 0;
+}
+
+static int cpu_zero(void *ctx, void *dst, size_t bytes) {
+  (void)ctx;
+  memset(dst, 0, bytes);
+  return 0;
+}
+
+/* ---- elementwise ---- */
+
+static int cpu_fill(void *ctx, enum tz_dtype dt, void *x, float value, size_t n) {
+  struct cpu *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (size_t i = 0; i < n; i++)
+    st(dt, x, i, value);
+  return 0;
+}
+
+static int cpu_scale(void *ctx, enum tz_dtype dt, void *x, float alpha, size_t n) {
+  struct cpu *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (size_t i = 0; i < n; i++)
+    st(dt, x, i, ld(dt, x, i) * alpha);
+  return 0;
+}
+
+static int cpu_axpy(void *ctx, enum tz_dtype dt, void *y, float alpha, const void *x, size_t n) {
+  struct cpu *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float ax = alpha * ld(dt, x, i);
+    st(dt, y, i, ld(dt, y, i) + ax);
+  }
+  return 0;
+}
+
+static int cpu_add(void *ctx, enum tz_dtype dt, void *out, const void *a, const void *b,
+                   size_t n) {
+  struct cpu *c = ctx;
+  if (dt == TZ_F32) {
+    float *o = out;
+    const float *x = a, *y = b;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+    for (size_t i = 0; i < n; i++)
+      o[i] = x[i] + y[i];
+    return 0;
+  }
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (size_t i = 0; i < n; i++)
+    st(dt, out, i, ld(dt, a, i) + ld(dt, b, i));
+  return 0;
+}
+
+static int cpu_cast(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src,
+                    enum tz_dtype src_dt, size_t n) {
+  struct cpu *c = ctx;
+  if (dst_dt == src_dt) {
+    memcpy(dst, src, n * tz_dtype_size(dst_dt));
+    return 0;
+  }
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (size_t i = 0; i < n; i++)
+    st(dst_dt, dst, i, ld(src_dt, src, i));
+  return 0;
+}
+
+/* ---- reductions, in the order compute.h specifies ---- */
+
+static float chunk_partial(enum tz_dtype dt, const void *x, size_t begin, size_t len,
+                           int square) {
+  float lane[32] = {0};
+  for (size_t i = 0; i < len; i++) {
+    float v = ld(dt, x, begin + i);
+    if (square)
+      v = v * v;
+    lane[i % 32] += v;
+  }
+  for (int s = 16; s >= 1; s /= 2)
+    for (int l = 0; l < s; l++)
+      lane[l] += lane[l + s];
+  return lane[0];
+}
+
+/* One level: x (n) -> partials (ceil(n / TZ_SUM_CHUNK)). */
+static void sum_level(int nt, enum tz_dtype dt, const void *x, size_t n, int square,
+                      float *partials) {
+  size_t nc = (n + TZ_SUM_CHUNK - 1) / TZ_SUM_CHUNK;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (size_t ci = 0; ci < nc; ci++) {
+    size_t begin = ci * TZ_SUM_CHUNK;
+    size_t len = n - begin < TZ_SUM_CHUNK ? n - begin : TZ_SUM_CHUNK;
+    partials[ci] = chunk_partial(dt, x, begin, len, square);
+  }
+}
+
+static int cpu_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
+                   int accumulate) {
+  struct cpu *c = ctx;
+  float r = 0.0f;
+  if (n > 0) {
+    size_t nc = (n + TZ_SUM_CHUNK - 1) / TZ_SUM_CHUNK;
+    float *buf = malloc(nc * sizeof *buf);
+    if (!buf)
+      return tz_err_set(TZ_ENOMEM, "compute cpu sum: cannot allocate %zu partials", nc);
+    sum_level(c->nt, dt, x, n, square, buf);
+    /* Each further level reads the previous partials and writes a new, shorter array. */
+    while (nc > 1) {
+      size_t next = (nc + TZ_SUM_CHUNK - 1) / TZ_SUM_CHUNK;
+      float *up = malloc(next * sizeof *up);
+      if (!up) {
+        free(buf);
+        return tz_err_set(TZ_ENOMEM, "compute cpu sum: cannot allocate %zu partials", next);
+      }
+      sum_level(c->nt, TZ_F32, buf, nc, 0, up);
+      free(buf);
+      buf = up;
+      nc = next;
+    }
+    r = buf[0];
+    free(buf);
+  }
+  *out = (accumulate ? *out : 0.0f) + r;
+  return 0;
+}
+
+/* ---- matmul ----
+ * C is cut into fixed tiles of MM_TILE_M x MM_TILE_N, each computed by one single-threaded BLAS
+ * call over the whole K, the tiles spread over the OpenMP threads. The tiles do not depend on the
+ * thread count, so neither do the bits; and only OpenMP's threads run, so BLAS's own pool does not
+ * compete with them for the cores. */
+#define MM_TILE_M 64
+#define MM_TILE_N 512
+
+static void gemm_tiles(int nt, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
+  int tm = (M + MM_TILE_M - 1) / MM_TILE_M, tn = (N + MM_TILE_N - 1) / MM_TILE_N;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int t = 0; t < tm * tn; t++) {
+    int i0 = (t / tn) * MM_TILE_M, j0 = (t % tn) * MM_TILE_N;
+    int m = M - i0 < MM_TILE_M ? M - i0 : MM_TILE_M, n = N - j0 < MM_TILE_N ? N - j0 : MM_TILE_N;
+    /* rows i0.. of op(A): rows of A, or columns of A when transposed; likewise columns of op(B) */
+    const float *a = trans_a ? A + i0 : A + (size_t)i0 * lda;
+    const float *b = trans_b ? B + (size_t)j0 * ldb : B + j0;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, K, alpha, a, lda, b, ldb, 0.0f,
+                C + (size_t)i0 * ldc + j0, ldc);
+  }
+}
+
+static int cpu_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                      const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                      enum tz_dtype c_dt, int ldc) {
+  struct cpu *c = ctx;
+  (void)c_dt; /* the wrapper allows S or F32, and S is F32 here */
+  float *Cf = C;
+  if (beta == 0.0f) {
+    if (K > 0 && alpha != 0.0f) {
+      gemm_tiles(c->nt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, Cf, ldc);
+    } else {
+      for (int i = 0; i < M; i++)
+        memset(Cf + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
+    }
+    return 0;
+  }
+  /* Accumulating: the whole product first, then one addition per element (compute.h). BLAS
+   * itself would add partial products over blocks of K into C one block at a time. */
+  size_t need = (size_t)M * N;
+  if (need > c->tmp_n) {
+    float *t = realloc(c->tmp, need * sizeof *t);
+    if (!t)
+      return tz_err_set(TZ_ENOMEM, "compute cpu matmul: cannot allocate a (%d,%d) product", M, N);
+    c->tmp = t;
+    c->tmp_n = need;
+  }
+  float *P = c->tmp;
+  if (K > 0 && alpha != 0.0f)
+    gemm_tiles(c->nt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, P, N);
+  else
+    memset(P, 0, need * sizeof *P);
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int i = 0; i < M; i++) {
+    float *row = Cf + (size_t)i * ldc;
+    const float *pr = P + (size_t)i * N;
+    if (beta == 1.0f)
+      for (int j = 0; j < N; j++)
+        row[j] = row[j] + pr[j];
+    else
+      for (int j = 0; j < N; j++)
+        row[j] = beta * row[j] + pr[j];
+  }
+  return 0;
+}
+
+/* ---- embedding ---- */
+
+static int check_tokens(const char *op, const int32_t *tok, int N, int V) {
+  for (int n = 0; n < N; n++)
+    if (tok[n] < 0 || tok[n] >= V)
+      return tz_err_set(TZ_EINVAL, "compute cpu %s: token %d at index %d is outside [0, %d)", op,
+                        tok[n], n, V);
+  return 0;
+}
+
+static int cpu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte, int N,
+                             int C, int V) {
+  struct cpu *c = ctx;
+  TZ_CHECK(check_tokens("embedding_fwd", tokens, N, V));
+  float *o = out;
+  const float *w = wte;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int n = 0; n < N; n++)
+    memcpy(o + (size_t)n * C, w + (size_t)tokens[n] * C, (size_t)C * sizeof(float));
+  return 0;
+}
+
+static int cpu_embedding_bwd(void *ctx, void *dwte, const void *dout, const int32_t *tokens,
+                             int N, int C, int V) {
+  struct cpu *c = ctx;
+  TZ_CHECK(check_tokens("embedding_bwd", tokens, N, V));
+  /* Group the rows by token with a stable counting sort: start[v] .. start[v+1] lists, in
+   * increasing n, the rows whose token is v. One thread owns each vocabulary row. */
+  int *start = calloc((size_t)V + 1, sizeof *start), *order = malloc((size_t)N * sizeof *order);
+  float *acc = malloc((size_t)c->nt * C * sizeof *acc);
+  if (!start || !order || !acc) {
+    free(start), free(order), free(acc);
+    return tz_err_set(TZ_ENOMEM, "compute cpu embedding_bwd: out of memory (V=%d, N=%d)", V, N);
+  }
+  for (int n = 0; n < N; n++)
+    start[tokens[n] + 1]++;
+  for (int v = 0; v < V; v++)
+    start[v + 1] += start[v];
+  int *fill = malloc((size_t)V * sizeof *fill);
+  if (!fill) {
+    free(start), free(order), free(acc);
+    return tz_err_set(TZ_ENOMEM, "compute cpu embedding_bwd: out of memory (V=%d)", V);
+  }
+  memcpy(fill, start, (size_t)V * sizeof *fill);
+  for (int n = 0; n < N; n++)
+    order[fill[tokens[n]]++] = n;
+  free(fill);
+  float *dw = dwte;
+  const float *d = dout;
+#pragma omp parallel for num_threads(c->nt) schedule(dynamic, 8)
+  for (int v = 0; v < V; v++) {
+    if (start[v] == start[v + 1])
+      continue;
+    float *a = acc + (size_t)omp_get_thread_num() * C;
+    for (int j = 0; j < C; j++)
+      a[j] = 0.0f;
+    for (int i = start[v]; i < start[v + 1]; i++) {
+      const float *src = d + (size_t)order[i] * C;
+      for (int j = 0; j < C; j++)
+        a[j] += src[j];
+    }
+    float *row = dw + (size_t)v * C;
+    for (int j = 0; j < C; j++)
+      row[j] += a[j];
+  }
+  free(start);
+  free(order);
+  free(acc);
+  return 0;
+}
+
+/* ---- rmsnorm ---- */
+
+static int cpu_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const void *w, int N,
+                           int C, float eps) {
+  struct cpu *c = ctx;
+  float *o = out;
+  const float *xf = x, *wf = w;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int n = 0; n < N; n++) {
+    const float *xr = xf + (size_t)n * C;
+    float ss = 0.0f;
+    for (int j = 0; j < C; j++)
+      ss += xr[j] * xr[j];
+    float r = 1.0f / sqrtf(ss / (float)C + eps);
+    rstd[n] = r;
+    float *orow = o + (size_t)n * C;
+    for (int j = 0; j < C; j++)
+      orow[j] = (xr[j] * r) * wf[j];
+  }
+  return 0;
+}
+
+static int cpu_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const void *x,
+                           const void *w, const float *rstd, int N, int C) {
+  struct cpu *c = ctx;
+  float *dxf = dx, *dwf = dw;
+  const float *dy = dout, *xf = x, *wf = w;
+  /* dx_j += r * (w_j dy_j - x_j r^2 mean_i(w_i dy_i x_i)) */
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int n = 0; n < N; n++) {
+    const float *dyr = dy + (size_t)n * C, *xr = xf + (size_t)n * C;
+    float r = rstd[n];
+    float dot = 0.0f;
+    for (int j = 0; j < C; j++)
+      dot += (wf[j] * dyr[j]) * xr[j];
+    float k = (r * r) * (dot / (float)C);
+    float *dxr = dxf + (size_t)n * C;
+    for (int j = 0; j < C; j++)
+      dxr[j] += r * (wf[j] * dyr[j] - xr[j] * k);
+  }
+  int nb = (C + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int b = 0; b < nb; b++) {
+    int c0 = b * COL_BLOCK, c1 = c0 + COL_BLOCK < C ? c0 + COL_BLOCK : C;
+    float acc[COL_BLOCK] = {0};
+    for (int n = 0; n < N; n++) {
+      const float *dyr = dy + (size_t)n * C, *xr = xf + (size_t)n * C;
+      float r = rstd[n];
+      for (int j = c0; j < c1; j++)
+        acc[j - c0] += dyr[j] * (xr[j] * r);
+    }
+    for (int j = c0; j < c1; j++)
+      dwf[j] += acc[j - c0];
+  }
+  return 0;
+}
+
+/* ---- rope ---- */
+
+static int cpu_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inverse) {
+  struct cpu *c = ctx;
+  int half = D / 2;
+  float *cs = malloc((size_t)T * half * 2 * sizeof *cs);
+  if (!cs)
+    return tz_err_set(TZ_ENOMEM, "compute cpu rope: cannot allocate a (%d,%d) table", T, D);
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < half; i++) {
+      double ang = (double)t * pow((double)theta, -2.0 * i / (double)D);
+      cs[((size_t)t * half + i) * 2] = (float)cos(ang);
+      cs[((size_t)t * half + i) * 2 + 1] = inverse ? -(float)sin(ang) : (float)sin(ang);
+    }
+  float *xf = x;
+#pragma omp parallel for num_threads(c->nt) schedule(static) collapse(2)
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      const float *ct = cs + (size_t)t * half * 2;
+      for (int h = 0; h < nh; h++) {
+        float *v = xf + (((size_t)b * T + t) * nh + h) * D;
+        for (int i = 0; i < half; i++) {
+          float co = ct[2 * i], si = ct[2 * i + 1];
+          float x1 = v[i], x2 = v[i + half];
+          v[i] = x1 * co - x2 * si;
+          v[i + half] = x2 * co + x1 * si;
+        }
+      }
+    }
+  free(cs);
+  return 0;
+}
+
+/* ---- attention ---- */
+
+static float dotf(const float *a, const float *b, int n) {
+  float s = 0.0f;
+  for (int i = 0; i < n; i++)
+    s += a[i] * b[i];
+  return s;
+}
+
+static int cpu_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
+                             const void *v, int B, int T, int H, int Hkv, int D) {
+  struct cpu *c = ctx;
+  float *scratch = malloc((size_t)c->nt * T * sizeof *scratch);
+  if (!scratch)
+    return tz_err_set(TZ_ENOMEM, "compute cpu attention_fwd: cannot allocate %d scores", T);
+  const float *qf = q, *kf = k, *vf = v;
+  float *of = out;
+  int group = H / Hkv;
+  float scale = 1.0f / sqrtf((float)D);
+  /* One row of scores (b, h, t) per iteration; the (T,T) matrix is never formed. */
+#pragma omp parallel for num_threads(c->nt) schedule(dynamic, 16) collapse(3)
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int t = 0; t < T; t++) {
+        float *s = scratch + (size_t)omp_get_thread_num() * T;
+        int hk = h / group;
+        const float *qt = qf + (((size_t)b * T + t) * H + h) * D;
+        float m = -INFINITY;
+        for (int u = 0; u <= t; u++) {
+          s[u] = dotf(qt, kf + (((size_t)b * T + u) * Hkv + hk) * D, D) * scale;
+          if (s[u] > m)
+            m = s[u];
+        }
+        float sum = 0.0f;
+        for (int u = 0; u <= t; u++) {
+          s[u] = expf(s[u] - m);
+          sum += s[u];
+        }
+        lse[((size_t)b * H + h) * T + t] = m + logf(sum);
+        float inv = 1.0f / sum;
+        float *ot = of + (((size_t)b * T + t) * H + h) * D;
+        for (int d = 0; d < D; d++)
+          ot[d] = 0.0f;
+        for (int u = 0; u <= t; u++) {
+          float p = s[u] * inv;
+          const float *vu = vf + (((size_t)b * T + u) * Hkv + hk) * D;
+          for (int d = 0; d < D; d++)
+            ot[d] += p * vu[d];
+        }
+      }
+  free(scratch);
+  return 0;
+}
+
+static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
+                             const void *dout, const void *q, const void *k, const void *v,
+                             const void *out, const float *lse, int B, int T, int H, int Hkv,
+                             int D) {
+  struct cpu *c = ctx;
+  const float *qf = q, *kf = k, *vf = v, *of = out, *dof = dout;
+  float *dqf = dq, *dkf = dk, *dvf = dv;
+  int group = H / Hkv;
+  float scale = 1.0f / sqrtf((float)D);
+#define Q_AT(b, t, h) (qf + (((size_t)(b) * T + (t)) * H + (h)) * D)
+#define DO_AT(b, t, h) (dof + (((size_t)(b) * T + (t)) * H + (h)) * D)
+#define K_AT(b, t, h) (kf + (((size_t)(b) * T + (t)) * Hkv + (h)) * D)
+#define V_AT(b, t, h) (vf + (((size_t)(b) * T + (t)) * Hkv + (h)) * D)
+  /* With p = exp(s - lse), dp = dout_t . v_u and delta_t = dout_t . out_t, the score gradient is
+   * ds = p (dp - delta_t); dq_t = scale sum_u ds k_u, dk_u = scale sum_{h,t} ds q_t and
+   * dv_u = sum_{h,t} p dout_t. Pass 1 owns query rows, pass 2 owns key rows, and each recomputes
+   * p and ds, so no thread ever adds into another's output. */
+#pragma omp parallel for num_threads(c->nt) schedule(dynamic, 16) collapse(3)
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int t = 0; t < T; t++) {
+        int hk = h / group;
+        const float *qt = Q_AT(b, t, h), *dot_ = DO_AT(b, t, h);
+        float dl = dotf(dot_, of + (((size_t)b * T + t) * H + h) * D, D);
+        delta[((size_t)b * H + h) * T + t] = dl;
+        float l = lse[((size_t)b * H + h) * T + t];
+        float *dqt = dqf + (((size_t)b * T + t) * H + h) * D;
+        for (int d = 0; d < D; d++)
+          dqt[d] = 0.0f;
+        for (int u = 0; u <= t; u++) {
+          const float *ku = K_AT(b, u, hk);
+          float p = expf(dotf(qt, ku, D) * scale - l);
+          float ds = p * (dotf(dot_, V_AT(b, u, hk), D) - dl);
+          float w = ds * scale;
+          for (int d = 0; d < D; d++)
+            dqt[d] += w * ku[d];
+        }
+      }
+#pragma omp parallel for num_threads(c->nt) schedule(dynamic, 16) collapse(3)
+  for (int b = 0; b < B; b++)
+    for (int hk = 0; hk < Hkv; hk++)
+      for (int u = 0; u < T; u++) {
+        const float *ku = K_AT(b, u, hk), *vu = V_AT(b, u, hk);
+        float *dku = dkf + (((size_t)b * T + u) * Hkv + hk) * D;
+        float *dvu = dvf + (((size_t)b * T + u) * Hkv + hk) * D;
+        for (int d = 0; d < D; d++)
+          dku[d] = dvu[d] = 0.0f;
+        for (int h = hk * group; h < (hk + 1) * group; h++)
+          for (int t = u; t < T; t++) {
+            const float *qt = Q_AT(b, t, h), *dot_ = DO_AT(b, t, h);
+            float l = lse[((size_t)b * H + h) * T + t];
+            float dl = delta[((size_t)b * H + h) * T + t];
+            float p = expf(dotf(qt, ku, D) * scale - l);
+            float ds = p * (dotf(dot_, vu, D) - dl);
+            float w = ds * scale;
+            for (int d = 0; d < D; d++) {
+              dku[d] += w * qt[d];
+              dvu[d] += p * dot_[d];
+            }
+          }
+      }
+#undef Q_AT
+#undef DO_AT
+#undef K_AT
+#undef V_AT
+  return 0;
+}
+
+/* ---- swiglu ---- */
+
+static int cpu_swiglu_fwd(void *ctx, void *out, const void *g, const void *u, size_t n) {
+  struct cpu *c = ctx;
+  float *o = out;
+  const float *gf = g, *uf = u;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float gi = gf[i];
+    o[i] = (gi / (1.0f + expf(-gi))) * uf[i];
+  }
+  return 0;
+}
+
+static int cpu_swiglu_bwd(void *ctx, void *dg, void *du, const void *dout, const void *g,
+                          const void *u, size_t n) {
+  struct cpu *c = ctx;
+  float *dgf = dg, *duf = du;
+  const float *dy = dout, *gf = g, *uf = u;
+  /* silu'(g) = sig (1 + g (1 - sig)) */
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float gi = gf[i], ui = uf[i], d = dy[i];
+    float sig = 1.0f / (1.0f + expf(-gi));
+    float silu = gi * sig;
+    dgf[i] = (d * ui) * (sig * (1.0f + gi * (1.0f - sig)));
+    duf[i] = d * silu;
+  }
+  return 0;
+}
+
+/* ---- cross-entropy ---- */
+
+static int cpu_xent(void *ctx, float *losses, void *dlogits, const void *logits,
+                    const int32_t *targets, int N, int V, float dscale) {
+  struct cpu *c = ctx;
+  TZ_CHECK(check_tokens("xent target", targets, N, V));
+  const float *lf = logits;
+  float *dl = dlogits;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int n = 0; n < N; n++) {
+    const float *row = lf + (size_t)n * V;
+    float m = -INFINITY;
+    for (int j = 0; j < V; j++)
+      if (row[j] > m)
+        m = row[j];
+    float sum = 0.0f;
+    for (int j = 0; j < V; j++)
+      sum += expf(row[j] - m);
+    float lse = m + logf(sum);
+    losses[n] = lse - row[targets[n]];
+    if (dl) {
+      float *drow = dl + (size_t)n * V;
+      for (int j = 0; j < V; j++) {
+        float p = expf(row[j] - lse);
+        drow[j] = (j == targets[n] ? p - 1.0f : p) * dscale;
+      }
+    }
+  }
+  return 0;
+}
+
+static const struct tz_compute_ops cpu_ops = {
+    .destroy = cpu_destroy,
+    .sync = cpu_sync,
+    .stream = NULL,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_in = cpu_copy,
+    .copy_out = cpu_copy,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .fill = cpu_fill,
+    .scale = cpu_scale,
+    .axpy = cpu_axpy,
+    .add = cpu_add,
+    .cast = cpu_cast,
+    .sum = cpu_sum,
+    .matmul = cpu_matmul,
+    .embedding_fwd = cpu_embedding_fwd,
+    .embedding_bwd = cpu_embedding_bwd,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rope = cpu_rope,
+    .attention_fwd = cpu_attention_fwd,
+    .attention_bwd = cpu_attention_bwd,
+    .swiglu_fwd = cpu_swiglu_fwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .xent = cpu_xent,
+};
+
+static int cpu_probe(char *why, size_t why_len) {
+  (void)why, (void)why_len;
+  return 0;
+}
+
+static int cpu_create(const struct tz_compute_params *p, tz_compute *cm) {
+  if (p->dtype != TZ_F32 || p->grad_dtype != TZ_F32)
+    return tz_err_set(TZ_ENOTSUP,
+                      "compute cpu: storage %s, gradients %s: the cpu backend is float32 only",
+                      tz_dtype_name(p->dtype), tz_dtype_name(p->grad_dtype));
+  struct cpu *c = calloc(1, sizeof *c);
+  if (!c)
+    return tz_err_set(TZ_ENOMEM, "compute cpu: out of memory");
+  c->nt = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
+  if (c->nt < 1)
+    c->nt = 1;
+  /* BLAS runs single-threaded inside OpenMP's threads (see matmul). */
+  openblas_set_num_threads(1);
+  cm->ops = &cpu_ops;
+  cm->ctx = c;
+  cm->n_threads = c->nt;
+  return 0;
+}
+
+const struct tz_compute_backend tz_compute_backend_cpu = {
+    .name = "cpu",
+    .probe = cpu_probe,
+    .create = cpu_create,
+};

@@ -1,0 +1,638 @@
+/* Tensor-core attention for bf16 and fp16 storage, head dims 32, 64 and 128 (sm_80 and later;
+ * the build targets sm_90). Same algorithm as the plain kernels in attention.cu, with the tile
+ * products done by mma.sync m16n8k16 (16-bit inputs, float accumulation) and operands moved from
+ * shared memory to registers with ldmatrix.
+ *
+ * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
+ * c = lane % 4:
+ *   A (16x16, row-major)  a0: (g, 2c..2c+1)  a1: (g+8, 2c..2c+1)  a2: (g, 2c+8..)  a3: (g+8, 2c+8..)
+ *   B (16x8, k by n)      b0: (k 2c..2c+1, n g)  b1: (k 2c+8..2c+9, n g)
+ *   C (16x8, float)       c0, c1: (g, 2c), (g, 2c+1)   c2, c3: (g+8, 2c), (g+8, 2c+1)
+ * Two C tiles side by side, (16, 16), hold exactly the values an A fragment of the same 16x16
+ * block needs, in the same threads: a0 = (C0.c0, C0.c1), a1 = (C0.c2, C0.c3), a2 = (C1.c0, C1.c1),
+ * a3 = (C1.c2, C1.c3). That is how probabilities computed as a product's output become the next
+ * product's input without leaving registers (pack_a below).
+ *
+ * Each warp owns 16 rows of its block's tile (query rows in forward and dq, key rows in dk/dv),
+ * so row statistics live in the 4 threads of a quad and are combined with two xor shuffles. Tiles
+ * are copied global -> shared with cp.async, double-buffered so the next tile loads while this
+ * one is used; rows past T are zero-filled and masked. Every sum has a fixed order (mma's own
+ * accumulation order is fixed by the hardware), so results are the same bits every run. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ptx.cuh"
+
+#define WARPS 4
+#define NTHREADS (WARPS * 32)
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+namespace {
+
+using namespace tz_ptx;
+
+/* ---- fragment addressing in a row-major shared tile with pitch P elements ---- */
+
+/* A fragment of the 16x16 block at (r0, c0). */
+template <int P, typename T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T *s, int r0, int c0, int lane) {
+  ldsm_x4(a, s + (r0 + (lane & 15)) * P + c0 + (lane >> 4) * 8);
+}
+
+/* B fragments for two n-tiles from a tile stored n-major (row n holds the k values: B^T
+ * row-major, e.g. K when B = K^T): rows n0..n0+15, k columns k0..k0+15. b[0], b[1] are n-tile
+ * n0's b0, b1 and b[2], b[3] n-tile n0+8's. */
+template <int P, typename T>
+__device__ __forceinline__ void load_b_nmajor(uint32_t (&b)[4], const T *s, int n0, int k0,
+                                              int lane) {
+  ldsm_x4(b, s + (n0 + (lane & 7) + ((lane >> 4) << 3)) * P + k0 + ((lane >> 3) & 1) * 8);
+}
+
+/* B fragments for two n-tiles from a tile stored k-major (row k holds the n values, e.g. V when
+ * B = V): rows k0..k0+15, n columns n0..n0+15, through the transposing ldmatrix. */
+template <int P, typename T>
+__device__ __forceinline__ void load_b_kmajor(uint32_t (&b)[4], const T *s, int k0, int n0,
+                                              int lane) {
+  ldsm_x4_t(b, s + (k0 + (lane & 15)) * P + n0 + (lane >> 4) * 8);
+}
+
+/* The A fragment for columns 16j..16j+15 of a warp's (16, 8 * NT) float C tiles. */
+template <typename T, int NT>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&c)[NT][4], int j) {
+  a[0] = mma16<T>::pack(c[2 * j][0], c[2 * j][1]);
+  a[1] = mma16<T>::pack(c[2 * j][2], c[2 * j][3]);
+  a[2] = mma16<T>::pack(c[2 * j + 1][0], c[2 * j + 1][1]);
+  a[3] = mma16<T>::pack(c[2 * j + 1][2], c[2 * j + 1][3]);
+}
+
+/* ROWS rows of D elements from global (row t at base + t * stride) into a shared tile with pitch
+ * P, as 16-byte cp.async copies; rows at or past `valid` are zero-filled. */
+template <int ROWS, int D, int P, typename T>
+__device__ __forceinline__ void load_tile(T *s, const T *base, size_t stride, int row0,
+                                          int valid) {
+  constexpr int CHUNKS = D / 8;
+  for (int i = threadIdx.x; i < ROWS * CHUNKS; i += NTHREADS) {
+    int r = i / CHUNKS, col = (i % CHUNKS) * 8;
+    int ok = r < valid;
+    const T *src = base + (ok ? (size_t)(row0 + r) * stride : 0) + col;
+    cp_async16(s + r * P + col, src, ok ? 16 : 0);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pair(T *p, float lo, float hi) {
+  uint32_t u = mma16<T>::pack(lo, hi);
+  memcpy(p, &u, 4);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+/* ---- forward: block = 64 query rows of one (batch, head); key tiles of 64 ---- */
+
+constexpr int FWD_BM = 64, FWD_BN = 64;
+
+template <int D> constexpr size_t fwd_smem_bytes() {
+  return (size_t)(FWD_BM + 4 * FWD_BN) * (D + 8) * 2;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(NTHREADS)
+attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H,
+                    int Hkv, float scale_log2) {
+  constexpr int P = D + 8; /* pitch: rows 16-byte aligned, ldmatrix free of bank conflicts */
+  constexpr int KD = D / 16, ND = D / 8, NS = FWD_BN / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sQ = (T *)smem_raw;       /* (BM, P) */
+  T *sK = sQ + FWD_BM * P;     /* 2 x (BN, P) */
+  T *sV = sK + 2 * FWD_BN * P; /* 2 x (BN, P) */
+  const int qt = gridDim.x - 1 - blockIdx.x; /* the longest rows first */
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
+  const int q0 = qt * FWD_BM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
+  const T *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
+  const T *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
+  const T *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
+  const int n_kt = qt + 1; /* key tiles 0..qt: the last is the diagonal one */
+  const int row_lo = q0 + warp * 16 + g, row_hi = row_lo + 8;
+
+  load_tile<FWD_BM, D, P>(sQ, qb, qs, q0, T_ - q0);
+  load_tile<FWD_BN, D, P>(sK, kb, ks, 0, T_);
+  load_tile<FWD_BN, D, P>(sV, vb, ks, 0, T_);
+  cp_async_commit();
+
+  uint32_t qf[KD][4];
+  float o[ND][4];
+#pragma unroll
+  for (int i = 0; i < ND; i++)
+    o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY; /* running max of scores * scale * log2(e) */
+  float l_lo = 0.0f, l_hi = 0.0f;           /* this thread's part of the running sum */
+
+  for (int kt = 0; kt < n_kt; kt++) {
+    const int buf = kt & 1;
+    if (kt + 1 < n_kt) {
+      int r0 = (kt + 1) * FWD_BN;
+      load_tile<FWD_BN, D, P>(sK + (buf ^ 1) * FWD_BN * P, kb, ks, r0, T_ - r0);
+      load_tile<FWD_BN, D, P>(sV + (buf ^ 1) * FWD_BN * P, vb, ks, r0, T_ - r0);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (kt == 0) {
+#pragma unroll
+      for (int kk = 0; kk < KD; kk++)
+        load_a<P>(qf[kk], sQ, warp * 16, kk * 16, lane);
+    }
+    const T *Kt = sK + buf * FWD_BN * P, *Vt = sV + buf * FWD_BN * P;
+
+    float s[NS][4];
+#pragma unroll
+    for (int i = 0; i < NS; i++)
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+#pragma unroll
+      for (int np = 0; np < NS / 2; np++) {
+        uint32_t bf[4];
+        load_b_nmajor<P>(bf, Kt, np * 16, kk * 16, lane);
+        mma16<T>::mma(s[2 * np], qf[kk], bf[0], bf[1]);
+        mma16<T>::mma(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+      }
+    }
+
+    /* scores in the log2 domain; the diagonal tile hides keys after the query */
+    const bool diag = kt == n_kt - 1;
+    float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int key = kt * FWD_BN + nt * 8 + 2 * c + (e & 1);
+        int row = e < 2 ? row_lo : row_hi;
+        float x = __fmul_rn(s[nt][e], scale_log2);
+        s[nt][e] = diag && key > row ? -INFINITY : x;
+      }
+      mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
+    }
+    /* Key 0 is in tile 0 and visible to every row, so the max is finite from the first tile. */
+    mx_lo = quad_max(mx_lo);
+    mx_hi = quad_max(mx_hi);
+    const float a_lo = exp2f(__fsub_rn(m_lo, mx_lo)), a_hi = exp2f(__fsub_rn(m_hi, mx_hi));
+    m_lo = mx_lo;
+    m_hi = mx_hi;
+    float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) {
+      s[nt][0] = exp2f(__fsub_rn(s[nt][0], m_lo));
+      s[nt][1] = exp2f(__fsub_rn(s[nt][1], m_lo));
+      s[nt][2] = exp2f(__fsub_rn(s[nt][2], m_hi));
+      s[nt][3] = exp2f(__fsub_rn(s[nt][3], m_hi));
+      ps_lo = __fadd_rn(ps_lo, __fadd_rn(s[nt][0], s[nt][1]));
+      ps_hi = __fadd_rn(ps_hi, __fadd_rn(s[nt][2], s[nt][3]));
+    }
+    l_lo = __fadd_rn(__fmul_rn(l_lo, a_lo), ps_lo);
+    l_hi = __fadd_rn(__fmul_rn(l_hi, a_hi), ps_hi);
+#pragma unroll
+    for (int dt = 0; dt < ND; dt++) {
+      o[dt][0] = __fmul_rn(o[dt][0], a_lo);
+      o[dt][1] = __fmul_rn(o[dt][1], a_lo);
+      o[dt][2] = __fmul_rn(o[dt][2], a_hi);
+      o[dt][3] = __fmul_rn(o[dt][3], a_hi);
+    }
+
+    /* o += p v */
+#pragma unroll
+    for (int j = 0; j < FWD_BN / 16; j++) {
+      uint32_t pa[4];
+      pack_a<T, NS>(pa, s, j);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t bf[4];
+        load_b_kmajor<P>(bf, Vt, j * 16, dp * 16, lane);
+        mma16<T>::mma(o[2 * dp], pa, bf[0], bf[1]);
+        mma16<T>::mma(o[2 * dp + 1], pa, bf[2], bf[3]);
+      }
+    }
+    __syncthreads(); /* this buffer is refilled two tiles from now */
+  }
+
+  l_lo = quad_sum(l_lo);
+  l_hi = quad_sum(l_hi);
+  const float inv_lo = __fdiv_rn(1.0f, l_lo), inv_hi = __fdiv_rn(1.0f, l_hi);
+  T *ob = out + (size_t)b * T_ * qs + (size_t)h * D;
+#pragma unroll
+  for (int dt = 0; dt < ND; dt++) {
+    int d = dt * 8 + 2 * c;
+    if (row_lo < T_)
+      store_pair(ob + (size_t)row_lo * qs + d, __fmul_rn(o[dt][0], inv_lo),
+                 __fmul_rn(o[dt][1], inv_lo));
+    if (row_hi < T_)
+      store_pair(ob + (size_t)row_hi * qs + d, __fmul_rn(o[dt][2], inv_hi),
+                 __fmul_rn(o[dt][3], inv_hi));
+  }
+  if (c == 0) {
+    float *lb = lse + ((size_t)b * H + h) * T_;
+    if (row_lo < T_)
+      lb[row_lo] = __fmul_rn(__fadd_rn(m_lo, log2f(l_lo)), LN2);
+    if (row_hi < T_)
+      lb[row_hi] = __fmul_rn(__fadd_rn(m_hi, log2f(l_hi)), LN2);
+  }
+}
+
+/* ---- backward dq: block = 64 query rows of one (batch, head); key tiles of 64 ----
+ * p = exp(s - lse), ds = p (dp - delta) with dp = dout . v; dq = scale * sum over keys of ds k. */
+
+constexpr int DQ_BM = 64, DQ_BN = 64;
+
+template <int D> constexpr size_t dq_smem_bytes() {
+  return (size_t)(2 * DQ_BM + 4 * DQ_BN) * (D + 8) * 2;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(NTHREADS)
+attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
+                       const float *lse, const float *delta, int T_, int H, int Hkv, float scale,
+                       float scale_log2) {
+  constexpr int P = D + 8;
+  constexpr int KD = D / 16, ND = D / 8, NS = DQ_BN / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sQ = (T *)smem_raw;      /* (BM, P) */
+  T *sdO = sQ + DQ_BM * P;    /* (BM, P) */
+  T *sK = sdO + DQ_BM * P;    /* 2 x (BN, P) */
+  T *sV = sK + 2 * DQ_BN * P; /* 2 x (BN, P) */
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
+  const int q0 = qt * DQ_BM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
+  const T *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
+  const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
+  const T *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
+  const T *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
+  const int n_kt = qt + 1;
+  const int row_lo = q0 + warp * 16 + g, row_hi = row_lo + 8;
+  const float *lb = lse + ((size_t)b * H + h) * T_, *db = delta + ((size_t)b * H + h) * T_;
+  /* rows past T get harmless values; they are never stored */
+  const float lse_lo = row_lo < T_ ? __fmul_rn(lb[row_lo], LOG2E) : 0.0f;
+  const float lse_hi = row_hi < T_ ? __fmul_rn(lb[row_hi], LOG2E) : 0.0f;
+  const float del_lo = row_lo < T_ ? db[row_lo] : 0.0f;
+  const float del_hi = row_hi < T_ ? db[row_hi] : 0.0f;
+
+  load_tile<DQ_BM, D, P>(sQ, qb, qs, q0, T_ - q0);
+  load_tile<DQ_BM, D, P>(sdO, dob, qs, q0, T_ - q0);
+  load_tile<DQ_BN, D, P>(sK, kb, ks, 0, T_);
+  load_tile<DQ_BN, D, P>(sV, vb, ks, 0, T_);
+  cp_async_commit();
+
+  float acc[ND][4];
+#pragma unroll
+  for (int i = 0; i < ND; i++)
+    acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+  for (int kt = 0; kt < n_kt; kt++) {
+    const int buf = kt & 1;
+    if (kt + 1 < n_kt) {
+      int r0 = (kt + 1) * DQ_BN;
+      load_tile<DQ_BN, D, P>(sK + (buf ^ 1) * DQ_BN * P, kb, ks, r0, T_ - r0);
+      load_tile<DQ_BN, D, P>(sV + (buf ^ 1) * DQ_BN * P, vb, ks, r0, T_ - r0);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T *Kt = sK + buf * DQ_BN * P, *Vt = sV + buf * DQ_BN * P;
+
+    float s[NS][4], dp[NS][4];
+#pragma unroll
+    for (int i = 0; i < NS; i++) {
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      uint32_t qa[4], da[4];
+      load_a<P>(qa, sQ, warp * 16, kk * 16, lane);
+      load_a<P>(da, sdO, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int np = 0; np < NS / 2; np++) {
+        uint32_t bf[4];
+        load_b_nmajor<P>(bf, Kt, np * 16, kk * 16, lane);
+        mma16<T>::mma(s[2 * np], qa, bf[0], bf[1]);
+        mma16<T>::mma(s[2 * np + 1], qa, bf[2], bf[3]);
+        load_b_nmajor<P>(bf, Vt, np * 16, kk * 16, lane);
+        mma16<T>::mma(dp[2 * np], da, bf[0], bf[1]);
+        mma16<T>::mma(dp[2 * np + 1], da, bf[2], bf[3]);
+      }
+    }
+
+    const bool diag = kt == n_kt - 1;
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int key = kt * DQ_BN + nt * 8 + 2 * c + (e & 1);
+        int row = e < 2 ? row_lo : row_hi;
+        float l2 = e < 2 ? lse_lo : lse_hi, dl = e < 2 ? del_lo : del_hi;
+        float p = diag && key > row ? 0.0f : exp2f(__fsub_rn(__fmul_rn(s[nt][e], scale_log2), l2));
+        dp[nt][e] = __fmul_rn(p, __fsub_rn(dp[nt][e], dl)); /* ds */
+      }
+    }
+
+    /* acc += ds k */
+#pragma unroll
+    for (int j = 0; j < DQ_BN / 16; j++) {
+      uint32_t dsa[4];
+      pack_a<T, NS>(dsa, dp, j);
+#pragma unroll
+      for (int dn = 0; dn < D / 16; dn++) {
+        uint32_t bf[4];
+        load_b_kmajor<P>(bf, Kt, j * 16, dn * 16, lane);
+        mma16<T>::mma(acc[2 * dn], dsa, bf[0], bf[1]);
+        mma16<T>::mma(acc[2 * dn + 1], dsa, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();
+  }
+
+  T *dqb = dq + (size_t)b * T_ * qs + (size_t)h * D;
+#pragma unroll
+  for (int dt = 0; dt < ND; dt++) {
+    int d = dt * 8 + 2 * c;
+    if (row_lo < T_)
+      store_pair(dqb + (size_t)row_lo * qs + d, __fmul_rn(acc[dt][0], scale),
+                 __fmul_rn(acc[dt][1], scale));
+    if (row_hi < T_)
+      store_pair(dqb + (size_t)row_hi * qs + d, __fmul_rn(acc[dt][2], scale),
+                 __fmul_rn(acc[dt][3], scale));
+  }
+}
+
+/* ---- backward dk, dv: block = 64 key rows of one (batch, kv head); query chunks of 32 ----
+ * Transposed products, so the key rows are the warps' M dimension:
+ * s^T = k q^T, p^T = exp(s^T - lse), dp^T = v dout^T, ds^T = p^T (dp^T - delta);
+ * dv = sum p^T dout, dk = scale * sum ds^T q, over the group's heads (increasing h) and then
+ * the queries from the key tile on (increasing t). */
+
+constexpr int KV_BN = 64, KV_BM = 32;
+
+template <int D> constexpr size_t dkdv_smem_bytes() {
+  return (size_t)(2 * KV_BN + 4 * KV_BM) * (D + 8) * 2 + 4 * KV_BM * sizeof(float);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(NTHREADS)
+attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
+                         const float *lse, const float *delta, int T_, int H, int Hkv,
+                         float scale, float scale_log2) {
+  constexpr int P = D + 8;
+  constexpr int KD = D / 16, ND = D / 8, NS = KV_BM / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sK = (T *)smem_raw;         /* (BN, P) */
+  T *sV = sK + KV_BN * P;        /* (BN, P) */
+  T *sQ = sV + KV_BN * P;        /* 2 x (BM, P) */
+  T *sdO = sQ + 2 * KV_BM * P;   /* 2 x (BM, P) */
+  float *sL = (float *)(sdO + 2 * KV_BM * P); /* 2 x (BM): lse * log2(e), 0 past T */
+  float *sD = sL + 2 * KV_BM;                 /* 2 x (BM): delta, 0 past T */
+  const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int group = H / Hkv;
+  const int k0 = kt * KV_BN;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
+  const T *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
+  const T *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
+  const int key_lo = k0 + warp * 16 + g, key_hi = key_lo + 8;
+  const int n_chunks = (T_ - k0 + KV_BM - 1) / KV_BM;
+  const int n_it = group * n_chunks;
+
+  /* Chunk `it`: head hk * group + it / n_chunks, queries from k0 + (it % n_chunks) * BM. */
+  auto load_chunk = [&](int it, int buf) {
+    int h = hk * group + it / n_chunks;
+    int i0 = k0 + (it % n_chunks) * KV_BM;
+    const T *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
+    const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
+    load_tile<KV_BM, D, P>(sQ + buf * KV_BM * P, qb, qs, i0, T_ - i0);
+    load_tile<KV_BM, D, P>(sdO + buf * KV_BM * P, dob, qs, i0, T_ - i0);
+    if (threadIdx.x < KV_BM) {
+      int t = i0 + threadIdx.x;
+      const size_t row = ((size_t)b * H + h) * T_;
+      sL[buf * KV_BM + threadIdx.x] = t < T_ ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
+      sD[buf * KV_BM + threadIdx.x] = t < T_ ? delta[row + t] : 0.0f;
+    }
+  };
+
+  load_tile<KV_BN, D, P>(sK, kb, ks, k0, T_ - k0);
+  load_tile<KV_BN, D, P>(sV, vb, ks, k0, T_ - k0);
+  load_chunk(0, 0);
+  cp_async_commit();
+
+  float dka[ND][4], dva[ND][4];
+#pragma unroll
+  for (int i = 0; i < ND; i++) {
+    dka[i][0] = dka[i][1] = dka[i][2] = dka[i][3] = 0.0f;
+    dva[i][0] = dva[i][1] = dva[i][2] = dva[i][3] = 0.0f;
+  }
+
+  for (int it = 0; it < n_it; it++) {
+    const int buf = it & 1;
+    if (it + 1 < n_it) {
+      load_chunk(it + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int i0 = k0 + (it % n_chunks) * KV_BM;
+    const T *Qc = sQ + buf * KV_BM * P, *dOc = sdO + buf * KV_BM * P;
+    const float *Lc = sL + buf * KV_BM, *Dc = sD + buf * KV_BM;
+
+    float st[NS][4], dpt[NS][4];
+#pragma unroll
+    for (int i = 0; i < NS; i++) {
+      st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
+      dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      uint32_t ka[4], va[4];
+      load_a<P>(ka, sK, warp * 16, kk * 16, lane);
+      load_a<P>(va, sV, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int np = 0; np < NS / 2; np++) {
+        uint32_t bf[4];
+        load_b_nmajor<P>(bf, Qc, np * 16, kk * 16, lane);
+        mma16<T>::mma(st[2 * np], ka, bf[0], bf[1]);
+        mma16<T>::mma(st[2 * np + 1], ka, bf[2], bf[3]);
+        load_b_nmajor<P>(bf, dOc, np * 16, kk * 16, lane);
+        mma16<T>::mma(dpt[2 * np], va, bf[0], bf[1]);
+        mma16<T>::mma(dpt[2 * np + 1], va, bf[2], bf[3]);
+      }
+    }
+
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
+        int key = e < 2 ? key_lo : key_hi;
+        float p = query < key || query >= T_
+                      ? 0.0f
+                      : exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
+        st[nt][e] = p;
+        dpt[nt][e] = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi])); /* ds^T */
+      }
+    }
+
+    /* dv += p^T dout, dk += ds^T q */
+#pragma unroll
+    for (int j = 0; j < KV_BM / 16; j++) {
+      uint32_t pa[4], dsa[4];
+      pack_a<T, NS>(pa, st, j);
+      pack_a<T, NS>(dsa, dpt, j);
+#pragma unroll
+      for (int dn = 0; dn < D / 16; dn++) {
+        uint32_t bf[4];
+        load_b_kmajor<P>(bf, dOc, j * 16, dn * 16, lane);
+        mma16<T>::mma(dva[2 * dn], pa, bf[0], bf[1]);
+        mma16<T>::mma(dva[2 * dn + 1], pa, bf[2], bf[3]);
+        load_b_kmajor<P>(bf, Qc, j * 16, dn * 16, lane);
+        mma16<T>::mma(dka[2 * dn], dsa, bf[0], bf[1]);
+        mma16<T>::mma(dka[2 * dn + 1], dsa, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();
+  }
+
+  T *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * D;
+  T *dvb = dv + (size_t)b * T_ * ks + (size_t)hk * D;
+#pragma unroll
+  for (int dt = 0; dt < ND; dt++) {
+    int d = dt * 8 + 2 * c;
+    if (key_lo < T_) {
+      store_pair(dkb + (size_t)key_lo * ks + d, __fmul_rn(dka[dt][0], scale),
+                 __fmul_rn(dka[dt][1], scale));
+      store_pair(dvb + (size_t)key_lo * ks + d, dva[dt][0], dva[dt][1]);
+    }
+    if (key_hi < T_) {
+      store_pair(dkb + (size_t)key_hi * ks + d, __fmul_rn(dka[dt][2], scale),
+                 __fmul_rn(dka[dt][3], scale));
+      store_pair(dvb + (size_t)key_hi * ks + d, dva[dt][2], dva[dt][3]);
+    }
+  }
+}
+
+/* ---- launches ---- */
+
+template <typename E, int D>
+int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
+               const void *v, int B, int T, int H, int Hkv) {
+  constexpr size_t smem = fwd_smem_bytes<D>();
+  auto kern = attn_fwd_mma_kernel<E, D>;
+  TZ_CU(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem));
+  dim3 grid((unsigned)((T + FWD_BM - 1) / FWD_BM), (unsigned)H, (unsigned)B);
+  float scale_log2 = 1.0f / sqrtf((float)D) * LOG2E;
+  kern<<<grid, NTHREADS, smem, c->stream>>>((E *)out, lse, (const E *)q, (const E *)k,
+                                            (const E *)v, T, H, Hkv, scale_log2);
+  TZ_CU_LAUNCHED();
+  return 0;
+}
+
+template <typename E, int D>
+int launch_bwd(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
+               const void *dout, const void *q, const void *k, const void *v, const float *lse,
+               int B, int T, int H, int Hkv) {
+  constexpr size_t smem_q = dq_smem_bytes<D>(), smem_kv = dkdv_smem_bytes<D>();
+  auto kq = attn_bwd_dq_mma_kernel<E, D>;
+  auto kkv = attn_bwd_dkdv_mma_kernel<E, D>;
+  TZ_CU(cudaFuncSetAttribute((const void *)kq, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem_q));
+  TZ_CU(cudaFuncSetAttribute((const void *)kkv, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem_kv));
+  float scale = 1.0f / sqrtf((float)D);
+  float scale_log2 = scale * LOG2E;
+  dim3 grid_q((unsigned)((T + DQ_BM - 1) / DQ_BM), (unsigned)H, (unsigned)B);
+  kq<<<grid_q, NTHREADS, smem_q, c->stream>>>((E *)dq, (const E *)dout, (const E *)q,
+                                              (const E *)k, (const E *)v, lse, delta, T, H, Hkv,
+                                              scale, scale_log2);
+  TZ_CU_LAUNCHED();
+  dim3 grid_kv((unsigned)((T + KV_BN - 1) / KV_BN), (unsigned)Hkv, (unsigned)B);
+  kkv<<<grid_kv, NTHREADS, smem_kv, c->stream>>>((E *)dk, (E *)dv, (const E *)dout, (const E *)q,
+                                                 (const E *)k, (const E *)v, lse, delta, T, H,
+                                                 Hkv, scale, scale_log2);
+  TZ_CU_LAUNCHED();
+  return 0;
+}
+
+template <typename E>
+int fwd_for(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
+            const void *v, int B, int T, int H, int Hkv, int D) {
+  switch (D) {
+  case 32:
+    return launch_fwd<E, 32>(c, out, lse, q, k, v, B, T, H, Hkv);
+  case 64:
+    return launch_fwd<E, 64>(c, out, lse, q, k, v, B, T, H, Hkv);
+  default:
+    return launch_fwd<E, 128>(c, out, lse, q, k, v, B, T, H, Hkv);
+  }
+}
+
+template <typename E>
+int bwd_for(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
+            const void *dout, const void *q, const void *k, const void *v, const float *lse,
+            int B, int T, int H, int Hkv, int D) {
+  switch (D) {
+  case 32:
+    return launch_bwd<E, 32>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv);
+  case 64:
+    return launch_bwd<E, 64>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv);
+  default:
+    return launch_bwd<E, 128>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv);
+  }
+}
+
+int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+} /* namespace */
+
+/* Which calls the tensor-core kernels take: 16-bit storage, D in {32, 64, 128}, and every
+ * tensor 16-byte aligned for cp.async (compute.h promises 256). */
+static int mma_handles(const struct tz_cuda *c, int D) {
+  return (c->S == TZ_BF16 || c->S == TZ_F16) && (D == 32 || D == 64 || D == 128);
+}
+
+int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const void *q,
+                              const void *k, const void *v, int B, int T, int H, int Hkv, int D) {
+  if (!mma_handles(c, D) || !aligned16(out) || !aligned16(q) || !aligned16(k) || !aligned16(v))
+    return 1;
+  if (c->S == TZ_BF16)
+    return fwd_for<__nv_bfloat16>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+  return fwd_for<__half>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+}
+
+int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv,
+                              const float *delta, const void *dout, const void *q, const void *k,
+                              const void *v, const float *lse, int B, int T, int H, int Hkv,
+                              int D) {
+  if (!mma_handles(c, D) || !aligned16(dq) || !aligned16(dk) || !aligned16(dv) ||
+      !aligned16(dout) || !aligned16(q) || !aligned16(k) || !aligned16(v))
+    return 1;
+  if (c->S == TZ_BF16)
+    return bwd_for<__nv_bfloat16>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
+  return bwd_for<__half>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
+}

@@ -1,0 +1,192 @@
+/* What the cuda compute backend's files share: the instance, the check macros, the storage types
+ * and the launch entry points that compute.cu puts in the ops table. Only kernels/cuda/ includes
+ * this header. */
+#ifndef TZ_KERNELS_CUDA_COMMON_CUH
+#define TZ_KERNELS_CUDA_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "core/error.h"
+}
+#include "kernels/compute_impl.h"
+
+/* Returns TZ_ECUDA from the enclosing function, naming the call, CUDA's reason and where. */
+#define TZ_CU(call)                                                                                \
+  do {                                                                                             \
+    cudaError_t tz_cu_e_ = (call);                                                                 \
+    if (tz_cu_e_ != cudaSuccess)                                                                   \
+      return tz_err_set(TZ_ECUDA, "cuda: %s: %s (%s:%d)", #call, cudaGetErrorString(tz_cu_e_),     \
+                        __FILE__, __LINE__);                                                       \
+  } while (0)
+
+/* The same for cuBLASLt. */
+#define TZ_LT(call)                                                                                \
+  do {                                                                                             \
+    cublasStatus_t tz_lt_s_ = (call);                                                              \
+    if (tz_lt_s_ != CUBLAS_STATUS_SUCCESS)                                                         \
+      return tz_err_set(TZ_ECUDA, "cuda: %s: %s (%s:%d)", #call,                                   \
+                        cublasLtGetStatusString(tz_lt_s_), __FILE__, __LINE__);                    \
+  } while (0)
+
+/* After a kernel launch: a bad configuration is reported here, a fault at the next sync. */
+#define TZ_CU_LAUNCHED() TZ_CU(cudaGetLastError())
+
+/* Codes the kernels leave in the instance's error record (struct tz_cuda.err) when they meet
+ * bad input that can only be seen on the device. */
+enum {
+  TZ_CUDA_BAD_EMBED_FWD = 1, /* a token outside [0, V) */
+  TZ_CUDA_BAD_EMBED_BWD = 2,
+  TZ_CUDA_BAD_TARGET = 3,    /* a cross-entropy target outside [0, V) */
+};
+
+/* Matmul descriptors and the algorithm chosen for one shape (matmul.cu). */
+struct tz_cuda_mm_entry;
+
+struct tz_cuda {
+  int device;
+  enum tz_dtype S;           /* storage dtype */
+  enum tz_dtype G;           /* gradient dtype: S or TZ_F32 */
+  int n_sm;                  /* multiprocessors, for grid sizes */
+  size_t smem_optin;         /* the most shared memory one block may ask for */
+  int attn_simple;           /* TZ_CUDA_ATTENTION=simple: the plain kernels for every shape */
+  int mm_plain;              /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
+  cudaStream_t stream;
+  cublasLtHandle_t lt;
+  void *workspace;           /* cuBLASLt workspace, allocated once */
+  size_t workspace_bytes;
+  struct tz_cuda_mm_entry *mm; /* open-addressing table of chosen algorithms */
+  size_t mm_cap, mm_count;
+  void *scratch;             /* per-operation scratch (partial sums, tables), grown on demand */
+  size_t scratch_bytes;
+  float2 *rope_cs;           /* (T, D/2) cos and sin for the last (T, D, theta) */
+  size_t rope_cap;           /* entries allocated */
+  int rope_T, rope_D;
+  float rope_theta;
+  int *err_dev;              /* device: {code, index, value, limit} of the first bad input */
+  int *err_host;             /* pinned host copy of it, read at sync */
+};
+
+/* Returns scratch of at least bytes, 256-byte aligned, valid until the next call. Growing it
+ * frees the old buffer, which waits for the device: it happens a few times, then never. */
+int tz_cuda_scratch(struct tz_cuda *c, size_t bytes, void **out);
+
+/* Grid size for a grid-stride loop over n items with blocks of `threads`. */
+static inline unsigned tz_cuda_grid(const struct tz_cuda *c, size_t n, unsigned threads) {
+  size_t blocks = (n + threads - 1) / threads;
+  size_t cap = (size_t)c->n_sm * 32;
+  if (blocks > cap)
+    blocks = cap;
+  return blocks ? (unsigned)blocks : 1u;
+}
+
+/* ---- storage types: loads widen to float, stores round to nearest even ----
+ * Through core/dtype.h's integer conversions, the ones the cpu backend uses, so that both give
+ * the same bits for every value, NaN payloads included. */
+
+__device__ __forceinline__ float tz_ld(float x) { return x; }
+__device__ __forceinline__ float tz_ld(__nv_bfloat16 x) {
+  return tz_bf16_to_f32(__bfloat16_as_ushort(x));
+}
+__device__ __forceinline__ float tz_ld(__half x) { return tz_f16_to_f32(__half_as_ushort(x)); }
+
+template <typename T> __device__ __forceinline__ T tz_st(float x);
+template <> __device__ __forceinline__ float tz_st<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 tz_st<__nv_bfloat16>(float x) {
+  return __ushort_as_bfloat16(tz_f32_to_bf16(x));
+}
+template <> __device__ __forceinline__ __half tz_st<__half>(float x) {
+  return __ushort_as_half(tz_f32_to_f16(x));
+}
+
+/* Calls f with a value of the C++ type of dt: f(float()), f(__nv_bfloat16()) or f(__half()). */
+template <typename F> static inline int tz_cuda_dispatch(enum tz_dtype dt, F f) {
+  switch (dt) {
+  case TZ_F32:
+    return f(float());
+  case TZ_BF16:
+    return f(__nv_bfloat16());
+  case TZ_F16:
+    return f(__half());
+  }
+  return tz_err_set(TZ_EINVAL, "cuda: invalid dtype %d", (int)dt);
+}
+
+/* Records the first bad input a kernel meets (integer atomics only: which one wins does not
+ * change any floating-point result, and the host reports it at the next sync). */
+__device__ __forceinline__ void tz_cuda_report(int *err, int code, int index, int value,
+                                               int limit) {
+  if (atomicCAS(&err[0], 0, code) == 0) {
+    err[1] = index;
+    err[2] = value;
+    err[3] = limit;
+  }
+}
+
+/* The sum of v over the block, every thread receiving it. blockDim.x is a multiple of 32 (at most
+ * 1024); sh is 32 floats of shared memory. A butterfly within each warp, then across the warps'
+ * sums: the tree is fixed, and commutativity makes every lane's result the same bits. */
+__device__ __forceinline__ float tz_block_sum(float v, float *sh) {
+  for (int s = 16; s >= 1; s >>= 1)
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, s));
+  unsigned warp = threadIdx.x >> 5, lane = threadIdx.x & 31u, n_warps = blockDim.x >> 5;
+  __syncthreads(); /* sh may still be read by a previous call */
+  if (lane == 0)
+    sh[warp] = v;
+  __syncthreads();
+  float t = lane < n_warps ? sh[lane] : 0.0f;
+  for (int s = 16; s >= 1; s >>= 1)
+    t = __fadd_rn(t, __shfl_xor_sync(0xffffffffu, t, s));
+  return t;
+}
+
+/* ---- the operations (one file each; arguments as in compute_impl.h) ---- */
+
+int tz_cuda_fill(void *ctx, enum tz_dtype dt, void *x, float value, size_t n);
+int tz_cuda_scale(void *ctx, enum tz_dtype dt, void *x, float alpha, size_t n);
+int tz_cuda_axpy(void *ctx, enum tz_dtype dt, void *y, float alpha, const void *x, size_t n);
+int tz_cuda_add(void *ctx, enum tz_dtype dt, void *out, const void *a, const void *b, size_t n);
+int tz_cuda_cast(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src,
+                 enum tz_dtype src_dt, size_t n);
+int tz_cuda_swiglu_fwd(void *ctx, void *out, const void *g, const void *u, size_t n);
+int tz_cuda_swiglu_bwd(void *ctx, void *dg, void *du, const void *dout, const void *g,
+                       const void *u, size_t n);
+int tz_cuda_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
+                int accumulate);
+int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                   const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                   enum tz_dtype c_dt, int ldc);
+void tz_cuda_matmul_release(struct tz_cuda *c); /* destroys the table's descriptors */
+int tz_cuda_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte, int N,
+                          int C, int V);
+int tz_cuda_embedding_bwd(void *ctx, void *dwte, const void *dout, const int32_t *tokens, int N,
+                          int C, int V);
+int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const void *w, int N,
+                        int C, float eps);
+int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const void *x,
+                        const void *w, const float *rstd, int N, int C);
+int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inverse);
+int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
+                          const void *v, int B, int T, int H, int Hkv, int D);
+int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
+                          const void *dout, const void *q, const void *k, const void *v,
+                          const void *out, const float *lse, int B, int T, int H, int Hkv, int D);
+int tz_cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits,
+                 const int32_t *targets, int N, int V, float dscale);
+
+/* The tensor-core attention kernels (attention_mma.cu): 16-bit storage and head dims 32, 64 and
+ * 128. They return 1 when they do not handle the call, so attention.cu falls back to the plain
+ * kernels. */
+int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const void *q,
+                              const void *k, const void *v, int B, int T, int H, int Hkv, int D);
+int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv,
+                              const float *delta, const void *dout, const void *q, const void *k,
+                              const void *v, const float *lse, int B, int T, int H, int Hkv,
+                              int D);
+
+#endif

@@ -1,0 +1,228 @@
+/* The cuda compute backend: bf16 or fp16 storage (f32 too) with float32 arithmetic, GEMM through
+ * cuBLASLt, everything else in this folder's kernels. Work goes on one non-blocking stream per
+ * instance, in call order. Every kernel is deterministic: each output element has one owner that
+ * computes it in a fixed order, reductions use fixed trees (never floating-point atomics), and the
+ * GEMM algorithm for a shape is chosen once and kept (matmul.cu). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/common.cuh"
+
+#define TZ_CUDA_DEFAULT_WORKSPACE (32u << 20)
+#define TZ_CUDA_MIN_SCRATCH (4u << 20)
+
+int tz_cuda_scratch(struct tz_cuda *c, size_t bytes, void **out) {
+  if (bytes > c->scratch_bytes) {
+    size_t want = c->scratch_bytes ? c->scratch_bytes : TZ_CUDA_MIN_SCRATCH;
+    while (want < bytes)
+      want *= 2;
+    if (c->scratch) {
+      /* cudaFree waits for the device, so no queued kernel still reads the old buffer. */
+      TZ_CU(cudaFree(c->scratch));
+      c->scratch = NULL;
+      c->scratch_bytes = 0;
+    }
+    TZ_CU(cudaMalloc(&c->scratch, want));
+    c->scratch_bytes = want;
+  }
+  *out = c->scratch;
+  return 0;
+}
+
+static void cuda_destroy(void *ctx) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  if (!c)
+    return;
+  /* Errors here have nowhere to go; the instance is gone either way. */
+  if (c->stream)
+    (void)cudaStreamSynchronize(c->stream);
+  tz_cuda_matmul_release(c);
+  if (c->lt)
+    (void)cublasLtDestroy(c->lt);
+  if (c->workspace)
+    (void)cudaFree(c->workspace);
+  if (c->scratch)
+    (void)cudaFree(c->scratch);
+  if (c->rope_cs)
+    (void)cudaFree(c->rope_cs);
+  if (c->err_host)
+    (void)cudaFreeHost(c->err_host);
+  if (c->err_dev)
+    (void)cudaFree(c->err_dev);
+  if (c->stream)
+    (void)cudaStreamDestroy(c->stream);
+  free(c);
+}
+
+/* Reports (once) the bad input a kernel recorded since the last sync. The record lives in device
+ * memory (atomics on mapped host memory are not atomic across PCIe on every machine) and comes
+ * back through a small pinned buffer on the stream. */
+static int take_device_error(struct tz_cuda *c) {
+  TZ_CU(cudaMemcpyAsync(c->err_host, c->err_dev, 4 * sizeof(int), cudaMemcpyDeviceToHost,
+                        c->stream));
+  TZ_CU(cudaStreamSynchronize(c->stream));
+  int code = c->err_host[0];
+  if (!code)
+    return 0;
+  int index = c->err_host[1], value = c->err_host[2], limit = c->err_host[3];
+  TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
+  TZ_CU(cudaStreamSynchronize(c->stream));
+  const char *what = code == TZ_CUDA_BAD_EMBED_FWD   ? "embedding_fwd token"
+                     : code == TZ_CUDA_BAD_EMBED_BWD ? "embedding_bwd token"
+                                                     : "xent target";
+  return tz_err_set(TZ_EINVAL, "compute cuda: %s %d at index %d is outside [0, %d)", what, value,
+                    index, limit);
+}
+
+static int cuda_sync(void *ctx) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  TZ_CU(cudaStreamSynchronize(c->stream));
+  return take_device_error(c);
+}
+
+static void *cuda_stream(void *ctx) { return (void *)((struct tz_cuda *)ctx)->stream; }
+
+/* ---- memory ---- */
+
+static int cuda_alloc(void *ctx, size_t bytes, void **out) {
+  (void)ctx;
+  /* cudaMalloc returns at least 256-byte aligned memory. */
+  cudaError_t e = cudaMalloc(out, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return tz_err_set(TZ_ENOMEM, "compute cuda: cannot allocate %zu bytes of device memory",
+                      bytes);
+  }
+  TZ_CU(e);
+  return 0;
+}
+
+static void cuda_free(void *ctx, void *p) {
+  (void)ctx;
+  (void)cudaFree(p);
+}
+
+static int cuda_copy_in(void *ctx, void *dst, const void *host_src, size_t bytes) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  TZ_CU(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->stream));
+  /* Synchronous for the host buffer (compute.h): the caller may reuse it on return. */
+  TZ_CU(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
+static int cuda_copy_out(void *ctx, void *host_dst, const void *src, size_t bytes) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  TZ_CU(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+  TZ_CU(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
+static int cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  TZ_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+  return 0;
+}
+
+static int cuda_zero(void *ctx, void *dst, size_t bytes) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  TZ_CU(cudaMemsetAsync(dst, 0, bytes, c->stream));
+  return 0;
+}
+
+static const struct tz_compute_ops cuda_ops = {
+    .destroy = cuda_destroy,
+    .sync = cuda_sync,
+    .stream = cuda_stream,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .copy_in = cuda_copy_in,
+    .copy_out = cuda_copy_out,
+    .copy = cuda_copy,
+    .zero = cuda_zero,
+    .fill = tz_cuda_fill,
+    .scale = tz_cuda_scale,
+    .axpy = tz_cuda_axpy,
+    .add = tz_cuda_add,
+    .cast = tz_cuda_cast,
+    .sum = tz_cuda_sum,
+    .matmul = tz_cuda_matmul,
+    .embedding_fwd = tz_cuda_embedding_fwd,
+    .embedding_bwd = tz_cuda_embedding_bwd,
+    .rmsnorm_fwd = tz_cuda_rmsnorm_fwd,
+    .rmsnorm_bwd = tz_cuda_rmsnorm_bwd,
+    .rope = tz_cuda_rope,
+    .attention_fwd = tz_cuda_attention_fwd,
+    .attention_bwd = tz_cuda_attention_bwd,
+    .swiglu_fwd = tz_cuda_swiglu_fwd,
+    .swiglu_bwd = tz_cuda_swiglu_bwd,
+    .xent = tz_cuda_xent,
+};
+
+static int cuda_probe(char *why, size_t why_len) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n <= 0) {
+    if (why && why_len)
+      snprintf(why, why_len, "cuda: %s",
+               e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+    (void)cudaGetLastError();
+    return TZ_ENOTSUP;
+  }
+  return 0;
+}
+
+static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
+  int n = 0;
+  TZ_CU(cudaGetDeviceCount(&n));
+  if (p->device < 0 || p->device >= n)
+    return tz_err_set(TZ_EINVAL, "compute cuda: device %d outside [0, %d)", p->device, n);
+  c->device = p->device;
+  TZ_CU(cudaSetDevice(c->device));
+  TZ_CU(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->device));
+  int optin = 0;
+  TZ_CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
+  c->smem_optin = (size_t)optin;
+  TZ_CU(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  TZ_LT(cublasLtCreate(&c->lt));
+  c->workspace_bytes = p->workspace_bytes ? p->workspace_bytes : TZ_CUDA_DEFAULT_WORKSPACE;
+  TZ_CU(cudaMalloc(&c->workspace, c->workspace_bytes));
+  void *scratch;
+  TZ_CHECK(tz_cuda_scratch(c, TZ_CUDA_MIN_SCRATCH, &scratch));
+  TZ_CU(cudaHostAlloc((void **)&c->err_host, 4 * sizeof(int), cudaHostAllocDefault));
+  TZ_CU(cudaMalloc((void **)&c->err_dev, 4 * sizeof(int)));
+  TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
+  const char *mode = getenv("TZ_CUDA_ATTENTION");
+  c->attn_simple = mode && strcmp(mode, "simple") == 0;
+  mode = getenv("TZ_CUDA_MATMUL");
+  c->mm_plain = mode && strcmp(mode, "plain") == 0;
+  return 0;
+}
+
+static int cuda_create(const struct tz_compute_params *p, tz_compute *cm) {
+  if (p->grad_dtype != TZ_F32 && p->grad_dtype != p->dtype)
+    return tz_err_set(TZ_ENOTSUP,
+                      "compute cuda: gradients in %s with storage %s: gradients must be f32 or "
+                      "the storage dtype (weight gradients come out of a GEMM)",
+                      tz_dtype_name(p->grad_dtype), tz_dtype_name(p->dtype));
+  struct tz_cuda *c = (struct tz_cuda *)calloc(1, sizeof *c);
+  if (!c)
+    return tz_err_set(TZ_ENOMEM, "compute cuda: out of memory");
+  c->S = p->dtype;
+  c->G = p->grad_dtype;
+  int rc = cuda_setup(c, p);
+  if (rc < 0) {
+    cuda_destroy(c);
+    return rc;
+  }
+  cm->ops = &cuda_ops;
+  cm->ctx = c;
+  cm->n_threads = 1;
+  return 0;
+}
+
+const struct tz_compute_backend tz_compute_backend_cuda = {
+    .name = "cuda",
+    .probe = cuda_probe,
+    .create = cuda_create,
+};

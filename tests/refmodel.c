@@ -1,0 +1,368 @@
+/* The float64 reference model; see refmodel.h. Shapes in comments; N = B*T rows. */
+#include "refmodel.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "testlib.h"
+
+double **ref_blocks_alloc(const struct tz_model_config *cfg) {
+  int nb = tz_model_n_blocks(cfg);
+  double **b = calloc((size_t)nb, sizeof *b);
+  if (!b)
+    return NULL;
+  for (int i = 0; i < nb; i++) {
+    b[i] = calloc(tz_model_block_numel(cfg, i), sizeof(double));
+    if (!b[i]) {
+      ref_blocks_free(cfg, b);
+      return NULL;
+    }
+  }
+  return b;
+}
+
+void ref_blocks_free(const struct tz_model_config *cfg, double **blocks) {
+  if (!blocks)
+    return;
+  for (int i = 0; i < tz_model_n_blocks(cfg); i++)
+    free(blocks[i]);
+  free(blocks);
+}
+
+void ref_blocks_randomize(const struct tz_model_config *cfg, double **blocks, uint64_t seed,
+                          double scale) {
+  uint64_t st = seed;
+  for (int b = 0; b < tz_model_n_blocks(cfg); b++) {
+    struct tz_block_layout l;
+    tz_model_block_layout(cfg, b, &l);
+    memset(blocks[b], 0, sizeof(double) * l.numel);
+    for (int i = 0; i < l.n; i++)
+      for (uint64_t e = 0; e < l.t[i].numel; e++) {
+        double u = (double)(tz_test_rand(&st) >> 11) * 0x1.0p-53; /* [0, 1) */
+        blocks[b][l.t[i].offset + e] = l.t[i].ndim == 1 ? 0.8 + 0.4 * u : scale * (2 * u - 1);
+      }
+  }
+}
+
+/* ---- building blocks, forward ---- */
+
+/* y (N, out) = x (N, in) W^T with W (out, in) */
+static void linear(double *y, const double *x, const double *W, int N, int in, int out) {
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < out; o++) {
+      double s = 0;
+      for (int i = 0; i < in; i++)
+        s += x[n * in + i] * W[o * in + i];
+      y[n * out + o] = s;
+    }
+}
+
+/* y (N, C) = x * rstd * w; rstd (N) */
+static void rmsnorm(double *y, double *rstd, const double *x, const double *w, int N, int C,
+                    double eps) {
+  for (int n = 0; n < N; n++) {
+    double ss = 0;
+    for (int c = 0; c < C; c++)
+      ss += x[n * C + c] * x[n * C + c];
+    rstd[n] = 1.0 / sqrt(ss / C + eps);
+    for (int c = 0; c < C; c++)
+      y[n * C + c] = x[n * C + c] * rstd[n] * w[c];
+  }
+}
+
+/* Rotates x (B, T, nh, D) in place: sign +1 forward, -1 the inverse (the backward). */
+static void rope(double *x, int B, int T, int nh, int D, double theta, double sign) {
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < nh; h++)
+        for (int i = 0; i < D / 2; i++) {
+          double ang = t * pow(theta, -2.0 * i / D);
+          double c = cos(ang), s = sign * sin(ang);
+          double *v = x + ((b * T + t) * nh + h) * D;
+          double x1 = v[i], x2 = v[i + D / 2];
+          v[i] = x1 * c - x2 * s;
+          v[i + D / 2] = x2 * c + x1 * s;
+        }
+}
+
+/* P (B, H, T, T): causal softmax of q k^T / sqrt(D); out (B, T, H, D) = P v. */
+static void attention(double *out, double *P, const double *q, const double *k, const double *v,
+                      int B, int T, int H, int Hkv, int D) {
+  int group = H / Hkv;
+  double scale = 1.0 / sqrt((double)D);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int t = 0; t < T; t++) {
+        int hk = h / group;
+        double *p = P + ((b * H + h) * T + t) * T;
+        double m = -INFINITY;
+        for (int u = 0; u < T; u++) {
+          if (u > t) {
+            p[u] = 0;
+            continue;
+          }
+          double s = 0;
+          for (int d = 0; d < D; d++)
+            s += q[((b * T + t) * H + h) * D + d] * k[((b * T + u) * Hkv + hk) * D + d];
+          p[u] = s * scale;
+          if (p[u] > m)
+            m = p[u];
+        }
+        double z = 0;
+        for (int u = 0; u <= t; u++) {
+          p[u] = exp(p[u] - m);
+          z += p[u];
+        }
+        for (int u = 0; u <= t; u++)
+          p[u] /= z;
+        for (int d = 0; d < D; d++) {
+          double s = 0;
+          for (int u = 0; u <= t; u++)
+            s += p[u] * v[((b * T + u) * Hkv + hk) * D + d];
+          out[((b * T + t) * H + h) * D + d] = s;
+        }
+      }
+}
+
+static double silu(double x) { return x / (1.0 + exp(-x)); }
+
+/* ---- building blocks, backward ---- */
+
+/* From y = x W^T: dx (N, in) += dy W, dW (out, in) += dy^T x */
+static void linear_bwd(double *dx, double *dW, const double *dy, const double *x, const double *W,
+                       int N, int in, int out) {
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < out; o++)
+      for (int i = 0; i < in; i++) {
+        dx[n * in + i] += dy[n * out + o] * W[o * in + i];
+        dW[o * in + i] += dy[n * out + o] * x[n * in + i];
+      }
+}
+
+/* From y_c = x_c r w_c, r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / C:
+ * dx_j += w_j dy_j r - r^3 x_j / C * sum_c dy_c w_c x_c;  dw_c += dy_c x_c r */
+static void rmsnorm_bwd(double *dx, double *dw, const double *dy, const double *x,
+                        const double *w, const double *rstd, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    double r = rstd[n], dot = 0;
+    for (int c = 0; c < C; c++)
+      dot += dy[n * C + c] * w[c] * x[n * C + c];
+    for (int c = 0; c < C; c++) {
+      dx[n * C + c] += w[c] * dy[n * C + c] * r - r * r * r * x[n * C + c] / C * dot;
+      dw[c] += dy[n * C + c] * x[n * C + c] * r;
+    }
+  }
+}
+
+/* From out_t = sum_u P_tu v_u, P = softmax(S), S_tu = q_t . k_u * scale:
+ * dv_u += P_tu dout_t; dP_tu = dout_t . v_u; dS_tu = P_tu (dP_tu - sum_w P_tw dP_tw);
+ * dq_t += scale dS_tu k_u; dk_u += scale dS_tu q_t.  dq, dk, dv accumulate (zeroed by caller). */
+static void attention_bwd(double *dq, double *dk, double *dv, const double *dout, const double *P,
+                          const double *q, const double *k, const double *v, int B, int T, int H,
+                          int Hkv, int D) {
+  int group = H / Hkv;
+  double scale = 1.0 / sqrt((double)D);
+  double *dP = malloc(sizeof(double) * T);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int t = 0; t < T; t++) {
+        int hk = h / group;
+        const double *p = P + ((b * H + h) * T + t) * T;
+        const double *dot_ = dout + ((b * T + t) * H + h) * D;
+        double pdp = 0;
+        for (int u = 0; u <= t; u++) {
+          dP[u] = 0;
+          for (int d = 0; d < D; d++) {
+            dP[u] += dot_[d] * v[((b * T + u) * Hkv + hk) * D + d];
+            dv[((b * T + u) * Hkv + hk) * D + d] += p[u] * dot_[d];
+          }
+          pdp += p[u] * dP[u];
+        }
+        for (int u = 0; u <= t; u++) {
+          double dS = p[u] * (dP[u] - pdp);
+          for (int d = 0; d < D; d++) {
+            dq[((b * T + t) * H + h) * D + d] += scale * dS * k[((b * T + u) * Hkv + hk) * D + d];
+            dk[((b * T + u) * Hkv + hk) * D + d] += scale * dS * q[((b * T + t) * H + h) * D + d];
+          }
+        }
+      }
+  free(dP);
+}
+
+/* ---- the model ---- */
+
+struct ref_layer {
+  double *x;     /* (N, C) layer input */
+  double *h1;    /* (N, C) */
+  double *r1;    /* (N) */
+  double *q;     /* (N, H*D) after rope */
+  double *k;     /* (N, Hkv*D) after rope */
+  double *v;     /* (N, Hkv*D) */
+  double *P;     /* (B, H, T, T) */
+  double *att;   /* (N, H*D) */
+  double *x2;    /* (N, C) */
+  double *h2;    /* (N, C) */
+  double *r2;    /* (N) */
+  double *g, *u; /* (N, F) */
+  double *a;     /* (N, F) */
+};
+
+int ref_model_run(const struct tz_model_config *cfg, double *const *params, const int32_t *tokens,
+                  const int32_t *targets, int B, int T, double *logits_out, double *loss,
+                  double *const *grads) {
+  int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, V = cfg->vocab, L = cfg->n_layer;
+  int H = cfg->n_head, Hkv = cfg->n_kv_head, D = C / H, HD = H * D, KD = Hkv * D;
+  double eps = cfg->norm_eps, theta = cfg->rope_theta;
+  for (int n = 0; n < N; n++)
+    if (tokens[n] < 0 || tokens[n] >= V || targets[n] < 0 || targets[n] >= V)
+      return tz_err_set(TZ_EINVAL, "ref model: token or target out of range at %d", n);
+  struct tz_block_layout ll, hl;
+  tz_model_block_layout(cfg, 1, &ll);
+  tz_model_block_layout(cfg, L + 1, &hl);
+  const double *wte = params[0];
+  const double *hnorm = params[L + 1] + hl.t[TZ_H_NORM].offset;
+  const double *wlm = cfg->tie_embeddings ? wte : params[L + 1] + hl.t[TZ_H_LM].offset;
+
+  /* Everything in one zeroed arena, freed at the end. */
+  size_t per_layer = (size_t)N * (4 * C + 2 * HD + 2 * KD + 3 * F + 2) + (size_t)B * H * T * T;
+  size_t total = per_layer * L + (size_t)N * (2 * C + 1 + V) + (size_t)N * C * 3 +
+                 (size_t)N * (HD + 2 * KD + 2 * F + HD) + (size_t)N * V;
+  double *arena = calloc(total, sizeof(double));
+  struct ref_layer *ly = calloc((size_t)L, sizeof *ly);
+  if (!arena || !ly) {
+    free(arena);
+    free(ly);
+    return tz_err_set(TZ_ENOMEM, "ref model: out of memory");
+  }
+  double *p = arena;
+#define TAKE(n) (p += (n), p - (n))
+  for (int i = 0; i < L; i++) {
+    ly[i].x = TAKE((size_t)N * C);
+    ly[i].h1 = TAKE((size_t)N * C);
+    ly[i].r1 = TAKE((size_t)N);
+    ly[i].q = TAKE((size_t)N * HD);
+    ly[i].k = TAKE((size_t)N * KD);
+    ly[i].v = TAKE((size_t)N * KD);
+    ly[i].P = TAKE((size_t)B * H * T * T);
+    ly[i].att = TAKE((size_t)N * HD);
+    ly[i].x2 = TAKE((size_t)N * C);
+    ly[i].h2 = TAKE((size_t)N * C);
+    ly[i].r2 = TAKE((size_t)N);
+    ly[i].g = TAKE((size_t)N * F);
+    ly[i].u = TAKE((size_t)N * F);
+    ly[i].a = TAKE((size_t)N * F);
+  }
+  double *xL = TAKE((size_t)N * C), *hN = TAKE((size_t)N * C), *rN = TAKE((size_t)N);
+  double *logits = TAKE((size_t)N * V);
+  double *dx = TAKE((size_t)N * C), *dh = TAKE((size_t)N * C), *dx2 = TAKE((size_t)N * C);
+  double *datt = TAKE((size_t)N * HD), *dq = TAKE((size_t)N * HD), *dk = TAKE((size_t)N * KD),
+         *dv = TAKE((size_t)N * KD), *da = TAKE((size_t)N * F), *dgu = TAKE((size_t)N * F);
+  double *dlogits = TAKE((size_t)N * V);
+#undef TAKE
+
+  /* Forward. */
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++)
+      ly[0].x[n * C + c] = wte[tokens[n] * C + c];
+  for (int i = 0; i < L; i++) {
+    struct ref_layer *y = &ly[i];
+    const double *P = params[i + 1];
+#define W(idx) (P + ll.t[idx].offset)
+    rmsnorm(y->h1, y->r1, y->x, W(TZ_L_ATTN_NORM), N, C, eps);
+    linear(y->q, y->h1, W(TZ_L_WQ), N, C, HD);
+    linear(y->k, y->h1, W(TZ_L_WK), N, C, KD);
+    linear(y->v, y->h1, W(TZ_L_WV), N, C, KD);
+    rope(y->q, B, T, H, D, theta, 1);
+    rope(y->k, B, T, Hkv, D, theta, 1);
+    attention(y->att, y->P, y->q, y->k, y->v, B, T, H, Hkv, D);
+    linear(y->x2, y->att, W(TZ_L_WO), N, HD, C);
+    for (int e = 0; e < N * C; e++)
+      y->x2[e] += y->x[e];
+    rmsnorm(y->h2, y->r2, y->x2, W(TZ_L_MLP_NORM), N, C, eps);
+    linear(y->g, y->h2, W(TZ_L_WG), N, C, F);
+    linear(y->u, y->h2, W(TZ_L_WU), N, C, F);
+    for (int e = 0; e < N * F; e++)
+      y->a[e] = silu(y->g[e]) * y->u[e];
+    double *out = i + 1 < L ? ly[i + 1].x : xL;
+    linear(out, y->a, W(TZ_L_WD), N, F, C);
+    for (int e = 0; e < N * C; e++)
+      out[e] += y->x2[e];
+#undef W
+  }
+  rmsnorm(hN, rN, xL, hnorm, N, C, eps);
+  linear(logits, hN, wlm, N, C, V);
+  double total_loss = 0;
+  for (int n = 0; n < N; n++) {
+    const double *row = logits + (size_t)n * V;
+    double m = -INFINITY, z = 0;
+    for (int j = 0; j < V; j++)
+      m = row[j] > m ? row[j] : m;
+    for (int j = 0; j < V; j++)
+      z += exp(row[j] - m);
+    double lse = m + log(z);
+    total_loss += lse - row[targets[n]];
+    /* d(mean loss)/d logits = (softmax - onehot) / N */
+    for (int j = 0; j < V; j++)
+      dlogits[(size_t)n * V + j] = (exp(row[j] - lse) - (j == targets[n])) / N;
+  }
+  *loss = total_loss / N;
+  if (logits_out)
+    memcpy(logits_out, logits, sizeof(double) * N * V);
+
+  if (grads) {
+    for (int b = 0; b < tz_model_n_blocks(cfg); b++)
+      memset(grads[b], 0, sizeof(double) * tz_model_block_numel(cfg, b));
+    double *gwlm = cfg->tie_embeddings ? grads[0] : grads[L + 1] + hl.t[TZ_H_LM].offset;
+    /* Head: logits = hN wlm^T, hN = rmsnorm(xL). */
+    linear_bwd(dh, gwlm, dlogits, hN, wlm, N, C, V);
+    rmsnorm_bwd(dx, grads[L + 1] + hl.t[TZ_H_NORM].offset, dh, xL, hnorm, rN, N, C);
+    for (int i = L - 1; i >= 0; i--) {
+      struct ref_layer *y = &ly[i];
+      const double *P = params[i + 1];
+      double *G = grads[i + 1];
+#define W(idx) (P + ll.t[idx].offset)
+#define GW(idx) (G + ll.t[idx].offset)
+      /* dx is the gradient at this layer's output; out = x2 + a wd^T */
+      memcpy(dx2, dx, sizeof(double) * N * C);
+      memset(da, 0, sizeof(double) * N * F);
+      linear_bwd(da, GW(TZ_L_WD), dx, y->a, W(TZ_L_WD), N, F, C);
+      /* a = silu(g) u: da/dg = u silu'(g), silu'(g) = s (1 + g (1 - s)), s = sigmoid(g) */
+      memset(dh, 0, sizeof(double) * N * C);
+      for (int e = 0; e < N * F; e++) {
+        double s = 1.0 / (1.0 + exp(-y->g[e]));
+        dgu[e] = da[e] * y->u[e] * s * (1.0 + y->g[e] * (1.0 - s));
+      }
+      linear_bwd(dh, GW(TZ_L_WG), dgu, y->h2, W(TZ_L_WG), N, C, F);
+      for (int e = 0; e < N * F; e++)
+        dgu[e] = da[e] * silu(y->g[e]);
+      linear_bwd(dh, GW(TZ_L_WU), dgu, y->h2, W(TZ_L_WU), N, C, F);
+      rmsnorm_bwd(dx2, GW(TZ_L_MLP_NORM), dh, y->x2, W(TZ_L_MLP_NORM), y->r2, N, C);
+      /* x2 = x + att wo^T */
+      memcpy(dx, dx2, sizeof(double) * N * C);
+      memset(datt, 0, sizeof(double) * N * HD);
+      linear_bwd(datt, GW(TZ_L_WO), dx2, y->att, W(TZ_L_WO), N, HD, C);
+      memset(dq, 0, sizeof(double) * N * HD);
+      memset(dk, 0, sizeof(double) * N * KD);
+      memset(dv, 0, sizeof(double) * N * KD);
+      attention_bwd(dq, dk, dv, datt, y->P, y->q, y->k, y->v, B, T, H, Hkv, D);
+      /* rope is a rotation: its backward is the inverse rotation */
+      rope(dq, B, T, H, D, theta, -1);
+      rope(dk, B, T, Hkv, D, theta, -1);
+      memset(dh, 0, sizeof(double) * N * C);
+      linear_bwd(dh, GW(TZ_L_WQ), dq, y->h1, W(TZ_L_WQ), N, C, HD);
+      linear_bwd(dh, GW(TZ_L_WK), dk, y->h1, W(TZ_L_WK), N, C, KD);
+      linear_bwd(dh, GW(TZ_L_WV), dv, y->h1, W(TZ_L_WV), N, C, KD);
+      rmsnorm_bwd(dx, GW(TZ_L_ATTN_NORM), dh, y->x, W(TZ_L_ATTN_NORM), y->r1, N, C);
+#undef W
+#undef GW
+    }
+    for (int n = 0; n < N; n++)
+      for (int c = 0; c < C; c++)
+        grads[0][tokens[n] * C + c] += dx[n * C + c];
+  }
+  free(arena);
+  free(ly);
+  return 0;
+}

@@ -1,0 +1,361 @@
+/* The cpu compute backend op by op: registry, casts and their rounding, the specified order of
+ * tz_compute_sum, matmul with transposes, leading dimensions and accumulation, rope, cross-entropy,
+ * and thread-count independence of the reductions. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kernels/compute.h"
+#include "core/dtype.h"
+#include "testlib.h"
+
+static tz_compute *cpu(int threads) {
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  p.n_threads = threads;
+  tz_compute *cm;
+  TZ_ASSERT_OK(tz_compute_create("cpu", &p, &cm));
+  return cm;
+}
+
+static float urand(uint64_t *st) { return (float)((double)(tz_test_rand(st) >> 11) * 0x1.0p-53); }
+
+static void test_registry(void **state) {
+  (void)state;
+  assert_true(tz_compute_backend_count() >= 1);
+  assert_string_equal(tz_compute_backend_name(0), "cpu");
+  assert_null(tz_compute_backend_name(tz_compute_backend_count()));
+  char why[256];
+  assert_int_equal(tz_compute_probe("cpu", why, sizeof why), 0);
+  assert_int_equal(tz_compute_probe("tpu", why, sizeof why), TZ_ENOENT);
+  int has_cuda = 0;
+  for (int i = 0; i < tz_compute_backend_count(); i++)
+    has_cuda |= strcmp(tz_compute_backend_name(i), "cuda") == 0;
+  if (!has_cuda) {
+    assert_int_equal(tz_compute_probe("cuda", why, sizeof why), TZ_ENOTSUP);
+    assert_non_null(strstr(why, "not compiled in"));
+  }
+  tz_compute *cm;
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  p.dtype = TZ_BF16;
+  assert_int_equal(tz_compute_create("cpu", &p, &cm), TZ_ENOTSUP);
+  assert_non_null(strstr(tz_err_msg(), "float32 only"));
+  assert_int_equal(tz_compute_create("nope", NULL, &cm), TZ_ENOENT);
+  cm = cpu(0);
+  assert_true(tz_compute_threads(cm) >= 1);
+  assert_string_equal(tz_compute_backend(cm), "cpu");
+  assert_int_equal(tz_compute_dtype(cm), TZ_F32);
+  assert_null(tz_compute_stream(cm));
+  void *p1;
+  TZ_ASSERT_OK(tz_compute_alloc(cm, 1000, &p1));
+  assert_true(((uintptr_t)p1 & 255) == 0);
+  tz_compute_free(cm, p1);
+  tz_compute_destroy(cm);
+  tz_compute_destroy(NULL);
+  enum tz_dtype dt;
+  TZ_ASSERT_OK(tz_dtype_parse("bfloat16", &dt));
+  assert_int_equal(dt, TZ_BF16);
+  TZ_ASSERT_OK(tz_dtype_parse("FP16", &dt));
+  assert_int_equal(dt, TZ_F16);
+  assert_int_equal(tz_dtype_parse("int8", &dt), TZ_EINVAL);
+  assert_int_equal(tz_dtype_size(TZ_BF16), 2);
+}
+
+/* bf16: the nearest of the two neighbours, ties to the even one; checked in double. */
+static void test_bf16_rounding(void **state) {
+  (void)state;
+  assert_int_equal(tz_f32_to_bf16(1.0f), 0x3f80);
+  assert_int_equal(tz_f32_to_bf16(1.0f + 0x1.0p-8f), 0x3f80);       /* tie, to even */
+  assert_int_equal(tz_f32_to_bf16(1.0f + 3 * 0x1.0p-8f), 0x3f82);   /* tie, to even */
+  assert_int_equal(tz_f32_to_bf16(INFINITY), 0x7f80);
+  assert_true(isnan(tz_bf16_to_f32(tz_f32_to_bf16(NAN))));
+  assert_int_equal(tz_f32_to_bf16(0x1.fffffep127f), 0x7f80);         /* rounds up to inf */
+  uint64_t st = 1;
+  for (int i = 0; i < 200000; i++) {
+    uint32_t u = (uint32_t)tz_test_rand(&st);
+    float f = tz_f32_from_bits(u);
+    if (!isfinite(f))
+      continue;
+    uint16_t h = tz_f32_to_bf16(f);
+    /* The two bf16 neighbours of f towards zero and away from it; past the largest finite one
+     * the "next" value is 2^128, which stands for infinity (the IEEE overflow rule). */
+    uint32_t down = u & 0xffff0000u, up = down + 0x10000u;
+    double lo = tz_f32_from_bits(down);
+    double hi = (up & 0x7f800000u) == 0x7f800000u ? copysign(0x1.0p128, f)
+                                                  : (double)tz_f32_from_bits(up);
+    double dl = fabs((double)f - lo), dh = fabs((double)f - hi);
+    uint16_t want = dl < dh   ? (uint16_t)(down >> 16)
+                    : dl > dh ? (uint16_t)(up >> 16)
+                    : ((down >> 16) & 1) ? (uint16_t)(up >> 16)
+                                         : (uint16_t)(down >> 16);
+    if (h != want)
+      fail_msg("bf16 of %a (0x%08x): got 0x%04x want 0x%04x", (double)f, u, h, want);
+  }
+}
+
+/* fp16 against the compiler's own conversion, over random bit patterns and special values. */
+static void test_f16_rounding(void **state) {
+  (void)state;
+  uint64_t st = 2;
+  for (int i = 0; i < 400000; i++) {
+    uint32_t u = (uint32_t)tz_test_rand(&st);
+    /* Bias towards fp16's range, where rounding is interesting. */
+    if (i & 1)
+      u = (u & 0x81ffffffu) | (((uint32_t)(100 + (tz_test_rand(&st) % 50))) << 23);
+    float f = tz_f32_from_bits(u);
+    _Float16 ref = (_Float16)f;
+    uint16_t want;
+    memcpy(&want, &ref, 2);
+    uint16_t got = tz_f32_to_f16(f);
+    if (isnan(f))
+      assert_true(isnan(tz_f16_to_f32(got)));
+    else if (got != want)
+      fail_msg("f16 of %a (0x%08x): got 0x%04x want 0x%04x", (double)f, u, got, want);
+  }
+  for (uint32_t h = 0; h < 0x10000; h++) {
+    _Float16 x;
+    uint16_t hh = (uint16_t)h;
+    memcpy(&x, &hh, 2);
+    float want = (float)x, got = tz_f16_to_f32(hh);
+    if (isnan(want))
+      assert_true(isnan(got));
+    else
+      assert_memory_equal(&got, &want, 4);
+  }
+}
+
+static void test_cast_op(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  enum { n = 3000 };
+  float *x = malloc(n * 4), *back = malloc(n * 4);
+  uint16_t *h = malloc(n * 2);
+  uint64_t st = 3;
+  for (int i = 0; i < n; i++)
+    x[i] = (urand(&st) - 0.5f) * 1000.0f;
+  TZ_ASSERT_OK(tz_compute_cast(cm, h, TZ_BF16, x, TZ_F32, n));
+  for (int i = 0; i < n; i++)
+    assert_int_equal(h[i], tz_f32_to_bf16(x[i]));
+  TZ_ASSERT_OK(tz_compute_cast(cm, back, TZ_F32, h, TZ_BF16, n));
+  for (int i = 0; i < n; i++)
+    assert_true(back[i] == tz_bf16_to_f32(h[i]));
+  TZ_ASSERT_OK(tz_compute_cast(cm, h, TZ_F16, x, TZ_F32, n));
+  for (int i = 0; i < n; i++)
+    assert_int_equal(h[i], tz_f32_to_f16(x[i]));
+  /* elementwise ops on 16-bit storage too */
+  TZ_ASSERT_OK(tz_compute_fill(cm, TZ_BF16, h, 1.5f, n));
+  TZ_ASSERT_OK(tz_compute_axpy(cm, TZ_BF16, h, 2.0f, h, n));
+  TZ_ASSERT_OK(tz_compute_scale(cm, TZ_BF16, h, 0.5f, n));
+  for (int i = 0; i < n; i++)
+    assert_true(tz_bf16_to_f32(h[i]) == 2.25f);
+  free(x);
+  free(back);
+  free(h);
+  tz_compute_destroy(cm);
+}
+
+/* The order of compute.h, written as a recursion rather than levels of loops. */
+static float spec_sum(const float *x, size_t n, int square) {
+  if (n == 0)
+    return 0.0f;
+  size_t nc = (n + TZ_SUM_CHUNK - 1) / TZ_SUM_CHUNK;
+  float *part = malloc(nc * sizeof *part);
+  for (size_t c = 0; c < nc; c++) {
+    float lane[32];
+    for (int l = 0; l < 32; l++) {
+      lane[l] = 0.0f;
+      for (size_t j = 0; j < TZ_SUM_CHUNK / 32; j++) {
+        size_t i = c * TZ_SUM_CHUNK + j * 32 + l;
+        if (i < n)
+          lane[l] += square ? x[i] * x[i] : x[i];
+      }
+    }
+    for (int s = 16; s >= 1; s /= 2)
+      for (int l = 0; l < s; l++)
+        lane[l] += lane[l + s];
+    part[c] = lane[0];
+  }
+  float r = nc == 1 ? part[0] : spec_sum(part, nc, 0);
+  free(part);
+  return r;
+}
+
+static void test_sum_order(void **state) {
+  (void)state;
+  size_t sizes[] = {0, 1, 31, 33, 1024, 1025, 5000, 1024 * 1024 + 7, 3 * 1024 * 1024 + 100};
+  uint64_t st = 4;
+  size_t maxn = sizes[sizeof sizes / sizeof sizes[0] - 1];
+  float *x = malloc(maxn * sizeof *x);
+  for (size_t i = 0; i < maxn; i++)
+    x[i] = (urand(&st) - 0.3f) * (i % 7 == 0 ? 1000.0f : 1.0f);
+  tz_compute *c1 = cpu(1), *c3 = cpu(3);
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    size_t n = sizes[k];
+    for (int sq = 0; sq < 2; sq++) {
+      float want = spec_sum(x, n, sq), a, b;
+      if (sq) {
+        TZ_ASSERT_OK(tz_compute_sumsq(c1, &a, TZ_F32, x, n, 0));
+        TZ_ASSERT_OK(tz_compute_sumsq(c3, &b, TZ_F32, x, n, 0));
+      } else {
+        TZ_ASSERT_OK(tz_compute_sum(c1, &a, TZ_F32, x, n, 0));
+        TZ_ASSERT_OK(tz_compute_sum(c3, &b, TZ_F32, x, n, 0));
+      }
+      assert_memory_equal(&a, &want, 4);
+      assert_memory_equal(&b, &want, 4);
+      double d = 0;
+      for (size_t i = 0; i < n; i++)
+        d += sq ? (double)x[i] * x[i] : x[i];
+      assert_true(fabs(a - d) <= 1e-5 * (fabs(d) + 1));
+      float acc = 10.0f;
+      TZ_ASSERT_OK(sq ? tz_compute_sumsq(c3, &acc, TZ_F32, x, n, 1)
+                      : tz_compute_sum(c3, &acc, TZ_F32, x, n, 1));
+      assert_true(acc == 10.0f + want);
+    }
+  }
+  free(x);
+  tz_compute_destroy(c1);
+  tz_compute_destroy(c3);
+}
+
+static void test_matmul(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  int M = 37, N = 29, K = 300;
+  uint64_t st = 5;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+      float *A = malloc(sizeof(float) * (ta ? K : M) * lda);
+      float *B = malloc(sizeof(float) * (tb ? N : K) * ldb);
+      float *C = malloc(sizeof(float) * M * ldc), *C0 = malloc(sizeof(float) * M * ldc);
+      for (int i = 0; i < (ta ? K : M) * lda; i++)
+        A[i] = urand(&st) - 0.5f;
+      for (int i = 0; i < (tb ? N : K) * ldb; i++)
+        B[i] = urand(&st) - 0.5f;
+      for (int i = 0; i < M * ldc; i++)
+        C[i] = NAN; /* beta = 0 ignores it */
+      TZ_ASSERT_OK(tz_compute_matmul(cm, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.0f, C, TZ_F32,
+                                     ldc));
+      for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+          double s = 0;
+          for (int k = 0; k < K; k++)
+            s += (double)(ta ? A[k * lda + i] : A[i * lda + k]) *
+                 (tb ? B[j * ldb + k] : B[k * ldb + j]);
+          assert_true(fabs(C[i * ldc + j] - 0.5 * s) < 1e-5);
+        }
+        for (int j = N; j < ldc; j++)
+          assert_true(isnan(C[i * ldc + j])); /* outside the matrix: untouched */
+      }
+      /* beta = 1: the old value plus the product computed alone. */
+      memcpy(C0, C, sizeof(float) * M * ldc);
+      for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+          C[i * ldc + j] = C0[i * ldc + j] = (float)(i - j);
+      float *P = malloc(sizeof(float) * M * ldc);
+      TZ_ASSERT_OK(tz_compute_matmul(cm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, P, TZ_F32,
+                                     ldc));
+      TZ_ASSERT_OK(tz_compute_matmul(cm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, TZ_F32,
+                                     ldc));
+      for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+          assert_true(C[i * ldc + j] == C0[i * ldc + j] + P[i * ldc + j]);
+      free(P);
+      free(A);
+      free(B);
+      free(C);
+      free(C0);
+    }
+  float dummy = 0;
+  assert_int_equal(tz_compute_matmul(cm, 0, 0, 2, 2, 2, 1, &dummy, 1, &dummy, 2, 0, &dummy,
+                                     TZ_F32, 2),
+                   TZ_EINVAL); /* lda < K */
+  assert_non_null(strstr(tz_err_msg(), "lda"));
+  assert_int_equal(tz_compute_matmul(cm, 0, 0, 2, 2, 2, 1, &dummy, 2, &dummy, 2, 0, &dummy,
+                                     TZ_BF16, 2),
+                   TZ_EINVAL);
+  tz_compute_destroy(cm);
+}
+
+static void test_rope_inverse(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  int B = 2, T = 9, nh = 3, D = 8;
+  int n = B * T * nh * D;
+  float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+  uint64_t st = 6;
+  for (int i = 0; i < n; i++)
+    x[i] = y[i] = urand(&st) - 0.5f;
+  TZ_ASSERT_OK(tz_compute_rope_fwd(cm, y, B, T, nh, D, 10000.0f));
+  /* position 0 is the identity; later positions move, preserving each pair's norm */
+  for (int i = 0; i < nh * D; i++)
+    assert_true(y[i] == x[i]);
+  int moved = 0;
+  for (int i = nh * D; i < n; i++)
+    moved += y[i] != x[i];
+  assert_true(moved > n / 2);
+  /* the half-split pairing: (i, i + D/2) at t = 1, i = 0 rotates by exactly 1 radian */
+  size_t base = (size_t)1 * nh * D;
+  float c = (float)cos(1.0), s = (float)sin(1.0);
+  assert_true(y[base] == x[base] * c - x[base + D / 2] * s);
+  assert_true(y[base + D / 2] == x[base + D / 2] * c + x[base] * s);
+  TZ_ASSERT_OK(tz_compute_rope_bwd(cm, y, B, T, nh, D, 10000.0f));
+  for (int i = 0; i < n; i++)
+    assert_true(fabsf(y[i] - x[i]) < 1e-6f);
+  assert_int_equal(tz_compute_rope_fwd(cm, y, B, T, nh, 7, 10000.0f), TZ_EINVAL);
+  free(x);
+  free(y);
+  tz_compute_destroy(cm);
+}
+
+static void test_xent(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  int N = 5, V = 1000;
+  float *lg = malloc(sizeof(float) * N * V), *dl = malloc(sizeof(float) * N * V);
+  float losses[5], losses2[5];
+  int32_t tgt[5] = {0, 999, 17, 500, 17};
+  uint64_t st = 7;
+  for (int i = 0; i < N * V; i++)
+    lg[i] = (urand(&st) - 0.5f) * 20.0f;
+  TZ_ASSERT_OK(tz_compute_xent(cm, losses2, NULL, lg, tgt, N, V, 0.0f));
+  memcpy(dl, lg, sizeof(float) * N * V);
+  TZ_ASSERT_OK(tz_compute_xent(cm, losses, dl, dl, tgt, N, V, 0.25f)); /* in place */
+  assert_memory_equal(losses, losses2, sizeof losses);
+  for (int n = 0; n < N; n++) {
+    const float *r = lg + n * V;
+    double m = -INFINITY, z = 0;
+    for (int j = 0; j < V; j++)
+      m = fmax(m, r[j]);
+    for (int j = 0; j < V; j++)
+      z += exp(r[j] - m);
+    double lse = m + log(z);
+    assert_true(fabs(losses[n] - (lse - r[tgt[n]])) < 1e-5);
+    double rowsum = 0;
+    for (int j = 0; j < V; j++) {
+      double want = (exp(r[j] - lse) - (j == tgt[n])) * 0.25;
+      assert_true(fabs(dl[n * V + j] - want) < 1e-7);
+      rowsum += dl[n * V + j];
+    }
+    assert_true(fabs(rowsum) < 1e-6);
+  }
+  tgt[3] = 1000;
+  assert_int_equal(tz_compute_xent(cm, losses, NULL, lg, tgt, N, V, 1.0f), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "index 3"));
+  free(lg);
+  free(dl);
+  tz_compute_destroy(cm);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_registry),    cmocka_unit_test(test_bf16_rounding),
+      cmocka_unit_test(test_f16_rounding), cmocka_unit_test(test_cast_op),
+      cmocka_unit_test(test_sum_order),   cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_rope_inverse), cmocka_unit_test(test_xent),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,208 @@
+/* The JSON files shipped in configs/: each loads with tz_config_load_file, resolves its batch
+ * at the world size it is meant for, names a model preset that exists, and has the settings its
+ * name promises. The DeepSpeed ones keep DeepSpeed-only sections, which are listed as ignored. */
+#define _GNU_SOURCE
+#include "testlib.h"
+
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "trainer/model.h"
+
+static char *configs_dir(void) {
+  const char *data = getenv("TZ_TEST_DATA");
+  char *p = NULL;
+  if (asprintf(&p, "%s/../../configs", data ? data : "tests/data") < 0)
+    return NULL;
+  return p;
+}
+
+static int is_ignored(const struct tz_config *c, const char *path) {
+  for (int i = 0; i < tz_config_ignored_count(c); i++)
+    if (strcmp(tz_config_ignored(c, i), path) == 0)
+      return 1;
+  return 0;
+}
+
+static void load(const char *name, struct tz_config *c) {
+  char *dir = configs_dir(), *p = NULL;
+  assert_true(asprintf(&p, "%s/%s", dir, name) > 0);
+  tz_config_defaults(c);
+  TZ_ASSERT_OK(tz_config_load_file(c, p));
+  free(p);
+  free(dir);
+}
+
+/* The generic checks: a known model (when named), the batch resolved at world size W, ZeRO-3. */
+static void check_common(struct tz_config *c, int world) {
+  assert_int_equal(c->zero_optimization.stage, 3);
+  if (c->tierzero.model) {
+    struct tz_model_config m;
+    TZ_ASSERT_OK(tz_model_preset(c->tierzero.model, &m));
+  }
+  TZ_ASSERT_OK(tz_config_resolve_batch(c, world));
+  assert_int_equal(c->train_batch_size, c->train_micro_batch_size_per_gpu *
+                                            c->gradient_accumulation_steps * world);
+}
+
+static void test_demo(void **state) {
+  (void)state;
+  struct tz_config c;
+  load("demo.json", &c);
+  check_common(&c, 1);
+  assert_string_equal(c.tierzero.model, "tiny");
+  /* Small enough that the tiny model's parameters and gradients (about 6 MB) do not fit and
+   * stream from host memory. */
+  assert_true(c.tierzero.hbm_budget > 0 && c.tierzero.hbm_budget <= (8u << 20));
+  assert_int_equal(c.zero_optimization.offload_param.device, TZ_OFFLOAD_CPU);
+  assert_int_equal(c.zero_optimization.offload_optimizer.device, TZ_OFFLOAD_NVME);
+  assert_string_equal(c.zero_optimization.offload_optimizer.nvme_path, "/tmp");
+  /* /tmp is often tmpfs, which has no O_DIRECT. */
+  assert_int_equal(c.tierzero.nvme_buffered, 1);
+  /* Runs on the CPU backend as well: fp32. */
+  assert_int_equal(c.precision, TZ_PRECISION_FP32);
+  assert_int_equal(tz_config_ignored_count(&c), 0);
+  tz_config_free(&c);
+}
+
+static void test_llama(void **state) {
+  (void)state;
+  static const struct {
+    const char *file, *model;
+    int world;
+    enum tz_offload_device param, optim;
+  } cases[] = {
+      {"llama-1b-1gpu.json", "llama-1b", 1, TZ_OFFLOAD_NONE, TZ_OFFLOAD_CPU},
+      {"llama-7b-1gpu.json", "llama-7b", 1, TZ_OFFLOAD_CPU, TZ_OFFLOAD_CPU},
+      {"llama-13b-1gpu.json", "llama-13b", 1, TZ_OFFLOAD_CPU, TZ_OFFLOAD_NVME},
+      {"llama-7b-2gpu.json", "llama-7b", 2, TZ_OFFLOAD_CPU, TZ_OFFLOAD_CPU},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct tz_config c;
+    load(cases[i].file, &c);
+    check_common(&c, cases[i].world);
+    assert_string_equal(c.tierzero.model, cases[i].model);
+    assert_int_equal(c.precision, TZ_PRECISION_BF16);
+    assert_int_equal(c.zero_optimization.offload_param.device, cases[i].param);
+    assert_int_equal(c.zero_optimization.offload_optimizer.device, cases[i].optim);
+    assert_int_equal(c.optimizer.type, TZ_OPTIMIZER_ADAMW);
+    assert_true(c.gradient_clipping == 1.0);
+    assert_int_equal(tz_config_ignored_count(&c), 0);
+    tz_config_free(&c);
+  }
+  /* Two GPUs: 64 sequences of 4 per GPU make 8 accumulation steps. */
+  struct tz_config c;
+  load("llama-7b-2gpu.json", &c);
+  TZ_ASSERT_OK(tz_config_resolve_batch(&c, 2));
+  assert_int_equal(c.gradient_accumulation_steps, 8);
+  tz_config_free(&c);
+}
+
+static void test_cpu_only(void **state) {
+  (void)state;
+  struct tz_config c;
+  load("cpu-only.json", &c);
+  check_common(&c, 1);
+  assert_string_equal(c.tierzero.model, "tiny");
+  assert_int_equal(c.precision, TZ_PRECISION_FP32);
+  assert_int_equal(c.zero_optimization.offload_param.device, TZ_OFFLOAD_NONE);
+  assert_int_equal(c.zero_optimization.offload_optimizer.device, TZ_OFFLOAD_NONE);
+  assert_int_equal(c.scheduler.type, TZ_LR_WARMUP);
+  tz_config_free(&c);
+}
+
+static void test_deepspeed(void **state) {
+  (void)state;
+  struct tz_config c;
+  load("ds-zero-infinity-cpu.json", &c);
+  check_common(&c, 1);
+  assert_int_equal(c.train_batch_size, 16);
+  assert_null(c.tierzero.model);
+  assert_int_equal(c.precision, TZ_PRECISION_FP16);
+  assert_true(c.fp16.loss_scale == 0.0);
+  assert_int_equal(c.fp16.initial_scale_power, 16);
+  assert_int_equal(c.zero_optimization.offload_param.device, TZ_OFFLOAD_CPU);
+  assert_int_equal(c.zero_optimization.offload_optimizer.device, TZ_OFFLOAD_CPU);
+  assert_int_equal(c.zero_optimization.offload_param.pin_memory, 1);
+  assert_int_equal(c.zero_optimization.stage3_param_persistence_threshold, 1000000);
+  assert_int_equal(c.scheduler.type, TZ_LR_WARMUP);
+  assert_true(is_ignored(&c, "tensorboard"));
+  assert_true(is_ignored(&c, "flops_profiler"));
+  assert_true(is_ignored(&c, "zero_optimization.stage3_gather_16bit_weights_on_model_save"));
+  tz_config_free(&c);
+
+  load("ds-zero-infinity-nvme.json", &c);
+  check_common(&c, 4);
+  assert_int_equal(c.gradient_accumulation_steps, 8);
+  assert_int_equal(c.precision, TZ_PRECISION_BF16);
+  assert_int_equal(c.optimizer.type, TZ_OPTIMIZER_ADAM);
+  assert_int_equal(c.optimizer.adam_w_mode, 1);
+  assert_int_equal(c.scheduler.type, TZ_LR_WARMUP_DECAY);
+  assert_int_equal(c.scheduler.total_num_steps, 100000);
+  assert_int_equal(c.zero_optimization.offload_param.device, TZ_OFFLOAD_NVME);
+  assert_int_equal(c.zero_optimization.offload_optimizer.device, TZ_OFFLOAD_NVME);
+  assert_string_equal(c.zero_optimization.offload_param.nvme_path, "/local_nvme");
+  assert_int_equal(c.zero_optimization.offload_param.buffer_count, 5);
+  assert_int_equal(c.zero_optimization.offload_param.max_in_cpu, 1000000000);
+  assert_int_equal(c.aio.block_size, 1048576);
+  assert_int_equal(c.aio.queue_depth, 8);
+  assert_int_equal(c.activation_checkpointing.cpu_checkpointing, 1);
+  assert_true(is_ignored(&c, "tensorboard"));
+  assert_true(is_ignored(&c, "flops_profiler"));
+  assert_true(is_ignored(&c, "comms_logger"));
+  tz_config_free(&c);
+}
+
+/* Every file in configs/ is one of those checked above, and loads. */
+static void test_all_listed(void **state) {
+  (void)state;
+  static const char *const known[] = {
+      "cpu-only.json",       "demo.json",          "ds-zero-infinity-cpu.json",
+      "ds-zero-infinity-nvme.json", "llama-13b-1gpu.json", "llama-1b-1gpu.json",
+      "llama-7b-1gpu.json",  "llama-7b-2gpu.json",
+  };
+  char *dir = configs_dir(), *pat = NULL;
+  assert_true(asprintf(&pat, "%s/*.json", dir) > 0);
+  glob_t g;
+  assert_int_equal(glob(pat, 0, NULL, &g), 0);
+  assert_int_equal(g.gl_pathc, sizeof known / sizeof known[0]);
+  for (size_t i = 0; i < g.gl_pathc; i++) {
+    const char *base = strrchr(g.gl_pathv[i], '/') + 1;
+    int found = 0;
+    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+      found |= strcmp(base, known[k]) == 0;
+    if (!found)
+      print_error("configs/%s has no test in test_configs.c\n", base);
+    assert_true(found);
+    struct tz_config c;
+    tz_config_defaults(&c);
+    TZ_ASSERT_OK(tz_config_load_file(&c, g.gl_pathv[i]));
+    tz_config_free(&c);
+  }
+  globfree(&g);
+  free(pat);
+  free(dir);
+}
+
+int main(void) {
+  char *dir = configs_dir();
+  char *probe = NULL;
+  if (!dir || asprintf(&probe, "%s/demo.json", dir) < 0)
+    return 1;
+  FILE *f = fopen(probe, "r");
+  if (!f)
+    tz_test_skip("%s not found (TZ_TEST_DATA should be the source tree's tests/data)", probe);
+  fclose(f);
+  free(probe);
+  free(dir);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_demo),     cmocka_unit_test(test_llama),
+      cmocka_unit_test(test_cpu_only), cmocka_unit_test(test_deepspeed),
+      cmocka_unit_test(test_all_listed),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,622 @@
+/* Training data: raw text, llm.c shards of both versions, globs of shards, the built-in corpus;
+ * every malformed input with the file and offset in its message; the sample order (a bijection,
+ * a pure function of seed and index, the same union of samples at every world size, disjoint
+ * across ranks); the validation split; determinism. */
+#define _GNU_SOURCE
+#include "testlib.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "trainer/corpus.h"
+#include "trainer/data.h"
+
+#define ASSERT_MSG_HAS(sub)                                                                        \
+  do {                                                                                             \
+    if (!strstr(tz_err_msg(), (sub)))                                                              \
+      print_error("message \"%s\" lacks \"%s\"\n", tz_err_msg(), (sub));                           \
+    assert_non_null(strstr(tz_err_msg(), (sub)));                                                  \
+  } while (0)
+
+static char *path_in(const char *dir, const char *name) {
+  char *p = NULL;
+  assert_true(asprintf(&p, "%s/%s", dir, name) > 0);
+  return p;
+}
+
+static void write_bytes(const char *path, const void *buf, size_t n) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(buf, 1, n, f), n);
+  assert_int_equal(fclose(f), 0);
+}
+
+/* An llm.c shard: the header says n_header tokens; n tokens of tsize bytes follow. */
+static void write_shard_hdr(const char *path, int32_t magic, int32_t version, int32_t n_header,
+                            const uint32_t *tok, size_t n, int tsize) {
+  int32_t hdr[TZ_DATA_SHARD_HEADER_INTS] = {0};
+  hdr[0] = magic;
+  hdr[1] = version;
+  hdr[2] = n_header;
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(hdr, sizeof hdr, 1, f), 1);
+  for (size_t i = 0; i < n; i++) {
+    if (tsize == 2) {
+      uint16_t v = (uint16_t)tok[i];
+      assert_int_equal(fwrite(&v, 2, 1, f), 1);
+    } else {
+      assert_int_equal(fwrite(&tok[i], 4, 1, f), 1);
+    }
+  }
+  assert_int_equal(fclose(f), 0);
+}
+
+static void write_shard(const char *path, int version, const uint32_t *tok, size_t n) {
+  write_shard_hdr(path, TZ_DATA_SHARD_MAGIC, version, (int32_t)n, tok, n, version == 1 ? 2 : 4);
+}
+
+/* n tokens in [0, vocab) from seed. */
+static uint32_t *make_tokens(size_t n, uint32_t vocab, uint64_t seed) {
+  uint32_t *t = malloc(n * sizeof *t);
+  assert_non_null(t);
+  uint64_t s = seed;
+  for (size_t i = 0; i < n; i++)
+    t[i] = (uint32_t)(tz_test_rand(&s) % vocab);
+  return t;
+}
+
+static struct tz_data_params params_T(int T) {
+  return (struct tz_data_params){.seq_len = T, .seed = 1234};
+}
+
+/* Every training sample of epoch 0 read through tz_data_batch, compared with the expected
+ * stream: window w of a file is expect[w*T .. w*T+T]; windows of all samples cover each window
+ * exactly once. */
+static void check_epoch(tz_data *d, const uint32_t *expect, uint64_t n_windows, int T) {
+  assert_int_equal(tz_data_n_samples(d, TZ_DATA_TRAIN), n_windows);
+  uint8_t *seen = calloc(n_windows, 1);
+  int32_t *row = malloc((size_t)(T + 1) * sizeof *row);
+  for (uint64_t i = 0; i < n_windows; i++) {
+    TZ_ASSERT_OK(tz_data_batch(d, TZ_DATA_TRAIN, i, 1, row));
+    uint64_t w = tz_data_window(d, TZ_DATA_TRAIN, i);
+    assert_true(w < n_windows);
+    assert_int_equal(seen[w], 0);
+    seen[w] = 1;
+    for (int t = 0; t <= T; t++)
+      assert_int_equal(row[t], (int32_t)expect[w * (uint64_t)T + (uint64_t)t]);
+  }
+  free(row);
+  free(seen);
+}
+
+static void test_raw_text(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data");
+  char *p = path_in(dir, "text.txt");
+  const char *text = "the quick brown fox jumps over the lazy dog, again and again.\n";
+  size_t n = strlen(text);
+  write_bytes(p, text, n);
+  uint32_t *expect = malloc(n * sizeof *expect);
+  for (size_t i = 0; i < n; i++)
+    expect[i] = (uint8_t)text[i];
+
+  const int T = 8;
+  struct tz_data_params prm = params_T(T);
+  tz_data *d = NULL;
+  TZ_ASSERT_OK(tz_data_open(p, 256, &prm, &d));
+  assert_int_equal(tz_data_seq_len(d), T);
+  assert_int_equal(tz_data_n_tokens(d), n);
+  assert_int_equal(tz_data_n_files(d), 1);
+  check_epoch(d, expect, (n - 1) / T, T);
+  assert_non_null(strstr(tz_data_describe(d), "raw text"));
+  tz_data_destroy(d);
+
+  /* "text:" reads a .bin name as text too. */
+  char *pb = path_in(dir, "text.bin");
+  write_bytes(pb, text, n);
+  char *spec = NULL;
+  assert_true(asprintf(&spec, "text:%s", pb) > 0);
+  TZ_ASSERT_OK(tz_data_open(spec, 256, &prm, &d));
+  check_epoch(d, expect, (n - 1) / T, T);
+  tz_data_destroy(d);
+
+  /* Inputs and targets: the window and the window shifted by one. */
+  TZ_ASSERT_OK(tz_data_open(p, 256, &prm, &d));
+  int32_t in[3 * 8], tg[3 * 8], row[3 * 9];
+  TZ_ASSERT_OK(tz_data_batch_io(d, TZ_DATA_TRAIN, 2, 3, in, tg));
+  TZ_ASSERT_OK(tz_data_batch(d, TZ_DATA_TRAIN, 2, 3, row));
+  for (int b = 0; b < 3; b++)
+    for (int t = 0; t < T; t++) {
+      assert_int_equal(in[b * T + t], row[b * (T + 1) + t]);
+      assert_int_equal(tg[b * T + t], row[b * (T + 1) + t + 1]);
+    }
+  tz_data_destroy(d);
+
+  /* A byte at or above a small vocabulary: the file, byte offset and token index. */
+  assert_int_equal(tz_data_open(p, 'u', &prm, &d), TZ_EFORMAT);
+  assert_null(d);
+  size_t first_bad = strcspn(text, "uvwxyz");
+  char want[128];
+  snprintf(want, sizeof want, "token %d at byte offset %zu (token %zu) is not below the "
+           "vocabulary size %d", (unsigned char)text[first_bad], first_bad, first_bad, 'u');
+  ASSERT_MSG_HAS(want);
+  ASSERT_MSG_HAS(p);
+
+  /* Too short for one window. */
+  struct tz_data_params big = params_T((int)n);
+  assert_int_equal(tz_data_open(p, 256, &big, &d), TZ_EINVAL);
+  ASSERT_MSG_HAS("none to train on");
+
+  /* No such file. */
+  char *missing = path_in(dir, "missing.txt");
+  assert_int_equal(tz_data_open(missing, 256, &prm, &d), TZ_ENOENT);
+  ASSERT_MSG_HAS(missing);
+
+  free(missing);
+  free(spec);
+  free(pb);
+  free(expect);
+  free(p);
+  tz_test_rmdir(dir);
+}
+
+static void test_shards(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data");
+  const int T = 16;
+  struct tz_data_params prm = params_T(T);
+  for (int version = 1; version <= 7; version += 6) {
+    uint32_t vocab = version == 1 ? 50257 : 128256;
+    size_t n = 1000;
+    uint32_t *tok = make_tokens(n, vocab, (uint64_t)version);
+    /* The extremes of the range are representable. */
+    tok[3] = vocab - 1;
+    tok[4] = 0;
+    char *p = path_in(dir, version == 1 ? "gpt2.bin" : "llama3.bin");
+    write_shard(p, version, tok, n);
+    tz_data *d = NULL;
+    TZ_ASSERT_OK(tz_data_open(p, (int)vocab, &prm, &d));
+    assert_int_equal(tz_data_n_tokens(d), n);
+    check_epoch(d, tok, (n - 1) / T, T);
+    assert_non_null(strstr(tz_data_describe(d), version == 1 ? "v1" : "v7"));
+    tz_data_destroy(d);
+
+    /* A token one past the vocabulary: file, byte offset and index. */
+    tok[37] = vocab;
+    write_shard(p, version, tok, n);
+    assert_int_equal(tz_data_open(p, (int)vocab, &prm, &d), TZ_EFORMAT);
+    char want[160];
+    snprintf(want, sizeof want,
+             "file %s: token %u at byte offset %d (token 37) is not below the vocabulary size %u",
+             p, vocab, TZ_DATA_SHARD_HEADER_BYTES + 37 * (version == 1 ? 2 : 4), vocab);
+    ASSERT_MSG_HAS(want);
+
+    /* A smaller model vocabulary rejects the same, valid-looking data. */
+    tok[37] = 7;
+    write_shard(p, version, tok, n);
+    assert_int_equal(tz_data_open(p, 256, &prm, &d), TZ_EFORMAT);
+    ASSERT_MSG_HAS("is not below the vocabulary size 256");
+    free(p);
+    free(tok);
+  }
+  tz_test_rmdir(dir);
+}
+
+static void test_shard_errors(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data");
+  char *p = path_in(dir, "bad.bin");
+  struct tz_data_params prm = params_T(4);
+  uint32_t *tok = make_tokens(100, 1000, 9);
+  tz_data *d = NULL;
+  char want[256];
+
+  /* Truncated: the header promises more than the file holds. */
+  write_shard_hdr(p, TZ_DATA_SHARD_MAGIC, 1, 100, tok, 75, 2);
+  assert_int_equal(tz_data_open(p, 50257, &prm, &d), TZ_EFORMAT);
+  snprintf(want, sizeof want,
+           "file %s: header says 100 tokens (200 bytes) but the file has 150 bytes after the "
+           "header", p);
+  ASSERT_MSG_HAS(want);
+
+  /* Longer than the header says. */
+  write_shard_hdr(p, TZ_DATA_SHARD_MAGIC, 7, 10, tok, 11, 4);
+  assert_int_equal(tz_data_open(p, 50257, &prm, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS("header says 10 tokens (40 bytes) but the file has 44 bytes after the header");
+
+  /* Bad magic. */
+  write_shard_hdr(p, 20240521, 1, 100, tok, 100, 2);
+  assert_int_equal(tz_data_open(p, 50257, &prm, &d), TZ_EFORMAT);
+  snprintf(want, sizeof want, "file %s: bad magic 20240521 at byte offset 0", p);
+  ASSERT_MSG_HAS(want);
+
+  /* Unknown version. */
+  write_shard_hdr(p, TZ_DATA_SHARD_MAGIC, 3, 100, tok, 100, 2);
+  assert_int_equal(tz_data_open(p, 50257, &prm, &d), TZ_EFORMAT);
+  snprintf(want, sizeof want, "file %s: unknown shard version 3 at byte offset 4", p);
+  ASSERT_MSG_HAS(want);
+
+  /* Negative count. */
+  write_shard_hdr(p, TZ_DATA_SHARD_MAGIC, 1, -2, tok, 0, 2);
+  assert_int_equal(tz_data_open(p, 50257, &prm, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS("header says -2 tokens");
+
+  /* Shorter than the header. */
+  write_bytes(p, "abc", 3);
+  assert_int_equal(tz_data_open(p, 50257, &prm, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS("3 bytes, shorter than the 1024-byte header");
+
+  /* A file without the .bin name but with the magic is read as a shard (and checked as one). */
+  char *q = path_in(dir, "tokens.dat");
+  write_shard_hdr(q, TZ_DATA_SHARD_MAGIC, 1, 100, tok, 99, 2);
+  assert_int_equal(tz_data_open(q, 50257, &prm, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS("header says 100 tokens");
+  write_shard(q, 1, tok, 100);
+  TZ_ASSERT_OK(tz_data_open(q, 50257, &prm, &d));
+  check_epoch(d, tok, 99 / 4, 4);
+  tz_data_destroy(d);
+
+  /* Bad parameters. */
+  struct tz_data_params bad = {.seq_len = 0};
+  assert_int_equal(tz_data_open(q, 50257, &bad, &d), TZ_EINVAL);
+  bad = (struct tz_data_params){.seq_len = 4, .val_fraction = 1.0};
+  assert_int_equal(tz_data_open(q, 50257, &bad, &d), TZ_EINVAL);
+
+  free(q);
+  free(tok);
+  free(p);
+  tz_test_rmdir(dir);
+}
+
+static void test_glob(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data");
+  const int T = 10;
+  /* Written out of order: the glob is read sorted. One shard is too short for a window and one
+   * is empty; neither contributes. */
+  const size_t lens[] = {101, 5, 0, 57, 333};
+  const char *names[] = {"d_000.bin", "d_001.bin", "d_002.bin", "d_003.bin", "d_004.bin"};
+  const int order[] = {3, 0, 4, 2, 1};
+  uint32_t *tok[5];
+  for (int k = 0; k < 5; k++) {
+    int i = order[k];
+    tok[i] = make_tokens(lens[i] ? lens[i] : 1, 50000, 100 + (uint64_t)i);
+    char *p = path_in(dir, names[i]);
+    write_shard(p, 1, tok[i], lens[i]);
+    free(p);
+  }
+  uint64_t n_windows = 0;
+  for (int i = 0; i < 5; i++)
+    n_windows += lens[i] > (size_t)T ? (lens[i] - 1) / T : 0;
+  char *spec = path_in(dir, "d_*.bin");
+  struct tz_data_params prm = params_T(T);
+  tz_data *d = NULL;
+  TZ_ASSERT_OK(tz_data_open(spec, 50257, &prm, &d));
+  assert_int_equal(tz_data_n_files(d), 5);
+  assert_int_equal(tz_data_n_tokens(d), 101 + 5 + 57 + 333);
+  assert_int_equal(tz_data_n_samples(d, TZ_DATA_TRAIN), n_windows);
+  int32_t row[11];
+  uint8_t *seen = calloc(n_windows, 1);
+  for (uint64_t i = 0; i < n_windows; i++) {
+    TZ_ASSERT_OK(tz_data_batch(d, TZ_DATA_TRAIN, i, 1, row));
+    uint64_t win = tz_data_window(d, TZ_DATA_TRAIN, i);
+    assert_false(seen[win]);
+    seen[win] = 1;
+    /* Which file and where. */
+    uint64_t base = 0;
+    int f = 0;
+    for (; f < 5; f++) {
+      uint64_t nw = lens[f] > (size_t)T ? (lens[f] - 1) / T : 0;
+      if (win < base + nw)
+        break;
+      base += nw;
+    }
+    assert_true(f < 5);
+    for (int t = 0; t <= T; t++)
+      assert_int_equal(row[t], (int32_t)tok[f][(win - base) * T + (uint64_t)t]);
+  }
+  assert_non_null(strstr(tz_data_describe(d), "5 files"));
+  tz_data_destroy(d);
+
+  /* One bad shard among good ones: that shard is named. */
+  char *p2 = path_in(dir, "d_001.bin");
+  write_shard_hdr(p2, TZ_DATA_SHARD_MAGIC, 1, 6, tok[1], 5, 2);
+  assert_int_equal(tz_data_open(spec, 50257, &prm, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS(p2);
+  ASSERT_MSG_HAS("header says 6 tokens (12 bytes) but the file has 10 bytes after the header");
+  write_shard(p2, 1, tok[1], 5);
+
+  /* Shards of two versions in one glob. */
+  char *p7 = path_in(dir, "d_005.bin");
+  write_shard(p7, 7, tok[0], 101);
+  assert_int_equal(tz_data_open(spec, 50257, &prm, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS("one source holds one kind of token");
+  remove(p7);
+
+  /* Nothing matches. */
+  char *none = path_in(dir, "x_*.bin");
+  assert_int_equal(tz_data_open(none, 50257, &prm, &d), TZ_ENOENT);
+  ASSERT_MSG_HAS(none);
+
+  free(none);
+  free(p7);
+  free(p2);
+  free(seen);
+  free(spec);
+  for (int i = 0; i < 5; i++)
+    free(tok[i]);
+  tz_test_rmdir(dir);
+}
+
+static void test_permutation(void **state) {
+  (void)state;
+  const uint64_t sizes[] = {1, 2, 3, 4, 5, 7, 16, 17, 100, 1000, 4097, 65537};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    uint64_t n = sizes[k];
+    uint8_t *seen = calloc(n, 1);
+    uint64_t fixed = 0;
+    for (uint64_t i = 0; i < n; i++) {
+      uint64_t j = tz_data_permute(77, 3, n, i);
+      assert_true(j < n);
+      assert_false(seen[j]);
+      seen[j] = 1;
+      /* A pure function: the same answer again. */
+      assert_true(tz_data_permute(77, 3, n, i) == j);
+      fixed += j == i;
+    }
+    /* A shuffle, not the identity: few fixed points once n is large. */
+    if (n >= 100)
+      assert_true(fixed < n / 10);
+    free(seen);
+  }
+  /* Another seed or epoch gives another order. */
+  int same_seed = 0, same_epoch = 0;
+  for (uint64_t i = 0; i < 1000; i++) {
+    same_seed += tz_data_permute(1, 0, 1000, i) == tz_data_permute(2, 0, 1000, i);
+    same_epoch += tz_data_permute(1, 0, 1000, i) == tz_data_permute(1, 1, 1000, i);
+  }
+  assert_true(same_seed < 50);
+  assert_true(same_epoch < 50);
+  /* Pinned values: the order must not change between versions, or resumed runs would see other
+   * samples. */
+  const uint64_t pinned[] = {172456, 145253, 73288, 788031, 77994, 755090, 952587, 72735};
+  for (uint64_t i = 0; i < 8; i++)
+    assert_true(tz_data_permute(2024, 1, 1000003, i) == pinned[i]);
+  /* A huge domain stays in range (the largest Feistel width). */
+  uint64_t big = (1ull << 63) + 12345;
+  for (uint64_t i = 0; i < 64; i++)
+    assert_true(tz_data_permute(5, 0, big, i * 0x9e3779b97f4a7c1ull % big) < big);
+}
+
+/* A data set of text with n_windows windows of T+1 bytes. */
+static tz_data *open_text(const char *dir, uint64_t n_windows, int T,
+                          const struct tz_data_params *prm, char **bytes) {
+  size_t n = n_windows * T + 1;
+  char *buf = malloc(n);
+  tz_test_fill(buf, n, 42);
+  char *p = path_in(dir, "ranks.txt");
+  write_bytes(p, buf, n);
+  tz_data *d = NULL;
+  struct tz_data_params q = *prm;
+  q.seq_len = T;
+  TZ_ASSERT_OK(tz_data_open(p, 256, &q, &d));
+  free(p);
+  if (bytes)
+    *bytes = buf;
+  else
+    free(buf);
+  return d;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void test_ranks(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data");
+  struct tz_data_params prm = {.seed = 99};
+  const int T = 4;
+  const uint64_t n_windows = 1000;
+  tz_data *d = open_text(dir, n_windows, T, &prm, NULL);
+  /* Global batch of 24 sequences per step: W ranks x A micro-batches x B sequences. Over S steps
+   * that crosses an epoch boundary (1000 windows), so the second epoch is checked too. */
+  const int G = 24, A = 2, S = 50;
+  const uint64_t total = (uint64_t)G * S;
+  uint64_t *ref = NULL;
+  for (int W = 1; W <= 4; W *= 2) {
+    int B = G / (W * A);
+    uint64_t *all = malloc(total * sizeof *all);
+    uint64_t k = 0;
+    int32_t *tok = malloc((size_t)B * (T + 1) * sizeof *tok);
+    for (int s = 0; s < S; s++)
+      for (int a = 0; a < A; a++)
+        for (int r = 0; r < W; r++) {
+          uint64_t first = tz_data_sample_index((uint64_t)s, A, a, W, r, B);
+          TZ_ASSERT_OK(tz_data_batch(d, TZ_DATA_TRAIN, first, B, tok));
+          for (int b = 0; b < B; b++) {
+            uint64_t win = tz_data_window(d, TZ_DATA_TRAIN, first + (uint64_t)b);
+            /* Tag with the epoch so the two epochs' samples are told apart. */
+            all[k++] = ((first + (uint64_t)b) / n_windows) << 32 | win;
+          }
+        }
+    assert_int_equal(k, total);
+    /* Within an epoch no window is read twice, by any rank. */
+    qsort(all, total, sizeof *all, cmp_u64);
+    for (uint64_t i = 1; i < total; i++)
+      assert_true(all[i] != all[i - 1]);
+    /* The same multiset at every world size. */
+    if (!ref)
+      ref = all;
+    else {
+      assert_memory_equal(all, ref, total * sizeof *all);
+      free(all);
+    }
+    free(tok);
+  }
+  /* The first epoch covers every window. */
+  uint64_t in_first = 0;
+  for (uint64_t i = 0; i < total; i++)
+    in_first += (ref[i] >> 32) == 0;
+  assert_int_equal(in_first, n_windows);
+  free(ref);
+
+  /* Rank r's samples at W=2 are exactly the W=1 samples of its half of the micro-batch. */
+  int32_t one[8 * 5], two[4 * 5];
+  for (int s = 0; s < 3; s++)
+    for (int r = 0; r < 2; r++) {
+      TZ_ASSERT_OK(tz_data_batch(d, TZ_DATA_TRAIN, tz_data_sample_index((uint64_t)s, 1, 0, 1, 0, 8),
+                                 8, one));
+      TZ_ASSERT_OK(tz_data_batch(d, TZ_DATA_TRAIN, tz_data_sample_index((uint64_t)s, 1, 0, 2, r, 4),
+                                 4, two));
+      assert_memory_equal(two, one + r * 4 * 5, sizeof two);
+    }
+  tz_data_destroy(d);
+  tz_test_rmdir(dir);
+}
+
+static void test_val_split(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data");
+  const int T = 4;
+  struct tz_data_params prm = {.seed = 5, .val_fraction = 0.1};
+  char *bytes = NULL;
+  tz_data *d = open_text(dir, 1000, T, &prm, &bytes);
+  assert_int_equal(tz_data_n_samples(d, TZ_DATA_VAL), 100);
+  assert_int_equal(tz_data_n_samples(d, TZ_DATA_TRAIN), 900);
+  /* Validation: the last 100 windows, in order, cycling. */
+  for (uint64_t i = 0; i < 250; i++)
+    assert_int_equal(tz_data_window(d, TZ_DATA_VAL, i), 900 + i % 100);
+  /* Training never reads them, over several epochs. */
+  for (uint64_t i = 0; i < 3000; i++)
+    assert_true(tz_data_window(d, TZ_DATA_TRAIN, i) < 900);
+  /* Validation samples 99 and 100: the file's last window, then its first held-out one. */
+  int32_t v[2 * 5];
+  TZ_ASSERT_OK(tz_data_batch(d, TZ_DATA_VAL, 99, 2, v));
+  for (int t = 0; t <= T; t++) {
+    assert_int_equal(v[t], (unsigned char)bytes[999 * T + t]);
+    assert_int_equal(v[5 + t], (unsigned char)bytes[900 * T + t]);
+  }
+  free(bytes);
+  tz_data_destroy(d);
+
+  /* val_tokens: ceil(41 / 4) = 11 windows. */
+  prm = (struct tz_data_params){.seed = 5, .val_tokens = 41};
+  d = open_text(dir, 1000, T, &prm, NULL);
+  assert_int_equal(tz_data_n_samples(d, TZ_DATA_VAL), 11);
+  assert_int_equal(tz_data_n_samples(d, TZ_DATA_TRAIN), 989);
+  tz_data_destroy(d);
+
+  /* No split asked for: no validation batches. */
+  prm = (struct tz_data_params){.seed = 5};
+  d = open_text(dir, 50, T, &prm, NULL);
+  assert_int_equal(tz_data_n_samples(d, TZ_DATA_VAL), 0);
+  int32_t row[5];
+  assert_int_equal(tz_data_batch(d, TZ_DATA_VAL, 0, 1, row), TZ_EINVAL);
+  ASSERT_MSG_HAS("no validation split");
+  tz_data_destroy(d);
+
+  /* A separate validation source: all its windows, none of the training file's held out. */
+  char *vp = path_in(dir, "val.txt");
+  write_bytes(vp, "0123456789abcdefghij", 20);
+  prm = (struct tz_data_params){.seed = 5, .val_spec = vp, .val_fraction = 0.5};
+  d = open_text(dir, 100, T, &prm, NULL);
+  assert_int_equal(tz_data_n_samples(d, TZ_DATA_TRAIN), 100);
+  assert_int_equal(tz_data_n_samples(d, TZ_DATA_VAL), 4);
+  TZ_ASSERT_OK(tz_data_batch(d, TZ_DATA_VAL, 5, 1, row)); /* sample 5 = window 1 */
+  const char *w1 = "4567" "8";
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(row[i], w1[i]);
+  tz_data_destroy(d);
+  free(vp);
+  tz_test_rmdir(dir);
+}
+
+static void test_determinism(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data");
+  struct tz_data_params prm = {.seed = 7};
+  const int T = 16, B = 8;
+  int32_t a[8 * 17], b[8 * 17];
+  tz_data *d1 = open_text(dir, 500, T, &prm, NULL);
+  tz_data *d2 = open_text(dir, 500, T, &prm, NULL);
+  for (uint64_t first = 0; first < 2000; first += 333) {
+    TZ_ASSERT_OK(tz_data_batch(d1, TZ_DATA_TRAIN, first, B, a));
+    TZ_ASSERT_OK(tz_data_batch(d2, TZ_DATA_TRAIN, first, B, b));
+    assert_memory_equal(a, b, sizeof a);
+  }
+  /* Reading an index again, after others, gives the same (no hidden cursor). */
+  TZ_ASSERT_OK(tz_data_batch(d1, TZ_DATA_TRAIN, 0, B, a));
+  TZ_ASSERT_OK(tz_data_batch(d1, TZ_DATA_TRAIN, 1332, B, b));
+  TZ_ASSERT_OK(tz_data_batch(d1, TZ_DATA_TRAIN, 0, B, b));
+  assert_memory_equal(a, b, sizeof a);
+  tz_data_destroy(d2);
+  /* Another seed, another order. */
+  prm.seed = 8;
+  d2 = open_text(dir, 500, T, &prm, NULL);
+  TZ_ASSERT_OK(tz_data_batch(d2, TZ_DATA_TRAIN, 0, B, b));
+  assert_memory_not_equal(a, b, sizeof a);
+  tz_data_destroy(d2);
+  tz_data_destroy(d1);
+  tz_test_rmdir(dir);
+}
+
+static void test_builtin(void **state) {
+  (void)state;
+  char *c1 = NULL, *c2 = NULL;
+  size_t n1 = 0, n2 = 0;
+  TZ_ASSERT_OK(tz_corpus_generate(&c1, &n1));
+  TZ_ASSERT_OK(tz_corpus_generate(&c2, &n2));
+  assert_int_equal(n1, TZ_CORPUS_BYTES);
+  assert_true(n1 >= 200 * 1024 && n1 <= 500 * 1024);
+  assert_int_equal(n1, n2);
+  assert_memory_equal(c1, c2, n1);
+  assert_int_equal(strlen(c1), n1);
+  /* Printable ASCII and newlines only, made of the grammar's sentences. */
+  for (size_t i = 0; i < n1; i++)
+    assert_true(c1[i] == '\n' || (c1[i] >= ' ' && c1[i] < 127));
+  assert_non_null(strstr(c1, "count from "));
+  assert_non_null(strstr(c1, " is spelled "));
+  assert_non_null(strstr(c1, "\n\n"));
+  /* Varied: many distinct lines. */
+  int paragraphs = 0;
+  for (const char *p = c1; (p = strstr(p, "\n\n")); p += 2)
+    paragraphs++;
+  assert_true(paragraphs > 500);
+
+  struct tz_data_params prm = {.seq_len = 64, .val_fraction = 0.05, .seed = 1};
+  tz_data *d = NULL;
+  TZ_ASSERT_OK(tz_data_open(NULL, 256, &prm, &d));
+  uint64_t nw = (n1 - 1) / 64;
+  assert_int_equal(tz_data_n_samples(d, TZ_DATA_TRAIN) + tz_data_n_samples(d, TZ_DATA_VAL), nw);
+  int32_t row[65];
+  TZ_ASSERT_OK(tz_data_batch(d, TZ_DATA_VAL, 0, 1, row));
+  uint64_t w = tz_data_window(d, TZ_DATA_VAL, 0);
+  for (int t = 0; t <= 64; t++)
+    assert_int_equal(row[t], (unsigned char)c1[w * 64 + (uint64_t)t]);
+  assert_non_null(strstr(tz_data_describe(d), "built-in corpus"));
+  tz_data_destroy(d);
+  TZ_ASSERT_OK(tz_data_open("builtin", 256, &prm, &d));
+  tz_data_destroy(d);
+  /* The corpus is bytes: a model with a smaller vocabulary cannot read it. */
+  assert_int_equal(tz_data_open(NULL, 100, &prm, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS("built-in corpus");
+  tz_data_destroy(NULL);
+  free(c1);
+  free(c2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_raw_text),    cmocka_unit_test(test_shards),
+      cmocka_unit_test(test_shard_errors), cmocka_unit_test(test_glob),
+      cmocka_unit_test(test_permutation), cmocka_unit_test(test_ranks),
+      cmocka_unit_test(test_val_split),   cmocka_unit_test(test_determinism),
+      cmocka_unit_test(test_builtin),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

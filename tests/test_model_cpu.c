@@ -1,0 +1,363 @@
+/* The model on the cpu backend against the float64 reference: logits, loss and every parameter's
+ * gradient (norm-wise relative error < 1e-5), with grouped-query attention, tied and untied
+ * embeddings, odd T. Also: checkpointed backward equals the stored-activation backward bit for
+ * bit; runs and thread counts give identical bits; gradients accumulate; layout and init. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kernels/compute.h"
+#include "refmodel.h"
+#include "testlib.h"
+#include "trainer/model.h"
+
+struct setup {
+  struct tz_model_config cfg;
+  int B, T;
+  int32_t *tok, *tgt;
+  double **P;    /* reference parameters (float-representable) */
+  float **hostP; /* the same as float */
+};
+
+static struct setup *setup_new(struct tz_model_config cfg, int B, int T, uint64_t seed) {
+  struct setup *s = calloc(1, sizeof *s);
+  s->cfg = cfg;
+  s->B = B;
+  s->T = T;
+  int N = B * T, nb = tz_model_n_blocks(&cfg);
+  s->tok = malloc(sizeof(int32_t) * N);
+  s->tgt = malloc(sizeof(int32_t) * N);
+  uint64_t st = seed;
+  for (int n = 0; n < N; n++) {
+    s->tok[n] = (int32_t)(tz_test_rand(&st) % (uint64_t)cfg.vocab);
+    s->tgt[n] = (int32_t)(tz_test_rand(&st) % (uint64_t)cfg.vocab);
+  }
+  s->P = ref_blocks_alloc(&cfg);
+  assert_non_null(s->P);
+  ref_blocks_randomize(&cfg, s->P, seed, 0.3);
+  s->hostP = calloc((size_t)nb, sizeof *s->hostP);
+  for (int b = 0; b < nb; b++) {
+    uint64_t n = tz_model_block_numel(&cfg, b);
+    s->hostP[b] = malloc(sizeof(float) * n);
+    for (uint64_t e = 0; e < n; e++) {
+      s->hostP[b][e] = (float)s->P[b][e];
+      s->P[b][e] = s->hostP[b][e];
+    }
+  }
+  return s;
+}
+
+static void setup_free(struct setup *s) {
+  for (int b = 0; b < tz_model_n_blocks(&s->cfg); b++)
+    free(s->hostP[b]);
+  free(s->hostP);
+  ref_blocks_free(&s->cfg, s->P);
+  free(s->tok);
+  free(s->tgt);
+  free(s);
+}
+
+/* The result of one cpu run: loss, logits and gradients on the host. */
+struct result {
+  float loss;
+  float *logits;  /* (N, V) */
+  float **grads;  /* per block */
+};
+
+static void result_free(const struct tz_model_config *cfg, struct result *r) {
+  for (int b = 0; b < tz_model_n_blocks(cfg); b++)
+    free(r->grads[b]);
+  free(r->grads);
+  free(r->logits);
+}
+
+/* Runs `steps` forward-backward passes accumulating into the same gradients. */
+static struct result run_cpu(struct setup *s, int threads, int checkpoint, int steps) {
+  const struct tz_model_config *cfg = &s->cfg;
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  p.n_threads = threads;
+  tz_compute *cm;
+  TZ_ASSERT_OK(tz_compute_create("cpu", &p, &cm));
+  assert_int_equal(tz_compute_threads(cm), threads);
+  int nb = tz_model_n_blocks(cfg);
+  void **dP = calloc((size_t)nb, sizeof *dP), **dG = calloc((size_t)nb, sizeof *dG);
+  for (int b = 0; b < nb; b++) {
+    size_t bytes = tz_model_block_numel(cfg, b) * sizeof(float);
+    TZ_ASSERT_OK(tz_compute_alloc(cm, bytes, &dP[b]));
+    TZ_ASSERT_OK(tz_compute_alloc(cm, bytes, &dG[b]));
+    TZ_ASSERT_OK(tz_compute_copy_in(cm, dP[b], s->hostP[b], bytes));
+    TZ_ASSERT_OK(tz_compute_zero(cm, dG[b], bytes));
+  }
+  tz_model_runner *r;
+  TZ_ASSERT_OK(tz_model_runner_create(cm, cfg, s->B, s->T, checkpoint, &r));
+  struct result res = {0};
+  for (int i = 0; i < steps; i++)
+    TZ_ASSERT_OK(tz_model_runner_step(r, dP, dG, s->tok, s->tgt, 0.0f, &res.loss));
+  res.logits = malloc(sizeof(float) * s->B * s->T * cfg->vocab);
+  TZ_ASSERT_OK(tz_model_runner_logits(r, dP, s->tok, res.logits));
+  res.grads = calloc((size_t)nb, sizeof *res.grads);
+  for (int b = 0; b < nb; b++) {
+    size_t bytes = tz_model_block_numel(cfg, b) * sizeof(float);
+    res.grads[b] = malloc(bytes);
+    TZ_ASSERT_OK(tz_compute_copy_out(cm, res.grads[b], dG[b], bytes));
+    tz_compute_free(cm, dP[b]);
+    tz_compute_free(cm, dG[b]);
+  }
+  tz_model_runner_destroy(r);
+  free(dP);
+  free(dG);
+  tz_compute_destroy(cm);
+  return res;
+}
+
+static double rel_err(const float *got, const double *want, uint64_t n) {
+  double e = 0, w = 0;
+  for (uint64_t i = 0; i < n; i++) {
+    e += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+    w += want[i] * want[i];
+  }
+  return w > 0 ? sqrt(e / w) : sqrt(e);
+}
+
+static void compare_with_reference(struct tz_model_config cfg, int B, int T, uint64_t seed) {
+  struct setup *s = setup_new(cfg, B, T, seed);
+  int N = B * T, nb = tz_model_n_blocks(&cfg);
+  double ref_loss, *ref_logits = malloc(sizeof(double) * N * cfg.vocab);
+  double **G = ref_blocks_alloc(&cfg);
+  TZ_ASSERT_OK(ref_model_run(&cfg, s->P, s->tok, s->tgt, B, T, ref_logits, &ref_loss, G));
+  struct result r = run_cpu(s, 2, 1, 1);
+  double le = fabs(r.loss - ref_loss) / ref_loss;
+  double lge = rel_err(r.logits, ref_logits, (uint64_t)N * cfg.vocab);
+  print_message("loss %.9g ref %.9g (rel %.2e), logits rel %.2e\n", r.loss, ref_loss, le, lge);
+  assert_true(le < 1e-5);
+  assert_true(lge < 1e-5);
+  for (int b = 0; b < nb; b++) {
+    struct tz_block_layout l;
+    TZ_ASSERT_OK(tz_model_block_layout(&cfg, b, &l));
+    for (int i = 0; i < l.n; i++) {
+      double e = rel_err(r.grads[b] + l.t[i].offset, G[b] + l.t[i].offset, l.t[i].numel);
+      double norm = 0;
+      for (uint64_t k = 0; k < l.t[i].numel; k++)
+        norm += G[b][l.t[i].offset + k] * G[b][l.t[i].offset + k];
+      if (!(e < 1e-5) || !(norm > 0))
+        fail_msg("block %d %s: gradient rel error %.3e (ref norm %.3e)", b, l.t[i].name, e,
+                 sqrt(norm));
+    }
+  }
+  result_free(&cfg, &r);
+  ref_blocks_free(&cfg, G);
+  free(ref_logits);
+  setup_free(s);
+}
+
+static struct tz_model_config small_cfg(void) {
+  struct tz_model_config c = {.d_model = 32, .n_layer = 2, .n_head = 4, .n_kv_head = 2,
+                              .ffn_dim = 40, .vocab = 37, .max_seq = 16, .rope_theta = 10000.0,
+                              .norm_eps = 1e-5, .tie_embeddings = 0};
+  return c;
+}
+
+static void test_ref_gqa_untied_odd_t(void **state) {
+  (void)state;
+  compare_with_reference(small_cfg(), 2, 7, 101);
+}
+
+static void test_ref_tied_mha(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  c.tie_embeddings = 1;
+  c.n_kv_head = 4;
+  compare_with_reference(c, 3, 5, 102);
+}
+
+/* Wider than one channel slice of the cpu reductions, one key-value head for all query heads. */
+static void test_ref_wide_mqa(void **state) {
+  (void)state;
+  struct tz_model_config c = {.d_model = 80, .n_layer = 1, .n_head = 5, .n_kv_head = 1,
+                              .ffn_dim = 72, .vocab = 50, .max_seq = 16, .rope_theta = 500000.0,
+                              .norm_eps = 1e-6, .tie_embeddings = 1};
+  compare_with_reference(c, 1, 11, 103);
+}
+
+static int bits_equal(const struct tz_model_config *cfg, const struct result *a,
+                      const struct result *b, int N) {
+  if (memcmp(&a->loss, &b->loss, sizeof a->loss) != 0)
+    return 0;
+  if (memcmp(a->logits, b->logits, sizeof(float) * N * cfg->vocab) != 0)
+    return 0;
+  for (int k = 0; k < tz_model_n_blocks(cfg); k++)
+    if (memcmp(a->grads[k], b->grads[k], sizeof(float) * tz_model_block_numel(cfg, k)) != 0)
+      return 0;
+  return 1;
+}
+
+static void test_checkpoint_bit_exact(void **state) {
+  (void)state;
+  struct setup *s = setup_new(small_cfg(), 2, 9, 201);
+  struct result a = run_cpu(s, 2, 1, 1), b = run_cpu(s, 2, 0, 1);
+  assert_true(bits_equal(&s->cfg, &a, &b, 18));
+  result_free(&s->cfg, &a);
+  result_free(&s->cfg, &b);
+  setup_free(s);
+}
+
+static void test_deterministic_threads(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  c.d_model = 160; /* several channel slices, so threads really split the reductions */
+  c.n_head = 8;
+  struct setup *s = setup_new(c, 2, 13, 202);
+  struct result a = run_cpu(s, 2, 1, 1), b = run_cpu(s, 2, 1, 1);
+  assert_true(bits_equal(&s->cfg, &a, &b, 26));
+  int threads[] = {1, 3, 4};
+  for (size_t i = 0; i < sizeof threads / sizeof threads[0]; i++) {
+    struct result t = run_cpu(s, threads[i], 1, 1);
+    if (!bits_equal(&s->cfg, &a, &t, 26))
+      fail_msg("%d threads give different bits from 2", threads[i]);
+    result_free(&s->cfg, &t);
+  }
+  result_free(&s->cfg, &a);
+  result_free(&s->cfg, &b);
+  setup_free(s);
+}
+
+/* Two steps into the same gradient buffers give exactly twice one step (g + g is exact). */
+static void test_grads_accumulate(void **state) {
+  (void)state;
+  struct setup *s = setup_new(small_cfg(), 1, 6, 203);
+  struct result one = run_cpu(s, 2, 1, 1), two = run_cpu(s, 2, 1, 2);
+  for (int b = 0; b < tz_model_n_blocks(&s->cfg); b++)
+    for (uint64_t e = 0; e < tz_model_block_numel(&s->cfg, b); e++)
+      if (two.grads[b][e] != 2.0f * one.grads[b][e])
+        fail_msg("block %d element %llu: two steps %.9g, one step %.9g", b, (unsigned long long)e,
+                 two.grads[b][e], one.grads[b][e]);
+  result_free(&s->cfg, &one);
+  result_free(&s->cfg, &two);
+  setup_free(s);
+}
+
+static void test_layout(void **state) {
+  (void)state;
+  for (int i = 0; i < tz_model_preset_count(); i++) {
+    struct tz_model_config c;
+    TZ_ASSERT_OK(tz_model_preset(tz_model_preset_name(i), &c));
+    TZ_ASSERT_OK(tz_model_config_check(&c));
+    for (int b = 0; b < tz_model_n_blocks(&c); b++) {
+      struct tz_block_layout l;
+      TZ_ASSERT_OK(tz_model_block_layout(&c, b, &l));
+      uint64_t end = 0;
+      for (int t = 0; t < l.n; t++) {
+        assert_true(l.t[t].offset % TZ_MODEL_ALIGN == 0);
+        assert_true(l.t[t].offset >= end);
+        assert_true(l.t[t].numel == (uint64_t)(l.t[t].shape[0] * l.t[t].shape[1]));
+        end = l.t[t].offset + l.t[t].numel;
+      }
+      assert_true(l.numel >= end && l.numel % TZ_MODEL_ALIGN == 0);
+      for (int w = 1; w <= 48; w++) {
+        uint64_t p = tz_model_block_numel_padded(&c, b, w);
+        assert_true(p >= l.numel && p % ((uint64_t)w * TZ_MODEL_ALIGN) == 0);
+        assert_true(p - l.numel < (uint64_t)w * TZ_MODEL_ALIGN);
+      }
+    }
+  }
+  struct tz_model_config c;
+  TZ_ASSERT_OK(tz_model_preset("llama-7b", &c));
+  assert_true(tz_model_n_params(&c) == 6738415616ull); /* the published LLaMA-7B count */
+  assert_true(tz_model_layer_numel_padded(&c, 6) % (6 * TZ_MODEL_ALIGN) == 0);
+  assert_true(tz_model_checkpoint_default(&c, TZ_BF16, 1, 2048));
+  struct tz_model_config tiny;
+  TZ_ASSERT_OK(tz_model_preset("tiny", &tiny));
+  assert_false(tz_model_checkpoint_default(&tiny, TZ_F32, 8, 256));
+  assert_int_equal(tz_model_preset("llama-99b", &c), TZ_ENOENT);
+  c.n_kv_head = 3;
+  assert_int_equal(tz_model_config_check(&c), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "n_kv_head"));
+}
+
+static void test_init(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  int blk = tz_model_block_of_layer(1);
+  struct tz_block_layout l;
+  TZ_ASSERT_OK(tz_model_block_layout(&c, blk, &l));
+  float *all = malloc(sizeof(float) * l.numel), *part = malloc(sizeof(float) * l.numel);
+  TZ_ASSERT_OK(tz_model_init_block(&c, blk, 7, 0, l.numel, all));
+  /* Any range is the same slice of the whole: shards initialise independently. */
+  TZ_ASSERT_OK(tz_model_init_block(&c, blk, 7, 1000, 3333, part));
+  assert_memory_equal(part, all + 1000, sizeof(float) * 2333);
+  for (int t = 0; t < l.n; t++) {
+    const float *x = all + l.t[t].offset;
+    double s2 = 0;
+    for (uint64_t e = 0; e < l.t[t].numel; e++)
+      s2 += (double)x[e] * x[e];
+    double rms = sqrt(s2 / l.t[t].numel);
+    if (l.t[t].ndim == 1)
+      assert_true(rms == 1.0);
+    else {
+      double want = (t == TZ_L_WO || t == TZ_L_WD) ? 0.02 / sqrt(2.0 * c.n_layer) : 0.02;
+      if (fabs(rms - want) > 0.1 * want)
+        fail_msg("%s: rms %g, want about %g", l.t[t].name, rms, want);
+    }
+    uint64_t next = t + 1 < l.n ? l.t[t + 1].offset : l.numel;
+    for (uint64_t e = l.t[t].offset + l.t[t].numel; e < next; e++)
+      assert_true(all[e] == 0.0f);
+  }
+  /* Another seed, another layer: different numbers. */
+  TZ_ASSERT_OK(tz_model_init_block(&c, blk, 8, 0, l.numel, part));
+  assert_memory_not_equal(part + l.t[TZ_L_WQ].offset, all + l.t[TZ_L_WQ].offset, 64);
+  TZ_ASSERT_OK(tz_model_init_block(&c, blk - 1, 7, 0, l.numel, part));
+  assert_memory_not_equal(part + l.t[TZ_L_WQ].offset, all + l.t[TZ_L_WQ].offset, 64);
+  free(all);
+  free(part);
+}
+
+static void test_bad_inputs(void **state) {
+  (void)state;
+  struct setup *s = setup_new(small_cfg(), 1, 4, 204);
+  tz_compute *cm;
+  TZ_ASSERT_OK(tz_compute_create("cpu", NULL, &cm));
+  int nb = tz_model_n_blocks(&s->cfg);
+  void **dP = calloc((size_t)nb, sizeof *dP);
+  for (int b = 0; b < nb; b++) {
+    size_t bytes = tz_model_block_numel(&s->cfg, b) * sizeof(float);
+    TZ_ASSERT_OK(tz_compute_alloc(cm, bytes, &dP[b]));
+    TZ_ASSERT_OK(tz_compute_copy_in(cm, dP[b], s->hostP[b], bytes));
+  }
+  tz_model_runner *r;
+  assert_int_equal(tz_model_runner_create(cm, &s->cfg, 1, 17, 1, &r), TZ_EINVAL); /* > max_seq */
+  TZ_ASSERT_OK(tz_model_runner_create(cm, &s->cfg, 1, 4, 1, &r));
+  float loss;
+  s->tok[2] = s->cfg.vocab;
+  assert_int_equal(tz_model_runner_step(r, dP, NULL, s->tok, s->tgt, 0, &loss), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "index 2"));
+  s->tok[2] = 0;
+  s->tgt[3] = -1;
+  assert_int_equal(tz_model_runner_step(r, dP, NULL, s->tok, s->tgt, 0, &loss), TZ_EINVAL);
+  s->tgt[3] = 0;
+  TZ_ASSERT_OK(tz_model_runner_step(r, dP, NULL, s->tok, s->tgt, 0, &loss));
+  assert_true(isfinite(loss));
+  tz_model_runner_destroy(r);
+  for (int b = 0; b < nb; b++)
+    tz_compute_free(cm, dP[b]);
+  free(dP);
+  tz_compute_destroy(cm);
+  setup_free(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ref_gqa_untied_odd_t),
+      cmocka_unit_test(test_ref_tied_mha),
+      cmocka_unit_test(test_ref_wide_mqa),
+      cmocka_unit_test(test_checkpoint_bit_exact),
+      cmocka_unit_test(test_deterministic_threads),
+      cmocka_unit_test(test_grads_accumulate),
+      cmocka_unit_test(test_layout),
+      cmocka_unit_test(test_init),
+      cmocka_unit_test(test_bad_inputs),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

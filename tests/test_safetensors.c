@@ -1,0 +1,442 @@
+/* safetensors and Hugging Face Llama import/export: bit-exact round trips (F32, BF16, F16 read),
+ * the HF tensor names and config.json fields, sharded checkpoints, and clear errors for bad files
+ * (truncated, bad JSON, offsets out of range, wrong dtype or shape) naming tensor and offset. */
+#define _GNU_SOURCE
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kernels/compute.h"
+#include "core/dtype.h"
+#include "testlib.h"
+#include "trainer/hf.h"
+#include "trainer/model.h"
+#include "trainer/safetensors.h"
+
+static struct tz_model_config cfg_small(int tie) {
+  struct tz_model_config c = {.d_model = 32, .n_layer = 2, .n_head = 4, .n_kv_head = 2,
+                              .ffn_dim = 40, .vocab = 37, .max_seq = 16, .rope_theta = 500000.0,
+                              .norm_eps = 1e-6, .tie_embeddings = tie};
+  return c;
+}
+
+struct blocks {
+  const struct tz_model_config *cfg;
+  float **b;
+};
+
+static struct blocks make_blocks(const struct tz_model_config *cfg, uint64_t seed) {
+  struct blocks s = {.cfg = cfg, .b = calloc((size_t)tz_model_n_blocks(cfg), sizeof(float *))};
+  for (int i = 0; i < tz_model_n_blocks(cfg); i++) {
+    uint64_t n = tz_model_block_numel(cfg, i);
+    s.b[i] = malloc(sizeof(float) * n);
+    TZ_ASSERT_OK(tz_model_init_block(cfg, i, seed, 0, n, s.b[i]));
+  }
+  return s;
+}
+
+static void free_blocks(struct blocks *s) {
+  for (int i = 0; i < tz_model_n_blocks(s->cfg); i++)
+    free(s->b[i]);
+  free(s->b);
+}
+
+static int get_block(void *arg, int b, float *buf) {
+  struct blocks *s = arg;
+  memcpy(buf, s->b[b], sizeof(float) * tz_model_block_numel(s->cfg, b));
+  return 0;
+}
+
+static char *path_in(const char *dir, const char *name) {
+  char *p;
+  assert_true(asprintf(&p, "%s/%s", dir, name) > 0);
+  return p;
+}
+
+static void round_trip(int tie, enum tz_dtype dt) {
+  struct tz_model_config cfg = cfg_small(tie);
+  struct blocks src = make_blocks(&cfg, 42);
+  char *dir = tz_test_mkdtemp("st");
+  TZ_ASSERT_OK(tz_hf_export(dir, &cfg, dt, get_block, &src));
+  tz_hf_model *m;
+  TZ_ASSERT_OK(tz_hf_open(dir, &m));
+  const struct tz_model_config *c2 = tz_hf_config(m);
+  assert_int_equal(c2->d_model, cfg.d_model);
+  assert_int_equal(c2->n_layer, cfg.n_layer);
+  assert_int_equal(c2->n_head, cfg.n_head);
+  assert_int_equal(c2->n_kv_head, cfg.n_kv_head);
+  assert_int_equal(c2->ffn_dim, cfg.ffn_dim);
+  assert_int_equal(c2->vocab, cfg.vocab);
+  assert_int_equal(c2->max_seq, cfg.max_seq);
+  assert_true(c2->rope_theta == cfg.rope_theta);
+  assert_true(c2->norm_eps == cfg.norm_eps);
+  assert_int_equal(c2->tie_embeddings, cfg.tie_embeddings);
+  for (int b = 0; b < tz_model_n_blocks(&cfg); b++) {
+    uint64_t n = tz_model_block_numel(&cfg, b);
+    float *got = malloc(sizeof(float) * n);
+    TZ_ASSERT_OK(tz_hf_read_block(m, b, got));
+    for (uint64_t e = 0; e < n; e++) {
+      float want = dt == TZ_F32    ? src.b[b][e]
+                   : dt == TZ_BF16 ? tz_bf16_to_f32(tz_f32_to_bf16(src.b[b][e]))
+                                   : tz_f16_to_f32(tz_f32_to_f16(src.b[b][e]));
+      if (memcmp(&got[e], &want, 4) != 0)
+        fail_msg("block %d element %llu: %a after the round trip, want %a", b,
+                 (unsigned long long)e, (double)got[e], (double)want);
+    }
+    free(got);
+  }
+  tz_hf_close(m);
+
+  /* The file holds exactly the HF names, with the stored dtype and "format": "pt". */
+  char *st = path_in(dir, "model.safetensors");
+  tz_st_file *f;
+  TZ_ASSERT_OK(tz_st_open(st, &f));
+  assert_int_equal(tz_st_count(f), 1 + 9 * cfg.n_layer + 1 + (tie ? 0 : 1));
+  assert_string_equal(tz_st_metadata(f, "format"), "pt");
+  const char *names[] = {"model.embed_tokens.weight",
+                         "model.layers.0.input_layernorm.weight",
+                         "model.layers.1.self_attn.q_proj.weight",
+                         "model.layers.1.self_attn.k_proj.weight",
+                         "model.layers.1.self_attn.v_proj.weight",
+                         "model.layers.1.self_attn.o_proj.weight",
+                         "model.layers.0.post_attention_layernorm.weight",
+                         "model.layers.1.mlp.gate_proj.weight",
+                         "model.layers.1.mlp.up_proj.weight",
+                         "model.layers.1.mlp.down_proj.weight",
+                         "model.norm.weight"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    const struct tz_st_tensor *t = tz_st_find(f, names[i]);
+    if (!t)
+      fail_msg("missing %s", names[i]);
+    assert_string_equal(t->dtype, dt == TZ_F32 ? "F32" : dt == TZ_BF16 ? "BF16" : "F16");
+  }
+  const struct tz_st_tensor *k = tz_st_find(f, "model.layers.1.self_attn.k_proj.weight");
+  assert_int_equal(k->ndim, 2);
+  assert_int_equal(k->shape[0], 16); /* Hkv * D = 2 * 8 */
+  assert_int_equal(k->shape[1], 32);
+  const struct tz_st_tensor *dn = tz_st_find(f, "model.layers.1.mlp.down_proj.weight");
+  assert_int_equal(dn->shape[0], 32);
+  assert_int_equal(dn->shape[1], 40);
+  assert_true((tz_st_find(f, "lm_head.weight") != NULL) == !tie);
+  tz_st_close(f);
+  free(st);
+
+  /* config.json carries LlamaForCausalLM's fields. */
+  char *cj = path_in(dir, "config.json");
+  json_error_t jerr;
+  json_t *root = json_load_file(cj, 0, &jerr);
+  assert_non_null(root);
+  assert_string_equal(json_string_value(json_array_get(json_object_get(root, "architectures"), 0)),
+                      "LlamaForCausalLM");
+  assert_string_equal(json_string_value(json_object_get(root, "model_type")), "llama");
+  assert_int_equal(json_integer_value(json_object_get(root, "num_key_value_heads")), 2);
+  assert_true(json_number_value(json_object_get(root, "rope_theta")) == 500000.0);
+  assert_true(json_number_value(json_object_get(root, "rms_norm_eps")) == 1e-6);
+  assert_true(json_is_boolean(json_object_get(root, "tie_word_embeddings")));
+  assert_string_equal(json_string_value(json_object_get(root, "torch_dtype")),
+                      dt == TZ_F32 ? "float32" : dt == TZ_BF16 ? "bfloat16" : "float16");
+  json_decref(root);
+  free(cj);
+  tz_test_rmdir(dir);
+  free_blocks(&src);
+}
+
+static void test_round_trip_f32_untied(void **state) {
+  (void)state;
+  round_trip(0, TZ_F32);
+}
+static void test_round_trip_f32_tied(void **state) {
+  (void)state;
+  round_trip(1, TZ_F32);
+}
+static void test_round_trip_bf16(void **state) {
+  (void)state;
+  round_trip(0, TZ_BF16);
+}
+static void test_round_trip_f16(void **state) {
+  (void)state;
+  round_trip(1, TZ_F16);
+}
+
+/* Export from backend memory, import into backend memory: the model computes the same loss. */
+static void test_model_through_files(void **state) {
+  (void)state;
+  struct tz_model_config cfg = cfg_small(0);
+  tz_compute *cm;
+  TZ_ASSERT_OK(tz_compute_create("cpu", NULL, &cm));
+  void **a, **b;
+  TZ_ASSERT_OK(tz_model_blocks_alloc(cm, &cfg, &a));
+  TZ_ASSERT_OK(tz_model_blocks_alloc(cm, &cfg, &b));
+  TZ_ASSERT_OK(tz_model_blocks_init(cm, &cfg, 9, a));
+  char *dir = tz_test_mkdtemp("st");
+  TZ_ASSERT_OK(tz_hf_export_compute(dir, &cfg, TZ_F32, cm, a));
+  tz_hf_model *m;
+  TZ_ASSERT_OK(tz_hf_open(dir, &m));
+  TZ_ASSERT_OK(tz_hf_load(m, cm, b));
+  tz_model_runner *r;
+  TZ_ASSERT_OK(tz_model_runner_create(cm, &cfg, 2, 5, 1, &r));
+  int32_t tok[10] = {1, 5, 9, 2, 30, 36, 0, 7, 7, 3}, tgt[10] = {5, 9, 2, 30, 36, 0, 7, 7, 3, 1};
+  float la, lb;
+  TZ_ASSERT_OK(tz_model_runner_step(r, a, NULL, tok, tgt, 0, &la));
+  TZ_ASSERT_OK(tz_model_runner_step(r, b, NULL, tok, tgt, 0, &lb));
+  assert_memory_equal(&la, &lb, 4);
+  assert_true(fabsf(la - logf(37.0f)) < 0.1f); /* small init: near uniform */
+  tz_model_runner_destroy(r);
+  tz_hf_close(m);
+  tz_test_rmdir(dir);
+  tz_model_blocks_free(cm, &cfg, a);
+  tz_model_blocks_free(cm, &cfg, b);
+  tz_compute_destroy(cm);
+}
+
+/* A checkpoint in two shards with model.safetensors.index.json, as transformers writes large
+ * models. */
+static void test_sharded(void **state) {
+  (void)state;
+  struct tz_model_config cfg = cfg_small(0);
+  struct blocks src = make_blocks(&cfg, 5);
+  char *dir = tz_test_mkdtemp("st");
+  TZ_ASSERT_OK(tz_hf_config_write(dir, &cfg, TZ_F32));
+  json_t *wm = json_object();
+  /* shard 1: the embedding and layer 0; shard 2: the rest */
+  for (int shard = 0; shard < 2; shard++) {
+    int b0 = shard ? 2 : 0, b1 = shard ? tz_model_n_blocks(&cfg) : 2;
+    struct tz_st_entry e[32];
+    char names[32][128];
+    const float *data[32];
+    int n = 0;
+    for (int b = b0; b < b1; b++) {
+      struct tz_block_layout l;
+      TZ_ASSERT_OK(tz_model_block_layout(&cfg, b, &l));
+      for (int i = 0; i < l.n; i++, n++) {
+        TZ_ASSERT_OK(tz_hf_tensor_name(&cfg, b, i, names[n], sizeof names[n]));
+        e[n] = (struct tz_st_entry){.name = names[n], .dtype = TZ_F32, .ndim = l.t[i].ndim,
+                                    .shape = {l.t[i].shape[0], l.t[i].shape[1]}};
+        data[n] = src.b[b] + l.t[i].offset;
+      }
+    }
+    char file[64];
+    snprintf(file, sizeof file, "model-0000%d-of-00002.safetensors", shard + 1);
+    char *p = path_in(dir, file);
+    tz_st_writer *w;
+    TZ_ASSERT_OK(tz_st_writer_open(p, e, n, NULL, &w));
+    for (int i = 0; i < n; i++) {
+      uint64_t numel = (uint64_t)e[i].shape[0] * (e[i].ndim == 2 ? (uint64_t)e[i].shape[1] : 1);
+      TZ_ASSERT_OK(tz_st_writer_put(w, data[i], numel));
+      json_object_set_new(wm, names[i], json_string(file));
+    }
+    TZ_ASSERT_OK(tz_st_writer_close(w, 1));
+    free(p);
+  }
+  json_t *idx = json_object();
+  json_object_set_new(idx, "metadata", json_object());
+  json_object_set_new(idx, "weight_map", wm);
+  char *ip = path_in(dir, "model.safetensors.index.json");
+  assert_int_equal(json_dump_file(idx, ip, 0), 0);
+  json_decref(idx);
+  free(ip);
+  tz_hf_model *m;
+  TZ_ASSERT_OK(tz_hf_open(dir, &m));
+  for (int b = 0; b < tz_model_n_blocks(&cfg); b++) {
+    uint64_t n = tz_model_block_numel(&cfg, b);
+    float *got = malloc(sizeof(float) * n);
+    TZ_ASSERT_OK(tz_hf_read_block(m, b, got));
+    assert_memory_equal(got, src.b[b], sizeof(float) * n);
+    free(got);
+  }
+  tz_hf_close(m);
+  tz_test_rmdir(dir);
+  free_blocks(&src);
+}
+
+/* ---- bad files ---- */
+
+static char *write_raw(const char *dir, const char *name, uint64_t hlen, const char *hdr,
+                       size_t data_bytes, size_t cut) {
+  char *p = path_in(dir, name);
+  FILE *fp = fopen(p, "wb");
+  assert_non_null(fp);
+  size_t total = 8 + strlen(hdr) + data_bytes;
+  uint8_t *buf = calloc(1, total);
+  for (int i = 0; i < 8; i++)
+    buf[i] = (uint8_t)(hlen >> (8 * i));
+  memcpy(buf + 8, hdr, strlen(hdr));
+  for (size_t i = 0; i < data_bytes; i++)
+    buf[8 + strlen(hdr) + i] = (uint8_t)i;
+  assert_int_equal(fwrite(buf, 1, total - cut, fp), total - cut);
+  fclose(fp);
+  free(buf);
+  return p;
+}
+
+static void expect_open_error(const char *dir, const char *hdr, size_t data, size_t cut,
+                              int64_t hlen_override, int code, const char *const *needles) {
+  uint64_t hlen = hlen_override >= 0 ? (uint64_t)hlen_override : strlen(hdr);
+  char *p = write_raw(dir, "bad.safetensors", hlen, hdr, data, cut);
+  tz_st_file *f = NULL;
+  int rc = tz_st_open(p, &f);
+  if (rc != code)
+    fail_msg("header %s: got %d (%s), want %d", hdr, rc, tz_err_msg(), code);
+  assert_null(f);
+  for (int i = 0; needles[i]; i++)
+    if (!strstr(tz_err_msg(), needles[i]))
+      fail_msg("message \"%s\" lacks \"%s\"", tz_err_msg(), needles[i]);
+  free(p);
+}
+
+static void test_bad_files(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("st");
+  const char *ok = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}";
+  /* a good file, for contrast */
+  char *p = write_raw(dir, "good.safetensors", strlen(ok), ok, 24, 0);
+  tz_st_file *f;
+  TZ_ASSERT_OK(tz_st_open(p, &f));
+  float out[6];
+  int64_t shape[2] = {2, 3}, wrong[2] = {3, 2};
+  TZ_ASSERT_OK(tz_st_read_f32(f, "w", 2, shape, out));
+  uint32_t first = (0u) | (1u << 8) | (2u << 16) | (3u << 24);
+  assert_memory_equal(&out[0], &first, 4);
+  assert_int_equal(tz_st_read_f32(f, "w", 2, wrong, out), TZ_EFORMAT);
+  assert_non_null(strstr(tz_err_msg(), "'w' has shape [2, 3], expected [3, 2]"));
+  assert_int_equal(tz_st_read_f32(f, "v", 0, NULL, out), TZ_ENOENT);
+  assert_non_null(strstr(tz_err_msg(), "'v'"));
+  tz_st_close(f);
+  free(p);
+
+  /* truncated: shorter than the length prefix; header running past the end; data cut off */
+  expect_open_error(dir, "", 0, 5, 0, TZ_EFORMAT, (const char *const[]){"truncated", NULL});
+  expect_open_error(dir, ok, 24, 0, 1000, TZ_EFORMAT,
+                    (const char *const[]){"header length 1000", "past the end", NULL});
+  expect_open_error(dir, ok, 24, 10, -1, TZ_EFORMAT,
+                    (const char *const[]){"'w'", "[0, 24]", "outside the 14 bytes", NULL});
+  /* bad JSON */
+  expect_open_error(dir, "{\"w\": {\"dtype\": \"F32\",, }", 0, 0, -1, TZ_EFORMAT,
+                    (const char *const[]){"header JSON at byte", NULL});
+  expect_open_error(dir, "[1, 2]", 0, 0, -1, TZ_EFORMAT,
+                    (const char *const[]){"not an object", NULL});
+  /* offsets out of range, reversed, or not matching the shape */
+  expect_open_error(dir, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[8,32]}}", 24,
+                    0, -1, TZ_EFORMAT, (const char *const[]){"'w'", "[8, 32]", NULL});
+  expect_open_error(dir, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[24,0]}}", 24,
+                    0, -1, TZ_EFORMAT, (const char *const[]){"'w'", "[24, 0]", NULL});
+  expect_open_error(dir, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,24]}}", 24,
+                    0, -1, TZ_EFORMAT, (const char *const[]){"'w'", "needs 16", NULL});
+  /* dtype and shape */
+  expect_open_error(dir, "{\"w\":{\"dtype\":\"F33\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", 24,
+                    0, -1, TZ_EFORMAT, (const char *const[]){"'w'", "F33", NULL});
+  expect_open_error(dir, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,-3],\"data_offsets\":[0,24]}}",
+                    24, 0, -1, TZ_EFORMAT, (const char *const[]){"'w'", "shape[1]", NULL});
+  expect_open_error(dir, "{\"w\":{\"dtype\":\"F32\",\"shape\":[6]}}", 24, 0, -1, TZ_EFORMAT,
+                    (const char *const[]){"'w'", "data_offsets", NULL});
+  /* overlapping tensors */
+  expect_open_error(dir,
+                    "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                    "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",
+                    24, 0, -1, TZ_EFORMAT, (const char *const[]){"'b'", "overlaps", NULL});
+
+  /* a dtype that parses but is not read */
+  const char *i64 = "{\"w\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[0,24]}}";
+  p = write_raw(dir, "i64.safetensors", strlen(i64), i64, 24, 0);
+  TZ_ASSERT_OK(tz_st_open(p, &f));
+  assert_int_equal(tz_st_read_f32(f, "w", 0, NULL, out), TZ_ENOTSUP);
+  assert_non_null(strstr(tz_err_msg(), "I64"));
+  tz_st_close(f);
+  free(p);
+
+  assert_int_equal(tz_st_open("/nonexistent/x.safetensors", &f), TZ_ENOENT);
+  tz_test_rmdir(dir);
+}
+
+static void write_text(const char *dir, const char *name, const char *text) {
+  char *p = path_in(dir, name);
+  FILE *fp = fopen(p, "w");
+  assert_non_null(fp);
+  fputs(text, fp);
+  fclose(fp);
+  free(p);
+}
+
+static void test_bad_config(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("st");
+  struct tz_model_config c;
+  write_text(dir, "config.json", "{\"num_hidden_layers\": 2}");
+  assert_int_equal(tz_hf_config_read(dir, &c, NULL), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "hidden_size"));
+  write_text(dir, "config.json",
+             "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+             " \"intermediate_size\": 128, \"vocab_size\": 100, \"rope_scaling\": {\"type\": "
+             "\"linear\", \"factor\": 2.0}}");
+  assert_int_equal(tz_hf_config_read(dir, &c, NULL), TZ_ENOTSUP);
+  assert_non_null(strstr(tz_err_msg(), "rope_scaling"));
+  write_text(dir, "config.json",
+             "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+             " \"num_key_value_heads\": 3, \"intermediate_size\": 128, \"vocab_size\": 100}");
+  assert_int_equal(tz_hf_config_read(dir, &c, NULL), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "n_kv_head"));
+  write_text(dir, "config.json",
+             "{\"hidden_size\": 64, \"num_hidden_layers\": \"2\", \"num_attention_heads\": 4,"
+             " \"intermediate_size\": 128, \"vocab_size\": 100}");
+  assert_int_equal(tz_hf_config_read(dir, &c, NULL), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "num_hidden_layers"));
+  write_text(dir, "config.json", "{\"hidden_size\": 64,");
+  assert_int_equal(tz_hf_config_read(dir, &c, NULL), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "line 1"));
+  /* The nested form of newer transformers. */
+  write_text(dir, "config.json",
+             "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+             " \"intermediate_size\": 128, \"vocab_size\": 100, \"rope_parameters\": "
+             "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}, \"dtype\": \"float16\"}");
+  enum tz_dtype dt;
+  TZ_ASSERT_OK(tz_hf_config_read(dir, &c, &dt));
+  assert_true(c.rope_theta == 500000.0);
+  assert_int_equal(dt, TZ_F16);
+  /* Defaults of LlamaConfig where keys are absent; torch_dtype read. */
+  write_text(dir, "config.json",
+             "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+             " \"intermediate_size\": 128, \"vocab_size\": 100, \"torch_dtype\": \"bfloat16\"}");
+  TZ_ASSERT_OK(tz_hf_config_read(dir, &c, &dt));
+  assert_int_equal(c.n_kv_head, 4);
+  assert_int_equal(c.tie_embeddings, 0);
+  assert_true(c.rope_theta == 10000.0 && c.norm_eps == 1e-6 && c.max_seq == 2048);
+  assert_int_equal(dt, TZ_BF16);
+  /* A config without weights, then weights missing a tensor. */
+  tz_hf_model *m;
+  assert_int_equal(tz_hf_open(dir, &m), TZ_ENOENT);
+  assert_non_null(strstr(tz_err_msg(), "model.safetensors"));
+  struct tz_model_config small = cfg_small(0);
+  TZ_ASSERT_OK(tz_hf_config_write(dir, &small, TZ_F32));
+  struct tz_st_entry e = {.name = "model.embed_tokens.weight", .dtype = TZ_F32, .ndim = 2,
+                          .shape = {37, 32}};
+  float *wte = calloc(37 * 32, sizeof(float));
+  char *p = path_in(dir, "model.safetensors");
+  tz_st_writer *w;
+  TZ_ASSERT_OK(tz_st_writer_open(p, &e, 1, NULL, &w));
+  assert_int_equal(tz_st_writer_put(w, wte, 5), TZ_EINVAL); /* wrong size */
+  TZ_ASSERT_OK(tz_st_writer_put(w, wte, 37 * 32));
+  TZ_ASSERT_OK(tz_st_writer_close(w, 1));
+  free(p);
+  TZ_ASSERT_OK(tz_hf_open(dir, &m));
+  float *buf = malloc(sizeof(float) * tz_model_block_numel(&small, 1));
+  TZ_ASSERT_OK(tz_hf_read_block(m, 0, buf));
+  assert_int_equal(tz_hf_read_block(m, 1, buf), TZ_ENOENT);
+  assert_non_null(strstr(tz_err_msg(), "model.layers.0.input_layernorm.weight"));
+  tz_hf_close(m);
+  free(buf);
+  free(wte);
+  tz_test_rmdir(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_round_trip_f32_untied), cmocka_unit_test(test_round_trip_f32_tied),
+      cmocka_unit_test(test_round_trip_bf16),       cmocka_unit_test(test_round_trip_f16),
+      cmocka_unit_test(test_model_through_files),   cmocka_unit_test(test_sharded),
+      cmocka_unit_test(test_bad_files),             cmocka_unit_test(test_bad_config),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# On the GPU machine (see ../shared/device/README.md): builds with CUDA, runs the tests, then the
+# GPU benchmarks. Logs go to /tmp/tz-gpu-logs and, packed, to $OUT/logs.tgz. Each step runs even if
+# an earlier one failed; the summary at the end says which did.
+#   source .deps/setup.sh && bash tools/gpu-check.sh [STEP...]
+# Steps: tests topo tiers adam collectives hf layer (default: all of them, in that order).
+set -uo pipefail
+steps=${*:-tests topo tiers adam collectives hf layer}
+logs=/tmp/tz-gpu-logs
+mkdir -p "$logs"
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+[ -x .deps/fio ] && export PATH=$root/.deps:$PATH
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+b=/tmp/tz-build
+summary=()
+step() {
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-14s rc=%-3d %4ds' "$name" "$rc" $((SECONDS - t0)))")
+  return $rc
+}
+has() { [[ " $steps " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$logs/gpu.txt" 2>&1
+step configure cmake --preset gpu
+step build cmake --build --preset gpu -j"$(nproc)"
+if has tests; then
+  step ctest ctest --test-dir $b --output-on-failure -j4 --timeout 300
+  grep -E "tests passed|Failed|Skipped|\*\*\*" "$logs/ctest.log" | tail -40 > "$logs/ctest-summary.txt"
+fi
+has topo && step topo $b/bin/tz-topo && step topo-json $b/bin/tz-topo --json
+has tiers && step tiers $b/bin/tz-bench tiers --path /var/tmp --size 2G --reps 3
+has adam && step adam $b/bin/tz-bench adam --gpu
+# Collectives need two GPUs (the nvidia-h200-x2 machine); with one, tz-bench says so and skips.
+has collectives && step collectives $b/bin/tz-bench collectives --backend nccl --nproc 2
+if has hf && [ -x $b/bin/tz-model-check ]; then
+  step hf-export $b/bin/tz-model-check --preset tiny --seed 1 --export /tmp/tz-ours
+  step hf-ours python3 tools/hf_check.py run /tmp/tz-ours --tokens 72,101,108,108,111 --tz $b/bin/tz-model-check
+  step hf-make python3 tools/hf_check.py make /tmp/tz-theirs --kv-heads 2
+  step hf-theirs python3 tools/hf_check.py run /tmp/tz-theirs --tokens 3,1,4,1,5,9,2,6 --tz $b/bin/tz-model-check
+fi
+has layer && grep -q '"layer"' bench/tz-bench.c && step layer $b/bin/tz-bench layer
+printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
+[ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$logs" .
+exit 0

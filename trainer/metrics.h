@@ -1,0 +1,139 @@
+/* What the user sees of a training run: per-step figures (struct tz_step_metrics, filled by the
+ * trainer), a JSONL metrics file with one object per step, a progress display on the terminal
+ * (a redrawn bar on a TTY, plain lines otherwise) and an end-of-run summary. The schema of the
+ * file is in docs/data.md.
+ *
+ * FLOPs. Model FLOPs per token of a decoder with N parameters, L layers, width d, at sequence
+ * length T (the PaLM paper's accounting, appendix B):
+ *     6*N + 12*L*T*d
+ * 2*N for the forward multiply-adds and 4*N for the backward, plus the attention scores and their
+ * weighted sum (2 matmuls of 2*T*d per token per layer forward, twice that backward; the causal
+ * mask is not subtracted, as in that accounting). N is every parameter, the embedding included
+ * and a tied head counted once, as llm.c and nanoGPT count it; the embedding lookup does no
+ * multiply-adds, so this overstates the work by 6*V*d per token when the head is untied (2% for
+ * llama-7b). With activation recomputation the forward runs twice: 8*N + 16*L*T*d. MFU uses the
+ * first (model FLOPs, what the model needs); the second is the hardware FLOPs actually done. */
+#ifndef TZ_TRAINER_METRICS_H
+#define TZ_TRAINER_METRICS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/config.h"
+#include "trainer/model.h"
+
+#define TZ_METRICS_MAX_TRAFFIC 32
+
+/* Bytes moved by one lane of one tier during a step (or, in a summary, the run). */
+struct tz_traffic {
+  char tier[16]; /* "hbm", "host", "nvme", "net" */
+  char lane[32]; /* "read", "write", "h2d", "d2h", "allgather", ... */
+  uint64_t bytes;
+};
+
+/* One optimizer step, as the trainer fills it. NaN in a double means "not known" and is written
+ * as null (JSON has no NaN). tokens_per_s, tflops and mfu come from tz_metrics_derive. */
+struct tz_step_metrics {
+  int64_t step;        /* 1-based: the number of optimizer steps done */
+  int64_t total_steps; /* of the run; 0 when unknown (no ETA) */
+  double elapsed_s;    /* wall time since training started, at the end of this step */
+  double loss;         /* mean training loss of the step's tokens, all ranks */
+  double lr;           /* learning rate used by this step's update */
+  double grad_norm;    /* global gradient norm before clipping */
+  uint64_t tokens;     /* tokens in the step, all ranks together */
+  double step_s;       /* wall time of the step */
+  double bound_s;      /* the plan's lower bound for the step; 0 = no plan */
+  double stall_s;      /* time the compute lane waited on transfers during the step */
+  int skipped;         /* 1: fp16 overflow, the update was skipped */
+  double loss_scale;   /* fp16 loss scale; 0 when not fp16 */
+  int has_eval;        /* 1: eval_loss was measured after this step */
+  double eval_loss;    /* mean validation loss */
+  double tokens_per_s; /* derived: tokens / step_s */
+  double tflops;       /* derived: model TFLOP/s achieved, all ranks */
+  double mfu;          /* derived: tflops / peak of all ranks; NaN when the peak is unknown */
+  int n_traffic;
+  struct tz_traffic traffic[TZ_METRICS_MAX_TRAFFIC];
+};
+
+/* A zeroed step with the unknown doubles set to NaN. */
+void tz_step_metrics_init(struct tz_step_metrics *m);
+
+/* Adds bytes to (tier, lane), creating the entry. TZ_EINVAL for a name longer than its field,
+ * TZ_ENOMEM when TZ_METRICS_MAX_TRAFFIC entries are taken. */
+int tz_step_metrics_add_traffic(struct tz_step_metrics *m, const char *tier, const char *lane,
+                                uint64_t bytes);
+
+/* Model FLOPs per token at sequence length T (the header's formula): recompute 0 gives
+ * 6N + 12LTd, 1 gives 8N + 16LTd. */
+double tz_metrics_flops_per_token(const struct tz_model_config *cfg, int T, int recompute);
+
+/* Dense peak FLOP/s of one GPU at a compute precision (tensor cores for fp16/bf16, plain fp32
+ * otherwise), from its name as CUDA reports it ("NVIDIA H200"); 0 when the device is not in the
+ * table (the MFU is then not reported). */
+double tz_metrics_peak_flops(const char *device_name, enum tz_precision precision);
+
+/* Fills tokens_per_s, tflops and mfu from tokens and step_s. peak_flops is the peak of all ranks
+ * together (0: unknown). */
+void tz_metrics_derive(struct tz_step_metrics *m, double flops_per_token, double peak_flops);
+
+/* ---- The run summary ---- */
+
+/* Totals over a run. Rates and the step-time comparison leave out the first step (which pays
+ * for allocation, first reads and warm-up) when there are more. */
+struct tz_metrics_summary {
+  double flops_per_token, peak_flops;
+  int64_t steps, skipped;
+  uint64_t tokens;
+  double time_s;             /* sum of step_s */
+  int64_t timed_steps;       /* the steps rates are taken over */
+  uint64_t timed_tokens;
+  double timed_s, timed_bound_s, timed_stall_s;
+  int bound_steps;           /* timed steps with a bound */
+  double last_loss, last_eval_loss;
+  int n_traffic;
+  struct tz_traffic traffic[TZ_METRICS_MAX_TRAFFIC];
+};
+
+void tz_metrics_summary_init(struct tz_metrics_summary *s, double flops_per_token,
+                             double peak_flops);
+void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_metrics *m);
+/* Multi-line summary: tokens/s, TFLOP/s and MFU, step time against the bound, stall share,
+ * bytes per tier and lane. */
+void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f);
+
+/* ---- The metrics file ---- */
+
+typedef struct tz_metrics_writer tz_metrics_writer;
+
+/* Opens path for JSONL (truncated, or appended to when append is set: a resumed run). Lines are
+ * buffered and flushed one by one, never fsynced. TZ_EIO/TZ_EPERM/TZ_ENOENT with the path. */
+int tz_metrics_writer_create(const char *path, int append, tz_metrics_writer **out);
+void tz_metrics_writer_destroy(tz_metrics_writer *w); /* closes; NULL is a no-op */
+/* One line: the step object (docs/data.md). TZ_EIO with the path when the write fails. */
+int tz_metrics_write_step(tz_metrics_writer *w, const struct tz_step_metrics *m);
+/* One line: {"summary": true, ...} with the summary's figures. */
+int tz_metrics_write_summary(tz_metrics_writer *w, const struct tz_metrics_summary *s);
+
+/* ---- The progress display ---- */
+
+typedef struct tz_display tz_display;
+
+enum tz_display_mode {
+  TZ_DISPLAY_AUTO,  /* a bar when f is a terminal, lines otherwise */
+  TZ_DISPLAY_BAR,   /* one line redrawn in place with \r */
+  TZ_DISPLAY_LINES, /* a plain line every `every` steps, at the last step and at each eval */
+  TZ_DISPLAY_QUIET, /* nothing */
+};
+
+/* Writes to f (borrowed; stderr usually). every >= 1. TZ_EINVAL, TZ_ENOMEM. */
+int tz_display_create(FILE *f, enum tz_display_mode mode, int64_t every, tz_display **out);
+/* Ends a bar that is showing (a newline) and frees d; NULL is a no-op. */
+void tz_display_destroy(tz_display *d);
+/* The mode in use (AUTO resolved). */
+enum tz_display_mode tz_display_mode_of(const tz_display *d);
+void tz_display_step(tz_display *d, const struct tz_step_metrics *m);
+/* A line of text (a warning, "checkpoint written") that does not garble the bar: the bar is
+ * cleared, the line printed, and the bar drawn again below it. */
+void tz_display_message(tz_display *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

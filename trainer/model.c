@@ -1,0 +1,715 @@
+/* The decoder's layout, initialisation and phases (model.h), against kernels/compute.h only. */
+#include "trainer/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+/* ---- config ---- */
+
+static const struct {
+  const char *name;
+  struct tz_model_config cfg;
+} presets[] = {
+    /* Byte-level vocabulary; small enough to train on two cores in minutes. */
+    {"tiny", {.d_model = 128, .n_layer = 4, .n_head = 4, .n_kv_head = 2, .ffn_dim = 352,
+              .vocab = 256, .max_seq = 256, .rope_theta = 10000.0, .norm_eps = 1e-5,
+              .tie_embeddings = 1}},
+    {"llama-1b", {.d_model = 2048, .n_layer = 16, .n_head = 16, .n_kv_head = 16, .ffn_dim = 5632,
+                  .vocab = 32000, .max_seq = 2048, .rope_theta = 10000.0, .norm_eps = 1e-5,
+                  .tie_embeddings = 0}},
+    {"llama-3b", {.d_model = 3200, .n_layer = 26, .n_head = 32, .n_kv_head = 32, .ffn_dim = 8640,
+                  .vocab = 32000, .max_seq = 2048, .rope_theta = 10000.0, .norm_eps = 1e-6,
+                  .tie_embeddings = 0}},
+    {"llama-7b", {.d_model = 4096, .n_layer = 32, .n_head = 32, .n_kv_head = 32, .ffn_dim = 11008,
+                  .vocab = 32000, .max_seq = 2048, .rope_theta = 10000.0, .norm_eps = 1e-5,
+                  .tie_embeddings = 0}},
+    {"llama-13b", {.d_model = 5120, .n_layer = 40, .n_head = 40, .n_kv_head = 40,
+                   .ffn_dim = 13824, .vocab = 32000, .max_seq = 2048, .rope_theta = 10000.0,
+                   .norm_eps = 1e-5, .tie_embeddings = 0}},
+};
+#define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
+
+int tz_model_preset_count(void) { return N_PRESETS; }
+
+const char *tz_model_preset_name(int i) { return i >= 0 && i < N_PRESETS ? presets[i].name : NULL; }
+
+int tz_model_preset(const char *name, struct tz_model_config *out) {
+  for (int i = 0; name && i < N_PRESETS; i++)
+    if (strcmp(name, presets[i].name) == 0) {
+      *out = presets[i].cfg;
+      return 0;
+    }
+  return tz_err_set(TZ_ENOENT,
+                    "model: no preset '%s' (tiny, llama-1b, llama-3b, llama-7b, llama-13b)",
+                    name ? name : "(null)");
+}
+
+int tz_model_config_check(const struct tz_model_config *c) {
+#define NEED(cond, ...)                                                                            \
+  do {                                                                                             \
+    if (!(cond))                                                                                   \
+      return tz_err_set(TZ_ECONFIG, "model config: " __VA_ARGS__);                                 \
+  } while (0)
+  NEED(c->d_model > 0, "d_model %d must be positive", c->d_model);
+  NEED(c->n_layer > 0, "n_layer %d must be positive", c->n_layer);
+  NEED(c->n_head > 0 && c->d_model % c->n_head == 0,
+       "n_head %d must be positive and divide d_model %d", c->n_head, c->d_model);
+  NEED((c->d_model / c->n_head) % 2 == 0, "head dim %d (d_model / n_head) must be even for RoPE",
+       c->d_model / c->n_head);
+  NEED(c->n_kv_head > 0 && c->n_head % c->n_kv_head == 0,
+       "n_kv_head %d must be positive and divide n_head %d", c->n_kv_head, c->n_head);
+  NEED(c->ffn_dim > 0, "ffn_dim %d must be positive", c->ffn_dim);
+  NEED(c->vocab > 0, "vocab %d must be positive", c->vocab);
+  NEED(c->max_seq > 0, "max_seq %d must be positive", c->max_seq);
+  NEED(c->rope_theta > 0.0, "rope_theta %g must be positive", c->rope_theta);
+  NEED(c->norm_eps >= 0.0, "norm_eps %g must not be negative", c->norm_eps);
+  NEED(c->tie_embeddings == 0 || c->tie_embeddings == 1, "tie_embeddings %d must be 0 or 1",
+       c->tie_embeddings);
+  /* Offsets are 64-bit, but the compute ops take int dimensions. */
+  NEED((int64_t)c->vocab * c->d_model < INT32_MAX && (int64_t)c->ffn_dim * c->d_model < INT32_MAX,
+       "a weight matrix has more than 2^31 elements");
+#undef NEED
+  return 0;
+}
+
+int tz_model_head_dim(const struct tz_model_config *cfg) { return cfg->d_model / cfg->n_head; }
+
+/* ---- layout ---- */
+
+static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+int tz_model_n_blocks(const struct tz_model_config *cfg) { return cfg->n_layer + 2; }
+int tz_model_block_of_layer(int layer) { return layer + 1; }
+
+static void add_tensor(struct tz_block_layout *l, const char *name, int64_t rows, int64_t cols,
+                       int ndim) {
+  struct tz_param_info *t = &l->t[l->n++];
+  t->name = name;
+  t->offset = l->numel;
+  t->ndim = ndim;
+  t->shape[0] = rows;
+  t->shape[1] = cols;
+  t->numel = (uint64_t)rows * (uint64_t)cols;
+  l->numel = round_up(t->offset + t->numel, TZ_MODEL_ALIGN);
+}
+
+int tz_model_block_layout(const struct tz_model_config *cfg, int block,
+                          struct tz_block_layout *out) {
+  int nb = tz_model_n_blocks(cfg);
+  if (block < 0 || block >= nb)
+    return tz_err_set(TZ_EINVAL, "model: block %d outside [0, %d)", block, nb);
+  memset(out, 0, sizeof *out);
+  int64_t C = cfg->d_model, F = cfg->ffn_dim, V = cfg->vocab;
+  int64_t D = tz_model_head_dim(cfg), HD = (int64_t)cfg->n_head * D,
+          KD = (int64_t)cfg->n_kv_head * D;
+  out->layer = -1;
+  if (block == 0) {
+    out->kind = TZ_BLOCK_EMBED;
+    add_tensor(out, "wte", V, C, 2);
+  } else if (block == nb - 1) {
+    out->kind = TZ_BLOCK_HEAD;
+    add_tensor(out, "norm", C, 1, 1);
+    if (!cfg->tie_embeddings)
+      add_tensor(out, "lm_head", V, C, 2);
+  } else {
+    out->kind = TZ_BLOCK_LAYER;
+    out->layer = block - 1;
+    add_tensor(out, "attn_norm", C, 1, 1);
+    add_tensor(out, "wq", HD, C, 2);
+    add_tensor(out, "wk", KD, C, 2);
+    add_tensor(out, "wv", KD, C, 2);
+    add_tensor(out, "wo", C, HD, 2);
+    add_tensor(out, "mlp_norm", C, 1, 1);
+    add_tensor(out, "wg", F, C, 2);
+    add_tensor(out, "wu", F, C, 2);
+    add_tensor(out, "wd", C, F, 2);
+  }
+  return 0;
+}
+
+uint64_t tz_model_block_numel(const struct tz_model_config *cfg, int block) {
+  struct tz_block_layout l = {0};
+  if (tz_model_block_layout(cfg, block, &l) < 0)
+    return 0;
+  return l.numel;
+}
+
+uint64_t tz_model_block_numel_padded(const struct tz_model_config *cfg, int block,
+                                     int world_size) {
+  if (world_size < 1)
+    world_size = 1;
+  return round_up(tz_model_block_numel(cfg, block), (uint64_t)world_size * TZ_MODEL_ALIGN);
+}
+
+uint64_t tz_model_layer_numel_padded(const struct tz_model_config *cfg, int world_size) {
+  return tz_model_block_numel_padded(cfg, tz_model_block_of_layer(0), world_size);
+}
+
+uint64_t tz_model_n_params(const struct tz_model_config *cfg) {
+  uint64_t n = 0;
+  for (int b = 0; b < tz_model_n_blocks(cfg); b++) {
+    struct tz_block_layout l;
+    if (tz_model_block_layout(cfg, b, &l) < 0)
+      return 0;
+    for (int i = 0; i < l.n; i++)
+      n += l.t[i].numel;
+  }
+  return n;
+}
+
+/* ---- initialisation ---- */
+
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* A standard normal from (seed, block, tensor, index) alone. */
+static double init_normal(uint64_t seed, int block, int tensor, uint64_t i) {
+  uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ull);
+  h = mix64(h ^ ((uint64_t)(uint32_t)block << 32 | (uint32_t)tensor));
+  h = mix64(h ^ i);
+  uint64_t h2 = mix64(h + 0x9e3779b97f4a7c15ull);
+  /* u1 in (0, 1], u2 in [0, 1): 53-bit uniforms */
+  double u1 = ((double)(h >> 11) + 1.0) * 0x1.0p-53;
+  double u2 = (double)(h2 >> 11) * 0x1.0p-53;
+  return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed,
+                        uint64_t begin, uint64_t end, float *out) {
+  struct tz_block_layout l = {0};
+  TZ_CHECK(tz_model_block_layout(cfg, block, &l));
+  if (begin > end)
+    return tz_err_set(TZ_EINVAL, "model init: block %d range [%llu, %llu) is reversed", block,
+                      (unsigned long long)begin, (unsigned long long)end);
+  memset(out, 0, (size_t)(end - begin) * sizeof *out);
+  double std_out = 0.02 / sqrt(2.0 * cfg->n_layer);
+  for (int ti = 0; ti < l.n; ti++) {
+    const struct tz_param_info *t = &l.t[ti];
+    uint64_t lo = t->offset > begin ? t->offset : begin;
+    uint64_t hi = t->offset + t->numel < end ? t->offset + t->numel : end;
+    int is_norm = t->ndim == 1;
+    double std = 0.02;
+    if (l.kind == TZ_BLOCK_LAYER && (ti == TZ_L_WO || ti == TZ_L_WD))
+      std = std_out;
+    for (uint64_t e = lo; e < hi; e++)
+      out[e - begin] =
+          is_norm ? 1.0f : (float)(std * init_normal(seed, block, ti, e - t->offset));
+  }
+  return 0;
+}
+
+/* ---- parameter blocks in backend memory ---- */
+
+int tz_model_blocks_alloc(tz_compute *cm, const struct tz_model_config *cfg, void ***out) {
+  *out = NULL;
+  int nb = tz_model_n_blocks(cfg);
+  void **b = calloc((size_t)nb, sizeof *b);
+  if (!b)
+    return tz_err_set(TZ_ENOMEM, "model: out of memory");
+  size_t es = tz_dtype_size(tz_compute_dtype(cm));
+  for (int i = 0; i < nb; i++) {
+    size_t bytes = tz_model_block_numel(cfg, i) * es;
+    int rc = tz_compute_alloc(cm, bytes, &b[i]);
+    if (!rc)
+      rc = tz_compute_zero(cm, b[i], bytes);
+    if (rc < 0) {
+      tz_model_blocks_free(cm, cfg, b);
+      return rc;
+    }
+  }
+  *out = b;
+  return 0;
+}
+
+void tz_model_blocks_free(tz_compute *cm, const struct tz_model_config *cfg, void **blocks) {
+  if (!blocks)
+    return;
+  for (int i = 0; i < tz_model_n_blocks(cfg); i++)
+    tz_compute_free(cm, blocks[i]);
+  free(blocks);
+}
+
+int tz_model_block_upload(tz_compute *cm, void *dst, const float *src, uint64_t n) {
+  enum tz_dtype S = tz_compute_dtype(cm);
+  if (S == TZ_F32) {
+    TZ_CHECK(tz_compute_copy_in(cm, dst, src, n * sizeof(float)));
+    return tz_compute_sync(cm);
+  }
+  void *tmp;
+  TZ_CHECK(tz_compute_alloc(cm, n * sizeof(float), &tmp));
+  int rc = tz_compute_copy_in(cm, tmp, src, n * sizeof(float));
+  if (!rc)
+    rc = tz_compute_cast(cm, dst, S, tmp, TZ_F32, n);
+  if (!rc)
+    rc = tz_compute_sync(cm);
+  tz_compute_free(cm, tmp);
+  return rc;
+}
+
+int tz_model_block_download(tz_compute *cm, float *dst, const void *src, uint64_t n) {
+  enum tz_dtype S = tz_compute_dtype(cm);
+  if (S == TZ_F32) {
+    TZ_CHECK(tz_compute_copy_out(cm, dst, src, n * sizeof(float)));
+    return tz_compute_sync(cm);
+  }
+  void *tmp;
+  TZ_CHECK(tz_compute_alloc(cm, n * sizeof(float), &tmp));
+  int rc = tz_compute_cast(cm, tmp, TZ_F32, src, S, n);
+  if (!rc)
+    rc = tz_compute_copy_out(cm, dst, tmp, n * sizeof(float));
+  if (!rc)
+    rc = tz_compute_sync(cm);
+  tz_compute_free(cm, tmp);
+  return rc;
+}
+
+int tz_model_blocks_init(tz_compute *cm, const struct tz_model_config *cfg, uint64_t seed,
+                         void *const *blocks) {
+  for (int b = 0; b < tz_model_n_blocks(cfg); b++) {
+    uint64_t n = tz_model_block_numel(cfg, b);
+    float *buf = malloc(sizeof(float) * n);
+    if (!buf)
+      return tz_err_set(TZ_ENOMEM, "model: cannot allocate block %d (%llu floats)", b,
+                        (unsigned long long)n);
+    int rc = tz_model_init_block(cfg, b, seed, 0, n, buf);
+    if (!rc)
+      rc = tz_model_block_upload(cm, blocks[b], buf, n);
+    free(buf);
+    TZ_CHECK(rc);
+  }
+  return 0;
+}
+
+/* ---- activation buffers ---- */
+
+struct carver {
+  char *base;   /* NULL: only count */
+  size_t off;
+};
+
+static void *carve(struct carver *c, size_t bytes) {
+  void *p = c->base ? c->base + c->off : NULL;
+  c->off += (bytes + 255) & ~(size_t)255;
+  return p;
+}
+
+static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                        struct carver *c, struct tz_layer_acts *a) {
+  size_t N = (size_t)B * T, es = tz_dtype_size(dt);
+  size_t C = cfg->d_model, F = cfg->ffn_dim, D = tz_model_head_dim(cfg);
+  size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
+  a->h1 = carve(c, N * C * es);
+  a->rstd1 = carve(c, N * sizeof(float));
+  a->q = carve(c, N * HD * es);
+  a->k = carve(c, N * KD * es);
+  a->v = carve(c, N * KD * es);
+  a->att = carve(c, N * HD * es);
+  a->lse = carve(c, (size_t)B * cfg->n_head * T * sizeof(float));
+  a->x2 = carve(c, N * C * es);
+  a->h2 = carve(c, N * C * es);
+  a->rstd2 = carve(c, N * sizeof(float));
+  a->g = carve(c, N * F * es);
+  a->u = carve(c, N * F * es);
+  a->a = carve(c, N * F * es);
+}
+
+size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
+  struct carver c = {0};
+  struct tz_layer_acts a;
+  acts_layout(cfg, dt, B, T, &c, &a);
+  return c.off;
+}
+
+void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                         void *base, struct tz_layer_acts *out) {
+  struct carver c = {.base = base};
+  acts_layout(cfg, dt, B, T, &c, out);
+}
+
+static void scratch_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                           struct carver *c, struct tz_layer_scratch *s) {
+  size_t N = (size_t)B * T, es = tz_dtype_size(dt);
+  size_t C = cfg->d_model, F = cfg->ffn_dim, D = tz_model_head_dim(cfg);
+  size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
+  s->dh = carve(c, N * C * es);
+  s->da = carve(c, N * F * es);
+  s->dg = carve(c, N * F * es);
+  s->du = carve(c, N * F * es);
+  s->datt = carve(c, N * HD * es);
+  s->dq = carve(c, N * HD * es);
+  s->dk = carve(c, N * KD * es);
+  s->dv = carve(c, N * KD * es);
+  s->delta = carve(c, (size_t)B * cfg->n_head * T * sizeof(float));
+}
+
+size_t tz_model_scratch_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
+  struct carver c = {0};
+  struct tz_layer_scratch s;
+  scratch_layout(cfg, dt, B, T, &c, &s);
+  return c.off;
+}
+
+void tz_model_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                            void *base, struct tz_layer_scratch *out) {
+  struct carver c = {.base = base};
+  scratch_layout(cfg, dt, B, T, &c, out);
+}
+
+int tz_model_head_rows(const struct tz_model_config *cfg, int N) {
+  int rows = (int)(TZ_MODEL_HEAD_CHUNK_ELEMS / (unsigned)cfg->vocab);
+  if (rows < 1)
+    rows = 1;
+  return rows < N ? rows : N;
+}
+
+static void head_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                        struct carver *c, struct tz_head_scratch *s) {
+  size_t N = (size_t)B * T, es = tz_dtype_size(dt), C = cfg->d_model;
+  s->h = carve(c, N * C * es);
+  s->rstd = carve(c, N * sizeof(float));
+  s->logits = carve(c, (size_t)tz_model_head_rows(cfg, (int)N) * cfg->vocab * es);
+  s->dh = carve(c, N * C * es);
+  s->losses = carve(c, N * sizeof(float));
+  s->loss = carve(c, sizeof(float));
+}
+
+size_t tz_model_head_scratch_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
+                                   int T) {
+  struct carver c = {0};
+  struct tz_head_scratch s;
+  head_layout(cfg, dt, B, T, &c, &s);
+  return c.off;
+}
+
+void tz_model_head_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
+                                 int T, void *base, struct tz_head_scratch *out) {
+  struct carver c = {.base = base};
+  head_layout(cfg, dt, B, T, &c, out);
+}
+
+/* ---- phases ---- */
+
+/* Element pointer arithmetic on buffers of dtype dt. */
+static void *at(const void *base, uint64_t elems, enum tz_dtype dt) {
+  return (char *)base + elems * tz_dtype_size(dt);
+}
+
+static int check_bt(const struct tz_model_config *cfg, int B, int T) {
+  if (B < 1 || T < 1 || T > cfg->max_seq)
+    return tz_err_set(TZ_EINVAL, "model: batch %d x %d tokens (T must be in [1, max_seq %d])", B,
+                      T, cfg->max_seq);
+  return 0;
+}
+
+int tz_model_embed_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *embed,
+                       const int32_t *tokens, void *x, int B, int T) {
+  TZ_CHECK(check_bt(cfg, B, T));
+  return tz_compute_embedding_fwd(cm, x, tokens, embed, B * T, cfg->d_model, cfg->vocab);
+}
+
+int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *embed_grad,
+                       const int32_t *tokens, const void *dx, int B, int T) {
+  TZ_CHECK(check_bt(cfg, B, T));
+  return tz_compute_embedding_bwd(cm, embed_grad, dx, tokens, B * T, cfg->d_model, cfg->vocab);
+}
+
+/* y (N, out) = x (N, in) W^T, W (out, in): the linear layer. */
+static int linear_fwd(tz_compute *cm, void *y, const void *x, const void *W, int N, int in,
+                      int out) {
+  return tz_compute_matmul(cm, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y,
+                           tz_compute_dtype(cm), out);
+}
+
+/* dW (out, in) += dy^T x; dx (N, in) = dy W (+= when accumulate). */
+static int linear_bwd(tz_compute *cm, void *dx, int accumulate, void *dW, const void *dy,
+                      const void *x, const void *W, int N, int in, int out) {
+  TZ_CHECK(tz_compute_matmul(cm, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW,
+                             tz_compute_grad_dtype(cm), in));
+  return tz_compute_matmul(cm, 0, 0, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f,
+                           dx, tz_compute_dtype(cm), in);
+}
+
+int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
+                       const void *x_in, void *x_out, const struct tz_layer_acts *a, int B,
+                       int T) {
+  TZ_CHECK(check_bt(cfg, B, T));
+  struct tz_block_layout l = {0};
+  TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
+  enum tz_dtype S = tz_compute_dtype(cm);
+  int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, H = cfg->n_head, Hkv = cfg->n_kv_head;
+  int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
+  float eps = (float)cfg->norm_eps, theta = (float)cfg->rope_theta;
+#define P(i) at(params, l.t[i].offset, S)
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
+  TZ_CHECK(linear_fwd(cm, a->q, a->h1, P(TZ_L_WQ), N, C, HD));
+  TZ_CHECK(linear_fwd(cm, a->k, a->h1, P(TZ_L_WK), N, C, KD));
+  TZ_CHECK(linear_fwd(cm, a->v, a->h1, P(TZ_L_WV), N, C, KD));
+  TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, theta));
+  TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, theta));
+  TZ_CHECK(tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D));
+  /* x2 = x_in + att wo^T: the projection goes through x2 first, then the residual is added. */
+  TZ_CHECK(linear_fwd(cm, a->x2, a->att, P(TZ_L_WO), N, HD, C));
+  TZ_CHECK(tz_compute_add(cm, S, a->x2, a->x2, x_in, (size_t)N * C));
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps));
+  TZ_CHECK(linear_fwd(cm, a->g, a->h2, P(TZ_L_WG), N, C, F));
+  TZ_CHECK(linear_fwd(cm, a->u, a->h2, P(TZ_L_WU), N, C, F));
+  TZ_CHECK(tz_compute_swiglu_fwd(cm, a->a, a->g, a->u, (size_t)N * F));
+  TZ_CHECK(linear_fwd(cm, x_out, a->a, P(TZ_L_WD), N, F, C));
+  TZ_CHECK(tz_compute_add(cm, S, x_out, x_out, a->x2, (size_t)N * C));
+#undef P
+  return 0;
+}
+
+int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
+                       void *grads, const void *x_in, const struct tz_layer_acts *a,
+                       int recompute, const void *dx_out, void *dx_in,
+                       const struct tz_layer_scratch *s, int B, int T) {
+  TZ_CHECK(check_bt(cfg, B, T));
+  struct tz_block_layout l = {0};
+  TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
+  enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
+  int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, H = cfg->n_head, Hkv = cfg->n_kv_head;
+  int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
+  float theta = (float)cfg->rope_theta;
+  size_t NC = (size_t)N * C;
+  if (recompute) {
+    /* The recomputed x_out is not needed; the scratch's dh is free until the MLP backward. */
+    TZ_CHECK(tz_model_layer_fwd(cm, cfg, params, x_in, s->dh, a, B, T));
+  }
+#define P(i) at(params, l.t[i].offset, S)
+#define GR(i) at(grads, l.t[i].offset, G)
+  /* The residual passes dx_out through unchanged; both norms' gradients are added onto it. */
+  TZ_CHECK(tz_compute_copy(cm, dx_in, dx_out, NC * tz_dtype_size(S)));
+  /* MLP: x_out = x2 + (silu(h2 wg^T) * (h2 wu^T)) wd^T, dx_out is the gradient of the output */
+  TZ_CHECK(linear_bwd(cm, s->da, 0, GR(TZ_L_WD), dx_out, a->a, P(TZ_L_WD), N, F, C));
+  TZ_CHECK(tz_compute_swiglu_bwd(cm, s->dg, s->du, s->da, a->g, a->u, (size_t)N * F));
+  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WG), s->dg, a->h2, P(TZ_L_WG), N, C, F));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WU), s->du, a->h2, P(TZ_L_WU), N, C, F));
+  TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, GR(TZ_L_MLP_NORM), s->dh, a->x2, P(TZ_L_MLP_NORM),
+                                  a->rstd2, N, C));
+  /* Attention: x2 = x_in + att wo^T; dx_in holds the gradient at x2 now. */
+  TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dx_in, a->att, P(TZ_L_WO), N, HD, C));
+  TZ_CHECK(tz_compute_attention_bwd(cm, s->dq, s->dk, s->dv, s->delta, s->datt, a->q, a->k, a->v,
+                                    a->att, a->lse, B, T, H, Hkv, D));
+  TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, theta));
+  TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, theta));
+  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), s->dq, a->h1, P(TZ_L_WQ), N, C, HD));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), s->dk, a->h1, P(TZ_L_WK), N, C, KD));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, a->h1, P(TZ_L_WV), N, C, KD));
+  TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in,
+                                  P(TZ_L_ATTN_NORM), a->rstd1, N, C));
+#undef P
+#undef GR
+  return 0;
+}
+
+/* The LM head's weight (V, C) and where its gradient goes. */
+static void head_weights(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
+                         const void *embed, void *head_grad, void *embed_grad, const void **W,
+                         void **dW) {
+  struct tz_block_layout l = {0};
+  tz_model_block_layout(cfg, cfg->n_layer + 1, &l);
+  if (cfg->tie_embeddings) {
+    *W = embed;
+    *dW = embed_grad;
+  } else {
+    *W = at(head, l.t[TZ_H_LM].offset, tz_compute_dtype(cm));
+    *dW = head_grad ? at(head_grad, l.t[TZ_H_LM].offset, tz_compute_grad_dtype(cm)) : NULL;
+  }
+}
+
+int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
+                  const void *embed, void *head_grad, void *embed_grad, const void *x,
+                  const int32_t *targets, float dscale, void *dx,
+                  const struct tz_head_scratch *s, int B, int T) {
+  TZ_CHECK(check_bt(cfg, B, T));
+  enum tz_dtype S = tz_compute_dtype(cm);
+  int N = B * T, C = cfg->d_model, V = cfg->vocab;
+  int bwd = head_grad != NULL;
+  if (bwd && cfg->tie_embeddings && !embed_grad)
+    return tz_err_set(TZ_EINVAL, "model head: tied embeddings need the embedding's gradient");
+  const void *W;
+  void *dW;
+  head_weights(cm, cfg, head, embed, head_grad, embed_grad, &W, &dW);
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps));
+  int rows = tz_model_head_rows(cfg, N);
+  for (int r0 = 0; r0 < N; r0 += rows) {
+    int nr = N - r0 < rows ? N - r0 : rows;
+    const void *h = at(s->h, (uint64_t)r0 * C, S);
+    TZ_CHECK(linear_fwd(cm, s->logits, h, W, nr, C, V));
+    TZ_CHECK(tz_compute_xent(cm, s->losses + r0, bwd ? s->logits : NULL, s->logits,
+                             targets + r0, nr, V, dscale));
+    if (bwd)
+      TZ_CHECK(linear_bwd(cm, at(s->dh, (uint64_t)r0 * C, S), 0, dW, s->logits, h, W, nr, C, V));
+  }
+  TZ_CHECK(tz_compute_sum(cm, s->loss, TZ_F32, s->losses, (size_t)N, 0));
+  if (bwd) {
+    TZ_CHECK(tz_compute_zero(cm, dx, (size_t)N * C * tz_dtype_size(S)));
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx, head_grad, s->dh, x, head, s->rstd, N, C));
+  }
+  return 0;
+}
+
+int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
+                         const void *embed, const void *x, void *logits,
+                         const struct tz_head_scratch *s, int B, int T) {
+  TZ_CHECK(check_bt(cfg, B, T));
+  int N = B * T, C = cfg->d_model, V = cfg->vocab;
+  const void *W;
+  void *dW;
+  head_weights(cm, cfg, head, embed, NULL, NULL, &W, &dW);
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps));
+  return linear_fwd(cm, logits, s->h, W, N, C, V);
+}
+
+int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
+                                int T) {
+  return (uint64_t)cfg->n_layer * tz_model_acts_bytes(cfg, dt, B, T) > TZ_MODEL_ACTS_BUDGET;
+}
+
+/* ---- the whole-model driver ---- */
+
+struct tz_model_runner {
+  tz_compute *cm;
+  const struct tz_model_config *cfg;
+  int B, T, checkpoint;
+  void *mem;                   /* one allocation for everything below */
+  int32_t *tokens, *targets;   /* (B, T) */
+  void **xs;                   /* n_layer + 1 of (B, T, C): the input of each layer, then the
+                                  final output */
+  struct tz_layer_acts *acts;  /* checkpoint ? 1 : n_layer */
+  struct tz_layer_scratch scratch;
+  struct tz_head_scratch head;
+  void *dx;                    /* (B, T, C) the gradient flowing down */
+};
+
+int tz_model_runner_create(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
+                           int checkpoint, tz_model_runner **out) {
+  *out = NULL;
+  TZ_CHECK(tz_model_config_check(cfg));
+  TZ_CHECK(check_bt(cfg, B, T));
+  tz_model_runner *r = calloc(1, sizeof *r);
+  int L = cfg->n_layer, n_acts = checkpoint ? 1 : L;
+  if (r) {
+    r->xs = calloc((size_t)L + 1, sizeof *r->xs);
+    r->acts = calloc((size_t)n_acts, sizeof *r->acts);
+  }
+  if (!r || !r->xs || !r->acts) {
+    tz_model_runner_destroy(r);
+    return tz_err_set(TZ_ENOMEM, "model runner: out of memory");
+  }
+  r->cm = cm;
+  r->cfg = cfg;
+  r->B = B;
+  r->T = T;
+  r->checkpoint = checkpoint != 0;
+  enum tz_dtype S = tz_compute_dtype(cm);
+  size_t N = (size_t)B * T;
+  size_t x_bytes = (N * cfg->d_model * tz_dtype_size(S) + 255) & ~(size_t)255;
+  size_t tok_bytes = (N * sizeof(int32_t) + 255) & ~(size_t)255;
+  size_t acts_bytes = tz_model_acts_bytes(cfg, S, B, T);
+  size_t total = 2 * tok_bytes + (size_t)(L + 2) * x_bytes + (size_t)n_acts * acts_bytes +
+                 tz_model_scratch_bytes(cfg, S, B, T) + tz_model_head_scratch_bytes(cfg, S, B, T);
+  int rc = tz_compute_alloc(cm, total, &r->mem);
+  if (rc < 0) {
+    tz_model_runner_destroy(r);
+    return rc;
+  }
+  char *p = r->mem;
+  r->tokens = (int32_t *)p, p += tok_bytes;
+  r->targets = (int32_t *)p, p += tok_bytes;
+  for (int i = 0; i <= L; i++)
+    r->xs[i] = p, p += x_bytes;
+  r->dx = p, p += x_bytes;
+  for (int i = 0; i < n_acts; i++) {
+    tz_model_acts_carve(cfg, S, B, T, p, &r->acts[i]);
+    p += acts_bytes;
+  }
+  tz_model_scratch_carve(cfg, S, B, T, p, &r->scratch);
+  p += tz_model_scratch_bytes(cfg, S, B, T);
+  tz_model_head_scratch_carve(cfg, S, B, T, p, &r->head);
+  *out = r;
+  return 0;
+}
+
+void tz_model_runner_destroy(tz_model_runner *r) {
+  if (!r)
+    return;
+  if (r->mem)
+    tz_compute_free(r->cm, r->mem);
+  free(r->xs);
+  free(r->acts);
+  free(r);
+}
+
+static int runner_forward(tz_model_runner *r, void *const *params, const int32_t *tokens) {
+  const struct tz_model_config *cfg = r->cfg;
+  size_t N = (size_t)r->B * r->T;
+  TZ_CHECK(tz_compute_copy_in(r->cm, r->tokens, tokens, N * sizeof(int32_t)));
+  TZ_CHECK(tz_model_embed_fwd(r->cm, cfg, params[0], r->tokens, r->xs[0], r->B, r->T));
+  for (int i = 0; i < cfg->n_layer; i++) {
+    const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
+    TZ_CHECK(tz_model_layer_fwd(r->cm, cfg, params[tz_model_block_of_layer(i)], r->xs[i],
+                                r->xs[i + 1], a, r->B, r->T));
+  }
+  return 0;
+}
+
+int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *grads,
+                         const int32_t *tokens, const int32_t *targets, float dscale,
+                         float *loss) {
+  const struct tz_model_config *cfg = r->cfg;
+  int L = cfg->n_layer, B = r->B, T = r->T;
+  size_t N = (size_t)B * T;
+  if (dscale <= 0.0f)
+    dscale = 1.0f / (float)N;
+  TZ_CHECK(runner_forward(r, params, tokens));
+  TZ_CHECK(tz_compute_copy_in(r->cm, r->targets, targets, N * sizeof(int32_t)));
+  TZ_CHECK(tz_model_head(r->cm, cfg, params[L + 1], params[0], grads ? grads[L + 1] : NULL,
+                         grads ? grads[0] : NULL, r->xs[L], r->targets, dscale, r->dx, &r->head,
+                         B, T));
+  if (grads) {
+    for (int i = L - 1; i >= 0; i--) {
+      int blk = tz_model_block_of_layer(i);
+      const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
+      TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, params[blk], grads[blk], r->xs[i], a,
+                                  r->checkpoint, r->dx, r->dx, &r->scratch, B, T));
+    }
+    TZ_CHECK(tz_model_embed_bwd(r->cm, cfg, grads[0], r->tokens, r->dx, B, T));
+  }
+  float sum = 0.0f;
+  TZ_CHECK(tz_compute_copy_out(r->cm, &sum, r->head.loss, sizeof sum));
+  TZ_CHECK(tz_compute_sync(r->cm));
+  *loss = sum / (float)N;
+  return 0;
+}
+
+int tz_model_runner_logits(tz_model_runner *r, void *const *params, const int32_t *tokens,
+                           float *logits) {
+  const struct tz_model_config *cfg = r->cfg;
+  enum tz_dtype S = tz_compute_dtype(r->cm);
+  size_t n = (size_t)r->B * r->T * cfg->vocab;
+  TZ_CHECK(runner_forward(r, params, tokens));
+  void *buf = NULL, *f32 = NULL;
+  int rc;
+  TZ_CHECK_GOTO(tz_compute_alloc(r->cm, n * tz_dtype_size(S), &buf), rc, out);
+  TZ_CHECK_GOTO(tz_model_head_logits(r->cm, cfg, params[cfg->n_layer + 1], params[0],
+                                     r->xs[cfg->n_layer], buf, &r->head, r->B, r->T),
+                rc, out);
+  if (S != TZ_F32) {
+    TZ_CHECK_GOTO(tz_compute_alloc(r->cm, n * sizeof(float), &f32), rc, out);
+    TZ_CHECK_GOTO(tz_compute_cast(r->cm, f32, TZ_F32, buf, S, n), rc, out);
+  }
+  TZ_CHECK_GOTO(tz_compute_copy_out(r->cm, logits, f32 ? f32 : buf, n * sizeof(float)), rc, out);
+  rc = tz_compute_sync(r->cm);
+out:
+  tz_compute_free(r->cm, buf);
+  tz_compute_free(r->cm, f32);
+  return rc;
+}

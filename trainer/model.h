@@ -1,0 +1,253 @@
+/* The Llama-shaped decoder, written once against the compute ops (kernels/compute.h):
+ * token embedding; n_layer blocks of RMSNorm, causal grouped-query self-attention with RoPE,
+ * RMSNorm, SwiGLU MLP, each with a residual; final RMSNorm; LM head (tied to the embedding or
+ * not); cross-entropy loss.
+ *
+ * Parameters live in blocks: block 0 is the embedding, blocks 1..n_layer the transformer layers,
+ * block n_layer+1 the head (final norm and, when untied, the LM head). A block is one flat buffer;
+ * a table gives each tensor's offset and shape. Every offset is a multiple of TZ_MODEL_ALIGN
+ * elements, so every tensor is 256-byte aligned in f32 and in 16-bit storage alike and the layout
+ * (in elements) is the same for every dtype: an fp32 master shard and a bf16 parameter shard of
+ * the same block line up element for element. A block is padded (with zeros that no op reads) to
+ * a multiple of world_size * TZ_MODEL_ALIGN so that it splits into equal aligned shards.
+ *
+ * Layer functions take pointers to their block's buffer and to activation buffers, all in the
+ * compute backend's memory, so the scheduler can place them anywhere. Gradients accumulate (+=)
+ * into gradient blocks of the same layout (dtype G), so micro-batches add up. */
+#ifndef TZ_TRAINER_MODEL_H
+#define TZ_TRAINER_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/compute.h"
+
+struct tz_model_config {
+  int d_model;        /* C */
+  int n_layer;        /* L */
+  int n_head;         /* H; d_model % n_head == 0, head dim D = d_model / n_head (even) */
+  int n_kv_head;      /* Hkv; n_head % n_kv_head == 0 (grouped-query attention when smaller) */
+  int ffn_dim;        /* F, the SwiGLU hidden width */
+  int vocab;          /* V */
+  int max_seq;        /* the longest sequence T */
+  double rope_theta;  /* RoPE base */
+  double norm_eps;    /* RMSNorm epsilon */
+  int tie_embeddings; /* 1: the LM head is the embedding matrix */
+};
+
+/* Presets: "tiny" (tests and the demo: byte vocabulary), "llama-1b", "llama-3b", "llama-7b",
+ * "llama-13b". TZ_ENOENT for another name, with the list in the message. */
+int tz_model_preset(const char *name, struct tz_model_config *out);
+int tz_model_preset_count(void);
+const char *tz_model_preset_name(int i); /* NULL past the end */
+
+/* TZ_ECONFIG, naming the field, when a config cannot describe a model. */
+int tz_model_config_check(const struct tz_model_config *cfg);
+int tz_model_head_dim(const struct tz_model_config *cfg); /* D */
+/* Parameters of the model, without padding; the tied head is counted once. */
+uint64_t tz_model_n_params(const struct tz_model_config *cfg);
+
+/* ---- Blocks and their layout ---- */
+
+#define TZ_MODEL_ALIGN 128 /* elements: 256 bytes of bf16/fp16, 512 of f32 */
+
+enum tz_block_kind { TZ_BLOCK_EMBED, TZ_BLOCK_LAYER, TZ_BLOCK_HEAD };
+
+/* Tensor indices inside each kind of block (the order of the layout table). */
+enum { TZ_E_WTE, TZ_E_COUNT };
+enum {
+  TZ_L_ATTN_NORM, /* (C) */
+  TZ_L_WQ,        /* (H*D, C): q = x wq^T */
+  TZ_L_WK,        /* (Hkv*D, C) */
+  TZ_L_WV,        /* (Hkv*D, C) */
+  TZ_L_WO,        /* (C, H*D) */
+  TZ_L_MLP_NORM,  /* (C) */
+  TZ_L_WG,        /* (F, C): gate */
+  TZ_L_WU,        /* (F, C): up */
+  TZ_L_WD,        /* (C, F): down */
+  TZ_L_COUNT
+};
+enum {
+  TZ_H_NORM, /* (C) */
+  TZ_H_LM,   /* (V, C); absent when tie_embeddings (the head uses the embedding's wte) */
+  TZ_H_COUNT
+};
+
+struct tz_param_info {
+  const char *name;  /* short name: "wte", "attn_norm", "wq", ... "norm", "lm_head" */
+  uint64_t offset;   /* elements from the block's start; a multiple of TZ_MODEL_ALIGN */
+  int ndim;          /* 1 or 2 */
+  int64_t shape[2];  /* row-major; shape[1] is 1 for a vector */
+  uint64_t numel;
+};
+
+struct tz_block_layout {
+  enum tz_block_kind kind;
+  int layer;          /* 0-based transformer layer for TZ_BLOCK_LAYER, else -1 */
+  int n;              /* tensors in t[] */
+  struct tz_param_info t[TZ_L_COUNT];
+  uint64_t numel;     /* the end of the last tensor, rounded up to TZ_MODEL_ALIGN */
+};
+
+int tz_model_n_blocks(const struct tz_model_config *cfg); /* n_layer + 2 */
+int tz_model_block_of_layer(int layer);                  /* layer + 1 */
+/* TZ_EINVAL for a block outside [0, n_blocks). */
+int tz_model_block_layout(const struct tz_model_config *cfg, int block,
+                          struct tz_block_layout *out);
+uint64_t tz_model_block_numel(const struct tz_model_config *cfg, int block);
+/* The block's size rounded up to a multiple of world_size * TZ_MODEL_ALIGN (world_size >= 1):
+ * world_size equal shards, each a multiple of TZ_MODEL_ALIGN elements. */
+uint64_t tz_model_block_numel_padded(const struct tz_model_config *cfg, int block, int world_size);
+/* The same for a transformer layer (all layers have one layout). */
+uint64_t tz_model_layer_numel_padded(const struct tz_model_config *cfg, int world_size);
+
+/* ---- Initialisation ----
+ * Each element is a function of (seed, block, tensor, index within the tensor) only, so any
+ * range of any block can be filled independently (a rank its shard) with the same numbers at every
+ * world size: a splitmix64 hash of those four gives two uniforms, turned into a normal by
+ * Box-Muller. Weights ~ normal(0, 0.02); the two projections that write into the residual stream
+ * (wo and wd) ~ normal(0, 0.02 / sqrt(2 * n_layer)), as GPT-2 and Llama reference training do, so
+ * the residual's variance does not grow with depth; RMSNorm weights = 1; padding = 0.
+ * Fills out[0 .. end-begin) with elements [begin, end) of the block (f32, host memory). */
+int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed,
+                        uint64_t begin, uint64_t end, float *out);
+
+/* ---- Parameter blocks in backend memory ---- */
+
+/* One buffer per block (tz_model_block_numel elements of the storage dtype of cm each), zeroed.
+ * *out is an array of n_blocks pointers; free both with tz_model_blocks_free. */
+int tz_model_blocks_alloc(tz_compute *cm, const struct tz_model_config *cfg, void ***out);
+void tz_model_blocks_free(tz_compute *cm, const struct tz_model_config *cfg, void **blocks);
+/* Every block initialised by tz_model_init_block(seed) and stored in the storage dtype. */
+int tz_model_blocks_init(tz_compute *cm, const struct tz_model_config *cfg, uint64_t seed,
+                         void *const *blocks);
+/* n host floats <-> n elements of the storage dtype in backend memory (cast on the backend);
+ * synchronous. */
+int tz_model_block_upload(tz_compute *cm, void *dst, const float *src, uint64_t n);
+int tz_model_block_download(tz_compute *cm, float *dst, const void *src, uint64_t n);
+
+/* ---- Activations (backend memory, storage dtype S unless said; N = B*T) ---- */
+
+/* What one layer's forward keeps for its backward. */
+struct tz_layer_acts {
+  void *h1;     /* (N, C) attention-norm output */
+  float *rstd1; /* (N) F32 */
+  void *q;      /* (N, H*D) after RoPE */
+  void *k;      /* (N, Hkv*D) after RoPE */
+  void *v;      /* (N, Hkv*D) */
+  void *att;    /* (N, H*D) attention output, before wo */
+  float *lse;   /* (B, H, T) F32 logsumexp of the scores */
+  void *x2;     /* (N, C) the residual stream after attention */
+  void *h2;     /* (N, C) MLP-norm output */
+  float *rstd2; /* (N) F32 */
+  void *g;      /* (N, F) gate projection */
+  void *u;      /* (N, F) up projection */
+  void *a;      /* (N, F) silu(g) * u */
+};
+
+/* Scratch for a layer's backward, shared by all layers. */
+struct tz_layer_scratch {
+  void *dh;     /* (N, C) gradient of a norm output */
+  void *da;     /* (N, F) */
+  void *dg;     /* (N, F) */
+  void *du;     /* (N, F) */
+  void *datt;   /* (N, H*D) */
+  void *dq;     /* (N, H*D) */
+  void *dk;     /* (N, Hkv*D) */
+  void *dv;     /* (N, Hkv*D) */
+  float *delta; /* (B, H, T) F32 */
+};
+
+/* Scratch for the head. The head works on TZ_MODEL_HEAD_CHUNK_ELEMS / V rows of logits at a
+ * time (at least one row): a constant of the config, so the order of its sums never depends on
+ * memory. */
+#define TZ_MODEL_HEAD_CHUNK_ELEMS (1u << 24)
+struct tz_head_scratch {
+  void *h;      /* (N, C) final-norm output */
+  float *rstd;  /* (N) F32 */
+  void *logits; /* (rows, V): rows = tz_model_head_rows(cfg, N); dlogits in place */
+  void *dh;     /* (N, C) */
+  float *losses;/* (N) F32 per-token loss */
+  float *loss;  /* (1) F32 sum of losses */
+};
+int tz_model_head_rows(const struct tz_model_config *cfg, int N);
+
+/* Bytes for each of the three, carved from one buffer with every tensor 256-byte aligned, and
+ * the carving itself (base: 256-byte aligned backend memory of at least that many bytes). */
+size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);
+void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                         void *base, struct tz_layer_acts *out);
+size_t tz_model_scratch_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);
+void tz_model_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                            void *base, struct tz_layer_scratch *out);
+size_t tz_model_head_scratch_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
+                                   int T);
+void tz_model_head_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
+                                 int T, void *base, struct tz_head_scratch *out);
+
+/* ---- Phases (all pointers in backend memory; B*T rows; T <= max_seq) ---- */
+
+/* x (B,T,C) = wte[tokens]; tokens (B,T) int32. */
+int tz_model_embed_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *embed,
+                       const int32_t *tokens, void *x, int B, int T);
+/* Embedding gradient: embed_grad (block 0 layout, G) += scatter of dx (B,T,C) by token. */
+int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *embed_grad,
+                       const int32_t *tokens, const void *dx, int B, int T);
+
+/* One transformer layer: x_out (B,T,C) from x_in (B,T,C) and the layer's block `params`; acts
+ * receives what backward needs. x_out may alias x_in. */
+int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
+                       const void *x_in, void *x_out, const struct tz_layer_acts *acts, int B,
+                       int T);
+/* Backward of one layer. recompute != 0 runs the forward into acts first, from x_in alone
+ * (activation checkpointing); otherwise acts must hold this layer's forward of x_in. grads (the
+ * layer's block layout, G) += the parameter gradients; dx_in (B,T,C) = the gradient at x_in,
+ * given dx_out at x_out. dx_in may alias dx_out. acts and scratch are clobbered. */
+int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
+                       void *grads, const void *x_in, const struct tz_layer_acts *acts,
+                       int recompute, const void *dx_out, void *dx_in,
+                       const struct tz_layer_scratch *scratch, int B, int T);
+
+/* The head: final norm, LM head, cross-entropy on targets (B,T) int32. s->losses gets each
+ * token's loss and s->loss their sum (tz_compute_sum order). With head_grad non-NULL also the
+ * backward, the loss gradient scaled by dscale (1 / tokens in the step for a mean): head_grad
+ * (block n_layer+1, G) += and, when tied, embed_grad += the LM head's gradient (else embed_grad is
+ * unused); dx (B,T,C) = the gradient at x. embed is read only when tied. */
+int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
+                  const void *embed, void *head_grad, void *embed_grad, const void *x,
+                  const int32_t *targets, float dscale, void *dx,
+                  const struct tz_head_scratch *s, int B, int T);
+/* Forward only, all logits (B,T,V) S at once (evaluation, checks against other implementations). */
+int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
+                         const void *embed, const void *x, void *logits,
+                         const struct tz_head_scratch *s, int B, int T);
+
+/* Whether to checkpoint activations (keep only each layer's input, recompute in backward) by
+ * default: yes once keeping every layer's activations for B x T tokens would take more than
+ * TZ_MODEL_ACTS_BUDGET bytes, which is every model larger than the tiny ones at useful batch
+ * sizes; the costlier memory matters more than the third more compute then. */
+#define TZ_MODEL_ACTS_BUDGET (1ull << 30)
+int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);
+
+/* ---- A whole-model driver for tests and tools (the trainer drives the phases itself) ---- */
+
+typedef struct tz_model_runner tz_model_runner;
+
+/* Buffers for batches of up to B x T tokens. checkpoint != 0 keeps only each layer's input and
+ * recomputes the rest in backward; 0 keeps every layer's activations. The runner borrows cm and
+ * cfg (both must outlive it) and owns what it allocates from cm. */
+int tz_model_runner_create(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
+                           int checkpoint, tz_model_runner **out);
+void tz_model_runner_destroy(tz_model_runner *r); /* NULL is a no-op */
+
+/* Forward and (grads non-NULL) backward over tokens and targets (B*T int32 each, host memory).
+ * params[b] and grads[b] are block b's buffers in backend memory; grads += (accumulate).
+ * dscale <= 0 means 1 / (B*T). *loss (host) = the mean token loss. */
+int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *grads,
+                         const int32_t *tokens, const int32_t *targets, float dscale,
+                         float *loss);
+/* Forward only: logits (B*T*V floats, host memory) for tokens (host). */
+int tz_model_runner_logits(tz_model_runner *r, void *const *params, const int32_t *tokens,
+                           float *logits);
+
+#endif

@@ -1,0 +1,477 @@
+/* safetensors reading and writing (safetensors.h). */
+#define _GNU_SOURCE
+#include "trainer/safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/dtype.h"
+
+/* Larger headers than this are refused rather than read into memory (the reference
+ * implementation's limit is 100 MB). */
+#define MAX_HEADER (100u << 20)
+#define IO_CHUNK (4u << 20)
+
+struct tz_st_file {
+  char *path;
+  int fd;
+  uint64_t data_off;  /* 8 + header length */
+  uint64_t data_size;
+  int n;
+  struct tz_st_tensor *t;
+  json_t *meta;       /* the __metadata__ object, or NULL */
+};
+
+static const struct {
+  const char *name;
+  int size;
+} st_dtypes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+                 {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+                 {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+
+static int st_dtype_size(const char *name) {
+  for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
+    if (strcmp(st_dtypes[i].name, name) == 0)
+      return st_dtypes[i].size;
+  return 0;
+}
+
+static const char *st_dtype_of(enum tz_dtype dt) {
+  return dt == TZ_BF16 ? "BF16" : dt == TZ_F16 ? "F16" : "F32";
+}
+
+void tz_st_close(tz_st_file *f) {
+  if (!f)
+    return;
+  if (f->fd >= 0)
+    close(f->fd);
+  for (int i = 0; i < f->n; i++)
+    free((char *)f->t[i].name);
+  free(f->t);
+  json_decref(f->meta);
+  free(f->path);
+  free(f);
+}
+
+static int cmp_begin(const void *a, const void *b) {
+  const struct tz_st_tensor *x = *(const struct tz_st_tensor *const *)a,
+                            *y = *(const struct tz_st_tensor *const *)b;
+  return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* One header entry into t; the message names the file and the tensor. */
+static int parse_entry(const char *path, const char *name, json_t *v, uint64_t data_size,
+                       struct tz_st_tensor *t) {
+  if (!json_is_object(v))
+    return tz_err_set(TZ_EFORMAT, "%s: tensor '%s': header entry is not an object", path, name);
+  json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
+         *offs = json_object_get(v, "data_offsets");
+  if (!json_is_string(dt) || strlen(json_string_value(dt)) >= sizeof t->dtype)
+    return tz_err_set(TZ_EFORMAT, "%s: tensor '%s': missing or bad \"dtype\"", path, name);
+  strcpy(t->dtype, json_string_value(dt));
+  int es = st_dtype_size(t->dtype);
+  if (!es)
+    return tz_err_set(TZ_EFORMAT, "%s: tensor '%s': unknown dtype \"%s\"", path, name, t->dtype);
+  if (!json_is_array(shape) || json_array_size(shape) > TZ_ST_MAX_DIMS)
+    return tz_err_set(TZ_EFORMAT, "%s: tensor '%s': missing or bad \"shape\"", path, name);
+  t->ndim = (int)json_array_size(shape);
+  t->numel = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    json_t *s = json_array_get(shape, (size_t)d);
+    if (!json_is_integer(s) || json_integer_value(s) < 0 ||
+        json_integer_value(s) > (json_int_t)1 << 40)
+      return tz_err_set(TZ_EFORMAT, "%s: tensor '%s': shape[%d] is not a valid size", path, name,
+                        d);
+    t->shape[d] = json_integer_value(s);
+    if (__builtin_mul_overflow(t->numel, (uint64_t)t->shape[d], &t->numel))
+      return tz_err_set(TZ_EFORMAT, "%s: tensor '%s': shape overflows", path, name);
+  }
+  if (!json_is_array(offs) || json_array_size(offs) != 2 ||
+      !json_is_integer(json_array_get(offs, 0)) || !json_is_integer(json_array_get(offs, 1)))
+    return tz_err_set(TZ_EFORMAT, "%s: tensor '%s': missing or bad \"data_offsets\"", path, name);
+  json_int_t b = json_integer_value(json_array_get(offs, 0)),
+             e = json_integer_value(json_array_get(offs, 1));
+  if (b < 0 || e < b || (uint64_t)e > data_size)
+    return tz_err_set(TZ_EFORMAT,
+                      "%s: tensor '%s': data_offsets [%lld, %lld] outside the %llu bytes of data",
+                      path, name, (long long)b, (long long)e, (unsigned long long)data_size);
+  if ((uint64_t)(e - b) != t->numel * (uint64_t)es)
+    return tz_err_set(TZ_EFORMAT,
+                      "%s: tensor '%s': data_offsets [%lld, %lld] hold %lld bytes, but %s shape "
+                      "needs %llu",
+                      path, name, (long long)b, (long long)e, (long long)(e - b), t->dtype,
+                      (unsigned long long)(t->numel * (uint64_t)es));
+  t->begin = (uint64_t)b;
+  t->end = (uint64_t)e;
+  return 0;
+}
+
+int tz_st_open(const char *path, tz_st_file **out) {
+  *out = NULL;
+  int rc = 0;
+  char *hdr = NULL;
+  json_t *root = NULL;
+  struct tz_st_tensor **sorted = NULL;
+  tz_st_file *f = calloc(1, sizeof *f);
+  if (!f || !(f->path = strdup(path))) {
+    free(f);
+    return tz_err_set(TZ_ENOMEM, "%s: out of memory", path);
+  }
+  f->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (f->fd < 0) {
+    rc = tz_err_errno(errno, "safetensors: cannot open %s", path);
+    goto fail;
+  }
+  struct stat sb;
+  if (fstat(f->fd, &sb) < 0) {
+    rc = tz_err_errno(errno, "safetensors: fstat %s", path);
+    goto fail;
+  }
+  uint64_t size = (uint64_t)sb.st_size;
+  uint8_t lenb[8];
+  if (size < 8 || pread(f->fd, lenb, 8, 0) != 8) {
+    rc = tz_err_set(TZ_EFORMAT, "%s: truncated: %llu bytes, shorter than the 8-byte header length",
+                    path, (unsigned long long)size);
+    goto fail;
+  }
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--)
+    hlen = hlen << 8 | lenb[i];
+  if (hlen > MAX_HEADER || hlen > size - 8) {
+    rc = tz_err_set(TZ_EFORMAT,
+                    "%s: header length %llu at offset 0 runs past the end of the %llu-byte file%s",
+                    path, (unsigned long long)hlen, (unsigned long long)size,
+                    hlen > MAX_HEADER ? " (or exceeds 100 MB)" : "");
+    goto fail;
+  }
+  f->data_off = 8 + hlen;
+  f->data_size = size - f->data_off;
+  hdr = malloc(hlen + 1);
+  if (!hdr) {
+    rc = tz_err_set(TZ_ENOMEM, "%s: cannot allocate a %llu-byte header", path,
+                    (unsigned long long)hlen);
+    goto fail;
+  }
+  if (pread(f->fd, hdr, hlen, 8) != (ssize_t)hlen) {
+    rc = tz_err_errno(errno ? errno : EIO, "%s: short read of the header", path);
+    goto fail;
+  }
+  hdr[hlen] = '\0';
+  json_error_t jerr;
+  root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root) {
+    rc = tz_err_set(TZ_EFORMAT, "%s: header JSON at byte %d (file offset %llu): %s", path,
+                    jerr.position, (unsigned long long)(8 + (uint64_t)jerr.position), jerr.text);
+    goto fail;
+  }
+  if (!json_is_object(root)) {
+    rc = tz_err_set(TZ_EFORMAT, "%s: header JSON is not an object", path);
+    goto fail;
+  }
+  size_t n = json_object_size(root);
+  f->t = calloc(n ? n : 1, sizeof *f->t);
+  if (!f->t) {
+    rc = tz_err_set(TZ_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
+  const char *key;
+  json_t *val;
+  json_object_foreach(root, key, val) {
+    if (strcmp(key, "__metadata__") == 0) {
+      if (!json_is_object(val)) {
+        rc = tz_err_set(TZ_EFORMAT, "%s: __metadata__ is not an object", path);
+        goto fail;
+      }
+      f->meta = json_incref(val);
+      continue;
+    }
+    struct tz_st_tensor *t = &f->t[f->n];
+    if (!(t->name = strdup(key))) {
+      rc = tz_err_set(TZ_ENOMEM, "%s: out of memory", path);
+      goto fail;
+    }
+    f->n++;
+    TZ_CHECK_GOTO(parse_entry(path, key, val, f->data_size, t), rc, fail);
+  }
+  /* No two tensors may share bytes. */
+  sorted = malloc(sizeof *sorted * (f->n ? f->n : 1));
+  if (!sorted) {
+    rc = tz_err_set(TZ_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
+  for (int i = 0; i < f->n; i++)
+    sorted[i] = &f->t[i];
+  qsort(sorted, (size_t)f->n, sizeof *sorted, cmp_begin);
+  for (int i = 1; i < f->n; i++)
+    if (sorted[i]->begin < sorted[i - 1]->end) {
+      rc = tz_err_set(TZ_EFORMAT,
+                      "%s: tensor '%s' at data offset %llu overlaps tensor '%s' [%llu, %llu)",
+                      path, sorted[i]->name, (unsigned long long)sorted[i]->begin,
+                      sorted[i - 1]->name, (unsigned long long)sorted[i - 1]->begin,
+                      (unsigned long long)sorted[i - 1]->end);
+      goto fail;
+    }
+  free(sorted);
+  free(hdr);
+  json_decref(root);
+  *out = f;
+  return 0;
+fail:
+  free(sorted);
+  free(hdr);
+  json_decref(root);
+  tz_st_close(f);
+  return rc;
+}
+
+int tz_st_count(const tz_st_file *f) { return f->n; }
+
+const struct tz_st_tensor *tz_st_get(const tz_st_file *f, int i) {
+  return i >= 0 && i < f->n ? &f->t[i] : NULL;
+}
+
+const struct tz_st_tensor *tz_st_find(const tz_st_file *f, const char *name) {
+  for (int i = 0; i < f->n; i++)
+    if (strcmp(f->t[i].name, name) == 0)
+      return &f->t[i];
+  return NULL;
+}
+
+const char *tz_st_metadata(const tz_st_file *f, const char *key) {
+  json_t *v = f->meta ? json_object_get(f->meta, key) : NULL;
+  return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
+  size_t o = (size_t)snprintf(buf, len, "[");
+  for (int d = 0; d < ndim && o < len; d++)
+    o += (size_t)snprintf(buf + o, len - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+  if (o < len)
+    snprintf(buf + o, len - o, "]");
+}
+
+int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *shape, float *out) {
+  const struct tz_st_tensor *t = tz_st_find(f, name);
+  if (!t)
+    return tz_err_set(TZ_ENOENT, "%s: no tensor '%s'", f->path, name);
+  if (ndim > 0) {
+    int same = t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++)
+      same = t->shape[d] == shape[d];
+    if (!same) {
+      char a[128], b[128];
+      shape_str(a, sizeof a, t->ndim, t->shape);
+      shape_str(b, sizeof b, ndim, shape);
+      return tz_err_set(TZ_EFORMAT, "%s: tensor '%s' has shape %s, expected %s", f->path, name, a,
+                        b);
+    }
+  }
+  int es;
+  if (strcmp(t->dtype, "F32") == 0)
+    es = 4;
+  else if (strcmp(t->dtype, "BF16") == 0 || strcmp(t->dtype, "F16") == 0)
+    es = 2;
+  else
+    return tz_err_set(TZ_ENOTSUP, "%s: tensor '%s' has dtype %s (F32, BF16 and F16 are read)",
+                      f->path, name, t->dtype);
+  int bf16 = t->dtype[0] == 'B';
+  uint8_t *buf = es == 4 ? NULL : malloc(IO_CHUNK);
+  if (es == 2 && !buf)
+    return tz_err_set(TZ_ENOMEM, "%s: out of memory", f->path);
+  uint64_t done = 0, total = t->end - t->begin;
+  int rc = 0;
+  while (done < total) {
+    uint64_t want = total - done < IO_CHUNK ? total - done : IO_CHUNK;
+    void *dst = es == 4 ? (void *)((char *)out + done) : (void *)buf;
+    uint64_t off = f->data_off + t->begin + done;
+    ssize_t got = pread(f->fd, dst, want, (off_t)off);
+    if (got <= 0) {
+      rc = got < 0 ? tz_err_errno(errno, "%s: reading tensor '%s' at offset %llu", f->path, name,
+                                  (unsigned long long)off)
+                   : tz_err_set(TZ_EIO, "%s: tensor '%s': file ends at offset %llu", f->path,
+                                name, (unsigned long long)off);
+      break;
+    }
+    if (es == 2) {
+      uint64_t n = (uint64_t)got / 2, first = done / 2;
+      const uint16_t *h = (const uint16_t *)buf;
+      for (uint64_t i = 0; i < n; i++)
+        out[first + i] = bf16 ? tz_bf16_to_f32(h[i]) : tz_f16_to_f32(h[i]);
+      got &= ~(ssize_t)1; /* whole elements only: an odd byte is read again next time */
+    }
+    done += (uint64_t)got;
+  }
+  free(buf);
+  return rc;
+}
+
+/* ---- writer ---- */
+
+struct tz_st_writer {
+  char *path, *tmp;
+  FILE *fp;
+  int n, next;
+  struct tz_st_entry *e;
+  uint64_t *numel;
+  int failed;
+};
+
+static void writer_free(tz_st_writer *w) {
+  if (w->fp)
+    fclose(w->fp);
+  free(w->path);
+  free(w->tmp);
+  free(w->e);
+  free(w->numel);
+  free(w);
+}
+
+int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n,
+                      const char *const *meta, tz_st_writer **out) {
+  *out = NULL;
+  tz_st_writer *w = calloc(1, sizeof *w);
+  json_t *root = json_object();
+  char *hdr = NULL;
+  int rc = 0;
+  if (!w || !root || !(w->path = strdup(path)) || !(w->tmp = malloc(strlen(path) + 5)) ||
+      !(w->e = calloc((size_t)n + 1, sizeof *w->e)) ||
+      !(w->numel = calloc((size_t)n + 1, sizeof *w->numel))) {
+    rc = tz_err_set(TZ_ENOMEM, "%s: out of memory", path);
+    goto fail;
+  }
+  sprintf(w->tmp, "%s.tmp", path);
+  w->n = n;
+  memcpy(w->e, e, sizeof *e * (size_t)n);
+  if (meta) {
+    json_t *m = json_object();
+    for (int i = 0; meta[i] && meta[i + 1]; i += 2)
+      json_object_set_new(m, meta[i], json_string(meta[i + 1]));
+    json_object_set_new(root, "__metadata__", m);
+  }
+  uint64_t off = 0;
+  for (int i = 0; i < n; i++) {
+    if (e[i].ndim < 0 || e[i].ndim > TZ_ST_MAX_DIMS || json_object_get(root, e[i].name)) {
+      rc = tz_err_set(TZ_EINVAL, "%s: tensor '%s': bad ndim or a duplicate name", path,
+                      e[i].name);
+      goto fail;
+    }
+    json_t *t = json_object(), *shape = json_array();
+    uint64_t numel = 1;
+    for (int d = 0; d < e[i].ndim; d++) {
+      json_array_append_new(shape, json_integer(e[i].shape[d]));
+      numel *= (uint64_t)e[i].shape[d];
+    }
+    uint64_t bytes = numel * tz_dtype_size(e[i].dtype);
+    json_object_set_new(t, "dtype", json_string(st_dtype_of(e[i].dtype)));
+    json_object_set_new(t, "shape", shape);
+    json_t *offs = json_array();
+    json_array_append_new(offs, json_integer((json_int_t)off));
+    json_array_append_new(offs, json_integer((json_int_t)(off + bytes)));
+    json_object_set_new(t, "data_offsets", offs);
+    json_object_set_new(root, e[i].name, t);
+    w->numel[i] = numel;
+    off += bytes;
+  }
+  hdr = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  if (!hdr) {
+    rc = tz_err_set(TZ_ENOMEM, "%s: cannot format the header", path);
+    goto fail;
+  }
+  /* Spaces pad the header so that the data starts 8-byte aligned, as the reference writer does. */
+  size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7;
+  w->fp = fopen(w->tmp, "wbx");
+  if (!w->fp && errno == EEXIST) {
+    unlink(w->tmp);
+    w->fp = fopen(w->tmp, "wbx");
+  }
+  if (!w->fp) {
+    rc = tz_err_errno(errno, "safetensors: cannot create %s", w->tmp);
+    goto fail;
+  }
+  uint8_t lenb[8];
+  for (int i = 0; i < 8; i++)
+    lenb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+  if (fwrite(lenb, 8, 1, w->fp) != 1 || fwrite(hdr, hl, 1, w->fp) != 1 ||
+      fwrite("        ", padded - hl, 1, w->fp) != (padded > hl ? 1u : 0u)) {
+    rc = tz_err_errno(errno, "safetensors: writing the header of %s", w->tmp);
+    goto fail;
+  }
+  free(hdr);
+  json_decref(root);
+  *out = w;
+  return 0;
+fail:
+  free(hdr);
+  json_decref(root);
+  if (w) {
+    if (w->fp) {
+      fclose(w->fp);
+      w->fp = NULL;
+      unlink(w->tmp);
+    }
+    writer_free(w);
+  }
+  return rc;
+}
+
+int tz_st_writer_put(tz_st_writer *w, const float *data, uint64_t n) {
+  if (w->next >= w->n)
+    return tz_err_set(TZ_EINVAL, "%s: all %d tensors are written already", w->path, w->n);
+  const struct tz_st_entry *e = &w->e[w->next];
+  if (n != w->numel[w->next])
+    return tz_err_set(TZ_EINVAL, "%s: tensor '%s' has %llu elements, got %llu", w->path, e->name,
+                      (unsigned long long)w->numel[w->next], (unsigned long long)n);
+  int ok = 1;
+  if (e->dtype == TZ_F32) {
+    ok = fwrite(data, 4, n, w->fp) == n;
+  } else {
+    uint16_t buf[4096];
+    for (uint64_t i = 0; ok && i < n; i += 4096) {
+      uint64_t m = n - i < 4096 ? n - i : 4096;
+      for (uint64_t j = 0; j < m; j++)
+        buf[j] = e->dtype == TZ_BF16 ? tz_f32_to_bf16(data[i + j]) : tz_f32_to_f16(data[i + j]);
+      ok = fwrite(buf, 2, m, w->fp) == m;
+    }
+  }
+  if (!ok) {
+    w->failed = 1;
+    return tz_err_errno(errno, "safetensors: writing tensor '%s' to %s", e->name, w->tmp);
+  }
+  w->next++;
+  return 0;
+}
+
+int tz_st_writer_close(tz_st_writer *w, int commit) {
+  if (!w)
+    return 0;
+  int rc = 0;
+  if (commit && !w->failed && w->next != w->n)
+    rc = tz_err_set(TZ_EINVAL, "%s: only %d of %d tensors were written", w->path, w->next, w->n);
+  if (commit && !rc && !w->failed) {
+    if (fflush(w->fp) != 0 || fsync(fileno(w->fp)) != 0)
+      rc = tz_err_errno(errno, "safetensors: flushing %s", w->tmp);
+    else if (fclose(w->fp) != 0)
+      rc = tz_err_errno(errno, "safetensors: closing %s", w->tmp);
+    w->fp = NULL;
+    if (!rc && rename(w->tmp, w->path) != 0)
+      rc = tz_err_errno(errno, "safetensors: renaming %s to %s", w->tmp, w->path);
+  } else if (commit && !rc) {
+    rc = tz_err_set(TZ_EIO, "%s: an earlier write failed", w->path);
+  }
+  if (!commit || rc) {
+    if (w->fp) {
+      fclose(w->fp);
+      w->fp = NULL;
+    }
+    unlink(w->tmp);
+  }
+  writer_free(w);
+  return rc;
+}
