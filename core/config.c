@@ -331,8 +331,14 @@ static void store(struct tz_config *c, const struct key *k, struct val *v) {
   case K_ENUM: set_int(c, k, (int)v->i); break;
   case K_I64: *(int64_t *)field(c, k) = v->i; break;
   case K_SIZE: *(uint64_t *)field(c, k) = (uint64_t)v->i; break;
-  case K_DOUBLE: *(double *)field(c, k) = v->d[0]; break;
-  case K_PAIR: memcpy(field(c, k), v->d, 2 * sizeof(double)); break;
+  /* + 0.0 turns -0.0 into 0.0: the dump writes -0.0 as -0, which JSON reads back as the integer
+   * 0, so a signed zero would not survive a checkpoint (found by tests/fuzz). */
+  case K_DOUBLE: *(double *)field(c, k) = v->d[0] + 0.0; break;
+  case K_PAIR:
+    v->d[0] += 0.0;
+    v->d[1] += 0.0;
+    memcpy(field(c, k), v->d, 2 * sizeof(double));
+    break;
   case K_STR:
     free_owned(c, k);
     *(char **)field(c, k) = v->s;
@@ -720,6 +726,16 @@ static int parse_double_text(const char *s, double *out) {
   return 0;
 }
 
+/* Text for a string key must be UTF-8: the configuration is dumped as JSON (tz_config_dump),
+ * which holds nothing else, and a string jansson refuses would be dumped as null. */
+static int text_utf8(const struct where *w, const char *s, size_t n) {
+  json_t *j = json_stringn(s, n);
+  if (!j)
+    return where_err(w, "not valid UTF-8 text");
+  json_decref(j);
+  return 0;
+}
+
 /* A value given as text (environment variable, command line) for k. */
 static int parse_text(const struct where *w, const struct key *k, const char *s, struct val *v) {
   memset(v, 0, sizeof *v);
@@ -776,6 +792,8 @@ static int parse_text(const struct where *w, const struct key *k, const char *s,
   case K_STR:
     if (!*s)
       return bad_value(w, k);
+    if (text_utf8(w, s, strlen(s)) < 0)
+      return TZ_ECONFIG;
     return dup_str(s, strlen(s), &v->s);
   case K_PATHS:
     for (const char *p = s;;) {
@@ -784,6 +802,10 @@ static int parse_text(const struct where *w, const struct key *k, const char *s,
       if (n == 0 || v->paths.n == TZ_CONFIG_MAX_PATHS) {
         val_free(v);
         return bad_value(w, k);
+      }
+      if (text_utf8(w, p, n) < 0) {
+        val_free(v);
+        return TZ_ECONFIG;
       }
       int rc = dup_str(p, n, &v->paths.path[v->paths.n]);
       if (rc < 0) {

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "testlib.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -712,6 +713,20 @@ static void test_set(void **state) {
   assert_string_equal(tz_err_msg(), "optimizer.params.lrr: unknown key (did you mean lr?)");
   assert_int_equal(tz_config_set(&c, "nonsense", "1"), TZ_ENOENT);
   assert_string_equal(tz_err_msg(), "nonsense: unknown key");
+  /* Text JSON cannot hold is refused rather than dumped as null (found by tests/fuzz). */
+  assert_int_equal(tz_config_set(&c, "tierzero.nvme_path", "/a:/b\371c"), TZ_ECONFIG);
+  assert_string_equal(tz_err_msg(), "tierzero.nvme_path: not valid UTF-8 text");
+  assert_int_equal(tz_config_set(&c, "tierzero.model", "\377"), TZ_ECONFIG);
+  assert_int_equal(c.tierzero.nvme_path.n, 0);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.nvme_path", "/d\303\251j\303\240:/b"));
+  assert_int_equal(c.tierzero.nvme_path.n, 2);
+  /* A negative zero is stored as zero: the dump could not carry its sign (found by tests/fuzz). */
+  TZ_ASSERT_OK(tz_config_set(&c, "gradient_clipping", "-0"));
+  assert_false(signbit(c.gradient_clipping));
+  TZ_ASSERT_OK(tz_config_load_string(&c, "{\"optimizer\": {\"params\": {\"betas\": [-0.0, 0.9], "
+                                         "\"weight_decay\": -0.0}}}", NULL));
+  assert_false(signbit(c.optimizer.betas[0]));
+  assert_false(signbit(c.optimizer.weight_decay));
   tz_config_free(&c);
 }
 
