@@ -13,6 +13,7 @@ static const struct {
   {"adam", tz_bench_adam, "CPU (and --gpu GPU) Adam beside the streaming ceiling of the same run"},
   {"collectives", tz_bench_collectives, "all-gather and reduce-scatter busbw beside direct MPI or NCCL calls"},
   {"layer", tz_bench_layer, "one transformer layer fwd+bwd on the cuda backend beside PyTorch"},
+  {"prefetch", tz_bench_prefetch, "the scheduler streaming layers in ahead of compute, against the critical path"},
   {NULL, NULL, NULL}, /* subcommands are added above this line */
 };
 

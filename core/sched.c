@@ -103,6 +103,7 @@ struct step_rec {
   int live, ended;
   uint64_t entered, done;
   uint64_t t_first_enter, t_lane_begin, t_last_done;
+  uint64_t stall_ns, compute_ns;
 };
 
 enum { ACT_FILL, ACT_FLUSH };
@@ -167,7 +168,7 @@ struct tz_sched {
   struct xlane xl[MAX_XLANES];
   int n_xl;
   struct step_rec steps[STEP_RING];
-  double times[TIMES_RING];
+  struct tz_sched_step_time times[TIMES_RING];
   uint64_t n_times, last_step_done;
 
   int trace_on, trace_complete, trace_written;
@@ -304,10 +305,12 @@ static void step_check_done(tz_sched *s, struct step_rec *r) {
   if (r->entered == 0)
     return;
   uint64_t from = s->last_step_done ? s->last_step_done : r->t_first_enter;
-  s->times[s->n_times++ % TIMES_RING] = 1e-9 * (double)(r->t_last_done - from);
+  struct tz_sched_step_time *t = &s->times[s->n_times++ % TIMES_RING];
+  *t = (struct tz_sched_step_time){r->step, 1e-9 * (double)(r->t_last_done - from),
+                                   1e-9 * (double)r->stall_ns, 1e-9 * (double)r->compute_ns};
   s->last_step_done = r->t_last_done;
-  dbg(s, "step %llu complete: %.3f ms", (unsigned long long)r->step,
-      1e3 * s->times[(s->n_times - 1) % TIMES_RING]);
+  dbg(s, "step %llu complete: %.3f ms, stalled %.3f ms", (unsigned long long)r->step,
+      1e3 * t->seconds, 1e3 * t->stall_s);
   if (s->p.trace_step >= 0 && r->step == (uint64_t)s->p.trace_step) {
     s->trace_on = 0;
     s->trace_complete = 1;
@@ -777,6 +780,8 @@ static void inst_finish(tz_sched *s, struct inst *I) {
   if (r->live && r->step == I->step) {
     r->done++;
     r->t_last_done = now;
+    r->stall_ns += I->wait.stall_ns;
+    r->compute_ns += compute;
     if (ready - I->wait.stall_ns < r->t_lane_begin)
       r->t_lane_begin = ready - I->wait.stall_ns;
     step_check_done(s, r);
@@ -914,8 +919,8 @@ int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **
   return 0;
 }
 
-int tz_sched_block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_extent *home,
-                       int *id) {
+static int block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_extent *home,
+                     int *id) {
   if (s->declared)
     return tz_err_set(TZ_EINVAL, "sched: block '%s' added after the phases were declared", name);
   if (!home || !home->tier || bytes == 0)
@@ -943,6 +948,14 @@ int tz_sched_block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_e
   b->gen = b->home_gen = 1;
   *id = s->n_blocks++;
   return 0;
+}
+
+int tz_sched_block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_extent *home,
+                       int *id) {
+  pthread_mutex_lock(&s->mu);
+  int rc = block_add(s, name, bytes, home, id);
+  pthread_mutex_unlock(&s->mu);
+  return rc;
 }
 
 static int check_phases(tz_sched *s, const struct tz_phase_decl *phases, int n) {
@@ -978,7 +991,7 @@ static uint64_t phase_ws(tz_sched *s, const struct tz_phase_decl *d, uint64_t al
   return ws;
 }
 
-int tz_sched_min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes) {
+static int min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes) {
   TZ_CHECK(check_phases(s, phases, n));
   uint64_t align = tz_tier_alignment(s->compute), max = 0;
   for (int i = 0; i < n; i++) {
@@ -988,6 +1001,13 @@ int tz_sched_min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, 
   }
   *bytes = max + round_up(s->chunk, align);
   return 0;
+}
+
+int tz_sched_min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes) {
+  pthread_mutex_lock(&s->mu);
+  int rc = min_budget(s, phases, n, bytes);
+  pthread_mutex_unlock(&s->mu);
+  return rc;
 }
 
 /* Positions in the order where each block is used, for the eviction order. */
@@ -1011,11 +1031,11 @@ static int index_order(tz_sched *s) {
   return 0;
 }
 
-int tz_sched_declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
+static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
   if (s->declared)
     return tz_err_set(TZ_EINVAL, "sched: phases are declared once");
   uint64_t min;
-  TZ_CHECK(tz_sched_min_budget(s, phases, n, &min));
+  TZ_CHECK(min_budget(s, phases, n, &min));
   s->align = tz_tier_alignment(s->compute);
   uint64_t budget = s->p.budget;
   if (!budget) {
@@ -1089,8 +1109,16 @@ int tz_sched_declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
   s->declared = 1;
   dbg(s, "declared %d phases over %d blocks: budget %llu bytes in %s, minimum %llu", n,
       s->n_blocks, (unsigned long long)budget, tz_tier_name(s->compute), (unsigned long long)min);
-  pump(s); /* the window starts bringing in the first phases */
   return 0;
+}
+
+int tz_sched_declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
+  pthread_mutex_lock(&s->mu);
+  int rc = declare(s, phases, n);
+  pthread_mutex_unlock(&s->mu);
+  if (rc == 0)
+    pump(s); /* the window starts bringing in the first phases */
+  return rc;
 }
 
 /* ---- the client contract ---- */
@@ -1576,7 +1604,7 @@ int tz_sched_block_stats(tz_sched *s, int id, uint64_t *fills, uint64_t *flushes
   return 0;
 }
 
-int tz_sched_step_times(tz_sched *s, double *out, int max) {
+int tz_sched_step_times(tz_sched *s, struct tz_sched_step_time *out, int max) {
   pthread_mutex_lock(&s->mu);
   uint64_t n = s->n_times < TIMES_RING ? s->n_times : TIMES_RING;
   if ((uint64_t)max < n)

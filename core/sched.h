@@ -178,10 +178,16 @@ int tz_sched_lane_stats(tz_sched *s, struct tz_sched_lane_stats *out, int max);
 int tz_sched_block_stats(tz_sched *s, int id, uint64_t *fills, uint64_t *flushes,
                          uint64_t *refills);
 
-/* Durations in seconds of the last completed steps, oldest first: step k lasts from the end of
- * step k-1's last phase on the compute lane (for the first step: its first enter) to the end of
- * its own. Returns how many it wrote (at most max). */
-int tz_sched_step_times(tz_sched *s, double *out, int max);
+/* One completed step. It lasts from the end of the previous step's last phase on the compute
+ * lane (for the first step: its first enter) to the end of its own. */
+struct tz_sched_step_time {
+  uint64_t step;
+  double seconds;
+  double stall_s;   /* compute-lane time its phases waited for their inputs */
+  double compute_s; /* compute-lane time its phases ran */
+};
+/* The last completed steps (up to 256 are kept), oldest first. Returns how many it wrote. */
+int tz_sched_step_times(tz_sched *s, struct tz_sched_step_time *out, int max);
 
 /* Writes the Chrome/Perfetto trace (JSON, docs/scheduler.md) of params.trace_step: a track per
  * lane (compute, stalls, each transfer lane) over the time that step ran. TZ_EBUSY when that step

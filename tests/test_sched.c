@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -379,8 +380,17 @@ static void test_training_like_step(void **state) {
   assert_int_equal(tz_sched_phase_stats(e.s, ps, 3 * L), 3 * L);
   for (int i = 0; i < 3 * L; i++)
     assert_int_equal(ps[i].runs, 4);
-  double times[8];
+  struct tz_sched_step_time times[8];
   assert_int_equal(tz_sched_step_times(e.s, times, 8), 4);
+  double stall = 0, compute = 0;
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(times[i].step, (uint64_t)i);
+    assert_true(times[i].seconds > 0 && times[i].compute_s <= times[i].seconds * 1.01 + 1e-4);
+    stall += times[i].stall_s;
+    compute += times[i].compute_s;
+  }
+  tz_sched_stats(e.s, &st);
+  assert_true(fabs(stall - st.stall_s) < 1e-6 && fabs(compute - st.compute_s) < 1e-6);
   free_env(&e);
 }
 
