@@ -19,6 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "tz_demo_config.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -55,6 +58,7 @@ struct opts {
   int64_t steps, seed;
   int seq, plan, auto_place, remeasure, nproc;
   enum tz_opt_mode mode;
+  const char *demo_dir; /* no arguments: the demo, with its nvme files in this directory */
 };
 
 static int parse(int argc, char **argv, struct opts *o) {
@@ -155,6 +159,10 @@ static int parse(int argc, char **argv, struct opts *o) {
 
 static int load_config(const struct opts *o, int world, struct tz_config *cfg) {
   tz_config_defaults(cfg);
+  if (o->demo_dir) {
+    TZ_CHECK(tz_config_load_string(cfg, tz_demo_config_json, "the built-in demo (configs/demo.json)"));
+    TZ_CHECK(tz_config_set(cfg, "tierzero.nvme_path", o->demo_dir));
+  }
   for (int i = 0; i < o->n_configs; i++)
     TZ_CHECK(tz_config_load_file(cfg, o->configs[i]));
   TZ_CHECK(tz_config_apply_env(cfg));
@@ -239,6 +247,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   double fpt = tz_metrics_flops_per_token(&mc, o->seq, 0), elapsed = 0;
   struct tz_metrics_summary sum;
   tz_metrics_summary_init(&sum, fpt, 0);
+  double first_loss = 0, last_loss = 0;
   for (int64_t s = 0; s < o->steps; s++) {
     for (int k = 0; k < accum; k++) {
       int32_t *ti = tok + (int64_t)k * micro * o->seq, *tt = tgt + (int64_t)k * micro * o->seq;
@@ -254,6 +263,9 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
     }
     struct tz_step_result r;
     TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, &r), rc, out);
+    if (s == 0)
+      first_loss = r.loss;
+    last_loss = r.loss;
     elapsed += r.step_s;
     struct tz_step_metrics m;
     tz_step_metrics_init(&m);
@@ -292,6 +304,9 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
            (unsigned long long)st.evictions, st.stall_s, st.compute_s);
     if (mw)
       TZ_CHECK_GOTO(tz_metrics_write_summary(mw, &sum), rc, out);
+    if (o->demo_dir)
+      printf("tz-train: demo: loss %.4f at the first step, %.4f at the last (%.2f of the first)\n",
+             first_loss, last_loss, last_loss / first_loss);
   }
 out:
   tz_metrics_writer_destroy(mw);
@@ -306,6 +321,20 @@ int main(int argc, char **argv) {
   struct opts o;
   if (parse(argc, argv, &o) < 0)
     return 2;
+  /* No arguments: the demo. A tiny Llama on the built-in corpus, its parameters streaming from
+   * host memory through a small compute-tier budget, its optimizer state on nvme files in a
+   * temporary directory removed at the end. */
+  char demo_dir[] = "/var/tmp/tierzero-demo-XXXXXX";
+  if (argc == 1) {
+    if (!mkdtemp(demo_dir)) {
+      perror("tz-train: mkdtemp /var/tmp/tierzero-demo-XXXXXX");
+      return 1;
+    }
+    o.demo_dir = demo_dir;
+    o.steps = 100;
+    printf("tz-train: no arguments: the demo (configs/demo.json, optimizer state in %s); "
+           "tz-train --help for the options\n", demo_dir);
+  }
   if (o.nproc > 1 && !tz_launch_is_worker()) {
     char why[256];
     if (tz_comm_probe("nccl", why, sizeof why) < 0) {
@@ -353,5 +382,7 @@ int main(int argc, char **argv) {
   tz_comm_destroy(comm);
   tz_runtime_destroy(rt);
   tz_config_free(&cfg);
+  if (o.demo_dir)
+    rmdir(o.demo_dir);
   return rc < 0 ? 1 : 0;
 }
