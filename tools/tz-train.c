@@ -8,6 +8,7 @@
 #include "core/plan.h"
 #include "core/runtime.h"
 #include "core/sched.h"
+#include "core/topo.h"
 #include "trainer/data.h"
 #include "trainer/metrics.h"
 #include "trainer/model.h"
@@ -317,6 +318,44 @@ out:
   return rc;
 }
 
+/* Where this rank's pinned buffers and threads go: tz-topo's advice, unless the config says
+ * (tierzero.numa_node). With GPUs the calling thread, and so every thread it starts (the progress
+ * engine, the lanes, OpenMP), is bound to the cores the advice gives this rank's GPU; a CPU-only
+ * rank keeps every core for compute. A topology that cannot be read changes nothing. */
+static void place_from_topology(const struct tz_bootstrap *bs, struct tz_config *cfg,
+                                struct tz_runtime_params *rp) {
+  struct tz_topo_load_params lp;
+  tz_topo_load_params_init(&lp);
+  struct tz_topo_advice_params ap;
+  tz_topo_advice_params_init(&ap);
+  tz_topo *topo = NULL;
+  struct tz_topo_advice *adv = NULL;
+  if (tz_topo_load(&lp, &topo) < 0 || tz_topo_advise(topo, &ap, &adv) < 0) {
+    tz_log(TZ_LOG_INFO, "tz-train: no placement advice: %s", tz_err_msg());
+    goto out;
+  }
+  int gpu = tz_topo_gpu_count(topo) > 0 ? bs->local_rank % tz_topo_gpu_count(topo) : -1;
+  const struct tz_topo_placement *pl = tz_topo_advice_for_gpu(adv, gpu);
+  if (!pl)
+    goto out;
+  int advised = cfg->tierzero.numa_node < 0 && pl->numa_node >= 0;
+  if (advised) /* the effective config says where every host tier goes */
+    cfg->tierzero.numa_node = pl->numa_node;
+  rp->numa_node = cfg->tierzero.numa_node;
+  if (gpu >= 0 && tz_topo_bind_thread(topo, &pl->cpus) < 0)
+    tz_log(TZ_LOG_WARN, "tz-train: cannot bind to the advised cpus: %s", tz_err_msg());
+  struct tz_topo_binding b;
+  char desc[256] = "";
+  if (tz_topo_binding_readback(topo, &b) == 0)
+    tz_topo_binding_format(&b, desc, sizeof desc);
+  if (bs->rank == 0)
+    printf("tz-train: placement: pinned buffers on NUMA node %d%s; %s\n", rp->numa_node,
+           advised ? " (topology advice)" : " (config)", desc);
+out:
+  tz_topo_advice_destroy(adv);
+  tz_topo_destroy(topo);
+}
+
 int main(int argc, char **argv) {
   struct opts o;
   if (parse(argc, argv, &o) < 0)
@@ -365,6 +404,7 @@ int main(int argc, char **argv) {
   rp.staging_bytes = cfg.tierzero.staging_bytes;
   rp.chunk_bytes = cfg.tierzero.chunk_bytes;
   rp.numa_node = cfg.tierzero.numa_node;
+  place_from_topology(&bs, &cfg, &rp);
   int rc = tz_runtime_create(&rp, &rt);
   if (rc == 0) {
     struct tz_comm_params cp;
