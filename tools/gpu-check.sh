@@ -3,9 +3,9 @@
 # GPU benchmarks. Logs go to /tmp/tz-gpu-logs and, packed, to $OUT/logs.tgz. Each step runs even if
 # an earlier one failed; the summary at the end says which did.
 #   source .deps/setup.sh && bash tools/gpu-check.sh [STEP...]
-# Steps: tests topo tiers adam collectives hf layer (default: all of them, in that order).
+# Steps: tests topo tiers adam collectives hf layer prefetch train (default: all, in that order).
 set -uo pipefail
-steps=${*:-tests topo tiers adam collectives hf layer}
+steps=${*:-tests topo tiers adam collectives hf layer prefetch train}
 logs=/tmp/tz-gpu-logs
 mkdir -p "$logs"
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,6 +42,11 @@ if has hf && [ -x $b/bin/tz-model-check ]; then
   step hf-theirs python3 tools/hf_check.py run /tmp/tz-theirs --tokens 3,1,4,1,5,9,2,6 --tz $b/bin/tz-model-check
 fi
 has layer && grep -q '"layer"' bench/tz-bench.c && step layer $b/bin/tz-bench layer
+if has prefetch; then
+  step prefetch-nvme $b/bin/tz-bench prefetch --home nvme --path /var/tmp --layers 16 --block 8M --compute-ms 8
+  step prefetch-host $b/bin/tz-bench prefetch --home host --layers 16 --block 8M --compute-ms 5
+fi
+has train && step train-demo $b/bin/tz-train
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
 [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$logs" .
 exit 0
