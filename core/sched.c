@@ -1204,7 +1204,7 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
            (unsigned long long)s->step);
   rc = wait_until(s, is_reserved, I, what, 1);
   s->waiting = NULL;
-  if (rc < 0) {
+  if (rc < 0 || s->err) {
     rc = err_return(s);
     goto out;
   }
