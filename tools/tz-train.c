@@ -13,10 +13,13 @@
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/rates.h"
+#include "trainer/resume.h"
+#include "trainer/signals.h"
 #include "trainer/synthetic.h"
 #include "trainer/train.h"
 
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +50,13 @@ static void usage(FILE *f) {
           "  --nproc N            start N workers on this machine (needs a GPU per worker);\n"
           "                       on CPUs run N ranks under mpirun instead\n"
           "  --set KEY=VALUE      set one config key (JSON path), after the files\n"
+          "  --ckpt-dir DIR       save checkpoints under DIR (every --save-every steps, at the\n"
+          "                       end, and on SIGTERM/SIGINT); docs/checkpoints.md\n"
+          "  --save-every N       save every N steps (default 0: only at the end and on a signal)\n"
+          "  --keep N             keep the newest N checkpoints (default 0: all)\n"
+          "  --resume [DIR]       continue from the checkpoint DIR (a --ckpt-dir, whose latest is\n"
+          "                       taken, or one step-N directory); DIR defaults to --ckpt-dir.\n"
+          "                       --steps stays the total: the run ends after step N\n"
           "  -h, --help\n");
 }
 
@@ -60,6 +70,8 @@ struct opts {
   int seq, plan, auto_place, remeasure, nproc;
   enum tz_opt_mode mode;
   const char *demo_dir; /* no arguments: the demo, with its nvme files in this directory */
+  const char *ckpt_dir, *resume; /* resume: "" for --resume without DIR (the ckpt dir) */
+  int64_t save_every, keep;
 };
 
 static int parse(int argc, char **argv, struct opts *o) {
@@ -77,6 +89,10 @@ static int parse(int argc, char **argv, struct opts *o) {
                                         {"nproc", required_argument, 0, 'n'},
                                         {"set", required_argument, 0, 'k'},
                                         {"data", required_argument, 0, 'd'},
+                                        {"ckpt-dir", required_argument, 0, 'C'},
+                                        {"save-every", required_argument, 0, 'E'},
+                                        {"keep", required_argument, 0, 'K'},
+                                        {"resume", optional_argument, 0, 'U'},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
@@ -141,6 +157,24 @@ static int parse(int argc, char **argv, struct opts *o) {
         o->nproc = (int)v;
       break;
     }
+    case 'C':
+      o->ckpt_dir = optarg;
+      break;
+    case 'U': /* --resume DIR as well as --resume=DIR */
+      o->resume = optarg ? optarg
+                  : optind < argc && argv[optind][0] != '-' ? argv[optind++]
+                                                            : "";
+      break;
+    case 'E':
+    case 'K': {
+      long long v = strtoll(optarg, &end, 10);
+      if (*end || !*optarg || v < 0)
+        return fprintf(stderr, "tz-train: --%s: expected a non-negative integer, got '%s'\n",
+                       c == 'E' ? "save-every" : "keep", optarg),
+               -1;
+      *(c == 'E' ? &o->save_every : &o->keep) = v;
+      break;
+    }
     case 'o':
       if (tz_opt_mode_parse(optarg, &o->mode) < 0)
         return fprintf(stderr, "tz-train: --%s\n", tz_err_msg()), -1;
@@ -155,6 +189,8 @@ static int parse(int argc, char **argv, struct opts *o) {
   }
   if (optind < argc)
     return fprintf(stderr, "tz-train: unexpected argument '%s'\n", argv[optind]), -1;
+  if (o->resume && !*o->resume && !(o->resume = o->ckpt_dir))
+    return fprintf(stderr, "tz-train: --resume without DIR needs --ckpt-dir\n"), -1;
   return 0;
 }
 
@@ -164,6 +200,8 @@ static int load_config(const struct opts *o, int world, struct tz_config *cfg) {
     TZ_CHECK(tz_config_load_string(cfg, tz_demo_config_json, "the built-in demo (configs/demo.json)"));
     TZ_CHECK(tz_config_set(cfg, "tierzero.nvme_path", o->demo_dir));
   }
+  if (o->resume) /* the saved effective config first; files and --set may change it */
+    TZ_CHECK(tz_resume_config(o->resume, world, cfg));
   for (int i = 0; i < o->n_configs; i++)
     TZ_CHECK(tz_config_load_file(cfg, o->configs[i]));
   TZ_CHECK(tz_config_apply_env(cfg));
@@ -231,6 +269,13 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   int32_t *tok = NULL, *tgt = NULL;
   if (o->plan)
     goto out;
+  int64_t start = 0, saved = -1;
+  if (o->resume) {
+    TZ_CHECK_GOTO(tz_resume_load(tr, comm, o->resume, &start), rc, out);
+    saved = start;
+    if (rank == 0)
+      printf("tz-train: resumed from %s at step %lld\n", o->resume, (long long)start);
+  }
   if (!synthetic) {
     struct tz_data_params dp = {.seq_len = o->seq, .seed = (uint64_t)cfg->seed};
     TZ_CHECK_GOTO(tz_data_open(o->data, mc.vocab, &dp, &data), rc, out);
@@ -249,7 +294,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   struct tz_metrics_summary sum;
   tz_metrics_summary_init(&sum, fpt, 0);
   double first_loss = 0, last_loss = 0;
-  for (int64_t s = 0; s < o->steps; s++) {
+  for (int64_t s = start; s < o->steps; s++) {
     for (int k = 0; k < accum; k++) {
       int32_t *ti = tok + (int64_t)k * micro * o->seq, *tt = tgt + (int64_t)k * micro * o->seq;
       if (synthetic)
@@ -264,7 +309,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
     }
     struct tz_step_result r;
     TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, &r), rc, out);
-    if (s == 0)
+    if (s == start)
       first_loss = r.loss;
     last_loss = r.loss;
     elapsed += r.step_s;
@@ -291,6 +336,29 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
       if (mw)
         TZ_CHECK_GOTO(tz_metrics_write_step(mw, &m), rc, out);
     }
+    int sig = 0;
+    TZ_CHECK_GOTO(tz_resume_stop_requested(comm, &sig), rc, out);
+    if (o->ckpt_dir && (sig || (o->save_every && (s + 1) % o->save_every == 0))) {
+      TZ_CHECK_GOTO(tz_resume_save(tr, comm, cfg, o->ckpt_dir, (int)o->keep), rc, out);
+      saved = s + 1;
+      if (rank == 0)
+        printf("tz-train: checkpoint %s/step-%08lld saved\n", o->ckpt_dir, (long long)saved);
+    }
+    if (sig) {
+      rc = o->ckpt_dir ? tz_err_set(TZ_ECANCELED,
+                                    "stopped by %s after step %lld; checkpoint saved: resume "
+                                    "with --resume %s",
+                                    strsignal(sig), (long long)(s + 1), o->ckpt_dir)
+                       : tz_err_set(TZ_ECANCELED,
+                                    "stopped by %s after step %lld; nothing saved (no --ckpt-dir)",
+                                    strsignal(sig), (long long)(s + 1));
+      goto out;
+    }
+  }
+  if (o->ckpt_dir && saved != o->steps && o->steps > start) {
+    TZ_CHECK_GOTO(tz_resume_save(tr, comm, cfg, o->ckpt_dir, (int)o->keep), rc, out);
+    if (rank == 0)
+      printf("tz-train: checkpoint %s/step-%08lld saved\n", o->ckpt_dir, (long long)o->steps);
   }
   TZ_CHECK_GOTO(tz_trainer_sync(tr), rc, out);
   if (rank == 0) {
@@ -412,8 +480,11 @@ int main(int argc, char **argv) {
     cp.progress = tz_runtime_progress(rt);
     rc = tz_comm_create(backend, &bs, &cp, &comm);
   }
+  if (rc == 0 && !o.plan)
+    rc = tz_signals_install();
   if (rc == 0)
     rc = train(&o, comm, rt, &cfg);
+  tz_signals_restore();
   if (rc < 0) {
     fprintf(stderr, "tz-train: rank %d: %s\n", bs.rank, tz_err_msg());
     if (comm && bs.size > 1)

@@ -1,0 +1,319 @@
+/* Trainer state through checkpoints: see resume.h. */
+#define _GNU_SOURCE
+#include "trainer/resume.h"
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/fence.h"
+#include "core/log.h"
+#include "core/plan.h"
+#include "trainer/checkpoint.h"
+#include "trainer/signals.h"
+
+/* The kinds a checkpoint holds; grad is zero between steps. */
+static const int saved_kinds[] = {TZ_PLAN_PARAM, TZ_PLAN_MASTER, TZ_PLAN_M, TZ_PLAN_V};
+#define N_SAVED ((int)(sizeof saved_kinds / sizeof saved_kinds[0]))
+
+static int n_blocks(const tz_trainer *tr) {
+  const char *const *names = tz_trainer_group_names(tr);
+  int n = 0;
+  while (names[n])
+    n++;
+  return n;
+}
+
+static void section_name(const tz_trainer *tr, int block, int kind, char *out, size_t len) {
+  snprintf(out, len, "%s.%s", tz_trainer_group_names(tr)[block], tz_plan_kind_name(kind));
+}
+
+/* Every rank learns whether any rank failed: the sum over ranks of a failure flag. A rank whose
+ * own rc is 0 gets TZ_ECOMM when another failed; a failing rank keeps its own rc and message. */
+static int agree(tz_comm *comm, int rc, const char *what) {
+  if (tz_comm_size(comm) == 1)
+    return rc;
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", tz_err_msg());
+  float mine = rc < 0 ? 1.0f : 0.0f, sum = 0;
+  tz_fence *f = NULL;
+  int crc = tz_comm_all_reduce(comm, &mine, &sum, 1, TZ_F32, NULL, &f);
+  if (crc == 0) {
+    crc = tz_fence_wait(f, -1);
+    tz_fence_release(f);
+  }
+  if (crc < 0)
+    return rc < 0 ? tz_err_set(rc, "%s", saved) : crc;
+  if (rc < 0)
+    return tz_err_set(rc, "%s", saved);
+  if (sum > 0)
+    return tz_err_set(TZ_ECOMM, "%s: %g other rank(s) failed (their messages say why)", what,
+                      (double)sum);
+  return 0;
+}
+
+static int put_state(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config *cfg, int world) {
+  int nb = n_blocks(tr);
+  json_t *o = json_object(), *blocks = json_array();
+  int rc = 0;
+  if (!o || !blocks) {
+    json_decref(o);
+    json_decref(blocks);
+    return tz_err_set(TZ_ENOMEM, "resume: no memory");
+  }
+  json_object_set_new(o, "step", json_integer(tz_trainer_steps_done(tr)));
+  json_object_set_new(o, "world", json_integer(world));
+  json_object_set_new(o, "seed", json_integer(cfg->seed));
+  for (int b = 0; b < nb; b++) {
+    json_t *e = json_object();
+    json_object_set_new(e, "name", json_string(tz_trainer_group_names(tr)[b]));
+    json_object_set_new(e, "shard", json_integer((json_int_t)tz_trainer_shard_bytes(tr, b, TZ_PLAN_MASTER) / 4));
+    json_object_set_new(e, "param_bytes", json_integer((json_int_t)tz_trainer_shard_bytes(tr, b, TZ_PLAN_PARAM)));
+    json_array_append_new(blocks, e);
+  }
+  json_object_set_new(o, "blocks", blocks);
+  char *s = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  if (!s)
+    return tz_err_set(TZ_ENOMEM, "resume: no memory");
+  rc = tz_ckpt_put_json(w, "state", s);
+  free(s);
+  return rc;
+}
+
+/* This rank's file: config, state, then every saved shard, each loaded from wherever it lives. */
+static int write_rank(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config *cfg, int world) {
+  TZ_CHECK(tz_ckpt_put_config(w, cfg));
+  TZ_CHECK(put_state(w, tr, cfg, world));
+  int nb = n_blocks(tr);
+  uint64_t max = 0;
+  for (int b = 0; b < nb; b++)
+    for (int i = 0; i < N_SAVED; i++)
+      if (tz_trainer_shard_bytes(tr, b, saved_kinds[i]) > max)
+        max = tz_trainer_shard_bytes(tr, b, saved_kinds[i]);
+  void *buf = malloc(max ? max : 1);
+  if (!buf)
+    return tz_err_set(TZ_ENOMEM, "resume: no memory for a shard of %llu bytes",
+                      (unsigned long long)max);
+  int rc = 0;
+  for (int b = 0; b < nb && rc == 0; b++)
+    for (int i = 0; i < N_SAVED && rc == 0; i++) {
+      char name[TZ_CKPT_MAX_NAME + 1];
+      section_name(tr, b, saved_kinds[i], name, sizeof name);
+      rc = tz_trainer_shard_load(tr, b, saved_kinds[i], buf);
+      if (rc == 0)
+        rc = tz_ckpt_put(w, name, buf, tz_trainer_shard_bytes(tr, b, saved_kinds[i]));
+    }
+  free(buf);
+  return rc;
+}
+
+int tz_resume_save(tz_trainer *tr, tz_comm *comm, const struct tz_config *cfg, const char *root,
+                   int keep) {
+  int rank = tz_comm_rank(comm), world = tz_comm_size(comm);
+  uint64_t step = (uint64_t)tz_trainer_steps_done(tr);
+  /* Applies the pending update on every rank alike (collective). */
+  int rc = agree(comm, tz_trainer_sync(tr), "resume: save");
+  if (rc < 0)
+    return rc;
+  tz_ckpt_writer *w = NULL;
+  if (rank == 0)
+    rc = tz_ckpt_begin(root, step, rank, world, &w);
+  rc = agree(comm, rc, "resume: save");
+  if (rc == 0 && rank != 0)
+    rc = tz_ckpt_begin(root, step, rank, world, &w);
+  if (rc == 0)
+    rc = write_rank(w, tr, cfg, world);
+  if (rc == 0) {
+    rc = tz_ckpt_commit(w); /* frees w either way */
+    w = NULL;
+  }
+  tz_ckpt_writer_destroy(w);
+  rc = agree(comm, rc, "resume: save");
+  if (rc == 0 && rank == 0)
+    rc = tz_ckpt_finalize(root, step, world, keep);
+  else if (rc < 0 && rank == 0) {
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", tz_err_msg());
+    if (tz_ckpt_abandon(root, step) < 0)
+      tz_log(TZ_LOG_WARN, "resume: %s", tz_err_msg());
+    tz_err_set(rc, "%s", saved);
+  }
+  /* finalize failed on rank 0 only: the others must fail too. */
+  return agree(comm, rc, "resume: save");
+}
+
+int tz_resume_config(const char *path, int world, struct tz_config *c) {
+  tz_ckpt_reader *r = NULL;
+  TZ_CHECK(tz_ckpt_open(path, 0, &r));
+  int rc = tz_ckpt_get_config(r, c);
+  if (rc == 0 && tz_ckpt_world(r) != world && c->train_batch_size > 0)
+    c->gradient_accumulation_steps = 0;
+  tz_ckpt_close(r);
+  return rc;
+}
+
+/* Reshards one section: the target's slice [lo, lo + n) elements of es bytes of the flat padded
+ * block, from the source ranks' slices [j * src, (j + 1) * src). */
+struct piece {
+  unsigned char *dst;
+  uint64_t lo, n, es;    /* the target slice, in elements */
+  uint64_t base;         /* the source slice's first element */
+};
+
+static int sink(void *ctx, const void *data, uint64_t off, uint64_t n) {
+  struct piece *p = ctx;
+  uint64_t a = p->base * p->es + off, e = a + n; /* bytes of the flat block */
+  uint64_t ta = p->lo * p->es, te = (p->lo + p->n) * p->es;
+  uint64_t s = a > ta ? a : ta, t = e < te ? e : te;
+  if (s < t)
+    memcpy(p->dst + (s - ta), (const unsigned char *)data + (s - a), t - s);
+  return 0;
+}
+
+static int read_state(tz_ckpt_reader *r, int64_t *step, int *world) {
+  char *s = NULL;
+  TZ_CHECK(tz_ckpt_get_json(r, "state", &s));
+  json_error_t err;
+  json_t *o = json_loads(s, 0, &err);
+  free(s);
+  if (!o || !json_is_integer(json_object_get(o, "step")) ||
+      !json_is_integer(json_object_get(o, "world"))) {
+    json_decref(o);
+    return tz_err_set(TZ_EFORMAT, "resume: %s: section \"state\" lacks step or world",
+                      tz_ckpt_dir(r));
+  }
+  *step = json_integer_value(json_object_get(o, "step"));
+  *world = (int)json_integer_value(json_object_get(o, "world"));
+  json_decref(o);
+  return 0;
+}
+
+static int load_rank(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *step) {
+  int rank = tz_comm_rank(comm), world = tz_comm_size(comm);
+  tz_ckpt_reader *r0 = NULL, **rs = NULL;
+  void *buf = NULL;
+  int rc = 0, src_world = 0;
+  TZ_CHECK(tz_ckpt_open(path, 0, &r0));
+  TZ_CHECK_GOTO(read_state(r0, step, &src_world), rc, out);
+  if (src_world != tz_ckpt_world(r0)) {
+    rc = tz_err_set(TZ_EFORMAT, "resume: %s: state says world %d, the manifest %d",
+                    tz_ckpt_dir(r0), src_world, tz_ckpt_world(r0));
+    goto out;
+  }
+  if ((uint64_t)*step != tz_ckpt_step(r0)) {
+    rc = tz_err_set(TZ_EFORMAT, "resume: %s: state says step %lld, the manifest %llu",
+                    tz_ckpt_dir(r0), (long long)*step, (unsigned long long)tz_ckpt_step(r0));
+    goto out;
+  }
+  /* The same path may be a root whose latest moves; every reader takes the step directory. */
+  rs = calloc((size_t)src_world, sizeof *rs);
+  if (!rs) {
+    rc = tz_err_set(TZ_ENOMEM, "resume: no memory");
+    goto out;
+  }
+  if (src_world == world) {
+    TZ_CHECK_GOTO(tz_ckpt_open(tz_ckpt_dir(r0), rank, &rs[rank]), rc, out);
+  } else {
+    for (int j = 0; j < src_world; j++)
+      TZ_CHECK_GOTO(tz_ckpt_open(tz_ckpt_dir(r0), j, &rs[j]), rc, out);
+  }
+  int nb = n_blocks(tr);
+  /* config, state and the shards: a checkpoint of another model has other sections. */
+  if (tz_ckpt_count(r0) != 2 + nb * N_SAVED) {
+    rc = tz_err_set(TZ_EINVAL, "resume: %s holds %d sections, this model needs %d: another model",
+                    tz_ckpt_dir(r0), tz_ckpt_count(r0), 2 + nb * N_SAVED);
+    goto out;
+  }
+  uint64_t max = 0;
+  for (int b = 0; b < nb; b++)
+    for (int i = 0; i < N_SAVED; i++)
+      if (tz_trainer_shard_bytes(tr, b, saved_kinds[i]) > max)
+        max = tz_trainer_shard_bytes(tr, b, saved_kinds[i]);
+  buf = malloc(max ? max : 1);
+  if (!buf) {
+    rc = tz_err_set(TZ_ENOMEM, "resume: no memory");
+    goto out;
+  }
+  for (int b = 0; b < nb; b++)
+    for (int i = 0; i < N_SAVED; i++) {
+      int k = saved_kinds[i];
+      char name[TZ_CKPT_MAX_NAME + 1];
+      section_name(tr, b, k, name, sizeof name);
+      uint64_t bytes = tz_trainer_shard_bytes(tr, b, k);
+      if (src_world == world) {
+        TZ_CHECK_GOTO(tz_ckpt_get(rs[rank], name, buf, bytes), rc, out);
+      } else {
+        uint64_t n = tz_trainer_shard_bytes(tr, b, TZ_PLAN_MASTER) / 4, es = bytes / n, sb = 0;
+        uint64_t src_bytes = 0, src_master = 0;
+        TZ_CHECK_GOTO(tz_ckpt_size(rs[0], name, &src_bytes), rc, out);
+        section_name(tr, b, TZ_PLAN_MASTER, name, sizeof name);
+        TZ_CHECK_GOTO(tz_ckpt_size(rs[0], name, &src_master), rc, out);
+        section_name(tr, b, k, name, sizeof name);
+        sb = src_master / 4; /* the source shard, in elements */
+        if (sb == 0 || src_bytes != sb * es) {
+          rc = tz_err_set(TZ_EINVAL,
+                          "resume: %s: section \"%s\" holds %llu bytes for a shard of %llu "
+                          "elements of %llu bytes: another model or storage dtype",
+                          tz_ckpt_dir(r0), name, (unsigned long long)src_bytes,
+                          (unsigned long long)sb, (unsigned long long)es);
+          goto out;
+        }
+        memset(buf, 0, bytes);
+        struct piece p = {.dst = buf, .lo = (uint64_t)rank * n, .n = n, .es = es};
+        for (int j = 0; j < src_world; j++) {
+          uint64_t a = (uint64_t)j * sb, e = a + sb;
+          if (e <= p.lo || a >= p.lo + p.n)
+            continue;
+          uint64_t got = 0;
+          TZ_CHECK_GOTO(tz_ckpt_size(rs[j], name, &got), rc, out);
+          if (got != src_bytes) {
+            rc = tz_err_set(TZ_EFORMAT, "resume: %s: section \"%s\" of rank %d holds %llu bytes, "
+                            "rank 0's %llu", tz_ckpt_dir(r0), name, j,
+                            (unsigned long long)got, (unsigned long long)src_bytes);
+            goto out;
+          }
+          p.base = a;
+          TZ_CHECK_GOTO(tz_ckpt_get_stream(rs[j], name, sink, &p), rc, out);
+        }
+      }
+      TZ_CHECK_GOTO(tz_trainer_shard_store(tr, b, k, buf), rc, out);
+    }
+  TZ_CHECK_GOTO(tz_trainer_set_steps_done(tr, *step), rc, out);
+out:
+  free(buf);
+  if (rs)
+    for (int j = 0; j < src_world; j++)
+      tz_ckpt_close(rs[j]);
+  free(rs);
+  tz_ckpt_close(r0);
+  return rc;
+}
+
+int tz_resume_load(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *step) {
+  int64_t s = 0;
+  int rc = agree(comm, load_rank(tr, comm, path, &s), "resume: load");
+  if (rc == 0 && step)
+    *step = s;
+  return rc;
+}
+
+int tz_resume_stop_requested(tz_comm *comm, int *sig) {
+  int mine = tz_signals_pending();
+  *sig = mine;
+  if (tz_comm_size(comm) == 1)
+    return 0;
+  float flags[2] = {mine == SIGTERM ? 1.0f : 0.0f, mine == SIGINT ? 1.0f : 0.0f}, sum[2] = {0, 0};
+  tz_fence *f = NULL;
+  TZ_CHECK(tz_comm_all_reduce(comm, flags, sum, 2, TZ_F32, NULL, &f));
+  int rc = tz_fence_wait(f, -1);
+  tz_fence_release(f);
+  if (rc < 0)
+    return rc;
+  *sig = sum[0] > 0 ? SIGTERM : sum[1] > 0 ? SIGINT : 0;
+  return 0;
+}
