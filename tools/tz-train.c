@@ -55,7 +55,8 @@ static void usage(FILE *f) {
           "  --save-every N       save every N steps (default 0: only at the end and on a signal)\n"
           "  --keep N             keep the newest N checkpoints (default 0: all)\n"
           "  --resume [DIR]       continue from the checkpoint DIR (a --ckpt-dir, whose latest is\n"
-          "                       taken, or one step-N directory); DIR defaults to --ckpt-dir.\n"
+          "                       taken, or one step-N directory); DIR defaults to --ckpt-dir,\n"
+          "                       and --ckpt-dir to DIR when DIR is not a step directory.\n"
           "                       --steps stays the total: the run ends after step N\n"
           "  -h, --help\n");
 }
@@ -191,6 +192,12 @@ static int parse(int argc, char **argv, struct opts *o) {
     return fprintf(stderr, "tz-train: unexpected argument '%s'\n", argv[optind]), -1;
   if (o->resume && !*o->resume && !(o->resume = o->ckpt_dir))
     return fprintf(stderr, "tz-train: --resume without DIR needs --ckpt-dir\n"), -1;
+  if (o->resume && !o->ckpt_dir) { /* a root (not one step directory): saves continue there */
+    static char manifest[4096];
+    snprintf(manifest, sizeof manifest, "%s/manifest", o->resume);
+    if (access(manifest, F_OK) != 0)
+      o->ckpt_dir = o->resume;
+  }
   return 0;
 }
 
