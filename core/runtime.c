@@ -133,8 +133,6 @@ int tz_runtime_attach(tz_runtime *rt, tz_tier *t) {
     if (rc == 0 && host_arena(t, &base) && o->ops->register_host)
       rc = o->ops->register_host(o, base, t->capacity);
   }
-  if (rc == 0 && host_arena(t, &base) && t->ops->register_host)
-    rc = 0; /* a tier never registers its own arena with itself */
   if (rc == 0) {
     t->next = rt->tiers;
     rt->tiers = t;

@@ -82,7 +82,7 @@ static int nvme_probe(char *why, size_t len) {
   int rc = io_uring_queue_init(4, &ring, 0);
   if (rc < 0) {
     snprintf(why, len, "nvme: io_uring_queue_init: %s", strerror(-rc));
-    return tz_err_from_errno(-rc) == TZ_EPERM ? TZ_ENOTSUP : TZ_ENOTSUP;
+    return TZ_ENOTSUP;
   }
   io_uring_queue_exit(&ring);
   if (len)

@@ -678,7 +678,10 @@ static int create_tiers(tz_trainer *tr) {
     }
     tp.checksum = c->tierzero.nvme_checksum;
     tp.buffered = c->tierzero.nvme_buffered;
+    /* DeepSpeed's aio.block_size (1 MiB unless set) is the stripe unit: the size of a request. */
     tp.queue_depth = c->tierzero.queue_depth;
+    if (c->aio.block_size > 0)
+      tp.stripe_bytes = (uint64_t)c->aio.block_size;
     tp.faults = c->tierzero.faults;
     if (c->tierzero.faults) {
       /* Fault injection (tests): the nvme tier wrapped in a fault tier, used only through it. */
