@@ -19,6 +19,22 @@ int tz_bench_prefetch(int argc, char **argv); /* bench/prefetch.c */
 int tz_bench_adam_gpu(size_t n, enum tz_dtype gdt, int has_copy, enum tz_dtype cdt, int reps,
                       int json);
 
+/* tz-bench prefetch on a GPU (CUDA builds only; weak, so bench/prefetch.c links without them and
+ * uses the CPU lane). bench/prefetch_gpu.c: the compute lane as a CUDA stream of the hbm tier
+ * (tz_hbm_lane_create), and a lane job that launches the spin on the lane's stream without
+ * waiting for it. bench/spin.cu: the spin kernel, `seconds` long on the GPU's timer; -1 with the
+ * CUDA error in why when the launch fails. */
+typedef struct tz_tier tz_tier;
+typedef struct tz_lane tz_lane;
+struct tz_bench_gpu_spin_arg {
+  tz_lane *lane;
+  double seconds;
+};
+int tz_bench_gpu_lane_create(tz_tier *hbm, tz_lane **out) __attribute__((weak));
+int tz_bench_gpu_spin_job(void *arg) __attribute__((weak));
+int tz_bench_gpu_spin(void *cuda_stream, double seconds, char *why, size_t why_len)
+    __attribute__((weak));
+
 /* What `tz-bench tiers` hands its GPU rows. */
 struct tz_bench_tiers_opts {
   int json;         /* one JSON object per row instead of a table */

@@ -1,7 +1,8 @@
 /* tz-bench prefetch: a synthetic client of the scheduler. L layers, one block each, live in a home
  * tier (host or nvme); a phase per layer "computes" for a set time on the compute lane (a timed
- * busy loop on the CPU lane; no GPU lane is plugged in yet) and the scheduler streams the blocks in
- * ahead of it within a budget of a few layers. The bound it is compared with is the critical path
+ * busy loop on a CPU lane, or with --lane gpu a spin kernel on a CUDA-stream lane whose compute
+ * tier is the GPU's memory) and the scheduler streams the blocks in ahead of it within a budget of
+ * a few layers. The bound it is compared with is the critical path
  * over the two lanes, from rates measured here first (the home tier's read rate with as many
  * blocks in flight as the window keeps; the compute lane's time per phase, run back to back):
  * max(L x compute, L x transfer) per step, plus one layer's transfer in the first step, which
@@ -26,24 +27,28 @@ struct opts {
   uint64_t block, budget;
   double compute_ms;
   const char *home, *path, *trace;
+  const char *lane; /* "cpu" or "gpu"; NULL: gpu where one is present */
 };
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: tz-bench prefetch [--layers L] [--block BYTES] [--compute-ms X] [--home host|nvme]\n"
           "                         [--path DIR] [--steps N] [--lookahead K] [--budget BYTES]\n"
-          "                         [--checksum on|off] [--trace FILE] [--json]\n"
+          "                         [--checksum on|off] [--lane cpu|gpu] [--trace FILE] [--json]\n"
           "  L layers of one block each in the home tier; a phase per layer computes for X ms on\n"
           "  the compute lane while the scheduler brings the next layers in.\n"
           "  --layers L      layers (default 16)\n"
           "  --block BYTES   bytes per layer (default 8M)\n"
           "  --compute-ms X  compute time per phase (default 10)\n"
-          "  --home KIND     host or nvme (default nvme)\n"
+          "  --home KIND     host or nvme (default nvme; host with --lane gpu)\n"
           "  --path DIR      directory for the nvme file (default /var/tmp)\n"
           "  --steps N       steps; the first is the cold start (default 6)\n"
           "  --lookahead K   phases brought in ahead (default 2)\n"
           "  --budget BYTES  compute-tier budget (default: K+1 layers and one chunk)\n"
           "  --checksum X    nvme: verify a crc32c of every read on the progress engine (default on)\n"
+          "  --lane KIND     cpu: a busy loop on a CPU lane, compute tier in host memory; gpu: a\n"
+          "                  spin kernel on a CUDA stream, compute tier in GPU 0's memory, host\n"
+          "                  home only (default gpu where a GPU is present)\n"
           "  --trace FILE    Chrome/Perfetto trace of the last step\n");
 }
 
@@ -100,16 +105,19 @@ static double measure_rate(tz_runtime *rt, const tz_extent *homes, int n, tz_tie
   return rate;
 }
 
-/* Seconds per phase of the compute lane: n phases' jobs back to back on a CPU lane of its own,
- * so that what this machine takes to run one (scheduling, other load) is in the bound too. */
-static double measure_compute(double *t_comp, int n) {
+/* Seconds per phase of the compute lane: n phases' jobs back to back on a lane of its own of the
+ * same kind (a CPU lane, or a CUDA stream of the compute tier), so that what this machine takes
+ * to run one (scheduling, launches, other load) is in the bound too. */
+static double measure_compute(double *t_comp, int n, tz_tier *gpu) {
   tz_lane *lane;
-  if (tz_lane_create_cpu("measure", &lane) < 0)
+  if (gpu ? tz_bench_gpu_lane_create(gpu, &lane) < 0 : tz_lane_create_cpu("measure", &lane) < 0)
     return -1;
+  struct tz_bench_gpu_spin_arg ga = {lane, *t_comp};
   double t0 = now_s();
   int ok = 1;
   for (int i = 0; i < n && ok; i++)
-    ok = tz_lane_submit(lane, spin, t_comp) == 0;
+    ok = (gpu ? tz_lane_submit(lane, tz_bench_gpu_spin_job, &ga)
+              : tz_lane_submit(lane, spin, t_comp)) == 0;
   tz_fence *f;
   ok = ok && tz_lane_record(lane, &f) == 0;
   ok = ok && tz_fence_wait(f, -1) == 0;
@@ -127,14 +135,14 @@ static int cmp_double(const void *a, const void *b) {
 
 int tz_bench_prefetch(int argc, char **argv) {
   struct opts o = {.layers = 16, .steps = 6, .lookahead = 2, .block = 8ull << 20,
-                   .compute_ms = 10, .home = "nvme", .path = "/var/tmp", .checksum = -1};
+                   .compute_ms = 10, .path = "/var/tmp", .checksum = -1};
   static const struct option longopts[] = {
     {"layers", required_argument, 0, 'L'}, {"block", required_argument, 0, 'b'},
     {"compute-ms", required_argument, 0, 'c'}, {"home", required_argument, 0, 'H'},
     {"path", required_argument, 0, 'p'}, {"steps", required_argument, 0, 's'},
     {"lookahead", required_argument, 0, 'k'}, {"budget", required_argument, 0, 'B'},
     {"trace", required_argument, 0, 't'}, {"json", no_argument, 0, 'j'},
-    {"checksum", required_argument, 0, 'C'},
+    {"checksum", required_argument, 0, 'C'}, {"lane", required_argument, 0, 'g'},
     {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -150,25 +158,48 @@ int tz_bench_prefetch(int argc, char **argv) {
     case 'B': o.budget = tz_bench_parse_size(optarg); break;
     case 't': o.trace = optarg; break;
     case 'j': o.json = 1; break;
+    case 'g': o.lane = optarg; break;
     case 'C': o.checksum = strcmp(optarg, "on") == 0 ? 1 : strcmp(optarg, "off") == 0 ? 0 : -2; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
+  char why[256];
+  /* A GPU: the hbm backend is built and finds a device, and the GPU side of this file is linked. */
+  int have_gpu = tz_bench_gpu_lane_create && tz_bench_gpu_spin_job &&
+                 tz_tier_probe("hbm", why, sizeof why) == 0;
+  if (o.lane && strcmp(o.lane, "cpu") != 0 && strcmp(o.lane, "gpu") != 0) {
+    usage(stderr);
+    return 2;
+  }
+  int gpu = o.lane ? strcmp(o.lane, "gpu") == 0 : have_gpu;
+  if (gpu && !have_gpu) {
+    fprintf(stderr, "tz-bench prefetch: --lane gpu: %s\n",
+            tz_bench_gpu_lane_create ? why : "built without CUDA");
+    return 77;
+  }
+  if (!o.home)
+    o.home = gpu ? "host" : "nvme";
   int nvme = strcmp(o.home, "nvme") == 0;
+  if (gpu && nvme) {
+    fprintf(stderr, "tz-bench prefetch: --lane gpu needs --home host: the scheduler does not yet "
+            "bring nvme blocks into GPU memory through host staging chunks of its own "
+            "(docs/scheduler.md)\n");
+    return 2;
+  }
   if (o.layers < 1 || o.steps < 2 || o.lookahead < 0 || !o.block || o.compute_ms < 0 ||
       o.checksum == -2 ||
       (!nvme && strcmp(o.home, "host") != 0)) {
     usage(stderr);
     return 2;
   }
-  char why[256];
   if (nvme && tz_tier_probe("nvme", why, sizeof why) < 0) {
     fprintf(stderr, "tz-bench prefetch: %s\n", why);
     return 77;
   }
   tz_runtime *rt = NULL;
   tz_sched *s = NULL;
+  tz_lane *lane = NULL;
   tz_extent *homes = calloc((size_t)o.layers, sizeof *homes);
   struct tz_phase_decl *ph = calloc((size_t)o.layers, sizeof *ph);
   struct tz_block_use *uses = calloc((size_t)o.layers, sizeof *uses);
@@ -184,8 +215,9 @@ int tz_bench_prefetch(int argc, char **argv) {
   tz_tier_params_init(&tp);
   tp.name = "compute";
   tp.capacity = o.budget + (uint64_t)(o.lookahead + 1) * block; /* and the rate measurement's */
+  tp.device = 0;
   tz_tier *compute, *home;
-  if (tz_tier_create(rt, "host", &tp, &compute) < 0)
+  if (tz_tier_create(rt, gpu ? "hbm" : "host", &tp, &compute) < 0)
     goto fail;
   tz_tier_params_init(&tp);
   tp.name = o.home;
@@ -214,7 +246,7 @@ int tz_bench_prefetch(int argc, char **argv) {
   double t_comp = o.compute_ms * 1e-3, rates[3], lanes[3];
   for (int r = 0; r < 3; r++) {
     rates[r] = measure_rate(rt, homes, o.layers, compute, block, depth);
-    lanes[r] = measure_compute(&t_comp, o.layers);
+    lanes[r] = measure_compute(&t_comp, o.layers, gpu ? compute : NULL);
     if (rates[r] <= 0 || lanes[r] <= 0)
       goto fail;
   }
@@ -232,8 +264,12 @@ int tz_bench_prefetch(int argc, char **argv) {
   sp.lookahead = o.lookahead;
   sp.trace_step = o.trace ? o.steps - 1 : -1;
   sp.trace_path = o.trace;
+  if (gpu && tz_bench_gpu_lane_create(compute, &lane) < 0)
+    goto fail;
+  sp.lane = lane; /* NULL: the scheduler's own CPU lane */
   if (tz_sched_create(rt, &sp, &s) < 0)
     goto fail;
+  struct tz_bench_gpu_spin_arg ga = {lane, t_comp};
   for (int l = 0; l < o.layers; l++) {
     int id;
     snprintf(names[l], sizeof names[l], "layer%d", l);
@@ -247,7 +283,9 @@ int tz_bench_prefetch(int argc, char **argv) {
   for (int step = 0; step < o.steps; step++) {
     for (int l = 0; l < o.layers; l++) {
       struct tz_view v;
-      if (tz_sched_enter(s, l, &v) < 0 || tz_sched_submit(s, spin, &t_comp) < 0 ||
+      if (tz_sched_enter(s, l, &v) < 0 ||
+          (gpu ? tz_sched_submit(s, tz_bench_gpu_spin_job, &ga)
+               : tz_sched_submit(s, spin, &t_comp)) < 0 ||
           tz_sched_leave(s, l) < 0)
         goto fail;
     }
@@ -291,12 +329,12 @@ int tz_bench_prefetch(int argc, char **argv) {
   tz_sched_stats(s, &ss);
   if (o.json) {
     printf("{\"bench\":\"prefetch\",\"layers\":%d,\"block_bytes\":%llu,\"home\":\"%s\","
-           "\"checksum\":%s,\"compute_ms\":%.3f,\"compute\":\"cpu busy loop\",\"lookahead\":%d,"
+           "\"checksum\":%s,\"compute_ms\":%.3f,\"compute\":\"%s\",\"lookahead\":%d,"
            "\"budget_bytes\":%llu,\"rate_gbps\":%.4f,\"transfer_ms\":%.3f,"
            "\"compute_lane_ms\":%.3f,\"critical_path_ms\":%.3f,\"critical_path_first_ms\":%.3f,"
            "\"step_ms\":[",
            o.layers, (unsigned long long)block, o.home, nvme && o.checksum != 0 ? "true" : "false",
-           o.compute_ms, o.lookahead,
+           o.compute_ms, gpu ? "gpu spin kernel" : "cpu busy loop", o.lookahead,
            (unsigned long long)ss.budget, gbps, 1e3 * t_xfer, 1e3 * t_lane, 1e3 * path,
            1e3 * path0);
     for (int i = 0; i < n_steps; i++)
@@ -320,10 +358,12 @@ int tz_bench_prefetch(int argc, char **argv) {
              (unsigned long long)ls[i].ops);
     printf("]}\n");
   } else {
-    printf("prefetch: %d layers x %.1f MiB in %s%s%s%s, compute %.3f ms per phase (CPU busy loop "
+    printf("prefetch: %d layers x %.1f MiB in %s%s%s%s, compute %.3f ms per phase (%s "
            "on the compute lane), lookahead %d, budget %.1f MiB (minimum %.1f)\n",
            o.layers, (double)block / (1 << 20), o.home, nvme ? " at " : "", nvme ? o.path : "",
-           nvme && o.checksum == 0 ? " without checksums" : "", o.compute_ms, o.lookahead,
+           nvme && o.checksum == 0 ? " without checksums" : "", o.compute_ms,
+           gpu ? "GPU spin kernel on a CUDA stream, compute tier in GPU memory" : "CPU busy loop",
+           o.lookahead,
            (double)ss.budget / (1 << 20), (double)ss.min_budget / (1 << 20));
     printf("lane rate %s->compute: %.3f GB/s with %d in flight, %.3f ms per layer\n", o.home,
            gbps, depth, 1e3 * t_xfer);
@@ -361,6 +401,7 @@ fail:
   if (rc)
     fprintf(stderr, "tz-bench prefetch: %s\n", tz_err_msg());
   tz_sched_destroy(s);
+  tz_lane_destroy(lane);
   tz_runtime_destroy(rt);
   free(homes);
   free(ph);

@@ -34,7 +34,13 @@ const char *tz_lane_name(const tz_lane *l) { return l->name; }
 void *tz_lane_native(tz_lane *l) { return l->ops->native ? l->ops->native(l) : NULL; }
 
 int tz_lane_wait(tz_lane *l, tz_fence *f, struct tz_lane_wait *info) {
-  return l->ops->wait(l, f, info);
+  return l->ops->wait(l, &f, 1, info);
+}
+
+int tz_lane_wait_all(tz_lane *l, tz_fence *const *fs, int n, struct tz_lane_wait *info) {
+  if (n < 0 || (n > 0 && !fs))
+    return tz_err_set(TZ_EINVAL, "lane %s: wait on %d fences", l->name, n);
+  return l->ops->wait(l, fs, n, info);
 }
 
 int tz_lane_submit(tz_lane *l, int (*fn)(void *arg), void *arg) {
@@ -107,13 +113,19 @@ static void meter_f(void *arg, int rc) {
     meter_finish(m);
 }
 
-static int cpu_wait(tz_lane *l, tz_fence *f, struct tz_lane_wait *info) {
+/* A host thread can wait on anything: the fences become one. */
+static int cpu_wait(tz_lane *l, tz_fence *const *fs, int n, struct tz_lane_wait *info) {
   struct cpu_lane *c = l->ctx;
+  tz_fence *f = n == 1 && fs[0] ? tz_fence_retain(fs[0]) : tz_fence_all(fs, n);
+  if (!f)
+    return tz_err_set(TZ_ENOMEM, "lane %s: no memory for a fence", l->name);
   struct wait_meter *m = NULL;
   if (info) {
     m = calloc(1, sizeof *m);
-    if (!m)
+    if (!m) {
+      tz_fence_release(f);
       return tz_err_set(TZ_ENOMEM, "lane %s: no memory", l->name);
+    }
     *m = (struct wait_meter){.l = l, .info = info, .t_call = tz_now_ns(), .left = 2};
   }
   pthread_mutex_lock(&c->mu);
@@ -128,11 +140,13 @@ static int cpu_wait(tz_lane *l, tz_fence *f, struct tz_lane_wait *info) {
   tz_fence *all = tz_fence_all(both, 2);
   if (!all) {
     pthread_mutex_unlock(&c->mu);
+    tz_fence_release(f);
     return tz_err_set(TZ_ENOMEM, "lane %s: no memory for a fence", l->name);
   }
   c->tail = all;
   pthread_mutex_unlock(&c->mu);
   tz_fence_release(prev);
+  tz_fence_release(f);
   __atomic_add_fetch(&l->waits, 1, __ATOMIC_RELAXED);
   return 0;
 }

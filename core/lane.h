@@ -35,6 +35,11 @@ struct tz_lane_wait {
 /* Work submitted to l after this call starts only after f completes. f is retained as needed;
  * the caller keeps its reference. info may be NULL. */
 int tz_lane_wait(tz_lane *l, tz_fence *f, struct tz_lane_wait *info);
+/* The same for several fences at once (NULL entries count as complete), measured as one wait.
+ * A CUDA-stream lane waits on each fence's own event, so every one of them must be the fence of a
+ * device copy or of a lane's record (or complete): a pending host fence is refused with TZ_EINVAL
+ * before anything is enqueued. */
+int tz_lane_wait_all(tz_lane *l, tz_fence *const *fs, int n, struct tz_lane_wait *info);
 /* Queues fn(arg) on the lane. fn runs on the lane's thread and returns 0 or a negative TZ_E* code
  * with a message. TZ_ENOTSUP on lanes that run no host functions (the client launches its kernels
  * on tz_lane_native instead). */

@@ -8,9 +8,10 @@
 
 struct tz_lane_ops {
   const char *kind; /* "cpu", "cuda-stream" */
-  /* Later work waits for f. info (may be NULL) must be filled before any fence recorded on the
-   * lane after this call completes. A failed f poisons the lane (see core/lane.h). */
-  int (*wait)(tz_lane *l, tz_fence *f, struct tz_lane_wait *info);
+  /* Later work waits for every one of fs[0..n) (NULL entries count as complete). info (may be
+   * NULL) measures them as one wait and must be filled before any fence recorded on the lane
+   * after this call completes. A failed fence poisons the lane (see core/lane.h). */
+  int (*wait)(tz_lane *l, tz_fence *const *fs, int n, struct tz_lane_wait *info);
   /* optional: NULL means the lane runs no host functions (TZ_ENOTSUP). */
   int (*submit)(tz_lane *l, int (*fn)(void *arg), void *arg);
   int (*record)(tz_lane *l, tz_fence **out);

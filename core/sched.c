@@ -46,8 +46,11 @@ struct copy {
   int filling, flushing;
   int unwritten;      /* placed for a phase that overwrites it, which has not entered yet: its
                          bytes are nobody's until then */
-  tz_fence *ready;    /* promise: its last fill (NULL: never filled, contents are the writer's) */
-  tz_fence *flushed;  /* promise: its last write-back */
+  tz_fence *ready;    /* the transfer fence of its last fill; NULL while a fill is decided and not
+                         yet issued, or when never filled (contents are the writer's) */
+  tz_fence *flushed;  /* the transfer fence of its last write-back; NULL while one is decided and
+                         not yet issued */
+  uint64_t fill_no, flush_no; /* the transfer the fences above belong to (struct xfer.no) */
   tz_fence *writer;   /* the fence of the last writer that left */
   uint64_t last_use;  /* seq of the last instance that reserved it: LRU when the order is unknown */
 };
@@ -115,6 +118,7 @@ struct xfer {
   int kind, refill, lane;
   tz_extent dst, src;
   uint64_t n, gen, step, t0;
+  uint64_t no;        /* the copy's fill_no or flush_no when it was decided */
 };
 
 struct tz_sched {
@@ -336,6 +340,8 @@ static void copy_free(tz_sched *s, struct block *b, const char *why) {
   tz_arena_free(s->arena, c->ext.offset - s->region.offset);
   s->used -= b->size;
   c->ext.tier = NULL;
+  c->fill_no++; /* no transfer of the copy that went publishes its fence on a later one */
+  c->flush_no++;
   tz_fence_release(c->ready);
   tz_fence_release(c->flushed);
   tz_fence_release(c->writer);
@@ -356,14 +362,14 @@ static int push_act(tz_sched *s, struct xfer *x) {
 }
 
 /* Decides a transfer of b (a fill into its copy or a write-back to its home); the pumping thread
- * issues it. Sets the promise the copy's users wait on. */
+ * issues it and publishes its fence in the copy (issue), which is what the copy's users wait on:
+ * until then tz_sched_enter waits on the host (DESIGN.md: until the inputs' transfers are
+ * submitted), so a device lane is always handed the transfer's own fence. */
 static void start_xfer(tz_sched *s, struct block *b, int kind, int refill, uint64_t step) {
   struct copy *c = &b->c;
   struct xfer *x = calloc(1, sizeof *x);
-  tz_fence *promise = tz_fence_create();
-  if (!x || !promise || push_act(s, x) < 0) {
+  if (!x || push_act(s, x) < 0) {
     free(x);
-    tz_fence_release(promise);
     fail_locked(s, TZ_ENOMEM, "sched: no memory for a transfer of block '%s'", b->name);
     return;
   }
@@ -376,14 +382,16 @@ static void start_xfer(tz_sched *s, struct block *b, int kind, int refill, uint6
     x->lane = b->xl_in;
     c->filling = 1;
     tz_fence_release(c->ready);
-    c->ready = promise;
+    c->ready = NULL;
+    x->no = ++c->fill_no;
   } else {
     x->dst = b->home;
     x->src = c->ext;
     x->lane = b->xl_out;
     c->flushing = 1;
     tz_fence_release(c->flushed);
-    c->flushed = promise;
+    c->flushed = NULL;
+    x->no = ++c->flush_no;
   }
   s->n_xfers++;
   __atomic_add_fetch(&s->outstanding, 1, __ATOMIC_ACQ_REL);
@@ -624,15 +632,29 @@ static void decide(tz_sched *s) {
 
 static void xfer_done(void *arg, int rc);
 
+/* Issues a transfer and publishes its fence in the copy. xfer_done is registered first, so the
+ * scheduler's bookkeeping (and on failure its message) comes before any waiter's callback. */
 static void issue(struct xfer *x) {
+  tz_sched *s = x->s;
+  struct copy *c = &x->b->c;
+  int kind = x->kind;
+  uint64_t no = x->no;
   tz_fence *f;
-  int rc = tz_transfer(x->s->rt, &x->dst, 0, &x->src, 0, x->n, &f);
+  int rc = tz_transfer(s->rt, &x->dst, 0, &x->src, 0, x->n, &f);
   if (rc < 0) {
     xfer_done(x, rc);
     return;
   }
-  if (tz_fence_then(f, xfer_done, x) < 0)
+  if (tz_fence_then(f, xfer_done, x) < 0) /* x is gone after this */
     xfer_done(x, tz_fence_wait(f, -1));
+  pthread_mutex_lock(&s->mu);
+  tz_fence **slot = kind == ACT_FILL ? &c->ready : &c->flushed;
+  if (c->ext.tier && (kind == ACT_FILL ? c->fill_no : c->flush_no) == no && !*slot) {
+    *slot = f;
+    f = NULL;
+  }
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
   tz_fence_release(f);
 }
 
@@ -690,10 +712,8 @@ static void xfer_done(void *arg, int rc) {
   pthread_mutex_lock(&s->mu);
   s->n_xfers--;
   xlane_end(s, x->lane, now);
-  tz_fence *promise;
   if (x->kind == ACT_FILL) {
     c->filling = 0;
-    promise = tz_fence_retain(c->ready);
     b->n_fills++;
     b->n_refills += (uint64_t)x->refill;
     s->st.fills++;
@@ -705,7 +725,6 @@ static void xfer_done(void *arg, int rc) {
                   tz_tier_name(x->dst.tier), msg);
   } else {
     c->flushing = 0;
-    promise = tz_fence_retain(c->flushed);
     b->n_flushes++;
     s->st.flushes++;
     s->st.flush_bytes += x->n;
@@ -719,12 +738,8 @@ static void xfer_done(void *arg, int rc) {
       1e-6 * (double)(now - x->t0), rc < 0 ? ": " : "", rc < 0 ? msg : "");
   trace_add(s, x->kind == ACT_FILL ? TZ_TRACE_FILL : TZ_TRACE_FLUSH, 1 + x->lane, b->name, x->t0,
             now, x->step, -1, x->n);
-  if (rc < 0)
-    snprintf(msg, sizeof msg, "%s", s->err_msg);
+  pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
-  /* Outside the lock: the promise's callbacks start compute-lane work. */
-  tz_fence_signal_msg(promise, rc, rc < 0 ? msg : NULL);
-  tz_fence_release(promise);
   free(x);
   want_pump(s);
   __atomic_sub_fetch(&s->outstanding, 1, __ATOMIC_ACQ_REL);
@@ -925,6 +940,18 @@ static int block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_ext
     return tz_err_set(TZ_EINVAL, "sched: block '%s' added after the phases were declared", name);
   if (!home || !home->tier || bytes == 0)
     return tz_err_set(TZ_EINVAL, "sched: block '%s' needs a home extent and a size", name);
+  /* A device lane waits only on device events, so a fill's last hop must be a copy to the
+   * device (from host or device memory). A home in neither (nvme) would be staged through the
+   * runtime's chunks, whose transfer fence is host work; bringing such blocks in through staging
+   * chunks of the scheduler's own is not done yet (docs/scheduler.md). */
+  if (tz_lane_native(s->lane) && !tz_tier_host_ptr(home->tier, home->offset) &&
+      !tz_tier_device_ptr(home->tier, home->offset))
+    return tz_err_set(TZ_ENOTSUP, "sched: block '%s' has its home in %s (%s), which is neither "
+                      "host nor device memory; the compute lane %s is a device stream that waits "
+                      "only on copies into the device, and fills staged through host chunks of "
+                      "the scheduler's own are not supported yet: home the block in a host tier",
+                      name, tz_tier_name(home->tier), tz_tier_backend(home->tier),
+                      tz_lane_name(s->lane));
   uint64_t xfer = round_up(bytes, tz_tier_alignment(home->tier));
   if (xfer > home->bytes)
     return tz_err_set(TZ_EINVAL, "sched: block '%s' of %llu bytes (%llu rounded to %s's alignment) "
@@ -1132,9 +1159,21 @@ static void order_changed(tz_sched *s, const char *what) {
   s->recording = 1;
 }
 
-static int is_reserved(tz_sched *s, void *arg) {
-  (void)s;
-  return ((struct inst *)arg)->reserved;
+/* I is reserved and every transfer its inputs wait for has been issued, so each has a fence of
+ * its own to hand the lane (a device lane waits on those, never on the host). */
+static int ready_to_enter(tz_sched *s, void *arg) {
+  const struct inst *I = arg;
+  if (!I->reserved)
+    return 0;
+  const struct phase *ph = &s->phases[I->phase];
+  for (int k = 0; k < ph->n_uses; k++) {
+    const struct copy *c = &s->blocks[ph->uses[k].block].c;
+    if (c->filling && !c->ready)
+      return 0;
+    if ((ph->uses[k].access & TZ_ACCESS_WRITE) && c->flushing && !c->flushed)
+      return 0;
+  }
+  return 1;
 }
 
 int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
@@ -1200,16 +1239,17 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
   pump(s);
   pthread_mutex_lock(&s->mu);
   char what[128];
-  snprintf(what, sizeof what, "room for phase '%s' of step %llu", ph->name,
+  snprintf(what, sizeof what, "room for phase '%s' of step %llu and its transfers", ph->name,
            (unsigned long long)s->step);
-  rc = wait_until(s, is_reserved, I, what, 1);
+  rc = wait_until(s, ready_to_enter, I, what, 1);
   s->waiting = NULL;
   if (rc < 0 || s->err) {
     rc = err_return(s);
     goto out;
   }
-  /* Inputs: each copy's fill, its last writer, and for a write its last write-back (which reads
-   * the copy). Same-lane order already puts this phase after earlier readers. */
+  /* Inputs, each its own fence (a device lane waits on each one's event): each copy's fill, its
+   * last writer, and for a write its last write-back (which reads the copy). Same-lane order
+   * already puts this phase after earlier readers. Retained: the lane is handed them unlocked. */
   tz_fence *fs[3 * TZ_SCHED_MAX_USES];
   int nf = 0;
   view->step = s->step;
@@ -1233,9 +1273,11 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
       rc = err_return(s);
       goto out;
     }
-    fs[nf++] = c->ready;
-    fs[nf++] = c->writer;
-    if (u->access & TZ_ACCESS_WRITE)
+    if (c->ready)
+      fs[nf++] = c->ready;
+    if (c->writer)
+      fs[nf++] = c->writer;
+    if ((u->access & TZ_ACCESS_WRITE) && c->flushed)
       fs[nf++] = c->flushed;
     view->blocks[k].block = u->block;
     view->blocks[k].access = u->access;
@@ -1244,12 +1286,8 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
     if (!view->blocks[k].ptr)
       view->blocks[k].ptr = tz_tier_host_ptr(s->compute, c->ext.offset);
   }
-  tz_fence *inputs = tz_fence_all(fs, nf);
-  if (!inputs) {
-    fail_locked(s, TZ_ENOMEM, "sched: no memory for a fence");
-    rc = err_return(s);
-    goto out;
-  }
+  for (int i = 0; i < nf; i++)
+    tz_fence_retain(fs[i]);
   for (int k = 0; k < ph->n_uses; k++) {
     struct block *b = &s->blocks[ph->uses[k].block];
     b->running++;
@@ -1271,8 +1309,9 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
   dbg(s, "enter step %llu phase '%s' (%d blocks)", (unsigned long long)s->step, ph->name,
       ph->n_uses);
   pthread_mutex_unlock(&s->mu);
-  rc = tz_lane_wait(s->lane, inputs, &I->wait);
-  tz_fence_release(inputs);
+  rc = tz_lane_wait_all(s->lane, fs, nf, &I->wait);
+  for (int i = 0; i < nf; i++)
+    tz_fence_release(fs[i]);
   if (rc < 0) {
     pthread_mutex_lock(&s->mu);
     fail_locked(s, rc, "sched: compute lane: %s", tz_err_msg());

@@ -17,6 +17,7 @@
  * GPUDirect Storage could be used is detected once and logged (tz_hbm_gds_usable). */
 #define _GNU_SOURCE
 #include "tiers/hbm.h"
+#include "tiers/hbm_impl.h"
 #include "core/error.h"
 #include "core/internal.h"
 #include "core/log.h"
@@ -890,4 +891,85 @@ double tz_hbm_pin_seconds_per_gib(tz_tier *t) {
   if (tz_hbm_stats(t, &s) < 0 || s.pinned_bytes == 0)
     return 0;
   return s.pin_seconds / ((double)s.pinned_bytes / (1 << 30));
+}
+
+/* ---- streams of other lanes (tiers/hbm_impl.h) ---- */
+
+struct tz_hbm_stream {
+  struct hbm *h;   /* holds a reference */
+  struct lane l;   /* numbered events, as the copy streams have */
+  int pending;     /* atomic: fences recorded and not yet complete (their polls read l) */
+};
+
+static void stream_fence_done(void *arg, int rc) {
+  (void)rc;
+  struct tz_hbm_stream *st = arg;
+  __atomic_sub_fetch(&st->pending, 1, __ATOMIC_ACQ_REL);
+}
+
+int tz_hbm_stream_create(tz_tier *t, struct tz_hbm_stream **out) {
+  struct hbm *h = hbm_of(t);
+  if (!h)
+    return tz_err_set(TZ_EINVAL, "hbm: a stream on %s, which is not an hbm tier",
+                      t ? t->name : "(no tier)");
+  struct tz_hbm_stream *st = calloc(1, sizeof *st);
+  if (!st)
+    return tz_err_set(TZ_ENOMEM, "%s: no memory for a stream", h->name);
+  int prev, rc = device_enter(h, &prev);
+  if (rc == 0) {
+    cudaError_t e = cudaStreamCreateWithFlags(&st->l.s, cudaStreamNonBlocking);
+    if (e != cudaSuccess)
+      rc = cuda_fail(e, "%s: cudaStreamCreate on GPU %d", h->name, h->device);
+    device_leave(prev);
+  }
+  if (rc < 0) {
+    free(st);
+    return rc;
+  }
+  pthread_mutex_init(&st->l.mu, NULL);
+  __atomic_add_fetch(&h->refs, 1, __ATOMIC_ACQ_REL);
+  st->h = h;
+  *out = st;
+  return 0;
+}
+
+void tz_hbm_stream_destroy(struct tz_hbm_stream *st) {
+  if (!st)
+    return;
+  cudaStreamSynchronize(st->l.s);
+  /* The progress engine may still be about to poll a fence whose event has completed; the poll
+   * reads the lane's numbers, so they stay until every fence has been seen complete. */
+  while (__atomic_load_n(&st->pending, __ATOMIC_ACQUIRE) > 0) {
+    tz_progress_kick(st->h->pe);
+    usleep(50);
+  }
+  int prev;
+  if (device_enter(st->h, &prev) < 0)
+    prev = -1;
+  cudaStreamDestroy(st->l.s);
+  cudaGetLastError();
+  device_leave(prev);
+  pthread_mutex_destroy(&st->l.mu);
+  hbm_unref(st->h);
+  free(st);
+}
+
+void *tz_hbm_stream_handle(struct tz_hbm_stream *st) { return st->l.s; }
+
+int tz_hbm_stream_device(const struct tz_hbm_stream *st) { return st->h->device; }
+
+int tz_hbm_stream_record(struct tz_hbm_stream *st, const char *what, tz_fence **out) {
+  tz_fence *f;
+  TZ_CHECK(record(st->h, &st->l, what, 0, 0, &f));
+  __atomic_add_fetch(&st->pending, 1, __ATOMIC_ACQ_REL);
+  if (tz_fence_then(f, stream_fence_done, st) < 0) {
+    tz_fence_wait(f, -1);
+    stream_fence_done(st, 0);
+  }
+  *out = f;
+  return 0;
+}
+
+int tz_hbm_fence_waitable(tz_fence *f) {
+  return !f || tz_fence_native(f, &cuda_event_ops) != NULL || tz_fence_query(f) != 0;
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "core/fence.h"
+#include "core/lane.h"
 #include "core/tier.h"
 
 /* Makes cuda_stream (a cudaStream_t; NULL is the legacy default stream) wait for f on the device,
@@ -21,6 +22,19 @@
  *   fence of the host->hbm copy that follows such work instead (DESIGN.md).
  * hbm is the tier whose GPU the stream belongs to; TZ_EINVAL when it is not an hbm tier. */
 int tz_hbm_stream_wait(tz_tier *hbm, tz_fence *f, void *cuda_stream);
+
+/* A compute lane that is a CUDA stream of hbm's GPU (tiers/hbm_lane.c), for tz_sched_params.lane.
+ * - wait: cudaStreamWaitEvent on each fence's event (tz_hbm_stream_wait); a pending host fence is
+ *   refused with TZ_EINVAL and nothing is enqueued.
+ * - submit(fn): runs fn(arg) at once on the calling thread to *launch* work on the stream
+ *   (tz_lane_native(lane) is the cudaStream_t); fn must not wait for the GPU. A failing fn, or a
+ *   failed input, poisons the lane: later fns are not run and later fences fail.
+ * - record: a CUDA event polled by the progress engine; a device stream (tz_hbm_stream_wait) can
+ *   wait on it. It completes with an error when an input the lane waited on failed.
+ * - stall: timed with CUDA events recorded before and after a wait (cudaEventElapsedTime), read
+ *   when the next recorded fence completes.
+ * hbm must outlive the lane. *out is owned by the caller (tz_lane_destroy). */
+int tz_hbm_lane_create(tz_tier *hbm, tz_lane **out);
 
 /* The NUMA node of the host closest to GPU `device` (the node host tiers feeding it should be
  * created on), or -1 when the system has no NUMA or the driver cannot say. */

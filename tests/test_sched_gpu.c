@@ -1,0 +1,353 @@
+/* The scheduler with a CUDA-stream compute lane (tz_hbm_lane_create) and the compute tier in GPU
+ * memory: blocks homed in host memory, phases whose "compute" is copies and memsets launched on the
+ * lane's stream, several steps, results checked byte for byte against a host model after
+ * tz_sched_sync. The lane waits on the device only: it refuses a pending host fence, and the
+ * scheduler never hands it one (a refusal would fail the run). Skips (77) without a GPU.
+ *
+ * Per layer l: W (read), G (written whole), A (read and written). Phase fwd_l: A's first half
+ * moves to its second half, then its first half is set to a byte of (step, l). Phase bwd_l (layers
+ * in reverse): G = W, then G's first quarter is set to a byte of (step, l). */
+#include "core/error.h"
+#include "core/lane.h"
+#include "core/runtime.h"
+#include "core/sched.h"
+#include "core/tier.h"
+#include "testlib.h"
+#include "tiers/hbm.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { L = 4, STEPS = 5, B = 256 << 10, CHUNK = 256 << 10 };
+
+struct env {
+  tz_runtime *rt;
+  tz_tier *host, *hbm;
+  tz_lane *lane;
+  tz_sched *s;
+  tz_extent homes[3 * L];
+  int w[L], g[L], a[L];
+};
+
+static void env_make(struct env *e) {
+  memset(e, 0, sizeof *e);
+  struct tz_runtime_params rp;
+  tz_runtime_params_init(&rp);
+  rp.chunk_bytes = CHUNK;
+  rp.staging_bytes = 4 * CHUNK;
+  TZ_ASSERT_OK(tz_runtime_create(&rp, &e->rt));
+  struct tz_tier_params tp;
+  tz_tier_params_init(&tp);
+  tp.name = "home";
+  tp.capacity = 3 * L * (uint64_t)B + (1 << 20);
+  TZ_ASSERT_OK(tz_tier_create(e->rt, "host", &tp, &e->host));
+  tz_tier_params_init(&tp);
+  tp.name = "compute";
+  tp.capacity = 16 << 20;
+  tp.device = 0;
+  TZ_ASSERT_OK(tz_tier_create(e->rt, "hbm", &tp, &e->hbm));
+  TZ_ASSERT_OK(tz_hbm_lane_create(e->hbm, &e->lane));
+}
+
+static void env_free(struct env *e) {
+  tz_sched_destroy(e->s);
+  tz_lane_destroy(e->lane);
+  tz_runtime_destroy(e->rt);
+}
+
+static unsigned char fwd_byte(int step, int l) { return (unsigned char)(1 + 16 * step + l); }
+static unsigned char bwd_byte(int step, int l) { return (unsigned char)(101 + 16 * step + l); }
+
+/* What a phase's job launches: device pointers from the view, the stream from the lane. */
+struct job {
+  tz_lane *lane;
+  unsigned char *src, *dst; /* bwd: W, G; fwd: A, A */
+  unsigned char value;
+  int fwd;
+};
+
+static int launch(void *arg) {
+  const struct job *j = arg;
+  cudaStream_t st = tz_lane_native(j->lane);
+  cudaError_t e;
+  if (j->fwd) {
+    e = cudaMemcpyAsync(j->dst + B / 2, j->src, B / 2, cudaMemcpyDeviceToDevice, st);
+    if (e == cudaSuccess)
+      e = cudaMemsetAsync(j->dst, j->value, B / 2, st);
+  } else {
+    e = cudaMemcpyAsync(j->dst, j->src, B, cudaMemcpyDeviceToDevice, st);
+    if (e == cudaSuccess)
+      e = cudaMemsetAsync(j->dst, j->value, B / 4, st);
+  }
+  if (e != cudaSuccess)
+    return tz_err_set(TZ_ECUDA, "test: launch on the lane's stream: %s", cudaGetErrorString(e));
+  return 0;
+}
+
+static void *view_ptr(const struct tz_view *v, int block) {
+  for (int k = 0; k < v->n_blocks; k++)
+    if (v->blocks[k].block == block)
+      return v->blocks[k].ptr;
+  fail_msg("block %d is not in phase '%s'", block, v->name);
+  return NULL;
+}
+
+static void check_block(struct env *e, int id, const unsigned char *want, const char *what) {
+  unsigned char *got = malloc(B);
+  assert_non_null(got);
+  TZ_ASSERT_OK(tz_sched_block_load(e->s, id, got));
+  for (int i = 0; i < B; i++)
+    if (got[i] != want[i]) {
+      print_error("%s: byte %d is %d, expected %d\n", what, i, got[i], want[i]);
+      fail();
+    }
+  free(got);
+}
+
+/* Steps over host-homed blocks within `budget` (0: generous), with jitter on the scheduler's host
+ * lanes; checks every block after each step's sync against the host model. */
+static void run_steps(uint64_t budget, int jitter_us) {
+  struct env e;
+  env_make(&e);
+  struct tz_sched_params p;
+  tz_sched_params_init(&p);
+  p.compute = e.hbm;
+  p.lane = e.lane;
+  p.budget = budget;
+  p.lookahead = 2;
+  p.jitter_us = jitter_us;
+  p.seed = 5;
+  p.timeout_ms = 20000;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  unsigned char *wref[L], *aref[L], *gref[L];
+  unsigned char *buf = malloc(B);
+  assert_non_null(buf);
+  for (int l = 0; l < L; l++) {
+    int *ids[3] = {&e.w[l], &e.g[l], &e.a[l]};
+    const char *kind[3] = {"w", "g", "a"};
+    for (int k = 0; k < 3; k++) {
+      tz_extent *h = &e.homes[3 * l + k];
+      TZ_ASSERT_OK(tz_tier_alloc(e.host, B, h));
+      tz_test_fill(buf, B, 1000 + 10 * (uint64_t)l + (uint64_t)k);
+      TZ_ASSERT_OK(tz_tier_write_sync(h, 0, buf, B));
+      char name[16];
+      snprintf(name, sizeof name, "L%d.%s", l, kind[k]);
+      TZ_ASSERT_OK(tz_sched_block_add(e.s, name, B, h, ids[k]));
+    }
+    wref[l] = malloc(B);
+    aref[l] = malloc(B);
+    gref[l] = malloc(B);
+    assert_true(wref[l] && aref[l] && gref[l]);
+    tz_test_fill(wref[l], B, 1000 + 10 * (uint64_t)l);
+    tz_test_fill(gref[l], B, 1000 + 10 * (uint64_t)l + 1);
+    tz_test_fill(aref[l], B, 1000 + 10 * (uint64_t)l + 2);
+  }
+  struct tz_block_use uses[2 * L][2];
+  struct tz_phase_decl ph[2 * L];
+  char names[2 * L][16];
+  for (int l = 0; l < L; l++) {
+    uses[l][0] = (struct tz_block_use){e.a[l], TZ_ACCESS_READWRITE};
+    snprintf(names[l], sizeof names[l], "fwd%d", l);
+    ph[l] = (struct tz_phase_decl){names[l], uses[l], 1};
+    int b = L + (L - 1 - l); /* backward runs the layers in reverse */
+    uses[b][0] = (struct tz_block_use){e.w[l], TZ_ACCESS_READ};
+    uses[b][1] = (struct tz_block_use){e.g[l], TZ_ACCESS_WRITE};
+    snprintf(names[b], sizeof names[b], "bwd%d", l);
+    ph[b] = (struct tz_phase_decl){names[b], uses[b], 2};
+  }
+  if (budget) { /* a small budget: blocks are evicted and brought in again */
+    uint64_t min;
+    TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, 2 * L, &min));
+    assert_true(min <= budget);
+  }
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 2 * L));
+
+  /* The lane waits on device events only: a pending host fence is refused, nothing enqueued. */
+  tz_fence *host = tz_fence_create();
+  assert_non_null(host);
+  assert_int_equal(tz_lane_wait(e.lane, host, NULL), TZ_EINVAL);
+  tz_fence_signal(host, 0);
+  tz_fence_release(host);
+
+  for (int step = 0; step < STEPS; step++) {
+    for (int i = 0; i < 2 * L; i++) {
+      struct tz_view v;
+      TZ_ASSERT_OK(tz_sched_enter(e.s, i, &v));
+      assert_ptr_equal(v.lane, e.lane);
+      struct job j = {.lane = e.lane, .fwd = i < L};
+      if (j.fwd) {
+        int l = i;
+        j.src = j.dst = view_ptr(&v, e.a[l]);
+        j.value = fwd_byte(step, l);
+        memmove(aref[l] + B / 2, aref[l], B / 2);
+        memset(aref[l], j.value, B / 2);
+      } else {
+        int l = L - 1 - (i - L);
+        j.src = view_ptr(&v, e.w[l]);
+        j.dst = view_ptr(&v, e.g[l]);
+        j.value = bwd_byte(step, l);
+        memcpy(gref[l], wref[l], B);
+        memset(gref[l], j.value, B / 4);
+      }
+      TZ_ASSERT_OK(tz_sched_submit(e.s, launch, &j));
+      TZ_ASSERT_OK(tz_sched_leave(e.s, i));
+    }
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+    if (step == 0 || step == STEPS - 1) {
+      TZ_ASSERT_OK(tz_sched_sync(e.s));
+      for (int l = 0; l < L; l++) {
+        char what[64];
+        snprintf(what, sizeof what, "step %d L%d.w", step, l);
+        check_block(&e, e.w[l], wref[l], what);
+        snprintf(what, sizeof what, "step %d L%d.g", step, l);
+        check_block(&e, e.g[l], gref[l], what);
+        snprintf(what, sizeof what, "step %d L%d.a", step, l);
+        check_block(&e, e.a[l], aref[l], what);
+        /* After the sync the homes hold the latest bytes too. */
+        TZ_ASSERT_OK(tz_tier_read_sync(&e.homes[3 * l + 2], 0, buf, B));
+        assert_memory_equal(buf, aref[l], B);
+      }
+    }
+  }
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+
+  struct tz_sched_stats st;
+  tz_sched_stats(e.s, &st);
+  assert_int_equal(st.phases, (uint64_t)(2 * L * STEPS));
+  assert_int_equal(st.over_budget, 0);
+  assert_true(st.peak_used <= st.budget);
+  assert_true(st.stall_s >= 0);
+  assert_true(st.compute_s > 0);
+  assert_true(st.fills >= (uint64_t)(2 * L)); /* every W and A at least once */
+  struct tz_sched_phase_stats ps[2 * L];
+  assert_int_equal(tz_sched_phase_stats(e.s, ps, 2 * L), 2 * L);
+  for (int i = 0; i < 2 * L; i++) {
+    assert_int_equal(ps[i].runs, STEPS);
+    assert_true(ps[i].stall_s >= 0);
+    assert_true(ps[i].stalls <= ps[i].runs);
+  }
+  struct tz_lane_stats ls;
+  tz_lane_stats(e.lane, &ls);
+  assert_true(ls.stall_s >= 0);
+  assert_int_equal(ls.jobs, (uint64_t)(2 * L * STEPS));
+  /* The stream really waited on copy events on the device. */
+  struct tz_hbm_stats hs;
+  TZ_ASSERT_OK(tz_hbm_stats(e.hbm, &hs));
+  assert_true(hs.stream_waits > 0);
+  assert_true(hs.h2d_copies > 0 && hs.d2h_copies > 0);
+  printf("budget %llu: %llu fills, %llu write-backs, %llu evictions, stall %.3f ms, compute "
+         "%.3f ms, %llu stream waits\n", (unsigned long long)st.budget,
+         (unsigned long long)st.fills, (unsigned long long)st.flushes,
+         (unsigned long long)st.evictions, 1e3 * st.stall_s, 1e3 * st.compute_s,
+         (unsigned long long)hs.stream_waits);
+  for (int l = 0; l < L; l++) {
+    free(wref[l]);
+    free(aref[l]);
+    free(gref[l]);
+  }
+  free(buf);
+  env_free(&e);
+}
+
+static void test_generous(void **state) {
+  (void)state;
+  run_steps(0, 0);
+}
+
+/* Two phases' working sets plus the chunk: the window evicts and refills every step. */
+static void test_tight(void **state) {
+  (void)state;
+  run_steps(4 * (uint64_t)B + CHUNK, 0);
+}
+
+static void test_tight_jitter(void **state) {
+  (void)state;
+  run_steps(4 * (uint64_t)B + CHUNK, 200);
+}
+
+/* A recorded fence of the lane is a device event: another stream can wait on it without the
+ * host (tz_hbm_stream_wait accepts it), and a failing job poisons the lane's next fence. */
+static int fail_job(void *arg) {
+  (void)arg;
+  return tz_err_set(TZ_EIO, "test: an injected job failure");
+}
+
+static void test_lane_fences(void **state) {
+  (void)state;
+  struct env e;
+  env_make(&e);
+  tz_fence *f;
+  TZ_ASSERT_OK(tz_lane_record(e.lane, &f));
+  cudaStream_t other;
+  assert_int_equal(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  TZ_ASSERT_OK(tz_hbm_stream_wait(e.hbm, f, other));
+  assert_int_equal(cudaStreamSynchronize(other), cudaSuccess);
+  TZ_ASSERT_OK(tz_fence_wait(f, 10ll * 1000 * 1000 * 1000));
+  tz_fence_release(f);
+  TZ_ASSERT_OK(tz_lane_submit(e.lane, fail_job, NULL));
+  TZ_ASSERT_OK(tz_lane_record(e.lane, &f));
+  assert_int_equal(tz_fence_wait(f, 10ll * 1000 * 1000 * 1000), TZ_EIO);
+  assert_non_null(strstr(tz_err_msg(), "injected job failure"));
+  tz_fence_release(f);
+  assert_int_equal(cudaStreamDestroy(other), cudaSuccess);
+  env_free(&e);
+}
+
+/* nvme homes need host staging chunks of the scheduler's own before a device lane can wait on
+ * their fills: refused with TZ_ENOTSUP, saying so. */
+static void test_nvme_home_refused(void **state) {
+  (void)state;
+  char why[256];
+  if (tz_tier_probe("nvme", why, sizeof why) < 0) {
+    print_message("nvme unavailable (%s): nothing to check\n", why);
+    return;
+  }
+  struct env e;
+  env_make(&e);
+  char *dir = tz_test_mkdtemp("sched-gpu");
+  assert_non_null(dir);
+  struct tz_tier_params tp;
+  tz_tier_params_init(&tp);
+  tp.name = "nvme";
+  tp.capacity = 4 << 20;
+  tp.paths[0] = dir;
+  tp.n_paths = 1;
+  tz_tier *nvme;
+  TZ_ASSERT_OK(tz_tier_create(e.rt, "nvme", &tp, &nvme));
+  tz_extent h;
+  TZ_ASSERT_OK(tz_tier_alloc(nvme, B, &h));
+  struct tz_sched_params p;
+  tz_sched_params_init(&p);
+  p.compute = e.hbm;
+  p.lane = e.lane;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  int id;
+  assert_int_equal(tz_sched_block_add(e.s, "W", B, &h, &id), TZ_ENOTSUP);
+  assert_non_null(strstr(tz_err_msg(), "'W'"));
+  tz_sched_destroy(e.s);
+  e.s = NULL;
+  tz_tier_free(&h);
+  env_free(&e);
+  tz_test_rmdir(dir);
+}
+
+int main(void) {
+  char why[256];
+  int n = 0;
+  if (tz_tier_probe("hbm", why, sizeof why) < 0)
+    tz_test_skip("%s", why);
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1)
+    tz_test_skip("hbm: no CUDA device");
+  if (cudaSetDevice(0) != cudaSuccess)
+    tz_test_skip("hbm: cudaSetDevice(0) failed");
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_generous),
+    cmocka_unit_test(test_tight),
+    cmocka_unit_test(test_tight_jitter),
+    cmocka_unit_test(test_lane_fences),
+    cmocka_unit_test(test_nvme_home_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
