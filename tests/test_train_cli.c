@@ -122,7 +122,7 @@ static void test_plan(void **state) {
   assert_null(strstr(out, "step 1/"));
   assert_int_equal(tz_train("--model tiny --plan --set tierzero.hbm_budget=3MiB"), 1);
   assert_non_null(strstr(output(), "short of the minimum"));
-  assert_int_equal(tz_train("--steps 0"), 2);
+  assert_int_equal(tz_train("--steps -1"), 2);
   assert_int_equal(tz_train("--optimizer-step sideways"), 2);
   assert_int_equal(tz_train("--model tiny --steps 1 --set gradient_clipping=1 "
                             "--optimizer-step overlapped"),
