@@ -568,6 +568,11 @@ int main(int argc, char **argv) {
   struct opts o;
   if (parse(argc, argv, &o) < 0)
     return 2;
+  struct tz_model_config named;
+  if (o.model && tz_model_preset(o.model, &named) < 0) {
+    fprintf(stderr, "tz-train: --model: %s\n", tz_err_msg());
+    return 2;
+  }
   /* No arguments: the demo. A tiny Llama on the built-in corpus, its parameters streaming from
    * host memory through a small compute-tier budget, its optimizer state on nvme files in a
    * temporary directory removed at the end. */
