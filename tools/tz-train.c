@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tz_demo_config.h"
@@ -322,13 +323,29 @@ static int export_block(void *arg, int block, float *buf) {
   return tz_trainer_param_load(arg, block, TZ_PLAN_MASTER, buf);
 }
 
+/* Creates dir's missing parents (tz_hf_export creates dir itself). */
+static int make_parents(const char *dir) {
+  char path[4096];
+  if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+    return tz_err_set(TZ_EINVAL, "--export-safetensors: path too long: %s", dir);
+  for (char *p = strchr(path + 1, '/'); p; p = strchr(p + 1, '/')) {
+    *p = 0;
+    if (mkdir(path, 0755) < 0 && errno != EEXIST)
+      return tz_err_errno(errno, "--export-safetensors: cannot create %s", path);
+    *p = '/';
+  }
+  return 0;
+}
+
 /* The fp32 master weights to dir. Gathering is collective: rank 0 writes while the others take
  * part in the same gathers, block by block. */
 static int export_params(tz_trainer *tr, const struct tz_model_config *mc, const char *dir,
                          int rank) {
   TZ_CHECK(tz_trainer_sync(tr));
-  if (rank == 0)
+  if (rank == 0) {
+    TZ_CHECK(make_parents(dir));
     return tz_hf_export(dir, mc, TZ_F32, export_block, tr);
+  }
   uint64_t most = 0;
   for (int b = 0; b < tz_model_n_blocks(mc); b++)
     if (tz_model_block_numel(mc, b) > most)
