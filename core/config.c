@@ -129,7 +129,7 @@ static const struct key keys[] = {
   BOOLA("bf16.enabled", bf16.enabled, 0),
   BOOLA("fp16.enabled", fp16.enabled, 0),
   DBL("fp16.loss_scale", fp16.loss_scale, 0, INFINITY, 0, 0),
-  INT("fp16.initial_scale_power", fp16.initial_scale_power, 0, 64, 16, 0),
+  INT("fp16.initial_scale_power", fp16.initial_scale_power, 0, 127, 16, 0),
   INT("fp16.loss_scale_window", fp16.loss_scale_window, 1, INT_MAX, 1000, 0),
   INT("fp16.hysteresis", fp16.hysteresis, 1, INT_MAX, 2, 0),
   DBL("fp16.min_loss_scale", fp16.min_loss_scale, 0, INFINITY, 1, F_MIN_OPEN),

@@ -1,11 +1,13 @@
 /* tz-train from the command line ($TZ_BIN/tz-train): a short run writes one JSON object per step
  * with its step and loss, and the loss falls; --plan prints the placement and the bound without
  * training; a compute budget below the minimum is refused with the missing amount; bad flags are
- * usage errors. */
+ * usage errors; evaluation, export and import (bit-exact round trip), the lane trace, and fp16
+ * loss scaling from the command line. */
 #define _GNU_SOURCE
 #include "testlib.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,7 +124,7 @@ static void test_plan(void **state) {
   assert_null(strstr(out, "step 1/"));
   assert_int_equal(tz_train("--model tiny --plan --set tierzero.hbm_budget=3MiB"), 1);
   assert_non_null(strstr(output(), "short of the minimum"));
-  assert_int_equal(tz_train("--steps 0"), 2);
+  assert_int_equal(tz_train("--steps -1"), 2);
   assert_int_equal(tz_train("--optimizer-step sideways"), 2);
   assert_int_equal(tz_train("--model tiny --steps 1 --set gradient_clipping=1 "
                             "--optimizer-step overlapped"),
@@ -156,6 +158,229 @@ static void test_faults(void **state) {
   }
 }
 
+
+/* The step objects of a metrics file (the summary left out), into objs; returns how many. */
+static int read_metrics(const char *name, json_t **objs, int max, json_t **summary) {
+  char path[1100];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[8192];
+  int n = 0;
+  *summary = NULL;
+  while (fgets(line, sizeof line, f)) {
+    json_error_t err;
+    json_t *o = json_loads(line, 0, &err);
+    assert_non_null(o);
+    if (json_is_true(json_object_get(o, "summary"))) {
+      *summary = o;
+      continue;
+    }
+    assert_true(n < max);
+    objs[n++] = o;
+  }
+  fclose(f);
+  return n;
+}
+
+/* --eval-every 2 over 5 steps: eval_loss after steps 2, 4 and the last, in the file and on the
+ * step lines; the same validation batch each time, scored with the parameters of the moment. */
+static void test_eval(void **state) {
+  (void)state;
+  char args[2048];
+  snprintf(args, sizeof args,
+           "--model tiny --steps 5 --seq 16 --data synthetic --eval-every 2 --metrics %s/ev.jsonl "
+           "--set optimizer.params.lr=0.01",
+           dir);
+  int rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(output(), "step 2/5 | loss "));
+  assert_non_null(strstr(output(), "| eval loss "));
+  json_t *o[8], *sum;
+  assert_int_equal(read_metrics("ev.jsonl", o, 8, &sum), 5);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; i++) {
+    json_t *e = json_object_get(o[i], "eval_loss");
+    int want = i == 1 || i == 3 || i == 4;
+    assert_int_equal(e != NULL, want);
+    if (e) {
+      assert_true(json_is_number(e));
+      if (i == 1)
+        first = json_number_value(e);
+      last = json_number_value(e);
+    }
+    json_decref(o[i]);
+  }
+  assert_true(first > 0 && last > 0 && last != first); /* the same batch, trained parameters */
+  assert_non_null(sum);
+  assert_true(json_number_value(json_object_get(sum, "eval_loss")) == last);
+  json_decref(sum);
+  /* The built-in corpus with a held-out share. */
+  rc = tz_train("--model tiny --steps 1 --seq 32 --eval-every 1 --val-fraction 0.1");
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(output(), "val"));
+  assert_non_null(strstr(output(), "| eval loss "));
+}
+
+static long file_bytes(const char *path, unsigned char **data) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  *data = malloc((size_t)n);
+  assert_non_null(*data);
+  assert_int_equal(fread(*data, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  return n;
+}
+
+/* Export after 3 steps, import into a fresh run and export again without training: the two
+ * safetensors files are the same bytes, and the imported model's eval loss is the exporting
+ * run's to the printed digit. An imported run then trains on. */
+static void test_export_import(void **state) {
+  (void)state;
+  char args[2048];
+  snprintf(args, sizeof args,
+           "--model tiny --steps 3 --seq 16 --data synthetic --eval-every 3 "
+           "--metrics %s/ex.jsonl --export-safetensors %s/exported",
+           dir, dir);
+  int rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(output(), "written to"));
+  json_t *o[4], *sum;
+  assert_int_equal(read_metrics("ex.jsonl", o, 4, &sum), 3);
+  double eval = json_number_value(json_object_get(o[2], "eval_loss"));
+  for (int i = 0; i < 3; i++)
+    json_decref(o[i]);
+  json_decref(sum);
+  snprintf(args, sizeof args,
+           "--steps 0 --seq 16 --data synthetic --eval-every 1 --import-safetensors %s/exported "
+           "--export-safetensors %s/again",
+           dir, dir);
+  rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  char want[128];
+  snprintf(want, sizeof want, "eval loss %.6f", eval);
+  if (!strstr(output(), want))
+    print_error("expected '%s' in\n%s", want, output());
+  assert_non_null(strstr(output(), want));
+  char pa[1100], pb[1100];
+  snprintf(pa, sizeof pa, "%s/exported/model.safetensors", dir);
+  snprintf(pb, sizeof pb, "%s/again/model.safetensors", dir);
+  unsigned char *a, *b;
+  long na = file_bytes(pa, &a), nb = file_bytes(pb, &b);
+  assert_int_equal(na, nb);
+  assert_true(na > 1000000); /* the tiny model in fp32 */
+  assert_memory_equal(a, b, (size_t)na);
+  free(a);
+  free(b);
+  snprintf(pa, sizeof pa, "%s/exported/config.json", dir);
+  json_error_t err;
+  json_t *cfg = json_load_file(pa, 0, &err);
+  assert_non_null(cfg);
+  assert_string_equal(json_string_value(json_object_get(cfg, "model_type")), "llama");
+  json_decref(cfg);
+  /* The imported model named explicitly, and trained further. */
+  snprintf(args, sizeof args,
+           "--model tiny --steps 2 --seq 16 --data synthetic --import-safetensors %s/exported",
+           dir);
+  rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(output(), "step 2/2"));
+}
+
+/* --trace-step 1 --trace FILE: the file is written and is a Chrome trace of that step. */
+static void test_trace(void **state) {
+  (void)state;
+  char args[2048];
+  snprintf(args, sizeof args,
+           "--model tiny --steps 3 --seq 16 --data synthetic --trace-step 1 --trace %s/t.json",
+           dir);
+  int rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  char path[1100];
+  snprintf(path, sizeof path, "%s/t.json", dir);
+  json_error_t err;
+  json_t *t = json_load_file(path, 0, &err);
+  if (!t)
+    print_error("%s: %s at line %d\n", path, err.text, err.line);
+  assert_non_null(t);
+  json_t *ev = json_object_get(t, "traceEvents");
+  assert_true(json_is_array(ev));
+  assert_true(json_array_size(ev) > 10);
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(t, "otherData"), "step")),
+                   1);
+  int compute = 0;
+  for (size_t i = 0; i < json_array_size(ev); i++) {
+    const char *name = json_string_value(json_object_get(json_array_get(ev, i), "name"));
+    compute += name && strncmp(name, "fwd", 3) == 0;
+  }
+  assert_true(compute > 0);
+  json_decref(t);
+}
+
+/* fp16 from the command line: an initial scale of 2^90 overflows; the skipped steps are in the
+ * file with the scale after each, following DeepSpeed's rule, and counted in the summary. */
+static void test_fp16(void **state) {
+  (void)state;
+  char args[2048];
+  snprintf(args, sizeof args,
+           "--model tiny --steps 36 --seq 16 --data synthetic --metrics %s/fp16.jsonl "
+           "--set fp16.enabled=true --set fp16.initial_scale_power=90 --set fp16.hysteresis=2 "
+           "--set fp16.loss_scale_window=4",
+           dir);
+  int rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(output(), "skipped: fp16 overflow (loss scale now"));
+  json_t *o[40], *sum;
+  assert_int_equal(read_metrics("fp16.jsonl", o, 40, &sum), 36);
+  double scale = ldexp(1, 90);
+  int left = 2, skipped = 0, good = 0;
+  long last_overflow = -1;
+  for (int i = 0; i < 36; i++) {
+    int sk = json_is_true(json_object_get(o[i], "skipped"));
+    if (sk) {
+      if (left == 1)
+        scale /= 2;
+      else
+        left--;
+      last_overflow = i;
+      skipped++;
+    } else {
+      if ((i - last_overflow) % 4 == 0) {
+        left = 2;
+        scale *= 2;
+      }
+      good++;
+    }
+    double got = json_number_value(json_object_get(o[i], "loss_scale"));
+    /* The file keeps 10 significant digits. */
+    if (fabs(got - scale) > 1e-9 * scale)
+      print_error("step %d: loss_scale %.17g, expected %.17g\n", i + 1, got, scale);
+    assert_true(fabs(got - scale) <= 1e-9 * scale);
+    json_decref(o[i]);
+  }
+  assert_true(skipped >= 20 && good >= 4);
+  assert_non_null(sum);
+  assert_int_equal(json_integer_value(json_object_get(sum, "skipped")), skipped);
+  json_decref(sum);
+}
+
 int main(void) {
   const char *b = getenv("TZ_BIN");
   if (!b)
@@ -167,6 +392,10 @@ int main(void) {
       cmocka_unit_test(test_corpus),
       cmocka_unit_test(test_plan),
       cmocka_unit_test(test_faults),
+      cmocka_unit_test(test_eval),
+      cmocka_unit_test(test_export_import),
+      cmocka_unit_test(test_trace),
+      cmocka_unit_test(test_fp16),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

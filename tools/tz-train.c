@@ -10,6 +10,7 @@
 #include "core/sched.h"
 #include "core/topo.h"
 #include "trainer/data.h"
+#include "trainer/hf.h"
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/rates.h"
@@ -18,11 +19,13 @@
 #include "trainer/synthetic.h"
 #include "trainer/train.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tz_demo_config.h"
@@ -35,13 +38,29 @@ static void usage(FILE *f) {
           "  --config FILE        DeepSpeed-style JSON (docs/config.md); may be repeated\n"
           "  --model PRESET       tiny, llama-1b, llama-3b, llama-7b, llama-13b (default: the\n"
           "                       config's tierzero.model, else tiny)\n"
-          "  --steps N            optimizer steps (default 10)\n"
+          "  --steps N            optimizer steps (default 10; 0 trains nothing: with the flags\n"
+          "                       below, an evaluation or a conversion)\n"
           "  --seed N             initialisation and data seed (default: the config's seed)\n"
           "  --seq N              tokens per sequence (default 64, at most the model's max_seq)\n"
           "  --data SPEC          builtin (the built-in corpus, the default), text:PATH, an llm.c\n"
           "                       shard or a glob of them (docs/data.md), or synthetic\n"
           "  --metrics FILE       one JSON object per step (docs/data.md: step, loss, grad_norm,\n"
-          "                       lr, step_s, bound_s, stall_s, tokens_per_s, ...)\n"
+          "                       lr, step_s, bound_s, stall_s, tokens_per_s, skipped,\n"
+          "                       loss_scale, eval_loss, ...), then a summary object\n"
+          "  --eval-every N       every N steps and after the last, the loss on the validation\n"
+          "                       split (forward only, parameters unchanged)\n"
+          "  --val-fraction F     share of the data's windows held out for --eval-every, in\n"
+          "                       (0, 1) (default 0.05)\n"
+          "  --import-safetensors DIR\n"
+          "                       start from a Hugging Face Llama checkpoint (config.json and\n"
+          "                       model.safetensors or its shards); the model is its config\n"
+          "                       unless --model or tierzero.model names one, which must match\n"
+          "  --export-safetensors DIR\n"
+          "                       after training, write DIR/config.json and DIR/model.safetensors\n"
+          "                       (fp32, Hugging Face names)\n"
+          "  --trace-step N       record the lanes of step N (counted from 0, the step printed\n"
+          "                       as N+1; sets tierzero.trace_step) ...\n"
+          "  --trace FILE         ... and write them to FILE as a Chrome/Perfetto trace (JSON)\n"
           "  --plan               print the placement and the predicted bound, and stop\n"
           "  --auto-placement     let the plan choose homes instead of the offload_* devices\n"
           "  --optimizer-step M   auto, folded, overlapped or unfolded (default auto)\n"
@@ -58,7 +77,13 @@ static void usage(FILE *f) {
           "                       taken, or one step-N directory); DIR defaults to --ckpt-dir,\n"
           "                       and --ckpt-dir to DIR when DIR is not a step directory.\n"
           "                       --steps stays the total: the run ends after step N\n"
-          "  -h, --help\n");
+          "  -h, --help           this text\n\n"
+          "Precedence: built-in defaults, then each --config file in order, then TZ_* environment\n"
+          "variables, then --set, then the flags above (--seed, --model, --trace-step).\n"
+          "Output: a progress bar on a terminal, otherwise a line per step (\"step N/M | loss\n"
+          "...\"), then a summary. Exit status: 0 done, 1 a failure while running, 2 a usage or\n"
+          "configuration error.\n"
+          "Without arguments tz-train runs the demo (a tiny Llama, optimizer state on NVMe files).\n");
 }
 
 struct opts {
@@ -67,7 +92,9 @@ struct opts {
   const char *sets[32];
   int n_sets;
   const char *model, *metrics, *rates, *data;
-  int64_t steps, seed;
+  const char *import_dir, *export_dir, *trace_path;
+  int64_t steps, seed, eval_every, trace_step;
+  double val_fraction;
   int seq, plan, auto_place, remeasure, nproc;
   enum tz_opt_mode mode;
   const char *demo_dir; /* no arguments: the demo, with its nvme files in this directory */
@@ -91,14 +118,22 @@ static int parse(int argc, char **argv, struct opts *o) {
                                         {"set", required_argument, 0, 'k'},
                                         {"data", required_argument, 0, 'd'},
                                         {"ckpt-dir", required_argument, 0, 'C'},
-                                        {"save-every", required_argument, 0, 'E'},
+                                        {"save-every", required_argument, 0, 'W'},
                                         {"keep", required_argument, 0, 'K'},
                                         {"resume", optional_argument, 0, 'U'},
+                                        {"eval-every", required_argument, 0, 'e'},
+                                        {"val-fraction", required_argument, 0, 'v'},
+                                        {"import-safetensors", required_argument, 0, 'I'},
+                                        {"export-safetensors", required_argument, 0, 'E'},
+                                        {"trace-step", required_argument, 0, 't'},
+                                        {"trace", required_argument, 0, 'x'},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
   o->steps = 10;
   o->seed = -1;
+  o->trace_step = -1;
+  o->val_fraction = 0.05;
   o->seq = 64;
   int c;
   char *end;
@@ -135,18 +170,43 @@ static int parse(int argc, char **argv, struct opts *o) {
     case 'R':
       o->remeasure = 1;
       break;
+    case 'I':
+      o->import_dir = optarg;
+      break;
+    case 'E':
+      o->export_dir = optarg;
+      break;
+    case 'x':
+      o->trace_path = optarg;
+      break;
+    case 'v': {
+      double f = strtod(optarg, &end);
+      if (end == optarg || *end || !(f > 0 && f < 1))
+        return fprintf(stderr, "tz-train: --val-fraction: expected a number in (0, 1), got '%s'\n",
+                       optarg),
+               -1;
+      o->val_fraction = f;
+      break;
+    }
     case 's':
     case 'S':
     case 'T':
-    case 'n': {
+    case 'n':
+    case 'e':
+    case 't': {
+      int nonneg = c == 's' || c == 'S' || c == 't';
+      const char *name = c == 's'   ? "steps"
+                         : c == 'S' ? "seed"
+                         : c == 'T' ? "seq"
+                         : c == 'n' ? "nproc"
+                         : c == 'e' ? "eval-every"
+                                    : "trace-step";
+      errno = 0;
       long long v = strtoll(optarg, &end, 10);
-      if (*end || v < 0 || (c != 'S' && v < 1))
-        return fprintf(stderr, "tz-train: --%s: expected a %s integer, got '%s'\n",
-                       c == 's'   ? "steps"
-                       : c == 'S' ? "seed"
-                       : c == 'T' ? "seq"
-                                  : "nproc",
-                       c == 'S' ? "non-negative" : "positive", optarg),
+      if (end == optarg || *end || errno || v < 0 || (!nonneg && v < 1) ||
+          (c != 's' && c != 'S' && v > INT32_MAX))
+        return fprintf(stderr, "tz-train: --%s: expected a %s integer, got '%s'\n", name,
+                       nonneg ? "non-negative" : "positive", optarg),
                -1;
       if (c == 's')
         o->steps = v;
@@ -154,8 +214,12 @@ static int parse(int argc, char **argv, struct opts *o) {
         o->seed = v;
       else if (c == 'T')
         o->seq = (int)v;
-      else
+      else if (c == 'n')
         o->nproc = (int)v;
+      else if (c == 'e')
+        o->eval_every = v;
+      else
+        o->trace_step = v;
       break;
     }
     case 'C':
@@ -166,14 +230,14 @@ static int parse(int argc, char **argv, struct opts *o) {
                   : optind < argc && argv[optind][0] != '-' ? argv[optind++]
                                                             : "";
       break;
-    case 'E':
+    case 'W':
     case 'K': {
       long long v = strtoll(optarg, &end, 10);
       if (*end || !*optarg || v < 0)
         return fprintf(stderr, "tz-train: --%s: expected a non-negative integer, got '%s'\n",
-                       c == 'E' ? "save-every" : "keep", optarg),
+                       c == 'W' ? "save-every" : "keep", optarg),
                -1;
-      *(c == 'E' ? &o->save_every : &o->keep) = v;
+      *(c == 'W' ? &o->save_every : &o->keep) = v;
       break;
     }
     case 'o':
@@ -198,6 +262,15 @@ static int parse(int argc, char **argv, struct opts *o) {
     if (access(manifest, F_OK) != 0)
       o->ckpt_dir = o->resume;
   }
+  if ((o->trace_step >= 0) != (o->trace_path != NULL))
+    return fprintf(stderr, "tz-train: --trace-step and --trace go together (the step to record and "
+                           "the file to write)\n"),
+           -1;
+  if (o->trace_step >= o->steps && o->trace_path)
+    return fprintf(stderr,
+                   "tz-train: --trace-step %lld: the run has %lld steps, numbered from 0\n",
+                   (long long)o->trace_step, (long long)o->steps),
+           -1;
   return 0;
 }
 
@@ -221,10 +294,14 @@ static int load_config(const struct opts *o, int world, struct tz_config *cfg) {
     key[eq - o->sets[i]] = 0;
     TZ_CHECK(tz_config_set(cfg, key, eq + 1));
   }
+  char buf[32];
   if (o->seed >= 0) {
-    char buf[32];
     snprintf(buf, sizeof buf, "%lld", (long long)o->seed);
     TZ_CHECK(tz_config_set(cfg, "seed", buf));
+  }
+  if (o->trace_step >= 0) {
+    snprintf(buf, sizeof buf, "%lld", (long long)o->trace_step);
+    TZ_CHECK(tz_config_set(cfg, "tierzero.trace_step", buf));
   }
   if (cfg->train_batch_size == 0 && cfg->train_micro_batch_size_per_gpu == 0)
     TZ_CHECK(tz_config_set(cfg, "train_micro_batch_size_per_gpu", "4"));
@@ -233,11 +310,132 @@ static int load_config(const struct opts *o, int world, struct tz_config *cfg) {
   return 0;
 }
 
+/* The first field in which two model configs differ, or NULL. */
+static const char *model_mismatch(const struct tz_model_config *a, const struct tz_model_config *b) {
+  return a->d_model != b->d_model                ? "d_model (hidden_size)"
+         : a->n_layer != b->n_layer              ? "n_layer (num_hidden_layers)"
+         : a->n_head != b->n_head                ? "n_head (num_attention_heads)"
+         : a->n_kv_head != b->n_kv_head          ? "n_kv_head (num_key_value_heads)"
+         : a->ffn_dim != b->ffn_dim              ? "ffn_dim (intermediate_size)"
+         : a->vocab != b->vocab                  ? "vocab (vocab_size)"
+         : a->rope_theta != b->rope_theta        ? "rope_theta"
+         : a->norm_eps != b->norm_eps            ? "norm_eps (rms_norm_eps)"
+         : a->tie_embeddings != b->tie_embeddings ? "tie_embeddings (tie_word_embeddings)"
+                                                 : NULL;
+}
+
+/* The model: the preset named by --model or tierzero.model; with --import-safetensors and no
+ * preset named, the checkpoint's config (its max_seq from the checkpoint too). */
+static int choose_model(const struct opts *o, const struct tz_config *cfg, tz_hf_model *hm,
+                        struct tz_model_config *mc, const char **name) {
+  const char *preset = o->model ? o->model : cfg->tierzero.model;
+  if (!preset && !hm)
+    preset = "tiny";
+  if (!preset) {
+    *mc = *tz_hf_config(hm);
+    *name = o->import_dir;
+    return 0;
+  }
+  TZ_CHECK(tz_model_preset(preset, mc));
+  *name = preset;
+  const char *diff = hm ? model_mismatch(mc, tz_hf_config(hm)) : NULL;
+  if (diff)
+    return tz_err_set(TZ_ECONFIG, "--import-safetensors %s: its %s differs from model %s's",
+                      o->import_dir, diff, preset);
+  return 0;
+}
+
+/* Every block of the checkpoint into the trainer's master and parameter shards. */
+static int import_params(tz_trainer *tr, tz_hf_model *hm, const struct tz_model_config *mc) {
+  uint64_t most = 0;
+  for (int b = 0; b < tz_model_n_blocks(mc); b++)
+    if (tz_model_block_numel(mc, b) > most)
+      most = tz_model_block_numel(mc, b);
+  float *buf = malloc(most * sizeof(float));
+  if (!buf)
+    return tz_err_set(TZ_ENOMEM, "tz-train: no memory to import a block");
+  int rc = 0;
+  for (int b = 0; b < tz_model_n_blocks(mc) && rc == 0; b++) {
+    rc = tz_hf_read_block(hm, b, buf);
+    if (rc == 0)
+      rc = tz_trainer_param_store(tr, b, buf);
+  }
+  free(buf);
+  return rc;
+}
+
+static int export_block(void *arg, int block, float *buf) {
+  return tz_trainer_param_load(arg, block, TZ_PLAN_MASTER, buf);
+}
+
+/* Creates dir's missing parents (tz_hf_export creates dir itself). */
+static int make_parents(const char *dir) {
+  char path[4096];
+  if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+    return tz_err_set(TZ_EINVAL, "--export-safetensors: path too long: %s", dir);
+  for (char *p = strchr(path + 1, '/'); p; p = strchr(p + 1, '/')) {
+    *p = 0;
+    if (mkdir(path, 0755) < 0 && errno != EEXIST)
+      return tz_err_errno(errno, "--export-safetensors: cannot create %s", path);
+    *p = '/';
+  }
+  return 0;
+}
+
+/* The fp32 master weights to dir. Gathering is collective: rank 0 writes while the others take
+ * part in the same gathers, block by block. */
+static int export_params(tz_trainer *tr, const struct tz_model_config *mc, const char *dir,
+                         int rank) {
+  TZ_CHECK(tz_trainer_sync(tr));
+  if (rank == 0) {
+    TZ_CHECK(make_parents(dir));
+    return tz_hf_export(dir, mc, TZ_F32, export_block, tr);
+  }
+  uint64_t most = 0;
+  for (int b = 0; b < tz_model_n_blocks(mc); b++)
+    if (tz_model_block_numel(mc, b) > most)
+      most = tz_model_block_numel(mc, b);
+  float *buf = malloc(most * sizeof(float));
+  if (!buf)
+    return tz_err_set(TZ_ENOMEM, "tz-train: no memory to export a block");
+  int rc = 0;
+  for (int b = 0; b < tz_model_n_blocks(mc) && rc == 0; b++)
+    rc = export_block(tr, b, buf);
+  free(buf);
+  return rc;
+}
+
+/* The batch of step s (this rank's accum micro-batches), or with val set the validation batch. */
+static int fill_batch(const struct opts *o, const struct tz_config *cfg, const tz_data *data,
+                      int vocab, int rank, int world, int64_t s, int val, int32_t *tok,
+                      int32_t *tgt) {
+  int micro = (int)cfg->train_micro_batch_size_per_gpu;
+  int accum = (int)cfg->gradient_accumulation_steps;
+  for (int k = 0; k < accum; k++) {
+    int32_t *ti = tok + (int64_t)k * micro * o->seq, *tt = tgt + (int64_t)k * micro * o->seq;
+    if (!data) {
+      /* Synthetic validation sequences: indices far past any training run's. */
+      uint64_t first = tz_synthetic_first(s, k, rank, world, accum, micro);
+      tz_synthetic_batch((uint64_t)cfg->seed, val ? (1ull << 48) + first : first, micro, o->seq,
+                         vocab, ti, tt);
+    } else {
+      TZ_CHECK(tz_data_batch_io(data, val ? TZ_DATA_VAL : TZ_DATA_TRAIN,
+                                tz_data_sample_index((uint64_t)s, accum, k, world, rank, micro),
+                                micro, ti, tt));
+    }
+  }
+  return 0;
+}
+
 static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_config *cfg) {
   int rank = tz_comm_rank(comm), world = tz_comm_size(comm);
+  int rc = 0;
+  tz_hf_model *hm = NULL;
+  if (o->import_dir)
+    TZ_CHECK(tz_hf_open(o->import_dir, &hm));
   struct tz_model_config mc;
-  const char *preset = o->model ? o->model : cfg->tierzero.model ? cfg->tierzero.model : "tiny";
-  TZ_CHECK(tz_model_preset(preset, &mc));
+  const char *preset = NULL;
+  TZ_CHECK_GOTO(choose_model(o, cfg, hm, &mc, &preset), rc, out_hf);
   if (rank == 0)
     for (int i = 0; i < tz_config_ignored_count(cfg); i++)
       fprintf(stderr, "tz-train: config key %s is not used%s%s%s\n", tz_config_ignored(cfg, i),
@@ -245,7 +443,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
               tz_config_ignored_hint(cfg, i) ? tz_config_ignored_hint(cfg, i) : "",
               tz_config_ignored_hint(cfg, i) ? "?)" : "");
   struct tz_plan_rates rates;
-  TZ_CHECK(tz_rates_get(cfg, "cpu", rt, comm, o->rates, o->remeasure, &rates));
+  TZ_CHECK_GOTO(tz_rates_get(cfg, "cpu", rt, comm, o->rates, o->remeasure, &rates), rc, out_hf);
   struct tz_trainer_params tp;
   tz_trainer_params_init(&tp);
   tp.seq_len = o->seq;
@@ -255,7 +453,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   tp.rates = &rates;
   tp.plan_only = o->plan;
   tz_trainer *tr = NULL;
-  TZ_CHECK(tz_trainer_create(cfg, &mc, comm, rt, &tp, &tr));
+  TZ_CHECK_GOTO(tz_trainer_create(cfg, &mc, comm, rt, &tp, &tr), rc, out_hf);
   const struct tz_plan *plan = tz_trainer_plan(tr);
   if (rank == 0) {
     printf("tz-train: model %s (%llu parameters), %d rank%s, micro-batch %lld x %d tokens, "
@@ -266,8 +464,8 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
     tz_plan_print(stdout, plan, o->plan ? tz_trainer_group_names(tr) : NULL);
     fflush(stdout);
   }
-  int rc = 0;
   tz_metrics_writer *mw = NULL;
+  tz_display *disp = NULL;
   tz_data *data = NULL;
   int synthetic = o->data && strcmp(o->data, "synthetic") == 0;
   int micro = (int)cfg->train_micro_batch_size_per_gpu;
@@ -276,6 +474,11 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   int32_t *tok = NULL, *tgt = NULL;
   if (o->plan)
     goto out;
+  if (hm) {
+    TZ_CHECK_GOTO(import_params(tr, hm, &mc), rc, out);
+    if (rank == 0)
+      printf("tz-train: parameters from %s\n", o->import_dir);
+  }
   int64_t start = 0, saved = -1;
   if (o->resume) {
     TZ_CHECK_GOTO(tz_resume_load(tr, comm, o->resume, &start), rc, out);
@@ -285,12 +488,17 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   }
   if (!synthetic) {
     struct tz_data_params dp = {.seq_len = o->seq, .seed = (uint64_t)cfg->seed};
+    if (o->eval_every)
+      dp.val_fraction = o->val_fraction;
     TZ_CHECK_GOTO(tz_data_open(o->data, mc.vocab, &dp, &data), rc, out);
     if (rank == 0)
       printf("tz-train: data: %s\n", tz_data_describe(data));
   }
-  if (rank == 0 && o->metrics)
-    TZ_CHECK_GOTO(tz_metrics_writer_create(o->metrics, 0, &mw), rc, out);
+  if (rank == 0) {
+    if (o->metrics)
+      TZ_CHECK_GOTO(tz_metrics_writer_create(o->metrics, 0, &mw), rc, out);
+    TZ_CHECK_GOTO(tz_display_create(stdout, TZ_DISPLAY_AUTO, 1, &disp), rc, out);
+  }
   tok = malloc(sizeof *tok * (size_t)n);
   tgt = malloc(sizeof *tgt * (size_t)n);
   if (!tok || !tgt) {
@@ -302,18 +510,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   tz_metrics_summary_init(&sum, fpt, 0);
   double first_loss = 0, last_loss = 0;
   for (int64_t s = start; s < o->steps; s++) {
-    for (int k = 0; k < accum; k++) {
-      int32_t *ti = tok + (int64_t)k * micro * o->seq, *tt = tgt + (int64_t)k * micro * o->seq;
-      if (synthetic)
-        tz_synthetic_batch((uint64_t)cfg->seed, tz_synthetic_first(s, k, rank, world, accum, micro),
-                           micro, o->seq, mc.vocab, ti, tt);
-      else
-        TZ_CHECK_GOTO(
-            tz_data_batch_io(data, TZ_DATA_TRAIN,
-                             tz_data_sample_index((uint64_t)s, accum, k, world, rank, micro), micro,
-                             ti, tt),
-            rc, out);
-    }
+    TZ_CHECK_GOTO(fill_batch(o, cfg, data, mc.vocab, rank, world, s, 0, tok, tgt), rc, out);
     struct tz_step_result r;
     TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, &r), rc, out);
     if (s == start)
@@ -332,14 +529,19 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
     m.step_s = r.step_s;
     m.bound_s = plan->bound_s;
     m.stall_s = r.stall_s;
+    m.skipped = r.skipped;
+    m.loss_scale = r.loss_scale;
+    if (o->eval_every && (m.step % o->eval_every == 0 || m.step == o->steps)) {
+      float el;
+      TZ_CHECK_GOTO(fill_batch(o, cfg, data, mc.vocab, rank, world, 0, 1, tok, tgt), rc, out);
+      TZ_CHECK_GOTO(tz_trainer_eval(tr, tok, tgt, &el), rc, out);
+      m.has_eval = 1;
+      m.eval_loss = el;
+    }
     tz_metrics_derive(&m, fpt, 0);
     tz_metrics_summary_add(&sum, &m);
     if (rank == 0) {
-      printf("step %lld/%lld  loss %.4f  norm %.3f  lr %.3g  %.1f ms (bound %.1f ms, stall %.1f "
-             "ms)  %.0f tok/s\n",
-             (long long)m.step, (long long)o->steps, r.loss, r.grad_norm, r.lr, 1e3 * r.step_s,
-             1e3 * plan->bound_s, 1e3 * r.stall_s, m.tokens_per_s);
-      fflush(stdout);
+      tz_display_step(disp, &m);
       if (mw)
         TZ_CHECK_GOTO(tz_metrics_write_step(mw, &m), rc, out);
     }
@@ -367,8 +569,28 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
     if (rank == 0)
       printf("tz-train: checkpoint %s/step-%08lld saved\n", o->ckpt_dir, (long long)o->steps);
   }
+  if (o->eval_every && o->steps == 0) {
+    float el;
+    TZ_CHECK_GOTO(fill_batch(o, cfg, data, mc.vocab, rank, world, 0, 1, tok, tgt), rc, out);
+    TZ_CHECK_GOTO(tz_trainer_eval(tr, tok, tgt, &el), rc, out);
+    if (rank == 0)
+      tz_display_message(disp, "tz-train: eval loss %.6f (no training steps)", el);
+  }
   TZ_CHECK_GOTO(tz_trainer_sync(tr), rc, out);
-  if (rank == 0) {
+  tz_display_destroy(disp);
+  disp = NULL;
+  if (o->trace_path && rank == 0) {
+    TZ_CHECK_GOTO(tz_trainer_trace_write(tr, o->trace_path), rc, out);
+    printf("tz-train: trace of step %lld (printed as %lld) written to %s\n",
+           (long long)o->trace_step, (long long)o->trace_step + 1, o->trace_path);
+  }
+  if (o->export_dir) {
+    TZ_CHECK_GOTO(export_params(tr, &mc, o->export_dir, rank), rc, out);
+    if (rank == 0)
+      printf("tz-train: parameters after %lld steps written to %s\n", (long long)o->steps,
+             o->export_dir);
+  }
+  if (rank == 0 && o->steps > 0) {
     struct tz_sched_stats st;
     tz_trainer_sched_stats(tr, &st);
     tz_metrics_summary_print(&sum, stdout);
@@ -385,11 +607,14 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
              first_loss, last_loss, last_loss / first_loss);
   }
 out:
+  tz_display_destroy(disp);
   tz_metrics_writer_destroy(mw);
   tz_data_destroy(data);
   free(tok);
   free(tgt);
   tz_trainer_destroy(tr);
+out_hf:
+  tz_hf_close(hm);
   return rc;
 }
 
@@ -435,6 +660,11 @@ int main(int argc, char **argv) {
   struct opts o;
   if (parse(argc, argv, &o) < 0)
     return 2;
+  struct tz_model_config named;
+  if (o.model && tz_model_preset(o.model, &named) < 0) {
+    fprintf(stderr, "tz-train: --model: %s\n", tz_err_msg());
+    return 2;
+  }
   /* No arguments: the demo. A tiny Llama on the built-in corpus, its parameters streaming from
    * host memory through a small compute-tier budget, its optimizer state on nvme files in a
    * temporary directory removed at the end. */

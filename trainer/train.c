@@ -17,6 +17,7 @@
 #include "kernels/adam.h"
 #include "trainer/lr.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@ struct job {
   struct tz_adam_params adam;
   const int32_t *tokens_host; /* embed of micro 0: this step's tokens and targets */
   const int32_t *targets_host;
+  float loss_scale; /* fp16: this step's loss scale; 1 otherwise */
 };
 
 struct tz_trainer {
@@ -95,6 +97,15 @@ struct tz_trainer {
 
   /* Written by the step's last backward job, read by the client after the step's fence. */
   float loss, norm, clip_scale;
+  float opt_scale; /* the factor Adam multiplies the step's gradient by: clip / loss scale */
+  int overflow;    /* fp16: the step's gradient norm is not finite; its update is dropped */
+
+  /* fp16 loss scaling (train.h), DeepSpeed's DynamicLossScaler state; client thread only. */
+  int fp16, dynamic;
+  float scale;
+  int hysteresis_left;
+  int64_t scale_iter, last_overflow_iter, skipped;
+  char *trace_path;
 
   int64_t step, updates; /* steps done; Adam updates applied or queued */
   int pending;           /* folded: the last step's update is not applied yet */
@@ -182,8 +193,10 @@ static int norm_partials(tz_trainer *tr, int b, const float *grad) {
   return 0;
 }
 
-/* The step's totals, once its last backward is done: loss, gradient norm, clip factor. */
-static int finish_step(tz_trainer *tr) {
+/* The step's totals, once its last backward is done: loss, gradient norm, clip factor, and with
+ * fp16 whether the scaled gradient overflowed. The gradient holds loss_scale times the true one;
+ * the norm reported and clipped on is the true one. */
+static int finish_step(tz_trainer *tr, float loss_scale) {
   tz_fence *f = NULL;
   if (tr->world > 1) {
     TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->scal, tr->scal, 1, TZ_F32, NULL, &f));
@@ -197,15 +210,21 @@ static int finish_step(tz_trainer *tr) {
   TZ_CHECK(tz_compute_zero(tr->cm, tr->partials, tr->n_seg * sizeof(float)));
   TZ_CHECK(tz_compute_sync(tr->cm));
   tr->loss = host[0] / (float)((int64_t)tr->G * tr->world * tr->N);
-  double norm = sqrt((double)host[1]);
+  tr->overflow = tr->fp16 && !isfinite(host[1]);
+  double norm = sqrt((double)host[1]) / (double)loss_scale;
   tr->norm = (float)norm;
   tr->clip_scale = 1.0f;
-  if (tr->clip > 0) {
+  if (tr->clip > 0 && !tr->overflow) {
     /* DeepSpeed's rule: scale by clip / (norm + 1e-6) when that is below 1. */
     double coef = tr->clip / (norm + 1e-6);
     if (coef < 1.0)
       tr->clip_scale = (float)coef;
   }
+  /* Without fp16 exactly the factor used before loss scaling existed; with it, a power-of-two
+   * scale is undone exactly by the multiplication by its inverse. */
+  tr->opt_scale = tr->clip > 0 ? tr->clip_scale : 1.0f;
+  if (tr->fp16)
+    tr->opt_scale *= 1.0f / loss_scale;
   return 0;
 }
 
@@ -214,10 +233,12 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
   const float *grad = j->ptr[TZ_PLAN_GRAD];
   void *param = j->ptr[TZ_PLAN_PARAM];
   uint64_t n = tr->shard[b];
-  if (!j->pending)
+  /* Unfolded, the opt phases run after the step's finish_step on this lane, and an overflow
+   * drops the update here; folded, the client has already dropped it (j->pending 0). */
+  if (!j->pending || tr->overflow)
     return tz_compute_cast(tr->cm, param, tr->S, master, TZ_F32, n);
   struct tz_adam_params p = j->adam;
-  p.grad_scale = tr->clip > 0 ? tr->clip_scale : 1.0f;
+  p.grad_scale = tr->opt_scale;
   struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
   return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, &o);
 }
@@ -229,7 +250,7 @@ static int run_job(void *arg) {
   const struct tz_model_config *mc = &tr->mc;
   int b = ph->block, k = ph->micro, B = tr->B, T = tr->T, L = tr->L;
   size_t N = (size_t)tr->N;
-  float dscale = 1.0f / (float)((int64_t)tr->G * tr->world * tr->N);
+  float dscale = 1.0f / (float)((int64_t)tr->G * tr->world * tr->N) * j->loss_scale;
   switch (ph->kind) {
   case PH_EMBED:
     if (k == 0) {
@@ -273,7 +294,7 @@ static int run_job(void *arg) {
     if (k < tr->G - 1)
       return 0;
     TZ_CHECK(norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]));
-    return finish_step(tr);
+    return finish_step(tr, j->loss_scale);
   case PH_OPT:
     return run_opt(tr, j, b);
   }
@@ -578,6 +599,22 @@ static int check_options(tz_trainer *tr, const struct tz_trainer_params *p) {
                       "gradient_clipping %g: the global norm is known only when backward ends "
                       "(use folded or unfolded)",
                       tr->clip);
+  tr->fp16 = c->fp16.enabled != 0;
+  if (tr->fp16) {
+    if (p->opt_mode == TZ_OPT_AUTO)
+      tr->mode = TZ_OPT_FOLDED;
+    if (tr->mode == TZ_OPT_OVERLAPPED)
+      return tz_err_set(TZ_ECONFIG, "train: the optimizer step cannot overlap backward with fp16 "
+                                    "loss scaling: an overflow is known only when backward ends "
+                                    "(use folded or unfolded)");
+    tr->dynamic = c->fp16.loss_scale == 0;
+    double s0 = tr->dynamic ? ldexp(1.0, c->fp16.initial_scale_power) : c->fp16.loss_scale;
+    if (!(s0 <= FLT_MAX))
+      return tz_err_set(TZ_ECONFIG, "train: fp16 loss scale %g is beyond the fp32 range", s0);
+    tr->scale = (float)s0;
+    tr->hysteresis_left = c->fp16.hysteresis;
+    tr->last_overflow_iter = -1;
+  }
   return 0;
 }
 
@@ -593,9 +630,10 @@ static int create_compute(tz_trainer *tr, const struct tz_trainer_params *p) {
                       "train: compute backend '%s': the trainer runs its phases as "
                       "jobs on a CPU lane and supports the cpu backend only",
                       backend);
-  if (tr->cfg.precision != TZ_PRECISION_FP32)
-    TZ_WARN("train: the cpu backend computes in fp32; %s.enabled is ignored",
-            tr->cfg.precision == TZ_PRECISION_BF16 ? "bf16" : "fp16");
+  if (tr->cfg.precision == TZ_PRECISION_BF16)
+    TZ_WARN("train: the cpu backend computes in fp32; bf16.enabled is ignored");
+  else if (tr->cfg.precision == TZ_PRECISION_FP16)
+    TZ_INFO("train: the cpu backend computes in fp32; fp16 loss scaling still applies");
   if (strcmp(tz_comm_backend(tr->comm), "nccl") == 0)
     return tz_err_set(TZ_ENOTSUP, "train: the nccl comm reduces device buffers, and the cpu "
                                   "backend's are in host memory: run CPU ranks under mpirun (the "
@@ -774,6 +812,7 @@ static int create_sched(tz_trainer *tr) {
   sp.jitter_us = c->tierzero.jitter_us;
   sp.seed = (uint64_t)c->seed + 1000003u * (uint64_t)tr->rank;
   sp.trace_step = (int)c->tierzero.trace_step;
+  sp.trace_path = tr->trace_path;
   TZ_CHECK(tz_sched_create(tr->rt, &sp, &tr->sched));
   tr->bid = calloc((size_t)tr->nb, sizeof *tr->bid);
   if (!tr->bid)
@@ -829,6 +868,11 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   tr->N = tr->B * tr->T;
   tr->total_steps = p->total_steps;
   tr->clip_scale = 1.0f;
+  tr->opt_scale = 1.0f;
+  if (p->trace_path && !(tr->trace_path = strdup(p->trace_path))) {
+    rc = tz_err_set(TZ_ENOMEM, "train: no memory");
+    goto fail;
+  }
   TZ_CHECK_GOTO(check_options(tr, p), rc, fail);
   TZ_CHECK_GOTO(create_compute(tr, p), rc, fail);
   TZ_CHECK_GOTO(sizes(tr), rc, fail);
@@ -892,6 +936,7 @@ void tz_trainer_destroy(tz_trainer *tr) {
   free(tr->x);
   free(tr->host_tokens[0]);
   free(tr->host_tokens[1]);
+  free(tr->trace_path);
   tz_config_free(&tr->cfg);
   free(tr);
 }
@@ -909,6 +954,38 @@ static int adam_params(tz_trainer *tr, int64_t update, struct tz_adam_params *p)
   p->decoupled = c->optimizer.adam_w_mode;
   p->grad_scale = 1.0f;
   return tz_adam_params_for_step(p, update + 1);
+}
+
+/* DeepSpeed's DynamicLossScaler.update_scale (consecutive_hysteresis false): an overflow uses up
+ * one unit of hysteresis, and the last one halves the scale (an overflow at the minimum scale is
+ * an error, as there); `loss_scale_window` steps after the last overflow the scale doubles and the
+ * hysteresis is restored. A fixed scale never changes. */
+static int update_scale(tz_trainer *tr, int overflow) {
+  const struct tz_config *c = &tr->cfg;
+  if (overflow)
+    tr->skipped++;
+  if (!tr->dynamic)
+    return 0;
+  if (overflow) {
+    if (c->fp16.hysteresis == 1 || tr->hysteresis_left == 1) {
+      if ((double)tr->scale <= c->fp16.min_loss_scale)
+        return tz_err_set(TZ_ECONFIG,
+                          "train: step %lld: fp16 gradients overflow at the minimum loss scale "
+                          "%g (fp16.min_loss_scale): the scale cannot decrease any more",
+                          (long long)tr->step, (double)tr->scale);
+      double next = (double)tr->scale / 2;
+      tr->scale = (float)(next > c->fp16.min_loss_scale ? next : c->fp16.min_loss_scale);
+    } else {
+      tr->hysteresis_left--;
+    }
+    tr->last_overflow_iter = tr->scale_iter;
+  } else if ((tr->scale_iter - tr->last_overflow_iter) % c->fp16.loss_scale_window == 0) {
+    tr->hysteresis_left = c->fp16.hysteresis;
+    if ((double)tr->scale * 2 <= FLT_MAX)
+      tr->scale *= 2;
+  }
+  tr->scale_iter++;
+  return 0;
 }
 
 int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *targets,
@@ -945,6 +1022,7 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
     j->adam = ap;
     j->tokens_host = ht;
     j->targets_host = ht + n;
+    j->loss_scale = tr->fp16 ? tr->scale : 1.0f;
     rc = tz_sched_submit(tr->sched, run_job, j);
     int rc2 = tz_sched_leave(tr->sched, i);
     if (rc < 0 || rc2 < 0) {
@@ -957,9 +1035,22 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
   }
   TZ_CHECK_GOTO(tz_sched_step_end(tr->sched), rc, out);
   TZ_CHECK_GOTO(tz_fence_wait(done, -1), rc, out);
-  if (pending)
+  /* Folded, `pending` was the previous step's update, applied in this step's opt phases;
+   * otherwise this step's own, which an overflow has dropped. */
+  int overflow = tr->overflow, folded = tr->mode == TZ_OPT_FOLDED;
+  int64_t before = tr->updates;
+  if (folded ? pending : !overflow)
     tr->updates++;
-  tr->pending = tr->mode == TZ_OPT_FOLDED;
+  int64_t update = folded ? tr->updates : before; /* the index of this step's own update */
+  tr->pending = tr->mode == TZ_OPT_FOLDED && !overflow;
+  if (tr->fp16) {
+    float used = tr->scale;
+    TZ_CHECK_GOTO(update_scale(tr, overflow), rc, out);
+    if (overflow) /* the client reports it (tz_step_result.skipped) */
+      TZ_INFO("train: step %lld: fp16 overflow at loss scale %g, update skipped; the scale is now "
+              "%g",
+              (long long)tr->step, (double)used, (double)tr->scale);
+  }
   if (res) {
     struct tz_sched_stats st1;
     tz_sched_stats(tr->sched, &st1);
@@ -967,7 +1058,9 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
     res->loss = tr->loss;
     res->grad_norm = tr->norm;
     res->clip_scale = tr->clip_scale;
-    res->lr = tz_lr_at(&tr->cfg, tr->step, tr->total_steps);
+    res->lr = tz_lr_at(&tr->cfg, update, tr->total_steps);
+    res->skipped = overflow;
+    res->loss_scale = tr->fp16 ? tr->scale : 0;
     res->step_s = now_s() - t0;
     res->stall_s = st1.stall_s - st0.stall_s;
   }
@@ -982,7 +1075,7 @@ out:
 static int apply_pending(tz_trainer *tr) {
   struct tz_adam_params ap;
   TZ_CHECK(adam_params(tr, tr->updates, &ap));
-  ap.grad_scale = tr->clip > 0 ? tr->clip_scale : 1.0f;
+  ap.grad_scale = tr->opt_scale;
   struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
   uint64_t most = 0;
   for (int b = 0; b < tr->nb; b++)
@@ -1109,3 +1202,104 @@ void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out) {
   else
     memset(out, 0, sizeof *out);
 }
+
+/* ---- evaluation, import, trace, loss scale ---- */
+
+/* The full parameters of block b into the compute-tier buffer full (padded elements of S): the
+ * rank's shard from the scheduler, all-gathered through the gradient buffer, as
+ * tz_trainer_param_load does. The lane is idle (after a sync). */
+static int gather_synced(tz_trainer *tr, int b, void *host_shard, void *full) {
+  uint64_t bytes = tr->shard[b] * tr->es;
+  TZ_CHECK(tz_sched_block_load(tr->sched, tr->bid[b][TZ_PLAN_PARAM], host_shard));
+  char *mine = (char *)(b == 0 ? tr->fg_embed : tr->fg) + (uint64_t)tr->rank * bytes;
+  TZ_CHECK(tz_compute_copy_in(tr->cm, mine, host_shard, bytes));
+  tz_fence *f = NULL;
+  TZ_CHECK(tz_comm_all_gather(tr->comm, mine, full, bytes, NULL, &f));
+  return wait_release(f);
+}
+
+int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *targets, float *loss) {
+  if (!tr->sched)
+    return tz_err_set(TZ_EINVAL, "train: the trainer was made for its plan only");
+  TZ_CHECK(tz_trainer_sync(tr));
+  size_t N = (size_t)tr->N, n = (size_t)tr->G * N;
+  uint64_t most = 0;
+  for (int b = 0; b < tr->nb; b++)
+    if (tr->shard[b] > most)
+      most = tr->shard[b];
+  void *host = malloc(most * tr->es);
+  if (!host)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for evaluation");
+  int rc = 0, H = tr->nb - 1;
+  float sum = 0;
+  TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, tr->tokens, tokens, n * sizeof(int32_t)), rc, out);
+  TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, tr->targets, targets, n * sizeof(int32_t)), rc, out);
+  TZ_CHECK_GOTO(gather_synced(tr, 0, host, tr->gw_embed), rc, out);
+  for (int k = 0; k < tr->G; k++) {
+    TZ_CHECK_GOTO(tz_model_embed_fwd(tr->cm, &tr->mc, tr->gw_embed, tr->tokens + (size_t)k * N,
+                                     tr->x[0], tr->B, tr->T),
+                  rc, out);
+    for (int b = 1; b <= tr->L; b++) {
+      TZ_CHECK_GOTO(gather_synced(tr, b, host, tr->gw), rc, out);
+      TZ_CHECK_GOTO(tz_model_layer_fwd(tr->cm, &tr->mc, tr->gw, tr->x[b - 1], tr->x[b], &tr->acts,
+                                       tr->B, tr->T),
+                    rc, out);
+    }
+    TZ_CHECK_GOTO(gather_synced(tr, H, host, tr->gw), rc, out);
+    TZ_CHECK_GOTO(tz_model_head(tr->cm, &tr->mc, tr->gw, tr->gw_embed, NULL, NULL, tr->x[tr->L],
+                                tr->targets + (size_t)k * N, 0.0f, NULL, &tr->hs, tr->B, tr->T),
+                  rc, out);
+    float part;
+    TZ_CHECK_GOTO(tz_compute_copy_out(tr->cm, &part, tr->hs.loss, sizeof part), rc, out);
+    sum = k == 0 ? part : sum + part; /* the order the step sums its micro-batches in */
+  }
+  if (tr->world > 1) {
+    /* Through the compute tier (a device comm needs device memory); scal[2] is free between
+     * steps. */
+    TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, tr->scal + 2, &sum, sizeof sum), rc, out);
+    tz_fence *f = NULL;
+    TZ_CHECK_GOTO(tz_comm_all_reduce(tr->comm, tr->scal + 2, tr->scal + 2, 1, TZ_F32, NULL, &f), rc,
+                  out);
+    TZ_CHECK_GOTO(wait_release(f), rc, out);
+    TZ_CHECK_GOTO(tz_compute_copy_out(tr->cm, &sum, tr->scal + 2, sizeof sum), rc, out);
+  }
+  TZ_CHECK_GOTO(tz_compute_sync(tr->cm), rc, out);
+  *loss = sum / (float)((int64_t)tr->G * tr->world * tr->N);
+out:
+  free(host);
+  return rc;
+}
+
+int tz_trainer_param_store(tz_trainer *tr, int block, const float *src) {
+  TZ_CHECK(check_shard(tr, block, TZ_PLAN_MASTER));
+  if (tr->pending)
+    return tz_err_set(TZ_EINVAL, "train: storing %s while an update is pending (sync first)",
+                      tr->names[block]);
+  uint64_t n = tr->shard[block], begin = (uint64_t)tr->rank * n, numel = tr->numel[block];
+  float *master = calloc(n, sizeof(float));
+  void *param = malloc(n * tr->es);
+  int rc = 0;
+  if (!master || !param) {
+    rc = tz_err_set(TZ_ENOMEM, "train: no memory to store %s", tr->names[block]);
+    goto out;
+  }
+  /* The padding past numel stays zero, as at initialisation. */
+  if (begin < numel)
+    memcpy(master, src + begin, (numel - begin < n ? numel - begin : n) * sizeof(float));
+  TZ_CHECK_GOTO(tz_compute_cast(tr->cm, param, tr->S, master, TZ_F32, n), rc, out);
+  TZ_CHECK_GOTO(tz_compute_sync(tr->cm), rc, out);
+  TZ_CHECK_GOTO(tz_sched_block_store(tr->sched, tr->bid[block][TZ_PLAN_MASTER], master), rc, out);
+  TZ_CHECK_GOTO(tz_sched_block_store(tr->sched, tr->bid[block][TZ_PLAN_PARAM], param), rc, out);
+out:
+  free(master);
+  free(param);
+  return rc;
+}
+
+int tz_trainer_trace_write(tz_trainer *tr, const char *path) {
+  TZ_CHECK(tz_trainer_sync(tr));
+  return tz_sched_trace_write(tr->sched, path);
+}
+
+double tz_trainer_loss_scale(const tz_trainer *tr) { return tr->fp16 ? tr->scale : 0; }
+int64_t tz_trainer_skipped_steps(const tz_trainer *tr) { return tr->skipped; }

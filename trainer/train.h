@@ -62,6 +62,8 @@ struct tz_trainer_params {
   const struct tz_plan_rates *rates; /* for the bound; NULL: all unknown (bound not predicted) */
   const char *compute_backend;       /* "cpu" (default) */
   int plan_only; /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
+  const char *trace_path; /* with the config's tierzero.trace_step: where that step's lane trace
+                             goes (tz_trainer_trace_write, or the trainer's destruction); copied */
 };
 void tz_trainer_params_init(struct tz_trainer_params *p);
 
@@ -84,6 +86,9 @@ struct tz_step_result {
   double lr;        /* learning rate of this step's update */
   double step_s;    /* wall time of tz_trainer_step */
   double stall_s;   /* compute-lane time spent waiting for inputs in this step */
+  int skipped;       /* fp16: 1 when the gradients overflowed and the update was dropped */
+  double loss_scale; /* fp16: the loss scale after this step's update of it (the next step's);
+                        0 without fp16 */
 };
 
 /* One optimizer step (collective). tokens and targets: gradient_accumulation_steps * B * T int32
@@ -96,10 +101,42 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
  * (collective). */
 int tz_trainer_sync(tz_trainer *tr);
 
+/* Evaluation (collective): syncs (the pending update is applied first), then runs the forward
+ * phases only -- embed, each layer, the head's loss -- over tokens and targets, shaped as for
+ * tz_trainer_step (gradient_accumulation_steps * B * T int32 each, host), and gives the mean
+ * token loss over every rank's micro-batches. Changes no state: no gradient, no update, the step
+ * count stays. The declared step order stays that of training: evaluation reads each block's
+ * parameter shard through the scheduler (tz_sched_block_load) and computes on the calling thread
+ * while the compute lane is idle. */
+int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *targets, float *loss);
+
+/* The lane trace of the config's tierzero.trace_step to path (core/sched.h
+ * tz_sched_trace_write); syncs first so that the step has completed. TZ_ENOENT when no step is
+ * traced, TZ_EBUSY when the run has not reached that step. */
+int tz_trainer_trace_write(tz_trainer *tr, const char *path);
+
+/* fp16 loss scaling (DeepSpeed's DynamicLossScaler; the config's fp16 section). The cpu backend
+ * computes in fp32, but the loss gradient is still multiplied by the scale, the gradient norm
+ * checked for inf or NaN, and a step whose norm is not finite skipped: its update dropped (the
+ * master, m, v, the Adam step and the learning-rate schedule stay), and, with a dynamic scale,
+ * after `hysteresis` overflows the scale halves (never below min_loss_scale); after
+ * loss_scale_window steps without overflow it doubles. Powers of two scale and unscale exactly,
+ * so a run without overflow gives the bits of the same run without fp16. The current scale (the
+ * one the next step uses); 0 without fp16. */
+double tz_trainer_loss_scale(const tz_trainer *tr);
+/* Steps skipped on overflow so far. */
+int64_t tz_trainer_skipped_steps(const tz_trainer *tr);
+
 /* The full block `block` (tz_model_block_numel elements, padding removed) gathered from every
  * rank's shard into dst (host floats): kind TZ_PLAN_PARAM (converted from the storage dtype),
  * TZ_PLAN_MASTER, TZ_PLAN_M, TZ_PLAN_V or TZ_PLAN_GRAD. Syncs first (collective). */
 int tz_trainer_param_load(tz_trainer *tr, int block, int kind, float *dst);
+
+/* Replaces the parameters of block `block` from src, the full block (tz_model_block_numel
+ * floats, host): the rank's part of it becomes its master shard and, converted, its parameter
+ * shard; m, v and the gradient stay (an import before training; tz_trainer_param_load reads it
+ * back). Between steps, with no update pending (TZ_EINVAL otherwise). */
+int tz_trainer_param_store(tz_trainer *tr, int block, const float *src);
 
 /* ---- Checkpoints: the rank's own shards, as they are stored (resume at the same world size) ----
  */

@@ -1,0 +1,163 @@
+/* tz-train's command-line and configuration errors: each one stops the run with its exit status
+ * (2 for usage and configuration, 1 for what fails while running) and a message that names what
+ * is wrong and where (the file and line of bad JSON, the key of a wrong type, the file and offset
+ * of a bad token). */
+#define _GNU_SOURCE
+#include "testlib.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static char *dir;
+static char bin[1024];
+static char out[1 << 16];
+
+/* Runs tz-train in dir with args; stdout and stderr into out. Returns the exit status. */
+static int tz_train(const char *args) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "cd %s && XDG_CACHE_HOME=%s/cache OMP_NUM_THREADS=1 %s %s > out 2>&1", dir, dir, bin,
+           args);
+  int st = system(cmd);
+  char path[1100];
+  snprintf(path, sizeof path, "%s/out", dir);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = 0;
+  fclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void write_file(const char *name, const void *data, size_t n) {
+  char path[1100];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(data, 1, n, f), n);
+  fclose(f);
+}
+
+static void write_text(const char *name, const char *text) { write_file(name, text, strlen(text)); }
+
+/* An llm.c shard (version 1, uint16 tokens) whose header says n_header tokens and which holds
+ * the n tokens given. */
+static void write_shard(const char *name, int32_t magic, int32_t n_header, const uint16_t *tok,
+                        int n) {
+  size_t bytes = 1024 + 2 * (size_t)n;
+  unsigned char *buf = calloc(1, bytes);
+  assert_non_null(buf);
+  int32_t h[3] = {magic, 1, n_header};
+  memcpy(buf, h, sizeof h);
+  memcpy(buf + 1024, tok, 2 * (size_t)n);
+  write_file(name, buf, bytes);
+  free(buf);
+}
+
+struct error_case {
+  const char *args;
+  int status;
+  const char *says[3]; /* every one must be in the output */
+};
+
+static void check(const struct error_case *c) {
+  int rc = tz_train(c->args);
+  int ok = rc == c->status;
+  for (int i = 0; i < 3 && c->says[i]; i++)
+    ok = ok && strstr(out, c->says[i]) != NULL;
+  if (!ok)
+    print_error("tz-train %s: exit %d (expected %d)\n%s\n", c->args, rc, c->status, out);
+  assert_true(ok);
+}
+
+static void test_config_errors(void **state) {
+  (void)state;
+  write_text("syntax.json", "{\"train_micro_batch_size_per_gpu\": 2,\n \"seed\": 1,\n"
+                            "  \"optimizer\": {\"type\": \"AdamW\",, }\n}\n");
+  write_text("type.json", "{\"train_micro_batch_size_per_gpu\": \"two\"}");
+  write_text("batch.json", "{\"train_batch_size\": 10, \"train_micro_batch_size_per_gpu\": 4,\n"
+                           " \"gradient_accumulation_steps\": 2}");
+  write_text("range.json", "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"betas\": [0.9, "
+                           "1.5]}}}");
+  write_text("both.json", "{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}");
+  static const struct error_case cases[] = {
+      {"--config syntax.json", 2, {"syntax.json:3:", "JSON syntax error"}},
+      {"--config type.json", 2, {"type.json", "train_micro_batch_size_per_gpu", "\"two\""}},
+      {"--config batch.json", 2, {"train_batch_size 10 != ", "gradient_accumulation_steps 2"}},
+      {"--config range.json", 2, {"range.json", "optimizer.params.betas"}},
+      {"--config both.json", 2, {"fp16.enabled and bf16.enabled"}},
+      {"--config nothere.json", 2, {"cannot open nothere.json"}},
+      {"--set seed=abc", 2, {"seed: expected a non-negative integer", "\"abc\""}},
+      {"--set optimizer.params.lr=x", 2, {"optimizer.params.lr"}},
+      {"--set noequals", 2, {"--set noequals: expected KEY=VALUE"}},
+      {"--set =3", 2, {"--set =3: expected KEY=VALUE"}},
+      {"--set fp16.initial_scale_power=200", 2, {"fp16.initial_scale_power"}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    check(&cases[i]);
+}
+
+static void test_flag_errors(void **state) {
+  (void)state;
+  static const struct error_case cases[] = {
+      {"--bogus", 2, {"unrecognized option", "--bogus", "usage: tz-train"}},
+      {"--steps x", 2, {"--steps: expected a non-negative integer, got 'x'"}},
+      {"--steps -1", 2, {"--steps: expected a non-negative integer"}},
+      {"--seq 0", 2, {"--seq: expected a positive integer"}},
+      {"--eval-every 0", 2, {"--eval-every: expected a positive integer"}},
+      {"--val-fraction 1.5", 2, {"--val-fraction: expected a number in (0, 1)"}},
+      {"--trace-step 1", 2, {"--trace-step and --trace go together"}},
+      {"--trace x.json", 2, {"--trace-step and --trace go together"}},
+      {"--steps 2 --trace-step 2 --trace x.json", 2, {"--trace-step 2: the run has 2 steps"}},
+      {"--optimizer-step sideways", 2, {"optimizer step 'sideways'"}},
+      {"--model nonesuch", 2, {"--model", "no preset 'nonesuch'"}},
+      {"--steps 1 extra", 2, {"unexpected argument 'extra'"}},
+      {"--model tiny --seq 100000 --steps 1", 1, {"sequence length 100000"}},
+      {"--steps 1 --import-safetensors nothere", 1, {"nothere/config.json"}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    check(&cases[i]);
+}
+
+static void test_data_errors(void **state) {
+  (void)state;
+  uint16_t tok[40];
+  for (int i = 0; i < 40; i++)
+    tok[i] = (uint16_t)(i % 7);
+  write_shard("short.bin", 20240520, 100, tok, 5);
+  write_shard("magic.bin", 1234, 40, tok, 40);
+  tok[20] = 300; /* beyond the tiny model's byte vocabulary */
+  write_shard("vocab.bin", 20240520, 40, tok, 40);
+  write_text("tiny.txt", "abc");
+  static const struct error_case cases[] = {
+      {"--steps 1 --seq 8 --data text:nothere.txt", 1, {"cannot open nothere.txt"}},
+      {"--steps 1 --seq 8 --data short.bin", 1, {"short.bin", "header says 100 tokens"}},
+      {"--steps 1 --seq 8 --data magic.bin", 1, {"magic.bin", "bad magic 1234"}},
+      {"--steps 1 --seq 8 --data vocab.bin",
+       1,
+       {"vocab.bin", "token 300 at byte offset 1064 (token 20)", "vocabulary size 256"}},
+      {"--steps 1 --seq 8 --data tiny.txt", 1, {"tiny.txt", "windows"}},
+      {"--steps 1 --seq 8 --data 'nomatch_*.bin'", 1, {"nomatch_*.bin"}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    check(&cases[i]);
+}
+
+int main(void) {
+  const char *b = getenv("TZ_BIN");
+  if (!b)
+    tz_test_skip("TZ_BIN is not set (run through ctest)");
+  snprintf(bin, sizeof bin, "%s/tz-train", b);
+  dir = tz_test_mkdtemp("train-errors");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_config_errors),
+      cmocka_unit_test(test_flag_errors),
+      cmocka_unit_test(test_data_errors),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  tz_test_rmdir(dir);
+  return rc;
+}
