@@ -17,7 +17,11 @@ static void test_demo_loss_falls(void **state) {
   char line[1024];
   double first = -1, last = -1, ratio = -1;
   int steps = 0;
+  /* The last lines, printed when the demo fails, so that the log says why. */
+  static char tail[16][1024];
+  int n_lines = 0;
   while (fgets(line, sizeof line, p)) {
+    snprintf(tail[n_lines++ % 16], sizeof tail[0], "%s", line);
     if (strncmp(line, "step ", 5) == 0)
       steps++;
     if (sscanf(line, "tz-train: demo: loss %lf at the first step, %lf at the last (%lf", &first,
@@ -25,6 +29,9 @@ static void test_demo_loss_falls(void **state) {
       print_message("%s", line);
   }
   int st = pclose(p);
+  if (st != 0)
+    for (int i = n_lines > 16 ? n_lines - 16 : 0; i < n_lines; i++)
+      print_error("%s", tail[i % 16]);
   assert_int_equal(st, 0);
   assert_int_equal(steps, 100);
   assert_true(first > 0 && last > 0);
