@@ -43,8 +43,10 @@ if has hf && [ -x $b/bin/tz-model-check ]; then
 fi
 has layer && grep -q '"layer"' bench/tz-bench.c && step layer $b/bin/tz-bench layer
 if has prefetch; then
-  step prefetch-nvme $b/bin/tz-bench prefetch --home nvme --path /var/tmp --layers 16 --block 8M --compute-ms 8
-  step prefetch-host $b/bin/tz-bench prefetch --home host --layers 16 --block 8M --compute-ms 5
+  step prefetch-gpu $b/bin/tz-bench prefetch --layers 16 --block 8M --compute-ms 5 --steps 8 --lookahead 2
+  step prefetch-gpu-xfer $b/bin/tz-bench prefetch --layers 16 --block 8M --compute-ms 0.2 --steps 8 --lookahead 2
+  step prefetch-nvme $b/bin/tz-bench prefetch --lane cpu --home nvme --path /var/tmp --layers 16 --block 8M --compute-ms 8
+  step prefetch-host $b/bin/tz-bench prefetch --lane cpu --home host --layers 16 --block 8M --compute-ms 5
 fi
 has train && step train-demo $b/bin/tz-train
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
