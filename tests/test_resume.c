@@ -34,36 +34,12 @@
 
 static char *dir;
 
-struct world {
-  tz_runtime *rt;
-  tz_comm *comm;
-};
-
-static void world_open(struct world *w) {
-  struct tz_runtime_params rp;
-  tz_runtime_params_init(&rp);
-  rp.chunk_bytes = 64 << 10;
-  rp.staging_bytes = 1 << 20;
-  TZ_ASSERT_OK(tz_runtime_create(&rp, &w->rt));
-  struct tz_bootstrap bs;
-  tz_bootstrap_single(&bs);
-  struct tz_comm_params cp;
-  tz_comm_params_init(&cp);
-  cp.progress = tz_runtime_progress(w->rt);
-  TZ_ASSERT_OK(tz_comm_create("single", &bs, &cp, &w->comm));
-}
-
-static void world_close(struct world *w) {
-  tz_comm_destroy(w->comm);
-  tz_runtime_destroy(w->rt);
-}
-
 /* A run in a fresh trainer placed by dev: resumes from `from` (NULL: from scratch), trains steps
  * [start, until) (the schedule always planned for TOTAL), saves under `save` (NULL: no save) and
  * records the losses (at their global step) and the final parameters. Returns the save's rc. */
 static int part(const char *dev, const char *from, int until, const char *save, struct tc_result *res) {
-  struct world w;
-  world_open(&w);
+  struct tc_world w;
+  tc_world_open(&w);
   memset(res, 0, sizeof *res);
   struct tc_opts o;
   tc_opts_init(&o);
@@ -109,7 +85,7 @@ static int part(const char *dev, const char *from, int until, const char *save, 
   }
   tz_trainer_destroy(tr);
   tz_config_free(&cfg);
-  world_close(&w);
+  tc_world_close(&w);
   return rc;
 }
 
@@ -223,8 +199,8 @@ static void test_corrupt(void **state) {
   assert_int_equal(pwrite(fd, &c, 1, (off_t)off), 1);
   close(fd);
 
-  struct world w;
-  world_open(&w);
+  struct tc_world w;
+  tc_world_open(&w);
   struct tc_opts o;
   tc_opts_init(&o);
   struct tz_model_config mc;
@@ -245,7 +221,7 @@ static void test_corrupt(void **state) {
   assert_non_null(strstr(msg, "step-00000002"));
   tz_trainer_destroy(tr);
   tz_config_free(&cfg);
-  world_close(&w);
+  tc_world_close(&w);
   /* The previous checkpoint it offers loads and continues as a straight run does. */
   struct tc_result straight;
   TZ_ASSERT_OK(part("none", NULL, TOTAL, NULL, &straight));

@@ -42,38 +42,14 @@ static void watchdog(int sig) {
   _exit(1);
 }
 
-struct world {
-  tz_runtime *rt;
-  tz_comm *comm;
-};
-
-static void world_open(struct world *w) {
-  struct tz_runtime_params rp;
-  tz_runtime_params_init(&rp);
-  rp.chunk_bytes = 64 << 10;
-  rp.staging_bytes = 1 << 20;
-  TZ_ASSERT_OK(tz_runtime_create(&rp, &w->rt));
-  struct tz_bootstrap bs;
-  tz_bootstrap_single(&bs);
-  struct tz_comm_params cp;
-  tz_comm_params_init(&cp);
-  cp.progress = tz_runtime_progress(w->rt);
-  TZ_ASSERT_OK(tz_comm_create("single", &bs, &cp, &w->comm));
-}
-
-static void world_close(struct world *w) {
-  tz_comm_destroy(w->comm);
-  tz_runtime_destroy(w->rt);
-}
-
 static void run(const struct tc_opts *o, struct tc_result *r) {
-  struct world w;
-  world_open(&w);
+  struct tc_world w;
+  tc_world_open(&w);
   struct tc_opts oo = *o;
   oo.jitter_us = jitter_us;
   oo.nvme_dir = nvme_dir;
   TZ_ASSERT_OK(tc_run(&oo, w.comm, w.rt, r));
-  world_close(&w);
+  tc_world_close(&w);
   assert_int_equal(r->steps, o->steps);
   for (int s = 0; s < r->steps; s++)
     assert_true(isfinite(r->loss[s]) && r->loss[s] > 0);
@@ -284,7 +260,7 @@ static void steps(tz_trainer *tr, const struct tc_opts *o, int from, int to, flo
   free(tgt);
 }
 
-static tz_trainer *trainer(struct world *w, const struct tc_opts *o, struct tz_config *cfg) {
+static tz_trainer *trainer(struct tc_world *w, const struct tc_opts *o, struct tz_config *cfg) {
   struct tz_model_config mc;
   tc_model(&mc);
   TZ_ASSERT_OK(tc_config(cfg, o, 1));
@@ -307,8 +283,8 @@ static void test_resume(void **state) {
   o.opt_dev = "nvme";
   struct tc_result whole;
   run(&o, &whole);
-  struct world w;
-  world_open(&w);
+  struct tc_world w;
+  tc_world_open(&w);
   struct tz_config cfg;
   float loss[TC_STEPS_MAX];
   tz_trainer *tr = trainer(&w, &o, &cfg);
@@ -340,14 +316,14 @@ static void test_resume(void **state) {
   }
   tz_trainer_destroy(tr);
   tz_config_free(&cfg);
-  world_close(&w);
+  tc_world_close(&w);
   tc_result_free(&whole);
 }
 
 static void test_overlap_refused_with_clipping(void **state) {
   (void)state;
-  struct world w;
-  world_open(&w);
+  struct tc_world w;
+  tc_world_open(&w);
   struct tc_opts o;
   tc_opts_init(&o);
   o.mode = TZ_OPT_OVERLAPPED;
@@ -355,12 +331,12 @@ static void test_overlap_refused_with_clipping(void **state) {
   int rc = tc_run(&o, w.comm, w.rt, &r);
   assert_int_equal(rc, TZ_ECONFIG);
   assert_non_null(strstr(tz_err_msg(), "gradient_clipping"));
-  world_close(&w);
+  tc_world_close(&w);
 }
 
 /* ---- the plan ---- */
 
-static int make_plan_only(struct world *w, const char *hbm, const char *host, int auto_place,
+static int make_plan_only(struct tc_world *w, const char *hbm, const char *host, int auto_place,
                           const char *pdev, const char *odev, tz_trainer **tr) {
   struct tz_model_config mc;
   tc_model(&mc);
@@ -397,8 +373,8 @@ static int make_plan_only(struct world *w, const char *hbm, const char *host, in
 
 static void test_plan(void **state) {
   (void)state;
-  struct world w;
-  world_open(&w);
+  struct tc_world w;
+  tc_world_open(&w);
   tz_trainer *tr = NULL;
   /* Forced: every kind where the config puts it. */
   TZ_ASSERT_OK(make_plan_only(&w, NULL, NULL, 0, "cpu", "nvme", &tr));
@@ -446,7 +422,7 @@ static void test_plan(void **state) {
   rc = make_plan_only(&w, hbm, NULL, 0, "none", "none", &tr);
   assert_int_equal(rc, TZ_ENOMEM);
   assert_non_null(strstr(tz_err_msg(), "short"));
-  world_close(&w);
+  tc_world_close(&w);
 }
 
 /* The bound on a made-up machine: a phase waits for its inputs; slower tiers cost more. */

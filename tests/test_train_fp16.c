@@ -15,32 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct world {
-  tz_runtime *rt;
-  tz_comm *comm;
-};
-
-static void world_open(struct world *w) {
-  struct tz_runtime_params rp;
-  tz_runtime_params_init(&rp);
-  rp.chunk_bytes = 64 << 10;
-  rp.staging_bytes = 1 << 20;
-  TZ_ASSERT_OK(tz_runtime_create(&rp, &w->rt));
-  struct tz_bootstrap bs;
-  tz_bootstrap_single(&bs);
-  struct tz_comm_params cp;
-  tz_comm_params_init(&cp);
-  cp.progress = tz_runtime_progress(w->rt);
-  TZ_ASSERT_OK(tz_comm_create("single", &bs, &cp, &w->comm));
-}
-
-static void world_close(struct world *w) {
-  tz_comm_destroy(w->comm);
-  tz_runtime_destroy(w->rt);
-}
-
 /* A trainer for tc_model with clipping, and fp16 set by `sets` (KEY=VALUE, NULL-terminated). */
-static tz_trainer *make(struct world *w, const struct tc_opts *o, const char *const *sets) {
+static tz_trainer *make(struct tc_world *w, const struct tc_opts *o, const char *const *sets) {
   struct tz_model_config mc;
   tc_model(&mc);
   struct tz_config cfg;
@@ -105,8 +81,8 @@ static void test_exact_without_overflow(void **state) {
                                      "fp16.loss_scale_window=2", NULL};
   enum tz_opt_mode modes[] = {TZ_OPT_FOLDED, TZ_OPT_UNFOLDED};
   for (int m = 0; m < 2; m++) {
-    struct world w;
-    world_open(&w);
+    struct tc_world w;
+    tc_world_open(&w);
     struct tc_opts o;
     tc_opts_init(&o);
     o.mode = modes[m];
@@ -133,7 +109,7 @@ static void test_exact_without_overflow(void **state) {
     assert_int_equal(tz_trainer_skipped_steps(b), 0);
     tz_trainer_destroy(a);
     tz_trainer_destroy(b);
-    world_close(&w);
+    tc_world_close(&w);
   }
 }
 
@@ -164,8 +140,8 @@ static void test_overflow_skips(void **state) {
                                      "fp16.hysteresis=2", "fp16.loss_scale_window=3", NULL};
   enum tz_opt_mode modes[] = {TZ_OPT_FOLDED, TZ_OPT_UNFOLDED};
   for (int m = 0; m < 2; m++) {
-    struct world w;
-    world_open(&w);
+    struct tc_world w;
+    tc_world_open(&w);
     struct tc_opts o;
     tc_opts_init(&o);
     o.mode = modes[m];
@@ -203,7 +179,7 @@ static void test_overflow_skips(void **state) {
     assert_true(skipped > 12);
     assert_int_equal(tz_trainer_skipped_steps(tr), skipped);
     tz_trainer_destroy(tr);
-    world_close(&w);
+    tc_world_close(&w);
   }
 }
 
@@ -213,8 +189,8 @@ static void test_min_scale(void **state) {
   static const char *const fp16[] = {"fp16.enabled=true", "fp16.initial_scale_power=110",
                                      "fp16.hysteresis=1",
                                      "fp16.min_loss_scale=649037107316853453566312041152512", NULL};
-  struct world w;
-  world_open(&w);
+  struct tc_world w;
+  tc_world_open(&w);
   struct tc_opts o;
   tc_opts_init(&o);
   tz_trainer *tr = make(&w, &o, fp16);
@@ -226,14 +202,14 @@ static void test_min_scale(void **state) {
   assert_int_equal(rc, TZ_ECONFIG);
   assert_non_null(strstr(tz_err_msg(), "fp16.min_loss_scale"));
   tz_trainer_destroy(tr);
-  world_close(&w);
+  tc_world_close(&w);
 }
 
 static void test_overlapped_refused(void **state) {
   (void)state;
   static const char *const fp16[] = {"fp16.enabled=true", NULL};
-  struct world w;
-  world_open(&w);
+  struct tc_world w;
+  tc_world_open(&w);
   struct tc_opts o;
   tc_opts_init(&o);
   o.clip = 0;
@@ -254,7 +230,7 @@ static void test_overlapped_refused(void **state) {
   tr = make(&w, &o, fp16);
   assert_int_equal(tz_trainer_opt_mode(tr), TZ_OPT_FOLDED);
   tz_trainer_destroy(tr);
-  world_close(&w);
+  tc_world_close(&w);
 }
 
 int main(void) {

@@ -21,6 +21,31 @@
 #define TC_SEQ 16
 #define TC_STEPS_MAX 16
 
+/* A world of one: a runtime with small staging chunks and the "single" comm. */
+struct tc_world {
+  tz_runtime *rt;
+  tz_comm *comm;
+};
+
+static inline void tc_world_open(struct tc_world *w) {
+  struct tz_runtime_params rp;
+  tz_runtime_params_init(&rp);
+  rp.chunk_bytes = 64 << 10;
+  rp.staging_bytes = 1 << 20;
+  TZ_ASSERT_OK(tz_runtime_create(&rp, &w->rt));
+  struct tz_bootstrap bs;
+  tz_bootstrap_single(&bs);
+  struct tz_comm_params cp;
+  tz_comm_params_init(&cp);
+  cp.progress = tz_runtime_progress(w->rt);
+  TZ_ASSERT_OK(tz_comm_create("single", &bs, &cp, &w->comm));
+}
+
+static inline void tc_world_close(struct tc_world *w) {
+  tz_comm_destroy(w->comm);
+  tz_runtime_destroy(w->rt);
+}
+
 /* Four layers, grouped-query attention, tied embeddings: every phase kind in a few milliseconds. */
 static inline void tc_model(struct tz_model_config *m) {
   memset(m, 0, sizeof *m);
