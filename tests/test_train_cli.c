@@ -2,10 +2,13 @@
  * with its step and loss, and the loss falls; --plan prints the placement and the bound without
  * training; a compute budget below the minimum is refused with the missing amount; bad flags are
  * usage errors; evaluation, export and import (bit-exact round trip), export from a checkpoint
- * (f32 and bf16), the lane trace, and fp16 loss scaling from the command line. */
+ * (f32 and bf16), the lane trace, and fp16 loss scaling from the command line, resumed with its
+ * scaler state. */
 #define _GNU_SOURCE
 #include "core/dtype.h"
+#include "core/error.h"
 #include "testlib.h"
+#include "trainer/checkpoint.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -489,6 +492,84 @@ static void test_fp16(void **state) {
   json_decref(sum);
 }
 
+/* fp16 with overflows, stopped and resumed: the scaler's state (scale, hysteresis left, steps
+ * since the last overflow, skipped count) is in the checkpoint, so runs resumed after step 8 (a
+ * doubling pending) and after step 10 (an overflow just used up one unit of hysteresis) give the
+ * straight run's losses, scales and skips, every value as printed (10 significant digits). */
+static void test_fp16_resume(void **state) {
+  (void)state;
+  const char *common = "--model tiny --steps 14 --seq 16 --data synthetic --set fp16.enabled=true "
+                       "--set fp16.initial_scale_power=66 --set fp16.hysteresis=2 "
+                       "--set fp16.loss_scale_window=3";
+  char args[2048];
+  snprintf(args, sizeof args, "%s --metrics %s/f16s.jsonl --save-every 2 --ckpt-dir %s/f16ck",
+           common, dir, dir);
+  int rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  json_t *s[16], *r[16], *sum;
+  assert_int_equal(read_metrics("f16s.jsonl", s, 16, &sum), 14);
+  json_decref(sum);
+  int skipped = 0;
+  for (int i = 0; i < 14; i++)
+    skipped += json_is_true(json_object_get(s[i], "skipped"));
+  assert_true(skipped >= 3 && skipped <= 11); /* overflows and good steps both */
+  const int from[] = {8, 10};
+  for (int k = 0; k < 2; k++) {
+    snprintf(args, sizeof args, "%s --metrics %s/f16r.jsonl --resume %s/f16ck/step-%08d", common,
+             dir, dir, from[k]);
+    rc = tz_train(args);
+    if (rc != 0)
+      print_error("%s", output());
+    assert_int_equal(rc, 0);
+    assert_int_equal(read_metrics("f16r.jsonl", r, 16, &sum), 14 - from[k]);
+    int rskipped = 0;
+    for (int i = 0; i < 14 - from[k]; i++) {
+      json_t *a = s[from[k] + i], *b = r[i];
+      rskipped += json_is_true(json_object_get(b, "skipped"));
+      assert_int_equal(json_integer_value(json_object_get(b, "step")), from[k] + i + 1);
+      const char *keys[] = {"loss", "loss_scale", "lr"};
+      for (int q = 0; q < 3; q++) {
+        double x = json_number_value(json_object_get(a, keys[q]));
+        double y = json_number_value(json_object_get(b, keys[q]));
+        if (x != y)
+          print_error("resumed after step %d: step %d: %s %.17g, straight %.17g\n", from[k],
+                      from[k] + i + 1, keys[q], y, x);
+        assert_true(x == y);
+      }
+      assert_int_equal(json_is_true(json_object_get(a, "skipped")),
+                       json_is_true(json_object_get(b, "skipped")));
+      json_decref(b);
+    }
+    assert_non_null(sum);
+    assert_int_equal(json_integer_value(json_object_get(sum, "skipped")), rskipped);
+    json_decref(sum);
+  }
+  /* The last checkpoint's state: the run's whole skipped count and its last scale. */
+  char path[1100];
+  snprintf(path, sizeof path, "%s/f16ck", dir);
+  tz_ckpt_reader *ck = NULL;
+  TZ_ASSERT_OK(tz_ckpt_open(path, 0, &ck));
+  assert_int_equal(tz_ckpt_step(ck), 14);
+  char *js = NULL;
+  TZ_ASSERT_OK(tz_ckpt_get_json(ck, "state", &js));
+  tz_ckpt_close(ck);
+  json_error_t err;
+  json_t *st = json_loads(js, 0, &err);
+  free(js);
+  assert_non_null(st);
+  json_t *ls = json_object_get(st, "loss_scale");
+  assert_non_null(ls);
+  assert_int_equal(json_integer_value(json_object_get(ls, "skipped")), skipped);
+  double last = json_number_value(json_object_get(s[13], "loss_scale"));
+  double saved = json_number_value(json_object_get(ls, "scale"));
+  assert_true(fabs(saved - last) <= 1e-9 * last);
+  json_decref(st);
+  for (int i = 0; i < 14; i++)
+    json_decref(s[i]);
+}
+
 int main(void) {
   const char *b = getenv("TZ_BIN");
   if (!b)
@@ -505,6 +586,7 @@ int main(void) {
       cmocka_unit_test(test_export_from_checkpoint),
       cmocka_unit_test(test_trace),
       cmocka_unit_test(test_fp16),
+      cmocka_unit_test(test_fp16_resume),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);
