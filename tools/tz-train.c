@@ -444,7 +444,10 @@ static int fill_batch(const struct opts *o, const struct tz_config *cfg, const t
   return 0;
 }
 
-static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_config *cfg) {
+/* *stopped is set when the run ends on a stop request that every rank agreed on (it returns
+ * TZ_ECANCELED then): all ranks leave together, so none aborts the job. */
+static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_config *cfg,
+                 int *stopped) {
   int rank = tz_comm_rank(comm), world = tz_comm_size(comm);
   int rc = 0;
   tz_hf_model *hm = NULL;
@@ -571,6 +574,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
         printf("tz-train: checkpoint %s/step-%08lld saved\n", o->ckpt_dir, (long long)saved);
     }
     if (sig) {
+      *stopped = 1;
       rc = o->ckpt_dir ? tz_err_set(TZ_ECANCELED,
                                     "stopped by %s after step %lld; checkpoint saved: resume "
                                     "with --resume %s",
@@ -737,12 +741,15 @@ int main(int argc, char **argv) {
   }
   if (rc == 0 && !o.plan)
     rc = tz_signals_install();
+  int stopped = 0;
   if (rc == 0)
-    rc = train(&o, comm, rt, &cfg);
+    rc = train(&o, comm, rt, &cfg, &stopped);
   tz_signals_restore();
   if (rc < 0) {
     fprintf(stderr, "tz-train: rank %d: %s\n", bs.rank, tz_err_msg());
-    if (comm && bs.size > 1)
+    /* A failure on some ranks leaves the others waiting in a collective: abort the job. A stop
+     * request is agreed on by every rank after the same step, so each leaves on its own. */
+    if (comm && bs.size > 1 && !stopped)
       tz_comm_abort(comm, rc, tz_err_msg());
   }
   tz_comm_destroy(comm);
