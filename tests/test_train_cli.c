@@ -1,10 +1,14 @@
 /* tz-train from the command line ($TZ_BIN/tz-train): a short run writes one JSON object per step
  * with its step and loss, and the loss falls; --plan prints the placement and the bound without
  * training; a compute budget below the minimum is refused with the missing amount; bad flags are
- * usage errors; evaluation, export and import (bit-exact round trip), the lane trace, and fp16
- * loss scaling from the command line. */
+ * usage errors; evaluation, export and import (bit-exact round trip), export from a checkpoint
+ * (f32 and bf16), the lane trace, and fp16 loss scaling from the command line, resumed with its
+ * scaler state. */
 #define _GNU_SOURCE
+#include "core/dtype.h"
+#include "core/error.h"
 #include "testlib.h"
+#include "trainer/checkpoint.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -300,6 +304,113 @@ static void test_export_import(void **state) {
   assert_non_null(strstr(output(), "step 2/2"));
 }
 
+/* The tensor `name` of a safetensors file's bytes: its dtype string and its data. */
+static const unsigned char *st_tensor(const unsigned char *file, long size, const char *name,
+                                      const char **dtype, uint64_t *bytes, json_t **header) {
+  uint64_t hl = 0;
+  for (int i = 7; i >= 0; i--)
+    hl = hl << 8 | file[i];
+  assert_true(8 + hl <= (uint64_t)size);
+  json_error_t err;
+  *header = json_loadb((const char *)file + 8, (size_t)hl, 0, &err);
+  assert_non_null(*header);
+  json_t *t = json_object_get(*header, name);
+  assert_non_null(t);
+  *dtype = json_string_value(json_object_get(t, "dtype"));
+  json_t *off = json_object_get(t, "data_offsets");
+  uint64_t a = (uint64_t)json_integer_value(json_array_get(off, 0));
+  uint64_t e = (uint64_t)json_integer_value(json_array_get(off, 1));
+  assert_true(a <= e && 8 + hl + e <= (uint64_t)size);
+  *bytes = e - a;
+  return file + 8 + hl + a;
+}
+
+/* A checkpoint exports what the run that saved it would have: `--resume DIR --steps 0
+ * --export-safetensors` gives the bytes of the straight run's export at the same step, and
+ * --export-dtype bf16 gives every f32 value rounded to nearest even. */
+static void test_export_from_checkpoint(void **state) {
+  (void)state;
+  char args[2048];
+  const char *common = "--model tiny --seed 5 --seq 16 --data synthetic";
+  snprintf(args, sizeof args, "%s --steps 2 --export-safetensors %s/straight2", common, dir);
+  int rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  snprintf(args, sizeof args, "%s --steps 4 --save-every 2 --ckpt-dir %s/ck", common, dir);
+  rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  snprintf(args, sizeof args, "--resume %s/ck/step-00000002 --steps 0 --export-safetensors %s/fromck",
+           dir, dir);
+  rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(output(), "parameters after 2 steps written to"));
+  char pa[1100], pb[1100];
+  snprintf(pa, sizeof pa, "%s/straight2/model.safetensors", dir);
+  snprintf(pb, sizeof pb, "%s/fromck/model.safetensors", dir);
+  unsigned char *a, *b;
+  long na = file_bytes(pa, &a), nb = file_bytes(pb, &b);
+  assert_int_equal(na, nb);
+  assert_true(na > 1000000);
+  assert_memory_equal(a, b, (size_t)na);
+  free(b);
+  /* The latest checkpoint (step 4) is not step 2's export. */
+  snprintf(args, sizeof args, "--resume %s/ck --steps 0 --export-safetensors %s/latest "
+           "--export-dtype bf16", dir, dir);
+  rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(output(), "parameters after 4 steps written to"));
+  snprintf(args, sizeof args, "--resume %s/ck --steps 0 --export-safetensors %s/latest32", dir,
+           dir);
+  rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  snprintf(pb, sizeof pb, "%s/latest32/model.safetensors", dir);
+  nb = file_bytes(pb, &b);
+  assert_int_equal(na, nb);
+  assert_true(memcmp(a, b, (size_t)na) != 0);
+  free(a);
+  snprintf(pa, sizeof pa, "%s/latest/model.safetensors", dir);
+  na = file_bytes(pa, &a);
+  const char *names[] = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                         "model.layers.1.mlp.down_proj.weight", "model.norm.weight"};
+  for (int k = 0; k < 4; k++) {
+    json_t *ha, *hb;
+    const char *da, *db;
+    uint64_t la, lb;
+    const unsigned char *ta = st_tensor(a, na, names[k], &da, &la, &ha);
+    const unsigned char *tb = st_tensor(b, nb, names[k], &db, &lb, &hb);
+    assert_string_equal(da, "BF16");
+    assert_string_equal(db, "F32");
+    assert_int_equal(la * 2, lb);
+    assert_true(la > 0);
+    for (uint64_t i = 0; i < la / 2; i++) {
+      float f;
+      uint16_t h;
+      memcpy(&f, tb + 4 * i, 4);
+      memcpy(&h, ta + 2 * i, 2);
+      if (h != tz_f32_to_bf16(f))
+        print_error("%s[%llu]: bf16 0x%04x, f32 %.9g rounds to 0x%04x\n", names[k],
+                    (unsigned long long)i, h, (double)f, tz_f32_to_bf16(f));
+      assert_int_equal(h, tz_f32_to_bf16(f));
+    }
+    json_decref(ha);
+    json_decref(hb);
+  }
+  free(a);
+  free(b);
+  snprintf(args, sizeof args, "--steps 0 --export-dtype f16 --export-safetensors %s/x", dir);
+  assert_int_equal(tz_train(args), 2);
+  assert_non_null(strstr(output(), "--export-dtype"));
+}
+
 /* --trace-step 1 --trace FILE: the file is written and is a Chrome trace of that step. */
 static void test_trace(void **state) {
   (void)state;
@@ -381,6 +492,84 @@ static void test_fp16(void **state) {
   json_decref(sum);
 }
 
+/* fp16 with overflows, stopped and resumed: the scaler's state (scale, hysteresis left, steps
+ * since the last overflow, skipped count) is in the checkpoint, so runs resumed after step 8 (a
+ * doubling pending) and after step 10 (an overflow just used up one unit of hysteresis) give the
+ * straight run's losses, scales and skips, every value as printed (10 significant digits). */
+static void test_fp16_resume(void **state) {
+  (void)state;
+  const char *common = "--model tiny --steps 14 --seq 16 --data synthetic --set fp16.enabled=true "
+                       "--set fp16.initial_scale_power=66 --set fp16.hysteresis=2 "
+                       "--set fp16.loss_scale_window=3";
+  char args[2048];
+  snprintf(args, sizeof args, "%s --metrics %s/f16s.jsonl --save-every 2 --ckpt-dir %s/f16ck",
+           common, dir, dir);
+  int rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  json_t *s[16], *r[16], *sum;
+  assert_int_equal(read_metrics("f16s.jsonl", s, 16, &sum), 14);
+  json_decref(sum);
+  int skipped = 0;
+  for (int i = 0; i < 14; i++)
+    skipped += json_is_true(json_object_get(s[i], "skipped"));
+  assert_true(skipped >= 3 && skipped <= 11); /* overflows and good steps both */
+  const int from[] = {8, 10};
+  for (int k = 0; k < 2; k++) {
+    snprintf(args, sizeof args, "%s --metrics %s/f16r.jsonl --resume %s/f16ck/step-%08d", common,
+             dir, dir, from[k]);
+    rc = tz_train(args);
+    if (rc != 0)
+      print_error("%s", output());
+    assert_int_equal(rc, 0);
+    assert_int_equal(read_metrics("f16r.jsonl", r, 16, &sum), 14 - from[k]);
+    int rskipped = 0;
+    for (int i = 0; i < 14 - from[k]; i++) {
+      json_t *a = s[from[k] + i], *b = r[i];
+      rskipped += json_is_true(json_object_get(b, "skipped"));
+      assert_int_equal(json_integer_value(json_object_get(b, "step")), from[k] + i + 1);
+      const char *keys[] = {"loss", "loss_scale", "lr"};
+      for (int q = 0; q < 3; q++) {
+        double x = json_number_value(json_object_get(a, keys[q]));
+        double y = json_number_value(json_object_get(b, keys[q]));
+        if (x != y)
+          print_error("resumed after step %d: step %d: %s %.17g, straight %.17g\n", from[k],
+                      from[k] + i + 1, keys[q], y, x);
+        assert_true(x == y);
+      }
+      assert_int_equal(json_is_true(json_object_get(a, "skipped")),
+                       json_is_true(json_object_get(b, "skipped")));
+      json_decref(b);
+    }
+    assert_non_null(sum);
+    assert_int_equal(json_integer_value(json_object_get(sum, "skipped")), rskipped);
+    json_decref(sum);
+  }
+  /* The last checkpoint's state: the run's whole skipped count and its last scale. */
+  char path[1100];
+  snprintf(path, sizeof path, "%s/f16ck", dir);
+  tz_ckpt_reader *ck = NULL;
+  TZ_ASSERT_OK(tz_ckpt_open(path, 0, &ck));
+  assert_int_equal(tz_ckpt_step(ck), 14);
+  char *js = NULL;
+  TZ_ASSERT_OK(tz_ckpt_get_json(ck, "state", &js));
+  tz_ckpt_close(ck);
+  json_error_t err;
+  json_t *st = json_loads(js, 0, &err);
+  free(js);
+  assert_non_null(st);
+  json_t *ls = json_object_get(st, "loss_scale");
+  assert_non_null(ls);
+  assert_int_equal(json_integer_value(json_object_get(ls, "skipped")), skipped);
+  double last = json_number_value(json_object_get(s[13], "loss_scale"));
+  double saved = json_number_value(json_object_get(ls, "scale"));
+  assert_true(fabs(saved - last) <= 1e-9 * last);
+  json_decref(st);
+  for (int i = 0; i < 14; i++)
+    json_decref(s[i]);
+}
+
 int main(void) {
   const char *b = getenv("TZ_BIN");
   if (!b)
@@ -394,8 +583,10 @@ int main(void) {
       cmocka_unit_test(test_faults),
       cmocka_unit_test(test_eval),
       cmocka_unit_test(test_export_import),
+      cmocka_unit_test(test_export_from_checkpoint),
       cmocka_unit_test(test_trace),
       cmocka_unit_test(test_fp16),
+      cmocka_unit_test(test_fp16_resume),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

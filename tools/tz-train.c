@@ -3,6 +3,7 @@
 #include "collectives/comm.h"
 #include "collectives/launch.h"
 #include "core/config.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/plan.h"
@@ -57,7 +58,10 @@ static void usage(FILE *f) {
           "                       unless --model or tierzero.model names one, which must match\n"
           "  --export-safetensors DIR\n"
           "                       after training, write DIR/config.json and DIR/model.safetensors\n"
-          "                       (fp32, Hugging Face names)\n"
+          "                       (fp32, Hugging Face names); with --resume and --steps 0,\n"
+          "                       the checkpoint's model, at any number of ranks\n"
+          "  --export-dtype T     f32 (default) or bf16 (rounded to nearest even) for\n"
+          "                       --export-safetensors\n"
           "  --trace-step N       record the lanes of step N (counted from 0, the step printed\n"
           "                       as N+1; sets tierzero.trace_step) ...\n"
           "  --trace FILE         ... and write them to FILE as a Chrome/Perfetto trace (JSON)\n"
@@ -93,6 +97,7 @@ struct opts {
   int n_sets;
   const char *model, *metrics, *rates, *data;
   const char *import_dir, *export_dir, *trace_path;
+  enum tz_dtype export_dtype;
   int64_t steps, seed, eval_every, trace_step;
   double val_fraction;
   int seq, plan, auto_place, remeasure, nproc;
@@ -125,6 +130,7 @@ static int parse(int argc, char **argv, struct opts *o) {
                                         {"val-fraction", required_argument, 0, 'v'},
                                         {"import-safetensors", required_argument, 0, 'I'},
                                         {"export-safetensors", required_argument, 0, 'E'},
+                                        {"export-dtype", required_argument, 0, 'D'},
                                         {"trace-step", required_argument, 0, 't'},
                                         {"trace", required_argument, 0, 'x'},
                                         {"help", no_argument, 0, 'h'},
@@ -135,6 +141,7 @@ static int parse(int argc, char **argv, struct opts *o) {
   o->trace_step = -1;
   o->val_fraction = 0.05;
   o->seq = 64;
+  o->export_dtype = TZ_F32;
   int c;
   char *end;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
@@ -178,6 +185,16 @@ static int parse(int argc, char **argv, struct opts *o) {
       break;
     case 'x':
       o->trace_path = optarg;
+      break;
+    case 'D':
+      if (strcmp(optarg, "f32") == 0)
+        o->export_dtype = TZ_F32;
+      else if (strcmp(optarg, "bf16") == 0)
+        o->export_dtype = TZ_BF16;
+      else
+        return fprintf(stderr, "tz-train: --export-dtype: expected f32 or bf16, got '%s'\n",
+                       optarg),
+               -1;
       break;
     case 'v': {
       double f = strtod(optarg, &end);
@@ -382,14 +399,14 @@ static int make_parents(const char *dir) {
   return 0;
 }
 
-/* The fp32 master weights to dir. Gathering is collective: rank 0 writes while the others take
+/* The fp32 master weights to dir, stored as dtype. Gathering is collective: rank 0 writes while the others take
  * part in the same gathers, block by block. */
 static int export_params(tz_trainer *tr, const struct tz_model_config *mc, const char *dir,
-                         int rank) {
+                         enum tz_dtype dtype, int rank) {
   TZ_CHECK(tz_trainer_sync(tr));
   if (rank == 0) {
     TZ_CHECK(make_parents(dir));
-    return tz_hf_export(dir, mc, TZ_F32, export_block, tr);
+    return tz_hf_export(dir, mc, dtype, export_block, tr);
   }
   uint64_t most = 0;
   for (int b = 0; b < tz_model_n_blocks(mc); b++)
@@ -427,7 +444,10 @@ static int fill_batch(const struct opts *o, const struct tz_config *cfg, const t
   return 0;
 }
 
-static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_config *cfg) {
+/* *stopped is set when the run ends on a stop request that every rank agreed on (it returns
+ * TZ_ECANCELED then): all ranks leave together, so none aborts the job. */
+static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_config *cfg,
+                 int *stopped) {
   int rank = tz_comm_rank(comm), world = tz_comm_size(comm);
   int rc = 0;
   tz_hf_model *hm = NULL;
@@ -554,6 +574,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
         printf("tz-train: checkpoint %s/step-%08lld saved\n", o->ckpt_dir, (long long)saved);
     }
     if (sig) {
+      *stopped = 1;
       rc = o->ckpt_dir ? tz_err_set(TZ_ECANCELED,
                                     "stopped by %s after step %lld; checkpoint saved: resume "
                                     "with --resume %s",
@@ -585,10 +606,11 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
            (long long)o->trace_step, (long long)o->trace_step + 1, o->trace_path);
   }
   if (o->export_dir) {
-    TZ_CHECK_GOTO(export_params(tr, &mc, o->export_dir, rank), rc, out);
+    TZ_CHECK_GOTO(export_params(tr, &mc, o->export_dir, o->export_dtype, rank), rc, out);
     if (rank == 0)
-      printf("tz-train: parameters after %lld steps written to %s\n", (long long)o->steps,
-             o->export_dir);
+      printf("tz-train: parameters after %lld steps written to %s (%s)\n",
+             (long long)tz_trainer_steps_done(tr), o->export_dir,
+             tz_dtype_name(o->export_dtype));
   }
   if (rank == 0 && o->steps > 0) {
     struct tz_sched_stats st;
@@ -719,12 +741,15 @@ int main(int argc, char **argv) {
   }
   if (rc == 0 && !o.plan)
     rc = tz_signals_install();
+  int stopped = 0;
   if (rc == 0)
-    rc = train(&o, comm, rt, &cfg);
+    rc = train(&o, comm, rt, &cfg, &stopped);
   tz_signals_restore();
   if (rc < 0) {
     fprintf(stderr, "tz-train: rank %d: %s\n", bs.rank, tz_err_msg());
-    if (comm && bs.size > 1)
+    /* A failure on some ranks leaves the others waiting in a collective: abort the job. A stop
+     * request is agreed on by every rank after the same step, so each leaves on its own. */
+    if (comm && bs.size > 1 && !stopped)
       tz_comm_abort(comm, rc, tz_err_msg());
   }
   tz_comm_destroy(comm);

@@ -68,6 +68,17 @@ static int put_state(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config *
   json_object_set_new(o, "step", json_integer(tz_trainer_steps_done(tr)));
   json_object_set_new(o, "world", json_integer(world));
   json_object_set_new(o, "seed", json_integer(cfg->seed));
+  struct tz_loss_scale_state ls;
+  tz_trainer_loss_scale_get(tr, &ls);
+  if (ls.scale > 0) { /* fp16 */
+    json_t *l = json_object();
+    json_object_set_new(l, "scale", json_real(ls.scale));
+    json_object_set_new(l, "hysteresis_left", json_integer(ls.hysteresis_left));
+    json_object_set_new(l, "iter", json_integer(ls.scale_iter));
+    json_object_set_new(l, "last_overflow_iter", json_integer(ls.last_overflow_iter));
+    json_object_set_new(l, "skipped", json_integer(ls.skipped));
+    json_object_set_new(o, "loss_scale", l);
+  }
   for (int b = 0; b < nb; b++) {
     json_t *e = json_object();
     json_object_set_new(e, "name", json_string(tz_trainer_group_names(tr)[b]));
@@ -175,7 +186,31 @@ static int sink(void *ctx, const void *data, uint64_t off, uint64_t n) {
   return 0;
 }
 
-static int read_state(tz_ckpt_reader *r, int64_t *step, int *world) {
+/* The "loss_scale" object of the state (fp16 runs): *ls all zero when absent. */
+static int read_loss_scale(tz_ckpt_reader *r, json_t *o, struct tz_loss_scale_state *ls) {
+  memset(ls, 0, sizeof *ls);
+  json_t *l = json_object_get(o, "loss_scale");
+  if (!l)
+    return 0;
+  json_t *sc = json_object_get(l, "scale"), *h = json_object_get(l, "hysteresis_left"),
+         *it = json_object_get(l, "iter"), *lo = json_object_get(l, "last_overflow_iter"),
+         *sk = json_object_get(l, "skipped");
+  if (!json_is_number(sc) || !json_is_integer(h) || !json_is_integer(it) ||
+      !json_is_integer(lo) || !json_is_integer(sk))
+    return tz_err_set(TZ_EFORMAT,
+                      "resume: %s: section \"state\": loss_scale needs scale, hysteresis_left, "
+                      "iter, last_overflow_iter and skipped",
+                      tz_ckpt_dir(r));
+  ls->scale = json_number_value(sc);
+  ls->hysteresis_left = (int)json_integer_value(h);
+  ls->scale_iter = json_integer_value(it);
+  ls->last_overflow_iter = json_integer_value(lo);
+  ls->skipped = json_integer_value(sk);
+  return 0;
+}
+
+static int read_state(tz_ckpt_reader *r, int64_t *step, int *world,
+                      struct tz_loss_scale_state *ls) {
   char *s = NULL;
   TZ_CHECK(tz_ckpt_get_json(r, "state", &s));
   json_error_t err;
@@ -189,8 +224,9 @@ static int read_state(tz_ckpt_reader *r, int64_t *step, int *world) {
   }
   *step = json_integer_value(json_object_get(o, "step"));
   *world = (int)json_integer_value(json_object_get(o, "world"));
+  int rc = read_loss_scale(r, o, ls);
   json_decref(o);
-  return 0;
+  return rc;
 }
 
 static int load_rank(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *step) {
@@ -198,8 +234,9 @@ static int load_rank(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *s
   tz_ckpt_reader *r0 = NULL, **rs = NULL;
   void *buf = NULL;
   int rc = 0, src_world = 0;
+  struct tz_loss_scale_state ls;
   TZ_CHECK(tz_ckpt_open(path, 0, &r0));
-  TZ_CHECK_GOTO(read_state(r0, step, &src_world), rc, out);
+  TZ_CHECK_GOTO(read_state(r0, step, &src_world, &ls), rc, out);
   if (src_world != tz_ckpt_world(r0)) {
     rc = tz_err_set(TZ_EFORMAT, "resume: %s: state says world %d, the manifest %d",
                     tz_ckpt_dir(r0), src_world, tz_ckpt_world(r0));
@@ -284,6 +321,16 @@ static int load_rank(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *s
       TZ_CHECK_GOTO(tz_trainer_shard_store(tr, b, k, buf), rc, out);
     }
   TZ_CHECK_GOTO(tz_trainer_set_steps_done(tr, *step), rc, out);
+  /* A checkpoint from before the scaler was saved keeps the trainer's initial scale. */
+  if (ls.scale > 0 || tz_trainer_loss_scale(tr) == 0) {
+    rc = tz_trainer_loss_scale_set(tr, &ls);
+    if (rc < 0) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", tz_err_msg());
+      rc = tz_err_set(rc, "resume: %s: %s", tz_ckpt_dir(r0), why);
+      goto out;
+    }
+  }
 out:
   free(buf);
   if (rs)

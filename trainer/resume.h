@@ -8,7 +8,8 @@
  *   "state"                   JSON: step N (the data position: batches are functions of the seed
  *                             and the global step), world, seed, model shape, storage dtype, the
  *                             shard elements of every block; the RNG is the seed itself, since
- *                             initialisation and data order are functions of (seed, index)
+ *                             initialisation and data order are functions of (seed, index);
+ *                             with fp16, "loss_scale": the scaler (tz_loss_scale_state)
  *   "<block>.<kind>"          the rank's shard of block <block> ("embed", "layer0", ..., "head")
  *                             of kind param (storage dtype), master, m, v (fp32), padding included
  * Gradient shards are not saved: they are zero between steps. The pending (folded) update is

@@ -1185,8 +1185,11 @@ int tz_trainer_set_steps_done(tz_trainer *tr, int64_t steps) {
     return tz_err_set(TZ_EINVAL, "train: %lld steps done", (long long)steps);
   if (tr->pending)
     return tz_err_set(TZ_EINVAL, "train: setting the step while an update is pending (sync first)");
+  if (steps < tr->skipped)
+    return tz_err_set(TZ_EINVAL, "train: %lld steps done, fewer than the %lld skipped",
+                      (long long)steps, (long long)tr->skipped);
   tr->step = steps;
-  tr->updates = steps;
+  tr->updates = steps - tr->skipped; /* a skipped step's update was never applied */
   return 0;
 }
 
@@ -1303,3 +1306,44 @@ int tz_trainer_trace_write(tz_trainer *tr, const char *path) {
 
 double tz_trainer_loss_scale(const tz_trainer *tr) { return tr->fp16 ? tr->scale : 0; }
 int64_t tz_trainer_skipped_steps(const tz_trainer *tr) { return tr->skipped; }
+
+void tz_trainer_loss_scale_get(const tz_trainer *tr, struct tz_loss_scale_state *out) {
+  memset(out, 0, sizeof *out);
+  if (!tr->fp16)
+    return;
+  out->scale = tr->scale;
+  out->hysteresis_left = tr->hysteresis_left;
+  out->scale_iter = tr->scale_iter;
+  out->last_overflow_iter = tr->last_overflow_iter;
+  out->skipped = tr->skipped;
+}
+
+int tz_trainer_loss_scale_set(tz_trainer *tr, const struct tz_loss_scale_state *s) {
+  if (tr->pending)
+    return tz_err_set(TZ_EINVAL, "train: restoring the loss scale while an update is pending "
+                                 "(sync first)");
+  if (!tr->fp16) {
+    if (s->scale != 0 || s->hysteresis_left || s->scale_iter || s->last_overflow_iter ||
+        s->skipped)
+      return tz_err_set(TZ_EINVAL, "train: a loss-scale state (scale %g, %lld skipped) for a "
+                                   "trainer without fp16",
+                        s->scale, (long long)s->skipped);
+    return 0;
+  }
+  if (!(s->scale > 0 && s->scale <= FLT_MAX) || s->hysteresis_left < 1 || s->scale_iter < 0 ||
+      s->last_overflow_iter < -1 || s->last_overflow_iter >= s->scale_iter || s->skipped < 0 ||
+      s->skipped > s->scale_iter || s->skipped > tr->step)
+    return tz_err_set(TZ_EINVAL,
+                      "train: loss-scale state out of range: scale %g, hysteresis left %d, "
+                      "iteration %lld, last overflow %lld, %lld skipped of %lld steps",
+                      s->scale, s->hysteresis_left,
+                      (long long)s->scale_iter, (long long)s->last_overflow_iter,
+                      (long long)s->skipped, (long long)tr->step);
+  tr->scale = (float)s->scale;
+  tr->hysteresis_left = s->hysteresis_left;
+  tr->scale_iter = s->scale_iter;
+  tr->last_overflow_iter = s->last_overflow_iter;
+  tr->skipped = s->skipped;
+  tr->updates = tr->step - tr->skipped;
+  return 0;
+}

@@ -127,6 +127,23 @@ double tz_trainer_loss_scale(const tz_trainer *tr);
 /* Steps skipped on overflow so far. */
 int64_t tz_trainer_skipped_steps(const tz_trainer *tr);
 
+/* The whole loss-scaler state, for checkpoints: a run resumed with it continues with the scales,
+ * skips and Adam steps of a run that never stopped. */
+struct tz_loss_scale_state {
+  double scale;               /* the scale the next step uses */
+  int hysteresis_left;        /* overflows left before the scale halves */
+  int64_t scale_iter;         /* steps seen by the scaler */
+  int64_t last_overflow_iter; /* its step of the last overflow, -1 for none; the good steps since
+                                 are scale_iter - last_overflow_iter - 1 */
+  int64_t skipped;            /* steps skipped on overflow: their updates were never applied */
+};
+/* The state into *out (all zero, with scale 0, without fp16). */
+void tz_trainer_loss_scale_get(const tz_trainer *tr, struct tz_loss_scale_state *out);
+/* Restores it (a resume), between steps with no update pending. Without fp16 only the all-zero
+ * state of tz_trainer_loss_scale_get is accepted; a scale that is not positive and finite, or a
+ * count out of range, is TZ_EINVAL. The Adam step becomes steps done minus skipped. */
+int tz_trainer_loss_scale_set(tz_trainer *tr, const struct tz_loss_scale_state *s);
+
 /* The full block `block` (tz_model_block_numel elements, padding removed) gathered from every
  * rank's shard into dst (host floats): kind TZ_PLAN_PARAM (converted from the storage dtype),
  * TZ_PLAN_MASTER, TZ_PLAN_M, TZ_PLAN_V or TZ_PLAN_GRAD. Syncs first (collective). */
@@ -152,7 +169,8 @@ int tz_trainer_shard_store(tz_trainer *tr, int block, int kind, const void *src)
 /* Steps done (each one's update applied after tz_trainer_sync). */
 int64_t tz_trainer_steps_done(const tz_trainer *tr);
 /* Declares that the stored state is that after `steps` steps: the next step is number `steps`,
- * with that learning rate and Adam step. Between steps, with no update pending. */
+ * with that learning rate, and the Adam step `steps` minus the skipped steps
+ * (tz_trainer_loss_scale_set). Between steps, with no update pending. */
 int tz_trainer_set_steps_done(tz_trainer *tr, int64_t steps);
 
 /* The placement and bound in use (or made with plan_only). Borrowed. */

@@ -34,3 +34,10 @@ for name in w2to1 w1to2; do
 done
 echo "OK: world 2 -> 1 and 1 -> 2 continue with the straight run's losses:"
 echo "$tail3"
+# Consolidated export from a checkpoint at another world size: step 3 saved by 2 ranks exported
+# by 1, and saved by 1 exported by 2, give the same bytes (the runs agree bit for bit).
+run ex21 "$bin" --resume "$dir/w2/step-00000003" --steps 0 --export-safetensors "$dir/ex21"
+run ex12 $mpirun 2 "$bin" --resume "$dir/w1/step-00000003" --steps 0 --export-safetensors "$dir/ex12"
+cmp "$dir/ex21/model.safetensors" "$dir/ex12/model.safetensors" ||
+  { echo "FAIL: exports of step 3 from the world-2 and world-1 checkpoints differ"; exit 1; }
+echo "OK: exports from checkpoints saved at world 2 and 1 (read at 1 and 2) are equal"
