@@ -950,7 +950,6 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_training_like_step, arm, disarm),
     cmocka_unit_test_setup_teardown(test_random_budgets, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_staged_homes, arm, disarm),
     cmocka_unit_test_setup_teardown(test_budget_below_minimum_refused, arm, disarm),
     cmocka_unit_test_setup_teardown(test_stale_copies_never_used, arm, disarm),
     cmocka_unit_test_setup_teardown(test_order_changes, arm, disarm),
@@ -958,6 +957,7 @@ int main(int argc, char **argv) {
     cmocka_unit_test_setup_teardown(test_fault_mid_step, arm, disarm),
     cmocka_unit_test_setup_teardown(test_compute_failure, arm, disarm),
     cmocka_unit_test_setup_teardown(test_debug_prints_decisions, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_staged_homes, arm, disarm),
   };
   return cmocka_run_group_tests_name(argv[1], tests, NULL, NULL);
 }
