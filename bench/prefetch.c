@@ -181,12 +181,6 @@ int tz_bench_prefetch(int argc, char **argv) {
   if (!o.home)
     o.home = gpu ? "host" : "nvme";
   int nvme = strcmp(o.home, "nvme") == 0;
-  if (gpu && nvme) {
-    fprintf(stderr, "tz-bench prefetch: --lane gpu needs --home host: the scheduler does not yet "
-            "bring nvme blocks into GPU memory through host staging chunks of its own "
-            "(docs/scheduler.md)\n");
-    return 2;
-  }
   if (o.layers < 1 || o.steps < 2 || o.lookahead < 0 || !o.block || o.compute_ms < 0 ||
       o.checksum == -2 ||
       (!nvme && strcmp(o.home, "host") != 0)) {

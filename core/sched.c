@@ -69,6 +69,7 @@ struct block {
   uint64_t n_fills, n_flushes, n_refills;
   int *pos, n_pos;    /* positions in the order of a step where it is used */
   int xl_in, xl_out;  /* transfer lanes home -> compute and back */
+  int staged;         /* its transfers go through the scheduler's staging chunks (two hops) */
 };
 
 struct phase {
@@ -119,6 +120,13 @@ struct xfer {
   tz_extent dst, src;
   uint64_t n, gen, step, t0;
   uint64_t no;        /* the copy's fill_no or flush_no when it was decided */
+  /* Staged (b->staged): piece by piece through one staging chunk, held from the first hop until
+   * the last completes: hop 0 src -> chunk, hop 1 chunk -> dst, then the next piece. Pieces are
+   * serial, so when the last piece's device-side hop completes, every earlier one has. */
+  int chunk;          /* the staging chunk held; -1 none yet */
+  int hop;
+  uint64_t off;       /* bytes of the block moved by the pieces before this one */
+  struct xfer *next;  /* in the scheduler's queue of staged hops (waiting for a chunk or ready) */
 };
 
 struct tz_sched {
@@ -160,6 +168,18 @@ struct tz_sched {
   int pumping, again;
   struct xfer **acts;
   int n_acts, cap_acts;
+
+  /* Staging for blocks whose home is neither host nor device memory (nvme) when the compute lane
+   * is a device stream: a pinned host tier of the scheduler's own, created at declare, before any
+   * budget is taken ("staging carved first"), one chunk per staged transfer lane. */
+  int stage_all;          /* params: stage such homes on a CPU lane too */
+  tz_tier *stage_tier;
+  tz_extent stage_ext;
+  uint64_t stage_chunk;
+  int n_chunks;
+  unsigned chunk_busy;    /* bit k: chunk k is held by a transfer */
+  struct xfer *chunk_wait, *chunk_wait_tail; /* staged transfers waiting for a chunk, FIFO */
+  struct xfer *hops, *hops_tail;             /* staged hops the pump issues next, FIFO */
 
   int err;
   char err_msg[512];
@@ -375,7 +395,7 @@ static void start_xfer(tz_sched *s, struct block *b, int kind, int refill, uint6
   }
   uint64_t now = tz_now_ns();
   *x = (struct xfer){.s = s, .b = b, .kind = kind, .refill = refill, .n = b->xfer, .gen = c->gen,
-                     .step = step, .t0 = now};
+                     .step = step, .t0 = now, .chunk = -1};
   if (kind == ACT_FILL) {
     x->dst = c->ext;
     x->src = b->home;
@@ -631,10 +651,116 @@ static void decide(tz_sched *s) {
 }
 
 static void xfer_done(void *arg, int rc);
+static void hop_done(void *arg, int rc);
+static void want_pump(tz_sched *s);
+
+static void hop_queue(tz_sched *s, struct xfer *x) {
+  x->next = NULL;
+  if (s->hops_tail)
+    s->hops_tail->next = x;
+  else
+    s->hops = x;
+  s->hops_tail = x;
+}
+
+/* Chunk k is free again: the first transfer waiting for one takes it. Lock held. */
+static void chunk_put(tz_sched *s, int k) {
+  struct xfer *x = s->chunk_wait;
+  if (!x) {
+    s->chunk_busy &= ~(1u << k);
+    return;
+  }
+  s->chunk_wait = x->next;
+  if (!s->chunk_wait)
+    s->chunk_wait_tail = NULL;
+  x->chunk = k;
+  hop_queue(s, x);
+}
+
+/* Issues the next hop of a staged transfer. Without a chunk it waits in line for one (a chunk is
+ * given back when the transfer holding it completes, whatever the phases do, so the line moves).
+ * The fence the copy's users wait on is a fill's last copy into the compute tier and a
+ * write-back's last copy out of it: on a device lane both are device copies with an event. */
+static void issue_staged(struct xfer *x) {
+  tz_sched *s = x->s;
+  struct copy *c = &x->b->c;
+  pthread_mutex_lock(&s->mu);
+  if (x->chunk < 0) {
+    int k = 0;
+    while (k < s->n_chunks && (s->chunk_busy & (1u << k)))
+      k++;
+    if (k == s->n_chunks) {
+      x->next = NULL;
+      if (s->chunk_wait_tail)
+        s->chunk_wait_tail->next = x;
+      else
+        s->chunk_wait = x;
+      s->chunk_wait_tail = x;
+      pthread_mutex_unlock(&s->mu);
+      return;
+    }
+    s->chunk_busy |= 1u << k;
+    x->chunk = k;
+  }
+  pthread_mutex_unlock(&s->mu);
+  uint64_t n = x->n - x->off < s->stage_chunk ? x->n - x->off : s->stage_chunk;
+  tz_extent chunk = {s->stage_tier, s->stage_ext.offset + (uint64_t)x->chunk * s->stage_chunk,
+                     s->stage_chunk};
+  int kind = x->kind, last = x->off + n == x->n;
+  int publish = last && (kind == ACT_FILL ? x->hop == 1 : x->hop == 0);
+  uint64_t no = x->no;
+  tz_fence *f;
+  int rc = x->hop == 0 ? tz_transfer(s->rt, &chunk, 0, &x->src, x->off, n, &f)
+                       : tz_transfer(s->rt, &x->dst, x->off, &chunk, 0, n, &f);
+  if (rc < 0) {
+    hop_done(x, rc);
+    return;
+  }
+  if (tz_fence_then(f, hop_done, x) < 0) /* x may be gone after this */
+    hop_done(x, tz_fence_wait(f, -1));
+  pthread_mutex_lock(&s->mu);
+  tz_fence **slot = kind == ACT_FILL ? &c->ready : &c->flushed;
+  if (publish && c->ext.tier && (kind == ACT_FILL ? c->fill_no : c->flush_no) == no && !*slot) {
+    *slot = f;
+    f = NULL;
+  }
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  tz_fence_release(f);
+}
+
+/* A hop of a staged transfer completed: the next hop or piece goes to the pump; after the last,
+ * or on a failure, the chunk goes back and the transfer is done. */
+static void hop_done(void *arg, int rc) {
+  struct xfer *x = arg;
+  tz_sched *s = x->s;
+  uint64_t n = x->n - x->off < s->stage_chunk ? x->n - x->off : s->stage_chunk;
+  pthread_mutex_lock(&s->mu);
+  if (rc == 0 && x->hop == 0) {
+    x->hop = 1;
+  } else if (rc == 0 && x->off + n < x->n) {
+    x->hop = 0;
+    x->off += n;
+  } else {
+    if (x->chunk >= 0)
+      chunk_put(s, x->chunk);
+    x->chunk = -1;
+    pthread_mutex_unlock(&s->mu);
+    xfer_done(x, rc); /* which asks for a pump: a waiter may have got the chunk */
+    return;
+  }
+  hop_queue(s, x);
+  pthread_mutex_unlock(&s->mu);
+  want_pump(s);
+}
 
 /* Issues a transfer and publishes its fence in the copy. xfer_done is registered first, so the
  * scheduler's bookkeeping (and on failure its message) comes before any waiter's callback. */
 static void issue(struct xfer *x) {
+  if (x->b->staged) {
+    issue_staged(x);
+    return;
+  }
   tz_sched *s = x->s;
   struct copy *c = &x->b->c;
   int kind = x->kind;
@@ -669,8 +795,10 @@ static void pump(tz_sched *s) {
   for (;;) {
     s->again = 0;
     decide(s);
-    if (s->n_acts == 0 && !s->again)
+    if (s->n_acts == 0 && !s->hops && !s->again)
       break;
+    struct xfer *hops = s->hops;
+    s->hops = s->hops_tail = NULL;
     int n = s->n_acts;
     struct xfer *local[64];
     struct xfer **acts = n <= 64 ? local : malloc(sizeof *acts * (size_t)n);
@@ -687,6 +815,11 @@ static void pump(tz_sched *s) {
       issue(acts[i]);
     if (acts != local)
       free(acts);
+    while (hops) { /* staged hops in the order they became ready */
+      struct xfer *next = hops->next;
+      issue_staged(hops);
+      hops = next;
+    }
     pthread_mutex_lock(&s->mu);
   }
   s->pumping = 0;
@@ -886,6 +1019,7 @@ int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **
   s->compute = p->compute;
   s->t0 = tz_now_ns();
   s->chunk = tz_runtime_chunk_bytes(rt);
+  s->stage_all = p->stage_homes;
   const char *d = getenv("TZ_SCHED_DEBUG");
   s->debug = d && *d && strcmp(d, "0") != 0;
   pthread_mutex_init(&s->mu, NULL);
@@ -941,17 +1075,12 @@ static int block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_ext
   if (!home || !home->tier || bytes == 0)
     return tz_err_set(TZ_EINVAL, "sched: block '%s' needs a home extent and a size", name);
   /* A device lane waits only on device events, so a fill's last hop must be a copy to the
-   * device (from host or device memory). A home in neither (nvme) would be staged through the
-   * runtime's chunks, whose transfer fence is host work; bringing such blocks in through staging
-   * chunks of the scheduler's own is not done yet (docs/scheduler.md). */
-  if (tz_lane_native(s->lane) && !tz_tier_host_ptr(home->tier, home->offset) &&
-      !tz_tier_device_ptr(home->tier, home->offset))
-    return tz_err_set(TZ_ENOTSUP, "sched: block '%s' has its home in %s (%s), which is neither "
-                      "host nor device memory; the compute lane %s is a device stream that waits "
-                      "only on copies into the device, and fills staged through host chunks of "
-                      "the scheduler's own are not supported yet: home the block in a host tier",
-                      name, tz_tier_name(home->tier), tz_tier_backend(home->tier),
-                      tz_lane_name(s->lane));
+   * device (from host or device memory). A home in neither (nvme) would go through the runtime's
+   * staged path, whose transfer fence is host work: such blocks go through staging chunks of the
+   * scheduler's own instead, nvme -> pinned chunk -> device, the last hop a copy with an event. */
+  int staged = (tz_lane_native(s->lane) || s->stage_all) &&
+               !tz_tier_host_ptr(home->tier, home->offset) &&
+               !tz_tier_device_ptr(home->tier, home->offset);
   uint64_t xfer = round_up(bytes, tz_tier_alignment(home->tier));
   if (xfer > home->bytes)
     return tz_err_set(TZ_EINVAL, "sched: block '%s' of %llu bytes (%llu rounded to %s's alignment) "
@@ -973,6 +1102,7 @@ static int block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_ext
   b->xfer = xfer;
   b->home = *home;
   b->gen = b->home_gen = 1;
+  b->staged = staged;
   *id = s->n_blocks++;
   return 0;
 }
@@ -1075,15 +1205,63 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
   for (int i = 0; i < n; i++)
     if (phase_ws(s, &phases[i], s->align) > phase_ws(s, &phases[worst], s->align))
       worst = i;
+  /* One staging chunk per transfer lane of staged blocks (home -> compute and back, per home
+   * tier), in pinned host memory outside the compute budget. */
+  int n_chunks = 0;
+  uint64_t lanes_seen = 0;
+  for (int i = 0; i < s->n_blocks; i++) {
+    struct block *b = &s->blocks[i];
+    if (!b->staged)
+      continue;
+    int in = xlane_get(s, b->home.tier, s->compute), out = xlane_get(s, s->compute, b->home.tier);
+    for (int l = 0; l < 2; l++) {
+      int k = l ? out : in;
+      if (k >= 0 && k < 64 && !(lanes_seen & (1ull << k))) {
+        lanes_seen |= 1ull << k;
+        n_chunks++;
+      }
+    }
+  }
+  if (n_chunks > 32)
+    n_chunks = 32;
+  char staging[160] = "";
+  if (n_chunks)
+    snprintf(staging, sizeof staging, "; besides, %d staging chunks of %llu bytes in pinned host "
+             "memory for the blocks homed in neither host nor device memory", n_chunks,
+             (unsigned long long)s->chunk);
   if (budget < min)
     return tz_err_set(TZ_ENOMEM, "sched: the budget of %llu bytes in %s is %llu bytes short of the "
                       "minimum %llu: phase '%s' needs %llu bytes of blocks at once, plus %llu for "
-                      "one chunk per lane (1 compute lane)", (unsigned long long)budget,
+                      "one chunk per lane (1 compute lane)%s", (unsigned long long)budget,
                       tz_tier_name(s->compute), (unsigned long long)(min - budget),
                       (unsigned long long)min, phases[worst].name ? phases[worst].name : "?",
                       (unsigned long long)phase_ws(s, &phases[worst], s->align),
-                      (unsigned long long)round_up(s->chunk, s->align));
-  TZ_CHECK(tz_tier_alloc(s->compute, budget, &s->region));
+                      (unsigned long long)round_up(s->chunk, s->align), staging);
+  if (n_chunks) { /* staging carved first (DESIGN.md), before the budget */
+    struct tz_tier_params tp;
+    tz_tier_params_init(&tp);
+    tp.name = "sched-staging";
+    tp.capacity = (uint64_t)n_chunks * s->chunk;
+    int rc = tz_tier_create(s->rt, "host", &tp, &s->stage_tier);
+    if (rc == 0 && (rc = tz_tier_alloc(s->stage_tier, tp.capacity, &s->stage_ext)) < 0) {
+      tz_tier_destroy(s->stage_tier);
+      s->stage_tier = NULL;
+    }
+    if (rc < 0)
+      return tz_err_set(rc, "sched: %d staging chunks of %llu bytes in pinned host memory could "
+                        "not be reserved: %s", n_chunks, (unsigned long long)s->chunk,
+                        tz_err_msg());
+    s->n_chunks = n_chunks;
+    s->stage_chunk = s->chunk;
+  }
+  int rc_region = tz_tier_alloc(s->compute, budget, &s->region);
+  if (rc_region < 0) {
+    tz_tier_free(&s->stage_ext);
+    tz_tier_destroy(s->stage_tier);
+    s->stage_tier = NULL;
+    s->n_chunks = 0;
+    return rc_region;
+  }
   s->phases = calloc((size_t)n, sizeof *s->phases);
   s->order = malloc(sizeof *s->order * (size_t)n);
   s->order_cap = n;
@@ -1095,6 +1273,10 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
     rc = tz_arena_alloc(s->arena, round_up(s->chunk, s->align), &s->scratch_off);
   if (rc < 0) {
     tz_tier_free(&s->region);
+    tz_tier_free(&s->stage_ext);
+    tz_tier_destroy(s->stage_tier);
+    s->stage_tier = NULL;
+    s->n_chunks = 0;
     tz_arena_destroy(s->arena);
     free(s->phases);
     free(s->order);
@@ -1134,8 +1316,10 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
     TZ_CHECK(index_order(s));
   }
   s->declared = 1;
-  dbg(s, "declared %d phases over %d blocks: budget %llu bytes in %s, minimum %llu", n,
-      s->n_blocks, (unsigned long long)budget, tz_tier_name(s->compute), (unsigned long long)min);
+  s->st.staging = (uint64_t)s->n_chunks * s->stage_chunk;
+  dbg(s, "declared %d phases over %d blocks: budget %llu bytes in %s, minimum %llu%s", n,
+      s->n_blocks, (unsigned long long)budget, tz_tier_name(s->compute), (unsigned long long)min,
+      staging);
   return 0;
 }
 
@@ -1737,6 +1921,8 @@ void tz_sched_destroy(tz_sched *s) {
     tz_lane_destroy(s->lane);
   tz_arena_destroy(s->arena);
   tz_tier_free(&s->region);
+  tz_tier_free(&s->stage_ext);
+  tz_tier_destroy(s->stage_tier);
   dbg(s, "destroyed");
   free(s->blocks);
   free(s->phases);

@@ -71,6 +71,9 @@ struct tz_sched_params {
   const char *trace_path; /* where tz_sched_destroy writes that trace if not written before; copied */
   int64_t timeout_ms;   /* the longest one host wait inside the scheduler may take before it fails
                            with TZ_ETIMEDOUT and says what it waited for; default 60000 */
+  int stage_homes;      /* 1: blocks homed in neither host nor device memory (nvme) go through the
+                           scheduler's staging chunks on a CPU lane too (tests of the device lane's
+                           path); with a device lane they always do. Default 0 */
 };
 void tz_sched_params_init(struct tz_sched_params *p);
 
@@ -150,6 +153,9 @@ struct tz_sched_stats {
   uint64_t min_budget;     /* tz_sched_min_budget of the declared phases */
   uint64_t used, peak_used;/* of the budget, now and at most; checked at every decision */
   uint64_t over_budget;    /* decisions that found used > budget: 0 unless there is a bug */
+  uint64_t staging;        /* pinned host bytes of the scheduler's staging chunks, reserved at
+                              declare outside the budget: one chunk per transfer lane of blocks
+                              homed in neither host nor device memory, on a device lane */
   double stall_s;          /* compute-lane time waiting on fences, all phases */
   double compute_s;        /* compute-lane time running phases */
 };

@@ -1,5 +1,7 @@
 /* The scheduler with a CUDA-stream compute lane (tz_hbm_lane_create) and the compute tier in GPU
- * memory: blocks homed in host memory, phases whose "compute" is copies and memsets launched on the
+ * memory: blocks homed in host memory or in nvme (a directory under /var/tmp; their fills and
+ * write-backs go through the scheduler's pinned staging chunks, so that the lane still waits on
+ * copy events only), phases whose "compute" is copies and memsets launched on the
  * lane's stream, several steps, results checked byte for byte against a host model after
  * tz_sched_sync. The lane waits on the device only: it refuses a pending host fence, and the
  * scheduler never hands it one (a refusal would fail the run). Skips (77) without a GPU.
@@ -24,18 +26,20 @@ enum { L = 4, STEPS = 5, B = 256 << 10, CHUNK = 256 << 10 };
 
 struct env {
   tz_runtime *rt;
-  tz_tier *host, *hbm;
+  tz_tier *host, *hbm, *nvme; /* nvme: NULL unless the homes are there */
+  char *dir;                  /* the nvme tier's directory */
   tz_lane *lane;
   tz_sched *s;
   tz_extent homes[3 * L];
   int w[L], g[L], a[L];
 };
 
-static void env_make(struct env *e) {
+/* chunk: the runtime's chunk, which is also the size of the scheduler's staging chunks. */
+static void env_make(struct env *e, uint64_t chunk) {
   memset(e, 0, sizeof *e);
   struct tz_runtime_params rp;
   tz_runtime_params_init(&rp);
-  rp.chunk_bytes = CHUNK;
+  rp.chunk_bytes = chunk;
   rp.staging_bytes = 4 * CHUNK;
   TZ_ASSERT_OK(tz_runtime_create(&rp, &e->rt));
   struct tz_tier_params tp;
@@ -51,10 +55,26 @@ static void env_make(struct env *e) {
   TZ_ASSERT_OK(tz_hbm_lane_create(e->hbm, &e->lane));
 }
 
+/* An nvme tier for the homes, in a directory of its own under /var/tmp. */
+static void env_add_nvme(struct env *e) {
+  e->dir = strdup("/var/tmp/tz-sched-gpu-XXXXXX");
+  assert_non_null(e->dir);
+  assert_non_null(mkdtemp(e->dir));
+  struct tz_tier_params tp;
+  tz_tier_params_init(&tp);
+  tp.name = "nvme";
+  tp.capacity = 3 * L * (uint64_t)B + (1 << 20);
+  tp.paths[0] = e->dir;
+  tp.n_paths = 1;
+  TZ_ASSERT_OK(tz_tier_create(e->rt, "nvme", &tp, &e->nvme));
+}
+
 static void env_free(struct env *e) {
   tz_sched_destroy(e->s);
   tz_lane_destroy(e->lane);
   tz_runtime_destroy(e->rt);
+  if (e->dir)
+    tz_test_rmdir(e->dir);
 }
 
 static unsigned char fwd_byte(int step, int l) { return (unsigned char)(1 + 16 * step + l); }
@@ -106,11 +126,15 @@ static void check_block(struct env *e, int id, const unsigned char *want, const 
   free(got);
 }
 
-/* Steps over host-homed blocks within `budget` (0: generous), with jitter on the scheduler's host
- * lanes; checks every block after each step's sync against the host model. */
-static void run_steps(uint64_t budget, int jitter_us) {
+/* Steps over blocks homed in host memory (nvme 0) or nvme (1) within `budget` (0: generous), with
+ * jitter on the scheduler's host lanes; checks every block after each step's sync against the
+ * host model. nvme homes use a quarter of a block as the chunk: each fill and write-back moves
+ * four pieces through one staging chunk. */
+static void run_steps(uint64_t budget, int jitter_us, int nvme) {
   struct env e;
-  env_make(&e);
+  env_make(&e, nvme ? CHUNK / 4 : CHUNK);
+  if (nvme)
+    env_add_nvme(&e);
   struct tz_sched_params p;
   tz_sched_params_init(&p);
   p.compute = e.hbm;
@@ -122,14 +146,14 @@ static void run_steps(uint64_t budget, int jitter_us) {
   p.timeout_ms = 20000;
   TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
   unsigned char *wref[L], *aref[L], *gref[L];
-  unsigned char *buf = malloc(B);
+  unsigned char *buf = aligned_alloc(4096, B); /* aligned for the nvme tier's direct I/O */
   assert_non_null(buf);
   for (int l = 0; l < L; l++) {
     int *ids[3] = {&e.w[l], &e.g[l], &e.a[l]};
     const char *kind[3] = {"w", "g", "a"};
     for (int k = 0; k < 3; k++) {
       tz_extent *h = &e.homes[3 * l + k];
-      TZ_ASSERT_OK(tz_tier_alloc(e.host, B, h));
+      TZ_ASSERT_OK(tz_tier_alloc(nvme ? e.nvme : e.host, B, h));
       tz_test_fill(buf, B, 1000 + 10 * (uint64_t)l + (uint64_t)k);
       TZ_ASSERT_OK(tz_tier_write_sync(h, 0, buf, B));
       char name[16];
@@ -237,6 +261,24 @@ static void run_steps(uint64_t budget, int jitter_us) {
   TZ_ASSERT_OK(tz_hbm_stats(e.hbm, &hs));
   assert_true(hs.stream_waits > 0);
   assert_true(hs.h2d_copies > 0 && hs.d2h_copies > 0);
+  /* nvme homes: two staging chunks (nvme->compute, compute->nvme) of the runtime's chunk, and
+   * every byte moved went through them, none through the runtime's own staged path. */
+  assert_int_equal(st.staging, nvme ? 2 * tz_runtime_chunk_bytes(e.rt) : 0);
+  if (nvme) {
+    struct tz_pair_stats pst[32];
+    int np = tz_runtime_pair_stats(e.rt, pst, 32);
+    uint64_t in = 0, out = 0;
+    for (int i = 0; i < np && i < 32; i++) {
+      assert_int_equal(pst[i].staged, 0);
+      if (strcmp(pst[i].src, "sched-staging") == 0 && strcmp(pst[i].dst, "compute") == 0)
+        in += pst[i].bytes;
+      if (strcmp(pst[i].src, "compute") == 0 && strcmp(pst[i].dst, "sched-staging") == 0)
+        out += pst[i].bytes;
+      assert_false(strcmp(pst[i].src, "nvme") == 0 && strcmp(pst[i].dst, "compute") == 0);
+    }
+    assert_int_equal(in, st.fill_bytes);
+    assert_int_equal(out, st.flush_bytes);
+  }
   printf("budget %llu: %llu fills, %llu write-backs, %llu evictions, stall %.3f ms, compute "
          "%.3f ms, %llu stream waits\n", (unsigned long long)st.budget,
          (unsigned long long)st.fills, (unsigned long long)st.flushes,
@@ -253,18 +295,46 @@ static void run_steps(uint64_t budget, int jitter_us) {
 
 static void test_generous(void **state) {
   (void)state;
-  run_steps(0, 0);
+  run_steps(0, 0, 0);
 }
 
 /* Two phases' working sets plus the chunk: the window evicts and refills every step. */
 static void test_tight(void **state) {
   (void)state;
-  run_steps(4 * (uint64_t)B + CHUNK, 0);
+  run_steps(4 * (uint64_t)B + CHUNK, 0, 0);
 }
 
 static void test_tight_jitter(void **state) {
   (void)state;
-  run_steps(4 * (uint64_t)B + CHUNK, 200);
+  run_steps(4 * (uint64_t)B + CHUNK, 200, 0);
+}
+
+static int nvme_usable(void) {
+  char why[256];
+  if (tz_tier_probe("nvme", why, sizeof why) < 0) {
+    print_message("nvme unavailable (%s): nothing to check\n", why);
+    return 0;
+  }
+  return 1;
+}
+
+/* nvme homes: fills nvme -> staging chunk -> GPU, write-backs back the same way. */
+static void test_nvme_generous(void **state) {
+  (void)state;
+  if (nvme_usable())
+    run_steps(0, 0, 1);
+}
+
+static void test_nvme_tight(void **state) {
+  (void)state;
+  if (nvme_usable())
+    run_steps(4 * (uint64_t)B + CHUNK, 0, 1);
+}
+
+static void test_nvme_tight_jitter(void **state) {
+  (void)state;
+  if (nvme_usable())
+    run_steps(4 * (uint64_t)B + CHUNK, 200, 1);
 }
 
 /* A recorded fence of the lane is a device event: another stream can wait on it without the
@@ -277,7 +347,7 @@ static int fail_job(void *arg) {
 static void test_lane_fences(void **state) {
   (void)state;
   struct env e;
-  env_make(&e);
+  env_make(&e, CHUNK);
   tz_fence *f;
   TZ_ASSERT_OK(tz_lane_record(e.lane, &f));
   cudaStream_t other;
@@ -295,44 +365,6 @@ static void test_lane_fences(void **state) {
   env_free(&e);
 }
 
-/* nvme homes need host staging chunks of the scheduler's own before a device lane can wait on
- * their fills: refused with TZ_ENOTSUP, saying so. */
-static void test_nvme_home_refused(void **state) {
-  (void)state;
-  char why[256];
-  if (tz_tier_probe("nvme", why, sizeof why) < 0) {
-    print_message("nvme unavailable (%s): nothing to check\n", why);
-    return;
-  }
-  struct env e;
-  env_make(&e);
-  char *dir = tz_test_mkdtemp("sched-gpu");
-  assert_non_null(dir);
-  struct tz_tier_params tp;
-  tz_tier_params_init(&tp);
-  tp.name = "nvme";
-  tp.capacity = 4 << 20;
-  tp.paths[0] = dir;
-  tp.n_paths = 1;
-  tz_tier *nvme;
-  TZ_ASSERT_OK(tz_tier_create(e.rt, "nvme", &tp, &nvme));
-  tz_extent h;
-  TZ_ASSERT_OK(tz_tier_alloc(nvme, B, &h));
-  struct tz_sched_params p;
-  tz_sched_params_init(&p);
-  p.compute = e.hbm;
-  p.lane = e.lane;
-  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
-  int id;
-  assert_int_equal(tz_sched_block_add(e.s, "W", B, &h, &id), TZ_ENOTSUP);
-  assert_non_null(strstr(tz_err_msg(), "'W'"));
-  tz_sched_destroy(e.s);
-  e.s = NULL;
-  tz_tier_free(&h);
-  env_free(&e);
-  tz_test_rmdir(dir);
-}
-
 int main(void) {
   char why[256];
   int n = 0;
@@ -347,7 +379,9 @@ int main(void) {
     cmocka_unit_test(test_tight),
     cmocka_unit_test(test_tight_jitter),
     cmocka_unit_test(test_lane_fences),
-    cmocka_unit_test(test_nvme_home_refused),
+    cmocka_unit_test(test_nvme_generous),
+    cmocka_unit_test(test_nvme_tight),
+    cmocka_unit_test(test_nvme_tight_jitter),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,6 +45,7 @@ has layer && grep -q '"layer"' bench/tz-bench.c && step layer $b/bin/tz-bench la
 if has prefetch; then
   step prefetch-gpu $b/bin/tz-bench prefetch --layers 16 --block 8M --compute-ms 5 --steps 8 --lookahead 2
   step prefetch-gpu-xfer $b/bin/tz-bench prefetch --layers 16 --block 8M --compute-ms 0.2 --steps 8 --lookahead 2
+  step prefetch-gpu-nvme $b/bin/tz-bench prefetch --lane gpu --home nvme --path /var/tmp --layers 16 --block 8M --compute-ms 5 --steps 8 --lookahead 2
   step prefetch-nvme $b/bin/tz-bench prefetch --lane cpu --home nvme --path /var/tmp --layers 16 --block 8M --compute-ms 8
   step prefetch-host $b/bin/tz-bench prefetch --lane cpu --home host --layers 16 --block 8M --compute-ms 5
 fi
