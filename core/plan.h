@@ -50,6 +50,8 @@ struct tz_plan_rates {
   double flops;      /* the compute backend's matrix multiply */
   double copy_in;    /* host -> compute tier */
   double copy_out;   /* compute tier -> host */
+  double copy_duplex; /* both directions at once, bytes per second summed; 0: unknown, the plan
+                         then treats the directions as independent */
   double copy_local; /* within the compute tier */
   double nvme_read;  /* nvme -> host */
   double nvme_write; /* host -> nvme */

@@ -10,6 +10,10 @@
 #include "core/tier.h"
 #include "kernels/adam.h"
 #include "kernels/compute.h"
+#ifdef TZ_HAVE_CUDA
+#include "kernels/cuda/adam_cuda.h"
+#include "tiers/hbm.h"
+#endif
 
 #include <errno.h>
 #include <jansson.h>
@@ -23,6 +27,12 @@
 
 #define PROBE_BYTES (8u << 20)
 #define REPS 5
+/* The GPU's probes: a copy of 64 MiB reaches the PCIe rate (tz-bench tiers: from 4 MiB), a
+ * 4096^3 bf16 matmul is the size of a large layer's, and Adam over 64M elements (2 GB of HBM
+ * traffic) runs far longer than a launch. */
+#define GPU_COPY_BYTES (64ull << 20)
+#define GPU_MATMUL 4096
+#define GPU_ADAM_ELEMS ((size_t)64 << 20)
 
 static double now_s(void) {
   struct timespec ts;
@@ -60,13 +70,13 @@ static void setup_key(const struct tz_config *c, const char *backend, char *buf,
   snprintf(buf, len, "%s|nvme:%s", backend, dir ? dir : "-");
 }
 
-static const char *const fields[] = {"flops",     "copy_in",    "copy_out", "copy_local",
-                                     "nvme_read", "nvme_write", "adam"};
-#define N_FIELDS 7
+static const char *const fields[] = {"flops",     "copy_in",    "copy_out", "copy_duplex",
+                                     "copy_local", "nvme_read", "nvme_write", "adam"};
+#define N_FIELDS 8
 
 static double *field(struct tz_plan_rates *r, int i) {
-  double *f[N_FIELDS] = {&r->flops,     &r->copy_in,    &r->copy_out, &r->copy_local,
-                         &r->nvme_read, &r->nvme_write, &r->adam};
+  double *f[N_FIELDS] = {&r->flops,      &r->copy_in,   &r->copy_out,   &r->copy_duplex,
+                         &r->copy_local, &r->nvme_read, &r->nvme_write, &r->adam};
   return f[i];
 }
 
@@ -77,13 +87,18 @@ static int cache_read(const char *path, const char *key, struct tz_plan_rates *o
     return 0;
   json_t *e = json_object_get(root, key);
   int ok = json_is_object(e) && json_integer_value(json_object_get(root, "version")) == 1;
+  /* All or nothing: an incomplete entry (one written before a field existed) leaves *out as it
+   * was, so no stale value outlives the measurement that replaces it. */
+  struct tz_plan_rates got = *out;
   for (int i = 0; ok && i < N_FIELDS; i++) {
     json_t *v = json_object_get(e, fields[i]);
     ok = json_is_number(v) && json_number_value(v) >= 0;
     if (ok)
-      *field(out, i) = json_number_value(v);
+      *field(&got, i) = json_number_value(v);
   }
   json_decref(root);
+  if (ok)
+    *out = got;
   return ok;
 }
 
@@ -127,27 +142,98 @@ static int cache_write(const char *path, const char *key, const struct tz_plan_r
   return 0;
 }
 
-/* Bytes per second of tz_transfer from src to dst, best of REPS. */
-static int time_transfer(tz_runtime *rt, const tz_extent *dst, const tz_extent *src, double *out) {
+/* The shortest of REPS timed runs of run(arg), after `warmups` untimed ones (a first call that
+ * sets something up: an algorithm choice, a lazily made handle). Each run must return only when
+ * its work is done. */
+static int best_time(int (*run)(void *), void *arg, int warmups, double *seconds) {
   double best = 0;
-  for (int i = 0; i < REPS; i++) {
-    tz_fence *f = NULL;
+  for (int i = 0; i < warmups + REPS; i++) {
     double t0 = now_s();
-    TZ_CHECK(tz_transfer(rt, dst, 0, src, 0, PROBE_BYTES, &f));
-    int rc = tz_fence_wait(f, -1);
-    tz_fence_release(f);
-    TZ_CHECK(rc);
+    TZ_CHECK(run(arg));
     double t = now_s() - t0;
-    if (i == 0 || t < best)
+    if (i >= warmups && (best == 0 || t < best))
       best = t;
   }
-  *out = best > 0 ? PROBE_BYTES / best : 0;
+  *seconds = best;
   return 0;
 }
 
+static double per_second(double amount, double seconds) {
+  return seconds > 0 ? amount / seconds : 0;
+}
+
+/* n transfers (at most 2) of bytes each, src[k] to dst[k], started together, waited for. */
+struct transfers {
+  tz_runtime *rt;
+  int n;
+  const tz_extent *dst[2], *src[2];
+  uint64_t bytes;
+};
+
+static int run_transfers(void *arg) {
+  const struct transfers *x = arg;
+  tz_fence *f[2] = {NULL, NULL};
+  int rc = 0;
+  for (int k = 0; rc == 0 && k < x->n; k++)
+    rc = tz_transfer(x->rt, x->dst[k], 0, x->src[k], 0, x->bytes, &f[k]);
+  for (int k = 0; k < x->n; k++) {
+    if (f[k]) {
+      int w = tz_fence_wait(f[k], -1);
+      if (rc == 0)
+        rc = w;
+    }
+    tz_fence_release(f[k]);
+  }
+  return rc;
+}
+
+/* Bytes per second, summed over the transfers of x. */
+static int time_transfers(const struct transfers *x, int warmups, double *out) {
+  double s;
+  TZ_CHECK(best_time(run_transfers, (void *)x, warmups, &s));
+  *out = per_second((double)x->bytes * x->n, s);
+  return 0;
+}
+
+/* Bytes per second of one transfer of bytes from src to dst. */
+static int time_transfer(tz_runtime *rt, const tz_extent *dst, const tz_extent *src,
+                         uint64_t bytes, int warmups, double *out) {
+  struct transfers x = {.rt = rt, .n = 1, .dst = {dst}, .src = {src}, .bytes = bytes};
+  return time_transfers(&x, warmups, out);
+}
+
+/* nvme_write and nvme_read: PROBE_BYTES between a fresh nvme tier under c's NVMe directory and
+ * the host extent (at least PROBE_BYTES); nothing when c has no directory. */
+static int measure_nvme(const struct tz_config *c, tz_runtime *rt, const tz_extent *host,
+                        struct tz_plan_rates *r) {
+  const char *dir = nvme_dir(c);
+  if (!dir)
+    return 0;
+  tz_tier *n = NULL;
+  tz_extent en = {0};
+  struct tz_tier_params p;
+  tz_tier_params_init(&p);
+  p.name = "rates-nvme";
+  p.capacity = PROBE_BYTES;
+  p.paths[0] = dir;
+  p.n_paths = 1;
+  p.checksum = c->tierzero.nvme_checksum;
+  p.buffered = c->tierzero.nvme_buffered;
+  int rc;
+  TZ_CHECK_GOTO(tz_tier_create(rt, "nvme", &p, &n), rc, out);
+  TZ_CHECK_GOTO(tz_tier_alloc(n, PROBE_BYTES, &en), rc, out);
+  TZ_CHECK_GOTO(time_transfer(rt, &en, host, PROBE_BYTES, 0, &r->nvme_write), rc, out);
+  TZ_CHECK_GOTO(time_transfer(rt, host, &en, PROBE_BYTES, 0, &r->nvme_read), rc, out);
+out:
+  tz_tier_free(&en);
+  tz_tier_destroy(n);
+  return rc;
+}
+
+/* The CPU machine: the compute tier is host memory, so copies are between two host tiers. */
 static int measure_tiers(const struct tz_config *c, tz_runtime *rt, struct tz_plan_rates *r) {
-  tz_tier *a = NULL, *b = NULL, *n = NULL;
-  tz_extent ea = {0}, ea2 = {0}, eb = {0}, en = {0};
+  tz_tier *a = NULL, *b = NULL;
+  tz_extent ea = {0}, ea2 = {0}, eb = {0};
   struct tz_tier_params p;
   tz_tier_params_init(&p);
   p.capacity = 2 * PROBE_BYTES;
@@ -161,90 +247,217 @@ static int measure_tiers(const struct tz_config *c, tz_runtime *rt, struct tz_pl
   TZ_CHECK_GOTO(tz_tier_alloc(b, PROBE_BYTES, &eb), rc, out);
   memset(tz_tier_host_ptr(a, ea.offset), 1, PROBE_BYTES);
   memset(tz_tier_host_ptr(b, eb.offset), 2, PROBE_BYTES);
-  TZ_CHECK_GOTO(time_transfer(rt, &eb, &ea, &r->copy_in), rc, out);
-  TZ_CHECK_GOTO(time_transfer(rt, &ea, &eb, &r->copy_out), rc, out);
-  TZ_CHECK_GOTO(time_transfer(rt, &ea2, &ea, &r->copy_local), rc, out);
-  const char *dir = nvme_dir(c);
-  if (dir) {
-    tz_tier_params_init(&p);
-    p.name = "rates-nvme";
-    p.capacity = PROBE_BYTES;
-    p.paths[0] = dir;
-    p.n_paths = 1;
-    p.checksum = c->tierzero.nvme_checksum;
-    p.buffered = c->tierzero.nvme_buffered;
-    TZ_CHECK_GOTO(tz_tier_create(rt, "nvme", &p, &n), rc, out);
-    TZ_CHECK_GOTO(tz_tier_alloc(n, PROBE_BYTES, &en), rc, out);
-    TZ_CHECK_GOTO(time_transfer(rt, &en, &ea, &r->nvme_write), rc, out);
-    TZ_CHECK_GOTO(time_transfer(rt, &ea, &en, &r->nvme_read), rc, out);
-  }
+  TZ_CHECK_GOTO(time_transfer(rt, &eb, &ea, PROBE_BYTES, 0, &r->copy_in), rc, out);
+  TZ_CHECK_GOTO(time_transfer(rt, &ea, &eb, PROBE_BYTES, 0, &r->copy_out), rc, out);
+  TZ_CHECK_GOTO(time_transfer(rt, &ea2, &ea, PROBE_BYTES, 0, &r->copy_local), rc, out);
+  TZ_CHECK_GOTO(measure_nvme(c, rt, &ea, r), rc, out);
 out:
-  tz_tier_free(&en);
   tz_tier_free(&ea);
   tz_tier_free(&ea2);
   tz_tier_free(&eb);
-  tz_tier_destroy(n);
   tz_tier_destroy(b);
   tz_tier_destroy(a);
   return rc;
 }
 
-static int measure_compute(const char *backend, struct tz_plan_rates *r) {
-  enum { M = 512 };
-  tz_compute *cm = NULL;
-  void *a = NULL, *b = NULL, *c = NULL;
+/* `calls` matmuls C (M,M) = A (M,M) B (M,M) of the compute instance, then its sync. */
+struct matmul {
+  tz_compute *cm;
+  int M, calls;
+  void *a, *b, *c;
+};
+
+static int run_matmul(void *arg) {
+  const struct matmul *x = arg;
+  enum tz_dtype dt = tz_compute_dtype(x->cm);
+  for (int i = 0; i < x->calls; i++)
+    TZ_CHECK(tz_compute_matmul(x->cm, 0, 1, x->M, x->M, x->M, 1.0f, x->a, x->M, x->b, x->M, 0.0f,
+                               x->c, dt, x->M));
+  return tz_compute_sync(x->cm);
+}
+
+/* flops: the backend's matmul of M^3 in its storage dtype (p: NULL for the defaults), `calls`
+ * back to back per timed run, after one untimed run (the first call chooses the algorithm). */
+static int measure_compute(const char *backend, const struct tz_compute_params *p, int M,
+                           int calls, struct tz_plan_rates *r) {
+  struct matmul x = {.M = M, .calls = calls};
   int rc;
-  TZ_CHECK(tz_compute_create(backend, NULL, &cm));
-  size_t bytes = (size_t)M * M * tz_dtype_size(tz_compute_dtype(cm));
-  TZ_CHECK_GOTO(tz_compute_alloc(cm, bytes, &a), rc, out);
-  TZ_CHECK_GOTO(tz_compute_alloc(cm, bytes, &b), rc, out);
-  TZ_CHECK_GOTO(tz_compute_alloc(cm, bytes, &c), rc, out);
-  TZ_CHECK_GOTO(tz_compute_fill(cm, tz_compute_dtype(cm), a, 0.5f, (size_t)M * M), rc, out);
-  TZ_CHECK_GOTO(tz_compute_fill(cm, tz_compute_dtype(cm), b, 0.25f, (size_t)M * M), rc, out);
-  double best = 0;
-  for (int i = 0; i < REPS + 1; i++) {
-    double t0 = now_s();
-    TZ_CHECK_GOTO(
-        tz_compute_matmul(cm, 0, 1, M, M, M, 1.0f, a, M, b, M, 0.0f, c, tz_compute_dtype(cm), M),
-        rc, out);
-    TZ_CHECK_GOTO(tz_compute_sync(cm), rc, out);
-    double t = now_s() - t0;
-    if (i > 0 && (best == 0 || t < best)) /* the first call chooses the algorithm */
-      best = t;
-  }
-  r->flops = best > 0 ? 2.0 * M * M * M / best : 0;
+  TZ_CHECK(tz_compute_create(backend, p, &x.cm));
+  enum tz_dtype dt = tz_compute_dtype(x.cm);
+  size_t n = (size_t)M * M, bytes = n * tz_dtype_size(dt);
+  TZ_CHECK_GOTO(tz_compute_alloc(x.cm, bytes, &x.a), rc, out);
+  TZ_CHECK_GOTO(tz_compute_alloc(x.cm, bytes, &x.b), rc, out);
+  TZ_CHECK_GOTO(tz_compute_alloc(x.cm, bytes, &x.c), rc, out);
+  TZ_CHECK_GOTO(tz_compute_fill(x.cm, dt, x.a, 0.5f, n), rc, out);
+  TZ_CHECK_GOTO(tz_compute_fill(x.cm, dt, x.b, 0.25f, n), rc, out);
+  double s;
+  TZ_CHECK_GOTO(best_time(run_matmul, &x, 1, &s), rc, out);
+  r->flops = per_second(2.0 * M * M * M * calls, s);
 out:
-  tz_compute_free(cm, a);
-  tz_compute_free(cm, b);
-  tz_compute_free(cm, c);
-  tz_compute_destroy(cm);
+  tz_compute_free(x.cm, x.a);
+  tz_compute_free(x.cm, x.b);
+  tz_compute_free(x.cm, x.c);
+  tz_compute_destroy(x.cm);
   return rc;
 }
 
+static struct tz_adam_params probe_adam_params(void) {
+  return (struct tz_adam_params){.lr = 1e-3f,
+                                 .beta1 = 0.9f,
+                                 .beta2 = 0.999f,
+                                 .eps = 1e-8f,
+                                 .decoupled = 1,
+                                 .grad_scale = 1.0f};
+}
+
+/* One Adam step over n elements: state (4n floats: master, m, v, grad) and the parameter copy. */
+struct adam {
+  struct tz_adam_params p;
+  float *state;
+  void *copy;
+  enum tz_dtype copy_dtype;
+  size_t n;
+  tz_compute *cm; /* cuda: the stream it runs on and waits for; NULL: tz_adam_cpu */
+};
+
+static int run_adam_cpu(void *arg) {
+  const struct adam *x = arg;
+  float *s = x->state;
+  return tz_adam_cpu(&x->p, s, s + x->n, s + 2 * x->n, s + 3 * x->n, TZ_F32, x->copy,
+                     x->copy_dtype, x->n, NULL);
+}
+
+/* adam: CPU Adam over 1M zeroed f32 elements (the copy is f32, into the last fifth). */
 static int measure_adam(struct tz_plan_rates *r) {
-  const size_t n = 1u << 20;
-  float *buf = calloc(5 * n, sizeof(float));
-  if (!buf)
+  struct adam x = {.p = probe_adam_params(), .n = 1u << 20, .copy_dtype = TZ_F32};
+  x.state = calloc(5 * x.n, sizeof(float));
+  if (!x.state)
     return tz_err_set(TZ_ENOMEM, "rates: no memory for the Adam probe");
-  struct tz_adam_params p = {.lr = 1e-3f,
-                             .beta1 = 0.9f,
-                             .beta2 = 0.999f,
-                             .eps = 1e-8f,
-                             .decoupled = 1,
-                             .grad_scale = 1.0f};
-  int rc = tz_adam_params_for_step(&p, 1);
-  double best = 0;
-  for (int i = 0; rc == 0 && i < REPS; i++) {
-    double t0 = now_s();
-    rc = tz_adam_cpu(&p, buf, buf + n, buf + 2 * n, buf + 3 * n, TZ_F32, buf + 4 * n, TZ_F32, n,
-                     NULL);
-    double t = now_s() - t0;
-    if (i == 0 || t < best)
-      best = t;
-  }
-  free(buf);
-  r->adam = best > 0 ? (double)n / best : 0;
+  x.copy = x.state + 4 * x.n;
+  double s = 0;
+  int rc = tz_adam_params_for_step(&x.p, 1);
+  if (rc == 0)
+    rc = best_time(run_adam_cpu, &x, 0, &s);
+  free(x.state);
+  r->adam = per_second((double)x.n, s);
   return rc;
+}
+
+#ifdef TZ_HAVE_CUDA
+/* The GPU rank 0 runs on: the configured one, else the first (local rank 0's). */
+static int gpu_device(const struct tz_config *c) {
+  return c->tierzero.device >= 0 ? c->tierzero.device : 0;
+}
+
+/* The GPU machine's tiers: tz_transfer between a host tier and an hbm tier, as the scheduler
+ * moves blocks. The runtime page-locks the host tier for the hbm tier (docs/hbm.md), and it lies
+ * on the GPU's NUMA node unless the config names one, so the copies run at the PCIe rate. The
+ * nvme rates are then measured against that host tier, as on a CPU machine. */
+static int measure_tiers_gpu(const struct tz_config *c, tz_runtime *rt, int device,
+                             struct tz_plan_rates *r) {
+  tz_tier *host = NULL, *hbm = NULL;
+  tz_extent h0 = {0}, h1 = {0}, d0 = {0}, d1 = {0};
+  struct tz_tier_params p;
+  tz_tier_params_init(&p);
+  p.name = "rates-host";
+  p.capacity = 2 * GPU_COPY_BYTES;
+  p.numa_node = c->tierzero.numa_node >= 0 ? c->tierzero.numa_node : tz_hbm_host_numa_node(device);
+  int rc;
+  TZ_CHECK_GOTO(tz_tier_create(rt, "host", &p, &host), rc, out);
+  tz_tier_params_init(&p);
+  p.name = "rates-hbm";
+  p.capacity = 2 * GPU_COPY_BYTES;
+  p.device = device;
+  TZ_CHECK_GOTO(tz_tier_create(rt, "hbm", &p, &hbm), rc, out);
+  TZ_CHECK_GOTO(tz_tier_alloc(host, GPU_COPY_BYTES, &h0), rc, out);
+  TZ_CHECK_GOTO(tz_tier_alloc(host, GPU_COPY_BYTES, &h1), rc, out);
+  TZ_CHECK_GOTO(tz_tier_alloc(hbm, GPU_COPY_BYTES, &d0), rc, out);
+  TZ_CHECK_GOTO(tz_tier_alloc(hbm, GPU_COPY_BYTES, &d1), rc, out);
+  memset(tz_tier_host_ptr(host, h0.offset), 1, GPU_COPY_BYTES);
+  memset(tz_tier_host_ptr(host, h1.offset), 2, GPU_COPY_BYTES);
+  TZ_CHECK_GOTO(time_transfer(rt, &d0, &h0, GPU_COPY_BYTES, 1, &r->copy_in), rc, out);
+  TZ_CHECK_GOTO(time_transfer(rt, &h1, &d1, GPU_COPY_BYTES, 1, &r->copy_out), rc, out);
+  /* The two directions share part of the link's capacity (on an H200: 55 GB/s each alone, 92
+   * together), so the plan needs their sum measured at once. */
+  struct transfers both = {
+      .rt = rt, .n = 2, .dst = {&d0, &h1}, .src = {&h0, &d1}, .bytes = GPU_COPY_BYTES};
+  TZ_CHECK_GOTO(time_transfers(&both, 1, &r->copy_duplex), rc, out);
+  TZ_CHECK_GOTO(time_transfer(rt, &d1, &d0, GPU_COPY_BYTES, 1, &r->copy_local), rc, out);
+  TZ_CHECK_GOTO(measure_nvme(c, rt, &h0, r), rc, out);
+out:
+  tz_tier_free(&h0);
+  tz_tier_free(&h1);
+  tz_tier_free(&d0);
+  tz_tier_free(&d1);
+  tz_tier_destroy(hbm);
+  tz_tier_destroy(host);
+  return rc;
+}
+
+static int run_adam_cuda(void *arg) {
+  const struct adam *x = arg;
+  float *s = x->state;
+  TZ_CHECK(tz_adam_cuda(&x->p, s, s + x->n, s + 2 * x->n, s + 3 * x->n, TZ_F32, x->copy,
+                        x->copy_dtype, x->n, tz_compute_stream(x->cm)));
+  return tz_compute_sync(x->cm);
+}
+
+/* adam: GPU Adam as the opt phases run it on state brought into HBM: f32 master, m, v and
+ * gradient, a bf16 parameter copy, all in device memory of the cuda backend. */
+static int measure_adam_gpu(int device, struct tz_plan_rates *r) {
+  struct tz_compute_params cp;
+  tz_compute_params_init(&cp);
+  cp.device = device;
+  struct adam x = {.p = probe_adam_params(), .n = GPU_ADAM_ELEMS, .copy_dtype = TZ_BF16};
+  void *state = NULL;
+  int rc;
+  TZ_CHECK(tz_compute_create("cuda", &cp, &x.cm));
+  TZ_CHECK_GOTO(tz_compute_alloc(x.cm, 4 * x.n * sizeof(float), &state), rc, out);
+  TZ_CHECK_GOTO(tz_compute_alloc(x.cm, x.n * tz_dtype_size(TZ_BF16), &x.copy), rc, out);
+  x.state = state;
+  TZ_CHECK_GOTO(tz_compute_zero(x.cm, x.state, 4 * x.n * sizeof(float)), rc, out);
+  TZ_CHECK_GOTO(tz_adam_params_for_step(&x.p, 1), rc, out);
+  double s;
+  TZ_CHECK_GOTO(best_time(run_adam_cuda, &x, 1, &s), rc, out);
+  r->adam = per_second((double)x.n, s);
+out:
+  tz_compute_free(x.cm, state);
+  tz_compute_free(x.cm, x.copy);
+  tz_compute_destroy(x.cm);
+  return rc;
+}
+#endif
+
+/* The GPU machine's rates: copies between host and hbm, nvme as on a CPU machine, the cuda
+ * backend's bf16 matmul at a layer's size, GPU Adam. */
+static int measure_gpu(const struct tz_config *c, tz_runtime *rt, struct tz_plan_rates *r) {
+#ifdef TZ_HAVE_CUDA
+  int device = gpu_device(c);
+  struct tz_compute_params cp;
+  tz_compute_params_init(&cp);
+  cp.device = device;
+  cp.dtype = TZ_BF16;
+  cp.grad_dtype = TZ_F32;
+  TZ_CHECK(measure_tiers_gpu(c, rt, device, r));
+  /* One 4096^3 matmul takes a fraction of a millisecond: ten per timed run keep the launch and
+   * the host's timer out of the rate. */
+  TZ_CHECK(measure_compute("cuda", &cp, GPU_MATMUL, 10, r));
+  return measure_adam_gpu(device, r);
+#else
+  (void)c;
+  (void)rt;
+  (void)r;
+  return tz_err_set(TZ_ENOTSUP, "rates: backend cuda: this build has no CUDA toolkit");
+#endif
+}
+
+/* The CPU machine's rates: copies between host tiers, nvme, the backend's matmul at 512^3, CPU
+ * Adam. */
+static int measure_cpu(const struct tz_config *c, const char *backend, tz_runtime *rt,
+                       struct tz_plan_rates *r) {
+  TZ_CHECK(measure_tiers(c, rt, r));
+  TZ_CHECK(measure_compute(backend, NULL, 512, 1, r));
+  return measure_adam(r);
 }
 
 static int time_collective(tz_comm *comm, double *out) {
@@ -291,11 +504,8 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
     int cached = !refresh && path && cache_read(path, key, out);
     int rc = 0;
     if (!cached) {
-      rc = measure_tiers(cfg, rt, out);
-      if (rc == 0)
-        rc = measure_compute(backend, out);
-      if (rc == 0)
-        rc = measure_adam(out);
+      rc = strcmp(backend, "cuda") == 0 ? measure_gpu(cfg, rt, out)
+                                         : measure_cpu(cfg, backend, rt, out);
       if (rc == 0 && path && cache_write(path, key, out) < 0)
         TZ_WARN("%s (the rates are measured again next time)", tz_err_msg());
       if (rc == 0)

@@ -1,6 +1,6 @@
-/* The machine rates the plan's bound is costed with (core/plan.h), measured once with small
- * transfers through the tiers and short compute and Adam probes, and cached in a file so later
- * runs start at once. */
+/* The machine rates the plan's bound is costed with (core/plan.h), measured once with transfers
+ * through the tiers and short compute and Adam probes, on a CPU-only machine or on a GPU, and
+ * cached in a file so later runs start at once. */
 #ifndef TZ_TRAINER_RATES_H
 #define TZ_TRAINER_RATES_H
 
@@ -17,10 +17,19 @@ int tz_rates_default_path(char *buf, size_t len);
 
 /* Fills *out (collective). Rank 0 reads the cache at path (NULL: the default) when it holds an
  * entry measured for this machine's set-up (the compute backend and the NVMe directory of cfg),
- * else measures: copies between two host tiers in rt (the compute tier is host memory on a
- * CPU-only machine), reads and writes of an nvme tier under cfg's NVMe directory when there is
- * one, the backend's matrix multiply, CPU Adam; and writes the cache (a failure to write it is
- * only logged). The result is broadcast; then every rank times an all-gather for the collective
+ * else measures, and writes the cache (a failure to write it is only logged):
+ * - backend "cpu" (a CPU-only machine, whose compute tier is host memory): copies between two
+ *   host tiers in rt (copy_in, copy_out, copy_local; copy_duplex is left 0), the backend's
+ *   512^3 matrix multiply, CPU Adam.
+ * - backend "cuda": 64 MiB tz_transfer copies between a host tier and an hbm tier in rt on GPU
+ *   cfg->tierzero.device (0 when it is -1): host -> hbm (copy_in), hbm -> host (copy_out), both
+ *   at once (copy_duplex, the two summed), hbm -> hbm (copy_local); the cuda backend's bf16
+ *   matrix multiply at 4096^3; GPU Adam over 64M elements in device memory. The host tier lies
+ *   on cfg->tierzero.numa_node, else the GPU's node. While it measures, the hbm tier page-locks
+ *   every host arena of rt (docs/hbm.md), cheap when rt already has an hbm tier or no large host
+ *   tier; it needs about 1.3 GiB free on the GPU. TZ_ENOTSUP in a build without CUDA.
+ * Both measure nvme reads and writes against the host tier, under cfg's NVMe directory when
+ * there is one. The result is broadcast; then every rank times an all-gather for the collective
  * rate (0 on a world of one). refresh != 0 measures even when the cache has an entry. */
 int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *rt, tz_comm *comm,
                  const char *path, int refresh, struct tz_plan_rates *out);

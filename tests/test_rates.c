@@ -1,0 +1,185 @@
+/* The machine rates on the cpu backend: measured (every rate the CPU machine has is positive,
+ * copy_duplex is 0), cached and read back with the same bits, an entry written by hand read field
+ * by field (copy_duplex included), an entry without copy_duplex (or another field) measured again
+ * with nothing kept from it, and the cuda backend refused by a build without CUDA. */
+#define _GNU_SOURCE
+#include "collectives/comm.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/runtime.h"
+#include "testlib.h"
+#include "trainer/rates.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct env {
+  struct tz_config cfg;
+  tz_runtime *rt;
+  tz_comm *comm;
+  char *dir;
+  char path[PATH_MAX];
+};
+
+static int setup(void **state) {
+  struct env *e = calloc(1, sizeof *e);
+  tz_config_defaults(&e->cfg);
+  struct tz_bootstrap bs;
+  tz_bootstrap_single(&bs);
+  int rc = tz_runtime_create(NULL, &e->rt);
+  if (rc == 0)
+    rc = tz_comm_create("single", &bs, NULL, &e->comm);
+  if (rc < 0) {
+    print_error("setup: %s\n", tz_err_msg());
+    return -1;
+  }
+  e->dir = tz_test_mkdtemp("rates");
+  snprintf(e->path, sizeof e->path, "%s/cache/rates.json", e->dir);
+  *state = e;
+  return 0;
+}
+
+static int teardown(void **state) {
+  struct env *e = *state;
+  tz_comm_destroy(e->comm);
+  tz_runtime_destroy(e->rt);
+  tz_config_free(&e->cfg);
+  tz_test_rmdir(e->dir);
+  free(e);
+  return 0;
+}
+
+static void assert_same(const struct tz_plan_rates *a, const struct tz_plan_rates *b) {
+  assert_true(a->flops == b->flops);
+  assert_true(a->copy_in == b->copy_in);
+  assert_true(a->copy_out == b->copy_out);
+  assert_true(a->copy_duplex == b->copy_duplex);
+  assert_true(a->copy_local == b->copy_local);
+  assert_true(a->nvme_read == b->nvme_read);
+  assert_true(a->nvme_write == b->nvme_write);
+  assert_true(a->adam == b->adam);
+  assert_true(a->collective == b->collective);
+}
+
+/* Measured with an NVMe directory (so nvme rates too), then read back from the cache. */
+static void test_measure_and_cache(void **state) {
+  struct env *e = *state;
+  TZ_ASSERT_OK(tz_config_set(&e->cfg, "tierzero.nvme_path", e->dir));
+  struct tz_plan_rates a, b;
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 1, &a));
+  assert_true(a.flops > 0);
+  assert_true(a.copy_in > 0);
+  assert_true(a.copy_out > 0);
+  assert_true(a.copy_local > 0);
+  assert_true(a.nvme_read > 0);
+  assert_true(a.nvme_write > 0);
+  assert_true(a.adam > 0);
+  assert_true(a.copy_duplex == 0);
+  assert_true(a.collective == 0); /* a world of one */
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &b));
+  assert_same(&a, &b);
+  /* The cache holds copy_duplex beside the others. */
+  json_error_t err;
+  json_t *root = json_load_file(e->path, 0, &err);
+  assert_non_null(root);
+  const char *key;
+  json_t *entry, *found = NULL;
+  json_object_foreach(root, key, entry) {
+    if (strncmp(key, "cpu|nvme:", 9) == 0)
+      found = entry;
+  }
+  assert_non_null(found);
+  assert_true(json_is_number(json_object_get(found, "copy_duplex")));
+  json_decref(root);
+}
+
+/* An entry for the set-up without an NVMe directory, every field but `omit` (NULL: none). */
+static void write_entry(const char *path, const char *omit) {
+  json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "flops", 1.5e11, "copy_in",
+                        2.5e10, "copy_out", 3.5e10, "copy_duplex", 9.25e10, "copy_local", 4.5e10,
+                        "nvme_read", 5.5e9, "nvme_write", 6.5e9, "adam", 7.5e8);
+  assert_non_null(e);
+  if (omit)
+    assert_int_equal(json_object_del(e, omit), 0);
+  json_t *root = json_pack("{s:i, s:o}", "version", 1, "cpu|nvme:-", e);
+  assert_int_equal(json_dump_file(root, path, JSON_INDENT(2)), 0);
+  json_decref(root);
+}
+
+/* Every field, copy_duplex included, comes from an entry for this set-up (no NVMe directory). */
+static void test_read_entry(void **state) {
+  struct env *e = *state;
+  snprintf(e->path, sizeof e->path, "%s/by-hand.json", e->dir);
+  write_entry(e->path, NULL);
+  struct tz_plan_rates r;
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  struct tz_plan_rates want = {.flops = 1.5e11,
+                               .copy_in = 2.5e10,
+                               .copy_out = 3.5e10,
+                               .copy_duplex = 9.25e10,
+                               .copy_local = 4.5e10,
+                               .nvme_read = 5.5e9,
+                               .nvme_write = 6.5e9,
+                               .adam = 7.5e8};
+  assert_same(&r, &want);
+}
+
+/* An entry written before copy_duplex existed is incomplete: the rates are measured again and
+ * the entry rewritten with it. */
+static void test_old_entry_remeasured(void **state) {
+  struct env *e = *state;
+  snprintf(e->path, sizeof e->path, "%s/old.json", e->dir);
+  write_entry(e->path, "copy_duplex");
+  struct tz_plan_rates r;
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  assert_true(r.flops > 0 && r.flops != 1.5e11);
+  assert_true(r.copy_duplex == 0);
+  assert_true(r.nvme_read == 0); /* no NVMe directory in this set-up */
+  json_error_t err;
+  json_t *root = json_load_file(e->path, 0, &err);
+  assert_non_null(root);
+  json_t *entry = json_object_get(root, "cpu|nvme:-");
+  assert_true(json_is_number(json_object_get(entry, "copy_duplex")));
+  assert_true(json_number_value(json_object_get(entry, "flops")) == r.flops);
+  json_decref(root);
+}
+
+/* An entry missing another field gives none of its values: the stale copy_duplex is not kept
+ * beside the new measurement, which leaves it 0 on the cpu backend. */
+static void test_incomplete_entry_unused(void **state) {
+  struct env *e = *state;
+  snprintf(e->path, sizeof e->path, "%s/partial.json", e->dir);
+  write_entry(e->path, "adam");
+  struct tz_plan_rates r;
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  assert_true(r.adam > 0 && r.adam != 7.5e8);
+  assert_true(r.flops != 1.5e11);
+  assert_true(r.copy_duplex == 0);
+}
+
+static void test_cuda_backend(void **state) {
+#ifdef TZ_HAVE_CUDA
+  (void)state;
+  skip(); /* measured by test_rates_cuda on a GPU */
+#else
+  struct env *e = *state;
+  snprintf(e->path, sizeof e->path, "%s/cuda.json", e->dir);
+  struct tz_plan_rates r;
+  assert_int_equal(tz_rates_get(&e->cfg, "cuda", e->rt, e->comm, e->path, 1, &r), TZ_ENOTSUP);
+  assert_non_null(strstr(tz_err_msg(), "CUDA"));
+#endif
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_measure_and_cache, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_read_entry, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_old_entry_remeasured, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_incomplete_entry_unused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cuda_backend, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,65 @@
+/* The machine rates on the cuda backend: every rate the GPU machine has is measured and positive,
+ * both directions at once carry at least about what the faster one alone does, and the entry is
+ * cached and read back with the same bits. Skips (77) without a GPU. */
+#define _GNU_SOURCE
+#include "collectives/comm.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/runtime.h"
+#include "kernels/compute.h"
+#include "testlib.h"
+#include "trainer/rates.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static void test_cuda_rates(void **state) {
+  (void)state;
+  struct tz_config cfg;
+  tz_config_defaults(&cfg);
+  struct tz_bootstrap bs;
+  tz_bootstrap_single(&bs);
+  tz_runtime *rt = NULL;
+  tz_comm *comm = NULL;
+  TZ_ASSERT_OK(tz_runtime_create(NULL, &rt));
+  TZ_ASSERT_OK(tz_comm_create("single", &bs, NULL, &comm));
+  char *dir = tz_test_mkdtemp("rates-cuda");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/rates.json", dir);
+
+  struct tz_plan_rates r, again;
+  TZ_ASSERT_OK(tz_rates_get(&cfg, "cuda", rt, comm, path, 1, &r));
+  print_message("copy_in %.1f GB/s, copy_out %.1f GB/s, copy_duplex %.1f GB/s, copy_local "
+                "%.1f GB/s, flops %.1f TFLOP/s, adam %.2f G elements/s\n",
+                r.copy_in / 1e9, r.copy_out / 1e9, r.copy_duplex / 1e9, r.copy_local / 1e9,
+                r.flops / 1e12, r.adam / 1e9);
+  assert_true(r.copy_in > 0);
+  assert_true(r.copy_out > 0);
+  assert_true(r.copy_duplex > 0);
+  assert_true(r.copy_local > 0);
+  assert_true(r.flops > 0);
+  assert_true(r.adam > 0);
+  double faster = r.copy_in > r.copy_out ? r.copy_in : r.copy_out;
+  assert_true(r.copy_duplex >= 0.9 * faster);
+
+  TZ_ASSERT_OK(tz_rates_get(&cfg, "cuda", rt, comm, path, 0, &again));
+  assert_true(again.copy_duplex == r.copy_duplex);
+  assert_true(again.copy_in == r.copy_in);
+  assert_true(again.flops == r.flops);
+  assert_true(again.adam == r.adam);
+
+  tz_test_rmdir(dir);
+  tz_comm_destroy(comm);
+  tz_runtime_destroy(rt);
+  tz_config_free(&cfg);
+}
+
+int main(void) {
+  char why[256] = "";
+  if (tz_compute_probe("cuda", why, sizeof why) < 0)
+    tz_test_skip("no CUDA device (%s)", why);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cuda_rates),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
