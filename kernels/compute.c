@@ -230,6 +230,18 @@ int tz_compute_sumsq(tz_compute *cm, float *out, enum tz_dtype dt, const void *x
   return cm->ops->sum(cm->ctx, out, dt, x, n, 1, accumulate);
 }
 
+int tz_compute_sumsq_segments(tz_compute *cm, float *out, enum tz_dtype dt, const void *x,
+                              size_t seg_len, size_t n_seg) {
+  TZ_CHECK(check_dt("sumsq_segments", dt));
+  if (!n_seg)
+    return 0;
+  NEED(out && (x || !seg_len), "compute sumsq_segments: NULL pointer");
+  NEED(seg_len <= SIZE_MAX / tz_dtype_size(dt) / n_seg,
+       "compute sumsq_segments: %zu segments of %zu elements overflow the address space", n_seg,
+       seg_len);
+  return cm->ops->sumsq_segments(cm->ctx, out, dt, x, seg_len, n_seg);
+}
+
 int tz_compute_matmul(tz_compute *cm, int trans_a, int trans_b, int M, int N, int K, float alpha,
                       const void *A, int lda, const void *B, int ldb, float beta, void *C,
                       enum tz_dtype c_dt, int ldc) {

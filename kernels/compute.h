@@ -56,6 +56,11 @@ struct tz_compute_params {
   enum tz_dtype dtype;       /* S: storage of parameters and activations; cpu: TZ_F32 only */
   enum tz_dtype grad_dtype;  /* G: parameter gradients; default TZ_F32 */
   uint64_t workspace_bytes;  /* cuda: cuBLASLt workspace; default 32 MiB */
+  void *stream;              /* cuda: a cudaStream_t on device `device` (else TZ_EINVAL) to
+                                enqueue all work on, borrowed: the instance never destroys it
+                                (destroy only synchronizes it), and the caller keeps it alive
+                                until after tz_compute_destroy. NULL: the instance creates (and
+                                destroys) its own non-blocking stream. cpu: ignored. */
 };
 void tz_compute_params_init(struct tz_compute_params *p);
 
@@ -76,8 +81,9 @@ const char *tz_compute_backend(const tz_compute *cm);
 enum tz_dtype tz_compute_dtype(const tz_compute *cm);      /* S */
 enum tz_dtype tz_compute_grad_dtype(const tz_compute *cm); /* G */
 int tz_compute_threads(const tz_compute *cm);              /* cpu threads; 1 for cuda */
-/* The native stream work is enqueued on (a cudaStream_t for cuda), for a tier or the scheduler
- * to order copies and events against; NULL for backends without one (cpu). Borrowed. */
+/* The native stream work is enqueued on (a cudaStream_t for cuda: params.stream when given, else
+ * the instance's own), for a tier or the scheduler to order copies and events against; NULL for
+ * backends without one (cpu). Borrowed. */
 void *tz_compute_stream(tz_compute *cm);
 
 /* Waits until every operation enqueued so far has completed; returns the first error among them. */
@@ -130,6 +136,13 @@ int tz_compute_sum(tz_compute *cm, float *out, enum tz_dtype dt, const void *x, 
                    int accumulate);
 int tz_compute_sumsq(tz_compute *cm, float *out, enum tz_dtype dt, const void *x, size_t n,
                      int accumulate);
+/* Many sums of squares in one call: x is n_seg consecutive segments of seg_len elements of dt,
+ * and out (n_seg) F32 receives, for each j, exactly the bits of
+ *   tz_compute_sumsq(cm, out + j, dt, x + j * seg_len elements, seg_len, 0)
+ * (the order above within each segment; out[j] = 0 when seg_len == 0). One kernel launch on cuda,
+ * the segments spread over threads on cpu. n_seg == 0 does nothing. out must not overlap x. */
+int tz_compute_sumsq_segments(tz_compute *cm, float *out, enum tz_dtype dt, const void *x,
+                              size_t seg_len, size_t n_seg);
 
 /* ---- Matrix multiply ----
  * C (M,N) = alpha * op(A) (M,K) * op(B) (K,N) + beta * C, row-major.

@@ -34,6 +34,9 @@ struct tz_compute_ops {
   /* square: 0 for tz_compute_sum, 1 for tz_compute_sumsq */
   int (*sum)(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
              int accumulate);
+  /* seg_len may be 0; n_seg >= 1, and n_seg * seg_len elements fit in size_t bytes */
+  int (*sumsq_segments)(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t seg_len,
+                        size_t n_seg);
 
   int (*matmul)(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
                 const void *A, int lda, const void *B, int ldb, float beta, void *C,

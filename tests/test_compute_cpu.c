@@ -1,6 +1,6 @@
 /* The cpu compute backend op by op: registry, casts and their rounding, the specified order of
- * tz_compute_sum, matmul with transposes, leading dimensions and accumulation, rope, cross-entropy,
- * and thread-count independence of the reductions. */
+ * tz_compute_sum and of tz_compute_sumsq_segments, matmul with transposes, leading dimensions and
+ * accumulation, rope, cross-entropy, and thread-count independence of the reductions. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,6 +220,84 @@ static void test_sum_order(void **state) {
   tz_compute_destroy(c3);
 }
 
+/* Random values of dtype dt with magnitudes spread over 2^-emax .. 2^emax (so that the order of
+ * the sum shows in the bits), packed into dt's storage; vals receives them widened to float. */
+static void *random_of(enum tz_dtype dt, size_t n, int emax, uint64_t *st, float *vals) {
+  void *p = malloc((n ? n : 1) * tz_dtype_size(dt));
+  assert_non_null(p);
+  for (size_t i = 0; i < n; i++) {
+    int e = (int)(tz_test_rand(st) % (uint64_t)(2 * emax + 1)) - emax;
+    float v = ldexpf(urand(st) - 0.5f, e);
+    if (dt == TZ_F32) {
+      ((float *)p)[i] = v;
+      vals[i] = v;
+    } else if (dt == TZ_BF16) {
+      ((uint16_t *)p)[i] = tz_f32_to_bf16(v);
+      vals[i] = tz_bf16_to_f32(((uint16_t *)p)[i]);
+    } else {
+      ((uint16_t *)p)[i] = tz_f32_to_f16(v);
+      vals[i] = tz_f16_to_f32(((uint16_t *)p)[i]);
+    }
+  }
+  return p;
+}
+
+/* tz_compute_sumsq_segments gives, segment by segment, the bits of tz_compute_sumsq on that
+ * segment and of the spec's order, for every input dtype, whole and short last chunks, a segment
+ * of one element, segments with three levels, and any thread count. */
+static void test_sumsq_segments(void **state) {
+  (void)state;
+  static const enum tz_dtype dts[] = {TZ_F32, TZ_BF16, TZ_F16};
+  static const size_t lens[] = {16384, 1000, 1024, 3000, 1, 1024 * 1024 + 5};
+  static const size_t segs[] = {1, 7};
+  tz_compute *c1 = cpu(1), *c3 = cpu(3);
+  uint64_t st = 11;
+  for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+      for (size_t si = 0; si < sizeof segs / sizeof segs[0]; si++) {
+        enum tz_dtype dt = dts[d];
+        size_t L = lens[li], S = segs[si];
+        if (L > 16384 && S > 2)
+          S = 2; /* three levels need no more than two segments to show */
+        size_t n = L * S, esz = tz_dtype_size(dt);
+        float *vals = malloc(n * sizeof *vals);
+        assert_non_null(vals);
+        void *x = random_of(dt, n, dt == TZ_F16 ? 6 : 30, &st, vals);
+        float *a = malloc(S * sizeof *a), *b = malloc(S * sizeof *b);
+        assert_non_null(a);
+        assert_non_null(b);
+        TZ_ASSERT_OK(tz_compute_sumsq_segments(c1, a, dt, x, L, S));
+        TZ_ASSERT_OK(tz_compute_sumsq_segments(c3, b, dt, x, L, S));
+        for (size_t j = 0; j < S; j++) {
+          float one = -1.0f;
+          TZ_ASSERT_OK(tz_compute_sumsq(c3, &one, dt, (const char *)x + j * L * esz, L, 0));
+          float want = spec_sum(vals + j * L, L, 1);
+          assert_memory_equal(&one, &want, 4);
+          assert_memory_equal(&a[j], &want, 4);
+          assert_memory_equal(&b[j], &want, 4);
+          double d2 = 0;
+          for (size_t i = 0; i < L; i++)
+            d2 += (double)vals[j * L + i] * vals[j * L + i];
+          assert_true(fabs(a[j] - d2) <= 1e-5 * d2);
+        }
+        free(a), free(b), free(x), free(vals);
+      }
+  /* No segments: nothing is written. Empty segments: zeros, as tz_compute_sumsq of nothing. */
+  float out[3] = {7.0f, 7.0f, 7.0f}, x1 = 2.0f;
+  TZ_ASSERT_OK(tz_compute_sumsq_segments(c3, out, TZ_F32, &x1, 16384, 0));
+  TZ_ASSERT_OK(tz_compute_sumsq_segments(c3, out, TZ_F32, NULL, 16384, 0));
+  assert_true(out[0] == 7.0f && out[1] == 7.0f && out[2] == 7.0f);
+  TZ_ASSERT_OK(tz_compute_sumsq_segments(c3, out, TZ_BF16, &x1, 0, 3));
+  for (int j = 0; j < 3; j++)
+    assert_true(out[j] == 0.0f && !signbit(out[j]));
+  assert_int_equal(tz_compute_sumsq_segments(c3, NULL, TZ_F32, &x1, 1, 1), TZ_EINVAL);
+  assert_int_equal(tz_compute_sumsq_segments(c3, out, TZ_F32, NULL, 1, 1), TZ_EINVAL);
+  assert_int_equal(tz_compute_sumsq_segments(c3, out, (enum tz_dtype)99, &x1, 1, 1), TZ_EINVAL);
+  assert_int_equal(tz_compute_sumsq_segments(c3, out, TZ_F32, &x1, SIZE_MAX / 8, 3), TZ_EINVAL);
+  tz_compute_destroy(c1);
+  tz_compute_destroy(c3);
+}
+
 static void test_matmul(void **state) {
   (void)state;
   tz_compute *cm = cpu(2);
@@ -354,7 +432,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registry),    cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_f16_rounding), cmocka_unit_test(test_cast_op),
-      cmocka_unit_test(test_sum_order),   cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_sum_order),   cmocka_unit_test(test_sumsq_segments),
+      cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_rope_inverse), cmocka_unit_test(test_xent),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

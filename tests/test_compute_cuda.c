@@ -1,7 +1,7 @@
 /* The cuda compute backend against the cpu backend, op by op on fresh random inputs at several
  * shapes (odd sequence lengths, grouped-query ratios, head dims on both attention paths), then
  * the whole tiny model: loss and every parameter's gradient. Only the public tz_compute API of
- * the two backends is used.
+ * the two backends is used, and the CUDA runtime only to lend an instance its stream.
  *
  * How each op is checked:
  *   - both backends get the same inputs: random values rounded to the cuda instance's storage
@@ -21,7 +21,7 @@
  *           per rounding stage is the right scale and r grows by one per stage);
  *       2^-20 sqrt(K) covers float32 sums of K terms taken in another order than the cpu's
  *           (a random walk of 2^-24 per addition, with a factor 16 to spare);
- *     ops whose arithmetic is specified exactly (tz_compute_sum, casts, the elementwise ops with
+ *     ops whose arithmetic is specified exactly (the sums, casts, the elementwise ops with
  *     explicit dtypes) must match the cpu backend bit for bit instead;
  *   - a negative control perturbs one input of the cuda side by a relative 1e-2 (random signs)
  *     and the same check must then fail, for a matmul and for an RMSNorm.
@@ -32,6 +32,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef TZ_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "core/error.h"
 #include "kernels/compute.h"
@@ -493,6 +497,81 @@ static void test_sum(void **state) {
           free(v);
           buf_fini(&e, &x), buf_fini(&e, &out);
         }
+  env_close(&e);
+  assert_int_equal(g_failures, 0);
+}
+
+/* ---- tz_compute_sumsq_segments: each segment the bits of tz_compute_sumsq on it ---- */
+
+/* One shape: the cuda segments against the cuda per-segment calls and against the cpu backend's
+ * segments (which test_compute_cpu shows equal its per-segment calls), all bit for bit, and the
+ * same bits when run again. Values span 2^-emax .. 2^emax so that the order shows in the bits. */
+static void segments_case(struct env *e, enum tz_dtype dt, size_t L, size_t S) {
+  size_t n = L * S, esz = tz_dtype_size(dt);
+  struct buf x, seg, per;
+  buf_init(e, &x, n, dt, dt);
+  buf_init(e, &seg, S, TZ_F32, TZ_F32);
+  buf_init(e, &per, S, TZ_F32, TZ_F32);
+  int emax = dt == TZ_F16 ? 6 : 30; /* f16 squares and sums stay finite */
+  float *v = malloc((n ? n : 1) * sizeof *v);
+  assert_non_null(v);
+  for (size_t i = 0; i < n; i++)
+    v[i] = ldexpf(urand(1.0f), (int)(tz_test_rand(&g_seed) % (uint64_t)(2 * emax + 1)) - emax);
+  buf_set(&x, e, v);
+  TZ_ASSERT_OK(tz_compute_sumsq_segments(g_cpu, seg.c, dt, x.c, L, S));
+  float *ref = buf_get_cpu(&seg);
+  buf_poison(&per, e);
+  for (size_t j = 0; j < S; j++)
+    TZ_ASSERT_OK(tz_compute_sumsq(e->gpu, (float *)per.g + j, dt,
+                                  (const char *)x.g + j * L * esz, L, 0));
+  float *one = buf_get_gpu(&per, e);
+  float *got[2];
+  for (int rep = 0; rep < 2; rep++) {
+    buf_poison(&seg, e);
+    TZ_ASSERT_OK(tz_compute_sumsq_segments(e->gpu, seg.g, dt, x.g, L, S));
+    got[rep] = buf_get_gpu(&seg, e);
+  }
+  char what[128];
+  snprintf(what, sizeof what, "sumsq_segments %s seg_len=%zu n_seg=%zu", tz_dtype_name(dt), L, S);
+  check(what, got[0], ref, S, 0.0);
+  check_bits(what, got[0], got[1], S * sizeof(float));
+  snprintf(what, sizeof what, "sumsq_segments %s seg_len=%zu n_seg=%zu vs cuda sumsq",
+           tz_dtype_name(dt), L, S);
+  check_bits(what, got[0], one, S * sizeof(float));
+  snprintf(what, sizeof what, "sumsq_segments %s seg_len=%zu n_seg=%zu vs cpu", tz_dtype_name(dt),
+           L, S);
+  check_bits(what, got[0], ref, S * sizeof(float));
+  free(v), free(ref), free(one), free(got[0]), free(got[1]);
+  buf_fini(e, &x), buf_fini(e, &seg), buf_fini(e, &per);
+}
+
+static void test_sumsq_segments(void **state) {
+  (void)state;
+  g_failures = 0;
+  struct env e;
+  TZ_ASSERT_OK(env_open(&e, TZ_BF16, TZ_F32));
+  /* whole chunks, a short last chunk, one chunk, one element, empty segments */
+  static const size_t lens[] = {16384, 1000, 1024, 3000, 1, 0};
+  static const size_t segs[] = {1, 7};
+  for (int d = 0; d < 3; d++)
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+      for (size_t si = 0; si < sizeof segs / sizeof segs[0]; si++)
+        segments_case(&e, storage_dtypes[d], lens[li], segs[si]);
+  /* the trainer's shape (a layer shard of a large model), many blocks at once */
+  segments_case(&e, TZ_BF16, 16384, 2000);
+  segments_case(&e, TZ_F32, 16384, 2000);
+  /* more than TZ_SUM_CHUNK^2 elements a segment: three levels, kept in global scratch */
+  segments_case(&e, TZ_BF16, 1024 * 1024 + 5, 3);
+  /* no segments: nothing is written */
+  struct buf out;
+  buf_init(&e, &out, 2, TZ_F32, TZ_F32);
+  float seven[2] = {7.0f, 7.0f};
+  buf_set(&out, &e, seven);
+  TZ_ASSERT_OK(tz_compute_sumsq_segments(e.gpu, out.g, TZ_BF16, NULL, 16384, 0));
+  float *back = buf_get_gpu(&out, &e);
+  assert_true(back[0] == 7.0f && back[1] == 7.0f);
+  free(back);
+  buf_fini(&e, &out);
   env_close(&e);
   assert_int_equal(g_failures, 0);
 }
@@ -1147,6 +1226,62 @@ static void test_model(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
+/* ---- params.stream: the instance works on the caller's stream and leaves it alive ---- */
+
+static void test_stream(void **state) {
+  (void)state;
+#ifdef TZ_HAVE_CUDA
+  cudaStream_t s;
+  assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  p.dtype = TZ_BF16;
+  p.stream = s;
+  tz_compute *gpu;
+  TZ_ASSERT_OK(tz_compute_create("cuda", &p, &gpu));
+  assert_ptr_equal(tz_compute_stream(gpu), (void *)s);
+  /* C (M,N) f32 = A (M,K) B (K,N) bf16, small integers: every product and sum is exact */
+  enum { M = 64, N = 48, K = 80 };
+  float *a = malloc(M * K * sizeof *a), *b = malloc(K * N * sizeof *b);
+  float *c = malloc(M * N * sizeof *c);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_non_null(c);
+  for (int i = 0; i < M * K; i++)
+    a[i] = (float)(i % 3 - 1);
+  for (int i = 0; i < K * N; i++)
+    b[i] = (float)(i % 5 - 2);
+  void *da, *db, *dc;
+  TZ_ASSERT_OK(tz_compute_alloc(gpu, M * K * 2, &da));
+  TZ_ASSERT_OK(tz_compute_alloc(gpu, K * N * 2, &db));
+  TZ_ASSERT_OK(tz_compute_alloc(gpu, M * N * 4, &dc));
+  upload(gpu, da, a, M * K, TZ_BF16);
+  upload(gpu, db, b, K * N, TZ_BF16);
+  TZ_ASSERT_OK(tz_compute_matmul(gpu, 0, 0, M, N, K, 1.0f, da, K, db, N, 0.0f, dc, TZ_F32, N));
+  TZ_ASSERT_OK(tz_compute_copy_out(gpu, c, dc, M * N * 4));
+  TZ_ASSERT_OK(tz_compute_sync(gpu));
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      float want = 0.0f;
+      for (int k = 0; k < K; k++)
+        want += a[i * K + k] * b[k * N + j];
+      assert_true(c[i * N + j] == want);
+    }
+  tz_compute_free(gpu, da);
+  tz_compute_free(gpu, db);
+  tz_compute_free(gpu, dc);
+  tz_compute_destroy(gpu);
+  /* still the caller's: it takes and completes work after the instance is gone */
+  void *d;
+  assert_int_equal(cudaMalloc(&d, 4096), cudaSuccess);
+  assert_int_equal(cudaMemsetAsync(d, 0, 4096, s), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  assert_int_equal(cudaFree(d), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+  free(a), free(b), free(c);
+#endif
+}
+
 static int group_setup(void **state) {
   (void)state;
   struct tz_compute_params p;
@@ -1172,7 +1307,8 @@ int main(void) {
     tz_compute_destroy(probe);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_basics),    cmocka_unit_test(test_elementwise),
-      cmocka_unit_test(test_sum),       cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_sum),       cmocka_unit_test(test_sumsq_segments),
+      cmocka_unit_test(test_stream),    cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_embedding), cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_rope),      cmocka_unit_test(test_attention),
       cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_xent),

@@ -162,11 +162,14 @@ static float chunk_partial(enum tz_dtype dt, const void *x, size_t begin, size_t
   return lane[0];
 }
 
-/* One level: x (n) -> partials (ceil(n / TZ_SUM_CHUNK)). */
+static size_t n_chunks(size_t n) { return (n + TZ_SUM_CHUNK - 1) / TZ_SUM_CHUNK; }
+
+/* One level: x (n) -> partials (n_chunks(n)), the chunks shared out over nt threads (none are
+ * started for nt == 1, as when the caller is already one of a team). */
 static void sum_level(int nt, enum tz_dtype dt, const void *x, size_t n, int square,
                       float *partials) {
-  size_t nc = (n + TZ_SUM_CHUNK - 1) / TZ_SUM_CHUNK;
-#pragma omp parallel for num_threads(nt) schedule(static)
+  size_t nc = n_chunks(n);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
   for (size_t ci = 0; ci < nc; ci++) {
     size_t begin = ci * TZ_SUM_CHUNK;
     size_t len = n - begin < TZ_SUM_CHUNK ? n - begin : TZ_SUM_CHUNK;
@@ -174,33 +177,61 @@ static void sum_level(int nt, enum tz_dtype dt, const void *x, size_t n, int squ
   }
 }
 
+/* R of compute.h for x (n >= 1). The levels of partials alternate between a (n_chunks(n) floats)
+ * and b (n_chunks(n_chunks(n)) floats): every level after the first is at most as long as b. */
+static float sum_levels(int nt, enum tz_dtype dt, const void *x, size_t n, int square, float *a,
+                        float *b) {
+  float *bufs[2] = {a, b};
+  sum_level(nt, dt, x, n, square, a);
+  size_t len = n_chunks(n);
+  int cur = 0;
+  while (len > 1) {
+    sum_level(nt, TZ_F32, bufs[cur], len, 0, bufs[cur ^ 1]);
+    cur ^= 1;
+    len = n_chunks(len);
+  }
+  return bufs[cur][0];
+}
+
 static int cpu_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
                    int accumulate) {
   struct cpu *c = ctx;
   float r = 0.0f;
   if (n > 0) {
-    size_t nc = (n + TZ_SUM_CHUNK - 1) / TZ_SUM_CHUNK;
-    float *buf = malloc(nc * sizeof *buf);
+    size_t na = n_chunks(n), nb = n_chunks(na);
+    float *buf = malloc((na + nb) * sizeof *buf);
     if (!buf)
-      return tz_err_set(TZ_ENOMEM, "compute cpu sum: cannot allocate %zu partials", nc);
-    sum_level(c->nt, dt, x, n, square, buf);
-    /* Each further level reads the previous partials and writes a new, shorter array. */
-    while (nc > 1) {
-      size_t next = (nc + TZ_SUM_CHUNK - 1) / TZ_SUM_CHUNK;
-      float *up = malloc(next * sizeof *up);
-      if (!up) {
-        free(buf);
-        return tz_err_set(TZ_ENOMEM, "compute cpu sum: cannot allocate %zu partials", next);
-      }
-      sum_level(c->nt, TZ_F32, buf, nc, 0, up);
-      free(buf);
-      buf = up;
-      nc = next;
-    }
-    r = buf[0];
+      return tz_err_set(TZ_ENOMEM, "compute cpu sum: cannot allocate %zu partials", na + nb);
+    r = sum_levels(c->nt, dt, x, n, square, buf, buf + na);
     free(buf);
   }
   *out = (accumulate ? *out : 0.0f) + r;
+  return 0;
+}
+
+/* One segment per thread at a time, each summed by that thread alone in the same levels as
+ * cpu_sum, with the same final addition onto 0. */
+static int cpu_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *x,
+                              size_t seg_len, size_t n_seg) {
+  struct cpu *c = ctx;
+  if (seg_len == 0) {
+    for (size_t j = 0; j < n_seg; j++)
+      out[j] = 0.0f; /* 0 + R with R = 0 */
+    return 0;
+  }
+  size_t na = n_chunks(seg_len), nb = n_chunks(na), per = na + nb;
+  int nt = (size_t)c->nt < n_seg ? c->nt : (int)n_seg;
+  float *buf = malloc((size_t)nt * per * sizeof *buf);
+  if (!buf)
+    return tz_err_set(TZ_ENOMEM, "compute cpu sumsq_segments: cannot allocate %zu partials",
+                      (size_t)nt * per);
+  size_t seg_bytes = seg_len * tz_dtype_size(dt);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (size_t j = 0; j < n_seg; j++) {
+    float *a = buf + (size_t)omp_get_thread_num() * per;
+    out[j] = 0.0f + sum_levels(1, dt, (const char *)x + j * seg_bytes, seg_len, 1, a, a + na);
+  }
+  free(buf);
   return 0;
 }
 
@@ -633,6 +664,7 @@ static const struct tz_compute_ops cpu_ops = {
     .add = cpu_add,
     .cast = cpu_cast,
     .sum = cpu_sum,
+    .sumsq_segments = cpu_sumsq_segments,
     .matmul = cpu_matmul,
     .embedding_fwd = cpu_embedding_fwd,
     .embedding_bwd = cpu_embedding_bwd,

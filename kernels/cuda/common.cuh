@@ -56,7 +56,8 @@ struct tz_cuda {
   size_t smem_optin;         /* the most shared memory one block may ask for */
   int attn_simple;           /* TZ_CUDA_ATTENTION=simple: the plain kernels for every shape */
   int mm_plain;              /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
-  cudaStream_t stream;
+  cudaStream_t stream;       /* where all work goes: params.stream, or the instance's own */
+  int stream_borrowed;       /* stream came from params.stream: never destroyed here */
   cublasLtHandle_t lt;
   void *workspace;           /* cuBLASLt workspace, allocated once */
   size_t workspace_bytes;
@@ -158,6 +159,8 @@ int tz_cuda_swiglu_bwd(void *ctx, void *dg, void *du, const void *dout, const vo
                        const void *u, size_t n);
 int tz_cuda_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
                 int accumulate);
+int tz_cuda_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *x,
+                           size_t seg_len, size_t n_seg);
 int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
                    const void *A, int lda, const void *B, int ldb, float beta, void *C,
                    enum tz_dtype c_dt, int ldc);

@@ -1,8 +1,9 @@
 /* The cuda compute backend: bf16 or fp16 storage (f32 too) with float32 arithmetic, GEMM through
- * cuBLASLt, everything else in this folder's kernels. Work goes on one non-blocking stream per
- * instance, in call order. Every kernel is deterministic: each output element has one owner that
- * computes it in a fixed order, reductions use fixed trees (never floating-point atomics), and the
- * GEMM algorithm for a shape is chosen once and kept (matmul.cu). */
+ * cuBLASLt, everything else in this folder's kernels. Work goes on one stream per instance, in
+ * call order: the caller's (params.stream, borrowed) or a non-blocking one the instance owns.
+ * Every kernel is deterministic: each output element has one owner that computes it in a fixed
+ * order, reductions use fixed trees (never floating-point atomics), and the GEMM algorithm for a
+ * shape is chosen once and kept (matmul.cu). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +51,7 @@ static void cuda_destroy(void *ctx) {
     (void)cudaFreeHost(c->err_host);
   if (c->err_dev)
     (void)cudaFree(c->err_dev);
-  if (c->stream)
+  if (c->stream && !c->stream_borrowed)
     (void)cudaStreamDestroy(c->stream);
   free(c);
 }
@@ -146,6 +147,7 @@ static const struct tz_compute_ops cuda_ops = {
     .add = tz_cuda_add,
     .cast = tz_cuda_cast,
     .sum = tz_cuda_sum,
+    .sumsq_segments = tz_cuda_sumsq_segments,
     .matmul = tz_cuda_matmul,
     .embedding_fwd = tz_cuda_embedding_fwd,
     .embedding_bwd = tz_cuda_embedding_bwd,
@@ -183,7 +185,19 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   int optin = 0;
   TZ_CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
   c->smem_optin = (size_t)optin;
-  TZ_CU(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  if (p->stream) {
+    /* Work enqueued on a stream of another device would fail at its first launch; say so now. */
+    cudaStream_t s = (cudaStream_t)p->stream;
+    int dev = -1;
+    TZ_CU(cudaStreamGetDevice(s, &dev));
+    if (dev != c->device)
+      return tz_err_set(TZ_EINVAL, "compute cuda: params.stream belongs to device %d, not %d",
+                        dev, c->device);
+    c->stream = s;
+    c->stream_borrowed = 1;
+  } else {
+    TZ_CU(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  }
   TZ_LT(cublasLtCreate(&c->lt));
   c->workspace_bytes = p->workspace_bytes ? p->workspace_bytes : TZ_CUDA_DEFAULT_WORKSPACE;
   TZ_CU(cudaMalloc(&c->workspace, c->workspace_bytes));
