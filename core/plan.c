@@ -116,7 +116,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
       fewest = k;
   }
   double comp = 0, lane[3] = {0, 0, 0}, busy[3] = {0, 0, 0}, compute_s = 0;
-  double moved[TZ_PLAN_TIERS] = {0, 0, 0};
+  double moved[TZ_PLAN_TIERS] = {0, 0, 0}, link = 0; /* link: bytes over the host link, a step */
   for (int s = 0; s < 2; s++) {
     for (int p = 0; p < n; p++) {
       const struct tz_plan_phase *ph = &r->phases[p];
@@ -142,6 +142,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
         if (s == 1) {
           busy[LANE_IN] += d;
           moved[t] += b;
+          link += t == TZ_PLAN_COMPUTE ? 0 : b;
         }
       }
       double d = cost(ph->flop, rt->flops, &unknown) +
@@ -159,8 +160,10 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
         double b = (double)r->bytes[x->group][x->kind];
         double d2 = cost(b, t == TZ_PLAN_COMPUTE ? rt->copy_local : rt->copy_out, &unknown);
         lane[LANE_OUT] = max2(lane[LANE_OUT], comp) + d2;
-        if (s == 1)
+        if (s == 1) {
           busy[LANE_OUT] += d2;
+          link += t == TZ_PLAN_COMPUTE ? 0 : b;
+        }
         if (t == TZ_PLAN_NVME) {
           double d3 = cost(b, rt->nvme_write, &unknown);
           lane[LANE_NVME] = max2(lane[LANE_NVME], lane[LANE_OUT]) + d3;
@@ -173,6 +176,9 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
   /* A step ends when its compute and its write-backs are done; write-backs left from one step
    * overlap the next, so the second step is measured from the first one's last phase. */
   out->bound_s = max2(end[2 * n - 1], max2(lane[LANE_OUT], lane[LANE_NVME])) - end[n - 1];
+  /* The two directions share the host link (PCIe): together they move at most copy_duplex. */
+  if (rt->copy_duplex > 0)
+    out->bound_s = max2(out->bound_s, link / rt->copy_duplex);
   out->compute_s = compute_s;
   for (int i = 0; i < 3; i++)
     out->lane_s[i] = busy[i];

@@ -1,0 +1,169 @@
+/* ZeRO-3 training on a GPU (the cuda backend), world of one:
+ *  - placement invariance: state in HBM (GPU Adam on it in place), on host, on nvme (staged
+ *    through the scheduler's pinned chunks) and a mixed plan, streaming through a window of the
+ *    plan's minimum and a half: the same bits;
+ *  - folded and overlapped optimizer steps against unfolded ones: the same bits;
+ *  - the GPU's run against the cpu backend's (fp32): bf16 storage keeps the losses within a few
+ *    percent, and both learn.
+ * argv[1]: "plain", or "jitter" (random delays in the scheduler's lanes and the progress engine).
+ * Skips (77) without a CUDA device. */
+#define _GNU_SOURCE
+#include "kernels/compute.h"
+#include "testlib.h"
+#include "train_cases.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static int jitter_us;
+static char *nvme_dir;
+
+static void watchdog(int sig) {
+  (void)sig;
+  static const char msg[] = "test_train_gpu: a test hung for 240 s (watchdog)\n";
+  ssize_t r = write(2, msg, sizeof msg - 1);
+  (void)r;
+  _exit(1);
+}
+
+static void run(const struct tc_opts *o, struct tc_result *r) {
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tc_opts oo = *o;
+  oo.jitter_us = jitter_us;
+  oo.nvme_dir = nvme_dir;
+  TZ_ASSERT_OK(tc_run(&oo, w.comm, w.rt, r));
+  tc_world_close(&w);
+  assert_int_equal(r->steps, o->steps);
+  for (int s = 0; s < r->steps; s++)
+    assert_true(isfinite(r->loss[s]) && r->loss[s] > 0);
+}
+
+static void expect_same(const struct tc_result *a, const struct tc_result *b, const char *what) {
+  int ld;
+  uint64_t d = tc_diff(a, b, &ld);
+  if (ld || d) {
+    for (int s = 0; s < a->steps; s++)
+      print_error("%s: step %d loss %.9g vs %.9g\n", what, s, a->loss[s], b->loss[s]);
+    print_error("%s: %llu parameter elements differ\n", what, (unsigned long long)d);
+  }
+  assert_false(ld);
+  assert_int_equal(d, 0);
+}
+
+static void gpu_opts(struct tc_opts *o) {
+  tc_opts_init(o);
+  o->backend = "cuda";
+  o->small_window = 1;
+}
+
+static void test_placement(void **state) {
+  (void)state;
+  struct tc_opts o;
+  gpu_opts(&o);
+  struct tc_result none, cpu, nvme, mixed;
+  run(&o, &none);
+  /* Every home in HBM, the window small: blocks were still brought into it and evicted. */
+  assert_true(none.st.fills > 0);
+  assert_true(none.st.evictions > 0);
+  assert_int_equal(none.st.over_budget, 0);
+  o.param_dev = "cpu";
+  o.opt_dev = "cpu";
+  run(&o, &cpu);
+  expect_same(&none, &cpu, "gpu: offload cpu");
+  o.param_dev = "nvme";
+  o.opt_dev = "nvme";
+  run(&o, &nvme);
+  expect_same(&none, &nvme, "gpu: offload nvme");
+  struct tz_model_config mc;
+  tc_model(&mc);
+  int nb = tz_model_n_blocks(&mc);
+  int8_t tiers[16 * TZ_PLAN_KINDS];
+  for (int i = 0; i < nb * TZ_PLAN_KINDS; i++)
+    tiers[i] = (int8_t)((i * 7 / 3) % TZ_PLAN_TIERS);
+  o.force_tiers = tiers;
+  run(&o, &mixed);
+  expect_same(&none, &mixed, "gpu: mixed plan");
+  tc_result_free(&none);
+  tc_result_free(&cpu);
+  tc_result_free(&nvme);
+  tc_result_free(&mixed);
+}
+
+static void test_folded(void **state) {
+  (void)state;
+  struct tc_opts o;
+  gpu_opts(&o);
+  o.param_dev = "cpu";
+  o.mode = TZ_OPT_UNFOLDED;
+  struct tc_result unfolded, folded;
+  run(&o, &unfolded);
+  o.mode = TZ_OPT_FOLDED;
+  run(&o, &folded);
+  expect_same(&unfolded, &folded, "gpu: folded");
+  tc_result_free(&unfolded);
+  tc_result_free(&folded);
+}
+
+static void test_overlapped(void **state) {
+  (void)state;
+  struct tc_opts o;
+  gpu_opts(&o);
+  o.clip = 0;
+  o.opt_dev = "cpu";
+  o.mode = TZ_OPT_UNFOLDED;
+  struct tc_result unfolded, overlapped;
+  run(&o, &unfolded);
+  o.mode = TZ_OPT_AUTO; /* without clipping: overlapped */
+  run(&o, &overlapped);
+  expect_same(&unfolded, &overlapped, "gpu: overlapped");
+  tc_result_free(&unfolded);
+  tc_result_free(&overlapped);
+}
+
+/* bf16 against fp32: not the same bits, but the same training. */
+static void test_against_cpu(void **state) {
+  (void)state;
+  struct tc_opts o;
+  gpu_opts(&o);
+  o.steps = 12;
+  struct tc_result gpu, cpu;
+  run(&o, &gpu);
+  o.backend = NULL;
+  o.small_window = 0;
+  run(&o, &cpu);
+  for (int s = 0; s < o.steps; s++) {
+    double rel = fabs((double)gpu.loss[s] - cpu.loss[s]) / cpu.loss[s];
+    if (rel > 0.03)
+      print_error("step %d: gpu loss %.6f, cpu %.6f (%.3f apart)\n", s, gpu.loss[s], cpu.loss[s],
+                  rel);
+    assert_true(rel <= 0.03);
+  }
+  assert_true(gpu.loss[o.steps - 1] < 0.9f * gpu.loss[0]);
+  assert_true(cpu.loss[o.steps - 1] < 0.9f * cpu.loss[0]);
+  tc_result_free(&gpu);
+  tc_result_free(&cpu);
+}
+
+int main(int argc, char **argv) {
+  char why[256];
+  if (tz_compute_probe("cuda", why, sizeof why) < 0)
+    tz_test_skip("%s", why);
+  if (argc > 1 && strcmp(argv[1], "jitter") == 0)
+    jitter_us = 200;
+  signal(SIGALRM, watchdog);
+  alarm(240);
+  nvme_dir = tz_test_mkdtemp("train-gpu");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_placement),
+      cmocka_unit_test(test_folded),
+      cmocka_unit_test(test_overlapped),
+      cmocka_unit_test(test_against_cpu),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  tz_test_rmdir(nvme_dir);
+  return rc;
+}
