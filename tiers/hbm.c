@@ -535,6 +535,25 @@ int tz_hbm_host_numa_node(int device) {
   return v;
 }
 
+int tz_hbm_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess)
+    prev = -1;
+  size_t f = 0, t = 0;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess)
+    e = cudaMemGetInfo(&f, &t);
+  if (prev >= 0)
+    cudaSetDevice(prev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return tz_err_set(TZ_ECUDA, "hbm: the memory of GPU %d: %s", device, cudaGetErrorString(e));
+  }
+  *free_bytes = f;
+  *total_bytes = t;
+  return 0;
+}
+
 /* GPUDirect Storage: decided once per process. A VM rarely has the nvidia-fs module, and then
  * cuFileDriverOpen is not even tried (it would fall back to its own POSIX compatibility mode,
  * which is not a direct path, and write a log file into the working directory). */
@@ -898,6 +917,7 @@ double tz_hbm_pin_seconds_per_gib(tz_tier *t) {
 struct tz_hbm_stream {
   struct hbm *h;   /* holds a reference */
   struct lane l;   /* numbered events, as the copy streams have */
+  int borrowed;    /* l.s belongs to the caller (tz_hbm_stream_adopt): not destroyed here */
   int pending;     /* atomic: fences recorded and not yet complete (their polls read l) */
 };
 
@@ -907,7 +927,8 @@ static void stream_fence_done(void *arg, int rc) {
   __atomic_sub_fetch(&st->pending, 1, __ATOMIC_ACQ_REL);
 }
 
-int tz_hbm_stream_create(tz_tier *t, struct tz_hbm_stream **out) {
+/* A stream wrapper on hbm's GPU: the caller's stream when `borrowed`, else a new one. */
+static int stream_make(tz_tier *t, void *borrowed, struct tz_hbm_stream **out) {
   struct hbm *h = hbm_of(t);
   if (!h)
     return tz_err_set(TZ_EINVAL, "hbm: a stream on %s, which is not an hbm tier",
@@ -915,12 +936,19 @@ int tz_hbm_stream_create(tz_tier *t, struct tz_hbm_stream **out) {
   struct tz_hbm_stream *st = calloc(1, sizeof *st);
   if (!st)
     return tz_err_set(TZ_ENOMEM, "%s: no memory for a stream", h->name);
-  int prev, rc = device_enter(h, &prev);
-  if (rc == 0) {
-    cudaError_t e = cudaStreamCreateWithFlags(&st->l.s, cudaStreamNonBlocking);
-    if (e != cudaSuccess)
-      rc = cuda_fail(e, "%s: cudaStreamCreate on GPU %d", h->name, h->device);
-    device_leave(prev);
+  int rc = 0;
+  if (borrowed) {
+    st->l.s = (cudaStream_t)borrowed;
+    st->borrowed = 1;
+  } else {
+    int prev;
+    rc = device_enter(h, &prev);
+    if (rc == 0) {
+      cudaError_t e = cudaStreamCreateWithFlags(&st->l.s, cudaStreamNonBlocking);
+      if (e != cudaSuccess)
+        rc = cuda_fail(e, "%s: cudaStreamCreate on GPU %d", h->name, h->device);
+      device_leave(prev);
+    }
   }
   if (rc < 0) {
     free(st);
@@ -931,6 +959,14 @@ int tz_hbm_stream_create(tz_tier *t, struct tz_hbm_stream **out) {
   st->h = h;
   *out = st;
   return 0;
+}
+
+int tz_hbm_stream_create(tz_tier *t, struct tz_hbm_stream **out) { return stream_make(t, NULL, out); }
+
+int tz_hbm_stream_adopt(tz_tier *t, void *cuda_stream, struct tz_hbm_stream **out) {
+  if (!cuda_stream)
+    return tz_err_set(TZ_EINVAL, "hbm: adopting the legacy default stream (NULL) as a lane");
+  return stream_make(t, cuda_stream, out);
 }
 
 void tz_hbm_stream_destroy(struct tz_hbm_stream *st) {
@@ -946,7 +982,8 @@ void tz_hbm_stream_destroy(struct tz_hbm_stream *st) {
   int prev;
   if (device_enter(st->h, &prev) < 0)
     prev = -1;
-  cudaStreamDestroy(st->l.s);
+  if (!st->borrowed)
+    cudaStreamDestroy(st->l.s);
   cudaGetLastError();
   device_leave(prev);
   pthread_mutex_destroy(&st->l.mu);

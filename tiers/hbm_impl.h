@@ -12,6 +12,9 @@ struct tz_hbm_stream;
 /* A non-blocking stream on hbm's GPU. TZ_EINVAL when hbm is not an hbm tier. The tier must
  * outlive the stream. */
 int tz_hbm_stream_create(tz_tier *hbm, struct tz_hbm_stream **out);
+/* The same around the caller's stream (a cudaStream_t of hbm's GPU, not NULL), which stays the
+ * caller's: destroying the wrapper waits for it but does not destroy it. */
+int tz_hbm_stream_adopt(tz_tier *hbm, void *cuda_stream, struct tz_hbm_stream **out);
 /* Waits until everything enqueued has run and every fence recorded on it has completed (the
  * progress engine polls them), then destroys the stream. NULL is a no-op. */
 void tz_hbm_stream_destroy(struct tz_hbm_stream *st);

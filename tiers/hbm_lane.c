@@ -408,11 +408,12 @@ static const struct tz_lane_ops hbm_lane_ops = {
   .destroy = lane_destroy,
 };
 
-int tz_hbm_lane_create(tz_tier *hbm, tz_lane **out) {
+static int lane_make(tz_tier *hbm, void *cuda_stream, tz_lane **out) {
   struct hbm_lane *h = calloc(1, sizeof *h);
   if (!h)
     return tz_err_set(TZ_ENOMEM, "hbm lane: no memory");
-  int rc = tz_hbm_stream_create(hbm, &h->st);
+  int rc = cuda_stream ? tz_hbm_stream_adopt(hbm, cuda_stream, &h->st)
+                       : tz_hbm_stream_create(hbm, &h->st);
   if (rc < 0) {
     free(h);
     return rc;
@@ -431,4 +432,12 @@ int tz_hbm_lane_create(tz_tier *hbm, tz_lane **out) {
     free(h);
   }
   return rc;
+}
+
+int tz_hbm_lane_create(tz_tier *hbm, tz_lane **out) { return lane_make(hbm, NULL, out); }
+
+int tz_hbm_lane_create_on(tz_tier *hbm, void *cuda_stream, tz_lane **out) {
+  if (!cuda_stream)
+    return tz_err_set(TZ_EINVAL, "hbm lane: no stream given (NULL is the legacy default stream)");
+  return lane_make(hbm, cuda_stream, out);
 }
