@@ -73,6 +73,8 @@ struct tc_opts {
   uint64_t window;           /* scheduler budget; 0 the trainer's default (a quarter) */
   int steps;
   int untied;
+  const char *backend; /* the compute backend: NULL (cpu) or "cuda" */
+  int small_window;    /* the window: the plan's minimum and a half (streams and evicts) */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {
@@ -148,12 +150,22 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
   tp.opt_mode = o->mode;
   tp.force_tiers = o->force_tiers;
   tp.window = o->window;
+  tp.compute_backend = o->backend;
   tz_trainer *tr = NULL;
   int n = o->accum * o->micro * TC_SEQ;
   int32_t *tok = malloc(sizeof *tok * (size_t)n), *tgt = malloc(sizeof *tgt * (size_t)n);
   if (!tok || !tgt) {
     rc = tz_err_set(TZ_ENOMEM, "test: no memory");
     goto out;
+  }
+  if (o->small_window) {
+    tp.plan_only = 1;
+    TZ_CHECK_GOTO(tz_trainer_create(&cfg, &mc, comm, rt, &tp, &tr), rc, out);
+    uint64_t min = tz_trainer_plan(tr)->min_window;
+    tz_trainer_destroy(tr);
+    tr = NULL;
+    tp.plan_only = 0;
+    tp.window = (min + min / 2 + 4095) / 4096 * 4096;
   }
   TZ_CHECK_GOTO(tz_trainer_create(&cfg, &mc, comm, rt, &tp, &tr), rc, out);
   for (int s = 0; s < o->steps; s++) {

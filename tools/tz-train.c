@@ -10,6 +10,7 @@
 #include "core/runtime.h"
 #include "core/sched.h"
 #include "core/topo.h"
+#include "kernels/compute.h"
 #include "trainer/data.h"
 #include "trainer/hf.h"
 #include "trainer/metrics.h"
@@ -65,6 +66,8 @@ static void usage(FILE *f) {
           "  --trace-step N       record the lanes of step N (counted from 0, the step printed\n"
           "                       as N+1; sets tierzero.trace_step) ...\n"
           "  --trace FILE         ... and write them to FILE as a Chrome/Perfetto trace (JSON)\n"
+          "  --backend B          cpu, cuda, or auto (the default: cuda when this build has it\n"
+          "                       and a GPU is visible, unless the ranks run under mpirun)\n"
           "  --plan               print the placement and the predicted bound, and stop\n"
           "  --auto-placement     let the plan choose homes instead of the offload_* devices\n"
           "  --optimizer-step M   auto, folded, overlapped or unfolded (default auto)\n"
@@ -95,7 +98,8 @@ struct opts {
   int n_configs;
   const char *sets[32];
   int n_sets;
-  const char *model, *metrics, *rates, *data;
+  const char *model, *metrics, *rates, *data, *backend;
+  int device; /* the GPU of this rank: tierzero.device, else the local rank */
   const char *import_dir, *export_dir, *trace_path;
   enum tz_dtype export_dtype;
   int64_t steps, seed, eval_every, trace_step;
@@ -115,6 +119,7 @@ static int parse(int argc, char **argv, struct opts *o) {
                                         {"seq", required_argument, 0, 'T'},
                                         {"metrics", required_argument, 0, 'M'},
                                         {"plan", no_argument, 0, 'p'},
+                                        {"backend", required_argument, 0, 'B'},
                                         {"auto-placement", no_argument, 0, 'a'},
                                         {"optimizer-step", required_argument, 0, 'o'},
                                         {"rates", required_argument, 0, 'r'},
@@ -170,6 +175,13 @@ static int parse(int argc, char **argv, struct opts *o) {
       break;
     case 'p':
       o->plan = 1;
+      break;
+    case 'B':
+      if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
+        return fprintf(stderr, "tz-train: --backend: expected cpu, cuda or auto, got '%s'\n",
+                       optarg),
+               -1;
+      o->backend = optarg;
       break;
     case 'a':
       o->auto_place = 1;
@@ -463,7 +475,8 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
               tz_config_ignored_hint(cfg, i) ? tz_config_ignored_hint(cfg, i) : "",
               tz_config_ignored_hint(cfg, i) ? "?)" : "");
   struct tz_plan_rates rates;
-  TZ_CHECK_GOTO(tz_rates_get(cfg, "cpu", rt, comm, o->rates, o->remeasure, &rates), rc, out_hf);
+  TZ_CHECK_GOTO(tz_rates_get(cfg, o->backend, rt, comm, o->rates, o->remeasure, &rates), rc,
+                out_hf);
   struct tz_trainer_params tp;
   tz_trainer_params_init(&tp);
   tp.seq_len = o->seq;
@@ -472,13 +485,16 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   tp.auto_placement = o->auto_place;
   tp.rates = &rates;
   tp.plan_only = o->plan;
+  tp.compute_backend = o->backend;
+  tp.device = o->device;
   tz_trainer *tr = NULL;
   TZ_CHECK_GOTO(tz_trainer_create(cfg, &mc, comm, rt, &tp, &tr), rc, out_hf);
   const struct tz_plan *plan = tz_trainer_plan(tr);
   if (rank == 0) {
-    printf("tz-train: model %s (%llu parameters), %d rank%s, micro-batch %lld x %d tokens, "
-           "accumulation %lld, optimizer step %s\n",
-           preset, (unsigned long long)tz_model_n_params(&mc), world, world > 1 ? "s" : "",
+    printf("tz-train: model %s (%llu parameters), %s backend, %d rank%s, micro-batch %lld x %d "
+           "tokens, accumulation %lld, optimizer step %s\n",
+           preset, (unsigned long long)tz_model_n_params(&mc), o->backend, world,
+           world > 1 ? "s" : "",
            (long long)cfg->train_micro_batch_size_per_gpu, o->seq,
            (long long)cfg->gradient_accumulation_steps, tz_opt_mode_name(tz_trainer_opt_mode(tr)));
     tz_plan_print(stdout, plan, o->plan ? tz_trainer_group_names(tr) : NULL);
@@ -724,6 +740,13 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *backend = bs.size == 1 ? "single" : bs.kind == TZ_LAUNCH_MPIRUN ? "mpi" : "nccl";
+  o.device = cfg.tierzero.device >= 0 ? cfg.tierzero.device : bs.local_rank;
+  if (!o.backend || strcmp(o.backend, "auto") == 0) {
+    char why[256];
+    o.backend = strcmp(backend, "mpi") != 0 && tz_compute_probe("cuda", why, sizeof why) == 0
+                    ? "cuda"
+                    : "cpu";
+  }
   tz_runtime *rt = NULL;
   tz_comm *comm = NULL;
   struct tz_runtime_params rp;

@@ -16,6 +16,10 @@
 #include "core/tier.h"
 #include "kernels/adam.h"
 #include "trainer/lr.h"
+#ifdef TZ_HAVE_CUDA
+#include "kernels/cuda/adam_cuda.h"
+#include "tiers/hbm.h"
+#endif
 
 #include <float.h>
 #include <math.h>
@@ -58,6 +62,11 @@ struct tz_trainer {
   int rank, world;
   tz_runtime *rt;
   tz_compute *cm;
+  const char *backend; /* "cpu" or "cuda" */
+  int gpu;             /* cuda: the compute tier is GPU `device`'s memory, the lane its stream */
+  int device;
+  tz_lane *lane;       /* cuda: the compute lane (a CUDA stream); the cpu backend's is the
+                          scheduler's own */
   enum tz_dtype S;
   size_t es; /* bytes per element of S */
   tz_tier *t_compute, *t_host, *t_nvme;
@@ -139,6 +148,7 @@ void tz_trainer_params_init(struct tz_trainer_params *p) {
   memset(p, 0, sizeof *p);
   p->seq_len = 64;
   p->opt_mode = TZ_OPT_AUTO;
+  p->device = -1;
 }
 
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -162,10 +172,27 @@ static int wait_release(tz_fence *f) {
   return rc < 0 ? rc : 0;
 }
 
-static int gather(tz_trainer *tr, int b, const void *shard, void *full) {
+/* A collective issued inside a job has completed in order when the next op runs: on a CPU lane
+ * the job waits for it; on a GPU the comm enqueues it on the lane's own stream (the nccl comm's
+ * stream is the lane's), so stream order is the wait. */
+static int coll_done(tz_trainer *tr, tz_fence *f) {
+  if (!tr->gpu)
+    return wait_release(f);
+  tz_fence_release(f);
+  return 0;
+}
+
+/* The full weights of block b from the rank's shard: all-gathered into buf, or with one rank the
+ * shard itself (nothing to gather); *out says which. */
+static int gather(tz_trainer *tr, int b, void *shard, void *buf, void **out) {
+  if (tr->world == 1) {
+    *out = shard;
+    return 0;
+  }
   tz_fence *f = NULL;
-  TZ_CHECK(tz_comm_all_gather(tr->comm, shard, full, tr->shard[b] * tr->es, NULL, &f));
-  return wait_release(f);
+  TZ_CHECK(tz_comm_all_gather(tr->comm, shard, buf, tr->shard[b] * tr->es, NULL, &f));
+  *out = buf;
+  return coll_done(tr, f);
 }
 
 /* Reduce-scatters the full gradient fg of block b and adds the rank's part into the gradient
@@ -174,9 +201,11 @@ static int gather(tz_trainer *tr, int b, const void *shard, void *full) {
 static int reduce_into(tz_trainer *tr, int b, float *fg, float *grad, int micro) {
   uint64_t n = tr->shard[b];
   float *mine = fg + (uint64_t)tr->rank * n;
-  tz_fence *f = NULL;
-  TZ_CHECK(tz_comm_reduce_scatter(tr->comm, fg, mine, n, TZ_F32, NULL, &f));
-  TZ_CHECK(wait_release(f));
+  if (tr->world > 1) {
+    tz_fence *f = NULL;
+    TZ_CHECK(tz_comm_reduce_scatter(tr->comm, fg, mine, n, TZ_F32, NULL, &f));
+    TZ_CHECK(coll_done(tr, f));
+  }
   if (micro == 0)
     return tz_compute_copy(tr->cm, grad, mine, n * sizeof(float));
   return tz_compute_add(tr->cm, TZ_F32, grad, grad, mine, n);
@@ -187,10 +216,11 @@ static int norm_partials(tz_trainer *tr, int b, const float *grad) {
   uint64_t per = tr->shard[b] / TZ_TRAIN_NORM_SEGMENT;
   uint64_t first = (uint64_t)tr->rank * per;
   uint64_t nseg = (tr->numel[b] + TZ_TRAIN_NORM_SEGMENT - 1) / TZ_TRAIN_NORM_SEGMENT;
-  for (uint64_t j = 0; j < per && first + j < nseg; j++)
-    TZ_CHECK(tz_compute_sumsq(tr->cm, tr->partials + tr->seg_off[b] + first + j, TZ_F32,
-                              grad + j * TZ_TRAIN_NORM_SEGMENT, TZ_TRAIN_NORM_SEGMENT, 0));
-  return 0;
+  if (first >= nseg)
+    return 0; /* the rank's shard is all padding */
+  uint64_t mine = nseg - first < per ? nseg - first : per;
+  return tz_compute_sumsq_segments(tr->cm, tr->partials + tr->seg_off[b] + first, TZ_F32, grad,
+                                   TZ_TRAIN_NORM_SEGMENT, mine);
 }
 
 /* The step's totals, once its last backward is done: loss, gradient norm, clip factor, and with
@@ -200,9 +230,9 @@ static int finish_step(tz_trainer *tr, float loss_scale) {
   tz_fence *f = NULL;
   if (tr->world > 1) {
     TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->scal, tr->scal, 1, TZ_F32, NULL, &f));
-    TZ_CHECK(wait_release(f));
+    TZ_CHECK(coll_done(tr, f));
     TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->partials, tr->partials, tr->n_seg, TZ_F32, NULL, &f));
-    TZ_CHECK(wait_release(f));
+    TZ_CHECK(coll_done(tr, f));
   }
   TZ_CHECK(tz_compute_sum(tr->cm, tr->scal + 1, TZ_F32, tr->partials, tr->n_seg, 0));
   float host[2];
@@ -239,6 +269,11 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
     return tz_compute_cast(tr->cm, param, tr->S, master, TZ_F32, n);
   struct tz_adam_params p = j->adam;
   p.grad_scale = tr->opt_scale;
+#ifdef TZ_HAVE_CUDA
+  if (tr->gpu) /* the same bits as tz_adam_cpu (kernels/adam.h) */
+    return tz_adam_cuda(&p, master, m, v, grad, TZ_F32, param, tr->S, n,
+                        tz_compute_stream(tr->cm));
+#endif
   struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
   return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, &o);
 }
@@ -251,6 +286,7 @@ static int run_job(void *arg) {
   int b = ph->block, k = ph->micro, B = tr->B, T = tr->T, L = tr->L;
   size_t N = (size_t)tr->N;
   float dscale = 1.0f / (float)((int64_t)tr->G * tr->world * tr->N) * j->loss_scale;
+  void *w = NULL; /* the phase's full weights */
   switch (ph->kind) {
   case PH_EMBED:
     if (k == 0) {
@@ -259,17 +295,22 @@ static int run_job(void *arg) {
       TZ_CHECK(tz_compute_copy_in(tr->cm, tr->targets, j->targets_host,
                                   (size_t)tr->G * N * sizeof(int32_t)));
     }
-    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw_embed));
+    /* The tied head of this micro-batch reads the embedding again, after the phase has left:
+     * it is kept in gw_embed (copied from the shard with one rank). */
+    if (tr->world == 1)
+      TZ_CHECK(tz_compute_copy(tr->cm, tr->gw_embed, j->ptr[TZ_PLAN_PARAM], tr->shard[b] * tr->es));
+    else
+      TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw_embed, &w));
     return tz_model_embed_fwd(tr->cm, mc, tr->gw_embed, tr->tokens + (size_t)k * N, tr->x[0], B, T);
   case PH_FWD:
-    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw));
-    return tz_model_layer_fwd(tr->cm, mc, tr->gw, tr->x[b - 1], tr->x[b], &tr->acts, B, T);
+    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
+    return tz_model_layer_fwd(tr->cm, mc, w, tr->x[b - 1], tr->x[b], &tr->acts, B, T);
   case PH_HEAD: {
-    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw));
+    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
     TZ_CHECK(tz_compute_zero(tr->cm, tr->fg, tr->padded[b] * sizeof(float)));
     if (tr->tied)
       TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
-    TZ_CHECK(tz_model_head(tr->cm, mc, tr->gw, tr->gw_embed, tr->fg, tr->tied ? tr->fg_embed : NULL,
+    TZ_CHECK(tz_model_head(tr->cm, mc, w, tr->gw_embed, tr->fg, tr->tied ? tr->fg_embed : NULL,
                            tr->x[L], tr->targets + (size_t)k * N, dscale, tr->dx, &tr->hs, B, T));
     if (k == 0)
       TZ_CHECK(tz_compute_copy(tr->cm, tr->scal, tr->hs.loss, sizeof(float)));
@@ -279,9 +320,9 @@ static int run_job(void *arg) {
     return k == tr->G - 1 ? norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]) : 0;
   }
   case PH_BWD:
-    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw));
+    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
     TZ_CHECK(tz_compute_zero(tr->cm, tr->fg, tr->padded[b] * sizeof(float)));
-    TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, tr->gw, tr->fg, tr->x[b - 1], &tr->acts, 1, tr->dx,
+    TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, w, tr->fg, tr->x[b - 1], &tr->acts, 1, tr->dx,
                                 tr->dx, &tr->ls, B, T));
     TZ_CHECK(reduce_into(tr, b, tr->fg, j->ptr[TZ_PLAN_GRAD], k));
     return k == tr->G - 1 ? norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]) : 0;
@@ -483,6 +524,7 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
   struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
   if (!pp)
     return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
+  int rc = 0;
   double share = tr->world > 1 ? (double)(tr->world - 1) / tr->world : 0;
   for (int i = 0; i < tr->n_ph; i++) {
     const struct phase *ph = &tr->ph[i];
@@ -534,7 +576,25 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
    * homes forced into it and a window of a quarter of the state (on a CPU-only machine the
    * compute tier is host memory, and a small window makes every path of the scheduler run). */
   r.capacity[TZ_PLAN_COMPUTE] = c->tierzero.hbm_budget;
-  if (!r.capacity[TZ_PLAN_COMPUTE]) {
+  uint64_t gpu_free = 0;
+#ifdef TZ_HAVE_CUDA
+  if (tr->gpu) {
+    uint64_t total = 0;
+    TZ_CHECK_GOTO(tz_hbm_mem_info(tr->device, &gpu_free, &total), rc, out);
+    /* Left to the CUDA context's growth, cuBLASLt, NCCL and the allocator's slack. */
+    uint64_t reserve = total / 32 > (2ull << 30) ? total / 32 : (2ull << 30);
+    gpu_free = gpu_free > reserve ? round_up(gpu_free - reserve, ALIGN) - ALIGN : 0;
+  }
+#endif
+  if (!r.capacity[TZ_PLAN_COMPUTE] && tr->gpu && p->auto_placement) {
+    /* The plan chooses: every free byte of the GPU, the window what the homes leave. */
+    r.capacity[TZ_PLAN_COMPUTE] = gpu_free;
+  } else if (!r.capacity[TZ_PLAN_COMPUTE]) {
+    /* Placement forced by the config: the compute tier holds the buffers, the homes forced into
+     * it and a window, not a cache of the state offloaded elsewhere (DeepSpeed's offload means
+     * the GPU holds a working set). The window: a quarter of the state on a CPU-only machine,
+     * so that the scheduler streams; four times the largest phase's working set on a GPU, room
+     * to prefetch a few phases ahead. */
     uint64_t forced = 0;
     for (int b = 0; b < tr->nb; b++)
       for (int k = 0; k < TZ_PLAN_KINDS; k++) {
@@ -543,10 +603,16 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
           f = r.force[k];
         forced += f == TZ_PLAN_COMPUTE ? round_up(tr->bytes[b][k], ALIGN) : 0;
       }
-    uint64_t window = p->window ? p->window : round_up(state / 4, ALIGN);
-    if (window < tz_plan_min_window(&r))
-      window = tz_plan_min_window(&r);
+    uint64_t min = tz_plan_min_window(&r);
+    uint64_t window = p->window ? p->window : tr->gpu ? 4 * min : round_up(state / 4, ALIGN);
+    if (window < min)
+      window = min;
     r.capacity[TZ_PLAN_COMPUTE] = r.compute_fixed + forced + window;
+    if (tr->gpu && r.capacity[TZ_PLAN_COMPUTE] > gpu_free && !p->window) {
+      /* A window smaller than four phases' worth, when the GPU has no more. */
+      r.capacity[TZ_PLAN_COMPUTE] = gpu_free;
+      window = gpu_free > r.compute_fixed + forced ? gpu_free - r.compute_fixed - forced : 0;
+    }
     if (!p->window)
       r.window = window;
   }
@@ -559,7 +625,8 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
     if (!r.capacity[TZ_PLAN_NVME] && statvfs(dir, &vfs) == 0)
       r.capacity[TZ_PLAN_NVME] = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize / 2;
   }
-  int rc = tz_plan_make(&r, &tr->plan);
+  rc = tz_plan_make(&r, &tr->plan);
+out:
   free(pp);
   return rc;
 }
@@ -618,30 +685,83 @@ static int check_options(tz_trainer *tr, const struct tz_trainer_params *p) {
   return 0;
 }
 
-static int create_compute(tz_trainer *tr, const struct tz_trainer_params *p) {
+/* The compute backend and its storage dtype, before anything is allocated (the plan needs the
+ * dtype): cpu computes in fp32; cuda in bf16, or fp16 with fp16.enabled, on GPU tr->device. */
+static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
   const char *backend = p->compute_backend ? p->compute_backend : "cpu";
+  const char *comm = tz_comm_backend(tr->comm);
+  if (strcmp(backend, "cpu") == 0) {
+    tr->backend = "cpu";
+    tr->S = TZ_F32;
+    if (tr->cfg.precision == TZ_PRECISION_BF16)
+      TZ_WARN("train: the cpu backend computes in fp32; bf16.enabled is ignored");
+    else if (tr->cfg.precision == TZ_PRECISION_FP16)
+      TZ_INFO("train: the cpu backend computes in fp32; fp16 loss scaling still applies");
+    if (strcmp(comm, "nccl") == 0)
+      return tz_err_set(TZ_ENOTSUP, "train: the nccl comm reduces device buffers, and the cpu "
+                                    "backend's are in host memory: run CPU ranks under mpirun (the "
+                                    "mpi comm)");
+  } else if (strcmp(backend, "cuda") == 0) {
+#ifndef TZ_HAVE_CUDA
+    return tz_err_set(TZ_ENOTSUP, "train: compute backend 'cuda': this build has no CUDA");
+#else
+    tr->backend = "cuda";
+    tr->gpu = 1;
+    tr->S = tr->cfg.precision == TZ_PRECISION_FP16 ? TZ_F16 : TZ_BF16;
+    if (tr->cfg.precision == TZ_PRECISION_FP32)
+      TZ_INFO("train: the cuda backend computes in bf16 (neither bf16 nor fp16 is enabled); "
+              "master weights, Adam state, gradients and reductions stay fp32");
+    if (strcmp(comm, "mpi") == 0)
+      return tz_err_set(TZ_ENOTSUP, "train: the mpi comm reduces host buffers, and the cuda "
+                                    "backend's are in GPU memory: start one worker per GPU "
+                                    "(tz-train --nproc N, or torchrun), which use the nccl comm");
+    tr->device = p->device >= 0 ? p->device : tr->cfg.tierzero.device >= 0 ? tr->cfg.tierzero.device : 0;
+#endif
+  } else {
+    return tz_err_set(TZ_ENOENT, "train: no compute backend '%s' (cpu or cuda)", backend);
+  }
+  tr->es = tz_dtype_size(tr->S);
+  return 0;
+}
+
+/* The compute instance: after the compute tier and, on a GPU, the lane, whose stream it enqueues
+ * on (so that the scheduler's waits on that lane order its work). */
+static int create_compute(tz_trainer *tr) {
   struct tz_compute_params cp;
   tz_compute_params_init(&cp);
   cp.n_threads = tr->cfg.tierzero.threads;
-  cp.dtype = TZ_F32;
+  cp.dtype = tr->S;
   cp.grad_dtype = TZ_F32;
-  if (strcmp(backend, "cpu") != 0)
-    return tz_err_set(TZ_ENOTSUP,
-                      "train: compute backend '%s': the trainer runs its phases as "
-                      "jobs on a CPU lane and supports the cpu backend only",
-                      backend);
-  if (tr->cfg.precision == TZ_PRECISION_BF16)
-    TZ_WARN("train: the cpu backend computes in fp32; bf16.enabled is ignored");
-  else if (tr->cfg.precision == TZ_PRECISION_FP16)
-    TZ_INFO("train: the cpu backend computes in fp32; fp16 loss scaling still applies");
-  if (strcmp(tz_comm_backend(tr->comm), "nccl") == 0)
-    return tz_err_set(TZ_ENOTSUP, "train: the nccl comm reduces device buffers, and the cpu "
-                                  "backend's are in host memory: run CPU ranks under mpirun (the "
-                                  "mpi comm)");
-  TZ_CHECK(tz_compute_create(backend, &cp, &tr->cm));
-  tr->S = tz_compute_dtype(tr->cm);
-  tr->es = tz_dtype_size(tr->S);
-  return 0;
+  cp.device = tr->device;
+  if (tr->lane)
+    cp.stream = tz_lane_native(tr->lane);
+  return tz_compute_create(tr->backend, &cp, &tr->cm);
+}
+
+#ifdef TZ_HAVE_CUDA
+/* The GPU's compute lane. With more than one rank the nccl comm enqueues its collectives on its
+ * own stream from the calling thread: the lane adopts that stream, so that compute and
+ * collectives, both launched by the client thread in phase order, are ordered by the stream. */
+static int create_lane(tz_trainer *tr) {
+  if (tr->world == 1)
+    return tz_hbm_lane_create(tr->t_compute, &tr->lane);
+  void **s = tz_comm_native(tr->comm, "cuda_stream");
+  if (!s || !*s)
+    return tz_err_set(TZ_ENOTSUP, "train: the %s comm has no CUDA stream for the GPU lane",
+                      tz_comm_backend(tr->comm));
+  return tz_hbm_lane_create_on(tr->t_compute, *s, &tr->lane);
+}
+#endif
+
+/* dst (n of S) = src (n floats) on the host, with the rounding every backend uses. */
+static void host_cast(void *dst, enum tz_dtype S, const float *src, uint64_t n) {
+  if (S == TZ_F32) {
+    memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  uint16_t *d = dst;
+  for (uint64_t i = 0; i < n; i++)
+    d[i] = S == TZ_BF16 ? tz_f32_to_bf16(src[i]) : tz_f32_to_f16(src[i]);
 }
 
 static int sizes(tz_trainer *tr) {
@@ -689,7 +809,8 @@ static int create_tiers(tz_trainer *tr) {
   tp.name = "compute";
   tp.numa_node = c->tierzero.numa_node;
   tp.capacity = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->window;
-  TZ_CHECK(tz_tier_create(tr->rt, "host", &tp, &tr->t_compute));
+  tp.device = tr->device;
+  TZ_CHECK(tz_tier_create(tr->rt, tr->gpu ? "hbm" : "host", &tp, &tr->t_compute));
   if (pl->used[TZ_PLAN_HOST]) {
     tz_tier_params_init(&tp);
     tp.name = "host";
@@ -736,6 +857,11 @@ static int create_tiers(tz_trainer *tr) {
       TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme));
     }
   }
+#ifdef TZ_HAVE_CUDA
+  if (tr->gpu)
+    TZ_CHECK(create_lane(tr));
+#endif
+  TZ_CHECK(create_compute(tr));
   TZ_CHECK(tz_tier_alloc(tr->t_compute, pl->compute_fixed, &tr->buf));
   char *base = tier_ptr(tr->t_compute, tr->buf.offset), *q = base;
 #define CARVE(i) (q += round_up(sz[i], 256), q - round_up(sz[i], 256))
@@ -757,7 +883,7 @@ static int create_tiers(tz_trainer *tr) {
   for (int i = 0; i <= tr->L; i++)
     tr->x[i] = xs + (uint64_t)i * xb;
   TZ_CHECK(tz_compute_zero(tr->cm, base, (size_t)pl->compute_fixed));
-  return 0;
+  return tz_compute_sync(tr->cm);
 }
 
 static tz_tier *tier_for(tz_trainer *tr, int t) {
@@ -789,7 +915,7 @@ static int init_homes(tz_trainer *tr) {
       if (k == TZ_PLAN_MASTER) {
         src = f32;
       } else if (k == TZ_PLAN_PARAM) {
-        TZ_CHECK_GOTO(tz_compute_cast(tr->cm, buf, tr->S, f32, TZ_F32, n), rc, out);
+        host_cast(buf, tr->S, f32, n);
       } else {
         memset(buf, 0, bytes);
       }
@@ -813,6 +939,7 @@ static int create_sched(tz_trainer *tr) {
   sp.seed = (uint64_t)c->seed + 1000003u * (uint64_t)tr->rank;
   sp.trace_step = (int)c->tierzero.trace_step;
   sp.trace_path = tr->trace_path;
+  sp.lane = tr->lane;
   TZ_CHECK(tz_sched_create(tr->rt, &sp, &tr->sched));
   tr->bid = calloc((size_t)tr->nb, sizeof *tr->bid);
   if (!tr->bid)
@@ -874,7 +1001,7 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
     goto fail;
   }
   TZ_CHECK_GOTO(check_options(tr, p), rc, fail);
-  TZ_CHECK_GOTO(create_compute(tr, p), rc, fail);
+  TZ_CHECK_GOTO(choose_backend(tr, p), rc, fail);
   TZ_CHECK_GOTO(sizes(tr), rc, fail);
   TZ_CHECK_GOTO(build_phases(tr), rc, fail);
   TZ_CHECK_GOTO(make_plan(tr, p), rc, fail);
@@ -914,11 +1041,12 @@ void tz_trainer_destroy(tz_trainer *tr) {
       for (int k = 0; k < TZ_PLAN_KINDS; k++)
         tz_tier_free(&tr->home[b][k]);
   tz_tier_free(&tr->buf);
+  tz_compute_destroy(tr->cm);
+  tz_lane_destroy(tr->lane);
   tz_tier_destroy(tr->t_nvme);
   tz_tier_destroy(tr->t_nvme_base);
   tz_tier_destroy(tr->t_host);
   tz_tier_destroy(tr->t_compute);
-  tz_compute_destroy(tr->cm);
   tz_plan_free(&tr->plan);
   if (tr->names)
     for (int b = 0; b < tr->nb; b++)
@@ -1076,7 +1204,9 @@ static int apply_pending(tz_trainer *tr) {
   struct tz_adam_params ap;
   TZ_CHECK(adam_params(tr, tr->updates, &ap));
   ap.grad_scale = tr->opt_scale;
-  struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
+  /* On a GPU the compute instance has one host thread; this Adam uses the configured threads. */
+  struct tz_adam_cpu_opts o = {.threads = tr->gpu ? tr->cfg.tierzero.threads
+                                                  : tz_compute_threads(tr->cm)};
   uint64_t most = 0;
   for (int b = 0; b < tr->nb; b++)
     if (tr->shard[b] > most)
@@ -1132,9 +1262,11 @@ int tz_trainer_param_load(tz_trainer *tr, int block, int kind, float *dst) {
   float *dev = block == 0 ? tr->fg_embed : tr->fg;
   char *mine = (char *)dev + (uint64_t)tr->rank * n * es;
   TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, mine, shard, n * es), rc, out);
-  tz_fence *f = NULL;
-  TZ_CHECK_GOTO(tz_comm_all_gather(tr->comm, mine, dev, n * es, NULL, &f), rc, out);
-  TZ_CHECK_GOTO(wait_release(f), rc, out);
+  if (tr->world > 1) {
+    tz_fence *f = NULL;
+    TZ_CHECK_GOTO(tz_comm_all_gather(tr->comm, mine, dev, n * es, NULL, &f), rc, out);
+    TZ_CHECK_GOTO(wait_release(f), rc, out);
+  }
   TZ_CHECK_GOTO(tz_compute_copy_out(tr->cm, full, dev, tr->padded[block] * es), rc, out);
   if (kind == TZ_PLAN_PARAM && tr->S != TZ_F32) {
     for (uint64_t i = 0; i < tr->numel[block]; i++) {
@@ -1214,6 +1346,8 @@ void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out) {
 static int gather_synced(tz_trainer *tr, int b, void *host_shard, void *full) {
   uint64_t bytes = tr->shard[b] * tr->es;
   TZ_CHECK(tz_sched_block_load(tr->sched, tr->bid[b][TZ_PLAN_PARAM], host_shard));
+  if (tr->world == 1)
+    return tz_compute_copy_in(tr->cm, full, host_shard, bytes);
   char *mine = (char *)(b == 0 ? tr->fg_embed : tr->fg) + (uint64_t)tr->rank * bytes;
   TZ_CHECK(tz_compute_copy_in(tr->cm, mine, host_shard, bytes));
   tz_fence *f = NULL;
@@ -1289,8 +1423,7 @@ int tz_trainer_param_store(tz_trainer *tr, int block, const float *src) {
   /* The padding past numel stays zero, as at initialisation. */
   if (begin < numel)
     memcpy(master, src + begin, (numel - begin < n ? numel - begin : n) * sizeof(float));
-  TZ_CHECK_GOTO(tz_compute_cast(tr->cm, param, tr->S, master, TZ_F32, n), rc, out);
-  TZ_CHECK_GOTO(tz_compute_sync(tr->cm), rc, out);
+  host_cast(param, tr->S, master, n);
   TZ_CHECK_GOTO(tz_sched_block_store(tr->sched, tr->bid[block][TZ_PLAN_MASTER], master), rc, out);
   TZ_CHECK_GOTO(tz_sched_block_store(tr->sched, tr->bid[block][TZ_PLAN_PARAM], param), rc, out);
 out:

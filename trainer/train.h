@@ -60,7 +60,11 @@ struct tz_trainer_params {
                                 TZ_PLAN_AUTO; wins over the config (tests, mixed plans) */
   uint64_t window;           /* the scheduler's budget in the compute tier; 0: what is left */
   const struct tz_plan_rates *rates; /* for the bound; NULL: all unknown (bound not predicted) */
-  const char *compute_backend;       /* "cpu" (default) */
+  const char *compute_backend;       /* "cpu" (default): fp32 on host memory, phases on a CPU
+                                        lane; "cuda": bf16 (fp16 with fp16.enabled) on a GPU, the
+                                        compute tier its memory, phases launched on its stream,
+                                        GPU Adam; more than one rank needs the nccl comm */
+  int device;                        /* cuda: the GPU; -1 (default): tierzero.device, else 0 */
   int plan_only; /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
   const char *trace_path; /* with the config's tierzero.trace_step: where that step's lane trace
                              goes (tz_trainer_trace_write, or the trainer's destruction); copied */
