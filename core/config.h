@@ -169,7 +169,7 @@ struct tz_config {
   struct {
     char *model;                  /* model preset name; NULL = the trainer's default */
     uint64_t hbm_budget;          /* bytes of GPU memory to use; 0 = what is free */
-    uint64_t host_budget;         /* bytes of pinned host memory; 0 = a share of what is free */
+    uint64_t host_budget;         /* bytes of pinned host memory; 0 = most of what is available */
     uint64_t nvme_budget;         /* bytes of NVMe space; 0 = a share of what is free */
     struct tz_config_paths nvme_path; /* NVMe directories, one file striped over each */
     int nvme_checksum;            /* checksum blocks written to NVMe and verify on read */

@@ -3,8 +3,8 @@
  *    through the scheduler's pinned chunks) and a mixed plan, streaming through a window of the
  *    plan's minimum and a half: the same bits;
  *  - folded and overlapped optimizer steps against unfolded ones: the same bits;
- *  - the GPU's run against the cpu backend's (fp32): bf16 storage keeps the losses within a few
- *    percent, and both learn.
+ *  - the GPU's run against the cpu backend's (fp32): bf16 storage keeps the first loss within 1%
+ *    and later ones within 6%, and both learn.
  * argv[1]: "plain", or "jitter" (random delays in the scheduler's lanes and the progress engine).
  * Skips (77) without a CUDA device. */
 #define _GNU_SOURCE
@@ -135,12 +135,14 @@ static void test_against_cpu(void **state) {
   o.backend = NULL;
   o.small_window = 0;
   run(&o, &cpu);
+  /* The first step differs only by the rounding of the initial weights to bf16; later ones
+   * drift as the two runs' updates differ. */
   for (int s = 0; s < o.steps; s++) {
-    double rel = fabs((double)gpu.loss[s] - cpu.loss[s]) / cpu.loss[s];
-    if (rel > 0.03)
+    double rel = fabs((double)gpu.loss[s] - cpu.loss[s]) / cpu.loss[s], tol = s == 0 ? 0.01 : 0.06;
+    if (rel > tol)
       print_error("step %d: gpu loss %.6f, cpu %.6f (%.3f apart)\n", s, gpu.loss[s], cpu.loss[s],
                   rel);
-    assert_true(rel <= 0.03);
+    assert_true(rel <= tol);
   }
   assert_true(gpu.loss[o.steps - 1] < 0.9f * gpu.loss[0]);
   assert_true(cpu.loss[o.steps - 1] < 0.9f * cpu.loss[0]);

@@ -514,9 +514,28 @@ static const char *nvme_dir(const struct tz_config *c) {
   return c->zero_optimization.offload_param.nvme_path;
 }
 
-static uint64_t host_free_share(void) {
-  long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-  return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 0;
+/* The host tier's default capacity: the memory available now (MemAvailable: free plus what the
+ * kernel can reclaim) less a tenth of the machine's, at least 8 GiB, for everything else. */
+static uint64_t host_default_budget(void) {
+  uint64_t avail = 0, total = 0;
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f) {
+    char key[64];
+    unsigned long long kib;
+    while (fscanf(f, "%63s %llu kB", key, &kib) == 2) {
+      if (strcmp(key, "MemAvailable:") == 0)
+        avail = (uint64_t)kib << 10;
+      else if (strcmp(key, "MemTotal:") == 0)
+        total = (uint64_t)kib << 10;
+    }
+    fclose(f);
+  }
+  if (!avail) { /* no /proc: half of the free pages */
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 0;
+  }
+  uint64_t keep = total / 10 > (8ull << 30) ? total / 10 : (8ull << 30);
+  return avail > keep ? round_up(avail - keep, ALIGN) - ALIGN : 0;
 }
 
 static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
@@ -561,9 +580,11 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
     int ot = tier_of_device(c->zero_optimization.offload_optimizer.device);
     r.force[TZ_PLAN_PARAM] = pt;
     r.force[TZ_PLAN_MASTER] = r.force[TZ_PLAN_M] = r.force[TZ_PLAN_V] = ot;
-    /* Gradient shards are written every micro-batch: with the optimizer state on NVMe they
-     * stay in host memory, as ZeRO-Infinity keeps them. */
-    r.force[TZ_PLAN_GRAD] = ot == TZ_PLAN_NVME ? TZ_PLAN_HOST : ot;
+    /* Gradient shards are written by every micro-batch's backward. On a GPU, whose Adam runs
+     * in its memory, they stay there: taking them to the host and back would add 8 bytes per
+     * parameter and step to the host link. On a CPU-only machine they go with the optimizer
+     * state, except to NVMe: there they stay in host memory, as ZeRO-Infinity keeps them. */
+    r.force[TZ_PLAN_GRAD] = tr->gpu ? TZ_PLAN_COMPUTE : ot == TZ_PLAN_NVME ? TZ_PLAN_HOST : ot;
   }
   r.force_each = p->force_tiers;
   if (p->rates)
@@ -616,7 +637,10 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
     if (!p->window)
       r.window = window;
   }
-  r.capacity[TZ_PLAN_HOST] = c->tierzero.host_budget ? c->tierzero.host_budget : host_free_share();
+  /* Without a budget, the ranks (taken to share this machine) share what is available. */
+  r.capacity[TZ_PLAN_HOST] = c->tierzero.host_budget
+                                 ? c->tierzero.host_budget
+                                 : round_up(host_default_budget() / (uint64_t)tr->world, ALIGN);
   const char *dir = nvme_dir(c);
   r.capacity[TZ_PLAN_NVME] = 0;
   if (dir) {
