@@ -116,6 +116,51 @@ static void test_cpu_only(void **state) {
   tz_config_free(&c);
 }
 
+/* The throughput harness's configs (tools/bench-train.sh): the settings of the FSDP2 peer it is
+ * compared with (bench/fsdp_peer.py: micro-batch 4, no accumulation, AdamW at a constant 1e-4
+ * with betas 0.9/0.95 and weight decay 0.1, clipping at 1.0, bf16 with fp32 reduction), no model
+ * named (the harness passes --model), and only the placement differing between them. */
+static void test_bench(void **state) {
+  (void)state;
+  static const struct {
+    const char *file;
+    enum tz_offload_device param, optim;
+    uint64_t host_budget;
+    const char *nvme_dir; /* tierzero.nvme_path or the optimizer's, NULL: none */
+  } cases[] = {
+      {"bench-offload.json", TZ_OFFLOAD_CPU, TZ_OFFLOAD_CPU, 116ull << 30, NULL},
+      {"bench-auto.json", TZ_OFFLOAD_CPU, TZ_OFFLOAD_CPU, 116ull << 30, "/var/tmp/tz-bench-nvme"},
+      {"bench-nvme.json", TZ_OFFLOAD_CPU, TZ_OFFLOAD_NVME, 48ull << 30, "/var/tmp/tz-bench-nvme"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct tz_config c;
+    load(cases[i].file, &c);
+    check_common(&c, 1);
+    assert_null(c.tierzero.model);
+    assert_int_equal(c.train_micro_batch_size_per_gpu, 4);
+    assert_int_equal(c.gradient_accumulation_steps, 1);
+    assert_true(c.gradient_clipping == 1.0);
+    assert_int_equal(c.precision, TZ_PRECISION_BF16);
+    assert_int_equal(c.communication_data_type, TZ_PRECISION_FP32);
+    assert_int_equal(c.optimizer.type, TZ_OPTIMIZER_ADAMW);
+    assert_true(c.optimizer.lr == 1e-4);
+    assert_true(c.optimizer.betas[0] == 0.9 && c.optimizer.betas[1] == 0.95);
+    assert_true(c.optimizer.weight_decay == 0.1);
+    assert_int_equal(c.scheduler.type, TZ_LR_CONSTANT);
+    assert_int_equal(c.zero_optimization.offload_param.device, cases[i].param);
+    assert_int_equal(c.zero_optimization.offload_optimizer.device, cases[i].optim);
+    assert_true(c.tierzero.host_budget == cases[i].host_budget);
+    const char *dir = c.tierzero.nvme_path.n > 0 ? c.tierzero.nvme_path.path[0]
+                                                 : c.zero_optimization.offload_optimizer.nvme_path;
+    if (cases[i].nvme_dir)
+      assert_string_equal(dir, cases[i].nvme_dir);
+    else
+      assert_null(dir);
+    assert_int_equal(tz_config_ignored_count(&c), 0);
+    tz_config_free(&c);
+  }
+}
+
 static void test_deepspeed(void **state) {
   (void)state;
   struct tz_config c;
@@ -162,6 +207,7 @@ static void test_deepspeed(void **state) {
 static void test_all_listed(void **state) {
   (void)state;
   static const char *const known[] = {
+      "bench-auto.json",     "bench-nvme.json",    "bench-offload.json",
       "cpu-only.json",       "demo.json",          "ds-zero-infinity-cpu.json",
       "ds-zero-infinity-nvme.json", "llama-13b-1gpu.json", "llama-1b-1gpu.json",
       "llama-7b-1gpu.json",  "llama-7b-2gpu.json",
@@ -202,7 +248,8 @@ int main(void) {
   free(dir);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_demo),     cmocka_unit_test(test_llama),
-      cmocka_unit_test(test_cpu_only), cmocka_unit_test(test_deepspeed),
+      cmocka_unit_test(test_cpu_only), cmocka_unit_test(test_bench),
+      cmocka_unit_test(test_deepspeed),
       cmocka_unit_test(test_all_listed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Runs one training configuration, tz-train or its FSDP2 peer, and keeps the result in
+# results/bench/<runner>-<model>[-<tag>].json (beside it: .log, and .jsonl for tz-train's
+# metrics). tools/bench_table.py prints the table of every result. docs/benchmarks.md, "Training
+# throughput against FSDP2 (harness)", says what each runner is.
+#
+#   tools/bench-train.sh RUNNER MODEL [options] [extra arguments for the runner]
+#
+# RUNNER: fsdp2-offload  bench/fsdp_peer.py --offload cpu (FSDP2 with CPUOffloadPolicy)
+#         fsdp2-gpu      bench/fsdp_peer.py --offload none (FSDP2, everything on the GPU)
+#         tz-offload     tz-train, configs/bench-offload.json: parameters and optimizer on the host
+#         tz-auto        tz-train --auto-placement, configs/bench-auto.json (nvme allowed)
+#         tz-nvme        tz-train, configs/bench-nvme.json: optimizer state on nvme, host capped
+# MODEL: tiny, llama-1b, llama-3b, llama-7b, llama-13b
+# Options:
+#   --steps N        timed steps (default 10)
+#   --warmup N       steps before them, not timed (default 2): the runner runs steps + warmup
+#   --seq N          tokens per sequence (default 2048)
+#   --micro-batch N  sequences per step (default 4)
+#   --tag TAG        appended to the result's name, to keep a variant beside the default
+#   --backend B      tz-*: cpu or cuda (default cuda when nvidia-smi lists a GPU, else cpu)
+#   --bin DIR        tz-*: where tz-train is (default $TZ_BIN, else /tmp/tz-build/bin, else
+#                    build/bin; on a GPU machine without one, `cmake --preset gpu` builds it)
+#   --results DIR    default results/bench
+#   --nvme-dir DIR   tz-nvme, tz-auto: nvme files (default /var/tmp/tz-bench-nvme)
+# Anything else goes to the runner unchanged (tz-train: --set KEY=VALUE, --remeasure, ...;
+# fsdp_peer.py: --optim-impl fused, --clip 0, ...). TZ_* variables reach tz-train as usual.
+# Exit status: the runner's. Every run leaves a result file, "error" in it when it failed
+# (except the peer on a machine without torch or a GPU); with $OUT set (the device machine), the
+# run's files are copied to $OUT/bench as well.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
+[ $# -ge 1 ] && { [ "$1" = -h ] || [ "$1" = --help ]; } && usage 0
+[ $# -ge 2 ] || usage
+runner=$1 model=$2
+shift 2
+case $runner in fsdp2-offload | fsdp2-gpu | tz-offload | tz-auto | tz-nvme) ;;
+  *) echo "bench-train: unknown runner '$runner'" >&2; usage ;;
+esac
+case $model in tiny | llama-1b | llama-3b | llama-7b | llama-13b) ;;
+  *) echo "bench-train: unknown model '$model'" >&2; usage ;;
+esac
+steps=10 warmup=2 seq=2048 micro=4 tag="" backend="" bin=${TZ_BIN:-} results=$root/results/bench
+nvme_dir=/var/tmp/tz-bench-nvme
+extra=()
+need() { [ $# -ge 2 ] || { echo "bench-train: $1 needs a value" >&2; exit 2; }; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --steps) need "$@"; steps=$2; shift 2 ;;
+    --warmup) need "$@"; warmup=$2; shift 2 ;;
+    --seq) need "$@"; seq=$2; shift 2 ;;
+    --micro-batch) need "$@"; micro=$2; shift 2 ;;
+    --tag) need "$@"; tag=$2; shift 2 ;;
+    --backend) need "$@"; backend=$2; shift 2 ;;
+    --bin) need "$@"; bin=$2; shift 2 ;;
+    --results) need "$@"; results=$2; shift 2 ;;
+    --nvme-dir) need "$@"; nvme_dir=$2; shift 2 ;;
+    *) extra+=("$1"); shift ;;
+  esac
+done
+for v in "$steps" "$warmup" "$seq" "$micro"; do
+  [[ $v =~ ^[0-9]+$ ]] || { echo "bench-train: '$v' is not a count" >&2; exit 2; }
+done
+if [ "$steps" -lt 1 ] || [ "$seq" -lt 1 ] || [ "$micro" -lt 1 ]; then
+  echo "bench-train: --steps, --seq and --micro-batch must be at least 1" >&2
+  exit 2
+fi
+# NVLink multicast stays off on the shared GPU hosts.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+mkdir -p "$results"
+name=$runner-$model${tag:+-$tag}
+out=$results/$name.json log=$results/$name.log
+wrap=(python3 "$root/tools/bench_table.py" run --runner "$runner" --model "$model" --seq "$seq"
+      --micro-batch "$micro" --warmup "$warmup" --out "$out" --log "$log" ${tag:+--tag "$tag"})
+
+# On the device machine only $OUT comes back: a copy of this run's files goes to $OUT/bench.
+keep() {
+  [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
+  mkdir -p "$OUT/bench" && cp -f "$results/$name".* "$OUT/bench/" 2> /dev/null
+  return 0
+}
+
+has_gpu() { command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU'; }
+
+case $runner in
+  fsdp2-*)
+    offload=cpu
+    [ "$runner" = fsdp2-gpu ] && offload=none
+    "${wrap[@]}" -- python3 "$root/bench/fsdp_peer.py" --model "$model" --offload "$offload" \
+      --seq "$seq" --micro-batch "$micro" --steps "$steps" --warmup "$warmup" \
+      --runner "$runner" --out "$out" "${extra[@]}"
+    rc=$?
+    keep
+    exit $rc
+    ;;
+esac
+
+# tz-train
+if [ -z "$backend" ]; then
+  if has_gpu; then backend=cuda; else backend=cpu; fi
+fi
+if [ -z "$bin" ]; then
+  for d in /tmp/tz-build/bin "$root/build/bin"; do
+    [ -x "$d/tz-train" ] && { bin=$d; break; }
+  done
+fi
+if [ -z "$bin" ] && [ "$backend" = cuda ]; then
+  echo "bench-train: no tz-train; building it (cmake --preset gpu)" >&2
+  (cd "$root" && cmake --preset gpu > /dev/null && cmake --build --preset gpu --target tz-train) >&2 \
+    || { echo "bench-train: the build failed" >&2; exit 1; }
+  bin=/tmp/tz-build/bin
+fi
+if [ -z "$bin" ] || [ ! -x "$bin/tz-train" ]; then
+  echo "bench-train: no tz-train in ${bin:-/tmp/tz-build/bin or build/bin} (--bin DIR)" >&2
+  exit 2
+fi
+args=(--model "$model" --steps $((steps + warmup)) --seq "$seq" --data synthetic
+      --set "train_micro_batch_size_per_gpu=$micro" --metrics "$results/$name.jsonl")
+# The CPU backend is tz-train's default: the option is only given for the GPU.
+[ "$backend" = cpu ] || args+=(--backend "$backend")
+case $runner in
+  tz-offload) args+=(--config "$root/configs/bench-offload.json") ;;
+  tz-auto) args+=(--config "$root/configs/bench-auto.json" --auto-placement) ;;
+  tz-nvme) args+=(--config "$root/configs/bench-nvme.json") ;;
+esac
+if [ "$runner" != tz-offload ]; then
+  # The nvme directory of the configs, or --nvme-dir; its budget, unless TZ_NVME_BUDGET says,
+  # nine tenths of the free space there (tz-train's default is half).
+  mkdir -p "$nvme_dir" || exit 1
+  args+=(--set "tierzero.nvme_path=$nvme_dir")
+  if [ -z "${TZ_NVME_BUDGET:-}" ]; then
+    free=$(df -P -B1M "$nvme_dir" | awk 'NR == 2 { print $4 }')
+    [ -n "$free" ] && args+=(--set "tierzero.nvme_budget=$((free * 9 / 10))MiB")
+  fi
+fi
+dev=()
+[ "$backend" = cpu ] && dev=(--device cpu)
+"${wrap[@]}" "${dev[@]}" --metrics "$results/$name.jsonl" -- "$bin/tz-train" "${args[@]}" "${extra[@]}"
+rc=$?
+keep
+# tz-train removes its nvme files when it ends; a crashed run leaves them (tens of GB).
+[ "$runner" != tz-offload ] && find "$nvme_dir" -maxdepth 1 -name 'tierzero-*.bin' -delete 2> /dev/null
+exit $rc
