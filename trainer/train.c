@@ -1042,13 +1042,16 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
     rc = tz_err_set(TZ_ENOMEM, "train: no memory");
     goto fail;
   }
+  double t0 = now_s();
   TZ_CHECK_GOTO(create_tiers(tr), rc, fail);
+  double t1 = now_s();
   TZ_CHECK_GOTO(init_homes(tr), rc, fail);
+  double t2 = now_s();
   TZ_CHECK_GOTO(create_sched(tr), rc, fail);
   TZ_INFO("train: rank %d of %d, %d blocks, %d phases per step, optimizer step %s, window %llu "
-          "bytes",
+          "bytes; tiers made in %.1f s, shards initialised in %.1f s, scheduler in %.1f s",
           tr->rank, tr->world, tr->nb, tr->n_ph, tz_opt_mode_name(tr->mode),
-          (unsigned long long)tr->plan.window);
+          (unsigned long long)tr->plan.window, t1 - t0, t2 - t1, now_s() - t2);
   *out = tr;
   return 0;
 fail:
