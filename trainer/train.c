@@ -103,6 +103,9 @@ struct tz_trainer {
   float *partials;         /* (n_seg) sums of squares of norm segments */
   float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
   int32_t *host_tokens[2]; /* host copies by step parity: tokens then targets, each G*N */
+  float *host_scal;         /* [2]: the step's loss sum and squared norm, copied out */
+  tz_tier *t_io;            /* a small host tier holding the two above: page-locked for a GPU */
+  tz_extent io;
 
   /* Written by the step's last backward job, read by the client after the step's fence. */
   float loss, norm, clip_scale;
@@ -235,8 +238,8 @@ static int finish_step(tz_trainer *tr, float loss_scale) {
     TZ_CHECK(coll_done(tr, f));
   }
   TZ_CHECK(tz_compute_sum(tr->cm, tr->scal + 1, TZ_F32, tr->partials, tr->n_seg, 0));
-  float host[2];
-  TZ_CHECK(tz_compute_copy_out(tr->cm, host, tr->scal, sizeof host));
+  float *host = tr->host_scal;
+  TZ_CHECK(tz_compute_copy_out(tr->cm, host, tr->scal, 2 * sizeof(float)));
   TZ_CHECK(tz_compute_zero(tr->cm, tr->partials, tr->n_seg * sizeof(float)));
   TZ_CHECK(tz_compute_sync(tr->cm));
   tr->loss = host[0] / (float)((int64_t)tr->G * tr->world * tr->N);
@@ -881,6 +884,20 @@ static int create_tiers(tz_trainer *tr) {
       TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme));
     }
   }
+  /* The step's tokens and results cross to the compute tier through a host tier of their own,
+   * which the runtime page-locks for a GPU (a copy from pageable memory is staged by the driver
+   * and blocks). */
+  uint64_t tok = round_up((uint64_t)tr->G * (uint64_t)tr->N * 2 * sizeof(int32_t), 256);
+  tz_tier_params_init(&tp);
+  tp.name = "io";
+  tp.numa_node = c->tierzero.numa_node;
+  tp.capacity = round_up(2 * tok + 256, ALIGN);
+  TZ_CHECK(tz_tier_create(tr->rt, "host", &tp, &tr->t_io));
+  TZ_CHECK(tz_tier_alloc(tr->t_io, tp.capacity, &tr->io));
+  char *io = tz_tier_host_ptr(tr->t_io, tr->io.offset);
+  tr->host_tokens[0] = (int32_t *)io;
+  tr->host_tokens[1] = (int32_t *)(io + tok);
+  tr->host_scal = (float *)(io + 2 * tok);
 #ifdef TZ_HAVE_CUDA
   if (tr->gpu)
     TZ_CHECK(create_lane(tr));
@@ -1035,10 +1052,7 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   }
   tr->x = calloc((size_t)tr->L + 1, sizeof *tr->x);
   tr->jobs = calloc(2 * (size_t)tr->n_ph, sizeof *tr->jobs);
-  size_t tok = (size_t)tr->G * (size_t)tr->N * 2;
-  tr->host_tokens[0] = malloc(tok * sizeof(int32_t));
-  tr->host_tokens[1] = malloc(tok * sizeof(int32_t));
-  if (!tr->x || !tr->jobs || !tr->host_tokens[0] || !tr->host_tokens[1]) {
+  if (!tr->x || !tr->jobs) {
     rc = tz_err_set(TZ_ENOMEM, "train: no memory");
     goto fail;
   }
@@ -1089,8 +1103,8 @@ void tz_trainer_destroy(tz_trainer *tr) {
   free(tr->ph);
   free(tr->jobs);
   free(tr->x);
-  free(tr->host_tokens[0]);
-  free(tr->host_tokens[1]);
+  tz_tier_free(&tr->io);
+  tz_tier_destroy(tr->t_io);
   free(tr->trace_path);
   tz_config_free(&tr->cfg);
   free(tr);
