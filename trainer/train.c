@@ -604,7 +604,10 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
 #ifdef TZ_HAVE_CUDA
   if (tr->gpu) {
     uint64_t total = 0;
-    TZ_CHECK_GOTO(tz_hbm_mem_info(tr->device, &gpu_free, &total), rc, out);
+    if ((rc = tz_hbm_mem_info(tr->device, &gpu_free, &total)) < 0) {
+      free(pp);
+      return rc;
+    }
     /* Left to the CUDA context's growth, cuBLASLt, NCCL and the allocator's slack. */
     uint64_t reserve = total / 32 > (2ull << 30) ? total / 32 : (2ull << 30);
     gpu_free = gpu_free > reserve ? round_up(gpu_free - reserve, ALIGN) - ALIGN : 0;
@@ -653,7 +656,6 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
       r.capacity[TZ_PLAN_NVME] = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize / 2;
   }
   rc = tz_plan_make(&r, &tr->plan);
-out:
   free(pp);
   return rc;
 }
