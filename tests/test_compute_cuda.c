@@ -886,10 +886,11 @@ static int attn_launch(tz_compute *cm, int gpu, void *p) {
                                   a->D);
 }
 
-/* Whether the cuda instance runs this shape on tensor cores (attention_mma.cu), which keeps
- * probabilities and score gradients in S: one more rounding stage. */
+/* Whether the cuda instance runs this shape on tensor cores (attention_mma.cu: 16-bit storage,
+ * D a multiple of 4 up to 128, D = 32, 64, 128 at their exact width and the others padded), which
+ * keeps probabilities and score gradients in S: one more rounding stage. */
 static int on_tensor_cores(const struct env *e, int D, int simple) {
-  return !simple && e->S != TZ_F32 && (D == 32 || D == 64 || D == 128);
+  return !simple && e->S != TZ_F32 && D % 4 == 0 && D <= 128;
 }
 
 static void attention_case(struct env *e, int B, int T, int H, int Hkv, int D, int simple) {
@@ -949,8 +950,9 @@ static void test_attention(void **state) {
   (void)state;
   g_failures = 0;
   /* (B, T, H, Hkv, D): T of one row, below, at and past a tile (64) and not a multiple of it;
-   * GQA groups of 1, 2, 3, 4 and 6; head dims on the tensor-core path (32, 64, 128) and off it
-   * (8, 24, 40). */
+   * GQA groups of 1, 2, 3, 4 and 6; head dims at an exact tensor-core width (32, 64, 128) and
+   * padded (8, 24, 40: widths 32 and 64); test_attention_padded has the other widths, and the
+   * head dims the tensor cores do not take. */
   static const int shapes[][5] = {{1, 1, 1, 1, 32},  {2, 65, 4, 2, 32},  {1, 130, 6, 2, 64},
                                   {1, 200, 4, 4, 128}, {1, 64, 8, 2, 128}, {2, 100, 4, 1, 24},
                                   {1, 77, 2, 2, 8},  {1, 150, 6, 1, 64}, {1, 33, 3, 1, 40}};
@@ -972,6 +974,36 @@ static void test_attention(void **state) {
                        simple || forced);
       env_close(&e);
     }
+  assert_int_equal(g_failures, 0);
+}
+
+/* Head dims the tensor-core kernels pad to a width of 16k (columns D..DP-1 zero): D = 100 (the
+ * OpenLLaMA-3B shape: 3200 / 32 heads, rows only 8-byte aligned, width 112), 80, 96, 112, 120,
+ * 52 and 20; and head dims they do not take, which go to the plain kernels: 18 (not a multiple
+ * of 4) and 144 (above 128). 16-bit storage only (f32 always runs the plain kernels, which
+ * test_attention covers); same checks and tolerances as test_attention. */
+static void test_attention_padded(void **state) {
+  (void)state;
+  g_failures = 0;
+  static const int ts[] = {1, 37, 128, 200};
+  /* (B, T, H, Hkv, D) besides the D = 100 and 80 matrices below */
+  static const int shapes[][5] = {{2, 37, 4, 2, 96},  {2, 200, 4, 4, 96}, {2, 128, 4, 2, 112},
+                                  {1, 200, 4, 4, 112}, {1, 130, 4, 2, 120}, {2, 65, 4, 1, 52},
+                                  {1, 70, 2, 2, 20},   {1, 50, 4, 2, 18},   {1, 66, 2, 1, 144}};
+  const char *env = getenv("TZ_CUDA_ATTENTION");
+  int forced = env && strcmp(env, "simple") == 0;
+  for (int d = 0; d < 2; d++) {
+    struct env e;
+    TZ_ASSERT_OK(env_open(&e, storage_dtypes[d], TZ_F32));
+    for (int dim = 0; dim < 2; dim++)
+      for (int t = 0; t < 4; t++)
+        for (int hkv = 4; hkv >= 2; hkv /= 2)
+          attention_case(&e, 2, ts[t], 4, hkv, dim == 0 ? 100 : 80, forced);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+      attention_case(&e, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4],
+                     forced);
+    env_close(&e);
+  }
   assert_int_equal(g_failures, 0);
 }
 
@@ -1311,6 +1343,7 @@ int main(void) {
       cmocka_unit_test(test_stream),    cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_embedding), cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_rope),      cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_attention_padded),
       cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_xent),
       cmocka_unit_test(test_negative_control), cmocka_unit_test(test_model),
   };

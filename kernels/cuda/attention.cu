@@ -1,9 +1,9 @@
 /* Causal grouped-query attention, flash-style: the (T, T) matrix of scores is never formed.
  *
  * Two implementations. attention_mma.cu has the tensor-core kernels for 16-bit storage and head
- * dims 32, 64 and 128 (the shapes that matter for speed). This file has plain float kernels for
- * every other case (f32 storage, other head dims) and for checking the tensor-core ones
- * (TZ_CUDA_ATTENTION=simple selects them everywhere). Both have the same structure:
+ * dims that are multiples of 4 up to 128 (the shapes that matter for speed). This file has plain
+ * float kernels for every other case (f32 storage, other head dims) and for checking the
+ * tensor-core ones (TZ_CUDA_ATTENTION=simple selects them everywhere). Both have the same structure:
  *   forward   one block per (query tile, head, batch): key/value tiles pass through shared
  *             memory, an online softmax keeps each row's max and sum in float, and the row's
  *             logsumexp is saved for backward;

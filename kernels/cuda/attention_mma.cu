@@ -1,7 +1,18 @@
-/* Tensor-core attention for bf16 and fp16 storage, head dims 32, 64 and 128 (sm_80 and later;
- * the build targets sm_90). Same algorithm as the plain kernels in attention.cu, with the tile
- * products done by mma.sync m16n8k16 (16-bit inputs, float accumulation) and operands moved from
- * shared memory to registers with ldmatrix.
+/* Tensor-core attention for bf16 and fp16 storage, head dims D that are multiples of 4 up to 128
+ * (sm_80 and later; the build targets sm_90). Same algorithm as the plain kernels in attention.cu,
+ * with the tile products done by mma.sync m16n8k16 (16-bit inputs, float accumulation) and
+ * operands moved from shared memory to registers with ldmatrix.
+ *
+ * Widths. mma takes k in steps of 16, so shared tiles are DP columns wide, DP a multiple of 16.
+ * D = 32, 64 and 128 with 16-byte aligned tensors run kernels built for exactly that width
+ * (DP = D known at compile time, 16-byte copies). Every other D (and those three when a tensor
+ * is only 8-byte aligned) runs a padded kernel: DP = 32 for D <= 32, 64 for D <= 64, else D
+ * rounded up to a multiple of 16 (80, 96, 112, 128; D = 100 takes 112), with D a runtime value.
+ * Columns D..DP-1 of every tile are zero-filled, so over the padded k range the products add
+ * exact zeros, and outputs are written for d < D only. A head's row of D 16-bit elements is only
+ * 8-byte aligned when D % 8 == 4 (D = 100: 200 bytes), so the padded kernels copy 8 bytes at a
+ * time (one rule for every padded D), which needs D % 4 == 0 and 8-byte aligned tensors. The
+ * softmax scale is 1 / sqrt(D) of the true D.
  *
  * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
  * c = lane % 4:
@@ -68,17 +79,36 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&c)[NT][4]
   a[3] = mma16<T>::pack(c[2 * j + 1][2], c[2 * j + 1][3]);
 }
 
-/* ROWS rows of D elements from global (row t at base + t * stride) into a shared tile with pitch
- * P, as 16-byte cp.async copies; rows at or past `valid` are zero-filled. */
-template <int ROWS, int D, int P, typename T>
-__device__ __forceinline__ void load_tile(T *s, const T *base, size_t stride, int row0,
-                                          int valid) {
-  constexpr int CHUNKS = D / 8;
+/* A tile width: DP columns in shared memory (a multiple of 16), row pitch P = DP + 8 elements
+ * (rows stay 16-byte aligned, and P / 8 is odd, so the 8 rows an ldmatrix reads fall in distinct
+ * bank groups). PAD: the true head dim D may be less than DP and is a runtime value. */
+template <int DP_, bool PAD_> struct width {
+  static constexpr int DP = DP_;
+  static constexpr bool PAD = PAD_;
+  static constexpr int P = DP_ + 8;
+  static_assert(DP_ % 16 == 0 && DP_ >= 32 && DP_ <= 128, "tile width");
+};
+
+/* ROWS rows of D elements from global (row t at base + t * stride) into a shared tile of W's
+ * width, with cp.async; rows at or past `valid` and columns D..DP-1 are zero-filled (nothing is
+ * read for them). Exact widths copy 16 bytes at a time, padded ones 8. */
+template <int ROWS, typename W, typename T>
+__device__ __forceinline__ void load_tile(T *s, const T *base, size_t stride, int row0, int valid,
+                                          int D) {
+  constexpr int CW = W::PAD ? 4 : 8; /* elements per copy */
+  constexpr int CHUNKS = W::DP / CW;
   for (int i = threadIdx.x; i < ROWS * CHUNKS; i += NTHREADS) {
-    int r = i / CHUNKS, col = (i % CHUNKS) * 8;
-    int ok = r < valid;
-    const T *src = base + (ok ? (size_t)(row0 + r) * stride : 0) + col;
-    cp_async16(s + r * P + col, src, ok ? 16 : 0);
+    int r = i / CHUNKS, col = (i % CHUNKS) * CW;
+    if constexpr (W::PAD) {
+      int ok = r < valid && col < D;
+      const T *src = base + (ok ? (size_t)(row0 + r) * stride + col : 0);
+      cp_async8(s + r * W::P + col, src, ok ? 8 : 0);
+    } else {
+      (void)D;
+      int ok = r < valid;
+      const T *src = base + (ok ? (size_t)(row0 + r) * stride : 0) + col;
+      cp_async16(s + r * W::P + col, src, ok ? 16 : 0);
+    }
   }
 }
 
@@ -101,16 +131,17 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 constexpr int FWD_BM = 64, FWD_BN = 64;
 
-template <int D> constexpr size_t fwd_smem_bytes() {
-  return (size_t)(FWD_BM + 4 * FWD_BN) * (D + 8) * 2;
+template <typename W> constexpr size_t fwd_smem_bytes() {
+  return (size_t)(FWD_BM + 4 * FWD_BN) * W::P * 2;
 }
 
-template <typename T, int D>
+template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
 attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H,
-                    int Hkv, float scale_log2) {
-  constexpr int P = D + 8; /* pitch: rows 16-byte aligned, ldmatrix free of bank conflicts */
-  constexpr int KD = D / 16, ND = D / 8, NS = FWD_BN / 8;
+                    int Hkv, int D_, float scale_log2) {
+  constexpr int P = W::P, DP = W::DP;
+  const int D = W::PAD ? D_ : DP; /* the head dim; tile columns D..DP-1 are zero */
+  constexpr int KD = DP / 16, ND = DP / 8, NS = FWD_BN / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = (T *)smem_raw;       /* (BM, P) */
   T *sK = sQ + FWD_BM * P;     /* 2 x (BN, P) */
@@ -126,9 +157,9 @@ attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int 
   const int n_kt = qt + 1; /* key tiles 0..qt: the last is the diagonal one */
   const int row_lo = q0 + warp * 16 + g, row_hi = row_lo + 8;
 
-  load_tile<FWD_BM, D, P>(sQ, qb, qs, q0, T_ - q0);
-  load_tile<FWD_BN, D, P>(sK, kb, ks, 0, T_);
-  load_tile<FWD_BN, D, P>(sV, vb, ks, 0, T_);
+  load_tile<FWD_BM, W>(sQ, qb, qs, q0, T_ - q0, D);
+  load_tile<FWD_BN, W>(sK, kb, ks, 0, T_, D);
+  load_tile<FWD_BN, W>(sV, vb, ks, 0, T_, D);
   cp_async_commit();
 
   uint32_t qf[KD][4];
@@ -143,8 +174,8 @@ attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int 
     const int buf = kt & 1;
     if (kt + 1 < n_kt) {
       int r0 = (kt + 1) * FWD_BN;
-      load_tile<FWD_BN, D, P>(sK + (buf ^ 1) * FWD_BN * P, kb, ks, r0, T_ - r0);
-      load_tile<FWD_BN, D, P>(sV + (buf ^ 1) * FWD_BN * P, vb, ks, r0, T_ - r0);
+      load_tile<FWD_BN, W>(sK + (buf ^ 1) * FWD_BN * P, kb, ks, r0, T_ - r0, D);
+      load_tile<FWD_BN, W>(sV + (buf ^ 1) * FWD_BN * P, vb, ks, r0, T_ - r0, D);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -220,7 +251,7 @@ attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int 
       uint32_t pa[4];
       pack_a<T, NS>(pa, s, j);
 #pragma unroll
-      for (int dp = 0; dp < D / 16; dp++) {
+      for (int dp = 0; dp < DP / 16; dp++) {
         uint32_t bf[4];
         load_b_kmajor<P>(bf, Vt, j * 16, dp * 16, lane);
         mma16<T>::mma(o[2 * dp], pa, bf[0], bf[1]);
@@ -236,7 +267,9 @@ attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int 
   T *ob = out + (size_t)b * T_ * qs + (size_t)h * D;
 #pragma unroll
   for (int dt = 0; dt < ND; dt++) {
-    int d = dt * 8 + 2 * c;
+    int d = dt * 8 + 2 * c; /* d and d + 1 are both below D or both not (D % 4 == 0) */
+    if (W::PAD && d >= D)
+      continue;
     if (row_lo < T_)
       store_pair(ob + (size_t)row_lo * qs + d, __fmul_rn(o[dt][0], inv_lo),
                  __fmul_rn(o[dt][1], inv_lo));
@@ -258,17 +291,18 @@ attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int 
 
 constexpr int DQ_BM = 64, DQ_BN = 64;
 
-template <int D> constexpr size_t dq_smem_bytes() {
-  return (size_t)(2 * DQ_BM + 4 * DQ_BN) * (D + 8) * 2;
+template <typename W> constexpr size_t dq_smem_bytes() {
+  return (size_t)(2 * DQ_BM + 4 * DQ_BN) * W::P * 2;
 }
 
-template <typename T, int D>
+template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
 attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
-                       const float *lse, const float *delta, int T_, int H, int Hkv, float scale,
-                       float scale_log2) {
-  constexpr int P = D + 8;
-  constexpr int KD = D / 16, ND = D / 8, NS = DQ_BN / 8;
+                       const float *lse, const float *delta, int T_, int H, int Hkv, int D_,
+                       float scale, float scale_log2) {
+  constexpr int P = W::P, DP = W::DP;
+  const int D = W::PAD ? D_ : DP;
+  constexpr int KD = DP / 16, ND = DP / 8, NS = DQ_BN / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = (T *)smem_raw;      /* (BM, P) */
   T *sdO = sQ + DQ_BM * P;    /* (BM, P) */
@@ -292,10 +326,10 @@ attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
   const float del_lo = row_lo < T_ ? db[row_lo] : 0.0f;
   const float del_hi = row_hi < T_ ? db[row_hi] : 0.0f;
 
-  load_tile<DQ_BM, D, P>(sQ, qb, qs, q0, T_ - q0);
-  load_tile<DQ_BM, D, P>(sdO, dob, qs, q0, T_ - q0);
-  load_tile<DQ_BN, D, P>(sK, kb, ks, 0, T_);
-  load_tile<DQ_BN, D, P>(sV, vb, ks, 0, T_);
+  load_tile<DQ_BM, W>(sQ, qb, qs, q0, T_ - q0, D);
+  load_tile<DQ_BM, W>(sdO, dob, qs, q0, T_ - q0, D);
+  load_tile<DQ_BN, W>(sK, kb, ks, 0, T_, D);
+  load_tile<DQ_BN, W>(sV, vb, ks, 0, T_, D);
   cp_async_commit();
 
   float acc[ND][4];
@@ -307,8 +341,8 @@ attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
     const int buf = kt & 1;
     if (kt + 1 < n_kt) {
       int r0 = (kt + 1) * DQ_BN;
-      load_tile<DQ_BN, D, P>(sK + (buf ^ 1) * DQ_BN * P, kb, ks, r0, T_ - r0);
-      load_tile<DQ_BN, D, P>(sV + (buf ^ 1) * DQ_BN * P, vb, ks, r0, T_ - r0);
+      load_tile<DQ_BN, W>(sK + (buf ^ 1) * DQ_BN * P, kb, ks, r0, T_ - r0, D);
+      load_tile<DQ_BN, W>(sV + (buf ^ 1) * DQ_BN * P, vb, ks, r0, T_ - r0, D);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -359,7 +393,7 @@ attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
       uint32_t dsa[4];
       pack_a<T, NS>(dsa, dp, j);
 #pragma unroll
-      for (int dn = 0; dn < D / 16; dn++) {
+      for (int dn = 0; dn < DP / 16; dn++) {
         uint32_t bf[4];
         load_b_kmajor<P>(bf, Kt, j * 16, dn * 16, lane);
         mma16<T>::mma(acc[2 * dn], dsa, bf[0], bf[1]);
@@ -373,6 +407,8 @@ attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
 #pragma unroll
   for (int dt = 0; dt < ND; dt++) {
     int d = dt * 8 + 2 * c;
+    if (W::PAD && d >= D)
+      continue;
     if (row_lo < T_)
       store_pair(dqb + (size_t)row_lo * qs + d, __fmul_rn(acc[dt][0], scale),
                  __fmul_rn(acc[dt][1], scale));
@@ -390,17 +426,18 @@ attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
 
 constexpr int KV_BN = 64, KV_BM = 32;
 
-template <int D> constexpr size_t dkdv_smem_bytes() {
-  return (size_t)(2 * KV_BN + 4 * KV_BM) * (D + 8) * 2 + 4 * KV_BM * sizeof(float);
+template <typename W> constexpr size_t dkdv_smem_bytes() {
+  return (size_t)(2 * KV_BN + 4 * KV_BM) * W::P * 2 + 4 * KV_BM * sizeof(float);
 }
 
-template <typename T, int D>
+template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
 attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
-                         const float *lse, const float *delta, int T_, int H, int Hkv,
+                         const float *lse, const float *delta, int T_, int H, int Hkv, int D_,
                          float scale, float scale_log2) {
-  constexpr int P = D + 8;
-  constexpr int KD = D / 16, ND = D / 8, NS = KV_BM / 8;
+  constexpr int P = W::P, DP = W::DP;
+  const int D = W::PAD ? D_ : DP;
+  constexpr int KD = DP / 16, ND = DP / 8, NS = KV_BM / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sK = (T *)smem_raw;         /* (BN, P) */
   T *sV = sK + KV_BN * P;        /* (BN, P) */
@@ -425,8 +462,8 @@ attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, co
     int i0 = k0 + (it % n_chunks) * KV_BM;
     const T *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
     const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
-    load_tile<KV_BM, D, P>(sQ + buf * KV_BM * P, qb, qs, i0, T_ - i0);
-    load_tile<KV_BM, D, P>(sdO + buf * KV_BM * P, dob, qs, i0, T_ - i0);
+    load_tile<KV_BM, W>(sQ + buf * KV_BM * P, qb, qs, i0, T_ - i0, D);
+    load_tile<KV_BM, W>(sdO + buf * KV_BM * P, dob, qs, i0, T_ - i0, D);
     if (threadIdx.x < KV_BM) {
       int t = i0 + threadIdx.x;
       const size_t row = ((size_t)b * H + h) * T_;
@@ -435,8 +472,8 @@ attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, co
     }
   };
 
-  load_tile<KV_BN, D, P>(sK, kb, ks, k0, T_ - k0);
-  load_tile<KV_BN, D, P>(sV, vb, ks, k0, T_ - k0);
+  load_tile<KV_BN, W>(sK, kb, ks, k0, T_ - k0, D);
+  load_tile<KV_BN, W>(sV, vb, ks, k0, T_ - k0, D);
   load_chunk(0, 0);
   cp_async_commit();
 
@@ -505,7 +542,7 @@ attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, co
       pack_a<T, NS>(pa, st, j);
       pack_a<T, NS>(dsa, dpt, j);
 #pragma unroll
-      for (int dn = 0; dn < D / 16; dn++) {
+      for (int dn = 0; dn < DP / 16; dn++) {
         uint32_t bf[4];
         load_b_kmajor<P>(bf, dOc, j * 16, dn * 16, lane);
         mma16<T>::mma(dva[2 * dn], pa, bf[0], bf[1]);
@@ -523,6 +560,8 @@ attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, co
 #pragma unroll
   for (int dt = 0; dt < ND; dt++) {
     int d = dt * 8 + 2 * c;
+    if (W::PAD && d >= D)
+      continue;
     if (key_lo < T_) {
       store_pair(dkb + (size_t)key_lo * ks + d, __fmul_rn(dka[dt][0], scale),
                  __fmul_rn(dka[dt][1], scale));
@@ -538,28 +577,28 @@ attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, co
 
 /* ---- launches ---- */
 
-template <typename E, int D>
+template <typename E, typename W>
 int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
-               const void *v, int B, int T, int H, int Hkv) {
-  constexpr size_t smem = fwd_smem_bytes<D>();
-  auto kern = attn_fwd_mma_kernel<E, D>;
+               const void *v, int B, int T, int H, int Hkv, int D) {
+  constexpr size_t smem = fwd_smem_bytes<W>();
+  auto kern = attn_fwd_mma_kernel<E, W>;
   TZ_CU(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem));
   dim3 grid((unsigned)((T + FWD_BM - 1) / FWD_BM), (unsigned)H, (unsigned)B);
   float scale_log2 = 1.0f / sqrtf((float)D) * LOG2E;
   kern<<<grid, NTHREADS, smem, c->stream>>>((E *)out, lse, (const E *)q, (const E *)k,
-                                            (const E *)v, T, H, Hkv, scale_log2);
+                                            (const E *)v, T, H, Hkv, D, scale_log2);
   TZ_CU_LAUNCHED();
   return 0;
 }
 
-template <typename E, int D>
+template <typename E, typename W>
 int launch_bwd(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
                const void *dout, const void *q, const void *k, const void *v, const float *lse,
-               int B, int T, int H, int Hkv) {
-  constexpr size_t smem_q = dq_smem_bytes<D>(), smem_kv = dkdv_smem_bytes<D>();
-  auto kq = attn_bwd_dq_mma_kernel<E, D>;
-  auto kkv = attn_bwd_dkdv_mma_kernel<E, D>;
+               int B, int T, int H, int Hkv, int D) {
+  constexpr size_t smem_q = dq_smem_bytes<W>(), smem_kv = dkdv_smem_bytes<W>();
+  auto kq = attn_bwd_dq_mma_kernel<E, W>;
+  auto kkv = attn_bwd_dkdv_mma_kernel<E, W>;
   TZ_CU(cudaFuncSetAttribute((const void *)kq, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem_q));
   TZ_CU(cudaFuncSetAttribute((const void *)kkv, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -569,70 +608,97 @@ int launch_bwd(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *del
   dim3 grid_q((unsigned)((T + DQ_BM - 1) / DQ_BM), (unsigned)H, (unsigned)B);
   kq<<<grid_q, NTHREADS, smem_q, c->stream>>>((E *)dq, (const E *)dout, (const E *)q,
                                               (const E *)k, (const E *)v, lse, delta, T, H, Hkv,
-                                              scale, scale_log2);
+                                              D, scale, scale_log2);
   TZ_CU_LAUNCHED();
   dim3 grid_kv((unsigned)((T + KV_BN - 1) / KV_BN), (unsigned)Hkv, (unsigned)B);
   kkv<<<grid_kv, NTHREADS, smem_kv, c->stream>>>((E *)dk, (E *)dv, (const E *)dout, (const E *)q,
                                                  (const E *)k, (const E *)v, lse, delta, T, H,
-                                                 Hkv, scale, scale_log2);
+                                                 Hkv, D, scale, scale_log2);
   TZ_CU_LAUNCHED();
   return 0;
 }
 
-template <typename E>
-int fwd_for(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
-            const void *v, int B, int T, int H, int Hkv, int D) {
-  switch (D) {
-  case 32:
-    return launch_fwd<E, 32>(c, out, lse, q, k, v, B, T, H, Hkv);
-  case 64:
-    return launch_fwd<E, 64>(c, out, lse, q, k, v, B, T, H, Hkv);
+/* Calls f(w) with the tile width w for head dim D (1 <= D <= 128): the exact width where `exact`
+ * (D is 32, 64 or 128 and every tensor 16-byte aligned), else the padded width 32 for D <= 32,
+ * 64 for D <= 64, and above that D rounded up to a multiple of 16. */
+template <typename F> int with_width(int D, bool exact, F f) {
+  if (exact) {
+    switch (D) {
+    case 32:
+      return f(width<32, false>{});
+    case 64:
+      return f(width<64, false>{});
+    case 128:
+      return f(width<128, false>{});
+    default:
+      break;
+    }
+  }
+  switch ((D + 15) / 16) {
+  case 1:
+  case 2:
+    return f(width<32, true>{});
+  case 3: /* head dims between 32 and 64 are rare: one width for them */
+  case 4:
+    return f(width<64, true>{});
+  case 5:
+    return f(width<80, true>{});
+  case 6:
+    return f(width<96, true>{});
+  case 7:
+    return f(width<112, true>{});
   default:
-    return launch_fwd<E, 128>(c, out, lse, q, k, v, B, T, H, Hkv);
+    return f(width<128, true>{});
   }
 }
 
-template <typename E>
-int bwd_for(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
-            const void *dout, const void *q, const void *k, const void *v, const float *lse,
-            int B, int T, int H, int Hkv, int D) {
-  switch (D) {
-  case 32:
-    return launch_bwd<E, 32>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv);
-  case 64:
-    return launch_bwd<E, 64>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv);
-  default:
-    return launch_bwd<E, 128>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv);
-  }
-}
+bool aligned(const void *p, uintptr_t bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
 
-int aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+/* Whether the tensor-core kernels take a call, and with which width: 16-bit storage, D a
+ * multiple of 4 up to 128, every tensor 8-byte aligned for the padded kernels' copies, and
+ * 16-byte aligned for an exact width (compute.h promises 256 for every tensor). Returns 0 when
+ * they do not take it, 1 for a padded width, 2 for an exact one. */
+int mma_route(const struct tz_cuda *c, int D, const void *const *ts, int n) {
+  if ((c->S != TZ_BF16 && c->S != TZ_F16) || D % 4 != 0 || D > 128)
+    return 0;
+  bool a16 = true;
+  for (int i = 0; i < n; i++) {
+    if (!aligned(ts[i], 8))
+      return 0;
+    a16 = a16 && aligned(ts[i], 16);
+  }
+  return a16 && (D == 32 || D == 64 || D == 128) ? 2 : 1;
+}
 
 } /* namespace */
 
-/* Which calls the tensor-core kernels take: 16-bit storage, D in {32, 64, 128}, and every
- * tensor 16-byte aligned for cp.async (compute.h promises 256). */
-static int mma_handles(const struct tz_cuda *c, int D) {
-  return (c->S == TZ_BF16 || c->S == TZ_F16) && (D == 32 || D == 64 || D == 128);
-}
-
 int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const void *q,
                               const void *k, const void *v, int B, int T, int H, int Hkv, int D) {
-  if (!mma_handles(c, D) || !aligned16(out) || !aligned16(q) || !aligned16(k) || !aligned16(v))
+  const void *ts[] = {out, q, k, v};
+  int route = mma_route(c, D, ts, 4);
+  if (!route)
     return 1;
-  if (c->S == TZ_BF16)
-    return fwd_for<__nv_bfloat16>(c, out, lse, q, k, v, B, T, H, Hkv, D);
-  return fwd_for<__half>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+  return with_width(D, route == 2, [&](auto w) {
+    using W = decltype(w);
+    if (c->S == TZ_BF16)
+      return launch_fwd<__nv_bfloat16, W>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+    return launch_fwd<__half, W>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+  });
 }
 
 int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv,
                               const float *delta, const void *dout, const void *q, const void *k,
                               const void *v, const float *lse, int B, int T, int H, int Hkv,
                               int D) {
-  if (!mma_handles(c, D) || !aligned16(dq) || !aligned16(dk) || !aligned16(dv) ||
-      !aligned16(dout) || !aligned16(q) || !aligned16(k) || !aligned16(v))
+  const void *ts[] = {dq, dk, dv, dout, q, k, v};
+  int route = mma_route(c, D, ts, 7);
+  if (!route)
     return 1;
-  if (c->S == TZ_BF16)
-    return bwd_for<__nv_bfloat16>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
-  return bwd_for<__half>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
+  return with_width(D, route == 2, [&](auto w) {
+    using W = decltype(w);
+    if (c->S == TZ_BF16)
+      return launch_bwd<__nv_bfloat16, W>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv,
+                                          D);
+    return launch_bwd<__half, W>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
+  });
 }

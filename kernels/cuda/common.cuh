@@ -182,9 +182,9 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
 int tz_cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits,
                  const int32_t *targets, int N, int V, float dscale);
 
-/* The tensor-core attention kernels (attention_mma.cu): 16-bit storage and head dims 32, 64 and
- * 128. They return 1 when they do not handle the call, so attention.cu falls back to the plain
- * kernels. */
+/* The tensor-core attention kernels (attention_mma.cu): 16-bit storage, head dims that are
+ * multiples of 4 up to 128, tensors at least 8-byte aligned. They return 1 when they do not
+ * handle the call, so attention.cu falls back to the plain kernels. */
 int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const void *q,
                               const void *k, const void *v, int B, int T, int H, int Hkv, int D);
 int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv,

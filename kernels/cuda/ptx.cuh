@@ -1,6 +1,7 @@
 /* The PTX instructions the tensor-core kernels use (attention_mma.cu), wrapped one function each:
  * mma.sync m16n8k16 with float accumulation for bf16 and fp16, ldmatrix (plain and transposed),
- * and cp.async with its commit and wait. Fragment layouts are described in attention_mma.cu. */
+ * and cp.async (16 and 8 bytes) with its commit and wait. Fragment layouts are described in
+ * attention_mma.cu. */
 #ifndef TZ_KERNELS_CUDA_PTX_CUH
 #define TZ_KERNELS_CUDA_PTX_CUH
 
@@ -70,6 +71,13 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p) {
 /* 16 bytes global -> shared; with src_bytes 0 the destination is zero-filled and nothing read. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
+               "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+/* 8 bytes global -> shared, through L1 (.cg takes only 16-byte copies); both addresses 8-byte
+ * aligned; with src_bytes 0 the destination is zero-filled and nothing read. */
+__device__ __forceinline__ void cp_async8(void *smem, const void *gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(smem)),
                "l"(gmem), "r"(src_bytes)
                : "memory");
 }
