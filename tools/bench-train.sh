@@ -84,6 +84,22 @@ keep() {
 
 has_gpu() { command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU'; }
 
+# A run measures the GPU alone: wait (up to 120 s) for processes still on it, a previous run that
+# was stopped, say, which would otherwise hold memory the plan counts as taken.
+gpu_idle() {
+  has_gpu || return 0
+  local i pids
+  for i in $(seq 120); do
+    pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2> /dev/null | tr -d ' ')
+    [ -z "$pids" ] && return 0
+    [ "$i" = 1 ] && echo "bench-train: waiting for processes on the GPU: $pids" >&2
+    sleep 1
+  done
+  echo "bench-train: the GPU is still busy (processes $pids): not measuring beside them" >&2
+  return 1
+}
+gpu_idle || exit 1
+
 case $runner in
   fsdp2-*)
     offload=cpu
