@@ -19,6 +19,7 @@
 #ifdef TZ_HAVE_CUDA
 #include "kernels/cuda/adam_cuda.h"
 #include "tiers/hbm.h"
+#include <cuda_runtime_api.h>
 #endif
 
 #include <float.h>
@@ -744,7 +745,13 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
       return tz_err_set(TZ_ENOTSUP, "train: the mpi comm reduces host buffers, and the cuda "
                                     "backend's are in GPU memory: start one worker per GPU "
                                     "(tz-train --nproc N, or torchrun), which use the nccl comm");
-    tr->device = p->device >= 0 ? p->device : tr->cfg.tierzero.device >= 0 ? tr->cfg.tierzero.device : 0;
+    /* The GPU: the caller's, else the config's, else the calling thread's current device (the
+     * nccl comm makes it the local rank's). */
+    tr->device = p->device >= 0 ? p->device : tr->cfg.tierzero.device;
+    if (tr->device < 0 && cudaGetDevice(&tr->device) != cudaSuccess) {
+      cudaGetLastError();
+      tr->device = 0;
+    }
 #endif
   } else {
     return tz_err_set(TZ_ENOENT, "train: no compute backend '%s' (cpu or cuda)", backend);

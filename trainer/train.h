@@ -64,7 +64,8 @@ struct tz_trainer_params {
                                         lane; "cuda": bf16 (fp16 with fp16.enabled) on a GPU, the
                                         compute tier its memory, phases launched on its stream,
                                         GPU Adam; more than one rank needs the nccl comm */
-  int device;                        /* cuda: the GPU; -1 (default): tierzero.device, else 0 */
+  int device;                        /* cuda: the GPU; -1 (default): tierzero.device, else the
+                                        calling thread's current device */
   int plan_only; /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
   const char *trace_path; /* with the config's tierzero.trace_step: where that step's lane trace
                              goes (tz_trainer_trace_write, or the trainer's destruction); copied */
