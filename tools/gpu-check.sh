@@ -3,7 +3,8 @@
 # GPU benchmarks. Logs go to /tmp/tz-gpu-logs and, packed, to $OUT/logs.tgz. Each step runs even if
 # an earlier one failed; the summary at the end says which did.
 #   source .deps/setup.sh && bash tools/gpu-check.sh [STEP...]
-# Steps: tests topo tiers adam collectives hf layer prefetch train (default: all, in that order).
+# Steps: tests topo tiers adam collectives hf layer prefetch train (default: all, in that order),
+# and, only when named, trainbench: tools/bench-train.sh tz-offload llama-1b (docs/benchmarks.md).
 set -uo pipefail
 steps=${*:-tests topo tiers adam collectives hf layer prefetch train}
 logs=/tmp/tz-gpu-logs
@@ -50,6 +51,7 @@ if has prefetch; then
   step prefetch-host $b/bin/tz-bench prefetch --lane cpu --home host --layers 16 --block 8M --compute-ms 5
 fi
 has train && step train-demo $b/bin/tz-train
+has trainbench && step trainbench env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-1b
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
 [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$logs" .
 exit 0
