@@ -22,24 +22,54 @@ static uint64_t block_bytes(const struct tz_plan_request *r, int g, int k) {
   return round_up(r->bytes[g][k], r->align);
 }
 
-static uint64_t phase_ws(const struct tz_plan_request *r, int p) {
+/* The bytes of phase p's blocks the window holds at once with the homes `tiers`: the scheduler
+ * uses blocks homed in the compute tier in place, so they take none. */
+static uint64_t phase_ws(const struct tz_plan_request *r, const int8_t *tiers, int p) {
   uint64_t ws = 0;
-  for (int u = 0; u < r->phases[p].n_uses; u++)
-    ws += block_bytes(r, r->phases[p].uses[u].group, r->phases[p].uses[u].kind);
+  for (int u = 0; u < r->phases[p].n_uses; u++) {
+    const struct tz_plan_use *x = &r->phases[p].uses[u];
+    if (tiers[x->group * TZ_PLAN_KINDS + x->kind] != TZ_PLAN_COMPUTE)
+      ws += block_bytes(r, x->group, x->kind);
+  }
   return ws;
 }
 
-static uint64_t min_window(const struct tz_plan_request *r) {
+/* The scheduler's minimum window with the homes `tiers` (tz_sched_min_budget). */
+static uint64_t min_window(const struct tz_plan_request *r, const int8_t *tiers) {
   uint64_t max = 0;
   for (int p = 0; p < r->n_phases; p++) {
-    uint64_t ws = phase_ws(r, p);
+    uint64_t ws = phase_ws(r, tiers, p);
     if (ws > max)
       max = ws;
   }
   return max + round_up(r->chunk, r->align);
 }
 
-uint64_t tz_plan_min_window(const struct tz_plan_request *req) { return min_window(req); }
+/* The tier block i is forced to, or TZ_PLAN_AUTO. */
+static int forced_tier(const struct tz_plan_request *r, int i) {
+  int f = r->force_each ? r->force_each[i] : TZ_PLAN_AUTO;
+  return f == TZ_PLAN_AUTO ? r->force[i % TZ_PLAN_KINDS] : f;
+}
+
+uint64_t tz_plan_min_window(const struct tz_plan_request *req) {
+  int n = req->n_groups * TZ_PLAN_KINDS;
+  int8_t *tiers = n > 0 ? malloc((size_t)n) : NULL;
+  if (!tiers) { /* every block outside the compute tier: larger still, so still enough */
+    uint64_t max = 0;
+    for (int p = 0; p < req->n_phases; p++) {
+      uint64_t ws = 0;
+      for (int u = 0; u < req->phases[p].n_uses; u++)
+        ws += block_bytes(req, req->phases[p].uses[u].group, req->phases[p].uses[u].kind);
+      max = ws > max ? ws : max;
+    }
+    return max + round_up(req->chunk, req->align);
+  }
+  for (int i = 0; i < n; i++)
+    tiers[i] = (int8_t)(forced_tier(req, i) == TZ_PLAN_COMPUTE ? TZ_PLAN_COMPUTE : TZ_PLAN_HOST);
+  uint64_t w = min_window(req, tiers);
+  free(tiers);
+  return w;
+}
 
 static int check_request(const struct tz_plan_request *r) {
   if (r->n_groups < 1 || !r->bytes || r->n_phases < 1 || !r->phases)
@@ -102,10 +132,10 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
   }
   int fewest = cap;
   for (int p = 0; p < n; p++) {
-    uint64_t sum = phase_ws(r, p);
+    uint64_t sum = phase_ws(r, tiers, p);
     int k = 0;
     while (k < cap) {
-      uint64_t next = phase_ws(r, ((p - k - 1) % n + n) % n);
+      uint64_t next = phase_ws(r, tiers, ((p - k - 1) % n + n) % n);
       if (sum + next > room)
         break;
       sum += next;
@@ -125,9 +155,9 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
       double gate = from >= 0 ? end[from] : 0, ready = gate;
       for (int u = 0; u < ph->n_uses; u++) {
         const struct tz_plan_use *x = &ph->uses[u];
-        if (!(x->access & 1))
-          continue;
         int t = tiers[x->group * TZ_PLAN_KINDS + x->kind];
+        if (!(x->access & 1) || t == TZ_PLAN_COMPUTE) /* written first, or used in place */
+          continue;
         double b = (double)r->bytes[x->group][x->kind], at = gate;
         if (t == TZ_PLAN_NVME) {
           double d = cost(b, rt->nvme_read, &unknown);
@@ -136,13 +166,13 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
           if (s == 1)
             busy[LANE_NVME] += d;
         }
-        double d = cost(b, t == TZ_PLAN_COMPUTE ? rt->copy_local : rt->copy_in, &unknown);
+        double d = cost(b, rt->copy_in, &unknown);
         lane[LANE_IN] = max2(lane[LANE_IN], at) + d;
         ready = max2(ready, lane[LANE_IN]);
         if (s == 1) {
           busy[LANE_IN] += d;
           moved[t] += b;
-          link += t == TZ_PLAN_COMPUTE ? 0 : b;
+          link += b;
         }
       }
       double d = cost(ph->flop, rt->flops, &unknown) +
@@ -154,15 +184,15 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
         compute_s += d;
       for (int u = 0; u < ph->n_uses; u++) {
         const struct tz_plan_use *x = &ph->uses[u];
-        if (!(x->access & 2))
-          continue;
         int t = tiers[x->group * TZ_PLAN_KINDS + x->kind];
+        if (!(x->access & 2) || t == TZ_PLAN_COMPUTE) /* read only, or written in place */
+          continue;
         double b = (double)r->bytes[x->group][x->kind];
-        double d2 = cost(b, t == TZ_PLAN_COMPUTE ? rt->copy_local : rt->copy_out, &unknown);
+        double d2 = cost(b, rt->copy_out, &unknown);
         lane[LANE_OUT] = max2(lane[LANE_OUT], comp) + d2;
         if (s == 1) {
           busy[LANE_OUT] += d2;
-          link += t == TZ_PLAN_COMPUTE ? 0 : b;
+          link += b;
         }
         if (t == TZ_PLAN_NVME) {
           double d3 = cost(b, rt->nvme_write, &unknown);
@@ -208,11 +238,13 @@ static void account(const struct tz_plan_request *r, const int8_t *tiers, uint64
       used[tiers[g * TZ_PLAN_KINDS + k]] += block_bytes(r, g, k);
 }
 
-/* The compute tier's bytes left for homes with the window at its least. */
-static uint64_t compute_room(const struct tz_plan_request *r, uint64_t minw, uint64_t *missing) {
-  uint64_t need = r->compute_fixed + (r->window ? r->window : minw);
-  *missing = need > r->capacity[TZ_PLAN_COMPUTE] ? need - r->capacity[TZ_PLAN_COMPUTE] : 0;
-  return *missing ? 0 : r->capacity[TZ_PLAN_COMPUTE] - need;
+/* The compute tier's bytes the homes `tiers` need: the fixed buffers, the homes there and the
+ * window, the one asked for or else the least these homes let the scheduler run in. Moving a
+ * block out of the compute tier frees its bytes and grows that least window by at most as many,
+ * so this never grows as blocks move out. */
+static uint64_t compute_need(const struct tz_plan_request *r, const int8_t *tiers,
+                             uint64_t used_compute) {
+  return r->compute_fixed + used_compute + (r->window ? r->window : min_window(r, tiers));
 }
 
 static uint64_t window_for(const struct tz_plan_request *r, uint64_t used_compute) {
@@ -224,12 +256,17 @@ static uint64_t window_for(const struct tz_plan_request *r, uint64_t used_comput
 
 /* Moves, among the blocks the plan may move that sit in `from`, the one whose move to the next
  * tier with room costs the bound least per byte freed (ties: the larger block, so fewer moves).
- * 1 if it moved one. */
+ * Out of the compute tier, a byte freed is one less the compute tier needs (compute_need): a
+ * block moved out comes back through the window, whose minimum may grow by up to its size. A
+ * move that frees nothing there is taken only when none frees anything (a later one may then:
+ * both blocks of the largest phase may have to go before either frees a byte), and none that
+ * would leave a window asked for (req.window) below its minimum. 1 if it moved one. */
 static int move_one(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
                     uint64_t used[], int from, struct tz_plan *scratch) {
   simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch);
   double before = scratch->bound_s;
-  int best = -1, best_to = -1;
+  uint64_t minw = min_window(r, tiers);
+  int best = -1, best_to = -1, best_frees = 0;
   double best_score = 0;
   uint64_t best_bytes = 0;
   for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++) {
@@ -243,14 +280,29 @@ static int move_one(const struct tz_plan_request *r, int8_t *tiers, const int8_t
     if (to < 0 || b == 0)
       continue;
     tiers[i] = (int8_t)to;
+    uint64_t freed = b;
+    if (from == TZ_PLAN_COMPUTE) {
+      uint64_t grown = min_window(r, tiers) - minw;
+      if (r->window && minw + grown > r->window) {
+        tiers[i] = (int8_t)from;
+        continue;
+      }
+      if (!r->window)
+        freed = grown >= b ? 0 : b - grown;
+    }
     uint64_t uc = used[TZ_PLAN_COMPUTE] - (from == TZ_PLAN_COMPUTE ? b : 0);
     simulate(r, tiers, window_for(r, uc), scratch);
     tiers[i] = (int8_t)from;
-    double score = (scratch->bound_s - before) / (double)b;
-    double tol = 1e-12 * (before > 0 ? before : 1) / (double)b;
-    if (best < 0 || score < best_score - tol || (score <= best_score + tol && b > best_bytes)) {
+    int frees = freed > 0;
+    double per = (double)(frees ? freed : b);
+    double score = (scratch->bound_s - before) / per;
+    double tol = 1e-12 * (before > 0 ? before : 1) / per;
+    if (best < 0 || frees > best_frees ||
+        (frees == best_frees &&
+         (score < best_score - tol || (score <= best_score + tol && b > best_bytes)))) {
       best = i;
       best_to = to;
+      best_frees = frees;
       best_score = score;
       best_bytes = b;
     }
@@ -285,9 +337,7 @@ int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
     return tz_err_set(TZ_ENOMEM, "plan: no memory");
   }
   for (int i = 0; i < n; i++) {
-    int f = r->force_each ? r->force_each[i] : TZ_PLAN_AUTO;
-    if (f == TZ_PLAN_AUTO)
-      f = r->force[i % TZ_PLAN_KINDS];
+    int f = forced_tier(r, i);
     if (f != TZ_PLAN_AUTO && (f < 0 || f >= TZ_PLAN_TIERS)) {
       free(tiers);
       free(fixed);
@@ -297,52 +347,62 @@ int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
     fixed[i] = f != TZ_PLAN_AUTO;
     tiers[i] = (int8_t)(fixed[i] ? f : TZ_PLAN_COMPUTE);
   }
-  uint64_t minw = min_window(r), missing, used[TZ_PLAN_TIERS];
+  /* The window's minimum depends on the homes (blocks homed in the compute tier are used in
+   * place): least with every block the plan may move still in the compute tier (lo), largest
+   * with all of them out (hi). A window asked for below lo fits no placement; buffers plus hi
+   * (the least the compute tier needs, whatever is placed) beyond the capacity neither. */
+  uint64_t minw_lo = min_window(r, tiers), minw_hi = tz_plan_min_window(r), used[TZ_PLAN_TIERS];
+  uint64_t cap = r->capacity[TZ_PLAN_COMPUTE];
+  uint64_t least = r->compute_fixed + (r->window ? r->window : minw_hi);
   int rc = 0;
   char a[32], b[32], c[32], d[32];
-  uint64_t room = compute_room(r, minw, &missing);
-  if (r->window && r->window < minw) {
+  if (r->window && r->window < minw_lo) {
     fmt_bytes(a, sizeof a, r->window);
-    fmt_bytes(b, sizeof b, minw - r->window);
-    fmt_bytes(c, sizeof c, minw);
+    fmt_bytes(b, sizeof b, minw_lo - r->window);
+    fmt_bytes(c, sizeof c, minw_lo);
     rc = tz_err_set(TZ_ENOMEM,
                     "plan: the scheduler's window of %s is %s short of its minimum %s "
-                    "(the largest phase's blocks plus one chunk)",
+                    "(the largest phase's blocks not homed in the compute tier, plus one chunk)",
                     a, b, c);
     goto out;
   }
-  if (missing) {
-    fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_COMPUTE]);
-    fmt_bytes(b, sizeof b, missing);
+  if (least > cap) {
+    fmt_bytes(a, sizeof a, cap);
+    fmt_bytes(b, sizeof b, least - cap);
     fmt_bytes(c, sizeof c, r->compute_fixed);
-    fmt_bytes(d, sizeof d, r->window ? r->window : minw);
+    fmt_bytes(d, sizeof d, least - r->compute_fixed);
     rc = tz_err_set(TZ_ENOMEM,
                     "plan: the compute tier's budget of %s is %s short of the minimum: "
                     "%s for activations, gathered weights and full gradients, plus %s for the "
-                    "scheduler's window (the largest phase's blocks plus one chunk)",
-                    a, b, c, d);
+                    "scheduler's window (%s)",
+                    a, b, c, d,
+                    r->window ? "the window asked for"
+                              : "the largest phase's blocks not forced into the compute tier, "
+                                "plus one chunk");
     goto out;
   }
   account(r, tiers, used);
   struct tz_plan scratch;
   memset(&scratch, 0, sizeof scratch);
-  while (used[TZ_PLAN_COMPUTE] > room)
+  while (compute_need(r, tiers, used[TZ_PLAN_COMPUTE]) > cap)
     if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, &scratch)) {
-      uint64_t forced = 0;
+      uint64_t forced = 0, need = compute_need(r, tiers, used[TZ_PLAN_COMPUTE]);
       for (int i = 0; i < n; i++)
         if (fixed[i] && tiers[i] == TZ_PLAN_COMPUTE)
           forced += block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
-      char e[32];
-      fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_COMPUTE]);
-      fmt_bytes(b, sizeof b, used[TZ_PLAN_COMPUTE] - room);
+      char e[32], f[32];
+      fmt_bytes(a, sizeof a, cap);
+      fmt_bytes(b, sizeof b, need - cap);
       fmt_bytes(c, sizeof c, used[TZ_PLAN_COMPUTE]);
       fmt_bytes(d, sizeof d, forced);
-      fmt_bytes(e, sizeof e, r->compute_fixed + (r->window ? r->window : minw));
+      fmt_bytes(e, sizeof e, need - used[TZ_PLAN_COMPUTE]);
+      fmt_bytes(f, sizeof f, r->window);
       rc = tz_err_set(TZ_ENOMEM,
                       "plan: the compute tier's budget of %s is %s short: %s of state "
                       "stays there (%s of it forced there) beside %s of buffers and minimum "
-                      "window, and host and nvme have no room to take more",
-                      a, b, c, d, e);
+                      "window, and host and nvme have no room to take more%s%s%s",
+                      a, b, c, d, e, r->window ? ", or a move would raise the minimum window "
+                      "above the " : "", r->window ? f : "", r->window ? " asked for" : "");
       goto out;
     }
   while (used[TZ_PLAN_HOST] > r->capacity[TZ_PLAN_HOST])
@@ -373,7 +433,7 @@ int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
     out->capacity[t] = r->capacity[t];
   }
   out->compute_fixed = r->compute_fixed;
-  out->min_window = minw;
+  out->min_window = min_window(r, out->tier);
   out->window = window_for(r, used[TZ_PLAN_COMPUTE]);
   for (int i = 0; i < n; i++)
     out->moves += !fixed[i] && out->tier[i] != TZ_PLAN_COMPUTE;

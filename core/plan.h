@@ -2,6 +2,10 @@
  * much of the compute tier the scheduler gets as its window; and the predicted lower bound on the
  * step's time, the critical path of the step's phases over the lanes that run them.
  *
+ * The scheduler uses blocks homed in the compute tier in place: they take no room in its window
+ * and cost no copy, so the plan counts them in neither; the window's minimum then depends on the
+ * placement (only the blocks homed elsewhere count).
+ *
  * The plan knows nothing of models. Its client describes one step as the scheduler will run it:
  * groups of blocks (a model block: the embedding, a layer, the head), each with one block of every
  * kind below, and the phases in order, each with its compute, its collective bytes and the blocks
@@ -9,7 +13,7 @@
  *   - places each (group, kind) in the compute tier, host or nvme: where the configuration forces
  *     it, there; elsewhere it starts from the fastest tier and moves, one block at a time, the
  *     block whose move costs the bound least per byte freed, until every tier is within its
- *     capacity;
+ *     capacity (the compute tier's with the window that placement needs);
  *   - refuses a compute tier too small for the fixed buffers plus the scheduler's minimum window,
  *     or state that fits nowhere, with a message saying how many bytes are missing where;
  *   - predicts the bound by simulating two steps over the lanes (compute; copies into and out of
@@ -52,7 +56,8 @@ struct tz_plan_rates {
   double copy_out;   /* compute tier -> host */
   double copy_duplex; /* both directions at once, bytes per second summed; 0: unknown, the plan
                          then treats the directions as independent */
-  double copy_local; /* within the compute tier */
+  double copy_local; /* within the compute tier; not in the bound (blocks homed there are used
+                        in place), measured for reference */
   double nvme_read;  /* nvme -> host */
   double nvme_write; /* host -> nvme */
   double adam;       /* Adam elements per second where opt phases run */
@@ -98,14 +103,16 @@ struct tz_plan {
   uint64_t used[TZ_PLAN_TIERS]; /* home bytes in each tier (compute: without fixed, window) */
   uint64_t compute_fixed;
   uint64_t window;     /* the scheduler's budget in the compute tier */
-  uint64_t min_window; /* the largest phase's working set plus one chunk */
+  uint64_t min_window; /* for this placement: the largest phase's blocks not homed in the
+                          compute tier, plus one chunk (tz_sched_min_budget of the same) */
   uint64_t capacity[TZ_PLAN_TIERS];
   int lookahead;                    /* phases the window lets the scheduler look ahead (the
                                        fewest over the step) */
   double bound_s;                   /* predicted step time: the simulated critical path */
   double compute_s;                 /* the compute lane's busy time in one step */
   double lane_s[TZ_PLAN_TIERS + 1]; /* busy time of: copy in, copy out, nvme, (unused) */
-  double moved[TZ_PLAN_TIERS];      /* bytes per step read from each home tier */
+  double moved[TZ_PLAN_TIERS];      /* bytes per step read from each home tier (compute: 0, its
+                                       blocks are used in place) */
   int unknown_rates;                /* some lane was costed with an unknown (0) rate */
   int moves;                        /* blocks the plan moved down from the fastest tier */
 };
@@ -123,8 +130,11 @@ void tz_plan_free(struct tz_plan *p); /* frees what tz_plan_make allocated; NULL
 int tz_plan_bound(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,
                   struct tz_plan *out);
 
-/* The scheduler's minimum window for req: the largest phase's blocks (each rounded up to align)
- * plus one chunk, as tz_sched_min_budget counts it. */
+/* The scheduler's minimum window for req before placement: the largest phase's blocks (each
+ * rounded up to align) plus one chunk, as tz_sched_min_budget counts it, with the blocks forced
+ * into the compute tier (force, force_each) counted as used in place and every other block as
+ * homed elsewhere. That is the largest minimum of any placement tz_plan_make may choose, so a
+ * window of it is enough whatever it chooses; tz_plan.min_window is the one of its placement. */
 uint64_t tz_plan_min_window(const struct tz_plan_request *req);
 
 /* Prints the placement per kind (blocks and bytes in each tier), the window, and the bound with

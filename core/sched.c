@@ -10,6 +10,10 @@
  *   Generation numbers: a writer's enter makes the block a new generation, which its copy will
  *   hold once the writer's fence completes; tz_sched_block_store makes one in the home. A copy is
  *   used only while it holds the block's generation.
+ * - A block homed in the compute tier itself is used in place: it never has a copy, takes no
+ *   budget and is never filled or written back; its home holds a writer's generation once the
+ *   writer's fence completes. The compute lane runs phases in order, so its readers and writers
+ *   are ordered by the lane (and by the last writer's fence, handed to the lane as for copies).
  * - Instances (a phase in a given step) are created and reserved strictly in order: the window
  *   walks the order across step boundaries and reserves the next instance only when every earlier
  *   one is reserved, so a later phase never holds bytes an earlier one waits for.
@@ -68,8 +72,9 @@ struct block {
   struct copy c;
   uint64_t n_fills, n_flushes, n_refills;
   int *pos, n_pos;    /* positions in the order of a step where it is used */
-  int xl_in, xl_out;  /* transfer lanes home -> compute and back */
+  int xl_in, xl_out;  /* transfer lanes home -> compute and back; -1 for a block in place */
   int staged;         /* its transfers go through the scheduler's staging chunks (two hops) */
+  int in_place;       /* homed in the compute tier: phases use the home, c holds no extent */
 };
 
 struct phase {
@@ -473,6 +478,8 @@ static int try_reserve(tz_sched *s, struct inst *I) {
   int need[TZ_SCHED_MAX_USES], n_need = 0;
   for (int k = 0; k < ph->n_uses; k++) {
     struct block *b = &s->blocks[ph->uses[k].block];
+    if (b->in_place) /* nothing to place or bring in: the phase uses the home */
+      continue;
     if (b->storing)
       return 0;
     if (b->c.ext.tier && b->c.gen < b->gen) { /* stale: never used */
@@ -500,14 +507,16 @@ static int try_reserve(tz_sched *s, struct inst *I) {
      * drop those too and bring them in again. */
     int idle = s->n_running == 0 && s->n_xfers == 0 && s->head == I && s->waiting == I;
     if (idle && evict_one(s, I, 1)) {
-      for (int k = 0; k < ph->n_uses; k++) /* what was evicted must now be placed too */
-        if (!s->blocks[ph->uses[k].block].c.ext.tier) {
+      for (int k = 0; k < ph->n_uses; k++) { /* what was evicted must now be placed too */
+        const struct block *b = &s->blocks[ph->uses[k].block];
+        if (!b->in_place && !b->c.ext.tier) {
           int listed = 0;
           for (int j = 0; j < n_need; j++)
             listed |= need[j] == k;
           if (!listed)
             need[n_need++] = k;
         }
+      }
       continue;
     }
     if (idle)
@@ -532,7 +541,10 @@ static int try_reserve(tz_sched *s, struct inst *I) {
       placed |= need[j] == k;
     b->c.pins++;
     b->c.last_use = I->seq;
-    if (!placed) {
+    if (b->in_place) {
+      dbg(s, "step %llu phase '%s': '%s' is used in place (generation %llu)",
+          (unsigned long long)I->step, ph->name, b->name, (unsigned long long)b->gen);
+    } else if (!placed) {
       s->st.hits++;
       dbg(s, "step %llu phase '%s': '%s' is there (%s, generation %llu)",
           (unsigned long long)I->step, ph->name, b->name, copy_state(b),
@@ -907,6 +919,10 @@ static void inst_finish(tz_sched *s, struct inst *I) {
     b->c.pins--;
     if (ph->uses[k].access & TZ_ACCESS_WRITE)
       b->c.writers--;
+    /* In place, the home holds what the writers made once the last of them has completed (the
+     * latest generation was made by the last writer entered, which is among them). */
+    if (b->in_place && (ph->uses[k].access & TZ_ACCESS_WRITE) && b->c.writers == 0)
+      b->home_gen = b->gen;
   }
   s->n_running--;
   uint64_t ready = I->wait.ready_ns ? I->wait.ready_ns : now;
@@ -1102,7 +1118,8 @@ static int block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_ext
   b->xfer = xfer;
   b->home = *home;
   b->gen = b->home_gen = 1;
-  b->staged = staged;
+  b->in_place = home->tier == s->compute;
+  b->staged = staged && !b->in_place;
   *id = s->n_blocks++;
   return 0;
 }
@@ -1141,10 +1158,13 @@ static int check_phases(tz_sched *s, const struct tz_phase_decl *phases, int n) 
   return 0;
 }
 
+/* Bytes of the copies a phase needs at once: blocks used in place take none. */
 static uint64_t phase_ws(tz_sched *s, const struct tz_phase_decl *d, uint64_t align) {
   uint64_t ws = 0;
-  for (int k = 0; k < d->n_uses; k++)
-    ws += round_up(s->blocks[d->uses[k].block].xfer, align);
+  for (int k = 0; k < d->n_uses; k++) {
+    const struct block *b = &s->blocks[d->uses[k].block];
+    ws += b->in_place ? 0 : round_up(b->xfer, align);
+  }
   return ws;
 }
 
@@ -1211,7 +1231,7 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
   uint64_t lanes_seen = 0;
   for (int i = 0; i < s->n_blocks; i++) {
     struct block *b = &s->blocks[i];
-    if (!b->staged)
+    if (!b->staged || b->in_place)
       continue;
     int in = xlane_get(s, b->home.tier, s->compute), out = xlane_get(s, s->compute, b->home.tier);
     for (int l = 0; l < 2; l++) {
@@ -1299,8 +1319,10 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
   for (int i = 0; i < s->n_blocks; i++) {
     struct block *b = &s->blocks[i];
     b->size = round_up(b->xfer, s->align);
-    b->xl_in = xlane_get(s, b->home.tier, s->compute);
-    b->xl_out = xlane_get(s, s->compute, b->home.tier);
+    /* No transfer lane for a block in place: nothing moves, and the lane stats list only pairs
+     * bytes are moved over. */
+    b->xl_in = b->in_place ? -1 : xlane_get(s, b->home.tier, s->compute);
+    b->xl_out = b->in_place ? -1 : xlane_get(s, s->compute, b->home.tier);
   }
   s->n_phases = n;
   s->budget = budget;
@@ -1450,6 +1472,19 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
     const struct tz_block_use *u = &ph->uses[k];
     struct block *b = &s->blocks[u->block];
     struct copy *c = &b->c;
+    view->blocks[k].block = u->block;
+    view->blocks[k].access = u->access;
+    view->blocks[k].bytes = b->bytes;
+    if (b->in_place) {
+      /* The home itself. The lane is handed the last writer's fence, as for a copy (on the one
+       * in-order lane it has been passed already); there is no fill or write-back to wait for. */
+      if (c->writer)
+        fs[nf++] = c->writer;
+      view->blocks[k].ptr = tz_tier_device_ptr(b->home.tier, b->home.offset);
+      if (!view->blocks[k].ptr)
+        view->blocks[k].ptr = tz_tier_host_ptr(b->home.tier, b->home.offset);
+      continue;
+    }
     if (c->gen != b->gen) {
       fail_locked(s, TZ_EINVAL, "sched: phase '%s' would use a stale copy of '%s' (generation "
                   "%llu, the block is at %llu): a bug", ph->name, b->name,
@@ -1463,9 +1498,6 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
       fs[nf++] = c->writer;
     if ((u->access & TZ_ACCESS_WRITE) && c->flushed)
       fs[nf++] = c->flushed;
-    view->blocks[k].block = u->block;
-    view->blocks[k].access = u->access;
-    view->blocks[k].bytes = b->bytes;
     view->blocks[k].ptr = tz_tier_device_ptr(s->compute, c->ext.offset);
     if (!view->blocks[k].ptr)
       view->blocks[k].ptr = tz_tier_host_ptr(s->compute, c->ext.offset);
@@ -1475,11 +1507,14 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
   for (int k = 0; k < ph->n_uses; k++) {
     struct block *b = &s->blocks[ph->uses[k].block];
     b->running++;
+    s->st.in_place += (uint64_t)b->in_place;
     if (ph->uses[k].access & TZ_ACCESS_WRITE) {
       b->gen++;
-      b->c.gen = b->gen;
       b->c.writers++;
-      b->c.unwritten = 0;
+      if (!b->in_place) {
+        b->c.gen = b->gen;
+        b->c.unwritten = 0;
+      }
     }
   }
   I->entered = 1;

@@ -16,6 +16,11 @@
  * their transfers are issued; the compute lane waits for the transfers. Nothing is reused, written
  * back or freed before the fence of its last reader or writer has completed.
  *
+ * A block whose home is in the compute tier (params.compute) is used in place: the view gives its
+ * home, and it has no copy, takes none of the budget and is never filled or written back. The
+ * compute lane runs phases in order, so a reader runs after the writers entered before it and a
+ * writer after the readers entered before it, as for copies.
+ *
  * Threads: one client thread calls the functions below (they are not meant to be called from two
  * threads at once); the scheduler's own work runs in fence callbacks on the progress engine, the
  * runtime's copy lane and the compute lane.
@@ -85,12 +90,14 @@ int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **
 void tz_sched_destroy(tz_sched *s);
 
 /* A block of `bytes` whose home is `home` (borrowed; at least bytes long). Its current contents
- * are the block's. Only before tz_sched_declare. *id counts from 0. */
+ * are the block's. A home in params.compute is used in place (above). Only before
+ * tz_sched_declare. *id counts from 0. */
 int tz_sched_block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_extent *home,
                        int *id);
 
 /* The smallest budget that phases[0..n) can run in: the largest working set of one phase (each
- * block rounded to the compute tier's alignment) plus one chunk for the compute lane. */
+ * block rounded to the compute tier's alignment; blocks used in place count nothing) plus one
+ * chunk for the compute lane. */
 int tz_sched_min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes);
 
 /* Declares the phases (copied), once. Takes the budget from the compute tier. TZ_ENOMEM when the
@@ -105,7 +112,8 @@ struct tz_view {
   int n_blocks;
   struct tz_view_block {
     int block, access;
-    void *ptr;      /* in the compute tier: a device pointer on a GPU tier, else a host pointer */
+    void *ptr;      /* in the compute tier: a device pointer on a GPU tier, else a host pointer;
+                       for a block used in place, its home */
     uint64_t bytes; /* the block's size */
   } blocks[TZ_SCHED_MAX_USES]; /* in the order of the phase's uses */
   void *scratch;         /* the compute lane's chunk in the compute tier, for the phase's own use */
@@ -130,8 +138,9 @@ int tz_sched_step_end(tz_sched *s);
  * written back to its home. Then the homes hold the latest contents. */
 int tz_sched_sync(tz_sched *s);
 
-/* Latest contents of a block into dst (bytes long), waiting for phases in flight that write it.
- * For tests and checkpoints, not for the step. */
+/* Latest contents of a block into dst (bytes long), waiting for phases in flight that use it
+ * (for a block used in place, the home is read once they have completed). For tests and
+ * checkpoints, not for the step. */
 int tz_sched_block_load(tz_sched *s, int id, void *dst);
 /* Replaces a block's contents from the host: waits for phases in flight that use the block, writes
  * its home and makes the block a new generation, so that copies made earlier (prefetched ones
@@ -146,6 +155,8 @@ struct tz_sched_stats {
   uint64_t fills, fill_bytes;   /* home -> compute */
   uint64_t flushes, flush_bytes;/* compute -> home (write-back) */
   uint64_t hits;           /* block uses served by a copy already there or on its way */
+  uint64_t in_place;       /* block uses by entered phases of blocks homed in the compute tier,
+                              served by their home: never fills, write-backs or hits */
   uint64_t evictions;      /* copies dropped to make room */
   uint64_t refills;        /* stale copies brought in again */
   uint64_t order_changes;  /* phases entered out of the expected order */

@@ -7,6 +7,7 @@
  * is bounded: the scheduler's own timeout, and a watchdog that fails a test that hangs. */
 #define _GNU_SOURCE
 #include "core/error.h"
+#include "core/plan.h"
 #include "core/runtime.h"
 #include "core/sched.h"
 #include "core/tier.h"
@@ -30,6 +31,8 @@ static int jitter_us;
 /* 1: nvme homes go through the scheduler's staging chunks (params.stage_homes), the two hops a
  * device lane's fills and write-backs take, here on the CPU lane. */
 static int staged;
+/* 1: test_random_budgets homes a third of its blocks in the compute tier (used in place). */
+static int in_place_homes;
 static const char *nvme_dir = "/var/tmp";
 
 static uint64_t now_ns(void) {
@@ -77,7 +80,7 @@ struct env {
   struct model m;
 };
 
-enum home_kind { HOME_HOST, HOME_NVME };
+enum home_kind { HOME_HOST, HOME_NVME, HOME_COMPUTE };
 
 static int make_env(struct env *e, uint64_t compute_cap, const char *faults) {
   memset(e, 0, sizeof *e);
@@ -122,7 +125,7 @@ static void *aligned(uint64_t n) {
 
 static uint64_t rounded(uint64_t n) { return (n + 4095) / 4096 * 4096; }
 
-/* A block of the model, with its home in host or nvme holding version 0. */
+/* A block of the model, with its home in host, nvme or the compute tier holding version 0. */
 static void add_block(struct env *e, const char *name, uint64_t bytes, int home, uint64_t seed) {
   struct model *m = &e->m;
   int i = m->n++;
@@ -131,7 +134,7 @@ static void add_block(struct env *e, const char *name, uint64_t bytes, int home,
   m->base[i] = malloc(bytes);
   tz_test_fill(m->base[i], bytes, seed);
   m->version[i] = 0;
-  tz_tier *t = home == HOME_NVME ? e->nvme : e->host;
+  tz_tier *t = home == HOME_NVME ? e->nvme : home == HOME_COMPUTE ? e->compute : e->host;
   TZ_ASSERT_OK(tz_tier_alloc(t, bytes, &m->home[i]));
   uint8_t *buf = aligned(bytes);
   memset(buf, 0, rounded(bytes));
@@ -209,6 +212,8 @@ static int run_phase(struct env *e, int phase, int64_t spin_ns) {
   for (int i = 0; i < v.n_blocks; i++) {
     int b = v.blocks[i].block;
     assert_non_null(v.blocks[i].ptr);
+    if (e->m.home[b].tier == e->compute) /* used in place: the view is the home */
+      assert_ptr_equal(v.blocks[i].ptr, tz_tier_host_ptr(e->compute, e->m.home[b].offset));
     assert_int_equal(v.blocks[i].bytes, e->m.bytes[b]);
     j->b[i].p = v.blocks[i].ptr;
     j->b[i].base = e->m.base[b];
@@ -414,8 +419,9 @@ static void test_training_like_step(void **state) {
   free_env(&e);
 }
 
-/* Random phase graphs over host and nvme homes, budgets from generous down to the minimum,
- * lookahead 0..4, declared or recorded order. */
+/* Random phase graphs over host and nvme homes (and compute ones, used in place, with
+ * in_place_homes), budgets from generous down to the minimum, lookahead 0..4, declared or
+ * recorded order. */
 static void test_random_budgets(void **state) {
   (void)state;
   uint64_t rs = 20240601;
@@ -435,7 +441,8 @@ static void test_random_budgets(void **state) {
       uint64_t bytes = (1 + tz_test_rand(&rs) % 48) * 4096 * (tz_test_rand(&rs) % 4 == 0 ? 8 : 1);
       if (tz_test_rand(&rs) % 3 == 0)
         bytes -= 100; /* not a multiple of the alignment */
-      add_block(&e, name, bytes, (int)(tz_test_rand(&rs) % 2), (uint64_t)c * 100 + (uint64_t)i);
+      add_block(&e, name, bytes, (int)(tz_test_rand(&rs) % (in_place_homes ? 3 : 2)),
+                (uint64_t)c * 100 + (uint64_t)i);
       total += rounded(bytes);
     }
     struct tz_block_use uses[MAXP][4];
@@ -455,8 +462,16 @@ static void test_random_budgets(void **state) {
       snprintf(names[i], 16, "p%d", i);
       ph[i] = (struct tz_phase_decl){names[i], uses[i], k};
     }
-    uint64_t min;
+    uint64_t min, largest = 0;
     TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, np, &min));
+    for (int i = 0; i < np; i++) { /* blocks used in place take no room */
+      uint64_t ws = 0;
+      for (int k = 0; k < ph[i].n_uses; k++)
+        if (e.m.home[uses[i][k].block].tier != e.compute)
+          ws += rounded(e.m.bytes[uses[i][k].block]);
+      largest = ws > largest ? ws : largest;
+    }
+    assert_int_equal(min, largest + (256 << 10));
     /* The first case is the minimum exactly, the second generous, the rest in between. */
     uint64_t span = total + (256 << 10) > min ? total + (256 << 10) - min : 0;
     uint64_t budget = c == 0 ? min : c == 1 ? total + (1 << 20) : min + tz_test_rand(&rs) % (span + 1);
@@ -506,6 +521,12 @@ static void test_random_budgets(void **state) {
       assert_true(fills <= 4 * reads);
       if (c == 1) /* everything fits: at most once */
         assert_true(fills <= 1);
+      if (e.m.home[i].tier == e.compute) { /* used in place: never moved */
+        uint64_t flushes;
+        TZ_ASSERT_OK(tz_sched_block_stats(e.s, i, &fills, &flushes, NULL));
+        assert_int_equal(fills, 0);
+        assert_int_equal(flushes, 0);
+      }
     }
     free_env(&e);
   }
@@ -519,6 +540,321 @@ static void test_staged_homes(void **state) {
   test_training_like_step(state);
   test_random_budgets(state);
   staged = 0;
+}
+
+/* ---- blocks homed in the compute tier, used in place ---- */
+
+/* No transfer lane but the compute lane's: nothing moved between tiers. */
+static void check_no_transfers(struct env *e) {
+  struct tz_sched_lane_stats ls[16];
+  assert_int_equal(tz_sched_lane_stats(e->s, ls, 16), 1);
+  assert_string_equal(ls[0].name, "compute");
+  struct tz_pair_stats ps[64];
+  int n = tz_runtime_pair_stats(e->rt, ps, 64);
+  for (int i = 0; i < n && i < 64; i++)
+    assert_int_equal(ps[i].bytes, 0);
+}
+
+/* Blocks homed in the compute tier: the view gives the home, nothing is brought in, written
+ * back or held in the budget, which is one chunk here (the phases' scratch), smaller than
+ * either block. Writers, readers and write-only uses across steps see each other's bytes. */
+static void test_in_place(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, 256 << 10, 2);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "A", 1 << 20, HOME_COMPUTE, 1);
+  add_block(&e, "B", (300 << 10) - 100, HOME_COMPUTE, 2);
+  struct tz_block_use w_a[1] = {{0, TZ_ACCESS_READWRITE}};
+  struct tz_block_use r_ab[2] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_READ}};
+  struct tz_block_use w_b[1] = {{1, TZ_ACCESS_WRITE}};
+  struct tz_block_use r_a[1] = {{0, TZ_ACCESS_READ}};
+  struct tz_phase_decl ph[4] = {
+    {"write A", w_a, 1}, {"read A B", r_ab, 2}, {"overwrite B", w_b, 1}, {"read A", r_a, 1}};
+  uint64_t min;
+  TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, 4, &min));
+  assert_int_equal(min, 256 << 10); /* the chunk alone */
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 4));
+  int order[4] = {0, 1, 2, 3};
+  for (int step = 0; step < 4; step++)
+    TZ_ASSERT_OK(run_step(&e, order, 4, 200 * 1000));
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  check_homes(&e);
+  check_budget(&e);
+  check_no_transfers(&e);
+  struct tz_sched_stats st;
+  tz_sched_stats(e.s, &st);
+  assert_int_equal(st.phases, 16);
+  assert_int_equal(st.fills, 0);
+  assert_int_equal(st.flushes, 0);
+  assert_int_equal(st.hits, 0);
+  assert_int_equal(st.evictions, 0);
+  assert_int_equal(st.refills, 0);
+  assert_int_equal(st.in_place, 4 * 5);
+  assert_int_equal(st.budget, 256 << 10);
+  assert_int_equal(st.peak_used, 256 << 10); /* the scratch chunk and nothing else */
+  for (int i = 0; i < 2; i++) {
+    uint64_t fills, flushes, refills;
+    TZ_ASSERT_OK(tz_sched_block_stats(e.s, i, &fills, &flushes, &refills));
+    assert_int_equal(fills + flushes + refills, 0);
+  }
+  free_env(&e);
+}
+
+/* Host access to a block used in place while phases that use it are in flight (each spins for
+ * a millisecond): a load right after a writer's leave sees its write, a store waits for the
+ * phases before it and every later reader sees the stored bytes, across steps. */
+static void test_in_place_load_store(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 2);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "A", 512 << 10, HOME_COMPUTE, 11);
+  add_block(&e, "H", 256 << 10, HOME_HOST, 12);
+  struct tz_block_use u0[2] = {{0, TZ_ACCESS_READWRITE}, {1, TZ_ACCESS_READ}};
+  struct tz_block_use u1[1] = {{0, TZ_ACCESS_READ}};
+  struct tz_block_use u2[1] = {{0, TZ_ACCESS_WRITE}};
+  struct tz_block_use u3[2] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_READWRITE}};
+  struct tz_phase_decl ph[4] = {
+    {"bump A", u0, 2}, {"read A", u1, 1}, {"set A", u2, 1}, {"read A bump H", u3, 2}};
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 4));
+  uint8_t *buf = malloc(512 << 10), *exp = malloc(512 << 10);
+  uint8_t *old[2] = {NULL, NULL};
+  for (int step = 0; step < 6; step++) {
+    for (int i = 0; i < 4; i++) {
+      TZ_ASSERT_OK(run_phase(&e, i, 1000 * 1000));
+      if (i == 0 || i == 2) { /* a writer just left; its job may not have run yet */
+        TZ_ASSERT_OK(tz_sched_block_load(e.s, 0, buf));
+        for (uint64_t k = 0; k < e.m.bytes[0]; k++)
+          exp[k] = (uint8_t)(e.m.base[0][k] + e.m.version[0]);
+        assert_memory_equal(buf, exp, e.m.bytes[0]);
+      }
+    }
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+    if (step == 1 || step == 3) {
+      /* Phases of this step may still run: the store waits for them. Their jobs compare with
+       * the old pattern, which stays until the end. */
+      old[step / 2] = e.m.base[0];
+      e.m.base[0] = malloc(e.m.bytes[0]);
+      tz_test_fill(e.m.base[0], e.m.bytes[0], 500 + (uint64_t)step);
+      e.m.version[0] = 0;
+      TZ_ASSERT_OK(tz_sched_block_store(e.s, 0, e.m.base[0]));
+      TZ_ASSERT_OK(tz_sched_block_load(e.s, 0, buf));
+      assert_memory_equal(buf, e.m.base[0], e.m.bytes[0]);
+    }
+  }
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  check_homes(&e);
+  check_bytes(&e);
+  check_budget(&e);
+  struct tz_sched_stats st;
+  tz_sched_stats(e.s, &st);
+  assert_int_equal(st.in_place, 6 * 4);
+  uint64_t fills, flushes;
+  TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, &fills, &flushes, NULL));
+  assert_int_equal(fills + flushes, 0);
+  TZ_ASSERT_OK(tz_sched_block_stats(e.s, 1, &fills, &flushes, NULL));
+  assert_true(fills >= 1 && flushes >= 1);
+  free(buf);
+  free(exp);
+  free(old[0]);
+  free(old[1]);
+  free_env(&e);
+}
+
+/* Phases that use blocks in place beside blocks homed in host and nvme, at the minimum budget
+ * (which counts only the latter) and with room to spare: the window streams and evicts those,
+ * never the blocks in place. */
+static void test_in_place_mixed(void **state) {
+  (void)state;
+  for (int tight = 0; tight <= 1; tight++) {
+    struct env e;
+    TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+    struct tz_sched_params p;
+    sched_params(&e, &p, 0, 2);
+    TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+    add_block(&e, "A", 512 << 10, HOME_COMPUTE, 21);
+    add_block(&e, "B", 256 << 10, HOME_HOST, 22);
+    add_block(&e, "C", (384 << 10) - 100, HOME_NVME, 23);
+    add_block(&e, "D", 128 << 10, HOME_COMPUTE, 24);
+    add_block(&e, "E", 128 << 10, HOME_HOST, 25);
+    struct tz_block_use mix[4] = {
+      {0, TZ_ACCESS_READWRITE}, {1, TZ_ACCESS_READ}, {2, TZ_ACCESS_READWRITE}, {3, TZ_ACCESS_WRITE}};
+    struct tz_block_use other[2] = {{4, TZ_ACCESS_READWRITE}, {0, TZ_ACCESS_READ}};
+    struct tz_block_use third[3] = {{3, TZ_ACCESS_READ}, {1, TZ_ACCESS_READWRITE}, {2, TZ_ACCESS_READ}};
+    struct tz_phase_decl ph[3] = {{"mix", mix, 4}, {"other", other, 2}, {"third", third, 3}};
+    uint64_t min;
+    TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, 3, &min));
+    assert_int_equal(min, (256 << 10) + (384 << 10) + (256 << 10)); /* B, C and the chunk */
+    if (tight) {
+      tz_sched_destroy(e.s);
+      p.budget = min;
+      TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+      for (int i = 0; i < 5; i++) {
+        int id;
+        TZ_ASSERT_OK(tz_sched_block_add(e.s, "x", e.m.bytes[i], &e.m.home[i], &id));
+      }
+    }
+    TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 3));
+    int order[3] = {0, 1, 2};
+    for (int step = 0; step < 4; step++)
+      TZ_ASSERT_OK(run_step(&e, order, 3, 0));
+    TZ_ASSERT_OK(tz_sched_sync(e.s));
+    check_homes(&e);
+    check_bytes(&e);
+    check_budget(&e);
+    struct tz_sched_stats st;
+    tz_sched_stats(e.s, &st);
+    assert_int_equal(st.in_place, 4 * 4);
+    assert_true(st.fills > 0);
+    if (tight) /* B and C cannot stay beside E: evicted and brought in again every step */
+      assert_true(st.evictions > 0);
+    for (int i = 0; i < 5; i++) {
+      uint64_t fills, flushes;
+      TZ_ASSERT_OK(tz_sched_block_stats(e.s, i, &fills, &flushes, NULL));
+      if (e.m.home[i].tier == e.compute) {
+        assert_int_equal(fills + flushes, 0);
+      } else {
+        assert_true(fills >= 1 && flushes >= 1);
+      }
+    }
+    struct tz_sched_lane_stats ls[16];
+    int n = tz_sched_lane_stats(e.s, ls, 16);
+    for (int i = 1; i < n && i < 16; i++) /* no lane from the compute tier to itself */
+      assert_false(strcmp(ls[i].src, "compute") == 0 && strcmp(ls[i].dst, "compute") == 0);
+    free_env(&e);
+  }
+}
+
+/* The random schedules with a third of the blocks homed in the compute tier. */
+static void test_in_place_random(void **state) {
+  in_place_homes = 1;
+  test_random_budgets(state);
+  in_place_homes = 0;
+}
+
+/* The plan mirrors the scheduler: its minimum window for a placement is tz_sched_min_budget of
+ * the same homes (blocks homed in the compute tier count nothing), a block in place costs no copy
+ * in the bound, and a compute tier that holds the state and one chunk keeps it all in place. */
+static void test_plan_mirrors_in_place(void **state) {
+  (void)state;
+  enum { G = 4 };
+  const uint64_t P = 64 << 10, M = 128 << 10, chunk = 256 << 10;
+  uint64_t bytes[G][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  struct tz_plan_phase pp[2 * G];
+  memset(pp, 0, sizeof pp);
+  for (int g = 0; g < G; g++) {
+    bytes[g][TZ_PLAN_PARAM] = P;
+    bytes[g][TZ_PLAN_MASTER] = M;
+    snprintf(pp[g].name, sizeof pp[g].name, "fwd%d", g);
+    pp[g].flop = 1e9;
+    pp[g].n_uses = 1;
+    pp[g].uses[0] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_READ};
+    snprintf(pp[G + g].name, sizeof pp[G + g].name, "opt%d", g);
+    pp[G + g].adam_elems = 1e6;
+    pp[G + g].n_uses = 2;
+    pp[G + g].uses[0] = (struct tz_plan_use){g, TZ_PLAN_MASTER, TZ_ACCESS_READWRITE};
+    pp[G + g].uses[1] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_WRITE};
+  }
+  struct tz_plan_request r;
+  memset(&r, 0, sizeof r);
+  r.n_groups = G;
+  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])bytes;
+  r.n_phases = 2 * G;
+  r.phases = pp;
+  r.align = 4096;
+  r.chunk = chunk;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    r.force[k] = TZ_PLAN_AUTO;
+  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e9, .copy_out = 1e9,
+                                   .copy_local = 1e11, .nvme_read = 1e8, .nvme_write = 1e8,
+                                   .adam = 1e9};
+  const uint64_t S = G * (P + M);
+  r.capacity[TZ_PLAN_HOST] = 64 << 20;
+  /* Nothing forced: before placement the minimum is that of every block homed elsewhere. */
+  assert_int_equal(tz_plan_min_window(&r), P + M + chunk);
+
+  /* Everything in the compute tier: no copy in or out, the bound is the compute. */
+  int8_t tiers[G * TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_COMPUTE, sizeof tiers);
+  struct tz_plan b;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, chunk, &b));
+  assert_true(b.lane_s[0] == 0 && b.lane_s[1] == 0 && b.moved[TZ_PLAN_COMPUTE] == 0);
+  assert_true(fabs(b.bound_s - b.compute_s) < 1e-9);
+  assert_int_equal(b.lookahead, 2 * G); /* nothing takes room: the window looks a step ahead */
+
+  /* Room for the state and one chunk: it all stays, used in place. */
+  struct tz_plan pl;
+  r.capacity[TZ_PLAN_COMPUTE] = S + chunk;
+  TZ_ASSERT_OK(tz_plan_make(&r, &pl));
+  assert_int_equal(pl.used[TZ_PLAN_COMPUTE], S);
+  assert_int_equal(pl.moves, 0);
+  assert_int_equal(pl.window, chunk);
+  assert_int_equal(pl.min_window, chunk);
+  tz_plan_free(&pl);
+
+  /* A window asked for that is below the minimum with every block elsewhere but above it with
+   * one of each group's two blocks in the compute tier: the plan moves out 2 * M of state and
+   * never both blocks of a group. */
+  r.window = M + chunk;
+  r.capacity[TZ_PLAN_COMPUTE] = S - 2 * M + r.window;
+  TZ_ASSERT_OK(tz_plan_make(&r, &pl));
+  assert_int_equal(pl.window, r.window);
+  assert_true(pl.min_window <= pl.window);
+  assert_true(pl.used[TZ_PLAN_COMPUTE] + pl.window <= r.capacity[TZ_PLAN_COMPUTE]);
+  for (int g = 0; g < G; g++)
+    assert_false(pl.tier[g * TZ_PLAN_KINDS + TZ_PLAN_PARAM] != TZ_PLAN_COMPUTE &&
+                 pl.tier[g * TZ_PLAN_KINDS + TZ_PLAN_MASTER] != TZ_PLAN_COMPUTE);
+
+  /* The scheduler with those homes agrees on the minimum. */
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  struct tz_sched_params sp;
+  sched_params(&e, &sp, 0, 2);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &sp, &e.s));
+  int id[G][2];
+  for (int g = 0; g < G; g++)
+    for (int k = 0; k < 2; k++) {
+      int t = pl.tier[g * TZ_PLAN_KINDS + (k ? TZ_PLAN_MASTER : TZ_PLAN_PARAM)];
+      char name[16];
+      snprintf(name, sizeof name, "%s%d", k ? "master" : "param", g);
+      add_block(&e, name, k ? M : P, t == TZ_PLAN_COMPUTE ? HOME_COMPUTE : HOME_HOST,
+                (uint64_t)(10 * g + k));
+      id[g][k] = e.m.n - 1;
+    }
+  struct tz_block_use su[2 * G][2];
+  struct tz_phase_decl sd[2 * G];
+  for (int g = 0; g < G; g++) {
+    su[g][0] = (struct tz_block_use){id[g][0], TZ_ACCESS_READ};
+    sd[g] = (struct tz_phase_decl){pp[g].name, su[g], 1};
+    su[G + g][0] = (struct tz_block_use){id[g][1], TZ_ACCESS_READWRITE};
+    su[G + g][1] = (struct tz_block_use){id[g][0], TZ_ACCESS_WRITE};
+    sd[G + g] = (struct tz_phase_decl){pp[G + g].name, su[G + g], 2};
+  }
+  uint64_t min;
+  TZ_ASSERT_OK(tz_sched_min_budget(e.s, sd, 2 * G, &min));
+  assert_int_equal(min, pl.min_window);
+  /* Forced into the compute tier counts as in place before placement too. */
+  r.force[TZ_PLAN_MASTER] = TZ_PLAN_COMPUTE;
+  assert_int_equal(tz_plan_min_window(&r), P + chunk);
+  tz_plan_free(&pl);
+  free_env(&e);
+
+  /* A window below the least minimum any placement allows (a param forced out): refused. */
+  r.force[TZ_PLAN_MASTER] = TZ_PLAN_AUTO;
+  int8_t each[G * TZ_PLAN_KINDS];
+  memset(each, TZ_PLAN_AUTO, sizeof each);
+  each[TZ_PLAN_PARAM] = TZ_PLAN_HOST;
+  r.force_each = each;
+  r.window = P;
+  r.capacity[TZ_PLAN_COMPUTE] = S + chunk;
+  assert_int_equal(tz_plan_make(&r, &pl), TZ_ENOMEM);
+  assert_non_null(strstr(tz_err_msg(), "short of its minimum"));
 }
 
 static void test_budget_below_minimum_refused(void **state) {
@@ -958,6 +1294,11 @@ int main(int argc, char **argv) {
     cmocka_unit_test_setup_teardown(test_compute_failure, arm, disarm),
     cmocka_unit_test_setup_teardown(test_debug_prints_decisions, arm, disarm),
     cmocka_unit_test_setup_teardown(test_staged_homes, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_in_place, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_in_place_load_store, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_in_place_mixed, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_in_place_random, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_plan_mirrors_in_place, arm, disarm),
   };
   return cmocka_run_group_tests_name(argv[1], tests, NULL, NULL);
 }

@@ -1,8 +1,9 @@
 /* ZeRO-3 training on the scheduler, world of one, cpu backend:
  *  - against a direct reference (the whole-model runner, the same Adam, the same clipping), bit
  *    for bit;
- *  - placement invariance: offload none, cpu, nvme and a mixed plan, streaming through a window of
- *    a quarter of the state, give the same bits;
+ *  - placement invariance: offload none (every block used in place), cpu, nvme and a mixed plan,
+ *    streaming what is homed outside the compute tier through a window of a quarter of the state,
+ *    give the same bits;
  *  - folded and overlapped optimizer steps against unfolded ones, tied and untied: the same bits;
  *  - the plan: capacities respected, forced placements honoured, budgets below the minimum
  *    refused with the missing amount; the bound.
@@ -168,13 +169,19 @@ static void test_placement(void **state) {
   tc_opts_init(&o);
   struct tc_result none, cpu, nvme, mixed;
   run(&o, &none);
-  /* The window was a quarter of the state: blocks were streamed in and evicted. */
-  assert_true(none.st.fills > 0);
-  assert_true(none.st.evictions > 0);
+  /* Every home in the compute tier: every block is used in place, nothing is brought in or
+   * written back. */
+  assert_int_equal(none.st.fills, 0);
+  assert_int_equal(none.st.flushes, 0);
+  assert_true(none.st.in_place > 0);
   assert_int_equal(none.st.over_budget, 0);
   o.param_dev = "cpu";
   o.opt_dev = "cpu";
   run(&o, &cpu);
+  /* The window was a quarter of the state: blocks were streamed in and evicted. */
+  assert_true(cpu.st.fills > 0);
+  assert_true(cpu.st.evictions > 0);
+  assert_int_equal(cpu.st.over_budget, 0);
   expect_same(&none, &cpu, "offload cpu");
   o.param_dev = "nvme";
   o.opt_dev = "nvme";
