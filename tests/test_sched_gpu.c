@@ -1,7 +1,7 @@
 /* The scheduler with a CUDA-stream compute lane (tz_hbm_lane_create) and the compute tier in GPU
  * memory: blocks homed in host memory or in nvme (a directory under /var/tmp; their fills and
  * write-backs go through the scheduler's pinned staging chunks, so that the lane still waits on
- * copy events only), phases whose "compute" is copies and memsets launched on the
+ * copy events only), or in the GPU's memory itself (used in place), phases whose "compute" is copies and memsets launched on the
  * lane's stream, several steps, results checked byte for byte against a host model after
  * tz_sched_sync. The lane waits on the device only: it refuses a pending host fence, and the
  * scheduler never hands it one (a refusal would fail the run). Skips (77) without a GPU.
@@ -76,6 +76,10 @@ static void env_free(struct env *e) {
   if (e->dir)
     tz_test_rmdir(e->dir);
 }
+
+/* 1: the A blocks (read and written by forward) are homed in the GPU's memory, the compute tier,
+ * and used in place; W and G stay in host memory or nvme. */
+static int a_in_place;
 
 static unsigned char fwd_byte(int step, int l) { return (unsigned char)(1 + 16 * step + l); }
 static unsigned char bwd_byte(int step, int l) { return (unsigned char)(101 + 16 * step + l); }
@@ -153,7 +157,7 @@ static void run_steps(uint64_t budget, int jitter_us, int nvme) {
     const char *kind[3] = {"w", "g", "a"};
     for (int k = 0; k < 3; k++) {
       tz_extent *h = &e.homes[3 * l + k];
-      TZ_ASSERT_OK(tz_tier_alloc(nvme ? e.nvme : e.host, B, h));
+      TZ_ASSERT_OK(tz_tier_alloc(a_in_place && k == 2 ? e.hbm : nvme ? e.nvme : e.host, B, h));
       tz_test_fill(buf, B, 1000 + 10 * (uint64_t)l + (uint64_t)k);
       TZ_ASSERT_OK(tz_tier_write_sync(h, 0, buf, B));
       char name[16];
@@ -204,6 +208,8 @@ static void run_steps(uint64_t budget, int jitter_us, int nvme) {
       if (j.fwd) {
         int l = i;
         j.src = j.dst = view_ptr(&v, e.a[l]);
+        if (a_in_place) /* the view is the home itself */
+          assert_ptr_equal(j.src, tz_tier_device_ptr(e.hbm, e.homes[3 * l + 2].offset));
         j.value = fwd_byte(step, l);
         memmove(aref[l] + B / 2, aref[l], B / 2);
         memset(aref[l], j.value, B / 2);
@@ -244,7 +250,14 @@ static void run_steps(uint64_t budget, int jitter_us, int nvme) {
   assert_true(st.peak_used <= st.budget);
   assert_true(st.stall_s >= 0);
   assert_true(st.compute_s > 0);
-  assert_true(st.fills >= (uint64_t)(2 * L)); /* every W and A at least once */
+  /* Every W and A at least once; A not at all when it is used in place. */
+  assert_true(st.fills >= (uint64_t)(a_in_place ? L : 2 * L));
+  assert_int_equal(st.in_place, a_in_place ? (uint64_t)(L * STEPS) : 0);
+  for (int l = 0; l < L && a_in_place; l++) {
+    uint64_t fills, flushes;
+    TZ_ASSERT_OK(tz_sched_block_stats(e.s, e.a[l], &fills, &flushes, NULL));
+    assert_int_equal(fills + flushes, 0);
+  }
   struct tz_sched_phase_stats ps[2 * L];
   assert_int_equal(tz_sched_phase_stats(e.s, ps, 2 * L), 2 * L);
   for (int i = 0; i < 2 * L; i++) {
@@ -261,6 +274,7 @@ static void run_steps(uint64_t budget, int jitter_us, int nvme) {
   TZ_ASSERT_OK(tz_hbm_stats(e.hbm, &hs));
   assert_true(hs.stream_waits > 0);
   assert_true(hs.h2d_copies > 0 && hs.d2h_copies > 0);
+  assert_int_equal(hs.d2d_copies, 0); /* nothing copied from HBM homes into the window */
   /* nvme homes: two staging chunks (nvme->compute, compute->nvme) of the runtime's chunk, and
    * every byte moved went through them, none through the runtime's own staged path. */
   assert_int_equal(st.staging, nvme ? 2 * tz_runtime_chunk_bytes(e.rt) : 0);
@@ -307,6 +321,15 @@ static void test_tight(void **state) {
 static void test_tight_jitter(void **state) {
   (void)state;
   run_steps(4 * (uint64_t)B + CHUNK, 200, 0);
+}
+
+/* A homed in HBM, used in place, beside W and G streamed from host memory. */
+static void test_in_place(void **state) {
+  (void)state;
+  a_in_place = 1;
+  run_steps(0, 0, 0);
+  run_steps(2 * (uint64_t)B + CHUNK, 200, 0); /* the minimum: W and G of one phase, a chunk */
+  a_in_place = 0;
 }
 
 static int nvme_usable(void) {
@@ -382,6 +405,7 @@ int main(void) {
     cmocka_unit_test(test_nvme_generous),
     cmocka_unit_test(test_nvme_tight),
     cmocka_unit_test(test_nvme_tight_jitter),
+    cmocka_unit_test(test_in_place),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
