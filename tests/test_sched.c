@@ -682,10 +682,11 @@ static void test_in_place_mixed(void **state) {
     add_block(&e, "C", (384 << 10) - 100, HOME_NVME, 23);
     add_block(&e, "D", 128 << 10, HOME_COMPUTE, 24);
     add_block(&e, "E", 128 << 10, HOME_HOST, 25);
-    struct tz_block_use mix[4] = {
-      {0, TZ_ACCESS_READWRITE}, {1, TZ_ACCESS_READ}, {2, TZ_ACCESS_READWRITE}, {3, TZ_ACCESS_WRITE}};
+    struct tz_block_use mix[4] = {{0, TZ_ACCESS_READWRITE}, {1, TZ_ACCESS_READ},
+                                  {2, TZ_ACCESS_READWRITE}, {3, TZ_ACCESS_WRITE}};
     struct tz_block_use other[2] = {{4, TZ_ACCESS_READWRITE}, {0, TZ_ACCESS_READ}};
-    struct tz_block_use third[3] = {{3, TZ_ACCESS_READ}, {1, TZ_ACCESS_READWRITE}, {2, TZ_ACCESS_READ}};
+    struct tz_block_use third[3] = {
+      {3, TZ_ACCESS_READ}, {1, TZ_ACCESS_READWRITE}, {2, TZ_ACCESS_READ}};
     struct tz_phase_decl ph[3] = {{"mix", mix, 4}, {"other", other, 2}, {"third", third, 3}};
     uint64_t min;
     TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, 3, &min));

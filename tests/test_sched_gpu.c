@@ -1,10 +1,11 @@
 /* The scheduler with a CUDA-stream compute lane (tz_hbm_lane_create) and the compute tier in GPU
  * memory: blocks homed in host memory or in nvme (a directory under /var/tmp; their fills and
  * write-backs go through the scheduler's pinned staging chunks, so that the lane still waits on
- * copy events only), or in the GPU's memory itself (used in place), phases whose "compute" is copies and memsets launched on the
- * lane's stream, several steps, results checked byte for byte against a host model after
- * tz_sched_sync. The lane waits on the device only: it refuses a pending host fence, and the
- * scheduler never hands it one (a refusal would fail the run). Skips (77) without a GPU.
+ * copy events only), or in the GPU's memory itself (used in place), phases whose "compute" is
+ * copies and memsets launched on the lane's stream, several steps, results checked byte for byte
+ * against a host model after tz_sched_sync. The lane waits on the device only: it refuses a
+ * pending host fence, and the scheduler never hands it one (a refusal would fail the run). Skips
+ * (77) without a GPU.
  *
  * Per layer l: W (read), G (written whole), A (read and written). Phase fwd_l: A's first half
  * moves to its second half, then its first half is set to a byte of (step, l). Phase bwd_l (layers
