@@ -789,13 +789,15 @@ static int create_lane(tz_trainer *tr) {
 }
 #endif
 
-/* dst (n of S) = src (n floats) on the host, with the rounding every backend uses. */
+/* dst (n of S) = src (n floats) on the host, with the rounding every backend uses, on every
+ * core. */
 static void host_cast(void *dst, enum tz_dtype S, const float *src, uint64_t n) {
   if (S == TZ_F32) {
     memcpy(dst, src, n * sizeof(float));
     return;
   }
   uint16_t *d = dst;
+#pragma omp parallel for schedule(static) if (n > (1u << 16))
   for (uint64_t i = 0; i < n; i++)
     d[i] = S == TZ_BF16 ? tz_f32_to_bf16(src[i]) : tz_f32_to_f16(src[i]);
 }
@@ -941,6 +943,20 @@ static tz_tier *tier_for(tz_trainer *tr, int t) {
 }
 
 /* Allocates every home and writes the rank's initial shard into it. */
+/* Sets bytes to zero on every core. */
+static void host_zero(void *dst, uint64_t bytes) {
+  const uint64_t piece = 1u << 22;
+  int64_t n = (int64_t)((bytes + piece - 1) / piece);
+#pragma omp parallel for schedule(static) if (n > 1)
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t off = (uint64_t)i * piece;
+    memset((char *)dst + off, 0, bytes - off < piece ? bytes - off : piece);
+  }
+}
+
+/* Allocates every home and writes the rank's initial shard into it: straight into homes in host
+ * memory (the master generated in place, the rest converted or zeroed on every core), through a
+ * buffer into the others. */
 static int init_homes(tz_trainer *tr) {
   uint64_t most = 0;
   for (int b = 0; b < tr->nb; b++)
@@ -955,21 +971,38 @@ static int init_homes(tz_trainer *tr) {
   int rc = 0;
   for (int b = 0; b < tr->nb && rc == 0; b++) {
     uint64_t n = tr->shard[b], begin = (uint64_t)tr->rank * n;
-    TZ_CHECK_GOTO(tz_model_init_block(&tr->mc, b, (uint64_t)tr->cfg.seed, begin, begin + n, f32),
-                  rc, out);
+    void *at[TZ_PLAN_KINDS]; /* host addresses of the homes, NULL for device or nvme homes */
     for (int k = 0; k < TZ_PLAN_KINDS; k++) {
       tz_tier *t = tier_for(tr, tr->plan.tier[b * TZ_PLAN_KINDS + k]);
+      TZ_CHECK_GOTO(tz_tier_alloc(t, tr->bytes[b][k], &tr->home[b][k]), rc, out);
+      at[k] = tz_tier_device_ptr(t, tr->home[b][k].offset) ? NULL
+                                                           : tz_tier_host_ptr(t, tr->home[b][k].offset);
+    }
+    float *master = at[TZ_PLAN_MASTER] ? at[TZ_PLAN_MASTER] : f32;
+    TZ_CHECK_GOTO(
+        tz_model_init_block(&tr->mc, b, (uint64_t)tr->cfg.seed, begin, begin + n, master), rc,
+        out);
+    int zeroed = 0; /* buf holds zeros */
+    for (int k = 0; k < TZ_PLAN_KINDS; k++) {
       uint64_t bytes = tr->bytes[b][k];
-      TZ_CHECK_GOTO(tz_tier_alloc(t, bytes, &tr->home[b][k]), rc, out);
-      const void *src = buf;
+      const void *src = NULL;
       if (k == TZ_PLAN_MASTER) {
-        src = f32;
+        src = master;
       } else if (k == TZ_PLAN_PARAM) {
-        host_cast(buf, tr->S, f32, n);
+        host_cast(at[k] ? at[k] : buf, tr->S, master, n);
+        src = buf;
+        zeroed = 0;
+      } else if (at[k]) {
+        host_zero(at[k], bytes);
       } else {
-        memset(buf, 0, bytes);
+        if (!zeroed)
+          host_zero(buf, bytes);
+        zeroed = 1;
+        src = buf;
       }
-      TZ_CHECK_GOTO(tz_tier_write_sync(&tr->home[b][k], 0, src, round_up(bytes, ALIGN)), rc, out);
+      if (!at[k])
+        TZ_CHECK_GOTO(tz_tier_write_sync(&tr->home[b][k], 0, src, round_up(bytes, ALIGN)), rc,
+                      out);
     }
   }
 out:
