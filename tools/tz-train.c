@@ -633,11 +633,12 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
     tz_trainer_sched_stats(tr, &st);
     tz_metrics_summary_print(&sum, stdout);
     printf("tz-train: %llu phases, %llu fills (%.1f MiB), %llu write-backs (%.1f MiB), %llu hits, "
-           "%llu evictions, stalled %.3f s of %.3f s computing\n",
+           "%llu uses in place, %llu evictions, stalled %.3f s of %.3f s computing\n",
            (unsigned long long)st.phases, (unsigned long long)st.fills,
            (double)st.fill_bytes / (1 << 20), (unsigned long long)st.flushes,
            (double)st.flush_bytes / (1 << 20), (unsigned long long)st.hits,
-           (unsigned long long)st.evictions, st.stall_s, st.compute_s);
+           (unsigned long long)st.in_place, (unsigned long long)st.evictions, st.stall_s,
+           st.compute_s);
     if (mw)
       TZ_CHECK_GOTO(tz_metrics_write_summary(mw, &sum), rc, out);
     if (o->demo_dir)
