@@ -30,28 +30,7 @@ static void watchdog(int sig) {
 }
 
 static void run(const struct tc_opts *o, struct tc_result *r) {
-  struct tc_world w;
-  tc_world_open(&w);
-  struct tc_opts oo = *o;
-  oo.jitter_us = jitter_us;
-  oo.nvme_dir = nvme_dir;
-  TZ_ASSERT_OK(tc_run(&oo, w.comm, w.rt, r));
-  tc_world_close(&w);
-  assert_int_equal(r->steps, o->steps);
-  for (int s = 0; s < r->steps; s++)
-    assert_true(isfinite(r->loss[s]) && r->loss[s] > 0);
-}
-
-static void expect_same(const struct tc_result *a, const struct tc_result *b, const char *what) {
-  int ld;
-  uint64_t d = tc_diff(a, b, &ld);
-  if (ld || d) {
-    for (int s = 0; s < a->steps; s++)
-      print_error("%s: step %d loss %.9g vs %.9g\n", what, s, a->loss[s], b->loss[s]);
-    print_error("%s: %llu parameter elements differ\n", what, (unsigned long long)d);
-  }
-  assert_false(ld);
-  assert_int_equal(d, 0);
+  tc_run_single(o, jitter_us, nvme_dir, r);
 }
 
 static void gpu_opts(struct tc_opts *o) {
@@ -78,11 +57,11 @@ static void test_placement(void **state) {
   assert_true(cpu.st.fills > 0);
   assert_true(cpu.st.evictions > 0);
   assert_int_equal(cpu.st.over_budget, 0);
-  expect_same(&none, &cpu, "gpu: offload cpu");
+  tc_expect_same(&none, &cpu, "gpu: offload cpu");
   o.param_dev = "nvme";
   o.opt_dev = "nvme";
   run(&o, &nvme);
-  expect_same(&none, &nvme, "gpu: offload nvme");
+  tc_expect_same(&none, &nvme, "gpu: offload nvme");
   struct tz_model_config mc;
   tc_model(&mc);
   int nb = tz_model_n_blocks(&mc);
@@ -91,7 +70,7 @@ static void test_placement(void **state) {
     tiers[i] = (int8_t)((i * 7 / 3) % TZ_PLAN_TIERS);
   o.force_tiers = tiers;
   run(&o, &mixed);
-  expect_same(&none, &mixed, "gpu: mixed plan");
+  tc_expect_same(&none, &mixed, "gpu: mixed plan");
   tc_result_free(&none);
   tc_result_free(&cpu);
   tc_result_free(&nvme);
@@ -108,7 +87,7 @@ static void test_folded(void **state) {
   run(&o, &unfolded);
   o.mode = TZ_OPT_FOLDED;
   run(&o, &folded);
-  expect_same(&unfolded, &folded, "gpu: folded");
+  tc_expect_same(&unfolded, &folded, "gpu: folded");
   tc_result_free(&unfolded);
   tc_result_free(&folded);
 }
@@ -124,7 +103,7 @@ static void test_overlapped(void **state) {
   run(&o, &unfolded);
   o.mode = TZ_OPT_AUTO; /* without clipping: overlapped */
   run(&o, &overlapped);
-  expect_same(&unfolded, &overlapped, "gpu: overlapped");
+  tc_expect_same(&unfolded, &overlapped, "gpu: overlapped");
   tc_result_free(&unfolded);
   tc_result_free(&overlapped);
 }

@@ -4,6 +4,7 @@
 #ifndef TZ_TEST_TRAIN_CASES_H
 #define TZ_TEST_TRAIN_CASES_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,6 +215,37 @@ static inline uint64_t tc_diff(const struct tc_result *a, const struct tc_result
       d += memcmp(&a->param[i][e], &b->param[i][e], sizeof(float)) != 0;
     }
   return d + (uint64_t)(a->nb != b->nb);
+}
+
+/* o in a world of one with the given jitter and nvme directory; asserts that every step ran and
+ * gave a finite, positive loss. */
+static inline void tc_run_single(const struct tc_opts *o, int jitter_us, const char *nvme_dir,
+                                 struct tc_result *r) {
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tc_opts oo = *o;
+  oo.jitter_us = jitter_us;
+  oo.nvme_dir = nvme_dir;
+  TZ_ASSERT_OK(tc_run(&oo, w.comm, w.rt, r));
+  tc_world_close(&w);
+  assert_int_equal(r->steps, o->steps);
+  for (int s = 0; s < r->steps; s++)
+    assert_true(isfinite(r->loss[s]) && r->loss[s] > 0);
+}
+
+/* Asserts two runs gave the same bits, printing the losses and the count of differing elements
+ * when not. */
+static inline void tc_expect_same(const struct tc_result *a, const struct tc_result *b,
+                                  const char *what) {
+  int ld;
+  uint64_t d = tc_diff(a, b, &ld);
+  if (ld || d) {
+    for (int s = 0; s < a->steps; s++)
+      print_error("%s: step %d loss %.9g vs %.9g\n", what, s, a->loss[s], b->loss[s]);
+    print_error("%s: %llu parameter elements differ\n", what, (unsigned long long)d);
+  }
+  assert_false(ld);
+  assert_int_equal(d, 0);
 }
 
 #endif
