@@ -543,7 +543,12 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   }
   double fpt = tz_metrics_flops_per_token(&mc, o->seq, 0), elapsed = 0;
   struct tz_metrics_summary sum;
-  tz_metrics_summary_init(&sum, fpt, 0);
+  /* MFU against the GPU's dense peak at the precision it computes in (bf16 unless fp16). */
+  double peak = tz_metrics_peak_flops(tz_trainer_device_name(tr),
+                                      cfg->precision == TZ_PRECISION_FP16 ? TZ_PRECISION_FP16
+                                                                          : TZ_PRECISION_BF16) *
+                (double)world;
+  tz_metrics_summary_init(&sum, fpt, peak);
   double first_loss = 0, last_loss = 0;
   for (int64_t s = start; s < o->steps; s++) {
     TZ_CHECK_GOTO(fill_batch(o, cfg, data, mc.vocab, rank, world, s, 0, tok, tgt), rc, out);
@@ -574,7 +579,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
       m.has_eval = 1;
       m.eval_loss = el;
     }
-    tz_metrics_derive(&m, fpt, 0);
+    tz_metrics_derive(&m, fpt, peak);
     tz_metrics_summary_add(&sum, &m);
     if (rank == 0) {
       tz_display_step(disp, &m);

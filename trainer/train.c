@@ -66,6 +66,7 @@ struct tz_trainer {
   const char *backend; /* "cpu" or "cuda" */
   int gpu;             /* cuda: the compute tier is GPU `device`'s memory, the lane its stream */
   int device;
+  char device_name[256]; /* cuda: the GPU's name */
   tz_lane *lane;       /* cuda: the compute lane (a CUDA stream); the cpu backend's is the
                           scheduler's own */
   enum tz_dtype S;
@@ -752,6 +753,11 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
       cudaGetLastError();
       tr->device = 0;
     }
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, tr->device) == cudaSuccess)
+      snprintf(tr->device_name, sizeof tr->device_name, "%s", prop.name);
+    else
+      cudaGetLastError();
 #endif
   } else {
     return tz_err_set(TZ_ENOENT, "train: no compute backend '%s' (cpu or cuda)", backend);
@@ -1413,6 +1419,9 @@ const char *const *tz_trainer_group_names(const tz_trainer *tr) {
   return (const char *const *)tr->names;
 }
 enum tz_opt_mode tz_trainer_opt_mode(const tz_trainer *tr) { return tr->mode; }
+const char *tz_trainer_device_name(const tz_trainer *tr) {
+  return tr->gpu && tr->device_name[0] ? tr->device_name : NULL;
+}
 
 void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out) {
   if (tr->sched)

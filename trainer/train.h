@@ -183,6 +183,8 @@ const struct tz_plan *tz_trainer_plan(const tz_trainer *tr);
 /* Names of the plan's groups ("embed", "layer0", ..., "head"), for tz_plan_print. Borrowed. */
 const char *const *tz_trainer_group_names(const tz_trainer *tr);
 enum tz_opt_mode tz_trainer_opt_mode(const tz_trainer *tr); /* the mode in use, never AUTO */
+/* The GPU the trainer computes on ("NVIDIA H200"), or NULL on the cpu backend. Borrowed. */
+const char *tz_trainer_device_name(const tz_trainer *tr);
 /* The scheduler's statistics so far (core/sched.h). */
 struct tz_sched_stats;
 void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out);
