@@ -411,12 +411,14 @@ static void test_export_from_checkpoint(void **state) {
   assert_non_null(strstr(output(), "--export-dtype"));
 }
 
-/* --trace-step 1 --trace FILE: the file is written and is a Chrome trace of that step. */
+/* --trace-step 1 --trace FILE: the file is written and is a Chrome trace of that step (parameters
+ * offloaded, so that transfer lanes show); tools/trace_summary.py reads it (where python3 is). */
 static void test_trace(void **state) {
   (void)state;
   char args[2048];
   snprintf(args, sizeof args,
-           "--model tiny --steps 3 --seq 16 --data synthetic --trace-step 1 --trace %s/t.json",
+           "--model tiny --steps 3 --seq 16 --data synthetic --trace-step 1 --trace %s/t.json "
+           "--set zero_optimization.offload_param.device=cpu",
            dir);
   int rc = tz_train(args);
   if (rc != 0)
@@ -441,6 +443,24 @@ static void test_trace(void **state) {
   }
   assert_true(compute > 0);
   json_decref(t);
+  if (system("python3 -c '' >/dev/null 2>&1") != 0) {
+    print_message("no python3: tools/trace_summary.py not checked\n");
+    return;
+  }
+  const char *data = getenv("TZ_TEST_DATA");
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "python3 %s/../../tools/trace_summary.py %s > %s/out 2>&1",
+           data ? data : "tests/data", path, dir);
+  int st = system(cmd);
+  char *out = output();
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    print_error("%s", out);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  assert_non_null(strstr(out, "step 1:"));
+  assert_non_null(strstr(out, "compute "));
+  assert_non_null(strstr(out, "host->compute"));
+  assert_non_null(strstr(out, "stalls:"));
+  assert_non_null(strstr(out, "host link:"));
 }
 
 /* fp16 from the command line: an initial scale of 2^90 overflows; the skipped steps are in the

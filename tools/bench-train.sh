@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one training configuration, tz-train or its FSDP2 peer, and keeps the result in
-# results/bench/<runner>-<model>[-<tag>].json (beside it: .log, and .jsonl for tz-train's
-# metrics). tools/bench_table.py prints the table of every result. docs/benchmarks.md, "Training
+# results/bench/<runner>-<model>[-<tag>].json (beside it: .log, and for tz-train its metrics
+# .jsonl, the first timed step's lane trace .trace.json and its summary .trace.txt). tools/bench_table.py prints the table of every result. docs/benchmarks.md, "Training
 # throughput against FSDP2 (harness)", says what each runner is.
 #
 #   tools/bench-train.sh RUNNER MODEL [options] [extra arguments for the runner]
@@ -132,8 +132,10 @@ if [ -z "$bin" ] || [ ! -x "$bin/tz-train" ]; then
   echo "bench-train: no tz-train in ${bin:-/tmp/tz-build/bin or build/bin} (--bin DIR)" >&2
   exit 2
 fi
+# The first timed step is traced: its lanes summarised beside the result (tools/trace_summary.py).
 args=(--model "$model" --steps $((steps + warmup)) --seq "$seq" --data synthetic
-      --set "train_micro_batch_size_per_gpu=$micro" --metrics "$results/$name.jsonl")
+      --set "train_micro_batch_size_per_gpu=$micro" --metrics "$results/$name.jsonl"
+      --trace-step "$warmup" --trace "$results/$name.trace.json")
 # The CPU backend is tz-train's default: the option is only given for the GPU.
 [ "$backend" = cpu ] || args+=(--backend "$backend")
 case $runner in
@@ -155,6 +157,8 @@ dev=()
 [ "$backend" = cpu ] && dev=(--device cpu)
 "${wrap[@]}" "${dev[@]}" --metrics "$results/$name.jsonl" -- "$bin/tz-train" "${args[@]}" "${extra[@]}"
 rc=$?
+[ -s "$results/$name.trace.json" ] &&
+  python3 "$root/tools/trace_summary.py" "$results/$name.trace.json" > "$results/$name.trace.txt" 2>&1
 keep
 # tz-train removes its nvme files when it ends; a crashed run leaves them (tens of GB).
 [ "$runner" != tz-offload ] && find "$nvme_dir" -maxdepth 1 -name 'tierzero-*.bin' -delete 2> /dev/null
