@@ -491,10 +491,11 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   TZ_CHECK_GOTO(tz_trainer_create(cfg, &mc, comm, rt, &tp, &tr), rc, out_hf);
   const struct tz_plan *plan = tz_trainer_plan(tr);
   if (rank == 0) {
-    printf("tz-train: model %s (%llu parameters), %s backend, %d rank%s, micro-batch %lld x %d "
-           "tokens, accumulation %lld, optimizer step %s\n",
-           preset, (unsigned long long)tz_model_n_params(&mc), o->backend, world,
-           world > 1 ? "s" : "",
+    const char *gpu = tz_trainer_device_name(tr);
+    printf("tz-train: model %s (%llu parameters), %s backend%s%s, %d rank%s, micro-batch %lld x "
+           "%d tokens, accumulation %lld, optimizer step %s\n",
+           preset, (unsigned long long)tz_model_n_params(&mc), o->backend, gpu ? " on " : "",
+           gpu ? gpu : "", world, world > 1 ? "s" : "",
            (long long)cfg->train_micro_batch_size_per_gpu, o->seq,
            (long long)cfg->gradient_accumulation_steps, tz_opt_mode_name(tz_trainer_opt_mode(tr)));
     tz_plan_print(stdout, plan, o->plan ? tz_trainer_group_names(tr) : NULL);
