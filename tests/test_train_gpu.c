@@ -3,6 +3,7 @@
  *    nvme (staged through the scheduler's pinned chunks) and a mixed plan, streaming what is homed
  *    outside HBM through a window of the plan's minimum and a half: the same bits;
  *  - folded and overlapped optimizer steps against unfolded ones: the same bits;
+ *  - fp16 storage with loss scaling: placement changes no bit, and it learns as bf16 does;
  *  - the GPU's run against the cpu backend's (fp32): bf16 storage keeps the first loss within 1%
  *    and later ones within 6%, and both learn.
  * argv[1]: "plain", or "jitter" (random delays in the scheduler's lanes and the progress engine).
@@ -134,6 +135,34 @@ static void test_against_cpu(void **state) {
   tc_result_free(&cpu);
 }
 
+/* fp16 storage with dynamic loss scaling (the cuda backend computes in fp16 then): it learns as
+ * the bf16 run does, and placement still changes no bit. */
+static void test_fp16(void **state) {
+  (void)state;
+  struct tc_opts o;
+  gpu_opts(&o);
+  o.fp16 = 1;
+  o.steps = 12;
+  struct tc_result fp16, bf16, fp16_host;
+  run(&o, &fp16);
+  o.param_dev = "cpu";
+  o.opt_dev = "cpu";
+  run(&o, &fp16_host);
+  tc_expect_same(&fp16, &fp16_host, "gpu fp16: offload cpu");
+  o.fp16 = 0;
+  run(&o, &bf16);
+  for (int s = 0; s < o.steps; s++) {
+    double rel = fabs((double)fp16.loss[s] - bf16.loss[s]) / bf16.loss[s];
+    if (rel > 0.06)
+      print_error("step %d: fp16 loss %.6f, bf16 %.6f\n", s, fp16.loss[s], bf16.loss[s]);
+    assert_true(rel <= 0.06);
+  }
+  assert_true(fp16.loss[o.steps - 1] < 0.97f * fp16.loss[0]);
+  tc_result_free(&fp16);
+  tc_result_free(&fp16_host);
+  tc_result_free(&bf16);
+}
+
 int main(int argc, char **argv) {
   char why[256];
   if (tz_compute_probe("cuda", why, sizeof why) < 0)
@@ -148,6 +177,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_folded),
       cmocka_unit_test(test_overlapped),
       cmocka_unit_test(test_against_cpu),
+      cmocka_unit_test(test_fp16),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);
