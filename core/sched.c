@@ -77,7 +77,7 @@ struct block {
   int xl_in, xl_out;  /* transfer lanes home -> compute and back; -1 for a block in place */
   int staged;         /* its transfers go through the scheduler's staging chunks (two hops) */
   int in_place;       /* homed in the compute tier: phases use the home, c holds no extent */
-  int home_readers, home_writers; /* running home phases that read / write it */
+  int home_writers;   /* running home phases that write it */
   tz_fence *cuse;     /* the fence of the last compute-lane phase that used it */
 };
 
@@ -103,6 +103,16 @@ struct inst {
   int rc;
   uint64_t t_done;
   char msg[256];
+  uint64_t want[TZ_SCHED_MAX_USES]; /* a home phase: the generation it reads of each block */
+};
+
+/* A home phase waits on its lane for a block's home to hold generation gen: f is signalled (by
+ * the pump, outside the lock) once a write-back has brought it there, or with the scheduler's
+ * error. */
+struct home_wait {
+  tz_fence *f;
+  int block;
+  uint64_t gen;
 };
 
 struct xlane {
@@ -191,6 +201,9 @@ struct tz_sched {
   unsigned chunk_busy;    /* bit k: chunk k is held by a transfer */
   struct xfer *chunk_wait, *chunk_wait_tail; /* staged transfers waiting for a chunk, FIFO */
   struct xfer *hops, *hops_tail;             /* staged hops the pump issues next, FIFO */
+
+  struct home_wait *hw;   /* pending home waits */
+  int n_hw, cap_hw;
 
   int err;
   char err_msg[512];
@@ -481,7 +494,10 @@ static int evict_one(tz_sched *s, const struct inst *I, int own) {
 /* A compute instance I must wait for an earlier home instance J (in the list: not completed) when
  * J writes a block I uses (I's copy must be brought in from J's result, after J's fence), or when
  * I writes a block used in place that J uses (both work on the one home). The compute lane is
- * then never handed a home-lane fence: J has completed before I is reserved. */
+ * then never handed a home-lane fence: J has completed before I is reserved. And I may not write
+ * the copy of a block J reads until J's generation of it is home (J entered, and the write-back
+ * it waits for has completed): I's generation would be written back only after J, which waits
+ * for the one before it. */
 static int home_conflict(tz_sched *s, const struct inst *I) {
   const struct phase *ph = &s->phases[I->phase];
   for (const struct inst *J = s->head; J && J != I; J = J->next) {
@@ -493,8 +509,10 @@ static int home_conflict(tz_sched *s, const struct inst *I) {
         if (jh->uses[a].block != ph->uses[k].block)
           continue;
         const struct block *b = &s->blocks[ph->uses[k].block];
-        if ((jh->uses[a].access & TZ_ACCESS_WRITE) ||
-            (b->in_place && (ph->uses[k].access & TZ_ACCESS_WRITE)))
+        int iw = (ph->uses[k].access & TZ_ACCESS_WRITE) != 0;
+        if ((jh->uses[a].access & TZ_ACCESS_WRITE) || (b->in_place && iw))
+          return 1;
+        if (iw && (!J->entered || J->want[a] > b->home_gen))
           return 1;
       }
   }
@@ -670,6 +688,50 @@ static void cancel_ahead(tz_sched *s) {
 
 /* ---- the pump ---- */
 
+/* A running home phase reads an earlier generation of block id at home than its copy holds: the
+ * write-back of the copy waits for it. (A home phase that waits for this very write-back reads
+ * the generation it brings.) */
+static int home_read_hold(tz_sched *s, int id) {
+  const struct block *b = &s->blocks[id];
+  for (const struct inst *I = s->head; I; I = I->next) {
+    const struct phase *ph = &s->phases[I->phase];
+    if (!I->entered || !ph->at_home)
+      continue;
+    for (int k = 0; k < ph->n_uses; k++)
+      if (ph->uses[k].block == id && (ph->uses[k].access & TZ_ACCESS_READ) &&
+          I->want[k] < b->c.gen)
+        return 1;
+  }
+  return 0;
+}
+
+/* Takes the home waits that can be signalled now (their generation is home, or an error is
+ * kept) into out[0..n), which the caller signals with the lock dropped. Lock held. */
+static int home_waits_take(tz_sched *s, tz_fence **out, int max) {
+  int n = 0;
+  for (int i = 0; i < s->n_hw && n < max;) {
+    const struct home_wait *w = &s->hw[i];
+    if (s->err || s->blocks[w->block].home_gen >= w->gen) {
+      out[n++] = w->f;
+      s->hw[i] = s->hw[--s->n_hw];
+    } else {
+      i++;
+    }
+  }
+  return n;
+}
+
+static void home_waits_signal(tz_sched *s, tz_fence **fs, int n, int err, const char *msg) {
+  (void)s;
+  for (int i = 0; i < n; i++) {
+    if (err)
+      tz_fence_signal_msg(fs[i], err, msg);
+    else
+      tz_fence_signal(fs[i], 0);
+    tz_fence_release(fs[i]);
+  }
+}
+
 /* Everything that can be decided now: write-backs of blocks no running phase writes, then the
  * window's reservations, in order. Lock held. */
 static void decide(tz_sched *s) {
@@ -678,9 +740,8 @@ static void decide(tz_sched *s) {
   for (int i = 0; i < s->n_blocks; i++) {
     struct block *b = &s->blocks[i];
     struct copy *c = &b->c;
-    /* Not while a home phase reads the home: the write-back carries a later generation. */
     if (c->ext.tier && !c->filling && !c->flushing && c->writers == 0 && c->gen > b->home_gen &&
-        b->home_readers == 0)
+        !home_read_hold(s, i))
       start_xfer(s, b, ACT_FLUSH, 0, s->step);
   }
   if (s->closing)
@@ -846,6 +907,17 @@ static void pump(tz_sched *s) {
   for (;;) {
     s->again = 0;
     decide(s);
+    tz_fence *ready[32];
+    int n_ready = home_waits_take(s, ready, 32);
+    if (n_ready) {
+      int err = s->err;
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", s->err_msg);
+      pthread_mutex_unlock(&s->mu);
+      home_waits_signal(s, ready, n_ready, err, msg);
+      pthread_mutex_lock(&s->mu);
+      continue;
+    }
     if (s->n_acts == 0 && !s->hops && !s->again)
       break;
     struct xfer *hops = s->hops;
@@ -956,7 +1028,6 @@ static void inst_finish(tz_sched *s, struct inst *I) {
     struct block *b = &s->blocks[ph->uses[k].block];
     int a = ph->uses[k].access;
     b->running--;
-    b->home_readers -= (a & TZ_ACCESS_READ) != 0;
     /* The home holds the latest generation once the last home writer has completed: compute
      * phases that use the block after it are reserved only then, so none made a later one. */
     if ((a & TZ_ACCESS_WRITE) && --b->home_writers == 0)
@@ -1450,15 +1521,6 @@ static void order_changed(tz_sched *s, const char *what) {
   s->recording = 1;
 }
 
-/* The home of b holds its latest generation, or the write-back that brings it there has been
- * issued (its fence is the copy's flushed). A write-back is decided as soon as the copy's writers
- * have completed and no home phase reads the home. */
-static int home_ready(const struct block *b) {
-  const struct copy *c = &b->c;
-  return b->in_place || !c->ext.tier || c->gen <= b->home_gen ||
-         (c->flushing && c->flushed && c->flush_gen == c->gen);
-}
-
 /* I is reserved and every transfer its inputs wait for has been issued, so each has a fence of
  * its own to hand the lane (a device lane waits on those, never on the host). */
 static int ready_to_enter(tz_sched *s, void *arg) {
@@ -1466,12 +1528,8 @@ static int ready_to_enter(tz_sched *s, void *arg) {
   if (!I->reserved)
     return 0;
   const struct phase *ph = &s->phases[I->phase];
-  if (ph->at_home) {
-    for (int k = 0; k < ph->n_uses; k++)
-      if (!home_ready(&s->blocks[ph->uses[k].block]))
-        return 0;
+  if (ph->at_home) /* its lane waits for what it needs; nothing to issue first */
     return 1;
-  }
   for (int k = 0; k < ph->n_uses; k++) {
     const struct copy *c = &s->blocks[ph->uses[k].block].c;
     if (c->filling && !c->ready)
@@ -1563,10 +1621,12 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
   view->name = ph->name;
   view->n_blocks = ph->n_uses;
   if (ph->at_home) {
-    /* At the homes: a reader waits for the write-back of a dirty copy (ready_to_enter saw it
-     * issued) or, in place, for the last writer; a writer also for the last compute phase that
-     * used the block (its fills read the home, its in-place work used it). Earlier home phases
-     * are before it on the home lane. */
+    /* At the homes: the lane waits for the home to hold the generation of a dirty copy (a home
+     * wait, signalled when the copy's write-back completes: the write-back is decided as soon as
+     * the copy's writers have completed), or, in place, for the last writer; a writer also for
+     * the last compute phase that used the block (its fills read the home, its in-place work used
+     * it). Earlier home phases are before it on the home lane. The host never waits here. */
+    int nhw0 = s->n_hw;
     view->lane = s->home_lane;
     view->scratch = NULL;
     view->scratch_bytes = 0;
@@ -1578,17 +1638,41 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
       view->blocks[k].access = u->access;
       view->blocks[k].bytes = b->bytes;
       view->blocks[k].ptr = tz_tier_host_ptr(b->home.tier, b->home.offset);
+      I->want[k] = b->gen;
       if (b->in_place && c->writer)
         fs[nf++] = c->writer;
-      if (!b->in_place && c->ext.tier && c->gen > b->home_gen && c->flushed)
-        fs[nf++] = c->flushed;
+      if (!b->in_place && c->ext.tier && c->gen > b->home_gen) {
+        tz_fence *f = NULL;
+        if (s->n_hw == s->cap_hw) {
+          int cap = s->cap_hw ? 2 * s->cap_hw : 16;
+          struct home_wait *n = realloc(s->hw, sizeof *n * (size_t)cap);
+          if (n) {
+            s->hw = n;
+            s->cap_hw = cap;
+          }
+        }
+        if (s->n_hw < s->cap_hw)
+          f = tz_fence_create();
+        if (!f) {
+          while (s->n_hw > nhw0) { /* the waits made for this phase go with it */
+            tz_fence *g = s->hw[--s->n_hw].f;
+            tz_fence_signal(g, TZ_ENOMEM);
+            tz_fence_release(g);
+          }
+          fail_locked(s, TZ_ENOMEM, "sched: no memory for home phase '%s'", ph->name);
+          rc = err_return(s);
+          goto out;
+        }
+        /* The lane holds it through fs (retained below); the list holds the creator's. */
+        s->hw[s->n_hw++] = (struct home_wait){f, u->block, c->gen};
+        fs[nf++] = f;
+      }
       if ((u->access & TZ_ACCESS_WRITE) && b->cuse)
         fs[nf++] = b->cuse;
     }
     for (int k = 0; k < ph->n_uses; k++) {
       struct block *b = &s->blocks[ph->uses[k].block];
       b->running++;
-      b->home_readers += (ph->uses[k].access & TZ_ACCESS_READ) != 0;
       if (ph->uses[k].access & TZ_ACCESS_WRITE) {
         b->gen++; /* made in the home; any copy is stale from now on */
         b->home_writers++;
@@ -2078,6 +2162,9 @@ void tz_sched_destroy(tz_sched *s) {
     leave_open(s, -1, 1);
   pthread_mutex_lock(&s->mu);
   s->closing = 1;
+  pthread_mutex_unlock(&s->mu);
+  pump(s); /* home waits an error left pending are signalled with it */
+  pthread_mutex_lock(&s->mu);
   /* Running phases and transfers must finish before their memory goes: wait as long as it
    * takes, saying so each timeout period. */
   while (wait_until(s, all_quiet, NULL, "the scheduler's work to finish before destroying it", 0) < 0 &&
@@ -2085,6 +2172,13 @@ void tz_sched_destroy(tz_sched *s) {
     TZ_LOG_ERR("sched: destroy still waits for %d phases and %d transfers", s->n_running,
                s->n_xfers);
   cancel_ahead(s);
+  tz_fence *left[32];
+  int n_left;
+  while ((n_left = home_waits_take(s, left, 32)) > 0) { /* none once quiet; an error's too */
+    pthread_mutex_unlock(&s->mu);
+    home_waits_signal(s, left, n_left, TZ_ECANCELED, "sched: destroyed");
+    pthread_mutex_lock(&s->mu);
+  }
   pthread_mutex_unlock(&s->mu);
   /* The last callbacks may still be on their way out; then the engine lets go of the poller
    * (tz_progress_remove waits until it is out of any call to it). */
@@ -2121,6 +2215,7 @@ void tz_sched_destroy(tz_sched *s) {
   free(s->order);
   free(s->cur);
   free(s->acts);
+  free(s->hw);
   free(s->spans);
   free(s->trace_path);
   pthread_mutex_destroy(&s->mu);
