@@ -1508,6 +1508,125 @@ static void test_home_random(void **state) {
   }
 }
 
+/* The point of home phases: the optimizer of layer l runs at home, on its own lane, while the
+ * compute lane goes on with layer l+1. The client never waits for the compute lane to enter a
+ * home phase (the home lane waits for the gradient's write-back on a fence), and the trace has
+ * a track for the home lane on which each opt(l) overlaps bwd(l+1). */
+static void test_home_overlap(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
+  enum { L = 4 };
+  const int64_t spin = 40 * 1000000ll;
+  char *dir = tz_test_mkdtemp("sched-home-trace");
+  assert_non_null(dir);
+  char path[512];
+  snprintf(path, sizeof path, "%s/trace.json", dir);
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 2);
+  p.trace_step = 1;
+  p.trace_path = path;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  struct tz_block_use bwd[L][2], opt[L][2];
+  struct tz_phase_decl ph[2 * L];
+  int at_home[2 * L];
+  char names[2 * L][8];
+  for (int l = 0; l < L; l++) {
+    char name[8];
+    snprintf(name, sizeof name, "P%d", l);
+    add_block(&e, name, 256 << 10, HOME_HOST, 70 + (uint64_t)l);
+    snprintf(name, sizeof name, "G%d", l);
+    add_block(&e, name, 256 << 10, HOME_HOST, 80 + (uint64_t)l);
+    bwd[l][0] = (struct tz_block_use){2 * l, TZ_ACCESS_READ};
+    bwd[l][1] = (struct tz_block_use){2 * l + 1, TZ_ACCESS_WRITE};
+    opt[l][0] = (struct tz_block_use){2 * l + 1, TZ_ACCESS_READ};
+    opt[l][1] = (struct tz_block_use){2 * l, TZ_ACCESS_READWRITE};
+    snprintf(names[2 * l], 8, "bwd%d", l);
+    snprintf(names[2 * l + 1], 8, "opt%d", l);
+    ph[2 * l] = (struct tz_phase_decl){names[2 * l], bwd[l], 2};
+    ph[2 * l + 1] = (struct tz_phase_decl){names[2 * l + 1], opt[l], 2};
+    at_home[2 * l] = 0;
+    at_home[2 * l + 1] = 1;
+  }
+  TZ_ASSERT_OK(tz_sched_declare_homes(e.s, ph, 2 * L, at_home));
+  double worst_enter = 0;
+  for (int step = 0; step < 3; step++) {
+    for (int i = 0; i < 2 * L; i++) {
+      uint64_t t0 = now_ns();
+      TZ_ASSERT_OK(run_phase(&e, i, spin));
+      double dt = 1e-9 * (double)(now_ns() - t0);
+      if (i % 2 && dt > worst_enter)
+        worst_enter = dt;
+    }
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+  }
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  check_homes(&e);
+  check_budget(&e);
+  /* bwd(l) computes for 40 ms before opt(l) can start: a client that waited for it would take
+   * that long to run opt(l)'s enter, submit and leave. */
+  if (worst_enter > 0.020)
+    print_error("running a home phase took the client %.3f s\n", worst_enter);
+  assert_true(worst_enter < 0.020);
+  struct tz_sched_phase_stats ps[2 * L];
+  assert_int_equal(tz_sched_phase_stats(e.s, ps, 2 * L), 2 * L);
+  for (int i = 0; i < 2 * L; i++) {
+    assert_int_equal(ps[i].at_home, i % 2);
+    assert_int_equal(ps[i].runs, 3);
+    assert_true(ps[i].compute_s >= 3 * 0.9 * 1e-9 * (double)spin);
+  }
+  assert_true(ps[1].stalls > 0); /* opt(l) waited on its lane for bwd(l) and the write-back */
+  struct tz_sched_stats st;
+  tz_sched_stats(e.s, &st);
+  assert_true(st.home_s >= 3 * L * 0.9 * 1e-9 * (double)spin);
+  assert_true(st.home_stall_s > 0);
+  tz_sched_destroy(e.s); /* writes the trace */
+  e.s = NULL;
+  json_error_t jerr;
+  json_t *root = json_load_file(path, 0, &jerr);
+  if (!root)
+    print_error("trace %s: %s (line %d)\n", path, jerr.text, jerr.line);
+  assert_non_null(root);
+  json_t *events = json_object_get(root, "traceEvents");
+  assert_true(json_is_array(events));
+  double c0[2 * L], c1[2 * L];
+  int have[2 * L] = {0}, home_tid = -1, opt_tid = -2;
+  size_t i;
+  json_t *ev;
+  json_array_foreach(events, i, ev) {
+    const char *ph_ = json_string_value(json_object_get(ev, "ph"));
+    const char *name = json_string_value(json_object_get(ev, "name"));
+    json_t *args = json_object_get(ev, "args");
+    if (ph_ && strcmp(ph_, "M") == 0 && strcmp(name, "thread_name") == 0 &&
+        strcmp(json_string_value(json_object_get(args, "name")), "home") == 0)
+      home_tid = (int)json_integer_value(json_object_get(ev, "tid"));
+    if (!ph_ || strcmp(ph_, "X") != 0 ||
+        strcmp(json_string_value(json_object_get(ev, "cat")), "compute") != 0 ||
+        json_integer_value(json_object_get(args, "step")) != 1)
+      continue;
+    int k = (int)json_integer_value(json_object_get(args, "phase"));
+    assert_true(k >= 0 && k < 2 * L);
+    if (k % 2)
+      opt_tid = (int)json_integer_value(json_object_get(ev, "tid"));
+    c0[k] = json_number_value(json_object_get(ev, "ts"));
+    c1[k] = c0[k] + json_number_value(json_object_get(ev, "dur"));
+    have[k] = 1;
+  }
+  assert_true(home_tid >= 0);
+  assert_int_equal(opt_tid, home_tid); /* the home phases are on the home lane's track */
+  int overlapped = 0;
+  for (int l = 0; l + 1 < L; l++) {
+    assert_true(have[2 * l + 1] && have[2 * l + 2]);
+    overlapped += c0[2 * l + 1] < c1[2 * l + 2] && c1[2 * l + 1] > c0[2 * l + 2];
+  }
+  if (overlapped < L - 2)
+    print_error("only %d of %d optimizer phases overlapped the next backward\n", overlapped, L - 1);
+  assert_true(overlapped >= L - 2);
+  json_decref(root);
+  tz_test_rmdir(dir);
+  free_env(&e);
+}
+
 /* TZ_SCHED_DEBUG=1 prints every decision. */
 static void test_debug_prints_decisions(void **state) {
   (void)state;
@@ -1581,6 +1700,7 @@ int main(int argc, char **argv) {
     cmocka_unit_test_setup_teardown(test_home_load_store, arm, disarm),
     cmocka_unit_test_setup_teardown(test_home_refused_and_failure, arm, disarm),
     cmocka_unit_test_setup_teardown(test_home_random, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_home_overlap, arm, disarm),
   };
   return cmocka_run_group_tests_name(argv[1], tests, NULL, NULL);
 }
