@@ -1666,6 +1666,8 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
         /* The lane holds it through fs (retained below); the list holds the creator's. */
         s->hw[s->n_hw++] = (struct home_wait){f, u->block, c->gen};
         fs[nf++] = f;
+        dbg(s, "home phase '%s' waits for generation %llu of '%s' at home (%s)", ph->name,
+            (unsigned long long)c->gen, b->name, copy_state(b));
       }
       if ((u->access & TZ_ACCESS_WRITE) && b->cuse)
         fs[nf++] = b->cuse;
@@ -2048,15 +2050,18 @@ int tz_sched_phase_stats(tz_sched *s, struct tz_sched_phase_stats *out, int max)
 
 int tz_sched_lane_stats(tz_sched *s, struct tz_sched_lane_stats *out, int max) {
   pthread_mutex_lock(&s->mu);
-  uint64_t now = tz_now_ns(), compute = 0;
+  uint64_t now = tz_now_ns(), compute = 0, runs = 0;
   for (int i = 0; i < s->n_phases; i++)
-    compute += s->phases[i].at_home ? 0 : s->phases[i].compute_ns;
+    if (!s->phases[i].at_home) {
+      compute += s->phases[i].compute_ns;
+      runs += s->phases[i].runs;
+    }
   int n = 0;
   if (max > 0) {
     memset(&out[0], 0, sizeof out[0]);
     snprintf(out[0].name, sizeof out[0].name, "%s", tz_lane_name(s->lane));
     out[0].busy_s = 1e-9 * (double)compute;
-    out[0].ops = s->st.phases;
+    out[0].ops = runs;
   }
   n++;
   for (int i = 0; i < s->n_xl; i++, n++) {
