@@ -57,7 +57,6 @@ struct copy {
                          not yet issued */
   uint64_t fill_no, flush_no; /* the transfer the fences above belong to (struct xfer.no) */
   tz_fence *writer;   /* the fence of the last writer that left */
-  uint64_t flush_gen; /* the generation its last write-back carries */
   uint64_t last_use;  /* seq of the last instance that reserved it: LRU when the order is unknown */
 };
 
@@ -433,7 +432,6 @@ static void start_xfer(tz_sched *s, struct block *b, int kind, int refill, uint6
     x->src = c->ext;
     x->lane = b->xl_out;
     c->flushing = 1;
-    c->flush_gen = c->gen;
     tz_fence_release(c->flushed);
     c->flushed = NULL;
     x->no = ++c->flush_no;
@@ -721,8 +719,7 @@ static int home_waits_take(tz_sched *s, tz_fence **out, int max) {
   return n;
 }
 
-static void home_waits_signal(tz_sched *s, tz_fence **fs, int n, int err, const char *msg) {
-  (void)s;
+static void home_waits_signal(tz_fence **fs, int n, int err, const char *msg) {
   for (int i = 0; i < n; i++) {
     if (err)
       tz_fence_signal_msg(fs[i], err, msg);
@@ -914,7 +911,7 @@ static void pump(tz_sched *s) {
       char msg[512];
       snprintf(msg, sizeof msg, "%s", s->err_msg);
       pthread_mutex_unlock(&s->mu);
-      home_waits_signal(s, ready, n_ready, err, msg);
+      home_waits_signal(ready, n_ready, err, msg);
       pthread_mutex_lock(&s->mu);
       continue;
     }
@@ -2181,7 +2178,7 @@ void tz_sched_destroy(tz_sched *s) {
   int n_left;
   while ((n_left = home_waits_take(s, left, 32)) > 0) { /* none once quiet; an error's too */
     pthread_mutex_unlock(&s->mu);
-    home_waits_signal(s, left, n_left, TZ_ECANCELED, "sched: destroyed");
+    home_waits_signal(left, n_left, TZ_ECANCELED, "sched: destroyed");
     pthread_mutex_lock(&s->mu);
   }
   pthread_mutex_unlock(&s->mu);
