@@ -25,7 +25,7 @@
  * (params.home_lane, a CPU lane: the CPU optimizer). Its view gives the blocks' homes (host
  * pointers), it takes no budget, and the scheduler orders it against the compute lane's phases
  * through the homes: it reads a block's latest generation there (the dirty copy of a compute
- * writer is written back first, and the home lane waits for that write-back), it writes only
+ * writer is written back first, and the home lane, not the host, waits for it), it writes only
  * after every earlier user of the block has completed, and what it writes is a new generation in
  * the home, so a copy made before is stale and a later compute phase's copy is brought in only
  * after the home phase's fence. docs/scheduler.md "Home phases".
@@ -145,15 +145,18 @@ struct tz_view {
 };
 
 /* Enters phase `phase` (an index into the declared phases). Makes the compute lane (the home lane
- * for a home phase) wait on fences for the phase's blocks; fills *view. A home phase that reads a
- * block a compute phase wrote waits on the host until that block's write-back is issued. A phase other than the one the order expects is reported
- * (a warning, stats.order_changes) and handled: the order is recorded again from this step on. */
+ * for a home phase) wait on fences for the phase's blocks; fills *view. A home phase never keeps
+ * the host waiting: its lane waits for the write-backs it needs. A phase other than the one the
+ * order expects is reported (a warning, stats.order_changes) and handled: the order is recorded
+ * again from this step on. */
 int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view);
-/* Queues fn(arg) on the phase's lane (compute, or home for a home phase), behind the current phase's inputs. Between enter and leave.
- * fn returns 0 or a negative TZ_E* code with a message; a failure becomes the scheduler's error. */
+/* Queues fn(arg) on the phase's lane (compute, or home for a home phase), behind the current
+ * phase's inputs. Between enter and leave. fn returns 0 or a negative TZ_E* code with a message;
+ * a failure becomes the scheduler's error. */
 int tz_sched_submit(tz_sched *s, int (*fn)(void *arg), void *arg);
-/* Leaves the phase entered last: records a fence on its lane; when it completes the
- * phase's written blocks become dirty (and are written back) and its pins drop. */
+/* Leaves the phase entered last: records a fence on its lane; when it completes the phase's
+ * written blocks become dirty (and are written back) and its pins drop; a home phase's writes
+ * are then in the homes. */
 int tz_sched_leave(tz_sched *s, int phase);
 /* Ends a step. In recording mode the first step's order becomes the order. */
 int tz_sched_step_end(tz_sched *s);
