@@ -1300,7 +1300,8 @@ static void test_home_step(void **state) {
 }
 
 /* H overwrites X at home after a compute phase read it: that reader sees the old bytes and the
- * next step's reader the new ones, whether or not the reader's copy is still there. */
+ * next step's reader the new ones, whether or not the reader's copy is still there. The second
+ * round runs the home phases on a lane of the client's (params.home_lane). */
 static void test_home_writes_after_reader(void **state) {
   (void)state;
   for (int la = 0; la < 4; la += 3) {
@@ -1308,6 +1309,11 @@ static void test_home_writes_after_reader(void **state) {
     TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
     struct tz_sched_params p;
     sched_params(&e, &p, 0, la);
+    tz_lane *mine = NULL;
+    if (la) {
+      TZ_ASSERT_OK(tz_lane_create_cpu("home", &mine));
+      p.home_lane = mine;
+    }
     TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
     add_block(&e, "X", 512 << 10, HOME_HOST, 4);
     add_block(&e, "other", 128 << 10, HOME_HOST, 5);
@@ -1330,7 +1336,13 @@ static void test_home_writes_after_reader(void **state) {
     TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, &fills, &flushes, NULL));
     assert_int_equal(flushes, 0); /* never dirty in the compute tier */
     assert_true(fills >= 5);
+    if (mine) {
+      struct tz_lane_stats ls;
+      tz_lane_stats(mine, &ls);
+      assert_true(ls.jobs >= 5); /* the home phases ran on it */
+    }
     free_env(&e);
+    tz_lane_destroy(mine); /* borrowed: still there after the scheduler */
   }
 }
 
