@@ -41,6 +41,7 @@
 #define STEP_RING 256
 #define TIMES_RING 256
 #define MAX_SPANS (1 << 20)
+#define TRACE_HOME_LANE (1 + MAX_XLANES) /* the home lane's spans; written after the others */
 
 struct copy {
   tz_extent ext;      /* in the compute tier; tier NULL when there is no copy */
@@ -75,6 +76,8 @@ struct block {
   int xl_in, xl_out;  /* transfer lanes home -> compute and back; -1 for a block in place */
   int staged;         /* its transfers go through the scheduler's staging chunks (two hops) */
   int in_place;       /* homed in the compute tier: phases use the home, c holds no extent */
+  int home_writers;   /* running home phases that write it */
+  tz_fence *cuse;     /* the fence of the last compute-lane phase that used it */
 };
 
 struct phase {
@@ -82,6 +85,7 @@ struct phase {
   struct tz_block_use uses[TZ_SCHED_MAX_USES];
   int n_uses;
   uint64_t ws;        /* bytes of its copies */
+  int at_home;        /* a home phase: runs on the home lane at the blocks' homes */
   uint64_t runs, stalls, stall_ns, compute_ns;
 };
 
@@ -98,6 +102,16 @@ struct inst {
   int rc;
   uint64_t t_done;
   char msg[256];
+  uint64_t want[TZ_SCHED_MAX_USES]; /* a home phase: the generation it reads of each block */
+};
+
+/* A home phase waits on its lane for a block's home to hold generation gen: f is signalled (by
+ * the pump, outside the lock) once a write-back has brought it there, or with the scheduler's
+ * error. */
+struct home_wait {
+  tz_fence *f;
+  int block;
+  uint64_t gen;
 };
 
 struct xlane {
@@ -140,7 +154,8 @@ struct tz_sched {
   char *trace_path;
   tz_tier *compute;
   tz_lane *lane;
-  int own_lane, debug;
+  tz_lane *home_lane;     /* NULL until a home phase is declared (or params gave one) */
+  int own_lane, own_home_lane, debug;
   uint64_t t0, chunk;
   pthread_mutex_t mu;
   pthread_cond_t cv;      /* broadcast whenever state moves on */
@@ -185,6 +200,9 @@ struct tz_sched {
   unsigned chunk_busy;    /* bit k: chunk k is held by a transfer */
   struct xfer *chunk_wait, *chunk_wait_tail; /* staged transfers waiting for a chunk, FIFO */
   struct xfer *hops, *hops_tail;             /* staged hops the pump issues next, FIFO */
+
+  struct home_wait *hw;   /* pending home waits */
+  int n_hw, cap_hw;
 
   int err;
   char err_msg[512];
@@ -471,10 +489,45 @@ static int evict_one(tz_sched *s, const struct inst *I, int own) {
   return 1;
 }
 
+/* A compute instance I must wait for an earlier home instance J (in the list: not completed) when
+ * J writes a block I uses (I's copy must be brought in from J's result, after J's fence), or when
+ * I writes a block used in place that J uses (both work on the one home). The compute lane is
+ * then never handed a home-lane fence: J has completed before I is reserved. And I may not write
+ * the copy of a block J reads until J's generation of it is home (J entered, and the write-back
+ * it waits for has completed): I's generation would be written back only after J, which waits
+ * for the one before it. */
+static int home_conflict(tz_sched *s, const struct inst *I) {
+  const struct phase *ph = &s->phases[I->phase];
+  for (const struct inst *J = s->head; J && J != I; J = J->next) {
+    const struct phase *jh = &s->phases[J->phase];
+    if (!jh->at_home)
+      continue;
+    for (int a = 0; a < jh->n_uses; a++)
+      for (int k = 0; k < ph->n_uses; k++) {
+        if (jh->uses[a].block != ph->uses[k].block)
+          continue;
+        const struct block *b = &s->blocks[ph->uses[k].block];
+        int iw = (ph->uses[k].access & TZ_ACCESS_WRITE) != 0;
+        if ((jh->uses[a].access & TZ_ACCESS_WRITE) || (b->in_place && iw))
+          return 1;
+        if (iw && (!J->entered || J->want[a] > b->home_gen))
+          return 1;
+      }
+  }
+  return 0;
+}
+
 /* Reserves instance I: every block it uses gets a copy (found, or allocated and filled) and a pin.
- * All or nothing. 1 when reserved, 0 when it must wait for something to finish. */
+ * All or nothing. 1 when reserved, 0 when it must wait for something to finish. A home phase
+ * takes nothing: it is reserved at once. */
 static int try_reserve(tz_sched *s, struct inst *I) {
   const struct phase *ph = &s->phases[I->phase];
+  if (ph->at_home) {
+    I->reserved = 1;
+    return 1;
+  }
+  if (home_conflict(s, I))
+    return 0;
   int need[TZ_SCHED_MAX_USES], n_need = 0;
   for (int k = 0; k < ph->n_uses; k++) {
     struct block *b = &s->blocks[ph->uses[k].block];
@@ -610,7 +663,7 @@ static void cancel_ahead(tz_sched *s) {
   struct inst *I = s->tail;
   while (I && !I->entered) {
     struct inst *prev = I->prev;
-    if (I->reserved) {
+    if (I->reserved && !s->phases[I->phase].at_home) {
       const struct phase *ph = &s->phases[I->phase];
       for (int k = 0; k < ph->n_uses; k++)
         s->blocks[ph->uses[k].block].c.pins--;
@@ -633,6 +686,49 @@ static void cancel_ahead(tz_sched *s) {
 
 /* ---- the pump ---- */
 
+/* A running home phase reads an earlier generation of block id at home than its copy holds: the
+ * write-back of the copy waits for it. (A home phase that waits for this very write-back reads
+ * the generation it brings.) */
+static int home_read_hold(tz_sched *s, int id) {
+  const struct block *b = &s->blocks[id];
+  for (const struct inst *I = s->head; I; I = I->next) {
+    const struct phase *ph = &s->phases[I->phase];
+    if (!I->entered || !ph->at_home)
+      continue;
+    for (int k = 0; k < ph->n_uses; k++)
+      if (ph->uses[k].block == id && (ph->uses[k].access & TZ_ACCESS_READ) &&
+          I->want[k] < b->c.gen)
+        return 1;
+  }
+  return 0;
+}
+
+/* Takes the home waits that can be signalled now (their generation is home, or an error is
+ * kept) into out[0..n), which the caller signals with the lock dropped. Lock held. */
+static int home_waits_take(tz_sched *s, tz_fence **out, int max) {
+  int n = 0;
+  for (int i = 0; i < s->n_hw && n < max;) {
+    const struct home_wait *w = &s->hw[i];
+    if (s->err || s->blocks[w->block].home_gen >= w->gen) {
+      out[n++] = w->f;
+      s->hw[i] = s->hw[--s->n_hw];
+    } else {
+      i++;
+    }
+  }
+  return n;
+}
+
+static void home_waits_signal(tz_fence **fs, int n, int err, const char *msg) {
+  for (int i = 0; i < n; i++) {
+    if (err)
+      tz_fence_signal_msg(fs[i], err, msg);
+    else
+      tz_fence_signal(fs[i], 0);
+    tz_fence_release(fs[i]);
+  }
+}
+
 /* Everything that can be decided now: write-backs of blocks no running phase writes, then the
  * window's reservations, in order. Lock held. */
 static void decide(tz_sched *s) {
@@ -641,7 +737,8 @@ static void decide(tz_sched *s) {
   for (int i = 0; i < s->n_blocks; i++) {
     struct block *b = &s->blocks[i];
     struct copy *c = &b->c;
-    if (c->ext.tier && !c->filling && !c->flushing && c->writers == 0 && c->gen > b->home_gen)
+    if (c->ext.tier && !c->filling && !c->flushing && c->writers == 0 && c->gen > b->home_gen &&
+        !home_read_hold(s, i))
       start_xfer(s, b, ACT_FLUSH, 0, s->step);
   }
   if (s->closing)
@@ -807,6 +904,17 @@ static void pump(tz_sched *s) {
   for (;;) {
     s->again = 0;
     decide(s);
+    tz_fence *ready[32];
+    int n_ready = home_waits_take(s, ready, 32);
+    if (n_ready) {
+      int err = s->err;
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", s->err_msg);
+      pthread_mutex_unlock(&s->mu);
+      home_waits_signal(ready, n_ready, err, msg);
+      pthread_mutex_lock(&s->mu);
+      continue;
+    }
     if (s->n_acts == 0 && !s->hops && !s->again)
       break;
     struct xfer *hops = s->hops;
@@ -913,7 +1021,16 @@ static void inst_finish(tz_sched *s, struct inst *I) {
   const char *msg = I->msg;
   uint64_t now = I->t_done;
   struct phase *ph = &s->phases[I->phase];
-  for (int k = 0; k < ph->n_uses; k++) {
+  for (int k = 0; k < ph->n_uses && ph->at_home; k++) {
+    struct block *b = &s->blocks[ph->uses[k].block];
+    int a = ph->uses[k].access;
+    b->running--;
+    /* The home holds the latest generation once the last home writer has completed: compute
+     * phases that use the block after it are reserved only then, so none made a later one. */
+    if ((a & TZ_ACCESS_WRITE) && --b->home_writers == 0)
+      b->home_gen = b->gen;
+  }
+  for (int k = 0; k < ph->n_uses && !ph->at_home; k++) {
     struct block *b = &s->blocks[ph->uses[k].block];
     b->running--;
     b->c.pins--;
@@ -933,21 +1050,27 @@ static void inst_finish(tz_sched *s, struct inst *I) {
   ph->compute_ns += compute;
   s->st.phases++;
   if (rc < 0)
-    fail_locked(s, rc, "sched: phase '%s' of step %llu failed: %s", ph->name,
+    fail_locked(s, rc, "sched: %sphase '%s' of step %llu failed: %s", ph->at_home ? "home " : "",
+                ph->name,
                 (unsigned long long)I->step, msg);
   dbg(s, "step %llu phase '%s' done: stalled %.3f ms, computed %.3f ms", (unsigned long long)I->step,
       ph->name, 1e-6 * (double)I->wait.stall_ns, 1e-6 * (double)compute);
+  int tl = ph->at_home ? TRACE_HOME_LANE : 0;
   if (I->wait.stall_ns)
-    trace_add(s, TZ_TRACE_STALL, 0, ph->name, ready - I->wait.stall_ns, ready, I->step, I->phase, 0);
-  trace_add(s, TZ_TRACE_COMPUTE, 0, ph->name, ready, now, I->step, I->phase, 0);
+    trace_add(s, TZ_TRACE_STALL, tl, ph->name, ready - I->wait.stall_ns, ready, I->step, I->phase,
+              0);
+  trace_add(s, TZ_TRACE_COMPUTE, tl, ph->name, ready, now, I->step, I->phase, 0);
   struct step_rec *r = &s->steps[I->step % STEP_RING];
   if (r->live && r->step == I->step) {
     r->done++;
-    r->t_last_done = now;
-    r->stall_ns += I->wait.stall_ns;
-    r->compute_ns += compute;
-    if (ready - I->wait.stall_ns < r->t_lane_begin)
-      r->t_lane_begin = ready - I->wait.stall_ns;
+    if (now > r->t_last_done)
+      r->t_last_done = now;
+    if (!ph->at_home) { /* the step's stall and compute are the compute lane's */
+      r->stall_ns += I->wait.stall_ns;
+      r->compute_ns += compute;
+      if (ready - I->wait.stall_ns < r->t_lane_begin)
+        r->t_lane_begin = ready - I->wait.stall_ns;
+    }
     step_check_done(s, r);
   }
   inst_unlink(s, I);
@@ -1048,6 +1171,7 @@ int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **
   if (p->trace_path && !(s->trace_path = strdup(p->trace_path)))
     rc = tz_err_set(TZ_ENOMEM, "sched: no memory");
   s->p.trace_path = NULL;
+  s->home_lane = p->home_lane;
   if (rc == 0 && p->lane) {
     s->lane = p->lane;
   } else if (rc == 0) {
@@ -1132,7 +1256,8 @@ int tz_sched_block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_e
   return rc;
 }
 
-static int check_phases(tz_sched *s, const struct tz_phase_decl *phases, int n) {
+static int check_phases(tz_sched *s, const struct tz_phase_decl *phases, int n,
+                        const int *at_home) {
   if (n < 1 || !phases)
     return tz_err_set(TZ_EINVAL, "sched: no phases declared");
   for (int i = 0; i < n; i++) {
@@ -1153,14 +1278,22 @@ static int check_phases(tz_sched *s, const struct tz_phase_decl *phases, int n) 
         if (d->uses[j].block == u->block)
           return tz_err_set(TZ_EINVAL, "sched: phase '%s' lists block '%s' twice", name,
                             s->blocks[u->block].name);
+      /* A home phase runs on the host at the homes: each must be host memory. */
+      const struct block *b = &s->blocks[u->block];
+      if (at_home && at_home[i] && !tz_tier_host_ptr(b->home.tier, b->home.offset))
+        return tz_err_set(TZ_EINVAL, "sched: home phase '%s' uses block '%s', whose home in %s "
+                          "is not host memory (a home phase runs at its blocks' homes)", name,
+                          b->name, tz_tier_name(b->home.tier));
     }
   }
   return 0;
 }
 
 /* Bytes of the copies a phase needs at once: blocks used in place take none. */
-static uint64_t phase_ws(tz_sched *s, const struct tz_phase_decl *d, uint64_t align) {
+static uint64_t phase_ws(tz_sched *s, const struct tz_phase_decl *d, int home, uint64_t align) {
   uint64_t ws = 0;
+  if (home) /* at the homes: no copies */
+    return 0;
   for (int k = 0; k < d->n_uses; k++) {
     const struct block *b = &s->blocks[d->uses[k].block];
     ws += b->in_place ? 0 : round_up(b->xfer, align);
@@ -1168,11 +1301,14 @@ static uint64_t phase_ws(tz_sched *s, const struct tz_phase_decl *d, uint64_t al
   return ws;
 }
 
-static int min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes) {
-  TZ_CHECK(check_phases(s, phases, n));
+#define HOME(at_home, i) ((at_home) && (at_home)[i])
+
+static int min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, const int *at_home,
+                      uint64_t *bytes) {
+  TZ_CHECK(check_phases(s, phases, n, at_home));
   uint64_t align = tz_tier_alignment(s->compute), max = 0;
   for (int i = 0; i < n; i++) {
-    uint64_t ws = phase_ws(s, &phases[i], align);
+    uint64_t ws = phase_ws(s, &phases[i], HOME(at_home, i), align);
     if (ws > max)
       max = ws;
   }
@@ -1182,7 +1318,7 @@ static int min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, ui
 
 int tz_sched_min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes) {
   pthread_mutex_lock(&s->mu);
-  int rc = min_budget(s, phases, n, bytes);
+  int rc = min_budget(s, phases, n, NULL, bytes);
   pthread_mutex_unlock(&s->mu);
   return rc;
 }
@@ -1208,11 +1344,11 @@ static int index_order(tz_sched *s) {
   return 0;
 }
 
-static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
+static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n, const int *at_home) {
   if (s->declared)
     return tz_err_set(TZ_EINVAL, "sched: phases are declared once");
   uint64_t min;
-  TZ_CHECK(min_budget(s, phases, n, &min));
+  TZ_CHECK(min_budget(s, phases, n, at_home, &min));
   s->align = tz_tier_alignment(s->compute);
   uint64_t budget = s->p.budget;
   if (!budget) {
@@ -1223,7 +1359,8 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
   budget = budget / s->align * s->align;
   int worst = 0;
   for (int i = 0; i < n; i++)
-    if (phase_ws(s, &phases[i], s->align) > phase_ws(s, &phases[worst], s->align))
+    if (phase_ws(s, &phases[i], HOME(at_home, i), s->align) >
+        phase_ws(s, &phases[worst], HOME(at_home, worst), s->align))
       worst = i;
   /* One staging chunk per transfer lane of staged blocks (home -> compute and back, per home
    * tier), in pinned host memory outside the compute budget. */
@@ -1255,8 +1392,18 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
                       "one chunk per lane (1 compute lane)%s", (unsigned long long)budget,
                       tz_tier_name(s->compute), (unsigned long long)(min - budget),
                       (unsigned long long)min, phases[worst].name ? phases[worst].name : "?",
-                      (unsigned long long)phase_ws(s, &phases[worst], s->align),
+                      (unsigned long long)phase_ws(s, &phases[worst], HOME(at_home, worst),
+                                                   s->align),
                       (unsigned long long)round_up(s->chunk, s->align), staging);
+  int any_home = 0;
+  for (int i = 0; i < n; i++)
+    any_home |= HOME(at_home, i);
+  if (any_home && !s->home_lane) {
+    TZ_CHECK(tz_lane_create_cpu("home", &s->home_lane));
+    s->own_home_lane = 1;
+    if (s->p.jitter_us > 0)
+      tz_lane_set_jitter(s->home_lane, s->p.jitter_us, s->p.seed + 3);
+  }
   if (n_chunks) { /* staging carved first (DESIGN.md), before the budget */
     struct tz_tier_params tp;
     tz_tier_params_init(&tp);
@@ -1314,7 +1461,8 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
     ph->n_uses = phases[i].n_uses;
     if (ph->n_uses)
       memcpy(ph->uses, phases[i].uses, sizeof ph->uses[0] * (size_t)ph->n_uses);
-    ph->ws = phase_ws(s, &phases[i], s->align);
+    ph->ws = phase_ws(s, &phases[i], HOME(at_home, i), s->align);
+    ph->at_home = HOME(at_home, i);
   }
   for (int i = 0; i < s->n_blocks; i++) {
     struct block *b = &s->blocks[i];
@@ -1346,8 +1494,13 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
 }
 
 int tz_sched_declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
+  return tz_sched_declare_homes(s, phases, n, NULL);
+}
+
+int tz_sched_declare_homes(tz_sched *s, const struct tz_phase_decl *phases, int n,
+                           const int *at_home) {
   pthread_mutex_lock(&s->mu);
-  int rc = declare(s, phases, n);
+  int rc = declare(s, phases, n, at_home);
   pthread_mutex_unlock(&s->mu);
   if (rc == 0)
     pump(s); /* the window starts bringing in the first phases */
@@ -1372,6 +1525,8 @@ static int ready_to_enter(tz_sched *s, void *arg) {
   if (!I->reserved)
     return 0;
   const struct phase *ph = &s->phases[I->phase];
+  if (ph->at_home) /* its lane waits for what it needs; nothing to issue first */
+    return 1;
   for (int k = 0; k < ph->n_uses; k++) {
     const struct copy *c = &s->blocks[ph->uses[k].block].c;
     if (c->filling && !c->ready)
@@ -1462,6 +1617,68 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
   view->phase = phase;
   view->name = ph->name;
   view->n_blocks = ph->n_uses;
+  if (ph->at_home) {
+    /* At the homes: the lane waits for the home to hold the generation of a dirty copy (a home
+     * wait, signalled when the copy's write-back completes: the write-back is decided as soon as
+     * the copy's writers have completed), or, in place, for the last writer; a writer also for
+     * the last compute phase that used the block (its fills read the home, its in-place work used
+     * it). Earlier home phases are before it on the home lane. The host never waits here. */
+    int nhw0 = s->n_hw;
+    view->lane = s->home_lane;
+    view->scratch = NULL;
+    view->scratch_bytes = 0;
+    for (int k = 0; k < ph->n_uses; k++) {
+      const struct tz_block_use *u = &ph->uses[k];
+      struct block *b = &s->blocks[u->block];
+      struct copy *c = &b->c;
+      view->blocks[k].block = u->block;
+      view->blocks[k].access = u->access;
+      view->blocks[k].bytes = b->bytes;
+      view->blocks[k].ptr = tz_tier_host_ptr(b->home.tier, b->home.offset);
+      I->want[k] = b->gen;
+      if (b->in_place && c->writer)
+        fs[nf++] = c->writer;
+      if (!b->in_place && c->ext.tier && c->gen > b->home_gen) {
+        tz_fence *f = NULL;
+        if (s->n_hw == s->cap_hw) {
+          int cap = s->cap_hw ? 2 * s->cap_hw : 16;
+          struct home_wait *n = realloc(s->hw, sizeof *n * (size_t)cap);
+          if (n) {
+            s->hw = n;
+            s->cap_hw = cap;
+          }
+        }
+        if (s->n_hw < s->cap_hw)
+          f = tz_fence_create();
+        if (!f) {
+          while (s->n_hw > nhw0) { /* the waits made for this phase go with it */
+            tz_fence *g = s->hw[--s->n_hw].f;
+            tz_fence_signal(g, TZ_ENOMEM);
+            tz_fence_release(g);
+          }
+          fail_locked(s, TZ_ENOMEM, "sched: no memory for home phase '%s'", ph->name);
+          rc = err_return(s);
+          goto out;
+        }
+        /* The lane holds it through fs (retained below); the list holds the creator's. */
+        s->hw[s->n_hw++] = (struct home_wait){f, u->block, c->gen};
+        fs[nf++] = f;
+        dbg(s, "home phase '%s' waits for generation %llu of '%s' at home (%s)", ph->name,
+            (unsigned long long)c->gen, b->name, copy_state(b));
+      }
+      if ((u->access & TZ_ACCESS_WRITE) && b->cuse)
+        fs[nf++] = b->cuse;
+    }
+    for (int k = 0; k < ph->n_uses; k++) {
+      struct block *b = &s->blocks[ph->uses[k].block];
+      b->running++;
+      if (ph->uses[k].access & TZ_ACCESS_WRITE) {
+        b->gen++; /* made in the home; any copy is stale from now on */
+        b->home_writers++;
+      }
+    }
+    goto entered;
+  }
   view->lane = s->lane;
   view->scratch_bytes = round_up(s->chunk, s->align);
   uint64_t off = s->region.offset + s->scratch_off;
@@ -1502,8 +1719,6 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
     if (!view->blocks[k].ptr)
       view->blocks[k].ptr = tz_tier_host_ptr(s->compute, c->ext.offset);
   }
-  for (int i = 0; i < nf; i++)
-    tz_fence_retain(fs[i]);
   for (int k = 0; k < ph->n_uses; k++) {
     struct block *b = &s->blocks[ph->uses[k].block];
     b->running++;
@@ -1517,6 +1732,9 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
       }
     }
   }
+entered:
+  for (int i = 0; i < nf; i++)
+    tz_fence_retain(fs[i]);
   I->entered = 1;
   s->n_ahead--;
   s->n_running++;
@@ -1525,15 +1743,16 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
   uint64_t now = tz_now_ns();
   struct step_rec *r = step_get(s, s->step, now);
   r->entered++;
-  dbg(s, "enter step %llu phase '%s' (%d blocks)", (unsigned long long)s->step, ph->name,
-      ph->n_uses);
+  dbg(s, "enter step %llu %sphase '%s' (%d blocks, %d fences)", (unsigned long long)s->step,
+      ph->at_home ? "home " : "", ph->name, ph->n_uses, nf);
+  tz_lane *lane = ph->at_home ? s->home_lane : s->lane;
   pthread_mutex_unlock(&s->mu);
-  rc = tz_lane_wait_all(s->lane, fs, nf, &I->wait);
+  rc = tz_lane_wait_all(lane, fs, nf, &I->wait);
   for (int i = 0; i < nf; i++)
     tz_fence_release(fs[i]);
   if (rc < 0) {
     pthread_mutex_lock(&s->mu);
-    fail_locked(s, rc, "sched: compute lane: %s", tz_err_msg());
+    fail_locked(s, rc, "sched: %s lane: %s", tz_lane_name(lane), tz_err_msg());
     rc = err_return(s);
     pthread_mutex_unlock(&s->mu);
   }
@@ -1546,10 +1765,11 @@ out:
 int tz_sched_submit(tz_sched *s, int (*fn)(void *arg), void *arg) {
   pthread_mutex_lock(&s->mu);
   int rc = s->err ? err_return(s) : !s->open ? tz_err_set(TZ_EINVAL, "sched: submit outside a phase") : 0;
+  tz_lane *lane = rc == 0 && s->phases[s->open->phase].at_home ? s->home_lane : s->lane;
   pthread_mutex_unlock(&s->mu);
   if (rc < 0)
     return rc;
-  return tz_lane_submit(s->lane, fn, arg);
+  return tz_lane_submit(lane, fn, arg);
 }
 
 /* Records the open phase's fence; forced: also after an error (destroy closes what is open). */
@@ -1562,11 +1782,12 @@ static int leave_open(tz_sched *s, int phase, int forced) {
   else if (!I || (phase >= 0 && I->phase != phase))
     rc = tz_err_set(TZ_EINVAL, "sched: leave of phase %d, but %s", phase,
                     I ? s->phases[I->phase].name : "no phase is open");
+  tz_lane *lane = rc == 0 && s->phases[I->phase].at_home ? s->home_lane : s->lane;
   pthread_mutex_unlock(&s->mu);
   if (rc < 0)
     return rc;
   tz_fence *done;
-  rc = tz_lane_record(s->lane, &done);
+  rc = tz_lane_record(lane, &done);
   if (rc < 0) {
     done = tz_fence_completed(rc);
     if (!done) /* out of memory twice over: the phase can only be waited for by destroy */
@@ -1575,12 +1796,16 @@ static int leave_open(tz_sched *s, int phase, int forced) {
   pthread_mutex_lock(&s->mu);
   const struct phase *ph = &s->phases[I->phase];
   I->done = done;
-  for (int k = 0; k < ph->n_uses; k++)
+  for (int k = 0; k < ph->n_uses && !ph->at_home; k++) {
+    struct block *b = &s->blocks[ph->uses[k].block];
+    tz_fence_release(b->cuse);
+    b->cuse = tz_fence_retain(done);
     if (ph->uses[k].access & TZ_ACCESS_WRITE) {
-      struct copy *c = &s->blocks[ph->uses[k].block].c;
+      struct copy *c = &b->c;
       tz_fence_release(c->writer);
       c->writer = tz_fence_retain(done);
     }
+  }
   s->open = NULL;
   __atomic_add_fetch(&s->outstanding, 1, __ATOMIC_ACQ_REL);
   dbg(s, "leave step %llu phase '%s'", (unsigned long long)I->step, ph->name);
@@ -1671,7 +1896,9 @@ int tz_sched_sync(tz_sched *s) {
   if (rc == 0 && s->open)
     rc = tz_err_set(TZ_EINVAL, "sched: sync while phase '%s' is open",
                     s->phases[s->open->phase].name);
-  if (rc == 0 && wait_until(s, all_saved, NULL, "the phases entered and their write-backs", 1) < 0)
+  /* The last phase to complete may be the one that failed: its error is the sync's. */
+  if (rc == 0 && (wait_until(s, all_saved, NULL, "the phases entered and their write-backs", 1) < 0 ||
+                  s->err))
     rc = err_return(s);
   pthread_mutex_unlock(&s->mu);
   return rc;
@@ -1794,13 +2021,15 @@ void tz_sched_stats(tz_sched *s, struct tz_sched_stats *out) {
   out->used = s->used;
   out->peak_used = s->peak;
   out->over_budget = s->over;
-  uint64_t stall = 0, compute = 0;
+  uint64_t stall[2] = {0, 0}, compute[2] = {0, 0};
   for (int i = 0; i < s->n_phases; i++) {
-    stall += s->phases[i].stall_ns;
-    compute += s->phases[i].compute_ns;
+    stall[s->phases[i].at_home] += s->phases[i].stall_ns;
+    compute[s->phases[i].at_home] += s->phases[i].compute_ns;
   }
-  out->stall_s = 1e-9 * (double)stall;
-  out->compute_s = 1e-9 * (double)compute;
+  out->stall_s = 1e-9 * (double)stall[0];
+  out->compute_s = 1e-9 * (double)compute[0];
+  out->home_stall_s = 1e-9 * (double)stall[1];
+  out->home_s = 1e-9 * (double)compute[1];
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -1810,7 +2039,7 @@ int tz_sched_phase_stats(tz_sched *s, struct tz_sched_phase_stats *out, int max)
     const struct phase *ph = &s->phases[i];
     out[i] = (struct tz_sched_phase_stats){ph->name, ph->runs, ph->stalls,
                                            1e-9 * (double)ph->stall_ns,
-                                           1e-9 * (double)ph->compute_ns};
+                                           1e-9 * (double)ph->compute_ns, ph->at_home};
   }
   pthread_mutex_unlock(&s->mu);
   return s->n_phases;
@@ -1818,15 +2047,18 @@ int tz_sched_phase_stats(tz_sched *s, struct tz_sched_phase_stats *out, int max)
 
 int tz_sched_lane_stats(tz_sched *s, struct tz_sched_lane_stats *out, int max) {
   pthread_mutex_lock(&s->mu);
-  uint64_t now = tz_now_ns(), compute = 0;
+  uint64_t now = tz_now_ns(), compute = 0, runs = 0;
   for (int i = 0; i < s->n_phases; i++)
-    compute += s->phases[i].compute_ns;
+    if (!s->phases[i].at_home) {
+      compute += s->phases[i].compute_ns;
+      runs += s->phases[i].runs;
+    }
   int n = 0;
   if (max > 0) {
     memset(&out[0], 0, sizeof out[0]);
     snprintf(out[0].name, sizeof out[0].name, "%s", tz_lane_name(s->lane));
     out[0].busy_s = 1e-9 * (double)compute;
-    out[0].ops = s->st.phases;
+    out[0].ops = runs;
   }
   n++;
   for (int i = 0; i < s->n_xl; i++, n++) {
@@ -1889,15 +2121,23 @@ int tz_sched_trace_write(tz_sched *s, const char *path) {
     pthread_mutex_unlock(&s->mu);
     return tz_err_errno(errno, "sched: cannot write the trace to %s", path);
   }
-  const char *names[1 + MAX_XLANES];
+  const char *names[2 + MAX_XLANES];
   names[0] = tz_lane_name(s->lane);
   for (int i = 0; i < s->n_xl; i++)
     names[1 + i] = s->xl[i].name;
+  int n_lanes = 1 + s->n_xl;
+  if (s->home_lane) { /* the home lane's track comes after the transfer lanes */
+    names[n_lanes] = tz_lane_name(s->home_lane);
+    for (int i = 0; i < s->n_spans; i++)
+      if (s->spans[i].lane == TRACE_HOME_LANE)
+        s->spans[i].lane = n_lanes;
+    n_lanes++;
+  }
   char meta[512];
   snprintf(meta, sizeof meta, "\"step\":%d,\"budget\":%llu,\"min_budget\":%llu,\"lookahead\":%d,"
            "\"compute_tier\":\"%s\"", s->p.trace_step, (unsigned long long)s->budget,
            (unsigned long long)s->min_budget, s->p.lookahead, tz_tier_name(s->compute));
-  rc = tz_trace_write_json(f, s->spans, s->n_spans, names, 1 + s->n_xl, s->trace_begin,
+  rc = tz_trace_write_json(f, s->spans, s->n_spans, names, n_lanes, s->trace_begin,
                            s->trace_end, meta);
   if (fclose(f) != 0 && rc == 0)
     rc = tz_err_errno(errno, "sched: writing the trace to %s", path);
@@ -1924,6 +2164,9 @@ void tz_sched_destroy(tz_sched *s) {
     leave_open(s, -1, 1);
   pthread_mutex_lock(&s->mu);
   s->closing = 1;
+  pthread_mutex_unlock(&s->mu);
+  pump(s); /* home waits an error left pending are signalled with it */
+  pthread_mutex_lock(&s->mu);
   /* Running phases and transfers must finish before their memory goes: wait as long as it
    * takes, saying so each timeout period. */
   while (wait_until(s, all_quiet, NULL, "the scheduler's work to finish before destroying it", 0) < 0 &&
@@ -1931,6 +2174,13 @@ void tz_sched_destroy(tz_sched *s) {
     TZ_LOG_ERR("sched: destroy still waits for %d phases and %d transfers", s->n_running,
                s->n_xfers);
   cancel_ahead(s);
+  tz_fence *left[32];
+  int n_left;
+  while ((n_left = home_waits_take(s, left, 32)) > 0) { /* none once quiet; an error's too */
+    pthread_mutex_unlock(&s->mu);
+    home_waits_signal(left, n_left, TZ_ECANCELED, "sched: destroyed");
+    pthread_mutex_lock(&s->mu);
+  }
   pthread_mutex_unlock(&s->mu);
   /* The last callbacks may still be on their way out; then the engine lets go of the poller
    * (tz_progress_remove waits until it is out of any call to it). */
@@ -1950,10 +2200,13 @@ void tz_sched_destroy(tz_sched *s) {
     tz_fence_release(c->ready);
     tz_fence_release(c->flushed);
     tz_fence_release(c->writer);
+    tz_fence_release(s->blocks[i].cuse);
     free(s->blocks[i].pos);
   }
   if (s->own_lane)
     tz_lane_destroy(s->lane);
+  if (s->own_home_lane)
+    tz_lane_destroy(s->home_lane);
   tz_arena_destroy(s->arena);
   tz_tier_free(&s->region);
   tz_tier_free(&s->stage_ext);
@@ -1964,6 +2217,7 @@ void tz_sched_destroy(tz_sched *s) {
   free(s->order);
   free(s->cur);
   free(s->acts);
+  free(s->hw);
   free(s->spans);
   free(s->trace_path);
   pthread_mutex_destroy(&s->mu);

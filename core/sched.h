@@ -21,6 +21,15 @@
  * compute lane runs phases in order, so a reader runs after the writers entered before it and a
  * writer after the readers entered before it, as for copies.
  *
+ * A home phase (tz_sched_declare_homes) runs at the homes of its blocks instead, on a second lane
+ * (params.home_lane, a CPU lane: the CPU optimizer). Its view gives the blocks' homes (host
+ * pointers), it takes no budget, and the scheduler orders it against the compute lane's phases
+ * through the homes: it reads a block's latest generation there (the dirty copy of a compute
+ * writer is written back first, and the home lane, not the host, waits for it), it writes only
+ * after every earlier user of the block has completed, and what it writes is a new generation in
+ * the home, so a copy made before is stale and a later compute phase's copy is brought in only
+ * after the home phase's fence. docs/scheduler.md "Home phases".
+ *
  * Threads: one client thread calls the functions below (they are not meant to be called from two
  * threads at once); the scheduler's own work runs in fence callbacks on the progress engine, the
  * runtime's copy lane and the compute lane.
@@ -79,6 +88,10 @@ struct tz_sched_params {
   int stage_homes;      /* 1: blocks homed in neither host nor device memory (nvme) go through the
                            scheduler's staging chunks on a CPU lane too (tests of the device lane's
                            path); with a device lane they always do. Default 0 */
+  tz_lane *home_lane;   /* the lane home phases run on, borrowed; NULL: the scheduler makes and
+                           owns a CPU lane "home" at declare when a declared phase is a home
+                           phase. It must run host functions and wait on the compute lane's
+                           fences and on transfer fences. */
 };
 void tz_sched_params_init(struct tz_sched_params *p);
 
@@ -97,12 +110,20 @@ int tz_sched_block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_e
 
 /* The smallest budget that phases[0..n) can run in: the largest working set of one phase (each
  * block rounded to the compute tier's alignment; blocks used in place count nothing) plus one
- * chunk for the compute lane. */
+ * chunk for the compute lane. Every phase counts as a compute phase here; tz_sched_declare_homes
+ * leaves its home phases out (they take no budget), and tz_sched_stats.min_budget says what it
+ * found. */
 int tz_sched_min_budget(tz_sched *s, const struct tz_phase_decl *phases, int n, uint64_t *bytes);
 
 /* Declares the phases (copied), once. Takes the budget from the compute tier. TZ_ENOMEM when the
  * budget is below tz_sched_min_budget, with a message saying how many bytes are missing. */
 int tz_sched_declare(tz_sched *s, const struct tz_phase_decl *phases, int n);
+/* The same, with at_home[i] nonzero making phase i a home phase (at_home NULL: none; n entries,
+ * read during the call). Every block a home phase uses must have a home in host memory (a host
+ * tier, or the compute tier when that is host memory): TZ_EINVAL naming the phase and the block
+ * otherwise. The first home phase makes the home lane if params.home_lane is NULL. */
+int tz_sched_declare_homes(tz_sched *s, const struct tz_phase_decl *phases, int n,
+                           const int *at_home);
 
 /* What tz_sched_enter gives the client: where the phase's blocks are in the compute tier. */
 struct tz_view {
@@ -113,23 +134,29 @@ struct tz_view {
   struct tz_view_block {
     int block, access;
     void *ptr;      /* in the compute tier: a device pointer on a GPU tier, else a host pointer;
-                       for a block used in place, its home */
+                       for a block used in place, its home; for a home phase, the home (a host
+                       pointer) */
     uint64_t bytes; /* the block's size */
   } blocks[TZ_SCHED_MAX_USES]; /* in the order of the phase's uses */
-  void *scratch;         /* the compute lane's chunk in the compute tier, for the phase's own use */
+  void *scratch;         /* the compute lane's chunk in the compute tier, for the phase's own use;
+                            NULL (and 0 bytes) for a home phase */
   uint64_t scratch_bytes;
-  tz_lane *lane;         /* the compute lane */
+  tz_lane *lane;         /* the compute lane; the home lane for a home phase */
 };
 
-/* Enters phase `phase` (an index into the declared phases). Makes the compute lane wait on fences
- * for the phase's blocks; fills *view. A phase other than the one the order expects is reported
- * (a warning, stats.order_changes) and handled: the order is recorded again from this step on. */
+/* Enters phase `phase` (an index into the declared phases). Makes the compute lane (the home lane
+ * for a home phase) wait on fences for the phase's blocks; fills *view. A home phase never keeps
+ * the host waiting: its lane waits for the write-backs it needs. A phase other than the one the
+ * order expects is reported (a warning, stats.order_changes) and handled: the order is recorded
+ * again from this step on. */
 int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view);
-/* Queues fn(arg) on the compute lane, behind the current phase's inputs. Between enter and leave.
- * fn returns 0 or a negative TZ_E* code with a message; a failure becomes the scheduler's error. */
+/* Queues fn(arg) on the phase's lane (compute, or home for a home phase), behind the current
+ * phase's inputs. Between enter and leave. fn returns 0 or a negative TZ_E* code with a message;
+ * a failure becomes the scheduler's error. */
 int tz_sched_submit(tz_sched *s, int (*fn)(void *arg), void *arg);
-/* Leaves the phase entered last: records a fence on the compute lane; when it completes the
- * phase's written blocks become dirty (and are written back) and its pins drop. */
+/* Leaves the phase entered last: records a fence on its lane; when it completes the phase's
+ * written blocks become dirty (and are written back) and its pins drop; a home phase's writes
+ * are then in the homes. */
 int tz_sched_leave(tz_sched *s, int phase);
 /* Ends a step. In recording mode the first step's order becomes the order. */
 int tz_sched_step_end(tz_sched *s);
@@ -167,16 +194,19 @@ struct tz_sched_stats {
   uint64_t staging;        /* pinned host bytes of the scheduler's staging chunks, reserved at
                               declare outside the budget: one chunk per transfer lane of blocks
                               homed in neither host nor device memory, on a device lane */
-  double stall_s;          /* compute-lane time waiting on fences, all phases */
+  double stall_s;          /* compute-lane time waiting on fences, all compute phases */
   double compute_s;        /* compute-lane time running phases */
+  double home_stall_s;     /* home-lane time waiting on fences, all home phases */
+  double home_s;           /* home-lane time running home phases */
 };
 void tz_sched_stats(tz_sched *s, struct tz_sched_stats *out);
 
 struct tz_sched_phase_stats {
   const char *name;
   uint64_t runs, stalls;   /* stalls: runs that waited for their inputs */
-  double stall_s;          /* compute-lane idle time waiting for this phase's inputs */
-  double compute_s;        /* compute-lane time from inputs ready to the phase's fence */
+  double stall_s;          /* its lane's idle time waiting for this phase's inputs */
+  double compute_s;        /* its lane's time from inputs ready to the phase's fence */
+  int at_home;             /* a home phase: the times above are the home lane's */
 };
 /* Fills up to max entries (one per declared phase); returns the number of phases. */
 int tz_sched_phase_stats(tz_sched *s, struct tz_sched_phase_stats *out, int max);

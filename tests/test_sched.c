@@ -214,6 +214,8 @@ static int run_phase(struct env *e, int phase, int64_t spin_ns) {
     assert_non_null(v.blocks[i].ptr);
     if (e->m.home[b].tier == e->compute) /* used in place: the view is the home */
       assert_ptr_equal(v.blocks[i].ptr, tz_tier_host_ptr(e->compute, e->m.home[b].offset));
+    if (strcmp(tz_lane_name(v.lane), "home") == 0) /* a home phase: the view is the home too */
+      assert_ptr_equal(v.blocks[i].ptr, tz_tier_host_ptr(e->m.home[b].tier, e->m.home[b].offset));
     assert_int_equal(v.blocks[i].bytes, e->m.bytes[b]);
     j->b[i].p = v.blocks[i].ptr;
     j->b[i].base = e->m.base[b];
@@ -1232,6 +1234,411 @@ static void test_compute_failure(void **state) {
   free_env(&e);
 }
 
+/* ---- home phases ---- */
+
+/* The phase stats of a home phase are the home lane's: it ran, and its jobs' time is there. */
+static void check_home_stats(struct env *e, int phase, uint64_t runs) {
+  struct tz_sched_phase_stats ps[MAXP];
+  int n = tz_sched_phase_stats(e->s, ps, MAXP);
+  assert_true(phase < n);
+  assert_int_equal(ps[phase].at_home, 1);
+  assert_int_equal(ps[phase].runs, runs);
+  assert_true(ps[phase].compute_s > 0);
+  struct tz_sched_stats st;
+  tz_sched_stats(e->s, &st);
+  assert_true(st.home_s >= ps[phase].compute_s);
+}
+
+/* W (compute) rewrites X, H (at home) reads X and writes Y and updates Z, R (compute) reads Y and
+ * Z: H sees W's write, R sees H's, every step, each read checked byte for byte against the step's
+ * version. The window looks far ahead with room for everything, so it would bring Y and Z in
+ * for R before H has run if it could; a copy made then would hold the previous step's bytes. */
+static void test_home_step(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 16);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "X", (200 << 10) - 100, HOME_HOST, 1);
+  add_block(&e, "Y", 300 << 10, HOME_HOST, 2);
+  add_block(&e, "Z", 64 << 10, HOME_HOST, 3);
+  struct tz_block_use w[2] = {{0, TZ_ACCESS_READWRITE}, {2, TZ_ACCESS_READ}};
+  struct tz_block_use h[3] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_WRITE}, {2, TZ_ACCESS_READWRITE}};
+  struct tz_block_use r[2] = {{1, TZ_ACCESS_READ}, {2, TZ_ACCESS_READ}};
+  struct tz_phase_decl ph[3] = {{"W", w, 2}, {"H", h, 3}, {"R", r, 2}};
+  int at_home[3] = {0, 1, 0};
+  TZ_ASSERT_OK(tz_sched_declare_homes(e.s, ph, 3, at_home));
+  int order[3] = {0, 1, 2};
+  for (int step = 0; step < 6; step++) {
+    for (int i = 0; i < 3; i++) /* the home phase slow, so that the window runs ahead of it */
+      TZ_ASSERT_OK(run_phase(&e, order[i], i == 1 ? 2 * 1000 * 1000 : 100 * 1000));
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+  }
+  for (int step = 0; step < 4; step++)
+    TZ_ASSERT_OK(run_step(&e, order, 3, 0));
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  check_homes(&e);
+  check_budget(&e);
+  check_bytes(&e);
+  check_home_stats(&e, 1, 10);
+  struct tz_sched_stats st;
+  tz_sched_stats(e.s, &st);
+  assert_int_equal(st.phases, 30);
+  /* X is written back before each H; Y and Z are brought in after each H, never more than once
+   * a step; the home phase took none of the budget: R's working set (the larger) and the chunk. */
+  uint64_t fills, flushes;
+  TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, &fills, &flushes, NULL));
+  assert_int_equal(flushes, 10);
+  for (int b = 1; b < 3; b++) {
+    TZ_ASSERT_OK(tz_sched_block_stats(e.s, b, &fills, &flushes, NULL));
+    assert_true(fills >= 10 && fills <= 11);
+    assert_int_equal(flushes, 0);
+  }
+  assert_int_equal(st.min_budget, rounded(300 << 10) + rounded(64 << 10) + (256 << 10));
+  free_env(&e);
+}
+
+/* H overwrites X at home after a compute phase read it: that reader sees the old bytes and the
+ * next step's reader the new ones, whether or not the reader's copy is still there. The second
+ * round runs the home phases on a lane of the client's (params.home_lane). */
+static void test_home_writes_after_reader(void **state) {
+  (void)state;
+  for (int la = 0; la < 4; la += 3) {
+    struct env e;
+    TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
+    struct tz_sched_params p;
+    sched_params(&e, &p, 0, la);
+    tz_lane *mine = NULL;
+    if (la) {
+      TZ_ASSERT_OK(tz_lane_create_cpu("home", &mine));
+      p.home_lane = mine;
+    }
+    TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+    add_block(&e, "X", 512 << 10, HOME_HOST, 4);
+    add_block(&e, "other", 128 << 10, HOME_HOST, 5);
+    struct tz_block_use r[1] = {{0, TZ_ACCESS_READ}};
+    struct tz_block_use h[1] = {{0, TZ_ACCESS_WRITE}};
+    struct tz_block_use o[2] = {{1, TZ_ACCESS_READWRITE}, {0, TZ_ACCESS_READ}};
+    struct tz_phase_decl ph[3] = {{"read X", r, 1}, {"overwrite X", h, 1}, {"other", o, 2}};
+    int at_home[3] = {0, 1, 0};
+    TZ_ASSERT_OK(tz_sched_declare_homes(e.s, ph, 3, at_home));
+    int order[3] = {0, 1, 2};
+    for (int step = 0; step < 5; step++) {
+      for (int i = 0; i < 3; i++) /* the reader slow: the home writer must wait for it */
+        TZ_ASSERT_OK(run_phase(&e, order[i], i == 0 ? 2 * 1000 * 1000 : 0));
+      TZ_ASSERT_OK(tz_sched_step_end(e.s));
+    }
+    TZ_ASSERT_OK(tz_sched_sync(e.s));
+    check_homes(&e);
+    check_bytes(&e);
+    uint64_t fills, flushes;
+    TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, &fills, &flushes, NULL));
+    assert_int_equal(flushes, 0); /* never dirty in the compute tier */
+    assert_true(fills >= 5);
+    if (mine) {
+      struct tz_lane_stats ls;
+      tz_lane_stats(mine, &ls);
+      assert_true(ls.jobs >= 5); /* the home phases ran on it */
+    }
+    free_env(&e);
+    tz_lane_destroy(mine); /* borrowed: still there after the scheduler */
+  }
+}
+
+/* Host access with home phases in flight: a load right after H's leave waits for it and sees
+ * its write, with or without a sync; a store between steps is what the next phases see. */
+static void test_home_load_store(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 4);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "X", 256 << 10, HOME_HOST, 6);
+  add_block(&e, "Y", (100 << 10) + 12, HOME_HOST, 7);
+  struct tz_block_use w[1] = {{0, TZ_ACCESS_READWRITE}};
+  struct tz_block_use h[2] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_READWRITE}};
+  struct tz_block_use r[1] = {{1, TZ_ACCESS_READ}};
+  struct tz_phase_decl ph[3] = {{"W", w, 1}, {"H", h, 2}, {"R", r, 1}};
+  int at_home[3] = {0, 1, 0};
+  TZ_ASSERT_OK(tz_sched_declare_homes(e.s, ph, 3, at_home));
+  uint8_t *buf = malloc(256 << 10);
+  for (int step = 0; step < 6; step++) {
+    TZ_ASSERT_OK(run_phase(&e, 0, 0));
+    TZ_ASSERT_OK(run_phase(&e, 1, 2 * 1000 * 1000));
+    if (step % 2)
+      TZ_ASSERT_OK(tz_sched_sync(e.s));
+    for (int b = 0; b < 2; b++) { /* H may still run: the load waits for it */
+      TZ_ASSERT_OK(tz_sched_block_load(e.s, b, buf));
+      for (uint64_t k = 0; k < e.m.bytes[b]; k++)
+        assert_int_equal(buf[k], (uint8_t)(e.m.base[b][k] + e.m.version[b]));
+    }
+    TZ_ASSERT_OK(run_phase(&e, 2, 0));
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+    if (step == 2) { /* a new version of Y, stored from the host */
+      for (uint64_t k = 0; k < e.m.bytes[1]; k++)
+        buf[k] = (uint8_t)(e.m.base[1][k] + e.m.version[1] + 7);
+      TZ_ASSERT_OK(tz_sched_block_store(e.s, 1, buf));
+      e.m.version[1] += 7;
+    }
+  }
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  check_homes(&e);
+  free(buf);
+  free_env(&e);
+}
+
+/* A home phase runs at its blocks' homes: an nvme home is refused at declare, naming both; a
+ * failing home job is the scheduler's error, as a compute job's is. */
+static void test_home_refused_and_failure(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 2);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "on host", 64 << 10, HOME_HOST, 1);
+  add_block(&e, "on disk", 64 << 10, HOME_NVME, 2);
+  struct tz_block_use u[2] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_READWRITE}};
+  struct tz_phase_decl ph[2] = {{"compute", u, 2}, {"adam", u, 2}};
+  int at_home[2] = {0, 1};
+  assert_int_equal(tz_sched_declare_homes(e.s, ph, 2, at_home), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "home phase 'adam'"));
+  assert_non_null(strstr(tz_err_msg(), "'on disk'"));
+  assert_non_null(strstr(tz_err_msg(), "nvme"));
+  /* The same phases as compute phases are fine, and so is a home phase on the host block. */
+  ph[1].n_uses = 1;
+  TZ_ASSERT_OK(tz_sched_declare_homes(e.s, ph, 2, at_home));
+  TZ_ASSERT_OK(run_phase(&e, 0, 0));
+  struct tz_view v;
+  TZ_ASSERT_OK(tz_sched_enter(e.s, 1, &v));
+  assert_string_equal(tz_lane_name(v.lane), "home");
+  assert_null(v.scratch);
+  TZ_ASSERT_OK(tz_sched_submit(e.s, job_fails, NULL));
+  TZ_ASSERT_OK(tz_sched_leave(e.s, 1));
+  assert_int_equal(tz_sched_sync(e.s), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "the job failed on purpose"));
+  assert_non_null(strstr(tz_err_msg(), "adam"));
+  assert_int_equal(tz_sched_step_end(e.s), TZ_EINVAL);
+  free_env(&e);
+}
+
+/* Random steps of compute and home phases over a few blocks (homed in host, in the compute tier,
+ * which is host memory here, and on nvme for blocks no home phase uses), each reading, writing or
+ * updating its blocks, at random budgets and lookaheads, with and without a recorded order. The
+ * synthetic client is the serial reference: every read is checked against the version the
+ * phases before it in the order made, on whichever lane it runs, and the homes at the end. */
+static void test_home_random(void **state) {
+  (void)state;
+  uint64_t rs = 20261129;
+  for (int c = 0; c < 16; c++) {
+    struct env e;
+    TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
+    int nb = 2 + (int)(tz_test_rand(&rs) % 5), np = 3 + (int)(tz_test_rand(&rs) % 7);
+    struct tz_sched_params p;
+    int lookahead = (int)(tz_test_rand(&rs) % 6);
+    sched_params(&e, &p, 0, lookahead);
+    p.record = (int)(tz_test_rand(&rs) % 3 == 0);
+    p.seed = 100 + (uint64_t)c;
+    TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+    int homes[MAXB];
+    uint64_t total = 0;
+    for (int i = 0; i < nb; i++) {
+      char name[16];
+      snprintf(name, sizeof name, "b%d", i);
+      uint64_t bytes = (1 + tz_test_rand(&rs) % 40) * 4096 - (tz_test_rand(&rs) % 2 ? 100 : 0);
+      uint64_t h = tz_test_rand(&rs) % 6;
+      homes[i] = h < 3 ? HOME_HOST : h < 5 ? HOME_COMPUTE : HOME_NVME;
+      add_block(&e, name, bytes, homes[i], (uint64_t)c * 100 + (uint64_t)i);
+      total += rounded(bytes);
+    }
+    struct tz_block_use uses[MAXP][4];
+    struct tz_phase_decl ph[MAXP];
+    char names[MAXP][16];
+    int at_home[MAXP], n_home = 0;
+    for (int i = 0; i < np; i++) {
+      int nu = 1 + (int)(tz_test_rand(&rs) % 3), k = 0, nvme = 0;
+      for (int t = 0; t < nu; t++) {
+        int b = (int)(tz_test_rand(&rs) % (uint64_t)nb);
+        int dup = 0;
+        for (int j = 0; j < k; j++)
+          dup |= uses[i][j].block == b;
+        if (!dup) {
+          uses[i][k++] = (struct tz_block_use){b, 1 + (int)(tz_test_rand(&rs) % 3)};
+          nvme |= homes[b] == HOME_NVME;
+        }
+      }
+      at_home[i] = !nvme && tz_test_rand(&rs) % 5 < 2;
+      n_home += at_home[i];
+      snprintf(names[i], 16, "%s%d", at_home[i] ? "h" : "p", i);
+      ph[i] = (struct tz_phase_decl){names[i], uses[i], k};
+    }
+    uint64_t min = 256 << 10;
+    for (int i = 0; i < np; i++) {
+      uint64_t ws = 256 << 10;
+      for (int k = 0; k < ph[i].n_uses && !at_home[i]; k++)
+        if (homes[uses[i][k].block] != HOME_COMPUTE)
+          ws += rounded(e.m.bytes[uses[i][k].block]);
+      min = ws > min ? ws : min;
+    }
+    uint64_t span = total + (256 << 10) - min;
+    uint64_t budget = c % 4 == 0 ? min : min + tz_test_rand(&rs) % (span + 1) / 4096 * 4096;
+    tz_sched_destroy(e.s);
+    p.budget = budget;
+    TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+    for (int i = 0; i < nb; i++) {
+      int id;
+      TZ_ASSERT_OK(tz_sched_block_add(e.s, names[0], e.m.bytes[i], &e.m.home[i], &id));
+    }
+    TZ_ASSERT_OK(tz_sched_declare_homes(e.s, ph, np, at_home));
+    int order[MAXP];
+    for (int i = 0; i < np; i++)
+      order[i] = i;
+    for (int step = 0; step < 4; step++) {
+      int rc = 0;
+      for (int i = 0; i < np && rc == 0; i++)
+        rc = run_phase(&e, order[i], at_home[i] && tz_test_rand(&rs) % 2 ? 300 * 1000 : 0);
+      if (rc == 0)
+        rc = tz_sched_step_end(e.s);
+      if (rc < 0)
+        print_error("case %d (%d phases, %d at home, budget %llu, minimum %llu, lookahead %d): "
+                    "%s\n", c, np, n_home, (unsigned long long)budget, (unsigned long long)min,
+                    lookahead, tz_err_msg());
+      assert_int_equal(rc, 0);
+    }
+    TZ_ASSERT_OK(tz_sched_sync(e.s));
+    check_homes(&e);
+    check_bytes(&e);
+    check_budget(&e);
+    struct tz_sched_stats st;
+    tz_sched_stats(e.s, &st);
+    assert_int_equal(st.min_budget, min);
+    assert_int_equal(st.phases, 4 * (uint64_t)np);
+    assert_int_equal(st.order_changes, 0);
+    free_env(&e);
+  }
+}
+
+/* The point of home phases: the optimizer of layer l runs at home, on its own lane, while the
+ * compute lane goes on with layer l+1. The client never waits for the compute lane to enter a
+ * home phase (the home lane waits for the gradient's write-back on a fence), and the trace has
+ * a track for the home lane on which each opt(l) overlaps bwd(l+1). */
+static void test_home_overlap(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
+  enum { L = 4 };
+  const int64_t spin = 40 * 1000000ll;
+  char *dir = tz_test_mkdtemp("sched-home-trace");
+  assert_non_null(dir);
+  char path[512];
+  snprintf(path, sizeof path, "%s/trace.json", dir);
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 2);
+  p.trace_step = 1;
+  p.trace_path = path;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  struct tz_block_use bwd[L][2], opt[L][2];
+  struct tz_phase_decl ph[2 * L];
+  int at_home[2 * L];
+  char names[2 * L][8];
+  for (int l = 0; l < L; l++) {
+    char name[8];
+    snprintf(name, sizeof name, "P%d", l);
+    add_block(&e, name, 256 << 10, HOME_HOST, 70 + (uint64_t)l);
+    snprintf(name, sizeof name, "G%d", l);
+    add_block(&e, name, 256 << 10, HOME_HOST, 80 + (uint64_t)l);
+    bwd[l][0] = (struct tz_block_use){2 * l, TZ_ACCESS_READ};
+    bwd[l][1] = (struct tz_block_use){2 * l + 1, TZ_ACCESS_WRITE};
+    opt[l][0] = (struct tz_block_use){2 * l + 1, TZ_ACCESS_READ};
+    opt[l][1] = (struct tz_block_use){2 * l, TZ_ACCESS_READWRITE};
+    snprintf(names[2 * l], 8, "bwd%d", l);
+    snprintf(names[2 * l + 1], 8, "opt%d", l);
+    ph[2 * l] = (struct tz_phase_decl){names[2 * l], bwd[l], 2};
+    ph[2 * l + 1] = (struct tz_phase_decl){names[2 * l + 1], opt[l], 2};
+    at_home[2 * l] = 0;
+    at_home[2 * l + 1] = 1;
+  }
+  TZ_ASSERT_OK(tz_sched_declare_homes(e.s, ph, 2 * L, at_home));
+  double worst_enter = 0;
+  for (int step = 0; step < 3; step++) {
+    for (int i = 0; i < 2 * L; i++) {
+      uint64_t t0 = now_ns();
+      TZ_ASSERT_OK(run_phase(&e, i, spin));
+      double dt = 1e-9 * (double)(now_ns() - t0);
+      if (i % 2 && dt > worst_enter)
+        worst_enter = dt;
+    }
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+  }
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  check_homes(&e);
+  check_budget(&e);
+  /* bwd(l) computes for 40 ms before opt(l) can start: a client that waited for it would take
+   * that long to run opt(l)'s enter, submit and leave. */
+  if (worst_enter > 0.020)
+    print_error("running a home phase took the client %.3f s\n", worst_enter);
+  assert_true(worst_enter < 0.020);
+  struct tz_sched_phase_stats ps[2 * L];
+  assert_int_equal(tz_sched_phase_stats(e.s, ps, 2 * L), 2 * L);
+  for (int i = 0; i < 2 * L; i++) {
+    assert_int_equal(ps[i].at_home, i % 2);
+    assert_int_equal(ps[i].runs, 3);
+    assert_true(ps[i].compute_s >= 3 * 0.9 * 1e-9 * (double)spin);
+  }
+  assert_true(ps[1].stalls > 0); /* opt(l) waited on its lane for bwd(l) and the write-back */
+  struct tz_sched_stats st;
+  tz_sched_stats(e.s, &st);
+  assert_true(st.home_s >= 3 * L * 0.9 * 1e-9 * (double)spin);
+  assert_true(st.home_stall_s > 0);
+  tz_sched_destroy(e.s); /* writes the trace */
+  e.s = NULL;
+  json_error_t jerr;
+  json_t *root = json_load_file(path, 0, &jerr);
+  if (!root)
+    print_error("trace %s: %s (line %d)\n", path, jerr.text, jerr.line);
+  assert_non_null(root);
+  json_t *events = json_object_get(root, "traceEvents");
+  assert_true(json_is_array(events));
+  double c0[2 * L], c1[2 * L];
+  int have[2 * L] = {0}, home_tid = -1, opt_tid = -2;
+  size_t i;
+  json_t *ev;
+  json_array_foreach(events, i, ev) {
+    const char *ph_ = json_string_value(json_object_get(ev, "ph"));
+    const char *name = json_string_value(json_object_get(ev, "name"));
+    json_t *args = json_object_get(ev, "args");
+    if (ph_ && strcmp(ph_, "M") == 0 && strcmp(name, "thread_name") == 0 &&
+        strcmp(json_string_value(json_object_get(args, "name")), "home") == 0)
+      home_tid = (int)json_integer_value(json_object_get(ev, "tid"));
+    if (!ph_ || strcmp(ph_, "X") != 0 ||
+        strcmp(json_string_value(json_object_get(ev, "cat")), "compute") != 0 ||
+        json_integer_value(json_object_get(args, "step")) != 1)
+      continue;
+    int k = (int)json_integer_value(json_object_get(args, "phase"));
+    assert_true(k >= 0 && k < 2 * L);
+    if (k % 2)
+      opt_tid = (int)json_integer_value(json_object_get(ev, "tid"));
+    c0[k] = json_number_value(json_object_get(ev, "ts"));
+    c1[k] = c0[k] + json_number_value(json_object_get(ev, "dur"));
+    have[k] = 1;
+  }
+  assert_true(home_tid >= 0);
+  assert_int_equal(opt_tid, home_tid); /* the home phases are on the home lane's track */
+  int overlapped = 0;
+  for (int l = 0; l + 1 < L; l++) {
+    assert_true(have[2 * l + 1] && have[2 * l + 2]);
+    overlapped += c0[2 * l + 1] < c1[2 * l + 2] && c1[2 * l + 1] > c0[2 * l + 2];
+  }
+  if (overlapped < L - 2)
+    print_error("only %d of %d optimizer phases overlapped the next backward\n", overlapped, L - 1);
+  assert_true(overlapped >= L - 2);
+  json_decref(root);
+  tz_test_rmdir(dir);
+  free_env(&e);
+}
+
 /* TZ_SCHED_DEBUG=1 prints every decision. */
 static void test_debug_prints_decisions(void **state) {
   (void)state;
@@ -1300,6 +1707,12 @@ int main(int argc, char **argv) {
     cmocka_unit_test_setup_teardown(test_in_place_mixed, arm, disarm),
     cmocka_unit_test_setup_teardown(test_in_place_random, arm, disarm),
     cmocka_unit_test_setup_teardown(test_plan_mirrors_in_place, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_home_step, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_home_writes_after_reader, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_home_load_store, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_home_refused_and_failure, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_home_random, arm, disarm),
+    cmocka_unit_test_setup_teardown(test_home_overlap, arm, disarm),
   };
   return cmocka_run_group_tests_name(argv[1], tests, NULL, NULL);
 }
