@@ -1529,7 +1529,9 @@ static void test_home_overlap(void **state) {
   struct env e;
   TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
   enum { L = 4 };
-  const int64_t spin = 40 * 1000000ll;
+  /* Long enough that a client held up by bwd(l) is told apart from one delayed by a loaded
+   * machine (sanitizers, two cores): the limit below is half of it. */
+  const int64_t spin = 100 * 1000000ll;
   char *dir = tz_test_mkdtemp("sched-home-trace");
   assert_non_null(dir);
   char path[512];
@@ -1575,11 +1577,11 @@ static void test_home_overlap(void **state) {
   TZ_ASSERT_OK(tz_sched_sync(e.s));
   check_homes(&e);
   check_budget(&e);
-  /* bwd(l) computes for 40 ms before opt(l) can start: a client that waited for it would take
-   * that long to run opt(l)'s enter, submit and leave. */
-  if (worst_enter > 0.020)
+  /* bwd(l) computes for 100 ms before opt(l) can start: a client that waited for it would take
+   * about that long to run opt(l)'s enter, submit and leave. */
+  if (worst_enter > 0.050)
     print_error("running a home phase took the client %.3f s\n", worst_enter);
-  assert_true(worst_enter < 0.020);
+  assert_true(worst_enter < 0.050);
   struct tz_sched_phase_stats ps[2 * L];
   assert_int_equal(tz_sched_phase_stats(e.s, ps, 2 * L), 2 * L);
   for (int i = 0; i < 2 * L; i++) {
