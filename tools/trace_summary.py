@@ -124,7 +124,7 @@ def main():
     comp = info.get("compute_tier", "compute")
     into = [l for n, l in lanes.items() if n.endswith("->" + comp)]
     out = [l for n, l in lanes.items() if n.startswith(comp + "->")]
-    if into and out:
+    if into or out:
         iv_in = union([x for l in into for x in l["spans"]])
         iv_out = union([x for l in out for x in l["spans"]])
         both = total(intersect(iv_in, iv_out))

@@ -51,6 +51,8 @@ struct job {
   void *ptr[TZ_PLAN_KINDS]; /* the view's pointers, by kind */
   int pending;              /* opt: 1 applies an update; 0 only refreshes param from master */
   struct tz_adam_params adam;
+  float home_scale; /* opt at home: the gradient's factor, fixed at enter (the home lane must not
+                       read what the compute lane's finish_step writes) */
   const int32_t *tokens_host; /* embed of micro 0: this step's tokens and targets */
   const int32_t *targets_host;
   float loss_scale; /* fp16: this step's loss scale; 1 otherwise */
@@ -91,6 +93,7 @@ struct tz_trainer {
   struct phase *ph;
   int n_ph, loss_phase;
   struct job *jobs; /* 2 * n_ph: slots by step parity */
+  int *at_home;      /* n_ph: the phase runs at its blocks' homes on the scheduler's home lane */
 
   /* In the compute tier, trainer-owned (compute_fixed of the plan). */
   tz_extent buf;
@@ -263,11 +266,36 @@ static int finish_step(tz_trainer *tr, float loss_scale) {
   return 0;
 }
 
+/* dst (n of S) = src (n floats) on the host, with the rounding every backend uses, on every
+ * core. */
+static void host_cast(void *dst, enum tz_dtype S, const float *src, uint64_t n) {
+  if (S == TZ_F32) {
+    memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  uint16_t *d = dst;
+#pragma omp parallel for schedule(static) if (n > (1u << 16))
+  for (uint64_t i = 0; i < n; i++)
+    d[i] = S == TZ_BF16 ? tz_f32_to_bf16(src[i]) : tz_f32_to_f16(src[i]);
+}
+
 static int run_opt(tz_trainer *tr, struct job *j, int b) {
   float *master = j->ptr[TZ_PLAN_MASTER], *m = j->ptr[TZ_PLAN_M], *v = j->ptr[TZ_PLAN_V];
   const float *grad = j->ptr[TZ_PLAN_GRAD];
   void *param = j->ptr[TZ_PLAN_PARAM];
   uint64_t n = tr->shard[b];
+  if (tr->at_home[j->phase]) {
+    /* At the homes, on the home lane (folded or overlapped only: create_sched): the factor was
+     * fixed at enter, and an overflow has already made j->pending 0. */
+    if (!j->pending) {
+      host_cast(param, tr->S, master, n);
+      return 0;
+    }
+    struct tz_adam_params p = j->adam;
+    p.grad_scale = j->home_scale;
+    struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
+    return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, &o);
+  }
   /* Unfolded, the opt phases run after the step's finish_step on this lane, and an overflow
    * drops the update here; folded, the client has already dropped it (j->pending 0). */
   if (!j->pending || tr->overflow)
@@ -795,19 +823,6 @@ static int create_lane(tz_trainer *tr) {
 }
 #endif
 
-/* dst (n of S) = src (n floats) on the host, with the rounding every backend uses, on every
- * core. */
-static void host_cast(void *dst, enum tz_dtype S, const float *src, uint64_t n) {
-  if (S == TZ_F32) {
-    memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  uint16_t *d = dst;
-#pragma omp parallel for schedule(static) if (n > (1u << 16))
-  for (uint64_t i = 0; i < n; i++)
-    d[i] = S == TZ_BF16 ? tz_f32_to_bf16(src[i]) : tz_f32_to_f16(src[i]);
-}
-
 static int sizes(tz_trainer *tr) {
   int nb = tr->nb;
   tr->numel = calloc((size_t)nb, sizeof *tr->numel);
@@ -1046,9 +1061,23 @@ static int create_sched(tz_trainer *tr) {
   struct tz_phase_decl *d = calloc((size_t)tr->n_ph, sizeof *d);
   if (!d)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
-  for (int i = 0; i < tr->n_ph; i++)
+  for (int i = 0; i < tr->n_ph; i++) {
     d[i] = (struct tz_phase_decl){tr->ph[i].name, tr->ph[i].uses, tr->ph[i].n_uses};
-  int rc = tz_sched_declare(tr->sched, d, tr->n_ph);
+    /* On a CPU-only machine an opt phase whose state lives in host memory outside the compute
+     * tier (nothing on nvme) runs at the homes on the scheduler's home lane: Adam updates the
+     * shards in place instead of copying them into the compute tier and back, and overlaps the
+     * compute lane. Unfolded steps keep it on the compute lane: there it must follow the step's
+     * finish_step, which only the compute lane's order gives. */
+    const struct phase *ph = &tr->ph[i];
+    int host = 0, nvme = 0;
+    for (int u = 0; u < ph->n_uses && ph->kind == PH_OPT; u++) {
+      int t = tr->plan.tier[ph->block * TZ_PLAN_KINDS + ph->kinds[u]];
+      host |= t == TZ_PLAN_HOST;
+      nvme |= t == TZ_PLAN_NVME;
+    }
+    tr->at_home[i] = !tr->gpu && ph->kind == PH_OPT && tr->mode != TZ_OPT_UNFOLDED && host && !nvme;
+  }
+  int rc = tz_sched_declare_homes(tr->sched, d, tr->n_ph, tr->at_home);
   free(d);
   return rc;
 }
@@ -1100,7 +1129,8 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   }
   tr->x = calloc((size_t)tr->L + 1, sizeof *tr->x);
   tr->jobs = calloc(2 * (size_t)tr->n_ph, sizeof *tr->jobs);
-  if (!tr->x || !tr->jobs) {
+  tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);
+  if (!tr->x || !tr->jobs || !tr->at_home) {
     rc = tz_err_set(TZ_ENOMEM, "train: no memory");
     goto fail;
   }
@@ -1150,6 +1180,7 @@ void tz_trainer_destroy(tz_trainer *tr) {
   free(tr->bid);
   free(tr->ph);
   free(tr->jobs);
+  free(tr->at_home);
   free(tr->x);
   tz_tier_free(&tr->io);
   tz_tier_destroy(tr->t_io);
@@ -1237,6 +1268,9 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
       j->ptr[tr->ph[i].kinds[u]] = v.blocks[u].ptr;
     j->pending = pending;
     j->adam = ap;
+    /* Folded, the previous step's factor (its loss phase has completed); overlapped, always 1
+     * (neither clipping nor loss scaling). */
+    j->home_scale = tr->mode == TZ_OPT_FOLDED ? tr->opt_scale : 1.0f;
     j->tokens_host = ht;
     j->targets_host = ht + n;
     j->loss_scale = tr->fp16 ? tr->scale : 1.0f;
