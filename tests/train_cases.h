@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -251,6 +252,49 @@ static inline void tc_expect_same(const struct tc_result *a, const struct tc_res
   }
   assert_false(ld);
   assert_int_equal(d, 0);
+}
+
+/* Placement invariance from base (its offload devices "none"): every home in the compute tier
+ * (every block used in place, nothing brought in or written back), then parameters and optimizer
+ * state on the host (streamed in and evicted through the window), on nvme, and a mixed plan:
+ * the same bits each time. what prefixes the messages. */
+static inline void tc_check_placement(const struct tc_opts *base, int jitter_us,
+                                      const char *nvme_dir, const char *what) {
+  struct tc_opts o = *base;
+  struct tc_result none, cpu, nvme, mixed;
+  char msg[64];
+  tc_run_single(&o, jitter_us, nvme_dir, &none);
+  assert_int_equal(none.st.fills, 0);
+  assert_int_equal(none.st.flushes, 0);
+  assert_true(none.st.in_place > 0);
+  assert_int_equal(none.st.over_budget, 0);
+  o.param_dev = "cpu";
+  o.opt_dev = "cpu";
+  tc_run_single(&o, jitter_us, nvme_dir, &cpu);
+  assert_true(cpu.st.fills > 0);
+  assert_true(cpu.st.evictions > 0);
+  assert_int_equal(cpu.st.over_budget, 0);
+  snprintf(msg, sizeof msg, "%soffload cpu", what);
+  tc_expect_same(&none, &cpu, msg);
+  o.param_dev = "nvme";
+  o.opt_dev = "nvme";
+  tc_run_single(&o, jitter_us, nvme_dir, &nvme);
+  snprintf(msg, sizeof msg, "%soffload nvme", what);
+  tc_expect_same(&none, &nvme, msg);
+  struct tz_model_config mc;
+  tc_model(&mc);
+  int nb = tz_model_n_blocks(&mc);
+  int8_t tiers[16 * TZ_PLAN_KINDS];
+  for (int i = 0; i < nb * TZ_PLAN_KINDS; i++)
+    tiers[i] = (int8_t)((i * 7 / 3) % TZ_PLAN_TIERS);
+  o.force_tiers = tiers;
+  tc_run_single(&o, jitter_us, nvme_dir, &mixed);
+  snprintf(msg, sizeof msg, "%smixed plan", what);
+  tc_expect_same(&none, &mixed, msg);
+  tc_result_free(&none);
+  tc_result_free(&cpu);
+  tc_result_free(&nvme);
+  tc_result_free(&mixed);
 }
 
 #endif
