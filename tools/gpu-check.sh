@@ -3,10 +3,11 @@
 # GPU benchmarks. Logs go to /tmp/tz-gpu-logs and, packed, to $OUT/logs.tgz. Each step runs even if
 # an earlier one failed; the summary at the end says which did.
 #   source .deps/setup.sh && bash tools/gpu-check.sh [STEP...]
-# Steps: tests topo tiers adam collectives hf layer prefetch train (default: all, in that order),
+# Steps: tests topo tiers adam collectives hf layer prefetch train product (default: all, in that
+# order; product: the trainer's GPU checks of docs/training.md),
 # and, only when named, trainbench: tools/bench-train.sh tz-offload llama-1b (docs/benchmarks.md).
 set -uo pipefail
-steps=${*:-tests topo tiers adam collectives hf layer prefetch train}
+steps=${*:-tests topo tiers adam collectives hf layer prefetch train product}
 logs=/tmp/tz-gpu-logs
 mkdir -p "$logs"
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,7 +29,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 step configure cmake --preset gpu
 step build cmake --build --preset gpu -j"$(nproc)"
 if has tests; then
-  step ctest ctest --test-dir $b --output-on-failure -j4 --timeout 300
+  step ctest ctest --test-dir $b --output-on-failure -j"$(( $(nproc) / 2 ))" --timeout 300
   grep -E "tests passed|Failed|Skipped|\*\*\*" "$logs/ctest.log" | tail -40 > "$logs/ctest-summary.txt"
 fi
 has topo && step topo $b/bin/tz-topo && step topo-json $b/bin/tz-topo --json
@@ -51,6 +52,20 @@ if has prefetch; then
   step prefetch-host $b/bin/tz-bench prefetch --lane cpu --home host --layers 16 --block 8M --compute-ms 5
 fi
 has train && step train-demo $b/bin/tz-train
+if has product; then
+  # DeepSpeed configs from configs/ as written, on the GPU: fp16 with dynamic loss scaling (cpu
+  # offload), bf16 (nvme offload, its path moved to this machine's disk).
+  step ds-fp16 $b/bin/tz-train --config configs/ds-zero-infinity-cpu.json --model llama-1b --seq 512 \
+    --steps 12 --set scheduler.params.warmup_num_steps=4 --data synthetic
+  mkdir -p /var/tmp/tz-ds-nvme
+  step ds-bf16 $b/bin/tz-train --config configs/ds-zero-infinity-nvme.json --model tiny --seq 256 \
+    --steps 12 --set train_batch_size=16 --set zero_optimization.offload_optimizer.nvme_path=/var/tmp/tz-ds-nvme \
+    --set zero_optimization.offload_param.nvme_path=/var/tmp/tz-ds-nvme --set scheduler.params.warmup_num_steps=4
+  # A model trained on the GPU, exported, loaded by transformers: its logits against ours.
+  step gpu-export $b/bin/tz-train --model tiny --steps 20 --export-safetensors /tmp/tz-gpu-export
+  step gpu-export-hf python3 tools/hf_check.py run /tmp/tz-gpu-export --tokens 72,101,108,108,111,33 \
+    --tz $b/bin/tz-model-check
+fi
 has trainbench && step trainbench env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-1b
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
 [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$logs" .

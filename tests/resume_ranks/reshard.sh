@@ -1,15 +1,15 @@
 #!/bin/bash
-# reshard.sh TZ_TRAIN "MPIRUN... -np": resume across world sizes, losses compared as printed in
+# reshard.sh TZ_TRAIN "MPIRUN... -np"|nproc: resume across world sizes, losses compared as printed in
 # the metrics (10 significant digits: every float bit).
 set -u
 bin=$1
-mpirun=$2
+launcher=$2
 dir=$(mktemp -d "${TMPDIR:-/tmp}/tz-reshard-XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 export XDG_CACHE_HOME=$dir/cache
+. "$(dirname "$0")/ranks.sh"
 args=(--model tiny --seed 3 --seq 32 --data synthetic --set train_batch_size=4
       --set train_micro_batch_size_per_gpu=2 --set gradient_clipping=1.0 --steps 6)
-losses() { grep -o '"step":[0-9]*,[^}]*"loss":[^,]*' "$1" | sed 's/"step":\([0-9]*\),.*"loss":/\1 /'; }
 run() { # name, then the command
   local name=$1; shift
   if ! "$@" --metrics "$dir/$name.jsonl" > "$dir/$name.out" 2>&1; then
@@ -17,10 +17,10 @@ run() { # name, then the command
   fi
 }
 run straight "$bin" "${args[@]}"
-run w2 $mpirun 2 "$bin" "${args[@]}" --save-every 3 --ckpt-dir "$dir/w2"
+run w2 launch 2 "$bin" "${args[@]}" --save-every 3 --ckpt-dir "$dir/w2"
 run w1 "$bin" "${args[@]}" --save-every 3 --ckpt-dir "$dir/w1"
 run w2to1 "$bin" "${args[@]}" --resume "$dir/w2/step-00000003"
-run w1to2 $mpirun 2 "$bin" "${args[@]}" --resume "$dir/w1/step-00000003"
+run w1to2 launch 2 "$bin" "${args[@]}" --resume "$dir/w1/step-00000003"
 want=$(losses "$dir/straight.jsonl")
 [ "$(echo "$want" | wc -l)" = 6 ] || { echo "FAIL: straight run: $want"; exit 1; }
 tail3=$(echo "$want" | tail -3)
@@ -37,7 +37,7 @@ echo "$tail3"
 # Consolidated export from a checkpoint at another world size: step 3 saved by 2 ranks exported
 # by 1, and saved by 1 exported by 2, give the same bytes (the runs agree bit for bit).
 run ex21 "$bin" --resume "$dir/w2/step-00000003" --steps 0 --export-safetensors "$dir/ex21"
-run ex12 $mpirun 2 "$bin" --resume "$dir/w1/step-00000003" --steps 0 --export-safetensors "$dir/ex12"
+run ex12 launch 2 "$bin" --resume "$dir/w1/step-00000003" --steps 0 --export-safetensors "$dir/ex12"
 cmp "$dir/ex21/model.safetensors" "$dir/ex12/model.safetensors" ||
   { echo "FAIL: exports of step 3 from the world-2 and world-1 checkpoints differ"; exit 1; }
 echo "OK: exports from checkpoints saved at world 2 and 1 (read at 1 and 2) are equal"

@@ -1,25 +1,25 @@
 #!/bin/bash
-# killed.sh TZ_TRAIN "MPIRUN... -np": SIGKILL to rank 1 of a 2-rank job mid-run: the job ends
+# killed.sh TZ_TRAIN "MPIRUN... -np"|nproc: SIGKILL to rank 1 of a 2-rank job mid-run: the job ends
 # within seconds with a message naming rank 1, and --resume from the last complete checkpoint
 # continues with the straight run's losses.
 set -u
 bin=$1
-mpirun=$2
+launcher=$2
 dir=$(mktemp -d "${TMPDIR:-/tmp}/tz-killed-XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 export XDG_CACHE_HOME=$dir/cache
+. "$(dirname "$0")/ranks.sh"
 args=(--model tiny --seed 6 --seq 32 --data synthetic --set train_batch_size=4
       --set train_micro_batch_size_per_gpu=2 --steps 400)
-losses() { grep -o '"step":[0-9]*,[^}]*"loss":[^,]*' "$1" | sed 's/"step":\([0-9]*\),.*"loss":/\1 /'; }
-$mpirun 2 bash -c 'echo $$ > "$0/pid.$OMPI_COMM_WORLD_RANK"; exec "$@"' "$dir" "$bin" "${args[@]}" \
+launch_bg 2 "$bin" "${args[@]}" \
   --ckpt-dir "$dir/ck" --save-every 2 --metrics "$dir/run.jsonl" > "$dir/run.out" 2>&1 &
 job=$!
 for _ in $(seq 600); do
-  [ -s "$dir/run.jsonl" ] && [ "$(wc -l < "$dir/run.jsonl")" -ge 5 ] && [ -s "$dir/pid.1" ] && break
+  [ -s "$dir/run.jsonl" ] && [ "$(wc -l < "$dir/run.jsonl")" -ge 5 ] && pid1=$(rank_pid 1) && [ -n "$pid1" ] && break
   sleep 0.05
 done
-[ -s "$dir/pid.1" ] || { echo "FAIL: rank 1 never started"; cat "$dir/run.out"; kill $job; exit 1; }
-kill -KILL "$(cat "$dir/pid.1")"
+[ -n "${pid1:-}" ] || { echo "FAIL: rank 1 never started"; cat "$dir/run.out"; kill $job; exit 1; }
+kill -KILL "$pid1"
 start=$SECONDS
 for _ in $(seq 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
 if kill -0 $job 2>/dev/null; then
@@ -36,7 +36,7 @@ step=$(sed 's/[^0-9]//g; s/^0*//' "$dir/ck/latest")
 [ -n "$step" ] || { echo "FAIL: latest: $(cat "$dir/ck/latest")"; exit 1; }
 total=$((step + 3))
 args[${#args[@]}-1]=$total
-$mpirun 2 "$bin" "${args[@]}" --resume "$dir/ck" --metrics "$dir/resumed.jsonl" > "$dir/resumed.out" 2>&1 ||
+launch 2 "$bin" "${args[@]}" --resume "$dir/ck" --metrics "$dir/resumed.jsonl" > "$dir/resumed.out" 2>&1 ||
   { echo "FAIL: resume"; cat "$dir/resumed.out"; exit 1; }
 grep -q "resumed from .* at step $step" "$dir/resumed.out" ||
   { echo "FAIL: did not resume at step $step"; cat "$dir/resumed.out"; exit 1; }

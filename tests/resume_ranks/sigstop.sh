@@ -1,26 +1,25 @@
 #!/bin/bash
-# sigstop.sh TZ_TRAIN "MPIRUN... -np": SIGTERM to rank 1 alone of a 2-rank job: both ranks stop
+# sigstop.sh TZ_TRAIN "MPIRUN... -np"|nproc: SIGTERM to rank 1 alone of a 2-rank job: both ranks stop
 # after the same step, save, and exit non-zero with the message, without MPI_Abort; --resume then
 # continues with the straight run's losses.
 set -u
 bin=$1
-mpirun=$2
+launcher=$2
 dir=$(mktemp -d "${TMPDIR:-/tmp}/tz-sigstop-XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 export XDG_CACHE_HOME=$dir/cache
+. "$(dirname "$0")/ranks.sh"
 args=(--model tiny --seed 4 --seq 32 --data synthetic --set train_batch_size=4
       --set train_micro_batch_size_per_gpu=2 --steps 400)
-losses() { grep -o '"step":[0-9]*,[^}]*"loss":[^,]*' "$1" | sed 's/"step":\([0-9]*\),.*"loss":/\1 /'; }
-# Each rank writes its pid, then becomes tz-train.
-$mpirun 2 bash -c 'echo $$ > "$0/pid.$OMPI_COMM_WORLD_RANK"; exec "$@"' "$dir" "$bin" "${args[@]}" \
+launch_bg 2 "$bin" "${args[@]}" \
   --ckpt-dir "$dir/ck" --metrics "$dir/stop.jsonl" > "$dir/stop.out" 2>&1 &
 job=$!
 for _ in $(seq 600); do
-  [ -s "$dir/stop.jsonl" ] && [ "$(wc -l < "$dir/stop.jsonl")" -ge 2 ] && [ -s "$dir/pid.1" ] && break
+  [ -s "$dir/stop.jsonl" ] && [ "$(wc -l < "$dir/stop.jsonl")" -ge 2 ] && pid1=$(rank_pid 1) && [ -n "$pid1" ] && break
   sleep 0.05
 done
-[ -s "$dir/pid.1" ] || { echo "FAIL: rank 1 never started"; cat "$dir/stop.out"; kill $job; exit 1; }
-kill -TERM "$(cat "$dir/pid.1")"
+[ -n "${pid1:-}" ] || { echo "FAIL: rank 1 never started"; cat "$dir/stop.out"; kill $job; exit 1; }
+kill -TERM "$pid1"
 wait $job
 rc=$?
 [ $rc -ne 0 ] || { echo "FAIL: the stopped job exited 0"; cat "$dir/stop.out"; exit 1; }
@@ -37,7 +36,7 @@ step=$(sed -n 's/.*rank 0: stopped by Terminated after step \([0-9]*\);.*/\1/p' 
 # Resume for 3 more steps, and compare with a straight run of the same length.
 total=$((step + 3))
 args[${#args[@]}-1]=$total
-$mpirun 2 "$bin" "${args[@]}" --resume "$dir/ck" --metrics "$dir/resumed.jsonl" > "$dir/resumed.out" 2>&1 ||
+launch 2 "$bin" "${args[@]}" --resume "$dir/ck" --metrics "$dir/resumed.jsonl" > "$dir/resumed.out" 2>&1 ||
   { echo "FAIL: resume"; cat "$dir/resumed.out"; exit 1; }
 "$bin" "${args[@]}" --metrics "$dir/straight.jsonl" > "$dir/straight.out" 2>&1 ||
   { echo "FAIL: straight run"; cat "$dir/straight.out"; exit 1; }

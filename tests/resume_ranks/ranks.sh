@@ -1,0 +1,41 @@
+# Sourced by the scripts here. $launcher is either an mpirun prefix ending in its -np flag
+# ("mpirun --oversubscribe -np"), or "nproc": tz-train --nproc N, one worker per GPU (the nccl
+# comm), which needs N GPUs (else the script exits 77, skipped).
+#   launch N BIN ARGS...       run a job of N ranks
+#   rank_pid R                 the pid of rank R of the job started last in the background by
+#                              launch_bg, once it runs (empty until then)
+losses() { grep -o '"step":[0-9]*,[^}]*"loss":[^,]*' "$1" | sed 's/"step":\([0-9]*\),.*"loss":/\1 /'; }
+if [ "$launcher" = nproc ]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  [ "$gpus" -ge 2 ] || { echo "SKIP: --nproc 2 needs two GPUs, $gpus visible"; exit 77; }
+fi
+launch() {
+  local n=$1 b=$2
+  shift 2
+  if [ "$launcher" = nproc ]; then "$b" --nproc "$n" "$@"; else $launcher "$n" "$b" "$@"; fi
+}
+# launch_bg N BIN ARGS... (with output redirected by the caller, and & after it, so that $! is the
+# launcher: it execs the job): under mpirun
+# each rank writes its pid to $dir/pid.R, then becomes BIN; under --nproc the launcher's workers
+# are found by their TZ_RANK.
+launch_bg() {
+  local n=$1
+  shift
+  if [ "$launcher" = nproc ]; then
+    local b=$1
+    shift
+    exec "$b" --nproc "$n" "$@"
+  fi
+  exec $launcher "$n" bash -c 'echo $$ > "$0/pid.$OMPI_COMM_WORLD_RANK"; exec "$@"' "$dir" "$@"
+}
+rank_pid() {
+  if [ "$launcher" != nproc ]; then
+    [ -s "$dir/pid.$1" ] && cat "$dir/pid.$1"
+    return 0
+  fi
+  local p
+  for p in $(pgrep -P "$job" 2>/dev/null); do
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "TZ_RANK=$1" && { echo "$p"; return 0; }
+  done
+  return 0
+}
