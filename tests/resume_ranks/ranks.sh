@@ -5,7 +5,11 @@
 #   rank_pid R                 the pid of rank R of the job started last in the background by
 #                              launch_bg, once it runs (empty until then)
 losses() { grep -o '"step":[0-9]*,[^}]*"loss":[^,]*' "$1" | sed 's/"step":\([0-9]*\),.*"loss":/\1 /'; }
+# The backend of every run, the single-process ones too (which would pick the GPU where there is
+# one): cpu under mpirun, cuda with --nproc.
+backend=cpu
 if [ "$launcher" = nproc ]; then
+  backend=cuda
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   [ "$gpus" -ge 2 ] || { echo "SKIP: --nproc 2 needs two GPUs, $gpus visible"; exit 77; }
 fi

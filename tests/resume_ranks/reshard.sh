@@ -8,7 +8,7 @@ dir=$(mktemp -d "${TMPDIR:-/tmp}/tz-reshard-XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 export XDG_CACHE_HOME=$dir/cache
 . "$(dirname "$0")/ranks.sh"
-args=(--model tiny --seed 3 --seq 32 --data synthetic --set train_batch_size=4
+args=(--backend "$backend" --model tiny --seed 3 --seq 32 --data synthetic --set train_batch_size=4
       --set train_micro_batch_size_per_gpu=2 --set gradient_clipping=1.0 --steps 6)
 run() { # name, then the command
   local name=$1; shift
@@ -36,8 +36,8 @@ echo "OK: world 2 -> 1 and 1 -> 2 continue with the straight run's losses:"
 echo "$tail3"
 # Consolidated export from a checkpoint at another world size: step 3 saved by 2 ranks exported
 # by 1, and saved by 1 exported by 2, give the same bytes (the runs agree bit for bit).
-run ex21 "$bin" --resume "$dir/w2/step-00000003" --steps 0 --export-safetensors "$dir/ex21"
-run ex12 launch 2 "$bin" --resume "$dir/w1/step-00000003" --steps 0 --export-safetensors "$dir/ex12"
+run ex21 "$bin" --backend "$backend" --resume "$dir/w2/step-00000003" --steps 0 --export-safetensors "$dir/ex21"
+run ex12 launch 2 "$bin" --backend "$backend" --resume "$dir/w1/step-00000003" --steps 0 --export-safetensors "$dir/ex12"
 cmp "$dir/ex21/model.safetensors" "$dir/ex12/model.safetensors" ||
   { echo "FAIL: exports of step 3 from the world-2 and world-1 checkpoints differ"; exit 1; }
 echo "OK: exports from checkpoints saved at world 2 and 1 (read at 1 and 2) are equal"

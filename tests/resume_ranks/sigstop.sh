@@ -9,7 +9,7 @@ dir=$(mktemp -d "${TMPDIR:-/tmp}/tz-sigstop-XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 export XDG_CACHE_HOME=$dir/cache
 . "$(dirname "$0")/ranks.sh"
-args=(--model tiny --seed 4 --seq 32 --data synthetic --set train_batch_size=4
+args=(--backend "$backend" --model tiny --seed 4 --seq 32 --data synthetic --set train_batch_size=4
       --set train_micro_batch_size_per_gpu=2 --steps 400)
 launch_bg 2 "$bin" "${args[@]}" \
   --ckpt-dir "$dir/ck" --metrics "$dir/stop.jsonl" > "$dir/stop.out" 2>&1 &
