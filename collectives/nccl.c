@@ -1,4 +1,5 @@
-/* The "nccl" backend: device buffers, one process per GPU, collectives on the comm's own stream.
+/* The "nccl" backend: device buffers (host buffers go through a device copy, synchronously: see
+ * "Host buffers"), one process per GPU, collectives on the comm's own stream.
  *
  * Launch. Collectives are enqueued by the calling thread, in call order, under a lock (a comm may
  * be used from the caller and from progress callbacks). Each completes on a polled fence over a
@@ -439,29 +440,114 @@ out:
   return 0;
 }
 
+/* ---- Host buffers ----
+ * NCCL reads and writes device memory only. Small exchanges of the control plane (a rank's rates,
+ * a stop flag, a failure count) live in host memory; they go through a device copy: the caller's
+ * `after` is waited for on the host, the input copied in, the collective launched, waited for
+ * (its fence keeps the timeout and abort handling), and the result copied out before the fence is
+ * handed back, already complete. */
+
+static int on_device(const void *p) {
+  struct cudaPointerAttributes at;
+  if (!p)
+    return 1;
+  if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+    cudaGetLastError(); /* an unregistered pointer is an error on older runtimes: clear it */
+    return 0;
+  }
+  return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+static int copy_to(struct nccl_ctx *ctx, void *dst, const void *src, size_t n,
+                   enum cudaMemcpyKind kind) {
+  cudaError_t e = n ? cudaMemcpyAsync(dst, src, n, kind, ctx->stream) : cudaSuccess;
+  if (e == cudaSuccess && kind == cudaMemcpyDeviceToHost)
+    e = cudaStreamSynchronize(ctx->stream);
+  return e == cudaSuccess ? 0 : cuda_error(e, "copy of a host buffer", ctx->rank);
+}
+
+static int submit_staged(struct nccl_ctx *ctx, const struct nccl_args *a, size_t send_b,
+                         size_t recv_b, tz_fence *after, tz_fence **done) {
+  const char *op = kind_names[a->kind];
+  if (after) {
+    int q = tz_fence_wait(after, (int64_t)(ctx->timeout_s * 1e9));
+    if (q < 0)
+      return tz_err_set(q, "comm nccl: rank %d: %s not started: its input failed (%s)", ctx->rank,
+                        op, tz_strerror(q));
+  }
+  int in_place = a->send == a->recv;
+  int host_send = !in_place && !on_device(a->send), host_recv = !on_device(a->recv);
+  size_t sb = host_send ? send_b : 0, rb = host_recv ? recv_b : 0;
+  cudaError_t e = cudaSetDevice(ctx->device);
+  char *stage = NULL;
+  if (e == cudaSuccess)
+    e = cudaMallocAsync((void **)&stage, sb + rb + 1, ctx->stream);
+  if (e != cudaSuccess)
+    return cuda_error(e, "device copy of a host buffer", ctx->rank);
+  struct nccl_args s = *a;
+  if (host_send)
+    s.send = stage;
+  if (host_recv)
+    s.recv = stage + sb;
+  if (in_place)
+    s.send = s.recv;
+  int rc = 0;
+  if (host_send)
+    rc = copy_to(ctx, stage, a->send, sb, cudaMemcpyHostToDevice);
+  /* The data in place, and a broadcast's root data, go in through the receive buffer. */
+  if (rc == 0 && host_recv && (in_place || a->kind == OP_BROADCAST))
+    rc = copy_to(ctx, stage + sb, a->recv, rb, cudaMemcpyHostToDevice);
+  tz_fence *f = NULL;
+  if (rc == 0)
+    rc = submit(ctx, &s, NULL, &f);
+  if (rc == 0)
+    rc = tz_fence_wait(f, -1);
+  if (rc == 0 && host_recv)
+    rc = copy_to(ctx, a->recv, stage + sb, rb, cudaMemcpyDeviceToHost);
+  cudaFreeAsync(stage, ctx->stream);
+  if (rc < 0) {
+    tz_fence_release(f);
+    return rc;
+  }
+  *done = f;
+  return 0;
+}
+
+/* submit, or submit_staged when a buffer is in host memory. */
+static int submit_any(struct nccl_ctx *ctx, const struct nccl_args *a, size_t send_b,
+                      size_t recv_b, tz_fence *after, tz_fence **done) {
+  if (a->kind == OP_BARRIER || (on_device(a->send) && on_device(a->recv)))
+    return submit(ctx, a, after, done);
+  return submit_staged(ctx, a, send_b, recv_b, after, done);
+}
+
 static int nccl_all_gather(void *ctx, const void *send, void *recv, size_t bytes,
                            tz_fence *after, tz_fence **done) {
   struct nccl_args a = {.kind = OP_ALL_GATHER, .send = send, .recv = recv, .n = bytes};
-  return submit(ctx, &a, after, done);
+  struct nccl_ctx *c = ctx;
+  return submit_any(c, &a, bytes, bytes * (size_t)c->size, after, done);
 }
 
 static int nccl_reduce_scatter(void *ctx, const void *send, void *recv, size_t count,
                                enum tz_dtype dt, tz_fence *after, tz_fence **done) {
   struct nccl_args a = {.kind = OP_REDUCE_SCATTER, .send = send, .recv = recv, .n = count,
                         .dt = dt};
-  return submit(ctx, &a, after, done);
+  struct nccl_ctx *c = ctx;
+  size_t b = count * tz_dtype_size(dt);
+  return submit_any(c, &a, b * (size_t)c->size, b, after, done);
 }
 
 static int nccl_all_reduce(void *ctx, const void *send, void *recv, size_t count,
                            enum tz_dtype dt, tz_fence *after, tz_fence **done) {
   struct nccl_args a = {.kind = OP_ALL_REDUCE, .send = send, .recv = recv, .n = count, .dt = dt};
-  return submit(ctx, &a, after, done);
+  size_t b = count * tz_dtype_size(dt);
+  return submit_any(ctx, &a, b, b, after, done);
 }
 
 static int nccl_broadcast(void *ctx, void *buf, size_t bytes, int root, tz_fence *after,
                           tz_fence **done) {
   struct nccl_args a = {.kind = OP_BROADCAST, .send = buf, .recv = buf, .n = bytes, .root = root};
-  return submit(ctx, &a, after, done);
+  return submit_any(ctx, &a, bytes, bytes, after, done);
 }
 
 static int nccl_barrier(void *ctx, tz_fence *after, tz_fence **done) {
@@ -635,6 +721,8 @@ static void *nccl_native(void *arg, const char *what) {
     return &ctx->comm;
   if (strcmp(what, "cuda_stream") == 0)
     return &ctx->stream;
+  if (strcmp(what, "device") == 0)
+    return &ctx->device;
   return NULL;
 }
 

@@ -460,16 +460,49 @@ static int measure_cpu(const struct tz_config *c, const char *backend, tz_runtim
   return measure_adam(r);
 }
 
-static int time_collective(tz_comm *comm, double *out) {
+/* The probe's buffer: in the GPU's memory for a comm that works on device buffers (nccl: a host
+ * buffer would time its copies too), else host memory. */
+static int probe_buffer(tz_runtime *rt, tz_comm *comm, size_t bytes, tz_tier **tier, char **buf) {
+  *tier = NULL;
+  *buf = NULL;
+#ifdef TZ_HAVE_CUDA
+  int *device = tz_comm_native(comm, "device");
+  if (device) {
+    struct tz_tier_params p;
+    tz_tier_params_init(&p);
+    p.name = "rates-collective";
+    p.capacity = bytes;
+    p.device = *device;
+    tz_extent e = {0};
+    TZ_CHECK(tz_tier_create(rt, "hbm", &p, tier));
+    int rc = tz_tier_alloc(*tier, bytes, &e);
+    if (rc == 0)
+      *buf = tz_tier_device_ptr(*tier, e.offset);
+    if (rc == 0 && !*buf)
+      rc = tz_err_set(TZ_ENOTSUP, "rates: the hbm tier hands out no device pointer");
+    if (rc < 0) {
+      tz_tier_destroy(*tier);
+      *tier = NULL;
+    }
+    return rc;
+  }
+#else
+  (void)rt;
+  (void)comm;
+#endif
+  *buf = calloc(1, bytes);
+  return *buf ? 0 : tz_err_set(TZ_ENOMEM, "rates: no memory for the collective probe");
+}
+
+static int time_collective(tz_runtime *rt, tz_comm *comm, double *out) {
   int world = tz_comm_size(comm);
   *out = 0;
   if (world < 2)
     return 0;
   const size_t per = 1u << 20;
-  char *buf = malloc(per * (size_t)world);
-  if (!buf)
-    return tz_err_set(TZ_ENOMEM, "rates: no memory for the collective probe");
-  memset(buf, 0, per * (size_t)world);
+  tz_tier *dev = NULL;
+  char *buf = NULL;
+  TZ_CHECK(probe_buffer(rt, comm, per * (size_t)world, &dev, &buf));
   char *mine = buf + per * (size_t)tz_comm_rank(comm);
   double best = 0;
   int rc = 0;
@@ -484,7 +517,10 @@ static int time_collective(tz_comm *comm, double *out) {
     if (i == 0 || t < best)
       best = t;
   }
-  free(buf);
+  if (dev)
+    tz_tier_destroy(dev);
+  else
+    free(buf);
   /* Bus bandwidth as nccl-tests counts it: the gathered size over the time, times (P-1)/P. */
   if (rc == 0 && best > 0)
     *out = (double)per * world / best * (world - 1) / world;
@@ -531,5 +567,5 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
     for (int i = 0; i < N_FIELDS; i++)
       *field(out, i) = v[i];
   }
-  return time_collective(comm, &out->collective);
+  return time_collective(rt, comm, &out->collective);
 }

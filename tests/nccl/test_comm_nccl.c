@@ -7,6 +7,8 @@
  * bit-identical to the reference whatever algorithm NCCL picks; bf16 and f16 payloads summed in
  * fp32 go through the backend's own rank-order sum and are bit-identical at any world size.
  *
+ * Host buffers work too, through a device copy (the control plane's small exchanges).
+ *
  * argv[1] picks the case (ctest runs each as its own entry): nproc, torchrun, killed, hung.
  * Workers are this program again, with argv[1] = worker-suite / worker-kill / worker-hang. */
 #define _GNU_SOURCE
@@ -194,6 +196,37 @@ static int worker_suite(void) {
   pthread_join(th, NULL);
   tz_fence_release(d.f);
   cudaFree(dbuf);
+
+  /* Host buffers (the control plane: a rank's rates, stop flags) go through a device copy: a
+   * broadcast in place, an all-gather whose input lies inside its output, an fp32 all-reduce in
+   * place and out of place, a reduce-scatter into the stack. */
+  memset(host, 0, N);
+  CHECK_OK(tz_comm_broadcast(c, me == 1 ? ref : host, N, 1, NULL, &f1));
+  CHECK_OK(wait_fence(f1));
+  if (me == 0)
+    CHECK(memcmp(host, ref, N) == 0, "broadcast of a host buffer differs");
+  unsigned char *hall = malloc(2 * N), *hwant = malloc(2 * N);
+  tz_test_fill(hwant, 2 * N, 91);
+  memset(hall, 0, 2 * N);
+  memcpy(hall + (size_t)me * N, hwant + (size_t)me * N, N);
+  CHECK_OK(tz_comm_all_gather(c, hall + (size_t)me * N, hall, N, NULL, &f1));
+  CHECK_OK(wait_fence(f1));
+  CHECK(memcmp(hall, hwant, 2 * N) == 0, "all_gather of host buffers differs");
+  free(hall);
+  free(hwant);
+  float v[3] = {1.5f + (float)me, -2.0f, 0.25f * (float)(me + 1)}, sum[3] = {0, 0, 0};
+  CHECK_OK(tz_comm_all_reduce(c, v, sum, 3, TZ_F32, NULL, &f1));
+  CHECK_OK(wait_fence(f1));
+  CHECK(sum[0] == 4.0f && sum[1] == -4.0f && sum[2] == 0.75f, "host all_reduce: %g %g %g",
+        (double)sum[0], (double)sum[1], (double)sum[2]);
+  CHECK_OK(tz_comm_all_reduce(c, v, v, 3, TZ_F32, NULL, &f1));
+  CHECK_OK(wait_fence(f1));
+  CHECK(memcmp(v, sum, sizeof v) == 0, "host all_reduce in place differs");
+  float rs_in[4] = {1, 2, 3 + (float)me, 4}, rs_out[2] = {0, 0};
+  CHECK_OK(tz_comm_reduce_scatter(c, rs_in, rs_out, 2, TZ_F32, NULL, &f1));
+  CHECK_OK(wait_fence(f1));
+  CHECK(me == 0 ? rs_out[0] == 2 && rs_out[1] == 4 : rs_out[0] == 7 && rs_out[1] == 8,
+        "host reduce_scatter: %g %g", (double)rs_out[0], (double)rs_out[1]);
   tz_comm_destroy(c);
 
   /* bf16 summed in bf16 by NCCL itself. */
