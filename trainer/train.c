@@ -975,29 +975,61 @@ static void host_zero(void *dst, uint64_t bytes) {
   }
 }
 
+/* Two buffers of `most` floats for the shards of homes outside host memory. With a GPU they lie
+ * in a host tier of their own, which the runtime page-locks: a copy from pageable memory is staged
+ * by the driver a piece at a time (llama-7b's 113 GiB of homes in HBM took minutes that way). */
+static int init_buffers(tz_trainer *tr, uint64_t most, tz_tier **stage, float **f32, float **buf) {
+  *stage = NULL;
+  *f32 = *buf = NULL;
+  uint64_t each = round_up(most * sizeof(float), ALIGN);
+  if (tr->gpu) {
+    struct tz_tier_params tp;
+    tz_tier_params_init(&tp);
+    tp.name = "init";
+    tp.numa_node = tr->cfg.tierzero.numa_node;
+    tp.capacity = 2 * each;
+    tz_extent e = {0};
+    TZ_CHECK(tz_tier_create(tr->rt, "host", &tp, stage));
+    int rc = tz_tier_alloc(*stage, 2 * each, &e);
+    if (rc < 0) {
+      tz_tier_destroy(*stage);
+      *stage = NULL;
+      return rc;
+    }
+    *f32 = tz_tier_host_ptr(*stage, e.offset);
+    *buf = (float *)((char *)*f32 + each);
+    return 0;
+  }
+  if (posix_memalign((void **)f32, ALIGN, each) != 0 ||
+      posix_memalign((void **)buf, ALIGN, each) != 0) {
+    free(*f32);
+    *f32 = NULL;
+    return tz_err_set(TZ_ENOMEM, "train: no memory to initialise shards");
+  }
+  return 0;
+}
+
 /* Allocates every home and writes the rank's initial shard into it: straight into homes in host
- * memory (the master generated in place, the rest converted or zeroed on every core), through a
- * buffer into the others. */
+ * memory (the master generated in place, the rest converted or zeroed on every core), zeros into
+ * the GPU's homes by the GPU, through a buffer into the others. */
 static int init_homes(tz_trainer *tr) {
   uint64_t most = 0;
   for (int b = 0; b < tr->nb; b++)
     if (tr->shard[b] > most)
       most = tr->shard[b];
+  tz_tier *stage = NULL;
   float *f32 = NULL, *buf = NULL;
-  if (posix_memalign((void **)&f32, ALIGN, most * sizeof(float)) != 0 ||
-      posix_memalign((void **)&buf, ALIGN, most * sizeof(float)) != 0) {
-    free(f32);
-    return tz_err_set(TZ_ENOMEM, "train: no memory to initialise shards");
-  }
-  int rc = 0;
+  TZ_CHECK(init_buffers(tr, most, &stage, &f32, &buf));
+  int rc = 0, zeroed_on_device = 0;
   for (int b = 0; b < tr->nb && rc == 0; b++) {
     uint64_t n = tr->shard[b], begin = (uint64_t)tr->rank * n;
-    void *at[TZ_PLAN_KINDS]; /* host addresses of the homes, NULL for device or nvme homes */
+    void *at[TZ_PLAN_KINDS];  /* host addresses of the homes, NULL for device or nvme homes */
+    void *dev[TZ_PLAN_KINDS]; /* device addresses of the homes in a GPU's memory */
     for (int k = 0; k < TZ_PLAN_KINDS; k++) {
       tz_tier *t = tier_for(tr, tr->plan.tier[b * TZ_PLAN_KINDS + k]);
       TZ_CHECK_GOTO(tz_tier_alloc(t, tr->bytes[b][k], &tr->home[b][k]), rc, out);
-      at[k] = tz_tier_device_ptr(t, tr->home[b][k].offset) ? NULL
-                                                           : tz_tier_host_ptr(t, tr->home[b][k].offset);
+      dev[k] = tz_tier_device_ptr(t, tr->home[b][k].offset);
+      at[k] = dev[k] ? NULL : tz_tier_host_ptr(t, tr->home[b][k].offset);
     }
     float *master = at[TZ_PLAN_MASTER] ? at[TZ_PLAN_MASTER] : f32;
     TZ_CHECK_GOTO(
@@ -1015,6 +1047,10 @@ static int init_homes(tz_trainer *tr) {
         zeroed = 0;
       } else if (at[k]) {
         host_zero(at[k], bytes);
+      } else if (dev[k]) {
+        TZ_CHECK_GOTO(tz_compute_zero(tr->cm, dev[k], (size_t)round_up(bytes, ALIGN)), rc, out);
+        zeroed_on_device = 1;
+        continue;
       } else {
         if (!zeroed)
           host_zero(buf, bytes);
@@ -1027,8 +1063,16 @@ static int init_homes(tz_trainer *tr) {
     }
   }
 out:
-  free(f32);
-  free(buf);
+  if (zeroed_on_device) {
+    int src = tz_compute_sync(tr->cm);
+    rc = rc < 0 ? rc : src;
+  }
+  if (stage) {
+    tz_tier_destroy(stage);
+  } else {
+    free(f32);
+    free(buf);
+  }
   return rc;
 }
 
