@@ -28,6 +28,7 @@ import argparse
 import datetime
 import glob
 import json
+import re
 import os
 import resource
 import shutil
@@ -131,9 +132,9 @@ def table(args):
     groups = {}
     for r in rows:
         groups.setdefault((r.get("device") or "unknown device", r.get("seq"), r.get("micro_batch"),
-                           r.get("world_size", 1)), []).append(r)
-    reference = (REFERENCE_SEQ, REFERENCE_MICRO, 1)
-    for (device, seq, micro, world), g in sorted(
+                           r.get("world_size", 1), r.get("accumulation", 1)), []).append(r)
+    reference = (REFERENCE_SEQ, REFERENCE_MICRO, 1, 1)
+    for (device, seq, micro, world, accum), g in sorted(
             groups.items(), key=lambda kv: (kv[0][1:] != reference, kv[0][0] == "cpu",
                                             str(kv[0]))):
         g.sort(key=sort_key)
@@ -141,8 +142,9 @@ def table(args):
         for m in {r["model"] for r in g}:
             b = baseline(g, m, "fsdp2-offload")
             verified[m] = reference_check(b)[0] if b and "H200" in device else None
-        print("### %s: seq %s, micro-batch %s, %s rank%s\n" % (device, seq, micro, world,
-                                                               "" if world == 1 else "s"))
+        print("### %s: seq %s, micro-batch %s, %s rank%s%s\n" % (
+            device, seq, micro, world, "" if world == 1 else "s",
+            ", accumulation %s" % accum if accum != 1 else ""))
         print("| model | runner | step s | tokens/s | model TFLOP/s | vs fsdp2-offload | "
               "vs fsdp2-gpu | bound s | efficiency |")
         print("|---|---|---|---|---|---|---|---|---|")
@@ -248,6 +250,26 @@ def median(v):
     return fsdp_peer.median(v)
 
 
+def run_shape(log):
+    """(ranks, accumulation steps) from tz-train's "model ..." line in its log: (None, 1) when the
+    log says neither, and world size is then tokens per step over the micro-batch's."""
+    ranks, accum = None, 1
+    try:
+        with open(log, errors="replace") as f:
+            for line in f:
+                if line.startswith("tz-train: model "):
+                    m = re.search(r", (\d+) ranks?,", line)
+                    if m:
+                        ranks = int(m.group(1))
+                    m = re.search(r"accumulation (\d+)", line)
+                    if m:
+                        accum = int(m.group(1))
+                    break
+    except (OSError, TypeError):
+        pass
+    return ranks, accum
+
+
 def summarise_tz(a, res):
     """The timed steps of a tz-train metrics file, in the peer's schema."""
     steps = []
@@ -268,6 +290,7 @@ def summarise_tz(a, res):
     times = [o["step_s"] for o in timed]
     step_s = median(times)
     tokens = timed[0]["tokens"]
+    ranks, accum = run_shape(a.log)
     o = timed[0]
     # tz-train's FLOP per token, from its own figures: tflops = fpt * tokens / step_s / 1e12.
     fpt = o["tflops"] * 1e12 * o["step_s"] / o["tokens"]
@@ -279,7 +302,8 @@ def summarise_tz(a, res):
     res.update({
         "steps": len(timed), "step_s": step_s, "step_s_mean": sum(times) / len(times),
         "step_s_min": min(times), "step_times": times, "tokens_per_step": tokens,
-        "world_size": tokens // (a.seq * a.micro_batch),
+        "world_size": ranks if ranks else tokens // (a.seq * a.micro_batch * accum),
+        "accumulation": accum,
         "tokens_per_s": tokens / step_s, "model_tflops": fpt * tokens / step_s / 1e12,
         "flops_per_token": fpt, "stall_s": median([o.get("stall_s") or 0.0 for o in timed]),
         "loss_first": steps[0].get("loss"), "loss_last": steps[-1].get("loss"),
