@@ -131,6 +131,7 @@ static void test_bench(void **state) {
       {"bench-offload.json", TZ_OFFLOAD_CPU, TZ_OFFLOAD_CPU, 116ull << 30, NULL},
       {"bench-auto.json", TZ_OFFLOAD_CPU, TZ_OFFLOAD_CPU, 116ull << 30, "/var/tmp/tz-bench-nvme"},
       {"bench-nvme.json", TZ_OFFLOAD_CPU, TZ_OFFLOAD_NVME, 48ull << 30, "/var/tmp/tz-bench-nvme"},
+      {"bench-stream.json", TZ_OFFLOAD_CPU, TZ_OFFLOAD_NONE, 116ull << 30, NULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     struct tz_config c;
@@ -207,7 +208,7 @@ static void test_deepspeed(void **state) {
 static void test_all_listed(void **state) {
   (void)state;
   static const char *const known[] = {
-      "bench-auto.json",     "bench-nvme.json",    "bench-offload.json",
+      "bench-auto.json",     "bench-nvme.json",    "bench-offload.json", "bench-stream.json",
       "cpu-only.json",       "demo.json",          "ds-zero-infinity-cpu.json",
       "ds-zero-infinity-nvme.json", "llama-13b-1gpu.json", "llama-1b-1gpu.json",
       "llama-7b-1gpu.json",  "llama-7b-2gpu.json",

@@ -11,6 +11,8 @@
 #         tz-offload     tz-train, configs/bench-offload.json: parameters and optimizer on the host
 #         tz-auto        tz-train --auto-placement, configs/bench-auto.json (nvme allowed)
 #         tz-nvme        tz-train, configs/bench-nvme.json: optimizer state on nvme, host capped
+#         tz-stream      tz-train, configs/bench-stream.json: parameters on the host, optimizer
+#                        state in GPU memory
 # MODEL: tiny, llama-1b, llama-3b, llama-7b, llama-13b
 # Options:
 #   --steps N        timed steps (default 10)
@@ -35,7 +37,7 @@ usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"
 [ $# -ge 2 ] || usage
 runner=$1 model=$2
 shift 2
-case $runner in fsdp2-offload | fsdp2-gpu | tz-offload | tz-auto | tz-nvme) ;;
+case $runner in fsdp2-offload | fsdp2-gpu | tz-offload | tz-auto | tz-nvme | tz-stream) ;;
   *) echo "bench-train: unknown runner '$runner'" >&2; usage ;;
 esac
 case $model in tiny | llama-1b | llama-3b | llama-7b | llama-13b) ;;
@@ -142,8 +144,9 @@ case $runner in
   tz-offload) args+=(--config "$root/configs/bench-offload.json") ;;
   tz-auto) args+=(--config "$root/configs/bench-auto.json" --auto-placement) ;;
   tz-nvme) args+=(--config "$root/configs/bench-nvme.json") ;;
+  tz-stream) args+=(--config "$root/configs/bench-stream.json") ;;
 esac
-if [ "$runner" != tz-offload ]; then
+if [ "$runner" = tz-auto ] || [ "$runner" = tz-nvme ]; then
   # The nvme directory of the configs, or --nvme-dir; its budget, unless TZ_NVME_BUDGET says,
   # nine tenths of the free space there (tz-train's default is half).
   mkdir -p "$nvme_dir" || exit 1
@@ -161,5 +164,5 @@ rc=$?
   python3 "$root/tools/trace_summary.py" "$results/$name.trace.json" > "$results/$name.trace.txt" 2>&1
 keep
 # tz-train removes its nvme files when it ends; a crashed run leaves them (tens of GB).
-[ "$runner" != tz-offload ] && find "$nvme_dir" -maxdepth 1 -name 'tierzero-*.bin' -delete 2> /dev/null
+{ [ "$runner" = tz-auto ] || [ "$runner" = tz-nvme ]; } && find "$nvme_dir" -maxdepth 1 -name 'tierzero-*.bin' -delete 2> /dev/null
 exit $rc
