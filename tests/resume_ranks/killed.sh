@@ -3,12 +3,7 @@
 # within seconds with a message naming rank 1, and --resume from the last complete checkpoint
 # continues with the straight run's losses.
 set -u
-bin=$1
-launcher=$2
-dir=$(mktemp -d "${TMPDIR:-/tmp}/tz-killed-XXXXXX")
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
-. "$(dirname "$0")/ranks.sh"
+. "$(dirname "$0")/ranks.sh" "$@"
 args=(--backend "$backend" --model tiny --seed 6 --seq 32 --data synthetic --set train_batch_size=4
       --set train_micro_batch_size_per_gpu=2 --steps 400)
 launch_bg 2 "$bin" "${args[@]}" \
@@ -34,16 +29,6 @@ grep -Eq "rank 1 .*(signal 9|Killed)" "$dir/run.out" ||
 [ -f "$dir/ck/latest" ] || { echo "FAIL: no checkpoint"; ls -la "$dir/ck"; exit 1; }
 step=$(sed 's/[^0-9]//g; s/^0*//' "$dir/ck/latest")
 [ -n "$step" ] || { echo "FAIL: latest: $(cat "$dir/ck/latest")"; exit 1; }
-total=$((step + 3))
-args[${#args[@]}-1]=$total
-launch 2 "$bin" "${args[@]}" --resume "$dir/ck" --metrics "$dir/resumed.jsonl" > "$dir/resumed.out" 2>&1 ||
-  { echo "FAIL: resume"; cat "$dir/resumed.out"; exit 1; }
-grep -q "resumed from .* at step $step" "$dir/resumed.out" ||
-  { echo "FAIL: did not resume at step $step"; cat "$dir/resumed.out"; exit 1; }
-"$bin" "${args[@]}" --metrics "$dir/straight.jsonl" > "$dir/straight.out" 2>&1 ||
-  { echo "FAIL: straight run"; cat "$dir/straight.out"; exit 1; }
-want=$(losses "$dir/straight.jsonl" | tail -3)
-got=$(losses "$dir/resumed.jsonl")
-[ "$got" = "$want" ] || { echo "FAIL: resumed after step $step:"; echo "$got"; echo "want:"; echo "$want"; exit 1; }
+resume_3_more "$step"
 echo "OK: rank 1 killed: the job ended naming it; resumed from step $step:"
 echo "$got"

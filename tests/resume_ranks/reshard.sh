@@ -2,12 +2,7 @@
 # reshard.sh TZ_TRAIN "MPIRUN... -np"|nproc: resume across world sizes, losses compared as printed in
 # the metrics (10 significant digits: every float bit).
 set -u
-bin=$1
-launcher=$2
-dir=$(mktemp -d "${TMPDIR:-/tmp}/tz-reshard-XXXXXX")
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
-. "$(dirname "$0")/ranks.sh"
+. "$(dirname "$0")/ranks.sh" "$@"
 args=(--backend "$backend" --model tiny --seed 3 --seq 32 --data synthetic --set train_batch_size=4
       --set train_micro_batch_size_per_gpu=2 --set gradient_clipping=1.0 --steps 6)
 run() { # name, then the command

@@ -3,12 +3,7 @@
 # after the same step, save, and exit non-zero with the message, without MPI_Abort; --resume then
 # continues with the straight run's losses.
 set -u
-bin=$1
-launcher=$2
-dir=$(mktemp -d "${TMPDIR:-/tmp}/tz-sigstop-XXXXXX")
-trap 'rm -rf "$dir"' EXIT
-export XDG_CACHE_HOME=$dir/cache
-. "$(dirname "$0")/ranks.sh"
+. "$(dirname "$0")/ranks.sh" "$@"
 args=(--backend "$backend" --model tiny --seed 4 --seq 32 --data synthetic --set train_batch_size=4
       --set train_micro_batch_size_per_gpu=2 --steps 400)
 launch_bg 2 "$bin" "${args[@]}" \
@@ -33,15 +28,6 @@ fi
 step=$(sed -n 's/.*rank 0: stopped by Terminated after step \([0-9]*\);.*/\1/p' "$dir/stop.out")
 [ -n "$step" ] && [ "$step" -lt 400 ] || { echo "FAIL: no stop step"; cat "$dir/stop.out"; exit 1; }
 [ -d "$dir/ck/step-$(printf %08d "$step")" ] || { echo "FAIL: no checkpoint of step $step"; ls "$dir/ck"; exit 1; }
-# Resume for 3 more steps, and compare with a straight run of the same length.
-total=$((step + 3))
-args[${#args[@]}-1]=$total
-launch 2 "$bin" "${args[@]}" --resume "$dir/ck" --metrics "$dir/resumed.jsonl" > "$dir/resumed.out" 2>&1 ||
-  { echo "FAIL: resume"; cat "$dir/resumed.out"; exit 1; }
-"$bin" "${args[@]}" --metrics "$dir/straight.jsonl" > "$dir/straight.out" 2>&1 ||
-  { echo "FAIL: straight run"; cat "$dir/straight.out"; exit 1; }
-want=$(losses "$dir/straight.jsonl" | tail -3)
-got=$(losses "$dir/resumed.jsonl")
-[ "$got" = "$want" ] || { echo "FAIL: resumed after step $step:"; echo "$got"; echo "want:"; echo "$want"; exit 1; }
+resume_3_more "$step"
 echo "OK: SIGTERM to rank 1: both ranks stopped after step $step without an abort; resumed:"
 echo "$got"
