@@ -251,9 +251,10 @@ def median(v):
 
 
 def run_shape(log):
-    """(ranks, accumulation steps) from tz-train's "model ..." line in its log: (None, 1) when the
-    log says neither, and world size is then tokens per step over the micro-batch's."""
-    ranks, accum = None, 1
+    """(ranks, accumulation steps, set-up seconds) from tz-train's log: its "model ..." line and
+    its "set up in" line; (None, 1, None) for what the log does not say (world size is then
+    tokens per step over the micro-batch's)."""
+    ranks, accum, setup = None, 1, None
     try:
         with open(log, errors="replace") as f:
             for line in f:
@@ -264,10 +265,13 @@ def run_shape(log):
                     m = re.search(r"accumulation (\d+)", line)
                     if m:
                         accum = int(m.group(1))
+                m = re.match(r"tz-train: set up in ([0-9.]+) s", line)
+                if m:
+                    setup = float(m.group(1))
                     break
     except (OSError, TypeError):
         pass
-    return ranks, accum
+    return ranks, accum, setup
 
 
 def summarise_tz(a, res):
@@ -290,7 +294,7 @@ def summarise_tz(a, res):
     times = [o["step_s"] for o in timed]
     step_s = median(times)
     tokens = timed[0]["tokens"]
-    ranks, accum = run_shape(a.log)
+    ranks, accum, setup = run_shape(a.log)
     o = timed[0]
     # tz-train's FLOP per token, from its own figures: tflops = fpt * tokens / step_s / 1e12.
     fpt = o["tflops"] * 1e12 * o["step_s"] / o["tokens"]
@@ -303,7 +307,7 @@ def summarise_tz(a, res):
         "steps": len(timed), "step_s": step_s, "step_s_mean": sum(times) / len(times),
         "step_s_min": min(times), "step_times": times, "tokens_per_step": tokens,
         "world_size": ranks if ranks else tokens // (a.seq * a.micro_batch * accum),
-        "accumulation": accum,
+        "accumulation": accum, "setup_s": setup,
         "tokens_per_s": tokens / step_s, "model_tflops": fpt * tokens / step_s / 1e12,
         "flops_per_token": fpt, "stall_s": median([o.get("stall_s") or 0.0 for o in timed]),
         "loss_first": steps[0].get("loss"), "loss_last": steps[-1].get("loss"),

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,6 +92,12 @@ static void usage(FILE *f) {
           "...\"), then a summary. Exit status: 0 done, 1 a failure while running, 2 a usage or\n"
           "configuration error.\n"
           "Without arguments tz-train runs the demo (a tiny Llama, optimizer state on NVMe files).\n");
+}
+
+static double seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 struct opts {
@@ -475,8 +482,10 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
               tz_config_ignored_hint(cfg, i) ? tz_config_ignored_hint(cfg, i) : "",
               tz_config_ignored_hint(cfg, i) ? "?)" : "");
   struct tz_plan_rates rates;
+  double t_start = seconds();
   TZ_CHECK_GOTO(tz_rates_get(cfg, o->backend, rt, comm, o->rates, o->remeasure, &rates), rc,
                 out_hf);
+  double t_rates = seconds();
   struct tz_trainer_params tp;
   tz_trainer_params_init(&tp);
   tp.seq_len = o->seq;
@@ -499,6 +508,9 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
            (long long)cfg->train_micro_batch_size_per_gpu, o->seq,
            (long long)cfg->gradient_accumulation_steps, tz_opt_mode_name(tz_trainer_opt_mode(tr)));
     tz_plan_print(stdout, plan, o->plan ? tz_trainer_group_names(tr) : NULL);
+    if (!o->plan)
+      printf("tz-train: set up in %.1f s (rates %.1f s; plan, tiers and initial shards %.1f s)\n",
+             seconds() - t_start, t_rates - t_start, seconds() - t_rates);
     fflush(stdout);
   }
   tz_metrics_writer *mw = NULL;
