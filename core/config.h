@@ -184,6 +184,9 @@ struct tz_config {
     int log;                      /* enum tz_log_level (core/log.h) */
     int64_t trace_step;           /* step to record a lane trace for; -1 = none */
     int threads;                  /* CPU optimizer threads; 0 = auto */
+    double cpu_adam;              /* share of the parameters whose host-homed optimizer state the
+                                     CPU steps at its homes (the last layers first); -1 = all on
+                                     a CPU-only machine, none with a GPU */
     int numa_node;                /* NUMA node for host memory and threads; -1 = the GPU's */
     int device;                   /* GPU index; -1 = from the local rank */
   } tierzero;

@@ -170,6 +170,35 @@ static void test_folded(void **state) {
   }
 }
 
+/* tierzero.cpu_adam: the CPU steps the last blocks' optimizer state at its homes (home phases),
+ * the rest is stepped in the compute tier; every share gives the same bits, folded (clipping)
+ * and overlapped (none). */
+static void test_cpu_adam_share(void **state) {
+  (void)state;
+  for (int clip = 0; clip < 2; clip++) {
+    struct tc_opts o;
+    tc_opts_init(&o);
+    o.clip = clip ? 0.05 : 0;
+    o.param_dev = "cpu";
+    o.opt_dev = "cpu";
+    struct tc_result all, half, none;
+    run(&o, &all); /* the default on a CPU-only machine: every block at home */
+    o.cpu_adam = "0.5";
+    run(&o, &half);
+    o.cpu_adam = "0";
+    run(&o, &none);
+    tc_expect_same(&all, &half, clip ? "folded, half at home" : "overlapped, half at home");
+    tc_expect_same(&all, &none, clip ? "folded, none at home" : "overlapped, none at home");
+    assert_true(all.st.home_s > 0 && half.st.home_s > 0);
+    assert_true(none.st.home_s == 0);
+    /* Stepped at home, the state does not cross into the compute tier: less traffic. */
+    assert_true(all.st.fill_bytes < half.st.fill_bytes && half.st.fill_bytes < none.st.fill_bytes);
+    tc_result_free(&all);
+    tc_result_free(&half);
+    tc_result_free(&none);
+  }
+}
+
 static void test_overlapped(void **state) {
   (void)state;
   for (int untied = 0; untied < 2; untied++) {
@@ -449,7 +478,8 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bound),     cmocka_unit_test(test_plan),
       cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
-      cmocka_unit_test(test_folded),    cmocka_unit_test(test_overlapped),
+      cmocka_unit_test(test_folded),    cmocka_unit_test(test_cpu_adam_share),
+      cmocka_unit_test(test_overlapped),
       cmocka_unit_test(test_resume),    cmocka_unit_test(test_overlap_refused_with_clipping),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

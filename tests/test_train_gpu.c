@@ -79,6 +79,29 @@ static void test_overlapped(void **state) {
   tc_result_free(&overlapped);
 }
 
+/* tierzero.cpu_adam on a GPU: the last blocks' Adam runs on the CPU at their host homes (their
+ * gradients homed there too), the rest on the GPU; CPU and GPU Adam give the same bits, so every
+ * share trains the same, folded (clipping) and overlapped (none). */
+static void test_cpu_adam_share(void **state) {
+  (void)state;
+  for (int clip = 0; clip < 2; clip++) {
+    struct tc_opts o;
+    gpu_opts(&o);
+    o.clip = clip ? 0.05 : 0;
+    o.param_dev = "cpu";
+    o.opt_dev = "cpu";
+    struct tc_result none, half;
+    run(&o, &none); /* the default with a GPU: Adam on the GPU */
+    o.cpu_adam = "0.5";
+    run(&o, &half);
+    tc_expect_same(&none, &half,
+                   clip ? "gpu: folded, half on the CPU" : "gpu: overlapped, half on the CPU");
+    assert_true(none.st.home_s == 0 && half.st.home_s > 0);
+    tc_result_free(&none);
+    tc_result_free(&half);
+  }
+}
+
 /* bf16 against fp32: not the same bits, but the same training. */
 static void test_against_cpu(void **state) {
   (void)state;
@@ -146,6 +169,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_placement),
       cmocka_unit_test(test_folded),
       cmocka_unit_test(test_overlapped),
+      cmocka_unit_test(test_cpu_adam_share),
       cmocka_unit_test(test_against_cpu),
       cmocka_unit_test(test_fp16),
   };

@@ -78,6 +78,7 @@ struct tc_opts {
   const char *backend; /* the compute backend: NULL (cpu) or "cuda" */
   int small_window;    /* the window: the plan's minimum and a half (streams and evicts) */
   int fp16;            /* fp16.enabled, a dynamic loss scale from 2^12 */
+  const char *cpu_adam; /* tierzero.cpu_adam; NULL the default */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {
@@ -127,6 +128,8 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
   snprintf(buf, sizeof buf, "%d", o->jitter_us);
   TZ_CHECK(tz_config_set(c, "tierzero.jitter_us", buf));
   TZ_CHECK(tz_config_set(c, "seed", "7"));
+  if (o->cpu_adam)
+    TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam", o->cpu_adam));
   if (o->fp16) {
     TZ_CHECK(tz_config_set(c, "fp16.enabled", "true"));
     TZ_CHECK(tz_config_set(c, "fp16.initial_scale_power", "12"));

@@ -94,6 +94,8 @@ struct tz_trainer {
   int n_ph, loss_phase;
   struct job *jobs; /* 2 * n_ph: slots by step parity */
   int *at_home;      /* n_ph: the phase runs at its blocks' homes on the scheduler's home lane */
+  uint8_t *cpu_step; /* nb: the CPU steps the block's optimizer state at its host homes
+                        (tierzero.cpu_adam), if the plan homes it there */
 
   /* In the compute tier, trainer-owned (compute_fixed of the plan). */
   tz_extent buf;
@@ -293,7 +295,9 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
     }
     struct tz_adam_params p = j->adam;
     p.grad_scale = j->home_scale;
-    struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
+    /* Beside a GPU the compute instance has no CPU threads of its own: tierzero.threads. */
+    struct tz_adam_cpu_opts o = {.threads = tr->gpu ? tr->cfg.tierzero.threads
+                                                    : tz_compute_threads(tr->cm)};
     return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, &o);
   }
   /* Unfolded, the opt phases run after the step's finish_step on this lane, and an overflow
@@ -571,6 +575,22 @@ static uint64_t host_default_budget(void) {
   return avail > keep ? round_up(avail - keep, ALIGN) - ALIGN : 0;
 }
 
+/* Which blocks the CPU steps at their homes: the last ones, until they hold tierzero.cpu_adam of
+ * the parameters (their forward comes late in the step, and their gradients first in backward).
+ * The default: every block on a CPU-only machine, none with a GPU. */
+static void choose_cpu_steps(tz_trainer *tr) {
+  double share = tr->cfg.tierzero.cpu_adam;
+  if (share < 0)
+    share = tr->gpu ? 0 : 1;
+  uint64_t total = 0, taken = 0;
+  for (int b = 0; b < tr->nb; b++)
+    total += tr->numel[b];
+  for (int b = tr->nb - 1; b >= 0; b--) {
+    tr->cpu_step[b] = share > 0 && (double)taken < share * (double)total;
+    taken += tr->cpu_step[b] ? tr->numel[b] : 0;
+  }
+}
+
 static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
   const struct tz_config *c = &tr->cfg;
   struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
@@ -620,6 +640,31 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
     r.force[TZ_PLAN_GRAD] = tr->gpu ? TZ_PLAN_COMPUTE : ot == TZ_PLAN_NVME ? TZ_PLAN_HOST : ot;
   }
   r.force_each = p->force_tiers;
+  /* On a GPU, the blocks the CPU steps (tierzero.cpu_adam) keep their gradients at home with the
+   * optimizer state, which must be in host memory: forced placement only. */
+  int8_t *each = NULL;
+  int split = 0;
+  for (int b = 0; b < tr->nb; b++)
+    split |= tr->cpu_step[b];
+  if (tr->gpu && split) {
+    if (p->auto_placement || r.force[TZ_PLAN_MASTER] != TZ_PLAN_HOST) {
+      memset(tr->cpu_step, 0, (size_t)tr->nb);
+      TZ_WARN("train: tierzero.cpu_adam needs the optimizer state offloaded to cpu by the config "
+              "(offload_optimizer.device cpu, no --auto-placement); Adam runs on the GPU");
+    } else {
+      each = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
+      if (!each) {
+        free(pp);
+        return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
+      }
+      for (int i = 0; i < tr->nb * TZ_PLAN_KINDS; i++)
+        each[i] = p->force_tiers ? p->force_tiers[i] : TZ_PLAN_AUTO;
+      for (int b = 0; b < tr->nb; b++)
+        if (tr->cpu_step[b])
+          each[b * TZ_PLAN_KINDS + TZ_PLAN_GRAD] = TZ_PLAN_HOST;
+      r.force_each = each;
+    }
+  }
   if (p->rates)
     r.rates = *p->rates;
   uint64_t state = 0;
@@ -635,6 +680,7 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
   if (tr->gpu) {
     uint64_t total = 0;
     if ((rc = tz_hbm_mem_info(tr->device, &gpu_free, &total)) < 0) {
+      free(each);
       free(pp);
       return rc;
     }
@@ -686,6 +732,7 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
       r.capacity[TZ_PLAN_NVME] = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize / 2;
   }
   rc = tz_plan_make(&r, &tr->plan);
+  free(each);
   free(pp);
   return rc;
 }
@@ -832,8 +879,9 @@ static int sizes(tz_trainer *tr) {
   tr->bytes = calloc((size_t)nb, sizeof *tr->bytes);
   tr->home = calloc((size_t)nb, sizeof *tr->home);
   tr->names = calloc((size_t)nb + 1, sizeof *tr->names);
+  tr->cpu_step = calloc((size_t)nb, 1);
   if (!tr->numel || !tr->padded || !tr->shard || !tr->seg_off || !tr->bytes || !tr->home ||
-      !tr->names)
+      !tr->names || !tr->cpu_step)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
   uint64_t unit = (uint64_t)tr->world * TZ_TRAIN_NORM_SEGMENT;
   for (int b = 0; b < nb; b++) {
@@ -1107,19 +1155,22 @@ static int create_sched(tz_trainer *tr) {
     return tz_err_set(TZ_ENOMEM, "train: no memory");
   for (int i = 0; i < tr->n_ph; i++) {
     d[i] = (struct tz_phase_decl){tr->ph[i].name, tr->ph[i].uses, tr->ph[i].n_uses};
-    /* On a CPU-only machine an opt phase whose state lives in host memory outside the compute
-     * tier (nothing on nvme) runs at the homes on the scheduler's home lane: Adam updates the
-     * shards in place instead of copying them into the compute tier and back, and overlaps the
-     * compute lane. Unfolded steps keep it on the compute lane: there it must follow the step's
-     * finish_step, which only the compute lane's order gives. */
+    /* An opt phase of a block the CPU steps (choose_cpu_steps), whose state lives in host
+     * memory (nothing on nvme; on a GPU every use at home, the gradient too), runs at the homes
+     * on the scheduler's home lane: CPU Adam updates the shards in place instead of copying them
+     * into the compute tier and back, and overlaps the compute lane. Unfolded steps keep it on
+     * the compute lane: there it must follow the step's finish_step, which only the compute
+     * lane's order gives. */
     const struct phase *ph = &tr->ph[i];
-    int host = 0, nvme = 0;
+    int host = 0, nvme = 0, device = 0;
     for (int u = 0; u < ph->n_uses && ph->kind == PH_OPT; u++) {
       int t = tr->plan.tier[ph->block * TZ_PLAN_KINDS + ph->kinds[u]];
       host |= t == TZ_PLAN_HOST;
       nvme |= t == TZ_PLAN_NVME;
+      device |= t == TZ_PLAN_COMPUTE && tr->gpu;
     }
-    tr->at_home[i] = !tr->gpu && ph->kind == PH_OPT && tr->mode != TZ_OPT_UNFOLDED && host && !nvme;
+    tr->at_home[i] = ph->kind == PH_OPT && tr->cpu_step[ph->block] &&
+                     tr->mode != TZ_OPT_UNFOLDED && host && !nvme && !device;
   }
   int rc = tz_sched_declare_homes(tr->sched, d, tr->n_ph, tr->at_home);
   free(d);
@@ -1166,6 +1217,7 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   TZ_CHECK_GOTO(choose_backend(tr, p), rc, fail);
   TZ_CHECK_GOTO(sizes(tr), rc, fail);
   TZ_CHECK_GOTO(build_phases(tr), rc, fail);
+  choose_cpu_steps(tr);
   TZ_CHECK_GOTO(make_plan(tr, p), rc, fail);
   if (p->plan_only) {
     *out = tr;
@@ -1225,6 +1277,7 @@ void tz_trainer_destroy(tz_trainer *tr) {
   free(tr->ph);
   free(tr->jobs);
   free(tr->at_home);
+  free(tr->cpu_step);
   free(tr->x);
   tz_tier_free(&tr->io);
   tz_tier_destroy(tr->t_io);
