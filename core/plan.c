@@ -109,10 +109,98 @@ static double max2(double a, double b) { return a > b ? a : b; }
 
 enum { LANE_IN, LANE_OUT, LANE_NVME };
 
-/* Two steps over the lanes; the second step's duration is the bound. tiers: the homes. */
+/* The copies the scheduler's window holds between phases, kept by the scheduler's rule
+ * (evict_score in core/sched.c): a miss evicts the copies the current phase does not use,
+ * farthest next use in the cyclic order first, until the block fits. Every copy held was placed
+ * by some phase, so the scheduler's first choice (a copy no phase uses) never arises here, nor
+ * do stale copies (the plan runs every phase in the compute tier, where a write updates the copy
+ * itself). Arrays of nb = n_groups * TZ_PLAN_KINDS entries, indexed by block (g * KINDS + k),
+ * except the held set's, indexed by slot. */
+struct resident {
+  int n;               /* phases in the step */
+  uint64_t room, used; /* the window less the scheduler's chunk; bytes held */
+  const int *next;    /* (n, TZ_PLAN_MAX_USES): the phase of the block's next use after phase p,
+                         cyclically (p itself when no other phase uses it) */
+  int *slot;          /* (nb): where the block is held, or -1 */
+  int *mark;          /* (nb): 1 + the index of the last phase instance that used it */
+  int *id;            /* (nb slots): the block held there */
+  int *at;            /* (nb slots): the phase of its next use */
+  uint64_t *bytes;    /* (nb slots): its bytes (block_bytes, rounded as the scheduler's are) */
+  int held;           /* slots in use */
+};
+
+/* next[p * TZ_PLAN_MAX_USES + u]: walking two steps backwards, the last phase seen using a
+ * block is its next use after the one being visited. seen: nb ints of scratch. */
+static void next_uses(const struct tz_plan_request *r, int *next, int *seen) {
+  int n = r->n_phases;
+  for (int i = 2 * n - 1; i >= 0; i--) {
+    const struct tz_plan_phase *ph = &r->phases[i % n];
+    if (i < n) /* the block's use in the second step was seen: seen[] is set and past i */
+      for (int u = 0; u < ph->n_uses; u++)
+        next[i * TZ_PLAN_MAX_USES + u] =
+            seen[ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind] % n;
+    for (int u = 0; u < ph->n_uses; u++)
+      seen[ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind] = i;
+  }
+}
+
+static void resident_drop(struct resident *w, int s) {
+  int last = --w->held;
+  w->used -= w->bytes[s];
+  w->slot[w->id[s]] = -1;
+  if (s != last) {
+    w->id[s] = w->id[last];
+    w->at[s] = w->at[last];
+    w->bytes[s] = w->bytes[last];
+    w->slot[w->id[s]] = s;
+  }
+}
+
+/* Use u of phase p, in phase instance idx (marked on the blocks it uses beforehand): 1 when the
+ * window holds the block (a hit: no copy in), 0 when it must be placed. A placed block evicts
+ * others until it fits; when it cannot (the phase's own blocks fill the window) it is copied in
+ * and not kept, as if evicted at once. */
+static int resident_use(struct resident *w, const struct tz_plan_request *r, int p, int u,
+                        int idx) {
+  const struct tz_plan_use *x = &r->phases[p].uses[u];
+  int b = x->group * TZ_PLAN_KINDS + x->kind, next = w->next[p * TZ_PLAN_MAX_USES + u];
+  if (w->slot[b] >= 0) {
+    w->at[w->slot[b]] = next;
+    return 1;
+  }
+  uint64_t size = block_bytes(r, x->group, x->kind);
+  while (w->used + size > w->room) {
+    int victim = -1, far = -1;
+    for (int s = 0; s < w->held; s++) {
+      if (w->mark[w->id[s]] == idx + 1)
+        continue;
+      int d = ((w->at[s] - p) % w->n + w->n) % w->n;
+      if (d > far || (d == far && w->id[s] < w->id[victim])) {
+        victim = s;
+        far = d;
+      }
+    }
+    if (victim < 0)
+      return 0;
+    resident_drop(w, victim);
+  }
+  int s = w->held++;
+  w->id[s] = b;
+  w->at[s] = next;
+  w->bytes[s] = size;
+  w->slot[b] = s;
+  w->used += size;
+  return 0;
+}
+
+/* Two steps over the lanes; the second step's duration is the bound. tiers: the homes. A block
+ * not homed in the compute tier comes through the scheduler's window: a read of it costs a copy
+ * in (and a read from nvme before) unless the window still holds it (struct resident, which
+ * carries over from the first step into the second, as in a run's steady state); a write costs
+ * its copy out (and a write to nvme after), and the written copy stays in the window. */
 static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint64_t window,
                      struct tz_plan *out) {
-  int n = r->n_phases, unknown = 0;
+  int n = r->n_phases, unknown = 0, nb = r->n_groups * TZ_PLAN_KINDS;
   const struct tz_plan_rates *rt = &r->rates;
   uint64_t chunk = round_up(r->chunk, r->align);
   uint64_t room = window > chunk ? window - chunk : 0;
@@ -123,12 +211,31 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
    * beside p's (the order repeats across steps). */
   int *ahead = malloc(sizeof *ahead * (size_t)n);
   double *end = malloc(sizeof *end * (size_t)(2 * n));
-  if (!ahead || !end) {
+  int *ints = malloc(sizeof *ints * ((size_t)n * TZ_PLAN_MAX_USES + 5 * (size_t)nb));
+  uint64_t *held_bytes = malloc(sizeof *held_bytes * (size_t)nb);
+  if (!ahead || !end || !ints || !held_bytes) {
     free(ahead);
     free(end);
-    out->bound_s = 0;
+    free(ints);
+    free(held_bytes);
+    out->bound_s = out->compute_s = 0;
+    for (int i = 0; i < TZ_PLAN_TIERS + 1; i++)
+      out->lane_s[i] = 0;
+    for (int t = 0; t < TZ_PLAN_TIERS; t++)
+      out->moved[t] = 0;
+    out->lookahead = 0;
     out->unknown_rates = 1;
     return;
+  }
+  struct resident w = {.n = n, .room = room, .next = ints,
+                       .slot = ints + (size_t)n * TZ_PLAN_MAX_USES, .bytes = held_bytes};
+  w.mark = w.slot + nb;
+  w.id = w.mark + nb;
+  w.at = w.id + nb;
+  next_uses(r, ints, w.at + nb);
+  for (int i = 0; i < nb; i++) {
+    w.slot[i] = -1;
+    w.mark[i] = 0;
   }
   int fewest = cap;
   for (int p = 0; p < n; p++) {
@@ -153,10 +260,16 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
       int idx = s * n + p;
       int from = idx - ahead[p] - 1;
       double gate = from >= 0 ? end[from] : 0, ready = gate;
+      /* The scheduler never evicts a copy for the phase that uses it. */
+      for (int u = 0; u < ph->n_uses; u++)
+        w.mark[ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind] = idx + 1;
       for (int u = 0; u < ph->n_uses; u++) {
         const struct tz_plan_use *x = &ph->uses[u];
         int t = tiers[x->group * TZ_PLAN_KINDS + x->kind];
-        if (!(x->access & 1) || t == TZ_PLAN_COMPUTE) /* written first, or used in place */
+        if (t == TZ_PLAN_COMPUTE) /* used in place */
+          continue;
+        /* Held by the window, or written first (placed, not filled): no copy in. */
+        if (resident_use(&w, r, p, u, idx) || !(x->access & 1))
           continue;
         double b = (double)r->bytes[x->group][x->kind], at = gate;
         if (t == TZ_PLAN_NVME) {
@@ -219,6 +332,8 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
   out->unknown_rates = unknown;
   free(ahead);
   free(end);
+  free(ints);
+  free(held_bytes);
 }
 
 int tz_plan_bound(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,

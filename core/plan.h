@@ -19,7 +19,8 @@
  *   - predicts the bound by simulating two steps over the lanes (compute; copies into and out of
  *     the compute tier; the NVMe device, shared by reads and writes) with the rates measured on
  *     this machine, each phase's inputs issued as soon as the window lets the scheduler look that
- *     far ahead; the second step's duration is the bound.
+ *     far ahead, and no copy in for a block the window still holds (kept by the scheduler's
+ *     eviction rule: farthest next use first); the second step's duration is the bound.
  * Pure functions of their inputs: tested with made-up machines. */
 #ifndef TZ_PLAN_H
 #define TZ_PLAN_H
@@ -112,7 +113,7 @@ struct tz_plan {
   double compute_s;                 /* the compute lane's busy time in one step */
   double lane_s[TZ_PLAN_TIERS + 1]; /* busy time of: copy in, copy out, nvme, (unused) */
   double moved[TZ_PLAN_TIERS];      /* bytes per step read from each home tier (compute: 0, its
-                                       blocks are used in place) */
+                                       blocks are used in place; reads the window holds: 0) */
   int unknown_rates;                /* some lane was costed with an unknown (0) rate */
   int moves;                        /* blocks the plan moved down from the fastest tier */
 };

@@ -455,18 +455,161 @@ static void test_bound(void **state) {
   /* Compute: 2 x 1 ms of forward, 2 x 0.5 ms of Adam = 3 ms; inputs in place cost 10-20 us. */
   assert_true(a.compute_s > 2.99e-3 && a.compute_s < 3.01e-3);
   assert_true(a.bound_s >= a.compute_s && a.bound_s < 3.2e-3);
-  /* From host: 6 MB in and 6 MB out per step at 1 GB/s; the copies overlap the compute. */
+  /* From host, through a window that holds every block: after the first step every read is a
+   * hit, and the 6 MB written per step go out at 1 GB/s. */
   assert_true(b.bound_s > a.bound_s);
-  assert_true(b.bound_s >= b.lane_s[0] && b.bound_s < b.compute_s + b.lane_s[0] + b.lane_s[1]);
-  /* From nvme: 60 ms of reads and 60 ms of writes through one device: the device is the bound. */
+  assert_true(b.lane_s[0] == 0 && b.moved[TZ_PLAN_HOST] == 0);
+  assert_true(b.lane_s[1] > 5.99e-3 && b.lane_s[1] < 6.01e-3);
+  assert_true(b.bound_s >= b.lane_s[1]);
+  /* From nvme: 60 ms of writes through the device, which is the bound. */
   assert_true(c.bound_s > b.bound_s);
   assert_true(c.bound_s >= c.lane_s[2]);
-  assert_true(c.lane_s[2] > 0.119 && c.lane_s[2] < 0.121);
-  /* With no window to look ahead, every input waits for the phase before: slower still. */
+  assert_true(c.lane_s[2] > 0.059 && c.lane_s[2] < 0.061);
+  /* With no window to look ahead, every input waits for the phase before, and the window no
+   * longer holds every block: some are read again every step. Slower still. */
   struct tz_plan d;
   TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 4096 + 4 * 1024 * 1024, &d));
   assert_true(d.lookahead < c.lookahead);
+  assert_true(d.moved[TZ_PLAN_NVME] > c.moved[TZ_PLAN_NVME]);
   assert_true(d.bound_s >= c.bound_s);
+}
+
+static void assert_close(double got, double want) {
+  if (!(fabs(got - want) <= 1e-12 * fabs(want))) {
+    fprintf(stderr, "got %.17g, want %.17g\n", got, want);
+    fail();
+  }
+}
+
+/* A block the scheduler's window still holds costs no copy in: the bound and the bytes moved
+ * follow the window's hits and misses (the scheduler's eviction rule: farthest next use first).
+ * Blocks of 1 MiB at 1 ms a copy; 0.5 ms of compute per phase. */
+static void test_plan_bound_counts_window_hits(void **state) {
+  (void)state;
+  const uint64_t S = 1 << 20, chunk = 4096;
+  const double t = 1e-3, c = 0.5e-3;
+  uint64_t bytes[3][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  bytes[0][TZ_PLAN_PARAM] = bytes[1][TZ_PLAN_PARAM] = bytes[2][TZ_PLAN_PARAM] = S;
+  bytes[2][TZ_PLAN_MASTER] = S;
+  /* Two micro-batches' forward over layers 0 and 1 (as gradient accumulation runs them), then a
+   * phase that needs two blocks. */
+  struct tz_plan_phase ph[5];
+  memset(ph, 0, sizeof ph);
+  const char *names[5] = {"fwd0.0", "fwd1.0", "fwd0.1", "fwd1.1", "head"};
+  const int group[5] = {0, 1, 0, 1, 2};
+  for (int i = 0; i < 5; i++) {
+    snprintf(ph[i].name, sizeof ph[i].name, "%s", names[i]);
+    ph[i].flop = 5e8;
+    ph[i].n_uses = 1;
+    ph[i].uses[0] = (struct tz_plan_use){group[i], TZ_PLAN_PARAM, TZ_ACCESS_READ};
+  }
+  ph[4].n_uses = 2;
+  ph[4].uses[1] = (struct tz_plan_use){2, TZ_PLAN_MASTER, TZ_ACCESS_READ};
+  struct tz_plan_request r;
+  memset(&r, 0, sizeof r);
+  r.n_groups = 3;
+  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])bytes;
+  r.phases = ph;
+  r.align = 4096;
+  r.chunk = chunk;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    r.force[k] = TZ_PLAN_AUTO;
+  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
+                                   .copy_out = 1e3 * (double)S, .nvme_read = 1e3 * (double)S};
+  int8_t tiers[3 * TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
+  struct tz_plan p;
+
+  /* The four forward phases, a window of one phase's working set: each layer evicts the other,
+   * and every use is a miss. No phase can be prefetched beside another: each waits for the one
+   * before, then for its copy. 4 x (t + c), as when every use was copied in. */
+  r.n_phases = 4;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_false(p.unknown_rates);
+  assert_int_equal(p.lookahead, 0);
+  assert_close(p.bound_s, 4 * (t + c));
+  assert_close(p.compute_s, 4 * c);
+  assert_close(p.lane_s[0], 4 * t);
+  assert_close(p.moved[TZ_PLAN_HOST], 4.0 * (double)S);
+
+  /* A window that holds both layers: after the first step nothing is copied in, and the step is
+   * its compute. The same from nvme: no read from the disk either. */
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
+  assert_close(p.bound_s, 4 * c);
+  assert_true(p.lane_s[0] == 0 && p.lane_s[2] == 0 && p.moved[TZ_PLAN_HOST] == 0);
+  memset(tiers, TZ_PLAN_NVME, sizeof tiers);
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
+  assert_close(p.bound_s, 4 * c);
+  assert_true(p.lane_s[0] == 0 && p.lane_s[2] == 0 && p.moved[TZ_PLAN_NVME] == 0);
+  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
+
+  /* With head, the same window (head's working set, the minimum): head evicts layer 1 (used
+   * again later than layer 0), then layer 0, so each step reads both layers for the first
+   * micro-batch and finds them there for the second. Lookahead: the three phases after fwd0.0
+   * are prefetched one phase ahead, fwd0.0 and head none. The second step, from head's end in
+   * the first (6 ms):
+   *   fwd0.0 copy 6-7, compute 7-7.5;   fwd1.0 copy 7-8, compute 8-8.5;
+   *   fwd0.1 and fwd1.1 hits, compute 8.5-9.5;   head copies 9.5-11.5, compute 11.5-12.
+   * 6 ms with 4 MiB copied in, where copying every use in read 6 MiB and took 7 ms. */
+  r.n_phases = 5;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
+  assert_int_equal(p.lookahead, 0);
+  assert_close(p.bound_s, 6e-3);
+  assert_close(p.compute_s, 5 * c);
+  assert_close(p.lane_s[0], 4 * t);
+  assert_close(p.moved[TZ_PLAN_HOST], 4.0 * (double)S);
+
+  /* A window below that minimum: head's second block cannot stay beside its first (it is copied
+   * in and dropped), and every use is a miss: 4 x (t + c) + (2t + c). */
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_close(p.bound_s, 4 * (t + c) + 2 * t + c);
+  assert_close(p.lane_s[0], 6 * t);
+  assert_close(p.moved[TZ_PLAN_HOST], 6.0 * (double)S);
+}
+
+/* A block written first takes room in the window but is not copied in; the written copy is
+ * copied out and stays, so the next phase that reads it finds it there. */
+static void test_plan_bound_keeps_written_copies(void **state) {
+  (void)state;
+  const uint64_t S = 1 << 20, chunk = 4096;
+  const double t = 1e-3, c = 0.5e-3;
+  uint64_t bytes[1][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  bytes[0][TZ_PLAN_GRAD] = S;
+  struct tz_plan_phase ph[2];
+  memset(ph, 0, sizeof ph);
+  snprintf(ph[0].name, sizeof ph[0].name, "bwd0");
+  ph[0].flop = 5e8;
+  ph[0].n_uses = 1;
+  ph[0].uses[0] = (struct tz_plan_use){0, TZ_PLAN_GRAD, TZ_ACCESS_WRITE};
+  snprintf(ph[1].name, sizeof ph[1].name, "opt0");
+  ph[1].adam_elems = 5e5;
+  ph[1].n_uses = 1;
+  ph[1].uses[0] = (struct tz_plan_use){0, TZ_PLAN_GRAD, TZ_ACCESS_READ};
+  struct tz_plan_request r;
+  memset(&r, 0, sizeof r);
+  r.n_groups = 1;
+  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])bytes;
+  r.n_phases = 2;
+  r.phases = ph;
+  r.align = 4096;
+  r.chunk = chunk;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    r.force[k] = TZ_PLAN_AUTO;
+  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
+                                   .copy_out = 1e3 * (double)S, .adam = 1e9};
+  int8_t tiers[TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
+  struct tz_plan p;
+  /* Each step: bwd0 computes, its copy goes out (t) while opt0 computes on the copy kept. The
+   * second step's copy out ends 1.5 ms after the first step's opt0. */
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_false(p.unknown_rates);
+  assert_true(p.lane_s[0] == 0 && p.moved[TZ_PLAN_HOST] == 0);
+  assert_close(p.lane_s[1], t);
+  assert_close(p.compute_s, 2 * c);
+  assert_close(p.bound_s, c + t);
 }
 
 int main(int argc, char **argv) {
@@ -476,7 +619,10 @@ int main(int argc, char **argv) {
   alarm(240);
   nvme_dir = tz_test_mkdtemp("train");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bound),     cmocka_unit_test(test_plan),
+      cmocka_unit_test(test_bound),
+      cmocka_unit_test(test_plan_bound_counts_window_hits),
+      cmocka_unit_test(test_plan_bound_keeps_written_copies),
+      cmocka_unit_test(test_plan),
       cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
       cmocka_unit_test(test_folded),    cmocka_unit_test(test_cpu_adam_share),
       cmocka_unit_test(test_overlapped),
