@@ -316,9 +316,12 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
       }
     }
   }
-  /* A step ends when its compute and its write-backs are done; write-backs left from one step
-   * overlap the next, so the second step is measured from the first one's last phase. */
-  out->bound_s = max2(end[2 * n - 1], max2(lane[LANE_OUT], lane[LANE_NVME])) - end[n - 1];
+  /* The second step's compute path, from the first one's last phase; and no step repeats faster
+   * than any lane can do its step's work. Write-backs left from one step overlap the next, so
+   * the out and nvme lanes count by their step's busy time: their end, measured from the first
+   * step's last phase, would carry the first step's backlog too. */
+  out->bound_s = max2(end[2 * n - 1] - end[n - 1],
+                      max2(busy[LANE_IN], max2(busy[LANE_OUT], busy[LANE_NVME])));
   /* The two directions share the host link (PCIe): together they move at most copy_duplex. */
   if (rt->copy_duplex > 0)
     out->bound_s = max2(out->bound_s, link / rt->copy_duplex);

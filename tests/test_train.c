@@ -461,9 +461,12 @@ static void test_bound(void **state) {
   assert_true(b.lane_s[0] == 0 && b.moved[TZ_PLAN_HOST] == 0);
   assert_true(b.lane_s[1] > 5.99e-3 && b.lane_s[1] < 6.01e-3);
   assert_true(b.bound_s >= b.lane_s[1]);
+  /* The write-backs overlap the next step's compute: the out lane (6 ms) is the bound, not the
+   * compute and the copies one after the other (9 ms). */
+  assert_true(b.bound_s < b.lane_s[1] + 1e-6);
   /* From nvme: 60 ms of writes through the device, which is the bound. */
   assert_true(c.bound_s > b.bound_s);
-  assert_true(c.bound_s >= c.lane_s[2]);
+  assert_true(c.bound_s >= c.lane_s[2] && c.bound_s < c.lane_s[2] + 1e-6);
   assert_true(c.lane_s[2] > 0.059 && c.lane_s[2] < 0.061);
   /* With no window to look ahead, every input waits for the phase before, and the window no
    * longer holds every block: some are read again every step. Slower still. */
@@ -602,14 +605,16 @@ static void test_plan_bound_keeps_written_copies(void **state) {
   int8_t tiers[TZ_PLAN_KINDS];
   memset(tiers, TZ_PLAN_HOST, sizeof tiers);
   struct tz_plan p;
-  /* Each step: bwd0 computes, its copy goes out (t) while opt0 computes on the copy kept. The
-   * second step's copy out ends 1.5 ms after the first step's opt0. */
+  /* Each step: bwd0 computes, its copy goes out (t) while opt0 computes on the copy kept. Steps
+   * repeat as fast as the slower of the compute path (2c) and the out lane (t): the write-back
+   * of one step overlaps the next (the bound does not model the next bwd0 waiting to overwrite a
+   * copy still being written back). */
   TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
   assert_false(p.unknown_rates);
   assert_true(p.lane_s[0] == 0 && p.moved[TZ_PLAN_HOST] == 0);
   assert_close(p.lane_s[1], t);
   assert_close(p.compute_s, 2 * c);
-  assert_close(p.bound_s, c + t);
+  assert_close(p.bound_s, 2 * c > t ? 2 * c : t);
 }
 
 int main(int argc, char **argv) {
