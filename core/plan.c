@@ -26,6 +26,8 @@ static uint64_t block_bytes(const struct tz_plan_request *r, int g, int k) {
  * uses blocks homed in the compute tier in place, so they take none. */
 static uint64_t phase_ws(const struct tz_plan_request *r, const int8_t *tiers, int p) {
   uint64_t ws = 0;
+  if (r->phases[p].at_home) /* at the homes: nothing in the window */
+    return 0;
   for (int u = 0; u < r->phases[p].n_uses; u++) {
     const struct tz_plan_use *x = &r->phases[p].uses[u];
     if (tiers[x->group * TZ_PLAN_KINDS + x->kind] != TZ_PLAN_COMPUTE)
@@ -197,7 +199,10 @@ static int resident_use(struct resident *w, const struct tz_plan_request *r, int
  * not homed in the compute tier comes through the scheduler's window: a read of it costs a copy
  * in (and a read from nvme before) unless the window still holds it (struct resident, which
  * carries over from the first step into the second, as in a run's steady state); a write costs
- * its copy out (and a write to nvme after), and the written copy stays in the window. */
+ * its copy out (and a write to nvme after), and the written copy stays in the window. A home
+ * phase runs on the home lane (or on the compute lane with home_on_compute) on the homes in
+ * place: after the write-backs of the copies it uses, before the copies in of what it wrote,
+ * whose held copies it makes stale. */
 static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint64_t window,
                      struct tz_plan *out) {
   int n = r->n_phases, unknown = 0, nb = r->n_groups * TZ_PLAN_KINDS;
@@ -213,11 +218,15 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
   double *end = malloc(sizeof *end * (size_t)(2 * n));
   int *ints = malloc(sizeof *ints * ((size_t)n * TZ_PLAN_MAX_USES + 5 * (size_t)nb));
   uint64_t *held_bytes = malloc(sizeof *held_bytes * (size_t)nb);
-  if (!ahead || !end || !ints || !held_bytes) {
+  /* (nb each): when a home phase last wrote the block's home (a copy in starts after it), and
+   * when its last dirty copy reached its home (a home phase reading it starts after it). */
+  double *home_at = calloc(2 * (size_t)nb, sizeof *home_at), *back_at = home_at + nb;
+  if (!ahead || !end || !ints || !held_bytes || !home_at) {
     free(ahead);
     free(end);
     free(ints);
     free(held_bytes);
+    free(home_at);
     out->bound_s = out->compute_s = 0;
     for (int i = 0; i < TZ_PLAN_TIERS + 1; i++)
       out->lane_s[i] = 0;
@@ -253,6 +262,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
       fewest = k;
   }
   double comp = 0, lane[3] = {0, 0, 0}, busy[3] = {0, 0, 0}, compute_s = 0;
+  double home = 0, home_s = 0; /* the home lane: where its last phase ends, its busy time */
   double moved[TZ_PLAN_TIERS] = {0, 0, 0}, link = 0; /* link: bytes over the host link, a step */
   for (int s = 0; s < 2; s++) {
     for (int p = 0; p < n; p++) {
@@ -260,6 +270,41 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
       int idx = s * n + p;
       int from = idx - ahead[p] - 1;
       double gate = from >= 0 ? end[from] : 0, ready = gate;
+      if (ph->at_home) {
+        /* Entered as far ahead as a compute phase, after the previous step's compute (a folded
+         * update waits for its norm), and after the write-back of any dirty copy it uses. */
+        double start = max2(gate, s > 0 ? end[n - 1] : 0);
+        for (int u = 0; u < ph->n_uses; u++) {
+          int b = ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind;
+          if (tiers[b] != TZ_PLAN_COMPUTE)
+            start = max2(start, back_at[b]);
+        }
+        double d = cost(ph->flop, rt->flops, &unknown) +
+                   cost(ph->adam_elems, rt->adam_home, &unknown);
+        double done;
+        if (r->home_on_compute) {
+          comp = max2(comp, start) + d;
+          done = comp;
+          if (s == 1)
+            compute_s += d;
+        } else {
+          home = max2(home, start) + d;
+          done = home;
+          if (s == 1)
+            home_s += d;
+        }
+        /* What it writes is new at the home: a copy the window held is stale. */
+        for (int u = 0; u < ph->n_uses; u++) {
+          int b = ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind;
+          if (!(ph->uses[u].access & 2) || tiers[b] == TZ_PLAN_COMPUTE)
+            continue;
+          home_at[b] = done;
+          if (w.slot[b] >= 0)
+            resident_drop(&w, w.slot[b]);
+        }
+        end[idx] = comp;
+        continue;
+      }
       /* The scheduler never evicts a copy for the phase that uses it. */
       for (int u = 0; u < ph->n_uses; u++)
         w.mark[ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind] = idx + 1;
@@ -271,7 +316,8 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
         /* Held by the window, or written first (placed, not filled): no copy in. */
         if (resident_use(&w, r, p, u, idx) || !(x->access & 1))
           continue;
-        double b = (double)r->bytes[x->group][x->kind], at = gate;
+        double b = (double)r->bytes[x->group][x->kind];
+        double at = max2(gate, home_at[x->group * TZ_PLAN_KINDS + x->kind]);
         if (t == TZ_PLAN_NVME) {
           double d = cost(b, rt->nvme_read, &unknown);
           lane[LANE_NVME] = max2(lane[LANE_NVME], at) + d;
@@ -303,6 +349,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
         double b = (double)r->bytes[x->group][x->kind];
         double d2 = cost(b, rt->copy_out, &unknown);
         lane[LANE_OUT] = max2(lane[LANE_OUT], comp) + d2;
+        back_at[x->group * TZ_PLAN_KINDS + x->kind] = lane[LANE_OUT];
         if (s == 1) {
           busy[LANE_OUT] += d2;
           link += b;
@@ -310,6 +357,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
         if (t == TZ_PLAN_NVME) {
           double d3 = cost(b, rt->nvme_write, &unknown);
           lane[LANE_NVME] = max2(lane[LANE_NVME], lane[LANE_OUT]) + d3;
+          back_at[x->group * TZ_PLAN_KINDS + x->kind] = lane[LANE_NVME];
           if (s == 1)
             busy[LANE_NVME] += d3;
         }
@@ -320,7 +368,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
    * than any lane can do its step's work. Write-backs left from one step overlap the next, so
    * the out and nvme lanes count by their step's busy time: their end, measured from the first
    * step's last phase, would carry the first step's backlog too. */
-  out->bound_s = max2(end[2 * n - 1] - end[n - 1],
+  out->bound_s = max2(max2(end[2 * n - 1] - end[n - 1], home_s),
                       max2(busy[LANE_IN], max2(busy[LANE_OUT], busy[LANE_NVME])));
   /* The two directions share the host link (PCIe): together they move at most copy_duplex. */
   if (rt->copy_duplex > 0)
@@ -328,7 +376,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
   out->compute_s = compute_s;
   for (int i = 0; i < 3; i++)
     out->lane_s[i] = busy[i];
-  out->lane_s[3] = 0;
+  out->lane_s[3] = home_s;
   for (int t = 0; t < TZ_PLAN_TIERS; t++)
     out->moved[t] = moved[t];
   out->lookahead = fewest;
@@ -337,6 +385,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
   free(end);
   free(ints);
   free(held_bytes);
+  free(home_at);
 }
 
 int tz_plan_bound(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,
@@ -609,12 +658,15 @@ void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_na
   fmt_bytes(c, sizeof c, p->min_window);
   fprintf(f, "  compute  buffers %s, scheduler window %s (minimum %s), lookahead %d phases\n", a, b,
           c, p->lookahead);
-  char t0[32], t1[32], t2[32], t3[32], t4[32];
+  char t0[32], t1[32], t2[32], t3[32], t4[32], t5[32], at_home[48] = "";
   fmt_time(t0, sizeof t0, p->bound_s);
   fmt_time(t1, sizeof t1, p->compute_s);
   fmt_time(t2, sizeof t2, p->lane_s[0]);
   fmt_time(t3, sizeof t3, p->lane_s[1]);
   fmt_time(t4, sizeof t4, p->lane_s[2]);
-  fprintf(f, "  bound    %s per step (compute %s; copy in %s, copy out %s, nvme %s)%s\n", t0, t1,
-          t2, t3, t4, p->unknown_rates ? " [some rates unknown: counted as free]" : "");
+  fmt_time(t5, sizeof t5, p->lane_s[3]);
+  if (p->lane_s[3] > 0)
+    snprintf(at_home, sizeof at_home, ", CPU at the homes %s", t5);
+  fprintf(f, "  bound    %s per step (compute %s; copy in %s, copy out %s, nvme %s%s)%s\n", t0,
+          t1, t2, t3, t4, at_home, p->unknown_rates ? " [some rates unknown: counted as free]" : "");
 }

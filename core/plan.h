@@ -62,6 +62,7 @@ struct tz_plan_rates {
   double nvme_read;  /* nvme -> host */
   double nvme_write; /* host -> nvme */
   double adam;       /* Adam elements per second where opt phases run */
+  double adam_home;  /* Adam elements per second of the CPU on host memory (home phases) */
   double collective; /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
 };
 
@@ -73,6 +74,9 @@ struct tz_plan_phase {
   double flop;       /* compute on the compute lane */
   double coll_bytes; /* bytes moved by this rank's collectives inside the phase */
   double adam_elems; /* optimizer elements updated in the phase */
+  int at_home;       /* a home phase (tz_sched_declare_homes): it runs on the CPU at its blocks'
+                        host homes, takes no window room and copies nothing; its Adam elements
+                        at rates.adam_home */
   int n_uses;
   struct tz_plan_use {
     int group, kind; /* the block */
@@ -95,6 +99,8 @@ struct tz_plan_request {
   int force[TZ_PLAN_KINDS]; /* a tier, or TZ_PLAN_AUTO */
   const int8_t *force_each; /* optional (n_groups * TZ_PLAN_KINDS, row-major): a tier per
                                block, or TZ_PLAN_AUTO; wins over force[] */
+  int home_on_compute;      /* home phases share the compute lane's cores (a CPU-only machine):
+                               their time goes on that lane */
   struct tz_plan_rates rates;
 };
 
@@ -111,7 +117,8 @@ struct tz_plan {
                                        fewest over the step) */
   double bound_s;                   /* predicted step time: the simulated critical path */
   double compute_s;                 /* the compute lane's busy time in one step */
-  double lane_s[TZ_PLAN_TIERS + 1]; /* busy time of: copy in, copy out, nvme, (unused) */
+  double lane_s[TZ_PLAN_TIERS + 1]; /* busy time of: copy in, copy out, nvme, the CPU at
+                                       the homes (home phases; 0 with home_on_compute) */
   double moved[TZ_PLAN_TIERS];      /* bytes per step read from each home tier (compute: 0, its
                                        blocks are used in place; reads the window holds: 0) */
   int unknown_rates;                /* some lane was costed with an unknown (0) rate */

@@ -61,6 +61,7 @@ static void assert_same(const struct tz_plan_rates *a, const struct tz_plan_rate
   assert_true(a->nvme_read == b->nvme_read);
   assert_true(a->nvme_write == b->nvme_write);
   assert_true(a->adam == b->adam);
+  assert_true(a->adam_home == b->adam_home);
   assert_true(a->collective == b->collective);
 }
 
@@ -77,6 +78,7 @@ static void test_measure_and_cache(void **state) {
   assert_true(a.nvme_read > 0);
   assert_true(a.nvme_write > 0);
   assert_true(a.adam > 0);
+  assert_true(a.adam_home == a.adam); /* a CPU-only machine: the same CPU Adam */
   assert_true(a.copy_duplex == 0);
   assert_true(a.collective == 0); /* a world of one */
   TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &b));
@@ -98,9 +100,10 @@ static void test_measure_and_cache(void **state) {
 
 /* An entry for the set-up without an NVMe directory, every field but `omit` (NULL: none). */
 static void write_entry(const char *path, const char *omit) {
-  json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "flops", 1.5e11, "copy_in",
-                        2.5e10, "copy_out", 3.5e10, "copy_duplex", 9.25e10, "copy_local", 4.5e10,
-                        "nvme_read", 5.5e9, "nvme_write", 6.5e9, "adam", 7.5e8);
+  json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "flops", 1.5e11,
+                        "copy_in", 2.5e10, "copy_out", 3.5e10, "copy_duplex", 9.25e10,
+                        "copy_local", 4.5e10, "nvme_read", 5.5e9, "nvme_write", 6.5e9, "adam",
+                        7.5e8, "adam_home", 6.25e8);
   assert_non_null(e);
   if (omit)
     assert_int_equal(json_object_del(e, omit), 0);
@@ -123,7 +126,8 @@ static void test_read_entry(void **state) {
                                .copy_local = 4.5e10,
                                .nvme_read = 5.5e9,
                                .nvme_write = 6.5e9,
-                               .adam = 7.5e8};
+                               .adam = 7.5e8,
+                               .adam_home = 6.25e8};
   assert_same(&r, &want);
 }
 

@@ -30,15 +30,16 @@ static void test_cuda_rates(void **state) {
   struct tz_plan_rates r, again;
   TZ_ASSERT_OK(tz_rates_get(&cfg, "cuda", rt, comm, path, 1, &r));
   print_message("copy_in %.1f GB/s, copy_out %.1f GB/s, copy_duplex %.1f GB/s, copy_local "
-                "%.1f GB/s, flops %.1f TFLOP/s, adam %.2f G elements/s\n",
+                "%.1f GB/s, flops %.1f TFLOP/s, adam %.2f G elements/s (CPU at the homes %.2f)\n",
                 r.copy_in / 1e9, r.copy_out / 1e9, r.copy_duplex / 1e9, r.copy_local / 1e9,
-                r.flops / 1e12, r.adam / 1e9);
+                r.flops / 1e12, r.adam / 1e9, r.adam_home / 1e9);
   assert_true(r.copy_in > 0);
   assert_true(r.copy_out > 0);
   assert_true(r.copy_duplex > 0);
   assert_true(r.copy_local > 0);
   assert_true(r.flops > 0);
   assert_true(r.adam > 0);
+  assert_true(r.adam_home > 0); /* CPU Adam, for home phases */
   double faster = r.copy_in > r.copy_out ? r.copy_in : r.copy_out;
   assert_true(r.copy_duplex >= 0.9 * faster);
 

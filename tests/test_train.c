@@ -617,6 +617,70 @@ static void test_plan_bound_keeps_written_copies(void **state) {
   assert_close(p.bound_s, 2 * c > t ? 2 * c : t);
 }
 
+/* A home phase (Adam on the CPU at the host homes) copies nothing; a phase reading what it wrote
+ * copies it in after it ends, and it starts after the previous step's compute (a folded update
+ * waits for the norm). opt0 at home (h), then fwd0 reading the new parameters (copy t, compute
+ * c): each step is h + t + c; on its own lane the CPU's time is the home lane's, with
+ * home_on_compute (a CPU-only machine) the compute lane's. */
+static void test_plan_bound_home_phases(void **state) {
+  (void)state;
+  const uint64_t S = 1 << 20, chunk = 4096;
+  const double t = 1e-3, c = 0.5e-3, h = 2e-3;
+  uint64_t bytes[1][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  bytes[0][TZ_PLAN_PARAM] = S;
+  bytes[0][TZ_PLAN_MASTER] = S;
+  struct tz_plan_phase ph[2];
+  memset(ph, 0, sizeof ph);
+  snprintf(ph[0].name, sizeof ph[0].name, "opt0");
+  ph[0].adam_elems = 1e6;
+  ph[0].at_home = 1;
+  ph[0].n_uses = 2;
+  ph[0].uses[0] = (struct tz_plan_use){0, TZ_PLAN_MASTER, TZ_ACCESS_READ | TZ_ACCESS_WRITE};
+  ph[0].uses[1] = (struct tz_plan_use){0, TZ_PLAN_PARAM, TZ_ACCESS_WRITE};
+  snprintf(ph[1].name, sizeof ph[1].name, "fwd0");
+  ph[1].flop = 5e8;
+  ph[1].n_uses = 1;
+  ph[1].uses[0] = (struct tz_plan_use){0, TZ_PLAN_PARAM, TZ_ACCESS_READ};
+  struct tz_plan_request r;
+  memset(&r, 0, sizeof r);
+  r.n_groups = 1;
+  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])bytes;
+  r.n_phases = 2;
+  r.phases = ph;
+  r.align = 4096;
+  r.chunk = chunk;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    r.force[k] = TZ_PLAN_AUTO;
+  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
+                                   .copy_out = 1e3 * (double)S, .adam = 1e12,
+                                   .adam_home = 5e8};
+  int8_t tiers[TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
+  struct tz_plan p;
+  /* A window that holds both blocks: the parameters are read again all the same, being new. */
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
+  assert_false(p.unknown_rates);
+  assert_close(p.bound_s, h + t + c);
+  assert_close(p.lane_s[3], h);
+  assert_close(p.compute_s, c);
+  assert_close(p.lane_s[0], t);
+  assert_true(p.lane_s[1] == 0);
+  assert_close(p.moved[TZ_PLAN_HOST], (double)S); /* the parameters in; no master, no copy out */
+  r.home_on_compute = 1;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
+  assert_close(p.bound_s, h + t + c);
+  assert_true(p.lane_s[3] == 0);
+  assert_close(p.compute_s, h + c);
+  /* The same phase on the compute lane: master comes in and both go out, Adam at its rate. */
+  ph[0].at_home = 0;
+  r.home_on_compute = 0;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
+  assert_true(p.lane_s[3] == 0);
+  assert_close(p.lane_s[1], 2 * t);
+  assert_true(p.moved[TZ_PLAN_HOST] == 0); /* the window holds both from the first step */
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "jitter") == 0)
     jitter_us = 200;
@@ -626,6 +690,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bound),
       cmocka_unit_test(test_plan_bound_counts_window_hits),
+      cmocka_unit_test(test_plan_bound_home_phases),
       cmocka_unit_test(test_plan_bound_keeps_written_copies),
       cmocka_unit_test(test_plan),
       cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),

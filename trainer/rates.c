@@ -70,13 +70,15 @@ static void setup_key(const struct tz_config *c, const char *backend, char *buf,
   snprintf(buf, len, "%s|nvme:%s", backend, dir ? dir : "-");
 }
 
-static const char *const fields[] = {"flops",     "copy_in",    "copy_out", "copy_duplex",
-                                     "copy_local", "nvme_read", "nvme_write", "adam"};
-#define N_FIELDS 8
+static const char *const fields[] = {"flops",      "copy_in",   "copy_out",   "copy_duplex",
+                                     "copy_local", "nvme_read", "nvme_write", "adam",
+                                     "adam_home"};
+#define N_FIELDS 9
 
 static double *field(struct tz_plan_rates *r, int i) {
   double *f[N_FIELDS] = {&r->flops,      &r->copy_in,   &r->copy_out,   &r->copy_duplex,
-                         &r->copy_local, &r->nvme_read, &r->nvme_write, &r->adam};
+                         &r->copy_local, &r->nvme_read, &r->nvme_write, &r->adam,
+                         &r->adam_home};
   return f[i];
 }
 
@@ -327,9 +329,10 @@ static int run_adam_cpu(void *arg) {
                      x->copy_dtype, x->n, NULL);
 }
 
-/* adam: CPU Adam over 1M zeroed f32 elements (the copy is f32, into the last fifth). */
-static int measure_adam(struct tz_plan_rates *r) {
-  struct adam x = {.p = probe_adam_params(), .n = 1u << 20, .copy_dtype = TZ_F32};
+/* CPU Adam over n zeroed f32 elements (the copy is f32, into the last fifth), in elements per
+ * second. */
+static int measure_adam(uint64_t n, double *out) {
+  struct adam x = {.p = probe_adam_params(), .n = n, .copy_dtype = TZ_F32};
   x.state = calloc(5 * x.n, sizeof(float));
   if (!x.state)
     return tz_err_set(TZ_ENOMEM, "rates: no memory for the Adam probe");
@@ -339,7 +342,7 @@ static int measure_adam(struct tz_plan_rates *r) {
   if (rc == 0)
     rc = best_time(run_adam_cpu, &x, 0, &s);
   free(x.state);
-  r->adam = per_second((double)x.n, s);
+  *out = per_second((double)x.n, s);
   return rc;
 }
 
@@ -429,7 +432,7 @@ out:
 #endif
 
 /* The GPU machine's rates: copies between host and hbm, nvme as on a CPU machine, the cuda
- * backend's bf16 matmul at a layer's size, GPU Adam. */
+ * backend's bf16 matmul at a layer's size, GPU Adam, and CPU Adam for the home phases. */
 static int measure_gpu(const struct tz_config *c, tz_runtime *rt, struct tz_plan_rates *r) {
 #ifdef TZ_HAVE_CUDA
   int device = gpu_device(c);
@@ -442,7 +445,9 @@ static int measure_gpu(const struct tz_config *c, tz_runtime *rt, struct tz_plan
   /* One 4096^3 matmul takes a fraction of a millisecond: ten per timed run keep the launch and
    * the host's timer out of the rate. */
   TZ_CHECK(measure_compute("cuda", &cp, GPU_MATMUL, 10, r));
-  return measure_adam_gpu(device, r);
+  TZ_CHECK(measure_adam_gpu(device, r));
+  /* CPU Adam for home phases, on state far larger than the caches, as the homes are. */
+  return measure_adam(32u << 20, &r->adam_home);
 #else
   (void)c;
   (void)rt;
@@ -457,7 +462,10 @@ static int measure_cpu(const struct tz_config *c, const char *backend, tz_runtim
                        struct tz_plan_rates *r) {
   TZ_CHECK(measure_tiers(c, rt, r));
   TZ_CHECK(measure_compute(backend, NULL, 512, 1, r));
-  return measure_adam(r);
+  /* Home phases run the same CPU Adam the compute lane would. */
+  TZ_CHECK(measure_adam(1u << 20, &r->adam));
+  r->adam_home = r->adam;
+  return 0;
 }
 
 /* The probe's buffer: in the GPU's memory for a comm that works on device buffers (nccl: a host

@@ -591,6 +591,42 @@ static void choose_cpu_steps(tz_trainer *tr) {
   }
 }
 
+/* Recomputes plan's bound and lane figures for the request r (its phases changed), keeping its
+ * homes and window. */
+static int rebound(const struct tz_plan_request *r, struct tz_plan *plan) {
+  struct tz_plan b;
+  memset(&b, 0, sizeof b);
+  TZ_CHECK(tz_plan_bound(r, plan->tier, plan->window, &b));
+  plan->bound_s = b.bound_s;
+  plan->compute_s = b.compute_s;
+  memcpy(plan->lane_s, b.lane_s, sizeof plan->lane_s);
+  memcpy(plan->moved, b.moved, sizeof plan->moved);
+  plan->lookahead = b.lookahead;
+  plan->unknown_rates = b.unknown_rates;
+  tz_plan_free(&b);
+  return 0;
+}
+
+/* Whether phase i runs at its blocks' homes on the scheduler's home lane, with the homes `tiers`:
+ * an opt phase of a block the CPU steps (choose_cpu_steps), whose state lives in host memory
+ * (nothing on nvme; on a GPU every use at home, the gradient too). CPU Adam then updates the
+ * shards in place instead of copying them into the compute tier and back, and overlaps the
+ * compute lane. Unfolded steps keep opt on the compute lane: there it must follow the step's
+ * finish_step, which only the compute lane's order gives. */
+static int home_phase(const tz_trainer *tr, int i, const int8_t *tiers) {
+  const struct phase *ph = &tr->ph[i];
+  if (ph->kind != PH_OPT || !tr->cpu_step[ph->block] || tr->mode == TZ_OPT_UNFOLDED)
+    return 0;
+  int host = 0, nvme = 0, device = 0;
+  for (int u = 0; u < ph->n_uses; u++) {
+    int t = tiers[ph->block * TZ_PLAN_KINDS + ph->kinds[u]];
+    host |= t == TZ_PLAN_HOST;
+    nvme |= t == TZ_PLAN_NVME;
+    device |= t == TZ_PLAN_COMPUTE && tr->gpu;
+  }
+  return host && !nvme && !device;
+}
+
 static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
   const struct tz_config *c = &tr->cfg;
   struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
@@ -667,6 +703,22 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
   }
   if (p->rates)
     r.rates = *p->rates;
+  /* Home phases, as far as forced homes tell before the plan (checked against its homes below). */
+  r.home_on_compute = !tr->gpu;
+  int8_t *guess = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
+  if (!guess) {
+    free(each);
+    free(pp);
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
+  }
+  for (int i = 0; i < tr->nb * TZ_PLAN_KINDS; i++) {
+    int f = r.force_each ? r.force_each[i] : TZ_PLAN_AUTO;
+    f = f == TZ_PLAN_AUTO ? r.force[i % TZ_PLAN_KINDS] : f;
+    guess[i] = (int8_t)(f == TZ_PLAN_AUTO ? TZ_PLAN_COMPUTE : f);
+  }
+  for (int i = 0; i < tr->n_ph; i++)
+    pp[i].at_home = home_phase(tr, i, guess);
+  free(guess);
   uint64_t state = 0;
   for (int b = 0; b < tr->nb; b++)
     for (int k = 0; k < TZ_PLAN_KINDS; k++)
@@ -732,6 +784,18 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
       r.capacity[TZ_PLAN_NVME] = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize / 2;
   }
   rc = tz_plan_make(&r, &tr->plan);
+  if (rc == 0) {
+    /* The phases that will run at the homes with the plan's homes; the bound again if the
+     * guess above was wrong for any. */
+    int changed = 0;
+    for (int i = 0; i < tr->n_ph; i++) {
+      tr->at_home[i] = home_phase(tr, i, tr->plan.tier);
+      changed |= tr->at_home[i] != pp[i].at_home;
+      pp[i].at_home = tr->at_home[i];
+    }
+    if (changed)
+      rc = rebound(&r, &tr->plan);
+  }
   free(each);
   free(pp);
   return rc;
@@ -1155,22 +1219,6 @@ static int create_sched(tz_trainer *tr) {
     return tz_err_set(TZ_ENOMEM, "train: no memory");
   for (int i = 0; i < tr->n_ph; i++) {
     d[i] = (struct tz_phase_decl){tr->ph[i].name, tr->ph[i].uses, tr->ph[i].n_uses};
-    /* An opt phase of a block the CPU steps (choose_cpu_steps), whose state lives in host
-     * memory (nothing on nvme; on a GPU every use at home, the gradient too), runs at the homes
-     * on the scheduler's home lane: CPU Adam updates the shards in place instead of copying them
-     * into the compute tier and back, and overlaps the compute lane. Unfolded steps keep it on
-     * the compute lane: there it must follow the step's finish_step, which only the compute
-     * lane's order gives. */
-    const struct phase *ph = &tr->ph[i];
-    int host = 0, nvme = 0, device = 0;
-    for (int u = 0; u < ph->n_uses && ph->kind == PH_OPT; u++) {
-      int t = tr->plan.tier[ph->block * TZ_PLAN_KINDS + ph->kinds[u]];
-      host |= t == TZ_PLAN_HOST;
-      nvme |= t == TZ_PLAN_NVME;
-      device |= t == TZ_PLAN_COMPUTE && tr->gpu;
-    }
-    tr->at_home[i] = ph->kind == PH_OPT && tr->cpu_step[ph->block] &&
-                     tr->mode != TZ_OPT_UNFOLDED && host && !nvme && !device;
   }
   int rc = tz_sched_declare_homes(tr->sched, d, tr->n_ph, tr->at_home);
   free(d);
@@ -1218,6 +1266,11 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   TZ_CHECK_GOTO(sizes(tr), rc, fail);
   TZ_CHECK_GOTO(build_phases(tr), rc, fail);
   choose_cpu_steps(tr);
+  tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);
+  if (!tr->at_home) {
+    rc = tz_err_set(TZ_ENOMEM, "train: no memory");
+    goto fail;
+  }
   TZ_CHECK_GOTO(make_plan(tr, p), rc, fail);
   if (p->plan_only) {
     *out = tr;
@@ -1225,8 +1278,7 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   }
   tr->x = calloc((size_t)tr->L + 1, sizeof *tr->x);
   tr->jobs = calloc(2 * (size_t)tr->n_ph, sizeof *tr->jobs);
-  tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);
-  if (!tr->x || !tr->jobs || !tr->at_home) {
+  if (!tr->x || !tr->jobs) {
     rc = tz_err_set(TZ_ENOMEM, "train: no memory");
     goto fail;
   }
