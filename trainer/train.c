@@ -1160,7 +1160,7 @@ static int init_homes(tz_trainer *tr) {
       } else if (at[k]) {
         host_zero(at[k], bytes);
       } else if (dev[k]) {
-        TZ_CHECK_GOTO(tz_compute_zero(tr->cm, dev[k], (size_t)round_up(bytes, ALIGN)), rc, out);
+        TZ_CHECK_GOTO(tz_compute_zero(tr->cm, dev[k], (size_t)tr->home[b][k].bytes), rc, out);
         zeroed_on_device = 1;
         continue;
       } else {
