@@ -572,6 +572,32 @@ int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
                       "above the " : "", r->window ? f : "", r->window ? " asked for" : "");
       goto out;
     }
+  /* The homes fit. A window of what the homes leave can still be too small to look ahead (all
+   * of a large model's state but a working set in the compute tier): while moving a block out
+   * lowers the bound, through the window it frees, move it. */
+  if (!r->window) {
+    int8_t *before = malloc((size_t)n);
+    if (!before) {
+      rc = tz_err_set(TZ_ENOMEM, "plan: no memory");
+      goto out;
+    }
+    for (int moves = 0; moves < n; moves++) {
+      simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), &scratch);
+      double bound = scratch.bound_s;
+      uint64_t kept[TZ_PLAN_TIERS];
+      memcpy(before, tiers, (size_t)n);
+      memcpy(kept, used, sizeof kept);
+      if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, &scratch))
+        break;
+      simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), &scratch);
+      if (!(scratch.bound_s < bound * (1 - 1e-9))) {
+        memcpy(tiers, before, (size_t)n);
+        memcpy(used, kept, sizeof kept);
+        break;
+      }
+    }
+    free(before);
+  }
   while (used[TZ_PLAN_HOST] > r->capacity[TZ_PLAN_HOST])
     if (!move_one(r, tiers, fixed, used, TZ_PLAN_HOST, &scratch)) {
       fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_HOST]);

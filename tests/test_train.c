@@ -681,6 +681,60 @@ static void test_plan_bound_home_phases(void **state) {
   assert_true(p.moved[TZ_PLAN_HOST] == 0); /* the window holds both from the first step */
 }
 
+/* A placement that only moves out of the compute tier what its capacity asks leaves the window
+ * at its minimum, too small to prefetch the next block while the last streams: the plan moves
+ * more out while that lowers the bound. Four phases, each reading its own 1 MiB block (1 ms of
+ * compute, 2 ms to copy), room for two blocks and the least window: with two blocks out each
+ * copy overlaps one phase (6 ms a step); with three out and a window of two blocks, the copies
+ * overlap and the window keeps one of them (4 ms, the compute). */
+static void test_plan_trades_homes_for_window(void **state) {
+  (void)state;
+  const uint64_t S = 1 << 20, chunk = 4096;
+  uint64_t bytes[4][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  struct tz_plan_phase ph[4];
+  memset(ph, 0, sizeof ph);
+  for (int g = 0; g < 4; g++) {
+    bytes[g][TZ_PLAN_PARAM] = S;
+    snprintf(ph[g].name, sizeof ph[g].name, "fwd%d", g);
+    ph[g].flop = 1e9;
+    ph[g].n_uses = 1;
+    ph[g].uses[0] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_READ};
+  }
+  struct tz_plan_request r;
+  memset(&r, 0, sizeof r);
+  r.n_groups = 4;
+  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])bytes;
+  r.n_phases = 4;
+  r.phases = ph;
+  r.align = 4096;
+  r.chunk = chunk;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    r.force[k] = TZ_PLAN_AUTO;
+  r.capacity[TZ_PLAN_COMPUTE] = 3 * S + chunk;
+  r.capacity[TZ_PLAN_HOST] = 4 * S;
+  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 0.5e3 * (double)S,
+                                   .copy_out = 1e3 * (double)S, .adam = 1e9};
+  struct tz_plan p;
+  TZ_ASSERT_OK(tz_plan_make(&r, &p));
+  double best_two = 0;
+  for (int a = 0; a < 4; a++)
+    for (int b = a + 1; b < 4; b++) {
+      int8_t tiers[4 * TZ_PLAN_KINDS];
+      memset(tiers, TZ_PLAN_COMPUTE, sizeof tiers);
+      tiers[a * TZ_PLAN_KINDS + TZ_PLAN_PARAM] = TZ_PLAN_HOST;
+      tiers[b * TZ_PLAN_KINDS + TZ_PLAN_PARAM] = TZ_PLAN_HOST;
+      struct tz_plan q;
+      TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &q));
+      if (best_two == 0 || q.bound_s < best_two)
+        best_two = q.bound_s;
+    }
+  assert_true(p.used[TZ_PLAN_HOST] > 2 * S && p.used[TZ_PLAN_HOST] <= r.capacity[TZ_PLAN_HOST]);
+  assert_true(p.compute_fixed + p.used[TZ_PLAN_COMPUTE] + p.window <= r.capacity[TZ_PLAN_COMPUTE]);
+  assert_true(p.bound_s < best_two * (1 - 1e-9));
+  tz_plan_free(&p);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "jitter") == 0)
     jitter_us = 200;
@@ -691,6 +745,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_bound),
       cmocka_unit_test(test_plan_bound_counts_window_hits),
       cmocka_unit_test(test_plan_bound_home_phases),
+      cmocka_unit_test(test_plan_trades_homes_for_window),
       cmocka_unit_test(test_plan_bound_keeps_written_copies),
       cmocka_unit_test(test_plan),
       cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
