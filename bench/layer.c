@@ -248,60 +248,25 @@ static int fill_random(tz_compute *cm, void *dst, enum tz_dtype dt, size_t n, fl
   return rc;
 }
 
-struct layer_bufs {
-  void *params, *grads, *x_in, *x_out, *dx_out, *dx_in, *acts_mem, *scratch_mem;
-  struct tz_layer_acts acts;
-  struct tz_layer_scratch scratch;
-};
-
-static void layer_free(tz_compute *cm, struct layer_bufs *l) {
-  void *all[] = {l->params, l->grads,  l->x_in,     l->x_out,
-                 l->dx_out, l->dx_in, l->acts_mem, l->scratch_mem};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    tz_compute_free(cm, all[i]);
-  memset(l, 0, sizeof *l);
-}
-
+/* The layer's buffers (tz_layer_probe) with weights ~ 0.02 (norm weights too: the values do not
+ * change the time), inputs of order one, an upstream gradient of a mean loss's size. */
 static int layer_alloc(tz_compute *cm, const struct tz_model_config *cfg, const struct opts *o,
-                       struct layer_bufs *l) {
-  memset(l, 0, sizeof *l);
-  enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
+                       struct tz_layer_probe *l) {
+  TZ_CHECK(tz_layer_probe_alloc(cm, cfg, o->B, o->T, l));
+  enum tz_dtype S = tz_compute_dtype(cm);
   uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
-  size_t x_bytes = (size_t)o->B * o->T * o->C * tz_dtype_size(S);
-  int rc = 0;
-  TZ_CHECK_GOTO(tz_compute_alloc(cm, np * tz_dtype_size(S), &l->params), rc, fail);
-  TZ_CHECK_GOTO(tz_compute_alloc(cm, np * tz_dtype_size(G), &l->grads), rc, fail);
-  TZ_CHECK_GOTO(tz_compute_alloc(cm, x_bytes, &l->x_in), rc, fail);
-  TZ_CHECK_GOTO(tz_compute_alloc(cm, x_bytes, &l->x_out), rc, fail);
-  TZ_CHECK_GOTO(tz_compute_alloc(cm, x_bytes, &l->dx_out), rc, fail);
-  TZ_CHECK_GOTO(tz_compute_alloc(cm, x_bytes, &l->dx_in), rc, fail);
-  TZ_CHECK_GOTO(tz_compute_alloc(cm, tz_model_acts_bytes(cfg, S, o->B, o->T), &l->acts_mem), rc,
-                fail);
-  TZ_CHECK_GOTO(
-      tz_compute_alloc(cm, tz_model_scratch_bytes(cfg, S, o->B, o->T), &l->scratch_mem), rc,
-      fail);
-  tz_model_acts_carve(cfg, S, o->B, o->T, l->acts_mem, &l->acts);
-  tz_model_scratch_carve(cfg, S, o->B, o->T, l->scratch_mem, &l->scratch);
-  /* weights ~ 0.02 (norm weights too: the values do not change the time), inputs of order one,
-   * an upstream gradient of a mean loss's size */
-  TZ_CHECK_GOTO(fill_random(cm, l->params, S, np, 0.02f, 1), rc, fail);
-  TZ_CHECK_GOTO(tz_compute_zero(cm, l->grads, np * tz_dtype_size(G)), rc, fail);
-  TZ_CHECK_GOTO(fill_random(cm, l->x_in, S, x_bytes / tz_dtype_size(S), 1.0f, 2), rc, fail);
-  TZ_CHECK_GOTO(fill_random(cm, l->dx_out, S, x_bytes / tz_dtype_size(S), 1e-3f, 3), rc, fail);
-  return 0;
-fail:
-  layer_free(cm, l);
+  size_t x = (size_t)o->B * o->T * o->C;
+  int rc = fill_random(cm, l->params, S, np, 0.02f, 1);
+  if (rc == 0)
+    rc = fill_random(cm, l->x_in, S, x, 1.0f, 2);
+  if (rc == 0)
+    rc = fill_random(cm, l->dx_out, S, x, 1e-3f, 3);
+  if (rc < 0)
+    tz_layer_probe_free(cm, l);
   return rc;
 }
 
-static int layer_step(tz_compute *cm, const struct tz_model_config *cfg, const struct opts *o,
-                      struct layer_bufs *l) {
-  TZ_CHECK(tz_model_layer_fwd(cm, cfg, l->params, l->x_in, l->x_out, &l->acts, o->B, o->T));
-  return tz_model_layer_bwd(cm, cfg, l->params, l->grads, l->x_in, &l->acts, 0, l->dx_out,
-                            l->dx_in, &l->scratch, o->B, o->T);
-}
-
-static int attn_step(tz_compute *cm, const struct opts *o, struct layer_bufs *l) {
+static int attn_step(tz_compute *cm, const struct opts *o, struct tz_layer_probe *l) {
   int D = o->C / o->H;
   TZ_CHECK(tz_compute_attention_fwd(cm, l->acts.att, l->acts.lse, l->acts.q, l->acts.k,
                                     l->acts.v, o->B, o->T, o->H, o->Hkv, D));
@@ -316,7 +281,7 @@ struct step {
   tz_compute *cm;
   const struct tz_model_config *cfg;
   const struct opts *o;
-  struct layer_bufs *l;
+  struct tz_layer_probe *l;
   int which; /* 0 the layer, 1 attention alone, 2 the GEMM */
   void *A, *B, *C;
 };
@@ -324,7 +289,7 @@ struct step {
 static int step_run(const struct step *s) {
   switch (s->which) {
   case 0:
-    return layer_step(s->cm, s->cfg, s->o, s->l);
+    return tz_layer_probe_step(s->cm, s->cfg, s->l, 0);
   case 1:
     return attn_step(s->cm, s->o, s->l);
   default: {
@@ -436,20 +401,16 @@ static int bench(const struct opts *o) {
   p.grad_dtype = o->G;
   tz_compute *cm;
   TZ_CHECK(tz_compute_create("cuda", &p, &cm));
-  struct layer_bufs l;
+  struct tz_layer_probe l;
   int rc = layer_alloc(cm, &cfg, o, &l);
   if (rc < 0) {
     tz_compute_destroy(cm);
     return rc;
   }
   double t_layer = 0, t_attn = 0, t_gemm = 0;
-  int D = o->C / o->H, HD = o->H * D, KD = o->Hkv * D;
-  double N = (double)o->B * o->T;
+  int D = o->C / o->H;
   double attn_fwd_flops = 2.0 * o->B * o->H * (double)o->T * o->T * D;
-  double layer_flops =
-      3.0 * (2.0 * N * ((double)o->C * HD + 2.0 * o->C * KD + (double)HD * o->C +
-                        3.0 * o->C * o->F) +
-             attn_fwd_flops);
+  double layer_flops = 3.0 * tz_model_layer_flop(&cfg, o->B, o->T);
   double attn_flops = 3.5 * attn_fwd_flops;
 
   /* the layer, attention alone, one pass through the timing wrapper, the GEMM ceiling */
@@ -464,11 +425,11 @@ static int bench(const struct opts *o) {
     struct tz_compute wrapped = *cm;
     wrapped.ops = &shim_ops;
     wrapped.ctx = NULL;
-    rc = layer_step(&wrapped, &cfg, o, &l);
+    rc = tz_layer_probe_step(&wrapped, &cfg, &l, 0);
     if (rc == 0)
       rc = tz_compute_sync(cm);
   }
-  layer_free(cm, &l);
+  tz_layer_probe_free(cm, &l);
   size_t gemm_bytes = (size_t)o->gemm * o->gemm * 2;
   st.which = 2;
   if (rc == 0)

@@ -496,6 +496,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   tp.plan_only = o->plan;
   tp.compute_backend = o->backend;
   tp.device = o->device;
+  tp.measure_layer = 1;
   tz_trainer *tr = NULL;
   TZ_CHECK_GOTO(tz_trainer_create(cfg, &mc, comm, rt, &tp, &tr), rc, out_hf);
   const struct tz_plan *plan = tz_trainer_plan(tr);
@@ -507,6 +508,11 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
            gpu ? gpu : "", world, world > 1 ? "s" : "",
            (long long)cfg->train_micro_batch_size_per_gpu, o->seq,
            (long long)cfg->gradient_accumulation_steps, tz_opt_mode_name(tz_trainer_opt_mode(tr)));
+    if (tz_trainer_layer_rate(tr) > 0)
+      printf("tz-train: a layer's forward and backward run at %.3g TFLOP/s here (the plan's "
+             "compute rate; a %s matmul: %.3g)\n",
+             tz_trainer_layer_rate(tr) / 1e12, strcmp(o->backend, "cuda") == 0 ? "4096^3" : "512^3",
+             rates.flops / 1e12);
     tz_plan_print(stdout, plan, o->plan ? tz_trainer_group_names(tr) : NULL);
     if (!o->plan)
       printf("tz-train: set up in %.1f s (rates %.1f s; plan, tiers and initial shards %.1f s)\n",

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/error.h"
 
@@ -714,5 +715,90 @@ int tz_model_runner_logits(tz_model_runner *r, void *const *params, const int32_
 out:
   tz_compute_free(r->cm, buf);
   tz_compute_free(r->cm, f32);
+  return rc;
+}
+
+/* ---- One layer alone ---- */
+
+static uint64_t layer_matrix_params(const struct tz_model_config *c) {
+  uint64_t C = (uint64_t)c->d_model, D = (uint64_t)tz_model_head_dim(c);
+  return C * D * (uint64_t)(2 * c->n_head + 2 * c->n_kv_head) + 3 * C * (uint64_t)c->ffn_dim;
+}
+
+double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T) {
+  double N = (double)B * (double)T;
+  return 2.0 * N * (double)layer_matrix_params(cfg) +
+         2.0 * (double)B * (double)T * (double)T * (double)cfg->d_model;
+}
+
+void tz_layer_probe_free(tz_compute *cm, struct tz_layer_probe *l) {
+  void *all[] = {l->params, l->grads, l->x_in,     l->x_out,
+                 l->dx_out, l->dx_in, l->acts_mem, l->scratch_mem};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (all[i])
+      tz_compute_free(cm, all[i]);
+  memset(l, 0, sizeof *l);
+}
+
+int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
+                         struct tz_layer_probe *l) {
+  memset(l, 0, sizeof *l);
+  enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
+  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  size_t x_bytes = (size_t)B * (size_t)T * (size_t)cfg->d_model * tz_dtype_size(S);
+  size_t sizes[8] = {np * tz_dtype_size(S), np * tz_dtype_size(G), x_bytes, x_bytes, x_bytes,
+                     x_bytes, tz_model_acts_bytes(cfg, S, B, T),
+                     tz_model_scratch_bytes(cfg, S, B, T)};
+  void **at[8] = {&l->params, &l->grads,  &l->x_in,     &l->x_out,
+                  &l->dx_out, &l->dx_in, &l->acts_mem, &l->scratch_mem};
+  int rc = 0;
+  for (int i = 0; i < 8 && rc == 0; i++) {
+    rc = tz_compute_alloc(cm, sizes[i], at[i]);
+    if (rc == 0)
+      rc = tz_compute_zero(cm, *at[i], sizes[i]);
+  }
+  if (rc < 0) {
+    tz_layer_probe_free(cm, l);
+    return rc;
+  }
+  tz_model_acts_carve(cfg, S, B, T, l->acts_mem, &l->acts);
+  tz_model_scratch_carve(cfg, S, B, T, l->scratch_mem, &l->scratch);
+  l->B = B;
+  l->T = T;
+  return 0;
+}
+
+int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
+                        const struct tz_layer_probe *l, int recompute) {
+  TZ_CHECK(tz_model_layer_fwd(cm, cfg, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T));
+  return tz_model_layer_bwd(cm, cfg, l->params, l->grads, l->x_in, &l->acts, recompute,
+                            l->dx_out, l->dx_in, &l->scratch, l->B, l->T);
+}
+
+static double seconds_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
+                        int reps, double *seconds) {
+  struct tz_layer_probe l;
+  TZ_CHECK(tz_layer_probe_alloc(cm, cfg, B, T, &l));
+  double best = 0;
+  int rc = 0;
+  for (int i = 0; i <= reps && rc == 0; i++) {
+    rc = tz_compute_sync(cm);
+    double t0 = seconds_now();
+    if (rc == 0)
+      rc = tz_layer_probe_step(cm, cfg, &l, 1);
+    if (rc == 0)
+      rc = tz_compute_sync(cm);
+    double t = seconds_now() - t0;
+    if (i > 0 && (best == 0 || t < best))
+      best = t;
+  }
+  tz_layer_probe_free(cm, &l);
+  *seconds = best;
   return rc;
 }

@@ -231,6 +231,35 @@ int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype
 
 /* ---- A whole-model driver for tests and tools (the trainer drives the phases itself) ---- */
 
+/* ---- One layer alone (tz-bench layer; the trainer's compute rate) ---- */
+
+/* FLOP of one layer's forward over B sequences of T tokens, as the trainer and tz-bench count
+ * them: 2 per multiply-add of the layer's matrices for each token, plus causal attention's scores
+ * and weighted sum (2 B T^2 C, the mask not subtracted). Backward is twice that, and three times
+ * with the forward recomputed. */
+double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T);
+
+/* One layer's parameters (S) and their gradients (G), its input and output and their gradients,
+ * activations and backward scratch, in cm's memory, zeroed, for B x T tokens. */
+struct tz_layer_probe {
+  void *params, *grads, *x_in, *x_out, *dx_out, *dx_in, *acts_mem, *scratch_mem;
+  struct tz_layer_acts acts;
+  struct tz_layer_scratch scratch;
+  int B, T;
+};
+int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
+                         struct tz_layer_probe *l);
+void tz_layer_probe_free(tz_compute *cm, struct tz_layer_probe *l); /* a zeroed probe: no-op */
+/* Forward, then backward (recomputing the forward first with recompute != 0, as the trainer's
+ * backward phase does); enqueued on cm like any phase. */
+int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
+                        const struct tz_layer_probe *l, int recompute);
+/* The fastest of reps forward-and-recomputing-backward passes (after one untimed), in seconds:
+ * what the trainer's fwd and bwd phases of a layer take on this backend, 4 x
+ * tz_model_layer_flop. */
+int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
+                        int reps, double *seconds);
+
 typedef struct tz_model_runner tz_model_runner;
 
 /* Buffers for batches of up to B x T tokens. checkpoint != 0 keeps only each layer's input and

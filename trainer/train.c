@@ -67,6 +67,7 @@ struct tz_trainer {
   tz_compute *cm;
   const char *backend; /* "cpu" or "cuda" */
   int gpu;             /* cuda: the compute tier is GPU `device`'s memory, the lane its stream */
+  double layer_rate;   /* measure_layer: FLOP/s of a layer's fwd and bwd phases; 0 not measured */
   int device;
   char device_name[256]; /* cuda: the GPU's name */
   tz_lane *lane;       /* cuda: the compute lane (a CUDA stream); the cpu backend's is the
@@ -472,17 +473,11 @@ static int build_phases(tz_trainer *tr) {
 
 /* ---- sizes and the plan ---- */
 
-static uint64_t layer_matrix_params(const struct tz_model_config *c) {
-  uint64_t C = (uint64_t)c->d_model, D = (uint64_t)tz_model_head_dim(c);
-  return C * D * (uint64_t)(2 * c->n_head + 2 * c->n_kv_head) + 3 * C * (uint64_t)c->ffn_dim;
-}
-
 /* FLOP of one phase for one micro-batch; backward includes the recomputed forward. */
 static double phase_flop(const tz_trainer *tr, const struct phase *p) {
   const struct tz_model_config *c = &tr->mc;
   double N = tr->N, C = c->d_model, V = c->vocab;
-  double layer = 2.0 * N * (double)layer_matrix_params(c) +
-                 2.0 * (double)tr->B * (double)tr->T * (double)tr->T * C; /* causal attention */
+  double layer = tz_model_layer_flop(c, tr->B, tr->T);
   switch (p->kind) {
   case PH_FWD:
     return layer;
@@ -703,6 +698,8 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
   }
   if (p->rates)
     r.rates = *p->rates;
+  if (tr->layer_rate > 0)
+    r.rates.flops = tr->layer_rate;
   /* Home phases, as far as forced homes tell before the plan (checked against its homes below). */
   r.home_on_compute = !tr->gpu;
   int8_t *guess = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
@@ -907,17 +904,41 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
 
 /* The compute instance: after the compute tier and, on a GPU, the lane, whose stream it enqueues
  * on (so that the scheduler's waits on that lane order its work). */
+static void compute_params(const tz_trainer *tr, struct tz_compute_params *cp) {
+  tz_compute_params_init(cp);
+  cp->n_threads = tr->cfg.tierzero.threads;
+  cp->dtype = tr->S;
+  cp->grad_dtype = TZ_F32;
+  cp->device = tr->device;
+}
+
 static int create_compute(tz_trainer *tr) {
   struct tz_compute_params cp;
-  tz_compute_params_init(&cp);
-  cp.n_threads = tr->cfg.tierzero.threads;
-  cp.dtype = tr->S;
-  cp.grad_dtype = TZ_F32;
-  cp.device = tr->device;
+  compute_params(tr, &cp);
   if (tr->lane)
     cp.stream = tz_lane_native(tr->lane);
   return tz_compute_create(tr->backend, &cp, &tr->cm);
 }
+
+/* The rate the plan's compute lane runs at: one layer's forward and backward with recompute (its
+ * fwd and bwd phases) at the run's micro-batch, on an instance of the run's compute backend that
+ * lives only for this. A 4096^3 matmul (rates->flops) runs faster than a layer, whose attention,
+ * norms and elementwise kernels it does not count: llama-7b's step on an H200 took 1.8 times the
+ * bound it gave. */
+static int measure_layer(tz_trainer *tr) {
+  struct tz_compute_params cp;
+  compute_params(tr, &cp);
+  tz_compute *cm = NULL;
+  TZ_CHECK(tz_compute_create(tr->backend, &cp, &cm));
+  double s = 0;
+  int rc = tz_layer_probe_time(cm, &tr->mc, tr->B, tr->T, 3, &s);
+  tz_compute_destroy(cm);
+  TZ_CHECK(rc);
+  tr->layer_rate = s > 0 ? 4.0 * tz_model_layer_flop(&tr->mc, tr->B, tr->T) / s : 0;
+  return 0;
+}
+
+double tz_trainer_layer_rate(const tz_trainer *tr) { return tr->layer_rate; }
 
 #ifdef TZ_HAVE_CUDA
 /* The GPU's compute lane. With more than one rank the nccl comm enqueues its collectives on its
@@ -1266,6 +1287,8 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   TZ_CHECK_GOTO(sizes(tr), rc, fail);
   TZ_CHECK_GOTO(build_phases(tr), rc, fail);
   choose_cpu_steps(tr);
+  if (p->measure_layer)
+    TZ_CHECK_GOTO(measure_layer(tr), rc, fail);
   tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);
   if (!tr->at_home) {
     rc = tz_err_set(TZ_ENOMEM, "train: no memory");

@@ -67,6 +67,9 @@ struct tz_trainer_params {
   int device;                        /* cuda: the GPU; -1 (default): tierzero.device, else the
                                         calling thread's current device */
   int plan_only; /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
+  int measure_layer; /* 1: time one layer's forward and backward on the compute backend at the
+                        run's shape, and give the plan that rate (tz_trainer_layer_rate) instead
+                        of rates->flops, a matmul's */
   const char *trace_path; /* with the config's tierzero.trace_step: where that step's lane trace
                              goes (tz_trainer_trace_write, or the trainer's destruction); copied */
 };
@@ -185,6 +188,9 @@ const char *const *tz_trainer_group_names(const tz_trainer *tr);
 enum tz_opt_mode tz_trainer_opt_mode(const tz_trainer *tr); /* the mode in use, never AUTO */
 /* The GPU the trainer computes on ("NVIDIA H200"), or NULL on the cpu backend. Borrowed. */
 const char *tz_trainer_device_name(const tz_trainer *tr);
+/* FLOP per second of a layer's forward and backward as measured at creation (measure_layer),
+ * counted as the metrics count them (tz_model_layer_flop); 0 when not measured. */
+double tz_trainer_layer_rate(const tz_trainer *tr);
 /* The scheduler's statistics so far (core/sched.h). */
 struct tz_sched_stats;
 void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out);
