@@ -277,6 +277,32 @@ static void test_layout(void **state) {
   assert_non_null(strstr(tz_err_msg(), "n_kv_head"));
 }
 
+/* One layer alone: its FLOP count by hand for llama-7b (C 4096, 32 heads of 128, FFN 11008,
+ * B 4, T 2048), and a timed forward and recomputing backward on the cpu backend. */
+static void test_layer_probe(void **state) {
+  (void)state;
+  struct tz_model_config c;
+  TZ_ASSERT_OK(tz_model_preset("llama-7b", &c));
+  double matrices = 4.0 * 4096 * 4096 + 3.0 * 4096 * 11008, N = 4.0 * 2048;
+  double want = 2.0 * N * matrices + 2.0 * 4 * 2048.0 * 2048.0 * 4096;
+  assert_true(tz_model_layer_flop(&c, 4, 2048) == want);
+  TZ_ASSERT_OK(tz_model_preset("tiny", &c));
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  tz_compute *cm;
+  TZ_ASSERT_OK(tz_compute_create("cpu", &p, &cm));
+  double s = 0;
+  TZ_ASSERT_OK(tz_layer_probe_time(cm, &c, 2, 32, 2, &s));
+  assert_true(s > 0 && s < 10);
+  struct tz_layer_probe l;
+  TZ_ASSERT_OK(tz_layer_probe_alloc(cm, &c, 2, 32, &l));
+  TZ_ASSERT_OK(tz_layer_probe_step(cm, &c, &l, 0));
+  TZ_ASSERT_OK(tz_compute_sync(cm));
+  tz_layer_probe_free(cm, &l);
+  tz_layer_probe_free(cm, &l); /* zeroed: a no-op */
+  tz_compute_destroy(cm);
+}
+
 static void test_init(void **state) {
   (void)state;
   struct tz_model_config c = small_cfg();
@@ -356,6 +382,7 @@ int main(void) {
       cmocka_unit_test(test_deterministic_threads),
       cmocka_unit_test(test_grads_accumulate),
       cmocka_unit_test(test_layout),
+      cmocka_unit_test(test_layer_probe),
       cmocka_unit_test(test_init),
       cmocka_unit_test(test_bad_inputs),
   };
