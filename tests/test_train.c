@@ -484,6 +484,24 @@ static void assert_close(double got, double want) {
   }
 }
 
+/* A plan request for the bound's tests: groups of blocks (bytes), one step's phases, 4 KiB
+ * alignment, the scheduler's chunk, nothing forced. */
+static struct tz_plan_request plan_request(int n_groups, const uint64_t (*bytes)[TZ_PLAN_KINDS],
+                                           const struct tz_plan_phase *ph, int n_phases,
+                                           uint64_t chunk) {
+  struct tz_plan_request r;
+  memset(&r, 0, sizeof r);
+  r.n_groups = n_groups;
+  r.bytes = bytes;
+  r.n_phases = n_phases;
+  r.phases = ph;
+  r.align = 4096;
+  r.chunk = chunk;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    r.force[k] = TZ_PLAN_AUTO;
+  return r;
+}
+
 /* A block the scheduler's window still holds costs no copy in: the bound and the bytes moved
  * follow the window's hits and misses (the scheduler's eviction rule: farthest next use first).
  * Blocks of 1 MiB at 1 ms a copy; 0.5 ms of compute per phase. */
@@ -509,15 +527,7 @@ static void test_plan_bound_counts_window_hits(void **state) {
   }
   ph[4].n_uses = 2;
   ph[4].uses[1] = (struct tz_plan_use){2, TZ_PLAN_MASTER, TZ_ACCESS_READ};
-  struct tz_plan_request r;
-  memset(&r, 0, sizeof r);
-  r.n_groups = 3;
-  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])bytes;
-  r.phases = ph;
-  r.align = 4096;
-  r.chunk = chunk;
-  for (int k = 0; k < TZ_PLAN_KINDS; k++)
-    r.force[k] = TZ_PLAN_AUTO;
+  struct tz_plan_request r = plan_request(3, bytes, ph, 4, chunk);
   r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
                                    .copy_out = 1e3 * (double)S, .nvme_read = 1e3 * (double)S};
   int8_t tiers[3 * TZ_PLAN_KINDS];
@@ -590,16 +600,7 @@ static void test_plan_bound_keeps_written_copies(void **state) {
   ph[1].adam_elems = 5e5;
   ph[1].n_uses = 1;
   ph[1].uses[0] = (struct tz_plan_use){0, TZ_PLAN_GRAD, TZ_ACCESS_READ};
-  struct tz_plan_request r;
-  memset(&r, 0, sizeof r);
-  r.n_groups = 1;
-  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])bytes;
-  r.n_phases = 2;
-  r.phases = ph;
-  r.align = 4096;
-  r.chunk = chunk;
-  for (int k = 0; k < TZ_PLAN_KINDS; k++)
-    r.force[k] = TZ_PLAN_AUTO;
+  struct tz_plan_request r = plan_request(1, bytes, ph, 2, chunk);
   r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
                                    .copy_out = 1e3 * (double)S, .adam = 1e9};
   int8_t tiers[TZ_PLAN_KINDS];
@@ -642,16 +643,7 @@ static void test_plan_bound_home_phases(void **state) {
   ph[1].flop = 5e8;
   ph[1].n_uses = 1;
   ph[1].uses[0] = (struct tz_plan_use){0, TZ_PLAN_PARAM, TZ_ACCESS_READ};
-  struct tz_plan_request r;
-  memset(&r, 0, sizeof r);
-  r.n_groups = 1;
-  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])bytes;
-  r.n_phases = 2;
-  r.phases = ph;
-  r.align = 4096;
-  r.chunk = chunk;
-  for (int k = 0; k < TZ_PLAN_KINDS; k++)
-    r.force[k] = TZ_PLAN_AUTO;
+  struct tz_plan_request r = plan_request(1, bytes, ph, 2, chunk);
   r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
                                    .copy_out = 1e3 * (double)S, .adam = 1e12,
                                    .adam_home = 5e8};
@@ -701,16 +693,7 @@ static void test_plan_trades_homes_for_window(void **state) {
     ph[g].n_uses = 1;
     ph[g].uses[0] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_READ};
   }
-  struct tz_plan_request r;
-  memset(&r, 0, sizeof r);
-  r.n_groups = 4;
-  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])bytes;
-  r.n_phases = 4;
-  r.phases = ph;
-  r.align = 4096;
-  r.chunk = chunk;
-  for (int k = 0; k < TZ_PLAN_KINDS; k++)
-    r.force[k] = TZ_PLAN_AUTO;
+  struct tz_plan_request r = plan_request(4, bytes, ph, 4, chunk);
   r.capacity[TZ_PLAN_COMPUTE] = 3 * S + chunk;
   r.capacity[TZ_PLAN_HOST] = 4 * S;
   r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 0.5e3 * (double)S,
