@@ -279,8 +279,9 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
           if (tiers[b] != TZ_PLAN_COMPUTE)
             start = max2(start, back_at[b]);
         }
-        double d = cost(ph->flop, rt->flops, &unknown) +
-                   cost(ph->adam_elems, rt->adam_home, &unknown);
+        /* Sharing the compute lane's cores, the CPU's Adam is that lane's when not measured. */
+        double home_rate = rt->adam_home > 0 ? rt->adam_home : r->home_on_compute ? rt->adam : 0;
+        double d = cost(ph->flop, rt->flops, &unknown) + cost(ph->adam_elems, home_rate, &unknown);
         double done;
         if (r->home_on_compute) {
           comp = max2(comp, start) + d;

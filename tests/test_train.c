@@ -355,6 +355,39 @@ static int make_plan_only(struct tc_world *w, const char *hbm, const char *host,
   return rc;
 }
 
+/* measure_layer: the plan's compute rate is a layer's forward and backward timed on the backend,
+ * not rates->flops (here absurdly fast, and Adam too: the compute lane would cost nothing). */
+static void test_plan_layer_rate(void **state) {
+  (void)state;
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tz_model_config mc;
+  tc_model(&mc);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  struct tz_config cfg;
+  TZ_ASSERT_OK(tc_config(&cfg, &o, 1));
+  struct tz_plan_rates rates = {.flops = 1e20, .copy_in = 2e10, .copy_out = 2e10, .adam = 1e20};
+  struct tz_trainer_params tp;
+  tz_trainer_params_init(&tp);
+  tp.seq_len = TC_SEQ;
+  tp.plan_only = 1;
+  tp.rates = &rates;
+  tz_trainer *tr = NULL;
+  TZ_ASSERT_OK(tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, &tr));
+  assert_true(tz_trainer_layer_rate(tr) == 0);
+  double matmul = tz_trainer_plan(tr)->compute_s;
+  tz_trainer_destroy(tr);
+  tp.measure_layer = 1;
+  TZ_ASSERT_OK(tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, &tr));
+  double rate = tz_trainer_layer_rate(tr), measured = tz_trainer_plan(tr)->compute_s;
+  assert_true(rate > 0 && rate < 1e15);
+  assert_true(measured > 1000 * matmul);
+  tz_trainer_destroy(tr);
+  tz_config_free(&cfg);
+  tc_world_close(&w);
+}
+
 static void test_plan(void **state) {
   (void)state;
   struct tc_world w;
@@ -726,6 +759,7 @@ int main(int argc, char **argv) {
   nvme_dir = tz_test_mkdtemp("train");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bound),
+      cmocka_unit_test(test_plan_layer_rate),
       cmocka_unit_test(test_plan_bound_counts_window_hits),
       cmocka_unit_test(test_plan_bound_home_phases),
       cmocka_unit_test(test_plan_trades_homes_for_window),

@@ -5,7 +5,9 @@
  *  - folded and overlapped optimizer steps against unfolded ones: the same bits;
  *  - fp16 storage with loss scaling: placement changes no bit, and it learns as bf16 does;
  *  - the GPU's run against the cpu backend's (fp32): bf16 storage keeps the first loss within 1%
- *    and later ones within 6%, and both learn.
+ *    and later ones within 6%, and both learn;
+ *  - tierzero.cpu_adam (part of Adam on the CPU at the host homes): the same bits;
+ *  - a layer timed on the GPU gives the plan its compute rate.
  * argv[1]: "plain", or "jitter" (random delays in the scheduler's lanes and the progress engine).
  * Skips (77) without a CUDA device. */
 #define _GNU_SOURCE
@@ -102,6 +104,37 @@ static void test_cpu_adam_share(void **state) {
   }
 }
 
+/* measure_layer on the GPU: a layer's forward and backward timed on the cuda backend gives the
+ * plan its compute rate (test_train's test_plan_layer_rate on the cpu backend). */
+static void test_layer_rate(void **state) {
+  (void)state;
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tz_model_config mc;
+  tc_model(&mc);
+  struct tc_opts o;
+  gpu_opts(&o);
+  struct tz_config cfg;
+  TZ_ASSERT_OK(tc_config(&cfg, &o, 1));
+  struct tz_plan_rates rates = {.flops = 1e20, .copy_in = 2e10, .copy_out = 2e10, .adam = 1e20};
+  struct tz_trainer_params tp;
+  tz_trainer_params_init(&tp);
+  tp.seq_len = TC_SEQ;
+  tp.plan_only = 1;
+  tp.rates = &rates;
+  tp.compute_backend = "cuda";
+  tp.measure_layer = 1;
+  tz_trainer *tr = NULL;
+  TZ_ASSERT_OK(tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, &tr));
+  double rate = tz_trainer_layer_rate(tr);
+  print_message("a small layer's forward and backward on the GPU: %.3g GFLOP/s\n", rate / 1e9);
+  assert_true(rate > 0 && rate < 2e15);
+  assert_true(tz_trainer_plan(tr)->compute_s > 0);
+  tz_trainer_destroy(tr);
+  tz_config_free(&cfg);
+  tc_world_close(&w);
+}
+
 /* bf16 against fp32: not the same bits, but the same training. */
 static void test_against_cpu(void **state) {
   (void)state;
@@ -170,6 +203,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_folded),
       cmocka_unit_test(test_overlapped),
       cmocka_unit_test(test_cpu_adam_share),
+      cmocka_unit_test(test_layer_rate),
       cmocka_unit_test(test_against_cpu),
       cmocka_unit_test(test_fp16),
   };
