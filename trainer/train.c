@@ -24,6 +24,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
@@ -282,6 +283,17 @@ static void host_cast(void *dst, enum tz_dtype S, const float *src, uint64_t n) 
     d[i] = S == TZ_BF16 ? tz_f32_to_bf16(src[i]) : tz_f32_to_f16(src[i]);
 }
 
+/* Threads for CPU Adam at the homes: tierzero.threads; else the compute instance's on a CPU-only
+ * machine, and beside a GPU every CPU this process may run on but two, left to the thread that
+ * launches the GPU's kernels and to the progress engine. */
+static int home_threads(const tz_trainer *tr) {
+  if (tr->cfg.tierzero.threads > 0 || !tr->gpu)
+    return tr->cfg.tierzero.threads > 0 ? tr->cfg.tierzero.threads : tz_compute_threads(tr->cm);
+  cpu_set_t set;
+  int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  return n > 3 ? n - 2 : 1;
+}
+
 static int run_opt(tz_trainer *tr, struct job *j, int b) {
   float *master = j->ptr[TZ_PLAN_MASTER], *m = j->ptr[TZ_PLAN_M], *v = j->ptr[TZ_PLAN_V];
   const float *grad = j->ptr[TZ_PLAN_GRAD];
@@ -296,9 +308,7 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
     }
     struct tz_adam_params p = j->adam;
     p.grad_scale = j->home_scale;
-    /* Beside a GPU the compute instance has no CPU threads of its own: tierzero.threads. */
-    struct tz_adam_cpu_opts o = {.threads = tr->gpu ? tr->cfg.tierzero.threads
-                                                    : tz_compute_threads(tr->cm)};
+    struct tz_adam_cpu_opts o = {.threads = home_threads(tr)};
     return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, &o);
   }
   /* Unfolded, the opt phases run after the step's finish_step on this lane, and an overflow
