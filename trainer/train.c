@@ -1509,9 +1509,7 @@ static int apply_pending(tz_trainer *tr) {
   struct tz_adam_params ap;
   TZ_CHECK(adam_params(tr, tr->updates, &ap));
   ap.grad_scale = tr->opt_scale;
-  /* On a GPU the compute instance has one host thread; this Adam uses the configured threads. */
-  struct tz_adam_cpu_opts o = {.threads = tr->gpu ? tr->cfg.tierzero.threads
-                                                  : tz_compute_threads(tr->cm)};
+  struct tz_adam_cpu_opts o = {.threads = home_threads(tr)};
   uint64_t most = 0;
   for (int b = 0; b < tr->nb; b++)
     if (tr->shard[b] > most)
