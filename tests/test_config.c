@@ -144,6 +144,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.tierzero.trace_step, -1);
   assert_int_equal(c.tierzero.threads, 0);
   assert_true(c.tierzero.cpu_adam == -1.0);
+  assert_false(c.tierzero.cpu_adam_search);
   assert_int_equal(c.tierzero.numa_node, -1);
   assert_int_equal(c.tierzero.device, -1);
   assert_int_equal(tz_config_ignored_count(&c), 0);

@@ -388,6 +388,47 @@ static void test_plan_layer_rate(void **state) {
   tc_world_close(&w);
 }
 
+/* tierzero.cpu_adam_search: the plan's pick of the share has a bound no larger than none and
+ * all at the homes. */
+static void test_cpu_adam_search(void **state) {
+  (void)state;
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tz_model_config mc;
+  tc_model(&mc);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.param_dev = "cpu";
+  o.opt_dev = "cpu";
+  struct tz_plan_rates rates = {.flops = 1e9, .copy_in = 2e9, .copy_out = 2e9, .adam = 1e8};
+  struct tz_trainer_params tp;
+  tz_trainer_params_init(&tp);
+  tp.seq_len = TC_SEQ;
+  tp.plan_only = 1;
+  tp.rates = &rates;
+  const char *how[3] = {"search", "0", "1"};
+  double bound[3], share[3];
+  for (int i = 0; i < 3; i++) {
+    struct tz_config cfg;
+    TZ_ASSERT_OK(tc_config(&cfg, &o, 1));
+    if (i == 0)
+      TZ_ASSERT_OK(tz_config_set(&cfg, "tierzero.cpu_adam_search", "true"));
+    else
+      TZ_ASSERT_OK(tz_config_set(&cfg, "tierzero.cpu_adam", how[i]));
+    tz_trainer *tr = NULL;
+    TZ_ASSERT_OK(tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, &tr));
+    bound[i] = tz_trainer_plan(tr)->bound_s;
+    share[i] = tz_trainer_cpu_adam(tr);
+    assert_false(tz_trainer_plan(tr)->unknown_rates);
+    tz_trainer_destroy(tr);
+    tz_config_free(&cfg);
+  }
+  assert_true(share[0] >= 0 && share[0] <= 1 && share[0] * 8 == floor(share[0] * 8));
+  assert_true(share[1] == 0 && share[2] == 1);
+  assert_true(bound[0] <= bound[1] && bound[0] <= bound[2]);
+  tc_world_close(&w);
+}
+
 static void test_plan(void **state) {
   (void)state;
   struct tc_world w;
@@ -760,6 +801,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bound),
       cmocka_unit_test(test_plan_layer_rate),
+      cmocka_unit_test(test_cpu_adam_search),
       cmocka_unit_test(test_plan_bound_counts_window_hits),
       cmocka_unit_test(test_plan_bound_home_phases),
       cmocka_unit_test(test_plan_trades_homes_for_window),

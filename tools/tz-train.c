@@ -513,6 +513,10 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
              "compute rate; a %s matmul: %.3g)\n",
              tz_trainer_layer_rate(tr) / 1e12, strcmp(o->backend, "cuda") == 0 ? "4096^3" : "512^3",
              rates.flops / 1e12);
+    if (cfg->tierzero.cpu_adam_search)
+      printf("tz-train: CPU Adam at the host homes for %g of the parameters (the plan's pick, "
+             "tierzero.cpu_adam_search)\n",
+             tz_trainer_cpu_adam(tr));
     tz_plan_print(stdout, plan, o->plan ? tz_trainer_group_names(tr) : NULL);
     if (!o->plan)
       printf("tz-train: set up in %.1f s (rates %.1f s; plan, tiers and initial shards %.1f s)\n",

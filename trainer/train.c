@@ -69,6 +69,7 @@ struct tz_trainer {
   const char *backend; /* "cpu" or "cuda" */
   int gpu;             /* cuda: the compute tier is GPU `device`'s memory, the lane its stream */
   double layer_rate;   /* measure_layer: FLOP/s of a layer's fwd and bwd phases; 0 not measured */
+  double cpu_share;    /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
   int device;
   char device_name[256]; /* cuda: the GPU's name */
   tz_lane *lane;       /* cuda: the compute lane (a CUDA stream); the cpu backend's is the
@@ -583,10 +584,10 @@ static uint64_t host_default_budget(void) {
 /* Which blocks the CPU steps at their homes: the last ones, until they hold tierzero.cpu_adam of
  * the parameters (their forward comes late in the step, and their gradients first in backward).
  * The default: every block on a CPU-only machine, none with a GPU. */
-static void choose_cpu_steps(tz_trainer *tr) {
-  double share = tr->cfg.tierzero.cpu_adam;
+static void choose_cpu_steps(tz_trainer *tr, double share) {
   if (share < 0)
     share = tr->gpu ? 0 : 1;
+  tr->cpu_share = share;
   uint64_t total = 0, taken = 0;
   for (int b = 0; b < tr->nb; b++)
     total += tr->numel[b];
@@ -807,6 +808,33 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
   free(pp);
   return rc;
 }
+
+/* tierzero.cpu_adam_search: of the shares 0, 1/8, ..., 1, the one whose plan predicts the least
+ * bound (the smaller on a tie within a part in a billion); shares whose plan does not fit are
+ * passed over. With a GPU only where the share can apply (make_plan): otherwise, and when a
+ * plan's rates are unknown, the default. Leaves cpu_step chosen for make_plan to plan again. */
+static int search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p) {
+  const struct tz_config *c = &tr->cfg;
+  int applies = !tr->gpu || (!p->auto_placement &&
+                             tier_of_device(c->zero_optimization.offload_optimizer.device) ==
+                                 TZ_PLAN_HOST);
+  double best = -1, best_bound = 0;
+  for (int k = 0; applies && k <= 8; k++) {
+    choose_cpu_steps(tr, k / 8.0);
+    int rc = make_plan(tr, p);
+    int known = rc == 0 && !tr->plan.unknown_rates;
+    double bound = tr->plan.bound_s;
+    tz_plan_free(&tr->plan);
+    if (known && (best < 0 || bound < best_bound * (1 - 1e-9))) {
+      best = k / 8.0;
+      best_bound = bound;
+    }
+  }
+  choose_cpu_steps(tr, best >= 0 ? best : c->tierzero.cpu_adam);
+  return 0;
+}
+
+double tz_trainer_cpu_adam(const tz_trainer *tr) { return tr->cpu_share; }
 
 /* ---- creation ---- */
 
@@ -1296,7 +1324,6 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   TZ_CHECK_GOTO(choose_backend(tr, p), rc, fail);
   TZ_CHECK_GOTO(sizes(tr), rc, fail);
   TZ_CHECK_GOTO(build_phases(tr), rc, fail);
-  choose_cpu_steps(tr);
   if (p->measure_layer)
     TZ_CHECK_GOTO(measure_layer(tr), rc, fail);
   tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);
@@ -1304,6 +1331,10 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
     rc = tz_err_set(TZ_ENOMEM, "train: no memory");
     goto fail;
   }
+  if (tr->cfg.tierzero.cpu_adam_search)
+    TZ_CHECK_GOTO(search_cpu_steps(tr, p), rc, fail);
+  else
+    choose_cpu_steps(tr, tr->cfg.tierzero.cpu_adam);
   TZ_CHECK_GOTO(make_plan(tr, p), rc, fail);
   if (p->plan_only) {
     *out = tr;

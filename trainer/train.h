@@ -191,6 +191,10 @@ const char *tz_trainer_device_name(const tz_trainer *tr);
 /* FLOP per second of a layer's forward and backward as measured at creation (measure_layer),
  * counted as the metrics count them (tz_model_layer_flop); 0 when not measured. */
 double tz_trainer_layer_rate(const tz_trainer *tr);
+/* The share of the parameters whose Adam the CPU runs at the host homes, as asked
+ * (tierzero.cpu_adam, or the plan's pick with tierzero.cpu_adam_search); the blocks whose state
+ * the plan homes elsewhere are stepped in the compute tier all the same. */
+double tz_trainer_cpu_adam(const tz_trainer *tr);
 /* The scheduler's statistics so far (core/sched.h). */
 struct tz_sched_stats;
 void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out);
