@@ -322,37 +322,22 @@ static void test_overlap_refused_with_clipping(void **state) {
 
 static int make_plan_only(struct tc_world *w, const char *hbm, const char *host, int auto_place,
                           const char *pdev, const char *odev, tz_trainer **tr) {
-  struct tz_model_config mc;
-  tc_model(&mc);
   struct tc_opts o;
   tc_opts_init(&o);
   o.param_dev = pdev;
   o.opt_dev = odev;
   o.nvme_dir = nvme_dir;
-  struct tz_config cfg;
-  int rc = tc_config(&cfg, &o, 1);
-  if (rc == 0 && hbm)
-    rc = tz_config_set(&cfg, "tierzero.hbm_budget", hbm);
-  if (rc == 0 && host)
-    rc = tz_config_set(&cfg, "tierzero.host_budget", host);
-  if (rc == 0) {
-    struct tz_trainer_params tp;
-    tz_trainer_params_init(&tp);
-    tp.seq_len = TC_SEQ;
-    tp.plan_only = 1;
-    tp.auto_placement = auto_place;
-    struct tz_plan_rates rates = {.flops = 1e11,
-                                  .copy_in = 2e10,
-                                  .copy_out = 2e10,
-                                  .copy_local = 1e11,
-                                  .nvme_read = 3e9,
-                                  .nvme_write = 2e9,
-                                  .adam = 1e9};
-    tp.rates = &rates;
-    rc = tz_trainer_create(&cfg, &mc, w->comm, w->rt, &tp, tr);
-  }
-  tz_config_free(&cfg);
-  return rc;
+  o.hbm_budget = hbm;
+  o.host_budget = host;
+  o.auto_placement = auto_place;
+  struct tz_plan_rates rates = {.flops = 1e11,
+                                .copy_in = 2e10,
+                                .copy_out = 2e10,
+                                .copy_local = 1e11,
+                                .nvme_read = 3e9,
+                                .nvme_write = 2e9,
+                                .adam = 1e9};
+  return tc_plan_only(&o, w, &rates, 0, tr);
 }
 
 /* measure_layer: the plan's compute rate is a layer's forward and backward timed on the backend,
@@ -361,30 +346,19 @@ static void test_plan_layer_rate(void **state) {
   (void)state;
   struct tc_world w;
   tc_world_open(&w);
-  struct tz_model_config mc;
-  tc_model(&mc);
   struct tc_opts o;
   tc_opts_init(&o);
-  struct tz_config cfg;
-  TZ_ASSERT_OK(tc_config(&cfg, &o, 1));
   struct tz_plan_rates rates = {.flops = 1e20, .copy_in = 2e10, .copy_out = 2e10, .adam = 1e20};
-  struct tz_trainer_params tp;
-  tz_trainer_params_init(&tp);
-  tp.seq_len = TC_SEQ;
-  tp.plan_only = 1;
-  tp.rates = &rates;
   tz_trainer *tr = NULL;
-  TZ_ASSERT_OK(tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, &tr));
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
   assert_true(tz_trainer_layer_rate(tr) == 0);
   double matmul = tz_trainer_plan(tr)->compute_s;
   tz_trainer_destroy(tr);
-  tp.measure_layer = 1;
-  TZ_ASSERT_OK(tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, &tr));
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 1, &tr));
   double rate = tz_trainer_layer_rate(tr), measured = tz_trainer_plan(tr)->compute_s;
   assert_true(rate > 0 && rate < 1e15);
   assert_true(measured > 1000 * matmul);
   tz_trainer_destroy(tr);
-  tz_config_free(&cfg);
   tc_world_close(&w);
 }
 
@@ -394,34 +368,22 @@ static void test_cpu_adam_search(void **state) {
   (void)state;
   struct tc_world w;
   tc_world_open(&w);
-  struct tz_model_config mc;
-  tc_model(&mc);
   struct tc_opts o;
   tc_opts_init(&o);
   o.param_dev = "cpu";
   o.opt_dev = "cpu";
   struct tz_plan_rates rates = {.flops = 1e9, .copy_in = 2e9, .copy_out = 2e9, .adam = 1e8};
-  struct tz_trainer_params tp;
-  tz_trainer_params_init(&tp);
-  tp.seq_len = TC_SEQ;
-  tp.plan_only = 1;
-  tp.rates = &rates;
-  const char *how[3] = {"search", "0", "1"};
+  const char *how[3] = {NULL, "0", "1"}; /* the search, then none and all at the homes */
   double bound[3], share[3];
   for (int i = 0; i < 3; i++) {
-    struct tz_config cfg;
-    TZ_ASSERT_OK(tc_config(&cfg, &o, 1));
-    if (i == 0)
-      TZ_ASSERT_OK(tz_config_set(&cfg, "tierzero.cpu_adam_search", "true"));
-    else
-      TZ_ASSERT_OK(tz_config_set(&cfg, "tierzero.cpu_adam", how[i]));
+    o.cpu_adam_search = i == 0;
+    o.cpu_adam = how[i];
     tz_trainer *tr = NULL;
-    TZ_ASSERT_OK(tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, &tr));
+    TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
     bound[i] = tz_trainer_plan(tr)->bound_s;
     share[i] = tz_trainer_cpu_adam(tr);
     assert_false(tz_trainer_plan(tr)->unknown_rates);
     tz_trainer_destroy(tr);
-    tz_config_free(&cfg);
   }
   assert_true(share[0] >= 0 && share[0] <= 1 && share[0] * 8 == floor(share[0] * 8));
   assert_true(share[1] == 0 && share[2] == 1);

@@ -110,28 +110,16 @@ static void test_layer_rate(void **state) {
   (void)state;
   struct tc_world w;
   tc_world_open(&w);
-  struct tz_model_config mc;
-  tc_model(&mc);
   struct tc_opts o;
   gpu_opts(&o);
-  struct tz_config cfg;
-  TZ_ASSERT_OK(tc_config(&cfg, &o, 1));
   struct tz_plan_rates rates = {.flops = 1e20, .copy_in = 2e10, .copy_out = 2e10, .adam = 1e20};
-  struct tz_trainer_params tp;
-  tz_trainer_params_init(&tp);
-  tp.seq_len = TC_SEQ;
-  tp.plan_only = 1;
-  tp.rates = &rates;
-  tp.compute_backend = "cuda";
-  tp.measure_layer = 1;
   tz_trainer *tr = NULL;
-  TZ_ASSERT_OK(tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, &tr));
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 1, &tr));
   double rate = tz_trainer_layer_rate(tr);
   print_message("a small layer's forward and backward on the GPU: %.3g GFLOP/s\n", rate / 1e9);
   assert_true(rate > 0 && rate < 2e15);
   assert_true(tz_trainer_plan(tr)->compute_s > 0);
   tz_trainer_destroy(tr);
-  tz_config_free(&cfg);
   tc_world_close(&w);
 }
 

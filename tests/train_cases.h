@@ -79,6 +79,9 @@ struct tc_opts {
   int small_window;    /* the window: the plan's minimum and a half (streams and evicts) */
   int fp16;            /* fp16.enabled, a dynamic loss scale from 2^12 */
   const char *cpu_adam; /* tierzero.cpu_adam; NULL the default */
+  int cpu_adam_search;  /* tierzero.cpu_adam_search */
+  const char *hbm_budget, *host_budget; /* tierzero.hbm_budget, host_budget; NULL the default */
+  int auto_placement;   /* the plan chooses the homes */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {
@@ -130,11 +133,41 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
   TZ_CHECK(tz_config_set(c, "seed", "7"));
   if (o->cpu_adam)
     TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam", o->cpu_adam));
+  if (o->cpu_adam_search)
+    TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam_search", "true"));
+  if (o->hbm_budget)
+    TZ_CHECK(tz_config_set(c, "tierzero.hbm_budget", o->hbm_budget));
+  if (o->host_budget)
+    TZ_CHECK(tz_config_set(c, "tierzero.host_budget", o->host_budget));
   if (o->fp16) {
     TZ_CHECK(tz_config_set(c, "fp16.enabled", "true"));
     TZ_CHECK(tz_config_set(c, "fp16.initial_scale_power", "12"));
   }
   return tz_config_resolve_batch(c, world);
+}
+
+/* A trainer made for its plan only (tz_trainer_plan) from o's config and backend, with rates;
+ * measure_layer as in tz_trainer_params. */
+static inline int tc_plan_only(const struct tc_opts *o, const struct tc_world *w,
+                               const struct tz_plan_rates *rates, int measure_layer,
+                               tz_trainer **tr) {
+  struct tz_model_config mc;
+  tc_model(&mc);
+  struct tz_config cfg;
+  int rc = tc_config(&cfg, o, 1);
+  if (rc == 0) {
+    struct tz_trainer_params tp;
+    tz_trainer_params_init(&tp);
+    tp.seq_len = TC_SEQ;
+    tp.plan_only = 1;
+    tp.auto_placement = o->auto_placement;
+    tp.compute_backend = o->backend;
+    tp.rates = rates;
+    tp.measure_layer = measure_layer;
+    rc = tz_trainer_create(&cfg, &mc, w->comm, w->rt, &tp, tr);
+  }
+  tz_config_free(&cfg);
+  return rc;
 }
 
 /* Trains o->steps steps on comm's world and records the result (every rank gets the full
