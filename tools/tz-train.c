@@ -510,9 +510,8 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
            (long long)cfg->gradient_accumulation_steps, tz_opt_mode_name(tz_trainer_opt_mode(tr)));
     if (tz_trainer_layer_rate(tr) > 0)
       printf("tz-train: a layer's forward and backward run at %.3g TFLOP/s here (the plan's "
-             "compute rate; a %s matmul: %.3g)\n",
-             tz_trainer_layer_rate(tr) / 1e12, strcmp(o->backend, "cuda") == 0 ? "4096^3" : "512^3",
-             rates.flops / 1e12);
+             "compute rate; the matmul probe's: %.3g)\n",
+             tz_trainer_layer_rate(tr) / 1e12, rates.flops / 1e12);
     if (cfg->tierzero.cpu_adam_search)
       printf("tz-train: CPU Adam at the host homes for %g of the parameters (the plan's pick, "
              "tierzero.cpu_adam_search)\n",
