@@ -104,7 +104,8 @@ struct hbm {
   int n_arenas;
   uint64_t pinned_bytes;
   double pin_seconds;
-  uint64_t h2d_copies, d2h_copies, d2d_copies, pageable_copies, stream_waits; /* atomic */
+  uint64_t h2d_copies, d2h_copies, d2d_copies, pageable_copies; /* atomic */
+  uint64_t stream_waits, waits_done;                            /* atomic */
   int warned_pageable; /* atomic */
 };
 
@@ -869,8 +870,10 @@ int tz_hbm_stream_wait(tz_tier *t, tz_fence *f, void *cuda_stream) {
     return 0;
   }
   int q = tz_fence_query(f);
-  if (q == 1)
+  if (q == 1) {
+    __atomic_add_fetch(&h->waits_done, 1, __ATOMIC_RELAXED);
     return 0;
+  }
   if (q < 0)
     return tz_fence_wait(f, 0); /* its status, and its message as ours */
   return tz_err_set(TZ_EINVAL,
@@ -896,6 +899,7 @@ int tz_hbm_stats(tz_tier *t, struct tz_hbm_stats *out) {
   out->d2d_copies = __atomic_load_n(&h->d2d_copies, __ATOMIC_RELAXED);
   out->pageable_copies = __atomic_load_n(&h->pageable_copies, __ATOMIC_RELAXED);
   out->stream_waits = __atomic_load_n(&h->stream_waits, __ATOMIC_RELAXED);
+  out->waits_done = __atomic_load_n(&h->waits_done, __ATOMIC_RELAXED);
   pthread_mutex_lock(&h->reg_mu);
   for (int i = 0; i < h->n_arenas; i++)
     out->pinned_arenas += (uint64_t)h->arenas[i].pinned;

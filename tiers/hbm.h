@@ -62,6 +62,7 @@ struct tz_hbm_stats {
   uint64_t h2d_copies, d2h_copies, d2d_copies;
   uint64_t pageable_copies;  /* slow path: the host buffer was not page-locked */
   uint64_t stream_waits;     /* tz_hbm_stream_wait calls that enqueued cudaStreamWaitEvent */
+  uint64_t waits_done;       /* tz_hbm_stream_wait calls whose fence had completed: no wait */
   uint64_t pinned_arenas;    /* host arenas registered with this GPU and still registered */
   uint64_t pinned_bytes;     /* bytes this tier page-locked itself (cudaHostRegister), in all */
   double pin_seconds;        /* time those cudaHostRegister calls took */
