@@ -461,6 +461,7 @@ static void test_trace(void **state) {
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   assert_non_null(strstr(out, "step 1:"));
   assert_non_null(strstr(out, "compute "));
+  assert_non_null(strstr(out, "\n    fwd ")); /* compute time by kind of phase */
   assert_non_null(strstr(out, "host->compute"));
   assert_non_null(strstr(out, "stalls:"));
   assert_non_null(strstr(out, "host link:"));

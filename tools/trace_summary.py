@@ -7,6 +7,8 @@
 Prints, for the step's span (from the first to the last event of the trace):
   - each lane: the time it was busy (the union of its spans over all its slots), that share of
     the step, the bytes it moved and its rate while busy;
+  - the compute lane's busy time by kind of phase (the name without its layer and micro-batch
+    numbers: fwd, bwd, opt-layer, ...);
   - the compute lane's stalls: their total, and the N phases that waited longest;
   - the time both directions of the host link were busy at once (lanes named "A->B" where A or
     B is the compute tier), and the time neither was, with the compute lane waiting.
@@ -15,6 +17,7 @@ Needs only the standard library.
 """
 import argparse
 import json
+import re
 import sys
 
 
@@ -73,6 +76,7 @@ def main():
     names = {}  # tid -> track name
     lanes = {}  # lane name -> {"spans": [], "bytes": 0}
     compute, stalls = [], []
+    kinds = {}  # phase name less its numbers -> [busy us, spans]
     for i, ev in enumerate(doc["traceEvents"]):
         if not isinstance(ev, dict):
             fail(f"{a.trace}: event {i} is not an object")
@@ -88,6 +92,10 @@ def main():
         tid, cat = ev.get("tid"), ev.get("cat")
         if cat == "compute":
             compute.append((s, s + d))
+            kind = re.sub(r"[0-9.]+$", "", str(ev.get("name", "?"))) or "?"
+            k = kinds.setdefault(kind, [0.0, 0])
+            k[0] += d
+            k[1] += 1
         elif cat == "stall":
             name = ev.get("name", "?")
             stalls.append((s, s + d, name[6:] if name.startswith("stall ") else name))
@@ -107,6 +115,8 @@ def main():
           f"(window {info.get('budget', 0) / 2**20:.1f} MiB, lookahead {info.get('lookahead', '?')})")
     busy_c = union(compute)
     print(f"  {'compute':<24} busy {total(busy_c) / 1e3:10.3f} ms  {100 * total(busy_c) / step:5.1f}%")
+    for kind, (d, n) in sorted(kinds.items(), key=lambda x: -x[1][0]):
+        print(f"    {kind:<22} {d / 1e3:10.3f} ms in {n} phases")
     for name in sorted(lanes):
         l = lanes[name]
         iv = union(l["spans"])
