@@ -1957,35 +1957,37 @@ int tz_sched_block_load(tz_sched *s, int id, void *dst) {
   return rc;
 }
 
-int tz_sched_block_store(tz_sched *s, int id, const void *src) {
+int tz_sched_home_begin(tz_sched *s, int id, tz_extent *home) {
   pthread_mutex_lock(&s->mu);
   int rc = s->err ? err_return(s) : id < 0 || id >= s->n_blocks
                                         ? tz_err_set(TZ_EINVAL, "sched: no block %d", id) : 0;
   if (rc == 0 && s->open)
     rc = tz_err_set(TZ_EINVAL, "sched: store while phase '%s' is open",
                     s->phases[s->open->phase].name);
-  if (rc < 0) {
+  struct block *b = rc == 0 ? &s->blocks[id] : NULL;
+  if (rc == 0 && wait_until(s, block_quiet, b, "a block to store", 1) < 0)
+    rc = err_return(s);
+  if (rc == 0 && b->storing)
+    rc = tz_err_set(TZ_EINVAL, "sched: '%s' is already being written at its home", b->name);
+  if (rc == 0 && !b->in_place && b->c.ext.tier && b->c.gen > b->home_gen)
+    rc = tz_err_set(TZ_EINVAL, "sched: the home of '%s' is older than its copy (generation %llu "
+                    "of %llu): sync first", b->name, (unsigned long long)b->home_gen,
+                    (unsigned long long)b->c.gen);
+  if (rc == 0) {
+    b->storing = 1; /* no fill reads the home, no copy goes, while it is written */
+    *home = b->home;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
+int tz_sched_home_end(tz_sched *s, int id, int rc) {
+  pthread_mutex_lock(&s->mu);
+  if (id < 0 || id >= s->n_blocks || !s->blocks[id].storing) {
     pthread_mutex_unlock(&s->mu);
-    return rc;
+    return tz_err_set(TZ_EINVAL, "sched: block %d is not being written at its home", id);
   }
   struct block *b = &s->blocks[id];
-  if (wait_until(s, block_quiet, b, "a block to store", 1) < 0) {
-    rc = err_return(s);
-    pthread_mutex_unlock(&s->mu);
-    return rc;
-  }
-  b->storing = 1; /* no fill reads the home, no copy goes, while it is written */
-  pthread_mutex_unlock(&s->mu);
-  void *buf = bounce_alloc(s, b);
-  if (buf) {
-    memcpy(buf, src, b->bytes);
-    memset((char *)buf + b->bytes, 0, b->xfer - b->bytes);
-    rc = tz_tier_write_sync(&b->home, 0, buf, b->xfer);
-  } else {
-    rc = tz_err_set(TZ_ENOMEM, "sched: no memory to store '%s'", b->name);
-  }
-  free(buf);
-  pthread_mutex_lock(&s->mu);
   b->storing = 0;
   if (rc < 0) {
     fail_locked(s, rc, "sched: storing block '%s' in %s failed: %s", b->name,
@@ -2009,6 +2011,23 @@ int tz_sched_block_store(tz_sched *s, int id, const void *src) {
   pthread_mutex_unlock(&s->mu);
   pump(s);
   return rc;
+}
+
+int tz_sched_block_store(tz_sched *s, int id, const void *src) {
+  tz_extent home;
+  TZ_CHECK(tz_sched_home_begin(s, id, &home));
+  const struct block *b = &s->blocks[id];
+  void *buf = bounce_alloc(s, b);
+  int rc;
+  if (buf) {
+    memcpy(buf, src, b->bytes);
+    memset((char *)buf + b->bytes, 0, b->xfer - b->bytes);
+    rc = tz_tier_write_sync(&home, 0, buf, b->xfer);
+  } else {
+    rc = tz_err_set(TZ_ENOMEM, "sched: no memory to store '%s'", b->name);
+  }
+  free(buf);
+  return tz_sched_home_end(s, id, rc);
 }
 
 /* ---- accounting ---- */

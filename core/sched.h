@@ -173,6 +173,13 @@ int tz_sched_block_load(tz_sched *s, int id, void *dst);
  * its home and makes the block a new generation, so that copies made earlier (prefetched ones
  * included) are stale and are brought in again before use. */
 int tz_sched_block_store(tz_sched *s, int id, const void *src);
+/* A block's home written in place by the client, between phases (the trainer's pending update):
+ * begin waits for the phases and transfers that use the block and gives its home, which must
+ * hold the latest generation (TZ_EINVAL when a copy is newer: tz_sched_sync first); end, with the
+ * writer's status, makes what the home holds the block's new generation, as tz_sched_block_store
+ * does (rc < 0 fails the scheduler with it). No phase may use the block in between. */
+int tz_sched_home_begin(tz_sched *s, int id, tz_extent *home);
+int tz_sched_home_end(tz_sched *s, int id, int rc);
 
 /* ---- accounting ---- */
 

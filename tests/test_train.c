@@ -304,6 +304,41 @@ static void test_resume(void **state) {
   tc_result_free(&whole);
 }
 
+/* The end of a run that reads nothing after its last step: tz_trainer_wait leaves the folded
+ * update pending (steps done cannot be set while one is), and a later sync applies it with the
+ * same bits as a sync straight away (tc_run's). */
+static void test_wait_leaves_update_pending(void **state) {
+  (void)state;
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.mode = TZ_OPT_FOLDED;
+  o.param_dev = "cpu";
+  struct tc_result whole;
+  run(&o, &whole);
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tz_config cfg;
+  float loss[TC_STEPS_MAX];
+  tz_trainer *tr = trainer(&w, &o, &cfg);
+  steps(tr, &o, 0, o.steps, loss);
+  TZ_ASSERT_OK(tz_trainer_wait(tr));
+  assert_int_equal(tz_trainer_set_steps_done(tr, o.steps), TZ_EINVAL);
+  TZ_ASSERT_OK(tz_trainer_sync(tr));
+  TZ_ASSERT_OK(tz_trainer_set_steps_done(tr, o.steps));
+  for (int b = 0; b < whole.nb; b++) {
+    float *m = malloc(sizeof(float) * whole.numel[b]);
+    TZ_ASSERT_OK(tz_trainer_param_load(tr, b, TZ_PLAN_MASTER, m));
+    assert_memory_equal(m, whole.master[b], sizeof(float) * whole.numel[b]);
+    TZ_ASSERT_OK(tz_trainer_param_load(tr, b, TZ_PLAN_PARAM, m));
+    assert_memory_equal(m, whole.param[b], sizeof(float) * whole.numel[b]);
+    free(m);
+  }
+  tz_trainer_destroy(tr);
+  tz_config_free(&cfg);
+  tc_world_close(&w);
+  tc_result_free(&whole);
+}
+
 static void test_overlap_refused_with_clipping(void **state) {
   (void)state;
   struct tc_world w;
@@ -772,7 +807,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
       cmocka_unit_test(test_folded),    cmocka_unit_test(test_cpu_adam_share),
       cmocka_unit_test(test_overlapped),
-      cmocka_unit_test(test_resume),    cmocka_unit_test(test_overlap_refused_with_clipping),
+      cmocka_unit_test(test_resume),    cmocka_unit_test(test_wait_leaves_update_pending),    cmocka_unit_test(test_overlap_refused_with_clipping),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);

@@ -640,7 +640,9 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
     if (rank == 0)
       tz_display_message(disp, "tz-train: eval loss %.6f (no training steps)", el);
   }
-  TZ_CHECK_GOTO(tz_trainer_sync(tr), rc, out);
+  /* Nothing reads the parameters from here on but an export (which applies the last update
+   * itself): the last step's folded update is left pending rather than applied for nothing. */
+  TZ_CHECK_GOTO(tz_trainer_wait(tr), rc, out);
   tz_display_destroy(disp);
   disp = NULL;
   if (o->trace_path && rank == 0) {

@@ -1534,8 +1534,54 @@ out:
   return rc;
 }
 
-/* Applies the pending folded update on the host, from the homes, with the same Adam the opt
- * phase runs (every Adam gives the same bits, kernels/adam.h). */
+/* Block b's update where its state lives: on the GPU when every home of the block is in its
+ * memory, by the CPU in place when every home is in host memory (the compute tier of the cpu
+ * backend included); 0 when neither (nvme homes, or a mix). Called after tz_sched_sync, with
+ * the compute lane idle; the scheduler is told that param, master, m and v changed at home. */
+static int apply_in_place(tz_trainer *tr, const struct tz_adam_params *ap, int b, int *done) {
+  void *dev[TZ_PLAN_KINDS], *host[TZ_PLAN_KINDS];
+  int on_gpu = tr->gpu, on_host = 1;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+    const tz_extent *e = &tr->home[b][k];
+    dev[k] = tz_tier_device_ptr(e->tier, e->offset);
+    host[k] = tz_tier_host_ptr(e->tier, e->offset);
+    on_gpu &= dev[k] != NULL;
+    on_host &= host[k] != NULL && !dev[k];
+  }
+  *done = 0;
+  if (!on_gpu && !on_host)
+    return 0;
+  void **at = on_gpu ? dev : host;
+  int rc = 0, k = TZ_PLAN_PARAM;
+  for (tz_extent home; k < TZ_PLAN_GRAD && rc == 0; k++)
+    rc = tz_sched_home_begin(tr->sched, tr->bid[b][k], &home);
+  if (rc < 0)
+    k--; /* the one that failed began nothing */
+  if (rc == 0 && on_gpu) {
+#ifdef TZ_HAVE_CUDA /* the same bits as tz_adam_cpu (kernels/adam.h) */
+    rc = tz_adam_cuda(ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V], at[TZ_PLAN_GRAD],
+                      TZ_F32, at[TZ_PLAN_PARAM], tr->S, tr->shard[b], tz_compute_stream(tr->cm));
+    if (rc == 0)
+      rc = tz_compute_sync(tr->cm);
+#endif
+  } else if (rc == 0) {
+    struct tz_adam_cpu_opts o = {.threads = home_threads(tr)};
+    rc = tz_adam_cpu(ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V], at[TZ_PLAN_GRAD],
+                     TZ_F32, at[TZ_PLAN_PARAM], tr->S, tr->shard[b], &o);
+  }
+  int first = rc;
+  while (k-- > TZ_PLAN_PARAM) {
+    int r = tz_sched_home_end(tr->sched, tr->bid[b][k], first);
+    if (rc == 0)
+      rc = r;
+  }
+  *done = rc == 0;
+  return rc;
+}
+
+/* Applies the pending folded update with the same Adam the opt phases run: in place where a
+ * block's homes allow it (apply_in_place), else through host buffers (nvme homes, or homes of
+ * one block in different tiers). */
 static int apply_pending(tz_trainer *tr) {
   struct tz_adam_params ap;
   TZ_CHECK(adam_params(tr, tr->updates, &ap));
@@ -1547,12 +1593,16 @@ static int apply_pending(tz_trainer *tr) {
       most = tr->shard[b];
   float *buf[TZ_PLAN_KINDS] = {0};
   int rc = 0;
-  for (int k = 0; k < TZ_PLAN_KINDS; k++)
-    if (!(buf[k] = malloc(most * sizeof(float)))) {
-      rc = tz_err_set(TZ_ENOMEM, "train: no memory to apply the pending update");
-      goto out;
-    }
   for (int b = 0; b < tr->nb; b++) {
+    int done;
+    TZ_CHECK_GOTO(apply_in_place(tr, &ap, b, &done), rc, out);
+    if (done)
+      continue;
+    for (int k = 0; k < TZ_PLAN_KINDS && !buf[TZ_PLAN_KINDS - 1]; k++)
+      if (!buf[k] && !(buf[k] = malloc(most * sizeof(float)))) {
+        rc = tz_err_set(TZ_ENOMEM, "train: no memory to apply the pending update");
+        goto out;
+      }
     for (int k = TZ_PLAN_MASTER; k < TZ_PLAN_KINDS; k++)
       TZ_CHECK_GOTO(tz_sched_block_load(tr->sched, tr->bid[b][k], buf[k]), rc, out);
     TZ_CHECK_GOTO(tz_adam_cpu(&ap, buf[TZ_PLAN_MASTER], buf[TZ_PLAN_M], buf[TZ_PLAN_V],
@@ -1576,6 +1626,12 @@ int tz_trainer_sync(tz_trainer *tr) {
   TZ_CHECK(tz_sched_sync(tr->sched));
   if (tr->pending)
     TZ_CHECK(apply_pending(tr));
+  return tz_sched_sync(tr->sched);
+}
+
+int tz_trainer_wait(tz_trainer *tr) {
+  if (!tr->sched)
+    return tz_err_set(TZ_EINVAL, "train: the trainer was made for its plan only");
   return tz_sched_sync(tr->sched);
 }
 

@@ -17,7 +17,7 @@
  *   overlapped  opt(b) right after block b's last backward: without clipping;
  *   unfolded    every opt(b) at the end of the step (the reference).
  * With folded steps the last update is pending after tz_trainer_step returns; tz_trainer_sync
- * applies it (checkpoint, evaluation and export call it first).
+ * applies it (checkpoint, evaluation and export call it first), tz_trainer_wait does not.
  *
  * Threads: one client thread calls these functions. Phase work runs on the scheduler's compute
  * lane; collectives inside it. Every rank calls the same functions in the same order (those that
@@ -108,6 +108,10 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
 /* Applies a pending (folded) update and waits until every home holds the latest state
  * (collective). */
 int tz_trainer_sync(tz_trainer *tr);
+/* Waits for the phases and write-backs in flight, and leaves a pending (folded) update pending:
+ * the end of a run that reads no parameter after its last step (no checkpoint, export or
+ * evaluation), where applying it would only cost time (a pass over every block's state). */
+int tz_trainer_wait(tz_trainer *tr);
 
 /* Evaluation (collective): syncs (the pending update is applied first), then runs the forward
  * phases only -- embed, each layer, the head's loss -- over tokens and targets, shaped as for
