@@ -1535,28 +1535,35 @@ out:
 }
 
 /* Block b's update where its state lives: on the GPU when every home of the block is in its
- * memory, by the CPU in place when every home is in host memory (the compute tier of the cpu
- * backend included); 0 when neither (nvme homes, or a mix). Called after tz_sched_sync, with
- * the compute lane idle; the scheduler is told that param, master, m and v changed at home. */
-static int apply_in_place(tz_trainer *tr, const struct tz_adam_params *ap, int b, int *done) {
-  void *dev[TZ_PLAN_KINDS], *host[TZ_PLAN_KINDS];
-  int on_gpu = tr->gpu, on_host = 1;
+ * memory; else by the CPU, in place at the homes in host memory (the compute tier of the cpu
+ * backend included) and through the buffers buf for the others (nvme, the GPU's), which are
+ * loaded first and, but for the gradient, stored after. Called after tz_sched_sync, with the
+ * compute lane idle; the scheduler is told what changed at the homes. */
+static int apply_block(tz_trainer *tr, const struct tz_adam_params *ap, int b,
+                       float *const buf[TZ_PLAN_KINDS]) {
+  void *dev[TZ_PLAN_KINDS], *at[TZ_PLAN_KINDS];
+  int on_gpu = tr->gpu, home[TZ_PLAN_KINDS]; /* 1: written in place at its home */
   for (int k = 0; k < TZ_PLAN_KINDS; k++) {
     const tz_extent *e = &tr->home[b][k];
     dev[k] = tz_tier_device_ptr(e->tier, e->offset);
-    host[k] = tz_tier_host_ptr(e->tier, e->offset);
+    at[k] = dev[k] ? NULL : tz_tier_host_ptr(e->tier, e->offset);
     on_gpu &= dev[k] != NULL;
-    on_host &= host[k] != NULL && !dev[k];
   }
-  *done = 0;
-  if (!on_gpu && !on_host)
-    return 0;
-  void **at = on_gpu ? dev : host;
-  int rc = 0, k = TZ_PLAN_PARAM;
-  for (tz_extent home; k < TZ_PLAN_GRAD && rc == 0; k++)
-    rc = tz_sched_home_begin(tr->sched, tr->bid[b][k], &home);
-  if (rc < 0)
-    k--; /* the one that failed began nothing */
+  if (on_gpu)
+    memcpy(at, dev, sizeof at);
+  int rc = 0;
+  for (int k = 0; k < TZ_PLAN_KINDS && rc == 0; k++) {
+    home[k] = at[k] && k != TZ_PLAN_GRAD; /* the gradient is only read */
+    tz_extent h;
+    if (home[k])
+      rc = tz_sched_home_begin(tr->sched, tr->bid[b][k], &h);
+    else if (!at[k])
+      rc = tz_sched_block_load(tr->sched, tr->bid[b][k], at[k] = buf[k]);
+    if (rc < 0)
+      home[k] = 0; /* the one that failed began nothing */
+    for (int j = k + 1; j < TZ_PLAN_KINDS && rc < 0; j++)
+      home[j] = 0;
+  }
   if (rc == 0 && on_gpu) {
 #ifdef TZ_HAVE_CUDA /* the same bits as tz_adam_cpu (kernels/adam.h) */
     rc = tz_adam_cuda(ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V], at[TZ_PLAN_GRAD],
@@ -1570,50 +1577,41 @@ static int apply_in_place(tz_trainer *tr, const struct tz_adam_params *ap, int b
                      TZ_F32, at[TZ_PLAN_PARAM], tr->S, tr->shard[b], &o);
   }
   int first = rc;
-  while (k-- > TZ_PLAN_PARAM) {
-    int r = tz_sched_home_end(tr->sched, tr->bid[b][k], first);
+  for (int k = 0; k < TZ_PLAN_GRAD; k++) {
+    int r = 0;
+    if (home[k])
+      r = tz_sched_home_end(tr->sched, tr->bid[b][k], first);
+    else if (at[k] == buf[k] && first == 0)
+      r = tz_sched_block_store(tr->sched, tr->bid[b][k], buf[k]);
     if (rc == 0)
       rc = r;
   }
-  *done = rc == 0;
   return rc;
 }
 
-/* Applies the pending folded update with the same Adam the opt phases run: in place where a
- * block's homes allow it (apply_in_place), else through host buffers (nvme homes, or homes of
- * one block in different tiers). */
+/* Applies the pending folded update, block by block (apply_block), with the same Adam the opt
+ * phases run. */
 static int apply_pending(tz_trainer *tr) {
   struct tz_adam_params ap;
   TZ_CHECK(adam_params(tr, tr->updates, &ap));
   ap.grad_scale = tr->opt_scale;
-  struct tz_adam_cpu_opts o = {.threads = home_threads(tr)};
   uint64_t most = 0;
   for (int b = 0; b < tr->nb; b++)
     if (tr->shard[b] > most)
       most = tr->shard[b];
   float *buf[TZ_PLAN_KINDS] = {0};
   int rc = 0;
-  for (int b = 0; b < tr->nb; b++) {
-    int done;
-    TZ_CHECK_GOTO(apply_in_place(tr, &ap, b, &done), rc, out);
-    if (done)
-      continue;
-    for (int k = 0; k < TZ_PLAN_KINDS && !buf[TZ_PLAN_KINDS - 1]; k++)
-      if (!buf[k] && !(buf[k] = malloc(most * sizeof(float)))) {
-        rc = tz_err_set(TZ_ENOMEM, "train: no memory to apply the pending update");
-        goto out;
-      }
-    for (int k = TZ_PLAN_MASTER; k < TZ_PLAN_KINDS; k++)
-      TZ_CHECK_GOTO(tz_sched_block_load(tr->sched, tr->bid[b][k], buf[k]), rc, out);
-    TZ_CHECK_GOTO(tz_adam_cpu(&ap, buf[TZ_PLAN_MASTER], buf[TZ_PLAN_M], buf[TZ_PLAN_V],
-                              buf[TZ_PLAN_GRAD], TZ_F32, buf[TZ_PLAN_PARAM], tr->S, tr->shard[b],
-                              &o),
-                  rc, out);
-    for (int k = TZ_PLAN_PARAM; k < TZ_PLAN_GRAD; k++)
-      TZ_CHECK_GOTO(tz_sched_block_store(tr->sched, tr->bid[b][k], buf[k]), rc, out);
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    if (!(buf[k] = malloc(most * sizeof(float)))) {
+      rc = tz_err_set(TZ_ENOMEM, "train: no memory to apply the pending update");
+      goto out;
+    }
+  for (int b = 0; b < tr->nb && rc == 0; b++)
+    rc = apply_block(tr, &ap, b, buf);
+  if (rc == 0) {
+    tr->updates++;
+    tr->pending = 0;
   }
-  tr->updates++;
-  tr->pending = 0;
 out:
   for (int k = 0; k < TZ_PLAN_KINDS; k++)
     free(buf[k]);
@@ -1826,7 +1824,7 @@ out:
 }
 
 int tz_trainer_trace_write(tz_trainer *tr, const char *path) {
-  TZ_CHECK(tz_trainer_sync(tr));
+  TZ_CHECK(tz_trainer_wait(tr));
   return tz_sched_trace_write(tr->sched, path);
 }
 

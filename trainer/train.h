@@ -123,8 +123,9 @@ int tz_trainer_wait(tz_trainer *tr);
 int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *targets, float *loss);
 
 /* The lane trace of the config's tierzero.trace_step to path (core/sched.h
- * tz_sched_trace_write); syncs first so that the step has completed. TZ_ENOENT when no step is
- * traced, TZ_EBUSY when the run has not reached that step. */
+ * tz_sched_trace_write); waits first so that the step has completed (tz_trainer_wait: a pending
+ * update stays pending). TZ_ENOENT when no step is traced, TZ_EBUSY when the run has not reached
+ * that step. */
 int tz_trainer_trace_write(tz_trainer *tr, const char *path);
 
 /* fp16 loss scaling (DeepSpeed's DynamicLossScaler; the config's fp16 section). The cpu backend
