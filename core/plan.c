@@ -215,7 +215,9 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
   /* How far ahead of phase p the window reaches: the most phases before p whose working sets fit
    * beside p's (the order repeats across steps). */
   int *ahead = malloc(sizeof *ahead * (size_t)n);
-  double *end = malloc(sizeof *end * (size_t)(2 * n));
+  /* end[i]: where phase instance i's compute ends; end[2n + i]: where its write-backs end (its
+   * dirty copies hold their room in the window until then). */
+  double *end = malloc(sizeof *end * (size_t)(4 * n));
   int *ints = malloc(sizeof *ints * ((size_t)n * TZ_PLAN_MAX_USES + 5 * (size_t)nb));
   uint64_t *held_bytes = malloc(sizeof *held_bytes * (size_t)nb);
   /* (nb each): when a home phase last wrote the block's home (a copy in starts after it), and
@@ -270,6 +272,9 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
       int idx = s * n + p;
       int from = idx - ahead[p] - 1;
       double gate = from >= 0 ? end[from] : 0, ready = gate;
+      /* The room a copy in takes is freed by phase `from` once it has computed and its dirty
+       * copies have been written back (the out lane is in order: the earlier ones' are back). */
+      double room_at = from >= 0 ? max2(gate, end[2 * n + from]) : 0;
       if (ph->at_home) {
         /* Entered as far ahead as a compute phase, after the previous step's compute (a folded
          * update waits for its norm), and after the write-back of any dirty copy it uses. */
@@ -304,6 +309,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
             resident_drop(&w, w.slot[b]);
         }
         end[idx] = comp;
+        end[2 * n + idx] = idx > 0 ? max2(comp, end[2 * n + idx - 1]) : comp;
         continue;
       }
       /* The scheduler never evicts a copy for the phase that uses it. */
@@ -318,7 +324,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
         if (resident_use(&w, r, p, u, idx) || !(x->access & 1))
           continue;
         double b = (double)r->bytes[x->group][x->kind];
-        double at = max2(gate, home_at[x->group * TZ_PLAN_KINDS + x->kind]);
+        double at = max2(room_at, home_at[x->group * TZ_PLAN_KINDS + x->kind]);
         if (t == TZ_PLAN_NVME) {
           double d = cost(b, rt->nvme_read, &unknown);
           lane[LANE_NVME] = max2(lane[LANE_NVME], at) + d;
@@ -340,6 +346,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
                  cost(ph->adam_elems, rt->adam, &unknown);
       comp = max2(comp, ready) + d;
       end[idx] = comp;
+      end[2 * n + idx] = idx > 0 ? max2(comp, end[2 * n + idx - 1]) : comp;
       if (s == 1)
         compute_s += d;
       for (int u = 0; u < ph->n_uses; u++) {
@@ -355,6 +362,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
           busy[LANE_OUT] += d2;
           link += b;
         }
+        end[2 * n + idx] = max2(end[2 * n + idx], lane[LANE_OUT]);
         if (t == TZ_PLAN_NVME) {
           double d3 = cost(b, rt->nvme_write, &unknown);
           lane[LANE_NVME] = max2(lane[LANE_NVME], lane[LANE_OUT]) + d3;

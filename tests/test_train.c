@@ -689,6 +689,43 @@ static void test_plan_bound_keeps_written_copies(void **state) {
   assert_close(p.bound_s, 2 * c > t ? 2 * c : t);
 }
 
+/* A copy in needs room in the window, and a dirty copy holds its room until it is written back:
+ * p0 updates A (fill, compute, write-back), p1 reads B, and the window holds one of them. B's
+ * copy in waits for A's write-back, so a step is three copies one after the other (3t), not
+ * two with the write-back beside the second copy in (2t). */
+static void test_plan_bound_copy_waits_for_room(void **state) {
+  (void)state;
+  const uint64_t S = 1 << 20, chunk = 4096;
+  const double t = 1e-3;
+  uint64_t bytes[2][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  bytes[0][TZ_PLAN_MASTER] = bytes[1][TZ_PLAN_PARAM] = S;
+  struct tz_plan_phase ph[2];
+  memset(ph, 0, sizeof ph);
+  snprintf(ph[0].name, sizeof ph[0].name, "p0");
+  ph[0].n_uses = 1;
+  ph[0].uses[0] = (struct tz_plan_use){0, TZ_PLAN_MASTER, TZ_ACCESS_READWRITE};
+  snprintf(ph[1].name, sizeof ph[1].name, "p1");
+  ph[1].n_uses = 1;
+  ph[1].uses[0] = (struct tz_plan_use){1, TZ_PLAN_PARAM, TZ_ACCESS_READ};
+  struct tz_plan_request r = plan_request(2, bytes, ph, 2, chunk);
+  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
+                                   .copy_out = 1e3 * (double)S, .adam = 1e9};
+  int8_t tiers[2 * TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
+  struct tz_plan p;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_false(p.unknown_rates);
+  assert_int_equal(p.lookahead, 0);
+  assert_close(p.lane_s[0], 2 * t);
+  assert_close(p.lane_s[1], t);
+  assert_close(p.bound_s, 3 * t);
+  /* With room for both, B comes in while A goes out, and A stays: one copy in a step, beside the
+   * write-back (t). */
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
+  assert_close(p.bound_s, t);
+}
+
 /* A home phase (Adam on the CPU at the host homes) copies nothing; a phase reading what it wrote
  * copies it in after it ends, and it starts after the previous step's compute (a folded update
  * waits for the norm). opt0 at home (h), then fwd0 reading the new parameters (copy t, compute
@@ -803,6 +840,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_plan_bound_home_phases),
       cmocka_unit_test(test_plan_trades_homes_for_window),
       cmocka_unit_test(test_plan_bound_keeps_written_copies),
+      cmocka_unit_test(test_plan_bound_copy_waits_for_room),
       cmocka_unit_test(test_plan),
       cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
       cmocka_unit_test(test_folded),    cmocka_unit_test(test_cpu_adam_share),
