@@ -24,6 +24,8 @@
 #   --bin DIR        tz-*: where tz-train is (default $TZ_BIN, else /tmp/tz-build/bin, else
 #                    build/bin; on a GPU machine without one, `cmake --preset gpu` builds it)
 #   --results DIR    default results/bench
+#   --timeout S      stop the run after S seconds (SIGTERM, then SIGKILL 30 s later; default
+#                    none): a tz-train that had done its steps keeps its figures
 #   --nvme-dir DIR   tz-nvme, tz-auto: nvme files (default /var/tmp/tz-bench-nvme)
 # Anything else goes to the runner unchanged (tz-train: --set KEY=VALUE, --remeasure, ...;
 # fsdp_peer.py: --optim-impl fused, --clip 0, ...). TZ_* variables reach tz-train as usual.
@@ -44,6 +46,7 @@ case $model in tiny | llama-1b | llama-3b | llama-7b | llama-13b) ;;
   *) echo "bench-train: unknown model '$model'" >&2; usage ;;
 esac
 steps=10 warmup=2 seq=2048 micro=4 tag="" backend="" bin=${TZ_BIN:-} results=$root/results/bench
+limit=0
 nvme_dir=/var/tmp/tz-bench-nvme
 extra=()
 need() { [ $# -ge 2 ] || { echo "bench-train: $1 needs a value" >&2; exit 2; }; }
@@ -57,11 +60,12 @@ while [ $# -gt 0 ]; do
     --backend) need "$@"; backend=$2; shift 2 ;;
     --bin) need "$@"; bin=$2; shift 2 ;;
     --results) need "$@"; results=$2; shift 2 ;;
+    --timeout) need "$@"; limit=$2; shift 2 ;;
     --nvme-dir) need "$@"; nvme_dir=$2; shift 2 ;;
     *) extra+=("$1"); shift ;;
   esac
 done
-for v in "$steps" "$warmup" "$seq" "$micro"; do
+for v in "$steps" "$warmup" "$seq" "$micro" "$limit"; do
   [[ $v =~ ^[0-9]+$ ]] || { echo "bench-train: '$v' is not a count" >&2; exit 2; }
 done
 if [ "$steps" -lt 1 ] || [ "$seq" -lt 1 ] || [ "$micro" -lt 1 ]; then
@@ -75,7 +79,8 @@ mkdir -p "$results"
 name=$runner-$model${tag:+-$tag}
 out=$results/$name.json log=$results/$name.log
 wrap=(python3 "$root/tools/bench_table.py" run --runner "$runner" --model "$model" --seq "$seq"
-      --micro-batch "$micro" --warmup "$warmup" --out "$out" --log "$log" ${tag:+--tag "$tag"})
+      --micro-batch "$micro" --warmup "$warmup" --steps "$steps" --timeout "$limit" --out "$out"
+      --log "$log" ${tag:+--tag "$tag"})
 
 # On the device machine only $OUT comes back: a copy of this run's files goes to $OUT/bench.
 keep() {

@@ -11,12 +11,16 @@
       that model's ratios are marked and do not count.
 
   bench_table.py run --runner R --model M --seq T --micro-batch B --warmup W --out FILE
-                     [--metrics FILE.jsonl] [--log FILE] -- COMMAND...
+                     [--steps N] [--timeout S] [--metrics FILE.jsonl] [--log FILE] -- COMMAND...
       Runs COMMAND (tz-train or the peer), its output to the terminal and to --log, sampling the
       GPU's memory with nvidia-smi where there is one. For a tz-* runner, summarises --metrics
       into FILE in the peer's schema (steps after the first W; bound_s and efficiency added).
       For any runner, when COMMAND ends without FILE written (a crash, a kill, a failure of
-      tz-train), FILE gets the identifying keys and "error". Exit status: COMMAND's.
+      tz-train), FILE gets the identifying keys and "error". With --timeout, COMMAND gets SIGTERM
+      after S seconds (tz-train stops after the step it is in) and SIGKILL 30 s later; a tz-train
+      that had done all its steps (W + N, --steps) before it was stopped or failed keeps its
+      figures, with "ended" saying how it ended. The signals go to COMMAND's process group (its
+      own with --timeout): every process it started. Exit status: COMMAND's.
 
 Result schema (both sides): runner, model, seq, micro_batch, world_size, steps (timed), warmup,
 step_s (median of the timed steps), tokens_per_step, tokens_per_s (tokens_per_step / step_s),
@@ -33,6 +37,7 @@ import os
 import resource
 import shutil
 import socket
+import signal
 import subprocess
 import sys
 import threading
@@ -319,6 +324,15 @@ def summarise_tz(a, res):
         res["efficiency"] = res["bound_s"] / step_s
 
 
+def steps_done(metrics):
+    """Step records in a tz-train metrics file (0 when it cannot be read)."""
+    try:
+        with open(metrics) as f:
+            return sum(1 for x in f if x.strip() and '"summary"' not in x)
+    except (OSError, TypeError):
+        return 0
+
+
 def last_error_line(log):
     """The last line of the log that looks like a failure, else the last line."""
     try:
@@ -360,7 +374,27 @@ def run(args):
     sampler = GpuSampler()
     log = open(args.log, "w") if args.log else None
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Its own process group, so that a stop reaches every process it started (tz-train --nproc's
+    # workers, a shell's children).
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=bool(args.timeout))
+    timers = []
+    if args.timeout:
+        def stop(sig):
+            if p.poll() is None:
+                res.setdefault("timed_out_s", args.timeout)
+                print("bench: %s %s: past --timeout %g s: %s" % (
+                    args.runner, args.model, args.timeout, signal.Signals(sig).name),
+                    file=sys.stderr)
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+        timers = [threading.Timer(args.timeout, stop, (signal.SIGTERM,)),
+                  threading.Timer(args.timeout + 30, stop, (signal.SIGKILL,))]
+        for t in timers:
+            t.daemon = True
+            t.start()
     for chunk in iter(lambda: p.stdout.read1(65536), b""):
         sys.stdout.buffer.write(chunk)
         sys.stdout.flush()
@@ -368,6 +402,8 @@ def run(args):
             log.write(chunk.decode(errors="replace"))
             log.flush()
     rc = p.wait()
+    for t in timers:
+        t.cancel()
     res["wall_s"] = time.perf_counter() - t0
     if log:
         log.close()
@@ -381,14 +417,20 @@ def run(args):
         res["peak_mem_gib"] = peak_gpu
         res["peak_mem_source"] = "nvidia-smi every 0.5 s, less the memory used before the run"
         res["peak_host_gib"] = peak_host
-        if rc == 0:
+        done = steps_done(args.metrics)
+        why = "tz-train exited with status %d%s: %s" % (
+            rc, " (stopped past --timeout)" if "timed_out_s" in res else "",
+            last_error_line(args.log) if args.log else "")
+        if rc == 0 or (args.steps and done >= args.warmup + args.steps):
             try:
                 summarise_tz(args, res)
+                if rc != 0:
+                    res["ended"] = "after its last step: " + why
             except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
                 res["error"] = "cannot summarise %s: %s" % (args.metrics, e)
         else:
-            res["error"] = "tz-train exited with status %d: %s" % (
-                rc, last_error_line(args.log) if args.log else "")
+            res["error"] = why
+            res["steps_done"] = done
         fsdp_peer.write_json(args.out, res)
     elif rc == 3 and not fresh:
         # The peer's status for a machine without torch, transformers or a GPU: no result.
@@ -444,6 +486,9 @@ def main():
     r.add_argument("--micro-batch", type=int, required=True)
     r.add_argument("--warmup", type=int, default=2)
     r.add_argument("--tag")
+    r.add_argument("--steps", type=int, default=0, help="timed steps the command runs")
+    r.add_argument("--timeout", type=float, default=0,
+                   help="seconds before the command is stopped (0: never)")
     r.add_argument("--out", required=True)
     r.add_argument("--metrics", help="tz-train's --metrics file (tz-* runners)")
     r.add_argument("--log")

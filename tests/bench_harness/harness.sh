@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# tests/bench_harness/CMakeLists.txt says what this checks. $1: the directory of tz-train.
+set -uo pipefail
+bin=$1
+root=$(cd "$(dirname "$0")/../.." && pwd)
+command -v python3 > /dev/null || { echo "no python3: the harness is not checked"; exit 77; }
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2]))" "$@"; }
+
+bt=("$root/tools/bench-train.sh" tz-offload tiny --seq 32 --micro-batch 2 --backend cpu
+    --bin "$bin" --results "$dir")
+# A run that completes: its figures.
+"${bt[@]}" --steps 2 --warmup 1 > "$dir/a.out" 2>&1 || { cat "$dir/a.out"; fail "the run failed"; }
+r=$dir/tz-offload-tiny.json
+[ "$(field "$r" steps)" = 2 ] || fail "steps: $(field "$r" steps), expected 2"
+[ "$(field "$r" error)" = None ] || fail "error in a completed run: $(field "$r" error)"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['step_s'] > 0 and r['tokens_per_s'] > 0" "$r" ||
+  fail "no step time or tokens/s in $r"
+
+# A run longer than its --timeout: stopped after a step, within seconds, recorded as an error
+# with the steps it did.
+t0=$SECONDS
+"${bt[@]}" --steps 1000000 --warmup 1 --tag long --timeout 3 > "$dir/b.out" 2>&1
+rc=$?
+[ $rc != 0 ] || fail "a stopped run exited 0"
+[ $((SECONDS - t0)) -lt 30 ] || fail "the stopped run took $((SECONDS - t0)) s"
+r=$dir/tz-offload-tiny-long.json
+grep -q "stopped past --timeout" <<< "$(field "$r" error)" || { cat "$dir/b.out"; fail "error: $(field "$r" error)"; }
+[ "$(field "$r" timed_out_s)" = 3.0 ] || fail "timed_out_s: $(field "$r" timed_out_s)"
+[ "$(field "$r" steps_done)" -ge 1 ] || fail "steps_done: $(field "$r" steps_done)"
+pgrep -f "tz-offload-tiny-long" > /dev/null && fail "a process of the stopped run is still there"
+echo "ok: a completed run's figures; a run stopped by --timeout after $(field "$r" steps_done) steps"
