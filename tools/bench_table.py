@@ -20,7 +20,9 @@
       after S seconds (tz-train stops after the step it is in) and SIGKILL 30 s later; a tz-train
       that had done all its steps (W + N, --steps) before it was stopped or failed keeps its
       figures, with "ended" saying how it ended. The signals go to COMMAND's process group (its
-      own with --timeout): every process it started. Exit status: COMMAND's.
+      own with --timeout): every process it started. A SIGTERM to the wrapper itself (a time
+      limit around the harness) is passed on the same way, and the wrapper stays to record
+      what COMMAND did. Exit status: COMMAND's.
 
 Result schema (both sides): runner, model, seq, micro_batch, world_size, steps (timed), warmup,
 step_s (median of the timed steps), tokens_per_step, tokens_per_s (tokens_per_step / step_s),
@@ -379,6 +381,22 @@ def run(args):
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=bool(args.timeout))
     timers = []
+
+    def send(sig):
+        try:
+            if args.timeout:
+                os.killpg(p.pid, sig)
+            else:
+                p.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def later(seconds, fn, *a):
+        t = threading.Timer(seconds, fn, a)
+        t.daemon = True
+        t.start()
+        timers.append(t)
+
     if args.timeout:
         def stop(sig):
             if p.poll() is None:
@@ -386,22 +404,30 @@ def run(args):
                 print("bench: %s %s: past --timeout %g s: %s" % (
                     args.runner, args.model, args.timeout, signal.Signals(sig).name),
                     file=sys.stderr)
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
-        timers = [threading.Timer(args.timeout, stop, (signal.SIGTERM,)),
-                  threading.Timer(args.timeout + 30, stop, (signal.SIGKILL,))]
-        for t in timers:
-            t.daemon = True
-            t.start()
-    for chunk in iter(lambda: p.stdout.read1(65536), b""):
-        sys.stdout.buffer.write(chunk)
-        sys.stdout.flush()
-        if log:
-            log.write(chunk.decode(errors="replace"))
-            log.flush()
-    rc = p.wait()
+                send(sig)
+        later(args.timeout, stop, signal.SIGTERM)
+        later(args.timeout + 30, stop, signal.SIGKILL)
+
+    # Stopped itself (SIGTERM: a time limit around the harness), the wrapper passes it on and
+    # stays to record what the command did, killing it 30 s later if it has not ended.
+    def on_term(signum, frame):
+        res.setdefault("terminated", True)
+        send(signal.SIGTERM)
+        later(30, send, signal.SIGKILL)
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        for chunk in iter(lambda: p.stdout.read1(65536), b""):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+            if log:
+                log.write(chunk.decode(errors="replace"))
+                log.flush()
+        rc = p.wait()
+    except KeyboardInterrupt:
+        # In a session of its own (--timeout), the command does not get the terminal's SIGINT.
+        if args.timeout:
+            os.killpg(p.pid, signal.SIGINT)
+        raise
     for t in timers:
         t.cancel()
     res["wall_s"] = time.perf_counter() - t0
@@ -419,7 +445,8 @@ def run(args):
         res["peak_host_gib"] = peak_host
         done = steps_done(args.metrics)
         why = "tz-train exited with status %d%s: %s" % (
-            rc, " (stopped past --timeout)" if "timed_out_s" in res else "",
+            rc, " (stopped past --timeout)" if "timed_out_s" in res else
+            " (the harness was stopped)" if "terminated" in res else "",
             last_error_line(args.log) if args.log else "")
         if rc == 0 or (args.steps and done >= args.warmup + args.steps):
             try:
