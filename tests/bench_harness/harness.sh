@@ -31,4 +31,15 @@ grep -q "stopped past --timeout" <<< "$(field "$r" error)" || { cat "$dir/b.out"
 [ "$(field "$r" timed_out_s)" = 3.0 ] || fail "timed_out_s: $(field "$r" timed_out_s)"
 [ "$(field "$r" steps_done)" -ge 1 ] || fail "steps_done: $(field "$r" steps_done)"
 pgrep -f "tz-offload-tiny-long" > /dev/null && fail "a process of the stopped run is still there"
-echo "ok: a completed run's figures; a run stopped by --timeout after $(field "$r" steps_done) steps"
+# A time limit around the harness (GNU timeout signals its whole process group): the wrapper
+# passes the SIGTERM on and records the run; nothing is left running.
+timeout -s TERM 4 "${bt[@]}" --steps 1000000 --warmup 1 --tag outer > "$dir/c.out" 2>&1
+r=$dir/tz-offload-tiny-outer.json
+# timeout returns when bench-train.sh has gone; the wrapper writes the result just after.
+for _ in $(seq 40); do [ -s "$r" ] && ! pgrep -f "tz-offload-tiny-outer" > /dev/null && break; sleep 0.5; done
+[ -s "$r" ] || { cat "$dir/c.out"; fail "no result after a SIGTERM to the harness"; }
+grep -q "the harness was stopped" <<< "$(field "$r" error)" || { cat "$dir/c.out"; fail "error: $(field "$r" error)"; }
+pgrep -f "tz-offload-tiny-outer" > /dev/null && fail "a process of the terminated run is still there"
+echo "ok: a completed run's figures; a run stopped by --timeout after $(field "$r" steps_done) steps;" \
+  "a harness stopped from outside"
+
