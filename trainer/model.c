@@ -740,6 +740,38 @@ void tz_layer_probe_free(tz_compute *cm, struct tz_layer_probe *l) {
   memset(l, 0, sizeof *l);
 }
 
+/* n elements of dtype t at dst (compute memory) from a repeated pseudo-random pattern in
+ * [-scale, scale]: a probe on zeros times kernels fed zeros, which a GPU runs faster (less power
+ * drawn, higher clocks) than the step's real data. */
+static int probe_fill(tz_compute *cm, void *dst, uint64_t n, enum tz_dtype t, float scale,
+                      uint64_t seed) {
+  enum { PATTERN = 1 << 20 };
+  size_t es = tz_dtype_size(t);
+  unsigned char *h = malloc((size_t)PATTERN * es);
+  if (!h)
+    return tz_err_set(TZ_ENOMEM, "layer probe: no memory for its input pattern");
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; i < PATTERN; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    float f = scale * ((float)(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
+    if (t == TZ_F32)
+      memcpy(h + i * es, &f, sizeof f);
+    else {
+      uint16_t v = t == TZ_BF16 ? tz_f32_to_bf16(f) : tz_f32_to_f16(f);
+      memcpy(h + i * es, &v, sizeof v);
+    }
+  }
+  int rc = 0;
+  for (uint64_t off = 0; off < n && rc == 0; off += PATTERN) {
+    uint64_t k = n - off < PATTERN ? n - off : PATTERN;
+    rc = tz_compute_copy_in(cm, (unsigned char *)dst + off * es, h, (size_t)(k * es));
+  }
+  free(h);
+  return rc;
+}
+
 int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
                          struct tz_layer_probe *l) {
   memset(l, 0, sizeof *l);
@@ -757,6 +789,15 @@ int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int 
     if (rc == 0)
       rc = tz_compute_zero(cm, *at[i], sizes[i]);
   }
+  /* The inputs hold data of the magnitudes training sees (the rest is written before it is
+   * read, or accumulated into). */
+  uint64_t nx = (uint64_t)B * (uint64_t)T * (uint64_t)cfg->d_model;
+  if (rc == 0)
+    rc = probe_fill(cm, l->params, np, S, 0.02f, 1);
+  if (rc == 0)
+    rc = probe_fill(cm, l->x_in, nx, S, 1.0f, 2);
+  if (rc == 0)
+    rc = probe_fill(cm, l->dx_out, nx, S, 0.5f, 3);
   if (rc < 0) {
     tz_layer_probe_free(cm, l);
     return rc;
