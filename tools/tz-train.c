@@ -469,6 +469,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
                  int *stopped) {
   int rank = tz_comm_rank(comm), world = tz_comm_size(comm);
   int rc = 0;
+  double t_last = 0; /* when the last step returned */
   tz_hf_model *hm = NULL;
   if (o->import_dir)
     TZ_CHECK(tz_hf_open(o->import_dir, &hm));
@@ -628,6 +629,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
       goto out;
     }
   }
+  t_last = seconds();
   if (o->ckpt_dir && saved != o->steps && o->steps > start) {
     TZ_CHECK_GOTO(tz_resume_save(tr, comm, cfg, o->ckpt_dir, (int)o->keep), rc, out);
     if (rank == 0)
@@ -681,6 +683,11 @@ out:
   free(tok);
   free(tgt);
   tz_trainer_destroy(tr);
+  /* What a run costs past its steps is part of its price (once, a pending update applied
+   * through host copies kept llama-7b running minutes after its last step). */
+  if (rc == 0 && rank == 0 && t_last > 0)
+    printf("tz-train: ended %.1f s after its last step (checkpoint, export, trace, teardown)\n",
+           seconds() - t_last);
 out_hf:
   tz_hf_close(hm);
   return rc;
