@@ -28,7 +28,8 @@ Result schema (both sides): runner, model, seq, micro_batch, world_size, steps (
 step_s (median of the timed steps), tokens_per_step, tokens_per_s (tokens_per_step / step_s),
 model_tflops (flops_per_token * tokens_per_s / 1e12, flops_per_token = 6N + 12*L*T*d as
 trainer/metrics.h counts it), peak_mem_gib, ...; tz-* runs add bound_s and efficiency
-(bound_s / step_s); a failed configuration has "error" instead of the figures.
+(bound_s / step_s), setup_s and end_s (tz-train's time before its first step and after its
+last); a failed configuration has "error" instead of the figures.
 """
 import argparse
 import datetime
@@ -281,6 +282,19 @@ def run_shape(log):
     return ranks, accum, setup
 
 
+def end_seconds(log):
+    """tz-train's "ended X s after its last step" from the log, else None."""
+    try:
+        with open(log, errors="replace") as f:
+            for line in f:
+                m = re.match(r"tz-train: ended ([0-9.]+) s after its last step", line)
+                if m:
+                    return float(m.group(1))
+    except (OSError, TypeError):
+        pass
+    return None
+
+
 def summarise_tz(a, res):
     """The timed steps of a tz-train metrics file, in the peer's schema."""
     steps = []
@@ -314,7 +328,7 @@ def summarise_tz(a, res):
         "steps": len(timed), "step_s": step_s, "step_s_mean": sum(times) / len(times),
         "step_s_min": min(times), "step_times": times, "tokens_per_step": tokens,
         "world_size": ranks if ranks else tokens // (a.seq * a.micro_batch * accum),
-        "accumulation": accum, "setup_s": setup,
+        "accumulation": accum, "setup_s": setup, "end_s": end_seconds(a.log),
         "tokens_per_s": tokens / step_s, "model_tflops": fpt * tokens / step_s / 1e12,
         "flops_per_token": fpt, "stall_s": median([o.get("stall_s") or 0.0 for o in timed]),
         "loss_first": steps[0].get("loss"), "loss_last": steps[-1].get("loss"),

@@ -16,8 +16,8 @@ bt=("$root/tools/bench-train.sh" tz-offload tiny --seq 32 --micro-batch 2 --back
 r=$dir/tz-offload-tiny.json
 [ "$(field "$r" steps)" = 2 ] || fail "steps: $(field "$r" steps), expected 2"
 [ "$(field "$r" error)" = None ] || fail "error in a completed run: $(field "$r" error)"
-python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['step_s'] > 0 and r['tokens_per_s'] > 0" "$r" ||
-  fail "no step time or tokens/s in $r"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['step_s'] > 0 and r['tokens_per_s'] > 0 and r['setup_s'] >= 0 and r['end_s'] >= 0" "$r" ||
+  fail "no step time, tokens/s, set-up or end time in $r"
 
 # A run longer than its --timeout: stopped after a step, within seconds, recorded as an error
 # with the steps it did.
