@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,18 @@ static void test_incomplete_entry_unused(void **state) {
   assert_true(r.copy_duplex == 0);
 }
 
+/* CPU Adam at the homes beside a GPU: tierzero.threads when set, else the CPUs this process may
+ * run on but two (at least one). */
+static void test_home_threads(void **state) {
+  struct env *e = *state;
+  cpu_set_t set;
+  assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
+  int n = CPU_COUNT(&set);
+  assert_int_equal(tz_rates_home_threads(&e->cfg), n > 3 ? n - 2 : 1);
+  e->cfg.tierzero.threads = 3;
+  assert_int_equal(tz_rates_home_threads(&e->cfg), 3);
+}
+
 static void test_cuda_backend(void **state) {
 #ifdef TZ_HAVE_CUDA
   (void)state;
@@ -183,6 +196,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_read_entry, setup, teardown),
       cmocka_unit_test_setup_teardown(test_old_entry_remeasured, setup, teardown),
       cmocka_unit_test_setup_teardown(test_incomplete_entry_unused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_home_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cuda_backend, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -320,19 +321,30 @@ struct adam {
   enum tz_dtype copy_dtype;
   size_t n;
   tz_compute *cm; /* cuda: the stream it runs on and waits for; NULL: tz_adam_cpu */
+  int threads;    /* tz_adam_cpu's; 0: OpenMP's count */
 };
 
 static int run_adam_cpu(void *arg) {
   const struct adam *x = arg;
   float *s = x->state;
+  struct tz_adam_cpu_opts o = {.threads = x->threads};
   return tz_adam_cpu(&x->p, s, s + x->n, s + 2 * x->n, s + 3 * x->n, TZ_F32, x->copy,
-                     x->copy_dtype, x->n, NULL);
+                     x->copy_dtype, x->n, &o);
 }
 
-/* CPU Adam over n zeroed f32 elements (the copy is f32, into the last fifth), in elements per
- * second. */
-static int measure_adam(uint64_t n, double *out) {
-  struct adam x = {.p = probe_adam_params(), .n = n, .copy_dtype = TZ_F32};
+int tz_rates_home_threads(const struct tz_config *cfg) {
+  if (cfg && cfg->tierzero.threads > 0)
+    return cfg->tierzero.threads;
+  cpu_set_t set;
+  int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  return n > 3 ? n - 2 : 1;
+}
+
+/* CPU Adam over n zeroed f32 elements on `threads` threads (0: OpenMP's count), the copy in
+ * copy_dtype (into the last fifth), in elements per second. */
+static int measure_adam(uint64_t n, int threads, enum tz_dtype copy_dtype, double *out) {
+  struct adam x = {.p = probe_adam_params(), .n = n, .copy_dtype = copy_dtype,
+                   .threads = threads};
   x.state = calloc(5 * x.n, sizeof(float));
   if (!x.state)
     return tz_err_set(TZ_ENOMEM, "rates: no memory for the Adam probe");
@@ -447,7 +459,7 @@ static int measure_gpu(const struct tz_config *c, tz_runtime *rt, struct tz_plan
   TZ_CHECK(measure_compute("cuda", &cp, GPU_MATMUL, 10, r));
   TZ_CHECK(measure_adam_gpu(device, r));
   /* CPU Adam for home phases, on state far larger than the caches, as the homes are. */
-  return measure_adam(32u << 20, &r->adam_home);
+  return measure_adam(32u << 20, tz_rates_home_threads(c), TZ_BF16, &r->adam_home);
 #else
   (void)c;
   (void)rt;
@@ -463,7 +475,7 @@ static int measure_cpu(const struct tz_config *c, const char *backend, tz_runtim
   TZ_CHECK(measure_tiers(c, rt, r));
   TZ_CHECK(measure_compute(backend, NULL, 512, 1, r));
   /* Home phases run the same CPU Adam the compute lane would. */
-  TZ_CHECK(measure_adam(1u << 20, &r->adam));
+  TZ_CHECK(measure_adam(1u << 20, 0, TZ_F32, &r->adam));
   r->adam_home = r->adam;
   return 0;
 }

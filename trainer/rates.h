@@ -24,13 +24,20 @@ int tz_rates_default_path(char *buf, size_t len);
  * - backend "cuda": 64 MiB tz_transfer copies between a host tier and an hbm tier in rt on GPU
  *   cfg->tierzero.device (0 when it is -1): host -> hbm (copy_in), hbm -> host (copy_out), both
  *   at once (copy_duplex, the two summed), hbm -> hbm (copy_local); the cuda backend's bf16
- *   matrix multiply at 4096^3; GPU Adam over 64M elements in device memory. The host tier lies
+ *   matrix multiply at 4096^3; GPU Adam over 64M elements in device memory; CPU Adam at the host
+ *   homes (adam_home) over 32M elements, bf16 parameters written, on tz_rates_home_threads
+ *   threads, as the home phases run it. The host tier lies
  *   on cfg->tierzero.numa_node, else the GPU's node. While it measures, the hbm tier page-locks
  *   every host arena of rt (docs/hbm.md), cheap when rt already has an hbm tier or no large host
  *   tier; it needs about 1.3 GiB free on the GPU. TZ_ENOTSUP in a build without CUDA.
  * Both measure nvme reads and writes against the host tier, under cfg's NVMe directory when
  * there is one. The result is broadcast; then every rank times an all-gather for the collective
  * rate (0 on a world of one). refresh != 0 measures even when the cache has an entry. */
+/* Threads CPU Adam at the host homes runs on beside a GPU: tierzero.threads when set, else every
+ * CPU this process may run on but two (left to the thread that launches the GPU's kernels and to
+ * the progress engine); at least 1. */
+int tz_rates_home_threads(const struct tz_config *cfg);
+
 int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *rt, tz_comm *comm,
                  const char *path, int refresh, struct tz_plan_rates *out);
 

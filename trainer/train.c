@@ -16,6 +16,7 @@
 #include "core/tier.h"
 #include "kernels/adam.h"
 #include "trainer/lr.h"
+#include "trainer/rates.h"
 #ifdef TZ_HAVE_CUDA
 #include "kernels/cuda/adam_cuda.h"
 #include "tiers/hbm.h"
@@ -24,7 +25,6 @@
 
 #include <float.h>
 #include <math.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
@@ -290,9 +290,7 @@ static void host_cast(void *dst, enum tz_dtype S, const float *src, uint64_t n) 
 static int home_threads(const tz_trainer *tr) {
   if (tr->cfg.tierzero.threads > 0 || !tr->gpu)
     return tr->cfg.tierzero.threads > 0 ? tr->cfg.tierzero.threads : tz_compute_threads(tr->cm);
-  cpu_set_t set;
-  int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-  return n > 3 ? n - 2 : 1;
+  return tz_rates_home_threads(&tr->cfg);
 }
 
 static int run_opt(tz_trainer *tr, struct job *j, int b) {
