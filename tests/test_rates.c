@@ -99,8 +99,9 @@ static void test_measure_and_cache(void **state) {
   json_decref(root);
 }
 
-/* An entry for the set-up without an NVMe directory, every field but `omit` (NULL: none). */
-static void write_entry(const char *path, const char *omit) {
+/* An entry for the set-up without an NVMe directory, every field but `omit` (NULL: none), in a
+ * cache of `version`. */
+static void write_entry_v(const char *path, const char *omit, int version) {
   json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "flops", 1.5e11,
                         "copy_in", 2.5e10, "copy_out", 3.5e10, "copy_duplex", 9.25e10,
                         "copy_local", 4.5e10, "nvme_read", 5.5e9, "nvme_write", 6.5e9, "adam",
@@ -108,10 +109,12 @@ static void write_entry(const char *path, const char *omit) {
   assert_non_null(e);
   if (omit)
     assert_int_equal(json_object_del(e, omit), 0);
-  json_t *root = json_pack("{s:i, s:o}", "version", 1, "cpu|nvme:-", e);
+  json_t *root = json_pack("{s:i, s:o}", "version", version, "cpu|nvme:-", e);
   assert_int_equal(json_dump_file(root, path, JSON_INDENT(2)), 0);
   json_decref(root);
 }
+
+static void write_entry(const char *path, const char *omit) { write_entry_v(path, omit, 2); }
 
 /* Every field, copy_duplex included, comes from an entry for this set-up (no NVMe directory). */
 static void test_read_entry(void **state) {
@@ -149,6 +152,21 @@ static void test_old_entry_remeasured(void **state) {
   json_t *entry = json_object_get(root, "cpu|nvme:-");
   assert_true(json_is_number(json_object_get(entry, "copy_duplex")));
   assert_true(json_number_value(json_object_get(entry, "flops")) == r.flops);
+  json_decref(root);
+}
+
+/* A cache of version 1 (adam_home measured another way) is not used: measured again. */
+static void test_old_version_remeasured(void **state) {
+  struct env *e = *state;
+  snprintf(e->path, sizeof e->path, "%s/v1.json", e->dir);
+  write_entry_v(e->path, NULL, 1);
+  struct tz_plan_rates r;
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  assert_true(r.flops > 0 && r.flops != 1.5e11 && r.adam_home != 6.25e8);
+  json_error_t err;
+  json_t *root = json_load_file(e->path, 0, &err);
+  assert_non_null(root);
+  assert_int_equal(json_integer_value(json_object_get(root, "version")), 2);
   json_decref(root);
 }
 
@@ -196,6 +214,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_read_entry, setup, teardown),
       cmocka_unit_test_setup_teardown(test_old_entry_remeasured, setup, teardown),
       cmocka_unit_test_setup_teardown(test_incomplete_entry_unused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_old_version_remeasured, setup, teardown),
       cmocka_unit_test_setup_teardown(test_home_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cuda_backend, setup, teardown),
   };

@@ -1,6 +1,6 @@
 /* Measuring and caching the plan's machine rates (trainer/rates.h).
  *
- * The cache is one JSON object per machine: {"version": 1, "<set-up>": {rates...}, ...}, where
+ * The cache is one JSON object per machine: {"version": 2, "<set-up>": {rates...}, ...}, where
  * the set-up names what the rates depend on beside the machine (the compute backend and the NVMe
  * directory), so a run with another directory measures again and adds its entry. */
 #define _GNU_SOURCE
@@ -71,6 +71,10 @@ static void setup_key(const struct tz_config *c, const char *backend, char *buf,
   snprintf(buf, len, "%s|nvme:%s", backend, dir ? dir : "-");
 }
 
+/* Entries of another version were measured another way and are measured again: 2 since
+ * adam_home is timed on the home phases' threads with bf16 parameters written. */
+#define RATES_VERSION 2
+
 static const char *const fields[] = {"flops",      "copy_in",   "copy_out",   "copy_duplex",
                                      "copy_local", "nvme_read", "nvme_write", "adam",
                                      "adam_home"};
@@ -89,7 +93,8 @@ static int cache_read(const char *path, const char *key, struct tz_plan_rates *o
   if (!root)
     return 0;
   json_t *e = json_object_get(root, key);
-  int ok = json_is_object(e) && json_integer_value(json_object_get(root, "version")) == 1;
+  int ok = json_is_object(e) &&
+           json_integer_value(json_object_get(root, "version")) == RATES_VERSION;
   /* All or nothing: an incomplete entry (one written before a field existed) leaves *out as it
    * was, so no stale value outlives the measurement that replaces it. */
   struct tz_plan_rates got = *out;
@@ -129,7 +134,7 @@ static int cache_write(const char *path, const char *key, const struct tz_plan_r
   struct tz_plan_rates copy = *r;
   for (int i = 0; i < N_FIELDS; i++)
     json_object_set_new(e, fields[i], json_real(*field(&copy, i)));
-  json_object_set_new(root, "version", json_integer(1));
+  json_object_set_new(root, "version", json_integer(RATES_VERSION));
   json_object_set_new(root, key, e);
   TZ_CHECK(mkdirs(path));
   char tmp[PATH_MAX];
