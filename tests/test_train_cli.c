@@ -139,6 +139,48 @@ static void test_plan(void **state) {
   assert_non_null(strstr(output(), "gradient_clipping"));
 }
 
+/* Planning for a GPU from a machine without one: --gpu-memory and --layer-rate stand in for what
+ * the GPU would say, the rates come from the GPU machine's cache (--rates); without them there the
+ * error says so; both options are for --plan only. */
+static void test_plan_for_gpu(void **state) {
+  (void)state;
+  char rates[1100], args[4096];
+  snprintf(rates, sizeof rates, "%s/gpu-rates.json", dir);
+  FILE *f = fopen(rates, "w");
+  assert_non_null(f);
+  fprintf(f, "{\"version\": 2, \"cuda|nvme:-\": {\"flops\": 8.6e14, \"copy_in\": 5.3e10, "
+             "\"copy_out\": 5.4e10, \"copy_duplex\": 9.6e10, \"copy_local\": 1.6e12, "
+             "\"nvme_read\": 0, \"nvme_write\": 0, \"adam\": 1.3e11, \"adam_home\": 1.4e9}}\n");
+  fclose(f);
+  const char *offload = "--model llama-1b --seq 2048 --set train_micro_batch_size_per_gpu=4 "
+                        "--set zero_optimization.offload_param.device=cpu "
+                        "--set zero_optimization.offload_optimizer.device=cpu";
+  snprintf(args, sizeof args,
+           "--backend cuda --plan --gpu-memory 139GiB --layer-rate 446 %s --rates %s", offload,
+           rates);
+  int rc = tz_train(args);
+  if (rc != 0 && strstr(output(), "has no CUDA")) {
+    print_message("this build has no CUDA: planning for a GPU not checked\n");
+  } else {
+    if (rc != 0)
+      print_error("%s", output());
+    assert_int_equal(rc, 0);
+    const char *out = output();
+    assert_non_null(strstr(out, "cuda backend"));
+    assert_non_null(strstr(out, "446 TFLOP/s"));
+    assert_non_null(strstr(out, "scheduler window"));
+    assert_non_null(strstr(out, "bound "));
+    snprintf(args, sizeof args,
+             "--backend cuda --plan --gpu-memory 139GiB --layer-rate 446 %s --rates %s/none.json",
+             offload, dir);
+    assert_int_not_equal(tz_train(args), 0);
+    assert_non_null(strstr(output(), "holds no rates"));
+  }
+  assert_int_equal(tz_train("--model tiny --gpu-memory 100GiB --backend cuda"), 2);
+  assert_int_equal(tz_train("--model tiny --plan --gpu-memory 100GiB"), 2); /* --backend cpu */
+  assert_int_equal(tz_train("--model tiny --plan --layer-rate -3"), 2);
+}
+
 /* A read of the optimizer state from NVMe fails, or returns a flipped bit: the run stops with the
  * error, naming the block, instead of hanging or training on bad data. */
 static void test_faults(void **state) {
@@ -604,6 +646,7 @@ int main(void) {
       cmocka_unit_test(test_run),
       cmocka_unit_test(test_corpus),
       cmocka_unit_test(test_plan),
+      cmocka_unit_test(test_plan_for_gpu),
       cmocka_unit_test(test_faults),
       cmocka_unit_test(test_eval),
       cmocka_unit_test(test_export_import),

@@ -70,6 +70,11 @@ static void usage(FILE *f) {
           "  --backend B          cpu, cuda, or auto (the default: cuda when this build has it\n"
           "                       and a GPU is visible, unless the ranks run under mpirun)\n"
           "  --plan               print the placement and the predicted bound, and stop\n"
+          "  --gpu-memory SIZE    with --plan --backend cuda: plan for a GPU with SIZE free (as\n"
+          "                       tz-train measures it there) instead of asking this machine's;\n"
+          "                       --rates must hold that machine's rates\n"
+          "  --layer-rate TFLOPS  with --plan: a layer's forward and backward rate (tz-train's\n"
+          "                       \"a layer's ... run at\" line on that machine) instead of timing one\n"
           "  --auto-placement     let the plan choose homes instead of the offload_* devices\n"
           "  --optimizer-step M   auto, folded, overlapped or unfolded (default auto)\n"
           "  --rates FILE         rates cache (default ~/.cache/tierzero/rates-<host>.json)\n"
@@ -112,6 +117,8 @@ struct opts {
   int64_t steps, seed, eval_every, trace_step;
   double val_fraction;
   int seq, plan, auto_place, remeasure, nproc;
+  uint64_t gpu_memory; /* --gpu-memory: plan for a GPU with this much free; 0: this machine's */
+  double layer_rate;   /* --layer-rate, FLOP/s; 0: timed */
   enum tz_opt_mode mode;
   const char *demo_dir; /* no arguments: the demo, with its nvme files in this directory */
   const char *ckpt_dir, *resume; /* resume: "" for --resume without DIR (the ckpt dir) */
@@ -126,6 +133,8 @@ static int parse(int argc, char **argv, struct opts *o) {
                                         {"seq", required_argument, 0, 'T'},
                                         {"metrics", required_argument, 0, 'M'},
                                         {"plan", no_argument, 0, 'p'},
+                                        {"gpu-memory", required_argument, 0, 'G'},
+                                        {"layer-rate", required_argument, 0, 'L'},
                                         {"backend", required_argument, 0, 'B'},
                                         {"auto-placement", no_argument, 0, 'a'},
                                         {"optimizer-step", required_argument, 0, 'o'},
@@ -195,6 +204,19 @@ static int parse(int argc, char **argv, struct opts *o) {
       break;
     case 'R':
       o->remeasure = 1;
+      break;
+    case 'G':
+      if (tz_config_parse_size(optarg, &o->gpu_memory) < 0 || !o->gpu_memory)
+        return fprintf(stderr, "tz-train: --gpu-memory: expected a size (e.g. 139GiB), got '%s'\n",
+                       optarg),
+               -1;
+      break;
+    case 'L':
+      o->layer_rate = strtod(optarg, &end) * 1e12;
+      if (end == optarg || *end || !(o->layer_rate > 0))
+        return fprintf(stderr, "tz-train: --layer-rate: expected TFLOP/s above 0, got '%s'\n",
+                       optarg),
+               -1;
       break;
     case 'I':
       o->import_dir = optarg;
@@ -298,6 +320,13 @@ static int parse(int argc, char **argv, struct opts *o) {
     if (access(manifest, F_OK) != 0)
       o->ckpt_dir = o->resume;
   }
+  if ((o->gpu_memory || o->layer_rate) && !o->plan)
+    return fprintf(stderr, "tz-train: --gpu-memory and --layer-rate are for --plan (planning for "
+                           "another machine's GPU)\n"),
+           -1;
+  if (o->gpu_memory && (!o->backend || strcmp(o->backend, "cuda") != 0))
+    return fprintf(stderr, "tz-train: --gpu-memory plans for a GPU: it needs --backend cuda\n"),
+           -1;
   if ((o->trace_step >= 0) != (o->trace_path != NULL))
     return fprintf(stderr, "tz-train: --trace-step and --trace go together (the step to record and "
                            "the file to write)\n"),
@@ -484,8 +513,16 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
               tz_config_ignored_hint(cfg, i) ? "?)" : "");
   struct tz_plan_rates rates;
   double t_start = seconds();
-  TZ_CHECK_GOTO(tz_rates_get(cfg, o->backend, rt, comm, o->rates, o->remeasure, &rates), rc,
-                out_hf);
+  rc = tz_rates_get(cfg, o->backend, rt, comm, o->rates, o->remeasure, &rates);
+  if (rc < 0 && o->gpu_memory) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    rc = tz_err_set(rc, "--gpu-memory: %s holds no rates for this set-up and this machine cannot "
+                    "measure a GPU's (%s): give --rates the cache of a run on the GPU machine",
+                    o->rates ? o->rates : "the rates cache", why);
+  }
+  if (rc < 0)
+    goto out_hf;
   double t_rates = seconds();
   struct tz_trainer_params tp;
   tz_trainer_params_init(&tp);
@@ -498,6 +535,8 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   tp.compute_backend = o->backend;
   tp.device = o->device;
   tp.measure_layer = 1;
+  tp.gpu_free = o->gpu_memory;
+  tp.layer_rate = o->layer_rate;
   tz_trainer *tr = NULL;
   TZ_CHECK_GOTO(tz_trainer_create(cfg, &mc, comm, rt, &tp, &tr), rc, out_hf);
   const struct tz_plan *plan = tz_trainer_plan(tr);

@@ -737,7 +737,9 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
 #ifdef TZ_HAVE_CUDA
   if (tr->gpu) {
     uint64_t total = 0;
-    if ((rc = tz_hbm_mem_info(tr->device, &gpu_free, &total)) < 0) {
+    if (p->plan_only && p->gpu_free) {
+      gpu_free = total = p->gpu_free;
+    } else if ((rc = tz_hbm_mem_info(tr->device, &gpu_free, &total)) < 0) {
       free(each);
       free(pp);
       return rc;
@@ -1322,7 +1324,9 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   TZ_CHECK_GOTO(choose_backend(tr, p), rc, fail);
   TZ_CHECK_GOTO(sizes(tr), rc, fail);
   TZ_CHECK_GOTO(build_phases(tr), rc, fail);
-  if (p->measure_layer)
+  if (p->plan_only && p->layer_rate > 0)
+    tr->layer_rate = p->layer_rate;
+  else if (p->measure_layer)
     TZ_CHECK_GOTO(measure_layer(tr), rc, fail);
   tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);
   if (!tr->at_home) {

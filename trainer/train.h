@@ -72,6 +72,10 @@ struct tz_trainer_params {
                         of rates->flops, a matmul's */
   const char *trace_path; /* with the config's tierzero.trace_step: where that step's lane trace
                              goes (tz_trainer_trace_write, or the trainer's destruction); copied */
+  /* Planning for a GPU this machine need not have (plan_only, cuda): the GPU's free memory and a
+   * layer's rate (as tz-train prints it on that machine) instead of asking the GPU; 0: ask. */
+  uint64_t gpu_free;
+  double layer_rate;
 };
 void tz_trainer_params_init(struct tz_trainer_params *p);
 
