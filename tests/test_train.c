@@ -847,7 +847,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
       cmocka_unit_test(test_folded),    cmocka_unit_test(test_cpu_adam_share),
       cmocka_unit_test(test_overlapped),
-      cmocka_unit_test(test_resume),    cmocka_unit_test(test_wait_leaves_update_pending),    cmocka_unit_test(test_overlap_refused_with_clipping),
+      cmocka_unit_test(test_resume),
+      cmocka_unit_test(test_wait_leaves_update_pending),
+      cmocka_unit_test(test_overlap_refused_with_clipping),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);

@@ -16,8 +16,11 @@ bt=("$root/tools/bench-train.sh" tz-offload tiny --seq 32 --micro-batch 2 --back
 r=$dir/tz-offload-tiny.json
 [ "$(field "$r" steps)" = 2 ] || fail "steps: $(field "$r" steps), expected 2"
 [ "$(field "$r" error)" = None ] || fail "error in a completed run: $(field "$r" error)"
-python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['step_s'] > 0 and r['tokens_per_s'] > 0 and r['setup_s'] >= 0 and r['end_s'] >= 0" "$r" ||
-  fail "no step time, tokens/s, set-up or end time in $r"
+python3 - "$r" <<'PY' || fail "no step time, tokens/s, set-up or end time in $r"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and r["setup_s"] >= 0 and r["end_s"] >= 0
+PY
 
 # A run longer than its --timeout: stopped after a step, within seconds, recorded as an error
 # with the steps it did.
@@ -27,7 +30,8 @@ rc=$?
 [ $rc != 0 ] || fail "a stopped run exited 0"
 [ $((SECONDS - t0)) -lt 30 ] || fail "the stopped run took $((SECONDS - t0)) s"
 r=$dir/tz-offload-tiny-long.json
-grep -q "stopped past --timeout" <<< "$(field "$r" error)" || { cat "$dir/b.out"; fail "error: $(field "$r" error)"; }
+grep -q "stopped past --timeout" <<< "$(field "$r" error)" ||
+  { cat "$dir/b.out"; fail "error: $(field "$r" error)"; }
 [ "$(field "$r" timed_out_s)" = 3.0 ] || fail "timed_out_s: $(field "$r" timed_out_s)"
 [ "$(field "$r" steps_done)" -ge 1 ] || fail "steps_done: $(field "$r" steps_done)"
 pgrep -f "tz-offload-tiny-long" > /dev/null && fail "a process of the stopped run is still there"
@@ -36,10 +40,14 @@ pgrep -f "tz-offload-tiny-long" > /dev/null && fail "a process of the stopped ru
 timeout -s TERM 4 "${bt[@]}" --steps 1000000 --warmup 1 --tag outer > "$dir/c.out" 2>&1
 r=$dir/tz-offload-tiny-outer.json
 # timeout returns when bench-train.sh has gone; the wrapper writes the result just after.
-for _ in $(seq 40); do [ -s "$r" ] && ! pgrep -f "tz-offload-tiny-outer" > /dev/null && break; sleep 0.5; done
+for _ in $(seq 40); do
+  [ -s "$r" ] && ! pgrep -f "tz-offload-tiny-outer" > /dev/null && break
+  sleep 0.5
+done
 [ -s "$r" ] || { cat "$dir/c.out"; fail "no result after a SIGTERM to the harness"; }
-grep -q "the harness was stopped" <<< "$(field "$r" error)" || { cat "$dir/c.out"; fail "error: $(field "$r" error)"; }
-pgrep -f "tz-offload-tiny-outer" > /dev/null && fail "a process of the terminated run is still there"
-echo "ok: a completed run's figures; a run stopped by --timeout after $(field "$r" steps_done) steps;" \
-  "a harness stopped from outside"
+grep -q "the harness was stopped" <<< "$(field "$r" error)" ||
+  { cat "$dir/c.out"; fail "error: $(field "$r" error)"; }
+pgrep -f "tz-offload-tiny-outer" > /dev/null &&
+  fail "a process of the terminated run is still there"
+echo "ok: a completed run's figures, a run stopped by --timeout, a harness stopped from outside"
 

@@ -13,10 +13,15 @@ if ! grep -q 'nvme' "$dir/out"; then
   echo "FAIL: tz-bench tiers exited $rc with no nvme rows"
   exit 1
 fi
-[ $rc = 0 ] || [ $rc = 77 ] || { cat "$dir/out" "$dir/err"; echo "FAIL: tz-bench tiers exited $rc"; exit 1; }
+if [ $rc != 0 ] && [ $rc != 77 ]; then
+  cat "$dir/out" "$dir/err"
+  echo "FAIL: tz-bench tiers exited $rc"
+  exit 1
+fi
 python3 - "$dir/out" <<'PY'
 import json, sys
-rows = [json.loads(x) for x in open(sys.argv[1]) if x.startswith('{"bench":"tiers"') and 'nvme' in x]
+rows = [json.loads(x) for x in open(sys.argv[1])
+        if x.startswith('{"bench":"tiers"') and 'nvme' in x]
 ops = {r["op"]: r for r in rows if r.get("block_bytes") == 1 << 20}
 for op in ("write", "read", "read+write"):
     assert op in ops, "no %s row in %s" % (op, [r["op"] for r in rows])
