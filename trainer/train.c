@@ -1544,7 +1544,7 @@ out:
 static int apply_block(tz_trainer *tr, const struct tz_adam_params *ap, int b,
                        float *const buf[TZ_PLAN_KINDS]) {
   void *dev[TZ_PLAN_KINDS], *at[TZ_PLAN_KINDS];
-  int on_gpu = tr->gpu, home[TZ_PLAN_KINDS]; /* 1: written in place at its home */
+  int on_gpu = tr->gpu, home[TZ_PLAN_KINDS] = {0}; /* 1: begun, written in place at its home */
   for (int k = 0; k < TZ_PLAN_KINDS; k++) {
     const tz_extent *e = &tr->home[b][k];
     dev[k] = tz_tier_device_ptr(e->tier, e->offset);
@@ -1555,16 +1555,11 @@ static int apply_block(tz_trainer *tr, const struct tz_adam_params *ap, int b,
     memcpy(at, dev, sizeof at);
   int rc = 0;
   for (int k = 0; k < TZ_PLAN_KINDS && rc == 0; k++) {
-    home[k] = at[k] && k != TZ_PLAN_GRAD; /* the gradient is only read */
     tz_extent h;
-    if (home[k])
-      rc = tz_sched_home_begin(tr->sched, tr->bid[b][k], &h);
+    if (at[k] && k != TZ_PLAN_GRAD) /* the gradient is only read */
+      home[k] = (rc = tz_sched_home_begin(tr->sched, tr->bid[b][k], &h)) == 0;
     else if (!at[k])
       rc = tz_sched_block_load(tr->sched, tr->bid[b][k], at[k] = buf[k]);
-    if (rc < 0)
-      home[k] = 0; /* the one that failed began nothing */
-    for (int j = k + 1; j < TZ_PLAN_KINDS && rc < 0; j++)
-      home[j] = 0;
   }
   if (rc == 0 && on_gpu) {
 #ifdef TZ_HAVE_CUDA /* the same bits as tz_adam_cpu (kernels/adam.h) */
