@@ -907,6 +907,17 @@ static void test_budget_below_minimum_refused(void **state) {
   free_env(&e);
 }
 
+/* A scheduler over three blocks: A (nvme home), B (host) and C (nvme), for the tests of what
+ * happens to copies when a block changes between steps. */
+static void three_blocks(struct env *e, struct tz_sched_params *p) {
+  TZ_ASSERT_OK(make_env(e, 16 << 20, NULL));
+  sched_params(e, p, 0, 6);
+  TZ_ASSERT_OK(tz_sched_create(e->rt, p, &e->s));
+  add_block(e, "A", 192 << 10, HOME_NVME, 7);
+  add_block(e, "B", 64 << 10, HOME_HOST, 8);
+  add_block(e, "C", 256 << 10, HOME_NVME, 9);
+}
+
 /* A block written at the end of a step is read at the start of the next, with the next step's
  * reads brought in ahead of time; and a block replaced from the host between two steps, after
  * the window has already brought in a copy for the next step. Neither may be read stale. */
@@ -914,13 +925,8 @@ static void test_stale_copies_never_used(void **state) {
   (void)state;
   for (int tight = 0; tight <= 1; tight++) {
     struct env e;
-    TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
     struct tz_sched_params p;
-    sched_params(&e, &p, 0, 6);
-    TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
-    add_block(&e, "A", 192 << 10, HOME_NVME, 7);
-    add_block(&e, "B", 64 << 10, HOME_HOST, 8);
-    add_block(&e, "C", 256 << 10, HOME_NVME, 9);
+    three_blocks(&e, &p);
     struct tz_block_use r_ab[2] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_READ}};
     struct tz_block_use r_c[1] = {{2, TZ_ACCESS_READ}};
     struct tz_block_use w_a[1] = {{0, TZ_ACCESS_READWRITE}};
@@ -976,13 +982,8 @@ static void test_stale_copies_never_used(void **state) {
 static void test_home_written_in_place(void **state) {
   (void)state;
   struct env e;
-  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
   struct tz_sched_params p;
-  sched_params(&e, &p, 0, 6);
-  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
-  add_block(&e, "A", 192 << 10, HOME_NVME, 7);
-  add_block(&e, "B", 64 << 10, HOME_HOST, 8);
-  add_block(&e, "C", 256 << 10, HOME_NVME, 9);
+  three_blocks(&e, &p);
   struct tz_block_use r_ab[2] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_READ}};
   struct tz_block_use r_c[1] = {{2, TZ_ACCESS_READ}};
   struct tz_block_use w_a[1] = {{0, TZ_ACCESS_READWRITE}};
