@@ -266,6 +266,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
   double comp = 0, lane[3] = {0, 0, 0}, busy[3] = {0, 0, 0}, compute_s = 0;
   double home = 0, home_s = 0; /* the home lane: where its last phase ends, its busy time */
   double moved[TZ_PLAN_TIERS] = {0, 0, 0}, link = 0; /* link: bytes over the host link, a step */
+  double disk_r = 0, disk_w = 0;                       /* bytes read from and written to nvme */
   for (int s = 0; s < 2; s++) {
     for (int p = 0; p < n; p++) {
       const struct tz_plan_phase *ph = &r->phases[p];
@@ -329,8 +330,10 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
           double d = cost(b, rt->nvme_read, &unknown);
           lane[LANE_NVME] = max2(lane[LANE_NVME], at) + d;
           at = lane[LANE_NVME];
-          if (s == 1)
+          if (s == 1) {
             busy[LANE_NVME] += d;
+            disk_r += b;
+          }
         }
         double d = cost(b, rt->copy_in, &unknown);
         lane[LANE_IN] = max2(lane[LANE_IN], at) + d;
@@ -367,8 +370,10 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
           double d3 = cost(b, rt->nvme_write, &unknown);
           lane[LANE_NVME] = max2(lane[LANE_NVME], lane[LANE_OUT]) + d3;
           back_at[x->group * TZ_PLAN_KINDS + x->kind] = lane[LANE_NVME];
-          if (s == 1)
+          if (s == 1) {
             busy[LANE_NVME] += d3;
+            disk_w += b;
+          }
         }
       }
     }
@@ -377,6 +382,15 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
    * than any lane can do its step's work. Write-backs left from one step overlap the next, so
    * the out and nvme lanes count by their step's busy time: their end, measured from the first
    * step's last phase, would carry the first step's backlog too. */
+  /* The disk reads and writes at once for as long as both have work (a virtual disk, or a
+   * drive's controller, moves less in both directions together than time-sharing it at the one-way
+   * rates would): the bytes both directions share at nvme_duplex, the rest at their own rate. */
+  if (rt->nvme_duplex > 0) {
+    double both = 2 * (disk_r < disk_w ? disk_r : disk_w);
+    double mixed = both / rt->nvme_duplex + cost(disk_r - both / 2, rt->nvme_read, &unknown) +
+                   cost(disk_w - both / 2, rt->nvme_write, &unknown);
+    busy[LANE_NVME] = max2(busy[LANE_NVME], mixed);
+  }
   out->bound_s = max2(max2(end[2 * n - 1] - end[n - 1], home_s),
                       max2(busy[LANE_IN], max2(busy[LANE_OUT], busy[LANE_NVME])));
   /* The two directions share the host link (PCIe): together they move at most copy_duplex. */

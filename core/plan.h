@@ -61,6 +61,8 @@ struct tz_plan_rates {
                         in place), measured for reference */
   double nvme_read;  /* nvme -> host */
   double nvme_write; /* host -> nvme */
+  double nvme_duplex; /* reads and writes at once, bytes per second summed; 0: unknown, the plan
+                         then takes them as time-sharing the disk at nvme_read and nvme_write */
   double adam;       /* Adam elements per second where opt phases run */
   double adam_home;  /* Adam elements per second of the CPU on host memory (home phases) */
   double collective; /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */

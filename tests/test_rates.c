@@ -61,6 +61,7 @@ static void assert_same(const struct tz_plan_rates *a, const struct tz_plan_rate
   assert_true(a->copy_local == b->copy_local);
   assert_true(a->nvme_read == b->nvme_read);
   assert_true(a->nvme_write == b->nvme_write);
+  assert_true(a->nvme_duplex == b->nvme_duplex);
   assert_true(a->adam == b->adam);
   assert_true(a->adam_home == b->adam_home);
   assert_true(a->collective == b->collective);
@@ -78,6 +79,7 @@ static void test_measure_and_cache(void **state) {
   assert_true(a.copy_local > 0);
   assert_true(a.nvme_read > 0);
   assert_true(a.nvme_write > 0);
+  assert_true(a.nvme_duplex > 0); /* a read and a write at once */
   assert_true(a.adam > 0);
   assert_true(a.adam_home == a.adam); /* a CPU-only machine: the same CPU Adam */
   assert_true(a.copy_duplex == 0);
@@ -102,10 +104,10 @@ static void test_measure_and_cache(void **state) {
 /* An entry for the set-up without an NVMe directory, every field but `omit` (NULL: none), in a
  * cache of `version`. */
 static void write_entry_v(const char *path, const char *omit, int version) {
-  json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "flops", 1.5e11,
+  json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "flops", 1.5e11,
                         "copy_in", 2.5e10, "copy_out", 3.5e10, "copy_duplex", 9.25e10,
-                        "copy_local", 4.5e10, "nvme_read", 5.5e9, "nvme_write", 6.5e9, "adam",
-                        7.5e8, "adam_home", 6.25e8);
+                        "copy_local", 4.5e10, "nvme_read", 5.5e9, "nvme_write", 6.5e9,
+                        "nvme_duplex", 4.75e9, "adam", 7.5e8, "adam_home", 6.25e8);
   assert_non_null(e);
   if (omit)
     assert_int_equal(json_object_del(e, omit), 0);
@@ -114,7 +116,7 @@ static void write_entry_v(const char *path, const char *omit, int version) {
   json_decref(root);
 }
 
-static void write_entry(const char *path, const char *omit) { write_entry_v(path, omit, 2); }
+static void write_entry(const char *path, const char *omit) { write_entry_v(path, omit, 3); }
 
 /* Every field, copy_duplex included, comes from an entry for this set-up (no NVMe directory). */
 static void test_read_entry(void **state) {
@@ -130,6 +132,7 @@ static void test_read_entry(void **state) {
                                .copy_local = 4.5e10,
                                .nvme_read = 5.5e9,
                                .nvme_write = 6.5e9,
+                               .nvme_duplex = 4.75e9,
                                .adam = 7.5e8,
                                .adam_home = 6.25e8};
   assert_same(&r, &want);
@@ -155,7 +158,8 @@ static void test_old_entry_remeasured(void **state) {
   json_decref(root);
 }
 
-/* A cache of version 1 (adam_home measured another way) is not used: measured again. */
+/* A cache of an older version (version 1: adam_home measured another way) is not used: measured
+ * again and written as the current one. */
 static void test_old_version_remeasured(void **state) {
   struct env *e = *state;
   snprintf(e->path, sizeof e->path, "%s/v1.json", e->dir);
@@ -166,8 +170,19 @@ static void test_old_version_remeasured(void **state) {
   json_error_t err;
   json_t *root = json_load_file(e->path, 0, &err);
   assert_non_null(root);
-  assert_int_equal(json_integer_value(json_object_get(root, "version")), 2);
+  assert_int_equal(json_integer_value(json_object_get(root, "version")), 3);
   json_decref(root);
+}
+
+/* A cache of version 2 (the disk timed on 8 MiB, one direction at a time) is measured again, even
+ * with nvme_duplex added by hand. */
+static void test_version2_remeasured(void **state) {
+  struct env *e = *state;
+  snprintf(e->path, sizeof e->path, "%s/v2.json", e->dir);
+  write_entry_v(e->path, NULL, 2);
+  struct tz_plan_rates r;
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  assert_true(r.flops != 1.5e11 && r.nvme_duplex == 0); /* measured: no NVMe directory here */
 }
 
 /* An entry missing another field gives none of its values: the stale copy_duplex is not kept
@@ -215,6 +230,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_old_entry_remeasured, setup, teardown),
       cmocka_unit_test_setup_teardown(test_incomplete_entry_unused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_old_version_remeasured, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_version2_remeasured, setup, teardown),
       cmocka_unit_test_setup_teardown(test_home_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cuda_backend, setup, teardown),
   };

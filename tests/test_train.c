@@ -728,6 +728,59 @@ static void test_plan_bound_copy_waits_for_room(void **state) {
   assert_close(p.bound_s, t);
 }
 
+/* The disk reading and writing at once: the bytes the two directions share cost nvme_duplex
+ * (their sum a second), the rest its own direction's rate; without nvme_duplex the two time-share
+ * the disk at the one-way rates. p0 updates A, p1 updates B, both homed on nvme, and the window
+ * holds one of them, so each step reads and writes both; reads of S take r, writes w, a read and
+ * a write of S at once d. */
+static void test_plan_bound_disk_duplex(void **state) {
+  (void)state;
+  const uint64_t S = 1 << 20, chunk = 4096;
+  const double r_s = 1e-3, w_s = 0.5e-3, d_s = 2e-3;
+  uint64_t bytes[2][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  bytes[0][TZ_PLAN_MASTER] = bytes[1][TZ_PLAN_MASTER] = S;
+  struct tz_plan_phase ph[2];
+  memset(ph, 0, sizeof ph);
+  for (int i = 0; i < 2; i++) {
+    snprintf(ph[i].name, sizeof ph[i].name, "p%d", i);
+    ph[i].n_uses = 1;
+    ph[i].uses[0] = (struct tz_plan_use){i, TZ_PLAN_MASTER, TZ_ACCESS_READWRITE};
+  }
+  struct tz_plan_request r = plan_request(2, bytes, ph, 2, chunk);
+  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e6 * (double)S,
+                                   .copy_out = 1e6 * (double)S, .nvme_read = (double)S / r_s,
+                                   .nvme_write = (double)S / w_s};
+  int8_t tiers[2 * TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_NVME, sizeof tiers);
+  struct tz_plan p;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_false(p.unknown_rates);
+  assert_close(p.moved[TZ_PLAN_NVME], 2.0 * (double)S);
+  assert_close(p.lane_s[2], 2 * (r_s + w_s));
+  assert_true(p.bound_s >= 2 * (r_s + w_s) && p.bound_s < 2 * (r_s + w_s) + 1e-4);
+  /* At once the disk moves less than time-sharing gives: 2d for the two reads and writes. */
+  r.rates.nvme_duplex = 2.0 * (double)S / d_s;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_close(p.lane_s[2], 2 * d_s);
+  assert_close(p.bound_s, 2 * d_s);
+  /* ... and where it moves more, time-sharing's figure stays: the lane is never faster. */
+  r.rates.nvme_duplex = 2.0 * (double)S / (0.5 * (r_s + w_s));
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_close(p.lane_s[2], 2 * (r_s + w_s));
+  /* p1 only reads B: reads of 2S and a write of S, S each way at once (d), the second read
+   * alone (r). */
+  r.rates.nvme_duplex = 2.0 * (double)S / d_s;
+  ph[1].uses[0].access = TZ_ACCESS_READ;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_close(p.lane_s[2], d_s + r_s);
+  assert_true(p.bound_s >= d_s + r_s);
+  /* Reads only: nothing to share, 2r. */
+  ph[0].uses[0].access = TZ_ACCESS_READ;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_close(p.lane_s[2], 2 * r_s);
+}
+
 /* A home phase (Adam on the CPU at the host homes) copies nothing; a phase reading what it wrote
  * copies it in after it ends, and it starts after the previous step's compute (a folded update
  * waits for the norm). opt0 at home (h), then fwd0 reading the new parameters (copy t, compute
@@ -843,6 +896,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_plan_trades_homes_for_window),
       cmocka_unit_test(test_plan_bound_keeps_written_copies),
       cmocka_unit_test(test_plan_bound_copy_waits_for_room),
+      cmocka_unit_test(test_plan_bound_disk_duplex),
       cmocka_unit_test(test_plan),
       cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
       cmocka_unit_test(test_folded),    cmocka_unit_test(test_cpu_adam_share),

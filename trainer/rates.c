@@ -1,6 +1,6 @@
 /* Measuring and caching the plan's machine rates (trainer/rates.h).
  *
- * The cache is one JSON object per machine: {"version": 2, "<set-up>": {rates...}, ...}, where
+ * The cache is one JSON object per machine: {"version": 3, "<set-up>": {rates...}, ...}, where
  * the set-up names what the rates depend on beside the machine (the compute backend and the NVMe
  * directory), so a run with another directory measures again and adds its entry. */
 #define _GNU_SOURCE
@@ -71,19 +71,23 @@ static void setup_key(const struct tz_config *c, const char *backend, char *buf,
   snprintf(buf, len, "%s|nvme:%s", backend, dir ? dir : "-");
 }
 
+/* The disk's probe: large enough that its queue is kept full (32 requests of 1 MiB) for a while
+ * in each direction, and that reads and writes at once (nvme_duplex) meet in the device. */
+#define NVME_PROBE_BYTES (64u << 20)
 /* Entries of another version were measured another way and are measured again: 2 since
- * adam_home is timed on the home phases' threads with bf16 parameters written. */
-#define RATES_VERSION 2
+ * adam_home is timed on the home phases' threads with bf16 parameters written; 3 since the disk
+ * is timed on 64 MiB, both directions at once too (nvme_duplex). */
+#define RATES_VERSION 3
 
 static const char *const fields[] = {"flops",      "copy_in",   "copy_out",   "copy_duplex",
-                                     "copy_local", "nvme_read", "nvme_write", "adam",
-                                     "adam_home"};
-#define N_FIELDS 9
+                                     "copy_local", "nvme_read", "nvme_write", "nvme_duplex",
+                                     "adam",       "adam_home"};
+#define N_FIELDS 10
 
 static double *field(struct tz_plan_rates *r, int i) {
   double *f[N_FIELDS] = {&r->flops,      &r->copy_in,   &r->copy_out,   &r->copy_duplex,
-                         &r->copy_local, &r->nvme_read, &r->nvme_write, &r->adam,
-                         &r->adam_home};
+                         &r->copy_local, &r->nvme_read, &r->nvme_write, &r->nvme_duplex,
+                         &r->adam,       &r->adam_home};
   return f[i];
 }
 
@@ -210,31 +214,51 @@ static int time_transfer(tz_runtime *rt, const tz_extent *dst, const tz_extent *
   return time_transfers(&x, warmups, out);
 }
 
-/* nvme_write and nvme_read: PROBE_BYTES between a fresh nvme tier under c's NVMe directory and
- * the host extent (at least PROBE_BYTES); nothing when c has no directory. */
-static int measure_nvme(const struct tz_config *c, tz_runtime *rt, const tz_extent *host,
-                        struct tz_plan_rates *r) {
+/* nvme_write, nvme_read and nvme_duplex (a read and a write at once, summed): NVME_PROBE_BYTES
+ * each way between a fresh nvme tier under c's NVMe directory and a host tier of its own;
+ * nothing when c has no directory. */
+static int measure_nvme(const struct tz_config *c, tz_runtime *rt, struct tz_plan_rates *r) {
   const char *dir = nvme_dir(c);
   if (!dir)
     return 0;
-  tz_tier *n = NULL;
-  tz_extent en = {0};
+  tz_tier *n = NULL, *h = NULL;
+  tz_extent en[2] = {{0}, {0}}, eh[2] = {{0}, {0}};
   struct tz_tier_params p;
   tz_tier_params_init(&p);
+  p.name = "rates-nvme-host";
+  p.capacity = 2 * (uint64_t)NVME_PROBE_BYTES;
+  p.numa_node = c->tierzero.numa_node;
+  int rc;
+  TZ_CHECK_GOTO(tz_tier_create(rt, "host", &p, &h), rc, out);
+  tz_tier_params_init(&p);
   p.name = "rates-nvme";
-  p.capacity = PROBE_BYTES;
+  p.capacity = 2 * (uint64_t)NVME_PROBE_BYTES;
   p.paths[0] = dir;
   p.n_paths = 1;
   p.checksum = c->tierzero.nvme_checksum;
   p.buffered = c->tierzero.nvme_buffered;
-  int rc;
   TZ_CHECK_GOTO(tz_tier_create(rt, "nvme", &p, &n), rc, out);
-  TZ_CHECK_GOTO(tz_tier_alloc(n, PROBE_BYTES, &en), rc, out);
-  TZ_CHECK_GOTO(time_transfer(rt, &en, host, PROBE_BYTES, 0, &r->nvme_write), rc, out);
-  TZ_CHECK_GOTO(time_transfer(rt, host, &en, PROBE_BYTES, 0, &r->nvme_read), rc, out);
+  for (int k = 0; k < 2; k++) {
+    TZ_CHECK_GOTO(tz_tier_alloc(h, NVME_PROBE_BYTES, &eh[k]), rc, out);
+    TZ_CHECK_GOTO(tz_tier_alloc(n, NVME_PROBE_BYTES, &en[k]), rc, out);
+    memset(tz_tier_host_ptr(h, eh[k].offset), 1 + k, NVME_PROBE_BYTES);
+  }
+  /* en[1] is written first so that the reads below find data there, not holes. */
+  TZ_CHECK_GOTO(time_transfer(rt, &en[1], &eh[1], NVME_PROBE_BYTES, 0, &r->nvme_write), rc, out);
+  TZ_CHECK_GOTO(time_transfer(rt, &eh[1], &en[1], NVME_PROBE_BYTES, 0, &r->nvme_read), rc, out);
+  struct transfers both = {.rt = rt,
+                           .n = 2,
+                           .dst = {&en[0], &eh[1]},
+                           .src = {&eh[0], &en[1]},
+                           .bytes = NVME_PROBE_BYTES};
+  TZ_CHECK_GOTO(time_transfers(&both, 0, &r->nvme_duplex), rc, out);
 out:
-  tz_tier_free(&en);
+  for (int k = 0; k < 2; k++) {
+    tz_tier_free(&en[k]);
+    tz_tier_free(&eh[k]);
+  }
   tz_tier_destroy(n);
+  tz_tier_destroy(h);
   return rc;
 }
 
@@ -258,7 +282,7 @@ static int measure_tiers(const struct tz_config *c, tz_runtime *rt, struct tz_pl
   TZ_CHECK_GOTO(time_transfer(rt, &eb, &ea, PROBE_BYTES, 0, &r->copy_in), rc, out);
   TZ_CHECK_GOTO(time_transfer(rt, &ea, &eb, PROBE_BYTES, 0, &r->copy_out), rc, out);
   TZ_CHECK_GOTO(time_transfer(rt, &ea2, &ea, PROBE_BYTES, 0, &r->copy_local), rc, out);
-  TZ_CHECK_GOTO(measure_nvme(c, rt, &ea, r), rc, out);
+  TZ_CHECK_GOTO(measure_nvme(c, rt, r), rc, out);
 out:
   tz_tier_free(&ea);
   tz_tier_free(&ea2);
@@ -403,7 +427,7 @@ static int measure_tiers_gpu(const struct tz_config *c, tz_runtime *rt, int devi
       .rt = rt, .n = 2, .dst = {&d0, &h1}, .src = {&h0, &d1}, .bytes = GPU_COPY_BYTES};
   TZ_CHECK_GOTO(time_transfers(&both, 1, &r->copy_duplex), rc, out);
   TZ_CHECK_GOTO(time_transfer(rt, &d1, &d0, GPU_COPY_BYTES, 1, &r->copy_local), rc, out);
-  TZ_CHECK_GOTO(measure_nvme(c, rt, &h0, r), rc, out);
+  TZ_CHECK_GOTO(measure_nvme(c, rt, r), rc, out);
 out:
   tz_tier_free(&h0);
   tz_tier_free(&h1);
