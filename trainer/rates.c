@@ -393,48 +393,162 @@ static int gpu_device(const struct tz_config *c) {
   return c->tierzero.device >= 0 ? c->tierzero.device : 0;
 }
 
-/* The GPU machine's tiers: tz_transfer between a host tier and an hbm tier, as the scheduler
- * moves blocks. The runtime page-locks the host tier for the hbm tier (docs/hbm.md), and it lies
- * on the GPU's NUMA node unless the config names one, so the copies run at the PCIe rate. The
- * nvme rates are then measured against that host tier, as on a CPU machine. */
-static int measure_tiers_gpu(const struct tz_config *c, tz_runtime *rt, int device,
-                             struct tz_plan_rates *r) {
-  tz_tier *host = NULL, *hbm = NULL;
-  tz_extent h0 = {0}, h1 = {0}, d0 = {0}, d1 = {0};
+/* Waits until every rank of comm has reached it; nothing without comm. */
+static int barrier(tz_comm *comm) {
+  if (!comm)
+    return 0;
+  tz_fence *f = NULL;
+  TZ_CHECK(tz_comm_barrier(comm, NULL, &f));
+  int rc = tz_fence_wait(f, -1);
+  tz_fence_release(f);
+  return rc;
+}
+
+/* The host link of one GPU: two extents of GPU_COPY_BYTES in a host tier and two in an hbm tier,
+ * between which tz_transfer copies as the scheduler moves blocks. The runtime page-locks the host
+ * tier for the hbm tier (docs/hbm.md), and it lies on the GPU's NUMA node unless the config names
+ * one, so the copies run at the PCIe rate. */
+struct link_probe {
+  tz_tier *host, *hbm;
+  tz_extent h[2], d[2];
+};
+
+static void link_probe_close(struct link_probe *lp) {
+  for (int k = 0; k < 2; k++) {
+    tz_tier_free(&lp->h[k]);
+    tz_tier_free(&lp->d[k]);
+  }
+  tz_tier_destroy(lp->hbm);
+  tz_tier_destroy(lp->host);
+  memset(lp, 0, sizeof *lp);
+}
+
+static int link_probe_open(const struct tz_config *c, tz_runtime *rt, int device,
+                           struct link_probe *lp) {
+  memset(lp, 0, sizeof *lp);
   struct tz_tier_params p;
   tz_tier_params_init(&p);
   p.name = "rates-host";
   p.capacity = 2 * GPU_COPY_BYTES;
   p.numa_node = c->tierzero.numa_node >= 0 ? c->tierzero.numa_node : tz_hbm_host_numa_node(device);
   int rc;
-  TZ_CHECK_GOTO(tz_tier_create(rt, "host", &p, &host), rc, out);
+  TZ_CHECK_GOTO(tz_tier_create(rt, "host", &p, &lp->host), rc, fail);
   tz_tier_params_init(&p);
   p.name = "rates-hbm";
   p.capacity = 2 * GPU_COPY_BYTES;
   p.device = device;
-  TZ_CHECK_GOTO(tz_tier_create(rt, "hbm", &p, &hbm), rc, out);
-  TZ_CHECK_GOTO(tz_tier_alloc(host, GPU_COPY_BYTES, &h0), rc, out);
-  TZ_CHECK_GOTO(tz_tier_alloc(host, GPU_COPY_BYTES, &h1), rc, out);
-  TZ_CHECK_GOTO(tz_tier_alloc(hbm, GPU_COPY_BYTES, &d0), rc, out);
-  TZ_CHECK_GOTO(tz_tier_alloc(hbm, GPU_COPY_BYTES, &d1), rc, out);
-  memset(tz_tier_host_ptr(host, h0.offset), 1, GPU_COPY_BYTES);
-  memset(tz_tier_host_ptr(host, h1.offset), 2, GPU_COPY_BYTES);
-  TZ_CHECK_GOTO(time_transfer(rt, &d0, &h0, GPU_COPY_BYTES, 1, &r->copy_in), rc, out);
-  TZ_CHECK_GOTO(time_transfer(rt, &h1, &d1, GPU_COPY_BYTES, 1, &r->copy_out), rc, out);
+  TZ_CHECK_GOTO(tz_tier_create(rt, "hbm", &p, &lp->hbm), rc, fail);
+  for (int k = 0; k < 2; k++) {
+    TZ_CHECK_GOTO(tz_tier_alloc(lp->host, GPU_COPY_BYTES, &lp->h[k]), rc, fail);
+    TZ_CHECK_GOTO(tz_tier_alloc(lp->hbm, GPU_COPY_BYTES, &lp->d[k]), rc, fail);
+    memset(tz_tier_host_ptr(lp->host, lp->h[k].offset), 1 + k, GPU_COPY_BYTES);
+  }
+  return 0;
+fail:
+  link_probe_close(lp);
+  return rc;
+}
+
+/* copy_in (host -> hbm), copy_out (hbm -> host), copy_duplex (the two at once, summed) and, with
+ * local, copy_local (hbm -> hbm). With comm, every rank of it runs each probe at the same time
+ * (a barrier before each), as the ranks' schedulers copy during a step; a rank whose copy failed
+ * goes on meeting the others at the barriers and returns its error at the end. */
+static int link_probe_time(struct link_probe *lp, tz_runtime *rt, tz_comm *comm, int local,
+                           struct tz_plan_rates *r) {
+  int rc = 0;
+  TZ_CHECK(barrier(comm));
+  if (rc == 0)
+    rc = time_transfer(rt, &lp->d[0], &lp->h[0], GPU_COPY_BYTES, 1, &r->copy_in);
+  TZ_CHECK(barrier(comm));
+  if (rc == 0)
+    rc = time_transfer(rt, &lp->h[1], &lp->d[1], GPU_COPY_BYTES, 1, &r->copy_out);
   /* The two directions share part of the link's capacity (on an H200: 55 GB/s each alone, 92
    * together), so the plan needs their sum measured at once. */
-  struct transfers both = {
-      .rt = rt, .n = 2, .dst = {&d0, &h1}, .src = {&h0, &d1}, .bytes = GPU_COPY_BYTES};
-  TZ_CHECK_GOTO(time_transfers(&both, 1, &r->copy_duplex), rc, out);
-  TZ_CHECK_GOTO(time_transfer(rt, &d1, &d0, GPU_COPY_BYTES, 1, &r->copy_local), rc, out);
-  TZ_CHECK_GOTO(measure_nvme(c, rt, r), rc, out);
-out:
-  tz_tier_free(&h0);
-  tz_tier_free(&h1);
-  tz_tier_free(&d0);
-  tz_tier_free(&d1);
-  tz_tier_destroy(hbm);
-  tz_tier_destroy(host);
+  struct transfers both = {.rt = rt,
+                           .n = 2,
+                           .dst = {&lp->d[0], &lp->h[1]},
+                           .src = {&lp->h[0], &lp->d[1]},
+                           .bytes = GPU_COPY_BYTES};
+  TZ_CHECK(barrier(comm));
+  if (rc == 0)
+    rc = time_transfers(&both, 1, &r->copy_duplex);
+  if (rc == 0 && local)
+    rc = time_transfer(rt, &lp->d[1], &lp->d[0], GPU_COPY_BYTES, 1, &r->copy_local);
+  return rc;
+}
+
+/* The GPU machine's tiers: the host link of `device` alone, then nvme as on a CPU machine. */
+static int measure_tiers_gpu(const struct tz_config *c, tz_runtime *rt, int device,
+                             struct tz_plan_rates *r) {
+  struct link_probe lp;
+  TZ_CHECK(link_probe_open(c, rt, device, &lp));
+  int rc = link_probe_time(&lp, rt, NULL, 1, r);
+  link_probe_close(&lp);
+  TZ_CHECK(rc);
+  return measure_nvme(c, rt, r);
+}
+
+/* The ranks' GPUs share the host's memory and may share a PCIe switch: with every rank copying at
+ * once, each one's link runs slower than alone (two H200s offloading llama-7b copied in at 28.9
+ * GB/s while busy, one alone at 45). So on a world of GPUs every rank times its own link at the
+ * same time as the others, and the plan gets the slowest rank's copy_in, copy_out and
+ * copy_duplex where they are below the ones measured alone. Not cached: it takes a fraction of a
+ * second and depends on the world. */
+static int time_links_shared(const struct tz_config *c, tz_runtime *rt, tz_comm *comm,
+                             struct tz_plan_rates *out) {
+  int world = tz_comm_size(comm);
+  int *device = tz_comm_native(comm, "device");
+  if (world < 2 || !device)
+    return 0;
+  struct link_probe lp;
+  struct tz_plan_rates mine = *out;
+  int rc = link_probe_open(c, rt, *device, &lp);
+  /* Every rank learns whether all could open their probe before any waits at a barrier. */
+  double v[4] = {rc, 0, 0, 0}, *all = calloc((size_t)world, sizeof v);
+  if (!all) {
+    link_probe_close(&lp);
+    return tz_err_set(TZ_ENOMEM, "rates: no memory for the ranks' link rates");
+  }
+  int ok = 1;
+  for (int round = 0; round < 2 && ok; round++) {
+    if (round == 1) {
+      rc = link_probe_time(&lp, rt, comm, 0, &mine);
+      v[0] = rc;
+      v[1] = mine.copy_in;
+      v[2] = mine.copy_out;
+      v[3] = mine.copy_duplex;
+    }
+    tz_fence *f = NULL;
+    int crc = tz_comm_all_gather(comm, v, all, sizeof v, NULL, &f);
+    if (crc == 0)
+      crc = tz_fence_wait(f, -1);
+    tz_fence_release(f);
+    if (crc < 0) {
+      rc = crc;
+      break;
+    }
+    for (int k = 0; k < world; k++)
+      if (all[4 * k] < 0) {
+        ok = 0;
+        if (rc == 0)
+          rc = tz_err_set((int)all[4 * k], "rates: rank %d could not time its host link", k);
+      }
+  }
+  link_probe_close(&lp);
+  if (rc == 0) {
+    double *f[3] = {&out->copy_in, &out->copy_out, &out->copy_duplex};
+    double alone[3] = {out->copy_in, out->copy_out, out->copy_duplex};
+    for (int i = 0; i < 3; i++)
+      for (int k = 0; k < world; k++)
+        if (all[4 * k + 1 + i] > 0 && all[4 * k + 1 + i] < *f[i])
+          *f[i] = all[4 * k + 1 + i];
+    if (tz_comm_rank(comm) == 0)
+      TZ_INFO("rates: %d ranks copying at once: in %.1f, out %.1f, both %.1f GB/s a rank (one "
+              "alone: %.1f, %.1f, %.1f)",
+              world, out->copy_in / 1e9, out->copy_out / 1e9, out->copy_duplex / 1e9,
+              alone[0] / 1e9, alone[1] / 1e9, alone[2] / 1e9);
+  }
+  free(all);
   return rc;
 }
 
@@ -619,5 +733,9 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
     for (int i = 0; i < N_FIELDS; i++)
       *field(out, i) = v[i];
   }
+#ifdef TZ_HAVE_CUDA
+  if (strcmp(backend, "cuda") == 0)
+    TZ_CHECK(time_links_shared(cfg, rt, comm, out));
+#endif
   return time_collective(rt, comm, &out->collective);
 }

@@ -31,8 +31,12 @@ int tz_rates_default_path(char *buf, size_t len);
  *   every host arena of rt (docs/hbm.md), cheap when rt already has an hbm tier or no large host
  *   tier; it needs about 1.3 GiB free on the GPU. TZ_ENOTSUP in a build without CUDA.
  * Both measure nvme reads, writes, and the two at once (nvme_duplex, summed), 64 MiB each way
- * against a host tier of their own, under cfg's NVMe directory when there is one. The result is broadcast; then every rank times an all-gather for the collective
- * rate (0 on a world of one). refresh != 0 measures even when the cache has an entry. */
+ * against a host tier of their own, under cfg's NVMe directory when there is one. The result is
+ * broadcast. Then, on a world of GPUs (the cuda backend with the nccl comm), every rank times its
+ * own host link at the same time as the others, and copy_in, copy_out and copy_duplex become the
+ * slowest rank's where that is below the rate alone (not cached); and every rank times an
+ * all-gather for the collective rate (0 on a world of one). refresh != 0 measures even when the
+ * cache has an entry. */
 /* Threads CPU Adam at the host homes runs on beside a GPU: tierzero.threads when set, else every
  * CPU this process may run on but two (left to the thread that launches the GPU's kernels and to
  * the progress engine); at least 1. */
