@@ -209,6 +209,7 @@ static const struct key keys[] = {
   INT("tierzero.threads", tierzero.threads, 0, 4096, 0, 0),
   DBL("tierzero.cpu_adam", tierzero.cpu_adam, 0, 1, -1, 0),
   BOOL("tierzero.cpu_adam_search", tierzero.cpu_adam_search, 0),
+  BOOL("tierzero.overlap_collectives", tierzero.overlap_collectives, 0),
   INT("tierzero.numa_node", tierzero.numa_node, -1, 1023, -1, 0),
   INT("tierzero.device", tierzero.device, -1, 1023, -1, 0),
 };

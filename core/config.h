@@ -188,6 +188,9 @@ struct tz_config {
                                      CPU steps at its homes (the last layers first); -1 = all on
                                      a CPU-only machine, none with a GPU */
     int cpu_adam_search;          /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1 */
+    int overlap_collectives;      /* with several ranks, each phase gathers the next layer and
+                                     reduce-scatters the previous one's gradient while it
+                                     computes (docs/training.md) */
     int numa_node;                /* NUMA node for host memory and threads; -1 = the GPU's */
     int device;                   /* GPU index; -1 = from the local rank */
   } tierzero;

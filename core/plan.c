@@ -265,6 +265,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
   }
   double comp = 0, lane[3] = {0, 0, 0}, busy[3] = {0, 0, 0}, compute_s = 0;
   double home = 0, home_s = 0; /* the home lane: where its last phase ends, its busy time */
+  double coll = 0;              /* the comm's lane (overlapped collectives): where it ends */
   double moved[TZ_PLAN_TIERS] = {0, 0, 0}, link = 0; /* link: bytes over the host link, a step */
   double disk_r = 0, disk_w = 0;                       /* bytes read from and written to nvme */
   for (int s = 0; s < 2; s++) {
@@ -347,7 +348,14 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
       double d = cost(ph->flop, rt->flops, &unknown) +
                  cost(ph->coll_bytes, rt->collective, &unknown) +
                  cost(ph->adam_elems, rt->adam, &unknown);
-      comp = max2(comp, ready) + d;
+      double start = max2(comp, ready);
+      comp = start + d;
+      /* Collectives issued at the start run beside the compute, one after the other on the
+       * comm's own lane, and the phase ends when both are done. */
+      if (ph->coll_async > 0) {
+        coll = max2(coll, start) + cost(ph->coll_async, rt->collective, &unknown);
+        comp = max2(comp, coll);
+      }
       end[idx] = comp;
       end[2 * n + idx] = idx > 0 ? max2(comp, end[2 * n + idx - 1]) : comp;
       if (s == 1)

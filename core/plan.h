@@ -75,6 +75,9 @@ struct tz_plan_phase {
   char name[24];
   double flop;       /* compute on the compute lane */
   double coll_bytes; /* bytes moved by this rank's collectives inside the phase */
+  double coll_async; /* bytes of collectives issued at the phase's start that run beside its
+                        compute (tierzero.overlap_collectives): on a lane of their own, one after
+                        the other; the next phase starts when they are done */
   double adam_elems; /* optimizer elements updated in the phase */
   int at_home;       /* a home phase (tz_sched_declare_homes): it runs on the CPU at its blocks'
                         host homes, takes no window room and copies nothing; its Adam elements

@@ -781,6 +781,41 @@ static void test_plan_bound_disk_duplex(void **state) {
   assert_close(p.lane_s[2], 2 * r_s);
 }
 
+/* Collectives issued at a phase's start run beside its compute (coll_async): a phase takes the
+ * longer of the two; in the phase (coll_bytes) they add to it. Two phases of compute c. */
+static void test_plan_bound_overlapped_collectives(void **state) {
+  (void)state;
+  const uint64_t chunk = 4096;
+  const double c = 1e-3, a = 0.5e-3, rate = 1e9;
+  uint64_t bytes[1][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  struct tz_plan_phase ph[2];
+  memset(ph, 0, sizeof ph);
+  for (int i = 0; i < 2; i++) {
+    snprintf(ph[i].name, sizeof ph[i].name, "p%d", i);
+    ph[i].flop = 1e12 * c;
+    ph[i].coll_async = rate * a;
+  }
+  struct tz_plan_request r = plan_request(1, bytes, ph, 2, chunk);
+  r.rates = (struct tz_plan_rates){.flops = 1e12, .collective = rate};
+  int8_t tiers[TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_COMPUTE, sizeof tiers);
+  struct tz_plan p;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, chunk, &p));
+  assert_false(p.unknown_rates);
+  assert_close(p.bound_s, 2 * c);
+  for (int i = 0; i < 2; i++)
+    ph[i].coll_async = rate * 3 * a;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, chunk, &p));
+  assert_close(p.bound_s, 2 * 3 * a);
+  for (int i = 0; i < 2; i++) {
+    ph[i].coll_async = 0;
+    ph[i].coll_bytes = rate * a;
+  }
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, chunk, &p));
+  assert_close(p.bound_s, 2 * (c + a));
+}
+
 /* A home phase (Adam on the CPU at the host homes) copies nothing; a phase reading what it wrote
  * copies it in after it ends, and it starts after the previous step's compute (a folded update
  * waits for the norm). opt0 at home (h), then fwd0 reading the new parameters (copy t, compute
@@ -897,6 +932,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_plan_bound_keeps_written_copies),
       cmocka_unit_test(test_plan_bound_copy_waits_for_room),
       cmocka_unit_test(test_plan_bound_disk_duplex),
+      cmocka_unit_test(test_plan_bound_overlapped_collectives),
       cmocka_unit_test(test_plan),
       cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
       cmocka_unit_test(test_folded),    cmocka_unit_test(test_cpu_adam_share),

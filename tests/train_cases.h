@@ -82,6 +82,7 @@ struct tc_opts {
   int cpu_adam_search;  /* tierzero.cpu_adam_search */
   const char *hbm_budget, *host_budget; /* tierzero.hbm_budget, host_budget; NULL the default */
   int auto_placement;   /* the plan chooses the homes */
+  int overlap;          /* tierzero.overlap_collectives */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {
@@ -103,6 +104,7 @@ struct tc_result {
   uint64_t numel[64];
   float *master[64], *param[64];
   struct tz_sched_stats st;
+  uint64_t compute_fixed; /* the plan's trainer buffers in the compute tier */
 };
 
 static inline void tc_result_free(struct tc_result *r) {
@@ -135,6 +137,8 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
     TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam", o->cpu_adam));
   if (o->cpu_adam_search)
     TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam_search", "true"));
+  if (o->overlap)
+    TZ_CHECK(tz_config_set(c, "tierzero.overlap_collectives", "true"));
   if (o->hbm_budget)
     TZ_CHECK(tz_config_set(c, "tierzero.hbm_budget", o->hbm_budget));
   if (o->host_budget)
@@ -237,6 +241,7 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
     TZ_CHECK_GOTO(tz_trainer_param_load(tr, b, TZ_PLAN_PARAM, res->param[b]), rc, out);
   }
   tz_trainer_sched_stats(tr, &res->st);
+  res->compute_fixed = tz_trainer_plan(tr)->compute_fixed;
 out:
   tz_trainer_destroy(tr);
   tz_config_free(&cfg);

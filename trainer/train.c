@@ -35,13 +35,22 @@
 
 enum phase_kind { PH_EMBED, PH_FWD, PH_HEAD, PH_BWD, PH_EMBED_BWD, PH_OPT };
 
+/* What a use is for: the phase's own block, or, with overlapped collectives, the next layer's
+ * parameter shard (all-gathered during the phase for the phase after it) or the previous layer's
+ * gradient shard (the reduce-scatter of its full gradient lands there during the phase). */
+enum use_role { USE_OWN, USE_NEXT, USE_PREV };
+
 struct phase {
   enum phase_kind kind;
   int block; /* model block */
   int micro;
+  int next, prev; /* overlapped collectives: the block gathered ahead and the block whose gradient
+                     is reduce-scattered during the phase; -1 none */
   int n_uses;
   struct tz_block_use uses[TZ_PLAN_KINDS];
-  int kinds[TZ_PLAN_KINDS]; /* the kind of each use */
+  int kinds[TZ_PLAN_KINDS];  /* the kind of each use */
+  int blocks[TZ_PLAN_KINDS]; /* the model block of each use */
+  enum use_role roles[TZ_PLAN_KINDS];
   char name[24];
 };
 
@@ -49,7 +58,9 @@ struct phase {
 struct job {
   tz_trainer *tr;
   int phase;
-  void *ptr[TZ_PLAN_KINDS]; /* the view's pointers, by kind */
+  void *ptr[TZ_PLAN_KINDS]; /* the view's pointers to the phase's own blocks, by kind */
+  void *next_param;         /* overlapped collectives: the shard gathered ahead */
+  void *prev_grad;          /* overlapped collectives: the gradient shard reduced into */
   int pending;              /* opt: 1 applies an update; 0 only refreshes param from master */
   struct tz_adam_params adam;
   float home_scale; /* opt at home: the gradient's factor, fixed at enter (the home lane must not
@@ -110,6 +121,12 @@ struct tz_trainer {
   struct tz_head_scratch hs;
   void *gw, *gw_embed;     /* gathered weights: a layer or the head; the embedding */
   float *fg, *fg_embed;    /* full gradients of the same */
+  /* tierzero.overlap_collectives with more than one rank: block b's gathered weights and full
+   * gradient are gw2[b % 2] and fg2[b % 2] (gw2[0] is gw and fg2[0] is fg), so that a phase can
+   * gather the next layer and reduce-scatter the previous one's gradient while it computes. */
+  int overlap;
+  void *gw2[2];
+  float *fg2[2];
   float *partials;         /* (n_seg) sums of squares of norm segments */
   float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
   int32_t *host_tokens[2]; /* host copies by step parity: tokens then targets, each G*N */
@@ -236,6 +253,51 @@ static int norm_partials(tz_trainer *tr, int b, const float *grad) {
                                    TZ_TRAIN_NORM_SEGMENT, mine);
 }
 
+/* ---- overlapped collectives (tierzero.overlap_collectives, more than one rank) ----
+ * A phase issues the all-gather of the next layer's weights (ph->next) and the reduce-scatter of
+ * the previous layer's full gradient (ph->prev) before its compute and completes them after it:
+ * on a CPU lane it waits for them then, on a GPU they are ordered on the comm's stream. */
+struct inflight {
+  tz_fence *gather, *reduce;
+};
+
+static int issue_ahead(tz_trainer *tr, const struct phase *ph, const struct job *j,
+                       struct inflight *f) {
+  f->gather = f->reduce = NULL;
+  if (ph->next >= 0)
+    TZ_CHECK(tz_comm_all_gather(tr->comm, j->next_param, tr->gw2[ph->next % 2],
+                                tr->shard[ph->next] * tr->es, NULL, &f->gather));
+  if (ph->prev >= 0) {
+    uint64_t n = tr->shard[ph->prev];
+    float *fg = tr->fg2[ph->prev % 2];
+    TZ_CHECK(tz_comm_reduce_scatter(tr->comm, fg, fg + (uint64_t)tr->rank * n, n, TZ_F32, NULL,
+                                    &f->reduce));
+  }
+  return 0;
+}
+
+/* Completes what issue_ahead started (always, also after a failure in between: the buffers stay
+ * in use until then), then adds the reduced gradient into the previous layer's shard as
+ * reduce_into does. rc: the phase's status so far, returned unless this fails first. */
+static int complete_ahead(tz_trainer *tr, const struct phase *ph, const struct job *j,
+                          struct inflight *f, int rc) {
+  int g = f->gather ? coll_done(tr, f->gather) : 0;
+  int r = f->reduce ? coll_done(tr, f->reduce) : 0;
+  f->gather = f->reduce = NULL;
+  if (rc < 0 || g < 0 || r < 0)
+    return rc < 0 ? rc : g < 0 ? g : r;
+  if (ph->prev < 0)
+    return 0;
+  uint64_t n = tr->shard[ph->prev];
+  const float *mine = tr->fg2[ph->prev % 2] + (uint64_t)tr->rank * n;
+  float *grad = j->prev_grad;
+  if (ph->micro == 0)
+    TZ_CHECK(tz_compute_copy(tr->cm, grad, mine, n * sizeof(float)));
+  else
+    TZ_CHECK(tz_compute_add(tr->cm, TZ_F32, grad, grad, mine, n));
+  return ph->micro == tr->G - 1 ? norm_partials(tr, ph->prev, grad) : 0;
+}
+
 /* The step's totals, once its last backward is done: loss, gradient norm, clip factor, and with
  * fp16 whether the scaled gradient overflowed. The gradient holds loss_scale times the true one;
  * the norm reported and clipped on is the true one. */
@@ -325,75 +387,109 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
   return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, &o);
 }
 
-static int run_job(void *arg) {
-  struct job *j = arg;
-  tz_trainer *tr = j->tr;
-  const struct phase *ph = &tr->ph[j->phase];
+/* The phase's compute (and without overlapped collectives its own gathers and reductions), on
+ * the lane: w is the phase's full weights, gathered here or, overlapped, by the phase before. */
+static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *ph) {
   const struct tz_model_config *mc = &tr->mc;
   int b = ph->block, k = ph->micro, B = tr->B, T = tr->T, L = tr->L;
   size_t N = (size_t)tr->N;
   float dscale = 1.0f / (float)((int64_t)tr->G * tr->world * tr->N) * j->loss_scale;
-  void *w = NULL; /* the phase's full weights */
+  int ov = tr->overlap;
+  void *w = ov ? tr->gw2[b % 2] : NULL;
+  float *fg = tr->fg2[b % 2];
   switch (ph->kind) {
   case PH_EMBED:
-    if (k == 0) {
-      TZ_CHECK(tz_compute_copy_in(tr->cm, tr->tokens, j->tokens_host,
-                                  (size_t)tr->G * N * sizeof(int32_t)));
-      TZ_CHECK(tz_compute_copy_in(tr->cm, tr->targets, j->targets_host,
-                                  (size_t)tr->G * N * sizeof(int32_t)));
-    }
-    /* The tied head of this micro-batch reads the embedding again, after the phase has left:
-     * it is kept in gw_embed (copied from the shard with one rank). */
-    if (tr->world == 1)
-      TZ_CHECK(tz_compute_copy(tr->cm, tr->gw_embed, j->ptr[TZ_PLAN_PARAM], tr->shard[b] * tr->es));
-    else
-      TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw_embed, &w));
     return tz_model_embed_fwd(tr->cm, mc, tr->gw_embed, tr->tokens + (size_t)k * N, tr->x[0], B, T);
   case PH_FWD:
-    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
+    if (!ov)
+      TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
     return tz_model_layer_fwd(tr->cm, mc, w, tr->x[b - 1], tr->x[b], &tr->acts, B, T);
   case PH_HEAD: {
-    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
-    TZ_CHECK(tz_compute_zero(tr->cm, tr->fg, tr->padded[b] * sizeof(float)));
+    if (!ov)
+      TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
+    TZ_CHECK(tz_compute_zero(tr->cm, fg, tr->padded[b] * sizeof(float)));
     if (tr->tied)
       TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
-    TZ_CHECK(tz_model_head(tr->cm, mc, w, tr->gw_embed, tr->fg, tr->tied ? tr->fg_embed : NULL,
+    TZ_CHECK(tz_model_head(tr->cm, mc, w, tr->gw_embed, fg, tr->tied ? tr->fg_embed : NULL,
                            tr->x[L], tr->targets + (size_t)k * N, dscale, tr->dx, &tr->hs, B, T));
     if (k == 0)
       TZ_CHECK(tz_compute_copy(tr->cm, tr->scal, tr->hs.loss, sizeof(float)));
     else
       TZ_CHECK(tz_compute_add(tr->cm, TZ_F32, tr->scal, tr->scal, tr->hs.loss, 1));
-    TZ_CHECK(reduce_into(tr, b, tr->fg, j->ptr[TZ_PLAN_GRAD], k));
+    if (ov) /* reduce-scattered by the next phase */
+      return 0;
+    TZ_CHECK(reduce_into(tr, b, fg, j->ptr[TZ_PLAN_GRAD], k));
     return k == tr->G - 1 ? norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]) : 0;
   }
   case PH_BWD:
-    TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
-    TZ_CHECK(tz_compute_zero(tr->cm, tr->fg, tr->padded[b] * sizeof(float)));
-    TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, w, tr->fg, tr->x[b - 1], &tr->acts, 1, tr->dx,
-                                tr->dx, &tr->ls, B, T));
-    TZ_CHECK(reduce_into(tr, b, tr->fg, j->ptr[TZ_PLAN_GRAD], k));
+    if (!ov)
+      TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
+    TZ_CHECK(tz_compute_zero(tr->cm, fg, tr->padded[b] * sizeof(float)));
+    TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, w, fg, tr->x[b - 1], &tr->acts, 1, tr->dx, tr->dx,
+                                &tr->ls, B, T));
+    if (ov)
+      return 0;
+    TZ_CHECK(reduce_into(tr, b, fg, j->ptr[TZ_PLAN_GRAD], k));
     return k == tr->G - 1 ? norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]) : 0;
   case PH_EMBED_BWD:
     if (!tr->tied)
       TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
-    TZ_CHECK(
-        tz_model_embed_bwd(tr->cm, mc, tr->fg_embed, tr->tokens + (size_t)k * N, tr->dx, B, T));
-    TZ_CHECK(reduce_into(tr, b, tr->fg_embed, j->ptr[TZ_PLAN_GRAD], k));
-    if (k < tr->G - 1)
-      return 0;
-    TZ_CHECK(norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]));
-    return finish_step(tr, j->loss_scale);
+    return tz_model_embed_bwd(tr->cm, mc, tr->fg_embed, tr->tokens + (size_t)k * N, tr->dx, B, T);
   case PH_OPT:
-    return run_opt(tr, j, b);
+    break;
   }
-  return tz_err_set(TZ_EINVAL, "train: phase %d of unknown kind", j->phase);
+  return tz_err_set(TZ_EINVAL, "train: phase %d of kind %d has no compute", j->phase, ph->kind);
+}
+
+static int run_job(void *arg) {
+  struct job *j = arg;
+  tz_trainer *tr = j->tr;
+  const struct phase *ph = &tr->ph[j->phase];
+  int b = ph->block, k = ph->micro;
+  if (ph->kind == PH_OPT)
+    return run_opt(tr, j, b);
+  if (ph->kind == PH_EMBED) {
+    if (k == 0) {
+      TZ_CHECK(tz_compute_copy_in(tr->cm, tr->tokens, j->tokens_host,
+                                  (size_t)tr->G * (size_t)tr->N * sizeof(int32_t)));
+      TZ_CHECK(tz_compute_copy_in(tr->cm, tr->targets, j->targets_host,
+                                  (size_t)tr->G * (size_t)tr->N * sizeof(int32_t)));
+    }
+    /* The tied head of this micro-batch reads the embedding again, after the phase has left:
+     * it is kept in gw_embed (copied from the shard with one rank). */
+    void *w;
+    if (tr->world == 1)
+      TZ_CHECK(tz_compute_copy(tr->cm, tr->gw_embed, j->ptr[TZ_PLAN_PARAM], tr->shard[b] * tr->es));
+    else
+      TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw_embed, &w));
+  }
+  struct inflight f = {NULL, NULL};
+  int rc = tr->overlap ? issue_ahead(tr, ph, j, &f) : 0;
+  if (rc == 0)
+    rc = run_compute(tr, j, ph);
+  if (tr->overlap)
+    rc = complete_ahead(tr, ph, j, &f, rc);
+  if (rc < 0 || ph->kind != PH_EMBED_BWD)
+    return rc;
+  TZ_CHECK(reduce_into(tr, b, tr->fg_embed, j->ptr[TZ_PLAN_GRAD], k));
+  if (k < tr->G - 1)
+    return 0;
+  TZ_CHECK(norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]));
+  return finish_step(tr, j->loss_scale);
 }
 
 /* ---- the order of a step ---- */
 
+static void use_of(struct phase *p, tz_trainer *tr, int block, int kind, int access,
+                   enum use_role role) {
+  p->uses[p->n_uses] = (struct tz_block_use){tr->bid ? tr->bid[block][kind] : -1, access};
+  p->kinds[p->n_uses] = kind;
+  p->blocks[p->n_uses] = block;
+  p->roles[p->n_uses++] = role;
+}
+
 static void use(struct phase *p, tz_trainer *tr, int kind, int access) {
-  p->uses[p->n_uses] = (struct tz_block_use){tr->bid ? tr->bid[p->block][kind] : -1, access};
-  p->kinds[p->n_uses++] = kind;
+  use_of(p, tr, p->block, kind, access, USE_OWN);
 }
 
 static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, int micro) {
@@ -402,29 +498,46 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
   p->kind = kind;
   p->block = block;
   p->micro = micro;
+  p->next = p->prev = -1;
   int gacc = micro == 0 ? TZ_ACCESS_WRITE : TZ_ACCESS_READWRITE;
+  /* Overlapped collectives (tr->overlap): a layer's or the head's weights are gathered during
+   * the phase before the one that computes with them, and its gradient is reduce-scattered
+   * during the phase after: those phases use the shards, the computing one neither. The
+   * embedding keeps gathering and reducing its own (the first and last phases of a pass). */
+  int ov = tr->overlap, L = tr->L, H = L + 1;
   switch (kind) {
   case PH_EMBED:
     snprintf(p->name, sizeof p->name, "embed.%d", micro);
     use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+    p->next = ov ? 1 : -1;
     break;
   case PH_FWD:
     snprintf(p->name, sizeof p->name, "fwd%d.%d", block - 1, micro);
-    use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+    if (!ov)
+      use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+    p->next = ov ? block + 1 : -1;
     break;
   case PH_HEAD:
     snprintf(p->name, sizeof p->name, "head.%d", micro);
-    use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
-    use(p, tr, TZ_PLAN_GRAD, gacc);
+    if (!ov) {
+      use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+      use(p, tr, TZ_PLAN_GRAD, gacc);
+    }
+    p->next = ov ? L : -1;
     break;
   case PH_BWD:
     snprintf(p->name, sizeof p->name, "bwd%d.%d", block - 1, micro);
-    use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
-    use(p, tr, TZ_PLAN_GRAD, gacc);
+    if (!ov) {
+      use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+      use(p, tr, TZ_PLAN_GRAD, gacc);
+    }
+    p->next = ov && block > 1 ? block - 1 : -1;
+    p->prev = ov ? block + 1 : -1;
     break;
   case PH_EMBED_BWD:
     snprintf(p->name, sizeof p->name, "embed-bwd.%d", micro);
     use(p, tr, TZ_PLAN_GRAD, gacc);
+    p->prev = ov ? (L > 0 ? 1 : H) : -1;
     break;
   case PH_OPT:
     snprintf(p->name, sizeof p->name, "opt-%s", tr->names[block]);
@@ -435,6 +548,10 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
     use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_WRITE);
     break;
   }
+  if (p->next >= 0)
+    use_of(p, tr, p->next, TZ_PLAN_PARAM, TZ_ACCESS_READ, USE_NEXT);
+  if (p->prev >= 0)
+    use_of(p, tr, p->prev, TZ_PLAN_GRAD, gacc, USE_PREV);
   return *n - 1;
 }
 
@@ -447,31 +564,42 @@ static int build_phases(tz_trainer *tr) {
   if (!tr->ph)
     return tz_err_set(TZ_ENOMEM, "train: no memory for %d phases", tr->n_ph);
   int n = 0, folded = tr->mode == TZ_OPT_FOLDED, overlapped = tr->mode == TZ_OPT_OVERLAPPED;
+  /* Folded, opt(b) writes block b's parameters before anything reads them in the step; with
+   * overlapped collectives that is the phase before fwd(b), which gathers them, so each opt
+   * comes one phase earlier. Overlapped, opt(b) reads b's gradient once it is complete: after
+   * bwd(b), or with overlapped collectives after the phase that reduce-scatters it. */
+  int ov = tr->overlap;
   for (int k = 0; k < G; k++) {
     int first = k == 0, last = k == G - 1;
-    if (folded && first)
+    if (folded && first) {
       add_phase(tr, &n, PH_OPT, 0, 0);
+      if (ov)
+        add_phase(tr, &n, PH_OPT, 1, 0);
+    }
     add_phase(tr, &n, PH_EMBED, 0, k);
     for (int i = 0; i < L; i++) {
-      if (folded && first)
-        add_phase(tr, &n, PH_OPT, 1 + i, 0);
+      if (folded && first && (ov ? i + 2 <= H : 1))
+        add_phase(tr, &n, PH_OPT, ov ? i + 2 : 1 + i, 0);
       add_phase(tr, &n, PH_FWD, 1 + i, k);
     }
-    if (folded && first)
+    if (folded && first && !ov)
       add_phase(tr, &n, PH_OPT, H, 0);
     add_phase(tr, &n, PH_HEAD, H, k);
-    if (overlapped && last)
+    if (overlapped && last && !ov)
       add_phase(tr, &n, PH_OPT, H, 0);
     for (int i = L - 1; i >= 0; i--) {
       add_phase(tr, &n, PH_BWD, 1 + i, k);
       if (overlapped && last)
-        add_phase(tr, &n, PH_OPT, 1 + i, 0);
+        add_phase(tr, &n, PH_OPT, ov ? 2 + i : 1 + i, 0);
     }
     int eb = add_phase(tr, &n, PH_EMBED_BWD, 0, k);
     if (last)
       tr->loss_phase = eb;
-    if (overlapped && last)
+    if (overlapped && last) {
+      if (ov)
+        add_phase(tr, &n, PH_OPT, 1, 0);
       add_phase(tr, &n, PH_OPT, 0, 0);
+    }
   }
   if (tr->mode == TZ_OPT_UNFOLDED)
     for (int b = 0; b < tr->nb; b++)
@@ -534,9 +662,9 @@ static void buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
   sz[BUF_ACTS] = tz_model_acts_bytes(c, tr->S, tr->B, tr->T);
   sz[BUF_LS] = tz_model_scratch_bytes(c, tr->S, tr->B, tr->T);
   sz[BUF_HS] = tz_model_head_scratch_bytes(c, tr->S, tr->B, tr->T);
-  sz[BUF_GW] = maxp * tr->es;
+  sz[BUF_GW] = maxp * tr->es * (tr->overlap ? 2 : 1);
   sz[BUF_GWE] = tr->padded[0] * tr->es;
-  sz[BUF_FG] = maxp * sizeof(float);
+  sz[BUF_FG] = maxp * sizeof(float) * (tr->overlap ? 2 : 1);
   sz[BUF_FGE] = tr->padded[0] * sizeof(float);
   sz[BUF_PARTIALS] = tr->n_seg * sizeof(float);
   sz[BUF_SCAL] = 4 * sizeof(float);
@@ -623,7 +751,7 @@ static int home_phase(const tz_trainer *tr, int i, const int8_t *tiers) {
     return 0;
   int host = 0, nvme = 0, device = 0;
   for (int u = 0; u < ph->n_uses; u++) {
-    int t = tiers[ph->block * TZ_PLAN_KINDS + ph->kinds[u]];
+    int t = tiers[ph->blocks[u] * TZ_PLAN_KINDS + ph->kinds[u]];
     host |= t == TZ_PLAN_HOST;
     nvme |= t == TZ_PLAN_NVME;
     device |= t == TZ_PLAN_COMPUTE && tr->gpu;
@@ -644,14 +772,25 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
     pp[i].flop = phase_flop(tr, ph);
     if (ph->kind == PH_OPT) {
       pp[i].adam_elems = (double)tr->shard[ph->block];
-    } else {
+    } else if (!tr->overlap) {
       int reads = ph->kind != PH_EMBED_BWD, grads = ph->kind >= PH_HEAD;
       pp[i].coll_bytes = share * (double)tr->padded[ph->block] *
                          ((double)reads * (double)tr->es + (double)grads * 4.0);
+    } else {
+      /* The embedding's own gather and reduce-scatter hold the phase up; the next layer's gather
+       * and the previous one's reduce-scatter run beside its compute, and the phase after waits
+       * for them. */
+      if (ph->kind == PH_EMBED || ph->kind == PH_EMBED_BWD)
+        pp[i].coll_bytes =
+            share * (double)tr->padded[0] * (ph->kind == PH_EMBED ? (double)tr->es : 4.0);
+      if (ph->next >= 0)
+        pp[i].coll_async += share * (double)tr->padded[ph->next] * (double)tr->es;
+      if (ph->prev >= 0)
+        pp[i].coll_async += share * (double)tr->padded[ph->prev] * 4.0;
     }
     pp[i].n_uses = ph->n_uses;
     for (int u = 0; u < ph->n_uses; u++)
-      pp[i].uses[u] = (struct tz_plan_use){ph->block, ph->kinds[u], ph->uses[u].access};
+      pp[i].uses[u] = (struct tz_plan_use){ph->blocks[u], ph->kinds[u], ph->uses[u].access};
   }
   uint64_t sz[BUF_COUNT];
   buffer_sizes(tr, sz);
@@ -1118,6 +1257,10 @@ static int create_tiers(tz_trainer *tr) {
   tr->gw = CARVE(BUF_GW);
   tr->gw_embed = CARVE(BUF_GWE);
   tr->fg = (float *)CARVE(BUF_FG);
+  tr->gw2[0] = tr->gw;
+  tr->fg2[0] = tr->fg;
+  tr->gw2[1] = tr->overlap ? (char *)tr->gw + sz[BUF_GW] / 2 : tr->gw;
+  tr->fg2[1] = tr->overlap ? (float *)((char *)tr->fg + sz[BUF_FG] / 2) : tr->fg;
   tr->fg_embed = (float *)CARVE(BUF_FGE);
   tr->partials = (float *)CARVE(BUF_PARTIALS);
   tr->scal = (float *)CARVE(BUF_SCAL);
@@ -1272,7 +1415,7 @@ static int create_sched(tz_trainer *tr) {
     }
   for (int i = 0; i < tr->n_ph; i++)
     for (int u = 0; u < tr->ph[i].n_uses; u++)
-      tr->ph[i].uses[u].block = tr->bid[tr->ph[i].block][tr->ph[i].kinds[u]];
+      tr->ph[i].uses[u].block = tr->bid[tr->ph[i].blocks[u]][tr->ph[i].kinds[u]];
   struct tz_phase_decl *d = calloc((size_t)tr->n_ph, sizeof *d);
   if (!d)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
@@ -1313,6 +1456,7 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   tr->G = (int)cfg->gradient_accumulation_steps;
   tr->T = p->seq_len;
   tr->N = tr->B * tr->T;
+  tr->overlap = cfg->tierzero.overlap_collectives && tr->world > 1;
   tr->total_steps = p->total_steps;
   tr->clip_scale = 1.0f;
   tr->opt_scale = 1.0f;
@@ -1479,8 +1623,15 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
     memset(j, 0, sizeof *j);
     j->tr = tr;
     j->phase = i;
-    for (int u = 0; u < v.n_blocks; u++)
-      j->ptr[tr->ph[i].kinds[u]] = v.blocks[u].ptr;
+    for (int u = 0; u < v.n_blocks; u++) {
+      const struct phase *ph = &tr->ph[i];
+      if (ph->roles[u] == USE_NEXT)
+        j->next_param = v.blocks[u].ptr;
+      else if (ph->roles[u] == USE_PREV)
+        j->prev_grad = v.blocks[u].ptr;
+      else
+        j->ptr[ph->kinds[u]] = v.blocks[u].ptr;
+    }
     j->pending = pending;
     j->adam = ap;
     /* Folded, the previous step's factor (its loss phase has completed); overlapped, always 1
