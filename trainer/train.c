@@ -127,6 +127,12 @@ struct tz_trainer {
   int overlap;
   void *gw2[2];
   float *fg2[2];
+  /* GPU with overlapped collectives: the lane's stream computes while the comm's own stream runs
+   * the collectives; each collective waits for the compute issued before it (to_comm) and the
+   * compute that uses its result waits for it (from_comm), through these two events. */
+  int split;
+  void *comm_stream;
+  void *ev_to_comm, *ev_from_comm;
   float *partials;         /* (n_seg) sums of squares of norm segments */
   float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
   int32_t *host_tokens[2]; /* host copies by step parity: tokens then targets, each G*N */
@@ -202,14 +208,37 @@ static int wait_release(tz_fence *f) {
   return rc < 0 ? rc : 0;
 }
 
+/* Split streams (tr->split): the comm's stream waits for what the lane's stream has been given so
+ * far (to_comm), or the other way round (from_comm), on the device. */
+static int stream_order(tz_trainer *tr, int to_comm) {
+#ifdef TZ_HAVE_CUDA
+  cudaStream_t compute = tz_compute_stream(tr->cm), comm = tr->comm_stream;
+  cudaEvent_t ev = to_comm ? tr->ev_to_comm : tr->ev_from_comm;
+  cudaError_t e = cudaEventRecord(ev, to_comm ? compute : comm);
+  if (e == cudaSuccess)
+    e = cudaStreamWaitEvent(to_comm ? comm : compute, ev, 0);
+  if (e != cudaSuccess)
+    return tz_err_set(TZ_ECUDA, "train: ordering the compute and comm streams: %s",
+                      cudaGetErrorString(e));
+  return 0;
+#else
+  (void)tr;
+  (void)to_comm;
+  return tz_err_set(TZ_ENOTSUP, "train: split streams without CUDA");
+#endif
+}
+
+/* Before a collective: its inputs, written by earlier compute, are ready when it starts. */
+static int coll_begin(tz_trainer *tr) { return tr->split ? stream_order(tr, 1) : 0; }
+
 /* A collective issued inside a job has completed in order when the next op runs: on a CPU lane
- * the job waits for it; on a GPU the comm enqueues it on the lane's own stream (the nccl comm's
- * stream is the lane's), so stream order is the wait. */
+ * the job waits for it; on a GPU the comm enqueues it on its stream, which is the lane's (stream
+ * order is the wait) or, split, one the lane's stream is made to wait for. */
 static int coll_done(tz_trainer *tr, tz_fence *f) {
   if (!tr->gpu)
     return wait_release(f);
   tz_fence_release(f);
-  return 0;
+  return tr->split ? stream_order(tr, 0) : 0;
 }
 
 /* The full weights of block b from the rank's shard: all-gathered into buf, or with one rank the
@@ -220,6 +249,7 @@ static int gather(tz_trainer *tr, int b, void *shard, void *buf, void **out) {
     return 0;
   }
   tz_fence *f = NULL;
+  TZ_CHECK(coll_begin(tr));
   TZ_CHECK(tz_comm_all_gather(tr->comm, shard, buf, tr->shard[b] * tr->es, NULL, &f));
   *out = buf;
   return coll_done(tr, f);
@@ -233,6 +263,7 @@ static int reduce_into(tz_trainer *tr, int b, float *fg, float *grad, int micro)
   float *mine = fg + (uint64_t)tr->rank * n;
   if (tr->world > 1) {
     tz_fence *f = NULL;
+    TZ_CHECK(coll_begin(tr));
     TZ_CHECK(tz_comm_reduce_scatter(tr->comm, fg, mine, n, TZ_F32, NULL, &f));
     TZ_CHECK(coll_done(tr, f));
   }
@@ -264,6 +295,7 @@ struct inflight {
 static int issue_ahead(tz_trainer *tr, const struct phase *ph, const struct job *j,
                        struct inflight *f) {
   f->gather = f->reduce = NULL;
+  TZ_CHECK(coll_begin(tr));
   if (ph->next >= 0)
     TZ_CHECK(tz_comm_all_gather(tr->comm, j->next_param, tr->gw2[ph->next % 2],
                                 tr->shard[ph->next] * tr->es, NULL, &f->gather));
@@ -304,6 +336,7 @@ static int complete_ahead(tz_trainer *tr, const struct phase *ph, const struct j
 static int finish_step(tz_trainer *tr, float loss_scale) {
   tz_fence *f = NULL;
   if (tr->world > 1) {
+    TZ_CHECK(coll_begin(tr));
     TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->scal, tr->scal, 1, TZ_F32, NULL, &f));
     TZ_CHECK(coll_done(tr, f));
     TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->partials, tr->partials, tr->n_seg, TZ_F32, NULL, &f));
@@ -1128,7 +1161,25 @@ static int create_lane(tz_trainer *tr) {
   if (!s || !*s)
     return tz_err_set(TZ_ENOTSUP, "train: the %s comm has no CUDA stream for the GPU lane",
                       tz_comm_backend(tr->comm));
-  return tz_hbm_lane_create_on(tr->t_compute, *s, &tr->lane);
+  if (!tr->overlap)
+    return tz_hbm_lane_create_on(tr->t_compute, *s, &tr->lane);
+  /* Overlapped collectives: the lane on a stream of its own beside the comm's. */
+  tr->comm_stream = *s;
+  cudaEvent_t a = NULL, b = NULL;
+  cudaError_t e = cudaSetDevice(tr->device);
+  if (e == cudaSuccess)
+    e = cudaEventCreateWithFlags(&a, cudaEventDisableTiming);
+  if (e == cudaSuccess)
+    e = cudaEventCreateWithFlags(&b, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    if (a)
+      cudaEventDestroy(a);
+    return tz_err_set(TZ_ECUDA, "train: events for the comm's stream: %s", cudaGetErrorString(e));
+  }
+  tr->ev_to_comm = a;
+  tr->ev_from_comm = b;
+  tr->split = 1;
+  return tz_hbm_lane_create(tr->t_compute, &tr->lane);
 }
 #endif
 
@@ -1520,6 +1571,12 @@ void tz_trainer_destroy(tz_trainer *tr) {
   tz_tier_free(&tr->buf);
   tz_compute_destroy(tr->cm);
   tz_lane_destroy(tr->lane);
+#ifdef TZ_HAVE_CUDA
+  if (tr->ev_to_comm)
+    cudaEventDestroy(tr->ev_to_comm);
+  if (tr->ev_from_comm)
+    cudaEventDestroy(tr->ev_from_comm);
+#endif
   tz_tier_destroy(tr->t_nvme);
   tz_tier_destroy(tr->t_nvme_base);
   tz_tier_destroy(tr->t_host);
@@ -1800,6 +1857,7 @@ int tz_trainer_param_load(tz_trainer *tr, int block, int kind, float *dst) {
   TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, mine, shard, n * es), rc, out);
   if (tr->world > 1) {
     tz_fence *f = NULL;
+    TZ_CHECK_GOTO(coll_begin(tr), rc, out);
     TZ_CHECK_GOTO(tz_comm_all_gather(tr->comm, mine, dev, n * es, NULL, &f), rc, out);
     TZ_CHECK_GOTO(wait_release(f), rc, out);
   }
@@ -1890,6 +1948,7 @@ static int gather_synced(tz_trainer *tr, int b, void *host_shard, void *full) {
   char *mine = (char *)(b == 0 ? tr->fg_embed : tr->fg) + (uint64_t)tr->rank * bytes;
   TZ_CHECK(tz_compute_copy_in(tr->cm, mine, host_shard, bytes));
   tz_fence *f = NULL;
+  TZ_CHECK(coll_begin(tr));
   TZ_CHECK(tz_comm_all_gather(tr->comm, mine, full, bytes, NULL, &f));
   return wait_release(f);
 }
@@ -1934,6 +1993,7 @@ int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *target
      * steps. */
     TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, tr->scal + 2, &sum, sizeof sum), rc, out);
     tz_fence *f = NULL;
+    TZ_CHECK_GOTO(coll_begin(tr), rc, out);
     TZ_CHECK_GOTO(tz_comm_all_reduce(tr->comm, tr->scal + 2, tr->scal + 2, 1, TZ_F32, NULL, &f), rc,
                   out);
     TZ_CHECK_GOTO(wait_release(f), rc, out);

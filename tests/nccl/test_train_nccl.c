@@ -3,7 +3,9 @@
  * parameters, bit for bit. With two ranks every reduction is one addition of two terms, which
  * NCCL and the one-rank accumulation (micro-batch 0 copied, micro-batch 1 added) do alike.
  * Two cases: clipping with folded optimizer steps and state in GPU memory; no clipping,
- * overlapped steps and state on the host.
+ * overlapped steps and state on the host; and each again with overlapped collectives (the lane
+ * and the comm on streams of their own, each phase gathering the next layer and reduce-scattering
+ * the previous one's gradient while it computes).
  * Skips (77) with fewer than two GPUs. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -26,7 +28,8 @@ static void case_opts(int which, struct tc_opts *o) {
   o->backend = "cuda";
   o->small_window = 1;
   o->accum = 1;
-  if (which == 1) {
+  o->overlap = (which & 2) != 0;
+  if (which & 1) {
     o->clip = 0;
     o->param_dev = "cpu";
     o->opt_dev = "cpu";
@@ -148,6 +151,16 @@ static void test_overlapped_on_host(void **state) {
   two_against_one(1);
 }
 
+static void test_folded_in_gpu_memory_collectives_overlapped(void **state) {
+  (void)state;
+  two_against_one(2);
+}
+
+static void test_overlapped_on_host_collectives_overlapped(void **state) {
+  (void)state;
+  two_against_one(3);
+}
+
 int main(int argc, char **argv) {
   self_path = argv[0];
   if (argc > 2 && strncmp(argv[1], "worker", 6) == 0)
@@ -162,6 +175,8 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_folded_in_gpu_memory),
       cmocka_unit_test(test_overlapped_on_host),
+      cmocka_unit_test(test_folded_in_gpu_memory_collectives_overlapped),
+      cmocka_unit_test(test_overlapped_on_host_collectives_overlapped),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);
