@@ -148,9 +148,10 @@ static void test_plan_for_gpu(void **state) {
   snprintf(rates, sizeof rates, "%s/gpu-rates.json", dir);
   FILE *f = fopen(rates, "w");
   assert_non_null(f);
-  fprintf(f, "{\"version\": 2, \"cuda|nvme:-\": {\"flops\": 8.6e14, \"copy_in\": 5.3e10, "
+  fprintf(f, "{\"version\": 3, \"cuda|nvme:-\": {\"flops\": 8.6e14, \"copy_in\": 5.3e10, "
              "\"copy_out\": 5.4e10, \"copy_duplex\": 9.6e10, \"copy_local\": 1.6e12, "
-             "\"nvme_read\": 0, \"nvme_write\": 0, \"adam\": 1.3e11, \"adam_home\": 1.4e9}}\n");
+             "\"nvme_read\": 0, \"nvme_write\": 0, \"nvme_duplex\": 0, \"adam\": 1.3e11, "
+             "\"adam_home\": 1.4e9}}\n");
   fclose(f);
   const char *offload = "--model llama-1b --seq 2048 --set train_micro_batch_size_per_gpu=4 "
                         "--set zero_optimization.offload_param.device=cpu "
