@@ -131,6 +131,42 @@ def fmt_tflops(v):
     return "%.1f" % v if v >= 1 else "%.3g" % v
 
 
+def scaling(rows):
+    """Strong scaling: each run on W > 1 ranks beside the same runner's run on one rank that
+    accumulates W micro-batches (the same global batch), same device, model, sequence and
+    micro-batch; the untagged one, else the first by tag."""
+    lines = []
+    for r in sorted(rows, key=sort_key):
+        w = r.get("world_size", 1)
+        if w < 2 or r.get("accumulation", 1) != 1 or not ok(r):
+            continue
+        same = [b for b in rows if ok(b) and b.get("world_size", 1) == 1
+                and b.get("accumulation", 1) == w and b["runner"] == r["runner"]
+                and b["model"] == r["model"] and b.get("seq") == r.get("seq")
+                and b.get("micro_batch") == r.get("micro_batch")
+                and b.get("device") == r.get("device")]
+        if not same:
+            continue
+        same.sort(key=lambda b: (bool(b.get("tag")), b.get("tag") or ""))
+        b = same[0]
+        speed = r["tokens_per_s"] / b["tokens_per_s"]
+        tf = r.get("model_tflops")
+        eff = r.get("efficiency")
+        lines.append("| %s | %s | %d | %.0f | %s: %.0f | %.2fx | %.2f | %s | %s |" % (
+            r["model"], label(r), w, r["tokens_per_s"], label(b), b["tokens_per_s"], speed,
+            speed / w, fmt_tflops(tf / w) if isinstance(tf, (int, float)) else "-",
+            "%.0f%%" % (100.0 * eff) if isinstance(eff, (int, float)) else "-"))
+    if not lines:
+        return
+    print("### Strong scaling: W ranks against one rank accumulating W micro-batches\n")
+    print("| model | runner | ranks | tokens/s | one rank | speed-up | scaling efficiency | "
+          "model TFLOP/s per rank | bound efficiency |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for line in lines:
+        print(line)
+    print()
+
+
 def table(args):
     rows = load_results(args.dir)
     if not rows:
@@ -198,6 +234,7 @@ def table(args):
                     checks.append("%s: no fsdp2-offload result" % m)
             print("Reference check (FSDP2 with CPUOffloadPolicy, the issue's 1.73 / 6.5 / 11.4 s "
                   "for llama-1b / 3b / 7b, within 10%%): %s.\n" % "; ".join(checks))
+    scaling(rows)
     if not any(k[1:] == reference and "H200" in k[0] for k in groups):
         print("Reference check: no results on an H200 at seq %d, micro-batch %d, one rank, "
               "where the issue's FSDP2 figures were measured." % (REFERENCE_SEQ, REFERENCE_MICRO))
