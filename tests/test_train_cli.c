@@ -127,6 +127,7 @@ static void test_plan(void **state) {
   assert_int_equal(rc, 0);
   const char *out = output();
   assert_non_null(strstr(out, "bound"));
+  assert_non_null(strstr(out, "the plan's rates: host link"));
   assert_non_null(strstr(out, "layer3"));
   assert_null(strstr(out, "step 1/"));
   assert_int_equal(tz_train("--model tiny --plan --set tierzero.hbm_budget=3MiB"), 1);

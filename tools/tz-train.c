@@ -493,6 +493,26 @@ static int fill_batch(const struct opts *o, const struct tz_config *cfg, const t
   return 0;
 }
 
+/* The transfer rates the plan costs with (measured, or the cache's), on one line. */
+static void print_rates(const struct tz_plan_rates *r, int shared) {
+  if (r->copy_in <= 0)
+    return;
+  char both[64] = "", disk[128] = "", coll[64] = "";
+  if (r->copy_duplex > 0)
+    snprintf(both, sizeof both, ", %.1f both at once", r->copy_duplex / 1e9);
+  if (r->nvme_read > 0)
+    snprintf(disk, sizeof disk, "; disk %.2f GB/s read, %.2f written%s", r->nvme_read / 1e9,
+             r->nvme_write / 1e9, r->nvme_duplex > 0 ? "" : " (one way at a time)");
+  if (r->nvme_duplex > 0)
+    snprintf(disk + strlen(disk), sizeof disk - strlen(disk), ", %.2f both at once",
+             r->nvme_duplex / 1e9);
+  if (r->collective > 0)
+    snprintf(coll, sizeof coll, "; collectives %.1f GB/s", r->collective / 1e9);
+  printf("tz-train: the plan's rates: host link %.1f GB/s in, %.1f out%s%s%s%s\n",
+         r->copy_in / 1e9, r->copy_out / 1e9, both, shared ? " (every rank copying)" : "", disk,
+         coll);
+}
+
 /* *stopped is set when the run ends on a stop request that every rank agreed on (it returns
  * TZ_ECANCELED then): all ranks leave together, so none aborts the job. */
 static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_config *cfg,
@@ -553,6 +573,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
       printf("tz-train: a layer's forward and backward run at %.3g TFLOP/s here (the plan's "
              "compute rate; the matmul probe's: %.3g)\n",
              tz_trainer_layer_rate(tr) / 1e12, rates.flops / 1e12);
+    print_rates(&rates, world > 1 && gpu);
     if (cfg->tierzero.cpu_adam_search)
       printf("tz-train: CPU Adam at the host homes for %g of the parameters (the plan's pick, "
              "tierzero.cpu_adam_search)\n",
