@@ -7,7 +7,7 @@
  *    construction gives exact bits, checked first);
  *  - with overlapped collectives (each phase gathering the next layer and reduce-scattering the
  *    previous one's gradient while it computes): the same bits, folded, overlapped and unfolded,
- *    with accumulation, offloaded and with a window that streams.
+ *    with accumulation, offloaded, with Adam at the host homes and with a window that streams.
  * Every rank runs the same cmocka group; mpirun's exit status is non-zero when any rank failed.
  * argv[1]: "plain" or "jitter". */
 #include <math.h>
@@ -179,6 +179,14 @@ static void test_overlap_collectives(void **state) {
   o.opt_dev = "cpu";
   o.small_window = 1;
   run_overlap(o, "overlapped collectives against none, unfolded, a window that streams");
+  /* Folded with the optimizer state on the host: CPU Adam at the homes (home phases, a CPU-only
+   * machine's default), which now write the parameters a phase earlier gathers. */
+  tc_opts_init(&o);
+  o.accum = 2;
+  o.mode = TZ_OPT_FOLDED;
+  o.param_dev = "cpu";
+  o.opt_dev = "cpu";
+  run_overlap(o, "overlapped collectives against none, folded, Adam at the host homes");
 }
 
 static void test_tolerance(void **state) {
