@@ -83,6 +83,7 @@ struct tc_opts {
   const char *hbm_budget, *host_budget; /* tierzero.hbm_budget, host_budget; NULL the default */
   int auto_placement;   /* the plan chooses the homes */
   int overlap;          /* tierzero.overlap_collectives */
+  int no_overlap_comm;  /* zero_optimization.overlap_comm false */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {
@@ -139,6 +140,8 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
     TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam_search", "true"));
   if (o->overlap)
     TZ_CHECK(tz_config_set(c, "tierzero.overlap_collectives", "true"));
+  if (o->no_overlap_comm)
+    TZ_CHECK(tz_config_set(c, "zero_optimization.overlap_comm", "false"));
   if (o->hbm_budget)
     TZ_CHECK(tz_config_set(c, "tierzero.hbm_budget", o->hbm_budget));
   if (o->host_budget)

@@ -1507,7 +1507,10 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   tr->G = (int)cfg->gradient_accumulation_steps;
   tr->T = p->seq_len;
   tr->N = tr->B * tr->T;
-  tr->overlap = cfg->tierzero.overlap_collectives && tr->world > 1;
+  /* DeepSpeed's overlap_comm (default true) can turn it off; tierzero's key turns it on until it
+   * is measured on GPUs (docs/training.md, "Overlapping the collectives"). */
+  tr->overlap = cfg->tierzero.overlap_collectives && cfg->zero_optimization.overlap_comm &&
+                tr->world > 1;
   tr->total_steps = p->total_steps;
   tr->clip_scale = 1.0f;
   tr->opt_scale = 1.0f;

@@ -187,6 +187,18 @@ static void test_overlap_collectives(void **state) {
   o.param_dev = "cpu";
   o.opt_dev = "cpu";
   run_overlap(o, "overlapped collectives against none, folded, Adam at the host homes");
+  /* DeepSpeed's overlap_comm false keeps the collectives in their phases. */
+  tc_opts_init(&o);
+  o.accum = 1;
+  o.steps = 1;
+  struct tc_result on, off;
+  o.overlap = 1;
+  TZ_ASSERT_OK(tc_run(&o, comm, rt, &on));
+  o.no_overlap_comm = 1;
+  TZ_ASSERT_OK(tc_run(&o, comm, rt, &off));
+  assert_true(on.compute_fixed > off.compute_fixed);
+  tc_result_free(&on);
+  tc_result_free(&off);
 }
 
 static void test_tolerance(void **state) {
