@@ -1160,7 +1160,7 @@ int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **
   s->chunk = tz_runtime_chunk_bytes(rt);
   s->stage_all = p->stage_homes;
   const char *d = getenv("TZ_SCHED_DEBUG");
-  s->debug = d && *d && strcmp(d, "0") != 0;
+  s->debug = p->debug || (d && *d && strcmp(d, "0") != 0);
   pthread_mutex_init(&s->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);

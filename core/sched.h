@@ -92,11 +92,13 @@ struct tz_sched_params {
                            owns a CPU lane "home" at declare when a declared phase is a home
                            phase. It must run host functions and wait on the compute lane's
                            fences and on transfer fences. */
+  int debug;            /* 1: every decision on stderr (tierzero.sched_debug), as TZ_SCHED_DEBUG=1
+                           in the environment does */
 };
 void tz_sched_params_init(struct tz_sched_params *p);
 
-/* The scheduler borrows rt and its tiers; it must be destroyed before them. TZ_SCHED_DEBUG=1 in
- * the environment prints every decision on stderr. */
+/* The scheduler borrows rt and its tiers; it must be destroyed before them. params.debug, or
+ * TZ_SCHED_DEBUG=1 in the environment, prints every decision on stderr. */
 int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **out);
 /* Waits for every phase entered and every transfer issued, then frees the scheduler's memory in
  * the compute tier and its lane. NULL is a no-op. */

@@ -71,6 +71,10 @@ static void test_run(void **state) {
     print_error("%s", output());
   assert_int_equal(rc, 0);
   assert_non_null(strstr(output(), "step 8/8"));
+  assert_null(strstr(output(), "tz-sched "));
+  /* tierzero.sched_debug: the scheduler's decisions on stderr. */
+  assert_int_equal(tz_train("--model tiny --steps 1 --seq 32 --set tierzero.sched_debug=true"), 0);
+  assert_non_null(strstr(output(), "tz-sched "));
   char path[1100];
   snprintf(path, sizeof path, "%s/m.jsonl", dir);
   FILE *f = fopen(path, "r");

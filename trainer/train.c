@@ -1453,6 +1453,7 @@ static int create_sched(tz_trainer *tr) {
   sp.trace_step = (int)c->tierzero.trace_step;
   sp.trace_path = tr->trace_path;
   sp.lane = tr->lane;
+  sp.debug = c->tierzero.sched_debug;
   TZ_CHECK(tz_sched_create(tr->rt, &sp, &tr->sched));
   tr->bid = calloc((size_t)tr->nb, sizeof *tr->bid);
   if (!tr->bid)
