@@ -178,7 +178,8 @@ static void test_overlap_collectives(void **state) {
   o.param_dev = "cpu";
   o.opt_dev = "cpu";
   o.small_window = 1;
-  run_overlap(o, "overlapped collectives against none, unfolded, a window that streams");
+  o.untied = 1;
+  run_overlap(o, "overlapped collectives against none, unfolded, untied, a window that streams");
   /* Folded with the optimizer state on the host: CPU Adam at the homes (home phases, a CPU-only
    * machine's default), which now write the parameters a phase earlier gathers. */
   tc_opts_init(&o);
