@@ -38,6 +38,7 @@ static void fill_step(struct tz_step_metrics *m, int64_t step, int64_t total) {
   m->step_s = 0.5;
   m->bound_s = 0.25;
   m->stall_s = 0.125;
+  m->coll_s = 0.0625;
 }
 
 static void test_jsonl(void **state) {
@@ -98,6 +99,7 @@ static void test_jsonl(void **state) {
       ASSERT_NEAR(json_real_value(json_object_get(o, "mfu")), 4096.0 * 1e6 / 1e12, 1e-9);
       ASSERT_NEAR(json_real_value(json_object_get(o, "step_s")), 0.5, 0);
       ASSERT_NEAR(json_real_value(json_object_get(o, "stall_s")), 0.125, 0);
+      ASSERT_NEAR(json_real_value(json_object_get(o, "coll_s")), 0.0625, 0);
       ASSERT_NEAR(json_real_value(json_object_get(o, "elapsed_s")), 0.5 * n, 0);
       assert_int_equal(json_integer_value(json_object_get(o, "tokens")), 2048);
       json_t *bytes = json_object_get(o, "bytes");
@@ -125,6 +127,7 @@ static void test_jsonl(void **state) {
       assert_int_equal(json_integer_value(json_object_get(o, "tokens")), 3 * 2048);
       ASSERT_NEAR(json_real_value(json_object_get(o, "tokens_per_s")), 4096.0, 1e-12);
       ASSERT_NEAR(json_real_value(json_object_get(o, "stall_share")), 0.25, 1e-12);
+      ASSERT_NEAR(json_real_value(json_object_get(o, "coll_share")), 0.125, 1e-12);
       /* Step 3 had no bound, so no bound is claimed for the timed steps. */
       assert_true(json_is_null(json_object_get(o, "bound_s")));
       ASSERT_NEAR(json_real_value(json_object_get(o, "eval_loss")), 2.5, 0);
@@ -362,6 +365,7 @@ static void test_summary(void **state) {
     m.step_s = i == 1 ? 2.0 : 1.0; /* a slow first step, left out of the rates */
     m.bound_s = 0.5;
     m.stall_s = 0.25;
+    m.coll_s = 0.125;
     TZ_ASSERT_OK(tz_step_metrics_add_traffic(&m, "nvme", "read", 1000000000));
     TZ_ASSERT_OK(tz_step_metrics_add_traffic(&m, "host", "h2d", 500000000));
     tz_metrics_summary_add(&s, &m);
@@ -377,7 +381,7 @@ static void test_summary(void **state) {
   assert_non_null(strstr(buf, "summary: 3 steps, 3.00k tokens in 4s"));
   assert_non_null(strstr(buf, "1.00k tokens/s, 1 TFLOP/s, MFU 10.0% of 10 TFLOP/s peak"));
   assert_non_null(strstr(buf, "1 s achieved, 0.5 s bound: 2.00x the bound"));
-  assert_non_null(strstr(buf, "stalls 25.0% of step time"));
+  assert_non_null(strstr(buf, "stalls 25.0% of step time, collectives 12.5%"));
   /* 3 GB over 4 s. */
   assert_non_null(strstr(buf, "nvme   read              3.00 GB  750.00 MB/s"));
   assert_non_null(strstr(buf, "host   h2d               1.50 GB  375.00 MB/s"));

@@ -106,6 +106,7 @@ struct tc_result {
   float *master[64], *param[64];
   struct tz_sched_stats st;
   uint64_t compute_fixed; /* the plan's trainer buffers in the compute tier */
+  double coll_s;          /* the steps' tz_step_result.coll_s, summed */
 };
 
 static inline void tc_result_free(struct tc_result *r) {
@@ -228,6 +229,7 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
     TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, &sr), rc, out);
     res->loss[s] = sr.loss;
     res->norm[s] = sr.grad_norm;
+    res->coll_s += sr.coll_s;
     res->steps = s + 1;
   }
   TZ_CHECK_GOTO(tz_trainer_sync(tr), rc, out);

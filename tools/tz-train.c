@@ -48,7 +48,7 @@ static void usage(FILE *f) {
           "  --data SPEC          builtin (the built-in corpus, the default), text:PATH, an llm.c\n"
           "                       shard or a glob of them (docs/data.md), or synthetic\n"
           "  --metrics FILE       one JSON object per step (docs/data.md: step, loss, grad_norm,\n"
-          "                       lr, step_s, bound_s, stall_s, tokens_per_s, skipped,\n"
+          "                       lr, step_s, bound_s, stall_s, coll_s, tokens_per_s, skipped,\n"
           "                       loss_scale, eval_loss, ...), then a summary object\n"
           "  --eval-every N       every N steps and after the last, the loss on the validation\n"
           "                       split (forward only, parameters unchanged)\n"
@@ -654,6 +654,7 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
     m.step_s = r.step_s;
     m.bound_s = plan->bound_s;
     m.stall_s = r.stall_s;
+    m.coll_s = r.coll_s;
     m.skipped = r.skipped;
     m.loss_scale = r.loss_scale;
     if (o->eval_every && (m.step % o->eval_every == 0 || m.step == o->steps)) {

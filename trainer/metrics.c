@@ -223,6 +223,7 @@ int tz_metrics_write_step(tz_metrics_writer *w, const struct tz_step_metrics *m)
     put(o, "step_s", num(m->step_s), &bad);
     put(o, "bound_s", m->bound_s > 0 ? num(m->bound_s) : json_null(), &bad);
     put(o, "stall_s", num(m->stall_s), &bad);
+    put(o, "coll_s", num(m->coll_s), &bad);
     put(o, "skipped", json_boolean(m->skipped), &bad);
     if (m->loss_scale > 0)
       put(o, "loss_scale", num(m->loss_scale), &bad);
@@ -252,7 +253,7 @@ void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_m
   if (s->steps == 1 && s->timed_steps == 1) {
     s->timed_steps = 0;
     s->timed_tokens = 0;
-    s->timed_s = s->timed_bound_s = s->timed_stall_s = 0;
+    s->timed_s = s->timed_bound_s = s->timed_stall_s = s->timed_coll_s = 0;
     s->bound_steps = 0;
   }
   s->steps++;
@@ -263,6 +264,7 @@ void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_m
   s->timed_tokens += m->tokens;
   s->timed_s += m->step_s;
   s->timed_stall_s += m->stall_s;
+  s->timed_coll_s += m->coll_s;
   if (m->bound_s > 0) {
     s->timed_bound_s += m->bound_s;
     s->bound_steps++;
@@ -279,11 +281,11 @@ void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_m
 
 /* The summary's rates, for print and JSON alike. */
 struct rates {
-  double tokens_per_s, tflops, mfu, step_s, bound_s, stall_share;
+  double tokens_per_s, tflops, mfu, step_s, bound_s, stall_share, coll_share;
 };
 
 static struct rates summary_rates(const struct tz_metrics_summary *s) {
-  struct rates r = {NAN, NAN, NAN, NAN, NAN, NAN};
+  struct rates r = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
   if (s->timed_steps > 0 && s->timed_s > 0) {
     r.tokens_per_s = (double)s->timed_tokens / s->timed_s;
     r.tflops = s->flops_per_token * r.tokens_per_s / 1e12;
@@ -291,6 +293,7 @@ static struct rates summary_rates(const struct tz_metrics_summary *s) {
       r.mfu = r.tflops * 1e12 / s->peak_flops;
     r.step_s = s->timed_s / (double)s->timed_steps;
     r.stall_share = s->timed_stall_s / s->timed_s;
+    r.coll_share = s->timed_coll_s / s->timed_s;
   }
   if (s->bound_steps > 0 && s->bound_steps == s->timed_steps)
     r.bound_s = s->timed_bound_s / (double)s->bound_steps;
@@ -323,7 +326,10 @@ void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f) {
     fprintf(f, " achieved, %.4g s bound: %.2fx the bound", r.bound_s, r.step_s / r.bound_s);
   else
     fprintf(f, " achieved (no plan bound)");
-  fprintf(f, "; stalls %.1f%% of step time\n", 100.0 * r.stall_share);
+  fprintf(f, "; stalls %.1f%% of step time", 100.0 * r.stall_share);
+  if (r.coll_share > 0)
+    fprintf(f, ", collectives %.1f%%", 100.0 * r.coll_share);
+  fputc('\n', f);
   if (isfinite(s->last_loss)) {
     fprintf(f, "  loss        %.4f (last step)", s->last_loss);
     if (isfinite(s->last_eval_loss))
@@ -359,6 +365,7 @@ int tz_metrics_write_summary(tz_metrics_writer *w, const struct tz_metrics_summa
     put(o, "step_s", num(r.step_s), &bad);
     put(o, "bound_s", num(r.bound_s), &bad);
     put(o, "stall_share", num(r.stall_share), &bad);
+    put(o, "coll_share", num(r.coll_share), &bad);
     put(o, "loss", num(s->last_loss), &bad);
     put(o, "eval_loss", num(s->last_eval_loss), &bad);
     put(o, "bytes", traffic_json(s->traffic, s->n_traffic), &bad);

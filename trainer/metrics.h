@@ -44,6 +44,7 @@ struct tz_step_metrics {
   double step_s;       /* wall time of the step */
   double bound_s;      /* the plan's lower bound for the step; 0 = no plan */
   double stall_s;      /* time the compute lane waited on transfers during the step */
+  double coll_s;       /* time the compute lane spent in collectives or waiting for them */
   int skipped;         /* 1: fp16 overflow, the update was skipped */
   double loss_scale;   /* fp16 loss scale; 0 when not fp16 */
   int has_eval;        /* 1: eval_loss was measured after this step */
@@ -87,7 +88,7 @@ struct tz_metrics_summary {
   double time_s;             /* sum of step_s */
   int64_t timed_steps;       /* the steps rates are taken over */
   uint64_t timed_tokens;
-  double timed_s, timed_bound_s, timed_stall_s;
+  double timed_s, timed_bound_s, timed_stall_s, timed_coll_s;
   int bound_steps;           /* timed steps with a bound */
   double last_loss, last_eval_loss;
   int n_traffic;

@@ -62,6 +62,7 @@ struct job {
   void *next_param;         /* overlapped collectives: the shard gathered ahead */
   void *prev_grad;          /* overlapped collectives: the gradient shard reduced into */
   int pending;              /* opt: 1 applies an update; 0 only refreshes param from master */
+  int par;                  /* the step's parity (its slot) */
   struct tz_adam_params adam;
   float home_scale; /* opt at home: the gradient's factor, fixed at enter (the home lane must not
                        read what the compute lane's finish_step writes) */
@@ -133,6 +134,13 @@ struct tz_trainer {
   int split;
   void *comm_stream;
   void *ev_to_comm, *ev_from_comm;
+  /* The compute lane's time in collectives (tz_step_result.coll_s), by step parity: host time in
+   * the waits of a CPU lane; on a GPU, pairs of timing events on the lane's stream around each
+   * collective (one stream) or around its wait for one (split), read at the step's end. Only the
+   * compute lane's jobs issue collectives, one at a time (job_par says which step's). */
+  double coll_host[2];
+  void **coll_ev; /* [parity][pair][2] cudaEvent_t, coll_cap pairs per parity; NULL until needed */
+  int coll_cap, coll_n[2];
   float *partials;         /* (n_seg) sums of squares of norm segments */
   float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
   int32_t *host_tokens[2]; /* host copies by step parity: tokens then targets, each G*N */
@@ -228,17 +236,96 @@ static int stream_order(tz_trainer *tr, int to_comm) {
 #endif
 }
 
-/* Before a collective: its inputs, written by earlier compute, are ready when it starts. */
-static int coll_begin(tz_trainer *tr) { return tr->split ? stream_order(tr, 1) : 0; }
+/* The step parity of the job this thread is running, -1 outside a job: collectives issued by
+ * evaluation, loads and exports are not a step's. Per thread, since home phases run beside the
+ * compute lane's jobs. */
+static _Thread_local int job_par = -1;
+
+/* Records one timing event of a collective pair on the lane's stream (a GPU job's collectives
+ * only): end 0 opens the next pair, 1 closes it. Pairs past coll_cap are not timed. */
+static int coll_event(tz_trainer *tr, int end) {
+#ifdef TZ_HAVE_CUDA
+  if (!tr->gpu || job_par < 0 || tr->world == 1)
+    return 0;
+  if (!tr->coll_ev) {
+    int cap = 4 * tr->n_ph + 8;
+    void **ev = calloc((size_t)(2 * cap * 2), sizeof *ev);
+    if (!ev)
+      return tz_err_set(TZ_ENOMEM, "train: no memory for collective timing events");
+    for (int i = 0; i < 2 * cap * 2; i++) {
+      cudaError_t e = cudaEventCreate((cudaEvent_t *)&ev[i]);
+      if (e != cudaSuccess) {
+        for (int k = 0; k < i; k++)
+          cudaEventDestroy(ev[k]);
+        free(ev);
+        return tz_err_set(TZ_ECUDA, "train: collective timing events: %s", cudaGetErrorString(e));
+      }
+    }
+    tr->coll_ev = ev;
+    tr->coll_cap = cap;
+  }
+  int p = job_par, n = tr->coll_n[p];
+  if (n >= tr->coll_cap)
+    return 0;
+  cudaEvent_t ev = tr->coll_ev[(p * tr->coll_cap + n) * 2 + end];
+  cudaError_t e = cudaEventRecord(ev, tz_compute_stream(tr->cm));
+  if (e != cudaSuccess)
+    return tz_err_set(TZ_ECUDA, "train: recording a collective's timing event: %s",
+                      cudaGetErrorString(e));
+  if (end)
+    tr->coll_n[p] = n + 1;
+  return 0;
+#else
+  (void)tr;
+  (void)end;
+  return 0;
+#endif
+}
+
+/* The step of parity p's collective time, once the lane has passed its last collective (the
+ * step's loss phase); the parity's count starts again. */
+static double coll_take(tz_trainer *tr, int p) {
+  double s = tr->coll_host[p];
+  tr->coll_host[p] = 0;
+#ifdef TZ_HAVE_CUDA
+  for (int i = 0; i < tr->coll_n[p]; i++) {
+    float ms = 0;
+    void **pair = &tr->coll_ev[(p * tr->coll_cap + i) * 2];
+    if (cudaEventElapsedTime(&ms, pair[0], pair[1]) == cudaSuccess && ms > 0)
+      s += 1e-3 * (double)ms;
+    else
+      cudaGetLastError();
+  }
+  tr->coll_n[p] = 0;
+#endif
+  return s;
+}
+
+/* Before a collective: its inputs, written by earlier compute, are ready when it starts. On one
+ * stream, the collective's time on the lane starts here. */
+static int coll_begin(tz_trainer *tr) {
+  if (tr->split)
+    return stream_order(tr, 1);
+  return coll_event(tr, 0);
+}
 
 /* A collective issued inside a job has completed in order when the next op runs: on a CPU lane
  * the job waits for it; on a GPU the comm enqueues it on its stream, which is the lane's (stream
  * order is the wait) or, split, one the lane's stream is made to wait for. */
 static int coll_done(tz_trainer *tr, tz_fence *f) {
-  if (!tr->gpu)
-    return wait_release(f);
+  if (!tr->gpu) {
+    double t0 = now_s();
+    int rc = wait_release(f);
+    if (job_par >= 0)
+      tr->coll_host[job_par] += now_s() - t0;
+    return rc;
+  }
   tz_fence_release(f);
-  return tr->split ? stream_order(tr, 0) : 0;
+  if (!tr->split)
+    return coll_event(tr, 1);
+  TZ_CHECK(coll_event(tr, 0));
+  TZ_CHECK(stream_order(tr, 0));
+  return coll_event(tr, 1);
 }
 
 /* The full weights of block b from the rank's shard: all-gathered into buf, or with one rank the
@@ -339,6 +426,7 @@ static int finish_step(tz_trainer *tr, float loss_scale) {
     TZ_CHECK(coll_begin(tr));
     TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->scal, tr->scal, 1, TZ_F32, NULL, &f));
     TZ_CHECK(coll_done(tr, f));
+    TZ_CHECK(coll_begin(tr));
     TZ_CHECK(tz_comm_all_reduce(tr->comm, tr->partials, tr->partials, tr->n_seg, TZ_F32, NULL, &f));
     TZ_CHECK(coll_done(tr, f));
   }
@@ -474,9 +562,17 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
   return tz_err_set(TZ_EINVAL, "train: phase %d of kind %d has no compute", j->phase, ph->kind);
 }
 
+static int run_phase(tz_trainer *tr, struct job *j);
+
 static int run_job(void *arg) {
   struct job *j = arg;
-  tz_trainer *tr = j->tr;
+  job_par = j->par;
+  int rc = run_phase(j->tr, j);
+  job_par = -1;
+  return rc;
+}
+
+static int run_phase(tz_trainer *tr, struct job *j) {
   const struct phase *ph = &tr->ph[j->phase];
   int b = ph->block, k = ph->micro;
   if (ph->kind == PH_OPT)
@@ -1576,6 +1672,10 @@ void tz_trainer_destroy(tz_trainer *tr) {
   tz_compute_destroy(tr->cm);
   tz_lane_destroy(tr->lane);
 #ifdef TZ_HAVE_CUDA
+  if (tr->coll_ev)
+    for (int i = 0; i < 2 * tr->coll_cap * 2; i++)
+      cudaEventDestroy(tr->coll_ev[i]);
+  free(tr->coll_ev);
   if (tr->ev_to_comm)
     cudaEventDestroy(tr->ev_to_comm);
   if (tr->ev_from_comm)
@@ -1694,6 +1794,7 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
         j->ptr[ph->kinds[u]] = v.blocks[u].ptr;
     }
     j->pending = pending;
+    j->par = par;
     j->adam = ap;
     /* Folded, the previous step's factor (its loss phase has completed); overlapped, always 1
      * (neither clipping nor loss scaling). */
@@ -1742,6 +1843,9 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
     res->step_s = now_s() - t0;
     res->stall_s = st1.stall_s - st0.stall_s;
   }
+  double coll = coll_take(tr, par);
+  if (res)
+    res->coll_s = coll;
   tr->step++;
 out:
   tz_fence_release(done);

@@ -98,6 +98,8 @@ struct tz_step_result {
   double lr;        /* learning rate of this step's update */
   double step_s;    /* wall time of tz_trainer_step */
   double stall_s;   /* compute-lane time spent waiting for inputs in this step */
+  double coll_s;    /* compute-lane time spent in collectives or waiting for them in this step
+                       (with overlapped collectives, only the waits); 0 on one rank */
   int skipped;       /* fp16: 1 when the gradients overflowed and the update was dropped */
   double loss_scale; /* fp16: the loss scale after this step's update of it (the next step's);
                         0 without fp16 */

@@ -110,6 +110,8 @@ static void run_pair(const struct tc_opts *o, int exact, const char *what) {
   struct tc_result many, one;
   TZ_ASSERT_OK(tc_run(&w, comm, rt, &many));
   run_single(w, &one);
+  assert_true(many.coll_s > 0); /* the lane's time in collectives, none on one rank */
+  assert_true(one.coll_s == 0);
   compare(&many, &one, exact, what);
   tc_result_free(&many);
   tc_result_free(&one);
@@ -147,8 +149,10 @@ static void run_overlap(struct tc_opts o, const char *what) {
   TZ_ASSERT_OK(tc_run(&o, comm, rt, &on));
   o.overlap = 0;
   TZ_ASSERT_OK(tc_run(&o, comm, rt, &off));
-  /* Taken: a second gathered-weight and full-gradient buffer. */
+  /* Taken: a second gathered-weight and full-gradient buffer. Both report the lane's time in
+   * collectives. */
   assert_true(on.compute_fixed > off.compute_fixed);
+  assert_true(on.coll_s > 0 && off.coll_s > 0);
   compare(&on, &off, 1, what);
   tc_result_free(&on);
   tc_result_free(&off);
