@@ -35,9 +35,8 @@ int tz_rates_default_path(char *buf, size_t len);
  * broadcast. Then, on a world of GPUs (the cuda backend with the nccl comm), every rank times its
  * own host link at the same time as the others, and copy_in, copy_out and copy_duplex become the
  * slowest rank's where that is below the rate alone (not cached; if a rank cannot time its link,
- * a warning, and the rates alone); and every rank times an
- * all-gather for the collective rate (0 on a world of one). refresh != 0 measures even when the
- * cache has an entry. */
+ * a warning, and the rates alone); and every rank times an all-gather for the collective rate
+ * (0 on a world of one). refresh != 0 measures even when the cache has an entry. */
 /* Threads CPU Adam at the host homes runs on beside a GPU: tierzero.threads when set, else every
  * CPU this process may run on but two (left to the thread that launches the GPU's kernels and to
  * the progress engine); at least 1. */
