@@ -152,16 +152,19 @@ def scaling(rows):
         speed = r["tokens_per_s"] / b["tokens_per_s"]
         tf = r.get("model_tflops")
         eff = r.get("efficiency")
-        lines.append("| %s | %s | %d | %.0f | %s: %.0f | %.2fx | %.2f | %s | %s |" % (
+        coll = r.get("coll_s")
+        lines.append("| %s | %s | %d | %.0f | %s: %.0f | %.2fx | %.2f | %s | %s | %s |" % (
             r["model"], label(r), w, r["tokens_per_s"], label(b), b["tokens_per_s"], speed,
             speed / w, fmt_tflops(tf / w) if isinstance(tf, (int, float)) else "-",
-            "%.0f%%" % (100.0 * eff) if isinstance(eff, (int, float)) else "-"))
+            "%.0f%%" % (100.0 * eff) if isinstance(eff, (int, float)) else "-",
+            "%.1f%%" % (100.0 * coll / r["step_s"]) if isinstance(coll, (int, float))
+            and r.get("step_s") else "-"))
     if not lines:
         return
     print("### Strong scaling: W ranks against one rank accumulating W micro-batches\n")
     print("| model | runner | ranks | tokens/s | one rank | speed-up | scaling efficiency | "
-          "model TFLOP/s per rank | bound efficiency |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "model TFLOP/s per rank | bound efficiency | collectives (of the step) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for line in lines:
         print(line)
     print()
@@ -368,6 +371,7 @@ def summarise_tz(a, res):
         "accumulation": accum, "setup_s": setup, "end_s": end_seconds(a.log),
         "tokens_per_s": tokens / step_s, "model_tflops": fpt * tokens / step_s / 1e12,
         "flops_per_token": fpt, "stall_s": median([o.get("stall_s") or 0.0 for o in timed]),
+        "coll_s": median([o.get("coll_s") or 0.0 for o in timed]),
         "loss_first": steps[0].get("loss"), "loss_last": steps[-1].get("loss"),
     })
     if s:
