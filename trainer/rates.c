@@ -494,51 +494,51 @@ static int measure_tiers_gpu(const struct tz_config *c, tz_runtime *rt, int devi
  * same time as the others, and the plan gets the slowest rank's copy_in, copy_out and
  * copy_duplex where they are below the ones measured alone. Not cached: it takes a fraction of a
  * second and depends on the world. */
+/* Every rank's v (status, copy_in, copy_out, copy_duplex) into all; 1 when every status is 0,
+ * 0 when some rank's is not (rank 0 says which), the comm's error when it fails. */
+static int gather_links(tz_comm *comm, const double v[4], double *all) {
+  tz_fence *f = NULL;
+  int rc = tz_comm_all_gather(comm, v, all, 4 * sizeof(double), NULL, &f);
+  if (rc == 0)
+    rc = tz_fence_wait(f, -1);
+  tz_fence_release(f);
+  if (rc < 0)
+    return rc;
+  int ok = 1;
+  for (int k = 0; k < tz_comm_size(comm); k++)
+    if (all[4 * k] < 0) {
+      ok = 0;
+      if (tz_comm_rank(comm) == 0)
+        TZ_WARN("rates: rank %d could not time its host link beside the others%s%s; the plan "
+                "takes the rates of one GPU alone",
+                k, k == 0 ? ": " : "", k == 0 ? tz_err_msg() : "");
+    }
+  return ok;
+}
+
 static int time_links_shared(const struct tz_config *c, tz_runtime *rt, tz_comm *comm,
                              struct tz_plan_rates *out) {
   int world = tz_comm_size(comm);
   int *device = tz_comm_native(comm, "device");
   if (world < 2 || !device)
     return 0;
+  double *all = calloc((size_t)world, 4 * sizeof(double));
+  if (!all)
+    return tz_err_set(TZ_ENOMEM, "rates: no memory for the ranks' link rates");
   struct link_probe lp;
   struct tz_plan_rates mine = *out;
-  int rc = link_probe_open(c, rt, *device, &lp);
   /* Every rank learns whether all could open their probe before any waits at a barrier. */
-  double v[4] = {rc, 0, 0, 0}, *all = calloc((size_t)world, sizeof v);
-  if (!all) {
-    link_probe_close(&lp);
-    return tz_err_set(TZ_ENOMEM, "rates: no memory for the ranks' link rates");
-  }
-  int ok = 1;
-  for (int round = 0; round < 2 && ok; round++) {
-    if (round == 1) {
-      rc = link_probe_time(&lp, rt, comm, 0, &mine);
-      v[0] = rc;
-      v[1] = mine.copy_in;
-      v[2] = mine.copy_out;
-      v[3] = mine.copy_duplex;
-    }
-    tz_fence *f = NULL;
-    int crc = tz_comm_all_gather(comm, v, all, sizeof v, NULL, &f);
-    if (crc == 0)
-      crc = tz_fence_wait(f, -1);
-    tz_fence_release(f);
-    if (crc < 0) { /* the comm has failed: so will everything after */
-      link_probe_close(&lp);
-      free(all);
-      return crc;
-    }
-    for (int k = 0; k < world; k++)
-      if (all[4 * k] < 0) {
-        ok = 0;
-        if (tz_comm_rank(comm) == 0)
-          TZ_WARN("rates: rank %d could not time its host link beside the others%s%s; the plan "
-                  "takes the rates of one GPU alone",
-                  k, k == 0 ? ": " : "", k == 0 ? tz_err_msg() : "");
-      }
+  double v[4] = {link_probe_open(c, rt, *device, &lp), 0, 0, 0};
+  int ok = gather_links(comm, v, all);
+  if (ok == 1) {
+    v[0] = link_probe_time(&lp, rt, comm, 0, &mine);
+    v[1] = mine.copy_in;
+    v[2] = mine.copy_out;
+    v[3] = mine.copy_duplex;
+    ok = gather_links(comm, v, all);
   }
   link_probe_close(&lp);
-  if (ok) {
+  if (ok == 1) {
     double *f[3] = {&out->copy_in, &out->copy_out, &out->copy_duplex};
     double alone[3] = {out->copy_in, out->copy_out, out->copy_duplex};
     for (int i = 0; i < 3; i++)
@@ -552,7 +552,7 @@ static int time_links_shared(const struct tz_config *c, tz_runtime *rt, tz_comm 
               alone[0] / 1e9, alone[1] / 1e9, alone[2] / 1e9);
   }
   free(all);
-  return 0;
+  return ok < 0 ? ok : 0; /* only the comm's failure is the run's */
 }
 
 static int run_adam_cuda(void *arg) {

@@ -139,7 +139,7 @@ struct tz_trainer {
    * collective (one stream) or around its wait for one (split), read at the step's end. Only the
    * compute lane's jobs issue collectives, one at a time (job_par says which step's). */
   double coll_host[2];
-  void **coll_ev; /* [parity][pair][2] cudaEvent_t, coll_cap pairs per parity; NULL until needed */
+  void **coll_ev; /* [parity][pair][2] cudaEvent_t, coll_cap pairs per parity; NULL: one rank */
   int coll_cap, coll_n[2];
   float *partials;         /* (n_seg) sums of squares of norm segments */
   float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
@@ -242,28 +242,12 @@ static int stream_order(tz_trainer *tr, int to_comm) {
 static _Thread_local int job_par = -1;
 
 /* Records one timing event of a collective pair on the lane's stream (a GPU job's collectives
- * only): end 0 opens the next pair, 1 closes it. Pairs past coll_cap are not timed. */
+ * only; the events are made with the lane): end 0 opens the next pair, 1 closes it. Pairs past
+ * coll_cap are not timed. */
 static int coll_event(tz_trainer *tr, int end) {
 #ifdef TZ_HAVE_CUDA
-  if (!tr->gpu || job_par < 0 || tr->world == 1)
+  if (!tr->coll_ev || job_par < 0)
     return 0;
-  if (!tr->coll_ev) {
-    int cap = 4 * tr->n_ph + 8;
-    void **ev = calloc((size_t)(2 * cap * 2), sizeof *ev);
-    if (!ev)
-      return tz_err_set(TZ_ENOMEM, "train: no memory for collective timing events");
-    for (int i = 0; i < 2 * cap * 2; i++) {
-      cudaError_t e = cudaEventCreate((cudaEvent_t *)&ev[i]);
-      if (e != cudaSuccess) {
-        for (int k = 0; k < i; k++)
-          cudaEventDestroy(ev[k]);
-        free(ev);
-        return tz_err_set(TZ_ECUDA, "train: collective timing events: %s", cudaGetErrorString(e));
-      }
-    }
-    tr->coll_ev = ev;
-    tr->coll_cap = cap;
-  }
   int p = job_par, n = tr->coll_n[p];
   if (n >= tr->coll_cap)
     return 0;
@@ -342,9 +326,16 @@ static int gather(tz_trainer *tr, int b, void *shard, void *buf, void **out) {
   return coll_done(tr, f);
 }
 
-/* Reduce-scatters the full gradient fg of block b and adds the rank's part into the gradient
- * shard (micro-batch 0 copies it: the sum then starts from the first term, as the reduction's
- * does, so accumulation and a larger world give the same bits). */
+/* Adds the rank's reduced part of a gradient (n floats) into its gradient shard; micro-batch 0
+ * copies it: the sum then starts from the first term, as the reduction's does, so accumulation
+ * and a larger world give the same bits. */
+static int accumulate(tz_trainer *tr, float *grad, const float *mine, uint64_t n, int micro) {
+  if (micro == 0)
+    return tz_compute_copy(tr->cm, grad, mine, n * sizeof(float));
+  return tz_compute_add(tr->cm, TZ_F32, grad, grad, mine, n);
+}
+
+/* Reduce-scatters the full gradient fg of block b and accumulates the rank's part. */
 static int reduce_into(tz_trainer *tr, int b, float *fg, float *grad, int micro) {
   uint64_t n = tr->shard[b];
   float *mine = fg + (uint64_t)tr->rank * n;
@@ -354,9 +345,7 @@ static int reduce_into(tz_trainer *tr, int b, float *fg, float *grad, int micro)
     TZ_CHECK(tz_comm_reduce_scatter(tr->comm, fg, mine, n, TZ_F32, NULL, &f));
     TZ_CHECK(coll_done(tr, f));
   }
-  if (micro == 0)
-    return tz_compute_copy(tr->cm, grad, mine, n * sizeof(float));
-  return tz_compute_add(tr->cm, TZ_F32, grad, grad, mine, n);
+  return accumulate(tr, grad, mine, n, micro);
 }
 
 /* Sums of squares of the rank's norm segments of block b's gradient shard. */
@@ -408,12 +397,8 @@ static int complete_ahead(tz_trainer *tr, const struct phase *ph, const struct j
   if (ph->prev < 0)
     return 0;
   uint64_t n = tr->shard[ph->prev];
-  const float *mine = tr->fg2[ph->prev % 2] + (uint64_t)tr->rank * n;
   float *grad = j->prev_grad;
-  if (ph->micro == 0)
-    TZ_CHECK(tz_compute_copy(tr->cm, grad, mine, n * sizeof(float)));
-  else
-    TZ_CHECK(tz_compute_add(tr->cm, TZ_F32, grad, grad, mine, n));
+  TZ_CHECK(accumulate(tr, grad, tr->fg2[ph->prev % 2] + (uint64_t)tr->rank * n, n, ph->micro));
   return ph->micro == tr->G - 1 ? norm_partials(tr, ph->prev, grad) : 0;
 }
 
@@ -562,16 +547,6 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
   return tz_err_set(TZ_EINVAL, "train: phase %d of kind %d has no compute", j->phase, ph->kind);
 }
 
-static int run_phase(tz_trainer *tr, struct job *j);
-
-static int run_job(void *arg) {
-  struct job *j = arg;
-  job_par = j->par;
-  int rc = run_phase(j->tr, j);
-  job_par = -1;
-  return rc;
-}
-
 static int run_phase(tz_trainer *tr, struct job *j) {
   const struct phase *ph = &tr->ph[j->phase];
   int b = ph->block, k = ph->micro;
@@ -605,6 +580,14 @@ static int run_phase(tz_trainer *tr, struct job *j) {
     return 0;
   TZ_CHECK(norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]));
   return finish_step(tr, j->loss_scale);
+}
+
+static int run_job(void *arg) {
+  struct job *j = arg;
+  job_par = j->par;
+  int rc = run_phase(j->tr, j);
+  job_par = -1;
+  return rc;
 }
 
 /* ---- the order of a step ---- */
@@ -1250,6 +1233,20 @@ double tz_trainer_layer_rate(const tz_trainer *tr) { return tr->layer_rate; }
 /* The GPU's compute lane. With more than one rank the nccl comm enqueues its collectives on its
  * own stream from the calling thread: the lane adopts that stream, so that compute and
  * collectives, both launched by the client thread in phase order, are ordered by the stream. */
+/* n CUDA events of the current device into ev (flags as cudaEventCreateWithFlags's); none left
+ * made on failure. */
+static int create_events(void **ev, int n, unsigned flags, const char *what) {
+  for (int i = 0; i < n; i++) {
+    cudaError_t e = cudaEventCreateWithFlags((cudaEvent_t *)&ev[i], flags);
+    if (e != cudaSuccess) {
+      for (int k = 0; k < i; k++)
+        cudaEventDestroy(ev[k]);
+      return tz_err_set(TZ_ECUDA, "train: %s: %s", what, cudaGetErrorString(e));
+    }
+  }
+  return 0;
+}
+
 static int create_lane(tz_trainer *tr) {
   if (tr->world == 1)
     return tz_hbm_lane_create(tr->t_compute, &tr->lane);
@@ -1257,23 +1254,29 @@ static int create_lane(tz_trainer *tr) {
   if (!s || !*s)
     return tz_err_set(TZ_ENOTSUP, "train: the %s comm has no CUDA stream for the GPU lane",
                       tz_comm_backend(tr->comm));
+  cudaError_t e = cudaSetDevice(tr->device);
+  if (e != cudaSuccess)
+    return tz_err_set(TZ_ECUDA, "train: cudaSetDevice(%d): %s", tr->device, cudaGetErrorString(e));
+  /* The timing events of the step's collectives (coll_event): at most four per phase. */
+  int cap = 4 * tr->n_ph + 8;
+  void **ev = calloc((size_t)(2 * cap * 2), sizeof *ev);
+  if (!ev)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for collective timing events");
+  int rc = create_events(ev, 2 * cap * 2, cudaEventDefault, "collective timing events");
+  if (rc < 0) {
+    free(ev);
+    return rc;
+  }
+  tr->coll_ev = ev;
+  tr->coll_cap = cap;
   if (!tr->overlap)
     return tz_hbm_lane_create_on(tr->t_compute, *s, &tr->lane);
   /* Overlapped collectives: the lane on a stream of its own beside the comm's. */
+  void *order[2];
+  TZ_CHECK(create_events(order, 2, cudaEventDisableTiming, "events for the comm's stream"));
   tr->comm_stream = *s;
-  cudaEvent_t a = NULL, b = NULL;
-  cudaError_t e = cudaSetDevice(tr->device);
-  if (e == cudaSuccess)
-    e = cudaEventCreateWithFlags(&a, cudaEventDisableTiming);
-  if (e == cudaSuccess)
-    e = cudaEventCreateWithFlags(&b, cudaEventDisableTiming);
-  if (e != cudaSuccess) {
-    if (a)
-      cudaEventDestroy(a);
-    return tz_err_set(TZ_ECUDA, "train: events for the comm's stream: %s", cudaGetErrorString(e));
-  }
-  tr->ev_to_comm = a;
-  tr->ev_from_comm = b;
+  tr->ev_to_comm = order[0];
+  tr->ev_from_comm = order[1];
   tr->split = 1;
   return tz_hbm_lane_create(tr->t_compute, &tr->lane);
 }
