@@ -141,12 +141,12 @@ def parse_args(argv):
                          "temporaries (a copy of v for its square root) then take a layer's "
                          "size instead of the model's, which llama-7b's 108 GB of offloaded "
                          "state needs on a 128 GiB host")
-    ap.add_argument("--pinned-round-mb", type=int, default=0,
-                    help="with --offload cpu: page-locked host allocations above this many MiB "
-                         "are not rounded up to a power of two (torch's "
-                         "pinned_max_round_threshold_mb, PyTorch 2.10 and later); 0: torch's "
-                         "default, every one rounded (llama-7b's 172 MiB MLP matrices then pin "
-                         "256 MiB each, parameters and gradients alike)")
+    ap.add_argument("--pin-memory", choices=["on", "off"], default="on",
+                    help="with --offload cpu: CPUOffloadPolicy's pin_memory (default on). Off "
+                         "keeps the offloaded parameters and gradients in pageable memory: "
+                         "torch's page-locked allocator rounds every block up to a power of two "
+                         "(llama-7b's 172 MiB MLP matrices pin 256 MiB each, parameters and "
+                         "gradients alike), which a 128 GiB host cannot hold for llama-7b")
     ap.add_argument("--ac", choices=["layer", "none"], default="layer",
                     help="activation checkpointing: every decoder layer (default) or none")
     ap.add_argument("--seed", type=int, default=1234)
@@ -165,8 +165,6 @@ def parse_args(argv):
         ap.error("--clip must not be negative")
     if a.device == "cpu" and a.offload != "none":
         ap.error("--device cpu runs with --offload none only")
-    if a.pinned_round_mb < 0:
-        ap.error("--pinned-round-mb must not be negative")
     return a
 
 
@@ -264,7 +262,7 @@ def build_model(torch, a, s, mesh, device):
               mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                              reduce_dtype=torch.float32))
     if a.offload == "cpu":
-        kw["offload_policy"] = CPUOffloadPolicy()
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=a.pin_memory == "on")
     for layer in model.model.layers:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
@@ -347,11 +345,6 @@ def main(argv=None):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-    if a.offload == "cpu" and a.pinned_round_mb > 0:
-        # Read when torch first allocates page-locked memory, so it is set before the import.
-        conf = os.environ.get("PYTORCH_ALLOC_CONF", "")
-        os.environ["PYTORCH_ALLOC_CONF"] = ",".join(
-            x for x in (conf, "pinned_max_round_threshold_mb:%d" % a.pinned_round_mb) if x)
     torch = import_torch(a.device == "cuda")
     import atexit
     import transformers
@@ -376,6 +369,7 @@ def main(argv=None):
         "alloc_conf": ",".join(x for x in (os.environ.get("PYTORCH_ALLOC_CONF", ""),
                                             os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")) if x),
         "param_groups": a.param_groups,
+        "pin_memory": a.pin_memory if a.offload == "cpu" else None,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
