@@ -294,6 +294,8 @@ static void test_layer_probe(void **state) {
   double s = 0;
   TZ_ASSERT_OK(tz_layer_probe_time(cm, &c, 2, 32, 2, &s));
   assert_true(s > 0 && s < 10);
+  assert_int_equal(tz_layer_probe_time(cm, &c, 2, 32, 0, &s), TZ_EINVAL);
+  assert_true(s == 0);
   struct tz_layer_probe l;
   TZ_ASSERT_OK(tz_layer_probe_alloc(cm, &c, 2, 32, &l));
   TZ_ASSERT_OK(tz_layer_probe_step(cm, &c, &l, 0));

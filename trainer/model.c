@@ -824,22 +824,23 @@ static double seconds_now(void) {
 
 int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
                         int reps, double *seconds) {
+  *seconds = 0;
+  if (reps < 1)
+    return tz_err_set(TZ_EINVAL, "layer probe: %d passes to time (at least 1)", reps);
   struct tz_layer_probe l;
   TZ_CHECK(tz_layer_probe_alloc(cm, cfg, B, T, &l));
-  double best = 0;
   int rc = 0;
-  for (int i = 0; i <= reps && rc == 0; i++) {
+  double w0 = seconds_now();
+  do
+    rc = tz_layer_probe_step(cm, cfg, &l, 1);
+  while (rc == 0 && (rc = tz_compute_sync(cm)) == 0 && seconds_now() - w0 < TZ_LAYER_PROBE_WARM_S);
+  double t0 = seconds_now();
+  for (int i = 0; i < reps && rc == 0; i++)
+    rc = tz_layer_probe_step(cm, cfg, &l, 1);
+  if (rc == 0)
     rc = tz_compute_sync(cm);
-    double t0 = seconds_now();
-    if (rc == 0)
-      rc = tz_layer_probe_step(cm, cfg, &l, 1);
-    if (rc == 0)
-      rc = tz_compute_sync(cm);
-    double t = seconds_now() - t0;
-    if (i > 0 && (best == 0 || t < best))
-      best = t;
-  }
+  if (rc == 0)
+    *seconds = (seconds_now() - t0) / reps;
   tz_layer_probe_free(cm, &l);
-  *seconds = best;
   return rc;
 }

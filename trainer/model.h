@@ -254,9 +254,13 @@ void tz_layer_probe_free(tz_compute *cm, struct tz_layer_probe *l); /* a zeroed 
  * backward phase does); enqueued on cm like any phase. */
 int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
                         const struct tz_layer_probe *l, int recompute);
-/* The fastest of reps forward-and-recomputing-backward passes (after one untimed), in seconds:
- * what the trainer's fwd and bwd phases of a layer take on this backend, 4 x
- * tz_model_layer_flop. */
+/* The mean of reps forward-and-recomputing-backward passes run back to back, in seconds: what
+ * the trainer's fwd and bwd phases of a layer take on this backend, 4 x tz_model_layer_flop.
+ * Untimed passes run first, back to back, for TZ_LAYER_PROBE_WARM_S (at least one): a GPU
+ * coming out of idle runs its first tenth of a second on boost clocks a step never sees (an
+ * H200, llama-7b's layer: 18.8 ms for the fastest of three after one, 20.0-20.2 for the mean
+ * of 10 to 300 after 3 to 30). */
+#define TZ_LAYER_PROBE_WARM_S 0.3
 int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
                         int reps, double *seconds);
 
