@@ -209,7 +209,7 @@ static const struct key keys[] = {
   INT("tierzero.threads", tierzero.threads, 0, 4096, 0, 0),
   DBL("tierzero.cpu_adam", tierzero.cpu_adam, 0, 1, -1, 0),
   BOOL("tierzero.cpu_adam_search", tierzero.cpu_adam_search, 0),
-  BOOL("tierzero.overlap_collectives", tierzero.overlap_collectives, 0),
+  BOOLA("tierzero.overlap_collectives", tierzero.overlap_collectives, -1),
   INT("tierzero.numa_node", tierzero.numa_node, -1, 1023, -1, 0),
   INT("tierzero.device", tierzero.device, -1, 1023, -1, 0),
 };
@@ -1320,7 +1320,9 @@ static void dump_string(FILE *f, const char *s) {
 static void dump_value(FILE *f, const struct tz_config *c, const struct key *k) {
   char num[40];
   switch (k->type) {
-  case K_BOOL: fputs(get_int(c, k) ? "true" : "false", f); return;
+  case K_BOOL: /* below 0: "auto", a default outside 0/1 (F_AUTO) */
+    fputs(get_int(c, k) < 0 ? "\"auto\"" : get_int(c, k) ? "true" : "false", f);
+    return;
   case K_ENUM: {
     int v = get_int(c, k);
     if (v >= 0 && v < k->n_names && k->names[v])

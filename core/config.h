@@ -190,7 +190,8 @@ struct tz_config {
     int cpu_adam_search;          /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1 */
     int overlap_collectives;      /* with several ranks, each phase gathers the next layer and
                                      reduce-scatters the previous one's gradient while it
-                                     computes (docs/training.md) */
+                                     computes (docs/training.md); -1 = auto: on GPUs when the
+                                     parameters are not forced off them */
     int numa_node;                /* NUMA node for host memory and threads; -1 = the GPU's */
     int device;                   /* GPU index; -1 = from the local rank */
   } tierzero;

@@ -145,6 +145,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.tierzero.threads, 0);
   assert_true(c.tierzero.cpu_adam == -1.0);
   assert_false(c.tierzero.cpu_adam_search);
+  assert_int_equal(c.tierzero.overlap_collectives, -1); /* auto */
   assert_int_equal(c.tierzero.numa_node, -1);
   assert_int_equal(c.tierzero.device, -1);
   assert_int_equal(tz_config_ignored_count(&c), 0);
@@ -878,6 +879,16 @@ static void test_dump_round_trip(void **state) {
   assert_non_null(strstr(s, "\"betas\": [0.9, 0.95]"));
   assert_non_null(strstr(s, "\"type\": \"AdamW\""));
   assert_non_null(strstr(s, "\"stage3_prefetch_bucket_size\": 45000000,"));
+  free(s);
+  /* A bool whose default is "auto" dumps as "auto" and reads back as it; set, as the value. */
+  s = dump_string(&c);
+  assert_non_null(strstr(s, "\"overlap_collectives\": \"auto\""));
+  free(s);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.overlap_collectives", "false"));
+  s = dump_string(&c);
+  assert_non_null(strstr(s, "\"overlap_collectives\": false"));
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.overlap_collectives", "auto"));
+  assert_int_equal(c.tierzero.overlap_collectives, -1);
   free(s);
   tz_config_free(&c);
 }

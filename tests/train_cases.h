@@ -139,8 +139,8 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
     TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam", o->cpu_adam));
   if (o->cpu_adam_search)
     TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam_search", "true"));
-  if (o->overlap)
-    TZ_CHECK(tz_config_set(c, "tierzero.overlap_collectives", "true"));
+  /* Set either way: its default (auto) overlaps on GPUs, and the cases compare both. */
+  TZ_CHECK(tz_config_set(c, "tierzero.overlap_collectives", o->overlap ? "true" : "false"));
   if (o->no_overlap_comm)
     TZ_CHECK(tz_config_set(c, "zero_optimization.overlap_comm", "false"));
   if (o->hbm_budget)

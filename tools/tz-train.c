@@ -564,11 +564,12 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   if (rank == 0) {
     const char *gpu = tz_trainer_device_name(tr);
     printf("tz-train: model %s (%llu parameters), %s backend%s%s, %d rank%s, micro-batch %lld x "
-           "%d tokens, accumulation %lld, optimizer step %s\n",
+           "%d tokens, accumulation %lld, optimizer step %s%s\n",
            preset, (unsigned long long)tz_model_n_params(&mc), o->backend, gpu ? " on " : "",
            gpu ? gpu : "", world, world > 1 ? "s" : "",
            (long long)cfg->train_micro_batch_size_per_gpu, o->seq,
-           (long long)cfg->gradient_accumulation_steps, tz_opt_mode_name(tz_trainer_opt_mode(tr)));
+           (long long)cfg->gradient_accumulation_steps, tz_opt_mode_name(tz_trainer_opt_mode(tr)),
+           tz_trainer_overlaps_collectives(tr) ? ", collectives overlapped" : "");
     if (tz_trainer_layer_rate(tr) > 0)
       printf("tz-train: a layer's forward and backward run at %.3g TFLOP/s here (the plan's "
              "compute rate; the matmul probe's: %.3g)\n",
