@@ -197,7 +197,8 @@ const struct tz_plan *tz_trainer_plan(const tz_trainer *tr);
 /* Names of the plan's groups ("embed", "layer0", ..., "head"), for tz_plan_print. Borrowed. */
 const char *const *tz_trainer_group_names(const tz_trainer *tr);
 enum tz_opt_mode tz_trainer_opt_mode(const tz_trainer *tr); /* the mode in use, never AUTO */
-int tz_trainer_overlaps_collectives(const tz_trainer *tr); /* 1: tierzero.overlap_collectives in use */
+/* 1: the collectives overlap the compute (tierzero.overlap_collectives, decided at creation) */
+int tz_trainer_overlaps_collectives(const tz_trainer *tr);
 /* The GPU the trainer computes on ("NVIDIA H200"), or NULL on the cpu backend. Borrowed. */
 const char *tz_trainer_device_name(const tz_trainer *tr);
 /* FLOP per second of a layer's forward and backward as measured at creation (measure_layer),
