@@ -4,9 +4,11 @@
   bench_table.py [table] [--dir results/bench]
       Reads every results/bench/*.json (one configuration each, written by tools/bench-train.sh)
       and prints one markdown table per sequence length and micro-batch: model | runner | step s |
-      tokens/s | model TFLOP/s | vs fsdp2-offload | vs fsdp2-gpu | bound s | efficiency. "vs X"
-      is this row's tokens/s over X's for the same model (above 1: faster than X); efficiency is
-      tz-train's predicted bound over its achieved step time. Below it, the check that the
+      tokens/s | model TFLOP/s | vs fsdp2-offload | vs fsdp2-gpu | bound s | efficiency | stalls |
+      collectives. "vs X" is this row's tokens/s over X's for the same model (above 1: faster
+      than X); efficiency is tz-train's predicted bound over its achieved step time; stalls and
+      collectives are the compute lane's time waiting for data and in (or waiting for) the
+      collectives, as shares of the step (medians over the timed steps). Below it, the check that the
       FSDP2 offload peer reproduces the reference figures within 10%: until it does for a model,
       that model's ratios are marked and do not count.
 
@@ -131,6 +133,14 @@ def fmt_tflops(v):
     return "%.1f" % v if v >= 1 else "%.3g" % v
 
 
+def share(r, key):
+    """r[key] (seconds in a step) as a share of r's step, or "-"."""
+    v, step = r.get(key), r.get("step_s")
+    if not isinstance(v, (int, float)) or not isinstance(step, (int, float)) or step <= 0:
+        return "-"
+    return "%.1f%%" % (100.0 * v / step)
+
+
 def scaling(rows):
     """Strong scaling: each run on W > 1 ranks beside the same runner's run on one rank that
     accumulates W micro-batches (the same global batch), same device, model, sequence and
@@ -152,13 +162,11 @@ def scaling(rows):
         speed = r["tokens_per_s"] / b["tokens_per_s"]
         tf = r.get("model_tflops")
         eff = r.get("efficiency")
-        coll = r.get("coll_s")
         lines.append("| %s | %s | %d | %.0f | %s: %.0f | %.2fx | %.2f | %s | %s | %s |" % (
             r["model"], label(r), w, r["tokens_per_s"], label(b), b["tokens_per_s"], speed,
             speed / w, fmt_tflops(tf / w) if isinstance(tf, (int, float)) else "-",
             "%.0f%%" % (100.0 * eff) if isinstance(eff, (int, float)) else "-",
-            "%.1f%%" % (100.0 * coll / r["step_s"]) if isinstance(coll, (int, float))
-            and r.get("step_s") else "-"))
+            share(r, "coll_s")))
     if not lines:
         return
     print("### Strong scaling: W ranks against one rank accumulating W micro-batches\n")
@@ -193,14 +201,14 @@ def table(args):
             device, seq, micro, world, "" if world == 1 else "s",
             ", accumulation %s" % accum if accum != 1 else ""))
         print("| model | runner | step s | tokens/s | model TFLOP/s | vs fsdp2-offload | "
-              "vs fsdp2-gpu | bound s | efficiency |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "vs fsdp2-gpu | bound s | efficiency | stalls | collectives |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         marked = False
         for r in g:
             if not ok(r):
                 err = str(r.get("error", "no figures")).replace("|", "/").splitlines()[0][:120]
-                print("| %s | %s | %s | - | - | - | - | - | - |" % (r["model"], label(r),
-                                                                       "error: " + err))
+                print("| %s | %s | %s | - | - | - | - | - | - | - | - |" % (
+                    r["model"], label(r), "error: " + err))
                 continue
             ratios = []
             for peer in ("fsdp2-offload", "fsdp2-gpu"):
@@ -214,11 +222,12 @@ def table(args):
                     marked = True
                 ratios.append(x)
             eff = r.get("efficiency")
-            print("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 r["model"], label(r), fmt(r.get("step_s"), "%.3f"),
                 fmt(r.get("tokens_per_s"), "%.0f"), fmt_tflops(r.get("model_tflops")),
                 ratios[0], ratios[1], fmt(r.get("bound_s"), "%.3f"),
-                "%.0f%%" % (100.0 * eff) if isinstance(eff, (int, float)) else "-"))
+                "%.0f%%" % (100.0 * eff) if isinstance(eff, (int, float)) else "-",
+                share(r, "stall_s"), share(r, "coll_s") if r.get("world_size", 1) > 1 else "-"))
         print()
         if marked:
             print("† the FSDP2 offload peer has not reproduced the reference figure for this "

@@ -58,13 +58,18 @@ base = dict(runner="tz-auto", model="llama-7b", seq=2048, micro_batch=4, device=
 for name, extra in (("one", dict(world_size=1, accumulation=2, tokens_per_s=1000.0, tag="acc2",
                                  model_tflops=100.0)),
                     ("two", dict(world_size=2, accumulation=1, tokens_per_s=1800.0, tag="2gpu",
-                                 model_tflops=180.0, coll_s=0.05))):
+                                 model_tflops=180.0, coll_s=0.05, stall_s=0.125))):
     json.dump(dict(base, **extra), open("%s/%s.json" % (sys.argv[1], name), "w"))
 PY
 python3 "$root/tools/bench_table.py" table --dir "$dir/scaling" > "$dir/table.out" 2>&1 ||
   { cat "$dir/table.out"; fail "bench_table.py table failed"; }
 grep -q "| llama-7b | tz-auto-2gpu | 2 | 1800 | tz-auto-acc2: 1000 | 1.80x | 0.90 | 90.0 | 90% | 5.0% |" \
   "$dir/table.out" || { cat "$dir/table.out"; fail "no strong-scaling row"; }
+# The main table's stalls and collectives (one rank: no collectives).
+grep -q "| llama-7b | tz-auto-2gpu | 1.000 | 1800 | 180.0 | - | - | - | 90% | 12.5% | 5.0% |" \
+  "$dir/table.out" || { cat "$dir/table.out"; fail "no stalls and collectives in the 2-rank row"; }
+grep -q "| llama-7b | tz-auto-acc2 | 1.000 | 1000 | 100.0 | - | - | - | 90% | - | - |" \
+  "$dir/table.out" || { cat "$dir/table.out"; fail "the 1-rank row"; }
 echo "ok: a completed run's figures, a run stopped by --timeout, a harness stopped from outside,"
-echo "    the table's strong scaling"
+echo "    the table's strong scaling, stalls and collectives"
 
