@@ -488,12 +488,6 @@ static int measure_tiers_gpu(const struct tz_config *c, tz_runtime *rt, int devi
   return measure_nvme(c, rt, r);
 }
 
-/* The ranks' GPUs share the host's memory and may share a PCIe switch: with every rank copying at
- * once, each one's link runs slower than alone (two H200s offloading llama-7b copied in at 28.9
- * GB/s while busy, one alone at 45). So on a world of GPUs every rank times its own link at the
- * same time as the others, and the plan gets the slowest rank's copy_in, copy_out and
- * copy_duplex where they are below the ones measured alone. Not cached: it takes a fraction of a
- * second and depends on the world. */
 /* Every rank's v (status, copy_in, copy_out, copy_duplex) into all; 1 when every status is 0,
  * 0 when some rank's is not (rank 0 says which), the comm's error when it fails. */
 static int gather_links(tz_comm *comm, const double v[4], double *all) {
@@ -516,6 +510,12 @@ static int gather_links(tz_comm *comm, const double v[4], double *all) {
   return ok;
 }
 
+/* The ranks' GPUs share the host's memory and may share a PCIe switch: with every rank copying at
+ * once, each one's link runs slower than alone (two H200s offloading llama-7b copied in at 28.9
+ * GB/s while busy, one alone at 45). So on a world of GPUs every rank times its own link at the
+ * same time as the others, and the plan gets the slowest rank's copy_in, copy_out and
+ * copy_duplex where they are below the ones measured alone. Not cached: it takes a fraction of a
+ * second and depends on the world. */
 static int time_links_shared(const struct tz_config *c, tz_runtime *rt, tz_comm *comm,
                              struct tz_plan_rates *out) {
   int world = tz_comm_size(comm);

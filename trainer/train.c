@@ -371,6 +371,8 @@ struct inflight {
 static int issue_ahead(tz_trainer *tr, const struct phase *ph, const struct job *j,
                        struct inflight *f) {
   f->gather = f->reduce = NULL;
+  if (ph->next < 0 && ph->prev < 0) /* an opt phase: nothing to order before */
+    return 0;
   TZ_CHECK(coll_begin(tr));
   if (ph->next >= 0)
     TZ_CHECK(tz_comm_all_gather(tr->comm, j->next_param, tr->gw2[ph->next % 2],
@@ -456,9 +458,9 @@ static void host_cast(void *dst, enum tz_dtype S, const float *src, uint64_t n) 
  * machine, and beside a GPU every CPU this process may run on but two, left to the thread that
  * launches the GPU's kernels and to the progress engine. */
 static int home_threads(const tz_trainer *tr) {
-  if (tr->cfg.tierzero.threads > 0 || !tr->gpu)
-    return tr->cfg.tierzero.threads > 0 ? tr->cfg.tierzero.threads : tz_compute_threads(tr->cm);
-  return tz_rates_home_threads(&tr->cfg);
+  if (!tr->gpu && tr->cfg.tierzero.threads <= 0)
+    return tz_compute_threads(tr->cm);
+  return tz_rates_home_threads(&tr->cfg); /* tierzero.threads when set */
 }
 
 static int run_opt(tz_trainer *tr, struct job *j, int b) {
@@ -1230,9 +1232,6 @@ static int measure_layer(tz_trainer *tr) {
 double tz_trainer_layer_rate(const tz_trainer *tr) { return tr->layer_rate; }
 
 #ifdef TZ_HAVE_CUDA
-/* The GPU's compute lane. With more than one rank the nccl comm enqueues its collectives on its
- * own stream from the calling thread: the lane adopts that stream, so that compute and
- * collectives, both launched by the client thread in phase order, are ordered by the stream. */
 /* n CUDA events of the current device into ev (flags as cudaEventCreateWithFlags's); none left
  * made on failure. */
 static int create_events(void **ev, int n, unsigned flags, const char *what) {
@@ -1247,6 +1246,11 @@ static int create_events(void **ev, int n, unsigned flags, const char *what) {
   return 0;
 }
 
+/* The GPU's compute lane. With more than one rank the nccl comm enqueues its collectives on its
+ * own stream from the calling thread: the lane adopts that stream, so that compute and
+ * collectives, both launched by the client thread in phase order, are ordered by the stream;
+ * with overlapped collectives the lane gets a stream of its own, ordered with the comm's by
+ * events (stream_order). */
 static int create_lane(tz_trainer *tr) {
   if (tr->world == 1)
     return tz_hbm_lane_create(tr->t_compute, &tr->lane);
