@@ -57,6 +57,9 @@ struct tz_plan_rates {
   double copy_out;   /* compute tier -> host */
   double copy_duplex; /* both directions at once, bytes per second summed; 0: unknown, the plan
                          then treats the directions as independent */
+  double copy_in_both;  /* host -> compute tier while compute -> host runs too; with */
+  double copy_out_both; /* compute -> host while host -> compute runs too: how the link shares
+                           itself between the directions (0: unknown, each at its own rate) */
   double copy_local; /* within the compute tier; not in the bound (blocks homed there are used
                         in place), measured for reference */
   double nvme_read;  /* nvme -> host */
@@ -120,7 +123,12 @@ struct tz_plan {
   uint64_t capacity[TZ_PLAN_TIERS];
   int lookahead;                    /* phases the window lets the scheduler look ahead (the
                                        fewest over the step) */
-  double bound_s;                   /* predicted step time: the simulated critical path */
+  double bound_s;                   /* predicted step time: the larger of path_s and link_s */
+  double path_s;                    /* the simulated critical path over the lanes */
+  double link_s;                    /* the least the step takes with the host link moving both
+                                       directions at once at most at its shared rate and the
+                                       window carrying copies across a run of phases' ends
+                                       (docs/training.md, "The bound's link term") */
   double compute_s;                 /* the compute lane's busy time in one step */
   double lane_s[TZ_PLAN_TIERS + 1]; /* busy time of: copy in, copy out, nvme, the CPU at
                                        the homes (home phases; 0 with home_on_compute) */

@@ -104,9 +104,9 @@ static void test_measure_and_cache(void **state) {
 /* An entry for the set-up without an NVMe directory, every field but `omit` (NULL: none), in a
  * cache of `version`. */
 static void write_entry_v(const char *path, const char *omit, int version) {
-  json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "flops", 1.5e11,
-                        "copy_in", 2.5e10, "copy_out", 3.5e10, "copy_duplex", 9.25e10,
-                        "copy_local", 4.5e10, "nvme_read", 5.5e9, "nvme_write", 6.5e9,
+  json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "flops",
+                        1.5e11, "copy_in", 2.5e10, "copy_out", 3.5e10, "copy_duplex", 9.25e10,
+                        "copy_in_both", 3.25e10, "copy_out_both", 5.75e10, "copy_local", 4.5e10, "nvme_read", 5.5e9, "nvme_write", 6.5e9,
                         "nvme_duplex", 4.75e9, "adam", 7.5e8, "adam_home", 6.25e8);
   assert_non_null(e);
   if (omit)
@@ -116,7 +116,7 @@ static void write_entry_v(const char *path, const char *omit, int version) {
   json_decref(root);
 }
 
-static void write_entry(const char *path, const char *omit) { write_entry_v(path, omit, 3); }
+static void write_entry(const char *path, const char *omit) { write_entry_v(path, omit, 4); }
 
 /* Every field, copy_duplex included, comes from an entry for this set-up (no NVMe directory). */
 static void test_read_entry(void **state) {
@@ -129,6 +129,8 @@ static void test_read_entry(void **state) {
                                .copy_in = 2.5e10,
                                .copy_out = 3.5e10,
                                .copy_duplex = 9.25e10,
+                               .copy_in_both = 3.25e10,
+                               .copy_out_both = 5.75e10,
                                .copy_local = 4.5e10,
                                .nvme_read = 5.5e9,
                                .nvme_write = 6.5e9,
@@ -170,7 +172,7 @@ static void test_old_version_remeasured(void **state) {
   json_error_t err;
   json_t *root = json_load_file(e->path, 0, &err);
   assert_non_null(root);
-  assert_int_equal(json_integer_value(json_object_get(root, "version")), 3);
+  assert_int_equal(json_integer_value(json_object_get(root, "version")), 4);
   json_decref(root);
 }
 

@@ -42,10 +42,19 @@ static void test_cuda_rates(void **state) {
   assert_true(r.adam_home > 0); /* CPU Adam, for home phases */
   double faster = r.copy_in > r.copy_out ? r.copy_in : r.copy_out;
   assert_true(r.copy_duplex >= 0.9 * faster);
+  /* Each direction beside the other: no faster than alone (a little slack for timing), and the
+   * two together about what the link moves both at once. */
+  print_message("copy_in_both %.1f GB/s, copy_out_both %.1f GB/s\n", r.copy_in_both / 1e9,
+                r.copy_out_both / 1e9);
+  assert_true(r.copy_in_both > 0 && r.copy_in_both <= 1.05 * r.copy_in);
+  assert_true(r.copy_out_both > 0 && r.copy_out_both <= 1.05 * r.copy_out);
+  double sum = r.copy_in_both + r.copy_out_both;
+  assert_true(sum >= 0.75 * r.copy_duplex && sum <= 1.25 * r.copy_duplex);
 
   TZ_ASSERT_OK(tz_rates_get(&cfg, "cuda", rt, comm, path, 0, &again));
   assert_true(again.copy_duplex == r.copy_duplex);
   assert_true(again.copy_in == r.copy_in);
+  assert_true(again.copy_in_both == r.copy_in_both && again.copy_out_both == r.copy_out_both);
   assert_true(again.flops == r.flops);
   assert_true(again.adam == r.adam);
 

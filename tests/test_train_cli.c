@@ -153,8 +153,9 @@ static void test_plan_for_gpu(void **state) {
   snprintf(rates, sizeof rates, "%s/gpu-rates.json", dir);
   FILE *f = fopen(rates, "w");
   assert_non_null(f);
-  fprintf(f, "{\"version\": 3, \"cuda|nvme:-\": {\"flops\": 8.6e14, \"copy_in\": 5.3e10, "
-             "\"copy_out\": 5.4e10, \"copy_duplex\": 9.6e10, \"copy_local\": 1.6e12, "
+  fprintf(f, "{\"version\": 4, \"cuda|nvme:-\": {\"flops\": 8.6e14, \"copy_in\": 5.3e10, "
+             "\"copy_out\": 5.4e10, \"copy_duplex\": 9.6e10, \"copy_in_both\": 4.0e10, "
+             "\"copy_out_both\": 5.1e10, \"copy_local\": 1.6e12, "
              "\"nvme_read\": 0, \"nvme_write\": 0, \"nvme_duplex\": 0, \"adam\": 1.3e11, "
              "\"adam_home\": 1.4e9}}\n");
   fclose(f);
@@ -181,7 +182,25 @@ static void test_plan_for_gpu(void **state) {
              offload, dir);
     assert_int_not_equal(tz_train(args), 0);
     assert_non_null(strstr(output(), "holds no rates"));
+    /* One rank of two, planned here: its shards, the rates as given. */
+    snprintf(args, sizeof args,
+             "--backend cuda --plan --world 2 --collective-rate 150 --gpu-memory 139GiB "
+             "--layer-rate 446 %s --rates %s",
+             offload, rates);
+    rc = tz_train(args);
+    if (rc != 0)
+      print_error("%s", output());
+    assert_int_equal(rc, 0);
+    out = output();
+    assert_non_null(strstr(out, "2 ranks"));
+    assert_non_null(strstr(out, "(in 40.0 beside out 51.0)"));
+    assert_non_null(strstr(out, "collectives 150.0 GB/s"));
+    assert_null(strstr(out, "some rates unknown"));
   }
+  assert_int_equal(tz_train("--model tiny --world 2"), 2);                 /* not --plan */
+  assert_int_equal(tz_train("--model tiny --plan --world 0"), 2);
+  assert_int_equal(tz_train("--model tiny --plan --world 2 --nproc 2"), 2); /* one or the other */
+  assert_int_equal(tz_train("--model tiny --plan --collective-rate x"), 2);
   assert_int_equal(tz_train("--model tiny --gpu-memory 100GiB --backend cuda"), 2);
   assert_int_equal(tz_train("--model tiny --plan --gpu-memory 100GiB"), 2); /* --backend cpu */
   assert_int_equal(tz_train("--model tiny --plan --layer-rate -3"), 2);

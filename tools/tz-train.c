@@ -76,6 +76,12 @@ static void usage(FILE *f) {
           "  --layer-rate TFLOPS  with --plan: a layer's forward and backward rate (tz-train's\n"
           "                       \"a layer's ... run at\" line on that machine) instead of\n"
           "                       timing one\n"
+          "  --world N            with --plan: plan one rank of N (its shards, its share of the\n"
+          "                       host) without starting them; --rates then holds the rates of\n"
+          "                       a rank copying beside the others (tz-train's \"plan's rates\"\n"
+          "                       line on that machine)\n"
+          "  --collective-rate GBPS  with --plan: the all-gather's bus rate (the same line's\n"
+          "                       \"collectives\") instead of timing one\n"
           "  --auto-placement     let the plan choose homes instead of the offload_* devices\n"
           "  --optimizer-step M   auto, folded, overlapped or unfolded (default auto)\n"
           "  --rates FILE         rates cache (default ~/.cache/tierzero/rates-<host>.json)\n"
@@ -120,6 +126,8 @@ struct opts {
   int seq, plan, auto_place, remeasure, nproc;
   uint64_t gpu_memory; /* --gpu-memory: plan for a GPU with this much free; 0: this machine's */
   double layer_rate;   /* --layer-rate, FLOP/s; 0: timed */
+  int world;           /* --world: plan one rank of this many; 0: the ranks running */
+  double coll_rate;    /* --collective-rate, bytes/s; 0: timed (unknown on one rank) */
   enum tz_opt_mode mode;
   const char *demo_dir; /* no arguments: the demo, with its nvme files in this directory */
   const char *ckpt_dir, *resume; /* resume: "" for --resume without DIR (the ckpt dir) */
@@ -136,6 +144,8 @@ static int parse(int argc, char **argv, struct opts *o) {
                                         {"plan", no_argument, 0, 'p'},
                                         {"gpu-memory", required_argument, 0, 'G'},
                                         {"layer-rate", required_argument, 0, 'L'},
+                                        {"world", required_argument, 0, 'N'},
+                                        {"collective-rate", required_argument, 0, 'Q'},
                                         {"backend", required_argument, 0, 'B'},
                                         {"auto-placement", no_argument, 0, 'a'},
                                         {"optimizer-step", required_argument, 0, 'o'},
@@ -216,6 +226,20 @@ static int parse(int argc, char **argv, struct opts *o) {
       o->layer_rate = strtod(optarg, &end) * 1e12;
       if (end == optarg || *end || !(o->layer_rate > 0))
         return fprintf(stderr, "tz-train: --layer-rate: expected TFLOP/s above 0, got '%s'\n",
+                       optarg),
+               -1;
+      break;
+    case 'N':
+      o->world = (int)strtol(optarg, &end, 10);
+      if (end == optarg || *end || o->world < 1 || o->world > 4096)
+        return fprintf(stderr, "tz-train: --world: expected a rank count from 1 to 4096, got "
+                               "'%s'\n", optarg),
+               -1;
+      break;
+    case 'Q':
+      o->coll_rate = strtod(optarg, &end) * 1e9;
+      if (end == optarg || *end || !(o->coll_rate > 0))
+        return fprintf(stderr, "tz-train: --collective-rate: expected GB/s above 0, got '%s'\n",
                        optarg),
                -1;
       break;
@@ -324,6 +348,14 @@ static int parse(int argc, char **argv, struct opts *o) {
   if ((o->gpu_memory || o->layer_rate) && !o->plan)
     return fprintf(stderr, "tz-train: --gpu-memory and --layer-rate are for --plan (planning for "
                            "another machine's GPU)\n"),
+           -1;
+  if ((o->world || o->coll_rate) && !o->plan)
+    return fprintf(stderr, "tz-train: --world and --collective-rate are for --plan (planning a "
+                           "world of ranks without starting them)\n"),
+           -1;
+  if (o->world && o->nproc > 1)
+    return fprintf(stderr, "tz-train: --world plans without starting ranks; --nproc starts them: "
+                           "give one\n"),
            -1;
   if (o->gpu_memory && (!o->backend || strcmp(o->backend, "cuda") != 0))
     return fprintf(stderr, "tz-train: --gpu-memory plans for a GPU: it needs --backend cuda\n"),
@@ -497,9 +529,12 @@ static int fill_batch(const struct opts *o, const struct tz_config *cfg, const t
 static void print_rates(const struct tz_plan_rates *r, int shared) {
   if (r->copy_in <= 0)
     return;
-  char both[64] = "", disk[128] = "", coll[64] = "";
+  char both[96] = "", disk[128] = "", coll[64] = "";
   if (r->copy_duplex > 0)
     snprintf(both, sizeof both, ", %.1f both at once", r->copy_duplex / 1e9);
+  if (r->copy_in_both > 0 && r->copy_out_both > 0)
+    snprintf(both + strlen(both), sizeof both - strlen(both), " (in %.1f beside out %.1f)",
+             r->copy_in_both / 1e9, r->copy_out_both / 1e9);
   if (r->nvme_read > 0)
     snprintf(disk, sizeof disk, "; disk %.2f GB/s read, %.2f written%s", r->nvme_read / 1e9,
              r->nvme_write / 1e9, r->nvme_duplex > 0 ? "" : " (one way at a time)");
@@ -517,7 +552,7 @@ static void print_rates(const struct tz_plan_rates *r, int shared) {
  * TZ_ECANCELED then): all ranks leave together, so none aborts the job. */
 static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_config *cfg,
                  int *stopped) {
-  int rank = tz_comm_rank(comm), world = tz_comm_size(comm);
+  int rank = tz_comm_rank(comm), world = o->world ? o->world : tz_comm_size(comm);
   int rc = 0;
   double t_last = 0; /* when the last step returned */
   tz_hf_model *hm = NULL;
@@ -558,6 +593,9 @@ static int train(const struct opts *o, tz_comm *comm, tz_runtime *rt, struct tz_
   tp.measure_layer = 1;
   tp.gpu_free = o->gpu_memory;
   tp.layer_rate = o->layer_rate;
+  tp.plan_world = o->world;
+  if (o->coll_rate > 0)
+    rates.collective = o->coll_rate;
   tz_trainer *tr = NULL;
   TZ_CHECK_GOTO(tz_trainer_create(cfg, &mc, comm, rt, &tp, &tr), rc, out_hf);
   const struct tz_plan *plan = tz_trainer_plan(tr);
@@ -834,7 +872,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   struct tz_config cfg;
-  if (load_config(&o, bs.size, &cfg) < 0) {
+  if (load_config(&o, o.world ? o.world : bs.size, &cfg) < 0) {
     fprintf(stderr, "tz-train: %s\n", tz_err_msg());
     tz_config_free(&cfg);
     return 2;

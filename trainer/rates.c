@@ -76,18 +76,19 @@ static void setup_key(const struct tz_config *c, const char *backend, char *buf,
 #define NVME_PROBE_BYTES (64u << 20)
 /* Entries of another version were measured another way and are measured again: 2 since
  * adam_home is timed on the home phases' threads with bf16 parameters written; 3 since the disk
- * is timed on 64 MiB, both directions at once too (nvme_duplex). */
-#define RATES_VERSION 3
+ * is timed on 64 MiB, both directions at once too (nvme_duplex); 4 since each direction of the
+ * host link is timed beside the other (copy_in_both, copy_out_both). */
+#define RATES_VERSION 4
 
-static const char *const fields[] = {"flops",      "copy_in",   "copy_out",   "copy_duplex",
-                                     "copy_local", "nvme_read", "nvme_write", "nvme_duplex",
-                                     "adam",       "adam_home"};
-#define N_FIELDS 10
+static const char *const fields[] = {
+    "flops",     "copy_in",    "copy_out",   "copy_duplex", "copy_in_both", "copy_out_both",
+    "copy_local", "nvme_read", "nvme_write", "nvme_duplex", "adam",         "adam_home"};
+#define N_FIELDS 12
 
 static double *field(struct tz_plan_rates *r, int i) {
-  double *f[N_FIELDS] = {&r->flops,      &r->copy_in,   &r->copy_out,   &r->copy_duplex,
-                         &r->copy_local, &r->nvme_read, &r->nvme_write, &r->nvme_duplex,
-                         &r->adam,       &r->adam_home};
+  double *f[N_FIELDS] = {&r->flops,       &r->copy_in,     &r->copy_out,   &r->copy_duplex,
+                         &r->copy_in_both, &r->copy_out_both, &r->copy_local, &r->nvme_read,
+                         &r->nvme_write,  &r->nvme_duplex, &r->adam,       &r->adam_home};
   return f[i];
 }
 
@@ -213,6 +214,47 @@ static int time_transfer(tz_runtime *rt, const tz_extent *dst, const tz_extent *
   struct transfers x = {.rt = rt, .n = 1, .dst = {dst}, .src = {src}, .bytes = bytes};
   return time_transfers(&x, warmups, out);
 }
+
+#ifdef TZ_HAVE_CUDA
+/* How many times the other direction's transfer is issued around the timed one: enough that it
+ * outlasts the timed one unless the link gives the timed direction over BESIDE times the other's
+ * rate. */
+#define BESIDE 4
+
+/* Bytes per second of one transfer of bytes from src to dst while the other direction copies
+ * from osrc to odst the whole time: that one issued first, BESIDE times back to back on its own
+ * stream; the fastest of REPS after a warm-up. The link shares itself unevenly between the
+ * directions (an H200's writes to the host took ~51 GB/s of the ~87 both moved at once, the
+ * reads ~36), so the plan needs each direction's share, not only their sum. */
+static int time_beside(tz_runtime *rt, const tz_extent *dst, const tz_extent *src,
+                       const tz_extent *odst, const tz_extent *osrc, uint64_t bytes, double *out) {
+  double best = 0;
+  int rc = 0;
+  for (int i = 0; rc == 0 && i < 1 + REPS; i++) {
+    tz_fence *f[BESIDE + 1] = {NULL};
+    double t0 = now_s(), t = 0;
+    rc = tz_transfer(rt, odst, 0, osrc, 0, bytes, &f[1]);
+    if (rc == 0)
+      rc = tz_transfer(rt, dst, 0, src, 0, bytes, &f[0]);
+    for (int k = 2; rc == 0 && k <= BESIDE; k++)
+      rc = tz_transfer(rt, odst, 0, osrc, 0, bytes, &f[k]);
+    if (rc == 0 && (rc = tz_fence_wait(f[0], -1)) == 0)
+      t = now_s() - t0;
+    for (int k = 0; k <= BESIDE; k++) {
+      if (f[k]) {
+        int w = tz_fence_wait(f[k], -1);
+        if (rc == 0)
+          rc = w;
+      }
+      tz_fence_release(f[k]);
+    }
+    if (rc == 0 && i > 0 && (best == 0 || t < best))
+      best = t;
+  }
+  *out = per_second((double)bytes, best);
+  return rc;
+}
+#endif
 
 /* nvme_write, nvme_read and nvme_duplex (a read and a write at once, summed): NVME_PROBE_BYTES
  * each way between a fresh nvme tier under c's NVMe directory and a host tier of its own;
@@ -449,8 +491,8 @@ fail:
   return rc;
 }
 
-/* copy_in (host -> hbm), copy_out (hbm -> host), copy_duplex (the two at once, summed) and, with
- * local, copy_local (hbm -> hbm). With comm, every rank of it runs each probe at the same time
+/* copy_in (host -> hbm), copy_out (hbm -> host), copy_duplex (the two at once, summed), each
+ * beside the other (copy_in_both, copy_out_both) and, with local, copy_local (hbm -> hbm). With comm, every rank of it runs each probe at the same time
  * (a barrier before each), as the ranks' schedulers copy during a step; a rank whose copy failed
  * goes on meeting the others at the barriers and returns its error at the end. */
 static int link_probe_time(struct link_probe *lp, tz_runtime *rt, tz_comm *comm, int local,
@@ -472,6 +514,14 @@ static int link_probe_time(struct link_probe *lp, tz_runtime *rt, tz_comm *comm,
   TZ_CHECK(barrier(comm));
   if (rc == 0)
     rc = time_transfers(&both, 1, &r->copy_duplex);
+  TZ_CHECK(barrier(comm));
+  if (rc == 0)
+    rc = time_beside(rt, &lp->d[0], &lp->h[0], &lp->h[1], &lp->d[1], GPU_COPY_BYTES,
+                     &r->copy_in_both);
+  TZ_CHECK(barrier(comm));
+  if (rc == 0)
+    rc = time_beside(rt, &lp->h[1], &lp->d[1], &lp->d[0], &lp->h[0], GPU_COPY_BYTES,
+                     &r->copy_out_both);
   if (rc == 0 && local)
     rc = time_transfer(rt, &lp->d[1], &lp->d[0], GPU_COPY_BYTES, 1, &r->copy_local);
   return rc;
@@ -488,11 +538,21 @@ static int measure_tiers_gpu(const struct tz_config *c, tz_runtime *rt, int devi
   return measure_nvme(c, rt, r);
 }
 
-/* Every rank's v (status, copy_in, copy_out, copy_duplex) into all; 1 when every status is 0,
- * 0 when some rank's is not (rank 0 says which), the comm's error when it fails. */
-static int gather_links(tz_comm *comm, const double v[4], double *all) {
+/* The link's rates every rank times beside the others: copy_in, copy_out, copy_duplex,
+ * copy_in_both, copy_out_both. */
+#define N_LINK 5
+
+static double *link_rate(struct tz_plan_rates *r, int i) {
+  double *f[N_LINK] = {&r->copy_in, &r->copy_out, &r->copy_duplex, &r->copy_in_both,
+                       &r->copy_out_both};
+  return f[i];
+}
+
+/* Every rank's v (status, then its N_LINK rates) into all; 1 when every status is 0, 0 when some
+ * rank's is not (rank 0 says which), the comm's error when it fails. */
+static int gather_links(tz_comm *comm, const double v[1 + N_LINK], double *all) {
   tz_fence *f = NULL;
-  int rc = tz_comm_all_gather(comm, v, all, 4 * sizeof(double), NULL, &f);
+  int rc = tz_comm_all_gather(comm, v, all, (1 + N_LINK) * sizeof(double), NULL, &f);
   if (rc == 0)
     rc = tz_fence_wait(f, -1);
   tz_fence_release(f);
@@ -500,7 +560,7 @@ static int gather_links(tz_comm *comm, const double v[4], double *all) {
     return rc;
   int ok = 1;
   for (int k = 0; k < tz_comm_size(comm); k++)
-    if (all[4 * k] < 0) {
+    if (all[(1 + N_LINK) * k] < 0) {
       ok = 0;
       if (tz_comm_rank(comm) == 0)
         TZ_WARN("rates: rank %d could not time its host link beside the others%s%s; the plan "
@@ -513,8 +573,8 @@ static int gather_links(tz_comm *comm, const double v[4], double *all) {
 /* The ranks' GPUs share the host's memory and may share a PCIe switch: with every rank copying at
  * once, each one's link runs slower than alone (two H200s offloading llama-7b copied in at 28.9
  * GB/s while busy, one alone at 45). So on a world of GPUs every rank times its own link at the
- * same time as the others, and the plan gets the slowest rank's copy_in, copy_out and
- * copy_duplex where they are below the ones measured alone. Not cached: it takes a fraction of a
+ * same time as the others, and the plan gets the slowest rank's link rates (each direction
+ * alone, both at once, each beside the other) where they are below the ones measured alone. Not cached: it takes a fraction of a
  * second and depends on the world. */
 static int time_links_shared(const struct tz_config *c, tz_runtime *rt, tz_comm *comm,
                              struct tz_plan_rates *out) {
@@ -522,34 +582,36 @@ static int time_links_shared(const struct tz_config *c, tz_runtime *rt, tz_comm 
   int *device = tz_comm_native(comm, "device");
   if (world < 2 || !device)
     return 0;
-  double *all = calloc((size_t)world, 4 * sizeof(double));
+  double *all = calloc((size_t)world, (1 + N_LINK) * sizeof(double));
   if (!all)
     return tz_err_set(TZ_ENOMEM, "rates: no memory for the ranks' link rates");
   struct link_probe lp;
   struct tz_plan_rates mine = *out;
   /* Every rank learns whether all could open their probe before any waits at a barrier. */
-  double v[4] = {link_probe_open(c, rt, *device, &lp), 0, 0, 0};
+  double v[1 + N_LINK] = {link_probe_open(c, rt, *device, &lp)};
   int ok = gather_links(comm, v, all);
   if (ok == 1) {
     v[0] = link_probe_time(&lp, rt, comm, 0, &mine);
-    v[1] = mine.copy_in;
-    v[2] = mine.copy_out;
-    v[3] = mine.copy_duplex;
+    for (int i = 0; i < N_LINK; i++)
+      v[1 + i] = *link_rate(&mine, i);
     ok = gather_links(comm, v, all);
   }
   link_probe_close(&lp);
   if (ok == 1) {
-    double *f[3] = {&out->copy_in, &out->copy_out, &out->copy_duplex};
-    double alone[3] = {out->copy_in, out->copy_out, out->copy_duplex};
-    for (int i = 0; i < 3; i++)
-      for (int k = 0; k < world; k++)
-        if (all[4 * k + 1 + i] > 0 && all[4 * k + 1 + i] < *f[i])
-          *f[i] = all[4 * k + 1 + i];
+    struct tz_plan_rates alone = *out;
+    for (int i = 0; i < N_LINK; i++)
+      for (int k = 0; k < world; k++) {
+        double x = all[(1 + N_LINK) * k + 1 + i];
+        if (x > 0 && x < *link_rate(out, i))
+          *link_rate(out, i) = x;
+      }
     if (tz_comm_rank(comm) == 0)
-      TZ_INFO("rates: %d ranks copying at once: in %.1f, out %.1f, both %.1f GB/s a rank (one "
-              "alone: %.1f, %.1f, %.1f)",
+      TZ_INFO("rates: %d ranks copying at once: in %.1f, out %.1f, both %.1f (in %.1f beside "
+              "out %.1f) GB/s a rank (one alone: %.1f, %.1f, %.1f (%.1f, %.1f))",
               world, out->copy_in / 1e9, out->copy_out / 1e9, out->copy_duplex / 1e9,
-              alone[0] / 1e9, alone[1] / 1e9, alone[2] / 1e9);
+              out->copy_in_both / 1e9, out->copy_out_both / 1e9, alone.copy_in / 1e9,
+              alone.copy_out / 1e9, alone.copy_duplex / 1e9, alone.copy_in_both / 1e9,
+              alone.copy_out_both / 1e9);
   }
   free(all);
   return ok < 0 ? ok : 0; /* only the comm's failure is the run's */

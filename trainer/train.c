@@ -1619,6 +1619,10 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   tr->rt = rt;
   tr->rank = tz_comm_rank(comm);
   tr->world = tz_comm_size(comm);
+  if (p->plan_only && p->plan_world > 0) {
+    tr->rank = 0;
+    tr->world = p->plan_world;
+  }
   tr->L = mc->n_layer;
   tr->nb = tz_model_n_blocks(mc);
   tr->tied = mc->tie_embeddings != 0;

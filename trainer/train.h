@@ -76,6 +76,8 @@ struct tz_trainer_params {
    * layer's rate (as tz-train prints it on that machine) instead of asking the GPU; 0: ask. */
   uint64_t gpu_free;
   double layer_rate;
+  /* plan_only: plan rank 0 of a world of this many ranks instead of the comm's (0: the comm's). */
+  int plan_world;
 };
 void tz_trainer_params_init(struct tz_trainer_params *p);
 
