@@ -778,7 +778,7 @@ void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_na
   if (p->lane_s[3] > 0)
     snprintf(at_home, sizeof at_home, ", CPU at the homes %s", t5);
   char link[96] = "";
-  if (p->link_s > p->path_s) { /* the link, not the lanes' path, sets the bound: say so */
+  if (p->link_s > 1.001 * p->path_s) { /* the link, not the lanes' path, sets the bound */
     char t6[32];
     fmt_time(t6, sizeof t6, p->path_s);
     snprintf(link, sizeof link, "; the host link both ways beside the window: the lanes' path %s",
