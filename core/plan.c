@@ -217,20 +217,23 @@ static double longest_run(int n, const double *copy, const double *copy2, const 
  * the other, while the host link moves less with both directions busy (two H200s, each rank
  * copying: 28.8 GB/s in beside 47.4 out, against 52.7 and 52.8 alone), and the phases that need
  * the most copies come together (the folded step's state moves during the forward). A run of
- * consecutive phases computes for comp(run); what it copies in comes over the link during it,
- * but for what the window held when it began, and what it writes goes back during it, but for
- * what the window holds when it ends: each at most `room`. Phases outside the run compute
- * outside its time. So the step takes at least compute_s + (bytes(run) - 2 room) / link -
- * comp(run), for every run, with link the most the two directions move at once (copy_duplex, or
- * each one's rate beside the other summed, whichever is more), and likewise each direction
- * alone with one room. */
+ * consecutive phases computes for comp(run), and the compute lane runs nothing else from its
+ * first phase's start to its last one's end. What the run copies in crosses the link in that
+ * time but for what the window held when it began (a copy's room is taken when it is issued);
+ * what it writes goes back in that time but for what the window still holds when it ends: each
+ * at most the window. Phases outside the run compute outside its time. So the step takes at
+ * least compute_s + (bytes(run) - 2 window) / link - comp(run), for every run, with link the most
+ * the link moves at once (either direction alone, copy_duplex, or each one's rate beside the
+ * other summed), and likewise each direction alone with one window at its own rate. */
 static double window_bound(const struct tz_plan_rates *rt, int n, const double *in,
                            const double *out, const double *comp, double compute_s,
-                           double room) {
+                           double window) {
   double both = max2(rt->copy_duplex, rt->copy_in_both + rt->copy_out_both);
-  double over = longest_run(n, in, out, comp, both, 2 * room);
-  over = max2(over, longest_run(n, in, NULL, comp, rt->copy_in, room));
-  over = max2(over, longest_run(n, out, NULL, comp, rt->copy_out, room));
+  if (both > 0) /* unknown: the directions independent; known: one alone may move more */
+    both = max2(both, max2(rt->copy_in, rt->copy_out));
+  double over = longest_run(n, in, out, comp, both, 2 * window);
+  over = max2(over, longest_run(n, in, NULL, comp, rt->copy_in, window));
+  over = max2(over, longest_run(n, out, NULL, comp, rt->copy_out, window));
   return compute_s + over;
 }
 
@@ -454,7 +457,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
   if (rt->copy_duplex > 0)
     out->bound_s = max2(out->bound_s, link / rt->copy_duplex);
   out->path_s = out->bound_s;
-  out->link_s = window_bound(rt, n, ph_in, ph_out, ph_comp, compute_s, (double)room);
+  out->link_s = window_bound(rt, n, ph_in, ph_out, ph_comp, compute_s, (double)window);
   out->bound_s = max2(out->bound_s, out->link_s);
   out->compute_s = compute_s;
   for (int i = 0; i < 3; i++)

@@ -782,65 +782,72 @@ static void test_plan_bound_disk_duplex(void **state) {
 }
 
 /* The host link moves less with both directions busy than each alone, and a window carries
- * only so much of a run of phases' copies across its ends. Four phases p0..p3 update their own
- * block of S (read, write) with no compute, then bwd computes C = 10t with none; copies of S take
- * t each way alone; the window holds two blocks (room 2S). Farthest next use keeps blocks 0 and 3
- * across the step's end, so each step copies in blocks 1 and 2 and writes all four back (6S).
- * The lanes' path: p1's copy comes in during bwd; p2's waits for p0's write-back (room): copy
- * 2t into the forward, then bwd: 12t. The link term: the run p0..p3 computes nothing, and of its
- * 6S the window carries at most 2 x 2S across its ends; the other 2S cross while it runs, at
- * most at the link's rate both ways. */
+ * only so much of a run of phases' copies across its ends. K = 12 phases p0..p11 update their
+ * own block of S (read, write) with no compute, then bwd computes C = 10t with none; copies of S
+ * take t each way alone; the window W holds two blocks and a chunk. Farthest next use keeps
+ * blocks 0 and 11 across the step's end, so each step copies in the other ten and writes all
+ * twelve back (the out lane busy 12t). p1's copy comes in during bwd; each later one follows the
+ * write-back that frees its room, one t after another, and the last two write-backs run into
+ * bwd: the lanes' path is C + 10t. The link term: the run
+ * p0..p11 computes nothing, and of its 22S the window carries at most 2W across its ends; the
+ * rest crosses while it runs, at most at the link's rate. */
 static void test_plan_bound_link_both_ways(void **state) {
   (void)state;
-  const uint64_t S = 1 << 20, chunk = 4096;
+  enum { K = 12 };
+  const uint64_t S = 1 << 20, chunk = 4096, W = 2 * S + chunk;
   const double t = 1e-3, C = 10 * t;
-  uint64_t bytes[4][TZ_PLAN_KINDS];
+  uint64_t bytes[K][TZ_PLAN_KINDS];
   memset(bytes, 0, sizeof bytes);
-  struct tz_plan_phase ph[5];
+  struct tz_plan_phase ph[K + 1];
   memset(ph, 0, sizeof ph);
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < K; i++) {
     bytes[i][TZ_PLAN_MASTER] = S;
     snprintf(ph[i].name, sizeof ph[i].name, "p%d", i);
     ph[i].n_uses = 1;
     ph[i].uses[0] = (struct tz_plan_use){i, TZ_PLAN_MASTER, TZ_ACCESS_READWRITE};
   }
-  snprintf(ph[4].name, sizeof ph[4].name, "bwd");
-  ph[4].flop = C * 1e12;
-  struct tz_plan_request r = plan_request(4, bytes, ph, 5, chunk);
+  snprintf(ph[K].name, sizeof ph[K].name, "bwd");
+  ph[K].flop = C * 1e12;
+  struct tz_plan_request r = plan_request(K, bytes, ph, K + 1, chunk);
   r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = (double)S / t,
                                    .copy_out = (double)S / t};
-  int8_t tiers[4 * TZ_PLAN_KINDS];
+  int8_t tiers[K * TZ_PLAN_KINDS];
   memset(tiers, TZ_PLAN_HOST, sizeof tiers);
   struct tz_plan p;
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, W, &p));
   assert_false(p.unknown_rates);
-  assert_close(p.moved[TZ_PLAN_HOST], 2.0 * (double)S);
-  assert_close(p.lane_s[1], 4 * t);
+  assert_close(p.moved[TZ_PLAN_HOST], (K - 2.0) * (double)S);
+  assert_close(p.lane_s[1], K * t);
   assert_close(p.compute_s, C);
-  assert_close(p.path_s, C + 2 * t);
-  /* Each direction alone: the run's 4S of write-backs less one room, 2S at S/t: no more than
-   * the path. */
-  assert_close(p.link_s, C + 2 * t);
-  assert_close(p.bound_s, C + 2 * t);
-  /* Both ways at once at S/t summed (each at half its rate beside the other): the run's 6S less
-   * 4S carried take 2t, as the path. At S/(2t) summed they take 4t, more than the path: the
-   * bound is the link's. */
-  r.rates.copy_in_both = r.rates.copy_out_both = 0.5 * (double)S / t;
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
-  assert_close(p.link_s, C + 2 * t);
+  double path = C + (K - 2) * t;
+  assert_close(p.path_s, path);
+  /* Nothing known of the two directions at once: each alone, less one window (the out lane's
+   * 12S at S/t, less W), below the path. */
+  assert_close(p.link_s, C + (K * (double)S - (double)W) * t / (double)S);
+  assert_close(p.bound_s, path);
+  /* Both at once at 1.2 S/t (0.6 each beside the other): (22S - 2W) / 1.2 is longer than the
+   * path, and is the bound. */
+  r.rates.copy_in_both = r.rates.copy_out_both = 0.6 * (double)S / t;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, W, &p));
+  double link = C + ((2 * K - 2.0) * (double)S - 2.0 * (double)W) / (1.2 * (double)S / t);
+  assert_close(p.path_s, path);
+  assert_close(p.link_s, link);
+  assert_close(p.bound_s, link);
+  /* copy_duplex, where it is above the two beside each other summed, is the link's rate; and
+   * where both at once move less than one direction alone, the link is that direction's (a
+   * schedule could run the directions one after the other). */
+  r.rates.copy_duplex = 1.5 * (double)S / t;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, W, &p));
+  assert_close(p.link_s, C + ((2 * K - 2.0) * (double)S - 2.0 * (double)W) / (1.5 * (double)S / t));
+  r.rates.copy_duplex = 0;
   r.rates.copy_in_both = r.rates.copy_out_both = 0.25 * (double)S / t;
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
-  assert_close(p.path_s, C + 2 * t);
-  assert_close(p.link_s, C + 4 * t);
-  assert_close(p.bound_s, C + 4 * t);
-  /* copy_duplex, where it is above the two beside each other summed, is the link's rate. */
-  r.rates.copy_duplex = 0.75 * (double)S / t;
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 2 * S + chunk, &p));
-  assert_close(p.link_s, C + 2 * t / 0.75);
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, W, &p));
+  assert_close(p.link_s, C + ((2 * K - 2.0) * (double)S - 2.0 * (double)W) / ((double)S / t));
   /* A window that holds every block: nothing is copied in after the first step, and the
-   * write-backs (4S) go out beside bwd. */
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, 4 * S + chunk, &p));
-  assert_close(p.bound_s, C);
+   * write-backs go out beside bwd and the next forward. */
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, K * S + chunk, &p));
+  assert_true(p.moved[TZ_PLAN_HOST] == 0);
+  assert_true(p.bound_s < path);
 }
 
 /* Collectives issued at a phase's start run beside its compute (coll_async): a phase takes the
