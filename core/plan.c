@@ -195,22 +195,26 @@ static int resident_use(struct resident *w, const struct tz_plan_request *r, int
   return 0;
 }
 
-/* The most any run of consecutive phases (the order repeating across steps) takes beyond its own
- * compute: sum over the run of (copy[p] / rate - comp[p]), less carry / rate; 0 with no rate. */
+/* The most any run of consecutive phases (the order repeating across steps, so a run may wrap
+ * past the last phase) takes beyond its own compute: the largest sum over a run of
+ * v[p] = (copy[p] + copy2[p]) / rate - comp[p], less carry / rate; 0 with no rate. A run that
+ * wraps is the whole cycle less a run that does not, so it is the total less the smallest such
+ * sum (Kadane's scan both ways, O(n): the plan simulates many placements). */
 static double longest_run(int n, const double *copy, const double *copy2, const double *comp,
                          double rate, double carry) {
-  if (rate <= 0)
+  if (rate <= 0 || n <= 0)
     return 0;
-  double best = 0;
-  for (int a = 0; a < n; a++) {
-    double sum = 0;
-    for (int len = 0; len < n; len++) {
-      int p = (a + len) % n;
-      sum += (copy[p] + (copy2 ? copy2[p] : 0)) / rate - comp[p];
-      best = max2(best, sum - carry / rate);
-    }
+  double total = 0, hi = 0, lo = 0, best = -1e300, least = 1e300;
+  for (int p = 0; p < n; p++) {
+    double v = (copy[p] + (copy2 ? copy2[p] : 0)) / rate - comp[p];
+    total += v;
+    hi = p > 0 && hi > 0 ? hi + v : v;
+    lo = p > 0 && lo < 0 ? lo + v : v;
+    best = max2(best, hi);
+    least = least < lo ? least : lo;
   }
-  return best;
+  best = max2(best, max2(total, total - least));
+  return max2(0, best - carry / rate);
 }
 
 /* A bound the lanes' list schedule cannot see: it runs each copy lane at its one-way rate beside
