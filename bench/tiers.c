@@ -194,7 +194,7 @@ int tz_bench_tiers(int argc, char **argv) {
   }
   tz_tier_params_init(&p);
   p.name = "host";
-  p.capacity = bmax * (uint64_t)qd + (64 << 20);
+  p.capacity = 2 * bmax * (uint64_t)qd + (64 << 20); /* r+w keeps a queue of each direction */
   if (tz_tier_create(rt, "host", &p, &host) < 0)
     goto fail;
   tz_tier_params_init(&p);

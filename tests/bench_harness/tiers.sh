@@ -31,3 +31,15 @@ assert rw["tier_read_gbps"] > 0 and rw["tier_write_gbps"] > 0, rw
 assert abs(rw["tier_read_gbps"] + rw["tier_write_gbps"] - rw["tier_gbps"]) < 1e-3, rw
 print("ok:", {op: round(ops[op]["tier_gbps"], 3) for op in ops})
 PY
+[ $? = 0 ] || exit 1
+# Large blocks at depth: r+w keeps a queue of each direction in host memory (2 x 8 MiB x 16), more
+# than one direction's queue and the slack the host tier had (it failed at the default 8 MiB).
+"$1" tiers --path "$dir" --size 128M --reps 1 --min 8M --max 8M --qd 16 > "$dir/out8" 2> "$dir/err8"
+rc=$?
+if { [ $rc != 0 ] && [ $rc != 77 ]; } || ! grep -q '^r+w *8192K' "$dir/out8"; then
+  cat "$dir/out8" "$dir/err8"
+  echo "FAIL: tz-bench tiers with 8 MiB blocks at depth 16 exited $rc without an r+w row"
+  exit 1
+fi
+echo "ok: r+w at 8 MiB, depth 16"
+
