@@ -23,7 +23,8 @@ int tz_rates_default_path(char *buf, size_t len);
  *   512^3 matrix multiply, CPU Adam.
  * - backend "cuda": 64 MiB tz_transfer copies between a host tier and an hbm tier in rt on GPU
  *   cfg->tierzero.device (0 when it is -1): host -> hbm (copy_in), hbm -> host (copy_out), both
- *   at once (copy_duplex, the two summed), hbm -> hbm (copy_local); the cuda backend's bf16
+ *   at once (copy_duplex, the two summed), each beside copies the other way that outlast it
+ *   (copy_in_both, copy_out_both), hbm -> hbm (copy_local); the cuda backend's bf16
  *   matrix multiply at 4096^3; GPU Adam over 64M elements in device memory; CPU Adam at the host
  *   homes (adam_home) over 32M elements, bf16 parameters written, on tz_rates_home_threads
  *   threads, as the home phases run it. The host tier lies
@@ -33,10 +34,12 @@ int tz_rates_default_path(char *buf, size_t len);
  * Both measure nvme reads, writes, and the two at once (nvme_duplex, summed), 64 MiB each way
  * against a host tier of their own, under cfg's NVMe directory when there is one. The result is
  * broadcast. Then, on a world of GPUs (the cuda backend with the nccl comm), every rank times its
- * own host link at the same time as the others, and copy_in, copy_out and copy_duplex become the
- * slowest rank's where that is below the rate alone (not cached; if a rank cannot time its link,
- * a warning, and the rates alone); and every rank times an all-gather for the collective rate
- * (0 on a world of one). refresh != 0 measures even when the cache has an entry. */
+ * own host link at the same time as the others, and copy_in, copy_out, copy_duplex,
+ * copy_in_both and copy_out_both become the slowest rank's where that is below the rate alone
+ * (not cached; if a rank cannot time its link, a warning, and the rates alone); and every rank
+ * times an all-gather for the collective rate (0 on a world of one; on GPUs eight of 64 MiB a
+ * rank, issued back to back and waited for together). refresh != 0 measures even when the cache
+ * has an entry. */
 /* Threads CPU Adam at the host homes runs on beside a GPU: tierzero.threads when set, else every
  * CPU this process may run on but two (left to the thread that launches the GPU's kernels and to
  * the progress engine); at least 1. */
