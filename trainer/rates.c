@@ -183,13 +183,10 @@ struct transfers {
   uint64_t bytes;
 };
 
-static int run_transfers(void *arg) {
-  const struct transfers *x = arg;
-  tz_fence *f[2] = {NULL, NULL};
-  int rc = 0;
-  for (int k = 0; rc == 0 && k < x->n; k++)
-    rc = tz_transfer(x->rt, x->dst[k], 0, x->src[k], 0, x->bytes, &f[k]);
-  for (int k = 0; k < x->n; k++) {
+/* Waits for and releases the n fences of f (NULL ones skipped): rc, else the first wait's
+ * error. Every fence is waited for, also after a failure: its work may still use the buffers. */
+static int wait_all(tz_fence **f, int n, int rc) {
+  for (int k = 0; k < n; k++) {
     if (f[k]) {
       int w = tz_fence_wait(f[k], -1);
       if (rc == 0)
@@ -198,6 +195,15 @@ static int run_transfers(void *arg) {
     tz_fence_release(f[k]);
   }
   return rc;
+}
+
+static int run_transfers(void *arg) {
+  const struct transfers *x = arg;
+  tz_fence *f[2] = {NULL, NULL};
+  int rc = 0;
+  for (int k = 0; rc == 0 && k < x->n; k++)
+    rc = tz_transfer(x->rt, x->dst[k], 0, x->src[k], 0, x->bytes, &f[k]);
+  return wait_all(f, x->n, rc);
 }
 
 /* Bytes per second, summed over the transfers of x. */
@@ -240,14 +246,7 @@ static int time_beside(tz_runtime *rt, const tz_extent *dst, const tz_extent *sr
       rc = tz_transfer(rt, odst, 0, osrc, 0, bytes, &f[k]);
     if (rc == 0 && (rc = tz_fence_wait(f[0], -1)) == 0)
       t = now_s() - t0;
-    for (int k = 0; k <= BESIDE; k++) {
-      if (f[k]) {
-        int w = tz_fence_wait(f[k], -1);
-        if (rc == 0)
-          rc = w;
-      }
-      tz_fence_release(f[k]);
-    }
+    rc = wait_all(f, BESIDE + 1, rc);
     if (rc == 0 && i > 0 && (best == 0 || t < best))
       best = t;
   }
@@ -748,14 +747,7 @@ static int time_collective(tz_runtime *rt, tz_comm *comm, double *out) {
     double t0 = now_s();
     for (int k = 0; rc == 0 && k < COLL_BURST; k++)
       rc = tz_comm_all_gather(comm, mine, buf, per, NULL, &f[k]);
-    for (int k = 0; k < COLL_BURST; k++) {
-      if (f[k]) {
-        int w = tz_fence_wait(f[k], -1);
-        if (rc == 0)
-          rc = w;
-      }
-      tz_fence_release(f[k]);
-    }
+    rc = wait_all(f, COLL_BURST, rc);
     double t = (now_s() - t0) / COLL_BURST;
     if (i == 1 || (i > 1 && t < best))
       best = t;
