@@ -16,6 +16,7 @@ struct callback {
 struct tz_fence {
   int refs;   /* atomic */
   int done;   /* atomic: 0 pending, 1 complete */
+  int firing; /* under mu: the signalling thread is still running callbacks */
   int rc;
   char *msg;  /* owned; the error message for waiters */
   pthread_mutex_t mu;
@@ -80,21 +81,32 @@ void tz_fence_signal_msg(tz_fence *f, int rc, const char *msg) {
   if (rc < 0 && msg && *msg && !f->msg)
     f->msg = strdup(msg);
   __atomic_store_n(&f->done, 1, __ATOMIC_RELEASE);
-  struct callback *cbs = f->cbs;
-  f->cbs = NULL;
-  f->cbs_tail = &f->cbs;
+  f->firing = 1;
   pthread_cond_broadcast(&f->cv);
   /* Callbacks may release the last other reference; keep f alive until they have run. */
   tz_fence_retain(f);
-  pthread_mutex_unlock(&f->mu);
-  /* Callbacks learn the error's message the way any code does: from this thread's message. */
-  if (rc < 0 && cbs)
-    tz_err_set(rc, "%s", f->msg ? f->msg : tz_strerror(rc));
-  for (struct callback *c = cbs, *n; c; c = n) {
-    n = c->next;
-    c->fn(c->arg, rc);
-    free(c);
+  /* A callback added while these run (tz_fence_then sees `firing`) joins the list and runs here
+   * after them: one added later never runs before one added earlier, whatever the threads. */
+  for (;;) {
+    struct callback *cbs = f->cbs;
+    f->cbs = NULL;
+    f->cbs_tail = &f->cbs;
+    if (!cbs) {
+      f->firing = 0;
+      break;
+    }
+    pthread_mutex_unlock(&f->mu);
+    /* Callbacks learn the error's message the way any code does: from this thread's message. */
+    if (rc < 0)
+      tz_err_set(rc, "%s", f->msg ? f->msg : tz_strerror(rc));
+    for (struct callback *c = cbs, *n; c; c = n) {
+      n = c->next;
+      c->fn(c->arg, rc);
+      free(c);
+    }
+    pthread_mutex_lock(&f->mu);
   }
+  pthread_mutex_unlock(&f->mu);
   tz_fence_release(f);
 }
 
@@ -144,7 +156,7 @@ int tz_fence_then(tz_fence *f, void (*fn)(void *arg, int rc), void *arg) {
   c->arg = arg;
   c->next = NULL;
   pthread_mutex_lock(&f->mu);
-  if (f->done) {
+  if (f->done && !f->firing) {
     int rc = f->rc;
     pthread_mutex_unlock(&f->mu);
     free(c);

@@ -30,7 +30,9 @@ int tz_fence_query(tz_fence *f);
 int tz_fence_wait(tz_fence *f, int64_t timeout_ns);
 
 /* Runs fn(arg, status) once f completes: at once on this thread if it already has, otherwise on
- * the thread that signals it. fn must not block. Returns TZ_ENOMEM if it cannot be recorded. */
+ * the thread that signals it. Callbacks run in the order they were added: one added while the
+ * signalling thread still runs earlier ones runs there, after them. fn must not block.
+ * Returns TZ_ENOMEM if it cannot be recorded. */
 int tz_fence_then(tz_fence *f, void (*fn)(void *arg, int rc), void *arg);
 
 /* A fence that completes when every one of fs[0..n) has; its status is the first error among them.

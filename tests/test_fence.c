@@ -6,6 +6,8 @@
 #include "core/progress.h"
 #include "testlib.h"
 
+#include <pthread.h>
+#include <semaphore.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -60,6 +62,58 @@ static void test_all(void **state) {
   tz_fence *none = tz_fence_all(NULL, 0);
   assert_int_equal(tz_fence_query(none), 1);
   tz_fence_release(none);
+}
+
+/* A callback added while the signalling thread still runs an earlier one must run after it, not
+ * at once on the adding thread (a lane's wait meter relies on its callback running before the
+ * lane's own: the phase it measures is freed once the lane has run it). */
+struct order {
+  tz_fence *f;
+  sem_t started, go;
+  int first_done; /* atomic */
+  int second_saw; /* first_done as the second callback found it; -1 not run */
+};
+
+static void cb_first(void *arg, int rc) {
+  (void)rc;
+  struct order *o = arg;
+  sem_post(&o->started);
+  sem_wait(&o->go);
+  __atomic_store_n(&o->first_done, 1, __ATOMIC_RELEASE);
+}
+
+static void cb_second(void *arg, int rc) {
+  (void)rc;
+  struct order *o = arg;
+  o->second_saw = __atomic_load_n(&o->first_done, __ATOMIC_ACQUIRE);
+}
+
+static void *signal_thread(void *arg) {
+  tz_fence_signal(((struct order *)arg)->f, 0);
+  return NULL;
+}
+
+static void test_then_while_signalling_runs_after_earlier(void **state) {
+  (void)state;
+  struct order o = {.f = tz_fence_create(), .second_saw = -1};
+  sem_init(&o.started, 0, 0);
+  sem_init(&o.go, 0, 0);
+  TZ_ASSERT_OK(tz_fence_then(o.f, cb_first, &o));
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, signal_thread, &o), 0);
+  sem_wait(&o.started); /* f is complete now, and its first callback is running */
+  assert_int_equal(tz_fence_query(o.f), 1);
+  TZ_ASSERT_OK(tz_fence_then(o.f, cb_second, &o));
+  sem_post(&o.go);
+  pthread_join(t, NULL);
+  assert_int_equal(o.second_saw, 1);
+  /* Once the signalling thread is done, a callback runs at once again. */
+  o.second_saw = -1;
+  TZ_ASSERT_OK(tz_fence_then(o.f, cb_second, &o));
+  assert_int_equal(o.second_saw, 1);
+  sem_destroy(&o.started);
+  sem_destroy(&o.go);
+  tz_fence_release(o.f);
 }
 
 static int job_sleep(void *arg) {
@@ -181,6 +235,7 @@ int main(void) {
     cmocka_unit_test(test_signal_wait_callbacks),
     cmocka_unit_test(test_error_message_reaches_waiter),
     cmocka_unit_test(test_all),
+    cmocka_unit_test(test_then_while_signalling_runs_after_earlier),
     cmocka_unit_test(test_pool_runs_concurrently),
     cmocka_unit_test(test_polled_fences),
     cmocka_unit_test(test_poller_removed_is_not_called),
