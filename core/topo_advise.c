@@ -63,17 +63,6 @@ void tz_topo_advice_params_init(struct tz_topo_advice_params *p) {
   p->progress_cores = 1;
 }
 
-static void human(uint64_t b, char *buf, size_t len) {
-  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = (double)b;
-  int u = 0;
-  while (v >= 1024 && u < 5) {
-    v /= 1024;
-    u++;
-  }
-  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, units[u]);
-}
-
 /* Cores (each as the set of its hardware threads) inside set and outside taken, in hwloc's order.
  */
 static int cores_in(const tz_topo *t, const tz_cpuset *set, const tz_cpuset *taken,
@@ -504,8 +493,8 @@ int tz_topo_advise(const tz_topo *t, const struct tz_topo_advice_params *p,
   if (p->pinned_pool_bytes > 0 && a->pub.memlock_bytes >= 0 && a->pub.cap_ipc_lock != 1 &&
       (uint64_t)a->pub.memlock_bytes < p->pinned_pool_bytes) {
     char have[32], need[32];
-    human((uint64_t)a->pub.memlock_bytes, have, sizeof have);
-    human(p->pinned_pool_bytes, need, sizeof need);
+    topo_human_bytes((uint64_t)a->pub.memlock_bytes, have, sizeof have);
+    topo_human_bytes(p->pinned_pool_bytes, need, sizeof need);
     TZ_CHECK_GOTO(warn(a, "memlock_low", -1,
                        "RLIMIT_MEMLOCK is %s but the pinned pool needs %s: io_uring cannot "
                        "register the buffers (raise it: `ulimit -l unlimited`, memlock in "
