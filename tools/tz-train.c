@@ -134,6 +134,17 @@ struct opts {
   int64_t save_every, keep;
 };
 
+/* optarg as a rate above 0 in unit, times scale into *out; -1 with the flag named if not. */
+static int parse_rate(const char *flag, const char *unit, double scale, double *out) {
+  char *end;
+  double v = strtod(optarg, &end);
+  if (end == optarg || *end || !(v > 0))
+    return fprintf(stderr, "tz-train: %s: expected %s above 0, got '%s'\n", flag, unit, optarg),
+           -1;
+  *out = v * scale;
+  return 0;
+}
+
 static int parse(int argc, char **argv, struct opts *o) {
   static const struct option longs[] = {{"config", required_argument, 0, 'c'},
                                         {"model", required_argument, 0, 'm'},
@@ -223,11 +234,8 @@ static int parse(int argc, char **argv, struct opts *o) {
                -1;
       break;
     case 'L':
-      o->layer_rate = strtod(optarg, &end) * 1e12;
-      if (end == optarg || *end || !(o->layer_rate > 0))
-        return fprintf(stderr, "tz-train: --layer-rate: expected TFLOP/s above 0, got '%s'\n",
-                       optarg),
-               -1;
+      if (parse_rate("--layer-rate", "TFLOP/s", 1e12, &o->layer_rate) < 0)
+        return -1;
       break;
     case 'N':
       o->world = (int)strtol(optarg, &end, 10);
@@ -237,11 +245,8 @@ static int parse(int argc, char **argv, struct opts *o) {
                -1;
       break;
     case 'Q':
-      o->coll_rate = strtod(optarg, &end) * 1e9;
-      if (end == optarg || *end || !(o->coll_rate > 0))
-        return fprintf(stderr, "tz-train: --collective-rate: expected GB/s above 0, got '%s'\n",
-                       optarg),
-               -1;
+      if (parse_rate("--collective-rate", "GB/s", 1e9, &o->coll_rate) < 0)
+        return -1;
       break;
     case 'I':
       o->import_dir = optarg;
