@@ -491,9 +491,10 @@ fail:
 }
 
 /* copy_in (host -> hbm), copy_out (hbm -> host), copy_duplex (the two at once, summed), each
- * beside the other (copy_in_both, copy_out_both) and, with local, copy_local (hbm -> hbm). With comm, every rank of it runs each probe at the same time
- * (a barrier before each), as the ranks' schedulers copy during a step; a rank whose copy failed
- * goes on meeting the others at the barriers and returns its error at the end. */
+ * beside the other (copy_in_both, copy_out_both) and, with local, copy_local (hbm -> hbm). With
+ * comm, every rank of it runs each probe at the same time (a barrier before each), as the ranks'
+ * schedulers copy during a step; a rank whose copy failed goes on meeting the others at the
+ * barriers and returns its error at the end. */
 static int link_probe_time(struct link_probe *lp, tz_runtime *rt, tz_comm *comm, int local,
                            struct tz_plan_rates *r) {
   int rc = 0;
@@ -573,8 +574,8 @@ static int gather_links(tz_comm *comm, const double v[1 + N_LINK], double *all) 
  * once, each one's link runs slower than alone (two H200s offloading llama-7b copied in at 28.9
  * GB/s while busy, one alone at 45). So on a world of GPUs every rank times its own link at the
  * same time as the others, and the plan gets the slowest rank's link rates (each direction
- * alone, both at once, each beside the other) where they are below the ones measured alone. Not cached: it takes a fraction of a
- * second and depends on the world. */
+ * alone, both at once, each beside the other) where they are below the ones measured alone.
+ * Not cached: it takes a fraction of a second and depends on the world. */
 static int time_links_shared(const struct tz_config *c, tz_runtime *rt, tz_comm *comm,
                              struct tz_plan_rates *out) {
   int world = tz_comm_size(comm);
