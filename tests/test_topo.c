@@ -1,11 +1,11 @@
-/* core/topo: the hwloc XML fixtures in tests/data/topo (machines from their public descriptions),
+/* topo/: the hwloc XML fixtures in tests/data/topo (machines from their public descriptions),
  * a sysfs tree laid out in a temporary directory, this machine, and bad input. */
 #define _GNU_SOURCE
 #include "testlib.h"
 
 #include "core/error.h"
 #include "core/tier.h"
-#include "core/topo.h"
+#include "topo/topo.h"
 
 #include <dirent.h>
 #include <errno.h>

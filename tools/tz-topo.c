@@ -1,7 +1,7 @@
 /* tz-topo: the hardware topology report and placement advice (docs/tz-topo.md). */
 #define _GNU_SOURCE
 #include "core/error.h"
-#include "core/topo.h"
+#include "topo/topo.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -9,7 +9,7 @@
 #include "core/plan.h"
 #include "core/runtime.h"
 #include "core/sched.h"
-#include "core/topo.h"
+#include "topo/topo.h"
 #include "kernels/compute.h"
 #include "trainer/data.h"
 #include "trainer/hf.h"

@@ -2,7 +2,7 @@
  * a machine whose GPUs can run has it, and the build needs neither it nor its header. The few types
  * used are declared here with the layouts of NVML's nvml.h (API version 2 and later). */
 #define _GNU_SOURCE
-#include "core/topo_impl.h"
+#include "topo/internal.h"
 
 #include "core/log.h"
 

@@ -1,6 +1,6 @@
 /* Binding the calling thread, and reading back what the kernel actually did. */
 #define _GNU_SOURCE
-#include "core/topo_impl.h"
+#include "topo/internal.h"
 
 #include "core/error.h"
 

@@ -1,13 +1,13 @@
-/* Private to core/topo*.c: the topology behind the opaque tz_topo handle. */
-#ifndef TZ_TOPO_IMPL_H
-#define TZ_TOPO_IMPL_H
+/* Private to the files of topo/: the topology behind the opaque tz_topo handle. */
+#ifndef TZ_TOPO_INTERNAL_H
+#define TZ_TOPO_INTERNAL_H
 
 #include <hwloc.h>
 
-#include "core/topo.h"
+#include "topo/topo.h"
 
 #if HWLOC_API_VERSION < 0x00020100 || HWLOC_API_VERSION >= 0x00030000
-#error "core/topo needs hwloc 2.1 to 2.x (the osdev types and filters of the 2.x API)"
+#error "topo/ needs hwloc 2.1 to 2.x (the osdev types and filters of the 2.x API)"
 #endif
 
 struct tz_topo {
@@ -54,13 +54,13 @@ void topo_locality(const tz_topo *t, hwloc_obj_t io, int *numa, int *package, tz
 /* Parses "DDDD:BB:DD.F" (hex); 0 on success. */
 int topo_parse_busid(const char *s, unsigned *dom, unsigned *bus, unsigned *dev, unsigned *fn);
 
-/* topo_print.c: 1536 -> "1.5 KiB", 64 -> "64 B" (binary units, one decimal). */
+/* print.c: 1536 -> "1.5 KiB", 64 -> "64 B" (binary units, one decimal). */
 void topo_human_bytes(uint64_t b, char *buf, size_t len);
 
 /* "nvme", "sd", "virtio", "mmc", "md", "dm", "other" from a block device's name and controller. */
 const char *topo_disk_kind(const char *name, hwloc_obj_t pci);
 
-/* topo_linux.c: what sysfs and /proc say. */
+/* linux.c: what sysfs and /proc say. */
 int topo_sysfs_blockdevs(tz_topo *t);
 int topo_read_mountinfo(tz_topo *t, const char *path);
 void topo_probe_odirect(tz_topo *t);
@@ -72,7 +72,7 @@ int topo_live_cap_ipc_lock(void);
 /* "always", "madvise", "never", or NULL when the file is missing. Static strings. */
 const char *topo_live_thp(void);
 
-/* topo_nvml.c: names and NVLinks of the GPUs from NVML, when it loads. Never fails: what it could
+/* nvml.c: names and NVLinks of the GPUs from NVML, when it loads. Never fails: what it could
  * not learn stays as it was, and machine.nvml says why. */
 void topo_nvml(tz_topo *t);
 

@@ -1,6 +1,6 @@
 /* Loading a topology (hwloc), the lists behind the accessors, and the path-class matrix. */
 #define _GNU_SOURCE
-#include "core/topo_impl.h"
+#include "topo/internal.h"
 
 #include "core/error.h"
 #include "core/log.h"

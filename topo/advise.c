@@ -1,6 +1,6 @@
 /* Placement advice: a pure function of the topology and the facts in the parameters. */
 #define _GNU_SOURCE
-#include "core/topo_impl.h"
+#include "topo/internal.h"
 
 #include "core/error.h"
 

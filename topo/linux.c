@@ -3,7 +3,7 @@
  * path is read below t->sysfs_root, so a tree saved from (or laid out like) another machine works.
  */
 #define _GNU_SOURCE
-#include "core/topo_impl.h"
+#include "topo/internal.h"
 
 #include "core/error.h"
 #include "core/log.h"

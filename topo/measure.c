@@ -3,7 +3,7 @@
  * GPU-to-host copies per GPU. Host buffers are a host tier on the NUMA node the advice gives the
  * path, so the figure is the one the scheduler will see. */
 #define _GNU_SOURCE
-#include "core/topo_impl.h"
+#include "topo/internal.h"
 
 #include "core/error.h"
 #include "core/fence.h"

@@ -1,6 +1,6 @@
 /* The report: a tree and matrix for people, one JSON object for programs (docs/tz-topo.md). */
 #define _GNU_SOURCE
-#include "core/topo_impl.h"
+#include "topo/internal.h"
 
 #include "core/error.h"
 
