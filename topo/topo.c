@@ -543,7 +543,6 @@ void tz_topo_destroy(tz_topo *t) {
 }
 
 const struct tz_topo_machine *tz_topo_machine(const tz_topo *t) { return &t->machine; }
-int tz_topo_package_count(const tz_topo *t) { return t->n_packages; }
 const struct tz_topo_package *tz_topo_package(const tz_topo *t, int i) {
   return i >= 0 && i < t->n_packages ? &t->packages[i] : NULL;
 }
@@ -575,7 +574,6 @@ int tz_topo_nic_count(const tz_topo *t) { return t->n_nics; }
 const struct tz_topo_nic *tz_topo_nic(const tz_topo *t, int i) {
   return i >= 0 && i < t->n_nics ? &t->nics[i] : NULL;
 }
-int tz_topo_mount_count(const tz_topo *t) { return t->n_mounts; }
 const struct tz_topo_mount *tz_topo_mount(const tz_topo *t, int i) {
   return i >= 0 && i < t->n_mounts ? &t->mounts[i] : NULL;
 }

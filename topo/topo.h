@@ -134,7 +134,7 @@ struct tz_topo_nic {
 };
 
 const struct tz_topo_machine *tz_topo_machine(const tz_topo *t);
-int tz_topo_package_count(const tz_topo *t);
+/* i from 0 to machine.n_packages - 1; NULL out of range. */
 const struct tz_topo_package *tz_topo_package(const tz_topo *t, int i);
 int tz_topo_numa_count(const tz_topo *t);
 const struct tz_topo_numa *tz_topo_numa(const tz_topo *t, int i);
@@ -148,7 +148,7 @@ const struct tz_topo_blockdev *tz_topo_blockdev(const tz_topo *t, int i);
 int tz_topo_blockdev_find(const tz_topo *t, const char *name);
 int tz_topo_nic_count(const tz_topo *t);
 const struct tz_topo_nic *tz_topo_nic(const tz_topo *t, int i);
-int tz_topo_mount_count(const tz_topo *t);
+/* Indices come from a block device's mounts or tz_topo_mount_for_path; NULL out of range. */
 const struct tz_topo_mount *tz_topo_mount(const tz_topo *t, int i);
 /* The mount holding path (the longest mount point that is a prefix of it, after realpath on this
  * machine), its index, or -1. */
