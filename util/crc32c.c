@@ -1,4 +1,4 @@
-#include "core/internal.h"
+#include "util/crc32c.h"
 
 #include <pthread.h>
 #include <string.h>
