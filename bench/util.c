@@ -1,13 +1,6 @@
 #include "bench/bench.h"
 
 #include <stdlib.h>
-#include <time.h>
-
-double tz_bench_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;

@@ -54,7 +54,5 @@ double tz_comm_timeout(const struct tz_comm_params *p);
  * addition). out may alias chunk 0 only if it is exactly in. */
 void tz_comm_sum_chunks(void *out, const void *in, size_t stride, size_t n, int nchunks,
                         enum tz_dtype dt, int accum_f32);
-/* Monotonic seconds. */
-double tz_comm_now(void);
 
 #endif

@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/error.h"
+#include "util/clock.h"
 
 /* ---- step figures ---- */
 
@@ -390,12 +390,6 @@ struct tz_display {
   char line[512];     /* the last bar drawn */
 };
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 int tz_display_create(FILE *f, enum tz_display_mode mode, int64_t every, tz_display **out) {
   *out = NULL;
   if (!f || every < 1 || mode < TZ_DISPLAY_AUTO || mode > TZ_DISPLAY_QUIET)
@@ -470,7 +464,7 @@ static void draw_bar(tz_display *d, const struct tz_step_metrics *m) {
   fprintf(d->f, "\r%s\033[K", d->line);
   fflush(d->f);
   d->bar_showing = 1;
-  d->last_draw = now_s();
+  d->last_draw = tz_now_s();
 }
 
 static void print_line(tz_display *d, const struct tz_step_metrics *m) {
@@ -521,7 +515,7 @@ void tz_display_step(tz_display *d, const struct tz_step_metrics *m) {
       fprintf(d->f, "%s\n", msg);
       d->bar_showing = 0;
       draw_bar(d, m);
-    } else if (last || d->last_draw < 0 || now_s() - d->last_draw >= 0.1) {
+    } else if (last || d->last_draw < 0 || tz_now_s() - d->last_draw >= 0.1) {
       /* At most ten redraws a second: a terminal is slow next to a fast step. */
       draw_bar(d, m);
     }

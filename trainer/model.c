@@ -4,9 +4,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/error.h"
+#include "util/clock.h"
 
 /* ---- config ---- */
 
@@ -816,12 +816,6 @@ int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
                             l->dx_out, l->dx_in, &l->scratch, l->B, l->T);
 }
 
-static double seconds_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
                         int reps, double *seconds) {
   *seconds = 0;
@@ -830,17 +824,17 @@ int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B
   struct tz_layer_probe l;
   TZ_CHECK(tz_layer_probe_alloc(cm, cfg, B, T, &l));
   int rc = 0;
-  double w0 = seconds_now();
+  double w0 = tz_now_s();
   do
     rc = tz_layer_probe_step(cm, cfg, &l, 1);
-  while (rc == 0 && (rc = tz_compute_sync(cm)) == 0 && seconds_now() - w0 < TZ_LAYER_PROBE_WARM_S);
-  double t0 = seconds_now();
+  while (rc == 0 && (rc = tz_compute_sync(cm)) == 0 && tz_now_s() - w0 < TZ_LAYER_PROBE_WARM_S);
+  double t0 = tz_now_s();
   for (int i = 0; i < reps && rc == 0; i++)
     rc = tz_layer_probe_step(cm, cfg, &l, 1);
   if (rc == 0)
     rc = tz_compute_sync(cm);
   if (rc == 0)
-    *seconds = (seconds_now() - t0) / reps;
+    *seconds = (tz_now_s() - t0) / reps;
   tz_layer_probe_free(cm, &l);
   return rc;
 }
