@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "util/clock.h"
+#include "util/mix.h"
 
 /* ---- config ---- */
 
@@ -163,18 +164,12 @@ uint64_t tz_model_n_params(const struct tz_model_config *cfg) {
 
 /* ---- initialisation ---- */
 
-static uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 /* A standard normal from (seed, block, tensor, index) alone. */
 static double init_normal(uint64_t seed, int block, int tensor, uint64_t i) {
-  uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ull);
-  h = mix64(h ^ ((uint64_t)(uint32_t)block << 32 | (uint32_t)tensor));
-  h = mix64(h ^ i);
-  uint64_t h2 = mix64(h + 0x9e3779b97f4a7c15ull);
+  uint64_t h = tz_mix_init(seed + TZ_MIX_GAMMA);
+  h = tz_mix_init(h ^ ((uint64_t)(uint32_t)block << 32 | (uint32_t)tensor));
+  h = tz_mix_init(h ^ i);
+  uint64_t h2 = tz_mix_init(h + TZ_MIX_GAMMA);
   /* u1 in (0, 1], u2 in [0, 1): 53-bit uniforms */
   double u1 = ((double)(h >> 11) + 1.0) * 0x1.0p-53;
   double u2 = (double)(h2 >> 11) * 0x1.0p-53;
