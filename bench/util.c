@@ -1,4 +1,5 @@
 #include "bench/bench.h"
+#include "util/size.h"
 
 #include <stdlib.h>
 
@@ -15,19 +16,6 @@ double tz_bench_median(double *v, int n) {
 }
 
 uint64_t tz_bench_parse_size(const char *s) {
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (end == s)
-    return 0;
-  switch (*end) {
-  case 'k': case 'K': v <<= 10; end++; break;
-  case 'm': case 'M': v <<= 20; end++; break;
-  case 'g': case 'G': v <<= 30; end++; break;
-  default: break;
-  }
-  if (*end == 'i' || *end == 'B')
-    end++;
-  if (*end == 'B')
-    end++;
-  return *end ? 0 : (uint64_t)v;
+  uint64_t v;
+  return tz_size_parse(s, TZ_SIZE_LETTER, &v) < 0 ? 0 : v;
 }

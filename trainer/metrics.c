@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "util/clock.h"
+#include "util/size.h"
 
 /* ---- step figures ---- */
 
@@ -105,16 +106,6 @@ static void fmt_si(char *buf, size_t n, double v) {
            : fabs(v) < 100.0  ? "%.1f%s"
                               : "%.0f%s",
            v, units[u]);
-}
-
-static void fmt_bytes(char *buf, size_t n, double b) {
-  const char *units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
-  int u = 0;
-  while (b >= 1000.0 && u < 5) {
-    b /= 1000.0;
-    u++;
-  }
-  snprintf(buf, n, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
 }
 
 /* 3725 -> "1h02m", 65 -> "1m05s", 7.2 -> "7s". */
@@ -339,8 +330,9 @@ void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f) {
   if (s->n_traffic > 0) {
     fprintf(f, "  bytes moved %-6s %-12s %12s %12s\n", "tier", "lane", "total", "per second");
     for (int i = 0; i < s->n_traffic; i++) {
-      fmt_bytes(a, sizeof a, (double)s->traffic[i].bytes);
-      fmt_bytes(b, sizeof b, s->time_s > 0 ? (double)s->traffic[i].bytes / s->time_s : NAN);
+      tz_bytes_format(a, sizeof a, (double)s->traffic[i].bytes, &tz_bytes_si);
+      tz_bytes_format(b, sizeof b, s->time_s > 0 ? (double)s->traffic[i].bytes / s->time_s : NAN,
+                      &tz_bytes_si);
       snprintf(c, sizeof c, "%s/s", b);
       fprintf(f, "              %-6s %-12s %12s %12s\n", s->traffic[i].tier, s->traffic[i].lane, a,
               s->time_s > 0 ? c : "-");
