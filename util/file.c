@@ -16,11 +16,11 @@ static int before(const struct tz_file_hooks *h, enum tz_file_op op, const char 
   return h && h->before ? h->before(h->ctx, op, path) : 0;
 }
 
-int tz_file_create(const struct tz_file_hooks *h, const char *path, int *fd) {
+int tz_file_create(const struct tz_file_hooks *h, const char *path, unsigned mode, int *fd) {
   int e = before(h, TZ_FILE_CREATE, path);
   if (e)
     return e;
-  *fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  *fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, (mode_t)mode);
   return *fd < 0 ? errno : 0;
 }
 
@@ -184,9 +184,9 @@ int tz_atomic_open(const char *path, const struct tz_atomic_params *p, tz_atomic
   f->flags = p->flags;
   f->hooks = p->hooks;
   /* A temporary file of this name is what a crashed writer left. */
-  int fd = -1, e = tz_file_create(f->hooks, f->tmp, &fd);
+  int fd = -1, e = tz_file_create(f->hooks, f->tmp, 0666, &fd);
   if (e == EEXIST && (e = tz_file_unlink(f->hooks, f->tmp)) == 0)
-    e = tz_file_create(f->hooks, f->tmp, &fd);
+    e = tz_file_create(f->hooks, f->tmp, 0666, &fd);
   if (!e && !(f->fp = fdopen(fd, "wb"))) {
     e = errno;
     close(fd);

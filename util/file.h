@@ -33,8 +33,9 @@ struct tz_file_hooks {
 
 /* ---- single operations: 0 or a positive errno ---- */
 
-/* Creates path for writing (O_EXCL: EEXIST if it exists), mode 0644; *fd is the descriptor. */
-int tz_file_create(const struct tz_file_hooks *h, const char *path, int *fd);
+/* Creates path for writing (O_EXCL: EEXIST if it exists) with mode (less the umask); *fd is the
+ * descriptor. */
+int tz_file_create(const struct tz_file_hooks *h, const char *path, unsigned mode, int *fd);
 /* All n bytes at off, resubmitting short writes and EINTR; EIO when a write makes no progress. */
 int tz_file_pwrite(const struct tz_file_hooks *h, int fd, const void *buf, size_t n,
                    uint64_t off);
@@ -78,7 +79,8 @@ struct tz_atomic_params {
   const struct tz_file_hooks *hooks; /* NULL: none */
 };
 
-/* Creates the temporary file, replacing one a crashed writer left. p may be NULL (defaults).
+/* Creates the temporary file (mode 0666 less the umask, as fopen makes files), replacing one a
+ * crashed writer left. p may be NULL (defaults).
  * Ownership: *out is the caller's until tz_atomic_commit or tz_atomic_abort. */
 int tz_atomic_open(const char *path, const struct tz_atomic_params *p, tz_atomic_file **out);
 /* Appends n bytes. After a failure, commit fails and removes the temporary file. */
