@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "collectives/comm_impl.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "util/clock.h"
@@ -103,18 +104,6 @@ static int slurm_first_host(const char *list, char *out, size_t len) {
   return 0;
 }
 
-static double env_timeout(void) {
-  const char *s = getenv("TZ_COMM_TIMEOUT");
-  if (s && *s) {
-    char *end;
-    double v = strtod(s, &end);
-    if (!*end && v > 0)
-      return v;
-    TZ_WARN("launch: TZ_COMM_TIMEOUT=%s is not a positive number of seconds; using 300", s);
-  }
-  return 300;
-}
-
 void tz_bootstrap_single(struct tz_bootstrap *bs) {
   memset(bs, 0, sizeof *bs);
   bs->kind = TZ_LAUNCH_SINGLE;
@@ -122,7 +111,7 @@ void tz_bootstrap_single(struct tz_bootstrap *bs) {
   bs->local_size = 1;
   bs->fd_from_parent = -1;
   bs->fd_to_parent = -1;
-  bs->timeout_s = env_timeout();
+  bs->timeout_s = tz_comm_env_timeout();
 }
 
 /* Reads the rank variables of one launcher. Returns 1 when found, 0 when the launcher's rank
