@@ -9,10 +9,6 @@
 static const char *const tier_names[] = {"compute", "host", "nvme"};
 static const char *const kind_names[] = {"param", "master", "m", "v", "grad"};
 
-const char *tz_plan_tier_name(int tier) {
-  return tier >= 0 && tier < TZ_PLAN_TIERS ? tier_names[tier] : "?";
-}
-
 const char *tz_plan_kind_name(int kind) {
   return kind >= 0 && kind < TZ_PLAN_KINDS ? kind_names[kind] : "?";
 }
