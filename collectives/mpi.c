@@ -507,9 +507,8 @@ static void mpi_destroy(void *arg) {
   pthread_mutex_lock(&ctx->lock);
   if (ctx->pending) {
     /* The poller's watchdog bounds every started collective; this bounds the rest. */
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)ctx->timeout_s + 5;
+    struct timespec ts =
+        tz_deadline(CLOCK_REALTIME, ((uint64_t)ctx->timeout_s + 5) * 1000000000ull);
     while (ctx->pending && pthread_cond_timedwait(&ctx->idle, &ctx->lock, &ts) == 0)
       ;
   }

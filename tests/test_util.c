@@ -32,6 +32,12 @@ static void test_clock(void **state) {
   assert_true(s1 - s0 >= 0.02);
   /* one clock: the two readings agree to well under a millisecond */
   assert_true(fabs(1e-9 * (double)tz_now_ns() - tz_now_s()) < 1e-3);
+  /* a deadline 1.5 s on: normalised, and that far from now */
+  struct timespec now, dl = tz_deadline(CLOCK_MONOTONIC, 1500000000ull);
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  assert_true(dl.tv_nsec >= 0 && dl.tv_nsec < 1000000000L);
+  double ahead = (double)(dl.tv_sec - now.tv_sec) + 1e-9 * (double)(dl.tv_nsec - now.tv_nsec);
+  assert_true(ahead > 1.4 && ahead <= 1.5);
   for (int i = 0; i < 1000; i++) {
     uint64_t t = tz_now_ns();
     assert_true(t >= b);

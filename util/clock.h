@@ -20,4 +20,16 @@ static inline double tz_now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The moment ns nanoseconds from now on clock, as pthread_cond_timedwait takes it: CLOCK_MONOTONIC
+ * for a condition variable made with pthread_condattr_setclock, CLOCK_REALTIME for a default one.
+ */
+static inline struct timespec tz_deadline(clockid_t clock, uint64_t ns) {
+  struct timespec t;
+  clock_gettime(clock, &t);
+  uint64_t n = (uint64_t)t.tv_nsec + ns;
+  t.tv_sec += (time_t)(n / 1000000000ull);
+  t.tv_nsec = (long)(n % 1000000000ull);
+  return t;
+}
+
 #endif
