@@ -1,3 +1,4 @@
+/* crc32c (util/crc32c.h): the SSE4.2 instruction where the CPU has it, else a table. */
 #include "util/crc32c.h"
 
 #include <pthread.h>
