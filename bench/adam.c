@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/adam.h"
+#include "util/clock.h"
 
 struct opts {
   int json, gpu, reps;
@@ -298,13 +299,13 @@ static int measure(const struct opts *o, const struct arrays *a, int threads, st
   /* one untimed run of each, then interleaved timed runs */
   for (int r0 = -1; r0 < o->reps && rc == 0; r0++) {
     TZ_CHECK_GOTO(tz_adam_params_for_step(&hp, r0 + 2), rc, out);
-    double t0 = tz_bench_now();
+    double t0 = tz_now_s();
     TZ_CHECK_GOTO(tz_adam_cpu(&hp, a->p, a->m, a->v, a->g, o->gdt, copy, o->cdt, o->n, &ko), rc,
                   out);
-    double t1 = tz_bench_now();
+    double t1 = tz_now_s();
     TZ_CHECK_GOTO(tz_adam_cpu_ceiling(a->p, a->m, a->v, a->g, o->gdt, copy, o->cdt, o->n, &ko), rc,
                   out);
-    double t2 = tz_bench_now();
+    double t2 = tz_now_s();
     if (r0 >= 0) {
       ta[r0] = t1 - t0;
       tc[r0] = t2 - t1;

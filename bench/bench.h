@@ -64,11 +64,10 @@ struct tz_bench_coll_direct {
 const struct tz_bench_coll_direct *tz_bench_coll_direct_mpi(void) __attribute__((weak));
 const struct tz_bench_coll_direct *tz_bench_coll_direct_nccl(void) __attribute__((weak));
 
-/* Wall-clock seconds, monotonic. */
-double tz_bench_now(void);
 /* Median of n values (sorts v in place). */
 double tz_bench_median(double *v, int n);
-/* Parses "4M", "1G", "128K", "4096" (powers of two); returns 0 on error. */
+/* Parses "4M", "1G", "128K", "4096" (powers of two; util/size.h, TZ_SIZE_LETTER); returns 0 on
+ * error. */
 uint64_t tz_bench_parse_size(const char *s);
 
 #endif

@@ -10,6 +10,7 @@
 #include "bench/bench.h"
 #include "collectives/comm.h"
 #include "core/error.h"
+#include "util/clock.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -200,10 +201,10 @@ int tz_bench_collectives(int argc, char **argv) {
           int is_ours = k == 0 ? first_ours : !first_ours;
           if ((rc = barrier(c)) < 0)
             break;
-          double t0 = tz_bench_now();
+          double t0 = tz_now_s();
           rc = is_ours ? run_ours(c, op, send, recv, count, dt, es, iters)
                        : run_direct(direct, dctx, op, send, recv, count, dt, es, iters);
-          double t = (tz_bench_now() - t0) / iters;
+          double t = (tz_now_s() - t0) / iters;
           (is_ours ? ours : raw)[r] = bytes / t * (double)(P - 1) / (double)P / 1e9;
         }
       }

@@ -14,12 +14,12 @@
 #include "core/runtime.h"
 #include "core/sched.h"
 #include "core/tier.h"
+#include "util/clock.h"
 
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct opts {
   int layers, steps, lookahead, json;
@@ -52,11 +52,9 @@ static void usage(FILE *f) {
           "  --trace FILE    Chrome/Perfetto trace of the last step\n");
 }
 
-static double now_s(void) { return tz_bench_now(); }
-
 static int spin(void *arg) {
-  double until = now_s() + *(const double *)arg;
-  while (now_s() < until)
+  double until = tz_now_s() + *(const double *)arg;
+  while (tz_now_s() < until)
     ;
   return 0;
 }
@@ -73,7 +71,7 @@ static double measure_rate(tz_runtime *rt, const tz_extent *homes, int n, tz_tie
   if (ok) {
     int issued = 0, done = 0;
     int total = n < 4 * depth ? 4 * depth : n;
-    double t0 = now_s();
+    double t0 = tz_now_s();
     while (done < total && ok) {
       while (issued < total && issued - done < depth) {
         int slot = issued % depth;
@@ -96,7 +94,7 @@ static double measure_rate(tz_runtime *rt, const tz_extent *homes, int n, tz_tie
       tz_fence_release(f[slot]);
     }
     if (ok)
-      rate = (double)total * (double)block / (now_s() - t0) / 1e9;
+      rate = (double)total * (double)block / (tz_now_s() - t0) / 1e9;
   }
   for (int i = 0; buf && i < depth; i++)
     tz_tier_free(&buf[i]);
@@ -113,7 +111,7 @@ static double measure_compute(double *t_comp, int n, tz_tier *gpu) {
   if (gpu ? tz_bench_gpu_lane_create(gpu, &lane) < 0 : tz_lane_create_cpu("measure", &lane) < 0)
     return -1;
   struct tz_bench_gpu_spin_arg ga = {lane, *t_comp};
-  double t0 = now_s();
+  double t0 = tz_now_s();
   int ok = 1;
   for (int i = 0; i < n && ok; i++)
     ok = (gpu ? tz_lane_submit(lane, tz_bench_gpu_spin_job, &ga)
@@ -123,7 +121,7 @@ static double measure_compute(double *t_comp, int n, tz_tier *gpu) {
   ok = ok && tz_fence_wait(f, -1) == 0;
   if (ok)
     tz_fence_release(f);
-  double t = (now_s() - t0) / n;
+  double t = (tz_now_s() - t0) / n;
   tz_lane_destroy(lane);
   return ok ? t : -1;
 }

@@ -20,6 +20,7 @@
 #include "core/runtime.h"
 #include "core/tier.h"
 #include "tiers/hbm.h"
+#include "util/clock.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -155,7 +156,7 @@ struct pcie {
 static int pcie_tier(struct pcie *b, int dirs, uint64_t chunk, double *secs) {
   uint64_t n = b->size / chunk;
   int k = 0, rc = 0;
-  double t0 = tz_bench_now();
+  double t0 = tz_now_s();
   for (uint64_t i = 0; i < n && rc == 0; i++) {
     uint64_t off = i * chunk;
     if (dirs & H2D) {
@@ -168,7 +169,7 @@ static int pcie_tier(struct pcie *b, int dirs, uint64_t chunk, double *secs) {
     }
   }
   int w = wait_all(b->f, k);
-  *secs = tz_bench_now() - t0;
+  *secs = tz_now_s() - t0;
   return rc < 0 ? rc : w;
 }
 
@@ -177,7 +178,7 @@ static int pcie_tier(struct pcie *b, int dirs, uint64_t chunk, double *secs) {
  * while both are busy. */
 static int pcie_raw(struct pcie *b, int dirs, uint64_t chunk, double *secs) {
   uint64_t n = b->size / chunk;
-  double t0 = tz_bench_now();
+  double t0 = tz_now_s();
   if (dirs == BOTH) {
     CU(cudaEventRecord(b->e0, b->s1));
     CU(cudaStreamWaitEvent(b->s2, b->e0, 0));
@@ -196,7 +197,7 @@ static int pcie_raw(struct pcie *b, int dirs, uint64_t chunk, double *secs) {
   }
   CU(cudaStreamSynchronize(b->s1));
   CU(cudaStreamSynchronize(b->s2));
-  *secs = tz_bench_now() - t0;
+  *secs = tz_now_s() - t0;
   if (dirs == BOTH) {
     float in_ms = 0, out_ms = 0;
     CU(cudaEventElapsedTime(&in_ms, b->e0, b->e_in));
@@ -384,7 +385,7 @@ static int raw_pipe(struct staged *b, int to_gpu, int io, int copy, double *secs
   uint64_t idx[SLOTS] = {0};
   uint32_t got[SLOTS] = {0};
   uint64_t next = 0, finished = 0;
-  double t0 = tz_bench_now();
+  double t0 = tz_now_s();
   while (finished < b->n) {
     int submit = 0;
     for (int s = 0; s < slots; s++) {
@@ -456,7 +457,7 @@ static int raw_pipe(struct staged *b, int to_gpu, int io, int copy, double *secs
         return tz_err_set(TZ_EIO, "tiers: io_uring_submit: %s", strerror(-r));
     }
   }
-  *secs = tz_bench_now() - t0;
+  *secs = tz_now_s() - t0;
   return 0;
 }
 
@@ -466,7 +467,7 @@ static int tier_staged(struct staged *b, int to_gpu, double *secs) {
   int t = b->n < SLOTS ? (int)b->n : SLOTS;
   tz_fence *f[SLOTS];
   int k = 0, rc = 0;
-  double t0 = tz_bench_now();
+  double t0 = tz_now_s();
   for (int j = 0; j < t && rc == 0; j++) {
     uint64_t c0 = b->n * (uint64_t)j / (uint64_t)t, c1 = b->n * (uint64_t)(j + 1) / (uint64_t)t;
     uint64_t off = c0 * b->chunk, len = (c1 - c0) * b->chunk;
@@ -475,7 +476,7 @@ static int tier_staged(struct staged *b, int to_gpu, double *secs) {
     k += rc == 0;
   }
   int w = wait_all(f, k);
-  *secs = tz_bench_now() - t0;
+  *secs = tz_now_s() - t0;
   return rc < 0 ? rc : w;
 }
 

@@ -1,13 +1,7 @@
 #include "bench/bench.h"
+#include "util/size.h"
 
 #include <stdlib.h>
-#include <time.h>
-
-double tz_bench_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -22,19 +16,6 @@ double tz_bench_median(double *v, int n) {
 }
 
 uint64_t tz_bench_parse_size(const char *s) {
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (end == s)
-    return 0;
-  switch (*end) {
-  case 'k': case 'K': v <<= 10; end++; break;
-  case 'm': case 'M': v <<= 20; end++; break;
-  case 'g': case 'G': v <<= 30; end++; break;
-  default: break;
-  }
-  if (*end == 'i' || *end == 'B')
-    end++;
-  if (*end == 'B')
-    end++;
-  return *end ? 0 : (uint64_t)v;
+  uint64_t v;
+  return tz_size_parse(s, TZ_SIZE_LETTER, &v) < 0 ? 0 : v;
 }

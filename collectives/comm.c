@@ -1,31 +1,33 @@
 /* The public collectives API: argument checks, then the backend's ops table. */
 #include "collectives/comm_impl.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/error.h"
 #include "core/log.h"
 
-double tz_comm_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-double tz_comm_timeout(const struct tz_comm_params *p) {
-  if (p && p->timeout_s > 0)
-    return p->timeout_s;
+double tz_comm_env_timeout(void) {
+  /* Once: the launcher and every communicator read it, and one warning says it all. */
+  static atomic_int warned;
   const char *s = getenv("TZ_COMM_TIMEOUT");
   if (s && *s) {
     char *end;
     double v = strtod(s, &end);
     if (!*end && v > 0)
       return v;
+    if (!atomic_exchange(&warned, 1))
+      TZ_WARN("launch: TZ_COMM_TIMEOUT=%s is not a positive number of seconds; using 300", s);
   }
   return 300;
+}
+
+double tz_comm_timeout(const struct tz_comm_params *p) {
+  if (p && p->timeout_s > 0)
+    return p->timeout_s;
+  return tz_comm_env_timeout();
 }
 
 void tz_comm_params_init(struct tz_comm_params *p) {

@@ -47,14 +47,16 @@ extern const struct tz_comm_ops tz_comm_mpi_ops;
 extern const struct tz_comm_ops tz_comm_nccl_ops;
 
 /* Helpers the backends share (comm.c). */
-/* The timeout in seconds: p->timeout_s, else $TZ_COMM_TIMEOUT, else 300. */
+/* The timeout in seconds: p->timeout_s, else tz_comm_env_timeout(). */
 double tz_comm_timeout(const struct tz_comm_params *p);
+/* $TZ_COMM_TIMEOUT in seconds when it is a positive number, else 300 (a value that is set but not
+ * such a number is warned about, once per process). The one place the variable is read; the
+ * launcher's exchanges (launch.c) and every backend's watchdog use it. */
+double tz_comm_env_timeout(void);
 /* out[i] = sum over r in 0..nchunks-1, in that order, of in[r * stride + i], for i < n, with
  * in and out of dtype dt; arithmetic in fp32 when accum_f32, else in dt (rounding after every
  * addition). out may alias chunk 0 only if it is exactly in. */
 void tz_comm_sum_chunks(void *out, const void *in, size_t stride, size_t n, int nchunks,
                         enum tz_dtype dt, int accum_f32);
-/* Monotonic seconds. */
-double tz_comm_now(void);
 
 #endif

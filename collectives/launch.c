@@ -19,8 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "collectives/comm_impl.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "util/clock.h"
 
 extern char **environ;
 
@@ -36,14 +38,8 @@ struct bs_header {
 #define BS_MSG_MAX (sizeof(struct bs_header) + TZ_BOOTSTRAP_MAX_BLOB)
 _Static_assert(BS_MSG_MAX <= PIPE_BUF, "a relay message must be one atomic pipe write");
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int ms_left(double deadline) {
-  double left = deadline - now_s();
+  double left = deadline - tz_now_s();
   if (left <= 0)
     return 0;
   return left > 1e6 ? 1000000000 : (int)(left * 1000.0) + 1;
@@ -108,18 +104,6 @@ static int slurm_first_host(const char *list, char *out, size_t len) {
   return 0;
 }
 
-static double env_timeout(void) {
-  const char *s = getenv("TZ_COMM_TIMEOUT");
-  if (s && *s) {
-    char *end;
-    double v = strtod(s, &end);
-    if (!*end && v > 0)
-      return v;
-    TZ_WARN("launch: TZ_COMM_TIMEOUT=%s is not a positive number of seconds; using 300", s);
-  }
-  return 300;
-}
-
 void tz_bootstrap_single(struct tz_bootstrap *bs) {
   memset(bs, 0, sizeof *bs);
   bs->kind = TZ_LAUNCH_SINGLE;
@@ -127,7 +111,7 @@ void tz_bootstrap_single(struct tz_bootstrap *bs) {
   bs->local_size = 1;
   bs->fd_from_parent = -1;
   bs->fd_to_parent = -1;
-  bs->timeout_s = env_timeout();
+  bs->timeout_s = tz_comm_env_timeout();
 }
 
 /* Reads the rank variables of one launcher. Returns 1 when found, 0 when the launcher's rank
@@ -313,7 +297,7 @@ static int check_header(const struct bs_header *h, const struct tz_bootstrap *bs
 /* ---- The relay pipes of tz_launch_nproc ---- */
 
 static int pipe_bcast(struct tz_bootstrap *bs, void *buf, size_t len) {
-  double deadline = now_s() + bs->timeout_s;
+  double deadline = tz_now_s() + bs->timeout_s;
   char msg[BS_MSG_MAX];
   struct bs_header h = {.magic = BS_MAGIC, .seq = bs->seq, .len = (uint32_t)len, .rank = bs->rank};
   if (bs->rank == 0) {
@@ -362,7 +346,7 @@ static int tcp_listen(const struct tz_bootstrap *bs, int *out) {
 
 /* Rank 0: serves one exchange to each of the other ranks, as they connect. */
 static int tcp_serve(struct tz_bootstrap *bs, const void *buf, size_t len) {
-  double deadline = now_s() + bs->timeout_s;
+  double deadline = tz_now_s() + bs->timeout_s;
   int lfd = -1;
   TZ_CHECK(tcp_listen(bs, &lfd));
   unsigned char *served = calloc((size_t)bs->size, 1);
@@ -396,7 +380,7 @@ static int tcp_serve(struct tz_bootstrap *bs, const void *buf, size_t len) {
       continue;
     struct bs_header hello;
     /* A peer gets a short while to say who it is, so that a stray connection cannot stall us. */
-    double hello_deadline = now_s() + 5.0 < deadline ? now_s() + 5.0 : deadline;
+    double hello_deadline = tz_now_s() + 5.0 < deadline ? tz_now_s() + 5.0 : deadline;
     if (read_all(cfd, &hello, sizeof hello, hello_deadline, "a connecting rank") == 0 &&
         hello.magic == BS_MAGIC && hello.rank > 0 && hello.rank < bs->size) {
       if (hello.seq != bs->seq || hello.len != len) {
@@ -458,7 +442,7 @@ static int tcp_connect_once(const struct tz_bootstrap *bs, double deadline, int 
 }
 
 static int tcp_fetch(struct tz_bootstrap *bs, void *buf, size_t len) {
-  double deadline = now_s() + bs->timeout_s;
+  double deadline = tz_now_s() + bs->timeout_s;
   struct bs_header hello = {.magic = BS_MAGIC, .seq = bs->seq, .len = (uint32_t)len,
                             .rank = bs->rank};
   int rc = 0;
@@ -477,7 +461,7 @@ static int tcp_fetch(struct tz_bootstrap *bs, void *buf, size_t len) {
         return 0;
     }
     /* Rank 0 may not be listening yet, or is still serving the previous exchange. */
-    if (now_s() + 0.1 >= deadline)
+    if (tz_now_s() + 0.1 >= deadline)
       break;
     struct timespec ts = {0, 100 * 1000 * 1000};
     nanosleep(&ts, NULL);
@@ -778,7 +762,7 @@ int tz_launch_run(const struct tz_launch_params *lp, int argc, char **argv,
   char relay_buf[BS_MSG_MAX];
   size_t relay_have = 0;
   int running = started, stopping = rc < 0;
-  double kill_at = stopping ? now_s() + grace : 0;
+  double kill_at = stopping ? tz_now_s() + grace : 0;
   if (stopping) {
     for (int i = 0; i < n; i++)
       if (ch[i].running)
@@ -796,7 +780,7 @@ int tz_launch_run(const struct tz_launch_params *lp, int argc, char **argv,
         if (ch[i].running)
           kill(ch[i].pid, sig);
       stopping = 1;
-      kill_at = now_s() + grace;
+      kill_at = tz_now_s() + grace;
       if (!msg[0])
         snprintf(msg, sizeof msg, "stopped by signal %d (%s)", sig, strsignal(sig));
       if (res->failed_rank < 0)
@@ -834,15 +818,15 @@ int tz_launch_run(const struct tz_launch_params *lp, int argc, char **argv,
         if (ch[j].running)
           kill(ch[j].pid, SIGTERM);
       stopping = 1;
-      kill_at = now_s() + grace;
+      kill_at = tz_now_s() + grace;
     }
-    if (stopping && running > 0 && now_s() >= kill_at) {
+    if (stopping && running > 0 && tz_now_s() >= kill_at) {
       TZ_LOG_ERR("launch: %d worker%s still running %.1f s after SIGTERM; sending SIGKILL", running,
                  running == 1 ? "" : "s", grace);
       for (int i = 0; i < n; i++)
         if (ch[i].running)
           kill(ch[i].pid, SIGKILL);
-      kill_at = now_s() + 3600;
+      kill_at = tz_now_s() + 3600;
     }
   }
 

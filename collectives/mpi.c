@@ -32,6 +32,7 @@
 #include "collectives/comm_impl.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "util/clock.h"
 
 enum mpi_kind { OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE, OP_BROADCAST, OP_BARRIER };
 static const char *const kind_names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
@@ -225,7 +226,7 @@ static int start_stage1(struct mpi_ctx *ctx, struct mpi_op *op) {
   if (err != MPI_SUCCESS)
     return mpi_error(err, "comm mpi: rank %d: starting %s: %s", kind_names[op->kind], ctx->rank);
   op->stage = 1;
-  op->started = tz_comm_now();
+  op->started = tz_now_s();
   return 0;
 }
 
@@ -255,7 +256,7 @@ static int advance(struct mpi_ctx *ctx, struct mpi_op *op) {
 }
 
 static void watchdog(struct mpi_ctx *ctx, struct mpi_op *op) {
-  double ran = tz_comm_now() - op->started;
+  double ran = tz_now_s() - op->started;
   if (ran < ctx->timeout_s)
     return;
   TZ_LOG_ERR("comm mpi: rank %d of %d: %s #%llu (%zu %s) did not complete within %.0f s "
@@ -506,9 +507,8 @@ static void mpi_destroy(void *arg) {
   pthread_mutex_lock(&ctx->lock);
   if (ctx->pending) {
     /* The poller's watchdog bounds every started collective; this bounds the rest. */
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)ctx->timeout_s + 5;
+    struct timespec ts =
+        tz_deadline(CLOCK_REALTIME, ((uint64_t)ctx->timeout_s + 5) * 1000000000ull);
     while (ctx->pending && pthread_cond_timedwait(&ctx->idle, &ctx->lock, &ts) == 0)
       ;
   }

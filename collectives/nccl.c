@@ -33,6 +33,7 @@
 #include "collectives/nccl_sum.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "util/clock.h"
 
 struct nccl_ctx {
   ncclComm_t comm;
@@ -91,7 +92,7 @@ static void abort_locked(struct nccl_ctx *ctx, int rc, const char *why) {
 
 /* Polls a non-blocking communicator until its last call has finished. Caller holds ctx->lock. */
 static int wait_ready_for(struct nccl_ctx *ctx, const char *what, double timeout_s) {
-  double deadline = tz_comm_now() + timeout_s;
+  double deadline = tz_now_s() + timeout_s;
   for (;;) {
     ncclResult_t st = ncclInProgress;
     ncclResult_t r = ncclCommGetAsyncError(ctx->comm, &st);
@@ -104,7 +105,7 @@ static int wait_ready_for(struct nccl_ctx *ctx, const char *what, double timeout
       abort_locked(ctx, rc, tz_err_msg());
       return rc;
     }
-    if (tz_comm_now() > deadline) {
+    if (tz_now_s() > deadline) {
       int rc = tz_err_set(TZ_ETIMEDOUT, "comm nccl: rank %d: %s did not finish within %.0f s "
                           "(TZ_COMM_TIMEOUT): a rank is missing", ctx->rank, what, timeout_s);
       abort_locked(ctx, rc, tz_err_msg());
@@ -159,7 +160,7 @@ static int poll_once(struct nccl_done *d) {
       snprintf(why, sizeof why_buf, "%s #%llu failed: %s", d->op, (unsigned long long)d->seq,
                tz_err_msg());
       abort_locked(ctx, rc, why);
-    } else if (tz_comm_now() - d->started > ctx->timeout_s) {
+    } else if (tz_now_s() - d->started > ctx->timeout_s) {
       rc = TZ_ETIMEDOUT;
       snprintf(why, sizeof why_buf, "%s #%llu (%zu bytes) did not complete within %.0f s "
                "(TZ_COMM_TIMEOUT): another rank has not joined it", d->op,
@@ -413,7 +414,7 @@ static int submit(struct nccl_ctx *ctx, const struct nccl_args *a, tz_fence *aft
   d->seq = ctx->seq++;
   d->bytes = a->kind == OP_ALL_GATHER || a->kind == OP_BROADCAST ? a->n
                                                                  : a->n * tz_dtype_size(a->dt);
-  d->started = tz_comm_now();
+  d->started = tz_now_s();
 out:
   if (rc < 0) {
     /* A collective this rank could not launch is one the others wait for in vain. */
@@ -671,8 +672,8 @@ static void nccl_destroy(void *arg) {
   if (!ctx)
     return;
   /* The fences in flight point at ctx; their pollers end by completion, error or timeout. */
-  double deadline = tz_comm_now() + ctx->timeout_s + 5;
-  while (atomic_load(&ctx->inflight) > 0 && tz_comm_now() < deadline) {
+  double deadline = tz_now_s() + ctx->timeout_s + 5;
+  while (atomic_load(&ctx->inflight) > 0 && tz_now_s() < deadline) {
     struct timespec ts = {0, 1000 * 1000};
     nanosleep(&ts, NULL);
   }
@@ -694,8 +695,8 @@ static void nccl_destroy(void *arg) {
   }
   pthread_mutex_unlock(&ctx->lock);
   /* After the abort every poller returns at its next round; one still to come would touch ctx. */
-  deadline = tz_comm_now() + 10;
-  while (atomic_load(&ctx->inflight) > 0 && tz_comm_now() < deadline) {
+  deadline = tz_now_s() + 10;
+  while (atomic_load(&ctx->inflight) > 0 && tz_now_s() < deadline) {
     struct timespec ts = {0, 1000 * 1000};
     nanosleep(&ts, NULL);
   }

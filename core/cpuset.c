@@ -16,11 +16,6 @@ void tz_cpuset_set(tz_cpuset *s, int cpu) {
     s->bits[cpu / 64] |= 1ull << (cpu % 64);
 }
 
-void tz_cpuset_clr(tz_cpuset *s, int cpu) {
-  if (cpu >= 0 && cpu < TZ_CPUSET_MAX)
-    s->bits[cpu / 64] &= ~(1ull << (cpu % 64));
-}
-
 int tz_cpuset_isset(const tz_cpuset *s, int cpu) {
   if (cpu < 0 || cpu >= TZ_CPUSET_MAX)
     return 0;
@@ -62,11 +57,6 @@ int tz_cpuset_includes(const tz_cpuset *super, const tz_cpuset *sub) {
 void tz_cpuset_or(tz_cpuset *dst, const tz_cpuset *src) {
   for (int i = 0; i < WORDS; i++)
     dst->bits[i] |= src->bits[i];
-}
-
-void tz_cpuset_and(tz_cpuset *dst, const tz_cpuset *src) {
-  for (int i = 0; i < WORDS; i++)
-    dst->bits[i] &= src->bits[i];
 }
 
 void tz_cpuset_andnot(tz_cpuset *dst, const tz_cpuset *src) {

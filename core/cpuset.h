@@ -15,7 +15,6 @@ typedef struct tz_cpuset {
 
 void tz_cpuset_zero(tz_cpuset *s);
 void tz_cpuset_set(tz_cpuset *s, int cpu); /* cpu outside [0, TZ_CPUSET_MAX) is ignored */
-void tz_cpuset_clr(tz_cpuset *s, int cpu);
 int tz_cpuset_isset(const tz_cpuset *s, int cpu);
 int tz_cpuset_count(const tz_cpuset *s);
 int tz_cpuset_empty(const tz_cpuset *s);
@@ -23,7 +22,6 @@ int tz_cpuset_equal(const tz_cpuset *a, const tz_cpuset *b);
 int tz_cpuset_intersects(const tz_cpuset *a, const tz_cpuset *b);
 int tz_cpuset_includes(const tz_cpuset *super, const tz_cpuset *sub); /* sub is within super */
 void tz_cpuset_or(tz_cpuset *dst, const tz_cpuset *src);
-void tz_cpuset_and(tz_cpuset *dst, const tz_cpuset *src);
 void tz_cpuset_andnot(tz_cpuset *dst, const tz_cpuset *src); /* dst &= ~src */
 /* First set index at or after from, or -1. Iterate: for (c = next(s, 0); c >= 0; c = next(s, c +
  * 1)) */

@@ -1,6 +1,7 @@
 #include "core/fence.h"
 #include "core/error.h"
 #include "core/internal.h"
+#include "util/clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -128,12 +129,8 @@ int tz_fence_wait(tz_fence *f, int64_t timeout_ns) {
   if (__atomic_load_n(&f->done, __ATOMIC_ACQUIRE))
     return fence_result(f);
   struct timespec dl;
-  if (timeout_ns >= 0) {
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)timeout_ns;
-    dl.tv_sec += (time_t)(ns / 1000000000ull);
-    dl.tv_nsec = (long)(ns % 1000000000ull);
-  }
+  if (timeout_ns >= 0)
+    dl = tz_deadline(CLOCK_MONOTONIC, (uint64_t)timeout_ns);
   pthread_mutex_lock(&f->mu);
   while (!f->done) {
     if (timeout_ns < 0) {

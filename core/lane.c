@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/internal.h"
 #include "core/pool.h"
+#include "util/clock.h"
 
 #include <pthread.h>
 #include <stdio.h>

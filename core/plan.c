@@ -1,16 +1,13 @@
 /* The plan: placement of blocks in tiers and the predicted bound (core/plan.h). */
 #include "core/plan.h"
 #include "core/error.h"
+#include "util/size.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 static const char *const tier_names[] = {"compute", "host", "nvme"};
 static const char *const kind_names[] = {"param", "master", "m", "v", "grad"};
-
-const char *tz_plan_tier_name(int tier) {
-  return tier >= 0 && tier < TZ_PLAN_TIERS ? tier_names[tier] : "?";
-}
 
 const char *tz_plan_kind_name(int kind) {
   return kind >= 0 && kind < TZ_PLAN_KINDS ? kind_names[kind] : "?";
@@ -573,15 +570,9 @@ static int move_one(const struct tz_plan_request *r, int8_t *tiers, const int8_t
   return 1;
 }
 
+/* The plan's messages print sizes up to GiB (util/size.h). */
 static void fmt_bytes(char *buf, size_t len, uint64_t b) {
-  if (b >= (1ull << 30))
-    snprintf(buf, len, "%.2f GiB", (double)b / (double)(1ull << 30));
-  else if (b >= (1ull << 20))
-    snprintf(buf, len, "%.2f MiB", (double)b / (double)(1ull << 20));
-  else if (b >= (1ull << 10))
-    snprintf(buf, len, "%.1f KiB", (double)b / 1024.0);
-  else
-    snprintf(buf, len, "%llu B", (unsigned long long)b);
+  tz_bytes_format(buf, len, (double)b, &tz_bytes_plan);
 }
 
 int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {

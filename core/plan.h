@@ -46,7 +46,6 @@ enum tz_plan_kind {
 
 #define TZ_PLAN_AUTO (-1) /* in tz_plan_request.force: the plan chooses */
 
-const char *tz_plan_tier_name(int tier); /* "compute", "host", "nvme" */
 const char *tz_plan_kind_name(int kind); /* "param", "master", "m", "v", "grad" */
 
 /* Machine rates, in bytes or elements or FLOP per second. 0 means unknown: the lanes it costs

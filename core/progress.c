@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/internal.h"
 #include "core/log.h"
+#include "util/mix.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -35,13 +36,6 @@ struct tz_progress {
   uint64_t jitter_state;
   uint64_t round;              /* atomic: rounds the engine has started */
 };
-
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 static void drain_fd(int fd) {
   uint64_t v;
@@ -95,7 +89,7 @@ static void *engine_main(void *arg) {
     if (jitter > 0) {
       /* The state is re-seeded by tz_progress_set_jitter from another thread. */
       uint64_t st = __atomic_load_n(&pe->jitter_state, __ATOMIC_RELAXED);
-      uint64_t us = splitmix(&st) % (uint64_t)(jitter + 1);
+      uint64_t us = tz_mix_next(&st) % (uint64_t)(jitter + 1);
       __atomic_store_n(&pe->jitter_state, st, __ATOMIC_RELAXED);
       usleep((useconds_t)us);
     }

@@ -4,6 +4,7 @@
 #include "core/log.h"
 #include "core/pool.h"
 #include "core/tier_impl.h"
+#include "util/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>

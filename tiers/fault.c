@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "core/pool.h"
 #include "core/tier_impl.h"
+#include "util/mix.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,13 +45,6 @@ struct fault {
   pthread_mutex_t mu;
   uint64_t injected[F_KINDS];
 };
-
-static uint64_t mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 static int parse_spec(tz_tier *t, struct fault *f, const char *spec) {
   if (!spec || !*spec)
@@ -155,7 +149,8 @@ static int pick(struct fault *f, uint64_t op, int write) {
     if (!applies)
       continue;
     if (r->at ? r->at == op
-              : (double)(mix(f->seed ^ mix(op * 31 + (uint64_t)i)) % 1000000) < r->pct * 1e4)
+              : (double)(tz_mix_data(f->seed ^ tz_mix_data(op * 31 + (uint64_t)i)) % 1000000) <
+                    r->pct * 1e4)
       return r->kind;
   }
   return -1;
@@ -196,7 +191,7 @@ static void fop_done(void *arg, int rc) {
     return;
   }
   if (o->kind == F_FLIP && !o->write) {
-    uint64_t bit = mix(f->seed ^ o->op) % (o->n * 8);
+    uint64_t bit = tz_mix_data(f->seed ^ o->op) % (o->n * 8);
     o->buf[bit / 8] ^= (unsigned char)(1u << (bit % 8));
   }
   fop_finish(o, 0, NULL);
@@ -279,7 +274,7 @@ static int fault_io(tz_tier *t, uint64_t off, unsigned char *buf, uint64_t n, in
       return 0;
     }
     memcpy(o->copy, buf, n);
-    uint64_t bit = mix(f->seed ^ op) % (n * 8);
+    uint64_t bit = tz_mix_data(f->seed ^ op) % (n * 8);
     o->copy[bit / 8] ^= (unsigned char)(1u << (bit % 8));
   }
   int rc = f->delay_pool ? tz_pool_submit(f->delay_pool, fop_delayed, o, NULL) : fop_issue(o);

@@ -8,7 +8,8 @@
  * as fixed buffers (in pieces of at most 1 GiB) and used when a request's buffer lies in one. */
 #define _GNU_SOURCE
 #include "core/error.h"
-#include "core/internal.h"
+#include "core/fence.h"
+#include "core/progress.h"
 #include "core/log.h"
 #include "core/tier_impl.h"
 

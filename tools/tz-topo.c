@@ -2,9 +2,8 @@
 #define _GNU_SOURCE
 #include "core/error.h"
 #include "topo/topo.h"
+#include "util/size.h"
 
-#include <ctype.h>
-#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,27 +34,6 @@ static void usage(FILE *f) {
           "  --measure-size SIZE  bytes per path and direction (default 256M)\n"
           "  -h, --help\n",
           TZ_TOPO_MAX_SWAP_DIRS);
-}
-
-/* "64G", "512M", "1T", "4096": binary units. -1 on a malformed size. */
-static long long parse_size(const char *s) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (end == s || v < 0 || errno)
-    return -1;
-  double mul = 1;
-  switch (toupper((unsigned char)*end)) {
-  case '\0': break;
-  case 'K': mul = 1024.0; break;
-  case 'M': mul = 1024.0 * 1024; break;
-  case 'G': mul = 1024.0 * 1024 * 1024; break;
-  case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
-  default: return -1;
-  }
-  if (*end && end[1] && strcasecmp(end + 1, "B") && strcasecmp(end + 1, "iB"))
-    return -1;
-  return (long long)(v * mul);
 }
 
 static int fail(int rc) {
@@ -104,7 +82,7 @@ int main(int argc, char **argv) {
   tz_topo_measure_params_init(&mp);
   int json = 0, bind = 0, bind_gpu = 0, measure = 0;
   for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
-    long long v;
+    uint64_t size;
     char *end;
     switch (c) {
     case OPT_JSON: json = 1; break;
@@ -120,20 +98,21 @@ int main(int argc, char **argv) {
       ap.swap_dirs[ap.n_swap_dirs++] = optarg;
       break;
     case OPT_POOL:
-      if ((v = parse_size(optarg)) < 0) {
+      if (tz_size_parse(optarg, TZ_SIZE_REAL, &size) < 0) {
         fprintf(stderr, "tz-topo: --pinned-pool %s: not a size (e.g. 64G)\n", optarg);
         return 2;
       }
-      ap.pinned_pool_bytes = (uint64_t)v;
+      ap.pinned_pool_bytes = size;
       break;
     case OPT_MEMLOCK:
-      if (strcmp(optarg, "unlimited") == 0)
-        v = TZ_TOPO_UNLIMITED;
-      else if ((v = parse_size(optarg)) < 0) {
+      if (strcmp(optarg, "unlimited") == 0) {
+        ap.memlock_bytes = TZ_TOPO_UNLIMITED;
+      } else if (tz_size_parse(optarg, TZ_SIZE_REAL, &size) == 0) {
+        ap.memlock_bytes = (int64_t)size;
+      } else {
         fprintf(stderr, "tz-topo: --memlock %s: not a size or 'unlimited'\n", optarg);
         return 2;
       }
-      ap.memlock_bytes = v;
       ap.cap_ipc_lock = 0;
       break;
     case OPT_THP: ap.thp = optarg; break;
@@ -154,11 +133,11 @@ int main(int argc, char **argv) {
       break;
     case OPT_MEASURE: measure = 1; break;
     case OPT_MEASURE_SIZE:
-      if ((v = parse_size(optarg)) <= 0) {
+      if (tz_size_parse(optarg, TZ_SIZE_REAL, &size) < 0 || size == 0) {
         fprintf(stderr, "tz-topo: --measure-size %s: not a size (e.g. 256M)\n", optarg);
         return 2;
       }
-      mp.bytes = (uint64_t)v;
+      mp.bytes = size;
       break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;

@@ -1,6 +1,7 @@
 /* Placement advice: a pure function of the topology and the facts in the parameters. */
 #define _GNU_SOURCE
 #include "topo/internal.h"
+#include "util/size.h"
 
 #include "core/error.h"
 
@@ -493,8 +494,8 @@ int tz_topo_advise(const tz_topo *t, const struct tz_topo_advice_params *p,
   if (p->pinned_pool_bytes > 0 && a->pub.memlock_bytes >= 0 && a->pub.cap_ipc_lock != 1 &&
       (uint64_t)a->pub.memlock_bytes < p->pinned_pool_bytes) {
     char have[32], need[32];
-    topo_human_bytes((uint64_t)a->pub.memlock_bytes, have, sizeof have);
-    topo_human_bytes(p->pinned_pool_bytes, need, sizeof need);
+    tz_bytes_format(have, sizeof have, (double)(uint64_t)a->pub.memlock_bytes, &tz_bytes_iec);
+    tz_bytes_format(need, sizeof need, (double)p->pinned_pool_bytes, &tz_bytes_iec);
     TZ_CHECK_GOTO(warn(a, "memlock_low", -1,
                        "RLIMIT_MEMLOCK is %s but the pinned pool needs %s: io_uring cannot "
                        "register the buffers (raise it: `ulimit -l unlimited`, memlock in "

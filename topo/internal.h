@@ -54,9 +54,6 @@ void topo_locality(const tz_topo *t, hwloc_obj_t io, int *numa, int *package, tz
 /* Parses "DDDD:BB:DD.F" (hex); 0 on success. */
 int topo_parse_busid(const char *s, unsigned *dom, unsigned *bus, unsigned *dev, unsigned *fn);
 
-/* print.c: 1536 -> "1.5 KiB", 64 -> "64 B" (binary units, one decimal). */
-void topo_human_bytes(uint64_t b, char *buf, size_t len);
-
 /* "nvme", "sd", "virtio", "mmc", "md", "dm", "other" from a block device's name and controller. */
 const char *topo_disk_kind(const char *name, hwloc_obj_t pci);
 

@@ -3,23 +3,13 @@
 #include "topo/internal.h"
 
 #include "core/error.h"
+#include "util/size.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-void topo_human_bytes(uint64_t b, char *buf, size_t len) {
-  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = (double)b;
-  int u = 0;
-  while (v >= 1024 && u < 5) {
-    v /= 1024;
-    u++;
-  }
-  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, units[u]);
-}
 
 static void pcie_text(const struct tz_topo_pcie *l, char *buf, size_t len) {
   int n = 0;
@@ -62,7 +52,7 @@ static void print_nic(FILE *f, const tz_topo *t, int i, const char *indent) {
 static void print_block(FILE *f, const tz_topo *t, int i, const char *indent) {
   const struct tz_topo_blockdev *b = &t->blockdevs[i];
   char size[32], link[96];
-  topo_human_bytes(b->size_bytes, size, sizeof size);
+  tz_bytes_format(size, sizeof size, (double)b->size_bytes, &tz_bytes_iec);
   pcie_text(&b->link, link, sizeof link);
   fprintf(f, "%sdisk  %s  %s  %s  %s", indent, b->name, b->kind, b->size_bytes ? size : "size?",
           rot_text(b->rotational));
@@ -113,9 +103,9 @@ static int print_devices(FILE *f, const tz_topo *t, int node, int pkg, const cha
 static void print_numa(FILE *f, const tz_topo *t, const struct tz_topo_numa *n,
                        const char *indent) {
   char total[32], free_b[32], cpus[256];
-  topo_human_bytes(n->total_bytes, total, sizeof total);
+  tz_bytes_format(total, sizeof total, (double)n->total_bytes, &tz_bytes_iec);
   if (n->free_bytes >= 0)
-    topo_human_bytes((uint64_t)n->free_bytes, free_b, sizeof free_b);
+    tz_bytes_format(free_b, sizeof free_b, (double)(uint64_t)n->free_bytes, &tz_bytes_iec);
   else
     snprintf(free_b, sizeof free_b, "%s", t->machine.live ? "unknown" : "not in the XML");
   tz_cpuset_format(&n->cpus, cpus, sizeof cpus);
@@ -126,8 +116,8 @@ static void print_numa(FILE *f, const tz_topo *t, const struct tz_topo_numa *n,
 static void print_tree(FILE *f, const tz_topo *t) {
   const struct tz_topo_machine *m = &t->machine;
   char mem[32], l3[32];
-  topo_human_bytes(m->memory_bytes, mem, sizeof mem);
-  topo_human_bytes(m->l3_bytes, l3, sizeof l3);
+  tz_bytes_format(mem, sizeof mem, (double)m->memory_bytes, &tz_bytes_iec);
+  tz_bytes_format(l3, sizeof l3, (double)m->l3_bytes, &tz_bytes_iec);
   if (m->live)
     fprintf(f, "This machine");
   else
@@ -145,7 +135,7 @@ static void print_tree(FILE *f, const tz_topo *t) {
     const struct tz_topo_package *pk = &t->packages[p];
     char cpus[256], pl3[32];
     tz_cpuset_format(&pk->cpus, cpus, sizeof cpus);
-    topo_human_bytes(pk->l3_bytes, pl3, sizeof pl3);
+    tz_bytes_format(pl3, sizeof pl3, (double)pk->l3_bytes, &tz_bytes_iec);
     fprintf(f, "  Package %d: %s, %d cores, %d threads (cpus %s)", pk->os_index,
             pk->cpu_model[0] ? pk->cpu_model : "unknown CPU", pk->n_cores, pk->n_pus, cpus);
     if (pk->n_l3 == 1)
@@ -285,7 +275,7 @@ static void print_advice(FILE *f, const tz_topo *t, const struct tz_topo_advice 
   if (a->memlock_bytes == TZ_TOPO_UNLIMITED)
     snprintf(ml, sizeof ml, "unlimited");
   else if (a->memlock_bytes >= 0)
-    topo_human_bytes((uint64_t)a->memlock_bytes, ml, sizeof ml);
+    tz_bytes_format(ml, sizeof ml, (double)(uint64_t)a->memlock_bytes, &tz_bytes_iec);
   else
     snprintf(ml, sizeof ml, "unknown");
   fprintf(f, "  Facts: RLIMIT_MEMLOCK %s%s, transparent hugepages %s\n", ml,

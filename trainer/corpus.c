@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "util/mix.h"
 
 /* The generator's fixed seed: the corpus is part of the program, not of a run. */
 #define CORPUS_SEED 0x7469657273656564ull
@@ -19,15 +20,8 @@ struct gen {
   uint64_t state;
 };
 
-static uint64_t next(struct gen *g) {
-  uint64_t z = (g->state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 /* Uniform in [0, n); the modulo bias is irrelevant for n this small. */
-static int pick(struct gen *g, int n) { return (int)(next(g) % (uint64_t)n); }
+static int pick(struct gen *g, int n) { return (int)(tz_mix_next(&g->state) % (uint64_t)n); }
 
 #define PICK(g, arr) ((arr)[pick((g), (int)(sizeof(arr) / sizeof((arr)[0])))])
 

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/corpus.h"
+#include "util/mix.h"
 
 enum file_kind { KIND_TEXT, KIND_SHARD, KIND_BUILTIN };
 
@@ -55,13 +56,6 @@ struct tz_data {
 
 /* ---- the order ---- */
 
-static uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 #define FEISTEL_ROUNDS 6
 
 /* A balanced Feistel network on 2*half bits: a bijection for any round function. */
@@ -69,7 +63,7 @@ static uint64_t feistel(uint64_t key, int half, uint64_t x) {
   uint64_t mask = (1ull << half) - 1;
   uint64_t l = x >> half, r = x & mask;
   for (int round = 0; round < FEISTEL_ROUNDS; round++) {
-    uint64_t f = mix64(key ^ mix64(((uint64_t)round << 56) ^ r)) & mask;
+    uint64_t f = tz_mix_data(key ^ tz_mix_data(((uint64_t)round << 56) ^ r)) & mask;
     uint64_t t = r;
     r = l ^ f;
     l = t;
@@ -87,7 +81,7 @@ uint64_t tz_data_permute(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t i) 
   if (bits < 2)
     bits = 2;
   bits += bits & 1;
-  uint64_t key = mix64(seed ^ mix64(epoch ^ 0x5eed0f0e0c0ffee5ull));
+  uint64_t key = tz_mix_data(seed ^ tz_mix_data(epoch ^ 0x5eed0f0e0c0ffee5ull));
   uint64_t x = i;
   do
     x = feistel(key, bits / 2, x);

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "trainer/safetensors.h"
+#include "util/file.h"
 
 int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, char *buf,
                       size_t len) {
@@ -171,25 +172,7 @@ int tz_hf_config_read(const char *dir, struct tz_model_config *cfg, enum tz_dtyp
 }
 
 static int write_file_atomic(const char *path, const char *text) {
-  char *tmp = NULL;
-  if (asprintf(&tmp, "%s.tmp", path) < 0)
-    return tz_err_set(TZ_ENOMEM, "hf: out of memory");
-  int rc = 0;
-  FILE *fp = fopen(tmp, "w");
-  if (!fp) {
-    rc = tz_err_errno(errno, "hf: cannot create %s", tmp);
-  } else {
-    if (fputs(text, fp) < 0 || fflush(fp) != 0 || fsync(fileno(fp)) != 0)
-      rc = tz_err_errno(errno, "hf: writing %s", tmp);
-    if (fclose(fp) != 0 && !rc)
-      rc = tz_err_errno(errno, "hf: closing %s", tmp);
-    if (!rc && rename(tmp, path) != 0)
-      rc = tz_err_errno(errno, "hf: renaming %s to %s", tmp, path);
-    if (rc)
-      unlink(tmp);
-  }
-  free(tmp);
-  return rc;
+  return tz_atomic_write_file(path, text, strlen(text), &(struct tz_atomic_params){.what = "hf"});
 }
 
 int tz_hf_config_write(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype) {

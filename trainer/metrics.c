@@ -10,10 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/error.h"
+#include "util/clock.h"
+#include "util/size.h"
 
 /* ---- step figures ---- */
 
@@ -105,16 +106,6 @@ static void fmt_si(char *buf, size_t n, double v) {
            : fabs(v) < 100.0  ? "%.1f%s"
                               : "%.0f%s",
            v, units[u]);
-}
-
-static void fmt_bytes(char *buf, size_t n, double b) {
-  const char *units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
-  int u = 0;
-  while (b >= 1000.0 && u < 5) {
-    b /= 1000.0;
-    u++;
-  }
-  snprintf(buf, n, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
 }
 
 /* 3725 -> "1h02m", 65 -> "1m05s", 7.2 -> "7s". */
@@ -339,8 +330,9 @@ void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f) {
   if (s->n_traffic > 0) {
     fprintf(f, "  bytes moved %-6s %-12s %12s %12s\n", "tier", "lane", "total", "per second");
     for (int i = 0; i < s->n_traffic; i++) {
-      fmt_bytes(a, sizeof a, (double)s->traffic[i].bytes);
-      fmt_bytes(b, sizeof b, s->time_s > 0 ? (double)s->traffic[i].bytes / s->time_s : NAN);
+      tz_bytes_format(a, sizeof a, (double)s->traffic[i].bytes, &tz_bytes_si);
+      tz_bytes_format(b, sizeof b, s->time_s > 0 ? (double)s->traffic[i].bytes / s->time_s : NAN,
+                      &tz_bytes_si);
       snprintf(c, sizeof c, "%s/s", b);
       fprintf(f, "              %-6s %-12s %12s %12s\n", s->traffic[i].tier, s->traffic[i].lane, a,
               s->time_s > 0 ? c : "-");
@@ -389,12 +381,6 @@ struct tz_display {
   int bar_showing;    /* the bar is on screen, without a newline after it */
   char line[512];     /* the last bar drawn */
 };
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 int tz_display_create(FILE *f, enum tz_display_mode mode, int64_t every, tz_display **out) {
   *out = NULL;
@@ -470,7 +456,7 @@ static void draw_bar(tz_display *d, const struct tz_step_metrics *m) {
   fprintf(d->f, "\r%s\033[K", d->line);
   fflush(d->f);
   d->bar_showing = 1;
-  d->last_draw = now_s();
+  d->last_draw = tz_now_s();
 }
 
 static void print_line(tz_display *d, const struct tz_step_metrics *m) {
@@ -521,7 +507,7 @@ void tz_display_step(tz_display *d, const struct tz_step_metrics *m) {
       fprintf(d->f, "%s\n", msg);
       d->bar_showing = 0;
       draw_bar(d, m);
-    } else if (last || d->last_draw < 0 || now_s() - d->last_draw >= 0.1) {
+    } else if (last || d->last_draw < 0 || tz_now_s() - d->last_draw >= 0.1) {
       /* At most ten redraws a second: a terminal is slow next to a fast step. */
       draw_bar(d, m);
     }

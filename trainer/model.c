@@ -4,9 +4,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/error.h"
+#include "util/clock.h"
+#include "util/mix.h"
 
 /* ---- config ---- */
 
@@ -163,18 +164,12 @@ uint64_t tz_model_n_params(const struct tz_model_config *cfg) {
 
 /* ---- initialisation ---- */
 
-static uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 /* A standard normal from (seed, block, tensor, index) alone. */
 static double init_normal(uint64_t seed, int block, int tensor, uint64_t i) {
-  uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ull);
-  h = mix64(h ^ ((uint64_t)(uint32_t)block << 32 | (uint32_t)tensor));
-  h = mix64(h ^ i);
-  uint64_t h2 = mix64(h + 0x9e3779b97f4a7c15ull);
+  uint64_t h = tz_mix_init(seed + TZ_MIX_GAMMA);
+  h = tz_mix_init(h ^ ((uint64_t)(uint32_t)block << 32 | (uint32_t)tensor));
+  h = tz_mix_init(h ^ i);
+  uint64_t h2 = tz_mix_init(h + TZ_MIX_GAMMA);
   /* u1 in (0, 1], u2 in [0, 1): 53-bit uniforms */
   double u1 = ((double)(h >> 11) + 1.0) * 0x1.0p-53;
   double u2 = (double)(h2 >> 11) * 0x1.0p-53;
@@ -816,12 +811,6 @@ int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
                             l->dx_out, l->dx_in, &l->scratch, l->B, l->T);
 }
 
-static double seconds_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
                         int reps, double *seconds) {
   *seconds = 0;
@@ -830,17 +819,17 @@ int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B
   struct tz_layer_probe l;
   TZ_CHECK(tz_layer_probe_alloc(cm, cfg, B, T, &l));
   int rc = 0;
-  double w0 = seconds_now();
+  double w0 = tz_now_s();
   do
     rc = tz_layer_probe_step(cm, cfg, &l, 1);
-  while (rc == 0 && (rc = tz_compute_sync(cm)) == 0 && seconds_now() - w0 < TZ_LAYER_PROBE_WARM_S);
-  double t0 = seconds_now();
+  while (rc == 0 && (rc = tz_compute_sync(cm)) == 0 && tz_now_s() - w0 < TZ_LAYER_PROBE_WARM_S);
+  double t0 = tz_now_s();
   for (int i = 0; i < reps && rc == 0; i++)
     rc = tz_layer_probe_step(cm, cfg, &l, 1);
   if (rc == 0)
     rc = tz_compute_sync(cm);
   if (rc == 0)
-    *seconds = (seconds_now() - t0) / reps;
+    *seconds = (tz_now_s() - t0) / reps;
   tz_layer_probe_free(cm, &l);
   return rc;
 }

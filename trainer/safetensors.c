@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/dtype.h"
+#include "util/file.h"
 
 /* Larger headers than this are refused rather than read into memory (the reference
  * implementation's limit is 100 MB). */
@@ -315,8 +316,8 @@ int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *sha
 /* ---- writer ---- */
 
 struct tz_st_writer {
-  char *path, *tmp;
-  FILE *fp;
+  char *path;
+  tz_atomic_file *f; /* the temporary file, renamed over path on commit */
   int n, next;
   struct tz_st_entry *e;
   uint64_t *numel;
@@ -324,10 +325,8 @@ struct tz_st_writer {
 };
 
 static void writer_free(tz_st_writer *w) {
-  if (w->fp)
-    fclose(w->fp);
+  tz_atomic_abort(w->f);
   free(w->path);
-  free(w->tmp);
   free(w->e);
   free(w->numel);
   free(w);
@@ -340,13 +339,12 @@ int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n,
   json_t *root = json_object();
   char *hdr = NULL;
   int rc = 0;
-  if (!w || !root || !(w->path = strdup(path)) || !(w->tmp = malloc(strlen(path) + 5)) ||
+  if (!w || !root || !(w->path = strdup(path)) ||
       !(w->e = calloc((size_t)n + 1, sizeof *w->e)) ||
       !(w->numel = calloc((size_t)n + 1, sizeof *w->numel))) {
     rc = tz_err_set(TZ_ENOMEM, "%s: out of memory", path);
     goto fail;
   }
-  sprintf(w->tmp, "%s.tmp", path);
   w->n = n;
   memcpy(w->e, e, sizeof *e * (size_t)n);
   if (meta) {
@@ -386,23 +384,14 @@ int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n,
   }
   /* Spaces pad the header so that the data starts 8-byte aligned, as the reference writer does. */
   size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7;
-  w->fp = fopen(w->tmp, "wbx");
-  if (!w->fp && errno == EEXIST) {
-    unlink(w->tmp);
-    w->fp = fopen(w->tmp, "wbx");
-  }
-  if (!w->fp) {
-    rc = tz_err_errno(errno, "safetensors: cannot create %s", w->tmp);
-    goto fail;
-  }
+  TZ_CHECK_GOTO(tz_atomic_open(path, &(struct tz_atomic_params){.what = "safetensors"}, &w->f),
+                rc, fail);
   uint8_t lenb[8];
   for (int i = 0; i < 8; i++)
     lenb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-  if (fwrite(lenb, 8, 1, w->fp) != 1 || fwrite(hdr, hl, 1, w->fp) != 1 ||
-      fwrite("        ", padded - hl, 1, w->fp) != (padded > hl ? 1u : 0u)) {
-    rc = tz_err_errno(errno, "safetensors: writing the header of %s", w->tmp);
-    goto fail;
-  }
+  TZ_CHECK_GOTO(tz_atomic_write(w->f, lenb, 8), rc, fail);
+  TZ_CHECK_GOTO(tz_atomic_write(w->f, hdr, hl), rc, fail);
+  TZ_CHECK_GOTO(tz_atomic_write(w->f, "        ", padded - hl), rc, fail);
   free(hdr);
   json_decref(root);
   *out = w;
@@ -410,14 +399,8 @@ int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n,
 fail:
   free(hdr);
   json_decref(root);
-  if (w) {
-    if (w->fp) {
-      fclose(w->fp);
-      w->fp = NULL;
-      unlink(w->tmp);
-    }
+  if (w)
     writer_free(w);
-  }
   return rc;
 }
 
@@ -428,21 +411,23 @@ int tz_st_writer_put(tz_st_writer *w, const float *data, uint64_t n) {
   if (n != w->numel[w->next])
     return tz_err_set(TZ_EINVAL, "%s: tensor '%s' has %llu elements, got %llu", w->path, e->name,
                       (unsigned long long)w->numel[w->next], (unsigned long long)n);
-  int ok = 1;
+  int rc = 0;
   if (e->dtype == TZ_F32) {
-    ok = fwrite(data, 4, n, w->fp) == n;
+    rc = tz_atomic_write(w->f, data, 4 * n);
   } else {
     uint16_t buf[4096];
-    for (uint64_t i = 0; ok && i < n; i += 4096) {
+    for (uint64_t i = 0; !rc && i < n; i += 4096) {
       uint64_t m = n - i < 4096 ? n - i : 4096;
       for (uint64_t j = 0; j < m; j++)
         buf[j] = e->dtype == TZ_BF16 ? tz_f32_to_bf16(data[i + j]) : tz_f32_to_f16(data[i + j]);
-      ok = fwrite(buf, 2, m, w->fp) == m;
+      rc = tz_atomic_write(w->f, buf, 2 * m);
     }
   }
-  if (!ok) {
+  if (rc < 0) {
     w->failed = 1;
-    return tz_err_errno(errno, "safetensors: writing tensor '%s' to %s", e->name, w->tmp);
+    char msg[512]; /* the message names the file and the error; add the tensor */
+    snprintf(msg, sizeof msg, "%s", tz_err_msg());
+    return tz_err_set(rc, "%s (writing tensor '%s')", msg, e->name);
   }
   w->next++;
   return 0;
@@ -455,23 +440,12 @@ int tz_st_writer_close(tz_st_writer *w, int commit) {
   if (commit && !w->failed && w->next != w->n)
     rc = tz_err_set(TZ_EINVAL, "%s: only %d of %d tensors were written", w->path, w->next, w->n);
   if (commit && !rc && !w->failed) {
-    if (fflush(w->fp) != 0 || fsync(fileno(w->fp)) != 0)
-      rc = tz_err_errno(errno, "safetensors: flushing %s", w->tmp);
-    else if (fclose(w->fp) != 0)
-      rc = tz_err_errno(errno, "safetensors: closing %s", w->tmp);
-    w->fp = NULL;
-    if (!rc && rename(w->tmp, w->path) != 0)
-      rc = tz_err_errno(errno, "safetensors: renaming %s to %s", w->tmp, w->path);
+    tz_atomic_file *f = w->f;
+    w->f = NULL; /* the commit frees it, whatever happens */
+    rc = tz_atomic_commit(f);
   } else if (commit && !rc) {
     rc = tz_err_set(TZ_EIO, "%s: an earlier write failed", w->path);
   }
-  if (!commit || rc) {
-    if (w->fp) {
-      fclose(w->fp);
-      w->fp = NULL;
-    }
-    unlink(w->tmp);
-  }
-  writer_free(w);
+  writer_free(w); /* an uncommitted temporary file is removed */
   return rc;
 }

@@ -1,16 +1,10 @@
 #include "trainer/synthetic.h"
-
-static uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+#include "util/mix.h"
 
 void tz_synthetic_batch(uint64_t seed, uint64_t first, int n_seq, int T, int vocab, int32_t *tokens,
                         int32_t *targets) {
   for (int s = 0; s < n_seq; s++) {
-    uint64_t h = splitmix64(splitmix64(seed) ^ (first + (uint64_t)s));
+    uint64_t h = tz_mix_data(tz_mix_data(seed) ^ (first + (uint64_t)s));
     uint64_t start = h % (uint64_t)vocab, stride = 1 + (h >> 40) % 7;
     for (int t = 0; t < T; t++) {
       tokens[(int64_t)s * T + t] = (int32_t)((start + stride * (uint64_t)t) % (uint64_t)vocab);

@@ -1,4 +1,5 @@
-#include "core/internal.h"
+/* crc32c (util/crc32c.h): the SSE4.2 instruction where the CPU has it, else a table. */
+#include "util/crc32c.h"
 
 #include <pthread.h>
 #include <string.h>
