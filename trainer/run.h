@@ -39,12 +39,13 @@ enum tz_run_event_kind {
   TZ_RUN_STEP,       /* metrics: one step done, with its evaluation if it had one */
   TZ_RUN_CHECKPOINT, /* step: saved under ckpt_dir as step-<step> */
   TZ_RUN_EVAL,       /* eval_loss: the evaluation of a run of no steps (steps 0, eval_every) */
-  TZ_RUN_STEPS_END,  /* no STEP or EVAL follows (a display may close); also when the run fails */
-  TZ_RUN_TRACE,      /* the trace of trace_step is in trace_path */
+  TZ_RUN_STEPS_END,  /* no STEP or EVAL follows (a display may close); also when the run fails
+                        after BEGIN */
+  TZ_RUN_TRACE,      /* step: trace_step, whose trace is in trace_path (rank 0, which writes it) */
   TZ_RUN_EXPORTED,   /* step: the steps done, whose parameters are in export_dir */
   TZ_RUN_SUMMARY,    /* summary, sched, first_loss, last_loss: a run of steps > 0 */
-  TZ_RUN_ENDED,      /* tail_s: seconds since the last step returned (teardown included); only
-                        after a run of steps that succeeded */
+  TZ_RUN_ENDED,      /* tail_s: seconds since the last step returned (teardown included); the
+                        last event of a run that succeeded, plan_only excepted */
 };
 
 struct tz_run_event {
