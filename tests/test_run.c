@@ -301,8 +301,8 @@ static void test_resume(void **state) {
 static void test_fill_batch(void **state) {
   (void)state;
   enum { SEQ = 8, MICRO = 2, ACCUM = 3, N = SEQ * MICRO * ACCUM };
-  struct tz_run_batch b = {.seed = 11, .vocab = 96, .seq = SEQ, .micro = MICRO, .accum = ACCUM,
-                           .rank = 1, .world = 2};
+  struct tz_run_batch b = {
+      .seed = 11, .vocab = 96, .seq = SEQ, .micro = MICRO, .accum = ACCUM, .rank = 1, .world = 2};
   int32_t tok[N], tgt[N], want_tok[SEQ * MICRO], want_tgt[SEQ * MICRO], val[N];
   TZ_ASSERT_OK(tz_run_fill_batch(&b, 5, 0, tok, tgt));
   for (int k = 0; k < ACCUM; k++) {
@@ -417,10 +417,14 @@ static void test_plan_only(void **state) {
 int main(void) {
   dir = tz_test_mkdtemp("run");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_cadence_rules), cmocka_unit_test(test_events),
-      cmocka_unit_test_teardown(test_stop, stop_teardown), cmocka_unit_test(test_resume),
-      cmocka_unit_test(test_fill_batch),    cmocka_unit_test(test_options),
-      cmocka_unit_test(test_backend_choice), cmocka_unit_test(test_plan_only),
+      cmocka_unit_test(test_cadence_rules),
+      cmocka_unit_test(test_events),
+      cmocka_unit_test_teardown(test_stop, stop_teardown),
+      cmocka_unit_test(test_resume),
+      cmocka_unit_test(test_fill_batch),
+      cmocka_unit_test(test_options),
+      cmocka_unit_test(test_backend_choice),
+      cmocka_unit_test(test_plan_only),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

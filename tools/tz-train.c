@@ -22,76 +22,77 @@
 #include "tz_demo_config.h"
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: tz-train [options]\n"
-          "Trains a Llama-shaped model with ZeRO-3 sharding, its state placed across the compute\n"
-          "tier, host memory and NVMe.\n\n"
-          "  --config FILE        DeepSpeed-style JSON (docs/config.md); may be repeated\n"
-          "  --model PRESET       tiny, llama-1b, llama-3b, llama-7b, llama-13b (default: the\n"
-          "                       config's tierzero.model, else tiny)\n"
-          "  --steps N            optimizer steps (default 10; 0 trains nothing: with the flags\n"
-          "                       below, an evaluation or a conversion)\n"
-          "  --seed N             initialisation and data seed (default: the config's seed)\n"
-          "  --seq N              tokens per sequence (default 64, at most the model's max_seq)\n"
-          "  --data SPEC          builtin (the built-in corpus, the default), text:PATH, an llm.c\n"
-          "                       shard or a glob of them (docs/data.md), or synthetic\n"
-          "  --metrics FILE       one JSON object per step (docs/data.md: step, loss, grad_norm,\n"
-          "                       lr, step_s, bound_s, stall_s, coll_s, tokens_per_s, skipped,\n"
-          "                       loss_scale, eval_loss, ...), then a summary object\n"
-          "  --eval-every N       every N steps and after the last, the loss on the validation\n"
-          "                       split (forward only, parameters unchanged)\n"
-          "  --val-fraction F     share of the data's windows held out for --eval-every, in\n"
-          "                       (0, 1) (default 0.05)\n"
-          "  --import-safetensors DIR\n"
-          "                       start from a Hugging Face Llama checkpoint (config.json and\n"
-          "                       model.safetensors or its shards); the model is its config\n"
-          "                       unless --model or tierzero.model names one, which must match\n"
-          "  --export-safetensors DIR\n"
-          "                       after training, write DIR/config.json and DIR/model.safetensors\n"
-          "                       (fp32, Hugging Face names); with --resume and --steps 0,\n"
-          "                       the checkpoint's model, at any number of ranks\n"
-          "  --export-dtype T     f32 (default) or bf16 (rounded to nearest even) for\n"
-          "                       --export-safetensors\n"
-          "  --trace-step N       record the lanes of step N (counted from 0, the step printed\n"
-          "                       as N+1; sets tierzero.trace_step) ...\n"
-          "  --trace FILE         ... and write them to FILE as a Chrome/Perfetto trace (JSON)\n"
-          "  --backend B          cpu, cuda, or auto (the default: cuda when this build has it\n"
-          "                       and a GPU is visible, unless the ranks run under mpirun)\n"
-          "  --plan               print the placement and the predicted bound, and stop\n"
-          "  --gpu-memory SIZE    with --plan --backend cuda: plan for a GPU with SIZE free (as\n"
-          "                       tz-train measures it there) instead of asking this machine's;\n"
-          "                       --rates must hold that machine's rates\n"
-          "  --layer-rate TFLOPS  with --plan: a layer's forward and backward rate (tz-train's\n"
-          "                       \"a layer's ... run at\" line on that machine) instead of\n"
-          "                       timing one\n"
-          "  --world N            with --plan: plan one rank of N (its shards, its share of the\n"
-          "                       host) without starting them; --rates then holds the rates of\n"
-          "                       a rank copying beside the others (tz-train's \"plan's rates\"\n"
-          "                       line on that machine)\n"
-          "  --collective-rate GBPS  with --plan: the all-gather's bus rate (the same line's\n"
-          "                       \"collectives\") instead of timing one\n"
-          "  --auto-placement     let the plan choose homes instead of the offload_* devices\n"
-          "  --optimizer-step M   auto, folded, overlapped or unfolded (default auto)\n"
-          "  --rates FILE         rates cache (default ~/.cache/tierzero/rates-<host>.json)\n"
-          "  --remeasure          measure the machine's rates even when cached\n"
-          "  --nproc N            start N workers on this machine (needs a GPU per worker);\n"
-          "                       on CPUs run N ranks under mpirun instead\n"
-          "  --set KEY=VALUE      set one config key (JSON path), after the files\n"
-          "  --ckpt-dir DIR       save checkpoints under DIR (every --save-every steps, at the\n"
-          "                       end, and on SIGTERM/SIGINT); docs/checkpoints.md\n"
-          "  --save-every N       save every N steps (default 0: only at the end and on a signal)\n"
-          "  --keep N             keep the newest N checkpoints (default 0: all)\n"
-          "  --resume [DIR]       continue from the checkpoint DIR (a --ckpt-dir, whose latest is\n"
-          "                       taken, or one step-N directory); DIR defaults to --ckpt-dir,\n"
-          "                       and --ckpt-dir to DIR when DIR is not a step directory.\n"
-          "                       --steps stays the total: the run ends after step N\n"
-          "  -h, --help           this text\n\n"
-          "Precedence: built-in defaults, then each --config file in order, then TZ_* environment\n"
-          "variables, then --set, then the flags above (--seed, --model, --trace-step).\n"
-          "Output: a progress bar on a terminal, otherwise a line per step (\"step N/M | loss\n"
-          "...\"), then a summary. Exit status: 0 done, 1 a failure while running, 2 a usage or\n"
-          "configuration error.\n"
-          "Without arguments tz-train runs the demo (a tiny Llama, optimizer state on NVMe files).\n");
+  fprintf(
+      f,
+      "usage: tz-train [options]\n"
+      "Trains a Llama-shaped model with ZeRO-3 sharding, its state placed across the compute\n"
+      "tier, host memory and NVMe.\n\n"
+      "  --config FILE        DeepSpeed-style JSON (docs/config.md); may be repeated\n"
+      "  --model PRESET       tiny, llama-1b, llama-3b, llama-7b, llama-13b (default: the\n"
+      "                       config's tierzero.model, else tiny)\n"
+      "  --steps N            optimizer steps (default 10; 0 trains nothing: with the flags\n"
+      "                       below, an evaluation or a conversion)\n"
+      "  --seed N             initialisation and data seed (default: the config's seed)\n"
+      "  --seq N              tokens per sequence (default 64, at most the model's max_seq)\n"
+      "  --data SPEC          builtin (the built-in corpus, the default), text:PATH, an llm.c\n"
+      "                       shard or a glob of them (docs/data.md), or synthetic\n"
+      "  --metrics FILE       one JSON object per step (docs/data.md: step, loss, grad_norm,\n"
+      "                       lr, step_s, bound_s, stall_s, coll_s, tokens_per_s, skipped,\n"
+      "                       loss_scale, eval_loss, ...), then a summary object\n"
+      "  --eval-every N       every N steps and after the last, the loss on the validation\n"
+      "                       split (forward only, parameters unchanged)\n"
+      "  --val-fraction F     share of the data's windows held out for --eval-every, in\n"
+      "                       (0, 1) (default 0.05)\n"
+      "  --import-safetensors DIR\n"
+      "                       start from a Hugging Face Llama checkpoint (config.json and\n"
+      "                       model.safetensors or its shards); the model is its config\n"
+      "                       unless --model or tierzero.model names one, which must match\n"
+      "  --export-safetensors DIR\n"
+      "                       after training, write DIR/config.json and DIR/model.safetensors\n"
+      "                       (fp32, Hugging Face names); with --resume and --steps 0,\n"
+      "                       the checkpoint's model, at any number of ranks\n"
+      "  --export-dtype T     f32 (default) or bf16 (rounded to nearest even) for\n"
+      "                       --export-safetensors\n"
+      "  --trace-step N       record the lanes of step N (counted from 0, the step printed\n"
+      "                       as N+1; sets tierzero.trace_step) ...\n"
+      "  --trace FILE         ... and write them to FILE as a Chrome/Perfetto trace (JSON)\n"
+      "  --backend B          cpu, cuda, or auto (the default: cuda when this build has it\n"
+      "                       and a GPU is visible, unless the ranks run under mpirun)\n"
+      "  --plan               print the placement and the predicted bound, and stop\n"
+      "  --gpu-memory SIZE    with --plan --backend cuda: plan for a GPU with SIZE free (as\n"
+      "                       tz-train measures it there) instead of asking this machine's;\n"
+      "                       --rates must hold that machine's rates\n"
+      "  --layer-rate TFLOPS  with --plan: a layer's forward and backward rate (tz-train's\n"
+      "                       \"a layer's ... run at\" line on that machine) instead of\n"
+      "                       timing one\n"
+      "  --world N            with --plan: plan one rank of N (its shards, its share of the\n"
+      "                       host) without starting them; --rates then holds the rates of\n"
+      "                       a rank copying beside the others (tz-train's \"plan's rates\"\n"
+      "                       line on that machine)\n"
+      "  --collective-rate GBPS  with --plan: the all-gather's bus rate (the same line's\n"
+      "                       \"collectives\") instead of timing one\n"
+      "  --auto-placement     let the plan choose homes instead of the offload_* devices\n"
+      "  --optimizer-step M   auto, folded, overlapped or unfolded (default auto)\n"
+      "  --rates FILE         rates cache (default ~/.cache/tierzero/rates-<host>.json)\n"
+      "  --remeasure          measure the machine's rates even when cached\n"
+      "  --nproc N            start N workers on this machine (needs a GPU per worker);\n"
+      "                       on CPUs run N ranks under mpirun instead\n"
+      "  --set KEY=VALUE      set one config key (JSON path), after the files\n"
+      "  --ckpt-dir DIR       save checkpoints under DIR (every --save-every steps, at the\n"
+      "                       end, and on SIGTERM/SIGINT); docs/checkpoints.md\n"
+      "  --save-every N       save every N steps (default 0: only at the end and on a signal)\n"
+      "  --keep N             keep the newest N checkpoints (default 0: all)\n"
+      "  --resume [DIR]       continue from the checkpoint DIR (a --ckpt-dir, whose latest is\n"
+      "                       taken, or one step-N directory); DIR defaults to --ckpt-dir,\n"
+      "                       and --ckpt-dir to DIR when DIR is not a step directory.\n"
+      "                       --steps stays the total: the run ends after step N\n"
+      "  -h, --help           this text\n\n"
+      "Precedence: built-in defaults, then each --config file in order, then TZ_* environment\n"
+      "variables, then --set, then the flags above (--seed, --model, --trace-step).\n"
+      "Output: a progress bar on a terminal, otherwise a line per step (\"step N/M | loss\n"
+      "...\"), then a summary. Exit status: 0 done, 1 a failure while running, 2 a usage or\n"
+      "configuration error.\n"
+      "Without arguments tz-train runs the demo (a tiny Llama, optimizer state on NVMe files).\n");
 }
 
 struct opts {
@@ -104,15 +105,12 @@ struct opts {
 };
 
 /* The flags in the order --help lists them (getopt_long names them in this order when a prefix is
- * ambiguous). Those of a run are read by tz_run_option_set; config, nproc, set and resume are
- * tz-train's own. */
-static const char *const flags[] = {
-    "config", "model", "steps", "seed", "seq", "metrics", "plan", "gpu-memory", "layer-rate",
-    "world", "collective-rate", "backend", "auto-placement", "optimizer-step", "rates", "remeasure",
-    "nproc", "set", "data", "ckpt-dir", "save-every", "keep", "resume", "eval-every",
-    "val-fraction", "import-safetensors", "export-safetensors", "export-dtype", "trace-step",
-    "trace"};
-#define N_FLAGS (int)(sizeof flags / sizeof *flags)
+ * ambiguous), one space after each. Those of a run are read by tz_run_option_set; config, nproc,
+ * set and resume are tz-train's own. */
+static const char flag_names[] =
+    "config model steps seed seq metrics plan gpu-memory layer-rate world collective-rate backend "
+    "auto-placement optimizer-step rates remeasure nproc set data ckpt-dir save-every keep resume "
+    "eval-every val-fraction import-safetensors export-safetensors export-dtype trace-step trace ";
 
 /* "tz-train: " and the message on stderr; -1 (a usage error). */
 #define BAD(...) (fprintf(stderr, "tz-train: " __VA_ARGS__), fputc('\n', stderr), -1)
@@ -121,9 +119,7 @@ static const char *const flags[] = {
 static int own_flag(const char *f, int argc, char **argv, struct opts *o) {
   char *end;
   if (strcmp(f, "resume") == 0) /* --resume DIR as well as --resume=DIR */
-    o->run.resume = optarg                                      ? optarg
-                    : optind < argc && argv[optind][0] != '-' ? argv[optind++]
-                                                              : "";
+    o->run.resume = optarg ? optarg : optind < argc && argv[optind][0] != '-' ? argv[optind++] : "";
   else if (strcmp(f, "config") == 0 && o->src.n_files == 8)
     return BAD("at most 8 --config files");
   else if (strcmp(f, "config") == 0)
@@ -143,16 +139,23 @@ static int own_flag(const char *f, int argc, char **argv, struct opts *o) {
 }
 
 static int parse(int argc, char **argv, struct opts *o) {
-  struct option longs[N_FLAGS + 2];
-  for (int i = 0; i < N_FLAGS; i++) { /* distinct values: else a prefix of two is not ambiguous */
+  char names[sizeof flag_names];
+  const char *flags[sizeof flag_names / 2];
+  int n = 0;
+  memcpy(names, flag_names, sizeof names);
+  for (char *t = strtok(names, " "); t; t = strtok(NULL, " "))
+    flags[n++] = t;
+  struct option longs[sizeof flag_names / 2 + 1];
+  for (int i = 0; i < n; i++) { /* distinct values: else a prefix of two is not ambiguous */
     int sw = tz_run_option_is_switch(flags[i]) == 1;
-    longs[i] = (struct option){flags[i], strcmp(flags[i], "resume") == 0 ? optional_argument
-                                         : sw                            ? no_argument
-                                                                         : required_argument,
+    longs[i] = (struct option){flags[i],
+                               strcmp(flags[i], "resume") == 0 ? optional_argument
+                               : sw                            ? no_argument
+                                                               : required_argument,
                                0, 256 + i};
   }
-  longs[N_FLAGS] = (struct option){"help", no_argument, 0, 'h'};
-  longs[N_FLAGS + 1] = (struct option){0, 0, 0, 0};
+  longs[n] = (struct option){"help", no_argument, 0, 'h'};
+  longs[n + 1] = (struct option){0, 0, 0, 0};
   memset(o, 0, sizeof *o);
   tz_run_options_init(&o->run);
   o->run.backend = NULL; /* auto, resolved once the launch is known */
@@ -198,9 +201,8 @@ static void print_rates(const struct tz_plan_rates *r, int shared) {
              r->nvme_duplex / 1e9);
   if (r->collective > 0)
     snprintf(coll, sizeof coll, "; collectives %.1f GB/s", r->collective / 1e9);
-  printf("tz-train: the plan's rates: host link %.1f GB/s in, %.1f out%s%s%s%s\n",
-         r->copy_in / 1e9, r->copy_out / 1e9, both, shared ? " (every rank copying)" : "", disk,
-         coll);
+  printf("tz-train: the plan's rates: host link %.1f GB/s in, %.1f out%s%s%s%s\n", r->copy_in / 1e9,
+         r->copy_out / 1e9, both, shared ? " (every rank copying)" : "", disk, coll);
 }
 
 /* What the run tells (trainer/run.h), printed by rank 0. */
@@ -266,23 +268,14 @@ static int on_event(void *arg, const struct tz_run_event *ev) {
               tz_config_ignored_hint(p->cfg, i) ? tz_config_ignored_hint(p->cfg, i) : "",
               tz_config_ignored_hint(p->cfg, i) ? "?)" : "");
     break;
-  case TZ_RUN_PLANNED:
-    print_setup(p, ev);
-    break;
-  case TZ_RUN_IMPORTED:
-    printf("tz-train: parameters from %s\n", o->import_dir);
-    break;
+  case TZ_RUN_PLANNED: print_setup(p, ev); break;
+  case TZ_RUN_IMPORTED: printf("tz-train: parameters from %s\n", o->import_dir); break;
   case TZ_RUN_RESUMED:
     printf("tz-train: resumed from %s at step %lld\n", o->resume, (long long)ev->step);
     break;
-  case TZ_RUN_DATA:
-    printf("tz-train: data: %s\n", tz_data_describe(ev->data));
-    break;
-  case TZ_RUN_BEGIN:
-    return tz_display_create(stdout, TZ_DISPLAY_AUTO, 1, &p->disp);
-  case TZ_RUN_STEP:
-    tz_display_step(p->disp, ev->metrics);
-    break;
+  case TZ_RUN_DATA: printf("tz-train: data: %s\n", tz_data_describe(ev->data)); break;
+  case TZ_RUN_BEGIN: return tz_display_create(stdout, TZ_DISPLAY_AUTO, 1, &p->disp);
+  case TZ_RUN_STEP: tz_display_step(p->disp, ev->metrics); break;
   case TZ_RUN_CHECKPOINT:
     printf("tz-train: checkpoint %s/step-%08lld saved\n", o->ckpt_dir, (long long)ev->step);
     break;
@@ -301,9 +294,7 @@ static int on_event(void *arg, const struct tz_run_event *ev) {
     printf("tz-train: parameters after %lld steps written to %s (%s)\n", (long long)ev->step,
            o->export_dir, tz_dtype_name(o->export_dtype));
     break;
-  case TZ_RUN_SUMMARY:
-    print_summary(p, ev);
-    break;
+  case TZ_RUN_SUMMARY: print_summary(p, ev); break;
   case TZ_RUN_ENDED:
     printf("tz-train: ended %.1f s after its last step (checkpoint, export, trace, teardown)\n",
            ev->tail_s);
@@ -361,7 +352,8 @@ int main(int argc, char **argv) {
     o.src.base_name = "the built-in demo (configs/demo.json)";
     o.src.base_nvme_path = demo_dir;
     printf("tz-train: no arguments: the demo (configs/demo.json, optimizer state in %s); "
-           "tz-train --help for the options\n", demo_dir);
+           "tz-train --help for the options\n",
+           demo_dir);
   }
   if (o.nproc > 1 && !tz_launch_is_worker()) {
     char why[256];

@@ -61,10 +61,10 @@ int tz_run_fill_batch(const struct tz_run_batch *b, int64_t step, int val, int32
       tz_synthetic_batch(b->seed, val ? (1ull << 48) + first : first, b->micro, b->seq, b->vocab,
                          ti, tt);
     } else {
-      TZ_CHECK(tz_data_batch_io(b->data, val ? TZ_DATA_VAL : TZ_DATA_TRAIN,
-                                tz_data_sample_index((uint64_t)step, b->accum, k, b->world,
-                                                     b->rank, b->micro),
-                                b->micro, ti, tt));
+      TZ_CHECK(tz_data_batch_io(
+          b->data, val ? TZ_DATA_VAL : TZ_DATA_TRAIN,
+          tz_data_sample_index((uint64_t)step, b->accum, k, b->world, b->rank, b->micro), b->micro,
+          ti, tt));
     }
   }
   return 0;
@@ -80,9 +80,8 @@ const char *tz_run_compute_backend(const char *asked, const char *comm_backend) 
   if (asked && strcmp(asked, "auto") != 0)
     return asked;
   char why[256];
-  return strcmp(comm_backend, "mpi") != 0 && tz_compute_probe("cuda", why, sizeof why) == 0
-             ? "cuda"
-             : "cpu";
+  return strcmp(comm_backend, "mpi") != 0 && tz_compute_probe("cuda", why, sizeof why) == 0 ? "cuda"
+                                                                                            : "cpu";
 }
 
 void tz_run_place(const struct tz_bootstrap *bs, struct tz_config *cfg,
@@ -162,8 +161,8 @@ struct run {
   double fpt, peak;   /* model FLOPs per token; the peak FLOP/s of all ranks (0: unknown) */
   double elapsed;     /* the steps' wall time so far */
   struct tz_metrics_summary sum;
-  int began;          /* TZ_RUN_BEGIN told, TZ_RUN_STEPS_END not yet */
-  double t_last;      /* when the last step returned; 0 before */
+  int began;     /* TZ_RUN_BEGIN told, TZ_RUN_STEPS_END not yet */
+  double t_last; /* when the last step returned; 0 before */
 };
 
 static int emit(struct run *r, struct tz_run_event *ev) {
@@ -181,17 +180,18 @@ static int emit_kind(struct run *r, enum tz_run_event_kind kind, int64_t step) {
 }
 
 /* The first field in which two model configs differ, or NULL. */
-static const char *model_mismatch(const struct tz_model_config *a, const struct tz_model_config *b) {
-  return a->d_model != b->d_model                ? "d_model (hidden_size)"
-         : a->n_layer != b->n_layer              ? "n_layer (num_hidden_layers)"
-         : a->n_head != b->n_head                ? "n_head (num_attention_heads)"
-         : a->n_kv_head != b->n_kv_head          ? "n_kv_head (num_key_value_heads)"
-         : a->ffn_dim != b->ffn_dim              ? "ffn_dim (intermediate_size)"
-         : a->vocab != b->vocab                  ? "vocab (vocab_size)"
-         : a->rope_theta != b->rope_theta        ? "rope_theta"
-         : a->norm_eps != b->norm_eps            ? "norm_eps (rms_norm_eps)"
+static const char *model_mismatch(const struct tz_model_config *a,
+                                  const struct tz_model_config *b) {
+  return a->d_model != b->d_model                 ? "d_model (hidden_size)"
+         : a->n_layer != b->n_layer               ? "n_layer (num_hidden_layers)"
+         : a->n_head != b->n_head                 ? "n_head (num_attention_heads)"
+         : a->n_kv_head != b->n_kv_head           ? "n_kv_head (num_key_value_heads)"
+         : a->ffn_dim != b->ffn_dim               ? "ffn_dim (intermediate_size)"
+         : a->vocab != b->vocab                   ? "vocab (vocab_size)"
+         : a->rope_theta != b->rope_theta         ? "rope_theta"
+         : a->norm_eps != b->norm_eps             ? "norm_eps (rms_norm_eps)"
          : a->tie_embeddings != b->tie_embeddings ? "tie_embeddings (tie_word_embeddings)"
-                                                 : NULL;
+                                                  : NULL;
 }
 
 /* The model: the preset named by --model or tierzero.model; with --import-safetensors and no
@@ -223,7 +223,8 @@ static int plan(struct run *r) {
   if (rc < 0 && o->gpu_memory) {
     char why[512];
     snprintf(why, sizeof why, "%s", tz_err_msg());
-    rc = tz_err_set(rc, "--gpu-memory: %s holds no rates for this set-up and this machine cannot "
+    rc = tz_err_set(rc,
+                    "--gpu-memory: %s holds no rates for this set-up and this machine cannot "
                     "measure a GPU's (%s): give --rates the cache of a run on the GPU machine",
                     o->rates ? o->rates : "the rates cache", why);
   }

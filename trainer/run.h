@@ -81,7 +81,7 @@ struct tz_run_options {
   int device;             /* the GPU (tz_trainer_params.device) */
   enum tz_opt_mode mode;
   int auto_placement;
-  const char *rates;      /* the rates cache (tz_rates_get); NULL: the default one */
+  const char *rates; /* the rates cache (tz_rates_get); NULL: the default one */
   int remeasure;
   /* plan_only: the plan (TZ_RUN_PLANNED) and no steps; gpu_memory, layer_rate, plan_world and
    * coll_rate (bytes/s) plan for another machine (tz_trainer_params; 0: this one's). */
@@ -90,19 +90,19 @@ struct tz_run_options {
   double layer_rate;
   int plan_world;
   double coll_rate;
-  const char *metrics;    /* a JSONL file, one object per step and a summary (rank 0); NULL none */
-  int64_t eval_every;     /* the validation loss after every this many steps and the last; 0 none */
-  double val_fraction;    /* the data's share held out for it (default 0.05) */
-  const char *ckpt_dir;   /* NULL: no checkpoints; else after every save_every steps (0: none),
-                             the last step and a stop request, keeping the newest keep (0: all) */
+  const char *metrics;  /* a JSONL file, one object per step and a summary (rank 0); NULL none */
+  int64_t eval_every;   /* the validation loss after every this many steps and the last; 0 none */
+  double val_fraction;  /* the data's share held out for it (default 0.05) */
+  const char *ckpt_dir; /* NULL: no checkpoints; else after every save_every steps (0: none),
+                           the last step and a stop request, keeping the newest keep (0: all) */
   int64_t save_every, keep;
-  const char *resume;     /* a checkpoint (a root or a step directory) to continue from; NULL
-                             none; "" ckpt_dir's (tz_run_options_check) */
-  const char *export_dir; /* after the steps, the parameters as safetensors (tz_hf_export) */
+  const char *resume;         /* a checkpoint (a root or a step directory) to continue from; NULL
+                                 none; "" ckpt_dir's (tz_run_options_check) */
+  const char *export_dir;     /* after the steps, the parameters as safetensors (tz_hf_export) */
   enum tz_dtype export_dtype; /* TZ_F32 (default) or TZ_BF16 */
-  const char *trace_path; /* where the lane trace of trace_step (tierzero.trace_step) goes */
-  int64_t trace_step;     /* -1 (default): none */
-  tz_run_event_fn on_event; /* optional: NULL means nothing is told */
+  const char *trace_path;     /* where the lane trace of trace_step (tierzero.trace_step) goes */
+  int64_t trace_step;         /* -1 (default): none */
+  tz_run_event_fn on_event;   /* optional: NULL means nothing is told */
   void *arg;
 };
 void tz_run_options_init(struct tz_run_options *o);
@@ -139,11 +139,11 @@ int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *s
 
 /* What a run did, filled also when it fails. */
 struct tz_run_result {
-  int stopped;       /* 1: every rank agreed on a stop request (tz_run returned TZ_ECANCELED) */
-  int stop_signal;   /* the signal of that request */
-  int64_t start;     /* the first step (a resume's) */
+  int stopped;     /* 1: every rank agreed on a stop request (tz_run returned TZ_ECANCELED) */
+  int stop_signal; /* the signal of that request */
+  int64_t start;   /* the first step (a resume's) */
   int64_t steps_done;
-  int64_t saved;     /* the last checkpoint written or resumed from; -1 none */
+  int64_t saved; /* the last checkpoint written or resumed from; -1 none */
   double first_loss, last_loss;
 };
 

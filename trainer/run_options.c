@@ -133,17 +133,12 @@ int tz_run_option_set(struct tz_run_options *o, const char *name, const char *va
   if (k->kind & NUM)
     return set_num(k, value, p);
   switch (k->kind) {
-  case STR:
-    *(const char **)p = value;
-    return 0;
-  case SWITCH:
-    *(int *)p = 1;
-    return 0;
+  case STR: *(const char **)p = value; return 0;
+  case SWITCH: *(int *)p = 1; return 0;
   case COUNT: {
     long long n = strtoll(value, &end, 10);
     if (*end || !*value || n < 0)
-      return tz_err_set(TZ_EINVAL, "--%s: expected a non-negative integer, got '%s'", name,
-                        value);
+      return tz_err_set(TZ_EINVAL, "--%s: expected a non-negative integer, got '%s'", name, value);
     *(int64_t *)p = n;
     return 0;
   }
