@@ -97,7 +97,7 @@ static void usage(FILE *f) {
 
 struct opts {
   struct tz_run_options run; /* backend NULL: auto */
-  struct tz_run_sources src; /* its files and sets: configs and sets */
+  struct tz_run_sources src; /* the config's sources: files in configs, KEY=VALUE in sets */
   const char *configs[8];
   const char *sets[32];
   int nproc;
