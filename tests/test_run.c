@@ -1,0 +1,432 @@
+/* The run loop (trainer/run.h), world of one, cpu backend, the tiny model on synthetic data:
+ *  - the cadence rules: which steps evaluate and save for given every-N settings and a last step;
+ *  - a run's events: evaluations after steps 2, 4 and 5, checkpoints after 2, 4 and 5 (the last),
+ *    the export after the steps, a metrics line per step and a summary;
+ *  - a stop request (SIGTERM) during step 2 stops the run after step 2 with a checkpoint there,
+ *    and without ckpt_dir saves nothing; the error says so;
+ *  - a resume continues at the checkpoint's step with the losses and exported parameters of a run
+ *    that never stopped;
+ *  - the batch of a step and rank, synthetic and from the built-in corpus;
+ *  - the flags' values and rules, the backend choice, a plan-only run. */
+#define _GNU_SOURCE
+#include "collectives/launch.h"
+#include "core/error.h"
+#include "kernels/compute.h"
+#include "testlib.h"
+#include "trainer/data.h"
+#include "trainer/hf.h"
+#include "trainer/run.h"
+#include "trainer/signals.h"
+#include "trainer/synthetic.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char *dir;
+
+/* What a run told. */
+struct rec {
+  enum tz_run_event_kind kinds[128];
+  int n;
+  int64_t step[32]; /* each STEP's step, its evaluation and loss */
+  int has_eval[32];
+  float loss[32];
+  int n_steps;
+  int64_t ckpt[16];
+  int n_ckpt;
+  int64_t resumed, exported;
+  int stop_at; /* raise SIGTERM in this step's event; 0 never */
+};
+
+static int record(void *arg, const struct tz_run_event *ev) {
+  struct rec *r = arg;
+  if (r->n < 128)
+    r->kinds[r->n++] = ev->kind;
+  if (ev->kind == TZ_RUN_STEP && r->n_steps < 32) {
+    r->step[r->n_steps] = ev->metrics->step;
+    r->has_eval[r->n_steps] = ev->metrics->has_eval;
+    r->loss[r->n_steps++] = (float)ev->metrics->loss;
+    if (ev->step == r->stop_at)
+      raise(SIGTERM);
+  }
+  if (ev->kind == TZ_RUN_CHECKPOINT && r->n_ckpt < 16)
+    r->ckpt[r->n_ckpt++] = ev->step;
+  if (ev->kind == TZ_RUN_RESUMED)
+    r->resumed = ev->step;
+  if (ev->kind == TZ_RUN_EXPORTED)
+    r->exported = ev->step;
+  return 0;
+}
+
+/* dir/name in a buffer of its own (one of eight, used in turn). */
+static const char *at(const char *name) {
+  static char bufs[8][1024];
+  static int next;
+  char *b = bufs[next++ % 8];
+  snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
+  return b;
+}
+
+static void options(struct tz_run_options *o, struct rec *r, int64_t steps) {
+  memset(r, 0, sizeof *r);
+  r->resumed = r->exported = -1;
+  tz_run_options_init(o);
+  o->model = "tiny";
+  o->data = "synthetic";
+  o->seq = 16;
+  o->steps = steps;
+  o->rates = at("rates.json"); /* measured by the first run, read by the others */
+  o->on_event = record;
+  o->arg = r;
+}
+
+/* tz_run in a world of one, with the configuration tz-train would make from these options. */
+static int run(struct tz_run_options *o, struct tz_run_result *res) {
+  static const char *const sets[] = {"train_micro_batch_size_per_gpu=2",
+                                     "gradient_accumulation_steps=2", "optimizer.params.lr=0.01"};
+  struct tz_run_sources src = {.sets = sets, .n_sets = 3};
+  TZ_ASSERT_OK(tz_run_options_check(o, 1));
+  struct tz_config cfg;
+  TZ_ASSERT_OK(tz_run_config(o, &src, 1, &cfg));
+  struct tz_bootstrap bs;
+  tz_bootstrap_single(&bs);
+  struct tz_run_world w;
+  TZ_ASSERT_OK(tz_run_world_open(&bs, &cfg, &w));
+  int rc = tz_run(o, &cfg, w.comm, w.rt, res);
+  tz_run_world_close(&w);
+  tz_config_free(&cfg);
+  return rc;
+}
+
+static int count(const struct rec *r, enum tz_run_event_kind k) {
+  int n = 0;
+  for (int i = 0; i < r->n; i++)
+    n += r->kinds[i] == k;
+  return n;
+}
+
+static int first(const struct rec *r, enum tz_run_event_kind k) {
+  for (int i = 0; i < r->n; i++)
+    if (r->kinds[i] == k)
+      return i;
+  return -1;
+}
+
+/* The whole file into a malloc'ed buffer (*n bytes). */
+static char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  *n = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc(*n + 1);
+  assert_non_null(b);
+  assert_int_equal(fread(b, 1, *n, f), *n);
+  b[*n] = 0;
+  fclose(f);
+  return b;
+}
+
+static int same_file(const char *a, const char *b) {
+  size_t na, nb;
+  char *x = slurp(a, &na), *y = slurp(b, &nb);
+  int same = na == nb && memcmp(x, y, na) == 0;
+  free(x);
+  free(y);
+  return same;
+}
+
+static void test_cadence_rules(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  tz_run_options_init(&o);
+  o.steps = 10;
+  for (int64_t s = 1; s <= 10; s++)
+    assert_int_equal(tz_run_evaluates(&o, s), 0); /* eval_every 0: never */
+  o.eval_every = 3;
+  static const int evals[11] = {0, 0, 0, 1, 0, 0, 1, 0, 0, 1, 1}; /* 3, 6, 9 and the last */
+  for (int64_t s = 1; s <= 10; s++)
+    assert_int_equal(tz_run_evaluates(&o, s), evals[s]);
+  o.save_every = 4;
+  for (int64_t s = 1; s <= 10; s++) /* no ckpt_dir: never, not even on a stop */
+    assert_int_equal(tz_run_saves(&o, s, 1) + tz_run_saves(&o, s, 0), 0);
+  o.ckpt_dir = "ck";
+  for (int64_t s = 1; s <= 10; s++) {
+    assert_int_equal(tz_run_saves(&o, s, 0), s == 4 || s == 8);
+    assert_int_equal(tz_run_saves(&o, s, SIGTERM), 1);
+  }
+  o.save_every = 0;
+  for (int64_t s = 1; s <= 10; s++)
+    assert_int_equal(tz_run_saves(&o, s, 0), 0);
+  /* The end: saved unless the last step was, or no step was taken. */
+  assert_int_equal(tz_run_saves_at_end(&o, 0, -1), 1);
+  assert_int_equal(tz_run_saves_at_end(&o, 0, 8), 1);
+  assert_int_equal(tz_run_saves_at_end(&o, 0, 10), 0);
+  assert_int_equal(tz_run_saves_at_end(&o, 10, 10), 0); /* resumed at the end */
+  o.steps = 0;
+  assert_int_equal(tz_run_saves_at_end(&o, 0, -1), 0);
+  o.ckpt_dir = NULL;
+  o.steps = 10;
+  assert_int_equal(tz_run_saves_at_end(&o, 0, -1), 0);
+}
+
+static void test_events(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, 5);
+  o.eval_every = 2;
+  o.save_every = 2;
+  o.ckpt_dir = at("events-ck");
+  o.metrics = at("events.jsonl");
+  o.export_dir = at("events-export/a");
+  struct tz_run_result res;
+  TZ_ASSERT_OK(run(&o, &res));
+  assert_int_equal(res.stopped, 0);
+  assert_int_equal(res.steps_done, 5);
+  assert_int_equal(res.saved, 5);
+  assert_int_equal(r.n_steps, 5);
+  static const int evals[5] = {0, 1, 0, 1, 1};
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(r.step[i], i + 1);
+    assert_int_equal(r.has_eval[i], evals[i]);
+  }
+  assert_int_equal(r.n_ckpt, 3);
+  assert_int_equal(r.ckpt[0], 2);
+  assert_int_equal(r.ckpt[1], 4);
+  assert_int_equal(r.ckpt[2], 5);
+  assert_int_equal(access(at("events-ck/step-00000004/manifest"), F_OK), 0);
+  /* The order: model, plan, begin, the steps, their end, the export, the summary, the end. */
+  assert_int_equal(r.kinds[0], TZ_RUN_MODEL);
+  assert_int_equal(r.kinds[1], TZ_RUN_PLANNED);
+  assert_int_equal(r.kinds[2], TZ_RUN_BEGIN);
+  assert_int_equal(count(&r, TZ_RUN_STEPS_END), 1);
+  assert_true(first(&r, TZ_RUN_STEPS_END) > first(&r, TZ_RUN_CHECKPOINT));
+  assert_true(first(&r, TZ_RUN_EXPORTED) > first(&r, TZ_RUN_STEPS_END));
+  assert_true(first(&r, TZ_RUN_SUMMARY) > first(&r, TZ_RUN_EXPORTED));
+  assert_int_equal(r.kinds[r.n - 1], TZ_RUN_ENDED);
+  assert_int_equal(count(&r, TZ_RUN_EVAL), 0);
+  assert_int_equal(r.exported, 5);
+  tz_hf_model *hm = NULL;
+  TZ_ASSERT_OK(tz_hf_open(at("events-export/a"), &hm));
+  tz_hf_close(hm);
+  size_t n;
+  char *m = slurp(o.metrics, &n);
+  int lines = 0;
+  for (size_t i = 0; i < n; i++)
+    lines += m[i] == '\n';
+  assert_int_equal(lines, 6); /* five steps and the summary */
+  assert_non_null(strstr(m, "\"summary\""));
+  free(m);
+}
+
+static void test_stop(void **state) {
+  (void)state;
+  TZ_ASSERT_OK(tz_signals_install());
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, 6);
+  o.ckpt_dir = at("stop-ck");
+  o.save_every = 4;
+  r.stop_at = 2;
+  struct tz_run_result res;
+  assert_int_equal(run(&o, &res), TZ_ECANCELED);
+  assert_non_null(strstr(tz_err_msg(), "after step 2; checkpoint saved"));
+  assert_int_equal(res.stopped, 1);
+  assert_int_equal(res.stop_signal, SIGTERM);
+  assert_int_equal(res.steps_done, 2);
+  assert_int_equal(r.n_steps, 2); /* no step after the one the request came in */
+  assert_int_equal(r.n_ckpt, 1);
+  assert_int_equal(r.ckpt[0], 2);
+  assert_int_equal(access(at("stop-ck/step-00000002/manifest"), F_OK), 0);
+  assert_int_equal(count(&r, TZ_RUN_STEPS_END), 1);
+  assert_int_equal(count(&r, TZ_RUN_SUMMARY) + count(&r, TZ_RUN_ENDED), 0);
+  /* Without a checkpoint directory: stopped all the same, nothing saved. */
+  TZ_ASSERT_OK(tz_signals_install());
+  options(&o, &r, 6);
+  r.stop_at = 3;
+  assert_int_equal(run(&o, &res), TZ_ECANCELED);
+  assert_non_null(strstr(tz_err_msg(), "after step 3; nothing saved"));
+  assert_int_equal(res.steps_done, 3);
+  assert_int_equal(r.n_ckpt, 0);
+}
+
+/* A request left pending (a failed assertion above) would stop the next test's runs. */
+static int stop_teardown(void **state) {
+  (void)state;
+  tz_signals_clear();
+  tz_signals_restore();
+  return 0;
+}
+
+static void test_resume(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  struct rec straight, part, rest;
+  struct tz_run_result res;
+  options(&o, &straight, 4);
+  o.export_dir = at("straight");
+  TZ_ASSERT_OK(run(&o, &res));
+  options(&o, &part, 2);
+  o.ckpt_dir = at("resume-ck");
+  TZ_ASSERT_OK(run(&o, &res));
+  assert_int_equal(part.n_ckpt, 1);
+  options(&o, &rest, 4);
+  o.resume = at("resume-ck");
+  o.export_dir = at("resumed");
+  TZ_ASSERT_OK(run(&o, &res));
+  assert_int_equal(res.start, 2);
+  assert_int_equal(rest.resumed, 2);
+  assert_int_equal(rest.n_steps, 2);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(rest.step[i], i + 3);
+    assert_memory_equal(&rest.loss[i], &straight.loss[i + 2], sizeof(float));
+  }
+  /* A root resumed from keeps its saves: the end is saved there as step 4. */
+  assert_int_equal(rest.n_ckpt, 1);
+  assert_int_equal(rest.ckpt[0], 4);
+  assert_int_equal(rest.exported, 4);
+  assert_true(same_file(at("straight/model.safetensors"), at("resumed/model.safetensors")));
+  /* The export is that of the trained parameters, not the initial ones. */
+  options(&o, &part, 0);
+  o.export_dir = at("initial");
+  TZ_ASSERT_OK(run(&o, &res));
+  assert_int_equal(part.exported, 0);
+  assert_false(same_file(at("straight/model.safetensors"), at("initial/model.safetensors")));
+}
+
+static void test_fill_batch(void **state) {
+  (void)state;
+  enum { SEQ = 8, MICRO = 2, ACCUM = 3, N = SEQ * MICRO * ACCUM };
+  struct tz_run_batch b = {
+      .seed = 11, .vocab = 96, .seq = SEQ, .micro = MICRO, .accum = ACCUM, .rank = 1, .world = 2};
+  int32_t tok[N], tgt[N], want_tok[SEQ * MICRO], want_tgt[SEQ * MICRO], val[N];
+  TZ_ASSERT_OK(tz_run_fill_batch(&b, 5, 0, tok, tgt));
+  for (int k = 0; k < ACCUM; k++) {
+    tz_synthetic_batch(11, tz_synthetic_first(5, k, 1, 2, ACCUM, MICRO), MICRO, SEQ, 96, want_tok,
+                       want_tgt);
+    assert_memory_equal(tok + k * SEQ * MICRO, want_tok, sizeof want_tok);
+    assert_memory_equal(tgt + k * SEQ * MICRO, want_tgt, sizeof want_tgt);
+  }
+  TZ_ASSERT_OK(tz_run_fill_batch(&b, 0, 1, val, tgt));
+  tz_synthetic_batch(11, (1ull << 48) + tz_synthetic_first(0, 0, 1, 2, ACCUM, MICRO), MICRO, SEQ,
+                     96, want_tok, want_tgt);
+  assert_memory_equal(val, want_tok, sizeof want_tok);
+  /* The built-in corpus: the windows tz_data_sample_index gives step 3 of rank 1. */
+  struct tz_data_params dp = {.seq_len = SEQ, .seed = 11, .val_fraction = 0.05};
+  tz_data *d = NULL;
+  TZ_ASSERT_OK(tz_data_open(NULL, 256, &dp, &d));
+  b.data = d;
+  b.vocab = 256;
+  TZ_ASSERT_OK(tz_run_fill_batch(&b, 3, 0, tok, tgt));
+  for (int k = 0; k < ACCUM; k++) {
+    TZ_ASSERT_OK(tz_data_batch_io(d, TZ_DATA_TRAIN, tz_data_sample_index(3, ACCUM, k, 2, 1, MICRO),
+                                  MICRO, want_tok, want_tgt));
+    assert_memory_equal(tok + k * SEQ * MICRO, want_tok, sizeof want_tok);
+    assert_memory_equal(tgt + k * SEQ * MICRO, want_tgt, sizeof want_tgt);
+  }
+  TZ_ASSERT_OK(tz_run_fill_batch(&b, 1, 1, val, tgt)); /* the validation split's windows */
+  TZ_ASSERT_OK(tz_data_batch_io(d, TZ_DATA_VAL, tz_data_sample_index(1, ACCUM, 1, 2, 1, MICRO),
+                                MICRO, want_tok, want_tgt));
+  assert_memory_equal(val + SEQ * MICRO, want_tok, sizeof want_tok);
+  tz_data_destroy(d);
+}
+
+static void test_options(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  tz_run_options_init(&o);
+  TZ_ASSERT_OK(tz_run_option_set(&o, "steps", "12"));
+  TZ_ASSERT_OK(tz_run_option_set(&o, "seq", "32"));
+  TZ_ASSERT_OK(tz_run_option_set(&o, "layer-rate", "446"));
+  TZ_ASSERT_OK(tz_run_option_set(&o, "plan", NULL));
+  TZ_ASSERT_OK(tz_run_option_set(&o, "export-dtype", "bf16"));
+  assert_int_equal(o.steps, 12);
+  assert_int_equal(o.seq, 32);
+  assert_true(o.layer_rate == 446e12);
+  assert_int_equal(o.plan_only, 1);
+  assert_int_equal(o.export_dtype, TZ_BF16);
+  assert_int_equal(tz_run_option_set(&o, "steps", "-1"), TZ_EINVAL);
+  assert_string_equal(tz_err_msg(), "--steps: expected a non-negative integer, got '-1'");
+  assert_int_equal(tz_run_option_set(&o, "seq", "0"), TZ_EINVAL);
+  assert_int_equal(tz_run_option_set(&o, "world", "4097"), TZ_EINVAL);
+  assert_int_equal(tz_run_option_set(&o, "nproc", "2"), TZ_EINVAL); /* not a run's */
+  assert_int_equal(tz_run_option_is_switch("remeasure"), 1);
+  assert_int_equal(tz_run_option_is_switch("keep"), 0);
+  assert_int_equal(tz_run_option_is_switch("config"), -1);
+  /* The rules between them. */
+  tz_run_options_init(&o);
+  o.trace_step = 2;
+  assert_int_equal(tz_run_options_check(&o, 1), TZ_EINVAL);
+  o.trace_path = "t.json";
+  TZ_ASSERT_OK(tz_run_options_check(&o, 1));
+  o.trace_step = 10; /* of 10 steps, numbered from 0 */
+  assert_int_equal(tz_run_options_check(&o, 1), TZ_EINVAL);
+  tz_run_options_init(&o);
+  o.resume = "";
+  assert_int_equal(tz_run_options_check(&o, 1), TZ_EINVAL);
+  o.resume = "";
+  o.ckpt_dir = "ck";
+  TZ_ASSERT_OK(tz_run_options_check(&o, 1));
+  assert_string_equal(o.resume, "ck");
+  tz_run_options_init(&o);
+  o.plan_world = 2;
+  assert_int_equal(tz_run_options_check(&o, 1), TZ_EINVAL); /* not plan_only */
+  o.plan_only = 1;
+  TZ_ASSERT_OK(tz_run_options_check(&o, 1));
+  assert_int_equal(tz_run_options_check(&o, 2), TZ_EINVAL);
+}
+
+static void test_backend_choice(void **state) {
+  (void)state;
+  struct tz_bootstrap bs;
+  tz_bootstrap_single(&bs);
+  assert_string_equal(tz_run_comm_backend(&bs), "single");
+  bs.size = 2;
+  bs.kind = TZ_LAUNCH_MPIRUN;
+  assert_string_equal(tz_run_comm_backend(&bs), "mpi");
+  bs.kind = TZ_LAUNCH_NPROC;
+  assert_string_equal(tz_run_comm_backend(&bs), "nccl");
+  assert_string_equal(tz_run_compute_backend("cuda", "mpi"), "cuda"); /* asked for: kept */
+  assert_string_equal(tz_run_compute_backend("cpu", "nccl"), "cpu");
+  assert_string_equal(tz_run_compute_backend("auto", "mpi"), "cpu"); /* mpi ranks: the CPU */
+  char why[256];
+  const char *gpu = tz_compute_probe("cuda", why, sizeof why) == 0 ? "cuda" : "cpu";
+  assert_string_equal(tz_run_compute_backend(NULL, "single"), gpu);
+}
+
+static void test_plan_only(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, 5);
+  o.plan_only = 1;
+  o.ckpt_dir = at("plan-ck");
+  struct tz_run_result res;
+  TZ_ASSERT_OK(run(&o, &res));
+  assert_int_equal(r.n, 2);
+  assert_int_equal(r.kinds[0], TZ_RUN_MODEL);
+  assert_int_equal(r.kinds[1], TZ_RUN_PLANNED);
+  assert_int_equal(res.steps_done, 0);
+  assert_int_not_equal(access(at("plan-ck"), F_OK), 0);
+}
+
+int main(void) {
+  dir = tz_test_mkdtemp("run");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cadence_rules),
+      cmocka_unit_test(test_events),
+      cmocka_unit_test_teardown(test_stop, stop_teardown),
+      cmocka_unit_test(test_resume),
+      cmocka_unit_test(test_fill_batch),
+      cmocka_unit_test(test_options),
+      cmocka_unit_test(test_backend_choice),
+      cmocka_unit_test(test_plan_only),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  tz_test_rmdir(dir);
+  return rc;
+}

@@ -1,0 +1,458 @@
+/* A whole training run (trainer/run.h): set-up, the steps and their cadence, the end. */
+#define _GNU_SOURCE
+#include "trainer/run.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/sched.h"
+#include "kernels/compute.h"
+#include "trainer/export.h"
+#include "trainer/hf.h"
+#include "trainer/rates.h"
+#include "trainer/resume.h"
+#include "trainer/synthetic.h"
+#include "topo/topo.h"
+#include "util/clock.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void tz_run_options_init(struct tz_run_options *o) {
+  memset(o, 0, sizeof *o);
+  o->seq = 64;
+  o->steps = 10;
+  o->backend = "cpu";
+  o->val_fraction = 0.05;
+  o->export_dtype = TZ_F32;
+  o->trace_step = -1;
+  o->seed = -1;
+}
+
+/* ---- The cadence ---- */
+
+int tz_run_evaluates(const struct tz_run_options *o, int64_t done) {
+  return o->eval_every && (done % o->eval_every == 0 || done == o->steps);
+}
+
+int tz_run_saves(const struct tz_run_options *o, int64_t done, int stop) {
+  return o->ckpt_dir && (stop || (o->save_every && done % o->save_every == 0));
+}
+
+int tz_run_saves_at_end(const struct tz_run_options *o, int64_t start, int64_t saved) {
+  return o->ckpt_dir && saved != o->steps && o->steps > start;
+}
+
+/* ---- Batches ---- */
+
+int tz_run_fill_batch(const struct tz_run_batch *b, int64_t step, int val, int32_t *tok,
+                      int32_t *tgt) {
+  for (int k = 0; k < b->accum; k++) {
+    int32_t *ti = tok + (int64_t)k * b->micro * b->seq, *tt = tgt + (int64_t)k * b->micro * b->seq;
+    if (!b->data) {
+      /* Synthetic validation sequences: indices far past any training run's. */
+      uint64_t first = tz_synthetic_first(step, k, b->rank, b->world, b->accum, b->micro);
+      tz_synthetic_batch(b->seed, val ? (1ull << 48) + first : first, b->micro, b->seq, b->vocab,
+                         ti, tt);
+    } else {
+      TZ_CHECK(tz_data_batch_io(
+          b->data, val ? TZ_DATA_VAL : TZ_DATA_TRAIN,
+          tz_data_sample_index((uint64_t)step, b->accum, k, b->world, b->rank, b->micro), b->micro,
+          ti, tt));
+    }
+  }
+  return 0;
+}
+
+/* ---- Before the run ---- */
+
+const char *tz_run_comm_backend(const struct tz_bootstrap *bs) {
+  return bs->size == 1 ? "single" : bs->kind == TZ_LAUNCH_MPIRUN ? "mpi" : "nccl";
+}
+
+const char *tz_run_compute_backend(const char *asked, const char *comm_backend) {
+  if (asked && strcmp(asked, "auto") != 0)
+    return asked;
+  char why[256];
+  return strcmp(comm_backend, "mpi") != 0 && tz_compute_probe("cuda", why, sizeof why) == 0 ? "cuda"
+                                                                                            : "cpu";
+}
+
+void tz_run_place(const struct tz_bootstrap *bs, struct tz_config *cfg,
+                  struct tz_runtime_params *rp, struct tz_run_placement *out) {
+  memset(out, 0, sizeof *out);
+  struct tz_topo_load_params lp;
+  tz_topo_load_params_init(&lp);
+  struct tz_topo_advice_params ap;
+  tz_topo_advice_params_init(&ap);
+  tz_topo *topo = NULL;
+  struct tz_topo_advice *adv = NULL;
+  if (tz_topo_load(&lp, &topo) < 0 || tz_topo_advise(topo, &ap, &adv) < 0) {
+    tz_log(TZ_LOG_INFO, "tz-train: no placement advice: %s", tz_err_msg());
+    goto out;
+  }
+  int gpu = tz_topo_gpu_count(topo) > 0 ? bs->local_rank % tz_topo_gpu_count(topo) : -1;
+  const struct tz_topo_placement *pl = tz_topo_advice_for_gpu(adv, gpu);
+  if (!pl)
+    goto out;
+  out->known = 1;
+  out->advised = cfg->tierzero.numa_node < 0 && pl->numa_node >= 0;
+  if (out->advised) /* the effective config says where every host tier goes */
+    cfg->tierzero.numa_node = pl->numa_node;
+  rp->numa_node = cfg->tierzero.numa_node;
+  out->numa_node = rp->numa_node;
+  if (gpu >= 0 && tz_topo_bind_thread(topo, &pl->cpus) < 0)
+    tz_log(TZ_LOG_WARN, "tz-train: cannot bind to the advised cpus: %s", tz_err_msg());
+  struct tz_topo_binding b;
+  if (tz_topo_binding_readback(topo, &b) == 0)
+    tz_topo_binding_format(&b, out->binding, sizeof out->binding);
+out:
+  tz_topo_advice_destroy(adv);
+  tz_topo_destroy(topo);
+}
+
+int tz_run_world_open(struct tz_bootstrap *bs, struct tz_config *cfg, struct tz_run_world *w) {
+  memset(w, 0, sizeof *w);
+  struct tz_runtime_params rp;
+  tz_runtime_params_init(&rp);
+  rp.staging_bytes = cfg->tierzero.staging_bytes;
+  rp.chunk_bytes = cfg->tierzero.chunk_bytes;
+  rp.numa_node = cfg->tierzero.numa_node;
+  tz_run_place(bs, cfg, &rp, &w->placement);
+  TZ_CHECK(tz_runtime_create(&rp, &w->rt));
+  struct tz_comm_params cp;
+  tz_comm_params_init(&cp);
+  cp.progress = tz_runtime_progress(w->rt);
+  return tz_comm_create(tz_run_comm_backend(bs), bs, &cp, &w->comm);
+}
+
+void tz_run_world_close(struct tz_run_world *w) {
+  tz_comm_destroy(w->comm);
+  tz_runtime_destroy(w->rt);
+  w->comm = NULL;
+  w->rt = NULL;
+}
+
+/* ---- The run ---- */
+
+struct run {
+  const struct tz_run_options *o;
+  const struct tz_config *cfg;
+  tz_comm *comm;
+  tz_runtime *rt;
+  struct tz_run_result *res;
+  int rank, world;
+  tz_hf_model *hm;
+  struct tz_model_config mc;
+  const char *model_name;
+  struct tz_plan_rates rates;
+  tz_trainer *tr;
+  tz_data *data;
+  tz_metrics_writer *mw; /* rank 0, with o->metrics */
+  struct tz_run_batch batch;
+  int32_t *tok, *tgt; /* a step's batch: batch.accum * batch.micro * seq each */
+  int64_t n;          /* tokens of a step on this rank */
+  double fpt, peak;   /* model FLOPs per token; the peak FLOP/s of all ranks (0: unknown) */
+  double elapsed;     /* the steps' wall time so far */
+  struct tz_metrics_summary sum;
+  int began;     /* TZ_RUN_BEGIN told, TZ_RUN_STEPS_END not yet */
+  double t_last; /* when the last step returned; 0 before */
+};
+
+static int emit(struct run *r, struct tz_run_event *ev) {
+  ev->rank = r->rank;
+  ev->world = r->world;
+  ev->trainer = r->tr;
+  ev->model = &r->mc;
+  ev->model_name = r->model_name;
+  return r->o->on_event ? r->o->on_event(r->o->arg, ev) : 0;
+}
+
+static int emit_kind(struct run *r, enum tz_run_event_kind kind, int64_t step) {
+  struct tz_run_event ev = {.kind = kind, .step = step};
+  return emit(r, &ev);
+}
+
+/* The first field in which two model configs differ, or NULL. */
+static const char *model_mismatch(const struct tz_model_config *a,
+                                  const struct tz_model_config *b) {
+  return a->d_model != b->d_model                 ? "d_model (hidden_size)"
+         : a->n_layer != b->n_layer               ? "n_layer (num_hidden_layers)"
+         : a->n_head != b->n_head                 ? "n_head (num_attention_heads)"
+         : a->n_kv_head != b->n_kv_head           ? "n_kv_head (num_key_value_heads)"
+         : a->ffn_dim != b->ffn_dim               ? "ffn_dim (intermediate_size)"
+         : a->vocab != b->vocab                   ? "vocab (vocab_size)"
+         : a->rope_theta != b->rope_theta         ? "rope_theta"
+         : a->norm_eps != b->norm_eps             ? "norm_eps (rms_norm_eps)"
+         : a->tie_embeddings != b->tie_embeddings ? "tie_embeddings (tie_word_embeddings)"
+                                                  : NULL;
+}
+
+/* The model: the preset named by --model or tierzero.model; with --import-safetensors and no
+ * preset named, the checkpoint's config (its max_seq from the checkpoint too). */
+static int choose_model(struct run *r) {
+  const struct tz_run_options *o = r->o;
+  const char *preset = o->model ? o->model : r->cfg->tierzero.model;
+  if (!preset && !r->hm)
+    preset = "tiny";
+  if (!preset) {
+    r->mc = *tz_hf_config(r->hm);
+    r->model_name = o->import_dir;
+    return 0;
+  }
+  TZ_CHECK(tz_model_preset(preset, &r->mc));
+  r->model_name = preset;
+  const char *diff = r->hm ? model_mismatch(&r->mc, tz_hf_config(r->hm)) : NULL;
+  if (diff)
+    return tz_err_set(TZ_ECONFIG, "--import-safetensors %s: its %s differs from model %s's",
+                      o->import_dir, diff, preset);
+  return 0;
+}
+
+/* The rates the plan costs with, then the trainer and its plan. */
+static int plan(struct run *r) {
+  const struct tz_run_options *o = r->o;
+  double t_start = tz_now_s();
+  int rc = tz_rates_get(r->cfg, o->backend, r->rt, r->comm, o->rates, o->remeasure, &r->rates);
+  if (rc < 0 && o->gpu_memory) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    rc = tz_err_set(rc,
+                    "--gpu-memory: %s holds no rates for this set-up and this machine cannot "
+                    "measure a GPU's (%s): give --rates the cache of a run on the GPU machine",
+                    o->rates ? o->rates : "the rates cache", why);
+  }
+  if (rc < 0)
+    return rc;
+  double t_rates = tz_now_s();
+  struct tz_trainer_params tp;
+  tz_trainer_params_init(&tp);
+  tp.seq_len = o->seq;
+  tp.total_steps = o->steps;
+  tp.opt_mode = o->mode;
+  tp.auto_placement = o->auto_placement;
+  tp.rates = &r->rates;
+  tp.plan_only = o->plan_only;
+  tp.compute_backend = o->backend;
+  tp.device = o->device;
+  tp.measure_layer = 1;
+  tp.gpu_free = o->gpu_memory;
+  tp.layer_rate = o->layer_rate;
+  tp.plan_world = o->plan_world;
+  if (o->coll_rate > 0)
+    r->rates.collective = o->coll_rate;
+  TZ_CHECK(tz_trainer_create(r->cfg, &r->mc, r->comm, r->rt, &tp, &r->tr));
+  double now = tz_now_s();
+  struct tz_run_event ev = {.kind = TZ_RUN_PLANNED,
+                            .rates = &r->rates,
+                            .setup_s = now - t_start,
+                            .rates_s = t_rates - t_start};
+  return emit(r, &ev);
+}
+
+/* The state to start from (an import or a checkpoint), the data, the metrics file, the buffers. */
+static int prepare(struct run *r) {
+  const struct tz_run_options *o = r->o;
+  if (r->hm) {
+    TZ_CHECK(tz_export_import(r->tr, r->hm, &r->mc));
+    TZ_CHECK(emit_kind(r, TZ_RUN_IMPORTED, 0));
+  }
+  if (o->resume) {
+    TZ_CHECK(tz_resume_load(r->tr, r->comm, o->resume, &r->res->start));
+    r->res->saved = r->res->start;
+    r->res->steps_done = r->res->start;
+    TZ_CHECK(emit_kind(r, TZ_RUN_RESUMED, r->res->start));
+  }
+  if (!o->data || strcmp(o->data, "synthetic") != 0) {
+    struct tz_data_params dp = {.seq_len = o->seq, .seed = (uint64_t)r->cfg->seed};
+    if (o->eval_every)
+      dp.val_fraction = o->val_fraction;
+    TZ_CHECK(tz_data_open(o->data, r->mc.vocab, &dp, &r->data));
+    struct tz_run_event ev = {.kind = TZ_RUN_DATA, .data = r->data};
+    TZ_CHECK(emit(r, &ev));
+  }
+  if (r->rank == 0 && o->metrics)
+    TZ_CHECK(tz_metrics_writer_create(o->metrics, 0, &r->mw));
+  r->began = 1;
+  TZ_CHECK(emit_kind(r, TZ_RUN_BEGIN, r->res->start));
+  r->batch = (struct tz_run_batch){.data = r->data,
+                                   .seed = (uint64_t)r->cfg->seed,
+                                   .vocab = r->mc.vocab,
+                                   .seq = o->seq,
+                                   .micro = (int)r->cfg->train_micro_batch_size_per_gpu,
+                                   .accum = (int)r->cfg->gradient_accumulation_steps,
+                                   .rank = r->rank,
+                                   .world = r->world};
+  r->n = (int64_t)r->batch.accum * r->batch.micro * o->seq;
+  r->tok = malloc(sizeof *r->tok * (size_t)r->n);
+  r->tgt = malloc(sizeof *r->tgt * (size_t)r->n);
+  if (!r->tok || !r->tgt)
+    return tz_err_set(TZ_ENOMEM, "tz-train: no memory for a batch");
+  r->fpt = tz_metrics_flops_per_token(&r->mc, o->seq, 0);
+  /* MFU against the GPU's dense peak at the precision it computes in (bf16 unless fp16). */
+  r->peak = tz_metrics_peak_flops(tz_trainer_device_name(r->tr),
+                                  r->cfg->precision == TZ_PRECISION_FP16 ? TZ_PRECISION_FP16
+                                                                         : TZ_PRECISION_BF16) *
+            (double)r->world;
+  tz_metrics_summary_init(&r->sum, r->fpt, r->peak);
+  return 0;
+}
+
+/* The validation loss (the same batch every time), into *loss. */
+static int evaluate(struct run *r, float *loss) {
+  TZ_CHECK(tz_run_fill_batch(&r->batch, 0, 1, r->tok, r->tgt));
+  return tz_trainer_eval(r->tr, r->tok, r->tgt, loss);
+}
+
+/* Step s (0-based): the step, its figures, its evaluation when due, and the events. */
+static int step(struct run *r, int64_t s) {
+  const struct tz_run_options *o = r->o;
+  TZ_CHECK(tz_run_fill_batch(&r->batch, s, 0, r->tok, r->tgt));
+  struct tz_step_result sr;
+  TZ_CHECK(tz_trainer_step(r->tr, r->tok, r->tgt, &sr));
+  if (s == r->res->start)
+    r->res->first_loss = sr.loss;
+  r->res->last_loss = sr.loss;
+  r->res->steps_done = s + 1;
+  r->elapsed += sr.step_s;
+  struct tz_step_metrics m;
+  tz_step_metrics_init(&m);
+  m.step = s + 1;
+  m.total_steps = o->steps;
+  m.elapsed_s = r->elapsed;
+  m.loss = sr.loss;
+  m.lr = sr.lr;
+  m.grad_norm = sr.grad_norm;
+  m.tokens = (uint64_t)r->n * (uint64_t)r->world;
+  m.step_s = sr.step_s;
+  m.bound_s = tz_trainer_plan(r->tr)->bound_s;
+  m.stall_s = sr.stall_s;
+  m.coll_s = sr.coll_s;
+  m.skipped = sr.skipped;
+  m.loss_scale = sr.loss_scale;
+  if (tz_run_evaluates(o, m.step)) {
+    float el;
+    TZ_CHECK(evaluate(r, &el));
+    m.has_eval = 1;
+    m.eval_loss = el;
+  }
+  tz_metrics_derive(&m, r->fpt, r->peak);
+  tz_metrics_summary_add(&r->sum, &m);
+  struct tz_run_event ev = {.kind = TZ_RUN_STEP, .step = m.step, .metrics = &m};
+  TZ_CHECK(emit(r, &ev));
+  if (r->mw)
+    TZ_CHECK(tz_metrics_write_step(r->mw, &m));
+  return 0;
+}
+
+static int save(struct run *r, int64_t done) {
+  TZ_CHECK(tz_resume_save(r->tr, r->comm, r->cfg, r->o->ckpt_dir, (int)r->o->keep));
+  r->res->saved = done;
+  return emit_kind(r, TZ_RUN_CHECKPOINT, done);
+}
+
+/* The steps, each followed by the stop agreement: a request on any rank stops every rank after
+ * the same step, with a checkpoint when there is a ckpt_dir. */
+static int steps(struct run *r) {
+  const struct tz_run_options *o = r->o;
+  for (int64_t s = r->res->start; s < o->steps; s++) {
+    TZ_CHECK(step(r, s));
+    int sig = 0;
+    TZ_CHECK(tz_resume_stop_requested(r->comm, &sig));
+    if (tz_run_saves(o, s + 1, sig))
+      TZ_CHECK(save(r, s + 1));
+    if (sig) {
+      r->res->stopped = 1;
+      r->res->stop_signal = sig;
+      return o->ckpt_dir ? tz_err_set(TZ_ECANCELED,
+                                      "stopped by %s after step %lld; checkpoint saved: resume "
+                                      "with --resume %s",
+                                      strsignal(sig), (long long)(s + 1), o->ckpt_dir)
+                         : tz_err_set(TZ_ECANCELED,
+                                      "stopped by %s after step %lld; nothing saved (no "
+                                      "--ckpt-dir)",
+                                      strsignal(sig), (long long)(s + 1));
+    }
+  }
+  r->t_last = tz_now_s();
+  return 0;
+}
+
+/* After the steps: the last checkpoint, an evaluation of a run without steps, the trace, the
+ * export and the summary. */
+static int finish(struct run *r) {
+  const struct tz_run_options *o = r->o;
+  if (tz_run_saves_at_end(o, r->res->start, r->res->saved))
+    TZ_CHECK(save(r, o->steps));
+  if (o->eval_every && o->steps == 0) {
+    struct tz_run_event ev = {.kind = TZ_RUN_EVAL};
+    TZ_CHECK(evaluate(r, &ev.eval_loss));
+    TZ_CHECK(emit(r, &ev));
+  }
+  /* Nothing reads the parameters from here on but an export (which applies the last update
+   * itself): the last step's folded update is left pending rather than applied for nothing. */
+  TZ_CHECK(tz_trainer_wait(r->tr));
+  r->began = 0;
+  TZ_CHECK(emit_kind(r, TZ_RUN_STEPS_END, r->res->steps_done));
+  if (o->trace_path && r->rank == 0) {
+    TZ_CHECK(tz_trainer_trace_write(r->tr, o->trace_path));
+    TZ_CHECK(emit_kind(r, TZ_RUN_TRACE, o->trace_step));
+  }
+  if (o->export_dir) {
+    TZ_CHECK(tz_export_write(r->tr, &r->mc, o->export_dir, o->export_dtype, r->rank));
+    TZ_CHECK(emit_kind(r, TZ_RUN_EXPORTED, tz_trainer_steps_done(r->tr)));
+  }
+  if (o->steps > 0) {
+    struct tz_sched_stats st;
+    tz_trainer_sched_stats(r->tr, &st);
+    struct tz_run_event ev = {.kind = TZ_RUN_SUMMARY,
+                              .summary = &r->sum,
+                              .sched = &st,
+                              .first_loss = r->res->first_loss,
+                              .last_loss = r->res->last_loss};
+    TZ_CHECK(emit(r, &ev));
+    if (r->mw)
+      TZ_CHECK(tz_metrics_write_summary(r->mw, &r->sum));
+  }
+  return 0;
+}
+
+int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm *comm,
+           tz_runtime *rt, struct tz_run_result *res) {
+  memset(res, 0, sizeof *res);
+  res->saved = -1;
+  struct run r = {.o = o, .cfg = cfg, .comm = comm, .rt = rt, .res = res};
+  r.rank = tz_comm_rank(comm);
+  r.world = o->plan_world ? o->plan_world : tz_comm_size(comm);
+  if (o->import_dir)
+    TZ_CHECK(tz_hf_open(o->import_dir, &r.hm));
+  int rc = choose_model(&r);
+  if (rc == 0)
+    rc = emit_kind(&r, TZ_RUN_MODEL, 0);
+  if (rc == 0)
+    rc = plan(&r);
+  if (rc == 0 && !o->plan_only) {
+    rc = prepare(&r);
+    if (rc == 0)
+      rc = steps(&r);
+    if (rc == 0)
+      rc = finish(&r);
+    if (r.began) /* a failure after the steps began */
+      emit_kind(&r, TZ_RUN_STEPS_END, res->steps_done);
+  }
+  tz_metrics_writer_destroy(r.mw);
+  tz_data_destroy(r.data);
+  free(r.tok);
+  free(r.tgt);
+  tz_trainer_destroy(r.tr);
+  r.tr = NULL;
+  /* What a run costs past its steps is part of its price (once, a pending update applied
+   * through host copies kept llama-7b running minutes after its last step). */
+  if (rc == 0 && r.t_last > 0) {
+    struct tz_run_event ev = {.kind = TZ_RUN_ENDED, .tail_s = tz_now_s() - r.t_last};
+    rc = emit(&r, &ev);
+  }
+  tz_hf_close(r.hm);
+  return rc;
+}

@@ -1,0 +1,227 @@
+/* A run's options from text, their consistency, and the configuration they make (trainer/run.h). */
+#include "trainer/run.h"
+
+#include "core/error.h"
+#include "core/log.h"
+#include "trainer/resume.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* How an option's text is read: a string, a switch, an integer (NUM with its limits), a count, a
+ * rate; the others have a case of their own in tz_run_option_set, named by a letter. */
+enum { STR = 256, SWITCH, COUNT, RATE, NUM = 512, POS = 1, MAX32 = 2, INT = 4 };
+
+struct option_kind {
+  const char *name;
+  int kind;
+  size_t off;       /* where the value goes in struct tz_run_options */
+  const char *unit; /* RATE: the unit of the text, and its value in the option's */
+  double scale;
+};
+
+#define AT(field) offsetof(struct tz_run_options, field)
+static const struct option_kind options[] = {
+    {"model", STR, AT(model), 0, 0},
+    {"steps", NUM, AT(steps), 0, 0},
+    {"seed", NUM, AT(seed), 0, 0},
+    {"seq", NUM | POS | MAX32 | INT, AT(seq), 0, 0},
+    {"metrics", STR, AT(metrics), 0, 0},
+    {"plan", SWITCH, AT(plan_only), 0, 0},
+    {"gpu-memory", 'G', 0, 0, 0},
+    {"layer-rate", RATE, AT(layer_rate), "TFLOP/s", 1e12},
+    {"world", 'N', 0, 0, 0},
+    {"collective-rate", RATE, AT(coll_rate), "GB/s", 1e9},
+    {"backend", 'B', 0, 0, 0},
+    {"auto-placement", SWITCH, AT(auto_placement), 0, 0},
+    {"optimizer-step", 'o', 0, 0, 0},
+    {"rates", STR, AT(rates), 0, 0},
+    {"remeasure", SWITCH, AT(remeasure), 0, 0},
+    {"data", STR, AT(data), 0, 0},
+    {"ckpt-dir", STR, AT(ckpt_dir), 0, 0},
+    {"save-every", COUNT, AT(save_every), 0, 0},
+    {"keep", COUNT, AT(keep), 0, 0},
+    {"resume", STR, AT(resume), 0, 0},
+    {"eval-every", NUM | POS | MAX32, AT(eval_every), 0, 0},
+    {"val-fraction", 'v', 0, 0, 0},
+    {"import-safetensors", STR, AT(import_dir), 0, 0},
+    {"export-safetensors", STR, AT(export_dir), 0, 0},
+    {"export-dtype", 'D', 0, 0, 0},
+    {"trace-step", NUM | MAX32, AT(trace_step), 0, 0},
+    {"trace", STR, AT(trace_path), 0, 0},
+};
+
+int tz_run_option_is_switch(const char *name) {
+  for (size_t i = 0; i < sizeof options / sizeof *options; i++)
+    if (strcmp(options[i].name, name) == 0)
+      return options[i].kind == SWITCH;
+  return -1;
+}
+
+/* v as the integer of a NUM option into *(int64_t or int *)p. */
+static int set_num(const struct option_kind *k, const char *v, void *p) {
+  char *end;
+  errno = 0;
+  long long n = strtoll(v, &end, 10);
+  if (end == v || *end || errno || n < 0 || ((k->kind & POS) && n < 1) ||
+      ((k->kind & MAX32) && n > INT32_MAX))
+    return tz_err_set(TZ_EINVAL, "--%s: expected a %s integer, got '%s'", k->name,
+                      k->kind & POS ? "positive" : "non-negative", v);
+  if (k->kind & INT)
+    *(int *)p = (int)n;
+  else
+    *(int64_t *)p = n;
+  return 0;
+}
+
+/* The options with a rule of their own. */
+static int set_special(struct tz_run_options *o, const struct option_kind *k, const char *v) {
+  char *end;
+  switch (k->kind) {
+  case 'B':
+    if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto"))
+      return tz_err_set(TZ_EINVAL, "--backend: expected cpu, cuda or auto, got '%s'", v);
+    o->backend = v;
+    return 0;
+  case 'G':
+    if (tz_config_parse_size(v, &o->gpu_memory) < 0 || !o->gpu_memory)
+      return tz_err_set(TZ_EINVAL, "--gpu-memory: expected a size (e.g. 139GiB), got '%s'", v);
+    return 0;
+  case 'N':
+    o->plan_world = (int)strtol(v, &end, 10);
+    if (end == v || *end || o->plan_world < 1 || o->plan_world > 4096)
+      return tz_err_set(TZ_EINVAL, "--world: expected a rank count from 1 to 4096, got '%s'", v);
+    return 0;
+  case 'D':
+    if (strcmp(v, "f32") && strcmp(v, "bf16"))
+      return tz_err_set(TZ_EINVAL, "--export-dtype: expected f32 or bf16, got '%s'", v);
+    o->export_dtype = strcmp(v, "f32") == 0 ? TZ_F32 : TZ_BF16;
+    return 0;
+  case 'v': {
+    double f = strtod(v, &end);
+    if (end == v || *end || !(f > 0 && f < 1))
+      return tz_err_set(TZ_EINVAL, "--val-fraction: expected a number in (0, 1), got '%s'", v);
+    o->val_fraction = f;
+    return 0;
+  }
+  case 'o':
+    if (tz_opt_mode_parse(v, &o->mode) < 0) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", tz_err_msg());
+      return tz_err_set(TZ_EINVAL, "--%s", why);
+    }
+    return 0;
+  }
+  return tz_err_set(TZ_EINVAL, "--%s: no rule for this option", k->name);
+}
+
+int tz_run_option_set(struct tz_run_options *o, const char *name, const char *value) {
+  const struct option_kind *k = NULL;
+  for (size_t i = 0; i < sizeof options / sizeof *options && !k; i++)
+    if (strcmp(options[i].name, name) == 0)
+      k = &options[i];
+  if (!k)
+    return tz_err_set(TZ_EINVAL, "--%s: not an option of a run", name);
+  if (k->kind != SWITCH && !value)
+    return tz_err_set(TZ_EINVAL, "--%s: needs a value", name);
+  void *p = (char *)o + k->off;
+  char *end;
+  if (k->kind & NUM)
+    return set_num(k, value, p);
+  switch (k->kind) {
+  case STR: *(const char **)p = value; return 0;
+  case SWITCH: *(int *)p = 1; return 0;
+  case COUNT: {
+    long long n = strtoll(value, &end, 10);
+    if (*end || !*value || n < 0)
+      return tz_err_set(TZ_EINVAL, "--%s: expected a non-negative integer, got '%s'", name, value);
+    *(int64_t *)p = n;
+    return 0;
+  }
+  case RATE: {
+    double r = strtod(value, &end);
+    if (end == value || *end || !(r > 0))
+      return tz_err_set(TZ_EINVAL, "--%s: expected %s above 0, got '%s'", name, k->unit, value);
+    *(double *)p = r * k->scale;
+    return 0;
+  }
+  }
+  return set_special(o, k, value);
+}
+
+int tz_run_options_check(struct tz_run_options *o, int launch_ranks) {
+  if (o->resume && !*o->resume && !(o->resume = o->ckpt_dir))
+    return tz_err_set(TZ_EINVAL, "--resume without DIR needs --ckpt-dir");
+  if (o->resume && !o->ckpt_dir) { /* a root (not one step directory): saves continue there */
+    char manifest[4096];
+    snprintf(manifest, sizeof manifest, "%s/manifest", o->resume);
+    if (access(manifest, F_OK) != 0)
+      o->ckpt_dir = o->resume;
+  }
+  if ((o->gpu_memory || o->layer_rate) && !o->plan_only)
+    return tz_err_set(TZ_EINVAL, "--gpu-memory and --layer-rate are for --plan (planning for "
+                                 "another machine's GPU)");
+  if ((o->plan_world || o->coll_rate) && !o->plan_only)
+    return tz_err_set(TZ_EINVAL, "--world and --collective-rate are for --plan (planning a world "
+                                 "of ranks without starting them)");
+  if (o->plan_world && launch_ranks > 1)
+    return tz_err_set(TZ_EINVAL, "--world plans without starting ranks; --nproc starts them: "
+                                 "give one");
+  if (o->gpu_memory && (!o->backend || strcmp(o->backend, "cuda") != 0))
+    return tz_err_set(TZ_EINVAL, "--gpu-memory plans for a GPU: it needs --backend cuda");
+  if ((o->trace_step >= 0) != (o->trace_path != NULL))
+    return tz_err_set(TZ_EINVAL, "--trace-step and --trace go together (the step to record and "
+                                 "the file to write)");
+  if (o->trace_step >= o->steps && o->trace_path)
+    return tz_err_set(TZ_EINVAL, "--trace-step %lld: the run has %lld steps, numbered from 0",
+                      (long long)o->trace_step, (long long)o->steps);
+  struct tz_model_config named;
+  if (o->model && tz_model_preset(o->model, &named) < 0) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    return tz_err_set(TZ_EINVAL, "--model: %s", why);
+  }
+  return 0;
+}
+
+int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *src, int world,
+                  struct tz_config *cfg) {
+  tz_config_defaults(cfg);
+  if (src->base_json) {
+    TZ_CHECK(tz_config_load_string(cfg, src->base_json, src->base_name));
+    if (src->base_nvme_path)
+      TZ_CHECK(tz_config_set(cfg, "tierzero.nvme_path", src->base_nvme_path));
+  }
+  if (o->resume) /* the saved effective config first; files and --set may change it */
+    TZ_CHECK(tz_resume_config(o->resume, world, cfg));
+  for (int i = 0; i < src->n_files; i++)
+    TZ_CHECK(tz_config_load_file(cfg, src->files[i]));
+  TZ_CHECK(tz_config_apply_env(cfg));
+  for (int i = 0; i < src->n_sets; i++) {
+    char key[256];
+    const char *eq = strchr(src->sets[i], '=');
+    if (!eq || eq == src->sets[i] || (size_t)(eq - src->sets[i]) >= sizeof key)
+      return tz_err_set(TZ_ECONFIG, "--set %s: expected KEY=VALUE", src->sets[i]);
+    memcpy(key, src->sets[i], (size_t)(eq - src->sets[i]));
+    key[eq - src->sets[i]] = 0;
+    TZ_CHECK(tz_config_set(cfg, key, eq + 1));
+  }
+  char buf[32];
+  if (o->seed >= 0) {
+    snprintf(buf, sizeof buf, "%lld", (long long)o->seed);
+    TZ_CHECK(tz_config_set(cfg, "seed", buf));
+  }
+  if (o->trace_step >= 0) {
+    snprintf(buf, sizeof buf, "%lld", (long long)o->trace_step);
+    TZ_CHECK(tz_config_set(cfg, "tierzero.trace_step", buf));
+  }
+  if (cfg->train_batch_size == 0 && cfg->train_micro_batch_size_per_gpu == 0)
+    TZ_CHECK(tz_config_set(cfg, "train_micro_batch_size_per_gpu", "4"));
+  TZ_CHECK(tz_config_resolve_batch(cfg, world));
+  tz_log_set_level((enum tz_log_level)cfg->tierzero.log);
+  return 0;
+}
