@@ -109,7 +109,7 @@ int tz_config_dump(const struct tz_config *c, FILE *f) {
   int first = 1;
   for (int i = 0; i < tz_config_n_keys; i++) {
     const struct key *k = &tz_config_keys[i];
-    if (k->type == K_FIXED)
+    if (k->type == K_FIXED || (k->flags & F_NO_FIELD))
       continue;
     char comp[MAXD + 1][64];
     int n = split_path(k->path, comp, MAXD + 1);

@@ -34,6 +34,7 @@ enum {
   F_MIN_OPEN = 1 << 1, /* K_DOUBLE/K_PAIR: the value must be > dmin, not >= */
   F_MAX_OPEN = 1 << 2, /* K_DOUBLE/K_PAIR: the value must be < dmax, not <= */
   F_ICASE = 1 << 3,    /* K_ENUM: names match case-insensitively (DeepSpeed's optimizer.type) */
+  F_NO_FIELD = 1 << 4, /* accepted and checked, stored nowhere: tierzero has no use for it */
 };
 
 struct key {

@@ -56,6 +56,15 @@ _Static_assert(TZ_LOG_ERROR == 0 && TZ_LOG_TRACE == 4, "log level names below fo
 #define PATHS(p, f)                                                                                \
   {.path = p, .type = _Generic(FT(f), struct tz_config_paths: K_PATHS), .off = OFF(f)}
 #define FIXED(p, v) {.path = p, .type = K_FIXED, .imin = 0, .imax = 1, .def = {v}}
+/* DeepSpeed keys tierzero accepts and checks as DeepSpeed does but has no use for: no field, no
+ * default, nothing stored and nothing dumped. */
+#define NO_BOOL(p) {.path = p, .type = K_BOOL, .imin = 0, .imax = 1, .flags = F_NO_FIELD}
+#define NO_INT(p, lo, hi, fl)                                                                      \
+  {.path = p, .type = K_INT, .imin = lo, .imax = hi, .flags = (fl) | F_NO_FIELD}
+#define NO_I64(p, lo, fl)                                                                          \
+  {.path = p, .type = K_I64, .imin = lo, .imax = INT64_MAX, .flags = (fl) | F_NO_FIELD}
+#define NO_DBL(p, lo, hi, fl)                                                                      \
+  {.path = p, .type = K_DOUBLE, .dmin = lo, .dmax = hi, .flags = (fl) | F_NO_FIELD}
 
 static const char *const optimizer_names[] = {"Adam", "AdamW"};
 static const char *const schedule_names[] = {NULL, "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
@@ -76,7 +85,7 @@ const struct key tz_config_keys[] = {
   DBL("optimizer.params.eps", optimizer.eps, 0, INFINITY, 1e-8, F_AUTO | F_MIN_OPEN),
   DBL("optimizer.params.weight_decay", optimizer.weight_decay, 0, INFINITY, 0, F_AUTO),
   BOOL("optimizer.params.adam_w_mode", optimizer.adam_w_mode, 1),
-  BOOL("optimizer.params.torch_adam", optimizer.torch_adam, 0),
+  NO_BOOL("optimizer.params.torch_adam"),
   FIXED("optimizer.params.amsgrad", 0),
   FIXED("optimizer.params.bias_correction", 1),
   ENUM("scheduler.type", scheduler.type, schedule_names, TZ_LR_CONSTANT, 0),
@@ -98,54 +107,39 @@ const struct key tz_config_keys[] = {
   ENUM("zero_optimization.offload_param.device", zero_optimization.offload_param.device,
        device_names, TZ_OFFLOAD_NONE, 0),
   STR("zero_optimization.offload_param.nvme_path", zero_optimization.offload_param.nvme_path),
-  BOOL("zero_optimization.offload_param.pin_memory", zero_optimization.offload_param.pin_memory, 0),
-  INT("zero_optimization.offload_param.buffer_count", zero_optimization.offload_param.buffer_count,
-      1, INT_MAX, 5, 0),
-  I64("zero_optimization.offload_param.buffer_size", zero_optimization.offload_param.buffer_size, 1,
-      1e8, 0),
-  I64("zero_optimization.offload_param.max_in_cpu", zero_optimization.offload_param.max_in_cpu, 0,
-      1e9, 0),
+  NO_BOOL("zero_optimization.offload_param.pin_memory"),
+  NO_INT("zero_optimization.offload_param.buffer_count", 1, INT_MAX, 0),
+  NO_I64("zero_optimization.offload_param.buffer_size", 1, 0),
+  NO_I64("zero_optimization.offload_param.max_in_cpu", 0, 0),
   ENUM("zero_optimization.offload_optimizer.device", zero_optimization.offload_optimizer.device,
        device_names, TZ_OFFLOAD_NONE, 0),
   STR("zero_optimization.offload_optimizer.nvme_path",
       zero_optimization.offload_optimizer.nvme_path),
-  BOOL("zero_optimization.offload_optimizer.pin_memory",
-       zero_optimization.offload_optimizer.pin_memory, 0),
-  INT("zero_optimization.offload_optimizer.buffer_count",
-      zero_optimization.offload_optimizer.buffer_count, 1, INT_MAX, 4, 0),
-  BOOL("zero_optimization.offload_optimizer.fast_init",
-       zero_optimization.offload_optimizer.fast_init, 0),
-  DBL("zero_optimization.offload_optimizer.ratio", zero_optimization.offload_optimizer.ratio, 0, 1,
-      1, 0),
-  I64("zero_optimization.stage3_prefetch_bucket_size",
-      zero_optimization.stage3_prefetch_bucket_size, 0, 5e7, F_AUTO),
-  I64("zero_optimization.stage3_max_live_parameters", zero_optimization.stage3_max_live_parameters,
-      0, 1e9, 0),
-  I64("zero_optimization.stage3_max_reuse_distance", zero_optimization.stage3_max_reuse_distance, 0,
-      1e9, 0),
-  I64("zero_optimization.stage3_param_persistence_threshold",
-      zero_optimization.stage3_param_persistence_threshold, 0, 1e5, F_AUTO),
+  NO_BOOL("zero_optimization.offload_optimizer.pin_memory"),
+  NO_INT("zero_optimization.offload_optimizer.buffer_count", 1, INT_MAX, 0),
+  NO_BOOL("zero_optimization.offload_optimizer.fast_init"),
+  NO_DBL("zero_optimization.offload_optimizer.ratio", 0, 1, 0),
+  NO_I64("zero_optimization.stage3_prefetch_bucket_size", 0, F_AUTO),
+  NO_I64("zero_optimization.stage3_max_live_parameters", 0, 0),
+  NO_I64("zero_optimization.stage3_max_reuse_distance", 0, 0),
+  NO_I64("zero_optimization.stage3_param_persistence_threshold", 0, F_AUTO),
   BOOL("zero_optimization.overlap_comm", zero_optimization.overlap_comm, 1),
-  BOOL("zero_optimization.contiguous_gradients", zero_optimization.contiguous_gradients, 1),
-  I64("zero_optimization.reduce_bucket_size", zero_optimization.reduce_bucket_size, 1, 5e8, F_AUTO),
-  I64("zero_optimization.sub_group_size", zero_optimization.sub_group_size, 1, 1e9, 0),
+  NO_BOOL("zero_optimization.contiguous_gradients"),
+  NO_I64("zero_optimization.reduce_bucket_size", 1, F_AUTO),
+  NO_I64("zero_optimization.sub_group_size", 1, 0),
   I64("aio.block_size", aio.block_size, 1, 1048576, 0),
-  INT("aio.queue_depth", aio.queue_depth, 1, 32768, 8, 0),
-  INT("aio.thread_count", aio.thread_count, 1, 1024, 1, 0),
-  BOOL("aio.single_submit", aio.single_submit, 0),
-  BOOL("aio.overlap_events", aio.overlap_events, 1),
-  BOOL("activation_checkpointing.partition_activations",
-       activation_checkpointing.partition_activations, 0),
-  BOOL("activation_checkpointing.cpu_checkpointing", activation_checkpointing.cpu_checkpointing, 0),
-  BOOL("activation_checkpointing.contiguous_memory_optimization",
-       activation_checkpointing.contiguous_memory_optimization, 0),
-  INT("activation_checkpointing.number_checkpoints", activation_checkpointing.number_checkpoints, 1,
-      INT_MAX, 0, F_AUTO),
-  BOOL("activation_checkpointing.synchronize_checkpoint_boundary",
-       activation_checkpointing.synchronize_checkpoint_boundary, 0),
-  BOOL("activation_checkpointing.profile", activation_checkpointing.profile, 0),
-  I64("steps_per_print", steps_per_print, 1, 10, 0),
-  BOOL("wall_clock_breakdown", wall_clock_breakdown, 0),
+  NO_INT("aio.queue_depth", 1, 32768, 0),
+  NO_INT("aio.thread_count", 1, 1024, 0),
+  NO_BOOL("aio.single_submit"),
+  NO_BOOL("aio.overlap_events"),
+  NO_BOOL("activation_checkpointing.partition_activations"),
+  NO_BOOL("activation_checkpointing.cpu_checkpointing"),
+  NO_BOOL("activation_checkpointing.contiguous_memory_optimization"),
+  NO_INT("activation_checkpointing.number_checkpoints", 1, INT_MAX, F_AUTO),
+  NO_BOOL("activation_checkpointing.synchronize_checkpoint_boundary"),
+  NO_BOOL("activation_checkpointing.profile"),
+  NO_I64("steps_per_print", 1, 0),
+  NO_BOOL("wall_clock_breakdown"),
   DBL("gradient_predivide_factor", gradient_predivide_factor, 0, INFINITY, 1, F_MIN_OPEN),
   BOOL("prescale_gradients", prescale_gradients, 0),
   ENUM("communication_data_type", communication_data_type, precision_names, TZ_PRECISION_FP32, 0),
@@ -243,6 +237,8 @@ void tz_config_free_owned(struct tz_config *c, const struct key *k) {
 
 /* The default of k; owned fields are freed (their default is "not set"). */
 void tz_config_set_default(struct tz_config *c, const struct key *k) {
+  if (k->flags & F_NO_FIELD)
+    return;
   switch (k->type) {
   case K_BOOL:
   case K_INT:
@@ -266,6 +262,10 @@ void tz_config_val_free(struct val *v) {
 
 /* Moves v into c (v's strings now belong to c). */
 void tz_config_store(struct tz_config *c, const struct key *k, struct val *v) {
+  if (k->flags & F_NO_FIELD) {
+    tz_config_val_free(v);
+    return;
+  }
   if (v->is_default) {
     tz_config_set_default(c, k);
     tz_config_val_free(v);
