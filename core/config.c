@@ -83,7 +83,8 @@ static int walk(struct tz_config *c, const char *origin, json_t *obj, const char
       }
     } else {
       char hint[64];
-      int have_hint = !tz_config_is_known_ignored(cpath) && tz_config_suggest(canon, cname, hint, sizeof hint);
+      int have_hint = !tz_config_is_known_ignored(cpath) &&
+                      tz_config_suggest(canon, cname, hint, sizeof hint);
       if (have_hint)
         TZ_WARN("%s: %s: unknown key, ignored (did you mean %s?)", origin, spath, hint);
       rc = add_ignored(c, spath, have_hint ? hint : NULL);
@@ -349,5 +350,9 @@ const char *tz_config_ignored_hint(const struct tz_config *c, int i) {
 }
 
 int tz_config_key_count(void) { return tz_config_n_keys; }
-const char *tz_config_key(int i) { return i >= 0 && i < tz_config_n_keys ? tz_config_keys[i].path : NULL; }
-const char *tz_config_key_env(int i) { return i >= 0 && i < tz_config_n_keys ? tz_config_env_name(i) : NULL; }
+const char *tz_config_key(int i) {
+  return i >= 0 && i < tz_config_n_keys ? tz_config_keys[i].path : NULL;
+}
+const char *tz_config_key_env(int i) {
+  return i >= 0 && i < tz_config_n_keys ? tz_config_env_name(i) : NULL;
+}

@@ -440,14 +440,16 @@ void tz_sched_destroy(tz_sched *s) {
   pthread_mutex_lock(&s->mu);
   /* Running phases and transfers must finish before their memory goes: wait as long as it
    * takes, saying so each timeout period. */
-  while (tz_sched_wait_until(s, all_quiet, NULL, "the scheduler's work to finish before destroying it", 0) < 0 &&
+  while (tz_sched_wait_until(s, all_quiet, NULL,
+                             "the scheduler's work to finish before destroying it", 0) < 0 &&
          !all_quiet(s, NULL))
     TZ_LOG_ERR("sched: destroy still waits for %d phases and %d transfers", s->n_running,
                s->n_xfers);
   tz_sched_cancel_ahead(s);
   tz_fence *left[32];
   int n_left;
-  while ((n_left = tz_sched_home_waits_take(s, left, 32)) > 0) { /* none once quiet; an error's too */
+  /* None once quiet; an error's too. */
+  while ((n_left = tz_sched_home_waits_take(s, left, 32)) > 0) {
     pthread_mutex_unlock(&s->mu);
     tz_sched_home_waits_signal(left, n_left, TZ_ECANCELED, "sched: destroyed");
     pthread_mutex_lock(&s->mu);

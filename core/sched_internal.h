@@ -238,7 +238,8 @@ static inline void dbg(tz_sched *s, const char *fmt, ...) {
 }
 
 /* The first error is kept; everything after it reports it. Called with the lock held. */
-static inline void fail_locked(tz_sched *s, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline void fail_locked(tz_sched *s, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static inline void fail_locked(tz_sched *s, int rc, const char *fmt, ...) {
   if (s->err)
     return;

@@ -435,7 +435,8 @@ int tz_sched_sync(tz_sched *s) {
     rc = tz_err_set(TZ_EINVAL, "sched: sync while phase '%s' is open",
                     s->phases[s->open->phase].name);
   /* The last phase to complete may be the one that failed: its error is the sync's. */
-  if (rc == 0 && (tz_sched_wait_until(s, all_saved, NULL, "the phases entered and their write-backs", 1) < 0 ||
+  if (rc == 0 && (tz_sched_wait_until(s, all_saved, NULL,
+                                      "the phases entered and their write-backs", 1) < 0 ||
                   s->err))
     rc = err_return(s);
   pthread_mutex_unlock(&s->mu);

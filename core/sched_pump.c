@@ -270,7 +270,7 @@ void tz_sched_pump(tz_sched *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* Asks the progress engine to tz_sched_pump (a callback never pumps on the thread that signalled it). */
+/* Asks the progress engine to pump (a callback never pumps on the thread that signalled it). */
 static void want_pump(tz_sched *s) {
   __atomic_store_n(&s->pump_wanted, 1, __ATOMIC_RELEASE);
   tz_progress_kick(tz_runtime_progress(s->rt));
@@ -312,8 +312,8 @@ static void xfer_done(void *arg, int rc) {
   }
   dbg(s, "%s '%s' done in %.3f ms%s%s", x->kind == ACT_FILL ? "fill" : "write back", b->name,
       1e-6 * (double)(now - x->t0), rc < 0 ? ": " : "", rc < 0 ? msg : "");
-  tz_sched_trace_add(s, x->kind == ACT_FILL ? TZ_TRACE_FILL : TZ_TRACE_FLUSH, 1 + x->lane, b->name, x->t0,
-            now, x->step, -1, x->n);
+  tz_sched_trace_add(s, x->kind == ACT_FILL ? TZ_TRACE_FILL : TZ_TRACE_FLUSH, 1 + x->lane, b->name,
+                     x->t0, now, x->step, -1, x->n);
   pthread_cond_broadcast(&s->cv);
   pthread_mutex_unlock(&s->mu);
   free(x);
@@ -380,8 +380,8 @@ static void inst_finish(tz_sched *s, struct inst *I) {
       ph->name, 1e-6 * (double)I->wait.stall_ns, 1e-6 * (double)compute);
   int tl = ph->at_home ? TRACE_HOME_LANE : 0;
   if (I->wait.stall_ns)
-    tz_sched_trace_add(s, TZ_TRACE_STALL, tl, ph->name, ready - I->wait.stall_ns, ready, I->step, I->phase,
-              0);
+    tz_sched_trace_add(s, TZ_TRACE_STALL, tl, ph->name, ready - I->wait.stall_ns, ready, I->step,
+                       I->phase, 0);
   tz_sched_trace_add(s, TZ_TRACE_COMPUTE, tl, ph->name, ready, now, I->step, I->phase, 0);
   struct step_rec *r = &s->steps[I->step % STEP_RING];
   if (r->live && r->step == I->step) {
@@ -433,8 +433,8 @@ int tz_sched_poll(void *arg) {
 
 /* Waits on the condition until done(s) holds or an error is kept. Lock held. what names the wait
  * in the timeout's message. */
-int tz_sched_wait_until(tz_sched *s, int (*done)(tz_sched *s, void *arg), void *arg, const char *what,
-                      int stop_on_error) {
+int tz_sched_wait_until(tz_sched *s, int (*done)(tz_sched *s, void *arg), void *arg,
+                        const char *what, int stop_on_error) {
   struct timespec dl;
   clock_gettime(CLOCK_MONOTONIC, &dl);
   int64_t ms = s->p.timeout_ms > 0 ? s->p.timeout_ms : 60000;
