@@ -68,6 +68,9 @@ struct tz_config_ignored_key {
   char *hint;
 };
 
+/* Only what tierzero uses has a field. The other DeepSpeed keys it knows (offload buffer counts,
+ * bucket sizes, aio threads, activation_checkpointing, steps_per_print, ...) are accepted and
+ * checked as DeepSpeed would, and stored nowhere (core/config_keys.c). */
 struct tz_config {
   /* Batch: train_batch_size = micro * gradient_accumulation_steps * world size. 0 = not given;
    * tz_config_resolve_batch derives the missing ones. */
@@ -83,7 +86,6 @@ struct tz_config {
     double eps;          /* Adam epsilon, added to sqrt(v_hat) */
     double weight_decay; /* decoupled (AdamW) or L2 (Adam with adam_w_mode false) */
     int adam_w_mode;     /* 1: decoupled weight decay; forced to 1 for AdamW */
-    int torch_adam;      /* recorded for DeepSpeed compatibility; tierzero has one Adam */
   } optimizer;
 
   struct {
@@ -118,48 +120,18 @@ struct tz_config {
     struct {
       enum tz_offload_device device; /* where parameter shards live between uses */
       char *nvme_path;               /* directory for device nvme; NULL = tierzero.nvme_path */
-      int pin_memory;                /* page-locked host buffers */
-      int buffer_count;              /* staging buffers for parameter reads */
-      int64_t buffer_size;           /* elements per staging buffer */
-      int64_t max_in_cpu;            /* parameter elements kept in host memory with device nvme */
     } offload_param;
     struct {
       enum tz_offload_device device; /* where optimizer state (fp32 master, m, v) lives */
       char *nvme_path;               /* directory for device nvme; NULL = tierzero.nvme_path */
-      int pin_memory;
-      int buffer_count;              /* staging buffers for optimizer state reads */
-      int fast_init;                 /* create state in place instead of through host memory */
-      double ratio;                  /* fraction of optimizer work done on the CPU, in [0, 1] */
     } offload_optimizer;
-    int64_t stage3_prefetch_bucket_size;        /* elements gathered ahead of use */
-    int64_t stage3_max_live_parameters;         /* elements of full parameters kept on GPU */
-    int64_t stage3_max_reuse_distance;          /* elements: keep a parameter if reused sooner */
-    int64_t stage3_param_persistence_threshold; /* elements: smaller parameters are not sharded */
-    int overlap_comm;                           /* overlap collectives with compute */
-    int contiguous_gradients;                   /* copy gradients into one buffer as produced */
-    int64_t reduce_bucket_size;                 /* elements per gradient reduce-scatter */
-    int64_t sub_group_size;                     /* elements per optimizer step group */
+    int overlap_comm; /* overlap collectives with compute */
   } zero_optimization;
 
   struct {
     int64_t block_size; /* bytes per NVMe request */
-    int queue_depth;    /* requests in flight per ring */
-    int thread_count;   /* I/O submission threads */
-    int single_submit;  /* submit one request per call instead of batches */
-    int overlap_events; /* overlap submission and completion */
   } aio;
 
-  struct {
-    int partition_activations;          /* shard checkpointed activations across ranks */
-    int cpu_checkpointing;              /* keep checkpointed activations in host memory */
-    int contiguous_memory_optimization; /* one buffer for all checkpoints */
-    int number_checkpoints;             /* checkpoints per step; 0 = one per layer */
-    int synchronize_checkpoint_boundary;
-    int profile;                        /* time the checkpoint functions */
-  } activation_checkpointing;
-
-  int64_t steps_per_print;          /* a progress line every this many steps */
-  int wall_clock_breakdown;         /* time forward, backward and step separately */
   double gradient_predivide_factor; /* divide gradients by this before the reduction */
   int prescale_gradients;           /* divide by the world size before rather than after */
   enum tz_precision communication_data_type; /* dtype of gradient reductions */
@@ -251,7 +223,8 @@ void tz_config_free(struct tz_config *c);
 
 /* Writes the effective configuration as JSON (DeepSpeed layout plus "tierzero"), which
  * tz_config_load_string reads back over tz_config_defaults to the same values. Values that are
- * not set are written "auto" or null. For metrics and checkpoints. */
+ * not set are written "auto" or null; keys with no field are not written. For metrics and
+ * checkpoints. */
 int tz_config_dump(const struct tz_config *c, FILE *f);
 
 /* The known keys by JSON path, for help output and for checking the documentation. */

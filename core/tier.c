@@ -2,6 +2,7 @@
 #include "core/error.h"
 #include "core/internal.h"
 #include "core/log.h"
+#include "core/pool.h"
 #include "core/tier_impl.h"
 
 #include <stdio.h>
@@ -358,4 +359,8 @@ int tz_tier_stream(const tz_extent *ext, void *buf, uint64_t bytes, uint64_t blo
   }
   free(f);
   return rc;
+}
+
+void tz_tier_set_copy_jitter(tz_runtime *rt, int max_us, uint64_t seed) {
+  tz_pool_set_jitter(tz_runtime_copy_pool(rt), max_us, seed);
 }

@@ -93,4 +93,8 @@ struct tz_arena_stats {
 };
 void tz_tier_arena_stats(const tz_tier *t, struct tz_arena_stats *out);
 
+/* Test mode: random delays of up to max_us (from seed) in the runtime's CPU copy lane, which
+ * carries the copies of host-memory tiers; 0 turns them off. The scheduler's jitter sets it. */
+void tz_tier_set_copy_jitter(tz_runtime *rt, int max_us, uint64_t seed);
+
 #endif

@@ -174,8 +174,6 @@ static void test_deepspeed(void **state) {
   assert_int_equal(c.fp16.initial_scale_power, 16);
   assert_int_equal(c.zero_optimization.offload_param.device, TZ_OFFLOAD_CPU);
   assert_int_equal(c.zero_optimization.offload_optimizer.device, TZ_OFFLOAD_CPU);
-  assert_int_equal(c.zero_optimization.offload_param.pin_memory, 1);
-  assert_int_equal(c.zero_optimization.stage3_param_persistence_threshold, 1000000);
   assert_int_equal(c.scheduler.type, TZ_LR_WARMUP);
   assert_true(is_ignored(&c, "tensorboard"));
   assert_true(is_ignored(&c, "flops_profiler"));
@@ -193,11 +191,7 @@ static void test_deepspeed(void **state) {
   assert_int_equal(c.zero_optimization.offload_param.device, TZ_OFFLOAD_NVME);
   assert_int_equal(c.zero_optimization.offload_optimizer.device, TZ_OFFLOAD_NVME);
   assert_string_equal(c.zero_optimization.offload_param.nvme_path, "/local_nvme");
-  assert_int_equal(c.zero_optimization.offload_param.buffer_count, 5);
-  assert_int_equal(c.zero_optimization.offload_param.max_in_cpu, 1000000000);
   assert_int_equal(c.aio.block_size, 1048576);
-  assert_int_equal(c.aio.queue_depth, 8);
-  assert_int_equal(c.activation_checkpointing.cpu_checkpointing, 1);
   assert_true(is_ignored(&c, "tensorboard"));
   assert_true(is_ignored(&c, "flops_profiler"));
   assert_true(is_ignored(&c, "comms_logger"));

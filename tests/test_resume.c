@@ -19,6 +19,7 @@
 #include "trainer/resume.h"
 #include "trainer/train.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <signal.h>
@@ -37,7 +38,8 @@ static char *dir;
 /* A run in a fresh trainer placed by dev: resumes from `from` (NULL: from scratch), trains steps
  * [start, until) (the schedule always planned for TOTAL), saves under `save` (NULL: no save) and
  * records the losses (at their global step) and the final parameters. Returns the save's rc. */
-static int part(const char *dev, const char *from, int until, const char *save, struct tc_result *res) {
+static int part_with(const char *dev, const char *from, int until, const char *save,
+                     const struct tz_ckpt_options *opt, struct tc_result *res) {
   struct tc_world w;
   tc_world_open(&w);
   memset(res, 0, sizeof *res);
@@ -74,7 +76,7 @@ static int part(const char *dev, const char *from, int until, const char *save, 
   res->steps = until;
   int rc = 0;
   if (save)
-    rc = tz_resume_save(tr, w.comm, &cfg, save, 0);
+    rc = tz_resume_save_with(tr, w.comm, &cfg, save, 0, opt);
   res->nb = tz_model_n_blocks(&mc);
   for (int b = 0; b < res->nb; b++) {
     res->numel[b] = tz_model_block_numel(&mc, b);
@@ -87,6 +89,10 @@ static int part(const char *dev, const char *from, int until, const char *save, 
   tz_config_free(&cfg);
   tc_world_close(&w);
   return rc;
+}
+
+static int part(const char *dev, const char *from, int until, const char *save, struct tc_result *res) {
+  return part_with(dev, from, until, save, NULL, res);
 }
 
 static char *root(const char *name) {
@@ -233,14 +239,26 @@ static void test_corrupt(void **state) {
   tc_result_free(&straight);
 }
 
+/* A disk that fills up at the at-th write or fsync of the save path. */
+struct disk_full {
+  long at;
+  _Atomic long ops; /* the hook is called from whichever thread runs a rank's save */
+};
+
+static int disk_full_before(void *ctx, int data_op) {
+  struct disk_full *d = ctx;
+  return data_op && ++d->ops == d->at ? ENOSPC : 0;
+}
+
 static void test_enospc(void **state) {
   (void)state;
   struct tc_result r;
   TZ_ASSERT_OK(part("none", NULL, 2, root("full"), &r));
   tc_result_free(&r);
-  tz_ckpt_fault_set(TZ_CKPT_FAULT_ENOSPC, 5);
-  int rc = part("none", root("full"), 4, root("full"), &r);
-  tz_ckpt_fault_set(TZ_CKPT_FAULT_NONE, 0);
+  /* The 5th write or fsync of the save fails as a full disk makes it. */
+  struct disk_full full = {5, 0};
+  struct tz_ckpt_options opt = {.hooks = {.before_op = disk_full_before, .ctx = &full}};
+  int rc = part_with("none", root("full"), 4, root("full"), &opt, &r);
   tc_result_free(&r);
   print_message("disk full: %s\n", tz_err_msg());
   assert_int_equal(rc, TZ_ENOSPC);

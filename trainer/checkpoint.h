@@ -37,12 +37,31 @@
 /* A writer is used by one thread at a time. */
 typedef struct tz_ckpt_writer tz_ckpt_writer;
 
+/* Hooks into the save path, for tests (a crash or a full disk at a chosen operation). */
+struct tz_ckpt_hooks {
+  /* optional: NULL means nothing is called. Called right before each file-system operation of
+   * the save path that changes something (create, write, fsync, rename, mkdir, unlink, rmdir);
+   * data_op is 1 for a write or an fsync, else 0. Returns 0 to let the operation run, or a
+   * positive errno that it then fails with, as the system call would (ENOSPC: a full disk). It
+   * may not return at all (a test that kills the process there). Called from the thread that
+   * runs the operation, with ctx. */
+  int (*before_op)(void *ctx, int data_op);
+  void *ctx;
+};
+
+/* Options of one save, given to tz_ckpt_begin (kept by the writer), tz_ckpt_finalize and
+ * tz_ckpt_abandon. NULL, or all zero, is the default. */
+struct tz_ckpt_options {
+  struct tz_ckpt_hooks hooks;
+};
+
 /* Starts this rank's file of checkpoint `step` under root. Rank 0 must call it before every other
  * rank (the caller's barrier): it creates root if missing, removes a stale root/step-<step>.tmp
  * left by an earlier crash, and creates that directory afresh; the other ranks only create their
  * file in it (TZ_ENOENT if it is not there). 0 <= rank < world. The caller owns *out: commit it or
  * destroy it. */
-int tz_ckpt_begin(const char *root, uint64_t step, int rank, int world, tz_ckpt_writer **out);
+int tz_ckpt_begin(const char *root, uint64_t step, int rank, int world,
+                  const struct tz_ckpt_options *opt, tz_ckpt_writer **out);
 
 /* Streams one section of exactly `bytes` bytes: begin, any number of writes adding up to bytes,
  * end. Names are 1..TZ_CKPT_MAX_NAME bytes of printable ASCII, unique within the rank's file
@@ -80,11 +99,12 @@ void tz_ckpt_writer_destroy(tz_ckpt_writer *w);
  * On an error before the rename, the temporary directory is removed and latest is untouched; on
  * an error writing latest, step-<step> is complete but latest still names the previous one (the
  * message says so). */
-int tz_ckpt_finalize(const char *root, uint64_t step, int world, int keep);
+int tz_ckpt_finalize(const char *root, uint64_t step, int world, int keep,
+                     const struct tz_ckpt_options *opt);
 
 /* Rank 0, after a failed save (every rank's writer gone): removes root/step-<step>.tmp. 0 if it
  * is not there. */
-int tz_ckpt_abandon(const char *root, uint64_t step);
+int tz_ckpt_abandon(const char *root, uint64_t step, const struct tz_ckpt_options *opt);
 
 /* ---- reading ---- */
 
@@ -143,23 +163,5 @@ int tz_ckpt_previous(const char *root, uint64_t step, uint64_t *prev);
 /* Checks a step directory: the manifest and every rank file's size, header, trailer and index;
  * with full != 0 also every section's crc32c (reads everything). 0 or the first error. */
 int tz_ckpt_check(const char *stepdir, int full);
-
-/* ---- test hook ---- */
-
-enum tz_ckpt_fault {
-  TZ_CKPT_FAULT_NONE,
-  /* SIGKILL the process right before the nth file-system operation of the save path that changes
-   * something (create, write, fsync, rename, mkdir, unlink, rmdir). */
-  TZ_CKPT_FAULT_CRASH,
-  /* The nth write or fsync of the save path fails with ENOSPC, as a full disk makes it. */
-  TZ_CKPT_FAULT_ENOSPC,
-};
-
-/* Arms the fault for the nth operation from now (n >= 1; TZ_CKPT_FAULT_NONE or n 0 disarms) and
- * restarts the count of operations. Process-wide, for tests: tests/test_checkpoint.c kills a save
- * at each operation in turn. */
-void tz_ckpt_fault_set(enum tz_ckpt_fault kind, long n);
-/* Operations counted since the last tz_ckpt_fault_set (ENOSPC: writes and fsyncs only). */
-long tz_ckpt_fault_count(void);
 
 #endif

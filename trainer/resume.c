@@ -125,6 +125,11 @@ static int write_rank(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config 
 
 int tz_resume_save(tz_trainer *tr, tz_comm *comm, const struct tz_config *cfg, const char *root,
                    int keep) {
+  return tz_resume_save_with(tr, comm, cfg, root, keep, NULL);
+}
+
+int tz_resume_save_with(tz_trainer *tr, tz_comm *comm, const struct tz_config *cfg,
+                        const char *root, int keep, const struct tz_ckpt_options *opt) {
   int rank = tz_comm_rank(comm), world = tz_comm_size(comm);
   uint64_t step = (uint64_t)tz_trainer_steps_done(tr);
   /* Applies the pending update on every rank alike (collective). */
@@ -133,10 +138,10 @@ int tz_resume_save(tz_trainer *tr, tz_comm *comm, const struct tz_config *cfg, c
     return rc;
   tz_ckpt_writer *w = NULL;
   if (rank == 0)
-    rc = tz_ckpt_begin(root, step, rank, world, &w);
+    rc = tz_ckpt_begin(root, step, rank, world, opt, &w);
   rc = agree(comm, rc, "resume: save");
   if (rc == 0 && rank != 0)
-    rc = tz_ckpt_begin(root, step, rank, world, &w);
+    rc = tz_ckpt_begin(root, step, rank, world, opt, &w);
   if (rc == 0)
     rc = write_rank(w, tr, cfg, world);
   if (rc == 0) {
@@ -146,11 +151,11 @@ int tz_resume_save(tz_trainer *tr, tz_comm *comm, const struct tz_config *cfg, c
   tz_ckpt_writer_destroy(w);
   rc = agree(comm, rc, "resume: save");
   if (rc == 0 && rank == 0)
-    rc = tz_ckpt_finalize(root, step, world, keep);
+    rc = tz_ckpt_finalize(root, step, world, keep, opt);
   else if (rc < 0 && rank == 0) {
     char saved[1024];
     snprintf(saved, sizeof saved, "%s", tz_err_msg());
-    if (tz_ckpt_abandon(root, step) < 0)
+    if (tz_ckpt_abandon(root, step, opt) < 0)
       tz_log(TZ_LOG_WARN, "resume: %s", tz_err_msg());
     tz_err_set(rc, "%s", saved);
   }
@@ -229,6 +234,44 @@ static int read_state(tz_ckpt_reader *r, int64_t *step, int *world,
   return rc;
 }
 
+/* Block b's kind-k shard of this rank, bytes into buf, gathered from the pieces of the src_world
+ * rank files rs (of checkpoint directory dir) that overlap it: a checkpoint saved at another
+ * world size. */
+static int load_resharded(tz_trainer *tr, tz_ckpt_reader **rs, const char *dir, int src_world,
+                          int rank, int b, int k, void *buf, uint64_t bytes) {
+  char name[TZ_CKPT_MAX_NAME + 1];
+  uint64_t n = tz_trainer_shard_bytes(tr, b, TZ_PLAN_MASTER) / 4, es = bytes / n, sb = 0;
+  uint64_t src_bytes = 0, src_master = 0;
+  section_name(tr, b, k, name, sizeof name);
+  TZ_CHECK(tz_ckpt_size(rs[0], name, &src_bytes));
+  section_name(tr, b, TZ_PLAN_MASTER, name, sizeof name);
+  TZ_CHECK(tz_ckpt_size(rs[0], name, &src_master));
+  section_name(tr, b, k, name, sizeof name);
+  sb = src_master / 4; /* the source shard, in elements */
+  if (sb == 0 || src_bytes != sb * es)
+    return tz_err_set(TZ_EINVAL,
+                      "resume: %s: section \"%s\" holds %llu bytes for a shard of %llu "
+                      "elements of %llu bytes: another model or storage dtype",
+                      dir, name, (unsigned long long)src_bytes, (unsigned long long)sb,
+                      (unsigned long long)es);
+  memset(buf, 0, bytes);
+  struct piece p = {.dst = buf, .lo = (uint64_t)rank * n, .n = n, .es = es};
+  for (int j = 0; j < src_world; j++) {
+    uint64_t a = (uint64_t)j * sb, e = a + sb;
+    if (e <= p.lo || a >= p.lo + p.n)
+      continue;
+    uint64_t got = 0;
+    TZ_CHECK(tz_ckpt_size(rs[j], name, &got));
+    if (got != src_bytes)
+      return tz_err_set(TZ_EFORMAT, "resume: %s: section \"%s\" of rank %d holds %llu bytes, "
+                        "rank 0's %llu", dir, name, j, (unsigned long long)got,
+                        (unsigned long long)src_bytes);
+    p.base = a;
+    TZ_CHECK(tz_ckpt_get_stream(rs[j], name, sink, &p));
+  }
+  return 0;
+}
+
 static int load_rank(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *step) {
   int rank = tz_comm_rank(comm), world = tz_comm_size(comm);
   tz_ckpt_reader *r0 = NULL, **rs = NULL;
@@ -285,38 +328,8 @@ static int load_rank(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *s
       if (src_world == world) {
         TZ_CHECK_GOTO(tz_ckpt_get(rs[rank], name, buf, bytes), rc, out);
       } else {
-        uint64_t n = tz_trainer_shard_bytes(tr, b, TZ_PLAN_MASTER) / 4, es = bytes / n, sb = 0;
-        uint64_t src_bytes = 0, src_master = 0;
-        TZ_CHECK_GOTO(tz_ckpt_size(rs[0], name, &src_bytes), rc, out);
-        section_name(tr, b, TZ_PLAN_MASTER, name, sizeof name);
-        TZ_CHECK_GOTO(tz_ckpt_size(rs[0], name, &src_master), rc, out);
-        section_name(tr, b, k, name, sizeof name);
-        sb = src_master / 4; /* the source shard, in elements */
-        if (sb == 0 || src_bytes != sb * es) {
-          rc = tz_err_set(TZ_EINVAL,
-                          "resume: %s: section \"%s\" holds %llu bytes for a shard of %llu "
-                          "elements of %llu bytes: another model or storage dtype",
-                          tz_ckpt_dir(r0), name, (unsigned long long)src_bytes,
-                          (unsigned long long)sb, (unsigned long long)es);
-          goto out;
-        }
-        memset(buf, 0, bytes);
-        struct piece p = {.dst = buf, .lo = (uint64_t)rank * n, .n = n, .es = es};
-        for (int j = 0; j < src_world; j++) {
-          uint64_t a = (uint64_t)j * sb, e = a + sb;
-          if (e <= p.lo || a >= p.lo + p.n)
-            continue;
-          uint64_t got = 0;
-          TZ_CHECK_GOTO(tz_ckpt_size(rs[j], name, &got), rc, out);
-          if (got != src_bytes) {
-            rc = tz_err_set(TZ_EFORMAT, "resume: %s: section \"%s\" of rank %d holds %llu bytes, "
-                            "rank 0's %llu", tz_ckpt_dir(r0), name, j,
-                            (unsigned long long)got, (unsigned long long)src_bytes);
-            goto out;
-          }
-          p.base = a;
-          TZ_CHECK_GOTO(tz_ckpt_get_stream(rs[j], name, sink, &p), rc, out);
-        }
+        TZ_CHECK_GOTO(load_resharded(tr, rs, tz_ckpt_dir(r0), src_world, rank, b, k, buf, bytes),
+                      rc, out);
       }
       TZ_CHECK_GOTO(tz_trainer_shard_store(tr, b, k, buf), rc, out);
     }

@@ -28,6 +28,7 @@
 
 #include "collectives/comm.h"
 #include "core/config.h"
+#include "trainer/checkpoint.h"
 #include "trainer/train.h"
 
 /* Saves tr's state as checkpoint tz_trainer_steps_done(tr) under root (created if missing), then
@@ -37,6 +38,9 @@
  * checkpoint and latest are untouched. */
 int tz_resume_save(tz_trainer *tr, tz_comm *comm, const struct tz_config *cfg, const char *root,
                    int keep);
+/* The same with the checkpoint layer's options (its test hooks); opt may be NULL. */
+int tz_resume_save_with(tz_trainer *tr, tz_comm *comm, const struct tz_config *cfg,
+                        const char *root, int keep, const struct tz_ckpt_options *opt);
 
 /* Merges the configuration saved in the checkpoint at path (a root with latest, or a step
  * directory) over c. When the checkpoint's world size differs from `world`, the saved

@@ -1,0 +1,57 @@
+/* Batch sizes: DeepSpeed's rule between the three, resolved once the world size is known. */
+#define _GNU_SOURCE
+#include "core/config_internal.h"
+
+#include <inttypes.h>
+
+int tz_config_resolve_batch(struct tz_config *c, int world_size) {
+  if (world_size < 1)
+    return tz_err_set(TZ_EINVAL, "batch: world_size %d is not positive", world_size);
+  int64_t tb = c->train_batch_size, mb = c->train_micro_batch_size_per_gpu;
+  int64_t gas = c->gradient_accumulation_steps, w = world_size, prod;
+  if (tb > 0 && mb > 0 && gas > 0) {
+    if (__builtin_mul_overflow(mb, gas, &prod) || __builtin_mul_overflow(prod, w, &prod) ||
+        prod != tb)
+      return tz_err_set(TZ_ECONFIG,
+                        "batch: train_batch_size %" PRId64
+                        " != train_micro_batch_size_per_gpu %" PRId64
+                        " * gradient_accumulation_steps %" PRId64 " * world_size %d",
+                        tb, mb, gas, world_size);
+  } else if (tb > 0 && mb > 0) {
+    if (__builtin_mul_overflow(mb, w, &prod) || tb % prod != 0)
+      return tz_err_set(TZ_ECONFIG,
+                        "batch: train_batch_size %" PRId64
+                        " is not divisible by train_micro_batch_size_per_gpu %" PRId64
+                        " * world_size %d",
+                        tb, mb, world_size);
+    gas = tb / prod;
+  } else if (tb > 0) {
+    if (gas <= 0)
+      gas = 1;
+    if (__builtin_mul_overflow(gas, w, &prod) || tb % prod != 0)
+      return tz_err_set(TZ_ECONFIG,
+                        "batch: train_batch_size %" PRId64
+                        " is not divisible by gradient_accumulation_steps %" PRId64
+                        " * world_size %d",
+                        tb, gas, world_size);
+    mb = tb / prod;
+  } else if (mb > 0) {
+    if (gas <= 0)
+      gas = 1;
+    if (__builtin_mul_overflow(mb, gas, &tb) || __builtin_mul_overflow(tb, w, &tb))
+      return tz_err_set(TZ_ECONFIG,
+                        "batch: train_micro_batch_size_per_gpu %" PRId64
+                        " * gradient_accumulation_steps %" PRId64 " * world_size %d overflows",
+                        mb, gas, world_size);
+  } else {
+    return tz_err_set(TZ_ECONFIG,
+                      "batch: neither train_batch_size nor train_micro_batch_size_per_gpu is set "
+                      "(gradient_accumulation_steps %" PRId64 ", world_size %d)",
+                      gas, world_size);
+  }
+  c->train_batch_size = tb;
+  c->train_micro_batch_size_per_gpu = mb;
+  c->gradient_accumulation_steps = gas;
+  return 0;
+}
+
