@@ -17,11 +17,6 @@
 #include "kernels/adam.h"
 #include "trainer/lr.h"
 #include "trainer/rates.h"
-#ifdef TZ_HAVE_CUDA
-#include "kernels/cuda/adam_cuda.h"
-#include "tiers/hbm.h"
-#include <cuda_runtime_api.h>
-#endif
 
 #include <float.h>
 #include <math.h>
@@ -130,16 +125,17 @@ struct tz_trainer {
   float *fg2[2];
   /* GPU with overlapped collectives: the lane's stream computes while the comm's own stream runs
    * the collectives; each collective waits for the compute issued before it (to_comm) and the
-   * compute that uses its result waits for it (from_comm), through these two events. */
+   * compute that uses its result waits for it (from_comm), ordered through comm_lane, a lane on
+   * the comm's stream (tz_lane_order). */
   int split;
-  void *comm_stream;
-  void *ev_to_comm, *ev_from_comm;
+  tz_lane *comm_lane;
   /* The compute lane's time in collectives (tz_step_result.coll_s), by step parity: host time in
-   * the waits of a CPU lane; on a GPU, pairs of timing events on the lane's stream around each
-   * collective (one stream) or around its wait for one (split), read at the step's end. Only the
-   * compute lane's jobs issue collectives, one at a time (job_par says which step's). */
+   * the waits of a CPU lane; on a GPU, pairs of timing marks on the lane around each collective
+   * (one stream) or around its wait for one (split), read at the step's end. Only the compute
+   * lane's jobs issue collectives, one at a time (job_par says which step's). */
   double coll_host[2];
-  void **coll_ev; /* [parity][pair][2] cudaEvent_t, coll_cap pairs per parity; NULL: one rank */
+  tz_lane_timer *coll_timer; /* [parity][pair][2] marks, coll_cap pairs per parity; NULL: one
+                                rank, or a lane that cannot time */
   int coll_cap, coll_n[2];
   float *partials;         /* (n_seg) sums of squares of norm segments */
   float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
@@ -219,21 +215,9 @@ static int wait_release(tz_fence *f) {
 /* Split streams (tr->split): the comm's stream waits for what the lane's stream has been given so
  * far (to_comm), or the other way round (from_comm), on the device. */
 static int stream_order(tz_trainer *tr, int to_comm) {
-#ifdef TZ_HAVE_CUDA
-  cudaStream_t compute = tz_compute_stream(tr->cm), comm = tr->comm_stream;
-  cudaEvent_t ev = to_comm ? tr->ev_to_comm : tr->ev_from_comm;
-  cudaError_t e = cudaEventRecord(ev, to_comm ? compute : comm);
-  if (e == cudaSuccess)
-    e = cudaStreamWaitEvent(to_comm ? comm : compute, ev, 0);
-  if (e != cudaSuccess)
-    return tz_err_set(TZ_ECUDA, "train: ordering the compute and comm streams: %s",
-                      cudaGetErrorString(e));
-  return 0;
-#else
-  (void)tr;
-  (void)to_comm;
-  return tz_err_set(TZ_ENOTSUP, "train: split streams without CUDA");
-#endif
+  if (!tr->comm_lane)
+    return tz_err_set(TZ_ENOTSUP, "train: split streams without a lane on the comm's stream");
+  return to_comm ? tz_lane_order(tr->lane, tr->comm_lane) : tz_lane_order(tr->comm_lane, tr->lane);
 }
 
 /* The step parity of the job this thread is running, -1 outside a job: collectives issued by
@@ -241,29 +225,19 @@ static int stream_order(tz_trainer *tr, int to_comm) {
  * compute lane's jobs. */
 static _Thread_local int job_par = -1;
 
-/* Records one timing event of a collective pair on the lane's stream (a GPU job's collectives
- * only; the events are made with the lane): end 0 opens the next pair, 1 closes it. Pairs past
- * coll_cap are not timed. */
+/* Records one timing mark of a collective pair on the lane (a GPU job's collectives only; the
+ * marks are made with the lane): end 0 opens the next pair, 1 closes it. Pairs past coll_cap are
+ * not timed. */
 static int coll_event(tz_trainer *tr, int end) {
-#ifdef TZ_HAVE_CUDA
-  if (!tr->coll_ev || job_par < 0)
+  if (!tr->coll_timer || job_par < 0)
     return 0;
   int p = job_par, n = tr->coll_n[p];
   if (n >= tr->coll_cap)
     return 0;
-  cudaEvent_t ev = tr->coll_ev[(p * tr->coll_cap + n) * 2 + end];
-  cudaError_t e = cudaEventRecord(ev, tz_compute_stream(tr->cm));
-  if (e != cudaSuccess)
-    return tz_err_set(TZ_ECUDA, "train: recording a collective's timing event: %s",
-                      cudaGetErrorString(e));
+  TZ_CHECK(tz_lane_timer_mark(tr->coll_timer, (p * tr->coll_cap + n) * 2 + end));
   if (end)
     tr->coll_n[p] = n + 1;
   return 0;
-#else
-  (void)tr;
-  (void)end;
-  return 0;
-#endif
 }
 
 /* The step of parity p's collective time, once the lane has passed its last collective (the
@@ -271,17 +245,13 @@ static int coll_event(tz_trainer *tr, int end) {
 static double coll_take(tz_trainer *tr, int p) {
   double s = tr->coll_host[p];
   tr->coll_host[p] = 0;
-#ifdef TZ_HAVE_CUDA
   for (int i = 0; i < tr->coll_n[p]; i++) {
-    float ms = 0;
-    void **pair = &tr->coll_ev[(p * tr->coll_cap + i) * 2];
-    if (cudaEventElapsedTime(&ms, pair[0], pair[1]) == cudaSuccess && ms > 0)
-      s += 1e-3 * (double)ms;
-    else
-      cudaGetLastError();
+    double t = 0;
+    int first = (p * tr->coll_cap + i) * 2;
+    if (tz_lane_timer_elapsed(tr->coll_timer, first, first + 1, &t) == 0 && t > 0)
+      s += t;
   }
   tr->coll_n[p] = 0;
-#endif
   return s;
 }
 
@@ -486,13 +456,8 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
     return tz_compute_cast(tr->cm, param, tr->S, master, TZ_F32, n);
   struct tz_adam_params p = j->adam;
   p.grad_scale = tr->opt_scale;
-#ifdef TZ_HAVE_CUDA
-  if (tr->gpu) /* the same bits as tz_adam_cpu (kernels/adam.h) */
-    return tz_adam_cuda(&p, master, m, v, grad, TZ_F32, param, tr->S, n,
-                        tz_compute_stream(tr->cm));
-#endif
-  struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(tr->cm)};
-  return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, &o);
+  /* The same bits on every backend (kernels/adam.h); the cpu one runs on the instance's threads. */
+  return tz_compute_adam(tr->cm, &p, master, m, v, grad, TZ_F32, param, tr->S, n);
 }
 
 /* The phase's compute (and without overlapped collectives its own gathers and reductions), on
@@ -987,12 +952,11 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
    * compute tier is host memory, and a small window makes every path of the scheduler run). */
   r.capacity[TZ_PLAN_COMPUTE] = c->tierzero.hbm_budget;
   uint64_t gpu_free = 0;
-#ifdef TZ_HAVE_CUDA
   if (tr->gpu) {
     uint64_t total = 0;
     if (p->plan_only && p->gpu_free) {
       gpu_free = total = p->gpu_free;
-    } else if ((rc = tz_hbm_mem_info(tr->device, &gpu_free, &total)) < 0) {
+    } else if ((rc = tz_compute_device_memory(tr->backend, tr->device, &gpu_free, &total)) < 0) {
       free(each);
       free(pp);
       return rc;
@@ -1001,7 +965,6 @@ static int make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
     uint64_t reserve = total / 32 > (2ull << 30) ? total / 32 : (2ull << 30);
     gpu_free = gpu_free > reserve ? round_up(gpu_free - reserve, ALIGN) - ALIGN : 0;
   }
-#endif
   if (!r.capacity[TZ_PLAN_COMPUTE] && tr->gpu && p->auto_placement) {
     /* The plan chooses: every free byte of the GPU, the window what the homes leave. */
     r.capacity[TZ_PLAN_COMPUTE] = gpu_free;
@@ -1143,6 +1106,14 @@ static int check_options(tz_trainer *tr, const struct tz_trainer_params *p) {
   return 0;
 }
 
+/* 1 when this build has the compute backend `name`. */
+static int backend_built(const char *name) {
+  for (int i = 0; i < tz_compute_backend_count(); i++)
+    if (strcmp(tz_compute_backend_name(i), name) == 0)
+      return 1;
+  return 0;
+}
+
 /* The compute backend and its storage dtype, before anything is allocated (the plan needs the
  * dtype): cpu computes in fp32; cuda in bf16, or fp16 with fp16.enabled, on GPU tr->device. */
 static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
@@ -1160,9 +1131,8 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
                                     "backend's are in host memory: run CPU ranks under mpirun (the "
                                     "mpi comm)");
   } else if (strcmp(backend, "cuda") == 0) {
-#ifndef TZ_HAVE_CUDA
-    return tz_err_set(TZ_ENOTSUP, "train: compute backend 'cuda': this build has no CUDA");
-#else
+    if (!backend_built("cuda"))
+      return tz_err_set(TZ_ENOTSUP, "train: compute backend 'cuda': this build has no CUDA");
     tr->backend = "cuda";
     tr->gpu = 1;
     tr->S = tr->cfg.precision == TZ_PRECISION_FP16 ? TZ_F16 : TZ_BF16;
@@ -1175,17 +1145,11 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
                                     "(tz-train --nproc N, or torchrun), which use the nccl comm");
     /* The GPU: the caller's, else the config's, else the calling thread's current device (the
      * nccl comm makes it the local rank's). */
-    tr->device = p->device >= 0 ? p->device : tr->cfg.tierzero.device;
-    if (tr->device < 0 && cudaGetDevice(&tr->device) != cudaSuccess) {
-      cudaGetLastError();
-      tr->device = 0;
-    }
-    struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, tr->device) == cudaSuccess)
-      snprintf(tr->device_name, sizeof tr->device_name, "%s", prop.name);
-    else
-      cudaGetLastError();
-#endif
+    struct tz_compute_device d;
+    TZ_CHECK(tz_compute_device_info("cuda", p->device >= 0 ? p->device : tr->cfg.tierzero.device,
+                                    &d));
+    tr->device = d.index;
+    snprintf(tr->device_name, sizeof tr->device_name, "%s", d.name);
   } else {
     return tz_err_set(TZ_ENOENT, "train: no compute backend '%s' (cpu or cuda)", backend);
   }
@@ -1231,60 +1195,32 @@ static int measure_layer(tz_trainer *tr) {
 
 double tz_trainer_layer_rate(const tz_trainer *tr) { return tr->layer_rate; }
 
-#ifdef TZ_HAVE_CUDA
-/* n CUDA events of the current device into ev (flags as cudaEventCreateWithFlags's); none left
- * made on failure. */
-static int create_events(void **ev, int n, unsigned flags, const char *what) {
-  for (int i = 0; i < n; i++) {
-    cudaError_t e = cudaEventCreateWithFlags((cudaEvent_t *)&ev[i], flags);
-    if (e != cudaSuccess) {
-      for (int k = 0; k < i; k++)
-        cudaEventDestroy(ev[k]);
-      return tz_err_set(TZ_ECUDA, "train: %s: %s", what, cudaGetErrorString(e));
-    }
-  }
-  return 0;
-}
-
 /* The GPU's compute lane. With more than one rank the nccl comm enqueues its collectives on its
  * own stream from the calling thread: the lane adopts that stream, so that compute and
  * collectives, both launched by the client thread in phase order, are ordered by the stream;
- * with overlapped collectives the lane gets a stream of its own, ordered with the comm's by
- * events (stream_order). */
+ * with overlapped collectives the lane gets a stream of its own, ordered with the comm's through
+ * a second lane on the comm's stream (stream_order). */
 static int create_lane(tz_trainer *tr) {
   if (tr->world == 1)
-    return tz_hbm_lane_create(tr->t_compute, &tr->lane);
+    return tz_lane_create_device(tr->t_compute, NULL, NULL, &tr->lane);
   void **s = tz_comm_native(tr->comm, "cuda_stream");
   if (!s || !*s)
     return tz_err_set(TZ_ENOTSUP, "train: the %s comm has no CUDA stream for the GPU lane",
                       tz_comm_backend(tr->comm));
-  cudaError_t e = cudaSetDevice(tr->device);
-  if (e != cudaSuccess)
-    return tz_err_set(TZ_ECUDA, "train: cudaSetDevice(%d): %s", tr->device, cudaGetErrorString(e));
-  /* The timing events of the step's collectives (coll_event): at most four per phase. */
-  int cap = 4 * tr->n_ph + 8;
-  void **ev = calloc((size_t)(2 * cap * 2), sizeof *ev);
-  if (!ev)
-    return tz_err_set(TZ_ENOMEM, "train: no memory for collective timing events");
-  int rc = create_events(ev, 2 * cap * 2, cudaEventDefault, "collective timing events");
-  if (rc < 0) {
-    free(ev);
-    return rc;
+  if (!tr->overlap) {
+    TZ_CHECK(tz_lane_create_device(tr->t_compute, *s, NULL, &tr->lane));
+  } else {
+    /* Overlapped collectives: the lane on a stream of its own beside the comm's. */
+    TZ_CHECK(tz_lane_create_device(tr->t_compute, *s, "comm", &tr->comm_lane));
+    tr->split = 1;
+    TZ_CHECK(tz_lane_create_device(tr->t_compute, NULL, NULL, &tr->lane));
   }
-  tr->coll_ev = ev;
+  /* The timing marks of the step's collectives (coll_event): at most four per phase. */
+  int cap = 4 * tr->n_ph + 8;
+  TZ_CHECK(tz_lane_timer_create(tr->lane, 2 * cap * 2, &tr->coll_timer));
   tr->coll_cap = cap;
-  if (!tr->overlap)
-    return tz_hbm_lane_create_on(tr->t_compute, *s, &tr->lane);
-  /* Overlapped collectives: the lane on a stream of its own beside the comm's. */
-  void *order[2];
-  TZ_CHECK(create_events(order, 2, cudaEventDisableTiming, "events for the comm's stream"));
-  tr->comm_stream = *s;
-  tr->ev_to_comm = order[0];
-  tr->ev_from_comm = order[1];
-  tr->split = 1;
-  return tz_hbm_lane_create(tr->t_compute, &tr->lane);
+  return 0;
 }
-#endif
 
 static int sizes(tz_trainer *tr) {
   int nb = tr->nb;
@@ -1394,10 +1330,8 @@ static int create_tiers(tz_trainer *tr) {
   tr->host_tokens[0] = (int32_t *)io;
   tr->host_tokens[1] = (int32_t *)(io + tok);
   tr->host_scal = (float *)(io + 2 * tok);
-#ifdef TZ_HAVE_CUDA
   if (tr->gpu)
     TZ_CHECK(create_lane(tr));
-#endif
   TZ_CHECK(create_compute(tr));
   TZ_CHECK(tz_tier_alloc(tr->t_compute, pl->compute_fixed, &tr->buf));
   char *base = tier_ptr(tr->t_compute, tr->buf.offset), *q = base;
@@ -1693,17 +1627,9 @@ void tz_trainer_destroy(tz_trainer *tr) {
         tz_tier_free(&tr->home[b][k]);
   tz_tier_free(&tr->buf);
   tz_compute_destroy(tr->cm);
+  tz_lane_timer_destroy(tr->coll_timer);
   tz_lane_destroy(tr->lane);
-#ifdef TZ_HAVE_CUDA
-  if (tr->coll_ev)
-    for (int i = 0; i < 2 * tr->coll_cap * 2; i++)
-      cudaEventDestroy(tr->coll_ev[i]);
-  free(tr->coll_ev);
-  if (tr->ev_to_comm)
-    cudaEventDestroy(tr->ev_to_comm);
-  if (tr->ev_from_comm)
-    cudaEventDestroy(tr->ev_from_comm);
-#endif
+  tz_lane_destroy(tr->comm_lane);
   tz_tier_destroy(tr->t_nvme);
   tz_tier_destroy(tr->t_nvme_base);
   tz_tier_destroy(tr->t_host);
@@ -1900,13 +1826,11 @@ static int apply_block(tz_trainer *tr, const struct tz_adam_params *ap, int b,
     else if (!at[k])
       rc = tz_sched_block_load(tr->sched, tr->bid[b][k], at[k] = buf[k]);
   }
-  if (rc == 0 && on_gpu) {
-#ifdef TZ_HAVE_CUDA /* the same bits as tz_adam_cpu (kernels/adam.h) */
-    rc = tz_adam_cuda(ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V], at[TZ_PLAN_GRAD],
-                      TZ_F32, at[TZ_PLAN_PARAM], tr->S, tr->shard[b], tz_compute_stream(tr->cm));
+  if (rc == 0 && on_gpu) { /* the same bits as tz_adam_cpu (kernels/adam.h) */
+    rc = tz_compute_adam(tr->cm, ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V],
+                         at[TZ_PLAN_GRAD], TZ_F32, at[TZ_PLAN_PARAM], tr->S, tr->shard[b]);
     if (rc == 0)
       rc = tz_compute_sync(tr->cm);
-#endif
   } else if (rc == 0) {
     struct tz_adam_cpu_opts o = {.threads = home_threads(tr)};
     rc = tz_adam_cpu(ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V], at[TZ_PLAN_GRAD],
