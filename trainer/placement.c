@@ -126,8 +126,8 @@ static int rebound(const struct tz_plan_request *r, struct tz_plan *plan) {
 }
 
 /* Whether phase i runs at its blocks' homes on the scheduler's home lane, with the homes `tiers`:
- * an opt phase of a block the CPU steps (tz_train_choose_cpu_steps), whose state lives in host memory
- * (nothing on nvme; on a GPU every use at home, the gradient too). CPU Adam then updates the
+ * an opt phase of a block the CPU steps (tz_train_choose_cpu_steps), whose state lives in host
+ * memory (nothing on nvme; on a GPU every use at home, the gradient too). CPU Adam then updates the
  * shards in place instead of copying them into the compute tier and back, and overlaps the
  * compute lane. Unfolded steps keep opt on the compute lane: there it must follow the step's
  * finish_step, which only the compute lane's order gives. */
@@ -145,12 +145,9 @@ static int home_phase(const tz_trainer *tr, int i, const int8_t *tiers) {
   return host && !nvme && !device;
 }
 
-int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
-  const struct tz_config *c = &tr->cfg;
-  struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
-  if (!pp)
-    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
-  int rc = 0;
+/* The plan's view of each phase: its FLOP, Adam elements, collective bytes (held up or beside
+ * the compute) and uses. */
+static void plan_phases(tz_trainer *tr, struct tz_plan_phase *pp) {
   double share = tr->world > 1 ? (double)(tr->world - 1) / tr->world : 0;
   for (int i = 0; i < tr->n_ph; i++) {
     const struct phase *ph = &tr->ph[i];
@@ -178,6 +175,12 @@ int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
     for (int u = 0; u < ph->n_uses; u++)
       pp[i].uses[u] = (struct tz_plan_use){ph->blocks[u], ph->kinds[u], ph->uses[u].access};
   }
+}
+
+/* The request's shape, buffers, window and the placement the config forces. */
+static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
+                         struct tz_plan_phase *pp, struct tz_plan_request *out) {
+  const struct tz_config *c = &tr->cfg;
   uint64_t sz[BUF_COUNT];
   tz_train_buffer_sizes(tr, sz);
   struct tz_plan_request r;
@@ -205,73 +208,93 @@ int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
     r.force[TZ_PLAN_GRAD] = tr->gpu ? TZ_PLAN_COMPUTE : ot == TZ_PLAN_NVME ? TZ_PLAN_HOST : ot;
   }
   r.force_each = p->force_tiers;
-  /* On a GPU, the blocks the CPU steps (tierzero.cpu_adam) keep their gradients at home with the
-   * optimizer state, which must be in host memory: forced placement only. */
-  int8_t *each = NULL;
-  int split = 0;
-  for (int b = 0; b < tr->nb; b++)
-    split |= tr->cpu_step[b];
-  if (tr->gpu && split) {
-    if (p->auto_placement || r.force[TZ_PLAN_MASTER] != TZ_PLAN_HOST) {
-      memset(tr->cpu_step, 0, (size_t)tr->nb);
-      TZ_WARN("train: tierzero.cpu_adam needs the optimizer state offloaded to cpu by the config "
-              "(offload_optimizer.device cpu, no --auto-placement); Adam runs on the GPU");
-    } else {
-      each = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
-      if (!each) {
-        free(pp);
-        return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
-      }
-      for (int i = 0; i < tr->nb * TZ_PLAN_KINDS; i++)
-        each[i] = p->force_tiers ? p->force_tiers[i] : TZ_PLAN_AUTO;
-      for (int b = 0; b < tr->nb; b++)
-        if (tr->cpu_step[b])
-          each[b * TZ_PLAN_KINDS + TZ_PLAN_GRAD] = TZ_PLAN_HOST;
-      r.force_each = each;
-    }
-  }
   if (p->rates)
     r.rates = *p->rates;
   if (tr->layer_rate > 0)
     r.rates.flops = tr->layer_rate;
-  /* Home phases, as far as forced homes tell before the plan (checked against its homes below). */
-  r.home_on_compute = !tr->gpu;
-  int8_t *guess = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
-  if (!guess) {
-    free(each);
-    free(pp);
-    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
+  r.home_on_compute = !tr->gpu; /* home phases: guess_home_phases, then settle_home_phases */
+  *out = r;
+}
+
+/* On a GPU, the blocks the CPU steps (tierzero.cpu_adam) keep their gradients at home with the
+ * optimizer state, which must be in host memory: forced placement only. *each (the caller frees
+ * it) is the per-block placement that says so, when it applies. */
+static int cpu_step_grads(tz_trainer *tr, const struct tz_trainer_params *p,
+                          struct tz_plan_request *r, int8_t **each) {
+  *each = NULL;
+  int split = 0;
+  for (int b = 0; b < tr->nb; b++)
+    split |= tr->cpu_step[b];
+  if (!tr->gpu || !split)
+    return 0;
+  if (p->auto_placement || r->force[TZ_PLAN_MASTER] != TZ_PLAN_HOST) {
+    memset(tr->cpu_step, 0, (size_t)tr->nb);
+    TZ_WARN("train: tierzero.cpu_adam needs the optimizer state offloaded to cpu by the config "
+            "(offload_optimizer.device cpu, no --auto-placement); Adam runs on the GPU");
+    return 0;
   }
+  int8_t *e = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
+  if (!e)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
+  for (int i = 0; i < tr->nb * TZ_PLAN_KINDS; i++)
+    e[i] = p->force_tiers ? p->force_tiers[i] : TZ_PLAN_AUTO;
+  for (int b = 0; b < tr->nb; b++)
+    if (tr->cpu_step[b])
+      e[b * TZ_PLAN_KINDS + TZ_PLAN_GRAD] = TZ_PLAN_HOST;
+  r->force_each = e;
+  *each = e;
+  return 0;
+}
+
+/* Home phases, as far as forced homes tell before the plan (checked against its homes after). */
+static int guess_home_phases(tz_trainer *tr, const struct tz_plan_request *r,
+                             struct tz_plan_phase *pp) {
+  int8_t *guess = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
+  if (!guess)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
   for (int i = 0; i < tr->nb * TZ_PLAN_KINDS; i++) {
-    int f = r.force_each ? r.force_each[i] : TZ_PLAN_AUTO;
-    f = f == TZ_PLAN_AUTO ? r.force[i % TZ_PLAN_KINDS] : f;
+    int f = r->force_each ? r->force_each[i] : TZ_PLAN_AUTO;
+    f = f == TZ_PLAN_AUTO ? r->force[i % TZ_PLAN_KINDS] : f;
     guess[i] = (int8_t)(f == TZ_PLAN_AUTO ? TZ_PLAN_COMPUTE : f);
   }
   for (int i = 0; i < tr->n_ph; i++)
     pp[i].at_home = home_phase(tr, i, guess);
   free(guess);
+  return 0;
+}
+
+/* The GPU's free memory for the plan: p->gpu_free when only planning, else asked of the backend,
+ * less a reserve; 0 without a GPU. */
+static int gpu_free_bytes(tz_trainer *tr, const struct tz_trainer_params *p, uint64_t *out) {
+  uint64_t gpu_free = 0;
+  *out = 0;
+  if (!tr->gpu)
+    return 0;
+  uint64_t total = 0;
+  if (p->plan_only && p->gpu_free)
+    gpu_free = total = p->gpu_free;
+  else
+    TZ_CHECK(tz_compute_device_memory(tr->backend, tr->device, &gpu_free, &total));
+  /* Left to the CUDA context's growth, cuBLASLt, NCCL and the allocator's slack. */
+  uint64_t reserve = total / 32 > (2ull << 30) ? total / 32 : (2ull << 30);
+  *out = gpu_free > reserve ? round_up(gpu_free - reserve, ALIGN) - ALIGN : 0;
+  return 0;
+}
+
+/* Capacities. The compute tier: tierzero.hbm_budget; without one, room for the buffers, the
+ * homes forced into it and a window of a quarter of the state (on a CPU-only machine the
+ * compute tier is host memory, and a small window makes every path of the scheduler run). */
+static int compute_capacity(tz_trainer *tr, const struct tz_trainer_params *p,
+                            struct tz_plan_request *rq) {
+  const struct tz_config *c = &tr->cfg;
+  struct tz_plan_request r = *rq;
   uint64_t state = 0;
   for (int b = 0; b < tr->nb; b++)
     for (int k = 0; k < TZ_PLAN_KINDS; k++)
       state += round_up(tr->bytes[b][k], ALIGN);
-  /* Capacities. The compute tier: tierzero.hbm_budget; without one, room for the buffers, the
-   * homes forced into it and a window of a quarter of the state (on a CPU-only machine the
-   * compute tier is host memory, and a small window makes every path of the scheduler run). */
   r.capacity[TZ_PLAN_COMPUTE] = c->tierzero.hbm_budget;
-  uint64_t gpu_free = 0;
-  if (tr->gpu) {
-    uint64_t total = 0;
-    if (p->plan_only && p->gpu_free) {
-      gpu_free = total = p->gpu_free;
-    } else if ((rc = tz_compute_device_memory(tr->backend, tr->device, &gpu_free, &total)) < 0) {
-      free(each);
-      free(pp);
-      return rc;
-    }
-    /* Left to the CUDA context's growth, cuBLASLt, NCCL and the allocator's slack. */
-    uint64_t reserve = total / 32 > (2ull << 30) ? total / 32 : (2ull << 30);
-    gpu_free = gpu_free > reserve ? round_up(gpu_free - reserve, ALIGN) - ALIGN : 0;
-  }
+  uint64_t gpu_free;
+  TZ_CHECK(gpu_free_bytes(tr, p, &gpu_free));
   if (!r.capacity[TZ_PLAN_COMPUTE] && tr->gpu && p->auto_placement) {
     /* The plan chooses: every free byte of the GPU, the window what the homes leave. */
     r.capacity[TZ_PLAN_COMPUTE] = gpu_free;
@@ -302,31 +325,59 @@ int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
     if (!p->window)
       r.window = window;
   }
+  *rq = r;
+  return 0;
+}
+
+/* The host and nvme tiers' capacities. */
+static void other_capacities(tz_trainer *tr, struct tz_plan_request *r) {
+  const struct tz_config *c = &tr->cfg;
   /* Without a budget, the ranks (taken to share this machine) share what is available. */
-  r.capacity[TZ_PLAN_HOST] = c->tierzero.host_budget
-                                 ? c->tierzero.host_budget
-                                 : round_up(host_default_budget() / (uint64_t)tr->world, ALIGN);
+  r->capacity[TZ_PLAN_HOST] = c->tierzero.host_budget
+                                  ? c->tierzero.host_budget
+                                  : round_up(host_default_budget() / (uint64_t)tr->world, ALIGN);
   const char *dir = tz_train_nvme_dir(c);
-  r.capacity[TZ_PLAN_NVME] = 0;
+  r->capacity[TZ_PLAN_NVME] = 0;
   if (dir) {
     struct statvfs vfs;
-    r.capacity[TZ_PLAN_NVME] = c->tierzero.nvme_budget;
-    if (!r.capacity[TZ_PLAN_NVME] && statvfs(dir, &vfs) == 0)
-      r.capacity[TZ_PLAN_NVME] = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize / 2;
+    r->capacity[TZ_PLAN_NVME] = c->tierzero.nvme_budget;
+    if (!r->capacity[TZ_PLAN_NVME] && statvfs(dir, &vfs) == 0)
+      r->capacity[TZ_PLAN_NVME] = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize / 2;
   }
-  rc = tz_plan_make(&r, &tr->plan);
+}
+
+/* The phases that will run at the homes with the plan's homes; the bound again if the guess
+ * (guess_home_phases) was wrong for any. */
+static int settle_home_phases(tz_trainer *tr, const struct tz_plan_request *r,
+                              struct tz_plan_phase *pp) {
+  int changed = 0;
+  for (int i = 0; i < tr->n_ph; i++) {
+    tr->at_home[i] = home_phase(tr, i, tr->plan.tier);
+    changed |= tr->at_home[i] != pp[i].at_home;
+    pp[i].at_home = tr->at_home[i];
+  }
+  return changed ? rebound(r, &tr->plan) : 0;
+}
+
+int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
+  struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
+  if (!pp)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
+  plan_phases(tr, pp);
+  struct tz_plan_request r;
+  plan_request(tr, p, pp, &r);
+  int8_t *each = NULL;
+  int rc = cpu_step_grads(tr, p, &r, &each);
+  if (rc == 0)
+    rc = guess_home_phases(tr, &r, pp);
+  if (rc == 0)
+    rc = compute_capacity(tr, p, &r);
   if (rc == 0) {
-    /* The phases that will run at the homes with the plan's homes; the bound again if the
-     * guess above was wrong for any. */
-    int changed = 0;
-    for (int i = 0; i < tr->n_ph; i++) {
-      tr->at_home[i] = home_phase(tr, i, tr->plan.tier);
-      changed |= tr->at_home[i] != pp[i].at_home;
-      pp[i].at_home = tr->at_home[i];
-    }
-    if (changed)
-      rc = rebound(&r, &tr->plan);
+    other_capacities(tr, &r);
+    rc = tz_plan_make(&r, &tr->plan);
   }
+  if (rc == 0)
+    rc = settle_home_phases(tr, &r, pp);
   free(each);
   free(pp);
   return rc;
@@ -334,8 +385,9 @@ int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
 
 /* tierzero.cpu_adam_search: of the shares 0, 1/8, ..., 1, the one whose plan predicts the least
  * bound (the smaller on a tie within a part in a billion); shares whose plan does not fit are
- * passed over. With a GPU only where the share can apply (tz_train_make_plan): otherwise, and when a
- * plan's rates are unknown, the default. Leaves cpu_step chosen for tz_train_make_plan to plan again. */
+ * passed over. With a GPU only where the share can apply (tz_train_make_plan): otherwise, and
+ * when a plan's rates are unknown, the default. Leaves cpu_step chosen for tz_train_make_plan to
+ * plan again. */
 int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p) {
   const struct tz_config *c = &tr->cfg;
   int applies = !tr->gpu || (!p->auto_placement &&

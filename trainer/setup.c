@@ -200,67 +200,57 @@ static int create_lane(tz_trainer *tr) {
   return 0;
 }
 
-static int create_tiers(tz_trainer *tr) {
+/* The nvme tier (through a fault tier with tierzero.faults) for the plan's nvme homes. */
+static int create_nvme_tier(tz_trainer *tr) {
   const struct tz_config *c = &tr->cfg;
   const struct tz_plan *pl = &tr->plan;
-  uint64_t sz[BUF_COUNT];
-  tz_train_buffer_sizes(tr, sz);
   struct tz_tier_params tp;
+  const char *dir = tz_train_nvme_dir(c);
+  if (!dir)
+    return tz_err_set(TZ_ECONFIG,
+                      "train: state is placed on nvme but no directory is given "
+                      "(tierzero.nvme_path or zero_optimization.offload_*.nvme_path)");
   tz_tier_params_init(&tp);
-  tp.name = "compute";
-  tp.numa_node = c->tierzero.numa_node;
-  tp.capacity = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->window;
-  tp.device = tr->device;
-  TZ_CHECK(tz_tier_create(tr->rt, tr->gpu ? "hbm" : "host", &tp, &tr->t_compute));
-  if (pl->used[TZ_PLAN_HOST]) {
-    tz_tier_params_init(&tp);
-    tp.name = "host";
-    tp.numa_node = c->tierzero.numa_node;
-    tp.capacity = pl->used[TZ_PLAN_HOST];
-    TZ_CHECK(tz_tier_create(tr->rt, "host", &tp, &tr->t_host));
+  tp.name = "nvme";
+  tp.capacity = pl->used[TZ_PLAN_NVME];
+  if (c->tierzero.nvme_path.n > 0) {
+    tp.n_paths = c->tierzero.nvme_path.n;
+    for (int i = 0; i < tp.n_paths; i++)
+      tp.paths[i] = c->tierzero.nvme_path.path[i];
+  } else {
+    tp.paths[0] = dir;
+    tp.n_paths = 1;
   }
-  if (pl->used[TZ_PLAN_NVME]) {
-    const char *dir = tz_train_nvme_dir(c);
-    if (!dir)
-      return tz_err_set(TZ_ECONFIG,
-                        "train: state is placed on nvme but no directory is given "
-                        "(tierzero.nvme_path or zero_optimization.offload_*.nvme_path)");
-    tz_tier_params_init(&tp);
-    tp.name = "nvme";
-    tp.capacity = pl->used[TZ_PLAN_NVME];
-    if (c->tierzero.nvme_path.n > 0) {
-      tp.n_paths = c->tierzero.nvme_path.n;
-      for (int i = 0; i < tp.n_paths; i++)
-        tp.paths[i] = c->tierzero.nvme_path.path[i];
-    } else {
-      tp.paths[0] = dir;
-      tp.n_paths = 1;
-    }
-    tp.checksum = c->tierzero.nvme_checksum;
-    tp.buffered = c->tierzero.nvme_buffered;
-    /* DeepSpeed's aio.block_size (1 MiB unless set) is the stripe unit: the size of a request. */
-    tp.queue_depth = c->tierzero.queue_depth;
-    if (c->aio.block_size > 0)
-      tp.stripe_bytes = (uint64_t)c->aio.block_size;
-    tp.faults = c->tierzero.faults;
-    if (c->tierzero.faults) {
-      /* Fault injection (tests): the nvme tier wrapped in a fault tier, used only through it. */
-      tp.name = "nvme-base";
-      TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme_base));
-      struct tz_tier_params fp;
-      tz_tier_params_init(&fp);
-      fp.name = "nvme";
-      fp.capacity = pl->used[TZ_PLAN_NVME];
-      fp.base = tr->t_nvme_base;
-      fp.faults = c->tierzero.faults;
-      TZ_CHECK(tz_tier_create(tr->rt, "fault", &fp, &tr->t_nvme));
-    } else {
-      TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme));
-    }
+  tp.checksum = c->tierzero.nvme_checksum;
+  tp.buffered = c->tierzero.nvme_buffered;
+  /* DeepSpeed's aio.block_size (1 MiB unless set) is the stripe unit: the size of a request. */
+  tp.queue_depth = c->tierzero.queue_depth;
+  if (c->aio.block_size > 0)
+    tp.stripe_bytes = (uint64_t)c->aio.block_size;
+  tp.faults = c->tierzero.faults;
+  if (c->tierzero.faults) {
+    /* Fault injection (tests): the nvme tier wrapped in a fault tier, used only through it. */
+    tp.name = "nvme-base";
+    TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme_base));
+    struct tz_tier_params fp;
+    tz_tier_params_init(&fp);
+    fp.name = "nvme";
+    fp.capacity = pl->used[TZ_PLAN_NVME];
+    fp.base = tr->t_nvme_base;
+    fp.faults = c->tierzero.faults;
+    TZ_CHECK(tz_tier_create(tr->rt, "fault", &fp, &tr->t_nvme));
+  } else {
+    TZ_CHECK(tz_tier_create(tr->rt, "nvme", &tp, &tr->t_nvme));
   }
-  /* The step's tokens and results cross to the compute tier through a host tier of their own,
-   * which the runtime page-locks for a GPU (a copy from pageable memory is staged by the driver
-   * and blocks). */
+  return 0;
+}
+
+/* The step's tokens and results cross to the compute tier through a host tier of their own,
+ * which the runtime page-locks for a GPU (a copy from pageable memory is staged by the driver
+ * and blocks). */
+static int create_io_tier(tz_trainer *tr) {
+  const struct tz_config *c = &tr->cfg;
+  struct tz_tier_params tp;
   uint64_t tok = round_up((uint64_t)tr->G * (uint64_t)tr->N * 2 * sizeof(int32_t), 256);
   tz_tier_params_init(&tp);
   tp.name = "io";
@@ -272,10 +262,13 @@ static int create_tiers(tz_trainer *tr) {
   tr->host_tokens[0] = (int32_t *)io;
   tr->host_tokens[1] = (int32_t *)(io + tok);
   tr->host_scal = (float *)(io + 2 * tok);
-  if (tr->gpu)
-    TZ_CHECK(create_lane(tr));
-  TZ_CHECK(create_compute(tr));
-  TZ_CHECK(tz_tier_alloc(tr->t_compute, pl->compute_fixed, &tr->buf));
+  return 0;
+}
+
+/* The trainer-owned buffers, carved out of the compute tier's buf (sz: tz_train_buffer_sizes)
+ * and zeroed. */
+static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
+  const struct tz_plan *pl = &tr->plan;
   char *base = tier_ptr(tr->t_compute, tr->buf.offset), *q = base;
 #define CARVE(i) (q += round_up(sz[i], 256), q - round_up(sz[i], 256))
   tr->tokens = (int32_t *)CARVE(BUF_TOKENS);
@@ -301,6 +294,35 @@ static int create_tiers(tz_trainer *tr) {
     tr->x[i] = xs + (uint64_t)i * xb;
   TZ_CHECK(tz_compute_zero(tr->cm, base, (size_t)pl->compute_fixed));
   return tz_compute_sync(tr->cm);
+}
+
+static int create_tiers(tz_trainer *tr) {
+  const struct tz_config *c = &tr->cfg;
+  const struct tz_plan *pl = &tr->plan;
+  uint64_t sz[BUF_COUNT];
+  tz_train_buffer_sizes(tr, sz);
+  struct tz_tier_params tp;
+  tz_tier_params_init(&tp);
+  tp.name = "compute";
+  tp.numa_node = c->tierzero.numa_node;
+  tp.capacity = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->window;
+  tp.device = tr->device;
+  TZ_CHECK(tz_tier_create(tr->rt, tr->gpu ? "hbm" : "host", &tp, &tr->t_compute));
+  if (pl->used[TZ_PLAN_HOST]) {
+    tz_tier_params_init(&tp);
+    tp.name = "host";
+    tp.numa_node = c->tierzero.numa_node;
+    tp.capacity = pl->used[TZ_PLAN_HOST];
+    TZ_CHECK(tz_tier_create(tr->rt, "host", &tp, &tr->t_host));
+  }
+  if (pl->used[TZ_PLAN_NVME])
+    TZ_CHECK(create_nvme_tier(tr));
+  TZ_CHECK(create_io_tier(tr));
+  if (tr->gpu)
+    TZ_CHECK(create_lane(tr));
+  TZ_CHECK(create_compute(tr));
+  TZ_CHECK(tz_tier_alloc(tr->t_compute, pl->compute_fixed, &tr->buf));
+  return carve_buffers(tr, sz);
 }
 
 static tz_tier *tier_for(tz_trainer *tr, int t) {
@@ -472,23 +494,9 @@ static void choose_overlap(tz_trainer *tr, const struct tz_trainer_params *p) {
   tr->overlap = v && tr->cfg.zero_optimization.overlap_comm && tr->world > 1;
 }
 
-int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config *mc, tz_comm *comm,
-                      tz_runtime *rt, const struct tz_trainer_params *p, tz_trainer **out) {
-  *out = NULL;
-  TZ_CHECK(tz_model_config_check(mc));
-  struct tz_trainer_params defaults;
-  if (!p) {
-    tz_trainer_params_init(&defaults);
-    p = &defaults;
-  }
-  tz_trainer *tr = calloc(1, sizeof *tr);
-  if (!tr)
-    return tz_err_set(TZ_ENOMEM, "train: no memory");
-  int rc = tz_config_copy(&tr->cfg, cfg);
-  if (rc < 0) {
-    free(tr);
-    return rc;
-  }
+/* The run's shape: the model, the ranks (those planned for, with plan_world), the batch. */
+static int init_shape(tz_trainer *tr, const struct tz_config *cfg, const struct tz_model_config *mc,
+                      tz_comm *comm, tz_runtime *rt, const struct tz_trainer_params *p) {
   tr->mc = *mc;
   tr->comm = comm;
   tr->rt = rt;
@@ -508,49 +516,73 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
   tr->total_steps = p->total_steps;
   tr->clip_scale = 1.0f;
   tr->opt_scale = 1.0f;
-  if (p->trace_path && !(tr->trace_path = strdup(p->trace_path))) {
-    rc = tz_err_set(TZ_ENOMEM, "train: no memory");
-    goto fail;
-  }
-  TZ_CHECK_GOTO(check_options(tr, p), rc, fail);
-  TZ_CHECK_GOTO(choose_backend(tr, p), rc, fail);
+  if (p->trace_path && !(tr->trace_path = strdup(p->trace_path)))
+    return tz_err_set(TZ_ENOMEM, "train: no memory");
+  return 0;
+}
+
+/* Everything up to the plan: options, the backend, sizes, the phases, the layer's rate, the
+ * blocks the CPU steps, the plan. Allocates nothing in a tier. */
+static int plan_trainer(tz_trainer *tr, const struct tz_trainer_params *p) {
+  TZ_CHECK(check_options(tr, p));
+  TZ_CHECK(choose_backend(tr, p));
   choose_overlap(tr, p);
-  TZ_CHECK_GOTO(tz_train_sizes(tr), rc, fail);
-  TZ_CHECK_GOTO(tz_train_build_phases(tr), rc, fail);
+  TZ_CHECK(tz_train_sizes(tr));
+  TZ_CHECK(tz_train_build_phases(tr));
   if (p->plan_only && p->layer_rate > 0)
     tr->layer_rate = p->layer_rate;
   else if (p->measure_layer)
-    TZ_CHECK_GOTO(measure_layer(tr), rc, fail);
+    TZ_CHECK(measure_layer(tr));
   tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);
-  if (!tr->at_home) {
-    rc = tz_err_set(TZ_ENOMEM, "train: no memory");
-    goto fail;
-  }
+  if (!tr->at_home)
+    return tz_err_set(TZ_ENOMEM, "train: no memory");
   if (tr->cfg.tierzero.cpu_adam_search)
-    TZ_CHECK_GOTO(tz_train_search_cpu_steps(tr, p), rc, fail);
+    TZ_CHECK(tz_train_search_cpu_steps(tr, p));
   else
     tz_train_choose_cpu_steps(tr, tr->cfg.tierzero.cpu_adam);
-  TZ_CHECK_GOTO(tz_train_make_plan(tr, p), rc, fail);
-  if (p->plan_only) {
-    *out = tr;
-    return 0;
-  }
+  return tz_train_make_plan(tr, p);
+}
+
+/* What the plan asks for: the tiers, the homes with their initial shards, the scheduler. */
+static int build_trainer(tz_trainer *tr) {
   tr->x = calloc((size_t)tr->L + 1, sizeof *tr->x);
   tr->jobs = calloc(2 * (size_t)tr->n_ph, sizeof *tr->jobs);
-  if (!tr->x || !tr->jobs) {
-    rc = tz_err_set(TZ_ENOMEM, "train: no memory");
-    goto fail;
-  }
+  if (!tr->x || !tr->jobs)
+    return tz_err_set(TZ_ENOMEM, "train: no memory");
   double t0 = now_s();
-  TZ_CHECK_GOTO(create_tiers(tr), rc, fail);
+  TZ_CHECK(create_tiers(tr));
   double t1 = now_s();
-  TZ_CHECK_GOTO(init_homes(tr), rc, fail);
+  TZ_CHECK(init_homes(tr));
   double t2 = now_s();
-  TZ_CHECK_GOTO(create_sched(tr), rc, fail);
+  TZ_CHECK(create_sched(tr));
   TZ_INFO("train: rank %d of %d, %d blocks, %d phases per step, optimizer step %s, window %llu "
           "bytes; tiers made in %.1f s, shards initialised in %.1f s, scheduler in %.1f s",
           tr->rank, tr->world, tr->nb, tr->n_ph, tz_opt_mode_name(tr->mode),
           (unsigned long long)tr->plan.window, t1 - t0, t2 - t1, now_s() - t2);
+  return 0;
+}
+
+int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config *mc, tz_comm *comm,
+                      tz_runtime *rt, const struct tz_trainer_params *p, tz_trainer **out) {
+  *out = NULL;
+  TZ_CHECK(tz_model_config_check(mc));
+  struct tz_trainer_params defaults;
+  if (!p) {
+    tz_trainer_params_init(&defaults);
+    p = &defaults;
+  }
+  tz_trainer *tr = calloc(1, sizeof *tr);
+  if (!tr)
+    return tz_err_set(TZ_ENOMEM, "train: no memory");
+  int rc = tz_config_copy(&tr->cfg, cfg);
+  if (rc < 0) {
+    free(tr);
+    return rc;
+  }
+  TZ_CHECK_GOTO(init_shape(tr, cfg, mc, comm, rt, p), rc, fail);
+  TZ_CHECK_GOTO(plan_trainer(tr, p), rc, fail);
+  if (!p->plan_only)
+    TZ_CHECK_GOTO(build_trainer(tr), rc, fail);
   *out = tr;
   return 0;
 fail:

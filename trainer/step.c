@@ -24,6 +24,85 @@ static int adam_params(tz_trainer *tr, int64_t update, struct tz_adam_params *p)
   return tz_adam_params_for_step(p, update + 1);
 }
 
+/* Enters the step's phases in order and queues each one's job on its lane (the job slots of
+ * parity par); *done (the caller's) is the fence of the loss phase, after which the step's
+ * results are ready. */
+static int queue_phases(tz_trainer *tr, int par, int pending, const struct tz_adam_params *ap,
+                        const int32_t *ht, size_t n, tz_fence **done) {
+  for (int i = 0; i < tr->n_ph; i++) {
+    struct job *j = &tr->jobs[(size_t)par * (size_t)tr->n_ph + (size_t)i];
+    struct tz_view v;
+    TZ_CHECK(tz_sched_enter(tr->sched, i, &v));
+    memset(j, 0, sizeof *j);
+    j->tr = tr;
+    j->phase = i;
+    for (int u = 0; u < v.n_blocks; u++) {
+      const struct phase *ph = &tr->ph[i];
+      if (ph->roles[u] == USE_NEXT)
+        j->next_param = v.blocks[u].ptr;
+      else if (ph->roles[u] == USE_PREV)
+        j->prev_grad = v.blocks[u].ptr;
+      else
+        j->ptr[ph->kinds[u]] = v.blocks[u].ptr;
+    }
+    j->pending = pending;
+    j->par = par;
+    j->adam = *ap;
+    /* Folded, the previous step's factor (its loss phase has completed); overlapped, always 1
+     * (neither clipping nor loss scaling). */
+    j->home_scale = tr->mode == TZ_OPT_FOLDED ? tr->opt_scale : 1.0f;
+    j->tokens_host = ht;
+    j->targets_host = ht + n;
+    j->loss_scale = tr->fp16 ? tr->scale : 1.0f;
+    int rc = tz_sched_submit(tr->sched, tz_train_run_job, j);
+    int rc2 = tz_sched_leave(tr->sched, i);
+    if (rc < 0 || rc2 < 0)
+      return rc < 0 ? rc : rc2;
+    /* The step's results are ready when the lane has run its last backward phase. */
+    if (i == tr->loss_phase)
+      TZ_CHECK(tz_lane_record(v.lane, done));
+  }
+  return 0;
+}
+
+/* Once the step's results are ready: the updates counted, the one left pending, the loss scale.
+ * *update: the index of this step's own update. */
+static int count_update(tz_trainer *tr, int pending, int64_t *update) {
+  /* Folded, `pending` was the previous step's update, applied in this step's opt phases;
+   * otherwise this step's own, which an overflow has dropped. */
+  int overflow = tr->overflow, folded = tr->mode == TZ_OPT_FOLDED;
+  int64_t before = tr->updates;
+  if (folded ? pending : !overflow)
+    tr->updates++;
+  *update = folded ? tr->updates : before;
+  tr->pending = tr->mode == TZ_OPT_FOLDED && !overflow;
+  if (tr->fp16) {
+    float used = tr->scale;
+    TZ_CHECK(tz_train_update_scale(tr, overflow));
+    if (overflow) /* the client reports it (tz_step_result.skipped) */
+      TZ_INFO("train: step %lld: fp16 overflow at loss scale %g, update skipped; the scale is now "
+              "%g",
+              (long long)tr->step, (double)used, (double)tr->scale);
+  }
+  return 0;
+}
+
+/* What the client is told of the step (tz_step_result), but its collective time. */
+static void fill_result(tz_trainer *tr, struct tz_step_result *res, double t0,
+                        const struct tz_sched_stats *st0, int64_t update) {
+  struct tz_sched_stats st1;
+  tz_sched_stats(tr->sched, &st1);
+  res->step = tr->step;
+  res->loss = tr->loss;
+  res->grad_norm = tr->norm;
+  res->clip_scale = tr->clip_scale;
+  res->lr = tz_lr_at(&tr->cfg, update, tr->total_steps);
+  res->skipped = tr->overflow;
+  res->loss_scale = tr->fp16 ? tr->scale : 0;
+  res->step_s = now_s() - t0;
+  res->stall_s = st1.stall_s - st0->stall_s;
+}
+
 int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *targets,
                     struct tz_step_result *res) {
   if (!tr->sched)
@@ -44,73 +123,15 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
   if (pending)
     TZ_CHECK(adam_params(tr, tr->updates, &ap));
   tz_fence *done = NULL;
-  int rc = 0;
-  for (int i = 0; i < tr->n_ph; i++) {
-    struct job *j = &tr->jobs[(size_t)par * (size_t)tr->n_ph + (size_t)i];
-    struct tz_view v;
-    TZ_CHECK_GOTO(tz_sched_enter(tr->sched, i, &v), rc, out);
-    memset(j, 0, sizeof *j);
-    j->tr = tr;
-    j->phase = i;
-    for (int u = 0; u < v.n_blocks; u++) {
-      const struct phase *ph = &tr->ph[i];
-      if (ph->roles[u] == USE_NEXT)
-        j->next_param = v.blocks[u].ptr;
-      else if (ph->roles[u] == USE_PREV)
-        j->prev_grad = v.blocks[u].ptr;
-      else
-        j->ptr[ph->kinds[u]] = v.blocks[u].ptr;
-    }
-    j->pending = pending;
-    j->par = par;
-    j->adam = ap;
-    /* Folded, the previous step's factor (its loss phase has completed); overlapped, always 1
-     * (neither clipping nor loss scaling). */
-    j->home_scale = tr->mode == TZ_OPT_FOLDED ? tr->opt_scale : 1.0f;
-    j->tokens_host = ht;
-    j->targets_host = ht + n;
-    j->loss_scale = tr->fp16 ? tr->scale : 1.0f;
-    rc = tz_sched_submit(tr->sched, tz_train_run_job, j);
-    int rc2 = tz_sched_leave(tr->sched, i);
-    if (rc < 0 || rc2 < 0) {
-      rc = rc < 0 ? rc : rc2;
-      goto out;
-    }
-    /* The step's results are ready when the lane has run its last backward phase. */
-    if (i == tr->loss_phase)
-      TZ_CHECK_GOTO(tz_lane_record(v.lane, &done), rc, out);
-  }
+  int64_t update = 0;
+  int rc = queue_phases(tr, par, pending, &ap, ht, n, &done);
+  if (rc < 0)
+    goto out;
   TZ_CHECK_GOTO(tz_sched_step_end(tr->sched), rc, out);
   TZ_CHECK_GOTO(tz_fence_wait(done, -1), rc, out);
-  /* Folded, `pending` was the previous step's update, applied in this step's opt phases;
-   * otherwise this step's own, which an overflow has dropped. */
-  int overflow = tr->overflow, folded = tr->mode == TZ_OPT_FOLDED;
-  int64_t before = tr->updates;
-  if (folded ? pending : !overflow)
-    tr->updates++;
-  int64_t update = folded ? tr->updates : before; /* the index of this step's own update */
-  tr->pending = tr->mode == TZ_OPT_FOLDED && !overflow;
-  if (tr->fp16) {
-    float used = tr->scale;
-    TZ_CHECK_GOTO(tz_train_update_scale(tr, overflow), rc, out);
-    if (overflow) /* the client reports it (tz_step_result.skipped) */
-      TZ_INFO("train: step %lld: fp16 overflow at loss scale %g, update skipped; the scale is now "
-              "%g",
-              (long long)tr->step, (double)used, (double)tr->scale);
-  }
-  if (res) {
-    struct tz_sched_stats st1;
-    tz_sched_stats(tr->sched, &st1);
-    res->step = tr->step;
-    res->loss = tr->loss;
-    res->grad_norm = tr->norm;
-    res->clip_scale = tr->clip_scale;
-    res->lr = tz_lr_at(&tr->cfg, update, tr->total_steps);
-    res->skipped = overflow;
-    res->loss_scale = tr->fp16 ? tr->scale : 0;
-    res->step_s = now_s() - t0;
-    res->stall_s = st1.stall_s - st0.stall_s;
-  }
+  TZ_CHECK_GOTO(count_update(tr, pending, &update), rc, out);
+  if (res)
+    fill_result(tr, res, t0, &st0, update);
   double coll = tz_train_coll_take(tr, par);
   if (res)
     res->coll_s = coll;
