@@ -2,7 +2,6 @@
 #define _GNU_SOURCE
 #include "trainer/train_internal.h"
 #include "core/error.h"
-#include "core/log.h"
 
 #include <float.h>
 #include <math.h>

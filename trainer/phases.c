@@ -3,10 +3,10 @@
 #define _GNU_SOURCE
 #include "trainer/train_internal.h"
 #include "core/error.h"
-#include "core/log.h"
 #include "trainer/rates.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

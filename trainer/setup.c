@@ -4,7 +4,6 @@
 #include "trainer/train_internal.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "trainer/rates.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/lr.h"
-#include "trainer/rates.h"
 
 #include <stdlib.h>
 #include <string.h>

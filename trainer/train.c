@@ -3,7 +3,6 @@
 #define _GNU_SOURCE
 #include "trainer/train_internal.h"
 #include "core/error.h"
-#include "core/log.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -15,15 +15,6 @@
  * host copy of the tokens and the job slots, both double-buffered by step parity, and it waits
  * at the end of each step for that step's last backward phase, so the lane is never more than
  * one step behind. */
-#define _GNU_SOURCE
-#include "trainer/train.h"
-#include "core/error.h"
-#include "core/log.h"
-#include "core/sched.h"
-#include "core/tier.h"
-#include "kernels/adam.h"
-#include "trainer/lr.h"
-#include "trainer/rates.h"
 #ifndef TZ_TRAINER_TRAIN_INTERNAL_H
 #define TZ_TRAINER_TRAIN_INTERNAL_H
 
