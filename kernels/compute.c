@@ -55,6 +55,8 @@ static const struct tz_compute_backend *find_backend(const char *name) {
   return NULL;
 }
 
+int tz_compute_backend_built(const char *name) { return find_backend(name) != NULL; }
+
 int tz_compute_probe(const char *backend, char *why, size_t why_len) {
   const struct tz_compute_backend *b = find_backend(backend);
   if (!b) {

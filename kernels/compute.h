@@ -68,6 +68,8 @@ void tz_compute_params_init(struct tz_compute_params *p);
 /* Registry. Backends compiled into this build, in order: "cpu", and "cuda" with CUDA. */
 int tz_compute_backend_count(void);
 const char *tz_compute_backend_name(int i);
+/* 1 when this build has the backend `name` (whether or not it can run here: tz_compute_probe). */
+int tz_compute_backend_built(const char *name);
 /* 0 when the backend can run here; otherwise a negative code and why[] says why
  * ("cuda: not compiled in", "cuda: cudaGetDeviceCount: no CUDA-capable device is detected"). */
 int tz_compute_probe(const char *backend, char *why, size_t why_len);

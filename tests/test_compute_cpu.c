@@ -28,12 +28,15 @@ static void test_registry(void **state) {
   assert_true(tz_compute_backend_count() >= 1);
   assert_string_equal(tz_compute_backend_name(0), "cpu");
   assert_null(tz_compute_backend_name(tz_compute_backend_count()));
+  assert_true(tz_compute_backend_built("cpu"));
+  assert_false(tz_compute_backend_built("tpu"));
   char why[256];
   assert_int_equal(tz_compute_probe("cpu", why, sizeof why), 0);
   assert_int_equal(tz_compute_probe("tpu", why, sizeof why), TZ_ENOENT);
   int has_cuda = 0;
   for (int i = 0; i < tz_compute_backend_count(); i++)
     has_cuda |= strcmp(tz_compute_backend_name(i), "cuda") == 0;
+  assert_int_equal(tz_compute_backend_built("cuda"), has_cuda);
   if (!has_cuda) {
     assert_int_equal(tz_compute_probe("cuda", why, sizeof why), TZ_ENOTSUP);
     assert_non_null(strstr(why, "not compiled in"));

@@ -647,18 +647,10 @@ out:
   return rc;
 }
 
-/* 1 when this build has the compute backend `name`. */
-static int backend_built(const char *name) {
-  for (int i = 0; i < tz_compute_backend_count(); i++)
-    if (strcmp(tz_compute_backend_name(i), name) == 0)
-      return 1;
-  return 0;
-}
-
 /* The GPU machine's rates: copies between host and hbm, nvme as on a CPU machine, the cuda
  * backend's bf16 matmul at a layer's size, GPU Adam, and CPU Adam for the home phases. */
 static int measure_gpu(const struct tz_config *c, tz_runtime *rt, struct tz_plan_rates *r) {
-  if (!backend_built("cuda"))
+  if (!tz_compute_backend_built("cuda"))
     return tz_err_set(TZ_ENOTSUP, "rates: backend cuda: this build has no CUDA toolkit");
   int device = gpu_device(c);
   struct tz_compute_params cp;

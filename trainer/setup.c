@@ -83,14 +83,6 @@ static int check_options(tz_trainer *tr, const struct tz_trainer_params *p) {
   return tz_train_loss_scale_init(tr, p);
 }
 
-/* 1 when this build has the compute backend `name`. */
-static int backend_built(const char *name) {
-  for (int i = 0; i < tz_compute_backend_count(); i++)
-    if (strcmp(tz_compute_backend_name(i), name) == 0)
-      return 1;
-  return 0;
-}
-
 /* The compute backend and its storage dtype, before anything is allocated (the plan needs the
  * dtype): cpu computes in fp32; cuda in bf16, or fp16 with fp16.enabled, on GPU tr->device. */
 static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
@@ -108,7 +100,7 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
                                     "backend's are in host memory: run CPU ranks under mpirun (the "
                                     "mpi comm)");
   } else if (strcmp(backend, "cuda") == 0) {
-    if (!backend_built("cuda"))
+    if (!tz_compute_backend_built("cuda"))
       return tz_err_set(TZ_ENOTSUP, "train: compute backend 'cuda': this build has no CUDA");
     tr->backend = "cuda";
     tr->gpu = 1;
