@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/internal.h"
 #include "core/pool.h"
+#include "core/tier.h"
 #include "util/clock.h"
 
 #include <pthread.h>
@@ -52,6 +53,81 @@ int tz_lane_submit(tz_lane *l, int (*fn)(void *arg), void *arg) {
 }
 
 int tz_lane_record(tz_lane *l, tz_fence **out) { return l->ops->record(l, out); }
+
+int tz_lane_order(tz_lane *from, tz_lane *to) {
+  if (from->ops == to->ops && from->ops->order)
+    return from->ops->order(from, to);
+  tz_fence *f = NULL;
+  TZ_CHECK(tz_lane_record(from, &f));
+  int rc = tz_lane_wait(to, f, NULL);
+  tz_fence_release(f);
+  return rc;
+}
+
+struct tz_lane_timer {
+  tz_lane *l;
+  void *ctx;
+  int n;
+};
+
+int tz_lane_timer_create(tz_lane *l, int n, tz_lane_timer **out) {
+  *out = NULL;
+  if (!l->ops->timer_create)
+    return tz_err_set(TZ_ENOTSUP, "lane %s (%s): cannot time its work", l->name, l->ops->kind);
+  if (n < 1)
+    return tz_err_set(TZ_EINVAL, "lane %s: a timer of %d marks", l->name, n);
+  tz_lane_timer *t = calloc(1, sizeof *t);
+  if (!t)
+    return tz_err_set(TZ_ENOMEM, "lane %s: no memory for a timer", l->name);
+  int rc = l->ops->timer_create(l, n, &t->ctx);
+  if (rc < 0) {
+    free(t);
+    return rc;
+  }
+  t->l = l;
+  t->n = n;
+  *out = t;
+  return 0;
+}
+
+int tz_lane_timer_mark(tz_lane_timer *t, int i) {
+  if (i < 0 || i >= t->n)
+    return tz_err_set(TZ_EINVAL, "lane %s: timing mark %d outside [0, %d)", t->l->name, i, t->n);
+  return t->l->ops->timer_mark(t->l, t->ctx, i);
+}
+
+int tz_lane_timer_elapsed(tz_lane_timer *t, int i, int j, double *seconds) {
+  *seconds = 0;
+  if (i < 0 || i >= t->n || j < 0 || j >= t->n)
+    return tz_err_set(TZ_EINVAL, "lane %s: timing marks %d, %d outside [0, %d)", t->l->name, i,
+                      j, t->n);
+  return t->l->ops->timer_elapsed(t->l, t->ctx, i, j, seconds);
+}
+
+void tz_lane_timer_destroy(tz_lane_timer *t) {
+  if (!t)
+    return;
+  t->l->ops->timer_destroy(t->l, t->ctx);
+  free(t);
+}
+
+/* The registry of device lanes: the tier backends that make them, by the tier backend's name. */
+static const struct tz_lane_backend *const device_lanes[] = {
+#ifdef TZ_HAVE_CUDA
+    &tz_lane_backend_hbm,
+#endif
+    NULL,
+};
+
+int tz_lane_create_device(tz_tier *t, void *native, const char *name, tz_lane **out) {
+  *out = NULL;
+  const char *backend = tz_tier_backend(t);
+  for (int i = 0; device_lanes[i]; i++)
+    if (strcmp(device_lanes[i]->tier, backend) == 0)
+      return device_lanes[i]->create(t, native, name, out);
+  return tz_err_set(TZ_ENOTSUP, "lane: tier %s (%s) has no device lanes", tz_tier_name(t),
+                    backend);
+}
 
 void tz_lane_stats(const tz_lane *l, struct tz_lane_stats *out) {
   out->busy_s = 1e-9 * (double)__atomic_load_n(&l->busy_ns, __ATOMIC_RELAXED);

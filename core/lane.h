@@ -14,9 +14,18 @@
 #include "core/fence.h"
 
 typedef struct tz_lane tz_lane;
+typedef struct tz_tier tz_tier;
 
 /* A CPU lane: one thread of its own. Jobs run one after the other in submission order. */
 int tz_lane_create_cpu(const char *name, tz_lane **out);
+/* A lane on the device behind tier t, made by t's backend (the registry in core/lane.c; an hbm
+ * tier gives a CUDA-stream lane of its GPU, tiers/hbm.h). native NULL gives the lane a stream of
+ * its own; else the lane runs on native (a cudaStream_t of that GPU), which stays the caller's and
+ * must outlive the lane: work others enqueue on it (a comm's collectives) is then ordered with the
+ * lane's by the stream itself. name NULL is the backend's default ("compute:<device>"). t must
+ * outlive the lane; *out is the caller's (tz_lane_destroy). TZ_ENOTSUP when t's backend has no
+ * device lanes (a host tier: use tz_lane_create_cpu). */
+int tz_lane_create_device(tz_tier *t, void *native, const char *name, tz_lane **out);
 /* Waits (on the host) for everything submitted, then frees the lane. NULL is a no-op. */
 void tz_lane_destroy(tz_lane *l);
 
@@ -46,6 +55,26 @@ int tz_lane_wait_all(tz_lane *l, tz_fence *const *fs, int n, struct tz_lane_wait
 int tz_lane_submit(tz_lane *l, int (*fn)(void *arg), void *arg);
 /* *out (owned by the caller) completes when everything submitted to l so far has, waits included. */
 int tz_lane_record(tz_lane *l, tz_fence **out);
+/* Work submitted to `to` after this call starts only after everything submitted to `from` so far
+ * has completed: tz_lane_record on from and tz_lane_wait on to, or, where both lanes are of one
+ * backend that can order them itself (two CUDA streams: an event recorded on one that the other
+ * waits for), that alone, with no host fence and no wait measured on `to`. */
+int tz_lane_order(tz_lane *from, tz_lane *to);
+
+/* Timing marks: n points recorded in a lane's work, the time between two of them read once the
+ * lane has passed both (a CUDA lane times them with events on its stream). For measuring what
+ * part of a lane's time some of its work took. Made once, reused: marking allocates nothing. */
+typedef struct tz_lane_timer tz_lane_timer;
+/* TZ_ENOTSUP when the lane cannot time its work (a CPU lane: time it on the host instead).
+ * *out is the caller's and is destroyed before the lane. */
+int tz_lane_timer_create(tz_lane *l, int n, tz_lane_timer **out);
+/* Records mark i (0 <= i < n) at the end of the work submitted to the lane so far; marking i again
+ * moves it. */
+int tz_lane_timer_mark(tz_lane_timer *t, int i);
+/* *seconds from mark i to mark j, both recorded and passed by the lane; a negative code (and
+ * *seconds 0) when either is not. */
+int tz_lane_timer_elapsed(tz_lane_timer *t, int i, int j, double *seconds);
+void tz_lane_timer_destroy(tz_lane_timer *t); /* NULL is a no-op */
 
 struct tz_lane_stats {
   double busy_s;  /* time spent running jobs */

@@ -19,6 +19,15 @@ struct tz_lane_ops {
   void *(*native)(tz_lane *l);
   /* optional: NULL means the lane has no jitter hook. */
   void (*set_jitter)(tz_lane *l, int max_us, uint64_t seed);
+  /* optional: NULL means tz_lane_order records a fence on `from` and waits for it on `to`.
+   * Called only when both lanes have these ops. */
+  int (*order)(tz_lane *from, tz_lane *to);
+  /* optional, all four or none: NULL means the lane cannot time its work (TZ_ENOTSUP).
+   * timer_create makes n marks in *ctx; the others have the meaning of tz_lane_timer_*. */
+  int (*timer_create)(tz_lane *l, int n, void **ctx);
+  int (*timer_mark)(tz_lane *l, void *ctx, int i);
+  int (*timer_elapsed)(tz_lane *l, void *ctx, int i, int j, double *seconds);
+  void (*timer_destroy)(tz_lane *l, void *ctx);
   /* Waits for the lane's work and frees ctx. */
   void (*destroy)(tz_lane *l);
 };
@@ -33,5 +42,16 @@ struct tz_lane {
 
 /* A lane over a backend's ops; ctx is handed over and freed by ops->destroy. */
 int tz_lane_create_ops(const struct tz_lane_ops *ops, void *ctx, const char *name, tz_lane **out);
+
+/* A tier backend whose device has lanes of its own (tz_lane_create_device): `tier` is the tier
+ * backend's name (tz_tier_backend); create has the meaning of tz_lane_create_device for a tier
+ * of that backend. */
+struct tz_lane_backend {
+  const char *tier;
+  int (*create)(tz_tier *t, void *native, const char *name, tz_lane **out);
+};
+
+/* Registry entries: tiers/hbm_lane.c (CUDA builds only). */
+extern const struct tz_lane_backend tz_lane_backend_hbm;
 
 #endif

@@ -55,6 +55,8 @@ static const struct tz_compute_backend *find_backend(const char *name) {
   return NULL;
 }
 
+int tz_compute_backend_built(const char *name) { return find_backend(name) != NULL; }
+
 int tz_compute_probe(const char *backend, char *why, size_t why_len) {
   const struct tz_compute_backend *b = find_backend(backend);
   if (!b) {
@@ -106,6 +108,36 @@ void tz_compute_destroy(tz_compute *cm) {
     return;
   cm->ops->destroy(cm->ctx);
   free(cm);
+}
+
+/* The backend of a device query: one compiled in, with devices. */
+static int device_backend(const char *backend, const struct tz_compute_backend **out) {
+  *out = find_backend(backend);
+  if (!*out) {
+    char why[256];
+    int rc = tz_compute_probe(backend, why, sizeof why); /* says why there is none */
+    return tz_err_set(rc, "compute: %s", why);
+  }
+  if (!(*out)->device_info || !(*out)->device_memory)
+    return tz_err_set(TZ_ENOTSUP, "compute %s: the backend has no devices", (*out)->name);
+  return 0;
+}
+
+int tz_compute_device_info(const char *backend, int device, struct tz_compute_device *out) {
+  memset(out, 0, sizeof *out);
+  out->index = device;
+  out->numa_node = -1;
+  const struct tz_compute_backend *b;
+  TZ_CHECK(device_backend(backend, &b));
+  return b->device_info(device < 0 ? -1 : device, out);
+}
+
+int tz_compute_device_memory(const char *backend, int device, uint64_t *free_bytes,
+                             uint64_t *total_bytes) {
+  *free_bytes = *total_bytes = 0;
+  const struct tz_compute_backend *b;
+  TZ_CHECK(device_backend(backend, &b));
+  return b->device_memory(device, free_bytes, total_bytes);
 }
 
 const char *tz_compute_backend(const tz_compute *cm) { return cm->backend; }
@@ -371,4 +403,13 @@ int tz_compute_xent(tz_compute *cm, float *losses, void *dlogits, const void *lo
     return 0;
   NEED(losses && logits && targets, "compute xent: NULL pointer");
   return cm->ops->xent(cm->ctx, losses, dlogits, logits, targets, N, V, dscale);
+}
+
+int tz_compute_adam(tz_compute *cm, const struct tz_adam_params *p, float *master, float *m,
+                    float *v, const void *grad, enum tz_dtype grad_dtype, void *param_copy,
+                    enum tz_dtype copy_dtype, size_t n) {
+  if (!cm->ops->adam)
+    return tz_err_set(TZ_ENOTSUP, "compute %s: no Adam in this backend", cm->backend);
+  NEED(p, "compute adam: NULL parameters");
+  return cm->ops->adam(cm->ctx, p, master, m, v, grad, grad_dtype, param_copy, copy_dtype, n);
 }

@@ -45,6 +45,7 @@ extern "C" {
 #endif
 
 typedef struct tz_compute tz_compute;
+struct tz_adam_params; /* kernels/adam.h */
 
 /* Parses "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16". TZ_EINVAL otherwise. */
 int tz_dtype_parse(const char *s, enum tz_dtype *out);
@@ -67,6 +68,8 @@ void tz_compute_params_init(struct tz_compute_params *p);
 /* Registry. Backends compiled into this build, in order: "cpu", and "cuda" with CUDA. */
 int tz_compute_backend_count(void);
 const char *tz_compute_backend_name(int i);
+/* 1 when this build has the backend `name` (whether or not it can run here: tz_compute_probe). */
+int tz_compute_backend_built(const char *name);
 /* 0 when the backend can run here; otherwise a negative code and why[] says why
  * ("cuda: not compiled in", "cuda: cudaGetDeviceCount: no CUDA-capable device is detected"). */
 int tz_compute_probe(const char *backend, char *why, size_t why_len);
@@ -76,6 +79,23 @@ int tz_compute_probe(const char *backend, char *why, size_t why_len);
  * backend), TZ_ENOTSUP (cannot run here, or a dtype the backend lacks), TZ_ENOMEM, TZ_ECUDA. */
 int tz_compute_create(const char *backend, const struct tz_compute_params *p, tz_compute **out);
 void tz_compute_destroy(tz_compute *cm); /* NULL is a no-op; waits for work in flight */
+
+/* What a backend can say about one of its devices, before any instance exists (to plan with). */
+struct tz_compute_device {
+  int index;      /* the device asked about; for -1, the calling thread's current one (0 when it
+                     has none) */
+  char name[256]; /* "NVIDIA H200"; "" when the driver cannot say */
+  int numa_node;  /* the host NUMA node closest to the device; -1 when the system has no NUMA or
+                     the driver cannot say */
+};
+/* Fills *out for `device` (-1: the current one) of backend. Facts the driver cannot give keep the
+ * defaults above, so this fails only with TZ_ENOTSUP: a backend without devices (cpu) or not
+ * compiled in, or TZ_ENOENT: no such backend. */
+int tz_compute_device_info(const char *backend, int device, struct tz_compute_device *out);
+/* Free and total bytes of the memory of `device` of backend now. TZ_ENOTSUP for a backend without
+ * devices; TZ_ECUDA (the backend's error) when the device cannot be asked. */
+int tz_compute_device_memory(const char *backend, int device, uint64_t *free_bytes,
+                             uint64_t *total_bytes);
 
 const char *tz_compute_backend(const tz_compute *cm);
 enum tz_dtype tz_compute_dtype(const tz_compute *cm);      /* S */
@@ -216,6 +236,17 @@ int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, const void *dout, 
  * are float; backends may walk the vocabulary in chunks. */
 int tz_compute_xent(tz_compute *cm, float *losses, void *dlogits, const void *logits,
                     const int32_t *targets, int N, int V, float dscale);
+
+/* ---- Optimizer ----
+ * One Adam step over n elements in place, exactly as kernels/adam.h defines it (the same bits on
+ * every backend): master, m, v (n) F32 read and written, grad (n) of grad_dtype read, param_copy
+ * NULL or (n) of copy_dtype written from the new master; backend memory, not overlapping. p is
+ * copied before the call returns. cpu: tz_adam_cpu on the instance's threads (tz_compute_threads),
+ * run at once; cuda: the GPU kernel, enqueued. TZ_EINVAL as tz_adam_cpu; TZ_ENOTSUP for a backend
+ * without it. */
+int tz_compute_adam(tz_compute *cm, const struct tz_adam_params *p, float *master, float *m,
+                    float *v, const void *grad, enum tz_dtype grad_dtype, void *param_copy,
+                    enum tz_dtype copy_dtype, size_t n);
 
 #ifdef __cplusplus
 }

@@ -62,6 +62,10 @@ struct tz_compute_ops {
                     const void *u, size_t n);
   int (*xent)(void *ctx, float *losses, void *dlogits, const void *logits,
               const int32_t *targets, int N, int V, float dscale);
+  /* optional: NULL means the backend has no Adam (tz_compute_adam is TZ_ENOTSUP). */
+  int (*adam)(void *ctx, const struct tz_adam_params *p, float *master, float *m, float *v,
+              const void *grad, enum tz_dtype grad_dtype, void *param_copy,
+              enum tz_dtype copy_dtype, size_t n);
 };
 
 struct tz_compute {
@@ -80,6 +84,10 @@ struct tz_compute_backend {
   const char *name;
   int (*probe)(char *why, size_t why_len);
   int (*create)(const struct tz_compute_params *p, tz_compute *cm);
+  /* optional, both or neither: NULL means the backend has no devices (TZ_ENOTSUP). device_info
+   * receives *out with the defaults of compute.h already set; device is >= -1. */
+  int (*device_info)(int device, struct tz_compute_device *out);
+  int (*device_memory)(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 };
 
 /* kernels/cpu/compute.c and kernels/cuda/compute.cu; the registry lists cuda only with CUDA. */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "kernels/adam.h"
 #include "kernels/compute.h"
 #include "core/dtype.h"
 #include "testlib.h"
@@ -27,12 +28,15 @@ static void test_registry(void **state) {
   assert_true(tz_compute_backend_count() >= 1);
   assert_string_equal(tz_compute_backend_name(0), "cpu");
   assert_null(tz_compute_backend_name(tz_compute_backend_count()));
+  assert_true(tz_compute_backend_built("cpu"));
+  assert_false(tz_compute_backend_built("tpu"));
   char why[256];
   assert_int_equal(tz_compute_probe("cpu", why, sizeof why), 0);
   assert_int_equal(tz_compute_probe("tpu", why, sizeof why), TZ_ENOENT);
   int has_cuda = 0;
   for (int i = 0; i < tz_compute_backend_count(); i++)
     has_cuda |= strcmp(tz_compute_backend_name(i), "cuda") == 0;
+  assert_int_equal(tz_compute_backend_built("cuda"), has_cuda);
   if (!has_cuda) {
     assert_int_equal(tz_compute_probe("cuda", why, sizeof why), TZ_ENOTSUP);
     assert_non_null(strstr(why, "not compiled in"));
@@ -428,6 +432,48 @@ static void test_xent(void **state) {
   tz_compute_destroy(cm);
 }
 
+/* tz_compute_adam on the cpu backend is tz_adam_cpu on the instance's threads, bit for bit, and
+ * the cpu backend has no devices to ask about. */
+static void test_adam_op(void **state) {
+  (void)state;
+  enum { n = 70001 };
+  float *a = malloc(sizeof(float) * 4 * n), *b = malloc(sizeof(float) * 4 * n);
+  uint16_t *ca = malloc(2 * n), *cb = malloc(2 * n);
+  assert_non_null(a && b && ca && cb);
+  uint64_t st = 7;
+  for (int i = 0; i < 4 * n; i++)
+    a[i] = urand(&st) - 0.5f;
+  for (int i = 0; i < n; i++) /* v >= 0 */
+    a[2 * n + i] = fabsf(a[2 * n + i]);
+  memcpy(b, a, sizeof(float) * 4 * n);
+  struct tz_adam_params p = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                             .weight_decay = 0.1f, .decoupled = 1, .grad_scale = 0.5f};
+  TZ_ASSERT_OK(tz_adam_params_for_step(&p, 3));
+  tz_compute *cm = cpu(3);
+  TZ_ASSERT_OK(tz_compute_adam(cm, &p, a, a + n, a + 2 * n, a + 3 * n, TZ_F32, ca, TZ_BF16, n));
+  TZ_ASSERT_OK(tz_compute_sync(cm));
+  struct tz_adam_cpu_opts o = {.threads = tz_compute_threads(cm)};
+  TZ_ASSERT_OK(tz_adam_cpu(&p, b, b + n, b + 2 * n, b + 3 * n, TZ_F32, cb, TZ_BF16, n, &o));
+  assert_memory_equal(a, b, sizeof(float) * 4 * n);
+  assert_memory_equal(ca, cb, 2 * n);
+  p.beta1 = 1.5f;
+  assert_int_equal(tz_compute_adam(cm, &p, a, a + n, a + 2 * n, a + 3 * n, TZ_F32, NULL, TZ_F32,
+                                   n),
+                   TZ_EINVAL);
+  tz_compute_destroy(cm);
+  struct tz_compute_device d;
+  assert_int_equal(tz_compute_device_info("cpu", 0, &d), TZ_ENOTSUP);
+  assert_int_equal(d.numa_node, -1);
+  uint64_t fr = 1, tot = 1;
+  assert_int_equal(tz_compute_device_memory("cpu", 0, &fr, &tot), TZ_ENOTSUP);
+  assert_true(fr == 0 && tot == 0);
+  assert_int_equal(tz_compute_device_info("tpu", 0, &d), TZ_ENOENT);
+  free(a);
+  free(b);
+  free(ca);
+  free(cb);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registry),    cmocka_unit_test(test_bf16_rounding),
@@ -435,6 +481,7 @@ int main(void) {
       cmocka_unit_test(test_sum_order),   cmocka_unit_test(test_sumsq_segments),
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_rope_inverse), cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_adam_op),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -38,6 +38,7 @@
 #endif
 
 #include "core/error.h"
+#include "kernels/adam.h"
 #include "kernels/compute.h"
 #include "refmodel.h"
 #include "testlib.h"
@@ -1314,6 +1315,60 @@ static void test_stream(void **state) {
 #endif
 }
 
+/* tz_compute_adam on the cuda backend gives the cpu backend's bits (kernels/adam.h), Adam and
+ * AdamW, with a bf16 parameter copy; and the device query answers for the instance's GPU. */
+static void test_adam_op(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(env_open(&e, TZ_BF16, TZ_F32));
+  enum { n = 100003 };
+  size_t sb = sizeof(float) * 4 * n;
+  float *a = malloc(sb), *b = malloc(sb);
+  uint16_t *ca = malloc(2 * n), *cb = malloc(2 * n);
+  assert_non_null(a && b && ca && cb);
+  void *ds, *dc;
+  TZ_ASSERT_OK(tz_compute_alloc(e.gpu, sb, &ds));
+  TZ_ASSERT_OK(tz_compute_alloc(e.gpu, 2 * n, &dc));
+  for (int decoupled = 0; decoupled < 2; decoupled++) {
+    for (int i = 0; i < 4 * n; i++)
+      a[i] = urand(1.0f);
+    for (int i = 0; i < n; i++)
+      a[2 * n + i] = fabsf(a[2 * n + i]);
+    memcpy(b, a, sb);
+    struct tz_adam_params p = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                               .weight_decay = 0.1f, .decoupled = decoupled, .grad_scale = 0.25f};
+    TZ_ASSERT_OK(tz_adam_params_for_step(&p, 5));
+    float *d = ds;
+    TZ_ASSERT_OK(tz_compute_copy_in(e.gpu, d, a, sb));
+    TZ_ASSERT_OK(tz_compute_adam(e.gpu, &p, d, d + n, d + 2 * n, d + 3 * n, TZ_F32, dc, TZ_BF16,
+                                 n));
+    TZ_ASSERT_OK(tz_compute_copy_out(e.gpu, a, d, sb));
+    TZ_ASSERT_OK(tz_compute_copy_out(e.gpu, ca, dc, 2 * n));
+    TZ_ASSERT_OK(tz_compute_sync(e.gpu));
+    TZ_ASSERT_OK(tz_compute_adam(g_cpu, &p, b, b + n, b + 2 * n, b + 3 * n, TZ_F32, cb, TZ_BF16,
+                                 n));
+    assert_memory_equal(a, b, sb);
+    assert_memory_equal(ca, cb, 2 * n);
+  }
+  tz_compute_free(e.gpu, ds);
+  tz_compute_free(e.gpu, dc);
+  env_close(&e);
+  struct tz_compute_device dev;
+  TZ_ASSERT_OK(tz_compute_device_info("cuda", 0, &dev));
+  assert_int_equal(dev.index, 0);
+  assert_true(dev.name[0] != '\0');
+  TZ_ASSERT_OK(tz_compute_device_info("cuda", -1, &dev));
+  assert_true(dev.index >= 0);
+  uint64_t fr = 0, tot = 0;
+  TZ_ASSERT_OK(tz_compute_device_memory("cuda", 0, &fr, &tot));
+  assert_true(tot > 0 && fr <= tot);
+  assert_true(tz_compute_device_memory("cuda", 1 << 20, &fr, &tot) < 0);
+  free(a);
+  free(b);
+  free(ca);
+  free(cb);
+}
+
 static int group_setup(void **state) {
   (void)state;
   struct tz_compute_params p;
@@ -1346,6 +1401,7 @@ int main(void) {
       cmocka_unit_test(test_attention_padded),
       cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_xent),
       cmocka_unit_test(test_negative_control), cmocka_unit_test(test_model),
+      cmocka_unit_test(test_adam_op),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

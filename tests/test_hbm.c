@@ -1,10 +1,12 @@
 /* The hbm tier beyond the conformance suite: a CUDA stream waits on fences on the device, the event
  * pool is reused (no cudaEventCreate in the steady state), host arenas are page-locked whichever
  * of the two tiers came first and unregistered when either goes, pinning time is reported,
- * copies are split at registration pieces, pageable buffers are counted, hbm->hbm is direct.
+ * copies are split at registration pieces, pageable buffers are counted, hbm->hbm is direct;
+ * the tier's device lanes (tz_lane_create_device) order each other on the device and time marks.
  * Needs a GPU; exits 77 without one. Every wait has a timeout: a hang is a failure. */
 #define _GNU_SOURCE
 #include "core/error.h"
+#include "core/lane.h"
 #include "core/runtime.h"
 #include "core/tier.h"
 #include "testlib.h"
@@ -362,6 +364,67 @@ static void test_hbm_to_hbm(void **state) {
   assert_int_equal(mem_type(tz_tier_host_ptr(e->before, 0)), cudaMemoryTypeHost);
 }
 
+/* Host functions on the lanes' streams: the first sleeps, then sets the flag; the second, on the
+ * other stream after tz_lane_order, reads it. */
+static volatile int g_flag, g_seen = -1;
+static void CUDART_CB set_late(void *arg) {
+  (void)arg;
+  struct timespec ts = {0, 100 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  g_flag = 1;
+}
+static void CUDART_CB read_flag(void *arg) {
+  (void)arg;
+  g_seen = g_flag;
+}
+
+/* Two device lanes of the hbm tier, one on its own stream and one on the caller's: tz_lane_order
+ * makes the second wait on the device for the first (both ways), without a host fence; timing
+ * marks read the time of the first's sleep; the registry refuses a host tier. */
+static void test_device_lanes(void **state) {
+  struct env *e = *state;
+  cudaStream_t mine;
+  CUDA_OK(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking));
+  tz_lane *a = NULL, *b = NULL;
+  TZ_ASSERT_OK(tz_lane_create_device(e->hbm, NULL, NULL, &a));
+  TZ_ASSERT_OK(tz_lane_create_device(e->hbm, mine, "comm", &b));
+  assert_string_equal(tz_lane_name(a), "compute:0");
+  assert_string_equal(tz_lane_name(b), "comm");
+  assert_ptr_equal(tz_lane_native(b), (void *)mine);
+  assert_ptr_not_equal(tz_lane_native(a), (void *)mine);
+  tz_lane_timer *t = NULL;
+  TZ_ASSERT_OK(tz_lane_timer_create(a, 2, &t));
+  struct tz_lane_stats s0, s1;
+  tz_lane_stats(b, &s0);
+  for (int dir = 0; dir < 2; dir++) {
+    tz_lane *from = dir ? b : a, *to = dir ? a : b;
+    g_flag = 0;
+    g_seen = -1;
+    if (!dir)
+      TZ_ASSERT_OK(tz_lane_timer_mark(t, 0));
+    CUDA_OK(cudaLaunchHostFunc(tz_lane_native(from), set_late, NULL));
+    if (!dir)
+      TZ_ASSERT_OK(tz_lane_timer_mark(t, 1));
+    TZ_ASSERT_OK(tz_lane_order(from, to));
+    CUDA_OK(cudaLaunchHostFunc(tz_lane_native(to), read_flag, NULL));
+    CUDA_OK(cudaStreamSynchronize(tz_lane_native(to)));
+    assert_int_equal(g_seen, 1);
+  }
+  CUDA_OK(cudaStreamSynchronize(tz_lane_native(a)));
+  tz_lane_stats(b, &s1);
+  assert_int_equal(s1.waits, s0.waits); /* ordered on the device: no wait measured */
+  double sec = 0;
+  TZ_ASSERT_OK(tz_lane_timer_elapsed(t, 0, 1, &sec));
+  assert_true(sec >= 0.09 && sec < 10);
+  assert_int_equal(tz_lane_timer_mark(t, 2), TZ_EINVAL);
+  tz_lane_timer_destroy(t);
+  tz_lane_destroy(a);
+  tz_lane_destroy(b);
+  CUDA_OK(cudaStreamDestroy(mine));
+  assert_int_equal(tz_lane_create_device(e->before, NULL, NULL, &a), TZ_ENOTSUP);
+  assert_null(a);
+}
+
 int main(void) {
   char why[256];
   if (tz_tier_probe("hbm", why, sizeof why) < 0)
@@ -379,6 +442,7 @@ int main(void) {
     cmocka_unit_test(test_copies_split_at_pieces),
     cmocka_unit_test_setup_teardown(test_pageable_counted, setup, teardown),
     cmocka_unit_test_setup_teardown(test_hbm_to_hbm, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_device_lanes, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -536,25 +536,6 @@ int tz_hbm_host_numa_node(int device) {
   return v;
 }
 
-int tz_hbm_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
-  int prev = -1;
-  if (cudaGetDevice(&prev) != cudaSuccess)
-    prev = -1;
-  size_t f = 0, t = 0;
-  cudaError_t e = cudaSetDevice(device);
-  if (e == cudaSuccess)
-    e = cudaMemGetInfo(&f, &t);
-  if (prev >= 0)
-    cudaSetDevice(prev);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return tz_err_set(TZ_ECUDA, "hbm: the memory of GPU %d: %s", device, cudaGetErrorString(e));
-  }
-  *free_bytes = f;
-  *total_bytes = t;
-  return 0;
-}
-
 /* GPUDirect Storage: decided once per process. A VM rarely has the nvidia-fs module, and then
  * cuFileDriverOpen is not even tried (it would fall back to its own POSIX compatibility mode,
  * which is not a direct path, and write a log file into the working directory). */

@@ -33,16 +33,16 @@ int tz_hbm_stream_wait(tz_tier *hbm, tz_fence *f, void *cuda_stream);
  *   wait on it. It completes with an error when an input the lane waited on failed.
  * - stall: timed with CUDA events recorded before and after a wait (cudaEventElapsedTime), read
  *   when the next recorded fence completes.
+ * - order (tz_lane_order between two such lanes): an event recorded on one stream that the other
+ *   waits for with cudaStreamWaitEvent; no host fence.
+ * - timing marks (tz_lane_timer_*): CUDA timing events recorded on the stream.
+ * The same lane is what tz_lane_create_device (core/lane.h) gives for an hbm tier.
  * hbm must outlive the lane. *out is owned by the caller (tz_lane_destroy). */
 int tz_hbm_lane_create(tz_tier *hbm, tz_lane **out);
 /* The same lane on the caller's stream (a cudaStream_t of hbm's GPU), which stays the caller's
  * and must outlive the lane: work that others enqueue on it (a comm's collectives, say) is then
  * ordered with the lane's by the stream itself. */
 int tz_hbm_lane_create_on(tz_tier *hbm, void *cuda_stream, tz_lane **out);
-
-/* Free and total bytes of GPU `device`'s memory now (cudaMemGetInfo). TZ_ECUDA when it cannot be
- * asked. */
-int tz_hbm_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 
 /* The NUMA node of the host closest to GPU `device` (the node host tiers feeding it should be
  * created on), or -1 when the system has no NUMA or the driver cannot say. */

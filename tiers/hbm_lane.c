@@ -45,6 +45,7 @@ struct hbm_lane {
   cudaEvent_t *free_ev;  /* timing events to reuse */
   int n_free, cap_free;
   int outstanding;       /* atomic: records whose completion has not been handled */
+  cudaEvent_t order_ev;  /* tz_lane_order from this lane: made at its first use */
 };
 
 /* One record: completes out when its event and its inputs have. */
@@ -368,6 +369,85 @@ static int lane_record(tz_lane *l, tz_fence **out) {
   return 0;
 }
 
+/* A CUDA event of the lane's GPU with the given flags. */
+static int lane_event(tz_lane *l, unsigned flags, cudaEvent_t *out) {
+  struct hbm_lane *h = l->ctx;
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) {
+    cudaGetLastError();
+    prev = -1;
+  }
+  cudaError_t e = cudaSetDevice(h->device);
+  if (e == cudaSuccess)
+    e = cudaEventCreateWithFlags(out, flags);
+  if (prev >= 0)
+    cudaSetDevice(prev);
+  return e == cudaSuccess ? 0 : cuda_err(e, "cudaEventCreateWithFlags", l);
+}
+
+/* Both lanes are streams: `to` waits on the device for an event recorded on `from`'s stream. The
+ * event is from's, reused: cudaStreamWaitEvent waits for the record made just before it. */
+static int lane_order(tz_lane *from, tz_lane *to) {
+  struct hbm_lane *h = from->ctx, *t = to->ctx;
+  if (!h->order_ev)
+    TZ_CHECK(lane_event(from, cudaEventDisableTiming, &h->order_ev));
+  cudaError_t e = cudaEventRecord(h->order_ev, h->s);
+  if (e == cudaSuccess)
+    e = cudaStreamWaitEvent(t->s, h->order_ev, 0);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return tz_err_set(TZ_ECUDA, "lane %s: ordering lane %s after it: %s", from->name, to->name,
+                      cudaGetErrorString(e));
+  }
+  return 0;
+}
+
+/* Timing marks: n timing events on the lane's stream. */
+struct marks {
+  int n;
+  cudaEvent_t ev[];
+};
+
+static void lane_timer_destroy(tz_lane *l, void *ctx) {
+  (void)l;
+  struct marks *m = ctx;
+  for (int i = 0; i < m->n; i++)
+    cudaEventDestroy(m->ev[i]);
+  free(m);
+}
+
+static int lane_timer_create(tz_lane *l, int n, void **ctx) {
+  struct marks *m = calloc(1, sizeof *m + sizeof m->ev[0] * (size_t)n);
+  if (!m)
+    return tz_err_set(TZ_ENOMEM, "lane %s: no memory for %d timing marks", l->name, n);
+  for (; m->n < n; m->n++) {
+    int rc = lane_event(l, cudaEventDefault, &m->ev[m->n]);
+    if (rc < 0) {
+      lane_timer_destroy(l, m);
+      return rc;
+    }
+  }
+  *ctx = m;
+  return 0;
+}
+
+static int lane_timer_mark(tz_lane *l, void *ctx, int i) {
+  struct hbm_lane *h = l->ctx;
+  struct marks *m = ctx;
+  cudaError_t e = cudaEventRecord(m->ev[i], h->s);
+  return e == cudaSuccess ? 0 : cuda_err(e, "recording a timing mark", l);
+}
+
+static int lane_timer_elapsed(tz_lane *l, void *ctx, int i, int j, double *seconds) {
+  struct marks *m = ctx;
+  float ms = 0;
+  cudaError_t e = cudaEventElapsedTime(&ms, m->ev[i], m->ev[j]);
+  if (e != cudaSuccess)
+    return cuda_err(e, "reading timing marks", l);
+  *seconds = 1e-3 * (double)ms;
+  return 0;
+}
+
 static void *lane_native(tz_lane *l) {
   struct hbm_lane *h = l->ctx;
   return h->s;
@@ -394,6 +474,8 @@ static void lane_destroy(tz_lane *l) {
   for (int i = 0; i < h->n_free; i++)
     cudaEventDestroy(h->free_ev[i]);
   free(h->free_ev);
+  if (h->order_ev)
+    cudaEventDestroy(h->order_ev);
   tz_hbm_stream_destroy(h->st);
   pthread_mutex_destroy(&h->mu);
   free(h);
@@ -405,10 +487,15 @@ static const struct tz_lane_ops hbm_lane_ops = {
   .submit = lane_submit,
   .record = lane_record,
   .native = lane_native,
+  .order = lane_order,
+  .timer_create = lane_timer_create,
+  .timer_mark = lane_timer_mark,
+  .timer_elapsed = lane_timer_elapsed,
+  .timer_destroy = lane_timer_destroy,
   .destroy = lane_destroy,
 };
 
-static int lane_make(tz_tier *hbm, void *cuda_stream, tz_lane **out) {
+static int lane_make(tz_tier *hbm, void *cuda_stream, const char *lane_name, tz_lane **out) {
   struct hbm_lane *h = calloc(1, sizeof *h);
   if (!h)
     return tz_err_set(TZ_ENOMEM, "hbm lane: no memory");
@@ -424,7 +511,10 @@ static int lane_make(tz_tier *hbm, void *cuda_stream, tz_lane **out) {
   h->meters_tail = &h->meters;
   pthread_mutex_init(&h->mu, NULL);
   char name[32];
-  snprintf(name, sizeof name, "compute:%d", h->device);
+  if (lane_name)
+    snprintf(name, sizeof name, "%s", lane_name);
+  else
+    snprintf(name, sizeof name, "compute:%d", h->device);
   rc = tz_lane_create_ops(&hbm_lane_ops, h, name, out);
   if (rc < 0) {
     tz_hbm_stream_destroy(h->st);
@@ -434,10 +524,21 @@ static int lane_make(tz_tier *hbm, void *cuda_stream, tz_lane **out) {
   return rc;
 }
 
-int tz_hbm_lane_create(tz_tier *hbm, tz_lane **out) { return lane_make(hbm, NULL, out); }
+int tz_hbm_lane_create(tz_tier *hbm, tz_lane **out) { return lane_make(hbm, NULL, NULL, out); }
 
 int tz_hbm_lane_create_on(tz_tier *hbm, void *cuda_stream, tz_lane **out) {
   if (!cuda_stream)
     return tz_err_set(TZ_EINVAL, "hbm lane: no stream given (NULL is the legacy default stream)");
-  return lane_make(hbm, cuda_stream, out);
+  return lane_make(hbm, cuda_stream, NULL, out);
 }
+
+/* tz_lane_create_device for an hbm tier: native NULL is a stream of the lane's own here (never
+ * the legacy default stream). */
+static int device_lane_create(tz_tier *hbm, void *native, const char *name, tz_lane **out) {
+  return lane_make(hbm, native, name, out);
+}
+
+const struct tz_lane_backend tz_lane_backend_hbm = {
+    .tier = "hbm",
+    .create = device_lane_create,
+};

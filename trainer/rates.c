@@ -10,10 +10,6 @@
 #include "core/tier.h"
 #include "kernels/adam.h"
 #include "kernels/compute.h"
-#ifdef TZ_HAVE_CUDA
-#include "kernels/cuda/adam_cuda.h"
-#include "tiers/hbm.h"
-#endif
 
 #include <errno.h>
 #include <jansson.h>
@@ -221,7 +217,6 @@ static int time_transfer(tz_runtime *rt, const tz_extent *dst, const tz_extent *
   return time_transfers(&x, warmups, out);
 }
 
-#ifdef TZ_HAVE_CUDA
 /* How many times the other direction's transfer is issued around the timed one: enough that it
  * outlasts the timed one unless the link gives the timed direction over BESIDE times the other's
  * rate. */
@@ -253,7 +248,6 @@ static int time_beside(tz_runtime *rt, const tz_extent *dst, const tz_extent *sr
   *out = per_second((double)bytes, best);
   return rc;
 }
-#endif
 
 /* nvme_write, nvme_read and nvme_duplex (a read and a write at once, summed): NVME_PROBE_BYTES
  * each way between a fresh nvme tier under c's NVMe directory and a host tier of its own;
@@ -428,7 +422,6 @@ static int measure_adam(uint64_t n, int threads, enum tz_dtype copy_dtype, doubl
   return rc;
 }
 
-#ifdef TZ_HAVE_CUDA
 /* The GPU rank 0 runs on: the configured one, else the first (local rank 0's). */
 static int gpu_device(const struct tz_config *c) {
   return c->tierzero.device >= 0 ? c->tierzero.device : 0;
@@ -471,7 +464,11 @@ static int link_probe_open(const struct tz_config *c, tz_runtime *rt, int device
   tz_tier_params_init(&p);
   p.name = "rates-host";
   p.capacity = 2 * GPU_COPY_BYTES;
-  p.numa_node = c->tierzero.numa_node >= 0 ? c->tierzero.numa_node : tz_hbm_host_numa_node(device);
+  p.numa_node = c->tierzero.numa_node;
+  if (p.numa_node < 0) {
+    struct tz_compute_device d;
+    p.numa_node = tz_compute_device_info("cuda", device, &d) == 0 ? d.numa_node : -1;
+  }
   int rc;
   TZ_CHECK_GOTO(tz_tier_create(rt, "host", &p, &lp->host), rc, fail);
   tz_tier_params_init(&p);
@@ -620,8 +617,8 @@ static int time_links_shared(const struct tz_config *c, tz_runtime *rt, tz_comm 
 static int run_adam_cuda(void *arg) {
   const struct adam *x = arg;
   float *s = x->state;
-  TZ_CHECK(tz_adam_cuda(&x->p, s, s + x->n, s + 2 * x->n, s + 3 * x->n, TZ_F32, x->copy,
-                        x->copy_dtype, x->n, tz_compute_stream(x->cm)));
+  TZ_CHECK(tz_compute_adam(x->cm, &x->p, s, s + x->n, s + 2 * x->n, s + 3 * x->n, TZ_F32,
+                           x->copy, x->copy_dtype, x->n));
   return tz_compute_sync(x->cm);
 }
 
@@ -649,12 +646,12 @@ out:
   tz_compute_destroy(x.cm);
   return rc;
 }
-#endif
 
 /* The GPU machine's rates: copies between host and hbm, nvme as on a CPU machine, the cuda
  * backend's bf16 matmul at a layer's size, GPU Adam, and CPU Adam for the home phases. */
 static int measure_gpu(const struct tz_config *c, tz_runtime *rt, struct tz_plan_rates *r) {
-#ifdef TZ_HAVE_CUDA
+  if (!tz_compute_backend_built("cuda"))
+    return tz_err_set(TZ_ENOTSUP, "rates: backend cuda: this build has no CUDA toolkit");
   int device = gpu_device(c);
   struct tz_compute_params cp;
   tz_compute_params_init(&cp);
@@ -668,12 +665,6 @@ static int measure_gpu(const struct tz_config *c, tz_runtime *rt, struct tz_plan
   TZ_CHECK(measure_adam_gpu(device, r));
   /* CPU Adam for home phases, on state far larger than the caches, as the homes are. */
   return measure_adam(32u << 20, tz_rates_home_threads(c), TZ_BF16, &r->adam_home);
-#else
-  (void)c;
-  (void)rt;
-  (void)r;
-  return tz_err_set(TZ_ENOTSUP, "rates: backend cuda: this build has no CUDA toolkit");
-#endif
 }
 
 /* The CPU machine's rates: copies between host tiers, nvme, the backend's matmul at 512^3, CPU
@@ -693,7 +684,6 @@ static int measure_cpu(const struct tz_config *c, const char *backend, tz_runtim
 static int probe_buffer(tz_runtime *rt, tz_comm *comm, size_t bytes, tz_tier **tier, char **buf) {
   *tier = NULL;
   *buf = NULL;
-#ifdef TZ_HAVE_CUDA
   int *device = tz_comm_native(comm, "device");
   if (device) {
     struct tz_tier_params p;
@@ -714,10 +704,6 @@ static int probe_buffer(tz_runtime *rt, tz_comm *comm, size_t bytes, tz_tier **t
     }
     return rc;
   }
-#else
-  (void)rt;
-  (void)comm;
-#endif
   *buf = calloc(1, bytes);
   return *buf ? 0 : tz_err_set(TZ_ENOMEM, "rates: no memory for the collective probe");
 }
@@ -803,9 +789,7 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
     for (int i = 0; i < N_FIELDS; i++)
       *field(out, i) = v[i];
   }
-#ifdef TZ_HAVE_CUDA
   if (strcmp(backend, "cuda") == 0)
     TZ_CHECK(time_links_shared(cfg, rt, comm, out));
-#endif
   return time_collective(rt, comm, &out->collective);
 }

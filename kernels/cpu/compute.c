@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "kernels/adam.h"
 #include "kernels/compute_impl.h"
 #include "core/dtype.h"
 
@@ -648,6 +649,15 @@ static int cpu_xent(void *ctx, float *losses, void *dlogits, const void *logits,
   return 0;
 }
 
+/* At once, on the instance's threads: the same call the trainer made before Adam was an op. */
+static int cpu_adam(void *ctx, const struct tz_adam_params *p, float *master, float *m, float *v,
+                    const void *grad, enum tz_dtype grad_dtype, void *param_copy,
+                    enum tz_dtype copy_dtype, size_t n) {
+  struct cpu *c = ctx;
+  struct tz_adam_cpu_opts o = {.threads = c->nt};
+  return tz_adam_cpu(p, master, m, v, grad, grad_dtype, param_copy, copy_dtype, n, &o);
+}
+
 static const struct tz_compute_ops cpu_ops = {
     .destroy = cpu_destroy,
     .sync = cpu_sync,
@@ -676,6 +686,7 @@ static const struct tz_compute_ops cpu_ops = {
     .swiglu_fwd = cpu_swiglu_fwd,
     .swiglu_bwd = cpu_swiglu_bwd,
     .xent = cpu_xent,
+    .adam = cpu_adam,
 };
 
 static int cpu_probe(char *why, size_t why_len) {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/adam_cuda.h"
 #include "kernels/cuda/common.cuh"
 
 #define TZ_CUDA_DEFAULT_WORKSPACE (32u << 20)
@@ -131,6 +132,13 @@ static int cuda_zero(void *ctx, void *dst, size_t bytes) {
   return 0;
 }
 
+static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, float *m,
+                     float *v, const void *grad, enum tz_dtype grad_dtype, void *param_copy,
+                     enum tz_dtype copy_dtype, size_t n) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  return tz_adam_cuda(p, master, m, v, grad, grad_dtype, param_copy, copy_dtype, n, c->stream);
+}
+
 static const struct tz_compute_ops cuda_ops = {
     .destroy = cuda_destroy,
     .sync = cuda_sync,
@@ -159,6 +167,7 @@ static const struct tz_compute_ops cuda_ops = {
     .swiglu_fwd = tz_cuda_swiglu_fwd,
     .swiglu_bwd = tz_cuda_swiglu_bwd,
     .xent = tz_cuda_xent,
+    .adam = cuda_adam,
 };
 
 static int cuda_probe(char *why, size_t why_len) {
@@ -235,8 +244,74 @@ static int cuda_create(const struct tz_compute_params *p, tz_compute *cm) {
   return 0;
 }
 
+/* The host NUMA node of GPU `device`: the driver's attribute, or on older drivers the PCI
+ * device's node from sysfs; -1 when neither says. */
+static int host_numa_node(int device) {
+  int v = -1;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrHostNumaId, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    v = -1;
+  }
+  if (v >= 0)
+    return v;
+  char bus[32], path[96];
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  for (char *p = bus; *p; p++)
+    if (*p >= 'A' && *p <= 'F')
+      *p = (char)(*p - 'A' + 'a');
+  snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/numa_node", bus);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  if (fscanf(f, "%d", &v) != 1)
+    v = -1;
+  fclose(f);
+  return v;
+}
+
+static int cuda_device_info(int device, struct tz_compute_device *out) {
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    device = 0;
+  }
+  out->index = device;
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    snprintf(out->name, sizeof out->name, "%s", prop.name);
+  else
+    (void)cudaGetLastError();
+  out->numa_node = host_numa_node(device);
+  return 0;
+}
+
+/* cudaMemGetInfo on `device`; the calling thread's current device is left as it was. */
+static int cuda_device_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess)
+    prev = -1;
+  size_t f = 0, t = 0;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess)
+    e = cudaMemGetInfo(&f, &t);
+  if (prev >= 0)
+    (void)cudaSetDevice(prev);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return tz_err_set(TZ_ECUDA, "compute cuda: the memory of GPU %d: %s", device,
+                      cudaGetErrorString(e));
+  }
+  *free_bytes = f;
+  *total_bytes = t;
+  return 0;
+}
+
 const struct tz_compute_backend tz_compute_backend_cuda = {
     .name = "cuda",
     .probe = cuda_probe,
     .create = cuda_create,
+    .device_info = cuda_device_info,
+    .device_memory = cuda_device_memory,
 };

@@ -1,0 +1,448 @@
+/* Sizes and the plan: what each block and buffer takes, where the plan puts each block's state,
+ * and which blocks the CPU steps at their homes. */
+#define _GNU_SOURCE
+#include "trainer/train_internal.h"
+#include "core/error.h"
+#include "core/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+/* ---- sizes and the plan ---- */
+
+/* FLOP of one phase for one micro-batch; backward includes the recomputed forward. */
+static double phase_flop(const tz_trainer *tr, const struct phase *p) {
+  const struct tz_model_config *c = &tr->mc;
+  double N = tr->N, C = c->d_model, V = c->vocab;
+  double layer = tz_model_layer_flop(c, tr->B, tr->T);
+  switch (p->kind) {
+  case PH_FWD:
+    return layer;
+  case PH_BWD:
+    return 3.0 * layer;
+  case PH_HEAD:
+    return 3.0 * 2.0 * N * C * V;
+  default:
+    return 0;
+  }
+}
+
+static uint64_t sizes_total(const uint64_t *sizes, int n) {
+  uint64_t t = 0;
+  for (int i = 0; i < n; i++)
+    t += round_up(sizes[i], 256);
+  return t;
+}
+
+void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
+  const struct tz_model_config *c = &tr->mc;
+  uint64_t x = (uint64_t)tr->N * (uint64_t)c->d_model * tr->es, maxp = 0;
+  for (int b = 1; b < tr->nb; b++)
+    if (tr->padded[b] > maxp)
+      maxp = tr->padded[b];
+  sz[BUF_TOKENS] = sz[BUF_TARGETS] = (uint64_t)tr->G * (uint64_t)tr->N * sizeof(int32_t);
+  sz[BUF_DX] = x;
+  sz[BUF_ACTS] = tz_model_acts_bytes(c, tr->S, tr->B, tr->T);
+  sz[BUF_LS] = tz_model_scratch_bytes(c, tr->S, tr->B, tr->T);
+  sz[BUF_HS] = tz_model_head_scratch_bytes(c, tr->S, tr->B, tr->T);
+  sz[BUF_GW] = maxp * tr->es * (tr->overlap ? 2 : 1);
+  sz[BUF_GWE] = tr->padded[0] * tr->es;
+  sz[BUF_FG] = maxp * sizeof(float) * (tr->overlap ? 2 : 1);
+  sz[BUF_FGE] = tr->padded[0] * sizeof(float);
+  sz[BUF_PARTIALS] = tr->n_seg * sizeof(float);
+  sz[BUF_SCAL] = 4 * sizeof(float);
+  sz[BUF_X] = (uint64_t)(tr->L + 1) * round_up(x, 256);
+}
+
+static int tier_of_device(enum tz_offload_device d) {
+  return d == TZ_OFFLOAD_CPU ? TZ_PLAN_HOST : d == TZ_OFFLOAD_NVME ? TZ_PLAN_NVME : TZ_PLAN_COMPUTE;
+}
+
+const char *tz_train_nvme_dir(const struct tz_config *c) {
+  if (c->tierzero.nvme_path.n > 0)
+    return c->tierzero.nvme_path.path[0];
+  if (c->zero_optimization.offload_optimizer.nvme_path)
+    return c->zero_optimization.offload_optimizer.nvme_path;
+  return c->zero_optimization.offload_param.nvme_path;
+}
+
+/* The host tier's default capacity: the memory available now (MemAvailable: free plus what the
+ * kernel can reclaim) less a tenth of the machine's, at least 8 GiB, for everything else. */
+static uint64_t host_default_budget(void) {
+  uint64_t avail = 0, total = 0;
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f) {
+    char key[64];
+    unsigned long long kib;
+    while (fscanf(f, "%63s %llu kB", key, &kib) == 2) {
+      if (strcmp(key, "MemAvailable:") == 0)
+        avail = (uint64_t)kib << 10;
+      else if (strcmp(key, "MemTotal:") == 0)
+        total = (uint64_t)kib << 10;
+    }
+    fclose(f);
+  }
+  if (!avail) { /* no /proc: half of the free pages */
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 0;
+  }
+  uint64_t keep = total / 10 > (8ull << 30) ? total / 10 : (8ull << 30);
+  return avail > keep ? round_up(avail - keep, ALIGN) - ALIGN : 0;
+}
+
+/* Which blocks the CPU steps at their homes: the last ones, until they hold tierzero.cpu_adam of
+ * the parameters (their forward comes late in the step, and their gradients first in backward).
+ * The default: every block on a CPU-only machine, none with a GPU. */
+void tz_train_choose_cpu_steps(tz_trainer *tr, double share) {
+  if (share < 0)
+    share = tr->gpu ? 0 : 1;
+  tr->cpu_share = share;
+  uint64_t total = 0, taken = 0;
+  for (int b = 0; b < tr->nb; b++)
+    total += tr->numel[b];
+  for (int b = tr->nb - 1; b >= 0; b--) {
+    tr->cpu_step[b] = share > 0 && (double)taken < share * (double)total;
+    taken += tr->cpu_step[b] ? tr->numel[b] : 0;
+  }
+}
+
+/* Recomputes plan's bound and lane figures for the request r (its phases changed), keeping its
+ * homes and window. */
+static int rebound(const struct tz_plan_request *r, struct tz_plan *plan) {
+  struct tz_plan b;
+  memset(&b, 0, sizeof b);
+  TZ_CHECK(tz_plan_bound(r, plan->tier, plan->window, &b));
+  plan->bound_s = b.bound_s;
+  plan->compute_s = b.compute_s;
+  memcpy(plan->lane_s, b.lane_s, sizeof plan->lane_s);
+  memcpy(plan->moved, b.moved, sizeof plan->moved);
+  plan->lookahead = b.lookahead;
+  plan->unknown_rates = b.unknown_rates;
+  tz_plan_free(&b);
+  return 0;
+}
+
+/* Whether phase i runs at its blocks' homes on the scheduler's home lane, with the homes `tiers`:
+ * an opt phase of a block the CPU steps (tz_train_choose_cpu_steps), whose state lives in host
+ * memory (nothing on nvme; on a GPU every use at home, the gradient too). CPU Adam then updates the
+ * shards in place instead of copying them into the compute tier and back, and overlaps the
+ * compute lane. Unfolded steps keep opt on the compute lane: there it must follow the step's
+ * finish_step, which only the compute lane's order gives. */
+static int home_phase(const tz_trainer *tr, int i, const int8_t *tiers) {
+  const struct phase *ph = &tr->ph[i];
+  if (ph->kind != PH_OPT || !tr->cpu_step[ph->block] || tr->mode == TZ_OPT_UNFOLDED)
+    return 0;
+  int host = 0, nvme = 0, device = 0;
+  for (int u = 0; u < ph->n_uses; u++) {
+    int t = tiers[ph->blocks[u] * TZ_PLAN_KINDS + ph->kinds[u]];
+    host |= t == TZ_PLAN_HOST;
+    nvme |= t == TZ_PLAN_NVME;
+    device |= t == TZ_PLAN_COMPUTE && tr->gpu;
+  }
+  return host && !nvme && !device;
+}
+
+/* The plan's view of each phase: its FLOP, Adam elements, collective bytes (held up or beside
+ * the compute) and uses. */
+static void plan_phases(tz_trainer *tr, struct tz_plan_phase *pp) {
+  double share = tr->world > 1 ? (double)(tr->world - 1) / tr->world : 0;
+  for (int i = 0; i < tr->n_ph; i++) {
+    const struct phase *ph = &tr->ph[i];
+    snprintf(pp[i].name, sizeof pp[i].name, "%s", ph->name);
+    pp[i].flop = phase_flop(tr, ph);
+    if (ph->kind == PH_OPT) {
+      pp[i].adam_elems = (double)tr->shard[ph->block];
+    } else if (!tr->overlap) {
+      int reads = ph->kind != PH_EMBED_BWD, grads = ph->kind >= PH_HEAD;
+      pp[i].coll_bytes = share * (double)tr->padded[ph->block] *
+                         ((double)reads * (double)tr->es + (double)grads * 4.0);
+    } else {
+      /* The embedding's own gather and reduce-scatter hold the phase up; the next layer's gather
+       * and the previous one's reduce-scatter run beside its compute, and the phase after waits
+       * for them. */
+      if (ph->kind == PH_EMBED || ph->kind == PH_EMBED_BWD)
+        pp[i].coll_bytes =
+            share * (double)tr->padded[0] * (ph->kind == PH_EMBED ? (double)tr->es : 4.0);
+      if (ph->next >= 0)
+        pp[i].coll_async += share * (double)tr->padded[ph->next] * (double)tr->es;
+      if (ph->prev >= 0)
+        pp[i].coll_async += share * (double)tr->padded[ph->prev] * 4.0;
+    }
+    pp[i].n_uses = ph->n_uses;
+    for (int u = 0; u < ph->n_uses; u++)
+      pp[i].uses[u] = (struct tz_plan_use){ph->blocks[u], ph->kinds[u], ph->uses[u].access};
+  }
+}
+
+/* The request's shape, buffers, window and the placement the config forces. */
+static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
+                         struct tz_plan_phase *pp, struct tz_plan_request *out) {
+  const struct tz_config *c = &tr->cfg;
+  uint64_t sz[BUF_COUNT];
+  tz_train_buffer_sizes(tr, sz);
+  struct tz_plan_request r;
+  memset(&r, 0, sizeof r);
+  r.n_groups = tr->nb;
+  r.bytes = (const uint64_t(*)[TZ_PLAN_KINDS])tr->bytes;
+  r.n_phases = tr->n_ph;
+  r.phases = pp;
+  r.compute_fixed = round_up(sizes_total(sz, BUF_COUNT), ALIGN);
+  r.align = ALIGN;
+  r.chunk = tz_runtime_chunk_bytes(tr->rt);
+  r.window = p->window;
+  r.lookahead = c->tierzero.lookahead > 0 ? c->tierzero.lookahead : 0;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    r.force[k] = TZ_PLAN_AUTO;
+  if (!p->auto_placement) {
+    int pt = tier_of_device(c->zero_optimization.offload_param.device);
+    int ot = tier_of_device(c->zero_optimization.offload_optimizer.device);
+    r.force[TZ_PLAN_PARAM] = pt;
+    r.force[TZ_PLAN_MASTER] = r.force[TZ_PLAN_M] = r.force[TZ_PLAN_V] = ot;
+    /* Gradient shards are written by every micro-batch's backward. On a GPU, whose Adam runs
+     * in its memory, they stay there: taking them to the host and back would add 8 bytes per
+     * parameter and step to the host link. On a CPU-only machine they go with the optimizer
+     * state, except to NVMe: there they stay in host memory, as ZeRO-Infinity keeps them. */
+    r.force[TZ_PLAN_GRAD] = tr->gpu ? TZ_PLAN_COMPUTE : ot == TZ_PLAN_NVME ? TZ_PLAN_HOST : ot;
+  }
+  r.force_each = p->force_tiers;
+  if (p->rates)
+    r.rates = *p->rates;
+  if (tr->layer_rate > 0)
+    r.rates.flops = tr->layer_rate;
+  r.home_on_compute = !tr->gpu; /* home phases: guess_home_phases, then settle_home_phases */
+  *out = r;
+}
+
+/* On a GPU, the blocks the CPU steps (tierzero.cpu_adam) keep their gradients at home with the
+ * optimizer state, which must be in host memory: forced placement only. *each (the caller frees
+ * it) is the per-block placement that says so, when it applies. */
+static int cpu_step_grads(tz_trainer *tr, const struct tz_trainer_params *p,
+                          struct tz_plan_request *r, int8_t **each) {
+  *each = NULL;
+  int split = 0;
+  for (int b = 0; b < tr->nb; b++)
+    split |= tr->cpu_step[b];
+  if (!tr->gpu || !split)
+    return 0;
+  if (p->auto_placement || r->force[TZ_PLAN_MASTER] != TZ_PLAN_HOST) {
+    memset(tr->cpu_step, 0, (size_t)tr->nb);
+    TZ_WARN("train: tierzero.cpu_adam needs the optimizer state offloaded to cpu by the config "
+            "(offload_optimizer.device cpu, no --auto-placement); Adam runs on the GPU");
+    return 0;
+  }
+  int8_t *e = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
+  if (!e)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
+  for (int i = 0; i < tr->nb * TZ_PLAN_KINDS; i++)
+    e[i] = p->force_tiers ? p->force_tiers[i] : TZ_PLAN_AUTO;
+  for (int b = 0; b < tr->nb; b++)
+    if (tr->cpu_step[b])
+      e[b * TZ_PLAN_KINDS + TZ_PLAN_GRAD] = TZ_PLAN_HOST;
+  r->force_each = e;
+  *each = e;
+  return 0;
+}
+
+/* Home phases, as far as forced homes tell before the plan (checked against its homes after). */
+static int guess_home_phases(tz_trainer *tr, const struct tz_plan_request *r,
+                             struct tz_plan_phase *pp) {
+  int8_t *guess = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
+  if (!guess)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
+  for (int i = 0; i < tr->nb * TZ_PLAN_KINDS; i++) {
+    int f = r->force_each ? r->force_each[i] : TZ_PLAN_AUTO;
+    f = f == TZ_PLAN_AUTO ? r->force[i % TZ_PLAN_KINDS] : f;
+    guess[i] = (int8_t)(f == TZ_PLAN_AUTO ? TZ_PLAN_COMPUTE : f);
+  }
+  for (int i = 0; i < tr->n_ph; i++)
+    pp[i].at_home = home_phase(tr, i, guess);
+  free(guess);
+  return 0;
+}
+
+/* The GPU's free memory for the plan: p->gpu_free when only planning, else asked of the backend,
+ * less a reserve; 0 without a GPU. */
+static int gpu_free_bytes(tz_trainer *tr, const struct tz_trainer_params *p, uint64_t *out) {
+  uint64_t gpu_free = 0;
+  *out = 0;
+  if (!tr->gpu)
+    return 0;
+  uint64_t total = 0;
+  if (p->plan_only && p->gpu_free)
+    gpu_free = total = p->gpu_free;
+  else
+    TZ_CHECK(tz_compute_device_memory(tr->backend, tr->device, &gpu_free, &total));
+  /* Left to the CUDA context's growth, cuBLASLt, NCCL and the allocator's slack. */
+  uint64_t reserve = total / 32 > (2ull << 30) ? total / 32 : (2ull << 30);
+  *out = gpu_free > reserve ? round_up(gpu_free - reserve, ALIGN) - ALIGN : 0;
+  return 0;
+}
+
+/* Capacities. The compute tier: tierzero.hbm_budget; without one, room for the buffers, the
+ * homes forced into it and a window of a quarter of the state (on a CPU-only machine the
+ * compute tier is host memory, and a small window makes every path of the scheduler run). */
+static int compute_capacity(tz_trainer *tr, const struct tz_trainer_params *p,
+                            struct tz_plan_request *rq) {
+  const struct tz_config *c = &tr->cfg;
+  struct tz_plan_request r = *rq;
+  uint64_t state = 0;
+  for (int b = 0; b < tr->nb; b++)
+    for (int k = 0; k < TZ_PLAN_KINDS; k++)
+      state += round_up(tr->bytes[b][k], ALIGN);
+  r.capacity[TZ_PLAN_COMPUTE] = c->tierzero.hbm_budget;
+  uint64_t gpu_free;
+  TZ_CHECK(gpu_free_bytes(tr, p, &gpu_free));
+  if (!r.capacity[TZ_PLAN_COMPUTE] && tr->gpu && p->auto_placement) {
+    /* The plan chooses: every free byte of the GPU, the window what the homes leave. */
+    r.capacity[TZ_PLAN_COMPUTE] = gpu_free;
+  } else if (!r.capacity[TZ_PLAN_COMPUTE]) {
+    /* Placement forced by the config: the compute tier holds the buffers, the homes forced into
+     * it and a window, not a cache of the state offloaded elsewhere (DeepSpeed's offload means
+     * the GPU holds a working set). The window: a quarter of the state on a CPU-only machine,
+     * so that the scheduler streams; four times the largest phase's working set on a GPU, room
+     * to prefetch a few phases ahead. */
+    uint64_t forced = 0;
+    for (int b = 0; b < tr->nb; b++)
+      for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+        int f = p->force_tiers ? p->force_tiers[b * TZ_PLAN_KINDS + k] : TZ_PLAN_AUTO;
+        if (f == TZ_PLAN_AUTO)
+          f = r.force[k];
+        forced += f == TZ_PLAN_COMPUTE ? round_up(tr->bytes[b][k], ALIGN) : 0;
+      }
+    uint64_t min = tz_plan_min_window(&r);
+    uint64_t window = p->window ? p->window : tr->gpu ? 4 * min : round_up(state / 4, ALIGN);
+    if (window < min)
+      window = min;
+    r.capacity[TZ_PLAN_COMPUTE] = r.compute_fixed + forced + window;
+    if (tr->gpu && r.capacity[TZ_PLAN_COMPUTE] > gpu_free && !p->window) {
+      /* A window smaller than four phases' worth, when the GPU has no more. */
+      r.capacity[TZ_PLAN_COMPUTE] = gpu_free;
+      window = gpu_free > r.compute_fixed + forced ? gpu_free - r.compute_fixed - forced : 0;
+    }
+    if (!p->window)
+      r.window = window;
+  }
+  *rq = r;
+  return 0;
+}
+
+/* The host and nvme tiers' capacities. */
+static void other_capacities(tz_trainer *tr, struct tz_plan_request *r) {
+  const struct tz_config *c = &tr->cfg;
+  /* Without a budget, the ranks (taken to share this machine) share what is available. */
+  r->capacity[TZ_PLAN_HOST] = c->tierzero.host_budget
+                                  ? c->tierzero.host_budget
+                                  : round_up(host_default_budget() / (uint64_t)tr->world, ALIGN);
+  const char *dir = tz_train_nvme_dir(c);
+  r->capacity[TZ_PLAN_NVME] = 0;
+  if (dir) {
+    struct statvfs vfs;
+    r->capacity[TZ_PLAN_NVME] = c->tierzero.nvme_budget;
+    if (!r->capacity[TZ_PLAN_NVME] && statvfs(dir, &vfs) == 0)
+      r->capacity[TZ_PLAN_NVME] = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize / 2;
+  }
+}
+
+/* The phases that will run at the homes with the plan's homes; the bound again if the guess
+ * (guess_home_phases) was wrong for any. */
+static int settle_home_phases(tz_trainer *tr, const struct tz_plan_request *r,
+                              struct tz_plan_phase *pp) {
+  int changed = 0;
+  for (int i = 0; i < tr->n_ph; i++) {
+    tr->at_home[i] = home_phase(tr, i, tr->plan.tier);
+    changed |= tr->at_home[i] != pp[i].at_home;
+    pp[i].at_home = tr->at_home[i];
+  }
+  return changed ? rebound(r, &tr->plan) : 0;
+}
+
+int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
+  struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
+  if (!pp)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
+  plan_phases(tr, pp);
+  struct tz_plan_request r;
+  plan_request(tr, p, pp, &r);
+  int8_t *each = NULL;
+  int rc = cpu_step_grads(tr, p, &r, &each);
+  if (rc == 0)
+    rc = guess_home_phases(tr, &r, pp);
+  if (rc == 0)
+    rc = compute_capacity(tr, p, &r);
+  if (rc == 0) {
+    other_capacities(tr, &r);
+    rc = tz_plan_make(&r, &tr->plan);
+  }
+  if (rc == 0)
+    rc = settle_home_phases(tr, &r, pp);
+  free(each);
+  free(pp);
+  return rc;
+}
+
+/* tierzero.cpu_adam_search: of the shares 0, 1/8, ..., 1, the one whose plan predicts the least
+ * bound (the smaller on a tie within a part in a billion); shares whose plan does not fit are
+ * passed over. With a GPU only where the share can apply (tz_train_make_plan): otherwise, and
+ * when a plan's rates are unknown, the default. Leaves cpu_step chosen for tz_train_make_plan to
+ * plan again. */
+int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p) {
+  const struct tz_config *c = &tr->cfg;
+  int applies = !tr->gpu || (!p->auto_placement &&
+                             tier_of_device(c->zero_optimization.offload_optimizer.device) ==
+                                 TZ_PLAN_HOST);
+  double best = -1, best_bound = 0;
+  for (int k = 0; applies && k <= 8; k++) {
+    tz_train_choose_cpu_steps(tr, k / 8.0);
+    int rc = tz_train_make_plan(tr, p);
+    int known = rc == 0 && !tr->plan.unknown_rates;
+    double bound = tr->plan.bound_s;
+    tz_plan_free(&tr->plan);
+    if (known && (best < 0 || bound < best_bound * (1 - 1e-9))) {
+      best = k / 8.0;
+      best_bound = bound;
+    }
+  }
+  tz_train_choose_cpu_steps(tr, best >= 0 ? best : c->tierzero.cpu_adam);
+  return 0;
+}
+
+double tz_trainer_cpu_adam(const tz_trainer *tr) { return tr->cpu_share; }
+
+int tz_train_sizes(tz_trainer *tr) {
+  int nb = tr->nb;
+  tr->numel = calloc((size_t)nb, sizeof *tr->numel);
+  tr->padded = calloc((size_t)nb, sizeof *tr->padded);
+  tr->shard = calloc((size_t)nb, sizeof *tr->shard);
+  tr->seg_off = calloc((size_t)nb, sizeof *tr->seg_off);
+  tr->bytes = calloc((size_t)nb, sizeof *tr->bytes);
+  tr->home = calloc((size_t)nb, sizeof *tr->home);
+  tr->names = calloc((size_t)nb + 1, sizeof *tr->names);
+  tr->cpu_step = calloc((size_t)nb, 1);
+  if (!tr->numel || !tr->padded || !tr->shard || !tr->seg_off || !tr->bytes || !tr->home ||
+      !tr->names || !tr->cpu_step)
+    return tz_err_set(TZ_ENOMEM, "train: no memory");
+  uint64_t unit = (uint64_t)tr->world * TZ_TRAIN_NORM_SEGMENT;
+  for (int b = 0; b < nb; b++) {
+    tr->numel[b] = tz_model_block_numel(&tr->mc, b);
+    tr->padded[b] = round_up(tr->numel[b], unit);
+    tr->shard[b] = tr->padded[b] / (uint64_t)tr->world;
+    tr->seg_off[b] = tr->n_seg;
+    tr->n_seg += (tr->numel[b] + TZ_TRAIN_NORM_SEGMENT - 1) / TZ_TRAIN_NORM_SEGMENT;
+    tr->bytes[b][TZ_PLAN_PARAM] = tr->shard[b] * tr->es;
+    for (int k = TZ_PLAN_MASTER; k < TZ_PLAN_KINDS; k++)
+      tr->bytes[b][k] = tr->shard[b] * sizeof(float);
+    char name[32];
+    if (b == 0)
+      snprintf(name, sizeof name, "embed");
+    else if (b == nb - 1)
+      snprintf(name, sizeof name, "head");
+    else
+      snprintf(name, sizeof name, "layer%d", b - 1);
+    if (!(tr->names[b] = strdup(name)))
+      return tz_err_set(TZ_ENOMEM, "train: no memory");
+  }
+  return 0;
+}
