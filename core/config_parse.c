@@ -1,8 +1,8 @@
 /* Values: parsing JSON and text for a key, and the messages that say what was expected. */
 #define _GNU_SOURCE
 #include "core/config_internal.h"
+#include "util/size.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -169,47 +169,7 @@ static int real_to_i64(double d, int64_t *out) {
 }
 
 int tz_config_parse_size(const char *s, uint64_t *out) {
-  static const struct {
-    const char *unit;
-    uint64_t mult;
-  } units[] = {
-    {"B", 1},
-    {"kB", 1000ull},
-    {"KB", 1000ull},
-    {"MB", 1000000ull},
-    {"GB", 1000000000ull},
-    {"TB", 1000000000000ull},
-    {"PB", 1000000000000000ull},
-    {"KiB", 1ull << 10},
-    {"MiB", 1ull << 20},
-    {"GiB", 1ull << 30},
-    {"TiB", 1ull << 40},
-    {"PiB", 1ull << 50},
-  };
-  const char *p = s;
-  uint64_t v = 0;
-  if (!isdigit((unsigned char)*p))
-    return -1;
-  for (; isdigit((unsigned char)*p); p++)
-    if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, (uint64_t)(*p - '0'), &v))
-      return -1;
-  if (*p == ' ')
-    p++;
-  uint64_t mult = 1;
-  if (*p) {
-    mult = 0;
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-      if (strcasecmp(p, units[i].unit) == 0)
-        mult = units[i].mult;
-    if (!mult)
-      return -1;
-  } else if (p != s && p[-1] == ' ') {
-    return -1; /* a trailing space without a unit */
-  }
-  if (__builtin_mul_overflow(v, mult, &v) || v > (uint64_t)INT64_MAX)
-    return -1;
-  *out = v;
-  return 0;
+  return tz_size_parse(s, TZ_SIZE_UNITS, out);
 }
 
 
