@@ -19,9 +19,11 @@
 #include "tiers/hbm.h"
 #include "tiers/hbm_impl.h"
 #include "core/error.h"
-#include "core/internal.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "core/tier_impl.h"
+#include "util/clock.h"
+#include "util/size.h"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -31,7 +33,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define EVENTS_AT_INIT 256
@@ -108,12 +109,6 @@ struct hbm {
   uint64_t stream_waits, waits_done;                            /* atomic */
   int warned_pageable; /* atomic */
 };
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Sets the thread's message from a failed CUDA call and clears the runtime's last error, so it
  * does not resurface in an unrelated call on this thread. */
@@ -349,7 +344,7 @@ static int pin_acquire(struct hbm *h, unsigned char *base, uint64_t bytes, uint6
   uint64_t len = bytes;
   if ((uintptr_t)base % PAGE == 0)
     len = (bytes + PAGE - 1) & ~(PAGE - 1);
-  double t0 = now_s();
+  double t0 = tz_now_s();
   uint64_t done = 0;
   cudaError_t e = cudaSuccess;
   while (done < len) {
@@ -359,7 +354,7 @@ static int pin_acquire(struct hbm *h, unsigned char *base, uint64_t bytes, uint6
       break;
     done += n;
   }
-  *secs = now_s() - t0;
+  *secs = tz_now_s() - t0;
   if (e == cudaErrorHostMemoryAlreadyRegistered && done == 0) {
     cudaGetLastError();
     free(p);
@@ -612,15 +607,8 @@ static uint64_t pin_piece_from_env(void) {
   const char *s = getenv("TZ_HBM_PIN_PIECE");
   if (!s || !*s)
     return PIN_PIECE;
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  switch (*end) {
-  case 'k': case 'K': v <<= 10; break;
-  case 'm': case 'M': v <<= 20; break;
-  case 'g': case 'G': v <<= 30; break;
-  default: break;
-  }
-  if (v == 0 || v % PAGE || v > PIN_PIECE) {
+  uint64_t v = 0;
+  if (tz_size_parse(s, TZ_SIZE_LEADING, &v) < 0 || v == 0 || v % PAGE || v > PIN_PIECE) {
     TZ_WARN("hbm: TZ_HBM_PIN_PIECE=%s is not a multiple of %llu up to 64 GiB; using 64 GiB", s,
             PAGE);
     return PIN_PIECE;

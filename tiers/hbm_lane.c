@@ -12,7 +12,6 @@
 #include "tiers/hbm.h"
 #include "tiers/hbm_impl.h"
 #include "core/error.h"
-#include "core/internal.h"
 #include "core/lane_impl.h"
 #include "core/log.h"
 
