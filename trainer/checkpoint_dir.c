@@ -157,7 +157,7 @@ static int committed_file(const char *tmp, uint64_t step, int rank, int world, u
 }
 
 
-static int write_manifest(const struct tz_ckpt_hooks *h, const char *tmp, uint64_t step,
+static int write_manifest(const struct tz_file_hooks *h, const char *tmp, uint64_t step,
                           int world) {
   json_t *root = json_object(), *ranks = json_array();
   char *body = NULL, *path = tz_ckpt_path_join(tmp, TZ_CKPT_MANIFEST), *text = NULL;
@@ -207,7 +207,7 @@ out:
  * old checkpoint or the new one; where the file system cannot exchange, the old one is first
  * renamed aside to dir.old. *replaced: where the old one now is (to remove once the rename is
  * durable), or NULL. */
-static int install_dir(const struct tz_ckpt_hooks *h, const char *tmp, const char *dir,
+static int install_dir(const struct tz_file_hooks *h, const char *tmp, const char *dir,
                        char **replaced) {
   *replaced = NULL;
   struct stat sb;
@@ -215,12 +215,12 @@ static int install_dir(const struct tz_ckpt_hooks *h, const char *tmp, const cha
   if (lstat(dir, &sb) < 0) {
     if (errno != ENOENT)
       return tz_err_errno(errno, "checkpoint: cannot stat %s", dir);
-    if ((e = tz_ckpt_io_rename(h, tmp, dir)))
+    if ((e = tz_file_rename(h, tmp, dir)))
       return tz_err_errno(e, "checkpoint: cannot rename %s to %s", tmp, dir);
     return 0;
   }
   char *old = NULL;
-  e = tz_ckpt_io_exchange(h, tmp, dir);
+  e = tz_file_exchange(h, tmp, dir);
   if (e == 0) {
     if (!(*replaced = strdup(tmp)))
       tz_log(TZ_LOG_WARN, "checkpoint: out of memory; the replaced checkpoint stays in %s", tmp);
@@ -230,14 +230,14 @@ static int install_dir(const struct tz_ckpt_hooks *h, const char *tmp, const cha
     return tz_err_errno(e, "checkpoint: cannot exchange %s and %s", tmp, dir);
   if (asprintf(&old, "%s.old", dir) < 0)
     return tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
-  if ((e = tz_ckpt_io_rm_tree(h, old)) || (e = tz_ckpt_io_rename(h, dir, old))) {
+  if ((e = tz_ckpt_io_rm_tree(h, old)) || (e = tz_file_rename(h, dir, old))) {
     int rc = tz_err_errno(e, "checkpoint: cannot move %s aside to %s", dir, old);
     free(old);
     return rc;
   }
-  if ((e = tz_ckpt_io_rename(h, tmp, dir))) {
+  if ((e = tz_file_rename(h, tmp, dir))) {
     int rc = tz_err_errno(e, "checkpoint: cannot rename %s to %s", tmp, dir);
-    if ((e = tz_ckpt_io_rename(h, old, dir)))
+    if ((e = tz_file_rename(h, old, dir)))
       tz_log(TZ_LOG_WARN, "checkpoint: cannot move %s back to %s: %s", old, dir, strerror(e));
     free(old);
     return rc;
@@ -248,7 +248,7 @@ static int install_dir(const struct tz_ckpt_hooks *h, const char *tmp, const cha
 
 /* Removes leftovers of crashed saves and, with keep > 0, the checkpoints older than step beyond
  * the newest keep. Failures are warnings: the checkpoint is saved already. */
-static void prune(const struct tz_ckpt_hooks *h, const char *root, uint64_t step, int keep) {
+static void prune(const struct tz_file_hooks *h, const char *root, uint64_t step, int keep) {
   DIR *d = opendir(root);
   if (!d) {
     tz_log(TZ_LOG_WARN, "checkpoint: cannot list %s: %s", root, strerror(errno));
@@ -284,7 +284,7 @@ static void prune(const struct tz_ckpt_hooks *h, const char *root, uint64_t step
     /* Renamed aside first, so that a crash mid-removal never leaves a half-removed step-N. */
     char *dir = tz_ckpt_step_path(root, steps[i], "");
     char *old = tz_ckpt_step_path(root, steps[i], ".old");
-    int e = !dir || !old ? ENOMEM : tz_ckpt_io_rename(h, dir, old);
+    int e = !dir || !old ? ENOMEM : tz_file_rename(h, dir, old);
     if (!e)
       e = tz_ckpt_io_rm_tree(h, old);
     if (e)
@@ -297,7 +297,8 @@ static void prune(const struct tz_ckpt_hooks *h, const char *root, uint64_t step
 
 int tz_ckpt_finalize(const char *root, uint64_t step, int world, int keep,
                      const struct tz_ckpt_options *opt) {
-  const struct tz_ckpt_hooks *h = opt ? &opt->hooks : NULL;
+  struct tz_file_hooks fh;
+  const struct tz_file_hooks *h = tz_ckpt_file_hooks(opt ? &opt->hooks : NULL, &fh);
   if (!root || !*root || world < 1 || world > MAX_WORLD || step > INT64_MAX)
     return tz_err_set(TZ_EINVAL,
                       "checkpoint: bad arguments to finalize (step %" PRIu64 ", world %d)", step,
@@ -314,13 +315,13 @@ int tz_ckpt_finalize(const char *root, uint64_t step, int world, int keep,
   /* The rank files and the manifest must be durable under the temporary name before the rename
    * publishes the directory: after a crash, a step-N is complete or absent. */
   TZ_CHECK_GOTO(write_manifest(h, tmp, step, world), rc, fail_tmp);
-  if ((e = tz_ckpt_io_fsync_dir(h, tmp))) {
+  if ((e = tz_file_fsync_dir(h, tmp))) {
     rc = tz_err_errno(e, "checkpoint: fsync of %s", tmp);
     goto fail_tmp;
   }
   TZ_CHECK_GOTO(install_dir(h, tmp, dir, &replaced), rc, fail_tmp);
   /* The rename must be durable before latest names it: latest never points at nothing. */
-  if ((e = tz_ckpt_io_fsync_dir(h, root))) {
+  if ((e = tz_file_fsync_dir(h, root))) {
     rc = tz_err_errno(e, "checkpoint: fsync of %s", root);
     goto fail_latest;
   }
@@ -328,12 +329,12 @@ int tz_ckpt_finalize(const char *root, uint64_t step, int world, int keep,
     tz_log(TZ_LOG_WARN, "checkpoint: cannot remove the replaced checkpoint %s: %s", replaced,
            strerror(e));
   TZ_CHECK_GOTO(tz_ckpt_io_write_file(h, latest_tmp, name, (size_t)len), rc, fail_latest);
-  if ((e = tz_ckpt_io_rename(h, latest_tmp, latest))) {
+  if ((e = tz_file_rename(h, latest_tmp, latest))) {
     rc = tz_err_errno(e, "checkpoint: cannot rename %s to %s", latest_tmp, latest);
-    tz_ckpt_io_unlink(h, latest_tmp);
+    tz_file_unlink(h, latest_tmp);
     goto fail_latest;
   }
-  if ((e = tz_ckpt_io_fsync_dir(h, root))) {
+  if ((e = tz_file_fsync_dir(h, root))) {
     rc = tz_err_errno(e,
                       "checkpoint: fsync of %s after renaming %s into it (latest names %s, "
                       "but a crash may still bring back the previous one)",
@@ -362,7 +363,8 @@ out:
 }
 
 int tz_ckpt_abandon(const char *root, uint64_t step, const struct tz_ckpt_options *opt) {
-  const struct tz_ckpt_hooks *h = opt ? &opt->hooks : NULL;
+  struct tz_file_hooks fh;
+  const struct tz_file_hooks *h = tz_ckpt_file_hooks(opt ? &opt->hooks : NULL, &fh);
   char *tmp = tz_ckpt_step_path(root, step, ".tmp");
   if (!tmp)
     return tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");

@@ -11,10 +11,11 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/internal.h"
 #include "core/log.h"
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_format.h"
+#include "util/crc32c.h"
+#include "util/file.h"
 
 /* Bytes buffered by the writer, and read per piece by the reader. */
 #define IO_BYTES (1u << 20)
@@ -35,28 +36,16 @@ static inline int tz_ckpt_name_ok(const char *name) {
   return 1;
 }
 
-/* checkpoint_io.c. The save path's calls: each calls h's hook first (h may be NULL) and returns 0
- * or a positive errno. */
-int tz_ckpt_io_create(const struct tz_ckpt_hooks *h, const char *path, int *fd);
-/* All n bytes at off, resubmitting short writes and EINTR. */
-int tz_ckpt_io_pwrite(const struct tz_ckpt_hooks *h, int fd, const void *buf, size_t n,
-                      uint64_t off);
-int tz_ckpt_io_fsync(const struct tz_ckpt_hooks *h, int fd);
-int tz_ckpt_io_rename(const struct tz_ckpt_hooks *h, const char *from, const char *to);
-int tz_ckpt_io_exchange(const struct tz_ckpt_hooks *h, const char *a, const char *b);
-int tz_ckpt_io_mkdir(const struct tz_ckpt_hooks *h, const char *path);
-int tz_ckpt_io_unlink(const struct tz_ckpt_hooks *h, const char *path);
-int tz_ckpt_io_rmdir(const struct tz_ckpt_hooks *h, const char *path);
-/* Makes a directory's entries (creations, renames into it) durable. */
-int tz_ckpt_io_fsync_dir(const struct tz_ckpt_hooks *h, const char *path);
+/* checkpoint_io.c. The save path's calls are util/file.h's (0 or a positive errno), with the
+ * save's hooks as *out serves them: NULL when h is NULL. out must live as long as the result. */
+const struct tz_file_hooks *tz_ckpt_file_hooks(const struct tz_ckpt_hooks *h,
+                                               struct tz_file_hooks *out);
 /* Removes path and, for a directory, everything under it (symbolic links are removed, never
  * followed). 0 if it does not exist. */
-int tz_ckpt_io_rm_tree(const struct tz_ckpt_hooks *h, const char *path);
-/* mkdir -p; each directory it creates is made durable in its parent. */
-int tz_ckpt_io_mkdir_p(const struct tz_ckpt_hooks *h, const char *path);
+int tz_ckpt_io_rm_tree(const struct tz_file_hooks *h, const char *path);
 /* Writes path with text: created, written, fsynced, closed. 0 or a negative code with the
  * message set. */
-int tz_ckpt_io_write_file(const struct tz_ckpt_hooks *h, const char *path, const char *text,
+int tz_ckpt_io_write_file(const struct tz_file_hooks *h, const char *path, const char *text,
                           size_t len);
 /* Reading: 0 or a negative code with the message set. */
 /* All n bytes at off; a file that ends first is TZ_EFORMAT (truncated). */

@@ -1,7 +1,7 @@
-/* The save path's file-system calls and the paths of a checkpoint root. Every call of the save
- * path that changes something goes through the tz_ckpt_io_* wrappers, which first call the
- * save's test hook (struct tz_ckpt_hooks): a test can kill the process or fail with ENOSPC at a
- * chosen operation. */
+/* The save path's file-system helpers and the paths of a checkpoint root. Every call of the save
+ * path that changes something goes through util/file.h with the save's test hook (struct
+ * tz_ckpt_hooks, served as struct tz_file_hooks by tz_ckpt_file_hooks): a test can kill the
+ * process or fail with ENOSPC at a chosen operation. */
 #define _GNU_SOURCE
 #include "trainer/checkpoint_internal.h"
 
@@ -14,104 +14,30 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The test hook before an operation; data_op: a write or an fsync. Returns an errno to fail the
- * operation with, or 0. */
-static int fault_before(const struct tz_ckpt_hooks *h, int data_op) {
-  return h && h->before_op ? h->before_op(h->ctx, data_op) : 0;
+/* The save's hook as util/file.h calls it: a data op is a write or an fsync. */
+static int ckpt_before(void *ctx, enum tz_file_op op, const char *path) {
+  (void)path;
+  const struct tz_ckpt_hooks *h = ctx;
+  return h->before_op ? h->before_op(h->ctx, op == TZ_FILE_WRITE || op == TZ_FILE_FSYNC) : 0;
 }
 
-/* Each returns 0 or a positive errno. */
-int tz_ckpt_io_create(const struct tz_ckpt_hooks *h, const char *path, int *fd) {
-  int e = fault_before(h, 0);
-  if (e)
-    return e;
-  *fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  return *fd < 0 ? errno : 0;
-}
-
-/* All n bytes at off, resubmitting short writes and EINTR. */
-int tz_ckpt_io_pwrite(const struct tz_ckpt_hooks *h, int fd, const void *buf, size_t n,
-                      uint64_t off) {
-  const char *p = buf;
-  while (n > 0) {
-    int e = fault_before(h, 1);
-    if (e)
-      return e;
-    ssize_t got = pwrite(fd, p, n, (off_t)off);
-    if (got < 0) {
-      if (errno == EINTR)
-        continue;
-      return errno;
-    }
-    if (got == 0)
-      return EIO;
-    p += got;
-    off += (uint64_t)got;
-    n -= (size_t)got;
-  }
-  return 0;
-}
-
-int tz_ckpt_io_fsync(const struct tz_ckpt_hooks *h, int fd) {
-  int e = fault_before(h, 1);
-  if (e)
-    return e;
-  return fsync(fd) < 0 ? errno : 0;
-}
-
-int tz_ckpt_io_rename(const struct tz_ckpt_hooks *h, const char *from, const char *to) {
-  int e = fault_before(h, 0);
-  if (e)
-    return e;
-  return rename(from, to) < 0 ? errno : 0;
-}
-
-int tz_ckpt_io_exchange(const struct tz_ckpt_hooks *h, const char *a, const char *b) {
-  int e = fault_before(h, 0);
-  if (e)
-    return e;
-  return renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) < 0 ? errno : 0;
-}
-
-int tz_ckpt_io_mkdir(const struct tz_ckpt_hooks *h, const char *path) {
-  int e = fault_before(h, 0);
-  if (e)
-    return e;
-  return mkdir(path, 0755) < 0 ? errno : 0;
-}
-
-int tz_ckpt_io_unlink(const struct tz_ckpt_hooks *h, const char *path) {
-  int e = fault_before(h, 0);
-  if (e)
-    return e;
-  return unlink(path) < 0 ? errno : 0;
-}
-
-int tz_ckpt_io_rmdir(const struct tz_ckpt_hooks *h, const char *path) {
-  int e = fault_before(h, 0);
-  if (e)
-    return e;
-  return rmdir(path) < 0 ? errno : 0;
-}
-
-/* Makes a directory's entries (creations, renames into it) durable. */
-int tz_ckpt_io_fsync_dir(const struct tz_ckpt_hooks *h, const char *path) {
-  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    return errno;
-  int e = tz_ckpt_io_fsync(h, fd);
-  close(fd);
-  return e;
+const struct tz_file_hooks *tz_ckpt_file_hooks(const struct tz_ckpt_hooks *h,
+                                               struct tz_file_hooks *out) {
+  if (!h)
+    return NULL;
+  out->before = ckpt_before;
+  out->ctx = (void *)h;
+  return out;
 }
 
 /* Removes path and, for a directory, everything under it (symbolic links are removed, never
  * followed). 0 if it does not exist. */
-int tz_ckpt_io_rm_tree(const struct tz_ckpt_hooks *h, const char *path) {
+int tz_ckpt_io_rm_tree(const struct tz_file_hooks *h, const char *path) {
   struct stat sb;
   if (lstat(path, &sb) < 0)
     return errno == ENOENT ? 0 : errno;
   if (!S_ISDIR(sb.st_mode))
-    return tz_ckpt_io_unlink(h, path);
+    return tz_file_unlink(h, path);
   DIR *d = opendir(path);
   if (!d)
     return errno;
@@ -129,7 +55,7 @@ int tz_ckpt_io_rm_tree(const struct tz_ckpt_hooks *h, const char *path) {
     free(sub);
   }
   closedir(d);
-  return e ? e : tz_ckpt_io_rmdir(h, path);
+  return e ? e : tz_file_rmdir(h, path);
 }
 
 char *tz_ckpt_path_join(const char *a, const char *b) {
@@ -163,42 +89,6 @@ int tz_ckpt_parse_step_name(const char *name, const char *suffix, uint64_t *step
     return 0;
   *step = v;
   return 1;
-}
-
-/* mkdir -p; each directory it creates is made durable in its parent. */
-int tz_ckpt_io_mkdir_p(const struct tz_ckpt_hooks *h, const char *path) {
-  struct stat sb;
-  if (stat(path, &sb) == 0)
-    return S_ISDIR(sb.st_mode) ? 0 : ENOTDIR;
-  char *copy = strdup(path);
-  if (!copy)
-    return ENOMEM;
-  char *slash = strrchr(copy, '/');
-  while (slash && slash > copy && slash[1] == '\0') { /* trailing slashes */
-    *slash = '\0';
-    slash = strrchr(copy, '/');
-  }
-  int e = 0;
-  if (slash && slash != copy) {
-    *slash = '\0';
-    e = tz_ckpt_io_mkdir_p(h, copy);
-    *slash = '/';
-  }
-  if (!e) {
-    e = tz_ckpt_io_mkdir(h, copy);
-    if (e == EEXIST)
-      e = 0;
-    else if (!e) {
-      if (slash && slash != copy) {
-        *slash = '\0';
-        e = tz_ckpt_io_fsync_dir(h, copy);
-      } else {
-        e = tz_ckpt_io_fsync_dir(h, slash ? "/" : ".");
-      }
-    }
-  }
-  free(copy);
-  return e;
 }
 
 /* Reads all n bytes at off; a file that ends first is TZ_EFORMAT (truncated). */
@@ -248,19 +138,19 @@ int tz_ckpt_io_slurp(const char *path, uint64_t max, char **out, uint64_t *len) 
 }
 
 /* Writes path with text: created, written, fsynced, closed. */
-int tz_ckpt_io_write_file(const struct tz_ckpt_hooks *h, const char *path, const char *text,
+int tz_ckpt_io_write_file(const struct tz_file_hooks *h, const char *path, const char *text,
                           size_t len) {
-  int fd = -1, e = tz_ckpt_io_create(h, path, &fd);
-  if (e == EEXIST && (e = tz_ckpt_io_unlink(h, path)) == 0)
-    e = tz_ckpt_io_create(h, path, &fd);
+  int fd = -1, e = tz_file_create(h, path, 0644, &fd);
+  if (e == EEXIST && (e = tz_file_unlink(h, path)) == 0)
+    e = tz_file_create(h, path, 0644, &fd);
   if (e)
     return tz_err_errno(e, "checkpoint: cannot create %s", path);
-  if ((e = tz_ckpt_io_pwrite(h, fd, text, len, 0)) == 0)
-    e = tz_ckpt_io_fsync(h, fd);
+  if ((e = tz_file_pwrite(h, fd, text, len, 0)) == 0)
+    e = tz_file_fsync(h, fd);
   int ce = close(fd) < 0 ? errno : 0;
   if (e || ce) {
     int rc = tz_err_errno(e ? e : ce, "checkpoint: writing %s", path);
-    tz_ckpt_io_unlink(h, path);
+    tz_file_unlink(h, path);
     return rc;
   }
   return 0;

@@ -34,6 +34,7 @@ struct tz_ckpt_writer {
   uint64_t done; /* its bytes so far */
   int failed;    /* an operation failed: only destroy (or a failing commit) remains */
   struct tz_ckpt_hooks hooks; /* the save's test hooks (tz_ckpt_options) */
+  struct tz_file_hooks fh;    /* the same, as util/file.h calls them */
 };
 
 static uint64_t w_pos(const tz_ckpt_writer *w) { return w->flushed + w->buf_len; }
@@ -47,7 +48,7 @@ static int w_fail(tz_ckpt_writer *w, int e, const char *what) {
 static int w_flush(tz_ckpt_writer *w) {
   if (!w->buf_len)
     return 0;
-  int e = tz_ckpt_io_pwrite(&w->hooks, w->fd, w->buf, w->buf_len, w->flushed);
+  int e = tz_file_pwrite(&w->fh, w->fd, w->buf, w->buf_len, w->flushed);
   if (e)
     return w_fail(w, e, "write");
   w->flushed += w->buf_len;
@@ -61,7 +62,7 @@ static int w_append(tz_ckpt_writer *w, const void *data, uint64_t n) {
     if (w->buf_len == 0 && n >= IO_BYTES) {
       /* Large pieces go straight to the file, in whole buffers' worth. */
       uint64_t m = n - n % IO_BYTES;
-      int e = tz_ckpt_io_pwrite(&w->hooks, w->fd, p, m, w->flushed);
+      int e = tz_file_pwrite(&w->fh, w->fd, p, m, w->flushed);
       if (e)
         return w_fail(w, e, "write");
       w->flushed += m;
@@ -104,7 +105,7 @@ void tz_ckpt_writer_destroy(tz_ckpt_writer *w) {
     close(w->fd);
     w->fd = -1;
   }
-  int e = tz_ckpt_io_unlink(&w->hooks, w->path);
+  int e = tz_file_unlink(&w->fh, w->path);
   if (e && e != ENOENT)
     tz_log(TZ_LOG_WARN, "checkpoint: cannot remove the partial file %s: %s", w->path, strerror(e));
   w_free(w);
@@ -132,14 +133,14 @@ int tz_ckpt_begin(const char *root, uint64_t step, int rank, int world,
   w->world = world;
   if (opt)
     w->hooks = opt->hooks;
-  const struct tz_ckpt_hooks *h = &w->hooks;
+  const struct tz_file_hooks *h = tz_ckpt_file_hooks(&w->hooks, &w->fh);
   if (!(w->path = tz_ckpt_rank_path(tmp, rank)) ||
       !(w->buf = aligned_alloc(TZ_CKPT_ALIGN, IO_BYTES))) {
     rc = tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
     goto fail;
   }
   if (rank == 0) {
-    if ((e = tz_ckpt_io_mkdir_p(h, root))) {
+    if ((e = tz_file_mkdir_p(h, root, TZ_MKDIR_DURABLE))) {
       rc = tz_err_errno(e, "checkpoint: cannot create the directory %s", root);
       goto fail;
     }
@@ -148,12 +149,12 @@ int tz_ckpt_begin(const char *root, uint64_t step, int rank, int world,
       rc = tz_err_errno(e, "checkpoint: cannot remove the stale %s", tmp);
       goto fail;
     }
-    if ((e = tz_ckpt_io_mkdir(h, tmp))) {
+    if ((e = tz_file_mkdir(h, tmp))) {
       rc = tz_err_errno(e, "checkpoint: cannot create %s", tmp);
       goto fail;
     }
   }
-  if ((e = tz_ckpt_io_create(h, w->path, &w->fd))) {
+  if ((e = tz_file_create(h, w->path, 0644, &w->fd))) {
     if (e == ENOENT && rank > 0)
       rc = tz_err_set(TZ_ENOENT, "checkpoint: %s does not exist: rank 0 must begin the save first",
                       tmp);
@@ -343,7 +344,7 @@ int tz_ckpt_commit(tz_ckpt_writer *w) {
   TZ_CHECK_GOTO(w_append(w, index, index_bytes), rc, fail);
   TZ_CHECK_GOTO(w_append(w, tr, sizeof tr), rc, fail);
   TZ_CHECK_GOTO(w_flush(w), rc, fail);
-  if ((e = tz_ckpt_io_fsync(&w->hooks, w->fd))) {
+  if ((e = tz_file_fsync(&w->fh, w->fd))) {
     w->failed = 1;
     rc = tz_err_errno(e, "checkpoint %s: fsync after writing %" PRIu64 " bytes", w->path,
                       w->flushed);
