@@ -10,6 +10,9 @@
 #include "core/tier.h"
 #include "kernels/adam.h"
 #include "kernels/compute.h"
+#include "trainer/train_internal.h"
+#include "util/clock.h"
+#include "util/file.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -18,8 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #define PROBE_BYTES (8u << 20)
@@ -30,12 +31,6 @@
 #define GPU_COPY_BYTES (64ull << 20)
 #define GPU_MATMUL 4096
 #define GPU_ADAM_ELEMS ((size_t)64 << 20)
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int tz_rates_default_path(char *buf, size_t len) {
   char host[128] = "localhost";
@@ -51,16 +46,8 @@ int tz_rates_default_path(char *buf, size_t len) {
   return 0;
 }
 
-static const char *nvme_dir(const struct tz_config *c) {
-  if (c->tierzero.nvme_path.n > 0)
-    return c->tierzero.nvme_path.path[0];
-  if (c->zero_optimization.offload_optimizer.nvme_path)
-    return c->zero_optimization.offload_optimizer.nvme_path;
-  return c->zero_optimization.offload_param.nvme_path;
-}
-
 static void setup_key(const struct tz_config *c, const char *backend, char *buf, size_t len) {
-  const char *dir = nvme_dir(c);
+  const char *dir = tz_train_nvme_dir(c);
   char real[PATH_MAX];
   if (dir && realpath(dir, real))
     dir = real;
@@ -111,19 +98,6 @@ static int cache_read(const char *path, const char *key, struct tz_plan_rates *o
   return ok;
 }
 
-static int mkdirs(const char *path) {
-  char buf[PATH_MAX];
-  snprintf(buf, sizeof buf, "%s", path);
-  for (char *p = buf + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      if (mkdir(buf, 0755) < 0 && errno != EEXIST)
-        return tz_err_errno(errno, "rates: cannot create %s", buf);
-      *p = '/';
-    }
-  return 0;
-}
-
 static int cache_write(const char *path, const char *key, const struct tz_plan_rates *r) {
   json_error_t err;
   json_t *root = json_load_file(path, 0, &err);
@@ -137,18 +111,21 @@ static int cache_write(const char *path, const char *key, const struct tz_plan_r
     json_object_set_new(e, fields[i], json_real(*field(&copy, i)));
   json_object_set_new(root, "version", json_integer(RATES_VERSION));
   json_object_set_new(root, key, e);
-  TZ_CHECK(mkdirs(path));
-  char tmp[PATH_MAX];
-  snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
-  int rc = json_dump_file(root, tmp, JSON_INDENT(2) | JSON_SORT_KEYS);
-  json_decref(root);
-  if (rc != 0)
-    return tz_err_set(TZ_EIO, "rates: cannot write %s", tmp);
-  if (rename(tmp, path) < 0) {
-    unlink(tmp);
-    return tz_err_errno(errno, "rates: cannot rename %s to %s", tmp, path);
+  int de = tz_file_mkdir_p(NULL, path, TZ_MKDIR_PARENTS | TZ_MKDIR_DURABLE);
+  if (de) {
+    json_decref(root);
+    return tz_err_errno(de, "rates: cannot create the directory of %s", path);
   }
-  return 0;
+  char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+  json_decref(root);
+  if (!text)
+    return tz_err_set(TZ_ENOMEM, "rates: out of memory for %s", path);
+  /* Durable like the other writers; the process id in the temporary name keeps ranks that
+   * measure at once from writing the same temporary file. */
+  const struct tz_atomic_params ap = {.what = "rates", .tmp_pid = 1};
+  int rc = tz_atomic_write_file(path, text, strlen(text), &ap);
+  free(text);
+  return rc;
 }
 
 /* The shortest of REPS timed runs of run(arg), after `warmups` untimed ones (a first call that
@@ -157,9 +134,9 @@ static int cache_write(const char *path, const char *key, const struct tz_plan_r
 static int best_time(int (*run)(void *), void *arg, int warmups, double *seconds) {
   double best = 0;
   for (int i = 0; i < warmups + REPS; i++) {
-    double t0 = now_s();
+    double t0 = tz_now_s();
     TZ_CHECK(run(arg));
-    double t = now_s() - t0;
+    double t = tz_now_s() - t0;
     if (i >= warmups && (best == 0 || t < best))
       best = t;
   }
@@ -233,14 +210,14 @@ static int time_beside(tz_runtime *rt, const tz_extent *dst, const tz_extent *sr
   int rc = 0;
   for (int i = 0; rc == 0 && i < 1 + REPS; i++) {
     tz_fence *f[BESIDE + 1] = {NULL};
-    double t0 = now_s(), t = 0;
+    double t0 = tz_now_s(), t = 0;
     rc = tz_transfer(rt, odst, 0, osrc, 0, bytes, &f[1]);
     if (rc == 0)
       rc = tz_transfer(rt, dst, 0, src, 0, bytes, &f[0]);
     for (int k = 2; rc == 0 && k <= BESIDE; k++)
       rc = tz_transfer(rt, odst, 0, osrc, 0, bytes, &f[k]);
     if (rc == 0 && (rc = tz_fence_wait(f[0], -1)) == 0)
-      t = now_s() - t0;
+      t = tz_now_s() - t0;
     rc = wait_all(f, BESIDE + 1, rc);
     if (rc == 0 && i > 0 && (best == 0 || t < best))
       best = t;
@@ -253,7 +230,7 @@ static int time_beside(tz_runtime *rt, const tz_extent *dst, const tz_extent *sr
  * each way between a fresh nvme tier under c's NVMe directory and a host tier of its own;
  * nothing when c has no directory. */
 static int measure_nvme(const struct tz_config *c, tz_runtime *rt, struct tz_plan_rates *r) {
-  const char *dir = nvme_dir(c);
+  const char *dir = tz_train_nvme_dir(c);
   if (!dir)
     return 0;
   tz_tier *n = NULL, *h = NULL;
@@ -731,11 +708,11 @@ static int time_collective(tz_runtime *rt, tz_comm *comm, double *out) {
   int rc = 0;
   for (int i = 0; rc == 0 && i < 1 + REPS; i++) { /* the first sets the communicator up */
     tz_fence *f[COLL_BURST] = {NULL};
-    double t0 = now_s();
+    double t0 = tz_now_s();
     for (int k = 0; rc == 0 && k < COLL_BURST; k++)
       rc = tz_comm_all_gather(comm, mine, buf, per, NULL, &f[k]);
     rc = wait_all(f, COLL_BURST, rc);
-    double t = (now_s() - t0) / COLL_BURST;
+    double t = (tz_now_s() - t0) / COLL_BURST;
     if (i == 1 || (i > 1 && t < best))
       best = t;
   }
