@@ -2,6 +2,7 @@
  * the completions of transfers and phases (through the progress engine's poller). */
 #define _GNU_SOURCE
 #include "core/sched_internal.h"
+#include "util/clock.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -435,15 +436,8 @@ int tz_sched_poll(void *arg) {
  * in the timeout's message. */
 int tz_sched_wait_until(tz_sched *s, int (*done)(tz_sched *s, void *arg), void *arg,
                         const char *what, int stop_on_error) {
-  struct timespec dl;
-  clock_gettime(CLOCK_MONOTONIC, &dl);
   int64_t ms = s->p.timeout_ms > 0 ? s->p.timeout_ms : 60000;
-  dl.tv_sec += (time_t)(ms / 1000);
-  dl.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (dl.tv_nsec >= 1000000000L) {
-    dl.tv_sec++;
-    dl.tv_nsec -= 1000000000L;
-  }
+  struct timespec dl = tz_deadline(CLOCK_MONOTONIC, (uint64_t)ms * 1000000ull);
   while (!done(s, arg)) {
     if (stop_on_error && s->err)
       return s->err;

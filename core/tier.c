@@ -1,9 +1,10 @@
 #include "core/tier.h"
 #include "core/error.h"
-#include "core/internal.h"
 #include "core/log.h"
 #include "core/pool.h"
 #include "core/tier_impl.h"
+#include "util/clock.h"
+#include "util/crc32c.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,6 +4,7 @@
 #include "trainer/train_internal.h"
 #include "core/error.h"
 #include "trainer/rates.h"
+#include "util/clock.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -74,10 +75,10 @@ int tz_train_coll_begin(tz_trainer *tr) {
  * order is the wait) or, split, one the lane's stream is made to wait for. */
 static int coll_done(tz_trainer *tr, tz_fence *f) {
   if (!tr->gpu) {
-    double t0 = now_s();
+    double t0 = tz_now_s();
     int rc = tz_train_wait_release(f);
     if (job_par >= 0)
-      tr->coll_host[job_par] += now_s() - t0;
+      tr->coll_host[job_par] += tz_now_s() - t0;
     return rc;
   }
   tz_fence_release(f);

@@ -4,6 +4,7 @@
 #include "trainer/train_internal.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "util/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -540,16 +541,16 @@ static int build_trainer(tz_trainer *tr) {
   tr->jobs = calloc(2 * (size_t)tr->n_ph, sizeof *tr->jobs);
   if (!tr->x || !tr->jobs)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
-  double t0 = now_s();
+  double t0 = tz_now_s();
   TZ_CHECK(create_tiers(tr));
-  double t1 = now_s();
+  double t1 = tz_now_s();
   TZ_CHECK(init_homes(tr));
-  double t2 = now_s();
+  double t2 = tz_now_s();
   TZ_CHECK(create_sched(tr));
   TZ_INFO("train: rank %d of %d, %d blocks, %d phases per step, optimizer step %s, window %llu "
           "bytes; tiers made in %.1f s, shards initialised in %.1f s, scheduler in %.1f s",
           tr->rank, tr->world, tr->nb, tr->n_ph, tz_opt_mode_name(tr->mode),
-          (unsigned long long)tr->plan.window, t1 - t0, t2 - t1, now_s() - t2);
+          (unsigned long long)tr->plan.window, t1 - t0, t2 - t1, tz_now_s() - t2);
   return 0;
 }
 
