@@ -6,6 +6,7 @@
 #include "collectives/launch.h"
 #include "core/error.h"
 #include "testlib.h"
+#include "util/clock.h"
 
 #include <netinet/in.h>
 #include <pthread.h>
@@ -33,12 +34,6 @@ static const char *const launch_vars[] = {
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof launch_vars / sizeof *launch_vars; i++)
     unsetenv(launch_vars[i]);
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- Detection ---- */
@@ -236,9 +231,9 @@ static void test_tcp_missing_ranks_named(void **state) {
   strcpy(bs.master_addr, "127.0.0.1");
   bs.master_port = port;
   char blob[16] = "x";
-  double t0 = now_s();
+  double t0 = tz_now_s();
   assert_int_equal(tz_bootstrap_bcast(&bs, blob, sizeof blob), TZ_ETIMEDOUT);
-  assert_true(now_s() - t0 < 5);
+  assert_true(tz_now_s() - t0 < 5);
   assert_non_null(strstr(tz_err_msg(), "missing: 1 2"));
   /* A rank whose rank 0 never comes says where it looked. */
   bs.rank = 1;
@@ -309,9 +304,9 @@ static int run_workers(const char *mode, int n, double grace, const char *const 
   lp.nproc = n;
   lp.grace_s = grace;
   lp.cpulists = cpulists;
-  double t0 = now_s();
+  double t0 = tz_now_s();
   int rc = tz_launch_run(&lp, 2, argv, res);
-  *seconds = now_s() - t0;
+  *seconds = tz_now_s() - t0;
   return rc;
 }
 

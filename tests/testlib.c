@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "testlib.h"
+#include "util/mix.h"
 
 #include <ftw.h>
 #include <stdio.h>
@@ -44,12 +45,7 @@ void tz_test_rmdir(char *dir) {
   free(dir);
 }
 
-uint64_t tz_test_rand(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+uint64_t tz_test_rand(uint64_t *s) { return tz_mix_next(s); }
 
 void tz_test_fill(void *buf, size_t n, uint64_t seed) {
   uint8_t *p = buf;

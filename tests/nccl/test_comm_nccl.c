@@ -28,14 +28,9 @@
 #include "comm_ref.h"
 #include "core/error.h"
 #include "testlib.h"
+#include "util/clock.h"
 
 static char *self_path;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- Workers ---- */
 
@@ -189,9 +184,9 @@ static int worker_suite(void) {
   struct delayed d = {tz_fence_create()};
   pthread_t th;
   pthread_create(&th, NULL, signal_later, &d);
-  double t0 = now_s();
+  double t0 = tz_now_s();
   CHECK_OK(tz_comm_barrier(c, d.f, &f1)); /* a host fence: waited for before the launch */
-  CHECK(now_s() - t0 >= 0.05, "the barrier did not wait for its input");
+  CHECK(tz_now_s() - t0 >= 0.05, "the barrier did not wait for its input");
   CHECK_OK(wait_fence(f1));
   pthread_join(th, NULL);
   tz_fence_release(d.f);
@@ -274,9 +269,9 @@ static int run_launch(const char *mode, int n, struct tz_launch_result *res, dou
   struct tz_launch_params lp;
   tz_launch_params_init(&lp);
   lp.nproc = n;
-  double t0 = now_s();
+  double t0 = tz_now_s();
   int rc = tz_launch_run(&lp, 2, argv, res);
-  *secs = now_s() - t0;
+  *secs = tz_now_s() - t0;
   return rc;
 }
 
@@ -323,9 +318,9 @@ static void test_torchrun(void **state) {
     }
   }
   /* Like torchrun: when one worker fails, the other is stopped. */
-  double deadline = now_s() + 240;
+  double deadline = tz_now_s() + 240;
   int status[2] = {0, 0}, done[2] = {0, 0}, left = 2;
-  while (left > 0 && now_s() < deadline) {
+  while (left > 0 && tz_now_s() < deadline) {
     for (int r = 0; r < 2; r++)
       if (!done[r] && waitpid(pids[r], &status[r], WNOHANG) == pids[r]) {
         done[r] = 1;
