@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/lane_impl.h"
 #include "core/log.h"
+#include "util/clock.h"
 
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -67,6 +68,22 @@ static int cuda_err(cudaError_t e, const char *what, const tz_lane *l) {
                     l->name, what, cudaGetErrorString(e));
 }
 
+/* A CUDA event of the lane's GPU with the given flags. */
+static int lane_event(tz_lane *l, unsigned flags, cudaEvent_t *out) {
+  struct hbm_lane *h = l->ctx;
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) {
+    cudaGetLastError();
+    prev = -1;
+  }
+  cudaError_t e = cudaSetDevice(h->device);
+  if (e == cudaSuccess)
+    e = cudaEventCreateWithFlags(out, flags);
+  if (prev >= 0)
+    cudaSetDevice(prev);
+  return e == cudaSuccess ? 0 : cuda_err(e, "cudaEventCreateWithFlags", l);
+}
+
 /* A timing event from the lane's pool, created on the lane's GPU when the pool is empty. */
 static int timing_event(tz_lane *l, cudaEvent_t *out) {
   struct hbm_lane *h = l->ctx;
@@ -77,17 +94,7 @@ static int timing_event(tz_lane *l, cudaEvent_t *out) {
     return 0;
   }
   pthread_mutex_unlock(&h->mu);
-  int prev = -1;
-  if (cudaGetDevice(&prev) != cudaSuccess) {
-    cudaGetLastError();
-    prev = -1;
-  }
-  cudaError_t e = cudaSetDevice(h->device);
-  if (e == cudaSuccess)
-    e = cudaEventCreate(out);
-  if (prev >= 0)
-    cudaSetDevice(prev);
-  return e == cudaSuccess ? 0 : cuda_err(e, "cudaEventCreate", l);
+  return lane_event(l, cudaEventDefault, out);
 }
 
 /* Lock held. */
@@ -366,22 +373,6 @@ static int lane_record(tz_lane *l, tz_fence **out) {
   rec_part(r, 0);
   *out = f;
   return 0;
-}
-
-/* A CUDA event of the lane's GPU with the given flags. */
-static int lane_event(tz_lane *l, unsigned flags, cudaEvent_t *out) {
-  struct hbm_lane *h = l->ctx;
-  int prev = -1;
-  if (cudaGetDevice(&prev) != cudaSuccess) {
-    cudaGetLastError();
-    prev = -1;
-  }
-  cudaError_t e = cudaSetDevice(h->device);
-  if (e == cudaSuccess)
-    e = cudaEventCreateWithFlags(out, flags);
-  if (prev >= 0)
-    cudaSetDevice(prev);
-  return e == cudaSuccess ? 0 : cuda_err(e, "cudaEventCreateWithFlags", l);
 }
 
 /* Both lanes are streams: `to` waits on the device for an event recorded on `from`'s stream. The
