@@ -220,21 +220,38 @@ static void warn_unknown_env(void) {
   }
 }
 
+/* Key i's value from its environment variable into c: 1 when set, 0 when not (or empty), or a
+ * negative code. The one place a tunable is read from the environment. */
+static int env_key(struct tz_config *c, int i) {
+  const char *name = tz_config_env_name(i);
+  const char *s = name ? getenv(name) : NULL;
+  if (!s || !*s)
+    return 0;
+  struct where w = {.name = name, .text = s};
+  struct val v;
+  int rc = tz_config_parse_text(&w, &tz_config_keys[i], s, &v);
+  if (rc < 0)
+    return rc;
+  tz_config_store(c, &tz_config_keys[i], &v);
+  return 1;
+}
+
+int tz_config_env_key(struct tz_config *c, const char *key) {
+  const struct key *k = tz_config_find_key(key);
+  int i = k ? (int)(k - tz_config_keys) : -1;
+  if (i < 0 || !tz_config_env_name(i))
+    return tz_err_set(TZ_ENOENT, "%s: not a key of the tierzero section", key);
+  return env_key(c, i);
+}
+
 int tz_config_apply_env(struct tz_config *c) {
   struct tz_config tmp;
   int rc = tz_config_copy(&tmp, c);
   if (rc < 0)
     return rc;
   for (int i = 0; i < tz_config_n_keys && rc == 0; i++) {
-    const char *name = tz_config_env_name(i);
-    const char *s = name ? getenv(name) : NULL;
-    if (!s || !*s)
-      continue;
-    struct where w = {.name = name, .text = s};
-    struct val v;
-    rc = tz_config_parse_text(&w, &tz_config_keys[i], s, &v);
-    if (rc == 0)
-      tz_config_store(&tmp, &tz_config_keys[i], &v);
+    int got = env_key(&tmp, i);
+    rc = got < 0 ? got : 0;
   }
   if (rc == 0)
     rc = finish(&tmp, "environment");

@@ -1,5 +1,7 @@
 /* Configuration: every tunable of tierzero in one struct, filled once at start-up and read from
- * there by everything else (no other module calls getenv for a tunable).
+ * there by everything else (no other module calls getenv for a tunable; a module used without a
+ * config reads its variable through tz_config_env_key. The one exception is TZ_LOG, read by
+ * core/log.c before any config exists: see log_init there).
  *
  * Layers, lowest precedence first:
  *   1. built-in defaults                      tz_config_defaults
@@ -166,6 +168,13 @@ struct tz_config {
                                      parameters are not forced off them */
     int numa_node;                /* NUMA node for host memory and threads; -1 = the GPU's */
     int device;                   /* GPU index; -1 = from the local rank */
+    int gds;                      /* 0: GPUDirect Storage is not even probed (tiers/hbm.c) */
+    uint64_t hbm_pin_piece;       /* test hook: bytes per host-memory registration piece of the
+                                     hbm tier, to test copies split at piece boundaries; 0 = 64
+                                     GiB */
+    int cuda_attention;           /* the CUDA attention kernels: 0 auto, 1 simple */
+    int cuda_matmul;              /* the CUDA matmul's path: 0 cublaslt, 1 plain */
+    double comm_timeout;          /* seconds each collective and launcher exchange may take */
   } tierzero;
 
   /* Private: keys of the file that were not used (tz_config_ignored). */
@@ -191,6 +200,13 @@ int tz_config_load_string(struct tz_config *c, const char *json, const char *ori
  * or empty variables change nothing. TZ_ECONFIG names the variable; c is unchanged on error. A
  * TZ_* variable that is not known but is close to a known name is warned about. */
 int tz_config_apply_env(struct tz_config *c);
+
+/* Reads the environment variable of one tierzero key (TZ_<KEY>, by the mapping
+ * tz_config_apply_env uses) into c, for a library or program used without a config (a test,
+ * tz-bench) that still honours the variable. 1: the variable is set and its value stored in c; 0:
+ * it is not set (or empty), c untouched; TZ_ECONFIG for a bad value (the message names the
+ * variable), TZ_ENOENT when key is no tierzero key. */
+int tz_config_env_key(struct tz_config *c, const char *key);
 
 /* Sets one key from text, as an environment variable would give it: path is the JSON path
  * ("tierzero.host_budget", "optimizer.params.lr"); value is parsed by the key's type (sizes take

@@ -72,6 +72,11 @@ static const char *const warmup_names[] = {"log", "linear"};
 static const char *const device_names[] = {"none", "cpu", "nvme"};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16"};
 static const char *const log_names[] = {"error", "warn", "info", "debug", "trace"};
+/* auto: the tensor-core kernels where the shape allows; simple: the plain kernels for every shape
+ * (kernels/cuda/attention.cu). */
+static const char *const cuda_attention_names[] = {"auto", "simple"};
+/* cublaslt: cuBLASLt; plain: matmul's own plain kernel for every call (kernels/cuda/matmul.cu). */
+static const char *const cuda_matmul_names[] = {"cublaslt", "plain"};
 
 /* Keys of one section are contiguous: tz_config_dump nests by walking this order. */
 const struct key tz_config_keys[] = {
@@ -167,6 +172,11 @@ const struct key tz_config_keys[] = {
   BOOLA("tierzero.overlap_collectives", tierzero.overlap_collectives, -1),
   INT("tierzero.numa_node", tierzero.numa_node, -1, 1023, -1, 0),
   INT("tierzero.device", tierzero.device, -1, 1023, -1, 0),
+  BOOL("tierzero.gds", tierzero.gds, 1),
+  SIZE("tierzero.hbm_pin_piece", tierzero.hbm_pin_piece, 0, 0, 0),
+  ENUM("tierzero.cuda_attention", tierzero.cuda_attention, cuda_attention_names, 0, 0),
+  ENUM("tierzero.cuda_matmul", tierzero.cuda_matmul, cuda_matmul_names, 0, 0),
+  DBL("tierzero.comm_timeout", tierzero.comm_timeout, 0, INFINITY, 300, F_MIN_OPEN),
 };
 #define N_KEYS ((int)(sizeof tz_config_keys / sizeof tz_config_keys[0]))
 const int tz_config_n_keys = N_KEYS;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "collectives/comm_impl.h" /* tz_comm_timeout, tz_comm_env_timeout */
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -911,6 +912,101 @@ static void test_docs_cover_keys(void **state) {
   free(p);
 }
 
+/* The tunables that were read with getenv by their modules: each is a tierzero key, its variable
+ * and the key give the same configuration, and a bad value is refused naming the key (or, from
+ * the environment, its variable). */
+static void test_tunable_keys(void **state) {
+  (void)state;
+  static const struct {
+    const char *key, *var, *value, *bad, *bad_msg;
+  } keys[] = {
+    {"tierzero.sched_debug", "TZ_SCHED_DEBUG", "1", "2",
+     "tierzero.sched_debug: expected 1, 0, true, false, yes, no, on or off, got \"2\""},
+    {"tierzero.gds", "TZ_GDS", "0", "maybe", NULL},
+    {"tierzero.hbm_pin_piece", "TZ_HBM_PIN_PIECE", "2MiB", "2 parsecs", NULL},
+    {"tierzero.cuda_attention", "TZ_CUDA_ATTENTION", "simple", "fancy",
+     "tierzero.cuda_attention: unknown value \"fancy\" (expected one of auto, simple)"},
+    {"tierzero.cuda_matmul", "TZ_CUDA_MATMUL", "plain", "cublas",
+     "tierzero.cuda_matmul: unknown value \"cublas\" (expected one of cublaslt, plain)"},
+    {"tierzero.comm_timeout", "TZ_COMM_TIMEOUT", "12.5", "0", NULL},
+  };
+  clear_env();
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    struct tz_config by_key, by_env, one;
+    tz_config_defaults(&by_key);
+    tz_config_defaults(&by_env);
+    tz_config_defaults(&one);
+    char *dflt = dump_string(&by_key);
+    TZ_ASSERT_OK(tz_config_set(&by_key, keys[i].key, keys[i].value));
+    setenv(keys[i].var, keys[i].value, 1);
+    TZ_ASSERT_OK(tz_config_apply_env(&by_env));
+    assert_int_equal(tz_config_env_key(&one, keys[i].key), 1);
+    char *a = dump_string(&by_key), *b = dump_string(&by_env), *c = dump_string(&one);
+    if (strcmp(a, dflt) == 0)
+      print_error("%s=%s leaves the default\n", keys[i].key, keys[i].value);
+    assert_string_not_equal(a, dflt);
+    assert_string_equal(a, b);
+    assert_string_equal(a, c);
+    free(a);
+    free(b);
+    free(c);
+
+    /* A bad value: refused by the key, by the variable, and by the one-key reading. */
+    assert_int_equal(tz_config_set(&by_key, keys[i].key, keys[i].bad), TZ_ECONFIG);
+    if (keys[i].bad_msg)
+      assert_string_equal(tz_err_msg(), keys[i].bad_msg);
+    assert_true(strncmp(tz_err_msg(), keys[i].key, strlen(keys[i].key)) == 0);
+    setenv(keys[i].var, keys[i].bad, 1);
+    assert_int_equal(tz_config_apply_env(&by_env), TZ_ECONFIG);
+    assert_true(strncmp(tz_err_msg(), keys[i].var, strlen(keys[i].var)) == 0);
+    assert_int_equal(tz_config_env_key(&one, keys[i].key), TZ_ECONFIG);
+    assert_true(strncmp(tz_err_msg(), keys[i].var, strlen(keys[i].var)) == 0);
+    unsetenv(keys[i].var);
+    assert_int_equal(tz_config_env_key(&one, keys[i].key), 0);
+    free(dflt);
+    tz_config_free(&by_key);
+    tz_config_free(&by_env);
+    tz_config_free(&one);
+  }
+  struct tz_config c;
+  tz_config_defaults(&c);
+  assert_int_equal(c.tierzero.gds, 1);
+  assert_int_equal(c.tierzero.hbm_pin_piece, 0);
+  assert_int_equal(c.tierzero.cuda_attention, 0);
+  assert_int_equal(c.tierzero.cuda_matmul, 0);
+  assert_true(c.tierzero.comm_timeout == 300);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.hbm_pin_piece", "2MiB"));
+  assert_int_equal(c.tierzero.hbm_pin_piece, 2u << 20);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "simple"));
+  assert_int_equal(c.tierzero.cuda_attention, 1);
+  assert_int_equal(tz_config_env_key(&c, "optimizer.params.lr"), TZ_ENOENT);
+  tz_config_free(&c);
+}
+
+/* The comm timeout reaches the communicator: through its params from the config (as tz-train
+ * sets them), and for a caller without a config from TZ_COMM_TIMEOUT through the same mapping. */
+static void test_comm_timeout_reaches_comm(void **state) {
+  (void)state;
+  clear_env();
+  struct tz_comm_params cp;
+  tz_comm_params_init(&cp);
+  assert_true(tz_comm_timeout(&cp) == 300);
+  setenv("TZ_COMM_TIMEOUT", "7.5", 1);
+  assert_true(tz_comm_env_timeout() == 7.5);
+  assert_true(tz_comm_timeout(&cp) == 7.5);
+  struct tz_config c;
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_apply_env(&c));
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.comm_timeout", "42"));
+  cp.timeout_s = c.tierzero.comm_timeout;
+  assert_true(tz_comm_timeout(&cp) == 42);
+  /* A bad variable: warned about, the default kept. */
+  setenv("TZ_COMM_TIMEOUT", "soon", 1);
+  assert_true(tz_comm_env_timeout() == 300);
+  clear_env();
+  tz_config_free(&c);
+}
+
 int main(void) {
   /* The did-you-mean warnings are expected here; keep the output to failures. */
   tz_log_set_level(TZ_LOG_ERROR);
@@ -932,6 +1028,8 @@ int main(void) {
     cmocka_unit_test(test_keys_without_field),
     cmocka_unit_test(test_dump_round_trip),
     cmocka_unit_test(test_docs_cover_keys),
+    cmocka_unit_test(test_tunable_keys),
+    cmocka_unit_test(test_comm_timeout_reaches_comm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
