@@ -6,21 +6,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 
 double tz_comm_env_timeout(void) {
   /* Once: the launcher and every communicator read it, and one warning says it all. */
   static atomic_int warned;
-  const char *s = getenv("TZ_COMM_TIMEOUT");
-  if (s && *s) {
-    char *end;
-    double v = strtod(s, &end);
-    if (!*end && v > 0)
-      return v;
-    if (!atomic_exchange(&warned, 1))
-      TZ_WARN("launch: TZ_COMM_TIMEOUT=%s is not a positive number of seconds; using 300", s);
-  }
+  struct tz_config c;
+  tz_config_defaults(&c);
+  int rc = tz_config_env_key(&c, "tierzero.comm_timeout");
+  double v = c.tierzero.comm_timeout;
+  tz_config_free(&c);
+  if (rc >= 0)
+    return v;
+  if (!atomic_exchange(&warned, 1))
+    TZ_WARN("launch: %s; using 300", tz_err_msg());
   return 300;
 }
 

@@ -44,7 +44,8 @@ typedef struct tz_comm tz_comm;
 struct tz_comm_params {
   tz_progress *progress; /* completes the fences (borrowed); NULL: the comm starts its own */
   int device;            /* nccl: the GPU; -1 (default): the bootstrap's local rank */
-  double timeout_s;      /* watchdog on each collective; 0 (default): $TZ_COMM_TIMEOUT or 300 */
+  double timeout_s;      /* watchdog on each collective; 0 (default): $TZ_COMM_TIMEOUT or 300;
+                            tz-train passes tierzero.comm_timeout */
   /* Reduction arithmetic: TZ_F32 (default), or the payload's own dtype (a bf16 payload summed
    * in bf16, rounding after every addition; nccl then uses its native reduction). */
   enum tz_dtype accum;

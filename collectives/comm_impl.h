@@ -49,9 +49,10 @@ extern const struct tz_comm_ops tz_comm_nccl_ops;
 /* Helpers the backends share (comm.c). */
 /* The timeout in seconds: p->timeout_s, else tz_comm_env_timeout(). */
 double tz_comm_timeout(const struct tz_comm_params *p);
-/* $TZ_COMM_TIMEOUT in seconds when it is a positive number, else 300 (a value that is set but not
- * such a number is warned about, once per process). The one place the variable is read; the
- * launcher's exchanges (launch.c) and every backend's watchdog use it. */
+/* tierzero.comm_timeout as the environment sets it ($TZ_COMM_TIMEOUT, read through the config's
+ * mapping, tz_config_env_key), else 300 (a value that is set but not a positive number is warned
+ * about, once per process). For callers without a config: the launcher's exchanges (launch.c)
+ * and every backend's watchdog when params leave timeout_s at 0. */
 double tz_comm_env_timeout(void);
 /* out[i] = sum over r in 0..nchunks-1, in that order, of in[r * stride + i], for i < n, with
  * in and out of dtype dt; arithmetic in fp32 when accum_f32, else in dt (rounding after every

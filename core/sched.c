@@ -2,6 +2,7 @@
  * The rules it keeps are in sched_internal.h and docs/scheduler.md. */
 #define _GNU_SOURCE
 #include "core/sched_internal.h"
+#include "core/config.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,19 @@ void tz_sched_params_init(struct tz_sched_params *p) {
   p->trace_step = -1;
   p->timeout_ms = 60000;
   p->seed = 1;
+}
+
+/* tierzero.sched_debug from the environment (TZ_SCHED_DEBUG), for a caller without a config; the
+ * trainer passes the config's value in the params. */
+static int debug_from_env(void) {
+  struct tz_config c;
+  tz_config_defaults(&c);
+  int rc = tz_config_env_key(&c, "tierzero.sched_debug");
+  if (rc < 0)
+    TZ_WARN("sched: %s; decisions are not printed", tz_err_msg());
+  int on = rc > 0 && c.tierzero.sched_debug;
+  tz_config_free(&c);
+  return on;
 }
 
 int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **out) {
@@ -31,8 +45,7 @@ int tz_sched_create(tz_runtime *rt, const struct tz_sched_params *p, tz_sched **
   s->t0 = tz_now_ns();
   s->chunk = tz_runtime_chunk_bytes(rt);
   s->stage_all = p->stage_homes;
-  const char *d = getenv("TZ_SCHED_DEBUG");
-  s->debug = p->debug || (d && *d && strcmp(d, "0") != 0);
+  s->debug = p->debug || debug_from_env();
   pthread_mutex_init(&s->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
