@@ -51,6 +51,7 @@ void tz_tier_params_init(struct tz_tier_params *p) {
   memset(p, 0, sizeof *p);
   p->numa_node = -1;
   p->checksum = -1;
+  p->gds = -1;
 }
 
 int tz_tier_create(tz_runtime *rt, const char *backend, const struct tz_tier_params *p,

@@ -35,6 +35,13 @@ struct tz_tier_params {
   int buffered;              /* nvme: 1 forces buffered I/O (no O_DIRECT) */
   tz_tier *base;             /* fault: the tier it wraps (borrowed) */
   const char *faults;        /* fault: injection spec, see tiers/fault.c; also TZ_FAULTS */
+  int gds;                   /* hbm: 0 GPUDirect Storage is not probed, 1 it is; -1 (default
+                                after tz_tier_params_init): as TZ_GDS says, read through the
+                                config (tierzero.gds) */
+  uint64_t pin_piece;        /* hbm, test hook: bytes per registration piece of host memory, a
+                                multiple of 4096 up to 64 GiB; 0 (default): as TZ_HBM_PIN_PIECE
+                                says, read through the config (tierzero.hbm_pin_piece), else
+                                64 GiB */
 };
 void tz_tier_params_init(struct tz_tier_params *p);
 

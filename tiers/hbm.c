@@ -18,12 +18,12 @@
 #define _GNU_SOURCE
 #include "tiers/hbm.h"
 #include "tiers/hbm_impl.h"
+#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/tier_impl.h"
 #include "util/clock.h"
-#include "util/size.h"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -543,9 +543,21 @@ typedef struct {
   int cu_err; /* CUresult */
 } cufile_status;
 
+/* tierzero.gds from the environment (TZ_GDS), for a caller without a config: 1 unless turned
+ * off there. */
+static int gds_from_env(void) {
+  struct tz_config c;
+  tz_config_defaults(&c);
+  int rc = tz_config_env_key(&c, "tierzero.gds");
+  if (rc < 0)
+    TZ_WARN("hbm: %s; GPUDirect Storage is probed", tz_err_msg());
+  int on = rc <= 0 || c.tierzero.gds;
+  tz_config_free(&c);
+  return on;
+}
+
 static void gds_probe(void) {
-  const char *env = getenv("TZ_GDS");
-  if (env && strcmp(env, "0") == 0) {
+  if (!gds_from_env()) {
     snprintf(gds_why, sizeof gds_why, "turned off with TZ_GDS=0");
     return;
   }
@@ -601,16 +613,28 @@ static void log_gds(void) {
 }
 static pthread_once_t gds_log_once = PTHREAD_ONCE_INIT;
 
-/* TZ_HBM_PIN_PIECE (bytes, with K, M or G): the registration piece, smaller than 64 GiB only to
- * test the splitting of copies at piece boundaries without 64 GiB of RAM. */
-static uint64_t pin_piece_from_env(void) {
-  const char *s = getenv("TZ_HBM_PIN_PIECE");
-  if (!s || !*s)
-    return PIN_PIECE;
-  uint64_t v = 0;
-  if (tz_size_parse(s, TZ_SIZE_LEADING, &v) < 0 || v == 0 || v % PAGE || v > PIN_PIECE) {
-    TZ_WARN("hbm: TZ_HBM_PIN_PIECE=%s is not a multiple of %llu up to 64 GiB; using 64 GiB", s,
-            PAGE);
+/* The registration piece (tz_tier_params.pin_piece; unset: tierzero.hbm_pin_piece from the
+ * environment, TZ_HBM_PIN_PIECE), smaller than 64 GiB only to test the splitting of copies at
+ * piece boundaries without 64 GiB of RAM. */
+static uint64_t pin_piece_of(const struct tz_tier_params *p) {
+  uint64_t v = p->pin_piece;
+  if (v == 0) {
+    struct tz_config c;
+    tz_config_defaults(&c);
+    int rc = tz_config_env_key(&c, "tierzero.hbm_pin_piece");
+    v = c.tierzero.hbm_pin_piece;
+    tz_config_free(&c);
+    if (rc < 0) {
+      TZ_WARN("hbm: %s; using 64 GiB", tz_err_msg());
+      return PIN_PIECE;
+    }
+    if (v == 0)
+      return PIN_PIECE;
+  }
+  if (v % PAGE || v > PIN_PIECE) {
+    TZ_WARN("hbm: a registration piece of %llu bytes (tierzero.hbm_pin_piece) is not a multiple "
+            "of %llu up to 64 GiB; using 64 GiB",
+            (unsigned long long)v, PAGE);
     return PIN_PIECE;
   }
   return v;
@@ -645,7 +669,7 @@ static int hbm_init(tz_tier *t, const struct tz_tier_params *p) {
   h->pe = tz_runtime_progress(t->rt);
   h->bytes = t->capacity;
   h->host_numa = tz_hbm_host_numa_node(h->device);
-  h->pin_piece = pin_piece_from_env();
+  h->pin_piece = pin_piece_of(p);
   pthread_mutex_init(&h->ev_mu, NULL);
   pthread_mutex_init(&h->reg_mu, NULL);
   for (int i = 0; i < N_LANES; i++)
@@ -685,7 +709,11 @@ static int hbm_init(tz_tier *t, const struct tz_tier_params *p) {
   }
   device_leave(prev);
   t->ctx = h;
-  pthread_once(&gds_log_once, log_gds);
+  if (p->gds == 0)
+    TZ_INFO("hbm: GPUDirect Storage not probed (tierzero.gds is off); nvme<->hbm is staged "
+            "through pinned host memory");
+  else
+    pthread_once(&gds_log_once, log_gds);
   TZ_INFO("%s: GPU %d (%s), %.3f GiB arena, host NUMA node %d, %d events pooled", t->name,
           h->device, prop.name, (double)t->capacity / (1 << 30), h->host_numa, EVENTS_AT_INIT);
   return 0;
