@@ -51,6 +51,15 @@ struct tz_adam_params; /* kernels/adam.h */
 int tz_dtype_parse(const char *s, enum tz_dtype *out);
 
 /* What a backend needs to create an instance. Zero means "the backend's default" throughout. */
+/* How the cuda backend picks its kernels, for the tests of each path. */
+enum tz_cuda_kernels {
+  TZ_CUDA_KERNELS_ENV = 0, /* default: as the key's environment variable says (TZ_CUDA_ATTENTION,
+                            * TZ_CUDA_MATMUL), read through core/config.h, else TZ_CUDA_KERNELS_BEST */
+  TZ_CUDA_KERNELS_BEST,    /* attention: the tensor-core kernels where the shape allows; matmul:
+                            * cuBLASLt */
+  TZ_CUDA_KERNELS_PLAIN,   /* the plain kernels for every call (attention "simple", matmul "plain") */
+};
+
 struct tz_compute_params {
   int n_threads;             /* cpu: OpenMP and BLAS threads; 0: omp_get_max_threads() */
   int device;                /* cuda: device index */
@@ -62,6 +71,8 @@ struct tz_compute_params {
                                 (destroy only synchronizes it), and the caller keeps it alive
                                 until after tz_compute_destroy. NULL: the instance creates (and
                                 destroys) its own non-blocking stream. cpu: ignored. */
+  enum tz_cuda_kernels attention; /* cuda: the attention kernels (tierzero.cuda_attention) */
+  enum tz_cuda_kernels matmul;    /* cuda: the matmul's path (tierzero.cuda_matmul) */
 };
 void tz_compute_params_init(struct tz_compute_params *p);
 

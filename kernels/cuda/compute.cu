@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+extern "C" {
+#include "core/config.h"
+#include "core/log.h"
+}
 #include "kernels/cuda/adam_cuda.h"
 #include "kernels/cuda/common.cuh"
 
@@ -183,6 +187,22 @@ static int cuda_probe(char *why, size_t why_len) {
   return 0;
 }
 
+/* 1 for the plain kernels: k, or for TZ_CUDA_KERNELS_ENV the environment's value of
+ * tierzero.cuda_attention (attention) or tierzero.cuda_matmul, read through the config. */
+static int plain_kernels(enum tz_cuda_kernels k, int attention) {
+  if (k != TZ_CUDA_KERNELS_ENV)
+    return k == TZ_CUDA_KERNELS_PLAIN;
+  struct tz_config cfg;
+  tz_config_defaults(&cfg);
+  int rc = tz_config_env_key(&cfg, attention ? "tierzero.cuda_attention" : "tierzero.cuda_matmul");
+  if (rc < 0)
+    TZ_WARN("compute cuda: %s; the default kernels are used", tz_err_msg());
+  /* The second name of each key's enum is the plain one. */
+  int plain = rc > 0 && (attention ? cfg.tierzero.cuda_attention : cfg.tierzero.cuda_matmul) == 1;
+  tz_config_free(&cfg);
+  return plain;
+}
+
 static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   int n = 0;
   TZ_CU(cudaGetDeviceCount(&n));
@@ -215,10 +235,8 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   TZ_CU(cudaHostAlloc((void **)&c->err_host, 4 * sizeof(int), cudaHostAllocDefault));
   TZ_CU(cudaMalloc((void **)&c->err_dev, 4 * sizeof(int)));
   TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
-  const char *mode = getenv("TZ_CUDA_ATTENTION");
-  c->attn_simple = mode && strcmp(mode, "simple") == 0;
-  mode = getenv("TZ_CUDA_MATMUL");
-  c->mm_plain = mode && strcmp(mode, "plain") == 0;
+  c->attn_simple = plain_kernels(p->attention, 1);
+  c->mm_plain = plain_kernels(p->matmul, 0);
   return 0;
 }
 
