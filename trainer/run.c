@@ -124,6 +124,9 @@ int tz_run_world_open(struct tz_bootstrap *bs, struct tz_config *cfg, struct tz_
   struct tz_comm_params cp;
   tz_comm_params_init(&cp);
   cp.progress = tz_runtime_progress(w->rt);
+  cp.timeout_s = cfg->tierzero.comm_timeout;
+  /* The launcher's exchanges from here on keep the same limit. */
+  bs->timeout_s = cfg->tierzero.comm_timeout;
   return tz_comm_create(tz_run_comm_backend(bs), bs, &cp, &w->comm);
 }
 

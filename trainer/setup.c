@@ -135,6 +135,8 @@ static void compute_params(const tz_trainer *tr, struct tz_compute_params *cp) {
   cp->dtype = tr->S;
   cp->grad_dtype = TZ_F32;
   cp->device = tr->device;
+  cp->attention = tr->cfg.tierzero.cuda_attention ? TZ_CUDA_KERNELS_PLAIN : TZ_CUDA_KERNELS_BEST;
+  cp->matmul = tr->cfg.tierzero.cuda_matmul ? TZ_CUDA_KERNELS_PLAIN : TZ_CUDA_KERNELS_BEST;
 }
 
 static int create_compute(tz_trainer *tr) {
@@ -299,6 +301,8 @@ static int create_tiers(tz_trainer *tr) {
   tp.numa_node = c->tierzero.numa_node;
   tp.capacity = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->window;
   tp.device = tr->device;
+  tp.gds = c->tierzero.gds;
+  tp.pin_piece = c->tierzero.hbm_pin_piece;
   TZ_CHECK(tz_tier_create(tr->rt, tr->gpu ? "hbm" : "host", &tp, &tr->t_compute));
   if (pl->used[TZ_PLAN_HOST]) {
     tz_tier_params_init(&tp);
