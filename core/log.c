@@ -10,6 +10,11 @@ static int log_level = -1;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static const char *const level_names[] = {"error", "warn", "info", "debug", "trace"};
 
+/* The one tunable read from the environment outside core/config.c, on purpose: messages are
+ * logged before any configuration exists (the config's own parse warns), and the config cannot
+ * serve the logger, which it logs through. The variable is TZ_LOG, the environment name of
+ * tierzero.log, with the same level names; once a program has its configuration it sets the level
+ * from that key (tz_log_set_level), so both readings agree. */
 static void log_init(void) {
   const char *s = getenv("TZ_LOG");
   int level = TZ_LOG_WARN;
