@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/lr.h"
+#include "util/clock.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -98,7 +99,7 @@ static void fill_result(tz_trainer *tr, struct tz_step_result *res, double t0,
   res->lr = tz_lr_at(&tr->cfg, update, tr->total_steps);
   res->skipped = tr->overflow;
   res->loss_scale = tr->fp16 ? tr->scale : 0;
-  res->step_s = now_s() - t0;
+  res->step_s = tz_now_s() - t0;
   res->stall_s = st1.stall_s - st0->stall_s;
 }
 
@@ -106,7 +107,7 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
                     struct tz_step_result *res) {
   if (!tr->sched)
     return tz_err_set(TZ_EINVAL, "train: the trainer was made for its plan only");
-  double t0 = now_s();
+  double t0 = tz_now_s();
   struct tz_sched_stats st0;
   tz_sched_stats(tr->sched, &st0);
   int par = (int)(tr->step & 1);

@@ -19,7 +19,6 @@
 #define TZ_TRAINER_TRAIN_INTERNAL_H
 
 #include <stdint.h>
-#include <time.h>
 
 #include "core/lane.h"
 #include "core/sched.h"
@@ -179,12 +178,6 @@ enum {
 };
 
 static inline uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-
-static inline double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- phases.c ---- */
 
