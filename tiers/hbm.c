@@ -19,9 +19,9 @@
 #include "tiers/hbm.h"
 #include "tiers/hbm_impl.h"
 #include "core/error.h"
-#include "core/internal.h"
 #include "core/log.h"
 #include "core/tier_impl.h"
+#include "util/clock.h"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>

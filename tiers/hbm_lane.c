@@ -12,9 +12,9 @@
 #include "tiers/hbm.h"
 #include "tiers/hbm_impl.h"
 #include "core/error.h"
-#include "core/internal.h"
 #include "core/lane_impl.h"
 #include "core/log.h"
+#include "util/clock.h"
 
 #include <cuda_runtime_api.h>
 #include <pthread.h>

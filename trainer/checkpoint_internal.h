@@ -11,10 +11,10 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/internal.h"
 #include "core/log.h"
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_format.h"
+#include "util/crc32c.h"
 
 /* Bytes buffered by the writer, and read per piece by the reader. */
 #define IO_BYTES (1u << 20)
