@@ -153,6 +153,13 @@ static int s_xent(void *ctx, float *l, void *dl, const void *lg, const int32_t *
   struct timed *tm = ctx;
   TIMED(TZ_OP_OTHER, IN->xent(CTX, l, dl, lg, t, N, V, ds));
 }
+static int s_adam(void *ctx, const struct tz_adam_params *p, float *master, float *m, float *v,
+                  const void *grad, enum tz_dtype gdt, void *copy, enum tz_dtype cdt, size_t n) {
+  struct timed *tm = ctx;
+  if (!IN->adam)
+    return tz_err_set(TZ_ENOTSUP, "compute %s: no Adam in this backend", tm->inner->backend);
+  TIMED(TZ_OP_OTHER, IN->adam(CTX, p, master, m, v, grad, gdt, copy, cdt, n));
+}
 
 static const struct tz_compute_ops timed_ops = {
     .destroy = s_destroy,
@@ -182,6 +189,7 @@ static const struct tz_compute_ops timed_ops = {
     .swiglu_fwd = s_swiglu_fwd,
     .swiglu_bwd = s_swiglu_bwd,
     .xent = s_xent,
+    .adam = s_adam,
 };
 
 int tz_compute_timed_create(tz_compute *inner, struct tz_compute_times *times, tz_compute **out) {

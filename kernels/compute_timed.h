@@ -21,7 +21,7 @@ enum tz_compute_timed_op {
   TZ_OP_SWIGLU_BWD,
   TZ_OP_ADD,
   TZ_OP_COPY,
-  TZ_OP_OTHER, /* zero, fill, scale, axpy, cast, sums, embedding, cross-entropy */
+  TZ_OP_OTHER, /* zero, fill, scale, axpy, cast, sums, embedding, cross-entropy, Adam */
   TZ_OP_COUNT
 };
 
