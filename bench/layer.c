@@ -6,7 +6,7 @@
  *
  * Times are wall-clock between tz_compute_sync calls (the backend's stream drained before and
  * after), medians over --iters runs after --warmup. The op shares come from one more pass through
- * a timing wrapper around the instance's ops table that drains the stream around every call; they
+ * a timed instance (kernels/compute_timed.h) that drains the stream around every call; they
  * are shares of the sum of those per-call times (which include a few microseconds of launch and
  * sync per call), not of the median above.
  *
@@ -24,193 +24,16 @@
 #include "bench/bench.h"
 #include "core/error.h"
 #include "kernels/compute.h"
-#include "kernels/compute_impl.h"
+#include "kernels/compute_timed.h"
 #include "trainer/model.h"
 #include "util/clock.h"
 
-/* ---- a timing wrapper around an instance's ops table ---- */
+/* ---- the op shares: names of the timed instance's counters (kernels/compute_timed.h) ---- */
 
-enum {
-  OP_MM_FWD, /* x W^T */
-  OP_MM_DX,  /* dy W */
-  OP_MM_DW,  /* dy^T x */
-  OP_ATTN_FWD,
-  OP_ATTN_BWD,
-  OP_RMS_FWD,
-  OP_RMS_BWD,
-  OP_ROPE,
-  OP_SWIGLU_FWD,
-  OP_SWIGLU_BWD,
-  OP_ADD,
-  OP_COPY,
-  OP_OTHER,
-  OP_COUNT
-};
-
-static const char *const op_names[OP_COUNT] = {
+static const char *const op_names[TZ_OP_COUNT] = {
     "matmul x W^T", "matmul dy W", "matmul dy^T x", "attention_fwd", "attention_bwd",
     "rmsnorm_fwd",  "rmsnorm_bwd", "rope",          "swiglu_fwd",    "swiglu_bwd",
     "add",          "copy",        "other",
-};
-
-static struct {
-  tz_compute *inner;
-  double t[OP_COUNT];
-  int calls[OP_COUNT];
-} shim;
-
-#define IN shim.inner->ops
-#define CTX shim.inner->ctx
-
-static double shim_begin(void) {
-  (void)tz_compute_sync(shim.inner);
-  return tz_now_s();
-}
-
-static void shim_end(int op, double t0) {
-  (void)tz_compute_sync(shim.inner);
-  shim.t[op] += tz_now_s() - t0;
-  shim.calls[op]++;
-}
-
-#define TIMED(op, call)                                                                            \
-  do {                                                                                             \
-    double t0_ = shim_begin();                                                                     \
-    int rc_ = (call);                                                                              \
-    shim_end((op), t0_);                                                                           \
-    return rc_;                                                                                    \
-  } while (0)
-
-static void s_destroy(void *ctx) { (void)ctx; }
-static int s_sync(void *ctx) { (void)ctx; return IN->sync(CTX); }
-static void *s_stream(void *ctx) { (void)ctx; return IN->stream ? IN->stream(CTX) : NULL; }
-static int s_alloc(void *ctx, size_t b, void **o) { (void)ctx; return IN->alloc(CTX, b, o); }
-static void s_free(void *ctx, void *p) { (void)ctx; IN->free(CTX, p); }
-static int s_copy_in(void *ctx, void *d, const void *s, size_t b) {
-  (void)ctx;
-  return IN->copy_in(CTX, d, s, b);
-}
-static int s_copy_out(void *ctx, void *d, const void *s, size_t b) {
-  (void)ctx;
-  return IN->copy_out(CTX, d, s, b);
-}
-static int s_copy(void *ctx, void *d, const void *s, size_t b) {
-  (void)ctx;
-  TIMED(OP_COPY, IN->copy(CTX, d, s, b));
-}
-static int s_zero(void *ctx, void *d, size_t b) {
-  (void)ctx;
-  TIMED(OP_OTHER, IN->zero(CTX, d, b));
-}
-static int s_fill(void *ctx, enum tz_dtype dt, void *x, float v, size_t n) {
-  (void)ctx;
-  TIMED(OP_OTHER, IN->fill(CTX, dt, x, v, n));
-}
-static int s_scale(void *ctx, enum tz_dtype dt, void *x, float a, size_t n) {
-  (void)ctx;
-  TIMED(OP_OTHER, IN->scale(CTX, dt, x, a, n));
-}
-static int s_axpy(void *ctx, enum tz_dtype dt, void *y, float a, const void *x, size_t n) {
-  (void)ctx;
-  TIMED(OP_OTHER, IN->axpy(CTX, dt, y, a, x, n));
-}
-static int s_add(void *ctx, enum tz_dtype dt, void *o, const void *a, const void *b, size_t n) {
-  (void)ctx;
-  TIMED(OP_ADD, IN->add(CTX, dt, o, a, b, n));
-}
-static int s_cast(void *ctx, void *d, enum tz_dtype dd, const void *s, enum tz_dtype sd,
-                  size_t n) {
-  (void)ctx;
-  TIMED(OP_OTHER, IN->cast(CTX, d, dd, s, sd, n));
-}
-static int s_sum(void *ctx, float *o, enum tz_dtype dt, const void *x, size_t n, int sq,
-                 int acc) {
-  (void)ctx;
-  TIMED(OP_OTHER, IN->sum(CTX, o, dt, x, n, sq, acc));
-}
-static int s_matmul(void *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A,
-                    int lda, const void *B, int ldb, float beta, void *C, enum tz_dtype c_dt,
-                    int ldc) {
-  (void)ctx;
-  int op = ta ? OP_MM_DW : tb ? OP_MM_FWD : OP_MM_DX;
-  TIMED(op, IN->matmul(CTX, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, c_dt, ldc));
-}
-static int s_emb_fwd(void *ctx, void *o, const int32_t *t, const void *w, int N, int C, int V) {
-  (void)ctx;
-  TIMED(OP_OTHER, IN->embedding_fwd(CTX, o, t, w, N, C, V));
-}
-static int s_emb_bwd(void *ctx, void *dw, const void *d, const int32_t *t, int N, int C, int V) {
-  (void)ctx;
-  TIMED(OP_OTHER, IN->embedding_bwd(CTX, dw, d, t, N, C, V));
-}
-static int s_rms_fwd(void *ctx, void *o, float *r, const void *x, const void *w, int N, int C,
-                     float eps) {
-  (void)ctx;
-  TIMED(OP_RMS_FWD, IN->rmsnorm_fwd(CTX, o, r, x, w, N, C, eps));
-}
-static int s_rms_bwd(void *ctx, void *dx, void *dw, const void *dy, const void *x, const void *w,
-                     const float *r, int N, int C) {
-  (void)ctx;
-  TIMED(OP_RMS_BWD, IN->rmsnorm_bwd(CTX, dx, dw, dy, x, w, r, N, C));
-}
-static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inv) {
-  (void)ctx;
-  TIMED(OP_ROPE, IN->rope(CTX, x, B, T, nh, D, theta, inv));
-}
-static int s_attn_fwd(void *ctx, void *o, float *l, const void *q, const void *k, const void *v,
-                      int B, int T, int H, int Hkv, int D) {
-  (void)ctx;
-  TIMED(OP_ATTN_FWD, IN->attention_fwd(CTX, o, l, q, k, v, B, T, H, Hkv, D));
-}
-static int s_attn_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
-                      const void *q, const void *k, const void *v, const void *o, const float *l,
-                      int B, int T, int H, int Hkv, int D) {
-  (void)ctx;
-  TIMED(OP_ATTN_BWD,
-        IN->attention_bwd(CTX, dq, dk, dv, delta, dout, q, k, v, o, l, B, T, H, Hkv, D));
-}
-static int s_swiglu_fwd(void *ctx, void *o, const void *g, const void *u, size_t n) {
-  (void)ctx;
-  TIMED(OP_SWIGLU_FWD, IN->swiglu_fwd(CTX, o, g, u, n));
-}
-static int s_swiglu_bwd(void *ctx, void *dg, void *du, const void *d, const void *g,
-                        const void *u, size_t n) {
-  (void)ctx;
-  TIMED(OP_SWIGLU_BWD, IN->swiglu_bwd(CTX, dg, du, d, g, u, n));
-}
-static int s_xent(void *ctx, float *l, void *dl, const void *lg, const int32_t *t, int N, int V,
-                  float ds) {
-  (void)ctx;
-  TIMED(OP_OTHER, IN->xent(CTX, l, dl, lg, t, N, V, ds));
-}
-
-static const struct tz_compute_ops shim_ops = {
-    .destroy = s_destroy,
-    .sync = s_sync,
-    .stream = s_stream,
-    .alloc = s_alloc,
-    .free = s_free,
-    .copy_in = s_copy_in,
-    .copy_out = s_copy_out,
-    .copy = s_copy,
-    .zero = s_zero,
-    .fill = s_fill,
-    .scale = s_scale,
-    .axpy = s_axpy,
-    .add = s_add,
-    .cast = s_cast,
-    .sum = s_sum,
-    .matmul = s_matmul,
-    .embedding_fwd = s_emb_fwd,
-    .embedding_bwd = s_emb_bwd,
-    .rmsnorm_fwd = s_rms_fwd,
-    .rmsnorm_bwd = s_rms_bwd,
-    .rope = s_rope,
-    .attention_fwd = s_attn_fwd,
-    .attention_bwd = s_attn_bwd,
-    .swiglu_fwd = s_swiglu_fwd,
-    .swiglu_bwd = s_swiglu_bwd,
-    .xent = s_xent,
 };
 
 /* ---- set-up ---- */
@@ -420,15 +243,16 @@ static int bench(const struct opts *o) {
   st.which = 1;
   if (rc == 0)
     rc = time_median(&st, o->warmup, o->iters, &t_attn);
+  struct tz_compute_times times;
+  memset(&times, 0, sizeof times);
   if (rc == 0) {
-    memset(&shim, 0, sizeof shim);
-    shim.inner = cm;
-    struct tz_compute wrapped = *cm;
-    wrapped.ops = &shim_ops;
-    wrapped.ctx = NULL;
-    rc = tz_layer_probe_step(&wrapped, &cfg, &l, 0);
+    tz_compute *timed = NULL;
+    rc = tz_compute_timed_create(cm, &times, &timed);
+    if (rc == 0)
+      rc = tz_layer_probe_step(timed, &cfg, &l, 0);
     if (rc == 0)
       rc = tz_compute_sync(cm);
+    tz_compute_destroy(timed);
   }
   tz_layer_probe_free(cm, &l);
   size_t gemm_bytes = (size_t)o->gemm * o->gemm * 2;
@@ -461,8 +285,8 @@ static int bench(const struct opts *o) {
 
   double gemm_tflops = 2.0 * o->gemm * (double)o->gemm * o->gemm / t_gemm / 1e12;
   double op_total = 0;
-  for (int i = 0; i < OP_COUNT; i++)
-    op_total += shim.t[i];
+  for (int i = 0; i < TZ_OP_COUNT; i++)
+    op_total += times.seconds[i];
   if (o->json) {
     printf("{\"bench\":\"layer\",\"d_model\":%d,\"ffn\":%d,\"heads\":%d,\"kv_heads\":%d,"
            "\"seq\":%d,\"batch\":%d,\"grad_dtype\":\"%s\",\"layer_ms\":%.4f,"
@@ -477,8 +301,9 @@ static int bench(const struct opts *o) {
              tr.layer_ms, tr.attn_ms, tr.gemm_tflops, tr.layer_ms / (t_layer * 1e3),
              tr.attn_ms / (t_attn * 1e3));
     printf(",\"shares\":{");
-    for (int i = 0; i < OP_COUNT; i++)
-      printf("%s\"%s\":%.4f", i ? "," : "", op_names[i], op_total > 0 ? shim.t[i] / op_total : 0);
+    for (int i = 0; i < TZ_OP_COUNT; i++)
+      printf("%s\"%s\":%.4f", i ? "," : "", op_names[i],
+             op_total > 0 ? times.seconds[i] / op_total : 0);
     printf("}}\n");
     return 0;
   }
@@ -503,10 +328,10 @@ static int bench(const struct opts *o) {
   printf("\nshare of the layer time per op (each call timed alone, stream drained around it; "
          "sum %.3f ms):\n",
          op_total * 1e3);
-  for (int i = 0; i < OP_COUNT; i++)
-    if (shim.calls[i])
-      printf("  %-16s %6.1f%%  %9.3f ms  %3d calls\n", op_names[i], 100.0 * shim.t[i] / op_total,
-             shim.t[i] * 1e3, shim.calls[i]);
+  for (int i = 0; i < TZ_OP_COUNT; i++)
+    if (times.calls[i])
+      printf("  %-16s %6.1f%%  %9.3f ms  %3d calls\n", op_names[i],
+             100.0 * times.seconds[i] / op_total, times.seconds[i] * 1e3, times.calls[i]);
   return 0;
 }
 

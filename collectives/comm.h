@@ -57,7 +57,9 @@ struct tz_comm_params {
 };
 void tz_comm_params_init(struct tz_comm_params *p);
 
-/* Backends compiled into this build, in order: "single", then "mpi" and "nccl" when built. */
+/* Registry (defined in registry/comm.c, above every backend; tz_collectives itself calls none
+ * of the four). Backends compiled into this build, in order: "single", then "mpi" and "nccl"
+ * when built. */
 int tz_comm_backend_count(void);
 const char *tz_comm_backend_name(int i);
 

@@ -18,7 +18,7 @@ typedef struct tz_tier tz_tier;
 
 /* A CPU lane: one thread of its own. Jobs run one after the other in submission order. */
 int tz_lane_create_cpu(const char *name, tz_lane **out);
-/* A lane on the device behind tier t, made by t's backend (the registry in core/lane.c; an hbm
+/* A lane on the device behind tier t, made by t's backend (the registry in registry/lanes.c; an hbm
  * tier gives a CUDA-stream lane of its GPU, tiers/hbm.h). native NULL gives the lane a stream of
  * its own; else the lane runs on native (a cudaStream_t of that GPU), which stays the caller's and
  * must outlive the lane: work others enqueue on it (a comm's collectives) is then ordered with the

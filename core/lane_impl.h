@@ -51,7 +51,7 @@ struct tz_lane_backend {
   int (*create)(tz_tier *t, void *native, const char *name, tz_lane **out);
 };
 
-/* Registry entries: tiers/hbm_lane.c (CUDA builds only). */
+/* Registry entries: tiers/hbm_lane.c (CUDA builds only); registry/lanes.c lists them. */
 extern const struct tz_lane_backend tz_lane_backend_hbm;
 
 #endif

@@ -25,6 +25,7 @@ struct staged;
 
 struct tz_runtime {
   struct tz_runtime_params p;
+  const struct tz_tier_ops *host_ops; /* the backend of staging and other core host tiers */
   tz_progress *pe;
   tz_pool *copy_pool;
   pthread_mutex_t mu;   /* tiers, pairs, slots */
@@ -52,10 +53,16 @@ tz_progress *tz_runtime_progress(tz_runtime *rt) { return rt->pe; }
 uint64_t tz_runtime_chunk_bytes(const tz_runtime *rt) { return rt->p.chunk_bytes; }
 struct tz_pool *tz_runtime_copy_pool(tz_runtime *rt) { return rt->copy_pool; }
 
-int tz_runtime_create(const struct tz_runtime_params *p, tz_runtime **out) {
+int tz_runtime_host_tier(tz_runtime *rt, const struct tz_tier_params *p, tz_tier **out) {
+  return tz_tier_create_from(rt, rt->host_ops, p, out);
+}
+
+int tz_runtime_create_from(const struct tz_runtime_params *p, const struct tz_tier_ops *host,
+                           tz_runtime **out) {
   tz_runtime *rt = calloc(1, sizeof *rt);
   if (!rt)
     return tz_err_set(TZ_ENOMEM, "runtime: no memory");
+  rt->host_ops = host;
   if (p)
     rt->p = *p;
   else
@@ -83,7 +90,7 @@ int tz_runtime_create(const struct tz_runtime_params *p, tz_runtime **out) {
   tp.name = "staging";
   tp.capacity = rt->p.staging_bytes;
   tp.numa_node = rt->p.numa_node;
-  rc = tz_tier_create(rt, "host", &tp, &rt->staging);
+  rc = tz_runtime_host_tier(rt, &tp, &rt->staging);
   if (rc < 0)
     goto fail;
   rc = tz_tier_alloc(rt->staging, rt->p.staging_bytes, &rt->staging_ext);

@@ -19,9 +19,16 @@ struct tz_runtime_params {
 };
 void tz_runtime_params_init(struct tz_runtime_params *p);
 
-/* p may be NULL for defaults. Owns what it creates; tz_runtime_destroy destroys its tiers. */
+/* p may be NULL for defaults. Owns what it creates; tz_runtime_destroy destroys its tiers.
+ * Defined by the registry (registry/tiers.c), which passes the host tier backend to core's
+ * tz_runtime_create_from (core/tier_impl.h). */
 int tz_runtime_create(const struct tz_runtime_params *p, tz_runtime **out);
 void tz_runtime_destroy(tz_runtime *rt); /* NULL is a no-op; waits for transfers in flight */
+
+/* Creates a tier of pinned host memory (the backend the runtime was created with, "host"), as
+ * tz_tier_create(rt, "host", p, out) does: for core's own staging memory, which cannot name a
+ * backend. */
+int tz_runtime_host_tier(tz_runtime *rt, const struct tz_tier_params *p, tz_tier **out);
 
 tz_progress *tz_runtime_progress(tz_runtime *rt);
 /* Bytes per staged chunk (params.chunk_bytes after defaults). */

@@ -300,7 +300,7 @@ static int stage_reserve(tz_sched *s, int n_chunks) {
   tz_tier_params_init(&tp);
   tp.name = "sched-staging";
   tp.capacity = (uint64_t)n_chunks * s->chunk;
-  int rc = tz_tier_create(s->rt, "host", &tp, &s->stage_tier);
+  int rc = tz_runtime_host_tier(s->rt, &tp, &s->stage_tier);
   if (rc == 0 && (rc = tz_tier_alloc(s->stage_tier, tp.capacity, &s->stage_ext)) < 0) {
     tz_tier_destroy(s->stage_tier);
     s->stage_tier = NULL;

@@ -10,43 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The registry: the one place that knows which backends this build has. */
-static const struct tz_tier_ops *const backends[] = {
-  &tz_tier_host_ops,
-  &tz_tier_nvme_ops,
-  &tz_tier_fault_ops,
-#ifdef TZ_HAVE_CUDA
-  &tz_tier_hbm_ops,
-#endif
-};
-#define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))
-
-int tz_tier_backend_count(void) { return N_BACKENDS; }
-
-const char *tz_tier_backend_name(int i) { return i >= 0 && i < N_BACKENDS ? backends[i]->name : NULL; }
-
-static const struct tz_tier_ops *find_backend(const char *name) {
-  for (int i = 0; i < N_BACKENDS; i++)
-    if (strcmp(backends[i]->name, name) == 0)
-      return backends[i];
-  return NULL;
-}
-
-int tz_tier_probe(const char *backend, char *why, size_t why_len) {
-  const struct tz_tier_ops *ops = find_backend(backend);
-  if (!ops) {
-    snprintf(why, why_len, "%s: not built into this tierzero%s", backend,
-             strcmp(backend, "hbm") == 0 ? " (no CUDA toolkit at build time)" : "");
-    return TZ_ENOENT;
-  }
-  if (!ops->probe) {
-    if (why_len)
-      why[0] = '\0';
-    return 0;
-  }
-  return ops->probe(why, why_len);
-}
-
 void tz_tier_params_init(struct tz_tier_params *p) {
   memset(p, 0, sizeof *p);
   p->numa_node = -1;
@@ -54,16 +17,11 @@ void tz_tier_params_init(struct tz_tier_params *p) {
   p->gds = -1;
 }
 
-int tz_tier_create(tz_runtime *rt, const char *backend, const struct tz_tier_params *p,
-                   tz_tier **out) {
-  const struct tz_tier_ops *ops = find_backend(backend);
-  if (!ops) {
-    char why[160];
-    tz_tier_probe(backend, why, sizeof why);
-    return tz_err_set(TZ_ENOENT, "%s", why);
-  }
-  char why[256];
-  int rc = tz_tier_probe(backend, why, sizeof why);
+int tz_tier_create_from(tz_runtime *rt, const struct tz_tier_ops *ops,
+                        const struct tz_tier_params *p, tz_tier **out) {
+  const char *backend = ops->name;
+  char why[256] = "";
+  int rc = ops->probe ? ops->probe(why, sizeof why) : 0;
   if (rc < 0)
     return tz_err_set(rc, "%s", why);
   if (p->capacity == 0 && !p->base)

@@ -45,10 +45,12 @@ struct tz_tier_params {
 };
 void tz_tier_params_init(struct tz_tier_params *p);
 
-/* Backends compiled into this build, in order: "host", "nvme", "fault", and "hbm" with CUDA. */
-int tz_tier_backend_count(void);
-const char *tz_tier_backend_name(int i);
-/* 0 when the backend can run on this machine; otherwise a negative code, and why[] says why
+/* Creating a tier by backend name ("host", "nvme", "fault", and "hbm" with CUDA) is the
+ * registry's (registry/tiers.c, above every backend): core creates tiers only from an ops table
+ * (tz_tier_create_from, core/tier_impl.h), so the two below are declared here for the clients
+ * and defined there; no core file calls them (tests/layering checks that it links without).
+ *
+ * 0 when the backend can run on this machine; otherwise a negative code, and why[] says why
  * ("nvme: io_uring_queue_init: Operation not permitted"). */
 int tz_tier_probe(const char *backend, char *why, size_t why_len);
 

@@ -60,13 +60,25 @@ struct tz_tier {
   struct tz_tier *next; /* the runtime's list */
 };
 
+/* Creates a tier of the backend behind ops: probes it, runs its init, carves the arena, and
+ * hands the tier to the runtime (tz_tier_create's errors). The registry's tz_tier_create finds
+ * ops by name; core, which knows no backend, creates its host tiers from the ops the runtime
+ * was created with (tz_runtime_host_tier). */
+int tz_tier_create_from(tz_runtime *rt, const struct tz_tier_ops *ops,
+                        const struct tz_tier_params *p, tz_tier **out);
+/* tz_runtime_create with the backend of the runtime's host tiers (its staging, the scheduler's)
+ * passed in, since core cannot name one; the registry's tz_runtime_create passes "host". */
+int tz_runtime_create_from(const struct tz_runtime_params *p, const struct tz_tier_ops *host,
+                           tz_runtime **out);
+
 /* runtime.c, for tier.c: keep t in the runtime's list, register host arenas across tiers. */
 int tz_runtime_attach(tz_runtime *rt, tz_tier *t);
 void tz_runtime_detach(tz_runtime *rt, tz_tier *t);
 /* The runtime's CPU copy lane (memcpy for host tiers). */
 struct tz_pool *tz_runtime_copy_pool(tz_runtime *rt);
 
-/* Registry entries: tiers/<name>.c defines these. */
+/* Registry entries: tiers/<name>.c defines these, registry/tiers.c lists them; nothing below
+ * the registry refers to one (tests/layering). */
 extern const struct tz_tier_ops tz_tier_host_ops;
 extern const struct tz_tier_ops tz_tier_nvme_ops;
 extern const struct tz_tier_ops tz_tier_fault_ops;

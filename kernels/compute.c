@@ -1,5 +1,5 @@
-/* The compute registry and the public wrappers: argument checks live here once, so backends
- * see only calls that make sense. */
+/* The public wrappers: argument checks live here once, so backends see only calls that make
+ * sense. The registry (registry/compute.c) lists the backends. */
 #include "kernels/compute.h"
 
 #include <stdio.h>
@@ -9,14 +9,6 @@
 
 #include "core/error.h"
 #include "kernels/compute_impl.h"
-
-static const struct tz_compute_backend *const backends[] = {
-    &tz_compute_backend_cpu,
-#ifdef TZ_HAVE_CUDA
-    &tz_compute_backend_cuda,
-#endif
-};
-#define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))
 
 int tz_dtype_parse(const char *s, enum tz_dtype *out) {
   static const struct {
@@ -42,41 +34,10 @@ void tz_compute_params_init(struct tz_compute_params *p) {
   p->grad_dtype = TZ_F32;
 }
 
-int tz_compute_backend_count(void) { return N_BACKENDS; }
-
-const char *tz_compute_backend_name(int i) {
-  return i >= 0 && i < N_BACKENDS ? backends[i]->name : NULL;
-}
-
-static const struct tz_compute_backend *find_backend(const char *name) {
-  for (int i = 0; name && i < N_BACKENDS; i++)
-    if (strcmp(backends[i]->name, name) == 0)
-      return backends[i];
-  return NULL;
-}
-
-int tz_compute_backend_built(const char *name) { return find_backend(name) != NULL; }
-
-int tz_compute_probe(const char *backend, char *why, size_t why_len) {
-  const struct tz_compute_backend *b = find_backend(backend);
-  if (!b) {
-    int known = backend && strcmp(backend, "cuda") == 0;
-    if (why && why_len)
-      snprintf(why, why_len, "%s: %s", backend ? backend : "(null)",
-               known ? "not compiled in (this build has no CUDA toolkit)" : "no such backend");
-    return known ? TZ_ENOTSUP : TZ_ENOENT;
-  }
-  if (why && why_len)
-    why[0] = '\0';
-  return b->probe(why, why_len);
-}
-
-int tz_compute_create(const char *backend, const struct tz_compute_params *p, tz_compute **out) {
+int tz_compute_create_from(const struct tz_compute_backend *b, const struct tz_compute_params *p,
+                           tz_compute **out) {
   *out = NULL;
-  char why[256];
-  int rc = tz_compute_probe(backend, why, sizeof why);
-  if (rc < 0)
-    return tz_err_set(rc, "compute: %s", why);
+  const char *backend = b->name;
   struct tz_compute_params q;
   tz_compute_params_init(&q);
   if (p)
@@ -89,12 +50,11 @@ int tz_compute_create(const char *backend, const struct tz_compute_params *p, tz
   tz_compute *cm = calloc(1, sizeof *cm);
   if (!cm)
     return tz_err_set(TZ_ENOMEM, "compute %s: out of memory", backend);
-  const struct tz_compute_backend *b = find_backend(backend);
   cm->backend = b->name;
   cm->dtype = q.dtype;
   cm->grad_dtype = q.grad_dtype;
   cm->n_threads = 1;
-  rc = b->create(&q, cm);
+  int rc = b->create(&q, cm);
   if (rc < 0) {
     free(cm);
     return rc;
@@ -108,36 +68,6 @@ void tz_compute_destroy(tz_compute *cm) {
     return;
   cm->ops->destroy(cm->ctx);
   free(cm);
-}
-
-/* The backend of a device query: one compiled in, with devices. */
-static int device_backend(const char *backend, const struct tz_compute_backend **out) {
-  *out = find_backend(backend);
-  if (!*out) {
-    char why[256];
-    int rc = tz_compute_probe(backend, why, sizeof why); /* says why there is none */
-    return tz_err_set(rc, "compute: %s", why);
-  }
-  if (!(*out)->device_info || !(*out)->device_memory)
-    return tz_err_set(TZ_ENOTSUP, "compute %s: the backend has no devices", (*out)->name);
-  return 0;
-}
-
-int tz_compute_device_info(const char *backend, int device, struct tz_compute_device *out) {
-  memset(out, 0, sizeof *out);
-  out->index = device;
-  out->numa_node = -1;
-  const struct tz_compute_backend *b;
-  TZ_CHECK(device_backend(backend, &b));
-  return b->device_info(device < 0 ? -1 : device, out);
-}
-
-int tz_compute_device_memory(const char *backend, int device, uint64_t *free_bytes,
-                             uint64_t *total_bytes) {
-  *free_bytes = *total_bytes = 0;
-  const struct tz_compute_backend *b;
-  TZ_CHECK(device_backend(backend, &b));
-  return b->device_memory(device, free_bytes, total_bytes);
 }
 
 const char *tz_compute_backend(const tz_compute *cm) { return cm->backend; }

@@ -76,7 +76,9 @@ struct tz_compute_params {
 };
 void tz_compute_params_init(struct tz_compute_params *p);
 
-/* Registry. Backends compiled into this build, in order: "cpu", and "cuda" with CUDA. */
+/* Registry (defined in registry/compute.c, above every backend, as are the device queries
+ * below, which name a backend too; tz_kernels itself calls none of them). Backends compiled into
+ * this build, in order: "cpu", and "cuda" with CUDA. */
 int tz_compute_backend_count(void);
 const char *tz_compute_backend_name(int i);
 /* 1 when this build has the backend `name` (whether or not it can run here: tz_compute_probe). */

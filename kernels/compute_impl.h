@@ -1,5 +1,5 @@
 /* For compute backends only: the ops table behind tz_compute (kernels/compute.h) and the backend
- * descriptors the registry (kernels/compute.c) lists. A backend fills one `static const struct
+ * descriptors the registry (registry/compute.c) lists. A backend fills one `static const struct
  * tz_compute_ops` with designated initializers and exports one `struct tz_compute_backend`.
  * Every entry has the meaning, arguments and errors of the public function of the same name in
  * compute.h; the wrapper has already checked the arguments it can (sizes, NULL pointers, dtypes
@@ -90,7 +90,13 @@ struct tz_compute_backend {
   int (*device_memory)(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 };
 
-/* kernels/cpu/compute.c and kernels/cuda/compute.cu; the registry lists cuda only with CUDA. */
+/* Creates an instance of backend b (tz_compute_create's checks and errors, the backend's probe
+ * aside): the registry's tz_compute_create finds b by name and probes it first. */
+int tz_compute_create_from(const struct tz_compute_backend *b, const struct tz_compute_params *p,
+                           tz_compute **out);
+
+/* kernels/cpu/compute.c and kernels/cuda/compute.cu; the registry (registry/compute.c) lists
+ * cuda only with CUDA. */
 extern const struct tz_compute_backend tz_compute_backend_cpu;
 extern const struct tz_compute_backend tz_compute_backend_cuda;
 

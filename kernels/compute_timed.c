@@ -1,0 +1,210 @@
+/* A compute instance that times another's operations (kernels/compute_timed.h). */
+#include "kernels/compute_timed.h"
+
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "kernels/compute_impl.h"
+#include "util/clock.h"
+
+struct timed {
+  tz_compute *inner;
+  struct tz_compute_times *times;
+};
+
+#define IN tm->inner->ops
+#define CTX tm->inner->ctx
+
+static double timed_begin(struct timed *tm) {
+  (void)tz_compute_sync(tm->inner);
+  return tz_now_s();
+}
+
+static void timed_end(struct timed *tm, int op, double t0) {
+  (void)tz_compute_sync(tm->inner);
+  tm->times->seconds[op] += tz_now_s() - t0;
+  tm->times->calls[op]++;
+}
+
+#define TIMED(op, call)                                                                            \
+  do {                                                                                             \
+    double t0_ = timed_begin(tm);                                                                   \
+    int rc_ = (call);                                                                              \
+    timed_end(tm, (op), t0_);                                                                       \
+    return rc_;                                                                                    \
+  } while (0)
+
+static void s_destroy(void *ctx) { free(ctx); }
+static int s_sync(void *ctx) {
+  struct timed *tm = ctx;
+  return IN->sync(CTX);
+}
+static void *s_stream(void *ctx) {
+  struct timed *tm = ctx;
+  return IN->stream ? IN->stream(CTX) : NULL;
+}
+static int s_alloc(void *ctx, size_t b, void **o) {
+  struct timed *tm = ctx;
+  return IN->alloc(CTX, b, o);
+}
+static void s_free(void *ctx, void *p) {
+  struct timed *tm = ctx;
+  IN->free(CTX, p);
+}
+static int s_copy_in(void *ctx, void *d, const void *s, size_t b) {
+  struct timed *tm = ctx;
+  return IN->copy_in(CTX, d, s, b);
+}
+static int s_copy_out(void *ctx, void *d, const void *s, size_t b) {
+  struct timed *tm = ctx;
+  return IN->copy_out(CTX, d, s, b);
+}
+static int s_copy(void *ctx, void *d, const void *s, size_t b) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_COPY, IN->copy(CTX, d, s, b));
+}
+static int s_zero(void *ctx, void *d, size_t b) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_OTHER, IN->zero(CTX, d, b));
+}
+static int s_fill(void *ctx, enum tz_dtype dt, void *x, float v, size_t n) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_OTHER, IN->fill(CTX, dt, x, v, n));
+}
+static int s_scale(void *ctx, enum tz_dtype dt, void *x, float a, size_t n) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_OTHER, IN->scale(CTX, dt, x, a, n));
+}
+static int s_axpy(void *ctx, enum tz_dtype dt, void *y, float a, const void *x, size_t n) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_OTHER, IN->axpy(CTX, dt, y, a, x, n));
+}
+static int s_add(void *ctx, enum tz_dtype dt, void *o, const void *a, const void *b, size_t n) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_ADD, IN->add(CTX, dt, o, a, b, n));
+}
+static int s_cast(void *ctx, void *d, enum tz_dtype dd, const void *s, enum tz_dtype sd,
+                  size_t n) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_OTHER, IN->cast(CTX, d, dd, s, sd, n));
+}
+static int s_sum(void *ctx, float *o, enum tz_dtype dt, const void *x, size_t n, int sq,
+                 int acc) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_OTHER, IN->sum(CTX, o, dt, x, n, sq, acc));
+}
+static int s_sumsq_segments(void *ctx, float *o, enum tz_dtype dt, const void *x, size_t len,
+                            size_t n_seg) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_OTHER, IN->sumsq_segments(CTX, o, dt, x, len, n_seg));
+}
+static int s_matmul(void *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+                    int lda, const void *B, int ldb, float beta, void *C, enum tz_dtype c_dt,
+                    int ldc) {
+  struct timed *tm = ctx;
+  int op = ta ? TZ_OP_MATMUL_TN : tb ? TZ_OP_MATMUL_NT : TZ_OP_MATMUL_NN;
+  TIMED(op, IN->matmul(CTX, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, c_dt, ldc));
+}
+static int s_emb_fwd(void *ctx, void *o, const int32_t *t, const void *w, int N, int C, int V) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_OTHER, IN->embedding_fwd(CTX, o, t, w, N, C, V));
+}
+static int s_emb_bwd(void *ctx, void *dw, const void *d, const int32_t *t, int N, int C, int V) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_OTHER, IN->embedding_bwd(CTX, dw, d, t, N, C, V));
+}
+static int s_rms_fwd(void *ctx, void *o, float *r, const void *x, const void *w, int N, int C,
+                     float eps) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_RMSNORM_FWD, IN->rmsnorm_fwd(CTX, o, r, x, w, N, C, eps));
+}
+static int s_rms_bwd(void *ctx, void *dx, void *dw, const void *dy, const void *x, const void *w,
+                     const float *r, int N, int C) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_RMSNORM_BWD, IN->rmsnorm_bwd(CTX, dx, dw, dy, x, w, r, N, C));
+}
+static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inv) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_ROPE, IN->rope(CTX, x, B, T, nh, D, theta, inv));
+}
+static int s_attn_fwd(void *ctx, void *o, float *l, const void *q, const void *k, const void *v,
+                      int B, int T, int H, int Hkv, int D) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_ATTENTION_FWD, IN->attention_fwd(CTX, o, l, q, k, v, B, T, H, Hkv, D));
+}
+static int s_attn_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
+                      const void *q, const void *k, const void *v, const void *o, const float *l,
+                      int B, int T, int H, int Hkv, int D) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_ATTENTION_BWD,
+        IN->attention_bwd(CTX, dq, dk, dv, delta, dout, q, k, v, o, l, B, T, H, Hkv, D));
+}
+static int s_swiglu_fwd(void *ctx, void *o, const void *g, const void *u, size_t n) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_SWIGLU_FWD, IN->swiglu_fwd(CTX, o, g, u, n));
+}
+static int s_swiglu_bwd(void *ctx, void *dg, void *du, const void *d, const void *g,
+                        const void *u, size_t n) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_SWIGLU_BWD, IN->swiglu_bwd(CTX, dg, du, d, g, u, n));
+}
+static int s_xent(void *ctx, float *l, void *dl, const void *lg, const int32_t *t, int N, int V,
+                  float ds) {
+  struct timed *tm = ctx;
+  TIMED(TZ_OP_OTHER, IN->xent(CTX, l, dl, lg, t, N, V, ds));
+}
+static int s_adam(void *ctx, const struct tz_adam_params *p, float *master, float *m, float *v,
+                  const void *grad, enum tz_dtype gdt, void *copy, enum tz_dtype cdt, size_t n) {
+  struct timed *tm = ctx;
+  if (!IN->adam)
+    return tz_err_set(TZ_ENOTSUP, "compute %s: no Adam in this backend", tm->inner->backend);
+  TIMED(TZ_OP_OTHER, IN->adam(CTX, p, master, m, v, grad, gdt, copy, cdt, n));
+}
+
+static const struct tz_compute_ops timed_ops = {
+    .destroy = s_destroy,
+    .sync = s_sync,
+    .stream = s_stream,
+    .alloc = s_alloc,
+    .free = s_free,
+    .copy_in = s_copy_in,
+    .copy_out = s_copy_out,
+    .copy = s_copy,
+    .zero = s_zero,
+    .fill = s_fill,
+    .scale = s_scale,
+    .axpy = s_axpy,
+    .add = s_add,
+    .cast = s_cast,
+    .sum = s_sum,
+    .sumsq_segments = s_sumsq_segments,
+    .matmul = s_matmul,
+    .embedding_fwd = s_emb_fwd,
+    .embedding_bwd = s_emb_bwd,
+    .rmsnorm_fwd = s_rms_fwd,
+    .rmsnorm_bwd = s_rms_bwd,
+    .rope = s_rope,
+    .attention_fwd = s_attn_fwd,
+    .attention_bwd = s_attn_bwd,
+    .swiglu_fwd = s_swiglu_fwd,
+    .swiglu_bwd = s_swiglu_bwd,
+    .xent = s_xent,
+    .adam = s_adam,
+};
+
+int tz_compute_timed_create(tz_compute *inner, struct tz_compute_times *times, tz_compute **out) {
+  *out = NULL;
+  struct timed *tm = malloc(sizeof *tm);
+  tz_compute *cm = malloc(sizeof *cm);
+  if (!tm || !cm) {
+    free(tm);
+    free(cm);
+    return tz_err_set(TZ_ENOMEM, "compute %s: out of memory for a timed instance", inner->backend);
+  }
+  *tm = (struct timed){inner, times};
+  *cm = *inner;
+  cm->ops = &timed_ops;
+  cm->ctx = tm;
+  *out = cm;
+  return 0;
+}
