@@ -24,6 +24,7 @@
 #include "core/progress.h"
 #include "core/tier_impl.h"
 #include "util/clock.h"
+#include "util/gpu.h"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -504,33 +505,6 @@ static int hbm_probe(char *why, size_t len) {
   return 0;
 }
 
-int tz_hbm_host_numa_node(int device) {
-  int v = -1;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrHostNumaId, device) != cudaSuccess) {
-    cudaGetLastError();
-    v = -1;
-  }
-  if (v >= 0)
-    return v;
-  /* Older drivers: the PCI device's node from sysfs. */
-  char bus[32], path[96];
-  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  for (char *c = bus; *c; c++)
-    if (*c >= 'A' && *c <= 'F')
-      *c = (char)(*c - 'A' + 'a');
-  snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/numa_node", bus);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return -1;
-  if (fscanf(f, "%d", &v) != 1)
-    v = -1;
-  fclose(f);
-  return v;
-}
-
 /* GPUDirect Storage: decided once per process. A VM rarely has the nvidia-fs module, and then
  * cuFileDriverOpen is not even tried (it would fall back to its own POSIX compatibility mode,
  * which is not a direct path, and write a log file into the working directory). */
@@ -668,7 +642,7 @@ static int hbm_init(tz_tier *t, const struct tz_tier_params *p) {
   snprintf(h->name, sizeof h->name, "%s", t->name);
   h->pe = tz_runtime_progress(t->rt);
   h->bytes = t->capacity;
-  h->host_numa = tz_hbm_host_numa_node(h->device);
+  h->host_numa = tz_gpu_host_numa_node(h->device);
   h->pin_piece = pin_piece_of(p);
   pthread_mutex_init(&h->ev_mu, NULL);
   pthread_mutex_init(&h->reg_mu, NULL);

@@ -44,9 +44,6 @@ int tz_hbm_lane_create(tz_tier *hbm, tz_lane **out);
  * ordered with the lane's by the stream itself. */
 int tz_hbm_lane_create_on(tz_tier *hbm, void *cuda_stream, tz_lane **out);
 
-/* The NUMA node of the host closest to GPU `device` (the node host tiers feeding it should be
- * created on), or -1 when the system has no NUMA or the driver cannot say. */
-int tz_hbm_host_numa_node(int device);
 
 /* Whether GPUDirect Storage could be used on this machine: 1 when libcufile loads, the nvidia-fs
  * module is present and cuFileDriverOpen succeeds, else 0; why[] says which step failed. Decided

@@ -14,6 +14,7 @@ extern "C" {
 }
 #include "kernels/cuda/adam_cuda.h"
 #include "kernels/cuda/common.cuh"
+#include "util/gpu.h"
 
 #define TZ_CUDA_DEFAULT_WORKSPACE (32u << 20)
 #define TZ_CUDA_MIN_SCRATCH (4u << 20)
@@ -262,34 +263,6 @@ static int cuda_create(const struct tz_compute_params *p, tz_compute *cm) {
   return 0;
 }
 
-/* The host NUMA node of GPU `device`: the driver's attribute, or on older drivers the PCI
- * device's node from sysfs; -1 when neither says. */
-static int host_numa_node(int device) {
-  int v = -1;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrHostNumaId, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    v = -1;
-  }
-  if (v >= 0)
-    return v;
-  char bus[32], path[96];
-  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
-  for (char *p = bus; *p; p++)
-    if (*p >= 'A' && *p <= 'F')
-      *p = (char)(*p - 'A' + 'a');
-  snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/numa_node", bus);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return -1;
-  if (fscanf(f, "%d", &v) != 1)
-    v = -1;
-  fclose(f);
-  return v;
-}
-
 static int cuda_device_info(int device, struct tz_compute_device *out) {
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -301,7 +274,7 @@ static int cuda_device_info(int device, struct tz_compute_device *out) {
     snprintf(out->name, sizeof out->name, "%s", prop.name);
   else
     (void)cudaGetLastError();
-  out->numa_node = host_numa_node(device);
+  out->numa_node = tz_gpu_host_numa_node(device);
   return 0;
 }
 
