@@ -407,12 +407,12 @@ int tz_bench_adam(int argc, char **argv) {
     o.threads = o.ncpus;
   rc = run_cpu(&o);
   if (rc == 0 && o.gpu) {
-#ifdef TZ_HAVE_CUDA
-    rc = tz_bench_adam_gpu(o.gpu_n, o.gdt, o.has_copy, o.cdt, o.reps, o.json);
-#else
-    fprintf(stderr, "tz-bench adam: --gpu: this build has no CUDA\n");
-    rc = 77;
-#endif
+    if (tz_bench_adam_gpu) {
+      rc = tz_bench_adam_gpu(o.gpu_n, o.gdt, o.has_copy, o.cdt, o.reps, o.json);
+    } else {
+      fprintf(stderr, "tz-bench adam: --gpu: this build has no CUDA\n");
+      rc = 77;
+    }
   }
   free(o.cpus);
   return rc;

@@ -14,10 +14,11 @@ int tz_bench_collectives(int argc, char **argv); /* bench/collectives.c */
 int tz_bench_layer(int argc, char **argv);   /* bench/layer.c */
 int tz_bench_prefetch(int argc, char **argv); /* bench/prefetch.c */
 
-/* bench/adam_cuda.cu, CUDA builds only: GPU Adam on n parameters against device-to-device copy
- * bandwidth; prints a line (or a JSON object). Returns an exit code (77: no GPU). */
+/* bench/adam_cuda.cu, CUDA builds only (weak, so bench/adam.c links without it): GPU Adam on n
+ * parameters against device-to-device copy bandwidth; prints a line (or a JSON object). Returns
+ * an exit code (77: no GPU). */
 int tz_bench_adam_gpu(size_t n, enum tz_dtype gdt, int has_copy, enum tz_dtype cdt, int reps,
-                      int json);
+                      int json) __attribute__((weak));
 
 /* tz-bench prefetch on a GPU (CUDA builds only; weak, so bench/prefetch.c links without them and
  * uses the CPU lane). bench/prefetch_gpu.c: the compute lane as a CUDA stream of the hbm tier

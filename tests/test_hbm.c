@@ -260,7 +260,7 @@ static void test_registration_lifecycle(void **state) {
 /* A host arena registered in 1 MiB pieces: copies that cross pieces are split, and stay fast. */
 static void test_copies_split_at_pieces(void **state) {
   (void)state;
-  setenv("TZ_HBM_PIN_PIECE", "1M", 1);
+  setenv("TZ_HBM_PIN_PIECE", "1MiB", 1);
   tz_runtime *rt;
   TZ_ASSERT_OK(tz_runtime_create(NULL, &rt));
   tz_tier *host, *hbm;
