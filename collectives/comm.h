@@ -49,11 +49,6 @@ struct tz_comm_params {
   /* Reduction arithmetic: TZ_F32 (default), or the payload's own dtype (a bf16 payload summed
    * in bf16, rounding after every addition; nccl then uses its native reduction). */
   enum tz_dtype accum;
-  /* optional (nccl): makes a CUDA stream wait on the device for a fence of another lane (the
-   * trainer binds tz_hbm_stream_wait to its hbm tier here); returns 0, or TZ_EINVAL for a fence
-   * that a stream cannot wait on. NULL: such `after` fences are waited for on the host. */
-  int (*stream_wait)(void *arg, tz_fence *f, void *cuda_stream);
-  void *stream_wait_arg;
 };
 void tz_comm_params_init(struct tz_comm_params *p);
 
@@ -85,8 +80,8 @@ int tz_comm_size(const tz_comm *c);
 const char *tz_comm_backend(const tz_comm *c);
 
 /* In all of these: `after` (may be NULL) is a fence the collective waits for before it starts;
- * nccl makes its stream wait on the device for a fence of this comm or one params.stream_wait
- * accepts, and waits on the host for any other pending fence. *done gets a fence the caller owns (done may be NULL: nobody waits).
+ * nccl's stream waits for a fence of this comm by stream order, and nccl waits on the host for
+ * any other pending fence. *done gets a fence the caller owns (done may be NULL: nobody waits).
  * Buffers are host memory for single and mpi and device memory for nccl. P is the world size.
  * In-place forms: all_gather with send == recv + rank * bytes, reduce_scatter with
  * recv == send + rank * count elements, all_reduce with send == recv. */

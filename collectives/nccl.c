@@ -4,8 +4,8 @@
  * Launch. Collectives are enqueued by the calling thread, in call order, under a lock (a comm may
  * be used from the caller and from progress callbacks). Each completes on a polled fence over a
  * CUDA event recorded after it; the progress engine polls the event. An `after` fence made by this
- * comm needs no wait (stream order); one that params.stream_wait accepts (a copy's event) is
- * waited for on the stream; any other pending fence is waited for on the host before the launch.
+ * comm needs no wait (stream order); any other pending fence is waited for on the host before the
+ * launch (the trainer orders its lanes with the comm's stream itself: tz_lane_order).
  *
  * The communicator is non-blocking (ncclConfig_t.blocking = 0) so that no NCCL call can wait
  * forever: initialization and a launch that needs new connections are polled with
@@ -53,8 +53,6 @@ struct nccl_ctx {
   float *one;            /* device: the barrier's all-reduce of one float */
   /* This comm's fence ops: a fence with these is on this comm's stream, which needs no wait. */
   struct tz_fence_poll_ops fence_ops;
-  int (*stream_wait)(void *arg, tz_fence *f, void *cuda_stream); /* params.stream_wait */
-  void *stream_wait_arg;
 };
 
 /* A collective's completion: what its fence polls. The event comes first so that a compute
@@ -213,15 +211,6 @@ static int wait_after(struct nccl_ctx *ctx, tz_fence *after, const char *op) {
   /* A fence of this comm is an event on this stream: stream order already waits for it. */
   if (!after || tz_fence_native(after, &ctx->fence_ops))
     return 0;
-  if (ctx->stream_wait) {
-    int rc = ctx->stream_wait(ctx->stream_wait_arg, after, ctx->stream);
-    if (rc == 0)
-      return 0;
-    /* TZ_EINVAL for a pending fence a stream cannot wait on (host work): wait for it here. */
-    if (rc != TZ_EINVAL || tz_fence_query(after) != 0)
-      return tz_err_set(rc, "comm nccl: rank %d: %s not started: waiting for its input: %s",
-                        ctx->rank, op, tz_strerror(rc));
-  }
   int q = tz_fence_wait(after, (int64_t)(ctx->timeout_s * 1e9));
   if (q < 0)
     return tz_err_set(q, "comm nccl: rank %d: %s not started: its input failed (%s)", ctx->rank,
@@ -605,8 +594,6 @@ static int nccl_create(struct tz_bootstrap *bs, const struct tz_comm_params *p, 
   ctx->size = bs->size;
   ctx->timeout_s = tz_comm_timeout(p);
   ctx->accum = p->accum;
-  ctx->stream_wait = p->stream_wait;
-  ctx->stream_wait_arg = p->stream_wait_arg;
   ctx->fence_ops = (struct tz_fence_poll_ops){.kind = "cuda-event", .poll = done_poll,
                                               .destroy = done_destroy};
   int rc = 0;
