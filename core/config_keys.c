@@ -24,6 +24,8 @@ _Static_assert(sizeof(enum tz_offload_device) == sizeof(int), "enum stored as in
 _Static_assert(sizeof(enum tz_precision) == sizeof(int), "enum stored as int");
 _Static_assert(TZ_LOG_ERROR == 0 && TZ_LOG_TRACE == 4, "log level names below follow the enum");
 
+/* The key macros and the tables below are aligned by hand. */
+/* clang-format off */
 #define OFF(f) offsetof(struct tz_config, f)
 /* The _Generic selections make a key whose field has the wrong C type fail to compile. */
 #define FT(f) (((struct tz_config *)0)->f)
@@ -178,11 +180,13 @@ const struct key tz_config_keys[] = {
   ENUM("tierzero.cuda_matmul", tierzero.cuda_matmul, cuda_matmul_names, 0, 0),
   DBL("tierzero.comm_timeout", tierzero.comm_timeout, 0, INFINITY, 300, F_MIN_OPEN),
 };
+/* clang-format on */
 #define N_KEYS ((int)(sizeof tz_config_keys / sizeof tz_config_keys[0]))
 const int tz_config_n_keys = N_KEYS;
 
 /* DeepSpeed keys tierzero knows and deliberately does not use: listed as ignored, never given a
  * "did you mean". A section listed here is ignored whole. */
+/* clang-format off */
 static const char *const known_ignored[] = {
   "tensorboard", "wandb", "csv_monitor", "comet", "monitor_config", "flops_profiler",
   "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "amp", "sparse_attention",
@@ -217,6 +221,7 @@ static const char *const known_ignored[] = {
   "zero_optimization.offload_optimizer.pipeline",
   "aio.intra_op_parallelism", "aio.use_gds",
 };
+/* clang-format on */
 #define N_KNOWN_IGNORED ((int)(sizeof known_ignored / sizeof known_ignored[0]))
 
 /* Older DeepSpeed spellings of a top-level section. */

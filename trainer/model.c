@@ -11,6 +11,8 @@
 
 /* ---- config ---- */
 
+/* One preset a paragraph, aligned by hand. */
+/* clang-format off */
 static const struct {
   const char *name;
   struct tz_model_config cfg;
@@ -32,6 +34,7 @@ static const struct {
                    .ffn_dim = 13824, .vocab = 32000, .max_seq = 2048, .rope_theta = 10000.0,
                    .norm_eps = 1e-5, .tie_embeddings = 0}},
 };
+/* clang-format on */
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
 
 int tz_model_preset_count(void) { return N_PRESETS; }
