@@ -654,6 +654,155 @@ static void fmt_bytes(char *buf, size_t len, uint64_t b) {
   tz_bytes_format(buf, len, (double)b, &tz_bytes_plan);
 }
 
+/* Sets every block's starting home: its forced tier, or the compute tier; fixed[i]: forced. */
+static int start_homes(const struct tz_plan_request *r, int8_t *tiers, int8_t *fixed) {
+  for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++) {
+    int f = forced_tier(r, i);
+    if (f != TZ_PLAN_AUTO && (f < 0 || f >= TZ_PLAN_TIERS))
+      return tz_err_set(TZ_EINVAL, "plan: group %d %s forced to tier %d", i / TZ_PLAN_KINDS,
+                        kind_names[i % TZ_PLAN_KINDS], f);
+    fixed[i] = f != TZ_PLAN_AUTO;
+    tiers[i] = (int8_t)(fixed[i] ? f : TZ_PLAN_COMPUTE);
+  }
+  return 0;
+}
+
+/* The window's minimum depends on the homes (blocks homed in the compute tier are used in
+ * place): least with every block the plan may move still in the compute tier (lo), largest
+ * with all of them out (hi). A window asked for below lo fits no placement; buffers plus hi
+ * (the least the compute tier needs, whatever is placed) beyond the capacity neither. tiers: the
+ * starting homes. */
+static int check_minimum(const struct tz_plan_request *r, const int8_t *tiers) {
+  uint64_t minw_lo = min_window(r, tiers), minw_hi = tz_plan_min_window(r);
+  uint64_t cap = r->capacity[TZ_PLAN_COMPUTE];
+  uint64_t least = r->compute_fixed + (r->window ? r->window : minw_hi);
+  char a[32], b[32], c[32], d[32];
+  if (r->window && r->window < minw_lo) {
+    fmt_bytes(a, sizeof a, r->window);
+    fmt_bytes(b, sizeof b, minw_lo - r->window);
+    fmt_bytes(c, sizeof c, minw_lo);
+    return tz_err_set(TZ_ENOMEM,
+                      "plan: the scheduler's window of %s is %s short of its minimum %s "
+                      "(the largest phase's blocks not homed in the compute tier, plus one chunk)",
+                      a, b, c);
+  }
+  if (least > cap) {
+    fmt_bytes(a, sizeof a, cap);
+    fmt_bytes(b, sizeof b, least - cap);
+    fmt_bytes(c, sizeof c, r->compute_fixed);
+    fmt_bytes(d, sizeof d, least - r->compute_fixed);
+    return tz_err_set(TZ_ENOMEM,
+                      "plan: the compute tier's budget of %s is %s short of the minimum: "
+                      "%s for activations, gathered weights and full gradients, plus %s for the "
+                      "scheduler's window (%s)",
+                      a, b, c, d,
+                      r->window ? "the window asked for"
+                                : "the largest phase's blocks not forced into the compute tier, "
+                                  "plus one chunk");
+  }
+  return 0;
+}
+
+/* Moves blocks out of the compute tier until it holds what the homes need (compute_need). */
+static int fit_compute(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
+                       uint64_t used[], struct tz_plan *scratch) {
+  uint64_t cap = r->capacity[TZ_PLAN_COMPUTE];
+  while (compute_need(r, tiers, used[TZ_PLAN_COMPUTE]) > cap)
+    if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, scratch)) {
+      uint64_t forced = 0, need = compute_need(r, tiers, used[TZ_PLAN_COMPUTE]);
+      for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
+        if (fixed[i] && tiers[i] == TZ_PLAN_COMPUTE)
+          forced += block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
+      char a[32], b[32], c[32], d[32], e[32], f[32];
+      fmt_bytes(a, sizeof a, cap);
+      fmt_bytes(b, sizeof b, need - cap);
+      fmt_bytes(c, sizeof c, used[TZ_PLAN_COMPUTE]);
+      fmt_bytes(d, sizeof d, forced);
+      fmt_bytes(e, sizeof e, need - used[TZ_PLAN_COMPUTE]);
+      fmt_bytes(f, sizeof f, r->window);
+      return tz_err_set(TZ_ENOMEM,
+                        "plan: the compute tier's budget of %s is %s short: %s of state "
+                        "stays there (%s of it forced there) beside %s of buffers and minimum "
+                        "window, and host and nvme have no room to take more%s%s%s",
+                        a, b, c, d, e,
+                        r->window ? ", or a move would raise the minimum window "
+                                    "above the "
+                                  : "",
+                        r->window ? f : "", r->window ? " asked for" : "");
+    }
+  return 0;
+}
+
+/* The homes fit. A window of what the homes leave can still be too small to look ahead (all
+ * of a large model's state but a working set in the compute tier): while moving a block out
+ * lowers the bound, through the window it frees, move it. */
+static int widen_window(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
+                        uint64_t used[], struct tz_plan *scratch) {
+  int n = r->n_groups * TZ_PLAN_KINDS;
+  int8_t *before = malloc((size_t)n);
+  if (!before)
+    return tz_err_set(TZ_ENOMEM, "plan: no memory");
+  for (int moves = 0; moves < n; moves++) {
+    simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch);
+    double bound = scratch->bound_s;
+    uint64_t kept[TZ_PLAN_TIERS];
+    memcpy(before, tiers, (size_t)n);
+    memcpy(kept, used, sizeof kept);
+    if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, scratch))
+      break;
+    simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch);
+    if (!(scratch->bound_s < bound * (1 - 1e-9))) {
+      memcpy(tiers, before, (size_t)n);
+      memcpy(used, kept, sizeof kept);
+      break;
+    }
+  }
+  free(before);
+  return 0;
+}
+
+/* Moves blocks from host memory to nvme until host memory holds its homes; then checks nvme's. */
+static int fit_host_nvme(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
+                         uint64_t used[], struct tz_plan *scratch) {
+  char a[32], b[32], c[32];
+  while (used[TZ_PLAN_HOST] > r->capacity[TZ_PLAN_HOST])
+    if (!move_one(r, tiers, fixed, used, TZ_PLAN_HOST, scratch)) {
+      fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_HOST]);
+      fmt_bytes(b, sizeof b, used[TZ_PLAN_HOST] - r->capacity[TZ_PLAN_HOST]);
+      fmt_bytes(c, sizeof c, used[TZ_PLAN_HOST]);
+      return tz_err_set(TZ_ENOMEM,
+                        "plan: host memory's budget of %s is %s short: %s of state must "
+                        "live there (forced, or no room in nvme)",
+                        a, b, c);
+    }
+  if (used[TZ_PLAN_NVME] > r->capacity[TZ_PLAN_NVME]) {
+    fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_NVME]);
+    fmt_bytes(b, sizeof b, used[TZ_PLAN_NVME] - r->capacity[TZ_PLAN_NVME]);
+    fmt_bytes(c, sizeof c, used[TZ_PLAN_NVME]);
+    return tz_err_set(TZ_ENOMEM,
+                      "plan: nvme's budget of %s is %s short: %s of state is placed there%s", a, b,
+                      c, r->capacity[TZ_PLAN_NVME] ? "" : " (no nvme_path is configured)");
+  }
+  return 0;
+}
+
+/* Fills out with the placement `tiers` (out takes it) and its bound. */
+static void fill_plan(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
+                      const uint64_t used[], struct tz_plan *out) {
+  out->n_groups = r->n_groups;
+  out->tier = tiers;
+  for (int t = 0; t < TZ_PLAN_TIERS; t++) {
+    out->used[t] = used[t];
+    out->capacity[t] = r->capacity[t];
+  }
+  out->compute_fixed = r->compute_fixed;
+  out->min_window = min_window(r, out->tier);
+  out->window = window_for(r, used[TZ_PLAN_COMPUTE]);
+  for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
+    out->moves += !fixed[i] && out->tier[i] != TZ_PLAN_COMPUTE;
+  simulate(r, out->tier, out->window, out);
+}
+
 int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
   memset(out, 0, sizeof *out);
   TZ_CHECK(check_request(r));
@@ -664,134 +813,19 @@ int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
     free(fixed);
     return tz_err_set(TZ_ENOMEM, "plan: no memory");
   }
-  for (int i = 0; i < n; i++) {
-    int f = forced_tier(r, i);
-    if (f != TZ_PLAN_AUTO && (f < 0 || f >= TZ_PLAN_TIERS)) {
-      free(tiers);
-      free(fixed);
-      return tz_err_set(TZ_EINVAL, "plan: group %d %s forced to tier %d", i / TZ_PLAN_KINDS,
-                        kind_names[i % TZ_PLAN_KINDS], f);
-    }
-    fixed[i] = f != TZ_PLAN_AUTO;
-    tiers[i] = (int8_t)(fixed[i] ? f : TZ_PLAN_COMPUTE);
-  }
-  /* The window's minimum depends on the homes (blocks homed in the compute tier are used in
-   * place): least with every block the plan may move still in the compute tier (lo), largest
-   * with all of them out (hi). A window asked for below lo fits no placement; buffers plus hi
-   * (the least the compute tier needs, whatever is placed) beyond the capacity neither. */
-  uint64_t minw_lo = min_window(r, tiers), minw_hi = tz_plan_min_window(r), used[TZ_PLAN_TIERS];
-  uint64_t cap = r->capacity[TZ_PLAN_COMPUTE];
-  uint64_t least = r->compute_fixed + (r->window ? r->window : minw_hi);
-  int rc = 0;
-  char a[32], b[32], c[32], d[32];
-  if (r->window && r->window < minw_lo) {
-    fmt_bytes(a, sizeof a, r->window);
-    fmt_bytes(b, sizeof b, minw_lo - r->window);
-    fmt_bytes(c, sizeof c, minw_lo);
-    rc = tz_err_set(TZ_ENOMEM,
-                    "plan: the scheduler's window of %s is %s short of its minimum %s "
-                    "(the largest phase's blocks not homed in the compute tier, plus one chunk)",
-                    a, b, c);
-    goto out;
-  }
-  if (least > cap) {
-    fmt_bytes(a, sizeof a, cap);
-    fmt_bytes(b, sizeof b, least - cap);
-    fmt_bytes(c, sizeof c, r->compute_fixed);
-    fmt_bytes(d, sizeof d, least - r->compute_fixed);
-    rc = tz_err_set(TZ_ENOMEM,
-                    "plan: the compute tier's budget of %s is %s short of the minimum: "
-                    "%s for activations, gathered weights and full gradients, plus %s for the "
-                    "scheduler's window (%s)",
-                    a, b, c, d,
-                    r->window ? "the window asked for"
-                              : "the largest phase's blocks not forced into the compute tier, "
-                                "plus one chunk");
-    goto out;
-  }
-  account(r, tiers, used);
+  uint64_t used[TZ_PLAN_TIERS];
   struct tz_plan scratch;
-  memset(&scratch, 0, sizeof scratch);
-  while (compute_need(r, tiers, used[TZ_PLAN_COMPUTE]) > cap)
-    if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, &scratch)) {
-      uint64_t forced = 0, need = compute_need(r, tiers, used[TZ_PLAN_COMPUTE]);
-      for (int i = 0; i < n; i++)
-        if (fixed[i] && tiers[i] == TZ_PLAN_COMPUTE)
-          forced += block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
-      char e[32], f[32];
-      fmt_bytes(a, sizeof a, cap);
-      fmt_bytes(b, sizeof b, need - cap);
-      fmt_bytes(c, sizeof c, used[TZ_PLAN_COMPUTE]);
-      fmt_bytes(d, sizeof d, forced);
-      fmt_bytes(e, sizeof e, need - used[TZ_PLAN_COMPUTE]);
-      fmt_bytes(f, sizeof f, r->window);
-      rc = tz_err_set(TZ_ENOMEM,
-                      "plan: the compute tier's budget of %s is %s short: %s of state "
-                      "stays there (%s of it forced there) beside %s of buffers and minimum "
-                      "window, and host and nvme have no room to take more%s%s%s",
-                      a, b, c, d, e, r->window ? ", or a move would raise the minimum window "
-                      "above the " : "", r->window ? f : "", r->window ? " asked for" : "");
-      goto out;
-    }
-  /* The homes fit. A window of what the homes leave can still be too small to look ahead (all
-   * of a large model's state but a working set in the compute tier): while moving a block out
-   * lowers the bound, through the window it frees, move it. */
-  if (!r->window) {
-    int8_t *before = malloc((size_t)n);
-    if (!before) {
-      rc = tz_err_set(TZ_ENOMEM, "plan: no memory");
-      goto out;
-    }
-    for (int moves = 0; moves < n; moves++) {
-      simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), &scratch);
-      double bound = scratch.bound_s;
-      uint64_t kept[TZ_PLAN_TIERS];
-      memcpy(before, tiers, (size_t)n);
-      memcpy(kept, used, sizeof kept);
-      if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, &scratch))
-        break;
-      simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), &scratch);
-      if (!(scratch.bound_s < bound * (1 - 1e-9))) {
-        memcpy(tiers, before, (size_t)n);
-        memcpy(used, kept, sizeof kept);
-        break;
-      }
-    }
-    free(before);
-  }
-  while (used[TZ_PLAN_HOST] > r->capacity[TZ_PLAN_HOST])
-    if (!move_one(r, tiers, fixed, used, TZ_PLAN_HOST, &scratch)) {
-      fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_HOST]);
-      fmt_bytes(b, sizeof b, used[TZ_PLAN_HOST] - r->capacity[TZ_PLAN_HOST]);
-      fmt_bytes(c, sizeof c, used[TZ_PLAN_HOST]);
-      rc = tz_err_set(TZ_ENOMEM,
-                      "plan: host memory's budget of %s is %s short: %s of state must "
-                      "live there (forced, or no room in nvme)",
-                      a, b, c);
-      goto out;
-    }
-  if (used[TZ_PLAN_NVME] > r->capacity[TZ_PLAN_NVME]) {
-    fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_NVME]);
-    fmt_bytes(b, sizeof b, used[TZ_PLAN_NVME] - r->capacity[TZ_PLAN_NVME]);
-    fmt_bytes(c, sizeof c, used[TZ_PLAN_NVME]);
-    rc = tz_err_set(TZ_ENOMEM,
-                    "plan: nvme's budget of %s is %s short: %s of state is placed there%s", a, b, c,
-                    r->capacity[TZ_PLAN_NVME] ? "" : " (no nvme_path is configured)");
+  int rc;
+  if ((rc = start_homes(r, tiers, fixed)) < 0 || (rc = check_minimum(r, tiers)) < 0)
     goto out;
-  }
-  out->n_groups = r->n_groups;
-  out->tier = tiers;
+  account(r, tiers, used);
+  memset(&scratch, 0, sizeof scratch);
+  if ((rc = fit_compute(r, tiers, fixed, used, &scratch)) < 0 ||
+      (!r->window && (rc = widen_window(r, tiers, fixed, used, &scratch)) < 0) ||
+      (rc = fit_host_nvme(r, tiers, fixed, used, &scratch)) < 0)
+    goto out;
+  fill_plan(r, tiers, fixed, used, out);
   tiers = NULL;
-  for (int t = 0; t < TZ_PLAN_TIERS; t++) {
-    out->used[t] = used[t];
-    out->capacity[t] = r->capacity[t];
-  }
-  out->compute_fixed = r->compute_fixed;
-  out->min_window = min_window(r, out->tier);
-  out->window = window_for(r, used[TZ_PLAN_COMPUTE]);
-  for (int i = 0; i < n; i++)
-    out->moves += !fixed[i] && out->tier[i] != TZ_PLAN_COMPUTE;
-  simulate(r, out->tier, out->window, out);
 out:
   free(tiers);
   free(fixed);
