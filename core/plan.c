@@ -238,6 +238,274 @@ static double window_bound(const struct tz_plan_rates *rt, int n, const double *
   return compute_s + over;
 }
 
+/* The lanes through simulate's two steps: where each lane's last work ends, what it has done in
+ * the second step, and the arrays simulate allocates (sim_alloc). */
+struct sim {
+  const struct tz_plan_request *r;
+  const int8_t *tiers; /* the homes */
+  const struct tz_plan_rates *rt;
+  int n, unknown; /* phases in the step; some lane costed with an unknown rate */
+  /* How far ahead of phase p the window reaches: the most phases before p whose working sets fit
+   * beside p's (the order repeats across steps). */
+  int *ahead;
+  /* end[i]: where phase instance i's compute ends; end[2n + i]: where its write-backs end (its
+   * dirty copies hold their room in the window until then). */
+  double *end;
+  int *ints;            /* the window's next, slot, mark, id and at, and next_uses' scratch */
+  uint64_t *held_bytes; /* the window's bytes */
+  /* (nb each): when a home phase last wrote the block's home (a copy in starts after it), and
+   * when its last dirty copy reached its home (a home phase reading it starts after it). */
+  double *home_at, *back_at;
+  /* (n each, the second step's): each phase's bytes copied in for it, written back after it,
+   * and its time on the compute lane. */
+  double *ph_in, *ph_out, *ph_comp;
+  struct resident w;
+  double comp, lane[3], busy[3], compute_s;
+  double home, home_s;               /* the home lane: where its last phase ends, its busy time */
+  double coll;                       /* the comm's lane (overlapped collectives): where it ends */
+  double moved[TZ_PLAN_TIERS], link; /* link: bytes over the host link, a step */
+  double disk_r, disk_w;             /* bytes read from and written to nvme */
+};
+
+static void sim_free(struct sim *m) {
+  free(m->ph_in);
+  free(m->ahead);
+  free(m->end);
+  free(m->ints);
+  free(m->held_bytes);
+  free(m->home_at);
+}
+
+/* Allocates m's arrays and sets up its window (struct resident) with `room`; 0, or -1 with
+ * nothing allocated. */
+static int sim_alloc(struct sim *m, uint64_t room) {
+  int n = m->n, nb = m->r->n_groups * TZ_PLAN_KINDS;
+  m->ahead = malloc(sizeof *m->ahead * (size_t)n);
+  m->end = malloc(sizeof *m->end * (size_t)(4 * n));
+  m->ints = malloc(sizeof *m->ints * ((size_t)n * TZ_PLAN_MAX_USES + 5 * (size_t)nb));
+  m->held_bytes = malloc(sizeof *m->held_bytes * (size_t)nb);
+  m->home_at = calloc(2 * (size_t)nb, sizeof *m->home_at);
+  m->ph_in = calloc(3 * (size_t)n, sizeof *m->ph_in);
+  if (!m->ahead || !m->end || !m->ints || !m->held_bytes || !m->home_at || !m->ph_in) {
+    sim_free(m);
+    return -1;
+  }
+  m->back_at = m->home_at + nb;
+  m->ph_out = m->ph_in + n;
+  m->ph_comp = m->ph_out + n;
+  m->w = (struct resident){.n = n,
+                           .room = room,
+                           .next = m->ints,
+                           .slot = m->ints + (size_t)n * TZ_PLAN_MAX_USES,
+                           .bytes = m->held_bytes};
+  m->w.mark = m->w.slot + nb;
+  m->w.id = m->w.mark + nb;
+  m->w.at = m->w.id + nb;
+  next_uses(m->r, m->ints, m->w.at + nb);
+  for (int i = 0; i < nb; i++) {
+    m->w.slot[i] = -1;
+    m->w.mark[i] = 0;
+  }
+  return 0;
+}
+
+/* Fills m->ahead for a window of `room` and at most `cap` phases; returns the fewest. */
+static int sim_ahead(struct sim *m, uint64_t room, int cap) {
+  int n = m->n, fewest = cap;
+  for (int p = 0; p < n; p++) {
+    uint64_t sum = phase_ws(m->r, m->tiers, p);
+    int k = 0;
+    while (k < cap) {
+      uint64_t next = phase_ws(m->r, m->tiers, ((p - k - 1) % n + n) % n);
+      if (sum + next > room)
+        break;
+      sum += next;
+      k++;
+    }
+    m->ahead[p] = k;
+    if (k < fewest)
+      fewest = k;
+  }
+  return fewest;
+}
+
+/* Home phase p of step s, instance idx, entered at gate. */
+static void sim_home_phase(struct sim *m, int s, int p, int idx, double gate) {
+  const struct tz_plan_request *r = m->r;
+  const struct tz_plan_rates *rt = m->rt;
+  const struct tz_plan_phase *ph = &r->phases[p];
+  int n = m->n;
+  /* Entered as far ahead as a compute phase, after the previous step's compute (a folded
+   * update waits for its norm), and after the write-back of any dirty copy it uses. */
+  double start = max2(gate, s > 0 ? m->end[n - 1] : 0);
+  for (int u = 0; u < ph->n_uses; u++) {
+    int b = ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind;
+    if (m->tiers[b] != TZ_PLAN_COMPUTE)
+      start = max2(start, m->back_at[b]);
+  }
+  /* Sharing the compute lane's cores, the CPU's Adam is that lane's when not measured. */
+  double home_rate = rt->adam_home > 0 ? rt->adam_home : r->home_on_compute ? rt->adam : 0;
+  double d = cost(ph->flop, rt->flops, &m->unknown) + cost(ph->adam_elems, home_rate, &m->unknown);
+  double done;
+  if (r->home_on_compute) {
+    m->comp = max2(m->comp, start) + d;
+    done = m->comp;
+    if (s == 1) {
+      m->compute_s += d;
+      m->ph_comp[p] = d;
+    }
+  } else {
+    m->home = max2(m->home, start) + d;
+    done = m->home;
+    if (s == 1)
+      m->home_s += d;
+  }
+  /* What it writes is new at the home: a copy the window held is stale. */
+  for (int u = 0; u < ph->n_uses; u++) {
+    int b = ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind;
+    if (!(ph->uses[u].access & 2) || m->tiers[b] == TZ_PLAN_COMPUTE)
+      continue;
+    m->home_at[b] = done;
+    if (m->w.slot[b] >= 0)
+      resident_drop(&m->w, m->w.slot[b]);
+  }
+  m->end[idx] = m->comp;
+  m->end[2 * n + idx] = idx > 0 ? max2(m->comp, m->end[2 * n + idx - 1]) : m->comp;
+}
+
+/* The copies in for phase p of step s, instance idx, each issued once its room is free at
+ * room_at; returns when the last of them has arrived, or `ready` if later. */
+static double sim_copies_in(struct sim *m, int s, int p, int idx, double room_at, double ready) {
+  const struct tz_plan_request *r = m->r;
+  const struct tz_plan_rates *rt = m->rt;
+  const struct tz_plan_phase *ph = &r->phases[p];
+  /* The scheduler never evicts a copy for the phase that uses it. */
+  for (int u = 0; u < ph->n_uses; u++)
+    m->w.mark[ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind] = idx + 1;
+  for (int u = 0; u < ph->n_uses; u++) {
+    const struct tz_plan_use *x = &ph->uses[u];
+    int t = m->tiers[x->group * TZ_PLAN_KINDS + x->kind];
+    if (t == TZ_PLAN_COMPUTE) /* used in place */
+      continue;
+    /* Held by the window, or written first (placed, not filled): no copy in. */
+    if (resident_use(&m->w, r, p, u, idx) || !(x->access & 1))
+      continue;
+    double b = (double)r->bytes[x->group][x->kind];
+    double at = max2(room_at, m->home_at[x->group * TZ_PLAN_KINDS + x->kind]);
+    if (t == TZ_PLAN_NVME) {
+      double d = cost(b, rt->nvme_read, &m->unknown);
+      m->lane[LANE_NVME] = max2(m->lane[LANE_NVME], at) + d;
+      at = m->lane[LANE_NVME];
+      if (s == 1) {
+        m->busy[LANE_NVME] += d;
+        m->disk_r += b;
+      }
+    }
+    double d = cost(b, rt->copy_in, &m->unknown);
+    m->lane[LANE_IN] = max2(m->lane[LANE_IN], at) + d;
+    ready = max2(ready, m->lane[LANE_IN]);
+    if (s == 1) {
+      m->busy[LANE_IN] += d;
+      m->moved[t] += b;
+      m->link += b;
+      m->ph_in[p] += b;
+    }
+  }
+  return ready;
+}
+
+/* Phase p of step s, instance idx, on the compute lane once its inputs are ready. */
+static void sim_compute(struct sim *m, int s, int p, int idx, double ready) {
+  const struct tz_plan_rates *rt = m->rt;
+  const struct tz_plan_phase *ph = &m->r->phases[p];
+  int n = m->n;
+  double d = cost(ph->flop, rt->flops, &m->unknown) +
+             cost(ph->coll_bytes, rt->collective, &m->unknown) +
+             cost(ph->adam_elems, rt->adam, &m->unknown);
+  double start = max2(m->comp, ready);
+  m->comp = start + d;
+  /* Collectives issued at the start run beside the compute, one after the other on the
+   * comm's own lane, and the phase ends when both are done. */
+  if (ph->coll_async > 0) {
+    m->coll = max2(m->coll, start) + cost(ph->coll_async, rt->collective, &m->unknown);
+    m->comp = max2(m->comp, m->coll);
+  }
+  m->end[idx] = m->comp;
+  m->end[2 * n + idx] = idx > 0 ? max2(m->comp, m->end[2 * n + idx - 1]) : m->comp;
+  if (s == 1) {
+    m->compute_s += d;
+    m->ph_comp[p] = d;
+  }
+}
+
+/* The write-backs of phase p of step s, instance idx, after its compute. */
+static void sim_write_backs(struct sim *m, int s, int p, int idx) {
+  const struct tz_plan_request *r = m->r;
+  const struct tz_plan_rates *rt = m->rt;
+  const struct tz_plan_phase *ph = &r->phases[p];
+  int n = m->n;
+  for (int u = 0; u < ph->n_uses; u++) {
+    const struct tz_plan_use *x = &ph->uses[u];
+    int t = m->tiers[x->group * TZ_PLAN_KINDS + x->kind];
+    if (!(x->access & 2) || t == TZ_PLAN_COMPUTE) /* read only, or written in place */
+      continue;
+    double b = (double)r->bytes[x->group][x->kind];
+    double d2 = cost(b, rt->copy_out, &m->unknown);
+    m->lane[LANE_OUT] = max2(m->lane[LANE_OUT], m->comp) + d2;
+    m->back_at[x->group * TZ_PLAN_KINDS + x->kind] = m->lane[LANE_OUT];
+    if (s == 1) {
+      m->busy[LANE_OUT] += d2;
+      m->link += b;
+      m->ph_out[p] += b;
+    }
+    m->end[2 * n + idx] = max2(m->end[2 * n + idx], m->lane[LANE_OUT]);
+    if (t == TZ_PLAN_NVME) {
+      double d3 = cost(b, rt->nvme_write, &m->unknown);
+      m->lane[LANE_NVME] = max2(m->lane[LANE_NVME], m->lane[LANE_OUT]) + d3;
+      m->back_at[x->group * TZ_PLAN_KINDS + x->kind] = m->lane[LANE_NVME];
+      if (s == 1) {
+        m->busy[LANE_NVME] += d3;
+        m->disk_w += b;
+      }
+    }
+  }
+}
+
+/* Fills out's timing fields from the two steps simulated in m. */
+static void sim_bound(struct sim *m, uint64_t window, int fewest, struct tz_plan *out) {
+  const struct tz_plan_rates *rt = m->rt;
+  int n = m->n;
+  /* The second step's compute path, from the first one's last phase; and no step repeats faster
+   * than any lane can do its step's work. Write-backs left from one step overlap the next, so
+   * the out and nvme lanes count by their step's busy time: their end, measured from the first
+   * step's last phase, would carry the first step's backlog too. */
+  /* The disk reads and writes at once for as long as both have work (a virtual disk, or a
+   * drive's controller, moves less in both directions together than time-sharing it at the one-way
+   * rates would): the bytes both directions share at nvme_duplex, the rest at their own rate. */
+  if (rt->nvme_duplex > 0) {
+    double both = 2 * (m->disk_r < m->disk_w ? m->disk_r : m->disk_w);
+    double mixed = both / rt->nvme_duplex + cost(m->disk_r - both / 2, rt->nvme_read, &m->unknown) +
+                   cost(m->disk_w - both / 2, rt->nvme_write, &m->unknown);
+    m->busy[LANE_NVME] = max2(m->busy[LANE_NVME], mixed);
+  }
+  out->bound_s = max2(max2(m->end[2 * n - 1] - m->end[n - 1], m->home_s),
+                      max2(m->busy[LANE_IN], max2(m->busy[LANE_OUT], m->busy[LANE_NVME])));
+  /* The two directions share the host link (PCIe): together they move at most copy_duplex. */
+  if (rt->copy_duplex > 0)
+    out->bound_s = max2(out->bound_s, m->link / rt->copy_duplex);
+  out->path_s = out->bound_s;
+  out->link_s = window_bound(rt, n, m->ph_in, m->ph_out, m->ph_comp, m->compute_s, (double)window);
+  out->bound_s = max2(out->bound_s, out->link_s);
+  out->compute_s = m->compute_s;
+  for (int i = 0; i < 3; i++)
+    out->lane_s[i] = m->busy[i];
+  out->lane_s[3] = m->home_s;
+  for (int t = 0; t < TZ_PLAN_TIERS; t++)
+    out->moved[t] = m->moved[t];
+  out->lookahead = fewest;
+  out->unknown_rates = m->unknown;
+}
+
 /* Two steps over the lanes; the second step's duration is the bound. tiers: the homes. A block
  * not homed in the compute tier comes through the scheduler's window: a read of it costs a copy
  * in (and a read from nvme before) unless the window still holds it (struct resident, which
@@ -248,34 +516,14 @@ static double window_bound(const struct tz_plan_rates *rt, int n, const double *
  * whose held copies it makes stale. */
 static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint64_t window,
                      struct tz_plan *out) {
-  int n = r->n_phases, unknown = 0, nb = r->n_groups * TZ_PLAN_KINDS;
-  const struct tz_plan_rates *rt = &r->rates;
+  int n = r->n_phases;
   uint64_t chunk = round_up(r->chunk, r->align);
   uint64_t room = window > chunk ? window - chunk : 0;
   int cap = r->lookahead > 0 ? r->lookahead : n;
   if (cap > n)
     cap = n;
-  /* How far ahead of phase p the window reaches: the most phases before p whose working sets fit
-   * beside p's (the order repeats across steps). */
-  int *ahead = malloc(sizeof *ahead * (size_t)n);
-  /* end[i]: where phase instance i's compute ends; end[2n + i]: where its write-backs end (its
-   * dirty copies hold their room in the window until then). */
-  double *end = malloc(sizeof *end * (size_t)(4 * n));
-  int *ints = malloc(sizeof *ints * ((size_t)n * TZ_PLAN_MAX_USES + 5 * (size_t)nb));
-  uint64_t *held_bytes = malloc(sizeof *held_bytes * (size_t)nb);
-  /* (nb each): when a home phase last wrote the block's home (a copy in starts after it), and
-   * when its last dirty copy reached its home (a home phase reading it starts after it). */
-  double *home_at = calloc(2 * (size_t)nb, sizeof *home_at), *back_at = home_at + nb;
-  /* (n each, the second step's): each phase's bytes copied in for it, written back after it,
-   * and its time on the compute lane. */
-  double *ph_in = calloc(3 * (size_t)n, sizeof *ph_in), *ph_out = ph_in + n, *ph_comp = ph_out + n;
-  if (!ahead || !end || !ints || !held_bytes || !home_at || !ph_in) {
-    free(ph_in);
-    free(ahead);
-    free(end);
-    free(ints);
-    free(held_bytes);
-    free(home_at);
+  struct sim m = {.r = r, .tiers = tiers, .rt = &r->rates, .n = n};
+  if (sim_alloc(&m, room) < 0) {
     out->bound_s = out->compute_s = out->path_s = out->link_s = 0;
     for (int i = 0; i < TZ_PLAN_TIERS + 1; i++)
       out->lane_s[i] = 0;
@@ -285,195 +533,26 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
     out->unknown_rates = 1;
     return;
   }
-  struct resident w = {.n = n, .room = room, .next = ints,
-                       .slot = ints + (size_t)n * TZ_PLAN_MAX_USES, .bytes = held_bytes};
-  w.mark = w.slot + nb;
-  w.id = w.mark + nb;
-  w.at = w.id + nb;
-  next_uses(r, ints, w.at + nb);
-  for (int i = 0; i < nb; i++) {
-    w.slot[i] = -1;
-    w.mark[i] = 0;
-  }
-  int fewest = cap;
-  for (int p = 0; p < n; p++) {
-    uint64_t sum = phase_ws(r, tiers, p);
-    int k = 0;
-    while (k < cap) {
-      uint64_t next = phase_ws(r, tiers, ((p - k - 1) % n + n) % n);
-      if (sum + next > room)
-        break;
-      sum += next;
-      k++;
-    }
-    ahead[p] = k;
-    if (k < fewest)
-      fewest = k;
-  }
-  double comp = 0, lane[3] = {0, 0, 0}, busy[3] = {0, 0, 0}, compute_s = 0;
-  double home = 0, home_s = 0; /* the home lane: where its last phase ends, its busy time */
-  double coll = 0;              /* the comm's lane (overlapped collectives): where it ends */
-  double moved[TZ_PLAN_TIERS] = {0, 0, 0}, link = 0; /* link: bytes over the host link, a step */
-  double disk_r = 0, disk_w = 0;                       /* bytes read from and written to nvme */
+  int fewest = sim_ahead(&m, room, cap);
   for (int s = 0; s < 2; s++) {
     for (int p = 0; p < n; p++) {
-      const struct tz_plan_phase *ph = &r->phases[p];
       int idx = s * n + p;
-      int from = idx - ahead[p] - 1;
-      double gate = from >= 0 ? end[from] : 0, ready = gate;
+      int from = idx - m.ahead[p] - 1;
+      double gate = from >= 0 ? m.end[from] : 0, ready = gate;
       /* The room a copy in takes is freed by phase `from` once it has computed and its dirty
        * copies have been written back (the out lane is in order: the earlier ones' are back). */
-      double room_at = from >= 0 ? max2(gate, end[2 * n + from]) : 0;
-      if (ph->at_home) {
-        /* Entered as far ahead as a compute phase, after the previous step's compute (a folded
-         * update waits for its norm), and after the write-back of any dirty copy it uses. */
-        double start = max2(gate, s > 0 ? end[n - 1] : 0);
-        for (int u = 0; u < ph->n_uses; u++) {
-          int b = ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind;
-          if (tiers[b] != TZ_PLAN_COMPUTE)
-            start = max2(start, back_at[b]);
-        }
-        /* Sharing the compute lane's cores, the CPU's Adam is that lane's when not measured. */
-        double home_rate = rt->adam_home > 0 ? rt->adam_home : r->home_on_compute ? rt->adam : 0;
-        double d = cost(ph->flop, rt->flops, &unknown) + cost(ph->adam_elems, home_rate, &unknown);
-        double done;
-        if (r->home_on_compute) {
-          comp = max2(comp, start) + d;
-          done = comp;
-          if (s == 1) {
-            compute_s += d;
-            ph_comp[p] = d;
-          }
-        } else {
-          home = max2(home, start) + d;
-          done = home;
-          if (s == 1)
-            home_s += d;
-        }
-        /* What it writes is new at the home: a copy the window held is stale. */
-        for (int u = 0; u < ph->n_uses; u++) {
-          int b = ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind;
-          if (!(ph->uses[u].access & 2) || tiers[b] == TZ_PLAN_COMPUTE)
-            continue;
-          home_at[b] = done;
-          if (w.slot[b] >= 0)
-            resident_drop(&w, w.slot[b]);
-        }
-        end[idx] = comp;
-        end[2 * n + idx] = idx > 0 ? max2(comp, end[2 * n + idx - 1]) : comp;
+      double room_at = from >= 0 ? max2(gate, m.end[2 * n + from]) : 0;
+      if (r->phases[p].at_home) {
+        sim_home_phase(&m, s, p, idx, gate);
         continue;
       }
-      /* The scheduler never evicts a copy for the phase that uses it. */
-      for (int u = 0; u < ph->n_uses; u++)
-        w.mark[ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind] = idx + 1;
-      for (int u = 0; u < ph->n_uses; u++) {
-        const struct tz_plan_use *x = &ph->uses[u];
-        int t = tiers[x->group * TZ_PLAN_KINDS + x->kind];
-        if (t == TZ_PLAN_COMPUTE) /* used in place */
-          continue;
-        /* Held by the window, or written first (placed, not filled): no copy in. */
-        if (resident_use(&w, r, p, u, idx) || !(x->access & 1))
-          continue;
-        double b = (double)r->bytes[x->group][x->kind];
-        double at = max2(room_at, home_at[x->group * TZ_PLAN_KINDS + x->kind]);
-        if (t == TZ_PLAN_NVME) {
-          double d = cost(b, rt->nvme_read, &unknown);
-          lane[LANE_NVME] = max2(lane[LANE_NVME], at) + d;
-          at = lane[LANE_NVME];
-          if (s == 1) {
-            busy[LANE_NVME] += d;
-            disk_r += b;
-          }
-        }
-        double d = cost(b, rt->copy_in, &unknown);
-        lane[LANE_IN] = max2(lane[LANE_IN], at) + d;
-        ready = max2(ready, lane[LANE_IN]);
-        if (s == 1) {
-          busy[LANE_IN] += d;
-          moved[t] += b;
-          link += b;
-          ph_in[p] += b;
-        }
-      }
-      double d = cost(ph->flop, rt->flops, &unknown) +
-                 cost(ph->coll_bytes, rt->collective, &unknown) +
-                 cost(ph->adam_elems, rt->adam, &unknown);
-      double start = max2(comp, ready);
-      comp = start + d;
-      /* Collectives issued at the start run beside the compute, one after the other on the
-       * comm's own lane, and the phase ends when both are done. */
-      if (ph->coll_async > 0) {
-        coll = max2(coll, start) + cost(ph->coll_async, rt->collective, &unknown);
-        comp = max2(comp, coll);
-      }
-      end[idx] = comp;
-      end[2 * n + idx] = idx > 0 ? max2(comp, end[2 * n + idx - 1]) : comp;
-      if (s == 1) {
-        compute_s += d;
-        ph_comp[p] = d;
-      }
-      for (int u = 0; u < ph->n_uses; u++) {
-        const struct tz_plan_use *x = &ph->uses[u];
-        int t = tiers[x->group * TZ_PLAN_KINDS + x->kind];
-        if (!(x->access & 2) || t == TZ_PLAN_COMPUTE) /* read only, or written in place */
-          continue;
-        double b = (double)r->bytes[x->group][x->kind];
-        double d2 = cost(b, rt->copy_out, &unknown);
-        lane[LANE_OUT] = max2(lane[LANE_OUT], comp) + d2;
-        back_at[x->group * TZ_PLAN_KINDS + x->kind] = lane[LANE_OUT];
-        if (s == 1) {
-          busy[LANE_OUT] += d2;
-          link += b;
-          ph_out[p] += b;
-        }
-        end[2 * n + idx] = max2(end[2 * n + idx], lane[LANE_OUT]);
-        if (t == TZ_PLAN_NVME) {
-          double d3 = cost(b, rt->nvme_write, &unknown);
-          lane[LANE_NVME] = max2(lane[LANE_NVME], lane[LANE_OUT]) + d3;
-          back_at[x->group * TZ_PLAN_KINDS + x->kind] = lane[LANE_NVME];
-          if (s == 1) {
-            busy[LANE_NVME] += d3;
-            disk_w += b;
-          }
-        }
-      }
+      ready = sim_copies_in(&m, s, p, idx, room_at, ready);
+      sim_compute(&m, s, p, idx, ready);
+      sim_write_backs(&m, s, p, idx);
     }
   }
-  /* The second step's compute path, from the first one's last phase; and no step repeats faster
-   * than any lane can do its step's work. Write-backs left from one step overlap the next, so
-   * the out and nvme lanes count by their step's busy time: their end, measured from the first
-   * step's last phase, would carry the first step's backlog too. */
-  /* The disk reads and writes at once for as long as both have work (a virtual disk, or a
-   * drive's controller, moves less in both directions together than time-sharing it at the one-way
-   * rates would): the bytes both directions share at nvme_duplex, the rest at their own rate. */
-  if (rt->nvme_duplex > 0) {
-    double both = 2 * (disk_r < disk_w ? disk_r : disk_w);
-    double mixed = both / rt->nvme_duplex + cost(disk_r - both / 2, rt->nvme_read, &unknown) +
-                   cost(disk_w - both / 2, rt->nvme_write, &unknown);
-    busy[LANE_NVME] = max2(busy[LANE_NVME], mixed);
-  }
-  out->bound_s = max2(max2(end[2 * n - 1] - end[n - 1], home_s),
-                      max2(busy[LANE_IN], max2(busy[LANE_OUT], busy[LANE_NVME])));
-  /* The two directions share the host link (PCIe): together they move at most copy_duplex. */
-  if (rt->copy_duplex > 0)
-    out->bound_s = max2(out->bound_s, link / rt->copy_duplex);
-  out->path_s = out->bound_s;
-  out->link_s = window_bound(rt, n, ph_in, ph_out, ph_comp, compute_s, (double)window);
-  out->bound_s = max2(out->bound_s, out->link_s);
-  out->compute_s = compute_s;
-  for (int i = 0; i < 3; i++)
-    out->lane_s[i] = busy[i];
-  out->lane_s[3] = home_s;
-  for (int t = 0; t < TZ_PLAN_TIERS; t++)
-    out->moved[t] = moved[t];
-  out->lookahead = fewest;
-  out->unknown_rates = unknown;
-  free(ph_in);
-  free(ahead);
-  free(end);
-  free(ints);
-  free(held_bytes);
-  free(home_at);
+  sim_bound(&m, window, fewest, out);
+  sim_free(&m);
 }
 
 int tz_plan_bound(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,
@@ -575,6 +654,155 @@ static void fmt_bytes(char *buf, size_t len, uint64_t b) {
   tz_bytes_format(buf, len, (double)b, &tz_bytes_plan);
 }
 
+/* Sets every block's starting home: its forced tier, or the compute tier; fixed[i]: forced. */
+static int start_homes(const struct tz_plan_request *r, int8_t *tiers, int8_t *fixed) {
+  for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++) {
+    int f = forced_tier(r, i);
+    if (f != TZ_PLAN_AUTO && (f < 0 || f >= TZ_PLAN_TIERS))
+      return tz_err_set(TZ_EINVAL, "plan: group %d %s forced to tier %d", i / TZ_PLAN_KINDS,
+                        kind_names[i % TZ_PLAN_KINDS], f);
+    fixed[i] = f != TZ_PLAN_AUTO;
+    tiers[i] = (int8_t)(fixed[i] ? f : TZ_PLAN_COMPUTE);
+  }
+  return 0;
+}
+
+/* The window's minimum depends on the homes (blocks homed in the compute tier are used in
+ * place): least with every block the plan may move still in the compute tier (lo), largest
+ * with all of them out (hi). A window asked for below lo fits no placement; buffers plus hi
+ * (the least the compute tier needs, whatever is placed) beyond the capacity neither. tiers: the
+ * starting homes. */
+static int check_minimum(const struct tz_plan_request *r, const int8_t *tiers) {
+  uint64_t minw_lo = min_window(r, tiers), minw_hi = tz_plan_min_window(r);
+  uint64_t cap = r->capacity[TZ_PLAN_COMPUTE];
+  uint64_t least = r->compute_fixed + (r->window ? r->window : minw_hi);
+  char a[32], b[32], c[32], d[32];
+  if (r->window && r->window < minw_lo) {
+    fmt_bytes(a, sizeof a, r->window);
+    fmt_bytes(b, sizeof b, minw_lo - r->window);
+    fmt_bytes(c, sizeof c, minw_lo);
+    return tz_err_set(TZ_ENOMEM,
+                      "plan: the scheduler's window of %s is %s short of its minimum %s "
+                      "(the largest phase's blocks not homed in the compute tier, plus one chunk)",
+                      a, b, c);
+  }
+  if (least > cap) {
+    fmt_bytes(a, sizeof a, cap);
+    fmt_bytes(b, sizeof b, least - cap);
+    fmt_bytes(c, sizeof c, r->compute_fixed);
+    fmt_bytes(d, sizeof d, least - r->compute_fixed);
+    return tz_err_set(TZ_ENOMEM,
+                      "plan: the compute tier's budget of %s is %s short of the minimum: "
+                      "%s for activations, gathered weights and full gradients, plus %s for the "
+                      "scheduler's window (%s)",
+                      a, b, c, d,
+                      r->window ? "the window asked for"
+                                : "the largest phase's blocks not forced into the compute tier, "
+                                  "plus one chunk");
+  }
+  return 0;
+}
+
+/* Moves blocks out of the compute tier until it holds what the homes need (compute_need). */
+static int fit_compute(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
+                       uint64_t used[], struct tz_plan *scratch) {
+  uint64_t cap = r->capacity[TZ_PLAN_COMPUTE];
+  while (compute_need(r, tiers, used[TZ_PLAN_COMPUTE]) > cap)
+    if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, scratch)) {
+      uint64_t forced = 0, need = compute_need(r, tiers, used[TZ_PLAN_COMPUTE]);
+      for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
+        if (fixed[i] && tiers[i] == TZ_PLAN_COMPUTE)
+          forced += block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
+      char a[32], b[32], c[32], d[32], e[32], f[32];
+      fmt_bytes(a, sizeof a, cap);
+      fmt_bytes(b, sizeof b, need - cap);
+      fmt_bytes(c, sizeof c, used[TZ_PLAN_COMPUTE]);
+      fmt_bytes(d, sizeof d, forced);
+      fmt_bytes(e, sizeof e, need - used[TZ_PLAN_COMPUTE]);
+      fmt_bytes(f, sizeof f, r->window);
+      return tz_err_set(TZ_ENOMEM,
+                        "plan: the compute tier's budget of %s is %s short: %s of state "
+                        "stays there (%s of it forced there) beside %s of buffers and minimum "
+                        "window, and host and nvme have no room to take more%s%s%s",
+                        a, b, c, d, e,
+                        r->window ? ", or a move would raise the minimum window "
+                                    "above the "
+                                  : "",
+                        r->window ? f : "", r->window ? " asked for" : "");
+    }
+  return 0;
+}
+
+/* The homes fit. A window of what the homes leave can still be too small to look ahead (all
+ * of a large model's state but a working set in the compute tier): while moving a block out
+ * lowers the bound, through the window it frees, move it. */
+static int widen_window(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
+                        uint64_t used[], struct tz_plan *scratch) {
+  int n = r->n_groups * TZ_PLAN_KINDS;
+  int8_t *before = malloc((size_t)n);
+  if (!before)
+    return tz_err_set(TZ_ENOMEM, "plan: no memory");
+  for (int moves = 0; moves < n; moves++) {
+    simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch);
+    double bound = scratch->bound_s;
+    uint64_t kept[TZ_PLAN_TIERS];
+    memcpy(before, tiers, (size_t)n);
+    memcpy(kept, used, sizeof kept);
+    if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, scratch))
+      break;
+    simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch);
+    if (!(scratch->bound_s < bound * (1 - 1e-9))) {
+      memcpy(tiers, before, (size_t)n);
+      memcpy(used, kept, sizeof kept);
+      break;
+    }
+  }
+  free(before);
+  return 0;
+}
+
+/* Moves blocks from host memory to nvme until host memory holds its homes; then checks nvme's. */
+static int fit_host_nvme(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
+                         uint64_t used[], struct tz_plan *scratch) {
+  char a[32], b[32], c[32];
+  while (used[TZ_PLAN_HOST] > r->capacity[TZ_PLAN_HOST])
+    if (!move_one(r, tiers, fixed, used, TZ_PLAN_HOST, scratch)) {
+      fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_HOST]);
+      fmt_bytes(b, sizeof b, used[TZ_PLAN_HOST] - r->capacity[TZ_PLAN_HOST]);
+      fmt_bytes(c, sizeof c, used[TZ_PLAN_HOST]);
+      return tz_err_set(TZ_ENOMEM,
+                        "plan: host memory's budget of %s is %s short: %s of state must "
+                        "live there (forced, or no room in nvme)",
+                        a, b, c);
+    }
+  if (used[TZ_PLAN_NVME] > r->capacity[TZ_PLAN_NVME]) {
+    fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_NVME]);
+    fmt_bytes(b, sizeof b, used[TZ_PLAN_NVME] - r->capacity[TZ_PLAN_NVME]);
+    fmt_bytes(c, sizeof c, used[TZ_PLAN_NVME]);
+    return tz_err_set(TZ_ENOMEM,
+                      "plan: nvme's budget of %s is %s short: %s of state is placed there%s", a, b,
+                      c, r->capacity[TZ_PLAN_NVME] ? "" : " (no nvme_path is configured)");
+  }
+  return 0;
+}
+
+/* Fills out with the placement `tiers` (out takes it) and its bound. */
+static void fill_plan(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
+                      const uint64_t used[], struct tz_plan *out) {
+  out->n_groups = r->n_groups;
+  out->tier = tiers;
+  for (int t = 0; t < TZ_PLAN_TIERS; t++) {
+    out->used[t] = used[t];
+    out->capacity[t] = r->capacity[t];
+  }
+  out->compute_fixed = r->compute_fixed;
+  out->min_window = min_window(r, out->tier);
+  out->window = window_for(r, used[TZ_PLAN_COMPUTE]);
+  for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
+    out->moves += !fixed[i] && out->tier[i] != TZ_PLAN_COMPUTE;
+  simulate(r, out->tier, out->window, out);
+}
+
 int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
   memset(out, 0, sizeof *out);
   TZ_CHECK(check_request(r));
@@ -585,134 +813,19 @@ int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {
     free(fixed);
     return tz_err_set(TZ_ENOMEM, "plan: no memory");
   }
-  for (int i = 0; i < n; i++) {
-    int f = forced_tier(r, i);
-    if (f != TZ_PLAN_AUTO && (f < 0 || f >= TZ_PLAN_TIERS)) {
-      free(tiers);
-      free(fixed);
-      return tz_err_set(TZ_EINVAL, "plan: group %d %s forced to tier %d", i / TZ_PLAN_KINDS,
-                        kind_names[i % TZ_PLAN_KINDS], f);
-    }
-    fixed[i] = f != TZ_PLAN_AUTO;
-    tiers[i] = (int8_t)(fixed[i] ? f : TZ_PLAN_COMPUTE);
-  }
-  /* The window's minimum depends on the homes (blocks homed in the compute tier are used in
-   * place): least with every block the plan may move still in the compute tier (lo), largest
-   * with all of them out (hi). A window asked for below lo fits no placement; buffers plus hi
-   * (the least the compute tier needs, whatever is placed) beyond the capacity neither. */
-  uint64_t minw_lo = min_window(r, tiers), minw_hi = tz_plan_min_window(r), used[TZ_PLAN_TIERS];
-  uint64_t cap = r->capacity[TZ_PLAN_COMPUTE];
-  uint64_t least = r->compute_fixed + (r->window ? r->window : minw_hi);
-  int rc = 0;
-  char a[32], b[32], c[32], d[32];
-  if (r->window && r->window < minw_lo) {
-    fmt_bytes(a, sizeof a, r->window);
-    fmt_bytes(b, sizeof b, minw_lo - r->window);
-    fmt_bytes(c, sizeof c, minw_lo);
-    rc = tz_err_set(TZ_ENOMEM,
-                    "plan: the scheduler's window of %s is %s short of its minimum %s "
-                    "(the largest phase's blocks not homed in the compute tier, plus one chunk)",
-                    a, b, c);
-    goto out;
-  }
-  if (least > cap) {
-    fmt_bytes(a, sizeof a, cap);
-    fmt_bytes(b, sizeof b, least - cap);
-    fmt_bytes(c, sizeof c, r->compute_fixed);
-    fmt_bytes(d, sizeof d, least - r->compute_fixed);
-    rc = tz_err_set(TZ_ENOMEM,
-                    "plan: the compute tier's budget of %s is %s short of the minimum: "
-                    "%s for activations, gathered weights and full gradients, plus %s for the "
-                    "scheduler's window (%s)",
-                    a, b, c, d,
-                    r->window ? "the window asked for"
-                              : "the largest phase's blocks not forced into the compute tier, "
-                                "plus one chunk");
-    goto out;
-  }
-  account(r, tiers, used);
+  uint64_t used[TZ_PLAN_TIERS];
   struct tz_plan scratch;
-  memset(&scratch, 0, sizeof scratch);
-  while (compute_need(r, tiers, used[TZ_PLAN_COMPUTE]) > cap)
-    if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, &scratch)) {
-      uint64_t forced = 0, need = compute_need(r, tiers, used[TZ_PLAN_COMPUTE]);
-      for (int i = 0; i < n; i++)
-        if (fixed[i] && tiers[i] == TZ_PLAN_COMPUTE)
-          forced += block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
-      char e[32], f[32];
-      fmt_bytes(a, sizeof a, cap);
-      fmt_bytes(b, sizeof b, need - cap);
-      fmt_bytes(c, sizeof c, used[TZ_PLAN_COMPUTE]);
-      fmt_bytes(d, sizeof d, forced);
-      fmt_bytes(e, sizeof e, need - used[TZ_PLAN_COMPUTE]);
-      fmt_bytes(f, sizeof f, r->window);
-      rc = tz_err_set(TZ_ENOMEM,
-                      "plan: the compute tier's budget of %s is %s short: %s of state "
-                      "stays there (%s of it forced there) beside %s of buffers and minimum "
-                      "window, and host and nvme have no room to take more%s%s%s",
-                      a, b, c, d, e, r->window ? ", or a move would raise the minimum window "
-                      "above the " : "", r->window ? f : "", r->window ? " asked for" : "");
-      goto out;
-    }
-  /* The homes fit. A window of what the homes leave can still be too small to look ahead (all
-   * of a large model's state but a working set in the compute tier): while moving a block out
-   * lowers the bound, through the window it frees, move it. */
-  if (!r->window) {
-    int8_t *before = malloc((size_t)n);
-    if (!before) {
-      rc = tz_err_set(TZ_ENOMEM, "plan: no memory");
-      goto out;
-    }
-    for (int moves = 0; moves < n; moves++) {
-      simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), &scratch);
-      double bound = scratch.bound_s;
-      uint64_t kept[TZ_PLAN_TIERS];
-      memcpy(before, tiers, (size_t)n);
-      memcpy(kept, used, sizeof kept);
-      if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, &scratch))
-        break;
-      simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), &scratch);
-      if (!(scratch.bound_s < bound * (1 - 1e-9))) {
-        memcpy(tiers, before, (size_t)n);
-        memcpy(used, kept, sizeof kept);
-        break;
-      }
-    }
-    free(before);
-  }
-  while (used[TZ_PLAN_HOST] > r->capacity[TZ_PLAN_HOST])
-    if (!move_one(r, tiers, fixed, used, TZ_PLAN_HOST, &scratch)) {
-      fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_HOST]);
-      fmt_bytes(b, sizeof b, used[TZ_PLAN_HOST] - r->capacity[TZ_PLAN_HOST]);
-      fmt_bytes(c, sizeof c, used[TZ_PLAN_HOST]);
-      rc = tz_err_set(TZ_ENOMEM,
-                      "plan: host memory's budget of %s is %s short: %s of state must "
-                      "live there (forced, or no room in nvme)",
-                      a, b, c);
-      goto out;
-    }
-  if (used[TZ_PLAN_NVME] > r->capacity[TZ_PLAN_NVME]) {
-    fmt_bytes(a, sizeof a, r->capacity[TZ_PLAN_NVME]);
-    fmt_bytes(b, sizeof b, used[TZ_PLAN_NVME] - r->capacity[TZ_PLAN_NVME]);
-    fmt_bytes(c, sizeof c, used[TZ_PLAN_NVME]);
-    rc = tz_err_set(TZ_ENOMEM,
-                    "plan: nvme's budget of %s is %s short: %s of state is placed there%s", a, b, c,
-                    r->capacity[TZ_PLAN_NVME] ? "" : " (no nvme_path is configured)");
+  int rc;
+  if ((rc = start_homes(r, tiers, fixed)) < 0 || (rc = check_minimum(r, tiers)) < 0)
     goto out;
-  }
-  out->n_groups = r->n_groups;
-  out->tier = tiers;
+  account(r, tiers, used);
+  memset(&scratch, 0, sizeof scratch);
+  if ((rc = fit_compute(r, tiers, fixed, used, &scratch)) < 0 ||
+      (!r->window && (rc = widen_window(r, tiers, fixed, used, &scratch)) < 0) ||
+      (rc = fit_host_nvme(r, tiers, fixed, used, &scratch)) < 0)
+    goto out;
+  fill_plan(r, tiers, fixed, used, out);
   tiers = NULL;
-  for (int t = 0; t < TZ_PLAN_TIERS; t++) {
-    out->used[t] = used[t];
-    out->capacity[t] = r->capacity[t];
-  }
-  out->compute_fixed = r->compute_fixed;
-  out->min_window = min_window(r, out->tier);
-  out->window = window_for(r, used[TZ_PLAN_COMPUTE]);
-  for (int i = 0; i < n; i++)
-    out->moves += !fixed[i] && out->tier[i] != TZ_PLAN_COMPUTE;
-  simulate(r, out->tier, out->window, out);
 out:
   free(tiers);
   free(fixed);
