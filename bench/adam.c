@@ -143,7 +143,7 @@ static int parse(int argc, char **argv, struct opts *o) {
 #define NEED_VALUE()                                                                               \
   do {                                                                                             \
     if (!val) {                                                                                    \
-      fprintf(stderr, "tz-bench adam: %s needs a value\n", a);                                    \
+      fprintf(stderr, "tz-bench adam: %s needs a value\n", a);                                     \
       return 2;                                                                                    \
     }                                                                                              \
     i++;                                                                                           \
@@ -282,10 +282,15 @@ struct result {
 };
 
 static int measure(const struct opts *o, const struct arrays *a, int threads, struct result *r) {
-  struct tz_adam_cpu_opts ko = {.threads = threads, .path = o->path, .cpus = o->cpus,
-                                .ncpus = o->ncpus};
-  struct tz_adam_params hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                              .weight_decay = 0.01f, .decoupled = 1, .grad_scale = 1.0f};
+  struct tz_adam_cpu_opts ko = {
+      .threads = threads, .path = o->path, .cpus = o->cpus, .ncpus = o->ncpus};
+  struct tz_adam_params hp = {.lr = 1e-3f,
+                              .beta1 = 0.9f,
+                              .beta2 = 0.999f,
+                              .eps = 1e-8f,
+                              .weight_decay = 0.01f,
+                              .decoupled = 1,
+                              .grad_scale = 1.0f};
   double *ta = calloc((size_t)o->reps, sizeof *ta), *tc = calloc((size_t)o->reps, sizeof *tc);
   double *tr = calloc((size_t)o->reps, sizeof *tr);
   if (!ta || !tc || !tr) {
@@ -332,8 +337,8 @@ static int run_cpu(const struct opts *o) {
     fprintf(stderr, "tz-bench adam: this CPU lacks the %s path\n", tz_adam_cpu_path_name(path));
     return 77;
   }
-  struct tz_adam_cpu_opts all = {.threads = o->threads, .path = o->path, .cpus = o->cpus,
-                                 .ncpus = o->ncpus};
+  struct tz_adam_cpu_opts all = {
+      .threads = o->threads, .path = o->path, .cpus = o->cpus, .ncpus = o->ncpus};
   struct arrays a = {0};
   int rc = arrays_create(&a, o, &all);
   if (rc) {
@@ -351,10 +356,11 @@ static int run_cpu(const struct opts *o) {
            tz_adam_cpu_path_name(path), o->n, tz_dtype_name(o->gdt),
            o->has_copy ? tz_dtype_name(o->cdt) : "none");
     printf("  %zu bytes/param counted: read master 4 + grad %zu + m 4 + v 4, write master 4 + m 4 "
-           "+ v 4 + copy %zu\n", bpp, tz_dtype_size(o->gdt),
-           o->has_copy ? tz_dtype_size(o->cdt) : 0);
+           "+ v 4 + copy %zu\n",
+           bpp, tz_dtype_size(o->gdt), o->has_copy ? tz_dtype_size(o->cdt) : 0);
     printf("  ceiling: the same loads and stores with no arithmetic, same threads, interleaved; "
-           "medians of %d (ratio: of the back-to-back pairs)\n", o->reps);
+           "medians of %d (ratio: of the back-to-back pairs)\n",
+           o->reps);
     printf("  %7s %10s %9s %14s %9s %7s\n", "threads", "Gparam/s", "GB/s", "ceiling GB/s",
            "Gparam/s", "ratio");
   }
@@ -372,19 +378,19 @@ static int run_cpu(const struct opts *o) {
              "\"gparams_per_s\":%.4f,\"gbps\":%.3f,\"ceiling\":%.3f,"
              "\"ceiling_gparams_per_s\":%.4f,\"ratio\":%.4f}\n",
              tz_adam_cpu_path_name(path), t, o->n, tz_dtype_name(o->gdt),
-             o->has_copy ? tz_dtype_name(o->cdt) : "none", bpp, r.adam_s, gp,
-             gp * (double)bpp, cgp * (double)bpp, cgp, ratio);
-    else
-      printf("  %7d %10.3f %9.2f %14.2f %9.3f %7.3f\n", t, gp, gp * (double)bpp,
+             o->has_copy ? tz_dtype_name(o->cdt) : "none", bpp, r.adam_s, gp, gp * (double)bpp,
              cgp * (double)bpp, cgp, ratio);
+    else
+      printf("  %7d %10.3f %9.2f %14.2f %9.3f %7.3f\n", t, gp, gp * (double)bpp, cgp * (double)bpp,
+             cgp, ratio);
     fflush(stdout);
     last = r;
     if (t >= o->threads)
       break;
   }
   if (rc == 0 && !o->json)
-    printf("  all %d threads: %.3f of the ceiling (target >= 0.90)%s\n", last.threads,
-           last.ratio, last.ratio < 0.90 ? ": BELOW TARGET" : "");
+    printf("  all %d threads: %.3f of the ceiling (target >= 0.90)%s\n", last.threads, last.ratio,
+           last.ratio < 0.90 ? ": BELOW TARGET" : "");
   if (rc)
     fprintf(stderr, "tz-bench adam: %s\n", tz_err_msg());
   arrays_destroy(&a);
@@ -392,8 +398,13 @@ static int run_cpu(const struct opts *o) {
 }
 
 int tz_bench_adam(int argc, char **argv) {
-  struct opts o = {.reps = 5, .n = (size_t)64 << 20, .gpu_n = (size_t)256 << 20, .gdt = TZ_F32,
-                   .cdt = TZ_BF16, .has_copy = 1, .path = TZ_ADAM_CPU_AUTO};
+  struct opts o = {.reps = 5,
+                   .n = (size_t)64 << 20,
+                   .gpu_n = (size_t)256 << 20,
+                   .gdt = TZ_F32,
+                   .cdt = TZ_BF16,
+                   .has_copy = 1,
+                   .path = TZ_ADAM_CPU_AUTO};
   int rc = parse(argc, argv, &o);
   if (rc) {
     free(o.cpus);

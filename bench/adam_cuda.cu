@@ -16,7 +16,7 @@ extern "C" {
   do {                                                                                             \
     cudaError_t e_ = (call);                                                                       \
     if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "tz-bench adam: %s: %s\n", #call, cudaGetErrorString(e_));                 \
+      fprintf(stderr, "tz-bench adam: %s: %s\n", #call, cudaGetErrorString(e_));                   \
       rc = 1;                                                                                      \
       goto out;                                                                                    \
     }                                                                                              \
@@ -118,8 +118,8 @@ extern "C" int tz_bench_adam_gpu(size_t n, enum tz_dtype gdt, int has_copy, enum
       printf("{\"bench\":\"adam\",\"device\":\"gpu\",\"name\":\"%s\",\"n\":%zu,\"grad\":\"%s\","
              "\"copy\":\"%s\",\"bytes_per_param\":%zu,\"seconds\":%.6f,\"gparams_per_s\":%.3f,"
              "\"gbps\":%.1f,\"ceiling\":%.1f,\"ratio\":%.4f}\n",
-             prop.name, n, tz_dtype_name(gdt), has_copy ? tz_dtype_name(cdt) : "none", bpp, sa,
-             gp, gbps, copy_gbps, ratio);
+             prop.name, n, tz_dtype_name(gdt), has_copy ? tz_dtype_name(cdt) : "none", bpp, sa, gp,
+             gbps, copy_gbps, ratio);
     else
       printf("tz-bench adam --gpu: %s, %zu params, grad %s, copy %s, %zu bytes/param, median of "
              "%d\n  adam %.2f Gparam/s, %.1f GB/s; device-to-device copy %.1f GB/s (read + "

@@ -8,11 +8,11 @@
 
 #include "core/dtype.h"
 
-int tz_bench_tiers(int argc, char **argv);   /* bench/tiers.c */
-int tz_bench_adam(int argc, char **argv);    /* bench/adam.c */
+int tz_bench_tiers(int argc, char **argv);       /* bench/tiers.c */
+int tz_bench_adam(int argc, char **argv);        /* bench/adam.c */
 int tz_bench_collectives(int argc, char **argv); /* bench/collectives.c */
-int tz_bench_layer(int argc, char **argv);   /* bench/layer.c */
-int tz_bench_prefetch(int argc, char **argv); /* bench/prefetch.c */
+int tz_bench_layer(int argc, char **argv);       /* bench/layer.c */
+int tz_bench_prefetch(int argc, char **argv);    /* bench/prefetch.c */
 
 /* bench/adam_cuda.cu, CUDA builds only (weak, so bench/adam.c links without it): GPU Adam on n
  * parameters against device-to-device copy bandwidth; prints a line (or a JSON object). Returns

@@ -21,19 +21,20 @@ enum { OP_AG, OP_RS };
 static const char *const op_names[] = {"all_gather", "reduce_scatter"};
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: tz-bench collectives [--backend mpi|nccl] [--nproc N] [--min BYTES] [--max BYTES]\n"
-          "                            [--reps N] [--dtype f32|bf16] [--json]\n"
-          "  All-gather and reduce-scatter bus bandwidth through tz_comm beside MPI_Allgather /\n"
-          "  MPI_Reduce_scatter_block or ncclAllGather / ncclReduceScatter called directly on the\n"
-          "  same communicator. Run with mpirun -np N, with torchrun-style variables, or with\n"
-          "  --nproc N (nccl: one worker per GPU).\n"
-          "  --backend B   mpi or nccl (default: nccl where there is a GPU, else mpi)\n"
-          "  --nproc N     start N workers on this machine (nccl)\n"
-          "  --min --max   size range, doubling (default 1M..1G for nccl, 1M..64M for mpi)\n"
-          "  --reps N      interleaved repetitions; the median is kept (default 5)\n"
-          "  --dtype D     reduce-scatter payload (default f32)\n"
-          "  --json        one JSON object per row\n");
+  fprintf(
+      f,
+      "usage: tz-bench collectives [--backend mpi|nccl] [--nproc N] [--min BYTES] [--max BYTES]\n"
+      "                            [--reps N] [--dtype f32|bf16] [--json]\n"
+      "  All-gather and reduce-scatter bus bandwidth through tz_comm beside MPI_Allgather /\n"
+      "  MPI_Reduce_scatter_block or ncclAllGather / ncclReduceScatter called directly on the\n"
+      "  same communicator. Run with mpirun -np N, with torchrun-style variables, or with\n"
+      "  --nproc N (nccl: one worker per GPU).\n"
+      "  --backend B   mpi or nccl (default: nccl where there is a GPU, else mpi)\n"
+      "  --nproc N     start N workers on this machine (nccl)\n"
+      "  --min --max   size range, doubling (default 1M..1G for nccl, 1M..64M for mpi)\n"
+      "  --reps N      interleaved repetitions; the median is kept (default 5)\n"
+      "  --dtype D     reduce-scatter payload (default f32)\n"
+      "  --json        one JSON object per row\n");
 }
 
 static int wait_last(tz_fence *last, int rc) {
@@ -79,11 +80,15 @@ int tz_bench_collectives(int argc, char **argv) {
   const char *backend = NULL, *dtype = "f32";
   int nproc = 0, reps = 5, json = 0;
   uint64_t min = 1 << 20, max = 0;
-  static const struct option longopts[] = {
-    {"backend", required_argument, 0, 'B'}, {"nproc", required_argument, 0, 'n'},
-    {"min", required_argument, 0, 'a'}, {"max", required_argument, 0, 'b'},
-    {"reps", required_argument, 0, 'r'}, {"dtype", required_argument, 0, 'd'},
-    {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  static const struct option longopts[] = {{"backend", required_argument, 0, 'B'},
+                                           {"nproc", required_argument, 0, 'n'},
+                                           {"min", required_argument, 0, 'a'},
+                                           {"max", required_argument, 0, 'b'},
+                                           {"reps", required_argument, 0, 'r'},
+                                           {"dtype", required_argument, 0, 'd'},
+                                           {"json", no_argument, 0, 'j'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
   int ch;
   optind = 1;
   while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -222,8 +227,8 @@ int tz_bench_collectives(int argc, char **argv) {
                "\"direct_busbw_gbps\":%.4f,\"ratio\":%.4f}\n",
                backend, op_names[op], P, op == OP_AG ? "u8" : dtype, bytes, iters, o, d, ratio);
       else
-        printf("%-15s %9.1fM %6d %12.2f %12.2f %7.3f\n", op_names[op], bytes / (1 << 20), iters,
-               o, d, ratio);
+        printf("%-15s %9.1fM %6d %12.2f %12.2f %7.3f\n", op_names[op], bytes / (1 << 20), iters, o,
+               d, ratio);
       fflush(stdout);
     }
   }

@@ -88,10 +88,10 @@ static void teardown(void *ctx) {
 }
 
 static const struct tz_bench_coll_direct nccl_direct = {
-  .setup = setup,
-  .all_gather = all_gather,
-  .reduce_scatter = reduce_scatter,
-  .teardown = teardown,
+    .setup = setup,
+    .all_gather = all_gather,
+    .reduce_scatter = reduce_scatter,
+    .teardown = teardown,
 };
 
 const struct tz_bench_coll_direct *tz_bench_coll_direct_nccl(void) { return &nccl_direct; }

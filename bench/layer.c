@@ -92,12 +92,11 @@ static int layer_alloc(tz_compute *cm, const struct tz_model_config *cfg, const 
 
 static int attn_step(tz_compute *cm, const struct opts *o, struct tz_layer_probe *l) {
   int D = o->C / o->H;
-  TZ_CHECK(tz_compute_attention_fwd(cm, l->acts.att, l->acts.lse, l->acts.q, l->acts.k,
-                                    l->acts.v, o->B, o->T, o->H, o->Hkv, D));
-  return tz_compute_attention_bwd(cm, l->scratch.dq, l->scratch.dk, l->scratch.dv,
-                                  l->scratch.delta, l->scratch.datt, l->acts.q, l->acts.k,
-                                  l->acts.v, l->acts.att, l->acts.lse, o->B, o->T, o->H, o->Hkv,
-                                  D);
+  TZ_CHECK(tz_compute_attention_fwd(cm, l->acts.att, l->acts.lse, l->acts.q, l->acts.k, l->acts.v,
+                                    o->B, o->T, o->H, o->Hkv, D));
+  return tz_compute_attention_bwd(cm, l->scratch.dq, l->scratch.dk, l->scratch.dv, l->scratch.delta,
+                                  l->scratch.datt, l->acts.q, l->acts.k, l->acts.v, l->acts.att,
+                                  l->acts.lse, o->B, o->T, o->H, o->Hkv, D);
 }
 
 /* What a timed step runs. */
@@ -112,10 +111,8 @@ struct step {
 
 static int step_run(const struct step *s) {
   switch (s->which) {
-  case 0:
-    return tz_layer_probe_step(s->cm, s->cfg, s->l, 0);
-  case 1:
-    return attn_step(s->cm, s->o, s->l);
+  case 0: return tz_layer_probe_step(s->cm, s->cfg, s->l, 0);
+  case 1: return attn_step(s->cm, s->o, s->l);
   default: {
     int n = s->o->gemm;
     return tz_compute_matmul(s->cm, 0, 0, n, n, n, 1.0f, s->A, n, s->B, n, 0.0f, s->C, TZ_BF16, n);
@@ -214,9 +211,15 @@ static void row(const char *name, double ours, double theirs, int is_time, const
 }
 
 static int bench(const struct opts *o) {
-  struct tz_model_config cfg = {.d_model = o->C, .n_layer = 1, .n_head = o->H,
-                                .n_kv_head = o->Hkv, .ffn_dim = o->F, .vocab = 256,
-                                .max_seq = o->T, .rope_theta = 10000.0, .norm_eps = 1e-5,
+  struct tz_model_config cfg = {.d_model = o->C,
+                                .n_layer = 1,
+                                .n_head = o->H,
+                                .n_kv_head = o->Hkv,
+                                .ffn_dim = o->F,
+                                .vocab = 256,
+                                .max_seq = o->T,
+                                .rope_theta = 10000.0,
+                                .norm_eps = 1e-5,
                                 .tie_embeddings = 1};
   TZ_CHECK(tz_model_config_check(&cfg));
   struct tz_compute_params p;
@@ -358,20 +361,36 @@ int tz_bench_layer(int argc, char **argv) {
              "/tools/bench_layer_torch.py");
   else
     snprintf(script, sizeof script, "tools/bench_layer_torch.py");
-  struct opts o = {.C = 4096, .F = 11008, .H = 32, .Hkv = 32, .T = 2048, .B = 4, .iters = 10,
-                   .warmup = 3, .torch = 1, .json = 0, .gemm = 8192, .G = TZ_BF16,
+  struct opts o = {.C = 4096,
+                   .F = 11008,
+                   .H = 32,
+                   .Hkv = 32,
+                   .T = 2048,
+                   .B = 4,
+                   .iters = 10,
+                   .warmup = 3,
+                   .torch = 1,
+                   .json = 0,
+                   .gemm = 8192,
+                   .G = TZ_BF16,
                    .python = "python3",
                    .script = script};
-  static const struct option longopts[] = {
-      {"d-model", required_argument, 0, 'c'}, {"ffn", required_argument, 0, 'f'},
-      {"heads", required_argument, 0, 'H'},   {"kv-heads", required_argument, 0, 'K'},
-      {"seq", required_argument, 0, 't'},     {"batch", required_argument, 0, 'b'},
-      {"iters", required_argument, 0, 'i'},   {"warmup", required_argument, 0, 'w'},
-      {"grad-dtype", required_argument, 0, 'g'}, {"python", required_argument, 0, 'p'},
-      {"torch-script", required_argument, 0, 's'}, {"no-torch", no_argument, 0, 'n'},
-      {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
-      {"gemm-size", required_argument, 0, 'm'},
-      {0, 0, 0, 0}};
+  static const struct option longopts[] = {{"d-model", required_argument, 0, 'c'},
+                                           {"ffn", required_argument, 0, 'f'},
+                                           {"heads", required_argument, 0, 'H'},
+                                           {"kv-heads", required_argument, 0, 'K'},
+                                           {"seq", required_argument, 0, 't'},
+                                           {"batch", required_argument, 0, 'b'},
+                                           {"iters", required_argument, 0, 'i'},
+                                           {"warmup", required_argument, 0, 'w'},
+                                           {"grad-dtype", required_argument, 0, 'g'},
+                                           {"python", required_argument, 0, 'p'},
+                                           {"torch-script", required_argument, 0, 's'},
+                                           {"no-torch", no_argument, 0, 'n'},
+                                           {"json", no_argument, 0, 'j'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {"gemm-size", required_argument, 0, 'm'},
+                                           {0, 0, 0, 0}};
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {

@@ -31,25 +31,26 @@ struct opts {
 };
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: tz-bench prefetch [--layers L] [--block BYTES] [--compute-ms X] [--home host|nvme]\n"
-          "                         [--path DIR] [--steps N] [--lookahead K] [--budget BYTES]\n"
-          "                         [--checksum on|off] [--lane cpu|gpu] [--trace FILE] [--json]\n"
-          "  L layers of one block each in the home tier; a phase per layer computes for X ms on\n"
-          "  the compute lane while the scheduler brings the next layers in.\n"
-          "  --layers L      layers (default 16)\n"
-          "  --block BYTES   bytes per layer (default 8M)\n"
-          "  --compute-ms X  compute time per phase (default 10)\n"
-          "  --home KIND     host or nvme (default nvme; host with --lane gpu)\n"
-          "  --path DIR      directory for the nvme file (default /var/tmp)\n"
-          "  --steps N       steps; the first is the cold start (default 6)\n"
-          "  --lookahead K   phases brought in ahead (default 2)\n"
-          "  --budget BYTES  compute-tier budget (default: K+1 layers and one chunk)\n"
-          "  --checksum X    nvme: verify a crc32c of every read on the progress engine (default on)\n"
-          "  --lane KIND     cpu: a busy loop on a CPU lane, compute tier in host memory; gpu: a\n"
-          "                  spin kernel on a CUDA stream, compute tier in GPU 0's memory, host\n"
-          "                  home only (default gpu where a GPU is present)\n"
-          "  --trace FILE    Chrome/Perfetto trace of the last step\n");
+  fprintf(
+      f,
+      "usage: tz-bench prefetch [--layers L] [--block BYTES] [--compute-ms X] [--home host|nvme]\n"
+      "                         [--path DIR] [--steps N] [--lookahead K] [--budget BYTES]\n"
+      "                         [--checksum on|off] [--lane cpu|gpu] [--trace FILE] [--json]\n"
+      "  L layers of one block each in the home tier; a phase per layer computes for X ms on\n"
+      "  the compute lane while the scheduler brings the next layers in.\n"
+      "  --layers L      layers (default 16)\n"
+      "  --block BYTES   bytes per layer (default 8M)\n"
+      "  --compute-ms X  compute time per phase (default 10)\n"
+      "  --home KIND     host or nvme (default nvme; host with --lane gpu)\n"
+      "  --path DIR      directory for the nvme file (default /var/tmp)\n"
+      "  --steps N       steps; the first is the cold start (default 6)\n"
+      "  --lookahead K   phases brought in ahead (default 2)\n"
+      "  --budget BYTES  compute-tier budget (default: K+1 layers and one chunk)\n"
+      "  --checksum X    nvme: verify a crc32c of every read on the progress engine (default on)\n"
+      "  --lane KIND     cpu: a busy loop on a CPU lane, compute tier in host memory; gpu: a\n"
+      "                  spin kernel on a CUDA stream, compute tier in GPU 0's memory, host\n"
+      "                  home only (default gpu where a GPU is present)\n"
+      "  --trace FILE    Chrome/Perfetto trace of the last step\n");
 }
 
 static int spin(void *arg) {
@@ -132,16 +133,27 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int tz_bench_prefetch(int argc, char **argv) {
-  struct opts o = {.layers = 16, .steps = 6, .lookahead = 2, .block = 8ull << 20,
-                   .compute_ms = 10, .path = "/var/tmp", .checksum = -1};
-  static const struct option longopts[] = {
-    {"layers", required_argument, 0, 'L'}, {"block", required_argument, 0, 'b'},
-    {"compute-ms", required_argument, 0, 'c'}, {"home", required_argument, 0, 'H'},
-    {"path", required_argument, 0, 'p'}, {"steps", required_argument, 0, 's'},
-    {"lookahead", required_argument, 0, 'k'}, {"budget", required_argument, 0, 'B'},
-    {"trace", required_argument, 0, 't'}, {"json", no_argument, 0, 'j'},
-    {"checksum", required_argument, 0, 'C'}, {"lane", required_argument, 0, 'g'},
-    {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  struct opts o = {.layers = 16,
+                   .steps = 6,
+                   .lookahead = 2,
+                   .block = 8ull << 20,
+                   .compute_ms = 10,
+                   .path = "/var/tmp",
+                   .checksum = -1};
+  static const struct option longopts[] = {{"layers", required_argument, 0, 'L'},
+                                           {"block", required_argument, 0, 'b'},
+                                           {"compute-ms", required_argument, 0, 'c'},
+                                           {"home", required_argument, 0, 'H'},
+                                           {"path", required_argument, 0, 'p'},
+                                           {"steps", required_argument, 0, 's'},
+                                           {"lookahead", required_argument, 0, 'k'},
+                                           {"budget", required_argument, 0, 'B'},
+                                           {"trace", required_argument, 0, 't'},
+                                           {"json", no_argument, 0, 'j'},
+                                           {"checksum", required_argument, 0, 'C'},
+                                           {"lane", required_argument, 0, 'g'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -157,7 +169,9 @@ int tz_bench_prefetch(int argc, char **argv) {
     case 't': o.trace = optarg; break;
     case 'j': o.json = 1; break;
     case 'g': o.lane = optarg; break;
-    case 'C': o.checksum = strcmp(optarg, "on") == 0 ? 1 : strcmp(optarg, "off") == 0 ? 0 : -2; break;
+    case 'C':
+      o.checksum = strcmp(optarg, "on") == 0 ? 1 : strcmp(optarg, "off") == 0 ? 0 : -2;
+      break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -180,8 +194,7 @@ int tz_bench_prefetch(int argc, char **argv) {
     o.home = gpu ? "host" : "nvme";
   int nvme = strcmp(o.home, "nvme") == 0;
   if (o.layers < 1 || o.steps < 2 || o.lookahead < 0 || !o.block || o.compute_ms < 0 ||
-      o.checksum == -2 ||
-      (!nvme && strcmp(o.home, "host") != 0)) {
+      o.checksum == -2 || (!nvme && strcmp(o.home, "host") != 0)) {
     usage(stderr);
     return 2;
   }
@@ -195,7 +208,7 @@ int tz_bench_prefetch(int argc, char **argv) {
   tz_extent *homes = calloc((size_t)o.layers, sizeof *homes);
   struct tz_phase_decl *ph = calloc((size_t)o.layers, sizeof *ph);
   struct tz_block_use *uses = calloc((size_t)o.layers, sizeof *uses);
-  char (*names)[24] = calloc((size_t)o.layers, sizeof *names);
+  char(*names)[24] = calloc((size_t)o.layers, sizeof *names);
   int rc = 1;
   if (!homes || !ph || !uses || !names || tz_runtime_create(NULL, &rt) < 0)
     goto fail;
@@ -228,7 +241,8 @@ int tz_bench_prefetch(int argc, char **argv) {
   for (uint64_t i = 0; i < block; i++)
     fill[i] = (unsigned char)(i * 131 + 7);
   for (int l = 0; l < o.layers; l++)
-    if (tz_tier_alloc(home, block, &homes[l]) < 0 || tz_tier_write_sync(&homes[l], 0, fill, block) < 0) {
+    if (tz_tier_alloc(home, block, &homes[l]) < 0 ||
+        tz_tier_write_sync(&homes[l], 0, fill, block) < 0) {
       free(fill);
       goto fail;
     }
@@ -306,8 +320,8 @@ int tz_bench_prefetch(int argc, char **argv) {
   }
   qsort(steady, (size_t)n_steady, sizeof *steady, cmp_double);
   qsort(ratio_run, (size_t)n_steady, sizeof *ratio_run, cmp_double);
-  double median = n_steady % 2 ? steady[n_steady / 2]
-                               : 0.5 * (steady[n_steady / 2 - 1] + steady[n_steady / 2]);
+  double median =
+      n_steady % 2 ? steady[n_steady / 2] : 0.5 * (steady[n_steady / 2 - 1] + steady[n_steady / 2]);
   double median_run = n_steady % 2 ? ratio_run[n_steady / 2]
                                    : 0.5 * (ratio_run[n_steady / 2 - 1] + ratio_run[n_steady / 2]);
   double stall_frac = time_steady > 0 ? stall_steady / time_steady : 0;
@@ -355,15 +369,14 @@ int tz_bench_prefetch(int argc, char **argv) {
            o.layers, (double)block / (1 << 20), o.home, nvme ? " at " : "", nvme ? o.path : "",
            nvme && o.checksum == 0 ? " without checksums" : "", o.compute_ms,
            gpu ? "GPU spin kernel on a CUDA stream, compute tier in GPU memory" : "CPU busy loop",
-           o.lookahead,
-           (double)ss.budget / (1 << 20), (double)ss.min_budget / (1 << 20));
-    printf("lane rate %s->compute: %.3f GB/s with %d in flight, %.3f ms per layer\n", o.home,
-           gbps, depth, 1e3 * t_xfer);
+           o.lookahead, (double)ss.budget / (1 << 20), (double)ss.min_budget / (1 << 20));
+    printf("lane rate %s->compute: %.3f GB/s with %d in flight, %.3f ms per layer\n", o.home, gbps,
+           depth, 1e3 * t_xfer);
     printf("lane rate compute: %.3f ms per phase, measured (%.3f asked)\n", 1e3 * t_lane,
            o.compute_ms);
     printf("critical path per step: max(compute %.1f ms, transfer %.1f ms) = %.1f ms; the first "
-           "step adds one transfer: %.1f ms\n", 1e3 * o.layers * t_lane, 1e3 * o.layers * t_xfer,
-           1e3 * path, 1e3 * path0);
+           "step adds one transfer: %.1f ms\n",
+           1e3 * o.layers * t_lane, 1e3 * o.layers * t_xfer, 1e3 * path, 1e3 * path0);
     printf("%-5s %9s %9s %6s | %11s %9s %6s | %9s %7s\n", "step", "time ms", "path ms", "ratio",
            "lane ms", "bound ms", "ratio", "stall ms", "stall%");
     for (int i = 0; i < n_steps; i++) {
@@ -376,8 +389,8 @@ int tz_bench_prefetch(int argc, char **argv) {
     printf("(path: the critical path from the rates measured first; lane: the compute lane's time "
            "in the step, and the bound max(lane, transfers) it gives)\n");
     printf("steps 1..%d: median %.2f ms = %.3fx the critical path, %.3fx the in-run bound; stall "
-           "%.2f%% of the time\n", o.steps - 1, 1e3 * median, median / path, median_run,
-           100 * stall_frac);
+           "%.2f%% of the time\n",
+           o.steps - 1, 1e3 * median, median / path, median_run, 100 * stall_frac);
     printf("%-10s %6s %12s %12s\n", "phase", "runs", "stall ms", "per run ms");
     for (int l = 0; l < o.layers; l++)
       printf("%-10s %6llu %12.3f %12.3f\n", ps[l].name, (unsigned long long)ps[l].runs,

@@ -27,8 +27,8 @@ static double run_tier(tz_tier *nvme, tz_tier *host, uint64_t size, uint64_t blo
   if (tz_tier_alloc(nvme, size, &ext) < 0 || tz_tier_alloc(host, block * (uint64_t)qd, &buf) < 0)
     return TZ_ENOMEM;
   double seconds;
-  int rc = tz_tier_stream(&ext, tz_tier_host_ptr(host, buf.offset), size / block * block, block,
-                          qd, write, &seconds);
+  int rc = tz_tier_stream(&ext, tz_tier_host_ptr(host, buf.offset), size / block * block, block, qd,
+                          write, &seconds);
   tz_tier_free(&ext);
   tz_tier_free(&buf);
   if (rc < 0)
@@ -95,8 +95,8 @@ static double terse_gbps(const char *line, int write) {
 
 /* fio reading file_r while writing file_w, two jobs at once with the same parameters: GB/s of
  * each into rw; 0, or -1 when fio is missing or failed. */
-static int run_fio_rw(const char *file_r, const char *file_w, uint64_t size, uint64_t block,
-                      int qd, double rw[2]) {
+static int run_fio_rw(const char *file_r, const char *file_w, uint64_t size, uint64_t block, int qd,
+                      double rw[2]) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd,
            "fio --ioengine=io_uring --direct=1 --bs=%llu --iodepth=%d --size=%llu --fixedbufs "
@@ -124,8 +124,7 @@ static double run_fio(const char *file, uint64_t size, uint64_t block, int qd, i
            "fio --name=tz --filename=%s --ioengine=io_uring --direct=1 --rw=%s --bs=%llu "
            "--iodepth=%d --size=%llu --fixedbufs --registerfiles --output-format=terse "
            "--terse-version=3 2>/dev/null",
-           file, write ? "write" : "read", (unsigned long long)block, qd,
-           (unsigned long long)size);
+           file, write ? "write" : "read", (unsigned long long)block, qd, (unsigned long long)size);
   FILE *p = popen(cmd, "r");
   if (!p)
     return -1;
@@ -154,11 +153,15 @@ int tz_bench_tiers(int argc, char **argv) {
   struct tz_bench_tiers_opts o = {.json = 0, .path = "/var/tmp", .size = 512ull << 20, .reps = 3};
   int qd = 32;
   uint64_t bmin = 128 << 10, bmax = 8 << 20;
-  static const struct option longopts[] = {
-    {"json", no_argument, 0, 'j'}, {"path", required_argument, 0, 'p'},
-    {"size", required_argument, 0, 's'}, {"reps", required_argument, 0, 'r'},
-    {"qd", required_argument, 0, 'q'}, {"min", required_argument, 0, 'a'},
-    {"max", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  static const struct option longopts[] = {{"json", no_argument, 0, 'j'},
+                                           {"path", required_argument, 0, 'p'},
+                                           {"size", required_argument, 0, 's'},
+                                           {"reps", required_argument, 0, 'r'},
+                                           {"qd", required_argument, 0, 'q'},
+                                           {"min", required_argument, 0, 'a'},
+                                           {"max", required_argument, 0, 'b'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -218,7 +221,8 @@ int tz_bench_tiers(int argc, char **argv) {
                     "raw figure\n");
   if (!o.json)
     printf("host<->nvme in %s, %llu MiB per run, queue depth %d, median of %d; raw = fio "
-           "io_uring O_DIRECT with fixed buffers and registered files, as the tier\n%-6s %10s %12s %12s %7s\n",
+           "io_uring O_DIRECT with fixed buffers and registered files, as the tier\n%-6s %10s %12s "
+           "%12s %7s\n",
            o.path, (unsigned long long)(o.size >> 20), qd, o.reps, "op", "block", "tier GB/s",
            "fio GB/s", "ratio");
   int rc = 0;

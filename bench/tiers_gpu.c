@@ -49,9 +49,9 @@ struct row {
   const char *op;     /* relative to hbm: write (into it), read (out of it), both */
   const char *medium; /* staged rows: "tmpfs" or "disk"; NULL otherwise */
   uint64_t chunk;
-  double tier, raw;   /* GB/s, medians */
-  double file, pcie;  /* staged rows: the file's rate alone and PCIe's alone, GB/s */
-  double target;      /* the ratio wanted; 0: none at this chunk size */
+  double tier, raw;  /* GB/s, medians */
+  double file, pcie; /* staged rows: the file's rate alone and PCIe's alone, GB/s */
+  double target;     /* the ratio wanted; 0: none at this chunk size */
 };
 
 struct out {
@@ -117,7 +117,9 @@ static void header(const struct out *o) {
            "ratio", "file", "pcie", "tier/min", "target");
 }
 
-static double gbps(uint64_t bytes, double secs) { return secs > 0 ? (double)bytes / secs / 1e9 : 0; }
+static double gbps(uint64_t bytes, double secs) {
+  return secs > 0 ? (double)bytes / secs / 1e9 : 0;
+}
 
 static int cuda_check(cudaError_t e, const char *what) {
   if (e == cudaSuccess)
@@ -268,9 +270,9 @@ static int pcie_rows(struct out *o, uint64_t size, int reps) {
     const char *pair, *op;
     double target;
   } kinds[] = {
-    {H2D, "host->hbm", "write", 0.95},
-    {D2H, "hbm->host", "read", 0.95},
-    {BOTH, "host<->hbm", "both", 0.90},
+      {H2D, "host->hbm", "write", 0.95},
+      {D2H, "hbm->host", "read", 0.95},
+      {BOTH, "host<->hbm", "both", 0.90},
   };
   for (uint64_t chunk = MIN_CHUNK; chunk <= MAX_CHUNK && chunk <= size; chunk *= 2) {
     double tier[3][MAX_REPS], raw[3][MAX_REPS], in_s[MAX_REPS], out_s[MAX_REPS];
@@ -292,12 +294,12 @@ static int pcie_rows(struct out *o, uint64_t size, int reps) {
     for (int k = 0; k < 3; k++) {
       uint64_t bytes = size / chunk * chunk * (kinds[k].dirs == BOTH ? 2 : 1);
       struct row row = {
-        .pair = kinds[k].pair,
-        .op = kinds[k].op,
-        .chunk = chunk,
-        .tier = gbps(bytes, tz_bench_median(tier[k], reps)),
-        .raw = gbps(bytes, tz_bench_median(raw[k], reps)),
-        .target = chunk >= TARGET_CHUNK ? kinds[k].target : 0,
+          .pair = kinds[k].pair,
+          .op = kinds[k].op,
+          .chunk = chunk,
+          .tier = gbps(bytes, tz_bench_median(tier[k], reps)),
+          .raw = gbps(bytes, tz_bench_median(raw[k], reps)),
+          .target = chunk >= TARGET_CHUNK ? kinds[k].target : 0,
       };
       emit(o, &row);
     }
@@ -583,7 +585,8 @@ static int raw_file(const char *dir, uint64_t size, char *path, size_t len, int 
   return fd;
 }
 
-static int staged_rows(struct out *o, const char *dir, const char *medium, uint64_t size, int reps) {
+static int staged_rows(struct out *o, const char *dir, const char *medium, uint64_t size,
+                       int reps) {
   char path[4096];
   int direct;
   uint64_t total = size / MAX_CHUNK * MAX_CHUNK;
@@ -634,10 +637,10 @@ static int staged_rows(struct out *o, const char *dir, const char *medium, uint6
         m[0][i] = gbps(total, tz_bench_median(in[i], reps));
         m[1][i] = gbps(total, tz_bench_median(out_[i], reps));
       }
-      struct row ri = {"nvme->hbm", "write", medium, chunk, m[0][0], m[0][1], m[0][2], m[0][3],
-                       0.90};
-      struct row ro = {"hbm->nvme", "read", medium, chunk, m[1][0], m[1][1], m[1][2], m[1][3],
-                       0.90};
+      struct row ri = {"nvme->hbm", "write", medium,  chunk, m[0][0],
+                       m[0][1],     m[0][2], m[0][3], 0.90};
+      struct row ro = {"hbm->nvme", "read",  medium,  chunk, m[1][0],
+                       m[1][1],     m[1][2], m[1][3], 0.90};
       emit(o, &ri);
       emit(o, &ro);
     }
@@ -676,8 +679,8 @@ int tz_bench_tiers_gpu(const struct tz_bench_tiers_opts *opts) {
   if (o.json) {
     printf("{\"bench\":\"tiers\",\"pair\":\"gpu\",\"device\":");
     json_str(prop.name);
-    printf(",\"bytes_per_rep\":%llu,\"reps\":%d,\"gds\":%s,\"gds_why\":",
-           (unsigned long long)size, reps, gds ? "true" : "false");
+    printf(",\"bytes_per_rep\":%llu,\"reps\":%d,\"gds\":%s,\"gds_why\":", (unsigned long long)size,
+           reps, gds ? "true" : "false");
     json_str(why);
     printf("}\n");
   } else {

@@ -1,4 +1,5 @@
-/* tz-bench: standalone memory benchmarks, each printed beside the raw ceiling it is compared with. */
+/* tz-bench: standalone memory benchmarks, each printed beside the raw ceiling it is compared with.
+ */
 #include "bench/bench.h"
 
 #include <stdio.h>
@@ -9,16 +10,21 @@ static const struct {
   int (*run)(int argc, char **argv);
   const char *help;
 } subcommands[] = {
-  {"tiers", tz_bench_tiers, "tier-to-tier bandwidth beside fio and raw copies"},
-  {"adam", tz_bench_adam, "CPU (and --gpu GPU) Adam beside the streaming ceiling of the same run"},
-  {"collectives", tz_bench_collectives, "all-gather and reduce-scatter busbw beside direct MPI or NCCL calls"},
-  {"layer", tz_bench_layer, "one transformer layer fwd+bwd on the cuda backend beside PyTorch"},
-  {"prefetch", tz_bench_prefetch, "the scheduler streaming layers in ahead of compute, against the critical path"},
-  {NULL, NULL, NULL}, /* subcommands are added above this line */
+    {"tiers", tz_bench_tiers, "tier-to-tier bandwidth beside fio and raw copies"},
+    {"adam", tz_bench_adam,
+     "CPU (and --gpu GPU) Adam beside the streaming ceiling of the same run"},
+    {"collectives", tz_bench_collectives,
+     "all-gather and reduce-scatter busbw beside direct MPI or NCCL calls"},
+    {"layer", tz_bench_layer, "one transformer layer fwd+bwd on the cuda backend beside PyTorch"},
+    {"prefetch", tz_bench_prefetch,
+     "the scheduler streaming layers in ahead of compute, against the critical path"},
+    {NULL, NULL, NULL}, /* subcommands are added above this line */
 };
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: tz-bench <benchmark> [options]   (tz-bench <benchmark> --help for its options)\n\n");
+  fprintf(
+      f,
+      "usage: tz-bench <benchmark> [options]   (tz-bench <benchmark> --help for its options)\n\n");
   for (size_t i = 0; subcommands[i].name; i++)
     fprintf(f, "  %-12s %s\n", subcommands[i].name, subcommands[i].help);
 }

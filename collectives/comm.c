@@ -137,9 +137,10 @@ static int check_reduce(tz_comm *c, const void *send, void *recv, size_t count, 
   if (tz_dtype_size(dt) == 0)
     return tz_err_set(TZ_EINVAL, "comm %s: %s: unknown dtype %d", c->ops->name, op, (int)dt);
   if (c->accum_mode != TZ_F32 && dt != TZ_F32 && dt != c->accum_mode)
-    return tz_err_set(TZ_EINVAL, "comm %s: %s of %s was configured to reduce in %s; a payload "
-                      "is reduced in fp32 or in its own dtype", c->ops->name, op,
-                      tz_dtype_name(dt), tz_dtype_name(c->accum_mode));
+    return tz_err_set(TZ_EINVAL,
+                      "comm %s: %s of %s was configured to reduce in %s; a payload "
+                      "is reduced in fp32 or in its own dtype",
+                      c->ops->name, op, tz_dtype_name(dt), tz_dtype_name(c->accum_mode));
   if (count > SIZE_MAX / mult / tz_dtype_size(dt))
     return tz_err_set(TZ_EINVAL, "comm %s: %s of %zu elements overflows", c->ops->name, op, count);
   return 0;
@@ -157,8 +158,8 @@ int tz_comm_all_gather(tz_comm *c, const void *send, void *recv, size_t bytes, t
   return finish(rc, f, done);
 }
 
-int tz_comm_reduce_scatter(tz_comm *c, const void *send, void *recv, size_t count,
-                           enum tz_dtype dt, tz_fence *after, tz_fence **done) {
+int tz_comm_reduce_scatter(tz_comm *c, const void *send, void *recv, size_t count, enum tz_dtype dt,
+                           tz_fence *after, tz_fence **done) {
   TZ_CHECK(check_common(c, done, "reduce_scatter"));
   TZ_CHECK(check_reduce(c, send, recv, count, dt, (size_t)c->size, "reduce_scatter"));
   tz_fence *f = NULL;

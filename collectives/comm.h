@@ -91,8 +91,8 @@ int tz_comm_all_gather(tz_comm *c, const void *send, void *recv, size_t bytes, t
                        tz_fence **done);
 /* send (P * count of dt): chunk r is this rank's contribution to rank r's shard.
  * recv (count of dt) gets the sum over ranks of their chunk for this rank. */
-int tz_comm_reduce_scatter(tz_comm *c, const void *send, void *recv, size_t count,
-                           enum tz_dtype dt, tz_fence *after, tz_fence **done);
+int tz_comm_reduce_scatter(tz_comm *c, const void *send, void *recv, size_t count, enum tz_dtype dt,
+                           tz_fence *after, tz_fence **done);
 /* recv (count of dt) gets the elementwise sum over ranks of send (count of dt). */
 int tz_comm_all_reduce(tz_comm *c, const void *send, void *recv, size_t count, enum tz_dtype dt,
                        tz_fence *after, tz_fence **done);
@@ -104,7 +104,8 @@ int tz_comm_barrier(tz_comm *c, tz_fence *after, tz_fence **done);
 
 /* Gives up on the communicator after a local error, so that the other ranks stop instead of
  * waiting for this one: mpi calls MPI_Abort (ending the job: MPI has no gentler way), nccl calls
- * ncclCommAbort and fails every collective in flight; single only marks it failed. why is logged. */
+ * ncclCommAbort and fails every collective in flight; single only marks it failed. why is logged.
+ */
 void tz_comm_abort(tz_comm *c, int rc, const char *why);
 
 /* The backend's own handle, for benchmarks that call the library directly on the same

@@ -24,8 +24,7 @@ struct tz_comm_ops {
                         tz_fence *after, tz_fence **done);
   int (*all_reduce)(void *ctx, const void *send, void *recv, size_t count, enum tz_dtype dt,
                     tz_fence *after, tz_fence **done);
-  int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, tz_fence *after,
-                   tz_fence **done);
+  int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, tz_fence *after, tz_fence **done);
   int (*barrier)(void *ctx, tz_fence *after, tz_fence **done);
   void (*abort)(void *ctx, int rc, const char *why);
   /* optional: NULL means the backend has no native handles. */

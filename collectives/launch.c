@@ -32,8 +32,8 @@ extern char **environ;
 struct bs_header {
   uint32_t magic;
   uint32_t seq;
-  uint32_t len;  /* payload bytes */
-  int32_t rank;  /* the sender (TCP hello) */
+  uint32_t len; /* payload bytes */
+  int32_t rank; /* the sender (TCP hello) */
 };
 #define BS_MSG_MAX (sizeof(struct bs_header) + TZ_BOOTSTRAP_MAX_BLOB)
 _Static_assert(BS_MSG_MAX <= PIPE_BUF, "a relay message must be one atomic pipe write");
@@ -158,7 +158,8 @@ int tz_bootstrap_detect(struct tz_bootstrap *bs) {
   tz_bootstrap_single(bs);
   bs->local_size = 0;
   int rc;
-  if ((rc = read_world(bs, "TZ_RANK", "TZ_WORLD_SIZE", "TZ_LOCAL_RANK", "TZ_LOCAL_WORLD_SIZE")) > 0) {
+  if ((rc = read_world(bs, "TZ_RANK", "TZ_WORLD_SIZE", "TZ_LOCAL_RANK", "TZ_LOCAL_WORLD_SIZE")) >
+      0) {
     bs->kind = TZ_LAUNCH_NPROC;
     const char *fds = getenv("TZ_BOOTSTRAP_FDS");
     if (fds && sscanf(fds, "%d,%d", &bs->fd_from_parent, &bs->fd_to_parent) != 2)
@@ -167,11 +168,11 @@ int tz_bootstrap_detect(struct tz_bootstrap *bs) {
              (rc = read_world(bs, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")) > 0) {
     bs->kind = TZ_LAUNCH_TORCHRUN;
     TZ_CHECK(read_master(bs));
-  } else if (rc == 0 && ((rc = read_world(bs, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                          "OMPI_COMM_WORLD_LOCAL_RANK",
-                                          "OMPI_COMM_WORLD_LOCAL_SIZE")) > 0 ||
-                         (rc == 0 && (rc = read_world(bs, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
-                                                      "MPI_LOCALNRANKS")) > 0))) {
+  } else if (rc == 0 &&
+             ((rc = read_world(bs, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                               "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")) > 0 ||
+              (rc == 0 && (rc = read_world(bs, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+                                           "MPI_LOCALNRANKS")) > 0))) {
     bs->kind = TZ_LAUNCH_MPIRUN;
     TZ_CHECK(read_master(bs));
   } else if (rc == 0 && (getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID")) &&
@@ -194,8 +195,10 @@ int tz_bootstrap_detect(struct tz_bootstrap *bs) {
       if (!list)
         list = getenv("SLURM_NODELIST");
       if (list && slurm_first_host(list, bs->master_addr, sizeof bs->master_addr) < 0)
-        return tz_err_set(TZ_ECONFIG, "launch: cannot read the first host of node list '%s'; "
-                          "set MASTER_ADDR", list);
+        return tz_err_set(TZ_ECONFIG,
+                          "launch: cannot read the first host of node list '%s'; "
+                          "set MASTER_ADDR",
+                          list);
     }
     if (!bs->master_port) {
       /* One port per job, so that two jobs sharing a node do not collide. */
@@ -216,8 +219,10 @@ int tz_bootstrap_detect(struct tz_bootstrap *bs) {
     return tz_err_set(TZ_ECONFIG, "launch (%s): local rank %d is outside %d local ranks",
                       tz_launch_kind_name(bs->kind), bs->local_rank, bs->local_size);
   if (bs->master_addr[0] && (bs->master_port <= 0 || bs->master_port > 65535))
-    return tz_err_set(TZ_ECONFIG, "launch (%s): MASTER_ADDR=%s needs MASTER_PORT in 1..65535 "
-                      "(got %d)", tz_launch_kind_name(bs->kind), bs->master_addr, bs->master_port);
+    return tz_err_set(TZ_ECONFIG,
+                      "launch (%s): MASTER_ADDR=%s needs MASTER_PORT in 1..65535 "
+                      "(got %d)",
+                      tz_launch_kind_name(bs->kind), bs->master_addr, bs->master_port);
   return 0;
 }
 
@@ -285,10 +290,11 @@ static int read_all(int fd, void *buf, size_t n, double deadline, const char *wh
 static int check_header(const struct bs_header *h, const struct tz_bootstrap *bs, size_t len,
                         const char *what) {
   if (h->magic != BS_MAGIC)
-    return tz_err_set(TZ_ECOMM, "bootstrap: rank %d: %s sent a message without the magic",
-                      bs->rank, what);
+    return tz_err_set(TZ_ECOMM, "bootstrap: rank %d: %s sent a message without the magic", bs->rank,
+                      what);
   if (h->seq != bs->seq || h->len != len)
-    return tz_err_set(TZ_ECOMM, "bootstrap: rank %d: exchange %u of %zu bytes does not match "
+    return tz_err_set(TZ_ECOMM,
+                      "bootstrap: rank %d: exchange %u of %zu bytes does not match "
                       "%s's exchange %u of %u bytes (ranks disagree on the order of set-up)",
                       bs->rank, bs->seq, len, what, h->seq, h->len);
   return 0;
@@ -315,8 +321,8 @@ static int pipe_bcast(struct tz_bootstrap *bs, void *buf, size_t len) {
 static int tcp_listen(const struct tz_bootstrap *bs, int *out) {
   char port[16];
   snprintf(port, sizeof port, "%d", bs->master_port);
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_PASSIVE};
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
   struct addrinfo *ai;
   int g = getaddrinfo(NULL, port, &hints, &ai);
   if (g)
@@ -368,8 +374,10 @@ static int tcp_serve(struct tz_bootstrap *bs, const void *buf, size_t len) {
       for (int r = 1; r < bs->size && n + 16 < sizeof missing; r++)
         if (!served[r])
           n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d", n ? " " : "", r);
-      rc = tz_err_set(TZ_ETIMEDOUT, "bootstrap: rank 0 waited %.0f s on port %d for %d of %d ranks;"
-                      " missing: %s", bs->timeout_s, bs->master_port, left, bs->size - 1, missing);
+      rc = tz_err_set(TZ_ETIMEDOUT,
+                      "bootstrap: rank 0 waited %.0f s on port %d for %d of %d ranks;"
+                      " missing: %s",
+                      bs->timeout_s, bs->master_port, left, bs->size - 1, missing);
       break;
     }
     int pr = poll(&pfd, 1, ms);
@@ -443,8 +451,8 @@ static int tcp_connect_once(const struct tz_bootstrap *bs, double deadline, int 
 
 static int tcp_fetch(struct tz_bootstrap *bs, void *buf, size_t len) {
   double deadline = tz_now_s() + bs->timeout_s;
-  struct bs_header hello = {.magic = BS_MAGIC, .seq = bs->seq, .len = (uint32_t)len,
-                            .rank = bs->rank};
+  struct bs_header hello = {
+      .magic = BS_MAGIC, .seq = bs->seq, .len = (uint32_t)len, .rank = bs->rank};
   int rc = 0;
   for (;;) {
     int fd = -1;
@@ -466,9 +474,11 @@ static int tcp_fetch(struct tz_bootstrap *bs, void *buf, size_t len) {
     struct timespec ts = {0, 100 * 1000 * 1000};
     nanosleep(&ts, NULL);
   }
-  return tz_err_set(TZ_ETIMEDOUT, "bootstrap: rank %d could not get exchange %u from rank 0 at "
-                    "%s:%d within %.0f s; last error: %s", bs->rank, bs->seq, bs->master_addr,
-                    bs->master_port, bs->timeout_s, tz_err_msg());
+  return tz_err_set(TZ_ETIMEDOUT,
+                    "bootstrap: rank %d could not get exchange %u from rank 0 at "
+                    "%s:%d within %.0f s; last error: %s",
+                    bs->rank, bs->seq, bs->master_addr, bs->master_port, bs->timeout_s,
+                    tz_err_msg());
 }
 
 int tz_bootstrap_bcast(struct tz_bootstrap *bs, void *buf, size_t len) {
@@ -485,7 +495,8 @@ int tz_bootstrap_bcast(struct tz_bootstrap *bs, void *buf, size_t len) {
   else if (bs->master_addr[0])
     rc = bs->rank == 0 ? tcp_serve(bs, buf, len) : tcp_fetch(bs, buf, len);
   else
-    return tz_err_set(TZ_ENOTSUP, "bootstrap (%s): rank %d of %d has no way to reach rank 0: set "
+    return tz_err_set(TZ_ENOTSUP,
+                      "bootstrap (%s): rank %d of %d has no way to reach rank 0: set "
                       "MASTER_ADDR and MASTER_PORT, or launch with --nproc or mpirun",
                       tz_launch_kind_name(bs->kind), bs->rank, bs->size);
   if (rc == 0)
@@ -535,8 +546,8 @@ static int parse_cpulist(const char *s, cpu_set_t *set) {
 
 struct child {
   pid_t pid;
-  int down_w;   /* parent writes relayed blobs here; -1 when closed */
-  int up_r;     /* rank 0 only: its blobs arrive here; -1 else */
+  int down_w; /* parent writes relayed blobs here; -1 when closed */
+  int up_r;   /* rank 0 only: its blobs arrive here; -1 else */
   int running;
   char **envp;
 };
@@ -545,7 +556,8 @@ static volatile sig_atomic_t forwarded_signal;
 
 static void on_signal(int sig) { forwarded_signal = sig; }
 
-static char *env_entry(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static char *env_entry(const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static char *env_entry(const char *name, const char *fmt, ...) {
   char value[128];
   va_list ap;
@@ -559,8 +571,8 @@ static char *env_entry(const char *name, const char *fmt, ...) {
 }
 
 static int is_launch_var(const char *e) {
-  static const char *const names[] = {"TZ_RANK=", "TZ_WORLD_SIZE=", "TZ_LOCAL_RANK=",
-                                      "TZ_LOCAL_WORLD_SIZE=", "TZ_BOOTSTRAP_FDS="};
+  static const char *const names[] = {
+      "TZ_RANK=", "TZ_WORLD_SIZE=", "TZ_LOCAL_RANK=", "TZ_LOCAL_WORLD_SIZE=", "TZ_BOOTSTRAP_FDS="};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)
     if (strncmp(e, names[i], strlen(names[i])) == 0)
       return 1;
@@ -673,9 +685,10 @@ int tz_launch_run(const struct tz_launch_params *lp, int argc, char **argv,
     for (int i = 0; i < n; i++)
       if (!lp->cpulists[i] || parse_cpulist(lp->cpulists[i], &sets[i]) < 0) {
         free(sets);
-        return tz_err_set(TZ_EINVAL, "launch: CPU list '%s' for local rank %d is not a Linux cpu "
-                          "list such as 0-15,32-47", lp->cpulists[i] ? lp->cpulists[i] : "(null)",
-                          i);
+        return tz_err_set(TZ_EINVAL,
+                          "launch: CPU list '%s' for local rank %d is not a Linux cpu "
+                          "list such as 0-15,32-47",
+                          lp->cpulists[i] ? lp->cpulists[i] : "(null)", i);
       }
   }
   struct child *ch = calloc((size_t)n, sizeof *ch);

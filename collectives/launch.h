@@ -35,10 +35,10 @@ struct tz_bootstrap {
   int local_rank, local_size; /* on this machine; the GPU a worker binds to is local_rank */
   char master_addr[256];      /* TCP rendezvous with rank 0; "" when none */
   int master_port;
-  int fd_from_parent;         /* nproc: the relay pipes to tz_launch_nproc's parent; -1 else */
+  int fd_from_parent; /* nproc: the relay pipes to tz_launch_nproc's parent; -1 else */
   int fd_to_parent;
-  double timeout_s;           /* limit on each exchange: $TZ_COMM_TIMEOUT, default 300 */
-  uint32_t seq;               /* exchanges done so far; every rank makes them in the same order */
+  double timeout_s; /* limit on each exchange: $TZ_COMM_TIMEOUT, default 300 */
+  uint32_t seq;     /* exchanges done so far; every rank makes them in the same order */
   /* optional: NULL means use the channel above. The comm registry plugs an MPI broadcast in here
    * for mpirun launches without MASTER_ADDR. */
   int (*bcast_fn)(void *arg, void *buf, size_t len);
@@ -68,8 +68,8 @@ int tz_bootstrap_bcast(struct tz_bootstrap *bs, void *buf, size_t len);
 int tz_launch_is_worker(void);
 
 struct tz_launch_params {
-  int nproc;                      /* workers to start, >= 1 */
-  double grace_s;                 /* SIGTERM to SIGKILL when stopping the others; default 5 */
+  int nproc;      /* workers to start, >= 1 */
+  double grace_s; /* SIGTERM to SIGKILL when stopping the others; default 5 */
   /* optional: NULL means inherit the parent's CPU set. Otherwise nproc Linux cpu lists
    * ("0-15,32-47"), one per local rank, as the topology advice gives them. */
   const char *const *cpulists;
@@ -77,10 +77,10 @@ struct tz_launch_params {
 void tz_launch_params_init(struct tz_launch_params *lp);
 
 struct tz_launch_result {
-  int failed_rank;  /* the first rank that failed, -1 when none did */
-  int exit_status;  /* its exit status, -1 if a signal ended it */
-  int signal;       /* the signal that ended it, 0 if none */
-  int exit_code;    /* what a main should return: 0, the failed rank's status, or 128 + signal */
+  int failed_rank; /* the first rank that failed, -1 when none did */
+  int exit_status; /* its exit status, -1 if a signal ended it */
+  int signal;      /* the signal that ended it, 0 if none */
+  int exit_code;   /* what a main should return: 0, the failed rank's status, or 128 + signal */
 };
 
 /* Re-executes /proc/self/exe with argv nproc times, each worker with TZ_RANK, TZ_WORLD_SIZE,

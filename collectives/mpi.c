@@ -43,15 +43,15 @@ struct mpi_op {
   enum mpi_kind kind;
   const void *send;
   void *recv;
-  size_t n;          /* bytes (all_gather, broadcast) or elements (reductions) */
+  size_t n; /* bytes (all_gather, broadcast) or elements (reductions) */
   enum tz_dtype dt;
   int root;
-  tz_fence *after;   /* owned reference, or NULL */
-  tz_fence *done;    /* the poller's reference; the caller holds another */
-  uint64_t seq;      /* the comm's collective number, the same on every rank */
-  int stage;         /* 0: waiting for after; 1, 2: that MPI call is in flight */
+  tz_fence *after; /* owned reference, or NULL */
+  tz_fence *done;  /* the poller's reference; the caller holds another */
+  uint64_t seq;    /* the comm's collective number, the same on every rank */
+  int stage;       /* 0: waiting for after; 1, 2: that MPI call is in flight */
   int rc;
-  char *msg;         /* why it failed, for the waiter (signalled from another thread) */
+  char *msg; /* why it failed, for the waiter (signalled from another thread) */
   MPI_Request req;
   MPI_Datatype type; /* a block type for byte counts above INT_MAX; MPI_DATATYPE_NULL else */
   double started;
@@ -68,13 +68,13 @@ struct mpi_ctx {
   pthread_mutex_t lock; /* the queue, pending, failed */
   pthread_cond_t idle;
   struct mpi_op *head, *tail;
-  int pending;          /* queued or active */
-  int failed;           /* the first error; later collectives are canceled */
+  int pending; /* queued or active */
+  int failed;  /* the first error; later collectives are canceled */
   uint64_t next_seq;
 
   /* The poller's alone. */
   struct mpi_op *active;
-  void *scratch;        /* the chunks of this rank's shard, for the active reduction */
+  void *scratch; /* the chunks of this rank's shard, for the active reduction */
   size_t scratch_cap;
   int *sc, *sd, *rc, *rd; /* counts and displacements (P each) of the active vector collective */
 };
@@ -111,7 +111,8 @@ static int mpi_init(void) {
     MPI_Query_thread(&provided);
   }
   if (rc == 0 && provided < MPI_THREAD_SERIALIZED)
-    rc = tz_err_set(TZ_ENOTSUP, "comm mpi: MPI provides thread level %d; this backend calls MPI "
+    rc = tz_err_set(TZ_ENOTSUP,
+                    "comm mpi: MPI provides thread level %d; this backend calls MPI "
                     "from its progress thread and needs MPI_THREAD_SERIALIZED or higher",
                     provided);
   if (rc == 0)
@@ -183,8 +184,8 @@ static int start_stage1(struct mpi_ctx *ctx, struct mpi_op *op) {
   switch (op->kind) {
   case OP_ALL_GATHER: {
     TZ_CHECK(byte_type(op, op->n, &count, &type));
-    const void *send = op->send == (char *)op->recv + (size_t)ctx->rank * op->n ? MPI_IN_PLACE
-                                                                                  : op->send;
+    const void *send =
+        op->send == (char *)op->recv + (size_t)ctx->rank * op->n ? MPI_IN_PLACE : op->send;
     err = MPI_Iallgather(send, count, type, op->recv, count, type, ctx->comm, &op->req);
     break;
   }
@@ -192,13 +193,13 @@ static int start_stage1(struct mpi_ctx *ctx, struct mpi_op *op) {
     TZ_CHECK(byte_type(op, op->n, &count, &type));
     err = MPI_Ibcast(op->recv, count, type, op->root, ctx->comm, &op->req);
     break;
-  case OP_BARRIER:
-    err = MPI_Ibarrier(ctx->comm, &op->req);
-    break;
+  case OP_BARRIER: err = MPI_Ibarrier(ctx->comm, &op->req); break;
   case OP_REDUCE_SCATTER:
     if (op->n > INT32_MAX)
-      return tz_err_set(TZ_EINVAL, "comm mpi: reduce_scatter of %zu elements per rank is beyond "
-                        "MPI's int counts", op->n);
+      return tz_err_set(TZ_EINVAL,
+                        "comm mpi: reduce_scatter of %zu elements per rank is beyond "
+                        "MPI's int counts",
+                        op->n);
     TZ_CHECK(grow_scratch(ctx, (size_t)P * op->n * es));
     err = MPI_Ialltoall(op->send, (int)op->n, elem_type(op->dt), ctx->scratch, (int)op->n,
                         elem_type(op->dt), ctx->comm, &op->req);
@@ -206,8 +207,10 @@ static int start_stage1(struct mpi_ctx *ctx, struct mpi_op *op) {
   case OP_ALL_REDUCE: {
     size_t c = (op->n + (size_t)P - 1) / (size_t)P; /* shard length; the last ones may be short */
     if (c > INT32_MAX || op->n > INT32_MAX)
-      return tz_err_set(TZ_EINVAL, "comm mpi: all_reduce of %zu elements is beyond MPI's int "
-                        "counts", op->n);
+      return tz_err_set(TZ_EINVAL,
+                        "comm mpi: all_reduce of %zu elements is beyond MPI's int "
+                        "counts",
+                        op->n);
     size_t mine_lo = c * (size_t)ctx->rank < op->n ? c * (size_t)ctx->rank : op->n;
     size_t mine = op->n - mine_lo < c ? op->n - mine_lo : c;
     TZ_CHECK(grow_scratch(ctx, (size_t)P * mine * es + 1));
@@ -261,8 +264,9 @@ static void watchdog(struct mpi_ctx *ctx, struct mpi_op *op) {
     return;
   TZ_LOG_ERR("comm mpi: rank %d of %d: %s #%llu (%zu %s) did not complete within %.0f s "
              "(TZ_COMM_TIMEOUT): another rank has not joined it (MPI cannot say which); aborting "
-             "the job", ctx->rank, ctx->size, kind_names[op->kind], (unsigned long long)op->seq,
-             op->n, op->kind == OP_ALL_GATHER || op->kind == OP_BROADCAST ? "bytes" : "elements",
+             "the job",
+             ctx->rank, ctx->size, kind_names[op->kind], (unsigned long long)op->seq, op->n,
+             op->kind == OP_ALL_GATHER || op->kind == OP_BROADCAST ? "bytes" : "elements",
              ctx->timeout_s);
   MPI_Abort(ctx->comm, 1);
 }
@@ -310,9 +314,11 @@ static int mpi_poll(void *arg) {
                         tz_strerror(q));
         TZ_LOG_ERR("%s", tz_err_msg());
       } else if (failed) {
-        rc = tz_err_set(TZ_ECANCELED, "comm mpi: rank %d: %s #%llu canceled: an earlier "
-                        "collective failed (%s)", ctx->rank, kind_names[op->kind],
-                        (unsigned long long)op->seq, tz_strerror(failed));
+        rc = tz_err_set(TZ_ECANCELED,
+                        "comm mpi: rank %d: %s #%llu canceled: an earlier "
+                        "collective failed (%s)",
+                        ctx->rank, kind_names[op->kind], (unsigned long long)op->seq,
+                        tz_strerror(failed));
       } else if ((rc = start_stage1(ctx, op)) < 0) {
         TZ_LOG_ERR("%s", tz_err_msg());
       }
@@ -377,9 +383,16 @@ static int submit(struct mpi_ctx *ctx, enum mpi_kind kind, const void *send, voi
     free(op);
     return tz_err_set(TZ_ENOMEM, "comm mpi: out of memory");
   }
-  *op = (struct mpi_op){.kind = kind, .send = send, .recv = recv, .n = n, .dt = dt, .root = root,
-                        .after = after ? tz_fence_retain(after) : NULL, .done = f,
-                        .req = MPI_REQUEST_NULL, .type = MPI_DATATYPE_NULL};
+  *op = (struct mpi_op){.kind = kind,
+                        .send = send,
+                        .recv = recv,
+                        .n = n,
+                        .dt = dt,
+                        .root = root,
+                        .after = after ? tz_fence_retain(after) : NULL,
+                        .done = f,
+                        .req = MPI_REQUEST_NULL,
+                        .type = MPI_DATATYPE_NULL};
   pthread_mutex_lock(&ctx->lock);
   if (ctx->failed) {
     int failed = ctx->failed;
@@ -412,8 +425,8 @@ static int mpi_reduce_scatter(void *ctx, const void *send, void *recv, size_t co
   return submit(ctx, OP_REDUCE_SCATTER, send, recv, count, dt, 0, after, done);
 }
 
-static int mpi_all_reduce(void *ctx, const void *send, void *recv, size_t count,
-                          enum tz_dtype dt, tz_fence *after, tz_fence **done) {
+static int mpi_all_reduce(void *ctx, const void *send, void *recv, size_t count, enum tz_dtype dt,
+                          tz_fence *after, tz_fence **done) {
   return submit(ctx, OP_ALL_REDUCE, send, recv, count, dt, 0, after, done);
 }
 
@@ -439,17 +452,18 @@ static void ctx_free(struct mpi_ctx *ctx) {
   free(ctx);
 }
 
-static int mpi_create(struct tz_bootstrap *bs, const struct tz_comm_params *p, int *rank,
-                      int *size, void **out) {
+static int mpi_create(struct tz_bootstrap *bs, const struct tz_comm_params *p, int *rank, int *size,
+                      void **out) {
   TZ_CHECK(mpi_init());
   int world_rank = 0, world_size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   if (world_size != bs->size || world_rank != bs->rank) {
     mpi_release();
-    return tz_err_set(TZ_ECONFIG, "comm mpi: MPI sees rank %d of %d but the launch (%s) says rank "
-                      "%d of %d: run the mpi backend under mpirun", world_rank, world_size,
-                      tz_launch_kind_name(bs->kind), bs->rank, bs->size);
+    return tz_err_set(TZ_ECONFIG,
+                      "comm mpi: MPI sees rank %d of %d but the launch (%s) says rank "
+                      "%d of %d: run the mpi backend under mpirun",
+                      world_rank, world_size, tz_launch_kind_name(bs->kind), bs->rank, bs->size);
   }
   struct mpi_ctx *ctx = calloc(1, sizeof *ctx);
   int P = world_size;
@@ -516,7 +530,8 @@ static void mpi_destroy(void *arg) {
   pthread_mutex_unlock(&ctx->lock);
   if (pending) {
     TZ_LOG_ERR("comm mpi: rank %d: destroyed with %d collectives still waiting for their inputs; "
-               "aborting the job", ctx->rank, pending);
+               "aborting the job",
+               ctx->rank, pending);
     MPI_Abort(ctx->comm, 1);
   }
   tz_progress_remove(ctx->pe, mpi_poll, ctx);
@@ -540,15 +555,15 @@ static void *mpi_native(void *arg, const char *what) {
 }
 
 const struct tz_comm_ops tz_comm_mpi_ops = {
-  .name = "mpi",
-  .probe = mpi_probe,
-  .create = mpi_create,
-  .destroy = mpi_destroy,
-  .all_gather = mpi_all_gather,
-  .reduce_scatter = mpi_reduce_scatter,
-  .all_reduce = mpi_all_reduce,
-  .broadcast = mpi_broadcast,
-  .barrier = mpi_barrier,
-  .abort = mpi_abort,
-  .native = mpi_native,
+    .name = "mpi",
+    .probe = mpi_probe,
+    .create = mpi_create,
+    .destroy = mpi_destroy,
+    .all_gather = mpi_all_gather,
+    .reduce_scatter = mpi_reduce_scatter,
+    .all_reduce = mpi_all_reduce,
+    .broadcast = mpi_broadcast,
+    .barrier = mpi_barrier,
+    .abort = mpi_abort,
+    .native = mpi_native,
 };

@@ -44,13 +44,13 @@ struct nccl_ctx {
   double timeout_s;
   enum tz_dtype accum;
 
-  pthread_mutex_t lock;  /* launches, scratch, abort */
-  atomic_int aborted;    /* 0, or the error that ended the communicator */
-  atomic_int inflight;   /* fences not yet completed */
-  uint64_t seq;          /* collectives launched */
-  void *scratch;         /* device: the chunks of this rank's shard, for fp32-accumulated sums */
+  pthread_mutex_t lock; /* launches, scratch, abort */
+  atomic_int aborted;   /* 0, or the error that ended the communicator */
+  atomic_int inflight;  /* fences not yet completed */
+  uint64_t seq;         /* collectives launched */
+  void *scratch;        /* device: the chunks of this rank's shard, for fp32-accumulated sums */
   size_t scratch_cap;
-  float *one;            /* device: the barrier's all-reduce of one float */
+  float *one; /* device: the barrier's all-reduce of one float */
   /* This comm's fence ops: a fence with these is on this comm's stream, which needs no wait. */
   struct tz_fence_poll_ops fence_ops;
 };
@@ -104,8 +104,10 @@ static int wait_ready_for(struct nccl_ctx *ctx, const char *what, double timeout
       return rc;
     }
     if (tz_now_s() > deadline) {
-      int rc = tz_err_set(TZ_ETIMEDOUT, "comm nccl: rank %d: %s did not finish within %.0f s "
-                          "(TZ_COMM_TIMEOUT): a rank is missing", ctx->rank, what, timeout_s);
+      int rc = tz_err_set(TZ_ETIMEDOUT,
+                          "comm nccl: rank %d: %s did not finish within %.0f s "
+                          "(TZ_COMM_TIMEOUT): a rank is missing",
+                          ctx->rank, what, timeout_s);
       abort_locked(ctx, rc, tz_err_msg());
       return rc;
     }
@@ -160,9 +162,10 @@ static int poll_once(struct nccl_done *d) {
       abort_locked(ctx, rc, why);
     } else if (tz_now_s() - d->started > ctx->timeout_s) {
       rc = TZ_ETIMEDOUT;
-      snprintf(why, sizeof why_buf, "%s #%llu (%zu bytes) did not complete within %.0f s "
-               "(TZ_COMM_TIMEOUT): another rank has not joined it", d->op,
-               (unsigned long long)d->seq, d->bytes, ctx->timeout_s);
+      snprintf(why, sizeof why_buf,
+               "%s #%llu (%zu bytes) did not complete within %.0f s "
+               "(TZ_COMM_TIMEOUT): another rank has not joined it",
+               d->op, (unsigned long long)d->seq, d->bytes, ctx->timeout_s);
       abort_locked(ctx, rc, why);
     }
   } else {
@@ -195,7 +198,6 @@ static void done_destroy(void *arg) {
   free(d);
 }
 
-
 /* ---- Launching ---- */
 
 static ncclDataType_t nccl_type(enum tz_dtype dt) {
@@ -213,8 +215,8 @@ static int wait_after(struct nccl_ctx *ctx, tz_fence *after, const char *op) {
     return 0;
   int q = tz_fence_wait(after, (int64_t)(ctx->timeout_s * 1e9));
   if (q < 0)
-    return tz_err_set(q, "comm nccl: rank %d: %s not started: its input failed (%s)", ctx->rank,
-                      op, tz_strerror(q));
+    return tz_err_set(q, "comm nccl: rank %d: %s not started: its input failed (%s)", ctx->rank, op,
+                      tz_strerror(q));
   return 0;
 }
 
@@ -267,9 +269,9 @@ static int gather_my_chunks(struct nccl_ctx *ctx, const char *send, const size_t
   size_t mine = lens[ctx->rank];
   char *scratch = ctx->scratch;
   if (mine) {
-    cudaError_t e = cudaMemcpyAsync(scratch + (size_t)ctx->rank * mine * es,
-                                    send + los[ctx->rank] * es, mine * es,
-                                    cudaMemcpyDeviceToDevice, ctx->stream);
+    cudaError_t e =
+        cudaMemcpyAsync(scratch + (size_t)ctx->rank * mine * es, send + los[ctx->rank] * es,
+                        mine * es, cudaMemcpyDeviceToDevice, ctx->stream);
     if (e != cudaSuccess)
       return cuda_error(e, "cudaMemcpyAsync", ctx->rank);
   }
@@ -320,8 +322,8 @@ static int launch(struct nccl_ctx *ctx, const struct nccl_args *a) {
       rc = gather_my_chunks(ctx, a->send, los, lens, es, t);
     free(los);
     TZ_CHECK(rc);
-    cudaError_t e = tz_nccl_sum_chunks(a->recv, ctx->scratch, a->n, a->n, P, (int)a->dt,
-                                       ctx->stream);
+    cudaError_t e =
+        tz_nccl_sum_chunks(a->recv, ctx->scratch, a->n, a->n, P, (int)a->dt, ctx->stream);
     return e == cudaSuccess ? 0 : cuda_error(e, "reduce_scatter's sum", ctx->rank);
   }
   case OP_ALL_REDUCE: {
@@ -401,8 +403,8 @@ static int submit(struct nccl_ctx *ctx, const struct nccl_args *a, tz_fence *aft
   d->ctx = ctx;
   d->op = op;
   d->seq = ctx->seq++;
-  d->bytes = a->kind == OP_ALL_GATHER || a->kind == OP_BROADCAST ? a->n
-                                                                 : a->n * tz_dtype_size(a->dt);
+  d->bytes =
+      a->kind == OP_ALL_GATHER || a->kind == OP_BROADCAST ? a->n : a->n * tz_dtype_size(a->dt);
   d->started = tz_now_s();
 out:
   if (rc < 0) {
@@ -504,15 +506,15 @@ static int submit_staged(struct nccl_ctx *ctx, const struct nccl_args *a, size_t
 }
 
 /* submit, or submit_staged when a buffer is in host memory. */
-static int submit_any(struct nccl_ctx *ctx, const struct nccl_args *a, size_t send_b,
-                      size_t recv_b, tz_fence *after, tz_fence **done) {
+static int submit_any(struct nccl_ctx *ctx, const struct nccl_args *a, size_t send_b, size_t recv_b,
+                      tz_fence *after, tz_fence **done) {
   if (a->kind == OP_BARRIER || (on_device(a->send) && on_device(a->recv)))
     return submit(ctx, a, after, done);
   return submit_staged(ctx, a, send_b, recv_b, after, done);
 }
 
-static int nccl_all_gather(void *ctx, const void *send, void *recv, size_t bytes,
-                           tz_fence *after, tz_fence **done) {
+static int nccl_all_gather(void *ctx, const void *send, void *recv, size_t bytes, tz_fence *after,
+                           tz_fence **done) {
   struct nccl_args a = {.kind = OP_ALL_GATHER, .send = send, .recv = recv, .n = bytes};
   struct nccl_ctx *c = ctx;
   return submit_any(c, &a, bytes, bytes * (size_t)c->size, after, done);
@@ -520,15 +522,15 @@ static int nccl_all_gather(void *ctx, const void *send, void *recv, size_t bytes
 
 static int nccl_reduce_scatter(void *ctx, const void *send, void *recv, size_t count,
                                enum tz_dtype dt, tz_fence *after, tz_fence **done) {
-  struct nccl_args a = {.kind = OP_REDUCE_SCATTER, .send = send, .recv = recv, .n = count,
-                        .dt = dt};
+  struct nccl_args a = {
+      .kind = OP_REDUCE_SCATTER, .send = send, .recv = recv, .n = count, .dt = dt};
   struct nccl_ctx *c = ctx;
   size_t b = count * tz_dtype_size(dt);
   return submit_any(c, &a, b * (size_t)c->size, b, after, done);
 }
 
-static int nccl_all_reduce(void *ctx, const void *send, void *recv, size_t count,
-                           enum tz_dtype dt, tz_fence *after, tz_fence **done) {
+static int nccl_all_reduce(void *ctx, const void *send, void *recv, size_t count, enum tz_dtype dt,
+                           tz_fence *after, tz_fence **done) {
   struct nccl_args a = {.kind = OP_ALL_REDUCE, .send = send, .recv = recv, .n = count, .dt = dt};
   size_t b = count * tz_dtype_size(dt);
   return submit_any(ctx, &a, b, b, after, done);
@@ -580,8 +582,10 @@ static int nccl_create(struct tz_bootstrap *bs, const struct tz_comm_params *p, 
     return tz_err_set(TZ_ENOTSUP, "comm %s", why);
   int device = p->device >= 0 ? p->device : bs->local_rank;
   if (device >= ngpu)
-    return tz_err_set(TZ_ECONFIG, "comm nccl: rank %d (local rank %d) wants GPU %d but %d are "
-                      "visible", bs->rank, bs->local_rank, device, ngpu);
+    return tz_err_set(TZ_ECONFIG,
+                      "comm nccl: rank %d (local rank %d) wants GPU %d but %d are "
+                      "visible",
+                      bs->rank, bs->local_rank, device, ngpu);
   /* NVLink SHARP needs a fabric manager set-up that is not there; the caller's choice wins. */
   setenv("NCCL_NVLS_ENABLE", "0", 0);
 
@@ -594,8 +598,8 @@ static int nccl_create(struct tz_bootstrap *bs, const struct tz_comm_params *p, 
   ctx->size = bs->size;
   ctx->timeout_s = tz_comm_timeout(p);
   ctx->accum = p->accum;
-  ctx->fence_ops = (struct tz_fence_poll_ops){.kind = "cuda-event", .poll = done_poll,
-                                              .destroy = done_destroy};
+  ctx->fence_ops =
+      (struct tz_fence_poll_ops){.kind = "cuda-event", .poll = done_poll, .destroy = done_destroy};
   int rc = 0;
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess)
@@ -638,8 +642,7 @@ static int nccl_create(struct tz_bootstrap *bs, const struct tz_comm_params *p, 
     /* Every rank is known to be alive (the bootstrap reached them all), and setting up a
      * communicator can legitimately take long at scale: a short collective timeout (a test's)
      * does not apply here. */
-    rc = wait_ready_for(ctx, "ncclCommInitRankConfig",
-                        ctx->timeout_s > 120 ? ctx->timeout_s : 120);
+    rc = wait_ready_for(ctx, "ncclCommInitRankConfig", ctx->timeout_s > 120 ? ctx->timeout_s : 120);
   }
   pthread_mutex_unlock(&ctx->lock);
   if (rc < 0)
@@ -715,16 +718,16 @@ static void *nccl_native(void *arg, const char *what) {
 }
 
 const struct tz_comm_ops tz_comm_nccl_ops = {
-  .name = "nccl",
-  .probe = nccl_probe,
-  .create = nccl_create,
-  .destroy = nccl_destroy,
-  .all_gather = nccl_all_gather,
-  .reduce_scatter = nccl_reduce_scatter,
-  .all_reduce = nccl_all_reduce,
-  .broadcast = nccl_broadcast,
-  .barrier = nccl_barrier,
-  .abort = nccl_abort,
-  .native = nccl_native,
-  .needs_bcast = 1,
+    .name = "nccl",
+    .probe = nccl_probe,
+    .create = nccl_create,
+    .destroy = nccl_destroy,
+    .all_gather = nccl_all_gather,
+    .reduce_scatter = nccl_reduce_scatter,
+    .all_reduce = nccl_all_reduce,
+    .broadcast = nccl_broadcast,
+    .barrier = nccl_barrier,
+    .abort = nccl_abort,
+    .native = nccl_native,
+    .needs_bcast = 1,
 };

@@ -28,11 +28,11 @@ extern "C" cudaError_t tz_nccl_sum_chunks(void *out, const void *in, size_t stri
   size_t want = (n + threads - 1) / threads;
   unsigned blocks = want < 65535 ? (unsigned)want : 65535u;
   if (dtype == 1)
-    sum_chunks<1><<<blocks, threads, 0, s>>>((uint16_t *)out, (const uint16_t *)in, stride, n,
-                                             nchunks);
+    sum_chunks<1>
+        <<<blocks, threads, 0, s>>>((uint16_t *)out, (const uint16_t *)in, stride, n, nchunks);
   else if (dtype == 2)
-    sum_chunks<2><<<blocks, threads, 0, s>>>((uint16_t *)out, (const uint16_t *)in, stride, n,
-                                             nchunks);
+    sum_chunks<2>
+        <<<blocks, threads, 0, s>>>((uint16_t *)out, (const uint16_t *)in, stride, n, nchunks);
   else
     return cudaErrorInvalidValue;
   return cudaGetLastError();

@@ -19,8 +19,8 @@ struct single_op {
   struct single_ctx *ctx;
   void *dst;
   const void *src;
-  size_t n;         /* bytes to copy, or elements to reduce */
-  int reduce;       /* 1: n elements of dt through the summation */
+  size_t n;   /* bytes to copy, or elements to reduce */
+  int reduce; /* 1: n elements of dt through the summation */
   enum tz_dtype dt;
   tz_fence *done;
 };
@@ -33,8 +33,10 @@ static int single_probe(char *why, size_t why_len) {
 static int single_create(struct tz_bootstrap *bs, const struct tz_comm_params *p, int *rank,
                          int *size, void **out) {
   if (bs->size != 1)
-    return tz_err_set(TZ_ECONFIG, "comm single: the launch (%s) describes %d ranks; single is a "
-                      "world of one", tz_launch_kind_name(bs->kind), bs->size);
+    return tz_err_set(TZ_ECONFIG,
+                      "comm single: the launch (%s) describes %d ranks; single is a "
+                      "world of one",
+                      tz_launch_kind_name(bs->kind), bs->size);
   struct single_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx)
     return tz_err_set(TZ_ENOMEM, "comm single: out of memory");
@@ -82,8 +84,8 @@ static int submit(struct single_ctx *ctx, void *dst, const void *src, size_t n, 
     tz_fence_release(f);
     return tz_err_set(TZ_ENOMEM, "comm single: out of memory");
   }
-  *op = (struct single_op){.ctx = ctx, .dst = dst, .src = src, .n = n, .reduce = reduce, .dt = dt,
-                           .done = f};
+  *op = (struct single_op){
+      .ctx = ctx, .dst = dst, .src = src, .n = n, .reduce = reduce, .dt = dt, .done = f};
   *done = tz_fence_retain(f);
   if (!after) {
     run(op, 0);
@@ -100,8 +102,8 @@ static int submit(struct single_ctx *ctx, void *dst, const void *src, size_t n, 
   return 0;
 }
 
-static int single_all_gather(void *ctx, const void *send, void *recv, size_t bytes,
-                             tz_fence *after, tz_fence **done) {
+static int single_all_gather(void *ctx, const void *send, void *recv, size_t bytes, tz_fence *after,
+                             tz_fence **done) {
   return submit(ctx, recv, send, bytes, 0, TZ_F32, after, done);
 }
 
@@ -128,14 +130,14 @@ static void single_abort(void *arg, int rc, const char *why) {
 }
 
 const struct tz_comm_ops tz_comm_single_ops = {
-  .name = "single",
-  .probe = single_probe,
-  .create = single_create,
-  .destroy = single_destroy,
-  .all_gather = single_all_gather,
-  .reduce_scatter = single_reduce_scatter,
-  .all_reduce = single_reduce_scatter, /* with one rank both are the sum of one chunk */
-  .broadcast = single_broadcast,
-  .barrier = single_barrier,
-  .abort = single_abort,
+    .name = "single",
+    .probe = single_probe,
+    .create = single_create,
+    .destroy = single_destroy,
+    .all_gather = single_all_gather,
+    .reduce_scatter = single_reduce_scatter,
+    .all_reduce = single_reduce_scatter, /* with one rank both are the sum of one chunk */
+    .broadcast = single_broadcast,
+    .barrier = single_barrier,
+    .abort = single_abort,
 };

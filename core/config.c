@@ -83,8 +83,8 @@ static int walk(struct tz_config *c, const char *origin, json_t *obj, const char
       }
     } else {
       char hint[64];
-      int have_hint = !tz_config_is_known_ignored(cpath) &&
-                      tz_config_suggest(canon, cname, hint, sizeof hint);
+      int have_hint =
+          !tz_config_is_known_ignored(cpath) && tz_config_suggest(canon, cname, hint, sizeof hint);
       if (have_hint)
         TZ_WARN("%s: %s: unknown key, ignored (did you mean %s?)", origin, spath, hint);
       rc = add_ignored(c, spath, have_hint ? hint : NULL);
@@ -104,7 +104,7 @@ static int finish(struct tz_config *c, const char *pre) {
   if (c->fp16.enabled && c->bf16.enabled)
     return tz_err_set(TZ_ECONFIG, "%s: fp16.enabled and bf16.enabled are both true: choose one",
                       pre);
-  c->precision = c->bf16.enabled  ? TZ_PRECISION_BF16
+  c->precision = c->bf16.enabled   ? TZ_PRECISION_BF16
                  : c->fp16.enabled ? TZ_PRECISION_FP16
                                    : TZ_PRECISION_FP32;
   /* DeepSpeed: AdamW is decoupled whatever adam_w_mode says. */

@@ -92,13 +92,13 @@ struct tz_config {
 
   struct {
     enum tz_lr_schedule type;
-    double warmup_min_lr;          /* WarmupLR/WarmupDecayLR: lr at step 0 */
-    double warmup_max_lr;          /* WarmupLR/WarmupDecayLR: lr at the end of warmup */
-    int64_t warmup_num_steps;      /* steps of warmup */
+    double warmup_min_lr;     /* WarmupLR/WarmupDecayLR: lr at step 0 */
+    double warmup_max_lr;     /* WarmupLR/WarmupDecayLR: lr at the end of warmup */
+    int64_t warmup_num_steps; /* steps of warmup */
     enum tz_warmup_type warmup_type;
-    int64_t total_num_steps;       /* WarmupDecayLR/WarmupCosineLR: 0 = the trainer's step count */
-    double warmup_min_ratio;       /* WarmupCosineLR: lr/peak at step 0 */
-    double cos_min_ratio;          /* WarmupCosineLR: lr/peak at total_num_steps */
+    int64_t total_num_steps; /* WarmupDecayLR/WarmupCosineLR: 0 = the trainer's step count */
+    double warmup_min_ratio; /* WarmupCosineLR: lr/peak at step 0 */
+    double cos_min_ratio;    /* WarmupCosineLR: lr/peak at total_num_steps */
   } scheduler;
 
   struct {
@@ -134,47 +134,47 @@ struct tz_config {
     int64_t block_size; /* bytes per NVMe request */
   } aio;
 
-  double gradient_predivide_factor; /* divide gradients by this before the reduction */
-  int prescale_gradients;           /* divide by the world size before rather than after */
+  double gradient_predivide_factor;          /* divide gradients by this before the reduction */
+  int prescale_gradients;                    /* divide by the world size before rather than after */
   enum tz_precision communication_data_type; /* dtype of gradient reductions */
-  int64_t seed;                     /* initialisation and data order are functions of it */
+  int64_t seed;                              /* initialisation and data order are functions of it */
 
   /* The "tierzero" section; each key is also TZ_<KEY> in the environment. */
   struct {
-    char *model;                  /* model preset name; NULL = the trainer's default */
-    uint64_t hbm_budget;          /* bytes of GPU memory to use; 0 = what is free */
-    uint64_t host_budget;         /* bytes of pinned host memory; 0 = most of what is available */
-    uint64_t nvme_budget;         /* bytes of NVMe space; 0 = a share of what is free */
+    char *model;          /* model preset name; NULL = the trainer's default */
+    uint64_t hbm_budget;  /* bytes of GPU memory to use; 0 = what is free */
+    uint64_t host_budget; /* bytes of pinned host memory; 0 = most of what is available */
+    uint64_t nvme_budget; /* bytes of NVMe space; 0 = a share of what is free */
     struct tz_config_paths nvme_path; /* NVMe directories, one file striped over each */
-    int nvme_checksum;            /* checksum blocks written to NVMe and verify on read */
-    int nvme_buffered;            /* use the page cache instead of O_DIRECT */
-    uint64_t staging_bytes;       /* pinned host bytes for staged transfers */
-    uint64_t chunk_bytes;         /* bytes per staged chunk (<= staging_bytes) */
-    int queue_depth;              /* io_uring entries per ring; 0 = the backend's default */
-    char *faults;                 /* fault-injection spec for the fault tier; NULL = none */
-    int lookahead;                /* phases prefetched ahead; -1 = as far as budget allows */
-    int jitter_us;                /* test hook: random delay up to this before each progress round */
-    int sched_debug;              /* log every placement decision */
-    int log;                      /* enum tz_log_level (core/log.h) */
-    int64_t trace_step;           /* step to record a lane trace for; -1 = none */
-    int threads;                  /* CPU optimizer threads; 0 = auto */
-    double cpu_adam;              /* share of the parameters whose host-homed optimizer state the
-                                     CPU steps at its homes (the last layers first); -1 = all on
-                                     a CPU-only machine, none with a GPU */
-    int cpu_adam_search;          /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1 */
-    int overlap_collectives;      /* with several ranks, each phase gathers the next layer and
-                                     reduce-scatters the previous one's gradient while it
-                                     computes (docs/training.md); -1 = auto: on GPUs when the
-                                     parameters are not forced off them */
-    int numa_node;                /* NUMA node for host memory and threads; -1 = the GPU's */
-    int device;                   /* GPU index; -1 = from the local rank */
-    int gds;                      /* 0: GPUDirect Storage is not even probed (tiers/hbm.c) */
-    uint64_t hbm_pin_piece;       /* test hook: bytes per host-memory registration piece of the
-                                     hbm tier, to test copies split at piece boundaries; 0 = 64
-                                     GiB */
-    int cuda_attention;           /* the CUDA attention kernels: 0 auto, 1 simple */
-    int cuda_matmul;              /* the CUDA matmul's path: 0 cublaslt, 1 plain */
-    double comm_timeout;          /* seconds each collective and launcher exchange may take */
+    int nvme_checksum;                /* checksum blocks written to NVMe and verify on read */
+    int nvme_buffered;                /* use the page cache instead of O_DIRECT */
+    uint64_t staging_bytes;           /* pinned host bytes for staged transfers */
+    uint64_t chunk_bytes;             /* bytes per staged chunk (<= staging_bytes) */
+    int queue_depth;                  /* io_uring entries per ring; 0 = the backend's default */
+    char *faults;                     /* fault-injection spec for the fault tier; NULL = none */
+    int lookahead;                    /* phases prefetched ahead; -1 = as far as budget allows */
+    int jitter_us;           /* test hook: random delay up to this before each progress round */
+    int sched_debug;         /* log every placement decision */
+    int log;                 /* enum tz_log_level (core/log.h) */
+    int64_t trace_step;      /* step to record a lane trace for; -1 = none */
+    int threads;             /* CPU optimizer threads; 0 = auto */
+    double cpu_adam;         /* share of the parameters whose host-homed optimizer state the
+                                CPU steps at its homes (the last layers first); -1 = all on
+                                a CPU-only machine, none with a GPU */
+    int cpu_adam_search;     /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1 */
+    int overlap_collectives; /* with several ranks, each phase gathers the next layer and
+                                reduce-scatters the previous one's gradient while it
+                                computes (docs/training.md); -1 = auto: on GPUs when the
+                                parameters are not forced off them */
+    int numa_node;           /* NUMA node for host memory and threads; -1 = the GPU's */
+    int device;              /* GPU index; -1 = from the local rank */
+    int gds;                 /* 0: GPUDirect Storage is not even probed (tiers/hbm.c) */
+    uint64_t hbm_pin_piece;  /* test hook: bytes per host-memory registration piece of the
+                                hbm tier, to test copies split at piece boundaries; 0 = 64
+                                GiB */
+    int cuda_attention;      /* the CUDA attention kernels: 0 auto, 1 simple */
+    int cuda_matmul;         /* the CUDA matmul's path: 0 cublaslt, 1 plain */
+    double comm_timeout;     /* seconds each collective and launcher exchange may take */
   } tierzero;
 
   /* Private: keys of the file that were not used (tz_config_ignored). */

@@ -54,4 +54,3 @@ int tz_config_resolve_batch(struct tz_config *c, int world_size) {
   c->gradient_accumulation_steps = gas;
   return 0;
 }
-

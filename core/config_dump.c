@@ -35,7 +35,7 @@ static void dump_value(FILE *f, const struct tz_config *c, const struct key *k) 
   case K_SIZE: {
     int64_t v = k->type == K_INT   ? get_int(c, k)
                 : k->type == K_I64 ? *(const int64_t *)cfield(c, k)
-                                   : (int64_t)*(const uint64_t *)cfield(c, k);
+                                   : (int64_t) * (const uint64_t *)cfield(c, k);
     /* Out of range is the "not set" default. */
     if (check_irange(k, v))
       fprintf(f, "%" PRId64, v);

@@ -40,11 +40,11 @@ enum {
 struct key {
   const char *path; /* JSON path, sections joined by '.' */
   enum ktype type;
-  size_t off;                 /* offset of the field in struct tz_config */
-  int64_t imin, imax;         /* K_INT, K_I64, K_SIZE: accepted range, inclusive */
-  double dmin, dmax;          /* K_DOUBLE, K_PAIR: accepted range (F_MIN_OPEN, F_MAX_OPEN) */
+  size_t off;         /* offset of the field in struct tz_config */
+  int64_t imin, imax; /* K_INT, K_I64, K_SIZE: accepted range, inclusive */
+  double dmin, dmax;  /* K_DOUBLE, K_PAIR: accepted range (F_MIN_OPEN, F_MAX_OPEN) */
   unsigned flags;
-  const char *const *names;   /* K_ENUM: name of each value (NULL: a value with no name) */
+  const char *const *names; /* K_ENUM: name of each value (NULL: a value with no name) */
   int n_names;
   double def[2]; /* default: number, 0/1, enum value; K_PAIR both; K_FIXED the required 0/1.
                   * Defaults may lie outside [min, max]: such a value means "not set". */
@@ -135,7 +135,6 @@ void tz_config_render_got(const struct where *w, char *buf, size_t len);
 /* A JSON value for k (not null). */
 int tz_config_parse_json(const struct where *w, const struct key *k, json_t *j, struct val *v);
 /* A value given as text (environment variable, command line) for k. */
-int tz_config_parse_text(const struct where *w, const struct key *k, const char *s,
-                         struct val *v);
+int tz_config_parse_text(const struct where *w, const struct key *k, const char *s, struct val *v);
 
 #endif

@@ -14,7 +14,6 @@
 #include "core/log.h"
 #include "core/tier.h"
 
-
 _Static_assert(TZ_CONFIG_MAX_PATHS == TZ_MAX_PATHS, "one limit on NVMe directories");
 /* Enum fields are read and written as int through the table. */
 _Static_assert(sizeof(enum tz_optimizer_type) == sizeof(int), "enum stored as int");
@@ -203,7 +202,8 @@ static const char *const known_ignored[] = {
   "bf16.bf16_optimizer_states", "bf16.check_grad_overflow",
   "zero_optimization.allgather_partitions", "zero_optimization.allgather_bucket_size",
   "zero_optimization.reduce_scatter", "zero_optimization.load_from_fp32_weights",
-  "zero_optimization.elastic_checkpoint", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+  "zero_optimization.elastic_checkpoint",
+  "zero_optimization.stage3_gather_16bit_weights_on_model_save",
   "zero_optimization.stage3_gather_fp16_weights_on_model_save",
   "zero_optimization.gather_16bit_weights_on_model_save",
   "zero_optimization.stage3_module_granularity_threshold",
@@ -225,9 +225,7 @@ static const char *const known_ignored[] = {
 #define N_KNOWN_IGNORED ((int)(sizeof known_ignored / sizeof known_ignored[0]))
 
 /* Older DeepSpeed spellings of a top-level section. */
-static const struct {
-  const char *alias, *name;
-} section_aliases[] = {{"bfloat16", "bf16"}};
+static const struct { const char *alias, *name; } section_aliases[] = {{"bfloat16", "bf16"}};
 
 const char *tz_config_section_alias(const char *name) {
   const char *canon = name;
@@ -374,8 +372,8 @@ int tz_config_distance(const char *a, const char *b) {
 }
 
 /* Considers the child of section (or top-level name) that known path lies under. */
-static void consider(const char *known, const char *section, const char *name, int *best,
-                     char *out, size_t len) {
+static void consider(const char *known, const char *section, const char *name, int *best, char *out,
+                     size_t len) {
   const char *rest = known;
   if (*section) {
     if (!starts_section(known, section))
@@ -429,4 +427,3 @@ const char *tz_config_env_name(int i) {
   pthread_once(&env_once, env_init);
   return env_names[i][0] ? env_names[i] : NULL;
 }
-

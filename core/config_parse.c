@@ -70,14 +70,13 @@ static void describe(const struct key *k, int text, char *buf, size_t len) {
   switch (k->type) {
   case K_BOOL:
     if (k->flags & F_AUTO)
-      snprintf(buf, len, "%s", text ? "1, 0, true, false, yes, no, on, off or \"auto\""
-                                    : "true, false or \"auto\"");
+      snprintf(buf, len, "%s",
+               text ? "1, 0, true, false, yes, no, on, off or \"auto\""
+                    : "true, false or \"auto\"");
     else
       snprintf(buf, len, "%s", text ? "1, 0, true, false, yes, no, on or off" : "true or false");
     return;
-  case K_FIXED:
-    n = (size_t)snprintf(buf, len, "%s", k->def[0] != 0 ? "true" : "false");
-    break;
+  case K_FIXED: n = (size_t)snprintf(buf, len, "%s", k->def[0] != 0 ? "true" : "false"); break;
   case K_INT:
   case K_I64: {
     int64_t natural = k->type == K_INT ? INT_MAX : INT64_MAX;
@@ -92,8 +91,8 @@ static void describe(const struct key *k, int text, char *buf, size_t len) {
     break;
   }
   case K_SIZE:
-    n = (size_t)snprintf(buf, len, "%s", k->imin > 0 ? "a non-zero size like 64MiB"
-                                                     : "a size like 64GiB");
+    n = (size_t)snprintf(buf, len, "%s",
+                         k->imin > 0 ? "a non-zero size like 64MiB" : "a size like 64GiB");
     break;
   case K_DOUBLE:
   case K_PAIR:
@@ -171,7 +170,6 @@ static int real_to_i64(double d, int64_t *out) {
 int tz_config_parse_size(const char *s, uint64_t *out) {
   return tz_size_parse(s, TZ_SIZE_UNITS, out);
 }
-
 
 static int find_name(const struct key *k, const char *s) {
   for (int i = 0; i < k->n_names; i++) {
@@ -393,4 +391,3 @@ int tz_config_parse_text(const struct where *w, const struct key *k, const char 
   }
   return tz_err_set(TZ_EINVAL, "config: key %s has no parser", k->path);
 }
-

@@ -72,7 +72,7 @@ TZ_DTYPE_FN uint16_t tz_f32_to_f16(float f) {
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) /* NaN */
     return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x03ffu));
-  if (a >= 0x38800000u) { /* |f| >= 2^-14: normal in f16, or overflow */
+  if (a >= 0x38800000u) {         /* |f| >= 2^-14: normal in f16, or overflow */
     uint32_t r = a - 0x38000000u; /* rebias the exponent from 127 to 15 */
     r += 0x0fffu + ((r >> 13) & 1u);
     r >>= 13;
@@ -81,9 +81,9 @@ TZ_DTYPE_FN uint16_t tz_f32_to_f16(float f) {
   if (a < 0x33000000u) /* |f| < 2^-25, under half the smallest subnormal */
     return sign;
   /* Subnormal in f16: the result is round(|f| / 2^-24), with |f| = M * 2^(E - 150). */
-  uint32_t e = a >> 23;                    /* 102 .. 112 */
+  uint32_t e = a >> 23; /* 102 .. 112 */
   uint32_t mant = (a & 0x007fffffu) | 0x00800000u;
-  uint32_t shift = 126u - e;               /* 14 .. 24 */
+  uint32_t shift = 126u - e; /* 14 .. 24 */
   uint32_t k = mant >> shift;
   uint32_t rem = mant & ((1u << shift) - 1u);
   uint32_t half = 1u << (shift - 1u);

@@ -8,23 +8,23 @@
 static _Thread_local char err_msg[1024];
 
 static const char *const err_names[TZ_ERR_COUNT_] = {
-  [0] = "success",
-  [-TZ_EINVAL] = "invalid argument",
-  [-TZ_ENOMEM] = "out of memory",
-  [-TZ_EIO] = "I/O error",
-  [-TZ_ENOSPC] = "no space left on device",
-  [-TZ_ENOTSUP] = "not supported here",
-  [-TZ_ECHECKSUM] = "checksum mismatch",
-  [-TZ_ETIMEDOUT] = "timed out",
-  [-TZ_ECONFIG] = "bad configuration",
-  [-TZ_ECUDA] = "CUDA error",
-  [-TZ_ECOMM] = "communication error",
-  [-TZ_ENOENT] = "not found",
-  [-TZ_EFORMAT] = "malformed file",
-  [-TZ_EBUSY] = "busy",
-  [-TZ_ECANCELED] = "canceled",
-  [-TZ_EEXIST] = "already exists",
-  [-TZ_EPERM] = "not permitted",
+    [0] = "success",
+    [-TZ_EINVAL] = "invalid argument",
+    [-TZ_ENOMEM] = "out of memory",
+    [-TZ_EIO] = "I/O error",
+    [-TZ_ENOSPC] = "no space left on device",
+    [-TZ_ENOTSUP] = "not supported here",
+    [-TZ_ECHECKSUM] = "checksum mismatch",
+    [-TZ_ETIMEDOUT] = "timed out",
+    [-TZ_ECONFIG] = "bad configuration",
+    [-TZ_ECUDA] = "CUDA error",
+    [-TZ_ECOMM] = "communication error",
+    [-TZ_ENOENT] = "not found",
+    [-TZ_EFORMAT] = "malformed file",
+    [-TZ_EBUSY] = "busy",
+    [-TZ_ECANCELED] = "canceled",
+    [-TZ_EEXIST] = "already exists",
+    [-TZ_EPERM] = "not permitted",
 };
 
 const char *tz_strerror(int rc) {
@@ -54,14 +54,17 @@ int tz_err_from_errno(int e) {
   switch (e) {
   case 0: return TZ_OK;
   case ENOMEM: return TZ_ENOMEM;
-  case ENOSPC: case EDQUOT: return TZ_ENOSPC;
+  case ENOSPC:
+  case EDQUOT: return TZ_ENOSPC;
   case EINVAL: return TZ_EINVAL;
   case ENOENT: return TZ_ENOENT;
   case EEXIST: return TZ_EEXIST;
-  case EPERM: case EACCES: return TZ_EPERM;
+  case EPERM:
+  case EACCES: return TZ_EPERM;
   case EBUSY: return TZ_EBUSY;
   case ETIMEDOUT: return TZ_ETIMEDOUT;
-  case ENOSYS: case EOPNOTSUPP: return TZ_ENOTSUP;
+  case ENOSYS:
+  case EOPNOTSUPP: return TZ_ENOTSUP;
   case ECANCELED: return TZ_ECANCELED;
   default: return TZ_EIO;
   }

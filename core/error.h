@@ -8,22 +8,22 @@
 
 enum {
   TZ_OK = 0,
-  TZ_EINVAL = -1,    /* bad argument or input */
-  TZ_ENOMEM = -2,    /* host allocation failed, or a tier's budget is exhausted */
-  TZ_EIO = -3,       /* an I/O operation failed */
-  TZ_ENOSPC = -4,    /* no space left on a device */
-  TZ_ENOTSUP = -5,   /* the machine or build lacks what this needs */
-  TZ_ECHECKSUM = -6, /* data failed its integrity check */
-  TZ_ETIMEDOUT = -7, /* a wait ran past its limit */
-  TZ_ECONFIG = -8,   /* a configuration value is wrong */
-  TZ_ECUDA = -9,     /* a CUDA, cuBLAS or NCCL call failed */
-  TZ_ECOMM = -10,    /* a collective or a peer rank failed */
-  TZ_ENOENT = -11,   /* a file, key or object does not exist */
-  TZ_EFORMAT = -12,  /* a file is malformed */
-  TZ_EBUSY = -13,    /* the object is in use */
-  TZ_ECANCELED = -14,/* the operation was abandoned (an earlier error, shutdown) */
-  TZ_EEXIST = -15,   /* the object already exists */
-  TZ_EPERM = -16,    /* not permitted */
+  TZ_EINVAL = -1,     /* bad argument or input */
+  TZ_ENOMEM = -2,     /* host allocation failed, or a tier's budget is exhausted */
+  TZ_EIO = -3,        /* an I/O operation failed */
+  TZ_ENOSPC = -4,     /* no space left on a device */
+  TZ_ENOTSUP = -5,    /* the machine or build lacks what this needs */
+  TZ_ECHECKSUM = -6,  /* data failed its integrity check */
+  TZ_ETIMEDOUT = -7,  /* a wait ran past its limit */
+  TZ_ECONFIG = -8,    /* a configuration value is wrong */
+  TZ_ECUDA = -9,      /* a CUDA, cuBLAS or NCCL call failed */
+  TZ_ECOMM = -10,     /* a collective or a peer rank failed */
+  TZ_ENOENT = -11,    /* a file, key or object does not exist */
+  TZ_EFORMAT = -12,   /* a file is malformed */
+  TZ_EBUSY = -13,     /* the object is in use */
+  TZ_ECANCELED = -14, /* the operation was abandoned (an earlier error, shutdown) */
+  TZ_EEXIST = -15,    /* the object already exists */
+  TZ_EPERM = -16,     /* not permitted */
   TZ_ERR_COUNT_ = 17
 };
 

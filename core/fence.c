@@ -19,7 +19,7 @@ struct tz_fence {
   int done;   /* atomic: 0 pending, 1 complete */
   int firing; /* under mu: the signalling thread is still running callbacks */
   int rc;
-  char *msg;  /* owned; the error message for waiters */
+  char *msg; /* owned; the error message for waiters */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   struct callback *cbs; /* run in the order they were added */
@@ -111,7 +111,9 @@ void tz_fence_signal_msg(tz_fence *f, int rc, const char *msg) {
   tz_fence_release(f);
 }
 
-void tz_fence_signal(tz_fence *f, int rc) { tz_fence_signal_msg(f, rc, rc < 0 ? tz_err_msg() : NULL); }
+void tz_fence_signal(tz_fence *f, int rc) {
+  tz_fence_signal_msg(f, rc, rc < 0 ? tz_err_msg() : NULL);
+}
 
 int tz_fence_query(tz_fence *f) {
   if (!__atomic_load_n(&f->done, __ATOMIC_ACQUIRE))
@@ -236,9 +238,7 @@ void *tz_fence_native(tz_fence *f, const struct tz_fence_poll_ops *ops) {
   return f->poll_ops == ops ? f->poll_ctx : NULL;
 }
 
-void tz_fence_forward(tz_fence *f, tz_fence *inner) {
-  f->via = tz_fence_retain(inner);
-}
+void tz_fence_forward(tz_fence *f, tz_fence *inner) { f->via = tz_fence_retain(inner); }
 
 int tz_fence_poll_once(tz_fence *f) {
   if (__atomic_load_n(&f->done, __ATOMIC_ACQUIRE))

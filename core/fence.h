@@ -44,9 +44,9 @@ tz_fence *tz_fence_all(tz_fence *const *fs, int n);
  * calls ops->destroy(ctx). native() hands the backend object back to its own backend (the event
  * that cudaStreamWaitEvent needs); other backends ignore it. */
 struct tz_fence_poll_ops {
-  const char *kind;              /* "cuda-event" */
-  int (*poll)(void *ctx);        /* 1 done, 0 pending, negative: failed */
-  void (*destroy)(void *ctx);    /* optional: NULL means nothing to free */
+  const char *kind;           /* "cuda-event" */
+  int (*poll)(void *ctx);     /* 1 done, 0 pending, negative: failed */
+  void (*destroy)(void *ctx); /* optional: NULL means nothing to free */
 };
 typedef struct tz_progress tz_progress;
 tz_fence *tz_fence_create_polled(tz_progress *pe, const struct tz_fence_poll_ops *ops, void *ctx);

@@ -47,8 +47,10 @@ int tz_lane_wait_all(tz_lane *l, tz_fence *const *fs, int n, struct tz_lane_wait
 
 int tz_lane_submit(tz_lane *l, int (*fn)(void *arg), void *arg) {
   if (!l->ops->submit)
-    return tz_err_set(TZ_ENOTSUP, "lane %s (%s): runs no host functions; launch work on its "
-                      "native handle", l->name, l->ops->kind);
+    return tz_err_set(TZ_ENOTSUP,
+                      "lane %s (%s): runs no host functions; launch work on its "
+                      "native handle",
+                      l->name, l->ops->kind);
   return l->ops->submit(l, fn, arg);
 }
 
@@ -99,8 +101,8 @@ int tz_lane_timer_mark(tz_lane_timer *t, int i) {
 int tz_lane_timer_elapsed(tz_lane_timer *t, int i, int j, double *seconds) {
   *seconds = 0;
   if (i < 0 || i >= t->n || j < 0 || j >= t->n)
-    return tz_err_set(TZ_EINVAL, "lane %s: timing marks %d, %d outside [0, %d)", t->l->name, i,
-                      j, t->n);
+    return tz_err_set(TZ_EINVAL, "lane %s: timing marks %d, %d outside [0, %d)", t->l->name, i, j,
+                      t->n);
   return t->l->ops->timer_elapsed(t->l, t->ctx, i, j, seconds);
 }
 
@@ -285,12 +287,12 @@ static void cpu_destroy(tz_lane *l) {
 }
 
 static const struct tz_lane_ops cpu_lane_ops = {
-  .kind = "cpu",
-  .wait = cpu_wait,
-  .submit = cpu_submit,
-  .record = cpu_record,
-  .set_jitter = cpu_set_jitter,
-  .destroy = cpu_destroy,
+    .kind = "cpu",
+    .wait = cpu_wait,
+    .submit = cpu_submit,
+    .record = cpu_record,
+    .set_jitter = cpu_set_jitter,
+    .destroy = cpu_destroy,
 };
 
 int tz_lane_create_cpu(const char *name, tz_lane **out) {

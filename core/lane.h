@@ -53,7 +53,8 @@ int tz_lane_wait_all(tz_lane *l, tz_fence *const *fs, int n, struct tz_lane_wait
  * with a message. TZ_ENOTSUP on lanes that run no host functions (the client launches its kernels
  * on tz_lane_native instead). */
 int tz_lane_submit(tz_lane *l, int (*fn)(void *arg), void *arg);
-/* *out (owned by the caller) completes when everything submitted to l so far has, waits included. */
+/* *out (owned by the caller) completes when everything submitted to l so far has, waits included.
+ */
 int tz_lane_record(tz_lane *l, tz_fence **out);
 /* Work submitted to `to` after this call starts only after everything submitted to `from` so far
  * has completed: tz_lane_record on from and tz_lane_wait on to, or, where both lanes are of one

@@ -118,14 +118,14 @@ enum { LANE_IN, LANE_OUT, LANE_NVME };
 struct resident {
   int n;               /* phases in the step */
   uint64_t room, used; /* the window less the scheduler's chunk; bytes held */
-  const int *next;    /* (n, TZ_PLAN_MAX_USES): the phase of the block's next use after phase p,
-                         cyclically (p itself when no other phase uses it) */
-  int *slot;          /* (nb): where the block is held, or -1 */
-  int *mark;          /* (nb): 1 + the index of the last phase instance that used it */
-  int *id;            /* (nb slots): the block held there */
-  int *at;            /* (nb slots): the phase of its next use */
-  uint64_t *bytes;    /* (nb slots): its bytes (block_bytes, rounded as the scheduler's are) */
-  int held;           /* slots in use */
+  const int *next;     /* (n, TZ_PLAN_MAX_USES): the phase of the block's next use after phase p,
+                          cyclically (p itself when no other phase uses it) */
+  int *slot;           /* (nb): where the block is held, or -1 */
+  int *mark;           /* (nb): 1 + the index of the last phase instance that used it */
+  int *id;             /* (nb slots): the block held there */
+  int *at;             /* (nb slots): the phase of its next use */
+  uint64_t *bytes;     /* (nb slots): its bytes (block_bytes, rounded as the scheduler's are) */
+  int held;            /* slots in use */
 };
 
 /* next[p * TZ_PLAN_MAX_USES + u]: walking two steps backwards, the last phase seen using a
@@ -198,7 +198,7 @@ static int resident_use(struct resident *w, const struct tz_plan_request *r, int
  * wraps is the whole cycle less a run that does not, so it is the total less the smallest such
  * sum (Kadane's scan both ways, O(n): the plan simulates many placements). */
 static double longest_run(int n, const double *copy, const double *copy2, const double *comp,
-                         double rate, double carry) {
+                          double rate, double carry) {
   if (rate <= 0 || n <= 0)
     return 0;
   double total = 0, hi = 0, lo = 0, best = -1e300, least = 1e300;
@@ -227,8 +227,7 @@ static double longest_run(int n, const double *copy, const double *copy2, const 
  * the link moves at once (either direction alone, copy_duplex, or each one's rate beside the
  * other summed), and likewise each direction alone with one window at its own rate. */
 static double window_bound(const struct tz_plan_rates *rt, int n, const double *in,
-                           const double *out, const double *comp, double compute_s,
-                           double window) {
+                           const double *out, const double *comp, double compute_s, double window) {
   double both = max2(rt->copy_duplex, rt->copy_in_both + rt->copy_out_both);
   if (both > 0) /* unknown: the directions independent; known: one alone may move more */
     both = max2(both, max2(rt->copy_in, rt->copy_out));

@@ -51,23 +51,23 @@ const char *tz_plan_kind_name(int kind); /* "param", "master", "m", "v", "grad" 
 /* Machine rates, in bytes or elements or FLOP per second. 0 means unknown: the lanes it costs
  * are treated as free, and the bound says so (tz_plan.unknown_rates). */
 struct tz_plan_rates {
-  double flops;      /* the compute backend's matrix multiply */
-  double copy_in;    /* host -> compute tier */
-  double copy_out;   /* compute tier -> host */
-  double copy_duplex; /* both directions at once, bytes per second summed; 0: unknown, the plan
-                         then treats the directions as independent */
+  double flops;         /* the compute backend's matrix multiply */
+  double copy_in;       /* host -> compute tier */
+  double copy_out;      /* compute tier -> host */
+  double copy_duplex;   /* both directions at once, bytes per second summed; 0: unknown, the plan
+                           then treats the directions as independent */
   double copy_in_both;  /* host -> compute tier while compute -> host runs too; with */
   double copy_out_both; /* compute -> host while host -> compute runs too: how the link shares
                            itself between the directions (0: unknown, each at its own rate) */
-  double copy_local; /* within the compute tier; not in the bound (blocks homed there are used
-                        in place), measured for reference */
-  double nvme_read;  /* nvme -> host */
-  double nvme_write; /* host -> nvme */
-  double nvme_duplex; /* reads and writes at once, bytes per second summed; 0: unknown, the plan
-                         then takes them as time-sharing the disk at nvme_read and nvme_write */
-  double adam;       /* Adam elements per second where opt phases run */
-  double adam_home;  /* Adam elements per second of the CPU on host memory (home phases) */
-  double collective; /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
+  double copy_local;    /* within the compute tier; not in the bound (blocks homed there are used
+                           in place), measured for reference */
+  double nvme_read;     /* nvme -> host */
+  double nvme_write;    /* host -> nvme */
+  double nvme_duplex;   /* reads and writes at once, bytes per second summed; 0: unknown, the plan
+                           then takes them as time-sharing the disk at nvme_read and nvme_write */
+  double adam;          /* Adam elements per second where opt phases run */
+  double adam_home;     /* Adam elements per second of the CPU on host memory (home phases) */
+  double collective;    /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
 };
 
 #define TZ_PLAN_MAX_USES 8

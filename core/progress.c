@@ -23,18 +23,18 @@ struct poller {
 
 struct tz_progress {
   pthread_t thread;
-  int wake_fd;                 /* eventfd: kicks the thread out of its sleep */
-  int stop;                    /* atomic */
-  int busy;                    /* atomic: work in flight that needs polling */
-  pthread_mutex_t mu;          /* guards pollers, watched and their counts */
+  int wake_fd;        /* eventfd: kicks the thread out of its sleep */
+  int stop;           /* atomic */
+  int busy;           /* atomic: work in flight that needs polling */
+  pthread_mutex_t mu; /* guards pollers, watched and their counts */
   struct poller pollers[MAX_POLLERS];
   int n_pollers;
-  int gen;                     /* bumped when pollers change */
-  tz_fence **watched;          /* polled fences, the engine holds a reference to each */
+  int gen;            /* bumped when pollers change */
+  tz_fence **watched; /* polled fences, the engine holds a reference to each */
   int n_watched, cap_watched;
   int jitter_us;
   uint64_t jitter_state;
-  uint64_t round;              /* atomic: rounds the engine has started */
+  uint64_t round; /* atomic: rounds the engine has started */
 };
 
 static void drain_fd(int fd) {

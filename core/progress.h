@@ -13,8 +13,8 @@ typedef struct tz_progress tz_progress;
  * and then ignored: a poller reports its failures through the fences of its operations. */
 typedef int (*tz_poll_fn)(void *ctx);
 
-int tz_progress_create(tz_progress **out);   /* starts the thread */
-void tz_progress_destroy(tz_progress *pe);   /* stops and joins it; NULL is a no-op */
+int tz_progress_create(tz_progress **out); /* starts the thread */
+void tz_progress_destroy(tz_progress *pe); /* stops and joins it; NULL is a no-op */
 
 /* Registers a poller. wake_fd >= 0: an fd that becomes readable when the poller has completions
  * (an io_uring's registered eventfd); the engine then need not spin for it. The engine keeps
@@ -27,7 +27,8 @@ void tz_progress_busy(tz_progress *pe, int delta);
 /* Wakes the engine thread at once. */
 void tz_progress_kick(tz_progress *pe);
 
-/* Test hook: jitter mode. With max_us > 0 the engine sleeps a random 0..max_us before each round. */
+/* Test hook: jitter mode. With max_us > 0 the engine sleeps a random 0..max_us before each round.
+ */
 void tz_progress_set_jitter(tz_progress *pe, int max_us, uint64_t seed);
 
 #endif

@@ -28,9 +28,9 @@ struct tz_runtime {
   const struct tz_tier_ops *host_ops; /* the backend of staging and other core host tiers */
   tz_progress *pe;
   tz_pool *copy_pool;
-  pthread_mutex_t mu;   /* tiers, pairs, slots */
+  pthread_mutex_t mu; /* tiers, pairs, slots */
   tz_tier *tiers;
-  tz_tier *staging;     /* a host tier that holds the staging slots */
+  tz_tier *staging; /* a host tier that holds the staging slots */
   tz_extent staging_ext;
   unsigned char *slot_base;
   int n_slots;
@@ -39,7 +39,7 @@ struct tz_runtime {
   struct staged *waiting, **waiting_tail; /* transfers waiting for a slot, FIFO */
   struct pair pairs[MAX_PAIRS];
   int n_pairs;
-  int in_flight;        /* atomic: transfers not yet completed */
+  int in_flight; /* atomic: transfers not yet completed */
 };
 
 void tz_runtime_params_init(struct tz_runtime_params *p) {
@@ -51,7 +51,9 @@ void tz_runtime_params_init(struct tz_runtime_params *p) {
 
 tz_progress *tz_runtime_progress(tz_runtime *rt) { return rt->pe; }
 uint64_t tz_runtime_chunk_bytes(const tz_runtime *rt) { return rt->p.chunk_bytes; }
-struct tz_pool *tz_runtime_copy_pool(tz_runtime *rt) { return rt->copy_pool; }
+struct tz_pool *tz_runtime_copy_pool(tz_runtime *rt) {
+  return rt->copy_pool;
+}
 
 int tz_runtime_host_tier(tz_runtime *rt, const struct tz_tier_params *p, tz_tier **out) {
   return tz_tier_create_from(rt, rt->host_ops, p, out);
@@ -243,9 +245,9 @@ struct staged {
   tz_runtime *rt;
   tz_extent src, dst;
   uint64_t src_off, dst_off, n;
-  uint64_t next;        /* bytes issued */
-  uint64_t finished;    /* bytes written */
-  int active;           /* chunks in flight */
+  uint64_t next;     /* bytes issued */
+  uint64_t finished; /* bytes written */
+  int active;        /* chunks in flight */
   int rc;
   char msg[384];
   tz_fence *out;
@@ -317,8 +319,8 @@ static void chunk_read(void *arg, int rc) {
     return;
   }
   tz_fence *f;
-  rc = tz_tier_write(&s->dst, s->dst_off + c->off, s->rt->slot_base + (uint64_t)c->slot *
-                     s->rt->p.chunk_bytes, c->len, &f);
+  rc = tz_tier_write(&s->dst, s->dst_off + c->off,
+                     s->rt->slot_base + (uint64_t)c->slot * s->rt->p.chunk_bytes, c->len, &f);
   if (rc < 0) {
     chunk_end(c, rc);
     return;

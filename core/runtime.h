@@ -13,9 +13,9 @@
 typedef struct tz_runtime tz_runtime;
 
 struct tz_runtime_params {
-  uint64_t staging_bytes;  /* pinned host bytes for staged transfers; default 64 MiB */
-  uint64_t chunk_bytes;    /* bytes per staged chunk; default 4 MiB */
-  int numa_node;           /* where staging memory lives; -1 default */
+  uint64_t staging_bytes; /* pinned host bytes for staged transfers; default 64 MiB */
+  uint64_t chunk_bytes;   /* bytes per staged chunk; default 4 MiB */
+  int numa_node;          /* where staging memory lives; -1 default */
 };
 void tz_runtime_params_init(struct tz_runtime_params *p);
 
@@ -43,10 +43,10 @@ int tz_transfer(tz_runtime *rt, const tz_extent *dst, uint64_t dst_off, const tz
 
 /* Counters per (source tier, destination tier) pair, for tz-bench and metrics. */
 struct tz_pair_stats {
-  const char *src, *dst;       /* tier names */
+  const char *src, *dst; /* tier names */
   uint64_t bytes, transfers;
-  uint64_t staged;             /* transfers that went through the staged path */
-  double busy_s;               /* time with at least one transfer of this pair in flight */
+  uint64_t staged; /* transfers that went through the staged path */
+  double busy_s;   /* time with at least one transfer of this pair in flight */
 };
 /* Fills up to max entries, returns how many pairs have counters. */
 int tz_runtime_pair_stats(tz_runtime *rt, struct tz_pair_stats *out, int max);

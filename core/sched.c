@@ -108,9 +108,10 @@ static int block_add(tz_sched *s, const char *name, uint64_t bytes, const tz_ext
                !tz_tier_device_ptr(home->tier, home->offset);
   uint64_t xfer = round_up(bytes, tz_tier_alignment(home->tier));
   if (xfer > home->bytes)
-    return tz_err_set(TZ_EINVAL, "sched: block '%s' of %llu bytes (%llu rounded to %s's alignment) "
-                      "does not fit its home extent of %llu bytes", name,
-                      (unsigned long long)bytes, (unsigned long long)xfer,
+    return tz_err_set(TZ_EINVAL,
+                      "sched: block '%s' of %llu bytes (%llu rounded to %s's alignment) "
+                      "does not fit its home extent of %llu bytes",
+                      name, (unsigned long long)bytes, (unsigned long long)xfer,
                       tz_tier_name(home->tier), (unsigned long long)home->bytes);
   if (s->n_blocks == s->cap_blocks) {
     int cap = s->cap_blocks ? 2 * s->cap_blocks : 64;
@@ -166,9 +167,10 @@ static int check_phases(tz_sched *s, const struct tz_phase_decl *phases, int n,
       /* A home phase runs on the host at the homes: each must be host memory. */
       const struct block *b = &s->blocks[u->block];
       if (at_home && at_home[i] && !tz_tier_host_ptr(b->home.tier, b->home.offset))
-        return tz_err_set(TZ_EINVAL, "sched: home phase '%s' uses block '%s', whose home in %s "
-                          "is not host memory (a home phase runs at its blocks' homes)", name,
-                          b->name, tz_tier_name(b->home.tier));
+        return tz_err_set(TZ_EINVAL,
+                          "sched: home phase '%s' uses block '%s', whose home in %s "
+                          "is not host memory (a home phase runs at its blocks' homes)",
+                          name, b->name, tz_tier_name(b->home.tier));
     }
   }
   return 0;
@@ -263,20 +265,21 @@ static int staging_chunks(tz_sched *s) {
 }
 
 /* A budget below the minimum: the message names the phase that needs the most. */
-static int budget_short(tz_sched *s, const struct tz_phase_decl *phases, int n,
-                        const int *at_home, uint64_t budget, uint64_t min, const char *staging) {
+static int budget_short(tz_sched *s, const struct tz_phase_decl *phases, int n, const int *at_home,
+                        uint64_t budget, uint64_t min, const char *staging) {
   int worst = 0;
   for (int i = 0; i < n; i++)
     if (phase_ws(s, &phases[i], HOME(at_home, i), s->align) >
         phase_ws(s, &phases[worst], HOME(at_home, worst), s->align))
       worst = i;
-  return tz_err_set(TZ_ENOMEM, "sched: the budget of %llu bytes in %s is %llu bytes short of the "
+  return tz_err_set(TZ_ENOMEM,
+                    "sched: the budget of %llu bytes in %s is %llu bytes short of the "
                     "minimum %llu: phase '%s' needs %llu bytes of blocks at once, plus %llu for "
-                    "one chunk per lane (1 compute lane)%s", (unsigned long long)budget,
-                    tz_tier_name(s->compute), (unsigned long long)(min - budget),
-                    (unsigned long long)min, phases[worst].name ? phases[worst].name : "?",
-                    (unsigned long long)phase_ws(s, &phases[worst], HOME(at_home, worst),
-                                                 s->align),
+                    "one chunk per lane (1 compute lane)%s",
+                    (unsigned long long)budget, tz_tier_name(s->compute),
+                    (unsigned long long)(min - budget), (unsigned long long)min,
+                    phases[worst].name ? phases[worst].name : "?",
+                    (unsigned long long)phase_ws(s, &phases[worst], HOME(at_home, worst), s->align),
                     (unsigned long long)round_up(s->chunk, s->align), staging);
 }
 
@@ -306,9 +309,10 @@ static int stage_reserve(tz_sched *s, int n_chunks) {
     s->stage_tier = NULL;
   }
   if (rc < 0)
-    return tz_err_set(rc, "sched: %d staging chunks of %llu bytes in pinned host memory could "
-                      "not be reserved: %s", n_chunks, (unsigned long long)s->chunk,
-                      tz_err_msg());
+    return tz_err_set(rc,
+                      "sched: %d staging chunks of %llu bytes in pinned host memory could "
+                      "not be reserved: %s",
+                      n_chunks, (unsigned long long)s->chunk, tz_err_msg());
   s->n_chunks = n_chunks;
   s->stage_chunk = s->chunk;
   return 0;
@@ -330,8 +334,8 @@ static int declare_alloc(tz_sched *s, int n, uint64_t budget) {
   s->order_cap = n;
   s->cur_cap = 2 * n;
   s->cur = malloc(sizeof *s->cur * (size_t)s->cur_cap);
-  int rc = s->phases && s->order && s->cur ? tz_arena_create(budget, s->align, &s->arena)
-                                           : TZ_ENOMEM;
+  int rc =
+      s->phases && s->order && s->cur ? tz_arena_create(budget, s->align, &s->arena) : TZ_ENOMEM;
   if (rc == 0)
     rc = tz_arena_alloc(s->arena, round_up(s->chunk, s->align), &s->scratch_off);
   if (rc < 0) {
@@ -386,9 +390,10 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n, const
   int n_chunks = staging_chunks(s);
   char staging[160] = "";
   if (n_chunks)
-    snprintf(staging, sizeof staging, "; besides, %d staging chunks of %llu bytes in pinned host "
-             "memory for the blocks homed in neither host nor device memory", n_chunks,
-             (unsigned long long)s->chunk);
+    snprintf(staging, sizeof staging,
+             "; besides, %d staging chunks of %llu bytes in pinned host "
+             "memory for the blocks homed in neither host nor device memory",
+             n_chunks, (unsigned long long)s->chunk);
   if (budget < min)
     return budget_short(s, phases, n, at_home, budget, min, staging);
   TZ_CHECK(home_lane_make(s, n, at_home));

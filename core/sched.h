@@ -68,32 +68,33 @@ struct tz_phase_decl {
 };
 
 struct tz_sched_params {
-  tz_tier *compute;     /* the tier phases need their blocks in (hbm; on a CPU-only machine a host
-                           tier with an HBM's budget). Required, borrowed. */
-  uint64_t budget;      /* bytes of the compute tier the scheduler takes at tz_sched_declare and
-                           never exceeds; 0: the largest free range of the tier */
-  int lookahead;        /* phases after the one last entered whose blocks may be brought in, across
-                           step boundaries; 0 none; default 2 */
-  int record;           /* 0: the order is the declared one. 1: the phases given to tz_sched_declare
-                           are a table, and the order is recorded on the first step */
-  tz_lane *lane;        /* the compute lane (a CUDA stream lane on a GPU), borrowed; NULL: the
-                           scheduler makes and owns a CPU lane */
-  int jitter_us;        /* test mode: random delays up to this on the compute lane, the progress
-                           engine and the runtime's copy lane; 0 off */
-  uint64_t seed;        /* for jitter */
-  int trace_step;       /* the step whose lanes are traced (-1: none, the default) */
-  const char *trace_path; /* where tz_sched_destroy writes that trace if not written before; copied */
-  int64_t timeout_ms;   /* the longest one host wait inside the scheduler may take before it fails
-                           with TZ_ETIMEDOUT and says what it waited for; default 60000 */
-  int stage_homes;      /* 1: blocks homed in neither host nor device memory (nvme) go through the
-                           scheduler's staging chunks on a CPU lane too (tests of the device lane's
-                           path); with a device lane they always do. Default 0 */
-  tz_lane *home_lane;   /* the lane home phases run on, borrowed; NULL: the scheduler makes and
-                           owns a CPU lane "home" at declare when a declared phase is a home
-                           phase. It must run host functions and wait on the compute lane's
-                           fences and on transfer fences. */
-  int debug;            /* 1: every decision on stderr (tierzero.sched_debug), as TZ_SCHED_DEBUG=1
-                           in the environment does */
+  tz_tier *compute; /* the tier phases need their blocks in (hbm; on a CPU-only machine a host
+                       tier with an HBM's budget). Required, borrowed. */
+  uint64_t budget;  /* bytes of the compute tier the scheduler takes at tz_sched_declare and
+                       never exceeds; 0: the largest free range of the tier */
+  int lookahead;    /* phases after the one last entered whose blocks may be brought in, across
+                       step boundaries; 0 none; default 2 */
+  int record;       /* 0: the order is the declared one. 1: the phases given to tz_sched_declare
+                       are a table, and the order is recorded on the first step */
+  tz_lane *lane;    /* the compute lane (a CUDA stream lane on a GPU), borrowed; NULL: the
+                       scheduler makes and owns a CPU lane */
+  int jitter_us;    /* test mode: random delays up to this on the compute lane, the progress
+                       engine and the runtime's copy lane; 0 off */
+  uint64_t seed;    /* for jitter */
+  int trace_step;   /* the step whose lanes are traced (-1: none, the default) */
+  const char
+      *trace_path;    /* where tz_sched_destroy writes that trace if not written before; copied */
+  int64_t timeout_ms; /* the longest one host wait inside the scheduler may take before it fails
+                         with TZ_ETIMEDOUT and says what it waited for; default 60000 */
+  int stage_homes;    /* 1: blocks homed in neither host nor device memory (nvme) go through the
+                         scheduler's staging chunks on a CPU lane too (tests of the device lane's
+                         path); with a device lane they always do. Default 0 */
+  tz_lane *home_lane; /* the lane home phases run on, borrowed; NULL: the scheduler makes and
+                         owns a CPU lane "home" at declare when a declared phase is a home
+                         phase. It must run host functions and wait on the compute lane's
+                         fences and on transfer fences. */
+  int debug;          /* 1: every decision on stderr (tierzero.sched_debug), as TZ_SCHED_DEBUG=1
+                         in the environment does */
 };
 void tz_sched_params_init(struct tz_sched_params *p);
 
@@ -140,10 +141,10 @@ struct tz_view {
                        pointer) */
     uint64_t bytes; /* the block's size */
   } blocks[TZ_SCHED_MAX_USES]; /* in the order of the phase's uses */
-  void *scratch;         /* the compute lane's chunk in the compute tier, for the phase's own use;
-                            NULL (and 0 bytes) for a home phase */
+  void *scratch; /* the compute lane's chunk in the compute tier, for the phase's own use;
+                    NULL (and 0 bytes) for a home phase */
   uint64_t scratch_bytes;
-  tz_lane *lane;         /* the compute lane; the home lane for a home phase */
+  tz_lane *lane; /* the compute lane; the home lane for a home phase */
 };
 
 /* Enters phase `phase` (an index into the declared phases). Makes the compute lane (the home lane
@@ -186,36 +187,36 @@ int tz_sched_home_end(tz_sched *s, int id, int rc);
 /* ---- accounting ---- */
 
 struct tz_sched_stats {
-  uint64_t steps;          /* tz_sched_step_end calls */
-  uint64_t phases;         /* phase runs completed */
-  uint64_t fills, fill_bytes;   /* home -> compute */
-  uint64_t flushes, flush_bytes;/* compute -> home (write-back) */
-  uint64_t hits;           /* block uses served by a copy already there or on its way */
-  uint64_t in_place;       /* block uses by entered phases of blocks homed in the compute tier,
-                              served by their home: never fills, write-backs or hits */
-  uint64_t evictions;      /* copies dropped to make room */
-  uint64_t refills;        /* stale copies brought in again */
-  uint64_t order_changes;  /* phases entered out of the expected order */
-  uint64_t budget;         /* bytes the scheduler holds in the compute tier */
-  uint64_t min_budget;     /* tz_sched_min_budget of the declared phases */
-  uint64_t used, peak_used;/* of the budget, now and at most; checked at every decision */
-  uint64_t over_budget;    /* decisions that found used > budget: 0 unless there is a bug */
-  uint64_t staging;        /* pinned host bytes of the scheduler's staging chunks, reserved at
-                              declare outside the budget: one chunk per transfer lane of blocks
-                              homed in neither host nor device memory, on a device lane */
-  double stall_s;          /* compute-lane time waiting on fences, all compute phases */
-  double compute_s;        /* compute-lane time running phases */
-  double home_stall_s;     /* home-lane time waiting on fences, all home phases */
-  double home_s;           /* home-lane time running home phases */
+  uint64_t steps;                /* tz_sched_step_end calls */
+  uint64_t phases;               /* phase runs completed */
+  uint64_t fills, fill_bytes;    /* home -> compute */
+  uint64_t flushes, flush_bytes; /* compute -> home (write-back) */
+  uint64_t hits;                 /* block uses served by a copy already there or on its way */
+  uint64_t in_place;        /* block uses by entered phases of blocks homed in the compute tier,
+                               served by their home: never fills, write-backs or hits */
+  uint64_t evictions;       /* copies dropped to make room */
+  uint64_t refills;         /* stale copies brought in again */
+  uint64_t order_changes;   /* phases entered out of the expected order */
+  uint64_t budget;          /* bytes the scheduler holds in the compute tier */
+  uint64_t min_budget;      /* tz_sched_min_budget of the declared phases */
+  uint64_t used, peak_used; /* of the budget, now and at most; checked at every decision */
+  uint64_t over_budget;     /* decisions that found used > budget: 0 unless there is a bug */
+  uint64_t staging;         /* pinned host bytes of the scheduler's staging chunks, reserved at
+                               declare outside the budget: one chunk per transfer lane of blocks
+                               homed in neither host nor device memory, on a device lane */
+  double stall_s;           /* compute-lane time waiting on fences, all compute phases */
+  double compute_s;         /* compute-lane time running phases */
+  double home_stall_s;      /* home-lane time waiting on fences, all home phases */
+  double home_s;            /* home-lane time running home phases */
 };
 void tz_sched_stats(tz_sched *s, struct tz_sched_stats *out);
 
 struct tz_sched_phase_stats {
   const char *name;
-  uint64_t runs, stalls;   /* stalls: runs that waited for their inputs */
-  double stall_s;          /* its lane's idle time waiting for this phase's inputs */
-  double compute_s;        /* its lane's time from inputs ready to the phase's fence */
-  int at_home;             /* a home phase: the times above are the home lane's */
+  uint64_t runs, stalls; /* stalls: runs that waited for their inputs */
+  double stall_s;        /* its lane's idle time waiting for this phase's inputs */
+  double compute_s;      /* its lane's time from inputs ready to the phase's fence */
+  int at_home;           /* a home phase: the times above are the home lane's */
 };
 /* Fills up to max entries (one per declared phase); returns the number of phases. */
 int tz_sched_phase_stats(tz_sched *s, struct tz_sched_phase_stats *out, int max);
@@ -223,8 +224,8 @@ int tz_sched_phase_stats(tz_sched *s, struct tz_sched_phase_stats *out, int max)
 /* One per lane: the compute lane, then a transfer lane per (source tier, destination tier) pair
  * the scheduler moved bytes over. busy_s: time with work in flight on the lane. */
 struct tz_sched_lane_stats {
-  char name[64];           /* "compute", "host->compute" */
-  const char *src, *dst;   /* tier names; NULL for the compute lane */
+  char name[64];         /* "compute", "host->compute" */
+  const char *src, *dst; /* tier names; NULL for the compute lane */
   double busy_s;
   uint64_t bytes, ops;
 };

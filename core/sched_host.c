@@ -23,8 +23,9 @@ static void *bounce_alloc(tz_sched *s, const struct block *b) {
 
 int tz_sched_block_load(tz_sched *s, int id, void *dst) {
   pthread_mutex_lock(&s->mu);
-  int rc = s->err ? err_return(s) : id < 0 || id >= s->n_blocks
-                                        ? tz_err_set(TZ_EINVAL, "sched: no block %d", id) : 0;
+  int rc = s->err                        ? err_return(s)
+           : id < 0 || id >= s->n_blocks ? tz_err_set(TZ_EINVAL, "sched: no block %d", id)
+                                         : 0;
   if (rc < 0) {
     pthread_mutex_unlock(&s->mu);
     return rc;
@@ -60,8 +61,9 @@ int tz_sched_block_load(tz_sched *s, int id, void *dst) {
 
 int tz_sched_home_begin(tz_sched *s, int id, tz_extent *home) {
   pthread_mutex_lock(&s->mu);
-  int rc = s->err ? err_return(s) : id < 0 || id >= s->n_blocks
-                                        ? tz_err_set(TZ_EINVAL, "sched: no block %d", id) : 0;
+  int rc = s->err                        ? err_return(s)
+           : id < 0 || id >= s->n_blocks ? tz_err_set(TZ_EINVAL, "sched: no block %d", id)
+                                         : 0;
   if (rc == 0 && s->open)
     rc = tz_err_set(TZ_EINVAL, "sched: store while phase '%s' is open",
                     s->phases[s->open->phase].name);
@@ -71,9 +73,10 @@ int tz_sched_home_begin(tz_sched *s, int id, tz_extent *home) {
   if (rc == 0 && b->storing)
     rc = tz_err_set(TZ_EINVAL, "sched: '%s' is already being written at its home", b->name);
   if (rc == 0 && !b->in_place && b->c.ext.tier && b->c.gen > b->home_gen)
-    rc = tz_err_set(TZ_EINVAL, "sched: the home of '%s' is older than its copy (generation %llu "
-                    "of %llu): sync first", b->name, (unsigned long long)b->home_gen,
-                    (unsigned long long)b->c.gen);
+    rc = tz_err_set(TZ_EINVAL,
+                    "sched: the home of '%s' is older than its copy (generation %llu "
+                    "of %llu): sync first",
+                    b->name, (unsigned long long)b->home_gen, (unsigned long long)b->c.gen);
   if (rc == 0) {
     b->storing = 1; /* no fill reads the home, no copy goes, while it is written */
     *home = b->home;

@@ -43,48 +43,48 @@
 #define TRACE_HOME_LANE (1 + MAX_XLANES) /* the home lane's spans; written after the others */
 
 struct copy {
-  tz_extent ext;      /* in the compute tier; tier NULL when there is no copy */
-  uint64_t gen;       /* the generation it holds, or will once its fill or running writer is done */
-  int pins;           /* instances reserved or running that use it, and loads reading it */
-  int writers;        /* running instances that write it */
+  tz_extent ext; /* in the compute tier; tier NULL when there is no copy */
+  uint64_t gen;  /* the generation it holds, or will once its fill or running writer is done */
+  int pins;      /* instances reserved or running that use it, and loads reading it */
+  int writers;   /* running instances that write it */
   int filling, flushing;
-  int unwritten;      /* placed for a phase that overwrites it, which has not entered yet: its
-                         bytes are nobody's until then */
-  tz_fence *ready;    /* the transfer fence of its last fill; NULL while a fill is decided and not
-                         yet issued, or when never filled (contents are the writer's) */
-  tz_fence *flushed;  /* the transfer fence of its last write-back; NULL while one is decided and
-                         not yet issued */
+  int unwritten;     /* placed for a phase that overwrites it, which has not entered yet: its
+                        bytes are nobody's until then */
+  tz_fence *ready;   /* the transfer fence of its last fill; NULL while a fill is decided and not
+                        yet issued, or when never filled (contents are the writer's) */
+  tz_fence *flushed; /* the transfer fence of its last write-back; NULL while one is decided and
+                        not yet issued */
   uint64_t fill_no, flush_no; /* the transfer the fences above belong to (struct xfer.no) */
-  tz_fence *writer;   /* the fence of the last writer that left */
-  uint64_t last_use;  /* seq of the last instance that reserved it: LRU when the order is unknown */
+  tz_fence *writer;           /* the fence of the last writer that left */
+  uint64_t last_use; /* seq of the last instance that reserved it: LRU when the order is unknown */
 };
 
 struct block {
   char name[64];
-  uint64_t bytes;     /* as the client gave it */
-  uint64_t xfer;      /* bytes moved: rounded up to the home tier's alignment */
-  uint64_t size;      /* bytes of the copy: xfer rounded up to the compute tier's alignment */
+  uint64_t bytes; /* as the client gave it */
+  uint64_t xfer;  /* bytes moved: rounded up to the home tier's alignment */
+  uint64_t size;  /* bytes of the copy: xfer rounded up to the compute tier's alignment */
   tz_extent home;
-  uint64_t gen;       /* the latest generation */
-  uint64_t home_gen;  /* the generation the home holds */
-  int storing;        /* tz_sched_block_store is writing the home */
-  int running;        /* running instances that use it */
+  uint64_t gen;      /* the latest generation */
+  uint64_t home_gen; /* the generation the home holds */
+  int storing;       /* tz_sched_block_store is writing the home */
+  int running;       /* running instances that use it */
   struct copy c;
   uint64_t n_fills, n_flushes, n_refills;
-  int *pos, n_pos;    /* positions in the order of a step where it is used */
-  int xl_in, xl_out;  /* transfer lanes home -> compute and back; -1 for a block in place */
-  int staged;         /* its transfers go through the scheduler's staging chunks (two hops) */
-  int in_place;       /* homed in the compute tier: phases use the home, c holds no extent */
-  int home_writers;   /* running home phases that write it */
-  tz_fence *cuse;     /* the fence of the last compute-lane phase that used it */
+  int *pos, n_pos;   /* positions in the order of a step where it is used */
+  int xl_in, xl_out; /* transfer lanes home -> compute and back; -1 for a block in place */
+  int staged;        /* its transfers go through the scheduler's staging chunks (two hops) */
+  int in_place;      /* homed in the compute tier: phases use the home, c holds no extent */
+  int home_writers;  /* running home phases that write it */
+  tz_fence *cuse;    /* the fence of the last compute-lane phase that used it */
 };
 
 struct phase {
   char name[48];
   struct tz_block_use uses[TZ_SCHED_MAX_USES];
   int n_uses;
-  uint64_t ws;        /* bytes of its copies */
-  int at_home;        /* a home phase: runs on the home lane at the blocks' homes */
+  uint64_t ws; /* bytes of its copies */
+  int at_home; /* a home phase: runs on the home lane at the blocks' homes */
   uint64_t runs, stalls, stall_ns, compute_ns;
 };
 
@@ -92,9 +92,9 @@ struct phase {
 struct inst {
   tz_sched *s;
   uint64_t seq, step;
-  int phase, pos;     /* pos: its position in the step's order */
+  int phase, pos; /* pos: its position in the step's order */
   int reserved, entered;
-  tz_fence *done;     /* recorded at leave */
+  tz_fence *done; /* recorded at leave */
   struct tz_lane_wait wait;
   struct inst *prev, *next;
   struct inst *next_done; /* the completed stack */
@@ -137,14 +137,14 @@ struct xfer {
   int kind, refill, lane;
   tz_extent dst, src;
   uint64_t n, gen, step, t0;
-  uint64_t no;        /* the copy's fill_no or flush_no when it was decided */
+  uint64_t no; /* the copy's fill_no or flush_no when it was decided */
   /* Staged (b->staged): piece by piece through one staging chunk, held from the first hop until
    * the last completes: hop 0 src -> chunk, hop 1 chunk -> dst, then the next piece. Pieces are
    * serial, so when the last piece's device-side hop completes, every earlier one has. */
-  int chunk;          /* the staging chunk held; -1 none yet */
+  int chunk; /* the staging chunk held; -1 none yet */
   int hop;
-  uint64_t off;       /* bytes of the block moved by the pieces before this one */
-  struct xfer *next;  /* in the scheduler's queue of staged hops (waiting for a chunk or ready) */
+  uint64_t off;      /* bytes of the block moved by the pieces before this one */
+  struct xfer *next; /* in the scheduler's queue of staged hops (waiting for a chunk or ready) */
 };
 
 struct tz_sched {
@@ -153,35 +153,35 @@ struct tz_sched {
   char *trace_path;
   tz_tier *compute;
   tz_lane *lane;
-  tz_lane *home_lane;     /* NULL until a home phase is declared (or params gave one) */
+  tz_lane *home_lane; /* NULL until a home phase is declared (or params gave one) */
   int own_lane, own_home_lane, debug;
   uint64_t t0, chunk;
   pthread_mutex_t mu;
-  pthread_cond_t cv;      /* broadcast whenever state moves on */
+  pthread_cond_t cv; /* broadcast whenever state moves on */
 
   struct block *blocks;
   int n_blocks, cap_blocks;
   struct phase *phases;
   int n_phases, declared;
-  int *order, order_n;    /* the order of a step; order_n 0 while unknown */
+  int *order, order_n; /* the order of a step; order_n 0 while unknown */
   int order_cap;
-  int recording;          /* the order of this step is being recorded */
-  int *cur, cur_cap;      /* phases entered in this step (pos of them) */
+  int recording;     /* the order of this step is being recorded */
+  int *cur, cur_cap; /* phases entered in this step (pos of them) */
 
-  tz_extent region;       /* the budget, taken from the compute tier at declare */
+  tz_extent region; /* the budget, taken from the compute tier at declare */
   tz_arena *arena;
   uint64_t align, budget, min_budget, used, peak, over;
   uint64_t scratch_off;
 
   struct inst *head, *tail; /* running (entered, not done), then created and not entered */
   uint64_t next_seq;
-  uint64_t step;          /* the client's step */
-  int pos;                /* phases entered in it */
-  uint64_t wstep;         /* the window's cursor: the next instance it creates */
+  uint64_t step;  /* the client's step */
+  int pos;        /* phases entered in it */
+  uint64_t wstep; /* the window's cursor: the next instance it creates */
   int wpos;
   int n_ahead, n_running, n_xfers;
-  struct inst *open;      /* entered and not left */
-  struct inst *waiting;   /* the instance tz_sched_enter waits to be reserved */
+  struct inst *open;    /* entered and not left */
+  struct inst *waiting; /* the instance tz_sched_enter waits to be reserved */
   int closing;
 
   int pumping, again;
@@ -191,16 +191,16 @@ struct tz_sched {
   /* Staging for blocks whose home is neither host nor device memory (nvme) when the compute lane
    * is a device stream: a pinned host tier of the scheduler's own, created at declare, before any
    * budget is taken ("staging carved first"), one chunk per staged transfer lane. */
-  int stage_all;          /* params: stage such homes on a CPU lane too */
+  int stage_all; /* params: stage such homes on a CPU lane too */
   tz_tier *stage_tier;
   tz_extent stage_ext;
   uint64_t stage_chunk;
   int n_chunks;
-  unsigned chunk_busy;    /* bit k: chunk k is held by a transfer */
+  unsigned chunk_busy;                       /* bit k: chunk k is held by a transfer */
   struct xfer *chunk_wait, *chunk_wait_tail; /* staged transfers waiting for a chunk, FIFO */
   struct xfer *hops, *hops_tail;             /* staged hops the pump issues next, FIFO */
 
-  struct home_wait *hw;   /* pending home waits */
+  struct home_wait *hw; /* pending home waits */
   int n_hw, cap_hw;
 
   int err;
@@ -289,8 +289,8 @@ int tz_sched_wait_until(tz_sched *s, int (*done)(tz_sched *s, void *arg), void *
 int tz_sched_xlane_get(tz_sched *s, const tz_tier *src, const tz_tier *dst);
 void tz_sched_xlane_begin(tz_sched *s, int i, uint64_t n, uint64_t now);
 void tz_sched_xlane_end(tz_sched *s, int i, uint64_t now);
-void tz_sched_trace_add(tz_sched *s, int kind, int lane, const char *name, uint64_t t0,
-                        uint64_t t1, uint64_t step, int phase, uint64_t bytes);
+void tz_sched_trace_add(tz_sched *s, int kind, int lane, const char *name, uint64_t t0, uint64_t t1,
+                        uint64_t step, int phase, uint64_t bytes);
 struct step_rec *tz_sched_step_get(tz_sched *s, uint64_t step, uint64_t now);
 void tz_sched_step_check_done(tz_sched *s, struct step_rec *r);
 

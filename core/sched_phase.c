@@ -214,9 +214,10 @@ static int enter_compute(tz_sched *s, struct inst *I, struct tz_view *view, tz_f
       continue;
     }
     if (c->gen != b->gen) {
-      fail_locked(s, TZ_EINVAL, "sched: phase '%s' would use a stale copy of '%s' (generation "
-                  "%llu, the block is at %llu): a bug", ph->name, b->name,
-                  (unsigned long long)c->gen, (unsigned long long)b->gen);
+      fail_locked(s, TZ_EINVAL,
+                  "sched: phase '%s' would use a stale copy of '%s' (generation "
+                  "%llu, the block is at %llu): a bug",
+                  ph->name, b->name, (unsigned long long)c->gen, (unsigned long long)b->gen);
       return err_return(s);
     }
     if (c->ready)
@@ -302,7 +303,9 @@ int tz_sched_enter(tz_sched *s, int phase, struct tz_view *view) {
 
 int tz_sched_submit(tz_sched *s, int (*fn)(void *arg), void *arg) {
   pthread_mutex_lock(&s->mu);
-  int rc = s->err ? err_return(s) : !s->open ? tz_err_set(TZ_EINVAL, "sched: submit outside a phase") : 0;
+  int rc = s->err     ? err_return(s)
+           : !s->open ? tz_err_set(TZ_EINVAL, "sched: submit outside a phase")
+                      : 0;
   tz_lane *lane = rc == 0 && s->phases[s->open->phase].at_home ? s->home_lane : s->lane;
   pthread_mutex_unlock(&s->mu);
   if (rc < 0)
@@ -435,9 +438,9 @@ int tz_sched_sync(tz_sched *s) {
     rc = tz_err_set(TZ_EINVAL, "sched: sync while phase '%s' is open",
                     s->phases[s->open->phase].name);
   /* The last phase to complete may be the one that failed: its error is the sync's. */
-  if (rc == 0 && (tz_sched_wait_until(s, all_saved, NULL,
-                                      "the phases entered and their write-backs", 1) < 0 ||
-                  s->err))
+  if (rc == 0 &&
+      (tz_sched_wait_until(s, all_saved, NULL, "the phases entered and their write-backs", 1) < 0 ||
+       s->err))
     rc = err_return(s);
   pthread_mutex_unlock(&s->mu);
   return rc;

@@ -20,8 +20,7 @@ static int home_read_hold(tz_sched *s, int id) {
     if (!I->entered || !ph->at_home)
       continue;
     for (int k = 0; k < ph->n_uses; k++)
-      if (ph->uses[k].block == id && (ph->uses[k].access & TZ_ACCESS_READ) &&
-          I->want[k] < b->c.gen)
+      if (ph->uses[k].block == id && (ph->uses[k].access & TZ_ACCESS_READ) && I->want[k] < b->c.gen)
         return 1;
   }
   return 0;
@@ -308,8 +307,8 @@ static void xfer_done(void *arg, int rc) {
     if (rc == 0 && x->gen > b->home_gen)
       b->home_gen = x->gen;
     if (rc < 0)
-      fail_locked(s, rc, "sched: writing block '%s' (%llu bytes) back to %s failed: %s",
-                  b->name, (unsigned long long)x->n, tz_tier_name(x->dst.tier), msg);
+      fail_locked(s, rc, "sched: writing block '%s' (%llu bytes) back to %s failed: %s", b->name,
+                  (unsigned long long)x->n, tz_tier_name(x->dst.tier), msg);
   }
   dbg(s, "%s '%s' done in %.3f ms%s%s", x->kind == ACT_FILL ? "fill" : "write back", b->name,
       1e-6 * (double)(now - x->t0), rc < 0 ? ": " : "", rc < 0 ? msg : "");
@@ -375,10 +374,10 @@ static void inst_finish(tz_sched *s, struct inst *I) {
   s->st.phases++;
   if (rc < 0)
     fail_locked(s, rc, "sched: %sphase '%s' of step %llu failed: %s", ph->at_home ? "home " : "",
-                ph->name,
-                (unsigned long long)I->step, msg);
-  dbg(s, "step %llu phase '%s' done: stalled %.3f ms, computed %.3f ms", (unsigned long long)I->step,
-      ph->name, 1e-6 * (double)I->wait.stall_ns, 1e-6 * (double)compute);
+                ph->name, (unsigned long long)I->step, msg);
+  dbg(s, "step %llu phase '%s' done: stalled %.3f ms, computed %.3f ms",
+      (unsigned long long)I->step, ph->name, 1e-6 * (double)I->wait.stall_ns,
+      1e-6 * (double)compute);
   int tl = ph->at_home ? TRACE_HOME_LANE : 0;
   if (I->wait.stall_ns)
     tz_sched_trace_add(s, TZ_TRACE_STALL, tl, ph->name, ready - I->wait.stall_ns, ready, I->step,
@@ -442,9 +441,10 @@ int tz_sched_wait_until(tz_sched *s, int (*done)(tz_sched *s, void *arg), void *
     if (stop_on_error && s->err)
       return s->err;
     if (pthread_cond_timedwait(&s->cv, &s->mu, &dl) == ETIMEDOUT && !done(s, arg)) {
-      fail_locked(s, TZ_ETIMEDOUT, "sched: waited %.3f s for %s: %d phases running, %d "
-                  "transfers in flight, %llu of %llu budget bytes used", 1e-3 * (double)ms, what,
-                  s->n_running, s->n_xfers, (unsigned long long)s->used,
+      fail_locked(s, TZ_ETIMEDOUT,
+                  "sched: waited %.3f s for %s: %d phases running, %d "
+                  "transfers in flight, %llu of %llu budget bytes used",
+                  1e-3 * (double)ms, what, s->n_running, s->n_xfers, (unsigned long long)s->used,
                   (unsigned long long)s->budget);
       return s->err;
     }

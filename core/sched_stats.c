@@ -37,7 +37,7 @@ void tz_sched_xlane_end(tz_sched *s, int i, uint64_t now) {
 }
 
 void tz_sched_trace_add(tz_sched *s, int kind, int lane, const char *name, uint64_t t0, uint64_t t1,
-                      uint64_t step, int phase, uint64_t bytes) {
+                        uint64_t step, int phase, uint64_t bytes) {
   if (!s->trace_on || s->n_spans == MAX_SPANS)
     return;
   if (s->n_spans == s->cap_spans) {
@@ -121,9 +121,12 @@ int tz_sched_phase_stats(tz_sched *s, struct tz_sched_phase_stats *out, int max)
   pthread_mutex_lock(&s->mu);
   for (int i = 0; i < s->n_phases && i < max; i++) {
     const struct phase *ph = &s->phases[i];
-    out[i] = (struct tz_sched_phase_stats){ph->name, ph->runs, ph->stalls,
+    out[i] = (struct tz_sched_phase_stats){ph->name,
+                                           ph->runs,
+                                           ph->stalls,
                                            1e-9 * (double)ph->stall_ns,
-                                           1e-9 * (double)ph->compute_ns, ph->at_home};
+                                           1e-9 * (double)ph->compute_ns,
+                                           ph->at_home};
   }
   pthread_mutex_unlock(&s->mu);
   return s->n_phases;
@@ -218,11 +221,13 @@ int tz_sched_trace_write(tz_sched *s, const char *path) {
     n_lanes++;
   }
   char meta[512];
-  snprintf(meta, sizeof meta, "\"step\":%d,\"budget\":%llu,\"min_budget\":%llu,\"lookahead\":%d,"
-           "\"compute_tier\":\"%s\"", s->p.trace_step, (unsigned long long)s->budget,
-           (unsigned long long)s->min_budget, s->p.lookahead, tz_tier_name(s->compute));
-  rc = tz_trace_write_json(f, s->spans, s->n_spans, names, n_lanes, s->trace_begin,
-                           s->trace_end, meta);
+  snprintf(meta, sizeof meta,
+           "\"step\":%d,\"budget\":%llu,\"min_budget\":%llu,\"lookahead\":%d,"
+           "\"compute_tier\":\"%s\"",
+           s->p.trace_step, (unsigned long long)s->budget, (unsigned long long)s->min_budget,
+           s->p.lookahead, tz_tier_name(s->compute));
+  rc = tz_trace_write_json(f, s->spans, s->n_spans, names, n_lanes, s->trace_begin, s->trace_end,
+                           meta);
   if (fclose(f) != 0 && rc == 0)
     rc = tz_err_errno(errno, "sched: writing the trace to %s", path);
   if (rc == 0)

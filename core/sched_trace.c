@@ -69,22 +69,27 @@ int tz_trace_write_json(FILE *f, struct tz_trace_span *spans, int n_spans,
       slots_used[e->lane] = slot + 1;
     tid[i] = 100 * e->lane + slot;
   }
-  fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{%s},\"traceEvents\":[\n", meta ? meta : "");
+  fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{%s},\"traceEvents\":[\n",
+          meta ? meta : "");
   fprintf(f, "{\"ph\":\"M\",\"pid\":1,\"tid\":1,\"name\":\"process_name\",\"args\":{\"name\":"
              "\"tierzero scheduler\"}}");
   for (int l = 0; l < n_lanes; l++) {
     int n_tracks = l == 0 ? 1 : slots_used[l];
     for (int k = 0; k < n_tracks; k++) {
       int t = l == 0 ? 1 : 100 * l + k;
-      fprintf(f, ",\n{\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":", t);
+      fprintf(
+          f,
+          ",\n{\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":", t);
       char name[96];
       if (l == 0 || n_tracks == 1)
         snprintf(name, sizeof name, "%s", lane_names[l]);
       else
         snprintf(name, sizeof name, "%s #%d", lane_names[l], k);
       put_json_string(f, name);
-      fprintf(f, "}},\n{\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"name\":\"thread_sort_index\","
-                 "\"args\":{\"sort_index\":%d}}", t, t);
+      fprintf(f,
+              "}},\n{\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"name\":\"thread_sort_index\","
+              "\"args\":{\"sort_index\":%d}}",
+              t, t);
     }
   }
   for (int i = 0; i < n_spans; i++) {

@@ -11,13 +11,13 @@ enum tz_trace_kind { TZ_TRACE_COMPUTE, TZ_TRACE_STALL, TZ_TRACE_FILL, TZ_TRACE_F
 /* One span on one lane. Transfer spans of one lane may overlap; the writer spreads them over as
  * many tracks as there are transfers in flight at once. */
 struct tz_trace_span {
-  int kind;          /* enum tz_trace_kind */
-  int lane;          /* 0: the compute lane; 1 + i: the scheduler's transfer lane i */
-  char name[64];     /* phase or block name */
-  uint64_t t0, t1;   /* CLOCK_MONOTONIC ns */
+  int kind;        /* enum tz_trace_kind */
+  int lane;        /* 0: the compute lane; 1 + i: the scheduler's transfer lane i */
+  char name[64];   /* phase or block name */
+  uint64_t t0, t1; /* CLOCK_MONOTONIC ns */
   uint64_t step;
-  int phase;         /* compute and stall spans */
-  uint64_t bytes;    /* transfer spans */
+  int phase;      /* compute and stall spans */
+  uint64_t bytes; /* transfer spans */
 };
 
 /* Writes every span that overlaps [t_begin, t_end] to f, times in microseconds from t_begin.

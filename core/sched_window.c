@@ -25,9 +25,8 @@ static int evictable(const struct block *b) {
 
 void tz_sched_copy_free(tz_sched *s, struct block *b, const char *why) {
   struct copy *c = &b->c;
-  dbg(s, "free '%s' (%s): %llu bytes, used %llu of %llu", b->name, why,
-      (unsigned long long)b->size, (unsigned long long)(s->used - b->size),
-      (unsigned long long)s->budget);
+  dbg(s, "free '%s' (%s): %llu bytes, used %llu of %llu", b->name, why, (unsigned long long)b->size,
+      (unsigned long long)(s->used - b->size), (unsigned long long)s->budget);
   tz_arena_free(s->arena, c->ext.offset - s->region.offset);
   s->used -= b->size;
   c->ext.tier = NULL;
@@ -65,8 +64,15 @@ void tz_sched_start_xfer(tz_sched *s, struct block *b, int kind, int refill, uin
     return;
   }
   uint64_t now = tz_now_ns();
-  *x = (struct xfer){.s = s, .b = b, .kind = kind, .refill = refill, .n = b->xfer, .gen = c->gen,
-                     .step = step, .t0 = now, .chunk = -1};
+  *x = (struct xfer){.s = s,
+                     .b = b,
+                     .kind = kind,
+                     .refill = refill,
+                     .n = b->xfer,
+                     .gen = c->gen,
+                     .step = step,
+                     .t0 = now,
+                     .chunk = -1};
   if (kind == ACT_FILL) {
     x->dst = c->ext;
     x->src = b->home;
@@ -87,9 +93,11 @@ void tz_sched_start_xfer(tz_sched *s, struct block *b, int kind, int refill, uin
   s->n_xfers++;
   __atomic_add_fetch(&s->outstanding, 1, __ATOMIC_ACQ_REL);
   tz_sched_xlane_begin(s, x->lane, x->n, now);
-  dbg(s, "%s '%s' generation %llu: %llu bytes %s", kind == ACT_FLUSH ? "write back" :
-      refill ? "refill stale" : "fill", b->name, (unsigned long long)c->gen,
-      (unsigned long long)x->n, s->xl[x->lane].name);
+  dbg(s, "%s '%s' generation %llu: %llu bytes %s",
+      kind == ACT_FLUSH ? "write back"
+      : refill          ? "refill stale"
+                        : "fill",
+      b->name, (unsigned long long)c->gen, (unsigned long long)x->n, s->xl[x->lane].name);
 }
 
 /* Eviction order: stale copies first; with a known order the copy used farthest ahead of `pos`
@@ -218,9 +226,10 @@ static int reserve_alloc(tz_sched *s, struct inst *I, int *need, int *n_need, ui
       continue;
     }
     if (idle)
-      fail_locked(s, TZ_ENOMEM, "sched: phase '%s' cannot be placed in an idle budget of %llu "
-                  "bytes (%llu used): a bug", ph->name, (unsigned long long)s->budget,
-                  (unsigned long long)s->used);
+      fail_locked(s, TZ_ENOMEM,
+                  "sched: phase '%s' cannot be placed in an idle budget of %llu "
+                  "bytes (%llu used): a bug",
+                  ph->name, (unsigned long long)s->budget, (unsigned long long)s->used);
     return 0;
   }
 }
@@ -256,9 +265,10 @@ static int reserve_pin(tz_sched *s, struct inst *I, const int *need, int n_need,
           (unsigned long long)b->c.gen);
     } else if (u->access & TZ_ACCESS_READ) {
       if (b->home_gen != b->gen) {
-        fail_locked(s, TZ_EINVAL, "sched: block '%s' has no copy and its home holds generation "
-                    "%llu of %llu (a bug)", b->name, (unsigned long long)b->home_gen,
-                    (unsigned long long)b->gen);
+        fail_locked(s, TZ_EINVAL,
+                    "sched: block '%s' has no copy and its home holds generation "
+                    "%llu of %llu (a bug)",
+                    b->name, (unsigned long long)b->home_gen, (unsigned long long)b->gen);
         return 0;
       }
       dbg(s, "step %llu phase '%s': place '%s' (%llu bytes, used %llu of %llu)",

@@ -161,10 +161,9 @@ static int check_io(const tz_extent *e, uint64_t off, const void *buf, uint64_t 
                       (unsigned long long)e->bytes);
   uint64_t a = t->io_align;
   if (a > 1 && (off % a || n % a || (uintptr_t)buf % a))
-    return tz_err_set(TZ_EINVAL,
-                      "%s %s: offset %llu, length %llu and buffer %p must be multiples of %llu",
-                      t->name, op, (unsigned long long)off, (unsigned long long)n, buf,
-                      (unsigned long long)a);
+    return tz_err_set(
+        TZ_EINVAL, "%s %s: offset %llu, length %llu and buffer %p must be multiples of %llu",
+        t->name, op, (unsigned long long)off, (unsigned long long)n, buf, (unsigned long long)a);
   return 0;
 }
 
@@ -176,7 +175,8 @@ static void csum_record(tz_tier *t, uint64_t off, const void *buf, uint64_t n) {
   }
 }
 
-int tz_tier_write(const tz_extent *dst, uint64_t off, const void *buf, uint64_t n, tz_fence **done) {
+int tz_tier_write(const tz_extent *dst, uint64_t off, const void *buf, uint64_t n,
+                  tz_fence **done) {
   TZ_CHECK(check_io(dst, off, buf, n, "write"));
   tz_tier *t = dst->tier;
   if (n == 0) {
@@ -213,8 +213,8 @@ static void verify_done(void *arg, int rc) {
         snprintf(msg, sizeof msg,
                  "%s: checksum mismatch in the %llu-byte block at arena offset %llu (%s): "
                  "crc32c %08x, expected %08x",
-                 t->name, (unsigned long long)t->io_align,
-                 (unsigned long long)(u * t->io_align), where, c, t->csum[u]);
+                 t->name, (unsigned long long)t->io_align, (unsigned long long)(u * t->io_align),
+                 where, c, t->csum[u]);
         __atomic_add_fetch(&t->csum_errors, 1, __ATOMIC_RELAXED);
         rc = TZ_ECHECKSUM;
         break;

@@ -23,25 +23,25 @@ typedef struct tz_extent {
 
 /* What a backend needs to create an instance. Zero means "the backend's default" throughout. */
 struct tz_tier_params {
-  const char *name;          /* instance name in messages and counters; default: the backend's */
-  uint64_t capacity;         /* bytes the tier may hold (its budget); required */
-  int numa_node;             /* host: node to allocate on; -1 the calling thread's (set by init) */
-  int device;                /* hbm: GPU index */
+  const char *name;  /* instance name in messages and counters; default: the backend's */
+  uint64_t capacity; /* bytes the tier may hold (its budget); required */
+  int numa_node;     /* host: node to allocate on; -1 the calling thread's (set by init) */
+  int device;        /* hbm: GPU index */
   const char *paths[TZ_MAX_PATHS]; /* nvme: directories, one file striped in each */
   int n_paths;
-  int queue_depth;           /* nvme: io_uring entries per ring */
-  uint64_t stripe_bytes;     /* nvme: bytes per stripe unit across paths */
-  int checksum;              /* 1 on, 0 off; default (-1 after tz_tier_params_init) on for nvme */
-  int buffered;              /* nvme: 1 forces buffered I/O (no O_DIRECT) */
-  tz_tier *base;             /* fault: the tier it wraps (borrowed) */
-  const char *faults;        /* fault: injection spec, see tiers/fault.c; also TZ_FAULTS */
-  int gds;                   /* hbm: 0 GPUDirect Storage is not probed, 1 it is; -1 (default
-                                after tz_tier_params_init): as TZ_GDS says, read through the
-                                config (tierzero.gds) */
-  uint64_t pin_piece;        /* hbm, test hook: bytes per registration piece of host memory, a
-                                multiple of 4096 up to 64 GiB; 0 (default): as TZ_HBM_PIN_PIECE
-                                says, read through the config (tierzero.hbm_pin_piece), else
-                                64 GiB */
+  int queue_depth;       /* nvme: io_uring entries per ring */
+  uint64_t stripe_bytes; /* nvme: bytes per stripe unit across paths */
+  int checksum;          /* 1 on, 0 off; default (-1 after tz_tier_params_init) on for nvme */
+  int buffered;          /* nvme: 1 forces buffered I/O (no O_DIRECT) */
+  tz_tier *base;         /* fault: the tier it wraps (borrowed) */
+  const char *faults;    /* fault: injection spec, see tiers/fault.c; also TZ_FAULTS */
+  int gds;               /* hbm: 0 GPUDirect Storage is not probed, 1 it is; -1 (default
+                            after tz_tier_params_init): as TZ_GDS says, read through the
+                            config (tierzero.gds) */
+  uint64_t pin_piece;    /* hbm, test hook: bytes per registration piece of host memory, a
+                            multiple of 4096 up to 64 GiB; 0 (default): as TZ_HBM_PIN_PIECE
+                            says, read through the config (tierzero.hbm_pin_piece), else
+                            64 GiB */
 };
 void tz_tier_params_init(struct tz_tier_params *p);
 

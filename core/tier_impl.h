@@ -46,18 +46,18 @@ struct tz_tier {
   void *ctx;
   tz_runtime *rt;
   char name[48];
-  uint64_t capacity;   /* bytes the arena manages */
-  uint64_t align;      /* extent alignment: offsets and sizes of extents */
-  uint64_t io_align;   /* offsets and lengths of reads and writes (O_DIRECT); 1 for memory */
-  int integrity;       /* checksum per io_align unit on write, verified on read */
+  uint64_t capacity; /* bytes the arena manages */
+  uint64_t align;    /* extent alignment: offsets and sizes of extents */
+  uint64_t io_align; /* offsets and lengths of reads and writes (O_DIRECT); 1 for memory */
+  int integrity;     /* checksum per io_align unit on write, verified on read */
   /* Extents are carved from alloc_owner's arena (a fault tier shares its base's). */
   tz_tier *alloc_owner;
   tz_arena *arena;
   pthread_mutex_t mu;
-  uint32_t *csum;      /* (capacity / io_align) */
-  uint64_t *csum_valid;/* bitmap over the same units: written at least once */
+  uint32_t *csum;       /* (capacity / io_align) */
+  uint64_t *csum_valid; /* bitmap over the same units: written at least once */
   uint64_t bytes_read, bytes_written, n_reads, n_writes, csum_errors; /* atomic */
-  struct tz_tier *next; /* the runtime's list */
+  struct tz_tier *next;                                               /* the runtime's list */
 };
 
 /* Creates a tier of the backend behind ops: probes it, runs its init, carves the arena, and

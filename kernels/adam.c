@@ -21,14 +21,14 @@ int tz_adam_params_check(const struct tz_adam_params *p) {
     const char *name;
     float value;
   } finite[] = {
-    {"lr", p->lr},
-    {"beta1", p->beta1},
-    {"beta2", p->beta2},
-    {"eps", p->eps},
-    {"weight_decay", p->weight_decay},
-    {"bias_corr1", p->bias_corr1},
-    {"bias_corr2", p->bias_corr2},
-    {"grad_scale", p->grad_scale},
+      {"lr", p->lr},
+      {"beta1", p->beta1},
+      {"beta2", p->beta2},
+      {"eps", p->eps},
+      {"weight_decay", p->weight_decay},
+      {"bias_corr1", p->bias_corr1},
+      {"bias_corr2", p->bias_corr2},
+      {"grad_scale", p->grad_scale},
   };
   for (size_t i = 0; i < sizeof finite / sizeof finite[0]; i++)
     if (!isfinite(finite[i].value))

@@ -42,10 +42,10 @@ struct tz_adam_params {
   float beta1, beta2; /* in [0, 1) */
   float eps;          /* >= 0 */
   float weight_decay;
-  int decoupled;      /* 1: AdamW (decay added to the update); 0: Adam (L2 added to the gradient) */
-  float bias_corr1;   /* 1 / (1 - beta1^t), set by tz_adam_params_for_step */
-  float bias_corr2;   /* 1 / (1 - beta2^t), set by tz_adam_params_for_step */
-  float grad_scale;   /* multiplies the gradient first: 1/loss_scale times the clip coefficient */
+  int decoupled;    /* 1: AdamW (decay added to the update); 0: Adam (L2 added to the gradient) */
+  float bias_corr1; /* 1 / (1 - beta1^t), set by tz_adam_params_for_step */
+  float bias_corr2; /* 1 / (1 - beta2^t), set by tz_adam_params_for_step */
+  float grad_scale; /* multiplies the gradient first: 1/loss_scale times the clip coefficient */
 };
 
 /* Sets p->bias_corr1 and p->bias_corr2 for step t (t >= 1, the first step is 1) from p->beta1 and

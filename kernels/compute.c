@@ -14,9 +14,8 @@ int tz_dtype_parse(const char *s, enum tz_dtype *out) {
   static const struct {
     const char *name;
     enum tz_dtype dt;
-  } names[] = {{"f32", TZ_F32},       {"fp32", TZ_F32},  {"float32", TZ_F32},
-               {"bf16", TZ_BF16},     {"bfloat16", TZ_BF16}, {"f16", TZ_F16},
-               {"fp16", TZ_F16},      {"float16", TZ_F16}};
+  } names[] = {{"f32", TZ_F32},       {"fp32", TZ_F32}, {"float32", TZ_F32}, {"bf16", TZ_BF16},
+               {"bfloat16", TZ_BF16}, {"f16", TZ_F16},  {"fp16", TZ_F16},    {"float16", TZ_F16}};
   for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++) {
     if (strcasecmp(s, names[i].name) == 0) {
       *out = names[i].dt;

@@ -50,27 +50,28 @@ struct tz_adam_params; /* kernels/adam.h */
 /* Parses "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16". TZ_EINVAL otherwise. */
 int tz_dtype_parse(const char *s, enum tz_dtype *out);
 
-/* What a backend needs to create an instance. Zero means "the backend's default" throughout. */
 /* How the cuda backend picks its kernels, for the tests of each path. */
 enum tz_cuda_kernels {
-  TZ_CUDA_KERNELS_ENV = 0, /* default: as the key's environment variable says (TZ_CUDA_ATTENTION,
-                            * TZ_CUDA_MATMUL), read through core/config.h, else TZ_CUDA_KERNELS_BEST */
-  TZ_CUDA_KERNELS_BEST,    /* attention: the tensor-core kernels where the shape allows; matmul:
-                            * cuBLASLt */
-  TZ_CUDA_KERNELS_PLAIN,   /* the plain kernels for every call (attention "simple", matmul "plain") */
+  /* default: as the key's environment variable says (TZ_CUDA_ATTENTION, TZ_CUDA_MATMUL), read
+   * through core/config.h, else TZ_CUDA_KERNELS_BEST */
+  TZ_CUDA_KERNELS_ENV = 0,
+  TZ_CUDA_KERNELS_BEST,  /* attention: the tensor-core kernels where the shape allows; matmul:
+                          * cuBLASLt */
+  TZ_CUDA_KERNELS_PLAIN, /* the plain kernels for every call (attention "simple", matmul "plain") */
 };
 
+/* What a backend needs to create an instance. Zero means "the backend's default" throughout. */
 struct tz_compute_params {
-  int n_threads;             /* cpu: OpenMP and BLAS threads; 0: omp_get_max_threads() */
-  int device;                /* cuda: device index */
-  enum tz_dtype dtype;       /* S: storage of parameters and activations; cpu: TZ_F32 only */
-  enum tz_dtype grad_dtype;  /* G: parameter gradients; default TZ_F32 */
-  uint64_t workspace_bytes;  /* cuda: cuBLASLt workspace; default 32 MiB */
-  void *stream;              /* cuda: a cudaStream_t on device `device` (else TZ_EINVAL) to
-                                enqueue all work on, borrowed: the instance never destroys it
-                                (destroy only synchronizes it), and the caller keeps it alive
-                                until after tz_compute_destroy. NULL: the instance creates (and
-                                destroys) its own non-blocking stream. cpu: ignored. */
+  int n_threads;                  /* cpu: OpenMP and BLAS threads; 0: omp_get_max_threads() */
+  int device;                     /* cuda: device index */
+  enum tz_dtype dtype;            /* S: storage of parameters and activations; cpu: TZ_F32 only */
+  enum tz_dtype grad_dtype;       /* G: parameter gradients; default TZ_F32 */
+  uint64_t workspace_bytes;       /* cuda: cuBLASLt workspace; default 32 MiB */
+  void *stream;                   /* cuda: a cudaStream_t on device `device` (else TZ_EINVAL) to
+                                     enqueue all work on, borrowed: the instance never destroys it
+                                     (destroy only synchronizes it), and the caller keeps it alive
+                                     until after tz_compute_destroy. NULL: the instance creates (and
+                                     destroys) its own non-blocking stream. cpu: ignored. */
   enum tz_cuda_kernels attention; /* cuda: the attention kernels (tierzero.cuda_attention) */
   enum tz_cuda_kernels matmul;    /* cuda: the matmul's path (tierzero.cuda_matmul) */
 };

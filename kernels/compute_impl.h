@@ -44,12 +44,12 @@ struct tz_compute_ops {
 
   int (*embedding_fwd)(void *ctx, void *out, const int32_t *tokens, const void *wte, int N, int C,
                        int V);
-  int (*embedding_bwd)(void *ctx, void *dwte, const void *dout, const int32_t *tokens, int N,
-                       int C, int V);
-  int (*rmsnorm_fwd)(void *ctx, void *out, float *rstd, const void *x, const void *w, int N,
-                     int C, float eps);
-  int (*rmsnorm_bwd)(void *ctx, void *dx, void *dw, const void *dout, const void *x,
-                     const void *w, const float *rstd, int N, int C);
+  int (*embedding_bwd)(void *ctx, void *dwte, const void *dout, const int32_t *tokens, int N, int C,
+                       int V);
+  int (*rmsnorm_fwd)(void *ctx, void *out, float *rstd, const void *x, const void *w, int N, int C,
+                     float eps);
+  int (*rmsnorm_bwd)(void *ctx, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                     const float *rstd, int N, int C);
   /* inverse: 0 forward rotation, 1 its transpose (backward) */
   int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inverse);
   int (*attention_fwd)(void *ctx, void *out, float *lse, const void *q, const void *k,
@@ -58,10 +58,10 @@ struct tz_compute_ops {
                        const void *q, const void *k, const void *v, const void *out,
                        const float *lse, int B, int T, int H, int Hkv, int D);
   int (*swiglu_fwd)(void *ctx, void *out, const void *g, const void *u, size_t n);
-  int (*swiglu_bwd)(void *ctx, void *dg, void *du, const void *dout, const void *g,
-                    const void *u, size_t n);
-  int (*xent)(void *ctx, float *losses, void *dlogits, const void *logits,
-              const int32_t *targets, int N, int V, float dscale);
+  int (*swiglu_bwd)(void *ctx, void *dg, void *du, const void *dout, const void *g, const void *u,
+                    size_t n);
+  int (*xent)(void *ctx, float *losses, void *dlogits, const void *logits, const int32_t *targets,
+              int N, int V, float dscale);
   /* optional: NULL means the backend has no Adam (tz_compute_adam is TZ_ENOTSUP). */
   int (*adam)(void *ctx, const struct tz_adam_params *p, float *master, float *m, float *v,
               const void *grad, enum tz_dtype grad_dtype, void *param_copy,

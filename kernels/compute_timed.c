@@ -28,9 +28,9 @@ static void timed_end(struct timed *tm, int op, double t0) {
 
 #define TIMED(op, call)                                                                            \
   do {                                                                                             \
-    double t0_ = timed_begin(tm);                                                                   \
+    double t0_ = timed_begin(tm);                                                                  \
     int rc_ = (call);                                                                              \
-    timed_end(tm, (op), t0_);                                                                       \
+    timed_end(tm, (op), t0_);                                                                      \
     return rc_;                                                                                    \
   } while (0)
 
@@ -83,13 +83,11 @@ static int s_add(void *ctx, enum tz_dtype dt, void *o, const void *a, const void
   struct timed *tm = ctx;
   TIMED(TZ_OP_ADD, IN->add(CTX, dt, o, a, b, n));
 }
-static int s_cast(void *ctx, void *d, enum tz_dtype dd, const void *s, enum tz_dtype sd,
-                  size_t n) {
+static int s_cast(void *ctx, void *d, enum tz_dtype dd, const void *s, enum tz_dtype sd, size_t n) {
   struct timed *tm = ctx;
   TIMED(TZ_OP_OTHER, IN->cast(CTX, d, dd, s, sd, n));
 }
-static int s_sum(void *ctx, float *o, enum tz_dtype dt, const void *x, size_t n, int sq,
-                 int acc) {
+static int s_sum(void *ctx, float *o, enum tz_dtype dt, const void *x, size_t n, int sq, int acc) {
   struct timed *tm = ctx;
   TIMED(TZ_OP_OTHER, IN->sum(CTX, o, dt, x, n, sq, acc));
 }
@@ -143,8 +141,8 @@ static int s_swiglu_fwd(void *ctx, void *o, const void *g, const void *u, size_t
   struct timed *tm = ctx;
   TIMED(TZ_OP_SWIGLU_FWD, IN->swiglu_fwd(CTX, o, g, u, n));
 }
-static int s_swiglu_bwd(void *ctx, void *dg, void *du, const void *d, const void *g,
-                        const void *u, size_t n) {
+static int s_swiglu_bwd(void *ctx, void *dg, void *du, const void *d, const void *g, const void *u,
+                        size_t n) {
   struct timed *tm = ctx;
   TIMED(TZ_OP_SWIGLU_BWD, IN->swiglu_bwd(CTX, dg, du, d, g, u, n));
 }

@@ -9,12 +9,12 @@
 #include "core/log.h"
 
 static const struct tz_comm_ops *const backends[] = {
-  &tz_comm_single_ops,
+    &tz_comm_single_ops,
 #ifdef TZ_HAVE_MPI
-  &tz_comm_mpi_ops,
+    &tz_comm_mpi_ops,
 #endif
 #ifdef TZ_HAVE_NCCL
-  &tz_comm_nccl_ops,
+    &tz_comm_nccl_ops,
 #endif
 };
 #define N_BACKENDS ((int)(sizeof backends / sizeof *backends))
@@ -38,8 +38,10 @@ static int not_found(const char *name) {
   for (int i = 0; i < N_BACKENDS; i++)
     n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "", backends[i]->name);
   int known = name && (strcmp(name, "mpi") == 0 || strcmp(name, "nccl") == 0);
-  return tz_err_set(known ? TZ_ENOTSUP : TZ_ENOENT, "comm: backend '%s' is not %s (this build "
-                    "has: %s)", name ? name : "(null)", known ? "built in" : "known", list);
+  return tz_err_set(known ? TZ_ENOTSUP : TZ_ENOENT,
+                    "comm: backend '%s' is not %s (this build "
+                    "has: %s)",
+                    name ? name : "(null)", known ? "built in" : "known", list);
 }
 
 int tz_comm_probe(const char *backend, char *why, size_t why_len) {

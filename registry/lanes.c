@@ -21,6 +21,5 @@ int tz_lane_create_device(tz_tier *t, void *native, const char *name, tz_lane **
   for (int i = 0; device_lanes[i]; i++)
     if (strcmp(device_lanes[i]->tier, backend) == 0)
       return device_lanes[i]->create(t, native, name, out);
-  return tz_err_set(TZ_ENOTSUP, "lane: tier %s (%s) has no device lanes", tz_tier_name(t),
-                    backend);
+  return tz_err_set(TZ_ENOTSUP, "lane: tier %s (%s) has no device lanes", tz_tier_name(t), backend);
 }

@@ -9,11 +9,11 @@
 #include <string.h>
 
 static const struct tz_tier_ops *const backends[] = {
-  &tz_tier_host_ops,
-  &tz_tier_nvme_ops,
-  &tz_tier_fault_ops,
+    &tz_tier_host_ops,
+    &tz_tier_nvme_ops,
+    &tz_tier_fault_ops,
 #ifdef TZ_HAVE_CUDA
-  &tz_tier_hbm_ops,
+    &tz_tier_hbm_ops,
 #endif
 };
 #define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))

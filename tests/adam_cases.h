@@ -26,10 +26,8 @@ static inline float adam_case_value(uint64_t *s, int kinds) {
   float sign = (r >> 8) & 1 ? -1.0f : 1.0f;
   float frac = 1.0f + (float)(bits & 0xffffu) / 65536.0f;
   switch (r % 32) {
-  case 0:
-    return sign * 0.0f;
-  case 1: /* subnormal */
-    return tz_f32_from_bits((bits & 0x807fffffu) | 1u);
+  case 0: return sign * 0.0f;
+  case 1: /* subnormal */ return tz_f32_from_bits((bits & 0x807fffffu) | 1u);
   case 2: /* huge: squares overflow */
     if (kinds >= ADAM_CASE_HUGE)
       return sign * ldexpf(frac, 60 + (int)((bits >> 16) % 67));
@@ -38,13 +36,12 @@ static inline float adam_case_value(uint64_t *s, int kinds) {
     return sign * ldexpf(frac, -125 + (int)((bits >> 16) % 60));
   case 4:
     if (kinds >= ADAM_CASE_SPECIAL) {
-      static const uint32_t sp[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
-                                    0x7f800001u, 0x7fa12345u};
+      static const uint32_t sp[] = {0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                    0xffc00001u, 0x7f800001u, 0x7fa12345u};
       return tz_f32_from_bits(sp[(bits >> 16) % (sizeof sp / sizeof sp[0])]);
     }
     return sign * frac;
-  default: /* the bulk: [2^-20, 2) */
-    return sign * ldexpf(frac, -(int)((bits >> 16) % 21));
+  default: /* the bulk: [2^-20, 2) */ return sign * ldexpf(frac, -(int)((bits >> 16) % 21));
   }
 }
 

@@ -143,8 +143,8 @@ static void linear_bwd(double *dx, double *dW, const double *dy, const double *x
 
 /* From y_c = x_c r w_c, r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / C:
  * dx_j += w_j dy_j r - r^3 x_j / C * sum_c dy_c w_c x_c;  dw_c += dy_c x_c r */
-static void rmsnorm_bwd(double *dx, double *dw, const double *dy, const double *x,
-                        const double *w, const double *rstd, int N, int C) {
+static void rmsnorm_bwd(double *dx, double *dw, const double *dy, const double *x, const double *w,
+                        const double *rstd, int N, int C) {
   for (int n = 0; n < N; n++) {
     double r = rstd[n], dot = 0;
     for (int c = 0; c < C; c++)

@@ -57,8 +57,8 @@ static void state_init(struct state *s, size_t n, enum tz_dtype gdt, int has_cop
   s->m = alloc_guarded(n, 4, s->off[1], &s->base[1], &s->bytes[1]);
   s->v = alloc_guarded(n, 4, s->off[2], &s->base[2], &s->bytes[2]);
   s->g = alloc_guarded(n, tz_dtype_size(gdt), s->off[3], &s->base[3], &s->bytes[3]);
-  s->copy = has_copy ? alloc_guarded(n, tz_dtype_size(cdt), s->off[4], &s->base[4], &s->bytes[4])
-                     : NULL;
+  s->copy =
+      has_copy ? alloc_guarded(n, tz_dtype_size(cdt), s->off[4], &s->base[4], &s->bytes[4]) : NULL;
 }
 
 static void state_free(struct state *s) {
@@ -96,8 +96,8 @@ static void state_fill(struct state *s, uint64_t *rng, int kinds) {
     memset(s->copy, 0, s->n * tz_dtype_size(s->cdt));
 }
 
-static void assert_same_bits(const void *a, const void *b, size_t n, size_t esize,
-                             const char *what, const char *ctx) {
+static void assert_same_bits(const void *a, const void *b, size_t n, size_t esize, const char *what,
+                             const char *ctx) {
   if (memcmp(a, b, n * esize) == 0)
     return;
   for (size_t i = 0; i < n; i++) {
@@ -132,8 +132,8 @@ static const enum tz_adam_cpu_path vector_paths[] = {TZ_ADAM_CPU_AVX2, TZ_ADAM_C
 
 static void test_params(void **state) {
   (void)state;
-  struct tz_adam_params p = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                             .grad_scale = 1.0f};
+  struct tz_adam_params p = {
+      .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .grad_scale = 1.0f};
   TZ_ASSERT_OK(tz_adam_params_for_step(&p, 1));
   assert_true(p.bias_corr1 == (float)(1.0 / (1.0 - (double)0.9f)));
   assert_true(p.bias_corr2 == (float)(1.0 / (1.0 - (double)0.999f)));
@@ -254,8 +254,13 @@ static void test_reference_f64(void **state) {
 /* The textbook AdamW step on plain numbers, as a check that the definition is Adam at all. */
 static void test_textbook_step(void **state) {
   (void)state;
-  struct tz_adam_params hp = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                              .weight_decay = 0.5f, .decoupled = 1, .grad_scale = 0.5f};
+  struct tz_adam_params hp = {.lr = 0.1f,
+                              .beta1 = 0.9f,
+                              .beta2 = 0.999f,
+                              .eps = 1e-8f,
+                              .weight_decay = 0.5f,
+                              .decoupled = 1,
+                              .grad_scale = 0.5f};
   TZ_ASSERT_OK(tz_adam_params_for_step(&hp, 1));
   float p = 2.0f, m = 0.0f, v = 0.0f, g = 4.0f; /* scaled gradient 2 */
   uint16_t copy = 0;

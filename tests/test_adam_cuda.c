@@ -24,7 +24,7 @@
   do {                                                                                             \
     cudaError_t e_ = (call);                                                                       \
     if (e_ != cudaSuccess)                                                                         \
-      print_error("%s: %s\n", #call, cudaGetErrorString(e_));                                     \
+      print_error("%s: %s\n", #call, cudaGetErrorString(e_));                                      \
     assert_int_equal(e_, cudaSuccess);                                                             \
   } while (0)
 
@@ -41,8 +41,8 @@ struct pair {
   size_t esize[5];
 };
 
-static void pair_init(struct pair *s, size_t n, enum tz_dtype gdt, int has_copy,
-                      enum tz_dtype cdt, const size_t off[5]) {
+static void pair_init(struct pair *s, size_t n, enum tz_dtype gdt, int has_copy, enum tz_dtype cdt,
+                      const size_t off[5]) {
   memset(s, 0, sizeof *s);
   s->n = n;
   s->gdt = gdt;
@@ -124,8 +124,8 @@ static void pair_compare(struct pair *s, const char *ctx) {
 }
 
 /* steps random steps of one case; the CPU side runs the scalar path unless told otherwise. */
-static void run_case(size_t n, enum tz_dtype gdt, int ci, const size_t off[5], int kinds,
-                     int steps, enum tz_adam_cpu_path cpu_path, uint64_t seed) {
+static void run_case(size_t n, enum tz_dtype gdt, int ci, const size_t off[5], int kinds, int steps,
+                     enum tz_adam_cpu_path cpu_path, uint64_t seed) {
   enum tz_dtype cdt = ci < 0 ? TZ_F32 : (enum tz_dtype)ci;
   struct pair s;
   pair_init(&s, n, gdt, ci >= 0, cdt, off);
@@ -151,8 +151,8 @@ static void run_case(size_t n, enum tz_dtype gdt, int ci, const size_t off[5], i
     TZ_ASSERT_OK(tz_adam_cpu(&hp, s.p, s.m, s.v, s.g, gdt, s.copy, cdt, n, &o));
     CUDA_OK(cudaStreamSynchronize(stream));
     snprintf(ctx, sizeof ctx, "n %zu, grad %s, copy %s, offsets %zu,%zu,%zu,%zu,%zu, step %d", n,
-             tz_dtype_name(gdt), ci < 0 ? "none" : tz_dtype_name(cdt), s.off[0], s.off[1],
-             s.off[2], s.off[3], s.off[4], t);
+             tz_dtype_name(gdt), ci < 0 ? "none" : tz_dtype_name(cdt), s.off[0], s.off[1], s.off[2],
+             s.off[3], s.off[4], t);
     pair_compare(&s, ctx);
   }
   CUDA_OK(cudaStreamDestroy(stream));
@@ -186,8 +186,8 @@ static void test_large(void **state) {
   (void)state;
   run_case((size_t)3 << 22 | 7, TZ_BF16, TZ_BF16, aligned_off, ADAM_CASE_SPECIAL, 3,
            TZ_ADAM_CPU_AUTO, 77);
-  run_case((size_t)3 << 22 | 7, TZ_F32, TZ_BF16, shifted_off, ADAM_CASE_HUGE, 3,
-           TZ_ADAM_CPU_AUTO, 78);
+  run_case((size_t)3 << 22 | 7, TZ_F32, TZ_BF16, shifted_off, ADAM_CASE_HUGE, 3, TZ_ADAM_CPU_AUTO,
+           78);
 }
 
 static void test_errors(void **state) {
@@ -196,11 +196,11 @@ static void test_errors(void **state) {
   TZ_ASSERT_OK(tz_adam_params_for_step(&hp, 1));
   float *d;
   CUDA_OK(cudaMalloc((void **)&d, 64 * 4));
-  assert_int_equal(tz_adam_cuda(&hp, d, d + 16, d + 32, d + 48, (enum tz_dtype)9, NULL, TZ_F32, 4,
-                                NULL),
-                   TZ_EINVAL);
-  assert_int_equal(tz_adam_cuda(&hp, (float *)((char *)d + 1), d + 16, d + 32, d + 48, TZ_F32,
-                                NULL, TZ_F32, 4, NULL),
+  assert_int_equal(
+      tz_adam_cuda(&hp, d, d + 16, d + 32, d + 48, (enum tz_dtype)9, NULL, TZ_F32, 4, NULL),
+      TZ_EINVAL);
+  assert_int_equal(tz_adam_cuda(&hp, (float *)((char *)d + 1), d + 16, d + 32, d + 48, TZ_F32, NULL,
+                                TZ_F32, 4, NULL),
                    TZ_EINVAL);
   assert_int_equal(tz_adam_cuda(&hp, d, NULL, d + 32, d + 48, TZ_F32, NULL, TZ_F32, 4, NULL),
                    TZ_EINVAL);
@@ -220,9 +220,9 @@ int main(void) {
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
     tz_test_skip("no CUDA device");
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_errors),
-    cmocka_unit_test(test_matrix),
-    cmocka_unit_test(test_large),
+      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_matrix),
+      cmocka_unit_test(test_large),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 #endif

@@ -132,9 +132,9 @@ static void test_fragmentation_reported(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_random_against_reference),
-    cmocka_unit_test(test_bad_frees_and_sizes),
-    cmocka_unit_test(test_fragmentation_reported),
+      cmocka_unit_test(test_random_against_reference),
+      cmocka_unit_test(test_bad_frees_and_sizes),
+      cmocka_unit_test(test_fragmentation_reported),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

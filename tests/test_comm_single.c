@@ -198,12 +198,12 @@ static void test_order_is_visible(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_registry),
-    cmocka_unit_test(test_collectives),
-    cmocka_unit_test(test_after_orders_and_fails),
-    cmocka_unit_test(test_accum_dtype_rules),
-    cmocka_unit_test(test_sum_chunks_matches_reference),
-    cmocka_unit_test(test_order_is_visible),
+      cmocka_unit_test(test_registry),
+      cmocka_unit_test(test_collectives),
+      cmocka_unit_test(test_after_orders_and_fails),
+      cmocka_unit_test(test_accum_dtype_rules),
+      cmocka_unit_test(test_sum_chunks_matches_reference),
+      cmocka_unit_test(test_order_is_visible),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

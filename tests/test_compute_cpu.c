@@ -72,11 +72,11 @@ static void test_registry(void **state) {
 static void test_bf16_rounding(void **state) {
   (void)state;
   assert_int_equal(tz_f32_to_bf16(1.0f), 0x3f80);
-  assert_int_equal(tz_f32_to_bf16(1.0f + 0x1.0p-8f), 0x3f80);       /* tie, to even */
-  assert_int_equal(tz_f32_to_bf16(1.0f + 3 * 0x1.0p-8f), 0x3f82);   /* tie, to even */
+  assert_int_equal(tz_f32_to_bf16(1.0f + 0x1.0p-8f), 0x3f80);     /* tie, to even */
+  assert_int_equal(tz_f32_to_bf16(1.0f + 3 * 0x1.0p-8f), 0x3f82); /* tie, to even */
   assert_int_equal(tz_f32_to_bf16(INFINITY), 0x7f80);
   assert_true(isnan(tz_bf16_to_f32(tz_f32_to_bf16(NAN))));
-  assert_int_equal(tz_f32_to_bf16(0x1.fffffep127f), 0x7f80);         /* rounds up to inf */
+  assert_int_equal(tz_f32_to_bf16(0x1.fffffep127f), 0x7f80); /* rounds up to inf */
   uint64_t st = 1;
   for (int i = 0; i < 200000; i++) {
     uint32_t u = (uint32_t)tz_test_rand(&st);
@@ -88,11 +88,11 @@ static void test_bf16_rounding(void **state) {
      * the "next" value is 2^128, which stands for infinity (the IEEE overflow rule). */
     uint32_t down = u & 0xffff0000u, up = down + 0x10000u;
     double lo = tz_f32_from_bits(down);
-    double hi = (up & 0x7f800000u) == 0x7f800000u ? copysign(0x1.0p128, f)
-                                                  : (double)tz_f32_from_bits(up);
+    double hi =
+        (up & 0x7f800000u) == 0x7f800000u ? copysign(0x1.0p128, f) : (double)tz_f32_from_bits(up);
     double dl = fabs((double)f - lo), dh = fabs((double)f - hi);
-    uint16_t want = dl < dh   ? (uint16_t)(down >> 16)
-                    : dl > dh ? (uint16_t)(up >> 16)
+    uint16_t want = dl < dh              ? (uint16_t)(down >> 16)
+                    : dl > dh            ? (uint16_t)(up >> 16)
                     : ((down >> 16) & 1) ? (uint16_t)(up >> 16)
                                          : (uint16_t)(down >> 16);
     if (h != want)
@@ -319,8 +319,8 @@ static void test_matmul(void **state) {
         B[i] = urand(&st) - 0.5f;
       for (int i = 0; i < M * ldc; i++)
         C[i] = NAN; /* beta = 0 ignores it */
-      TZ_ASSERT_OK(tz_compute_matmul(cm, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.0f, C, TZ_F32,
-                                     ldc));
+      TZ_ASSERT_OK(
+          tz_compute_matmul(cm, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.0f, C, TZ_F32, ldc));
       for (int i = 0; i < M; i++) {
         for (int j = 0; j < N; j++) {
           double s = 0;
@@ -338,10 +338,10 @@ static void test_matmul(void **state) {
         for (int j = 0; j < N; j++)
           C[i * ldc + j] = C0[i * ldc + j] = (float)(i - j);
       float *P = malloc(sizeof(float) * M * ldc);
-      TZ_ASSERT_OK(tz_compute_matmul(cm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, P, TZ_F32,
-                                     ldc));
-      TZ_ASSERT_OK(tz_compute_matmul(cm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, TZ_F32,
-                                     ldc));
+      TZ_ASSERT_OK(
+          tz_compute_matmul(cm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, P, TZ_F32, ldc));
+      TZ_ASSERT_OK(
+          tz_compute_matmul(cm, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, TZ_F32, ldc));
       for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++)
           assert_true(C[i * ldc + j] == C0[i * ldc + j] + P[i * ldc + j]);
@@ -352,13 +352,13 @@ static void test_matmul(void **state) {
       free(C0);
     }
   float dummy = 0;
-  assert_int_equal(tz_compute_matmul(cm, 0, 0, 2, 2, 2, 1, &dummy, 1, &dummy, 2, 0, &dummy,
-                                     TZ_F32, 2),
-                   TZ_EINVAL); /* lda < K */
+  assert_int_equal(
+      tz_compute_matmul(cm, 0, 0, 2, 2, 2, 1, &dummy, 1, &dummy, 2, 0, &dummy, TZ_F32, 2),
+      TZ_EINVAL); /* lda < K */
   assert_non_null(strstr(tz_err_msg(), "lda"));
-  assert_int_equal(tz_compute_matmul(cm, 0, 0, 2, 2, 2, 1, &dummy, 2, &dummy, 2, 0, &dummy,
-                                     TZ_BF16, 2),
-                   TZ_EINVAL);
+  assert_int_equal(
+      tz_compute_matmul(cm, 0, 0, 2, 2, 2, 1, &dummy, 2, &dummy, 2, 0, &dummy, TZ_BF16, 2),
+      TZ_EINVAL);
   tz_compute_destroy(cm);
 }
 
@@ -446,8 +446,13 @@ static void test_adam_op(void **state) {
   for (int i = 0; i < n; i++) /* v >= 0 */
     a[2 * n + i] = fabsf(a[2 * n + i]);
   memcpy(b, a, sizeof(float) * 4 * n);
-  struct tz_adam_params p = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                             .weight_decay = 0.1f, .decoupled = 1, .grad_scale = 0.5f};
+  struct tz_adam_params p = {.lr = 1e-3f,
+                             .beta1 = 0.9f,
+                             .beta2 = 0.999f,
+                             .eps = 1e-8f,
+                             .weight_decay = 0.1f,
+                             .decoupled = 1,
+                             .grad_scale = 0.5f};
   TZ_ASSERT_OK(tz_adam_params_for_step(&p, 3));
   tz_compute *cm = cpu(3);
   TZ_ASSERT_OK(tz_compute_adam(cm, &p, a, a + n, a + 2 * n, a + 3 * n, TZ_F32, ca, TZ_BF16, n));
@@ -457,8 +462,7 @@ static void test_adam_op(void **state) {
   assert_memory_equal(a, b, sizeof(float) * 4 * n);
   assert_memory_equal(ca, cb, 2 * n);
   p.beta1 = 1.5f;
-  assert_int_equal(tz_compute_adam(cm, &p, a, a + n, a + 2 * n, a + 3 * n, TZ_F32, NULL, TZ_F32,
-                                   n),
+  assert_int_equal(tz_compute_adam(cm, &p, a, a + n, a + 2 * n, a + 3 * n, TZ_F32, NULL, TZ_F32, n),
                    TZ_EINVAL);
   tz_compute_destroy(cm);
   struct tz_compute_device d;
@@ -476,12 +480,11 @@ static void test_adam_op(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_registry),    cmocka_unit_test(test_bf16_rounding),
+      cmocka_unit_test(test_registry),     cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_f16_rounding), cmocka_unit_test(test_cast_op),
-      cmocka_unit_test(test_sum_order),   cmocka_unit_test(test_sumsq_segments),
-      cmocka_unit_test(test_matmul),
-      cmocka_unit_test(test_rope_inverse), cmocka_unit_test(test_xent),
-      cmocka_unit_test(test_adam_op),
+      cmocka_unit_test(test_sum_order),    cmocka_unit_test(test_sumsq_segments),
+      cmocka_unit_test(test_matmul),       cmocka_unit_test(test_rope_inverse),
+      cmocka_unit_test(test_xent),         cmocka_unit_test(test_adam_op),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

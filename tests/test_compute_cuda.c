@@ -125,11 +125,10 @@ struct buf {
   size_t n;
   enum tz_dtype cdt, gdt; /* dtype on the cpu side and on the cuda side */
   void *c, *g;
-  float *host;            /* the values last set, already rounded to gdt */
+  float *host; /* the values last set, already rounded to gdt */
 };
 
-static void buf_init(struct env *e, struct buf *b, size_t n, enum tz_dtype cdt,
-                     enum tz_dtype gdt) {
+static void buf_init(struct env *e, struct buf *b, size_t n, enum tz_dtype cdt, enum tz_dtype gdt) {
   memset(b, 0, sizeof *b);
   b->n = n;
   b->cdt = cdt;
@@ -396,16 +395,12 @@ struct ew_args {
 static int ew_launch(tz_compute *cm, int gpu, void *p) {
   struct ew_args *a = p;
   switch (a->which) {
-  case 0:
-    return tz_compute_fill(cm, a->dt, SIDE(a->out, gpu), -1.75f, a->n);
-  case 1:
-    return tz_compute_scale(cm, a->dt, SIDE(a->out, gpu), 0.3f, a->n);
-  case 2:
-    return tz_compute_axpy(cm, a->dt, SIDE(a->out, gpu), -0.7f, SIDE(a->x, gpu), a->n);
+  case 0: return tz_compute_fill(cm, a->dt, SIDE(a->out, gpu), -1.75f, a->n);
+  case 1: return tz_compute_scale(cm, a->dt, SIDE(a->out, gpu), 0.3f, a->n);
+  case 2: return tz_compute_axpy(cm, a->dt, SIDE(a->out, gpu), -0.7f, SIDE(a->x, gpu), a->n);
   case 3:
     return tz_compute_add(cm, a->dt, SIDE(a->out, gpu), SIDE(a->x, gpu), SIDE(a->y, gpu), a->n);
-  default:
-    return tz_compute_cast(cm, SIDE(a->out, gpu), a->dt2, SIDE(a->x, gpu), a->dt, a->n);
+  default: return tz_compute_cast(cm, SIDE(a->out, gpu), a->dt2, SIDE(a->x, gpu), a->dt, a->n);
   }
 }
 
@@ -431,8 +426,8 @@ static void test_elementwise(void **state) {
           buf_set(&x, &e, vx);
           buf_set(&y, &e, vy);
           buf_set(&out, &e, vo);
-          struct ew_args a = {.x = &x, .y = &y, .out = &out, .dt = dt, .dt2 = dt2,
-                              .which = which, .n = n};
+          struct ew_args a = {
+              .x = &x, .y = &y, .out = &out, .dt = dt, .dt2 = dt2, .which = which, .n = n};
           char name[96];
           snprintf(name, sizeof name, "%s %s->%s n=%zu", names[which], tz_dtype_name(dt),
                    tz_dtype_name(dt2), n);
@@ -523,8 +518,8 @@ static void segments_case(struct env *e, enum tz_dtype dt, size_t L, size_t S) {
   float *ref = buf_get_cpu(&seg);
   buf_poison(&per, e);
   for (size_t j = 0; j < S; j++)
-    TZ_ASSERT_OK(tz_compute_sumsq(e->gpu, (float *)per.g + j, dt,
-                                  (const char *)x.g + j * L * esz, L, 0));
+    TZ_ASSERT_OK(
+        tz_compute_sumsq(e->gpu, (float *)per.g + j, dt, (const char *)x.g + j * L * esz, L, 0));
   float *one = buf_get_gpu(&per, e);
   float *got[2];
   for (int rep = 0; rep < 2; rep++) {
@@ -596,8 +591,8 @@ static int mm_launch(tz_compute *cm, int gpu, void *p) {
 /* Sets up one matmul; returns the number of failed checks. With negative != 0 perturbs A. */
 static int matmul_case(struct env *e, int ta, int tb, int M, int N, int K, int pad, float alpha,
                        float beta, enum tz_dtype c_dt, int negative) {
-  struct mm_args a = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
-                      .c_dt = c_dt};
+  struct mm_args a = {
+      .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta, .c_dt = c_dt};
   a.lda = (ta ? M : K) + pad;
   a.ldb = (tb ? K : N) + pad;
   a.ldc = N + pad;
@@ -641,8 +636,8 @@ static int matmul_case(struct env *e, int ta, int tb, int M, int N, int K, int p
 static void test_matmul(void **state) {
   (void)state;
   g_failures = 0;
-  static const int shapes[][3] = {{1, 1, 1}, {17, 33, 65}, {64, 128, 256}, {130, 96, 200},
-                                  {8, 16, 0}};
+  static const int shapes[][3] = {
+      {1, 1, 1}, {17, 33, 65}, {64, 128, 256}, {130, 96, 200}, {8, 16, 0}};
   /* cuBLASLt for each storage dtype, then (TZ_CUDA_MATMUL=plain, read at create) the plain
    * kernel that takes the shapes cuBLASLt declines, for bf16 */
   const char *env = getenv("TZ_CUDA_MATMUL");
@@ -661,8 +656,8 @@ static void test_matmul(void **state) {
             int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
             enum tz_dtype c_dt = cf ? TZ_F32 : e.S;
             int pad = s == 2 ? 8 : 0;
-            matmul_case(&e, t & 1, t >> 1, M, N, K, pad, acc ? 1.0f : 0.5f, acc ? 1.0f : 0.0f,
-                        c_dt, 0);
+            matmul_case(&e, t & 1, t >> 1, M, N, K, pad, acc ? 1.0f : 0.5f, acc ? 1.0f : 0.0f, c_dt,
+                        0);
           }
     env_close(&e);
   }
@@ -680,10 +675,10 @@ struct emb_args {
 static int emb_launch(tz_compute *cm, int gpu, void *p) {
   struct emb_args *a = p;
   if (a->bwd)
-    return tz_compute_embedding_bwd(cm, SIDE(a->dwte, gpu), SIDE(a->dout, gpu),
-                                    SIDE(a->tok, gpu), a->N, a->C, a->V);
-  return tz_compute_embedding_fwd(cm, SIDE(a->out, gpu), SIDE(a->tok, gpu), SIDE(a->wte, gpu),
-                                  a->N, a->C, a->V);
+    return tz_compute_embedding_bwd(cm, SIDE(a->dwte, gpu), SIDE(a->dout, gpu), SIDE(a->tok, gpu),
+                                    a->N, a->C, a->V);
+  return tz_compute_embedding_fwd(cm, SIDE(a->out, gpu), SIDE(a->tok, gpu), SIDE(a->wte, gpu), a->N,
+                                  a->C, a->V);
 }
 
 static void test_embedding(void **state) {
@@ -712,8 +707,14 @@ static void test_embedding(void **state) {
         buf_set(&wte, &e, v1);
         buf_set(&dout, &e, v2);
         buf_set(&dwte, &e, v3);
-        struct emb_args a = {.out = &out, .wte = &wte, .dout = &dout, .dwte = &dwte, .tok = &ti,
-                             .N = N, .C = C, .V = V};
+        struct emb_args a = {.out = &out,
+                             .wte = &wte,
+                             .dout = &dout,
+                             .dwte = &dwte,
+                             .tok = &ti,
+                             .N = N,
+                             .C = C,
+                             .V = V};
         char name[96];
         snprintf(name, sizeof name, "embedding_fwd %s N=%d C=%d V=%d", tz_dtype_name(S), N, C, V);
         struct op fwd = {.name = name, .launch = emb_launch, .args = &a};
@@ -748,8 +749,7 @@ static int rms_launch(tz_compute *cm, int gpu, void *p) {
   struct rms_args *a = p;
   if (a->bwd)
     return tz_compute_rmsnorm_bwd(cm, SIDE(a->dx, gpu), SIDE(a->dw, gpu), SIDE(a->dout, gpu),
-                                  SIDE(a->x, gpu), SIDE(a->w, gpu), SIDE(a->rstd, gpu), a->N,
-                                  a->C);
+                                  SIDE(a->x, gpu), SIDE(a->w, gpu), SIDE(a->rstd, gpu), a->N, a->C);
   return tz_compute_rmsnorm_fwd(cm, SIDE(a->out, gpu), SIDE(a->rstd, gpu), SIDE(a->x, gpu),
                                 SIDE(a->w, gpu), a->N, a->C, 1e-5f);
 }
@@ -772,8 +772,15 @@ static int rmsnorm_case(struct env *e, int N, int C, int negative) {
   buf_set(&dout, e, vd);
   buf_set(&dx, e, vdx);
   buf_set(&dw, e, vdw);
-  struct rms_args a = {.x = &x, .w = &w, .out = &out, .rstd = &rstd, .dout = &dout, .dx = &dx,
-                       .dw = &dw, .N = N, .C = C};
+  struct rms_args a = {.x = &x,
+                       .w = &w,
+                       .out = &out,
+                       .rstd = &rstd,
+                       .dout = &dout,
+                       .dx = &dx,
+                       .dw = &dw,
+                       .N = N,
+                       .C = C};
   char name[96];
   snprintf(name, sizeof name, "rmsnorm_fwd %s N=%d C=%d%s", tz_dtype_name(e->S), N, C,
            negative ? " (perturbed)" : "");
@@ -844,8 +851,12 @@ static void test_rope(void **state) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
       for (int th = 0; th < 2; th++)
         for (int inv = 0; inv < 2; inv++) {
-          struct rope_args a = {.B = shapes[s][0], .T = shapes[s][1], .nh = shapes[s][2],
-                                .D = shapes[s][3], .inverse = inv, .theta = thetas[th]};
+          struct rope_args a = {.B = shapes[s][0],
+                                .T = shapes[s][1],
+                                .nh = shapes[s][2],
+                                .D = shapes[s][3],
+                                .inverse = inv,
+                                .theta = thetas[th]};
           size_t n = (size_t)a.B * a.T * a.nh * a.D;
           struct buf x;
           buf_init(&e, &x, n, TZ_F32, e.S);
@@ -854,8 +865,7 @@ static void test_rope(void **state) {
           a.x = &x;
           char name[96];
           snprintf(name, sizeof name, "rope_%s %s B=%d T=%d nh=%d D=%d theta=%g",
-                   inv ? "bwd" : "fwd", tz_dtype_name(e.S), a.B, a.T, a.nh, a.D,
-                   (double)a.theta);
+                   inv ? "bwd" : "fwd", tz_dtype_name(e.S), a.B, a.T, a.nh, a.D, (double)a.theta);
           struct op op = {.name = name, .launch = rope_launch, .args = &a};
           add_out(&op, &x, "x", tol_of(e.S, 1, 2));
           op.keep[op.n_keep++] = &x;
@@ -883,8 +893,7 @@ static int attn_launch(tz_compute *cm, int gpu, void *p) {
                                     SIDE(a->k, gpu), SIDE(a->v, gpu), SIDE(a->out, gpu),
                                     SIDE(a->lse, gpu), a->B, a->T, a->H, a->Hkv, a->D);
   return tz_compute_attention_fwd(cm, SIDE(a->out, gpu), SIDE(a->lse, gpu), SIDE(a->q, gpu),
-                                  SIDE(a->k, gpu), SIDE(a->v, gpu), a->B, a->T, a->H, a->Hkv,
-                                  a->D);
+                                  SIDE(a->k, gpu), SIDE(a->v, gpu), a->B, a->T, a->H, a->Hkv, a->D);
 }
 
 /* Whether the cuda instance runs this shape on tensor cores (attention_mma.cu: 16-bit storage,
@@ -914,9 +923,21 @@ static void attention_case(struct env *e, int B, int T, int H, int Hkv, int D, i
   buf_set(&k, e, vk);
   buf_set(&v, e, vv);
   buf_set(&dout, e, vd);
-  struct attn_args a = {.q = &q, .k = &k, .v = &v, .out = &out, .lse = &lse, .dout = &dout,
-                        .dq = &dq, .dk = &dk, .dv = &dv, .delta = &delta, .B = B, .T = T, .H = H,
-                        .Hkv = Hkv, .D = D};
+  struct attn_args a = {.q = &q,
+                        .k = &k,
+                        .v = &v,
+                        .out = &out,
+                        .lse = &lse,
+                        .dout = &dout,
+                        .dq = &dq,
+                        .dk = &dk,
+                        .dv = &dv,
+                        .delta = &delta,
+                        .B = B,
+                        .T = T,
+                        .H = H,
+                        .Hkv = Hkv,
+                        .D = D};
   int tc = on_tensor_cores(e, D, simple);
   const char *path = tc ? "mma" : "plain";
   char name[128];
@@ -954,9 +975,9 @@ static void test_attention(void **state) {
    * GQA groups of 1, 2, 3, 4 and 6; head dims at an exact tensor-core width (32, 64, 128) and
    * padded (8, 24, 40: widths 32 and 64); test_attention_padded has the other widths, and the
    * head dims the tensor cores do not take. */
-  static const int shapes[][5] = {{1, 1, 1, 1, 32},  {2, 65, 4, 2, 32},  {1, 130, 6, 2, 64},
+  static const int shapes[][5] = {{1, 1, 1, 1, 32},    {2, 65, 4, 2, 32},  {1, 130, 6, 2, 64},
                                   {1, 200, 4, 4, 128}, {1, 64, 8, 2, 128}, {2, 100, 4, 1, 24},
-                                  {1, 77, 2, 2, 8},  {1, 150, 6, 1, 64}, {1, 33, 3, 1, 40}};
+                                  {1, 77, 2, 2, 8},    {1, 150, 6, 1, 64}, {1, 33, 3, 1, 40}};
   /* TZ_CUDA_ATTENTION=simple, read when an instance is created, selects the plain kernels: set
    * here for the second instance of each 16-bit dtype, and honoured when the caller sets it. */
   const char *env = getenv("TZ_CUDA_ATTENTION");
@@ -988,7 +1009,7 @@ static void test_attention_padded(void **state) {
   g_failures = 0;
   static const int ts[] = {1, 37, 128, 200};
   /* (B, T, H, Hkv, D) besides the D = 100 and 80 matrices below */
-  static const int shapes[][5] = {{2, 37, 4, 2, 96},  {2, 200, 4, 4, 96}, {2, 128, 4, 2, 112},
+  static const int shapes[][5] = {{2, 37, 4, 2, 96},   {2, 200, 4, 4, 96},  {2, 128, 4, 2, 112},
                                   {1, 200, 4, 4, 112}, {1, 130, 4, 2, 120}, {2, 65, 4, 1, 52},
                                   {1, 70, 2, 2, 20},   {1, 50, 4, 2, 18},   {1, 66, 2, 1, 144}};
   const char *env = getenv("TZ_CUDA_ATTENTION");
@@ -1044,8 +1065,8 @@ static void test_swiglu(void **state) {
       buf_set(&g, &e, v1);
       buf_set(&u, &e, v2);
       buf_set(&dout, &e, v3);
-      struct swiglu_args a = {.g = &g, .u = &u, .out = &out, .dout = &dout, .dg = &dg, .du = &du,
-                              .n = n};
+      struct swiglu_args a = {
+          .g = &g, .u = &u, .out = &out, .dout = &dout, .dg = &dg, .du = &du, .n = n};
       char name[96];
       snprintf(name, sizeof name, "swiglu_fwd %s n=%zu", tz_dtype_name(e.S), n);
       struct op fwd = {.name = name, .launch = swiglu_launch, .args = &a};
@@ -1102,12 +1123,14 @@ static void test_xent(void **state) {
         buf_init(&e, &dl, (size_t)N * V, TZ_F32, e.S);
         float *v = randv((size_t)N * V, 8.0f);
         buf_set(&logits, &e, v);
-        struct xent_args a = {.logits = &logits, .losses = &losses, .tgt = &ti, .N = N, .V = V,
-                              .dscale = 0.5f};
+        struct xent_args a = {
+            .logits = &logits, .losses = &losses, .tgt = &ti, .N = N, .V = V, .dscale = 0.5f};
         a.dlogits = mode == 0 ? NULL : mode == 1 ? &dl : &logits;
         char name[96];
         snprintf(name, sizeof name, "xent %s N=%d V=%d %s", tz_dtype_name(e.S), N, V,
-                 mode == 0 ? "fwd" : mode == 1 ? "fwd+bwd" : "in place");
+                 mode == 0   ? "fwd"
+                 : mode == 1 ? "fwd+bwd"
+                             : "in place");
         struct op op = {.name = name, .launch = xent_launch, .args = &a};
         add_out(&op, &losses, "losses", tol_of(TZ_F32, 0, V));
         if (mode == 1)
@@ -1190,8 +1213,7 @@ static void model_case(enum tz_dtype S, int B, int T, double tol_loss, double to
   for (int run = 0; run < 3; run++) {
     for (int b = 0; b < nb; b++)
       TZ_ASSERT_OK(tz_compute_zero(e.gpu, gg[b], tz_model_block_numel(&cfg, b) * 4));
-    TZ_ASSERT_OK(tz_model_runner_step(run == 2 ? rg_ck : rg, gp, gg, tok, tgt, 0.0f,
-                                      &loss_g[run]));
+    TZ_ASSERT_OK(tz_model_runner_step(run == 2 ? rg_ck : rg, gp, gg, tok, tgt, 0.0f, &loss_g[run]));
     grads[run] = calloc(nb, sizeof(float *));
     for (int b = 0; b < nb; b++) {
       uint64_t n = tz_model_block_numel(&cfg, b);
@@ -1335,18 +1357,23 @@ static void test_adam_op(void **state) {
     for (int i = 0; i < n; i++)
       a[2 * n + i] = fabsf(a[2 * n + i]);
     memcpy(b, a, sb);
-    struct tz_adam_params p = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                               .weight_decay = 0.1f, .decoupled = decoupled, .grad_scale = 0.25f};
+    struct tz_adam_params p = {.lr = 1e-3f,
+                               .beta1 = 0.9f,
+                               .beta2 = 0.95f,
+                               .eps = 1e-8f,
+                               .weight_decay = 0.1f,
+                               .decoupled = decoupled,
+                               .grad_scale = 0.25f};
     TZ_ASSERT_OK(tz_adam_params_for_step(&p, 5));
     float *d = ds;
     TZ_ASSERT_OK(tz_compute_copy_in(e.gpu, d, a, sb));
-    TZ_ASSERT_OK(tz_compute_adam(e.gpu, &p, d, d + n, d + 2 * n, d + 3 * n, TZ_F32, dc, TZ_BF16,
-                                 n));
+    TZ_ASSERT_OK(
+        tz_compute_adam(e.gpu, &p, d, d + n, d + 2 * n, d + 3 * n, TZ_F32, dc, TZ_BF16, n));
     TZ_ASSERT_OK(tz_compute_copy_out(e.gpu, a, d, sb));
     TZ_ASSERT_OK(tz_compute_copy_out(e.gpu, ca, dc, 2 * n));
     TZ_ASSERT_OK(tz_compute_sync(e.gpu));
-    TZ_ASSERT_OK(tz_compute_adam(g_cpu, &p, b, b + n, b + 2 * n, b + 3 * n, TZ_F32, cb, TZ_BF16,
-                                 n));
+    TZ_ASSERT_OK(
+        tz_compute_adam(g_cpu, &p, b, b + n, b + 2 * n, b + 3 * n, TZ_F32, cb, TZ_BF16, n));
     assert_memory_equal(a, b, sb);
     assert_memory_equal(ca, cb, 2 * n);
   }
@@ -1393,14 +1420,21 @@ int main(void) {
   if (rc == 0)
     tz_compute_destroy(probe);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_basics),    cmocka_unit_test(test_elementwise),
-      cmocka_unit_test(test_sum),       cmocka_unit_test(test_sumsq_segments),
-      cmocka_unit_test(test_stream),    cmocka_unit_test(test_matmul),
-      cmocka_unit_test(test_embedding), cmocka_unit_test(test_rmsnorm),
-      cmocka_unit_test(test_rope),      cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_basics),
+      cmocka_unit_test(test_elementwise),
+      cmocka_unit_test(test_sum),
+      cmocka_unit_test(test_sumsq_segments),
+      cmocka_unit_test(test_stream),
+      cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_embedding),
+      cmocka_unit_test(test_rmsnorm),
+      cmocka_unit_test(test_rope),
+      cmocka_unit_test(test_attention),
       cmocka_unit_test(test_attention_padded),
-      cmocka_unit_test(test_swiglu),    cmocka_unit_test(test_xent),
-      cmocka_unit_test(test_negative_control), cmocka_unit_test(test_model),
+      cmocka_unit_test(test_swiglu),
+      cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_negative_control),
+      cmocka_unit_test(test_model),
       cmocka_unit_test(test_adam_op),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

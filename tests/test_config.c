@@ -166,9 +166,9 @@ static void test_zero_infinity_file(void **state) {
   ASSERT_DBL(c.gradient_predivide_factor, 2.0);
   assert_int_equal(c.seed, 1234);
   /* DeepSpeed keys that do not apply, in file order. */
-  static const char *const ignored[] = {"zero_optimization.stage3_gather_16bit_weights_on_model_save",
-                                        "tensorboard", "flops_profiler",
-                                        "zero_allow_untested_optimizer"};
+  static const char *const ignored[] = {
+      "zero_optimization.stage3_gather_16bit_weights_on_model_save", "tensorboard",
+      "flops_profiler", "zero_allow_untested_optimizer"};
   assert_int_equal(tz_config_ignored_count(&c), 4);
   for (int i = 0; i < 4; i++) {
     assert_string_equal(tz_config_ignored(&c, i), ignored[i]);
@@ -275,7 +275,8 @@ static void test_merge_files(void **state) {
   assert_int_equal(tz_config_ignored_count(&c), 4);
   /* null leaves a value as it was; a legacy "bfloat16" section is bf16. */
   TZ_ASSERT_OK(tz_config_load_string(
-      &c, "{\"optimizer\": {\"params\": {\"lr\": null}}, \"bfloat16\": {\"enabled\": false}}", "n"));
+      &c, "{\"optimizer\": {\"params\": {\"lr\": null}}, \"bfloat16\": {\"enabled\": false}}",
+      "n"));
   ASSERT_DBL(c.optimizer.lr, 3e-4);
   assert_int_equal(c.bf16.enabled, 0);
   assert_int_equal(c.precision, TZ_PRECISION_FP32);
@@ -288,104 +289,111 @@ struct bad_case {
 };
 
 static const struct bad_case bad_cases[] = {
-  /* wrong type */
-  {"{\"zero_optimization\": {\"offload_param\": {\"buffer_count\": \"four\"}}}",
-   "bad.json: zero_optimization.offload_param.buffer_count: expected a positive integer, got \"four\""},
-  {"{\"zero_optimization\": {\"stage\": true}}",
-   "zero_optimization.stage: expected an integer in [0, 3], got true"},
-  {"{\"bf16\": {\"enabled\": 1}}", "bf16.enabled: expected true, false or \"auto\", got 1"},
-  {"{\"aio\": {\"single_submit\": \"yes\"}}",
-   "aio.single_submit: expected true or false, got \"yes\""},
-  {"{\"optimizer\": \"adam\"}", "bad.json: optimizer: expected an object, got \"adam\""},
-  {"{\"zero_optimization\": {\"offload_param\": [1]}}",
-   "zero_optimization.offload_param: expected an object, got [1]"},
-  {"{\"optimizer\": {\"params\": {\"lr\": \"3e-4\"}}}",
-   "optimizer.params.lr: expected a number >= 0 or \"auto\", got \"3e-4\""},
-  {"{\"tierzero\": {\"model\": 7}}", "tierzero.model: expected a non-empty string, got 7"},
-  {"{\"tierzero\": {\"model\": \"\"}}", "tierzero.model: expected a non-empty string, got \"\""},
-  {"{\"zero_optimization\": {\"offload_param\": {\"nvme_path\": [\"/a\"]}}}",
-   "zero_optimization.offload_param.nvme_path: expected a non-empty string, got [\"/a\"]"},
-  {"[1, 2]", "bad.json: expected a JSON object at the top level, got [1,2]"},
-  /* "auto" where DeepSpeed does not allow it */
-  {"{\"zero_optimization\": {\"sub_group_size\": \"auto\"}}",
-   "zero_optimization.sub_group_size: expected a positive integer, got \"auto\""},
-  {"{\"tierzero\": {\"threads\": \"auto\"}}",
-   "tierzero.threads: expected an integer in [0, 4096], got \"auto\""},
-  /* out of range */
-  {"{\"zero_optimization\": {\"stage\": 4}}",
-   "zero_optimization.stage: expected an integer in [0, 3], got 4"},
-  {"{\"zero_optimization\": {\"stage\": -1}}",
-   "zero_optimization.stage: expected an integer in [0, 3], got -1"},
-  {"{\"train_micro_batch_size_per_gpu\": 0}",
-   "train_micro_batch_size_per_gpu: expected a positive integer or \"auto\", got 0"},
-  {"{\"optimizer\": {\"params\": {\"lr\": -0.1}}}",
-   "optimizer.params.lr: expected a number >= 0 or \"auto\", got -0.1"},
-  {"{\"optimizer\": {\"params\": {\"eps\": 0}}}",
-   "optimizer.params.eps: expected a number > 0 or \"auto\", got 0"},
-  {"{\"zero_optimization\": {\"offload_optimizer\": {\"ratio\": 1.5}}}",
-   "zero_optimization.offload_optimizer.ratio: expected a number in [0, 1], got 1.5"},
-  {"{\"aio\": {\"queue_depth\": 1e6}}", "aio.queue_depth: expected an integer in [1, 32768], got 1000000.0"},
-  {"{\"fp16\": {\"min_loss_scale\": 0}}", "fp16.min_loss_scale: expected a number > 0, got 0"},
-  {"{\"tierzero\": {\"lookahead\": -2}}", "tierzero.lookahead: expected an integer in [-1, 65536], got -2"},
-  {"{\"seed\": -1}", "seed: expected a non-negative integer, got -1"},
-  /* a float where an integer is needed */
-  {"{\"train_batch_size\": 2.5}", "train_batch_size: expected a positive integer or \"auto\", got 2.5"},
-  {"{\"zero_optimization\": {\"reduce_bucket_size\": 1e300}}",
-   "zero_optimization.reduce_bucket_size: expected a positive integer or \"auto\", got 1e300"},
-  /* sizes */
-  {"{\"tierzero\": {\"host_budget\": -5}}", "tierzero.host_budget: expected a size like 64GiB, got -5"},
-  {"{\"tierzero\": {\"nvme_budget\": \"1.5GB\"}}",
-   "tierzero.nvme_budget: expected a size like 64GiB, got \"1.5GB\""},
-  {"{\"tierzero\": {\"hbm_budget\": \"16 G\"}}", "tierzero.hbm_budget: expected a size like 64GiB, got \"16 G\""},
-  {"{\"tierzero\": {\"staging_bytes\": 0}}",
-   "tierzero.staging_bytes: expected a non-zero size like 64MiB, got 0"},
-  {"{\"tierzero\": {\"nvme_path\": []}}",
-   "tierzero.nvme_path: expected a directory or an array of 1 to 16 directories, got []"},
-  {"{\"tierzero\": {\"nvme_path\": [\"/a\", 3]}}",
-   "tierzero.nvme_path: expected a directory or an array of 1 to 16 directories, got [\"/a\",3]"},
-  /* unknown enum values */
-  {"{\"optimizer\": {\"type\": \"Adamax\"}}",
-   "bad.json: optimizer.type: unknown value \"Adamax\" (expected one of Adam, AdamW)"},
-  {"{\"optimizer\": {\"type\": 1}}", "optimizer.type: expected one of Adam, AdamW, got 1"},
-  {"{\"scheduler\": {\"type\": \"OneCycle\"}}",
-   "scheduler.type: unknown value \"OneCycle\" (expected one of WarmupLR, WarmupDecayLR, "
-   "WarmupCosineLR)"},
-  {"{\"scheduler\": {\"type\": \"warmuplr\"}}", "scheduler.type: unknown value \"warmuplr\""},
-  {"{\"scheduler\": {\"params\": {\"warmup_type\": \"cosine\"}}}",
-   "scheduler.params.warmup_type: unknown value \"cosine\" (expected one of log, linear)"},
-  {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"gpu\"}}}",
-   "zero_optimization.offload_param.device: unknown value \"gpu\" (expected one of none, cpu, nvme)"},
-  {"{\"communication_data_type\": \"fp8\"}",
-   "communication_data_type: unknown value \"fp8\" (expected one of fp32, fp16, bf16)"},
-  {"{\"tierzero\": {\"log\": \"verbose\"}}",
-   "tierzero.log: unknown value \"verbose\" (expected one of error, warn, info, debug, trace)"},
-  /* betas */
-  {"{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}",
-   "optimizer.params.betas: expected an array of 2 numbers in [0, 1)"},
-  {"{\"optimizer\": {\"params\": {\"betas\": [0.9, 1.0]}}}",
-   "optimizer.params.betas: expected an array of 2 numbers in [0, 1)"},
-  {"{\"optimizer\": {\"params\": {\"betas\": [0.9, \"0.99\"]}}}",
-   "optimizer.params.betas: expected an array of 2 numbers in [0, 1)"},
-  {"{\"optimizer\": {\"params\": {\"betas\": 0.9}}}",
-   "optimizer.params.betas: expected an array of 2 numbers in [0, 1)"},
-  {"{\"optimizer\": {\"params\": {\"betas\": [-0.1, 0.9]}}}",
-   "optimizer.params.betas: expected an array of 2 numbers in [0, 1)"},
-  /* unsupported DeepSpeed switches */
-  {"{\"optimizer\": {\"params\": {\"amsgrad\": true}}}",
-   "optimizer.params.amsgrad: only false is supported, got true"},
-  {"{\"optimizer\": {\"params\": {\"bias_correction\": false}}}",
-   "optimizer.params.bias_correction: only true is supported, got false"},
-  /* rules between keys */
-  {"{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}",
-   "bad.json: fp16.enabled and bf16.enabled are both true: choose one"},
-  {"{\"fp16\": {\"enabled\": true}, \"bfloat16\": {\"enabled\": true}}",
-   "fp16.enabled and bf16.enabled are both true: choose one"},
-  {"{\"tierzero\": {\"staging_bytes\": \"4MiB\", \"chunk_bytes\": \"8MiB\"}}",
-   "bad.json: tierzero.chunk_bytes 8388608 is larger than tierzero.staging_bytes 4194304"},
-  /* syntax, with line and column */
-  {"{\"train_batch_size\": 8,\n \"seed\": 1,,\n}", "bad.json:2:12: JSON syntax error: "},
-  {"{\"seed\": 1,\n \"seed\": 2}", "bad.json:2:7: JSON syntax error: duplicate object key"},
-  {"", "bad.json:1:0: JSON syntax error: "},
+    /* wrong type */
+    {"{\"zero_optimization\": {\"offload_param\": {\"buffer_count\": \"four\"}}}",
+     "bad.json: zero_optimization.offload_param.buffer_count: expected a positive integer, got "
+     "\"four\""},
+    {"{\"zero_optimization\": {\"stage\": true}}",
+     "zero_optimization.stage: expected an integer in [0, 3], got true"},
+    {"{\"bf16\": {\"enabled\": 1}}", "bf16.enabled: expected true, false or \"auto\", got 1"},
+    {"{\"aio\": {\"single_submit\": \"yes\"}}",
+     "aio.single_submit: expected true or false, got \"yes\""},
+    {"{\"optimizer\": \"adam\"}", "bad.json: optimizer: expected an object, got \"adam\""},
+    {"{\"zero_optimization\": {\"offload_param\": [1]}}",
+     "zero_optimization.offload_param: expected an object, got [1]"},
+    {"{\"optimizer\": {\"params\": {\"lr\": \"3e-4\"}}}",
+     "optimizer.params.lr: expected a number >= 0 or \"auto\", got \"3e-4\""},
+    {"{\"tierzero\": {\"model\": 7}}", "tierzero.model: expected a non-empty string, got 7"},
+    {"{\"tierzero\": {\"model\": \"\"}}", "tierzero.model: expected a non-empty string, got \"\""},
+    {"{\"zero_optimization\": {\"offload_param\": {\"nvme_path\": [\"/a\"]}}}",
+     "zero_optimization.offload_param.nvme_path: expected a non-empty string, got [\"/a\"]"},
+    {"[1, 2]", "bad.json: expected a JSON object at the top level, got [1,2]"},
+    /* "auto" where DeepSpeed does not allow it */
+    {"{\"zero_optimization\": {\"sub_group_size\": \"auto\"}}",
+     "zero_optimization.sub_group_size: expected a positive integer, got \"auto\""},
+    {"{\"tierzero\": {\"threads\": \"auto\"}}",
+     "tierzero.threads: expected an integer in [0, 4096], got \"auto\""},
+    /* out of range */
+    {"{\"zero_optimization\": {\"stage\": 4}}",
+     "zero_optimization.stage: expected an integer in [0, 3], got 4"},
+    {"{\"zero_optimization\": {\"stage\": -1}}",
+     "zero_optimization.stage: expected an integer in [0, 3], got -1"},
+    {"{\"train_micro_batch_size_per_gpu\": 0}",
+     "train_micro_batch_size_per_gpu: expected a positive integer or \"auto\", got 0"},
+    {"{\"optimizer\": {\"params\": {\"lr\": -0.1}}}",
+     "optimizer.params.lr: expected a number >= 0 or \"auto\", got -0.1"},
+    {"{\"optimizer\": {\"params\": {\"eps\": 0}}}",
+     "optimizer.params.eps: expected a number > 0 or \"auto\", got 0"},
+    {"{\"zero_optimization\": {\"offload_optimizer\": {\"ratio\": 1.5}}}",
+     "zero_optimization.offload_optimizer.ratio: expected a number in [0, 1], got 1.5"},
+    {"{\"aio\": {\"queue_depth\": 1e6}}",
+     "aio.queue_depth: expected an integer in [1, 32768], got 1000000.0"},
+    {"{\"fp16\": {\"min_loss_scale\": 0}}", "fp16.min_loss_scale: expected a number > 0, got 0"},
+    {"{\"tierzero\": {\"lookahead\": -2}}",
+     "tierzero.lookahead: expected an integer in [-1, 65536], got -2"},
+    {"{\"seed\": -1}", "seed: expected a non-negative integer, got -1"},
+    /* a float where an integer is needed */
+    {"{\"train_batch_size\": 2.5}",
+     "train_batch_size: expected a positive integer or \"auto\", got 2.5"},
+    {"{\"zero_optimization\": {\"reduce_bucket_size\": 1e300}}",
+     "zero_optimization.reduce_bucket_size: expected a positive integer or \"auto\", got 1e300"},
+    /* sizes */
+    {"{\"tierzero\": {\"host_budget\": -5}}",
+     "tierzero.host_budget: expected a size like 64GiB, got -5"},
+    {"{\"tierzero\": {\"nvme_budget\": \"1.5GB\"}}",
+     "tierzero.nvme_budget: expected a size like 64GiB, got \"1.5GB\""},
+    {"{\"tierzero\": {\"hbm_budget\": \"16 G\"}}",
+     "tierzero.hbm_budget: expected a size like 64GiB, got \"16 G\""},
+    {"{\"tierzero\": {\"staging_bytes\": 0}}",
+     "tierzero.staging_bytes: expected a non-zero size like 64MiB, got 0"},
+    {"{\"tierzero\": {\"nvme_path\": []}}",
+     "tierzero.nvme_path: expected a directory or an array of 1 to 16 directories, got []"},
+    {"{\"tierzero\": {\"nvme_path\": [\"/a\", 3]}}",
+     "tierzero.nvme_path: expected a directory or an array of 1 to 16 directories, got [\"/a\",3]"},
+    /* unknown enum values */
+    {"{\"optimizer\": {\"type\": \"Adamax\"}}",
+     "bad.json: optimizer.type: unknown value \"Adamax\" (expected one of Adam, AdamW)"},
+    {"{\"optimizer\": {\"type\": 1}}", "optimizer.type: expected one of Adam, AdamW, got 1"},
+    {"{\"scheduler\": {\"type\": \"OneCycle\"}}",
+     "scheduler.type: unknown value \"OneCycle\" (expected one of WarmupLR, WarmupDecayLR, "
+     "WarmupCosineLR)"},
+    {"{\"scheduler\": {\"type\": \"warmuplr\"}}", "scheduler.type: unknown value \"warmuplr\""},
+    {"{\"scheduler\": {\"params\": {\"warmup_type\": \"cosine\"}}}",
+     "scheduler.params.warmup_type: unknown value \"cosine\" (expected one of log, linear)"},
+    {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"gpu\"}}}",
+     "zero_optimization.offload_param.device: unknown value \"gpu\" (expected one of none, cpu, "
+     "nvme)"},
+    {"{\"communication_data_type\": \"fp8\"}",
+     "communication_data_type: unknown value \"fp8\" (expected one of fp32, fp16, bf16)"},
+    {"{\"tierzero\": {\"log\": \"verbose\"}}",
+     "tierzero.log: unknown value \"verbose\" (expected one of error, warn, info, debug, trace)"},
+    /* betas */
+    {"{\"optimizer\": {\"params\": {\"betas\": [0.9]}}}",
+     "optimizer.params.betas: expected an array of 2 numbers in [0, 1)"},
+    {"{\"optimizer\": {\"params\": {\"betas\": [0.9, 1.0]}}}",
+     "optimizer.params.betas: expected an array of 2 numbers in [0, 1)"},
+    {"{\"optimizer\": {\"params\": {\"betas\": [0.9, \"0.99\"]}}}",
+     "optimizer.params.betas: expected an array of 2 numbers in [0, 1)"},
+    {"{\"optimizer\": {\"params\": {\"betas\": 0.9}}}",
+     "optimizer.params.betas: expected an array of 2 numbers in [0, 1)"},
+    {"{\"optimizer\": {\"params\": {\"betas\": [-0.1, 0.9]}}}",
+     "optimizer.params.betas: expected an array of 2 numbers in [0, 1)"},
+    /* unsupported DeepSpeed switches */
+    {"{\"optimizer\": {\"params\": {\"amsgrad\": true}}}",
+     "optimizer.params.amsgrad: only false is supported, got true"},
+    {"{\"optimizer\": {\"params\": {\"bias_correction\": false}}}",
+     "optimizer.params.bias_correction: only true is supported, got false"},
+    /* rules between keys */
+    {"{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}",
+     "bad.json: fp16.enabled and bf16.enabled are both true: choose one"},
+    {"{\"fp16\": {\"enabled\": true}, \"bfloat16\": {\"enabled\": true}}",
+     "fp16.enabled and bf16.enabled are both true: choose one"},
+    {"{\"tierzero\": {\"staging_bytes\": \"4MiB\", \"chunk_bytes\": \"8MiB\"}}",
+     "bad.json: tierzero.chunk_bytes 8388608 is larger than tierzero.staging_bytes 4194304"},
+    /* syntax, with line and column */
+    {"{\"train_batch_size\": 8,\n \"seed\": 1,,\n}", "bad.json:2:12: JSON syntax error: "},
+    {"{\"seed\": 1,\n \"seed\": 2}", "bad.json:2:7: JSON syntax error: duplicate object key"},
+    {"", "bad.json:1:0: JSON syntax error: "},
 };
 
 static void test_bad_inputs(void **state) {
@@ -418,19 +426,21 @@ static void test_exact_messages(void **state) {
   struct tz_config c;
   tz_config_defaults(&c);
   assert_int_equal(tz_config_load_string(
-                       &c, "{\"zero_optimization\": {\"offload_param\": {\"buffer_count\": \"four\"}}}",
+                       &c,
+                       "{\"zero_optimization\": {\"offload_param\": {\"buffer_count\": \"four\"}}}",
                        "ds.json"),
                    TZ_ECONFIG);
   assert_string_equal(tz_err_msg(), "ds.json: zero_optimization.offload_param.buffer_count: "
                                     "expected a positive integer, got \"four\"");
   assert_int_equal(tz_config_load_string(&c, "{\"optimizer\": {\"type\": \"Adamax\"}}", "ds.json"),
                    TZ_ECONFIG);
-  assert_string_equal(tz_err_msg(),
-                      "ds.json: optimizer.type: unknown value \"Adamax\" (expected one of Adam, AdamW)");
+  assert_string_equal(
+      tz_err_msg(),
+      "ds.json: optimizer.type: unknown value \"Adamax\" (expected one of Adam, AdamW)");
   assert_int_equal(tz_config_load_string(&c, "{\"train_batch_size\": 8}", NULL), 0);
   assert_int_equal(tz_config_load_string(&c, "{\"train_batch_size\": 8.5}", NULL), TZ_ECONFIG);
-  assert_string_equal(tz_err_msg(),
-                      "<string>: train_batch_size: expected a positive integer or \"auto\", got 8.5");
+  assert_string_equal(
+      tz_err_msg(), "<string>: train_batch_size: expected a positive integer or \"auto\", got 8.5");
   assert_int_equal(c.train_batch_size, 8);
   tz_config_free(&c);
 }
@@ -463,7 +473,8 @@ static void test_file_errors(void **state) {
   fputs("{\n  \"zero_optimization\": {\n    \"stage\": 5\n  }\n}\n", f);
   fclose(f);
   assert_int_equal(tz_config_load_file(&c, p), TZ_ECONFIG);
-  assert_true(asprintf(&want, "%s: zero_optimization.stage: expected an integer in [0, 3], got 5", p) > 0);
+  assert_true(
+      asprintf(&want, "%s: zero_optimization.stage: expected an integer in [0, 3], got 5", p) > 0);
   assert_string_equal(tz_err_msg(), want);
   free(want);
   free(p);
@@ -479,12 +490,12 @@ static void test_ignored_and_suggestions(void **state) {
   static const struct {
     const char *path, *hint;
   } want[] = {
-    {"zero_optimization.offload_parm", "offload_param"},
-    {"zero_optimization.allgather_partitions", NULL},
-    {"optimiser", "optimizer"},
-    {"tensorboard", NULL},
-    {"amp", NULL},
-    {"my_custom_key", NULL},
+      {"zero_optimization.offload_parm", "offload_param"},
+      {"zero_optimization.allgather_partitions", NULL},
+      {"optimiser", "optimizer"},
+      {"tensorboard", NULL},
+      {"amp", NULL},
+      {"my_custom_key", NULL},
   };
   int n = (int)(sizeof want / sizeof want[0]);
   assert_int_equal(tz_config_ignored_count(&c), n);
@@ -511,12 +522,9 @@ static void test_ignored_and_suggestions(void **state) {
   static const struct {
     const char *path, *hint;
   } more[] = {
-    {"train_batch_sise", "train_batch_size"},
-    {"Gradient_Clipping", "gradient_clipping"},
-    {"optimizer.params.betas1", "betas"},
-    {"optimizer.params.lt", "lr"},
-    {"tierzero.lookahed", "lookahead"},
-    {"tierzero.x", NULL},
+      {"train_batch_sise", "train_batch_size"}, {"Gradient_Clipping", "gradient_clipping"},
+      {"optimizer.params.betas1", "betas"},     {"optimizer.params.lt", "lr"},
+      {"tierzero.lookahed", "lookahead"},       {"tierzero.x", NULL},
   };
   for (int i = 0; i < (int)(sizeof more / sizeof more[0]); i++) {
     assert_string_equal(tz_config_ignored(&c, n + i), more[i].path);
@@ -573,21 +581,22 @@ static void test_env(void **state) {
   static const struct {
     const char *var, *value, *message;
   } bad[] = {
-    {"TZ_HOST_BUDGET", "lots", "TZ_HOST_BUDGET: expected a size like 64GiB, got \"lots\""},
-    {"TZ_NVME_BUDGET", "-1", "TZ_NVME_BUDGET: expected a size like 64GiB, got \"-1\""},
-    {"TZ_STAGING_BYTES", "0", "TZ_STAGING_BYTES: expected a non-zero size like 64MiB, got \"0\""},
-    {"TZ_LOG", "loud",
-     "TZ_LOG: unknown value \"loud\" (expected one of error, warn, info, debug, trace)"},
-    {"TZ_NVME_CHECKSUM", "maybe",
-     "TZ_NVME_CHECKSUM: expected 1, 0, true, false, yes, no, on or off, got \"maybe\""},
-    {"TZ_QUEUE_DEPTH", "12x", "TZ_QUEUE_DEPTH: expected an integer in [0, 32768], got \"12x\""},
-    {"TZ_THREADS", "2.5", "TZ_THREADS: expected an integer in [0, 4096], got \"2.5\""},
-    {"TZ_DEVICE", "99999999999999999999",
-     "TZ_DEVICE: expected an integer in [-1, 1023], got \"99999999999999999999\""},
-    {"TZ_NVME_PATH", "/a::/b",
-     "TZ_NVME_PATH: expected a ':'-separated list of 1 to 16 directories, got \"/a::/b\""},
-    {"TZ_CHUNK_BYTES", "1GiB",
-     "environment: tierzero.chunk_bytes 1073741824 is larger than tierzero.staging_bytes 268435456"},
+      {"TZ_HOST_BUDGET", "lots", "TZ_HOST_BUDGET: expected a size like 64GiB, got \"lots\""},
+      {"TZ_NVME_BUDGET", "-1", "TZ_NVME_BUDGET: expected a size like 64GiB, got \"-1\""},
+      {"TZ_STAGING_BYTES", "0", "TZ_STAGING_BYTES: expected a non-zero size like 64MiB, got \"0\""},
+      {"TZ_LOG", "loud",
+       "TZ_LOG: unknown value \"loud\" (expected one of error, warn, info, debug, trace)"},
+      {"TZ_NVME_CHECKSUM", "maybe",
+       "TZ_NVME_CHECKSUM: expected 1, 0, true, false, yes, no, on or off, got \"maybe\""},
+      {"TZ_QUEUE_DEPTH", "12x", "TZ_QUEUE_DEPTH: expected an integer in [0, 32768], got \"12x\""},
+      {"TZ_THREADS", "2.5", "TZ_THREADS: expected an integer in [0, 4096], got \"2.5\""},
+      {"TZ_DEVICE", "99999999999999999999",
+       "TZ_DEVICE: expected an integer in [-1, 1023], got \"99999999999999999999\""},
+      {"TZ_NVME_PATH", "/a::/b",
+       "TZ_NVME_PATH: expected a ':'-separated list of 1 to 16 directories, got \"/a::/b\""},
+      {"TZ_CHUNK_BYTES", "1GiB",
+       "environment: tierzero.chunk_bytes 1073741824 is larger than tierzero.staging_bytes "
+       "268435456"},
   };
   char *before = dump_string(&c);
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -675,8 +684,10 @@ static void test_set(void **state) {
   /* A negative zero is stored as zero: the dump could not carry its sign (found by tests/fuzz). */
   TZ_ASSERT_OK(tz_config_set(&c, "gradient_clipping", "-0"));
   assert_false(signbit(c.gradient_clipping));
-  TZ_ASSERT_OK(tz_config_load_string(&c, "{\"optimizer\": {\"params\": {\"betas\": [-0.0, 0.9], "
-                                         "\"weight_decay\": -0.0}}}", NULL));
+  TZ_ASSERT_OK(tz_config_load_string(&c,
+                                     "{\"optimizer\": {\"params\": {\"betas\": [-0.0, 0.9], "
+                                     "\"weight_decay\": -0.0}}}",
+                                     NULL));
   assert_false(signbit(c.optimizer.betas[0]));
   assert_false(signbit(c.optimizer.weight_decay));
   tz_config_free(&c);
@@ -689,32 +700,32 @@ static void test_sizes(void **state) {
     int ok;
     uint64_t v;
   } cases[] = {
-    {"0", 1, 0},
-    {"512", 1, 512},
-    {"512B", 1, 512},
-    {"4KiB", 1, 4096},
-    {"4kB", 1, 4000},
-    {"4KB", 1, 4000},
-    {"64 GiB", 1, 64ull << 30},
-    {"64gib", 1, 64ull << 30},
-    {"2TB", 1, 2000000000000ull},
-    {"1PiB", 1, 1ull << 50},
-    {"9223372036854775807", 1, 9223372036854775807ull},
-    {"9223372036854775808", 0, 0},
-    {"8192PiB", 0, 0},
-    {"99999999999999999999999", 0, 0},
-    {"1.5GB", 0, 0},
-    {"1e9", 0, 0},
-    {"16K", 0, 0},
-    {"16 G", 0, 0},
-    {"64  GiB", 0, 0},
-    {"1 ", 0, 0},
-    {" 1", 0, 0},
-    {"-1", 0, 0},
-    {"+1", 0, 0},
-    {"GiB", 0, 0},
-    {"", 0, 0},
-    {"lots", 0, 0},
+      {"0", 1, 0},
+      {"512", 1, 512},
+      {"512B", 1, 512},
+      {"4KiB", 1, 4096},
+      {"4kB", 1, 4000},
+      {"4KB", 1, 4000},
+      {"64 GiB", 1, 64ull << 30},
+      {"64gib", 1, 64ull << 30},
+      {"2TB", 1, 2000000000000ull},
+      {"1PiB", 1, 1ull << 50},
+      {"9223372036854775807", 1, 9223372036854775807ull},
+      {"9223372036854775808", 0, 0},
+      {"8192PiB", 0, 0},
+      {"99999999999999999999999", 0, 0},
+      {"1.5GB", 0, 0},
+      {"1e9", 0, 0},
+      {"16K", 0, 0},
+      {"16 G", 0, 0},
+      {"64  GiB", 0, 0},
+      {"1 ", 0, 0},
+      {" 1", 0, 0},
+      {"-1", 0, 0},
+      {"+1", 0, 0},
+      {"GiB", 0, 0},
+      {"", 0, 0},
+      {"lots", 0, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint64_t v = 12345;
@@ -736,29 +747,29 @@ static void test_resolve_batch(void **state) {
     int64_t want_tb, want_mb, want_gas;
     const char *message;
   } cases[] = {
-    {64, 4, 8, 2, 0, 64, 4, 8, NULL},
-    {64, 4, 0, 2, 0, 64, 4, 8, NULL},
-    {64, 0, 8, 2, 0, 64, 4, 8, NULL},
-    {64, 0, 0, 2, 0, 64, 32, 1, NULL},
-    {0, 4, 0, 2, 0, 8, 4, 1, NULL},
-    {0, 4, 8, 2, 0, 64, 4, 8, NULL},
-    {8, 8, 0, 1, 0, 8, 8, 1, NULL},
-    {64, 4, 4, 2, TZ_ECONFIG, 0, 0, 0,
-     "train_batch_size 64 != train_micro_batch_size_per_gpu 4 * gradient_accumulation_steps 4 * "
-     "world_size 2"},
-    {30, 4, 0, 2, TZ_ECONFIG, 0, 0, 0,
-     "train_batch_size 30 is not divisible by train_micro_batch_size_per_gpu 4 * world_size 2"},
-    {4, 4, 0, 2, TZ_ECONFIG, 0, 0, 0,
-     "train_batch_size 4 is not divisible by train_micro_batch_size_per_gpu 4 * world_size 2"},
-    {30, 0, 2, 4, TZ_ECONFIG, 0, 0, 0,
-     "train_batch_size 30 is not divisible by gradient_accumulation_steps 2 * world_size 4"},
-    {6, 0, 0, 4, TZ_ECONFIG, 0, 0, 0,
-     "train_batch_size 6 is not divisible by gradient_accumulation_steps 1 * world_size 4"},
-    {0, 0, 4, 2, TZ_ECONFIG, 0, 0, 0,
-     "neither train_batch_size nor train_micro_batch_size_per_gpu is set "
-     "(gradient_accumulation_steps 4, world_size 2)"},
-    {0, INT64_MAX / 2, 2, 2, TZ_ECONFIG, 0, 0, 0, "overflows"},
-    {8, 4, 0, 0, TZ_EINVAL, 0, 0, 0, "world_size 0 is not positive"},
+      {64, 4, 8, 2, 0, 64, 4, 8, NULL},
+      {64, 4, 0, 2, 0, 64, 4, 8, NULL},
+      {64, 0, 8, 2, 0, 64, 4, 8, NULL},
+      {64, 0, 0, 2, 0, 64, 32, 1, NULL},
+      {0, 4, 0, 2, 0, 8, 4, 1, NULL},
+      {0, 4, 8, 2, 0, 64, 4, 8, NULL},
+      {8, 8, 0, 1, 0, 8, 8, 1, NULL},
+      {64, 4, 4, 2, TZ_ECONFIG, 0, 0, 0,
+       "train_batch_size 64 != train_micro_batch_size_per_gpu 4 * gradient_accumulation_steps 4 * "
+       "world_size 2"},
+      {30, 4, 0, 2, TZ_ECONFIG, 0, 0, 0,
+       "train_batch_size 30 is not divisible by train_micro_batch_size_per_gpu 4 * world_size 2"},
+      {4, 4, 0, 2, TZ_ECONFIG, 0, 0, 0,
+       "train_batch_size 4 is not divisible by train_micro_batch_size_per_gpu 4 * world_size 2"},
+      {30, 0, 2, 4, TZ_ECONFIG, 0, 0, 0,
+       "train_batch_size 30 is not divisible by gradient_accumulation_steps 2 * world_size 4"},
+      {6, 0, 0, 4, TZ_ECONFIG, 0, 0, 0,
+       "train_batch_size 6 is not divisible by gradient_accumulation_steps 1 * world_size 4"},
+      {0, 0, 4, 2, TZ_ECONFIG, 0, 0, 0,
+       "neither train_batch_size nor train_micro_batch_size_per_gpu is set "
+       "(gradient_accumulation_steps 4, world_size 2)"},
+      {0, INT64_MAX / 2, 2, 2, TZ_ECONFIG, 0, 0, 0, "overflows"},
+      {8, 4, 0, 0, TZ_EINVAL, 0, 0, 0, "world_size 0 is not positive"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     struct tz_config c;
@@ -790,8 +801,10 @@ static void test_keys_without_field(void **state) {
   (void)state;
   struct tz_config c;
   tz_config_defaults(&c);
-  TZ_ASSERT_OK(tz_config_load_string(&c, "{\"aio\": {\"thread_count\": 2}, \"steps_per_print\": 5, "
-                                         "\"activation_checkpointing\": {\"profile\": true}}", "ds.json"));
+  TZ_ASSERT_OK(tz_config_load_string(&c,
+                                     "{\"aio\": {\"thread_count\": 2}, \"steps_per_print\": 5, "
+                                     "\"activation_checkpointing\": {\"profile\": true}}",
+                                     "ds.json"));
   assert_int_equal(tz_config_ignored_count(&c), 0);
   TZ_ASSERT_OK(tz_config_set(&c, "zero_optimization.reduce_bucket_size", "auto"));
   assert_int_equal(tz_config_load_string(&c, "{\"aio\": {\"thread_count\": 0}}", "ds.json"),
@@ -806,10 +819,10 @@ static void test_keys_without_field(void **state) {
 static void test_dump_round_trip(void **state) {
   (void)state;
   const char *const layers[][2] = {
-    {NULL, NULL},
-    {"zero_infinity_nvme.json", NULL},
-    {"zero_infinity_nvme.json", "tierzero.json"},
-    {"auto.json", NULL},
+      {NULL, NULL},
+      {"zero_infinity_nvme.json", NULL},
+      {"zero_infinity_nvme.json", "tierzero.json"},
+      {"auto.json", NULL},
   };
   for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) {
     struct tz_config a, b;
@@ -920,15 +933,15 @@ static void test_tunable_keys(void **state) {
   static const struct {
     const char *key, *var, *value, *bad, *bad_msg;
   } keys[] = {
-    {"tierzero.sched_debug", "TZ_SCHED_DEBUG", "1", "2",
-     "tierzero.sched_debug: expected 1, 0, true, false, yes, no, on or off, got \"2\""},
-    {"tierzero.gds", "TZ_GDS", "0", "maybe", NULL},
-    {"tierzero.hbm_pin_piece", "TZ_HBM_PIN_PIECE", "2MiB", "2 parsecs", NULL},
-    {"tierzero.cuda_attention", "TZ_CUDA_ATTENTION", "simple", "fancy",
-     "tierzero.cuda_attention: unknown value \"fancy\" (expected one of auto, simple)"},
-    {"tierzero.cuda_matmul", "TZ_CUDA_MATMUL", "plain", "cublas",
-     "tierzero.cuda_matmul: unknown value \"cublas\" (expected one of cublaslt, plain)"},
-    {"tierzero.comm_timeout", "TZ_COMM_TIMEOUT", "12.5", "0", NULL},
+      {"tierzero.sched_debug", "TZ_SCHED_DEBUG", "1", "2",
+       "tierzero.sched_debug: expected 1, 0, true, false, yes, no, on or off, got \"2\""},
+      {"tierzero.gds", "TZ_GDS", "0", "maybe", NULL},
+      {"tierzero.hbm_pin_piece", "TZ_HBM_PIN_PIECE", "2MiB", "2 parsecs", NULL},
+      {"tierzero.cuda_attention", "TZ_CUDA_ATTENTION", "simple", "fancy",
+       "tierzero.cuda_attention: unknown value \"fancy\" (expected one of auto, simple)"},
+      {"tierzero.cuda_matmul", "TZ_CUDA_MATMUL", "plain", "cublas",
+       "tierzero.cuda_matmul: unknown value \"cublas\" (expected one of cublaslt, plain)"},
+      {"tierzero.comm_timeout", "TZ_COMM_TIMEOUT", "12.5", "0", NULL},
   };
   clear_env();
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
@@ -1011,25 +1024,25 @@ int main(void) {
   /* The did-you-mean warnings are expected here; keep the output to failures. */
   tz_log_set_level(TZ_LOG_ERROR);
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_defaults),
-    cmocka_unit_test(test_zero_infinity_file),
-    cmocka_unit_test(test_auto_values),
-    cmocka_unit_test(test_tierzero_section),
-    cmocka_unit_test(test_merge_files),
-    cmocka_unit_test(test_bad_inputs),
-    cmocka_unit_test(test_exact_messages),
-    cmocka_unit_test(test_file_errors),
-    cmocka_unit_test(test_ignored_and_suggestions),
-    cmocka_unit_test(test_env),
-    cmocka_unit_test(test_env_precedence),
-    cmocka_unit_test(test_set),
-    cmocka_unit_test(test_sizes),
-    cmocka_unit_test(test_resolve_batch),
-    cmocka_unit_test(test_keys_without_field),
-    cmocka_unit_test(test_dump_round_trip),
-    cmocka_unit_test(test_docs_cover_keys),
-    cmocka_unit_test(test_tunable_keys),
-    cmocka_unit_test(test_comm_timeout_reaches_comm),
+      cmocka_unit_test(test_defaults),
+      cmocka_unit_test(test_zero_infinity_file),
+      cmocka_unit_test(test_auto_values),
+      cmocka_unit_test(test_tierzero_section),
+      cmocka_unit_test(test_merge_files),
+      cmocka_unit_test(test_bad_inputs),
+      cmocka_unit_test(test_exact_messages),
+      cmocka_unit_test(test_file_errors),
+      cmocka_unit_test(test_ignored_and_suggestions),
+      cmocka_unit_test(test_env),
+      cmocka_unit_test(test_env_precedence),
+      cmocka_unit_test(test_set),
+      cmocka_unit_test(test_sizes),
+      cmocka_unit_test(test_resolve_batch),
+      cmocka_unit_test(test_keys_without_field),
+      cmocka_unit_test(test_dump_round_trip),
+      cmocka_unit_test(test_docs_cover_keys),
+      cmocka_unit_test(test_tunable_keys),
+      cmocka_unit_test(test_comm_timeout_reaches_comm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

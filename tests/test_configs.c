@@ -45,8 +45,8 @@ static void check_common(struct tz_config *c, int world) {
     TZ_ASSERT_OK(tz_model_preset(c->tierzero.model, &m));
   }
   TZ_ASSERT_OK(tz_config_resolve_batch(c, world));
-  assert_int_equal(c->train_batch_size, c->train_micro_batch_size_per_gpu *
-                                            c->gradient_accumulation_steps * world);
+  assert_int_equal(c->train_batch_size,
+                   c->train_micro_batch_size_per_gpu * c->gradient_accumulation_steps * world);
 }
 
 static void test_demo(void **state) {
@@ -202,10 +202,18 @@ static void test_deepspeed(void **state) {
 static void test_all_listed(void **state) {
   (void)state;
   static const char *const known[] = {
-      "bench-auto.json",     "bench-nvme.json",    "bench-offload.json", "bench-stream.json",
-      "cpu-only.json",       "demo.json",          "ds-zero-infinity-cpu.json",
-      "ds-zero-infinity-nvme.json", "llama-13b-1gpu.json", "llama-1b-1gpu.json",
-      "llama-7b-1gpu.json",  "llama-7b-2gpu.json",
+      "bench-auto.json",
+      "bench-nvme.json",
+      "bench-offload.json",
+      "bench-stream.json",
+      "cpu-only.json",
+      "demo.json",
+      "ds-zero-infinity-cpu.json",
+      "ds-zero-infinity-nvme.json",
+      "llama-13b-1gpu.json",
+      "llama-1b-1gpu.json",
+      "llama-7b-1gpu.json",
+      "llama-7b-2gpu.json",
   };
   char *dir = configs_dir(), *pat = NULL;
   assert_true(asprintf(&pat, "%s/*.json", dir) > 0);
@@ -242,10 +250,9 @@ int main(void) {
   free(probe);
   free(dir);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_demo),     cmocka_unit_test(test_llama),
-      cmocka_unit_test(test_cpu_only), cmocka_unit_test(test_bench),
-      cmocka_unit_test(test_deepspeed),
-      cmocka_unit_test(test_all_listed),
+      cmocka_unit_test(test_demo),      cmocka_unit_test(test_llama),
+      cmocka_unit_test(test_cpu_only),  cmocka_unit_test(test_bench),
+      cmocka_unit_test(test_deepspeed), cmocka_unit_test(test_all_listed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

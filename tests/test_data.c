@@ -140,8 +140,10 @@ static void test_raw_text(void **state) {
   assert_null(d);
   size_t first_bad = strcspn(text, "uvwxyz");
   char want[128];
-  snprintf(want, sizeof want, "token %d at byte offset %zu (token %zu) is not below the "
-           "vocabulary size %d", (unsigned char)text[first_bad], first_bad, first_bad, 'u');
+  snprintf(want, sizeof want,
+           "token %d at byte offset %zu (token %zu) is not below the "
+           "vocabulary size %d",
+           (unsigned char)text[first_bad], first_bad, first_bad, 'u');
   ASSERT_MSG_HAS(want);
   ASSERT_MSG_HAS(p);
 
@@ -219,7 +221,8 @@ static void test_shard_errors(void **state) {
   assert_int_equal(tz_data_open(p, 50257, &prm, &d), TZ_EFORMAT);
   snprintf(want, sizeof want,
            "file %s: header says 100 tokens (200 bytes) but the file has 150 bytes after the "
-           "header", p);
+           "header",
+           p);
   ASSERT_MSG_HAS(want);
 
   /* Longer than the header says. */
@@ -528,7 +531,8 @@ static void test_val_split(void **state) {
   assert_int_equal(tz_data_n_samples(d, TZ_DATA_TRAIN), 100);
   assert_int_equal(tz_data_n_samples(d, TZ_DATA_VAL), 4);
   TZ_ASSERT_OK(tz_data_batch(d, TZ_DATA_VAL, 5, 1, row)); /* sample 5 = window 1 */
-  const char *w1 = "4567" "8";
+  const char *w1 = "4567"
+                   "8";
   for (int i = 0; i < 5; i++)
     assert_int_equal(row[i], w1[i]);
   tz_data_destroy(d);
@@ -612,10 +616,10 @@ static void test_builtin(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_raw_text),    cmocka_unit_test(test_shards),
+      cmocka_unit_test(test_raw_text),     cmocka_unit_test(test_shards),
       cmocka_unit_test(test_shard_errors), cmocka_unit_test(test_glob),
-      cmocka_unit_test(test_permutation), cmocka_unit_test(test_ranks),
-      cmocka_unit_test(test_val_split),   cmocka_unit_test(test_determinism),
+      cmocka_unit_test(test_permutation),  cmocka_unit_test(test_ranks),
+      cmocka_unit_test(test_val_split),    cmocka_unit_test(test_determinism),
       cmocka_unit_test(test_builtin),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -31,29 +31,27 @@ static void test_bf16_known(void **state) {
     uint32_t in;
     uint16_t out;
   } cases[] = {
-    {0x3f800000, 0x3f80}, /* 1 */
-    {0x3f808000, 0x3f80}, /* tie between 0x3f80 and 0x3f81: to even, down */
-    {0x3f818000, 0x3f82}, /* tie between 0x3f81 and 0x3f82: to even, up */
-    {0x3f808001, 0x3f81}, /* just above the tie */
-    {0x3f807fff, 0x3f80}, /* just below the tie */
-    {0xbf808000, 0xbf80}, /* negative tie */
-    {0xbf818000, 0xbf82},
-    {0x00000000, 0x0000},
-    {0x80000000, 0x8000},
-    {0x00008000, 0x0000}, /* subnormal tie to even zero */
-    {0x00018000, 0x0002}, /* subnormal tie to even, up */
-    {0x00008001, 0x0001}, /* subnormal, kept (not flushed) */
-    {0x807fffff, 0x8080}, /* largest subnormal rounds to the smallest normal */
-    {0x7f800000, 0x7f80}, /* +inf */
-    {0xff800000, 0xff80}, /* -inf */
-    {0x7f7fffff, 0x7f80}, /* FLT_MAX overflows to inf */
-    {0x7f7f7fff, 0x7f7f}, /* below the overflow tie */
-    {0x7f7f8000, 0x7f80}, /* tie at the top: to even, which is inf */
-    {0x7fc00000, 0x7fc0}, /* quiet NaN */
-    {0x7f800001, 0x7fc0}, /* signalling NaN, payload only in low bits: quiet, not inf */
-    {0x7fa00000, 0x7fe0}, /* signalling NaN keeps its payload top and becomes quiet */
-    {0xffc12345, 0xffc1}, /* negative NaN keeps sign, payload top is not rounded */
-    {0x7fffffff, 0x7fff}, /* NaN with all ones must not carry into the sign */
+      {0x3f800000, 0x3f80}, /* 1 */
+      {0x3f808000, 0x3f80}, /* tie between 0x3f80 and 0x3f81: to even, down */
+      {0x3f818000, 0x3f82}, /* tie between 0x3f81 and 0x3f82: to even, up */
+      {0x3f808001, 0x3f81}, /* just above the tie */
+      {0x3f807fff, 0x3f80}, /* just below the tie */
+      {0xbf808000, 0xbf80}, /* negative tie */
+      {0xbf818000, 0xbf82}, {0x00000000, 0x0000},
+      {0x80000000, 0x8000}, {0x00008000, 0x0000}, /* subnormal tie to even zero */
+      {0x00018000, 0x0002},                       /* subnormal tie to even, up */
+      {0x00008001, 0x0001},                       /* subnormal, kept (not flushed) */
+      {0x807fffff, 0x8080}, /* largest subnormal rounds to the smallest normal */
+      {0x7f800000, 0x7f80}, /* +inf */
+      {0xff800000, 0xff80}, /* -inf */
+      {0x7f7fffff, 0x7f80}, /* FLT_MAX overflows to inf */
+      {0x7f7f7fff, 0x7f7f}, /* below the overflow tie */
+      {0x7f7f8000, 0x7f80}, /* tie at the top: to even, which is inf */
+      {0x7fc00000, 0x7fc0}, /* quiet NaN */
+      {0x7f800001, 0x7fc0}, /* signalling NaN, payload only in low bits: quiet, not inf */
+      {0x7fa00000, 0x7fe0}, /* signalling NaN keeps its payload top and becomes quiet */
+      {0xffc12345, 0xffc1}, /* negative NaN keeps sign, payload top is not rounded */
+      {0x7fffffff, 0x7fff}, /* NaN with all ones must not carry into the sign */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint16_t got = tz_f32_to_bf16(f_of(cases[i].in));
@@ -92,7 +90,7 @@ static void test_bf16_random_nearest(void **state) {
     /* past the largest bf16 the next step would be 2^128: rounding to inf happens from halfway */
     double dh = (hi & 0x7fffffffu) == 0x7f800000u ? 0x1p128 - fabs((double)f)
                                                   : fabs((double)f_of(hi) - (double)f);
-    uint16_t want = dl < dh ? (uint16_t)(lo >> 16)
+    uint16_t want = dl < dh   ? (uint16_t)(lo >> 16)
                     : dh < dl ? (uint16_t)(hi >> 16)
                               : (uint16_t)(((lo >> 16) & 1) ? hi >> 16 : lo >> 16);
     if (h != want)
@@ -107,29 +105,24 @@ static void test_f16_known(void **state) {
     uint32_t in;
     uint16_t out;
   } cases[] = {
-    {0x3f800000, 0x3c00}, /* 1 */
-    {0x3f801000, 0x3c00}, /* 1 + 2^-11: tie, to even */
-    {0x3f803000, 0x3c02}, /* 1 + 3*2^-11: tie, to even, up */
-    {0x477fe000, 0x7bff}, /* 65504, the largest f16 */
-    {0x477fefff, 0x7bff}, /* just below the overflow tie */
-    {0x477ff000, 0x7c00}, /* 65520: tie, rounds to inf */
-    {0x7f7fffff, 0x7c00}, /* FLT_MAX */
-    {0xff7fffff, 0xfc00},
-    {0x38800000, 0x0400}, /* 2^-14, smallest normal */
-    {0x387fe000, 0x0400}, /* largest subnormal + half a step: tie, to even = smallest normal */
-    {0x33800000, 0x0001}, /* 2^-24, smallest subnormal */
-    {0x33000000, 0x0000}, /* 2^-25: tie, to even = 0 */
-    {0x33000001, 0x0001}, /* just above: up */
-    {0x33c00000, 0x0002}, /* 1.5 * 2^-24: tie, to even = 2 */
-    {0xb3c00000, 0x8002},
-    {0x00000001, 0x0000}, /* float subnormal */
-    {0x80000001, 0x8000},
-    {0x7f800000, 0x7c00},
-    {0xff800000, 0xfc00},
-    {0x7fc00000, 0x7e00},
-    {0x7f800001, 0x7e00}, /* signalling NaN, payload in low bits: quiet NaN */
-    {0x7fa00000, 0x7f00},
-    {0xffffe000, 0xffff},
+      {0x3f800000, 0x3c00},                       /* 1 */
+      {0x3f801000, 0x3c00},                       /* 1 + 2^-11: tie, to even */
+      {0x3f803000, 0x3c02},                       /* 1 + 3*2^-11: tie, to even, up */
+      {0x477fe000, 0x7bff},                       /* 65504, the largest f16 */
+      {0x477fefff, 0x7bff},                       /* just below the overflow tie */
+      {0x477ff000, 0x7c00},                       /* 65520: tie, rounds to inf */
+      {0x7f7fffff, 0x7c00},                       /* FLT_MAX */
+      {0xff7fffff, 0xfc00}, {0x38800000, 0x0400}, /* 2^-14, smallest normal */
+      {0x387fe000, 0x0400}, /* largest subnormal + half a step: tie, to even = smallest normal */
+      {0x33800000, 0x0001}, /* 2^-24, smallest subnormal */
+      {0x33000000, 0x0000}, /* 2^-25: tie, to even = 0 */
+      {0x33000001, 0x0001}, /* just above: up */
+      {0x33c00000, 0x0002}, /* 1.5 * 2^-24: tie, to even = 2 */
+      {0xb3c00000, 0x8002}, {0x00000001, 0x0000}, /* float subnormal */
+      {0x80000001, 0x8000}, {0x7f800000, 0x7c00}, {0xff800000, 0xfc00},
+      {0x7fc00000, 0x7e00}, {0x7f800001, 0x7e00}, /* signalling NaN, payload in low bits: quiet NaN
+                                                   */
+      {0x7fa00000, 0x7f00}, {0xffffe000, 0xffff},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint16_t got = tz_f32_to_f16(f_of(cases[i].in));
@@ -190,12 +183,9 @@ static void test_f16_matches_f16c(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_sizes_names),
-    cmocka_unit_test(test_bf16_known),
-    cmocka_unit_test(test_bf16_round_trip),
-    cmocka_unit_test(test_bf16_random_nearest),
-    cmocka_unit_test(test_f16_known),
-    cmocka_unit_test(test_f16_round_trip),
+      cmocka_unit_test(test_sizes_names),     cmocka_unit_test(test_bf16_known),
+      cmocka_unit_test(test_bf16_round_trip), cmocka_unit_test(test_bf16_random_nearest),
+      cmocka_unit_test(test_f16_known),       cmocka_unit_test(test_f16_round_trip),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
 #if defined(__x86_64__)

@@ -160,7 +160,7 @@ static int poll_countdown(void *ctx) {
 static void destroy_countdown(void *ctx) { ((struct countdown *)ctx)->destroyed = 1; }
 
 static const struct tz_fence_poll_ops countdown_ops = {
-  .kind = "countdown", .poll = poll_countdown, .destroy = destroy_countdown};
+    .kind = "countdown", .poll = poll_countdown, .destroy = destroy_countdown};
 
 static void test_polled_fences(void **state) {
   (void)state;
@@ -223,7 +223,7 @@ static void test_destroy_fails_pending_polled(void **state) {
   struct countdown c = {.left = 1 << 30};
   tz_fence *f = tz_fence_create_polled(pe, &countdown_ops, &c);
   assert_ptr_equal(tz_fence_native(f, &countdown_ops), &c); /* pending: its backend object */
-  assert_null(tz_fence_native(f, &barrier_ops));          /* asked by another backend */
+  assert_null(tz_fence_native(f, &barrier_ops));            /* asked by another backend */
   tz_progress_destroy(pe);
   /* The engine is gone: the fence must not leave a waiter hanging. */
   assert_int_equal(tz_fence_wait(f, 1000000000ll), TZ_ECANCELED);
@@ -232,14 +232,14 @@ static void test_destroy_fails_pending_polled(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_signal_wait_callbacks),
-    cmocka_unit_test(test_error_message_reaches_waiter),
-    cmocka_unit_test(test_all),
-    cmocka_unit_test(test_then_while_signalling_runs_after_earlier),
-    cmocka_unit_test(test_pool_runs_concurrently),
-    cmocka_unit_test(test_polled_fences),
-    cmocka_unit_test(test_poller_removed_is_not_called),
-    cmocka_unit_test(test_destroy_fails_pending_polled),
+      cmocka_unit_test(test_signal_wait_callbacks),
+      cmocka_unit_test(test_error_message_reaches_waiter),
+      cmocka_unit_test(test_all),
+      cmocka_unit_test(test_then_while_signalling_runs_after_earlier),
+      cmocka_unit_test(test_pool_runs_concurrently),
+      cmocka_unit_test(test_polled_fences),
+      cmocka_unit_test(test_poller_removed_is_not_called),
+      cmocka_unit_test(test_destroy_fails_pending_polled),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

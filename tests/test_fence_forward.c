@@ -16,7 +16,7 @@
 #define WAIT_NS (10ll * 1000000000ll)
 
 struct flag {
-  int set; /* atomic: the "device work" has finished */
+  int set;       /* atomic: the "device work" has finished */
   int destroyed; /* atomic */
 };
 
@@ -31,9 +31,9 @@ static void flag_destroy(void *ctx) {
 }
 
 static const struct tz_fence_poll_ops flag_ops = {
-  .kind = "test-flag",
-  .poll = flag_poll,
-  .destroy = flag_destroy,
+    .kind = "test-flag",
+    .poll = flag_poll,
+    .destroy = flag_destroy,
 };
 static const struct tz_fence_poll_ops other_ops = {.kind = "other", .poll = flag_poll};
 
@@ -105,8 +105,8 @@ static void test_transfer_fence_forwards(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_forward_native),
-    cmocka_unit_test(test_transfer_fence_forwards),
+      cmocka_unit_test(test_forward_native),
+      cmocka_unit_test(test_transfer_fence_forwards),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,7 +27,7 @@ struct env {
   tz_runtime *rt;
   tz_tier *before; /* a host tier created before the hbm tier */
   tz_tier *hbm;
-  tz_tier *after;  /* and one after */
+  tz_tier *after; /* and one after */
 };
 
 static int make_host(tz_runtime *rt, const char *name, uint64_t cap, tz_tier **out) {
@@ -434,15 +434,15 @@ int main(void) {
   if (cudaSetDevice(0) != cudaSuccess)
     tz_test_skip("hbm: cudaSetDevice(0) failed");
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup_teardown(test_stream_wait_orders_copies, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_stream_wait_host_fences, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_event_pool_reused, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_pinning_reported, setup, teardown),
-    cmocka_unit_test(test_registration_lifecycle),
-    cmocka_unit_test(test_copies_split_at_pieces),
-    cmocka_unit_test_setup_teardown(test_pageable_counted, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_hbm_to_hbm, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_device_lanes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stream_wait_orders_copies, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stream_wait_host_fences, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_event_pool_reused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_pinning_reported, setup, teardown),
+      cmocka_unit_test(test_registration_lifecycle),
+      cmocka_unit_test(test_copies_split_at_pieces),
+      cmocka_unit_test_setup_teardown(test_pageable_counted, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hbm_to_hbm, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_device_lanes, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,15 +21,40 @@
 
 static char *self_path;
 
-static const char *const launch_vars[] = {
-  "TZ_RANK", "TZ_WORLD_SIZE", "TZ_LOCAL_RANK", "TZ_LOCAL_WORLD_SIZE", "TZ_BOOTSTRAP_FDS",
-  "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-  "TZ_MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "OMPI_COMM_WORLD_RANK",
-  "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK",
-  "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "SLURM_PROCID", "SLURM_NTASKS",
-  "SLURM_LOCALID", "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NUM_TASKS",
-  "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_NODELIST",
-  "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID", "TZ_COMM_TIMEOUT"};
+static const char *const launch_vars[] = {"TZ_RANK",
+                                          "TZ_WORLD_SIZE",
+                                          "TZ_LOCAL_RANK",
+                                          "TZ_LOCAL_WORLD_SIZE",
+                                          "TZ_BOOTSTRAP_FDS",
+                                          "RANK",
+                                          "WORLD_SIZE",
+                                          "LOCAL_RANK",
+                                          "LOCAL_WORLD_SIZE",
+                                          "MASTER_ADDR",
+                                          "MASTER_PORT",
+                                          "TZ_MASTER_PORT",
+                                          "TORCHELASTIC_USE_AGENT_STORE",
+                                          "OMPI_COMM_WORLD_RANK",
+                                          "OMPI_COMM_WORLD_SIZE",
+                                          "OMPI_COMM_WORLD_LOCAL_RANK",
+                                          "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                          "PMI_RANK",
+                                          "PMI_SIZE",
+                                          "MPI_LOCALRANKID",
+                                          "MPI_LOCALNRANKS",
+                                          "SLURM_PROCID",
+                                          "SLURM_NTASKS",
+                                          "SLURM_LOCALID",
+                                          "SLURM_STEP_ID",
+                                          "SLURM_STEPID",
+                                          "SLURM_STEP_NUM_TASKS",
+                                          "SLURM_STEP_TASKS_PER_NODE",
+                                          "SLURM_NTASKS_PER_NODE",
+                                          "SLURM_STEP_NODELIST",
+                                          "SLURM_JOB_NODELIST",
+                                          "SLURM_NODELIST",
+                                          "SLURM_JOB_ID",
+                                          "TZ_COMM_TIMEOUT"};
 
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof launch_vars / sizeof *launch_vars; i++)
@@ -363,16 +388,16 @@ int main(int argc, char **argv) {
     return worker(argc > 1 ? argv[1] : "worker-ok");
   self_path = argv[0];
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_detect_single),
-    cmocka_unit_test(test_detect_torchrun),
-    cmocka_unit_test(test_detect_mpirun),
-    cmocka_unit_test(test_detect_slurm),
-    cmocka_unit_test(test_tcp_bcast),
-    cmocka_unit_test(test_tcp_missing_ranks_named),
-    cmocka_unit_test(test_nproc_ok),
-    cmocka_unit_test(test_nproc_killed_rank_ends_the_others),
-    cmocka_unit_test(test_nproc_exit_status),
-    cmocka_unit_test(test_nproc_sigkill_after_grace),
+      cmocka_unit_test(test_detect_single),
+      cmocka_unit_test(test_detect_torchrun),
+      cmocka_unit_test(test_detect_mpirun),
+      cmocka_unit_test(test_detect_slurm),
+      cmocka_unit_test(test_tcp_bcast),
+      cmocka_unit_test(test_tcp_missing_ranks_named),
+      cmocka_unit_test(test_nproc_ok),
+      cmocka_unit_test(test_nproc_killed_rank_ends_the_others),
+      cmocka_unit_test(test_nproc_exit_status),
+      cmocka_unit_test(test_nproc_sigkill_after_grace),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

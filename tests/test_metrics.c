@@ -21,9 +21,9 @@
 #define ASSERT_NEAR(a, b, rel)                                                                     \
   do {                                                                                             \
     double a_ = (a), b_ = (b);                                                                     \
-    if (!(fabs(a_ - b_) <= (rel) * fabs(b_)))                                                      \
+    if (!(fabs(a_ - b_) <= (rel)*fabs(b_)))                                                        \
       print_error("%s = %.17g, expected %.17g\n", #a, a_, b_);                                     \
-    assert_true(fabs(a_ - b_) <= (rel) * fabs(b_));                                                \
+    assert_true(fabs(a_ - b_) <= (rel)*fabs(b_));                                                  \
   } while (0)
 
 static void fill_step(struct tz_step_metrics *m, int64_t step, int64_t total) {
@@ -402,9 +402,9 @@ static void test_summary(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_jsonl),        cmocka_unit_test(test_traffic_limits),
+      cmocka_unit_test(test_jsonl),         cmocka_unit_test(test_traffic_limits),
       cmocka_unit_test(test_display_lines), cmocka_unit_test(test_display_bar),
-      cmocka_unit_test(test_flops),        cmocka_unit_test(test_summary),
+      cmocka_unit_test(test_flops),         cmocka_unit_test(test_summary),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

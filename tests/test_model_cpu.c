@@ -62,8 +62,8 @@ static void setup_free(struct setup *s) {
 /* The result of one cpu run: loss, logits and gradients on the host. */
 struct result {
   float loss;
-  float *logits;  /* (N, V) */
-  float **grads;  /* per block */
+  float *logits; /* (N, V) */
+  float **grads; /* per block */
 };
 
 static void result_free(const struct tz_model_config *cfg, struct result *r) {
@@ -154,9 +154,16 @@ static void compare_with_reference(struct tz_model_config cfg, int B, int T, uin
 }
 
 static struct tz_model_config small_cfg(void) {
-  struct tz_model_config c = {.d_model = 32, .n_layer = 2, .n_head = 4, .n_kv_head = 2,
-                              .ffn_dim = 40, .vocab = 37, .max_seq = 16, .rope_theta = 10000.0,
-                              .norm_eps = 1e-5, .tie_embeddings = 0};
+  struct tz_model_config c = {.d_model = 32,
+                              .n_layer = 2,
+                              .n_head = 4,
+                              .n_kv_head = 2,
+                              .ffn_dim = 40,
+                              .vocab = 37,
+                              .max_seq = 16,
+                              .rope_theta = 10000.0,
+                              .norm_eps = 1e-5,
+                              .tie_embeddings = 0};
   return c;
 }
 
@@ -176,9 +183,16 @@ static void test_ref_tied_mha(void **state) {
 /* Wider than one channel slice of the cpu reductions, one key-value head for all query heads. */
 static void test_ref_wide_mqa(void **state) {
   (void)state;
-  struct tz_model_config c = {.d_model = 80, .n_layer = 1, .n_head = 5, .n_kv_head = 1,
-                              .ffn_dim = 72, .vocab = 50, .max_seq = 16, .rope_theta = 500000.0,
-                              .norm_eps = 1e-6, .tie_embeddings = 1};
+  struct tz_model_config c = {.d_model = 80,
+                              .n_layer = 1,
+                              .n_head = 5,
+                              .n_kv_head = 1,
+                              .ffn_dim = 72,
+                              .vocab = 50,
+                              .max_seq = 16,
+                              .rope_theta = 500000.0,
+                              .norm_eps = 1e-6,
+                              .tie_embeddings = 1};
   compare_with_reference(c, 1, 11, 103);
 }
 

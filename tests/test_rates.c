@@ -104,10 +104,11 @@ static void test_measure_and_cache(void **state) {
 /* An entry for the set-up without an NVMe directory, every field but `omit` (NULL: none), in a
  * cache of `version`. */
 static void write_entry_v(const char *path, const char *omit, int version) {
-  json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "flops",
-                        1.5e11, "copy_in", 2.5e10, "copy_out", 3.5e10, "copy_duplex", 9.25e10,
-                        "copy_in_both", 3.25e10, "copy_out_both", 5.75e10, "copy_local", 4.5e10, "nvme_read", 5.5e9, "nvme_write", 6.5e9,
-                        "nvme_duplex", 4.75e9, "adam", 7.5e8, "adam_home", 6.25e8);
+  json_t *e =
+      json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "flops", 1.5e11,
+                "copy_in", 2.5e10, "copy_out", 3.5e10, "copy_duplex", 9.25e10, "copy_in_both",
+                3.25e10, "copy_out_both", 5.75e10, "copy_local", 4.5e10, "nvme_read", 5.5e9,
+                "nvme_write", 6.5e9, "nvme_duplex", 4.75e9, "adam", 7.5e8, "adam_home", 6.25e8);
   assert_non_null(e);
   if (omit)
     assert_int_equal(json_object_del(e, omit), 0);

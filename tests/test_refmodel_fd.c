@@ -9,9 +9,16 @@
 #include "testlib.h"
 
 static struct tz_model_config tiny_cfg(int tie) {
-  struct tz_model_config c = {.d_model = 8, .n_layer = 2, .n_head = 2, .n_kv_head = 1,
-                              .ffn_dim = 12, .vocab = 7, .max_seq = 8, .rope_theta = 10000.0,
-                              .norm_eps = 1e-5, .tie_embeddings = tie};
+  struct tz_model_config c = {.d_model = 8,
+                              .n_layer = 2,
+                              .n_head = 2,
+                              .n_kv_head = 1,
+                              .ffn_dim = 12,
+                              .vocab = 7,
+                              .max_seq = 8,
+                              .rope_theta = 10000.0,
+                              .norm_eps = 1e-5,
+                              .tie_embeddings = tie};
   return c;
 }
 

@@ -91,7 +91,8 @@ static int part_with(const char *dev, const char *from, int until, const char *s
   return rc;
 }
 
-static int part(const char *dev, const char *from, int until, const char *save, struct tc_result *res) {
+static int part(const char *dev, const char *from, int until, const char *save,
+                struct tc_result *res) {
   return part_with(dev, from, until, save, NULL, res);
 }
 
@@ -328,8 +329,9 @@ static int losses(const char *name, float *loss, int cap) {
   return last;
 }
 
-#define CLI_ARGS "--model tiny --seed 3 --seq 32 --data synthetic --set gradient_clipping=1.0 " \
-                 "--set train_micro_batch_size_per_gpu=2"
+#define CLI_ARGS                                                                                   \
+  "--model tiny --seed 3 --seq 32 --data synthetic --set gradient_clipping=1.0 "                   \
+  "--set train_micro_batch_size_per_gpu=2"
 
 static void test_sigterm(void **state) {
   (void)state;

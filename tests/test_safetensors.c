@@ -17,9 +17,16 @@
 #include "trainer/safetensors.h"
 
 static struct tz_model_config cfg_small(int tie) {
-  struct tz_model_config c = {.d_model = 32, .n_layer = 2, .n_head = 4, .n_kv_head = 2,
-                              .ffn_dim = 40, .vocab = 37, .max_seq = 16, .rope_theta = 500000.0,
-                              .norm_eps = 1e-6, .tie_embeddings = tie};
+  struct tz_model_config c = {.d_model = 32,
+                              .n_layer = 2,
+                              .n_head = 4,
+                              .n_kv_head = 2,
+                              .ffn_dim = 40,
+                              .vocab = 37,
+                              .max_seq = 16,
+                              .rope_theta = 500000.0,
+                              .norm_eps = 1e-6,
+                              .tie_embeddings = tie};
   return c;
 }
 
@@ -137,7 +144,9 @@ static void round_trip(int tie, enum tz_dtype dt) {
   assert_true(json_number_value(json_object_get(root, "rms_norm_eps")) == 1e-6);
   assert_true(json_is_boolean(json_object_get(root, "tie_word_embeddings")));
   assert_string_equal(json_string_value(json_object_get(root, "torch_dtype")),
-                      dt == TZ_F32 ? "float32" : dt == TZ_BF16 ? "bfloat16" : "float16");
+                      dt == TZ_F32    ? "float32"
+                      : dt == TZ_BF16 ? "bfloat16"
+                                      : "float16");
   json_decref(root);
   free(cj);
   tz_test_rmdir(dir);
@@ -213,7 +222,9 @@ static void test_sharded(void **state) {
       TZ_ASSERT_OK(tz_model_block_layout(&cfg, b, &l));
       for (int i = 0; i < l.n; i++, n++) {
         TZ_ASSERT_OK(tz_hf_tensor_name(&cfg, b, i, names[n], sizeof names[n]));
-        e[n] = (struct tz_st_entry){.name = names[n], .dtype = TZ_F32, .ndim = l.t[i].ndim,
+        e[n] = (struct tz_st_entry){.name = names[n],
+                                    .dtype = TZ_F32,
+                                    .ndim = l.t[i].ndim,
                                     .shape = {l.t[i].shape[0], l.t[i].shape[1]}};
         data[n] = src.b[b] + l.t[i].offset;
       }
@@ -328,8 +339,8 @@ static void test_bad_files(void **state) {
   /* dtype and shape */
   expect_open_error(dir, "{\"w\":{\"dtype\":\"F33\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", 24,
                     0, -1, TZ_EFORMAT, (const char *const[]){"'w'", "F33", NULL});
-  expect_open_error(dir, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,-3],\"data_offsets\":[0,24]}}",
-                    24, 0, -1, TZ_EFORMAT, (const char *const[]){"'w'", "shape[1]", NULL});
+  expect_open_error(dir, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,-3],\"data_offsets\":[0,24]}}", 24,
+                    0, -1, TZ_EFORMAT, (const char *const[]){"'w'", "shape[1]", NULL});
   expect_open_error(dir, "{\"w\":{\"dtype\":\"F32\",\"shape\":[6]}}", 24, 0, -1, TZ_EFORMAT,
                     (const char *const[]){"'w'", "data_offsets", NULL});
   /* overlapping tensors */
@@ -410,8 +421,8 @@ static void test_bad_config(void **state) {
   assert_non_null(strstr(tz_err_msg(), "model.safetensors"));
   struct tz_model_config small = cfg_small(0);
   TZ_ASSERT_OK(tz_hf_config_write(dir, &small, TZ_F32));
-  struct tz_st_entry e = {.name = "model.embed_tokens.weight", .dtype = TZ_F32, .ndim = 2,
-                          .shape = {37, 32}};
+  struct tz_st_entry e = {
+      .name = "model.embed_tokens.weight", .dtype = TZ_F32, .ndim = 2, .shape = {37, 32}};
   float *wte = calloc(37 * 32, sizeof(float));
   char *p = path_in(dir, "model.safetensors");
   tz_st_writer *w;
@@ -433,10 +444,14 @@ static void test_bad_config(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_round_trip_f32_untied), cmocka_unit_test(test_round_trip_f32_tied),
-      cmocka_unit_test(test_round_trip_bf16),       cmocka_unit_test(test_round_trip_f16),
-      cmocka_unit_test(test_model_through_files),   cmocka_unit_test(test_sharded),
-      cmocka_unit_test(test_bad_files),             cmocka_unit_test(test_bad_config),
+      cmocka_unit_test(test_round_trip_f32_untied),
+      cmocka_unit_test(test_round_trip_f32_tied),
+      cmocka_unit_test(test_round_trip_bf16),
+      cmocka_unit_test(test_round_trip_f16),
+      cmocka_unit_test(test_model_through_files),
+      cmocka_unit_test(test_sharded),
+      cmocka_unit_test(test_bad_files),
+      cmocka_unit_test(test_bad_config),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

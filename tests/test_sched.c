@@ -66,14 +66,14 @@ static int disarm(void **state) {
 struct model {
   int n;
   uint64_t bytes[MAXB];
-  uint8_t *base[MAXB];   /* (bytes) the pattern: version v has base[k] + v in byte k */
+  uint8_t *base[MAXB]; /* (bytes) the pattern: version v has base[k] + v in byte k */
   uint32_t version[MAXB];
   tz_extent home[MAXB];
   int id[MAXB];
 };
 
 struct env {
-  char dir[256];  /* the nvme tier's own directory, so a failed test leaves nothing in the way */
+  char dir[256]; /* the nvme tier's own directory, so a failed test leaves nothing in the way */
   tz_runtime *rt;
   tz_tier *compute, *host, *nvme, *nvme_base;
   tz_sched *s;
@@ -476,7 +476,9 @@ static void test_random_budgets(void **state) {
     assert_int_equal(min, largest + (256 << 10));
     /* The first case is the minimum exactly, the second generous, the rest in between. */
     uint64_t span = total + (256 << 10) > min ? total + (256 << 10) - min : 0;
-    uint64_t budget = c == 0 ? min : c == 1 ? total + (1 << 20) : min + tz_test_rand(&rs) % (span + 1);
+    uint64_t budget = c == 0   ? min
+                      : c == 1 ? total + (1 << 20)
+                               : min + tz_test_rand(&rs) % (span + 1);
     budget = budget / 4096 * 4096;
     if (budget < min)
       budget = min;
@@ -574,7 +576,7 @@ static void test_in_place(void **state) {
   struct tz_block_use w_b[1] = {{1, TZ_ACCESS_WRITE}};
   struct tz_block_use r_a[1] = {{0, TZ_ACCESS_READ}};
   struct tz_phase_decl ph[4] = {
-    {"write A", w_a, 1}, {"read A B", r_ab, 2}, {"overwrite B", w_b, 1}, {"read A", r_a, 1}};
+      {"write A", w_a, 1}, {"read A B", r_ab, 2}, {"overwrite B", w_b, 1}, {"read A", r_a, 1}};
   uint64_t min;
   TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, 4, &min));
   assert_int_equal(min, 256 << 10); /* the chunk alone */
@@ -622,7 +624,7 @@ static void test_in_place_load_store(void **state) {
   struct tz_block_use u2[1] = {{0, TZ_ACCESS_WRITE}};
   struct tz_block_use u3[2] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_READWRITE}};
   struct tz_phase_decl ph[4] = {
-    {"bump A", u0, 2}, {"read A", u1, 1}, {"set A", u2, 1}, {"read A bump H", u3, 2}};
+      {"bump A", u0, 2}, {"read A", u1, 1}, {"set A", u2, 1}, {"read A bump H", u3, 2}};
   TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 4));
   uint8_t *buf = malloc(512 << 10), *exp = malloc(512 << 10);
   uint8_t *old[2] = {NULL, NULL};
@@ -684,11 +686,13 @@ static void test_in_place_mixed(void **state) {
     add_block(&e, "C", (384 << 10) - 100, HOME_NVME, 23);
     add_block(&e, "D", 128 << 10, HOME_COMPUTE, 24);
     add_block(&e, "E", 128 << 10, HOME_HOST, 25);
-    struct tz_block_use mix[4] = {{0, TZ_ACCESS_READWRITE}, {1, TZ_ACCESS_READ},
-                                  {2, TZ_ACCESS_READWRITE}, {3, TZ_ACCESS_WRITE}};
+    struct tz_block_use mix[4] = {{0, TZ_ACCESS_READWRITE},
+                                  {1, TZ_ACCESS_READ},
+                                  {2, TZ_ACCESS_READWRITE},
+                                  {3, TZ_ACCESS_WRITE}};
     struct tz_block_use other[2] = {{4, TZ_ACCESS_READWRITE}, {0, TZ_ACCESS_READ}};
     struct tz_block_use third[3] = {
-      {3, TZ_ACCESS_READ}, {1, TZ_ACCESS_READWRITE}, {2, TZ_ACCESS_READ}};
+        {3, TZ_ACCESS_READ}, {1, TZ_ACCESS_READWRITE}, {2, TZ_ACCESS_READ}};
     struct tz_phase_decl ph[3] = {{"mix", mix, 4}, {"other", other, 2}, {"third", third, 3}};
     uint64_t min;
     TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, 3, &min));
@@ -774,8 +778,12 @@ static void test_plan_mirrors_in_place(void **state) {
   r.chunk = chunk;
   for (int k = 0; k < TZ_PLAN_KINDS; k++)
     r.force[k] = TZ_PLAN_AUTO;
-  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e9, .copy_out = 1e9,
-                                   .copy_local = 1e11, .nvme_read = 1e8, .nvme_write = 1e8,
+  r.rates = (struct tz_plan_rates){.flops = 1e12,
+                                   .copy_in = 1e9,
+                                   .copy_out = 1e9,
+                                   .copy_local = 1e11,
+                                   .nvme_read = 1e8,
+                                   .nvme_write = 1e8,
                                    .adam = 1e9};
   const uint64_t S = G * (P + M);
   r.capacity[TZ_PLAN_HOST] = 64 << 20;
@@ -932,7 +940,7 @@ static void test_stale_copies_never_used(void **state) {
     struct tz_block_use w_a[1] = {{0, TZ_ACCESS_READWRITE}};
     struct tz_block_use w_b[2] = {{1, TZ_ACCESS_WRITE}, {2, TZ_ACCESS_READ}};
     struct tz_phase_decl ph[4] = {
-      {"read A B", r_ab, 2}, {"read C", r_c, 1}, {"write A", w_a, 1}, {"write B", w_b, 2}};
+        {"read A B", r_ab, 2}, {"read C", r_c, 1}, {"write A", w_a, 1}, {"write B", w_b, 2}};
     if (tight) { /* room for one phase only: every block goes and comes back each step */
       uint64_t min;
       TZ_ASSERT_OK(tz_sched_min_budget(e.s, ph, 4, &min));
@@ -989,7 +997,7 @@ static void test_home_written_in_place(void **state) {
   struct tz_block_use w_a[1] = {{0, TZ_ACCESS_READWRITE}};
   struct tz_block_use w_b[2] = {{1, TZ_ACCESS_READWRITE}, {2, TZ_ACCESS_READ}};
   struct tz_phase_decl ph[4] = {
-    {"read A B", r_ab, 2}, {"read C", r_c, 1}, {"write A", w_a, 1}, {"write B", w_b, 2}};
+      {"read A B", r_ab, 2}, {"read C", r_c, 1}, {"write A", w_a, 1}, {"write B", w_b, 2}};
   TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 4));
   int order[4] = {0, 1, 2, 3};
   assert_int_equal(tz_sched_home_end(e.s, 1, 0), TZ_EINVAL);
@@ -1559,8 +1567,9 @@ static void test_home_random(void **state) {
         rc = tz_sched_step_end(e.s);
       if (rc < 0)
         print_error("case %d (%d phases, %d at home, budget %llu, minimum %llu, lookahead %d): "
-                    "%s\n", c, np, n_home, (unsigned long long)budget, (unsigned long long)min,
-                    lookahead, tz_err_msg());
+                    "%s\n",
+                    c, np, n_home, (unsigned long long)budget, (unsigned long long)min, lookahead,
+                    tz_err_msg());
       assert_int_equal(rc, 0);
     }
     TZ_ASSERT_OK(tz_sched_sync(e.s));
@@ -1750,28 +1759,28 @@ int main(int argc, char **argv) {
     tz_test_skip("no writable %s for nvme files", nvme_dir);
   signal(SIGALRM, watchdog);
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup_teardown(test_training_like_step, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_random_budgets, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_budget_below_minimum_refused, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_stale_copies_never_used, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_home_written_in_place, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_order_changes, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_overlap_in_trace, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_fault_mid_step, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_compute_failure, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_debug_prints_decisions, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_staged_homes, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_in_place, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_in_place_load_store, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_in_place_mixed, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_in_place_random, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_plan_mirrors_in_place, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_home_step, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_home_writes_after_reader, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_home_load_store, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_home_refused_and_failure, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_home_random, arm, disarm),
-    cmocka_unit_test_setup_teardown(test_home_overlap, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_training_like_step, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_random_budgets, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_budget_below_minimum_refused, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_stale_copies_never_used, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_home_written_in_place, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_order_changes, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_overlap_in_trace, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_fault_mid_step, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_compute_failure, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_debug_prints_decisions, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_staged_homes, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_in_place, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_in_place_load_store, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_in_place_mixed, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_in_place_random, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_plan_mirrors_in_place, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_home_step, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_home_writes_after_reader, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_home_load_store, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_home_refused_and_failure, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_home_random, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_home_overlap, arm, disarm),
   };
   return cmocka_run_group_tests_name(argv[1], tests, NULL, NULL);
 }

@@ -296,10 +296,11 @@ static void run_steps(uint64_t budget, int jitter_us, int nvme) {
     assert_int_equal(out, st.flush_bytes);
   }
   printf("budget %llu: %llu fills, %llu write-backs, %llu evictions, stall %.3f ms, compute "
-         "%.3f ms, %llu stream waits (%llu inputs already done)\n", (unsigned long long)st.budget,
-         (unsigned long long)st.fills, (unsigned long long)st.flushes,
-         (unsigned long long)st.evictions, 1e3 * st.stall_s, 1e3 * st.compute_s,
-         (unsigned long long)hs.stream_waits, (unsigned long long)hs.waits_done);
+         "%.3f ms, %llu stream waits (%llu inputs already done)\n",
+         (unsigned long long)st.budget, (unsigned long long)st.fills,
+         (unsigned long long)st.flushes, (unsigned long long)st.evictions, 1e3 * st.stall_s,
+         1e3 * st.compute_s, (unsigned long long)hs.stream_waits,
+         (unsigned long long)hs.waits_done);
   for (int l = 0; l < L; l++) {
     free(wref[l]);
     free(aref[l]);
@@ -400,14 +401,10 @@ int main(void) {
   if (cudaSetDevice(0) != cudaSuccess)
     tz_test_skip("hbm: cudaSetDevice(0) failed");
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_generous),
-    cmocka_unit_test(test_tight),
-    cmocka_unit_test(test_tight_jitter),
-    cmocka_unit_test(test_lane_fences),
-    cmocka_unit_test(test_nvme_generous),
-    cmocka_unit_test(test_nvme_tight),
-    cmocka_unit_test(test_nvme_tight_jitter),
-    cmocka_unit_test(test_in_place),
+      cmocka_unit_test(test_generous),          cmocka_unit_test(test_tight),
+      cmocka_unit_test(test_tight_jitter),      cmocka_unit_test(test_lane_fences),
+      cmocka_unit_test(test_nvme_generous),     cmocka_unit_test(test_nvme_tight),
+      cmocka_unit_test(test_nvme_tight_jitter), cmocka_unit_test(test_in_place),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -120,7 +120,8 @@ static void test_alloc_alignment(void **state) {
     assert_true(x[i].bytes >= 1000 + (uint64_t)i * 4097);
     assert_int_equal(x[i].bytes % a, 0);
     for (int j = 0; j < i; j++) /* no overlap */
-      assert_true(x[i].offset >= x[j].offset + x[j].bytes || x[j].offset >= x[i].offset + x[i].bytes);
+      assert_true(x[i].offset >= x[j].offset + x[j].bytes ||
+                  x[j].offset >= x[i].offset + x[i].bytes);
   }
   struct tz_arena_stats st;
   tz_tier_arena_stats(e->t, &st);
@@ -292,9 +293,9 @@ static void test_many_transfers_share_staging(void **state) {
 
 struct fault_case {
   const char *spec;
-  int expect_rc;       /* of the faulted operation; 0 means a transparent retry */
-  const char *expect;  /* in the message */
-  int op;              /* which operation of write(1), write(2), read(3), read(4) is hit */
+  int expect_rc;      /* of the faulted operation; 0 means a transparent retry */
+  const char *expect; /* in the message */
+  int op;             /* which operation of write(1), write(2), read(3), read(4) is hit */
 };
 
 static void run_fault_case(const struct fault_case *c) {
@@ -358,17 +359,17 @@ static void test_faults(void **state) {
   if (strcmp(kind, "fault-nvme") != 0)
     skip();
   static const struct fault_case cases[] = {
-    {"eio@3", TZ_EIO, "injected EIO at operation 3", 3},
-    {"eio@1", TZ_EIO, NULL, 1},
-    {"eio-write@2", TZ_EIO, NULL, 2},
-    {"enospc@2", TZ_ENOSPC, NULL, 2},
-    {"short@1,short@3", 0, NULL, 0},
-    {"nvme-short@1,nvme-short@4", 0, NULL, 0},
-    {"nvme-eagain@2,nvme-eagain@3", 0, NULL, 0},
-    {"delay=2000", 0, NULL, 0},
-    {"flip@3", TZ_ECHECKSUM, "checksum mismatch", 3},
-    {"flip@4", TZ_ECHECKSUM, "checksum mismatch", 4},
-    {"flip@1", TZ_ECHECKSUM, "tierzero-", 3}, /* corrupted on write, caught on read */
+      {"eio@3", TZ_EIO, "injected EIO at operation 3", 3},
+      {"eio@1", TZ_EIO, NULL, 1},
+      {"eio-write@2", TZ_EIO, NULL, 2},
+      {"enospc@2", TZ_ENOSPC, NULL, 2},
+      {"short@1,short@3", 0, NULL, 0},
+      {"nvme-short@1,nvme-short@4", 0, NULL, 0},
+      {"nvme-eagain@2,nvme-eagain@3", 0, NULL, 0},
+      {"delay=2000", 0, NULL, 0},
+      {"flip@3", TZ_ECHECKSUM, "checksum mismatch", 3},
+      {"flip@4", TZ_ECHECKSUM, "checksum mismatch", 4},
+      {"flip@1", TZ_ECHECKSUM, "tierzero-", 3}, /* corrupted on write, caught on read */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     run_fault_case(&cases[i]);
@@ -420,7 +421,9 @@ int main(int argc, char **argv) {
     tz_test_skip("usage: test_tier_conformance TIER [DIR]");
   kind = argv[1];
   char why[256];
-  const char *backend = strcmp(kind, "host") == 0 ? "host" : strcmp(kind, "hbm") == 0 ? "hbm" : "nvme";
+  const char *backend = strcmp(kind, "host") == 0  ? "host"
+                        : strcmp(kind, "hbm") == 0 ? "hbm"
+                                                   : "nvme";
   if (tz_tier_probe(backend, why, sizeof why) < 0)
     tz_test_skip("%s", why);
   if (strcmp(backend, "nvme") == 0) {
@@ -429,16 +432,16 @@ int main(int argc, char **argv) {
     dir = argv[2];
   }
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test_setup_teardown(test_alloc_alignment, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_capacity_exhausted, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_read_write_random, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_many_in_flight, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_transfer_with_host, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_transfer_staged, setup, teardown),
-    cmocka_unit_test_setup_teardown(test_many_transfers_share_staging, setup, teardown),
-    cmocka_unit_test(test_faults),
-    cmocka_unit_test(test_every_flipped_bit_caught),
-    cmocka_unit_test(test_bad_fault_spec),
+      cmocka_unit_test_setup_teardown(test_alloc_alignment, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_capacity_exhausted, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_read_write_random, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_many_in_flight, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_transfer_with_host, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_transfer_staged, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_many_transfers_share_staging, setup, teardown),
+      cmocka_unit_test(test_faults),
+      cmocka_unit_test(test_every_flipped_bit_caught),
+      cmocka_unit_test(test_bad_fault_spec),
   };
   return cmocka_run_group_tests_name(kind, tests, NULL, NULL);
 }

@@ -601,8 +601,10 @@ static void test_plan_bound_counts_window_hits(void **state) {
   ph[4].n_uses = 2;
   ph[4].uses[1] = (struct tz_plan_use){2, TZ_PLAN_MASTER, TZ_ACCESS_READ};
   struct tz_plan_request r = plan_request(3, bytes, ph, 4, chunk);
-  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
-                                   .copy_out = 1e3 * (double)S, .nvme_read = 1e3 * (double)S};
+  r.rates = (struct tz_plan_rates){.flops = 1e12,
+                                   .copy_in = 1e3 * (double)S,
+                                   .copy_out = 1e3 * (double)S,
+                                   .nvme_read = 1e3 * (double)S};
   int8_t tiers[3 * TZ_PLAN_KINDS];
   memset(tiers, TZ_PLAN_HOST, sizeof tiers);
   struct tz_plan p;
@@ -674,8 +676,8 @@ static void test_plan_bound_keeps_written_copies(void **state) {
   ph[1].n_uses = 1;
   ph[1].uses[0] = (struct tz_plan_use){0, TZ_PLAN_GRAD, TZ_ACCESS_READ};
   struct tz_plan_request r = plan_request(1, bytes, ph, 2, chunk);
-  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
-                                   .copy_out = 1e3 * (double)S, .adam = 1e9};
+  r.rates = (struct tz_plan_rates){
+      .flops = 1e12, .copy_in = 1e3 * (double)S, .copy_out = 1e3 * (double)S, .adam = 1e9};
   int8_t tiers[TZ_PLAN_KINDS];
   memset(tiers, TZ_PLAN_HOST, sizeof tiers);
   struct tz_plan p;
@@ -711,8 +713,8 @@ static void test_plan_bound_copy_waits_for_room(void **state) {
   ph[1].n_uses = 1;
   ph[1].uses[0] = (struct tz_plan_use){1, TZ_PLAN_PARAM, TZ_ACCESS_READ};
   struct tz_plan_request r = plan_request(2, bytes, ph, 2, chunk);
-  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
-                                   .copy_out = 1e3 * (double)S, .adam = 1e9};
+  r.rates = (struct tz_plan_rates){
+      .flops = 1e12, .copy_in = 1e3 * (double)S, .copy_out = 1e3 * (double)S, .adam = 1e9};
   int8_t tiers[2 * TZ_PLAN_KINDS];
   memset(tiers, TZ_PLAN_HOST, sizeof tiers);
   struct tz_plan p;
@@ -748,8 +750,10 @@ static void test_plan_bound_disk_duplex(void **state) {
     ph[i].uses[0] = (struct tz_plan_use){i, TZ_PLAN_MASTER, TZ_ACCESS_READWRITE};
   }
   struct tz_plan_request r = plan_request(2, bytes, ph, 2, chunk);
-  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e6 * (double)S,
-                                   .copy_out = 1e6 * (double)S, .nvme_read = (double)S / r_s,
+  r.rates = (struct tz_plan_rates){.flops = 1e12,
+                                   .copy_in = 1e6 * (double)S,
+                                   .copy_out = 1e6 * (double)S,
+                                   .nvme_read = (double)S / r_s,
                                    .nvme_write = (double)S / w_s};
   int8_t tiers[2 * TZ_PLAN_KINDS];
   memset(tiers, TZ_PLAN_NVME, sizeof tiers);
@@ -809,8 +813,8 @@ static void test_plan_bound_link_both_ways(void **state) {
   snprintf(ph[K].name, sizeof ph[K].name, "bwd");
   ph[K].flop = C * 1e12;
   struct tz_plan_request r = plan_request(K, bytes, ph, K + 1, chunk);
-  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = (double)S / t,
-                                   .copy_out = (double)S / t};
+  r.rates =
+      (struct tz_plan_rates){.flops = 1e12, .copy_in = (double)S / t, .copy_out = (double)S / t};
   int8_t tiers[K * TZ_PLAN_KINDS];
   memset(tiers, TZ_PLAN_HOST, sizeof tiers);
   struct tz_plan p;
@@ -911,8 +915,10 @@ static void test_plan_bound_home_phases(void **state) {
   ph[1].n_uses = 1;
   ph[1].uses[0] = (struct tz_plan_use){0, TZ_PLAN_PARAM, TZ_ACCESS_READ};
   struct tz_plan_request r = plan_request(1, bytes, ph, 2, chunk);
-  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e3 * (double)S,
-                                   .copy_out = 1e3 * (double)S, .adam = 1e12,
+  r.rates = (struct tz_plan_rates){.flops = 1e12,
+                                   .copy_in = 1e3 * (double)S,
+                                   .copy_out = 1e3 * (double)S,
+                                   .adam = 1e12,
                                    .adam_home = 5e8};
   int8_t tiers[TZ_PLAN_KINDS];
   memset(tiers, TZ_PLAN_HOST, sizeof tiers);
@@ -963,8 +969,8 @@ static void test_plan_trades_homes_for_window(void **state) {
   struct tz_plan_request r = plan_request(4, bytes, ph, 4, chunk);
   r.capacity[TZ_PLAN_COMPUTE] = 3 * S + chunk;
   r.capacity[TZ_PLAN_HOST] = 4 * S;
-  r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 0.5e3 * (double)S,
-                                   .copy_out = 1e3 * (double)S, .adam = 1e9};
+  r.rates = (struct tz_plan_rates){
+      .flops = 1e12, .copy_in = 0.5e3 * (double)S, .copy_out = 1e3 * (double)S, .adam = 1e9};
   struct tz_plan p;
   TZ_ASSERT_OK(tz_plan_make(&r, &p));
   double best_two = 0;
@@ -1004,8 +1010,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_plan_bound_link_both_ways),
       cmocka_unit_test(test_plan_bound_overlapped_collectives),
       cmocka_unit_test(test_plan),
-      cmocka_unit_test(test_reference), cmocka_unit_test(test_placement),
-      cmocka_unit_test(test_folded),    cmocka_unit_test(test_cpu_adam_share),
+      cmocka_unit_test(test_reference),
+      cmocka_unit_test(test_placement),
+      cmocka_unit_test(test_folded),
+      cmocka_unit_test(test_cpu_adam_share),
       cmocka_unit_test(test_overlapped),
       cmocka_unit_test(test_resume),
       cmocka_unit_test(test_wait_leaves_update_pending),

@@ -209,7 +209,7 @@ static void test_plan_for_gpu(void **state) {
     assert_non_null(strstr(out, "collectives 150.0 GB/s"));
     assert_null(strstr(out, "some rates unknown"));
   }
-  assert_int_equal(tz_train("--model tiny --world 2"), 2);                 /* not --plan */
+  assert_int_equal(tz_train("--model tiny --world 2"), 2); /* not --plan */
   assert_int_equal(tz_train("--model tiny --plan --world 0"), 2);
   assert_int_equal(tz_train("--model tiny --plan --world 2 --nproc 2"), 2); /* one or the other */
   assert_int_equal(tz_train("--model tiny --plan --collective-rate x"), 2);
@@ -243,7 +243,6 @@ static void test_faults(void **state) {
     assert_non_null(strstr(out, "block '"));
   }
 }
-
 
 /* The step objects of a metrics file (the summary left out), into objs; returns how many. */
 static int read_metrics(const char *name, json_t **objs, int max, json_t **summary) {
@@ -424,8 +423,8 @@ static void test_export_from_checkpoint(void **state) {
   if (rc != 0)
     print_error("%s", output());
   assert_int_equal(rc, 0);
-  snprintf(args, sizeof args, "--resume %s/ck/step-00000002 --steps 0 --export-safetensors %s/fromck",
-           dir, dir);
+  snprintf(args, sizeof args,
+           "--resume %s/ck/step-00000002 --steps 0 --export-safetensors %s/fromck", dir, dir);
   rc = tz_train(args);
   if (rc != 0)
     print_error("%s", output());
@@ -441,8 +440,10 @@ static void test_export_from_checkpoint(void **state) {
   assert_memory_equal(a, b, (size_t)na);
   free(b);
   /* The latest checkpoint (step 4) is not step 2's export. */
-  snprintf(args, sizeof args, "--resume %s/ck --steps 0 --export-safetensors %s/latest "
-           "--export-dtype bf16", dir, dir);
+  snprintf(args, sizeof args,
+           "--resume %s/ck --steps 0 --export-safetensors %s/latest "
+           "--export-dtype bf16",
+           dir, dir);
   rc = tz_train(args);
   if (rc != 0)
     print_error("%s", output());
@@ -516,8 +517,7 @@ static void test_trace(void **state) {
   json_t *ev = json_object_get(t, "traceEvents");
   assert_true(json_is_array(ev));
   assert_true(json_array_size(ev) > 10);
-  assert_int_equal(json_integer_value(json_object_get(json_object_get(t, "otherData"), "step")),
-                   1);
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(t, "otherData"), "step")), 1);
   int compute = 0;
   for (size_t i = 0; i < json_array_size(ev); i++) {
     const char *name = json_string_value(json_object_get(json_array_get(ev, i), "name"));
@@ -680,16 +680,11 @@ int main(void) {
   snprintf(bin, sizeof bin, "%s/tz-train", b);
   dir = tz_test_mkdtemp("train-cli");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_run),
-      cmocka_unit_test(test_corpus),
-      cmocka_unit_test(test_plan),
-      cmocka_unit_test(test_plan_for_gpu),
-      cmocka_unit_test(test_faults),
-      cmocka_unit_test(test_eval),
-      cmocka_unit_test(test_export_import),
-      cmocka_unit_test(test_export_from_checkpoint),
-      cmocka_unit_test(test_trace),
-      cmocka_unit_test(test_fp16),
+      cmocka_unit_test(test_run),           cmocka_unit_test(test_corpus),
+      cmocka_unit_test(test_plan),          cmocka_unit_test(test_plan_for_gpu),
+      cmocka_unit_test(test_faults),        cmocka_unit_test(test_eval),
+      cmocka_unit_test(test_export_import), cmocka_unit_test(test_export_from_checkpoint),
+      cmocka_unit_test(test_trace),         cmocka_unit_test(test_fp16),
       cmocka_unit_test(test_fp16_resume),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,9 +18,8 @@ static char out[1 << 16];
 /* Runs tz-train in dir with args; stdout and stderr into out. Returns the exit status. */
 static int tz_train(const char *args) {
   char cmd[4096];
-  snprintf(cmd, sizeof cmd,
-           "cd %s && XDG_CACHE_HOME=%s/cache OMP_NUM_THREADS=1 %s %s > out 2>&1", dir, dir, bin,
-           args);
+  snprintf(cmd, sizeof cmd, "cd %s && XDG_CACHE_HOME=%s/cache OMP_NUM_THREADS=1 %s %s > out 2>&1",
+           dir, dir, bin, args);
   int st = system(cmd);
   char path[1100];
   snprintf(path, sizeof path, "%s/out", dir);

@@ -171,8 +171,8 @@ static void test_overflow_skips(void **state) {
       free(before);
       free(after);
     }
-    print_message("mode %s: %d steps skipped, scale now 2^%g\n",
-                  tz_opt_mode_name(modes[m]), skipped, log2(tz_trainer_loss_scale(tr)));
+    print_message("mode %s: %d steps skipped, scale now 2^%g\n", tz_opt_mode_name(modes[m]),
+                  skipped, log2(tz_trainer_loss_scale(tr)));
     assert_int_equal(good, 4);
     /* 2^100 times a gradient norm of order 1 overflows the fp32 sum of squares (2^128): at
      * least the hysteresis step and a dozen halvings are skipped. */

@@ -187,12 +187,9 @@ int main(int argc, char **argv) {
   alarm(240);
   nvme_dir = tz_test_mkdtemp("train-gpu");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_placement),
-      cmocka_unit_test(test_folded),
-      cmocka_unit_test(test_overlapped),
-      cmocka_unit_test(test_cpu_adam_share),
-      cmocka_unit_test(test_layer_rate),
-      cmocka_unit_test(test_against_cpu),
+      cmocka_unit_test(test_placement),  cmocka_unit_test(test_folded),
+      cmocka_unit_test(test_overlapped), cmocka_unit_test(test_cpu_adam_share),
+      cmocka_unit_test(test_layer_rate), cmocka_unit_test(test_against_cpu),
       cmocka_unit_test(test_fp16),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -66,26 +66,26 @@ static void check_sizes(enum tz_size_syntax syn, const struct size_case *c, size
 static void test_size_units(void **state) {
   (void)state;
   static const struct size_case c[] = {
-    {"4096", 1, 4096},
-    {"0", 1, 0},
-    {"16MiB", 1, 16ull << 20},
-    {"2 GB", 1, 2000000000ull},
-    {"1kb", 1, 1000},
-    {"1KIB", 1, 1024},
-    {"3 b", 1, 3},
-    {"1PiB", 1, 1ull << 50},
-    {"9223372036854775807", 1, 9223372036854775807ull},
-    {"9223372036854775808", 0, 0},
-    {"18446744073709551616", 0, 0},
-    {"8192PiB", 0, 0},
-    {"1.5GB", 0, 0},
-    {"16M", 0, 0},
-    {"-1", 0, 0},
-    {" 1", 0, 0},
-    {"1 ", 0, 0},
-    {"1  MB", 0, 0},
-    {"", 0, 0},
-    {"MB", 0, 0},
+      {"4096", 1, 4096},
+      {"0", 1, 0},
+      {"16MiB", 1, 16ull << 20},
+      {"2 GB", 1, 2000000000ull},
+      {"1kb", 1, 1000},
+      {"1KIB", 1, 1024},
+      {"3 b", 1, 3},
+      {"1PiB", 1, 1ull << 50},
+      {"9223372036854775807", 1, 9223372036854775807ull},
+      {"9223372036854775808", 0, 0},
+      {"18446744073709551616", 0, 0},
+      {"8192PiB", 0, 0},
+      {"1.5GB", 0, 0},
+      {"16M", 0, 0},
+      {"-1", 0, 0},
+      {" 1", 0, 0},
+      {"1 ", 0, 0},
+      {"1  MB", 0, 0},
+      {"", 0, 0},
+      {"MB", 0, 0},
   };
   check_sizes(TZ_SIZE_UNITS, c, sizeof c / sizeof c[0]);
 }
@@ -93,10 +93,20 @@ static void test_size_units(void **state) {
 static void test_size_letter(void **state) {
   (void)state;
   static const struct size_case c[] = {
-    {"4096", 1, 4096},   {"0", 1, 0},         {"4M", 1, 4ull << 20}, {"128K", 1, 128ull << 10},
-    {"64MiB", 1, 64ull << 20}, {"1g", 1, 1ull << 30}, {"4MB", 1, 4ull << 20}, {"7B", 1, 7},
-    {"4T", 0, 0},        {"x", 0, 0},         {"", 0, 0},            {"4 M", 0, 0},
-    {"4MiBx", 0, 0},     {"1.5M", 0, 0},
+      {"4096", 1, 4096},
+      {"0", 1, 0},
+      {"4M", 1, 4ull << 20},
+      {"128K", 1, 128ull << 10},
+      {"64MiB", 1, 64ull << 20},
+      {"1g", 1, 1ull << 30},
+      {"4MB", 1, 4ull << 20},
+      {"7B", 1, 7},
+      {"4T", 0, 0},
+      {"x", 0, 0},
+      {"", 0, 0},
+      {"4 M", 0, 0},
+      {"4MiBx", 0, 0},
+      {"1.5M", 0, 0},
   };
   check_sizes(TZ_SIZE_LETTER, c, sizeof c / sizeof c[0]);
 }
@@ -104,12 +114,24 @@ static void test_size_letter(void **state) {
 static void test_size_real(void **state) {
   (void)state;
   static const struct size_case c[] = {
-    {"1.5G", 1, 1610612736ull}, {"64GiB", 1, 64ull << 30}, {"512m", 1, 512ull << 20},
-    {"1T", 1, 1ull << 40},      {"4096", 1, 4096},         {"2kb", 1, 2048},
-    {"0.5K", 1, 512},           {"1e3", 1, 1000},          {"1.9", 1, 1},
-    {"1B", 0, 0},               {"-1", 0, 0},              {"1Gx", 0, 0},
-    {"1P", 0, 0},               {"inf", 0, 0},             {"nan", 0, 0},
-    {"1e30", 0, 0},             {"8192P", 0, 0},           {"", 0, 0},
+      {"1.5G", 1, 1610612736ull},
+      {"64GiB", 1, 64ull << 30},
+      {"512m", 1, 512ull << 20},
+      {"1T", 1, 1ull << 40},
+      {"4096", 1, 4096},
+      {"2kb", 1, 2048},
+      {"0.5K", 1, 512},
+      {"1e3", 1, 1000},
+      {"1.9", 1, 1},
+      {"1B", 0, 0},
+      {"-1", 0, 0},
+      {"1Gx", 0, 0},
+      {"1P", 0, 0},
+      {"inf", 0, 0},
+      {"nan", 0, 0},
+      {"1e30", 0, 0},
+      {"8192P", 0, 0},
+      {"", 0, 0},
   };
   check_sizes(TZ_SIZE_REAL, c, sizeof c / sizeof c[0]);
 }
@@ -117,8 +139,12 @@ static void test_size_real(void **state) {
 static void test_size_leading(void **state) {
   (void)state;
   static const struct size_case c[] = {
-    {"4M", 1, 4ull << 20}, {"4MiB", 1, 4ull << 20}, {"8k pieces", 1, 8192},
-    {"64", 1, 64},         {"x", 0, 0},             {"", 0, 0},
+      {"4M", 1, 4ull << 20},
+      {"4MiB", 1, 4ull << 20},
+      {"8k pieces", 1, 8192},
+      {"64", 1, 64},
+      {"x", 0, 0},
+      {"", 0, 0},
   };
   check_sizes(TZ_SIZE_LEADING, c, sizeof c / sizeof c[0]);
 }
@@ -130,18 +156,18 @@ static void test_bytes_format(void **state) {
     double b;
     const char *out;
   } c[] = {
-    {&tz_bytes_si, 999, "999 B"},
-    {&tz_bytes_si, 1500, "1.50 kB"},
-    {&tz_bytes_si, 1.5e9, "1.50 GB"},
-    {&tz_bytes_si, 1e18, "1000.00 PB"},
-    {&tz_bytes_iec, 1023, "1023 B"},
-    {&tz_bytes_iec, 1536, "1.5 KiB"},
-    {&tz_bytes_iec, 3.0 * (1ull << 40), "3.0 TiB"},
-    {&tz_bytes_iec, (double)(1ull << 60), "1024.0 PiB"},
-    {&tz_bytes_plan, 1023, "1023 B"},
-    {&tz_bytes_plan, 1536, "1.5 KiB"},
-    {&tz_bytes_plan, 1.5 * (1 << 20), "1.50 MiB"},
-    {&tz_bytes_plan, 5.0 * (1ull << 40), "5120.00 GiB"},
+      {&tz_bytes_si, 999, "999 B"},
+      {&tz_bytes_si, 1500, "1.50 kB"},
+      {&tz_bytes_si, 1.5e9, "1.50 GB"},
+      {&tz_bytes_si, 1e18, "1000.00 PB"},
+      {&tz_bytes_iec, 1023, "1023 B"},
+      {&tz_bytes_iec, 1536, "1.5 KiB"},
+      {&tz_bytes_iec, 3.0 * (1ull << 40), "3.0 TiB"},
+      {&tz_bytes_iec, (double)(1ull << 60), "1024.0 PiB"},
+      {&tz_bytes_plan, 1023, "1023 B"},
+      {&tz_bytes_plan, 1536, "1.5 KiB"},
+      {&tz_bytes_plan, 1.5 * (1 << 20), "1.50 MiB"},
+      {&tz_bytes_plan, 5.0 * (1ull << 40), "5120.00 GiB"},
   };
   char buf[32];
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
@@ -395,12 +421,12 @@ static void test_file_ops(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_clock),         cmocka_unit_test(test_size_units),
-    cmocka_unit_test(test_size_letter),   cmocka_unit_test(test_size_real),
-    cmocka_unit_test(test_size_leading),  cmocka_unit_test(test_bytes_format),
-    cmocka_unit_test(test_mix),           cmocka_unit_test(test_crc32c),
-    cmocka_unit_test(test_mkdir_p),       cmocka_unit_test(test_atomic_write),
-    cmocka_unit_test(test_file_ops),
+      cmocka_unit_test(test_clock),        cmocka_unit_test(test_size_units),
+      cmocka_unit_test(test_size_letter),  cmocka_unit_test(test_size_real),
+      cmocka_unit_test(test_size_leading), cmocka_unit_test(test_bytes_format),
+      cmocka_unit_test(test_mix),          cmocka_unit_test(test_crc32c),
+      cmocka_unit_test(test_mkdir_p),      cmocka_unit_test(test_atomic_write),
+      cmocka_unit_test(test_file_ops),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,5 @@
-/* What every test executable shares: cmocka, a skip convention, temporary directories, random data. */
+/* What every test executable shares: cmocka, a skip convention, temporary directories, random data.
+ */
 #ifndef TZ_TESTLIB_H
 #define TZ_TESTLIB_H
 

@@ -75,15 +75,15 @@ struct tc_opts {
   uint64_t window;           /* scheduler budget; 0 the trainer's default (a quarter) */
   int steps;
   int untied;
-  const char *backend; /* the compute backend: NULL (cpu) or "cuda" */
-  int small_window;    /* the window: the plan's minimum and a half (streams and evicts) */
-  int fp16;            /* fp16.enabled, a dynamic loss scale from 2^12 */
+  const char *backend;  /* the compute backend: NULL (cpu) or "cuda" */
+  int small_window;     /* the window: the plan's minimum and a half (streams and evicts) */
+  int fp16;             /* fp16.enabled, a dynamic loss scale from 2^12 */
   const char *cpu_adam; /* tierzero.cpu_adam; NULL the default */
   int cpu_adam_search;  /* tierzero.cpu_adam_search */
   const char *hbm_budget, *host_budget; /* tierzero.hbm_budget, host_budget; NULL the default */
-  int auto_placement;   /* the plan chooses the homes */
-  int overlap;          /* tierzero.overlap_collectives */
-  int no_overlap_comm;  /* zero_optimization.overlap_comm false */
+  int auto_placement;                   /* the plan chooses the homes */
+  int overlap;                          /* tierzero.overlap_collectives */
+  int no_overlap_comm;                  /* zero_optimization.overlap_comm false */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {

@@ -25,13 +25,13 @@
 #include <unistd.h>
 
 enum { F_EIO, F_EIO_READ, F_EIO_WRITE, F_ENOSPC, F_SHORT, F_FLIP, F_KINDS };
-static const char *const kind_names[F_KINDS] = {"eio", "eio-read", "eio-write", "enospc", "short",
-                                                "flip"};
+static const char *const kind_names[F_KINDS] = {"eio",    "eio-read", "eio-write",
+                                                "enospc", "short",    "flip"};
 
 struct rule {
   int kind;
-  uint64_t at;   /* fires at this operation, or 0 */
-  double pct;    /* or with this probability */
+  uint64_t at; /* fires at this operation, or 0 */
+  double pct;  /* or with this probability */
 };
 
 struct fault {
@@ -40,7 +40,7 @@ struct fault {
   int n_rules;
   unsigned delay_us;
   uint64_t seed;
-  uint64_t ops;  /* atomic */
+  uint64_t ops; /* atomic */
   tz_pool *delay_pool;
   pthread_mutex_t mu;
   uint64_t injected[F_KINDS];
@@ -160,10 +160,10 @@ static int pick(struct fault *f, uint64_t op, int write) {
 struct fop {
   tz_tier *t;
   uint64_t off, n, op;
-  unsigned char *buf;       /* the caller's */
-  unsigned char *copy;      /* flip on write: the altered data that is written */
+  unsigned char *buf;  /* the caller's */
+  unsigned char *copy; /* flip on write: the altered data that is written */
   int write, kind;
-  int stage;                /* short: 0 first half, 1 second half */
+  int stage; /* short: 0 first half, 1 second half */
   tz_fence *out;
 };
 
@@ -249,8 +249,14 @@ static int fault_io(tz_tier *t, uint64_t off, unsigned char *buf, uint64_t n, in
     free(o);
     return tz_err_set(TZ_ENOMEM, "%s: no memory", t->name);
   }
-  *o = (struct fop){.t = t, .off = off, .n = n, .op = op, .buf = buf, .write = write,
-                    .kind = kind, .out = tz_fence_retain(out)};
+  *o = (struct fop){.t = t,
+                    .off = off,
+                    .n = n,
+                    .op = op,
+                    .buf = buf,
+                    .write = write,
+                    .kind = kind,
+                    .out = tz_fence_retain(out)};
   if (kind >= 0) {
     pthread_mutex_lock(&f->mu);
     f->injected[kind]++;
@@ -261,9 +267,11 @@ static int fault_io(tz_tier *t, uint64_t off, unsigned char *buf, uint64_t n, in
   *done = out;
   if (kind == F_EIO || kind == F_EIO_READ || kind == F_EIO_WRITE || kind == F_ENOSPC) {
     char msg[256];
-    snprintf(msg, sizeof msg, "%s: %s of %llu bytes at offset %llu failed: injected %s at "
-             "operation %llu", t->name, write ? "write" : "read", (unsigned long long)n,
-             (unsigned long long)off, kind == F_ENOSPC ? "ENOSPC" : "EIO", (unsigned long long)op);
+    snprintf(msg, sizeof msg,
+             "%s: %s of %llu bytes at offset %llu failed: injected %s at "
+             "operation %llu",
+             t->name, write ? "write" : "read", (unsigned long long)n, (unsigned long long)off,
+             kind == F_ENOSPC ? "ENOSPC" : "EIO", (unsigned long long)op);
     fop_finish(o, kind == F_ENOSPC ? TZ_ENOSPC : TZ_EIO, msg);
     return 0;
   }
@@ -314,12 +322,12 @@ static void fault_describe(tz_tier *t, uint64_t off, char *buf, size_t len) {
 }
 
 const struct tz_tier_ops tz_tier_fault_ops = {
-  .name = "fault",
-  .init = fault_init,
-  .fini = fault_fini,
-  .read = fault_read,
-  .write = fault_write,
-  .host_ptr = fault_host_ptr,
-  .device_ptr = fault_device_ptr,
-  .describe = fault_describe,
+    .name = "fault",
+    .init = fault_init,
+    .fini = fault_fini,
+    .read = fault_read,
+    .write = fault_write,
+    .host_ptr = fault_host_ptr,
+    .device_ptr = fault_device_ptr,
+    .describe = fault_describe,
 };

@@ -52,11 +52,11 @@ struct hbm;
  * cudaEventQuery about once per stream and round instead of once per copy in flight. */
 struct lane {
   cudaStream_t s;
-  pthread_mutex_t mu;   /* numbers and records together, so numbers follow the stream's order */
-  uint64_t next_seq;    /* under mu */
-  uint64_t done_seq;    /* atomic: every event numbered up to it has completed */
-  uint64_t hint_seq;    /* atomic: an event seen pending at hint_ns */
-  uint64_t hint_ns;     /* atomic */
+  pthread_mutex_t mu; /* numbers and records together, so numbers follow the stream's order */
+  uint64_t next_seq;  /* under mu */
+  uint64_t done_seq;  /* atomic: every event numbered up to it has completed */
+  uint64_t hint_seq;  /* atomic: an event seen pending at hint_ns */
+  uint64_t hint_ns;   /* atomic */
 };
 enum { LANE_H2D, LANE_D2H, LANE_D2D, N_LANES };
 
@@ -82,13 +82,13 @@ struct event_block {
 struct arena {
   unsigned char *base;
   uint64_t bytes;
-  uint64_t piece;  /* registrations cover [base + k*piece, +piece); 0: one registration */
-  int pinned;      /* 0: page-locking failed, copies from it take the slow path */
-  int ref;         /* holds a reference in the process's pin table */
+  uint64_t piece; /* registrations cover [base + k*piece, +piece); 0: one registration */
+  int pinned;     /* 0: page-locking failed, copies from it take the slow path */
+  int ref;        /* holds a reference in the process's pin table */
 };
 
 struct hbm {
-  int refs;        /* atomic: one for the tier, one per event out of the pool */
+  int refs; /* atomic: one for the tier, one per event out of the pool */
   int device;
   char name[48];
   unsigned char *base; /* the arena: capacity bytes of device memory */
@@ -108,7 +108,7 @@ struct hbm {
   double pin_seconds;
   uint64_t h2d_copies, d2h_copies, d2d_copies, pageable_copies; /* atomic */
   uint64_t stream_waits, waits_done;                            /* atomic */
-  int warned_pageable; /* atomic */
+  int warned_pageable;                                          /* atomic */
 };
 
 /* Sets the thread's message from a failed CUDA call and clears the runtime's last error, so it
@@ -244,8 +244,8 @@ static int event_poll(void *ctx) {
   cudaError_t r = cudaEventQuery(e->ev);
   if (r == cudaSuccess) {
     uint64_t d = done;
-    while (d < e->seq && !__atomic_compare_exchange_n(&l->done_seq, &d, e->seq, 0,
-                                                      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    while (d < e->seq && !__atomic_compare_exchange_n(&l->done_seq, &d, e->seq, 0, __ATOMIC_ACQ_REL,
+                                                      __ATOMIC_ACQUIRE))
       ;
     return 1;
   }
@@ -261,9 +261,9 @@ static int event_poll(void *ctx) {
 }
 
 static const struct tz_fence_poll_ops cuda_event_ops = {
-  .kind = "cuda-event",
-  .poll = event_poll,
-  .destroy = event_put,
+    .kind = "cuda-event",
+    .poll = event_poll,
+    .destroy = event_put,
 };
 
 /* Ends a copy enqueued on lane l with a pooled event and hands out its fence. On failure the
@@ -464,8 +464,8 @@ static void hbm_unregister_host(tz_tier *t, void *base) {
 
 /* 1 when [p, p+n) is page-locked, with the arena's base and registration piece (0: no split);
  * 0 when pageable. */
-static int host_pinned(struct hbm *h, const unsigned char *p, uint64_t n, const unsigned char **base,
-                       uint64_t *piece) {
+static int host_pinned(struct hbm *h, const unsigned char *p, uint64_t n,
+                       const unsigned char **base, uint64_t *piece) {
   *base = p;
   *piece = 0;
   pthread_mutex_lock(&h->reg_mu);
@@ -540,7 +540,8 @@ static void gds_probe(void) {
     snprintf(gds_why, sizeof gds_why, "libcufile.so.0 cannot be loaded: %s", dlerror());
     return;
   }
-  if (access("/proc/driver/nvidia-fs/version", F_OK) != 0 && access("/sys/module/nvidia_fs", F_OK) != 0) {
+  if (access("/proc/driver/nvidia-fs/version", F_OK) != 0 &&
+      access("/sys/module/nvidia_fs", F_OK) != 0) {
     snprintf(gds_why, sizeof gds_why, "the nvidia-fs kernel module is not loaded");
     dlclose(lib);
     return;
@@ -790,7 +791,8 @@ static int hbm_copy(tz_tier *dst, uint64_t dst_off, tz_tier *src, uint64_t src_o
   else
     e = cudaMemcpyPeerAsync(d->base + dst_off, d->device, s->base + src_off, s->device, n, l->s);
   if (e != cudaSuccess) {
-    int rc = cuda_fail(e, "%s: copy of %llu bytes from %s offset %llu (GPU %d) to offset %llu "
+    int rc = cuda_fail(e,
+                       "%s: copy of %llu bytes from %s offset %llu (GPU %d) to offset %llu "
                        "(GPU %d)",
                        d->name, (unsigned long long)n, s->name, (unsigned long long)src_off,
                        s->device, (unsigned long long)dst_off, d->device);
@@ -807,24 +809,22 @@ static void hbm_describe(tz_tier *t, uint64_t off, char *buf, size_t len) {
 }
 
 const struct tz_tier_ops tz_tier_hbm_ops = {
-  .name = "hbm",
-  .probe = hbm_probe,
-  .init = hbm_init,
-  .fini = hbm_fini,
-  .read = hbm_read,
-  .write = hbm_write,
-  .device_ptr = hbm_device_ptr,
-  .copy = hbm_copy,
-  .register_host = hbm_register_host,
-  .unregister_host = hbm_unregister_host,
-  .describe = hbm_describe,
+    .name = "hbm",
+    .probe = hbm_probe,
+    .init = hbm_init,
+    .fini = hbm_fini,
+    .read = hbm_read,
+    .write = hbm_write,
+    .device_ptr = hbm_device_ptr,
+    .copy = hbm_copy,
+    .register_host = hbm_register_host,
+    .unregister_host = hbm_unregister_host,
+    .describe = hbm_describe,
 };
 
 /* ---- the public extras (tiers/hbm.h) ---- */
 
-static struct hbm *hbm_of(tz_tier *t) {
-  return t && t->ops == &tz_tier_hbm_ops ? t->ctx : NULL;
-}
+static struct hbm *hbm_of(tz_tier *t) { return t && t->ops == &tz_tier_hbm_ops ? t->ctx : NULL; }
 
 int tz_hbm_stream_wait(tz_tier *t, tz_fence *f, void *cuda_stream) {
   struct hbm *h = hbm_of(t);
@@ -835,8 +835,8 @@ int tz_hbm_stream_wait(tz_tier *t, tz_fence *f, void *cuda_stream) {
   if (e) {
     cudaError_t r = cudaStreamWaitEvent((cudaStream_t)cuda_stream, e->ev, 0);
     if (r != cudaSuccess)
-      return cuda_fail(r, "%s: cudaStreamWaitEvent on the event of the %s at offset %llu",
-                       h->name, e->what, (unsigned long long)e->off);
+      return cuda_fail(r, "%s: cudaStreamWaitEvent on the event of the %s at offset %llu", h->name,
+                       e->what, (unsigned long long)e->off);
     __atomic_add_fetch(&h->stream_waits, 1, __ATOMIC_RELAXED);
     return 0;
   }
@@ -890,10 +890,10 @@ double tz_hbm_pin_seconds_per_gib(tz_tier *t) {
 /* ---- streams of other lanes (tiers/hbm_impl.h) ---- */
 
 struct tz_hbm_stream {
-  struct hbm *h;   /* holds a reference */
-  struct lane l;   /* numbered events, as the copy streams have */
-  int borrowed;    /* l.s belongs to the caller (tz_hbm_stream_adopt): not destroyed here */
-  int pending;     /* atomic: fences recorded and not yet complete (their polls read l) */
+  struct hbm *h; /* holds a reference */
+  struct lane l; /* numbered events, as the copy streams have */
+  int borrowed;  /* l.s belongs to the caller (tz_hbm_stream_adopt): not destroyed here */
+  int pending;   /* atomic: fences recorded and not yet complete (their polls read l) */
 };
 
 static void stream_fence_done(void *arg, int rc) {
@@ -936,7 +936,9 @@ static int stream_make(tz_tier *t, void *borrowed, struct tz_hbm_stream **out) {
   return 0;
 }
 
-int tz_hbm_stream_create(tz_tier *t, struct tz_hbm_stream **out) { return stream_make(t, NULL, out); }
+int tz_hbm_stream_create(tz_tier *t, struct tz_hbm_stream **out) {
+  return stream_make(t, NULL, out);
+}
 
 int tz_hbm_stream_adopt(tz_tier *t, void *cuda_stream, struct tz_hbm_stream **out) {
   if (!cuda_stream)

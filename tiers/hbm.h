@@ -44,7 +44,6 @@ int tz_hbm_lane_create(tz_tier *hbm, tz_lane **out);
  * ordered with the lane's by the stream itself. */
 int tz_hbm_lane_create_on(tz_tier *hbm, void *cuda_stream, tz_lane **out);
 
-
 /* Whether GPUDirect Storage could be used on this machine: 1 when libcufile loads, the nvidia-fs
  * module is present and cuFileDriverOpen succeeds, else 0; why[] says which step failed. Decided
  * once per process. tierzero stages nvme<->hbm through pinned host memory either way (it has no
@@ -53,16 +52,16 @@ int tz_hbm_gds_usable(char *why, size_t why_len);
 
 struct tz_hbm_stats {
   int device;
-  uint64_t events_at_init;   /* CUDA events created with the tier */
-  uint64_t events_created;   /* all CUDA events created, those at init included */
-  uint64_t events_in_use;    /* held by fences not yet released */
+  uint64_t events_at_init; /* CUDA events created with the tier */
+  uint64_t events_created; /* all CUDA events created, those at init included */
+  uint64_t events_in_use;  /* held by fences not yet released */
   uint64_t h2d_copies, d2h_copies, d2d_copies;
-  uint64_t pageable_copies;  /* slow path: the host buffer was not page-locked */
-  uint64_t stream_waits;     /* tz_hbm_stream_wait calls that enqueued cudaStreamWaitEvent */
-  uint64_t waits_done;       /* tz_hbm_stream_wait calls whose fence had completed: no wait */
-  uint64_t pinned_arenas;    /* host arenas registered with this GPU and still registered */
-  uint64_t pinned_bytes;     /* bytes this tier page-locked itself (cudaHostRegister), in all */
-  double pin_seconds;        /* time those cudaHostRegister calls took */
+  uint64_t pageable_copies; /* slow path: the host buffer was not page-locked */
+  uint64_t stream_waits;    /* tz_hbm_stream_wait calls that enqueued cudaStreamWaitEvent */
+  uint64_t waits_done;      /* tz_hbm_stream_wait calls whose fence had completed: no wait */
+  uint64_t pinned_arenas;   /* host arenas registered with this GPU and still registered */
+  uint64_t pinned_bytes;    /* bytes this tier page-locked itself (cudaHostRegister), in all */
+  double pin_seconds;       /* time those cudaHostRegister calls took */
 };
 /* TZ_EINVAL when t is not an hbm tier. */
 int tz_hbm_stats(tz_tier *t, struct tz_hbm_stats *out);

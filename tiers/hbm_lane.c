@@ -27,7 +27,7 @@
 struct meter {
   cudaEvent_t before, after;
   struct tz_lane_wait *info;
-  int late;              /* some input was pending when the wait was made */
+  int late; /* some input was pending when the wait was made */
   struct meter *next;
 };
 
@@ -36,29 +36,29 @@ struct hbm_lane {
   struct tz_hbm_stream *st;
   cudaStream_t s;
   int device;
-  pthread_mutex_t mu;    /* everything below */
+  pthread_mutex_t mu;                  /* everything below */
   struct meter *meters, **meters_tail; /* waits since the last record, in order */
-  tz_fence **inputs;     /* fences waited on since the last record, retained */
+  tz_fence **inputs;                   /* fences waited on since the last record, retained */
   int n_inputs, cap_inputs;
-  int rc;                /* poisoned: the first error of an input or a job */
+  int rc; /* poisoned: the first error of an input or a job */
   char msg[384];
-  cudaEvent_t *free_ev;  /* timing events to reuse */
+  cudaEvent_t *free_ev; /* timing events to reuse */
   int n_free, cap_free;
-  int outstanding;       /* atomic: records whose completion has not been handled */
-  cudaEvent_t order_ev;  /* tz_lane_order from this lane: made at its first use */
+  int outstanding;      /* atomic: records whose completion has not been handled */
+  cudaEvent_t order_ev; /* tz_lane_order from this lane: made at its first use */
 };
 
 /* One record: completes out when its event and its inputs have. */
 struct rec {
   tz_lane *l;
   tz_fence *out;
-  tz_fence *ev;          /* the pooled event's fence; out forwards it */
-  cudaEvent_t end;       /* timing event, when there are meters */
+  tz_fence *ev;    /* the pooled event's fence; out forwards it */
+  cudaEvent_t end; /* timing event, when there are meters */
   struct meter *meters;
   tz_fence **inputs;
   int n_inputs;
-  int left;              /* atomic: ev and the inputs still pending */
-  int rc;                /* the lane's poison when recorded */
+  int left; /* atomic: ev and the inputs still pending */
+  int rc;   /* the lane's poison when recorded */
   char msg[384];
 };
 
@@ -128,9 +128,11 @@ static int lane_wait(tz_lane *l, tz_fence *const *fs, int n, struct tz_lane_wait
     if (!fs[i])
       continue;
     if (!tz_hbm_fence_waitable(fs[i]))
-      return tz_err_set(TZ_EINVAL, "lane %s: a CUDA stream cannot wait on a pending host fence "
+      return tz_err_set(TZ_EINVAL,
+                        "lane %s: a CUDA stream cannot wait on a pending host fence "
                         "(an nvme read, a staged transfer, a fence of several; input %d of %d): "
-                        "hand it the fence of the host->hbm copy that follows", l->name, i, n);
+                        "hand it the fence of the host->hbm copy that follows",
+                        l->name, i, n);
     late |= tz_fence_query(fs[i]) == 0;
   }
   struct meter *m = NULL;
@@ -472,17 +474,17 @@ static void lane_destroy(tz_lane *l) {
 }
 
 static const struct tz_lane_ops hbm_lane_ops = {
-  .kind = "cuda-stream",
-  .wait = lane_wait,
-  .submit = lane_submit,
-  .record = lane_record,
-  .native = lane_native,
-  .order = lane_order,
-  .timer_create = lane_timer_create,
-  .timer_mark = lane_timer_mark,
-  .timer_elapsed = lane_timer_elapsed,
-  .timer_destroy = lane_timer_destroy,
-  .destroy = lane_destroy,
+    .kind = "cuda-stream",
+    .wait = lane_wait,
+    .submit = lane_submit,
+    .record = lane_record,
+    .native = lane_native,
+    .order = lane_order,
+    .timer_create = lane_timer_create,
+    .timer_mark = lane_timer_mark,
+    .timer_elapsed = lane_timer_elapsed,
+    .timer_destroy = lane_timer_destroy,
+    .destroy = lane_destroy,
 };
 
 static int lane_make(tz_tier *hbm, void *cuda_stream, const char *lane_name, tz_lane **out) {

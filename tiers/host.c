@@ -37,8 +37,8 @@ static int host_init(tz_tier *t, const struct tz_tier_params *p) {
     h->node = numa_node_of_cpu(sched_getcpu());
   if (h->node < 0)
     h->node = 0;
-  void *m = mmap(NULL, h->mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+  void *m = mmap(NULL, h->mapped, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) {
     int e = errno;
     unsigned long long bytes = h->mapped;
@@ -135,11 +135,11 @@ static int host_probe(char *why, size_t len) {
 }
 
 const struct tz_tier_ops tz_tier_host_ops = {
-  .name = "host",
-  .probe = host_probe,
-  .init = host_init,
-  .fini = host_fini,
-  .read = host_read,
-  .write = host_write,
-  .host_ptr = host_ptr,
+    .name = "host",
+    .probe = host_probe,
+    .init = host_init,
+    .fini = host_fini,
+    .read = host_read,
+    .write = host_write,
+    .host_ptr = host_ptr,
 };

@@ -30,21 +30,21 @@
 
 struct op {
   tz_fence *fence;
-  struct req *reqs;   /* owned: every request of the op */
-  int pending; /* requests not yet complete; guarded by the ring lock */
+  struct req *reqs; /* owned: every request of the op */
+  int pending;      /* requests not yet complete; guarded by the ring lock */
   int rc;
   char msg[384];
 };
 
 struct req {
   struct op *op;
-  struct req *next;   /* the pending list */
+  struct req *next; /* the pending list */
   unsigned char *buf;
   uint64_t file_off;
   uint32_t len, done;
   int file;
   int write;
-  int fixed;          /* fixed-buffer index, or -1 */
+  int fixed; /* fixed-buffer index, or -1 */
 };
 
 struct nfile {
@@ -55,7 +55,7 @@ struct nfile {
 struct fixed {
   unsigned char *base;
   uint64_t len;
-  void *arena;        /* the host arena this piece belongs to */
+  void *arena; /* the host arena this piece belongs to */
 };
 
 struct nvme {
@@ -66,12 +66,12 @@ struct nvme {
   struct io_uring ring;
   int ring_ok, efd;
   unsigned qd, in_flight;
-  pthread_mutex_t mu;      /* the submission queue, the pending list, ops' counters */
+  pthread_mutex_t mu; /* the submission queue, the pending list, ops' counters */
   struct req *pend, **pend_tail;
   struct fixed fixed[MAX_FIXED];
   int fixed_ok;
   tz_tier *t;
-  uint64_t resubmits;      /* short transfers, -EAGAIN, -EINTR */
+  uint64_t resubmits; /* short transfers, -EAGAIN, -EINTR */
   /* Injected faults (tiers/fault.c documents the spec): the nth completion is made short or
    * -EAGAIN, to exercise the resubmission path with the real ring. */
   uint64_t completions;
@@ -159,7 +159,8 @@ static int nvme_init(tz_tier *t, const struct tz_tier_params *p) {
     f->fd = n->direct ? open(f->path, flags | O_DIRECT, 0600) : -1;
     if (f->fd < 0 && n->direct && errno == EINVAL) {
       TZ_WARN("%s: %s does not support O_DIRECT; using buffered I/O there (slower, and it "
-              "competes with the page cache)", t->name, p->paths[i]);
+              "competes with the page cache)",
+              t->name, p->paths[i]);
       n->direct = 0;
     }
     if (f->fd < 0)
@@ -179,8 +180,8 @@ static int nvme_init(tz_tier *t, const struct tz_tier_params *p) {
     if (e) {
       struct statfs sf;
       unsigned long long avail = statfs(p->paths[i], &sf) == 0 ? (unsigned long long)sf.f_bavail *
-                                                                    (unsigned long long)sf.f_bsize
-                                                              : 0;
+                                                                     (unsigned long long)sf.f_bsize
+                                                               : 0;
       rc = tz_err_errno(e, "%s: cannot preallocate %llu bytes in %s (%llu bytes available)",
                         t->name, (unsigned long long)per_file, f->path, avail);
       goto fail;
@@ -226,8 +227,8 @@ static int nvme_init(tz_tier *t, const struct tz_tier_params *p) {
   rc = tz_progress_add(tz_runtime_progress(t->rt), nvme_poll, t, n->efd);
   if (rc < 0)
     goto fail;
-  TZ_INFO("%s: %d file(s), %s, stripe %llu, queue depth %u, alignment %llu", t->name,
-          n->n_files, n->direct ? "O_DIRECT" : "buffered", (unsigned long long)n->stripe, n->qd,
+  TZ_INFO("%s: %d file(s), %s, stripe %llu, queue depth %u, alignment %llu", t->name, n->n_files,
+          n->direct ? "O_DIRECT" : "buffered", (unsigned long long)n->stripe, n->qd,
           (unsigned long long)t->io_align);
   return 0;
 fail:
@@ -419,8 +420,8 @@ static void where(struct nvme *n, const struct req *r, char *buf, size_t len) {
  * Called with n->mu held. */
 static int complete_req(struct nvme *n, struct req *r, int res) {
   n->completions++;
-  if (n->short_at && n->completions == n->short_at && res > 0 && (unsigned)res == r->len - r->done &&
-      r->len - r->done >= 2 * n->t->io_align)
+  if (n->short_at && n->completions == n->short_at && res > 0 &&
+      (unsigned)res == r->len - r->done && r->len - r->done >= 2 * n->t->io_align)
     res = (int)((r->len - r->done) / 2 / n->t->io_align * n->t->io_align);
   if (n->eagain_at && n->completions == n->eagain_at && res >= 0)
     res = -EAGAIN;
@@ -488,13 +489,13 @@ static void nvme_describe(tz_tier *t, uint64_t off, char *buf, size_t len) {
 }
 
 const struct tz_tier_ops tz_tier_nvme_ops = {
-  .name = "nvme",
-  .probe = nvme_probe,
-  .init = nvme_init,
-  .fini = nvme_fini,
-  .read = nvme_read,
-  .write = nvme_write,
-  .register_host = nvme_register_host,
-  .unregister_host = nvme_unregister_host,
-  .describe = nvme_describe,
+    .name = "nvme",
+    .probe = nvme_probe,
+    .init = nvme_init,
+    .fini = nvme_fini,
+    .read = nvme_read,
+    .write = nvme_write,
+    .register_host = nvme_register_host,
+    .unregister_host = nvme_unregister_host,
+    .describe = nvme_describe,
 };

@@ -88,11 +88,11 @@ int main(int argc, char **argv) {
   unsigned long long seed = 1;
   int threads = 0;
   static const struct option opts[] = {
-      {"import", required_argument, 0, 'i'}, {"export", required_argument, 0, 'e'},
-      {"preset", required_argument, 0, 'p'}, {"tokens", required_argument, 0, 't'},
-      {"seed", required_argument, 0, 's'},   {"dtype", required_argument, 0, 'd'},
+      {"import", required_argument, 0, 'i'},  {"export", required_argument, 0, 'e'},
+      {"preset", required_argument, 0, 'p'},  {"tokens", required_argument, 0, 't'},
+      {"seed", required_argument, 0, 's'},    {"dtype", required_argument, 0, 'd'},
       {"backend", required_argument, 0, 'b'}, {"threads", required_argument, 0, 'j'},
-      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {

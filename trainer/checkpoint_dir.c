@@ -156,7 +156,6 @@ static int committed_file(const char *tmp, uint64_t step, int rank, int world, u
   return rc;
 }
 
-
 static int write_manifest(const struct tz_file_hooks *h, const char *tmp, uint64_t step,
                           int world) {
   json_t *root = json_object(), *ranks = json_array();

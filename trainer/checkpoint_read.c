@@ -275,8 +275,8 @@ static int read_trailer(tz_ckpt_reader *r, const struct manifest *m, uint64_t si
 
 /* Entry i of the index (at `at` in it): its fields into s and the length of its name, which
  * follows them. 0 when it is malformed; end is where the previous section ends. */
-static int index_entry(const uint8_t *index, const struct index_loc *x, uint64_t at,
-                       uint64_t end, struct rsec *s, uint64_t *len) {
+static int index_entry(const uint8_t *index, const struct index_loc *x, uint64_t at, uint64_t end,
+                       struct rsec *s, uint64_t *len) {
   *len = 0;
   if (x->bytes - at >= TZ_CKPT_ENTRY_FIXED) {
     s->off = tz_ckpt_get_le(index + at, 8);
@@ -286,8 +286,8 @@ static int index_entry(const uint8_t *index, const struct index_loc *x, uint64_t
     *len = tz_ckpt_get_le(index + at + 22, 2);
   }
   return !(x->bytes - at < TZ_CKPT_ENTRY_FIXED || *len == 0 || *len > TZ_CKPT_MAX_NAME ||
-           *len > x->bytes - at - TZ_CKPT_ENTRY_FIXED || s->off % TZ_CKPT_ALIGN ||
-           s->off < end || s->off > x->off || s->bytes > x->off - s->off ||
+           *len > x->bytes - at - TZ_CKPT_ENTRY_FIXED || s->off % TZ_CKPT_ALIGN || s->off < end ||
+           s->off > x->off || s->bytes > x->off - s->off ||
            (s->kind != TZ_CKPT_KIND_BYTES && s->kind != TZ_CKPT_KIND_JSON));
 }
 

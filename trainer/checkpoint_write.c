@@ -30,9 +30,9 @@ struct tz_ckpt_writer {
   uint64_t flushed; /* bytes written to the file */
   struct wsec *sec;
   int n, cap;
-  int open;      /* section sec[n - 1] is being written */
-  uint64_t done; /* its bytes so far */
-  int failed;    /* an operation failed: only destroy (or a failing commit) remains */
+  int open;                   /* section sec[n - 1] is being written */
+  uint64_t done;              /* its bytes so far */
+  int failed;                 /* an operation failed: only destroy (or a failing commit) remains */
   struct tz_ckpt_hooks hooks; /* the save's test hooks (tz_ckpt_options) */
   struct tz_file_hooks fh;    /* the same, as util/file.h calls them */
 };
@@ -186,7 +186,6 @@ fail:
   free(tmp);
   return rc;
 }
-
 
 static int section_begin(tz_ckpt_writer *w, const char *name, uint64_t bytes, uint16_t kind) {
   if (w->failed)

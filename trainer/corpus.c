@@ -39,22 +39,22 @@ static void put(struct gen *g, const char *fmt, ...) {
   g->len += (size_t)n < g->cap - g->len ? (size_t)n : g->cap - g->len;
 }
 
-static const char *const nouns[] = {"cat",  "dog",  "fox",  "bird", "fish", "horse", "mouse",
-                                    "owl",  "bear", "frog", "wolf", "goat", "duck",  "hen"};
-static const char *const adjs[] = {"red",   "small", "big",   "old",  "young",
+static const char *const nouns[] = {"cat", "dog",  "fox",  "bird", "fish", "horse", "mouse",
+                                    "owl", "bear", "frog", "wolf", "goat", "duck",  "hen"};
+static const char *const adjs[] = {"red",   "small", "big",   "old",   "young",
                                    "quick", "lazy",  "happy", "green", "brown"};
-static const char *const verbs[] = {"sees", "chases", "follows", "watches", "finds", "meets",
-                                    "helps"};
-static const char *const places[] = {"river", "hill",  "house", "garden",
+static const char *const verbs[] = {"sees",  "chases", "follows", "watches",
+                                    "finds", "meets",  "helps"};
+static const char *const places[] = {"river",  "hill",  "house", "garden",
                                      "forest", "field", "road",  "lake"};
 static const char *const preps[] = {"near", "by", "behind", "under"};
 static const char *const names[] = {"anna", "tom", "lena", "max", "sara", "ben"};
 static const char *const things[] = {"apples", "stones", "books", "coins", "shells", "cakes"};
 static const char *const days[] = {"monday", "tuesday",  "wednesday", "thursday",
                                    "friday", "saturday", "sunday"};
-static const char *const months[] = {"january", "february", "march",     "april",
-                                     "may",     "june",     "july",      "august",
-                                     "september", "october", "november", "december"};
+static const char *const months[] = {"january",   "february", "march",    "april",
+                                     "may",       "june",     "july",     "august",
+                                     "september", "october",  "november", "december"};
 static const char *const digits[] = {"zero", "one", "two",   "three", "four",
                                      "five", "six", "seven", "eight", "nine"};
 

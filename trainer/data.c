@@ -26,14 +26,14 @@ enum file_kind { KIND_TEXT, KIND_SHARD, KIND_BUILTIN };
 struct file {
   char *path;
   enum file_kind kind;
-  int version;          /* shards: 1 or 7 */
-  void *base;           /* the mapping (or, builtin, the malloc'd corpus); NULL when empty */
-  size_t base_len;      /* bytes of the mapping */
-  const uint8_t *tok;   /* the first token */
-  int tsize;            /* bytes per token: 1, 2 or 4 */
+  int version;        /* shards: 1 or 7 */
+  void *base;         /* the mapping (or, builtin, the malloc'd corpus); NULL when empty */
+  size_t base_len;    /* bytes of the mapping */
+  const uint8_t *tok; /* the first token */
+  int tsize;          /* bytes per token: 1, 2 or 4 */
   uint64_t n_tokens;
-  uint64_t n_windows;   /* (n_tokens - 1) / T */
-  uint64_t first_window;/* windows of the files before this one */
+  uint64_t n_windows;    /* (n_tokens - 1) / T */
+  uint64_t first_window; /* windows of the files before this one */
 };
 
 /* One source: the files of a spec, and their windows numbered in file order. */
@@ -209,8 +209,8 @@ static int file_open(struct file *f, const char *path, int force_text) {
     for (int i = 0; i < 3; i++)
       hdr[i] = (int32_t)le32toh((uint32_t)hdr[i]);
   }
-  int shard = !force_text &&
-              (ends_with(path, ".bin") || (size >= 4 && hdr[0] == TZ_DATA_SHARD_MAGIC));
+  int shard =
+      !force_text && (ends_with(path, ".bin") || (size >= 4 && hdr[0] == TZ_DATA_SHARD_MAGIC));
   if (!shard) {
     f->kind = KIND_TEXT;
     f->tok = b;
@@ -240,8 +240,8 @@ static int file_open(struct file *f, const char *path, int force_text) {
                       path, hdr[1]);
   f->version = hdr[1];
   if (hdr[2] < 0)
-    return tz_err_set(TZ_EFORMAT, "file %s: header says %" PRId32 " tokens at byte offset 8",
-                      path, hdr[2]);
+    return tz_err_set(TZ_EFORMAT, "file %s: header says %" PRId32 " tokens at byte offset 8", path,
+                      hdr[2]);
   uint64_t want = (uint64_t)hdr[2] * (uint64_t)f->tsize;
   uint64_t have = size - TZ_DATA_SHARD_HEADER_BYTES;
   if (want != have)
@@ -260,12 +260,9 @@ static int cmp_str(const void *a, const void *b) {
 
 static const char *kind_name(const struct file *f) {
   switch (f->kind) {
-  case KIND_TEXT:
-    return "raw text";
-  case KIND_SHARD:
-    return f->version == 1 ? "llm.c shard v1 (uint16)" : "llm.c shard v7 (uint32)";
-  default:
-    return "the built-in corpus";
+  case KIND_TEXT: return "raw text";
+  case KIND_SHARD: return f->version == 1 ? "llm.c shard v1 (uint16)" : "llm.c shard v7 (uint32)";
+  default: return "the built-in corpus";
   }
 }
 
@@ -368,8 +365,8 @@ static void source_describe(const struct source *s, char *buf, size_t n) {
   else if (s->n == 1)
     snprintf(buf, n, "%s (%s), %" PRIu64 " tokens", f->path, kind_name(f), s->n_tokens);
   else
-    snprintf(buf, n, "%d files (%s) from %s to %s, %" PRIu64 " tokens", s->n, kind_name(f),
-             f->path, s->f[s->n - 1].path, s->n_tokens);
+    snprintf(buf, n, "%d files (%s) from %s to %s, %" PRIu64 " tokens", s->n, kind_name(f), f->path,
+             s->f[s->n - 1].path, s->n_tokens);
 }
 
 /* ---- the data set ---- */
@@ -402,9 +399,9 @@ int tz_data_open(const char *spec, int vocab, const struct tz_data_params *p, tz
     TZ_CHECK_GOTO(source_open(&d->val_src, p->val_spec, vocab, d->T), rc, fail);
     d->n_val = d->val_src.n_windows;
     if (d->n_val == 0) {
-      rc = tz_err_set(TZ_EINVAL, "data: validation data %s has %" PRIu64
-                      " tokens, fewer than one window of %d", p->val_spec,
-                      d->val_src.n_tokens, d->T + 1);
+      rc = tz_err_set(
+          TZ_EINVAL, "data: validation data %s has %" PRIu64 " tokens, fewer than one window of %d",
+          p->val_spec, d->val_src.n_tokens, d->T + 1);
       goto fail;
     }
   } else if (p->val_tokens > 0) {
@@ -506,8 +503,8 @@ int tz_data_batch(const tz_data *d, enum tz_data_split s, uint64_t first, int B,
   return 0;
 }
 
-int tz_data_batch_io(const tz_data *d, enum tz_data_split s, uint64_t first, int B,
-                     int32_t *inputs, int32_t *targets) {
+int tz_data_batch_io(const tz_data *d, enum tz_data_split s, uint64_t first, int B, int32_t *inputs,
+                     int32_t *targets) {
   TZ_CHECK(check_split(d, s, B));
   const struct source *src = s == TZ_DATA_VAL && d->val_src.n ? &d->val_src : &d->src;
   int T = d->T;

@@ -64,9 +64,9 @@ struct tz_data_params {
 int tz_data_open(const char *spec, int vocab, const struct tz_data_params *p, tz_data **out);
 void tz_data_destroy(tz_data *d); /* NULL is a no-op */
 
-int tz_data_seq_len(const tz_data *d);                               /* T */
+int tz_data_seq_len(const tz_data *d);                              /* T */
 uint64_t tz_data_n_samples(const tz_data *d, enum tz_data_split s); /* windows in the split */
-uint64_t tz_data_n_tokens(const tz_data *d);                         /* tokens of every file */
+uint64_t tz_data_n_tokens(const tz_data *d);                        /* tokens of every file */
 int tz_data_n_files(const tz_data *d);
 /* One line for the log: "2 llm.c shards (v1), 1048576 tokens; 4000 train + 40 val windows of
  * 257 tokens". Valid while d lives. */
@@ -82,8 +82,8 @@ uint64_t tz_data_sample_index(uint64_t step, int A, int a, int W, int r, int B);
  * a page of a file on disk is a page fault, which such a thread keeps off the training loop. */
 int tz_data_batch(const tz_data *d, enum tz_data_split s, uint64_t first, int B, int32_t *tokens);
 /* The same, split into the model's inputs (B, T) and next-token targets (B, T). */
-int tz_data_batch_io(const tz_data *d, enum tz_data_split s, uint64_t first, int B,
-                     int32_t *inputs, int32_t *targets);
+int tz_data_batch_io(const tz_data *d, enum tz_data_split s, uint64_t first, int B, int32_t *inputs,
+                     int32_t *targets);
 /* The window a sample reads: its index among all windows (0..N-1, file order), for tests and
  * for logging what a step saw. */
 uint64_t tz_data_window(const tz_data *d, enum tz_data_split s, uint64_t sample);

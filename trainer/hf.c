@@ -18,10 +18,10 @@
 int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, char *buf,
                       size_t len) {
   static const char *const layer_names[TZ_L_COUNT] = {
-      [TZ_L_ATTN_NORM] = "input_layernorm",   [TZ_L_WQ] = "self_attn.q_proj",
-      [TZ_L_WK] = "self_attn.k_proj",         [TZ_L_WV] = "self_attn.v_proj",
-      [TZ_L_WO] = "self_attn.o_proj",         [TZ_L_MLP_NORM] = "post_attention_layernorm",
-      [TZ_L_WG] = "mlp.gate_proj",            [TZ_L_WU] = "mlp.up_proj",
+      [TZ_L_ATTN_NORM] = "input_layernorm", [TZ_L_WQ] = "self_attn.q_proj",
+      [TZ_L_WK] = "self_attn.k_proj",       [TZ_L_WV] = "self_attn.v_proj",
+      [TZ_L_WO] = "self_attn.o_proj",       [TZ_L_MLP_NORM] = "post_attention_layernorm",
+      [TZ_L_WG] = "mlp.gate_proj",          [TZ_L_WU] = "mlp.up_proj",
       [TZ_L_WD] = "mlp.down_proj"};
   int nb = tz_model_n_blocks(cfg), n;
   if (block == 0 && tensor == TZ_E_WTE)
@@ -99,8 +99,10 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
       type = json_object_get(rs, "type");
     if (!json_is_object(rs) || !json_is_string(type) ||
         strcmp(json_string_value(type), "default") != 0)
-      return tz_err_set(TZ_ENOTSUP, "%s: %s other than plain RoPE (rope_type \"default\") is "
-                                    "not supported", path, rope_keys[i]);
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: %s other than plain RoPE (rope_type \"default\") is "
+                        "not supported",
+                        path, rope_keys[i]);
     json_t *th = json_object_get(rs, "rope_theta");
     if (th && !json_is_number(th))
       return tz_err_set(TZ_ECONFIG, "%s: %s.rope_theta must be a number", path, rope_keys[i]);
@@ -200,9 +202,10 @@ int tz_hf_config_write(const char *dir, const struct tz_model_config *cfg, enum 
   json_object_set_new(r, "initializer_range", json_real(0.02));
   json_object_set_new(r, "pretraining_tp", json_integer(1));
   json_object_set_new(r, "use_cache", json_true());
-  json_object_set_new(r, "torch_dtype", json_string(dtype == TZ_BF16  ? "bfloat16"
-                                                    : dtype == TZ_F16 ? "float16"
-                                                                      : "float32"));
+  json_object_set_new(r, "torch_dtype",
+                      json_string(dtype == TZ_BF16  ? "bfloat16"
+                                  : dtype == TZ_F16 ? "float16"
+                                                    : "float32"));
   char *text = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
   json_decref(r);
   char *path = join(dir, "config.json"), *line = NULL;
@@ -285,8 +288,7 @@ int tz_hf_open(const char *dir, tz_hf_model **out) {
     json_t *root = json_load_file(index, 0, &jerr);
     json_t *wm = root ? json_object_get(root, "weight_map") : NULL;
     if (!json_is_object(wm)) {
-      rc = tz_err_set(TZ_EFORMAT, "%s: %s", index,
-                      root ? "no \"weight_map\" object" : jerr.text);
+      rc = tz_err_set(TZ_EFORMAT, "%s: %s", index, root ? "no \"weight_map\" object" : jerr.text);
     } else {
       m->weight_map = json_incref(wm);
       rc = 0;
@@ -304,8 +306,10 @@ int tz_hf_open(const char *dir, tz_hf_model **out) {
     }
     json_decref(root);
   } else {
-    rc = tz_err_set(TZ_ENOENT, "hf: %s has neither model.safetensors nor "
-                               "model.safetensors.index.json", dir);
+    rc = tz_err_set(TZ_ENOENT,
+                    "hf: %s has neither model.safetensors nor "
+                    "model.safetensors.index.json",
+                    dir);
   }
   free(single);
   free(index);
@@ -381,7 +385,7 @@ int tz_hf_export(const char *dir, const struct tz_model_config *cfg, enum tz_dty
     return tz_err_errno(errno, "hf: cannot create %s", dir);
   int nb = tz_model_n_blocks(cfg), nt = 0;
   struct tz_st_entry *e = calloc((size_t)nb * TZ_L_COUNT, sizeof *e);
-  char (*names)[128] = calloc((size_t)nb * TZ_L_COUNT, sizeof *names);
+  char(*names)[128] = calloc((size_t)nb * TZ_L_COUNT, sizeof *names);
   uint64_t maxn = 0;
   int rc = 0;
   if (!e || !names) {

@@ -81,10 +81,10 @@ int tz_trainer_loss_scale_set(tz_trainer *tr, const struct tz_loss_scale_state *
     return tz_err_set(TZ_EINVAL, "train: restoring the loss scale while an update is pending "
                                  "(sync first)");
   if (!tr->fp16) {
-    if (s->scale != 0 || s->hysteresis_left || s->scale_iter || s->last_overflow_iter ||
-        s->skipped)
-      return tz_err_set(TZ_EINVAL, "train: a loss-scale state (scale %g, %lld skipped) for a "
-                                   "trainer without fp16",
+    if (s->scale != 0 || s->hysteresis_left || s->scale_iter || s->last_overflow_iter || s->skipped)
+      return tz_err_set(TZ_EINVAL,
+                        "train: a loss-scale state (scale %g, %lld skipped) for a "
+                        "trainer without fp16",
                         s->scale, (long long)s->skipped);
     return 0;
   }
@@ -94,9 +94,8 @@ int tz_trainer_loss_scale_set(tz_trainer *tr, const struct tz_loss_scale_state *
     return tz_err_set(TZ_EINVAL,
                       "train: loss-scale state out of range: scale %g, hysteresis left %d, "
                       "iteration %lld, last overflow %lld, %lld skipped of %lld steps",
-                      s->scale, s->hysteresis_left,
-                      (long long)s->scale_iter, (long long)s->last_overflow_iter,
-                      (long long)s->skipped, (long long)tr->step);
+                      s->scale, s->hysteresis_left, (long long)s->scale_iter,
+                      (long long)s->last_overflow_iter, (long long)s->skipped, (long long)tr->step);
   tr->scale = (float)s->scale;
   tr->hysteresis_left = s->hysteresis_left;
   tr->scale_iter = s->scale_iter;

@@ -19,10 +19,8 @@ double tz_lr_at(const struct tz_config *c, int64_t it, int64_t total_steps) {
   int64_t total = c->scheduler.total_num_steps > 0 ? c->scheduler.total_num_steps : total_steps;
   double lo = c->scheduler.warmup_min_lr, hi = c->scheduler.warmup_max_lr;
   switch (c->scheduler.type) {
-  case TZ_LR_CONSTANT:
-    return c->optimizer.lr;
-  case TZ_LR_WARMUP:
-    return it < warm ? lo + (hi - lo) * warmup_gamma(c, it) : hi;
+  case TZ_LR_CONSTANT: return c->optimizer.lr;
+  case TZ_LR_WARMUP: return it < warm ? lo + (hi - lo) * warmup_gamma(c, it) : hi;
   case TZ_LR_WARMUP_DECAY: {
     if (it < warm)
       return lo + (hi - lo) * warmup_gamma(c, it);

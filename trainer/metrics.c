@@ -61,10 +61,9 @@ static const struct {
   const char *name;
   double fp32, half; /* FLOP/s: plain fp32; fp16 and bf16 tensor cores */
 } peaks[] = {
-    {"GH200", 66.9e12, 989.4e12},   {"H200 NVL", 60.0e12, 835.5e12},
-    {"H200", 66.9e12, 989.4e12},    {"H100 PCIe", 51.2e12, 756.5e12},
-    {"H100 NVL", 60.0e12, 835.5e12}, {"H100", 66.9e12, 989.4e12},
-    {"A100", 19.5e12, 312.0e12},    {"L40S", 91.6e12, 362.05e12},
+    {"GH200", 66.9e12, 989.4e12},     {"H200 NVL", 60.0e12, 835.5e12}, {"H200", 66.9e12, 989.4e12},
+    {"H100 PCIe", 51.2e12, 756.5e12}, {"H100 NVL", 60.0e12, 835.5e12}, {"H100", 66.9e12, 989.4e12},
+    {"A100", 19.5e12, 312.0e12},      {"L40S", 91.6e12, 362.05e12},
 };
 
 double tz_metrics_peak_flops(const char *device_name, enum tz_precision precision) {
@@ -101,10 +100,10 @@ static void fmt_si(char *buf, size_t n, double v) {
     u++;
   }
   snprintf(buf, n,
-           u == 0             ? "%.0f%s"
-           : fabs(v) < 10.0   ? "%.2f%s"
-           : fabs(v) < 100.0  ? "%.1f%s"
-                              : "%.0f%s",
+           u == 0            ? "%.0f%s"
+           : fabs(v) < 10.0  ? "%.2f%s"
+           : fabs(v) < 100.0 ? "%.1f%s"
+                             : "%.0f%s",
            v, units[u]);
 }
 
@@ -375,11 +374,11 @@ struct tz_display {
   FILE *f;
   enum tz_display_mode mode;
   int64_t every;
-  int64_t seen;       /* steps shown or not */
-  double ema_step_s;  /* smoothed step time for the ETA */
-  double last_draw;   /* monotonic seconds of the last bar redraw */
-  int bar_showing;    /* the bar is on screen, without a newline after it */
-  char line[512];     /* the last bar drawn */
+  int64_t seen;      /* steps shown or not */
+  double ema_step_s; /* smoothed step time for the ETA */
+  double last_draw;  /* monotonic seconds of the last bar redraw */
+  int bar_showing;   /* the bar is on screen, without a newline after it */
+  char line[512];    /* the last bar drawn */
 };
 
 int tz_display_create(FILE *f, enum tz_display_mode mode, int64_t every, tz_display **out) {
@@ -467,8 +466,8 @@ static void print_line(tz_display *d, const struct tz_step_metrics *m) {
     fprintf(d->f, "step %" PRId64 "/%" PRId64, m->step, m->total_steps);
   else
     fprintf(d->f, "step %" PRId64, m->step);
-  fprintf(d->f, " | loss %.4f | lr %.2e | grad norm %.3g | %s tok/s | %.3g TFLOP/s", m->loss,
-          m->lr, m->grad_norm, tok, m->tflops);
+  fprintf(d->f, " | loss %.4f | lr %.2e | grad norm %.3g | %s tok/s | %.3g TFLOP/s", m->loss, m->lr,
+          m->grad_norm, tok, m->tflops);
   if (isfinite(m->mfu))
     fprintf(d->f, " | MFU %.1f%%", 100.0 * m->mfu);
   fprintf(d->f, " | %.3g s/step", m->step_s);
@@ -516,8 +515,7 @@ void tz_display_step(tz_display *d, const struct tz_step_metrics *m) {
     if (m->step == 1 || m->step % d->every == 0 || last || m->has_eval || m->skipped)
       print_line(d, m);
     break;
-  default:
-    break;
+  default: break;
   }
 }
 

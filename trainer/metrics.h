@@ -85,11 +85,11 @@ struct tz_metrics_summary {
   double flops_per_token, peak_flops;
   int64_t steps, skipped;
   uint64_t tokens;
-  double time_s;             /* sum of step_s */
-  int64_t timed_steps;       /* the steps rates are taken over */
+  double time_s;       /* sum of step_s */
+  int64_t timed_steps; /* the steps rates are taken over */
   uint64_t timed_tokens;
   double timed_s, timed_bound_s, timed_stall_s, timed_coll_s;
-  int bound_steps;           /* timed steps with a bound */
+  int bound_steps; /* timed steps with a bound */
   double last_loss, last_eval_loss;
   int n_traffic;
   struct tz_traffic traffic[TZ_METRICS_MAX_TRAFFIC];

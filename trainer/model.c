@@ -142,8 +142,7 @@ uint64_t tz_model_block_numel(const struct tz_model_config *cfg, int block) {
   return l.numel;
 }
 
-uint64_t tz_model_block_numel_padded(const struct tz_model_config *cfg, int block,
-                                     int world_size) {
+uint64_t tz_model_block_numel_padded(const struct tz_model_config *cfg, int block, int world_size) {
   if (world_size < 1)
     world_size = 1;
   return round_up(tz_model_block_numel(cfg, block), (uint64_t)world_size * TZ_MODEL_ALIGN);
@@ -179,8 +178,8 @@ static double init_normal(uint64_t seed, int block, int tensor, uint64_t i) {
   return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
 }
 
-int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed,
-                        uint64_t begin, uint64_t end, float *out) {
+int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed, uint64_t begin,
+                        uint64_t end, float *out) {
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, block, &l));
   if (begin > end)
@@ -196,12 +195,11 @@ int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t s
     double std = 0.02;
     if (l.kind == TZ_BLOCK_LAYER && (ti == TZ_L_WO || ti == TZ_L_WD))
       std = std_out;
-    /* Each element is a function of its index alone, so threads change no bit; a 7B model's
-     * seven billion normals take minutes on one core. */
+      /* Each element is a function of its index alone, so threads change no bit; a 7B model's
+       * seven billion normals take minutes on one core. */
 #pragma omp parallel for schedule(static) if (hi - lo > 65536)
     for (uint64_t e = lo; e < hi; e++)
-      out[e - begin] =
-          is_norm ? 1.0f : (float)(std * init_normal(seed, block, ti, e - t->offset));
+      out[e - begin] = is_norm ? 1.0f : (float)(std * init_normal(seed, block, ti, e - t->offset));
   }
   return 0;
 }
@@ -291,7 +289,7 @@ int tz_model_blocks_init(tz_compute *cm, const struct tz_model_config *cfg, uint
 /* ---- activation buffers ---- */
 
 struct carver {
-  char *base;   /* NULL: only count */
+  char *base; /* NULL: only count */
   size_t off;
 };
 
@@ -389,8 +387,8 @@ size_t tz_model_head_scratch_bytes(const struct tz_model_config *cfg, enum tz_dt
   return c.off;
 }
 
-void tz_model_head_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
-                                 int T, void *base, struct tz_head_scratch *out) {
+void tz_model_head_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                                 void *base, struct tz_head_scratch *out) {
   struct carver c = {.base = base};
   head_layout(cfg, dt, B, T, &c, out);
 }
@@ -404,8 +402,8 @@ static void *at(const void *base, uint64_t elems, enum tz_dtype dt) {
 
 static int check_bt(const struct tz_model_config *cfg, int B, int T) {
   if (B < 1 || T < 1 || T > cfg->max_seq)
-    return tz_err_set(TZ_EINVAL, "model: batch %d x %d tokens (T must be in [1, max_seq %d])", B,
-                      T, cfg->max_seq);
+    return tz_err_set(TZ_EINVAL, "model: batch %d x %d tokens (T must be in [1, max_seq %d])", B, T,
+                      cfg->max_seq);
   return 0;
 }
 
@@ -424,8 +422,8 @@ int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *
 /* y (N, out) = x (N, in) W^T, W (out, in): the linear layer. */
 static int linear_fwd(tz_compute *cm, void *y, const void *x, const void *W, int N, int in,
                       int out) {
-  return tz_compute_matmul(cm, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y,
-                           tz_compute_dtype(cm), out);
+  return tz_compute_matmul(cm, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, tz_compute_dtype(cm),
+                           out);
 }
 
 /* dW (out, in) += dy^T x; dx (N, in) = dy W (+= when accumulate). */
@@ -433,13 +431,12 @@ static int linear_bwd(tz_compute *cm, void *dx, int accumulate, void *dW, const 
                       const void *x, const void *W, int N, int in, int out) {
   TZ_CHECK(tz_compute_matmul(cm, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW,
                              tz_compute_grad_dtype(cm), in));
-  return tz_compute_matmul(cm, 0, 0, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f,
-                           dx, tz_compute_dtype(cm), in);
+  return tz_compute_matmul(cm, 0, 0, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f, dx,
+                           tz_compute_dtype(cm), in);
 }
 
 int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                       const void *x_in, void *x_out, const struct tz_layer_acts *a, int B,
-                       int T) {
+                       const void *x_in, void *x_out, const struct tz_layer_acts *a, int B, int T) {
   TZ_CHECK(check_bt(cfg, B, T));
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
@@ -469,9 +466,9 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
 }
 
 int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                       void *grads, const void *x_in, const struct tz_layer_acts *a,
-                       int recompute, const void *dx_out, void *dx_in,
-                       const struct tz_layer_scratch *s, int B, int T) {
+                       void *grads, const void *x_in, const struct tz_layer_acts *a, int recompute,
+                       const void *dx_out, void *dx_in, const struct tz_layer_scratch *s, int B,
+                       int T) {
   TZ_CHECK(check_bt(cfg, B, T));
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
@@ -504,8 +501,8 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), s->dq, a->h1, P(TZ_L_WQ), N, C, HD));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), s->dk, a->h1, P(TZ_L_WK), N, C, KD));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, a->h1, P(TZ_L_WV), N, C, KD));
-  TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in,
-                                  P(TZ_L_ATTN_NORM), a->rstd1, N, C));
+  TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in, P(TZ_L_ATTN_NORM),
+                                  a->rstd1, N, C));
 #undef P
 #undef GR
   return 0;
@@ -528,8 +525,8 @@ static void head_weights(tz_compute *cm, const struct tz_model_config *cfg, cons
 
 int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
                   const void *embed, void *head_grad, void *embed_grad, const void *x,
-                  const int32_t *targets, float dscale, void *dx,
-                  const struct tz_head_scratch *s, int B, int T) {
+                  const int32_t *targets, float dscale, void *dx, const struct tz_head_scratch *s,
+                  int B, int T) {
   TZ_CHECK(check_bt(cfg, B, T));
   enum tz_dtype S = tz_compute_dtype(cm);
   int N = B * T, C = cfg->d_model, V = cfg->vocab;
@@ -545,8 +542,8 @@ int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void 
     int nr = N - r0 < rows ? N - r0 : rows;
     const void *h = at(s->h, (uint64_t)r0 * C, S);
     TZ_CHECK(linear_fwd(cm, s->logits, h, W, nr, C, V));
-    TZ_CHECK(tz_compute_xent(cm, s->losses + r0, bwd ? s->logits : NULL, s->logits,
-                             targets + r0, nr, V, dscale));
+    TZ_CHECK(tz_compute_xent(cm, s->losses + r0, bwd ? s->logits : NULL, s->logits, targets + r0,
+                             nr, V, dscale));
     if (bwd)
       TZ_CHECK(linear_bwd(cm, at(s->dh, (uint64_t)r0 * C, S), 0, dW, s->logits, h, W, nr, C, V));
   }
@@ -570,8 +567,7 @@ int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, cons
   return linear_fwd(cm, logits, s->h, W, N, C, V);
 }
 
-int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
-                                int T) {
+int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
   return (uint64_t)cfg->n_layer * tz_model_acts_bytes(cfg, dt, B, T) > TZ_MODEL_ACTS_BUDGET;
 }
 
@@ -581,14 +577,14 @@ struct tz_model_runner {
   tz_compute *cm;
   const struct tz_model_config *cfg;
   int B, T, checkpoint;
-  void *mem;                   /* one allocation for everything below */
-  int32_t *tokens, *targets;   /* (B, T) */
-  void **xs;                   /* n_layer + 1 of (B, T, C): the input of each layer, then the
-                                  final output */
-  struct tz_layer_acts *acts;  /* checkpoint ? 1 : n_layer */
+  void *mem;                  /* one allocation for everything below */
+  int32_t *tokens, *targets;  /* (B, T) */
+  void **xs;                  /* n_layer + 1 of (B, T, C): the input of each layer, then the
+                                 final output */
+  struct tz_layer_acts *acts; /* checkpoint ? 1 : n_layer */
   struct tz_layer_scratch scratch;
   struct tz_head_scratch head;
-  void *dx;                    /* (B, T, C) the gradient flowing down */
+  void *dx; /* (B, T, C) the gradient flowing down */
 };
 
 int tz_model_runner_create(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
@@ -664,8 +660,7 @@ static int runner_forward(tz_model_runner *r, void *const *params, const int32_t
 }
 
 int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *grads,
-                         const int32_t *tokens, const int32_t *targets, float dscale,
-                         float *loss) {
+                         const int32_t *tokens, const int32_t *targets, float dscale, float *loss) {
   const struct tz_model_config *cfg = r->cfg;
   int L = cfg->n_layer, B = r->B, T = r->T;
   size_t N = (size_t)B * T;
@@ -674,14 +669,14 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
   TZ_CHECK(runner_forward(r, params, tokens));
   TZ_CHECK(tz_compute_copy_in(r->cm, r->targets, targets, N * sizeof(int32_t)));
   TZ_CHECK(tz_model_head(r->cm, cfg, params[L + 1], params[0], grads ? grads[L + 1] : NULL,
-                         grads ? grads[0] : NULL, r->xs[L], r->targets, dscale, r->dx, &r->head,
-                         B, T));
+                         grads ? grads[0] : NULL, r->xs[L], r->targets, dscale, r->dx, &r->head, B,
+                         T));
   if (grads) {
     for (int i = L - 1; i >= 0; i--) {
       int blk = tz_model_block_of_layer(i);
       const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
-      TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, params[blk], grads[blk], r->xs[i], a,
-                                  r->checkpoint, r->dx, r->dx, &r->scratch, B, T));
+      TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, params[blk], grads[blk], r->xs[i], a, r->checkpoint,
+                                  r->dx, r->dx, &r->scratch, B, T));
     }
     TZ_CHECK(tz_model_embed_bwd(r->cm, cfg, grads[0], r->tokens, r->dx, B, T));
   }
@@ -776,10 +771,15 @@ int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int 
   enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
   uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
   size_t x_bytes = (size_t)B * (size_t)T * (size_t)cfg->d_model * tz_dtype_size(S);
-  size_t sizes[8] = {np * tz_dtype_size(S), np * tz_dtype_size(G), x_bytes, x_bytes, x_bytes,
-                     x_bytes, tz_model_acts_bytes(cfg, S, B, T),
+  size_t sizes[8] = {np * tz_dtype_size(S),
+                     np * tz_dtype_size(G),
+                     x_bytes,
+                     x_bytes,
+                     x_bytes,
+                     x_bytes,
+                     tz_model_acts_bytes(cfg, S, B, T),
                      tz_model_scratch_bytes(cfg, S, B, T)};
-  void **at[8] = {&l->params, &l->grads,  &l->x_in,     &l->x_out,
+  void **at[8] = {&l->params, &l->grads, &l->x_in,     &l->x_out,
                   &l->dx_out, &l->dx_in, &l->acts_mem, &l->scratch_mem};
   int rc = 0;
   for (int i = 0; i < 8 && rc == 0; i++) {
@@ -810,12 +810,12 @@ int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int 
 int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
                         const struct tz_layer_probe *l, int recompute) {
   TZ_CHECK(tz_model_layer_fwd(cm, cfg, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T));
-  return tz_model_layer_bwd(cm, cfg, l->params, l->grads, l->x_in, &l->acts, recompute,
-                            l->dx_out, l->dx_in, &l->scratch, l->B, l->T);
+  return tz_model_layer_bwd(cm, cfg, l->params, l->grads, l->x_in, &l->acts, recompute, l->dx_out,
+                            l->dx_in, &l->scratch, l->B, l->T);
 }
 
-int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
-                        int reps, double *seconds) {
+int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T, int reps,
+                        double *seconds) {
   *seconds = 0;
   if (reps < 1)
     return tz_err_set(TZ_EINVAL, "layer probe: %d passes to time (at least 1)", reps);

@@ -74,23 +74,23 @@ enum {
 };
 
 struct tz_param_info {
-  const char *name;  /* short name: "wte", "attn_norm", "wq", ... "norm", "lm_head" */
-  uint64_t offset;   /* elements from the block's start; a multiple of TZ_MODEL_ALIGN */
-  int ndim;          /* 1 or 2 */
-  int64_t shape[2];  /* row-major; shape[1] is 1 for a vector */
+  const char *name; /* short name: "wte", "attn_norm", "wq", ... "norm", "lm_head" */
+  uint64_t offset;  /* elements from the block's start; a multiple of TZ_MODEL_ALIGN */
+  int ndim;         /* 1 or 2 */
+  int64_t shape[2]; /* row-major; shape[1] is 1 for a vector */
   uint64_t numel;
 };
 
 struct tz_block_layout {
   enum tz_block_kind kind;
-  int layer;          /* 0-based transformer layer for TZ_BLOCK_LAYER, else -1 */
-  int n;              /* tensors in t[] */
+  int layer; /* 0-based transformer layer for TZ_BLOCK_LAYER, else -1 */
+  int n;     /* tensors in t[] */
   struct tz_param_info t[TZ_L_COUNT];
-  uint64_t numel;     /* the end of the last tensor, rounded up to TZ_MODEL_ALIGN */
+  uint64_t numel; /* the end of the last tensor, rounded up to TZ_MODEL_ALIGN */
 };
 
 int tz_model_n_blocks(const struct tz_model_config *cfg); /* n_layer + 2 */
-int tz_model_block_of_layer(int layer);                  /* layer + 1 */
+int tz_model_block_of_layer(int layer);                   /* layer + 1 */
 /* TZ_EINVAL for a block outside [0, n_blocks). */
 int tz_model_block_layout(const struct tz_model_config *cfg, int block,
                           struct tz_block_layout *out);
@@ -109,8 +109,8 @@ uint64_t tz_model_layer_numel_padded(const struct tz_model_config *cfg, int worl
  * (wo and wd) ~ normal(0, 0.02 / sqrt(2 * n_layer)), as GPT-2 and Llama reference training do, so
  * the residual's variance does not grow with depth; RMSNorm weights = 1; padding = 0.
  * Fills out[0 .. end-begin) with elements [begin, end) of the block (f32, host memory). */
-int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed,
-                        uint64_t begin, uint64_t end, float *out);
+int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed, uint64_t begin,
+                        uint64_t end, float *out);
 
 /* ---- Parameter blocks in backend memory ---- */
 
@@ -163,12 +163,12 @@ struct tz_layer_scratch {
  * memory. */
 #define TZ_MODEL_HEAD_CHUNK_ELEMS (1u << 24)
 struct tz_head_scratch {
-  void *h;      /* (N, C) final-norm output */
-  float *rstd;  /* (N) F32 */
-  void *logits; /* (rows, V): rows = tz_model_head_rows(cfg, N); dlogits in place */
-  void *dh;     /* (N, C) */
-  float *losses;/* (N) F32 per-token loss */
-  float *loss;  /* (1) F32 sum of losses */
+  void *h;       /* (N, C) final-norm output */
+  float *rstd;   /* (N) F32 */
+  void *logits;  /* (rows, V): rows = tz_model_head_rows(cfg, N); dlogits in place */
+  void *dh;      /* (N, C) */
+  float *losses; /* (N) F32 per-token loss */
+  float *loss;   /* (1) F32 sum of losses */
 };
 int tz_model_head_rows(const struct tz_model_config *cfg, int N);
 
@@ -182,8 +182,8 @@ void tz_model_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt,
                             void *base, struct tz_layer_scratch *out);
 size_t tz_model_head_scratch_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
                                    int T);
-void tz_model_head_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
-                                 int T, void *base, struct tz_head_scratch *out);
+void tz_model_head_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                                 void *base, struct tz_head_scratch *out);
 
 /* ---- Phases (all pointers in backend memory; B*T rows; T <= max_seq) ---- */
 
@@ -215,8 +215,8 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
  * unused); dx (B,T,C) = the gradient at x. embed is read only when tied. */
 int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
                   const void *embed, void *head_grad, void *embed_grad, const void *x,
-                  const int32_t *targets, float dscale, void *dx,
-                  const struct tz_head_scratch *s, int B, int T);
+                  const int32_t *targets, float dscale, void *dx, const struct tz_head_scratch *s,
+                  int B, int T);
 /* Forward only, all logits (B,T,V) S at once (evaluation, checks against other implementations). */
 int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
                          const void *embed, const void *x, void *logits,
@@ -261,8 +261,8 @@ int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
  * H200, llama-7b's layer: 18.8 ms for the fastest of three after one, 20.0-20.2 for the mean
  * of 10 to 300 after 3 to 30). */
 #define TZ_LAYER_PROBE_WARM_S 0.3
-int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
-                        int reps, double *seconds);
+int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T, int reps,
+                        double *seconds);
 
 typedef struct tz_model_runner tz_model_runner;
 
@@ -277,8 +277,7 @@ void tz_model_runner_destroy(tz_model_runner *r); /* NULL is a no-op */
  * params[b] and grads[b] are block b's buffers in backend memory; grads += (accumulate).
  * dscale <= 0 means 1 / (B*T). *loss (host) = the mean token loss. */
 int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *grads,
-                         const int32_t *tokens, const int32_t *targets, float dscale,
-                         float *loss);
+                         const int32_t *tokens, const int32_t *targets, float dscale, float *loss);
 /* Forward only: logits (B*T*V floats, host memory) for tokens (host). */
 int tz_model_runner_logits(tz_model_runner *r, void *const *params, const int32_t *tokens,
                            float *logits);

@@ -19,14 +19,10 @@ static double phase_flop(const tz_trainer *tr, const struct phase *p) {
   double N = tr->N, C = c->d_model, V = c->vocab;
   double layer = tz_model_layer_flop(c, tr->B, tr->T);
   switch (p->kind) {
-  case PH_FWD:
-    return layer;
-  case PH_BWD:
-    return 3.0 * layer;
-  case PH_HEAD:
-    return 3.0 * 2.0 * N * C * V;
-  default:
-    return 0;
+  case PH_FWD: return layer;
+  case PH_BWD: return 3.0 * layer;
+  case PH_HEAD: return 3.0 * 2.0 * N * C * V;
+  default: return 0;
   }
 }
 
@@ -390,9 +386,9 @@ int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
  * plan again. */
 int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p) {
   const struct tz_config *c = &tr->cfg;
-  int applies = !tr->gpu || (!p->auto_placement &&
-                             tier_of_device(c->zero_optimization.offload_optimizer.device) ==
-                                 TZ_PLAN_HOST);
+  int applies =
+      !tr->gpu || (!p->auto_placement &&
+                   tier_of_device(c->zero_optimization.offload_optimizer.device) == TZ_PLAN_HOST);
   double best = -1, best_bound = 0;
   for (int k = 0; applies && k <= 8; k++) {
     tz_train_choose_cpu_steps(tr, k / 8.0);

@@ -63,15 +63,15 @@ static void setup_key(const struct tz_config *c, const char *backend, char *buf,
  * host link is timed beside the other (copy_in_both, copy_out_both). */
 #define RATES_VERSION 4
 
-static const char *const fields[] = {
-    "flops",     "copy_in",    "copy_out",   "copy_duplex", "copy_in_both", "copy_out_both",
-    "copy_local", "nvme_read", "nvme_write", "nvme_duplex", "adam",         "adam_home"};
+static const char *const fields[] = {"flops",        "copy_in",       "copy_out",   "copy_duplex",
+                                     "copy_in_both", "copy_out_both", "copy_local", "nvme_read",
+                                     "nvme_write",   "nvme_duplex",   "adam",       "adam_home"};
 #define N_FIELDS 12
 
 static double *field(struct tz_plan_rates *r, int i) {
-  double *f[N_FIELDS] = {&r->flops,       &r->copy_in,     &r->copy_out,   &r->copy_duplex,
+  double *f[N_FIELDS] = {&r->flops,        &r->copy_in,       &r->copy_out,   &r->copy_duplex,
                          &r->copy_in_both, &r->copy_out_both, &r->copy_local, &r->nvme_read,
-                         &r->nvme_write,  &r->nvme_duplex, &r->adam,       &r->adam_home};
+                         &r->nvme_write,   &r->nvme_duplex,   &r->adam,       &r->adam_home};
   return f[i];
 }
 
@@ -81,8 +81,8 @@ static int cache_read(const char *path, const char *key, struct tz_plan_rates *o
   if (!root)
     return 0;
   json_t *e = json_object_get(root, key);
-  int ok = json_is_object(e) &&
-           json_integer_value(json_object_get(root, "version")) == RATES_VERSION;
+  int ok =
+      json_is_object(e) && json_integer_value(json_object_get(root, "version")) == RATES_VERSION;
   /* All or nothing: an incomplete entry (one written before a field existed) leaves *out as it
    * was, so no stale value outlives the measurement that replaces it. */
   struct tz_plan_rates got = *out;
@@ -188,8 +188,8 @@ static int time_transfers(const struct transfers *x, int warmups, double *out) {
 }
 
 /* Bytes per second of one transfer of bytes from src to dst. */
-static int time_transfer(tz_runtime *rt, const tz_extent *dst, const tz_extent *src,
-                         uint64_t bytes, int warmups, double *out) {
+static int time_transfer(tz_runtime *rt, const tz_extent *dst, const tz_extent *src, uint64_t bytes,
+                         int warmups, double *out) {
   struct transfers x = {.rt = rt, .n = 1, .dst = {dst}, .src = {src}, .bytes = bytes};
   return time_transfers(&x, warmups, out);
 }
@@ -322,8 +322,8 @@ static int run_matmul(void *arg) {
 
 /* flops: the backend's matmul of M^3 in its storage dtype (p: NULL for the defaults), `calls`
  * back to back per timed run, after one untimed run (the first call chooses the algorithm). */
-static int measure_compute(const char *backend, const struct tz_compute_params *p, int M,
-                           int calls, struct tz_plan_rates *r) {
+static int measure_compute(const char *backend, const struct tz_compute_params *p, int M, int calls,
+                           struct tz_plan_rates *r) {
   struct matmul x = {.M = M, .calls = calls};
   int rc;
   TZ_CHECK(tz_compute_create(backend, p, &x.cm));
@@ -369,8 +369,8 @@ static int run_adam_cpu(void *arg) {
   const struct adam *x = arg;
   float *s = x->state;
   struct tz_adam_cpu_opts o = {.threads = x->threads};
-  return tz_adam_cpu(&x->p, s, s + x->n, s + 2 * x->n, s + 3 * x->n, TZ_F32, x->copy,
-                     x->copy_dtype, x->n, &o);
+  return tz_adam_cpu(&x->p, s, s + x->n, s + 2 * x->n, s + 3 * x->n, TZ_F32, x->copy, x->copy_dtype,
+                     x->n, &o);
 }
 
 int tz_rates_home_threads(const struct tz_config *cfg) {
@@ -384,8 +384,7 @@ int tz_rates_home_threads(const struct tz_config *cfg) {
 /* CPU Adam over n zeroed f32 elements on `threads` threads (0: OpenMP's count), the copy in
  * copy_dtype (into the last fifth), in elements per second. */
 static int measure_adam(uint64_t n, int threads, enum tz_dtype copy_dtype, double *out) {
-  struct adam x = {.p = probe_adam_params(), .n = n, .copy_dtype = copy_dtype,
-                   .threads = threads};
+  struct adam x = {.p = probe_adam_params(), .n = n, .copy_dtype = copy_dtype, .threads = threads};
   x.state = calloc(5 * x.n, sizeof(float));
   if (!x.state)
     return tz_err_set(TZ_ENOMEM, "rates: no memory for the Adam probe");
@@ -594,8 +593,8 @@ static int time_links_shared(const struct tz_config *c, tz_runtime *rt, tz_comm 
 static int run_adam_cuda(void *arg) {
   const struct adam *x = arg;
   float *s = x->state;
-  TZ_CHECK(tz_compute_adam(x->cm, &x->p, s, s + x->n, s + 2 * x->n, s + 3 * x->n, TZ_F32,
-                           x->copy, x->copy_dtype, x->n));
+  TZ_CHECK(tz_compute_adam(x->cm, &x->p, s, s + x->n, s + 2 * x->n, s + 3 * x->n, TZ_F32, x->copy,
+                           x->copy_dtype, x->n));
   return tz_compute_sync(x->cm);
 }
 
@@ -740,7 +739,7 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
     int rc = 0;
     if (!cached) {
       rc = strcmp(backend, "cuda") == 0 ? measure_gpu(cfg, rt, out)
-                                         : measure_cpu(cfg, backend, rt, out);
+                                        : measure_cpu(cfg, backend, rt, out);
       if (rc == 0 && path && cache_write(path, key, out) < 0)
         TZ_WARN("%s (the rates are measured again next time)", tz_err_msg());
       if (rc == 0)

@@ -82,8 +82,10 @@ static int put_state(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config *
   for (int b = 0; b < nb; b++) {
     json_t *e = json_object();
     json_object_set_new(e, "name", json_string(tz_trainer_group_names(tr)[b]));
-    json_object_set_new(e, "shard", json_integer((json_int_t)tz_trainer_shard_bytes(tr, b, TZ_PLAN_MASTER) / 4));
-    json_object_set_new(e, "param_bytes", json_integer((json_int_t)tz_trainer_shard_bytes(tr, b, TZ_PLAN_PARAM)));
+    json_object_set_new(
+        e, "shard", json_integer((json_int_t)tz_trainer_shard_bytes(tr, b, TZ_PLAN_MASTER) / 4));
+    json_object_set_new(e, "param_bytes",
+                        json_integer((json_int_t)tz_trainer_shard_bytes(tr, b, TZ_PLAN_PARAM)));
     json_array_append_new(blocks, e);
   }
   json_object_set_new(o, "blocks", blocks);
@@ -177,8 +179,8 @@ int tz_resume_config(const char *path, int world, struct tz_config *c) {
  * block, from the source ranks' slices [j * src, (j + 1) * src). */
 struct piece {
   unsigned char *dst;
-  uint64_t lo, n, es;    /* the target slice, in elements */
-  uint64_t base;         /* the source slice's first element */
+  uint64_t lo, n, es; /* the target slice, in elements */
+  uint64_t base;      /* the source slice's first element */
 };
 
 static int sink(void *ctx, const void *data, uint64_t off, uint64_t n) {
@@ -200,8 +202,8 @@ static int read_loss_scale(tz_ckpt_reader *r, json_t *o, struct tz_loss_scale_st
   json_t *sc = json_object_get(l, "scale"), *h = json_object_get(l, "hysteresis_left"),
          *it = json_object_get(l, "iter"), *lo = json_object_get(l, "last_overflow_iter"),
          *sk = json_object_get(l, "skipped");
-  if (!json_is_number(sc) || !json_is_integer(h) || !json_is_integer(it) ||
-      !json_is_integer(lo) || !json_is_integer(sk))
+  if (!json_is_number(sc) || !json_is_integer(h) || !json_is_integer(it) || !json_is_integer(lo) ||
+      !json_is_integer(sk))
     return tz_err_set(TZ_EFORMAT,
                       "resume: %s: section \"state\": loss_scale needs scale, hysteresis_left, "
                       "iter, last_overflow_iter and skipped",
@@ -263,9 +265,10 @@ static int load_resharded(tz_trainer *tr, tz_ckpt_reader **rs, const char *dir, 
     uint64_t got = 0;
     TZ_CHECK(tz_ckpt_size(rs[j], name, &got));
     if (got != src_bytes)
-      return tz_err_set(TZ_EFORMAT, "resume: %s: section \"%s\" of rank %d holds %llu bytes, "
-                        "rank 0's %llu", dir, name, j, (unsigned long long)got,
-                        (unsigned long long)src_bytes);
+      return tz_err_set(TZ_EFORMAT,
+                        "resume: %s: section \"%s\" of rank %d holds %llu bytes, "
+                        "rank 0's %llu",
+                        dir, name, j, (unsigned long long)got, (unsigned long long)src_bytes);
     p.base = a;
     TZ_CHECK(tz_ckpt_get_stream(rs[j], name, sink, &p));
   }
@@ -281,8 +284,8 @@ static int load_rank(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *s
   TZ_CHECK(tz_ckpt_open(path, 0, &r0));
   TZ_CHECK_GOTO(read_state(r0, step, &src_world, &ls), rc, out);
   if (src_world != tz_ckpt_world(r0)) {
-    rc = tz_err_set(TZ_EFORMAT, "resume: %s: state says world %d, the manifest %d",
-                    tz_ckpt_dir(r0), src_world, tz_ckpt_world(r0));
+    rc = tz_err_set(TZ_EFORMAT, "resume: %s: state says world %d, the manifest %d", tz_ckpt_dir(r0),
+                    src_world, tz_ckpt_world(r0));
     goto out;
   }
   if ((uint64_t)*step != tz_ckpt_step(r0)) {

@@ -23,11 +23,11 @@
 struct tz_st_file {
   char *path;
   int fd;
-  uint64_t data_off;  /* 8 + header length */
+  uint64_t data_off; /* 8 + header length */
   uint64_t data_size;
   int n;
   struct tz_st_tensor *t;
-  json_t *meta;       /* the __metadata__ object, or NULL */
+  json_t *meta; /* the __metadata__ object, or NULL */
 };
 
 static const struct {
@@ -212,11 +212,10 @@ int tz_st_open(const char *path, tz_st_file **out) {
   qsort(sorted, (size_t)f->n, sizeof *sorted, cmp_begin);
   for (int i = 1; i < f->n; i++)
     if (sorted[i]->begin < sorted[i - 1]->end) {
-      rc = tz_err_set(TZ_EFORMAT,
-                      "%s: tensor '%s' at data offset %llu overlaps tensor '%s' [%llu, %llu)",
-                      path, sorted[i]->name, (unsigned long long)sorted[i]->begin,
-                      sorted[i - 1]->name, (unsigned long long)sorted[i - 1]->begin,
-                      (unsigned long long)sorted[i - 1]->end);
+      rc = tz_err_set(
+          TZ_EFORMAT, "%s: tensor '%s' at data offset %llu overlaps tensor '%s' [%llu, %llu)", path,
+          sorted[i]->name, (unsigned long long)sorted[i]->begin, sorted[i - 1]->name,
+          (unsigned long long)sorted[i - 1]->begin, (unsigned long long)sorted[i - 1]->end);
       goto fail;
     }
   free(sorted);
@@ -296,8 +295,8 @@ int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *sha
     if (got <= 0) {
       rc = got < 0 ? tz_err_errno(errno, "%s: reading tensor '%s' at offset %llu", f->path, name,
                                   (unsigned long long)off)
-                   : tz_err_set(TZ_EIO, "%s: tensor '%s': file ends at offset %llu", f->path,
-                                name, (unsigned long long)off);
+                   : tz_err_set(TZ_EIO, "%s: tensor '%s': file ends at offset %llu", f->path, name,
+                                (unsigned long long)off);
       break;
     }
     if (es == 2) {
@@ -332,15 +331,14 @@ static void writer_free(tz_st_writer *w) {
   free(w);
 }
 
-int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n,
-                      const char *const *meta, tz_st_writer **out) {
+int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n, const char *const *meta,
+                      tz_st_writer **out) {
   *out = NULL;
   tz_st_writer *w = calloc(1, sizeof *w);
   json_t *root = json_object();
   char *hdr = NULL;
   int rc = 0;
-  if (!w || !root || !(w->path = strdup(path)) ||
-      !(w->e = calloc((size_t)n + 1, sizeof *w->e)) ||
+  if (!w || !root || !(w->path = strdup(path)) || !(w->e = calloc((size_t)n + 1, sizeof *w->e)) ||
       !(w->numel = calloc((size_t)n + 1, sizeof *w->numel))) {
     rc = tz_err_set(TZ_ENOMEM, "%s: out of memory", path);
     goto fail;
@@ -356,8 +354,7 @@ int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n,
   uint64_t off = 0;
   for (int i = 0; i < n; i++) {
     if (e[i].ndim < 0 || e[i].ndim > TZ_ST_MAX_DIMS || json_object_get(root, e[i].name)) {
-      rc = tz_err_set(TZ_EINVAL, "%s: tensor '%s': bad ndim or a duplicate name", path,
-                      e[i].name);
+      rc = tz_err_set(TZ_EINVAL, "%s: tensor '%s': bad ndim or a duplicate name", path, e[i].name);
       goto fail;
     }
     json_t *t = json_object(), *shape = json_array();
@@ -384,8 +381,8 @@ int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n,
   }
   /* Spaces pad the header so that the data starts 8-byte aligned, as the reference writer does. */
   size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7;
-  TZ_CHECK_GOTO(tz_atomic_open(path, &(struct tz_atomic_params){.what = "safetensors"}, &w->f),
-                rc, fail);
+  TZ_CHECK_GOTO(tz_atomic_open(path, &(struct tz_atomic_params){.what = "safetensors"}, &w->f), rc,
+                fail);
   uint8_t lenb[8];
   for (int i = 0; i < 8; i++)
     lenb[i] = (uint8_t)((uint64_t)padded >> (8 * i));

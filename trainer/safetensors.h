@@ -15,11 +15,11 @@
 
 struct tz_st_tensor {
   const char *name;
-  char dtype[12];               /* as in the file: "F32", "BF16", "I64", ... */
+  char dtype[12]; /* as in the file: "F32", "BF16", "I64", ... */
   int ndim;
   int64_t shape[TZ_ST_MAX_DIMS];
   uint64_t numel;
-  uint64_t begin, end;          /* bytes, relative to the start of the data */
+  uint64_t begin, end; /* bytes, relative to the start of the data */
 };
 
 typedef struct tz_st_file tz_st_file;
@@ -32,7 +32,7 @@ int tz_st_open(const char *path, tz_st_file **out);
 void tz_st_close(tz_st_file *f); /* NULL is a no-op */
 
 int tz_st_count(const tz_st_file *f);
-const struct tz_st_tensor *tz_st_get(const tz_st_file *f, int i);      /* file order */
+const struct tz_st_tensor *tz_st_get(const tz_st_file *f, int i);             /* file order */
 const struct tz_st_tensor *tz_st_find(const tz_st_file *f, const char *name); /* NULL: absent */
 /* A string of __metadata__, or NULL. Valid until tz_st_close. */
 const char *tz_st_metadata(const tz_st_file *f, const char *key);
@@ -46,7 +46,7 @@ int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *sha
 
 struct tz_st_entry {
   const char *name;
-  enum tz_dtype dtype;          /* stored as F32, BF16 or F16 */
+  enum tz_dtype dtype; /* stored as F32, BF16 or F16 */
   int ndim;
   int64_t shape[TZ_ST_MAX_DIMS];
 };
@@ -55,8 +55,8 @@ typedef struct tz_st_writer tz_st_writer;
 
 /* Writes the header for tensors e[0..n) (in that order in the data) and metadata pairs
  * meta[0], meta[1], meta[2], ... ending with NULL (meta may be NULL) to "<path>.tmp". */
-int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n,
-                      const char *const *meta, tz_st_writer **out);
+int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n, const char *const *meta,
+                      tz_st_writer **out);
 /* Appends the next tensor's numel elements, converted from float. TZ_EINVAL if n is not its
  * numel or all tensors were written. */
 int tz_st_writer_put(tz_st_writer *w, const float *data, uint64_t n);

@@ -12,14 +12,10 @@
 
 const char *tz_opt_mode_name(enum tz_opt_mode m) {
   switch (m) {
-  case TZ_OPT_AUTO:
-    return "auto";
-  case TZ_OPT_FOLDED:
-    return "folded";
-  case TZ_OPT_OVERLAPPED:
-    return "overlapped";
-  case TZ_OPT_UNFOLDED:
-    return "unfolded";
+  case TZ_OPT_AUTO: return "auto";
+  case TZ_OPT_FOLDED: return "folded";
+  case TZ_OPT_OVERLAPPED: return "overlapped";
+  case TZ_OPT_UNFOLDED: return "unfolded";
   }
   return "?";
 }
@@ -116,8 +112,8 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
     /* The GPU: the caller's, else the config's, else the calling thread's current device (the
      * nccl comm makes it the local rank's). */
     struct tz_compute_device d;
-    TZ_CHECK(tz_compute_device_info("cuda", p->device >= 0 ? p->device : tr->cfg.tierzero.device,
-                                    &d));
+    TZ_CHECK(
+        tz_compute_device_info("cuda", p->device >= 0 ? p->device : tr->cfg.tierzero.device, &d));
     tr->device = d.index;
     snprintf(tr->device_name, sizeof tr->device_name, "%s", d.name);
   } else {
@@ -201,9 +197,8 @@ static int create_nvme_tier(tz_trainer *tr) {
   struct tz_tier_params tp;
   const char *dir = tz_train_nvme_dir(c);
   if (!dir)
-    return tz_err_set(TZ_ECONFIG,
-                      "train: state is placed on nvme but no directory is given "
-                      "(tierzero.nvme_path or zero_optimization.offload_*.nvme_path)");
+    return tz_err_set(TZ_ECONFIG, "train: state is placed on nvme but no directory is given "
+                                  "(tierzero.nvme_path or zero_optimization.offload_*.nvme_path)");
   tz_tier_params_init(&tp);
   tp.name = "nvme";
   tp.capacity = pl->used[TZ_PLAN_NVME];
@@ -393,9 +388,8 @@ static int init_homes(tz_trainer *tr) {
       at[k] = dev[k] ? NULL : tz_tier_host_ptr(t, tr->home[b][k].offset);
     }
     float *master = at[TZ_PLAN_MASTER] ? at[TZ_PLAN_MASTER] : f32;
-    TZ_CHECK_GOTO(
-        tz_model_init_block(&tr->mc, b, (uint64_t)tr->cfg.seed, begin, begin + n, master), rc,
-        out);
+    TZ_CHECK_GOTO(tz_model_init_block(&tr->mc, b, (uint64_t)tr->cfg.seed, begin, begin + n, master),
+                  rc, out);
     int zeroed = 0; /* buf holds zeros */
     for (int k = 0; k < TZ_PLAN_KINDS; k++) {
       uint64_t bytes = tr->bytes[b][k];
@@ -419,8 +413,7 @@ static int init_homes(tz_trainer *tr) {
         src = buf;
       }
       if (!at[k])
-        TZ_CHECK_GOTO(tz_tier_write_sync(&tr->home[b][k], 0, src, round_up(bytes, ALIGN)), rc,
-                      out);
+        TZ_CHECK_GOTO(tz_tier_write_sync(&tr->home[b][k], 0, src, round_up(bytes, ALIGN)), rc, out);
     }
   }
 out:
@@ -485,8 +478,8 @@ static int create_sched(tz_trainer *tr) {
 static void choose_overlap(tz_trainer *tr, const struct tz_trainer_params *p) {
   int v = tr->cfg.tierzero.overlap_collectives;
   if (v < 0)
-    v = tr->gpu && (p->auto_placement ||
-                    tr->cfg.zero_optimization.offload_param.device == TZ_OFFLOAD_NONE);
+    v = tr->gpu &&
+        (p->auto_placement || tr->cfg.zero_optimization.offload_param.device == TZ_OFFLOAD_NONE);
   tr->overlap = v && tr->cfg.zero_optimization.overlap_comm && tr->world > 1;
 }
 

@@ -173,8 +173,8 @@ static int apply_block(tz_trainer *tr, const struct tz_adam_params *ap, int b,
       rc = tz_compute_sync(tr->cm);
   } else if (rc == 0) {
     struct tz_adam_cpu_opts o = {.threads = tz_train_home_threads(tr)};
-    rc = tz_adam_cpu(ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V], at[TZ_PLAN_GRAD],
-                     TZ_F32, at[TZ_PLAN_PARAM], tr->S, tr->shard[b], &o);
+    rc = tz_adam_cpu(ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V], at[TZ_PLAN_GRAD], TZ_F32,
+                     at[TZ_PLAN_PARAM], tr->S, tr->shard[b], &o);
   }
   int first = rc;
   for (int k = 0; k < TZ_PLAN_GRAD; k++) {

@@ -66,10 +66,10 @@ struct tz_trainer_params {
                                         GPU Adam; more than one rank needs the nccl comm */
   int device;                        /* cuda: the GPU; -1 (default): tierzero.device, else the
                                         calling thread's current device */
-  int plan_only; /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
-  int measure_layer; /* 1: time one layer's forward and backward on the compute backend at the
-                        run's shape, and give the plan that rate (tz_trainer_layer_rate) instead
-                        of rates->flops, a matmul's */
+  int plan_only;          /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
+  int measure_layer;      /* 1: time one layer's forward and backward on the compute backend at the
+                             run's shape, and give the plan that rate (tz_trainer_layer_rate)
+                             instead of rates->flops, a matmul's */
   const char *trace_path; /* with the config's tierzero.trace_step: where that step's lane trace
                              goes (tz_trainer_trace_write, or the trainer's destruction); copied */
   /* Planning for a GPU this machine need not have (plan_only, cuda): the GPU's free memory and a
@@ -93,15 +93,15 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
 void tz_trainer_destroy(tz_trainer *tr);
 
 struct tz_step_result {
-  int64_t step;     /* 0-based index of the step just done */
-  float loss;       /* mean token loss over every rank's micro-batches of the step */
-  float grad_norm;  /* global norm of the step's gradient, before clipping */
-  float clip_scale; /* the factor the gradient is scaled by (1 without clipping) */
-  double lr;        /* learning rate of this step's update */
-  double step_s;    /* wall time of tz_trainer_step */
-  double stall_s;   /* compute-lane time spent waiting for inputs in this step */
-  double coll_s;    /* compute-lane time spent in collectives or waiting for them in this step
-                       (with overlapped collectives, only the waits); 0 on one rank */
+  int64_t step;      /* 0-based index of the step just done */
+  float loss;        /* mean token loss over every rank's micro-batches of the step */
+  float grad_norm;   /* global norm of the step's gradient, before clipping */
+  float clip_scale;  /* the factor the gradient is scaled by (1 without clipping) */
+  double lr;         /* learning rate of this step's update */
+  double step_s;     /* wall time of tz_trainer_step */
+  double stall_s;    /* compute-lane time spent waiting for inputs in this step */
+  double coll_s;     /* compute-lane time spent in collectives or waiting for them in this step
+                        (with overlapped collectives, only the waits); 0 on one rank */
   int skipped;       /* fp16: 1 when the gradients overflowed and the update was dropped */
   double loss_scale; /* fp16: the loss scale after this step's update of it (the next step's);
                         0 without fp16 */

@@ -79,8 +79,8 @@ struct tz_trainer {
   double cpu_share;    /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
   int device;
   char device_name[256]; /* cuda: the GPU's name */
-  tz_lane *lane;       /* cuda: the compute lane (a CUDA stream); the cpu backend's is the
-                          scheduler's own */
+  tz_lane *lane;         /* cuda: the compute lane (a CUDA stream); the cpu backend's is the
+                            scheduler's own */
   enum tz_dtype S;
   size_t es; /* bytes per element of S */
   tz_tier *t_compute, *t_host, *t_nvme;
@@ -102,7 +102,7 @@ struct tz_trainer {
 
   struct phase *ph;
   int n_ph, loss_phase;
-  struct job *jobs; /* 2 * n_ph: slots by step parity */
+  struct job *jobs;  /* 2 * n_ph: slots by step parity */
   int *at_home;      /* n_ph: the phase runs at its blocks' homes on the scheduler's home lane */
   uint8_t *cpu_step; /* nb: the CPU steps the block's optimizer state at its host homes
                         (tierzero.cpu_adam), if the plan homes it there */
@@ -115,8 +115,8 @@ struct tz_trainer {
   struct tz_layer_acts acts;
   struct tz_layer_scratch ls;
   struct tz_head_scratch hs;
-  void *gw, *gw_embed;     /* gathered weights: a layer or the head; the embedding */
-  float *fg, *fg_embed;    /* full gradients of the same */
+  void *gw, *gw_embed;  /* gathered weights: a layer or the head; the embedding */
+  float *fg, *fg_embed; /* full gradients of the same */
   /* tierzero.overlap_collectives with more than one rank: block b's gathered weights and full
    * gradient are gw2[b % 2] and fg2[b % 2] (gw2[0] is gw and fg2[0] is fg), so that a phase can
    * gather the next layer and reduce-scatter the previous one's gradient while it computes. */
@@ -140,8 +140,8 @@ struct tz_trainer {
   float *partials;         /* (n_seg) sums of squares of norm segments */
   float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
   int32_t *host_tokens[2]; /* host copies by step parity: tokens then targets, each G*N */
-  float *host_scal;         /* [2]: the step's loss sum and squared norm, copied out */
-  tz_tier *t_io;            /* a small host tier holding the two above: page-locked for a GPU */
+  float *host_scal;        /* [2]: the step's loss sum and squared norm, copied out */
+  tz_tier *t_io;           /* a small host tier holding the two above: page-locked for a GPU */
   tz_extent io;
 
   /* Written by the step's last backward job, read by the client after the step's fence. */

@@ -30,7 +30,7 @@ static uint32_t crc_sw(uint32_t crc, const unsigned char *p, size_t n) {
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) static uint32_t crc_hw64(uint32_t crc, const unsigned char *p,
-                                                            size_t n) {
+                                                           size_t n) {
   uint64_t c = crc;
   while (n >= 8) {
     uint64_t v;

@@ -24,8 +24,7 @@ int tz_file_create(const struct tz_file_hooks *h, const char *path, unsigned mod
   return *fd < 0 ? errno : 0;
 }
 
-int tz_file_pwrite(const struct tz_file_hooks *h, int fd, const void *buf, size_t n,
-                   uint64_t off) {
+int tz_file_pwrite(const struct tz_file_hooks *h, int fd, const void *buf, size_t n, uint64_t off) {
   const char *p = buf;
   while (n > 0) {
     int e = before(h, TZ_FILE_WRITE, NULL);

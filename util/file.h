@@ -12,10 +12,10 @@
 #include <stdint.h>
 
 enum tz_file_op {
-  TZ_FILE_CREATE,   /* open with O_CREAT | O_EXCL */
-  TZ_FILE_WRITE,    /* one write call (a short write resubmits: one operation each) */
-  TZ_FILE_FSYNC,    /* fsync of a file or a directory */
-  TZ_FILE_RENAME,   /* rename, or the exchange of two names */
+  TZ_FILE_CREATE, /* open with O_CREAT | O_EXCL */
+  TZ_FILE_WRITE,  /* one write call (a short write resubmits: one operation each) */
+  TZ_FILE_FSYNC,  /* fsync of a file or a directory */
+  TZ_FILE_RENAME, /* rename, or the exchange of two names */
   TZ_FILE_MKDIR,
   TZ_FILE_UNLINK,
   TZ_FILE_RMDIR,
@@ -37,8 +37,7 @@ struct tz_file_hooks {
  * descriptor. */
 int tz_file_create(const struct tz_file_hooks *h, const char *path, unsigned mode, int *fd);
 /* All n bytes at off, resubmitting short writes and EINTR; EIO when a write makes no progress. */
-int tz_file_pwrite(const struct tz_file_hooks *h, int fd, const void *buf, size_t n,
-                   uint64_t off);
+int tz_file_pwrite(const struct tz_file_hooks *h, int fd, const void *buf, size_t n, uint64_t off);
 int tz_file_fsync(const struct tz_file_hooks *h, int fd);
 /* Makes a directory's entries (creations, renames into it) durable. */
 int tz_file_fsync_dir(const struct tz_file_hooks *h, const char *path);
@@ -72,10 +71,10 @@ enum {
 typedef struct tz_atomic_file tz_atomic_file;
 
 struct tz_atomic_params {
-  const char *what;                 /* the message prefix; NULL: "file" */
-  unsigned flags;                   /* TZ_ATOMIC_* */
-  int tmp_pid;                      /* 1: the temporary name carries the process id, so that
-                                     * processes writing the same path do not collide */
+  const char *what;                  /* the message prefix; NULL: "file" */
+  unsigned flags;                    /* TZ_ATOMIC_* */
+  int tmp_pid;                       /* 1: the temporary name carries the process id, so that
+                                      * processes writing the same path do not collide */
   const struct tz_file_hooks *hooks; /* NULL: none */
 };
 

@@ -28,8 +28,6 @@ static inline uint64_t tz_mix_init(uint64_t z) {
 static inline uint64_t tz_mix_data(uint64_t z) { return tz_mix_init(z + TZ_MIX_GAMMA); }
 
 /* The next value of the splitmix64 sequence whose state is *state (advanced by one step). */
-static inline uint64_t tz_mix_next(uint64_t *state) {
-  return tz_mix_init(*state += TZ_MIX_GAMMA);
-}
+static inline uint64_t tz_mix_next(uint64_t *state) { return tz_mix_init(*state += TZ_MIX_GAMMA); }
 
 #endif

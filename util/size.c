@@ -22,18 +22,18 @@ static int parse_units(const char *s, uint64_t *out) {
     const char *unit;
     uint64_t mult;
   } units[] = {
-    {"B", 1},
-    {"kB", 1000ull},
-    {"KB", 1000ull},
-    {"MB", 1000000ull},
-    {"GB", 1000000000ull},
-    {"TB", 1000000000000ull},
-    {"PB", 1000000000000000ull},
-    {"KiB", 1ull << 10},
-    {"MiB", 1ull << 20},
-    {"GiB", 1ull << 30},
-    {"TiB", 1ull << 40},
-    {"PiB", 1ull << 50},
+      {"B", 1},
+      {"kB", 1000ull},
+      {"KB", 1000ull},
+      {"MB", 1000000ull},
+      {"GB", 1000000000ull},
+      {"TB", 1000000000000ull},
+      {"PB", 1000000000000000ull},
+      {"KiB", 1ull << 10},
+      {"MiB", 1ull << 20},
+      {"GiB", 1ull << 30},
+      {"TiB", 1ull << 40},
+      {"PiB", 1ull << 50},
   };
   const char *p = s;
   uint64_t v = 0;

@@ -85,8 +85,8 @@ static void sink(uint32_t bits) { __atomic_fetch_or(&ceiling_sink, bits, __ATOMI
  * their values stay what they were (valid Adam state, no NaN or subnormal) for later runs. */
 static ALWAYS_INLINE uint32_t move_one(float *p, float *m, float *v, const void *g, int gdt,
                                        void *copy, int cdt, size_t i) {
-  uint32_t gb = gdt == TZ_F32 ? tz_f32_bits(((const float *)g)[i])
-                              : (uint32_t)((const uint16_t *)g)[i] << 16;
+  uint32_t gb =
+      gdt == TZ_F32 ? tz_f32_bits(((const float *)g)[i]) : (uint32_t)((const uint16_t *)g)[i] << 16;
   float p0 = p[i];
   p[i] = m[i];
   m[i] = v[i];
@@ -128,7 +128,7 @@ static void adam_scalar(const struct adam_consts *c, float *p, float *m, float *
                         int gdt, void *copy, int cdt, size_t b, size_t e) {
 #define BODY(G, C)                                                                                 \
   for (size_t i = b; i < e; i++)                                                                   \
-    adam_one(c, p, m, v, g, G, copy, C, i)
+  adam_one(c, p, m, v, g, G, copy, C, i)
   DISPATCH_DTYPES(gdt, cdt, BODY);
 #undef BODY
 }
@@ -139,7 +139,7 @@ static void move_scalar(const struct adam_consts *c, float *p, float *m, float *
   uint32_t acc = 0;
 #define BODY(G, C)                                                                                 \
   for (size_t i = b; i < e; i++)                                                                   \
-    acc |= move_one(p, m, v, g, G, copy, C, i)
+  acc |= move_one(p, m, v, g, G, copy, C, i)
   DISPATCH_DTYPES(gdt, cdt, BODY);
 #undef BODY
   if (cdt == COPY_NONE)
@@ -174,8 +174,8 @@ AVX512 static ALWAYS_INLINE __m512 grad16(const void *g, int gdt, size_t i) {
 AVX512 static ALWAYS_INLINE __m256i bf16x16(__m512 x) {
   __m512i u = _mm512_castps_si512(x);
   __m512i hi = _mm512_srli_epi32(u, 16);
-  __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
-                                  _mm512_set1_epi32(0x7fff));
+  __m512i bias =
+      _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
   __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
                                           _mm512_set1_epi32(0x7f800000));
@@ -297,8 +297,8 @@ AVX2 static ALWAYS_INLINE __m128i narrow8(__m256i r) {
 AVX2 static ALWAYS_INLINE __m128i bf16x8(__m256 x) {
   __m256i u = _mm256_castps_si256(x);
   __m256i hi = _mm256_srli_epi32(u, 16);
-  __m256i bias = _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)),
-                                  _mm256_set1_epi32(0x7fff));
+  __m256i bias =
+      _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
   __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
   /* both sides are below 2^31, so the signed compare is the unsigned one */
   __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
@@ -410,19 +410,15 @@ static void fp_env_leave(unsigned saved) { _mm_setcsr(saved); }
 int tz_adam_cpu_path_supported(enum tz_adam_cpu_path path) {
   switch (path) {
   case TZ_ADAM_CPU_AUTO:
-  case TZ_ADAM_CPU_SCALAR:
-    return 1;
+  case TZ_ADAM_CPU_SCALAR: return 1;
 #if TZ_ADAM_X86
   case TZ_ADAM_CPU_AVX2:
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
-  case TZ_ADAM_CPU_AVX512:
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
+  case TZ_ADAM_CPU_AVX512: __builtin_cpu_init(); return __builtin_cpu_supports("avx512f");
 #endif
-  default:
-    return 0;
+  default: return 0;
   }
 }
 
@@ -462,8 +458,10 @@ static int bind_self(int cpu) {
 static int check_call(float *master, float *m, float *v, const void *grad, int gdt, void *copy,
                       int cdt, size_t n, const struct tz_adam_cpu_opts *o) {
   if (n && (!master || !m || !v || !grad))
-    return tz_err_set(TZ_EINVAL, "adam: NULL array (master %p, m %p, v %p, grad %p) for %zu "
-                      "elements", (void *)master, (void *)m, (void *)v, grad, n);
+    return tz_err_set(TZ_EINVAL,
+                      "adam: NULL array (master %p, m %p, v %p, grad %p) for %zu "
+                      "elements",
+                      (void *)master, (void *)m, (void *)v, grad, n);
   if (gdt != TZ_F32 && gdt != TZ_BF16 && gdt != TZ_F16)
     return tz_err_set(TZ_EINVAL, "adam: gradient dtype %d is not f32, bf16 or f16", gdt);
   if (copy && cdt != TZ_F32 && cdt != TZ_BF16 && cdt != TZ_F16)
@@ -579,17 +577,17 @@ int tz_adam_cpu(const struct tz_adam_params *p, float *master, float *m, float *
   if (n == 0)
     return 0;
   const struct adam_consts c = {
-    .grad_scale = p->grad_scale,
-    .wd = p->weight_decay,
-    .beta1 = p->beta1,
-    .omb1 = 1.0f - p->beta1,
-    .beta2 = p->beta2,
-    .omb2 = 1.0f - p->beta2,
-    .bc1 = p->bias_corr1,
-    .bc2 = p->bias_corr2,
-    .eps = p->eps,
-    .nlr = -p->lr,
-    .decoupled = p->decoupled,
+      .grad_scale = p->grad_scale,
+      .wd = p->weight_decay,
+      .beta1 = p->beta1,
+      .omb1 = 1.0f - p->beta1,
+      .beta2 = p->beta2,
+      .omb2 = 1.0f - p->beta2,
+      .bc1 = p->bias_corr1,
+      .bc2 = p->bias_corr2,
+      .eps = p->eps,
+      .nlr = -p->lr,
+      .decoupled = p->decoupled,
   };
   return run_chunks(o, pick(resolve_path(o->path), 0), &c, master, m, v, grad, (int)grad_dtype,
                     param_copy, param_copy ? (int)copy_dtype : COPY_NONE, n);

@@ -16,9 +16,9 @@
 #include "core/dtype.h"
 
 struct cpu {
-  int nt;        /* OpenMP and BLAS threads */
-  float *tmp;    /* an accumulating matmul's product, grown on demand */
-  size_t tmp_n;  /* floats in tmp */
+  int nt;       /* OpenMP and BLAS threads */
+  float *tmp;   /* an accumulating matmul's product, grown on demand */
+  size_t tmp_n; /* floats in tmp */
 };
 
 /* Channel slices that one thread owns in rmsnorm's reduction over rows for dw. */
@@ -26,25 +26,17 @@ struct cpu {
 
 static inline float ld(enum tz_dtype dt, const void *p, size_t i) {
   switch (dt) {
-  case TZ_BF16:
-    return tz_bf16_to_f32(((const uint16_t *)p)[i]);
-  case TZ_F16:
-    return tz_f16_to_f32(((const uint16_t *)p)[i]);
-  default:
-    return ((const float *)p)[i];
+  case TZ_BF16: return tz_bf16_to_f32(((const uint16_t *)p)[i]);
+  case TZ_F16: return tz_f16_to_f32(((const uint16_t *)p)[i]);
+  default: return ((const float *)p)[i];
   }
 }
 
 static inline void st(enum tz_dtype dt, void *p, size_t i, float v) {
   switch (dt) {
-  case TZ_BF16:
-    ((uint16_t *)p)[i] = tz_f32_to_bf16(v);
-    break;
-  case TZ_F16:
-    ((uint16_t *)p)[i] = tz_f32_to_f16(v);
-    break;
-  default:
-    ((float *)p)[i] = v;
+  case TZ_BF16: ((uint16_t *)p)[i] = tz_f32_to_bf16(v); break;
+  case TZ_F16: ((uint16_t *)p)[i] = tz_f32_to_f16(v); break;
+  default: ((float *)p)[i] = v;
   }
 }
 
@@ -116,8 +108,7 @@ static int cpu_axpy(void *ctx, enum tz_dtype dt, void *y, float alpha, const voi
   return 0;
 }
 
-static int cpu_add(void *ctx, enum tz_dtype dt, void *out, const void *a, const void *b,
-                   size_t n) {
+static int cpu_add(void *ctx, enum tz_dtype dt, void *out, const void *a, const void *b, size_t n) {
   struct cpu *c = ctx;
   if (dt == TZ_F32) {
     float *o = out;
@@ -148,8 +139,7 @@ static int cpu_cast(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src,
 
 /* ---- reductions, in the order compute.h specifies ---- */
 
-static float chunk_partial(enum tz_dtype dt, const void *x, size_t begin, size_t len,
-                           int square) {
+static float chunk_partial(enum tz_dtype dt, const void *x, size_t begin, size_t len, int square) {
   float lane[32] = {0};
   for (size_t i = 0; i < len; i++) {
     float v = ld(dt, x, begin + i);
@@ -326,8 +316,8 @@ static int cpu_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const 
   return 0;
 }
 
-static int cpu_embedding_bwd(void *ctx, void *dwte, const void *dout, const int32_t *tokens,
-                             int N, int C, int V) {
+static int cpu_embedding_bwd(void *ctx, void *dwte, const void *dout, const int32_t *tokens, int N,
+                             int C, int V) {
   struct cpu *c = ctx;
   TZ_CHECK(check_tokens("embedding_bwd", tokens, N, V));
   /* Group the rows by token with a stable counting sort: start[v] .. start[v+1] lists, in
@@ -528,10 +518,10 @@ static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *del
   float *dqf = dq, *dkf = dk, *dvf = dv;
   int group = H / Hkv;
   float scale = 1.0f / sqrtf((float)D);
-#define Q_AT(b, t, h) (qf + (((size_t)(b) * T + (t)) * H + (h)) * D)
-#define DO_AT(b, t, h) (dof + (((size_t)(b) * T + (t)) * H + (h)) * D)
-#define K_AT(b, t, h) (kf + (((size_t)(b) * T + (t)) * Hkv + (h)) * D)
-#define V_AT(b, t, h) (vf + (((size_t)(b) * T + (t)) * Hkv + (h)) * D)
+#define Q_AT(b, t, h) (qf + (((size_t)(b)*T + (t)) * H + (h)) * D)
+#define DO_AT(b, t, h) (dof + (((size_t)(b)*T + (t)) * H + (h)) * D)
+#define K_AT(b, t, h) (kf + (((size_t)(b)*T + (t)) * Hkv + (h)) * D)
+#define V_AT(b, t, h) (vf + (((size_t)(b)*T + (t)) * Hkv + (h)) * D)
   /* With p = exp(s - lse), dp = dout_t . v_u and delta_t = dout_t . out_t, the score gradient is
    * ds = p (dp - delta_t); dq_t = scale sum_u ds k_u, dk_u = scale sum_{h,t} ds q_t and
    * dv_u = sum_{h,t} p dout_t. Pass 1 owns query rows, pass 2 owns key rows, and each recomputes

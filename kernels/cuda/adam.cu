@@ -201,8 +201,8 @@ void launch(const Consts &c, float *p, float *m, float *v, const void *g, void *
 }
 
 template <int G>
-void launch_copy(int cdt, const Consts &c, float *p, float *m, float *v, const void *g,
-                 void *copy, size_t n, cudaStream_t s, int sms) {
+void launch_copy(int cdt, const Consts &c, float *p, float *m, float *v, const void *g, void *copy,
+                 size_t n, cudaStream_t s, int sms) {
   switch (cdt) {
   case TZ_F32: launch<G, TZ_F32>(c, p, m, v, g, copy, n, s, sms); break;
   case TZ_BF16: launch<G, TZ_BF16>(c, p, m, v, g, copy, n, s, sms); break;
@@ -218,8 +218,10 @@ extern "C" int tz_adam_cuda(const struct tz_adam_params *hp, float *master, floa
                             enum tz_dtype copy_dtype, size_t n, void *cuda_stream) {
   TZ_CHECK(tz_adam_params_check(hp));
   if (n && (!master || !m || !v || !grad))
-    return tz_err_set(TZ_EINVAL, "adam (cuda): NULL array (master %p, m %p, v %p, grad %p) for "
-                      "%zu elements", (void *)master, (void *)m, (void *)v, grad, n);
+    return tz_err_set(TZ_EINVAL,
+                      "adam (cuda): NULL array (master %p, m %p, v %p, grad %p) for "
+                      "%zu elements",
+                      (void *)master, (void *)m, (void *)v, grad, n);
   if (grad_dtype != TZ_F32 && grad_dtype != TZ_BF16 && grad_dtype != TZ_F16)
     return tz_err_set(TZ_EINVAL, "adam (cuda): gradient dtype %d is not f32, bf16 or f16",
                       (int)grad_dtype);
@@ -230,9 +232,10 @@ extern "C" int tz_adam_cuda(const struct tz_adam_params *hp, float *master, floa
   if (!aligned(master, 4) || !aligned(m, 4) || !aligned(v, 4) ||
       !aligned(grad, tz_dtype_size(grad_dtype)) ||
       (param_copy && !aligned(param_copy, tz_dtype_size(copy_dtype))))
-    return tz_err_set(TZ_EINVAL, "adam (cuda): an array is not aligned to its element size "
-                      "(master %p, m %p, v %p, grad %p, copy %p)", (void *)master, (void *)m,
-                      (void *)v, grad, param_copy);
+    return tz_err_set(TZ_EINVAL,
+                      "adam (cuda): an array is not aligned to its element size "
+                      "(master %p, m %p, v %p, grad %p, copy %p)",
+                      (void *)master, (void *)m, (void *)v, grad, param_copy);
   if (n == 0)
     return 0;
   int dev = 0, sms = 0;

@@ -3,8 +3,8 @@
  * Two implementations. attention_mma.cu has the tensor-core kernels for 16-bit storage and head
  * dims that are multiples of 4 up to 128 (the shapes that matter for speed). This file has plain
  * float kernels for every other case (f32 storage, other head dims) and for checking the
- * tensor-core ones (TZ_CUDA_ATTENTION=simple selects them everywhere). Both have the same structure:
- *   forward   one block per (query tile, head, batch): key/value tiles pass through shared
+ * tensor-core ones (TZ_CUDA_ATTENTION=simple selects them everywhere). Both have the same
+ * structure: forward   one block per (query tile, head, batch): key/value tiles pass through shared
  *             memory, an online softmax keeps each row's max and sum in float, and the row's
  *             logsumexp is saved for backward;
  *   backward  delta = rowsum(dout * out) first; then one pass per query tile recomputes the
@@ -18,8 +18,8 @@
 
 #include "kernels/cuda/common.cuh"
 
-#define BQ 32       /* query rows per tile */
-#define BK 32       /* key rows per tile */
+#define BQ 32 /* query rows per tile */
+#define BK 32 /* key rows per tile */
 #define THREADS 256
 
 /* A (rows, D) tile of x (row t at base + t * stride) into float shared memory with row pitch
@@ -44,18 +44,18 @@ __device__ __forceinline__ float dot_f(const float *a, const float *b, int D) {
 
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
-attn_fwd_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H, int Hkv,
-                int D, float scale) {
+    attn_fwd_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H, int Hkv,
+                    int D, float scale) {
   extern __shared__ float smem[];
-  const int DP = D + 1; /* key and value rows padded: threads of a warp read different rows */
-  float *sQ = smem;               /* (BQ, D) */
-  float *sO = sQ + BQ * D;        /* (BQ, D) unnormalised output */
-  float *sK = sO + BQ * D;        /* (BK, DP) */
-  float *sV = sK + BK * DP;       /* (BK, DP) */
-  float *sS = sV + BK * DP;       /* (BQ, BK) scores, then probabilities */
-  float *sM = sS + BQ * BK;       /* (BQ) running max */
-  float *sL = sM + BQ;            /* (BQ) running sum */
-  float *sA = sL + BQ;            /* (BQ) rescale factor of this tile */
+  const int DP = D + 1;     /* key and value rows padded: threads of a warp read different rows */
+  float *sQ = smem;         /* (BQ, D) */
+  float *sO = sQ + BQ * D;  /* (BQ, D) unnormalised output */
+  float *sK = sO + BQ * D;  /* (BK, DP) */
+  float *sV = sK + BK * DP; /* (BK, DP) */
+  float *sS = sV + BK * DP; /* (BQ, BK) scores, then probabilities */
+  float *sM = sS + BQ * BK; /* (BQ) running max */
+  float *sL = sM + BQ;      /* (BQ) running sum */
+  float *sA = sL + BQ;      /* (BQ) rescale factor of this tile */
   const int qt = gridDim.x - 1 - blockIdx.x; /* the longest rows first */
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
   const int i0 = qt * BQ;
@@ -79,8 +79,7 @@ attn_fwd_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, 
     __syncthreads();
     for (int e = threadIdx.x; e < BQ * BK; e += blockDim.x) {
       int i = e / BK, j = e % BK, ti = i0 + i, tj = j0 + j;
-      sS[e] = tj <= ti && ti < T_ ? __fmul_rn(dot_f(sQ + i * D, sK + j * DP, D), scale)
-                                  : -INFINITY;
+      sS[e] = tj <= ti && ti < T_ ? __fmul_rn(dot_f(sQ + i * D, sK + j * DP, D), scale) : -INFINITY;
     }
     __syncthreads();
     if (threadIdx.x < BQ) {
@@ -155,8 +154,8 @@ __global__ void attn_delta_kernel(float *delta, const T *dout, const T *out, int
 /* dq for one (query tile, head, batch): dq_t = scale sum_u p (dp - delta_t) k_u. */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
-attn_bwd_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
-                   const float *delta, int T_, int H, int Hkv, int D, float scale) {
+    attn_bwd_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
+                       const float *delta, int T_, int H, int Hkv, int D, float scale) {
   extern __shared__ float smem[];
   const int DP = D + 1;
   float *sQ = smem;          /* (BQ, D) */
@@ -226,19 +225,19 @@ attn_bwd_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, con
  * increasing h, and within a head over queries t >= u in increasing t, as the cpu backend. */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
-attn_bwd_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
-                     const float *lse, const float *delta, int T_, int H, int Hkv, int D,
-                     float scale) {
+    attn_bwd_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
+                         const float *lse, const float *delta, int T_, int H, int Hkv, int D,
+                         float scale) {
   extern __shared__ float smem[];
   const int DP = D + 1;
-  float *sK = smem;            /* (BK, D) */
-  float *sV = sK + BK * D;     /* (BK, D) */
-  float *sdK = sV + BK * D;    /* (BK, D) */
-  float *sdV = sdK + BK * D;   /* (BK, D) */
-  float *sQ = sdV + BK * D;    /* (BQ, DP) */
-  float *sdO = sQ + BQ * DP;   /* (BQ, DP) */
-  float *sP = sdO + BQ * DP;   /* (BK, BQ) p */
-  float *sW = sP + BK * BQ;    /* (BK, BQ) ds * scale */
+  float *sK = smem;          /* (BK, D) */
+  float *sV = sK + BK * D;   /* (BK, D) */
+  float *sdK = sV + BK * D;  /* (BK, D) */
+  float *sdV = sdK + BK * D; /* (BK, D) */
+  float *sQ = sdV + BK * D;  /* (BQ, DP) */
+  float *sdO = sQ + BQ * DP; /* (BQ, DP) */
+  float *sP = sdO + BQ * DP; /* (BK, BQ) p */
+  float *sW = sP + BK * BQ;  /* (BK, BQ) ds * scale */
   float *sLse = sW + BK * BQ;
   float *sDel = sLse + BQ;
   const int j0 = blockIdx.x * BK, hk = blockIdx.y, b = blockIdx.z;
@@ -313,8 +312,7 @@ static size_t dq_smem(int D) {
   return sizeof(float) * ((size_t)3 * BQ * D + (size_t)2 * BK * (D + 1) + BQ * BK + 2 * BQ);
 }
 static size_t dkdv_smem(int D) {
-  return sizeof(float) *
-         ((size_t)4 * BK * D + (size_t)2 * BQ * (D + 1) + 2 * BK * BQ + 2 * BQ);
+  return sizeof(float) * ((size_t)4 * BK * D + (size_t)2 * BQ * (D + 1) + 2 * BK * BQ + 2 * BQ);
 }
 
 /* Grants a kernel the dynamic shared memory it needs, or says why it cannot have it. */
@@ -356,10 +354,9 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
   });
 }
 
-int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
-                          const void *dout, const void *q, const void *k, const void *v,
-                          const void *out, const float *lse, int B, int T, int H, int Hkv,
-                          int D) {
+int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
+                          const void *q, const void *k, const void *v, const void *out,
+                          const float *lse, int B, int T, int H, int Hkv, int D) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
   size_t rows = (size_t)B * T * H;

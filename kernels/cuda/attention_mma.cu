@@ -16,13 +16,13 @@
  *
  * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
  * c = lane % 4:
- *   A (16x16, row-major)  a0: (g, 2c..2c+1)  a1: (g+8, 2c..2c+1)  a2: (g, 2c+8..)  a3: (g+8, 2c+8..)
- *   B (16x8, k by n)      b0: (k 2c..2c+1, n g)  b1: (k 2c+8..2c+9, n g)
- *   C (16x8, float)       c0, c1: (g, 2c), (g, 2c+1)   c2, c3: (g+8, 2c), (g+8, 2c+1)
- * Two C tiles side by side, (16, 16), hold exactly the values an A fragment of the same 16x16
- * block needs, in the same threads: a0 = (C0.c0, C0.c1), a1 = (C0.c2, C0.c3), a2 = (C1.c0, C1.c1),
- * a3 = (C1.c2, C1.c3). That is how probabilities computed as a product's output become the next
- * product's input without leaving registers (pack_a below).
+ *   A (16x16, row-major)  a0: (g, 2c..2c+1)  a1: (g+8, 2c..2c+1)  a2: (g, 2c+8..)  a3: (g+8,
+ * 2c+8..) B (16x8, k by n)      b0: (k 2c..2c+1, n g)  b1: (k 2c+8..2c+9, n g) C (16x8, float) c0,
+ * c1: (g, 2c), (g, 2c+1)   c2, c3: (g+8, 2c), (g+8, 2c+1) Two C tiles side by side, (16, 16), hold
+ * exactly the values an A fragment of the same 16x16 block needs, in the same threads: a0 = (C0.c0,
+ * C0.c1), a1 = (C0.c2, C0.c3), a2 = (C1.c0, C1.c1), a3 = (C1.c2, C1.c3). That is how probabilities
+ * computed as a product's output become the next product's input without leaving registers (pack_a
+ * below).
  *
  * Each warp owns 16 rows of its block's tile (query rows in forward and dq, key rows in dk/dv),
  * so row statistics live in the 4 threads of a quad and are combined with two xor shuffles. Tiles
@@ -112,8 +112,7 @@ __device__ __forceinline__ void load_tile(T *s, const T *base, size_t stride, in
   }
 }
 
-template <typename T>
-__device__ __forceinline__ void store_pair(T *p, float lo, float hi) {
+template <typename T> __device__ __forceinline__ void store_pair(T *p, float lo, float hi) {
   uint32_t u = mma16<T>::pack(lo, hi);
   memcpy(p, &u, 4);
 }
@@ -137,15 +136,15 @@ template <typename W> constexpr size_t fwd_smem_bytes() {
 
 template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
-attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H,
-                    int Hkv, int D_, float scale_log2) {
+    attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H,
+                        int Hkv, int D_, float scale_log2) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP; /* the head dim; tile columns D..DP-1 are zero */
   constexpr int KD = DP / 16, ND = DP / 8, NS = FWD_BN / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T *sQ = (T *)smem_raw;       /* (BM, P) */
-  T *sK = sQ + FWD_BM * P;     /* 2 x (BN, P) */
-  T *sV = sK + 2 * FWD_BN * P; /* 2 x (BN, P) */
+  T *sQ = (T *)smem_raw;                     /* (BM, P) */
+  T *sK = sQ + FWD_BM * P;                   /* 2 x (BN, P) */
+  T *sV = sK + 2 * FWD_BN * P;               /* 2 x (BN, P) */
   const int qt = gridDim.x - 1 - blockIdx.x; /* the longest rows first */
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
   const int q0 = qt * FWD_BM;
@@ -297,9 +296,9 @@ template <typename W> constexpr size_t dq_smem_bytes() {
 
 template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
-attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
-                       const float *lse, const float *delta, int T_, int H, int Hkv, int D_,
-                       float scale, float scale_log2) {
+    attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
+                           const float *lse, const float *delta, int T_, int H, int Hkv, int D_,
+                           float scale, float scale_log2) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP;
   constexpr int KD = DP / 16, ND = DP / 8, NS = DQ_BN / 8;
@@ -432,17 +431,17 @@ template <typename W> constexpr size_t dkdv_smem_bytes() {
 
 template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
-attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
-                         const float *lse, const float *delta, int T_, int H, int Hkv, int D_,
-                         float scale, float scale_log2) {
+    attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
+                             const float *lse, const float *delta, int T_, int H, int Hkv, int D_,
+                             float scale, float scale_log2) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP;
   constexpr int KD = DP / 16, ND = DP / 8, NS = KV_BM / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T *sK = (T *)smem_raw;         /* (BN, P) */
-  T *sV = sK + KV_BN * P;        /* (BN, P) */
-  T *sQ = sV + KV_BN * P;        /* 2 x (BM, P) */
-  T *sdO = sQ + 2 * KV_BM * P;   /* 2 x (BM, P) */
+  T *sK = (T *)smem_raw;                      /* (BN, P) */
+  T *sV = sK + KV_BN * P;                     /* (BN, P) */
+  T *sQ = sV + KV_BN * P;                     /* 2 x (BM, P) */
+  T *sdO = sQ + 2 * KV_BM * P;                /* 2 x (BM, P) */
   float *sL = (float *)(sdO + 2 * KV_BM * P); /* 2 x (BM): lse * log2(e), 0 past T */
   float *sD = sL + 2 * KV_BM;                 /* 2 x (BM): delta, 0 past T */
   const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -586,8 +585,8 @@ int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const vo
                              (int)smem));
   dim3 grid((unsigned)((T + FWD_BM - 1) / FWD_BM), (unsigned)H, (unsigned)B);
   float scale_log2 = 1.0f / sqrtf((float)D) * LOG2E;
-  kern<<<grid, NTHREADS, smem, c->stream>>>((E *)out, lse, (const E *)q, (const E *)k,
-                                            (const E *)v, T, H, Hkv, D, scale_log2);
+  kern<<<grid, NTHREADS, smem, c->stream>>>((E *)out, lse, (const E *)q, (const E *)k, (const E *)v,
+                                            T, H, Hkv, D, scale_log2);
   TZ_CU_LAUNCHED();
   return 0;
 }
@@ -606,14 +605,14 @@ int launch_bwd(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *del
   float scale = 1.0f / sqrtf((float)D);
   float scale_log2 = scale * LOG2E;
   dim3 grid_q((unsigned)((T + DQ_BM - 1) / DQ_BM), (unsigned)H, (unsigned)B);
-  kq<<<grid_q, NTHREADS, smem_q, c->stream>>>((E *)dq, (const E *)dout, (const E *)q,
-                                              (const E *)k, (const E *)v, lse, delta, T, H, Hkv,
-                                              D, scale, scale_log2);
+  kq<<<grid_q, NTHREADS, smem_q, c->stream>>>((E *)dq, (const E *)dout, (const E *)q, (const E *)k,
+                                              (const E *)v, lse, delta, T, H, Hkv, D, scale,
+                                              scale_log2);
   TZ_CU_LAUNCHED();
   dim3 grid_kv((unsigned)((T + KV_BN - 1) / KV_BN), (unsigned)Hkv, (unsigned)B);
   kkv<<<grid_kv, NTHREADS, smem_kv, c->stream>>>((E *)dk, (E *)dv, (const E *)dout, (const E *)q,
-                                                 (const E *)k, (const E *)v, lse, delta, T, H,
-                                                 Hkv, D, scale, scale_log2);
+                                                 (const E *)k, (const E *)v, lse, delta, T, H, Hkv,
+                                                 D, scale, scale_log2);
   TZ_CU_LAUNCHED();
   return 0;
 }
@@ -624,31 +623,21 @@ int launch_bwd(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *del
 template <typename F> int with_width(int D, bool exact, F f) {
   if (exact) {
     switch (D) {
-    case 32:
-      return f(width<32, false>{});
-    case 64:
-      return f(width<64, false>{});
-    case 128:
-      return f(width<128, false>{});
-    default:
-      break;
+    case 32: return f(width<32, false>{});
+    case 64: return f(width<64, false>{});
+    case 128: return f(width<128, false>{});
+    default: break;
     }
   }
   switch ((D + 15) / 16) {
   case 1:
-  case 2:
-    return f(width<32, true>{});
+  case 2: return f(width<32, true>{});
   case 3: /* head dims between 32 and 64 are rare: one width for them */
-  case 4:
-    return f(width<64, true>{});
-  case 5:
-    return f(width<80, true>{});
-  case 6:
-    return f(width<96, true>{});
-  case 7:
-    return f(width<112, true>{});
-  default:
-    return f(width<128, true>{});
+  case 4: return f(width<64, true>{});
+  case 5: return f(width<80, true>{});
+  case 6: return f(width<96, true>{});
+  case 7: return f(width<112, true>{});
+  default: return f(width<128, true>{});
   }
 }
 
@@ -686,10 +675,9 @@ int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const vo
   });
 }
 
-int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv,
-                              const float *delta, const void *dout, const void *q, const void *k,
-                              const void *v, const float *lse, int B, int T, int H, int Hkv,
-                              int D) {
+int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
+                              const void *dout, const void *q, const void *k, const void *v,
+                              const float *lse, int B, int T, int H, int Hkv, int D) {
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
   int route = mma_route(c, D, ts, 7);
   if (!route)

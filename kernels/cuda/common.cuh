@@ -42,7 +42,7 @@ extern "C" {
 enum {
   TZ_CUDA_BAD_EMBED_FWD = 1, /* a token outside [0, V) */
   TZ_CUDA_BAD_EMBED_BWD = 2,
-  TZ_CUDA_BAD_TARGET = 3,    /* a cross-entropy target outside [0, V) */
+  TZ_CUDA_BAD_TARGET = 3, /* a cross-entropy target outside [0, V) */
 };
 
 /* Matmul descriptors and the algorithm chosen for one shape (matmul.cu). */
@@ -50,27 +50,27 @@ struct tz_cuda_mm_entry;
 
 struct tz_cuda {
   int device;
-  enum tz_dtype S;           /* storage dtype */
-  enum tz_dtype G;           /* gradient dtype: S or TZ_F32 */
-  int n_sm;                  /* multiprocessors, for grid sizes */
-  size_t smem_optin;         /* the most shared memory one block may ask for */
-  int attn_simple;           /* TZ_CUDA_ATTENTION=simple: the plain kernels for every shape */
-  int mm_plain;              /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
-  cudaStream_t stream;       /* where all work goes: params.stream, or the instance's own */
-  int stream_borrowed;       /* stream came from params.stream: never destroyed here */
+  enum tz_dtype S;     /* storage dtype */
+  enum tz_dtype G;     /* gradient dtype: S or TZ_F32 */
+  int n_sm;            /* multiprocessors, for grid sizes */
+  size_t smem_optin;   /* the most shared memory one block may ask for */
+  int attn_simple;     /* TZ_CUDA_ATTENTION=simple: the plain kernels for every shape */
+  int mm_plain;        /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
+  cudaStream_t stream; /* where all work goes: params.stream, or the instance's own */
+  int stream_borrowed; /* stream came from params.stream: never destroyed here */
   cublasLtHandle_t lt;
-  void *workspace;           /* cuBLASLt workspace, allocated once */
+  void *workspace; /* cuBLASLt workspace, allocated once */
   size_t workspace_bytes;
   struct tz_cuda_mm_entry *mm; /* open-addressing table of chosen algorithms */
   size_t mm_cap, mm_count;
-  void *scratch;             /* per-operation scratch (partial sums, tables), grown on demand */
+  void *scratch; /* per-operation scratch (partial sums, tables), grown on demand */
   size_t scratch_bytes;
-  float2 *rope_cs;           /* (T, D/2) cos and sin for the last (T, D, theta) */
-  size_t rope_cap;           /* entries allocated */
+  float2 *rope_cs; /* (T, D/2) cos and sin for the last (T, D, theta) */
+  size_t rope_cap; /* entries allocated */
   int rope_T, rope_D;
   float rope_theta;
-  int *err_dev;              /* device: {code, index, value, limit} of the first bad input */
-  int *err_host;             /* pinned host copy of it, read at sync */
+  int *err_dev;  /* device: {code, index, value, limit} of the first bad input */
+  int *err_host; /* pinned host copy of it, read at sync */
 };
 
 /* Returns scratch of at least bytes, 256-byte aligned, valid until the next call. Growing it
@@ -108,12 +108,9 @@ template <> __device__ __forceinline__ __half tz_st<__half>(float x) {
 /* Calls f with a value of the C++ type of dt: f(float()), f(__nv_bfloat16()) or f(__half()). */
 template <typename F> static inline int tz_cuda_dispatch(enum tz_dtype dt, F f) {
   switch (dt) {
-  case TZ_F32:
-    return f(float());
-  case TZ_BF16:
-    return f(__nv_bfloat16());
-  case TZ_F16:
-    return f(__half());
+  case TZ_F32: return f(float());
+  case TZ_BF16: return f(__nv_bfloat16());
+  case TZ_F16: return f(__half());
   }
   return tz_err_set(TZ_EINVAL, "cuda: invalid dtype %d", (int)dt);
 }
@@ -152,15 +149,15 @@ int tz_cuda_fill(void *ctx, enum tz_dtype dt, void *x, float value, size_t n);
 int tz_cuda_scale(void *ctx, enum tz_dtype dt, void *x, float alpha, size_t n);
 int tz_cuda_axpy(void *ctx, enum tz_dtype dt, void *y, float alpha, const void *x, size_t n);
 int tz_cuda_add(void *ctx, enum tz_dtype dt, void *out, const void *a, const void *b, size_t n);
-int tz_cuda_cast(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src,
-                 enum tz_dtype src_dt, size_t n);
+int tz_cuda_cast(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src, enum tz_dtype src_dt,
+                 size_t n);
 int tz_cuda_swiglu_fwd(void *ctx, void *out, const void *g, const void *u, size_t n);
 int tz_cuda_swiglu_bwd(void *ctx, void *dg, void *du, const void *dout, const void *g,
                        const void *u, size_t n);
 int tz_cuda_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
                 int accumulate);
-int tz_cuda_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *x,
-                           size_t seg_len, size_t n_seg);
+int tz_cuda_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t seg_len,
+                           size_t n_seg);
 int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
                    const void *A, int lda, const void *B, int ldb, float beta, void *C,
                    enum tz_dtype c_dt, int ldc);
@@ -176,9 +173,9 @@ int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const v
 int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inverse);
 int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
                           const void *v, int B, int T, int H, int Hkv, int D);
-int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
-                          const void *dout, const void *q, const void *k, const void *v,
-                          const void *out, const float *lse, int B, int T, int H, int Hkv, int D);
+int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
+                          const void *q, const void *k, const void *v, const void *out,
+                          const float *lse, int B, int T, int H, int Hkv, int D);
 int tz_cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits,
                  const int32_t *targets, int N, int V, float dscale);
 
@@ -187,9 +184,8 @@ int tz_cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits,
  * handle the call, so attention.cu falls back to the plain kernels. */
 int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const void *q,
                               const void *k, const void *v, int B, int T, int H, int Hkv, int D);
-int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv,
-                              const float *delta, const void *dout, const void *q, const void *k,
-                              const void *v, const float *lse, int B, int T, int H, int Hkv,
-                              int D);
+int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
+                              const void *dout, const void *q, const void *k, const void *v,
+                              const float *lse, int B, int T, int H, int Hkv, int D);
 
 #endif

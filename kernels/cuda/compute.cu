@@ -66,8 +66,8 @@ static void cuda_destroy(void *ctx) {
  * memory (atomics on mapped host memory are not atomic across PCIe on every machine) and comes
  * back through a small pinned buffer on the stream. */
 static int take_device_error(struct tz_cuda *c) {
-  TZ_CU(cudaMemcpyAsync(c->err_host, c->err_dev, 4 * sizeof(int), cudaMemcpyDeviceToHost,
-                        c->stream));
+  TZ_CU(
+      cudaMemcpyAsync(c->err_host, c->err_dev, 4 * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
   TZ_CU(cudaStreamSynchronize(c->stream));
   int code = c->err_host[0];
   if (!code)
@@ -98,8 +98,7 @@ static int cuda_alloc(void *ctx, size_t bytes, void **out) {
   cudaError_t e = cudaMalloc(out, bytes);
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
-    return tz_err_set(TZ_ENOMEM, "compute cuda: cannot allocate %zu bytes of device memory",
-                      bytes);
+    return tz_err_set(TZ_ENOMEM, "compute cuda: cannot allocate %zu bytes of device memory", bytes);
   }
   TZ_CU(e);
   return 0;
@@ -137,8 +136,8 @@ static int cuda_zero(void *ctx, void *dst, size_t bytes) {
   return 0;
 }
 
-static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, float *m,
-                     float *v, const void *grad, enum tz_dtype grad_dtype, void *param_copy,
+static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, float *m, float *v,
+                     const void *grad, enum tz_dtype grad_dtype, void *param_copy,
                      enum tz_dtype copy_dtype, size_t n) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_adam_cuda(p, master, m, v, grad, grad_dtype, param_copy, copy_dtype, n, c->stream);
@@ -221,8 +220,8 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
     int dev = -1;
     TZ_CU(cudaStreamGetDevice(s, &dev));
     if (dev != c->device)
-      return tz_err_set(TZ_EINVAL, "compute cuda: params.stream belongs to device %d, not %d",
-                        dev, c->device);
+      return tz_err_set(TZ_EINVAL, "compute cuda: params.stream belongs to device %d, not %d", dev,
+                        c->device);
     c->stream = s;
     c->stream_borrowed = 1;
   } else {

@@ -83,8 +83,8 @@ int tz_cuda_axpy(void *ctx, enum tz_dtype dt, void *y, float alpha, const void *
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(dt, [&](auto tag) {
     using T = decltype(tag);
-    axpy_kernel<T><<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>((T *)y, alpha,
-                                                                          (const T *)x, n);
+    axpy_kernel<T>
+        <<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>((T *)y, alpha, (const T *)x, n);
     TZ_CU_LAUNCHED();
     return 0;
   });
@@ -94,27 +94,27 @@ int tz_cuda_add(void *ctx, enum tz_dtype dt, void *out, const void *a, const voi
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(dt, [&](auto tag) {
     using T = decltype(tag);
-    add_kernel<T><<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>(
-        (T *)out, (const T *)a, (const T *)b, n);
+    add_kernel<T><<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>((T *)out, (const T *)a,
+                                                                          (const T *)b, n);
     TZ_CU_LAUNCHED();
     return 0;
   });
 }
 
-int tz_cuda_cast(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src,
-                 enum tz_dtype src_dt, size_t n) {
+int tz_cuda_cast(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src, enum tz_dtype src_dt,
+                 size_t n) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   if (dst_dt == src_dt) {
-    TZ_CU(cudaMemcpyAsync(dst, src, n * tz_dtype_size(dst_dt), cudaMemcpyDeviceToDevice,
-                          c->stream));
+    TZ_CU(
+        cudaMemcpyAsync(dst, src, n * tz_dtype_size(dst_dt), cudaMemcpyDeviceToDevice, c->stream));
     return 0;
   }
   return tz_cuda_dispatch(dst_dt, [&](auto dtag) {
     using TD = decltype(dtag);
     return tz_cuda_dispatch(src_dt, [&](auto stag) {
       using TS = decltype(stag);
-      cast_kernel<TD, TS><<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>(
-          (TD *)dst, (const TS *)src, n);
+      cast_kernel<TD, TS>
+          <<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>((TD *)dst, (const TS *)src, n);
       TZ_CU_LAUNCHED();
       return 0;
     });

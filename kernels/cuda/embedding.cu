@@ -49,8 +49,8 @@ __global__ void embedding_keys_kernel(uint64_t *keys, const int32_t *tokens, int
  * of the run for this tile's columns, in increasing position, in float, and adds the sum onto
  * dwte[v] once (compute.h: an accumulating op adds its whole contribution once per element). */
 template <typename TG, typename TS>
-__global__ void embedding_bwd_kernel(TG *dwte, const TS *dout, const uint64_t *sorted, int N,
-                                     int C, int V) {
+__global__ void embedding_bwd_kernel(TG *dwte, const TS *dout, const uint64_t *sorted, int N, int C,
+                                     int V) {
   int i = blockIdx.x;
   uint32_t v = (uint32_t)(sorted[i] >> 32);
   if (v >= (uint32_t)V || (i > 0 && (uint32_t)(sorted[i - 1] >> 32) == v))
@@ -87,8 +87,8 @@ int tz_cuda_embedding_bwd(void *ctx, void *dwte, const void *dout, const int32_t
     return 0;
   /* Scratch: the keys, the sorted keys, then the sort's own temporary storage. */
   size_t sort_bytes = 0, keys_bytes = ((size_t)N * sizeof(uint64_t) + 255) / 256 * 256;
-  TZ_CU(cub::DeviceRadixSort::SortKeys(NULL, sort_bytes, (const uint64_t *)NULL,
-                                       (uint64_t *)NULL, N, 0, 64, c->stream));
+  TZ_CU(cub::DeviceRadixSort::SortKeys(NULL, sort_bytes, (const uint64_t *)NULL, (uint64_t *)NULL,
+                                       N, 0, 64, c->stream));
   void *scratch;
   TZ_CHECK(tz_cuda_scratch(c, 2 * keys_bytes + sort_bytes, &scratch));
   uint64_t *keys = (uint64_t *)scratch, *sorted = (uint64_t *)((char *)scratch + keys_bytes);
@@ -102,8 +102,8 @@ int tz_cuda_embedding_bwd(void *ctx, void *dwte, const void *dout, const int32_t
     using TG = decltype(gtag);
     return tz_cuda_dispatch(c->S, [&](auto stag) {
       using TS = decltype(stag);
-      embedding_bwd_kernel<TG, TS><<<grid, THREADS, 0, c->stream>>>(
-          (TG *)dwte, (const TS *)dout, sorted, N, C, V);
+      embedding_bwd_kernel<TG, TS>
+          <<<grid, THREADS, 0, c->stream>>>((TG *)dwte, (const TS *)dout, sorted, N, C, V);
       TZ_CU_LAUNCHED();
       return 0;
     });

@@ -118,7 +118,7 @@ static cudaDataType_t cuda_type(int dt) {
 
 static int entry_build(struct tz_cuda *c, struct tz_cuda_mm_entry *e) {
   const struct mm_key *k = &e->key;
-  cublasOperation_t op_first = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* our B */
+  cublasOperation_t op_first = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  /* our B */
   cublasOperation_t op_second = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* our A */
   TZ_LT(cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   TZ_LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
@@ -127,10 +127,10 @@ static int entry_build(struct tz_cuda *c, struct tz_cuda_mm_entry *e) {
                                        sizeof op_second));
   cudaDataType_t st = cuda_type(k->s_dt), ct = cuda_type(k->c_dt);
   /* Stored shapes, column-major (rows, cols): see the top of this file. */
-  TZ_LT(cublasLtMatrixLayoutCreate(&e->la, st, k->trans_b ? k->K : k->N,
-                                   k->trans_b ? k->N : k->K, k->ldb));
-  TZ_LT(cublasLtMatrixLayoutCreate(&e->lb, st, k->trans_a ? k->M : k->K,
-                                   k->trans_a ? k->K : k->M, k->lda));
+  TZ_LT(cublasLtMatrixLayoutCreate(&e->la, st, k->trans_b ? k->K : k->N, k->trans_b ? k->N : k->K,
+                                   k->ldb));
+  TZ_LT(cublasLtMatrixLayoutCreate(&e->lb, st, k->trans_a ? k->M : k->K, k->trans_a ? k->K : k->M,
+                                   k->lda));
   TZ_LT(cublasLtMatrixLayoutCreate(&e->lc, ct, k->N, k->M, k->ldc));
 
   cublasLtMatmulPreference_t pref;
@@ -230,9 +230,8 @@ __global__ void gemm_plain_kernel(int trans_a, int trans_b, int M, int N, int K,
     sA[ty][tx] = ia < M && ka < K
                      ? tz_ld(trans_a ? A[(size_t)ka * lda + ia] : A[(size_t)ia * lda + ka])
                      : 0.0f;
-    sB[ty][tx] = kb < K && j < N
-                     ? tz_ld(trans_b ? B[(size_t)j * ldb + kb] : B[(size_t)kb * ldb + j])
-                     : 0.0f;
+    sB[ty][tx] =
+        kb < K && j < N ? tz_ld(trans_b ? B[(size_t)j * ldb + kb] : B[(size_t)kb * ldb + j]) : 0.0f;
     __syncthreads();
     for (int kk = 0; kk < PT; kk++)
       acc = __fadd_rn(acc, __fmul_rn(sA[ty][kk], sB[kk][tx]));
@@ -245,9 +244,9 @@ __global__ void gemm_plain_kernel(int trans_a, int trans_b, int M, int N, int K,
   }
 }
 
-static int gemm_plain(struct tz_cuda *c, int trans_a, int trans_b, int M, int N, int K,
-                      float alpha, const void *A, int lda, const void *B, int ldb, float beta,
-                      void *C, enum tz_dtype c_dt, int ldc) {
+static int gemm_plain(struct tz_cuda *c, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                      const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                      enum tz_dtype c_dt, int ldc) {
   if ((M + PT - 1) / PT > 65535)
     return tz_err_set(TZ_EINVAL, "compute cuda matmul: M=%d too large for the plain kernel", M);
   dim3 grid((unsigned)((N + PT - 1) / PT), (unsigned)((M + PT - 1) / PT)), block(PT, PT);
@@ -256,8 +255,8 @@ static int gemm_plain(struct tz_cuda *c, int trans_a, int trans_b, int M, int N,
     return tz_cuda_dispatch(c_dt, [&](auto ctag) {
       using TC = decltype(ctag);
       gemm_plain_kernel<T, TC><<<grid, block, 0, c->stream>>>(trans_a, trans_b, M, N, K, alpha,
-                                                              (const T *)A, lda, (const T *)B,
-                                                              ldb, beta, (TC *)C, ldc);
+                                                              (const T *)A, lda, (const T *)B, ldb,
+                                                              beta, (TC *)C, ldc);
       TZ_CU_LAUNCHED();
       return 0;
     });
@@ -273,8 +272,8 @@ int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, flo
       return 0;
     return tz_cuda_dispatch(c_dt, [&](auto tag) {
       using T = decltype(tag);
-      scale_c_kernel<T><<<tz_cuda_grid(c, (size_t)M * N, 256), 256, 0, c->stream>>>(
-          (T *)C, M, N, ldc, beta);
+      scale_c_kernel<T>
+          <<<tz_cuda_grid(c, (size_t)M * N, 256), 256, 0, c->stream>>>((T *)C, M, N, ldc, beta);
       TZ_CU_LAUNCHED();
       return 0;
     });

@@ -70,15 +70,15 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p) {
 
 /* 16 bytes global -> shared; with src_bytes 0 the destination is zero-filled and nothing read. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(src_bytes)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(src_bytes)
                : "memory");
 }
 /* 8 bytes global -> shared, through L1 (.cg takes only 16-byte copies); both addresses 8-byte
  * aligned; with src_bytes 0 the destination is zero-filled and nothing read. */
 __device__ __forceinline__ void cp_async8(void *smem, const void *gmem, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(src_bytes)
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(src_bytes)
                : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {

@@ -69,8 +69,8 @@ static int launch_level(struct tz_cuda *c, const T *x, size_t n, int square, flo
   size_t blocks = (n_chunks(n) + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK;
   if (blocks > 0x7fffffffu)
     return tz_err_set(TZ_EINVAL, "compute cuda sum: %zu elements is too many", n);
-  sum_level_kernel<T><<<(unsigned)blocks, THREADS, 0, c->stream>>>(x, n, square, partials, out,
-                                                                    accumulate);
+  sum_level_kernel<T>
+      <<<(unsigned)blocks, THREADS, 0, c->stream>>>(x, n, square, partials, out, accumulate);
   TZ_CU_LAUNCHED();
   return 0;
 }
@@ -93,8 +93,7 @@ int tz_cuda_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n
   float *bufs[2] = {(float *)scratch, scratch ? (float *)((char *)scratch + off1) : NULL};
   int rc = tz_cuda_dispatch(dt, [&](auto tag) {
     using T = decltype(tag);
-    return launch_level<T>(c, (const T *)x, n, square, bufs[0], n0 == 1 ? out : NULL,
-                           accumulate);
+    return launch_level<T>(c, (const T *)x, n, square, bufs[0], n0 == 1 ? out : NULL, accumulate);
   });
   TZ_CHECK(rc);
   /* Each further level reads one buffer and writes the other; a level's partials are at most
@@ -155,7 +154,7 @@ __global__ void sumsq_segments_kernel(const T *x, size_t seg_len, float *scratch
   }
   block_level(x + seg * seg_len, seg_len, 1, cur, o);
   size_t len = nc;
-  while (len > 1) { /* len is the same for the whole block, so every thread reaches the barrier */
+  while (len > 1) {  /* len is the same for the whole block, so every thread reaches the barrier */
     __syncthreads(); /* the level's partials, shared or global, are visible to the whole block */
     block_level<float>(cur, len, 0, next, o);
     float *t = cur;
@@ -165,8 +164,8 @@ __global__ void sumsq_segments_kernel(const T *x, size_t seg_len, float *scratch
   }
 }
 
-int tz_cuda_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *x,
-                           size_t seg_len, size_t n_seg) {
+int tz_cuda_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t seg_len,
+                           size_t n_seg) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   if (n_seg > 0x7fffffffu)
     return tz_err_set(TZ_EINVAL, "compute cuda sumsq_segments: %zu segments is too many", n_seg);
@@ -183,8 +182,8 @@ int tz_cuda_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *
   unsigned warps = nc < WARPS_PER_BLOCK ? (nc ? (unsigned)nc : 1u) : WARPS_PER_BLOCK;
   return tz_cuda_dispatch(dt, [&](auto tag) {
     using T = decltype(tag);
-    sumsq_segments_kernel<T><<<(unsigned)n_seg, warps * 32, 0, c->stream>>>(
-        (const T *)x, seg_len, scratch, stride, out);
+    sumsq_segments_kernel<T><<<(unsigned)n_seg, warps * 32, 0, c->stream>>>((const T *)x, seg_len,
+                                                                            scratch, stride, out);
     TZ_CU_LAUNCHED();
     return 0;
   });

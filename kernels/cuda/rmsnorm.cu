@@ -106,13 +106,14 @@ int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const v
     rmsnorm_bwd_dx_kernel<T><<<(unsigned)N, THREADS, 0, c->stream>>>(
         (T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd, C);
     TZ_CU_LAUNCHED();
-    rmsnorm_bwd_dw_part_kernel<T><<<dim3(col_blocks, (unsigned)n_parts), COL_THREADS, 0,
-                                    c->stream>>>(part, (const T *)dout, (const T *)x, rstd, N, C);
+    rmsnorm_bwd_dw_part_kernel<T>
+        <<<dim3(col_blocks, (unsigned)n_parts), COL_THREADS, 0, c->stream>>>(
+            part, (const T *)dout, (const T *)x, rstd, N, C);
     TZ_CU_LAUNCHED();
     return tz_cuda_dispatch(c->G, [&](auto gtag) {
       using TG = decltype(gtag);
-      rmsnorm_bwd_dw_total_kernel<TG><<<col_blocks, COL_THREADS, 0, c->stream>>>(
-          (TG *)dw, part, n_parts, C);
+      rmsnorm_bwd_dw_total_kernel<TG>
+          <<<col_blocks, COL_THREADS, 0, c->stream>>>((TG *)dw, part, n_parts, C);
       TZ_CU_LAUNCHED();
       return 0;
     });

@@ -51,8 +51,8 @@ static int rope_table(struct tz_cuda *c, int T, int D, float theta) {
     c->rope_cap = entries;
   }
   /* Kernels already queued with the old table run before this one on the stream. */
-  rope_table_kernel<<<tz_cuda_grid(c, entries, THREADS), THREADS, 0, c->stream>>>(c->rope_cs, T,
-                                                                                   D, theta);
+  rope_table_kernel<<<tz_cuda_grid(c, entries, THREADS), THREADS, 0, c->stream>>>(c->rope_cs, T, D,
+                                                                                  theta);
   c->rope_T = 0; /* marked valid only once the launch is known to be accepted */
   TZ_CU_LAUNCHED();
   c->rope_T = T;

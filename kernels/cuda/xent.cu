@@ -49,7 +49,8 @@ __global__ void xent_kernel(float *losses, T *dlogits, const T *logits, const in
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     float x = tz_ld(logits[row + j]);
     if (x > acc.m) {
-      acc.s = acc.m == -INFINITY ? 1.0f : __fadd_rn(__fmul_rn(acc.s, expf(__fsub_rn(acc.m, x))), 1.0f);
+      acc.s =
+          acc.m == -INFINITY ? 1.0f : __fadd_rn(__fmul_rn(acc.s, expf(__fsub_rn(acc.m, x))), 1.0f);
       acc.m = x;
     } else {
       acc.s = __fadd_rn(acc.s, expf(__fsub_rn(x, acc.m)));
@@ -83,9 +84,8 @@ int tz_cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits,
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
-    xent_kernel<T><<<(unsigned)N, THREADS, 0, c->stream>>>(losses, (T *)dlogits,
-                                                            (const T *)logits, targets, V, dscale,
-                                                            c->err_dev);
+    xent_kernel<T><<<(unsigned)N, THREADS, 0, c->stream>>>(losses, (T *)dlogits, (const T *)logits,
+                                                           targets, V, dscale, c->err_dev);
     TZ_CU_LAUNCHED();
     return 0;
   });

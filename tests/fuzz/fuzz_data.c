@@ -75,15 +75,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   snprintf(spec, sizeof spec, "%s%s", mode & 4 ? "text:" : "", path);
   struct tz_data_params p = {.seq_len = T, .seed = x};
   switch (mode & 3) {
-  case 1:
-    p.val_fraction = 0.25;
-    break;
-  case 2:
-    p.val_tokens = (uint64_t)param + 1;
-    break;
-  case 3:
-    p.val_spec = spec;
-    break;
+  case 1: p.val_fraction = 0.25; break;
+  case 2: p.val_tokens = (uint64_t)param + 1; break;
+  case 3: p.val_spec = spec; break;
   }
   tz_data *d = NULL;
   if (tz_data_open(spec, vocab, &p, &d) == 0) {

@@ -132,7 +132,10 @@ static void check_reductions(tz_comm *c, int accum_f32, enum tz_dtype only) {
         long d = ref_first_diff(out, ref, n, es);
         if (d >= 0)
           print_error("reduce_scatter %s n=%zu in_place=%d: first difference at %ld\n",
-                      dt == TZ_F32 ? "f32" : dt == TZ_BF16 ? "bf16" : "f16", n, in_place, d);
+                      dt == TZ_F32    ? "f32"
+                      : dt == TZ_BF16 ? "bf16"
+                                      : "f16",
+                      n, in_place, d);
         assert_int_equal(d, -1);
 
         /* All-reduce: each rank's input is the first n elements of its buffer. */
@@ -366,14 +369,14 @@ int main(int argc, char **argv) {
   if (argc > 1)
     return scenario(argv[1]);
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_world),
-    cmocka_unit_test(test_all_gather),
-    cmocka_unit_test(test_reductions_fp32_accum),
-    cmocka_unit_test(test_reductions_native_accum),
-    cmocka_unit_test(test_broadcast_and_barrier),
-    cmocka_unit_test(test_many_in_flight),
-    cmocka_unit_test(test_after_orders),
-    cmocka_unit_test(test_failed_input),
+      cmocka_unit_test(test_world),
+      cmocka_unit_test(test_all_gather),
+      cmocka_unit_test(test_reductions_fp32_accum),
+      cmocka_unit_test(test_reductions_native_accum),
+      cmocka_unit_test(test_broadcast_and_barrier),
+      cmocka_unit_test(test_many_in_flight),
+      cmocka_unit_test(test_after_orders),
+      cmocka_unit_test(test_failed_input),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -98,8 +98,8 @@ static int check_reductions(tz_comm *c, int native) {
       ref_sum(ref, all, (size_t)me * n, n, P, dt, !native || dt == TZ_F32);
       long d = native && dt != TZ_F32 ? diff_beyond_ulp((uint16_t *)got, (uint16_t *)ref, n)
                                       : ref_first_diff(got, ref, n, es);
-      CHECK(d < 0, "reduce_scatter dt %d n %zu native %d: first difference at %ld", dti, n,
-            native, d);
+      CHECK(d < 0, "reduce_scatter dt %d n %zu native %d: first difference at %ld", dti, n, native,
+            d);
       /* All-reduce, in place. */
       CHECK_CUDA(to_dev(drecv, all[me], n * es));
       CHECK_OK(tz_comm_all_reduce(c, drecv, drecv, n, dt, NULL, &f));
