@@ -144,6 +144,18 @@ void tz_tier_arena_stats(const tz_tier *t, struct tz_arena_stats *out) {
   pthread_mutex_unlock(&o->mu);
 }
 
+void tz_tier_io_stats(const tz_tier *t, struct tz_tier_io_stats *out) {
+  *out = (struct tz_tier_io_stats){
+      .bytes_read = __atomic_load_n(&t->bytes_read, __ATOMIC_RELAXED),
+      .bytes_written = __atomic_load_n(&t->bytes_written, __ATOMIC_RELAXED),
+      .n_reads = __atomic_load_n(&t->n_reads, __ATOMIC_RELAXED),
+      .n_writes = __atomic_load_n(&t->n_writes, __ATOMIC_RELAXED),
+      .csum_errors = __atomic_load_n(&t->csum_errors, __ATOMIC_RELAXED),
+      .resubmits = __atomic_load_n(&t->resubmits, __ATOMIC_RELAXED),
+      .retries = __atomic_load_n(&t->retries, __ATOMIC_RELAXED),
+  };
+}
+
 static void describe(tz_tier *t, uint64_t off, char *buf, size_t len) {
   if (t->ops->describe)
     t->ops->describe(t, off, buf, len);

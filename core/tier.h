@@ -102,6 +102,16 @@ struct tz_arena_stats {
 };
 void tz_tier_arena_stats(const tz_tier *t, struct tz_arena_stats *out);
 
+/* I/O counters since creation: what callers asked for, and what the backend had to do again to
+ * complete it. A resubmission moves the rest of a request the device transferred only in part
+ * (the nvme tier; the fault tier's `short`); a retry resubmits a request refused with -EAGAIN or
+ * interrupted (-EINTR) before it moved anything. */
+struct tz_tier_io_stats {
+  uint64_t bytes_read, bytes_written, n_reads, n_writes, csum_errors;
+  uint64_t resubmits, retries;
+};
+void tz_tier_io_stats(const tz_tier *t, struct tz_tier_io_stats *out);
+
 /* Test mode: random delays of up to max_us (from seed) in the runtime's CPU copy lane, which
  * carries the copies of host-memory tiers; 0 turns them off. The scheduler's jitter sets it. */
 void tz_tier_set_copy_jitter(tz_runtime *rt, int max_us, uint64_t seed);

@@ -57,6 +57,7 @@ struct tz_tier {
   uint32_t *csum;       /* (capacity / io_align) */
   uint64_t *csum_valid; /* bitmap over the same units: written at least once */
   uint64_t bytes_read, bytes_written, n_reads, n_writes, csum_errors; /* atomic */
+  uint64_t resubmits, retries; /* atomic; kept by the backend (tz_tier_io_stats) */
   struct tz_tier *next;                                               /* the runtime's list */
 };
 

@@ -215,6 +215,7 @@ static int fop_issue(struct fop *o) {
         fop_done(o, 0);
         return 0;
       }
+      __atomic_add_fetch(&o->t->resubmits, 1, __ATOMIC_RELAXED);
     }
   }
   tz_fence *inner;

@@ -71,7 +71,6 @@ struct nvme {
   struct fixed fixed[MAX_FIXED];
   int fixed_ok;
   tz_tier *t;
-  uint64_t resubmits; /* short transfers, -EAGAIN, -EINTR */
   /* Injected faults (tiers/fault.c documents the spec): the nth completion is made short or
    * -EAGAIN, to exercise the resubmission path with the real ring. */
   uint64_t completions;
@@ -259,9 +258,12 @@ static void nvme_fini(tz_tier *t) {
     usleep(100);
   }
   tz_progress_remove(tz_runtime_progress(t->rt), nvme_poll, t);
-  if (n->resubmits)
-    TZ_INFO("%s: %llu requests resubmitted (short, -EAGAIN or -EINTR)", t->name,
-            (unsigned long long)n->resubmits);
+  struct tz_tier_io_stats st;
+  tz_tier_io_stats(t, &st);
+  if (st.resubmits || st.retries)
+    TZ_INFO("%s: %llu requests resubmitted after a short transfer, %llu retried after -EAGAIN "
+            "or -EINTR",
+            t->name, (unsigned long long)st.resubmits, (unsigned long long)st.retries);
   io_uring_queue_exit(&n->ring);
   close(n->efd);
   close_files(n);
@@ -427,7 +429,7 @@ static int complete_req(struct nvme *n, struct req *r, int res) {
     res = -EAGAIN;
   struct op *op = r->op;
   if (res == -EAGAIN || res == -EINTR) {
-    n->resubmits++;
+    __atomic_add_fetch(&n->t->retries, 1, __ATOMIC_RELAXED);
     queue_req(n, r);
     return 0;
   }
@@ -444,7 +446,7 @@ static int complete_req(struct nvme *n, struct req *r, int res) {
   }
   r->done += (uint32_t)res;
   if (r->done < r->len) {
-    n->resubmits++;
+    __atomic_add_fetch(&n->t->resubmits, 1, __ATOMIC_RELAXED);
     queue_req(n, r);
     return 0;
   }
