@@ -3,9 +3,13 @@
  * One ring per tier, submitted to from any thread under a lock, reaped by the runtime's
  * progress engine through the ring's eventfd. Every operation is cut into stripe-sized requests;
  * a request that comes back short, or with -EAGAIN or -EINTR, is resubmitted for what is left
- * (one place: reap()). Files are created here (never one that exists), preallocated so that a
- * full disk shows at start, and removed when the tier is destroyed. Host arenas are registered
- * as fixed buffers (in pieces of at most 1 GiB) and used when a request's buffer lies in one. */
+ * (one place: complete_req()). Files are created here (never one that exists) and unlinked at
+ * once: the tier keeps the descriptor, and the kernel frees the space when the last descriptor
+ * closes, however the process ends (kill -9 included). The name is kept as text, for messages.
+ * Files are preallocated so that a full disk shows at start. Older versions kept the name until
+ * destroy; their files of processes no longer running are removed when a tier is created in the
+ * same directory. Host arenas are registered as fixed buffers (in pieces of at most 1 GiB) and
+ * used when a request's buffer lies in one. */
 #define _GNU_SOURCE
 #include "core/error.h"
 #include "core/fence.h"
@@ -20,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/eventfd.h>
 #include <sys/statfs.h>
@@ -49,7 +55,8 @@ struct req {
 
 struct nfile {
   int fd;
-  char path[PATH_MAX];
+  int linked; /* the name could not be unlinked at creation: it is, at destroy */
+  char path[PATH_MAX]; /* for messages: the file has no name once created */
 };
 
 struct fixed {
@@ -124,11 +131,46 @@ static void close_files(struct nvme *n) {
   for (int i = 0; i < n->n_files; i++) {
     if (n->files[i].fd >= 0) {
       close(n->files[i].fd);
-      if (unlink(n->files[i].path) != 0)
+      if (n->files[i].linked && unlink(n->files[i].path) != 0)
         TZ_WARN("%s: cannot remove %s: %s", n->t->name, n->files[i].path, strerror(errno));
     }
   }
   n->n_files = 0;
+}
+
+/* Removes dir's tierzero-<pid>-<tier>-<i>.bin files whose process is gone (left by versions that
+ * kept the name until destroy, when killed). A pid that exists, or that kill() may not signal,
+ * is alive: its files are never touched. */
+static void reclaim_dead(const tz_tier *t, const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return; /* the create below names the directory's problem */
+  unsigned long long files = 0, bytes = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    int pid = 0, end = 0;
+    size_t len = strlen(de->d_name);
+    if (sscanf(de->d_name, "tierzero-%d-%n", &pid, &end) != 1 || end == 0 || pid <= 0 ||
+        len < 4 || strcmp(de->d_name + len - 4, ".bin") != 0 || pid == (int)getpid())
+      continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+      continue;
+    struct stat st;
+    if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+      continue;
+    if (unlinkat(dirfd(d), de->d_name, 0) == 0) {
+      files++;
+      bytes += (unsigned long long)st.st_blocks * 512ull;
+    } else if (errno != ENOENT) {
+      TZ_WARN("%s: cannot remove %s/%s, left by process %d that is no longer running: %s",
+              t->name, dir, de->d_name, pid, strerror(errno));
+    }
+  }
+  closedir(d);
+  if (files)
+    TZ_INFO("%s: removed %llu file(s) in %s left by processes no longer running (%llu bytes "
+            "freed)",
+            t->name, files, dir, bytes);
 }
 
 static int nvme_init(tz_tier *t, const struct tz_tier_params *p) {
@@ -152,6 +194,7 @@ static int nvme_init(tz_tier *t, const struct tz_tier_params *p) {
   uint64_t per_file = (units + (uint64_t)p->n_paths - 1) / (uint64_t)p->n_paths * n->stripe;
   for (int i = 0; i < p->n_paths; i++) {
     struct nfile *f = &n->files[i];
+    reclaim_dead(t, p->paths[i]);
     snprintf(f->path, sizeof f->path, "%s/tierzero-%d-%s-%d.bin", p->paths[i], (int)getpid(),
              t->name, i);
     int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
@@ -169,6 +212,12 @@ static int nvme_init(tz_tier *t, const struct tz_tier_params *p) {
       goto fail;
     }
     n->n_files = i + 1;
+    if (unlink(f->path) != 0) {
+      TZ_WARN("%s: cannot unlink %s once open (%s): it stays until the tier is destroyed, and "
+              "after a crash until the next tier created there removes it",
+              t->name, f->path, strerror(errno));
+      f->linked = 1;
+    }
     int e = posix_fallocate(f->fd, 0, (off_t)per_file);
     if (e == EOPNOTSUPP || e == EINVAL) {
       if (ftruncate(f->fd, (off_t)per_file) != 0)
