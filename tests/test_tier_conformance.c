@@ -452,6 +452,11 @@ static void test_bad_fault_spec(void **state) {
   assert_int_equal(rc, TZ_EINVAL);
   assert_non_null(strstr(tz_err_msg(), "bad fault item \"eio@x\""));
   tz_runtime_destroy(e.rt);
+  struct env e2 = {0};
+  rc = make_tier(&e2, "nvme-short@1,nvme-short@x");
+  assert_int_equal(rc, TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "bad fault item \"nvme-short@x\""));
+  tz_runtime_destroy(e2.rt);
 }
 
 int main(int argc, char **argv) {

@@ -8,7 +8,9 @@
  *   enospc      a write fails with ENOSPC
  *   short       the operation is done as two partial operations (a transparent retry)
  *   flip        one bit of the data is flipped: after a read, or in what a write stores
- * and nvme-short@N, nvme-eagain@N are read by the nvme tier itself (its real resubmission path).
+ * and nvme-short@N, nvme-eagain@N are read by the nvme tier itself (its real resubmission path):
+ * the Nth request it puts on its ring, resubmissions and retries counted, asks the kernel for
+ * half its length, or is answered -EAGAIN without being submitted; every such item counts.
  * The wrapped tier shares its arena with this one and must only be used through it; its
  * checksums, when it keeps them, are kept here instead, above the faults, so that a flipped bit
  * is caught just as one flipped by the medium would be. */

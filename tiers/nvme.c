@@ -51,6 +51,7 @@ struct req {
   int file;
   int write;
   int fixed; /* fixed-buffer index, or -1 */
+  int eagain; /* an injected -EAGAIN: the ring got a no-op instead of the transfer */
 };
 
 struct nfile {
@@ -78,10 +79,13 @@ struct nvme {
   struct fixed fixed[MAX_FIXED];
   int fixed_ok;
   tz_tier *t;
-  /* Injected faults (tiers/fault.c documents the spec): the nth completion is made short or
-   * -EAGAIN, to exercise the resubmission path with the real ring. */
-  uint64_t completions;
-  uint64_t short_at, eagain_at;
+  /* Injected faults (tiers/fault.c documents the spec), to exercise the resubmission path with
+   * the real ring: the Nth request put on the ring (resubmissions and retries counted) asks the
+   * kernel for half its length (nvme-short@N), or is not submitted at all and completes with
+   * -EAGAIN (nvme-eagain@N); either way the rest must be moved by complete_req(). */
+  uint64_t submitted;
+  uint64_t short_at[16], eagain_at[16];
+  int n_short, n_eagain;
 };
 
 static int nvme_probe(char *why, size_t len) {
@@ -115,14 +119,38 @@ static uint64_t dio_align(int fd) {
   return a ? a : 4096;
 }
 
-static void parse_faults(struct nvme *n, const char *spec) {
-  if (!spec)
-    return;
-  const char *s;
-  if ((s = strstr(spec, "nvme-short@")))
-    n->short_at = strtoull(s + 11, NULL, 10);
-  if ((s = strstr(spec, "nvme-eagain@")))
-    n->eagain_at = strtoull(s + 12, NULL, 10);
+/* Every nvme-short@N and nvme-eagain@N item of the spec; the others are the fault tier's. */
+static int parse_faults(struct nvme *n, const char *spec) {
+  for (const char *s = spec; s && *s;) {
+    size_t len = strcspn(s, ",");
+    while (len && *s == ' ')
+      s++, len--;
+    if (len > 5 && strncmp(s, "nvme-", 5) == 0) {
+      int is_short = len > 11 && strncmp(s, "nvme-short@", 11) == 0;
+      int is_eagain = len > 12 && strncmp(s, "nvme-eagain@", 12) == 0;
+      const char *num = s + (is_short ? 11 : 12);
+      char *end = NULL;
+      unsigned long long at = (is_short || is_eagain) ? strtoull(num, &end, 10) : 0;
+      int *count = is_short ? &n->n_short : &n->n_eagain;
+      if (!at || end != s + len || *num == '-' || *count == 16)
+        return tz_err_set(TZ_EINVAL,
+                          "%s: bad fault item \"%.*s\" (expected nvme-short@N or "
+                          "nvme-eagain@N with N from 1, at most 16 of each)",
+                          n->t->name, (int)len, s);
+      (is_short ? n->short_at : n->eagain_at)[(*count)++] = at;
+    }
+    s += len;
+    if (*s == ',')
+      s++;
+  }
+  return 0;
+}
+
+static int listed(const uint64_t *at, int count, uint64_t v) {
+  for (int i = 0; i < count; i++)
+    if (at[i] == v)
+      return 1;
+  return 0;
 }
 
 static int nvme_poll(void *arg);
@@ -184,11 +212,16 @@ static int nvme_init(tz_tier *t, const struct tz_tier_params *p) {
   n->efd = -1;
   pthread_mutex_init(&n->mu, NULL);
   t->ctx = n;
-  parse_faults(n, p->faults);
+  int rc = parse_faults(n, p->faults);
+  if (rc < 0) {
+    pthread_mutex_destroy(&n->mu);
+    free(n);
+    t->ctx = NULL;
+    return rc;
+  }
   n->stripe = p->stripe_bytes ? p->stripe_bytes : 1ull << 20;
   n->qd = p->queue_depth > 0 ? (unsigned)p->queue_depth : 64;
   n->direct = !p->buffered;
-  int rc = 0;
   uint64_t align = 1;
   uint64_t units = (p->capacity + n->stripe - 1) / n->stripe;
   uint64_t per_file = (units + (uint64_t)p->n_paths - 1) / (uint64_t)p->n_paths * n->stripe;
@@ -384,7 +417,13 @@ static void queue_req(struct nvme *n, struct req *r) {
   unsigned char *b = r->buf + r->done;
   unsigned len = r->len - r->done;
   uint64_t off = r->file_off + r->done;
-  if (r->fixed >= 0 && r->write)
+  n->submitted++;
+  if (n->n_short && listed(n->short_at, n->n_short, n->submitted) && len >= 2 * n->t->io_align)
+    len = (unsigned)(len / 2 / n->t->io_align * n->t->io_align);
+  r->eagain = n->n_eagain && listed(n->eagain_at, n->n_eagain, n->submitted);
+  if (r->eagain)
+    io_uring_prep_nop(sqe);
+  else if (r->fixed >= 0 && r->write)
     io_uring_prep_write_fixed(sqe, r->file, b, len, off, r->fixed);
   else if (r->fixed >= 0)
     io_uring_prep_read_fixed(sqe, r->file, b, len, off, r->fixed);
@@ -470,12 +509,10 @@ static void where(struct nvme *n, const struct req *r, char *buf, size_t len) {
 /* One completion. Returns 1 when r is finished (ok or failed), 0 when it was resubmitted.
  * Called with n->mu held. */
 static int complete_req(struct nvme *n, struct req *r, int res) {
-  n->completions++;
-  if (n->short_at && n->completions == n->short_at && res > 0 &&
-      (unsigned)res == r->len - r->done && r->len - r->done >= 2 * n->t->io_align)
-    res = (int)((r->len - r->done) / 2 / n->t->io_align * n->t->io_align);
-  if (n->eagain_at && n->completions == n->eagain_at && res >= 0)
+  if (r->eagain) {
+    r->eagain = 0;
     res = -EAGAIN;
+  }
   struct op *op = r->op;
   if (res == -EAGAIN || res == -EINTR) {
     __atomic_add_fetch(&n->t->retries, 1, __ATOMIC_RELAXED);
