@@ -58,7 +58,7 @@ struct tz_tier {
   uint64_t *csum_valid; /* bitmap over the same units: written at least once */
   uint64_t bytes_read, bytes_written, n_reads, n_writes, csum_errors; /* atomic */
   uint64_t resubmits, retries; /* atomic; kept by the backend (tz_tier_io_stats) */
-  struct tz_tier *next;                                               /* the runtime's list */
+  struct tz_tier *next;        /* the runtime's list */
 };
 
 /* Creates a tier of the backend behind ops: probes it, runs its init, carves the arena, and

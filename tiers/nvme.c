@@ -50,13 +50,13 @@ struct req {
   uint32_t len, done;
   int file;
   int write;
-  int fixed; /* fixed-buffer index, or -1 */
+  int fixed;  /* fixed-buffer index, or -1 */
   int eagain; /* an injected -EAGAIN: the ring got a no-op instead of the transfer */
 };
 
 struct nfile {
   int fd;
-  int linked; /* the name could not be unlinked at creation: it is, at destroy */
+  int linked;          /* the name could not be unlinked at creation: it is, at destroy */
   char path[PATH_MAX]; /* for messages: the file has no name once created */
 };
 
@@ -178,8 +178,8 @@ static void reclaim_dead(const tz_tier *t, const char *dir) {
   while ((de = readdir(d))) {
     int pid = 0, end = 0;
     size_t len = strlen(de->d_name);
-    if (sscanf(de->d_name, "tierzero-%d-%n", &pid, &end) != 1 || end == 0 || pid <= 0 ||
-        len < 4 || strcmp(de->d_name + len - 4, ".bin") != 0 || pid == (int)getpid())
+    if (sscanf(de->d_name, "tierzero-%d-%n", &pid, &end) != 1 || end == 0 || pid <= 0 || len < 4 ||
+        strcmp(de->d_name + len - 4, ".bin") != 0 || pid == (int)getpid())
       continue;
     if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
       continue;
@@ -190,8 +190,8 @@ static void reclaim_dead(const tz_tier *t, const char *dir) {
       files++;
       bytes += (unsigned long long)st.st_blocks * 512ull;
     } else if (errno != ENOENT) {
-      TZ_WARN("%s: cannot remove %s/%s, left by process %d that is no longer running: %s",
-              t->name, dir, de->d_name, pid, strerror(errno));
+      TZ_WARN("%s: cannot remove %s/%s, left by process %d that is no longer running: %s", t->name,
+              dir, de->d_name, pid, strerror(errno));
     }
   }
   closedir(d);
