@@ -2,17 +2,25 @@
  * docs/checkpoints.md "One run per directory"), through tz_run in a world of one, cpu backend,
  * the tiny model on synthetic data:
  *  - a second run given the directory of a run still going is refused at start, naming the
- *    holder's pid; once that holder is killed with SIGKILL the directory is free again. */
+ *    holder's pid; once that holder is killed with SIGKILL the directory is free again;
+ *  - a directory that cannot be created or written is refused before the first step, naming it;
+ *  - a file system with less free space than one checkpoint more than keep holds is refused
+ *    before the first step, saying what is needed and what is free (the free space is the test's
+ *    through the checkpoint options' free_bytes hook); with enough free space the run goes on. */
 #define _GNU_SOURCE
 #include "collectives/launch.h"
 #include "core/error.h"
 #include "testlib.h"
+#include "trainer/checkpoint.h"
 #include "trainer/run.h"
 
+#include <dirent.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,10 +149,124 @@ static void test_second_writer_refused(void **state) {
   assert_int_equal(r.n_steps, 1);
 }
 
+static void test_unwritable_dir_refused_at_start(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, 3);
+  o.ckpt_dir = "/proc/nope";
+  struct tz_run_result res;
+  int rc = run(&o, &res);
+  assert_true(rc < 0);
+  assert_int_equal(r.n_steps, 0);
+  assert_int_equal(res.steps_done, 0);
+  assert_non_null(strstr(tz_err_msg(), "--ckpt-dir /proc/nope"));
+
+  /* A path through a regular file cannot be a directory. */
+  FILE *f = fopen(at("plain"), "w");
+  assert_non_null(f);
+  fclose(f);
+  options(&o, &r, 3);
+  o.ckpt_dir = at("plain/ck");
+  rc = run(&o, &res);
+  assert_true(rc < 0);
+  assert_int_equal(r.n_steps, 0);
+  assert_non_null(strstr(tz_err_msg(), o.ckpt_dir));
+  /* The probe leaves nothing behind in a directory it could write. */
+}
+
+/* The free space the free_bytes hook reports. */
+static int fake_free(void *ctx, const char *root, uint64_t *bytes) {
+  (void)root;
+  *bytes = *(const uint64_t *)ctx;
+  return 0;
+}
+
+/* Bytes of the files in a step directory. */
+static uint64_t dir_bytes(const char *path) {
+  DIR *d = opendir(path);
+  assert_non_null(d);
+  uint64_t n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    char p[2048];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+    if (e->d_name[0] != '.' && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+      n += (uint64_t)st.st_size;
+  }
+  closedir(d);
+  return n;
+}
+
+static void test_too_small_dir_refused_at_start(void **state) {
+  (void)state;
+  /* One checkpoint's size, as written. */
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, 1);
+  o.ckpt_dir = at("size-ck");
+  struct tz_run_result res;
+  TZ_ASSERT_OK(run(&o, &res));
+  uint64_t one = dir_bytes(at("size-ck/step-00000001"));
+  assert_true(one > 4096);
+
+  /* keep 2: three checkpoints at once (the new one is written before the oldest goes); room for
+   * two is not enough. */
+  uint64_t free_bytes = 2 * one;
+  struct tz_ckpt_options co = {.hooks = {.free_bytes = fake_free, .ctx = &free_bytes}};
+  options(&o, &r, 6);
+  o.ckpt_dir = at("small-ck");
+  o.save_every = 1;
+  o.keep = 2;
+  o.ckpt_options = &co;
+  int rc = run(&o, &res);
+  const char *msg = tz_err_msg();
+  if (rc != TZ_ENOSPC || r.n_steps != 0)
+    fail_msg("a directory with room for 2 checkpoints of %" PRIu64
+             " bytes was not refused at start with keep 2: rc %d, %d steps, \"%s\"",
+             one, rc, r.n_steps, msg);
+  assert_non_null(strstr(msg, "--ckpt-dir"));
+  assert_non_null(strstr(msg, o.ckpt_dir));
+  const char *needs = strstr(msg, "needs ");
+  assert_non_null(needs);
+  unsigned long long need = strtoull(needs + 6, NULL, 10);
+  /* What the writer writes, plus at most a page of JSON, the manifest and latest per checkpoint. */
+  assert_true(need >= 3 * one);
+  assert_true(need <= 3 * (one + 3 * 4096));
+  char fr[64];
+  snprintf(fr, sizeof fr, "%" PRIu64 " bytes free", free_bytes);
+  assert_non_null(strstr(msg, fr));
+
+  /* With room for them the same run goes on, and keeps 2. */
+  free_bytes = need;
+  options(&o, &r, 6);
+  o.ckpt_dir = at("small-ck");
+  o.save_every = 1;
+  o.keep = 2;
+  o.ckpt_options = &co;
+  TZ_ASSERT_OK(run(&o, &res));
+  assert_int_equal(r.n_steps, 6);
+  uint64_t steps[8];
+  assert_int_equal(tz_ckpt_list(o.ckpt_dir, steps, 8), 2);
+
+  /* keep 0 keeps all: a run of 3 saves needs room for 3 of them, 2 are not enough. */
+  free_bytes = 2 * one;
+  options(&o, &r, 3);
+  o.ckpt_dir = at("all-ck");
+  o.save_every = 1;
+  o.ckpt_options = &co;
+  rc = run(&o, &res);
+  assert_int_equal(rc, TZ_ENOSPC);
+  assert_int_equal(r.n_steps, 0);
+}
+
 int main(void) {
   dir = tz_test_mkdtemp("ckpt-dir");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_second_writer_refused),
+      cmocka_unit_test(test_unwritable_dir_refused_at_start),
+      cmocka_unit_test(test_too_small_dir_refused_at_start),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

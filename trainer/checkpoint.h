@@ -46,6 +46,9 @@ struct tz_ckpt_hooks {
    * may not return at all (a test that kills the process there). Called from the thread that
    * runs the operation, with ctx. */
   int (*before_op)(void *ctx, int data_op);
+  /* optional: NULL means statvfs. The bytes free to an unprivileged writer on root's file system,
+   * for tz_ckpt_dir_check (a test gives a small disk without filling one). 0 or a positive errno. */
+  int (*free_bytes)(void *ctx, const char *root, uint64_t *bytes);
   void *ctx;
 };
 
