@@ -163,6 +163,20 @@ int tz_ckpt_latest(const char *root, uint64_t *step);
 /* The newest checkpoint older than step that passes tz_ckpt_check(dir, 0). TZ_ENOENT if none. */
 int tz_ckpt_previous(const char *root, uint64_t step, uint64_t *prev);
 
+/* ---- one run per root ---- */
+
+/* A run's claim on a root: an exclusive flock on root/.lock, held as long as the handle lives.
+ * The kernel drops it when the holder exits however it dies (kill -9 included), so a dead run
+ * never blocks the next; the file's text (pid, host, since when) is only for the message. */
+typedef struct tz_ckpt_lock tz_ckpt_lock;
+
+/* Creates root if missing and takes its lock without waiting. TZ_EBUSY when another holds it:
+ * "<root> is in use by pid N on HOST since TIME"; other errors name root and the reason. The
+ * caller owns *out (tz_ckpt_release). The descriptor is close-on-exec: programs the run starts do
+ * not keep the directory. */
+int tz_ckpt_claim(const char *root, tz_ckpt_lock **out);
+void tz_ckpt_release(tz_ckpt_lock *l); /* releases; NULL is a no-op */
+
 /* Checks a step directory: the manifest and every rank file's size, header, trailer and index;
  * with full != 0 also every section's crc32c (reads everything). 0 or the first error. */
 int tz_ckpt_check(const char *stepdir, int full);

@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------------------------ */
@@ -371,4 +373,91 @@ int tz_ckpt_abandon(const char *root, uint64_t step, const struct tz_ckpt_option
   int rc = e ? tz_err_errno(e, "checkpoint: cannot remove %s", tmp) : 0;
   free(tmp);
   return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* One run per root */
+
+#define LOCK_NAME ".lock"
+
+struct tz_ckpt_lock {
+  int fd;
+};
+
+/* Who holds root's lock, from the text the holder wrote: "pid N on HOST since TIME". */
+static void holder_text(int fd, char *out, size_t len) {
+  char buf[512];
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  long pid = 0;
+  char host[256] = "", since[64] = "";
+  if (n > 0) {
+    buf[n] = 0;
+    if (sscanf(buf, "pid %ld host %255s since %63s", &pid, host, since) == 3) {
+      snprintf(out, len, "pid %ld on %s since %s", pid, host, since);
+      return;
+    }
+  }
+  /* Between the holder's flock and its write. */
+  snprintf(out, len, "another run (which has not written its pid yet)");
+}
+
+int tz_ckpt_claim(const char *root, tz_ckpt_lock **out) {
+  *out = NULL;
+  int e = tz_file_mkdir_p(NULL, root, TZ_MKDIR_DURABLE);
+  if (e)
+    return tz_err_errno(e, "%s: cannot create the directory", root);
+  char *path = tz_ckpt_path_join(root, LOCK_NAME);
+  tz_ckpt_lock *l = calloc(1, sizeof *l);
+  if (!path || !l) {
+    free(path);
+    free(l);
+    return tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
+  }
+  int rc = 0;
+  l->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (l->fd < 0) {
+    rc = tz_err_errno(errno, "%s: cannot open %s", root, path);
+    goto fail;
+  }
+  /* flock, not fcntl: its lock belongs to this open file, so a second claim from the same process
+   * (two runs in one test) conflicts too, and closing another descriptor of the file does not
+   * drop it. */
+  if (flock(l->fd, LOCK_EX | LOCK_NB) < 0) {
+    if (errno == EWOULDBLOCK) {
+      char who[512];
+      holder_text(l->fd, who, sizeof who);
+      rc = tz_err_set(TZ_EBUSY, "%s is in use by %s (%s holds the lock of a running run)", root,
+                      who, path);
+    } else {
+      rc = tz_err_errno(errno, "%s: cannot lock %s", root, path);
+    }
+    goto fail;
+  }
+  char host[256] = "unknown", since[64] = "unknown", text[512];
+  if (gethostname(host, sizeof host) == 0)
+    host[sizeof host - 1] = 0;
+  time_t now = time(NULL);
+  struct tm tm;
+  if (gmtime_r(&now, &tm))
+    strftime(since, sizeof since, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  int n = snprintf(text, sizeof text, "pid %ld host %s since %s\n", (long)getpid(), host, since);
+  /* Only the message reads it: a failure to write it does not fail the claim. */
+  if (ftruncate(l->fd, 0) < 0 || pwrite(l->fd, text, (size_t)n, 0) != n)
+    tz_log(TZ_LOG_WARN, "checkpoint: cannot write the holder into %s: %s", path, strerror(errno));
+  free(path);
+  *out = l;
+  return 0;
+fail:
+  if (l->fd >= 0)
+    close(l->fd);
+  free(l);
+  free(path);
+  return rc;
+}
+
+void tz_ckpt_release(tz_ckpt_lock *l) {
+  if (!l)
+    return;
+  close(l->fd); /* drops the flock; the file stays, its text says who held it last */
+  free(l);
 }

@@ -3,9 +3,11 @@
 #include "trainer/run.h"
 
 #include "core/error.h"
+#include "core/fence.h"
 #include "core/log.h"
 #include "core/sched.h"
 #include "kernels/compute.h"
+#include "trainer/checkpoint.h"
 #include "trainer/export.h"
 #include "trainer/hf.h"
 #include "trainer/rates.h"
@@ -161,6 +163,7 @@ struct run {
   struct tz_metrics_summary sum;
   int began;     /* TZ_RUN_BEGIN told, TZ_RUN_STEPS_END not yet */
   double t_last; /* when the last step returned; 0 before */
+  tz_ckpt_lock *lock; /* rank 0's claim on ckpt_dir, for the whole run */
 };
 
 static int emit(struct run *r, struct tz_run_event *ev) {
@@ -175,6 +178,48 @@ static int emit(struct run *r, struct tz_run_event *ev) {
 static int emit_kind(struct run *r, enum tz_run_event_kind kind, int64_t step) {
   struct tz_run_event ev = {.kind = kind, .step = step};
   return emit(r, &ev);
+}
+
+/* ---- The checkpoint directory, claimed before the first step ---- */
+
+/* Rank 0's verdict on ckpt_dir for every rank: rank 0 alone holds the lock and writes the
+ * directory's shared files (the ranks write their files into the save's directory that rank 0
+ * made, so all of them see the same file system), and the other ranks of its run follow it. */
+static int ckpt_agree(struct run *r, int rc) {
+  if (r->world == 1)
+    return rc;
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", tz_err_msg());
+  float mine = rc < 0 ? 1.0f : 0.0f, sum = 0;
+  tz_fence *f = NULL;
+  int crc = tz_comm_all_reduce(r->comm, &mine, &sum, 1, TZ_F32, NULL, &f);
+  if (crc == 0) {
+    crc = tz_fence_wait(f, -1);
+    tz_fence_release(f);
+  }
+  if (rc < 0)
+    return tz_err_set(rc, "%s", saved);
+  if (crc < 0)
+    return crc;
+  return sum > 0 ? tz_err_set(TZ_ECOMM, "--ckpt-dir %s: refused by rank 0 (its message says why)",
+                              r->o->ckpt_dir)
+                 : 0;
+}
+
+/* The flag before the checkpoint layer's message, which starts with the directory. */
+static int ckpt_refused(int rc) {
+  char why[1024];
+  snprintf(why, sizeof why, "%s", tz_err_msg());
+  return tz_err_set(rc, "--ckpt-dir %s", why);
+}
+
+/* Two runs saving into one directory would replace each other's checkpoints: the first to start
+ * keeps it until it ends. */
+static int ckpt_claim(struct run *r) {
+  if (!r->o->ckpt_dir || r->o->plan_only)
+    return 0;
+  int rc = r->rank == 0 ? tz_ckpt_claim(r->o->ckpt_dir, &r->lock) : 0;
+  return ckpt_agree(r, rc < 0 ? ckpt_refused(rc) : 0);
 }
 
 /* The first field in which two model configs differ, or NULL. */
@@ -430,7 +475,9 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
   r.world = o->plan_world ? o->plan_world : tz_comm_size(comm);
   if (o->import_dir)
     TZ_CHECK(tz_hf_open(o->import_dir, &r.hm));
-  int rc = choose_model(&r);
+  int rc = ckpt_claim(&r);
+  if (rc == 0)
+    rc = choose_model(&r);
   if (rc == 0)
     rc = emit_kind(&r, TZ_RUN_MODEL, 0);
   if (rc == 0)
@@ -457,5 +504,6 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
     rc = emit(&r, &ev);
   }
   tz_hf_close(r.hm);
+  tz_ckpt_release(r.lock);
   return rc;
 }
