@@ -180,7 +180,7 @@ static int emit_kind(struct run *r, enum tz_run_event_kind kind, int64_t step) {
   return emit(r, &ev);
 }
 
-/* ---- The checkpoint directory, claimed before the first step ---- */
+/* ---- The checkpoint directory, claimed and checked before the first step ---- */
 
 /* Rank 0's verdict on ckpt_dir for every rank: rank 0 alone holds the lock and writes the
  * directory's shared files (the ranks write their files into the save's directory that rank 0
@@ -220,6 +220,80 @@ static int ckpt_claim(struct run *r) {
     return 0;
   int rc = r->rank == 0 ? tz_ckpt_claim(r->o->ckpt_dir, &r->lock) : 0;
   return ckpt_agree(r, rc < 0 ? ckpt_refused(rc) : 0);
+}
+
+/* The disk space of one save, from what trainer/resume.c's writer puts in each rank file: the
+ * config, the state (a JSON text bounded here: its fixed fields and a short entry per block) and
+ * each block's param, master, m and v shards, the same size on every rank. */
+static uint64_t ckpt_bytes(struct run *r) {
+  static const int kinds[] = {TZ_PLAN_PARAM, TZ_PLAN_MASTER, TZ_PLAN_M, TZ_PLAN_V};
+  const char *const *groups = tz_trainer_group_names(r->tr);
+  int nb = 0;
+  while (groups[nb])
+    nb++;
+  int n = 2 + 4 * nb;
+  char(*names)[TZ_CKPT_MAX_NAME + 1] = calloc((size_t)n, sizeof *names);
+  const char **np = calloc((size_t)n, sizeof *np);
+  uint64_t *bytes = calloc((size_t)n, sizeof *bytes), total = 0;
+  if (names && np && bytes) {
+    snprintf(names[0], sizeof names[0], "config");
+    bytes[0] = tz_ckpt_config_bytes(r->cfg);
+    snprintf(names[1], sizeof names[1], "state");
+    bytes[1] = 256;
+    for (int b = 0; b < nb; b++) {
+      bytes[1] += 64 + strlen(groups[b]);
+      for (int k = 0; k < 4; k++) {
+        snprintf(names[2 + 4 * b + k], sizeof names[0], "%s.%s", groups[b],
+                 tz_plan_kind_name(kinds[k]));
+        bytes[2 + 4 * b + k] = tz_trainer_shard_bytes(r->tr, b, kinds[k]);
+      }
+    }
+    for (int i = 0; i < n; i++)
+      np[i] = names[i];
+    total = tz_ckpt_bytes(r->world, tz_ckpt_rank_file_bytes(n, np, bytes));
+  }
+  free(names);
+  free(np);
+  free(bytes);
+  return total;
+}
+
+/* How many of this run's checkpoints are on disk at once at most: every save it makes with keep
+ * 0 (all kept); else a save is written before the oldest beyond keep goes, so up to keep + 1 with
+ * those already in the directory. */
+static int ckpt_count(struct run *r) {
+  const struct tz_run_options *o = r->o;
+  int64_t start = 0;
+  tz_ckpt_reader *rd = NULL;
+  if (o->resume && tz_ckpt_open(o->resume, 0, &rd) == 0)
+    start = (int64_t)tz_ckpt_step(rd);
+  tz_ckpt_close(rd);
+  int64_t saves = o->save_every && o->steps > start ? o->steps / o->save_every - start / o->save_every
+                                                    : 0;
+  if (o->steps > start && (!o->save_every || o->steps % o->save_every))
+    saves++; /* the last step's */
+  if (o->keep > 0) {
+    int have = tz_ckpt_list(o->ckpt_dir, NULL, 0);
+    int64_t room = o->keep + 1 - (have > 0 ? have : 0);
+    saves = saves < (room > 1 ? room : 1) ? saves : (room > 1 ? room : 1);
+  }
+  return saves > INT32_MAX ? INT32_MAX : (int)saves;
+}
+
+/* A directory that cannot take the run's saves fails it before its first step, not at its first
+ * save with the steps lost. */
+static int ckpt_check(struct run *r) {
+  if (!r->o->ckpt_dir)
+    return 0;
+  int rc = 0;
+  if (r->rank == 0) {
+    uint64_t one = ckpt_bytes(r);
+    rc = one ? tz_ckpt_dir_check(r->o->ckpt_dir, one, ckpt_count(r), r->o->ckpt_options)
+             : tz_err_set(TZ_ENOMEM, "--ckpt-dir %s: no memory", r->o->ckpt_dir);
+    if (rc < 0 && one)
+      rc = ckpt_refused(rc);
+  }
+  return ckpt_agree(r, rc);
 }
 
 /* The first field in which two model configs differ, or NULL. */
@@ -483,7 +557,9 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
   if (rc == 0)
     rc = plan(&r);
   if (rc == 0 && !o->plan_only) {
-    rc = prepare(&r);
+    rc = ckpt_check(&r);
+    if (rc == 0)
+      rc = prepare(&r);
     if (rc == 0)
       rc = steps(&r);
     if (rc == 0)
