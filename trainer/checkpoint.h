@@ -47,7 +47,7 @@ struct tz_ckpt_hooks {
    * runs the operation, with ctx. */
   int (*before_op)(void *ctx, int data_op);
   /* optional: NULL means statvfs. The bytes free to an unprivileged writer on root's file system,
-   * for tz_ckpt_dir_check (a test gives a small disk without filling one). 0 or a positive errno. */
+   * for tz_ckpt_dir_check (a test gives a small disk without filling one). 0 or an errno. */
   int (*free_bytes)(void *ctx, const char *root, uint64_t *bytes);
   void *ctx;
 };
@@ -189,8 +189,8 @@ uint64_t tz_ckpt_bytes(int world, uint64_t rank_file_bytes);
 /* Whether root can take the saves of a run: creates root if missing, creates, writes, fsyncs and
  * removes a probe file in it, then asks for count checkpoints of ckpt_bytes free (statvfs's
  * f_bavail, or the free_bytes hook of opt). TZ_ENOSPC "<root>: keeping 3 checkpoints of B bytes
- * (...) at once needs N bytes (...), the file system has M bytes free (...)"; other errors name root and the
- * failing operation. opt may be NULL. */
+ * (...) at once needs N bytes (...), the file system has M bytes free (...)"; other errors name
+ * root and the failing operation. opt may be NULL. */
 int tz_ckpt_dir_check(const char *root, uint64_t ckpt_bytes, int count,
                       const struct tz_ckpt_options *opt);
 

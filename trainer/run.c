@@ -163,7 +163,8 @@ struct run {
   struct tz_metrics_summary sum;
   int began;     /* TZ_RUN_BEGIN told, TZ_RUN_STEPS_END not yet */
   double t_last; /* when the last step returned; 0 before */
-  tz_ckpt_lock *lock; /* rank 0's claim on ckpt_dir, for the whole run */
+  /* rank 0's claim on ckpt_dir, for the whole run */
+  tz_ckpt_lock *lock;
 };
 
 static int emit(struct run *r, struct tz_run_event *ev) {
@@ -213,10 +214,27 @@ static int ckpt_refused(int rc) {
   return tz_err_set(rc, "--ckpt-dir %s", why);
 }
 
+/* The step the run starts from: the resumed checkpoint's (0 when it cannot be read: the resume
+ * itself then fails with its message). */
+static int64_t ckpt_start(const struct tz_run_options *o) {
+  int64_t start = 0;
+  tz_ckpt_reader *rd = NULL;
+  if (o->resume && tz_ckpt_open(o->resume, 0, &rd) == 0)
+    start = (int64_t)tz_ckpt_step(rd);
+  tz_ckpt_close(rd);
+  return start;
+}
+
+/* A run that takes no step saves nothing (an export from a checkpoint: --resume DIR --steps 0),
+ * so it may read the directory of a run that is going on. */
+static int ckpt_saves(const struct run *r) {
+  return r->o->ckpt_dir && !r->o->plan_only && r->o->steps > ckpt_start(r->o);
+}
+
 /* Two runs saving into one directory would replace each other's checkpoints: the first to start
  * keeps it until it ends. */
 static int ckpt_claim(struct run *r) {
-  if (!r->o->ckpt_dir || r->o->plan_only)
+  if (!ckpt_saves(r))
     return 0;
   int rc = r->rank == 0 ? tz_ckpt_claim(r->o->ckpt_dir, &r->lock) : 0;
   return ckpt_agree(r, rc < 0 ? ckpt_refused(rc) : 0);
@@ -263,13 +281,9 @@ static uint64_t ckpt_bytes(struct run *r) {
  * those already in the directory. */
 static int ckpt_count(struct run *r) {
   const struct tz_run_options *o = r->o;
-  int64_t start = 0;
-  tz_ckpt_reader *rd = NULL;
-  if (o->resume && tz_ckpt_open(o->resume, 0, &rd) == 0)
-    start = (int64_t)tz_ckpt_step(rd);
-  tz_ckpt_close(rd);
-  int64_t saves = o->save_every && o->steps > start ? o->steps / o->save_every - start / o->save_every
-                                                    : 0;
+  int64_t start = ckpt_start(o);
+  int64_t saves =
+      o->save_every && o->steps > start ? o->steps / o->save_every - start / o->save_every : 0;
   if (o->steps > start && (!o->save_every || o->steps % o->save_every))
     saves++; /* the last step's */
   if (o->keep > 0) {
@@ -283,7 +297,7 @@ static int ckpt_count(struct run *r) {
 /* A directory that cannot take the run's saves fails it before its first step, not at its first
  * save with the steps lost. */
 static int ckpt_check(struct run *r) {
-  if (!r->o->ckpt_dir)
+  if (!ckpt_saves(r))
     return 0;
   int rc = 0;
   if (r->rank == 0) {
