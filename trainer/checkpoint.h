@@ -46,6 +46,9 @@ struct tz_ckpt_hooks {
    * may not return at all (a test that kills the process there). Called from the thread that
    * runs the operation, with ctx. */
   int (*before_op)(void *ctx, int data_op);
+  /* optional: NULL means statvfs. The bytes free to an unprivileged writer on root's file system,
+   * for tz_ckpt_dir_check (a test gives a small disk without filling one). 0 or an errno. */
+  int (*free_bytes)(void *ctx, const char *root, uint64_t *bytes);
   void *ctx;
 };
 
@@ -159,6 +162,37 @@ int tz_ckpt_latest(const char *root, uint64_t *step);
 
 /* The newest checkpoint older than step that passes tz_ckpt_check(dir, 0). TZ_ENOENT if none. */
 int tz_ckpt_previous(const char *root, uint64_t step, uint64_t *prev);
+
+/* ---- one run per root, checked before its first step ---- */
+
+/* A run's claim on a root: an exclusive flock on root/.lock, held as long as the handle lives.
+ * The kernel drops it when the holder exits however it dies (kill -9 included), so a dead run
+ * never blocks the next; the file's text (pid, host, since when) is only for the message. */
+typedef struct tz_ckpt_lock tz_ckpt_lock;
+
+/* Creates root if missing and takes its lock without waiting. TZ_EBUSY when another holds it:
+ * "<root> is in use by pid N on HOST since TIME"; other errors name root and the reason. The
+ * caller owns *out (tz_ckpt_release). The descriptor is close-on-exec: programs the run starts do
+ * not keep the directory. */
+int tz_ckpt_claim(const char *root, tz_ckpt_lock **out);
+void tz_ckpt_release(tz_ckpt_lock *l); /* releases; NULL is a no-op */
+
+/* The bytes of a rank file holding n sections of these names and sizes, in write order, as the
+ * writer lays them out (checkpoint_format.h): header, 4096-aligned payloads, index, trailer. */
+uint64_t tz_ckpt_rank_file_bytes(int n, const char *const *names, const uint64_t *bytes);
+/* The bytes of the "config" section tz_ckpt_put_config writes for c; 0 if it cannot be made. */
+uint64_t tz_ckpt_config_bytes(const struct tz_config *c);
+/* The disk space one checkpoint of world rank files of rank_file_bytes each takes: the files in
+ * whole 4096-byte blocks, the manifest and latest. */
+uint64_t tz_ckpt_bytes(int world, uint64_t rank_file_bytes);
+
+/* Whether root can take the saves of a run: creates root if missing, creates, writes, fsyncs and
+ * removes a probe file in it, then asks for count checkpoints of ckpt_bytes free (statvfs's
+ * f_bavail, or the free_bytes hook of opt). TZ_ENOSPC "<root>: keeping 3 checkpoints of B bytes
+ * (...) at once needs N bytes (...), the file system has M bytes free (...)"; other errors name
+ * root and the failing operation. opt may be NULL. */
+int tz_ckpt_dir_check(const char *root, uint64_t ckpt_bytes, int count,
+                      const struct tz_ckpt_options *opt);
 
 /* Checks a step directory: the manifest and every rank file's size, header, trailer and index;
  * with full != 0 also every section's crc32c (reads everything). 0 or the first error. */

@@ -11,7 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------------------------ */
@@ -371,4 +374,177 @@ int tz_ckpt_abandon(const char *root, uint64_t step, const struct tz_ckpt_option
   int rc = e ? tz_err_errno(e, "checkpoint: cannot remove %s", tmp) : 0;
   free(tmp);
   return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* One run per root, checked before its first step */
+
+#define LOCK_NAME ".lock"
+
+struct tz_ckpt_lock {
+  int fd;
+};
+
+/* Who holds root's lock, from the text the holder wrote: "pid N on HOST since TIME". */
+static void holder_text(int fd, char *out, size_t len) {
+  char buf[512];
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  long pid = 0;
+  char host[256] = "", since[64] = "";
+  if (n > 0) {
+    buf[n] = 0;
+    if (sscanf(buf, "pid %ld host %255s since %63s", &pid, host, since) == 3) {
+      snprintf(out, len, "pid %ld on %s since %s", pid, host, since);
+      return;
+    }
+  }
+  /* Between the holder's flock and its write. */
+  snprintf(out, len, "another run (which has not written its pid yet)");
+}
+
+int tz_ckpt_claim(const char *root, tz_ckpt_lock **out) {
+  *out = NULL;
+  int e = tz_file_mkdir_p(NULL, root, TZ_MKDIR_DURABLE);
+  if (e)
+    return tz_err_errno(e, "%s: cannot create the directory", root);
+  char *path = tz_ckpt_path_join(root, LOCK_NAME);
+  tz_ckpt_lock *l = calloc(1, sizeof *l);
+  if (!path || !l) {
+    free(path);
+    free(l);
+    return tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
+  }
+  int rc = 0;
+  l->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (l->fd < 0) {
+    rc = tz_err_errno(errno, "%s: cannot open %s", root, path);
+    goto fail;
+  }
+  /* flock, not fcntl: its lock belongs to this open file, so a second claim from the same process
+   * (two runs in one test) conflicts too, and closing another descriptor of the file does not
+   * drop it. */
+  if (flock(l->fd, LOCK_EX | LOCK_NB) < 0) {
+    if (errno == EWOULDBLOCK) {
+      char who[512];
+      holder_text(l->fd, who, sizeof who);
+      rc = tz_err_set(TZ_EBUSY, "%s is in use by %s (%s holds the lock of a running run)", root,
+                      who, path);
+    } else {
+      rc = tz_err_errno(errno, "%s: cannot lock %s", root, path);
+    }
+    goto fail;
+  }
+  char host[256] = "unknown", since[64] = "unknown", text[512];
+  if (gethostname(host, sizeof host) == 0)
+    host[sizeof host - 1] = 0;
+  time_t now = time(NULL);
+  struct tm tm;
+  if (gmtime_r(&now, &tm))
+    strftime(since, sizeof since, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  int n = snprintf(text, sizeof text, "pid %ld host %s since %s\n", (long)getpid(), host, since);
+  /* Only the message reads it: a failure to write it does not fail the claim. */
+  if (ftruncate(l->fd, 0) < 0 || pwrite(l->fd, text, (size_t)n, 0) != n)
+    tz_log(TZ_LOG_WARN, "checkpoint: cannot write the holder into %s: %s", path, strerror(errno));
+  free(path);
+  *out = l;
+  return 0;
+fail:
+  if (l->fd >= 0)
+    close(l->fd);
+  free(l);
+  free(path);
+  return rc;
+}
+
+void tz_ckpt_release(tz_ckpt_lock *l) {
+  if (!l)
+    return;
+  close(l->fd); /* drops the flock; the file stays, its text says who held it last */
+  free(l);
+}
+
+static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+uint64_t tz_ckpt_rank_file_bytes(int n, const char *const *names, const uint64_t *bytes) {
+  uint64_t pos = TZ_CKPT_HEADER_BYTES, index = 0;
+  for (int i = 0; i < n; i++) {
+    pos = round_up(pos, TZ_CKPT_ALIGN) + bytes[i];
+    index += TZ_CKPT_ENTRY_FIXED + strlen(names[i]);
+  }
+  return round_up(pos, TZ_CKPT_ALIGN) + index + TZ_CKPT_TRAILER_BYTES;
+}
+
+uint64_t tz_ckpt_bytes(int world, uint64_t rank_file_bytes) {
+  /* The manifest: a line, then about 80 bytes of JSON per rank; latest: one line. */
+  uint64_t manifest = 128 + 96 * (uint64_t)world;
+  return (uint64_t)world * round_up(rank_file_bytes, TZ_CKPT_ALIGN) +
+         round_up(manifest, TZ_CKPT_ALIGN) + TZ_CKPT_ALIGN;
+}
+
+/* A file created, written, fsynced and removed in root: what every save does first. */
+static int probe(const char *root) {
+  char name[64];
+  snprintf(name, sizeof name, ".probe-%ld", (long)getpid());
+  char *path = tz_ckpt_path_join(root, name);
+  if (!path)
+    return tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
+  int fd = -1, rc = 0, e;
+  static const char text[] = "tierzero checks that this directory takes files\n";
+  (void)unlink(path); /* a probe a crash left */
+  if ((e = tz_file_create(NULL, path, 0644, &fd)))
+    rc = tz_err_errno(e, "%s: cannot create a file in it (%s)", root, path);
+  else if ((e = tz_file_pwrite(NULL, fd, text, sizeof text - 1, 0)))
+    rc = tz_err_errno(e, "%s: cannot write a file in it (%s)", root, path);
+  else if ((e = tz_file_fsync(NULL, fd)))
+    rc = tz_err_errno(e, "%s: cannot fsync a file in it (%s)", root, path);
+  if (fd >= 0 && close(fd) < 0 && rc == 0)
+    rc = tz_err_errno(errno, "%s: cannot close a file in it (%s)", root, path);
+  if (fd >= 0 && (e = tz_file_unlink(NULL, path)) && rc == 0)
+    rc = tz_err_errno(e, "%s: cannot remove a file from it (%s)", root, path);
+  free(path);
+  return rc;
+}
+
+/* bytes as "12.8 MiB" or "3.20 GiB", for the message. */
+static void human(uint64_t bytes, char *out, size_t len) {
+  if (bytes >= (1ull << 30))
+    snprintf(out, len, "%.2f GiB", (double)bytes / (1ull << 30));
+  else
+    snprintf(out, len, "%.1f MiB", (double)bytes / (1ull << 20));
+}
+
+static int statvfs_free(void *ctx, const char *root, uint64_t *bytes) {
+  (void)ctx;
+  struct statvfs sv;
+  if (statvfs(root, &sv) < 0)
+    return errno;
+  *bytes = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+  return 0;
+}
+
+int tz_ckpt_dir_check(const char *root, uint64_t ckpt_bytes, int count,
+                      const struct tz_ckpt_options *opt) {
+  uint64_t need = ckpt_bytes * (uint64_t)count;
+  int e = tz_file_mkdir_p(NULL, root, TZ_MKDIR_DURABLE);
+  if (e)
+    return tz_err_errno(e, "%s: cannot create the directory", root);
+  TZ_CHECK(probe(root));
+  int (*free_bytes)(void *, const char *, uint64_t *) =
+      opt && opt->hooks.free_bytes ? opt->hooks.free_bytes : statvfs_free;
+  uint64_t avail = 0;
+  if ((e = free_bytes(opt ? opt->hooks.ctx : NULL, root, &avail)))
+    return tz_err_errno(e, "%s: cannot read the free space of its file system", root);
+  if (avail < need) {
+    char one[32], all[32], fr[32];
+    human(ckpt_bytes, one, sizeof one);
+    human(need, all, sizeof all);
+    human(avail, fr, sizeof fr);
+    return tz_err_set(TZ_ENOSPC,
+                      "%s: keeping %d checkpoint%s of %" PRIu64 " bytes (%s) at once needs %" PRIu64
+                      " bytes (%s), the file system has %" PRIu64
+                      " bytes free (%s) (a save writes the new checkpoint before it removes the "
+                      "oldest)",
+                      root, count, count == 1 ? "" : "s", ckpt_bytes, one, need, all, avail, fr);
+  }
+  return 0;
 }

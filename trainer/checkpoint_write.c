@@ -363,3 +363,16 @@ fail:
   tz_ckpt_writer_destroy(w);
   return rc;
 }
+
+uint64_t tz_ckpt_config_bytes(const struct tz_config *c) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f)
+    return 0;
+  int rc = tz_config_dump(c, f);
+  if (fclose(f) != 0)
+    rc = -1;
+  free(text);
+  return rc == 0 ? len : 0;
+}

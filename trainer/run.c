@@ -3,9 +3,11 @@
 #include "trainer/run.h"
 
 #include "core/error.h"
+#include "core/fence.h"
 #include "core/log.h"
 #include "core/sched.h"
 #include "kernels/compute.h"
+#include "trainer/checkpoint.h"
 #include "trainer/export.h"
 #include "trainer/hf.h"
 #include "trainer/rates.h"
@@ -161,6 +163,8 @@ struct run {
   struct tz_metrics_summary sum;
   int began;     /* TZ_RUN_BEGIN told, TZ_RUN_STEPS_END not yet */
   double t_last; /* when the last step returned; 0 before */
+  /* rank 0's claim on ckpt_dir, for the whole run */
+  tz_ckpt_lock *lock;
 };
 
 static int emit(struct run *r, struct tz_run_event *ev) {
@@ -175,6 +179,135 @@ static int emit(struct run *r, struct tz_run_event *ev) {
 static int emit_kind(struct run *r, enum tz_run_event_kind kind, int64_t step) {
   struct tz_run_event ev = {.kind = kind, .step = step};
   return emit(r, &ev);
+}
+
+/* ---- The checkpoint directory, claimed and checked before the first step ---- */
+
+/* Rank 0's verdict on ckpt_dir for every rank: rank 0 alone holds the lock and writes the
+ * directory's shared files (the ranks write their files into the save's directory that rank 0
+ * made, so all of them see the same file system), and the other ranks of its run follow it. */
+static int ckpt_agree(struct run *r, int rc) {
+  if (r->world == 1)
+    return rc;
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", tz_err_msg());
+  float mine = rc < 0 ? 1.0f : 0.0f, sum = 0;
+  tz_fence *f = NULL;
+  int crc = tz_comm_all_reduce(r->comm, &mine, &sum, 1, TZ_F32, NULL, &f);
+  if (crc == 0) {
+    crc = tz_fence_wait(f, -1);
+    tz_fence_release(f);
+  }
+  if (rc < 0)
+    return tz_err_set(rc, "%s", saved);
+  if (crc < 0)
+    return crc;
+  return sum > 0 ? tz_err_set(TZ_ECOMM, "--ckpt-dir %s: refused by rank 0 (its message says why)",
+                              r->o->ckpt_dir)
+                 : 0;
+}
+
+/* The flag before the checkpoint layer's message, which starts with the directory. */
+static int ckpt_refused(int rc) {
+  char why[1024];
+  snprintf(why, sizeof why, "%s", tz_err_msg());
+  return tz_err_set(rc, "--ckpt-dir %s", why);
+}
+
+/* The step the run starts from: the resumed checkpoint's (0 when it cannot be read: the resume
+ * itself then fails with its message). */
+static int64_t ckpt_start(const struct tz_run_options *o) {
+  int64_t start = 0;
+  tz_ckpt_reader *rd = NULL;
+  if (o->resume && tz_ckpt_open(o->resume, 0, &rd) == 0)
+    start = (int64_t)tz_ckpt_step(rd);
+  tz_ckpt_close(rd);
+  return start;
+}
+
+/* A run that takes no step saves nothing (an export from a checkpoint: --resume DIR --steps 0),
+ * so it may read the directory of a run that is going on. */
+static int ckpt_saves(const struct run *r) {
+  return r->o->ckpt_dir && !r->o->plan_only && r->o->steps > ckpt_start(r->o);
+}
+
+/* Two runs saving into one directory would replace each other's checkpoints: the first to start
+ * keeps it until it ends. */
+static int ckpt_claim(struct run *r) {
+  if (!ckpt_saves(r))
+    return 0;
+  int rc = r->rank == 0 ? tz_ckpt_claim(r->o->ckpt_dir, &r->lock) : 0;
+  return ckpt_agree(r, rc < 0 ? ckpt_refused(rc) : 0);
+}
+
+/* The disk space of one save, from what trainer/resume.c's writer puts in each rank file: the
+ * config, the state (a JSON text bounded here: its fixed fields and a short entry per block) and
+ * each block's param, master, m and v shards, the same size on every rank. */
+static uint64_t ckpt_bytes(struct run *r) {
+  static const int kinds[] = {TZ_PLAN_PARAM, TZ_PLAN_MASTER, TZ_PLAN_M, TZ_PLAN_V};
+  const char *const *groups = tz_trainer_group_names(r->tr);
+  int nb = 0;
+  while (groups[nb])
+    nb++;
+  int n = 2 + 4 * nb;
+  char(*names)[TZ_CKPT_MAX_NAME + 1] = calloc((size_t)n, sizeof *names);
+  const char **np = calloc((size_t)n, sizeof *np);
+  uint64_t *bytes = calloc((size_t)n, sizeof *bytes), total = 0;
+  if (names && np && bytes) {
+    snprintf(names[0], sizeof names[0], "config");
+    bytes[0] = tz_ckpt_config_bytes(r->cfg);
+    snprintf(names[1], sizeof names[1], "state");
+    bytes[1] = 256;
+    for (int b = 0; b < nb; b++) {
+      bytes[1] += 64 + strlen(groups[b]);
+      for (int k = 0; k < 4; k++) {
+        snprintf(names[2 + 4 * b + k], sizeof names[0], "%s.%s", groups[b],
+                 tz_plan_kind_name(kinds[k]));
+        bytes[2 + 4 * b + k] = tz_trainer_shard_bytes(r->tr, b, kinds[k]);
+      }
+    }
+    for (int i = 0; i < n; i++)
+      np[i] = names[i];
+    total = tz_ckpt_bytes(r->world, tz_ckpt_rank_file_bytes(n, np, bytes));
+  }
+  free(names);
+  free(np);
+  free(bytes);
+  return total;
+}
+
+/* How many of this run's checkpoints are on disk at once at most: every save it makes with keep
+ * 0 (all kept); else a save is written before the oldest beyond keep goes, so up to keep + 1 with
+ * those already in the directory. */
+static int ckpt_count(struct run *r) {
+  const struct tz_run_options *o = r->o;
+  int64_t start = ckpt_start(o);
+  int64_t saves =
+      o->save_every && o->steps > start ? o->steps / o->save_every - start / o->save_every : 0;
+  if (o->steps > start && (!o->save_every || o->steps % o->save_every))
+    saves++; /* the last step's */
+  if (o->keep > 0) {
+    int have = tz_ckpt_list(o->ckpt_dir, NULL, 0);
+    int64_t room = o->keep + 1 - (have > 0 ? have : 0);
+    saves = saves < (room > 1 ? room : 1) ? saves : (room > 1 ? room : 1);
+  }
+  return saves > INT32_MAX ? INT32_MAX : (int)saves;
+}
+
+/* A directory that cannot take the run's saves fails it before its first step, not at its first
+ * save with the steps lost. */
+static int ckpt_check(struct run *r) {
+  if (!ckpt_saves(r))
+    return 0;
+  int rc = 0;
+  if (r->rank == 0) {
+    uint64_t one = ckpt_bytes(r);
+    rc = one ? tz_ckpt_dir_check(r->o->ckpt_dir, one, ckpt_count(r), r->o->ckpt_options)
+             : tz_err_set(TZ_ENOMEM, "--ckpt-dir %s: no memory", r->o->ckpt_dir);
+    if (rc < 0 && one)
+      rc = ckpt_refused(rc);
+  }
+  return ckpt_agree(r, rc);
 }
 
 /* The first field in which two model configs differ, or NULL. */
@@ -430,13 +563,17 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
   r.world = o->plan_world ? o->plan_world : tz_comm_size(comm);
   if (o->import_dir)
     TZ_CHECK(tz_hf_open(o->import_dir, &r.hm));
-  int rc = choose_model(&r);
+  int rc = ckpt_claim(&r);
+  if (rc == 0)
+    rc = choose_model(&r);
   if (rc == 0)
     rc = emit_kind(&r, TZ_RUN_MODEL, 0);
   if (rc == 0)
     rc = plan(&r);
   if (rc == 0 && !o->plan_only) {
-    rc = prepare(&r);
+    rc = ckpt_check(&r);
+    if (rc == 0)
+      rc = prepare(&r);
     if (rc == 0)
       rc = steps(&r);
     if (rc == 0)
@@ -457,5 +594,6 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
     rc = emit(&r, &ev);
   }
   tz_hf_close(r.hm);
+  tz_ckpt_release(r.lock);
   return rc;
 }

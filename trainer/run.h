@@ -25,6 +25,7 @@
 #include "trainer/train.h"
 
 struct tz_sched_stats;
+struct tz_ckpt_options; /* trainer/checkpoint.h */
 
 /* What happened, delivered to tz_run_options.on_event on every rank (ev->rank says which) in this
  * order; the pointers are borrowed for the call. */
@@ -96,6 +97,8 @@ struct tz_run_options {
   const char *ckpt_dir; /* NULL: no checkpoints; else after every save_every steps (0: none),
                            the last step and a stop request, keeping the newest keep (0: all) */
   int64_t save_every, keep;
+  const struct tz_ckpt_options *ckpt_options; /* optional: the checkpoint layer's hooks for the
+                                                 checks of ckpt_dir at start (free_bytes) */
   const char *resume;         /* a checkpoint (a root or a step directory) to continue from; NULL
                                  none; "" ckpt_dir's (tz_run_options_check) */
   const char *export_dir;     /* after the steps, the parameters as safetensors (tz_hf_export) */
