@@ -477,6 +477,37 @@ static void test_fp16_overflow_skipped_not_stopped(void **state) {
   assert_int_equal(count(&r, TZ_RUN_ENDED), 1);
 }
 
+static int get_init_block(void *arg, int b, float *buf) {
+  const struct tz_model_config *mc = arg;
+  TZ_CHECK(tz_model_init_block(mc, b, 7, 0, tz_model_block_numel(mc, b), buf));
+  if (b == 2) /* one NaN in the second layer's block */
+    buf[tz_model_block_numel(mc, b) / 2] = NAN;
+  return 0;
+}
+
+/* --import-safetensors of a checkpoint with a NaN in one tensor is refused before any step,
+ * naming the tensor and the file. */
+static void test_nonfinite_import_refused(void **state) {
+  (void)state;
+  struct tz_model_config mc;
+  TZ_ASSERT_OK(tz_model_preset("tiny", &mc));
+  TZ_ASSERT_OK(tz_hf_export(at("nan-import"), &mc, TZ_F32, get_init_block, &mc));
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, 3);
+  o.model = NULL;
+  o.import_dir = at("nan-import");
+  o.ckpt_dir = at("nan-import-ck");
+  struct tz_run_result res;
+  assert_int_equal(run(&o, &res), TZ_EFORMAT);
+  assert_non_null(strstr(tz_err_msg(), "nan-import/model.safetensors"));
+  assert_non_null(strstr(tz_err_msg(), "model.layers.1."));
+  assert_non_null(strstr(tz_err_msg(), "nan"));
+  assert_int_equal(r.n_steps, 0);
+  assert_int_equal(count(&r, TZ_RUN_BEGIN) + count(&r, TZ_RUN_IMPORTED), 0);
+  assert_int_not_equal(access(at("nan-import-ck/latest"), F_OK), 0);
+}
+
 static void test_plan_only(void **state) {
   (void)state;
   struct tz_run_options o;
@@ -506,6 +537,7 @@ int main(void) {
       cmocka_unit_test(test_plan_only),
       cmocka_unit_test(test_nonfinite_step_stops),
       cmocka_unit_test(test_fp16_overflow_skipped_not_stopped),
+      cmocka_unit_test(test_nonfinite_import_refused),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);
