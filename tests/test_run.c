@@ -7,7 +7,10 @@
  *  - a resume continues at the checkpoint's step with the losses and exported parameters of a run
  *    that never stopped;
  *  - the batch of a step and rank, synthetic and from the built-in corpus;
- *  - the flags' values and rules, the backend choice, a plan-only run. */
+ *  - the flags' values and rules, the backend choice, a plan-only run;
+ *  - lr 1e30: the run stops at its first non-finite step with no checkpoint or export of it and
+ *    that step's loss in the summary; fp16 overflow steps are skipped, not stopped; an import
+ *    holding a NaN is refused before any step. */
 #define _GNU_SOURCE
 #include "collectives/launch.h"
 #include "core/error.h"

@@ -1,6 +1,7 @@
 /* safetensors and Hugging Face Llama import/export: bit-exact round trips (F32, BF16, F16 read),
  * the HF tensor names and config.json fields, sharded checkpoints, and clear errors for bad files
- * (truncated, bad JSON, offsets out of range, wrong dtype or shape) naming tensor and offset. */
+ * (truncated, bad JSON, offsets out of range, wrong dtype or shape) naming tensor and offset; a
+ * tensor holding NaN or inf refused, naming the file, the tensor and the element. */
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <math.h>

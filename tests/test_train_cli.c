@@ -3,7 +3,7 @@
  * training; a compute budget below the minimum is refused with the missing amount; bad flags are
  * usage errors; evaluation, export and import (bit-exact round trip), export from a checkpoint
  * (f32 and bf16), the lane trace, and fp16 loss scaling from the command line, resumed with its
- * scaler state. */
+ * scaler state; a diverging run (lr 1e30) exiting 1 at its first non-finite step. */
 #define _GNU_SOURCE
 #include "core/dtype.h"
 #include "core/error.h"
