@@ -7,7 +7,10 @@
  *  - a resume continues at the checkpoint's step with the losses and exported parameters of a run
  *    that never stopped;
  *  - the batch of a step and rank, synthetic and from the built-in corpus;
- *  - the flags' values and rules, the backend choice, a plan-only run. */
+ *  - the flags' values and rules, the backend choice, a plan-only run;
+ *  - lr 1e30: the run stops at its first non-finite step with no checkpoint or export of it and
+ *    that step's loss in the summary; fp16 overflow steps are skipped, not stopped; an import
+ *    holding a NaN is refused before any step. */
 #define _GNU_SOURCE
 #include "collectives/launch.h"
 #include "core/error.h"
@@ -19,6 +22,7 @@
 #include "trainer/signals.h"
 #include "trainer/synthetic.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +38,11 @@ struct rec {
   int64_t step[32]; /* each STEP's step, its evaluation and loss */
   int has_eval[32];
   float loss[32];
+  float norm[32];
+  int skipped[32];
   int n_steps;
+  int n_summary;
+  double summary_loss; /* the summary's last loss */
   int64_t ckpt[16];
   int n_ckpt;
   int64_t resumed, exported;
@@ -48,12 +56,18 @@ static int record(void *arg, const struct tz_run_event *ev) {
   if (ev->kind == TZ_RUN_STEP && r->n_steps < 32) {
     r->step[r->n_steps] = ev->metrics->step;
     r->has_eval[r->n_steps] = ev->metrics->has_eval;
+    r->norm[r->n_steps] = (float)ev->metrics->grad_norm;
+    r->skipped[r->n_steps] = ev->metrics->skipped;
     r->loss[r->n_steps++] = (float)ev->metrics->loss;
     if (ev->step == r->stop_at)
       raise(SIGTERM);
   }
   if (ev->kind == TZ_RUN_CHECKPOINT && r->n_ckpt < 16)
     r->ckpt[r->n_ckpt++] = ev->step;
+  if (ev->kind == TZ_RUN_SUMMARY) {
+    r->n_summary++;
+    r->summary_loss = ev->summary->last_loss;
+  }
   if (ev->kind == TZ_RUN_RESUMED)
     r->resumed = ev->step;
   if (ev->kind == TZ_RUN_EXPORTED)
@@ -83,11 +97,18 @@ static void options(struct tz_run_options *o, struct rec *r, int64_t steps) {
   o->arg = r;
 }
 
+/* The learning rate of run() and the settings it adds (NULL-terminated), for one test at a
+ * time. */
+static const char *lr_set = "optimizer.params.lr=0.01", *extra_sets[3];
+
 /* tz_run in a world of one, with the configuration tz-train would make from these options. */
 static int run(struct tz_run_options *o, struct tz_run_result *res) {
-  static const char *const sets[] = {"train_micro_batch_size_per_gpu=2",
-                                     "gradient_accumulation_steps=2", "optimizer.params.lr=0.01"};
-  struct tz_run_sources src = {.sets = sets, .n_sets = 3};
+  const char *sets[6] = {"train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=2",
+                         lr_set};
+  int n = 3;
+  for (int i = 0; extra_sets[i]; i++)
+    sets[n++] = extra_sets[i];
+  struct tz_run_sources src = {.sets = sets, .n_sets = n};
   TZ_ASSERT_OK(tz_run_options_check(o, 1));
   struct tz_config cfg;
   TZ_ASSERT_OK(tz_run_config(o, &src, 1, &cfg));
@@ -397,6 +418,98 @@ static void test_backend_choice(void **state) {
   const char *gpu = tz_compute_probe("cuda", why, sizeof why) == 0 ? "cuda" : "cpu";
   assert_string_equal(tz_run_compute_backend(NULL, "single"), gpu);
 }
+/* lr 1e30 makes the tiny model's gradient non-finite within a few steps: the run stops at the
+ * first such step with an error naming it, keeps no checkpoint or export of that step (the
+ * earlier checkpoints stay), and its summary's last loss is that step's. */
+static void test_nonfinite_step_stops(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, 8);
+  o.ckpt_dir = at("nan-ck");
+  o.save_every = 1;
+  o.export_dir = at("nan-export");
+  lr_set = "optimizer.params.lr=1e30";
+  struct tz_run_result res;
+  int rc = run(&o, &res);
+  lr_set = "optimizer.params.lr=0.01";
+  assert_int_not_equal(rc, 0);
+  assert_true(r.n_steps >= 1 && r.n_steps < 8);
+  int n = r.n_steps; /* the step that stopped it: the last, and the first non-finite one */
+  for (int i = 0; i < n - 1; i++)
+    assert_true(isfinite(r.loss[i]) && isfinite(r.norm[i]));
+  assert_false(isfinite(r.loss[n - 1]) && isfinite(r.norm[n - 1]));
+  char want[64];
+  snprintf(want, sizeof want, "step %d: ", n);
+  assert_non_null(strstr(tz_err_msg(), want));
+  assert_non_null(strstr(tz_err_msg(), "stopping"));
+  assert_int_equal(res.steps_done, n);
+  assert_int_equal(res.saved, n - 1 > 0 ? n - 1 : -1);
+  assert_int_equal(r.n_ckpt, n - 1);
+  for (int i = 0; i < r.n_ckpt; i++)
+    assert_true(r.ckpt[i] < n);
+  char ck[64];
+  snprintf(ck, sizeof ck, "nan-ck/step-%08d", n);
+  assert_int_not_equal(access(at(ck), F_OK), 0);
+  assert_int_equal(r.exported, -1);
+  assert_int_not_equal(access(at("nan-export"), F_OK), 0);
+  assert_int_equal(count(&r, TZ_RUN_ENDED), 0);
+  /* The summary tells the last step's loss as it was, not an earlier finite one. */
+  assert_int_equal(r.n_summary, 1);
+  float last = (float)r.summary_loss;
+  assert_memory_equal(&last, &r.loss[n - 1], sizeof last);
+}
+
+/* fp16 at an initial scale that overflows: those steps are skipped by the loss scaler, as
+ * designed, and the run goes on to its end. */
+static void test_fp16_overflow_skipped_not_stopped(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, 3);
+  extra_sets[0] = "fp16.enabled=true";
+  extra_sets[1] = "fp16.initial_scale_power=100";
+  struct tz_run_result res;
+  int rc = run(&o, &res);
+  extra_sets[0] = extra_sets[1] = NULL;
+  TZ_ASSERT_OK(rc);
+  assert_int_equal(res.steps_done, 3);
+  assert_int_equal(r.n_steps, 3);
+  assert_true(r.skipped[0]);
+  assert_false(isfinite(r.norm[0]));
+  assert_int_equal(count(&r, TZ_RUN_ENDED), 1);
+}
+
+static int get_init_block(void *arg, int b, float *buf) {
+  const struct tz_model_config *mc = arg;
+  TZ_CHECK(tz_model_init_block(mc, b, 7, 0, tz_model_block_numel(mc, b), buf));
+  if (b == 2) /* one NaN in the second layer's block */
+    buf[tz_model_block_numel(mc, b) / 2] = NAN;
+  return 0;
+}
+
+/* --import-safetensors of a checkpoint with a NaN in one tensor is refused before any step,
+ * naming the tensor and the file. */
+static void test_nonfinite_import_refused(void **state) {
+  (void)state;
+  struct tz_model_config mc;
+  TZ_ASSERT_OK(tz_model_preset("tiny", &mc));
+  TZ_ASSERT_OK(tz_hf_export(at("nan-import"), &mc, TZ_F32, get_init_block, &mc));
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, 3);
+  o.model = NULL;
+  o.import_dir = at("nan-import");
+  o.ckpt_dir = at("nan-import-ck");
+  struct tz_run_result res;
+  assert_int_equal(run(&o, &res), TZ_EFORMAT);
+  assert_non_null(strstr(tz_err_msg(), "nan-import/model.safetensors"));
+  assert_non_null(strstr(tz_err_msg(), "model.layers.1."));
+  assert_non_null(strstr(tz_err_msg(), "nan"));
+  assert_int_equal(r.n_steps, 0);
+  assert_int_equal(count(&r, TZ_RUN_BEGIN) + count(&r, TZ_RUN_IMPORTED), 0);
+  assert_int_not_equal(access(at("nan-import-ck/latest"), F_OK), 0);
+}
 
 static void test_plan_only(void **state) {
   (void)state;
@@ -425,6 +538,9 @@ int main(void) {
       cmocka_unit_test(test_options),
       cmocka_unit_test(test_backend_choice),
       cmocka_unit_test(test_plan_only),
+      cmocka_unit_test(test_nonfinite_step_stops),
+      cmocka_unit_test(test_fp16_overflow_skipped_not_stopped),
+      cmocka_unit_test(test_nonfinite_import_refused),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

@@ -1,6 +1,7 @@
 /* safetensors and Hugging Face Llama import/export: bit-exact round trips (F32, BF16, F16 read),
  * the HF tensor names and config.json fields, sharded checkpoints, and clear errors for bad files
- * (truncated, bad JSON, offsets out of range, wrong dtype or shape) naming tensor and offset. */
+ * (truncated, bad JSON, offsets out of range, wrong dtype or shape) naming tensor and offset; a
+ * tensor holding NaN or inf refused, naming the file, the tensor and the element. */
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <math.h>
@@ -442,6 +443,43 @@ static void test_bad_config(void **state) {
   tz_test_rmdir(dir);
 }
 
+/* A checkpoint whose one tensor holds one NaN (then one +inf) is refused when read, naming the
+ * tensor, the file and the value. */
+static void test_nonfinite_weight_refused(void **state) {
+  (void)state;
+  struct tz_model_config cfg = cfg_small(0);
+  static const float bad[2] = {NAN, INFINITY};
+  static const char *const said[2] = {"nan", "inf"};
+  for (int k = 0; k < 2; k++) {
+    struct blocks src = make_blocks(&cfg, 42);
+    struct tz_block_layout l;
+    TZ_ASSERT_OK(tz_model_block_layout(&cfg, 1, &l));
+    src.b[1][l.t[2].offset + 3] = bad[k];
+    char name[128];
+    TZ_ASSERT_OK(tz_hf_tensor_name(&cfg, 1, 2, name, sizeof name));
+    char *dir = tz_test_mkdtemp("st-nan");
+    TZ_ASSERT_OK(tz_hf_export(dir, &cfg, TZ_F32, get_block, &src));
+    tz_hf_model *m;
+    TZ_ASSERT_OK(tz_hf_open(dir, &m));
+    float *buf = malloc(sizeof(float) * tz_model_block_numel(&cfg, 1));
+    TZ_ASSERT_OK(tz_hf_read_block(m, 0, buf)); /* the other blocks are finite */
+    assert_int_equal(tz_hf_read_block(m, 1, buf), TZ_EFORMAT);
+    const char *msg = tz_err_msg();
+    char *file = path_in(dir, "model.safetensors");
+    assert_non_null(strstr(msg, file));
+    char quoted[140];
+    snprintf(quoted, sizeof quoted, "'%s'", name);
+    assert_non_null(strstr(msg, quoted));
+    assert_non_null(strstr(msg, said[k]));
+    assert_non_null(strstr(msg, "element 3"));
+    free(file);
+    free(buf);
+    tz_hf_close(m);
+    free_blocks(&src);
+    tz_test_rmdir(dir);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_f32_untied),
@@ -452,6 +490,7 @@ int main(void) {
       cmocka_unit_test(test_sharded),
       cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_bad_config),
+      cmocka_unit_test(test_nonfinite_weight_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,7 @@
  * training; a compute budget below the minimum is refused with the missing amount; bad flags are
  * usage errors; evaluation, export and import (bit-exact round trip), export from a checkpoint
  * (f32 and bf16), the lane trace, and fp16 loss scaling from the command line, resumed with its
- * scaler state. */
+ * scaler state; a diverging run (lr 1e30) exiting 1 at its first non-finite step. */
 #define _GNU_SOURCE
 #include "core/dtype.h"
 #include "core/error.h"
@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 static char *dir;
 static char bin[1024];
@@ -673,6 +674,32 @@ static void test_fp16_resume(void **state) {
     json_decref(s[i]);
 }
 
+/* lr 1e30: the gradient norm goes non-finite at step 2; tz-train stops there with a non-zero
+ * exit, names the step and the last checkpoint, and saves neither that step nor an export. */
+static void test_nonfinite_stops(void **state) {
+  (void)state;
+  char args[2048];
+  snprintf(args, sizeof args,
+           "--model tiny --steps 6 --seq 16 --set optimizer.params.lr=1e30 --ckpt-dir %s/nan-ck "
+           "--save-every 1 --export-safetensors %s/nan-export",
+           dir, dir);
+  int rc = tz_train(args);
+  const char *out = output();
+  if (rc == 0)
+    print_error("%s", out);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, "step 2: gradient norm is nan"));
+  assert_non_null(strstr(out, "stopping"));
+  assert_non_null(strstr(out, "nan-ck/step-00000001 is the last finite state"));
+  assert_null(strstr(out, "step 3/6"));
+  assert_null(strstr(out, "parameters after"));
+  char path[1100];
+  snprintf(path, sizeof path, "%s/nan-ck/step-00000002", dir);
+  assert_int_not_equal(access(path, F_OK), 0);
+  snprintf(path, sizeof path, "%s/nan-export", dir);
+  assert_int_not_equal(access(path, F_OK), 0);
+}
+
 int main(void) {
   const char *b = getenv("TZ_BIN");
   if (!b)
@@ -685,7 +712,7 @@ int main(void) {
       cmocka_unit_test(test_faults),        cmocka_unit_test(test_eval),
       cmocka_unit_test(test_export_import), cmocka_unit_test(test_export_from_checkpoint),
       cmocka_unit_test(test_trace),         cmocka_unit_test(test_fp16),
-      cmocka_unit_test(test_fp16_resume),
+      cmocka_unit_test(test_fp16_resume),   cmocka_unit_test(test_nonfinite_stops),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

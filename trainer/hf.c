@@ -346,6 +346,31 @@ static int file_for(tz_hf_model *m, const char *name, tz_st_file **f) {
   return 0;
 }
 
+/* The index of the first element of t (n floats) that is not finite, or -1. */
+static int64_t first_nonfinite(const float *t, uint64_t n) {
+  for (uint64_t i = 0; i < n; i++)
+    if (!isfinite(t[i]))
+      return (int64_t)i;
+  return -1;
+}
+
+/* The refusal of tensor `name` of file f, whose element at holds v (not finite): training from it
+ * would give non-finite losses from the first step. */
+static int nonfinite_weight(const tz_hf_model *m, const tz_st_file *f, const char *name, int64_t at,
+                            float v) {
+  const char *file = m->names[0];
+  for (int i = 0; i < m->n_files; i++)
+    if (m->files[i] == f)
+      file = m->names[i];
+  return tz_err_set(TZ_EFORMAT,
+                    "%s/%s: tensor '%s' element %lld is %s: weights must be finite (is it the "
+                    "checkpoint of a run that diverged?)",
+                    m->dir, file, name, (long long)at,
+                    isnan(v) ? "nan"
+                    : v > 0  ? "inf"
+                             : "-inf");
+}
+
 int tz_hf_read_block(tz_hf_model *m, int block, float *out) {
   struct tz_block_layout l;
   TZ_CHECK(tz_model_block_layout(&m->cfg, block, &l));
@@ -355,7 +380,11 @@ int tz_hf_read_block(tz_hf_model *m, int block, float *out) {
     TZ_CHECK(tz_hf_tensor_name(&m->cfg, block, i, name, sizeof name));
     tz_st_file *f = NULL;
     TZ_CHECK(file_for(m, name, &f));
-    TZ_CHECK(tz_st_read_f32(f, name, l.t[i].ndim, l.t[i].shape, out + l.t[i].offset));
+    float *t = out + l.t[i].offset;
+    TZ_CHECK(tz_st_read_f32(f, name, l.t[i].ndim, l.t[i].shape, t));
+    int64_t at = first_nonfinite(t, l.t[i].numel);
+    if (at >= 0)
+      return nonfinite_weight(m, f, name, at, t[at]);
   }
   return 0;
 }

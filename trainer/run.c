@@ -16,6 +16,7 @@
 #include "topo/topo.h"
 #include "util/clock.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -441,6 +442,62 @@ static int evaluate(struct run *r, float *loss) {
   return tz_trainer_eval(r->tr, r->tok, r->tgt, loss);
 }
 
+/* ---- A non-finite step ---- */
+
+/* v (non-finite) as printed: "nan", "inf" or "-inf" (a NaN's sign means nothing). */
+static const char *nonfinite_name(double v) { return isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
+
+/* The checkpoint the run would resume from now, into buf: "checkpoint DIR/step-N" or why none. */
+static void last_checkpoint(const struct run *r, char *buf, size_t len) {
+  const struct tz_run_options *o = r->o;
+  int64_t saved = r->res->saved;
+  const char *root = o->resume && saved == r->res->start ? o->resume : o->ckpt_dir;
+  if (saved >= 0 && root)
+    snprintf(buf, len, "the last checkpoint %s/step-%08lld is the last finite state", root,
+             (long long)saved);
+  else
+    snprintf(buf, len, "nothing was saved%s", o->ckpt_dir ? " before it" : " (no --ckpt-dir)");
+}
+
+/* After step `done` (1-based) whose loss or gradient norm is not finite and which the fp16 loss
+ * scaler did not skip: the run ends here, before anything writes the state (its update is
+ * pending folded, or already applied unfolded): no checkpoint, no export, the summary of the steps
+ * taken with that step's own loss, and an error naming the step. Every rank sees the same
+ * all-reduced loss and norm, so every rank stops after the same step. */
+static int stop_nonfinite(struct run *r, int64_t done, double loss, double norm) {
+  char what[128], ckpt[1200];
+  if (isfinite(loss))
+    snprintf(what, sizeof what, "gradient norm is %s (loss %.6g)", nonfinite_name(norm), loss);
+  else if (isfinite(norm))
+    snprintf(what, sizeof what, "loss is %s (gradient norm %.6g)", nonfinite_name(loss), norm);
+  else
+    snprintf(what, sizeof what, "loss is %s (gradient norm %s)", nonfinite_name(loss),
+             nonfinite_name(norm));
+  last_checkpoint(r, ckpt, sizeof ckpt);
+  r->began = 0;
+  TZ_CHECK(emit_kind(r, TZ_RUN_STEPS_END, done));
+  struct tz_sched_stats st;
+  tz_trainer_sched_stats(r->tr, &st);
+  struct tz_run_event ev = {.kind = TZ_RUN_SUMMARY,
+                            .summary = &r->sum,
+                            .sched = &st,
+                            .first_loss = r->res->first_loss,
+                            .last_loss = r->res->last_loss};
+  TZ_CHECK(emit(r, &ev));
+  if (r->mw)
+    TZ_CHECK(tz_metrics_write_summary(r->mw, &r->sum));
+  return tz_err_set(TZ_EINVAL,
+                    "step %lld: %s: stopping; %s (a learning rate too high, or bad data or "
+                    "weights, makes training diverge)",
+                    (long long)done, what, ckpt);
+}
+
+/* 1 when the step's figures are finite or the fp16 loss scaler skipped it (its overflow is a
+ * skipped update by design, not a divergence). */
+static int step_finite(const struct tz_step_metrics *m) {
+  return m->skipped || (isfinite(m->loss) && isfinite(m->grad_norm));
+}
+
 /* Step s (0-based): the step, its figures, its evaluation when due, and the events. */
 static int step(struct run *r, int64_t s) {
   const struct tz_run_options *o = r->o;
@@ -475,11 +532,12 @@ static int step(struct run *r, int64_t s) {
   }
   tz_metrics_derive(&m, r->fpt, r->peak);
   tz_metrics_summary_add(&r->sum, &m);
+  r->sum.last_loss = m.loss; /* the last step's as it was, a non-finite one too */
   struct tz_run_event ev = {.kind = TZ_RUN_STEP, .step = m.step, .metrics = &m};
   TZ_CHECK(emit(r, &ev));
   if (r->mw)
     TZ_CHECK(tz_metrics_write_step(r->mw, &m));
-  return 0;
+  return step_finite(&m) ? 0 : stop_nonfinite(r, m.step, m.loss, m.grad_norm);
 }
 
 static int save(struct run *r, int64_t done) {
