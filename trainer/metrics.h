@@ -109,6 +109,11 @@ typedef struct tz_metrics_writer tz_metrics_writer;
 /* Opens path for JSONL (truncated, or appended to when append is set: a resumed run). Lines are
  * buffered and flushed one by one, never fsynced. TZ_EIO/TZ_EPERM/TZ_ENOENT with the path. */
 int tz_metrics_writer_create(const char *path, int append, tz_metrics_writer **out);
+/* Opens path for a run resumed after step: the file (created if missing) is appended to, once the
+ * lines it has from step + 1 on (a run that went past its last checkpoint before it stopped, and
+ * a line torn by the crash) are cut off, by an atomic rewrite, so that every step has one line.
+ * TZ_EIO/TZ_EPERM/TZ_ENOENT/TZ_ENOSPC with the path. */
+int tz_metrics_writer_resume(const char *path, int64_t step, tz_metrics_writer **out);
 void tz_metrics_writer_destroy(tz_metrics_writer *w); /* closes; NULL is a no-op */
 /* One line: the step object (docs/data.md). TZ_EIO with the path when the write fails. */
 int tz_metrics_write_step(tz_metrics_writer *w, const struct tz_step_metrics *m);
