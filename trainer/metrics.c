@@ -454,6 +454,22 @@ struct tz_display {
   char line[512];    /* the last bar drawn */
 };
 
+int tz_display_mode_parse(const char *name, enum tz_display_mode *out) {
+  static const struct {
+    const char *name;
+    enum tz_display_mode mode;
+  } names[] = {{"plain", TZ_DISPLAY_LINES}, {"bar", TZ_DISPLAY_BAR}, {"auto", TZ_DISPLAY_AUTO}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (name && strcmp(name, names[i].name) == 0) {
+      *out = names[i].mode;
+      return 0;
+    }
+  return tz_err_set(TZ_EINVAL,
+                    "progress mode '%s': expected plain (a line per step), bar (one line redrawn "
+                    "in place) or auto (a bar on a terminal, plain otherwise)",
+                    name ? name : "");
+}
+
 int tz_display_create(FILE *f, enum tz_display_mode mode, int64_t every, tz_display **out) {
   *out = NULL;
   if (!f || every < 1 || mode < TZ_DISPLAY_AUTO || mode > TZ_DISPLAY_QUIET)

@@ -131,7 +131,11 @@ enum tz_display_mode {
   TZ_DISPLAY_QUIET, /* nothing */
 };
 
-/* Writes to f (borrowed; stderr usually). every >= 1. TZ_EINVAL, TZ_ENOMEM. */
+/* The mode a name gives (tz-train --progress): "plain" (LINES), "bar" or "auto"; TZ_EINVAL
+ * naming the value and the names otherwise, *out unchanged. */
+int tz_display_mode_parse(const char *name, enum tz_display_mode *out);
+
+/* Writes to f (borrowed; tz-train gives stdout). every >= 1. TZ_EINVAL, TZ_ENOMEM. */
 int tz_display_create(FILE *f, enum tz_display_mode mode, int64_t every, tz_display **out);
 /* Ends a bar that is showing (a newline) and frees d; NULL is a no-op. */
 void tz_display_destroy(tz_display *d);
