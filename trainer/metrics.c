@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -150,10 +151,14 @@ int tz_metrics_writer_create(const char *path, int append, tz_metrics_writer **o
   return 0;
 }
 
-/* The whole of path in *buf (malloc'd, *n bytes); an absent file is empty (*buf NULL). */
+/* The whole of path in *buf (malloc'd, *n bytes); an absent file, and what is not a regular file
+ * (/dev/stdout, a pipe: nothing to read back, and a read could block), are empty (*buf NULL). */
 static int read_all(const char *path, char **buf, size_t *n) {
   *buf = NULL;
   *n = 0;
+  struct stat st;
+  if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+    return 0;
   FILE *f = fopen(path, "re");
   if (!f)
     return errno == ENOENT ? 0 : tz_err_errno(errno, "metrics: cannot read %s", path);
