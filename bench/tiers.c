@@ -137,16 +137,19 @@ static double run_fio(const char *file, uint64_t size, uint64_t block, int qd, i
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: tz-bench tiers [--json] [--path DIR] [--size BYTES] [--reps N] [--qd N]\n"
-          "  host<->nvme through the tier API beside fio (io_uring, O_DIRECT) over block sizes\n"
-          "  128K..8M, reading, writing, and both at once (r+w: the sum of the two directions);\n"
-          "  GPU pairs too where there is a GPU.\n"
-          "  --path DIR   directory on the drive to measure (default /var/tmp)\n"
-          "  --size BYTES bytes moved per measurement (default 512M)\n"
-          "  --reps N     interleaved repetitions; the median is kept (default 3)\n"
-          "  --qd N       operations in flight (default 32)\n"
-          "  --min B --max B  block size range (default 128K..8M)\n");
+  fprintf(
+      f, "usage: tz-bench tiers [--json] [--path DIR] [--size BYTES] [--reps N] [--qd N]\n"
+         "  host<->nvme through the tier API beside fio (io_uring, O_DIRECT) over block sizes\n"
+         "  128K..8M, reading, writing, and both at once (r+w: the sum of the two directions);\n"
+         "  GPU pairs too where there is a GPU.\n"
+         "  --path DIR   directory on the drive to measure (default /var/tmp)\n"
+         "  --size BYTES bytes moved per measurement (default 512M; at least --qd x --max,\n"
+         "               raised to that, with a line on stderr that says so)\n"
+         "  --reps N     interleaved repetitions; the median is kept (default 3)\n"
+         "  --qd N       operations in flight (default 32)\n"
+         "  --min B --max B  block size range (default 128K..8M)\n"
+         "  Exit status: 0 when the rows this machine has are measured (host<->nvme, and the\n"
+         "  GPU rows where there is a GPU), 77 when nvme cannot run here, 1 a failure, 2 usage.\n");
 }
 
 int tz_bench_tiers(int argc, char **argv) {
@@ -181,8 +184,19 @@ int tz_bench_tiers(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (o.size < bmax * (uint64_t)qd)
-    o.size = bmax * (uint64_t)qd;
+  if (o.size < bmax * (uint64_t)qd) {
+    /* Each measurement keeps qd blocks of the largest size in flight: less than that is no
+     * measurement of that depth. */
+    uint64_t need = bmax * (uint64_t)qd;
+    char size[32];
+    snprintf(size, sizeof size, need % (1 << 20) ? "%llu bytes" : "%llu MiB",
+             (unsigned long long)(need % (1 << 20) ? need : need >> 20));
+    fprintf(stderr,
+            "tz-bench tiers: --size %llu bytes raised to %s: --qd %d blocks of --max %llu bytes "
+            "in flight at once\n",
+            (unsigned long long)o.size, size, qd, (unsigned long long)bmax);
+    o.size = need;
+  }
   char why[256];
   if (tz_tier_probe("nvme", why, sizeof why) < 0) {
     fprintf(stderr, "tz-bench tiers: %s\n", why);
@@ -293,8 +307,12 @@ done:
   unlink(fio_file);
   unlink(fio_file2);
   tz_runtime_destroy(rt);
-  if (rc == 0 && tz_bench_tiers_gpu)
-    rc = tz_bench_tiers_gpu(&o);
+  /* The nvme rows are measured: a machine without a GPU (77 from the GPU rows) is measured
+   * whole, not skipped. */
+  if (rc == 0 && tz_bench_tiers_gpu) {
+    int gpu = tz_bench_tiers_gpu(&o);
+    rc = gpu == 77 ? 0 : gpu;
+  }
   return rc;
 fail:
   fprintf(stderr, "tz-bench tiers: %s\n", tz_err_msg());

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tz_version.h"
+
 static const struct {
   const char *name;
   int (*run)(int argc, char **argv);
@@ -27,12 +29,17 @@ static void usage(FILE *f) {
       "usage: tz-bench <benchmark> [options]   (tz-bench <benchmark> --help for its options)\n\n");
   for (size_t i = 0; subcommands[i].name; i++)
     fprintf(f, "  %-12s %s\n", subcommands[i].name, subcommands[i].help);
+  fprintf(f, "\n  tz-bench --version   the version, the commit and the libraries compiled in\n");
 }
 
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
+  }
+  if (strcmp(argv[1], "--version") == 0) {
+    tz_version_print(stdout, "tz-bench");
+    return 0;
   }
   for (size_t i = 0; subcommands[i].name; i++)
     if (strcmp(argv[1], subcommands[i].name) == 0)

@@ -1,6 +1,6 @@
 /* Metrics: the JSONL file read back with jansson, the display in its plain-line mode (not a
  * terminal) and its bar mode (a pseudo-terminal), the summary's figures, and the FLOPs formula
- * against the known size of llama-7b. */
+ * against the known size of llama-7b; a resumed run's file, and the names of the display modes. */
 #define _GNU_SOURCE
 #include "testlib.h"
 
@@ -197,6 +197,94 @@ static int count_lines(const char *s) {
   for (; *s; s++)
     n += *s == '\n';
   return n;
+}
+
+/* The step of each line of path (-1 for a summary line), in order; returns their number. */
+static int file_steps(const char *path, int64_t *steps, int max) {
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[8192];
+  int n = 0;
+  while (fgets(line, sizeof line, f)) {
+    json_error_t err;
+    json_t *o = json_loads(line, 0, &err);
+    if (!o)
+      print_error("line %d does not parse: %s", n + 1, line);
+    assert_non_null(o);
+    assert_true(n < max);
+    steps[n++] = json_is_true(json_object_get(o, "summary"))
+                     ? -1
+                     : json_integer_value(json_object_get(o, "step"));
+    json_decref(o);
+  }
+  fclose(f);
+  return n;
+}
+
+/* A run resumed from the checkpoint of step 4 appends to a file whose run went on to step 6 and
+ * died while writing step 7: the lines after step 4 (steps 5 and 6, the torn line) go, the rest
+ * stays, and the resumed steps follow; a file without lines past the step is kept whole, and a
+ * missing one is created. */
+static void test_metrics_resume_drops_steps_past_checkpoint(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("metrics-resume");
+  char *path = NULL;
+  assert_true(asprintf(&path, "%s/m.jsonl", dir) > 0);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int s = 1; s <= 6; s++)
+    fprintf(f, "{\"step\":%d,\"loss\":1.5}\n", s);
+  fputs("{\"step\":7,\"lo", f);
+  fclose(f);
+  tz_metrics_writer *w = NULL;
+  TZ_ASSERT_OK(tz_metrics_writer_resume(path, 4, &w));
+  int64_t steps[16];
+  assert_int_equal(file_steps(path, steps, 16), 4); /* rewritten before the first step */
+  for (int64_t s = 5; s <= 6; s++) {
+    struct tz_step_metrics m;
+    fill_step(&m, s, 6);
+    TZ_ASSERT_OK(tz_metrics_write_step(w, &m));
+  }
+  struct tz_metrics_summary sum;
+  tz_metrics_summary_init(&sum, 1e6, 0);
+  TZ_ASSERT_OK(tz_metrics_write_summary(w, &sum));
+  tz_metrics_writer_destroy(w);
+  assert_int_equal(file_steps(path, steps, 16), 7);
+  for (int i = 0; i < 6; i++)
+    assert_int_equal(steps[i], i + 1);
+  assert_int_equal(steps[6], -1);
+  /* Resumed from its last step: nothing to drop, the first segment's summary stays. */
+  TZ_ASSERT_OK(tz_metrics_writer_resume(path, 6, &w));
+  tz_metrics_writer_destroy(w);
+  assert_int_equal(file_steps(path, steps, 16), 7);
+  /* Resumed from step 0 (a checkpoint before any step): every step goes. */
+  TZ_ASSERT_OK(tz_metrics_writer_resume(path, 0, &w));
+  tz_metrics_writer_destroy(w);
+  assert_int_equal(file_steps(path, steps, 16), 0);
+  char *fresh = NULL;
+  assert_true(asprintf(&fresh, "%s/new.jsonl", dir) > 0);
+  TZ_ASSERT_OK(tz_metrics_writer_resume(fresh, 3, &w));
+  tz_metrics_writer_destroy(w);
+  assert_int_equal(file_steps(fresh, steps, 16), 0);
+  free(fresh);
+  free(path);
+  tz_test_rmdir(dir);
+}
+
+/* --progress's names: plain (lines), bar, auto; anything else is refused by name. */
+static void test_display_mode_parse(void **state) {
+  (void)state;
+  enum tz_display_mode m = TZ_DISPLAY_QUIET;
+  TZ_ASSERT_OK(tz_display_mode_parse("plain", &m));
+  assert_int_equal(m, TZ_DISPLAY_LINES);
+  TZ_ASSERT_OK(tz_display_mode_parse("bar", &m));
+  assert_int_equal(m, TZ_DISPLAY_BAR);
+  TZ_ASSERT_OK(tz_display_mode_parse("auto", &m));
+  assert_int_equal(m, TZ_DISPLAY_AUTO);
+  assert_int_equal(tz_display_mode_parse("fancy", &m), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "'fancy'"));
+  assert_non_null(strstr(tz_err_msg(), "plain"));
+  assert_int_equal(m, TZ_DISPLAY_AUTO);
 }
 
 static void test_display_lines(void **state) {
@@ -402,9 +490,14 @@ static void test_summary(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_jsonl),         cmocka_unit_test(test_traffic_limits),
-      cmocka_unit_test(test_display_lines), cmocka_unit_test(test_display_bar),
-      cmocka_unit_test(test_flops),         cmocka_unit_test(test_summary),
+      cmocka_unit_test(test_jsonl),
+      cmocka_unit_test(test_traffic_limits),
+      cmocka_unit_test(test_display_lines),
+      cmocka_unit_test(test_display_bar),
+      cmocka_unit_test(test_flops),
+      cmocka_unit_test(test_summary),
+      cmocka_unit_test(test_metrics_resume_drops_steps_past_checkpoint),
+      cmocka_unit_test(test_display_mode_parse),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

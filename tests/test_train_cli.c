@@ -3,7 +3,8 @@
  * training; a compute budget below the minimum is refused with the missing amount; bad flags are
  * usage errors; evaluation, export and import (bit-exact round trip), export from a checkpoint
  * (f32 and bf16), the lane trace, and fp16 loss scaling from the command line, resumed with its
- * scaler state; a diverging run (lr 1e30) exiting 1 at its first non-finite step. */
+ * scaler state; a diverging run (lr 1e30) exiting 1 at its first non-finite step; a resumed
+ * run's metrics file, --progress, and --version of every program. */
 #define _GNU_SOURCE
 #include "core/dtype.h"
 #include "core/error.h"
@@ -13,6 +14,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -621,13 +623,16 @@ static void test_fp16_resume(void **state) {
   assert_true(skipped >= 3 && skipped <= 11); /* overflows and good steps both */
   const int from[] = {8, 10};
   for (int k = 0; k < 2; k++) {
-    snprintf(args, sizeof args, "%s --metrics %s/f16r.jsonl --resume %s/f16ck/step-%08d", common,
-             dir, dir, from[k]);
+    /* A file of its own per resume: a resumed run appends to its metrics file. */
+    snprintf(args, sizeof args, "%s --metrics %s/f16r%d.jsonl --resume %s/f16ck/step-%08d", common,
+             dir, k, dir, from[k]);
     rc = tz_train(args);
     if (rc != 0)
       print_error("%s", output());
     assert_int_equal(rc, 0);
-    assert_int_equal(read_metrics("f16r.jsonl", r, 16, &sum), 14 - from[k]);
+    char name[32];
+    snprintf(name, sizeof name, "f16r%d.jsonl", k);
+    assert_int_equal(read_metrics(name, r, 16, &sum), 14 - from[k]);
     int rskipped = 0;
     for (int i = 0; i < 14 - from[k]; i++) {
       json_t *a = s[from[k] + i], *b = r[i];
@@ -698,6 +703,97 @@ static void test_nonfinite_stops(void **state) {
   assert_int_not_equal(access(path, F_OK), 0);
   snprintf(path, sizeof path, "%s/nan-export", dir);
   assert_int_not_equal(access(path, F_OK), 0);
+/* The steps of a metrics file's step objects, in file order; returns their number. */
+static int metric_steps(const char *name, int64_t *steps, int max) {
+  json_t *o[32], *sum;
+  int n = read_metrics(name, o, max < 32 ? max : 32, &sum);
+  for (int i = 0; i < n; i++) {
+    steps[i] = json_integer_value(json_object_get(o[i], "step"));
+    json_decref(o[i]);
+  }
+  json_decref(sum);
+  return n;
+}
+
+/* A resumed run appends to its --metrics file; the lines of steps after the checkpoint it resumes
+ * from (a run that went on past its last checkpoint before it stopped) are dropped, so that the
+ * file has steps 1..N once each, in order. A run without --resume starts the file anew. */
+static void test_resumed_metrics_keep_every_step_once(void **state) {
+  (void)state;
+  const char *common = "--model tiny --seq 16 --data synthetic";
+  char args[2048];
+  snprintf(args, sizeof args, "%s --steps 6 --save-every 2 --ckpt-dir %s/mck --metrics %s/rm.jsonl",
+           common, dir, dir);
+  int rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  /* From step 4: steps 5 and 6 of the file are past the checkpoint. */
+  snprintf(args, sizeof args, "%s --steps 8 --resume %s/mck/step-00000004 --metrics %s/rm.jsonl",
+           common, dir, dir);
+  rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  int64_t steps[32];
+  int n = metric_steps("rm.jsonl", steps, 32);
+  for (int i = 0; i < n; i++)
+    if (steps[i] != i + 1)
+      print_error("line %d of the step objects has step %lld\n", i + 1, (long long)steps[i]);
+  assert_int_equal(n, 8);
+  for (int i = 0; i < n; i++)
+    assert_int_equal(steps[i], i + 1);
+  /* A fresh run's file holds that run only. */
+  snprintf(args, sizeof args, "%s --steps 2 --metrics %s/rm.jsonl", common, dir);
+  assert_int_equal(tz_train(args), 0);
+  assert_int_equal(metric_steps("rm.jsonl", steps, 32), 2);
+}
+
+/* --progress plain writes lines without a control character (what `mpirun ... > log` should
+ * hold); --progress bar redraws its line even into a file; an unknown mode is refused by name. */
+static void test_progress_plain_has_no_control_characters(void **state) {
+  (void)state;
+  int rc = tz_train("--model tiny --steps 3 --seq 16 --data synthetic --progress plain");
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  const char *out = output();
+  assert_non_null(strstr(out, "step 3/3"));
+  for (const char *c = out; *c; c++)
+    if ((unsigned char)*c < 0x20 && *c != '\n') {
+      print_error("control character 0x%02x at offset %td\n", *c, c - out);
+      fail();
+    }
+  assert_int_equal(tz_train("--model tiny --steps 2 --seq 16 --data synthetic --progress bar"), 0);
+  assert_non_null(strchr(output(), '\r'));
+  assert_int_equal(tz_train("--model tiny --steps 1 --progress sparkle"), 2);
+  assert_non_null(strstr(output(), "--progress"));
+  assert_non_null(strstr(output(), "sparkle"));
+}
+
+/* Every program answers --version with one line: its name, the project's version, the commit it
+ * was built from, and which of CUDA, NCCL and MPI it was built with; exit status 0. */
+static void test_version_of_every_program(void **state) {
+  (void)state;
+  const char *progs[] = {"tz-train", "tz-bench", "tz-topo", "tz-model-check"};
+  for (int i = 0; i < 4; i++) {
+    char cmd[4096], pattern[256];
+    snprintf(cmd, sizeof cmd, "%s/%s --version > %s/out 2>&1", getenv("TZ_BIN"), progs[i], dir);
+    int st = system(cmd);
+    const char *out = output();
+    snprintf(pattern, sizeof pattern,
+             "^%s [0-9]+\\.[0-9]+(\\.[0-9]+)* \\(commit [^ ;]+; CUDA (yes|no), NCCL (yes|no), MPI "
+             "(yes|no)\\)\n$",
+             progs[i]);
+    regex_t re;
+    assert_int_equal(regcomp(&re, pattern, REG_EXTENDED | REG_NOSUB), 0);
+    int match = regexec(&re, out, 0, NULL, 0);
+    regfree(&re);
+    if (match != 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      print_error("%s --version: status %d, output: %s\n", progs[i], st, out);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_int_equal(match, 0);
+  }
 }
 
 int main(void) {
@@ -707,12 +803,21 @@ int main(void) {
   snprintf(bin, sizeof bin, "%s/tz-train", b);
   dir = tz_test_mkdtemp("train-cli");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_run),           cmocka_unit_test(test_corpus),
-      cmocka_unit_test(test_plan),          cmocka_unit_test(test_plan_for_gpu),
-      cmocka_unit_test(test_faults),        cmocka_unit_test(test_eval),
-      cmocka_unit_test(test_export_import), cmocka_unit_test(test_export_from_checkpoint),
-      cmocka_unit_test(test_trace),         cmocka_unit_test(test_fp16),
-      cmocka_unit_test(test_fp16_resume),   cmocka_unit_test(test_nonfinite_stops),
+      cmocka_unit_test(test_run),
+      cmocka_unit_test(test_corpus),
+      cmocka_unit_test(test_plan),
+      cmocka_unit_test(test_plan_for_gpu),
+      cmocka_unit_test(test_faults),
+      cmocka_unit_test(test_eval),
+      cmocka_unit_test(test_export_import),
+      cmocka_unit_test(test_export_from_checkpoint),
+      cmocka_unit_test(test_trace),
+      cmocka_unit_test(test_fp16),
+      cmocka_unit_test(test_fp16_resume),
+      cmocka_unit_test(test_nonfinite_stops),
+      cmocka_unit_test(test_resumed_metrics_keep_every_step_once),
+      cmocka_unit_test(test_progress_plain_has_no_control_characters),
+      cmocka_unit_test(test_version_of_every_program),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

@@ -13,12 +13,14 @@
 #include "kernels/compute.h"
 #include "trainer/hf.h"
 #include "trainer/model.h"
+#include "tz_version.h"
 
 static void usage(FILE *fp) {
   fprintf(fp, "usage: tz-model-check --import DIR --tokens T0,T1,... [--backend cpu]"
               " [--threads N]\n"
               "       tz-model-check --preset NAME [--seed S] --export DIR"
-              " [--dtype f32|bf16|f16]\n");
+              " [--dtype f32|bf16|f16]\n"
+              "       tz-model-check --version\n");
 }
 
 static int parse_tokens(const char *s, int32_t **out, int *n) {
@@ -87,12 +89,17 @@ int main(int argc, char **argv) {
   const char *dtype_s = "f32";
   unsigned long long seed = 1;
   int threads = 0;
-  static const struct option opts[] = {
-      {"import", required_argument, 0, 'i'},  {"export", required_argument, 0, 'e'},
-      {"preset", required_argument, 0, 'p'},  {"tokens", required_argument, 0, 't'},
-      {"seed", required_argument, 0, 's'},    {"dtype", required_argument, 0, 'd'},
-      {"backend", required_argument, 0, 'b'}, {"threads", required_argument, 0, 'j'},
-      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+  static const struct option opts[] = {{"import", required_argument, 0, 'i'},
+                                       {"export", required_argument, 0, 'e'},
+                                       {"preset", required_argument, 0, 'p'},
+                                       {"tokens", required_argument, 0, 't'},
+                                       {"seed", required_argument, 0, 's'},
+                                       {"dtype", required_argument, 0, 'd'},
+                                       {"backend", required_argument, 0, 'b'},
+                                       {"threads", required_argument, 0, 'j'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {"version", no_argument, 0, 'V'},
+                                       {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
@@ -105,6 +112,7 @@ int main(int argc, char **argv) {
     case 'b': backend = optarg; break;
     case 'j': threads = atoi(optarg); break;
     case 'h': usage(stdout); return 0;
+    case 'V': tz_version_print(stdout, "tz-model-check"); return 0;
     default: usage(stderr); return 2;
     }
   }

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "topo/topo.h"
 #include "util/size.h"
+#include "tz_version.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -32,6 +33,7 @@ static void usage(FILE *f) {
           "                       and read per NVMe directory (the --swap-dir ones, else those\n"
           "                       advised), pinned H2D and D2H per GPU\n"
           "  --measure-size SIZE  bytes per path and direction (default 256M)\n"
+          "  --version            the version, the commit and the libraries compiled in\n"
           "  -h, --help\n",
           TZ_TOPO_MAX_SWAP_DIRS);
 }
@@ -55,7 +57,8 @@ int main(int argc, char **argv) {
     OPT_BIND,
     OPT_MEASURE,
     OPT_MEASURE_SIZE,
-    OPT_JSON
+    OPT_JSON,
+    OPT_VERSION
   };
   static const struct option opts[] = {
       {"json", no_argument, NULL, OPT_JSON},
@@ -71,6 +74,7 @@ int main(int argc, char **argv) {
       {"bind", required_argument, NULL, OPT_BIND},
       {"measure", no_argument, NULL, OPT_MEASURE},
       {"measure-size", required_argument, NULL, OPT_MEASURE_SIZE},
+      {"version", no_argument, NULL, OPT_VERSION},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -140,6 +144,7 @@ int main(int argc, char **argv) {
       mp.bytes = size;
       break;
     case 'h': usage(stdout); return 0;
+    case OPT_VERSION: tz_version_print(stdout, "tz-topo"); return 0;
     default: usage(stderr); return 2;
     }
   }

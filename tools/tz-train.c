@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "tz_demo_config.h"
+#include "tz_version.h"
 
 static void usage(FILE *f) {
   fprintf(
@@ -39,7 +40,12 @@ static void usage(FILE *f) {
       "                       shard or a glob of them (docs/data.md), or synthetic\n"
       "  --metrics FILE       one JSON object per step (docs/data.md: step, loss, grad_norm,\n"
       "                       lr, step_s, bound_s, stall_s, coll_s, tokens_per_s, skipped,\n"
-      "                       loss_scale, eval_loss, ...), then a summary object\n"
+      "                       loss_scale, eval_loss, ...), then a summary object; a new\n"
+      "                       file for a new run, continued after the checkpoint's step\n"
+      "                       with --resume\n"
+      "  --progress MODE      plain (a line per step, no control characters: for logs),\n"
+      "                       bar (one line redrawn in place) or auto (the default: a bar\n"
+      "                       when stdout is a terminal, plain otherwise)\n"
       "  --eval-every N       every N steps and after the last, the loss on the validation\n"
       "                       split (forward only, parameters unchanged)\n"
       "  --val-fraction F     share of the data's windows held out for --eval-every, in\n"
@@ -87,12 +93,12 @@ static void usage(FILE *f) {
       "                       taken, or one step-N directory); DIR defaults to --ckpt-dir,\n"
       "                       and --ckpt-dir to DIR when DIR is not a step directory.\n"
       "                       --steps stays the total: the run ends after step N\n"
+      "  --version            the version, the commit and the libraries compiled in\n"
       "  -h, --help           this text\n\n"
       "Precedence: built-in defaults, then each --config file in order, then TZ_* environment\n"
       "variables, then --set, then the flags above (--seed, --model, --trace-step).\n"
-      "Output: a progress bar on a terminal, otherwise a line per step (\"step N/M | loss\n"
-      "...\"), then a summary. Exit status: 0 done, 1 a failure while running, 2 a usage or\n"
-      "configuration error.\n"
+      "Output, on stdout: the progress (--progress), then a summary; errors on stderr. Exit\n"
+      "status: 0 done, 1 a failure while running, 2 a usage or configuration error.\n"
       "Without arguments tz-train runs the demo (a tiny Llama, optimizer state on NVMe files).\n");
 }
 
@@ -103,13 +109,15 @@ struct opts {
   const char *sets[32];
   int nproc;
   const char *demo_dir; /* no arguments: the demo, with its nvme files in this directory */
+  enum tz_display_mode progress;
 };
 
 /* The flags in the order --help lists them (getopt_long names them in this order when a prefix is
  * ambiguous), one space after each. Those of a run are read by tz_run_option_set; config, nproc,
- * set and resume are tz-train's own. */
+ * set, resume and progress are tz-train's own. */
 static const char flag_names[] =
-    "config model steps seed seq metrics plan gpu-memory layer-rate world collective-rate backend "
+    "config model steps seed seq metrics progress plan gpu-memory layer-rate world collective-rate "
+    "backend "
     "auto-placement optimizer-step rates remeasure nproc set data ckpt-dir save-every keep resume "
     "eval-every val-fraction import-safetensors export-safetensors export-dtype trace-step trace ";
 
@@ -129,6 +137,10 @@ static int own_flag(const char *f, int argc, char **argv, struct opts *o) {
     return BAD("at most 32 --set options");
   else if (strcmp(f, "set") == 0)
     o->sets[o->src.n_sets++] = optarg;
+  else if (strcmp(f, "progress") == 0 && tz_display_mode_parse(optarg, &o->progress) < 0)
+    return BAD("--progress: %s", tz_err_msg());
+  else if (strcmp(f, "progress") == 0)
+    return 0;
   else { /* nproc */
     errno = 0;
     long long v = strtoll(optarg, &end, 10);
@@ -146,7 +158,7 @@ static int parse(int argc, char **argv, struct opts *o) {
   memcpy(names, flag_names, sizeof names);
   for (char *t = strtok(names, " "); t; t = strtok(NULL, " "))
     flags[n++] = t;
-  struct option longs[sizeof flag_names / 2 + 1];
+  struct option longs[sizeof flag_names / 2 + 2];
   for (int i = 0; i < n; i++) { /* distinct values: else a prefix of two is not ambiguous */
     int sw = tz_run_option_is_switch(flags[i]) == 1;
     longs[i] = (struct option){flags[i],
@@ -156,7 +168,8 @@ static int parse(int argc, char **argv, struct opts *o) {
                                0, 256 + i};
   }
   longs[n] = (struct option){"help", no_argument, 0, 'h'};
-  longs[n + 1] = (struct option){0, 0, 0, 0};
+  longs[n + 1] = (struct option){"version", no_argument, 0, 'V'};
+  longs[n + 2] = (struct option){0, 0, 0, 0};
   memset(o, 0, sizeof *o);
   tz_run_options_init(&o->run);
   o->run.backend = NULL; /* auto, resolved once the launch is known */
@@ -165,6 +178,10 @@ static int parse(int argc, char **argv, struct opts *o) {
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     if (c == 'h') {
       usage(stdout);
+      exit(0);
+    }
+    if (c == 'V') {
+      tz_version_print(stdout, "tz-train");
       exit(0);
     }
     if (c < 256) {
@@ -280,7 +297,7 @@ static int on_event(void *arg, const struct tz_run_event *ev) {
     printf("tz-train: resumed from %s at step %lld\n", o->resume, (long long)ev->step);
     break;
   case TZ_RUN_DATA: printf("tz-train: data: %s\n", tz_data_describe(ev->data)); break;
-  case TZ_RUN_BEGIN: return tz_display_create(stdout, TZ_DISPLAY_AUTO, 1, &p->disp);
+  case TZ_RUN_BEGIN: return tz_display_create(stdout, p->o->progress, 1, &p->disp);
   case TZ_RUN_STEP: tz_display_step(p->disp, ev->metrics); break;
   case TZ_RUN_CHECKPOINT:
     printf("tz-train: checkpoint %s/step-%08lld saved\n", o->ckpt_dir, (long long)ev->step);

@@ -10,10 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
 #include "util/clock.h"
+#include "util/file.h"
 #include "util/size.h"
 
 /* ---- step figures ---- */
@@ -147,6 +149,82 @@ int tz_metrics_writer_create(const char *path, int append, tz_metrics_writer **o
   }
   *out = w;
   return 0;
+}
+
+/* The whole of path in *buf (malloc'd, *n bytes); an absent file, and what is not a regular file
+ * (/dev/stdout, a pipe: nothing to read back, and a read could block), are empty (*buf NULL). */
+static int read_all(const char *path, char **buf, size_t *n) {
+  *buf = NULL;
+  *n = 0;
+  struct stat st;
+  if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+    return 0;
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return errno == ENOENT ? 0 : tz_err_errno(errno, "metrics: cannot read %s", path);
+  size_t cap = 0;
+  for (;;) {
+    if (*n == cap) {
+      char *b = realloc(*buf, cap = cap ? 2 * cap : 1 << 16);
+      if (!b) {
+        fclose(f);
+        free(*buf);
+        *buf = NULL;
+        return tz_err_set(TZ_ENOMEM, "metrics: no memory to read %s", path);
+      }
+      *buf = b;
+    }
+    size_t got = fread(*buf + *n, 1, cap - *n, f);
+    *n += got;
+    if (got == 0)
+      break;
+  }
+  int e = ferror(f) ? errno : 0;
+  fclose(f);
+  if (e) {
+    free(*buf);
+    *buf = NULL;
+    return tz_err_errno(e, "metrics: cannot read %s", path);
+  }
+  return 0;
+}
+
+/* How many bytes of the file's n to keep when resuming after step: the lines before the first step
+ * object past it (that one, and whatever the run wrote after it, its summary included, describe
+ * steps the resumed run does again), and never a last line without its newline (torn by the
+ * crash). Lines that are not step objects are kept. */
+static size_t resume_keep(const char *buf, size_t n, int64_t step) {
+  size_t off = 0;
+  while (off < n) {
+    const char *nl = memchr(buf + off, '\n', n - off);
+    if (!nl)
+      break;
+    size_t len = (size_t)(nl - (buf + off)) + 1;
+    json_error_t err;
+    json_t *o = json_loadb(buf + off, len, 0, &err);
+    json_t *s = json_object_get(o, "step");
+    int past = json_is_integer(s) && json_integer_value(s) > step &&
+               !json_is_true(json_object_get(o, "summary"));
+    json_decref(o);
+    if (past)
+      break;
+    off += len;
+  }
+  return off;
+}
+
+int tz_metrics_writer_resume(const char *path, int64_t step, tz_metrics_writer **out) {
+  *out = NULL;
+  char *buf;
+  size_t n;
+  TZ_CHECK(read_all(path, &buf, &n));
+  size_t keep = resume_keep(buf, n, step);
+  int rc = 0;
+  /* A rename over the file: a crash leaves the old lines or the new, never a half-cut file. */
+  if (keep < n)
+    rc = tz_atomic_write_file(path, buf, keep, &(struct tz_atomic_params){.what = "metrics"});
+  free(buf);
+  return rc < 0 ? rc : tz_metrics_writer_create(path, 1, out);
 }
 
 void tz_metrics_writer_destroy(tz_metrics_writer *w) {
@@ -380,6 +458,22 @@ struct tz_display {
   int bar_showing;   /* the bar is on screen, without a newline after it */
   char line[512];    /* the last bar drawn */
 };
+
+int tz_display_mode_parse(const char *name, enum tz_display_mode *out) {
+  static const struct {
+    const char *name;
+    enum tz_display_mode mode;
+  } names[] = {{"plain", TZ_DISPLAY_LINES}, {"bar", TZ_DISPLAY_BAR}, {"auto", TZ_DISPLAY_AUTO}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (name && strcmp(name, names[i].name) == 0) {
+      *out = names[i].mode;
+      return 0;
+    }
+  return tz_err_set(TZ_EINVAL,
+                    "progress mode '%s': expected plain (a line per step), bar (one line redrawn "
+                    "in place) or auto (a bar on a terminal, plain otherwise)",
+                    name ? name : "");
+}
 
 int tz_display_create(FILE *f, enum tz_display_mode mode, int64_t every, tz_display **out) {
   *out = NULL;

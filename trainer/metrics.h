@@ -109,6 +109,11 @@ typedef struct tz_metrics_writer tz_metrics_writer;
 /* Opens path for JSONL (truncated, or appended to when append is set: a resumed run). Lines are
  * buffered and flushed one by one, never fsynced. TZ_EIO/TZ_EPERM/TZ_ENOENT with the path. */
 int tz_metrics_writer_create(const char *path, int append, tz_metrics_writer **out);
+/* Opens path for a run resumed after step: the file (created if missing) is appended to, once the
+ * lines it has from step + 1 on (a run that went past its last checkpoint before it stopped, and
+ * a line torn by the crash) are cut off, by an atomic rewrite, so that every step has one line.
+ * TZ_EIO/TZ_EPERM/TZ_ENOENT/TZ_ENOSPC with the path. */
+int tz_metrics_writer_resume(const char *path, int64_t step, tz_metrics_writer **out);
 void tz_metrics_writer_destroy(tz_metrics_writer *w); /* closes; NULL is a no-op */
 /* One line: the step object (docs/data.md). TZ_EIO with the path when the write fails. */
 int tz_metrics_write_step(tz_metrics_writer *w, const struct tz_step_metrics *m);
@@ -126,7 +131,11 @@ enum tz_display_mode {
   TZ_DISPLAY_QUIET, /* nothing */
 };
 
-/* Writes to f (borrowed; stderr usually). every >= 1. TZ_EINVAL, TZ_ENOMEM. */
+/* The mode a name gives (tz-train --progress): "plain" (LINES), "bar" or "auto"; TZ_EINVAL
+ * naming the value and the names otherwise, *out unchanged. */
+int tz_display_mode_parse(const char *name, enum tz_display_mode *out);
+
+/* Writes to f (borrowed; tz-train gives stdout). every >= 1. TZ_EINVAL, TZ_ENOMEM. */
 int tz_display_create(FILE *f, enum tz_display_mode mode, int64_t every, tz_display **out);
 /* Ends a bar that is showing (a newline) and frees d; NULL is a no-op. */
 void tz_display_destroy(tz_display *d);

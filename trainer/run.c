@@ -388,6 +388,14 @@ static int plan(struct run *r) {
   return emit(r, &ev);
 }
 
+/* A run's metrics file is its own; a resumed run continues the file of the run it resumes, from
+ * the checkpoint's step (docs/data.md). */
+static int open_metrics(struct run *r) {
+  if (r->o->resume)
+    return tz_metrics_writer_resume(r->o->metrics, r->res->start, &r->mw);
+  return tz_metrics_writer_create(r->o->metrics, 0, &r->mw);
+}
+
 /* The state to start from (an import or a checkpoint), the data, the metrics file, the buffers. */
 static int prepare(struct run *r) {
   const struct tz_run_options *o = r->o;
@@ -410,7 +418,7 @@ static int prepare(struct run *r) {
     TZ_CHECK(emit(r, &ev));
   }
   if (r->rank == 0 && o->metrics)
-    TZ_CHECK(tz_metrics_writer_create(o->metrics, 0, &r->mw));
+    TZ_CHECK(open_metrics(r));
   r->began = 1;
   TZ_CHECK(emit_kind(r, TZ_RUN_BEGIN, r->res->start));
   r->batch = (struct tz_run_batch){.data = r->data,
