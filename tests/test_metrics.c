@@ -488,6 +488,51 @@ static void test_summary(void **state) {
   free(buf);
 }
 
+/* A step whose loss or gradient norm is not finite (a run stopped by it): the summary reports that
+ * step's loss as the last one, not the last finite loss before it, and the step's line prints
+ * "nan" (never "-nan", which a negative NaN's printf gives). A skipped fp16 step's inf does not
+ * replace the last loss. */
+static void test_nonfinite_last_step(void **state) {
+  (void)state;
+  struct tz_metrics_summary s;
+  tz_metrics_summary_init(&s, 1e9, 0);
+  struct tz_step_metrics m;
+  fill_step(&m, 1, 3);
+  m.loss = 2.5;
+  tz_metrics_summary_add(&s, &m);
+  fill_step(&m, 2, 3);
+  m.loss = INFINITY;
+  m.skipped = 1;
+  tz_metrics_summary_add(&s, &m);
+  assert_true(s.last_loss == 2.5);
+  fill_step(&m, 3, 3);
+  m.loss = -NAN;
+  m.grad_norm = -NAN;
+  tz_metrics_summary_add(&s, &m);
+  assert_true(isnan(s.last_loss));
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  tz_metrics_summary_print(&s, f);
+  fclose(f);
+  assert_non_null(strstr(buf, "  loss        nan (last step)"));
+  free(buf);
+
+  f = tmpfile();
+  assert_non_null(f);
+  tz_display *d = NULL;
+  TZ_ASSERT_OK(tz_display_create(f, TZ_DISPLAY_LINES, 1, &d));
+  tz_metrics_derive(&m, 1e6, 0);
+  tz_display_step(d, &m);
+  tz_display_destroy(d);
+  char *out = slurp(f);
+  assert_non_null(strstr(out, "| loss nan |"));
+  assert_non_null(strstr(out, "| grad norm nan |"));
+  assert_null(strstr(out, "-nan"));
+  free(out);
+  fclose(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_jsonl),
@@ -498,6 +543,7 @@ int main(void) {
       cmocka_unit_test(test_summary),
       cmocka_unit_test(test_metrics_resume_drops_steps_past_checkpoint),
       cmocka_unit_test(test_display_mode_parse),
+      cmocka_unit_test(test_nonfinite_last_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
