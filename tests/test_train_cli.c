@@ -703,6 +703,8 @@ static void test_nonfinite_stops(void **state) {
   assert_int_not_equal(access(path, F_OK), 0);
   snprintf(path, sizeof path, "%s/nan-export", dir);
   assert_int_not_equal(access(path, F_OK), 0);
+}
+
 /* The steps of a metrics file's step objects, in file order; returns their number. */
 static int metric_steps(const char *name, int64_t *steps, int max) {
   json_t *o[32], *sum;

@@ -261,11 +261,6 @@ static void print_setup(const struct printer *p, const struct tz_run_event *ev) 
 static void print_summary(const struct printer *p, const struct tz_run_event *ev) {
   const struct tz_sched_stats *st = ev->sched;
   tz_metrics_summary_print(ev->summary, stdout);
-  /* The summary prints a finite last loss only; a run stopped by a non-finite one says so. */
-  if (!isfinite(ev->summary->last_loss) && ev->summary->steps > 0)
-    printf("  loss        %s (last step)\n", isnan(ev->summary->last_loss) ? "nan"
-                                             : ev->summary->last_loss > 0  ? "inf"
-                                                                           : "-inf");
   printf("tz-train: %llu phases, %llu fills (%.1f MiB), %llu write-backs (%.1f MiB), %llu hits, "
          "%llu uses in place, %llu evictions, stalled %.3f s of %.3f s computing\n",
          (unsigned long long)st->phases, (unsigned long long)st->fills,

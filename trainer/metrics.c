@@ -236,6 +236,16 @@ void tz_metrics_writer_destroy(tz_metrics_writer *w) {
 }
 
 /* JSON has no NaN or infinity: those are null. */
+/* v in fmt, or "nan", "inf", "-inf": printf writes "-nan" for a NaN with its sign bit set. */
+static void fmt_value(char *buf, size_t len, const char *fmt, double v) {
+  if (isnan(v))
+    snprintf(buf, len, "nan");
+  else if (isinf(v))
+    snprintf(buf, len, v > 0 ? "inf" : "-inf");
+  else
+    snprintf(buf, len, fmt, v);
+}
+
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 static json_t *traffic_json(const struct tz_traffic *t, int n) {
@@ -337,7 +347,9 @@ void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_m
     s->timed_bound_s += m->bound_s;
     s->bound_steps++;
   }
-  if (isfinite(m->loss))
+  /* The last step's loss as it was, a non-finite one too (a run stopped by it); a step that fp16
+   * loss scaling skipped replaces it only with a finite loss. */
+  if (!m->skipped || isfinite(m->loss))
     s->last_loss = m->loss;
   if (m->has_eval && isfinite(m->eval_loss))
     s->last_eval_loss = m->eval_loss;
@@ -398,8 +410,10 @@ void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f) {
   if (r.coll_share > 0)
     fprintf(f, ", collectives %.1f%%", 100.0 * r.coll_share);
   fputc('\n', f);
-  if (isfinite(s->last_loss)) {
-    fprintf(f, "  loss        %.4f (last step)", s->last_loss);
+  if (s->steps > 0) {
+    char loss[32];
+    fmt_value(loss, sizeof loss, "%.4f", s->last_loss);
+    fprintf(f, "  loss        %s (last step)", loss);
     if (isfinite(s->last_eval_loss))
       fprintf(f, ", eval %.4f (last)", s->last_eval_loss);
     fputc('\n', f);
@@ -560,8 +574,11 @@ static void print_line(tz_display *d, const struct tz_step_metrics *m) {
     fprintf(d->f, "step %" PRId64 "/%" PRId64, m->step, m->total_steps);
   else
     fprintf(d->f, "step %" PRId64, m->step);
-  fprintf(d->f, " | loss %.4f | lr %.2e | grad norm %.3g | %s tok/s | %.3g TFLOP/s", m->loss, m->lr,
-          m->grad_norm, tok, m->tflops);
+  char loss[32], norm[32];
+  fmt_value(loss, sizeof loss, "%.4f", m->loss);
+  fmt_value(norm, sizeof norm, "%.3g", m->grad_norm);
+  fprintf(d->f, " | loss %s | lr %.2e | grad norm %s | %s tok/s | %.3g TFLOP/s", loss, m->lr, norm,
+          tok, m->tflops);
   if (isfinite(m->mfu))
     fprintf(d->f, " | MFU %.1f%%", 100.0 * m->mfu);
   fprintf(d->f, " | %.3g s/step", m->step_s);

@@ -540,7 +540,6 @@ static int step(struct run *r, int64_t s) {
   }
   tz_metrics_derive(&m, r->fpt, r->peak);
   tz_metrics_summary_add(&r->sum, &m);
-  r->sum.last_loss = m.loss; /* the last step's as it was, a non-finite one too */
   struct tz_run_event ev = {.kind = TZ_RUN_STEP, .step = m.step, .metrics = &m};
   TZ_CHECK(emit(r, &ev));
   if (r->mw)
