@@ -182,6 +182,21 @@ static int emit_kind(struct run *r, enum tz_run_event_kind kind, int64_t step) {
   return emit(r, &ev);
 }
 
+/* The summary event of the steps this run took, and the metrics file's summary line. */
+static int summarize(struct run *r) {
+  struct tz_sched_stats st;
+  tz_trainer_sched_stats(r->tr, &st);
+  struct tz_run_event ev = {.kind = TZ_RUN_SUMMARY,
+                            .summary = &r->sum,
+                            .sched = &st,
+                            .first_loss = r->res->first_loss,
+                            .last_loss = r->res->last_loss};
+  TZ_CHECK(emit(r, &ev));
+  if (r->mw)
+    TZ_CHECK(tz_metrics_write_summary(r->mw, &r->sum));
+  return 0;
+}
+
 /* ---- The checkpoint directory, claimed and checked before the first step ---- */
 
 /* Rank 0's verdict on ckpt_dir for every rank: rank 0 alone holds the lock and writes the
@@ -484,16 +499,7 @@ static int stop_nonfinite(struct run *r, int64_t done, double loss, double norm)
   last_checkpoint(r, ckpt, sizeof ckpt);
   r->began = 0;
   TZ_CHECK(emit_kind(r, TZ_RUN_STEPS_END, done));
-  struct tz_sched_stats st;
-  tz_trainer_sched_stats(r->tr, &st);
-  struct tz_run_event ev = {.kind = TZ_RUN_SUMMARY,
-                            .summary = &r->sum,
-                            .sched = &st,
-                            .first_loss = r->res->first_loss,
-                            .last_loss = r->res->last_loss};
-  TZ_CHECK(emit(r, &ev));
-  if (r->mw)
-    TZ_CHECK(tz_metrics_write_summary(r->mw, &r->sum));
+  TZ_CHECK(summarize(r));
   return tz_err_set(TZ_EINVAL,
                     "step %lld: %s: stopping; %s (a learning rate too high, or bad data or "
                     "weights, makes training diverge)",
@@ -604,18 +610,8 @@ static int finish(struct run *r) {
     TZ_CHECK(tz_export_write(r->tr, &r->mc, o->export_dir, o->export_dtype, r->rank));
     TZ_CHECK(emit_kind(r, TZ_RUN_EXPORTED, tz_trainer_steps_done(r->tr)));
   }
-  if (o->steps > 0) {
-    struct tz_sched_stats st;
-    tz_trainer_sched_stats(r->tr, &st);
-    struct tz_run_event ev = {.kind = TZ_RUN_SUMMARY,
-                              .summary = &r->sum,
-                              .sched = &st,
-                              .first_loss = r->res->first_loss,
-                              .last_loss = r->res->last_loss};
-    TZ_CHECK(emit(r, &ev));
-    if (r->mw)
-      TZ_CHECK(tz_metrics_write_summary(r->mw, &r->sum));
-  }
+  if (o->steps > 0)
+    TZ_CHECK(summarize(r));
   return 0;
 }
 
