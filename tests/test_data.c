@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "trainer/corpus.h"
@@ -614,13 +617,45 @@ static void test_builtin(void **state) {
   free(c2);
 }
 
+/* A data path that is not a regular file (a FIFO nobody writes) is refused at once, naming it;
+ * opening it for reading must not wait for a writer. The open runs in a child with an alarm so
+ * that a hang fails the test instead of stopping the suite. */
+static void test_fifo_refused(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data-fifo");
+  char *p = path_in(dir, "fifo");
+  assert_int_equal(mkfifo(p, 0600), 0);
+  char spec[1100];
+  snprintf(spec, sizeof spec, "text:%s", p);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    alarm(5);
+    struct tz_data_params prm = params_T(8);
+    tz_data *d = NULL;
+    int rc = tz_data_open(spec, 256, &prm, &d);
+    _exit(rc == TZ_EINVAL && strstr(tz_err_msg(), p) && strstr(tz_err_msg(), "not a regular file")
+              ? 0
+              : 1);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  if (WIFSIGNALED(status))
+    print_error("tz_data_open of a FIFO hung (killed by signal %d)\n", WTERMSIG(status));
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  unlink(p);
+  free(p);
+  tz_test_rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_raw_text),     cmocka_unit_test(test_shards),
       cmocka_unit_test(test_shard_errors), cmocka_unit_test(test_glob),
       cmocka_unit_test(test_permutation),  cmocka_unit_test(test_ranks),
       cmocka_unit_test(test_val_split),    cmocka_unit_test(test_determinism),
-      cmocka_unit_test(test_builtin),
+      cmocka_unit_test(test_builtin),      cmocka_unit_test(test_fifo_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
