@@ -174,7 +174,9 @@ static int file_open(struct file *f, const char *path, int force_text) {
   f->path = strdup(path);
   if (!f->path)
     return tz_err_set(TZ_ENOMEM, "data: out of memory");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO for reading would wait for a writer; a regular file ignores it,
+   * and anything else is refused below. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
     return tz_err_errno(e, "data: cannot open %s", path);
