@@ -2,6 +2,7 @@
  * sense. The registry (registry/compute.c) lists the backends. */
 #include "kernels/compute.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,26 +260,92 @@ int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, void *dw, const void *dout,
   return cm->ops->rmsnorm_bwd(cm->ctx, dx, dw, dout, x, w, rstd, N, C);
 }
 
-static int check_rope(const char *op, void *x, int B, int T, int nh, int D, float theta) {
-  NEED(B >= 0 && T >= 0 && nh > 0 && D > 0 && D % 2 == 0,
-       "compute %s: bad sizes B=%d T=%d nh=%d D=%d (D must be even)", op, B, T, nh, D);
-  NEED(theta > 0.0f, "compute %s: theta %g <= 0", op, (double)theta);
-  NEED(x || !B || !T, "compute %s: NULL pointer", op);
+int tz_rope_check(const struct tz_rope *r) {
+  NEED(r, "rope: NULL parameters");
+  NEED(isfinite(r->theta) && r->theta > 0.0, "rope: theta %g must be positive", r->theta);
+  if (r->type == TZ_ROPE_DEFAULT)
+    return 0;
+  NEED(r->type == TZ_ROPE_LLAMA3, "rope: type %d is neither default (0) nor llama3 (1)",
+       (int)r->type);
+  NEED(isfinite(r->factor) && r->factor >= 1.0, "rope llama3: factor %g must be at least 1",
+       r->factor);
+  NEED(isfinite(r->low_freq_factor) && isfinite(r->high_freq_factor) && r->low_freq_factor > 0.0 &&
+           r->high_freq_factor > r->low_freq_factor,
+       "rope llama3: low_freq_factor %g and high_freq_factor %g must satisfy 0 < low < high",
+       r->low_freq_factor, r->high_freq_factor);
+  NEED(r->original_max_pos > 0, "rope llama3: original_max_position_embeddings %d must be positive",
+       r->original_max_pos);
   return 0;
 }
 
-int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D, float theta) {
-  TZ_CHECK(check_rope("rope_fwd", x, B, T, nh, D, theta));
-  if (!B || !T)
-    return 0;
-  return cm->ops->rope(cm->ctx, x, B, T, nh, D, theta, 0);
+int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out) {
+  TZ_CHECK(tz_rope_check(r));
+  NEED(D > 0 && D % 2 == 0 && D <= TZ_ROPE_MAX_D, "rope: head dim %d must be even and at most %d",
+       D, TZ_ROPE_MAX_D);
+  double lo = 0, hi = 0, orig = r->original_max_pos;
+  if (r->type == TZ_ROPE_LLAMA3) {
+    lo = orig / r->low_freq_factor;
+    hi = orig / r->high_freq_factor;
+  }
+  for (int i = 0; i < D / 2; i++) {
+    double f = 1.0 / pow(r->theta, (double)(2 * i) / (double)D);
+    if (r->type == TZ_ROPE_LLAMA3) {
+      double w = 2.0 * 3.14159265358979323846 / f; /* pi, as torch.pi */
+      if (w > lo) {
+        f = f / r->factor;
+      } else if (w >= hi) {
+        double s = (orig / w - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+        f = (1.0 - s) * f / r->factor + s * f;
+      }
+    }
+    out[i] = f;
+  }
+  return 0;
 }
 
-int tz_compute_rope_bwd(tz_compute *cm, void *dx, int B, int T, int nh, int D, float theta) {
-  TZ_CHECK(check_rope("rope_bwd", dx, B, T, nh, D, theta));
+static int check_rope(const char *op, void *x, int B, int T, int nh, int D,
+                      const struct tz_rope *r, double *inv_freq) {
+  NEED(B >= 0 && T >= 0 && nh > 0 && D > 0 && D % 2 == 0 && D <= TZ_ROPE_MAX_D,
+       "compute %s: bad sizes B=%d T=%d nh=%d D=%d (D must be even, at most %d)", op, B, T, nh, D,
+       TZ_ROPE_MAX_D);
+  NEED(x || !B || !T, "compute %s: NULL pointer", op);
+  return tz_rope_inv_freq(r, D, inv_freq);
+}
+
+int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D,
+                        const struct tz_rope *rope) {
+  double f[TZ_ROPE_MAX_D / 2];
+  TZ_CHECK(check_rope("rope_fwd", x, B, T, nh, D, rope, f));
   if (!B || !T)
     return 0;
-  return cm->ops->rope(cm->ctx, dx, B, T, nh, D, theta, 1);
+  return cm->ops->rope(cm->ctx, x, B, T, nh, D, f, 0);
+}
+
+int tz_compute_rope_bwd(tz_compute *cm, void *dx, int B, int T, int nh, int D,
+                        const struct tz_rope *rope) {
+  double f[TZ_ROPE_MAX_D / 2];
+  TZ_CHECK(check_rope("rope_bwd", dx, B, T, nh, D, rope, f));
+  if (!B || !T)
+    return 0;
+  return cm->ops->rope(cm->ctx, dx, B, T, nh, D, f, 1);
+}
+
+int tz_compute_bias_add(tz_compute *cm, void *x, const void *b, int N, int n) {
+  NEED(N >= 0 && n > 0, "compute bias_add: bad sizes N=%d n=%d", N, n);
+  if (!N)
+    return 0;
+  NEED(x && b, "compute bias_add: NULL pointer");
+  NEED(cm->ops->bias_add, "compute bias_add: the %s backend has no bias_add", cm->backend);
+  return cm->ops->bias_add(cm->ctx, x, b, N, n);
+}
+
+int tz_compute_bias_grad(tz_compute *cm, void *db, const void *dy, int N, int n) {
+  NEED(N >= 0 && n > 0, "compute bias_grad: bad sizes N=%d n=%d", N, n);
+  if (!N)
+    return 0;
+  NEED(db && dy, "compute bias_grad: NULL pointer");
+  NEED(cm->ops->bias_grad, "compute bias_grad: the %s backend has no bias_grad", cm->backend);
+  return cm->ops->bias_grad(cm->ctx, db, dy, N, n);
 }
 
 static int check_attn(const char *op, int B, int T, int H, int Hkv, int D) {

@@ -210,13 +210,51 @@ int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, void *dw, const void *dout,
                            const void *w, const float *rstd, int N, int C);
 
 /* ---- RoPE, in place, positions 0..T-1, the "half-split" convention of Hugging Face Llama ----
- * x (B,T,nh,D) S, D even. For position t and i in [0, D/2): angle = t * theta^(-2i/D), computed
- * in double then cos and sin rounded to float; (x[i], x[i+D/2]) becomes
- * (x[i]*cos - x[i+D/2]*sin, x[i+D/2]*cos + x[i]*sin). This is HF's q*cos + rotate_half(q)*sin,
- * so q_proj and k_proj weights move between the two without permutation.
+ * x (B,T,nh,D) S, D even, D <= TZ_ROPE_MAX_D. For position t and i in [0, D/2): angle = t * f_i
+ * with f_i = tz_rope_inv_freq (below), the product in double, then cos and sin rounded to float;
+ * (x[i], x[i+D/2]) becomes (x[i]*cos - x[i+D/2]*sin, x[i+D/2]*cos + x[i]*sin). This is HF's
+ * q*cos + rotate_half(q)*sin, so q_proj and k_proj weights move between the two without
+ * permutation.
  * bwd applies the transpose (the rotation by -angle) to the gradient dx (B,T,nh,D) in place. */
-int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D, float theta);
-int tz_compute_rope_bwd(tz_compute *cm, void *dx, int B, int T, int nh, int D, float theta);
+#define TZ_ROPE_MAX_D 1024
+enum tz_rope_type {
+  TZ_ROPE_DEFAULT = 0, /* Hugging Face rope_type "default": f_i = theta^(-2i/D) */
+  TZ_ROPE_LLAMA3 = 1,  /* rope_type "llama3" (Llama 3.1 and later): f_i rescaled by wavelength */
+};
+struct tz_rope {
+  double theta; /* the base, > 0 */
+  enum tz_rope_type type;
+  /* TZ_ROPE_LLAMA3 only: factor >= 1, 0 < low_freq_factor < high_freq_factor,
+   * original_max_pos > 0 (rope_scaling's factor, low_freq_factor, high_freq_factor and
+   * original_max_position_embeddings). */
+  double factor, low_freq_factor, high_freq_factor;
+  int original_max_pos;
+};
+/* TZ_EINVAL naming the field for a rope that cannot be used. */
+int tz_rope_check(const struct tz_rope *r);
+/* out[i] (i in [0, D/2)) = f_i, in double, on the host; every backend rotates by these numbers:
+ *   base_i = 1 / theta^(2i/D)            (pow in double)
+ *   default: f_i = base_i
+ *   llama3:  w = 2 pi / base_i; lo = original_max_pos / low_freq_factor;
+ *            hi = original_max_pos / high_freq_factor;
+ *            f_i = base_i                when w < hi (high frequencies kept)
+ *                  base_i / factor       when w > lo (low frequencies slowed)
+ *                  (1 - s) base_i / factor + s base_i, s = (original_max_pos / w - low_freq_factor)
+ *                                        / (high_freq_factor - low_freq_factor), otherwise
+ * (transformers' _compute_llama3_parameters, in double where it works in float32). */
+int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out);
+int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D,
+                        const struct tz_rope *rope);
+int tz_compute_rope_bwd(tz_compute *cm, void *dx, int B, int T, int nh, int D,
+                        const struct tz_rope *rope);
+
+/* ---- Bias of a linear layer (Qwen2's q, k and v projections) ----
+ * add: x (N,n) S, x[r][j] = x[r][j] + b[j] in float, rounded to S once; b (n) S.
+ * grad: db (n) G += the column sums of dy (N,n) S: each column's sum is formed in float in an
+ *       order fixed by the backend and (N, n) alone (the cpu backend: rows in increasing order),
+ *       then added onto db once (the accumulate rule above). */
+int tz_compute_bias_add(tz_compute *cm, void *x, const void *b, int N, int n);
+int tz_compute_bias_grad(tz_compute *cm, void *db, const void *dy, int N, int n);
 
 /* ---- Causal self-attention with grouped-query heads ----
  * q (B,T,H,D), k and v (B,T,Hkv,D), out (B,T,H,D): S. H % Hkv == 0; query head h reads key-value

@@ -50,8 +50,12 @@ struct tz_compute_ops {
                      float eps);
   int (*rmsnorm_bwd)(void *ctx, void *dx, void *dw, const void *dout, const void *x, const void *w,
                      const float *rstd, int N, int C);
-  /* inverse: 0 forward rotation, 1 its transpose (backward) */
-  int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inverse);
+  /* inv_freq: D/2 host doubles, tz_rope_inv_freq's (borrowed for the call: a backend that keeps
+   * a table keeps its own copy); inverse: 0 forward rotation, 1 its transpose (backward) */
+  int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
+              int inverse);
+  int (*bias_add)(void *ctx, void *x, const void *b, int N, int n);
+  int (*bias_grad)(void *ctx, void *db, const void *dy, int N, int n);
   int (*attention_fwd)(void *ctx, void *out, float *lse, const void *q, const void *k,
                        const void *v, int B, int T, int H, int Hkv, int D);
   int (*attention_bwd)(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,

@@ -121,9 +121,9 @@ static int s_rms_bwd(void *ctx, void *dx, void *dw, const void *dy, const void *
   struct timed *tm = ctx;
   TIMED(TZ_OP_RMSNORM_BWD, IN->rmsnorm_bwd(CTX, dx, dw, dy, x, w, r, N, C));
 }
-static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inv) {
+static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *f, int inv) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_ROPE, IN->rope(CTX, x, B, T, nh, D, theta, inv));
+  TIMED(TZ_OP_ROPE, IN->rope(CTX, x, B, T, nh, D, f, inv));
 }
 static int s_attn_fwd(void *ctx, void *o, float *l, const void *q, const void *k, const void *v,
                       int B, int T, int H, int Hkv, int D) {
@@ -182,6 +182,8 @@ static const struct tz_compute_ops timed_ops = {
     .rmsnorm_fwd = s_rms_fwd,
     .rmsnorm_bwd = s_rms_bwd,
     .rope = s_rope,
+    .bias_add = NULL,
+    .bias_grad = NULL,
     .attention_fwd = s_attn_fwd,
     .attention_bwd = s_attn_bwd,
     .swiglu_fwd = s_swiglu_fwd,

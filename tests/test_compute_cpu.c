@@ -371,7 +371,8 @@ static void test_rope_inverse(void **state) {
   uint64_t st = 6;
   for (int i = 0; i < n; i++)
     x[i] = y[i] = urand(&st) - 0.5f;
-  TZ_ASSERT_OK(tz_compute_rope_fwd(cm, y, B, T, nh, D, 10000.0f));
+  struct tz_rope rope = {.theta = 10000.0};
+  TZ_ASSERT_OK(tz_compute_rope_fwd(cm, y, B, T, nh, D, &rope));
   /* position 0 is the identity; later positions move, preserving each pair's norm */
   for (int i = 0; i < nh * D; i++)
     assert_true(y[i] == x[i]);
@@ -384,10 +385,10 @@ static void test_rope_inverse(void **state) {
   float c = (float)cos(1.0), s = (float)sin(1.0);
   assert_true(y[base] == x[base] * c - x[base + D / 2] * s);
   assert_true(y[base + D / 2] == x[base + D / 2] * c + x[base] * s);
-  TZ_ASSERT_OK(tz_compute_rope_bwd(cm, y, B, T, nh, D, 10000.0f));
+  TZ_ASSERT_OK(tz_compute_rope_bwd(cm, y, B, T, nh, D, &rope));
   for (int i = 0; i < n; i++)
     assert_true(fabsf(y[i] - x[i]) < 1e-6f);
-  assert_int_equal(tz_compute_rope_fwd(cm, y, B, T, nh, 7, 10000.0f), TZ_EINVAL);
+  assert_int_equal(tz_compute_rope_fwd(cm, y, B, T, nh, 7, &rope), TZ_EINVAL);
   free(x);
   free(y);
   tz_compute_destroy(cm);

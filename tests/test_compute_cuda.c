@@ -836,8 +836,9 @@ struct rope_args {
 
 static int rope_launch(tz_compute *cm, int gpu, void *p) {
   struct rope_args *a = p;
-  return a->inverse ? tz_compute_rope_bwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, a->theta)
-                    : tz_compute_rope_fwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, a->theta);
+  struct tz_rope r = {.theta = a->theta};
+  return a->inverse ? tz_compute_rope_bwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &r)
+                    : tz_compute_rope_fwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &r);
 }
 
 static void test_rope(void **state) {

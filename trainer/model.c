@@ -80,7 +80,45 @@ int tz_model_config_check(const struct tz_model_config *c) {
   return 0;
 }
 
-int tz_model_head_dim(const struct tz_model_config *cfg) { return cfg->d_model / cfg->n_head; }
+int tz_model_head_dim(const struct tz_model_config *cfg) {
+  return cfg->head_dim ? cfg->head_dim : cfg->d_model / cfg->n_head;
+}
+
+void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out) {
+  *out = (struct tz_rope){.theta = cfg->rope_theta,
+                          .type = (enum tz_rope_type)cfg->rope_type,
+                          .factor = cfg->rope_factor,
+                          .low_freq_factor = cfg->rope_low_freq_factor,
+                          .high_freq_factor = cfg->rope_high_freq_factor,
+                          .original_max_pos = cfg->rope_original_max_pos};
+}
+
+static const struct {
+  const char *type, *arch;
+} families[TZ_FAMILY_COUNT] = {
+    [TZ_FAMILY_LLAMA] = {"llama", "LlamaForCausalLM"},
+    [TZ_FAMILY_MISTRAL] = {"mistral", "MistralForCausalLM"},
+    [TZ_FAMILY_QWEN2] = {"qwen2", "Qwen2ForCausalLM"},
+    [TZ_FAMILY_QWEN3] = {"qwen3", "Qwen3ForCausalLM"},
+};
+
+const char *tz_model_family_name(enum tz_model_family f) {
+  return (unsigned)f < TZ_FAMILY_COUNT ? families[f].type : NULL;
+}
+
+const char *tz_model_family_architecture(enum tz_model_family f) {
+  return (unsigned)f < TZ_FAMILY_COUNT ? families[f].arch : NULL;
+}
+
+int tz_model_family_parse(const char *model_type, enum tz_model_family *out) {
+  for (int f = 0; model_type && f < TZ_FAMILY_COUNT; f++)
+    if (strcmp(model_type, families[f].type) == 0) {
+      *out = (enum tz_model_family)f;
+      return 0;
+    }
+  return tz_err_set(TZ_ENOENT, "model_type \"%s\" is not one of llama, mistral, qwen2, qwen3",
+                    model_type ? model_type : "(null)");
+}
 
 /* ---- layout ---- */
 
@@ -443,14 +481,16 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   enum tz_dtype S = tz_compute_dtype(cm);
   int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, H = cfg->n_head, Hkv = cfg->n_kv_head;
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
-  float eps = (float)cfg->norm_eps, theta = (float)cfg->rope_theta;
+  float eps = (float)cfg->norm_eps;
+  struct tz_rope rope;
+  tz_model_rope(cfg, &rope);
 #define P(i) at(params, l.t[i].offset, S)
   TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
   TZ_CHECK(linear_fwd(cm, a->q, a->h1, P(TZ_L_WQ), N, C, HD));
   TZ_CHECK(linear_fwd(cm, a->k, a->h1, P(TZ_L_WK), N, C, KD));
   TZ_CHECK(linear_fwd(cm, a->v, a->h1, P(TZ_L_WV), N, C, KD));
-  TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, theta));
-  TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, theta));
+  TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, &rope));
+  TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, &rope));
   TZ_CHECK(tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D));
   /* x2 = x_in + att wo^T: the projection goes through x2 first, then the residual is added. */
   TZ_CHECK(linear_fwd(cm, a->x2, a->att, P(TZ_L_WO), N, HD, C));
@@ -475,7 +515,8 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
   int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, H = cfg->n_head, Hkv = cfg->n_kv_head;
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
-  float theta = (float)cfg->rope_theta;
+  struct tz_rope rope;
+  tz_model_rope(cfg, &rope);
   size_t NC = (size_t)N * C;
   if (recompute) {
     /* The recomputed x_out is not needed; the scratch's dh is free until the MLP backward. */
@@ -496,8 +537,8 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dx_in, a->att, P(TZ_L_WO), N, HD, C));
   TZ_CHECK(tz_compute_attention_bwd(cm, s->dq, s->dk, s->dv, s->delta, s->datt, a->q, a->k, a->v,
                                     a->att, a->lse, B, T, H, Hkv, D));
-  TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, theta));
-  TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, theta));
+  TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, &rope));
+  TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, &rope));
   TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), s->dq, a->h1, P(TZ_L_WQ), N, C, HD));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), s->dk, a->h1, P(TZ_L_WK), N, C, KD));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, a->h1, P(TZ_L_WV), N, C, KD));

@@ -22,18 +22,58 @@
 
 #include "kernels/compute.h"
 
+/* The families of Hugging Face decoders this model computes. They differ only in the flags below
+ * (and the family names the export's model_type and architectures):
+ *   llama   (LlamaForCausalLM, Llama 2 and 3.x): no biases, no q/k norm; rope default or llama3
+ *   mistral (MistralForCausalLM): as llama; a sliding window at least the training sequence
+ *   qwen2   (Qwen2ForCausalLM, Qwen2 and 2.5): q, k and v projections carry biases
+ *   qwen3   (Qwen3ForCausalLM, dense): RMSNorm of q and k per head (weight (D)) before RoPE */
+enum tz_model_family {
+  TZ_FAMILY_LLAMA = 0,
+  TZ_FAMILY_MISTRAL,
+  TZ_FAMILY_QWEN2,
+  TZ_FAMILY_QWEN3,
+  TZ_FAMILY_COUNT
+};
+
 struct tz_model_config {
   int d_model;        /* C */
   int n_layer;        /* L */
-  int n_head;         /* H; d_model % n_head == 0, head dim D = d_model / n_head (even) */
+  int n_head;         /* H */
   int n_kv_head;      /* Hkv; n_head % n_kv_head == 0 (grouped-query attention when smaller) */
   int ffn_dim;        /* F, the SwiGLU hidden width */
   int vocab;          /* V */
   int max_seq;        /* the longest sequence T */
   double rope_theta;  /* RoPE base */
-  double norm_eps;    /* RMSNorm epsilon */
+  double norm_eps;    /* RMSNorm epsilon (every norm of the model, q/k norms included) */
   int tie_embeddings; /* 1: the LM head is the embedding matrix */
+  /* Zero in every field below is the Llama 2 shape of the presets. */
+  int head_dim;                /* D, even; 0: d_model / n_head (which must divide) */
+  enum tz_model_family family; /* for names only: the math follows the flags */
+  int qkv_bias;                /* 1: q, k and v projections add a bias (bq (H*D), bk, bv) */
+  int qk_norm;                 /* 1: RMSNorm over D of each q and k head (q_norm, k_norm (D)) */
+  /* RoPE scaling (struct tz_rope of kernels/compute.h without theta): rope_type 0 default,
+   * 1 llama3 with the other four fields */
+  int rope_type;
+  double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+  int rope_original_max_pos;
+  /* Initialisation: 0 is the presets' (tz_model_init_block); > 0 initialises as transformers does
+   * the family (normal(0, init_std) for every matrix and the embedding, norms 1, biases 0) */
+  double init_std;
+  /* Token ids the export writes (config.json, generation_config.json): bos, eos and pad, each
+   * valid when has_<id> is 1 (ids from an import or a data sidecar) */
+  int has_bos, has_eos, has_pad;
+  int bos_id, eos_id, pad_id;
 };
+
+/* The rope the kernels take for cfg. */
+void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out);
+/* "llama", "mistral", "qwen2", "qwen3" (the model_type) and the family's CausalLM class name;
+ * NULL for a value outside the enum. */
+const char *tz_model_family_name(enum tz_model_family f);
+const char *tz_model_family_architecture(enum tz_model_family f);
+/* TZ_ENOENT naming the value and the list for a model_type that is none of the four. */
+int tz_model_family_parse(const char *model_type, enum tz_model_family *out);
 
 /* Presets: "tiny" (tests and the demo: byte vocabulary), "llama-1b", "llama-3b", "llama-7b",
  * "llama-13b". TZ_ENOENT for another name, with the list in the message. */
@@ -55,9 +95,13 @@ enum tz_block_kind { TZ_BLOCK_EMBED, TZ_BLOCK_LAYER, TZ_BLOCK_HEAD };
 
 /* Tensor indices inside each kind of block (the order of the layout table). */
 enum { TZ_E_WTE, TZ_E_COUNT };
+/* A layer block has every TZ_L_* entry (n == TZ_L_COUNT); the tensors a config does not have
+ * (biases without qkv_bias, q/k norms without qk_norm) have numel 0, ndim 0, no room in the
+ * block, so a Llama layer's layout is what it was before they existed. Code that walks a layout
+ * skips numel-0 entries. */
 enum {
   TZ_L_ATTN_NORM, /* (C) */
-  TZ_L_WQ,        /* (H*D, C): q = x wq^T */
+  TZ_L_WQ,        /* (H*D, C): q = x wq^T (+ bq) */
   TZ_L_WK,        /* (Hkv*D, C) */
   TZ_L_WV,        /* (Hkv*D, C) */
   TZ_L_WO,        /* (C, H*D) */
@@ -65,6 +109,11 @@ enum {
   TZ_L_WG,        /* (F, C): gate */
   TZ_L_WU,        /* (F, C): up */
   TZ_L_WD,        /* (C, F): down */
+  TZ_L_BQ,        /* (H*D) with qkv_bias */
+  TZ_L_BK,        /* (Hkv*D) with qkv_bias */
+  TZ_L_BV,        /* (Hkv*D) with qkv_bias */
+  TZ_L_QNORM,     /* (D) with qk_norm */
+  TZ_L_KNORM,     /* (D) with qk_norm */
   TZ_L_COUNT
 };
 enum {

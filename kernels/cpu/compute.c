@@ -424,7 +424,8 @@ static int cpu_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, cons
 
 /* ---- rope ---- */
 
-static int cpu_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inverse) {
+static int cpu_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
+                    int inverse) {
   struct cpu *c = ctx;
   int half = D / 2;
   float *cs = malloc((size_t)T * half * 2 * sizeof *cs);
@@ -432,7 +433,7 @@ static int cpu_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta
     return tz_err_set(TZ_ENOMEM, "compute cpu rope: cannot allocate a (%d,%d) table", T, D);
   for (int t = 0; t < T; t++)
     for (int i = 0; i < half; i++) {
-      double ang = (double)t * pow((double)theta, -2.0 * i / (double)D);
+      double ang = (double)t * inv_freq[i];
       cs[((size_t)t * half + i) * 2] = (float)cos(ang);
       cs[((size_t)t * half + i) * 2 + 1] = inverse ? -(float)sin(ang) : (float)sin(ang);
     }
@@ -671,6 +672,8 @@ static const struct tz_compute_ops cpu_ops = {
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .rope = cpu_rope,
+    .bias_add = NULL, /* not yet: tz_compute_bias_add says so */
+    .bias_grad = NULL,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
     .swiglu_fwd = cpu_swiglu_fwd,

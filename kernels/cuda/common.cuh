@@ -65,10 +65,11 @@ struct tz_cuda {
   size_t mm_cap, mm_count;
   void *scratch; /* per-operation scratch (partial sums, tables), grown on demand */
   size_t scratch_bytes;
-  float2 *rope_cs; /* (T, D/2) cos and sin for the last (T, D, theta) */
+  float2 *rope_cs; /* (T, D/2) cos and sin for the last (T, D, rope_f) */
   size_t rope_cap; /* entries allocated */
   int rope_T, rope_D;
-  float rope_theta;
+  double rope_f[TZ_ROPE_MAX_D / 2]; /* the frequencies of the table, host copy */
+  double *rope_f_dev;               /* the same on the device (TZ_ROPE_MAX_D / 2) */
   int *err_dev;  /* device: {code, index, value, limit} of the first bad input */
   int *err_host; /* pinned host copy of it, read at sync */
 };
@@ -170,7 +171,8 @@ int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const 
                         int C, float eps);
 int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const void *x,
                         const void *w, const float *rstd, int N, int C);
-int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inverse);
+int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
+                 int inverse);
 int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
                           const void *v, int B, int T, int H, int Hkv, int D);
 int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,

@@ -53,6 +53,8 @@ static void cuda_destroy(void *ctx) {
     (void)cudaFree(c->scratch);
   if (c->rope_cs)
     (void)cudaFree(c->rope_cs);
+  if (c->rope_f_dev)
+    (void)cudaFree(c->rope_f_dev);
   if (c->err_host)
     (void)cudaFreeHost(c->err_host);
   if (c->err_dev)
@@ -166,6 +168,8 @@ static const struct tz_compute_ops cuda_ops = {
     .rmsnorm_fwd = tz_cuda_rmsnorm_fwd,
     .rmsnorm_bwd = tz_cuda_rmsnorm_bwd,
     .rope = tz_cuda_rope,
+    .bias_add = NULL, /* not yet: tz_compute_bias_add says so */
+    .bias_grad = NULL,
     .attention_fwd = tz_cuda_attention_fwd,
     .attention_bwd = tz_cuda_attention_bwd,
     .swiglu_fwd = tz_cuda_swiglu_fwd,

@@ -1,18 +1,21 @@
 /* RoPE in place, half-split convention (compute.h). The (T, D/2) table of cos and sin is computed
- * on the device in double, as the cpu backend does on the host, rounded to float, and kept in the
- * instance until a call with another (T, D, theta) replaces it; the table does not depend on the
+ * on the device in double from the front end's frequencies, as the cpu backend does on the host,
+ * rounded to float, and kept in the instance until a call with another (T, D, frequencies)
+ * replaces it; the table does not depend on the
  * direction, which only flips the sign of sin. */
+#include <string.h>
+
 #include "kernels/cuda/common.cuh"
 
 #define THREADS 256
 
-__global__ void rope_table_kernel(float2 *cs, int T, int D, float theta) {
+__global__ void rope_table_kernel(float2 *cs, int T, int D, const double *f) {
   int half = D / 2;
   size_t total = (size_t)T * half;
   for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
        e += (size_t)gridDim.x * blockDim.x) {
     int t = (int)(e / (size_t)half), i = (int)(e % (size_t)half);
-    double ang = (double)t * pow((double)theta, -2.0 * i / (double)D);
+    double ang = (double)t * f[i];
     cs[e] = make_float2((float)cos(ang), (float)sin(ang));
   }
 }
@@ -36,9 +39,12 @@ __global__ void rope_apply_kernel(T *x, const float2 *cs, int T_, int nh, int D,
   }
 }
 
-static int rope_table(struct tz_cuda *c, int T, int D, float theta) {
-  if (c->rope_cs && c->rope_T == T && c->rope_D == D && c->rope_theta == theta)
+static int rope_table(struct tz_cuda *c, int T, int D, const double *f) {
+  size_t fbytes = (size_t)(D / 2) * sizeof(double);
+  if (c->rope_cs && c->rope_T == T && c->rope_D == D && memcmp(c->rope_f, f, fbytes) == 0)
     return 0;
+  if (!c->rope_f_dev)
+    TZ_CU(cudaMalloc((void **)&c->rope_f_dev, sizeof c->rope_f));
   size_t entries = (size_t)T * (D / 2);
   if (entries > c->rope_cap) {
     if (c->rope_cs) {
@@ -50,20 +56,23 @@ static int rope_table(struct tz_cuda *c, int T, int D, float theta) {
     TZ_CU(cudaMalloc((void **)&c->rope_cs, entries * sizeof(float2)));
     c->rope_cap = entries;
   }
-  /* Kernels already queued with the old table run before this one on the stream. */
-  rope_table_kernel<<<tz_cuda_grid(c, entries, THREADS), THREADS, 0, c->stream>>>(c->rope_cs, T, D,
-                                                                                  theta);
+  /* Kernels already queued with the old table run before this one on the stream; the host copy
+   * the frequencies come from stays put until the next table, which is queued after this one. */
   c->rope_T = 0; /* marked valid only once the launch is known to be accepted */
+  memcpy(c->rope_f, f, fbytes);
+  TZ_CU(cudaMemcpyAsync(c->rope_f_dev, c->rope_f, fbytes, cudaMemcpyHostToDevice, c->stream));
+  rope_table_kernel<<<tz_cuda_grid(c, entries, THREADS), THREADS, 0, c->stream>>>(c->rope_cs, T, D,
+                                                                                  c->rope_f_dev);
   TZ_CU_LAUNCHED();
   c->rope_T = T;
   c->rope_D = D;
-  c->rope_theta = theta;
   return 0;
 }
 
-int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, float theta, int inverse) {
+int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
+                 int inverse) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
-  TZ_CHECK(rope_table(c, T, D, theta));
+  TZ_CHECK(rope_table(c, T, D, inv_freq));
   size_t total = (size_t)B * T * nh * (D / 2);
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using TT = decltype(tag);
