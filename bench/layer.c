@@ -31,9 +31,21 @@
 /* ---- the op shares: names of the timed instance's counters (kernels/compute_timed.h) ---- */
 
 static const char *const op_names[TZ_OP_COUNT] = {
-    "matmul x W^T", "matmul dy W", "matmul dy^T x", "attention_fwd", "attention_bwd",
-    "rmsnorm_fwd",  "rmsnorm_bwd", "rope",          "swiglu_fwd",    "swiglu_bwd",
-    "add",          "copy",        "other",
+    [TZ_OP_MATMUL_NT] = "matmul x W^T",
+    [TZ_OP_MATMUL_NN] = "matmul dy W",
+    [TZ_OP_MATMUL_TN] = "matmul dy^T x",
+    [TZ_OP_ATTENTION_FWD] = "attention_fwd",
+    [TZ_OP_ATTENTION_BWD] = "attention_bwd",
+    [TZ_OP_RMSNORM_FWD] = "rmsnorm_fwd",
+    [TZ_OP_RMSNORM_BWD] = "rmsnorm_bwd",
+    [TZ_OP_ROPE] = "rope",
+    [TZ_OP_BIAS_ADD] = "bias_add",
+    [TZ_OP_BIAS_GRAD] = "bias_grad",
+    [TZ_OP_SWIGLU_FWD] = "swiglu_fwd",
+    [TZ_OP_SWIGLU_BWD] = "swiglu_bwd",
+    [TZ_OP_ADD] = "add",
+    [TZ_OP_COPY] = "copy",
+    [TZ_OP_OTHER] = "other",
 };
 
 /* ---- set-up ---- */

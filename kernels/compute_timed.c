@@ -125,6 +125,18 @@ static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, const double 
   struct timed *tm = ctx;
   TIMED(TZ_OP_ROPE, IN->rope(CTX, x, B, T, nh, D, f, inv));
 }
+static int s_bias_add(void *ctx, void *x, const void *b, int N, int n) {
+  struct timed *tm = ctx;
+  if (!IN->bias_add)
+    return tz_err_set(TZ_ENOTSUP, "compute %s: no bias_add in this backend", tm->inner->backend);
+  TIMED(TZ_OP_BIAS_ADD, IN->bias_add(CTX, x, b, N, n));
+}
+static int s_bias_grad(void *ctx, void *db, const void *dy, int N, int n) {
+  struct timed *tm = ctx;
+  if (!IN->bias_grad)
+    return tz_err_set(TZ_ENOTSUP, "compute %s: no bias_grad in this backend", tm->inner->backend);
+  TIMED(TZ_OP_BIAS_GRAD, IN->bias_grad(CTX, db, dy, N, n));
+}
 static int s_attn_fwd(void *ctx, void *o, float *l, const void *q, const void *k, const void *v,
                       int B, int T, int H, int Hkv, int D) {
   struct timed *tm = ctx;
@@ -182,8 +194,8 @@ static const struct tz_compute_ops timed_ops = {
     .rmsnorm_fwd = s_rms_fwd,
     .rmsnorm_bwd = s_rms_bwd,
     .rope = s_rope,
-    .bias_add = NULL,
-    .bias_grad = NULL,
+    .bias_add = s_bias_add,
+    .bias_grad = s_bias_grad,
     .attention_fwd = s_attn_fwd,
     .attention_bwd = s_attn_bwd,
     .swiglu_fwd = s_swiglu_fwd,

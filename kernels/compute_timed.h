@@ -17,6 +17,8 @@ enum tz_compute_timed_op {
   TZ_OP_RMSNORM_FWD,
   TZ_OP_RMSNORM_BWD,
   TZ_OP_ROPE,
+  TZ_OP_BIAS_ADD,  /* the q, k, v projections' biases */
+  TZ_OP_BIAS_GRAD, /* their gradients */
   TZ_OP_SWIGLU_FWD,
   TZ_OP_SWIGLU_BWD,
   TZ_OP_ADD,

@@ -1,6 +1,7 @@
 /* The cpu compute backend op by op: registry, casts and their rounding, the specified order of
  * tz_compute_sum and of tz_compute_sumsq_segments, matmul with transposes, leading dimensions and
- * accumulation, rope, cross-entropy, and thread-count independence of the reductions. */
+ * accumulation, rope, the bias ops, cross-entropy, and thread-count independence of the reductions.
+ */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/adam.h"
 #include "kernels/compute.h"
+#include "kernels/compute_timed.h"
 #include "core/dtype.h"
 #include "testlib.h"
 
@@ -394,6 +396,81 @@ static void test_rope_inverse(void **state) {
   tz_compute_destroy(cm);
 }
 
+/* bias_add against a plain double sum (one rounding: exact match), bias_grad's column sums in
+ * row order against double (and their exact float order), accumulation onto db, the same bits for
+ * every thread count, widths over several channel slices, and the argument checks. */
+static void test_bias_ops(void **state) {
+  (void)state;
+  int N = 37, n = 150; /* more than two 64-column slices, a short last one */
+  float *x = malloc(sizeof(float) * N * n), *y = malloc(sizeof(float) * N * n);
+  float *b = malloc(sizeof(float) * n), *db = malloc(sizeof(float) * n);
+  float *db1 = malloc(sizeof(float) * n);
+  uint64_t st = 9;
+  for (int i = 0; i < N * n; i++)
+    x[i] = urand(&st) - 0.5f;
+  for (int j = 0; j < n; j++)
+    b[j] = urand(&st) - 0.5f;
+  int threads[] = {1, 2, 3};
+  for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++) {
+    tz_compute *cm = cpu(threads[ti]);
+    memcpy(y, x, sizeof(float) * N * n);
+    TZ_ASSERT_OK(tz_compute_bias_add(cm, y, b, N, n));
+    for (int r = 0; r < N; r++)
+      for (int j = 0; j < n; j++)
+        if (y[r * n + j] != (float)((double)x[r * n + j] + (double)b[j]))
+          fail_msg("bias_add (%d threads): [%d][%d] %.9g, want %.9g", threads[ti], r, j,
+                   y[r * n + j], (double)x[r * n + j] + (double)b[j]);
+    /* db starts non-zero: the sums are added onto it once */
+    for (int j = 0; j < n; j++)
+      db[j] = 0.25f * (float)j;
+    TZ_ASSERT_OK(tz_compute_bias_grad(cm, db, x, N, n));
+    for (int j = 0; j < n; j++) {
+      double want = 0;
+      float order = 0.0f;
+      for (int r = 0; r < N; r++) {
+        want += x[r * n + j];
+        order += x[r * n + j];
+      }
+      if (fabs(db[j] - (0.25 * j + want)) > 1e-5)
+        fail_msg("bias_grad (%d threads): column %d %.9g, want %.9g", threads[ti], j, db[j],
+                 0.25 * j + want);
+      if (db[j] != 0.25f * (float)j + order)
+        fail_msg("bias_grad (%d threads): column %d is not the row-order float sum added once",
+                 threads[ti], j);
+    }
+    if (ti == 0)
+      memcpy(db1, db, sizeof(float) * n);
+    else
+      assert_memory_equal(db, db1, sizeof(float) * n);
+    TZ_ASSERT_OK(tz_compute_bias_add(cm, y, b, 0, n)); /* no rows: nothing to do */
+    assert_int_equal(tz_compute_bias_add(cm, y, b, N, 0), TZ_EINVAL);
+    assert_int_equal(tz_compute_bias_grad(cm, db, x, -1, n), TZ_EINVAL);
+    assert_int_equal(tz_compute_bias_grad(cm, NULL, x, N, n), TZ_EINVAL);
+    tz_compute_destroy(cm);
+  }
+  /* Through a timed instance: the same bits, each op counted under its own name. */
+  tz_compute *cm = cpu(2), *timed;
+  struct tz_compute_times times;
+  memset(&times, 0, sizeof times);
+  TZ_ASSERT_OK(tz_compute_timed_create(cm, &times, &timed));
+  for (int j = 0; j < n; j++)
+    db[j] = 0.25f * (float)j;
+  TZ_ASSERT_OK(tz_compute_bias_grad(timed, db, x, N, n));
+  assert_memory_equal(db, db1, sizeof(float) * n);
+  memcpy(y, x, sizeof(float) * N * n);
+  TZ_ASSERT_OK(tz_compute_bias_add(timed, y, b, N, n));
+  assert_true(y[n + 1] == x[n + 1] + b[1]);
+  assert_int_equal(times.calls[TZ_OP_BIAS_ADD], 1);
+  assert_int_equal(times.calls[TZ_OP_BIAS_GRAD], 1);
+  tz_compute_destroy(timed);
+  tz_compute_destroy(cm);
+  free(x);
+  free(y);
+  free(b);
+  free(db);
+  free(db1);
+}
+
 static void test_xent(void **state) {
   (void)state;
   tz_compute *cm = cpu(2);
@@ -485,7 +562,8 @@ int main(void) {
       cmocka_unit_test(test_f16_rounding), cmocka_unit_test(test_cast_op),
       cmocka_unit_test(test_sum_order),    cmocka_unit_test(test_sumsq_segments),
       cmocka_unit_test(test_matmul),       cmocka_unit_test(test_rope_inverse),
-      cmocka_unit_test(test_xent),         cmocka_unit_test(test_adam_op),
+      cmocka_unit_test(test_bias_ops),     cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_adam_op),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -456,6 +456,43 @@ static int cpu_rope(void *ctx, void *x, int B, int T, int nh, int D, const doubl
   return 0;
 }
 
+/* ---- bias ---- */
+
+static int cpu_bias_add(void *ctx, void *x, const void *b, int N, int n) {
+  struct cpu *c = ctx;
+  float *xf = x;
+  const float *bf = b;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int r = 0; r < N; r++) {
+    float *row = xf + (size_t)r * n;
+    for (int j = 0; j < n; j++)
+      row[j] = row[j] + bf[j];
+  }
+  return 0;
+}
+
+/* One thread owns a slice of COL_BLOCK columns and walks the rows in increasing order, as
+ * rmsnorm's dw does, so the sums do not depend on the thread count. */
+static int cpu_bias_grad(void *ctx, void *db, const void *dy, int N, int n) {
+  struct cpu *c = ctx;
+  float *dbf = db;
+  const float *d = dy;
+  int nb = (n + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int b = 0; b < nb; b++) {
+    int c0 = b * COL_BLOCK, c1 = c0 + COL_BLOCK < n ? c0 + COL_BLOCK : n;
+    float acc[COL_BLOCK] = {0};
+    for (int r = 0; r < N; r++) {
+      const float *row = d + (size_t)r * n;
+      for (int j = c0; j < c1; j++)
+        acc[j - c0] += row[j];
+    }
+    for (int j = c0; j < c1; j++)
+      dbf[j] += acc[j - c0];
+  }
+  return 0;
+}
+
 /* ---- attention ---- */
 
 static float dotf(const float *a, const float *b, int n) {
@@ -672,8 +709,8 @@ static const struct tz_compute_ops cpu_ops = {
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .rope = cpu_rope,
-    .bias_add = NULL, /* not yet: tz_compute_bias_add says so */
-    .bias_grad = NULL,
+    .bias_add = cpu_bias_add,
+    .bias_grad = cpu_bias_grad,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
     .swiglu_fwd = cpu_swiglu_fwd,
