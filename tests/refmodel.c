@@ -38,11 +38,14 @@ void ref_blocks_randomize(const struct tz_model_config *cfg, double **blocks, ui
     struct tz_block_layout l;
     tz_model_block_layout(cfg, b, &l);
     memset(blocks[b], 0, sizeof(double) * l.numel);
-    for (int i = 0; i < l.n; i++)
+    for (int i = 0; i < l.n; i++) {
+      int bias = l.kind == TZ_BLOCK_LAYER && (i == TZ_L_BQ || i == TZ_L_BK || i == TZ_L_BV);
+      int norm = l.t[i].ndim == 1 && !bias;
       for (uint64_t e = 0; e < l.t[i].numel; e++) {
         double u = (double)(tz_test_rand(&st) >> 11) * 0x1.0p-53; /* [0, 1) */
-        blocks[b][l.t[i].offset + e] = l.t[i].ndim == 1 ? 0.8 + 0.4 * u : scale * (2 * u - 1);
+        blocks[b][l.t[i].offset + e] = norm ? 0.8 + 0.4 * u : scale * (2 * u - 1);
       }
+    }
   }
 }
 
@@ -72,13 +75,42 @@ static void rmsnorm(double *y, double *rstd, const double *x, const double *w, i
   }
 }
 
-/* Rotates x (B, T, nh, D) in place: sign +1 forward, -1 the inverse (the backward). */
-static void rope(double *x, int B, int T, int nh, int D, double theta, double sign) {
+/* y (N, n) += b (n) */
+static void bias_add(double *y, const double *b, int N, int n) {
+  if (b)
+    for (int r = 0; r < N; r++)
+      for (int j = 0; j < n; j++)
+        y[r * n + j] += b[j];
+}
+
+/* The rotation frequencies (D/2) of cfg's rope, as transformers computes them (rope_type
+ * "default", or "llama3": _compute_llama3_parameters), here in double. */
+static void rope_freqs(const struct tz_model_config *cfg, int D, double *f) {
+  double factor = cfg->rope_factor, lo_f = cfg->rope_low_freq_factor,
+         hi_f = cfg->rope_high_freq_factor, old_ctx = cfg->rope_original_max_pos;
+  for (int i = 0; i < D / 2; i++) {
+    double inv = pow(cfg->rope_theta, -2.0 * i / D);
+    f[i] = inv;
+    if (cfg->rope_type != 1)
+      continue;
+    double wavelen = 2 * M_PI / inv;
+    double low_freq_wavelen = old_ctx / lo_f, high_freq_wavelen = old_ctx / hi_f;
+    double scaled = wavelen > low_freq_wavelen ? inv / factor : inv;
+    double smooth = (old_ctx / wavelen - lo_f) / (hi_f - lo_f);
+    double smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
+    int medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    f[i] = medium ? smoothed : scaled;
+  }
+}
+
+/* Rotates x (B, T, nh, D) in place by the angles t * f[i]: sign +1 forward, -1 the inverse (the
+ * backward). */
+static void rope(double *x, int B, int T, int nh, int D, const double *f, double sign) {
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++)
       for (int h = 0; h < nh; h++)
         for (int i = 0; i < D / 2; i++) {
-          double ang = t * pow(theta, -2.0 * i / D);
+          double ang = t * f[i];
           double c = cos(ang), s = sign * sin(ang);
           double *v = x + ((b * T + t) * nh + h) * D;
           double x1 = v[i], x2 = v[i + D / 2];
@@ -127,6 +159,14 @@ static void attention(double *out, double *P, const double *q, const double *k, 
 }
 
 static double silu(double x) { return x / (1.0 + exp(-x)); }
+
+/* db (n) += the column sums of dy (N, n) */
+static void bias_bwd(double *db, const double *dy, int N, int n) {
+  if (db)
+    for (int r = 0; r < N; r++)
+      for (int j = 0; j < n; j++)
+        db[j] += dy[r * n + j];
+}
 
 /* ---- building blocks, backward ---- */
 
@@ -197,8 +237,12 @@ struct ref_layer {
   double *x;     /* (N, C) layer input */
   double *h1;    /* (N, C) */
   double *r1;    /* (N) */
-  double *q;     /* (N, H*D) after rope */
-  double *k;     /* (N, Hkv*D) after rope */
+  double *qp;    /* (N, H*D) the projection (with its bias), before the q norm */
+  double *kp;    /* (N, Hkv*D) */
+  double *rq;    /* (N*H) the q norm's rstd */
+  double *rk;    /* (N*Hkv) */
+  double *q;     /* (N, H*D) after the q norm (when there is one) and rope */
+  double *k;     /* (N, Hkv*D) after the k norm and rope */
   double *v;     /* (N, Hkv*D) */
   double *P;     /* (B, H, T, T) */
   double *att;   /* (N, H*D) */
@@ -213,22 +257,48 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
                   const int32_t *targets, int B, int T, double *logits_out, double *loss,
                   double *const *grads) {
   int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, V = cfg->vocab, L = cfg->n_layer;
-  int H = cfg->n_head, Hkv = cfg->n_kv_head, D = C / H, HD = H * D, KD = Hkv * D;
-  double eps = cfg->norm_eps, theta = cfg->rope_theta;
+  int H = cfg->n_head, Hkv = cfg->n_kv_head, D = cfg->head_dim ? cfg->head_dim : C / H;
+  int HD = H * D, KD = Hkv * D, bias = cfg->qkv_bias, qkn = cfg->qk_norm;
+  double eps = cfg->norm_eps;
   for (int n = 0; n < N; n++)
     if (tokens[n] < 0 || tokens[n] >= V || targets[n] < 0 || targets[n] >= V)
       return tz_err_set(TZ_EINVAL, "ref model: token or target out of range at %d", n);
+  if (D % 2 || D / 2 > 512)
+    return tz_err_set(TZ_EINVAL, "ref model: head dim %d", D);
+  double freqs[512];
+  rope_freqs(cfg, D, freqs);
   struct tz_block_layout ll, hl;
   tz_model_block_layout(cfg, 1, &ll);
   tz_model_block_layout(cfg, L + 1, &hl);
+  /* The layout is the model's: it must hold the tensors this reference reads, in their shapes. */
+  const struct {
+    int i;
+    int64_t rows, cols;
+  } want[] = {{TZ_L_WQ, HD, C},
+              {TZ_L_WK, KD, C},
+              {TZ_L_WO, C, HD},
+              {TZ_L_BQ, bias ? HD : 0, bias},
+              {TZ_L_BK, bias ? KD : 0, bias},
+              {TZ_L_BV, bias ? KD : 0, bias},
+              {TZ_L_QNORM, qkn ? D : 0, qkn},
+              {TZ_L_KNORM, qkn ? D : 0, qkn}};
+  for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+    const struct tz_param_info *t = &ll.t[want[w].i];
+    if (ll.n != TZ_L_COUNT || t->shape[0] != want[w].rows || t->shape[1] != want[w].cols ||
+        t->numel != (uint64_t)(want[w].rows * want[w].cols))
+      return tz_err_set(TZ_EINVAL, "ref model: layer tensor %d is (%lld, %lld), want (%lld, %lld)",
+                        want[w].i, (long long)t->shape[0], (long long)t->shape[1],
+                        (long long)want[w].rows, (long long)want[w].cols);
+  }
   const double *wte = params[0];
   const double *hnorm = params[L + 1] + hl.t[TZ_H_NORM].offset;
   const double *wlm = cfg->tie_embeddings ? wte : params[L + 1] + hl.t[TZ_H_LM].offset;
 
   /* Everything in one zeroed arena, freed at the end. */
-  size_t per_layer = (size_t)N * (4 * C + 2 * HD + 2 * KD + 3 * F + 2) + (size_t)B * H * T * T;
+  size_t per_layer =
+      (size_t)N * (4 * C + 3 * HD + 3 * KD + 3 * F + 2 + H + Hkv) + (size_t)B * H * T * T;
   size_t total = per_layer * L + (size_t)N * (2 * C + 1 + V) + (size_t)N * C * 3 +
-                 (size_t)N * (HD + 2 * KD + 2 * F + HD) + (size_t)N * V;
+                 (size_t)N * (2 * HD + 3 * KD + 2 * F + HD) + (size_t)N * V;
   double *arena = calloc(total, sizeof(double));
   struct ref_layer *ly = calloc((size_t)L, sizeof *ly);
   if (!arena || !ly) {
@@ -242,6 +312,10 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     ly[i].x = TAKE((size_t)N * C);
     ly[i].h1 = TAKE((size_t)N * C);
     ly[i].r1 = TAKE((size_t)N);
+    ly[i].qp = TAKE((size_t)N * HD);
+    ly[i].kp = TAKE((size_t)N * KD);
+    ly[i].rq = TAKE((size_t)N * H);
+    ly[i].rk = TAKE((size_t)N * Hkv);
     ly[i].q = TAKE((size_t)N * HD);
     ly[i].k = TAKE((size_t)N * KD);
     ly[i].v = TAKE((size_t)N * KD);
@@ -259,6 +333,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
   double *dx = TAKE((size_t)N * C), *dh = TAKE((size_t)N * C), *dx2 = TAKE((size_t)N * C);
   double *datt = TAKE((size_t)N * HD), *dq = TAKE((size_t)N * HD), *dk = TAKE((size_t)N * KD),
          *dv = TAKE((size_t)N * KD), *da = TAKE((size_t)N * F), *dgu = TAKE((size_t)N * F);
+  double *dqp = TAKE((size_t)N * HD), *dkp = TAKE((size_t)N * KD);
   double *dlogits = TAKE((size_t)N * V);
 #undef TAKE
 
@@ -270,12 +345,25 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     struct ref_layer *y = &ly[i];
     const double *P = params[i + 1];
 #define W(idx) (P + ll.t[idx].offset)
+#define WB(idx) (bias ? W(idx) : NULL)
     rmsnorm(y->h1, y->r1, y->x, W(TZ_L_ATTN_NORM), N, C, eps);
-    linear(y->q, y->h1, W(TZ_L_WQ), N, C, HD);
-    linear(y->k, y->h1, W(TZ_L_WK), N, C, KD);
+    /* transformers' Qwen2 / Qwen3 attention: q = q_proj(h) (bias included), then q_norm over
+     * each head's D, then the rotary embedding; likewise k; v has only its bias. */
+    linear(y->qp, y->h1, W(TZ_L_WQ), N, C, HD);
+    bias_add(y->qp, WB(TZ_L_BQ), N, HD);
+    linear(y->kp, y->h1, W(TZ_L_WK), N, C, KD);
+    bias_add(y->kp, WB(TZ_L_BK), N, KD);
     linear(y->v, y->h1, W(TZ_L_WV), N, C, KD);
-    rope(y->q, B, T, H, D, theta, 1);
-    rope(y->k, B, T, Hkv, D, theta, 1);
+    bias_add(y->v, WB(TZ_L_BV), N, KD);
+    if (qkn) {
+      rmsnorm(y->q, y->rq, y->qp, W(TZ_L_QNORM), N * H, D, eps);
+      rmsnorm(y->k, y->rk, y->kp, W(TZ_L_KNORM), N * Hkv, D, eps);
+    } else {
+      memcpy(y->q, y->qp, sizeof(double) * N * HD);
+      memcpy(y->k, y->kp, sizeof(double) * N * KD);
+    }
+    rope(y->q, B, T, H, D, freqs, 1);
+    rope(y->k, B, T, Hkv, D, freqs, 1);
     attention(y->att, y->P, y->q, y->k, y->v, B, T, H, Hkv, D);
     linear(y->x2, y->att, W(TZ_L_WO), N, HD, C);
     for (int e = 0; e < N * C; e++)
@@ -290,6 +378,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     for (int e = 0; e < N * C; e++)
       out[e] += y->x2[e];
 #undef W
+#undef WB
   }
   rmsnorm(hN, rN, xL, hnorm, N, C, eps);
   linear(logits, hN, wlm, N, C, V);
@@ -324,6 +413,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       double *G = grads[i + 1];
 #define W(idx) (P + ll.t[idx].offset)
 #define GW(idx) (G + ll.t[idx].offset)
+#define GB(idx) (bias ? GW(idx) : NULL)
       /* dx is the gradient at this layer's output; out = x2 + a wd^T */
       memcpy(dx2, dx, sizeof(double) * N * C);
       memset(da, 0, sizeof(double) * N * F);
@@ -348,15 +438,30 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       memset(dv, 0, sizeof(double) * N * KD);
       attention_bwd(dq, dk, dv, datt, y->P, y->q, y->k, y->v, B, T, H, Hkv, D);
       /* rope is a rotation: its backward is the inverse rotation */
-      rope(dq, B, T, H, D, theta, -1);
-      rope(dk, B, T, Hkv, D, theta, -1);
+      rope(dq, B, T, H, D, freqs, -1);
+      rope(dk, B, T, Hkv, D, freqs, -1);
+      /* the q and k norms, rows of D per head; then dqp, dkp are the gradients at the biased
+       * projections */
+      if (qkn) {
+        memset(dqp, 0, sizeof(double) * N * HD);
+        memset(dkp, 0, sizeof(double) * N * KD);
+        rmsnorm_bwd(dqp, GW(TZ_L_QNORM), dq, y->qp, W(TZ_L_QNORM), y->rq, N * H, D);
+        rmsnorm_bwd(dkp, GW(TZ_L_KNORM), dk, y->kp, W(TZ_L_KNORM), y->rk, N * Hkv, D);
+      } else {
+        memcpy(dqp, dq, sizeof(double) * N * HD);
+        memcpy(dkp, dk, sizeof(double) * N * KD);
+      }
+      bias_bwd(GB(TZ_L_BQ), dqp, N, HD);
+      bias_bwd(GB(TZ_L_BK), dkp, N, KD);
+      bias_bwd(GB(TZ_L_BV), dv, N, KD);
       memset(dh, 0, sizeof(double) * N * C);
-      linear_bwd(dh, GW(TZ_L_WQ), dq, y->h1, W(TZ_L_WQ), N, C, HD);
-      linear_bwd(dh, GW(TZ_L_WK), dk, y->h1, W(TZ_L_WK), N, C, KD);
+      linear_bwd(dh, GW(TZ_L_WQ), dqp, y->h1, W(TZ_L_WQ), N, C, HD);
+      linear_bwd(dh, GW(TZ_L_WK), dkp, y->h1, W(TZ_L_WK), N, C, KD);
       linear_bwd(dh, GW(TZ_L_WV), dv, y->h1, W(TZ_L_WV), N, C, KD);
       rmsnorm_bwd(dx, GW(TZ_L_ATTN_NORM), dh, y->x, W(TZ_L_ATTN_NORM), y->r1, N, C);
 #undef W
 #undef GW
+#undef GB
     }
     for (int n = 0; n < N; n++)
       for (int c = 0; c < C; c++)

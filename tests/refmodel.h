@@ -1,7 +1,8 @@
 /* A float64 reference of the whole model (trainer/model.h), written for obviousness: plain loops,
  * every intermediate kept, the backward derived by hand step by step. Parameters use the model's
- * block layout (tz_model_block_layout), in double. Used to check the compute backends; itself
- * checked by finite differences (test_refmodel_fd). */
+ * block layout (tz_model_block_layout), in double; the flags of the config (q, k, v biases, q/k
+ * norms, head_dim, llama3 RoPE) as transformers' Llama, Qwen2 and Qwen3 compute them. Used to check
+ * the compute backends; itself checked by finite differences (test_refmodel_fd). */
 #ifndef TZ_TESTS_REFMODEL_H
 #define TZ_TESTS_REFMODEL_H
 
@@ -20,8 +21,8 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
 double **ref_blocks_alloc(const struct tz_model_config *cfg);
 void ref_blocks_free(const struct tz_model_config *cfg, double **blocks);
 
-/* Random parameters for tests: matrix entries uniform in [-scale, scale), norm weights uniform in
- * [0.8, 1.2), padding 0; a function of seed only. */
+/* Random parameters for tests: matrix and bias entries uniform in [-scale, scale), norm weights
+ * (q and k norms too) uniform in [0.8, 1.2), padding 0; a function of seed only. */
 void ref_blocks_randomize(const struct tz_model_config *cfg, double **blocks, uint64_t seed,
                           double scale);
 

@@ -1,7 +1,9 @@
 /* The model on the cpu backend against the float64 reference: logits, loss and every parameter's
  * gradient (norm-wise relative error < 1e-5), with grouped-query attention, tied and untied
- * embeddings, odd T. Also: checkpointed backward equals the stored-activation backward bit for
- * bit; runs and thread counts give identical bits; gradients accumulate; layout and init. */
+ * embeddings, odd T, and each flag of the model families (q/k/v biases, q/k norms, llama3 RoPE, a
+ * head_dim with H*D != d_model) alone and all together. Also: checkpointed backward equals the
+ * stored-activation backward bit for bit; runs and thread counts give identical bits; gradients
+ * accumulate; layout, config checks and init. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,14 +133,21 @@ static void compare_with_reference(struct tz_model_config cfg, int B, int T, uin
   struct result r = run_cpu(s, 2, 1, 1);
   double le = fabs(r.loss - ref_loss) / ref_loss;
   double lge = rel_err(r.logits, ref_logits, (uint64_t)N * cfg.vocab);
-  print_message("loss %.9g ref %.9g (rel %.2e), logits rel %.2e\n", r.loss, ref_loss, le, lge);
   assert_true(le < 1e-5);
   assert_true(lge < 1e-5);
+  double worst = 0;
+  const char *worst_name = "";
   for (int b = 0; b < nb; b++) {
     struct tz_block_layout l;
     TZ_ASSERT_OK(tz_model_block_layout(&cfg, b, &l));
     for (int i = 0; i < l.n; i++) {
+      if (l.t[i].numel == 0)
+        continue; /* a tensor this config does not have */
       double e = rel_err(r.grads[b] + l.t[i].offset, G[b] + l.t[i].offset, l.t[i].numel);
+      if (e > worst) {
+        worst = e;
+        worst_name = l.t[i].name;
+      }
       double norm = 0;
       for (uint64_t k = 0; k < l.t[i].numel; k++)
         norm += G[b][l.t[i].offset + k] * G[b][l.t[i].offset + k];
@@ -147,6 +156,8 @@ static void compare_with_reference(struct tz_model_config cfg, int B, int T, uin
                  sqrt(norm));
     }
   }
+  print_message("loss rel %.2e, logits rel %.2e, worst gradient rel %.2e (%s)\n", le, lge, worst,
+                worst_name);
   result_free(&cfg, &r);
   ref_blocks_free(&cfg, G);
   free(ref_logits);
@@ -253,6 +264,243 @@ static void test_grads_accumulate(void **state) {
   setup_free(s);
 }
 
+/* ---- the model families' flags, each alone and all together ---- */
+
+static struct tz_model_config llama3_rope(struct tz_model_config c) {
+  /* Short original context, so that at T <= 16 some frequencies are kept, some slowed by factor
+   * and some in the smoothed band between (wavelengths 2 pi / f against 64 and 16). */
+  c.rope_type = TZ_ROPE_LLAMA3;
+  c.rope_factor = 8.0;
+  c.rope_low_freq_factor = 1.0;
+  c.rope_high_freq_factor = 4.0;
+  c.rope_original_max_pos = 64;
+  return c;
+}
+
+/* Every flag on: Qwen3 with attention biases, llama3 RoPE, H*D != C, a tied head. */
+static struct tz_model_config all_on_cfg(void) {
+  struct tz_model_config c = llama3_rope(small_cfg());
+  c.d_model = 64;
+  c.head_dim = 24;
+  c.qkv_bias = 1;
+  c.qk_norm = 1;
+  c.tie_embeddings = 1;
+  c.family = TZ_FAMILY_QWEN3;
+  return c;
+}
+
+static void test_ref_qkv_bias(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  c.qkv_bias = 1;
+  c.family = TZ_FAMILY_QWEN2;
+  compare_with_reference(c, 2, 7, 104);
+}
+
+static void test_ref_qk_norm(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  c.qk_norm = 1;
+  c.family = TZ_FAMILY_QWEN3;
+  compare_with_reference(c, 2, 7, 105);
+}
+
+static void test_ref_llama3_rope(void **state) {
+  (void)state;
+  compare_with_reference(llama3_rope(small_cfg()), 2, 13, 106);
+}
+
+/* H*D = 128 against C = 64: every (N, H*D) buffer, wo's shape and the attention scale. */
+static void test_ref_head_dim_wide(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  c.d_model = 64;
+  c.head_dim = 32;
+  compare_with_reference(c, 2, 5, 107);
+}
+
+/* D = 24 (not a power of two), H*D = 96, C = 64, tied head. */
+static void test_ref_head_dim_24_tied(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  c.d_model = 64;
+  c.head_dim = 24;
+  c.tie_embeddings = 1;
+  compare_with_reference(c, 1, 9, 108);
+}
+
+static void test_ref_all_on(void **state) {
+  (void)state;
+  compare_with_reference(all_on_cfg(), 2, 11, 109);
+  struct tz_model_config c = all_on_cfg();
+  c.tie_embeddings = 0;
+  c.n_kv_head = 1;
+  compare_with_reference(c, 1, 16, 110);
+}
+
+/* With every flag on: the checkpointed backward (the forward recomputed) equals the stored one,
+ * thread counts change no bit, gradients accumulate exactly. */
+static void test_all_on_bits(void **state) {
+  (void)state;
+  struct setup *s = setup_new(all_on_cfg(), 2, 9, 205);
+  struct result a = run_cpu(s, 2, 1, 1), b = run_cpu(s, 2, 0, 1), t = run_cpu(s, 3, 1, 1);
+  assert_true(bits_equal(&s->cfg, &a, &b, 18));
+  assert_true(bits_equal(&s->cfg, &a, &t, 18));
+  result_free(&s->cfg, &a);
+  result_free(&s->cfg, &b);
+  result_free(&s->cfg, &t);
+  setup_free(s);
+  /* untied: a tied embedding takes two contributions per step, so two steps are not 2x one */
+  struct tz_model_config c = all_on_cfg();
+  c.tie_embeddings = 0;
+  s = setup_new(c, 1, 6, 206);
+  struct result one = run_cpu(s, 2, 0, 1), two = run_cpu(s, 2, 0, 2);
+  for (int k = 0; k < tz_model_n_blocks(&s->cfg); k++)
+    for (uint64_t e = 0; e < tz_model_block_numel(&s->cfg, k); e++)
+      if (two.grads[k][e] != 2.0f * one.grads[k][e])
+        fail_msg("block %d element %llu: two steps %.9g, one step %.9g", k, (unsigned long long)e,
+                 two.grads[k][e], one.grads[k][e]);
+  result_free(&s->cfg, &one);
+  result_free(&s->cfg, &two);
+  setup_free(s);
+}
+
+/* The layout with the optional tensors; Llama's unchanged; the sizes that follow H*D. */
+static void test_layout_families(void **state) {
+  (void)state;
+  struct tz_model_config c;
+  TZ_ASSERT_OK(tz_model_preset("tiny", &c));
+  struct tz_block_layout base, l;
+  TZ_ASSERT_OK(tz_model_block_layout(&c, 1, &base));
+  assert_int_equal(base.n, TZ_L_COUNT);
+  for (int i = TZ_L_BQ; i < TZ_L_COUNT; i++) {
+    assert_true(base.t[i].numel == 0 && base.t[i].ndim == 0);
+    assert_true(base.t[i].offset == base.numel); /* no room */
+  }
+  assert_true(base.t[TZ_L_WD].offset + base.t[TZ_L_WD].numel <= base.numel);
+  uint64_t llama_params = tz_model_n_params(&c);
+  size_t llama_acts = tz_model_acts_bytes(&c, TZ_F32, 2, 16);
+  struct tz_model_config q = c;
+  q.qkv_bias = 1;
+  q.qk_norm = 1;
+  q.head_dim = 64; /* C 128, H 4: H*D 256, Hkv*D 128 */
+  TZ_ASSERT_OK(tz_model_config_check(&q));
+  TZ_ASSERT_OK(tz_model_block_layout(&q, 1, &l));
+  assert_int_equal(l.n, TZ_L_COUNT);
+  int64_t HD = 256, KD = 128, C = 128;
+  assert_true(l.t[TZ_L_WQ].shape[0] == HD && l.t[TZ_L_WQ].shape[1] == C);
+  assert_true(l.t[TZ_L_WK].shape[0] == KD && l.t[TZ_L_WV].shape[0] == KD);
+  assert_true(l.t[TZ_L_WO].shape[0] == C && l.t[TZ_L_WO].shape[1] == HD);
+  assert_true(l.t[TZ_L_BQ].numel == (uint64_t)HD && l.t[TZ_L_BQ].ndim == 1);
+  assert_true(l.t[TZ_L_BK].numel == (uint64_t)KD && l.t[TZ_L_BV].numel == (uint64_t)KD);
+  assert_true(l.t[TZ_L_QNORM].numel == 64 && l.t[TZ_L_KNORM].numel == 64);
+  assert_string_equal(l.t[TZ_L_BQ].name, "bq");
+  assert_string_equal(l.t[TZ_L_KNORM].name, "k_norm");
+  for (int i = 1; i < l.n; i++)
+    assert_true(l.t[i].offset >= l.t[i - 1].offset + l.t[i - 1].numel &&
+                l.t[i].offset % TZ_MODEL_ALIGN == 0);
+  uint64_t per_layer = (uint64_t)(2 * C * HD + 2 * C * KD) + 3 * (uint64_t)C * 352 +
+                       2 * (uint64_t)C + (uint64_t)(HD + 2 * KD + 2 * 64);
+  assert_true(tz_model_n_params(&q) == 256 * 128 + 128 + 4 * per_layer);
+  /* activations grow only with qk_norm (q and k before the norms, their statistics) */
+  struct tz_model_config b = c;
+  b.qkv_bias = 1;
+  assert_true(tz_model_acts_bytes(&b, TZ_F32, 2, 16) == llama_acts);
+  assert_true(tz_model_n_params(&b) == llama_params + 4 * (128 + 2 * 64));
+  b.qk_norm = 1;
+  assert_true(tz_model_acts_bytes(&b, TZ_F32, 2, 16) > llama_acts);
+  /* FLOP: attention counts H*D, the projections their shapes */
+  double N = 2.0 * 16, mat = (double)(2 * C * HD + 2 * C * KD) + 3.0 * C * 352;
+  assert_true(tz_model_layer_flop(&q, 2, 16) == 2.0 * N * mat + 2.0 * 2 * 16.0 * 16.0 * HD);
+}
+
+static void check_bad(struct tz_model_config c, const char *field) {
+  assert_int_equal(tz_model_config_check(&c), TZ_ECONFIG);
+  if (!strstr(tz_err_msg(), field))
+    fail_msg("config check names '%s'? message: %s", field, tz_err_msg());
+}
+
+static void test_config_check_families(void **state) {
+  (void)state;
+  struct tz_model_config ok = all_on_cfg(), c;
+  TZ_ASSERT_OK(tz_model_config_check(&ok));
+  c = ok, c.head_dim = 23, check_bad(c, "head_dim 23");
+  c = ok, c.head_dim = -2, check_bad(c, "head_dim -2");
+  c = ok, c.head_dim = 0, c.n_head = 3, check_bad(c, "n_head 3");
+  c = ok, c.head_dim = 0; /* 64 / 4 */
+  TZ_ASSERT_OK(tz_model_config_check(&c));
+  c = ok, c.head_dim = 2048, check_bad(c, "head dim 2048");
+  c = ok, c.family = TZ_FAMILY_COUNT, check_bad(c, "family 4");
+  c = ok, c.qkv_bias = 2, check_bad(c, "qkv_bias 2");
+  c = ok, c.qk_norm = -1, check_bad(c, "qk_norm -1");
+  c = ok, c.init_std = -0.02, check_bad(c, "init_std -0.02");
+  c = ok, c.init_std = NAN, check_bad(c, "init_std");
+  c = ok, c.rope_type = 2, check_bad(c, "rope_type 2");
+  c = ok, c.rope_factor = 0.5, check_bad(c, "factor 0.5");
+  c = ok, c.rope_high_freq_factor = 1.0, check_bad(c, "high_freq_factor 1");
+  c = ok, c.rope_original_max_pos = 0, check_bad(c, "original_max_position_embeddings 0");
+  c = ok, c.has_pad = 3, check_bad(c, "has_pad 3");
+  c = ok, c.rope_type = 0, c.rope_factor = 0; /* the scaling fields unused */
+  TZ_ASSERT_OK(tz_model_config_check(&c));
+}
+
+/* init_std > 0: every matrix and the embedding ~ normal(0, init_std), wo and wd too; norms 1;
+ * biases 0; the pad row of the embedding 0; any range the same slice of the whole. init_std 0:
+ * biases 0 and q/k norms 1 there too. */
+static void test_init_std(void **state) {
+  (void)state;
+  for (int mode = 0; mode < 2; mode++) {
+    struct tz_model_config c = all_on_cfg();
+    c.n_layer = 4;
+    c.init_std = mode ? 0.05 : 0.0;
+    c.has_pad = 1;
+    c.pad_id = 3;
+    for (int blk = 0; blk < tz_model_n_blocks(&c); blk++) {
+      struct tz_block_layout l;
+      TZ_ASSERT_OK(tz_model_block_layout(&c, blk, &l));
+      float *all = malloc(sizeof(float) * l.numel), *part = malloc(sizeof(float) * l.numel);
+      TZ_ASSERT_OK(tz_model_init_block(&c, blk, 7, 0, l.numel, all));
+      uint64_t lo = l.numel / 3 + 1, hi = l.numel - l.numel / 5;
+      TZ_ASSERT_OK(tz_model_init_block(&c, blk, 7, lo, hi, part));
+      assert_memory_equal(part, all + lo, sizeof(float) * (hi - lo));
+      for (int t = 0; t < l.n; t++) {
+        const struct tz_param_info *p = &l.t[t];
+        if (p->numel == 0)
+          continue;
+        const float *x = all + p->offset;
+        double s2 = 0;
+        for (uint64_t e = 0; e < p->numel; e++)
+          s2 += (double)x[e] * x[e];
+        int bias = l.kind == TZ_BLOCK_LAYER && (t == TZ_L_BQ || t == TZ_L_BK || t == TZ_L_BV);
+        if (bias) {
+          assert_true(s2 == 0.0);
+        } else if (p->ndim == 1) {
+          assert_true(s2 == (double)p->numel);
+        } else {
+          double want = mode ? 0.05
+                        : l.kind == TZ_BLOCK_LAYER && (t == TZ_L_WO || t == TZ_L_WD)
+                            ? 0.02 / sqrt(2.0 * c.n_layer)
+                            : 0.02;
+          uint64_t n = p->numel;
+          if (l.kind == TZ_BLOCK_EMBED && mode) {
+            for (int j = 0; j < c.d_model; j++)
+              assert_true(x[3 * c.d_model + j] == 0.0f);
+            n -= (uint64_t)c.d_model;
+          } else if (l.kind == TZ_BLOCK_EMBED) {
+            assert_true(x[3 * c.d_model] != 0.0f); /* the presets' init keeps the pad row */
+          }
+          double rms = sqrt(s2 / n);
+          if (fabs(rms - want) > 0.1 * want)
+            fail_msg("init_std %g block %d %s: rms %g, want about %g", c.init_std, blk, p->name,
+                     rms, want);
+        }
+      }
+      free(all);
+      free(part);
+    }
+  }
+}
+
 static void test_layout(void **state) {
   (void)state;
   for (int i = 0; i < tz_model_preset_count(); i++) {
@@ -316,6 +564,12 @@ static void test_layer_probe(void **state) {
   TZ_ASSERT_OK(tz_compute_sync(cm));
   tz_layer_probe_free(cm, &l);
   tz_layer_probe_free(cm, &l); /* zeroed: a no-op */
+  /* every flag on, the forward recomputed in backward as the trainer does */
+  struct tz_model_config q = all_on_cfg();
+  TZ_ASSERT_OK(tz_layer_probe_alloc(cm, &q, 2, 16, &l));
+  TZ_ASSERT_OK(tz_layer_probe_step(cm, &q, &l, 1));
+  TZ_ASSERT_OK(tz_compute_sync(cm));
+  tz_layer_probe_free(cm, &l);
   tz_compute_destroy(cm);
 }
 
@@ -331,6 +585,8 @@ static void test_init(void **state) {
   TZ_ASSERT_OK(tz_model_init_block(&c, blk, 7, 1000, 3333, part));
   assert_memory_equal(part, all + 1000, sizeof(float) * 2333);
   for (int t = 0; t < l.n; t++) {
+    if (l.t[t].numel == 0)
+      continue;
     const float *x = all + l.t[t].offset;
     double s2 = 0;
     for (uint64_t e = 0; e < l.t[t].numel; e++)
@@ -394,6 +650,16 @@ int main(void) {
       cmocka_unit_test(test_ref_gqa_untied_odd_t),
       cmocka_unit_test(test_ref_tied_mha),
       cmocka_unit_test(test_ref_wide_mqa),
+      cmocka_unit_test(test_ref_qkv_bias),
+      cmocka_unit_test(test_ref_qk_norm),
+      cmocka_unit_test(test_ref_llama3_rope),
+      cmocka_unit_test(test_ref_head_dim_wide),
+      cmocka_unit_test(test_ref_head_dim_24_tied),
+      cmocka_unit_test(test_ref_all_on),
+      cmocka_unit_test(test_all_on_bits),
+      cmocka_unit_test(test_layout_families),
+      cmocka_unit_test(test_config_check_families),
+      cmocka_unit_test(test_init_std),
       cmocka_unit_test(test_checkpoint_bit_exact),
       cmocka_unit_test(test_deterministic_threads),
       cmocka_unit_test(test_grads_accumulate),

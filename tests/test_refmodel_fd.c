@@ -1,5 +1,7 @@
 /* The float64 reference model against finite differences: every parameter's gradient, on tiny
- * configs with grouped-query attention, tied and untied embeddings and an odd sequence length. */
+ * configs with grouped-query attention, tied and untied embeddings and an odd sequence length,
+ * and with each flag of the model families (q/k/v biases, q/k norms, llama3 RoPE, head_dim with
+ * H*D != d_model) alone and all together. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,10 +42,14 @@ static void check_fd(const struct tz_model_config *cfg, int B, int T, uint64_t s
   assert_true(isfinite(loss) && loss > 0);
   const double h = 1e-5;
   int checked = 0;
+  double worst = 0;
+  const char *worst_name = "";
   for (int b = 0; b < tz_model_n_blocks(cfg); b++) {
     struct tz_block_layout l;
     TZ_ASSERT_OK(tz_model_block_layout(cfg, b, &l));
     for (int i = 0; i < l.n; i++) {
+      if (l.t[i].numel == 0)
+        continue; /* a tensor this config does not have */
       double err2 = 0, ref2 = 0;
       for (uint64_t e = 0; e < l.t[i].numel; e++) {
         double *p = &P[b][l.t[i].offset + e];
@@ -65,6 +71,10 @@ static void check_fd(const struct tz_model_config *cfg, int B, int T, uint64_t s
       }
       assert_true(ref2 > 0); /* every tensor receives a gradient */
       assert_true(sqrt(err2 / ref2) < 1e-6);
+      if (sqrt(err2 / ref2) > worst) {
+        worst = sqrt(err2 / ref2);
+        worst_name = l.t[i].name;
+      }
     }
     /* Padding never receives a gradient. */
     for (int i = 0; i < l.n; i++) {
@@ -75,6 +85,7 @@ static void check_fd(const struct tz_model_config *cfg, int B, int T, uint64_t s
     }
   }
   assert_true(checked == (int)tz_model_n_params(cfg));
+  print_message("%d gradients, worst norm-wise rel error %.2e (%s)\n", checked, worst, worst_name);
   ref_blocks_free(cfg, P);
   ref_blocks_free(cfg, G);
   free(tok);
@@ -101,6 +112,56 @@ static void test_fd_mha(void **state) {
   check_fd(&c, 2, 3, 13);
 }
 
+static void test_fd_qkv_bias(void **state) {
+  (void)state;
+  struct tz_model_config c = tiny_cfg(0);
+  c.qkv_bias = 1;
+  check_fd(&c, 2, 5, 14);
+}
+
+static void test_fd_qk_norm(void **state) {
+  (void)state;
+  struct tz_model_config c = tiny_cfg(0);
+  c.qk_norm = 1;
+  check_fd(&c, 2, 5, 15);
+}
+
+/* D = 4: frequencies 1 (wavelength 2 pi, in the smoothed band between 16 / 4 and 16 / 1) and
+ * 1/100 (slowed by the factor). */
+static struct tz_model_config llama3(struct tz_model_config c) {
+  c.rope_type = TZ_ROPE_LLAMA3;
+  c.rope_factor = 8.0;
+  c.rope_low_freq_factor = 1.0;
+  c.rope_high_freq_factor = 4.0;
+  c.rope_original_max_pos = 16;
+  return c;
+}
+
+static void test_fd_llama3_rope(void **state) {
+  (void)state;
+  struct tz_model_config c = llama3(tiny_cfg(0));
+  check_fd(&c, 1, 7, 16);
+}
+
+static void test_fd_head_dim(void **state) {
+  (void)state;
+  struct tz_model_config c = tiny_cfg(0);
+  c.head_dim = 6; /* H*D = 12, C = 8 */
+  check_fd(&c, 2, 4, 17);
+}
+
+static void test_fd_all_on(void **state) {
+  (void)state;
+  struct tz_model_config c = llama3(tiny_cfg(1));
+  c.head_dim = 6;
+  c.qkv_bias = 1;
+  c.qk_norm = 1;
+  check_fd(&c, 2, 5, 18);
+  c.tie_embeddings = 0;
+  c.n_kv_head = 2;
+  check_fd(&c, 1, 6, 19);
+}
+
 /* The reference's loss at uniform logits is log(V): a check that does not depend on itself. */
 static void test_uniform_loss(void **state) {
   (void)state;
@@ -121,9 +182,10 @@ static void test_uniform_loss(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fd_untied_gqa),
-      cmocka_unit_test(test_fd_tied_gqa),
-      cmocka_unit_test(test_fd_mha),
+      cmocka_unit_test(test_fd_untied_gqa), cmocka_unit_test(test_fd_tied_gqa),
+      cmocka_unit_test(test_fd_mha),        cmocka_unit_test(test_fd_qkv_bias),
+      cmocka_unit_test(test_fd_qk_norm),    cmocka_unit_test(test_fd_llama3_rope),
+      cmocka_unit_test(test_fd_head_dim),   cmocka_unit_test(test_fd_all_on),
       cmocka_unit_test(test_uniform_loss),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2,6 +2,7 @@
 #include "trainer/model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,21 +61,49 @@ int tz_model_config_check(const struct tz_model_config *c) {
   } while (0)
   NEED(c->d_model > 0, "d_model %d must be positive", c->d_model);
   NEED(c->n_layer > 0, "n_layer %d must be positive", c->n_layer);
-  NEED(c->n_head > 0 && c->d_model % c->n_head == 0,
-       "n_head %d must be positive and divide d_model %d", c->n_head, c->d_model);
-  NEED((c->d_model / c->n_head) % 2 == 0, "head dim %d (d_model / n_head) must be even for RoPE",
-       c->d_model / c->n_head);
+  NEED(c->head_dim >= 0, "head_dim %d must be positive (or 0: d_model / n_head)", c->head_dim);
+  if (c->head_dim == 0) {
+    NEED(c->n_head > 0 && c->d_model % c->n_head == 0,
+         "n_head %d must be positive and divide d_model %d (or set head_dim)", c->n_head,
+         c->d_model);
+    NEED((c->d_model / c->n_head) % 2 == 0, "head dim %d (d_model / n_head) must be even for RoPE",
+         c->d_model / c->n_head);
+  } else {
+    NEED(c->n_head > 0, "n_head %d must be positive", c->n_head);
+    NEED(c->head_dim % 2 == 0, "head_dim %d must be even for RoPE", c->head_dim);
+  }
+  NEED(tz_model_head_dim(c) <= TZ_ROPE_MAX_D, "head dim %d is larger than RoPE's %d",
+       tz_model_head_dim(c), TZ_ROPE_MAX_D);
   NEED(c->n_kv_head > 0 && c->n_head % c->n_kv_head == 0,
        "n_kv_head %d must be positive and divide n_head %d", c->n_kv_head, c->n_head);
   NEED(c->ffn_dim > 0, "ffn_dim %d must be positive", c->ffn_dim);
   NEED(c->vocab > 0, "vocab %d must be positive", c->vocab);
   NEED(c->max_seq > 0, "max_seq %d must be positive", c->max_seq);
   NEED(c->rope_theta > 0.0, "rope_theta %g must be positive", c->rope_theta);
+  struct tz_rope rope;
+  tz_model_rope(c, &rope);
+  if (tz_rope_check(&rope) < 0) {
+    /* its message names the field (factor is rope_factor here, and so on); copied, as the
+     * message buffer is what tz_err_set writes */
+    char why[256];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    return tz_err_set(TZ_ECONFIG, "model config: rope_type %d: %s", c->rope_type, why);
+  }
   NEED(c->norm_eps >= 0.0, "norm_eps %g must not be negative", c->norm_eps);
   NEED(c->tie_embeddings == 0 || c->tie_embeddings == 1, "tie_embeddings %d must be 0 or 1",
        c->tie_embeddings);
+  NEED((unsigned)c->family < TZ_FAMILY_COUNT,
+       "family %d is none of llama (0), mistral (1), qwen2 (2), qwen3 (3)", (int)c->family);
+  NEED(c->qkv_bias == 0 || c->qkv_bias == 1, "qkv_bias %d must be 0 or 1", c->qkv_bias);
+  NEED(c->qk_norm == 0 || c->qk_norm == 1, "qk_norm %d must be 0 or 1", c->qk_norm);
+  NEED(isfinite(c->init_std) && c->init_std >= 0.0,
+       "init_std %g must be finite and not negative (0: the presets' initialisation)", c->init_std);
+  NEED(c->has_bos == 0 || c->has_bos == 1, "has_bos %d must be 0 or 1", c->has_bos);
+  NEED(c->has_eos == 0 || c->has_eos == 1, "has_eos %d must be 0 or 1", c->has_eos);
+  NEED(c->has_pad == 0 || c->has_pad == 1, "has_pad %d must be 0 or 1", c->has_pad);
   /* Offsets are 64-bit, but the compute ops take int dimensions. */
-  NEED((int64_t)c->vocab * c->d_model < INT32_MAX && (int64_t)c->ffn_dim * c->d_model < INT32_MAX,
+  NEED((int64_t)c->vocab * c->d_model < INT32_MAX && (int64_t)c->ffn_dim * c->d_model < INT32_MAX &&
+           (int64_t)c->n_head * tz_model_head_dim(c) * c->d_model < INT32_MAX,
        "a weight matrix has more than 2^31 elements");
 #undef NEED
   return 0;
@@ -139,6 +168,11 @@ static void add_tensor(struct tz_block_layout *l, const char *name, int64_t rows
   l->numel = round_up(t->offset + t->numel, TZ_MODEL_ALIGN);
 }
 
+/* A vector of n elements when present; else an entry without room (numel 0, ndim 0). */
+static void add_optional(struct tz_block_layout *l, const char *name, int64_t n, int present) {
+  add_tensor(l, name, present ? n : 0, present ? 1 : 0, present ? 1 : 0);
+}
+
 int tz_model_block_layout(const struct tz_model_config *cfg, int block,
                           struct tz_block_layout *out) {
   int nb = tz_model_n_blocks(cfg);
@@ -169,6 +203,12 @@ int tz_model_block_layout(const struct tz_model_config *cfg, int block,
     add_tensor(out, "wg", F, C, 2);
     add_tensor(out, "wu", F, C, 2);
     add_tensor(out, "wd", C, F, 2);
+    /* after every Llama tensor, so that a Llama layer's offsets do not move */
+    add_optional(out, "bq", HD, cfg->qkv_bias);
+    add_optional(out, "bk", KD, cfg->qkv_bias);
+    add_optional(out, "bv", KD, cfg->qkv_bias);
+    add_optional(out, "q_norm", D, cfg->qk_norm);
+    add_optional(out, "k_norm", D, cfg->qk_norm);
   }
   return 0;
 }
@@ -225,19 +265,35 @@ int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t s
                       (unsigned long long)begin, (unsigned long long)end);
   memset(out, 0, (size_t)(end - begin) * sizeof *out);
   double std_out = 0.02 / sqrt(2.0 * cfg->n_layer);
+  /* transformers' _init_weights zeroes the embedding's padding_idx (pad_token_id) row */
+  int64_t pad_row = cfg->init_std > 0.0 && cfg->has_pad && cfg->pad_id >= 0 &&
+                            cfg->pad_id < cfg->vocab && l.kind == TZ_BLOCK_EMBED
+                        ? cfg->pad_id
+                        : -1;
+  uint64_t pad_lo = pad_row < 0 ? 0 : (uint64_t)pad_row * (uint64_t)cfg->d_model;
+  uint64_t pad_hi = pad_row < 0 ? 0 : pad_lo + (uint64_t)cfg->d_model;
   for (int ti = 0; ti < l.n; ti++) {
     const struct tz_param_info *t = &l.t[ti];
+    if (t->numel == 0)
+      continue;
     uint64_t lo = t->offset > begin ? t->offset : begin;
     uint64_t hi = t->offset + t->numel < end ? t->offset + t->numel : end;
+    int layer = l.kind == TZ_BLOCK_LAYER;
+    if (layer && (ti == TZ_L_BQ || ti == TZ_L_BK || ti == TZ_L_BV))
+      continue; /* biases start at 0 */
     int is_norm = t->ndim == 1;
-    double std = 0.02;
-    if (l.kind == TZ_BLOCK_LAYER && (ti == TZ_L_WO || ti == TZ_L_WD))
+    double std = cfg->init_std > 0.0 ? cfg->init_std : 0.02;
+    if (cfg->init_std == 0.0 && layer && (ti == TZ_L_WO || ti == TZ_L_WD))
       std = std_out;
       /* Each element is a function of its index alone, so threads change no bit; a 7B model's
        * seven billion normals take minutes on one core. */
 #pragma omp parallel for schedule(static) if (hi - lo > 65536)
-    for (uint64_t e = lo; e < hi; e++)
-      out[e - begin] = is_norm ? 1.0f : (float)(std * init_normal(seed, block, ti, e - t->offset));
+    for (uint64_t e = lo; e < hi; e++) {
+      uint64_t i = e - t->offset;
+      out[e - begin] = is_norm                     ? 1.0f
+                       : i >= pad_lo && i < pad_hi ? 0.0f
+                                                   : (float)(std * init_normal(seed, block, ti, i));
+    }
   }
   return 0;
 }
@@ -344,6 +400,12 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
   size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
   a->h1 = carve(c, N * C * es);
   a->rstd1 = carve(c, N * sizeof(float));
+  /* only with q/k norms, so that a Llama layer's activations stay what they were */
+  int qkn = cfg->qk_norm;
+  a->q_pre = qkn ? carve(c, N * HD * es) : NULL;
+  a->k_pre = qkn ? carve(c, N * KD * es) : NULL;
+  a->rstd_q = qkn ? carve(c, N * cfg->n_head * sizeof(float)) : NULL;
+  a->rstd_k = qkn ? carve(c, N * cfg->n_kv_head * sizeof(float)) : NULL;
   a->q = carve(c, N * HD * es);
   a->k = carve(c, N * KD * es);
   a->v = carve(c, N * KD * es);
@@ -486,9 +548,21 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   tz_model_rope(cfg, &rope);
 #define P(i) at(params, l.t[i].offset, S)
   TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
-  TZ_CHECK(linear_fwd(cm, a->q, a->h1, P(TZ_L_WQ), N, C, HD));
-  TZ_CHECK(linear_fwd(cm, a->k, a->h1, P(TZ_L_WK), N, C, KD));
+  /* As transformers' Qwen2 and Qwen3: the projection and its bias, then the per-head norm over
+   * D, then RoPE. With a norm the projection stays in q_pre / k_pre for the norm's backward. */
+  void *qp = cfg->qk_norm ? a->q_pre : a->q, *kp = cfg->qk_norm ? a->k_pre : a->k;
+  TZ_CHECK(linear_fwd(cm, qp, a->h1, P(TZ_L_WQ), N, C, HD));
+  TZ_CHECK(linear_fwd(cm, kp, a->h1, P(TZ_L_WK), N, C, KD));
   TZ_CHECK(linear_fwd(cm, a->v, a->h1, P(TZ_L_WV), N, C, KD));
+  if (cfg->qkv_bias) {
+    TZ_CHECK(tz_compute_bias_add(cm, qp, P(TZ_L_BQ), N, HD));
+    TZ_CHECK(tz_compute_bias_add(cm, kp, P(TZ_L_BK), N, KD));
+    TZ_CHECK(tz_compute_bias_add(cm, a->v, P(TZ_L_BV), N, KD));
+  }
+  if (cfg->qk_norm) {
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->q, a->rstd_q, qp, P(TZ_L_QNORM), N * H, D, eps));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->k, a->rstd_k, kp, P(TZ_L_KNORM), N * Hkv, D, eps));
+  }
   TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, &rope));
   TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, &rope));
   TZ_CHECK(tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D));
@@ -539,8 +613,27 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
                                     a->att, a->lse, B, T, H, Hkv, D));
   TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, &rope));
   TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, &rope));
-  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), s->dq, a->h1, P(TZ_L_WQ), N, C, HD));
-  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), s->dk, a->h1, P(TZ_L_WK), N, C, KD));
+  /* dqp, dkp: the gradients at the biased projections. Through the norms they go to buffers
+   * free by now (rmsnorm_bwd's dx must not alias its dout): datt (N, H*D), read only by the
+   * attention's backward, and dq, whose (N, H*D) holds a (N, Hkv*D) once dq itself is used. */
+  void *dqp = s->dq, *dkp = s->dk;
+  if (cfg->qk_norm) {
+    dqp = s->datt;
+    dkp = s->dq;
+    TZ_CHECK(tz_compute_zero(cm, dqp, (size_t)N * HD * tz_dtype_size(S)));
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dqp, GR(TZ_L_QNORM), s->dq, a->q_pre, P(TZ_L_QNORM),
+                                    a->rstd_q, N * H, D));
+    TZ_CHECK(tz_compute_zero(cm, dkp, (size_t)N * KD * tz_dtype_size(S)));
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dkp, GR(TZ_L_KNORM), s->dk, a->k_pre, P(TZ_L_KNORM),
+                                    a->rstd_k, N * Hkv, D));
+  }
+  if (cfg->qkv_bias) {
+    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BQ), dqp, N, HD));
+    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BK), dkp, N, KD));
+    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BV), s->dv, N, KD));
+  }
+  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), dqp, a->h1, P(TZ_L_WQ), N, C, HD));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), dkp, a->h1, P(TZ_L_WK), N, C, KD));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, a->h1, P(TZ_L_WV), N, C, KD));
   TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in, P(TZ_L_ATTN_NORM),
                                   a->rstd1, N, C));
@@ -761,8 +854,8 @@ static uint64_t layer_matrix_params(const struct tz_model_config *c) {
 
 double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T) {
   double N = (double)B * (double)T;
-  return 2.0 * N * (double)layer_matrix_params(cfg) +
-         2.0 * (double)B * (double)T * (double)T * (double)cfg->d_model;
+  double HD = (double)cfg->n_head * (double)tz_model_head_dim(cfg);
+  return 2.0 * N * (double)layer_matrix_params(cfg) + 2.0 * (double)B * (double)T * (double)T * HD;
 }
 
 void tz_layer_probe_free(tz_compute *cm, struct tz_layer_probe *l) {

@@ -1,7 +1,8 @@
 /* The Llama-shaped decoder, written once against the compute ops (kernels/compute.h):
  * token embedding; n_layer blocks of RMSNorm, causal grouped-query self-attention with RoPE,
  * RMSNorm, SwiGLU MLP, each with a residual; final RMSNorm; LM head (tied to the embedding or
- * not); cross-entropy loss.
+ * not); cross-entropy loss. The attention's options (q/k/v biases, per-head q/k norms, a head
+ * dim of its own, llama3 RoPE scaling) make it Mistral's, Qwen2's and Qwen3's decoders too.
  *
  * Parameters live in blocks: block 0 is the embedding, blocks 1..n_layer the transformer layers,
  * block n_layer+1 the head (final norm and, when untied, the LM head). A block is one flat buffer;
@@ -154,9 +155,12 @@ uint64_t tz_model_layer_numel_padded(const struct tz_model_config *cfg, int worl
  * Each element is a function of (seed, block, tensor, index within the tensor) only, so any
  * range of any block can be filled independently (a rank its shard) with the same numbers at every
  * world size: a splitmix64 hash of those four gives two uniforms, turned into a normal by
- * Box-Muller. Weights ~ normal(0, 0.02); the two projections that write into the residual stream
- * (wo and wd) ~ normal(0, 0.02 / sqrt(2 * n_layer)), as GPT-2 and Llama reference training do, so
- * the residual's variance does not grow with depth; RMSNorm weights = 1; padding = 0.
+ * Box-Muller. With init_std == 0 (the presets): weights ~ normal(0, 0.02); the two projections
+ * that write into the residual stream (wo and wd) ~ normal(0, 0.02 / sqrt(2 * n_layer)), as GPT-2
+ * and Llama reference training do, so the residual's variance does not grow with depth. With
+ * init_std > 0, as transformers' _init_weights: every matrix and the embedding ~ normal(0,
+ * init_std), and the embedding's pad_id row 0 when has_pad. Both: RMSNorm weights (q/k norms
+ * too) = 1; biases = 0; padding = 0.
  * Fills out[0 .. end-begin) with elements [begin, end) of the block (f32, host memory). */
 int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed, uint64_t begin,
                         uint64_t end, float *out);
@@ -181,8 +185,8 @@ int tz_model_block_download(tz_compute *cm, float *dst, const void *src, uint64_
 struct tz_layer_acts {
   void *h1;     /* (N, C) attention-norm output */
   float *rstd1; /* (N) F32 */
-  void *q;      /* (N, H*D) after RoPE */
-  void *k;      /* (N, Hkv*D) after RoPE */
+  void *q;      /* (N, H*D) after RoPE (and the q norm before it, with qk_norm) */
+  void *k;      /* (N, Hkv*D) after RoPE (and the k norm) */
   void *v;      /* (N, Hkv*D) */
   void *att;    /* (N, H*D) attention output, before wo */
   float *lse;   /* (B, H, T) F32 logsumexp of the scores */
@@ -192,6 +196,12 @@ struct tz_layer_acts {
   void *g;      /* (N, F) gate projection */
   void *u;      /* (N, F) up projection */
   void *a;      /* (N, F) silu(g) * u */
+  /* With qk_norm only (NULL and no room otherwise): the q and k projections (with their biases)
+   * before the norms, and the norms' statistics, one per head and token. */
+  void *q_pre;   /* (N, H*D) */
+  void *k_pre;   /* (N, Hkv*D) */
+  float *rstd_q; /* (N*H) F32 */
+  float *rstd_k; /* (N*Hkv) F32 */
 };
 
 /* Scratch for a layer's backward, shared by all layers. */
@@ -284,8 +294,8 @@ int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype
 
 /* FLOP of one layer's forward over B sequences of T tokens, as the trainer and tz-bench count
  * them: 2 per multiply-add of the layer's matrices for each token, plus causal attention's scores
- * and weighted sum (2 B T^2 C, the mask not subtracted). Backward is twice that, and three times
- * with the forward recomputed. */
+ * and weighted sum (2 B T^2 H*D, the mask not subtracted; biases and q/k norms not counted).
+ * Backward is twice that, and three times with the forward recomputed. */
 double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T);
 
 /* One layer's parameters (S) and their gradients (G), its input and output and their gradients,
