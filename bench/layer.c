@@ -102,8 +102,9 @@ static int layer_alloc(tz_compute *cm, const struct tz_model_config *cfg, const 
   return rc;
 }
 
-static int attn_step(tz_compute *cm, const struct opts *o, struct tz_layer_probe *l) {
-  int D = o->C / o->H;
+static int attn_step(tz_compute *cm, const struct tz_model_config *cfg, const struct opts *o,
+                     struct tz_layer_probe *l) {
+  int D = tz_model_head_dim(cfg);
   TZ_CHECK(tz_compute_attention_fwd(cm, l->acts.att, l->acts.lse, l->acts.q, l->acts.k, l->acts.v,
                                     o->B, o->T, o->H, o->Hkv, D));
   return tz_compute_attention_bwd(cm, l->scratch.dq, l->scratch.dk, l->scratch.dv, l->scratch.delta,
@@ -124,7 +125,7 @@ struct step {
 static int step_run(const struct step *s) {
   switch (s->which) {
   case 0: return tz_layer_probe_step(s->cm, s->cfg, s->l, 0);
-  case 1: return attn_step(s->cm, s->o, s->l);
+  case 1: return attn_step(s->cm, s->cfg, s->o, s->l);
   default: {
     int n = s->o->gemm;
     return tz_compute_matmul(s->cm, 0, 0, n, n, n, 1.0f, s->A, n, s->B, n, 0.0f, s->C, TZ_BF16, n);
@@ -232,7 +233,7 @@ static int bench(const struct opts *o) {
                                 .max_seq = o->T,
                                 .rope_theta = 10000.0,
                                 .norm_eps = 1e-5,
-                                .tie_embeddings = 1};
+                                .tie_embeddings = 1}; /* the family fields 0: a Llama layer */
   TZ_CHECK(tz_model_config_check(&cfg));
   struct tz_compute_params p;
   tz_compute_params_init(&p);
@@ -247,7 +248,7 @@ static int bench(const struct opts *o) {
     return rc;
   }
   double t_layer = 0, t_attn = 0, t_gemm = 0;
-  int D = o->C / o->H;
+  int D = tz_model_head_dim(&cfg);
   double attn_fwd_flops = 2.0 * o->B * o->H * (double)o->T * o->T * D;
   double layer_flops = 3.0 * tz_model_layer_flop(&cfg, o->B, o->T);
   double attn_flops = 3.5 * attn_fwd_flops;
