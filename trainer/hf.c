@@ -376,6 +376,8 @@ int tz_hf_read_block(tz_hf_model *m, int block, float *out) {
   TZ_CHECK(tz_model_block_layout(&m->cfg, block, &l));
   memset(out, 0, sizeof(float) * l.numel);
   for (int i = 0; i < l.n; i++) {
+    if (l.t[i].numel == 0)
+      continue; /* a tensor this config does not have */
     char name[128];
     TZ_CHECK(tz_hf_tensor_name(&m->cfg, block, i, name, sizeof name));
     tz_st_file *f = NULL;
@@ -425,13 +427,16 @@ int tz_hf_export(const char *dir, const struct tz_model_config *cfg, enum tz_dty
     struct tz_block_layout l;
     TZ_CHECK_GOTO(tz_model_block_layout(cfg, b, &l), rc, out);
     maxn = l.numel > maxn ? l.numel : maxn;
-    for (int i = 0; i < l.n; i++, nt++) {
+    for (int i = 0; i < l.n; i++) {
+      if (l.t[i].numel == 0)
+        continue;
       TZ_CHECK_GOTO(tz_hf_tensor_name(cfg, b, i, names[nt], sizeof names[nt]), rc, out);
       e[nt].name = names[nt];
       e[nt].dtype = dtype;
       e[nt].ndim = l.t[i].ndim;
       e[nt].shape[0] = l.t[i].shape[0];
       e[nt].shape[1] = l.t[i].shape[1];
+      nt++;
     }
   }
   char *path = join(dir, "model.safetensors");
@@ -453,7 +458,8 @@ int tz_hf_export(const char *dir, const struct tz_model_config *cfg, enum tz_dty
     tz_model_block_layout(cfg, b, &l);
     rc = get_block(arg, b, buf);
     for (int i = 0; i < l.n && !rc; i++)
-      rc = tz_st_writer_put(w, buf + l.t[i].offset, l.t[i].numel);
+      if (l.t[i].numel)
+        rc = tz_st_writer_put(w, buf + l.t[i].offset, l.t[i].numel);
   }
   free(buf);
   int crc = tz_st_writer_close(w, rc == 0);
