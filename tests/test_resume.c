@@ -35,6 +35,15 @@
 
 static char *dir;
 
+/* What the next part_with runs differently: another model, decay options, and a resume that may
+ * fail (its rc into load_rc, and the part stops there). NULL: the cases' own. */
+struct variant {
+  const struct tz_model_config *mc;
+  const char *decay_exclude, *weight_decay;
+  int *load_rc;
+};
+static const struct variant *var;
+
 /* A run in a fresh trainer placed by dev: resumes from `from` (NULL: from scratch), trains steps
  * [start, until) (the schedule always planned for TOTAL), saves under `save` (NULL: no save) and
  * records the losses (at their global step) and the final parameters. Returns the save's rc. */
@@ -50,6 +59,12 @@ static int part_with(const char *dev, const char *from, int until, const char *s
   o.nvme_dir = dir;
   struct tz_model_config mc;
   tc_model(&mc);
+  if (var && var->mc)
+    mc = *var->mc;
+  if (var) {
+    o.decay_exclude = var->decay_exclude;
+    o.weight_decay = var->weight_decay;
+  }
   struct tz_config cfg;
   TZ_ASSERT_OK(tc_config(&cfg, &o, 1));
   struct tz_trainer_params tp;
@@ -59,7 +74,15 @@ static int part_with(const char *dev, const char *from, int until, const char *s
   tz_trainer *tr = NULL;
   TZ_ASSERT_OK(tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, &tr));
   int64_t start = 0;
-  if (from) {
+  if (from && var && var->load_rc) {
+    *var->load_rc = tz_resume_load(tr, w.comm, from, &start);
+    if (*var->load_rc < 0) {
+      tz_trainer_destroy(tr);
+      tz_config_free(&cfg);
+      tc_world_close(&w);
+      return 0;
+    }
+  } else if (from) {
     TZ_ASSERT_OK(tz_resume_load(tr, w.comm, from, &start));
     assert_int_equal(tz_trainer_steps_done(tr), start);
   }
@@ -276,6 +299,121 @@ static void test_enospc(void **state) {
   assert_int_not_equal(access(path, F_OK), 0);
 }
 
+/* ---- the format's versions and the model record ---- */
+
+static char *first_line(const char *stepdir) {
+  static char line[128];
+  char path[1200];
+  snprintf(path, sizeof path, "%s/manifest", stepdir);
+  FILE *f = fopen(path, "r");
+  line[0] = 0;
+  if (f) {
+    if (!fgets(line, sizeof line, f))
+      line[0] = 0;
+    fclose(f);
+  }
+  return line;
+}
+
+/* A checkpoint written in version 1's layout (no model record in its state) still resumes, bit
+ * for bit; the current writer writes version 2. */
+static void test_version1(void **state) {
+  (void)state;
+  struct tc_result straight, first, resumed;
+  struct tz_ckpt_options v1 = {.version = 1};
+  TZ_ASSERT_OK(part("none", NULL, TOTAL, NULL, &straight));
+  TZ_ASSERT_OK(part_with("none", NULL, 3, root("v1"), &v1, &first));
+  char path[1200];
+  snprintf(path, sizeof path, "%s/step-00000003", root("v1"));
+  assert_non_null(strstr(first_line(path), "tierzero-checkpoint 1 "));
+  tz_ckpt_reader *r = NULL;
+  TZ_ASSERT_OK(tz_ckpt_open(path, 0, &r));
+  assert_int_equal(tz_ckpt_version(r), 1);
+  char *st = NULL;
+  TZ_ASSERT_OK(tz_ckpt_get_json(r, "state", &st));
+  assert_null(strstr(st, "\"model\""));
+  free(st);
+  tz_ckpt_close(r);
+  TZ_ASSERT_OK(part("none", root("v1"), TOTAL, NULL, &resumed));
+  expect_same(&straight, &resumed, 3, "resume of version 1");
+  tc_result_free(&resumed);
+  /* the current version records the model */
+  TZ_ASSERT_OK(part("none", NULL, 3, root("v2"), &resumed));
+  tc_result_free(&resumed);
+  snprintf(path, sizeof path, "%s/step-00000003", root("v2"));
+  assert_non_null(strstr(first_line(path), "tierzero-checkpoint 2 "));
+  TZ_ASSERT_OK(tz_ckpt_open(path, 0, &r));
+  TZ_ASSERT_OK(tz_ckpt_get_json(r, "state", &st));
+  assert_non_null(strstr(st, "\"family\":\"llama\""));
+  assert_non_null(strstr(st, "\"n_layer\":4"));
+  assert_non_null(strstr(st, "\"weight_decay_exclude\":\"none\""));
+  free(st);
+  tz_ckpt_close(r);
+  tc_result_free(&straight);
+  tc_result_free(&first);
+}
+
+/* A resume with another model is refused naming the field and both values; one with another
+ * weight-decay exclusion, naming both. */
+static void test_model_refused(void **state) {
+  (void)state;
+  struct tc_result r;
+  TZ_ASSERT_OK(part("none", NULL, 2, root("model"), &r));
+  tc_result_free(&r);
+  struct tz_model_config mc;
+  int rc = 0;
+  static const struct {
+    const char *field, *want;
+  } cases[] = {{"n_layer", "n_layer 4, this run's 3"},
+               {"rope_theta", "rope_theta 10000, this run's 500000"},
+               {"family", "family \"llama\", this run's \"mistral\""},
+               {"norm_eps", "norm_eps 1e-05, this run's 1e-06"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tc_model(&mc);
+    if (i == 0)
+      mc.n_layer = 3;
+    else if (i == 1)
+      mc.rope_theta = 500000;
+    else if (i == 2)
+      mc.family = TZ_FAMILY_MISTRAL;
+    else
+      mc.norm_eps = 1e-6;
+    struct variant v = {.mc = &mc, .load_rc = &rc};
+    var = &v;
+    rc = 0;
+    part("none", root("model"), 3, NULL, &r);
+    var = NULL;
+    tc_result_free(&r);
+    print_message("%s: %s\n", cases[i].field, tz_err_msg());
+    assert_int_equal(rc, TZ_ECONFIG);
+    assert_non_null(strstr(tz_err_msg(), cases[i].want));
+  }
+  /* the same model with head_dim given as what it is resumes */
+  tc_model(&mc);
+  mc.head_dim = mc.d_model / mc.n_head;
+  struct variant same = {.mc = &mc, .load_rc = &rc};
+  var = &same;
+  part("none", root("model"), 3, NULL, &r);
+  var = NULL;
+  tc_result_free(&r);
+  assert_int_equal(rc, 0);
+  /* another exclusion, with weight decay: refused naming both; without, nothing changes */
+  struct variant ex = {.decay_exclude = "bias:norm", .load_rc = &rc};
+  var = &ex;
+  part("none", root("model"), 3, NULL, &r);
+  var = NULL;
+  tc_result_free(&r);
+  print_message("decay: %s\n", tz_err_msg());
+  assert_int_equal(rc, TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "\"none\", this run has \"bias,norm\""));
+  struct variant ex0 = {.decay_exclude = "bias:norm", .weight_decay = "0", .load_rc = &rc};
+  var = &ex0;
+  part("none", root("model"), 3, NULL, &r);
+  var = NULL;
+  tc_result_free(&r);
+  assert_int_equal(rc, 0);
+}
+
 /* ---- tz-train ---- */
 
 static char bin[1024];
@@ -405,9 +543,10 @@ int main(void) {
   snprintf(bin, sizeof bin, "%s/tz-train", b ? b : "bin");
   dir = tz_test_mkdtemp("resume");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bit_exact), cmocka_unit_test(test_placement),
-      cmocka_unit_test(test_corrupt),   cmocka_unit_test(test_enospc),
-      cmocka_unit_test(test_sigterm),
+      cmocka_unit_test(test_bit_exact),     cmocka_unit_test(test_placement),
+      cmocka_unit_test(test_corrupt),       cmocka_unit_test(test_enospc),
+      cmocka_unit_test(test_sigterm),       cmocka_unit_test(test_version1),
+      cmocka_unit_test(test_model_refused),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

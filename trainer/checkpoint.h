@@ -56,6 +56,9 @@ struct tz_ckpt_hooks {
  * tz_ckpt_abandon. NULL, or all zero, is the default. */
 struct tz_ckpt_options {
   struct tz_ckpt_hooks hooks;
+  /* test hook: the format version written (the header and the manifest; trainer/resume.c then
+   * writes that version's "state"), to make checkpoints of an earlier version; 0: the current */
+  int version;
 };
 
 /* Starts this rank's file of checkpoint `step` under root. Rank 0 must call it before every other
@@ -124,6 +127,10 @@ int tz_ckpt_open(const char *path, int rank, tz_ckpt_reader **out);
 void tz_ckpt_close(tz_ckpt_reader *r); /* NULL is a no-op */
 
 uint64_t tz_ckpt_step(const tz_ckpt_reader *r);
+/* The format version the checkpoint was written in, TZ_CKPT_VERSION_MIN..TZ_CKPT_VERSION. */
+int tz_ckpt_version(const tz_ckpt_reader *r);
+/* The version a save with opt writes (opt->version, else TZ_CKPT_VERSION). */
+int tz_ckpt_options_version(const struct tz_ckpt_options *opt);
 int tz_ckpt_world(const tz_ckpt_reader *r);
 const char *tz_ckpt_dir(const tz_ckpt_reader *r); /* the step directory; valid until close */
 

@@ -159,8 +159,8 @@ static int committed_file(const char *tmp, uint64_t step, int rank, int world, u
   return rc;
 }
 
-static int write_manifest(const struct tz_file_hooks *h, const char *tmp, uint64_t step,
-                          int world) {
+static int write_manifest(const struct tz_file_hooks *h, const char *tmp, uint64_t step, int world,
+                          int version) {
   json_t *root = json_object(), *ranks = json_array();
   char *body = NULL, *path = tz_ckpt_path_join(tmp, TZ_CKPT_MANIFEST), *text = NULL;
   int rc = 0;
@@ -189,7 +189,7 @@ static int write_manifest(const struct tz_file_hooks *h, const char *tmp, uint64
   }
   body = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
   size_t blen = body ? strlen(body) : 0;
-  if (!body || asprintf(&text, TZ_CKPT_MANIFEST_TAG " %d %zu %08x\n%s", TZ_CKPT_VERSION, blen,
+  if (!body || asprintf(&text, TZ_CKPT_MANIFEST_TAG " %d %zu %08x\n%s", version, blen,
                         tz_crc32c(0, body, blen), body) < 0) {
     text = NULL;
     rc = tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
@@ -316,7 +316,7 @@ int tz_ckpt_finalize(const char *root, uint64_t step, int world, int keep,
   }
   /* The rank files and the manifest must be durable under the temporary name before the rename
    * publishes the directory: after a crash, a step-N is complete or absent. */
-  TZ_CHECK_GOTO(write_manifest(h, tmp, step, world), rc, fail_tmp);
+  TZ_CHECK_GOTO(write_manifest(h, tmp, step, world, tz_ckpt_options_version(opt)), rc, fail_tmp);
   if ((e = tz_file_fsync_dir(h, tmp))) {
     rc = tz_err_errno(e, "checkpoint: fsync of %s", tmp);
     goto fail_tmp;

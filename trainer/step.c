@@ -297,3 +297,6 @@ out:
   free(host);
   return rc;
 }
+
+const struct tz_model_config *tz_trainer_model(const tz_trainer *tr) { return &tr->mc; }
+const struct tz_config *tz_trainer_config(const tz_trainer *tr) { return &tr->cfg; }
