@@ -538,6 +538,93 @@ static void test_sigterm(void **state) {
   assert_int_equal(saved, total);
 }
 
+/* Resuming with a configuration whose seed differs (issue #27 item 5): the checkpoint's seed and
+ * data position win, and one line says so naming both seeds; --reseed takes the new seed (the
+ * data order changes from the resumed step on) and says that. */
+#define RESEED_ARGS                                                                                \
+  "--model tiny --seq 32 --data synthetic --set gradient_clipping=1.0 "                            \
+  "--set train_micro_batch_size_per_gpu=2"
+
+static int count_lines_with(const char *text, const char *a, const char *b) {
+  int n = 0;
+  for (const char *l = text; l && *l;) {
+    const char *e = strchr(l, '\n');
+    size_t len = e ? (size_t)(e - l) : strlen(l);
+    char line[2048];
+    snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), l);
+    n += strstr(line, a) && strstr(line, b);
+    l = e ? e + 1 : NULL;
+  }
+  return n;
+}
+
+static void test_reseed(void **state) {
+  (void)state;
+  char args[4096], cfg[1100];
+  snprintf(cfg, sizeof cfg, "%s/seed9.json", dir);
+  FILE *f = fopen(cfg, "w");
+  assert_non_null(f);
+  fputs("{\"seed\": 9}\n", f);
+  fclose(f);
+  float straight[8], resumed[8], reseeded[8], other[8];
+  snprintf(args, sizeof args, RESEED_ARGS " --seed 3 --steps 4 --metrics %s/rs-straight.jsonl",
+           dir);
+  assert_int_equal(tz_train(args, "rs-straight.out"), 0);
+  assert_int_equal(losses("rs-straight.jsonl", straight, 8), 4);
+  snprintf(args, sizeof args, RESEED_ARGS " --seed 9 --steps 4 --metrics %s/rs-nine.jsonl", dir);
+  assert_int_equal(tz_train(args, "rs-nine.out"), 0);
+  assert_int_equal(losses("rs-nine.jsonl", other, 8), 4);
+  snprintf(args, sizeof args, RESEED_ARGS " --seed 3 --steps 2 --ckpt-dir %s/rs", dir);
+  assert_int_equal(tz_train(args, "rs-first.out"), 0);
+  /* --config with seed 9: the checkpoint's seed 3 is kept */
+  snprintf(args, sizeof args,
+           RESEED_ARGS " --config %s --steps 4 --resume %s/rs/step-00000002 --metrics "
+                       "%s/rs-resumed.jsonl",
+           cfg, dir, dir);
+  int rc = tz_train(args, "rs-resumed.out");
+  char *out = slurp("rs-resumed.out");
+  if (rc)
+    print_error("%s", out);
+  assert_int_equal(rc, 0);
+  print_message("%s", strstr(out, "seed") ? strstr(out, "seed") : out);
+  assert_int_equal(count_lines_with(out, "seed 3", "seed 9"), 1);
+  assert_non_null(strstr(out, "--reseed"));
+  assert_int_equal(losses("rs-resumed.jsonl", resumed, 8), 4);
+  for (int s = 2; s < 4; s++)
+    assert_memory_equal(&resumed[s], &straight[s], sizeof(float));
+  /* --seed 9 on the command line: the same */
+  snprintf(args, sizeof args,
+           RESEED_ARGS " --seed 9 --steps 4 --resume %s/rs/step-00000002 --metrics "
+                       "%s/rs-flag.jsonl",
+           dir, dir);
+  assert_int_equal(tz_train(args, "rs-flag.out"), 0);
+  assert_int_equal(count_lines_with(slurp("rs-flag.out"), "seed 3", "seed 9"), 1);
+  assert_int_equal(losses("rs-flag.jsonl", resumed, 8), 4);
+  for (int s = 2; s < 4; s++)
+    assert_memory_equal(&resumed[s], &straight[s], sizeof(float));
+  /* --reseed: seed 9 from step 3 on, said */
+  snprintf(args, sizeof args,
+           RESEED_ARGS " --config %s --reseed --steps 4 --resume %s/rs/step-00000002 --metrics "
+                       "%s/rs-reseeded.jsonl",
+           cfg, dir, dir);
+  rc = tz_train(args, "rs-reseeded.out");
+  out = slurp("rs-reseeded.out");
+  if (rc)
+    print_error("%s", out);
+  assert_int_equal(rc, 0);
+  assert_int_equal(count_lines_with(out, "seed 9", "seed 3"), 1);
+  assert_int_equal(losses("rs-reseeded.jsonl", reseeded, 8), 4);
+  assert_true(memcmp(&reseeded[2], &straight[2], sizeof(float)) != 0);
+  /* the same seed: nothing said */
+  snprintf(args, sizeof args,
+           RESEED_ARGS " --seed 3 --steps 3 --resume %s/rs/step-00000002 --metrics "
+                       "%s/rs-same.jsonl",
+           dir, dir);
+  assert_int_equal(tz_train(args, "rs-same.out"), 0);
+  assert_null(strstr(slurp("rs-same.out"), "--reseed"));
+  (void)other;
+}
+
 int main(void) {
   const char *b = getenv("TZ_BIN");
   snprintf(bin, sizeof bin, "%s/tz-train", b ? b : "bin");
@@ -546,7 +633,7 @@ int main(void) {
       cmocka_unit_test(test_bit_exact),     cmocka_unit_test(test_placement),
       cmocka_unit_test(test_corrupt),       cmocka_unit_test(test_enospc),
       cmocka_unit_test(test_sigterm),       cmocka_unit_test(test_version1),
-      cmocka_unit_test(test_model_refused),
+      cmocka_unit_test(test_model_refused), cmocka_unit_test(test_reseed),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);
