@@ -345,6 +345,39 @@ int tz_resume_config(const char *path, int world, struct tz_config *c) {
   return rc;
 }
 
+int tz_resume_seed(const char *path, int reseed, struct tz_config *c) {
+  tz_ckpt_reader *r = NULL;
+  char *s = NULL;
+  TZ_CHECK(tz_ckpt_open(path, 0, &r));
+  int rc = tz_ckpt_get_json(r, "state", &s);
+  json_t *o = rc == 0 ? json_loads(s, 0, NULL) : NULL;
+  json_t *seed = json_object_get(o, "seed");
+  if (rc == 0 && !json_is_integer(seed))
+    rc = tz_err_set(TZ_EFORMAT, "resume: %s: section \"state\" lacks the seed", tz_ckpt_dir(r));
+  if (rc == 0 && json_integer_value(seed) != c->seed) {
+    long long saved = (long long)json_integer_value(seed), asked = (long long)c->seed;
+    unsigned long long step = (unsigned long long)tz_ckpt_step(r);
+    if (reseed) {
+      TZ_WARN("resume: --reseed: seed %lld instead of the checkpoint's seed %lld from step %llu on "
+              "(%s): the data order differs from that of the run saved there",
+              asked, saved, step + 1, tz_ckpt_dir(r));
+    } else {
+      char buf[32];
+      snprintf(buf, sizeof buf, "%lld", saved);
+      rc = tz_config_set(c, "seed", buf);
+      if (rc == 0)
+        TZ_WARN("resume: the configuration asks for seed %lld, the checkpoint %s was trained with "
+                "seed %lld: seed %lld is kept, so the data order continues that run's (--reseed "
+                "takes seed %lld from step %llu on)",
+                asked, tz_ckpt_dir(r), saved, saved, asked, step + 1);
+    }
+  }
+  json_decref(o);
+  free(s);
+  tz_ckpt_close(r);
+  return rc;
+}
+
 /* Reshards one section: the target's slice [lo, lo + n) elements of es bytes of the flat padded
  * block, from the source ranks' slices [j * src, (j + 1) * src). */
 struct piece {

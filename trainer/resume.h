@@ -49,6 +49,14 @@ int tz_resume_save_with(tz_trainer *tr, tz_comm *comm, const struct tz_config *c
  * file. */
 int tz_resume_config(const char *path, int world, struct tz_config *c);
 
+/* After the resumed run's configuration c is complete (files, environment, --set, --seed over the
+ * checkpoint's): when its seed differs from the one the checkpoint at path was trained with, the
+ * checkpoint's wins (c->seed is set back: the data order of a run is a function of its seed and
+ * the step, so the resumed run continues the saved one's), unless reseed, which keeps c's (the
+ * data order changes from the checkpoint's step on). Either way one warning names both seeds.
+ * Local: reads rank 0's file. */
+int tz_resume_seed(const char *path, int reseed, struct tz_config *c);
+
 /* Restores tr (freshly created, no step taken, with the model and storage dtype of the
  * checkpoint) from the checkpoint at path, resharding when it was saved at another world size,
  * and sets its steps done to the checkpoint's step (*step, may be NULL). A damaged file fails with
