@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,7 +108,7 @@ int tz_ckpt_previous(const char *root, uint64_t step, uint64_t *prev) {
       rc = tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
       break;
     }
-    if (tz_ckpt_check(dir, 0) == 0) {
+    if (tz_ckpt_check(dir, 1) == 0) {
       *prev = steps[i];
       rc = 0;
     }
@@ -117,6 +118,77 @@ int tz_ckpt_previous(const char *root, uint64_t step, uint64_t *prev) {
   if (rc == TZ_ENOENT)
     tz_err_set(rc, "checkpoint: no intact checkpoint older than " STEP_FMT " in %s", step, root);
   return rc;
+}
+
+/* Appends printf-style text to buf (len bytes, NUL-terminated), truncating. */
+static void append(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t len, const char *fmt, ...) {
+  size_t n = strlen(buf);
+  if (n + 1 >= len)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf + n, len - n, fmt, ap);
+  va_end(ap);
+}
+
+const char *tz_ckpt_describe(const char *root, char *buf, size_t len) {
+  char saved[2048];
+  snprintf(saved, sizeof saved, "%s", tz_err_msg());
+  buf[0] = 0;
+  uint64_t latest = 0, newest = 0;
+  int have_latest = 0, n = tz_ckpt_list(root, NULL, 0);
+  uint64_t *steps = n > 0 ? malloc(sizeof *steps * (size_t)n) : NULL;
+  if (n > 0 && steps && tz_ckpt_list(root, steps, n) == n)
+    newest = steps[n - 1];
+  else
+    n = 0;
+  int rc = tz_ckpt_latest(root, &latest);
+  if (rc == TZ_ENOENT && n == 0) {
+    append(buf, len, "%s holds no checkpoint (no latest): nothing to resume from", root);
+  } else if (rc < 0) {
+    append(buf, len, "%s: latest cannot be read (%s)", root, tz_err_msg());
+  } else {
+    have_latest = 1;
+    char *dir = tz_ckpt_step_path(root, latest, "");
+    int ok = dir ? tz_ckpt_check(dir, 1) : TZ_ENOMEM;
+    if (ok == 0) {
+      append(buf, len,
+             "latest still names " STEP_FMT " in %s, intact (its checksums verified): --resume %s",
+             latest, root, root);
+    } else {
+      append(buf, len, "latest names " STEP_FMT ", which is damaged (%s); ", latest, tz_err_msg());
+      uint64_t prev = 0;
+      if (tz_ckpt_previous(root, latest, &prev) == 0)
+        append(buf, len,
+               "the newest intact checkpoint (its checksums verified) is " STEP_FMT
+               ": --resume %s/" STEP_FMT,
+               prev, root, prev);
+      else
+        append(buf, len, "no earlier checkpoint in %s is intact", root);
+    }
+    free(dir);
+  }
+  /* A complete checkpoint newer than what latest names: the resume a user wants is probably that
+   * one, which latest does not give. */
+  if (n > 0 && (!have_latest || newest > latest)) {
+    char *dir = tz_ckpt_step_path(root, newest, "");
+    int ok = dir ? tz_ckpt_check(dir, 0) : TZ_ENOMEM;
+    append(buf, len, "; latest is %s " STEP_FMT ", the newest complete checkpoint",
+           have_latest ? "older than" : "missing, but there is", newest);
+    if (ok == 0)
+      append(buf, len,
+             ": --resume %s/" STEP_FMT
+             " (its files pass the structural check; its checksums are verified when it is read)",
+             root, newest);
+    else
+      append(buf, len, ", whose files fail the structural check (%s)", tz_err_msg());
+    free(dir);
+  }
+  free(steps);
+  tz_err_set(TZ_EIO, "%s", saved); /* the message only: callers keep their rc */
+  return buf;
 }
 
 /* ------------------------------------------------------------------------------------------ */

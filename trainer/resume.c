@@ -332,7 +332,16 @@ int tz_resume_save_with(tz_trainer *tr, tz_comm *comm, const struct tz_config *c
     tz_err_set(rc, "%s", saved);
   }
   /* finalize failed on rank 0 only: the others must fail too. */
-  return agree(comm, rc, "resume: save");
+  rc = agree(comm, rc, "resume: save");
+  if (rc < 0) { /* which save, and (rank 0, which writes root's shared files) what is left */
+    char saved[1024], left[2048] = "";
+    snprintf(saved, sizeof saved, "%s", tz_err_msg());
+    if (rank == 0)
+      tz_ckpt_describe(root, left, sizeof left);
+    tz_err_set(rc, "the save of step %llu failed: %s%s%s", (unsigned long long)step, saved,
+               rank == 0 ? "; " : "", left);
+  }
+  return rc;
 }
 
 int tz_resume_config(const char *path, int world, struct tz_config *c) {

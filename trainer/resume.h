@@ -35,7 +35,9 @@
  * keeps the newest `keep` (0: all). cfg is the effective configuration (the one tr was made
  * with). On any rank's failure every rank returns an error (the failing rank's own message; the
  * others' say that a rank failed), the temporary directory is removed and the previous
- * checkpoint and latest are untouched. */
+ * checkpoint and latest are untouched. The message starts "the save of step N failed: ", and
+ * rank 0's ends with what a resume can use now (tz_ckpt_describe: latest's checkpoint verified to
+ * its checksums, or none, or a newer complete one). */
 int tz_resume_save(tz_trainer *tr, tz_comm *comm, const struct tz_config *cfg, const char *root,
                    int keep);
 /* The same with the checkpoint layer's options (its test hooks); opt may be NULL. */
