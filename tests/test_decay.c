@@ -4,6 +4,7 @@
  *    decay, found from the tensor names alone;
  *  - every world size (shard boundaries inside tensors) gives the same bits;
  *  - the config key: the default, "none", a list, and a bad name refused naming key and value;
+ *    the benchmark configs decay every tensor, as their PyTorch peers;
  *  - training (world of one, every placement): with the default, after one step the norm weights
  *    are those of a run without decay and every other tensor is that of a run decaying all. */
 #define _GNU_SOURCE
@@ -225,6 +226,33 @@ static void test_config_key(void **state) {
   tz_config_free(&c);
 }
 
+static void test_bench_configs(void **state) {
+  (void)state;
+  static const char *const names[] = {"bench-auto.json", "bench-nvme.json", "bench-offload.json",
+                                      "bench-stream.json"};
+  const char *data = getenv("TZ_TEST_DATA");
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/../../configs/%s", data ? data : "tests/data", names[i]);
+    struct tz_config c;
+    tz_config_defaults(&c);
+    TZ_ASSERT_OK(tz_config_load_file(&c, path));
+    unsigned ex = 99;
+    TZ_ASSERT_OK(tz_decay_exclude_parse(&c, &ex));
+    if (ex != 0)
+      fail_msg("%s excludes tensors from decay; its PyTorch peer decays every one", names[i]);
+    tz_config_free(&c);
+  }
+  /* the demo: no decay, so its numbers do not depend on the key */
+  char path[2048];
+  snprintf(path, sizeof path, "%s/../../configs/demo.json", data ? data : "tests/data");
+  struct tz_config c;
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_load_file(&c, path));
+  assert_true(c.optimizer.weight_decay == 0);
+  tz_config_free(&c);
+}
+
 /* One step of training: the default's norm tensors equal a run without decay, its other tensors
  * a run decaying everything. Then placement invariance and the folded update (applied by the
  * sync of tc_run, block by block) with the default. */
@@ -283,9 +311,8 @@ static void test_training(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_runs),
-      cmocka_unit_test(test_elements),
-      cmocka_unit_test(test_config_key),
+      cmocka_unit_test(test_runs),       cmocka_unit_test(test_elements),
+      cmocka_unit_test(test_config_key), cmocka_unit_test(test_bench_configs),
       cmocka_unit_test(test_training),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
