@@ -175,6 +175,9 @@ struct tz_config {
     int cuda_attention;      /* the CUDA attention kernels: 0 auto, 1 simple */
     int cuda_matmul;         /* the CUDA matmul's path: 0 cublaslt, 1 plain */
     double comm_timeout;     /* seconds each collective and launcher exchange may take */
+    /* what weight decay skips: "bias", "norm", "embed" (trainer/decay.h), or "none"; n 0 = not
+     * set: bias and norm */
+    struct tz_config_paths weight_decay_exclude;
   } tierzero;
 
   /* Private: keys of the file that were not used (tz_config_ignored). */

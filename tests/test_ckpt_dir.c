@@ -6,7 +6,11 @@
  *  - a directory that cannot be created or written is refused before the first step, naming it;
  *  - a file system with less free space than one checkpoint more than keep holds is refused
  *    before the first step, saying what is needed and what is free (the free space is the test's
- *    through the checkpoint options' free_bytes hook); with enough free space the run goes on. */
+ *    through the checkpoint options' free_bytes hook); with enough free space the run goes on;
+ *  - a save that fails (ENOSPC, EIO from the checkpoint options' before_op hook, armed after a
+ *    chosen step) says which step's save failed and what a resume can use now, verified to its
+ *    checksums: the checkpoint latest still names, none, a damaged latest and the intact one
+ *    before it, a latest older than the newest complete checkpoint. */
 #define _GNU_SOURCE
 #include "collectives/launch.h"
 #include "core/error.h"
@@ -15,6 +19,7 @@
 #include "trainer/run.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,15 +31,30 @@
 
 static char *dir;
 
+/* A save that fails: once armed, the at-th write or fsync fails with err. */
+struct fail_save {
+  int armed, err;
+  long at, ops;
+};
+
+static int fail_before(void *ctx, int data_op) {
+  struct fail_save *f = ctx;
+  return f->armed && data_op && ++f->ops == f->at ? f->err : 0;
+}
+
 struct rec {
   int n_steps, n_ckpt;
   int signal_fd; /* >= 0: at TZ_RUN_BEGIN, write a byte here and wait to be killed */
+  struct fail_save *fail;
+  int64_t arm_after; /* the step after which fail is armed */
 };
 
 static int record(void *arg, const struct tz_run_event *ev) {
   struct rec *r = arg;
   if (ev->kind == TZ_RUN_STEP)
     r->n_steps++;
+  if (ev->kind == TZ_RUN_STEP && r->fail && ev->step == r->arm_after)
+    r->fail->armed = 1;
   if (ev->kind == TZ_RUN_CHECKPOINT)
     r->n_ckpt++;
   if (ev->kind == TZ_RUN_BEGIN && r->signal_fd >= 0) {
@@ -261,12 +281,133 @@ static void test_too_small_dir_refused_at_start(void **state) {
   assert_int_equal(r.n_steps, 0);
 }
 
+/* A run of `steps` saving every `every` into ck (resumed from `from` when not NULL), whose save
+ * after step `fail_at` fails with err; returns the run's rc with the message in msg. */
+static int failing_run(const char *ck, const char *from, int64_t steps, int64_t every,
+                       int64_t fail_at, int err, char *msg, size_t len) {
+  struct fail_save f = {.err = err, .at = 3};
+  struct tz_ckpt_options co = {.hooks = {.before_op = fail_before, .ctx = &f}};
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, steps);
+  r.fail = &f;
+  r.arm_after = fail_at;
+  o.ckpt_dir = ck;
+  o.save_every = every;
+  o.resume = from;
+  o.ckpt_options = &co;
+  struct tz_run_result res;
+  int rc = run(&o, &res);
+  snprintf(msg, len, "%s", tz_err_msg());
+  print_message("%s\n", msg);
+  return rc;
+}
+
+static void expect_in(const char *msg, const char *want) {
+  if (!strstr(msg, want))
+    fail_msg("\"%s\" is not in the message: %s", want, msg);
+}
+
+static void test_failed_save_names_latest(void **state) {
+  (void)state;
+  char msg[4096], want[1200];
+  /* latest still names the last save: verified intact */
+  const char *ck = at("fail-intact");
+  assert_int_equal(failing_run(ck, NULL, 4, 2, 4, ENOSPC, msg, sizeof msg), TZ_ENOSPC);
+  expect_in(msg, "the save of step 4 failed");
+  expect_in(msg, "No space left on device");
+  snprintf(want, sizeof want,
+           "latest still names step-00000002 in %s, intact (its checksums "
+           "verified): --resume %s",
+           ck, ck);
+  expect_in(msg, want);
+  /* nothing saved before */
+  ck = at("fail-none");
+  assert_int_equal(failing_run(ck, NULL, 2, 0, 2, EIO, msg, sizeof msg), TZ_EIO);
+  expect_in(msg, "the save of step 2 failed");
+  snprintf(want, sizeof want, "%s holds no checkpoint (no latest): nothing to resume from", ck);
+  expect_in(msg, want);
+}
+
+static void flip(const char *path, long off) {
+  FILE *f = fopen(path, "r+b");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, off, SEEK_SET), 0);
+  int c = fgetc(f);
+  assert_int_equal(fseek(f, off, SEEK_SET), 0);
+  fputc(c ^ 0x10, f);
+  fclose(f);
+}
+
+static void test_failed_save_damaged_latest(void **state) {
+  (void)state;
+  char msg[4096], want[1200];
+  const char *ck = at("fail-damaged");
+  struct tz_run_options o;
+  struct rec r;
+  struct tz_run_result res;
+  options(&o, &r, 4);
+  o.ckpt_dir = ck;
+  o.save_every = 2;
+  TZ_ASSERT_OK(run(&o, &res));
+  /* a payload byte of latest's step-4: its structure still passes, its checksums do not */
+  char file[1200];
+  snprintf(file, sizeof file, "%s/step-00000004/rank-00000.bin", ck);
+  struct stat st;
+  assert_int_equal(stat(file, &st), 0);
+  flip(file, (long)st.st_size / 2);
+  char from[1200];
+  snprintf(from, sizeof from, "%s/step-00000002", ck);
+  assert_int_equal(failing_run(ck, from, 6, 0, 6, ENOSPC, msg, sizeof msg), TZ_ENOSPC);
+  expect_in(msg, "the save of step 6 failed");
+  expect_in(msg, "latest names step-00000004, which is damaged");
+  expect_in(msg, "crc32c mismatch");
+  snprintf(want, sizeof want,
+           "the newest intact checkpoint (its checksums verified) is step-00000002: --resume "
+           "%s/step-00000002",
+           ck);
+  expect_in(msg, want);
+}
+
+static void test_failed_save_latest_older(void **state) {
+  (void)state;
+  char msg[4096], want[1200];
+  const char *ck = at("fail-older");
+  struct tz_run_options o;
+  struct rec r;
+  struct tz_run_result res;
+  options(&o, &r, 4);
+  o.ckpt_dir = ck;
+  o.save_every = 2;
+  TZ_ASSERT_OK(run(&o, &res));
+  /* latest left at step 2, as a save whose update of latest failed leaves it */
+  char latest[1200];
+  snprintf(latest, sizeof latest, "%s/latest", ck);
+  FILE *f = fopen(latest, "w");
+  assert_non_null(f);
+  fputs("step-00000002\n", f);
+  fclose(f);
+  char from[1200];
+  snprintf(from, sizeof from, "%s/step-00000004", ck);
+  assert_int_equal(failing_run(ck, from, 6, 0, 6, EIO, msg, sizeof msg), TZ_EIO);
+  expect_in(msg, "the save of step 6 failed");
+  expect_in(msg, "latest still names step-00000002");
+  snprintf(want, sizeof want,
+           "latest is older than step-00000004, the newest complete checkpoint: --resume "
+           "%s/step-00000004",
+           ck);
+  expect_in(msg, want);
+}
+
 int main(void) {
   dir = tz_test_mkdtemp("ckpt-dir");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_second_writer_refused),
       cmocka_unit_test(test_unwritable_dir_refused_at_start),
       cmocka_unit_test(test_too_small_dir_refused_at_start),
+      cmocka_unit_test(test_failed_save_names_latest),
+      cmocka_unit_test(test_failed_save_damaged_latest),
+      cmocka_unit_test(test_failed_save_latest_older),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

@@ -35,6 +35,15 @@
 
 static char *dir;
 
+/* What the next part_with runs differently: another model, decay options, and a resume that may
+ * fail (its rc into load_rc, and the part stops there). NULL: the cases' own. */
+struct variant {
+  const struct tz_model_config *mc;
+  const char *decay_exclude, *weight_decay;
+  int *load_rc;
+};
+static const struct variant *var;
+
 /* A run in a fresh trainer placed by dev: resumes from `from` (NULL: from scratch), trains steps
  * [start, until) (the schedule always planned for TOTAL), saves under `save` (NULL: no save) and
  * records the losses (at their global step) and the final parameters. Returns the save's rc. */
@@ -50,6 +59,12 @@ static int part_with(const char *dev, const char *from, int until, const char *s
   o.nvme_dir = dir;
   struct tz_model_config mc;
   tc_model(&mc);
+  if (var && var->mc)
+    mc = *var->mc;
+  if (var) {
+    o.decay_exclude = var->decay_exclude;
+    o.weight_decay = var->weight_decay;
+  }
   struct tz_config cfg;
   TZ_ASSERT_OK(tc_config(&cfg, &o, 1));
   struct tz_trainer_params tp;
@@ -59,7 +74,15 @@ static int part_with(const char *dev, const char *from, int until, const char *s
   tz_trainer *tr = NULL;
   TZ_ASSERT_OK(tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, &tr));
   int64_t start = 0;
-  if (from) {
+  if (from && var && var->load_rc) {
+    *var->load_rc = tz_resume_load(tr, w.comm, from, &start);
+    if (*var->load_rc < 0) {
+      tz_trainer_destroy(tr);
+      tz_config_free(&cfg);
+      tc_world_close(&w);
+      return 0;
+    }
+  } else if (from) {
     TZ_ASSERT_OK(tz_resume_load(tr, w.comm, from, &start));
     assert_int_equal(tz_trainer_steps_done(tr), start);
   }
@@ -276,6 +299,121 @@ static void test_enospc(void **state) {
   assert_int_not_equal(access(path, F_OK), 0);
 }
 
+/* ---- the format's versions and the model record ---- */
+
+static char *first_line(const char *stepdir) {
+  static char line[128];
+  char path[1200];
+  snprintf(path, sizeof path, "%s/manifest", stepdir);
+  FILE *f = fopen(path, "r");
+  line[0] = 0;
+  if (f) {
+    if (!fgets(line, sizeof line, f))
+      line[0] = 0;
+    fclose(f);
+  }
+  return line;
+}
+
+/* A checkpoint written in version 1's layout (no model record in its state) still resumes, bit
+ * for bit; the current writer writes version 2. */
+static void test_version1(void **state) {
+  (void)state;
+  struct tc_result straight, first, resumed;
+  struct tz_ckpt_options v1 = {.version = 1};
+  TZ_ASSERT_OK(part("none", NULL, TOTAL, NULL, &straight));
+  TZ_ASSERT_OK(part_with("none", NULL, 3, root("v1"), &v1, &first));
+  char path[1200];
+  snprintf(path, sizeof path, "%s/step-00000003", root("v1"));
+  assert_non_null(strstr(first_line(path), "tierzero-checkpoint 1 "));
+  tz_ckpt_reader *r = NULL;
+  TZ_ASSERT_OK(tz_ckpt_open(path, 0, &r));
+  assert_int_equal(tz_ckpt_version(r), 1);
+  char *st = NULL;
+  TZ_ASSERT_OK(tz_ckpt_get_json(r, "state", &st));
+  assert_null(strstr(st, "\"model\""));
+  free(st);
+  tz_ckpt_close(r);
+  TZ_ASSERT_OK(part("none", root("v1"), TOTAL, NULL, &resumed));
+  expect_same(&straight, &resumed, 3, "resume of version 1");
+  tc_result_free(&resumed);
+  /* the current version records the model */
+  TZ_ASSERT_OK(part("none", NULL, 3, root("v2"), &resumed));
+  tc_result_free(&resumed);
+  snprintf(path, sizeof path, "%s/step-00000003", root("v2"));
+  assert_non_null(strstr(first_line(path), "tierzero-checkpoint 2 "));
+  TZ_ASSERT_OK(tz_ckpt_open(path, 0, &r));
+  TZ_ASSERT_OK(tz_ckpt_get_json(r, "state", &st));
+  assert_non_null(strstr(st, "\"family\":\"llama\""));
+  assert_non_null(strstr(st, "\"n_layer\":4"));
+  assert_non_null(strstr(st, "\"weight_decay_exclude\":\"none\""));
+  free(st);
+  tz_ckpt_close(r);
+  tc_result_free(&straight);
+  tc_result_free(&first);
+}
+
+/* A resume with another model is refused naming the field and both values; one with another
+ * weight-decay exclusion, naming both. */
+static void test_model_refused(void **state) {
+  (void)state;
+  struct tc_result r;
+  TZ_ASSERT_OK(part("none", NULL, 2, root("model"), &r));
+  tc_result_free(&r);
+  struct tz_model_config mc;
+  int rc = 0;
+  static const struct {
+    const char *field, *want;
+  } cases[] = {{"n_layer", "n_layer 4, this run's 3"},
+               {"rope_theta", "rope_theta 10000, this run's 500000"},
+               {"family", "family \"llama\", this run's \"mistral\""},
+               {"norm_eps", "norm_eps 1e-05, this run's 1e-06"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tc_model(&mc);
+    if (i == 0)
+      mc.n_layer = 3;
+    else if (i == 1)
+      mc.rope_theta = 500000;
+    else if (i == 2)
+      mc.family = TZ_FAMILY_MISTRAL;
+    else
+      mc.norm_eps = 1e-6;
+    struct variant v = {.mc = &mc, .load_rc = &rc};
+    var = &v;
+    rc = 0;
+    part("none", root("model"), 3, NULL, &r);
+    var = NULL;
+    tc_result_free(&r);
+    print_message("%s: %s\n", cases[i].field, tz_err_msg());
+    assert_int_equal(rc, TZ_ECONFIG);
+    assert_non_null(strstr(tz_err_msg(), cases[i].want));
+  }
+  /* the same model with head_dim given as what it is resumes */
+  tc_model(&mc);
+  mc.head_dim = mc.d_model / mc.n_head;
+  struct variant same = {.mc = &mc, .load_rc = &rc};
+  var = &same;
+  part("none", root("model"), 3, NULL, &r);
+  var = NULL;
+  tc_result_free(&r);
+  assert_int_equal(rc, 0);
+  /* another exclusion, with weight decay: refused naming both; without, nothing changes */
+  struct variant ex = {.decay_exclude = "bias:norm", .load_rc = &rc};
+  var = &ex;
+  part("none", root("model"), 3, NULL, &r);
+  var = NULL;
+  tc_result_free(&r);
+  print_message("decay: %s\n", tz_err_msg());
+  assert_int_equal(rc, TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "\"none\", this run has \"bias,norm\""));
+  struct variant ex0 = {.decay_exclude = "bias:norm", .weight_decay = "0", .load_rc = &rc};
+  var = &ex0;
+  part("none", root("model"), 3, NULL, &r);
+  var = NULL;
+  tc_result_free(&r);
+  assert_int_equal(rc, 0);
+}
+
 /* ---- tz-train ---- */
 
 static char bin[1024];
@@ -400,14 +538,102 @@ static void test_sigterm(void **state) {
   assert_int_equal(saved, total);
 }
 
+/* Resuming with a configuration whose seed differs (issue #27 item 5): the checkpoint's seed and
+ * data position win, and one line says so naming both seeds; --reseed takes the new seed (the
+ * data order changes from the resumed step on) and says that. */
+#define RESEED_ARGS                                                                                \
+  "--model tiny --seq 32 --data synthetic --set gradient_clipping=1.0 "                            \
+  "--set train_micro_batch_size_per_gpu=2"
+
+static int count_lines_with(const char *text, const char *a, const char *b) {
+  int n = 0;
+  for (const char *l = text; l && *l;) {
+    const char *e = strchr(l, '\n');
+    size_t len = e ? (size_t)(e - l) : strlen(l);
+    char line[2048];
+    snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), l);
+    n += strstr(line, a) && strstr(line, b);
+    l = e ? e + 1 : NULL;
+  }
+  return n;
+}
+
+static void test_reseed(void **state) {
+  (void)state;
+  char args[4096], cfg[1100];
+  snprintf(cfg, sizeof cfg, "%s/seed9.json", dir);
+  FILE *f = fopen(cfg, "w");
+  assert_non_null(f);
+  fputs("{\"seed\": 9}\n", f);
+  fclose(f);
+  float straight[8], resumed[8], reseeded[8], other[8];
+  snprintf(args, sizeof args, RESEED_ARGS " --seed 3 --steps 4 --metrics %s/rs-straight.jsonl",
+           dir);
+  assert_int_equal(tz_train(args, "rs-straight.out"), 0);
+  assert_int_equal(losses("rs-straight.jsonl", straight, 8), 4);
+  snprintf(args, sizeof args, RESEED_ARGS " --seed 9 --steps 4 --metrics %s/rs-nine.jsonl", dir);
+  assert_int_equal(tz_train(args, "rs-nine.out"), 0);
+  assert_int_equal(losses("rs-nine.jsonl", other, 8), 4);
+  snprintf(args, sizeof args, RESEED_ARGS " --seed 3 --steps 2 --ckpt-dir %s/rs", dir);
+  assert_int_equal(tz_train(args, "rs-first.out"), 0);
+  /* --config with seed 9: the checkpoint's seed 3 is kept */
+  snprintf(args, sizeof args,
+           RESEED_ARGS " --config %s --steps 4 --resume %s/rs/step-00000002 --metrics "
+                       "%s/rs-resumed.jsonl",
+           cfg, dir, dir);
+  int rc = tz_train(args, "rs-resumed.out");
+  char *out = slurp("rs-resumed.out");
+  if (rc)
+    print_error("%s", out);
+  assert_int_equal(rc, 0);
+  print_message("%s", strstr(out, "seed") ? strstr(out, "seed") : out);
+  assert_int_equal(count_lines_with(out, "seed 3", "seed 9"), 1);
+  assert_non_null(strstr(out, "--reseed"));
+  assert_int_equal(losses("rs-resumed.jsonl", resumed, 8), 4);
+  for (int s = 2; s < 4; s++)
+    assert_memory_equal(&resumed[s], &straight[s], sizeof(float));
+  /* --seed 9 on the command line: the same */
+  snprintf(args, sizeof args,
+           RESEED_ARGS " --seed 9 --steps 4 --resume %s/rs/step-00000002 --metrics "
+                       "%s/rs-flag.jsonl",
+           dir, dir);
+  assert_int_equal(tz_train(args, "rs-flag.out"), 0);
+  assert_int_equal(count_lines_with(slurp("rs-flag.out"), "seed 3", "seed 9"), 1);
+  assert_int_equal(losses("rs-flag.jsonl", resumed, 8), 4);
+  for (int s = 2; s < 4; s++)
+    assert_memory_equal(&resumed[s], &straight[s], sizeof(float));
+  /* --reseed: seed 9 from step 3 on, said */
+  snprintf(args, sizeof args,
+           RESEED_ARGS " --config %s --reseed --steps 4 --resume %s/rs/step-00000002 --metrics "
+                       "%s/rs-reseeded.jsonl",
+           cfg, dir, dir);
+  rc = tz_train(args, "rs-reseeded.out");
+  out = slurp("rs-reseeded.out");
+  if (rc)
+    print_error("%s", out);
+  assert_int_equal(rc, 0);
+  assert_int_equal(count_lines_with(out, "seed 9", "seed 3"), 1);
+  assert_int_equal(losses("rs-reseeded.jsonl", reseeded, 8), 4);
+  assert_true(memcmp(&reseeded[2], &straight[2], sizeof(float)) != 0);
+  /* the same seed: nothing said */
+  snprintf(args, sizeof args,
+           RESEED_ARGS " --seed 3 --steps 3 --resume %s/rs/step-00000002 --metrics "
+                       "%s/rs-same.jsonl",
+           dir, dir);
+  assert_int_equal(tz_train(args, "rs-same.out"), 0);
+  assert_null(strstr(slurp("rs-same.out"), "--reseed"));
+  (void)other;
+}
+
 int main(void) {
   const char *b = getenv("TZ_BIN");
   snprintf(bin, sizeof bin, "%s/tz-train", b ? b : "bin");
   dir = tz_test_mkdtemp("resume");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bit_exact), cmocka_unit_test(test_placement),
-      cmocka_unit_test(test_corrupt),   cmocka_unit_test(test_enospc),
-      cmocka_unit_test(test_sigterm),
+      cmocka_unit_test(test_bit_exact),     cmocka_unit_test(test_placement),
+      cmocka_unit_test(test_corrupt),       cmocka_unit_test(test_enospc),
+      cmocka_unit_test(test_sigterm),       cmocka_unit_test(test_version1),
+      cmocka_unit_test(test_model_refused), cmocka_unit_test(test_reseed),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

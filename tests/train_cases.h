@@ -84,6 +84,10 @@ struct tc_opts {
   int auto_placement;                   /* the plan chooses the homes */
   int overlap;                          /* tierzero.overlap_collectives */
   int no_overlap_comm;                  /* zero_optimization.overlap_comm false */
+  /* tierzero.weight_decay_exclude ("bias:norm", ...); NULL "none": every tensor decays, as the
+   * direct references of the cases compute it */
+  const char *decay_exclude;
+  const char *weight_decay; /* optimizer.params.weight_decay; NULL 0.1 */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {
@@ -127,7 +131,10 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
   snprintf(buf, sizeof buf, "%g", o->clip);
   TZ_CHECK(tz_config_set(c, "gradient_clipping", buf));
   TZ_CHECK(tz_config_set(c, "optimizer.params.lr", "0.01"));
-  TZ_CHECK(tz_config_set(c, "optimizer.params.weight_decay", "0.1"));
+  TZ_CHECK(
+      tz_config_set(c, "optimizer.params.weight_decay", o->weight_decay ? o->weight_decay : "0.1"));
+  TZ_CHECK(tz_config_set(c, "tierzero.weight_decay_exclude",
+                         o->decay_exclude ? o->decay_exclude : "none"));
   TZ_CHECK(tz_config_set(c, "zero_optimization.offload_param.device", o->param_dev));
   TZ_CHECK(tz_config_set(c, "zero_optimization.offload_optimizer.device", o->opt_dev));
   if (o->nvme_dir)

@@ -93,6 +93,8 @@ static void usage(FILE *f) {
       "                       taken, or one step-N directory); DIR defaults to --ckpt-dir,\n"
       "                       and --ckpt-dir to DIR when DIR is not a step directory.\n"
       "                       --steps stays the total: the run ends after step N\n"
+      "  --reseed             with --resume: the seed of the configuration (or --seed) instead\n"
+      "                       of the checkpoint's; the data order changes from there on\n"
       "  --version            the version, the commit and the libraries compiled in\n"
       "  -h, --help           this text\n\n"
       "Precedence: built-in defaults, then each --config file in order, then TZ_* environment\n"
@@ -119,6 +121,7 @@ static const char flag_names[] =
     "config model steps seed seq metrics progress plan gpu-memory layer-rate world collective-rate "
     "backend "
     "auto-placement optimizer-step rates remeasure nproc set data ckpt-dir save-every keep resume "
+    "reseed "
     "eval-every val-fraction import-safetensors export-safetensors export-dtype trace-step trace ";
 
 /* "tz-train: " and the message on stderr; -1 (a usage error). */

@@ -56,6 +56,9 @@ struct tz_ckpt_hooks {
  * tz_ckpt_abandon. NULL, or all zero, is the default. */
 struct tz_ckpt_options {
   struct tz_ckpt_hooks hooks;
+  /* test hook: the format version written (the header and the manifest; trainer/resume.c then
+   * writes that version's "state"), to make checkpoints of an earlier version; 0: the current */
+  int version;
 };
 
 /* Starts this rank's file of checkpoint `step` under root. Rank 0 must call it before every other
@@ -124,6 +127,10 @@ int tz_ckpt_open(const char *path, int rank, tz_ckpt_reader **out);
 void tz_ckpt_close(tz_ckpt_reader *r); /* NULL is a no-op */
 
 uint64_t tz_ckpt_step(const tz_ckpt_reader *r);
+/* The format version the checkpoint was written in, TZ_CKPT_VERSION_MIN..TZ_CKPT_VERSION. */
+int tz_ckpt_version(const tz_ckpt_reader *r);
+/* The version a save with opt writes (opt->version, else TZ_CKPT_VERSION). */
+int tz_ckpt_options_version(const struct tz_ckpt_options *opt);
 int tz_ckpt_world(const tz_ckpt_reader *r);
 const char *tz_ckpt_dir(const tz_ckpt_reader *r); /* the step directory; valid until close */
 
@@ -160,8 +167,18 @@ int tz_ckpt_list(const char *root, uint64_t *steps, int cap);
 /* The step latest names. TZ_ENOENT if there is no latest, TZ_EFORMAT if it is malformed. */
 int tz_ckpt_latest(const char *root, uint64_t *step);
 
-/* The newest checkpoint older than step that passes tz_ckpt_check(dir, 0). TZ_ENOENT if none. */
+/* The newest checkpoint older than step that passes tz_ckpt_check(dir, 1): every checksum is
+ * verified (it reads the checkpoints it tries), so one offered as intact is. TZ_ENOENT if none. */
 int tz_ckpt_previous(const char *root, uint64_t step, uint64_t *prev);
+
+/* After a failed save: what a resume from root can use now, as a clause for the save's message,
+ * into buf (returned): the checkpoint latest names, verified to its checksums
+ * ("latest still names step-00000002 in ROOT, intact (its checksums verified): --resume ROOT");
+ * that root holds none; that latest's is damaged (why) and the newest intact one before it, or
+ * none; and when a complete checkpoint newer than latest's exists (a save whose update of latest
+ * failed, or one left by a run resumed before), that latest is older than it. Leaves the thread's
+ * error message as it found it. */
+const char *tz_ckpt_describe(const char *root, char *buf, size_t len);
 
 /* ---- one run per root, checked before its first step ---- */
 

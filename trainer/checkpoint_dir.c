@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,7 +108,7 @@ int tz_ckpt_previous(const char *root, uint64_t step, uint64_t *prev) {
       rc = tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
       break;
     }
-    if (tz_ckpt_check(dir, 0) == 0) {
+    if (tz_ckpt_check(dir, 1) == 0) {
       *prev = steps[i];
       rc = 0;
     }
@@ -117,6 +118,77 @@ int tz_ckpt_previous(const char *root, uint64_t step, uint64_t *prev) {
   if (rc == TZ_ENOENT)
     tz_err_set(rc, "checkpoint: no intact checkpoint older than " STEP_FMT " in %s", step, root);
   return rc;
+}
+
+/* Appends printf-style text to buf (len bytes, NUL-terminated), truncating. */
+static void append(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t len, const char *fmt, ...) {
+  size_t n = strlen(buf);
+  if (n + 1 >= len)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf + n, len - n, fmt, ap);
+  va_end(ap);
+}
+
+const char *tz_ckpt_describe(const char *root, char *buf, size_t len) {
+  char saved[2048];
+  snprintf(saved, sizeof saved, "%s", tz_err_msg());
+  buf[0] = 0;
+  uint64_t latest = 0, newest = 0;
+  int have_latest = 0, n = tz_ckpt_list(root, NULL, 0);
+  uint64_t *steps = n > 0 ? malloc(sizeof *steps * (size_t)n) : NULL;
+  if (n > 0 && steps && tz_ckpt_list(root, steps, n) == n)
+    newest = steps[n - 1];
+  else
+    n = 0;
+  int rc = tz_ckpt_latest(root, &latest);
+  if (rc == TZ_ENOENT && n == 0) {
+    append(buf, len, "%s holds no checkpoint (no latest): nothing to resume from", root);
+  } else if (rc < 0) {
+    append(buf, len, "%s: latest cannot be read (%s)", root, tz_err_msg());
+  } else {
+    have_latest = 1;
+    char *dir = tz_ckpt_step_path(root, latest, "");
+    int ok = dir ? tz_ckpt_check(dir, 1) : TZ_ENOMEM;
+    if (ok == 0) {
+      append(buf, len,
+             "latest still names " STEP_FMT " in %s, intact (its checksums verified): --resume %s",
+             latest, root, root);
+    } else {
+      append(buf, len, "latest names " STEP_FMT ", which is damaged (%s); ", latest, tz_err_msg());
+      uint64_t prev = 0;
+      if (tz_ckpt_previous(root, latest, &prev) == 0)
+        append(buf, len,
+               "the newest intact checkpoint (its checksums verified) is " STEP_FMT
+               ": --resume %s/" STEP_FMT,
+               prev, root, prev);
+      else
+        append(buf, len, "no earlier checkpoint in %s is intact", root);
+    }
+    free(dir);
+  }
+  /* A complete checkpoint newer than what latest names: the resume a user wants is probably that
+   * one, which latest does not give. */
+  if (n > 0 && (!have_latest || newest > latest)) {
+    char *dir = tz_ckpt_step_path(root, newest, "");
+    int ok = dir ? tz_ckpt_check(dir, 0) : TZ_ENOMEM;
+    append(buf, len, "; latest is %s " STEP_FMT ", the newest complete checkpoint",
+           have_latest ? "older than" : "missing, but there is", newest);
+    if (ok == 0)
+      append(buf, len,
+             ": --resume %s/" STEP_FMT
+             " (its files pass the structural check; its checksums are verified when it is read)",
+             root, newest);
+    else
+      append(buf, len, ", whose files fail the structural check (%s)", tz_err_msg());
+    free(dir);
+  }
+  free(steps);
+  tz_err_set(TZ_EIO, "%s", saved); /* the message only: callers keep their rc */
+  return buf;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -159,8 +231,8 @@ static int committed_file(const char *tmp, uint64_t step, int rank, int world, u
   return rc;
 }
 
-static int write_manifest(const struct tz_file_hooks *h, const char *tmp, uint64_t step,
-                          int world) {
+static int write_manifest(const struct tz_file_hooks *h, const char *tmp, uint64_t step, int world,
+                          int version) {
   json_t *root = json_object(), *ranks = json_array();
   char *body = NULL, *path = tz_ckpt_path_join(tmp, TZ_CKPT_MANIFEST), *text = NULL;
   int rc = 0;
@@ -189,7 +261,7 @@ static int write_manifest(const struct tz_file_hooks *h, const char *tmp, uint64
   }
   body = json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
   size_t blen = body ? strlen(body) : 0;
-  if (!body || asprintf(&text, TZ_CKPT_MANIFEST_TAG " %d %zu %08x\n%s", TZ_CKPT_VERSION, blen,
+  if (!body || asprintf(&text, TZ_CKPT_MANIFEST_TAG " %d %zu %08x\n%s", version, blen,
                         tz_crc32c(0, body, blen), body) < 0) {
     text = NULL;
     rc = tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
@@ -316,7 +388,7 @@ int tz_ckpt_finalize(const char *root, uint64_t step, int world, int keep,
   }
   /* The rank files and the manifest must be durable under the temporary name before the rename
    * publishes the directory: after a crash, a step-N is complete or absent. */
-  TZ_CHECK_GOTO(write_manifest(h, tmp, step, world), rc, fail_tmp);
+  TZ_CHECK_GOTO(write_manifest(h, tmp, step, world, tz_ckpt_options_version(opt)), rc, fail_tmp);
   if ((e = tz_file_fsync_dir(h, tmp))) {
     rc = tz_err_errno(e, "checkpoint: fsync of %s", tmp);
     goto fail_tmp;

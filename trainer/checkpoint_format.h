@@ -3,14 +3,12 @@
  * is little-endian.
  *
  * rank-NNNNN.bin:
- *   [0, 4096)            header: magic "TZCKPT01", u32 version, u32 rank, u32 world,
- *                        u32 alignment (4096), u64 step, u32 crc32c of bytes [0, 32); zeros
- *   sections             each payload starts at a multiple of 4096; zeros pad the gaps
- *   index                at index_offset (a multiple of 4096): per section, in write order,
- *                        u64 offset, u64 bytes, u32 crc32c of the payload, u16 kind, u16 name
- *                        length, the name (no NUL)
- *   trailer              the file's last 64 bytes: magic "TZCKIDX1", u64 index_offset,
- *                        u64 index_bytes, u32 sections, u32 crc32c of the index, u64 step,
+ *   [0, 4096)            header: magic "TZCKPT01", u32 version (that of the manifest), u32 rank,
+ * u32 world, u32 alignment (4096), u64 step, u32 crc32c of bytes [0, 32); zeros sections each
+ * payload starts at a multiple of 4096; zeros pad the gaps index                at index_offset (a
+ * multiple of 4096): per section, in write order, u64 offset, u64 bytes, u32 crc32c of the payload,
+ * u16 kind, u16 name length, the name (no NUL) trailer              the file's last 64 bytes: magic
+ * "TZCKIDX1", u64 index_offset, u64 index_bytes, u32 sections, u32 crc32c of the index, u64 step,
  *                        u32 rank, u32 world, u64 file bytes, u32 zero, u32 crc32c of [0, 60)
  *
  * manifest: one line "tierzero-checkpoint <version> <body bytes> <crc32c of body, 8 hex>\n",
@@ -24,7 +22,10 @@
 
 #define TZ_CKPT_MAGIC "TZCKPT01"
 #define TZ_CKPT_INDEX_MAGIC "TZCKIDX1"
-#define TZ_CKPT_VERSION 1
+/* 2: the "state" section records the model and the weight-decay exclusion (trainer/resume.h);
+ * the files' layout is that of 1, which still loads. */
+#define TZ_CKPT_VERSION 2
+#define TZ_CKPT_VERSION_MIN 1
 #define TZ_CKPT_ALIGN 4096u
 #define TZ_CKPT_HEADER_BYTES 4096u
 #define TZ_CKPT_HEADER_CRC_AT 32 /* the header's crc covers [0, 32) and sits here */

@@ -62,6 +62,7 @@ int tz_ckpt_parse_step_name(const char *name, const char *suffix, uint64_t *step
 
 /* checkpoint_read.c */
 struct manifest {
+  int version; /* of the format, from the first line */
   uint64_t step;
   int world;
   uint64_t *bytes;     /* (world) */

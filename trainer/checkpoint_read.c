@@ -45,7 +45,7 @@ static int json_uint(json_t *o, const char *key, uint64_t max, uint64_t *v) {
 /* The manifest's first line, "tierzero-checkpoint <version> <body bytes> <crc hex8>\n", checked
  * against the body after it, which *body and *body_len then give. */
 static int manifest_head(const char *path, const char *text, uint64_t len, const char **body,
-                         uint64_t *body_len) {
+                         uint64_t *body_len, int *out_version) {
   const char *p = text;
   uint64_t version, crc = 0;
   size_t tag = strlen(TZ_CKPT_MANIFEST_TAG);
@@ -65,9 +65,11 @@ static int manifest_head(const char *path, const char *text, uint64_t len, const
                       "checkpoint %s: the first line is not \"%s <version> <bytes> "
                       "<crc32c>\"",
                       path, TZ_CKPT_MANIFEST_TAG);
-  if (version != TZ_CKPT_VERSION)
-    return tz_err_set(TZ_EFORMAT, "checkpoint %s: format version %" PRIu64 ", this build reads %d",
-                      path, version, TZ_CKPT_VERSION);
+  if (version < TZ_CKPT_VERSION_MIN || version > TZ_CKPT_VERSION)
+    return tz_err_set(TZ_EFORMAT,
+                      "checkpoint %s: format version %" PRIu64 ", this build reads %d to %d", path,
+                      version, TZ_CKPT_VERSION_MIN, TZ_CKPT_VERSION);
+  *out_version = (int)version;
   uint64_t head = (uint64_t)(p - text);
   if (*body_len != len - head)
     return tz_err_set(TZ_ECHECKSUM,
@@ -151,9 +153,12 @@ int tz_ckpt_manifest_read(const char *dir, struct manifest *m) {
   if (!path)
     return tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
   TZ_CHECK_GOTO(tz_ckpt_io_slurp(path, MAX_MANIFEST_BYTES, &text, &len), rc, out);
-  rc = manifest_head(path, text, len, &body, &body_len);
+  int version = 0;
+  rc = manifest_head(path, text, len, &body, &body_len, &version);
   if (rc == 0)
     rc = manifest_body(dir, path, body, body_len, m);
+  if (rc == 0)
+    m->version = version;
 out:
   if (rc)
     tz_ckpt_manifest_free(m);
@@ -174,7 +179,7 @@ struct tz_ckpt_reader {
   char *path; /* the rank file */
   int fd;
   uint64_t step;
-  int rank, world;
+  int rank, world, version;
   int hints; /* damaged files get the previous checkpoint suggested in their message */
   struct rsec *sec;
   int n;
@@ -231,14 +236,14 @@ static int check_header(tz_ckpt_reader *r, const struct manifest *m) {
   uint32_t hc = (uint32_t)tz_ckpt_get_le(h + TZ_CKPT_HEADER_CRC_AT, 4);
   if (tz_crc32c(0, h, TZ_CKPT_HEADER_CRC_AT) != hc)
     return tz_err_set(TZ_ECHECKSUM, "checkpoint %s: header at offset 0: crc32c mismatch", r->path);
-  if (memcmp(h, TZ_CKPT_MAGIC, 8) != 0 || tz_ckpt_get_le(h + 8, 4) != TZ_CKPT_VERSION ||
+  if (memcmp(h, TZ_CKPT_MAGIC, 8) != 0 || tz_ckpt_get_le(h + 8, 4) != (uint64_t)m->version ||
       tz_ckpt_get_le(h + 12, 4) != (uint64_t)r->rank ||
       tz_ckpt_get_le(h + 16, 4) != (uint64_t)m->world ||
       tz_ckpt_get_le(h + 20, 4) != TZ_CKPT_ALIGN || tz_ckpt_get_le(h + 24, 8) != m->step)
     return tz_err_set(TZ_EFORMAT,
                       "checkpoint %s: header at offset 0 is not that of a version %d rank file "
                       "of rank %d of %d, step %" PRIu64,
-                      r->path, TZ_CKPT_VERSION, r->rank, m->world, m->step);
+                      r->path, m->version, r->rank, m->world, m->step);
   return 0;
 }
 
@@ -383,6 +388,7 @@ int tz_ckpt_open_dir(const char *dir, int rank, int hints, tz_ckpt_reader **out)
   r->rank = rank;
   r->world = m.world;
   r->step = m.step;
+  r->version = m.version;
   r->hints = hints && has_step;
   r->fd = open(r->path, O_RDONLY | O_CLOEXEC);
   if (r->fd < 0) {
@@ -464,6 +470,10 @@ int tz_ckpt_open(const char *path, int rank, tz_ckpt_reader **out) {
 
 uint64_t tz_ckpt_step(const tz_ckpt_reader *r) { return r->step; }
 int tz_ckpt_world(const tz_ckpt_reader *r) { return r->world; }
+int tz_ckpt_version(const tz_ckpt_reader *r) { return r->version; }
+int tz_ckpt_options_version(const struct tz_ckpt_options *opt) {
+  return opt && opt->version ? opt->version : TZ_CKPT_VERSION;
+}
 const char *tz_ckpt_dir(const tz_ckpt_reader *r) { return r->dir; }
 int tz_ckpt_count(const tz_ckpt_reader *r) { return r->n; }
 

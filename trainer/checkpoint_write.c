@@ -25,6 +25,7 @@ struct tz_ckpt_writer {
   int fd;
   uint64_t step;
   int rank, world;
+  int version;  /* of the format written */
   uint8_t *buf; /* IO_BYTES, holding the bytes from file offset `flushed` on */
   size_t buf_len;
   uint64_t flushed; /* bytes written to the file */
@@ -133,6 +134,7 @@ int tz_ckpt_begin(const char *root, uint64_t step, int rank, int world,
   w->world = world;
   if (opt)
     w->hooks = opt->hooks;
+  w->version = tz_ckpt_options_version(opt);
   const struct tz_file_hooks *h = tz_ckpt_file_hooks(&w->hooks, &w->fh);
   if (!(w->path = tz_ckpt_rank_path(tmp, rank)) ||
       !(w->buf = aligned_alloc(TZ_CKPT_ALIGN, IO_BYTES))) {
@@ -167,7 +169,7 @@ int tz_ckpt_begin(const char *root, uint64_t step, int rank, int world,
   }
   uint8_t hdr[TZ_CKPT_HEADER_BYTES] = {0};
   memcpy(hdr, TZ_CKPT_MAGIC, 8);
-  tz_ckpt_put_le(hdr + 8, TZ_CKPT_VERSION, 4);
+  tz_ckpt_put_le(hdr + 8, (uint64_t)w->version, 4);
   tz_ckpt_put_le(hdr + 12, (uint64_t)rank, 4);
   tz_ckpt_put_le(hdr + 16, (uint64_t)world, 4);
   tz_ckpt_put_le(hdr + 20, TZ_CKPT_ALIGN, 4);

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "trainer/train_internal.h"
 #include "core/error.h"
+#include "trainer/decay.h"
 #include "trainer/rates.h"
 #include "util/clock.h"
 
@@ -240,6 +241,34 @@ int tz_train_home_threads(const tz_trainer *tr) {
   return tz_rates_home_threads(&tr->cfg); /* tierzero.threads when set */
 }
 
+struct adam_run {
+  tz_trainer *tr;
+  int cpu;
+  float *master, *m, *v;
+  const float *grad;
+  char *param; /* elements of tr->S */
+};
+
+static int adam_run(void *ctx, const struct tz_adam_params *p, uint64_t off, uint64_t n) {
+  const struct adam_run *a = ctx;
+  tz_trainer *tr = a->tr;
+  void *param = a->param ? a->param + off * tr->es : NULL;
+  if (a->cpu) {
+    struct tz_adam_cpu_opts o = {.threads = tz_train_home_threads(tr)};
+    return tz_adam_cpu(p, a->master + off, a->m + off, a->v + off, a->grad + off, TZ_F32, param,
+                       tr->S, n, &o);
+  }
+  return tz_compute_adam(tr->cm, p, a->master + off, a->m + off, a->v + off, a->grad + off, TZ_F32,
+                         param, tr->S, n);
+}
+
+int tz_train_adam(tz_trainer *tr, int b, int cpu, const struct tz_adam_params *p, float *master,
+                  float *m, float *v, const float *grad, void *param) {
+  struct adam_run a = {tr, cpu, master, m, v, grad, param};
+  uint64_t n = tr->shard[b];
+  return tz_decay_adam(&tr->mc, b, tr->decay_exclude, (uint64_t)tr->rank * n, n, p, adam_run, &a);
+}
+
 static int run_opt(tz_trainer *tr, struct job *j, int b) {
   float *master = j->ptr[TZ_PLAN_MASTER], *m = j->ptr[TZ_PLAN_M], *v = j->ptr[TZ_PLAN_V];
   const float *grad = j->ptr[TZ_PLAN_GRAD];
@@ -254,8 +283,7 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
     }
     struct tz_adam_params p = j->adam;
     p.grad_scale = j->home_scale;
-    struct tz_adam_cpu_opts o = {.threads = tz_train_home_threads(tr)};
-    return tz_adam_cpu(&p, master, m, v, grad, TZ_F32, param, tr->S, n, &o);
+    return tz_train_adam(tr, b, 1, &p, master, m, v, grad, param);
   }
   /* Unfolded, the opt phases run after the step's finish_step on this lane, and an overflow
    * drops the update here; folded, the client has already dropped it (j->pending 0). */
@@ -264,7 +292,7 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
   struct tz_adam_params p = j->adam;
   p.grad_scale = tr->opt_scale;
   /* The same bits on every backend (kernels/adam.h); the cpu one runs on the instance's threads. */
-  return tz_compute_adam(tr->cm, &p, master, m, v, grad, TZ_F32, param, tr->S, n);
+  return tz_train_adam(tr, b, 0, &p, master, m, v, grad, param);
 }
 
 /* The phase's compute (and without overlapped collectives its own gathers and reductions), on
@@ -443,6 +471,7 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
 /* Builds the step's phases in order (DESIGN.md "A training step"). */
 int tz_train_build_phases(tz_trainer *tr) {
   int L = tr->L, G = tr->G, H = L + 1;
+  TZ_CHECK(tz_decay_exclude_parse(&tr->cfg, &tr->decay_exclude));
   tr->n_ph = G * (2 * L + 3) + tr->nb;
   free(tr->ph);
   tr->ph = calloc((size_t)tr->n_ph, sizeof *tr->ph);

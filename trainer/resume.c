@@ -14,7 +14,11 @@
 #include "core/log.h"
 #include "core/plan.h"
 #include "trainer/checkpoint.h"
+#include "trainer/decay.h"
+#include "trainer/model.h"
 #include "trainer/signals.h"
+
+#include <stddef.h>
 
 /* The kinds a checkpoint holds; grad is zero between steps. */
 static const int saved_kinds[] = {TZ_PLAN_PARAM, TZ_PLAN_MASTER, TZ_PLAN_M, TZ_PLAN_V};
@@ -56,7 +60,160 @@ static int agree(tz_comm *comm, int rc, const char *what) {
   return 0;
 }
 
-static int put_state(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config *cfg, int world) {
+/* The model record of the state (version 2): every field of struct tz_model_config, the family by
+ * name, head_dim as the model uses it (tz_model_head_dim). A resume compares the fields that
+ * change what the saved state means (compared 1): not the initialisation (the state replaces it),
+ * max_seq (a bound on the sequence, no weight depends on it) or the token ids (the export's). */
+enum { F_INT, F_DBL, F_FAMILY };
+/* clang-format off */
+#define MF(f, t) {#f, t, offsetof(struct tz_model_config, f), 1}
+#define MF_INFO(f, t) {#f, t, offsetof(struct tz_model_config, f), 0}
+/* clang-format on */
+static const struct {
+  const char *name;
+  int type;
+  size_t off;
+  int compared;
+} model_fields[] = {
+    MF(d_model, F_INT),
+    MF(n_layer, F_INT),
+    MF(n_head, F_INT),
+    MF(n_kv_head, F_INT),
+    MF(ffn_dim, F_INT),
+    MF(vocab, F_INT),
+    MF_INFO(max_seq, F_INT),
+    MF(rope_theta, F_DBL),
+    MF(norm_eps, F_DBL),
+    MF(tie_embeddings, F_INT),
+    MF(head_dim, F_INT),
+    MF(family, F_FAMILY),
+    MF(qkv_bias, F_INT),
+    MF(qk_norm, F_INT),
+    MF(rope_type, F_INT),
+    MF(rope_factor, F_DBL),
+    MF(rope_low_freq_factor, F_DBL),
+    MF(rope_high_freq_factor, F_DBL),
+    MF(rope_original_max_pos, F_INT),
+    MF_INFO(init_std, F_DBL),
+    MF_INFO(has_bos, F_INT),
+    MF_INFO(has_eos, F_INT),
+    MF_INFO(has_pad, F_INT),
+    MF_INFO(bos_id, F_INT),
+    MF_INFO(eos_id, F_INT),
+    MF_INFO(pad_id, F_INT),
+};
+#undef MF
+#undef MF_INFO
+#define N_MODEL_FIELDS ((int)(sizeof model_fields / sizeof model_fields[0]))
+_Static_assert(sizeof(enum tz_model_family) == sizeof(int), "family stored as int");
+
+static const void *model_field(const struct tz_model_config *mc, int i) {
+  return (const char *)mc + model_fields[i].off;
+}
+
+static json_t *model_json(const struct tz_model_config *cfg) {
+  struct tz_model_config m = *cfg;
+  const struct tz_model_config *mc = &m;
+  m.head_dim = tz_model_head_dim(cfg);
+  json_t *o = json_object();
+  for (int i = 0; o && i < N_MODEL_FIELDS; i++) {
+    const void *p = model_field(mc, i);
+    const char *fam = NULL;
+    switch (model_fields[i].type) {
+    case F_INT: json_object_set_new(o, model_fields[i].name, json_integer(*(const int *)p)); break;
+    case F_DBL: json_object_set_new(o, model_fields[i].name, json_real(*(const double *)p)); break;
+    case F_FAMILY:
+      fam = tz_model_family_name(*(const enum tz_model_family *)p);
+      json_object_set_new(o, model_fields[i].name, fam ? json_string(fam) : json_null());
+      break;
+    }
+  }
+  return o;
+}
+
+/* A field's value as text, for messages. */
+static void field_text(const json_t *v, char *buf, size_t len) {
+  if (json_is_integer(v))
+    snprintf(buf, len, "%lld", (long long)json_integer_value(v));
+  else if (json_is_number(v)) /* the shortest text that reads back as the same double */
+    for (int digits = 15; digits <= 17; digits++) {
+      snprintf(buf, len, "%.*g", digits, json_number_value(v));
+      if (strtod(buf, NULL) == json_number_value(v))
+        break;
+    }
+  else if (json_is_string(v))
+    snprintf(buf, len, "\"%s\"", json_string_value(v));
+  else
+    snprintf(buf, len, "(missing)");
+}
+
+/* The checkpoint's model record m against the run's model mc: the first field that differs, by
+ * name, with both values. */
+static int check_model(tz_ckpt_reader *r, json_t *m, const struct tz_model_config *mc) {
+  if (!json_is_object(m))
+    return tz_err_set(TZ_EFORMAT,
+                      "resume: %s: section \"state\" of a version %d checkpoint lacks the model",
+                      tz_ckpt_dir(r), tz_ckpt_version(r));
+  json_t *mine = model_json(mc);
+  if (!mine)
+    return tz_err_set(TZ_ENOMEM, "resume: no memory");
+  int rc = 0;
+  for (int i = 0; i < N_MODEL_FIELDS && rc == 0; i++) {
+    if (!model_fields[i].compared)
+      continue;
+    json_t *a = json_object_get(m, model_fields[i].name),
+           *b = json_object_get(mine, model_fields[i].name);
+    int same =
+        a && (json_is_number(a) && json_is_number(b) ? json_number_value(a) == json_number_value(b)
+                                                     : json_equal(a, b));
+    if (!same) {
+      char va[64], vb[64];
+      field_text(a, va, sizeof va);
+      field_text(b, vb, sizeof vb);
+      rc = tz_err_set(TZ_ECONFIG,
+                      "resume: %s: the checkpoint's model has %s %s, this run's %s: resume with "
+                      "the model it was saved with (--model, tierzero.model or "
+                      "--import-safetensors)",
+                      tz_ckpt_dir(r), model_fields[i].name, va, vb);
+    }
+  }
+  json_decref(mine);
+  return rc;
+}
+
+/* The weight-decay exclusion the checkpoint's run used (name: its record; NULL: a version 1
+ * checkpoint, whose run decayed every tensor) against this run's: the same update, or refused
+ * naming both. Without weight decay the exclusion changes nothing. */
+static int check_decay(tz_ckpt_reader *r, const char *name, const tz_trainer *tr) {
+  const struct tz_config *c = tz_trainer_config(tr);
+  unsigned mine = 0, theirs = 0;
+  char a[64], b[64];
+  TZ_CHECK(tz_decay_exclude_parse(c, &mine));
+  if (!name) {
+    if (mine && c->optimizer.weight_decay != 0)
+      tz_log(TZ_LOG_WARN,
+             "resume: %s is a version %d checkpoint, whose run decayed every tensor; this run "
+             "excludes %s from weight decay (tierzero.weight_decay_exclude \"none\" continues as "
+             "it was)",
+             tz_ckpt_dir(r), tz_ckpt_version(r), tz_decay_exclude_name(mine, a, sizeof a));
+    return 0;
+  }
+  if (tz_decay_exclude_from_name(name, &theirs) < 0)
+    return tz_err_set(TZ_EFORMAT,
+                      "resume: %s: section \"state\": weight_decay_exclude \"%s\" is not a list "
+                      "of bias, norm, embed",
+                      tz_ckpt_dir(r), name);
+  if (theirs != mine && c->optimizer.weight_decay != 0)
+    return tz_err_set(TZ_ECONFIG,
+                      "resume: %s was trained with tierzero.weight_decay_exclude \"%s\", this run "
+                      "has \"%s\": set it to \"%s\" to continue that run (or start a new one)",
+                      tz_ckpt_dir(r), tz_decay_exclude_name(theirs, a, sizeof a),
+                      tz_decay_exclude_name(mine, b, sizeof b), a);
+  return 0;
+}
+
+static int put_state(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config *cfg, int world,
+                     int version) {
   int nb = n_blocks(tr);
   json_t *o = json_object(), *blocks = json_array();
   int rc = 0;
@@ -68,6 +225,18 @@ static int put_state(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config *
   json_object_set_new(o, "step", json_integer(tz_trainer_steps_done(tr)));
   json_object_set_new(o, "world", json_integer(world));
   json_object_set_new(o, "seed", json_integer(cfg->seed));
+  if (version >= 2) {
+    unsigned ex = 0;
+    char name[64];
+    if ((rc = tz_decay_exclude_parse(tz_trainer_config(tr), &ex)) < 0) {
+      json_decref(o);
+      json_decref(blocks);
+      return rc;
+    }
+    json_object_set_new(o, "model", model_json(tz_trainer_model(tr)));
+    json_object_set_new(o, "weight_decay_exclude",
+                        json_string(tz_decay_exclude_name(ex, name, sizeof name)));
+  }
   struct tz_loss_scale_state ls;
   tz_trainer_loss_scale_get(tr, &ls);
   if (ls.scale > 0) { /* fp16 */
@@ -99,9 +268,10 @@ static int put_state(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config *
 }
 
 /* This rank's file: config, state, then every saved shard, each loaded from wherever it lives. */
-static int write_rank(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config *cfg, int world) {
+static int write_rank(tz_ckpt_writer *w, tz_trainer *tr, const struct tz_config *cfg, int world,
+                      int version) {
   TZ_CHECK(tz_ckpt_put_config(w, cfg));
-  TZ_CHECK(put_state(w, tr, cfg, world));
+  TZ_CHECK(put_state(w, tr, cfg, world, version));
   int nb = n_blocks(tr);
   uint64_t max = 0;
   for (int b = 0; b < nb; b++)
@@ -145,7 +315,7 @@ int tz_resume_save_with(tz_trainer *tr, tz_comm *comm, const struct tz_config *c
   if (rc == 0 && rank != 0)
     rc = tz_ckpt_begin(root, step, rank, world, opt, &w);
   if (rc == 0)
-    rc = write_rank(w, tr, cfg, world);
+    rc = write_rank(w, tr, cfg, world, tz_ckpt_options_version(opt));
   if (rc == 0) {
     rc = tz_ckpt_commit(w); /* frees w either way */
     w = NULL;
@@ -162,7 +332,16 @@ int tz_resume_save_with(tz_trainer *tr, tz_comm *comm, const struct tz_config *c
     tz_err_set(rc, "%s", saved);
   }
   /* finalize failed on rank 0 only: the others must fail too. */
-  return agree(comm, rc, "resume: save");
+  rc = agree(comm, rc, "resume: save");
+  if (rc < 0) { /* which save, and (rank 0, which writes root's shared files) what is left */
+    char saved[1024], left[2048] = "";
+    snprintf(saved, sizeof saved, "%s", tz_err_msg());
+    if (rank == 0)
+      tz_ckpt_describe(root, left, sizeof left);
+    tz_err_set(rc, "the save of step %llu failed: %s%s%s", (unsigned long long)step, saved,
+               rank == 0 ? "; " : "", left);
+  }
+  return rc;
 }
 
 int tz_resume_config(const char *path, int world, struct tz_config *c) {
@@ -171,6 +350,39 @@ int tz_resume_config(const char *path, int world, struct tz_config *c) {
   int rc = tz_ckpt_get_config(r, c);
   if (rc == 0 && tz_ckpt_world(r) != world && c->train_batch_size > 0)
     c->gradient_accumulation_steps = 0;
+  tz_ckpt_close(r);
+  return rc;
+}
+
+int tz_resume_seed(const char *path, int reseed, struct tz_config *c) {
+  tz_ckpt_reader *r = NULL;
+  char *s = NULL;
+  TZ_CHECK(tz_ckpt_open(path, 0, &r));
+  int rc = tz_ckpt_get_json(r, "state", &s);
+  json_t *o = rc == 0 ? json_loads(s, 0, NULL) : NULL;
+  json_t *seed = json_object_get(o, "seed");
+  if (rc == 0 && !json_is_integer(seed))
+    rc = tz_err_set(TZ_EFORMAT, "resume: %s: section \"state\" lacks the seed", tz_ckpt_dir(r));
+  if (rc == 0 && json_integer_value(seed) != c->seed) {
+    long long saved = (long long)json_integer_value(seed), asked = (long long)c->seed;
+    unsigned long long step = (unsigned long long)tz_ckpt_step(r);
+    if (reseed) {
+      TZ_WARN("resume: --reseed: seed %lld instead of the checkpoint's seed %lld from step %llu on "
+              "(%s): the data order differs from that of the run saved there",
+              asked, saved, step + 1, tz_ckpt_dir(r));
+    } else {
+      char buf[32];
+      snprintf(buf, sizeof buf, "%lld", saved);
+      rc = tz_config_set(c, "seed", buf);
+      if (rc == 0)
+        TZ_WARN("resume: the configuration asks for seed %lld, the checkpoint %s was trained with "
+                "seed %lld: seed %lld is kept, so the data order continues that run's (--reseed "
+                "takes seed %lld from step %llu on)",
+                asked, tz_ckpt_dir(r), saved, saved, asked, step + 1);
+    }
+  }
+  json_decref(o);
+  free(s);
   tz_ckpt_close(r);
   return rc;
 }
@@ -216,7 +428,9 @@ static int read_loss_scale(tz_ckpt_reader *r, json_t *o, struct tz_loss_scale_st
   return 0;
 }
 
-static int read_state(tz_ckpt_reader *r, int64_t *step, int *world,
+/* The state of r's checkpoint: step, world and the scaler; from version 2 on, its model and
+ * weight-decay exclusion checked against tr's. */
+static int read_state(tz_ckpt_reader *r, const tz_trainer *tr, int64_t *step, int *world,
                       struct tz_loss_scale_state *ls) {
   char *s = NULL;
   TZ_CHECK(tz_ckpt_get_json(r, "state", &s));
@@ -232,6 +446,18 @@ static int read_state(tz_ckpt_reader *r, int64_t *step, int *world,
   *step = json_integer_value(json_object_get(o, "step"));
   *world = (int)json_integer_value(json_object_get(o, "world"));
   int rc = read_loss_scale(r, o, ls);
+  if (rc == 0 && tz_ckpt_version(r) >= 2)
+    rc = check_model(r, json_object_get(o, "model"), tz_trainer_model(tr));
+  if (rc == 0) {
+    json_t *d = json_object_get(o, "weight_decay_exclude");
+    if (tz_ckpt_version(r) >= 2 && !json_is_string(d))
+      rc = tz_err_set(TZ_EFORMAT,
+                      "resume: %s: section \"state\" of a version %d checkpoint lacks "
+                      "weight_decay_exclude",
+                      tz_ckpt_dir(r), tz_ckpt_version(r));
+    else
+      rc = check_decay(r, json_is_string(d) ? json_string_value(d) : NULL, tr);
+  }
   json_decref(o);
   return rc;
 }
@@ -282,7 +508,7 @@ static int load_rank(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *s
   int rc = 0, src_world = 0;
   struct tz_loss_scale_state ls;
   TZ_CHECK(tz_ckpt_open(path, 0, &r0));
-  TZ_CHECK_GOTO(read_state(r0, step, &src_world, &ls), rc, out);
+  TZ_CHECK_GOTO(read_state(r0, tr, step, &src_world, &ls), rc, out);
   if (src_world != tz_ckpt_world(r0)) {
     rc = tz_err_set(TZ_EFORMAT, "resume: %s: state says world %d, the manifest %d", tz_ckpt_dir(r0),
                     src_world, tz_ckpt_world(r0));

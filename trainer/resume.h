@@ -35,7 +35,9 @@
  * keeps the newest `keep` (0: all). cfg is the effective configuration (the one tr was made
  * with). On any rank's failure every rank returns an error (the failing rank's own message; the
  * others' say that a rank failed), the temporary directory is removed and the previous
- * checkpoint and latest are untouched. */
+ * checkpoint and latest are untouched. The message starts "the save of step N failed: ", and
+ * rank 0's ends with what a resume can use now (tz_ckpt_describe: latest's checkpoint verified to
+ * its checksums, or none, or a newer complete one). */
 int tz_resume_save(tz_trainer *tr, tz_comm *comm, const struct tz_config *cfg, const char *root,
                    int keep);
 /* The same with the checkpoint layer's options (its test hooks); opt may be NULL. */
@@ -48,6 +50,14 @@ int tz_resume_save_with(tz_trainer *tr, tz_comm *comm, const struct tz_config *c
  * train_batch_size (the global batch, and so the numbers, stay the same). Local: reads rank 0's
  * file. */
 int tz_resume_config(const char *path, int world, struct tz_config *c);
+
+/* After the resumed run's configuration c is complete (files, environment, --set, --seed over the
+ * checkpoint's): when its seed differs from the one the checkpoint at path was trained with, the
+ * checkpoint's wins (c->seed is set back: the data order of a run is a function of its seed and
+ * the step, so the resumed run continues the saved one's), unless reseed, which keeps c's (the
+ * data order changes from the checkpoint's step on). Either way one warning names both seeds.
+ * Local: reads rank 0's file. */
+int tz_resume_seed(const char *path, int reseed, struct tz_config *c);
 
 /* Restores tr (freshly created, no step taken, with the model and storage dtype of the
  * checkpoint) from the checkpoint at path, resharding when it was saved at another world size,

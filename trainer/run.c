@@ -554,7 +554,8 @@ static int step(struct run *r, int64_t s) {
 }
 
 static int save(struct run *r, int64_t done) {
-  TZ_CHECK(tz_resume_save(r->tr, r->comm, r->cfg, r->o->ckpt_dir, (int)r->o->keep));
+  TZ_CHECK(tz_resume_save_with(r->tr, r->comm, r->cfg, r->o->ckpt_dir, (int)r->o->keep,
+                               r->o->ckpt_options));
   r->res->saved = done;
   return emit_kind(r, TZ_RUN_CHECKPOINT, done);
 }

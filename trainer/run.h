@@ -98,9 +98,10 @@ struct tz_run_options {
                            the last step and a stop request, keeping the newest keep (0: all) */
   int64_t save_every, keep;
   const struct tz_ckpt_options *ckpt_options; /* optional: the checkpoint layer's hooks for the
-                                                 checks of ckpt_dir at start (free_bytes) */
+                                                 checks of ckpt_dir at start and the saves */
   const char *resume;         /* a checkpoint (a root or a step directory) to continue from; NULL
                                  none; "" ckpt_dir's (tz_run_options_check) */
+  int reseed;                 /* resume: the config's seed, not the checkpoint's (tz_resume_seed) */
   const char *export_dir;     /* after the steps, the parameters as safetensors (tz_hf_export) */
   enum tz_dtype export_dtype; /* TZ_F32 (default) or TZ_BF16 */
   const char *trace_path;     /* where the lane trace of trace_step (tierzero.trace_step) goes */

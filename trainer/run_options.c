@@ -46,6 +46,7 @@ static const struct option_kind options[] = {
     {"save-every", COUNT, AT(save_every), 0, 0},
     {"keep", COUNT, AT(keep), 0, 0},
     {"resume", STR, AT(resume), 0, 0},
+    {"reseed", SWITCH, AT(reseed), 0, 0},
     {"eval-every", NUM | POS | MAX32, AT(eval_every), 0, 0},
     {"val-fraction", 'v', 0, 0, 0},
     {"import-safetensors", STR, AT(import_dir), 0, 0},
@@ -215,6 +216,8 @@ int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *s
     snprintf(buf, sizeof buf, "%lld", (long long)o->seed);
     TZ_CHECK(tz_config_set(cfg, "seed", buf));
   }
+  if (o->resume) /* the checkpoint's seed wins over the files' and --seed, unless --reseed */
+    TZ_CHECK(tz_resume_seed(o->resume, o->reseed, cfg));
   if (o->trace_step >= 0) {
     snprintf(buf, sizeof buf, "%lld", (long long)o->trace_step);
     TZ_CHECK(tz_config_set(cfg, "tierzero.trace_step", buf));

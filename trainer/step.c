@@ -166,15 +166,11 @@ static int apply_block(tz_trainer *tr, const struct tz_adam_params *ap, int b,
     else if (!at[k])
       rc = tz_sched_block_load(tr->sched, tr->bid[b][k], at[k] = buf[k]);
   }
-  if (rc == 0 && on_gpu) { /* the same bits as tz_adam_cpu (kernels/adam.h) */
-    rc = tz_compute_adam(tr->cm, ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V],
-                         at[TZ_PLAN_GRAD], TZ_F32, at[TZ_PLAN_PARAM], tr->S, tr->shard[b]);
-    if (rc == 0)
+  if (rc == 0) { /* on the GPU, the same bits as tz_adam_cpu (kernels/adam.h) */
+    rc = tz_train_adam(tr, b, !on_gpu, ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V],
+                       at[TZ_PLAN_GRAD], at[TZ_PLAN_PARAM]);
+    if (rc == 0 && on_gpu)
       rc = tz_compute_sync(tr->cm);
-  } else if (rc == 0) {
-    struct tz_adam_cpu_opts o = {.threads = tz_train_home_threads(tr)};
-    rc = tz_adam_cpu(ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V], at[TZ_PLAN_GRAD], TZ_F32,
-                     at[TZ_PLAN_PARAM], tr->S, tr->shard[b], &o);
   }
   int first = rc;
   for (int k = 0; k < TZ_PLAN_GRAD; k++) {
@@ -301,3 +297,6 @@ out:
   free(host);
   return rc;
 }
+
+const struct tz_model_config *tz_trainer_model(const tz_trainer *tr) { return &tr->mc; }
+const struct tz_config *tz_trainer_config(const tz_trainer *tr) { return &tr->cfg; }

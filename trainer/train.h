@@ -187,6 +187,9 @@ uint64_t tz_trainer_shard_bytes(const tz_trainer *tr, int block, int kind);
 int tz_trainer_shard_load(tz_trainer *tr, int block, int kind, void *dst);
 /* Replaces the rank's shard (a resume). Between steps, with no update pending. */
 int tz_trainer_shard_store(tz_trainer *tr, int block, int kind, const void *src);
+/* The model and the configuration the trainer was made with (its copies). Borrowed. */
+const struct tz_model_config *tz_trainer_model(const tz_trainer *tr);
+const struct tz_config *tz_trainer_config(const tz_trainer *tr);
 /* Steps done (each one's update applied after tz_trainer_sync). */
 int64_t tz_trainer_steps_done(const tz_trainer *tr);
 /* Declares that the stored state is that after `steps` steps: the next step is number `steps`,

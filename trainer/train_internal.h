@@ -156,6 +156,8 @@ struct tz_trainer {
   int64_t scale_iter, last_overflow_iter, skipped;
   char *trace_path;
 
+  unsigned decay_exclude; /* tierzero.weight_decay_exclude (trainer/decay.h) */
+
   int64_t step, updates; /* steps done; Adam updates applied or queued */
   int pending;           /* folded: the last step's update is not applied yet */
 };
@@ -195,6 +197,11 @@ double tz_train_coll_take(tz_trainer *tr, int p);
 void tz_train_host_cast(void *dst, enum tz_dtype S, const float *src, uint64_t n);
 /* Threads for CPU Adam at the homes. */
 int tz_train_home_threads(const tz_trainer *tr);
+/* Adam over the rank's shard of block b (tr->shard[b] elements of each array), once per run of
+ * equal weight decay (trainer/decay.h): tz_adam_cpu on the home threads when cpu, else
+ * tz_compute_adam on the compute backend. */
+int tz_train_adam(tz_trainer *tr, int b, int cpu, const struct tz_adam_params *p, float *master,
+                  float *m, float *v, const float *grad, void *param);
 
 /* ---- placement.c ---- */
 
