@@ -474,6 +474,11 @@ static struct rates summary_rates(const struct tz_metrics_summary *s) {
   return r;
 }
 
+int tz_metrics_summary_below_bound(const struct tz_metrics_summary *s) {
+  struct rates r = summary_rates(s);
+  return isfinite(r.bound_s) && r.step_s < r.bound_s;
+}
+
 void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f) {
   struct rates r = summary_rates(s);
   char a[32], b[32], c[32];
@@ -496,8 +501,15 @@ void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f) {
     fprintf(f, ", MFU unknown (no peak for this device)");
   fprintf(f, "%s\n", over);
   fprintf(f, "  step time   %.4g s", r.step_s);
-  if (isfinite(r.bound_s))
+  if (isfinite(r.bound_s) && r.step_s >= r.bound_s)
     fprintf(f, " achieved, %.4g s bound: %.2fx the bound", r.bound_s, r.step_s / r.bound_s);
+  else if (isfinite(r.bound_s))
+    /* A lower bound that a run beats is no bound (docs/training.md "The bound"): no ratio. */
+    fprintf(f,
+            " achieved, under the plan's %.4g s bound, so the bound is wrong: the rates it was "
+            "costed with were measured slow (a busy machine while probing?) and are measured "
+            "again next run",
+            r.bound_s);
   else
     fprintf(f, " achieved (no plan bound)");
   fprintf(f, "; stalls %.1f%% of step time", 100.0 * r.stall_share);

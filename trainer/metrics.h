@@ -136,8 +136,11 @@ void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_m
  * counters' change over the whole run. */
 int tz_metrics_summary_traffic_rest(struct tz_metrics_summary *s, tz_tier *const *tiers, int n,
                                     struct tz_traffic_counters *last);
-/* Multi-line summary: tokens/s, TFLOP/s and MFU, step time against the bound, stall share,
- * bytes per tier and lane. */
+/* 1 when the timed steps came in under their bound: the bound is then wrong (docs/training.md
+ * "The bound"), and the summary says so instead of printing a ratio below 1. */
+int tz_metrics_summary_below_bound(const struct tz_metrics_summary *s);
+/* Multi-line summary: tokens/s, TFLOP/s and MFU, step time against the bound (docs/training.md
+ * "The bound"), stall share, bytes per tier and lane. */
 void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f);
 
 /* ---- The metrics file ---- */
