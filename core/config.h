@@ -27,6 +27,8 @@
 
 /* At most this many NVMe directories (the same limit as struct tz_tier_params.paths). */
 #define TZ_CONFIG_MAX_PATHS 16
+/* Words of the per-key bit sets of struct tz_config: room for 64 * 4 keys. */
+#define TZ_CONFIG_KEY_WORDS 4
 
 enum tz_optimizer_type {
   TZ_OPTIMIZER_ADAM,  /* "Adam": decoupled weight decay unless adam_w_mode is false */
@@ -183,6 +185,9 @@ struct tz_config {
   /* Private: keys of the file that were not used (tz_config_ignored). */
   struct tz_config_ignored_key *ignored_;
   int n_ignored_, cap_ignored_;
+  /* Private: bit i stands for key i of the table: given "auto" (tz_config_auto_key), and set
+   * though it has no effect in tierzero (tz_config_no_effect_key). */
+  uint64_t auto_[TZ_CONFIG_KEY_WORDS], no_effect_[TZ_CONFIG_KEY_WORDS];
 };
 
 /* Fills c with the built-in defaults. Overwrites c without freeing it: on a struct that holds
@@ -228,6 +233,25 @@ int tz_config_parse_size(const char *s, uint64_t *out);
  * derived when train_batch_size is divisible. TZ_ECONFIG with all the numbers when they disagree
  * or do not divide, or when neither train_batch_size nor the micro batch is given. */
 int tz_config_resolve_batch(struct tz_config *c, int world_size);
+
+/* Keys given "auto" (by a file, the environment or tz_config_set) and not set again since, in the
+ * key table's order, keys without effect left out. tz_config_resolve_batch resolves them as
+ * Hugging Face Trainer's DeepSpeed integration does where its rule ties a key to another value of
+ * the run (docs/config.md "auto"); the others take tierzero's default. Strings are static. */
+int tz_config_auto_count(const struct tz_config *c);
+const char *tz_config_auto_key(const struct tz_config *c, int i); /* NULL past the end */
+
+/* Keys tierzero knows, accepts and checks, but that change nothing here (aio.thread_count,
+ * zero_optimization.sub_group_size, activation_checkpointing.*, steps_per_print, ...), that
+ * were set: once each, in table order. Strings are static. */
+int tz_config_no_effect_count(const struct tz_config *c);
+const char *tz_config_no_effect_key(const struct tz_config *c, int i); /* NULL past the end */
+
+/* What a run prints at start, after tz_config_resolve_batch: to out, one line per "auto" key with
+ * the value it resolved to and the rule that gave it (steps: the run's steps, which
+ * scheduler.params.total_num_steps "auto" stands for; 0 when not known); to err, one line naming
+ * every key set that has no effect. Nothing when there is none of either. */
+void tz_config_report(const struct tz_config *c, int64_t steps, FILE *out, FILE *err);
 
 /* Keys the loaded files had that tierzero does not use, in file order. The strings belong to c. */
 int tz_config_ignored_count(const struct tz_config *c);

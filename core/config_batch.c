@@ -1,4 +1,5 @@
-/* Batch sizes: DeepSpeed's rule between the three, resolved once the world size is known. */
+/* Batch sizes: DeepSpeed's rule between the three, resolved once the world size is known; and the
+ * other "auto" values whose Hugging Face rule ties them to another value of the run. */
 #define _GNU_SOURCE
 #include "core/config_internal.h"
 
@@ -52,5 +53,13 @@ int tz_config_resolve_batch(struct tz_config *c, int world_size) {
   c->train_batch_size = tb;
   c->train_micro_batch_size_per_gpu = mb;
   c->gradient_accumulation_steps = gas;
+  /* Hugging Face Trainer's DeepSpeed integration (trainer_config_process) fills warmup_max_lr
+   * with the learning rate it gives the optimizer and warmup_min_lr with 0: the schedule peaks at
+   * the optimizer's lr, not at a default of its own. total_num_steps "auto" stays unset: the
+   * trainer takes the run's steps for it (tz_trainer_params.total_steps). */
+  if (tz_config_is_auto(c, "scheduler.params.warmup_max_lr"))
+    c->scheduler.warmup_max_lr = c->optimizer.lr;
+  if (tz_config_is_auto(c, "scheduler.params.warmup_min_lr"))
+    c->scheduler.warmup_min_lr = 0;
   return 0;
 }

@@ -134,3 +134,67 @@ int tz_config_dump(const struct tz_config *c, FILE *f) {
     return tz_err_errno(errno ? errno : EIO, "config: cannot write the configuration");
   return 0;
 }
+
+/* ---- The report at start: "auto" values and keys without effect ---- */
+
+/* Where an "auto" value came from: Hugging Face Trainer's DeepSpeed integration
+ * (integrations/deepspeed.py, trainer_config_process and trainer_config_finalize) fills each key
+ * from a Trainer argument or from another value; tierzero has no Trainer arguments, so a key that
+ * the Trainer fills from one takes tierzero's default, and the report names the argument. */
+static const struct {
+  const char *path, *rule;
+} auto_rules[] = {
+    {"train_batch_size", "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world "
+                         "size, DeepSpeed's rule, as Hugging Face's Trainer fills it"},
+    {"train_micro_batch_size_per_gpu", "train_batch_size / (gradient_accumulation_steps x world "
+                                       "size), or tz-train's 4 when neither is given; Hugging "
+                                       "Face's Trainer takes --per_device_train_batch_size"},
+    {"gradient_accumulation_steps", "train_batch_size / (micro-batch x world size), else 1; "
+                                    "Hugging Face's Trainer takes --gradient_accumulation_steps"},
+    {"gradient_clipping", "tierzero's default: no clipping; Hugging Face's Trainer takes "
+                          "--max_grad_norm"},
+    {"optimizer.params.lr", "tierzero's default; Hugging Face's Trainer takes --learning_rate"},
+    {"optimizer.params.betas", "tierzero's default; Hugging Face's Trainer takes --adam_beta1 "
+                               "and --adam_beta2"},
+    {"optimizer.params.eps", "tierzero's default; Hugging Face's Trainer takes --adam_epsilon"},
+    {"optimizer.params.weight_decay", "tierzero's default; Hugging Face's Trainer takes "
+                                      "--weight_decay"},
+    {"scheduler.params.warmup_min_lr", "0, as Hugging Face's Trainer sets it"},
+    {"scheduler.params.warmup_max_lr", "optimizer.params.lr, as Hugging Face's Trainer sets it"},
+    {"scheduler.params.warmup_num_steps", "tierzero's default; Hugging Face's Trainer takes "
+                                          "--warmup_steps or --warmup_ratio"},
+    {"scheduler.params.total_num_steps", "the run's steps, as Hugging Face's Trainer sets it "
+                                         "from --max_steps"},
+    {"bf16.enabled", "tierzero's default: off; Hugging Face's Trainer takes --bf16"},
+    {"fp16.enabled", "tierzero's default: off; Hugging Face's Trainer takes --fp16"},
+};
+
+static const char *auto_rule(const char *path) {
+  for (size_t i = 0; i < sizeof auto_rules / sizeof auto_rules[0]; i++)
+    if (strcmp(auto_rules[i].path, path) == 0)
+      return auto_rules[i].rule;
+  return "decided at start; docs/config.md says how";
+}
+
+void tz_config_report(const struct tz_config *c, int64_t steps, FILE *out, FILE *err) {
+  for (int i = 0; i < tz_config_auto_count(c); i++) {
+    const char *path = tz_config_auto_key(c, i);
+    const struct key *k = tz_config_find_key(path);
+    fprintf(out, "tz-train: config \"auto\": %s = ", path);
+    if (strcmp(path, "scheduler.params.total_num_steps") == 0 && steps > 0)
+      fprintf(out, "%" PRId64, steps);
+    else
+      dump_value(out, c, k);
+    fprintf(out, " (%s)\n", auto_rule(path));
+  }
+  int n = tz_config_no_effect_count(c);
+  if (n == 0)
+    return;
+  fprintf(err,
+          "tz-train: config key%s set but with no effect in tierzero (accepted for "
+          "DeepSpeed compatibility; docs/config.md): ",
+          n > 1 ? "s" : "");
+  for (int i = 0; i < n; i++)
+    fprintf(err, "%s%s", i ? ", " : "", tz_config_no_effect_key(c, i));
+  fputc('\n', err);
+}

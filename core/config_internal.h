@@ -123,6 +123,8 @@ int tz_config_distance(const char *a, const char *b);
 int tz_config_suggest(const char *section, const char *name, char *out, size_t len);
 /* TZ_<KEY> for key i of the tierzero section, NULL for the others. */
 const char *tz_config_env_name(int i);
+/* 1 when the key at path was given "auto" (tz_config_auto_key). */
+int tz_config_is_auto(const struct tz_config *c, const char *path);
 
 /* config_parse.c */
 int tz_config_where_err(const struct where *w, const char *fmt, ...)

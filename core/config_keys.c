@@ -274,8 +274,26 @@ void tz_config_val_free(struct val *v) {
   memset(v, 0, sizeof *v);
 }
 
+_Static_assert(N_KEYS <= 64 * TZ_CONFIG_KEY_WORDS, "TZ_CONFIG_KEY_WORDS has room for every key");
+
+static void bit_set(uint64_t *bits, int i, int on) {
+  if (on)
+    bits[i / 64] |= 1ull << (i % 64);
+  else
+    bits[i / 64] &= ~(1ull << (i % 64));
+}
+
+static int bit_get(const uint64_t *bits, int i) { return (bits[i / 64] >> (i % 64)) & 1; }
+
 /* Moves v into c (v's strings now belong to c). */
 void tz_config_store(struct tz_config *c, const struct key *k, struct val *v) {
+  int idx = (int)(k - tz_config_keys);
+  if (idx >= 0 && idx < N_KEYS) {
+    /* The last source to set a key decides whether it is "auto". */
+    bit_set(c->auto_, idx, v->is_default && !(k->flags & F_NO_FIELD));
+    if (k->flags & F_NO_FIELD)
+      bit_set(c->no_effect_, idx, 1);
+  }
   if (k->flags & F_NO_FIELD) {
     tz_config_val_free(v);
     return;
@@ -427,4 +445,45 @@ static void env_init(void) {
 const char *tz_config_env_name(int i) {
   pthread_once(&env_once, env_init);
   return env_names[i][0] ? env_names[i] : NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Keys given "auto", keys without effect */
+
+/* The path of the i-th key (0-based) whose bit is set, or NULL; *count gets how many are set. */
+static const char *nth_set(const uint64_t *bits, int i, int *count) {
+  int n = 0;
+  const char *hit = NULL;
+  for (int k = 0; k < N_KEYS; k++)
+    if (bit_get(bits, k) && n++ == i)
+      hit = tz_config_keys[k].path;
+  *count = n;
+  return hit;
+}
+
+int tz_config_auto_count(const struct tz_config *c) {
+  int n;
+  nth_set(c->auto_, -1, &n);
+  return n;
+}
+
+const char *tz_config_auto_key(const struct tz_config *c, int i) {
+  int n;
+  return i < 0 ? NULL : nth_set(c->auto_, i, &n);
+}
+
+int tz_config_no_effect_count(const struct tz_config *c) {
+  int n;
+  nth_set(c->no_effect_, -1, &n);
+  return n;
+}
+
+const char *tz_config_no_effect_key(const struct tz_config *c, int i) {
+  int n;
+  return i < 0 ? NULL : nth_set(c->no_effect_, i, &n);
+}
+
+int tz_config_is_auto(const struct tz_config *c, const char *path) {
+  const struct key *k = tz_config_find_key(path);
+  return k && bit_get(c->auto_, (int)(k - tz_config_keys));
 }

@@ -474,6 +474,28 @@ static void test_summary(void **state) {
   assert_non_null(strstr(buf, "nvme   read              3.00 GB  750.00 MB/s"));
   assert_non_null(strstr(buf, "host   h2d               1.50 GB  375.00 MB/s"));
   free(buf);
+  assert_false(tz_metrics_summary_below_bound(&s));
+
+  /* Under its bound: no ratio below 1, but what it means (issue #27 item 11). */
+  tz_metrics_summary_init(&s, 1e9, 0);
+  for (int64_t i = 1; i <= 3; i++) {
+    struct tz_step_metrics m;
+    fill_step(&m, i, 3);
+    m.tokens = 1000;
+    m.step_s = 0.25;
+    m.bound_s = 2.0;
+    tz_metrics_summary_add(&s, &m);
+  }
+  assert_true(tz_metrics_summary_below_bound(&s));
+  f = open_memstream(&buf, &len);
+  tz_metrics_summary_print(&s, f);
+  fclose(f);
+  if (!strstr(buf, "under the plan's 2 s bound"))
+    print_error("%s", buf);
+  assert_non_null(strstr(buf, "0.25 s achieved, under the plan's 2 s bound"));
+  assert_non_null(strstr(buf, "measured again"));
+  assert_null(strstr(buf, "x the bound"));
+  free(buf);
 
   /* One step only: it is the timed one. */
   tz_metrics_summary_init(&s, 1e9, 0);

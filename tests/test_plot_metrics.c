@@ -1,6 +1,9 @@
-/* tools/plot_metrics.py on a metrics file written by the metrics writer itself: the three PNG
- * images exist and are PNG images of some size; a malformed file is refused with its line
- * number; a missing matplotlib gives its own message. Skipped without python3 and matplotlib. */
+/* tools/plot_metrics.py on a metrics file written by the metrics writer itself (a configuration
+ * line first, then steps with traffic and memory): the curves it draws (--series, without
+ * matplotlib) hold every step's lr, gradient norm, tokens/s, bytes per tier and lane and memory
+ * per tier; with matplotlib the five PNG images exist and are PNG images of some size; a
+ * malformed file is refused with its line number; a missing matplotlib gives its own message.
+ * Skipped without python3; the images are skipped without matplotlib. */
 #define _GNU_SOURCE
 #include "testlib.h"
 
@@ -11,10 +14,13 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <jansson.h>
+
 #include "core/error.h"
 #include "trainer/metrics.h"
 
 static const char *python;
+static int have_matplotlib;
 static char *script;
 
 /* Runs cmd, returns its exit status and (when out is non-NULL) its output, stderr included. */
@@ -43,6 +49,10 @@ static int run(const char *cmd, char **out) {
 static void write_metrics(const char *path, int steps) {
   tz_metrics_writer *w = NULL;
   TZ_ASSERT_OK(tz_metrics_writer_create(path, 0, &w));
+  struct tz_config cfg;
+  tz_config_defaults(&cfg);
+  TZ_ASSERT_OK(tz_metrics_write_config(w, &cfg, 0));
+  tz_config_free(&cfg);
   struct tz_metrics_summary sum;
   tz_metrics_summary_init(&sum, 1e6, 1e12);
   for (int s = 1; s <= steps; s++) {
@@ -66,6 +76,13 @@ static void write_metrics(const char *path, int steps) {
     TZ_ASSERT_OK(tz_step_metrics_add_traffic(&m, "nvme", "read", rd));
     TZ_ASSERT_OK(tz_step_metrics_add_traffic(&m, "nvme", "write", 100000000));
     TZ_ASSERT_OK(tz_step_metrics_add_traffic(&m, "host", "h2d", 800000000));
+    m.n_memory = 2;
+    snprintf(m.memory[0].tier, sizeof m.memory[0].tier, "compute");
+    m.memory[0].used = 1ull << 30;
+    m.memory[0].capacity = 2ull << 30;
+    snprintf(m.memory[1].tier, sizeof m.memory[1].tier, "nvme");
+    m.memory[1].used = (uint64_t)s << 20;
+    m.memory[1].capacity = 1ull << 32;
     tz_metrics_derive(&m, 1e6, 1e12);
     TZ_ASSERT_OK(tz_metrics_write_step(w, &m));
     tz_metrics_summary_add(&sum, &m);
@@ -91,8 +108,53 @@ static void check_png(const char *dir, const char *name) {
   free(p);
 }
 
+/* The curve `name` of image `image` in the --series output: its values (borrowed from o). */
+static json_t *curve(json_t *o, const char *image, const char *name) {
+  json_t *c = json_object_get(json_object_get(o, image), name);
+  if (!c)
+    print_error("--series has no curve %s of %s.png\n", name, image);
+  assert_non_null(c);
+  return json_object_get(c, "value");
+}
+
+static void test_series(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("plot");
+  char *metrics = NULL, *cmd = NULL, *out = NULL;
+  assert_true(asprintf(&metrics, "%s/metrics.jsonl", dir) > 0);
+  write_metrics(metrics, 40);
+  assert_true(asprintf(&cmd, "'%s' '%s' '%s' --series", python, script, metrics) > 0);
+  int rc = run(cmd, &out);
+  if (rc != 0)
+    print_error("%s -> %d:\n%s\n", cmd, rc, out);
+  assert_int_equal(rc, 0);
+  json_error_t err;
+  json_t *o = json_loads(out, 0, &err);
+  if (!o)
+    print_error("not JSON: %s\n%s\n", err.text, out);
+  assert_non_null(o);
+  assert_int_equal(json_array_size(curve(o, "training", "lr")), 40);
+  assert_int_equal(json_array_size(curve(o, "training", "grad_norm")), 40);
+  assert_int_equal(json_array_size(curve(o, "throughput", "tokens_per_s")), 40);
+  json_t *rd = curve(o, "traffic", "nvme/read");
+  assert_int_equal(json_array_size(rd), 40);
+  /* GB/s over the step: step 1 read 301 MB in 0.41 s. */
+  assert_float_equal(json_number_value(json_array_get(rd, 0)), 0.301 / 0.41, 1e-9);
+  assert_int_equal(json_array_size(curve(o, "traffic", "host/h2d")), 40);
+  json_t *mem = curve(o, "memory", "nvme");
+  assert_int_equal(json_array_size(mem), 40);
+  assert_float_equal(json_number_value(json_array_get(mem, 39)), 40.0 / 1024, 1e-12);
+  json_decref(o);
+  free(out);
+  free(cmd);
+  free(metrics);
+  tz_test_rmdir(dir);
+}
+
 static void test_plots(void **state) {
   (void)state;
+  if (!have_matplotlib)
+    skip(); /* main said why */
   char *dir = tz_test_mkdtemp("plot");
   char *metrics = NULL, *cmd = NULL, *out = NULL;
   assert_true(asprintf(&metrics, "%s/metrics.jsonl", dir) > 0);
@@ -111,7 +173,9 @@ static void test_plots(void **state) {
   assert_true(asprintf(&png, "%s/png", dir) > 0);
   check_png(png, "run1-loss.png");
   check_png(png, "run1-throughput.png");
+  check_png(png, "run1-training.png");
   check_png(png, "run1-traffic.png");
+  check_png(png, "run1-memory.png");
   free(png);
   free(metrics);
   tz_test_rmdir(dir);
@@ -160,20 +224,28 @@ int main(void) {
   struct stat st;
   if (stat(script, &st) != 0)
     tz_test_skip("%s not found (TZ_TEST_DATA should be the source tree's tests/data)", script);
-  /* The first python3 that has matplotlib: the one on PATH, then the system's. */
+  /* The first python3 that has matplotlib, the one on PATH, then the system's; else any python3,
+   * for what needs no matplotlib. */
   static const char *const candidates[] = {"python3", "/usr/bin/python3"};
-  for (size_t i = 0; i < sizeof candidates / sizeof candidates[0] && !python; i++) {
-    char *cmd = NULL;
-    if (asprintf(&cmd, "%s -c 'import matplotlib' >/dev/null 2>&1", candidates[i]) < 0)
-      return 1;
-    if (system(cmd) == 0)
-      python = candidates[i];
-    free(cmd);
-  }
+  for (int need = 1; need >= 0 && !python; need--)
+    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0] && !python; i++) {
+      char *cmd = NULL;
+      if (asprintf(&cmd, "%s -c '%s' >/dev/null 2>&1", candidates[i],
+                   need ? "import matplotlib" : "import json") < 0)
+        return 1;
+      if (system(cmd) == 0) {
+        python = candidates[i];
+        have_matplotlib = need;
+      }
+      free(cmd);
+    }
   if (!python)
-    tz_test_skip("no python3 with matplotlib (pip install matplotlib, or apt-get install "
-                 "python3-matplotlib)");
+    tz_test_skip("no python3");
+  if (!have_matplotlib)
+    fprintf(stderr, "test_plot_metrics: no python3 with matplotlib: the images are not drawn "
+                    "(pip install matplotlib, or apt-get install python3-matplotlib)\n");
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_series),
       cmocka_unit_test(test_plots),
       cmocka_unit_test(test_bad_input),
   };

@@ -1,21 +1,29 @@
 /* The machine rates on the cpu backend: measured (every rate the CPU machine has is positive,
  * copy_duplex is 0), cached and read back with the same bits, an entry written by hand read field
  * by field (copy_duplex included), an entry without copy_duplex (or another field) measured again
- * with nothing kept from it, and the cuda backend refused by a build without CUDA. */
+ * with nothing kept from it, and the cuda backend refused by a build without CUDA; an entry
+ * forgotten (a run under its bound) is measured again and the others stay; the layer probe is
+ * the fastest of its passes, and a plan's probe that would be slow is not run but said (issue #27
+ * item 11). */
 #define _GNU_SOURCE
 #include "collectives/comm.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/runtime.h"
 #include "testlib.h"
+#include "kernels/compute.h"
+#include "trainer/model.h"
 #include "trainer/rates.h"
+#include "util/clock.h"
 
+#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct env {
   struct tz_config cfg;
@@ -226,6 +234,78 @@ static void test_cuda_backend(void **state) {
 #endif
 }
 
+/* tz_rates_forget drops this set-up's entry only. */
+static void test_forget(void **state) {
+  struct env *e = *state;
+  snprintf(e->path, sizeof e->path, "%s/forget.json", e->dir);
+  write_entry(e->path, NULL);
+  json_error_t err;
+  json_t *root = json_load_file(e->path, 0, &err);
+  assert_non_null(root);
+  json_object_set_new(root, "other|nvme:/elsewhere", json_object());
+  assert_int_equal(json_dump_file(root, e->path, 0), 0);
+  size_t keys = json_object_size(root);
+  json_decref(root);
+  TZ_ASSERT_OK(tz_rates_forget(&e->cfg, "cpu", e->path));
+  root = json_load_file(e->path, 0, &err);
+  assert_non_null(root);
+  assert_int_equal(json_object_size(root), keys - 1);
+  assert_non_null(json_object_get(root, "other|nvme:/elsewhere"));
+  json_decref(root);
+  /* Measured again: not the hand-written numbers. */
+  struct tz_plan_rates r;
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  assert_true(r.flops != 1.5e11);
+  /* Nothing to forget: fine. */
+  TZ_ASSERT_OK(tz_rates_forget(&e->cfg, "cpu", e->path));
+  char missing[PATH_MAX];
+  snprintf(missing, sizeof missing, "%s/none.json", e->dir);
+  TZ_ASSERT_OK(tz_rates_forget(&e->cfg, "cpu", missing));
+}
+
+/* The layer probe: a positive time at a real shape, no faster than the matmul rate allows; a
+ * plan's probe that the matmul rate says would take longer than the budget is not run (0, at
+ * once, with a warning naming --layer-rate). */
+static void test_layer_probe(void **state) {
+  struct tz_model_config mc;
+  TZ_ASSERT_OK(tz_model_preset("tiny", &mc));
+  tz_compute *cm = NULL;
+  TZ_ASSERT_OK(tz_compute_create("cpu", NULL, &cm));
+  double s = 0;
+  TZ_ASSERT_OK(tz_rates_layer_time(cm, &mc, 2, 16, 0, 0, &s));
+  assert_true(s > 0);
+  /* A budget the estimate fits: timed. */
+  TZ_ASSERT_OK(tz_rates_layer_time(cm, &mc, 2, 16, 60, 1e15, &s));
+  assert_true(s > 0);
+  /* A matmul rate that makes one pass last an hour: not timed, and said. */
+  double flop = 4.0 * tz_model_layer_flop(&mc, 2, 16);
+  double t0 = tz_now_s();
+  /* stderr, where the warning goes, into a file for the while. */
+  char log[PATH_MAX];
+  snprintf(log, sizeof log, "%s/warn.txt", ((struct env *)*state)->dir);
+  fflush(stderr);
+  int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  assert_true(saved >= 0 && fd >= 0);
+  dup2(fd, 2);
+  close(fd);
+  int rc = tz_rates_layer_time(cm, &mc, 2, 16, TZ_RATES_PLAN_PROBE_S, flop / 3600, &s);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  TZ_ASSERT_OK(rc);
+  static char said[4096];
+  FILE *f = fopen(log, "r");
+  assert_non_null(f);
+  said[fread(said, 1, sizeof said - 1, f)] = 0;
+  fclose(f);
+  assert_true(tz_now_s() - t0 < 0.1);
+  assert_true(s == 0);
+  if (!strstr(said, "--layer-rate"))
+    print_error("the warning: %s\n", said);
+  assert_non_null(strstr(said, "--layer-rate"));
+  tz_compute_destroy(cm);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_measure_and_cache, setup, teardown),
@@ -236,6 +316,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_version2_remeasured, setup, teardown),
       cmocka_unit_test_setup_teardown(test_home_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cuda_backend, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_layer_probe, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

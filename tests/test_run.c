@@ -239,7 +239,7 @@ static void test_events(void **state) {
   int lines = 0;
   for (size_t i = 0; i < n; i++)
     lines += m[i] == '\n';
-  assert_int_equal(lines, 6); /* five steps and the summary */
+  assert_int_equal(lines, 7); /* the configuration, five steps and the summary */
   assert_non_null(strstr(m, "\"summary\""));
   free(m);
 }

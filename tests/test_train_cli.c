@@ -90,7 +90,7 @@ static void test_run(void **state) {
     json_error_t err;
     json_t *o = json_loads(line, 0, &err);
     assert_non_null(o);
-    if (json_is_true(json_object_get(o, "summary"))) {
+    if (json_is_true(json_object_get(o, "summary")) || !json_object_get(o, "step")) {
       json_decref(o);
       continue;
     }
@@ -262,6 +262,10 @@ static int read_metrics(const char *name, json_t **objs, int max, json_t **summa
     assert_non_null(o);
     if (json_is_true(json_object_get(o, "summary"))) {
       *summary = o;
+      continue;
+    }
+    if (json_object_get(o, "config")) { /* a run's header */
+      json_decref(o);
       continue;
     }
     assert_true(n < max);

@@ -355,7 +355,7 @@ def summarise_tz(a, res):
             o = json.loads(line)
             if o.get("summary"):
                 res["tz_summary"] = o
-            else:
+            elif "step" in o:  # not the run's header line ({"config": ...})
                 steps.append(o)
     timed = [o for o in steps if o["step"] > a.warmup]
     if not timed:
@@ -394,7 +394,8 @@ def steps_done(metrics):
     """Step records in a tz-train metrics file (0 when it cannot be read)."""
     try:
         with open(metrics) as f:
-            return sum(1 for x in f if x.strip() and '"summary"' not in x)
+            return sum(1 for x in f if x.strip() and '"summary"' not in x
+                       and not x.startswith('{"config"'))
     except (OSError, TypeError):
         return 0
 

@@ -3,10 +3,14 @@
 
   loss.png        training loss per step, and the evaluation loss where it was measured
   throughput.png  tokens/s and model TFLOP/s per step (MFU on the right axis when known)
+  training.png    learning rate and gradient norm per step
   traffic.png     bytes moved per second by each tier and lane, per step
+  memory.png      bytes in use in each tier at the end of each step, against its capacity
 
-Usage: plot_metrics.py METRICS.jsonl [--out DIR] [--prefix NAME]
-Needs matplotlib (pip install matplotlib, or apt-get install python3-matplotlib).
+Usage: plot_metrics.py METRICS.jsonl [--out DIR] [--prefix NAME] [--series]
+Needs matplotlib (pip install matplotlib, or apt-get install python3-matplotlib), except with
+--series, which prints the curves the images would draw as JSON instead (for checks and for
+other plotting tools).
 """
 import argparse
 import json
@@ -37,7 +41,8 @@ def load(path):
                 die(f"{path}:{lineno}: not JSON ({e.msg} at column {e.colno})")
             if not isinstance(obj, dict):
                 die(f"{path}:{lineno}: expected a JSON object")
-            if obj.get("summary"):
+            # The summary, and each run's header ({"config": ..., "start_step": N}).
+            if obj.get("summary") or "config" in obj:
                 continue
             if not isinstance(obj.get("step"), int):
                 die(f"{path}:{lineno}: no integer \"step\"")
@@ -60,6 +65,56 @@ def series(steps, key):
             xs.append(s["step"])
             ys.append(v)
     return xs, ys
+
+
+def traffic_series(steps):
+    """{"tier/lane": (steps, GB/s over the step)} for every tier and lane of the "bytes" objects."""
+    lanes = {}
+    for s in steps:
+        bytes_ = s.get("bytes") or {}
+        dt = s.get("step_s")
+        if not isinstance(bytes_, dict) or not isinstance(dt, (int, float)) or dt <= 0:
+            continue
+        for tier, by_lane in bytes_.items():
+            if not isinstance(by_lane, dict):
+                continue
+            for lane, b in by_lane.items():
+                if isinstance(b, (int, float)):
+                    xs, ys = lanes.setdefault(f"{tier}/{lane}", ([], []))
+                    xs.append(s["step"])
+                    ys.append(b / dt / 1e9)
+    return lanes
+
+
+def memory_series(steps):
+    """{tier: (steps, GiB used, GiB capacity)} from the "memory" objects."""
+    tiers = {}
+    for s in steps:
+        mem = s.get("memory") or {}
+        if not isinstance(mem, dict):
+            continue
+        for tier, m in mem.items():
+            if isinstance(m, dict) and isinstance(m.get("used"), int):
+                xs, used, cap = tiers.setdefault(tier, ([], [], []))
+                xs.append(s["step"])
+                used.append(m["used"] / 2**30)
+                cap.append(m.get("capacity", 0) / 2**30)
+    return tiers
+
+
+def all_series(steps):
+    """Every curve the images draw, by image and name: what --series prints."""
+    out = {"loss": {}, "throughput": {}, "training": {}, "traffic": {}, "memory": {}}
+    for key, image in (("loss", "loss"), ("eval_loss", "loss"), ("tokens_per_s", "throughput"),
+                       ("tflops", "throughput"), ("mfu", "throughput"), ("lr", "training"),
+                       ("grad_norm", "training")):
+        x, y = series(steps, key)
+        out[image][key] = {"step": x, "value": y}
+    for name, (x, y) in traffic_series(steps).items():
+        out["traffic"][name] = {"step": x, "value": y}
+    for tier, (x, used, cap) in memory_series(steps).items():
+        out["memory"][tier] = {"step": x, "value": used, "capacity": cap}
+    return out
 
 
 def plot_loss(plt, steps, path):
@@ -103,22 +158,47 @@ def plot_throughput(plt, steps, path):
     plt.close(fig)
 
 
+def plot_training(plt, steps, path):
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    x, y = series(steps, "lr")
+    a1.plot(x, y, linewidth=1)
+    a1.set_ylabel("learning rate")
+    a1.set_title("learning rate and gradient norm")
+    a1.grid(alpha=0.3)
+    x, y = series(steps, "grad_norm")
+    a2.plot(x, y, linewidth=1)
+    a2.set_ylabel("gradient norm (before clipping)")
+    a2.set_xlabel("step")
+    a2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_memory(plt, steps, path):
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    tiers = memory_series(steps)
+    for tier in sorted(tiers):
+        xs, used, cap = tiers[tier]
+        line, = ax.plot(xs, used, label=f"{tier} used", linewidth=1)
+        ax.plot(xs, cap, "--", color=line.get_color(), label=f"{tier} capacity", linewidth=0.8)
+    if tiers:
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no tier memory recorded", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_xlabel("step")
+    ax.set_ylabel("GiB")
+    ax.set_title("memory per tier")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def plot_traffic(plt, steps, path):
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    lanes = {}
-    for s in steps:
-        bytes_ = s.get("bytes") or {}
-        dt = s.get("step_s")
-        if not isinstance(bytes_, dict) or not isinstance(dt, (int, float)) or dt <= 0:
-            continue
-        for tier, by_lane in bytes_.items():
-            if not isinstance(by_lane, dict):
-                continue
-            for lane, b in by_lane.items():
-                if isinstance(b, (int, float)):
-                    xs, ys = lanes.setdefault(f"{tier}/{lane}", ([], []))
-                    xs.append(s["step"])
-                    ys.append(b / dt / 1e9)
+    lanes = traffic_series(steps)
     for name in sorted(lanes):
         xs, ys = lanes[name]
         ax.plot(xs, ys, label=name, linewidth=1)
@@ -141,8 +221,14 @@ def main(argv):
     ap.add_argument("metrics", help="the JSONL file written by tz-train --metrics")
     ap.add_argument("--out", default=".", help="directory for the images (default: .)")
     ap.add_argument("--prefix", default="", help="prepended to each image's name")
+    ap.add_argument("--series", action="store_true",
+                    help="print the curves as JSON instead of drawing them (needs no matplotlib)")
     args = ap.parse_args(argv)
     steps = load(args.metrics)
+    if args.series:
+        json.dump(all_series(steps), sys.stdout)
+        print()
+        return 0
     # Imported only now, so --help and the file checks work without it.
     try:
         import matplotlib
@@ -154,7 +240,8 @@ def main(argv):
     os.makedirs(args.out, exist_ok=True)
     out = {}
     for name, fn in (("loss", plot_loss), ("throughput", plot_throughput),
-                     ("traffic", plot_traffic)):
+                     ("training", plot_training), ("traffic", plot_traffic),
+                     ("memory", plot_memory)):
         out[name] = os.path.join(args.out, f"{args.prefix}{name}.png")
         fn(plt, steps, out[name])
     for name in out:

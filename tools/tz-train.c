@@ -288,6 +288,7 @@ static int on_event(void *arg, const struct tz_run_event *ev) {
               tz_config_ignored_hint(p->cfg, i) ? " (did you mean " : "",
               tz_config_ignored_hint(p->cfg, i) ? tz_config_ignored_hint(p->cfg, i) : "",
               tz_config_ignored_hint(p->cfg, i) ? "?)" : "");
+    tz_config_report(p->cfg, o->steps, stdout, stderr);
     break;
   case TZ_RUN_PLANNED: print_setup(p, ev); break;
   case TZ_RUN_IMPORTED: printf("tz-train: parameters from %s\n", o->import_dir); break;

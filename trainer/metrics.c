@@ -51,6 +51,62 @@ int tz_step_metrics_add_traffic(struct tz_step_metrics *m, const char *tier, con
   return traffic_add(m->traffic, &m->n_traffic, tier, lane, bytes);
 }
 
+/* ---- tier traffic ---- */
+
+void tz_metrics_counters_take(tz_tier *const *tiers, int n, struct tz_traffic_counters *out) {
+  memset(out, 0, sizeof *out);
+  for (int i = 0; i < n && out->n < TZ_METRICS_MAX_TIERS; i++) {
+    if (!tiers[i])
+      continue;
+    struct tz_tier_io_stats st;
+    tz_tier_io_stats(tiers[i], &st);
+    out->tier[out->n].t = tiers[i];
+    snprintf(out->tier[out->n].name, sizeof out->tier[0].name, "%s", tz_tier_name(tiers[i]));
+    out->tier[out->n].read = st.bytes_read;
+    out->tier[out->n].written = st.bytes_written;
+    out->n++;
+  }
+}
+
+/* Adds what each tier moved since *last to t (a step's or the summary's), then *last = now. */
+static int traffic_since(struct tz_traffic *t, int *nt, tz_tier *const *tiers, int n,
+                         struct tz_traffic_counters *last) {
+  struct tz_traffic_counters now;
+  tz_metrics_counters_take(tiers, n, &now);
+  int rc = 0;
+  for (int i = 0; i < now.n && rc == 0; i++) {
+    uint64_t r0 = 0, w0 = 0;
+    for (int j = 0; j < last->n; j++)
+      if (last->tier[j].t == now.tier[i].t) {
+        r0 = last->tier[j].read;
+        w0 = last->tier[j].written;
+      }
+    /* Both lanes are written, zeros too: a tier that moved nothing in a step is a fact worth a
+     * column, and every line then has the same keys. */
+    rc = traffic_add(t, nt, now.tier[i].name, "read", now.tier[i].read - r0);
+    if (rc == 0)
+      rc = traffic_add(t, nt, now.tier[i].name, "write", now.tier[i].written - w0);
+  }
+  *last = now;
+  return rc;
+}
+
+int tz_metrics_step_traffic(struct tz_step_metrics *m, tz_tier *const *tiers, int n,
+                            struct tz_traffic_counters *last) {
+  m->n_memory = 0;
+  for (int i = 0; i < n && m->n_memory < TZ_METRICS_MAX_TIERS; i++) {
+    if (!tiers[i])
+      continue;
+    struct tz_arena_stats as;
+    tz_tier_arena_stats(tiers[i], &as);
+    struct tz_tier_memory *e = &m->memory[m->n_memory++];
+    snprintf(e->tier, sizeof e->tier, "%s", tz_tier_name(tiers[i]));
+    e->used = as.used;
+    e->capacity = as.capacity;
+  }
+  return traffic_since(m->traffic, &m->n_traffic, tiers, n, last);
+}
+
 double tz_metrics_flops_per_token(const struct tz_model_config *cfg, int T, int recompute) {
   double n = (double)tz_model_n_params(cfg);
   double attn = (double)cfg->n_layer * (double)T * (double)cfg->d_model;
@@ -283,6 +339,38 @@ static void put(json_t *o, const char *key, json_t *v, int *bad) {
     *bad = 1;
 }
 
+static json_t *memory_json(const struct tz_tier_memory *t, int n) {
+  json_t *o = json_object();
+  for (int i = 0; o && i < n; i++) {
+    json_t *e = json_pack("{s:I, s:I}", "used", (json_int_t)t[i].used, "capacity",
+                          (json_int_t)t[i].capacity);
+    if (!e || json_object_set_new(o, t[i].tier, e) != 0)
+      return json_decref(o), NULL;
+  }
+  return o;
+}
+
+int tz_metrics_write_config(tz_metrics_writer *w, const struct tz_config *cfg, int64_t start_step) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
+  if (!mem)
+    return tz_err_set(TZ_ENOMEM, "metrics: out of memory for the configuration of %s", w->path);
+  int rc = tz_config_dump(cfg, mem);
+  fclose(mem);
+  json_error_t err;
+  json_t *c = rc == 0 ? json_loadb(text, len, 0, &err) : NULL;
+  free(text);
+  if (rc < 0) {
+    json_decref(c);
+    return rc;
+  }
+  json_t *o = c ? json_pack("{s:o, s:I}", "config", c, "start_step", (json_int_t)start_step) : NULL;
+  if (!o)
+    return tz_err_set(TZ_ENOMEM, "metrics: cannot build the configuration line of %s", w->path);
+  return write_line(w, o);
+}
+
 int tz_metrics_write_step(tz_metrics_writer *w, const struct tz_step_metrics *m) {
   json_t *o = json_object();
   int bad = !o;
@@ -308,6 +396,7 @@ int tz_metrics_write_step(tz_metrics_writer *w, const struct tz_step_metrics *m)
     if (m->has_eval)
       put(o, "eval_loss", num(m->eval_loss), &bad);
     put(o, "bytes", traffic_json(m->traffic, m->n_traffic), &bad);
+    put(o, "memory", memory_json(m->memory, m->n_memory), &bad);
   }
   if (bad) {
     json_decref(o);
@@ -359,6 +448,11 @@ void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_m
                       m->traffic[i].bytes);
 }
 
+int tz_metrics_summary_traffic_rest(struct tz_metrics_summary *s, tz_tier *const *tiers, int n,
+                                    struct tz_traffic_counters *last) {
+  return traffic_since(s->traffic, &s->n_traffic, tiers, n, last);
+}
+
 /* The summary's rates, for print and JSON alike. */
 struct rates {
   double tokens_per_s, tflops, mfu, step_s, bound_s, stall_share, coll_share;
@@ -378,6 +472,11 @@ static struct rates summary_rates(const struct tz_metrics_summary *s) {
   if (s->bound_steps > 0 && s->bound_steps == s->timed_steps)
     r.bound_s = s->timed_bound_s / (double)s->bound_steps;
   return r;
+}
+
+int tz_metrics_summary_below_bound(const struct tz_metrics_summary *s) {
+  struct rates r = summary_rates(s);
+  return isfinite(r.bound_s) && r.step_s < r.bound_s;
 }
 
 void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f) {
@@ -402,8 +501,15 @@ void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f) {
     fprintf(f, ", MFU unknown (no peak for this device)");
   fprintf(f, "%s\n", over);
   fprintf(f, "  step time   %.4g s", r.step_s);
-  if (isfinite(r.bound_s))
+  if (isfinite(r.bound_s) && r.step_s >= r.bound_s)
     fprintf(f, " achieved, %.4g s bound: %.2fx the bound", r.bound_s, r.step_s / r.bound_s);
+  else if (isfinite(r.bound_s))
+    /* A lower bound that a run beats is no bound (docs/training.md "The bound"): no ratio. */
+    fprintf(f,
+            " achieved, under the plan's %.4g s bound, so the bound is wrong: the rates it was "
+            "costed with were measured slow (a busy machine while probing?) and are measured "
+            "again next run",
+            r.bound_s);
   else
     fprintf(f, " achieved (no plan bound)");
   fprintf(f, "; stalls %.1f%% of step time", 100.0 * r.stall_share);

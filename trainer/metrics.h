@@ -20,15 +20,23 @@
 #include <stdio.h>
 
 #include "core/config.h"
+#include "core/tier.h"
 #include "trainer/model.h"
 
 #define TZ_METRICS_MAX_TRAFFIC 32
+#define TZ_METRICS_MAX_TIERS 8
 
 /* Bytes moved by one lane of one tier during a step (or, in a summary, the run). */
 struct tz_traffic {
   char tier[16]; /* "hbm", "host", "nvme", "net" */
   char lane[32]; /* "read", "write", "h2d", "d2h", "allgather", ... */
   uint64_t bytes;
+};
+
+/* What one tier holds at the end of a step: its arena's used bytes and its budget. */
+struct tz_tier_memory {
+  char tier[16];
+  uint64_t used, capacity;
 };
 
 /* One optimizer step, as the trainer fills it. NaN in a double means "not known" and is written
@@ -54,6 +62,8 @@ struct tz_step_metrics {
   double mfu;          /* derived: tflops / peak of all ranks; NaN when the peak is unknown */
   int n_traffic;
   struct tz_traffic traffic[TZ_METRICS_MAX_TRAFFIC];
+  int n_memory;
+  struct tz_tier_memory memory[TZ_METRICS_MAX_TIERS];
 };
 
 /* A zeroed step with the unknown doubles set to NaN. */
@@ -63,6 +73,29 @@ void tz_step_metrics_init(struct tz_step_metrics *m);
  * TZ_ENOMEM when TZ_METRICS_MAX_TRAFFIC entries are taken. */
 int tz_step_metrics_add_traffic(struct tz_step_metrics *m, const char *tier, const char *lane,
                                 uint64_t bytes);
+
+/* ---- Tier traffic: the tiers' I/O counters (core/tier.h tz_tier_io_stats) between steps ---- */
+
+/* The counters of a run's tiers at one moment (tz_metrics_counters_take). */
+struct tz_traffic_counters {
+  int n;
+  struct {
+    const tz_tier *t;
+    char name[16];
+    uint64_t read, written;
+  } tier[TZ_METRICS_MAX_TIERS];
+};
+
+/* Takes the counters of tiers[0..n) (n <= TZ_METRICS_MAX_TIERS; NULL entries are skipped). */
+void tz_metrics_counters_take(tz_tier *const *tiers, int n, struct tz_traffic_counters *out);
+
+/* A step's traffic: for each tier of tiers, the bytes it read ("read": moved out of the tier) and
+ * wrote ("write": into it) since *last, added to m's traffic as (tier name, lane); also each
+ * tier's memory in use. *last becomes the counters now, so that consecutive steps account for
+ * every byte once. A tier that is not in *last counts from 0. TZ_ENOMEM or TZ_EINVAL as
+ * tz_step_metrics_add_traffic. */
+int tz_metrics_step_traffic(struct tz_step_metrics *m, tz_tier *const *tiers, int n,
+                            struct tz_traffic_counters *last);
 
 /* Model FLOPs per token at sequence length T (the header's formula): recompute 0 gives
  * 6N + 12LTd, 1 gives 8N + 16LTd. */
@@ -98,8 +131,16 @@ struct tz_metrics_summary {
 void tz_metrics_summary_init(struct tz_metrics_summary *s, double flops_per_token,
                              double peak_flops);
 void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_metrics *m);
-/* Multi-line summary: tokens/s, TFLOP/s and MFU, step time against the bound, stall share,
- * bytes per tier and lane. */
+/* The bytes moved since the last step's figures (the write-backs it left in flight, the last
+ * checkpoint: tz_metrics_step_traffic's rules) added to the run's totals, so that they equal the
+ * counters' change over the whole run. */
+int tz_metrics_summary_traffic_rest(struct tz_metrics_summary *s, tz_tier *const *tiers, int n,
+                                    struct tz_traffic_counters *last);
+/* 1 when the timed steps came in under their bound: the bound is then wrong (docs/training.md
+ * "The bound"), and the summary says so instead of printing a ratio below 1. */
+int tz_metrics_summary_below_bound(const struct tz_metrics_summary *s);
+/* Multi-line summary: tokens/s, TFLOP/s and MFU, step time against the bound (docs/training.md
+ * "The bound"), stall share, bytes per tier and lane. */
 void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f);
 
 /* ---- The metrics file ---- */
@@ -115,6 +156,10 @@ int tz_metrics_writer_create(const char *path, int append, tz_metrics_writer **o
  * TZ_EIO/TZ_EPERM/TZ_ENOENT/TZ_ENOSPC with the path. */
 int tz_metrics_writer_resume(const char *path, int64_t step, tz_metrics_writer **out);
 void tz_metrics_writer_destroy(tz_metrics_writer *w); /* closes; NULL is a no-op */
+/* One line: {"config": {...}, "start_step": N}, the run's resolved configuration (core/config.h
+ * tz_config_dump) and where it starts, written first by every run (a resumed one too, since its
+ * options may differ). Readers skip lines without "step". */
+int tz_metrics_write_config(tz_metrics_writer *w, const struct tz_config *cfg, int64_t start_step);
 /* One line: the step object (docs/data.md). TZ_EIO with the path when the write fails. */
 int tz_metrics_write_step(tz_metrics_writer *w, const struct tz_step_metrics *m);
 /* One line: {"summary": true, ...} with the summary's figures. */

@@ -769,3 +769,67 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
     TZ_CHECK(time_links_shared(cfg, rt, comm, out));
   return time_collective(rt, comm, &out->collective);
 }
+
+int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char *path) {
+  char def[PATH_MAX], key[PATH_MAX + 64];
+  if (!path && tz_rates_default_path(def, sizeof def) == 0)
+    path = def;
+  if (!path)
+    return 0;
+  json_error_t err;
+  json_t *root = json_load_file(path, 0, &err);
+  setup_key(cfg, backend, key, sizeof key);
+  int rc = 0;
+  if (json_is_object(root) && json_object_del(root, key) == 0) {
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+    const struct tz_atomic_params ap = {.what = "rates", .tmp_pid = 1};
+    rc = text ? tz_atomic_write_file(path, text, strlen(text), &ap)
+              : tz_err_set(TZ_ENOMEM, "rates: out of memory for %s", path);
+    free(text);
+  }
+  json_decref(root);
+  return rc;
+}
+
+int tz_rates_layer_time(tz_compute *cm, const struct tz_model_config *mc, int B, int T,
+                        double budget_s, double matmul_flops, double *seconds) {
+  *seconds = 0;
+  double flop = 4.0 * tz_model_layer_flop(mc, B, T);
+  if (budget_s > 0 && matmul_flops > 0) {
+    /* The warm-up (at least one pass) and the timed passes, each at least a pass at the matmul
+     * rate. */
+    double pass = flop / matmul_flops;
+    double est = (pass > TZ_LAYER_PROBE_WARM_S ? pass : TZ_LAYER_PROBE_WARM_S) +
+                 TZ_RATES_LAYER_PASSES * pass;
+    if (est > budget_s) {
+      TZ_WARN("rates: timing a layer's forward and backward here would take %.0f s or more (a pass "
+              "of %.3g TFLOP at this machine's matmul rate, %.3g TFLOP/s): not timed; the plan "
+              "costs compute at the matmul rate, a looser bound. --layer-rate R (TFLOP/s, as "
+              "tz-train prints it for a run on this machine) gives the layer's rate instead",
+              est, flop / 1e12, matmul_flops / 1e12);
+      return 0;
+    }
+  }
+  struct tz_layer_probe l;
+  TZ_CHECK(tz_layer_probe_alloc(cm, mc, B, T, &l));
+  int rc = 0;
+  double w0 = tz_now_s();
+  do
+    rc = tz_layer_probe_step(cm, mc, &l, 1);
+  while (rc == 0 && (rc = tz_compute_sync(cm)) == 0 && tz_now_s() - w0 < TZ_LAYER_PROBE_WARM_S);
+  double best = 0, timed = 0;
+  for (int n = 0; rc == 0 && (n < TZ_RATES_LAYER_PASSES || timed < TZ_RATES_LAYER_MIN_S); n++) {
+    double t0 = tz_now_s();
+    rc = tz_layer_probe_step(cm, mc, &l, 1);
+    if (rc == 0)
+      rc = tz_compute_sync(cm);
+    double t = tz_now_s() - t0;
+    timed += t;
+    if (rc == 0 && (best == 0 || t < best))
+      best = t;
+  }
+  tz_layer_probe_free(cm, &l);
+  if (rc == 0)
+    *seconds = best;
+  return rc;
+}

@@ -10,6 +10,8 @@
 #include "core/config.h"
 #include "core/plan.h"
 #include "core/runtime.h"
+#include "kernels/compute.h"
+#include "trainer/model.h"
 
 /* The default cache file: $XDG_CACHE_HOME/tierzero/rates-<host>.json, else
  * ~/.cache/tierzero/rates-<host>.json. 0, or TZ_ENOENT when neither variable is set. */
@@ -47,5 +49,30 @@ int tz_rates_home_threads(const struct tz_config *cfg);
 
 int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *rt, tz_comm *comm,
                  const char *path, int refresh, struct tz_plan_rates *out);
+
+/* Drops the cache's entry for this set-up (path NULL: the default cache), so that the next run
+ * measures again: a run that came in under its bound shows that the rates were measured slow
+ * (docs/training.md "The bound"). 0 when there was nothing to drop or it is dropped. */
+int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char *path);
+
+/* How long timing a layer may take for tz-train --plan, in seconds. */
+#define TZ_RATES_PLAN_PROBE_S 3.0
+
+/* The time of one layer's forward and recomputing backward on cm at micro-batch B, sequence T
+ * (what the trainer's fwd and bwd phases of a layer take; 4 x tz_model_layer_flop), in
+ * *seconds: the fastest of at least TZ_RATES_LAYER_PASSES passes, each timed on its own, after
+ * TZ_LAYER_PROBE_WARM_S of untimed ones, and of more while the timed ones have taken less than
+ * TZ_RATES_LAYER_MIN_S. The fastest, not the mean: work beside the probe on a busy machine only
+ * ever slows a pass, and a mean over disturbed passes gave a bound 6-14 times the step the run
+ * then achieved; the fastest pass is the closest to what the machine can do, which a lower bound
+ * needs. budget_s > 0 (a plan): when the probe would take longer than budget_s by the estimate
+ * from matmul_flops (the matmul probe's rate, which a layer's pass never beats; 0: unknown, no
+ * estimate), nothing is timed, *seconds is 0 (the plan then costs compute at the matmul rate, a
+ * looser bound) and a warning says how long the probe would take and that --layer-rate gives
+ * the rate instead. TZ_ENOMEM and the backend's errors. */
+#define TZ_RATES_LAYER_PASSES 5
+#define TZ_RATES_LAYER_MIN_S 0.2
+int tz_rates_layer_time(tz_compute *cm, const struct tz_model_config *mc, int B, int T,
+                        double budget_s, double matmul_flops, double *seconds);
 
 #endif

@@ -162,6 +162,8 @@ struct run {
   double fpt, peak;   /* model FLOPs per token; the peak FLOP/s of all ranks (0: unknown) */
   double elapsed;     /* the steps' wall time so far */
   struct tz_metrics_summary sum;
+  /* the tiers' I/O counters at the last step's figures */
+  struct tz_traffic_counters traffic;
   int began;     /* TZ_RUN_BEGIN told, TZ_RUN_STEPS_END not yet */
   double t_last; /* when the last step returned; 0 before */
   /* rank 0's claim on ckpt_dir, for the whole run */
@@ -186,6 +188,9 @@ static int emit_kind(struct run *r, enum tz_run_event_kind kind, int64_t step) {
 static int summarize(struct run *r) {
   struct tz_sched_stats st;
   tz_trainer_sched_stats(r->tr, &st);
+  tz_tier *tiers[3];
+  TZ_CHECK(
+      tz_metrics_summary_traffic_rest(&r->sum, tiers, tz_trainer_tiers(r->tr, tiers), &r->traffic));
   struct tz_run_event ev = {.kind = TZ_RUN_SUMMARY,
                             .summary = &r->sum,
                             .sched = &st,
@@ -194,6 +199,10 @@ static int summarize(struct run *r) {
   TZ_CHECK(emit(r, &ev));
   if (r->mw)
     TZ_CHECK(tz_metrics_write_summary(r->mw, &r->sum));
+  /* A run faster than its bound shows the cached rates were measured slow: measure them again. */
+  if (r->rank == 0 && tz_metrics_summary_below_bound(&r->sum) &&
+      tz_rates_forget(r->cfg, r->o->backend, r->o->rates) < 0)
+    tz_log(TZ_LOG_WARN, "tz-train: %s", tz_err_msg());
   return 0;
 }
 
@@ -407,8 +416,10 @@ static int plan(struct run *r) {
  * the checkpoint's step (docs/data.md). */
 static int open_metrics(struct run *r) {
   if (r->o->resume)
-    return tz_metrics_writer_resume(r->o->metrics, r->res->start, &r->mw);
-  return tz_metrics_writer_create(r->o->metrics, 0, &r->mw);
+    TZ_CHECK(tz_metrics_writer_resume(r->o->metrics, r->res->start, &r->mw));
+  else
+    TZ_CHECK(tz_metrics_writer_create(r->o->metrics, 0, &r->mw));
+  return tz_metrics_write_config(r->mw, r->cfg, r->res->start);
 }
 
 /* The state to start from (an import or a checkpoint), the data, the metrics file, the buffers. */
@@ -434,6 +445,8 @@ static int prepare(struct run *r) {
   }
   if (r->rank == 0 && o->metrics)
     TZ_CHECK(open_metrics(r));
+  tz_tier *tiers[3];
+  tz_metrics_counters_take(tiers, tz_trainer_tiers(r->tr, tiers), &r->traffic);
   r->began = 1;
   TZ_CHECK(emit_kind(r, TZ_RUN_BEGIN, r->res->start));
   r->batch = (struct tz_run_batch){.data = r->data,
@@ -545,6 +558,8 @@ static int step(struct run *r, int64_t s) {
     m.eval_loss = el;
   }
   tz_metrics_derive(&m, r->fpt, r->peak);
+  tz_tier *tiers[3];
+  TZ_CHECK(tz_metrics_step_traffic(&m, tiers, tz_trainer_tiers(r->tr, tiers), &r->traffic));
   tz_metrics_summary_add(&r->sum, &m);
   struct tz_run_event ev = {.kind = TZ_RUN_STEP, .step = m.step, .metrics = &m};
   TZ_CHECK(emit(r, &ev));

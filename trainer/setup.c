@@ -4,6 +4,7 @@
 #include "trainer/train_internal.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "trainer/rates.h"
 #include "util/clock.h"
 
 #include <stdio.h>
@@ -148,13 +149,14 @@ static int create_compute(tz_trainer *tr) {
  * lives only for this. A 4096^3 matmul (rates->flops) runs faster than a layer, whose attention,
  * norms and elementwise kernels it does not count: llama-7b's step on an H200 took 1.8 times the
  * bound it gave. */
-static int measure_layer(tz_trainer *tr) {
+static int measure_layer(tz_trainer *tr, const struct tz_trainer_params *p) {
   struct tz_compute_params cp;
   compute_params(tr, &cp);
   tz_compute *cm = NULL;
   TZ_CHECK(tz_compute_create(tr->backend, &cp, &cm));
   double s = 0;
-  int rc = tz_layer_probe_time(cm, &tr->mc, tr->B, tr->T, 3, &s);
+  int rc = tz_rates_layer_time(cm, &tr->mc, tr->B, tr->T, p->plan_only ? TZ_RATES_PLAN_PROBE_S : 0,
+                               p->rates ? p->rates->flops : 0, &s);
   tz_compute_destroy(cm);
   TZ_CHECK(rc);
   tr->layer_rate = s > 0 ? 4.0 * tz_model_layer_flop(&tr->mc, tr->B, tr->T) / s : 0;
@@ -521,7 +523,7 @@ static int plan_trainer(tz_trainer *tr, const struct tz_trainer_params *p) {
   if (p->plan_only && p->layer_rate > 0)
     tr->layer_rate = p->layer_rate;
   else if (p->measure_layer)
-    TZ_CHECK(measure_layer(tr));
+    TZ_CHECK(measure_layer(tr, p));
   tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);
   if (!tr->at_home)
     return tz_err_set(TZ_ENOMEM, "train: no memory");

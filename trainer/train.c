@@ -106,6 +106,13 @@ void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out) {
     memset(out, 0, sizeof *out);
 }
 
+int tz_trainer_tiers(const tz_trainer *tr, tz_tier *out[3]) {
+  out[0] = tr->t_compute;
+  out[1] = tr->t_host;
+  out[2] = tr->t_nvme;
+  return 3;
+}
+
 /* ---- evaluation, import, trace, loss scale ---- */
 
 int tz_trainer_param_store(tz_trainer *tr, int block, const float *src) {

@@ -216,5 +216,8 @@ double tz_trainer_cpu_adam(const tz_trainer *tr);
 /* The scheduler's statistics so far (core/sched.h). */
 struct tz_sched_stats;
 void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out);
+/* The tiers the plan places state in: the compute tier, then host and nvme where the trainer
+ * created them (NULL otherwise), into out[0..3); returns 3. Borrowed. */
+int tz_trainer_tiers(const tz_trainer *tr, tz_tier *out[3]);
 
 #endif
