@@ -54,17 +54,17 @@ __global__ void rmsnorm_bwd_dx_kernel(T *dx, const T *dout, const T *x, const T 
 template <typename T>
 __global__ void rmsnorm_bwd_dw_part_kernel(float *part, const T *dout, const T *x,
                                            const float *rstd, int N, int C) {
-  int j = blockIdx.x * blockDim.x + threadIdx.x;
+  int j = blockIdx.y * blockDim.x + threadIdx.x;
   if (j >= C)
     return;
-  int n0 = blockIdx.y * ROWS_PER_PART;
+  int n0 = blockIdx.x * ROWS_PER_PART;
   int n1 = n0 + ROWS_PER_PART < N ? n0 + ROWS_PER_PART : N;
   float acc = 0.0f;
   for (int n = n0; n < n1; n++) {
     size_t i = (size_t)n * C + j;
     acc = __fadd_rn(acc, __fmul_rn(tz_ld(dout[i]), __fmul_rn(tz_ld(x[i]), rstd[n])));
   }
-  part[(size_t)blockIdx.y * C + j] = acc;
+  part[(size_t)blockIdx.x * C + j] = acc;
 }
 
 /* dw[j] += sum over parts in order of part[p][j] */
@@ -94,9 +94,8 @@ int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const 
 int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const void *x,
                         const void *w, const float *rstd, int N, int C) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
+  /* parts on the grid's x (up to 2^31 - 1: q/k norms have N*H rows), columns on y */
   int n_parts = (N + ROWS_PER_PART - 1) / ROWS_PER_PART;
-  if (n_parts > 65535)
-    return tz_err_set(TZ_EINVAL, "compute cuda rmsnorm_bwd: N=%d rows is too many", N);
   void *scratch;
   TZ_CHECK(tz_cuda_scratch(c, (size_t)n_parts * C * sizeof(float), &scratch));
   float *part = (float *)scratch;
@@ -107,7 +106,7 @@ int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const v
         (T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd, C);
     TZ_CU_LAUNCHED();
     rmsnorm_bwd_dw_part_kernel<T>
-        <<<dim3(col_blocks, (unsigned)n_parts), COL_THREADS, 0, c->stream>>>(
+        <<<dim3((unsigned)n_parts, col_blocks), COL_THREADS, 0, c->stream>>>(
             part, (const T *)dout, (const T *)x, rstd, N, C);
     TZ_CU_LAUNCHED();
     return tz_cuda_dispatch(c->G, [&](auto gtag) {
