@@ -133,8 +133,17 @@ __global__ void bias_grad_total_kernel(TG *db, const float *part, int n_parts, i
   if (j >= n)
     return;
   float acc = 0.0f;
-#pragma unroll 8
-  for (int p = 0; p < n_parts; p++)
+  int p = 0;
+  for (; p + UNROLL <= n_parts; p += UNROLL) { /* UNROLL loads in flight, added in order */
+    float v[UNROLL];
+#pragma unroll
+    for (int i = 0; i < UNROLL; i++)
+      v[i] = part[(size_t)(p + i) * n + j];
+#pragma unroll
+    for (int i = 0; i < UNROLL; i++)
+      acc = __fadd_rn(acc, v[i]);
+  }
+  for (; p < n_parts; p++)
     acc = __fadd_rn(acc, part[(size_t)p * n + j]);
   db[j] = tz_st<TG>(__fadd_rn(tz_ld(db[j]), acc));
 }
