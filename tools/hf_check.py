@@ -287,7 +287,10 @@ def make(args):
                 d["max_window_layers"] = min(d["max_window_layers"], args.layers)
     else:
         d = family_config(args)
-    d = {k: v for k, v in d.items() if k not in ("architectures", "transformers_version")}
+    # the dtype keys would make some transformers versions build the model in bf16: it is built
+    # in float32 and saved in --dtype
+    d = {k: v for k, v in d.items()
+         if k not in ("architectures", "transformers_version", "torch_dtype", "dtype")}
     model_type = d.pop("model_type")
     cfg = AutoConfig.for_model(model_type, **d)
     model = AutoModelForCausalLM.from_config(cfg)
