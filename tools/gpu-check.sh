@@ -3,11 +3,12 @@
 # GPU benchmarks. Logs go to /tmp/tz-gpu-logs and, packed, to $OUT/logs.tgz. Each step runs even if
 # an earlier one failed; the summary at the end says which did.
 #   source .deps/setup.sh && bash tools/gpu-check.sh [STEP...]
-# Steps: tests topo tiers adam collectives hf layer prefetch train product (default: all, in that
-# order; product: the trainer's GPU checks of docs/training.md),
+# Steps: tests topo tiers adam collectives hf families layer prefetch train product (default: all,
+# in that order; families: each model family against transformers, docs/model.md; product: the
+# trainer's GPU checks of docs/training.md),
 # and, only when named, trainbench: tools/bench-train.sh tz-offload llama-1b (docs/benchmarks.md).
 set -uo pipefail
-steps=${*:-tests topo tiers adam collectives hf layer prefetch train product}
+steps=${*:-tests topo tiers adam collectives hf families layer prefetch train product}
 logs=/tmp/tz-gpu-logs
 mkdir -p "$logs"
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,6 +43,35 @@ if has hf && [ -x $b/bin/tz-model-check ]; then
   step hf-ours python3 tools/hf_check.py run /tmp/tz-ours --tokens 72,101,108,108,111 --tz $b/bin/tz-model-check
   step hf-make python3 tools/hf_check.py make /tmp/tz-theirs --kv-heads 2
   step hf-theirs python3 tools/hf_check.py run /tmp/tz-theirs --tokens 3,1,4,1,5,9,2,6 --tz $b/bin/tz-model-check
+fi
+# The model families against transformers (docs/model.md): small random models of each family's
+# features, then the released configs of tests/data/hf/ with num_hidden_layers reduced to about
+# 1B parameters, random weights made by transformers. Each: the CPU backend in f32 against
+# transformers in f32 (loss 1e-5 relative, logits 1e-4 of the largest), the CUDA backend in bf16
+# against transformers in bf16 (loss 1e-2), greedy generation of 16 tokens.
+if has families && [ -x $b/bin/tz-model-check ]; then
+  hf="python3 tools/hf_check.py"
+  fam_check() { # name, then make's arguments
+    local name=$1; shift
+    local d=/tmp/tz-fam-$name
+    rm -rf "$d"
+    step fam-$name-make $hf make "$d" "$@" || return
+    step fam-$name-f32 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --tz $b/bin/tz-model-check
+    step fam-$name-bf16 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --dtype bfloat16 \
+      --tz $b/bin/tz-model-check
+    step fam-$name-gen $hf generate "$d" --tokens 3,1,4,1,5 --new 16 --tz $b/bin/tz-model-check
+  }
+  fam_check llama3-rope --family llama --rope-scaling llama3 --rope-original 8 --tie
+  fam_check mistral --family mistral --sliding-window 4096
+  fam_check qwen2 --family qwen2 --tie
+  fam_check qwen3 --family qwen3 --head-dim 24
+  fam_check llama-hd --family llama --head-dim 32 --kv-heads 1
+  fam_check llama-3.2-1b --from-config tests/data/hf/llama-3.2-1b.json --layers 12
+  fam_check mistral-7b-v0.3 --from-config tests/data/hf/mistral-7b-v0.3.json --layers 3
+  fam_check mistral-nemo --from-config tests/data/hf/mistral-nemo-base-2407.json --layers 1
+  fam_check qwen2.5-1.5b --from-config tests/data/hf/qwen2.5-1.5b.json --layers 16
+  fam_check qwen3-1.7b --from-config tests/data/hf/qwen3-1.7b.json --layers 14
+  rm -rf /tmp/tz-fam-*
 fi
 has layer && grep -q '"layer"' bench/tz-bench.c && step layer $b/bin/tz-bench layer
 if has prefetch; then

@@ -173,6 +173,8 @@ int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const v
                         const void *w, const float *rstd, int N, int C);
 int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
                  int inverse);
+int tz_cuda_bias_add(void *ctx, void *x, const void *b, int N, int n);
+int tz_cuda_bias_grad(void *ctx, void *db, const void *dy, int N, int n);
 int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
                           const void *v, int B, int T, int H, int Hkv, int D);
 int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
