@@ -37,14 +37,14 @@ static int export_block(void *arg, int block, float *buf) {
 }
 
 int tz_export_write(tz_trainer *tr, const struct tz_model_config *mc, const char *dir,
-                    enum tz_dtype dtype, int rank) {
+                    const struct tz_hf_export_opts *o, int rank) {
   TZ_CHECK(tz_trainer_sync(tr));
   if (rank == 0) {
     /* tz_hf_export creates dir itself; its missing parents first. */
     int e = tz_file_mkdir_p(NULL, dir, TZ_MKDIR_PARENTS);
     if (e)
       return tz_err_errno(e, "--export-safetensors: cannot create the directories above %s", dir);
-    return tz_hf_export(dir, mc, dtype, export_block, tr);
+    return tz_hf_export(dir, mc, o, export_block, tr);
   }
   float *buf = block_buffer(mc);
   if (!buf)

@@ -18,7 +18,10 @@
 /* Larger headers than this are refused rather than read into memory (the reference
  * implementation's limit is 100 MB). */
 #define MAX_HEADER (100u << 20)
+/* F32 is read straight into the caller's memory in large reads; 2-byte dtypes through a buffer
+ * small enough to stay in cache while it is cast. */
 #define IO_CHUNK (4u << 20)
+#define IO_CHUNK_2 (512u << 10)
 
 struct tz_st_file {
   char *path;
@@ -257,6 +260,8 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
     snprintf(buf + o, len - o, "]");
 }
 
+const char *tz_st_path(const tz_st_file *f) { return f->path; }
+
 int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *shape, float *out) {
   const struct tz_st_tensor *t = tz_st_find(f, name);
   if (!t)
@@ -273,7 +278,35 @@ int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *sha
                         b);
     }
   }
+  return tz_st_read_tensor_f32(f, t, out, NULL);
+}
+
+/* The exponent bits of a non-finite value in each format: any element with all of them set is
+ * an inf or a NaN. */
+#define F32_EXP 0x7f800000u
+#define BF16_EXP 0x7f80u
+#define F16_EXP 0x7c00u
+
+/* The index of the first element of x[0..n) with every bit of exp set, or -1. The loop is a
+ * branch-free OR the compiler vectorises; only a hit is searched for again. */
+static int64_t first_exp32(const uint32_t *x, uint64_t n) {
+  uint32_t any = 0;
+  for (uint64_t i = 0; i < n; i++)
+    any |= (x[i] & F32_EXP) == F32_EXP;
+  if (!any)
+    return -1;
+  for (uint64_t i = 0; i < n; i++)
+    if ((x[i] & F32_EXP) == F32_EXP)
+      return (int64_t)i;
+  return -1;
+}
+
+int tz_st_read_tensor_f32(tz_st_file *f, const struct tz_st_tensor *t, float *out,
+                          int64_t *nonfinite) {
+  const char *name = t->name;
   int es;
+  if (nonfinite)
+    *nonfinite = -1;
   if (strcmp(t->dtype, "F32") == 0)
     es = 4;
   else if (strcmp(t->dtype, "BF16") == 0 || strcmp(t->dtype, "F16") == 0)
@@ -282,13 +315,13 @@ int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *sha
     return tz_err_set(TZ_ENOTSUP, "%s: tensor '%s' has dtype %s (F32, BF16 and F16 are read)",
                       f->path, name, t->dtype);
   int bf16 = t->dtype[0] == 'B';
-  uint8_t *buf = es == 4 ? NULL : malloc(IO_CHUNK);
+  uint8_t *buf = es == 4 ? NULL : malloc(IO_CHUNK_2);
   if (es == 2 && !buf)
     return tz_err_set(TZ_ENOMEM, "%s: out of memory", f->path);
-  uint64_t done = 0, total = t->end - t->begin;
+  uint64_t done = 0, total = t->end - t->begin, chunk = es == 4 ? IO_CHUNK : IO_CHUNK_2;
   int rc = 0;
   while (done < total) {
-    uint64_t want = total - done < IO_CHUNK ? total - done : IO_CHUNK;
+    uint64_t want = total - done < chunk ? total - done : chunk;
     void *dst = es == 4 ? (void *)((char *)out + done) : (void *)buf;
     uint64_t off = f->data_off + t->begin + done;
     ssize_t got = pread(f->fd, dst, want, (off_t)off);
@@ -299,12 +332,33 @@ int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *sha
                                 (unsigned long long)off);
       break;
     }
+    /* whole elements only: a partial one is read again next time */
+    got &= ~(ssize_t)(es - 1);
+    uint64_t n = (uint64_t)got / (uint64_t)es, first = done / (uint64_t)es;
     if (es == 2) {
-      uint64_t n = (uint64_t)got / 2, first = done / 2;
       const uint16_t *h = (const uint16_t *)buf;
-      for (uint64_t i = 0; i < n; i++)
-        out[first + i] = bf16 ? tz_bf16_to_f32(h[i]) : tz_f16_to_f32(h[i]);
-      got &= ~(ssize_t)1; /* whole elements only: an odd byte is read again next time */
+      float *o = out + first;
+      uint16_t exp = bf16 ? BF16_EXP : F16_EXP, any = 0;
+      if (bf16)
+        for (uint64_t i = 0; i < n; i++) {
+          o[i] = tz_bf16_to_f32(h[i]);
+          any |= (uint16_t)((h[i] & exp) == exp);
+        }
+      else
+        for (uint64_t i = 0; i < n; i++) {
+          o[i] = tz_f16_to_f32(h[i]);
+          any |= (uint16_t)((h[i] & exp) == exp);
+        }
+      if (any && nonfinite && *nonfinite < 0)
+        for (uint64_t i = 0; i < n; i++)
+          if ((h[i] & exp) == exp) {
+            *nonfinite = (int64_t)(first + i);
+            break;
+          }
+    } else if (nonfinite && *nonfinite < 0) {
+      int64_t at = first_exp32((const uint32_t *)(const void *)(out + first), n);
+      if (at >= 0)
+        *nonfinite = (int64_t)first + at;
     }
     done += (uint64_t)got;
   }
