@@ -429,8 +429,11 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   TZ_CHECK(
       get_id(&p, "eos_token_id", cfg->vocab, &cfg->has_eos, &cfg->eos_id, info->eos, &info->n_eos));
   TZ_CHECK(get_id(&p, "pad_token_id", cfg->vocab, &cfg->has_pad, &cfg->pad_id, NULL, NULL));
-  if (dtype) {
+  {
     /* transformers 5 writes "dtype", earlier versions and most hub configs "torch_dtype" */
+    enum tz_dtype local;
+    if (!dtype)
+      dtype = &local;
     *dtype = TZ_F32;
     const char *key = "torch_dtype";
     json_t *dt = jget(&p, key);
@@ -492,8 +495,23 @@ int tz_hf_check_window(const struct tz_hf_info *info, int seq) {
 
 /* ---- config.json and generation_config.json out ---- */
 
+/* r as text with the fewest digits that read back to the same numbers (1e-06, not
+ * 9.9999999999999995e-07), as Python's json writes them. */
+static char *dump_shortest(json_t *r) {
+  for (int p = 1; p <= 17; p++) {
+    char *text = json_dumps(r, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(p));
+    json_t *back = text ? json_loads(text, 0, NULL) : NULL;
+    int same = back && json_equal(back, r);
+    json_decref(back);
+    if (same || p == 17 || !text)
+      return text;
+    free(text);
+  }
+  return NULL;
+}
+
 static int write_json(const char *dir, const char *name, json_t *r) {
-  char *text = json_dumps(r, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+  char *text = dump_shortest(r);
   char *path = join(dir, name), *line = NULL;
   int rc;
   if (text && path && (line = malloc(strlen(text) + 2)))
