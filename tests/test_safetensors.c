@@ -462,34 +462,41 @@ static void test_nonfinite_weight_refused(void **state) {
   struct tz_model_config cfg = cfg_small(0);
   static const float bad[2] = {NAN, INFINITY};
   static const char *const said[2] = {"nan", "inf"};
-  for (int k = 0; k < 2; k++) {
-    struct blocks src = make_blocks(&cfg, 42);
-    struct tz_block_layout l;
-    TZ_ASSERT_OK(tz_model_block_layout(&cfg, 1, &l));
-    src.b[1][l.t[2].offset + 3] = bad[k];
-    char name[128];
-    TZ_ASSERT_OK(tz_hf_tensor_name(&cfg, 1, 2, name, sizeof name));
-    char *dir = tz_test_mkdtemp("st-nan");
-    TZ_ASSERT_OK(export_as(dir, &cfg, TZ_F32, get_block, &src));
-    tz_hf_model *m;
-    TZ_ASSERT_OK(tz_hf_open(dir, &m));
-    float *buf = malloc(sizeof(float) * tz_model_block_numel(&cfg, 1));
-    TZ_ASSERT_OK(tz_hf_read_block(m, 0, buf)); /* the other blocks are finite */
-    assert_int_equal(tz_hf_read_block(m, 1, buf), TZ_EFORMAT);
-    const char *msg = tz_err_msg();
-    char *file = path_in(dir, "model.safetensors");
-    assert_non_null(strstr(msg, file));
-    char quoted[140];
-    snprintf(quoted, sizeof quoted, "'%s'", name);
-    assert_non_null(strstr(msg, quoted));
-    assert_non_null(strstr(msg, said[k]));
-    assert_non_null(strstr(msg, "element 3"));
-    free(file);
-    free(buf);
-    tz_hf_close(m);
-    free_blocks(&src);
-    tz_test_rmdir(dir);
-  }
+  static const enum tz_dtype dts[3] = {TZ_F32, TZ_BF16, TZ_F16};
+  /* element 3 lies before the vectorised part of a cast, 203 inside it */
+  static const int at[2] = {3, 203};
+  for (int k = 0; k < 2; k++)
+    for (int d = 0; d < 3; d++)
+      for (int a = 0; a < 2; a++) {
+        struct blocks src = make_blocks(&cfg, 42);
+        struct tz_block_layout l;
+        TZ_ASSERT_OK(tz_model_block_layout(&cfg, 1, &l));
+        src.b[1][l.t[2].offset + at[a]] = bad[k];
+        char name[128];
+        TZ_ASSERT_OK(tz_hf_tensor_name(&cfg, 1, 2, name, sizeof name));
+        char *dir = tz_test_mkdtemp("st-nan");
+        TZ_ASSERT_OK(export_as(dir, &cfg, dts[d], get_block, &src));
+        tz_hf_model *m;
+        TZ_ASSERT_OK(tz_hf_open(dir, &m));
+        float *buf = malloc(sizeof(float) * tz_model_block_numel(&cfg, 1));
+        TZ_ASSERT_OK(tz_hf_read_block(m, 0, buf)); /* the other blocks are finite */
+        assert_int_equal(tz_hf_read_block(m, 1, buf), TZ_EFORMAT);
+        const char *msg = tz_err_msg();
+        char *file = path_in(dir, "model.safetensors");
+        assert_non_null(strstr(msg, file));
+        char quoted[140], elem[32];
+        snprintf(quoted, sizeof quoted, "'%s'", name);
+        snprintf(elem, sizeof elem, "element %d is", at[a]);
+        assert_non_null(strstr(msg, quoted));
+        assert_non_null(strstr(msg, said[k]));
+        if (!strstr(msg, elem))
+          fail_msg("%s: no \"%s\"", msg, elem);
+        free(file);
+        free(buf);
+        tz_hf_close(m);
+        free_blocks(&src);
+        tz_test_rmdir(dir);
+      }
 }
 
 int main(void) {
