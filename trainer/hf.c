@@ -460,8 +460,12 @@ int tz_hf_config_read_info(const char *path, struct tz_model_config *cfg, enum t
   struct tz_hf_info local;
   if (!info)
     info = &local;
-  char *file =
-      stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) ? join(path, "config.json") : strdup(path);
+  /* A directory, or a path that is neither a file nor a *.json name, is a model directory: the
+   * message then names the config.json looked for. */
+  size_t pl = strlen(path);
+  int is_file =
+      stat(path, &sb) == 0 ? !S_ISDIR(sb.st_mode) : pl >= 5 && strcmp(path + pl - 5, ".json") == 0;
+  char *file = is_file ? strdup(path) : join(path, "config.json");
   if (!file)
     return tz_err_set(TZ_ENOMEM, "hf: out of memory");
   json_error_t jerr;

@@ -41,7 +41,8 @@ struct tz_hf_info {
   char path[1024]; /* the config.json read, for messages */
 };
 
-/* path: a config.json file, or a directory holding one -> cfg (and *dtype, may be NULL: the
+/* path: a config.json file (an existing file, or a name ending in .json), or a directory
+ * holding one (any other path: its config.json is looked for) -> cfg (and *dtype, may be NULL: the
  * torch_dtype or dtype key, f32 when absent; *info, may be NULL). Every family's keys are read;
  * TZ_ECONFIG naming the file and the key (and its value, and the limit) for a missing, wrong,
  * contradictory or out-of-range field; TZ_ENOTSUP naming them for what the model does not
