@@ -1190,15 +1190,6 @@ static int shards_write(const char *dir, const struct tz_model_config *cfg, stru
     }
   }
   tz_st_writer_close(w, 0);
-  /* Blocks after a failure are still fetched: get_block may be a collective the other ranks
-   * take part in, block by block. */
-  if (rc < 0) {
-    char why[1024];
-    snprintf(why, sizeof why, "%s", tz_err_msg());
-    for (int b = block + 1; b < tz_model_n_blocks(cfg); b++)
-      (void)get_block(arg, b, buf);
-    tz_err_set(rc, "%s", why);
-  }
   free(buf);
   free(e);
   return rc;
