@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "core/dtype.h"
@@ -692,11 +693,64 @@ static void test_bad_checkpoints(void **state) {
   tz_test_rmdir(dir);
 }
 
+/* An export that fails part-way (a block cannot be had) leaves the previous export as it was and
+ * no temporary file. */
+struct failing {
+  tz_hf_model *m;
+  int fail_at;
+};
+
+static int get_failing(void *arg, int b, float *buf) {
+  struct failing *f = arg;
+  if (b == f->fail_at)
+    return tz_err_set(TZ_EIO, "test: block %d is not there", b);
+  return tz_hf_read_block(f->m, b, buf);
+}
+
+static void test_failed_export_keeps_previous(void **state) {
+  (void)state;
+  char *src = tz_test_mkdtemp("hf-fsrc"), *out = tz_test_mkdtemp("hf-fout");
+  write_text(src, "config.json", fams[0].config);
+  struct hf_tensor t[128];
+  int n = hf_tensors(&fams[0], t);
+  write_weights(src, t, n, TZ_BF16, 1);
+  tz_hf_model *m;
+  TZ_ASSERT_OK(tz_hf_open(src, &m));
+  TZ_ASSERT_OK(tz_hf_export(out, tz_hf_config(m), NULL, get_from, m));
+  char *before = read_text(out, "model.safetensors");
+  struct failing f = {.m = m, .fail_at = 2};
+  assert_int_equal(tz_hf_export(out, tz_hf_config(m), NULL, get_failing, &f), TZ_EIO);
+  assert_non_null(strstr(tz_err_msg(), "block 2"));
+  char *after = read_text(out, "model.safetensors");
+  assert_memory_equal(before, after, 1 << 16);
+  DIR *d = opendir(out);
+  struct dirent *de;
+  int files = 0;
+  while ((de = readdir(d)))
+    if (de->d_name[0] != '.') {
+      if (strstr(de->d_name, "tmp"))
+        fail_msg("a temporary file is left: %s", de->d_name);
+      files++;
+    }
+  closedir(d);
+  assert_int_equal(files, 3); /* config.json, generation_config.json, model.safetensors */
+  TZ_ASSERT_OK(tz_hf_open(out, &m));
+  free(before);
+  free(after);
+  tz_hf_close(m);
+  tz_test_rmdir(src);
+  tz_test_rmdir(out);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_llama),       cmocka_unit_test(test_mistral),
-      cmocka_unit_test(test_qwen2),       cmocka_unit_test(test_qwen3),
-      cmocka_unit_test(test_bad_configs), cmocka_unit_test(test_bad_checkpoints),
+      cmocka_unit_test(test_llama),
+      cmocka_unit_test(test_mistral),
+      cmocka_unit_test(test_qwen2),
+      cmocka_unit_test(test_qwen3),
+      cmocka_unit_test(test_bad_configs),
+      cmocka_unit_test(test_bad_checkpoints),
+      cmocka_unit_test(test_failed_export_keeps_previous),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
