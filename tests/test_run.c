@@ -494,7 +494,10 @@ static void test_nonfinite_import_refused(void **state) {
   (void)state;
   struct tz_model_config mc;
   TZ_ASSERT_OK(tz_model_preset("tiny", &mc));
-  TZ_ASSERT_OK(tz_hf_export(at("nan-import"), &mc, TZ_F32, get_init_block, &mc));
+  struct tz_hf_export_opts eo;
+  tz_hf_export_opts_init(&eo);
+  eo.dtype = TZ_F32;
+  TZ_ASSERT_OK(tz_hf_export(at("nan-import"), &mc, &eo, get_init_block, &mc));
   struct tz_run_options o;
   struct rec r;
   options(&o, &r, 3);

@@ -58,6 +58,15 @@ static int get_block(void *arg, int b, float *buf) {
   return 0;
 }
 
+/* tz_hf_export storing dtype dt, everything else by default. */
+static int export_as(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dt,
+                     int (*get)(void *, int, float *), void *arg) {
+  struct tz_hf_export_opts o;
+  tz_hf_export_opts_init(&o);
+  o.dtype = dt;
+  return tz_hf_export(dir, cfg, &o, get, arg);
+}
+
 static char *path_in(const char *dir, const char *name) {
   char *p;
   assert_true(asprintf(&p, "%s/%s", dir, name) > 0);
@@ -68,7 +77,7 @@ static void round_trip(int tie, enum tz_dtype dt) {
   struct tz_model_config cfg = cfg_small(tie);
   struct blocks src = make_blocks(&cfg, 42);
   char *dir = tz_test_mkdtemp("st");
-  TZ_ASSERT_OK(tz_hf_export(dir, &cfg, dt, get_block, &src));
+  TZ_ASSERT_OK(export_as(dir, &cfg, dt, get_block, &src));
   tz_hf_model *m;
   TZ_ASSERT_OK(tz_hf_open(dir, &m));
   const struct tz_model_config *c2 = tz_hf_config(m);
@@ -182,7 +191,10 @@ static void test_model_through_files(void **state) {
   TZ_ASSERT_OK(tz_model_blocks_alloc(cm, &cfg, &b));
   TZ_ASSERT_OK(tz_model_blocks_init(cm, &cfg, 9, a));
   char *dir = tz_test_mkdtemp("st");
-  TZ_ASSERT_OK(tz_hf_export_compute(dir, &cfg, TZ_F32, cm, a));
+  struct tz_hf_export_opts o;
+  tz_hf_export_opts_init(&o);
+  o.dtype = TZ_F32;
+  TZ_ASSERT_OK(tz_hf_export_compute(dir, &cfg, &o, cm, a));
   tz_hf_model *m;
   TZ_ASSERT_OK(tz_hf_open(dir, &m));
   TZ_ASSERT_OK(tz_hf_load(m, cm, b));
@@ -222,7 +234,7 @@ static void test_sharded(void **state) {
       struct tz_block_layout l;
       TZ_ASSERT_OK(tz_model_block_layout(&cfg, b, &l));
       for (int i = 0; i < l.n; i++) {
-        if (l.t[i].numel == 0)
+        if (!l.t[i].numel)
           continue;
         TZ_ASSERT_OK(tz_hf_tensor_name(&cfg, b, i, names[n], sizeof names[n]));
         e[n] = (struct tz_st_entry){.name = names[n],
@@ -392,7 +404,7 @@ static void test_bad_config(void **state) {
              "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
              " \"num_key_value_heads\": 3, \"intermediate_size\": 128, \"vocab_size\": 100}");
   assert_int_equal(tz_hf_config_read(dir, &c, NULL), TZ_ECONFIG);
-  assert_non_null(strstr(tz_err_msg(), "n_kv_head"));
+  assert_non_null(strstr(tz_err_msg(), "num_key_value_heads\" 3"));
   write_text(dir, "config.json",
              "{\"hidden_size\": 64, \"num_hidden_layers\": \"2\", \"num_attention_heads\": 4,"
              " \"intermediate_size\": 128, \"vocab_size\": 100}");
@@ -435,13 +447,10 @@ static void test_bad_config(void **state) {
   TZ_ASSERT_OK(tz_st_writer_put(w, wte, 37 * 32));
   TZ_ASSERT_OK(tz_st_writer_close(w, 1));
   free(p);
-  TZ_ASSERT_OK(tz_hf_open(dir, &m));
-  float *buf = malloc(sizeof(float) * tz_model_block_numel(&small, 1));
-  TZ_ASSERT_OK(tz_hf_read_block(m, 0, buf));
-  assert_int_equal(tz_hf_read_block(m, 1, buf), TZ_ENOENT);
+  /* refused at open, before any tensor is read */
+  assert_int_equal(tz_hf_open(dir, &m), TZ_ENOENT);
   assert_non_null(strstr(tz_err_msg(), "model.layers.0.input_layernorm.weight"));
-  tz_hf_close(m);
-  free(buf);
+  assert_non_null(strstr(tz_err_msg(), "model.safetensors"));
   free(wte);
   tz_test_rmdir(dir);
 }
@@ -453,34 +462,41 @@ static void test_nonfinite_weight_refused(void **state) {
   struct tz_model_config cfg = cfg_small(0);
   static const float bad[2] = {NAN, INFINITY};
   static const char *const said[2] = {"nan", "inf"};
-  for (int k = 0; k < 2; k++) {
-    struct blocks src = make_blocks(&cfg, 42);
-    struct tz_block_layout l;
-    TZ_ASSERT_OK(tz_model_block_layout(&cfg, 1, &l));
-    src.b[1][l.t[2].offset + 3] = bad[k];
-    char name[128];
-    TZ_ASSERT_OK(tz_hf_tensor_name(&cfg, 1, 2, name, sizeof name));
-    char *dir = tz_test_mkdtemp("st-nan");
-    TZ_ASSERT_OK(tz_hf_export(dir, &cfg, TZ_F32, get_block, &src));
-    tz_hf_model *m;
-    TZ_ASSERT_OK(tz_hf_open(dir, &m));
-    float *buf = malloc(sizeof(float) * tz_model_block_numel(&cfg, 1));
-    TZ_ASSERT_OK(tz_hf_read_block(m, 0, buf)); /* the other blocks are finite */
-    assert_int_equal(tz_hf_read_block(m, 1, buf), TZ_EFORMAT);
-    const char *msg = tz_err_msg();
-    char *file = path_in(dir, "model.safetensors");
-    assert_non_null(strstr(msg, file));
-    char quoted[140];
-    snprintf(quoted, sizeof quoted, "'%s'", name);
-    assert_non_null(strstr(msg, quoted));
-    assert_non_null(strstr(msg, said[k]));
-    assert_non_null(strstr(msg, "element 3"));
-    free(file);
-    free(buf);
-    tz_hf_close(m);
-    free_blocks(&src);
-    tz_test_rmdir(dir);
-  }
+  static const enum tz_dtype dts[3] = {TZ_F32, TZ_BF16, TZ_F16};
+  /* element 3 lies before the vectorised part of a cast, 203 inside it */
+  static const int at[2] = {3, 203};
+  for (int k = 0; k < 2; k++)
+    for (int d = 0; d < 3; d++)
+      for (int a = 0; a < 2; a++) {
+        struct blocks src = make_blocks(&cfg, 42);
+        struct tz_block_layout l;
+        TZ_ASSERT_OK(tz_model_block_layout(&cfg, 1, &l));
+        src.b[1][l.t[2].offset + at[a]] = bad[k];
+        char name[128];
+        TZ_ASSERT_OK(tz_hf_tensor_name(&cfg, 1, 2, name, sizeof name));
+        char *dir = tz_test_mkdtemp("st-nan");
+        TZ_ASSERT_OK(export_as(dir, &cfg, dts[d], get_block, &src));
+        tz_hf_model *m;
+        TZ_ASSERT_OK(tz_hf_open(dir, &m));
+        float *buf = malloc(sizeof(float) * tz_model_block_numel(&cfg, 1));
+        TZ_ASSERT_OK(tz_hf_read_block(m, 0, buf)); /* the other blocks are finite */
+        assert_int_equal(tz_hf_read_block(m, 1, buf), TZ_EFORMAT);
+        const char *msg = tz_err_msg();
+        char *file = path_in(dir, "model.safetensors");
+        assert_non_null(strstr(msg, file));
+        char quoted[140], elem[32];
+        snprintf(quoted, sizeof quoted, "'%s'", name);
+        snprintf(elem, sizeof elem, "element %d is", at[a]);
+        assert_non_null(strstr(msg, quoted));
+        assert_non_null(strstr(msg, said[k]));
+        if (!strstr(msg, elem))
+          fail_msg("%s: no \"%s\"", msg, elem);
+        free(file);
+        free(buf);
+        tz_hf_close(m);
+        free_blocks(&src);
+        tz_test_rmdir(dir);
+      }
 }
 
 int main(void) {

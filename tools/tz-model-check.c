@@ -1,8 +1,12 @@
 /* tz-model-check: run the model on given tokens and print the loss and a summary of the logits,
  * to compare with tools/hf_check.py (transformers) on the same weights; or write a freshly
- * initialised model in Hugging Face format.
+ * initialised model in Hugging Face format. Every family of trainer/hf.h.
  *   tz-model-check --import DIR --tokens 1,2,3,...     loss of predicting tokens[1:] from [:-1]
- *   tz-model-check --preset tiny --seed 1 --export DIR [--dtype bf16] */
+ *        [--generate N]   then N tokens of greedy generation after the given ones (stops at eos)
+ *   tz-model-check --import DIR --read-only            every block read, timed (the import's cost)
+ *   tz-model-check --preset tiny | --config PATH  [--seed 1] --export DIR [--dtype bf16]
+ *        [--shard-size BYTES] [--tokenizer DIR] */
+#include <time.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,10 +20,11 @@
 #include "tz_version.h"
 
 static void usage(FILE *fp) {
-  fprintf(fp, "usage: tz-model-check --import DIR --tokens T0,T1,... [--backend cpu]"
-              " [--threads N]\n"
-              "       tz-model-check --preset NAME [--seed S] --export DIR"
-              " [--dtype f32|bf16|f16]\n"
+  fprintf(fp, "usage: tz-model-check --import DIR --tokens T0,T1,... [--generate N]"
+              " [--backend cpu] [--threads N]\n"
+              "       tz-model-check --import DIR --read-only\n"
+              "       tz-model-check --preset NAME|--config PATH [--seed S] --export DIR"
+              " [--dtype f32|bf16|f16] [--shard-size BYTES] [--tokenizer DIR]\n"
               "       tz-model-check --version\n");
 }
 
@@ -84,22 +89,98 @@ out:
   return rc;
 }
 
+/* Whether id ends generation: the config's eos, or any of its eos list. */
+static int is_eos(const struct tz_model_config *cfg, const struct tz_hf_info *info, int32_t id) {
+  if (cfg->has_eos && id == cfg->eos_id)
+    return 1;
+  for (int i = 0; info && i < info->n_eos; i++)
+    if (id == info->eos[i])
+      return 1;
+  return 0;
+}
+
+/* Greedy generation as transformers' generate(do_sample=False): each step runs the whole sequence
+ * and takes the argmax of the last position's logits (the lowest id of equal ones, as torch's
+ * argmax), until n tokens, an eos, or max_seq. Prints "generated" and the new ids. */
+static int generate(tz_compute *cm, const struct tz_model_config *cfg,
+                    const struct tz_hf_info *info, void *const *blocks, const int32_t *tok,
+                    int ntok, int n) {
+  int32_t *seq = malloc(sizeof *seq * (size_t)(ntok + n));
+  float *logits = malloc(sizeof(float) * (size_t)(ntok + n) * cfg->vocab);
+  int rc = 0, len = ntok;
+  if (!seq || !logits) {
+    free(seq);
+    free(logits);
+    return tz_err_set(TZ_ENOMEM, "--generate: out of memory");
+  }
+  memcpy(seq, tok, sizeof *seq * (size_t)ntok);
+  printf("generated");
+  for (int k = 0; k < n && len < cfg->max_seq && !rc; k++) {
+    tz_model_runner *r = NULL;
+    rc = tz_hf_check_window(info, len);
+    if (!rc)
+      rc = tz_model_runner_create(cm, cfg, 1, len, 0, &r);
+    if (!rc)
+      rc = tz_model_runner_logits(r, blocks, seq, logits);
+    tz_model_runner_destroy(r);
+    if (rc)
+      break;
+    const float *last = logits + (size_t)(len - 1) * cfg->vocab;
+    int32_t best = 0;
+    for (int32_t v = 1; v < cfg->vocab; v++)
+      if (last[v] > last[best])
+        best = v;
+    seq[len++] = best;
+    printf(" %d", best);
+    if (is_eos(cfg, info, best))
+      break;
+  }
+  printf("\n");
+  free(seq);
+  free(logits);
+  return rc;
+}
+
+/* Every block read into one host buffer, as an import does before it stores them: the time and
+ * the bytes of the files. */
+static int read_only(tz_hf_model *hf) {
+  const struct tz_model_config *cfg = tz_hf_config(hf);
+  uint64_t most = 0, params = 0;
+  for (int b = 0; b < tz_model_n_blocks(cfg); b++)
+    if (tz_model_block_numel(cfg, b) > most)
+      most = tz_model_block_numel(cfg, b);
+  float *buf = malloc(sizeof(float) * most);
+  if (!buf)
+    return tz_err_set(TZ_ENOMEM, "--read-only: cannot allocate %llu floats",
+                      (unsigned long long)most);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int rc = 0;
+  for (int b = 0; b < tz_model_n_blocks(cfg) && !rc; b++)
+    rc = tz_hf_read_block(hf, b, buf);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  free(buf);
+  params = tz_model_n_params(cfg);
+  if (!rc)
+    printf("read %llu parameters in %.3f s\n", (unsigned long long)params,
+           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+  return rc;
+}
+
 int main(int argc, char **argv) {
   const char *import = NULL, *export = NULL, *preset = NULL, *tokens = NULL, *backend = "cpu";
-  const char *dtype_s = "f32";
-  unsigned long long seed = 1;
-  int threads = 0;
-  static const struct option opts[] = {{"import", required_argument, 0, 'i'},
-                                       {"export", required_argument, 0, 'e'},
-                                       {"preset", required_argument, 0, 'p'},
-                                       {"tokens", required_argument, 0, 't'},
-                                       {"seed", required_argument, 0, 's'},
-                                       {"dtype", required_argument, 0, 'd'},
-                                       {"backend", required_argument, 0, 'b'},
-                                       {"threads", required_argument, 0, 'j'},
-                                       {"help", no_argument, 0, 'h'},
-                                       {"version", no_argument, 0, 'V'},
-                                       {0, 0, 0, 0}};
+  const char *dtype_s = "f32", *config = NULL, *tokenizer = NULL;
+  unsigned long long seed = 1, shard = 0;
+  int threads = 0, gen = 0, ronly = 0;
+  static const struct option opts[] = {
+      {"import", required_argument, 0, 'i'},    {"export", required_argument, 0, 'e'},
+      {"preset", required_argument, 0, 'p'},    {"tokens", required_argument, 0, 't'},
+      {"seed", required_argument, 0, 's'},      {"dtype", required_argument, 0, 'd'},
+      {"backend", required_argument, 0, 'b'},   {"threads", required_argument, 0, 'j'},
+      {"config", required_argument, 0, 'c'},    {"generate", required_argument, 0, 'g'},
+      {"read-only", no_argument, 0, 'r'},       {"shard-size", required_argument, 0, 'z'},
+      {"tokenizer", required_argument, 0, 'k'}, {"help", no_argument, 0, 'h'},
+      {"version", no_argument, 0, 'V'},         {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
@@ -111,12 +192,18 @@ int main(int argc, char **argv) {
     case 'd': dtype_s = optarg; break;
     case 'b': backend = optarg; break;
     case 'j': threads = atoi(optarg); break;
+    case 'c': config = optarg; break;
+    case 'g': gen = atoi(optarg); break;
+    case 'r': ronly = 1; break;
+    case 'z': shard = strtoull(optarg, NULL, 0); break;
+    case 'k': tokenizer = optarg; break;
     case 'h': usage(stdout); return 0;
     case 'V': tz_version_print(stdout, "tz-model-check"); return 0;
     default: usage(stderr); return 2;
     }
   }
-  if (!!import == !!preset || (import && !tokens) || (preset && !export)) {
+  if (!!import + !!preset + !!config != 1 || (import && !tokens && !ronly) ||
+      (!import && !export) || gen < 0) {
     usage(stderr);
     return 2;
   }
@@ -132,9 +219,17 @@ int main(int argc, char **argv) {
   cp.n_threads = threads;
   TZ_CHECK_GOTO(tz_dtype_parse(dtype_s, &dtype), rc, out);
   if (import) {
-    TZ_CHECK_GOTO(parse_tokens(tokens, &tok, &ntok), rc, out);
+    if (tokens)
+      TZ_CHECK_GOTO(parse_tokens(tokens, &tok, &ntok), rc, out);
     TZ_CHECK_GOTO(tz_hf_open(import, &hf), rc, out);
     cfg = *tz_hf_config(hf);
+    if (ronly) {
+      rc = read_only(hf);
+      goto out;
+    }
+    TZ_CHECK_GOTO(tz_hf_check_window(tz_hf_info(hf), ntok - 1), rc, out);
+  } else if (config) {
+    TZ_CHECK_GOTO(tz_hf_config_read(config, &cfg, NULL), rc, out);
   } else {
     TZ_CHECK_GOTO(tz_model_preset(preset, &cfg), rc, out);
   }
@@ -143,10 +238,18 @@ int main(int argc, char **argv) {
   if (import) {
     TZ_CHECK_GOTO(tz_hf_load(hf, cm, blocks), rc, out);
     TZ_CHECK_GOTO(check(cm, &cfg, blocks, tok, ntok), rc, out);
+    if (gen)
+      TZ_CHECK_GOTO(generate(cm, &cfg, tz_hf_info(hf), blocks, tok, ntok, gen), rc, out);
   } else {
+    struct tz_hf_export_opts eo;
+    tz_hf_export_opts_init(&eo);
+    eo.dtype = dtype;
+    eo.tokenizer_dir = tokenizer;
+    if (shard)
+      eo.shard_bytes = shard;
     TZ_CHECK_GOTO(tz_model_blocks_init(cm, &cfg, seed, blocks), rc, out);
-    TZ_CHECK_GOTO(tz_hf_export_compute(export, &cfg, dtype, cm, blocks), rc, out);
-    printf("exported %s (%llu parameters, %s) to %s\n", preset,
+    TZ_CHECK_GOTO(tz_hf_export_compute(export, &cfg, &eo, cm, blocks), rc, out);
+    printf("exported %s (%llu parameters, %s) to %s\n", preset ? preset : config,
            (unsigned long long)tz_model_n_params(&cfg), tz_dtype_name(dtype), export);
   }
 out:

@@ -36,21 +36,44 @@ static int export_block(void *arg, int block, float *buf) {
   return tz_trainer_param_load(arg, block, TZ_PLAN_MASTER, buf);
 }
 
+/* Rank 0's source of blocks for tz_hf_export, counting the blocks it has gathered. */
+struct gather {
+  tz_trainer *tr;
+  int next;
+};
+
+static int gather_block(void *arg, int block, float *buf) {
+  struct gather *g = arg;
+  g->next = block + 1;
+  return export_block(g->tr, block, buf);
+}
+
 int tz_export_write(tz_trainer *tr, const struct tz_model_config *mc, const char *dir,
-                    enum tz_dtype dtype, int rank) {
+                    const struct tz_hf_export_opts *o, int rank) {
   TZ_CHECK(tz_trainer_sync(tr));
+  int rc = 0, nb = tz_model_n_blocks(mc);
+  struct gather g = {.tr = tr, .next = 0};
   if (rank == 0) {
     /* tz_hf_export creates dir itself; its missing parents first. */
     int e = tz_file_mkdir_p(NULL, dir, TZ_MKDIR_PARENTS);
-    if (e)
-      return tz_err_errno(e, "--export-safetensors: cannot create the directories above %s", dir);
-    return tz_hf_export(dir, mc, dtype, export_block, tr);
+    rc = e ? tz_err_errno(e, "--export-safetensors: cannot create the directories above %s", dir)
+           : tz_hf_export(dir, mc, o, gather_block, &g);
   }
+  if (rank == 0 && rc == 0)
+    return 0;
+  /* The other ranks take part in every block's gather; so does rank 0 after a failure, for the
+   * blocks it had not reached, so that no rank waits for it. */
   float *buf = block_buffer(mc);
   if (!buf)
     return tz_err_set(TZ_ENOMEM, "tz-train: no memory to export a block");
-  int rc = 0;
-  for (int b = 0; b < tz_model_n_blocks(mc) && rc == 0; b++)
+  if (rc < 0) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    for (int b = g.next; b < nb; b++)
+      (void)export_block(tr, b, buf);
+    rc = tz_err_set(rc, "%s", why);
+  }
+  for (int b = 0; rank != 0 && b < nb && rc == 0; b++)
     rc = export_block(tr, b, buf);
   free(buf);
   return rc;

@@ -1,4 +1,4 @@
-/* A trainer's parameters to and from Hugging Face Llama checkpoints (trainer/hf.h): every block
+/* A trainer's parameters to and from Hugging Face checkpoints (trainer/hf.h): every block
  * gathered from or scattered to the ranks' shards. */
 #ifndef TZ_TRAINER_EXPORT_H
 #define TZ_TRAINER_EXPORT_H
@@ -12,9 +12,11 @@
  * tz_trainer_param_store). mc is the trainer's model, the checkpoint's shape. */
 int tz_export_import(tz_trainer *tr, tz_hf_model *hm, const struct tz_model_config *mc);
 
-/* The fp32 master weights to dir (created with its missing parents), stored as dtype (collective:
- * rank 0 writes while the others take part in the same gathers, block by block). Syncs first. */
+/* The fp32 master weights to dir (created with its missing parents) as tz_hf_export writes them
+ * with o (NULL: tz_hf_export_opts_init's): stored dtype, shard size, tokenizer files (collective:
+ * rank 0 writes while the others take part in the same gathers, every block in order, also after
+ * a failure on rank 0). Syncs first. */
 int tz_export_write(tz_trainer *tr, const struct tz_model_config *mc, const char *dir,
-                    enum tz_dtype dtype, int rank);
+                    const struct tz_hf_export_opts *o, int rank);
 
 #endif

@@ -1,7 +1,8 @@
-/* Hugging Face Llama import and export (hf.h). */
+/* Hugging Face import and export of the decoder families (hf.h). */
 #define _GNU_SOURCE
 #include "trainer/hf.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -11,18 +12,30 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "trainer/safetensors.h"
 #include "util/file.h"
 
+static const char *const layer_names[TZ_L_COUNT] = {
+    [TZ_L_ATTN_NORM] = "input_layernorm.weight",
+    [TZ_L_WQ] = "self_attn.q_proj.weight",
+    [TZ_L_WK] = "self_attn.k_proj.weight",
+    [TZ_L_WV] = "self_attn.v_proj.weight",
+    [TZ_L_WO] = "self_attn.o_proj.weight",
+    [TZ_L_MLP_NORM] = "post_attention_layernorm.weight",
+    [TZ_L_WG] = "mlp.gate_proj.weight",
+    [TZ_L_WU] = "mlp.up_proj.weight",
+    [TZ_L_WD] = "mlp.down_proj.weight",
+    [TZ_L_BQ] = "self_attn.q_proj.bias",
+    [TZ_L_BK] = "self_attn.k_proj.bias",
+    [TZ_L_BV] = "self_attn.v_proj.bias",
+    [TZ_L_QNORM] = "self_attn.q_norm.weight",
+    [TZ_L_KNORM] = "self_attn.k_norm.weight",
+};
+
 int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, char *buf,
                       size_t len) {
-  static const char *const layer_names[TZ_L_COUNT] = {
-      [TZ_L_ATTN_NORM] = "input_layernorm", [TZ_L_WQ] = "self_attn.q_proj",
-      [TZ_L_WK] = "self_attn.k_proj",       [TZ_L_WV] = "self_attn.v_proj",
-      [TZ_L_WO] = "self_attn.o_proj",       [TZ_L_MLP_NORM] = "post_attention_layernorm",
-      [TZ_L_WG] = "mlp.gate_proj",          [TZ_L_WU] = "mlp.up_proj",
-      [TZ_L_WD] = "mlp.down_proj"};
   int nb = tz_model_n_blocks(cfg), n;
   if (block == 0 && tensor == TZ_E_WTE)
     n = snprintf(buf, len, "model.embed_tokens.weight");
@@ -31,40 +44,11 @@ int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, 
   else if (block == nb - 1 && tensor == TZ_H_LM && !cfg->tie_embeddings)
     n = snprintf(buf, len, "lm_head.weight");
   else if (block > 0 && block < nb - 1 && tensor >= 0 && tensor < TZ_L_COUNT)
-    n = snprintf(buf, len, "model.layers.%d.%s.weight", block - 1, layer_names[tensor]);
+    n = snprintf(buf, len, "model.layers.%d.%s", block - 1, layer_names[tensor]);
   else
     return tz_err_set(TZ_EINVAL, "hf: no tensor %d in block %d", tensor, block);
   if (n < 0 || (size_t)n >= len)
     return tz_err_set(TZ_EINVAL, "hf: name buffer of %zu bytes too short", len);
-  return 0;
-}
-
-/* ---- config.json ---- */
-
-static int get_int(json_t *root, const char *path, const char *key, int required, int dflt,
-                   int *out) {
-  json_t *v = json_object_get(root, key);
-  if (!v || json_is_null(v)) {
-    if (required)
-      return tz_err_set(TZ_ECONFIG, "%s: missing \"%s\"", path, key);
-    *out = dflt;
-    return 0;
-  }
-  if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be a non-negative integer", path, key);
-  *out = (int)json_integer_value(v);
-  return 0;
-}
-
-static int get_num(json_t *root, const char *path, const char *key, double dflt, double *out) {
-  json_t *v = json_object_get(root, key);
-  if (!v || json_is_null(v)) {
-    *out = dflt;
-    return 0;
-  }
-  if (!json_is_number(v))
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be a number", path, key);
-  *out = json_number_value(v);
   return 0;
 }
 
@@ -75,75 +59,391 @@ static char *join(const char *dir, const char *name) {
   return p;
 }
 
+/* ---- config.json ---- */
+
+/* The config being read: its root and its path, for every message. */
+struct cfgp {
+  json_t *root;
+  const char *path;
+};
+
+/* v as JSON text, for messages (at most 80 characters kept). */
+static const char *jtext(json_t *v, char *buf, size_t len) {
+  char *s = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+  snprintf(buf, len, "%.80s%s", s ? s : "(absent)", s && strlen(s) > 80 ? "..." : "");
+  free(s);
+  return buf;
+}
+
+static json_t *jget(const struct cfgp *p, const char *key) {
+  json_t *v = json_object_get(p->root, key);
+  return json_is_null(v) ? NULL : v;
+}
+
+/* An integer key in [lo, hi]; absent or null: dflt unless required. */
+static int get_int(const struct cfgp *p, const char *key, int required, int dflt, int64_t lo,
+                   int64_t hi, int *out) {
+  json_t *v = jget(p, key);
+  char t[100];
+  if (!v) {
+    if (required)
+      return tz_err_set(TZ_ECONFIG, "%s: missing \"%s\"", p->path, key);
+    *out = dflt;
+    return 0;
+  }
+  if (!json_is_integer(v))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be an integer, not %s", p->path, key,
+                      jtext(v, t, sizeof t));
+  json_int_t x = json_integer_value(v);
+  if (x < lo || x > hi)
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" is %lld, outside the supported range [%lld, %lld]",
+                      p->path, key, (long long)x, (long long)lo, (long long)hi);
+  *out = (int)x;
+  return 0;
+}
+
+/* A finite number key of object obj (named in messages as where.key). */
+static int num_of(const struct cfgp *p, json_t *obj, const char *where, const char *key,
+                  int required, double dflt, double *out) {
+  json_t *v = json_object_get(obj, key);
+  char t[100];
+  if (!v || json_is_null(v)) {
+    if (required)
+      return tz_err_set(TZ_ECONFIG, "%s: missing \"%s%s%s\"", p->path, where, *where ? "." : "",
+                        key);
+    *out = dflt;
+    return 0;
+  }
+  if (!json_is_number(v) || !isfinite(json_number_value(v)))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s%s%s\" must be a number, not %s", p->path, where,
+                      *where ? "." : "", key, jtext(v, t, sizeof t));
+  *out = json_number_value(v);
+  return 0;
+}
+
+static int get_bool(const struct cfgp *p, const char *key, int dflt, int *out) {
+  json_t *v = jget(p, key);
+  char t[100];
+  if (!v) {
+    *out = dflt;
+    return 0;
+  }
+  if (!json_is_boolean(v))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be true or false, not %s", p->path, key,
+                      jtext(v, t, sizeof t));
+  *out = json_is_true(v);
+  return 0;
+}
+
+/* A token id key: an integer in [0, vocab), or null / absent (*has 0); eos_token_id may be a
+ * list, kept in ids[0..*n) (its first is the id). */
+static int get_id(const struct cfgp *p, const char *key, int vocab, int *has, int *id, int *ids,
+                  int *n) {
+  json_t *v = jget(p, key);
+  char t[100];
+  *has = 0;
+  if (n)
+    *n = 0;
+  if (!v)
+    return 0;
+  size_t count = json_is_array(v) ? json_array_size(v) : 1;
+  if ((json_is_array(v) && !n) || (!json_is_array(v) && !json_is_integer(v)))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be an integer%s, not %s", p->path, key,
+                      n ? " or a list of integers" : "", jtext(v, t, sizeof t));
+  if (count > TZ_HF_MAX_EOS)
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" lists %zu ids, more than the %d supported", p->path,
+                      key, count, TZ_HF_MAX_EOS);
+  for (size_t i = 0; i < count; i++) {
+    json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+    if (!json_is_integer(e))
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must hold integers, not %s", p->path, key,
+                        jtext(e, t, sizeof t));
+    json_int_t x = json_integer_value(e);
+    if (x < 0 || x >= vocab)
+      return tz_err_set(TZ_ECONFIG,
+                        "%s: \"%s\" %lld is outside the vocabulary [0, %d) of vocab_size", p->path,
+                        key, (long long)x, vocab);
+    if (i == 0) {
+      *id = (int)x;
+      *has = 1;
+    }
+    if (n)
+      ids[(*n)++] = (int)x;
+  }
+  return 0;
+}
+
+/* One rope object (rope_scaling or rope_parameters): its type into *type (0 default, 1 llama3)
+ * with the llama3 numbers into cfg, and its rope_theta into *theta (0 when it has none). */
+static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *type,
+                      struct tz_model_config *cfg, double *theta) {
+  char t[100];
+  if (!json_is_object(rs))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be an object or null, not %s", p->path, key,
+                      jtext(rs, t, sizeof t));
+  json_t *ty = json_object_get(rs, "rope_type");
+  const char *tkey = "rope_type";
+  if (!ty) {
+    ty = json_object_get(rs, "type");
+    tkey = "type";
+  }
+  if (!ty)
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" has no \"rope_type\"", p->path, key);
+  if (!json_is_string(ty))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s.%s\" must be a string, not %s", p->path, key, tkey,
+                      jtext(ty, t, sizeof t));
+  const char *s = json_string_value(ty);
+  TZ_CHECK(num_of(p, rs, key, "rope_theta", 0, 0.0, theta));
+  if (strcmp(s, "default") == 0) {
+    *type = TZ_ROPE_DEFAULT;
+    return 0;
+  }
+  if (strcmp(s, "llama3") != 0)
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"%s.%s\" is \"%s\": only \"default\" and \"llama3\" RoPE are "
+                      "implemented (another scaling would change every position's angle)",
+                      p->path, key, tkey, s);
+  *type = TZ_ROPE_LLAMA3;
+  double orig = 0;
+  TZ_CHECK(num_of(p, rs, key, "factor", 1, 0.0, &cfg->rope_factor));
+  TZ_CHECK(num_of(p, rs, key, "low_freq_factor", 1, 0.0, &cfg->rope_low_freq_factor));
+  TZ_CHECK(num_of(p, rs, key, "high_freq_factor", 1, 0.0, &cfg->rope_high_freq_factor));
+  TZ_CHECK(num_of(p, rs, key, "original_max_position_embeddings", 1, 0.0, &orig));
+  if (orig != floor(orig) || orig < 1 || orig > INT32_MAX)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"%s.original_max_position_embeddings\" %g must be a positive integer",
+                      p->path, key, orig);
+  cfg->rope_original_max_pos = (int)orig;
+  return 0;
+}
+
+/* The rope keys: rope_theta, rope_scaling (hub configs, transformers 4) and rope_parameters
+ * (transformers 5, with rope_theta inside); two that are present must agree. */
+static int parse_ropes(const struct cfgp *p, struct tz_model_config *cfg) {
+  static const char *const keys[2] = {"rope_scaling", "rope_parameters"};
+  double top = 0, theta[2] = {0, 0};
+  int type[2] = {-1, -1};
+  struct tz_model_config got[2];
+  TZ_CHECK(num_of(p, p->root, "", "rope_theta", 0, 0.0, &top));
+  for (int i = 0; i < 2; i++) {
+    json_t *rs = jget(p, keys[i]);
+    got[i] = *cfg;
+    if (rs)
+      TZ_CHECK(parse_rope(p, keys[i], rs, &type[i], &got[i], &theta[i]));
+  }
+  if (type[0] >= 0 && type[1] >= 0 &&
+      (type[0] != type[1] || got[0].rope_factor != got[1].rope_factor ||
+       got[0].rope_low_freq_factor != got[1].rope_low_freq_factor ||
+       got[0].rope_high_freq_factor != got[1].rope_high_freq_factor ||
+       got[0].rope_original_max_pos != got[1].rope_original_max_pos))
+    return tz_err_set(TZ_ECONFIG, "%s: \"rope_scaling\" and \"rope_parameters\" disagree", p->path);
+  int use = type[1] >= 0 ? 1 : 0;
+  if (type[use] >= 0) {
+    *cfg = got[use];
+    cfg->rope_type = type[use];
+  }
+  double th = 0;
+  const char *from = NULL;
+  const char *names[3] = {"rope_theta", "rope_scaling.rope_theta", "rope_parameters.rope_theta"};
+  double vals[3] = {top, theta[0], theta[1]};
+  for (int i = 0; i < 3; i++) {
+    if (vals[i] == 0)
+      continue;
+    if (from && vals[i] != th)
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g and \"%s\" %g disagree", p->path, from, th,
+                        names[i], vals[i]);
+    th = vals[i];
+    from = names[i];
+  }
+  cfg->rope_theta = from ? th : 10000.0; /* the default of all four families' configs */
+  if (cfg->rope_theta <= 0)
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g must be positive", p->path,
+                      from ? from : "rope_theta", cfg->rope_theta);
+  struct tz_rope r;
+  tz_model_rope(cfg, &r);
+  if (tz_rope_check(&r) < 0) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\": %s", p->path, keys[use], why);
+  }
+  return 0;
+}
+
+/* Keys whose presence (with a value other than these) means computation the model does not do. */
+static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config *cfg) {
+  char t[100];
+  json_t *v;
+  const char *fam = tz_model_family_name(cfg->family);
+  if ((v = jget(p, "hidden_act")) && (!json_is_string(v) || strcmp(json_string_value(v), "silu")))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"hidden_act\" is %s: the MLP is SwiGLU, only \"silu\" is implemented",
+                      p->path, jtext(v, t, sizeof t));
+  if ((v = jget(p, "mlp_bias")) && !json_is_false(v))
+    return tz_err_set(TZ_ENOTSUP, "%s: \"mlp_bias\" is %s: the MLP projections have no biases here",
+                      p->path, jtext(v, t, sizeof t));
+  /* Qwen2's q, k and v biases are the family's definition: its attention_bias key means
+   * nothing to transformers' Qwen2 and is not read. The other families have no bias at all, and
+   * llama's attention_bias would also put one on o_proj. */
+  if (cfg->family != TZ_FAMILY_QWEN2 && (v = jget(p, "attention_bias")) && !json_is_false(v))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"attention_bias\" is %s: model_type %s with attention biases (on "
+                      "q/k/v and o_proj) is not implemented",
+                      p->path, jtext(v, t, sizeof t), fam);
+  static const char *const experts[] = {"num_experts", "num_local_experts", "n_routed_experts"};
+  for (size_t i = 0; i < sizeof experts / sizeof experts[0]; i++)
+    if ((v = jget(p, experts[i])) && !(json_is_integer(v) && json_integer_value(v) == 0))
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"%s\" is %s: mixture-of-experts layers are not implemented", p->path,
+                        experts[i], jtext(v, t, sizeof t));
+  if ((v = jget(p, "partial_rotary_factor")) && !(json_is_number(v) && json_number_value(v) == 1.0))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"partial_rotary_factor\" is %s: RoPE rotates the whole head here (1)",
+                      p->path, jtext(v, t, sizeof t));
+  static const char *const caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
+  for (int i = 0; i < 2; i++)
+    if ((v = jget(p, caps[i])))
+      return tz_err_set(TZ_ENOTSUP, "%s: \"%s\" is %s: logit softcapping is not implemented",
+                        p->path, caps[i], jtext(v, t, sizeof t));
+  if ((v = jget(p, "use_sliding_window")) && !json_is_false(v))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"use_sliding_window\" is %s: sliding-window attention layers are not "
+                      "implemented (attention is full causal)",
+                      p->path, jtext(v, t, sizeof t));
+  if ((v = jget(p, "layer_types"))) {
+    if (!json_is_array(v) || json_array_size(v) != (size_t)cfg->n_layer)
+      return tz_err_set(TZ_ECONFIG,
+                        "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
+                        "not %s",
+                        p->path, cfg->n_layer, jtext(v, t, sizeof t));
+    for (size_t i = 0; i < json_array_size(v); i++) {
+      json_t *e = json_array_get(v, i);
+      if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0)
+        return tz_err_set(TZ_ENOTSUP,
+                          "%s: \"layer_types\"[%zu] is %s: only \"full_attention\" layers are "
+                          "implemented",
+                          p->path, i, jtext(e, t, sizeof t));
+    }
+  }
+  return 0;
+}
+
+/* The family's attention window: mistral's sliding_window (transformers' MistralConfig defaults
+ * it to 4096 when absent; null is none); the Qwen families' applies only with use_sliding_window,
+ * refused above; llama has none. */
+static int parse_window(const struct cfgp *p, const struct tz_model_config *cfg, int *window) {
+  json_t *raw = json_object_get(p->root, "sliding_window");
+  *window = 0;
+  if (raw && !json_is_null(raw) && !json_is_integer(raw)) {
+    char t[100];
+    return tz_err_set(TZ_ECONFIG, "%s: \"sliding_window\" must be an integer or null, not %s",
+                      p->path, jtext(raw, t, sizeof t));
+  }
+  if (cfg->family != TZ_FAMILY_MISTRAL)
+    return 0;
+  if (!raw) {
+    *window = 4096;
+    return 0;
+  }
+  return get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, window);
+}
+
 static int parse_config(json_t *root, const char *path, struct tz_model_config *cfg,
-                        enum tz_dtype *dtype) {
+                        enum tz_dtype *dtype, struct tz_hf_info *info) {
+  struct cfgp p = {.root = root, .path = path};
+  char t[100];
   if (!json_is_object(root))
     return tz_err_set(TZ_ECONFIG, "%s: not a JSON object", path);
-  json_t *mt = json_object_get(root, "model_type");
-  if (mt && (!json_is_string(mt) || strcmp(json_string_value(mt), "llama") != 0))
-    return tz_err_set(TZ_ENOTSUP, "%s: model_type \"%s\" is not \"llama\"", path,
-                      json_is_string(mt) ? json_string_value(mt) : "?");
-  json_t *act = json_object_get(root, "hidden_act");
-  if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
-    return tz_err_set(TZ_ENOTSUP, "%s: hidden_act must be \"silu\"", path);
-  /* Plain RoPE only. Newer transformers write {"rope_type": "default", "rope_theta": ...} under
-   * rope_parameters (or rope_scaling) instead of a top-level rope_theta. */
-  double theta_nested = 0;
-  const char *rope_keys[] = {"rope_scaling", "rope_parameters"};
-  for (int i = 0; i < 2; i++) {
-    json_t *rs = json_object_get(root, rope_keys[i]);
-    if (!rs || json_is_null(rs))
-      continue;
-    json_t *type = json_object_get(rs, "rope_type");
-    if (!type)
-      type = json_object_get(rs, "type");
-    if (!json_is_object(rs) || !json_is_string(type) ||
-        strcmp(json_string_value(type), "default") != 0)
-      return tz_err_set(TZ_ENOTSUP,
-                        "%s: %s other than plain RoPE (rope_type \"default\") is "
-                        "not supported",
-                        path, rope_keys[i]);
-    json_t *th = json_object_get(rs, "rope_theta");
-    if (th && !json_is_number(th))
-      return tz_err_set(TZ_ECONFIG, "%s: %s.rope_theta must be a number", path, rope_keys[i]);
-    if (th)
-      theta_nested = json_number_value(th);
-  }
-  const char *bias_keys[] = {"attention_bias", "mlp_bias"};
-  for (int i = 0; i < 2; i++) {
-    json_t *b = json_object_get(root, bias_keys[i]);
-    if (b && !json_is_false(b))
-      return tz_err_set(TZ_ENOTSUP, "%s: %s must be false (the model has no biases)", path,
-                        bias_keys[i]);
-  }
   memset(cfg, 0, sizeof *cfg);
-  TZ_CHECK(get_int(root, path, "hidden_size", 1, 0, &cfg->d_model));
-  TZ_CHECK(get_int(root, path, "num_hidden_layers", 1, 0, &cfg->n_layer));
-  TZ_CHECK(get_int(root, path, "num_attention_heads", 1, 0, &cfg->n_head));
-  TZ_CHECK(get_int(root, path, "num_key_value_heads", 0, cfg->n_head, &cfg->n_kv_head));
-  TZ_CHECK(get_int(root, path, "intermediate_size", 1, 0, &cfg->ffn_dim));
-  TZ_CHECK(get_int(root, path, "vocab_size", 1, 0, &cfg->vocab));
-  TZ_CHECK(get_int(root, path, "max_position_embeddings", 0, 2048, &cfg->max_seq));
-  TZ_CHECK(get_num(root, path, "rope_theta", theta_nested > 0 ? theta_nested : 10000.0,
-                   &cfg->rope_theta));
-  TZ_CHECK(get_num(root, path, "rms_norm_eps", 1e-6, &cfg->norm_eps));
-  json_t *tie = json_object_get(root, "tie_word_embeddings");
-  if (tie && !json_is_boolean(tie))
-    return tz_err_set(TZ_ECONFIG, "%s: \"tie_word_embeddings\" must be true or false", path);
-  cfg->tie_embeddings = tie ? json_is_true(tie) : 0; /* LlamaConfig's default is false */
-  int head_dim = 0;
-  TZ_CHECK(get_int(root, path, "head_dim", 0, 0, &head_dim));
-  if (head_dim && cfg->n_head && head_dim * cfg->n_head != cfg->d_model)
-    return tz_err_set(TZ_ENOTSUP, "%s: head_dim %d is not hidden_size / num_attention_heads", path,
-                      head_dim);
-  if (dtype) {
+  memset(info, 0, sizeof *info);
+  snprintf(info->path, sizeof info->path, "%s", path);
+  /* A config without model_type is taken as llama, as before the other families. */
+  json_t *mt = jget(&p, "model_type");
+  if (mt && !json_is_string(mt))
+    return tz_err_set(TZ_ECONFIG, "%s: \"model_type\" must be a string, not %s", path,
+                      jtext(mt, t, sizeof t));
+  if (mt && tz_model_family_parse(json_string_value(mt), &cfg->family) < 0)
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"model_type\" is \"%s\": the families are llama, mistral, qwen2 and "
+                      "qwen3",
+                      path, json_string_value(mt));
+  const char *arch = tz_model_family_architecture(cfg->family);
+  json_t *ar = jget(&p, "architectures");
+  if (ar) {
+    int ok = json_is_array(ar);
+    for (size_t i = 0; ok && i < json_array_size(ar); i++)
+      ok = json_is_string(json_array_get(ar, i)) &&
+           strcmp(json_string_value(json_array_get(ar, i)), arch) == 0;
+    if (!ok)
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"architectures\" is %s: model_type %s is read as [\"%s\"] only", path,
+                        jtext(ar, t, sizeof t), tz_model_family_name(cfg->family), arch);
+  }
+  /* Limits: what the int fields and the kernels take; the model's own check follows. */
+  TZ_CHECK(get_int(&p, "hidden_size", 1, 0, 1, 1 << 20, &cfg->d_model));
+  TZ_CHECK(get_int(&p, "num_hidden_layers", 1, 0, 1, 1 << 16, &cfg->n_layer));
+  TZ_CHECK(get_int(&p, "num_attention_heads", 1, 0, 1, 1 << 16, &cfg->n_head));
+  TZ_CHECK(get_int(&p, "num_key_value_heads", 0, cfg->n_head, 1, 1 << 16, &cfg->n_kv_head));
+  TZ_CHECK(get_int(&p, "intermediate_size", 1, 0, 1, 1 << 24, &cfg->ffn_dim));
+  TZ_CHECK(get_int(&p, "vocab_size", 1, 0, 1, INT32_MAX, &cfg->vocab));
+  static const int max_pos[TZ_FAMILY_COUNT] = {2048, 131072, 32768, 32768};
+  TZ_CHECK(
+      get_int(&p, "max_position_embeddings", 0, max_pos[cfg->family], 1, INT32_MAX, &cfg->max_seq));
+  if (cfg->n_head % cfg->n_kv_head != 0)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"num_attention_heads\" %d is not a multiple of "
+                      "\"num_key_value_heads\" %d",
+                      path, cfg->n_head, cfg->n_kv_head);
+  int hd = 0;
+  TZ_CHECK(get_int(&p, "head_dim", 0, 0, 1, TZ_ROPE_MAX_D, &hd));
+  if (!hd && cfg->d_model % cfg->n_head != 0)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"hidden_size\" %d is not a multiple of \"num_attention_heads\" %d "
+                      "and there is no \"head_dim\"",
+                      path, cfg->d_model, cfg->n_head);
+  if (!hd && cfg->d_model / cfg->n_head > TZ_ROPE_MAX_D)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: the head dimension hidden_size / num_attention_heads = %d is above "
+                      "the limit %d",
+                      path, cfg->d_model / cfg->n_head, TZ_ROPE_MAX_D);
+  int D = hd ? hd : cfg->d_model / cfg->n_head;
+  if (D % 2 != 0)
+    return tz_err_set(TZ_ECONFIG, "%s: %s %d is odd: RoPE rotates pairs of a head's dimensions",
+                      path, hd ? "\"head_dim\"" : "hidden_size / num_attention_heads", D);
+  /* Stored as 0 when it is the default, so that such a config is the one of before head_dim. */
+  cfg->head_dim = cfg->d_model % cfg->n_head == 0 && D == cfg->d_model / cfg->n_head ? 0 : D;
+  TZ_CHECK(refuse_unsupported(&p, cfg));
+  TZ_CHECK(parse_window(&p, cfg, &info->sliding_window));
+  TZ_CHECK(parse_ropes(&p, cfg));
+  TZ_CHECK(num_of(&p, root, "", "rms_norm_eps", 0, 1e-6, &cfg->norm_eps));
+  if (cfg->norm_eps < 0)
+    return tz_err_set(TZ_ECONFIG, "%s: \"rms_norm_eps\" %g must not be negative", path,
+                      cfg->norm_eps);
+  TZ_CHECK(num_of(&p, root, "", "initializer_range", 0, 0.02, &cfg->init_std));
+  if (cfg->init_std <= 0)
+    return tz_err_set(TZ_ECONFIG, "%s: \"initializer_range\" %g must be positive", path,
+                      cfg->init_std);
+  TZ_CHECK(get_bool(&p, "tie_word_embeddings", 0, &cfg->tie_embeddings));
+  cfg->qkv_bias = cfg->family == TZ_FAMILY_QWEN2;
+  cfg->qk_norm = cfg->family == TZ_FAMILY_QWEN3;
+  TZ_CHECK(get_id(&p, "bos_token_id", cfg->vocab, &cfg->has_bos, &cfg->bos_id, NULL, NULL));
+  TZ_CHECK(
+      get_id(&p, "eos_token_id", cfg->vocab, &cfg->has_eos, &cfg->eos_id, info->eos, &info->n_eos));
+  TZ_CHECK(get_id(&p, "pad_token_id", cfg->vocab, &cfg->has_pad, &cfg->pad_id, NULL, NULL));
+  {
+    /* transformers 5 writes "dtype", earlier versions and most hub configs "torch_dtype" */
+    enum tz_dtype local;
+    if (!dtype)
+      dtype = &local;
     *dtype = TZ_F32;
-    json_t *dt = json_object_get(root, "torch_dtype");
-    if (!dt)
-      dt = json_object_get(root, "dtype");
-    if (dt && json_is_string(dt) && tz_dtype_parse(json_string_value(dt), dtype) < 0)
-      return tz_err_set(TZ_ECONFIG, "%s: torch_dtype \"%s\" is not float32, bfloat16 or float16",
-                        path, json_string_value(dt));
+    const char *key = "torch_dtype";
+    json_t *dt = jget(&p, key);
+    if (!dt) {
+      key = "dtype";
+      dt = jget(&p, key);
+    }
+    if (dt && (!json_is_string(dt) || tz_dtype_parse(json_string_value(dt), dtype) < 0))
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %s is not float32, bfloat16 or float16", path, key,
+                        jtext(dt, t, sizeof t));
   }
   int rc = tz_model_config_check(cfg);
   if (rc < 0) {
@@ -154,35 +454,115 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   return 0;
 }
 
-int tz_hf_config_read(const char *dir, struct tz_model_config *cfg, enum tz_dtype *dtype) {
-  char *path = join(dir, "config.json");
-  if (!path)
+int tz_hf_config_read_info(const char *path, struct tz_model_config *cfg, enum tz_dtype *dtype,
+                           struct tz_hf_info *info) {
+  struct stat sb;
+  struct tz_hf_info local;
+  if (!info)
+    info = &local;
+  /* A directory, or a path that is neither a file nor a *.json name, is a model directory: the
+   * message then names the config.json looked for. */
+  size_t pl = strlen(path);
+  int is_file =
+      stat(path, &sb) == 0 ? !S_ISDIR(sb.st_mode) : pl >= 5 && strcmp(path + pl - 5, ".json") == 0;
+  char *file = is_file ? strdup(path) : join(path, "config.json");
+  if (!file)
     return tz_err_set(TZ_ENOMEM, "hf: out of memory");
   json_error_t jerr;
-  json_t *root = json_load_file(path, 0, &jerr);
+  json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
   int rc;
   if (!root) {
-    rc = access(path, R_OK) != 0 ? tz_err_errno(errno, "hf: cannot read %s", path)
-                                 : tz_err_set(TZ_ECONFIG, "%s: line %d column %d: %s", path,
+    rc = access(file, R_OK) != 0 ? tz_err_errno(errno, "hf: cannot read %s", file)
+                                 : tz_err_set(TZ_ECONFIG, "%s: line %d column %d: %s", file,
                                               jerr.line, jerr.column, jerr.text);
   } else {
-    rc = parse_config(root, path, cfg, dtype);
+    rc = parse_config(root, file, cfg, dtype, info);
   }
   json_decref(root);
+  free(file);
+  return rc;
+}
+
+int tz_hf_config_read(const char *path, struct tz_model_config *cfg, enum tz_dtype *dtype) {
+  return tz_hf_config_read_info(path, cfg, dtype, NULL);
+}
+
+int tz_hf_check_window(const struct tz_hf_info *info, int seq) {
+  if (!info || !info->sliding_window || seq <= info->sliding_window)
+    return 0;
+  return tz_err_set(TZ_ENOTSUP,
+                    "%s: \"sliding_window\" %d is shorter than the training sequence %d: "
+                    "attention is computed full causal, which equals the windowed attention only "
+                    "for sequences of at most %d tokens (train on shorter sequences)",
+                    info->path, info->sliding_window, seq, info->sliding_window);
+}
+
+/* ---- config.json and generation_config.json out ---- */
+
+/* r as text with the fewest digits that read back to the same numbers (1e-06, not
+ * 9.9999999999999995e-07), as Python's json writes them. */
+static char *dump_shortest(json_t *r) {
+  for (int p = 1; p <= 17; p++) {
+    char *text = json_dumps(r, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(p));
+    json_t *back = text ? json_loads(text, 0, NULL) : NULL;
+    int same = back && json_equal(back, r);
+    json_decref(back);
+    if (same || p == 17 || !text)
+      return text;
+    free(text);
+  }
+  return NULL;
+}
+
+static int write_json(const char *dir, const char *name, json_t *r) {
+  char *text = dump_shortest(r);
+  char *path = join(dir, name), *line = NULL;
+  int rc;
+  if (text && path && (line = malloc(strlen(text) + 2)))
+    sprintf(line, "%s\n", text);
+  if (!line)
+    rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
+  else
+    rc = tz_atomic_write_file(path, line, strlen(line), &(struct tz_atomic_params){.what = "hf"});
+  free(line);
+  free(text);
   free(path);
   return rc;
 }
 
-static int write_file_atomic(const char *path, const char *text) {
-  return tz_atomic_write_file(path, text, strlen(text), &(struct tz_atomic_params){.what = "hf"});
+static json_t *id_json(int has, int id) { return has ? json_integer(id) : json_null(); }
+
+/* eos_token_id: the source's list when it starts with cfg's eos, else the one id. */
+static json_t *eos_json(const struct tz_model_config *cfg, const struct tz_hf_info *info) {
+  if (!cfg->has_eos)
+    return json_null();
+  if (!info || info->n_eos < 2 || info->eos[0] != cfg->eos_id)
+    return json_integer(cfg->eos_id);
+  json_t *a = json_array();
+  for (int i = 0; i < info->n_eos; i++)
+    json_array_append_new(a, json_integer(info->eos[i]));
+  return a;
 }
 
-int tz_hf_config_write(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype) {
+static const char *dtype_torch(enum tz_dtype dt) {
+  return dt == TZ_BF16 ? "bfloat16" : dt == TZ_F16 ? "float16" : "float32";
+}
+
+/* The keys transformers' config class of the family writes (save_pretrained), in both spellings
+ * where transformers 5 renamed them (torch_dtype / dtype, rope_theta and rope_scaling /
+ * rope_parameters), so that transformers 4 and 5 both read the same model. info (may be NULL):
+ * what the source config said beyond cfg. */
+static int config_write(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype,
+                        const struct tz_hf_info *info) {
   TZ_CHECK(tz_model_config_check(cfg));
-  json_t *r = json_object(), *arch = json_array();
-  json_array_append_new(arch, json_string("LlamaForCausalLM"));
+  const char *type = tz_model_family_name(cfg->family);
+  if (!type)
+    return tz_err_set(TZ_EINVAL, "hf: model family %d is none of llama, mistral, qwen2, qwen3",
+                      (int)cfg->family);
+  json_t *r = json_object(), *arch = json_array(), *rp = json_object();
+  json_array_append_new(arch, json_string(tz_model_family_architecture(cfg->family)));
   json_object_set_new(r, "architectures", arch);
-  json_object_set_new(r, "model_type", json_string("llama"));
+  json_object_set_new(r, "model_type", json_string(type));
   json_object_set_new(r, "hidden_size", json_integer(cfg->d_model));
   json_object_set_new(r, "intermediate_size", json_integer(cfg->ffn_dim));
   json_object_set_new(r, "num_hidden_layers", json_integer(cfg->n_layer));
@@ -192,45 +572,179 @@ int tz_hf_config_write(const char *dir, const struct tz_model_config *cfg, enum 
   json_object_set_new(r, "vocab_size", json_integer(cfg->vocab));
   json_object_set_new(r, "max_position_embeddings", json_integer(cfg->max_seq));
   json_object_set_new(r, "rope_theta", json_real(cfg->rope_theta));
-  json_object_set_new(r, "rope_scaling", json_null());
+  json_object_set_new(rp, "rope_theta", json_real(cfg->rope_theta));
+  if (cfg->rope_type == TZ_ROPE_LLAMA3) {
+    json_t *rs = json_object();
+    json_object_set_new(rs, "rope_type", json_string("llama3"));
+    json_object_set_new(rs, "factor", json_real(cfg->rope_factor));
+    json_object_set_new(rs, "low_freq_factor", json_real(cfg->rope_low_freq_factor));
+    json_object_set_new(rs, "high_freq_factor", json_real(cfg->rope_high_freq_factor));
+    json_object_set_new(rs, "original_max_position_embeddings",
+                        json_integer(cfg->rope_original_max_pos));
+    json_object_update(rp, rs);
+    json_object_set_new(r, "rope_scaling", rs);
+  } else {
+    json_object_set_new(rp, "rope_type", json_string("default"));
+    json_object_set_new(r, "rope_scaling", json_null());
+  }
+  json_object_set_new(r, "rope_parameters", rp);
   json_object_set_new(r, "rms_norm_eps", json_real(cfg->norm_eps));
   json_object_set_new(r, "tie_word_embeddings", json_boolean(cfg->tie_embeddings));
   json_object_set_new(r, "hidden_act", json_string("silu"));
-  json_object_set_new(r, "attention_bias", json_false());
-  json_object_set_new(r, "mlp_bias", json_false());
   json_object_set_new(r, "attention_dropout", json_real(0.0));
-  json_object_set_new(r, "initializer_range", json_real(0.02));
-  json_object_set_new(r, "pretraining_tp", json_integer(1));
+  json_object_set_new(r, "initializer_range", json_real(cfg->init_std > 0 ? cfg->init_std : 0.02));
   json_object_set_new(r, "use_cache", json_true());
-  json_object_set_new(r, "torch_dtype",
-                      json_string(dtype == TZ_BF16  ? "bfloat16"
-                                  : dtype == TZ_F16 ? "float16"
-                                                    : "float32"));
-  char *text = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+  json_object_set_new(r, "bos_token_id", id_json(cfg->has_bos, cfg->bos_id));
+  json_object_set_new(r, "eos_token_id", eos_json(cfg, info));
+  json_object_set_new(r, "pad_token_id", id_json(cfg->has_pad, cfg->pad_id));
+  json_object_set_new(r, "torch_dtype", json_string(dtype_torch(dtype)));
+  json_object_set_new(r, "dtype", json_string(dtype_torch(dtype)));
+  switch (cfg->family) {
+  case TZ_FAMILY_LLAMA:
+    json_object_set_new(r, "attention_bias", json_false());
+    json_object_set_new(r, "mlp_bias", json_false());
+    json_object_set_new(r, "pretraining_tp", json_integer(1));
+    break;
+  case TZ_FAMILY_MISTRAL:
+    /* the window the source had (training refused a sequence longer than it), else none */
+    json_object_set_new(r, "sliding_window",
+                        info && info->sliding_window ? json_integer(info->sliding_window)
+                                                     : json_null());
+    break;
+  case TZ_FAMILY_QWEN2:
+  case TZ_FAMILY_QWEN3: {
+    if (cfg->family == TZ_FAMILY_QWEN3)
+      json_object_set_new(r, "attention_bias", json_false());
+    json_object_set_new(r, "use_sliding_window", json_false());
+    json_object_set_new(r, "sliding_window", json_null());
+    json_object_set_new(r, "max_window_layers", json_integer(cfg->n_layer));
+    json_t *lt = json_array();
+    for (int i = 0; i < cfg->n_layer; i++)
+      json_array_append_new(lt, json_string("full_attention"));
+    json_object_set_new(r, "layer_types", lt);
+    break;
+  }
+  default: break;
+  }
+  int rc = write_json(dir, "config.json", r);
   json_decref(r);
-  char *path = join(dir, "config.json"), *line = NULL;
-  int rc;
-  if (text && path && (line = malloc(strlen(text) + 2)))
-    sprintf(line, "%s\n", text);
-  if (!line)
-    rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
-  else
-    rc = write_file_atomic(path, line);
-  free(line);
-  free(text);
-  free(path);
+  return rc;
+}
+
+int tz_hf_config_write(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype) {
+  return config_write(dir, cfg, dtype, NULL);
+}
+
+/* generation_config.json: the source's (tokenizer_dir), if it has one, with cfg's token ids. */
+static int generation_write(const char *dir, const struct tz_model_config *cfg,
+                            const struct tz_hf_info *info, const char *src_dir) {
+  json_t *r = NULL;
+  if (src_dir) {
+    char *p = join(src_dir, "generation_config.json");
+    if (p)
+      r = json_load_file(p, 0, NULL);
+    free(p);
+    if (r && !json_is_object(r)) {
+      json_decref(r);
+      r = NULL;
+    }
+  }
+  if (!r) {
+    r = json_object();
+    json_object_set_new(r, "_from_model_config", json_true());
+  }
+  if (cfg->has_bos)
+    json_object_set_new(r, "bos_token_id", json_integer(cfg->bos_id));
+  if (cfg->has_eos) {
+    json_t *have = json_object_get(r, "eos_token_id");
+    /* a source list that starts with our eos stays: generation stops at any of them */
+    if (!(json_is_array(have) && json_integer_value(json_array_get(have, 0)) == cfg->eos_id))
+      json_object_set_new(r, "eos_token_id", eos_json(cfg, info));
+  }
+  if (cfg->has_pad)
+    json_object_set_new(r, "pad_token_id", json_integer(cfg->pad_id));
+  int rc = write_json(dir, "generation_config.json", r);
+  json_decref(r);
+  return rc;
+}
+
+/* The files of a tokenizer, as transformers' tokenizers save and read them. */
+static const char *const tokenizer_files[] = {"tokenizer.json",
+                                              "tokenizer_config.json",
+                                              "special_tokens_map.json",
+                                              "tokenizer.model",
+                                              "vocab.json",
+                                              "merges.txt",
+                                              "vocab.txt",
+                                              "added_tokens.json",
+                                              "chat_template.jinja"};
+
+static int same_file(const char *a, const char *b) {
+  struct stat x, y;
+  return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+static int copy_file(const char *from, const char *to) {
+  FILE *fp = fopen(from, "rb");
+  if (!fp)
+    return tz_err_errno(errno, "hf: cannot read %s", from);
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  int rc = 0;
+  for (;;) {
+    if (n == cap) {
+      char *g = realloc(buf, cap = cap ? cap * 2 : 1 << 16);
+      if (!g) {
+        rc = tz_err_set(TZ_ENOMEM, "hf: out of memory copying %s", from);
+        break;
+      }
+      buf = g;
+    }
+    size_t got = fread(buf + n, 1, cap - n, fp);
+    n += got;
+    if (got == 0) {
+      if (ferror(fp))
+        rc = tz_err_errno(EIO, "hf: cannot read %s", from);
+      break;
+    }
+  }
+  fclose(fp);
+  if (!rc)
+    rc = tz_atomic_write_file(to, buf, n, &(struct tz_atomic_params){.what = "hf"});
+  free(buf);
+  return rc;
+}
+
+static int copy_tokenizer(const char *dir, const char *src) {
+  int rc = 0;
+  for (size_t i = 0; !rc && i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++) {
+    char *from = join(src, tokenizer_files[i]), *to = join(dir, tokenizer_files[i]);
+    if (!from || !to)
+      rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
+    else if (access(from, F_OK) == 0 && !same_file(from, to))
+      rc = copy_file(from, to);
+    free(from);
+    free(to);
+  }
   return rc;
 }
 
 /* ---- reading ---- */
 
+/* Where each tensor the model reads is: file and header entry, by block * TZ_L_COUNT + index. */
+struct loc {
+  int file; /* -1: the tensor has numel 0 in this config */
+  const struct tz_st_tensor *t;
+};
+
 struct tz_hf_model {
   char *dir;
   struct tz_model_config cfg;
-  json_t *weight_map; /* name -> shard file name, or NULL for one model.safetensors */
+  struct tz_hf_info info;
   int n_files;
   char **names;       /* file names (within dir) */
-  tz_st_file **files; /* opened on first use */
+  tz_st_file **files; /* every one opened by tz_hf_open */
+  struct loc *loc;
 };
 
 void tz_hf_close(tz_hf_model *m) {
@@ -242,12 +756,12 @@ void tz_hf_close(tz_hf_model *m) {
   }
   free(m->files);
   free(m->names);
-  json_decref(m->weight_map);
+  free(m->loc);
   free(m->dir);
   free(m);
 }
 
-static int add_file(tz_hf_model *m, const char *name) {
+static int add_file(tz_hf_model *m, const char *index, const char *name) {
   for (int i = 0; i < m->n_files; i++)
     if (strcmp(m->names[i], name) == 0)
       return i;
@@ -259,10 +773,180 @@ static int add_file(tz_hf_model *m, const char *name) {
   if (!nf)
     return tz_err_set(TZ_ENOMEM, "hf: out of memory");
   m->files = nf;
-  if (strchr(name, '/') || !(m->names[m->n_files] = strdup(name)))
-    return tz_err_set(TZ_EFORMAT, "hf: bad shard file name '%s'", name);
+  if (!*name || strchr(name, '/') || strcmp(name, "..") == 0)
+    return tz_err_set(TZ_EFORMAT, "%s: shard file name '%s' is not a file of the directory", index,
+                      name);
+  if (!(m->names[m->n_files] = strdup(name)))
+    return tz_err_set(TZ_ENOMEM, "hf: out of memory");
   m->files[m->n_files] = NULL;
   return m->n_files++;
+}
+
+static int open_files(tz_hf_model *m, const char *index) {
+  for (int i = 0; i < m->n_files; i++) {
+    char *path = join(m->dir, m->names[i]);
+    if (!path)
+      return tz_err_set(TZ_ENOMEM, "hf: out of memory");
+    int rc = access(path, F_OK) != 0 && index
+                 ? tz_err_errno(errno, "%s names shard %s, which cannot be opened", index, path)
+                 : tz_st_open(path, &m->files[i]);
+    free(path);
+    TZ_CHECK(rc);
+  }
+  return 0;
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Buffers of the attention that transformers derives from the config and skips on load. */
+static int derived_buffer(const char *name) {
+  size_t n = strlen(name), k = strlen("rotary_emb.inv_freq");
+  return n >= k && strcmp(name + n - k, "rotary_emb.inv_freq") == 0;
+}
+
+/* Why a tensor the model does not read might be in a checkpoint, for the refusal. */
+static const char *unread_hint(const struct tz_model_config *cfg, const char *name) {
+  if (strcmp(name, "lm_head.weight") == 0 && cfg->tie_embeddings)
+    return "tie_word_embeddings is true, so the head is the embedding: a separate lm_head would "
+           "be dropped";
+  if (strstr(name, "_proj.bias"))
+    return "this family's projections have no biases here (qwen2: q, k and v only)";
+  if (strstr(name, "_norm.weight") && strstr(name, "self_attn"))
+    return "q/k norms belong to qwen3 only";
+  return "it would be dropped silently: is the config that of these weights?";
+}
+
+static void shape_text(char *buf, size_t len, int ndim, const int64_t *shape) {
+  size_t o = (size_t)snprintf(buf, len, "[");
+  for (int d = 0; d < ndim && o < len; d++)
+    o += (size_t)snprintf(buf + o, len - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+  if (o < len)
+    snprintf(buf + o, len - o, "]");
+}
+
+/* Every tensor the model reads: present where the index says, with its shape and a dtype read;
+ * and nothing else in the files or the index. */
+static int check_tensors(tz_hf_model *m, json_t *weight_map, const char *index) {
+  const struct tz_model_config *cfg = &m->cfg;
+  int nb = tz_model_n_blocks(cfg), n = 0, rc = 0;
+  char(*names)[128] = calloc((size_t)nb * TZ_L_COUNT, sizeof *names);
+  const char **sorted = calloc((size_t)nb * TZ_L_COUNT, sizeof *sorted);
+  m->loc = calloc((size_t)nb * TZ_L_COUNT, sizeof *m->loc);
+  if (!names || !sorted || !m->loc) {
+    rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
+    goto out;
+  }
+  for (int b = 0; b < nb; b++) {
+    struct tz_block_layout l;
+    TZ_CHECK_GOTO(tz_model_block_layout(cfg, b, &l), rc, out);
+    for (int i = 0; i < TZ_L_COUNT; i++)
+      m->loc[b * TZ_L_COUNT + i].file = -1;
+    for (int i = 0; i < l.n; i++) {
+      if (!l.t[i].numel)
+        continue;
+      char *name = names[n];
+      TZ_CHECK_GOTO(tz_hf_tensor_name(cfg, b, i, name, sizeof names[n]), rc, out);
+      sorted[n++] = name;
+      int fi = 0;
+      if (weight_map) {
+        json_t *v = json_object_get(weight_map, name);
+        if (!v) {
+          rc = tz_err_set(TZ_ENOENT, "%s: tensor '%s' is not in the weight map", index, name);
+          goto out;
+        }
+        for (fi = 0; fi < m->n_files && strcmp(m->names[fi], json_string_value(v)); fi++)
+          ;
+      }
+      const struct tz_st_tensor *t = tz_st_find(m->files[fi], name);
+      const char *path = tz_st_path(m->files[fi]);
+      if (!t) {
+        rc = tz_err_set(TZ_ENOENT, "%s: no tensor '%s'%s", path, name,
+                        weight_map ? " (the index names this file for it)" : "");
+        goto out;
+      }
+      int64_t want[2] = {l.t[i].shape[0], l.t[i].shape[1]};
+      int same = t->ndim == l.t[i].ndim && t->shape[0] == want[0] &&
+                 (t->ndim == 1 || t->shape[1] == want[1]);
+      if (!same) {
+        char a[128], s[128];
+        shape_text(a, sizeof a, t->ndim, t->shape);
+        shape_text(s, sizeof s, l.t[i].ndim, want);
+        rc = tz_err_set(TZ_EFORMAT, "%s: tensor '%s' has shape %s, the config makes it %s", path,
+                        name, a, s);
+        goto out;
+      }
+      if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16")) {
+        rc = tz_err_set(TZ_ENOTSUP, "%s: tensor '%s' has dtype %s (F32, BF16 and F16 are read)",
+                        path, name, t->dtype);
+        goto out;
+      }
+      m->loc[b * TZ_L_COUNT + i] = (struct loc){.file = fi, .t = t};
+    }
+  }
+  qsort(sorted, (size_t)n, sizeof *sorted, cmp_str);
+  for (int fi = 0; fi < m->n_files; fi++)
+    for (int k = 0; k < tz_st_count(m->files[fi]); k++) {
+      const char *name = tz_st_get(m->files[fi], k)->name;
+      const char *path = tz_st_path(m->files[fi]);
+      if (derived_buffer(name))
+        continue;
+      if (!bsearch(&name, sorted, (size_t)n, sizeof *sorted, cmp_str)) {
+        rc = tz_err_set(TZ_EFORMAT, "%s: tensor '%s' is not read by this model (model_type %s): %s",
+                        path, name, tz_model_family_name(cfg->family), unread_hint(cfg, name));
+        goto out;
+      }
+      json_t *v = weight_map ? json_object_get(weight_map, name) : NULL;
+      if (weight_map && (!v || strcmp(json_string_value(v), m->names[fi]) != 0)) {
+        rc = tz_err_set(TZ_EFORMAT, "%s: tensor '%s' is here, but %s maps it to %s", path, name,
+                        index, v ? json_string_value(v) : "no file");
+        goto out;
+      }
+    }
+  if (weight_map) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(weight_map, k, v) {
+      if (!derived_buffer(k) && !bsearch(&k, sorted, (size_t)n, sizeof *sorted, cmp_str)) {
+        rc = tz_err_set(TZ_EFORMAT, "%s: tensor '%s' is not read by this model (model_type %s): %s",
+                        index, k, tz_model_family_name(cfg->family), unread_hint(cfg, k));
+        goto out;
+      }
+    }
+  }
+out:
+  free(names);
+  free(sorted);
+  return rc;
+}
+
+static int read_index(tz_hf_model *m, const char *index, json_t **wm_out) {
+  json_error_t jerr;
+  json_t *root = json_load_file(index, 0, &jerr);
+  json_t *wm = root ? json_object_get(root, "weight_map") : NULL;
+  int rc = 0;
+  if (!root)
+    rc = tz_err_set(TZ_EFORMAT, "%s: line %d column %d: %s", index, jerr.line, jerr.column,
+                    jerr.text);
+  else if (!json_is_object(wm))
+    rc = tz_err_set(TZ_EFORMAT, "%s: no \"weight_map\" object", index);
+  const char *k;
+  json_t *v;
+  if (!rc)
+    json_object_foreach(wm, k, v) {
+      if (!json_is_string(v)) {
+        rc = tz_err_set(TZ_EFORMAT, "%s: weight_map[\"%s\"] is not a file name", index, k);
+        break;
+      }
+      if ((rc = add_file(m, index, json_string_value(v))) < 0)
+        break;
+      rc = 0;
+    }
+  if (!rc)
+    *wm_out = json_incref(wm);
+  json_decref(root);
+  return rc;
 }
 
 int tz_hf_open(const char *dir, tz_hf_model **out) {
@@ -273,202 +957,302 @@ int tz_hf_open(const char *dir, tz_hf_model **out) {
     return tz_err_set(TZ_ENOMEM, "hf: out of memory");
   }
   int rc;
-  TZ_CHECK_GOTO(tz_hf_config_read(dir, &m->cfg, NULL), rc, fail);
+  json_t *wm = NULL;
   char *single = join(dir, "model.safetensors"), *index = join(dir, "model.safetensors.index.json");
   if (!single || !index) {
-    free(single);
-    free(index);
     rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
     goto fail;
   }
-  if (access(single, R_OK) == 0) {
-    rc = add_file(m, "model.safetensors");
-  } else if (access(index, R_OK) == 0) {
-    json_error_t jerr;
-    json_t *root = json_load_file(index, 0, &jerr);
-    json_t *wm = root ? json_object_get(root, "weight_map") : NULL;
-    if (!json_is_object(wm)) {
-      rc = tz_err_set(TZ_EFORMAT, "%s: %s", index, root ? "no \"weight_map\" object" : jerr.text);
-    } else {
-      m->weight_map = json_incref(wm);
-      rc = 0;
-      const char *k;
-      json_t *v;
-      json_object_foreach(wm, k, v) {
-        if (!json_is_string(v)) {
-          rc = tz_err_set(TZ_EFORMAT, "%s: weight_map[\"%s\"] is not a file name", index, k);
-          break;
-        }
-        if ((rc = add_file(m, json_string_value(v))) < 0)
-          break;
-      }
-      rc = rc < 0 ? rc : 0;
-    }
-    json_decref(root);
+  TZ_CHECK_GOTO(tz_hf_config_read_info(dir, &m->cfg, NULL, &m->info), rc, fail);
+  /* As transformers: one model.safetensors first, else the index. */
+  if (access(single, F_OK) == 0) {
+    rc = add_file(m, single, "model.safetensors");
+  } else if (access(index, F_OK) == 0) {
+    rc = read_index(m, index, &wm);
   } else {
     rc = tz_err_set(TZ_ENOENT,
-                    "hf: %s has neither model.safetensors nor "
-                    "model.safetensors.index.json",
-                    dir);
+                    "hf: %s has neither model.safetensors nor model.safetensors.index.json", dir);
   }
-  free(single);
-  free(index);
   if (rc < 0)
     goto fail;
+  if (m->n_files == 0) {
+    rc = tz_err_set(TZ_EFORMAT, "%s: the weight map is empty", index);
+    goto fail;
+  }
+  TZ_CHECK_GOTO(open_files(m, wm ? index : NULL), rc, fail);
+  TZ_CHECK_GOTO(check_tensors(m, wm, index), rc, fail);
+  json_decref(wm);
+  free(single);
+  free(index);
   *out = m;
   return 0;
 fail:
+  json_decref(wm);
+  free(single);
+  free(index);
   tz_hf_close(m);
   return rc;
 }
 
 const struct tz_model_config *tz_hf_config(const tz_hf_model *m) { return &m->cfg; }
-
-static int file_for(tz_hf_model *m, const char *name, tz_st_file **f) {
-  int i = 0;
-  if (m->weight_map) {
-    json_t *v = json_object_get(m->weight_map, name);
-    if (!v)
-      return tz_err_set(TZ_ENOENT, "hf: %s: tensor '%s' is not in the weight map", m->dir, name);
-    i = add_file(m, json_string_value(v));
-    if (i < 0)
-      return i;
-  }
-  if (!m->files[i]) {
-    char *path = join(m->dir, m->names[i]);
-    if (!path)
-      return tz_err_set(TZ_ENOMEM, "hf: out of memory");
-    int rc = tz_st_open(path, &m->files[i]);
-    free(path);
-    TZ_CHECK(rc);
-  }
-  *f = m->files[i];
-  return 0;
-}
-
-/* The index of the first element of t (n floats) that is not finite, or -1. */
-static int64_t first_nonfinite(const float *t, uint64_t n) {
-  for (uint64_t i = 0; i < n; i++)
-    if (!isfinite(t[i]))
-      return (int64_t)i;
-  return -1;
-}
-
-/* The refusal of tensor `name` of file f, whose element at holds v (not finite): training from it
- * would give non-finite losses from the first step. */
-static int nonfinite_weight(const tz_hf_model *m, const tz_st_file *f, const char *name, int64_t at,
-                            float v) {
-  const char *file = m->names[0];
-  for (int i = 0; i < m->n_files; i++)
-    if (m->files[i] == f)
-      file = m->names[i];
-  return tz_err_set(TZ_EFORMAT,
-                    "%s/%s: tensor '%s' element %lld is %s: weights must be finite (is it the "
-                    "checkpoint of a run that diverged?)",
-                    m->dir, file, name, (long long)at,
-                    isnan(v) ? "nan"
-                    : v > 0  ? "inf"
-                             : "-inf");
-}
+const struct tz_hf_info *tz_hf_info(const tz_hf_model *m) { return &m->info; }
 
 int tz_hf_read_block(tz_hf_model *m, int block, float *out) {
   struct tz_block_layout l;
   TZ_CHECK(tz_model_block_layout(&m->cfg, block, &l));
-  memset(out, 0, sizeof(float) * l.numel);
+  /* Only the alignment padding between tensors needs zeros: the tensors are read over. */
+  uint64_t at = 0;
   for (int i = 0; i < l.n; i++) {
-    if (l.t[i].numel == 0)
-      continue; /* a tensor this config does not have */
-    char name[128];
-    TZ_CHECK(tz_hf_tensor_name(&m->cfg, block, i, name, sizeof name));
-    tz_st_file *f = NULL;
-    TZ_CHECK(file_for(m, name, &f));
+    if (!l.t[i].numel)
+      continue;
+    memset(out + at, 0, sizeof(float) * (l.t[i].offset - at));
+    at = l.t[i].offset + l.t[i].numel;
+  }
+  memset(out + at, 0, sizeof(float) * (l.numel - at));
+  for (int i = 0; i < l.n; i++) {
+    const struct loc *w = &m->loc[block * TZ_L_COUNT + i];
+    if (!l.t[i].numel)
+      continue;
+    if (w->file < 0)
+      return tz_err_set(TZ_EINVAL, "hf: block %d tensor %d was not checked at open", block, i);
+    int64_t bad = -1;
     float *t = out + l.t[i].offset;
-    TZ_CHECK(tz_st_read_f32(f, name, l.t[i].ndim, l.t[i].shape, t));
-    int64_t at = first_nonfinite(t, l.t[i].numel);
-    if (at >= 0)
-      return nonfinite_weight(m, f, name, at, t[at]);
+    TZ_CHECK(tz_st_read_tensor_f32(m->files[w->file], w->t, t, &bad));
+    if (bad >= 0)
+      return tz_err_set(TZ_EFORMAT,
+                        "%s/%s: tensor '%s' element %lld is %s: weights must be finite (is it the "
+                        "checkpoint of a run that diverged?)",
+                        m->dir, m->names[w->file], w->t->name, (long long)bad,
+                        isnan(t[bad]) ? "nan"
+                        : t[bad] > 0  ? "inf"
+                                      : "-inf");
   }
   return 0;
 }
 
 int tz_hf_load(tz_hf_model *m, tz_compute *cm, void *const *blocks) {
+  uint64_t most = 0;
+  for (int b = 0; b < tz_model_n_blocks(&m->cfg); b++)
+    if (tz_model_block_numel(&m->cfg, b) > most)
+      most = tz_model_block_numel(&m->cfg, b);
+  float *buf = malloc(sizeof(float) * most);
+  if (!buf)
+    return tz_err_set(TZ_ENOMEM, "hf: cannot allocate a block (%llu floats)",
+                      (unsigned long long)most);
   int rc = 0;
   for (int b = 0; b < tz_model_n_blocks(&m->cfg) && !rc; b++) {
-    uint64_t n = tz_model_block_numel(&m->cfg, b);
-    float *buf = malloc(sizeof(float) * n);
-    if (!buf)
-      return tz_err_set(TZ_ENOMEM, "hf: cannot allocate block %d (%llu floats)", b,
-                        (unsigned long long)n);
     rc = tz_hf_read_block(m, b, buf);
     if (!rc)
-      rc = tz_model_block_upload(cm, blocks[b], buf, n);
-    free(buf);
+      rc = tz_model_block_upload(cm, blocks[b], buf, tz_model_block_numel(&m->cfg, b));
   }
+  free(buf);
   return rc;
 }
 
 /* ---- writing ---- */
 
-int tz_hf_export(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype,
-                 int (*get_block)(void *arg, int block, float *buf), void *arg) {
-  TZ_CHECK(tz_model_config_check(cfg));
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-    return tz_err_errno(errno, "hf: cannot create %s", dir);
-  int nb = tz_model_n_blocks(cfg), nt = 0;
-  struct tz_st_entry *e = calloc((size_t)nb * TZ_L_COUNT, sizeof *e);
-  char(*names)[128] = calloc((size_t)nb * TZ_L_COUNT, sizeof *names);
-  uint64_t maxn = 0;
-  int rc = 0;
-  if (!e || !names) {
-    rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
-    goto out;
-  }
-  for (int b = 0; b < nb; b++) {
-    struct tz_block_layout l;
-    TZ_CHECK_GOTO(tz_model_block_layout(cfg, b, &l), rc, out);
-    maxn = l.numel > maxn ? l.numel : maxn;
-    for (int i = 0; i < l.n; i++) {
-      if (l.t[i].numel == 0)
-        continue;
-      TZ_CHECK_GOTO(tz_hf_tensor_name(cfg, b, i, names[nt], sizeof names[nt]), rc, out);
-      e[nt].name = names[nt];
-      e[nt].dtype = dtype;
-      e[nt].ndim = l.t[i].ndim;
-      e[nt].shape[0] = l.t[i].shape[0];
-      e[nt].shape[1] = l.t[i].shape[1];
-      nt++;
+void tz_hf_export_opts_init(struct tz_hf_export_opts *o) {
+  *o = (struct tz_hf_export_opts){
+      .dtype = TZ_BF16, .shard_bytes = 5000000000ull, .tokenizer_dir = NULL};
+}
+
+/* One tensor of the export, in the order of the blocks. */
+struct out_tensor {
+  struct tz_st_entry e;
+  char name[128];
+  int block;
+  uint64_t offset, numel, bytes;
+  int shard;
+};
+
+/* Shards as huggingface_hub's split_state_dict_into_shards (save_pretrained): tensors in order;
+ * one larger than the limit alone in its own shard; otherwise a new shard begins when the next
+ * tensor would take the current one over the limit. Returns the number of shards. */
+static int assign_shards(struct out_tensor *t, int n, uint64_t limit) {
+  int shards = 0, cur = -1;
+  uint64_t size = 0;
+  for (int i = 0; i < n; i++) {
+    if (t[i].bytes > limit) {
+      t[i].shard = shards++;
+      continue;
     }
+    if (cur < 0 || size + t[i].bytes > limit) {
+      cur = shards++;
+      size = 0;
+    }
+    t[i].shard = cur;
+    size += t[i].bytes;
   }
-  char *path = join(dir, "model.safetensors");
-  if (!path) {
-    rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
-    goto out;
+  return shards;
+}
+
+static void shard_name(char *buf, size_t len, int k, int n) {
+  if (n == 1)
+    snprintf(buf, len, "model.safetensors");
+  else
+    snprintf(buf, len, "model-%05d-of-%05d.safetensors", k + 1, n);
+}
+
+/* Removes the weight files of an earlier export that this one (n shards) does not have: a
+ * model.safetensors would shadow a new index for transformers, an old index a new single file
+ * for nothing, and old shards of another count would only take room. */
+static int remove_stale(const char *dir, int n) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return tz_err_errno(errno, "hf: cannot list %s", dir);
+  struct dirent *de;
+  int rc = 0;
+  while (!rc && (de = readdir(d))) {
+    int k, of, end = 0;
+    const char *s = de->d_name;
+    int stale = 0;
+    if (strcmp(s, "model.safetensors") == 0)
+      stale = n > 1;
+    else if (strcmp(s, "model.safetensors.index.json") == 0)
+      stale = n == 1;
+    else if (sscanf(s, "model-%5d-of-%5d.safetensors%n", &k, &of, &end) == 2 && !s[end])
+      stale = of != n || n == 1;
+    if (!stale)
+      continue;
+    char *p = join(dir, s);
+    if (!p || (unlink(p) != 0 && errno != ENOENT))
+      rc = p ? tz_err_errno(errno, "hf: cannot remove the earlier export's %s", p)
+             : tz_err_set(TZ_ENOMEM, "hf: out of memory");
+    free(p);
+  }
+  closedir(d);
+  return rc;
+}
+
+static int index_write(const char *dir, const struct out_tensor *t, int n, int shards) {
+  json_t *r = json_object(), *meta = json_object(), *wm = json_object();
+  uint64_t total = 0, params = 0;
+  for (int i = 0; i < n; i++) {
+    char f[64];
+    shard_name(f, sizeof f, t[i].shard, shards);
+    json_object_set_new(wm, t[i].name, json_string(f));
+    total += t[i].bytes;
+    params += t[i].numel;
+  }
+  json_object_set_new(meta, "total_parameters", json_integer((json_int_t)params));
+  json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+  json_object_set_new(r, "metadata", meta);
+  json_object_set_new(r, "weight_map", wm);
+  int rc = write_json(dir, "model.safetensors.index.json", r);
+  json_decref(r);
+  return rc;
+}
+
+/* The tensors of every shard, written as the blocks come (each block fetched once, in order). */
+static int shards_write(const char *dir, const struct tz_model_config *cfg, struct out_tensor *t,
+                        int n, int shards, int (*get_block)(void *, int, float *), void *arg) {
+  uint64_t most = 0;
+  for (int b = 0; b < tz_model_n_blocks(cfg); b++)
+    if (tz_model_block_numel(cfg, b) > most)
+      most = tz_model_block_numel(cfg, b);
+  float *buf = malloc(sizeof(float) * (most ? most : 1));
+  struct tz_st_entry *e = calloc((size_t)n, sizeof *e);
+  if (!buf || !e) {
+    free(buf);
+    free(e);
+    return tz_err_set(TZ_ENOMEM, "hf: cannot allocate a block of %llu floats",
+                      (unsigned long long)most);
   }
   static const char *const meta[] = {"format", "pt", NULL};
   tz_st_writer *w = NULL;
-  rc = tz_st_writer_open(path, e, nt, meta, &w);
-  free(path);
-  if (rc < 0)
-    goto out;
-  float *buf = malloc(sizeof(float) * maxn);
-  if (!buf)
-    rc = tz_err_set(TZ_ENOMEM, "hf: cannot allocate %llu floats", (unsigned long long)maxn);
+  int rc = 0, block = -1;
+  for (int i = 0; i < n && !rc; i++) {
+    if (!w) {
+      int k = 0;
+      while (i + k < n && t[i + k].shard == t[i].shard) {
+        e[k] = t[i + k].e;
+        k++;
+      }
+      char f[64];
+      shard_name(f, sizeof f, t[i].shard, shards);
+      char *path = join(dir, f);
+      rc = path ? tz_st_writer_open(path, e, k, meta, &w)
+                : tz_err_set(TZ_ENOMEM, "hf: out of memory");
+      free(path);
+      if (rc)
+        break;
+    }
+    if (t[i].block != block) {
+      block = t[i].block;
+      if ((rc = get_block(arg, block, buf)) < 0)
+        break;
+    }
+    if ((rc = tz_st_writer_put(w, buf + t[i].offset, t[i].numel)) < 0)
+      break;
+    if (i + 1 == n || t[i + 1].shard != t[i].shard) {
+      rc = tz_st_writer_close(w, 1);
+      w = NULL;
+    }
+  }
+  tz_st_writer_close(w, 0);
+  free(buf);
+  free(e);
+  return rc;
+}
+
+int tz_hf_export(const char *dir, const struct tz_model_config *cfg,
+                 const struct tz_hf_export_opts *opts,
+                 int (*get_block)(void *arg, int block, float *buf), void *arg) {
+  struct tz_hf_export_opts o;
+  if (opts)
+    o = *opts;
+  else
+    tz_hf_export_opts_init(&o);
+  TZ_CHECK(tz_model_config_check(cfg));
+  if (o.dtype != TZ_F32 && o.dtype != TZ_BF16 && o.dtype != TZ_F16)
+    return tz_err_set(TZ_EINVAL, "hf: export dtype %d is none of f32, bf16, f16", (int)o.dtype);
+  if (!o.shard_bytes)
+    return tz_err_set(TZ_EINVAL, "hf: the shard size must be positive");
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+    return tz_err_errno(errno, "hf: cannot create %s", dir);
+  int nb = tz_model_n_blocks(cfg), n = 0, rc = 0;
+  struct out_tensor *t = calloc((size_t)nb * TZ_L_COUNT, sizeof *t);
+  if (!t)
+    return tz_err_set(TZ_ENOMEM, "hf: out of memory");
   for (int b = 0; b < nb && !rc; b++) {
     struct tz_block_layout l;
-    tz_model_block_layout(cfg, b, &l);
-    rc = get_block(arg, b, buf);
-    for (int i = 0; i < l.n && !rc; i++)
-      if (l.t[i].numel)
-        rc = tz_st_writer_put(w, buf + l.t[i].offset, l.t[i].numel);
+    TZ_CHECK_GOTO(tz_model_block_layout(cfg, b, &l), rc, out);
+    for (int i = 0; i < l.n; i++) {
+      if (!l.t[i].numel)
+        continue;
+      struct out_tensor *x = &t[n++];
+      TZ_CHECK_GOTO(tz_hf_tensor_name(cfg, b, i, x->name, sizeof x->name), rc, out);
+      x->e = (struct tz_st_entry){.name = x->name, .dtype = o.dtype, .ndim = l.t[i].ndim};
+      x->e.shape[0] = l.t[i].shape[0];
+      x->e.shape[1] = l.t[i].shape[1];
+      x->block = b;
+      x->offset = l.t[i].offset;
+      x->numel = l.t[i].numel;
+      x->bytes = x->numel * tz_dtype_size(o.dtype);
+    }
   }
-  free(buf);
-  int crc = tz_st_writer_close(w, rc == 0);
-  rc = rc ? rc : crc;
-  if (!rc)
-    rc = tz_hf_config_write(dir, cfg, dtype);
+  /* What the source config says beyond cfg, when the tokenizer comes from a model of the family. */
+  struct tz_hf_info info, *src = NULL;
+  struct tz_model_config sc;
+  if (o.tokenizer_dir) {
+    char *p = join(o.tokenizer_dir, "config.json");
+    if (p && access(p, F_OK) == 0 && tz_hf_config_read_info(p, &sc, NULL, &info) == 0 &&
+        sc.family == cfg->family)
+      src = &info;
+    free(p);
+  }
+  int shards = assign_shards(t, n, o.shard_bytes);
+  TZ_CHECK_GOTO(shards_write(dir, cfg, t, n, shards, get_block, arg), rc, out);
+  /* The index last among the weights: it names only files already in place. */
+  if (shards > 1)
+    TZ_CHECK_GOTO(index_write(dir, t, n, shards), rc, out);
+  TZ_CHECK_GOTO(config_write(dir, cfg, o.dtype, src), rc, out);
+  TZ_CHECK_GOTO(generation_write(dir, cfg, src, o.tokenizer_dir), rc, out);
+  if (o.tokenizer_dir)
+    TZ_CHECK_GOTO(copy_tokenizer(dir, o.tokenizer_dir), rc, out);
+  rc = remove_stale(dir, shards);
 out:
-  free(e);
-  free(names);
+  free(t);
   return rc;
 }
 
@@ -483,8 +1267,8 @@ static int get_compute_block(void *arg, int b, float *buf) {
   return tz_model_block_download(s->cm, buf, s->blocks[b], tz_model_block_numel(s->cfg, b));
 }
 
-int tz_hf_export_compute(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype,
-                         tz_compute *cm, void *const *blocks) {
+int tz_hf_export_compute(const char *dir, const struct tz_model_config *cfg,
+                         const struct tz_hf_export_opts *o, tz_compute *cm, void *const *blocks) {
   struct compute_src s = {.cm = cm, .cfg = cfg, .blocks = blocks};
-  return tz_hf_export(dir, cfg, dtype, get_compute_block, &s);
+  return tz_hf_export(dir, cfg, o, get_compute_block, &s);
 }

@@ -623,7 +623,10 @@ static int finish(struct run *r) {
     TZ_CHECK(emit_kind(r, TZ_RUN_TRACE, o->trace_step));
   }
   if (o->export_dir) {
-    TZ_CHECK(tz_export_write(r->tr, &r->mc, o->export_dir, o->export_dtype, r->rank));
+    struct tz_hf_export_opts eo;
+    tz_hf_export_opts_init(&eo);
+    eo.dtype = o->export_dtype;
+    TZ_CHECK(tz_export_write(r->tr, &r->mc, o->export_dir, &eo, r->rank));
     TZ_CHECK(emit_kind(r, TZ_RUN_EXPORTED, tz_trainer_steps_done(r->tr)));
   }
   if (o->steps > 0)

@@ -10,6 +10,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "core/error.h"
 #include "core/dtype.h"
@@ -18,7 +21,10 @@
 /* Larger headers than this are refused rather than read into memory (the reference
  * implementation's limit is 100 MB). */
 #define MAX_HEADER (100u << 20)
+/* F32 is read straight into the caller's memory in large reads; 2-byte dtypes through a buffer
+ * small enough to stay in cache while it is cast. */
 #define IO_CHUNK (4u << 20)
+#define IO_CHUNK_2 (512u << 10)
 
 struct tz_st_file {
   char *path;
@@ -257,6 +263,8 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
     snprintf(buf + o, len - o, "]");
 }
 
+const char *tz_st_path(const tz_st_file *f) { return f->path; }
+
 int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *shape, float *out) {
   const struct tz_st_tensor *t = tz_st_find(f, name);
   if (!t)
@@ -273,43 +281,136 @@ int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *sha
                         b);
     }
   }
+  return tz_st_read_tensor_f32(f, t, out, NULL);
+}
+
+/* The exponent bits of a non-finite value in each format: any element with all of them set is
+ * an inf or a NaN. */
+#define F32_EXP 0x7f800000u
+#define BF16_EXP 0x7f80u
+#define F16_EXP 0x7c00u
+
+/* The index of the first element of x[0..n) with every bit of exp set, or -1. The loop is a
+ * branch-free OR the compiler vectorises; only a hit is searched for again. */
+static int64_t first_exp32(const uint32_t *x, uint64_t n) {
+  uint32_t any = 0;
+  for (uint64_t i = 0; i < n; i++)
+    any |= (x[i] & F32_EXP) == F32_EXP;
+  if (!any)
+    return -1;
+  for (uint64_t i = 0; i < n; i++)
+    if ((x[i] & F32_EXP) == F32_EXP)
+      return (int64_t)i;
+  return -1;
+}
+
+/* o[0..n) = the bf16 values h[0..n) as floats; nonzero when one of them is an inf or a NaN.
+ * The cast is a shift, and the output is twice the input: where SSE2 is there the floats go out
+ * with streaming stores, which do not read the destination's lines first, so the cast moves the
+ * bytes it must and no more. */
+static uint16_t cast_bf16(float *o, const uint16_t *h, uint64_t n) {
+  uint16_t any = 0;
+  uint64_t i = 0;
+#ifdef __SSE2__
+  for (; i < n && ((uintptr_t)(o + i) & 15); i++) {
+    o[i] = tz_bf16_to_f32(h[i]);
+    any |= (uint16_t)((h[i] & BF16_EXP) == BF16_EXP);
+  }
+  const __m128i zero = _mm_setzero_si128(), mask = _mm_set1_epi16((short)BF16_EXP);
+  __m128i hit = zero;
+  for (; i + 8 <= n; i += 8) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(h + i));
+    hit = _mm_or_si128(hit, _mm_cmpeq_epi16(_mm_and_si128(x, mask), mask));
+    _mm_stream_si128((__m128i *)(void *)(o + i), _mm_unpacklo_epi16(zero, x));
+    _mm_stream_si128((__m128i *)(void *)(o + i + 4), _mm_unpackhi_epi16(zero, x));
+  }
+  _mm_sfence(); /* the streamed stores are seen before whatever the caller does next */
+  any |= (uint16_t)(_mm_movemask_epi8(hit) != 0);
+#endif
+  for (; i < n; i++) {
+    o[i] = tz_bf16_to_f32(h[i]);
+    any |= (uint16_t)((h[i] & BF16_EXP) == BF16_EXP);
+  }
+  return any;
+}
+
+/* Bytes [begin, begin + len) of t's data (begin a multiple of the element size es) into out:
+ * straight into place for F32, staged in buf and cast otherwise. *bad gets the index (within
+ * the tensor) of the chunk's first non-finite element, or -1. */
+static int read_chunk(tz_st_file *f, const struct tz_st_tensor *t, uint64_t begin, uint64_t len,
+                      float *out, uint8_t *buf, int es, int bf16, int64_t *bad) {
+  *bad = -1;
+  uint64_t first = begin / (uint64_t)es, n = len / (uint64_t)es;
+  uint8_t *dst = es == 4 ? (uint8_t *)(out + first) : buf;
+  for (uint64_t done = 0; done < len;) {
+    uint64_t off = f->data_off + t->begin + begin + done;
+    ssize_t got = pread(f->fd, dst + done, len - done, (off_t)off);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0)
+      return got < 0 ? tz_err_errno(errno, "%s: reading tensor '%s' at offset %llu", f->path,
+                                    t->name, (unsigned long long)off)
+                     : tz_err_set(TZ_EIO, "%s: tensor '%s': file ends at offset %llu", f->path,
+                                  t->name, (unsigned long long)off);
+    done += (uint64_t)got;
+  }
+  if (es == 4) {
+    int64_t at = first_exp32((const uint32_t *)(const void *)(out + first), n);
+    *bad = at < 0 ? -1 : (int64_t)first + at;
+    return 0;
+  }
+  const uint16_t *h = (const uint16_t *)(const void *)buf;
+  float *o = out + first;
+  uint16_t exp = bf16 ? BF16_EXP : F16_EXP, any = 0;
+  if (bf16)
+    any = cast_bf16(o, h, n);
+  else
+    for (uint64_t i = 0; i < n; i++) {
+      o[i] = tz_f16_to_f32(h[i]);
+      any |= (uint16_t)((h[i] & exp) == exp);
+    }
+  for (uint64_t i = 0; any && i < n; i++)
+    if ((h[i] & exp) == exp) {
+      *bad = (int64_t)(first + i);
+      break;
+    }
+  return 0;
+}
+
+int tz_st_read_tensor_f32(tz_st_file *f, const struct tz_st_tensor *t, float *out,
+                          int64_t *nonfinite) {
   int es;
+  if (nonfinite)
+    *nonfinite = -1;
   if (strcmp(t->dtype, "F32") == 0)
     es = 4;
   else if (strcmp(t->dtype, "BF16") == 0 || strcmp(t->dtype, "F16") == 0)
     es = 2;
   else
     return tz_err_set(TZ_ENOTSUP, "%s: tensor '%s' has dtype %s (F32, BF16 and F16 are read)",
-                      f->path, name, t->dtype);
+                      f->path, t->name, t->dtype);
   int bf16 = t->dtype[0] == 'B';
-  uint8_t *buf = es == 4 ? NULL : malloc(IO_CHUNK);
+  uint64_t total = t->end - t->begin, chunk = es == 4 ? IO_CHUNK : IO_CHUNK_2;
+  int64_t nch = (int64_t)((total + chunk - 1) / chunk), bad = -1;
+  int rc = 0;
+  /* One thread, chunk after chunk: on a machine whose cores are busy (training, other jobs)
+   * threads that wait for each other made the import slower, not faster. */
+  uint8_t *buf = es == 2 ? malloc(IO_CHUNK_2) : NULL;
   if (es == 2 && !buf)
     return tz_err_set(TZ_ENOMEM, "%s: out of memory", f->path);
-  uint64_t done = 0, total = t->end - t->begin;
-  int rc = 0;
-  while (done < total) {
-    uint64_t want = total - done < IO_CHUNK ? total - done : IO_CHUNK;
-    void *dst = es == 4 ? (void *)((char *)out + done) : (void *)buf;
-    uint64_t off = f->data_off + t->begin + done;
-    ssize_t got = pread(f->fd, dst, want, (off_t)off);
-    if (got <= 0) {
-      rc = got < 0 ? tz_err_errno(errno, "%s: reading tensor '%s' at offset %llu", f->path, name,
-                                  (unsigned long long)off)
-                   : tz_err_set(TZ_EIO, "%s: tensor '%s': file ends at offset %llu", f->path, name,
-                                (unsigned long long)off);
-      break;
-    }
-    if (es == 2) {
-      uint64_t n = (uint64_t)got / 2, first = done / 2;
-      const uint16_t *h = (const uint16_t *)buf;
-      for (uint64_t i = 0; i < n; i++)
-        out[first + i] = bf16 ? tz_bf16_to_f32(h[i]) : tz_f16_to_f32(h[i]);
-      got &= ~(ssize_t)1; /* whole elements only: an odd byte is read again next time */
-    }
-    done += (uint64_t)got;
+  for (int64_t c = 0; c < nch && !rc; c++) {
+    int64_t b;
+    uint64_t begin = (uint64_t)c * chunk, len = total - begin < chunk ? total - begin : chunk;
+    rc = read_chunk(f, t, begin, len, out, buf, es, bf16, &b);
+    if (!rc && b >= 0 && bad < 0)
+      bad = b;
   }
   free(buf);
-  return rc;
+  if (rc)
+    return rc;
+  if (nonfinite)
+    *nonfinite = bad;
+  return 0;
 }
 
 /* ---- writer ---- */

@@ -42,6 +42,13 @@ const char *tz_st_metadata(const tz_st_file *f, const char *key);
  * TZ_ENOTSUP for another dtype, TZ_EIO on a short read. */
 int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *shape, float *out);
 
+/* Reads tensor t (one of f's) into out (t->numel floats), converting F32, BF16 or F16, in large
+ * sequential reads. nonfinite (may be NULL) gets the index of its first element that is an inf or
+ * a NaN, or -1: found in the same pass as the cast. */
+int tz_st_read_tensor_f32(tz_st_file *f, const struct tz_st_tensor *t, float *out,
+                          int64_t *nonfinite);
+const char *tz_st_path(const tz_st_file *f); /* as given to tz_st_open */
+
 /* ---- writing ---- */
 
 struct tz_st_entry {
