@@ -3,6 +3,8 @@
  * initialised model in Hugging Face format. Every family of trainer/hf.h.
  *   tz-model-check --import DIR --tokens 1,2,3,...     loss of predicting tokens[1:] from [:-1]
  *        [--generate N]   then N tokens of greedy generation after the given ones (stops at eos)
+ *        [--logits FILE]  every logit to FILE, (T, V) little-endian float32
+ *        [--backend cuda --dtype bf16]  on another backend and storage dtype
  *   tz-model-check --import DIR --read-only            every block read, timed (the import's cost)
  *   tz-model-check --preset tiny | --config PATH  [--seed 1] --export DIR [--dtype bf16]
  *        [--shard-size BYTES] [--tokenizer DIR] */
@@ -21,7 +23,7 @@
 
 static void usage(FILE *fp) {
   fprintf(fp, "usage: tz-model-check --import DIR --tokens T0,T1,... [--generate N]"
-              " [--backend cpu] [--threads N]\n"
+              " [--logits FILE] [--backend cpu|cuda] [--dtype f32|bf16|f16] [--threads N]\n"
               "       tz-model-check --import DIR --read-only\n"
               "       tz-model-check --preset NAME|--config PATH [--seed S] --export DIR"
               " [--dtype f32|bf16|f16] [--shard-size BYTES] [--tokenizer DIR]\n"
@@ -66,7 +68,7 @@ static int parse_tokens(const char *s, int32_t **out, int *n) {
 
 /* Prints what hf_check.py prints, in the same format. */
 static int check(tz_compute *cm, const struct tz_model_config *cfg, void *const *blocks,
-                 const int32_t *tok, int n) {
+                 const int32_t *tok, int n, const char *logits_path) {
   int T = n - 1, rc;
   tz_model_runner *r = NULL;
   float *logits = malloc(sizeof(float) * (size_t)T * cfg->vocab), loss = 0;
@@ -83,6 +85,14 @@ static int check(tz_compute *cm, const struct tz_model_config *cfg, void *const 
   for (int j = 0; j < 8 && j < cfg->vocab; j++)
     printf(" %.6f", logits[j]);
   printf("\n");
+  if (logits_path) { /* every logit, (T, V) little-endian float32 row-major, for hf_check.py */
+    FILE *f = fopen(logits_path, "wb");
+    size_t nl = (size_t)T * cfg->vocab;
+    if (!f || fwrite(logits, sizeof(float), nl, f) != nl || fclose(f) != 0) {
+      rc = tz_err_set(TZ_EIO, "--logits %s: cannot write %zu floats", logits_path, nl);
+      goto out;
+    }
+  }
 out:
   tz_model_runner_destroy(r);
   free(logits);
@@ -169,18 +179,26 @@ static int read_only(tz_hf_model *hf) {
 
 int main(int argc, char **argv) {
   const char *import = NULL, *export = NULL, *preset = NULL, *tokens = NULL, *backend = "cpu";
-  const char *dtype_s = "f32", *config = NULL, *tokenizer = NULL;
+  const char *dtype_s = "f32", *config = NULL, *tokenizer = NULL, *logits_path = NULL;
   unsigned long long seed = 1, shard = 0;
   int threads = 0, gen = 0, ronly = 0;
-  static const struct option opts[] = {
-      {"import", required_argument, 0, 'i'},    {"export", required_argument, 0, 'e'},
-      {"preset", required_argument, 0, 'p'},    {"tokens", required_argument, 0, 't'},
-      {"seed", required_argument, 0, 's'},      {"dtype", required_argument, 0, 'd'},
-      {"backend", required_argument, 0, 'b'},   {"threads", required_argument, 0, 'j'},
-      {"config", required_argument, 0, 'c'},    {"generate", required_argument, 0, 'g'},
-      {"read-only", no_argument, 0, 'r'},       {"shard-size", required_argument, 0, 'z'},
-      {"tokenizer", required_argument, 0, 'k'}, {"help", no_argument, 0, 'h'},
-      {"version", no_argument, 0, 'V'},         {0, 0, 0, 0}};
+  static const struct option opts[] = {{"import", required_argument, 0, 'i'},
+                                       {"export", required_argument, 0, 'e'},
+                                       {"preset", required_argument, 0, 'p'},
+                                       {"tokens", required_argument, 0, 't'},
+                                       {"seed", required_argument, 0, 's'},
+                                       {"dtype", required_argument, 0, 'd'},
+                                       {"backend", required_argument, 0, 'b'},
+                                       {"threads", required_argument, 0, 'j'},
+                                       {"config", required_argument, 0, 'c'},
+                                       {"generate", required_argument, 0, 'g'},
+                                       {"read-only", no_argument, 0, 'r'},
+                                       {"shard-size", required_argument, 0, 'z'},
+                                       {"tokenizer", required_argument, 0, 'k'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {"version", no_argument, 0, 'V'},
+                                       {"logits", required_argument, 0, 'l'},
+                                       {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
@@ -197,6 +215,7 @@ int main(int argc, char **argv) {
     case 'r': ronly = 1; break;
     case 'z': shard = strtoull(optarg, NULL, 0); break;
     case 'k': tokenizer = optarg; break;
+    case 'l': logits_path = optarg; break;
     case 'h': usage(stdout); return 0;
     case 'V': tz_version_print(stdout, "tz-model-check"); return 0;
     default: usage(stderr); return 2;
@@ -218,6 +237,8 @@ int main(int argc, char **argv) {
   tz_compute_params_init(&cp);
   cp.n_threads = threads;
   TZ_CHECK_GOTO(tz_dtype_parse(dtype_s, &dtype), rc, out);
+  if (import)
+    cp.dtype = dtype; /* the backend computes in it (the cpu backend in f32 only) */
   if (import) {
     if (tokens)
       TZ_CHECK_GOTO(parse_tokens(tokens, &tok, &ntok), rc, out);
@@ -237,7 +258,7 @@ int main(int argc, char **argv) {
   TZ_CHECK_GOTO(tz_model_blocks_alloc(cm, &cfg, &blocks), rc, out);
   if (import) {
     TZ_CHECK_GOTO(tz_hf_load(hf, cm, blocks), rc, out);
-    TZ_CHECK_GOTO(check(cm, &cfg, blocks, tok, ntok), rc, out);
+    TZ_CHECK_GOTO(check(cm, &cfg, blocks, tok, ntok, logits_path), rc, out);
     if (gen)
       TZ_CHECK_GOTO(generate(cm, &cfg, tz_hf_info(hf), blocks, tok, ntok, gen), rc, out);
   } else {
