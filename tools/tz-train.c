@@ -352,6 +352,8 @@ static int run(struct opts *o, struct tz_bootstrap *bs, struct tz_config *cfg) {
 }
 
 int main(int argc, char **argv) {
+  /* A run killed (the OOM killer, kill -9) keeps every line it printed. */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   struct opts o;
   if (parse(argc, argv, &o) < 0)
     return 2;
