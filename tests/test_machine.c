@@ -11,12 +11,15 @@
 #include "core/runtime.h"
 #include "trainer/machine.h"
 #include "trainer/model.h"
+#include "trainer/rates.h"
 #include "trainer/train.h"
 #include "util/clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
 #define GIB (1ull << 30)
 #define MIB (1ull << 20)
@@ -211,6 +214,34 @@ static void test_refused_before_layer_probe(void **state) {
   assert_true(took < 10);
 }
 
+/* The rates probe in a 20 MiB nvme directory (a tmpfs of that size, where this process may mount
+ * one): timed with less, not refused before the plan's own nvme budget is considered. */
+static void test_rates_small_nvme_dir(void **state) {
+  (void)state;
+  char *d = tz_test_mkdtemp("machine");
+  if (mount("tmpfs", d, "tmpfs", 0, "size=20m") != 0) {
+    tz_test_rmdir(d);
+    skip(); /* no permission to mount a filesystem of that size here */
+  }
+  struct tz_config cfg;
+  tz_config_defaults(&cfg);
+  TZ_ASSERT_OK(tz_config_set(&cfg, "tierzero.nvme_path", d));
+  TZ_ASSERT_OK(tz_config_set(&cfg, "tierzero.nvme_buffered", "true"));
+  char cache[1100];
+  snprintf(cache, sizeof cache, "%s.rates.json", d);
+  struct tz_plan_rates r;
+  memset(&r, 0, sizeof r);
+  int rc = tz_rates_get(&cfg, "cpu", rt, comm, cache, 1, &r);
+  if (rc != 0)
+    print_error("%s\n", tz_err_msg());
+  umount(d);
+  unlink(cache);
+  tz_config_free(&cfg);
+  tz_test_rmdir(d);
+  assert_int_equal(rc, 0);
+  assert_true(r.nvme_read > 0 && r.nvme_write > 0);
+}
+
 int main(void) {
   struct tz_runtime_params rp;
   tz_runtime_params_init(&rp);
@@ -234,6 +265,7 @@ int main(void) {
       cmocka_unit_test(test_read_this_machine),
       cmocka_unit_test(test_trainer_refused),
       cmocka_unit_test(test_refused_before_layer_probe),
+      cmocka_unit_test(test_rates_small_nvme_dir),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_comm_destroy(comm);
