@@ -187,6 +187,8 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
   r.n_phases = tr->n_ph;
   r.phases = pp;
   r.compute_fixed = round_up(sizes_total(sz, BUF_COUNT), ALIGN);
+  r.compute_acts =
+      round_up(sz[BUF_ACTS], 256) + round_up(sz[BUF_LS], 256) + round_up(sz[BUF_HS], 256);
   r.align = ALIGN;
   r.chunk = tz_runtime_chunk_bytes(tr->rt);
   r.window = p->window;
@@ -372,6 +374,12 @@ int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
   if (rc == 0) {
     other_capacities(tr, &r);
     rc = tz_plan_make(&r, &tr->plan);
+    if (rc == TZ_ENOMEM) { /* what the state needs in all, beside where it fell short */
+      char why[1024], state[384];
+      snprintf(why, sizeof why, "%s", tz_err_msg());
+      tz_plan_state_summary(&r, state, sizeof state);
+      rc = tz_err_set(rc, "%s; %s", why, state);
+    }
   }
   if (rc == 0)
     rc = settle_home_phases(tr, &r, pp);
