@@ -45,35 +45,52 @@ static uint64_t read_cgroup_value(const char *dir, const char *name) {
   return got && end != text ? (uint64_t)v : TZ_MACHINE_UNKNOWN;
 }
 
-/* The tightest memory.max from this process's cgroup (v2: the "0::" line) up to the root, with
- * the memory.current of the cgroup that sets it. */
+/* The tightest limit from the cgroup dir (under root) up to root: the file `max` (v2 memory.max,
+ * v1 memory.limit_in_bytes, whose "unlimited" is a number near 2^63), with the `current` of the
+ * cgroup that sets it. */
+static void walk_cgroup(struct tz_machine_facts *f, const char *root, const char *rel,
+                        const char *max_file, const char *cur_file) {
+  char dir[2 * PATH_MAX];
+  snprintf(dir, sizeof dir, "%s%s", root, strcmp(rel, "/") == 0 ? "" : rel);
+  for (;;) {
+    uint64_t max = read_cgroup_value(dir, max_file);
+    if (max < (1ull << 62) && (f->cgroup_max == TZ_MACHINE_UNKNOWN || max < f->cgroup_max)) {
+      f->cgroup_max = max;
+      uint64_t cur = read_cgroup_value(dir, cur_file);
+      f->cgroup_current = cur == TZ_MACHINE_UNKNOWN ? 0 : cur;
+    }
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash - dir < (ptrdiff_t)strlen(root))
+      break;
+    *slash = 0;
+  }
+}
+
+/* The cgroup limits of this process: v2 (the "0::" line of /proc/self/cgroup, under
+ * /sys/fs/cgroup) and v1's memory controller (the "memory:" line, under /sys/fs/cgroup/memory). A
+ * path that does not exist below the mount (a container's namespace) is walked up to the
+ * mount's root, which is then the container's own cgroup. */
 static void read_cgroup(struct tz_machine_facts *f) {
   FILE *in = fopen("/proc/self/cgroup", "r");
   if (!in)
     return;
-  char line[PATH_MAX], rel[PATH_MAX] = "";
-  while (fgets(line, sizeof line, in))
-    if (strncmp(line, "0::", 3) == 0) {
-      snprintf(rel, sizeof rel, "%s", line + 3);
-      rel[strcspn(rel, "\n")] = 0;
-    }
-  fclose(in);
-  if (!rel[0])
-    return;
-  char dir[PATH_MAX + 16];
-  snprintf(dir, sizeof dir, "/sys/fs/cgroup%s", strcmp(rel, "/") == 0 ? "" : rel);
-  for (;;) {
-    uint64_t max = read_cgroup_value(dir, "memory.max");
-    if (max != TZ_MACHINE_UNKNOWN && (f->cgroup_max == TZ_MACHINE_UNKNOWN || max < f->cgroup_max)) {
-      f->cgroup_max = max;
-      uint64_t cur = read_cgroup_value(dir, "memory.current");
-      f->cgroup_current = cur == TZ_MACHINE_UNKNOWN ? 0 : cur;
-    }
-    char *slash = strrchr(dir, '/');
-    if (!slash || slash - dir <= (ptrdiff_t)strlen("/sys/fs/cgroup"))
-      break;
-    *slash = 0;
+  char line[PATH_MAX], v2[PATH_MAX] = "", v1[PATH_MAX] = "";
+  while (fgets(line, sizeof line, in)) {
+    line[strcspn(line, "\n")] = 0;
+    char *colon = strchr(line, ':');
+    char *path = colon ? strchr(colon + 1, ':') : NULL;
+    if (!path)
+      continue;
+    if (strncmp(line, "0::", 3) == 0)
+      snprintf(v2, sizeof v2, "%s", path + 1);
+    else if (strncmp(colon + 1, "memory:", 7) == 0)
+      snprintf(v1, sizeof v1, "%s", path + 1);
   }
+  fclose(in);
+  if (v2[0])
+    walk_cgroup(f, "/sys/fs/cgroup", v2, "memory.max", "memory.current");
+  if (v1[0])
+    walk_cgroup(f, "/sys/fs/cgroup/memory", v1, "memory.limit_in_bytes", "memory.usage_in_bytes");
 }
 
 void tz_machine_facts_read(const char *const *nvme_dirs, int n_dirs, const char *backend,

@@ -17,9 +17,11 @@
 struct tz_machine_facts {
   uint64_t mem_available;  /* /proc/meminfo MemAvailable: free plus reclaimable; UNKNOWN */
   uint64_t mem_total;      /* MemTotal; UNKNOWN */
-  uint64_t cgroup_max;     /* the tightest cgroup v2 memory.max from this process's cgroup up to
-                              the root; UNKNOWN: none ("max") or no cgroup v2 */
-  uint64_t cgroup_current; /* memory.current of that cgroup (0 when unknown) */
+  uint64_t cgroup_max;     /* the tightest cgroup memory limit from this process's cgroup up to
+                              the root: v2 memory.max, v1 memory.limit_in_bytes; UNKNOWN: none
+                              ("max", v1's "unlimited") or no cgroup to read */
+  uint64_t cgroup_current; /* memory.current (v1 memory.usage_in_bytes) of that cgroup (0 when
+                              unknown) */
   uint64_t memlock;        /* RLIMIT_MEMLOCK's soft limit; UNKNOWN: unlimited */
   int memlock_exempt;      /* the process may lock without limit (CAP_IPC_LOCK: root) */
   uint64_t nvme_free;      /* statvfs free bytes (f_bavail) of the smallest nvme directory;
