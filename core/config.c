@@ -2,6 +2,7 @@
  * the lifetime of a tz_config. The table of keys that drives all of it is in config_keys.c. */
 #define _GNU_SOURCE
 #include "core/config_internal.h"
+#include "util/size.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -110,6 +111,18 @@ static int finish(struct tz_config *c, const char *pre) {
   /* DeepSpeed: AdamW is decoupled whatever adam_w_mode says. */
   if (c->optimizer.type == TZ_OPTIMIZER_ADAMW)
     c->optimizer.adam_w_mode = 1;
+  /* The runtime cuts its staging buffers into chunks that every tier can transfer whole: a
+   * chunk the nvme tier's direct I/O cannot take failed only at the runtime's creation, as
+   * "staging: cannot allocate 256 bytes". */
+  if (c->tierzero.chunk_bytes < 4096 || c->tierzero.chunk_bytes % 4096) {
+    char got[32];
+    tz_bytes_format(got, sizeof got, (double)c->tierzero.chunk_bytes, &tz_bytes_plan);
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: tierzero.chunk_bytes %s: a chunk is a multiple of 4 KiB (the "
+                      "direct-I/O alignment of the nvme tier), at least 4 KiB; the default is "
+                      "4 MiB",
+                      pre, got);
+  }
   if (c->tierzero.chunk_bytes > c->tierzero.staging_bytes)
     return tz_err_set(TZ_ECONFIG,
                       "%s: tierzero.chunk_bytes %" PRIu64

@@ -795,6 +795,10 @@ static void fill_plan(const struct tz_plan_request *r, int8_t *tiers, const int8
     out->capacity[t] = r->capacity[t];
   }
   out->compute_fixed = r->compute_fixed;
+  out->compute_acts = r->compute_acts;
+  for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
+    out->kind_bytes[i % TZ_PLAN_KINDS][tiers[i]] +=
+        block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
   out->min_window = min_window(r, out->tier);
   out->window = window_for(r, used[TZ_PLAN_COMPUTE]);
   for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
@@ -873,6 +877,7 @@ void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_na
     fmt_bytes(b, sizeof b, p->capacity[t]);
     fprintf(f, "  %-7s  homes %s of %s\n", tier_names[t], a, b);
   }
+  tz_plan_print_table(f, p, "    ");
   fmt_bytes(a, sizeof a, p->compute_fixed);
   fmt_bytes(b, sizeof b, p->window);
   fmt_bytes(c, sizeof c, p->min_window);
@@ -897,4 +902,55 @@ void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_na
   fprintf(f, "  bound    %s per step (compute %s; copy in %s, copy out %s, nvme %s%s%s)%s\n", t0,
           t1, t2, t3, t4, at_home, link,
           p->unknown_rates ? " [some rates unknown: counted as free]" : "");
+}
+
+/* The table's rows: the kinds in the order DeepSpeed's estimate names them, then the buffers. */
+static const int table_kinds[] = {TZ_PLAN_PARAM, TZ_PLAN_GRAD, TZ_PLAN_MASTER, TZ_PLAN_M,
+                                  TZ_PLAN_V};
+static const char *const table_names[] = {"parameters", "gradients", "master", "m", "v"};
+
+static void table_row(FILE *f, const char *indent, const char *name, const uint64_t *b,
+                      uint64_t col_total[TZ_PLAN_TIERS]) {
+  char c[TZ_PLAN_TIERS + 1][32];
+  uint64_t total = 0;
+  for (int t = 0; t < TZ_PLAN_TIERS; t++) {
+    fmt_bytes(c[t], sizeof c[t], b[t]);
+    total += b[t];
+    col_total[t] += b[t];
+  }
+  fmt_bytes(c[TZ_PLAN_TIERS], sizeof c[TZ_PLAN_TIERS], total);
+  fprintf(f, "%s%-12s %12s %12s %12s %12s\n", indent, name, c[0], c[1], c[2], c[3]);
+}
+
+void tz_plan_print_table(FILE *f, const struct tz_plan *p, const char *indent) {
+  uint64_t col[TZ_PLAN_TIERS] = {0, 0, 0}, none[TZ_PLAN_TIERS] = {0, 0, 0};
+  fprintf(f, "%s%-12s %12s %12s %12s %12s\n", indent, "state", "compute", "host", "nvme", "total");
+  for (int i = 0; i < TZ_PLAN_KINDS; i++)
+    table_row(f, indent, table_names[i], p->kind_bytes[table_kinds[i]], col);
+  uint64_t row[TZ_PLAN_TIERS] = {0, 0, 0};
+  uint64_t acts = p->compute_acts < p->compute_fixed ? p->compute_acts : p->compute_fixed;
+  row[TZ_PLAN_COMPUTE] = p->compute_fixed - acts;
+  table_row(f, indent, "buffers", row, col);
+  row[TZ_PLAN_COMPUTE] = acts;
+  table_row(f, indent, "activations", row, col);
+  row[TZ_PLAN_COMPUTE] = p->window;
+  table_row(f, indent, "window", row, col);
+  table_row(f, indent, "total", col, none);
+}
+
+void tz_plan_state_summary(const struct tz_plan_request *r, char *buf, size_t len) {
+  uint64_t k[TZ_PLAN_KINDS] = {0};
+  for (int g = 0; g < r->n_groups; g++)
+    for (int i = 0; i < TZ_PLAN_KINDS; i++)
+      k[i] += block_bytes(r, g, i);
+  char a[TZ_PLAN_KINDS + 2][32];
+  for (int i = 0; i < TZ_PLAN_KINDS; i++)
+    fmt_bytes(a[i], sizeof a[i], k[table_kinds[i]]);
+  uint64_t acts = r->compute_acts < r->compute_fixed ? r->compute_acts : r->compute_fixed;
+  fmt_bytes(a[TZ_PLAN_KINDS], sizeof a[0], r->compute_fixed - acts);
+  fmt_bytes(a[TZ_PLAN_KINDS + 1], sizeof a[0], acts);
+  snprintf(buf, len,
+           "the state: parameters %s, gradients %s, master %s, m %s, v %s; compute-tier "
+           "buffers %s and activations %s",
+           a[0], a[1], a[2], a[3], a[4], a[TZ_PLAN_KINDS], a[TZ_PLAN_KINDS + 1]);
 }

@@ -99,6 +99,8 @@ struct tz_plan_request {
   uint64_t capacity[TZ_PLAN_TIERS];   /* bytes each tier may hold (compute: the HBM budget) */
   uint64_t compute_fixed;   /* compute-tier bytes the client takes before any home: activations,
                                gathered weights, full gradients */
+  uint64_t compute_acts;    /* optional, for the table (tz_plan_print): of compute_fixed, the
+                               activations and their scratch */
   uint64_t align;           /* the compute tier's alignment (blocks are rounded up to it) */
   uint64_t chunk;           /* the runtime's chunk: the scheduler keeps one for its lane */
   uint64_t window;          /* the scheduler's budget; 0: all the compute tier has left */
@@ -116,6 +118,8 @@ struct tz_plan {
   int8_t *tier;                 /* (n_groups, TZ_PLAN_KINDS): the home tier of each block */
   uint64_t used[TZ_PLAN_TIERS]; /* home bytes in each tier (compute: without fixed, window) */
   uint64_t compute_fixed;
+  uint64_t compute_acts; /* of compute_fixed, the activations (the request's) */
+  uint64_t kind_bytes[TZ_PLAN_KINDS][TZ_PLAN_TIERS]; /* home bytes of each kind in each tier */
   uint64_t window;     /* the scheduler's budget in the compute tier */
   uint64_t min_window; /* for this placement: the largest phase's blocks not homed in the
                           compute tier, plus one chunk (tz_sched_min_budget of the same) */
@@ -160,5 +164,15 @@ uint64_t tz_plan_min_window(const struct tz_plan_request *req);
 /* Prints the placement per kind (blocks and bytes in each tier), the window, and the bound with
  * its lanes, for `tz-train --plan` and the start of a run. group_names may be NULL. */
 void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_names);
+
+/* The table of bytes per kind of state (param, grad, master, m, v, the buffers, the activations,
+ * the window) and per tier, with each row's and column's total, as
+ * estimate_zero3_model_states_mem_needs prints DeepSpeed's; one line per row, each starting with
+ * indent. */
+void tz_plan_print_table(FILE *f, const struct tz_plan *p, const char *indent);
+
+/* What the state of req needs in all, whatever the placement, into buf (cut to len): "param X,
+ * grad X, master X, m X, v X; buffers X (activations X)", for the refusals' messages. */
+void tz_plan_state_summary(const struct tz_plan_request *req, char *buf, size_t len);
 
 #endif

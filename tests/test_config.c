@@ -390,6 +390,12 @@ static const struct bad_case bad_cases[] = {
      "fp16.enabled and bf16.enabled are both true: choose one"},
     {"{\"tierzero\": {\"staging_bytes\": \"4MiB\", \"chunk_bytes\": \"8MiB\"}}",
      "bad.json: tierzero.chunk_bytes 8388608 is larger than tierzero.staging_bytes 4194304"},
+    /* a chunk the staging buffers cannot be cut into (it was "staging: cannot allocate 256
+     * bytes: 0 of 0 bytes free" at the runtime's creation) */
+    {"{\"tierzero\": {\"chunk_bytes\": \"1B\"}}",
+     "bad.json: tierzero.chunk_bytes 1 B: a chunk is a multiple of 4 KiB (the direct-I/O "
+     "alignment of the nvme tier), at least 4 KiB; the default is 4 MiB"},
+    {"{\"tierzero\": {\"chunk_bytes\": 6000}}", "bad.json: tierzero.chunk_bytes 5.9 KiB: a chunk"},
     /* syntax, with line and column */
     {"{\"train_batch_size\": 8,\n \"seed\": 1,,\n}", "bad.json:2:12: JSON syntax error: "},
     {"{\"seed\": 1,\n \"seed\": 2}", "bad.json:2:7: JSON syntax error: duplicate object key"},

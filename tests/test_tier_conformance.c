@@ -457,6 +457,35 @@ static void test_bad_fault_spec(void **state) {
   assert_int_equal(rc, TZ_EINVAL);
   assert_non_null(strstr(tz_err_msg(), "bad fault item \"nvme-short@x\""));
   tz_runtime_destroy(e2.rt);
+  /* Numbers out of range are refused naming the key, the item and the range: a delay of 27
+   * hours per operation (wrapped to 20 minutes in an unsigned) hung the run. */
+  static const struct {
+    const char *spec, *says;
+  } bad[] = {
+      {"delay=99999999999", "delay is in microseconds, 0 to 10000000"},
+      {"delay=-1", "delay is in microseconds, 0 to 10000000"},
+      {"delay=5ms", "delay is in microseconds, 0 to 10000000"},
+      {"eio%150", "a percentage above 0 and at most 100"},
+      {"flip%0", "a percentage above 0 and at most 100"},
+      {"eio@1.5", "an operation number, a whole number from 1"},
+      {"short@0", "an operation number, a whole number from 1"},
+      {"seed=x", "seed=S takes a whole number"},
+      {"nvme-eagain@99999999999999999999999", "nvme-eagain@N with N from 1"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    struct env e3 = {0};
+    rc = make_tier(&e3, bad[i].spec);
+    if (rc != TZ_EINVAL || !strstr(tz_err_msg(), bad[i].says) ||
+        !strstr(tz_err_msg(), bad[i].spec) || !strstr(tz_err_msg(), "tierzero.faults"))
+      print_error("%s -> %d: %s\n", bad[i].spec, rc, tz_err_msg());
+    assert_int_equal(rc, TZ_EINVAL);
+    assert_non_null(strstr(tz_err_msg(), bad[i].says));
+    assert_non_null(strstr(tz_err_msg(), "tierzero.faults"));
+    tz_runtime_destroy(e3.rt);
+  }
+  struct env e4 = {0};
+  TZ_ASSERT_OK(make_tier(&e4, "delay=10000000,seed=7,eio%100,short@3"));
+  tz_runtime_destroy(e4.rt);
 }
 
 int main(int argc, char **argv) {

@@ -94,6 +94,15 @@ static void test_config_errors(void **state) {
       {"--set noequals", 2, {"--set noequals: expected KEY=VALUE"}},
       {"--set =3", 2, {"--set =3: expected KEY=VALUE"}},
       {"--set fp16.initial_scale_power=200", 2, {"fp16.initial_scale_power"}},
+      /* issue #27 item 14: each names the key, the value and what would work */
+      {"--set tierzero.chunk_bytes=1B", 2, {"tierzero.chunk_bytes 1 B", "multiple of 4 KiB"}},
+      {"--steps 1 --set tierzero.hbm_budget=1000TiB",
+       1,
+       {"tierzero.hbm_budget 1024000.00 GiB", "TZ_HBM_BUDGET", "would work"}},
+      {"--steps 1 --set zero_optimization.offload_optimizer.device=nvme --set "
+       "tierzero.nvme_path=. --set tierzero.faults=delay=99999999999",
+       1,
+       {"tierzero.faults", "delay=99999999999", "0 to 10000000"}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     check(&cases[i]);
@@ -106,6 +115,8 @@ static void test_flag_errors(void **state) {
       {"--steps x", 2, {"--steps: expected a non-negative integer, got 'x'"}},
       {"--steps -1", 2, {"--steps: expected a non-negative integer"}},
       {"--seq 0", 2, {"--seq: expected a positive integer"}},
+      {"--fit layers", 2, {"--fit is for --plan"}},
+      {"--plan --fit batch", 2, {"--fit 'batch': expected micro-batch or layers"}},
       {"--eval-every 0", 2, {"--eval-every: expected a positive integer"}},
       {"--val-fraction 1.5", 2, {"--val-fraction: expected a number in (0, 1)"}},
       {"--trace-step 1", 2, {"--trace-step and --trace go together"}},

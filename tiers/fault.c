@@ -2,7 +2,9 @@
  * it from the config's tierzero.faults or TZ_FAULTS) is a comma-separated list of items:
  *   KIND@N      the Nth operation (reads and writes counted together, from 1)
  *   KIND%P      each operation with probability P percent (seeded: seed=S, default 1)
- *   delay=US    every operation starts US microseconds late (on the fault tier's own thread)
+ *   delay=US    every operation starts US microseconds late (on the fault tier's own thread),
+ *               at most 10000000 (10 s)
+ *   seed=S      the seed of the KIND%P draws (a whole number)
  * KIND is one of
  *   eio         the operation fails with EIO         eio-read, eio-write: only reads, writes
  *   enospc      a write fails with ENOSPC
@@ -21,6 +23,7 @@
 #include "core/tier_impl.h"
 #include "util/mix.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +51,68 @@ struct fault {
   uint64_t injected[F_KINDS];
 };
 
+/* The longest delay=US: longer would look like a hang (a run's every operation waits it). */
+#define MAX_DELAY_US 10000000ull
+
+/* A whole number, all of s, into *v; 0 or -1. */
+static int whole(const char *s, unsigned long long *v) {
+  char *end = NULL;
+  errno = 0;
+  if (!(*s >= '0' && *s <= '9'))
+    return -1;
+  *v = strtoull(s, &end, 10);
+  return errno || *end ? -1 : 0;
+}
+
+/* The refusal of item: the key it came from, the item, what would work. */
+static int bad_item(const tz_tier *t, const char *item, const char *why) {
+  return tz_err_set(TZ_EINVAL, "%s: tierzero.faults (or TZ_FAULTS): bad fault item \"%s\": %s",
+                    t->name, item, why);
+}
+
+static int parse_item(tz_tier *t, struct fault *f, const char *item) {
+  unsigned long long u;
+  if (strncmp(item, "delay=", 6) == 0) {
+    if (whole(item + 6, &u) < 0 || u > MAX_DELAY_US)
+      return bad_item(t, item, "delay is in microseconds, 0 to 10000000 (10 s) per operation");
+    f->delay_us = (unsigned)u;
+    return 0;
+  }
+  if (strncmp(item, "seed=", 5) == 0) {
+    if (whole(item + 5, &u) < 0)
+      return bad_item(t, item, "seed=S takes a whole number");
+    f->seed = u;
+    return 0;
+  }
+  const char *sep = strpbrk(item, "@%");
+  int kind = -1;
+  for (int k = 0; sep && k < F_KINDS; k++)
+    if ((size_t)(sep - item) == strlen(kind_names[k]) &&
+        strncmp(item, kind_names[k], (size_t)(sep - item)) == 0)
+      kind = k;
+  if (kind < 0)
+    return bad_item(t, item,
+                    "expected KIND@N or KIND%P with KIND one of eio, eio-read, eio-write, enospc, "
+                    "short, flip; or delay=US, seed=S");
+  if (f->n_rules == 32)
+    return bad_item(t, item, "at most 32 KIND@N and KIND%P items");
+  struct rule *r = &f->rules[f->n_rules];
+  if (*sep == '@') {
+    if (whole(sep + 1, &u) < 0 || u == 0)
+      return bad_item(t, item, "KIND@N takes an operation number, a whole number from 1");
+    r->at = u;
+  } else {
+    char *end = NULL;
+    double v = strtod(sep + 1, &end);
+    if (end == sep + 1 || *end || !(v > 0 && v <= 100))
+      return bad_item(t, item, "KIND%P takes a percentage above 0 and at most 100");
+    r->pct = v;
+  }
+  r->kind = kind;
+  f->n_rules++;
+  return 0;
+}
+
 static int parse_spec(tz_tier *t, struct fault *f, const char *spec) {
   if (!spec || !*spec)
     return 0;
@@ -59,37 +124,8 @@ static int parse_spec(tz_tier *t, struct fault *f, const char *spec) {
        item = strtok_r(NULL, ",", &save)) {
     while (*item == ' ')
       item++;
-    if (strncmp(item, "nvme-", 5) == 0)
-      continue; /* for the nvme tier */
-    if (strncmp(item, "delay=", 6) == 0) {
-      f->delay_us = (unsigned)strtoul(item + 6, NULL, 10);
-      continue;
-    }
-    if (strncmp(item, "seed=", 5) == 0) {
-      f->seed = strtoull(item + 5, NULL, 10);
-      continue;
-    }
-    char *sep = strpbrk(item, "@%");
-    int kind = -1;
-    for (int k = 0; sep && k < F_KINDS; k++)
-      if ((size_t)(sep - item) == strlen(kind_names[k]) &&
-          strncmp(item, kind_names[k], (size_t)(sep - item)) == 0)
-        kind = k;
-    char *end = NULL;
-    double v = sep ? strtod(sep + 1, &end) : 0;
-    if (kind < 0 || !end || *end || v <= 0 || f->n_rules == 32) {
-      rc = tz_err_set(TZ_EINVAL,
-                      "%s: bad fault item \"%s\" (expected KIND@N or KIND%%P with KIND one of "
-                      "eio, eio-read, eio-write, enospc, short, flip; or delay=US, seed=S)",
-                      t->name, item);
-      break;
-    }
-    struct rule *r = &f->rules[f->n_rules++];
-    r->kind = kind;
-    if (*sep == '@')
-      r->at = (uint64_t)v;
-    else
-      r->pct = v;
+    if (strncmp(item, "nvme-", 5) != 0) /* those are the nvme tier's */
+      rc = parse_item(t, f, item);
   }
   free(copy);
   return rc;

@@ -130,12 +130,15 @@ static int parse_faults(struct nvme *n, const char *spec) {
       int is_eagain = len > 12 && strncmp(s, "nvme-eagain@", 12) == 0;
       const char *num = s + (is_short ? 11 : 12);
       char *end = NULL;
-      unsigned long long at = (is_short || is_eagain) ? strtoull(num, &end, 10) : 0;
+      errno = 0;
+      unsigned long long at =
+          (is_short || is_eagain) && *num >= '0' && *num <= '9' ? strtoull(num, &end, 10) : 0;
       int *count = is_short ? &n->n_short : &n->n_eagain;
-      if (!at || end != s + len || *num == '-' || *count == 16)
+      if (!at || errno || end != s + len || *count == 16)
         return tz_err_set(TZ_EINVAL,
-                          "%s: bad fault item \"%.*s\" (expected nvme-short@N or "
-                          "nvme-eagain@N with N from 1, at most 16 of each)",
+                          "%s: tierzero.faults (or TZ_FAULTS): bad fault item \"%.*s\" (expected "
+                          "nvme-short@N or nvme-eagain@N with N from 1 to 2^64-1, at most 16 of "
+                          "each)",
                           n->t->name, (int)len, s);
       (is_short ? n->short_at : n->eagain_at)[(*count)++] = at;
     }

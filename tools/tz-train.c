@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/plan.h"
 #include "core/sched.h"
+#include "trainer/fit.h"
 #include "trainer/metrics.h"
 #include "trainer/run.h"
 #include "trainer/signals.h"
@@ -66,6 +67,9 @@ static void usage(FILE *f) {
       "  --backend B          cpu, cuda, or auto (the default: cuda when this build has it\n"
       "                       and a GPU is visible, unless the ranks run under mpirun)\n"
       "  --plan               print the placement and the predicted bound, and stop\n"
+      "  --fit WHAT           with --plan: the largest micro-batch (WHAT micro-batch) or the\n"
+      "                       most layers of the model's shape (layers) that this machine\n"
+      "                       holds, by bisection over the plan, with its bound\n"
       "  --gpu-memory SIZE    with --plan --backend cuda: plan for a GPU with SIZE free (as\n"
       "                       tz-train measures it there) instead of asking this machine's;\n"
       "                       --rates must hold that machine's rates\n"
@@ -112,13 +116,15 @@ struct opts {
   int nproc;
   const char *demo_dir; /* no arguments: the demo, with its nvme files in this directory */
   enum tz_display_mode progress;
+  const char *fit; /* --fit: micro-batch or layers */
 };
 
 /* The flags in the order --help lists them (getopt_long names them in this order when a prefix is
  * ambiguous), one space after each. Those of a run are read by tz_run_option_set; config, nproc,
  * set, resume and progress are tz-train's own. */
 static const char flag_names[] =
-    "config model steps seed seq metrics progress plan gpu-memory layer-rate world collective-rate "
+    "config model steps seed seq metrics progress plan fit gpu-memory layer-rate world "
+    "collective-rate "
     "backend "
     "auto-placement optimizer-step rates remeasure nproc set data ckpt-dir save-every keep resume "
     "reseed "
@@ -144,6 +150,8 @@ static int own_flag(const char *f, int argc, char **argv, struct opts *o) {
     return BAD("--progress: %s", tz_err_msg());
   else if (strcmp(f, "progress") == 0)
     return 0;
+  else if (strcmp(f, "fit") == 0)
+    o->fit = optarg;
   else { /* nproc */
     errno = 0;
     long long v = strtoll(optarg, &end, 10);
@@ -201,6 +209,9 @@ static int parse(int argc, char **argv, struct opts *o) {
   }
   if (optind < argc)
     return BAD("unexpected argument '%s'", argv[optind]);
+  enum tz_fit_what fw;
+  if (o->fit && (tz_fit_parse(o->fit, &fw) < 0 || !o->run.plan_only))
+    return BAD("%s", o->run.plan_only ? tz_err_msg() : "--fit is for --plan");
   return tz_run_options_check(&o->run, o->nproc) < 0 ? BAD("%s", tz_err_msg()) : 0;
 }
 
@@ -325,6 +336,32 @@ static int on_event(void *arg, const struct tz_run_event *ev) {
   return 0;
 }
 
+/* --plan --fit: the bisection's answer (trainer/fit.h). */
+static int print_fit(const struct opts *o, const struct tz_config *cfg, struct tz_run_world *w,
+                     int rank) {
+  enum tz_fit_what what;
+  struct tz_fit_result r;
+  TZ_CHECK(tz_fit_parse(o->fit, &what));
+  TZ_CHECK(tz_run_fit(&o->run, cfg, w->comm, w->rt, what, &r));
+  if (rank != 0)
+    return 0;
+  const char *name = what == TZ_FIT_MICRO_BATCH ? "micro-batch" : "number of layers";
+  if (!r.best)
+    printf("tz-train: --fit %s: not even 1 holds: %s\n", o->fit, r.why);
+  else if (!r.refused)
+    printf("tz-train: --fit %s: the largest %s this machine holds is at least %lld (the "
+           "search's limit; %d plans); its bound %.4g s per step%s\n",
+           o->fit, name, (long long)r.best, r.plans, r.bound_s,
+           r.unknown_rates ? " [some rates unknown: counted as free]" : "");
+  else
+    printf("tz-train: --fit %s: the largest %s this machine holds is %lld (%d plans); its bound "
+           "%.4g s per step%s; %lld does not fit: %s\n",
+           o->fit, name, (long long)r.best, r.plans, r.bound_s,
+           r.unknown_rates ? " [some rates unknown: counted as free]" : "", (long long)r.refused,
+           r.why);
+  return 0;
+}
+
 /* This rank's world and placement, then the run; its error printed. */
 static int run(struct opts *o, struct tz_bootstrap *bs, struct tz_config *cfg) {
   o->run.device = cfg->tierzero.device >= 0 ? cfg->tierzero.device : bs->local_rank;
@@ -341,7 +378,9 @@ static int run(struct opts *o, struct tz_bootstrap *bs, struct tz_config *cfg) {
   o->run.on_event = on_event;
   o->run.arg = &p;
   struct tz_run_result res = {0};
-  if (rc == 0)
+  if (rc == 0 && o->fit)
+    rc = print_fit(o, cfg, &w, bs->rank);
+  else if (rc == 0)
     rc = tz_run(&o->run, cfg, w.comm, w.rt, &res);
   tz_signals_restore();
   if (rc < 0) {
@@ -356,6 +395,8 @@ static int run(struct opts *o, struct tz_bootstrap *bs, struct tz_config *cfg) {
 }
 
 int main(int argc, char **argv) {
+  /* A run killed (the OOM killer, kill -9) keeps every line it printed. */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   struct opts o;
   if (parse(argc, argv, &o) < 0)
     return 2;

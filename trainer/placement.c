@@ -4,6 +4,7 @@
 #include "trainer/train_internal.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "trainer/machine.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,6 +187,8 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
   r.n_phases = tr->n_ph;
   r.phases = pp;
   r.compute_fixed = round_up(sizes_total(sz, BUF_COUNT), ALIGN);
+  r.compute_acts =
+      round_up(sz[BUF_ACTS], 256) + round_up(sz[BUF_LS], 256) + round_up(sz[BUF_HS], 256);
   r.align = ALIGN;
   r.chunk = tz_runtime_chunk_bytes(tr->rt);
   r.window = p->window;
@@ -371,12 +374,59 @@ int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
   if (rc == 0) {
     other_capacities(tr, &r);
     rc = tz_plan_make(&r, &tr->plan);
+    if (rc == TZ_ENOMEM) { /* what the state needs in all, beside where it fell short */
+      char why[1024], state[384];
+      snprintf(why, sizeof why, "%s", tz_err_msg());
+      tz_plan_state_summary(&r, state, sizeof state);
+      rc = tz_err_set(rc, "%s; %s", why, state);
+    }
   }
   if (rc == 0)
     rc = settle_home_phases(tr, &r, pp);
   free(each);
   free(pp);
   return rc;
+}
+
+/* The plan's needs against what the machine can give (trainer/machine.h), before anything is
+ * allocated: on a CPU-only machine the compute tier is host memory too. */
+int tz_train_check_machine(tz_trainer *tr, const struct tz_trainer_params *p) {
+  const struct tz_config *c = &tr->cfg;
+  const struct tz_plan *pl = &tr->plan;
+  if (p->plan_only && p->gpu_free)
+    return 0; /* planning for another machine's GPU */
+  struct tz_machine_facts here;
+  const struct tz_machine_facts *f = p->machine;
+  const char *dirs[TZ_MAX_PATHS];
+  int n_dirs = 0;
+  if (c->tierzero.nvme_path.n > 0)
+    for (int i = 0; i < c->tierzero.nvme_path.n && i < TZ_MAX_PATHS; i++)
+      dirs[n_dirs++] = c->tierzero.nvme_path.path[i];
+  else if (tz_train_nvme_dir(c))
+    dirs[n_dirs++] = tz_train_nvme_dir(c);
+  if (!f) {
+    tz_machine_facts_read(dirs, pl->used[TZ_PLAN_NVME] ? n_dirs : 0, tr->backend, tr->device,
+                          &here);
+    f = &here;
+  }
+  uint64_t most = 0;
+  for (int b = 0; b < tr->nb; b++)
+    most = tr->shard[b] > most ? tr->shard[b] : most;
+  /* The io tier's token buffers, and the two shard buffers of the initialisation. */
+  uint64_t io = round_up((uint64_t)tr->G * (uint64_t)tr->N * 4 * sizeof(int32_t) + 256, ALIGN);
+  uint64_t init = 2 * round_up(most * sizeof(float), ALIGN);
+  struct tz_machine_need n = {
+      .gpu = tr->gpu,
+      .compute = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->window,
+      .host = pl->used[TZ_PLAN_HOST] + io + init,
+      .pinned = tr->gpu ? pl->used[TZ_PLAN_HOST] + io + init : 0,
+      .nvme_per_dir = n_dirs ? pl->used[TZ_PLAN_NVME] / (uint64_t)n_dirs : pl->used[TZ_PLAN_NVME],
+      .ranks = tr->world,
+      .compute_budget = c->tierzero.hbm_budget,
+      .host_budget = c->tierzero.host_budget,
+      .nvme_budget = c->tierzero.nvme_budget,
+  };
+  return tz_machine_check(&n, f);
 }
 
 /* tierzero.cpu_adam_search: of the shares 0, 1/8, ..., 1, the one whose plan predicts the least

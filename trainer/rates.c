@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define PROBE_BYTES (8u << 20)
@@ -233,36 +234,47 @@ static int measure_nvme(const struct tz_config *c, tz_runtime *rt, struct tz_pla
   const char *dir = tz_train_nvme_dir(c);
   if (!dir)
     return 0;
+  /* A small directory is probed with less (a quarter of its free space at most, down to 1 MiB),
+   * or not at all: whether the run's state fits there is the plan's to say, with its budget. */
+  uint64_t bytes = NVME_PROBE_BYTES;
+  struct statvfs vfs;
+  uint64_t room =
+      statvfs(dir, &vfs) == 0 ? (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize : UINT64_MAX;
+  while (2 * bytes > room / 4 && bytes > (1u << 20))
+    bytes /= 2;
+  if (2 * bytes > room / 4) {
+    TZ_WARN("rates: the nvme directory %s has %llu bytes free, too few to time: the nvme rates "
+            "are unknown (the bound counts nvme as free)",
+            dir, (unsigned long long)room);
+    return 0;
+  }
   tz_tier *n = NULL, *h = NULL;
   tz_extent en[2] = {{0}, {0}}, eh[2] = {{0}, {0}};
   struct tz_tier_params p;
   tz_tier_params_init(&p);
   p.name = "rates-nvme-host";
-  p.capacity = 2 * (uint64_t)NVME_PROBE_BYTES;
+  p.capacity = 2 * bytes;
   p.numa_node = c->tierzero.numa_node;
   int rc;
   TZ_CHECK_GOTO(tz_tier_create(rt, "host", &p, &h), rc, out);
   tz_tier_params_init(&p);
   p.name = "rates-nvme";
-  p.capacity = 2 * (uint64_t)NVME_PROBE_BYTES;
+  p.capacity = 2 * bytes;
   p.paths[0] = dir;
   p.n_paths = 1;
   p.checksum = c->tierzero.nvme_checksum;
   p.buffered = c->tierzero.nvme_buffered;
   TZ_CHECK_GOTO(tz_tier_create(rt, "nvme", &p, &n), rc, out);
   for (int k = 0; k < 2; k++) {
-    TZ_CHECK_GOTO(tz_tier_alloc(h, NVME_PROBE_BYTES, &eh[k]), rc, out);
-    TZ_CHECK_GOTO(tz_tier_alloc(n, NVME_PROBE_BYTES, &en[k]), rc, out);
-    memset(tz_tier_host_ptr(h, eh[k].offset), 1 + k, NVME_PROBE_BYTES);
+    TZ_CHECK_GOTO(tz_tier_alloc(h, bytes, &eh[k]), rc, out);
+    TZ_CHECK_GOTO(tz_tier_alloc(n, bytes, &en[k]), rc, out);
+    memset(tz_tier_host_ptr(h, eh[k].offset), 1 + k, bytes);
   }
   /* en[1] is written first so that the reads below find data there, not holes. */
-  TZ_CHECK_GOTO(time_transfer(rt, &en[1], &eh[1], NVME_PROBE_BYTES, 0, &r->nvme_write), rc, out);
-  TZ_CHECK_GOTO(time_transfer(rt, &eh[1], &en[1], NVME_PROBE_BYTES, 0, &r->nvme_read), rc, out);
-  struct transfers both = {.rt = rt,
-                           .n = 2,
-                           .dst = {&en[0], &eh[1]},
-                           .src = {&eh[0], &en[1]},
-                           .bytes = NVME_PROBE_BYTES};
+  TZ_CHECK_GOTO(time_transfer(rt, &en[1], &eh[1], bytes, 0, &r->nvme_write), rc, out);
+  TZ_CHECK_GOTO(time_transfer(rt, &eh[1], &en[1], bytes, 0, &r->nvme_read), rc, out);
+  struct transfers both = {
+      .rt = rt, .n = 2, .dst = {&en[0], &eh[1]}, .src = {&eh[0], &en[1]}, .bytes = bytes};
   TZ_CHECK_GOTO(time_transfers(&both, 0, &r->nvme_duplex), rc, out);
 out:
   for (int k = 0; k < 2; k++) {

@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "trainer/rates.h"
 #include "util/clock.h"
+#include "util/size.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -287,6 +288,23 @@ static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
   return tz_compute_sync(tr->cm);
 }
 
+/* The compute tier could not be made (rc): with a budget given, the message names it and what
+ * would work (the machine check only warned about it: trainer/machine.h). */
+static int compute_refused(const tz_trainer *tr, int rc, uint64_t capacity) {
+  uint64_t budget = tr->cfg.tierzero.hbm_budget;
+  if (!budget)
+    return rc;
+  char why[512], a[32], b[32];
+  snprintf(why, sizeof why, "%s", tz_err_msg());
+  tz_bytes_format(a, sizeof a, (double)capacity, &tz_bytes_plan);
+  tz_bytes_format(b, sizeof b, (double)budget, &tz_bytes_plan);
+  return tz_err_set(rc,
+                    "train: the compute tier of %s (tierzero.hbm_budget %s, or TZ_HBM_BUDGET) "
+                    "cannot be made: %s; a budget this machine's %s can hold, or none (the plan "
+                    "then sizes the tier to what is free), would work",
+                    a, b, why, tr->gpu ? "GPU" : "host memory");
+}
+
 static int create_tiers(tz_trainer *tr) {
   const struct tz_config *c = &tr->cfg;
   const struct tz_plan *pl = &tr->plan;
@@ -300,7 +318,9 @@ static int create_tiers(tz_trainer *tr) {
   tp.device = tr->device;
   tp.gds = c->tierzero.gds;
   tp.pin_piece = c->tierzero.hbm_pin_piece;
-  TZ_CHECK(tz_tier_create(tr->rt, tr->gpu ? "hbm" : "host", &tp, &tr->t_compute));
+  int rc = tz_tier_create(tr->rt, tr->gpu ? "hbm" : "host", &tp, &tr->t_compute);
+  if (rc < 0)
+    return compute_refused(tr, rc, tp.capacity);
   if (pl->used[TZ_PLAN_HOST]) {
     tz_tier_params_init(&tp);
     tp.name = "host";
@@ -520,18 +540,33 @@ static int plan_trainer(tz_trainer *tr, const struct tz_trainer_params *p) {
   choose_overlap(tr, p);
   TZ_CHECK(tz_train_sizes(tr));
   TZ_CHECK(tz_train_build_phases(tr));
-  if (p->plan_only && p->layer_rate > 0)
-    tr->layer_rate = p->layer_rate;
-  else if (p->measure_layer)
-    TZ_CHECK(measure_layer(tr, p));
   tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);
   if (!tr->at_home)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
+  /* Whether the state fits, in the plan's budgets and on this machine, does not depend on the
+   * layer's rate: a plan that cannot fit is refused in a second, before the probe (minutes for
+   * a large layer on a CPU) allocates a layer's worth of buffers. The rate changes only the
+   * bound, and with it which blocks move first: the plan is made again with it. */
+  int given = p->plan_only && p->layer_rate > 0;
+  if (given)
+    tr->layer_rate = p->layer_rate;
+  tz_train_choose_cpu_steps(tr, tr->cfg.tierzero.cpu_adam);
+  TZ_CHECK(tz_train_make_plan(tr, p));
+  TZ_CHECK(tz_train_check_machine(tr, p));
+  if ((given || !p->measure_layer) && !tr->cfg.tierzero.cpu_adam_search)
+    return 0;
+  uint64_t used[TZ_PLAN_TIERS];
+  memcpy(used, tr->plan.used, sizeof used);
+  tz_plan_free(&tr->plan);
+  if (!given && p->measure_layer)
+    TZ_CHECK(measure_layer(tr, p));
   if (tr->cfg.tierzero.cpu_adam_search)
     TZ_CHECK(tz_train_search_cpu_steps(tr, p));
   else
     tz_train_choose_cpu_steps(tr, tr->cfg.tierzero.cpu_adam);
-  return tz_train_make_plan(tr, p);
+  TZ_CHECK(tz_train_make_plan(tr, p));
+  /* The same budgets; the homes may have moved between host and nvme. */
+  return memcmp(used, tr->plan.used, sizeof used) ? tz_train_check_machine(tr, p) : 0;
 }
 
 /* What the plan asks for: the tiers, the homes with their initial shards, the scheduler. */

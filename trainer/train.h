@@ -35,6 +35,7 @@
 #include "trainer/model.h"
 
 typedef struct tz_trainer tz_trainer;
+struct tz_machine_facts; /* trainer/machine.h */
 
 enum tz_opt_mode {
   TZ_OPT_AUTO = 0, /* folded with gradient clipping, overlapped without */
@@ -78,6 +79,10 @@ struct tz_trainer_params {
   double layer_rate;
   /* plan_only: plan rank 0 of a world of this many ranks instead of the comm's (0: the comm's). */
   int plan_world;
+  /* What this machine can give each tier, that the plan is checked against before anything is
+   * allocated (trainer/machine.h; tests give made-up ones); NULL: this machine's, read at
+   * creation. Planning for another machine's GPU (gpu_free) checks nothing. */
+  const struct tz_machine_facts *machine;
 };
 void tz_trainer_params_init(struct tz_trainer_params *p);
 

@@ -217,6 +217,8 @@ void tz_train_choose_cpu_steps(tz_trainer *tr, double share);
 int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p);
 /* The plan (tr->plan) and the phases that run at the homes (tr->at_home). */
 int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p);
+/* The plan against what the machine can give (trainer/machine.h); TZ_ENOMEM naming the tier. */
+int tz_train_check_machine(tz_trainer *tr, const struct tz_trainer_params *p);
 
 /* ---- loss_scale.c ---- */
 

@@ -1,0 +1,235 @@
+/* The plan's table of state per kind and tier, the state's sizes in a refusal, and `--plan --fit`
+ * (trainer/fit.h): the bisection's answer holds and one more does not, on made-up machines. */
+#define _GNU_SOURCE
+#include "testlib.h"
+
+#include "collectives/comm.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/plan.h"
+#include "core/runtime.h"
+#include "trainer/fit.h"
+#include "trainer/machine.h"
+#include "trainer/model.h"
+#include "trainer/train.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIB (1ull << 20)
+#define U TZ_MACHINE_UNKNOWN
+
+static tz_runtime *rt;
+static tz_comm *comm;
+static char *nvme_dir;
+
+static const struct tz_plan_rates rates = {.flops = 1e11,
+                                           .copy_in = 2e10,
+                                           .copy_out = 2e10,
+                                           .nvme_read = 3e9,
+                                           .nvme_write = 2e9,
+                                           .adam = 1e9};
+
+static struct tz_machine_facts machine(uint64_t mem) {
+  return (struct tz_machine_facts){.mem_available = mem,
+                                   .mem_total = U,
+                                   .cgroup_max = U,
+                                   .memlock = U,
+                                   .nvme_free = U,
+                                   .device_free = U,
+                                   .device_total = U};
+}
+
+static void model(struct tz_model_config *m, int layers) {
+  TZ_ASSERT_OK(tz_model_preset("tiny", m));
+  m->n_layer = layers;
+}
+
+/* A config: micro-batch micro, the optimizer state on nvme (offload "nvme") or nowhere ("none"),
+ * hbm an optional budget. */
+static void config(struct tz_config *c, int micro, const char *offload, const char *hbm) {
+  tz_config_defaults(c);
+  char b[32];
+  snprintf(b, sizeof b, "%d", micro);
+  TZ_ASSERT_OK(tz_config_set(c, "train_micro_batch_size_per_gpu", b));
+  TZ_ASSERT_OK(tz_config_set(c, "zero_optimization.offload_optimizer.device", offload));
+  if (strcmp(offload, "none") != 0)
+    TZ_ASSERT_OK(tz_config_set(c, "zero_optimization.offload_param.device", "cpu"));
+  TZ_ASSERT_OK(tz_config_set(c, "tierzero.nvme_path", nvme_dir));
+  if (hbm)
+    TZ_ASSERT_OK(tz_config_set(c, "tierzero.hbm_budget", hbm));
+  TZ_ASSERT_OK(tz_config_resolve_batch(c, 1));
+}
+
+static void params(struct tz_trainer_params *tp, const struct tz_machine_facts *f) {
+  tz_trainer_params_init(tp);
+  tp->seq_len = 32;
+  tp->plan_only = 1;
+  tp->rates = &rates;
+  tp->machine = f;
+}
+
+static int make(int micro, int layers, const char *offload, const char *hbm,
+                const struct tz_machine_facts *f, tz_trainer **tr) {
+  struct tz_config c;
+  config(&c, micro, offload, hbm);
+  struct tz_model_config mc;
+  model(&mc, layers);
+  struct tz_trainer_params tp;
+  params(&tp, f);
+  int rc = tz_trainer_create(&c, &mc, comm, rt, &tp, tr);
+  tz_config_free(&c);
+  return rc;
+}
+
+/* The table: each kind's bytes in each tier, the buffers split into activations and the rest, the
+ * window, and totals that are the plan's. */
+static void test_table(void **state) {
+  (void)state;
+  struct tz_machine_facts f = machine(64ull << 30);
+  tz_trainer *tr = NULL;
+  TZ_ASSERT_OK(make(2, 4, "nvme", NULL, &f, &tr));
+  const struct tz_plan *p = tz_trainer_plan(tr);
+  uint64_t m = 0, param = 0;
+  for (int b = 0; b < 6; b++) {
+    m += (tz_trainer_shard_bytes(tr, b, TZ_PLAN_M) + 4095) / 4096 * 4096;
+    param += (tz_trainer_shard_bytes(tr, b, TZ_PLAN_PARAM) + 4095) / 4096 * 4096;
+  }
+  assert_int_equal(p->kind_bytes[TZ_PLAN_M][TZ_PLAN_NVME], m);
+  assert_int_equal(p->kind_bytes[TZ_PLAN_M][TZ_PLAN_COMPUTE], 0);
+  assert_int_equal(p->kind_bytes[TZ_PLAN_PARAM][TZ_PLAN_HOST], param);
+  for (int t = 0; t < TZ_PLAN_TIERS; t++) {
+    uint64_t sum = 0;
+    for (int k = 0; k < TZ_PLAN_KINDS; k++)
+      sum += p->kind_bytes[k][t];
+    assert_int_equal(sum, p->used[t]);
+  }
+  assert_true(p->compute_acts > 0 && p->compute_acts < p->compute_fixed);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mf = open_memstream(&text, &len);
+  tz_plan_print_table(mf, p, "  ");
+  fclose(mf);
+  static const char *const rows[] = {"  state ",  "  parameters ", "  gradients ", "  master ",
+                                     "  m ",      "  v ",          "  buffers ",   "  activations ",
+                                     "  window ", "  total "};
+  const char *at = text;
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    const char *r = strstr(at, rows[i]);
+    if (!r)
+      print_error("no row \"%s\" after: %s\n", rows[i], at);
+    assert_non_null(r);
+    at = r + 1;
+  }
+  free(text);
+  tz_trainer_destroy(tr);
+}
+
+/* A plan refused says what the state needs in all, beside where it fell short. */
+static void test_refusal_names_the_state(void **state) {
+  (void)state;
+  struct tz_machine_facts f = machine(64ull << 30);
+  tz_trainer *tr = NULL;
+  assert_int_equal(make(2, 4, "none", "1MiB", &f, &tr), TZ_ENOMEM);
+  const char *m = tz_err_msg();
+  assert_non_null(strstr(m, "compute tier's budget of 1.00 MiB"));
+  assert_non_null(strstr(m, "the state: parameters "));
+  assert_non_null(strstr(m, " activations "));
+}
+
+/* The answer holds, one more does not, and the refusal is that of one more. */
+static void check_fit(enum tz_fit_what what, const char *offload, const char *hbm,
+                      const struct tz_machine_facts *f, int64_t at_least) {
+  struct tz_config c;
+  config(&c, 1, offload, hbm);
+  struct tz_model_config mc;
+  model(&mc, 4);
+  struct tz_trainer_params tp;
+  params(&tp, f);
+  struct tz_fit_result r;
+  TZ_ASSERT_OK(tz_fit(&c, &mc, comm, rt, &tp, what, &r));
+  tz_config_free(&c);
+  if (r.best < at_least || r.refused != r.best + 1)
+    print_error("%s: best %lld, refused %lld: %s\n", tz_fit_name(what), (long long)r.best,
+                (long long)r.refused, r.why);
+  assert_true(r.best >= at_least);
+  assert_int_equal(r.refused, r.best + 1);
+  assert_true(r.bound_s > 0);
+  assert_true(r.plans > 2);
+  assert_non_null(strstr(r.why, "short") ? r.why : strstr(r.why, "more than this machine"));
+  int micro = what == TZ_FIT_MICRO_BATCH ? (int)r.best : 1;
+  int layers = what == TZ_FIT_LAYERS ? (int)r.best : 4;
+  tz_trainer *tr = NULL;
+  TZ_ASSERT_OK(make(micro, layers, offload, hbm, f, &tr));
+  tz_trainer_destroy(tr);
+  tr = NULL;
+  assert_int_equal(make(what == TZ_FIT_MICRO_BATCH ? micro + 1 : micro,
+                        what == TZ_FIT_LAYERS ? layers + 1 : layers, offload, hbm, f, &tr),
+                   TZ_ENOMEM);
+  assert_null(tr);
+}
+
+static void test_fit_micro_batch(void **state) {
+  (void)state;
+  /* Bounded by the compute budget (activations grow with the micro-batch)... */
+  struct tz_machine_facts f = machine(64ull << 30);
+  check_fit(TZ_FIT_MICRO_BATCH, "nvme", "24MiB", &f, 2);
+  /* ... and by the machine's memory, everything in the compute tier. */
+  f = machine(80 * MIB);
+  check_fit(TZ_FIT_MICRO_BATCH, "none", NULL, &f, 2);
+}
+
+static void test_fit_layers(void **state) {
+  (void)state;
+  struct tz_machine_facts f = machine(96 * MIB);
+  check_fit(TZ_FIT_LAYERS, "none", NULL, &f, 2);
+}
+
+/* Nothing holds: 0, with the refusal of 1. */
+static void test_fit_none(void **state) {
+  (void)state;
+  struct tz_config c;
+  config(&c, 1, "none", NULL);
+  struct tz_model_config mc;
+  model(&mc, 4);
+  struct tz_machine_facts f = machine(1 * MIB);
+  struct tz_trainer_params tp;
+  params(&tp, &f);
+  struct tz_fit_result r;
+  TZ_ASSERT_OK(tz_fit(&c, &mc, comm, rt, &tp, TZ_FIT_MICRO_BATCH, &r));
+  tz_config_free(&c);
+  assert_int_equal(r.best, 0);
+  assert_int_equal(r.refused, 1);
+  assert_non_null(strstr(r.why, "more than this machine can give (1.00 MiB"));
+  enum tz_fit_what w;
+  assert_int_equal(tz_fit_parse("batch", &w), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "expected micro-batch or layers"));
+}
+
+int main(void) {
+  struct tz_runtime_params rp;
+  tz_runtime_params_init(&rp);
+  rp.chunk_bytes = 64 << 10;
+  rp.staging_bytes = 1 << 20;
+  if (tz_runtime_create(&rp, &rt) < 0)
+    tz_test_skip("no runtime: %s", tz_err_msg());
+  struct tz_bootstrap bs;
+  tz_bootstrap_single(&bs);
+  struct tz_comm_params cp;
+  tz_comm_params_init(&cp);
+  cp.progress = tz_runtime_progress(rt);
+  if (tz_comm_create("single", &bs, &cp, &comm) < 0)
+    tz_test_skip("no comm: %s", tz_err_msg());
+  nvme_dir = tz_test_mkdtemp("fit");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_table),           cmocka_unit_test(test_refusal_names_the_state),
+      cmocka_unit_test(test_fit_micro_batch), cmocka_unit_test(test_fit_layers),
+      cmocka_unit_test(test_fit_none),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  tz_test_rmdir(nvme_dir);
+  tz_comm_destroy(comm);
+  tz_runtime_destroy(rt);
+  return rc;
+}
