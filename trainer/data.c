@@ -472,8 +472,9 @@ static const char *kind_name(const struct file *f) {
   }
 }
 
-/* Opens every file of spec into s, checks their tokens against vocab, numbers their windows. */
-static int source_open(struct source *s, const char *spec, int vocab, int T) {
+/* Opens every file of spec into s and numbers their windows (the tokens are checked by
+ * source_check_tokens, after the sidecars, whose message says more). */
+static int source_open(struct source *s, const char *spec, int T) {
   memset(s, 0, sizeof *s);
   int rc = 0;
   glob_t g = {0};
@@ -544,7 +545,6 @@ static int source_open(struct source *s, const char *spec, int vocab, int T) {
                       f->path, kind_name(f), s->f[0].path, kind_name(&s->f[0]));
       goto fail;
     }
-    TZ_CHECK_GOTO(file_check_tokens(f, vocab), rc, fail);
     f->n_windows = f->n_tokens > (uint64_t)T ? (f->n_tokens - 1) / (uint64_t)T : 0;
     if (f->n_windows == 0 && f->n_tokens > 0)
       TZ_WARN("data: %s has %" PRIu64 " tokens, fewer than one window of %d; it is not used",
@@ -562,6 +562,13 @@ fail:
     globfree(&g);
   source_release(s);
   return rc;
+}
+
+/* Every token of s below vocab. */
+static int source_check_tokens(const struct source *s, int vocab) {
+  for (int i = 0; i < s->n; i++)
+    TZ_CHECK(file_check_tokens(&s->f[i], vocab));
+  return 0;
 }
 
 static void source_describe(const struct source *s, char *buf, size_t n) {
@@ -599,12 +606,14 @@ int tz_data_open(const char *spec, int vocab, const struct tz_data_params *p, tz
   d->T = p->seq_len;
   d->seed = p->seed;
   int rc = 0;
-  TZ_CHECK_GOTO(source_open(&d->src, spec, vocab, d->T), rc, fail);
+  TZ_CHECK_GOTO(source_open(&d->src, spec, d->T), rc, fail);
   TZ_CHECK_GOTO(sidecars_check(d, &d->src, vocab, p->tokenizer), rc, fail);
+  TZ_CHECK_GOTO(source_check_tokens(&d->src, vocab), rc, fail);
   uint64_t n = d->src.n_windows;
   if (p->val_spec) {
-    TZ_CHECK_GOTO(source_open(&d->val_src, p->val_spec, vocab, d->T), rc, fail);
+    TZ_CHECK_GOTO(source_open(&d->val_src, p->val_spec, d->T), rc, fail);
     TZ_CHECK_GOTO(sidecars_check(d, &d->val_src, vocab, p->tokenizer), rc, fail);
+    TZ_CHECK_GOTO(source_check_tokens(&d->val_src, vocab), rc, fail);
     d->n_val = d->val_src.n_windows;
     if (d->n_val == 0) {
       rc = tz_err_set(
