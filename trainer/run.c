@@ -410,16 +410,30 @@ static int has_tokenizer(const char *dir, char *path, size_t len) {
   return access(path, R_OK) == 0;
 }
 
+/* 1 when dir holds any tokenizer file an export copies (tokenizer.json, a sentencepiece
+ * tokenizer.model, tokenizer_config.json). */
+static int has_tokenizer_files(const char *dir) {
+  static const char *const names[] = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"};
+  char path[4200];
+  for (size_t i = 0; dir && *dir && i < sizeof names / sizeof *names; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    if (access(path, R_OK) == 0)
+      return 1;
+  }
+  return 0;
+}
+
 /* Where the tokenizer is: the export copies its files from import_dir, else from the --model
- * directory (the first that holds a tokenizer.json); the data's sidecars are checked against
- * --tokenizer, else that tokenizer.json. */
+ * directory (the first that holds any); the data's sidecars are checked against --tokenizer,
+ * else the tokenizer.json of that directory. */
 static void find_tokenizer(struct run *r) {
   char path[4200];
   const char *dirs[] = {r->o->import_dir, r->model_dir};
   for (int i = 0; i < 2 && !r->tokenizer_dir[0]; i++)
-    if (has_tokenizer(dirs[i], path, sizeof path)) {
+    if (has_tokenizer_files(dirs[i])) {
       snprintf(r->tokenizer_dir, sizeof r->tokenizer_dir, "%s", dirs[i]);
-      snprintf(r->tokenizer, sizeof r->tokenizer, "%s", path);
+      if (has_tokenizer(dirs[i], path, sizeof path))
+        snprintf(r->tokenizer, sizeof r->tokenizer, "%s", path);
     }
   if (r->o->tokenizer)
     snprintf(r->tokenizer, sizeof r->tokenizer, "%s", r->o->tokenizer);
