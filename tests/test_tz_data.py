@@ -111,9 +111,9 @@ def roundtrip(tmp):
     # A JSONL document longer than a piece (--batch-bytes 2000): encoded in pieces cut after a
     # line end, its ids those of the whole, indentation and blank lines included.
     docs[5] = "".join(f"def f{i}():\n    {docs[i]}\n\n# end {i}\n" for i in range(60, 90))
-    # Paragraphs: no line end between two non-space characters, so no cut ("\n\n" is one
-    # pre-token at the end of a piece, two inside one).
-    docs[6] = "".join(docs[i].replace("\n", " ") + "\n\n" for i in range(90, 120))
+    # Paragraphs (longer than a piece, shorter than two): no line end between two non-space
+    # characters, so no cut ("\n\n" is one pre-token at the end of a piece, two inside one).
+    docs[6] = "".join(docs[i].replace("\n", " ") + "\n\n" for i in range(90, 106))
     tok_dir = os.path.join(tmp, "model")
     tok = make_tokenizer(tok_dir, docs, 400)
     vocab = tok.get_vocab_size()
