@@ -649,6 +649,143 @@ static void test_fifo_refused(void **state) {
   tz_test_rmdir(dir);
 }
 
+/* SHA-256 of known texts (FIPS 180-4's examples, and one of more than one block). */
+static void test_sha256(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data");
+  char *p = path_in(dir, "t");
+  static const struct {
+    const char *text, *hex;
+  } cases[] = {
+      {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+      {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+      {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+       "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+  };
+  char hex[65];
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    write_bytes(p, cases[i].text, strlen(cases[i].text));
+    TZ_ASSERT_OK(tz_data_file_sha256(p, hex));
+    assert_string_equal(hex, cases[i].hex);
+  }
+  /* A million 'a': many blocks, and reads of more than one buffer. */
+  char *a = malloc(1000000);
+  assert_non_null(a);
+  memset(a, 'a', 1000000);
+  write_bytes(p, a, 1000000);
+  free(a);
+  TZ_ASSERT_OK(tz_data_file_sha256(p, hex));
+  assert_string_equal(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  unlink(p);
+  assert_int_equal(tz_data_file_sha256(p, hex), TZ_ENOENT);
+  ASSERT_MSG_HAS(p);
+  free(p);
+  tz_test_rmdir(dir);
+}
+
+/* sidecar of shard p: the tokenizer's hash and vocabulary, its ids, and the token count. */
+static void write_sidecar(const char *p, const char *sha, int vocab, long long tokens) {
+  char *side = NULL, text[512];
+  assert_true(asprintf(&side, "%s.json", p) > 0);
+  snprintf(text, sizeof text,
+           "{\"format\": \"tierzero.tokens\", \"version\": 1, \"tokenizer_sha256\": \"%s\", "
+           "\"vocab_size\": %d, \"bos_id\": 1, \"eos_id\": 2, \"pad_id\": null, \"tokens\": %lld}",
+           sha, vocab, tokens);
+  write_bytes(side, text, strlen(text));
+  free(side);
+}
+
+/* Sidecars (tools/tz-data's): read and given back; a tokenizer vocabulary larger than the
+ * model's, another tokenizer than the one asked for, two tokenizers in one data set and the
+ * sidecar of another shard are refused, naming the files and both values. */
+static void test_sidecar(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data");
+  const size_t n = 400;
+  uint32_t *tok = make_tokens(n, 300, 5);
+  char *a = path_in(dir, "x_000.bin"), *b = path_in(dir, "x_001.bin"), *v = path_in(dir, "v.bin");
+  char *tj = path_in(dir, "tokenizer.json"), *other = path_in(dir, "other.json");
+  char *glob_spec = path_in(dir, "x_*.bin");
+  write_shard(a, 1, tok, n);
+  write_shard(b, 1, tok, n);
+  write_shard(v, 1, tok, n);
+  write_bytes(tj, "{\"model\": 1}", 12);
+  write_bytes(other, "{\"model\": 2}", 12);
+  char sha[65], sha2[65];
+  TZ_ASSERT_OK(tz_data_file_sha256(tj, sha));
+  TZ_ASSERT_OK(tz_data_file_sha256(other, sha2));
+  struct tz_data_params prm = params_T(16);
+  tz_data *d = NULL;
+
+  /* No sidecar: nothing known, and a tokenizer to check against changes nothing. */
+  prm.tokenizer = tj;
+  TZ_ASSERT_OK(tz_data_open(glob_spec, 300, &prm, &d));
+  assert_int_equal(tz_data_tokenizer(d)->known, 0);
+  tz_data_destroy(d);
+
+  write_sidecar(a, sha, 300, (long long)n);
+  write_sidecar(b, sha, 300, (long long)n);
+  TZ_ASSERT_OK(tz_data_open(glob_spec, 320, &prm, &d));
+  const struct tz_data_tokenizer *t = tz_data_tokenizer(d);
+  assert_int_equal(t->known, 1);
+  assert_string_equal(t->sha256, sha);
+  assert_int_equal(t->vocab, 300);
+  assert_true(t->has_bos && t->bos_id == 1 && t->has_eos && t->eos_id == 2 && !t->has_pad);
+  tz_data_destroy(d);
+
+  /* The model is smaller than the tokenizer, though every token of the shard fits. */
+  uint32_t *small = make_tokens(n, 200, 6);
+  write_shard(a, 1, small, n);
+  write_shard(b, 1, small, n);
+  assert_int_equal(tz_data_open(glob_spec, 256, &prm, &d), TZ_ECONFIG);
+  ASSERT_MSG_HAS("x_000.bin.json: the tokenizer's vocabulary (vocab_size 300) is larger than "
+                 "the model's (vocab_size 256)");
+
+  /* Another tokenizer than the model's: both files and both hashes named. */
+  prm.tokenizer = other;
+  assert_int_equal(tz_data_open(glob_spec, 300, &prm, &d), TZ_ECONFIG);
+  ASSERT_MSG_HAS("x_000.bin.json was made by another tokenizer than ");
+  ASSERT_MSG_HAS(other);
+  ASSERT_MSG_HAS(sha);
+  ASSERT_MSG_HAS(sha2);
+  prm.tokenizer = NULL; /* nothing to compare with: accepted */
+  TZ_ASSERT_OK(tz_data_open(glob_spec, 300, &prm, &d));
+  tz_data_destroy(d);
+
+  /* Two tokenizers in one data set, and in the validation set against the training set's. */
+  write_sidecar(b, sha2, 300, (long long)n);
+  assert_int_equal(tz_data_open(glob_spec, 300, &prm, &d), TZ_ECONFIG);
+  ASSERT_MSG_HAS("were made by different tokenizers");
+  write_sidecar(b, sha, 300, (long long)n);
+  write_sidecar(v, sha2, 300, (long long)n);
+  prm.val_spec = v;
+  assert_int_equal(tz_data_open(glob_spec, 300, &prm, &d), TZ_ECONFIG);
+  ASSERT_MSG_HAS("v.bin.json and ");
+  write_sidecar(v, sha, 300, (long long)n);
+  TZ_ASSERT_OK(tz_data_open(glob_spec, 300, &prm, &d));
+  tz_data_destroy(d);
+  prm.val_spec = NULL;
+
+  /* The sidecar of another shard (its token count), and one that is not tz-data's. */
+  write_sidecar(a, sha, 300, (long long)n + 1);
+  assert_int_equal(tz_data_open(glob_spec, 300, &prm, &d), TZ_ECONFIG);
+  ASSERT_MSG_HAS("says 401 tokens but");
+  char *side = path_in(dir, "x_000.bin.json");
+  write_bytes(side, "[1, 2]", 6);
+  assert_int_equal(tz_data_open(glob_spec, 300, &prm, &d), TZ_ECONFIG);
+  ASSERT_MSG_HAS("x_000.bin.json: expected an object");
+  free(side);
+  free(small);
+  free(tok);
+  free(a);
+  free(b);
+  free(v);
+  free(tj);
+  free(other);
+  free(glob_spec);
+  tz_test_rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_raw_text),     cmocka_unit_test(test_shards),
@@ -656,6 +793,7 @@ int main(void) {
       cmocka_unit_test(test_permutation),  cmocka_unit_test(test_ranks),
       cmocka_unit_test(test_val_split),    cmocka_unit_test(test_determinism),
       cmocka_unit_test(test_builtin),      cmocka_unit_test(test_fifo_refused),
+      cmocka_unit_test(test_sha256),       cmocka_unit_test(test_sidecar),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char *dir;
@@ -399,6 +400,104 @@ static void test_options(void **state) {
   o.plan_only = 1;
   TZ_ASSERT_OK(tz_run_options_check(&o, 1));
   assert_int_equal(tz_run_options_check(&o, 2), TZ_EINVAL);
+  /* --val-data is evaluated on: it needs --eval-every. */
+  tz_run_options_init(&o);
+  TZ_ASSERT_OK(tz_run_option_set(&o, "val-data", "v.bin"));
+  assert_int_equal(tz_run_options_check(&o, 1), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "--eval-every"));
+  TZ_ASSERT_OK(tz_run_option_set(&o, "eval-every", "2"));
+  TZ_ASSERT_OK(tz_run_options_check(&o, 1));
+  /* --model: a preset or an existing path, else the presets named. */
+  tz_run_options_init(&o);
+  o.model = "no-such-model";
+  assert_int_equal(tz_run_options_check(&o, 1), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "llama-7b"));
+  assert_non_null(strstr(tz_err_msg(), "config.json"));
+}
+
+/* Exports: bf16 by default, f32 and fp16 asked for; shard sizes in save_pretrained's units. */
+static void test_export_options(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  tz_run_options_init(&o);
+  assert_int_equal(o.export_dtype, TZ_BF16);
+  assert_true(o.export_shard_bytes == 5000000000ull);
+  TZ_ASSERT_OK(tz_run_option_set(&o, "export-dtype", "fp16"));
+  assert_int_equal(o.export_dtype, TZ_F16);
+  TZ_ASSERT_OK(tz_run_option_set(&o, "export-dtype", "f32"));
+  assert_int_equal(o.export_dtype, TZ_F32);
+  assert_int_equal(tz_run_option_set(&o, "export-dtype", "f64"), TZ_EINVAL);
+  assert_string_equal(tz_err_msg(), "--export-dtype: expected f32, bf16 or fp16, got 'f64'");
+  static const struct {
+    const char *text;
+    uint64_t bytes;
+  } sizes[] = {{"5GB", 5000000000ull},
+               {"500MB", 500000000ull},
+               {"2GiB", 2147483648ull},
+               {"1.5kb", 1500},
+               {"123", 123}};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    TZ_ASSERT_OK(tz_run_option_set(&o, "export-shard-size", sizes[i].text));
+    assert_true(o.export_shard_bytes == sizes[i].bytes);
+  }
+  const char *bad[] = {"0", "-5GB", "5XB", "GB", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    assert_int_equal(tz_run_option_set(&o, "export-shard-size", bad[i]), TZ_EINVAL);
+}
+
+/* --model as a config.json: the file or its directory, the shape it says, initialised with its
+ * initializer_range (0.02 when absent); a preset leaves the directory empty. */
+static void test_model_config(void **state) {
+  (void)state;
+  struct tz_model_config mc;
+  char where[4096];
+  TZ_ASSERT_OK(tz_run_model("tiny", &mc, where, sizeof where));
+  assert_string_equal(where, "");
+  assert_true(mc.init_std == 0); /* the presets keep their own initialisation */
+  assert_int_equal(mkdir(at("cfg"), 0755), 0);
+  FILE *f = fopen(at("cfg/config.json"), "w");
+  assert_non_null(f);
+  fputs("{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96, "
+        "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+        "\"vocab_size\": 300, \"initializer_range\": 0.05}",
+        f);
+  fclose(f);
+  TZ_ASSERT_OK(tz_run_model(at("cfg"), &mc, where, sizeof where));
+  assert_string_equal(where, at("cfg"));
+  assert_int_equal(mc.n_layer, 3);
+  assert_int_equal(mc.vocab, 300);
+  assert_true(mc.init_std == 0.05);
+  memset(&mc, 0, sizeof mc);
+  TZ_ASSERT_OK(tz_run_model(at("cfg/config.json"), &mc, where, sizeof where));
+  assert_string_equal(where, at("cfg"));
+  assert_int_equal(mc.d_model, 64);
+  f = fopen(at("cfg/config.json"), "w");
+  assert_non_null(f);
+  fputs("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1, "
+        "\"num_attention_heads\": 4, \"vocab_size\": 300}",
+        f);
+  fclose(f);
+  TZ_ASSERT_OK(tz_run_model(at("cfg"), &mc, where, sizeof where));
+  assert_true(mc.init_std == 0.02);
+  assert_int_equal(tz_run_model(at("nothing"), &mc, where, sizeof where), TZ_ENOENT);
+  assert_non_null(strstr(tz_err_msg(), at("nothing")));
+}
+
+/* A run on a config.json's shape: planned and trained like a preset. */
+static void test_model_config_run(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  struct rec r;
+  struct tz_run_result res;
+  options(&o, &r, 2);
+  o.model = at("cfg");
+  TZ_ASSERT_OK(run(&o, &res));
+  assert_int_equal(r.n_steps, 2);
+  options(&o, &r, 2);
+  o.model = at("cfg/config.json");
+  o.plan_only = 1;
+  TZ_ASSERT_OK(run(&o, &res));
+  assert_int_equal(r.n_steps, 0);
 }
 
 static void test_backend_choice(void **state) {
@@ -539,6 +638,9 @@ int main(void) {
       cmocka_unit_test(test_resume),
       cmocka_unit_test(test_fill_batch),
       cmocka_unit_test(test_options),
+      cmocka_unit_test(test_export_options),
+      cmocka_unit_test(test_model_config),
+      cmocka_unit_test(test_model_config_run),
       cmocka_unit_test(test_backend_choice),
       cmocka_unit_test(test_plan_only),
       cmocka_unit_test(test_nonfinite_step_stops),

@@ -339,7 +339,7 @@ static void test_export_import(void **state) {
   char args[2048];
   snprintf(args, sizeof args,
            "--model tiny --steps 3 --seq 16 --data synthetic --eval-every 3 "
-           "--metrics %s/ex.jsonl --export-safetensors %s/exported",
+           "--metrics %s/ex.jsonl --export-safetensors %s/exported --export-dtype f32",
            dir, dir);
   int rc = tz_train(args);
   if (rc != 0)
@@ -354,7 +354,7 @@ static void test_export_import(void **state) {
   json_decref(sum);
   snprintf(args, sizeof args,
            "--steps 0 --seq 16 --data synthetic --eval-every 1 --import-safetensors %s/exported "
-           "--export-safetensors %s/again",
+           "--export-safetensors %s/again --export-dtype f32",
            dir, dir);
   rc = tz_train(args);
   if (rc != 0)
@@ -415,12 +415,13 @@ static const unsigned char *st_tensor(const unsigned char *file, long size, cons
 
 /* A checkpoint exports what the run that saved it would have: `--resume DIR --steps 0
  * --export-safetensors` gives the bytes of the straight run's export at the same step, and
- * --export-dtype bf16 gives every f32 value rounded to nearest even. */
+ * the default export dtype, bf16, gives every f32 value rounded to nearest even. */
 static void test_export_from_checkpoint(void **state) {
   (void)state;
   char args[2048];
   const char *common = "--model tiny --seed 5 --seq 16 --data synthetic";
-  snprintf(args, sizeof args, "%s --steps 2 --export-safetensors %s/straight2", common, dir);
+  snprintf(args, sizeof args, "%s --steps 2 --export-safetensors %s/straight2 --export-dtype f32",
+           common, dir);
   int rc = tz_train(args);
   if (rc != 0)
     print_error("%s", output());
@@ -431,7 +432,9 @@ static void test_export_from_checkpoint(void **state) {
     print_error("%s", output());
   assert_int_equal(rc, 0);
   snprintf(args, sizeof args,
-           "--resume %s/ck/step-00000002 --steps 0 --export-safetensors %s/fromck", dir, dir);
+           "--resume %s/ck/step-00000002 --steps 0 --export-safetensors %s/fromck "
+           "--export-dtype f32",
+           dir, dir);
   rc = tz_train(args);
   if (rc != 0)
     print_error("%s", output());
@@ -446,17 +449,15 @@ static void test_export_from_checkpoint(void **state) {
   assert_true(na > 1000000);
   assert_memory_equal(a, b, (size_t)na);
   free(b);
-  /* The latest checkpoint (step 4) is not step 2's export. */
-  snprintf(args, sizeof args,
-           "--resume %s/ck --steps 0 --export-safetensors %s/latest "
-           "--export-dtype bf16",
-           dir, dir);
+  /* The latest checkpoint (step 4) is not step 2's export; bf16 is the default dtype. */
+  snprintf(args, sizeof args, "--resume %s/ck --steps 0 --export-safetensors %s/latest", dir, dir);
   rc = tz_train(args);
   if (rc != 0)
     print_error("%s", output());
   assert_int_equal(rc, 0);
   assert_non_null(strstr(output(), "parameters after 4 steps written to"));
-  snprintf(args, sizeof args, "--resume %s/ck --steps 0 --export-safetensors %s/latest32", dir,
+  snprintf(args, sizeof args,
+           "--resume %s/ck --steps 0 --export-safetensors %s/latest32 --export-dtype f32", dir,
            dir);
   rc = tz_train(args);
   if (rc != 0)
@@ -496,9 +497,25 @@ static void test_export_from_checkpoint(void **state) {
   }
   free(a);
   free(b);
-  snprintf(args, sizeof args, "--steps 0 --export-dtype f16 --export-safetensors %s/x", dir);
+  /* fp16 as asked, and a dtype that is none of the three refused by the flag's name. */
+  snprintf(args, sizeof args,
+           "--resume %s/ck --steps 0 --export-dtype fp16 --export-safetensors %s/half", dir, dir);
+  rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  snprintf(pa, sizeof pa, "%s/half/model.safetensors", dir);
+  na = file_bytes(pa, &a);
+  json_t *h;
+  const char *dt;
+  uint64_t len;
+  st_tensor(a, na, names[0], &dt, &len, &h);
+  assert_string_equal(dt, "F16");
+  json_decref(h);
+  free(a);
+  snprintf(args, sizeof args, "--steps 0 --export-dtype f64 --export-safetensors %s/x", dir);
   assert_int_equal(tz_train(args), 2);
-  assert_non_null(strstr(output(), "--export-dtype"));
+  assert_non_null(strstr(output(), "--export-dtype: expected f32, bf16 or fp16, got 'f64'"));
 }
 
 /* --trace-step 1 --trace FILE: the file is written and is a Chrome trace of that step (parameters

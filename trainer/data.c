@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/corpus.h"
@@ -46,6 +48,7 @@ struct source {
 
 struct tz_data {
   int T;
+  struct tz_data_tokenizer tok; /* the sidecars' */
   uint64_t seed;
   struct source src;     /* the spec */
   struct source val_src; /* val_spec, when given (n == 0 otherwise) */
@@ -256,6 +259,207 @@ static int file_open(struct file *f, const char *path, int force_text) {
   return 0;
 }
 
+/* ---- sidecars ---- */
+
+/* SHA-256 (FIPS 180-4), to compare a tokenizer.json with the hash tools/tz-data recorded. */
+struct sha256 {
+  uint32_t h[8];
+  uint64_t len;
+  uint8_t buf[64];
+  size_t n;
+};
+
+static const uint32_t sha_k[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+static uint32_t ror(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+static void sha_block(struct sha256 *c, const uint8_t *p) {
+  uint32_t w[64], v[8];
+  for (int i = 0; i < 16; i++)
+    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 |
+           p[4 * i + 3];
+  for (int i = 16; i < 64; i++) {
+    uint32_t s0 = ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
+    uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
+    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+  }
+  memcpy(v, c->h, sizeof v);
+  for (int i = 0; i < 64; i++) {
+    uint32_t s1 = ror(v[4], 6) ^ ror(v[4], 11) ^ ror(v[4], 25);
+    uint32_t t1 = v[7] + s1 + ((v[4] & v[5]) ^ (~v[4] & v[6])) + sha_k[i] + w[i];
+    uint32_t s0 = ror(v[0], 2) ^ ror(v[0], 13) ^ ror(v[0], 22);
+    uint32_t t2 = s0 + ((v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]));
+    memmove(v + 1, v, 7 * sizeof *v);
+    v[4] += t1;
+    v[0] = t1 + t2;
+  }
+  for (int i = 0; i < 8; i++)
+    c->h[i] += v[i];
+}
+
+static void sha_init(struct sha256 *c) {
+  static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  memcpy(c->h, h0, sizeof h0);
+  c->len = 0;
+  c->n = 0;
+}
+
+static void sha_update(struct sha256 *c, const uint8_t *p, size_t n) {
+  c->len += n;
+  while (n > 0) {
+    size_t k = 64 - c->n < n ? 64 - c->n : n;
+    memcpy(c->buf + c->n, p, k);
+    c->n += k;
+    p += k;
+    n -= k;
+    if (c->n == 64) {
+      sha_block(c, c->buf);
+      c->n = 0;
+    }
+  }
+}
+
+static void sha_final(struct sha256 *c, char hex[65]) {
+  uint64_t bits = c->len * 8;
+  uint8_t pad = 0x80, zero = 0, be[8];
+  sha_update(c, &pad, 1);
+  while (c->n != 56)
+    sha_update(c, &zero, 1);
+  for (int i = 0; i < 8; i++)
+    be[i] = (uint8_t)(bits >> (56 - 8 * i));
+  sha_update(c, be, 8);
+  for (int i = 0; i < 8; i++)
+    snprintf(hex + 8 * i, 9, "%08" PRIx32, c->h[i]);
+}
+
+int tz_data_file_sha256(const char *path, char hex[65]) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    int e = errno;
+    return tz_err_errno(e, "data: cannot read %s", path);
+  }
+  struct sha256 c;
+  sha_init(&c);
+  uint8_t buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+    sha_update(&c, buf, n);
+  int bad = ferror(f);
+  fclose(f);
+  if (bad)
+    return tz_err_set(TZ_EIO, "data: cannot read %s", path);
+  sha_final(&c, hex);
+  return 0;
+}
+
+/* An id of a sidecar: an integer, or null / absent (no such token). */
+static int sidecar_id(json_t *root, const char *path, const char *key, int *has, int *id) {
+  json_t *v = json_object_get(root, key);
+  *has = 0;
+  if (!v || json_is_null(v))
+    return 0;
+  if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+    return tz_err_set(TZ_ECONFIG, "data: sidecar %s: \"%s\" must be a token id or null", path, key);
+  *has = 1;
+  *id = (int)json_integer_value(v);
+  return 0;
+}
+
+/* The sidecar of shard f (f->path + ".json") into *t when there is one (t->known 0 otherwise),
+ * checked against f and the model's vocabulary. */
+static int sidecar_read(const struct file *f, int vocab, struct tz_data_tokenizer *t) {
+  memset(t, 0, sizeof *t);
+  if (f->kind != KIND_SHARD)
+    return 0;
+  char path[4096];
+  if ((size_t)snprintf(path, sizeof path, "%s.json", f->path) >= sizeof path || access(path, F_OK))
+    return 0;
+  json_error_t jerr;
+  json_t *root = json_load_file(path, 0, &jerr);
+  if (!root)
+    return tz_err_set(TZ_ECONFIG, "data: sidecar %s: line %d: %s", path, jerr.line, jerr.text);
+  int rc = 0;
+  json_t *sha = json_object_get(root, "tokenizer_sha256");
+  json_t *vs = json_object_get(root, "vocab_size");
+  json_t *tokens = json_object_get(root, "tokens");
+  if (!json_is_object(root) || !json_is_string(sha) || strlen(json_string_value(sha)) != 64 ||
+      !json_is_integer(vs) || json_integer_value(vs) < 1 || json_integer_value(vs) > INT32_MAX) {
+    rc = tz_err_set(TZ_ECONFIG,
+                    "data: sidecar %s: expected an object with \"tokenizer_sha256\" (64 hex "
+                    "digits) and \"vocab_size\" (a positive integer), as tools/tz-data writes",
+                    path);
+    goto out;
+  }
+  if (tokens && (!json_is_integer(tokens) || (uint64_t)json_integer_value(tokens) != f->n_tokens)) {
+    rc = tz_err_set(TZ_ECONFIG,
+                    "data: sidecar %s says %lld tokens but %s holds %" PRIu64
+                    ": it is not this shard's",
+                    path, json_is_integer(tokens) ? (long long)json_integer_value(tokens) : -1LL,
+                    f->path, f->n_tokens);
+    goto out;
+  }
+  snprintf(t->sha256, sizeof t->sha256, "%s", json_string_value(sha));
+  snprintf(t->path, sizeof t->path, "%s", path);
+  t->vocab = (int)json_integer_value(vs);
+  if ((rc = sidecar_id(root, path, "bos_id", &t->has_bos, &t->bos_id)) < 0 ||
+      (rc = sidecar_id(root, path, "eos_id", &t->has_eos, &t->eos_id)) < 0 ||
+      (rc = sidecar_id(root, path, "pad_id", &t->has_pad, &t->pad_id)) < 0)
+    goto out;
+  if (t->vocab > vocab) {
+    rc = tz_err_set(TZ_ECONFIG,
+                    "data: sidecar %s: the tokenizer's vocabulary (vocab_size %d) is larger than "
+                    "the model's (vocab_size %d): its tokens would not all have an embedding; "
+                    "use a model of at least %d tokens, or data made by its own tokenizer",
+                    path, t->vocab, vocab, t->vocab);
+    goto out;
+  }
+  t->known = 1;
+out:
+  json_decref(root);
+  return rc;
+}
+
+/* One tokenizer for every sidecar of d (into d->tok), and that tokenizer the one asked for. */
+static int sidecars_check(tz_data *d, const struct source *s, int vocab, const char *tokenizer) {
+  for (int i = 0; i < s->n; i++) {
+    struct tz_data_tokenizer t;
+    TZ_CHECK(sidecar_read(&s->f[i], vocab, &t));
+    if (!t.known)
+      continue;
+    if (!d->tok.known) {
+      d->tok = t;
+      continue;
+    }
+    if (strcmp(t.sha256, d->tok.sha256) != 0)
+      return tz_err_set(TZ_ECONFIG,
+                        "data: %s and %s were made by different tokenizers (tokenizer_sha256 %s "
+                        "and %s): one data set is tokenized once",
+                        t.path, d->tok.path, t.sha256, d->tok.sha256);
+  }
+  if (!d->tok.known || !tokenizer)
+    return 0;
+  char hex[65];
+  TZ_CHECK(tz_data_file_sha256(tokenizer, hex));
+  if (strcmp(hex, d->tok.sha256) != 0)
+    return tz_err_set(TZ_ECONFIG,
+                      "data: %s was made by another tokenizer than %s: its tokenizer_sha256 is "
+                      "%s, that file's sha256 is %s (tokenize the text again with tools/tz-data "
+                      "--tokenizer %s, or train with the tokenizer it names)",
+                      d->tok.path, tokenizer, d->tok.sha256, hex, tokenizer);
+  return 0;
+}
+
+const struct tz_data_tokenizer *tz_data_tokenizer(const tz_data *d) { return &d->tok; }
+
 static int cmp_str(const void *a, const void *b) {
   return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -268,8 +472,9 @@ static const char *kind_name(const struct file *f) {
   }
 }
 
-/* Opens every file of spec into s, checks their tokens against vocab, numbers their windows. */
-static int source_open(struct source *s, const char *spec, int vocab, int T) {
+/* Opens every file of spec into s and numbers their windows (the tokens are checked by
+ * source_check_tokens, after the sidecars, whose message says more). */
+static int source_open(struct source *s, const char *spec, int T) {
   memset(s, 0, sizeof *s);
   int rc = 0;
   glob_t g = {0};
@@ -340,7 +545,6 @@ static int source_open(struct source *s, const char *spec, int vocab, int T) {
                       f->path, kind_name(f), s->f[0].path, kind_name(&s->f[0]));
       goto fail;
     }
-    TZ_CHECK_GOTO(file_check_tokens(f, vocab), rc, fail);
     f->n_windows = f->n_tokens > (uint64_t)T ? (f->n_tokens - 1) / (uint64_t)T : 0;
     if (f->n_windows == 0 && f->n_tokens > 0)
       TZ_WARN("data: %s has %" PRIu64 " tokens, fewer than one window of %d; it is not used",
@@ -358,6 +562,13 @@ fail:
     globfree(&g);
   source_release(s);
   return rc;
+}
+
+/* Every token of s below vocab. */
+static int source_check_tokens(const struct source *s, int vocab) {
+  for (int i = 0; i < s->n; i++)
+    TZ_CHECK(file_check_tokens(&s->f[i], vocab));
+  return 0;
 }
 
 static void source_describe(const struct source *s, char *buf, size_t n) {
@@ -395,10 +606,14 @@ int tz_data_open(const char *spec, int vocab, const struct tz_data_params *p, tz
   d->T = p->seq_len;
   d->seed = p->seed;
   int rc = 0;
-  TZ_CHECK_GOTO(source_open(&d->src, spec, vocab, d->T), rc, fail);
+  TZ_CHECK_GOTO(source_open(&d->src, spec, d->T), rc, fail);
+  TZ_CHECK_GOTO(sidecars_check(d, &d->src, vocab, p->tokenizer), rc, fail);
+  TZ_CHECK_GOTO(source_check_tokens(&d->src, vocab), rc, fail);
   uint64_t n = d->src.n_windows;
   if (p->val_spec) {
-    TZ_CHECK_GOTO(source_open(&d->val_src, p->val_spec, vocab, d->T), rc, fail);
+    TZ_CHECK_GOTO(source_open(&d->val_src, p->val_spec, d->T), rc, fail);
+    TZ_CHECK_GOTO(sidecars_check(d, &d->val_src, vocab, p->tokenizer), rc, fail);
+    TZ_CHECK_GOTO(source_check_tokens(&d->val_src, vocab), rc, fail);
     d->n_val = d->val_src.n_windows;
     if (d->n_val == 0) {
       rc = tz_err_set(

@@ -12,6 +12,13 @@
  * number of tokens), then the tokens: version 1 holds uint16 (GPT-2), version 7 uint32 (Llama-3).
  * Files are memory-mapped; every token is checked against the vocabulary when the data is opened.
  *
+ * Sidecars: tools/tz-data writes beside each shard PATH a JSON file PATH.json naming the
+ * tokenizer that made it (the sha256 of its tokenizer.json, its vocabulary size, its bos, eos
+ * and pad ids) and what the shard holds (documents, tokens). When a shard has one, it is read
+ * and checked at open: a tokenizer vocabulary larger than the model's is refused, so is a
+ * tokenizer.json other than tz_data_params.tokenizer (by hash, naming both files), so are two
+ * shards of one data set made by different tokenizers. docs/data.md has the format.
+ *
  * Windows: a file of n tokens holds (n - 1) / T windows; window w is tokens [w*T, w*T + T + 1)
  * of its file (inputs are the first T, targets the last T). Windows never cross files. All
  * windows of all files, in file order, are numbered 0..N-1; the last n_val of them are the
@@ -42,13 +49,24 @@ enum tz_data_split {
 };
 
 struct tz_data_params {
-  int seq_len;          /* T >= 1: a sample is T+1 tokens */
-  double val_fraction;  /* in [0, 1): share of the windows held out (rounded up), when val_tokens
-                           is 0 and val_spec NULL */
-  uint64_t val_tokens;  /* > 0: hold out ceil(val_tokens / T) windows instead */
-  const char *val_spec; /* non-NULL: the validation split is this source instead (all of its
-                           windows), and nothing of spec is held out */
-  uint64_t seed;        /* the order of the training split is a function of it */
+  int seq_len;           /* T >= 1: a sample is T+1 tokens */
+  double val_fraction;   /* in [0, 1): share of the windows held out (rounded up), when val_tokens
+                            is 0 and val_spec NULL */
+  uint64_t val_tokens;   /* > 0: hold out ceil(val_tokens / T) windows instead */
+  const char *val_spec;  /* non-NULL: the validation split is this source instead (all of its
+                            windows), and nothing of spec is held out */
+  uint64_t seed;         /* the order of the training split is a function of it */
+  const char *tokenizer; /* non-NULL: the tokenizer.json every sidecar must name (its sha256) */
+};
+
+/* What the sidecars of the data say about the tokenizer that made it. */
+struct tz_data_tokenizer {
+  int known;       /* 0: no shard has a sidecar, and nothing below is set */
+  char sha256[65]; /* of its tokenizer.json, lowercase hex */
+  char path[256];  /* the sidecar it was read from (the first one) */
+  int vocab;       /* the tokenizer's vocabulary size */
+  int has_bos, has_eos, has_pad;
+  int bos_id, eos_id, pad_id;
 };
 
 /* Opens the source named by spec (see above) for a model with vocabulary vocab. *out owns its
@@ -58,6 +76,9 @@ struct tz_data_params {
  *              header: "file X: header says N tokens (M bytes) but the file has K bytes after the
  *              header"), or a token >= vocab ("file X: token 300 at byte offset 1040 (token 8) is
  *              not below the vocabulary size 256")
+ *   TZ_ECONFIG a sidecar that cannot be read or disagrees: with the model's vocabulary (a
+ *              larger tokenizer vocabulary), with params' tokenizer (another sha256, both
+ *              files named), with its shard (another token count), or with another sidecar
  *   TZ_EINVAL  bad params, or too few tokens for one training window (or one validation window
  *              when a validation split is asked for)
  *   TZ_EIO/TZ_EPERM  the file cannot be read or mapped */
@@ -68,6 +89,12 @@ int tz_data_seq_len(const tz_data *d);                              /* T */
 uint64_t tz_data_n_samples(const tz_data *d, enum tz_data_split s); /* windows in the split */
 uint64_t tz_data_n_tokens(const tz_data *d);                        /* tokens of every file */
 int tz_data_n_files(const tz_data *d);
+/* The tokenizer of the data (the first sidecar's; every sidecar of the training and the
+ * validation sets agrees). Valid while d lives. */
+const struct tz_data_tokenizer *tz_data_tokenizer(const tz_data *d);
+/* The SHA-256 of the file at path as 64 lowercase hex digits into hex. TZ_EIO (errno's code)
+ * naming the file when it cannot be read. */
+int tz_data_file_sha256(const char *path, char hex[65]);
 /* One line for the log: "2 llm.c shards (v1), 1048576 tokens; 4000 train + 40 val windows of
  * 257 tokens". Valid while d lives. */
 const char *tz_data_describe(const tz_data *d);

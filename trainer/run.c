@@ -16,11 +16,15 @@
 #include "topo/topo.h"
 #include "util/clock.h"
 
+#include <jansson.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 void tz_run_options_init(struct tz_run_options *o) {
   memset(o, 0, sizeof *o);
@@ -28,9 +32,62 @@ void tz_run_options_init(struct tz_run_options *o) {
   o->steps = 10;
   o->backend = "cpu";
   o->val_fraction = 0.05;
-  o->export_dtype = TZ_F32;
+  o->export_dtype = TZ_BF16;
+  o->export_shard_bytes = 5000000000ull;
   o->trace_step = -1;
   o->seed = -1;
+}
+
+/* ---- The model ---- */
+
+/* initializer_range of the config.json at path (transformers' default 0.02 when absent). */
+static int initializer_range(const char *path, double *out) {
+  *out = 0.02;
+  json_error_t jerr;
+  json_t *root = json_load_file(path, 0, &jerr);
+  if (!root)
+    return tz_err_set(TZ_ECONFIG, "--model %s: line %d: %s", path, jerr.line, jerr.text);
+  json_t *v = json_object_get(root, "initializer_range");
+  int rc = 0;
+  if (v && !json_is_null(v) && (!json_is_number(v) || !(json_number_value(v) > 0)))
+    rc = tz_err_set(TZ_ECONFIG, "--model %s: \"initializer_range\" must be a number above 0", path);
+  else if (v && json_is_number(v))
+    *out = json_number_value(v);
+  json_decref(root);
+  return rc;
+}
+
+int tz_run_model(const char *name, struct tz_model_config *mc, char *dir, size_t len) {
+  if (len)
+    dir[0] = 0;
+  if (tz_model_preset(name, mc) == 0)
+    return 0;
+  struct stat st;
+  if (stat(name, &st) != 0) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    return tz_err_set(TZ_ENOENT,
+                      "--model: %s; or a Hugging Face config.json (a file, or a directory "
+                      "holding one): no such file %s",
+                      why, name);
+  }
+  char file[4096], base[4096];
+  if (S_ISDIR(st.st_mode)) {
+    snprintf(file, sizeof file, "%s/config.json", name);
+    snprintf(dir, len, "%s", name);
+  } else {
+    snprintf(file, sizeof file, "%s", name);
+    snprintf(base, sizeof base, "%s", name);
+    snprintf(dir, len, "%s", dirname(base));
+  }
+  /* A directory, or a file named config.json, reads as its directory; another file name as
+   * itself (tz_hf_config_read takes both). */
+  snprintf(base, sizeof base, "%s", file);
+  const char *arg = S_ISDIR(st.st_mode) || strcmp(basename(base), "config.json") == 0 ? dir : name;
+  TZ_CHECK(tz_hf_config_read(arg, mc, NULL));
+  if (mc->init_std <= 0)
+    TZ_CHECK(initializer_range(file, &mc->init_std));
+  return 0;
 }
 
 /* ---- The cadence ---- */
@@ -152,6 +209,10 @@ struct run {
   tz_hf_model *hm;
   struct tz_model_config mc;
   const char *model_name;
+  char model_dir[4096];     /* the directory of --model's config.json; "" for a preset */
+  char tokenizer_dir[4096]; /* the export's tokenizer files: import_dir's, else model_dir's, when
+                               it has tokenizer.json; "" none */
+  char tokenizer[4096];     /* the tokenizer.json the data's sidecars are checked against; "" */
   struct tz_plan_rates rates;
   tz_trainer *tr;
   tz_data *data;
@@ -350,8 +411,46 @@ static const char *model_mismatch(const struct tz_model_config *a,
                                                   : NULL;
 }
 
-/* The model: the preset named by --model or tierzero.model; with --import-safetensors and no
- * preset named, the checkpoint's config (its max_seq from the checkpoint too). */
+/* 1 when dir holds a tokenizer.json, which then goes into path (len bytes). */
+static int has_tokenizer(const char *dir, char *path, size_t len) {
+  if (!dir || !*dir)
+    return 0;
+  snprintf(path, len, "%s/tokenizer.json", dir);
+  return access(path, R_OK) == 0;
+}
+
+/* 1 when dir holds any tokenizer file an export copies (tokenizer.json, a sentencepiece
+ * tokenizer.model, tokenizer_config.json). */
+static int has_tokenizer_files(const char *dir) {
+  static const char *const names[] = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"};
+  char path[4200];
+  for (size_t i = 0; dir && *dir && i < sizeof names / sizeof *names; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    if (access(path, R_OK) == 0)
+      return 1;
+  }
+  return 0;
+}
+
+/* Where the tokenizer is: the export copies its files from import_dir, else from the --model
+ * directory (the first that holds any); the data's sidecars are checked against --tokenizer,
+ * else the tokenizer.json of that directory. */
+static void find_tokenizer(struct run *r) {
+  char path[4200];
+  const char *dirs[] = {r->o->import_dir, r->model_dir};
+  for (int i = 0; i < 2 && !r->tokenizer_dir[0]; i++)
+    if (has_tokenizer_files(dirs[i])) {
+      snprintf(r->tokenizer_dir, sizeof r->tokenizer_dir, "%s", dirs[i]);
+      if (has_tokenizer(dirs[i], path, sizeof path))
+        snprintf(r->tokenizer, sizeof r->tokenizer, "%s", path);
+    }
+  if (r->o->tokenizer)
+    snprintf(r->tokenizer, sizeof r->tokenizer, "%s", r->o->tokenizer);
+}
+
+/* The model: the preset or config.json named by --model or tierzero.model; with
+ * --import-safetensors and none named, the checkpoint's config (its max_seq from the checkpoint
+ * too). */
 static int choose_model(struct run *r) {
   const struct tz_run_options *o = r->o;
   const char *preset = o->model ? o->model : r->cfg->tierzero.model;
@@ -360,10 +459,21 @@ static int choose_model(struct run *r) {
   if (!preset) {
     r->mc = *tz_hf_config(r->hm);
     r->model_name = o->import_dir;
-    return 0;
+    find_tokenizer(r);
+    /* Attention is full causal: a family's sliding window must cover the training sequence. */
+    return tz_hf_check_window(tz_hf_info(r->hm), o->seq);
   }
-  TZ_CHECK(tz_model_preset(preset, &r->mc));
+  TZ_CHECK(tz_run_model(preset, &r->mc, r->model_dir, sizeof r->model_dir));
   r->model_name = preset;
+  find_tokenizer(r);
+  if (r->hm)
+    TZ_CHECK(tz_hf_check_window(tz_hf_info(r->hm), o->seq));
+  if (r->model_dir[0]) { /* a config.json: its window too */
+    struct tz_model_config c;
+    struct tz_hf_info info;
+    TZ_CHECK(tz_hf_config_read_info(preset, &c, NULL, &info));
+    TZ_CHECK(tz_hf_check_window(&info, o->seq));
+  }
   const char *diff = r->hm ? model_mismatch(&r->mc, tz_hf_config(r->hm)) : NULL;
   if (diff)
     return tz_err_set(TZ_ECONFIG, "--import-safetensors %s: its %s differs from model %s's",
@@ -422,6 +532,26 @@ static int open_metrics(struct run *r) {
   return tz_metrics_write_config(r->mw, r->cfg, r->res->start);
 }
 
+/* The special tokens of the data's tokenizer, for the export, where the model has none of its
+ * own (an import's config gives them). */
+static void data_token_ids(struct run *r) {
+  const struct tz_data_tokenizer *t = tz_data_tokenizer(r->data);
+  if (!t->known)
+    return;
+  if (!r->mc.has_bos && t->has_bos) {
+    r->mc.has_bos = 1;
+    r->mc.bos_id = t->bos_id;
+  }
+  if (!r->mc.has_eos && t->has_eos) {
+    r->mc.has_eos = 1;
+    r->mc.eos_id = t->eos_id;
+  }
+  if (!r->mc.has_pad && t->has_pad) {
+    r->mc.has_pad = 1;
+    r->mc.pad_id = t->pad_id;
+  }
+}
+
 /* The state to start from (an import or a checkpoint), the data, the metrics file, the buffers. */
 static int prepare(struct run *r) {
   const struct tz_run_options *o = r->o;
@@ -436,10 +566,14 @@ static int prepare(struct run *r) {
     TZ_CHECK(emit_kind(r, TZ_RUN_RESUMED, r->res->start));
   }
   if (!o->data || strcmp(o->data, "synthetic") != 0) {
-    struct tz_data_params dp = {.seq_len = o->seq, .seed = (uint64_t)r->cfg->seed};
-    if (o->eval_every)
+    struct tz_data_params dp = {.seq_len = o->seq,
+                                .seed = (uint64_t)r->cfg->seed,
+                                .val_spec = o->eval_every ? o->val_data : NULL,
+                                .tokenizer = r->tokenizer[0] ? r->tokenizer : NULL};
+    if (o->eval_every && !o->val_data)
       dp.val_fraction = o->val_fraction;
     TZ_CHECK(tz_data_open(o->data, r->mc.vocab, &dp, &r->data));
+    data_token_ids(r);
     struct tz_run_event ev = {.kind = TZ_RUN_DATA, .data = r->data};
     TZ_CHECK(emit(r, &ev));
   }
@@ -626,6 +760,8 @@ static int finish(struct run *r) {
     struct tz_hf_export_opts eo;
     tz_hf_export_opts_init(&eo);
     eo.dtype = o->export_dtype;
+    eo.shard_bytes = o->export_shard_bytes;
+    eo.tokenizer_dir = r->tokenizer_dir[0] ? r->tokenizer_dir : NULL;
     TZ_CHECK(tz_export_write(r->tr, &r->mc, o->export_dir, &eo, r->rank));
     TZ_CHECK(emit_kind(r, TZ_RUN_EXPORTED, tz_trainer_steps_done(r->tr)));
   }

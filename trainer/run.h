@@ -72,7 +72,8 @@ struct tz_run_event {
 typedef int (*tz_run_event_fn)(void *arg, const struct tz_run_event *ev);
 
 struct tz_run_options {
-  const char *model;      /* a preset; NULL: tierzero.model, else import_dir's config, else tiny */
+  const char *model;      /* a preset or a config.json (tz_run_model); NULL: tierzero.model, else
+                             import_dir's config, else tiny */
   const char *import_dir; /* a Hugging Face checkpoint to start from; NULL: initialised */
   const char *data;       /* tz_data_open's spec, or "synthetic"; NULL: the built-in corpus */
   int seq;                /* tokens per sequence (default 64) */
@@ -91,25 +92,39 @@ struct tz_run_options {
   double layer_rate;
   int plan_world;
   double coll_rate;
-  const char *metrics;  /* a JSONL file, one object per step and a summary (rank 0); NULL none */
-  int64_t eval_every;   /* the validation loss after every this many steps and the last; 0 none */
-  double val_fraction;  /* the data's share held out for it (default 0.05) */
-  const char *ckpt_dir; /* NULL: no checkpoints; else after every save_every steps (0: none),
-                           the last step and a stop request, keeping the newest keep (0: all) */
+  const char *metrics;   /* a JSONL file, one object per step and a summary (rank 0); NULL none */
+  int64_t eval_every;    /* the validation loss after every this many steps and the last; 0 none */
+  double val_fraction;   /* the data's share held out for it (default 0.05) */
+  const char *val_data;  /* tz_data_open's spec of a separate validation set (needs eval_every):
+                            nothing of data is held out then */
+  const char *tokenizer; /* the tokenizer.json the data's sidecars must name (by hash); NULL:
+                            import_dir's or the --model directory's tokenizer.json if any */
+  const char *ckpt_dir;  /* NULL: no checkpoints; else after every save_every steps (0: none),
+                            the last step and a stop request, keeping the newest keep (0: all) */
   int64_t save_every, keep;
   const struct tz_ckpt_options *ckpt_options; /* optional: the checkpoint layer's hooks for the
-                                                 checks of ckpt_dir at start and the saves */
+                                                  checks of ckpt_dir at start and the saves */
   const char *resume;         /* a checkpoint (a root or a step directory) to continue from; NULL
                                  none; "" ckpt_dir's (tz_run_options_check) */
   int reseed;                 /* resume: the config's seed, not the checkpoint's (tz_resume_seed) */
   const char *export_dir;     /* after the steps, the parameters as safetensors (tz_hf_export) */
-  enum tz_dtype export_dtype; /* TZ_F32 (default) or TZ_BF16 */
-  const char *trace_path;     /* where the lane trace of trace_step (tierzero.trace_step) goes */
-  int64_t trace_step;         /* -1 (default): none */
-  tz_run_event_fn on_event;   /* optional: NULL means nothing is told */
+  enum tz_dtype export_dtype; /* TZ_BF16 (default), TZ_F32 or TZ_F16 */
+  uint64_t export_shard_bytes; /* the largest safetensors file of an export (default 5e9, as
+                                  save_pretrained's "5GB") */
+  const char *trace_path;      /* where the lane trace of trace_step (tierzero.trace_step) goes */
+  int64_t trace_step;          /* -1 (default): none */
+  tz_run_event_fn on_event;    /* optional: NULL means nothing is told */
   void *arg;
 };
 void tz_run_options_init(struct tz_run_options *o);
+
+/* The model that --model name stands for: a preset, or else a Hugging Face config.json, a file
+ * or a directory holding one, read with tz_hf_config_read (no weights: the model is that shape,
+ * initialised as transformers initialises the family, init_std from initializer_range, 0.02
+ * when absent). dir (len bytes) gets the directory holding that config.json, where tokenizer
+ * files would be ("" for a preset). TZ_ENOENT naming the presets for a name that is neither;
+ * tz_hf_config_read's errors. */
+int tz_run_model(const char *name, struct tz_model_config *mc, char *dir, size_t len);
 
 /* Sets the option that tz-train's flag --name stands for from its text (value NULL for a switch:
  * plan, auto-placement, remeasure); strings are borrowed. TZ_EINVAL with a message naming the
@@ -121,7 +136,8 @@ int tz_run_option_is_switch(const char *name);
  * checkpoint root (not one step directory) with no ckpt_dir saves there; the planning options
  * (gpu_memory, layer_rate, plan_world, coll_rate) need plan_only, plan_world excludes starting
  * launch_ranks > 1 ranks, gpu_memory needs backend cuda; trace_step and trace_path go together
- * and trace_step is below steps; model names a preset. TZ_EINVAL naming the flags. */
+ * and trace_step is below steps; model names a preset or an existing path; val_data needs
+ * eval_every. TZ_EINVAL naming the flags. */
 int tz_run_options_check(struct tz_run_options *o, int launch_ranks);
 
 /* Where the configuration of a run comes from, in this order of precedence (each over the one

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* How an option's text is read: a string, a switch, an integer (NUM with its limits), a count, a
@@ -49,9 +51,12 @@ static const struct option_kind options[] = {
     {"reseed", SWITCH, AT(reseed), 0, 0},
     {"eval-every", NUM | POS | MAX32, AT(eval_every), 0, 0},
     {"val-fraction", 'v', 0, 0, 0},
+    {"val-data", STR, AT(val_data), 0, 0},
+    {"tokenizer", STR, AT(tokenizer), 0, 0},
     {"import-safetensors", STR, AT(import_dir), 0, 0},
     {"export-safetensors", STR, AT(export_dir), 0, 0},
     {"export-dtype", 'D', 0, 0, 0},
+    {"export-shard-size", 'S', 0, 0, 0},
     {"trace-step", NUM | MAX32, AT(trace_step), 0, 0},
     {"trace", STR, AT(trace_path), 0, 0},
 };
@@ -79,6 +84,38 @@ static int set_num(const struct option_kind *k, const char *v, void *p) {
   return 0;
 }
 
+/* "5GB", "500MB", "2GiB", "1000000" (bytes) into *out: KB, MB, GB, TB are powers of 1000 as in
+ * Hugging Face's max_shard_size, KiB ... TiB powers of 1024. */
+static int parse_shard_size(const char *v, uint64_t *out) {
+  static const struct {
+    const char *unit;
+    double scale;
+  } units[] = {{"", 1},
+               {"B", 1},
+               {"KB", 1e3},
+               {"MB", 1e6},
+               {"GB", 1e9},
+               {"TB", 1e12},
+               {"KiB", 1024.0},
+               {"MiB", 1048576.0},
+               {"GiB", 1073741824.0},
+               {"TiB", 1099511627776.0}};
+  char *end;
+  errno = 0;
+  double n = strtod(v, &end);
+  if (end == v || errno || !(n > 0))
+    return -1;
+  while (*end == ' ')
+    end++;
+  for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+    if (strcasecmp(end, units[i].unit) == 0 && n * units[i].scale >= 1 &&
+        n * units[i].scale < 1.8e19) {
+      *out = (uint64_t)(n * units[i].scale);
+      return 0;
+    }
+  return -1;
+}
+
 /* The options with a rule of their own. */
 static int set_special(struct tz_run_options *o, const struct option_kind *k, const char *v) {
   char *end;
@@ -98,9 +135,22 @@ static int set_special(struct tz_run_options *o, const struct option_kind *k, co
       return tz_err_set(TZ_EINVAL, "--world: expected a rank count from 1 to 4096, got '%s'", v);
     return 0;
   case 'D':
-    if (strcmp(v, "f32") && strcmp(v, "bf16"))
-      return tz_err_set(TZ_EINVAL, "--export-dtype: expected f32 or bf16, got '%s'", v);
-    o->export_dtype = strcmp(v, "f32") == 0 ? TZ_F32 : TZ_BF16;
+    if (strcmp(v, "f32") == 0)
+      o->export_dtype = TZ_F32;
+    else if (strcmp(v, "bf16") == 0)
+      o->export_dtype = TZ_BF16;
+    else if (strcmp(v, "fp16") == 0 || strcmp(v, "f16") == 0)
+      o->export_dtype = TZ_F16;
+    else
+      return tz_err_set(TZ_EINVAL, "--export-dtype: expected f32, bf16 or fp16, got '%s'", v);
+    return 0;
+  case 'S':
+    /* Decimal units as save_pretrained's max_shard_size ("5GB" is 5e9 bytes), binary ones too. */
+    if (parse_shard_size(v, &o->export_shard_bytes) < 0)
+      return tz_err_set(TZ_EINVAL,
+                        "--export-shard-size: expected a size above 0 (e.g. 5GB, 500MB, 2GiB), "
+                        "got '%s'",
+                        v);
     return 0;
   case 'v': {
     double f = strtod(v, &end);
@@ -181,11 +231,19 @@ int tz_run_options_check(struct tz_run_options *o, int launch_ranks) {
     return tz_err_set(TZ_EINVAL, "--trace-step %lld: the run has %lld steps, numbered from 0",
                       (long long)o->trace_step, (long long)o->steps);
   struct tz_model_config named;
-  if (o->model && tz_model_preset(o->model, &named) < 0) {
+  struct stat st;
+  /* A name that is no preset and is a file or directory is a config.json (tz_run_model). */
+  if (o->model && tz_model_preset(o->model, &named) < 0 && stat(o->model, &st) != 0) {
     char why[256];
     snprintf(why, sizeof why, "%s", tz_err_msg());
-    return tz_err_set(TZ_EINVAL, "--model: %s", why);
+    return tz_err_set(TZ_EINVAL,
+                      "--model: %s; or a Hugging Face config.json (a file, or a directory "
+                      "holding one): no such file %s",
+                      why, o->model);
   }
+  if (o->val_data && !o->eval_every)
+    return tz_err_set(TZ_EINVAL, "--val-data %s is evaluated on with --eval-every N: give it",
+                      o->val_data);
   return 0;
 }
 

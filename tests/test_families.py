@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Every model family end to end through tz-train (one family per run, named by the argument):
+a tiny random checkpoint made here (a config.json with no weights, --steps 0, exported in f32),
+imported and trained; a run checkpointed after 2 steps and resumed gives the losses and gradient
+norms of the uninterrupted run bit for bit and the same exported bytes; the export names the
+family (model_type, architectures) and imports again to the same bytes.
+
+Usage: test_families.py TZ_BIN FAMILY (llama, llama3, mistral, qwen2, qwen3, head_dim)"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+BIN, FAMILY = sys.argv[1], sys.argv[2]
+TZ_TRAIN = os.path.join(BIN, "tz-train")
+
+BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "hidden_act": "silu", "initializer_range": 0.05, "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2}
+FAMILIES = {
+    # Llama 2 shape, tied: what the importer took before the families.
+    "llama": ("llama", "LlamaForCausalLM", {"tie_word_embeddings": True}),
+    # Llama 3.2: llama3 RoPE scaling and tied embeddings.
+    "llama3": ("llama", "LlamaForCausalLM", {
+        "tie_word_embeddings": True, "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    "mistral": ("mistral", "MistralForCausalLM", {"sliding_window": None}),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": False,
+                                             "sliding_window": 4096}),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM", {"head_dim": 16}),
+    # head_dim 24 with hidden 64 and 4 heads: q is 96 wide, o maps 96 back to 64.
+    "head_dim": ("qwen3", "Qwen3ForCausalLM", {"head_dim": 24}),
+}
+
+
+def tz_train(*args):
+    p = subprocess.run([TZ_TRAIN, "--progress", "plain", *args], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"FAIL: tz-train {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p.stdout
+
+
+def steps(path):
+    """(step, loss, grad_norm) of every step line of a metrics file, as written (text compared:
+    the file prints each float so that it reads back to the same bits)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            o = json.loads(line, parse_float=str)
+            if "summary" not in o:
+                out.append((o["step"], o["loss"], o["grad_norm"]))
+    return out
+
+
+def same_bytes(a, b):
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return fa.read() == fb.read()
+
+
+def main():
+    model_type, arch, extra = FAMILIES[FAMILY]
+    tmp = tempfile.mkdtemp(prefix=f"tz-test-family-{FAMILY}-")
+    try:
+        cfg = dict(BASE, model_type=model_type, architectures=[arch], **extra)
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        at = lambda *p: os.path.join(tmp, *p)
+        common = ["--seq", "16", "--data", "synthetic", "--seed", "9"]
+        # The random checkpoint: that shape initialised as transformers does, in f32.
+        tz_train("--model", at("config.json"), "--steps", "0", *common,
+                 "--export-safetensors", at("random"), "--export-dtype", "f32")
+        with open(at("random", "config.json")) as f:
+            exported = json.load(f)
+        failures = []
+        for key, want in (("model_type", model_type), ("architectures", [arch])):
+            if exported.get(key) != want:
+                failures.append(f"export's {key} {exported.get(key)!r}, not {want!r}")
+        straight = ["--import-safetensors", at("random"), *common]
+        tz_train(*straight, "--steps", "4", "--metrics", at("straight.jsonl"),
+                 "--export-safetensors", at("straight"), "--export-dtype", "f32")
+        tz_train(*straight, "--steps", "2", "--metrics", at("parts.jsonl"), "--ckpt-dir", at("ck"))
+        tz_train(*straight, "--steps", "4", "--metrics", at("parts.jsonl"), "--resume", at("ck"),
+                 "--export-safetensors", at("resumed"), "--export-dtype", "f32")
+        a, b = steps(at("straight.jsonl")), steps(at("parts.jsonl"))
+        if a != b or len(a) != 4:
+            failures.append(f"resumed steps {b} are not the uninterrupted run's {a}")
+        if a and a[0][1] == a[-1][1]:
+            failures.append(f"the loss did not change over 4 steps: {a}")
+        st = [f for f in os.listdir(at("straight")) if f.endswith(".safetensors")]
+        if not st:
+            failures.append("no safetensors in the export")
+        for f in st:
+            if not same_bytes(at("straight", f), at("resumed", f)):
+                failures.append(f"{f}: the resumed run's export differs from the straight run's")
+        # The export imports again, to the same bytes.
+        tz_train("--import-safetensors", at("straight"), "--steps", "0", *common,
+                 "--export-safetensors", at("again"), "--export-dtype", "f32")
+        for f in st:
+            if not same_bytes(at("straight", f), at("again", f)):
+                failures.append(f"{f}: the re-imported export differs")
+        for msg in failures:
+            print(f"FAIL: {FAMILY}: {msg}", file=sys.stderr)
+        print(f"test_families {FAMILY}: {'%d failed' % len(failures) if failures else 'passed'}")
+        return 1 if failures else 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
