@@ -52,7 +52,7 @@ def steps(path):
     with open(path) as f:
         for line in f:
             o = json.loads(line, parse_float=str)
-            if "summary" not in o:
+            if "step" in o and "summary" not in o:  # not the header (the run's config)
                 out.append((o["step"], o["loss"], o["grad_norm"]))
     return out
 
