@@ -51,7 +51,7 @@ fi
 # against transformers in bf16 (loss 1e-2), greedy generation of 16 tokens.
 if has families && [ -x $b/bin/tz-model-check ]; then
   hf="python3 tools/hf_check.py"
-  fam_check() { # name, then make's arguments
+  fam_one() { # name, then make's arguments
     local name=$1; shift
     local d=/tmp/tz-fam-$name
     rm -rf "$d"
@@ -60,7 +60,20 @@ if has families && [ -x $b/bin/tz-model-check ]; then
     step fam-$name-bf16 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --dtype bfloat16 \
       --tz $b/bin/tz-model-check
     step fam-$name-gen $hf generate "$d" --tokens 3,1,4,1,5 --new 16 --tz $b/bin/tz-model-check
+    # 20 steps on text (byte tokens, valid in every vocabulary) on the GPU, the loss falling; the
+    # export loaded back by transformers with equal logits.
+    step fam-$name-train $b/bin/tz-train --import-safetensors "$d" --auto-placement --steps 20 \
+      --seq 128 --data text:docs/training.md --metrics "$d.jsonl" --export-safetensors "$d-out" \
+      --export-dtype f32 &&
+      step fam-$name-falls python3 -c 'import json,sys
+l=[json.loads(x) for x in open(sys.argv[1])]; l=[x["loss"] for x in l if "step" in x and "loss" in x]
+print("loss %.4f -> %.4f" % (l[0], l[-1])); sys.exit(0 if l[-1] < l[0] else 1)' "$d.jsonl" &&
+      step fam-$name-export $hf run "$d-out" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 \
+        --tz $b/bin/tz-model-check
+    rm -rf "$d" "$d-out"
   }
+  fams=${TZ_FAMILIES:-all}
+  fam_check() { [ "$fams" = all ] || [[ " $fams " == *" $1 "* ]] || return 0; fam_one "$@"; }
   fam_check llama3-rope --family llama --rope-scaling llama3 --rope-original 8 --tie
   fam_check mistral --family mistral --sliding-window 4096
   fam_check qwen2 --family qwen2 --tie
