@@ -2,6 +2,7 @@
  * the lifetime of a tz_config. The table of keys that drives all of it is in config_keys.c. */
 #define _GNU_SOURCE
 #include "core/config_internal.h"
+#include "core/faults.h"
 #include "util/size.h"
 
 #include <errno.h>
@@ -111,6 +112,16 @@ static int finish(struct tz_config *c, const char *pre) {
   /* DeepSpeed: AdamW is decoupled whatever adam_w_mode says. */
   if (c->optimizer.type == TZ_OPTIMIZER_ADAMW)
     c->optimizer.adam_w_mode = 1;
+  /* A fault spec is refused when it is read, not when (and only if) a fault tier is built. */
+  if (c->tierzero.faults) {
+    struct tz_faults f;
+    int rc = tz_faults_parse(c->tierzero.faults, &f);
+    if (rc < 0) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", tz_err_msg());
+      return tz_err_set(rc == TZ_EINVAL ? TZ_ECONFIG : rc, "%s: %s", pre, why);
+    }
+  }
   /* The runtime cuts its staging buffers into chunks that every tier can transfer whole: a
    * chunk the nvme tier's direct I/O cannot take failed only at the runtime's creation, as
    * "staging: cannot allocate 256 bytes". */

@@ -396,6 +396,14 @@ static const struct bad_case bad_cases[] = {
      "bad.json: tierzero.chunk_bytes 1 B: a chunk is a multiple of 4 KiB (the direct-I/O "
      "alignment of the nvme tier), at least 4 KiB; the default is 4 MiB"},
     {"{\"tierzero\": {\"chunk_bytes\": 6000}}", "bad.json: tierzero.chunk_bytes 5.9 KiB: a chunk"},
+    /* a fault spec is refused when read, though this run may build no fault tier (it was
+     * accepted then, and a delay of 99999999999 us made every operation of one wait) */
+    {"{\"tierzero\": {\"faults\": \"delay=99999999999\"}}",
+     "bad.json: tierzero.faults (or TZ_FAULTS): bad fault item \"delay=99999999999\": delay is in "
+     "microseconds, 0 to 10000000 (10 s)"},
+    {"{\"tierzero\": {\"faults\": \"eio@1,nvme-short@0\"}}",
+     "bad fault item \"nvme-short@0\": expected nvme-short@N or nvme-eagain@N"},
+    {"{\"tierzero\": {\"faults\": \"bogus@3\"}}", "bad fault item \"bogus@3\": expected KIND@N"},
     /* syntax, with line and column */
     {"{\"train_batch_size\": 8,\n \"seed\": 1,,\n}", "bad.json:2:12: JSON syntax error: "},
     {"{\"seed\": 1,\n \"seed\": 2}", "bad.json:2:7: JSON syntax error: duplicate object key"},

@@ -12,6 +12,7 @@
  * used when a request's buffer lies in one. */
 #define _GNU_SOURCE
 #include "core/error.h"
+#include "core/faults.h"
 #include "core/fence.h"
 #include "core/progress.h"
 #include "core/log.h"
@@ -119,33 +120,20 @@ static uint64_t dio_align(int fd) {
   return a ? a : 4096;
 }
 
-/* Every nvme-short@N and nvme-eagain@N item of the spec; the others are the fault tier's. */
+/* Every nvme-short@N and nvme-eagain@N item of the spec (core/faults.h); the others are the fault
+ * tier's. */
 static int parse_faults(struct nvme *n, const char *spec) {
-  for (const char *s = spec; s && *s;) {
-    size_t len = strcspn(s, ",");
-    while (len && *s == ' ')
-      s++, len--;
-    if (len > 5 && strncmp(s, "nvme-", 5) == 0) {
-      int is_short = len > 11 && strncmp(s, "nvme-short@", 11) == 0;
-      int is_eagain = len > 12 && strncmp(s, "nvme-eagain@", 12) == 0;
-      const char *num = s + (is_short ? 11 : 12);
-      char *end = NULL;
-      errno = 0;
-      unsigned long long at =
-          (is_short || is_eagain) && *num >= '0' && *num <= '9' ? strtoull(num, &end, 10) : 0;
-      int *count = is_short ? &n->n_short : &n->n_eagain;
-      if (!at || errno || end != s + len || *count == 16)
-        return tz_err_set(TZ_EINVAL,
-                          "%s: tierzero.faults (or TZ_FAULTS): bad fault item \"%.*s\" (expected "
-                          "nvme-short@N or nvme-eagain@N with N from 1 to 2^64-1, at most 16 of "
-                          "each)",
-                          n->t->name, (int)len, s);
-      (is_short ? n->short_at : n->eagain_at)[(*count)++] = at;
-    }
-    s += len;
-    if (*s == ',')
-      s++;
+  struct tz_faults f;
+  int rc = tz_faults_parse(spec, &f);
+  if (rc < 0) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    return tz_err_set(rc, "%s: %s", n->t->name, why);
   }
+  memcpy(n->short_at, f.short_at, sizeof n->short_at);
+  memcpy(n->eagain_at, f.eagain_at, sizeof n->eagain_at);
+  n->n_short = f.n_short;
+  n->n_eagain = f.n_eagain;
   return 0;
 }
 
