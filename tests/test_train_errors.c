@@ -99,10 +99,12 @@ static void test_config_errors(void **state) {
       {"--steps 1 --set tierzero.hbm_budget=1000TiB",
        1,
        {"tierzero.hbm_budget 1024000.00 GiB", "TZ_HBM_BUDGET", "would work"}},
+      /* a fault spec is refused when the config is read, with or without an nvme tier to act */
       {"--steps 1 --set zero_optimization.offload_optimizer.device=nvme --set "
        "tierzero.nvme_path=. --set tierzero.faults=delay=99999999999",
-       1,
+       2,
        {"tierzero.faults", "delay=99999999999", "0 to 10000000"}},
+      {"--steps 1 --set tierzero.faults=eio@0", 2, {"tierzero.faults", "eio@0", "from 1"}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     check(&cases[i]);
