@@ -16,7 +16,6 @@
 #include "topo/topo.h"
 #include "util/clock.h"
 
-#include <jansson.h>
 #include <libgen.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,23 +38,6 @@ void tz_run_options_init(struct tz_run_options *o) {
 }
 
 /* ---- The model ---- */
-
-/* initializer_range of the config.json at path (transformers' default 0.02 when absent). */
-static int initializer_range(const char *path, double *out) {
-  *out = 0.02;
-  json_error_t jerr;
-  json_t *root = json_load_file(path, 0, &jerr);
-  if (!root)
-    return tz_err_set(TZ_ECONFIG, "--model %s: line %d: %s", path, jerr.line, jerr.text);
-  json_t *v = json_object_get(root, "initializer_range");
-  int rc = 0;
-  if (v && !json_is_null(v) && (!json_is_number(v) || !(json_number_value(v) > 0)))
-    rc = tz_err_set(TZ_ECONFIG, "--model %s: \"initializer_range\" must be a number above 0", path);
-  else if (v && json_is_number(v))
-    *out = json_number_value(v);
-  json_decref(root);
-  return rc;
-}
 
 int tz_run_model(const char *name, struct tz_model_config *mc, char *dir, size_t len) {
   if (len)
@@ -84,10 +66,9 @@ int tz_run_model(const char *name, struct tz_model_config *mc, char *dir, size_t
    * itself (tz_hf_config_read takes both). */
   snprintf(base, sizeof base, "%s", file);
   const char *arg = S_ISDIR(st.st_mode) || strcmp(basename(base), "config.json") == 0 ? dir : name;
-  TZ_CHECK(tz_hf_config_read(arg, mc, NULL));
-  if (mc->init_std <= 0)
-    TZ_CHECK(initializer_range(file, &mc->init_std));
-  return 0;
+  /* init_std is initializer_range (transformers' 0.02 when absent): the model is initialised
+   * as transformers initialises the family. */
+  return tz_hf_config_read(arg, mc, NULL);
 }
 
 /* ---- The cadence ---- */
