@@ -567,10 +567,73 @@ static void test_layer_probe(void **state) {
   /* every flag on, the forward recomputed in backward as the trainer does */
   struct tz_model_config q = all_on_cfg();
   TZ_ASSERT_OK(tz_layer_probe_alloc(cm, &q, 2, 16, &l));
-  TZ_ASSERT_OK(tz_layer_probe_step(cm, &q, &l, 1));
+  TZ_ASSERT_OK(tz_layer_probe_step(cm, &q, &l, TZ_PARTS_ALL));
   TZ_ASSERT_OK(tz_compute_sync(cm));
   tz_layer_probe_free(cm, &l);
   tz_compute_destroy(cm);
+}
+
+/* Backward with only the attention part, only the MLP part, or both recomputed gives the bits of
+ * the stored forward's (the activations of the recomputed parts NaN before, so that a part that
+ * is read but not recomputed shows); the parts' FLOP add up to the layer's. */
+static void test_partial_recompute_bits(void **state) {
+  (void)state;
+  struct tz_model_config c = all_on_cfg();
+  int B = 2, T = 9;
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  tz_compute *cm;
+  TZ_ASSERT_OK(tz_compute_create("cpu", &p, &cm));
+  struct tz_layer_probe l;
+  TZ_ASSERT_OK(tz_layer_probe_alloc(cm, &c, B, T, &l));
+  uint64_t np = tz_model_block_numel(&c, 1), nx = (uint64_t)B * T * c.d_model;
+  float *h = malloc((np + 2 * nx) * sizeof *h);
+  assert_non_null(h);
+  uint64_t seed = 77;
+  for (uint64_t i = 0; i < np + 2 * nx; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    h[i] = (float)((double)(seed >> 40) / (double)(1ull << 24) - 0.5);
+  }
+  TZ_ASSERT_OK(tz_model_block_upload(cm, l.params, h, np));
+  TZ_ASSERT_OK(tz_model_block_upload(cm, l.x_in, h + np, nx));
+  TZ_ASSERT_OK(tz_model_block_upload(cm, l.dx_out, h + np + nx, nx));
+  size_t attn = tz_model_acts_part_bytes(&c, TZ_F32, B, T, TZ_PART_ATTN);
+  size_t all = tz_model_acts_part_bytes(&c, TZ_F32, B, T, TZ_PARTS_ALL);
+  assert_true(attn > 0 && attn < all);
+  assert_true(all == tz_model_acts_bytes(&c, TZ_F32, B, T));
+  float *got[4];
+  for (unsigned m = 0; m < 4; m++) {
+    got[m] = malloc((np + nx) * sizeof(float));
+    assert_non_null(got[m]);
+    TZ_ASSERT_OK(tz_compute_zero(cm, l.grads, np * sizeof(float)));
+    TZ_ASSERT_OK(tz_model_layer_fwd(cm, &c, l.params, l.x_in, l.x_out, &l.acts, B, T));
+    if (m & TZ_PART_ATTN)
+      TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, l.acts_mem, NAN, attn / sizeof(float)));
+    if (m & TZ_PART_MLP)
+      TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, (char *)l.acts_mem + attn, NAN,
+                                   (all - attn) / sizeof(float)));
+    TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, l.params, l.grads, l.x_in, &l.acts, m, l.dx_out,
+                                    l.dx_in, &l.scratch, B, T));
+    TZ_ASSERT_OK(tz_model_block_download(cm, got[m], l.grads, np));
+    TZ_ASSERT_OK(tz_model_block_download(cm, got[m] + np, l.dx_in, nx));
+  }
+  for (uint64_t i = 0; i < np + nx; i++)
+    assert_true(isfinite(got[0][i]));
+  for (unsigned m = 1; m < 4; m++)
+    if (memcmp(got[m], got[0], (np + nx) * sizeof(float)) != 0)
+      fail_msg("recomputing parts %u changed the backward's bits", m);
+  for (unsigned m = 0; m < 4; m++)
+    free(got[m]);
+  free(h);
+  tz_layer_probe_free(cm, &l);
+  tz_compute_destroy(cm);
+  struct tz_model_config q;
+  TZ_ASSERT_OK(tz_model_preset("llama-7b", &q));
+  double N = 4.0 * 2048;
+  assert_true(tz_model_layer_part_flop(&q, 4, 2048, TZ_PART_ATTN) ==
+              2.0 * N * 4.0 * 4096 * 4096 + 2.0 * 4 * 2048.0 * 2048.0 * 4096);
+  assert_true(tz_model_layer_part_flop(&q, 4, 2048, TZ_PART_MLP) == 2.0 * N * 3.0 * 4096 * 11008);
+  assert_true(tz_model_layer_part_flop(&q, 4, 2048, 0) == 0);
 }
 
 static void test_init(void **state) {
@@ -665,6 +728,7 @@ int main(void) {
       cmocka_unit_test(test_grads_accumulate),
       cmocka_unit_test(test_layout),
       cmocka_unit_test(test_layer_probe),
+      cmocka_unit_test(test_partial_recompute_bits),
       cmocka_unit_test(test_init),
       cmocka_unit_test(test_bad_inputs),
   };

@@ -1,6 +1,7 @@
 /* One transformer layer of each model family on the cuda backend (bf16 storage, f32 gradients)
  * against the cpu backend (float32): tz_model_layer_fwd, then tz_model_layer_bwd with stored
- * activations and with the forward recomputed, for layers with q/k/v biases (Qwen2), q/k
+ * activations, with the forward recomputed and with only its attention or only its MLP part
+ * recomputed (the same bits each time), for layers with q/k/v biases (Qwen2), q/k
  * RMSNorm per head (Qwen3), a head_dim that is not d_model / n_head, llama3 RoPE scaling, and
  * all of them at once with a 7:1 grouped-query ratio; a plain Llama layer first, as the control
  * that the harness itself agrees.
@@ -160,10 +161,11 @@ static void result_free(struct result *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* Forward (unless recompute), then backward from zeroed gradients; the cuda side's activations
- * and scratch are NaN before. */
+/* Forward (unless every part is recomputed), then backward from zeroed gradients, recomputing
+ * the parts in recompute (TZ_PART_*); the cuda side's activations and scratch are NaN before,
+ * and so are the recomputed parts' activations between the forward and the backward. */
 static struct result side_run(struct side *s, const struct tz_model_config *cfg, int B, int T,
-                              int recompute) {
+                              unsigned recompute) {
   uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
   size_t nx = (size_t)B * T * cfg->d_model;
   int gpu = s->cm == g_gpu;
@@ -175,9 +177,17 @@ static struct result side_run(struct side *s, const struct tz_model_config *cfg,
     TZ_ASSERT_OK(tz_compute_fill(s->cm, s->S, s->dx_in, NAN, nx));
   }
   struct result r = {0};
-  if (!recompute) {
+  if (recompute != TZ_PARTS_ALL) {
     TZ_ASSERT_OK(tz_model_layer_fwd(s->cm, cfg, s->params, s->x_in, s->x_out, &s->acts, B, T));
     r.x_out = download(s->cm, s->x_out, nx, s->S);
+  }
+  if (gpu && recompute && recompute != TZ_PARTS_ALL) {
+    /* the acts are the attention part, then the MLP part (tz_model_acts_carve_parts) */
+    size_t attn = tz_model_acts_part_bytes(cfg, s->S, B, T, TZ_PART_ATTN);
+    if (recompute & TZ_PART_ATTN)
+      poison(s, s->acts_mem, attn);
+    else
+      poison(s, (char *)s->acts_mem + attn, s->acts_bytes - attn);
   }
   TZ_ASSERT_OK(tz_model_layer_bwd(s->cm, cfg, s->params, s->grads, s->x_in, &s->acts, recompute,
                                   s->dx_out, s->dx_in, &s->scratch, B, T));
@@ -228,7 +238,9 @@ static void layer_case(const char *name, const struct tz_model_config *cfg, int 
   struct result ref = side_run(&c, cfg, B, T, 0);
   struct result got = side_run(&g, cfg, B, T, 0);
   struct result again = side_run(&g, cfg, B, T, 0);
-  struct result rec = side_run(&g, cfg, B, T, 1);
+  struct result rec = side_run(&g, cfg, B, T, TZ_PARTS_ALL);
+  struct result rec_attn = side_run(&g, cfg, B, T, TZ_PART_ATTN);
+  struct result rec_mlp = side_run(&g, cfg, B, T, TZ_PART_MLP);
 
   /* the increments the layer adds to the residual stream and to its gradient */
   float *inc[2][2];
@@ -259,10 +271,15 @@ static void layer_case(const char *name, const struct tz_model_config *cfg, int 
   check_bits(name, "grads, second run", got.grads, again.grads, np * sizeof(float));
   check_bits(name, "dx_in, recomputed", got.dx_in, rec.dx_in, nx * sizeof(float));
   check_bits(name, "grads, recomputed", got.grads, rec.grads, np * sizeof(float));
+  check_bits(name, "dx_in, attention recomputed", got.dx_in, rec_attn.dx_in, nx * sizeof(float));
+  check_bits(name, "grads, attention recomputed", got.grads, rec_attn.grads, np * sizeof(float));
+  check_bits(name, "dx_in, MLP recomputed", got.dx_in, rec_mlp.dx_in, nx * sizeof(float));
+  check_bits(name, "grads, MLP recomputed", got.grads, rec_mlp.grads, np * sizeof(float));
   printf("  %-14s %s\n", name, g_failures == before ? "ok" : "FAILED");
   for (int i = 0; i < 2; i++)
     free(inc[i][0]), free(inc[i][1]);
   result_free(&ref), result_free(&got), result_free(&again), result_free(&rec);
+  result_free(&rec_attn), result_free(&rec_mlp);
   free(p), free(x), free(dy);
   side_close(&c);
   side_close(&g);

@@ -393,43 +393,60 @@ static void *carve(struct carver *c, size_t bytes) {
   return p;
 }
 
+/* The attention part first, then the MLP part, each contiguous: a layer whose parts are kept
+ * apart (the trainer's kept activations) carves only those. */
 static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
-                        struct carver *c, struct tz_layer_acts *a) {
+                        unsigned parts, struct carver *c, struct tz_layer_acts *a) {
   size_t N = (size_t)B * T, es = tz_dtype_size(dt);
   size_t C = cfg->d_model, F = cfg->ffn_dim, D = tz_model_head_dim(cfg);
   size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
-  a->h1 = carve(c, N * C * es);
-  a->rstd1 = carve(c, N * sizeof(float));
-  /* only with q/k norms, so that a Llama layer's activations stay what they were */
-  int qkn = cfg->qk_norm;
-  a->q_pre = qkn ? carve(c, N * HD * es) : NULL;
-  a->k_pre = qkn ? carve(c, N * KD * es) : NULL;
-  a->rstd_q = qkn ? carve(c, N * cfg->n_head * sizeof(float)) : NULL;
-  a->rstd_k = qkn ? carve(c, N * cfg->n_kv_head * sizeof(float)) : NULL;
-  a->q = carve(c, N * HD * es);
-  a->k = carve(c, N * KD * es);
-  a->v = carve(c, N * KD * es);
-  a->att = carve(c, N * HD * es);
-  a->lse = carve(c, (size_t)B * cfg->n_head * T * sizeof(float));
-  a->x2 = carve(c, N * C * es);
-  a->h2 = carve(c, N * C * es);
-  a->rstd2 = carve(c, N * sizeof(float));
-  a->g = carve(c, N * F * es);
-  a->u = carve(c, N * F * es);
-  a->a = carve(c, N * F * es);
+  if (parts & TZ_PART_ATTN) {
+    a->h1 = carve(c, N * C * es);
+    a->rstd1 = carve(c, N * sizeof(float));
+    /* only with q/k norms, so that a Llama layer's activations stay what they were */
+    int qkn = cfg->qk_norm;
+    a->q_pre = qkn ? carve(c, N * HD * es) : NULL;
+    a->k_pre = qkn ? carve(c, N * KD * es) : NULL;
+    a->rstd_q = qkn ? carve(c, N * cfg->n_head * sizeof(float)) : NULL;
+    a->rstd_k = qkn ? carve(c, N * cfg->n_kv_head * sizeof(float)) : NULL;
+    a->q = carve(c, N * HD * es);
+    a->k = carve(c, N * KD * es);
+    a->v = carve(c, N * KD * es);
+    a->att = carve(c, N * HD * es);
+    a->lse = carve(c, (size_t)B * cfg->n_head * T * sizeof(float));
+    a->x2 = carve(c, N * C * es);
+  }
+  if (parts & TZ_PART_MLP) {
+    a->h2 = carve(c, N * C * es);
+    a->rstd2 = carve(c, N * sizeof(float));
+    a->g = carve(c, N * F * es);
+    a->u = carve(c, N * F * es);
+    a->a = carve(c, N * F * es);
+  }
 }
 
 size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
-  struct carver c = {0};
-  struct tz_layer_acts a;
-  acts_layout(cfg, dt, B, T, &c, &a);
-  return c.off;
+  return tz_model_acts_part_bytes(cfg, dt, B, T, TZ_PARTS_ALL);
 }
 
 void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                          void *base, struct tz_layer_acts *out) {
+  memset(out, 0, sizeof *out);
+  tz_model_acts_carve_parts(cfg, dt, B, T, TZ_PARTS_ALL, base, out);
+}
+
+size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                                unsigned parts) {
+  struct carver c = {0};
+  struct tz_layer_acts a;
+  acts_layout(cfg, dt, B, T, parts, &c, &a);
+  return c.off;
+}
+
+void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                               unsigned parts, void *base, struct tz_layer_acts *out) {
   struct carver c = {.base = base};
-  acts_layout(cfg, dt, B, T, &c, out);
+  acts_layout(cfg, dt, B, T, parts, &c, out);
 }
 
 static void scratch_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
@@ -535,13 +552,13 @@ static int linear_bwd(tz_compute *cm, void *dx, int accumulate, void *dW, const 
                            tz_compute_dtype(cm), in);
 }
 
-int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                       const void *x_in, void *x_out, const struct tz_layer_acts *a, int B, int T) {
-  TZ_CHECK(check_bt(cfg, B, T));
+/* The attention part of a layer's forward: a->h1 .. a->x2 from x_in (x2 = x_in + attention). */
+static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
+                    const void *x_in, const struct tz_layer_acts *a, int B, int T) {
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
   enum tz_dtype S = tz_compute_dtype(cm);
-  int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, H = cfg->n_head, Hkv = cfg->n_kv_head;
+  int N = B * T, C = cfg->d_model, H = cfg->n_head, Hkv = cfg->n_kv_head;
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
   float eps = (float)cfg->norm_eps;
   struct tz_rope rope;
@@ -569,6 +586,19 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   /* x2 = x_in + att wo^T: the projection goes through x2 first, then the residual is added. */
   TZ_CHECK(linear_fwd(cm, a->x2, a->att, P(TZ_L_WO), N, HD, C));
   TZ_CHECK(tz_compute_add(cm, S, a->x2, a->x2, x_in, (size_t)N * C));
+#undef P
+  return 0;
+}
+
+/* The MLP part: a->h2 .. a->a from a->x2, and x_out = x2 + the MLP's output. */
+static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
+                   const struct tz_layer_acts *a, void *x_out, int B, int T) {
+  struct tz_block_layout l = {0};
+  TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
+  enum tz_dtype S = tz_compute_dtype(cm);
+  int N = B * T, C = cfg->d_model, F = cfg->ffn_dim;
+  float eps = (float)cfg->norm_eps;
+#define P(i) at(params, l.t[i].offset, S)
   TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps));
   TZ_CHECK(linear_fwd(cm, a->g, a->h2, P(TZ_L_WG), N, C, F));
   TZ_CHECK(linear_fwd(cm, a->u, a->h2, P(TZ_L_WU), N, C, F));
@@ -579,10 +609,17 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   return 0;
 }
 
+int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
+                       const void *x_in, void *x_out, const struct tz_layer_acts *a, int B, int T) {
+  TZ_CHECK(check_bt(cfg, B, T));
+  TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T));
+  return mlp_fwd(cm, cfg, params, a, x_out, B, T);
+}
+
 int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                       void *grads, const void *x_in, const struct tz_layer_acts *a, int recompute,
-                       const void *dx_out, void *dx_in, const struct tz_layer_scratch *s, int B,
-                       int T) {
+                       void *grads, const void *x_in, const struct tz_layer_acts *a,
+                       unsigned recompute, const void *dx_out, void *dx_in,
+                       const struct tz_layer_scratch *s, int B, int T) {
   TZ_CHECK(check_bt(cfg, B, T));
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
@@ -592,10 +629,12 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   struct tz_rope rope;
   tz_model_rope(cfg, &rope);
   size_t NC = (size_t)N * C;
-  if (recompute) {
-    /* The recomputed x_out is not needed; the scratch's dh is free until the MLP backward. */
-    TZ_CHECK(tz_model_layer_fwd(cm, cfg, params, x_in, s->dh, a, B, T));
-  }
+  /* The parts recomputed, attention first (the MLP's starts from its x2); the recomputed x_out
+   * is not needed, and the scratch's dh is free until the MLP backward. */
+  if (recompute & TZ_PART_ATTN)
+    TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T));
+  if (recompute & TZ_PART_MLP)
+    TZ_CHECK(mlp_fwd(cm, cfg, params, a, s->dh, B, T));
 #define P(i) at(params, l.t[i].offset, S)
 #define GR(i) at(grads, l.t[i].offset, G)
   /* The residual passes dx_out through unchanged; both norms' gradients are added onto it. */
@@ -809,8 +848,9 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
     for (int i = L - 1; i >= 0; i--) {
       int blk = tz_model_block_of_layer(i);
       const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
-      TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, params[blk], grads[blk], r->xs[i], a, r->checkpoint,
-                                  r->dx, r->dx, &r->scratch, B, T));
+      TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, params[blk], grads[blk], r->xs[i], a,
+                                  r->checkpoint ? TZ_PARTS_ALL : 0, r->dx, r->dx, &r->scratch, B,
+                                  T));
     }
     TZ_CHECK(tz_model_embed_bwd(r->cm, cfg, grads[0], r->tokens, r->dx, B, T));
   }
@@ -847,15 +887,17 @@ out:
 
 /* ---- One layer alone ---- */
 
-static uint64_t layer_matrix_params(const struct tz_model_config *c) {
-  uint64_t C = (uint64_t)c->d_model, D = (uint64_t)tz_model_head_dim(c);
-  return C * D * (uint64_t)(2 * c->n_head + 2 * c->n_kv_head) + 3 * C * (uint64_t)c->ffn_dim;
+double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T) {
+  return tz_model_layer_part_flop(cfg, B, T, TZ_PARTS_ALL);
 }
 
-double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T) {
-  double N = (double)B * (double)T;
-  double HD = (double)cfg->n_head * (double)tz_model_head_dim(cfg);
-  return 2.0 * N * (double)layer_matrix_params(cfg) + 2.0 * (double)B * (double)T * (double)T * HD;
+double tz_model_layer_part_flop(const struct tz_model_config *cfg, int B, int T, unsigned parts) {
+  double N = (double)B * (double)T, C = cfg->d_model, F = cfg->ffn_dim;
+  double D = tz_model_head_dim(cfg), HD = (double)cfg->n_head * D;
+  double attn = 2.0 * N * C * D * (double)(2 * cfg->n_head + 2 * cfg->n_kv_head) +
+                2.0 * (double)B * (double)T * (double)T * HD;
+  double mlp = 2.0 * N * 3.0 * C * F;
+  return (parts & TZ_PART_ATTN ? attn : 0) + (parts & TZ_PART_MLP ? mlp : 0);
 }
 
 void tz_layer_probe_free(tz_compute *cm, struct tz_layer_probe *l) {
@@ -942,7 +984,7 @@ int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int 
 }
 
 int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
-                        const struct tz_layer_probe *l, int recompute) {
+                        const struct tz_layer_probe *l, unsigned recompute) {
   TZ_CHECK(tz_model_layer_fwd(cm, cfg, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T));
   return tz_model_layer_bwd(cm, cfg, l->params, l->grads, l->x_in, &l->acts, recompute, l->dx_out,
                             l->dx_in, &l->scratch, l->B, l->T);

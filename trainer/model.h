@@ -236,6 +236,14 @@ int tz_model_head_rows(const struct tz_model_config *cfg, int N);
 size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);
 void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                          void *base, struct tz_layer_acts *out);
+/* The same for some parts of a layer's activations (TZ_PART_*): the attention part h1 .. x2
+ * (with q_pre .. rstd_k), the MLP part h2 .. a. Carving sets only those parts' pointers, so a
+ * layer's acts may hold parts from different buffers (kept ones, and the shared ones that are
+ * recomputed). */
+size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                                unsigned parts);
+void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                               unsigned parts, void *base, struct tz_layer_acts *out);
 size_t tz_model_scratch_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);
 void tz_model_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                             void *base, struct tz_layer_scratch *out);
@@ -258,13 +266,22 @@ int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *
 int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                        const void *x_in, void *x_out, const struct tz_layer_acts *acts, int B,
                        int T);
-/* Backward of one layer. recompute != 0 runs the forward into acts first, from x_in alone
- * (activation checkpointing); otherwise acts must hold this layer's forward of x_in. grads (the
+/* The two parts of a layer, as activation checkpointing keeps or recomputes them. */
+#define TZ_PART_ATTN 1u /* attention: its norm, q/k/v, attention, wo, the residual into x2 */
+#define TZ_PART_MLP                                                                                \
+  2u /* the MLP: its norm, gate and up, SwiGLU (the down projection's output                       \
+        is not kept) */
+#define TZ_PARTS_ALL 3u
+
+/* Backward of one layer. recompute (TZ_PART_* bits) names the parts whose forward runs into acts
+ * first, from x_in alone for the attention part and from acts->x2 for the MLP (activation
+ * checkpointing); the parts not named must hold this layer's forward of x_in. Either way the
+ * bits are the same: the same kernels on the same inputs. grads (the
  * layer's block layout, G) += the parameter gradients; dx_in (B,T,C) = the gradient at x_in,
  * given dx_out at x_out. dx_in may alias dx_out. acts and scratch are clobbered. */
 int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                        void *grads, const void *x_in, const struct tz_layer_acts *acts,
-                       int recompute, const void *dx_out, void *dx_in,
+                       unsigned recompute, const void *dx_out, void *dx_in,
                        const struct tz_layer_scratch *scratch, int B, int T);
 
 /* The head: final norm, LM head, cross-entropy on targets (B,T) int32. s->losses gets each
@@ -297,6 +314,9 @@ int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype
  * and weighted sum (2 B T^2 H*D, the mask not subtracted; biases and q/k norms not counted).
  * Backward is twice that, and three times with the forward recomputed. */
 double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T);
+/* The forward FLOP of some parts (TZ_PART_*) as tz_model_layer_flop counts them: their sum over
+ * both parts is that. */
+double tz_model_layer_part_flop(const struct tz_model_config *cfg, int B, int T, unsigned parts);
 
 /* One layer's parameters (S) and their gradients (G), its input and output and their gradients,
  * activations and backward scratch, in cm's memory, zeroed, for B x T tokens. */
@@ -309,10 +329,10 @@ struct tz_layer_probe {
 int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
                          struct tz_layer_probe *l);
 void tz_layer_probe_free(tz_compute *cm, struct tz_layer_probe *l); /* a zeroed probe: no-op */
-/* Forward, then backward (recomputing the forward first with recompute != 0, as the trainer's
- * backward phase does); enqueued on cm like any phase. */
+/* Forward, then backward (recomputing the parts in recompute first, as the trainer's backward
+ * phase does); enqueued on cm like any phase. */
 int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
-                        const struct tz_layer_probe *l, int recompute);
+                        const struct tz_layer_probe *l, unsigned recompute);
 /* The mean of reps forward-and-recomputing-backward passes run back to back, in seconds: what
  * the trainer's fwd and bwd phases of a layer take on this backend, 4 x tz_model_layer_flop.
  * Untimed passes run first, back to back, for TZ_LAYER_PROBE_WARM_S (at least one): a GPU

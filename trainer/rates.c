@@ -827,12 +827,12 @@ int tz_rates_layer_time(tz_compute *cm, const struct tz_model_config *mc, int B,
   int rc = 0;
   double w0 = tz_now_s();
   do
-    rc = tz_layer_probe_step(cm, mc, &l, 1);
+    rc = tz_layer_probe_step(cm, mc, &l, TZ_PARTS_ALL);
   while (rc == 0 && (rc = tz_compute_sync(cm)) == 0 && tz_now_s() - w0 < TZ_LAYER_PROBE_WARM_S);
   double best = 0, timed = 0;
   for (int n = 0; rc == 0 && (n < TZ_RATES_LAYER_PASSES || timed < TZ_RATES_LAYER_MIN_S); n++) {
     double t0 = tz_now_s();
-    rc = tz_layer_probe_step(cm, mc, &l, 1);
+    rc = tz_layer_probe_step(cm, mc, &l, TZ_PARTS_ALL);
     if (rc == 0)
       rc = tz_compute_sync(cm);
     double t = tz_now_s() - t0;
