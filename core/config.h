@@ -180,6 +180,9 @@ struct tz_config {
     /* what weight decay skips: "bias", "norm", "embed" (trainer/decay.h), or "none"; n 0 = not
      * set: bias and norm */
     struct tz_config_paths weight_decay_exclude;
+    /* which parts of which layers the backward recomputes: "auto", "all", "none", or a list of
+     * layer ranges and parts (trainer/recompute.h); n 0 = not set: auto */
+    struct tz_config_paths recompute;
   } tierzero;
 
   /* Private: keys of the file that were not used (tz_config_ignored). */

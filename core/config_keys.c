@@ -179,6 +179,7 @@ const struct key tz_config_keys[] = {
   ENUM("tierzero.cuda_matmul", tierzero.cuda_matmul, cuda_matmul_names, 0, 0),
   DBL("tierzero.comm_timeout", tierzero.comm_timeout, 0, INFINITY, 300, F_MIN_OPEN),
   PATHS("tierzero.weight_decay_exclude", tierzero.weight_decay_exclude),
+  PATHS("tierzero.recompute", tierzero.recompute),
 };
 /* clang-format on */
 #define N_KEYS ((int)(sizeof tz_config_keys / sizeof tz_config_keys[0]))

@@ -367,6 +367,7 @@ static int make_plan_only(struct tc_world *w, const char *hbm, const char *host,
   o.hbm_budget = hbm;
   o.host_budget = host;
   o.auto_placement = auto_place;
+  o.recompute = "all"; /* these plans are about the state's homes, not about activations */
   struct tz_plan_rates rates = {.flops = 1e11,
                                 .copy_in = 2e10,
                                 .copy_out = 2e10,
@@ -991,6 +992,128 @@ static void test_plan_trades_homes_for_window(void **state) {
   tz_plan_free(&p);
 }
 
+/* ---- tierzero.recompute ---- */
+
+/* Every part recomputed, none, a list and the plan's choice give the same bits, with the state in
+ * the compute tier and streamed from the host; keeping takes compute-tier memory in that order. */
+static void test_recompute_modes(void **state) {
+  (void)state;
+  const char *modes[] = {"all", "none", "0-1:3.mlp", "auto"};
+  for (int host = 0; host < 2; host++) {
+    struct tc_opts o;
+    tc_opts_init(&o);
+    if (host)
+      o.param_dev = o.opt_dev = "cpu";
+    o.hbm_budget = "64MiB"; /* room to keep everything: auto keeps what lowers the bound */
+    struct tz_plan_rates rates = {.flops = 1e9, .copy_in = 2e9, .copy_out = 2e9, .adam = 1e8};
+    o.rates = &rates;
+    struct tc_result r[4];
+    for (int m = 0; m < 4; m++) {
+      o.recompute = modes[m];
+      run(&o, &r[m]);
+    }
+    for (int m = 1; m < 4; m++) {
+      char what[64];
+      snprintf(what, sizeof what, "recompute %s%s", modes[m], host ? ", offloaded" : "");
+      tc_expect_same(&r[0], &r[m], what);
+    }
+    assert_true(r[0].compute_fixed < r[2].compute_fixed);
+    assert_true(r[2].compute_fixed < r[1].compute_fixed);
+    assert_true(r[3].compute_fixed > r[0].compute_fixed); /* the room lets auto keep */
+    for (int m = 0; m < 4; m++)
+      tc_result_free(&r[m]);
+  }
+}
+
+/* The plan's figure is what the run needs: recompute "none" trains with the compute tier's
+ * budget at the plan's minimum (the buffers with every activation kept, the homes and the
+ * smallest window), and a page less is refused naming the key; "auto" at that page less keeps
+ * less and trains to the same bits. */
+static void test_recompute_budget(void **state) {
+  (void)state;
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.recompute = "none";
+  o.hbm_budget = "64MiB";
+  struct tz_plan_rates rates = {.flops = 1e9, .copy_in = 2e9, .copy_out = 2e9, .adam = 1e8};
+  tz_trainer *tr = NULL;
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+  const struct tz_plan *pl = tz_trainer_plan(tr);
+  uint64_t need = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->min_window;
+  uint64_t kept_none = 0;
+  char what[128];
+  tz_trainer_recompute(tr, what, sizeof what, &kept_none, NULL);
+  assert_string_equal(what, "none");
+  assert_true(kept_none > 0);
+  tz_trainer_destroy(tr);
+  tc_world_close(&w);
+  char exact[32], less[32];
+  snprintf(exact, sizeof exact, "%llu", (unsigned long long)need);
+  snprintf(less, sizeof less, "%llu", (unsigned long long)(need - 4096));
+  o.hbm_budget = exact;
+  struct tc_result none, all, autom;
+  run(&o, &none);
+  assert_int_equal(none.st.over_budget, 0);
+  o.hbm_budget = less;
+  tc_world_open(&w);
+  assert_int_equal(tc_plan_only(&o, &w, &rates, 0, &tr), TZ_ENOMEM);
+  assert_non_null(strstr(tz_err_msg(), "tierzero.recompute keeps"));
+  o.recompute = "auto";
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+  uint64_t kept_auto = 0;
+  tz_trainer_recompute(tr, what, sizeof what, &kept_auto, NULL);
+  assert_true(kept_auto < kept_none);
+  tz_trainer_destroy(tr);
+  tc_world_close(&w);
+  run(&o, &autom);
+  o.recompute = "all";
+  o.hbm_budget = NULL;
+  run(&o, &all);
+  tc_expect_same(&all, &none, "recompute none at the plan's minimum");
+  tc_expect_same(&all, &autom, "recompute auto a page below it");
+  tc_result_free(&none);
+  tc_result_free(&all);
+  tc_result_free(&autom);
+}
+
+/* "auto" predicts a bound no larger than recomputing all and than keeping all, and says what it
+ * chose; with unknown rates it recomputes everything, as before. */
+static void test_recompute_auto_bound(void **state) {
+  (void)state;
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.hbm_budget = "64MiB";
+  struct tz_plan_rates rates = {.flops = 1e9, .copy_in = 2e9, .copy_out = 2e9, .adam = 1e8};
+  const char *modes[3] = {"auto", "all", "none"};
+  double bound[3], all_s = 0;
+  char what[128];
+  for (int m = 0; m < 3; m++) {
+    o.recompute = modes[m];
+    tz_trainer *tr = NULL;
+    TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+    bound[m] = tz_trainer_plan(tr)->bound_s;
+    tz_trainer_recompute(tr, what, sizeof what, NULL, m == 0 ? &all_s : NULL);
+    if (m == 0)
+      assert_string_equal(what, "none"); /* the room holds everything: keeping all is least */
+    tz_trainer_destroy(tr);
+  }
+  assert_true(bound[0] <= bound[1] && bound[0] <= bound[2]);
+  assert_true(bound[0] < bound[1]);
+  assert_true(all_s == bound[1]);
+  struct tz_plan_rates none = {0};
+  o.recompute = NULL; /* the default is auto */
+  tz_trainer *tr = NULL;
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &none, 0, &tr));
+  tz_trainer_recompute(tr, what, sizeof what, NULL, NULL);
+  assert_string_equal(what, "all");
+  tz_trainer_destroy(tr);
+  tc_world_close(&w);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "jitter") == 0)
     jitter_us = 200;
@@ -1018,6 +1141,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_resume),
       cmocka_unit_test(test_wait_leaves_update_pending),
       cmocka_unit_test(test_overlap_refused_with_clipping),
+      cmocka_unit_test(test_recompute_modes),
+      cmocka_unit_test(test_recompute_budget),
+      cmocka_unit_test(test_recompute_auto_bound),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);

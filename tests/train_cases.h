@@ -88,6 +88,8 @@ struct tc_opts {
    * direct references of the cases compute it */
   const char *decay_exclude;
   const char *weight_decay; /* optimizer.params.weight_decay; NULL 0.1 */
+  const char *recompute;    /* tierzero.recompute ("none", "0-1:3.mlp", ...); NULL the default */
+  const struct tz_plan_rates *rates; /* the plan's rates; NULL none (the bound unknown) */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {
@@ -154,6 +156,8 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
     TZ_CHECK(tz_config_set(c, "tierzero.hbm_budget", o->hbm_budget));
   if (o->host_budget)
     TZ_CHECK(tz_config_set(c, "tierzero.host_budget", o->host_budget));
+  if (o->recompute)
+    TZ_CHECK(tz_config_set(c, "tierzero.recompute", o->recompute));
   if (o->fp16) {
     TZ_CHECK(tz_config_set(c, "fp16.enabled", "true"));
     TZ_CHECK(tz_config_set(c, "fp16.initial_scale_power", "12"));
@@ -209,6 +213,7 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
   tp.force_tiers = o->force_tiers;
   tp.window = o->window;
   tp.compute_backend = o->backend;
+  tp.rates = o->rates;
   tz_trainer *tr = NULL;
   int n = o->accum * o->micro * TC_SEQ;
   int32_t *tok = malloc(sizeof *tok * (size_t)n), *tgt = malloc(sizeof *tgt * (size_t)n);

@@ -11,6 +11,7 @@
 #include "trainer/run.h"
 #include "trainer/signals.h"
 #include "trainer/train.h"
+#include "util/size.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -257,6 +258,23 @@ struct printer {
   tz_display *disp;
 };
 
+/* What the backward recomputes, and with "auto" what keeping the rest saves in the bound. */
+static void print_recompute(const tz_trainer *tr) {
+  char what[256], kept[32], all[32], bound[32];
+  uint64_t bytes = 0;
+  double all_s = 0;
+  tz_trainer_recompute(tr, what, sizeof what, &bytes, &all_s);
+  tz_bytes_format(kept, sizeof kept, (double)bytes, &tz_bytes_plan);
+  printf("tz-train: recomputed in backward (tierzero.recompute): %s; activations kept: %s", what,
+         kept);
+  if (all_s > 0) {
+    snprintf(bound, sizeof bound, "%.4g s", tz_trainer_plan(tr)->bound_s);
+    snprintf(all, sizeof all, "%.4g s", all_s);
+    printf(", bound %s against %s recomputing all", bound, all);
+  }
+  printf("\n");
+}
+
 static void print_setup(const struct printer *p, const struct tz_run_event *ev) {
   const struct tz_run_options *o = &p->o->run;
   const struct tz_config *cfg = p->cfg;
@@ -278,6 +296,7 @@ static void print_setup(const struct printer *p, const struct tz_run_event *ev) 
     printf("tz-train: CPU Adam at the host homes for %g of the parameters (the plan's pick, "
            "tierzero.cpu_adam_search)\n",
            tz_trainer_cpu_adam(tr));
+  print_recompute(tr);
   tz_plan_print(stdout, tz_trainer_plan(tr), o->plan_only ? tz_trainer_group_names(tr) : NULL);
   if (!o->plan_only)
     printf("tz-train: set up in %.1f s (rates %.1f s; plan, tiers and initial shards %.1f s)\n",

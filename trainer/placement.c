@@ -5,6 +5,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/machine.h"
+#include "trainer/recompute.h"
+#include "util/size.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,14 +16,16 @@
 
 /* ---- sizes and the plan ---- */
 
-/* FLOP of one phase for one micro-batch; backward includes the recomputed forward. */
+/* FLOP of one phase for one micro-batch; backward includes the parts of the forward it
+ * recomputes (tr->recompute). */
 static double phase_flop(const tz_trainer *tr, const struct phase *p) {
   const struct tz_model_config *c = &tr->mc;
   double N = tr->N, C = c->d_model, V = c->vocab;
   double layer = tz_model_layer_flop(c, tr->B, tr->T);
   switch (p->kind) {
   case PH_FWD: return layer;
-  case PH_BWD: return 3.0 * layer;
+  case PH_BWD:
+    return 2.0 * layer + tz_model_layer_part_flop(c, tr->B, tr->T, tr->recompute[p->block - 1]);
   case PH_HEAD: return 3.0 * 2.0 * N * C * V;
   default: return 0;
   }
@@ -52,6 +56,7 @@ void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
   sz[BUF_PARTIALS] = tr->n_seg * sizeof(float);
   sz[BUF_SCAL] = 4 * sizeof(float);
   sz[BUF_X] = (uint64_t)(tr->L + 1) * round_up(x, 256);
+  sz[BUF_KEEP] = tz_recompute_kept_bytes(c, tr->S, tr->B, tr->T, tr->recompute);
 }
 
 static int tier_of_device(enum tz_offload_device d) {
@@ -187,8 +192,8 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
   r.n_phases = tr->n_ph;
   r.phases = pp;
   r.compute_fixed = round_up(sizes_total(sz, BUF_COUNT), ALIGN);
-  r.compute_acts =
-      round_up(sz[BUF_ACTS], 256) + round_up(sz[BUF_LS], 256) + round_up(sz[BUF_HS], 256);
+  r.compute_acts = round_up(sz[BUF_ACTS], 256) + round_up(sz[BUF_LS], 256) +
+                   round_up(sz[BUF_HS], 256) + round_up(sz[BUF_KEEP], 256);
   r.align = ALIGN;
   r.chunk = tz_runtime_chunk_bytes(tr->rt);
   r.window = p->window;
@@ -358,7 +363,8 @@ static int settle_home_phases(tz_trainer *tr, const struct tz_plan_request *r,
   return changed ? rebound(r, &tr->plan) : 0;
 }
 
-int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
+/* The plan for the parts tr->recompute names. */
+static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
   struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
   if (!pp)
     return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
@@ -385,6 +391,86 @@ int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
     rc = settle_home_phases(tr, &r, pp);
   free(each);
   free(pp);
+  return rc;
+}
+
+/* The most the compute tier could grow by beyond the plan tr->plan (made with every part
+ * recomputed): what tierzero.hbm_budget, the GPU's free memory or, on a CPU-only machine, the host
+ * budget its homes leave allows, less the buffers, the homes in the compute tier and the window
+ * (only its minimum where the plan gives the window what the tier has left: a budget, or auto
+ * placement on a GPU). */
+static int keep_room(tz_trainer *tr, const struct tz_trainer_params *p, uint64_t *room) {
+  const struct tz_plan *pl = &tr->plan;
+  uint64_t have = tr->cfg.tierzero.hbm_budget;
+  if (!have && tr->gpu)
+    TZ_CHECK(gpu_free_bytes(tr, p, &have));
+  else if (!have)
+    have = pl->capacity[TZ_PLAN_HOST] > pl->used[TZ_PLAN_HOST]
+               ? pl->capacity[TZ_PLAN_HOST] - pl->used[TZ_PLAN_HOST]
+               : 0;
+  int window_free = !p->window && (tr->cfg.tierzero.hbm_budget || (tr->gpu && p->auto_placement));
+  uint64_t use =
+      pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + (window_free ? pl->min_window : pl->window);
+  *room = have > use ? have - use : 0;
+  return 0;
+}
+
+/* tierzero.recompute "auto": keeps the first k parts in tz_recompute_order's order, for the k
+ * whose plan predicts the least bound (the fewer kept on a tie within a part in a billion), of
+ * those whose kept activations fit in keep_room and whose plan fits; k = 0 (every part
+ * recomputed, as before) when the rates are unknown. */
+static int choose_recompute(tz_trainer *tr, const struct tz_trainer_params *p) {
+  int L = tr->L;
+  memset(tr->recompute, TZ_PARTS_ALL, (size_t)L);
+  TZ_CHECK(plan_once(tr, p));
+  tr->recompute_all_s = tr->plan.bound_s;
+  if (L == 0 || tr->plan.unknown_rates)
+    return 0;
+  uint64_t room;
+  TZ_CHECK(keep_room(tr, p, &room));
+  struct tz_recompute_item *items = malloc(2 * (size_t)L * sizeof *items);
+  if (!items)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the recompute plan");
+  tz_recompute_order(&tr->mc, tr->S, tr->B, tr->T, items);
+  int best = 0;
+  double best_s = tr->plan.bound_s;
+  for (int k = 1; k <= 2 * L; k++) {
+    tz_recompute_keep_first(items, k, L, tr->recompute);
+    if (tz_recompute_kept_bytes(&tr->mc, tr->S, tr->B, tr->T, tr->recompute) > room)
+      break;
+    tz_plan_free(&tr->plan);
+    int rc = plan_once(tr, p);
+    if (rc == TZ_ENOMEM)
+      break; /* more kept fits even less */
+    if (rc < 0) {
+      free(items);
+      return rc;
+    }
+    if (!tr->plan.unknown_rates && tr->plan.bound_s < best_s * (1 - 1e-9)) {
+      best = k;
+      best_s = tr->plan.bound_s;
+    }
+  }
+  tz_recompute_keep_first(items, best, L, tr->recompute);
+  free(items);
+  tz_plan_free(&tr->plan);
+  return plan_once(tr, p);
+}
+
+int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
+  if (tr->recompute_mode == TZ_RECOMPUTE_AUTO)
+    return choose_recompute(tr, p);
+  int rc = plan_once(tr, p);
+  uint64_t kept = tz_recompute_kept_bytes(&tr->mc, tr->S, tr->B, tr->T, tr->recompute);
+  if (rc == TZ_ENOMEM && kept > 0) {
+    char why[1024], b[32];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    tz_bytes_format(b, sizeof b, (double)kept, &tz_bytes_plan);
+    rc = tz_err_set(rc,
+                    "%s; tierzero.recompute keeps %s of activations in the compute tier, and "
+                    "\"auto\" (the plan keeps what fits) or \"all\" needs less",
+                    why, b);
+  }
   return rc;
 }
 
@@ -457,6 +543,15 @@ int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p)
 
 double tz_trainer_cpu_adam(const tz_trainer *tr) { return tr->cpu_share; }
 
+const char *tz_trainer_recompute(const tz_trainer *tr, char *buf, size_t len, uint64_t *kept,
+                                 double *all_s) {
+  if (kept)
+    *kept = tz_recompute_kept_bytes(&tr->mc, tr->S, tr->B, tr->T, tr->recompute);
+  if (all_s)
+    *all_s = tr->recompute_mode == TZ_RECOMPUTE_AUTO ? tr->recompute_all_s : 0;
+  return tz_recompute_describe(tr->recompute, tr->L, buf, len);
+}
+
 int tz_train_sizes(tz_trainer *tr) {
   int nb = tr->nb;
   tr->numel = calloc((size_t)nb, sizeof *tr->numel);
@@ -467,9 +562,11 @@ int tz_train_sizes(tz_trainer *tr) {
   tr->home = calloc((size_t)nb, sizeof *tr->home);
   tr->names = calloc((size_t)nb + 1, sizeof *tr->names);
   tr->cpu_step = calloc((size_t)nb, 1);
+  tr->recompute = calloc((size_t)tr->L + 1, 1);
   if (!tr->numel || !tr->padded || !tr->shard || !tr->seg_off || !tr->bytes || !tr->home ||
-      !tr->names || !tr->cpu_step)
+      !tr->names || !tr->cpu_step || !tr->recompute)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
+  TZ_CHECK(tz_recompute_parse(&tr->cfg, tr->L, &tr->recompute_mode, tr->recompute));
   uint64_t unit = (uint64_t)tr->world * TZ_TRAIN_NORM_SEGMENT;
   for (int b = 0; b < nb; b++) {
     tr->numel[b] = tz_model_block_numel(&tr->mc, b);

@@ -280,10 +280,18 @@ static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
   tr->partials = (float *)CARVE(BUF_PARTIALS);
   tr->scal = (float *)CARVE(BUF_SCAL);
   char *xs = CARVE(BUF_X);
+  char *keep = CARVE(BUF_KEEP);
 #undef CARVE
   uint64_t xb = round_up((uint64_t)tr->N * (uint64_t)tr->mc.d_model * tr->es, 256);
   for (int i = 0; i <= tr->L; i++)
     tr->x[i] = xs + (uint64_t)i * xb;
+  /* Each layer's kept parts side by side in BUF_KEEP; its recomputed ones are the shared acts'. */
+  for (int i = 0; i < tr->L; i++) {
+    unsigned kept = TZ_PARTS_ALL & ~(unsigned)tr->recompute[i];
+    tr->lacts[i] = tr->acts;
+    tz_model_acts_carve_parts(&tr->mc, tr->S, tr->B, tr->T, kept, keep, &tr->lacts[i]);
+    keep += tz_model_acts_part_bytes(&tr->mc, tr->S, tr->B, tr->T, kept);
+  }
   TZ_CHECK(tz_compute_zero(tr->cm, base, (size_t)pl->compute_fixed));
   return tz_compute_sync(tr->cm);
 }
@@ -572,8 +580,9 @@ static int plan_trainer(tz_trainer *tr, const struct tz_trainer_params *p) {
 /* What the plan asks for: the tiers, the homes with their initial shards, the scheduler. */
 static int build_trainer(tz_trainer *tr) {
   tr->x = calloc((size_t)tr->L + 1, sizeof *tr->x);
+  tr->lacts = calloc((size_t)tr->L + 1, sizeof *tr->lacts);
   tr->jobs = calloc(2 * (size_t)tr->n_ph, sizeof *tr->jobs);
-  if (!tr->x || !tr->jobs)
+  if (!tr->x || !tr->lacts || !tr->jobs)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
   double t0 = tz_now_s();
   TZ_CHECK(create_tiers(tr));
@@ -650,6 +659,8 @@ void tz_trainer_destroy(tz_trainer *tr) {
   free(tr->at_home);
   free(tr->cpu_step);
   free(tr->x);
+  free(tr->lacts);
+  free(tr->recompute);
   tz_tier_free(&tr->io);
   tz_tier_destroy(tr->t_io);
   free(tr->trace_path);

@@ -218,6 +218,12 @@ double tz_trainer_layer_rate(const tz_trainer *tr);
  * (tierzero.cpu_adam, or the plan's pick with tierzero.cpu_adam_search); the blocks whose state
  * the plan homes elsewhere are stepped in the compute tier all the same. */
 double tz_trainer_cpu_adam(const tz_trainer *tr);
+/* What the backward recomputes (tierzero.recompute, the plan's choice with "auto"), in words
+ * into buf ("all", "none", "attention in layers 0-19; MLP in none"); *kept (may be NULL) the
+ * bytes of activations kept in the compute tier for it; *all_s (may be NULL) with "auto" the
+ * bound recomputing every part, else 0. Returns buf. */
+const char *tz_trainer_recompute(const tz_trainer *tr, char *buf, size_t len, uint64_t *kept,
+                                 double *all_s);
 /* The scheduler's statistics so far (core/sched.h). */
 struct tz_sched_stats;
 void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out);

@@ -109,10 +109,11 @@ struct tz_trainer {
 
   /* In the compute tier, trainer-owned (compute_fixed of the plan). */
   tz_extent buf;
-  int32_t *tokens, *targets; /* (G, B, T) */
-  void **x;                  /* L + 1 of (B, T, C) S: each layer's input, then the last output */
-  void *dx;                  /* (B, T, C) S */
-  struct tz_layer_acts acts;
+  int32_t *tokens, *targets;   /* (G, B, T) */
+  void **x;                    /* L + 1 of (B, T, C) S: each layer's input, then the last output */
+  void *dx;                    /* (B, T, C) S */
+  struct tz_layer_acts acts;   /* the activations a recomputed part is written to, shared */
+  struct tz_layer_acts *lacts; /* L: each layer's: its kept parts in BUF_KEEP, the rest acts' */
   struct tz_layer_scratch ls;
   struct tz_head_scratch hs;
   void *gw, *gw_embed;  /* gathered weights: a layer or the head; the embedding */
@@ -157,6 +158,9 @@ struct tz_trainer {
   char *trace_path;
 
   unsigned decay_exclude; /* tierzero.weight_decay_exclude (trainer/decay.h) */
+  int recompute_mode;     /* tierzero.recompute (trainer/recompute.h) */
+  uint8_t *recompute;     /* L: the parts (TZ_PART_*) each layer's backward recomputes */
+  double recompute_all_s; /* auto: the bound with every part recomputed; 0 not planned */
 
   int64_t step, updates; /* steps done; Adam updates applied or queued */
   int pending;           /* folded: the last step's update is not applied yet */
@@ -176,6 +180,7 @@ enum {
   BUF_PARTIALS,
   BUF_SCAL,
   BUF_X,
+  BUF_KEEP, /* the kept parts of every layer's activations (tr->recompute) */
   BUF_COUNT
 };
 
