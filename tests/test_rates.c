@@ -263,9 +263,9 @@ static void test_forget(void **state) {
   TZ_ASSERT_OK(tz_rates_forget(&e->cfg, "cpu", missing));
 }
 
-/* The layer probe: a positive time at a real shape, no faster than the matmul rate allows; a
- * plan's probe that the matmul rate says would take longer than the budget is not run (0, at
- * once, with a warning naming --layer-rate). */
+/* The layer probe (and its parts' forwards): a positive time at a real shape, no faster than the
+ * matmul rate allows; a plan's probe that the matmul rate says would take longer than the budget is
+ * not run (0, at once, with a warning naming --layer-rate). */
 static void test_layer_probe(void **state) {
   struct tz_model_config mc;
   TZ_ASSERT_OK(tz_model_preset("tiny", &mc));
@@ -277,6 +277,12 @@ static void test_layer_probe(void **state) {
   /* A budget the estimate fits: timed. */
   TZ_ASSERT_OK(tz_rates_layer_time(cm, &mc, 2, 16, 60, 1e15, &s));
   assert_true(s > 0);
+  /* Each part's forward alone: positive, and together less than the forward and recomputing
+   * backward the layer's time counts (four forwards' worth of FLOP). */
+  double part[2] = {0, 0};
+  TZ_ASSERT_OK(tz_rates_part_times(cm, &mc, 2, 16, part));
+  assert_true(part[0] > 0 && part[1] > 0);
+  assert_true(part[0] + part[1] < s);
   /* A matmul rate that makes one pass last an hour: not timed, and said. */
   double flop = 4.0 * tz_model_layer_flop(&mc, 2, 16);
   double t0 = tz_now_s();

@@ -611,9 +611,16 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
 
 int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                        const void *x_in, void *x_out, const struct tz_layer_acts *a, int B, int T) {
+  return tz_model_layer_part_fwd(cm, cfg, params, x_in, x_out, a, TZ_PARTS_ALL, B, T);
+}
+
+int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
+                            const void *x_in, void *x_out, const struct tz_layer_acts *a,
+                            unsigned parts, int B, int T) {
   TZ_CHECK(check_bt(cfg, B, T));
-  TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T));
-  return mlp_fwd(cm, cfg, params, a, x_out, B, T);
+  if (parts & TZ_PART_ATTN)
+    TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T));
+  return parts & TZ_PART_MLP ? mlp_fwd(cm, cfg, params, a, x_out, B, T) : 0;
 }
 
 int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,

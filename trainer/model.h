@@ -273,6 +273,13 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
         is not kept) */
 #define TZ_PARTS_ALL 3u
 
+/* The forward of some parts (TZ_PART_*): the attention part from x_in into acts (h1 .. x2), the
+ * MLP part from acts->x2 into acts (h2 .. a) and x_out; both (tz_model_layer_fwd) in that
+ * order. */
+int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
+                            const void *x_in, void *x_out, const struct tz_layer_acts *acts,
+                            unsigned parts, int B, int T);
+
 /* Backward of one layer. recompute (TZ_PART_* bits) names the parts whose forward runs into acts
  * first, from x_in alone for the attention part and from acts->x2 for the MLP (activation
  * checkpointing); the parts not named must hold this layer's forward of x_in. Either way the

@@ -24,11 +24,20 @@ static double phase_flop(const tz_trainer *tr, const struct phase *p) {
   double layer = tz_model_layer_flop(c, tr->B, tr->T);
   switch (p->kind) {
   case PH_FWD: return layer;
-  case PH_BWD:
-    return 2.0 * layer + tz_model_layer_part_flop(c, tr->B, tr->T, tr->recompute[p->block - 1]);
+  case PH_BWD: return 2.0 * layer + tz_train_recompute_flop(tr, tr->recompute[p->block - 1]);
   case PH_HEAD: return 3.0 * 2.0 * N * C * V;
   default: return 0;
   }
+}
+
+double tz_train_recompute_flop(const tz_trainer *tr, unsigned parts) {
+  const struct tz_model_config *c = &tr->mc;
+  double layer = tz_model_layer_flop(c, tr->B, tr->T), t = tr->part_s[0] + tr->part_s[1];
+  if (!(t > 0))
+    return tz_model_layer_part_flop(c, tr->B, tr->T, parts);
+  return layer *
+         ((parts & TZ_PART_ATTN ? tr->part_s[0] : 0) + (parts & TZ_PART_MLP ? tr->part_s[1] : 0)) /
+         t;
 }
 
 static uint64_t sizes_total(const uint64_t *sizes, int n) {
@@ -431,7 +440,9 @@ static int choose_recompute(tz_trainer *tr, const struct tz_trainer_params *p) {
   struct tz_recompute_item *items = malloc(2 * (size_t)L * sizeof *items);
   if (!items)
     return tz_err_set(TZ_ENOMEM, "train: no memory for the recompute plan");
-  tz_recompute_order(&tr->mc, tr->S, tr->B, tr->T, items);
+  const double cost[2] = {tz_train_recompute_flop(tr, TZ_PART_ATTN),
+                          tz_train_recompute_flop(tr, TZ_PART_MLP)};
+  tz_recompute_order(&tr->mc, tr->S, tr->B, tr->T, cost, items);
   int best = 0;
   double best_s = tr->plan.bound_s;
   for (int k = 1; k <= 2 * L; k++) {

@@ -803,6 +803,30 @@ int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char
   return rc;
 }
 
+int tz_rates_part_times(tz_compute *cm, const struct tz_model_config *mc, int B, int T,
+                        double part_s[2]) {
+  part_s[0] = part_s[1] = 0;
+  struct tz_layer_probe l;
+  TZ_CHECK(tz_layer_probe_alloc(cm, mc, B, T, &l));
+  const unsigned parts[2] = {TZ_PART_ATTN, TZ_PART_MLP};
+  int rc = 0;
+  for (int p = 0; p < 2 && rc == 0; p++) {
+    double best = 0;
+    for (int n = 0; rc == 0 && n < 1 + TZ_RATES_LAYER_PASSES; n++) { /* the first untimed */
+      double t0 = tz_now_s();
+      rc = tz_model_layer_part_fwd(cm, mc, l.params, l.x_in, l.x_out, &l.acts, parts[p], B, T);
+      if (rc == 0)
+        rc = tz_compute_sync(cm);
+      double t = tz_now_s() - t0;
+      if (rc == 0 && n > 0 && (best == 0 || t < best))
+        best = t;
+    }
+    part_s[p] = best;
+  }
+  tz_layer_probe_free(cm, &l);
+  return rc;
+}
+
 int tz_rates_layer_time(tz_compute *cm, const struct tz_model_config *mc, int B, int T,
                         double budget_s, double matmul_flops, double *seconds) {
   *seconds = 0;

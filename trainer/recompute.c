@@ -106,11 +106,11 @@ uint64_t tz_recompute_kept_bytes(const struct tz_model_config *mc, enum tz_dtype
 }
 
 void tz_recompute_order(const struct tz_model_config *mc, enum tz_dtype S, int B, int T,
-                        struct tz_recompute_item *items) {
+                        const double cost[2], struct tz_recompute_item *items) {
   double per[2];
   unsigned part[2] = {TZ_PART_MLP, TZ_PART_ATTN};
   for (int k = 0; k < 2; k++)
-    per[k] = tz_model_layer_part_flop(mc, B, T, part[k]) /
+    per[k] = cost[part[k] == TZ_PART_ATTN ? 0 : 1] /
              (double)tz_model_acts_part_bytes(mc, S, B, T, part[k]);
   if (per[1] > per[0]) {
     part[0] = TZ_PART_ATTN;

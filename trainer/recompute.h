@@ -46,11 +46,12 @@ struct tz_recompute_item {
   unsigned part;
 };
 
-/* The 2 x n_layer parts in the order auto keeps them: the part that saves the most FLOP per byte
- * kept first (every layer has the same shape, so all of one part before any of the other), from
- * the last layer down. */
+/* The 2 x n_layer parts in the order auto keeps them: the part that saves the most per byte kept
+ * first, by cost[0] for the attention part and cost[1] for the MLP's (what recomputing one costs,
+ * in any unit: the plan gives its timed share of the forward), every layer having the same shape,
+ * so all of one part before any of the other, from the last layer down. */
 void tz_recompute_order(const struct tz_model_config *mc, enum tz_dtype S, int B, int T,
-                        struct tz_recompute_item *items);
+                        const double cost[2], struct tz_recompute_item *items);
 
 /* parts: every layer recomputes everything but the first k items, which are kept. */
 void tz_recompute_keep_first(const struct tz_recompute_item *items, int k, int n_layer,

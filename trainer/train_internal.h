@@ -161,6 +161,8 @@ struct tz_trainer {
   int recompute_mode;     /* tierzero.recompute (trainer/recompute.h) */
   uint8_t *recompute;     /* L: the parts (TZ_PART_*) each layer's backward recomputes */
   double recompute_all_s; /* auto: the bound with every part recomputed; 0 not planned */
+  double part_s[2]; /* measure_layer: the attention and the MLP part's forward, seconds; 0: not
+                       timed (their FLOPs stand in) */
 
   int64_t step, updates; /* steps done; Adam updates applied or queued */
   int pending;           /* folded: the last step's update is not applied yet */
@@ -212,6 +214,10 @@ int tz_train_adam(tz_trainer *tr, int b, int cpu, const struct tz_adam_params *p
 
 /* Per-block element counts, shards, bytes and names. */
 int tz_train_sizes(tz_trainer *tr);
+/* The FLOP the plan counts for a backward's recomputing parts (TZ_PART_*) of a layer: its
+ * forward's, shared between the parts as their timed forwards share its time (tr->part_s), or
+ * as their FLOPs do when they were not timed. */
+double tz_train_recompute_flop(const tz_trainer *tr, unsigned parts);
 /* The bytes of each trainer-owned buffer in the compute tier (BUF_*). */
 void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz);
 /* The config's NVMe directory, or NULL. */
