@@ -7,6 +7,7 @@
  *  - the GPU's run against the cpu backend's (fp32): bf16 storage keeps the first loss within 1%
  *    and later ones within 6%, and both learn;
  *  - tierzero.cpu_adam (part of Adam on the CPU at the host homes): the same bits;
+ *  - tierzero.recompute all, none, a list and auto: the same bits;
  *  - a layer timed on the GPU gives the plan its compute rate.
  * argv[1]: "plain", or "jitter" (random delays in the scheduler's lanes and the progress engine).
  * Skips (77) without a CUDA device. */
@@ -104,6 +105,37 @@ static void test_cpu_adam_share(void **state) {
   }
 }
 
+/* tierzero.recompute on a GPU: every part recomputed, none, a list and the plan's choice give
+ * the same bits (the same kernels on the same inputs), with the state in HBM and streamed from
+ * the host. */
+static void test_recompute(void **state) {
+  (void)state;
+  const char *modes[] = {"all", "none", "0-1:3.mlp", "auto"};
+  struct tz_plan_rates rates = {.flops = 1e12, .copy_in = 2e10, .copy_out = 2e10, .adam = 1e10};
+  for (int host = 0; host < 2; host++) {
+    struct tc_opts o;
+    gpu_opts(&o);
+    if (host)
+      o.param_dev = o.opt_dev = "cpu";
+    o.rates = &rates;
+    struct tc_result r[4];
+    for (int m = 0; m < 4; m++) {
+      o.recompute = modes[m];
+      run(&o, &r[m]);
+    }
+    for (int m = 1; m < 4; m++) {
+      char what[64];
+      snprintf(what, sizeof what, "gpu: recompute %s%s", modes[m], host ? ", offloaded" : "");
+      tc_expect_same(&r[0], &r[m], what);
+    }
+    assert_true(r[0].compute_fixed < r[2].compute_fixed);
+    assert_true(r[2].compute_fixed < r[1].compute_fixed);
+    assert_true(r[3].compute_fixed > r[0].compute_fixed); /* a GPU's room: auto keeps */
+    for (int m = 0; m < 4; m++)
+      tc_result_free(&r[m]);
+  }
+}
+
 /* measure_layer on the GPU: a layer's forward and backward timed on the cuda backend gives the
  * plan its compute rate (test_train's test_plan_layer_rate on the cpu backend). */
 static void test_layer_rate(void **state) {
@@ -190,7 +222,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_placement),  cmocka_unit_test(test_folded),
       cmocka_unit_test(test_overlapped), cmocka_unit_test(test_cpu_adam_share),
       cmocka_unit_test(test_layer_rate), cmocka_unit_test(test_against_cpu),
-      cmocka_unit_test(test_fp16),
+      cmocka_unit_test(test_fp16),       cmocka_unit_test(test_recompute),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);
