@@ -48,6 +48,9 @@ int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *sha
 int tz_st_read_tensor_f32(tz_st_file *f, const struct tz_st_tensor *t, float *out,
                           int64_t *nonfinite);
 const char *tz_st_path(const tz_st_file *f); /* as given to tz_st_open */
+/* Threads of each tz_st_read_tensor_f32 on f: n, or with n 0 (the default) the CPUs the process
+ * may run on, at most 8. The result does not depend on it. */
+void tz_st_set_threads(tz_st_file *f, int n);
 
 /* ---- writing ---- */
 
