@@ -52,6 +52,19 @@ const char *tz_st_path(const tz_st_file *f); /* as given to tz_st_open */
  * may run on, at most 8. The result does not depend on it. */
 void tz_st_set_threads(tz_st_file *f, int n);
 
+/* One tensor of a batch: t (one of f's) into out (t->numel floats). */
+struct tz_st_read {
+  tz_st_file *f;
+  const struct tz_st_tensor *t;
+  float *out;
+  int64_t nonfinite; /* set: the index of t's first inf or NaN, or -1 */
+};
+/* Reads r[0..n) as tz_st_read_tensor_f32 would one after another, their chunks shared by
+ * `threads` threads (0: the default of tz_st_set_threads): one start of threads for all of
+ * them. Returns the error of the first chunk, in the order of r, that could not be read (with
+ * its file, tensor and offset); the values and nonfinite are those of one thread. */
+int tz_st_read_tensors_f32(struct tz_st_read *r, int n, int threads);
+
 /* ---- writing ---- */
 
 struct tz_st_entry {
