@@ -546,7 +546,8 @@ static float *read_with(const char *p, int nt, int64_t *nonfinite) {
 /* A tensor of many read chunks (512 KiB for 2-byte dtypes, 4 MiB for F32), read by 1, 2, 3 and
  * 8 threads: the floats are bit for bit the same, and the first non-finite element reported is
  * the smallest index, in a later chunk, whichever thread read it; a second one further on, in a
- * chunk that may be read earlier, does not hide it. */
+ * chunk that may be read earlier, does not hide it. The same for three such tensors of three
+ * files read as one batch. */
 static void test_threads_same_result(void **state) {
   (void)state;
   static const enum tz_dtype dts[3] = {TZ_BF16, TZ_F16, TZ_F32};
@@ -582,6 +583,26 @@ static void test_threads_same_result(void **state) {
         fail_msg("dtype %d, %d threads: first non-finite %lld, want %llu", d, nts[k], (long long)nf,
                  (unsigned long long)two[1]);
       free(got);
+      /* the three as one batch, their chunks shared by the threads */
+      const char *paths[3] = {bad1, clean, bad2};
+      const int64_t want[3] = {(int64_t)one[0], -1, (int64_t)two[1]};
+      tz_st_file *f[3];
+      struct tz_st_read r[3];
+      for (int i = 0; i < 3; i++) {
+        TZ_ASSERT_OK(tz_st_open(paths[i], &f[i]));
+        r[i] = (struct tz_st_read){.f = f[i], .t = tz_st_find(f[i], "w")};
+        r[i].out = malloc(sizeof(float) * n);
+      }
+      TZ_ASSERT_OK(tz_st_read_tensors_f32(r, 3, nts[k]));
+      for (int i = 0; i < 3; i++) {
+        if (r[i].nonfinite != want[i])
+          fail_msg("dtype %d, %d threads, batch: tensor %d's first non-finite %lld, want %lld", d,
+                   nts[k], i, (long long)r[i].nonfinite, (long long)want[i]);
+        tz_st_close(f[i]);
+      }
+      assert_memory_equal(r[1].out, ref, sizeof(float) * n);
+      for (int i = 0; i < 3; i++)
+        free(r[i].out);
     }
     free(ref);
     free(clean);
@@ -594,12 +615,17 @@ static void test_threads_same_result(void **state) {
 /* A file cut short after it was opened, at the start of chunk 3 of 8 or inside it: every
  * thread count fails with the error of chunk 3, naming the file, the tensor and the offset where
  * the file ends, though the chunks after it fail too, and may fail first (read many times over,
- * so that an order that hides chunk 3's error would show). */
+ * so that an order that hides chunk 3's error would show); alone, or in a batch after a whole
+ * tensor of another file. */
 static void test_threads_short_file(void **state) {
   (void)state;
   enum { READS = 32 };
   char *dir = tz_test_mkdtemp("st-threads");
   uint64_t chunk = (512u << 10) / 2, n = 8 * chunk;
+  char *other = write_big(dir, "whole.safetensors", TZ_BF16, n, NULL, 0);
+  tz_st_file *whole;
+  TZ_ASSERT_OK(tz_st_open(other, &whole));
+  float *out2 = malloc(sizeof(float) * n);
   static const int nts[4] = {1, 2, 3, 8};
   for (int k = 0; k < 4; k++)
     for (int inside = 0; inside < 2; inside++) {
@@ -618,7 +644,12 @@ static void test_threads_short_file(void **state) {
       float *out = malloc(sizeof(float) * n);
       for (int r = 0; r < READS; r++) {
         int64_t nf;
-        assert_int_equal(tz_st_read_tensor_f32(f[r], tz_st_find(f[r], "w"), out, &nf), TZ_EIO);
+        /* odd reads alone, even ones in a batch after a tensor of another file read whole */
+        struct tz_st_read batch[2] = {{.f = whole, .t = tz_st_find(whole, "w"), .out = out2},
+                                      {.f = f[r], .t = tz_st_find(f[r], "w"), .out = out}};
+        int rc = r % 2 ? tz_st_read_tensor_f32(f[r], batch[1].t, out, &nf)
+                       : tz_st_read_tensors_f32(batch, 2, nts[k]);
+        assert_int_equal(rc, TZ_EIO);
         const char *msg = tz_err_msg();
         if (!strstr(msg, p) || !strstr(msg, "tensor 'w'") || !strstr(msg, want))
           fail_msg("%d threads: \"%s\" lacks the file, the tensor or \"%s\"", nts[k], msg, want);
@@ -627,6 +658,9 @@ static void test_threads_short_file(void **state) {
       free(out);
       free(p);
     }
+  free(out2);
+  tz_st_close(whole);
+  free(other);
   tz_test_rmdir(dir);
 }
 
