@@ -484,12 +484,12 @@ int tz_st_read_tensors_f32(struct tz_st_read *r, int n, int threads) {
   int nt = threads > 0 ? threads : default_threads();
   if (nt > nch)
     nt = nch > 1 ? (int)nch : 1;
-  /* Threads, not one: one thread is bound by its own streaming stores (the floats, twice the
-   * bytes read), two on two idle cores import in about 0.7 of the time, up to what the memory
-   * takes. Threads that block rather than spin (pthreads, not an OpenMP team) and chunks taken by
-   * whichever thread is free keep a read on cores busy with other work about as fast as one
-   * thread: an OpenMP team, whose waiting threads spin, took twice as long as one thread there.
-   * docs/benchmarks.md has the figures. */
+  /* Threads, not one: one thread is bound by the work of its core (the copy out of the page
+   * cache, the cast, the floats' streaming stores, twice the bytes read); two on two idle cores
+   * import in about 0.6 of the time, near what the memory takes. Threads that block rather than
+   * spin (pthreads, not an OpenMP team) and chunks taken by whichever thread is free keep a read on
+   * cores busy with other work about as fast as one thread: an OpenMP team, whose waiting threads
+   * spin, took twice as long as one thread there. docs/benchmarks.md has the figures. */
   struct read_job *j = calloc(1, sizeof *j);
   struct read_share_arg *args = calloc((size_t)nt, sizeof *args);
   pthread_t *tid = calloc((size_t)nt, sizeof *tid);
