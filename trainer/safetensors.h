@@ -43,8 +43,8 @@ const char *tz_st_metadata(const tz_st_file *f, const char *key);
 int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *shape, float *out);
 
 /* Reads tensor t (one of f's) into out (t->numel floats), converting F32, BF16 or F16, in large
- * sequential reads. nonfinite (may be NULL) gets the index of its first element that is an inf or
- * a NaN, or -1: found in the same pass as the cast. */
+ * sequential reads shared by threads (tz_st_set_threads). nonfinite (may be NULL) gets the index
+ * of its first element that is an inf or a NaN, or -1: found in the same pass as the cast. */
 int tz_st_read_tensor_f32(tz_st_file *f, const struct tz_st_tensor *t, float *out,
                           int64_t *nonfinite);
 const char *tz_st_path(const tz_st_file *f); /* as given to tz_st_open */
@@ -62,7 +62,8 @@ struct tz_st_read {
 /* Reads r[0..n) as tz_st_read_tensor_f32 would one after another, their chunks shared by
  * `threads` threads (0: the default of tz_st_set_threads): one start of threads for all of
  * them. Returns the error of the first chunk, in the order of r, that could not be read (with
- * its file, tensor and offset); the values and nonfinite are those of one thread. */
+ * its file, tensor and offset), whatever the threads; on success the floats and every nonfinite
+ * are those one thread gives. Tensors of one or several files; the files must stay open. */
 int tz_st_read_tensors_f32(struct tz_st_read *r, int n, int threads);
 
 /* ---- writing ---- */
