@@ -1,13 +1,16 @@
 /* safetensors and Hugging Face Llama import/export: bit-exact round trips (F32, BF16, F16 read),
  * the HF tensor names and config.json fields, sharded checkpoints, and clear errors for bad files
  * (truncated, bad JSON, offsets out of range, wrong dtype or shape) naming tensor and offset; a
- * tensor holding NaN or inf refused, naming the file, the tensor and the element. */
+ * tensor holding NaN or inf refused, naming the file, the tensor and the element. Reads shared by
+ * threads give the bits, the first non-finite index and the error of one thread. */
 #define _GNU_SOURCE
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "kernels/compute.h"
@@ -499,6 +502,195 @@ static void test_nonfinite_weight_refused(void **state) {
       }
 }
 
+/* ---- reads shared by threads ---- */
+
+/* One tensor "w" of n elements stored as dt into dir/name; values drawn from seed, finite except
+ * for bad[0..nbad) (NaN, then +inf, then -inf). Returns the path. */
+static char *write_big(const char *dir, const char *name, enum tz_dtype dt, uint64_t n,
+                       const uint64_t *bad, int nbad) {
+  char *p = path_in(dir, name);
+  float *v = malloc(sizeof(float) * n);
+  assert_non_null(v);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (uint64_t i = 0; i < n; i++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    v[i] = (float)((int64_t)(x >> 33) - (1ll << 30)) * 0x1p-30f; /* in [-1, 1) */
+  }
+  static const float nf[3] = {NAN, INFINITY, -INFINITY};
+  for (int i = 0; i < nbad; i++)
+    v[bad[i]] = nf[i % 3];
+  struct tz_st_entry e = {.name = "w", .dtype = dt, .ndim = 2, .shape = {(int64_t)(n / 8), 8}};
+  assert_int_equal(n % 8, 0);
+  tz_st_writer *w;
+  TZ_ASSERT_OK(tz_st_writer_open(p, &e, 1, NULL, &w));
+  TZ_ASSERT_OK(tz_st_writer_put(w, v, n));
+  TZ_ASSERT_OK(tz_st_writer_close(w, 1));
+  free(v);
+  return p;
+}
+
+/* tensor "w" of p read with nt threads into a fresh buffer; *nonfinite as the reader says. */
+static float *read_with(const char *p, int nt, int64_t *nonfinite) {
+  tz_st_file *f;
+  TZ_ASSERT_OK(tz_st_open(p, &f));
+  tz_st_set_threads(f, nt);
+  const struct tz_st_tensor *t = tz_st_find(f, "w");
+  assert_non_null(t);
+  float *out = malloc(sizeof(float) * t->numel);
+  assert_non_null(out);
+  TZ_ASSERT_OK(tz_st_read_tensor_f32(f, t, out, nonfinite));
+  tz_st_close(f);
+  return out;
+}
+
+/* A tensor of many read chunks (512 KiB for 2-byte dtypes, 4 MiB for F32), read by 1, 2, 3 and
+ * 8 threads: the floats are bit for bit the same, and the first non-finite element reported is
+ * the smallest index, in a later chunk, whichever thread read it; a second one further on, in a
+ * chunk that may be read earlier, does not hide it. The same for three such tensors of three
+ * files read as one batch. */
+static void test_threads_same_result(void **state) {
+  (void)state;
+  static const enum tz_dtype dts[3] = {TZ_BF16, TZ_F16, TZ_F32};
+  char *dir = tz_test_mkdtemp("st-threads");
+  for (int d = 0; d < 3; d++) {
+    uint64_t chunk = dts[d] == TZ_F32 ? (4u << 20) / 4 : (512u << 10) / 2; /* elements */
+    uint64_t n = 6 * chunk + 1000;                                         /* 7 chunks */
+    /* in chunk 4 (0-based) past its vectorised start, then in chunks 5 and 1 of a second file */
+    const uint64_t one[2] = {4 * chunk + 77, 5 * chunk + 3}, two[2] = {5 * chunk + 9, chunk + 5};
+    char *clean = write_big(dir, "clean.safetensors", dts[d], n, NULL, 0);
+    char *bad1 = write_big(dir, "bad1.safetensors", dts[d], n, one, 2);
+    char *bad2 = write_big(dir, "bad2.safetensors", dts[d], n, two, 2);
+    int64_t nf;
+    float *ref = read_with(clean, 1, &nf);
+    assert_int_equal(nf, -1);
+    static const int nts[4] = {1, 2, 3, 8};
+    for (int k = 0; k < 4; k++) {
+      float *got = read_with(clean, nts[k], &nf);
+      assert_int_equal(nf, -1);
+      for (uint64_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &ref[i], 4) != 0)
+          fail_msg("dtype %d, %d threads: element %llu is %a, one thread read %a", d, nts[k],
+                   (unsigned long long)i, (double)got[i], (double)ref[i]);
+      free(got);
+      got = read_with(bad1, nts[k], &nf);
+      if (nf != (int64_t)one[0])
+        fail_msg("dtype %d, %d threads: first non-finite %lld, want %llu", d, nts[k], (long long)nf,
+                 (unsigned long long)one[0]);
+      assert_true(isnan(got[one[0]]) && isinf(got[one[1]]));
+      free(got);
+      got = read_with(bad2, nts[k], &nf);
+      if (nf != (int64_t)two[1])
+        fail_msg("dtype %d, %d threads: first non-finite %lld, want %llu", d, nts[k], (long long)nf,
+                 (unsigned long long)two[1]);
+      free(got);
+      /* the three as one batch, their chunks shared by the threads */
+      const char *paths[3] = {bad1, clean, bad2};
+      const int64_t want[3] = {(int64_t)one[0], -1, (int64_t)two[1]};
+      tz_st_file *f[3];
+      struct tz_st_read r[3];
+      for (int i = 0; i < 3; i++) {
+        TZ_ASSERT_OK(tz_st_open(paths[i], &f[i]));
+        r[i] = (struct tz_st_read){.f = f[i], .t = tz_st_find(f[i], "w")};
+        r[i].out = malloc(sizeof(float) * n);
+      }
+      TZ_ASSERT_OK(tz_st_read_tensors_f32(r, 3, nts[k]));
+      for (int i = 0; i < 3; i++) {
+        if (r[i].nonfinite != want[i])
+          fail_msg("dtype %d, %d threads, batch: tensor %d's first non-finite %lld, want %lld", d,
+                   nts[k], i, (long long)r[i].nonfinite, (long long)want[i]);
+        tz_st_close(f[i]);
+      }
+      assert_memory_equal(r[1].out, ref, sizeof(float) * n);
+      for (int i = 0; i < 3; i++)
+        free(r[i].out);
+    }
+    free(ref);
+    free(clean);
+    free(bad1);
+    free(bad2);
+  }
+  tz_test_rmdir(dir);
+}
+
+/* A file cut short after it was opened, at the start of chunk 3 of 8 or inside it: every
+ * thread count fails with the error of chunk 3, naming the file, the tensor and the offset where
+ * the file ends, though the chunks after it fail too, and may fail first (read many times over,
+ * so that an order that hides chunk 3's error would show); alone, or in a batch after a whole
+ * tensor of another file. */
+static void test_threads_short_file(void **state) {
+  (void)state;
+  enum { READS = 32 };
+  char *dir = tz_test_mkdtemp("st-threads");
+  uint64_t chunk = (512u << 10) / 2, n = 8 * chunk;
+  char *other = write_big(dir, "whole.safetensors", TZ_BF16, n, NULL, 0);
+  tz_st_file *whole;
+  TZ_ASSERT_OK(tz_st_open(other, &whole));
+  float *out2 = malloc(sizeof(float) * n);
+  static const int nts[4] = {1, 2, 3, 8};
+  for (int k = 0; k < 4; k++)
+    for (int inside = 0; inside < 2; inside++) {
+      char *p = write_big(dir, "w.safetensors", TZ_BF16, n, NULL, 0);
+      tz_st_file *f[READS];
+      for (int r = 0; r < READS; r++) {
+        TZ_ASSERT_OK(tz_st_open(p, &f[r]));
+        tz_st_set_threads(f[r], nts[k]);
+      }
+      struct stat sb;
+      assert_int_equal(stat(p, &sb), 0);
+      uint64_t cut = (uint64_t)sb.st_size - 2 * n + 2 * (3 * chunk) + (inside ? 1000 : 0);
+      assert_int_equal(truncate(p, (off_t)cut), 0);
+      char want[64];
+      snprintf(want, sizeof want, "file ends at offset %llu", (unsigned long long)cut);
+      float *out = malloc(sizeof(float) * n);
+      for (int r = 0; r < READS; r++) {
+        int64_t nf;
+        /* odd reads alone, even ones in a batch after a tensor of another file read whole */
+        struct tz_st_read batch[2] = {{.f = whole, .t = tz_st_find(whole, "w"), .out = out2},
+                                      {.f = f[r], .t = tz_st_find(f[r], "w"), .out = out}};
+        int rc = r % 2 ? tz_st_read_tensor_f32(f[r], batch[1].t, out, &nf)
+                       : tz_st_read_tensors_f32(batch, 2, nts[k]);
+        assert_int_equal(rc, TZ_EIO);
+        const char *msg = tz_err_msg();
+        if (!strstr(msg, p) || !strstr(msg, "tensor 'w'") || !strstr(msg, want))
+          fail_msg("%d threads: \"%s\" lacks the file, the tensor or \"%s\"", nts[k], msg, want);
+        tz_st_close(f[r]);
+      }
+      free(out);
+      free(p);
+    }
+  free(out2);
+  tz_st_close(whole);
+  free(other);
+  tz_test_rmdir(dir);
+}
+
+/* Through the import: a block tensor of several chunks with a NaN in a later chunk is refused,
+ * naming the tensor and the element's exact index (the reader's default threads). */
+static void test_nonfinite_later_chunk_refused(void **state) {
+  (void)state;
+  struct tz_model_config cfg = cfg_small(1);
+  cfg.vocab = 40000; /* the embedding, 40000 x 32 in bf16: 2.4 MiB, 5 chunks of 512 KiB */
+  struct blocks src = make_blocks(&cfg, 42);
+  uint64_t at = 4 * 262144 + 4321; /* in the last chunk */
+  src.b[0][at] = NAN;
+  src.b[0][at + 100000] = INFINITY; /* after it, in no earlier chunk: not the one reported */
+  char *dir = tz_test_mkdtemp("st-nan");
+  TZ_ASSERT_OK(export_as(dir, &cfg, TZ_BF16, get_block, &src));
+  tz_hf_model *m;
+  TZ_ASSERT_OK(tz_hf_open(dir, &m));
+  float *buf = malloc(sizeof(float) * tz_model_block_numel(&cfg, 0));
+  assert_int_equal(tz_hf_read_block(m, 0, buf), TZ_EFORMAT);
+  char want[64];
+  snprintf(want, sizeof want, "element %llu is nan", (unsigned long long)at);
+  const char *msg = tz_err_msg();
+  if (!strstr(msg, "'model.embed_tokens.weight'") || !strstr(msg, want))
+    fail_msg("\"%s\" lacks the tensor or \"%s\"", msg, want);
+  free(buf);
+  tz_hf_close(m);
+  free_blocks(&src);
+  tz_test_rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_f32_untied),
@@ -510,6 +702,9 @@ int main(void) {
       cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_bad_config),
       cmocka_unit_test(test_nonfinite_weight_refused),
+      cmocka_unit_test(test_threads_same_result),
+      cmocka_unit_test(test_threads_short_file),
+      cmocka_unit_test(test_nonfinite_later_chunk_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

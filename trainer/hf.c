@@ -1009,20 +1009,28 @@ int tz_hf_read_block(tz_hf_model *m, int block, float *out) {
     at = l.t[i].offset + l.t[i].numel;
   }
   memset(out + at, 0, sizeof(float) * (l.numel - at));
+  /* The block's tensors in one read, whose threads share them all. */
+  struct tz_st_read rd[TZ_L_COUNT];
+  const struct loc *of[TZ_L_COUNT];
+  int n = 0;
   for (int i = 0; i < l.n; i++) {
     const struct loc *w = &m->loc[block * TZ_L_COUNT + i];
     if (!l.t[i].numel)
       continue;
     if (w->file < 0)
       return tz_err_set(TZ_EINVAL, "hf: block %d tensor %d was not checked at open", block, i);
-    int64_t bad = -1;
-    float *t = out + l.t[i].offset;
-    TZ_CHECK(tz_st_read_tensor_f32(m->files[w->file], w->t, t, &bad));
+    of[n] = w;
+    rd[n++] = (struct tz_st_read){.f = m->files[w->file], .t = w->t, .out = out + l.t[i].offset};
+  }
+  TZ_CHECK(tz_st_read_tensors_f32(rd, n, 0));
+  for (int k = 0; k < n; k++) {
+    int64_t bad = rd[k].nonfinite;
+    const float *t = rd[k].out;
     if (bad >= 0)
       return tz_err_set(TZ_EFORMAT,
                         "%s/%s: tensor '%s' element %lld is %s: weights must be finite (is it the "
                         "checkpoint of a run that diverged?)",
-                        m->dir, m->names[w->file], w->t->name, (long long)bad,
+                        m->dir, m->names[of[k]->file], of[k]->t->name, (long long)bad,
                         isnan(t[bad]) ? "nan"
                         : t[bad] > 0  ? "inf"
                                       : "-inf");

@@ -5,6 +5,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +38,7 @@ struct tz_st_file {
   int n;
   struct tz_st_tensor *t;
   json_t *meta; /* the __metadata__ object, or NULL */
+  int threads;  /* of a read; 0: the default */
 };
 
 static const struct {
@@ -377,40 +382,166 @@ static int read_chunk(tz_st_file *f, const struct tz_st_tensor *t, uint64_t begi
   return 0;
 }
 
+/* A batch's read: the chunks of its tensors, one after another, shared by threads that take them
+ * in order, so that each file is read front to back as one reader would (what the kernel's
+ * readahead expects), each thread casting the chunk it read while the others read theirs. Which
+ * chunk failed first and which element of a tensor was its first non-finite one do not depend on
+ * the number of threads: every chunk before the first failing one is read, and the smallest
+ * index of each wins. */
+struct read_job {
+  struct tz_st_read *r;
+  int n;
+  const int64_t *first;    /* first[i]: the batch's index of tensor i's chunk 0; first[n]: all */
+  _Atomic int64_t next;    /* the next chunk to take */
+  _Atomic int64_t fail_at; /* the smallest chunk known to have failed, or first[n] */
+  pthread_mutex_t lock;    /* over the fields below and r[].nonfinite */
+  int64_t rc_chunk;        /* the smallest failed chunk a thread reported, or first[n] */
+  int rc;                  /* its error, the message in msg */
+  char msg[1024];
+};
+
+struct read_share_arg {
+  struct read_job *j;
+  uint8_t *buf; /* IO_CHUNK_2 bytes of this thread's own */
+};
+
+static int elem_size(const struct tz_st_tensor *t) { return strcmp(t->dtype, "F32") == 0 ? 4 : 2; }
+static uint64_t chunk_of(int es) { return es == 4 ? IO_CHUNK : IO_CHUNK_2; }
+
+/* A thread's share: chunks taken one at a time until none is left or a chunk before the next
+ * one has failed. An error's message is in the failing thread's own buffer (tz_err_msg), so it is
+ * copied into the job. */
+static void *read_share(void *arg) {
+  struct read_job *j = ((struct read_share_arg *)arg)->j;
+  uint8_t *buf = ((struct read_share_arg *)arg)->buf;
+  int i = 0; /* the tensor of the chunk: a thread's chunks come in increasing order */
+  for (;;) {
+    int64_t c = atomic_fetch_add(&j->next, 1), b;
+    if (c >= j->first[j->n] || c > atomic_load(&j->fail_at))
+      break;
+    while (c >= j->first[i + 1])
+      i++;
+    struct tz_st_read *r = &j->r[i];
+    int es = elem_size(r->t);
+    uint64_t chunk = chunk_of(es), total = r->t->end - r->t->begin;
+    uint64_t begin = (uint64_t)(c - j->first[i]) * chunk;
+    uint64_t len = total - begin < chunk ? total - begin : chunk;
+    int rc = read_chunk(r->f, r->t, begin, len, r->out, buf, es, r->t->dtype[0] == 'B', &b);
+    if (rc) {
+      int64_t seen = atomic_load(&j->fail_at);
+      while (c < seen && !atomic_compare_exchange_weak(&j->fail_at, &seen, c))
+        ;
+      pthread_mutex_lock(&j->lock);
+      if (c < j->rc_chunk) {
+        j->rc_chunk = c;
+        j->rc = rc;
+        snprintf(j->msg, sizeof j->msg, "%s", tz_err_msg());
+      }
+      pthread_mutex_unlock(&j->lock);
+      break;
+    }
+    if (b >= 0) { /* rare: the lock costs nothing */
+      pthread_mutex_lock(&j->lock);
+      if (r->nonfinite < 0 || b < r->nonfinite)
+        r->nonfinite = b;
+      pthread_mutex_unlock(&j->lock);
+    }
+  }
+  return NULL;
+}
+
+/* The default number of threads of a read: the CPUs this process may run on, at most 8 (beyond a
+ * few threads the reads wait on memory; more would mostly take cores from other work). */
+#define READ_THREADS_MAX 8
+
+static int default_threads(void) {
+  cpu_set_t set;
+  int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return n < 1 ? 1 : n > READ_THREADS_MAX ? READ_THREADS_MAX : n;
+}
+
+void tz_st_set_threads(tz_st_file *f, int n) { f->threads = n > 0 ? n : 0; }
+
+int tz_st_read_tensors_f32(struct tz_st_read *r, int n, int threads) {
+  if (n <= 0)
+    return 0;
+  for (int i = 0; i < n; i++) {
+    r[i].nonfinite = -1;
+    if (strcmp(r[i].t->dtype, "F32") != 0 && strcmp(r[i].t->dtype, "BF16") != 0 &&
+        strcmp(r[i].t->dtype, "F16") != 0)
+      return tz_err_set(TZ_ENOTSUP, "%s: tensor '%s' has dtype %s (F32, BF16 and F16 are read)",
+                        r[i].f->path, r[i].t->name, r[i].t->dtype);
+  }
+  int64_t *first = malloc(sizeof *first * ((size_t)n + 1));
+  if (!first)
+    return tz_err_set(TZ_ENOMEM, "safetensors: out of memory reading %d tensors", n);
+  first[0] = 0;
+  for (int i = 0; i < n; i++) {
+    uint64_t chunk = chunk_of(elem_size(r[i].t));
+    first[i + 1] = first[i] + (int64_t)((r[i].t->end - r[i].t->begin + chunk - 1) / chunk);
+  }
+  int64_t nch = first[n];
+  int nt = threads > 0 ? threads : default_threads();
+  if (nt > nch)
+    nt = nch > 1 ? (int)nch : 1;
+  /* Threads, not one: one thread is bound by the work of its core (the copy out of the page
+   * cache, the cast, the floats' streaming stores, twice the bytes read); two on two idle cores
+   * import in about 0.6 of the time, near what the memory takes. Threads that block rather than
+   * spin (pthreads, not an OpenMP team) and chunks taken by whichever thread is free keep a read on
+   * cores busy with other work about as fast as one thread: an OpenMP team, whose waiting threads
+   * spin, took twice as long as one thread there. docs/benchmarks.md has the figures. */
+  struct read_job *j = calloc(1, sizeof *j);
+  struct read_share_arg *args = calloc((size_t)nt, sizeof *args);
+  pthread_t *tid = calloc((size_t)nt, sizeof *tid);
+  uint8_t *bufs = malloc((size_t)nt * IO_CHUNK_2);
+  int rc = 0;
+  if (!j || !args || !tid || !bufs) {
+    rc = tz_err_set(TZ_ENOMEM, "%s: out of memory reading tensor '%s'", r[0].f->path, r[0].t->name);
+    goto out;
+  }
+  j->r = r;
+  j->n = n;
+  j->first = first;
+  j->rc_chunk = nch;
+  atomic_init(&j->next, 0);
+  atomic_init(&j->fail_at, nch);
+  pthread_mutex_init(&j->lock, NULL);
+  /* The caller's thread is the first of them; one that cannot be started leaves its share to
+   * the others. The others block every signal, so that signals reach the threads they reached
+   * before. */
+  int started = 1;
+  for (int i = 0; i < nt; i++)
+    args[i] = (struct read_share_arg){j, bufs + (size_t)i * IO_CHUNK_2};
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  for (int i = 1; i < nt; i++)
+    if (pthread_create(&tid[started], NULL, read_share, &args[started]) == 0)
+      started++;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  read_share(&args[0]);
+  for (int i = 1; i < started; i++)
+    pthread_join(tid[i], NULL);
+  pthread_mutex_destroy(&j->lock);
+  rc = j->rc;
+  if (rc)
+    tz_err_set(rc, "%s", j->msg);
+out:
+  free(bufs);
+  free(tid);
+  free(args);
+  free(j);
+  free(first);
+  return rc;
+}
+
 int tz_st_read_tensor_f32(tz_st_file *f, const struct tz_st_tensor *t, float *out,
                           int64_t *nonfinite) {
-  int es;
+  struct tz_st_read r = {.f = f, .t = t, .out = out};
+  int rc = tz_st_read_tensors_f32(&r, 1, f->threads);
   if (nonfinite)
-    *nonfinite = -1;
-  if (strcmp(t->dtype, "F32") == 0)
-    es = 4;
-  else if (strcmp(t->dtype, "BF16") == 0 || strcmp(t->dtype, "F16") == 0)
-    es = 2;
-  else
-    return tz_err_set(TZ_ENOTSUP, "%s: tensor '%s' has dtype %s (F32, BF16 and F16 are read)",
-                      f->path, t->name, t->dtype);
-  int bf16 = t->dtype[0] == 'B';
-  uint64_t total = t->end - t->begin, chunk = es == 4 ? IO_CHUNK : IO_CHUNK_2;
-  int64_t nch = (int64_t)((total + chunk - 1) / chunk), bad = -1;
-  int rc = 0;
-  /* One thread, chunk after chunk: on a machine whose cores are busy (training, other jobs)
-   * threads that wait for each other made the import slower, not faster. */
-  uint8_t *buf = es == 2 ? malloc(IO_CHUNK_2) : NULL;
-  if (es == 2 && !buf)
-    return tz_err_set(TZ_ENOMEM, "%s: out of memory", f->path);
-  for (int64_t c = 0; c < nch && !rc; c++) {
-    int64_t b;
-    uint64_t begin = (uint64_t)c * chunk, len = total - begin < chunk ? total - begin : chunk;
-    rc = read_chunk(f, t, begin, len, out, buf, es, bf16, &b);
-    if (!rc && b >= 0 && bad < 0)
-      bad = b;
-  }
-  free(buf);
-  if (rc)
-    return rc;
-  if (nonfinite)
-    *nonfinite = bad;
-  return 0;
+    *nonfinite = rc ? -1 : r.nonfinite;
+  return rc;
 }
 
 /* ---- writer ---- */

@@ -43,11 +43,28 @@ const char *tz_st_metadata(const tz_st_file *f, const char *key);
 int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *shape, float *out);
 
 /* Reads tensor t (one of f's) into out (t->numel floats), converting F32, BF16 or F16, in large
- * sequential reads. nonfinite (may be NULL) gets the index of its first element that is an inf or
- * a NaN, or -1: found in the same pass as the cast. */
+ * sequential reads shared by threads (tz_st_set_threads). nonfinite (may be NULL) gets the index
+ * of its first element that is an inf or a NaN, or -1: found in the same pass as the cast. */
 int tz_st_read_tensor_f32(tz_st_file *f, const struct tz_st_tensor *t, float *out,
                           int64_t *nonfinite);
 const char *tz_st_path(const tz_st_file *f); /* as given to tz_st_open */
+/* Threads of each tz_st_read_tensor_f32 on f: n, or with n 0 (the default) the CPUs the process
+ * may run on, at most 8. The result does not depend on it. */
+void tz_st_set_threads(tz_st_file *f, int n);
+
+/* One tensor of a batch: t (one of f's) into out (t->numel floats). */
+struct tz_st_read {
+  tz_st_file *f;
+  const struct tz_st_tensor *t;
+  float *out;
+  int64_t nonfinite; /* set: the index of t's first inf or NaN, or -1 */
+};
+/* Reads r[0..n) as tz_st_read_tensor_f32 would one after another, their chunks shared by
+ * `threads` threads (0: the default of tz_st_set_threads): one start of threads for all of
+ * them. Returns the error of the first chunk, in the order of r, that could not be read (with
+ * its file, tensor and offset), whatever the threads; on success the floats and every nonfinite
+ * are those one thread gives. Tensors of one or several files; the files must stay open. */
+int tz_st_read_tensors_f32(struct tz_st_read *r, int n, int threads);
 
 /* ---- writing ---- */
 
