@@ -1,0 +1,695 @@
+/* Hugging Face config.json in and out, generation_config.json and the tokenizer's files (hf.h;
+ * the tensors and shards are hf.c's). */
+#define _GNU_SOURCE
+#include "trainer/hf.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "trainer/hf_internal.h"
+#include "util/file.h"
+
+char *tz_hf_join(const char *dir, const char *name) {
+  char *p = NULL;
+  if (asprintf(&p, "%s/%s", dir, name) < 0)
+    return NULL;
+  return p;
+}
+
+/* ---- config.json ---- */
+
+/* The config being read: its root and its path, for every message. */
+struct cfgp {
+  json_t *root;
+  const char *path;
+};
+
+/* v as JSON text, for messages (at most 80 characters kept). */
+static const char *jtext(json_t *v, char *buf, size_t len) {
+  char *s = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+  snprintf(buf, len, "%.80s%s", s ? s : "(absent)", s && strlen(s) > 80 ? "..." : "");
+  free(s);
+  return buf;
+}
+
+static json_t *jget(const struct cfgp *p, const char *key) {
+  json_t *v = json_object_get(p->root, key);
+  return json_is_null(v) ? NULL : v;
+}
+
+/* An integer key in [lo, hi]; absent or null: dflt unless required. */
+static int get_int(const struct cfgp *p, const char *key, int required, int dflt, int64_t lo,
+                   int64_t hi, int *out) {
+  json_t *v = jget(p, key);
+  char t[100];
+  if (!v) {
+    if (required)
+      return tz_err_set(TZ_ECONFIG, "%s: missing \"%s\"", p->path, key);
+    *out = dflt;
+    return 0;
+  }
+  if (!json_is_integer(v))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be an integer, not %s", p->path, key,
+                      jtext(v, t, sizeof t));
+  json_int_t x = json_integer_value(v);
+  if (x < lo || x > hi)
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" is %lld, outside the supported range [%lld, %lld]",
+                      p->path, key, (long long)x, (long long)lo, (long long)hi);
+  *out = (int)x;
+  return 0;
+}
+
+/* A finite number key of object obj (named in messages as where.key). */
+static int num_of(const struct cfgp *p, json_t *obj, const char *where, const char *key,
+                  int required, double dflt, double *out) {
+  json_t *v = json_object_get(obj, key);
+  char t[100];
+  if (!v || json_is_null(v)) {
+    if (required)
+      return tz_err_set(TZ_ECONFIG, "%s: missing \"%s%s%s\"", p->path, where, *where ? "." : "",
+                        key);
+    *out = dflt;
+    return 0;
+  }
+  if (!json_is_number(v) || !isfinite(json_number_value(v)))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s%s%s\" must be a number, not %s", p->path, where,
+                      *where ? "." : "", key, jtext(v, t, sizeof t));
+  *out = json_number_value(v);
+  return 0;
+}
+
+static int get_bool(const struct cfgp *p, const char *key, int dflt, int *out) {
+  json_t *v = jget(p, key);
+  char t[100];
+  if (!v) {
+    *out = dflt;
+    return 0;
+  }
+  if (!json_is_boolean(v))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be true or false, not %s", p->path, key,
+                      jtext(v, t, sizeof t));
+  *out = json_is_true(v);
+  return 0;
+}
+
+/* A token id key: an integer in [0, vocab), or null / absent (*has 0); eos_token_id may be a
+ * list, kept in ids[0..*n) (its first is the id). */
+static int get_id(const struct cfgp *p, const char *key, int vocab, int *has, int *id, int *ids,
+                  int *n) {
+  json_t *v = jget(p, key);
+  char t[100];
+  *has = 0;
+  if (n)
+    *n = 0;
+  if (!v)
+    return 0;
+  size_t count = json_is_array(v) ? json_array_size(v) : 1;
+  if ((json_is_array(v) && !n) || (!json_is_array(v) && !json_is_integer(v)))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be an integer%s, not %s", p->path, key,
+                      n ? " or a list of integers" : "", jtext(v, t, sizeof t));
+  if (count > TZ_HF_MAX_EOS)
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" lists %zu ids, more than the %d supported", p->path,
+                      key, count, TZ_HF_MAX_EOS);
+  for (size_t i = 0; i < count; i++) {
+    json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+    if (!json_is_integer(e))
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must hold integers, not %s", p->path, key,
+                        jtext(e, t, sizeof t));
+    json_int_t x = json_integer_value(e);
+    if (x < 0 || x >= vocab)
+      return tz_err_set(TZ_ECONFIG,
+                        "%s: \"%s\" %lld is outside the vocabulary [0, %d) of vocab_size", p->path,
+                        key, (long long)x, vocab);
+    if (i == 0) {
+      *id = (int)x;
+      *has = 1;
+    }
+    if (n)
+      ids[(*n)++] = (int)x;
+  }
+  return 0;
+}
+
+/* One rope object (rope_scaling or rope_parameters): its type into *type (0 default, 1 llama3)
+ * with the llama3 numbers into cfg, and its rope_theta into *theta (0 when it has none). */
+static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *type,
+                      struct tz_model_config *cfg, double *theta) {
+  char t[100];
+  if (!json_is_object(rs))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be an object or null, not %s", p->path, key,
+                      jtext(rs, t, sizeof t));
+  json_t *ty = json_object_get(rs, "rope_type");
+  const char *tkey = "rope_type";
+  if (!ty) {
+    ty = json_object_get(rs, "type");
+    tkey = "type";
+  }
+  if (!ty)
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" has no \"rope_type\"", p->path, key);
+  if (!json_is_string(ty))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s.%s\" must be a string, not %s", p->path, key, tkey,
+                      jtext(ty, t, sizeof t));
+  const char *s = json_string_value(ty);
+  TZ_CHECK(num_of(p, rs, key, "rope_theta", 0, 0.0, theta));
+  if (strcmp(s, "default") == 0) {
+    *type = TZ_ROPE_DEFAULT;
+    return 0;
+  }
+  if (strcmp(s, "llama3") != 0)
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"%s.%s\" is \"%s\": only \"default\" and \"llama3\" RoPE are "
+                      "implemented (another scaling would change every position's angle)",
+                      p->path, key, tkey, s);
+  *type = TZ_ROPE_LLAMA3;
+  double orig = 0;
+  TZ_CHECK(num_of(p, rs, key, "factor", 1, 0.0, &cfg->rope_factor));
+  TZ_CHECK(num_of(p, rs, key, "low_freq_factor", 1, 0.0, &cfg->rope_low_freq_factor));
+  TZ_CHECK(num_of(p, rs, key, "high_freq_factor", 1, 0.0, &cfg->rope_high_freq_factor));
+  TZ_CHECK(num_of(p, rs, key, "original_max_position_embeddings", 1, 0.0, &orig));
+  if (orig != floor(orig) || orig < 1 || orig > INT32_MAX)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"%s.original_max_position_embeddings\" %g must be a positive integer",
+                      p->path, key, orig);
+  cfg->rope_original_max_pos = (int)orig;
+  return 0;
+}
+
+/* The rope keys: rope_theta, rope_scaling (hub configs, transformers 4) and rope_parameters
+ * (transformers 5, with rope_theta inside); two that are present must agree. */
+static int parse_ropes(const struct cfgp *p, struct tz_model_config *cfg) {
+  static const char *const keys[2] = {"rope_scaling", "rope_parameters"};
+  double top = 0, theta[2] = {0, 0};
+  int type[2] = {-1, -1};
+  struct tz_model_config got[2];
+  TZ_CHECK(num_of(p, p->root, "", "rope_theta", 0, 0.0, &top));
+  for (int i = 0; i < 2; i++) {
+    json_t *rs = jget(p, keys[i]);
+    got[i] = *cfg;
+    if (rs)
+      TZ_CHECK(parse_rope(p, keys[i], rs, &type[i], &got[i], &theta[i]));
+  }
+  if (type[0] >= 0 && type[1] >= 0 &&
+      (type[0] != type[1] || got[0].rope_factor != got[1].rope_factor ||
+       got[0].rope_low_freq_factor != got[1].rope_low_freq_factor ||
+       got[0].rope_high_freq_factor != got[1].rope_high_freq_factor ||
+       got[0].rope_original_max_pos != got[1].rope_original_max_pos))
+    return tz_err_set(TZ_ECONFIG, "%s: \"rope_scaling\" and \"rope_parameters\" disagree", p->path);
+  int use = type[1] >= 0 ? 1 : 0;
+  if (type[use] >= 0) {
+    *cfg = got[use];
+    cfg->rope_type = type[use];
+  }
+  double th = 0;
+  const char *from = NULL;
+  const char *names[3] = {"rope_theta", "rope_scaling.rope_theta", "rope_parameters.rope_theta"};
+  double vals[3] = {top, theta[0], theta[1]};
+  for (int i = 0; i < 3; i++) {
+    if (vals[i] == 0)
+      continue;
+    if (from && vals[i] != th)
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g and \"%s\" %g disagree", p->path, from, th,
+                        names[i], vals[i]);
+    th = vals[i];
+    from = names[i];
+  }
+  cfg->rope_theta = from ? th : 10000.0; /* the default of all four families' configs */
+  if (cfg->rope_theta <= 0)
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g must be positive", p->path,
+                      from ? from : "rope_theta", cfg->rope_theta);
+  struct tz_rope r;
+  tz_model_rope(cfg, &r);
+  if (tz_rope_check(&r) < 0) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\": %s", p->path, keys[use], why);
+  }
+  return 0;
+}
+
+/* Keys whose presence (with a value other than these) means computation the model does not do. */
+static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config *cfg) {
+  char t[100];
+  json_t *v;
+  const char *fam = tz_model_family_name(cfg->family);
+  if ((v = jget(p, "hidden_act")) && (!json_is_string(v) || strcmp(json_string_value(v), "silu")))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"hidden_act\" is %s: the MLP is SwiGLU, only \"silu\" is implemented",
+                      p->path, jtext(v, t, sizeof t));
+  if ((v = jget(p, "mlp_bias")) && !json_is_false(v))
+    return tz_err_set(TZ_ENOTSUP, "%s: \"mlp_bias\" is %s: the MLP projections have no biases here",
+                      p->path, jtext(v, t, sizeof t));
+  /* Qwen2's q, k and v biases are the family's definition: its attention_bias key means
+   * nothing to transformers' Qwen2 and is not read. The other families have no bias at all, and
+   * llama's attention_bias would also put one on o_proj. */
+  if (cfg->family != TZ_FAMILY_QWEN2 && (v = jget(p, "attention_bias")) && !json_is_false(v))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"attention_bias\" is %s: model_type %s with attention biases (on "
+                      "q/k/v and o_proj) is not implemented",
+                      p->path, jtext(v, t, sizeof t), fam);
+  static const char *const experts[] = {"num_experts", "num_local_experts", "n_routed_experts"};
+  for (size_t i = 0; i < sizeof experts / sizeof experts[0]; i++)
+    if ((v = jget(p, experts[i])) && !(json_is_integer(v) && json_integer_value(v) == 0))
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"%s\" is %s: mixture-of-experts layers are not implemented", p->path,
+                        experts[i], jtext(v, t, sizeof t));
+  if ((v = jget(p, "partial_rotary_factor")) && !(json_is_number(v) && json_number_value(v) == 1.0))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"partial_rotary_factor\" is %s: RoPE rotates the whole head here (1)",
+                      p->path, jtext(v, t, sizeof t));
+  static const char *const caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
+  for (int i = 0; i < 2; i++)
+    if ((v = jget(p, caps[i])))
+      return tz_err_set(TZ_ENOTSUP, "%s: \"%s\" is %s: logit softcapping is not implemented",
+                        p->path, caps[i], jtext(v, t, sizeof t));
+  if ((v = jget(p, "use_sliding_window")) && !json_is_false(v))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"use_sliding_window\" is %s: sliding-window attention layers are not "
+                      "implemented (attention is full causal)",
+                      p->path, jtext(v, t, sizeof t));
+  if ((v = jget(p, "layer_types"))) {
+    if (!json_is_array(v) || json_array_size(v) != (size_t)cfg->n_layer)
+      return tz_err_set(TZ_ECONFIG,
+                        "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
+                        "not %s",
+                        p->path, cfg->n_layer, jtext(v, t, sizeof t));
+    for (size_t i = 0; i < json_array_size(v); i++) {
+      json_t *e = json_array_get(v, i);
+      if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0)
+        return tz_err_set(TZ_ENOTSUP,
+                          "%s: \"layer_types\"[%zu] is %s: only \"full_attention\" layers are "
+                          "implemented",
+                          p->path, i, jtext(e, t, sizeof t));
+    }
+  }
+  return 0;
+}
+
+/* The family's attention window: mistral's sliding_window (transformers' MistralConfig defaults
+ * it to 4096 when absent; null is none); the Qwen families' applies only with use_sliding_window,
+ * refused above; llama has none. */
+static int parse_window(const struct cfgp *p, const struct tz_model_config *cfg, int *window) {
+  json_t *raw = json_object_get(p->root, "sliding_window");
+  *window = 0;
+  if (raw && !json_is_null(raw) && !json_is_integer(raw)) {
+    char t[100];
+    return tz_err_set(TZ_ECONFIG, "%s: \"sliding_window\" must be an integer or null, not %s",
+                      p->path, jtext(raw, t, sizeof t));
+  }
+  if (cfg->family != TZ_FAMILY_MISTRAL)
+    return 0;
+  if (!raw) {
+    *window = 4096;
+    return 0;
+  }
+  return get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, window);
+}
+
+static int parse_config(json_t *root, const char *path, struct tz_model_config *cfg,
+                        enum tz_dtype *dtype, struct tz_hf_info *info) {
+  struct cfgp p = {.root = root, .path = path};
+  char t[100];
+  if (!json_is_object(root))
+    return tz_err_set(TZ_ECONFIG, "%s: not a JSON object", path);
+  memset(cfg, 0, sizeof *cfg);
+  memset(info, 0, sizeof *info);
+  snprintf(info->path, sizeof info->path, "%s", path);
+  /* A config without model_type is taken as llama, as before the other families. */
+  json_t *mt = jget(&p, "model_type");
+  if (mt && !json_is_string(mt))
+    return tz_err_set(TZ_ECONFIG, "%s: \"model_type\" must be a string, not %s", path,
+                      jtext(mt, t, sizeof t));
+  if (mt && tz_model_family_parse(json_string_value(mt), &cfg->family) < 0)
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"model_type\" is \"%s\": the families are llama, mistral, qwen2 and "
+                      "qwen3",
+                      path, json_string_value(mt));
+  const char *arch = tz_model_family_architecture(cfg->family);
+  json_t *ar = jget(&p, "architectures");
+  if (ar) {
+    int ok = json_is_array(ar);
+    for (size_t i = 0; ok && i < json_array_size(ar); i++)
+      ok = json_is_string(json_array_get(ar, i)) &&
+           strcmp(json_string_value(json_array_get(ar, i)), arch) == 0;
+    if (!ok)
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"architectures\" is %s: model_type %s is read as [\"%s\"] only", path,
+                        jtext(ar, t, sizeof t), tz_model_family_name(cfg->family), arch);
+  }
+  /* Limits: what the int fields and the kernels take; the model's own check follows. */
+  TZ_CHECK(get_int(&p, "hidden_size", 1, 0, 1, 1 << 20, &cfg->d_model));
+  TZ_CHECK(get_int(&p, "num_hidden_layers", 1, 0, 1, 1 << 16, &cfg->n_layer));
+  TZ_CHECK(get_int(&p, "num_attention_heads", 1, 0, 1, 1 << 16, &cfg->n_head));
+  TZ_CHECK(get_int(&p, "num_key_value_heads", 0, cfg->n_head, 1, 1 << 16, &cfg->n_kv_head));
+  TZ_CHECK(get_int(&p, "intermediate_size", 1, 0, 1, 1 << 24, &cfg->ffn_dim));
+  TZ_CHECK(get_int(&p, "vocab_size", 1, 0, 1, INT32_MAX, &cfg->vocab));
+  static const int max_pos[TZ_FAMILY_COUNT] = {2048, 131072, 32768, 32768};
+  TZ_CHECK(
+      get_int(&p, "max_position_embeddings", 0, max_pos[cfg->family], 1, INT32_MAX, &cfg->max_seq));
+  if (cfg->n_head % cfg->n_kv_head != 0)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"num_attention_heads\" %d is not a multiple of "
+                      "\"num_key_value_heads\" %d",
+                      path, cfg->n_head, cfg->n_kv_head);
+  int hd = 0;
+  TZ_CHECK(get_int(&p, "head_dim", 0, 0, 1, TZ_ROPE_MAX_D, &hd));
+  if (!hd && cfg->d_model % cfg->n_head != 0)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"hidden_size\" %d is not a multiple of \"num_attention_heads\" %d "
+                      "and there is no \"head_dim\"",
+                      path, cfg->d_model, cfg->n_head);
+  if (!hd && cfg->d_model / cfg->n_head > TZ_ROPE_MAX_D)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: the head dimension hidden_size / num_attention_heads = %d is above "
+                      "the limit %d",
+                      path, cfg->d_model / cfg->n_head, TZ_ROPE_MAX_D);
+  int D = hd ? hd : cfg->d_model / cfg->n_head;
+  if (D % 2 != 0)
+    return tz_err_set(TZ_ECONFIG, "%s: %s %d is odd: RoPE rotates pairs of a head's dimensions",
+                      path, hd ? "\"head_dim\"" : "hidden_size / num_attention_heads", D);
+  /* Stored as 0 when it is the default, so that such a config is the one of before head_dim. */
+  cfg->head_dim = cfg->d_model % cfg->n_head == 0 && D == cfg->d_model / cfg->n_head ? 0 : D;
+  TZ_CHECK(refuse_unsupported(&p, cfg));
+  TZ_CHECK(parse_window(&p, cfg, &info->sliding_window));
+  TZ_CHECK(parse_ropes(&p, cfg));
+  TZ_CHECK(num_of(&p, root, "", "rms_norm_eps", 0, 1e-6, &cfg->norm_eps));
+  if (cfg->norm_eps < 0)
+    return tz_err_set(TZ_ECONFIG, "%s: \"rms_norm_eps\" %g must not be negative", path,
+                      cfg->norm_eps);
+  TZ_CHECK(num_of(&p, root, "", "initializer_range", 0, 0.02, &cfg->init_std));
+  if (cfg->init_std <= 0)
+    return tz_err_set(TZ_ECONFIG, "%s: \"initializer_range\" %g must be positive", path,
+                      cfg->init_std);
+  TZ_CHECK(get_bool(&p, "tie_word_embeddings", 0, &cfg->tie_embeddings));
+  cfg->qkv_bias = cfg->family == TZ_FAMILY_QWEN2;
+  cfg->qk_norm = cfg->family == TZ_FAMILY_QWEN3;
+  TZ_CHECK(get_id(&p, "bos_token_id", cfg->vocab, &cfg->has_bos, &cfg->bos_id, NULL, NULL));
+  TZ_CHECK(
+      get_id(&p, "eos_token_id", cfg->vocab, &cfg->has_eos, &cfg->eos_id, info->eos, &info->n_eos));
+  TZ_CHECK(get_id(&p, "pad_token_id", cfg->vocab, &cfg->has_pad, &cfg->pad_id, NULL, NULL));
+  {
+    /* transformers 5 writes "dtype", earlier versions and most hub configs "torch_dtype" */
+    enum tz_dtype local;
+    if (!dtype)
+      dtype = &local;
+    *dtype = TZ_F32;
+    const char *key = "torch_dtype";
+    json_t *dt = jget(&p, key);
+    if (!dt) {
+      key = "dtype";
+      dt = jget(&p, key);
+    }
+    if (dt && (!json_is_string(dt) || tz_dtype_parse(json_string_value(dt), dtype) < 0))
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %s is not float32, bfloat16 or float16", path, key,
+                        jtext(dt, t, sizeof t));
+  }
+  int rc = tz_model_config_check(cfg);
+  if (rc < 0) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    return tz_err_set(rc, "%s: %s", path, why);
+  }
+  return 0;
+}
+
+int tz_hf_config_read_info(const char *path, struct tz_model_config *cfg, enum tz_dtype *dtype,
+                           struct tz_hf_info *info) {
+  struct stat sb;
+  struct tz_hf_info local;
+  if (!info)
+    info = &local;
+  /* A directory, or a path that is neither a file nor a *.json name, is a model directory: the
+   * message then names the config.json looked for. */
+  size_t pl = strlen(path);
+  int is_file =
+      stat(path, &sb) == 0 ? !S_ISDIR(sb.st_mode) : pl >= 5 && strcmp(path + pl - 5, ".json") == 0;
+  char *file = is_file ? strdup(path) : tz_hf_join(path, "config.json");
+  if (!file)
+    return tz_err_set(TZ_ENOMEM, "hf: out of memory");
+  json_error_t jerr;
+  json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
+  int rc;
+  if (!root) {
+    rc = access(file, R_OK) != 0 ? tz_err_errno(errno, "hf: cannot read %s", file)
+                                 : tz_err_set(TZ_ECONFIG, "%s: line %d column %d: %s", file,
+                                              jerr.line, jerr.column, jerr.text);
+  } else {
+    rc = parse_config(root, file, cfg, dtype, info);
+  }
+  json_decref(root);
+  free(file);
+  return rc;
+}
+
+int tz_hf_config_read(const char *path, struct tz_model_config *cfg, enum tz_dtype *dtype) {
+  return tz_hf_config_read_info(path, cfg, dtype, NULL);
+}
+
+int tz_hf_check_window(const struct tz_hf_info *info, int seq) {
+  if (!info || !info->sliding_window || seq <= info->sliding_window)
+    return 0;
+  return tz_err_set(TZ_ENOTSUP,
+                    "%s: \"sliding_window\" %d is shorter than the training sequence %d: "
+                    "attention is computed full causal, which equals the windowed attention only "
+                    "for sequences of at most %d tokens (train on shorter sequences)",
+                    info->path, info->sliding_window, seq, info->sliding_window);
+}
+
+/* ---- config.json and generation_config.json out ---- */
+
+/* r as text with the fewest digits that read back to the same numbers (1e-06, not
+ * 9.9999999999999995e-07), as Python's json writes them. */
+static char *dump_shortest(json_t *r) {
+  for (int p = 1; p <= 17; p++) {
+    char *text = json_dumps(r, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(p));
+    json_t *back = text ? json_loads(text, 0, NULL) : NULL;
+    int same = back && json_equal(back, r);
+    json_decref(back);
+    if (same || p == 17 || !text)
+      return text;
+    free(text);
+  }
+  return NULL;
+}
+
+int tz_hf_write_json(const char *dir, const char *name, json_t *r) {
+  char *text = dump_shortest(r);
+  char *path = tz_hf_join(dir, name), *line = NULL;
+  int rc;
+  if (text && path && (line = malloc(strlen(text) + 2)))
+    sprintf(line, "%s\n", text);
+  if (!line)
+    rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
+  else
+    rc = tz_atomic_write_file(path, line, strlen(line), &(struct tz_atomic_params){.what = "hf"});
+  free(line);
+  free(text);
+  free(path);
+  return rc;
+}
+
+static json_t *id_json(int has, int id) { return has ? json_integer(id) : json_null(); }
+
+/* eos_token_id: the source's list when it starts with cfg's eos, else the one id. */
+static json_t *eos_json(const struct tz_model_config *cfg, const struct tz_hf_info *info) {
+  if (!cfg->has_eos)
+    return json_null();
+  if (!info || info->n_eos < 2 || info->eos[0] != cfg->eos_id)
+    return json_integer(cfg->eos_id);
+  json_t *a = json_array();
+  for (int i = 0; i < info->n_eos; i++)
+    json_array_append_new(a, json_integer(info->eos[i]));
+  return a;
+}
+
+static const char *dtype_torch(enum tz_dtype dt) {
+  return dt == TZ_BF16 ? "bfloat16" : dt == TZ_F16 ? "float16" : "float32";
+}
+
+/* The keys transformers' config class of the family writes (save_pretrained), in both spellings
+ * where transformers 5 renamed them (torch_dtype / dtype, rope_theta and rope_scaling /
+ * rope_parameters), so that transformers 4 and 5 both read the same model. info (may be NULL):
+ * what the source config said beyond cfg. */
+int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype,
+                            const struct tz_hf_info *info) {
+  TZ_CHECK(tz_model_config_check(cfg));
+  const char *type = tz_model_family_name(cfg->family);
+  if (!type)
+    return tz_err_set(TZ_EINVAL, "hf: model family %d is none of llama, mistral, qwen2, qwen3",
+                      (int)cfg->family);
+  json_t *r = json_object(), *arch = json_array(), *rp = json_object();
+  json_array_append_new(arch, json_string(tz_model_family_architecture(cfg->family)));
+  json_object_set_new(r, "architectures", arch);
+  json_object_set_new(r, "model_type", json_string(type));
+  json_object_set_new(r, "hidden_size", json_integer(cfg->d_model));
+  json_object_set_new(r, "intermediate_size", json_integer(cfg->ffn_dim));
+  json_object_set_new(r, "num_hidden_layers", json_integer(cfg->n_layer));
+  json_object_set_new(r, "num_attention_heads", json_integer(cfg->n_head));
+  json_object_set_new(r, "num_key_value_heads", json_integer(cfg->n_kv_head));
+  json_object_set_new(r, "head_dim", json_integer(tz_model_head_dim(cfg)));
+  json_object_set_new(r, "vocab_size", json_integer(cfg->vocab));
+  json_object_set_new(r, "max_position_embeddings", json_integer(cfg->max_seq));
+  json_object_set_new(r, "rope_theta", json_real(cfg->rope_theta));
+  json_object_set_new(rp, "rope_theta", json_real(cfg->rope_theta));
+  if (cfg->rope_type == TZ_ROPE_LLAMA3) {
+    json_t *rs = json_object();
+    json_object_set_new(rs, "rope_type", json_string("llama3"));
+    json_object_set_new(rs, "factor", json_real(cfg->rope_factor));
+    json_object_set_new(rs, "low_freq_factor", json_real(cfg->rope_low_freq_factor));
+    json_object_set_new(rs, "high_freq_factor", json_real(cfg->rope_high_freq_factor));
+    json_object_set_new(rs, "original_max_position_embeddings",
+                        json_integer(cfg->rope_original_max_pos));
+    json_object_update(rp, rs);
+    json_object_set_new(r, "rope_scaling", rs);
+  } else {
+    json_object_set_new(rp, "rope_type", json_string("default"));
+    json_object_set_new(r, "rope_scaling", json_null());
+  }
+  json_object_set_new(r, "rope_parameters", rp);
+  json_object_set_new(r, "rms_norm_eps", json_real(cfg->norm_eps));
+  json_object_set_new(r, "tie_word_embeddings", json_boolean(cfg->tie_embeddings));
+  json_object_set_new(r, "hidden_act", json_string("silu"));
+  json_object_set_new(r, "attention_dropout", json_real(0.0));
+  json_object_set_new(r, "initializer_range", json_real(cfg->init_std > 0 ? cfg->init_std : 0.02));
+  json_object_set_new(r, "use_cache", json_true());
+  json_object_set_new(r, "bos_token_id", id_json(cfg->has_bos, cfg->bos_id));
+  json_object_set_new(r, "eos_token_id", eos_json(cfg, info));
+  json_object_set_new(r, "pad_token_id", id_json(cfg->has_pad, cfg->pad_id));
+  json_object_set_new(r, "torch_dtype", json_string(dtype_torch(dtype)));
+  json_object_set_new(r, "dtype", json_string(dtype_torch(dtype)));
+  switch (cfg->family) {
+  case TZ_FAMILY_LLAMA:
+    json_object_set_new(r, "attention_bias", json_false());
+    json_object_set_new(r, "mlp_bias", json_false());
+    json_object_set_new(r, "pretraining_tp", json_integer(1));
+    break;
+  case TZ_FAMILY_MISTRAL:
+    /* the window the source had (training refused a sequence longer than it), else none */
+    json_object_set_new(r, "sliding_window",
+                        info && info->sliding_window ? json_integer(info->sliding_window)
+                                                     : json_null());
+    break;
+  case TZ_FAMILY_QWEN2:
+  case TZ_FAMILY_QWEN3: {
+    if (cfg->family == TZ_FAMILY_QWEN3)
+      json_object_set_new(r, "attention_bias", json_false());
+    json_object_set_new(r, "use_sliding_window", json_false());
+    json_object_set_new(r, "sliding_window", json_null());
+    json_object_set_new(r, "max_window_layers", json_integer(cfg->n_layer));
+    json_t *lt = json_array();
+    for (int i = 0; i < cfg->n_layer; i++)
+      json_array_append_new(lt, json_string("full_attention"));
+    json_object_set_new(r, "layer_types", lt);
+    break;
+  }
+  default: break;
+  }
+  int rc = tz_hf_write_json(dir, "config.json", r);
+  json_decref(r);
+  return rc;
+}
+
+int tz_hf_config_write(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype) {
+  return tz_hf_config_write_info(dir, cfg, dtype, NULL);
+}
+
+/* generation_config.json: the source's (tokenizer_dir), if it has one, with cfg's token ids. */
+int tz_hf_generation_write(const char *dir, const struct tz_model_config *cfg,
+                           const struct tz_hf_info *info, const char *src_dir) {
+  json_t *r = NULL;
+  if (src_dir) {
+    char *p = tz_hf_join(src_dir, "generation_config.json");
+    if (p)
+      r = json_load_file(p, 0, NULL);
+    free(p);
+    if (r && !json_is_object(r)) {
+      json_decref(r);
+      r = NULL;
+    }
+  }
+  if (!r) {
+    r = json_object();
+    json_object_set_new(r, "_from_model_config", json_true());
+  }
+  if (cfg->has_bos)
+    json_object_set_new(r, "bos_token_id", json_integer(cfg->bos_id));
+  if (cfg->has_eos) {
+    json_t *have = json_object_get(r, "eos_token_id");
+    /* a source list that starts with our eos stays: generation stops at any of them */
+    if (!(json_is_array(have) && json_integer_value(json_array_get(have, 0)) == cfg->eos_id))
+      json_object_set_new(r, "eos_token_id", eos_json(cfg, info));
+  }
+  if (cfg->has_pad)
+    json_object_set_new(r, "pad_token_id", json_integer(cfg->pad_id));
+  int rc = tz_hf_write_json(dir, "generation_config.json", r);
+  json_decref(r);
+  return rc;
+}
+
+/* The files of a tokenizer, as transformers' tokenizers save and read them. */
+static const char *const tokenizer_files[] = {"tokenizer.json",
+                                              "tokenizer_config.json",
+                                              "special_tokens_map.json",
+                                              "tokenizer.model",
+                                              "vocab.json",
+                                              "merges.txt",
+                                              "vocab.txt",
+                                              "added_tokens.json",
+                                              "chat_template.jinja"};
+
+static int same_file(const char *a, const char *b) {
+  struct stat x, y;
+  return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+static int copy_file(const char *from, const char *to) {
+  FILE *fp = fopen(from, "rb");
+  if (!fp)
+    return tz_err_errno(errno, "hf: cannot read %s", from);
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  int rc = 0;
+  for (;;) {
+    if (n == cap) {
+      char *g = realloc(buf, cap = cap ? cap * 2 : 1 << 16);
+      if (!g) {
+        rc = tz_err_set(TZ_ENOMEM, "hf: out of memory copying %s", from);
+        break;
+      }
+      buf = g;
+    }
+    size_t got = fread(buf + n, 1, cap - n, fp);
+    n += got;
+    if (got == 0) {
+      if (ferror(fp))
+        rc = tz_err_errno(EIO, "hf: cannot read %s", from);
+      break;
+    }
+  }
+  fclose(fp);
+  if (!rc)
+    rc = tz_atomic_write_file(to, buf, n, &(struct tz_atomic_params){.what = "hf"});
+  free(buf);
+  return rc;
+}
+
+int tz_hf_copy_tokenizer(const char *dir, const char *src) {
+  int rc = 0;
+  for (size_t i = 0; !rc && i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++) {
+    char *from = tz_hf_join(src, tokenizer_files[i]), *to = tz_hf_join(dir, tokenizer_files[i]);
+    if (!from || !to)
+      rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
+    else if (access(from, F_OK) == 0 && !same_file(from, to))
+      rc = copy_file(from, to);
+    free(from);
+    free(to);
+  }
+  return rc;
+}
