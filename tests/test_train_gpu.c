@@ -110,30 +110,11 @@ static void test_cpu_adam_share(void **state) {
  * the host. */
 static void test_recompute(void **state) {
   (void)state;
-  const char *modes[] = {"all", "none", "0-1:3.mlp", "auto"};
+  struct tc_opts o;
+  gpu_opts(&o);
   struct tz_plan_rates rates = {.flops = 1e12, .copy_in = 2e10, .copy_out = 2e10, .adam = 1e10};
-  for (int host = 0; host < 2; host++) {
-    struct tc_opts o;
-    gpu_opts(&o);
-    if (host)
-      o.param_dev = o.opt_dev = "cpu";
-    o.rates = &rates;
-    struct tc_result r[4];
-    for (int m = 0; m < 4; m++) {
-      o.recompute = modes[m];
-      run(&o, &r[m]);
-    }
-    for (int m = 1; m < 4; m++) {
-      char what[64];
-      snprintf(what, sizeof what, "gpu: recompute %s%s", modes[m], host ? ", offloaded" : "");
-      tc_expect_same(&r[0], &r[m], what);
-    }
-    assert_true(r[0].compute_fixed < r[2].compute_fixed);
-    assert_true(r[2].compute_fixed < r[1].compute_fixed);
-    assert_true(r[3].compute_fixed > r[0].compute_fixed); /* a GPU's room: auto keeps */
-    for (int m = 0; m < 4; m++)
-      tc_result_free(&r[m]);
-  }
+  o.rates = &rates; /* no budget: the GPU's free memory is the room */
+  tc_check_recompute(&o, jitter_us, nvme_dir, "gpu: ");
 }
 
 /* measure_layer on the GPU: a layer's forward and backward timed on the cuda backend gives the
