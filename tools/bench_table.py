@@ -50,7 +50,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-import fsdp_peer  # noqa: E402  (the preset table and FLOP formula; imports no torch)
+import peer_common  # noqa: E402  (the preset table and FLOP formula; imports no torch)
 
 # The measurements of FSDP2 with CPUOffloadPolicy on one H200 (seq 2048, micro-batch 4):
 # step s, tokens/s, model TFLOP/s.
@@ -63,7 +63,7 @@ REFERENCE_SEQ, REFERENCE_MICRO = 2048, 4
 TOLERANCE = 0.10
 
 RUNNER_ORDER = ["fsdp2-offload", "fsdp2-gpu", "tz-offload", "tz-auto", "tz-nvme"]
-MODEL_ORDER = list(fsdp_peer.PRESETS)
+MODEL_ORDER = list(peer_common.PRESETS)
 
 
 def load_results(d):
@@ -304,7 +304,7 @@ def git_commit():
 
 
 def median(v):
-    return fsdp_peer.median(v)
+    return peer_common.median(v)
 
 
 def run_shape(log):
@@ -368,10 +368,10 @@ def summarise_tz(a, res):
     o = timed[0]
     # tz-train's FLOP per token, from its own figures: tflops = fpt * tokens / step_s / 1e12.
     fpt = o["tflops"] * 1e12 * o["step_s"] / o["tokens"]
-    s = fsdp_peer.PRESETS.get(a.model)
-    if s and abs(fpt / fsdp_peer.flops_per_token(s, a.seq) - 1.0) > 1e-6:
+    s = peer_common.PRESETS.get(a.model)
+    if s and abs(fpt / peer_common.flops_per_token(s, a.seq) - 1.0) > 1e-6:
         raise ValueError("tz-train counts %.6g FLOP per token, the peer's formula %.6g" %
-                         (fpt, fsdp_peer.flops_per_token(s, a.seq)))
+                         (fpt, peer_common.flops_per_token(s, a.seq)))
     bounds = [o["bound_s"] for o in timed if isinstance(o.get("bound_s"), (int, float))]
     res.update({
         "steps": len(timed), "step_s": step_s, "step_s_mean": sum(times) / len(times),
@@ -384,7 +384,7 @@ def summarise_tz(a, res):
         "loss_first": steps[0].get("loss"), "loss_last": steps[-1].get("loss"),
     })
     if s:
-        res["n_params"] = fsdp_peer.n_params(s)
+        res["n_params"] = peer_common.n_params(s)
     if bounds:
         res["bound_s"] = median(bounds)
         res["efficiency"] = res["bound_s"] / step_s
@@ -523,7 +523,7 @@ def run(args):
         else:
             res["error"] = why
             res["steps_done"] = done
-        fsdp_peer.write_json(args.out, res)
+        peer_common.write_json(args.out, res)
     elif rc == 3 and not fresh:
         # The peer's status for a machine without torch, transformers or a GPU: no result.
         print("bench: %s %s: nothing recorded (the peer cannot run here)" %
@@ -537,7 +537,7 @@ def run(args):
             os.path.basename(cmd[1] if cmd[0].startswith("python") and len(cmd) > 1 else cmd[0]),
             why, last_error_line(args.log) if args.log else "")
         res["peak_host_gib"] = peak_host
-        fsdp_peer.write_json(args.out, res)
+        peer_common.write_json(args.out, res)
     elif args.tag or peak_gpu is not None:
         # The peer wrote its own result; add what only the wrapper knows.
         with open(args.out) as f:
@@ -548,7 +548,7 @@ def run(args):
             r["peak_mem_sampled_gib"] = peak_gpu
         r.setdefault("cmd", res["cmd"])
         r.setdefault("commit", res["commit"])
-        fsdp_peer.write_json(args.out, r)
+        peer_common.write_json(args.out, r)
     with open(args.out) as f:
         r = json.load(f)
     print("bench: %s %s: %s -> %s" % (args.runner, args.model,
