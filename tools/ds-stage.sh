@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Downloads what the DeepSpeed peer (bench/ds_peer.py) needs on the GPU machine, which has no
 # network: DeepSpeed 0.19.8's sdist, wheels of the packages it imports that the GPU image lacks
-# or may lack (for CPython 3.11 and 3.12, manylinux x86_64), and Debian bookworm's libaio1 and
+# or may lack (for CPython 3.10 to 3.13, manylinux x86_64), and Debian bookworm's libaio1 and
 # libaio-dev for DeepSpeed's NVMe path. Run it on a machine with PyPI and Debian's archive;
 # tools/ds-install.sh installs from the folder on the GPU machine.
 #
@@ -37,7 +37,7 @@ if_missing="einops==0.8.2 msgpack==1.2.4 psutil==7.2.2 py-cpuinfo==9.0.0 ninja==
 mkdir -p "$dir/wheels" "$dir/deb"
 echo "ds-stage: deepspeed 0.19.8 (sdist) into $dir" >&2
 "${dl[@]}" --no-binary :all: -d "$dir" deepspeed==0.19.8
-for py in 3.11 3.12; do
+for py in 3.10 3.11 3.12 3.13; do
   abi=cp${py/./}
   echo "ds-stage: wheels for CPython $py" >&2
   # shellcheck disable=SC2086
