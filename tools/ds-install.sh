@@ -74,7 +74,12 @@ aio=$new/.libaio
 mkdir -p "$aio"
 for deb in "$stage"/deb/libaio1_*.deb "$stage"/deb/libaio-dev_*.deb; do
   [ -f "$deb" ] || die "no $deb: tools/ds-stage.sh downloads libaio1 and libaio-dev"
-  dpkg-deb -x "$deb" "$aio" 2> /dev/null || dpkg -x "$deb" "$aio"
+  # dpkg-deb where the image is Debian's or Ubuntu's; else the archive's data member by hand.
+  if command -v dpkg-deb > /dev/null; then
+    dpkg-deb -x "$deb" "$aio"
+  else
+    (d=$(mktemp -d) && cd "$d" && ar x "$deb" && tar -xf data.tar.* -C "$aio" && rm -rf "$d")
+  fi || die "cannot unpack $deb"
 done
 # The paths as they will be after the swap.
 inc=$site/.libaio/usr/include lib=$site/.libaio/usr/lib/x86_64-linux-gnu
