@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs one training configuration, tz-train or its FSDP2 peer, and keeps the result in
+# Runs one training configuration, tz-train or a peer (FSDP2, DeepSpeed), and keeps the result in
 # results/bench/<runner>-<model>[-<tag>].json (beside it: .log, and for tz-train its metrics
 # .jsonl, the first timed step's lane trace .trace.json and its summary .trace.txt). tools/bench_table.py prints the table of every result. docs/benchmarks.md, "Training
 # throughput against FSDP2 (harness)", says what each runner is.
@@ -13,6 +13,12 @@
 #         tz-nvme        tz-train, configs/bench-nvme.json: optimizer state on nvme, host capped
 #         tz-stream      tz-train, configs/bench-stream.json: parameters on the host, optimizer
 #                        state in GPU memory
+#         ds-offload     bench/ds_peer.py --offload cpu (DeepSpeed ZeRO-3, parameters and
+#                        optimizer on the CPU: configs/deepspeed/ds-offload.json)
+#         ds-opt         bench/ds_peer.py --offload opt (the optimizer on the CPU: ZeRO-Offload)
+#         ds-gpu         bench/ds_peer.py --offload none (ZeRO-3, nothing offloaded)
+#         ds-nvme        bench/ds_peer.py --offload nvme (optimizer on nvme, parameters on the
+#                        CPU: ZeRO-Infinity)
 # MODEL: tiny, llama-1b, llama-3b, llama-7b, llama-13b
 # Options:
 #   --steps N        timed steps (default 10)
@@ -26,9 +32,18 @@
 #   --results DIR    default results/bench
 #   --timeout S      stop the run after S seconds (SIGTERM, then SIGKILL 30 s later; default
 #                    none): a tz-train that had done its steps keeps its figures
-#   --nvme-dir DIR   tz-nvme, tz-auto: nvme files (default /var/tmp/tz-bench-nvme)
+#   --nvme-dir DIR   tz-nvme, tz-auto: nvme files (default /var/tmp/tz-bench-nvme); ds-nvme:
+#                    DeepSpeed's swap files (default /var/tmp/ds-bench-nvme), removed after
+#   --ds-site DIR    ds-*: DeepSpeed's install (default $TZ_DS_SITE, else /tmp/ds-site), whose
+#                    env.sh is sourced; installed there first by tools/ds-install.sh from
+#                    .whl/ds when it has none
+#   --mem-floor GIB  ds-*: kill the run when the host's MemAvailable falls under GIB (default
+#                    $TZ_MEM_FLOOR_GIB, else 6; 0: no cap), so that the machine survives a
+#                    configuration that exhausts its memory; the result says "killed for host
+#                    memory"
 # Anything else goes to the runner unchanged (tz-train: --set KEY=VALUE, --remeasure, ...;
-# fsdp_peer.py: --optim-impl fused, --clip 0, ...). TZ_* variables reach tz-train as usual.
+# fsdp_peer.py: --optim-impl fused, --clip 0, ...; ds_peer.py: --ds-config FILE, ...). TZ_*
+# variables reach tz-train as usual.
 # Exit status: the runner's. Every run leaves a result file, "error" in it when it failed
 # (except the peer on a machine without torch or a GPU); with $OUT set (the device machine), the
 # run's files are copied to $OUT/bench as well.
@@ -39,7 +54,9 @@ usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"
 [ $# -ge 2 ] || usage
 runner=$1 model=$2
 shift 2
-case $runner in fsdp2-offload | fsdp2-gpu | tz-offload | tz-auto | tz-nvme | tz-stream) ;;
+case $runner in
+  fsdp2-offload | fsdp2-gpu | tz-offload | tz-auto | tz-nvme | tz-stream) ;;
+  ds-offload | ds-opt | ds-gpu | ds-nvme) ;;
   *) echo "bench-train: unknown runner '$runner'" >&2; usage ;;
 esac
 case $model in tiny | llama-1b | llama-3b | llama-7b | llama-13b) ;;
@@ -47,7 +64,7 @@ case $model in tiny | llama-1b | llama-3b | llama-7b | llama-13b) ;;
 esac
 steps=10 warmup=2 seq=2048 micro=4 tag="" backend="" bin=${TZ_BIN:-} results=$root/results/bench
 limit=0
-nvme_dir=/var/tmp/tz-bench-nvme
+nvme_dir="" ds_site=${TZ_DS_SITE:-/tmp/ds-site} floor=${TZ_MEM_FLOOR_GIB:-6}
 extra=()
 need() { [ $# -ge 2 ] || { echo "bench-train: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
@@ -62,12 +79,19 @@ while [ $# -gt 0 ]; do
     --results) need "$@"; results=$2; shift 2 ;;
     --timeout) need "$@"; limit=$2; shift 2 ;;
     --nvme-dir) need "$@"; nvme_dir=$2; shift 2 ;;
+    --ds-site) need "$@"; ds_site=$2; shift 2 ;;
+    --mem-floor) need "$@"; floor=$2; shift 2 ;;
     *) extra+=("$1"); shift ;;
   esac
 done
 for v in "$steps" "$warmup" "$seq" "$micro" "$limit"; do
   [[ $v =~ ^[0-9]+$ ]] || { echo "bench-train: '$v' is not a count" >&2; exit 2; }
 done
+[[ $floor =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "bench-train: --mem-floor '$floor' is not GiB" >&2; exit 2; }
+if [ -z "$nvme_dir" ]; then
+  nvme_dir=/var/tmp/tz-bench-nvme
+  [ "${runner%%-*}" = ds ] && nvme_dir=/var/tmp/ds-bench-nvme
+fi
 if [ "$steps" -lt 1 ] || [ "$seq" -lt 1 ] || [ "$micro" -lt 1 ]; then
   echo "bench-train: --steps, --seq and --micro-batch must be at least 1" >&2
   exit 2
@@ -108,6 +132,36 @@ gpu_idle() {
 gpu_idle || exit 1
 
 case $runner in
+  ds-*)
+    # DeepSpeed from its install's env.sh (PYTHONPATH, libaio's paths); installed first from the
+    # staged files when there is none.
+    if [ ! -f "$ds_site/env.sh" ]; then
+      [ -d "$root/.whl/ds" ] || {
+        echo "bench-train: no DeepSpeed in $ds_site and nothing staged in .whl/ds" \
+          "(tools/ds-stage.sh, then tools/ds-install.sh --site $ds_site)" >&2
+        exit 3
+      }
+      echo "bench-train: installing DeepSpeed into $ds_site (tools/ds-install.sh)" >&2
+      "$root/tools/ds-install.sh" --site "$ds_site" > /dev/null || exit 3
+    fi
+    # shellcheck disable=SC1091
+    . "$ds_site/env.sh"
+    offload=${runner#ds-}
+    case $offload in offload) offload=cpu ;; gpu) offload=none ;; esac
+    dsargs=()
+    if [ "$runner" = ds-nvme ]; then
+      mkdir -p "$nvme_dir" || exit 1
+      dsargs=(--nvme-path "$nvme_dir")
+    fi
+    "${wrap[@]}" --mem-floor "$floor" -- python3 "$root/bench/ds_peer.py" --model "$model" \
+      --offload "$offload" --seq "$seq" --micro-batch "$micro" --steps "$steps" \
+      --warmup "$warmup" --runner "$runner" --out "$out" "${dsargs[@]}" "${extra[@]}"
+    rc=$?
+    # DeepSpeed leaves its swap files (the optimizer state: tens of GB) behind.
+    [ "$runner" = ds-nvme ] && rm -rf "$nvme_dir/zero_stage_3"
+    keep
+    exit $rc
+    ;;
   fsdp2-*)
     offload=cpu
     [ "$runner" = fsdp2-gpu ] && offload=none

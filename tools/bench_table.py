@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""Training throughput of tz-train against the FSDP2 peer (bench/fsdp_peer.py).
+"""Training throughput of tz-train against its peers: FSDP2 (bench/fsdp_peer.py) and DeepSpeed
+ZeRO-3 (bench/ds_peer.py).
 
   bench_table.py [table] [--dir results/bench]
       Reads every results/bench/*.json (one configuration each, written by tools/bench-train.sh)
       and prints one markdown table per sequence length and micro-batch: model | runner | step s |
-      tokens/s | model TFLOP/s | vs fsdp2-offload | vs fsdp2-gpu | bound s | efficiency | stalls |
-      collectives. "vs X" is this row's tokens/s over X's for the same model (above 1: faster
-      than X); efficiency is tz-train's predicted bound over its achieved step time; stalls and
-      collectives are the compute lane's time waiting for data and in (or waiting for) the
-      collectives, as shares of the step (medians over the timed steps). Below it, the check that the
-      FSDP2 offload peer reproduces the reference figures within 10%: until it does for a model,
-      that model's ratios are marked and do not count.
+      tokens/s | model TFLOP/s | vs fsdp2-offload | vs fsdp2-gpu | vs ds-offload | vs ds-gpu |
+      bound s | efficiency | stalls | collectives. "vs X" is this row's tokens/s over X's for the
+      same model (above 1: faster than X); efficiency is tz-train's predicted bound over its
+      achieved step time; stalls and collectives are the compute lane's time waiting for data
+      and in (or waiting for) the collectives, as shares of the step (medians over the timed
+      steps). Below it, issue 25's pairs (DeepSpeed's step time over tz-train's, per model and
+      regime), and the checks that the peers reproduce the issues' figures: the FSDP2 offload
+      peer within 10%, each DeepSpeed runner within 15% (DS_REFERENCE; llama-7b's ds-offload
+      by being killed for host memory). Until a peer does for a model, that model's ratios
+      against it are marked († FSDP2, ‡ DeepSpeed) and do not count.
 
   bench_table.py run --runner R --model M --seq T --micro-batch B --warmup W --out FILE
-                     [--steps N] [--timeout S] [--metrics FILE.jsonl] [--log FILE] -- COMMAND...
+                     [--steps N] [--timeout S] [--mem-floor G] [--metrics FILE.jsonl] [--log FILE]
+                     -- COMMAND...
       Runs COMMAND (tz-train or the peer), its output to the terminal and to --log, sampling the
       GPU's memory with nvidia-smi where there is one. For a tz-* runner, summarises --metrics
       into FILE in the peer's schema (steps after the first W; bound_s and efficiency added).
@@ -22,9 +27,11 @@
       after S seconds (tz-train stops after the step it is in) and SIGKILL 30 s later; a tz-train
       that had done all its steps (W + N, --steps) before it was stopped or failed keeps its
       figures, with "ended" saying how it ended. The signals go to COMMAND's process group (its
-      own with --timeout): every process it started. A SIGTERM to the wrapper itself (a time
+      own with --timeout or --mem-floor): every process it started. A SIGTERM to the wrapper (a time
       limit around the harness) is passed on the same way, and the wrapper stays to record
-      what COMMAND did. Exit status: COMMAND's.
+      what COMMAND did. With --mem-floor G, COMMAND's process group is killed (SIGKILL) when
+      the host's MemAvailable falls under G GiB, and the result's error says "killed for host
+      memory" (with "killed_for_host_memory": what was seen). Exit status: COMMAND's.
 
 Result schema (both sides): runner, model, seq, micro_batch, world_size, steps (timed), warmup,
 step_s (median of the timed steps), tokens_per_step, tokens_per_s (tokens_per_step / step_s),
@@ -50,7 +57,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-import fsdp_peer  # noqa: E402  (the preset table and FLOP formula; imports no torch)
+import peer_common  # noqa: E402  (the preset table and FLOP formula; imports no torch)
 
 # The issue's measurements of FSDP2 with CPUOffloadPolicy on one H200 (seq 2048, micro-batch 4):
 # step s, tokens/s, model TFLOP/s.
@@ -62,8 +69,29 @@ REFERENCE = {
 REFERENCE_SEQ, REFERENCE_MICRO = 2048, 4
 TOLERANCE = 0.10
 
-RUNNER_ORDER = ["fsdp2-offload", "fsdp2-gpu", "tz-offload", "tz-auto", "tz-nvme"]
-MODEL_ORDER = list(fsdp_peer.PRESETS)
+# Issue 25's measurements of DeepSpeed 0.19.8 ZeRO-3 on one H200 (same batch), step s per
+# (model, runner); KILLED: killed at set-up for host memory, which a run reproduces by being
+# killed for it (the harness's memory cap, or the kernel).
+KILLED = "killed for host memory"
+DS_REFERENCE = {
+    ("llama-1b", "ds-offload"): 0.877,
+    ("llama-3b", "ds-offload"): 2.363,
+    ("llama-7b", "ds-offload"): KILLED,
+    ("llama-7b", "ds-opt"): 6.657,
+    ("llama-7b", "ds-gpu"): 1.190,
+    ("llama-1b", "ds-nvme"): 18.26,
+}
+DS_TOLERANCE = 0.15
+# The issue's pairs: DeepSpeed's configuration beside the tz-train runner it is measured against.
+DS_PAIRS = [("llama-1b", "ds-offload", "tz-offload"), ("llama-3b", "ds-offload", "tz-offload"),
+            ("llama-7b", "ds-offload", "tz-offload"), ("llama-7b", "ds-opt", "tz-auto"),
+            ("llama-7b", "ds-gpu", "tz-auto"), ("llama-1b", "ds-nvme", "tz-nvme"),
+            ("llama-13b", "ds-offload", "tz-auto")]
+PEERS = ["fsdp2-offload", "fsdp2-gpu", "ds-offload", "ds-gpu"]
+
+RUNNER_ORDER = ["fsdp2-offload", "fsdp2-gpu", "ds-offload", "ds-opt", "ds-gpu", "ds-nvme",
+                "tz-offload", "tz-auto", "tz-nvme"]
+MODEL_ORDER = list(peer_common.PRESETS)
 
 
 def load_results(d):
@@ -120,6 +148,90 @@ def reference_check(r):
     good = abs(dev) <= TOLERANCE
     return good, "%s: %.3g s against %.3g s (%+.1f%%, %s)" % (
         r["model"], r["step_s"], ref[0], 100.0 * dev, "within 10%" if good else "NOT within 10%")
+
+
+def at_reference_shape(r):
+    return r.get("seq") == REFERENCE_SEQ and r.get("micro_batch") == REFERENCE_MICRO \
+        and r.get("world_size", 1) == 1
+
+
+def killed_for_memory(r):
+    e = str(r.get("error", ""))
+    return "killed_for_host_memory" in r or "host memory" in e or "host's memory" in e
+
+
+def ds_result(rows, model, runner):
+    """The untagged result of a DeepSpeed runner for model, failed or not (a tagged one when
+    there is no untagged); None when there is none."""
+    c = [r for r in rows if r["model"] == model and r["runner"] == runner]
+    c.sort(key=lambda r: (bool(r.get("tag")), not ok(r), r.get("tag") or ""))
+    return c[0] if c else None
+
+
+def ds_reference_check(r):
+    """(verdict, text) for a ds-* result against issue 25's figure for its model and runner;
+    verdict None when no figure applies."""
+    ref = DS_REFERENCE.get((r["model"], r["runner"]))
+    if ref is None or not at_reference_shape(r):
+        return None, None
+    name = "%s %s" % (r["model"], r["runner"])
+    if ref == KILLED:
+        good = killed_for_memory(r)
+        return good, "%s: %s (the issue's: killed at set-up for host memory)" % (
+            name, "killed for host memory, as in the issue" if good else
+            "%.3g s, NOT killed" % r["step_s"] if ok(r) else r.get("error", "no figures"))
+    if not ok(r):
+        return False, "%s: %s" % (name, r.get("error", "no figures"))
+    dev = r["step_s"] / ref - 1.0
+    good = abs(dev) <= DS_TOLERANCE
+    return good, "%s: %.3g s against %.4g s (%+.1f%%, %s)" % (
+        name, r["step_s"], ref, 100.0 * dev, "within 15%" if good else "NOT within 15%")
+
+
+def peer_verified(g, device, model, peer):
+    """Whether the peer's baseline for model reproduces the issue's figure (None: not checked
+    here, not on an H200)."""
+    if "H200" not in device:
+        return None
+    if peer.startswith("fsdp2-"):
+        b = baseline(g, model, "fsdp2-offload")
+        return reference_check(b)[0] if b else None
+    b = ds_result(g, model, peer)
+    return ds_reference_check(b)[0] if b else None
+
+
+def ds_pairs(g, device):
+    """Issue 25's table from this group's results: DeepSpeed's step beside tz-train's."""
+    lines = []
+    for model, ds, tz in DS_PAIRS:
+        d, t = ds_result(g, model, ds), baseline(g, model, tz)
+        if not d and not t:
+            continue
+        v = ds_reference_check(d)[0] if d and "H200" in device else None
+        ref = DS_REFERENCE.get((model, ds))
+        if d and ok(d):
+            ds_s = "%.3f" % d["step_s"]
+        elif d:
+            ds_s = "error: " + str(d.get("error", "no figures")).replace("|", "/")[:80]
+        else:
+            ds_s = "-"
+        ratio = "-"
+        if d and ok(d) and t:
+            ratio = "%.2fx" % (d["step_s"] / t["step_s"]) + ("" if v is True else " ‡")
+        elif d and killed_for_memory(d) and t:
+            ratio = "DeepSpeed cannot" + ("" if v is True else " ‡")
+        lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            model, ds, ds_s, "killed" if ref == KILLED else fmt(ref, "%.4g"), tz,
+            fmt(t["step_s"], "%.3f") if t else "-", ratio))
+    if not lines:
+        return
+    print("DeepSpeed beside tz-train (issue 25's pairs; ratio: DeepSpeed's step time over "
+          "tz-train's):\n")
+    print("| model | DeepSpeed | step s | issue's step s | tz-train | step s | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for line in lines:
+        print(line)
+    print()
 
 
 def fmt(v, f):
@@ -193,45 +305,49 @@ def table(args):
             groups.items(), key=lambda kv: (kv[0][1:] != reference, kv[0][0] == "cpu",
                                             str(kv[0]))):
         g.sort(key=sort_key)
-        verified = {}
-        for m in {r["model"] for r in g}:
-            b = baseline(g, m, "fsdp2-offload")
-            verified[m] = reference_check(b)[0] if b and "H200" in device else None
+        verified = {(m, peer): peer_verified(g, device, m, peer)
+                    for m in {r["model"] for r in g} for peer in PEERS}
         print("### %s: seq %s, micro-batch %s, %s rank%s%s\n" % (
             device, seq, micro, world, "" if world == 1 else "s",
             ", accumulation %s" % accum if accum != 1 else ""))
         print("| model | runner | step s | tokens/s | model TFLOP/s | vs fsdp2-offload | "
-              "vs fsdp2-gpu | bound s | efficiency | stalls | collectives |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
-        marked = False
+              "vs fsdp2-gpu | vs ds-offload | vs ds-gpu | bound s | efficiency | stalls | "
+              "collectives |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        marked = set()
         for r in g:
             if not ok(r):
                 err = str(r.get("error", "no figures")).replace("|", "/").splitlines()[0][:120]
-                print("| %s | %s | %s | - | - | - | - | - | - | - | - |" % (
+                print("| %s | %s | %s | - | - | - | - | - | - | - | - | - | - |" % (
                     r["model"], label(r), "error: " + err))
                 continue
             ratios = []
-            for peer in ("fsdp2-offload", "fsdp2-gpu"):
+            for peer in PEERS:
                 b = baseline(g, r["model"], peer)
                 if not b or b is r:
                     ratios.append("-")
                     continue
                 x = "%.2fx" % (r["tokens_per_s"] / b["tokens_per_s"])
-                if verified.get(r["model"]) is not True:
-                    x += " †"
-                    marked = True
+                if verified.get((r["model"], peer)) is not True:
+                    x += " †" if peer.startswith("fsdp2-") else " ‡"
+                    marked.add("fsdp2" if peer.startswith("fsdp2-") else "ds")
                 ratios.append(x)
             eff = r.get("efficiency")
-            print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 r["model"], label(r), fmt(r.get("step_s"), "%.3f"),
                 fmt(r.get("tokens_per_s"), "%.0f"), fmt_tflops(r.get("model_tflops")),
-                ratios[0], ratios[1], fmt(r.get("bound_s"), "%.3f"),
+                ratios[0], ratios[1], ratios[2], ratios[3], fmt(r.get("bound_s"), "%.3f"),
                 "%.0f%%" % (100.0 * eff) if isinstance(eff, (int, float)) else "-",
                 share(r, "stall_s"), share(r, "coll_s") if r.get("world_size", 1) > 1 else "-"))
         print()
-        if marked:
+        if "fsdp2" in marked:
             print("† the FSDP2 offload peer has not reproduced the reference figure for this "
                   "model within 10% (or there is no reference): the ratio does not count yet.\n")
+        if "ds" in marked:
+            print("‡ that DeepSpeed runner has not reproduced issue 25's figure for this model "
+                  "within 15% (or there is no figure): the ratio does not count yet.\n")
+        if (seq, micro, world) == reference[:3]:
+            ds_pairs(g, device)
         checks = []
         for m in sorted({r["model"] for r in g}, key=lambda m: sort_key({"model": m,
                                                                           "runner": ""})):
@@ -240,12 +356,20 @@ def table(args):
                 v, text = reference_check(b)
                 if text:
                     checks.append(text)
-        if (seq, micro, world) == reference and "H200" in device:
+        if (seq, micro, world, accum) == reference and "H200" in device:
             for m in REFERENCE:
                 if not baseline(g, m, "fsdp2-offload"):
                     checks.append("%s: no fsdp2-offload result" % m)
             print("Reference check (FSDP2 with CPUOffloadPolicy, the issue's 1.73 / 6.5 / 11.4 s "
                   "for llama-1b / 3b / 7b, within 10%%): %s.\n" % "; ".join(checks))
+            ds_checks = []
+            for (m, runner) in DS_REFERENCE:
+                d = ds_result(g, m, runner)
+                ds_checks.append(ds_reference_check(d)[1] if d else
+                                 "%s %s: no result" % (m, runner))
+            if any(r["runner"].startswith("ds-") for r in g):
+                print("Reference check (DeepSpeed 0.19.8 ZeRO-3, issue 25's figures within 15%%):"
+                      " %s.\n" % "; ".join(ds_checks))
     scaling(rows)
     if not any(k[1:] == reference and "H200" in k[0] for k in groups):
         print("Reference check: no results on an H200 at seq %d, micro-batch %d, one rank, "
@@ -267,6 +391,53 @@ def gpu_memory_used():
         return v or None
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
+
+
+def meminfo_gib():
+    """(MemAvailable, MemTotal) of the host in GiB from /proc/meminfo, or (None, None)."""
+    v = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, _, rest = line.partition(":")
+                if k in ("MemAvailable", "MemTotal"):
+                    v[k] = int(rest.split()[0]) / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    return v.get("MemAvailable"), v.get("MemTotal")
+
+
+class MemoryWatchdog:
+    """Kills the command (kill(), SIGKILL to its process group) when the host's MemAvailable falls
+    under floor GiB, so that a run that would exhaust the host's memory ends before the kernel's
+    OOM killer takes something else, or the machine. A cap on address space (prlimit --as) does
+    not work for CUDA programs, whose virtual mappings are far larger than their memory; a
+    cgroup is not writable everywhere. fired holds what it saw when it fired."""
+
+    def __init__(self, floor, kill, interval=0.25):
+        self.floor, self.kill, self.interval = floor, kill, interval
+        self.fired = None
+        self.low = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        while not self.stop.wait(self.interval):
+            avail, total = meminfo_gib()
+            if avail is None:
+                return
+            self.low = avail if self.low is None else min(self.low, avail)
+            if avail < self.floor:
+                self.fired = {"mem_available_gib": round(avail, 2), "floor_gib": self.floor,
+                              "mem_total_gib": round(total, 2) if total else None}
+                self.kill()
+                return
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        return self.fired
 
 
 class GpuSampler:
@@ -304,7 +475,7 @@ def git_commit():
 
 
 def median(v):
-    return fsdp_peer.median(v)
+    return peer_common.median(v)
 
 
 def run_shape(log):
@@ -368,10 +539,10 @@ def summarise_tz(a, res):
     o = timed[0]
     # tz-train's FLOP per token, from its own figures: tflops = fpt * tokens / step_s / 1e12.
     fpt = o["tflops"] * 1e12 * o["step_s"] / o["tokens"]
-    s = fsdp_peer.PRESETS.get(a.model)
-    if s and abs(fpt / fsdp_peer.flops_per_token(s, a.seq) - 1.0) > 1e-6:
+    s = peer_common.PRESETS.get(a.model)
+    if s and abs(fpt / peer_common.flops_per_token(s, a.seq) - 1.0) > 1e-6:
         raise ValueError("tz-train counts %.6g FLOP per token, the peer's formula %.6g" %
-                         (fpt, fsdp_peer.flops_per_token(s, a.seq)))
+                         (fpt, peer_common.flops_per_token(s, a.seq)))
     bounds = [o["bound_s"] for o in timed if isinstance(o.get("bound_s"), (int, float))]
     res.update({
         "steps": len(timed), "step_s": step_s, "step_s_mean": sum(times) / len(times),
@@ -384,7 +555,7 @@ def summarise_tz(a, res):
         "loss_first": steps[0].get("loss"), "loss_last": steps[-1].get("loss"),
     })
     if s:
-        res["n_params"] = fsdp_peer.n_params(s)
+        res["n_params"] = peer_common.n_params(s)
     if bounds:
         res["bound_s"] = median(bounds)
         res["efficiency"] = res["bound_s"] / step_s
@@ -443,18 +614,27 @@ def run(args):
     t0 = time.perf_counter()
     # Its own process group, so that a stop reaches every process it started (tz-train --nproc's
     # workers, a shell's children).
+    own_group = bool(args.timeout or args.mem_floor)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         start_new_session=bool(args.timeout))
+                         start_new_session=own_group)
     timers = []
 
     def send(sig):
         try:
-            if args.timeout:
+            if own_group:
                 os.killpg(p.pid, sig)
             else:
                 p.send_signal(sig)
         except ProcessLookupError:
             pass
+
+    watchdog = None
+    if args.mem_floor:
+        def out_of_memory():
+            print("bench: %s %s: the host's available memory fell under %g GiB: killing the "
+                  "run" % (args.runner, args.model, args.mem_floor), file=sys.stderr, flush=True)
+            send(signal.SIGKILL)
+        watchdog = MemoryWatchdog(args.mem_floor, out_of_memory)
 
     def later(seconds, fn, *a):
         t = threading.Timer(seconds, fn, a)
@@ -490,11 +670,20 @@ def run(args):
         rc = p.wait()
     except KeyboardInterrupt:
         # In a session of its own (--timeout), the command does not get the terminal's SIGINT.
-        if args.timeout:
+        if own_group:
             os.killpg(p.pid, signal.SIGINT)
         raise
     for t in timers:
         t.cancel()
+    if watchdog:
+        fired = watchdog.finish()
+        if watchdog.low is not None:
+            res["mem_available_min_gib"] = round(watchdog.low, 2)
+        if fired:
+            res["killed_for_host_memory"] = fired
+    killed = "killed for host memory (MemAvailable %.1f GiB, under the floor of %g GiB, of %s " \
+        "GiB)" % (fired["mem_available_gib"], fired["floor_gib"], fired["mem_total_gib"]) \
+        if watchdog and fired else None
     res["wall_s"] = time.perf_counter() - t0
     if log:
         log.close()
@@ -510,7 +699,8 @@ def run(args):
         res["peak_host_gib"] = peak_host
         done = steps_done(args.metrics)
         why = "tz-train exited with status %d%s: %s" % (
-            rc, " (stopped past --timeout)" if "timed_out_s" in res else
+            rc, " (%s)" % killed if killed else
+            " (stopped past --timeout)" if "timed_out_s" in res else
             " (the harness was stopped)" if "terminated" in res else "",
             last_error_line(args.log) if args.log else "")
         if rc == 0 or (args.steps and done >= args.warmup + args.steps):
@@ -523,7 +713,7 @@ def run(args):
         else:
             res["error"] = why
             res["steps_done"] = done
-        fsdp_peer.write_json(args.out, res)
+        peer_common.write_json(args.out, res)
     elif rc == 3 and not fresh:
         # The peer's status for a machine without torch, transformers or a GPU: no result.
         print("bench: %s %s: nothing recorded (the peer cannot run here)" %
@@ -531,13 +721,15 @@ def run(args):
         return rc
     elif not fresh:
         why = "killed by signal %d" % -rc if rc < 0 else "exit status %d" % rc
-        if rc in (-9, 137):
+        if killed:
+            why = killed
+        elif rc in (-9, 137):
             why += " (the host's memory, most likely)"
         res["error"] = "%s ended without a result, %s: %s" % (
             os.path.basename(cmd[1] if cmd[0].startswith("python") and len(cmd) > 1 else cmd[0]),
             why, last_error_line(args.log) if args.log else "")
         res["peak_host_gib"] = peak_host
-        fsdp_peer.write_json(args.out, res)
+        peer_common.write_json(args.out, res)
     elif args.tag or peak_gpu is not None:
         # The peer wrote its own result; add what only the wrapper knows.
         with open(args.out) as f:
@@ -548,7 +740,7 @@ def run(args):
             r["peak_mem_sampled_gib"] = peak_gpu
         r.setdefault("cmd", res["cmd"])
         r.setdefault("commit", res["commit"])
-        fsdp_peer.write_json(args.out, r)
+        peer_common.write_json(args.out, r)
     with open(args.out) as f:
         r = json.load(f)
     print("bench: %s %s: %s -> %s" % (args.runner, args.model,
@@ -582,6 +774,9 @@ def main():
     r.add_argument("--timeout", type=float, default=0,
                    help="seconds before the command is stopped (0: never)")
     r.add_argument("--out", required=True)
+    r.add_argument("--mem-floor", type=float, default=0,
+                   help="GiB: kill the command when the host's MemAvailable falls under this "
+                        "(0: never); the result says \"killed for host memory\"")
     r.add_argument("--metrics", help="tz-train's --metrics file (tz-* runners)")
     r.add_argument("--log")
     r.add_argument("--device", help="what the command computes on, as recorded (default: the "

@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""The DeepSpeed peer of tz-train: the same Llama shapes trained with DeepSpeed ZeRO-3.
+
+One configuration per call, as bench/fsdp_peer.py, with the same options and the same JSON result:
+a preset of tz-train (--model), DeepSpeed 0.19.8 ZeRO-3 with bf16 (fp32 master weights in the
+optimizer), the ds_config of configs/deepspeed/ chosen by --offload:
+
+  --offload cpu   ds-offload.json: parameters and optimizer state offloaded to the CPU (runner
+                  ds-offload)
+  --offload opt   ds-opt.json: the optimizer state only (ZeRO-Offload; runner ds-opt)
+  --offload none  ds-gpu.json: nothing offloaded (runner ds-gpu)
+  --offload nvme  ds-nvme.json: the optimizer state on NVMe (--nvme-path), parameters on the CPU
+                  (ZeRO-Infinity; runner ds-nvme)
+
+The model is transformers' LlamaForCausalLM of the preset's shape, built with from_config under
+HfDeepSpeedConfig, so that deepspeed.zero.Init partitions it as it is constructed; sdpa attention,
+bf16, gradient checkpointing on every decoder layer (use_reentrant=False: activations recomputed
+in backward, as tz-train does). The optimizer is AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8,
+weight decay 0.1 on every tensor, as the FSDP2 peer): DeepSpeedCPUAdam when the optimizer state
+is offloaded, else FusedAdam; the gradient norm is clipped by DeepSpeed (gradient_clipping,
+--clip). Each step is engine(input_ids, labels).loss, engine.backward(loss), engine.step().
+
+    bench/ds_peer.py --model llama-1b --offload cpu --seq 2048 --micro-batch 4 \\
+        --warmup 2 --steps 10 --out results/bench/ds-offload-llama-1b.json
+
+One process, no launcher: the script sets MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK and
+WORLD_SIZE for a world of one (unless a launcher set RANK and WORLD_SIZE) and calls
+deepspeed.init_distributed. DeepSpeed comes from PYTHONPATH (tools/ds-install.sh; the harness
+sources its env.sh). Ops not built into the install compile on first use (JIT; CPU Adam about
+45 s, FusedAdam with TORCH_CUDA_ARCH_LIST, set to 9.0 unless given): that is set-up time
+("init_s"), not step time.
+
+Step time, model FLOP and the result's fields: bench/peer_common.py and bench/fsdp_peer.py; added
+here: "deepspeed" (its version), "ds_config" (the dict given to DeepSpeed), "ops_prebuilt" (the
+ops the install had compiled). A CUDA out-of-memory is a result ("error", exit status 0). Exit
+status 3: torch, transformers, deepspeed or a CUDA device is missing (nothing written).
+
+--dry-run prints the ds_config and the optimizer this call would use, without torch or a GPU
+(checked against DeepSpeed's own config models when deepspeed imports). --device cpu runs the
+tiny model on DeepSpeed's CPU accelerator with gloo: a check of the script, not a measurement.
+"""
+import argparse
+import copy
+import json
+import os
+import socket
+import sys
+import time
+
+import peer_common as pc
+from peer_common import PRESETS, n_params
+
+PROG = "ds_peer"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIR = os.path.join(ROOT, "configs", "deepspeed")
+RUNNERS = {"cpu": "ds-offload", "opt": "ds-opt", "none": "ds-gpu", "nvme": "ds-nvme"}
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        description="DeepSpeed ZeRO-3 peer of tz-train: one training configuration, one JSON "
+                    "result.",
+        epilog="Runners: --offload cpu is ds-offload, opt ds-opt, none ds-gpu, nvme ds-nvme.")
+    pc.add_common_args(ap)
+    ap.add_argument("--offload", choices=sorted(RUNNERS), default="cpu",
+                    help="cpu: parameters and optimizer on the CPU; opt: the optimizer only; "
+                         "none: nothing; nvme: optimizer on NVMe, parameters on the CPU "
+                         "(default cpu)")
+    ap.add_argument("--ds-config",
+                    help="the ds_config file (default configs/deepspeed/<runner>.json); the "
+                         "micro-batch, clipping and NVMe path of this call replace its own")
+    ap.add_argument("--nvme-path",
+                    help="--offload nvme: the directory of DeepSpeed's swap files (default the "
+                         "config's, /var/tmp/ds-bench-nvme)")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="cpu: a check of the script without a GPU (DeepSpeed's CPU "
+                         "accelerator); not a measurement")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the ds_config and optimizer, and stop")
+    pc.add_tail_args(ap)
+    a = ap.parse_args(argv)
+    pc.check_common_args(ap, a)
+    if a.device == "cpu" and a.offload in ("opt", "none"):
+        # FusedAdam is a CUDA kernel: on the CPU only the offloaded optimizer (CPU Adam) runs.
+        ap.error("--device cpu runs with --offload cpu or nvme only")
+    return a
+
+
+def ds_config(a):
+    """The dict DeepSpeed gets: the committed file with this call's micro-batch, clipping and
+    NVMe path."""
+    path = a.ds_config or os.path.join(CONFIG_DIR, RUNNERS[a.offload] + ".json")
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit("%s: cannot read the ds_config %s: %s" % (PROG, path, e))
+    z = cfg.get("zero_optimization", {})
+    if z.get("stage") != 3 or not cfg.get("bf16", {}).get("enabled"):
+        raise SystemExit("%s: %s: the peer runs ZeRO stage 3 with bf16 (zero_optimization.stage"
+                         " 3, bf16.enabled true)" % (PROG, path))
+    cfg["train_micro_batch_size_per_gpu"] = a.micro_batch
+    cfg["gradient_accumulation_steps"] = 1
+    cfg["gradient_clipping"] = a.clip
+    for key in ("offload_param", "offload_optimizer"):
+        sec = z.get(key)
+        if sec and sec.get("device") == "nvme":
+            if a.nvme_path:
+                sec["nvme_path"] = a.nvme_path
+            if not sec.get("nvme_path"):
+                raise SystemExit("%s: %s: %s.nvme_path is not set (--nvme-path DIR)" %
+                                 (PROG, path, key))
+    return path, cfg
+
+
+def offloaded_optimizer(cfg):
+    sec = cfg["zero_optimization"].get("offload_optimizer") or {}
+    return sec.get("device") in ("cpu", "nvme")
+
+
+def optimizer_spec(a, cfg):
+    return {"type": "DeepSpeedCPUAdam" if offloaded_optimizer(cfg) else "FusedAdam",
+            "adamw_mode": True, "lr": a.lr, "betas": a.betas, "eps": a.eps,
+            "weight_decay": a.weight_decay}
+
+
+def dist_env():
+    """A world of one for deepspeed.init_distributed, unless a launcher set one; a free port."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)), ("RANK", "0"),
+                 ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        env.setdefault(k, v)
+
+
+def validate(cfg):
+    """DeepSpeed's own models of the zero and aio sections (pydantic, extra keys forbidden):
+    "ok", or why not; "deepspeed not importable" where it is not installed."""
+    import contextlib
+    try:
+        # deepspeed logs to stdout, which carries the dry run's JSON.
+        with contextlib.redirect_stdout(sys.stderr):
+            from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+            from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
+    except Exception as e:  # ImportError, or torch missing under it
+        return "deepspeed not importable: %s" % str(e).splitlines()[0][:200]
+    try:
+        DeepSpeedZeroConfig(**cfg["zero_optimization"])
+        get_aio_config(cfg)
+    except Exception as e:
+        return "rejected by DeepSpeed: %s" % e
+    return "ok"
+
+
+def dry_run(a, path, cfg):
+    print(json.dumps({"runner": a.runner or RUNNERS[a.offload], "model": a.model,
+                      "ds_config_file": path, "ds_config": cfg,
+                      "optimizer": optimizer_spec(a, cfg), "deepspeed_check": validate(cfg)},
+                     indent=1))
+    return 0
+
+
+def import_deepspeed(prog):
+    try:
+        import deepspeed
+    except ImportError as e:
+        pc.missing(prog, "cannot import deepspeed (%s): tools/ds-install.sh installs it, and "
+                   "PYTHONPATH must name its directory (tools/bench-train.sh sources its "
+                   "env.sh)" % e)
+    return deepspeed
+
+
+def installed_ops():
+    """The ops the DeepSpeed install has compiled (empty: every op is JIT-compiled)."""
+    try:
+        from deepspeed.git_version_info import installed_ops as ops
+        return sorted(k for k, v in ops.items() if v)
+    except Exception:
+        return None
+
+
+def build(torch, deepspeed, a, s, cfg, device):
+    """LlamaForCausalLM under HfDeepSpeedConfig (zero.Init partitions it at construction),
+    checkpointed, its optimizer, and DeepSpeed's engine around both."""
+    import transformers
+    from transformers.integrations import HfDeepSpeedConfig
+    # Kept alive while the model is built: transformers finds the config through a weak
+    # reference to it.
+    hf_ds = HfDeepSpeedConfig(copy.deepcopy(cfg))
+    if not transformers.integrations.is_deepspeed_zero3_enabled():
+        raise RuntimeError("transformers does not see ZeRO-3 under HfDeepSpeedConfig")
+    model = transformers.AutoModelForCausalLM.from_config(
+        pc.llama_config(s), dtype=torch.bfloat16, attn_implementation="sdpa")
+    attn = getattr(model.config, "_attn_implementation", None)
+    if attn != "sdpa":
+        raise RuntimeError("the model uses attention %r, not sdpa" % attn)
+    counted = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    if counted != n_params(s):
+        raise RuntimeError("the model has %d parameters, tz-train's %s %d" %
+                           (counted, a.model, n_params(s)))
+    if not all(hasattr(p, "ds_id") for p in model.parameters()):
+        raise RuntimeError("zero.Init did not partition every parameter")
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    spec = optimizer_spec(a, cfg)
+    kw = dict(lr=a.lr, betas=tuple(a.betas), eps=a.eps, weight_decay=a.weight_decay)
+    if spec["type"] == "DeepSpeedCPUAdam":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        opt = DeepSpeedCPUAdam(model.parameters(), adamw_mode=True, **kw)
+    else:
+        from deepspeed.ops.adam import FusedAdam
+        opt = FusedAdam(model.parameters(), adam_w_mode=True, **kw)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+    del hf_ds
+    return engine
+
+
+def main(argv=None):
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    s = PRESETS[a.model]
+    path, cfg = ds_config(a)
+    if a.dry_run:
+        return dry_run(a, path, cfg)
+    pc.no_multicast()
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    if a.device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    dist_env()
+    torch = pc.import_torch(PROG, a.device == "cuda")
+    deepspeed = import_deepspeed(PROG)
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if a.device == "cuda":
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    for key in ("offload_param", "offload_optimizer"):
+        sec = cfg["zero_optimization"].get(key) or {}
+        if sec.get("device") == "nvme":
+            os.makedirs(sec["nvme_path"], exist_ok=True)
+    deepspeed.init_distributed(dist_backend="nccl" if a.device == "cuda" else "gloo")
+    world = torch.distributed.get_world_size()
+    res = pc.base_result(a, torch, a.runner or RUNNERS[a.offload], world, device)
+    res.update({
+        "deepspeed": deepspeed.__version__, "ds_config_file": os.path.relpath(path, ROOT),
+        "ds_config": cfg, "optimizer": optimizer_spec(a, cfg), "ops_prebuilt": installed_ops(),
+        "precision": "bf16 params and compute, fp32 master (DeepSpeed bf16)",
+        "activation_checkpointing": "layer", "attn_implementation": "sdpa",
+    })
+    state = {"phase": "building the model"}
+    try:
+        t0 = time.perf_counter()
+        engine = build(torch, deepspeed, a, s, cfg, device)
+        res["init_s"] = time.perf_counter() - t0
+
+        def step(tok):
+            loss = engine(input_ids=tok, labels=tok, use_cache=False).loss
+            engine.backward(loss)
+            engine.step()  # clipping, the optimizer's step and zero_grad
+            return loss
+
+        pc.timed_steps(torch, a, device, rank, res, step, PROG, state)
+    except Exception as e:  # a model that does not fit is a result; anything else is not
+        if not pc.is_oom(torch, e):
+            raise
+        pc.oom_result(torch, device, res, state["phase"], e)
+        pc.emit(res, a.out, rank)
+        os._exit(0)
+    pc.figures(torch, device, res, state["times"], state["losses"])
+    pc.emit(res, a.out, rank)
+    code = 0 if "error" not in res else 1
+    # DeepSpeed's threads and pinned buffers (and the process group) go with the process.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
