@@ -11,6 +11,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "trainer/hf.h"
 #include "trainer/model.h"
 
 static char *configs_dir(void) {
@@ -198,6 +199,28 @@ static void test_deepspeed(void **state) {
   tz_config_free(&c);
 }
 
+/* configs/models/: Hugging Face config.json shapes for tz-train --model (and tools/bench-train.sh
+ * MODEL). llama-15b is issue 26's shape for all three tiers: hidden 5120, ffn 13824, 40 heads, 48
+ * layers, vocab 32000, untied: 15.55 B parameters, some 260 GiB of state at 18 bytes each. */
+static void test_models(void **state) {
+  (void)state;
+  char *dir = configs_dir(), *path = NULL;
+  assert_true(asprintf(&path, "%s/models/llama-15b.json", dir) > 0);
+  struct tz_model_config mc;
+  enum tz_dtype dt;
+  TZ_ASSERT_OK(tz_hf_config_read(path, &mc, &dt));
+  assert_int_equal(mc.d_model, 5120);
+  assert_int_equal(mc.ffn_dim, 13824);
+  assert_int_equal(mc.n_head, 40);
+  assert_int_equal(mc.n_kv_head, 40);
+  assert_int_equal(mc.n_layer, 48);
+  assert_int_equal(mc.vocab, 32000);
+  assert_false(mc.tie_embeddings);
+  assert_true(tz_model_n_params(&mc) == 15553500160ull);
+  free(path);
+  free(dir);
+}
+
 /* Every file in configs/ is one of those checked above, and loads. */
 static void test_all_listed(void **state) {
   (void)state;
@@ -253,6 +276,7 @@ int main(void) {
       cmocka_unit_test(test_demo),      cmocka_unit_test(test_llama),
       cmocka_unit_test(test_cpu_only),  cmocka_unit_test(test_bench),
       cmocka_unit_test(test_deepspeed), cmocka_unit_test(test_all_listed),
+      cmocka_unit_test(test_models),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

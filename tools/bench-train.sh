@@ -19,7 +19,9 @@
 #         ds-gpu         bench/ds_peer.py --offload none (ZeRO-3, nothing offloaded)
 #         ds-nvme        bench/ds_peer.py --offload nvme (optimizer on nvme, parameters on the
 #                        CPU: ZeRO-Infinity)
-# MODEL: tiny, llama-1b, llama-3b, llama-7b, llama-13b
+# MODEL: tiny, llama-1b, llama-3b, llama-7b, llama-13b, or for tz-* runners a Hugging Face
+#        config.json (a file, or a directory holding one: tz-train --model takes it, initialised
+#        from the seed; the result is named after the file, or the directory, without .json)
 # Options:
 #   --steps N        timed steps (default 10)
 #   --warmup N       steps before them, not timed (default 2): the runner runs steps + warmup
@@ -59,8 +61,23 @@ case $runner in
   ds-offload | ds-opt | ds-gpu | ds-nvme) ;;
   *) echo "bench-train: unknown runner '$runner'" >&2; usage ;;
 esac
-case $model in tiny | llama-1b | llama-3b | llama-7b | llama-13b) ;;
-  *) echo "bench-train: unknown model '$model'" >&2; usage ;;
+# A config.json: tz-train is given its path, the results its name.
+model_arg=$model
+case $model in
+  tiny | llama-1b | llama-3b | llama-7b | llama-13b) ;;
+  *)
+    if [ -f "$model" ] || [ -f "$model/config.json" ]; then
+      case $runner in
+        tz-*) ;;
+        *) echo "bench-train: $runner builds the presets only, not '$model'" >&2; exit 2 ;;
+      esac
+      model_arg=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
+      model=$(basename "$model" .json)
+    else
+      echo "bench-train: unknown model '$model' (a preset, or a config.json that is there)" >&2
+      usage
+    fi
+    ;;
 esac
 steps=10 warmup=2 seq=2048 micro=4 tag="" backend="" bin=${TZ_BIN:-} results=$root/results/bench
 limit=0
@@ -194,7 +211,7 @@ if [ -z "$bin" ] || [ ! -x "$bin/tz-train" ]; then
   exit 2
 fi
 # The first timed step is traced: its lanes summarised beside the result (tools/trace_summary.py).
-args=(--model "$model" --steps $((steps + warmup)) --seq "$seq" --data synthetic
+args=(--model "$model_arg" --steps $((steps + warmup)) --seq "$seq" --data synthetic
       --set "train_micro_batch_size_per_gpu=$micro" --metrics "$results/$name.jsonl"
       --trace-step "$warmup" --trace "$results/$name.trace.json")
 # The CPU backend is tz-train's default: the option is only given for the GPU.

@@ -22,6 +22,24 @@ r = json.load(open(sys.argv[1]))
 assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and r["setup_s"] >= 0 and r["end_s"] >= 0
 PY
 
+# A model given as a config.json (tz-* runners only): tz-train trains it, the result is named
+# after the file; a peer refuses it by name.
+cat > "$dir/small-llama.json" <<'JSON'
+{"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
+ "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": true}
+JSON
+"$root/tools/bench-train.sh" tz-offload "$dir/small-llama.json" --seq 32 --micro-batch 2 \
+  --backend cpu --bin "$bin" --results "$dir" --steps 2 --warmup 1 > "$dir/m.out" 2>&1 ||
+  { cat "$dir/m.out"; fail "the config.json run failed"; }
+r=$dir/tz-offload-small-llama.json
+[ "$(field "$r" steps)" = 2 ] || { cat "$dir/m.out"; fail "config.json run: steps $(field "$r" steps)"; }
+grep -q "small-llama.json (" "$dir/tz-offload-small-llama.log" ||
+  fail "tz-train was not given the config.json"
+"$root/tools/bench-train.sh" fsdp2-gpu "$dir/small-llama.json" > "$dir/p.out" 2>&1 &&
+  fail "a peer took a config.json"
+grep -q "builds the presets only" "$dir/p.out" || { cat "$dir/p.out"; fail "the peer's refusal"; }
+
 # A run longer than its --timeout: stopped after a step, within seconds, recorded as an error
 # with the steps it did.
 t0=$SECONDS
