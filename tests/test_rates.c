@@ -272,15 +272,14 @@ static void test_layer_probe(void **state) {
   tz_compute *cm = NULL;
   TZ_ASSERT_OK(tz_compute_create("cpu", NULL, &cm));
   double s = 0;
-  TZ_ASSERT_OK(tz_rates_layer_time(cm, &mc, 2, 16, 0, 0, &s));
+  TZ_ASSERT_OK(tz_rates_layer_time(cm, &mc, 2, 16, 0, 0, &s, NULL));
   assert_true(s > 0);
   /* A budget the estimate fits: timed. */
-  TZ_ASSERT_OK(tz_rates_layer_time(cm, &mc, 2, 16, 60, 1e15, &s));
+  double part[2] = {0, 0};
+  TZ_ASSERT_OK(tz_rates_layer_time(cm, &mc, 2, 16, 60, 1e15, &s, part));
   assert_true(s > 0);
   /* Each part's forward alone: positive, and together less than the forward and recomputing
    * backward the layer's time counts (four forwards' worth of FLOP). */
-  double part[2] = {0, 0};
-  TZ_ASSERT_OK(tz_rates_part_times(cm, &mc, 2, 16, part));
   assert_true(part[0] > 0 && part[1] > 0);
   assert_true(part[0] + part[1] < s);
   /* A matmul rate that makes one pass last an hour: not timed, and said. */
@@ -294,7 +293,7 @@ static void test_layer_probe(void **state) {
   assert_true(saved >= 0 && fd >= 0);
   dup2(fd, 2);
   close(fd);
-  int rc = tz_rates_layer_time(cm, &mc, 2, 16, TZ_RATES_PLAN_PROBE_S, flop / 3600, &s);
+  int rc = tz_rates_layer_time(cm, &mc, 2, 16, TZ_RATES_PLAN_PROBE_S, flop / 3600, &s, NULL);
   fflush(stderr);
   dup2(saved, 2);
   close(saved);

@@ -803,18 +803,18 @@ int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char
   return rc;
 }
 
-int tz_rates_part_times(tz_compute *cm, const struct tz_model_config *mc, int B, int T,
-                        double part_s[2]) {
-  part_s[0] = part_s[1] = 0;
-  struct tz_layer_probe l;
-  TZ_CHECK(tz_layer_probe_alloc(cm, mc, B, T, &l));
+/* part_s[0], part_s[1]: the attention's and the MLP's forward alone on the probe l, the fastest
+ * of TZ_RATES_LAYER_PASSES each after one untimed (the layer's passes have warmed the GPU). */
+static int time_parts(tz_compute *cm, const struct tz_model_config *mc,
+                      const struct tz_layer_probe *l, double part_s[2]) {
   const unsigned parts[2] = {TZ_PART_ATTN, TZ_PART_MLP};
   int rc = 0;
   for (int p = 0; p < 2 && rc == 0; p++) {
     double best = 0;
-    for (int n = 0; rc == 0 && n < 1 + TZ_RATES_LAYER_PASSES; n++) { /* the first untimed */
+    for (int n = 0; rc == 0 && n < 1 + TZ_RATES_LAYER_PASSES; n++) {
       double t0 = tz_now_s();
-      rc = tz_model_layer_part_fwd(cm, mc, l.params, l.x_in, l.x_out, &l.acts, parts[p], B, T);
+      rc = tz_model_layer_part_fwd(cm, mc, l->params, l->x_in, l->x_out, &l->acts, parts[p], l->B,
+                                   l->T);
       if (rc == 0)
         rc = tz_compute_sync(cm);
       double t = tz_now_s() - t0;
@@ -823,13 +823,14 @@ int tz_rates_part_times(tz_compute *cm, const struct tz_model_config *mc, int B,
     }
     part_s[p] = best;
   }
-  tz_layer_probe_free(cm, &l);
   return rc;
 }
 
 int tz_rates_layer_time(tz_compute *cm, const struct tz_model_config *mc, int B, int T,
-                        double budget_s, double matmul_flops, double *seconds) {
+                        double budget_s, double matmul_flops, double *seconds, double *part_s) {
   *seconds = 0;
+  if (part_s)
+    part_s[0] = part_s[1] = 0;
   double flop = 4.0 * tz_model_layer_flop(mc, B, T);
   if (budget_s > 0 && matmul_flops > 0) {
     /* The warm-up (at least one pass) and the timed passes, each at least a pass at the matmul
@@ -864,6 +865,8 @@ int tz_rates_layer_time(tz_compute *cm, const struct tz_model_config *mc, int B,
     if (rc == 0 && (best == 0 || t < best))
       best = t;
   }
+  if (rc == 0 && part_s)
+    rc = time_parts(cm, mc, &l, part_s);
   tz_layer_probe_free(cm, &l);
   if (rc == 0)
     *seconds = best;

@@ -73,14 +73,11 @@ int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char
 #define TZ_RATES_LAYER_PASSES 5
 #define TZ_RATES_LAYER_MIN_S 0.2
 int tz_rates_layer_time(tz_compute *cm, const struct tz_model_config *mc, int B, int T,
-                        double budget_s, double matmul_flops, double *seconds);
-
-/* The forward of a layer's attention part and of its MLP part (TZ_PART_ATTN, TZ_PART_MLP) alone,
- * part_s[0] and part_s[1] in seconds, timed as tz_rates_layer_time times the whole layer
- * (the fastest of TZ_RATES_LAYER_PASSES each, after untimed ones): what recomputing each costs a
+                        double budget_s, double matmul_flops, double *seconds, double *part_s);
+/* part_s (may be NULL; zeros when the layer is not timed): on the same probe, the forward of the
+ * layer's attention part and of its MLP part (TZ_PART_ATTN, TZ_PART_MLP) alone, part_s[0] and
+ * part_s[1] in seconds, the fastest of TZ_RATES_LAYER_PASSES each: what recomputing each costs a
  * backward (tierzero.recompute orders the parts it keeps by it: the attention's kernels run
  * slower per FLOP than the MLP's matrix products). */
-int tz_rates_part_times(tz_compute *cm, const struct tz_model_config *mc, int B, int T,
-                        double part_s[2]);
 
 #endif

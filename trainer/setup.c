@@ -156,12 +156,9 @@ static int measure_layer(tz_trainer *tr, const struct tz_trainer_params *p) {
   tz_compute *cm = NULL;
   TZ_CHECK(tz_compute_create(tr->backend, &cp, &cm));
   double s = 0;
+  /* With what each part's recomputing costs, for tierzero.recompute. */
   int rc = tz_rates_layer_time(cm, &tr->mc, tr->B, tr->T, p->plan_only ? TZ_RATES_PLAN_PROBE_S : 0,
-                               p->rates ? p->rates->flops : 0, &s);
-  /* What each part's recomputing costs, for tierzero.recompute: only where the layer was timed
-   * (a layer too large to time for a plan is too large to time twice more). */
-  if (rc == 0 && s > 0)
-    rc = tz_rates_part_times(cm, &tr->mc, tr->B, tr->T, tr->part_s);
+                               p->rates ? p->rates->flops : 0, &s, tr->part_s);
   tz_compute_destroy(cm);
   TZ_CHECK(rc);
   tr->layer_rate = s > 0 ? 4.0 * tz_model_layer_flop(&tr->mc, tr->B, tr->T) / s : 0;
