@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "util/clock.h"
 #include "util/mix.h"
 
 /* ---- config ---- */
@@ -517,7 +516,7 @@ static void *at(const void *base, uint64_t elems, enum tz_dtype dt) {
   return (char *)base + elems * tz_dtype_size(dt);
 }
 
-static int check_bt(const struct tz_model_config *cfg, int B, int T) {
+int tz_model_check_batch(const struct tz_model_config *cfg, int B, int T) {
   if (B < 1 || T < 1 || T > cfg->max_seq)
     return tz_err_set(TZ_EINVAL, "model: batch %d x %d tokens (T must be in [1, max_seq %d])", B, T,
                       cfg->max_seq);
@@ -526,13 +525,13 @@ static int check_bt(const struct tz_model_config *cfg, int B, int T) {
 
 int tz_model_embed_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *embed,
                        const int32_t *tokens, void *x, int B, int T) {
-  TZ_CHECK(check_bt(cfg, B, T));
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
   return tz_compute_embedding_fwd(cm, x, tokens, embed, B * T, cfg->d_model, cfg->vocab);
 }
 
 int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *embed_grad,
                        const int32_t *tokens, const void *dx, int B, int T) {
-  TZ_CHECK(check_bt(cfg, B, T));
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
   return tz_compute_embedding_bwd(cm, embed_grad, dx, tokens, B * T, cfg->d_model, cfg->vocab);
 }
 
@@ -617,7 +616,7 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
 int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                             const void *x_in, void *x_out, const struct tz_layer_acts *a,
                             unsigned parts, int B, int T) {
-  TZ_CHECK(check_bt(cfg, B, T));
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
   if (parts & TZ_PART_ATTN)
     TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T));
   return parts & TZ_PART_MLP ? mlp_fwd(cm, cfg, params, a, x_out, B, T) : 0;
@@ -627,7 +626,7 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
                        void *grads, const void *x_in, const struct tz_layer_acts *a,
                        unsigned recompute, const void *dx_out, void *dx_in,
                        const struct tz_layer_scratch *s, int B, int T) {
-  TZ_CHECK(check_bt(cfg, B, T));
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
   enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
@@ -707,7 +706,7 @@ int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void 
                   const void *embed, void *head_grad, void *embed_grad, const void *x,
                   const int32_t *targets, float dscale, void *dx, const struct tz_head_scratch *s,
                   int B, int T) {
-  TZ_CHECK(check_bt(cfg, B, T));
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
   enum tz_dtype S = tz_compute_dtype(cm);
   int N = B * T, C = cfg->d_model, V = cfg->vocab;
   int bwd = head_grad != NULL;
@@ -738,7 +737,7 @@ int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void 
 int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
                          const void *embed, const void *x, void *logits,
                          const struct tz_head_scratch *s, int B, int T) {
-  TZ_CHECK(check_bt(cfg, B, T));
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
   int N = B * T, C = cfg->d_model, V = cfg->vocab;
   const void *W;
   void *dW;
@@ -749,147 +748,6 @@ int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, cons
 
 int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
   return (uint64_t)cfg->n_layer * tz_model_acts_bytes(cfg, dt, B, T) > TZ_MODEL_ACTS_BUDGET;
-}
-
-/* ---- the whole-model driver ---- */
-
-struct tz_model_runner {
-  tz_compute *cm;
-  const struct tz_model_config *cfg;
-  int B, T, checkpoint;
-  void *mem;                  /* one allocation for everything below */
-  int32_t *tokens, *targets;  /* (B, T) */
-  void **xs;                  /* n_layer + 1 of (B, T, C): the input of each layer, then the
-                                 final output */
-  struct tz_layer_acts *acts; /* checkpoint ? 1 : n_layer */
-  struct tz_layer_scratch scratch;
-  struct tz_head_scratch head;
-  void *dx; /* (B, T, C) the gradient flowing down */
-};
-
-int tz_model_runner_create(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
-                           int checkpoint, tz_model_runner **out) {
-  *out = NULL;
-  TZ_CHECK(tz_model_config_check(cfg));
-  TZ_CHECK(check_bt(cfg, B, T));
-  tz_model_runner *r = calloc(1, sizeof *r);
-  int L = cfg->n_layer, n_acts = checkpoint ? 1 : L;
-  if (r) {
-    r->xs = calloc((size_t)L + 1, sizeof *r->xs);
-    r->acts = calloc((size_t)n_acts, sizeof *r->acts);
-  }
-  if (!r || !r->xs || !r->acts) {
-    tz_model_runner_destroy(r);
-    return tz_err_set(TZ_ENOMEM, "model runner: out of memory");
-  }
-  r->cm = cm;
-  r->cfg = cfg;
-  r->B = B;
-  r->T = T;
-  r->checkpoint = checkpoint != 0;
-  enum tz_dtype S = tz_compute_dtype(cm);
-  size_t N = (size_t)B * T;
-  size_t x_bytes = (N * cfg->d_model * tz_dtype_size(S) + 255) & ~(size_t)255;
-  size_t tok_bytes = (N * sizeof(int32_t) + 255) & ~(size_t)255;
-  size_t acts_bytes = tz_model_acts_bytes(cfg, S, B, T);
-  size_t total = 2 * tok_bytes + (size_t)(L + 2) * x_bytes + (size_t)n_acts * acts_bytes +
-                 tz_model_scratch_bytes(cfg, S, B, T) + tz_model_head_scratch_bytes(cfg, S, B, T);
-  int rc = tz_compute_alloc(cm, total, &r->mem);
-  if (rc < 0) {
-    tz_model_runner_destroy(r);
-    return rc;
-  }
-  char *p = r->mem;
-  r->tokens = (int32_t *)p, p += tok_bytes;
-  r->targets = (int32_t *)p, p += tok_bytes;
-  for (int i = 0; i <= L; i++)
-    r->xs[i] = p, p += x_bytes;
-  r->dx = p, p += x_bytes;
-  for (int i = 0; i < n_acts; i++) {
-    tz_model_acts_carve(cfg, S, B, T, p, &r->acts[i]);
-    p += acts_bytes;
-  }
-  tz_model_scratch_carve(cfg, S, B, T, p, &r->scratch);
-  p += tz_model_scratch_bytes(cfg, S, B, T);
-  tz_model_head_scratch_carve(cfg, S, B, T, p, &r->head);
-  *out = r;
-  return 0;
-}
-
-void tz_model_runner_destroy(tz_model_runner *r) {
-  if (!r)
-    return;
-  if (r->mem)
-    tz_compute_free(r->cm, r->mem);
-  free(r->xs);
-  free(r->acts);
-  free(r);
-}
-
-static int runner_forward(tz_model_runner *r, void *const *params, const int32_t *tokens) {
-  const struct tz_model_config *cfg = r->cfg;
-  size_t N = (size_t)r->B * r->T;
-  TZ_CHECK(tz_compute_copy_in(r->cm, r->tokens, tokens, N * sizeof(int32_t)));
-  TZ_CHECK(tz_model_embed_fwd(r->cm, cfg, params[0], r->tokens, r->xs[0], r->B, r->T));
-  for (int i = 0; i < cfg->n_layer; i++) {
-    const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
-    TZ_CHECK(tz_model_layer_fwd(r->cm, cfg, params[tz_model_block_of_layer(i)], r->xs[i],
-                                r->xs[i + 1], a, r->B, r->T));
-  }
-  return 0;
-}
-
-int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *grads,
-                         const int32_t *tokens, const int32_t *targets, float dscale, float *loss) {
-  const struct tz_model_config *cfg = r->cfg;
-  int L = cfg->n_layer, B = r->B, T = r->T;
-  size_t N = (size_t)B * T;
-  if (dscale <= 0.0f)
-    dscale = 1.0f / (float)N;
-  TZ_CHECK(runner_forward(r, params, tokens));
-  TZ_CHECK(tz_compute_copy_in(r->cm, r->targets, targets, N * sizeof(int32_t)));
-  TZ_CHECK(tz_model_head(r->cm, cfg, params[L + 1], params[0], grads ? grads[L + 1] : NULL,
-                         grads ? grads[0] : NULL, r->xs[L], r->targets, dscale, r->dx, &r->head, B,
-                         T));
-  if (grads) {
-    for (int i = L - 1; i >= 0; i--) {
-      int blk = tz_model_block_of_layer(i);
-      const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
-      TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, params[blk], grads[blk], r->xs[i], a,
-                                  r->checkpoint ? TZ_PARTS_ALL : 0, r->dx, r->dx, &r->scratch, B,
-                                  T));
-    }
-    TZ_CHECK(tz_model_embed_bwd(r->cm, cfg, grads[0], r->tokens, r->dx, B, T));
-  }
-  float sum = 0.0f;
-  TZ_CHECK(tz_compute_copy_out(r->cm, &sum, r->head.loss, sizeof sum));
-  TZ_CHECK(tz_compute_sync(r->cm));
-  *loss = sum / (float)N;
-  return 0;
-}
-
-int tz_model_runner_logits(tz_model_runner *r, void *const *params, const int32_t *tokens,
-                           float *logits) {
-  const struct tz_model_config *cfg = r->cfg;
-  enum tz_dtype S = tz_compute_dtype(r->cm);
-  size_t n = (size_t)r->B * r->T * cfg->vocab;
-  TZ_CHECK(runner_forward(r, params, tokens));
-  void *buf = NULL, *f32 = NULL;
-  int rc;
-  TZ_CHECK_GOTO(tz_compute_alloc(r->cm, n * tz_dtype_size(S), &buf), rc, out);
-  TZ_CHECK_GOTO(tz_model_head_logits(r->cm, cfg, params[cfg->n_layer + 1], params[0],
-                                     r->xs[cfg->n_layer], buf, &r->head, r->B, r->T),
-                rc, out);
-  if (S != TZ_F32) {
-    TZ_CHECK_GOTO(tz_compute_alloc(r->cm, n * sizeof(float), &f32), rc, out);
-    TZ_CHECK_GOTO(tz_compute_cast(r->cm, f32, TZ_F32, buf, S, n), rc, out);
-  }
-  TZ_CHECK_GOTO(tz_compute_copy_out(r->cm, logits, f32 ? f32 : buf, n * sizeof(float)), rc, out);
-  rc = tz_compute_sync(r->cm);
-out:
-  tz_compute_free(r->cm, buf);
-  tz_compute_free(r->cm, f32);
-  return rc;
 }
 
 /* ---- One layer alone ---- */
@@ -905,117 +763,4 @@ double tz_model_layer_part_flop(const struct tz_model_config *cfg, int B, int T,
                 2.0 * (double)B * (double)T * (double)T * HD;
   double mlp = 2.0 * N * 3.0 * C * F;
   return (parts & TZ_PART_ATTN ? attn : 0) + (parts & TZ_PART_MLP ? mlp : 0);
-}
-
-void tz_layer_probe_free(tz_compute *cm, struct tz_layer_probe *l) {
-  void *all[] = {l->params, l->grads, l->x_in,     l->x_out,
-                 l->dx_out, l->dx_in, l->acts_mem, l->scratch_mem};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (all[i])
-      tz_compute_free(cm, all[i]);
-  memset(l, 0, sizeof *l);
-}
-
-/* n elements of dtype t at dst (compute memory) from a repeated pseudo-random pattern in
- * [-scale, scale]: a probe on zeros times kernels fed zeros, which a GPU runs faster (less power
- * drawn, higher clocks) than the step's real data. */
-static int probe_fill(tz_compute *cm, void *dst, uint64_t n, enum tz_dtype t, float scale,
-                      uint64_t seed) {
-  enum { PATTERN = 1 << 20 };
-  size_t es = tz_dtype_size(t);
-  unsigned char *h = malloc((size_t)PATTERN * es);
-  if (!h)
-    return tz_err_set(TZ_ENOMEM, "layer probe: no memory for its input pattern");
-  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (size_t i = 0; i < PATTERN; i++) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    float f = scale * ((float)(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
-    if (t == TZ_F32)
-      memcpy(h + i * es, &f, sizeof f);
-    else {
-      uint16_t v = t == TZ_BF16 ? tz_f32_to_bf16(f) : tz_f32_to_f16(f);
-      memcpy(h + i * es, &v, sizeof v);
-    }
-  }
-  int rc = 0;
-  for (uint64_t off = 0; off < n && rc == 0; off += PATTERN) {
-    uint64_t k = n - off < PATTERN ? n - off : PATTERN;
-    rc = tz_compute_copy_in(cm, (unsigned char *)dst + off * es, h, (size_t)(k * es));
-  }
-  free(h);
-  return rc;
-}
-
-int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
-                         struct tz_layer_probe *l) {
-  memset(l, 0, sizeof *l);
-  enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
-  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
-  size_t x_bytes = (size_t)B * (size_t)T * (size_t)cfg->d_model * tz_dtype_size(S);
-  size_t sizes[8] = {np * tz_dtype_size(S),
-                     np * tz_dtype_size(G),
-                     x_bytes,
-                     x_bytes,
-                     x_bytes,
-                     x_bytes,
-                     tz_model_acts_bytes(cfg, S, B, T),
-                     tz_model_scratch_bytes(cfg, S, B, T)};
-  void **at[8] = {&l->params, &l->grads, &l->x_in,     &l->x_out,
-                  &l->dx_out, &l->dx_in, &l->acts_mem, &l->scratch_mem};
-  int rc = 0;
-  for (int i = 0; i < 8 && rc == 0; i++) {
-    rc = tz_compute_alloc(cm, sizes[i], at[i]);
-    if (rc == 0)
-      rc = tz_compute_zero(cm, *at[i], sizes[i]);
-  }
-  /* The inputs hold data of the magnitudes training sees (the rest is written before it is
-   * read, or accumulated into). */
-  uint64_t nx = (uint64_t)B * (uint64_t)T * (uint64_t)cfg->d_model;
-  if (rc == 0)
-    rc = probe_fill(cm, l->params, np, S, 0.02f, 1);
-  if (rc == 0)
-    rc = probe_fill(cm, l->x_in, nx, S, 1.0f, 2);
-  if (rc == 0)
-    rc = probe_fill(cm, l->dx_out, nx, S, 0.5f, 3);
-  if (rc < 0) {
-    tz_layer_probe_free(cm, l);
-    return rc;
-  }
-  tz_model_acts_carve(cfg, S, B, T, l->acts_mem, &l->acts);
-  tz_model_scratch_carve(cfg, S, B, T, l->scratch_mem, &l->scratch);
-  l->B = B;
-  l->T = T;
-  return 0;
-}
-
-int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
-                        const struct tz_layer_probe *l, unsigned recompute) {
-  TZ_CHECK(tz_model_layer_fwd(cm, cfg, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T));
-  return tz_model_layer_bwd(cm, cfg, l->params, l->grads, l->x_in, &l->acts, recompute, l->dx_out,
-                            l->dx_in, &l->scratch, l->B, l->T);
-}
-
-int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T, int reps,
-                        double *seconds) {
-  *seconds = 0;
-  if (reps < 1)
-    return tz_err_set(TZ_EINVAL, "layer probe: %d passes to time (at least 1)", reps);
-  struct tz_layer_probe l;
-  TZ_CHECK(tz_layer_probe_alloc(cm, cfg, B, T, &l));
-  int rc = 0;
-  double w0 = tz_now_s();
-  do
-    rc = tz_layer_probe_step(cm, cfg, &l, 1);
-  while (rc == 0 && (rc = tz_compute_sync(cm)) == 0 && tz_now_s() - w0 < TZ_LAYER_PROBE_WARM_S);
-  double t0 = tz_now_s();
-  for (int i = 0; i < reps && rc == 0; i++)
-    rc = tz_layer_probe_step(cm, cfg, &l, 1);
-  if (rc == 0)
-    rc = tz_compute_sync(cm);
-  if (rc == 0)
-    *seconds = (tz_now_s() - t0) / reps;
-  tz_layer_probe_free(cm, &l);
-  return rc;
 }

@@ -254,6 +254,9 @@ void tz_model_head_scratch_carve(const struct tz_model_config *cfg, enum tz_dtyp
 
 /* ---- Phases (all pointers in backend memory; B*T rows; T <= max_seq) ---- */
 
+/* 0 when B >= 1 and 1 <= T <= max_seq; else TZ_EINVAL naming both. */
+int tz_model_check_batch(const struct tz_model_config *cfg, int B, int T);
+
 /* x (B,T,C) = wte[tokens]; tokens (B,T) int32. */
 int tz_model_embed_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *embed,
                        const int32_t *tokens, void *x, int B, int T);
