@@ -75,7 +75,7 @@ static const char *const precision_names[] = {"fp32", "fp16", "bf16"};
 static const char *const log_names[] = {"error", "warn", "info", "debug", "trace"};
 /* auto: the tensor-core kernels where the shape allows; simple: the plain kernels for every shape
  * (kernels/cuda/attention.cu). */
-static const char *const cuda_attention_names[] = {"auto", "simple"};
+static const char *const cuda_attention_names[] = {"auto", "simple", "one-pass"};
 /* cublaslt: cuBLASLt; plain: matmul's own plain kernel for every call (kernels/cuda/matmul.cu). */
 static const char *const cuda_matmul_names[] = {"cublaslt", "plain"};
 

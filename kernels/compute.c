@@ -26,6 +26,9 @@ int tz_dtype_parse(const char *s, enum tz_dtype *out) {
   return tz_err_set(TZ_EINVAL, "dtype: unknown '%s' (want f32, bf16 or f16)", s ? s : "(null)");
 }
 
+const char *const tz_cuda_attention_tile_names[TZ_CUDA_ATTENTION_TILES] = {"4x32", "4x64", "8x32",
+                                                                           "8x64"};
+
 static int dtype_valid(enum tz_dtype dt) { return dt == TZ_F32 || dt == TZ_BF16 || dt == TZ_F16; }
 
 void tz_compute_params_init(struct tz_compute_params *p) {
@@ -303,8 +306,8 @@ int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out) {
   return 0;
 }
 
-static int check_rope(const char *op, void *x, int B, int T, int nh, int D,
-                      const struct tz_rope *r, double *inv_freq) {
+static int check_rope(const char *op, void *x, int B, int T, int nh, int D, const struct tz_rope *r,
+                      double *inv_freq) {
   NEED(B >= 0 && T >= 0 && nh > 0 && D > 0 && D % 2 == 0 && D <= TZ_ROPE_MAX_D,
        "compute %s: bad sizes B=%d T=%d nh=%d D=%d (D must be even, at most %d)", op, B, T, nh, D,
        TZ_ROPE_MAX_D);

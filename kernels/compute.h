@@ -58,7 +58,17 @@ enum tz_cuda_kernels {
   TZ_CUDA_KERNELS_BEST,  /* attention: the tensor-core kernels where the shape allows; matmul:
                           * cuBLASLt */
   TZ_CUDA_KERNELS_PLAIN, /* the plain kernels for every call (attention "simple", matmul "plain") */
+  TZ_CUDA_KERNELS_ONE_PASS, /* attention "one-pass": the tensor-core kernels, and the backward in
+                             * one pass over the key tiles (5 tile products instead of 7); matmul:
+                             * as BEST */
 };
+
+/* The cuda backend's one-pass attention backward comes in tiles named "warps x query rows": a
+ * block of that many warps of 16 key rows visits query chunks of that many rows. The first is
+ * the default; the others are built for bf16 at head dim 128 only, to be timed against it
+ * (tz-bench layer). */
+#define TZ_CUDA_ATTENTION_TILES 4
+extern const char *const tz_cuda_attention_tile_names[TZ_CUDA_ATTENTION_TILES];
 
 /* What a backend needs to create an instance. Zero means "the backend's default" throughout. */
 struct tz_compute_params {
@@ -74,6 +84,9 @@ struct tz_compute_params {
                                      destroys) its own non-blocking stream. cpu: ignored. */
   enum tz_cuda_kernels attention; /* cuda: the attention kernels (tierzero.cuda_attention) */
   enum tz_cuda_kernels matmul;    /* cuda: the matmul's path (tierzero.cuda_matmul) */
+  int attention_tiles;            /* cuda, one-pass backward: its tiles for bf16 at head dim 128,
+                                     an index into tz_cuda_attention_tile_names (0: the default,
+                                     which every other shape runs) */
 };
 void tz_compute_params_init(struct tz_compute_params *p);
 

@@ -133,7 +133,9 @@ static void compute_params(const tz_trainer *tr, struct tz_compute_params *cp) {
   cp->dtype = tr->S;
   cp->grad_dtype = TZ_F32;
   cp->device = tr->device;
-  cp->attention = tr->cfg.tierzero.cuda_attention ? TZ_CUDA_KERNELS_PLAIN : TZ_CUDA_KERNELS_BEST;
+  static const enum tz_cuda_kernels attention[] = {TZ_CUDA_KERNELS_BEST, TZ_CUDA_KERNELS_PLAIN,
+                                                   TZ_CUDA_KERNELS_ONE_PASS};
+  cp->attention = attention[tr->cfg.tierzero.cuda_attention];
   cp->matmul = tr->cfg.tierzero.cuda_matmul ? TZ_CUDA_KERNELS_PLAIN : TZ_CUDA_KERNELS_BEST;
 }
 

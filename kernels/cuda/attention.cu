@@ -337,7 +337,10 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
   if (!c->attn_simple) {
-    int rc = tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D);
+    int rc =
+        c->attn_onepass ? tz_cuda_attention_fwd_onepass(c, out, lse, q, k, v, B, T, H, Hkv, D) : 1;
+    if (rc > 0)
+      rc = tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D);
     if (rc <= 0)
       return rc;
   }
@@ -369,7 +372,11 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
     return 0;
   }));
   if (!c->attn_simple) {
-    int rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
+    int rc = c->attn_onepass ? tz_cuda_attention_bwd_onepass(c, dq, dk, dv, delta, dout, q, k, v,
+                                                             lse, B, T, H, Hkv, D)
+                             : 1;
+    if (rc > 0)
+      rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
     if (rc <= 0)
       return rc;
   }

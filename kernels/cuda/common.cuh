@@ -54,7 +54,9 @@ struct tz_cuda {
   enum tz_dtype G;     /* gradient dtype: S or TZ_F32 */
   int n_sm;            /* multiprocessors, for grid sizes */
   size_t smem_optin;   /* the most shared memory one block may ask for */
-  int attn_simple;     /* TZ_CUDA_ATTENTION=simple: the plain kernels for every shape */
+  int attn_simple;     /* tierzero.cuda_attention simple: the plain kernels for every shape */
+  int attn_onepass;    /* tierzero.cuda_attention one-pass: the one-pass tensor-core backward */
+  int attn_tiles;      /* its tiles: an index into tz_cuda_attention_tile_names */
   int mm_plain;        /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
   cudaStream_t stream; /* where all work goes: params.stream, or the instance's own */
   int stream_borrowed; /* stream came from params.stream: never destroyed here */
@@ -70,8 +72,8 @@ struct tz_cuda {
   int rope_T, rope_D;
   double rope_f[TZ_ROPE_MAX_D / 2]; /* the frequencies of the table, host copy */
   double *rope_f_dev;               /* the same on the device (TZ_ROPE_MAX_D / 2) */
-  int *err_dev;  /* device: {code, index, value, limit} of the first bad input */
-  int *err_host; /* pinned host copy of it, read at sync */
+  int *err_dev;                     /* device: {code, index, value, limit} of the first bad input */
+  int *err_host;                    /* pinned host copy of it, read at sync */
 };
 
 /* Returns scratch of at least bytes, 256-byte aligned, valid until the next call. Growing it
@@ -191,5 +193,19 @@ int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const vo
 int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
                               const void *dout, const void *q, const void *k, const void *v,
                               const float *lse, int B, int T, int H, int Hkv, int D);
+/* Whether the tensor-core kernels take a call with head dim D and tensors ts[0..n): 0 no, 1 at a
+ * padded width, 2 at an exact one. */
+int tz_cuda_attention_mma_route(const struct tz_cuda *c, int D, const void *const *ts, int n);
+/* The kernels of tierzero.cuda_attention one-pass (attention_onepass.cu), which return 1 where
+ * they do not take the call, as the ones above do: the forward with blocks of 128 query rows
+ * (the same bits as tz_cuda_attention_fwd_mma), and the backward in one pass over the key tiles,
+ * dq summed in key-tile order through the instance's scratch. */
+int tz_cuda_attention_fwd_onepass(struct tz_cuda *c, void *out, float *lse, const void *q,
+                                  const void *k, const void *v, int B, int T, int H, int Hkv,
+                                  int D);
+int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, void *dq, void *dk, void *dv,
+                                  const float *delta, const void *dout, const void *q,
+                                  const void *k, const void *v, const float *lse, int B, int T,
+                                  int H, int Hkv, int D);
 
 #endif

@@ -191,20 +191,23 @@ static int cuda_probe(char *why, size_t why_len) {
   return 0;
 }
 
-/* 1 for the plain kernels: k, or for TZ_CUDA_KERNELS_ENV the environment's value of
- * tierzero.cuda_attention (attention) or tierzero.cuda_matmul, read through the config. */
-static int plain_kernels(enum tz_cuda_kernels k, int attention) {
+/* The kernels k asks for, and for TZ_CUDA_KERNELS_ENV the ones the environment's value of
+ * tierzero.cuda_attention (attention) or tierzero.cuda_matmul says, read through the config. */
+static enum tz_cuda_kernels kernels_of(enum tz_cuda_kernels k, int attention) {
   if (k != TZ_CUDA_KERNELS_ENV)
-    return k == TZ_CUDA_KERNELS_PLAIN;
+    return k;
   struct tz_config cfg;
   tz_config_defaults(&cfg);
   int rc = tz_config_env_key(&cfg, attention ? "tierzero.cuda_attention" : "tierzero.cuda_matmul");
   if (rc < 0)
     TZ_WARN("compute cuda: %s; the default kernels are used", tz_err_msg());
-  /* The second name of each key's enum is the plain one. */
-  int plain = rc > 0 && (attention ? cfg.tierzero.cuda_attention : cfg.tierzero.cuda_matmul) == 1;
+  int v = rc > 0 ? (attention ? cfg.tierzero.cuda_attention : cfg.tierzero.cuda_matmul) : 0;
   tz_config_free(&cfg);
-  return plain;
+  /* Each key's enum: the default, then the plain kernels, then (attention) the one-pass backward.
+   */
+  return v == 1                ? TZ_CUDA_KERNELS_PLAIN
+         : v == 2 && attention ? TZ_CUDA_KERNELS_ONE_PASS
+                               : TZ_CUDA_KERNELS_BEST;
 }
 
 static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
@@ -239,8 +242,14 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   TZ_CU(cudaHostAlloc((void **)&c->err_host, 4 * sizeof(int), cudaHostAllocDefault));
   TZ_CU(cudaMalloc((void **)&c->err_dev, 4 * sizeof(int)));
   TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
-  c->attn_simple = plain_kernels(p->attention, 1);
-  c->mm_plain = plain_kernels(p->matmul, 0);
+  enum tz_cuda_kernels attn = kernels_of(p->attention, 1);
+  c->attn_simple = attn == TZ_CUDA_KERNELS_PLAIN;
+  c->attn_onepass = attn == TZ_CUDA_KERNELS_ONE_PASS;
+  if (p->attention_tiles < 0 || p->attention_tiles >= TZ_CUDA_ATTENTION_TILES)
+    return tz_err_set(TZ_EINVAL, "compute cuda: attention_tiles %d outside [0, %d)",
+                      p->attention_tiles, TZ_CUDA_ATTENTION_TILES);
+  c->attn_tiles = p->attention_tiles;
+  c->mm_plain = kernels_of(p->matmul, 0) == TZ_CUDA_KERNELS_PLAIN;
   return 0;
 }
 

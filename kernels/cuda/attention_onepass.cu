@@ -1,0 +1,609 @@
+/* Attention backward in one pass on tensor cores, deterministic (bf16 and fp16 storage, the head
+ * dims and widths of attention_mma.cu).
+ *
+ * The two-pass backward (attention_mma.cu) computes dq in a pass of its own over the query tiles,
+ * recomputing the scores and dout v^T there: 7 tile products. This one computes dq in the key
+ * tiles' pass beside dk and dv, with the 5 products of flash attention: for each query chunk a key
+ * tile's block already has dS^T = p^T (dp^T - delta) in registers (it needs it for dk), writes it
+ * to shared memory, and multiplies dS by its key tile into the chunk's share of dq, a (BM, DP)
+ * float tile. The shares of every key tile must be summed, and flash attention adds them with
+ * floating-point atomics, in whatever order the blocks arrive. Here they are summed in the order
+ * of the key tiles, always:
+ *
+ *   - a float accumulator per (batch, head) of (query chunks x BM, DP) in the instance's scratch,
+ *     and a counter per (batch, head, chunk), zeroed before the launch;
+ *   - key tile kt waits until the chunk's counter reads kt (key tiles 0..kt-1 have added theirs),
+ *     adds its share to the accumulator (tile 0 stores instead), and sets the counter to kt + 1;
+ *     the chunk's last key tile (the one holding its diagonal, or the sequence's last key) adds its
+ *     share, scales by 1 / sqrt(D) and writes dq in the storage dtype instead.
+ *
+ * A block only waits for blocks of the same (kv head, batch) with a smaller key tile index, which
+ * are launched before it (block indices are dispatched in order, x first), so the waits end. Each
+ * block visits its query chunks from the last to its first: every block of a head starts on the
+ * sequence's last chunk at once, so they meet each chunk together and wait only for each other's
+ * additions, not for each other's products (in increasing order, block kt would first wait for
+ * block 0 to reach chunk kt). Every sum has a fixed order, so the result is the same bits every
+ * run, and a different (but as accurate) rounding from the two-pass kernels'.
+ *
+ * Tiles: a block has WARPS warps of 16 key rows (BN = 16 WARPS keys) and visits query chunks of
+ * BM rows (32 or 64), Q and dout double-buffered with cp.async as in attention_mma.cu. The dq
+ * share's 16x16 units are dealt to the warps in turn. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ptx.cuh"
+
+namespace {
+
+using namespace tz_ptx;
+using namespace tz_attn;
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+/* A block's shape: WARPS warps of 16 key rows, query chunks of BM, width W. */
+template <typename W, int WARPS_, int BM_> struct bwd_tiles {
+  static constexpr int WARPS = WARPS_, BM = BM_, BN = 16 * WARPS_, NT = 32 * WARPS_;
+  static constexpr int PS = BM_ + 8; /* dS^T's pitch: 16-byte rows, PS / 8 odd (see width) */
+  static constexpr size_t smem =
+      (size_t)(2 * BN + 4 * BM) * W::P * 2 + (size_t)BN * PS * 2 + 4 * BM * sizeof(float);
+  static_assert(BM_ == 32 || BM_ == 64, "query chunk");
+  static_assert(BN % BM_ == 0, "a key tile starts a query chunk");
+};
+
+template <typename T, typename W, typename C>
+__global__ void __launch_bounds__(C::NT)
+    attn_bwd_onepass_kernel(T *dq, T *dk, T *dv, float *dq_acc, unsigned *counts, const T *dout,
+                            const T *q, const T *k, const T *v, const float *lse,
+                            const float *delta, int T_, int H, int Hkv, int D_, float scale,
+                            float scale_log2) {
+  constexpr int P = W::P, DP = W::DP, BN = C::BN, BM = C::BM, NT = C::NT, PS = C::PS;
+  constexpr int WARPS = C::WARPS;
+  const int D = W::PAD ? D_ : DP;
+  constexpr int KD = DP / 16, ND = DP / 8, NS = BM / 8;
+  /* the dq share in 16x16 units (m-tile, pair of n-tiles), unit u on warp u % WARPS */
+  constexpr int NPD = DP / 16, UNITS = (BM / 16) * NPD, UPW = (UNITS + WARPS - 1) / WARPS;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sK = (T *)smem_raw;               /* (BN, P) */
+  T *sV = sK + BN * P;                 /* (BN, P) */
+  T *sQ = sV + BN * P;                 /* 2 x (BM, P) */
+  T *sdO = sQ + 2 * BM * P;            /* 2 x (BM, P) */
+  T *sS = sdO + 2 * BM * P;            /* (BN, PS): dS^T of the chunk, keys by queries */
+  float *sL = (float *)(sS + BN * PS); /* 2 x (BM): lse * log2(e), 0 past T */
+  float *sD = sL + 2 * BM;             /* 2 x (BM): delta, 0 past T */
+  const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int group = H / Hkv;
+  const int k0 = kt * BN;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
+  const T *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
+  const T *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
+  const int key_lo = k0 + warp * 16 + g, key_hi = key_lo + 8;
+  const int n_qc = (T_ + BM - 1) / BM; /* query chunks of a head */
+  const int n_chunks = n_qc - k0 / BM; /* this block's: from the one starting at k0 */
+  const int n_it = group * n_chunks;
+
+  /* Iteration `it`: chunk n_qc - 1 - it / group of head hk * group + it % group. Every block of
+   * the kv head visits (head, chunk) at the same iteration index, whatever its first chunk, so
+   * no block runs ahead of the one before it by the heads of the group. */
+  auto load_chunk = [&](int it, int buf) {
+    int h = hk * group + it % group;
+    int i0 = (n_qc - 1 - it / group) * BM;
+    const T *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
+    const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
+    load_tile<BM, W, NT>(sQ + buf * BM * P, qb, qs, i0, T_ - i0, D);
+    load_tile<BM, W, NT>(sdO + buf * BM * P, dob, qs, i0, T_ - i0, D);
+    if (threadIdx.x < BM) {
+      int t = i0 + threadIdx.x;
+      const size_t row = ((size_t)b * H + h) * T_;
+      sL[buf * BM + threadIdx.x] = t < T_ ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
+      sD[buf * BM + threadIdx.x] = t < T_ ? delta[row + t] : 0.0f;
+    }
+  };
+
+  load_tile<BN, W, NT>(sK, kb, ks, k0, T_ - k0, D);
+  load_tile<BN, W, NT>(sV, vb, ks, k0, T_ - k0, D);
+  load_chunk(0, 0);
+  cp_async_commit();
+
+  float dka[ND][4], dva[ND][4];
+#pragma unroll
+  for (int i = 0; i < ND; i++) {
+    dka[i][0] = dka[i][1] = dka[i][2] = dka[i][3] = 0.0f;
+    dva[i][0] = dva[i][1] = dva[i][2] = dva[i][3] = 0.0f;
+  }
+
+  for (int it = 0; it < n_it; it++) {
+    const int buf = it & 1;
+    if (it + 1 < n_it) {
+      load_chunk(it + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int h = hk * group + it % group, ci = n_qc - 1 - it / group, i0 = ci * BM;
+    const T *Qc = sQ + buf * BM * P, *dOc = sdO + buf * BM * P;
+    const float *Lc = sL + buf * BM, *Dc = sD + buf * BM;
+
+    /* s^T = k q^T and dp^T = v dout^T for the warp's 16 keys */
+    float st[NS][4], dpt[NS][4];
+#pragma unroll
+    for (int i = 0; i < NS; i++) {
+      st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
+      dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      uint32_t ka[4], va[4];
+      load_a<P>(ka, sK, warp * 16, kk * 16, lane);
+      load_a<P>(va, sV, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int np = 0; np < NS / 2; np++) {
+        uint32_t bf[4];
+        load_b_nmajor<P>(bf, Qc, np * 16, kk * 16, lane);
+        mma16<T>::mma(st[2 * np], ka, bf[0], bf[1]);
+        mma16<T>::mma(st[2 * np + 1], ka, bf[2], bf[3]);
+        load_b_nmajor<P>(bf, dOc, np * 16, kk * 16, lane);
+        mma16<T>::mma(dpt[2 * np], va, bf[0], bf[1]);
+        mma16<T>::mma(dpt[2 * np + 1], va, bf[2], bf[3]);
+      }
+    }
+
+    /* p^T, and ds^T = p^T (dp^T - delta); keys after the query and queries past T give 0 */
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
+        int key = e < 2 ? key_lo : key_hi;
+        float p = query < key || query >= T_
+                      ? 0.0f
+                      : exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
+        st[nt][e] = p;
+        dpt[nt][e] = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
+      }
+    }
+
+    /* ds^T into shared memory for dq, rounded as the dk product's operand is */
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) {
+      int row = warp * 16 + g, col = nt * 8 + 2 * c;
+      uint32_t lo = mma16<T>::pack(dpt[nt][0], dpt[nt][1]);
+      uint32_t hi = mma16<T>::pack(dpt[nt][2], dpt[nt][3]);
+      memcpy(sS + row * PS + col, &lo, 4);
+      memcpy(sS + (row + 8) * PS + col, &hi, 4);
+    }
+
+    /* dv += p^T dout, dk += ds^T q */
+#pragma unroll
+    for (int j = 0; j < BM / 16; j++) {
+      uint32_t pa[4], dsa[4];
+      pack_a<T, NS>(pa, st, j);
+      pack_a<T, NS>(dsa, dpt, j);
+#pragma unroll
+      for (int dn = 0; dn < DP / 16; dn++) {
+        uint32_t bf[4];
+        load_b_kmajor<P>(bf, dOc, j * 16, dn * 16, lane);
+        mma16<T>::mma(dva[2 * dn], pa, bf[0], bf[1]);
+        mma16<T>::mma(dva[2 * dn + 1], pa, bf[2], bf[3]);
+        load_b_kmajor<P>(bf, Qc, j * 16, dn * 16, lane);
+        mma16<T>::mma(dka[2 * dn], dsa, bf[0], bf[1]);
+        mma16<T>::mma(dka[2 * dn + 1], dsa, bf[2], bf[3]);
+      }
+    }
+    __syncthreads(); /* dS^T complete */
+
+    /* this key tile's share of the chunk's dq: ds (BM, BN) k (BN, DP) */
+    float qa[UPW][2][4];
+#pragma unroll
+    for (int u = 0; u < UPW; u++) {
+      const int unit = warp + u * WARPS, mt = unit / NPD, np = unit % NPD;
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        qa[u][0][e] = qa[u][1][e] = 0.0f;
+      if (UNITS % WARPS != 0 && unit >= UNITS)
+        continue;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+        uint32_t a[4], bf[4];
+        load_a_kmajor<PS>(a, sS, kk * 16, mt * 16, lane);
+        load_b_kmajor<P>(bf, sK, kk * 16, np * 16, lane);
+        mma16<T>::mma(qa[u][0], a, bf[0], bf[1]);
+        mma16<T>::mma(qa[u][1], a, bf[2], bf[3]);
+      }
+    }
+
+    /* Add it to the chunk's sum after key tiles 0..kt-1, in that order; the last writes dq. */
+    const int last = (i0 + BM - 1 < T_ - 1 ? i0 + BM - 1 : T_ - 1) / BN;
+    unsigned *count = counts + ((size_t)b * H + h) * n_qc + ci;
+    if (kt > 0) {
+      if (threadIdx.x == 0)
+        while (ld_acquire(count) != (unsigned)kt)
+          __nanosleep(64);
+      __syncthreads();
+    }
+    float *acc = dq_acc + ((size_t)b * H + h) * (size_t)n_qc * BM * DP;
+    T *dqb = dq + (size_t)b * T_ * qs + (size_t)h * D;
+#pragma unroll
+    for (int u = 0; u < UPW; u++) {
+      const int unit = warp + u * WARPS, mt = unit / NPD, np = unit % NPD;
+      if (UNITS % WARPS != 0 && unit >= UNITS)
+        continue;
+#pragma unroll
+      for (int half = 0; half < 2; half++) {
+        const int col = np * 16 + half * 8 + 2 * c;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          const int row = i0 + mt * 16 + g + 8 * r;
+          float x0 = qa[u][half][2 * r], x1 = qa[u][half][2 * r + 1];
+          float2 *pa = (float2 *)(acc + (size_t)row * DP + col);
+          if (kt > 0) {
+            float2 prev = __ldcg(pa);
+            x0 = __fadd_rn(prev.x, x0);
+            x1 = __fadd_rn(prev.y, x1);
+          }
+          if (kt < last)
+            __stcg(pa, make_float2(x0, x1));
+          else if (row < T_ && (!W::PAD || col < D))
+            store_pair(dqb + (size_t)row * qs + col, __fmul_rn(x0, scale), __fmul_rn(x1, scale));
+        }
+      }
+    }
+    if (kt < last) {
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0)
+        st_release(count, (unsigned)kt + 1);
+    }
+    __syncthreads(); /* this chunk's buffers are refilled two chunks from now; sS next chunk */
+  }
+
+  T *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * D;
+  T *dvb = dv + (size_t)b * T_ * ks + (size_t)hk * D;
+#pragma unroll
+  for (int dt = 0; dt < ND; dt++) {
+    int d = dt * 8 + 2 * c;
+    if (W::PAD && d >= D)
+      continue;
+    if (key_lo < T_) {
+      store_pair(dkb + (size_t)key_lo * ks + d, __fmul_rn(dka[dt][0], scale),
+                 __fmul_rn(dka[dt][1], scale));
+      store_pair(dvb + (size_t)key_lo * ks + d, dva[dt][0], dva[dt][1]);
+    }
+    if (key_hi < T_) {
+      store_pair(dkb + (size_t)key_hi * ks + d, __fmul_rn(dka[dt][2], scale),
+                 __fmul_rn(dka[dt][3], scale));
+      store_pair(dvb + (size_t)key_hi * ks + d, dva[dt][2], dva[dt][3]);
+    }
+  }
+}
+
+/* ---- forward with 128 query rows a block: two 16-row tiles per warp ----
+ * attention_mma.cu's forward with each warp owning rows warp * 16 and 64 + warp * 16 of its
+ * block, so every K and V fragment a warp loads from shared memory feeds two products instead of
+ * one (half the shared-memory reads a product), and each key tile loaded serves 128 rows. Q's
+ * fragments are read from shared memory at each key tile instead of being kept in registers
+ * (they would not fit beside two tiles' output). A warp skips the product for a row tile that
+ * the key tile lies wholly after (the upper half of the last key tile for the first row tile):
+ * that changes no bit, since such a tile would scale the running sums by exp2(0) = 1 and add 0.
+ * Per element the same operations in the same order as attention_mma.cu's forward, so the same
+ * bits. */
+
+constexpr int F2_MT = 2, F2_BM = 64 * F2_MT, F2_BN = 64;
+
+template <typename W> constexpr size_t fwd2_smem_bytes() {
+  return (size_t)(F2_BM + 4 * F2_BN) * W::P * 2;
+}
+
+template <typename T, typename W>
+__global__ void __launch_bounds__(128)
+    attn_fwd_mma2_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H,
+                         int Hkv, int D_, float scale_log2) {
+  constexpr int P = W::P, DP = W::DP, MT = F2_MT, BM = F2_BM, BN = F2_BN;
+  const int D = W::PAD ? D_ : DP;
+  constexpr int KD = DP / 16, ND = DP / 8, NS = BN / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sQ = (T *)smem_raw;                     /* (BM, P) */
+  T *sK = sQ + BM * P;                       /* 2 x (BN, P) */
+  T *sV = sK + 2 * BN * P;                   /* 2 x (BN, P) */
+  const int qt = gridDim.x - 1 - blockIdx.x; /* the longest rows first */
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
+  const int q0 = qt * BM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
+  const T *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
+  const T *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
+  const T *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
+  /* key tiles up to the block's last row, and none starting at or past T */
+  const int last_row = q0 + BM - 1 < T_ - 1 ? q0 + BM - 1 : T_ - 1;
+  const int n_kt = last_row / BN + 1;
+  int row_lo[MT], row_hi[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+    row_lo[mt] = q0 + mt * 64 + warp * 16 + g;
+    row_hi[mt] = row_lo[mt] + 8;
+  }
+
+  load_tile<BM, W>(sQ, qb, qs, q0, T_ - q0, D);
+  load_tile<BN, W>(sK, kb, ks, 0, T_, D);
+  load_tile<BN, W>(sV, vb, ks, 0, T_, D);
+  cp_async_commit();
+
+  float o[MT][ND][4];
+  float m_lo[MT], m_hi[MT], l_lo[MT], l_hi[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+      o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+    m_lo[mt] = m_hi[mt] = -INFINITY;
+    l_lo[mt] = l_hi[mt] = 0.0f;
+  }
+
+  for (int kt = 0; kt < n_kt; kt++) {
+    const int buf = kt & 1;
+    if (kt + 1 < n_kt) {
+      int r0 = (kt + 1) * BN;
+      load_tile<BN, W>(sK + (buf ^ 1) * BN * P, kb, ks, r0, T_ - r0, D);
+      load_tile<BN, W>(sV + (buf ^ 1) * BN * P, vb, ks, r0, T_ - r0, D);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T *Kt = sK + buf * BN * P, *Vt = sV + buf * BN * P;
+    /* the row tiles this key tile reaches: its first key at or before the tile's last row */
+    bool live[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+      live[mt] = kt * BN <= q0 + mt * 64 + warp * 16 + 15;
+
+    float s[MT][NS][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int i = 0; i < NS; i++)
+        s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      uint32_t qa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+        load_a<P>(qa[mt], sQ, mt * 64 + warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int np = 0; np < NS / 2; np++) {
+        uint32_t bf[4];
+        load_b_nmajor<P>(bf, Kt, np * 16, kk * 16, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          if (!live[mt])
+            continue;
+          mma16<T>::mma(s[mt][2 * np], qa[mt], bf[0], bf[1]);
+          mma16<T>::mma(s[mt][2 * np + 1], qa[mt], bf[2], bf[3]);
+        }
+      }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      if (!live[mt])
+        continue;
+      /* scores in the log2 domain; keys after the query hidden where the tile reaches them */
+      const bool diag = (kt + 1) * BN - 1 > q0 + mt * 64 + warp * 16;
+      float mx_lo = m_lo[mt], mx_hi = m_hi[mt];
+#pragma unroll
+      for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int key = kt * BN + nt * 8 + 2 * c + (e & 1);
+          int row = e < 2 ? row_lo[mt] : row_hi[mt];
+          float x = __fmul_rn(s[mt][nt][e], scale_log2);
+          s[mt][nt][e] = diag && key > row ? -INFINITY : x;
+        }
+        mx_lo = fmaxf(mx_lo, fmaxf(s[mt][nt][0], s[mt][nt][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[mt][nt][2], s[mt][nt][3]));
+      }
+      /* Key 0 is in tile 0 and visible to every row, so the max is finite from the first tile. */
+      mx_lo = quad_max(mx_lo);
+      mx_hi = quad_max(mx_hi);
+      const float a_lo = exp2f(__fsub_rn(m_lo[mt], mx_lo)),
+                  a_hi = exp2f(__fsub_rn(m_hi[mt], mx_hi));
+      m_lo[mt] = mx_lo;
+      m_hi[mt] = mx_hi;
+      float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NS; nt++) {
+        s[mt][nt][0] = exp2f(__fsub_rn(s[mt][nt][0], mx_lo));
+        s[mt][nt][1] = exp2f(__fsub_rn(s[mt][nt][1], mx_lo));
+        s[mt][nt][2] = exp2f(__fsub_rn(s[mt][nt][2], mx_hi));
+        s[mt][nt][3] = exp2f(__fsub_rn(s[mt][nt][3], mx_hi));
+        ps_lo = __fadd_rn(ps_lo, __fadd_rn(s[mt][nt][0], s[mt][nt][1]));
+        ps_hi = __fadd_rn(ps_hi, __fadd_rn(s[mt][nt][2], s[mt][nt][3]));
+      }
+      l_lo[mt] = __fadd_rn(__fmul_rn(l_lo[mt], a_lo), ps_lo);
+      l_hi[mt] = __fadd_rn(__fmul_rn(l_hi[mt], a_hi), ps_hi);
+#pragma unroll
+      for (int dt = 0; dt < ND; dt++) {
+        o[mt][dt][0] = __fmul_rn(o[mt][dt][0], a_lo);
+        o[mt][dt][1] = __fmul_rn(o[mt][dt][1], a_lo);
+        o[mt][dt][2] = __fmul_rn(o[mt][dt][2], a_hi);
+        o[mt][dt][3] = __fmul_rn(o[mt][dt][3], a_hi);
+      }
+    }
+
+    /* o += p v, each V fragment serving both row tiles */
+#pragma unroll
+    for (int j = 0; j < BN / 16; j++) {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+        pack_a<T, NS>(pa[mt], s[mt], j);
+#pragma unroll
+      for (int dp = 0; dp < DP / 16; dp++) {
+        uint32_t bf[4];
+        load_b_kmajor<P>(bf, Vt, j * 16, dp * 16, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          if (!live[mt])
+            continue;
+          mma16<T>::mma(o[mt][2 * dp], pa[mt], bf[0], bf[1]);
+          mma16<T>::mma(o[mt][2 * dp + 1], pa[mt], bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads(); /* this buffer is refilled two tiles from now */
+  }
+
+  T *ob = out + (size_t)b * T_ * qs + (size_t)h * D;
+  float *lb = lse + ((size_t)b * H + h) * T_;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+    const float lo = quad_sum(l_lo[mt]), hi = quad_sum(l_hi[mt]);
+    const float inv_lo = __fdiv_rn(1.0f, lo), inv_hi = __fdiv_rn(1.0f, hi);
+#pragma unroll
+    for (int dt = 0; dt < ND; dt++) {
+      int d = dt * 8 + 2 * c; /* d and d + 1 are both below D or both not (D % 4 == 0) */
+      if (W::PAD && d >= D)
+        continue;
+      if (row_lo[mt] < T_)
+        store_pair(ob + (size_t)row_lo[mt] * qs + d, __fmul_rn(o[mt][dt][0], inv_lo),
+                   __fmul_rn(o[mt][dt][1], inv_lo));
+      if (row_hi[mt] < T_)
+        store_pair(ob + (size_t)row_hi[mt] * qs + d, __fmul_rn(o[mt][dt][2], inv_hi),
+                   __fmul_rn(o[mt][dt][3], inv_hi));
+    }
+    if (c == 0) {
+      if (row_lo[mt] < T_)
+        lb[row_lo[mt]] = __fmul_rn(__fadd_rn(m_lo[mt], log2f(lo)), LN2);
+      if (row_hi[mt] < T_)
+        lb[row_hi[mt]] = __fmul_rn(__fadd_rn(m_hi[mt], log2f(hi)), LN2);
+    }
+  }
+}
+
+template <typename E, typename W>
+int launch_fwd2(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
+                const void *v, int B, int T, int H, int Hkv, int D) {
+  constexpr size_t smem = fwd2_smem_bytes<W>();
+  auto kern = attn_fwd_mma2_kernel<E, W>;
+  if (smem > c->smem_optin)
+    return 1;
+  TZ_CU(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem));
+  dim3 grid((unsigned)((T + F2_BM - 1) / F2_BM), (unsigned)H, (unsigned)B);
+  float scale_log2 = 1.0f / sqrtf((float)D) * LOG2E;
+  kern<<<grid, 128, smem, c->stream>>>((E *)out, lse, (const E *)q, (const E *)k, (const E *)v, T,
+                                       H, Hkv, D, scale_log2);
+  TZ_CU_LAUNCHED();
+  return 0;
+}
+
+/* ---- the one-pass backward's launch ---- */
+
+/* The accumulator's and the counters' bytes for a shape and tile. */
+template <typename W, typename C> void scratch_layout(int B, int T, int H, size_t *acc, size_t *n) {
+  size_t n_qc = (size_t)((T + C::BM - 1) / C::BM);
+  *acc = (size_t)B * H * n_qc * C::BM * W::DP * sizeof(float);
+  *n = (size_t)B * H * n_qc;
+}
+
+template <typename E, typename W, typename C>
+int launch(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta, const void *dout,
+           const void *q, const void *k, const void *v, const float *lse, int B, int T, int H,
+           int Hkv, int D) {
+  auto kern = attn_bwd_onepass_kernel<E, W, C>;
+  if (C::smem > c->smem_optin)
+    return 1; /* a device with less shared memory: the two-pass kernels */
+  size_t acc_bytes, n_counts;
+  scratch_layout<W, C>(B, T, H, &acc_bytes, &n_counts);
+  void *scratch;
+  TZ_CHECK(tz_cuda_scratch(c, acc_bytes + n_counts * sizeof(unsigned), &scratch));
+  float *acc = (float *)scratch;
+  unsigned *counts = (unsigned *)((char *)scratch + acc_bytes);
+  TZ_CU(cudaMemsetAsync(counts, 0, n_counts * sizeof(unsigned), c->stream));
+  TZ_CU(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)C::smem));
+  float scale = 1.0f / sqrtf((float)D);
+  dim3 grid((unsigned)((T + C::BN - 1) / C::BN), (unsigned)Hkv, (unsigned)B);
+  kern<<<grid, C::NT, C::smem, c->stream>>>((E *)dq, (E *)dk, (E *)dv, acc, counts, (const E *)dout,
+                                            (const E *)q, (const E *)k, (const E *)v, lse, delta, T,
+                                            H, Hkv, D, scale, scale * LOG2E);
+  TZ_CU_LAUNCHED();
+  return 0;
+}
+
+/* The tiles by index (tz_cuda.attn_tiles, tz_cuda_attention_tile_names in compute.h): 0 the
+ * default, 4 warps (64 keys) and query chunks of 32, whose 246 registers do not spill at head dim
+ * 128; the others, built for bf16 at head dim 128's exact width only (the benchmark's shape, to
+ * keep the build small), are there to be timed against it (tz-bench layer --attn-tiles). */
+template <typename E, typename W>
+int launch_tiles(struct tz_cuda *c, int which, void *dq, void *dk, void *dv, const float *delta,
+                 const void *dout, const void *q, const void *k, const void *v, const float *lse,
+                 int B, int T, int H, int Hkv, int D) {
+  if constexpr (W::DP == 128 && !W::PAD && std::is_same<E, __nv_bfloat16>::value) {
+    switch (which) {
+    case 1:
+      return launch<E, W, bwd_tiles<W, 4, 64>>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
+                                               Hkv, D);
+    case 2:
+      return launch<E, W, bwd_tiles<W, 8, 32>>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
+                                               Hkv, D);
+    case 3:
+      return launch<E, W, bwd_tiles<W, 8, 64>>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
+                                               Hkv, D);
+    default: break;
+    }
+  }
+  (void)which;
+  return launch<E, W, bwd_tiles<W, 4, 32>>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv,
+                                           D);
+}
+
+} /* namespace */
+
+int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, void *dq, void *dk, void *dv,
+                                  const float *delta, const void *dout, const void *q,
+                                  const void *k, const void *v, const float *lse, int B, int T,
+                                  int H, int Hkv, int D) {
+  const void *ts[] = {dq, dk, dv, dout, q, k, v};
+  int route = tz_cuda_attention_mma_route(c, D, ts, 7);
+  if (!route)
+    return 1;
+  return with_width(D, route == 2, [&](auto w) {
+    using W = decltype(w);
+    if (c->S == TZ_BF16)
+      return launch_tiles<__nv_bfloat16, W>(c, c->attn_tiles, dq, dk, dv, delta, dout, q, k, v, lse,
+                                            B, T, H, Hkv, D);
+    return launch_tiles<__half, W>(c, c->attn_tiles, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
+                                   Hkv, D);
+  });
+}
+
+int tz_cuda_attention_fwd_onepass(struct tz_cuda *c, void *out, float *lse, const void *q,
+                                  const void *k, const void *v, int B, int T, int H, int Hkv,
+                                  int D) {
+  const void *ts[] = {out, q, k, v};
+  int route = tz_cuda_attention_mma_route(c, D, ts, 4);
+  if (!route)
+    return 1;
+  return with_width(D, route == 2, [&](auto w) {
+    using W = decltype(w);
+    if (c->S == TZ_BF16)
+      return launch_fwd2<__nv_bfloat16, W>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+    return launch_fwd2<__half, W>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+  });
+}
