@@ -118,7 +118,8 @@ static void check_bits(const char *what, const void *a, const void *b, size_t by
 struct env {
   tz_compute *gpu;
   enum tz_dtype S, G;
-  int mm_plain; /* created with TZ_CUDA_MATMUL=plain */
+  int mm_plain;         /* created with TZ_CUDA_MATMUL=plain */
+  const char *attn_bwd; /* the attention backward's name in op names: "one-pass", or NULL */
 };
 
 struct buf {
@@ -316,6 +317,26 @@ static int env_open(struct env *e, enum tz_dtype S, enum tz_dtype G) {
   e->G = G;
   const char *mm = getenv("TZ_CUDA_MATMUL");
   e->mm_plain = mm && strcmp(mm, "plain") == 0;
+  e->attn_bwd = NULL;
+  return tz_compute_create("cuda", &p, &e->gpu);
+}
+
+/* An instance whose attention backward is the one-pass kernel (attention_onepass.cu) with the
+ * given tiles (an index into its tile names; 0 the default). */
+static int env_open_onepass(struct env *e, enum tz_dtype S, int tiles) {
+  static char names[TZ_CUDA_ATTENTION_TILES][32];
+  snprintf(names[tiles], sizeof names[tiles], "one-pass %s", tz_cuda_attention_tile_names[tiles]);
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  p.dtype = S;
+  p.grad_dtype = TZ_F32;
+  p.attention = TZ_CUDA_KERNELS_ONE_PASS;
+  p.attention_tiles = tiles;
+  e->S = S;
+  e->G = TZ_F32;
+  const char *mm = getenv("TZ_CUDA_MATMUL");
+  e->mm_plain = mm && strcmp(mm, "plain") == 0;
+  e->attn_bwd = names[tiles];
   return tz_compute_create("cuda", &p, &e->gpu);
 }
 
@@ -1134,8 +1155,8 @@ static void attention_case(struct env *e, int B, int T, int H, int Hkv, int D, i
   buf_set(&lse, e, l);
   free(o), free(l);
   a.bwd = 1;
-  snprintf(name, sizeof name, "attention_bwd %s %s B=%d T=%d H=%d Hkv=%d D=%d", path,
-           tz_dtype_name(e->S), B, T, H, Hkv, D);
+  snprintf(name, sizeof name, "attention_bwd %s %s B=%d T=%d H=%d Hkv=%d D=%d",
+           tc && e->attn_bwd ? e->attn_bwd : path, tz_dtype_name(e->S), B, T, H, Hkv, D);
   struct op bwd = {.name = name, .launch = attn_launch, .args = &a};
   double K = (double)T * (H / Hkv);
   add_out(&bwd, &dq, "dq", tol_of(e->S, tc ? 3 : 1, K));
@@ -1177,6 +1198,15 @@ static void test_attention(void **state) {
                        simple || forced);
       env_close(&e);
     }
+  /* the one-pass backward, for both 16-bit dtypes */
+  for (int d = 0; d < 2; d++) {
+    struct env e;
+    TZ_ASSERT_OK(env_open_onepass(&e, storage_dtypes[d], 0));
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+      attention_case(&e, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4],
+                     forced);
+    env_close(&e);
+  }
   assert_int_equal(g_failures, 0);
 }
 
@@ -1195,9 +1225,13 @@ static void test_attention_padded(void **state) {
                                   {1, 70, 2, 2, 20},   {1, 50, 4, 2, 18},   {1, 66, 2, 1, 144}};
   const char *env = getenv("TZ_CUDA_ATTENTION");
   int forced = env && strcmp(env, "simple") == 0;
-  for (int d = 0; d < 2; d++) {
+  for (int d = 0; d < 4; d++) {
     struct env e;
-    TZ_ASSERT_OK(env_open(&e, storage_dtypes[d], TZ_F32));
+    /* the two-pass backward, then the one-pass one, for each 16-bit dtype */
+    if (d < 2)
+      TZ_ASSERT_OK(env_open(&e, storage_dtypes[d], TZ_F32));
+    else
+      TZ_ASSERT_OK(env_open_onepass(&e, storage_dtypes[d - 2], 0));
     for (int dim = 0; dim < 2; dim++)
       for (int t = 0; t < 4; t++)
         for (int hkv = 4; hkv >= 2; hkv /= 2)
@@ -1225,13 +1259,15 @@ static void test_attention_families(void **state) {
   int forced = env && strcmp(env, "simple") == 0;
   static const struct {
     enum tz_dtype S;
-    int simple;
-  } modes[] = {{TZ_BF16, 0}, {TZ_BF16, 1}, {TZ_F16, 0}, {TZ_F32, 0}};
+    int simple, onepass;
+  } modes[] = {{TZ_BF16, 0, 0}, {TZ_BF16, 1, 0}, {TZ_F16, 0, 0},
+               {TZ_F32, 0, 0},  {TZ_BF16, 0, 1}, {TZ_F16, 0, 1}};
   for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
     struct env e;
     if (modes[m].simple)
       setenv("TZ_CUDA_ATTENTION", "simple", 1);
-    int rc = env_open(&e, modes[m].S, TZ_F32);
+    int rc =
+        modes[m].onepass ? env_open_onepass(&e, modes[m].S, 0) : env_open(&e, modes[m].S, TZ_F32);
     if (modes[m].simple && !forced)
       unsetenv("TZ_CUDA_ATTENTION");
     TZ_ASSERT_OK(rc);
@@ -1245,6 +1281,90 @@ static void test_attention_families(void **state) {
         }
     env_close(&e);
   }
+  assert_int_equal(g_failures, 0);
+}
+
+/* The one-pass backward's tiles (tz_compute_params.attention_tiles; bf16 at head dim 128, the
+ * others run the default): each against the float64 reference and twice to the same bits, at
+ * sequence lengths of one chunk, of many (the key tiles' additions to each chunk's dq wait for
+ * each other, up to 17 of them at T = 1030 with 64-key tiles), and not a multiple of either
+ * tile, with grouped-query heads. */
+static void test_attention_onepass_tiles(void **state) {
+  (void)state;
+  g_failures = 0;
+  static const int shapes[][5] = {{1, 1, 1, 1, 128},    {1, 64, 8, 2, 128},  {2, 200, 4, 4, 128},
+                                  {1, 1030, 4, 1, 128}, {2, 333, 6, 3, 128}, {1, 130, 4, 2, 64}};
+  const char *env = getenv("TZ_CUDA_ATTENTION");
+  int forced = env && strcmp(env, "simple") == 0;
+  for (int tiles = 0; tiles < 4; tiles++) {
+    struct env e;
+    TZ_ASSERT_OK(env_open_onepass(&e, TZ_BF16, tiles));
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+      attention_case(&e, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4],
+                     forced);
+    env_close(&e);
+  }
+  /* The one-pass mode's forward (blocks of 128 query rows) gives the same bits as the default
+   * forward (blocks of 64): the same operations per element in the same order. Shapes with T
+   * inside one block, across blocks, and ending in the second half of a block. */
+  static const int fshapes[][5] = {{1, 1, 1, 1, 128},
+                                   {2, 200, 4, 2, 128},
+                                   {1, 300, 6, 3, 64},
+                                   {1, 77, 4, 4, 100},
+                                   {1, 190, 2, 1, 80}};
+  for (int d = 0; d < 2; d++) {
+    struct env e0, e1;
+    TZ_ASSERT_OK(env_open(&e0, storage_dtypes[d], TZ_F32));
+    TZ_ASSERT_OK(env_open_onepass(&e1, storage_dtypes[d], 0));
+    for (size_t s = 0; s < sizeof fshapes / sizeof fshapes[0]; s++) {
+      int B = fshapes[s][0], T = fshapes[s][1], H = fshapes[s][2], Hkv = fshapes[s][3];
+      int D = fshapes[s][4];
+      size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * H * T;
+      struct buf q, k, v, out, lse;
+      buf_init(&e0, &q, nq, TZ_F32, e0.S);
+      buf_init(&e0, &k, nk, TZ_F32, e0.S);
+      buf_init(&e0, &v, nk, TZ_F32, e0.S);
+      buf_init(&e0, &out, nq, TZ_F32, e0.S);
+      buf_init(&e0, &lse, nl, TZ_F32, TZ_F32);
+      float sc = 1.5f / sqrtf(sqrtf((float)D));
+      float *vq = randv(nq, sc), *vk = randv(nk, sc), *vv = randv(nk, 1.0f);
+      buf_set(&q, &e0, vq);
+      buf_set(&k, &e0, vk);
+      buf_set(&v, &e0, vv);
+      float *got[2][2];
+      struct env *es[2] = {&e0, &e1};
+      for (int i = 0; i < 2; i++) {
+        buf_poison(&out, &e0);
+        buf_poison(&lse, &e0);
+        TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
+        TZ_ASSERT_OK(
+            tz_compute_attention_fwd(es[i]->gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D));
+        TZ_ASSERT_OK(tz_compute_sync(es[i]->gpu));
+        got[i][0] = buf_get_gpu(&out, &e0);
+        got[i][1] = buf_get_gpu(&lse, &e0);
+      }
+      char what[128];
+      snprintf(what, sizeof what, "attention_fwd one-pass vs default %s B=%d T=%d H=%d Hkv=%d D=%d",
+               tz_dtype_name(e0.S), B, T, H, Hkv, D);
+      check_bits(what, got[0][0], got[1][0], nq * sizeof(float));
+      check_bits(what, got[0][1], got[1][1], nl * sizeof(float));
+      for (int i = 0; i < 2; i++)
+        free(got[i][0]), free(got[i][1]);
+      free(vq), free(vk), free(vv);
+      buf_fini(&e0, &q), buf_fini(&e0, &k), buf_fini(&e0, &v), buf_fini(&e0, &out);
+      buf_fini(&e0, &lse);
+    }
+    env_close(&e1);
+    env_close(&e0);
+  }
+  /* an index past the tiles is refused */
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  p.dtype = TZ_BF16;
+  p.attention_tiles = 4;
+  tz_compute *bad = NULL;
+  assert_int_equal(tz_compute_create("cuda", &p, &bad), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "attention_tiles 4"));
   assert_int_equal(g_failures, 0);
 }
 
@@ -1652,6 +1772,7 @@ int main(void) {
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_attention_padded),
       cmocka_unit_test(test_attention_families),
+      cmocka_unit_test(test_attention_onepass_tiles),
       cmocka_unit_test(test_swiglu),
       cmocka_unit_test(test_xent),
       cmocka_unit_test(test_negative_control),
