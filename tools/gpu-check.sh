@@ -6,7 +6,10 @@
 # Steps: tests topo tiers adam collectives hf families layer prefetch train product (default: all,
 # in that order; families: each model family against transformers, docs/model.md; product: the
 # trainer's GPU checks of docs/training.md),
-# and, only when named, trainbench: tools/bench-train.sh tz-offload llama-1b (docs/benchmarks.md).
+# and, only when named, trainbench: tools/bench-train.sh tz-offload llama-1b (docs/benchmarks.md);
+# attention: the one-pass attention (tierzero.cuda_attention one-pass, docs/cuda-kernels.md) in
+# the kernel tests, the model's and trainer's GPU tests, tz-bench layer, and tz-auto llama-7b
+# beside the default kernels (recompute auto, then all), one run after the other.
 set -uo pipefail
 steps=${*:-tests topo tiers adam collectives hf families layer prefetch train product}
 logs=/tmp/tz-gpu-logs
@@ -115,6 +118,18 @@ if has product; then
     --tz $b/bin/tz-model-check
 fi
 has trainbench && step trainbench env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-1b
+if has attention; then
+  step attn-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
+  step attn-model env TZ_CUDA_ATTENTION=one-pass ctest --test-dir $b --output-on-failure \
+    -R '^test_(model|train)_gpu$'
+  step attn-layer $b/bin/tz-bench layer
+  for r in auto all; do
+    for a in auto one-pass; do
+      step attn-7b-$r-$a env TZ_BIN=$b/bin TZ_RECOMPUTE=$r TZ_CUDA_ATTENTION=$a \
+        tools/bench-train.sh tz-auto llama-7b --steps 6 --warmup 2 --tag "$a-$r"
+    done
+  done
+fi
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
 [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$logs" .
 exit 0
