@@ -1287,13 +1287,14 @@ static void test_attention_families(void **state) {
 /* The one-pass backward's tiles (tz_compute_params.attention_tiles; bf16 at head dim 128, the
  * others run the default): each against the float64 reference and twice to the same bits, at
  * sequence lengths of one chunk, of many (the key tiles' additions to each chunk's dq wait for
- * each other, up to 17 of them at T = 1030 with 64-key tiles), and not a multiple of either
- * tile, with grouped-query heads. */
+ * each other, up to 17 of them at T = 1030 with 64-key tiles, 64 at T = 4096), and not a
+ * multiple of either tile, with grouped-query heads. */
 static void test_attention_onepass_tiles(void **state) {
   (void)state;
   g_failures = 0;
   static const int shapes[][5] = {{1, 1, 1, 1, 128},    {1, 64, 8, 2, 128},  {2, 200, 4, 4, 128},
-                                  {1, 1030, 4, 1, 128}, {2, 333, 6, 3, 128}, {1, 130, 4, 2, 64}};
+                                  {1, 1030, 4, 1, 128}, {2, 333, 6, 3, 128}, {1, 130, 4, 2, 64},
+                                  {1, 4096, 2, 1, 128}};
   const char *env = getenv("TZ_CUDA_ATTENTION");
   int forced = env && strcmp(env, "simple") == 0;
   for (int tiles = 0; tiles < 4; tiles++) {
@@ -1306,12 +1307,9 @@ static void test_attention_onepass_tiles(void **state) {
   }
   /* The one-pass mode's forward (blocks of 128 query rows) gives the same bits as the default
    * forward (blocks of 64): the same operations per element in the same order. Shapes with T
-   * inside one block, across blocks, and ending in the second half of a block. */
-  static const int fshapes[][5] = {{1, 1, 1, 1, 128},
-                                   {2, 200, 4, 2, 128},
-                                   {1, 300, 6, 3, 64},
-                                   {1, 77, 4, 4, 100},
-                                   {1, 190, 2, 1, 80}};
+   * inside one block, across blocks, ending in the second half of a block, and 32k. */
+  static const int fshapes[][5] = {{1, 1, 1, 1, 128},  {2, 200, 4, 2, 128}, {1, 300, 6, 3, 64},
+                                   {1, 77, 4, 4, 100}, {1, 190, 2, 1, 80},  {1, 32768, 2, 1, 128}};
   for (int d = 0; d < 2; d++) {
     struct env e0, e1;
     TZ_ASSERT_OK(env_open(&e0, storage_dtypes[d], TZ_F32));
