@@ -372,6 +372,25 @@ static int settle_home_phases(tz_trainer *tr, const struct tz_plan_request *r,
   return changed ? rebound(r, &tr->plan) : 0;
 }
 
+/* With TZ_LOG=debug, the bound's second step phase by phase (tz_plan_timeline): which lane waits
+ * for which, for every plan made (the last one is the plan run). */
+static int log_timeline(tz_trainer *tr, const struct tz_plan_request *r) {
+  if (!tz_log_enabled(TZ_LOG_DEBUG))
+    return 0;
+  struct tz_plan_event *ev = calloc((size_t)r->n_phases, sizeof *ev);
+  if (!ev)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan's timeline");
+  int rc = tz_plan_timeline(r, tr->plan.tier, tr->plan.window, ev);
+  if (rc == 0) {
+    TZ_DEBUG("train: the plan's bound %.3f s, CPU Adam share %g; its second step, ms from its "
+             "start:",
+             tr->plan.bound_s, tr->cpu_share);
+    tz_plan_print_timeline(stderr, ev, r->n_phases, "  ");
+  }
+  free(ev);
+  return rc;
+}
+
 /* The plan for the parts tr->recompute names. */
 static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
   struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
@@ -398,6 +417,8 @@ static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
   }
   if (rc == 0)
     rc = settle_home_phases(tr, &r, pp);
+  if (rc == 0)
+    rc = log_timeline(tr, &r);
   free(each);
   free(pp);
   return rc;
