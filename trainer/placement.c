@@ -276,6 +276,42 @@ static int guess_home_phases(tz_trainer *tr, const struct tz_plan_request *r,
   return 0;
 }
 
+/* Folded, the opt phases that run at the homes (pp[].at_home) go first in the step, in block
+ * order, and the rest keep theirs: tr->ph and pp are permuted alike (tr->loss_phase with them).
+ * An opt phase of block b must only come before the step's first read of b's parameters, and
+ * the previous step's gradients and clipping factor are complete when the step begins; in the
+ * forward, where tz_train_build_phases puts it, the client enters it only once the window has
+ * reached it, so the CPU's update of the last blocks would start after the GPU's update of all
+ * the others had crossed the host link, and the forward would then wait for it (docs/training.md,
+ * "Splitting Adam"). First, the home lane starts with the step and runs beside the GPU's opt
+ * phases. Each block's update is the same whatever the order: the same bits. */
+static int home_first(tz_trainer *tr, struct tz_plan_phase *pp) {
+  int n = tr->n_ph, k = 0, loss = tr->loss_phase;
+  if (tr->mode != TZ_OPT_FOLDED)
+    return 0;
+  struct phase *ph = malloc(sizeof *ph * (size_t)n);
+  struct tz_plan_phase *q = malloc(sizeof *q * (size_t)n);
+  if (!ph || !q) {
+    free(ph);
+    free(q);
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the order of a step");
+  }
+  for (int pass = 1; pass >= 0; pass--)
+    for (int i = 0; i < n; i++)
+      if (!!pp[i].at_home == pass) {
+        if (i == tr->loss_phase)
+          loss = k;
+        ph[k] = tr->ph[i];
+        q[k++] = pp[i];
+      }
+  memcpy(tr->ph, ph, sizeof *ph * (size_t)n);
+  memcpy(pp, q, sizeof *q * (size_t)n);
+  tr->loss_phase = loss;
+  free(ph);
+  free(q);
+  return 0;
+}
+
 /* The GPU's free memory for the plan: p->gpu_free when only planning, else asked of the backend,
  * less a reserve; 0 without a GPU. */
 static int gpu_free_bytes(tz_trainer *tr, const struct tz_trainer_params *p, uint64_t *out) {
@@ -393,6 +429,8 @@ static int log_timeline(tz_trainer *tr, const struct tz_plan_request *r) {
 
 /* The plan for the parts tr->recompute names. */
 static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
+  /* The step's order as built, before home_first moves the phases this plan runs at the homes. */
+  TZ_CHECK(tz_train_build_phases(tr));
   struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
   if (!pp)
     return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
@@ -403,6 +441,8 @@ static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
   int rc = cpu_step_grads(tr, p, &r, &each);
   if (rc == 0)
     rc = guess_home_phases(tr, &r, pp);
+  if (rc == 0)
+    rc = home_first(tr, pp);
   if (rc == 0)
     rc = compute_capacity(tr, p, &r);
   if (rc == 0) {
