@@ -238,6 +238,43 @@ static void test_home_first_same_bits(void **state) {
   }
 }
 
+/* tierzero.cpu_adam_search: a count of last blocks (the share it reports is theirs), and a bound
+ * no worse than any eighth's. */
+static void test_search_by_blocks(void **state) {
+  (void)state;
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.param_dev = "cpu";
+  o.opt_dev = "cpu";
+  struct tz_plan_rates rates = {.flops = 1e9, .copy_in = 2e9, .copy_out = 2e9, .adam = 1e8};
+  tz_trainer *tr = NULL;
+  o.cpu_adam_search = 1;
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+  double best = tz_trainer_plan(tr)->bound_s, share = tz_trainer_cpu_adam(tr);
+  uint64_t total = 0, taken = 0;
+  int k = 0;
+  for (int b = 0; b < tr->nb; b++)
+    total += tr->numel[b];
+  for (int b = tr->nb - 1; b >= 0 && tr->cpu_step[b]; b--, k++)
+    taken += tr->numel[b];
+  for (int b = 0; b < tr->nb - k; b++)
+    assert_false(tr->cpu_step[b]); /* the last k, and only they */
+  assert_close(share, (double)taken / (double)total);
+  tz_trainer_destroy(tr);
+  o.cpu_adam_search = 0;
+  for (int e = 0; e <= 8; e++) {
+    char buf[16];
+    snprintf(buf, sizeof buf, "%g", e / 8.0);
+    o.cpu_adam = buf;
+    TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+    assert_true(best <= tz_trainer_plan(tr)->bound_s * (1 + 1e-9));
+    tz_trainer_destroy(tr);
+  }
+  tc_world_close(&w);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "jitter") == 0)
     jitter_us = 200;
@@ -246,6 +283,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_home_first_bound),
       cmocka_unit_test(test_home_first_order),
       cmocka_unit_test(test_home_first_same_bits),
+      cmocka_unit_test(test_search_by_blocks),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);
