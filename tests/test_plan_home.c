@@ -264,6 +264,15 @@ static void test_search_by_blocks(void **state) {
   assert_close(share, (double)taken / (double)total);
   tz_trainer_destroy(tr);
   o.cpu_adam_search = 0;
+  /* The share as tz-train prints it gives the same blocks. */
+  char printed[32];
+  snprintf(printed, sizeof printed, "%g", share);
+  o.cpu_adam = printed;
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+  for (int b = 0; b < tr->nb; b++)
+    assert_int_equal(tr->cpu_step[b], b >= tr->nb - k);
+  assert_true(tz_trainer_plan(tr)->bound_s == best);
+  tz_trainer_destroy(tr);
   for (int e = 0; e <= 8; e++) {
     char buf[16];
     snprintf(buf, sizeof buf, "%g", e / 8.0);

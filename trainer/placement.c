@@ -115,7 +115,9 @@ void tz_train_choose_cpu_steps(tz_trainer *tr, double share) {
   for (int b = 0; b < tr->nb; b++)
     total += tr->numel[b];
   for (int b = tr->nb - 1; b >= 0; b--) {
-    tr->cpu_step[b] = share > 0 && (double)taken < share * (double)total;
+    /* Short of the share by less than a millionth of the parameters counts as reached: the
+     * share printed (%g) of a set of blocks (tierzero.cpu_adam_search) gives those blocks. */
+    tr->cpu_step[b] = share > 0 && (double)taken + 1e-6 * (double)total < share * (double)total;
     taken += tr->cpu_step[b] ? tr->numel[b] : 0;
   }
 }
