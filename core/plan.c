@@ -259,6 +259,7 @@ struct sim {
    * and its time on the compute lane. */
   double *ph_in, *ph_out, *ph_comp;
   struct resident w;
+  struct tz_plan_event *ev; /* (n): the second step's phases (tz_plan_timeline), or NULL */
   double comp, lane[3], busy[3], compute_s;
   double home, home_s;               /* the home lane: where its last phase ends, its busy time */
   double coll;                       /* the comm's lane (overlapped collectives): where it ends */
@@ -336,25 +337,28 @@ static void sim_home_phase(struct sim *m, int s, int p, int idx, double gate) {
   int n = m->n;
   /* Entered as far ahead as a compute phase, after the previous step's compute (a folded
    * update waits for its norm), and after the write-back of any dirty copy it uses. */
-  double start = max2(gate, s > 0 ? m->end[n - 1] : 0);
+  double start = max2(gate, s > 0 ? m->end[n - 1] : 0), inputs = gate;
   for (int u = 0; u < ph->n_uses; u++) {
     int b = ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind;
     if (m->tiers[b] != TZ_PLAN_COMPUTE)
-      start = max2(start, m->back_at[b]);
+      inputs = max2(inputs, m->back_at[b]);
   }
+  start = max2(start, inputs);
   /* Sharing the compute lane's cores, the CPU's Adam is that lane's when not measured. */
   double home_rate = rt->adam_home > 0 ? rt->adam_home : r->home_on_compute ? rt->adam : 0;
   double d = cost(ph->flop, rt->flops, &m->unknown) + cost(ph->adam_elems, home_rate, &m->unknown);
-  double done;
+  double done, begin;
   if (r->home_on_compute) {
-    m->comp = max2(m->comp, start) + d;
+    begin = max2(m->comp, start);
+    m->comp = begin + d;
     done = m->comp;
     if (s == 1) {
       m->compute_s += d;
       m->ph_comp[p] = d;
     }
   } else {
-    m->home = max2(m->home, start) + d;
+    begin = max2(m->home, start);
+    m->home = begin + d;
     done = m->home;
     if (s == 1)
       m->home_s += d;
@@ -370,6 +374,9 @@ static void sim_home_phase(struct sim *m, int s, int p, int idx, double gate) {
   }
   m->end[idx] = m->comp;
   m->end[2 * n + idx] = idx > 0 ? max2(m->comp, m->end[2 * n + idx - 1]) : m->comp;
+  if (s == 1 && m->ev)
+    m->ev[p] = (struct tz_plan_event){
+        .at_home = 1, .entered = gate, .inputs = inputs, .start = begin, .end = done, .back = done};
 }
 
 /* The copies in for phase p of step s, instance idx, each issued once its room is free at
@@ -414,7 +421,7 @@ static double sim_copies_in(struct sim *m, int s, int p, int idx, double room_at
 }
 
 /* Phase p of step s, instance idx, on the compute lane once its inputs are ready. */
-static void sim_compute(struct sim *m, int s, int p, int idx, double ready) {
+static void sim_compute(struct sim *m, int s, int p, int idx, double gate, double ready) {
   const struct tz_plan_rates *rt = m->rt;
   const struct tz_plan_phase *ph = &m->r->phases[p];
   int n = m->n;
@@ -435,6 +442,9 @@ static void sim_compute(struct sim *m, int s, int p, int idx, double ready) {
     m->compute_s += d;
     m->ph_comp[p] = d;
   }
+  if (s == 1 && m->ev)
+    m->ev[p] = (struct tz_plan_event){
+        .entered = gate, .inputs = ready, .start = start, .end = m->comp, .back = m->comp};
 }
 
 /* The write-backs of phase p of step s, instance idx, after its compute. */
@@ -467,6 +477,8 @@ static void sim_write_backs(struct sim *m, int s, int p, int idx) {
         m->disk_w += b;
       }
     }
+    if (s == 1 && m->ev)
+      m->ev[p].back = max2(m->ev[p].back, m->back_at[x->group * TZ_PLAN_KINDS + x->kind]);
   }
 }
 
@@ -514,14 +526,14 @@ static void sim_bound(struct sim *m, uint64_t window, int fewest, struct tz_plan
  * place: after the write-backs of the copies it uses, before the copies in of what it wrote,
  * whose held copies it makes stale. */
 static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint64_t window,
-                     struct tz_plan *out) {
+                     struct tz_plan *out, struct tz_plan_event *ev) {
   int n = r->n_phases;
   uint64_t chunk = round_up(r->chunk, r->align);
   uint64_t room = window > chunk ? window - chunk : 0;
   int cap = r->lookahead > 0 ? r->lookahead : n;
   if (cap > n)
     cap = n;
-  struct sim m = {.r = r, .tiers = tiers, .rt = &r->rates, .n = n};
+  struct sim m = {.r = r, .tiers = tiers, .rt = &r->rates, .n = n, .ev = ev};
   if (sim_alloc(&m, room) < 0) {
     out->bound_s = out->compute_s = out->path_s = out->link_s = 0;
     for (int i = 0; i < TZ_PLAN_TIERS + 1; i++)
@@ -546,19 +558,52 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
         continue;
       }
       ready = sim_copies_in(&m, s, p, idx, room_at, ready);
-      sim_compute(&m, s, p, idx, ready);
+      sim_compute(&m, s, p, idx, gate, ready);
       sim_write_backs(&m, s, p, idx);
     }
   }
   sim_bound(&m, window, fewest, out);
+  if (ev) { /* from the second step's origin, with each phase's bytes */
+    double t0 = m.end[n - 1];
+    for (int p = 0; p < n; p++) {
+      snprintf(ev[p].name, sizeof ev[p].name, "%s", r->phases[p].name);
+      ev[p].entered -= t0;
+      ev[p].inputs -= t0;
+      ev[p].start -= t0;
+      ev[p].end -= t0;
+      ev[p].back -= t0;
+      ev[p].in_bytes = m.ph_in[p];
+      ev[p].out_bytes = m.ph_out[p];
+    }
+  }
   sim_free(&m);
 }
 
 int tz_plan_bound(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,
                   struct tz_plan *out) {
   TZ_CHECK(check_request(req));
-  simulate(req, tiers, window, out);
+  simulate(req, tiers, window, out, NULL);
   return 0;
+}
+
+int tz_plan_timeline(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,
+                     struct tz_plan_event *ev) {
+  TZ_CHECK(check_request(req));
+  struct tz_plan out;
+  memset(&out, 0, sizeof out);
+  memset(ev, 0, sizeof *ev * (size_t)req->n_phases);
+  simulate(req, tiers, window, &out, ev);
+  return 0;
+}
+
+void tz_plan_print_timeline(FILE *f, const struct tz_plan_event *ev, int n, const char *indent) {
+  fprintf(f, "%s%-16s %-7s %9s %9s %9s %9s %9s %9s %9s\n", indent, "phase", "lane", "entered",
+          "inputs", "start", "end", "back", "in MB", "out MB");
+  for (int p = 0; p < n; p++)
+    fprintf(f, "%s%-16s %-7s %9.2f %9.2f %9.2f %9.2f %9.2f %9.1f %9.1f\n", indent, ev[p].name,
+            ev[p].at_home ? "home" : "compute", 1e3 * ev[p].entered, 1e3 * ev[p].inputs,
+            1e3 * ev[p].start, 1e3 * ev[p].end, 1e3 * ev[p].back, ev[p].in_bytes / 1e6,
+            ev[p].out_bytes / 1e6);
 }
 
 /* ---- placement ---- */
@@ -596,7 +641,7 @@ static uint64_t window_for(const struct tz_plan_request *r, uint64_t used_comput
  * would leave a window asked for (req.window) below its minimum. 1 if it moved one. */
 static int move_one(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
                     uint64_t used[], int from, struct tz_plan *scratch) {
-  simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch);
+  simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch, NULL);
   double before = scratch->bound_s;
   uint64_t minw = min_window(r, tiers);
   int best = -1, best_to = -1, best_frees = 0;
@@ -624,7 +669,7 @@ static int move_one(const struct tz_plan_request *r, int8_t *tiers, const int8_t
         freed = grown >= b ? 0 : b - grown;
     }
     uint64_t uc = used[TZ_PLAN_COMPUTE] - (from == TZ_PLAN_COMPUTE ? b : 0);
-    simulate(r, tiers, window_for(r, uc), scratch);
+    simulate(r, tiers, window_for(r, uc), scratch, NULL);
     tiers[i] = (int8_t)from;
     int frees = freed > 0;
     double per = (double)(frees ? freed : b);
@@ -742,14 +787,14 @@ static int widen_window(const struct tz_plan_request *r, int8_t *tiers, const in
   if (!before)
     return tz_err_set(TZ_ENOMEM, "plan: no memory");
   for (int moves = 0; moves < n; moves++) {
-    simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch);
+    simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch, NULL);
     double bound = scratch->bound_s;
     uint64_t kept[TZ_PLAN_TIERS];
     memcpy(before, tiers, (size_t)n);
     memcpy(kept, used, sizeof kept);
     if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, scratch))
       break;
-    simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch);
+    simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch, NULL);
     if (!(scratch->bound_s < bound * (1 - 1e-9))) {
       memcpy(tiers, before, (size_t)n);
       memcpy(used, kept, sizeof kept);
@@ -803,7 +848,7 @@ static void fill_plan(const struct tz_plan_request *r, int8_t *tiers, const int8
   out->window = window_for(r, used[TZ_PLAN_COMPUTE]);
   for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
     out->moves += !fixed[i] && out->tier[i] != TZ_PLAN_COMPUTE;
-  simulate(r, out->tier, out->window, out);
+  simulate(r, out->tier, out->window, out, NULL);
 }
 
 int tz_plan_make(const struct tz_plan_request *r, struct tz_plan *out) {

@@ -154,6 +154,26 @@ void tz_plan_free(struct tz_plan *p); /* frees what tz_plan_make allocated; NULL
 int tz_plan_bound(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,
                   struct tz_plan *out);
 
+/* One phase of the simulated second step (tz_plan_timeline), its times in seconds from the end of
+ * the first step's last phase (the second step's origin). A compute phase: entered (its window
+ * reaches it), its inputs arrived, its compute from start to end, its write-backs done at back.
+ * A home phase: the same on the home lane (inputs: the write-backs it waited for). */
+struct tz_plan_event {
+  char name[24];
+  int at_home;
+  double entered, inputs, start, end, back;
+  double in_bytes, out_bytes; /* copied in for it, written back after it */
+};
+
+/* The second step of the bound's simulation phase by phase, into ev (req->n_phases entries), with
+ * the homes tiers and this window: where the bound's time goes, for `TZ_LOG=debug tz-train
+ * --plan` and for tests. */
+int tz_plan_timeline(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,
+                     struct tz_plan_event *ev);
+
+/* Prints tz_plan_timeline's events, one line a phase, each starting with indent. */
+void tz_plan_print_timeline(FILE *f, const struct tz_plan_event *ev, int n, const char *indent);
+
 /* The scheduler's minimum window for req before placement: the largest phase's blocks (each
  * rounded up to align) plus one chunk, as tz_sched_min_budget counts it, with the blocks forced
  * into the compute tier (force, force_each) counted as used in place and every other block as

@@ -423,7 +423,7 @@ static void test_cpu_adam_search(void **state) {
     assert_false(tz_trainer_plan(tr)->unknown_rates);
     tz_trainer_destroy(tr);
   }
-  assert_true(share[0] >= 0 && share[0] <= 1 && share[0] * 8 == floor(share[0] * 8));
+  assert_true(share[0] >= 0 && share[0] <= 1); /* a count of last blocks: test_plan_home */
   assert_true(share[1] == 0 && share[2] == 1);
   assert_true(bound[0] <= bound[1] && bound[0] <= bound[2]);
   tc_world_close(&w);

@@ -115,7 +115,9 @@ void tz_train_choose_cpu_steps(tz_trainer *tr, double share) {
   for (int b = 0; b < tr->nb; b++)
     total += tr->numel[b];
   for (int b = tr->nb - 1; b >= 0; b--) {
-    tr->cpu_step[b] = share > 0 && (double)taken < share * (double)total;
+    /* Short of the share by less than a millionth of the parameters counts as reached: the
+     * share printed (%g) of a set of blocks (tierzero.cpu_adam_search) gives those blocks. */
+    tr->cpu_step[b] = share > 0 && (double)taken + 1e-6 * (double)total < share * (double)total;
     taken += tr->cpu_step[b] ? tr->numel[b] : 0;
   }
 }
@@ -276,6 +278,42 @@ static int guess_home_phases(tz_trainer *tr, const struct tz_plan_request *r,
   return 0;
 }
 
+/* Folded, the opt phases that run at the homes (pp[].at_home) go first in the step, in block
+ * order, and the rest keep theirs: tr->ph and pp are permuted alike (tr->loss_phase with them).
+ * An opt phase of block b must only come before the step's first read of b's parameters, and
+ * the previous step's gradients and clipping factor are complete when the step begins; in the
+ * forward, where tz_train_build_phases puts it, the client enters it only once the window has
+ * reached it, so the CPU's update of the last blocks would start after the GPU's update of all
+ * the others had crossed the host link, and the forward would then wait for it (docs/training.md,
+ * "Splitting Adam"). First, the home lane starts with the step and runs beside the GPU's opt
+ * phases. Each block's update is the same whatever the order: the same bits. */
+static int home_first(tz_trainer *tr, struct tz_plan_phase *pp) {
+  int n = tr->n_ph, k = 0, loss = tr->loss_phase;
+  if (tr->mode != TZ_OPT_FOLDED)
+    return 0;
+  struct phase *ph = malloc(sizeof *ph * (size_t)n);
+  struct tz_plan_phase *q = malloc(sizeof *q * (size_t)n);
+  if (!ph || !q) {
+    free(ph);
+    free(q);
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the order of a step");
+  }
+  for (int pass = 1; pass >= 0; pass--)
+    for (int i = 0; i < n; i++)
+      if (!!pp[i].at_home == pass) {
+        if (i == tr->loss_phase)
+          loss = k;
+        ph[k] = tr->ph[i];
+        q[k++] = pp[i];
+      }
+  memcpy(tr->ph, ph, sizeof *ph * (size_t)n);
+  memcpy(pp, q, sizeof *q * (size_t)n);
+  tr->loss_phase = loss;
+  free(ph);
+  free(q);
+  return 0;
+}
+
 /* The GPU's free memory for the plan: p->gpu_free when only planning, else asked of the backend,
  * less a reserve; 0 without a GPU. */
 static int gpu_free_bytes(tz_trainer *tr, const struct tz_trainer_params *p, uint64_t *out) {
@@ -372,8 +410,29 @@ static int settle_home_phases(tz_trainer *tr, const struct tz_plan_request *r,
   return changed ? rebound(r, &tr->plan) : 0;
 }
 
+/* With TZ_LOG=debug, the bound's second step phase by phase (tz_plan_timeline): which lane waits
+ * for which, for every plan made (the last one is the plan run). */
+static int log_timeline(tz_trainer *tr, const struct tz_plan_request *r) {
+  if (!tz_log_enabled(TZ_LOG_DEBUG))
+    return 0;
+  struct tz_plan_event *ev = calloc((size_t)r->n_phases, sizeof *ev);
+  if (!ev)
+    return tz_err_set(TZ_ENOMEM, "train: no memory for the plan's timeline");
+  int rc = tz_plan_timeline(r, tr->plan.tier, tr->plan.window, ev);
+  if (rc == 0) {
+    TZ_DEBUG("train: the plan's bound %.3f s, CPU Adam share %g; its second step, ms from its "
+             "start:",
+             tr->plan.bound_s, tr->cpu_share);
+    tz_plan_print_timeline(stderr, ev, r->n_phases, "  ");
+  }
+  free(ev);
+  return rc;
+}
+
 /* The plan for the parts tr->recompute names. */
 static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
+  /* The step's order as built, before home_first moves the phases this plan runs at the homes. */
+  TZ_CHECK(tz_train_build_phases(tr));
   struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
   if (!pp)
     return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
@@ -384,6 +443,8 @@ static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
   int rc = cpu_step_grads(tr, p, &r, &each);
   if (rc == 0)
     rc = guess_home_phases(tr, &r, pp);
+  if (rc == 0)
+    rc = home_first(tr, pp);
   if (rc == 0)
     rc = compute_capacity(tr, p, &r);
   if (rc == 0) {
@@ -398,6 +459,8 @@ static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
   }
   if (rc == 0)
     rc = settle_home_phases(tr, &r, pp);
+  if (rc == 0)
+    rc = log_timeline(tr, &r);
   free(each);
   free(pp);
   return rc;
@@ -526,29 +589,76 @@ int tz_train_check_machine(tz_trainer *tr, const struct tz_trainer_params *p) {
   return tz_machine_check(&n, f);
 }
 
+/* The last k blocks stepped by the CPU (k = 0: none); cpu_share: their share of the parameters.
+ * tz_train_choose_cpu_steps with that share picks the same blocks. */
+static void choose_cpu_blocks(tz_trainer *tr, int k) {
+  uint64_t total = 0, taken = 0;
+  for (int b = 0; b < tr->nb; b++) {
+    tr->cpu_step[b] = b >= tr->nb - k;
+    total += tr->numel[b];
+    taken += tr->cpu_step[b] ? tr->numel[b] : 0;
+  }
+  tr->cpu_share = total ? (double)taken / (double)total : 0;
+}
+
+/* The blocks tz_train_choose_cpu_steps gives the CPU for share (the last ones). */
+static int cpu_blocks_of(tz_trainer *tr, double share) {
+  tz_train_choose_cpu_steps(tr, share);
+  int k = 0;
+  while (k < tr->nb && tr->cpu_step[tr->nb - 1 - k])
+    k++;
+  return k;
+}
+
+/* The bound of the plan with the last k blocks stepped by the CPU into *bound; 0 when that plan
+ * does not fit or its rates are unknown (passed over), 1 when known, or an error. */
+static int bound_with_cpu_blocks(tz_trainer *tr, const struct tz_trainer_params *p, int k,
+                                 double *bound) {
+  choose_cpu_blocks(tr, k);
+  int rc = tz_train_make_plan(tr, p);
+  int known = rc == 0 && !tr->plan.unknown_rates;
+  *bound = tr->plan.bound_s;
+  tz_plan_free(&tr->plan);
+  return known;
+}
+
 /* tierzero.cpu_adam_search: of the shares 0, 1/8, ..., 1, the one whose plan predicts the least
- * bound (the smaller on a tie within a part in a billion); shares whose plan does not fit are
- * passed over. With a GPU only where the share can apply (tz_train_make_plan): otherwise, and
- * when a plan's rates are unknown, the default. Leaves cpu_step chosen for tz_train_make_plan to
- * plan again. */
+ * bound; then, between its neighbours in that list, every count of last blocks: a share is taken
+ * a block at a time, and where the CPU's and the link's paths balance can fall between two
+ * eighths (llama-3b on an H200: 6 layers and the head, 0.23 of the parameters). The fewer blocks
+ * on a tie within a part in a billion; plans that do not fit are passed over. With a GPU only
+ * where the share can apply (tz_train_make_plan): otherwise, and when a plan's rates are unknown,
+ * the default. Leaves cpu_step chosen for tz_train_make_plan to plan again. */
 int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p) {
   const struct tz_config *c = &tr->cfg;
   int applies =
       !tr->gpu || (!p->auto_placement &&
                    tier_of_device(c->zero_optimization.offload_optimizer.device) == TZ_PLAN_HOST);
-  double best = -1, best_bound = 0;
-  for (int k = 0; applies && k <= 8; k++) {
-    tz_train_choose_cpu_steps(tr, k / 8.0);
-    int rc = tz_train_make_plan(tr, p);
-    int known = rc == 0 && !tr->plan.unknown_rates;
-    double bound = tr->plan.bound_s;
-    tz_plan_free(&tr->plan);
-    if (known && (best < 0 || bound < best_bound * (1 - 1e-9))) {
-      best = k / 8.0;
+  int blocks[9], best = -1, lo = 0, hi = 0;
+  double best_bound = 0, bound;
+  for (int e = 0; applies && e <= 8; e++) {
+    blocks[e] = cpu_blocks_of(tr, e / 8.0);
+    if (e > 0 && blocks[e] == blocks[e - 1])
+      continue; /* the same blocks as the share before */
+    if (bound_with_cpu_blocks(tr, p, blocks[e], &bound) &&
+        (best < 0 || bound < best_bound * (1 - 1e-9))) {
+      best = blocks[e];
       best_bound = bound;
+      lo = e > 0 ? blocks[e - 1] : blocks[e];
+      hi = e < 8 ? cpu_blocks_of(tr, (e + 1) / 8.0) : blocks[e];
     }
   }
-  tz_train_choose_cpu_steps(tr, best >= 0 ? best : c->tierzero.cpu_adam);
+  int coarse = best;
+  for (int k = lo + 1; best >= 0 && k < hi; k++)
+    if (k != coarse && bound_with_cpu_blocks(tr, p, k, &bound) &&
+        (bound < best_bound * (1 - 1e-9) || (k < best && bound <= best_bound * (1 + 1e-9)))) {
+      best = k;
+      best_bound = bound;
+    }
+  if (best >= 0)
+    choose_cpu_blocks(tr, best);
+  else
+    tz_train_choose_cpu_steps(tr, c->tierzero.cpu_adam);
   return 0;
 }
 

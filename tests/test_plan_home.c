@@ -1,0 +1,300 @@
+/* Splitting Adam between the CPU and the GPU (docs/training.md "Splitting Adam"): where in a
+ * folded step the opt phases that run at the homes go, and what that does to the bound and to
+ * the bits.
+ *
+ * The folded step as tz_train_build_phases builds it puts opt(b) just before fwd(b). An opt phase
+ * at the homes is entered only when the client's in-order walk reaches it, and the client walks
+ * at the pace of the window, which the GPU's streamed opt phases fill: the CPU's update of the
+ * last blocks then starts after the link has carried the others', and the forward waits for it.
+ * The trainer moves the home opt phases to the front of the step (placement.c home_first): the
+ * home lane starts with the step, beside the GPU's opt phases. */
+#define _GNU_SOURCE
+#include "core/plan.h"
+#include "core/sched.h"
+#include "testlib.h"
+#include "train_cases.h"
+#include "trainer/train_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int jitter_us;
+static char *nvme_dir;
+
+static void assert_close(double got, double want) {
+  if (!(fabs(got - want) <= 1e-9 * fabs(want))) {
+    fprintf(stderr, "got %.17g, want %.17g\n", got, want);
+    fail();
+  }
+}
+
+/* ---- the bound ---- */
+
+#define NG 4 /* blocks the GPU steps, their state streamed from the host */
+#define NC 2 /* blocks the CPU steps at their homes */
+#define NB (NG + NC)
+#define NP (2 * NB + 1) /* opt and fwd of each block, one backward */
+
+static const uint64_t S = 1 << 20, chunk = 4096;
+static const double t = 1e-3, c = 0.5e-3, h = 5e-3, bwd = 1e-3; /* a copy, a fwd, CPU Adam */
+
+static void opt_phase(struct tz_plan_phase *p, int g, int at_home) {
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "opt%d", g);
+  p->adam_elems = 1e6;
+  p->at_home = at_home;
+  p->n_uses = 2;
+  p->uses[0] = (struct tz_plan_use){g, TZ_PLAN_MASTER, TZ_ACCESS_READ | TZ_ACCESS_WRITE};
+  p->uses[1] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_WRITE};
+}
+
+static void fwd_phase(struct tz_plan_phase *p, int g) {
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "fwd%d", g);
+  p->flop = c * 1e12;
+  p->n_uses = 1;
+  p->uses[0] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_READ};
+}
+
+/* The step in the order tz_train_build_phases gives it (home_first 0: opt(b) before fwd(b)) or
+ * with the home opt phases first (1). The last NC blocks are stepped at their homes. */
+static void build_step(struct tz_plan_phase *ph, int home_first) {
+  int n = 0;
+  if (home_first)
+    for (int g = NG; g < NB; g++)
+      opt_phase(&ph[n++], g, 1);
+  for (int g = 0; g < NB; g++) {
+    if (!home_first || g < NG)
+      opt_phase(&ph[n++], g, g >= NG);
+    fwd_phase(&ph[n++], g);
+  }
+  memset(&ph[n], 0, sizeof ph[n]);
+  snprintf(ph[n].name, sizeof ph[n].name, "bwd");
+  ph[n].flop = bwd * 1e12;
+  assert_int_equal(n + 1, NP);
+}
+
+static struct tz_plan_request request(const uint64_t (*bytes)[TZ_PLAN_KINDS],
+                                      const struct tz_plan_phase *ph) {
+  struct tz_plan_request r;
+  memset(&r, 0, sizeof r);
+  r.n_groups = NB;
+  r.bytes = bytes;
+  r.n_phases = NP;
+  r.phases = ph;
+  r.align = 4096;
+  r.chunk = chunk;
+  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    r.force[k] = TZ_PLAN_AUTO;
+  r.rates = (struct tz_plan_rates){.flops = 1e12,
+                                   .copy_in = (double)S / t,
+                                   .copy_out = (double)S / t,
+                                   .adam = 1e15,
+                                   .adam_home = 1e6 / h};
+  return r;
+}
+
+/* Homes: every master on the host; the GPU-stepped blocks' parameters in the compute tier (used
+ * in place), the CPU-stepped ones' on the host (the CPU writes them, the forward copies them in).
+ * A window of one block: the GPU's opt phases stream one after the other. Home first, the CPU
+ * starts with the step and its path is the bound: NC * h of Adam, the last block's parameters
+ * copied in, its forward and the backward. In the forward, the CPU starts only once the window
+ * has reached its first phase, later by the GPU's opt phases before it. The CPU's busy time is
+ * the same either way, and so is what crosses the link. */
+static void test_home_first_bound(void **state) {
+  (void)state;
+  uint64_t bytes[NB][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  int8_t tiers[NB * TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
+  for (int g = 0; g < NB; g++) {
+    bytes[g][TZ_PLAN_PARAM] = S;
+    bytes[g][TZ_PLAN_MASTER] = S;
+    if (g < NG)
+      tiers[g * TZ_PLAN_KINDS + TZ_PLAN_PARAM] = TZ_PLAN_COMPUTE;
+  }
+  struct tz_plan_phase inter[NP], first[NP];
+  build_step(inter, 0);
+  build_step(first, 1);
+  struct tz_plan_request ri = request(bytes, inter), rf = request(bytes, first);
+  struct tz_plan pi, pf;
+  TZ_ASSERT_OK(tz_plan_bound(&ri, tiers, S + chunk, &pi));
+  TZ_ASSERT_OK(tz_plan_bound(&rf, tiers, S + chunk, &pf));
+  assert_false(pi.unknown_rates || pf.unknown_rates);
+  assert_close(pf.bound_s, NC * h + t + c + bwd);
+  assert_close(pf.lane_s[3], NC * h);
+  assert_close(pi.lane_s[3], NC * h);
+  assert_close(pf.lane_s[0], pi.lane_s[0]);
+  assert_close(pf.lane_s[1], pi.lane_s[1]);
+  assert_true(pi.bound_s > pf.bound_s + 2 * t);
+
+  /* The timelines say why: home first, the CPU's first update starts with the step and the
+   * second right after it; in the forward, the first waits for the window. */
+  struct tz_plan_event ei[NP], ef[NP];
+  TZ_ASSERT_OK(tz_plan_timeline(&ri, tiers, S + chunk, ei));
+  TZ_ASSERT_OK(tz_plan_timeline(&rf, tiers, S + chunk, ef));
+  assert_true(ef[0].at_home && ef[1].at_home && !ef[2].at_home);
+  assert_string_equal(ef[0].name, "opt4");
+  assert_true(fabs(ef[0].start) < 1e-12);
+  assert_close(ef[1].start, h);
+  assert_close(ef[1].end, NC * h);
+  assert_close(ef[NP - 1].end, pf.bound_s);
+  int home = 2 * NG; /* opt4 in the interleaved order */
+  assert_true(ei[home].at_home);
+  assert_string_equal(ei[home].name, "opt4");
+  assert_true(ei[home].start > 2 * t);
+  assert_close(ei[NP - 1].end, pi.bound_s);
+  for (int p = 0; p < NP; p++)
+    assert_true(ef[p].end >= ef[p].start && ef[p].start >= ef[p].inputs - 1e-12);
+  /* The copies the step's phases wait for: every GPU-stepped master in and out, the CPU-stepped
+   * parameters in. */
+  double in = 0, out = 0;
+  for (int p = 0; p < NP; p++) {
+    in += ef[p].in_bytes;
+    out += ef[p].out_bytes;
+  }
+  assert_close(in, (double)((NG + NC) * S));
+  assert_close(out, (double)(NG * S));
+}
+
+/* ---- the trainer's order and bits ---- */
+
+/* The trainer, made for its plan only with forced host offload and tierzero.cpu_adam share:
+ * folded (clipping on), the opt phases at the homes come first in the step, in block order, and
+ * no phase after them runs at the homes; overlapped (no clipping), the order is the one built. */
+static void test_home_first_order(void **state) {
+  (void)state;
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.param_dev = "cpu";
+  o.opt_dev = "cpu";
+  o.cpu_adam = "0.5";
+  for (int folded = 1; folded >= 0; folded--) {
+    o.clip = folded ? 0.05 : 0;
+    tz_trainer *tr = NULL;
+    TZ_ASSERT_OK(tc_plan_only(&o, &w, NULL, 0, &tr));
+    assert_int_equal(tr->mode, folded ? TZ_OPT_FOLDED : TZ_OPT_OVERLAPPED);
+    int n_home = 0, first_block = -1;
+    for (int b = 0; b < tr->nb; b++)
+      n_home += tr->cpu_step[b];
+    assert_true(n_home > 0 && n_home < tr->nb);
+    for (int b = tr->nb - 1; b >= 0 && tr->cpu_step[b]; b--)
+      first_block = b;
+    int seen = 0;
+    for (int i = 0; i < tr->n_ph; i++) {
+      if (!tr->at_home[i])
+        continue;
+      assert_int_equal(tr->ph[i].kind, PH_OPT);
+      if (folded) { /* the first n_home phases, blocks in order */
+        assert_int_equal(i, seen);
+        assert_int_equal(tr->ph[i].block, first_block + seen);
+      }
+      seen++;
+    }
+    assert_int_equal(seen, n_home);
+    if (!folded) /* built order: each home opt phase after the backward of its block */
+      assert_false(tr->at_home[0]);
+    /* The loss phase moved with the phases: the last micro-batch's embedding backward. */
+    assert_int_equal(tr->ph[tr->loss_phase].kind, PH_EMBED_BWD);
+    assert_int_equal(tr->ph[tr->loss_phase].micro, tr->G - 1);
+    tz_trainer_destroy(tr);
+  }
+  tc_world_close(&w);
+}
+
+/* Every share gives the same bits with the home opt phases first, folded (clipping), also with
+ * a window that streams and evicts, with accumulation, and with untied embeddings; the home
+ * lane ran, and less crossed into the compute tier than with every block stepped there. */
+static void test_home_first_same_bits(void **state) {
+  (void)state;
+  for (int v = 0; v < 3; v++) {
+    struct tc_opts o;
+    tc_opts_init(&o);
+    o.param_dev = "cpu";
+    o.opt_dev = "cpu";
+    o.small_window = v == 1;
+    o.untied = v == 2;
+    o.accum = v == 2 ? 1 : 2;
+    const char *shares[] = {"0", "0.3", "0.6", "1"};
+    struct tc_result r[4];
+    for (int s = 0; s < 4; s++) {
+      o.cpu_adam = shares[s];
+      tc_run_single(&o, jitter_us, nvme_dir, &r[s]);
+    }
+    char what[64];
+    for (int s = 1; s < 4; s++) {
+      snprintf(what, sizeof what, "variant %d, share %s against 0", v, shares[s]);
+      tc_expect_same(&r[0], &r[s], what);
+      assert_true(r[s].st.home_s > 0);
+      assert_true(r[s].st.fill_bytes < r[0].st.fill_bytes);
+    }
+    assert_true(r[0].st.home_s == 0);
+    for (int s = 0; s < 4; s++)
+      tc_result_free(&r[s]);
+  }
+}
+
+/* tierzero.cpu_adam_search: a count of last blocks (the share it reports is theirs), and a bound
+ * no worse than any eighth's. */
+static void test_search_by_blocks(void **state) {
+  (void)state;
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.param_dev = "cpu";
+  o.opt_dev = "cpu";
+  struct tz_plan_rates rates = {.flops = 1e9, .copy_in = 2e9, .copy_out = 2e9, .adam = 1e8};
+  tz_trainer *tr = NULL;
+  o.cpu_adam_search = 1;
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+  double best = tz_trainer_plan(tr)->bound_s, share = tz_trainer_cpu_adam(tr);
+  uint64_t total = 0, taken = 0;
+  int k = 0;
+  for (int b = 0; b < tr->nb; b++)
+    total += tr->numel[b];
+  for (int b = tr->nb - 1; b >= 0 && tr->cpu_step[b]; b--, k++)
+    taken += tr->numel[b];
+  for (int b = 0; b < tr->nb - k; b++)
+    assert_false(tr->cpu_step[b]); /* the last k, and only they */
+  assert_close(share, (double)taken / (double)total);
+  tz_trainer_destroy(tr);
+  o.cpu_adam_search = 0;
+  /* The share as tz-train prints it gives the same blocks. */
+  char printed[32];
+  snprintf(printed, sizeof printed, "%g", share);
+  o.cpu_adam = printed;
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+  for (int b = 0; b < tr->nb; b++)
+    assert_int_equal(tr->cpu_step[b], b >= tr->nb - k);
+  assert_true(tz_trainer_plan(tr)->bound_s == best);
+  tz_trainer_destroy(tr);
+  for (int e = 0; e <= 8; e++) {
+    char buf[16];
+    snprintf(buf, sizeof buf, "%g", e / 8.0);
+    o.cpu_adam = buf;
+    TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+    assert_true(best <= tz_trainer_plan(tr)->bound_s * (1 + 1e-9));
+    tz_trainer_destroy(tr);
+  }
+  tc_world_close(&w);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "jitter") == 0)
+    jitter_us = 200;
+  nvme_dir = tz_test_mkdtemp("tz_plan_home");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_home_first_bound),
+      cmocka_unit_test(test_home_first_order),
+      cmocka_unit_test(test_home_first_same_bits),
+      cmocka_unit_test(test_search_by_blocks),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  tz_test_rmdir(nvme_dir);
+  return rc;
+}
