@@ -22,19 +22,21 @@ assert r["read_bytes"] + r["write_bytes"] == 256 << 20, r
 assert 0.15 < r["read_share"] < 0.45, r
 assert (r["rw"], r["rwmixread"], r["bs"], r["iodepth"], r["direct"], r["ioengine"]) == \
     ("rw", 30, 1 << 20, 64, 1, "io_uring"), r
-assert r["dir"] == sys.argv[2] and r["size"] == 256 << 20 and r["runtime_s"] > 0, r
+assert r["dir"] == sys.argv[2] and r["size"] == r["io_size"] == 256 << 20, r
+assert r["runtime_s"] > 0, r
 PY
 [ -z "$(ls -A "$dir/disk")" ] || fail "files left: $(ls -A "$dir/disk")"
 
 # The ends of the share: a write-only and a read-only job; the options given are the job's.
 "$dc" "$dir/disk" 0 16M --bs 65536 --iodepth 8 > "$dir/w" 2> "$dir/err" || { cat "$dir/err"; fail "write job"; }
-"$dc" "$dir/disk" 1 16M --random > "$dir/r" 2> "$dir/err" || { cat "$dir/err"; fail "read job"; }
+"$dc" "$dir/disk" 1 16M --random --io-size 40M > "$dir/r" 2> "$dir/err" || { cat "$dir/err"; fail "read job"; }
 python3 - "$dir/w" "$dir/r" <<'PY' || fail "the one-way jobs: $(cat "$dir/w" "$dir/r")"
 import json, sys
 w, r = (json.load(open(p)) for p in sys.argv[1:])
 assert w["rw"] == "write" and w["read_bytes"] == 0 and w["write_gbs"] > 0, w
 assert (w["bs"], w["iodepth"]) == (65536, 8), w
 assert r["rw"] == "randread" and r["write_bytes"] == 0 and r["read_gbs"] > 0, r
+assert r["io_size"] == r["read_bytes"] == 40 << 20 and r["size"] == 16 << 20, r
 PY
 
 # Wrong arguments: status 2 and the argument named.
