@@ -41,8 +41,8 @@
 #                    --nvme-dir at the timed steps' read share, with the run's request size and
 #                    queue depth, and the result gets fio's rates and the step's over fio's
 #                    (bench_table.py disk-ceiling; docs/benchmarks.md, "Disk rates during a step")
-#   --disk-ceiling-size SIZE  that job's file and bytes (default: what a timed step moved,
-#                    within 256 MiB and 16 GiB); 4GiB, 512M, ...
+#   --disk-ceiling-size SIZE  that job's file (default: as large as the state the run kept on
+#                    the disk, at least 256 MiB; it moves what a timed step moved); 4GiB, 512M
 #   --ds-site DIR    ds-*: DeepSpeed's install (default $TZ_DS_SITE, else /tmp/ds-site), whose
 #                    env.sh is sourced; installed there first by tools/ds-install.sh from
 #                    .whl/ds when it has none

@@ -37,10 +37,12 @@ ZeRO-3 (bench/ds_peer.py).
       After a tz-* run whose steps used the disk (nvme_* keys in its metrics: tz-nvme, tz-auto
       when the plan put state there): runs tools/disk-ceiling.sh on DIR, one mixed fio job at the
       timed steps' read share with the run's request size and queue depth (aio.block_size,
-      tierzero.queue_depth, tierzero.nvme_buffered from the metrics' config line), SIZE bytes
-      (default: the bytes a timed step moved, within 256 MiB and 16 GiB), and adds fio's rates
-      and the step's over fio's to FILE (the disk_* and fio_* keys below); "disk_ceiling_error"
-      when fio is missing or fails. Nothing for a run without the disk. Exit status 0, or 2.
+      tierzero.queue_depth, tierzero.nvme_buffered from the metrics' config line), on a file of
+      SIZE bytes (default: the state the run kept on the disk, its nvme arena's used bytes, at
+      least 256 MiB), moving what a timed step moved (reads and writes together, at least the
+      file once), and adds fio's rates and the step's over fio's to FILE (the disk_* and fio_*
+      keys below); "disk_ceiling_error" when fio is missing or fails. Nothing for a run without
+      the disk. Exit status 0, or 2.
 
 Result schema (both sides): runner, model, seq, micro_batch, world_size, steps (timed), warmup,
 step_s (median of the timed steps), tokens_per_step, tokens_per_s (tokens_per_step / step_s),
@@ -51,7 +53,8 @@ last); a failed configuration has "error" instead of the figures. tz-* runs that
 add, over the timed steps: disk_read_bytes and disk_write_bytes (a step's, the mean),
 disk_read_gbs and disk_write_gbs (their bytes over their wall time, GB/s), disk_read_share,
 disk_busy_share (the nvme tier's busy time over the steps' time), disk_busy_read_gbs and
-disk_busy_write_gbs (bytes over the busy time); and after disk-ceiling: fio_read_gbs,
+disk_busy_write_gbs (bytes over the busy time), disk_state_bytes (the nvme arena's used bytes at
+the last step); and after disk-ceiling: fio_read_gbs,
 fio_write_gbs, fio_read_share, fio_job (tools/disk-ceiling.sh's object), disk_read_vs_fio and
 disk_write_vs_fio (the step's rate over fio's: issue 26 asks >= 0.9), disk_busy_read_vs_fio and
 disk_busy_write_vs_fio (the same while the disk was busy).
@@ -619,6 +622,9 @@ def disk_figures(timed):
          "disk_read_gbs": rd / wall / 1e9 if wall > 0 else None,
          "disk_write_gbs": wr / wall / 1e9 if wall > 0 else None,
          "disk_read_share": rd / (rd + wr) if rd + wr else None}
+    used = ((timed[-1].get("memory") or {}).get("nvme") or {}).get("used")
+    if isinstance(used, int):
+        d["disk_state_bytes"] = used
     if busy:
         d.update({"disk_busy_s": busy / n, "disk_busy_share": busy / wall if wall > 0 else None,
                   "disk_busy_read_gbs": rd / busy / 1e9, "disk_busy_write_gbs": wr / busy / 1e9})
@@ -820,7 +826,7 @@ def run(args):
 
 # ---- disk-ceiling ----
 
-CEILING_MIN, CEILING_MAX = 256 << 20, 16 << 30
+CEILING_MIN = 256 << 20
 
 
 def run_config(metrics):
@@ -850,15 +856,18 @@ def disk_ceiling(a):
     tz = cfg.get("tierzero") or {}
     bs = (cfg.get("aio") or {}).get("block_size") or 1 << 20
     qd = tz.get("queue_depth") or 0
-    step_bytes = res["disk_read_bytes"] + res["disk_write_bytes"]
+    # The file as large as the state the step read and wrote (so that a cache in front of the
+    # disk holds as much of it as of the run's), the bytes a step's.
     try:
         size = parse_size(a.size) if a.size else \
-            min(max(int(step_bytes), CEILING_MIN), CEILING_MAX)
+            max(int(res.get("disk_state_bytes") or 0), CEILING_MIN)
     except ValueError as e:
         print("bench_table: disk-ceiling: --size %s" % e, file=sys.stderr)
         return 2
+    io = max(int(res["disk_read_bytes"] + res["disk_write_bytes"]), size)
     cmd = [os.path.join(ROOT, "tools", "disk-ceiling.sh"), a.nvme_dir,
-           "%.4f" % res["disk_read_share"], str(size), "--bs", str(bs), "--iodepth", str(qd)]
+           "%.4f" % res["disk_read_share"], str(size), "--io-size", str(io), "--bs", str(bs),
+           "--iodepth", str(qd)]
     if tz.get("nvme_buffered"):
         cmd.append("--buffered")
     print("bench: the disk's ceiling: %s" % " ".join(cmd), file=sys.stderr, flush=True)
@@ -927,8 +936,8 @@ def main():
     c.add_argument("--out", required=True, help="the run's result, added to")
     c.add_argument("--metrics", required=True, help="the run's tz-train --metrics file")
     c.add_argument("--nvme-dir", required=True, help="the run's tierzero.nvme_path")
-    c.add_argument("--size", help="fio's file and bytes moved (default: a step's, within "
-                                  "256 MiB and 16 GiB)")
+    c.add_argument("--size", help="fio's file (default: the state the run kept on the disk, "
+                                  "at least 256 MiB)")
     a = ap.parse_args(argv)
     if a.cmd == "table":
         return table(a)

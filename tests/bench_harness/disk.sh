@@ -48,7 +48,8 @@ assert abs(r["disk_read_share"] - 0.5) > 0.005, r["disk_read_share"]
 assert j["dir"] == sys.argv[2] and j["rwmixread"] == round(100 * r["disk_read_share"]), j
 assert abs(j["read_share_asked"] - r["disk_read_share"]) < 1e-4, j
 assert (j["bs"], j["iodepth"], j["direct"]) == (1 << 20, 64, 1), j
-assert j["size"] == 256 << 20, j  # a tiny step moves less than the smallest job
+# a tiny model's state is less than the smallest file, and a step moves less than it
+assert j["size"] == j["io_size"] == 256 << 20, j
 assert r["fio_read_gbs"] > 0 and r["fio_write_gbs"] > 0, r
 for d in ("read", "write"):
     assert abs(r["disk_%s_vs_fio" % d] - r["disk_%s_gbs" % d] / r["fio_%s_gbs" % d]) < 1e-9, r
@@ -59,7 +60,7 @@ PY
   [ -z "$(ls -A "$dir/nvme")" ] || fail "files left in the nvme directory: $(ls -A "$dir/nvme")"
   # The size asked for.
   "${bt[@]}" --tag sized --disk-ceiling-size 64M > "$dir/s.out" 2>&1 || { cat "$dir/s.out"; fail "sized run"; }
-  python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['fio_job']['size'] == 64 << 20" \
+  python3 -c "import json,sys; j = json.load(open(sys.argv[1]))['fio_job']; assert j['size'] == j['io_size'] == 64 << 20, j" \
     "$dir/tz-nvme-tiny-sized.json" || fail "--disk-ceiling-size 64M not the job's size"
 else
   echo "no fio: its job is not run here (the result's error is checked below)"
