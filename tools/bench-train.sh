@@ -254,8 +254,8 @@ if [ "$runner" = tz-auto ] || [ "$runner" = tz-nvme ]; then
   # The disk's ceiling on the same directory, once the run's files are gone; nothing when the
   # run failed or its steps did not use the disk.
   [ "$ceiling" = 1 ] && [ -s "$out" ] &&
-    python3 "$root/tools/bench_table.py" disk-ceiling --out "$out" --metrics "$results/$name.jsonl" \
-      --nvme-dir "$nvme_dir" ${ceiling_size:+--size "$ceiling_size"}
+    python3 "$root/tools/bench_table.py" disk-ceiling --out "$out" \
+      --metrics "$results/$name.jsonl" --nvme-dir "$nvme_dir" ${ceiling_size:+--size "$ceiling_size"}
 fi
 keep
 exit $rc

@@ -26,9 +26,9 @@
 # the disk; the layout is not timed.
 # Output (stdout): {"read_gbs", "write_gbs", "total_gbs" (GB/s, 1e9 bytes a second, fio's
 # bw_bytes), "read_bytes", "write_bytes", "read_share" (what fio did), "runtime_s", and the job:
-# "dir", "size", "io_size", "bs", "iodepth", "rw", "rwmixread", "read_share_asked", "direct", "ioengine",
-# "fio"}. Exit status: 0; 2 for a wrong argument; 3 without fio; 1 when fio fails (its output
-# on stderr).
+# "dir", "size", "io_size", "bs", "iodepth", "rw", "rwmixread", "read_share_asked", "direct",
+# "ioengine", "fio"}. Exit status: 0; 2 for a wrong argument; 3 without fio; 1 when fio fails
+# (its output on stderr).
 set -uo pipefail
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
 die() { echo "disk-ceiling: $*" >&2; exit 2; }
@@ -111,8 +111,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 job=(--name=ceiling "--filename=$file" --ioengine=io_uring "--direct=$direct" "--rw=$rw"
-     "--bs=$bs" "--iodepth=$qd" "--size=$size" "--io_size=$io" --numjobs=1 --fixedbufs --registerfiles
-     --output-format=json)
+     "--bs=$bs" "--iodepth=$qd" "--size=$size" "--io_size=$io" --numjobs=1 --fixedbufs
+     --registerfiles --output-format=json)
 case $rw in *rw) job+=("--rwmixread=$pct") ;; esac
 [ "$runtime" -gt 0 ] && job+=(--time_based "--runtime=$runtime")
 "$fio" "${job[@]}" > "$out" 2> "$err"
