@@ -154,6 +154,10 @@ void tz_tier_io_stats(const tz_tier *t, struct tz_tier_io_stats *out) {
       .resubmits = __atomic_load_n(&t->resubmits, __ATOMIC_RELAXED),
       .retries = __atomic_load_n(&t->retries, __ATOMIC_RELAXED),
   };
+  if (t->ops->busy_ns) {
+    out->busy_ns = t->ops->busy_ns(t);
+    out->has_busy = 1;
+  }
 }
 
 static void describe(tz_tier *t, uint64_t off, char *buf, size_t len) {

@@ -109,6 +109,11 @@ void tz_tier_arena_stats(const tz_tier *t, struct tz_arena_stats *out);
 struct tz_tier_io_stats {
   uint64_t bytes_read, bytes_written, n_reads, n_writes, csum_errors;
   uint64_t resubmits, retries;
+  /* Nanoseconds since creation with at least one of the tier's transfers in flight on its
+   * device, reads and writes together, the period in progress included; has_busy is 0 (and
+   * busy_ns 0) for a tier that cannot tell (memory tiers, the fault tier). */
+  uint64_t busy_ns;
+  int has_busy;
 };
 void tz_tier_io_stats(const tz_tier *t, struct tz_tier_io_stats *out);
 

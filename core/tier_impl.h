@@ -39,6 +39,9 @@ struct tz_tier_ops {
   void (*unregister_host)(tz_tier *t, void *base);
   /* optional: NULL means "<tier> offset <off>". Where off lives, for error messages. */
   void (*describe)(tz_tier *t, uint64_t off, char *buf, size_t len);
+  /* optional: NULL means the tier cannot tell. tz_tier_io_stats' busy_ns: the time its device
+   * had at least one of its transfers in flight, the period in progress included. */
+  uint64_t (*busy_ns)(const tz_tier *t);
 };
 
 struct tz_tier {

@@ -17,6 +17,7 @@
 #include "core/progress.h"
 #include "core/log.h"
 #include "core/tier_impl.h"
+#include "util/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -75,7 +76,10 @@ struct nvme {
   struct io_uring ring;
   int ring_ok, efd;
   unsigned qd, in_flight;
-  pthread_mutex_t mu; /* the submission queue, the pending list, ops' counters */
+  pthread_mutex_t mu; /* the submission queue, the pending list, ops' counters, busy time */
+  /* Time with requests on the ring (in_flight > 0), as the ring sees it: from the submission
+   * that finds it empty to the reaping of the completion that empties it. */
+  uint64_t busy_ns, busy_since;
   struct req *pend, **pend_tail;
   struct fixed fixed[MAX_FIXED];
   int fixed_ok;
@@ -424,7 +428,8 @@ static void queue_req(struct nvme *n, struct req *r) {
     io_uring_prep_read(sqe, r->file, b, len, off);
   sqe->flags |= IOSQE_FIXED_FILE;
   io_uring_sqe_set_data(sqe, r);
-  n->in_flight++;
+  if (n->in_flight++ == 0)
+    n->busy_since = tz_now_ns();
 }
 
 static void submit_locked(struct nvme *n) {
@@ -541,7 +546,8 @@ static int nvme_poll(void *arg) {
     struct req *r = io_uring_cqe_get_data(cqe);
     int res = cqe->res;
     io_uring_cqe_seen(&n->ring, cqe);
-    n->in_flight--;
+    if (--n->in_flight == 0)
+      n->busy_ns += tz_now_ns() - n->busy_since;
     handled++;
     if (complete_req(n, r, res) && --r->op->pending == 0)
       finished[n_fin++] = r->op;
@@ -558,6 +564,16 @@ static int nvme_poll(void *arg) {
     free(op);
   }
   return handled;
+}
+
+static uint64_t nvme_busy_ns(const tz_tier *t) {
+  struct nvme *n = t->ctx;
+  if (!n)
+    return 0;
+  pthread_mutex_lock(&n->mu);
+  uint64_t b = n->busy_ns + (n->in_flight ? tz_now_ns() - n->busy_since : 0);
+  pthread_mutex_unlock(&n->mu);
+  return b;
 }
 
 static void nvme_describe(tz_tier *t, uint64_t off, char *buf, size_t len) {
@@ -577,4 +593,5 @@ const struct tz_tier_ops tz_tier_nvme_ops = {
     .register_host = nvme_register_host,
     .unregister_host = nvme_unregister_host,
     .describe = nvme_describe,
+    .busy_ns = nvme_busy_ns,
 };

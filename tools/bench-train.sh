@@ -36,6 +36,13 @@
 #                    none): a tz-train that had done its steps keeps its figures
 #   --nvme-dir DIR   tz-nvme, tz-auto: nvme files (default /var/tmp/tz-bench-nvme); ds-nvme:
 #                    DeepSpeed's swap files (default /var/tmp/ds-bench-nvme), removed after
+#   --no-disk-ceiling  tz-nvme, tz-auto: no fio job after the run. By default, when the run's
+#                    steps used the disk, tools/disk-ceiling.sh runs one mixed fio job on
+#                    --nvme-dir at the timed steps' read share, with the run's request size and
+#                    queue depth, and the result gets fio's rates and the step's over fio's
+#                    (bench_table.py disk-ceiling; docs/benchmarks.md, "Disk rates during a step")
+#   --disk-ceiling-size SIZE  that job's file (default: as large as the state the run kept on
+#                    the disk, at least 256 MiB; it moves what a timed step moved); 4GiB, 512M
 #   --ds-site DIR    ds-*: DeepSpeed's install (default $TZ_DS_SITE, else /tmp/ds-site), whose
 #                    env.sh is sourced; installed there first by tools/ds-install.sh from
 #                    .whl/ds when it has none
@@ -82,6 +89,7 @@ esac
 steps=10 warmup=2 seq=2048 micro=4 tag="" backend="" bin=${TZ_BIN:-} results=$root/results/bench
 limit=0
 nvme_dir="" ds_site=${TZ_DS_SITE:-/tmp/ds-site} floor=${TZ_MEM_FLOOR_GIB:-6}
+ceiling=1 ceiling_size=""
 extra=()
 need() { [ $# -ge 2 ] || { echo "bench-train: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
@@ -98,6 +106,8 @@ while [ $# -gt 0 ]; do
     --nvme-dir) need "$@"; nvme_dir=$2; shift 2 ;;
     --ds-site) need "$@"; ds_site=$2; shift 2 ;;
     --mem-floor) need "$@"; floor=$2; shift 2 ;;
+    --no-disk-ceiling) ceiling=0; shift ;;
+    --disk-ceiling-size) need "$@"; ceiling_size=$2; shift 2 ;;
     *) extra+=("$1"); shift ;;
   esac
 done
@@ -238,7 +248,14 @@ dev=()
 rc=$?
 [ -s "$results/$name.trace.json" ] &&
   python3 "$root/tools/trace_summary.py" "$results/$name.trace.json" > "$results/$name.trace.txt" 2>&1
+if [ "$runner" = tz-auto ] || [ "$runner" = tz-nvme ]; then
+  # tz-train removes its nvme files when it ends; a crashed run leaves them (tens of GB).
+  find "$nvme_dir" -maxdepth 1 -name 'tierzero-*.bin' -delete 2> /dev/null
+  # The disk's ceiling on the same directory, once the run's files are gone; nothing when the
+  # run failed or its steps did not use the disk.
+  [ "$ceiling" = 1 ] && [ -s "$out" ] &&
+    python3 "$root/tools/bench_table.py" disk-ceiling --out "$out" \
+      --metrics "$results/$name.jsonl" --nvme-dir "$nvme_dir" ${ceiling_size:+--size "$ceiling_size"}
+fi
 keep
-# tz-train removes its nvme files when it ends; a crashed run leaves them (tens of GB).
-{ [ "$runner" = tz-auto ] || [ "$runner" = tz-nvme ]; } && find "$nvme_dir" -maxdepth 1 -name 'tierzero-*.bin' -delete 2> /dev/null
 exit $rc

@@ -33,12 +33,31 @@ ZeRO-3 (bench/ds_peer.py).
       the host's MemAvailable falls under G GiB, and the result's error says "killed for host
       memory" (with "killed_for_host_memory": what was seen). Exit status: COMMAND's.
 
+  bench_table.py disk-ceiling --out FILE --metrics FILE.jsonl --nvme-dir DIR [--size SIZE]
+      After a tz-* run whose steps used the disk (nvme_* keys in its metrics: tz-nvme, tz-auto
+      when the plan put state there): runs tools/disk-ceiling.sh on DIR, one mixed fio job at the
+      timed steps' read share with the run's request size and queue depth (aio.block_size,
+      tierzero.queue_depth, tierzero.nvme_buffered from the metrics' config line), on a file of
+      SIZE bytes (default: the state the run kept on the disk, its nvme arena's used bytes, at
+      least 256 MiB), moving what a timed step moved (reads and writes together, at least the
+      file once), and adds fio's rates and the step's over fio's to FILE (the disk_* and fio_*
+      keys below); "disk_ceiling_error" when fio is missing or fails. Nothing for a run without
+      the disk. Exit status 0, or 2.
+
 Result schema (both sides): runner, model, seq, micro_batch, world_size, steps (timed), warmup,
 step_s (median of the timed steps), tokens_per_step, tokens_per_s (tokens_per_step / step_s),
 model_tflops (flops_per_token * tokens_per_s / 1e12, flops_per_token = 6N + 12*L*T*d as
 trainer/metrics.h counts it), peak_mem_gib, ...; tz-* runs add bound_s and efficiency
 (bound_s / step_s), setup_s and end_s (tz-train's time before its first step and after its
-last); a failed configuration has "error" instead of the figures.
+last); a failed configuration has "error" instead of the figures. tz-* runs that used the disk
+add, over the timed steps: disk_read_bytes and disk_write_bytes (a step's, the mean),
+disk_read_gbs and disk_write_gbs (their bytes over their wall time, GB/s), disk_read_share,
+disk_busy_share (the nvme tier's busy time over the steps' time), disk_busy_read_gbs and
+disk_busy_write_gbs (bytes over the busy time), disk_state_bytes (the nvme arena's used bytes at
+the last step); and after disk-ceiling: fio_read_gbs,
+fio_write_gbs, fio_read_share, fio_job (tools/disk-ceiling.sh's object), disk_read_vs_fio and
+disk_write_vs_fio (the step's rate over fio's: issue 26 asks >= 0.9), disk_busy_read_vs_fio and
+disk_busy_write_vs_fio (the same while the disk was busy).
 """
 import argparse
 import datetime
@@ -253,6 +272,31 @@ def share(r, key):
     return "%.1f%%" % (100.0 * v / step)
 
 
+def disk_table(g):
+    """The disk during the step beside fio's mixed job, for the rows that used the disk."""
+    rows = [r for r in g if ok(r) and isinstance(r.get("disk_read_gbs"), (int, float))]
+    if not rows:
+        return
+    print("Disk during the step against one mixed fio job on the same directory at the step's "
+          "read share (tools/disk-ceiling.sh; issue 26 asks step / fio >= 0.9 each way):\n")
+    print("| model | runner | GB a step (read + write) | read share | step read GB/s | "
+          "step write GB/s | fio read GB/s | fio write GB/s | read / fio | write / fio | "
+          "disk busy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        fio = "fio: " + str(r["disk_ceiling_error"]).replace("|", "/")[:60] \
+            if "disk_ceiling_error" in r else None
+        print("| %s | %s | %s + %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["model"], label(r), fmt(r["disk_read_bytes"] / 1e9, "%.3g"),
+            fmt(r["disk_write_bytes"] / 1e9, "%.3g"), fmt(r.get("disk_read_share"), "%.2f"),
+            fmt(r["disk_read_gbs"], "%.3f"), fmt(r.get("disk_write_gbs"), "%.3f"),
+            fio or fmt(r.get("fio_read_gbs"), "%.3f"), fmt(r.get("fio_write_gbs"), "%.3f"),
+            fmt(r.get("disk_read_vs_fio"), "%.2f"), fmt(r.get("disk_write_vs_fio"), "%.2f"),
+            "%.0f%%" % (100.0 * r["disk_busy_share"])
+            if isinstance(r.get("disk_busy_share"), (int, float)) else "-"))
+    print()
+
+
 def scaling(rows):
     """Strong scaling: each run on W > 1 ranks beside the same runner's run on one rank that
     accumulates W micro-batches (the same global batch), same device, model, sequence and
@@ -340,6 +384,7 @@ def table(args):
                 "%.0f%%" % (100.0 * eff) if isinstance(eff, (int, float)) else "-",
                 share(r, "stall_s"), share(r, "coll_s") if r.get("world_size", 1) > 1 else "-"))
         print()
+        disk_table(g)
         if "fsdp2" in marked:
             print("† the FSDP2 offload peer has not reproduced the reference figure for this "
                   "model within 10% (or there is no reference): the ratio does not count yet.\n")
@@ -559,6 +604,31 @@ def summarise_tz(a, res):
     if bounds:
         res["bound_s"] = median(bounds)
         res["efficiency"] = res["bound_s"] / step_s
+    res.update(disk_figures(timed))
+
+
+def disk_figures(timed):
+    """The disk's figures over the timed steps (their nvme_* keys: docs/data.md), {} when the run
+    had no nvme tier."""
+    if not all(isinstance(o.get("nvme_read_bytes"), int) for o in timed):
+        return {}
+    n = len(timed)
+    rd = sum(o["nvme_read_bytes"] for o in timed)
+    wr = sum(o["nvme_write_bytes"] for o in timed)
+    wall = sum(o["step_s"] for o in timed)
+    busy = [o.get("nvme_busy_s") for o in timed]
+    busy = sum(busy) if all(isinstance(b, (int, float)) for b in busy) else None
+    d = {"disk_read_bytes": rd / n, "disk_write_bytes": wr / n,
+         "disk_read_gbs": rd / wall / 1e9 if wall > 0 else None,
+         "disk_write_gbs": wr / wall / 1e9 if wall > 0 else None,
+         "disk_read_share": rd / (rd + wr) if rd + wr else None}
+    used = ((timed[-1].get("memory") or {}).get("nvme") or {}).get("used")
+    if isinstance(used, int):
+        d["disk_state_bytes"] = used
+    if busy:
+        d.update({"disk_busy_s": busy / n, "disk_busy_share": busy / wall if wall > 0 else None,
+                  "disk_busy_read_gbs": rd / busy / 1e9, "disk_busy_write_gbs": wr / busy / 1e9})
+    return d
 
 
 def steps_done(metrics):
@@ -754,9 +824,89 @@ def run(args):
     return rc
 
 
+# ---- disk-ceiling ----
+
+CEILING_MIN = 256 << 20
+
+
+def run_config(metrics):
+    """The resolved configuration from a metrics file's first line, {} when there is none."""
+    try:
+        with open(metrics) as f:
+            o = json.loads(f.readline())
+        return o.get("config") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def parse_size(text):
+    """Bytes from 256M, 4GiB, 1073741824 (K, M, G, T: powers of 1024)."""
+    m = re.fullmatch(r"([0-9]+)\s*([KMGT]?)(i?B)?", str(text), re.I)
+    if not m:
+        raise ValueError("'%s' is not a size (256M, 4GiB, bytes)" % text)
+    return int(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper())
+
+
+def disk_ceiling(a):
+    with open(a.out) as f:
+        res = json.load(f)
+    if "error" in res or not isinstance(res.get("disk_read_share"), (int, float)):
+        return 0  # a failed run, or one that did not use the disk: nothing to compare
+    cfg = run_config(a.metrics)
+    tz = cfg.get("tierzero") or {}
+    bs = (cfg.get("aio") or {}).get("block_size") or 1 << 20
+    qd = tz.get("queue_depth") or 0
+    # The file as large as the state the step read and wrote (so that a cache in front of the
+    # disk holds as much of it as of the run's), the bytes a step's.
+    try:
+        size = parse_size(a.size) if a.size else \
+            max(int(res.get("disk_state_bytes") or 0), CEILING_MIN)
+    except ValueError as e:
+        print("bench_table: disk-ceiling: --size %s" % e, file=sys.stderr)
+        return 2
+    io = max(int(res["disk_read_bytes"] + res["disk_write_bytes"]), size)
+    cmd = [os.path.join(ROOT, "tools", "disk-ceiling.sh"), a.nvme_dir,
+           "%.4f" % res["disk_read_share"], str(size), "--io-size", str(io), "--bs", str(bs),
+           "--iodepth", str(qd)]
+    if tz.get("nvme_buffered"):
+        cmd.append("--buffered")
+    print("bench: the disk's ceiling: %s" % " ".join(cmd), file=sys.stderr, flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    for k in [k for k in res if k.startswith("fio_") or k.endswith("_vs_fio")
+              or k == "disk_ceiling_error"]:
+        del res[k]  # a previous ceiling's
+    try:
+        if p.returncode != 0:
+            raise ValueError(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else
+                             "exit status %d" % p.returncode)
+        c = json.loads(p.stdout)
+    except ValueError as e:
+        res["disk_ceiling_error"] = "tools/disk-ceiling.sh: %s" % e
+        print("bench: %s" % res["disk_ceiling_error"], file=sys.stderr)
+        peer_common.write_json(a.out, res)
+        return 0
+    res.update({"fio_read_gbs": c["read_gbs"], "fio_write_gbs": c["write_gbs"],
+                "fio_read_share": c["read_share"], "fio_job": c})
+
+    def ratio(key, fio):
+        v = res.get(key)
+        return v / fio if isinstance(v, (int, float)) and fio > 0 else None
+    for d in ("read", "write"):
+        res["disk_%s_vs_fio" % d] = ratio("disk_%s_gbs" % d, c["%s_gbs" % d])
+        res["disk_busy_%s_vs_fio" % d] = ratio("disk_busy_%s_gbs" % d, c["%s_gbs" % d])
+    peer_common.write_json(a.out, res)
+    print("bench: disk during the step: read %s GB/s, write %s GB/s; fio mixed (read share "
+          "%.2f): read %.3f, write %.3f GB/s; step / fio: read %s, write %s" % (
+              fmt(res.get("disk_read_gbs"), "%.3f"), fmt(res.get("disk_write_gbs"), "%.3f"),
+              c["read_share"] or 0.0, c["read_gbs"], c["write_gbs"],
+              fmt(res["disk_read_vs_fio"], "%.2f"), fmt(res["disk_write_vs_fio"], "%.2f")),
+          file=sys.stderr)
+    return 0
+
+
 def main():
     argv = sys.argv[1:]
-    if not argv or argv[0] not in ("table", "run", "-h", "--help"):
+    if not argv or argv[0] not in ("table", "run", "disk-ceiling", "-h", "--help"):
         argv = ["table"] + argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -782,9 +932,17 @@ def main():
     r.add_argument("--device", help="what the command computes on, as recorded (default: the "
                                     "first GPU's name from nvidia-smi, else cpu)")
     r.add_argument("command", nargs=argparse.REMAINDER)
+    c = sub.add_parser("disk-ceiling", help="fio's mixed job beside a run's disk rates")
+    c.add_argument("--out", required=True, help="the run's result, added to")
+    c.add_argument("--metrics", required=True, help="the run's tz-train --metrics file")
+    c.add_argument("--nvme-dir", required=True, help="the run's tierzero.nvme_path")
+    c.add_argument("--size", help="fio's file (default: the state the run kept on the disk, "
+                                  "at least 256 MiB)")
     a = ap.parse_args(argv)
     if a.cmd == "table":
         return table(a)
+    if a.cmd == "disk-ceiling":
+        return disk_ceiling(a)
     if a.runner.startswith("tz-") and not a.metrics:
         ap.error("run: a tz-* runner needs --metrics")
     return run(a)

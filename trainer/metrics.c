@@ -24,6 +24,7 @@ void tz_step_metrics_init(struct tz_step_metrics *m) {
   memset(m, 0, sizeof *m);
   m->loss = m->lr = m->grad_norm = m->eval_loss = NAN;
   m->tokens_per_s = m->tflops = m->mfu = NAN;
+  m->disk.busy_s = NAN;
 }
 
 static int traffic_add(struct tz_traffic *t, int *n, const char *tier, const char *lane,
@@ -64,23 +65,38 @@ void tz_metrics_counters_take(tz_tier *const *tiers, int n, struct tz_traffic_co
     snprintf(out->tier[out->n].name, sizeof out->tier[0].name, "%s", tz_tier_name(tiers[i]));
     out->tier[out->n].read = st.bytes_read;
     out->tier[out->n].written = st.bytes_written;
+    out->tier[out->n].busy_ns = st.busy_ns;
+    out->tier[out->n].has_busy = st.has_busy;
     out->n++;
   }
 }
 
-/* Adds what each tier moved since *last to t (a step's or the summary's), then *last = now. */
+/* The tier whose traffic the disk's figures are: the trainer's nvme tier (a fault tier of that
+ * name when faults are injected, which cannot tell its busy time). */
+static int is_disk(const char *name) { return strcmp(name, "nvme") == 0; }
+
+/* Adds what each tier moved since *last to t (a step's or the summary's), then *last = now;
+ * the disk's share of it in *disk (NULL: not wanted), *has_disk set when there is a disk. */
 static int traffic_since(struct tz_traffic *t, int *nt, tz_tier *const *tiers, int n,
-                         struct tz_traffic_counters *last) {
+                         struct tz_traffic_counters *last, struct tz_disk_traffic *disk,
+                         int *has_disk) {
   struct tz_traffic_counters now;
   tz_metrics_counters_take(tiers, n, &now);
   int rc = 0;
   for (int i = 0; i < now.n && rc == 0; i++) {
-    uint64_t r0 = 0, w0 = 0;
+    uint64_t r0 = 0, w0 = 0, b0 = 0;
     for (int j = 0; j < last->n; j++)
       if (last->tier[j].t == now.tier[i].t) {
         r0 = last->tier[j].read;
         w0 = last->tier[j].written;
+        b0 = last->tier[j].busy_ns;
       }
+    if (disk && is_disk(now.tier[i].name)) {
+      *has_disk = 1;
+      disk->read = now.tier[i].read - r0;
+      disk->written = now.tier[i].written - w0;
+      disk->busy_s = now.tier[i].has_busy ? 1e-9 * (double)(now.tier[i].busy_ns - b0) : NAN;
+    }
     /* Both lanes are written, zeros too: a tier that moved nothing in a step is a fact worth a
      * column, and every line then has the same keys. */
     rc = traffic_add(t, nt, now.tier[i].name, "read", now.tier[i].read - r0);
@@ -104,7 +120,18 @@ int tz_metrics_step_traffic(struct tz_step_metrics *m, tz_tier *const *tiers, in
     e->used = as.used;
     e->capacity = as.capacity;
   }
-  return traffic_since(m->traffic, &m->n_traffic, tiers, n, last);
+  return traffic_since(m->traffic, &m->n_traffic, tiers, n, last, &m->disk, &m->has_disk);
+}
+
+void tz_disk_rates_of(const struct tz_disk_traffic *d, double wall_s, struct tz_disk_rates *out) {
+  double r = (double)d->read, w = (double)d->written;
+  int wall = wall_s > 0, busy = d->busy_s > 0; /* false for NaN */
+  out->read_gbs = wall ? r / wall_s / 1e9 : NAN;
+  out->write_gbs = wall ? w / wall_s / 1e9 : NAN;
+  out->busy_read_gbs = busy ? r / d->busy_s / 1e9 : NAN;
+  out->busy_write_gbs = busy ? w / d->busy_s / 1e9 : NAN;
+  out->busy_share = wall && isfinite(d->busy_s) ? d->busy_s / wall_s : NAN;
+  out->read_share = r + w > 0 ? r / (r + w) : NAN;
 }
 
 double tz_metrics_flops_per_token(const struct tz_model_config *cfg, int T, int recompute) {
@@ -339,6 +366,21 @@ static void put(json_t *o, const char *key, json_t *v, int *bad) {
     *bad = 1;
 }
 
+/* The disk's keys (docs/data.md, "The disk's rates"), of a step or of the timed steps. */
+static void put_disk(json_t *o, const struct tz_disk_traffic *d, double wall_s, int *bad) {
+  struct tz_disk_rates r;
+  tz_disk_rates_of(d, wall_s, &r);
+  put(o, "nvme_read_bytes", json_integer((json_int_t)d->read), bad);
+  put(o, "nvme_write_bytes", json_integer((json_int_t)d->written), bad);
+  put(o, "nvme_read_gbs", num(r.read_gbs), bad);
+  put(o, "nvme_write_gbs", num(r.write_gbs), bad);
+  put(o, "nvme_read_share", num(r.read_share), bad);
+  put(o, "nvme_busy_s", num(d->busy_s), bad);
+  put(o, "nvme_busy_share", num(r.busy_share), bad);
+  put(o, "nvme_busy_read_gbs", num(r.busy_read_gbs), bad);
+  put(o, "nvme_busy_write_gbs", num(r.busy_write_gbs), bad);
+}
+
 static json_t *memory_json(const struct tz_tier_memory *t, int n) {
   json_t *o = json_object();
   for (int i = 0; o && i < n; i++) {
@@ -397,6 +439,8 @@ int tz_metrics_write_step(tz_metrics_writer *w, const struct tz_step_metrics *m)
       put(o, "eval_loss", num(m->eval_loss), &bad);
     put(o, "bytes", traffic_json(m->traffic, m->n_traffic), &bad);
     put(o, "memory", memory_json(m->memory, m->n_memory), &bad);
+    if (m->has_disk)
+      put_disk(o, &m->disk, m->step_s, &bad);
   }
   if (bad) {
     json_decref(o);
@@ -415,6 +459,12 @@ void tz_metrics_summary_init(struct tz_metrics_summary *s, double flops_per_toke
   s->last_loss = s->last_eval_loss = NAN;
 }
 
+static void disk_add(struct tz_disk_traffic *to, const struct tz_disk_traffic *d) {
+  to->read += d->read;
+  to->written += d->written;
+  to->busy_s += d->busy_s; /* NaN stays NaN: a step whose tier could not tell */
+}
+
 void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_metrics *m) {
   /* The first step's figures move from the timed totals out once a second arrives. */
   if (s->steps == 1 && s->timed_steps == 1) {
@@ -422,6 +472,7 @@ void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_m
     s->timed_tokens = 0;
     s->timed_s = s->timed_bound_s = s->timed_stall_s = s->timed_coll_s = 0;
     s->bound_steps = 0;
+    s->timed_disk = (struct tz_disk_traffic){0};
   }
   s->steps++;
   s->skipped += m->skipped != 0;
@@ -435,6 +486,10 @@ void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_m
   if (m->bound_s > 0) {
     s->timed_bound_s += m->bound_s;
     s->bound_steps++;
+  }
+  if (m->has_disk) {
+    s->has_disk = 1;
+    disk_add(&s->timed_disk, &m->disk);
   }
   /* The last step's loss as it was, a non-finite one too (a run stopped by it); a step that fp16
    * loss scaling skipped replaces it only with a finite loss. */
@@ -450,7 +505,7 @@ void tz_metrics_summary_add(struct tz_metrics_summary *s, const struct tz_step_m
 
 int tz_metrics_summary_traffic_rest(struct tz_metrics_summary *s, tz_tier *const *tiers, int n,
                                     struct tz_traffic_counters *last) {
-  return traffic_since(s->traffic, &s->n_traffic, tiers, n, last);
+  return traffic_since(s->traffic, &s->n_traffic, tiers, n, last, NULL, NULL);
 }
 
 /* The summary's rates, for print and JSON alike. */
@@ -477,6 +532,29 @@ static struct rates summary_rates(const struct tz_metrics_summary *s) {
 int tz_metrics_summary_below_bound(const struct tz_metrics_summary *s) {
   struct rates r = summary_rates(s);
   return isfinite(r.bound_s) && r.step_s < r.bound_s;
+}
+
+/* "  disk (nvme) read 10.03 MB a step at 179.60 MB/s, write ...": the timed steps' figures. */
+static void print_disk(const struct tz_metrics_summary *s, FILE *f) {
+  struct tz_disk_rates r;
+  tz_disk_rates_of(&s->timed_disk, s->timed_s, &r);
+  double steps = (double)s->timed_steps;
+  char rb[32], rr[32], wb[32], wr[32], share[32];
+  tz_bytes_format(rb, sizeof rb, (double)s->timed_disk.read / steps, &tz_bytes_si);
+  tz_bytes_format(rr, sizeof rr, r.read_gbs * 1e9, &tz_bytes_si);
+  tz_bytes_format(wb, sizeof wb, (double)s->timed_disk.written / steps, &tz_bytes_si);
+  tz_bytes_format(wr, sizeof wr, r.write_gbs * 1e9, &tz_bytes_si);
+  fmt_value(share, sizeof share, "%.3f", r.read_share);
+  fprintf(f, "  disk (nvme) read %s a step at %s/s, write %s at %s/s (read share %s)", rb, rr, wb,
+          wr, share);
+  if (isfinite(r.busy_share)) {
+    char br[32], bw[32];
+    tz_bytes_format(br, sizeof br, r.busy_read_gbs * 1e9, &tz_bytes_si);
+    tz_bytes_format(bw, sizeof bw, r.busy_write_gbs * 1e9, &tz_bytes_si);
+    fprintf(f, "; busy %.1f%% of the step, at %s/s read and %s/s write while busy",
+            100.0 * r.busy_share, br, bw);
+  }
+  fputc('\n', f);
 }
 
 void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f) {
@@ -524,6 +602,8 @@ void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f) {
       fprintf(f, ", eval %.4f (last)", s->last_eval_loss);
     fputc('\n', f);
   }
+  if (s->has_disk)
+    print_disk(s, f);
   if (s->n_traffic > 0) {
     fprintf(f, "  bytes moved %-6s %-12s %12s %12s\n", "tier", "lane", "total", "per second");
     for (int i = 0; i < s->n_traffic; i++) {
@@ -558,6 +638,8 @@ int tz_metrics_write_summary(tz_metrics_writer *w, const struct tz_metrics_summa
     put(o, "loss", num(s->last_loss), &bad);
     put(o, "eval_loss", num(s->last_eval_loss), &bad);
     put(o, "bytes", traffic_json(s->traffic, s->n_traffic), &bad);
+    if (s->has_disk && s->timed_steps > 0)
+      put_disk(o, &s->timed_disk, s->timed_s, &bad);
   }
   if (bad) {
     json_decref(o);

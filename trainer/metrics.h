@@ -39,6 +39,24 @@ struct tz_tier_memory {
   uint64_t used, capacity;
 };
 
+/* The disk (the tier named "nvme") over a step, or over the run's timed steps in a summary:
+ * bytes read from it and written to it, and the time it was busy (docs/data.md, "The disk's
+ * rates"). */
+struct tz_disk_traffic {
+  uint64_t read, written;
+  double busy_s; /* time with a transfer of the tier in flight; NaN when the tier cannot tell */
+};
+
+/* What the metrics file and the summary say of a disk's traffic over wall_s seconds. Rates in
+ * GB/s (1e9 bytes a second); NaN where a figure is not known (no time, no busy time). */
+struct tz_disk_rates {
+  double read_gbs, write_gbs;           /* bytes over wall_s */
+  double busy_read_gbs, busy_write_gbs; /* bytes over busy_s: the device's rates while in use */
+  double busy_share;                    /* busy_s / wall_s */
+  double read_share;                    /* read / (read + written); NaN when nothing moved */
+};
+void tz_disk_rates_of(const struct tz_disk_traffic *d, double wall_s, struct tz_disk_rates *out);
+
 /* One optimizer step, as the trainer fills it. NaN in a double means "not known" and is written
  * as null (JSON has no NaN). tokens_per_s, tflops and mfu come from tz_metrics_derive. */
 struct tz_step_metrics {
@@ -64,6 +82,8 @@ struct tz_step_metrics {
   struct tz_traffic traffic[TZ_METRICS_MAX_TRAFFIC];
   int n_memory;
   struct tz_tier_memory memory[TZ_METRICS_MAX_TIERS];
+  int has_disk; /* 1: the run has an nvme tier, and disk holds its traffic in the step */
+  struct tz_disk_traffic disk;
 };
 
 /* A zeroed step with the unknown doubles set to NaN. */
@@ -83,6 +103,8 @@ struct tz_traffic_counters {
     const tz_tier *t;
     char name[16];
     uint64_t read, written;
+    uint64_t busy_ns; /* tz_tier_io_stats' */
+    int has_busy;
   } tier[TZ_METRICS_MAX_TIERS];
 };
 
@@ -91,9 +113,9 @@ void tz_metrics_counters_take(tz_tier *const *tiers, int n, struct tz_traffic_co
 
 /* A step's traffic: for each tier of tiers, the bytes it read ("read": moved out of the tier) and
  * wrote ("write": into it) since *last, added to m's traffic as (tier name, lane); also each
- * tier's memory in use. *last becomes the counters now, so that consecutive steps account for
- * every byte once. A tier that is not in *last counts from 0. TZ_ENOMEM or TZ_EINVAL as
- * tz_step_metrics_add_traffic. */
+ * tier's memory in use, and for the tier named "nvme" (the disk) m->disk, has_disk set. *last
+ * becomes the counters now, so that consecutive steps account for every byte once. A tier that is
+ * not in *last counts from 0. TZ_ENOMEM or TZ_EINVAL as tz_step_metrics_add_traffic. */
 int tz_metrics_step_traffic(struct tz_step_metrics *m, tz_tier *const *tiers, int n,
                             struct tz_traffic_counters *last);
 
@@ -126,6 +148,8 @@ struct tz_metrics_summary {
   double last_loss, last_eval_loss;
   int n_traffic;
   struct tz_traffic traffic[TZ_METRICS_MAX_TRAFFIC];
+  int has_disk;                      /* a step had the disk's figures */
+  struct tz_disk_traffic timed_disk; /* the timed steps' together; busy_s NaN if one's was */
 };
 
 void tz_metrics_summary_init(struct tz_metrics_summary *s, double flops_per_token,
@@ -140,7 +164,8 @@ int tz_metrics_summary_traffic_rest(struct tz_metrics_summary *s, tz_tier *const
  * "The bound"), and the summary says so instead of printing a ratio below 1. */
 int tz_metrics_summary_below_bound(const struct tz_metrics_summary *s);
 /* Multi-line summary: tokens/s, TFLOP/s and MFU, step time against the bound (docs/training.md
- * "The bound"), stall share, bytes per tier and lane. */
+ * "The bound"), stall share, the disk's bytes and rates in the timed steps (with an nvme tier),
+ * bytes per tier and lane. */
 void tz_metrics_summary_print(const struct tz_metrics_summary *s, FILE *f);
 
 /* ---- The metrics file ---- */
