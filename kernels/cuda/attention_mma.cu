@@ -123,45 +123,8 @@ __global__ void __launch_bounds__(NTHREADS)
     }
 
     /* scores in the log2 domain; the diagonal tile hides keys after the query */
-    const bool diag = kt == n_kt - 1;
-    float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int key = kt * FWD_BN + nt * 8 + 2 * c + (e & 1);
-        int row = e < 2 ? row_lo : row_hi;
-        float x = __fmul_rn(s[nt][e], scale_log2);
-        s[nt][e] = diag && key > row ? -INFINITY : x;
-      }
-      mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
-    }
-    /* Key 0 is in tile 0 and visible to every row, so the max is finite from the first tile. */
-    mx_lo = quad_max(mx_lo);
-    mx_hi = quad_max(mx_hi);
-    const float a_lo = exp2f(__fsub_rn(m_lo, mx_lo)), a_hi = exp2f(__fsub_rn(m_hi, mx_hi));
-    m_lo = mx_lo;
-    m_hi = mx_hi;
-    float ps_lo = 0.0f, ps_hi = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++) {
-      s[nt][0] = exp2f(__fsub_rn(s[nt][0], m_lo));
-      s[nt][1] = exp2f(__fsub_rn(s[nt][1], m_lo));
-      s[nt][2] = exp2f(__fsub_rn(s[nt][2], m_hi));
-      s[nt][3] = exp2f(__fsub_rn(s[nt][3], m_hi));
-      ps_lo = __fadd_rn(ps_lo, __fadd_rn(s[nt][0], s[nt][1]));
-      ps_hi = __fadd_rn(ps_hi, __fadd_rn(s[nt][2], s[nt][3]));
-    }
-    l_lo = __fadd_rn(__fmul_rn(l_lo, a_lo), ps_lo);
-    l_hi = __fadd_rn(__fmul_rn(l_hi, a_hi), ps_hi);
-#pragma unroll
-    for (int dt = 0; dt < ND; dt++) {
-      o[dt][0] = __fmul_rn(o[dt][0], a_lo);
-      o[dt][1] = __fmul_rn(o[dt][1], a_lo);
-      o[dt][2] = __fmul_rn(o[dt][2], a_hi);
-      o[dt][3] = __fmul_rn(o[dt][3], a_hi);
-    }
+    softmax_step<NS, ND>(s, o, m_lo, m_hi, l_lo, l_hi, kt == n_kt - 1, kt * FWD_BN, row_lo, row_hi,
+                         c, scale_log2);
 
     /* o += p v */
 #pragma unroll
@@ -179,29 +142,7 @@ __global__ void __launch_bounds__(NTHREADS)
     __syncthreads(); /* this buffer is refilled two tiles from now */
   }
 
-  l_lo = quad_sum(l_lo);
-  l_hi = quad_sum(l_hi);
-  const float inv_lo = __fdiv_rn(1.0f, l_lo), inv_hi = __fdiv_rn(1.0f, l_hi);
-  T *ob = out + (size_t)b * T_ * qs + (size_t)h * D;
-#pragma unroll
-  for (int dt = 0; dt < ND; dt++) {
-    int d = dt * 8 + 2 * c; /* d and d + 1 are both below D or both not (D % 4 == 0) */
-    if (W::PAD && d >= D)
-      continue;
-    if (row_lo < T_)
-      store_pair(ob + (size_t)row_lo * qs + d, __fmul_rn(o[dt][0], inv_lo),
-                 __fmul_rn(o[dt][1], inv_lo));
-    if (row_hi < T_)
-      store_pair(ob + (size_t)row_hi * qs + d, __fmul_rn(o[dt][2], inv_hi),
-                 __fmul_rn(o[dt][3], inv_hi));
-  }
-  if (c == 0) {
-    float *lb = lse + ((size_t)b * H + h) * T_;
-    if (row_lo < T_)
-      lb[row_lo] = __fmul_rn(__fadd_rn(m_lo, log2f(l_lo)), LN2);
-    if (row_hi < T_)
-      lb[row_hi] = __fmul_rn(__fadd_rn(m_hi, log2f(l_hi)), LN2);
-  }
+  fwd_store<T, W>(out, lse, o, l_lo, l_hi, m_lo, m_hi, b, h, H, row_lo, row_hi, T_, D, c);
 }
 
 /* ---- backward dq: block = 64 query rows of one (batch, head); key tiles of 64 ----
@@ -355,7 +296,7 @@ __global__ void __launch_bounds__(NTHREADS)
                              float scale, float scale_log2) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP;
-  constexpr int KD = DP / 16, ND = DP / 8, NS = KV_BM / 8;
+  constexpr int ND = DP / 8, NS = KV_BM / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sK = (T *)smem_raw;                      /* (BN, P) */
   T *sV = sK + KV_BN * P;                     /* (BN, P) */
@@ -417,80 +358,15 @@ __global__ void __launch_bounds__(NTHREADS)
     const float *Lc = sL + buf * KV_BM, *Dc = sD + buf * KV_BM;
 
     float st[NS][4], dpt[NS][4];
-#pragma unroll
-    for (int i = 0; i < NS; i++) {
-      st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
-      dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      uint32_t ka[4], va[4];
-      load_a<P>(ka, sK, warp * 16, kk * 16, lane);
-      load_a<P>(va, sV, warp * 16, kk * 16, lane);
-#pragma unroll
-      for (int np = 0; np < NS / 2; np++) {
-        uint32_t bf[4];
-        load_b_nmajor<P>(bf, Qc, np * 16, kk * 16, lane);
-        mma16<T>::mma(st[2 * np], ka, bf[0], bf[1]);
-        mma16<T>::mma(st[2 * np + 1], ka, bf[2], bf[3]);
-        load_b_nmajor<P>(bf, dOc, np * 16, kk * 16, lane);
-        mma16<T>::mma(dpt[2 * np], va, bf[0], bf[1]);
-        mma16<T>::mma(dpt[2 * np + 1], va, bf[2], bf[3]);
-      }
-    }
-
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
-        int key = e < 2 ? key_lo : key_hi;
-        float p = query < key || query >= T_
-                      ? 0.0f
-                      : exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
-        st[nt][e] = p;
-        dpt[nt][e] = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi])); /* ds^T */
-      }
-    }
-
-    /* dv += p^T dout, dk += ds^T q */
-#pragma unroll
-    for (int j = 0; j < KV_BM / 16; j++) {
-      uint32_t pa[4], dsa[4];
-      pack_a<T, NS>(pa, st, j);
-      pack_a<T, NS>(dsa, dpt, j);
-#pragma unroll
-      for (int dn = 0; dn < DP / 16; dn++) {
-        uint32_t bf[4];
-        load_b_kmajor<P>(bf, dOc, j * 16, dn * 16, lane);
-        mma16<T>::mma(dva[2 * dn], pa, bf[0], bf[1]);
-        mma16<T>::mma(dva[2 * dn + 1], pa, bf[2], bf[3]);
-        load_b_kmajor<P>(bf, Qc, j * 16, dn * 16, lane);
-        mma16<T>::mma(dka[2 * dn], dsa, bf[0], bf[1]);
-        mma16<T>::mma(dka[2 * dn + 1], dsa, bf[2], bf[3]);
-      }
-    }
+    kv_scores<T, W, NS>(st, dpt, sK, sV, Qc, dOc, warp, lane);
+    kv_probs<NS>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c);
+    kv_accumulate<T, W, NS>(dka, dva, st, dpt, Qc, dOc, lane);
     __syncthreads();
   }
 
   T *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * D;
   T *dvb = dv + (size_t)b * T_ * ks + (size_t)hk * D;
-#pragma unroll
-  for (int dt = 0; dt < ND; dt++) {
-    int d = dt * 8 + 2 * c;
-    if (W::PAD && d >= D)
-      continue;
-    if (key_lo < T_) {
-      store_pair(dkb + (size_t)key_lo * ks + d, __fmul_rn(dka[dt][0], scale),
-                 __fmul_rn(dka[dt][1], scale));
-      store_pair(dvb + (size_t)key_lo * ks + d, dva[dt][0], dva[dt][1]);
-    }
-    if (key_hi < T_) {
-      store_pair(dkb + (size_t)key_hi * ks + d, __fmul_rn(dka[dt][2], scale),
-                 __fmul_rn(dka[dt][3], scale));
-      store_pair(dvb + (size_t)key_hi * ks + d, dva[dt][2], dva[dt][3]);
-    }
-  }
+  kv_store<T, W>(dkb, dvb, dka, dva, ks, key_lo, key_hi, T_, D, scale, c);
 }
 
 /* ---- launches ---- */

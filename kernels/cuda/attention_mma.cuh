@@ -109,6 +109,191 @@ __device__ __forceinline__ float quad_sum(float x) {
   return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
+/* ---- the forward's online softmax (attention_mma.cu and attention_onepass.cu) ---- */
+
+/* One key tile's step for a warp's 16 rows (row_lo, row_hi: this thread's two), the tile's keys
+ * from key0: the scores s (raw products) become probabilities in place, the running max m (of
+ * scores * scale * log2(e)) and this thread's part of the running sum l are updated, and the
+ * output o is rescaled by exp2(old max - new max). mask: hide keys after the row (a tile that
+ * reaches past the warp's first row). */
+template <int NS, int ND>
+__device__ __forceinline__ void
+softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo, float &m_hi, float &l_lo,
+             float &l_hi, bool mask, int key0, int row_lo, int row_hi, int c, float scale_log2) {
+  float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+  for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int key = key0 + nt * 8 + 2 * c + (e & 1);
+      int row = e < 2 ? row_lo : row_hi;
+      float x = __fmul_rn(s[nt][e], scale_log2);
+      s[nt][e] = mask && key > row ? -INFINITY : x;
+    }
+    mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
+    mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
+  }
+  /* Key 0 is in tile 0 and visible to every row, so the max is finite from the first tile. */
+  mx_lo = quad_max(mx_lo);
+  mx_hi = quad_max(mx_hi);
+  const float a_lo = exp2f(__fsub_rn(m_lo, mx_lo)), a_hi = exp2f(__fsub_rn(m_hi, mx_hi));
+  m_lo = mx_lo;
+  m_hi = mx_hi;
+  float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < NS; nt++) {
+    s[nt][0] = exp2f(__fsub_rn(s[nt][0], m_lo));
+    s[nt][1] = exp2f(__fsub_rn(s[nt][1], m_lo));
+    s[nt][2] = exp2f(__fsub_rn(s[nt][2], m_hi));
+    s[nt][3] = exp2f(__fsub_rn(s[nt][3], m_hi));
+    ps_lo = __fadd_rn(ps_lo, __fadd_rn(s[nt][0], s[nt][1]));
+    ps_hi = __fadd_rn(ps_hi, __fadd_rn(s[nt][2], s[nt][3]));
+  }
+  l_lo = __fadd_rn(__fmul_rn(l_lo, a_lo), ps_lo);
+  l_hi = __fadd_rn(__fmul_rn(l_hi, a_hi), ps_hi);
+#pragma unroll
+  for (int dt = 0; dt < ND; dt++) {
+    o[dt][0] = __fmul_rn(o[dt][0], a_lo);
+    o[dt][1] = __fmul_rn(o[dt][1], a_lo);
+    o[dt][2] = __fmul_rn(o[dt][2], a_hi);
+    o[dt][3] = __fmul_rn(o[dt][3], a_hi);
+  }
+}
+
+/* The warp's rows of the output, o / l, and their logsumexp in natural log, for (batch b,
+ * head h) of out (B, T, H, D) and lse (B, H, T). */
+template <typename T, typename W>
+__device__ __forceinline__ void
+fwd_store(T *out, float *lse, const float (&o)[W::DP / 8][4], float l_lo, float l_hi, float m_lo,
+          float m_hi, int b, int h, int H, int row_lo, int row_hi, int T_, int D, int c) {
+  const size_t qs = (size_t)H * D;
+  l_lo = quad_sum(l_lo);
+  l_hi = quad_sum(l_hi);
+  const float inv_lo = __fdiv_rn(1.0f, l_lo), inv_hi = __fdiv_rn(1.0f, l_hi);
+  T *ob = out + (size_t)b * T_ * qs + (size_t)h * D;
+#pragma unroll
+  for (int dt = 0; dt < W::DP / 8; dt++) {
+    int d = dt * 8 + 2 * c; /* d and d + 1 are both below D or both not (D % 4 == 0) */
+    if (W::PAD && d >= D)
+      continue;
+    if (row_lo < T_)
+      store_pair(ob + (size_t)row_lo * qs + d, __fmul_rn(o[dt][0], inv_lo),
+                 __fmul_rn(o[dt][1], inv_lo));
+    if (row_hi < T_)
+      store_pair(ob + (size_t)row_hi * qs + d, __fmul_rn(o[dt][2], inv_hi),
+                 __fmul_rn(o[dt][3], inv_hi));
+  }
+  if (c == 0) {
+    float *lb = lse + ((size_t)b * H + h) * T_;
+    if (row_lo < T_)
+      lb[row_lo] = __fmul_rn(__fadd_rn(m_lo, log2f(l_lo)), LN2);
+    if (row_hi < T_)
+      lb[row_hi] = __fmul_rn(__fadd_rn(m_hi, log2f(l_hi)), LN2);
+  }
+}
+
+/* ---- the key tiles' pass of the backward (attention_mma.cu's dk/dv kernel, attention_onepass.cu)
+ * Key rows are the warps' M dimension: s^T = k q^T, p^T = exp(s^T - lse), dp^T = v dout^T,
+ * ds^T = p^T (dp^T - delta); dv += p^T dout, dk += ds^T q. */
+
+/* s^T and dp^T of the warp's 16 key rows (rows warp * 16.. of sK and sV) against a chunk of
+ * 8 NS queries (Qc and dOc, rows 0..8 NS - 1). */
+template <typename T, typename W, int NS>
+__device__ __forceinline__ void kv_scores(float (&st)[NS][4], float (&dpt)[NS][4], const T *sK,
+                                          const T *sV, const T *Qc, const T *dOc, int warp,
+                                          int lane) {
+  constexpr int P = W::P, KD = W::DP / 16;
+#pragma unroll
+  for (int i = 0; i < NS; i++) {
+    st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
+    dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
+  }
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++) {
+    uint32_t ka[4], va[4];
+    load_a<P>(ka, sK, warp * 16, kk * 16, lane);
+    load_a<P>(va, sV, warp * 16, kk * 16, lane);
+#pragma unroll
+    for (int np = 0; np < NS / 2; np++) {
+      uint32_t bf[4];
+      load_b_nmajor<P>(bf, Qc, np * 16, kk * 16, lane);
+      mma16<T>::mma(st[2 * np], ka, bf[0], bf[1]);
+      mma16<T>::mma(st[2 * np + 1], ka, bf[2], bf[3]);
+      load_b_nmajor<P>(bf, dOc, np * 16, kk * 16, lane);
+      mma16<T>::mma(dpt[2 * np], va, bf[0], bf[1]);
+      mma16<T>::mma(dpt[2 * np + 1], va, bf[2], bf[3]);
+    }
+  }
+}
+
+/* p^T into st and ds^T into dpt, in place, for the chunk's queries from i0 (Lc: lse * log2(e),
+ * Dc: delta, per query); keys after the query and queries past T give 0. */
+template <int NS>
+__device__ __forceinline__ void kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc,
+                                         const float *Dc, int i0, int key_lo, int key_hi, int T_,
+                                         float scale_log2, int c) {
+#pragma unroll
+  for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
+      int key = e < 2 ? key_lo : key_hi;
+      float p = query < key || query >= T_
+                    ? 0.0f
+                    : exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
+      st[nt][e] = p;
+      dpt[nt][e] = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi])); /* ds^T */
+    }
+  }
+}
+
+/* dv += p^T dout and dk += ds^T q over the chunk's 8 NS queries. */
+template <typename T, typename W, int NS>
+__device__ __forceinline__ void
+kv_accumulate(float (&dka)[W::DP / 8][4], float (&dva)[W::DP / 8][4], const float (&st)[NS][4],
+              const float (&dpt)[NS][4], const T *Qc, const T *dOc, int lane) {
+  constexpr int P = W::P, DP = W::DP;
+#pragma unroll
+  for (int j = 0; j < NS / 2; j++) {
+    uint32_t pa[4], dsa[4];
+    pack_a<T, NS>(pa, st, j);
+    pack_a<T, NS>(dsa, dpt, j);
+#pragma unroll
+    for (int dn = 0; dn < DP / 16; dn++) {
+      uint32_t bf[4];
+      load_b_kmajor<P>(bf, dOc, j * 16, dn * 16, lane);
+      mma16<T>::mma(dva[2 * dn], pa, bf[0], bf[1]);
+      mma16<T>::mma(dva[2 * dn + 1], pa, bf[2], bf[3]);
+      load_b_kmajor<P>(bf, Qc, j * 16, dn * 16, lane);
+      mma16<T>::mma(dka[2 * dn], dsa, bf[0], bf[1]);
+      mma16<T>::mma(dka[2 * dn + 1], dsa, bf[2], bf[3]);
+    }
+  }
+}
+
+/* The warp's rows of dk (times scale) and dv (dkb, dvb: the (batch, kv head)'s first row). */
+template <typename T, typename W>
+__device__ __forceinline__ void kv_store(T *dkb, T *dvb, const float (&dka)[W::DP / 8][4],
+                                         const float (&dva)[W::DP / 8][4], size_t ks, int key_lo,
+                                         int key_hi, int T_, int D, float scale, int c) {
+#pragma unroll
+  for (int dt = 0; dt < W::DP / 8; dt++) {
+    int d = dt * 8 + 2 * c;
+    if (W::PAD && d >= D)
+      continue;
+    if (key_lo < T_) {
+      store_pair(dkb + (size_t)key_lo * ks + d, __fmul_rn(dka[dt][0], scale),
+                 __fmul_rn(dka[dt][1], scale));
+      store_pair(dvb + (size_t)key_lo * ks + d, dva[dt][0], dva[dt][1]);
+    }
+    if (key_hi < T_) {
+      store_pair(dkb + (size_t)key_hi * ks + d, __fmul_rn(dka[dt][2], scale),
+                 __fmul_rn(dka[dt][3], scale));
+      store_pair(dvb + (size_t)key_hi * ks + d, dva[dt][2], dva[dt][3]);
+    }
+  }
+}
+
 /* Calls f(w) with the tile width w for head dim D (1 <= D <= 128): the exact width where `exact`
  * (D is 32, 64 or 128 and every tensor 16-byte aligned), else the padded width 32 for D <= 32,
  * 64 for D <= 64, and above that D rounded up to a multiple of 16. */

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(C::NT)
   constexpr int P = W::P, DP = W::DP, BN = C::BN, BM = C::BM, NT = C::NT, PS = C::PS;
   constexpr int WARPS = C::WARPS;
   const int D = W::PAD ? D_ : DP;
-  constexpr int KD = DP / 16, ND = DP / 8, NS = BM / 8;
+  constexpr int ND = DP / 8, NS = BM / 8;
   /* the dq share in 16x16 units (m-tile, pair of n-tiles), unit u on warp u % WARPS */
   constexpr int NPD = DP / 16, UNITS = (BM / 16) * NPD, UPW = (UNITS + WARPS - 1) / WARPS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -138,44 +138,9 @@ __global__ void __launch_bounds__(C::NT)
     const T *Qc = sQ + buf * BM * P, *dOc = sdO + buf * BM * P;
     const float *Lc = sL + buf * BM, *Dc = sD + buf * BM;
 
-    /* s^T = k q^T and dp^T = v dout^T for the warp's 16 keys */
     float st[NS][4], dpt[NS][4];
-#pragma unroll
-    for (int i = 0; i < NS; i++) {
-      st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
-      dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      uint32_t ka[4], va[4];
-      load_a<P>(ka, sK, warp * 16, kk * 16, lane);
-      load_a<P>(va, sV, warp * 16, kk * 16, lane);
-#pragma unroll
-      for (int np = 0; np < NS / 2; np++) {
-        uint32_t bf[4];
-        load_b_nmajor<P>(bf, Qc, np * 16, kk * 16, lane);
-        mma16<T>::mma(st[2 * np], ka, bf[0], bf[1]);
-        mma16<T>::mma(st[2 * np + 1], ka, bf[2], bf[3]);
-        load_b_nmajor<P>(bf, dOc, np * 16, kk * 16, lane);
-        mma16<T>::mma(dpt[2 * np], va, bf[0], bf[1]);
-        mma16<T>::mma(dpt[2 * np + 1], va, bf[2], bf[3]);
-      }
-    }
-
-    /* p^T, and ds^T = p^T (dp^T - delta); keys after the query and queries past T give 0 */
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
-        int key = e < 2 ? key_lo : key_hi;
-        float p = query < key || query >= T_
-                      ? 0.0f
-                      : exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
-        st[nt][e] = p;
-        dpt[nt][e] = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
-      }
-    }
+    kv_scores<T, W, NS>(st, dpt, sK, sV, Qc, dOc, warp, lane);
+    kv_probs<NS>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c);
 
     /* ds^T into shared memory for dq, rounded as the dk product's operand is */
 #pragma unroll
@@ -187,23 +152,7 @@ __global__ void __launch_bounds__(C::NT)
       memcpy(sS + (row + 8) * PS + col, &hi, 4);
     }
 
-    /* dv += p^T dout, dk += ds^T q */
-#pragma unroll
-    for (int j = 0; j < BM / 16; j++) {
-      uint32_t pa[4], dsa[4];
-      pack_a<T, NS>(pa, st, j);
-      pack_a<T, NS>(dsa, dpt, j);
-#pragma unroll
-      for (int dn = 0; dn < DP / 16; dn++) {
-        uint32_t bf[4];
-        load_b_kmajor<P>(bf, dOc, j * 16, dn * 16, lane);
-        mma16<T>::mma(dva[2 * dn], pa, bf[0], bf[1]);
-        mma16<T>::mma(dva[2 * dn + 1], pa, bf[2], bf[3]);
-        load_b_kmajor<P>(bf, Qc, j * 16, dn * 16, lane);
-        mma16<T>::mma(dka[2 * dn], dsa, bf[0], bf[1]);
-        mma16<T>::mma(dka[2 * dn + 1], dsa, bf[2], bf[3]);
-      }
-    }
+    kv_accumulate<T, W, NS>(dka, dva, st, dpt, Qc, dOc, lane);
     __syncthreads(); /* dS^T complete */
 
     /* this key tile's share of the chunk's dq: ds (BM, BN) k (BN, DP) */
@@ -273,22 +222,7 @@ __global__ void __launch_bounds__(C::NT)
 
   T *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * D;
   T *dvb = dv + (size_t)b * T_ * ks + (size_t)hk * D;
-#pragma unroll
-  for (int dt = 0; dt < ND; dt++) {
-    int d = dt * 8 + 2 * c;
-    if (W::PAD && d >= D)
-      continue;
-    if (key_lo < T_) {
-      store_pair(dkb + (size_t)key_lo * ks + d, __fmul_rn(dka[dt][0], scale),
-                 __fmul_rn(dka[dt][1], scale));
-      store_pair(dvb + (size_t)key_lo * ks + d, dva[dt][0], dva[dt][1]);
-    }
-    if (key_hi < T_) {
-      store_pair(dkb + (size_t)key_hi * ks + d, __fmul_rn(dka[dt][2], scale),
-                 __fmul_rn(dka[dt][3], scale));
-      store_pair(dvb + (size_t)key_hi * ks + d, dva[dt][2], dva[dt][3]);
-    }
-  }
+  kv_store<T, W>(dkb, dvb, dka, dva, ks, key_lo, key_hi, T_, D, scale, c);
 }
 
 /* ---- forward with 128 query rows a block: two 16-row tiles per warp ----
@@ -403,46 +337,9 @@ __global__ void __launch_bounds__(128)
       if (!live[mt])
         continue;
       /* scores in the log2 domain; keys after the query hidden where the tile reaches them */
-      const bool diag = (kt + 1) * BN - 1 > q0 + mt * 64 + warp * 16;
-      float mx_lo = m_lo[mt], mx_hi = m_hi[mt];
-#pragma unroll
-      for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          int key = kt * BN + nt * 8 + 2 * c + (e & 1);
-          int row = e < 2 ? row_lo[mt] : row_hi[mt];
-          float x = __fmul_rn(s[mt][nt][e], scale_log2);
-          s[mt][nt][e] = diag && key > row ? -INFINITY : x;
-        }
-        mx_lo = fmaxf(mx_lo, fmaxf(s[mt][nt][0], s[mt][nt][1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(s[mt][nt][2], s[mt][nt][3]));
-      }
-      /* Key 0 is in tile 0 and visible to every row, so the max is finite from the first tile. */
-      mx_lo = quad_max(mx_lo);
-      mx_hi = quad_max(mx_hi);
-      const float a_lo = exp2f(__fsub_rn(m_lo[mt], mx_lo)),
-                  a_hi = exp2f(__fsub_rn(m_hi[mt], mx_hi));
-      m_lo[mt] = mx_lo;
-      m_hi[mt] = mx_hi;
-      float ps_lo = 0.0f, ps_hi = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < NS; nt++) {
-        s[mt][nt][0] = exp2f(__fsub_rn(s[mt][nt][0], mx_lo));
-        s[mt][nt][1] = exp2f(__fsub_rn(s[mt][nt][1], mx_lo));
-        s[mt][nt][2] = exp2f(__fsub_rn(s[mt][nt][2], mx_hi));
-        s[mt][nt][3] = exp2f(__fsub_rn(s[mt][nt][3], mx_hi));
-        ps_lo = __fadd_rn(ps_lo, __fadd_rn(s[mt][nt][0], s[mt][nt][1]));
-        ps_hi = __fadd_rn(ps_hi, __fadd_rn(s[mt][nt][2], s[mt][nt][3]));
-      }
-      l_lo[mt] = __fadd_rn(__fmul_rn(l_lo[mt], a_lo), ps_lo);
-      l_hi[mt] = __fadd_rn(__fmul_rn(l_hi[mt], a_hi), ps_hi);
-#pragma unroll
-      for (int dt = 0; dt < ND; dt++) {
-        o[mt][dt][0] = __fmul_rn(o[mt][dt][0], a_lo);
-        o[mt][dt][1] = __fmul_rn(o[mt][dt][1], a_lo);
-        o[mt][dt][2] = __fmul_rn(o[mt][dt][2], a_hi);
-        o[mt][dt][3] = __fmul_rn(o[mt][dt][3], a_hi);
-      }
+      const bool mask = (kt + 1) * BN - 1 > q0 + mt * 64 + warp * 16;
+      softmax_step<NS, ND>(s[mt], o[mt], m_lo[mt], m_hi[mt], l_lo[mt], l_hi[mt], mask, kt * BN,
+                           row_lo[mt], row_hi[mt], c, scale_log2);
     }
 
     /* o += p v, each V fragment serving both row tiles */
@@ -468,31 +365,10 @@ __global__ void __launch_bounds__(128)
     __syncthreads(); /* this buffer is refilled two tiles from now */
   }
 
-  T *ob = out + (size_t)b * T_ * qs + (size_t)h * D;
-  float *lb = lse + ((size_t)b * H + h) * T_;
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++) {
-    const float lo = quad_sum(l_lo[mt]), hi = quad_sum(l_hi[mt]);
-    const float inv_lo = __fdiv_rn(1.0f, lo), inv_hi = __fdiv_rn(1.0f, hi);
-#pragma unroll
-    for (int dt = 0; dt < ND; dt++) {
-      int d = dt * 8 + 2 * c; /* d and d + 1 are both below D or both not (D % 4 == 0) */
-      if (W::PAD && d >= D)
-        continue;
-      if (row_lo[mt] < T_)
-        store_pair(ob + (size_t)row_lo[mt] * qs + d, __fmul_rn(o[mt][dt][0], inv_lo),
-                   __fmul_rn(o[mt][dt][1], inv_lo));
-      if (row_hi[mt] < T_)
-        store_pair(ob + (size_t)row_hi[mt] * qs + d, __fmul_rn(o[mt][dt][2], inv_hi),
-                   __fmul_rn(o[mt][dt][3], inv_hi));
-    }
-    if (c == 0) {
-      if (row_lo[mt] < T_)
-        lb[row_lo[mt]] = __fmul_rn(__fadd_rn(m_lo[mt], log2f(lo)), LN2);
-      if (row_hi[mt] < T_)
-        lb[row_hi[mt]] = __fmul_rn(__fadd_rn(m_hi[mt], log2f(hi)), LN2);
-    }
-  }
+  for (int mt = 0; mt < MT; mt++)
+    fwd_store<T, W>(out, lse, o[mt], l_lo[mt], l_hi[mt], m_lo[mt], m_hi[mt], b, h, H, row_lo[mt],
+                    row_hi[mt], T_, D, c);
 }
 
 template <typename E, typename W>
