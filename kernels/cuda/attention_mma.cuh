@@ -95,9 +95,11 @@ __device__ __forceinline__ void load_tile(T *s, const T *base, size_t stride, in
   }
 }
 
+/* Elements d and d + 1 of a row as one 32-bit store. p is 4-byte aligned wherever the kernels
+ * call this: d is even, and so are row pitches and head offsets (D % 4 == 0), in tensors at
+ * least 8-byte aligned. (A memcpy here compiled to four byte stores: T promises only 2.) */
 template <typename T> __device__ __forceinline__ void store_pair(T *p, float lo, float hi) {
-  uint32_t u = mma16<T>::pack(lo, hi);
-  memcpy(p, &u, 4);
+  *reinterpret_cast<uint32_t *>(p) = mma16<T>::pack(lo, hi);
 }
 
 __device__ __forceinline__ float quad_max(float x) {

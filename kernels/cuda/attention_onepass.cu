@@ -146,10 +146,9 @@ __global__ void __launch_bounds__(C::NT)
 #pragma unroll
     for (int nt = 0; nt < NS; nt++) {
       int row = warp * 16 + g, col = nt * 8 + 2 * c;
-      uint32_t lo = mma16<T>::pack(dpt[nt][0], dpt[nt][1]);
-      uint32_t hi = mma16<T>::pack(dpt[nt][2], dpt[nt][3]);
-      memcpy(sS + row * PS + col, &lo, 4);
-      memcpy(sS + (row + 8) * PS + col, &hi, 4);
+      *reinterpret_cast<uint32_t *>(sS + row * PS + col) = mma16<T>::pack(dpt[nt][0], dpt[nt][1]);
+      *reinterpret_cast<uint32_t *>(sS + (row + 8) * PS + col) =
+          mma16<T>::pack(dpt[nt][2], dpt[nt][3]);
     }
 
     kv_accumulate<T, W, NS>(dka, dva, st, dpt, Qc, dOc, lane);
