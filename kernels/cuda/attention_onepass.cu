@@ -27,7 +27,8 @@
  *
  * Tiles: a block has WARPS warps of 16 key rows (BN = 16 WARPS keys) and visits query chunks of
  * BM rows (32 or 64), Q and dout double-buffered with cp.async as in attention_mma.cu. The dq
- * share's 16x16 units are dealt to the warps in turn. */
+ * share's 16x16 units go to the warps by m-tile, so each warp loads a dS fragment once for all its
+ * units. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -72,8 +73,11 @@ __global__ void __launch_bounds__(C::NT)
   constexpr int WARPS = C::WARPS;
   const int D = W::PAD ? D_ : DP;
   constexpr int ND = DP / 8, NS = BM / 8;
-  /* the dq share in 16x16 units (m-tile, pair of n-tiles), unit u on warp u % WARPS */
-  constexpr int NPD = DP / 16, UNITS = (BM / 16) * NPD, UPW = (UNITS + WARPS - 1) / WARPS;
+  /* The dq share in 16x16 units (m-tile, pair of n-tiles): WPM warps to each of the chunk's
+   * MTS m-tiles, each taking NPW of its NPD pairs, so a warp loads each dS fragment once for all
+   * its units. */
+  constexpr int NPD = DP / 16, MTS = BM / 16, WPM = WARPS / MTS, NPW = (NPD + WPM - 1) / WPM;
+  static_assert(WARPS % MTS == 0, "whole m-tiles per warp group");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sK = (T *)smem_raw;               /* (BN, P) */
   T *sV = sK + BN * P;                 /* (BN, P) */
@@ -154,21 +158,24 @@ __global__ void __launch_bounds__(C::NT)
     kv_accumulate<T, W, NS>(dka, dva, st, dpt, Qc, dOc, lane);
     __syncthreads(); /* dS^T complete */
 
-    /* this key tile's share of the chunk's dq: ds (BM, BN) k (BN, DP) */
-    float qa[UPW][2][4];
+    /* this key tile's share of the chunk's dq: ds (BM, BN) k (BN, DP), units (mt, np0 + u) */
+    const int mt = warp / WPM, np0 = (warp % WPM) * NPW;
+    float qa[NPW][2][4];
 #pragma unroll
-    for (int u = 0; u < UPW; u++) {
-      const int unit = warp + u * WARPS, mt = unit / NPD, np = unit % NPD;
+    for (int u = 0; u < NPW; u++)
 #pragma unroll
       for (int e = 0; e < 4; e++)
         qa[u][0][e] = qa[u][1][e] = 0.0f;
-      if (UNITS % WARPS != 0 && unit >= UNITS)
-        continue;
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) {
-        uint32_t a[4], bf[4];
-        load_a_kmajor<PS>(a, sS, kk * 16, mt * 16, lane);
-        load_b_kmajor<P>(bf, sK, kk * 16, np * 16, lane);
+    for (int kk = 0; kk < BN / 16; kk++) {
+      uint32_t a[4];
+      load_a_kmajor<PS>(a, sS, kk * 16, mt * 16, lane);
+#pragma unroll
+      for (int u = 0; u < NPW; u++) {
+        if (NPD % WPM != 0 && np0 + u >= NPD)
+          continue;
+        uint32_t bf[4];
+        load_b_kmajor<P>(bf, sK, kk * 16, (np0 + u) * 16, lane);
         mma16<T>::mma(qa[u][0], a, bf[0], bf[1]);
         mma16<T>::mma(qa[u][1], a, bf[2], bf[3]);
       }
@@ -186,9 +193,9 @@ __global__ void __launch_bounds__(C::NT)
     float *acc = dq_acc + ((size_t)b * H + h) * (size_t)n_qc * BM * DP;
     T *dqb = dq + (size_t)b * T_ * qs + (size_t)h * D;
 #pragma unroll
-    for (int u = 0; u < UPW; u++) {
-      const int unit = warp + u * WARPS, mt = unit / NPD, np = unit % NPD;
-      if (UNITS % WARPS != 0 && unit >= UNITS)
+    for (int u = 0; u < NPW; u++) {
+      const int np = np0 + u;
+      if (NPD % WPM != 0 && np >= NPD)
         continue;
 #pragma unroll
       for (int half = 0; half < 2; half++) {
