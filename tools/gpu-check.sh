@@ -8,8 +8,9 @@
 # trainer's GPU checks of docs/training.md),
 # and, only when named, trainbench: tools/bench-train.sh tz-offload llama-1b (docs/benchmarks.md);
 # attention: the one-pass attention (tierzero.cuda_attention one-pass, docs/cuda-kernels.md) in
-# the kernel tests, the model's and trainer's GPU tests, tz-bench layer, and tz-auto llama-7b
-# beside the default kernels (recompute auto, then all), one run after the other.
+# the kernel tests, the model's and trainer's GPU tests and tz-bench layer; attention7b: tz-auto
+# llama-7b with it beside the default kernels (recompute auto, then all), one run after the other
+# (each step fits one device call).
 set -uo pipefail
 steps=${*:-tests topo tiers adam collectives hf families layer prefetch train product}
 logs=/tmp/tz-gpu-logs
@@ -121,8 +122,10 @@ has trainbench && step trainbench env TZ_BIN=$b/bin tools/bench-train.sh tz-offl
 if has attention; then
   step attn-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
   step attn-model env TZ_CUDA_ATTENTION=one-pass ctest --test-dir $b --output-on-failure \
-    -R '^test_(model|train)_gpu$'
+    -R '^test_(model|train)_gpu'
   step attn-layer $b/bin/tz-bench layer
+fi
+if has attention7b; then
   for r in auto all; do
     for a in auto one-pass; do
       step attn-7b-$r-$a env TZ_BIN=$b/bin TZ_RECOMPUTE=$r TZ_CUDA_ATTENTION=$a \
