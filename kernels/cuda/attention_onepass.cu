@@ -17,8 +17,10 @@
  *     the chunk's last key tile (the one holding its diagonal, or the sequence's last key) adds its
  *     share, scales by 1 / sqrt(D) and writes dq in the storage dtype instead.
  *
- * A block only waits for blocks of the same (kv head, batch) with a smaller key tile index, which
- * are launched before it (block indices are dispatched in order, x first), so the waits end. Each
+ * A block only waits for blocks of the same (kv head, batch) with a smaller key tile index. Blocks
+ * take their (key tile, kv head, batch) from a ticket drawn when they start (x first, as the grid
+ * would number them), so the block waited for has always started, and the waits end whatever
+ * order the hardware starts blocks in. Each
  * block visits its query chunks from the last to its first: every block of a head starts on the
  * sequence's last chunk at once, so they meet each chunk together and wait only for each other's
  * additions, not for each other's products (in increasing order, block kt would first wait for
@@ -65,8 +67,8 @@ template <typename W, int WARPS_, int BM_> struct bwd_tiles {
 
 template <typename T, typename W, typename C>
 __global__ void __launch_bounds__(C::NT)
-    attn_bwd_onepass_kernel(T *dq, T *dk, T *dv, float *dq_acc, unsigned *counts, const T *dout,
-                            const T *q, const T *k, const T *v, const float *lse,
+    attn_bwd_onepass_kernel(T *dq, T *dk, T *dv, float *dq_acc, unsigned *counts, unsigned *tickets,
+                            const T *dout, const T *q, const T *k, const T *v, const float *lse,
                             const float *delta, int T_, int H, int Hkv, int D_, float scale,
                             float scale_log2) {
   constexpr int P = W::P, DP = W::DP, BN = C::BN, BM = C::BM, NT = C::NT, PS = C::PS;
@@ -86,7 +88,15 @@ __global__ void __launch_bounds__(C::NT)
   T *sS = sdO + 2 * BM * P;            /* (BN, PS): dS^T of the chunk, keys by queries */
   float *sL = (float *)(sS + BN * PS); /* 2 x (BM): lse * log2(e), 0 past T */
   float *sD = sL + 2 * BM;             /* 2 x (BM): delta, 0 past T */
-  const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  /* The block's (key tile, kv head, batch) comes from a ticket taken when it starts, in the order
+   * the grid's x, y, z would give: a block waits only for blocks with smaller tickets, which have
+   * started, so the waits end whatever order the hardware starts blocks in. */
+  __shared__ unsigned ticket;
+  if (threadIdx.x == 0)
+    ticket = atomicAdd(tickets, 1u);
+  __syncthreads();
+  const int kt = (int)(ticket % gridDim.x), hk = (int)(ticket / gridDim.x % gridDim.y);
+  const int b = (int)(ticket / gridDim.x / gridDim.y);
   const int group = H / Hkv;
   const int k0 = kt * BN;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -413,17 +423,18 @@ int launch(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta, 
   size_t acc_bytes, n_counts;
   scratch_layout<W, C>(B, T, H, &acc_bytes, &n_counts);
   void *scratch;
-  TZ_CHECK(tz_cuda_scratch(c, acc_bytes + n_counts * sizeof(unsigned), &scratch));
+  /* the counters, then the ticket counter, zeroed together */
+  TZ_CHECK(tz_cuda_scratch(c, acc_bytes + (n_counts + 1) * sizeof(unsigned), &scratch));
   float *acc = (float *)scratch;
   unsigned *counts = (unsigned *)((char *)scratch + acc_bytes);
-  TZ_CU(cudaMemsetAsync(counts, 0, n_counts * sizeof(unsigned), c->stream));
+  TZ_CU(cudaMemsetAsync(counts, 0, (n_counts + 1) * sizeof(unsigned), c->stream));
   TZ_CU(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)C::smem));
   float scale = 1.0f / sqrtf((float)D);
   dim3 grid((unsigned)((T + C::BN - 1) / C::BN), (unsigned)Hkv, (unsigned)B);
-  kern<<<grid, C::NT, C::smem, c->stream>>>((E *)dq, (E *)dk, (E *)dv, acc, counts, (const E *)dout,
-                                            (const E *)q, (const E *)k, (const E *)v, lse, delta, T,
-                                            H, Hkv, D, scale, scale * LOG2E);
+  kern<<<grid, C::NT, C::smem, c->stream>>>(
+      (E *)dq, (E *)dk, (E *)dv, acc, counts, counts + n_counts, (const E *)dout, (const E *)q,
+      (const E *)k, (const E *)v, lse, delta, T, H, Hkv, D, scale, scale * LOG2E);
   TZ_CU_LAUNCHED();
   return 0;
 }
