@@ -66,6 +66,7 @@ void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
   sz[BUF_SCAL] = 4 * sizeof(float);
   sz[BUF_X] = (uint64_t)(tr->L + 1) * round_up(x, 256);
   sz[BUF_KEEP] = tz_recompute_kept_bytes(c, tr->S, tr->B, tr->T, tr->recompute);
+  sz[BUF_ACC] = tr->acc_n * sizeof(float);
 }
 
 static int tier_of_device(enum tz_offload_device d) {
@@ -429,8 +430,33 @@ static int log_timeline(tz_trainer *tr, const struct tz_plan_request *r) {
   return rc;
 }
 
-/* The plan for the parts tr->recompute names. */
-static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
+/* With accumulation, the blocks whose gradient shard the request r forces out of the compute
+ * tier (a block the CPU steps at its host home beside a GPU, tierzero.cpu_adam; any offloaded
+ * optimizer on a CPU-only machine) get a sum in the compute tier (tr->acc_off), when `on`: the
+ * shard is then written once, by the last micro-batch, and not brought in and written back by
+ * every later one (4 bytes a parameter each way a micro-batch, against 4 once a step). The plan
+ * chooses the homes of the others, and a sum beside a shard it moved out would take the room it
+ * freed. 1 when the blocks changed (the phases' uses change with them). */
+static int choose_accumulators(tz_trainer *tr, const struct tz_plan_request *r, int on) {
+  int changed = 0;
+  tr->acc_n = 0;
+  for (int b = 0; b < tr->nb; b++) {
+    int f = r->force_each ? r->force_each[b * TZ_PLAN_KINDS + TZ_PLAN_GRAD] : TZ_PLAN_AUTO;
+    if (f == TZ_PLAN_AUTO)
+      f = r->force[TZ_PLAN_GRAD];
+    uint64_t off = UINT64_MAX;
+    if (on && tr->G > 1 && (f == TZ_PLAN_HOST || f == TZ_PLAN_NVME)) {
+      off = tr->acc_n;
+      tr->acc_n += round_up(tr->shard[b], 64); /* 256-byte aligned, as every tensor */
+    }
+    changed |= tr->acc_off[b] != off;
+    tr->acc_off[b] = off;
+  }
+  return changed;
+}
+
+/* The plan for the parts tr->recompute names; with_acc: choose_accumulators' `on`. */
+static int plan_try(tz_trainer *tr, const struct tz_trainer_params *p, int with_acc) {
   /* The step's order as built, before home_first moves the phases this plan runs at the homes. */
   TZ_CHECK(tz_train_build_phases(tr));
   struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
@@ -441,6 +467,16 @@ static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
   plan_request(tr, p, pp, &r);
   int8_t *each = NULL;
   int rc = cpu_step_grads(tr, p, &r, &each);
+  if (rc == 0 && choose_accumulators(tr, &r, with_acc)) {
+    /* The gradient uses and the buffers follow the sums: the same order, other uses. */
+    rc = tz_train_build_phases(tr);
+    if (rc == 0) {
+      uint64_t sz[BUF_COUNT];
+      tz_train_buffer_sizes(tr, sz);
+      plan_phases(tr, pp);
+      r.compute_fixed = round_up(sizes_total(sz, BUF_COUNT), ALIGN);
+    }
+  }
   if (rc == 0)
     rc = guess_home_phases(tr, &r, pp);
   if (rc == 0)
@@ -463,6 +499,21 @@ static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
     rc = log_timeline(tr, &r);
   free(each);
   free(pp);
+  return rc;
+}
+
+/* The plan, with the sums of choose_accumulators where the compute tier holds them; otherwise
+ * without (each micro-batch then brings the shard in and writes it back, as without them). */
+static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
+  int rc = plan_try(tr, p, 1);
+  if (rc != TZ_ENOMEM || tr->acc_n == 0)
+    return rc;
+  char why[1024];
+  snprintf(why, sizeof why, "%s", tz_err_msg());
+  tz_plan_free(&tr->plan);
+  rc = plan_try(tr, p, 0);
+  if (rc == 0)
+    TZ_DEBUG("train: gradients accumulated at their homes, not in the compute tier: %s", why);
   return rc;
 }
 
@@ -683,10 +734,13 @@ int tz_train_sizes(tz_trainer *tr) {
   tr->home = calloc((size_t)nb, sizeof *tr->home);
   tr->names = calloc((size_t)nb + 1, sizeof *tr->names);
   tr->cpu_step = calloc((size_t)nb, 1);
+  tr->acc_off = malloc((size_t)nb * sizeof *tr->acc_off);
   tr->recompute = calloc((size_t)tr->L + 1, 1);
   if (!tr->numel || !tr->padded || !tr->shard || !tr->seg_off || !tr->bytes || !tr->home ||
-      !tr->names || !tr->cpu_step || !tr->recompute)
+      !tr->names || !tr->cpu_step || !tr->acc_off || !tr->recompute)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
+  for (int b = 0; b < nb; b++)
+    tr->acc_off[b] = UINT64_MAX;
   TZ_CHECK(tz_recompute_parse(&tr->cfg, tr->L, &tr->recompute_mode, tr->recompute));
   uint64_t unit = (uint64_t)tr->world * TZ_TRAIN_NORM_SEGMENT;
   for (int b = 0; b < nb; b++) {
