@@ -233,8 +233,10 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
 }
 
 /* On a GPU, the blocks the CPU steps (tierzero.cpu_adam) keep their gradients at home with the
- * optimizer state, which must be in host memory: forced placement only. *each (the caller frees
- * it) is the per-block placement that says so, when it applies. */
+ * optimizer state, which must be in host memory: with forced placement, where the config puts
+ * the state there; with automatic placement, every kind of those blocks is homed there (the CPU
+ * writes their parameters too), and the plan places the rest. *each (the caller frees it) is the
+ * per-block placement that says so, when it applies. */
 static int cpu_step_grads(tz_trainer *tr, const struct tz_trainer_params *p,
                           struct tz_plan_request *r, int8_t **each) {
   *each = NULL;
@@ -243,10 +245,11 @@ static int cpu_step_grads(tz_trainer *tr, const struct tz_trainer_params *p,
     split |= tr->cpu_step[b];
   if (!tr->gpu || !split)
     return 0;
-  if (p->auto_placement || r->force[TZ_PLAN_MASTER] != TZ_PLAN_HOST) {
+  if (!p->auto_placement && r->force[TZ_PLAN_MASTER] != TZ_PLAN_HOST) {
     memset(tr->cpu_step, 0, (size_t)tr->nb);
-    TZ_WARN("train: tierzero.cpu_adam needs the optimizer state offloaded to cpu by the config "
-            "(offload_optimizer.device cpu, no --auto-placement); Adam runs on the GPU");
+    TZ_WARN("train: tierzero.cpu_adam needs the optimizer state in host memory: offloaded to "
+            "cpu by the config (offload_optimizer.device cpu) or placed by the plan "
+            "(--auto-placement); Adam runs on the GPU");
     return 0;
   }
   int8_t *e = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
@@ -255,8 +258,9 @@ static int cpu_step_grads(tz_trainer *tr, const struct tz_trainer_params *p,
   for (int i = 0; i < tr->nb * TZ_PLAN_KINDS; i++)
     e[i] = p->force_tiers ? p->force_tiers[i] : TZ_PLAN_AUTO;
   for (int b = 0; b < tr->nb; b++)
-    if (tr->cpu_step[b])
-      e[b * TZ_PLAN_KINDS + TZ_PLAN_GRAD] = TZ_PLAN_HOST;
+    for (int k = 0; k < TZ_PLAN_KINDS && tr->cpu_step[b]; k++)
+      if (k == TZ_PLAN_GRAD || p->auto_placement)
+        e[b * TZ_PLAN_KINDS + k] = TZ_PLAN_HOST;
   r->force_each = e;
   *each = e;
   return 0;
@@ -682,9 +686,8 @@ static int bound_with_cpu_blocks(tz_trainer *tr, const struct tz_trainer_params 
  * the default. Leaves cpu_step chosen for tz_train_make_plan to plan again. */
 int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p) {
   const struct tz_config *c = &tr->cfg;
-  int applies =
-      !tr->gpu || (!p->auto_placement &&
-                   tier_of_device(c->zero_optimization.offload_optimizer.device) == TZ_PLAN_HOST);
+  int applies = !tr->gpu || p->auto_placement ||
+                tier_of_device(c->zero_optimization.offload_optimizer.device) == TZ_PLAN_HOST;
   int blocks[9], best = -1, lo = 0, hi = 0;
   double best_bound = 0, bound;
   for (int e = 0; applies && e <= 8; e++) {
