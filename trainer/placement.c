@@ -507,18 +507,37 @@ static int plan_try(tz_trainer *tr, const struct tz_trainer_params *p, int with_
 }
 
 /* The plan, with the sums of choose_accumulators where the compute tier holds them; otherwise
- * without (each micro-batch then brings the shard in and writes it back, as without them). */
+ * without (each micro-batch then brings the shard in and writes it back, as without them). The
+ * compute tier is sized to hold them beside the window, but for a tierzero.hbm_budget: within
+ * one, they take the window's room, and the plan keeps them only if its bound is no worse. */
 static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
   int rc = plan_try(tr, p, 1);
-  if (rc != TZ_ENOMEM || tr->acc_n == 0)
+  if (tr->acc_n == 0 || (rc < 0 && rc != TZ_ENOMEM))
     return rc;
-  char why[1024];
-  snprintf(why, sizeof why, "%s", tz_err_msg());
+  if (rc == TZ_ENOMEM) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    tz_plan_free(&tr->plan);
+    rc = plan_try(tr, p, 0);
+    if (rc == 0)
+      TZ_DEBUG("train: gradients accumulated at their homes, not in the compute tier: %s", why);
+    return rc;
+  }
+  if (!tr->cfg.tierzero.hbm_budget || tr->plan.unknown_rates)
+    return 0;
+  double with = tr->plan.bound_s;
   tz_plan_free(&tr->plan);
   rc = plan_try(tr, p, 0);
-  if (rc == 0)
-    TZ_DEBUG("train: gradients accumulated at their homes, not in the compute tier: %s", why);
-  return rc;
+  if (rc < 0 && rc != TZ_ENOMEM)
+    return rc;
+  if (rc == 0 && tr->plan.bound_s < with * (1 - 1e-9)) {
+    TZ_DEBUG("train: gradients accumulated at their homes: bound %.4g s against %.4g s with "
+             "their sums in the compute tier (tierzero.hbm_budget)",
+             tr->plan.bound_s, with);
+    return 0;
+  }
+  tz_plan_free(&tr->plan);
+  return plan_try(tr, p, 1);
 }
 
 /* The most the compute tier could grow by beyond the plan tr->plan (made with every part
