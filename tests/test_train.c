@@ -448,7 +448,12 @@ static void test_plan(void **state) {
   assert_false(p->unknown_rates);
   double forced_bound = p->bound_s;
   uint64_t state_bytes = p->used[TZ_PLAN_HOST] + p->used[TZ_PLAN_NVME];
-  uint64_t fixed = p->compute_fixed, minw = p->min_window;
+  uint64_t minw = p->min_window;
+  tz_trainer_destroy(tr);
+  /* The buffers of a plan that chooses every home (the forced one's also hold the sums of the
+   * gradients it forces out of the compute tier, accumulated there). */
+  TZ_ASSERT_OK(make_plan_only(&w, NULL, NULL, 1, "none", "none", &tr));
+  uint64_t fixed = tz_trainer_plan(tr)->compute_fixed;
   tz_trainer_destroy(tr);
 
   /* Auto, with room in the compute tier for fixed buffers, half the state and the minimum window,

@@ -104,13 +104,21 @@ static int gather(tz_trainer *tr, int b, void *shard, void *buf, void **out) {
   return coll_done(tr, f);
 }
 
-/* Adds the rank's reduced part of a gradient (n floats) into its gradient shard; micro-batch 0
- * copies it: the sum then starts from the first term, as the reduction's does, so accumulation
- * and a larger world give the same bits. */
-static int accumulate(tz_trainer *tr, float *grad, const float *mine, uint64_t n, int micro) {
+/* Adds the rank's reduced part of block b's gradient (n floats) into its gradient shard;
+ * micro-batch 0 copies it: the sum then starts from the first term, as the reduction's does, so
+ * accumulation and a larger world give the same bits. A block with a sum of its own in the
+ * compute tier (tr->acc_off, a shard forced out of it) adds micro-batches 0..G-2 there and the
+ * last one writes the shard, acc + mine: the same additions in the same order, and the shard
+ * crosses the host link once a step instead of in and out for every micro-batch. */
+static int accumulate(tz_trainer *tr, int b, float *grad, const float *mine, uint64_t n,
+                      int micro) {
+  float *acc = tr->acc_off[b] == UINT64_MAX ? NULL : tr->acc + tr->acc_off[b];
+  if (acc && micro == tr->G - 1)
+    return tz_compute_add(tr->cm, TZ_F32, grad, acc, mine, n);
+  float *sum = acc ? acc : grad;
   if (micro == 0)
-    return tz_compute_copy(tr->cm, grad, mine, n * sizeof(float));
-  return tz_compute_add(tr->cm, TZ_F32, grad, grad, mine, n);
+    return tz_compute_copy(tr->cm, sum, mine, n * sizeof(float));
+  return tz_compute_add(tr->cm, TZ_F32, sum, sum, mine, n);
 }
 
 /* Reduce-scatters the full gradient fg of block b and accumulates the rank's part. */
@@ -123,7 +131,7 @@ static int reduce_into(tz_trainer *tr, int b, float *fg, float *grad, int micro)
     TZ_CHECK(tz_comm_reduce_scatter(tr->comm, fg, mine, n, TZ_F32, NULL, &f));
     TZ_CHECK(coll_done(tr, f));
   }
-  return accumulate(tr, grad, mine, n, micro);
+  return accumulate(tr, b, grad, mine, n, micro);
 }
 
 /* Sums of squares of the rank's norm segments of block b's gradient shard. */
@@ -178,7 +186,8 @@ static int complete_ahead(tz_trainer *tr, const struct phase *ph, const struct j
     return 0;
   uint64_t n = tr->shard[ph->prev];
   float *grad = j->prev_grad;
-  TZ_CHECK(accumulate(tr, grad, tr->fg2[ph->prev % 2] + (uint64_t)tr->rank * n, n, ph->micro));
+  TZ_CHECK(
+      accumulate(tr, ph->prev, grad, tr->fg2[ph->prev % 2] + (uint64_t)tr->rank * n, n, ph->micro));
   return ph->micro == tr->G - 1 ? norm_partials(tr, ph->prev, grad) : 0;
 }
 
@@ -405,6 +414,15 @@ static void use(struct phase *p, tz_trainer *tr, int kind, int access) {
   use_of(p, tr, p->block, kind, access, USE_OWN);
 }
 
+/* How micro-batch `micro` uses block b's gradient shard (accumulate): written by micro-batch 0,
+ * read and written by the later ones; with a sum of its own in the compute tier, untouched before
+ * the last micro-batch, which writes it. 0: not used. */
+static int grad_access(const tz_trainer *tr, int b, int micro) {
+  if (tr->acc_off[b] != UINT64_MAX)
+    return micro == tr->G - 1 ? TZ_ACCESS_WRITE : 0;
+  return micro == 0 ? TZ_ACCESS_WRITE : TZ_ACCESS_READWRITE;
+}
+
 static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, int micro) {
   struct phase *p = &tr->ph[(*n)++];
   memset(p, 0, sizeof *p);
@@ -412,7 +430,7 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
   p->block = block;
   p->micro = micro;
   p->next = p->prev = -1;
-  int gacc = micro == 0 ? TZ_ACCESS_WRITE : TZ_ACCESS_READWRITE;
+  int gacc = grad_access(tr, block, micro);
   /* Overlapped collectives (tr->overlap): a layer's or the head's weights are gathered during
    * the phase before the one that computes with them, and its gradient is reduce-scattered
    * during the phase after: those phases use the shards, the computing one neither. The
@@ -434,7 +452,8 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
     snprintf(p->name, sizeof p->name, "head.%d", micro);
     if (!ov) {
       use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
-      use(p, tr, TZ_PLAN_GRAD, gacc);
+      if (gacc)
+        use(p, tr, TZ_PLAN_GRAD, gacc);
     }
     p->next = ov ? L : -1;
     break;
@@ -442,14 +461,16 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
     snprintf(p->name, sizeof p->name, "bwd%d.%d", block - 1, micro);
     if (!ov) {
       use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
-      use(p, tr, TZ_PLAN_GRAD, gacc);
+      if (gacc)
+        use(p, tr, TZ_PLAN_GRAD, gacc);
     }
     p->next = ov && block > 1 ? block - 1 : -1;
     p->prev = ov ? block + 1 : -1;
     break;
   case PH_EMBED_BWD:
     snprintf(p->name, sizeof p->name, "embed-bwd.%d", micro);
-    use(p, tr, TZ_PLAN_GRAD, gacc);
+    if (gacc)
+      use(p, tr, TZ_PLAN_GRAD, gacc);
     p->prev = ov ? (L > 0 ? 1 : H) : -1;
     break;
   case PH_OPT:
@@ -463,8 +484,8 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
   }
   if (p->next >= 0)
     use_of(p, tr, p->next, TZ_PLAN_PARAM, TZ_ACCESS_READ, USE_NEXT);
-  if (p->prev >= 0)
-    use_of(p, tr, p->prev, TZ_PLAN_GRAD, gacc, USE_PREV);
+  if (p->prev >= 0 && grad_access(tr, p->prev, micro))
+    use_of(p, tr, p->prev, TZ_PLAN_GRAD, grad_access(tr, p->prev, micro), USE_PREV);
   return *n - 1;
 }
 

@@ -66,6 +66,7 @@ void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
   sz[BUF_SCAL] = 4 * sizeof(float);
   sz[BUF_X] = (uint64_t)(tr->L + 1) * round_up(x, 256);
   sz[BUF_KEEP] = tz_recompute_kept_bytes(c, tr->S, tr->B, tr->T, tr->recompute);
+  sz[BUF_ACC] = tr->acc_n * sizeof(float);
 }
 
 static int tier_of_device(enum tz_offload_device d) {
@@ -232,8 +233,10 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
 }
 
 /* On a GPU, the blocks the CPU steps (tierzero.cpu_adam) keep their gradients at home with the
- * optimizer state, which must be in host memory: forced placement only. *each (the caller frees
- * it) is the per-block placement that says so, when it applies. */
+ * optimizer state, which must be in host memory: with forced placement, where the config puts
+ * the state there; with automatic placement, every kind of those blocks is homed there (the CPU
+ * writes their parameters too), and the plan places the rest. *each (the caller frees it) is the
+ * per-block placement that says so, when it applies. */
 static int cpu_step_grads(tz_trainer *tr, const struct tz_trainer_params *p,
                           struct tz_plan_request *r, int8_t **each) {
   *each = NULL;
@@ -242,10 +245,11 @@ static int cpu_step_grads(tz_trainer *tr, const struct tz_trainer_params *p,
     split |= tr->cpu_step[b];
   if (!tr->gpu || !split)
     return 0;
-  if (p->auto_placement || r->force[TZ_PLAN_MASTER] != TZ_PLAN_HOST) {
+  if (!p->auto_placement && r->force[TZ_PLAN_MASTER] != TZ_PLAN_HOST) {
     memset(tr->cpu_step, 0, (size_t)tr->nb);
-    TZ_WARN("train: tierzero.cpu_adam needs the optimizer state offloaded to cpu by the config "
-            "(offload_optimizer.device cpu, no --auto-placement); Adam runs on the GPU");
+    TZ_WARN("train: tierzero.cpu_adam needs the optimizer state in host memory: offloaded to "
+            "cpu by the config (offload_optimizer.device cpu) or placed by the plan "
+            "(--auto-placement); Adam runs on the GPU");
     return 0;
   }
   int8_t *e = malloc((size_t)tr->nb * TZ_PLAN_KINDS);
@@ -254,8 +258,9 @@ static int cpu_step_grads(tz_trainer *tr, const struct tz_trainer_params *p,
   for (int i = 0; i < tr->nb * TZ_PLAN_KINDS; i++)
     e[i] = p->force_tiers ? p->force_tiers[i] : TZ_PLAN_AUTO;
   for (int b = 0; b < tr->nb; b++)
-    if (tr->cpu_step[b])
-      e[b * TZ_PLAN_KINDS + TZ_PLAN_GRAD] = TZ_PLAN_HOST;
+    for (int k = 0; k < TZ_PLAN_KINDS && tr->cpu_step[b]; k++)
+      if (k == TZ_PLAN_GRAD || p->auto_placement)
+        e[b * TZ_PLAN_KINDS + k] = TZ_PLAN_HOST;
   r->force_each = e;
   *each = e;
   return 0;
@@ -429,8 +434,33 @@ static int log_timeline(tz_trainer *tr, const struct tz_plan_request *r) {
   return rc;
 }
 
-/* The plan for the parts tr->recompute names. */
-static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
+/* With accumulation, the blocks whose gradient shard the request r forces out of the compute
+ * tier (a block the CPU steps at its host home beside a GPU, tierzero.cpu_adam; any offloaded
+ * optimizer on a CPU-only machine) get a sum in the compute tier (tr->acc_off), when `on`: the
+ * shard is then written once, by the last micro-batch, and not brought in and written back by
+ * every later one (4 bytes a parameter each way a micro-batch, against 4 once a step). The plan
+ * chooses the homes of the others, and a sum beside a shard it moved out would take the room it
+ * freed. 1 when the blocks changed (the phases' uses change with them). */
+static int choose_accumulators(tz_trainer *tr, const struct tz_plan_request *r, int on) {
+  int changed = 0;
+  tr->acc_n = 0;
+  for (int b = 0; b < tr->nb; b++) {
+    int f = r->force_each ? r->force_each[b * TZ_PLAN_KINDS + TZ_PLAN_GRAD] : TZ_PLAN_AUTO;
+    if (f == TZ_PLAN_AUTO)
+      f = r->force[TZ_PLAN_GRAD];
+    uint64_t off = UINT64_MAX;
+    if (on && tr->G > 1 && (f == TZ_PLAN_HOST || f == TZ_PLAN_NVME)) {
+      off = tr->acc_n;
+      tr->acc_n += round_up(tr->shard[b], 64); /* 256-byte aligned, as every tensor */
+    }
+    changed |= tr->acc_off[b] != off;
+    tr->acc_off[b] = off;
+  }
+  return changed;
+}
+
+/* The plan for the parts tr->recompute names; with_acc: choose_accumulators' `on`. */
+static int plan_try(tz_trainer *tr, const struct tz_trainer_params *p, int with_acc) {
   /* The step's order as built, before home_first moves the phases this plan runs at the homes. */
   TZ_CHECK(tz_train_build_phases(tr));
   struct tz_plan_phase *pp = calloc((size_t)tr->n_ph, sizeof *pp);
@@ -441,6 +471,16 @@ static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
   plan_request(tr, p, pp, &r);
   int8_t *each = NULL;
   int rc = cpu_step_grads(tr, p, &r, &each);
+  if (rc == 0 && choose_accumulators(tr, &r, with_acc)) {
+    /* The gradient uses and the buffers follow the sums: the same order, other uses. */
+    rc = tz_train_build_phases(tr);
+    if (rc == 0) {
+      uint64_t sz[BUF_COUNT];
+      tz_train_buffer_sizes(tr, sz);
+      plan_phases(tr, pp);
+      r.compute_fixed = round_up(sizes_total(sz, BUF_COUNT), ALIGN);
+    }
+  }
   if (rc == 0)
     rc = guess_home_phases(tr, &r, pp);
   if (rc == 0)
@@ -464,6 +504,40 @@ static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
   free(each);
   free(pp);
   return rc;
+}
+
+/* The plan, with the sums of choose_accumulators where the compute tier holds them; otherwise
+ * without (each micro-batch then brings the shard in and writes it back, as without them). The
+ * compute tier is sized to hold them beside the window, but for a tierzero.hbm_budget: within
+ * one, they take the window's room, and the plan keeps them only if its bound is no worse. */
+static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
+  int rc = plan_try(tr, p, 1);
+  if (tr->acc_n == 0 || (rc < 0 && rc != TZ_ENOMEM))
+    return rc;
+  if (rc == TZ_ENOMEM) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    tz_plan_free(&tr->plan);
+    rc = plan_try(tr, p, 0);
+    if (rc == 0)
+      TZ_DEBUG("train: gradients accumulated at their homes, not in the compute tier: %s", why);
+    return rc;
+  }
+  if (!tr->cfg.tierzero.hbm_budget || tr->plan.unknown_rates)
+    return 0;
+  double with = tr->plan.bound_s;
+  tz_plan_free(&tr->plan);
+  rc = plan_try(tr, p, 0);
+  if (rc < 0 && rc != TZ_ENOMEM)
+    return rc;
+  if (rc == 0 && tr->plan.bound_s < with * (1 - 1e-9)) {
+    TZ_DEBUG("train: gradients accumulated at their homes: bound %.4g s against %.4g s with "
+             "their sums in the compute tier (tierzero.hbm_budget)",
+             tr->plan.bound_s, with);
+    return 0;
+  }
+  tz_plan_free(&tr->plan);
+  return plan_try(tr, p, 1);
 }
 
 /* The most the compute tier could grow by beyond the plan tr->plan (made with every part
@@ -631,9 +705,8 @@ static int bound_with_cpu_blocks(tz_trainer *tr, const struct tz_trainer_params 
  * the default. Leaves cpu_step chosen for tz_train_make_plan to plan again. */
 int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p) {
   const struct tz_config *c = &tr->cfg;
-  int applies =
-      !tr->gpu || (!p->auto_placement &&
-                   tier_of_device(c->zero_optimization.offload_optimizer.device) == TZ_PLAN_HOST);
+  int applies = !tr->gpu || p->auto_placement ||
+                tier_of_device(c->zero_optimization.offload_optimizer.device) == TZ_PLAN_HOST;
   int blocks[9], best = -1, lo = 0, hi = 0;
   double best_bound = 0, bound;
   for (int e = 0; applies && e <= 8; e++) {
@@ -683,10 +756,13 @@ int tz_train_sizes(tz_trainer *tr) {
   tr->home = calloc((size_t)nb, sizeof *tr->home);
   tr->names = calloc((size_t)nb + 1, sizeof *tr->names);
   tr->cpu_step = calloc((size_t)nb, 1);
+  tr->acc_off = malloc((size_t)nb * sizeof *tr->acc_off);
   tr->recompute = calloc((size_t)tr->L + 1, 1);
   if (!tr->numel || !tr->padded || !tr->shard || !tr->seg_off || !tr->bytes || !tr->home ||
-      !tr->names || !tr->cpu_step || !tr->recompute)
+      !tr->names || !tr->cpu_step || !tr->acc_off || !tr->recompute)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
+  for (int b = 0; b < nb; b++)
+    tr->acc_off[b] = UINT64_MAX;
   TZ_CHECK(tz_recompute_parse(&tr->cfg, tr->L, &tr->recompute_mode, tr->recompute));
   uint64_t unit = (uint64_t)tr->world * TZ_TRAIN_NORM_SEGMENT;
   for (int b = 0; b < nb; b++) {

@@ -284,6 +284,7 @@ static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
   tr->scal = (float *)CARVE(BUF_SCAL);
   char *xs = CARVE(BUF_X);
   char *keep = CARVE(BUF_KEEP);
+  tr->acc = (float *)CARVE(BUF_ACC);
 #undef CARVE
   uint64_t xb = round_up((uint64_t)tr->N * (uint64_t)tr->mc.d_model * tr->es, 256);
   for (int i = 0; i <= tr->L; i++)
@@ -661,6 +662,7 @@ void tz_trainer_destroy(tz_trainer *tr) {
   free(tr->jobs);
   free(tr->at_home);
   free(tr->cpu_step);
+  free(tr->acc_off);
   free(tr->x);
   free(tr->lacts);
   free(tr->recompute);

@@ -106,6 +106,11 @@ struct tz_trainer {
   int *at_home;      /* n_ph: the phase runs at its blocks' homes on the scheduler's home lane */
   uint8_t *cpu_step; /* nb: the CPU steps the block's optimizer state at its host homes
                         (tierzero.cpu_adam), if the plan homes it there */
+  /* nb: where block b's sum of micro-batches 0..G-2 is kept in acc (floats), or UINT64_MAX:
+   * accumulated in its gradient shard. With accumulation, a shard forced out of the compute tier
+   * (trainer/phases.c, accumulate) is then written once a step, by the last micro-batch. */
+  uint64_t *acc_off;
+  uint64_t acc_n; /* floats of acc */
 
   /* In the compute tier, trainer-owned (compute_fixed of the plan). */
   tz_extent buf;
@@ -118,6 +123,7 @@ struct tz_trainer {
   struct tz_head_scratch hs;
   void *gw, *gw_embed;  /* gathered weights: a layer or the head; the embedding */
   float *fg, *fg_embed; /* full gradients of the same */
+  float *acc;           /* BUF_ACC: the micro-batch sums of acc_off's blocks */
   /* tierzero.overlap_collectives with more than one rank: block b's gathered weights and full
    * gradient are gw2[b % 2] and fg2[b % 2] (gw2[0] is gw and fg2[0] is fg), so that a phase can
    * gather the next layer and reduce-scatter the previous one's gradient while it computes. */
@@ -183,6 +189,7 @@ enum {
   BUF_SCAL,
   BUF_X,
   BUF_KEEP, /* the kept parts of every layer's activations (tr->recompute) */
+  BUF_ACC,  /* acc: gradients accumulated before the last micro-batch (tr->acc_off) */
   BUF_COUNT
 };
 
