@@ -1366,6 +1366,91 @@ static void test_attention_onepass_tiles(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
+/* Where growing the scratch for its dq sums would not fit the device's free memory, the one-pass
+ * backward leaves the call to the two-pass kernels: with the GPU's memory taken but for a few
+ * MiB, its outputs are the two-pass kernels' bits; with the memory free, they are its own
+ * (another order of the same sums, so other bits). */
+static void test_attention_onepass_fallback(void **state) {
+  (void)state;
+  g_failures = 0;
+  const int B = 1, T = 2048, H = 16, Hkv = 16, D = 128;
+  size_t nq = (size_t)B * T * H * D, nl = (size_t)B * H * T;
+  /* e1 and e2: one-pass instances, e2's scratch still at its first size when memory is taken */
+  struct env e0, e1, e2;
+  TZ_ASSERT_OK(env_open(&e0, TZ_BF16, TZ_F32));
+  TZ_ASSERT_OK(env_open_onepass(&e1, TZ_BF16, 0));
+  TZ_ASSERT_OK(env_open_onepass(&e2, TZ_BF16, 0));
+  struct buf q, k, v, out, lse, dout, dq, dk, dv, delta;
+  struct buf *in[] = {&q, &k, &v, &dout}, *grads[] = {&dq, &dk, &dv};
+  for (int i = 0; i < 4; i++)
+    buf_init(&e0, in[i], nq, TZ_F32, TZ_BF16);
+  buf_init(&e0, &out, nq, TZ_F32, TZ_BF16);
+  for (int i = 0; i < 3; i++)
+    buf_init(&e0, grads[i], nq, TZ_F32, TZ_BF16);
+  buf_init(&e0, &lse, nl, TZ_F32, TZ_F32);
+  buf_init(&e0, &delta, nl, TZ_F32, TZ_F32);
+  float sc = 1.5f / sqrtf(sqrtf((float)D));
+  for (int i = 0; i < 4; i++) {
+    float *x = randv(nq, i < 2 ? sc : 1.0f);
+    buf_set(in[i], &e0, x);
+    free(x);
+  }
+  TZ_ASSERT_OK(tz_compute_attention_fwd(e0.gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D));
+  TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
+  /* the backward on the two-pass instance, on e1 with the memory free, on e2 with it taken */
+  float *got[3][3];
+  struct env *runs[3] = {&e0, &e1, &e2};
+  void *fill[512];
+  int n_fill = 0;
+  for (int r = 0; r < 3; r++) {
+    if (r == 2) {
+      /* Take the device's memory but for 8 MiB, in pieces. */
+      uint64_t free_b = 0, total_b = 0;
+      TZ_ASSERT_OK(tz_compute_device_memory("cuda", 0, &free_b, &total_b));
+      for (uint64_t piece = 1ull << 30; piece >= (1u << 20) && n_fill < 512; piece /= 2)
+        while (free_b > piece + (8u << 20) && n_fill < 512 &&
+               tz_compute_alloc(e0.gpu, piece, &fill[n_fill]) == 0) {
+          n_fill++;
+          TZ_ASSERT_OK(tz_compute_device_memory("cuda", 0, &free_b, &total_b));
+        }
+      tz_err_clear();
+      assert_true(free_b < (64u << 20));
+    }
+    for (int i = 0; i < 3; i++)
+      buf_poison(grads[i], &e0);
+    TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
+    TZ_ASSERT_OK(tz_compute_attention_bwd(runs[r]->gpu, dq.g, dk.g, dv.g, delta.g, dout.g, q.g, k.g,
+                                          v.g, out.g, lse.g, B, T, H, Hkv, D));
+    TZ_ASSERT_OK(tz_compute_sync(runs[r]->gpu));
+    for (int i = 0; i < 3; i++)
+      got[r][i] = buf_get_gpu(grads[i], &e0);
+  }
+  for (int i = 0; i < n_fill; i++)
+    tz_compute_free(e0.gpu, fill[i]);
+  static const char *const names[] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "attention_bwd one-pass, memory taken: %s", names[i]);
+    check_bits(what, got[0][i], got[2][i], nq * sizeof(float));
+    if (memcmp(got[0][i], got[1][i], nq * sizeof(float)) == 0) {
+      printf("  attention_bwd one-pass, memory free: %s equal to the two-pass kernels': FAIL\n",
+             names[i]);
+      g_failures++;
+    }
+    for (int r = 0; r < 3; r++)
+      free(got[r][i]);
+  }
+  for (int i = 0; i < 4; i++)
+    buf_fini(&e0, in[i]);
+  for (int i = 0; i < 3; i++)
+    buf_fini(&e0, grads[i]);
+  buf_fini(&e0, &out), buf_fini(&e0, &lse), buf_fini(&e0, &delta);
+  env_close(&e2);
+  env_close(&e1);
+  env_close(&e0);
+  assert_int_equal(g_failures, 0);
+}
+
 /* ---- SwiGLU ---- */
 
 struct swiglu_args {
@@ -1771,6 +1856,7 @@ int main(void) {
       cmocka_unit_test(test_attention_padded),
       cmocka_unit_test(test_attention_families),
       cmocka_unit_test(test_attention_onepass_tiles),
+      cmocka_unit_test(test_attention_onepass_fallback),
       cmocka_unit_test(test_swiglu),
       cmocka_unit_test(test_xent),
       cmocka_unit_test(test_negative_control),

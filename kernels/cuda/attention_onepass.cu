@@ -424,7 +424,17 @@ int launch(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta, 
   scratch_layout<W, C>(B, T, H, &acc_bytes, &n_counts);
   void *scratch;
   /* the counters, then the ticket counter, zeroed together */
-  TZ_CHECK(tz_cuda_scratch(c, acc_bytes + (n_counts + 1) * sizeof(unsigned), &scratch));
+  const size_t need = acc_bytes + (n_counts + 1) * sizeof(unsigned);
+  if (need > c->scratch_bytes) {
+    /* Growing the scratch frees it first. Where even that leaves too little device memory (a
+     * plan that took nearly all of it, a long sequence), the two-pass kernels, which need no
+     * scratch, run instead of failing the step. */
+    size_t free_b = 0, total_b = 0;
+    TZ_CU(cudaMemGetInfo(&free_b, &total_b));
+    if (tz_cuda_scratch_grown(c, need) > free_b + c->scratch_bytes)
+      return 1;
+  }
+  TZ_CHECK(tz_cuda_scratch(c, need, &scratch));
   float *acc = (float *)scratch;
   unsigned *counts = (unsigned *)((char *)scratch + acc_bytes);
   TZ_CU(cudaMemsetAsync(counts, 0, (n_counts + 1) * sizeof(unsigned), c->stream));

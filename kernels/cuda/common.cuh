@@ -79,6 +79,8 @@ struct tz_cuda {
 /* Returns scratch of at least bytes, 256-byte aligned, valid until the next call. Growing it
  * frees the old buffer, which waits for the device: it happens a few times, then never. */
 int tz_cuda_scratch(struct tz_cuda *c, size_t bytes, void **out);
+/* The scratch's size after tz_cuda_scratch(c, bytes) (it grows by doubling). */
+size_t tz_cuda_scratch_grown(const struct tz_cuda *c, size_t bytes);
 
 /* Grid size for a grid-stride loop over n items with blocks of `threads`. */
 static inline unsigned tz_cuda_grid(const struct tz_cuda *c, size_t n, unsigned threads) {

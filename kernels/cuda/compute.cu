@@ -19,11 +19,16 @@ extern "C" {
 #define TZ_CUDA_DEFAULT_WORKSPACE (32u << 20)
 #define TZ_CUDA_MIN_SCRATCH (4u << 20)
 
+size_t tz_cuda_scratch_grown(const struct tz_cuda *c, size_t bytes) {
+  size_t want = c->scratch_bytes ? c->scratch_bytes : TZ_CUDA_MIN_SCRATCH;
+  while (want < bytes)
+    want *= 2;
+  return want;
+}
+
 int tz_cuda_scratch(struct tz_cuda *c, size_t bytes, void **out) {
   if (bytes > c->scratch_bytes) {
-    size_t want = c->scratch_bytes ? c->scratch_bytes : TZ_CUDA_MIN_SCRATCH;
-    while (want < bytes)
-      want *= 2;
+    size_t want = tz_cuda_scratch_grown(c, bytes);
     if (c->scratch) {
       /* cudaFree waits for the device, so no queued kernel still reads the old buffer. */
       TZ_CU(cudaFree(c->scratch));
