@@ -9,7 +9,9 @@
 # and, only when named, trainbench: tools/bench-train.sh tz-offload llama-1b (docs/benchmarks.md);
 # attention: the one-pass attention (tierzero.cuda_attention one-pass, docs/cuda-kernels.md) in
 # the kernel tests, the model's and trainer's GPU tests and tz-bench layer; attention7b: tz-auto
-# llama-7b with it beside the default kernels (recompute auto, then all), one run after the other
+# llama-7b with it beside the default kernels (recompute auto, then all), one run after the other;
+# attnshapes: tz-bench layer at the other shapes of issue 24 (head dims 64, 80, 96, 128 with
+# grouped-query ratios up to 7:1, sequences 128 and 8192), for docs/cuda-kernels.md's table
 # (each step fits one device call).
 set -uo pipefail
 steps=${*:-tests topo tiers adam collectives hf families layer prefetch train product}
@@ -124,6 +126,20 @@ if has attention; then
   step attn-model env TZ_CUDA_ATTENTION=one-pass ctest --test-dir $b --output-on-failure \
     -R '^test_(model|train)_gpu'
   step attn-layer $b/bin/tz-bench layer
+fi
+if has attnshapes; then
+  # name, then tz-bench layer's shape arguments
+  # (read from fd 3: the steps' own programs get this script's stdin, not the list)
+  while read -r name shape <&3; do
+    step attn-shape-$name $b/bin/tz-bench layer --iters 5 --warmup 2 $shape
+  done 3<< 'SHAPES'
+d64-gqa4 --d-model 2048 --ffn 8192 --heads 32 --kv-heads 8 --seq 2048 --batch 4
+d80 --d-model 2560 --ffn 6912 --heads 32 --kv-heads 32 --seq 2048 --batch 4
+d96-gqa4 --d-model 3072 --ffn 8192 --heads 32 --kv-heads 8 --seq 2048 --batch 4
+d128-gqa7 --d-model 3584 --ffn 18944 --heads 28 --kv-heads 4 --seq 2048 --batch 4
+d128-t8192 --d-model 4096 --ffn 11008 --heads 32 --kv-heads 32 --seq 8192 --batch 1
+d128-t128 --d-model 4096 --ffn 11008 --heads 32 --kv-heads 32 --seq 128 --batch 64
+SHAPES
 fi
 if has attention7b; then
   for r in auto all; do
