@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include "collectives/launch.h"
 #include "core/error.h"
+#include "run_once.h"
 #include "testlib.h"
 #include "trainer/checkpoint.h"
 #include "trainer/run.h"
@@ -91,18 +92,7 @@ static void options(struct tz_run_options *o, struct rec *r, int64_t steps) {
 static int run(struct tz_run_options *o, struct tz_run_result *res) {
   static const char *const sets[] = {"train_micro_batch_size_per_gpu=2",
                                      "gradient_accumulation_steps=2", "optimizer.params.lr=0.01"};
-  struct tz_run_sources src = {.sets = sets, .n_sets = 3};
-  TZ_ASSERT_OK(tz_run_options_check(o, 1));
-  struct tz_config cfg;
-  TZ_ASSERT_OK(tz_run_config(o, &src, 1, &cfg));
-  struct tz_bootstrap bs;
-  tz_bootstrap_single(&bs);
-  struct tz_run_world w;
-  TZ_ASSERT_OK(tz_run_world_open(&bs, &cfg, &w));
-  int rc = tz_run(o, &cfg, w.comm, w.rt, res);
-  tz_run_world_close(&w);
-  tz_config_free(&cfg);
-  return rc;
+  return tz_test_run_once(o, sets, 3, res);
 }
 
 /* Runs first, before this process has started any thread: the holder is a forked child that

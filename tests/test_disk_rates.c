@@ -16,6 +16,7 @@
 #include "collectives/launch.h"
 #include "core/error.h"
 #include "core/runtime.h"
+#include "run_once.h"
 #include "testlib.h"
 #include "trainer/metrics.h"
 #include "trainer/run.h"
@@ -33,15 +34,6 @@
 static char *dir;
 
 #define MAX_STEPS 8
-
-/* Relative closeness, for figures the metrics file keeps to 10 significant digits. */
-#define ASSERT_REL(a, b, rel)                                                                      \
-  do {                                                                                             \
-    double a_ = (a), b_ = (b);                                                                     \
-    if (!(fabs(a_ - b_) <= (rel)*fabs(b_)))                                                        \
-      print_error("%s = %.17g, expected %.17g\n", #a, a_, b_);                                     \
-    assert_true(fabs(a_ - b_) <= (rel)*fabs(b_));                                                  \
-  } while (0)
 
 static void test_nvme_tier_tells_busy_time(void **state) {
   (void)state;
@@ -202,18 +194,8 @@ static int run(const char *opt_dev, int64_t steps, const char *metrics, struct r
                         opt_set,
                         "gradient_clipping=1",
                         path_set};
-  struct tz_run_sources src = {.sets = sets, .n_sets = 6};
-  TZ_ASSERT_OK(tz_run_options_check(&o, 1));
-  struct tz_config cfg;
-  TZ_ASSERT_OK(tz_run_config(&o, &src, 1, &cfg));
-  struct tz_bootstrap bs;
-  tz_bootstrap_single(&bs);
-  struct tz_run_world w;
-  TZ_ASSERT_OK(tz_run_world_open(&bs, &cfg, &w));
   struct tz_run_result res;
-  int rc = tz_run(&o, &cfg, w.comm, w.rt, &res);
-  tz_run_world_close(&w);
-  tz_config_free(&cfg);
+  int rc = tz_test_run_once(&o, sets, 6, &res);
   if (rc != 0)
     print_error("%s\n", tz_err_msg());
   return rc;
@@ -297,13 +279,13 @@ static void test_optimizer_on_nvme(void **state) {
     json_t *b = json_object_get(json_object_get(st[i], "bytes"), "nvme");
     assert_int_equal(json_integer_value(json_object_get(b, "read")), rd);
     double step_s = real_key(st[i], "step_s"), busy_s = real_key(st[i], "nvme_busy_s");
-    ASSERT_REL(real_key(st[i], "nvme_read_gbs"), (double)rd / step_s / 1e9, 1e-8);
-    ASSERT_REL(real_key(st[i], "nvme_write_gbs"), (double)wr / step_s / 1e9, 1e-8);
-    ASSERT_REL(real_key(st[i], "nvme_busy_read_gbs"), (double)rd / busy_s / 1e9, 1e-8);
-    ASSERT_REL(real_key(st[i], "nvme_busy_write_gbs"), (double)wr / busy_s / 1e9, 1e-8);
-    ASSERT_REL(real_key(st[i], "nvme_busy_share"), busy_s / step_s, 1e-8);
-    ASSERT_REL(real_key(st[i], "nvme_read_share"), (double)rd / (double)(rd + wr), 1e-8);
-    ASSERT_REL(busy_s, r.disk[i].busy_s, 1e-8);
+    TZ_ASSERT_REL(real_key(st[i], "nvme_read_gbs"), (double)rd / step_s / 1e9, 1e-8);
+    TZ_ASSERT_REL(real_key(st[i], "nvme_write_gbs"), (double)wr / step_s / 1e9, 1e-8);
+    TZ_ASSERT_REL(real_key(st[i], "nvme_busy_read_gbs"), (double)rd / busy_s / 1e9, 1e-8);
+    TZ_ASSERT_REL(real_key(st[i], "nvme_busy_write_gbs"), (double)wr / busy_s / 1e9, 1e-8);
+    TZ_ASSERT_REL(real_key(st[i], "nvme_busy_share"), busy_s / step_s, 1e-8);
+    TZ_ASSERT_REL(real_key(st[i], "nvme_read_share"), (double)rd / (double)(rd + wr), 1e-8);
+    TZ_ASSERT_REL(busy_s, r.disk[i].busy_s, 1e-8);
   }
   assert_non_null(sum);
   json_t *b = json_object_get(json_object_get(sum, "bytes"), "nvme");
@@ -316,10 +298,10 @@ static void test_optimizer_on_nvme(void **state) {
   assert_int_equal(r.sum_timed_steps, 3);
   assert_int_equal(int_key(sum, "nvme_read_bytes"), tr);
   assert_int_equal(int_key(sum, "nvme_write_bytes"), tw);
-  ASSERT_REL(real_key(sum, "nvme_read_gbs"), (double)tr / ts / 1e9, 1e-8);
-  ASSERT_REL(real_key(sum, "nvme_write_gbs"), (double)tw / ts / 1e9, 1e-8);
-  ASSERT_REL(real_key(sum, "nvme_busy_s"), r.disk[1].busy_s + r.disk[2].busy_s + r.disk[3].busy_s,
-             1e-8);
+  TZ_ASSERT_REL(real_key(sum, "nvme_read_gbs"), (double)tr / ts / 1e9, 1e-8);
+  TZ_ASSERT_REL(real_key(sum, "nvme_write_gbs"), (double)tw / ts / 1e9, 1e-8);
+  TZ_ASSERT_REL(real_key(sum, "nvme_busy_s"),
+                r.disk[1].busy_s + r.disk[2].busy_s + r.disk[3].busy_s, 1e-8);
   for (int i = 0; i < n; i++)
     json_decref(st[i]);
   json_decref(sum);
@@ -382,14 +364,14 @@ static void test_summary_leaves_out_first_step(void **state) {
   assert_int_equal(s.has_disk, 1);
   assert_int_equal(s.timed_disk.read, 6000000000ull);
   assert_int_equal(s.timed_disk.written, 2000000000ull);
-  ASSERT_REL(s.timed_disk.busy_s, 0.5, 1e-12);
+  TZ_ASSERT_REL(s.timed_disk.busy_s, 0.5, 1e-12);
   struct tz_disk_rates dr;
   tz_disk_rates_of(&s.timed_disk, s.timed_s, &dr);
-  ASSERT_REL(dr.read_gbs, 6.0, 1e-12);
-  ASSERT_REL(dr.write_gbs, 2.0, 1e-12);
-  ASSERT_REL(dr.busy_read_gbs, 12.0, 1e-12);
-  ASSERT_REL(dr.busy_share, 0.5, 1e-12);
-  ASSERT_REL(dr.read_share, 0.75, 1e-12);
+  TZ_ASSERT_REL(dr.read_gbs, 6.0, 1e-12);
+  TZ_ASSERT_REL(dr.write_gbs, 2.0, 1e-12);
+  TZ_ASSERT_REL(dr.busy_read_gbs, 12.0, 1e-12);
+  TZ_ASSERT_REL(dr.busy_share, 0.5, 1e-12);
+  TZ_ASSERT_REL(dr.read_share, 0.75, 1e-12);
   char text[2048] = "";
   FILE *f = fmemopen(text, sizeof text - 1, "w");
   tz_metrics_summary_print(&s, f);

@@ -18,14 +18,6 @@
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 
-#define ASSERT_NEAR(a, b, rel)                                                                     \
-  do {                                                                                             \
-    double a_ = (a), b_ = (b);                                                                     \
-    if (!(fabs(a_ - b_) <= (rel)*fabs(b_)))                                                        \
-      print_error("%s = %.17g, expected %.17g\n", #a, a_, b_);                                     \
-    assert_true(fabs(a_ - b_) <= (rel)*fabs(b_));                                                  \
-  } while (0)
-
 static void fill_step(struct tz_step_metrics *m, int64_t step, int64_t total) {
   tz_step_metrics_init(m);
   m->step = step;
@@ -91,16 +83,16 @@ static void test_jsonl(void **state) {
       assert_int_equal(json_integer_value(json_object_get(o, "step")), n);
       assert_int_equal(json_integer_value(json_object_get(o, "total_steps")), 3);
       /* 10 significant digits are written: every float32 value reads back exactly. */
-      ASSERT_NEAR(json_real_value(json_object_get(o, "loss")), 5.0 / n, 1e-9);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "loss")), 5.0 / n, 1e-9);
       assert_true((float)json_real_value(json_object_get(o, "loss")) == (float)(5.0 / n));
-      ASSERT_NEAR(json_real_value(json_object_get(o, "lr")), 3e-4, 1e-12);
-      ASSERT_NEAR(json_real_value(json_object_get(o, "tokens_per_s")), 4096.0, 1e-12);
-      ASSERT_NEAR(json_real_value(json_object_get(o, "tflops")), 4096.0 * 1e6 / 1e12, 1e-9);
-      ASSERT_NEAR(json_real_value(json_object_get(o, "mfu")), 4096.0 * 1e6 / 1e12, 1e-9);
-      ASSERT_NEAR(json_real_value(json_object_get(o, "step_s")), 0.5, 0);
-      ASSERT_NEAR(json_real_value(json_object_get(o, "stall_s")), 0.125, 0);
-      ASSERT_NEAR(json_real_value(json_object_get(o, "coll_s")), 0.0625, 0);
-      ASSERT_NEAR(json_real_value(json_object_get(o, "elapsed_s")), 0.5 * n, 0);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "lr")), 3e-4, 1e-12);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "tokens_per_s")), 4096.0, 1e-12);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "tflops")), 4096.0 * 1e6 / 1e12, 1e-9);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "mfu")), 4096.0 * 1e6 / 1e12, 1e-9);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "step_s")), 0.5, 0);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "stall_s")), 0.125, 0);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "coll_s")), 0.0625, 0);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "elapsed_s")), 0.5 * n, 0);
       assert_int_equal(json_integer_value(json_object_get(o, "tokens")), 2048);
       json_t *bytes = json_object_get(o, "bytes");
       assert_true(json_is_object(bytes));
@@ -117,7 +109,7 @@ static void test_jsonl(void **state) {
       assert_true(json_is_null(json_object_get(o, "grad_norm")) == (n == 2));
       assert_true(json_is_null(json_object_get(o, "bound_s")) == (n == 3));
       if (n == 2)
-        ASSERT_NEAR(json_real_value(json_object_get(o, "eval_loss")), 2.5, 0);
+        TZ_ASSERT_REL(json_real_value(json_object_get(o, "eval_loss")), 2.5, 0);
     } else {
       /* The summary: steps 2 and 3 timed. */
       assert_true(json_is_true(json_object_get(o, "summary")));
@@ -125,12 +117,12 @@ static void test_jsonl(void **state) {
       assert_int_equal(json_integer_value(json_object_get(o, "timed_steps")), 2);
       assert_int_equal(json_integer_value(json_object_get(o, "skipped")), 1);
       assert_int_equal(json_integer_value(json_object_get(o, "tokens")), 3 * 2048);
-      ASSERT_NEAR(json_real_value(json_object_get(o, "tokens_per_s")), 4096.0, 1e-12);
-      ASSERT_NEAR(json_real_value(json_object_get(o, "stall_share")), 0.25, 1e-12);
-      ASSERT_NEAR(json_real_value(json_object_get(o, "coll_share")), 0.125, 1e-12);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "tokens_per_s")), 4096.0, 1e-12);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "stall_share")), 0.25, 1e-12);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "coll_share")), 0.125, 1e-12);
       /* Step 3 had no bound, so no bound is claimed for the timed steps. */
       assert_true(json_is_null(json_object_get(o, "bound_s")));
-      ASSERT_NEAR(json_real_value(json_object_get(o, "eval_loss")), 2.5, 0);
+      TZ_ASSERT_REL(json_real_value(json_object_get(o, "eval_loss")), 2.5, 0);
       json_t *nv = json_object_get(json_object_get(o, "bytes"), "nvme");
       assert_int_equal(json_integer_value(json_object_get(nv, "read")), 1001 + 2001 + 3001);
     }
@@ -409,14 +401,14 @@ static void test_flops(void **state) {
   double attn = 12.0 * c.n_layer * (double)T * c.d_model;
   double f = tz_metrics_flops_per_token(&c, T, 0);
   /* The 6N part against the published size of LLaMA-7B, 6.74e9 parameters. */
-  ASSERT_NEAR(f - attn, 6.0 * 6.74e9, 0.01);
+  TZ_ASSERT_REL(f - attn, 6.0 * 6.74e9, 0.01);
   /* Exactly the formula. */
-  ASSERT_NEAR(f, 6.0 * (double)tz_model_n_params(&c) + attn, 1e-15);
+  TZ_ASSERT_REL(f, 6.0 * (double)tz_model_n_params(&c) + attn, 1e-15);
   double fr = tz_metrics_flops_per_token(&c, T, 1);
-  ASSERT_NEAR(fr, 8.0 * (double)tz_model_n_params(&c) + 16.0 * c.n_layer * (double)T * c.d_model,
-              1e-15);
+  TZ_ASSERT_REL(fr, 8.0 * (double)tz_model_n_params(&c) + 16.0 * c.n_layer * (double)T * c.d_model,
+                1e-15);
   /* At T = 0 only the parameter term is left. */
-  ASSERT_NEAR(tz_metrics_flops_per_token(&c, 0, 0), 6.0 * (double)tz_model_n_params(&c), 1e-15);
+  TZ_ASSERT_REL(tz_metrics_flops_per_token(&c, 0, 0), 6.0 * (double)tz_model_n_params(&c), 1e-15);
 
   /* derive: 2048 tokens in 0.5 s. */
   struct tz_step_metrics m;
@@ -424,9 +416,9 @@ static void test_flops(void **state) {
   m.tokens = 2048;
   m.step_s = 0.5;
   tz_metrics_derive(&m, f, 989.4e12);
-  ASSERT_NEAR(m.tokens_per_s, 4096.0, 1e-15);
-  ASSERT_NEAR(m.tflops, f * 4096.0 / 1e12, 1e-12);
-  ASSERT_NEAR(m.mfu, f * 4096.0 / 989.4e12, 1e-12);
+  TZ_ASSERT_REL(m.tokens_per_s, 4096.0, 1e-15);
+  TZ_ASSERT_REL(m.tflops, f * 4096.0 / 1e12, 1e-12);
+  TZ_ASSERT_REL(m.mfu, f * 4096.0 / 989.4e12, 1e-12);
   tz_metrics_derive(&m, f, 0);
   assert_true(isnan(m.mfu));
   m.step_s = 0;
@@ -434,10 +426,10 @@ static void test_flops(void **state) {
   assert_true(isnan(m.tokens_per_s) && isnan(m.tflops));
 
   /* Peaks by device name. */
-  ASSERT_NEAR(tz_metrics_peak_flops("NVIDIA H200", TZ_PRECISION_BF16), 989.4e12, 0);
-  ASSERT_NEAR(tz_metrics_peak_flops("NVIDIA H100 80GB HBM3", TZ_PRECISION_FP16), 989.4e12, 0);
-  ASSERT_NEAR(tz_metrics_peak_flops("NVIDIA H100 PCIe", TZ_PRECISION_BF16), 756.5e12, 0);
-  ASSERT_NEAR(tz_metrics_peak_flops("NVIDIA A100-SXM4-80GB", TZ_PRECISION_FP32), 19.5e12, 0);
+  TZ_ASSERT_REL(tz_metrics_peak_flops("NVIDIA H200", TZ_PRECISION_BF16), 989.4e12, 0);
+  TZ_ASSERT_REL(tz_metrics_peak_flops("NVIDIA H100 80GB HBM3", TZ_PRECISION_FP16), 989.4e12, 0);
+  TZ_ASSERT_REL(tz_metrics_peak_flops("NVIDIA H100 PCIe", TZ_PRECISION_BF16), 756.5e12, 0);
+  TZ_ASSERT_REL(tz_metrics_peak_flops("NVIDIA A100-SXM4-80GB", TZ_PRECISION_FP32), 19.5e12, 0);
   assert_true(tz_metrics_peak_flops("cpu", TZ_PRECISION_FP32) == 0.0);
   assert_true(tz_metrics_peak_flops(NULL, TZ_PRECISION_BF16) == 0.0);
 }

@@ -15,6 +15,7 @@
 #include "collectives/launch.h"
 #include "core/error.h"
 #include "kernels/compute.h"
+#include "run_once.h"
 #include "testlib.h"
 #include "trainer/data.h"
 #include "trainer/hf.h"
@@ -109,18 +110,7 @@ static int run(struct tz_run_options *o, struct tz_run_result *res) {
   int n = 3;
   for (int i = 0; extra_sets[i]; i++)
     sets[n++] = extra_sets[i];
-  struct tz_run_sources src = {.sets = sets, .n_sets = n};
-  TZ_ASSERT_OK(tz_run_options_check(o, 1));
-  struct tz_config cfg;
-  TZ_ASSERT_OK(tz_run_config(o, &src, 1, &cfg));
-  struct tz_bootstrap bs;
-  tz_bootstrap_single(&bs);
-  struct tz_run_world w;
-  TZ_ASSERT_OK(tz_run_world_open(&bs, &cfg, &w));
-  int rc = tz_run(o, &cfg, w.comm, w.rt, res);
-  tz_run_world_close(&w);
-  tz_config_free(&cfg);
-  return rc;
+  return tz_test_run_once(o, sets, n, res);
 }
 
 static int count(const struct rec *r, enum tz_run_event_kind k) {

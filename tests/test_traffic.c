@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "collectives/launch.h"
 #include "core/error.h"
+#include "run_once.h"
 #include "testlib.h"
 #include "trainer/metrics.h"
 #include "trainer/run.h"
@@ -103,18 +104,8 @@ static int run_nvme(int64_t steps, const char *metrics, struct rec *r) {
                         "zero_optimization.offload_optimizer.device=nvme",
                         "gradient_clipping=1",
                         path_set};
-  struct tz_run_sources src = {.sets = sets, .n_sets = 6};
-  TZ_ASSERT_OK(tz_run_options_check(&o, 1));
-  struct tz_config cfg;
-  TZ_ASSERT_OK(tz_run_config(&o, &src, 1, &cfg));
-  struct tz_bootstrap bs;
-  tz_bootstrap_single(&bs);
-  struct tz_run_world w;
-  TZ_ASSERT_OK(tz_run_world_open(&bs, &cfg, &w));
   struct tz_run_result res;
-  int rc = tz_run(&o, &cfg, w.comm, w.rt, &res);
-  tz_run_world_close(&w);
-  tz_config_free(&cfg);
+  int rc = tz_test_run_once(&o, sets, 6, &res);
   return rc;
 }
 

@@ -3,6 +3,7 @@
 #ifndef TZ_TESTLIB_H
 #define TZ_TESTLIB_H
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -30,6 +31,15 @@ uint64_t tz_test_rand(uint64_t *state);
     if (tz_t_rc_ != 0)                                                                             \
       print_error("%s -> %d (%s): %s\n", #call, tz_t_rc_, tz_strerror(tz_t_rc_), tz_err_msg());    \
     assert_int_equal(tz_t_rc_, 0);                                                                 \
+  } while (0)
+
+/* Asserts |a - b| <= rel |b| (relative closeness to the expected b), printing both when not. */
+#define TZ_ASSERT_REL(a, b, rel)                                                                   \
+  do {                                                                                             \
+    double tz_t_a_ = (a), tz_t_b_ = (b);                                                           \
+    if (!(fabs(tz_t_a_ - tz_t_b_) <= (rel)*fabs(tz_t_b_)))                                         \
+      print_error("%s = %.17g, expected %.17g\n", #a, tz_t_a_, tz_t_b_);                           \
+    assert_true(fabs(tz_t_a_ - tz_t_b_) <= (rel)*fabs(tz_t_b_));                                   \
   } while (0)
 
 #endif
