@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(NTHREADS)
   const int group = H / Hkv;
   const int k0 = kt * KV_BN;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
+  const size_t ks = (size_t)Hkv * D;
   const T *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
   const T *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
   const int key_lo = k0 + warp * 16 + g, key_hi = key_lo + 8;
@@ -319,16 +319,8 @@ __global__ void __launch_bounds__(NTHREADS)
   auto load_chunk = [&](int it, int buf) {
     int h = hk * group + it / n_chunks;
     int i0 = k0 + (it % n_chunks) * KV_BM;
-    const T *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
-    const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
-    load_tile<KV_BM, W>(sQ + buf * KV_BM * P, qb, qs, i0, T_ - i0, D);
-    load_tile<KV_BM, W>(sdO + buf * KV_BM * P, dob, qs, i0, T_ - i0, D);
-    if (threadIdx.x < KV_BM) {
-      int t = i0 + threadIdx.x;
-      const size_t row = ((size_t)b * H + h) * T_;
-      sL[buf * KV_BM + threadIdx.x] = t < T_ ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
-      sD[buf * KV_BM + threadIdx.x] = t < T_ ? delta[row + t] : 0.0f;
-    }
+    kv_load_chunk<KV_BM, W, NTHREADS>(sQ, sdO, sL, sD, q, dout, lse, delta, b, h, H, T_, D, i0,
+                                      buf);
   };
 
   load_tile<KV_BN, W>(sK, kb, ks, k0, T_ - k0, D);

@@ -198,6 +198,27 @@ fwd_store(T *out, float *lse, const float (&o)[W::DP / 8][4], float l_lo, float 
  * Key rows are the warps' M dimension: s^T = k q^T, p^T = exp(s^T - lse), dp^T = v dout^T,
  * ds^T = p^T (dp^T - delta); dv += p^T dout, dk += ds^T q. */
 
+/* A chunk of BM queries from i0 of (batch b, head h) into buffer buf: Q and dout into sQ and sdO
+ * (rows past T zero), lse * log2(e) into sL and delta into sD (0 past T); by a block of NT
+ * threads, the tiles with cp.async (the caller commits). */
+template <int BM, typename W, int NT, typename T>
+__device__ __forceinline__ void kv_load_chunk(T *sQ, T *sdO, float *sL, float *sD, const T *q,
+                                              const T *dout, const float *lse, const float *delta,
+                                              int b, int h, int H, int T_, int D, int i0, int buf) {
+  constexpr int P = W::P;
+  const size_t qs = (size_t)H * D;
+  const T *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
+  const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
+  load_tile<BM, W, NT>(sQ + buf * BM * P, qb, qs, i0, T_ - i0, D);
+  load_tile<BM, W, NT>(sdO + buf * BM * P, dob, qs, i0, T_ - i0, D);
+  if (threadIdx.x < BM) {
+    int t = i0 + threadIdx.x;
+    const size_t row = ((size_t)b * H + h) * T_;
+    sL[buf * BM + threadIdx.x] = t < T_ ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
+    sD[buf * BM + threadIdx.x] = t < T_ ? delta[row + t] : 0.0f;
+  }
+}
+
 /* s^T and dp^T of the warp's 16 key rows (rows warp * 16.. of sK and sV) against a chunk of
  * 8 NS queries (Qc and dOc, rows 0..8 NS - 1). */
 template <typename T, typename W, int NS>

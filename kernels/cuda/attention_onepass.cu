@@ -114,16 +114,7 @@ __global__ void __launch_bounds__(C::NT)
   auto load_chunk = [&](int it, int buf) {
     int h = hk * group + it % group;
     int i0 = (n_qc - 1 - it / group) * BM;
-    const T *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
-    const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
-    load_tile<BM, W, NT>(sQ + buf * BM * P, qb, qs, i0, T_ - i0, D);
-    load_tile<BM, W, NT>(sdO + buf * BM * P, dob, qs, i0, T_ - i0, D);
-    if (threadIdx.x < BM) {
-      int t = i0 + threadIdx.x;
-      const size_t row = ((size_t)b * H + h) * T_;
-      sL[buf * BM + threadIdx.x] = t < T_ ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
-      sD[buf * BM + threadIdx.x] = t < T_ ? delta[row + t] : 0.0f;
-    }
+    kv_load_chunk<BM, W, NT>(sQ, sdO, sL, sD, q, dout, lse, delta, b, h, H, T_, D, i0, buf);
   };
 
   load_tile<BN, W, NT>(sK, kb, ks, k0, T_ - k0, D);
