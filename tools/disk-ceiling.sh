@@ -20,7 +20,8 @@
 #   --io-size SIZE the bytes moved, reads and writes together (default SIZE: the file once);
 #                  more than SIZE goes over the file again from its start
 #   --runtime S    run S seconds over the file (time_based) instead
-#   --fio PATH     the fio to run (default $FIO, else fio on PATH)
+#   --fio PATH     the fio to run (default $FIO, else fio on PATH, else the repository's
+#                  .deps/fio, which tools/fio-stage.sh builds for the GPU machine)
 # The job: ioengine io_uring, one job (the tier's one ring), fixed buffers and registered files
 # (the tier registers both). The file is laid out (written) by fio first, so that the reads read
 # the disk; the layout is not timed.
@@ -88,10 +89,11 @@ fi
 avail=$(df -P -B1 "$dir" | awk 'NR == 2 { print $4 }')
 [ -n "$avail" ] && [ "$avail" -lt "$size" ] &&
   die "$dir has $avail bytes free, less than the $size the job's file needs"
+staged=$(cd "$(dirname "$0")/.." && pwd)/.deps/fio
 if [ -z "$fio" ]; then
-  fio=$(command -v fio) || {
-    echo "disk-ceiling: no fio on PATH (and no \$FIO): install it (apt-get install fio, as" \
-      "tools/deps.sh does) or give --fio PATH" >&2
+  fio=$(command -v fio) || { [ -x "$staged" ] && fio=$staged; } || {
+    echo "disk-ceiling: no fio on PATH (and no \$FIO, no $staged): install it (apt-get" \
+      "install fio, as tools/deps.sh does), build one (tools/fio-stage.sh) or give --fio PATH" >&2
     exit 3
   }
 fi
