@@ -7,25 +7,28 @@
  * tile's block already has dS^T = p^T (dp^T - delta) in registers (it needs it for dk), writes it
  * to shared memory, and multiplies dS by its key tile into the chunk's share of dq, a (BM, DP)
  * float tile. The shares of every key tile must be summed, and flash attention adds them with
- * floating-point atomics, in whatever order the blocks arrive. Here they are summed in the order
- * of the key tiles, always:
+ * floating-point atomics, in whatever order the blocks arrive. Here they are summed in one order,
+ * always, from the chunk's diagonal key tile down to key tile 0:
  *
  *   - a float accumulator per (batch, head) of (query chunks x BM, DP) in the instance's scratch,
  *     and a counter per (batch, head, chunk), zeroed before the launch;
- *   - key tile kt waits until the chunk's counter reads kt (key tiles 0..kt-1 have added theirs),
- *     adds its share to the accumulator (tile 0 stores instead), and sets the counter to kt + 1;
- *     the chunk's last key tile (the one holding its diagonal, or the sequence's last key) adds its
- *     share, scales by 1 / sqrt(D) and writes dq in the storage dtype instead.
+ *   - the chunk's diagonal key tile (the one holding its last row, or the sequence's last key)
+ *     stores its share; key tile kt below it waits until the counter reads the number of tiles
+ *     above it (they have added theirs), adds its share with reductions to L2 (`red.add`, each
+ *     element receiving one addition at a time, in that order), and releases the next; key tile
+ *     0 adds its share to the sum it reads, scales by 1 / sqrt(D) and writes dq in the storage
+ *     dtype instead.
  *
- * A block only waits for blocks of the same (kv head, batch) with a smaller key tile index. Blocks
- * take their (key tile, kv head, batch) from a ticket drawn when they start (x first, as the grid
- * would number them), so the block waited for has always started, and the waits end whatever
- * order the hardware starts blocks in. Each
- * block visits its query chunks from the last to its first: every block of a head starts on the
- * sequence's last chunk at once, so they meet each chunk together and wait only for each other's
- * additions, not for each other's products (in increasing order, block kt would first wait for
- * block 0 to reach chunk kt). Every sum has a fixed order, so the result is the same bits every
- * run, and a different (but as accurate) rounding from the two-pass kernels'.
+ * A block only waits for the block of the same (kv head, batch) with the next key tile. Blocks
+ * take their (key tile, kv head, batch) from a ticket drawn when they start, the last key tile
+ * first, so the block waited for has always started, and the waits end whatever order the
+ * hardware starts blocks in. Each block visits its query chunks from its diagonal to the last:
+ * block kt + 1 reaches each chunk BN / BM chunks (of every head of the group) before block kt
+ * does, so the addition block kt waits for is in general long done, and no block waits at its
+ * start for a chain of others (in the order 0 first, every block met the sequence's last chunk at
+ * once and the key tiles' additions went one after the other, 32 of them at T = 2048, 128 at
+ * 8192). Every sum has a fixed order, so the result is the same bits every run, and a different
+ * (but as accurate) rounding from the two-pass kernels'.
  *
  * Tiles: a block has WARPS warps of 16 key rows (BN = 16 WARPS keys) and visits query chunks of
  * BM rows (32 or 64), Q and dout double-buffered with cp.async as in attention_mma.cu. The dq
@@ -53,6 +56,13 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
 }
 __device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+/* p[0] += x0, p[1] += x1 in L2, without waiting for the result. The counters let one addition
+ * at a time reach an element, in a fixed order, so the sum's bits are fixed (each add rounds to
+ * nearest; subnormal sums, below 1.2e-38, flush to zero). */
+__device__ __forceinline__ void red_add(float2 *p, float x0, float x1) {
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x0), "f"(x1)
+               : "memory");
 }
 
 /* A block's shape: WARPS warps of 16 key rows, query chunks of BM, width W. */
@@ -88,14 +98,16 @@ __global__ void __launch_bounds__(C::NT)
   T *sS = sdO + 2 * BM * P;            /* (BN, PS): dS^T of the chunk, keys by queries */
   float *sL = (float *)(sS + BN * PS); /* 2 x (BM): lse * log2(e), 0 past T */
   float *sD = sL + 2 * BM;             /* 2 x (BM): delta, 0 past T */
-  /* The block's (key tile, kv head, batch) comes from a ticket taken when it starts, in the order
-   * the grid's x, y, z would give: a block waits only for blocks with smaller tickets, which have
-   * started, so the waits end whatever order the hardware starts blocks in. */
+  /* The block's (key tile, kv head, batch) comes from a ticket taken when it starts, the key tiles
+   * from the last, then kv heads, then batches: a block waits only for the block with the next
+   * key tile, whose ticket is smaller, which has started, so the waits end whatever order the
+   * hardware starts blocks in. */
   __shared__ unsigned ticket;
   if (threadIdx.x == 0)
     ticket = atomicAdd(tickets, 1u);
   __syncthreads();
-  const int kt = (int)(ticket % gridDim.x), hk = (int)(ticket / gridDim.x % gridDim.y);
+  const int kt = (int)(gridDim.x - 1 - ticket % gridDim.x);
+  const int hk = (int)(ticket / gridDim.x % gridDim.y);
   const int b = (int)(ticket / gridDim.x / gridDim.y);
   const int group = H / Hkv;
   const int k0 = kt * BN;
@@ -105,16 +117,31 @@ __global__ void __launch_bounds__(C::NT)
   const T *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
   const int key_lo = k0 + warp * 16 + g, key_hi = key_lo + 8;
   const int n_qc = (T_ + BM - 1) / BM; /* query chunks of a head */
-  const int n_chunks = n_qc - k0 / BM; /* this block's: from the one starting at k0 */
+  const int ci0 = k0 / BM;             /* this block's first chunk: the one starting at k0 */
+  const int n_chunks = n_qc - ci0;
   const int n_it = group * n_chunks;
 
-  /* Iteration `it`: chunk n_qc - 1 - it / group of head hk * group + it % group. Every block of
-   * the kv head visits (head, chunk) at the same iteration index, whatever its first chunk, so
-   * no block runs ahead of the one before it by the heads of the group. */
+  /* Iteration `it`: chunk ci0 + it / group of head hk * group + it % group; block kt + 1 visits
+   * the same (head, chunk) group * BN / BM iterations earlier. */
   auto load_chunk = [&](int it, int buf) {
     int h = hk * group + it % group;
-    int i0 = (n_qc - 1 - it / group) * BM;
+    int i0 = (ci0 + it / group) * BM;
     kv_load_chunk<BM, W, NT>(sQ, sdO, sL, sD, q, dout, lse, delta, b, h, H, T_, D, i0, buf);
+  };
+
+  /* The chunk's last row's key tile: the first in its dq sum. */
+  auto diagonal = [&](int i0) { return (i0 + BM - 1 < T_ - 1 ? i0 + BM - 1 : T_ - 1) / BN; };
+  /* Iteration it's addition to dq, made visible and the next key tile let on: every thread's
+   * additions before a barrier, then thread 0's fence and release (as cooperative groups' grid
+   * barrier orders them). Iteration it + 1 calls it after its scores, a barrier and a tile's
+   * products after the additions were issued, so that the fence finds them done; the key tile
+   * waiting for it reaches that chunk BN / BM chunks later. */
+  auto release = [&](int it) {
+    if (kt == 0 || threadIdx.x != 0)
+      return; /* key tile 0 writes dq and lets no one on */
+    const int h = hk * group + it % group, ci = ci0 + it / group;
+    __threadfence();
+    st_release(counts + ((size_t)b * H + h) * n_qc + ci, (unsigned)(diagonal(ci * BM) - kt) + 1);
   };
 
   load_tile<BN, W, NT>(sK, kb, ks, k0, T_ - k0, D);
@@ -139,15 +166,17 @@ __global__ void __launch_bounds__(C::NT)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int h = hk * group + it % group, ci = n_qc - 1 - it / group, i0 = ci * BM;
+    const int h = hk * group + it % group, ci = ci0 + it / group, i0 = ci * BM;
     const T *Qc = sQ + buf * BM * P, *dOc = sdO + buf * BM * P;
     const float *Lc = sL + buf * BM, *Dc = sD + buf * BM;
 
     float st[NS][4], dpt[NS][4];
     kv_scores<T, W, NS>(st, dpt, sK, sV, Qc, dOc, warp, lane);
     kv_probs<NS>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c);
+    if (it > 0)
+      release(it - 1);
 
-    /* ds^T into shared memory for dq, rounded as the dk product's operand is */
+      /* ds^T into shared memory for dq, rounded as the dk product's operand is */
 #pragma unroll
     for (int nt = 0; nt < NS; nt++) {
       int row = warp * 16 + g, col = nt * 8 + 2 * c;
@@ -182,13 +211,14 @@ __global__ void __launch_bounds__(C::NT)
       }
     }
 
-    /* Add it to the chunk's sum after key tiles 0..kt-1, in that order; the last writes dq. */
-    const int last = (i0 + BM - 1 < T_ - 1 ? i0 + BM - 1 : T_ - 1) / BN;
+    /* Add it to the chunk's sum after the key tiles above it, from the diagonal one (`last`) down;
+     * key tile 0 writes dq. */
+    const unsigned pos = (unsigned)(diagonal(i0) - kt); /* key tiles before this one */
     unsigned *count = counts + ((size_t)b * H + h) * n_qc + ci;
-    if (kt > 0) {
+    if (pos > 0) {
       if (threadIdx.x == 0)
-        while (ld_acquire(count) != (unsigned)kt)
-          __nanosleep(64);
+        while (ld_acquire(count) != pos)
+          __nanosleep(32);
       __syncthreads();
     }
     float *acc = dq_acc + ((size_t)b * H + h) * (size_t)n_qc * BM * DP;
@@ -207,25 +237,25 @@ __global__ void __launch_bounds__(C::NT)
           float x0 = qa[u][half][2 * r], x1 = qa[u][half][2 * r + 1];
           float2 *pa = (float2 *)(acc + (size_t)row * DP + col);
           if (kt > 0) {
-            float2 prev = __ldcg(pa);
-            x0 = __fadd_rn(prev.x, x0);
-            x1 = __fadd_rn(prev.y, x1);
+            if (pos == 0)
+              __stcg(pa, make_float2(x0, x1));
+            else
+              red_add(pa, x0, x1);
+          } else {
+            if (pos > 0) {
+              float2 prev = __ldcg(pa);
+              x0 = __fadd_rn(prev.x, x0);
+              x1 = __fadd_rn(prev.y, x1);
+            }
+            if (row < T_ && (!W::PAD || col < D))
+              store_pair(dqb + (size_t)row * qs + col, __fmul_rn(x0, scale), __fmul_rn(x1, scale));
           }
-          if (kt < last)
-            __stcg(pa, make_float2(x0, x1));
-          else if (row < T_ && (!W::PAD || col < D))
-            store_pair(dqb + (size_t)row * qs + col, __fmul_rn(x0, scale), __fmul_rn(x1, scale));
         }
       }
     }
-    if (kt < last) {
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0)
-        st_release(count, (unsigned)kt + 1);
-    }
     __syncthreads(); /* this chunk's buffers are refilled two chunks from now; sS next chunk */
   }
+  release(n_it - 1); /* the last chunk's, after the loop's last barrier */
 
   T *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * D;
   T *dvb = dv + (size_t)b * T_ * ks + (size_t)hk * D;
