@@ -4,7 +4,8 @@
  * backward alone on both, the GEMM ceiling (bf16 8192^3 by default through the backend's
  * matmul, and torch.matmul), and each op's share of the layer time. The layer, attention (in each
  * of its backward's tiles) and the shares again with tierzero.cuda_attention one-pass, on an
- * instance of its own over the same buffers.
+ * instance of its own over the same buffers, and attention with two-pass (the default's
+ * kernels where auto does not take the one-pass backward: then equal to the default row).
  *
  * Times are wall-clock between tz_compute_sync calls (the backend's stream drained before and
  * after), medians over --iters runs after --warmup. The op shares come from one more pass through
@@ -297,6 +298,18 @@ static int bench(const struct opts *o) {
     }
     tz_compute_destroy(s1.cm);
   }
+  /* and the two-pass backward (tierzero.cuda_attention two-pass), which auto leaves for the
+   * one-pass one at some shapes (kernels/cuda/attention_onepass.cu) */
+  double t_twopass = 0;
+  if (rc == 0) {
+    struct tz_compute_params q = p;
+    q.attention = TZ_CUDA_KERNELS_TWO_PASS;
+    struct step s2 = st;
+    rc = tz_compute_create("cuda", &q, &s2.cm);
+    if (rc == 0)
+      rc = time_median(&s2, o->warmup, o->iters, &t_twopass);
+    tz_compute_destroy(s2.cm);
+  }
   if (rc == 0)
     rc = op_shares(cm, &cfg, &l, &times);
   tz_layer_probe_free(cm, &l);
@@ -347,6 +360,7 @@ static int bench(const struct opts *o) {
              "\"layer_ratio\":%.4f,\"attn_ratio\":%.4f",
              tr.layer_ms, tr.attn_ms, tr.gemm_tflops, tr.layer_ms / (t_layer * 1e3),
              tr.attn_ms / (t_attn * 1e3));
+    printf(",\"attn_twopass_ms\":%.4f", t_twopass * 1e3);
     printf(",\"onepass_layer_ms\":%.4f,\"attn_onepass_ms\":{", t_layer1 * 1e3);
     for (int i = 0; i < TZ_CUDA_ATTENTION_TILES; i++)
       printf("%s\"%s\":%.4f", i ? "," : "", tz_cuda_attention_tile_names[i], t_onepass[i] * 1e3);
@@ -378,6 +392,7 @@ static int bench(const struct opts *o) {
   row("attention fwd+bwd ms", t_attn * 1e3, tr.ok ? tr.attn_ms : -1, 1, ">=1.00");
   row("attention TFLOP/s", attn_flops / t_attn / 1e12,
       tr.ok ? attn_flops / (tr.attn_ms * 1e-3) / 1e12 : -1, 0, "");
+  row("  two-pass backward ms", t_twopass * 1e3, tr.ok ? tr.attn_ms : -1, 1, ">=1.00");
   printf("one-pass (tierzero.cuda_attention one-pass; tiles of its backward):\n");
   row("  layer fwd+bwd ms", t_layer1 * 1e3, tr.ok ? tr.layer_ms : -1, 1, ">=1.10");
   for (int i = 0; i < TZ_CUDA_ATTENTION_TILES; i++) {

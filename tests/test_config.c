@@ -952,7 +952,7 @@ static void test_tunable_keys(void **state) {
       {"tierzero.gds", "TZ_GDS", "0", "maybe", NULL},
       {"tierzero.hbm_pin_piece", "TZ_HBM_PIN_PIECE", "2MiB", "2 parsecs", NULL},
       {"tierzero.cuda_attention", "TZ_CUDA_ATTENTION", "simple", "fancy",
-       "tierzero.cuda_attention: unknown value \"fancy\" (expected one of auto, simple, one-pass)"},
+       "tierzero.cuda_attention: unknown value \"fancy\" (expected one of auto, simple, one-pass, two-pass)"},
       {"tierzero.cuda_matmul", "TZ_CUDA_MATMUL", "plain", "cublas",
        "tierzero.cuda_matmul: unknown value \"cublas\" (expected one of cublaslt, plain)"},
       {"tierzero.comm_timeout", "TZ_COMM_TIMEOUT", "12.5", "0", NULL},
@@ -1008,6 +1008,8 @@ static void test_tunable_keys(void **state) {
   assert_int_equal(c.tierzero.cuda_attention, 1);
   TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "one-pass"));
   assert_int_equal(c.tierzero.cuda_attention, 2);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "two-pass"));
+  assert_int_equal(c.tierzero.cuda_attention, 3);
   assert_int_equal(tz_config_env_key(&c, "optimizer.params.lr"), TZ_ENOENT);
   tz_config_free(&c);
 }

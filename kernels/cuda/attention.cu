@@ -372,9 +372,13 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
     return 0;
   }));
   if (!c->attn_simple) {
-    int rc = c->attn_onepass ? tz_cuda_attention_bwd_onepass(c, dq, dk, dv, delta, dout, q, k, v,
-                                                             lse, B, T, H, Hkv, D)
-                             : 1;
+    /* one-pass in its tiles, auto's where it is faster, else (or where it declines) two-pass */
+    int tiles = c->attn_onepass   ? c->attn_tiles
+                : c->attn_twopass ? -1
+                                  : tz_cuda_attention_onepass_tiles(c, H, Hkv, D);
+    int rc = tiles >= 0 ? tz_cuda_attention_bwd_onepass(c, tiles, dq, dk, dv, delta, dout, q, k, v,
+                                                        lse, B, T, H, Hkv, D)
+                        : 1;
     if (rc > 0)
       rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
     if (rc <= 0)

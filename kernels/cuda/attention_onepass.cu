@@ -499,7 +499,7 @@ int launch_tiles(struct tz_cuda *c, int which, void *dq, void *dk, void *dv, con
 
 } /* namespace */
 
-int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, void *dq, void *dk, void *dv,
+int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, int tiles, void *dq, void *dk, void *dv,
                                   const float *delta, const void *dout, const void *q,
                                   const void *k, const void *v, const float *lse, int B, int T,
                                   int H, int Hkv, int D) {
@@ -510,10 +510,10 @@ int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, void *dq, void *dk, void *d
   return with_width(D, route == 2, [&](auto w) {
     using W = decltype(w);
     if (c->S == TZ_BF16)
-      return launch_tiles<__nv_bfloat16, W>(c, c->attn_tiles, dq, dk, dv, delta, dout, q, k, v, lse,
-                                            B, T, H, Hkv, D);
-    return launch_tiles<__half, W>(c, c->attn_tiles, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
-                                   Hkv, D);
+      return launch_tiles<__nv_bfloat16, W>(c, tiles, dq, dk, dv, delta, dout, q, k, v, lse, B, T,
+                                            H, Hkv, D);
+    return launch_tiles<__half, W>(c, tiles, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv,
+                                   D);
   });
 }
 
@@ -530,4 +530,13 @@ int tz_cuda_attention_fwd_onepass(struct tz_cuda *c, void *out, float *lse, cons
       return launch_fwd2<__nv_bfloat16, W>(c, out, lse, q, k, v, B, T, H, Hkv, D);
     return launch_fwd2<__half, W>(c, out, lse, q, k, v, B, T, H, Hkv, D);
   });
+}
+
+/* Where auto runs the one-pass backward: measured on the H200 (tz-bench layer, every shape of
+ * tools/gpu-check.sh attnshapes; docs/cuda-kernels.md), in its 8x64 tiles it is faster than the
+ * two-pass kernels for bf16 at head dim 128 with a kv head per query head (3.35 ms against 3.96
+ * for attention at T 2048, 11.85 against 13.43 at 8192, even at 128); with grouped kv heads and
+ * at the other head dims (where only 4x32 is built) it is slower, its blocks fewer and longer. */
+int tz_cuda_attention_onepass_tiles(const struct tz_cuda *c, int H, int Hkv, int D) {
+  return c->S == TZ_BF16 && D == 128 && H == Hkv ? 3 : -1;
 }

@@ -56,6 +56,8 @@ struct tz_cuda {
   size_t smem_optin;   /* the most shared memory one block may ask for */
   int attn_simple;     /* tierzero.cuda_attention simple: the plain kernels for every shape */
   int attn_onepass;    /* tierzero.cuda_attention one-pass: the one-pass tensor-core backward */
+  int attn_twopass;    /* two-pass: the two-pass backward for every shape (auto takes the one-pass
+                          backward where it was measured faster: tz_cuda_attention_onepass_suits) */
   int attn_tiles;      /* its tiles: an index into tz_cuda_attention_tile_names */
   int mm_plain;        /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
   cudaStream_t stream; /* where all work goes: params.stream, or the instance's own */
@@ -200,14 +202,18 @@ int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, c
 int tz_cuda_attention_mma_route(const struct tz_cuda *c, int D, const void *const *ts, int n);
 /* The kernels of tierzero.cuda_attention one-pass (attention_onepass.cu), which return 1 where
  * they do not take the call, as the ones above do: the forward with blocks of 128 query rows
- * (the same bits as tz_cuda_attention_fwd_mma), and the backward in one pass over the key tiles,
- * dq summed in key-tile order through the instance's scratch. */
+ * (the same bits as tz_cuda_attention_fwd_mma), and the backward in one pass over the key tiles
+ * in the given tiles (an index into tz_cuda_attention_tile_names), dq summed in a fixed order
+ * through the instance's scratch. tz_cuda_attention_onepass_tiles: the tiles
+ * tierzero.cuda_attention auto runs that backward in for a shape, or -1 where it runs the two-pass
+ * kernels. */
 int tz_cuda_attention_fwd_onepass(struct tz_cuda *c, void *out, float *lse, const void *q,
                                   const void *k, const void *v, int B, int T, int H, int Hkv,
                                   int D);
-int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, void *dq, void *dk, void *dv,
+int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, int tiles, void *dq, void *dk, void *dv,
                                   const float *delta, const void *dout, const void *q,
                                   const void *k, const void *v, const float *lse, int B, int T,
                                   int H, int Hkv, int D);
+int tz_cuda_attention_onepass_tiles(const struct tz_cuda *c, int H, int Hkv, int D);
 
 #endif

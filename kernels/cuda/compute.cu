@@ -208,10 +208,11 @@ static enum tz_cuda_kernels kernels_of(enum tz_cuda_kernels k, int attention) {
     TZ_WARN("compute cuda: %s; the default kernels are used", tz_err_msg());
   int v = rc > 0 ? (attention ? cfg.tierzero.cuda_attention : cfg.tierzero.cuda_matmul) : 0;
   tz_config_free(&cfg);
-  /* Each key's enum: the default, then the plain kernels, then (attention) the one-pass backward.
-   */
+  /* Each key's enum: the default, then the plain kernels, then (attention) the one-pass and the
+   * two-pass backward. */
   return v == 1                ? TZ_CUDA_KERNELS_PLAIN
          : v == 2 && attention ? TZ_CUDA_KERNELS_ONE_PASS
+         : v == 3 && attention ? TZ_CUDA_KERNELS_TWO_PASS
                                : TZ_CUDA_KERNELS_BEST;
 }
 
@@ -250,6 +251,7 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   enum tz_cuda_kernels attn = kernels_of(p->attention, 1);
   c->attn_simple = attn == TZ_CUDA_KERNELS_PLAIN;
   c->attn_onepass = attn == TZ_CUDA_KERNELS_ONE_PASS;
+  c->attn_twopass = attn == TZ_CUDA_KERNELS_TWO_PASS;
   if (p->attention_tiles < 0 || p->attention_tiles >= TZ_CUDA_ATTENTION_TILES)
     return tz_err_set(TZ_EINVAL, "compute cuda: attention_tiles %d outside [0, %d)",
                       p->attention_tiles, TZ_CUDA_ATTENTION_TILES);
