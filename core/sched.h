@@ -195,6 +195,8 @@ struct tz_sched_stats {
   uint64_t in_place;        /* block uses by entered phases of blocks homed in the compute tier,
                                served by their home: never fills, write-backs or hits */
   uint64_t evictions;       /* copies dropped to make room */
+  uint64_t flush_waits;     /* reservations ahead of need deferred to a write-back in flight
+                               rather than evicting a copy used sooner (core/sched_window.c) */
   uint64_t refills;         /* stale copies brought in again */
   uint64_t order_changes;   /* phases entered out of the expected order */
   uint64_t budget;          /* bytes the scheduler holds in the compute tier */

@@ -123,21 +123,45 @@ static int uses_block(const struct phase *ph, int id) {
   return 0;
 }
 
-/* Frees one evictable copy, not one of I's own unless own is set. 1 if it freed one. */
+/* A copy that only its write-back in flight keeps from being evictable: it will be once that
+ * ends, whatever else happens. */
+static int evictable_after_flush(const struct block *b) {
+  const struct copy *c = &b->c;
+  return c->ext.tier && c->flushing && c->pins == 0 && c->writers == 0 && !c->filling &&
+         !b->storing;
+}
+
+/* Frees one evictable copy, not one of I's own unless own is set. 1 if it freed one; 0 if none
+ * can go; -1 if I should wait instead: I is brought in ahead of need (the client does not wait
+ * for it yet, or the compute lane still has phases to run) and a copy whose write-back is in
+ * flight is used later than every copy that could go now. Evicting the one used sooner would
+ * bring it in again (a block the backward reads again, where the optimizer's state just written
+ * back is not used before the next step); waiting costs only the rest of that write-back, while
+ * the lane computes. */
 static int evict_one(tz_sched *s, const struct inst *I, int own) {
   const struct phase *ph = &s->phases[I->phase];
   struct block *victim = NULL;
-  uint64_t best = 0;
+  uint64_t best = 0, later = 0;
+  int prefetch = s->order_n && !s->recording && (s->waiting != I || s->n_running > 0);
   for (int i = 0; i < s->n_blocks; i++) {
     struct block *b = &s->blocks[i];
-    if (!evictable(b) || (!own && uses_block(ph, i)))
+    if (!own && uses_block(ph, i))
       continue;
+    if (!evictable(b)) {
+      if (prefetch && evictable_after_flush(b)) {
+        uint64_t sc = evict_score(s, b, I->pos, I->seq);
+        later = sc > later ? sc : later;
+      }
+      continue;
+    }
     uint64_t sc = evict_score(s, b, I->pos, I->seq);
     if (!victim || sc > best) {
       victim = b;
       best = sc;
     }
   }
+  if (victim && best != UINT64_MAX && later > best)
+    return -1;
   if (!victim)
     return 0;
   s->st.evictions++;
@@ -206,13 +230,18 @@ static int reserve_alloc(tz_sched *s, struct inst *I, int *need, int *n_need, ui
       return 1;
     while (got > 0)
       tz_arena_free(s->arena, offs[--got]);
-    if (evict_one(s, I, 0))
+    int ev = evict_one(s, I, 0);
+    if (ev > 0)
       continue;
+    if (ev < 0) {
+      s->st.flush_waits++;
+      return 0; /* a write-back in flight ends, and frees what is used latest */
+    }
     /* Nothing else can go. If nothing is in flight either and the client waits for I, the bytes
      * fit (budget >= its working set) but the free space is cut up by I's own cached blocks:
      * drop those too and bring them in again. */
     int idle = s->n_running == 0 && s->n_xfers == 0 && s->head == I && s->waiting == I;
-    if (idle && evict_one(s, I, 1)) {
+    if (idle && evict_one(s, I, 1) > 0) {
       for (int k = 0; k < ph->n_uses; k++) { /* what was evicted must now be placed too */
         const struct block *b = &s->blocks[ph->uses[k].block];
         if (!b->in_place && !b->c.ext.tier) {

@@ -159,6 +159,11 @@ static void free_env(struct env *e) {
 
 struct job {
   int64_t spin_ns;
+  /* then, with hold_s set: until block hold_block has been brought in hold_fills times (at most
+   * 10 s), so that the compute lane is busy until the scheduler has placed it */
+  tz_sched *hold_s;
+  int hold_block;
+  uint64_t hold_fills;
   int n;
   struct {
     uint8_t *p;
@@ -196,18 +201,30 @@ static int job_run(void *arg) {
   }
   while (j->spin_ns > 0 && (int64_t)(now_ns() - t0) < j->spin_ns)
     ;
+  uint64_t fills = 0;
+  while (rc == 0 && j->hold_s && (int64_t)(now_ns() - t0) < 10 * 1000000000ll &&
+         tz_sched_block_stats(j->hold_s, j->hold_block, &fills, NULL, NULL) == 0 &&
+         fills < j->hold_fills)
+    usleep(200);
   free(j);
   return rc;
 }
 
-/* One phase as a client runs it: enter, the job on the compute lane, leave. */
-static int run_phase(struct env *e, int phase, int64_t spin_ns) {
+/* One phase as a client runs it: enter, the job on the compute lane, leave; the job holds the
+ * lane until block hold_block has been brought in hold_fills times, when hold_block >= 0. */
+static int run_phase_held(struct env *e, int phase, int64_t spin_ns, int hold_block,
+                          uint64_t hold_fills) {
   struct tz_view v;
   int rc = tz_sched_enter(e->s, phase, &v);
   if (rc < 0)
     return rc;
   struct job *j = calloc(1, sizeof *j);
   j->spin_ns = spin_ns;
+  if (hold_block >= 0) {
+    j->hold_s = e->s;
+    j->hold_block = hold_block;
+    j->hold_fills = hold_fills;
+  }
   j->n = v.n_blocks;
   for (int i = 0; i < v.n_blocks; i++) {
     int b = v.blocks[i].block;
@@ -232,6 +249,10 @@ static int run_phase(struct env *e, int phase, int64_t spin_ns) {
     return rc;
   }
   return tz_sched_leave(e->s, phase);
+}
+
+static int run_phase(struct env *e, int phase, int64_t spin_ns) {
+  return run_phase_held(e, phase, spin_ns, -1, 0);
 }
 
 static int run_step(struct env *e, const int *order, int n, int64_t spin_ns) {
@@ -982,6 +1003,59 @@ static void test_stale_copies_never_used(void **state) {
     free_env(&e);
     free(old_base);
   }
+}
+
+/* A copy brought in ahead of need waits for a write-back in flight rather than evicting a copy
+ * the step uses again sooner: the optimizer's state S (on a slow disk: every operation 30 ms
+ * late) is written back while the forward reads the parameters P and Q; the next phase's block X
+ * then needs room in a window of three blocks, Q's forward computing. S is used next
+ * in the next step, P in this step's backward: X takes S's room once its write-back ends, and P
+ * stays for the backward. Evicting P instead (the only copy that could go at once) would bring P
+ * in again for every backward. */
+static void test_prefetch_waits_for_write_back(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, "delay=30000"));
+  struct tz_sched_params p;
+  /* room for three blocks beside the scheduler's chunk */
+  sched_params(&e, &p, (3u << 20) + tz_runtime_chunk_bytes(e.rt), 8);
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "S", 1u << 20, HOME_NVME, 21);
+  add_block(&e, "P", 1u << 20, HOME_HOST, 22);
+  add_block(&e, "Q", 1u << 20, HOME_HOST, 23);
+  add_block(&e, "X", 1u << 20, HOME_HOST, 24);
+  struct tz_block_use opt[1] = {{0, TZ_ACCESS_READWRITE}}, rp[1] = {{1, TZ_ACCESS_READ}};
+  struct tz_block_use rq[1] = {{2, TZ_ACCESS_READ}}, rx[1] = {{3, TZ_ACCESS_READ}};
+  struct tz_phase_decl ph[6] = {{"opt", opt, 1}, {"fwd P", rp, 1}, {"fwd Q", rq, 1},
+                                {"mid", rx, 1},  {"bwd Q", rq, 1}, {"bwd P", rp, 1}};
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 6));
+  int order[6] = {0, 1, 2, 3, 4, 5};
+  const int steps = 4;
+  /* 5 ms a phase; Q's forward holds the lane until X of its step has been brought in, so that
+   * the lane still computes when S's write-back ends, however long that takes */
+  for (int step = 0; step < steps; step++) {
+    for (int i = 0; i < 6; i++)
+      TZ_ASSERT_OK(
+          run_phase_held(&e, order[i], 5 * 1000 * 1000, i == 2 ? 3 : -1, (uint64_t)step + 1));
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+  }
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  uint64_t fills[4];
+  for (int i = 0; i < 4; i++)
+    TZ_ASSERT_OK(tz_sched_block_stats(e.s, i, &fills[i], NULL, NULL));
+  struct tz_sched_stats st;
+  tz_sched_stats(e.s, &st);
+  print_message("fills S %llu, P %llu, Q %llu, X %llu; %llu waits for a write-back\n",
+                (unsigned long long)fills[0], (unsigned long long)fills[1],
+                (unsigned long long)fills[2], (unsigned long long)fills[3],
+                (unsigned long long)st.flush_waits);
+  assert_int_equal(fills[1], 1); /* P: brought in once, for the first forward */
+  assert_int_equal(fills[2], 1);
+  assert_true(st.flush_waits > 0);
+  check_homes(&e);
+  check_bytes(&e);
+  check_budget(&e);
+  free_env(&e);
 }
 
 /* A block's home written in place by the client between steps (tz_sched_home_begin/end, as the
@@ -1780,6 +1854,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_in_place_mixed, arm, disarm),
       cmocka_unit_test_setup_teardown(test_in_place_random, arm, disarm),
       cmocka_unit_test_setup_teardown(test_plan_mirrors_in_place, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_prefetch_waits_for_write_back, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_step, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_writes_after_reader, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_load_store, arm, disarm),

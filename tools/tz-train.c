@@ -308,12 +308,13 @@ static void print_summary(const struct printer *p, const struct tz_run_event *ev
   const struct tz_sched_stats *st = ev->sched;
   tz_metrics_summary_print(ev->summary, stdout);
   printf("tz-train: %llu phases, %llu fills (%.1f MiB), %llu write-backs (%.1f MiB), %llu hits, "
-         "%llu uses in place, %llu evictions, stalled %.3f s of %.3f s computing\n",
+         "%llu uses in place, %llu evictions (%llu waits for a write-back), stalled %.3f s of "
+         "%.3f s computing\n",
          (unsigned long long)st->phases, (unsigned long long)st->fills,
          (double)st->fill_bytes / (1 << 20), (unsigned long long)st->flushes,
          (double)st->flush_bytes / (1 << 20), (unsigned long long)st->hits,
-         (unsigned long long)st->in_place, (unsigned long long)st->evictions, st->stall_s,
-         st->compute_s);
+         (unsigned long long)st->in_place, (unsigned long long)st->evictions,
+         (unsigned long long)st->flush_waits, st->stall_s, st->compute_s);
   if (p->o->demo_dir)
     printf("tz-train: demo: loss %.4f at the first step, %.4f at the last (%.2f of the first)\n",
            ev->first_loss, ev->last_loss, ev->last_loss / ev->first_loss);
