@@ -52,7 +52,8 @@
 #                    memory"
 # Anything else goes to the runner unchanged (tz-train: --set KEY=VALUE, --remeasure, ...;
 # fsdp_peer.py: --optim-impl fused, --clip 0, ...; ds_peer.py: --ds-config FILE, ...). TZ_*
-# variables reach tz-train as usual.
+# variables reach tz-train as usual. The result's "commit" is `git rev-parse` of the tree, or
+# $TZ_COMMIT where set (the device machine's copy of .git is the session's first commit).
 # Exit status: the runner's. Every run leaves a result file, "error" in it when it failed
 # (except the peer on a machine without torch or a GPU); with $OUT set (the device machine), the
 # run's files are copied to $OUT/bench as well.

@@ -512,6 +512,10 @@ class GpuSampler:
 
 
 def git_commit():
+    # The device machine's copy of .git can be older than the tree it was sent (its commit is the
+    # session's first): a command there can name the tree's commit in TZ_COMMIT.
+    if os.environ.get("TZ_COMMIT"):
+        return os.environ["TZ_COMMIT"]
     try:
         return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10).stdout.strip() or None
