@@ -309,52 +309,40 @@ static void add_out(struct op *op, struct buf *b, const char *name, double tol) 
 
 /* ---- environments ---- */
 
-static int env_open(struct env *e, enum tz_dtype S, enum tz_dtype G) {
+/* An instance of storage S, gradients G, the given attention kernels and one-pass tiles
+ * (tz_compute_params.attention, .attention_tiles); attn_bwd names them in the checks' lines. */
+static int env_open_with(struct env *e, enum tz_dtype S, enum tz_dtype G,
+                         enum tz_cuda_kernels kernels, int tiles, const char *attn_bwd) {
   struct tz_compute_params p;
   tz_compute_params_init(&p);
   p.dtype = S;
   p.grad_dtype = G;
+  p.attention = kernels;
+  p.attention_tiles = tiles;
   e->S = S;
   e->G = G;
   const char *mm = getenv("TZ_CUDA_MATMUL");
   e->mm_plain = mm && strcmp(mm, "plain") == 0;
-  e->attn_bwd = NULL;
+  e->attn_bwd = attn_bwd;
   return tz_compute_create("cuda", &p, &e->gpu);
 }
 
-/* An instance whose attention kernels are the given ones (tz_compute_params.attention), f32
- * gradients. */
-static int env_open_kernels(struct env *e, enum tz_dtype S, enum tz_cuda_kernels kernels) {
-  struct tz_compute_params p;
-  tz_compute_params_init(&p);
-  p.dtype = S;
-  p.grad_dtype = TZ_F32;
-  p.attention = kernels;
-  e->S = S;
-  e->G = TZ_F32;
-  const char *mm = getenv("TZ_CUDA_MATMUL");
-  e->mm_plain = mm && strcmp(mm, "plain") == 0;
-  e->attn_bwd = kernels == TZ_CUDA_KERNELS_TWO_PASS ? "two-pass" : NULL;
-  return tz_compute_create("cuda", &p, &e->gpu);
+/* The default instance: the kernels TZ_CUDA_ATTENTION and TZ_CUDA_MATMUL say, else auto's. */
+static int env_open(struct env *e, enum tz_dtype S, enum tz_dtype G) {
+  return env_open_with(e, S, G, TZ_CUDA_KERNELS_ENV, 0, NULL);
+}
+
+/* An instance whose attention backward is the two-pass one for every shape, f32 gradients. */
+static int env_open_twopass(struct env *e, enum tz_dtype S) {
+  return env_open_with(e, S, TZ_F32, TZ_CUDA_KERNELS_TWO_PASS, 0, "two-pass");
 }
 
 /* An instance whose attention backward is the one-pass kernel (attention_onepass.cu) with the
- * given tiles (an index into its tile names; 0 the default). */
+ * given tiles (an index into its tile names; 0 the default), f32 gradients. */
 static int env_open_onepass(struct env *e, enum tz_dtype S, int tiles) {
   static char names[TZ_CUDA_ATTENTION_TILES][32];
   snprintf(names[tiles], sizeof names[tiles], "one-pass %s", tz_cuda_attention_tile_names[tiles]);
-  struct tz_compute_params p;
-  tz_compute_params_init(&p);
-  p.dtype = S;
-  p.grad_dtype = TZ_F32;
-  p.attention = TZ_CUDA_KERNELS_ONE_PASS;
-  p.attention_tiles = tiles;
-  e->S = S;
-  e->G = TZ_F32;
-  const char *mm = getenv("TZ_CUDA_MATMUL");
-  e->mm_plain = mm && strcmp(mm, "plain") == 0;
-  e->attn_bwd = names[tiles];
-  return tz_compute_create("cuda", &p, &e->gpu);
+  return env_open_with(e, S, TZ_F32, TZ_CUDA_KERNELS_ONE_PASS, tiles, names[tiles]);
 }
 
 static void env_close(struct env *e) {
@@ -1222,7 +1210,7 @@ static void test_attention(void **state) {
     if (d < 2)
       TZ_ASSERT_OK(env_open_onepass(&e, storage_dtypes[d], 0));
     else
-      TZ_ASSERT_OK(env_open_kernels(&e, storage_dtypes[d - 2], TZ_CUDA_KERNELS_TWO_PASS));
+      TZ_ASSERT_OK(env_open_twopass(&e, storage_dtypes[d - 2]));
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
       attention_case(&e, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4],
                      forced);
@@ -1399,7 +1387,7 @@ static void test_attention_onepass_fallback(void **state) {
   size_t nq = (size_t)B * T * H * D, nl = (size_t)B * H * T;
   /* e1 and e2: one-pass instances, e2's scratch still at its first size when memory is taken */
   struct env e0, e1, e2;
-  TZ_ASSERT_OK(env_open_kernels(&e0, TZ_BF16, TZ_CUDA_KERNELS_TWO_PASS));
+  TZ_ASSERT_OK(env_open_twopass(&e0, TZ_BF16));
   TZ_ASSERT_OK(env_open_onepass(&e1, TZ_BF16, 0));
   TZ_ASSERT_OK(env_open_onepass(&e2, TZ_BF16, 0));
   struct buf q, k, v, out, lse, dout, dq, dk, dv, delta;
