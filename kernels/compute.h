@@ -70,8 +70,8 @@ enum tz_cuda_kernels {
 
 /* The cuda backend's one-pass attention backward comes in tiles named "warps x query rows": a
  * block of that many warps of 16 key rows visits query chunks of that many rows. The first is
- * the default; the others are built for bf16 at head dim 128 only, to be timed against it
- * (tz-bench layer). */
+ * the one-pass mode's default and the only one built at every shape; the others are built for
+ * bf16 at head dim 128 only (tz-bench layer times each), where auto runs the last (8x64). */
 #define TZ_CUDA_ATTENTION_TILES 4
 extern const char *const tz_cuda_attention_tile_names[TZ_CUDA_ATTENTION_TILES];
 

@@ -470,10 +470,11 @@ int launch(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta, 
   return 0;
 }
 
-/* The tiles by index (tz_cuda.attn_tiles, tz_cuda_attention_tile_names in compute.h): 0 the
- * default, 4 warps (64 keys) and query chunks of 32, whose 246 registers do not spill at head dim
- * 128; the others, built for bf16 at head dim 128's exact width only (the benchmark's shape, to
- * keep the build small), are there to be timed against it (tz-bench layer --attn-tiles). */
+/* The tiles by index (tz_compute_params.attention_tiles, tz_cuda_attention_tile_names in
+ * compute.h): 0, 4 warps (64 keys) and query chunks of 32, built for every shape, the one-pass
+ * mode's default; the others built for bf16 at head dim 128's exact width only (the benchmark's
+ * shape, to keep the build small), timed by tz-bench layer; 3 (8x64) is what auto runs
+ * (tz_cuda_attention_onepass_tiles, below). */
 template <typename E, typename W>
 int launch_tiles(struct tz_cuda *c, int which, void *dq, void *dk, void *dv, const float *delta,
                  const void *dout, const void *q, const void *k, const void *v, const float *lse,
