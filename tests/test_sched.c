@@ -1006,16 +1006,16 @@ static void test_stale_copies_never_used(void **state) {
 }
 
 /* A copy brought in ahead of need waits for a write-back in flight rather than evicting a copy
- * the step uses again sooner: the optimizer's state S (on a slow disk: every operation 30 ms
- * late) is written back while the forward reads the parameters P and Q; the next phase's block X
- * then needs room in a window of three blocks, Q's forward computing. S is used next
- * in the next step, P in this step's backward: X takes S's room once its write-back ends, and P
- * stays for the backward. Evicting P instead (the only copy that could go at once) would bring P
- * in again for every backward. */
+ * the step uses again sooner: the optimizer's state S (on a slow disk) is written back while the
+ * forward reads the parameters P and Q; the next phase's block X then needs room in a window of
+ * three blocks, Q's forward computing. S is used next in the next step, P in this step's
+ * backward: X takes S's room once its write-back ends, and P stays for the backward. Evicting P
+ * instead (the only copy that could go at once) would bring P in again for every backward. */
 static void test_prefetch_waits_for_write_back(void **state) {
   (void)state;
   struct env e;
-  TZ_ASSERT_OK(make_env(&e, 16 << 20, "delay=30000"));
+  /* every disk operation 200 ms late: S's write-back outlasts P's forward, sanitizers too */
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, "delay=200000"));
   struct tz_sched_params p;
   /* room for three blocks beside the scheduler's chunk */
   sched_params(&e, &p, (3u << 20) + tz_runtime_chunk_bytes(e.rt), 8);
@@ -1030,7 +1030,7 @@ static void test_prefetch_waits_for_write_back(void **state) {
                                 {"mid", rx, 1},  {"bwd Q", rq, 1}, {"bwd P", rp, 1}};
   TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 6));
   int order[6] = {0, 1, 2, 3, 4, 5};
-  const int steps = 4;
+  const int steps = 3;
   /* 5 ms a phase; Q's forward holds the lane until X of its step has been brought in, so that
    * the lane still computes when S's write-back ends, however long that takes */
   for (int step = 0; step < steps; step++) {
