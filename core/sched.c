@@ -16,6 +16,7 @@ void tz_sched_params_init(struct tz_sched_params *p) {
   p->trace_step = -1;
   p->timeout_ms = 60000;
   p->seed = 1;
+  p->wait_for_write_back = 1;
 }
 
 /* tierzero.sched_debug from the environment (TZ_SCHED_DEBUG), for a caller without a config; the

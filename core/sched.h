@@ -95,6 +95,10 @@ struct tz_sched_params {
                          fences and on transfer fences. */
   int debug;          /* 1: every decision on stderr (tierzero.sched_debug), as TZ_SCHED_DEBUG=1
                          in the environment does */
+  int wait_for_write_back; /* 1 (default): a copy brought in ahead of need waits for a write-back
+                              in flight when the copy it frees is used later than every copy that
+                              could go now (sched_window.c, evict_one); 0: evicts the one that can
+                              go now */
 };
 void tz_sched_params_init(struct tz_sched_params *p);
 

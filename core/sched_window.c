@@ -142,7 +142,8 @@ static int evict_one(tz_sched *s, const struct inst *I, int own) {
   const struct phase *ph = &s->phases[I->phase];
   struct block *victim = NULL;
   uint64_t best = 0, later = 0;
-  int prefetch = s->order_n && !s->recording && (s->waiting != I || s->n_running > 0);
+  int prefetch = s->p.wait_for_write_back && s->order_n && !s->recording &&
+                 (s->waiting != I || s->n_running > 0);
   for (int i = 0; i < s->n_blocks; i++) {
     struct block *b = &s->blocks[i];
     if (!own && uses_block(ph, i))

@@ -1011,14 +1011,16 @@ static void test_stale_copies_never_used(void **state) {
  * three blocks, Q's forward computing. S is used next in the next step, P in this step's
  * backward: X takes S's room once its write-back ends, and P stays for the backward. Evicting P
  * instead (the only copy that could go at once) would bring P in again for every backward. */
-static void test_prefetch_waits_for_write_back(void **state) {
-  (void)state;
+/* The scenario below with tz_sched_params.wait_for_write_back = wait: each block's fills, and the
+ * waits for a write-back. */
+static void write_back_scenario(int wait, uint64_t fills[4], uint64_t *waits) {
   struct env e;
   /* every disk operation 200 ms late: S's write-back outlasts P's forward, sanitizers too */
   TZ_ASSERT_OK(make_env(&e, 16 << 20, "delay=200000"));
   struct tz_sched_params p;
   /* room for three blocks beside the scheduler's chunk */
   sched_params(&e, &p, (3u << 20) + tz_runtime_chunk_bytes(e.rt), 8);
+  p.wait_for_write_back = wait;
   TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
   add_block(&e, "S", 1u << 20, HOME_NVME, 21);
   add_block(&e, "P", 1u << 20, HOME_HOST, 22);
@@ -1040,22 +1042,33 @@ static void test_prefetch_waits_for_write_back(void **state) {
     TZ_ASSERT_OK(tz_sched_step_end(e.s));
   }
   TZ_ASSERT_OK(tz_sched_sync(e.s));
-  uint64_t fills[4];
   for (int i = 0; i < 4; i++)
     TZ_ASSERT_OK(tz_sched_block_stats(e.s, i, &fills[i], NULL, NULL));
   struct tz_sched_stats st;
   tz_sched_stats(e.s, &st);
-  print_message("fills S %llu, P %llu, Q %llu, X %llu; %llu waits for a write-back\n",
-                (unsigned long long)fills[0], (unsigned long long)fills[1],
+  *waits = st.flush_waits;
+  print_message("wait_for_write_back %d: fills S %llu, P %llu, Q %llu, X %llu; %llu waits for a "
+                "write-back\n",
+                wait, (unsigned long long)fills[0], (unsigned long long)fills[1],
                 (unsigned long long)fills[2], (unsigned long long)fills[3],
-                (unsigned long long)st.flush_waits);
-  assert_int_equal(fills[1], 1); /* P: brought in once, for the first forward */
-  assert_int_equal(fills[2], 1);
-  assert_true(st.flush_waits > 0);
+                (unsigned long long)*waits);
   check_homes(&e);
   check_bytes(&e);
   check_budget(&e);
   free_env(&e);
+}
+
+static void test_prefetch_waits_for_write_back(void **state) {
+  (void)state;
+  uint64_t fills[4], waits;
+  write_back_scenario(1, fills, &waits);
+  assert_int_equal(fills[1], 1); /* P: brought in once, for the first forward */
+  assert_int_equal(fills[2], 1);
+  assert_true(waits > 0);
+  /* Without the wait, the only copy that can go at once is P's: brought in again each step. */
+  write_back_scenario(0, fills, &waits);
+  assert_int_equal(waits, 0);
+  assert_true(fills[1] > 1);
 }
 
 /* A block's home written in place by the client between steps (tz_sched_home_begin/end, as the

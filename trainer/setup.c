@@ -477,6 +477,7 @@ static int create_sched(tz_trainer *tr) {
   sp.trace_path = tr->trace_path;
   sp.lane = tr->lane;
   sp.debug = c->tierzero.sched_debug;
+  sp.wait_for_write_back = c->tierzero.wait_for_write_back;
   TZ_CHECK(tz_sched_create(tr->rt, &sp, &tr->sched));
   tr->bid = calloc((size_t)tr->nb, sizeof *tr->bid);
   if (!tr->bid)
