@@ -263,6 +263,7 @@ struct sim {
   struct tz_plan_event *ev; /* (n): the second step's phases (tz_plan_timeline), or NULL */
   double comp, lane[3], busy[3], compute_s;
   double home, home_s;               /* the home lane: where its last phase ends, its busy time */
+  double home_elems;                 /* Adam elements the home phases update in a step */
   double coll;                       /* the comm's lane (overlapped collectives): where it ends */
   double moved[TZ_PLAN_TIERS], link; /* link: bytes over the host link, a step */
   double disk_r, disk_w;             /* bytes read from and written to nvme */
@@ -377,6 +378,8 @@ static void sim_home_phase(struct sim *m, int s, int p, int idx, double gate) {
     if (s == 1)
       m->home_s += d;
   }
+  if (s == 1)
+    m->home_elems += ph->adam_elems;
   /* What it writes is new at the home: a copy the window held is stale. */
   for (int u = 0; u < ph->n_uses; u++) {
     int b = ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind;
@@ -521,6 +524,13 @@ static void sim_bound(struct sim *m, uint64_t window, int fewest, struct tz_plan
   out->path_s = out->bound_s;
   out->link_s = window_bound(rt, n, m->ph_in, m->ph_out, m->ph_comp, m->compute_s, (double)window);
   out->bound_s = max2(out->bound_s, out->link_s);
+  /* Host memory carries the link's bytes and the CPU's Adam at the homes at once: together at
+   * most the rate they reach beside each other. Without home phases the link's own lanes bound
+   * what host memory moves for it. */
+  double hm = tz_plan_host_mem_rate(rt, m->r->home_adam_bytes);
+  out->host_mem_s =
+      hm > 0 && m->home_elems > 0 ? (m->link + m->home_elems * m->r->home_adam_bytes) / hm : 0;
+  out->bound_s = max2(out->bound_s, out->host_mem_s);
   out->compute_s = m->compute_s;
   for (int i = 0; i < 3; i++)
     out->lane_s[i] = m->busy[i];
@@ -549,7 +559,7 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
     cap = n;
   struct sim m = {.r = r, .tiers = tiers, .rt = &r->rates, .n = n, .ev = ev};
   if (sim_alloc(&m, room) < 0) {
-    out->bound_s = out->compute_s = out->path_s = out->link_s = 0;
+    out->bound_s = out->compute_s = out->path_s = out->link_s = out->host_mem_s = 0;
     for (int i = 0; i < TZ_PLAN_TIERS + 1; i++)
       out->lane_s[i] = 0;
     for (int t = 0; t < TZ_PLAN_TIERS; t++)
@@ -591,6 +601,12 @@ static void simulate(const struct tz_plan_request *r, const int8_t *tiers, uint6
     }
   }
   sim_free(&m);
+}
+
+double tz_plan_host_mem_rate(const struct tz_plan_rates *r, double adam_bytes) {
+  if (r->adam_home_busy <= 0 || r->copy_in_adam <= 0 || r->copy_out_adam <= 0 || adam_bytes <= 0)
+    return 0;
+  return r->copy_in_adam + r->copy_out_adam + r->adam_home_busy * adam_bytes;
 }
 
 int tz_plan_bound(const struct tz_plan_request *req, const int8_t *tiers, uint64_t window,
@@ -942,7 +958,7 @@ void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_na
   fmt_bytes(c, sizeof c, p->min_window);
   fprintf(f, "  compute  buffers %s, scheduler window %s (minimum %s), lookahead %d phases\n", a, b,
           c, p->lookahead);
-  char t0[32], t1[32], t2[32], t3[32], t4[32], t5[32], at_home[48] = "";
+  char t0[32], t1[32], t2[32], t3[32], t4[32], t5[32], at_home[96] = "";
   fmt_time(t0, sizeof t0, p->bound_s);
   fmt_time(t1, sizeof t1, p->compute_s);
   fmt_time(t2, sizeof t2, p->lane_s[0]);
@@ -951,6 +967,12 @@ void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_na
   fmt_time(t5, sizeof t5, p->lane_s[3]);
   if (p->lane_s[3] > 0)
     snprintf(at_home, sizeof at_home, ", CPU at the homes %s", t5);
+  if (p->host_mem_s > 0) {
+    char t7[32];
+    fmt_time(t7, sizeof t7, p->host_mem_s);
+    snprintf(at_home + strlen(at_home), sizeof at_home - strlen(at_home),
+             ", host memory for both %s", t7);
+  }
   char link[96] = "";
   if (p->link_s > 1.001 * p->path_s) { /* the link, not the lanes' path, sets the bound */
     char t6[32];

@@ -67,7 +67,15 @@ struct tz_plan_rates {
                            then takes them as time-sharing the disk at nvme_read and nvme_write */
   double adam;          /* Adam elements per second where opt phases run */
   double adam_home;     /* Adam elements per second of the CPU on host memory (home phases) */
-  double collective;    /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
+  /* The CPU's Adam and the host link share host memory: each moves less beside the other (an
+   * H200's step with half of llama-3b's Adam on the CPU: the CPU at about half its rate alone, the
+   * link at 32 GB/s in and 38 out where it moves 47 and 48 beside each other). Measured with both
+   * running: the CPU's Adam on its home threads while each direction of the link is timed beside
+   * the other. 0: unknown. Together they give host memory's rate for the two (host_mem_rate). */
+  double adam_home_busy; /* adam_home while the link copies both ways */
+  double copy_in_adam;   /* host -> compute tier beside the other direction and the CPU's Adam */
+  double copy_out_adam;  /* compute tier -> host beside the other direction and the CPU's Adam */
+  double collective;     /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
 };
 
 #define TZ_PLAN_MAX_USES 8
@@ -91,6 +99,11 @@ struct tz_plan_phase {
   } uses[TZ_PLAN_MAX_USES];
 };
 
+/* Bytes per second host memory moves for the host link's copies (both ways) and the CPU's Adam
+ * together, each element of that Adam moving adam_bytes: what the rates measured beside each
+ * other add up to. 0 when they were not measured. */
+double tz_plan_host_mem_rate(const struct tz_plan_rates *r, double adam_bytes);
+
 struct tz_plan_request {
   int n_groups;
   const uint64_t (*bytes)[TZ_PLAN_KINDS]; /* n_groups rows: bytes of each block (the rank's) */
@@ -110,6 +123,9 @@ struct tz_plan_request {
                                block, or TZ_PLAN_AUTO; wins over force[] */
   int home_on_compute;      /* home phases share the compute lane's cores (a CPU-only machine):
                                their time goes on that lane */
+  double home_adam_bytes;   /* bytes of host memory the CPU's Adam reads and writes for one
+                               element at the homes (master, m, v both ways, the gradient, the
+                               parameter's copy); 0: the host-memory lane is not costed */
   struct tz_plan_rates rates;
 };
 
@@ -135,10 +151,12 @@ struct tz_plan {
   double compute_s;                 /* the compute lane's busy time in one step */
   double lane_s[TZ_PLAN_TIERS + 1]; /* busy time of: copy in, copy out, nvme, the CPU at
                                        the homes (home phases; 0 with home_on_compute) */
-  double moved[TZ_PLAN_TIERS];      /* bytes per step read from each home tier (compute: 0, its
-                                       blocks are used in place; reads the window holds: 0) */
-  int unknown_rates;                /* some lane was costed with an unknown (0) rate */
-  int moves;                        /* blocks the plan moved down from the fastest tier */
+  double host_mem_s; /* the host memory's busy time: the link's bytes and the CPU's Adam at the
+                        homes over their rate together (0: not costed; tz_plan_host_mem_rate) */
+  double moved[TZ_PLAN_TIERS]; /* bytes per step read from each home tier (compute: 0, its
+                                  blocks are used in place; reads the window holds: 0) */
+  int unknown_rates;           /* some lane was costed with an unknown (0) rate */
+  int moves;                   /* blocks the plan moved down from the fastest tier */
 };
 
 /* Places the blocks and predicts the bound. The caller owns *out (tz_plan_free).

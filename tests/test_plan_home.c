@@ -159,6 +159,50 @@ static void test_home_first_bound(void **state) {
   assert_close(out, (double)(NG * S));
 }
 
+/* Host memory as a lane of its own: with the rates the CPU's Adam and the link reach beside each
+ * other, the step takes at least what both move through host memory (the link's bytes, and each
+ * element the CPU updates at home_adam_bytes) over their sum; not costed without those rates, or
+ * without the bytes an element moves. Here that lane is slower than the home-first path. */
+static void test_host_memory_lane(void **state) {
+  (void)state;
+  uint64_t bytes[NB][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  int8_t tiers[NB * TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
+  for (int g = 0; g < NB; g++) {
+    bytes[g][TZ_PLAN_PARAM] = S;
+    bytes[g][TZ_PLAN_MASTER] = S;
+    if (g < NG)
+      tiers[g * TZ_PLAN_KINDS + TZ_PLAN_PARAM] = TZ_PLAN_COMPUTE;
+  }
+  struct tz_plan_phase first[NP];
+  build_step(first, 1);
+  struct tz_plan_request r = request(bytes, first);
+  struct tz_plan alone, with, no_bytes;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &alone));
+  assert_true(alone.host_mem_s == 0);
+  r.rates.copy_in_adam = r.rates.copy_out_adam = (double)S / t;
+  r.rates.adam_home_busy = 1e8;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &no_bytes)); /* home_adam_bytes 0 */
+  assert_true(no_bytes.host_mem_s == 0);
+  assert_close(no_bytes.bound_s, alone.bound_s);
+  r.home_adam_bytes = 30;
+  double rate = 2.0 * (double)S / t + 1e8 * 30;
+  assert_close(tz_plan_host_mem_rate(&r.rates, 30), rate);
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &with));
+  /* the link: every GPU-stepped master in and out, the CPU-stepped parameters in */
+  double host_bytes = (double)((NG + NC) * S + NG * S) + NC * 1e6 * 30;
+  assert_close(with.host_mem_s, host_bytes / rate);
+  assert_true(with.host_mem_s > alone.bound_s);
+  assert_close(with.bound_s, with.host_mem_s);
+  assert_close(with.lane_s[3], alone.lane_s[3]); /* the lanes themselves keep their rates */
+  /* One of the rates unknown: not costed. */
+  r.rates.copy_out_adam = 0;
+  assert_true(tz_plan_host_mem_rate(&r.rates, 30) == 0);
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &with));
+  assert_close(with.bound_s, alone.bound_s);
+}
+
 /* ---- the trainer's order and bits ---- */
 
 /* The trainer, made for its plan only with forced host offload and tierzero.cpu_adam share:
@@ -289,9 +333,8 @@ int main(int argc, char **argv) {
     jitter_us = 200;
   nvme_dir = tz_test_mkdtemp("tz_plan_home");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_home_first_bound),
-      cmocka_unit_test(test_home_first_order),
-      cmocka_unit_test(test_home_first_same_bits),
+      cmocka_unit_test(test_home_first_bound), cmocka_unit_test(test_host_memory_lane),
+      cmocka_unit_test(test_home_first_order), cmocka_unit_test(test_home_first_same_bits),
       cmocka_unit_test(test_search_by_blocks),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

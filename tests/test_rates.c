@@ -72,6 +72,9 @@ static void assert_same(const struct tz_plan_rates *a, const struct tz_plan_rate
   assert_true(a->nvme_duplex == b->nvme_duplex);
   assert_true(a->adam == b->adam);
   assert_true(a->adam_home == b->adam_home);
+  assert_true(a->adam_home_busy == b->adam_home_busy);
+  assert_true(a->copy_in_adam == b->copy_in_adam);
+  assert_true(a->copy_out_adam == b->copy_out_adam);
   assert_true(a->collective == b->collective);
 }
 
@@ -146,7 +149,38 @@ static void test_read_entry(void **state) {
                                .nvme_duplex = 4.75e9,
                                .adam = 7.5e8,
                                .adam_home = 6.25e8};
-  assert_same(&r, &want);
+  assert_same(&r, &want); /* the rates beside the CPU's Adam 0: the entry has none */
+}
+
+/* The rates beside the CPU's Adam came after version 4's other fields: an entry without them
+ * (every entry above) is used, they 0 (unknown); with them, they are read too. */
+static void test_entry_with_beside_rates(void **state) {
+  struct env *e = *state;
+  snprintf(e->path, sizeof e->path, "%s/beside.json", e->dir);
+  write_entry(e->path, NULL);
+  json_error_t err;
+  json_t *root = json_load_file(e->path, 0, &err);
+  assert_non_null(root);
+  json_t *entry = json_object_get(root, "cpu|nvme:-");
+  json_object_set_new(entry, "adam_home_busy", json_real(3.25e8));
+  json_object_set_new(entry, "copy_in_adam", json_real(1.75e10));
+  json_object_set_new(entry, "copy_out_adam", json_real(2.25e10));
+  assert_int_equal(json_dump_file(root, e->path, JSON_INDENT(2)), 0);
+  json_decref(root);
+  struct tz_plan_rates r;
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  assert_true(r.flops == 1.5e11); /* the entry's, not measured */
+  assert_true(r.adam_home_busy == 3.25e8);
+  assert_true(r.copy_in_adam == 1.75e10);
+  assert_true(r.copy_out_adam == 2.25e10);
+  /* a negative one is no rate: the entry is measured again */
+  write_entry(e->path, NULL);
+  root = json_load_file(e->path, 0, &err);
+  json_object_set_new(json_object_get(root, "cpu|nvme:-"), "copy_in_adam", json_real(-1));
+  assert_int_equal(json_dump_file(root, e->path, JSON_INDENT(2)), 0);
+  json_decref(root);
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  assert_true(r.flops != 1.5e11 && r.copy_in_adam == 0);
 }
 
 /* An entry written before copy_duplex existed is incomplete: the rates are measured again and
@@ -319,6 +353,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_read_entry, setup, teardown),
       cmocka_unit_test_setup_teardown(test_old_entry_remeasured, setup, teardown),
       cmocka_unit_test_setup_teardown(test_incomplete_entry_unused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_entry_with_beside_rates, setup, teardown),
       cmocka_unit_test_setup_teardown(test_old_version_remeasured, setup, teardown),
       cmocka_unit_test_setup_teardown(test_version2_remeasured, setup, teardown),
       cmocka_unit_test_setup_teardown(test_home_threads, setup, teardown),

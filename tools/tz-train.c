@@ -249,6 +249,11 @@ static void print_rates(const struct tz_plan_rates *r, int shared) {
     snprintf(coll, sizeof coll, "; collectives %.1f GB/s", r->collective / 1e9);
   printf("tz-train: the plan's rates: host link %.1f GB/s in, %.1f out%s%s%s%s\n", r->copy_in / 1e9,
          r->copy_out / 1e9, both, shared ? " (every rank copying)" : "", disk, coll);
+  if (r->adam_home_busy > 0 && r->adam_home > 0)
+    printf(
+        "tz-train: beside each other, the CPU's Adam %.2f G elements/s (%.2f alone) and the host "
+        "link %.1f GB/s in, %.1f out (with the CPU's Adam at the homes, the plan takes these)\n",
+        r->adam_home_busy / 1e9, r->adam_home / 1e9, r->copy_in_adam / 1e9, r->copy_out_adam / 1e9);
 }
 
 /* What the run tells (trainer/run.h), printed by rank 0. */

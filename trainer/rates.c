@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,15 +65,20 @@ static void setup_key(const struct tz_config *c, const char *backend, char *buf,
  * host link is timed beside the other (copy_in_both, copy_out_both). */
 #define RATES_VERSION 4
 
-static const char *const fields[] = {"flops",        "copy_in",       "copy_out",   "copy_duplex",
-                                     "copy_in_both", "copy_out_both", "copy_local", "nvme_read",
-                                     "nvme_write",   "nvme_duplex",   "adam",       "adam_home"};
-#define N_FIELDS 12
+static const char *const fields[] = {
+    "flops",         "copy_in",    "copy_out",       "copy_duplex",  "copy_in_both",
+    "copy_out_both", "copy_local", "nvme_read",      "nvme_write",   "nvme_duplex",
+    "adam",          "adam_home",  "adam_home_busy", "copy_in_adam", "copy_out_adam"};
+#define N_FIELDS 15
+/* The fields every entry of this version has; the ones after them came later and are 0
+ * (unknown) in an entry without them: the plan then runs without what they add. */
+#define N_REQUIRED 12
 
 static double *field(struct tz_plan_rates *r, int i) {
-  double *f[N_FIELDS] = {&r->flops,        &r->copy_in,       &r->copy_out,   &r->copy_duplex,
-                         &r->copy_in_both, &r->copy_out_both, &r->copy_local, &r->nvme_read,
-                         &r->nvme_write,   &r->nvme_duplex,   &r->adam,       &r->adam_home};
+  double *f[N_FIELDS] = {&r->flops,          &r->copy_in,       &r->copy_out,     &r->copy_duplex,
+                         &r->copy_in_both,   &r->copy_out_both, &r->copy_local,   &r->nvme_read,
+                         &r->nvme_write,     &r->nvme_duplex,   &r->adam,         &r->adam_home,
+                         &r->adam_home_busy, &r->copy_in_adam,  &r->copy_out_adam};
   return f[i];
 }
 
@@ -89,6 +95,10 @@ static int cache_read(const char *path, const char *key, struct tz_plan_rates *o
   struct tz_plan_rates got = *out;
   for (int i = 0; ok && i < N_FIELDS; i++) {
     json_t *v = json_object_get(e, fields[i]);
+    if (!v && i >= N_REQUIRED) {
+      *field(&got, i) = 0;
+      continue;
+    }
     ok = json_is_number(v) && json_number_value(v) >= 0;
     if (ok)
       *field(&got, i) = json_number_value(v);
@@ -512,12 +522,127 @@ static int link_probe_time(struct link_probe *lp, tz_runtime *rt, tz_comm *comm,
   return rc;
 }
 
-/* The GPU machine's tiers: the host link of `device` alone, then nvme as on a CPU machine. */
+/* The CPU's Adam beside the link: passes of it on a thread of its own, each one's start and end,
+ * until stopped. */
+#define BESIDE_PASSES 256
+struct adam_beside {
+  struct adam x;
+  int stop; /* atomic */
+  int n, rc;
+  double t0[BESIDE_PASSES], t1[BESIDE_PASSES];
+};
+
+static void *adam_beside_run(void *arg) {
+  struct adam_beside *a = arg;
+  while (!__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE) && a->n < BESIDE_PASSES) {
+    double t0 = tz_now_s();
+    int rc = run_adam_cpu(&a->x);
+    if (rc < 0) {
+      __atomic_store_n(&a->rc, rc, __ATOMIC_RELEASE);
+      break;
+    }
+    a->t0[a->n] = t0;
+    a->t1[a->n] = tz_now_s();
+    __atomic_store_n(&a->n, a->n + 1, __ATOMIC_RELEASE);
+  }
+  return NULL;
+}
+
+/* Passes of a that started at or after `from` and ended by `to`: their elements over their time
+ * (0 if none). */
+static double adam_within(const struct adam_beside *a, int n, double from, double to) {
+  double elems = 0, s = 0;
+  for (int i = 0; i < n; i++)
+    if (a->t0[i] >= from && a->t1[i] <= to) {
+      elems += (double)a->x.n;
+      s += a->t1[i] - a->t0[i];
+    }
+  return per_second(elems, s);
+}
+
+/* 16 Mi elements: 320 MiB of state and copy, far beyond the caches as the homes are, a pass some
+ * 10-25 ms. */
+#define BESIDE_ADAM_ELEMS ((size_t)16 << 20)
+
+/* adam_home_busy, copy_in_adam and copy_out_adam: the CPU's Adam on the home threads passes over
+ * its state the whole time while each direction of the link is timed beside the other
+ * (time_beside), then both directions copy on until at least two of its passes lie within the
+ * link's busy time; its rate over those passes. The two share host memory (docs/training.md,
+ * "Splitting Adam"). */
+static int time_adam_beside_link(struct link_probe *lp, tz_runtime *rt, int threads,
+                                 struct tz_plan_rates *r) {
+  struct adam_beside *a = calloc(1, sizeof *a);
+  if (!a)
+    return tz_err_set(TZ_ENOMEM, "rates: no memory for the Adam probe beside the link");
+  a->x = (struct adam){
+      .p = probe_adam_params(), .n = BESIDE_ADAM_ELEMS, .copy_dtype = TZ_BF16, .threads = threads};
+  a->x.state = calloc(5 * a->x.n, sizeof(float));
+  int rc = a->x.state
+               ? tz_adam_params_for_step(&a->x.p, 1)
+               : tz_err_set(TZ_ENOMEM, "rates: no memory for the Adam probe beside the link");
+  if (rc == 0) {
+    a->x.copy = a->x.state + 4 * a->x.n;
+    rc = run_adam_cpu(&a->x); /* its pages touched and its threads made, untimed */
+  }
+  pthread_t th;
+  int started = 0;
+  if (rc == 0) {
+    int e = pthread_create(&th, NULL, adam_beside_run, a);
+    rc = e ? tz_err_errno(e, "rates: cannot start the Adam probe's thread") : 0;
+    started = e == 0;
+  }
+  double from = tz_now_s(), to = from;
+  if (rc == 0)
+    rc = time_beside(rt, &lp->d[0], &lp->h[0], &lp->h[1], &lp->d[1], GPU_COPY_BYTES,
+                     &r->copy_in_adam);
+  if (rc == 0)
+    rc = time_beside(rt, &lp->h[1], &lp->d[1], &lp->d[0], &lp->h[0], GPU_COPY_BYTES,
+                     &r->copy_out_adam);
+  struct transfers both = {.rt = rt,
+                           .n = 2,
+                           .dst = {&lp->d[0], &lp->h[1]},
+                           .src = {&lp->h[0], &lp->d[1]},
+                           .bytes = GPU_COPY_BYTES};
+  for (;;) {
+    to = tz_now_s();
+    int n = __atomic_load_n(&a->n, __ATOMIC_ACQUIRE), inside = 0;
+    for (int i = 0; i < n; i++)
+      inside += a->t0[i] >= from && a->t1[i] <= to;
+    if (rc < 0 || inside >= 2 || to - from > 5.0 || n == BESIDE_PASSES ||
+        __atomic_load_n(&a->rc, __ATOMIC_ACQUIRE) < 0)
+      break;
+    rc = run_transfers(&both);
+  }
+  __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE);
+  if (started)
+    pthread_join(th, NULL);
+  if (rc == 0)
+    rc = a->rc;
+  if (rc == 0) {
+    r->adam_home_busy = adam_within(a, a->n, from, to);
+    if (r->adam_home_busy <= 0)
+      rc = tz_err_set(TZ_ETIMEDOUT,
+                      "rates: no pass of the CPU's Adam ended within %.1f s of "
+                      "copies beside it",
+                      to - from);
+  }
+  free(a->x.state);
+  free(a);
+  return rc;
+}
+
+/* The GPU machine's tiers: the host link of `device` alone and beside the CPU's Adam, then nvme
+ * as on a CPU machine. */
 static int measure_tiers_gpu(const struct tz_config *c, tz_runtime *rt, int device,
                              struct tz_plan_rates *r) {
   struct link_probe lp;
   TZ_CHECK(link_probe_open(c, rt, device, &lp));
   int rc = link_probe_time(&lp, rt, NULL, 1, r);
+  if (rc == 0 && time_adam_beside_link(&lp, rt, tz_rates_home_threads(c), r) < 0) {
+    /* the plan goes on without it, as with a cache entry written before it */
+    TZ_WARN("%s; the plan takes the CPU's Adam and the link at their rates alone", tz_err_msg());
+    r->adam_home_busy = r->copy_in_adam = r->copy_out_adam = 0;
+  }
   link_probe_close(&lp);
   TZ_CHECK(rc);
   return measure_nvme(c, rt, r);
