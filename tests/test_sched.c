@@ -76,11 +76,23 @@ struct env {
   char dir[256]; /* the nvme tier's own directory, so a failed test leaves nothing in the way */
   tz_runtime *rt;
   tz_tier *compute, *host, *nvme, *nvme_base;
+  tz_tier *slow_host; /* a fault tier over host (make_slow_host), or NULL */
   tz_sched *s;
   struct model m;
 };
 
-enum home_kind { HOME_HOST, HOME_NVME, HOME_COMPUTE };
+enum home_kind { HOME_HOST, HOME_NVME, HOME_COMPUTE, HOME_SLOW_HOST };
+
+/* e->slow_host: host memory (the CPU addresses it) whose transfers through the tier are late by
+ * the fault spec's delay: a write-back into it is slow, as one to the disk is. */
+static int make_slow_host(struct env *e, const char *faults) {
+  struct tz_tier_params p;
+  tz_tier_params_init(&p);
+  p.name = "slow-host";
+  p.base = e->host;
+  p.faults = faults;
+  return tz_tier_create(e->rt, "fault", &p, &e->slow_host);
+}
 
 static int make_env(struct env *e, uint64_t compute_cap, const char *faults) {
   memset(e, 0, sizeof *e);
@@ -134,7 +146,10 @@ static void add_block(struct env *e, const char *name, uint64_t bytes, int home,
   m->base[i] = malloc(bytes);
   tz_test_fill(m->base[i], bytes, seed);
   m->version[i] = 0;
-  tz_tier *t = home == HOME_NVME ? e->nvme : home == HOME_COMPUTE ? e->compute : e->host;
+  tz_tier *t = home == HOME_NVME        ? e->nvme
+               : home == HOME_COMPUTE   ? e->compute
+               : home == HOME_SLOW_HOST ? e->slow_host
+                                        : e->host;
   TZ_ASSERT_OK(tz_tier_alloc(t, bytes, &m->home[i]));
   uint8_t *buf = aligned(bytes);
   memset(buf, 0, rounded(bytes));
@@ -143,6 +158,8 @@ static void add_block(struct env *e, const char *name, uint64_t bytes, int home,
   tz_extent w = m->home[i];
   if (e->nvme_base && w.tier == e->nvme)
     w.tier = e->nvme_base;
+  if (e->slow_host && w.tier == e->slow_host)
+    w.tier = e->host;
   TZ_ASSERT_OK(tz_tier_write_sync(&w, 0, buf, rounded(bytes)));
   free(buf);
   TZ_ASSERT_OK(tz_sched_block_add(e->s, name, bytes, &m->home[i], &m->id[i]));
@@ -1006,23 +1023,29 @@ static void test_stale_copies_never_used(void **state) {
 }
 
 /* A copy brought in ahead of need waits for a write-back in flight rather than evicting a copy
- * the step uses again sooner: the optimizer's state S (on a slow disk) is written back while the
- * forward reads the parameters P and Q; the next phase's block X then needs room in a window of
- * three blocks, Q's forward computing. S is used next in the next step, P in this step's
+ * the step uses again sooner: the optimizer's state S (in slow host memory) is written back while
+ * the forward reads the parameters P and Q; the next phase's block X then needs room in a window
+ * of three blocks, Q's forward computing. S is used next in the next step, P in this step's
  * backward: X takes S's room once its write-back ends, and P stays for the backward. Evicting P
- * instead (the only copy that could go at once) would bring P in again for every backward. */
-/* The scenario below with tz_sched_params.wait_for_write_back = wait: each block's fills, and the
- * waits for a write-back. */
-static void write_back_scenario(int wait, uint64_t fills[4], uint64_t *waits) {
+ * instead (the only copy that could go at once) would bring P in again for every backward.
+ *
+ * The scenario with tz_sched_params.wait_for_write_back = wait and S homed in slow host
+ * memory (HOME_SLOW_HOST) or on a slow disk (HOME_NVME): each block's fills, and the waits for a
+ * write-back. */
+static void write_back_scenario(int wait, int s_home, uint64_t fills[4], uint64_t *waits) {
   struct env e;
-  /* every disk operation 200 ms late: S's write-back outlasts P's forward, sanitizers too */
-  TZ_ASSERT_OK(make_env(&e, 16 << 20, "delay=200000"));
+  /* every operation of S's home 200 ms late: its write-back outlasts P's forward, sanitizers
+   * too */
+  const char *slow = "delay=200000";
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, s_home == HOME_NVME ? slow : NULL));
+  if (s_home == HOME_SLOW_HOST)
+    TZ_ASSERT_OK(make_slow_host(&e, slow));
   struct tz_sched_params p;
   /* room for three blocks beside the scheduler's chunk */
   sched_params(&e, &p, (3u << 20) + tz_runtime_chunk_bytes(e.rt), 8);
   p.wait_for_write_back = wait;
   TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
-  add_block(&e, "S", 1u << 20, HOME_NVME, 21);
+  add_block(&e, "S", 1u << 20, s_home, 21);
   add_block(&e, "P", 1u << 20, HOME_HOST, 22);
   add_block(&e, "Q", 1u << 20, HOME_HOST, 23);
   add_block(&e, "X", 1u << 20, HOME_HOST, 24);
@@ -1047,9 +1070,10 @@ static void write_back_scenario(int wait, uint64_t fills[4], uint64_t *waits) {
   struct tz_sched_stats st;
   tz_sched_stats(e.s, &st);
   *waits = st.flush_waits;
-  print_message("wait_for_write_back %d: fills S %llu, P %llu, Q %llu, X %llu; %llu waits for a "
-                "write-back\n",
-                wait, (unsigned long long)fills[0], (unsigned long long)fills[1],
+  print_message("wait_for_write_back %d, S on %s: fills S %llu, P %llu, Q %llu, X %llu; %llu "
+                "waits for a write-back\n",
+                wait, s_home == HOME_NVME ? "the disk" : "host memory",
+                (unsigned long long)fills[0], (unsigned long long)fills[1],
                 (unsigned long long)fills[2], (unsigned long long)fills[3],
                 (unsigned long long)*waits);
   check_homes(&e);
@@ -1061,12 +1085,17 @@ static void write_back_scenario(int wait, uint64_t fills[4], uint64_t *waits) {
 static void test_prefetch_waits_for_write_back(void **state) {
   (void)state;
   uint64_t fills[4], waits;
-  write_back_scenario(1, fills, &waits);
+  write_back_scenario(1, HOME_SLOW_HOST, fills, &waits);
   assert_int_equal(fills[1], 1); /* P: brought in once, for the first forward */
   assert_int_equal(fills[2], 1);
   assert_true(waits > 0);
   /* Without the wait, the only copy that can go at once is P's: brought in again each step. */
-  write_back_scenario(0, fills, &waits);
+  write_back_scenario(0, HOME_SLOW_HOST, fills, &waits);
+  assert_int_equal(waits, 0);
+  assert_true(fills[1] > 1);
+  /* A write-back to the disk is not waited for (it takes the disk's time, and the disk's reads
+   * would wait behind it): P goes as without the wait. */
+  write_back_scenario(1, HOME_NVME, fills, &waits);
   assert_int_equal(waits, 0);
   assert_true(fills[1] > 1);
 }
