@@ -303,9 +303,12 @@ static void print_setup(const struct printer *p, const struct tz_run_event *ev) 
            tz_trainer_cpu_adam(tr));
   print_recompute(tr);
   tz_plan_print(stdout, tz_trainer_plan(tr), o->plan_only ? tz_trainer_group_names(tr) : NULL);
-  if (!o->plan_only)
-    printf("tz-train: set up in %.1f s (rates %.1f s; plan, tiers and initial shards %.1f s)\n",
-           ev->setup_s, ev->rates_s, ev->setup_s - ev->rates_s);
+  if (!o->plan_only) {
+    struct tz_trainer_setup_times st = tz_trainer_setup_times(tr);
+    printf("tz-train: set up in %.1f s (rates %.1f s, plan %.1f s, tiers %.1f s, initial shards "
+           "%.1f s, scheduler %.1f s)\n",
+           ev->setup_s, ev->rates_s, st.plan_s, st.tiers_s, st.shards_s, st.sched_s);
+  }
   fflush(stdout);
 }
 

@@ -169,6 +169,10 @@ static int measure_layer(tz_trainer *tr, const struct tz_trainer_params *p) {
 
 double tz_trainer_layer_rate(const tz_trainer *tr) { return tr->layer_rate; }
 
+struct tz_trainer_setup_times tz_trainer_setup_times(const tz_trainer *tr) {
+  return tr->setup;
+}
+
 /* The GPU's compute lane. With more than one rank the nccl comm enqueues its collectives on its
  * own stream from the calling thread: the lane adopts that stream, so that compute and
  * collectives, both launched by the client thread in phase order, are ordered by the stream;
@@ -595,10 +599,14 @@ static int build_trainer(tz_trainer *tr) {
   TZ_CHECK(init_homes(tr));
   double t2 = tz_now_s();
   TZ_CHECK(create_sched(tr));
+  tr->setup.tiers_s = t1 - t0;
+  tr->setup.shards_s = t2 - t1;
+  tr->setup.sched_s = tz_now_s() - t2;
   TZ_INFO("train: rank %d of %d, %d blocks, %d phases per step, optimizer step %s, window %llu "
           "bytes; tiers made in %.1f s, shards initialised in %.1f s, scheduler in %.1f s",
           tr->rank, tr->world, tr->nb, tr->n_ph, tz_opt_mode_name(tr->mode),
-          (unsigned long long)tr->plan.window, t1 - t0, t2 - t1, tz_now_s() - t2);
+          (unsigned long long)tr->plan.window, tr->setup.tiers_s, tr->setup.shards_s,
+          tr->setup.sched_s);
   return 0;
 }
 
@@ -620,7 +628,9 @@ int tz_trainer_create(const struct tz_config *cfg, const struct tz_model_config 
     return rc;
   }
   TZ_CHECK_GOTO(init_shape(tr, cfg, mc, comm, rt, p), rc, fail);
+  double t0 = tz_now_s();
   TZ_CHECK_GOTO(plan_trainer(tr, p), rc, fail);
+  tr->setup.plan_s = tz_now_s() - t0;
   if (!p->plan_only)
     TZ_CHECK_GOTO(build_trainer(tr), rc, fail);
   *out = tr;

@@ -214,6 +214,13 @@ const char *tz_trainer_device_name(const tz_trainer *tr);
 /* FLOP per second of a layer's forward and backward as measured at creation (measure_layer),
  * counted as the metrics count them (tz_model_layer_flop); 0 when not measured. */
 double tz_trainer_layer_rate(const tz_trainer *tr);
+/* Where creation's time went, in seconds: the plan (with the layer's measurement and the CPU
+ * share's search), the tiers, the homes' initial shards, the scheduler (0 with plan_only for the
+ * last three). */
+struct tz_trainer_setup_times {
+  double plan_s, tiers_s, shards_s, sched_s;
+};
+struct tz_trainer_setup_times tz_trainer_setup_times(const tz_trainer *tr);
 /* The share of the parameters whose Adam the CPU runs at the host homes, as asked
  * (tierzero.cpu_adam, or the plan's pick with tierzero.cpu_adam_search); the blocks whose state
  * the plan homes elsewhere are stepped in the compute tier all the same. */

@@ -76,7 +76,8 @@ struct tz_trainer {
   const char *backend; /* "cpu" or "cuda" */
   int gpu;             /* cuda: the compute tier is GPU `device`'s memory, the lane its stream */
   double layer_rate;   /* measure_layer: FLOP/s of a layer's fwd and bwd phases; 0 not measured */
-  double cpu_share;    /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
+  struct tz_trainer_setup_times setup; /* tz_trainer_setup_times */
+  double cpu_share; /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
   int device;
   char device_name[256]; /* cuda: the GPU's name */
   tz_lane *lane;         /* cuda: the compute lane (a CUDA stream); the cpu backend's is the
