@@ -96,6 +96,19 @@ static struct tz_plan_request request(const uint64_t (*bytes)[TZ_PLAN_KINDS],
   return r;
 }
 
+/* Every block's parameters and master of S bytes; every master on the host, the GPU-stepped
+ * blocks' parameters in the compute tier (used in place), the CPU-stepped ones' on the host. */
+static void split_homes(uint64_t bytes[NB][TZ_PLAN_KINDS], int8_t tiers[NB * TZ_PLAN_KINDS]) {
+  memset(bytes, 0, sizeof(uint64_t) * NB * TZ_PLAN_KINDS);
+  memset(tiers, TZ_PLAN_HOST, NB * TZ_PLAN_KINDS);
+  for (int g = 0; g < NB; g++) {
+    bytes[g][TZ_PLAN_PARAM] = S;
+    bytes[g][TZ_PLAN_MASTER] = S;
+    if (g < NG)
+      tiers[g * TZ_PLAN_KINDS + TZ_PLAN_PARAM] = TZ_PLAN_COMPUTE;
+  }
+}
+
 /* Homes: every master on the host; the GPU-stepped blocks' parameters in the compute tier (used
  * in place), the CPU-stepped ones' on the host (the CPU writes them, the forward copies them in).
  * A window of one block: the GPU's opt phases stream one after the other. Home first, the CPU
@@ -106,15 +119,8 @@ static struct tz_plan_request request(const uint64_t (*bytes)[TZ_PLAN_KINDS],
 static void test_home_first_bound(void **state) {
   (void)state;
   uint64_t bytes[NB][TZ_PLAN_KINDS];
-  memset(bytes, 0, sizeof bytes);
   int8_t tiers[NB * TZ_PLAN_KINDS];
-  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
-  for (int g = 0; g < NB; g++) {
-    bytes[g][TZ_PLAN_PARAM] = S;
-    bytes[g][TZ_PLAN_MASTER] = S;
-    if (g < NG)
-      tiers[g * TZ_PLAN_KINDS + TZ_PLAN_PARAM] = TZ_PLAN_COMPUTE;
-  }
+  split_homes(bytes, tiers);
   struct tz_plan_phase inter[NP], first[NP];
   build_step(inter, 0);
   build_step(first, 1);
@@ -166,15 +172,8 @@ static void test_home_first_bound(void **state) {
 static void test_host_memory_lane(void **state) {
   (void)state;
   uint64_t bytes[NB][TZ_PLAN_KINDS];
-  memset(bytes, 0, sizeof bytes);
   int8_t tiers[NB * TZ_PLAN_KINDS];
-  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
-  for (int g = 0; g < NB; g++) {
-    bytes[g][TZ_PLAN_PARAM] = S;
-    bytes[g][TZ_PLAN_MASTER] = S;
-    if (g < NG)
-      tiers[g * TZ_PLAN_KINDS + TZ_PLAN_PARAM] = TZ_PLAN_COMPUTE;
-  }
+  split_homes(bytes, tiers);
   struct tz_plan_phase first[NP];
   build_step(first, 1);
   struct tz_plan_request r = request(bytes, first);
