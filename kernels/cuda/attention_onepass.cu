@@ -75,7 +75,7 @@ template <typename W, int WARPS_, int BM_> struct bwd_tiles {
   static_assert(BN % BM_ == 0, "a key tile starts a query chunk");
 };
 
-template <typename T, typename W, typename C>
+template <typename T, typename W, typename C, bool SPLIT>
 __global__ void __launch_bounds__(C::NT)
     attn_bwd_onepass_kernel(T *dq, T *dk, T *dv, float *dq_acc, unsigned *counts, unsigned *tickets,
                             const T *dout, const T *q, const T *k, const T *v, const float *lse,
@@ -98,18 +98,20 @@ __global__ void __launch_bounds__(C::NT)
   T *sS = sdO + 2 * BM * P;            /* (BN, PS): dS^T of the chunk, keys by queries */
   float *sL = (float *)(sS + BN * PS); /* 2 x (BM): lse * log2(e), 0 past T */
   float *sD = sL + 2 * BM;             /* 2 x (BM): delta, 0 past T */
-  /* The block's (key tile, kv head, batch) comes from a ticket taken when it starts, the key tiles
-   * from the last, then kv heads, then batches: a block waits only for the block with the next
-   * key tile, whose ticket is smaller, which has started, so the waits end whatever order the
-   * hardware starts blocks in. */
+  /* The block's (key tile, heads, batch) comes from a ticket taken when it starts, the key tiles
+   * from the last, then heads, then batches: a block waits only for the block with the next key
+   * tile and the same heads, whose ticket is smaller, which has started, so the waits end whatever
+   * order the hardware starts blocks in. Its heads: a kv head's whole group of query heads, or
+   * with SPLIT one query head (launch's kv_split), its share of dk and dv then going to kv_part. */
   __shared__ unsigned ticket;
   if (threadIdx.x == 0)
     ticket = atomicAdd(tickets, 1u);
   __syncthreads();
   const int kt = (int)(gridDim.x - 1 - ticket % gridDim.x);
-  const int hk = (int)(ticket / gridDim.x % gridDim.y);
+  const int hs = (int)(ticket / gridDim.x % gridDim.y);
   const int b = (int)(ticket / gridDim.x / gridDim.y);
   const int group = H / Hkv;
+  const int hk = SPLIT ? hs / group : hs;
   const int k0 = kt * BN;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
@@ -119,13 +121,15 @@ __global__ void __launch_bounds__(C::NT)
   const int n_qc = (T_ + BM - 1) / BM; /* query chunks of a head */
   const int ci0 = k0 / BM;             /* this block's first chunk: the one starting at k0 */
   const int n_chunks = n_qc - ci0;
-  const int n_it = group * n_chunks;
-
-  /* Iteration `it`: chunk ci0 + it / group of head hk * group + it % group; block kt + 1 visits
-   * the same (head, chunk) group * BN / BM iterations earlier. */
+  const int n_it = SPLIT ? n_chunks : group * n_chunks;
+  /* Iteration `it`: chunk ci0 + it / group of head hk * group + it % group (with SPLIT: chunk
+   * ci0 + it of head hs); block kt + 1 visits the same (head, chunk) group * BN / BM (BN / BM)
+   * iterations earlier. */
+  auto head_of = [&](int it) { return SPLIT ? hs : hk * group + it % group; };
+  auto chunk_of = [&](int it) { return ci0 + (SPLIT ? it : it / group); };
   auto load_chunk = [&](int it, int buf) {
-    int h = hk * group + it % group;
-    int i0 = (ci0 + it / group) * BM;
+    int h = head_of(it);
+    int i0 = chunk_of(it) * BM;
     kv_load_chunk<BM, W, NT>(sQ, sdO, sL, sD, q, dout, lse, delta, b, h, H, T_, D, i0, buf);
   };
 
@@ -139,7 +143,7 @@ __global__ void __launch_bounds__(C::NT)
   auto release = [&](int it) {
     if (kt == 0 || threadIdx.x != 0)
       return; /* key tile 0 writes dq and lets no one on */
-    const int h = hk * group + it % group, ci = ci0 + it / group;
+    const int h = head_of(it), ci = chunk_of(it);
     __threadfence();
     st_release(counts + ((size_t)b * H + h) * n_qc + ci, (unsigned)(diagonal(ci * BM) - kt) + 1);
   };
@@ -166,7 +170,7 @@ __global__ void __launch_bounds__(C::NT)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const int h = hk * group + it % group, ci = ci0 + it / group, i0 = ci * BM;
+    const int h = head_of(it), ci = chunk_of(it), i0 = ci * BM;
     const T *Qc = sQ + buf * BM * P, *dOc = sdO + buf * BM * P;
     const float *Lc = sL + buf * BM, *Dc = sD + buf * BM;
 
@@ -257,9 +261,58 @@ __global__ void __launch_bounds__(C::NT)
   }
   release(n_it - 1); /* the last chunk's, after the loop's last barrier */
 
-  T *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * D;
-  T *dvb = dv + (size_t)b * T_ * ks + (size_t)hk * D;
-  kv_store<T, W>(dkb, dvb, dka, dva, ks, key_lo, key_hi, T_, D, scale, c);
+  if constexpr (!SPLIT) {
+    T *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * D;
+    T *dvb = dv + (size_t)b * T_ * ks + (size_t)hk * D;
+    kv_store<T, W>(dkb, dvb, dka, dva, ks, key_lo, key_hi, T_, D, scale, c);
+  } else {
+    /* This head's sums, unscaled, at (b, key, hk, its index in the group), in the scratch after
+     * the dq sums: kv_sum_kernel adds the group's in order. */
+    float *kv_part = dq_acc + (size_t)gridDim.z * H * n_qc * BM * DP;
+    const size_t n_part = (size_t)gridDim.z * T_ * H * DP; /* floats of each of dk, dv */
+#pragma unroll
+    for (int dt = 0; dt < ND; dt++) {
+      const int d = dt * 8 + 2 * c;
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int key = r ? key_hi : key_lo;
+        if (key >= T_)
+          continue;
+        /* (b, key, hk, hs - hk * group) = (b, key, hs): the group's heads side by side */
+        const size_t at = (((size_t)b * T_ + key) * H + hs) * DP + d;
+        __stcg((float2 *)(kv_part + at), make_float2(dka[dt][2 * r], dka[dt][2 * r + 1]));
+        __stcg((float2 *)(kv_part + n_part + at), make_float2(dva[dt][2 * r], dva[dt][2 * r + 1]));
+      }
+    }
+  }
+}
+
+/* dk and dv of a split launch: for each (batch, key, kv head) and column pair, the parts' sums
+ * added in part order (so fixed bits), dk scaled as kv_store scales it, stored in T. */
+template <typename T, typename W>
+__global__ void kv_sum_kernel(T *dk, T *dv, const float *kv_part, size_t rows, int split, int D,
+                              float scale) {
+  constexpr int DP = W::DP;
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= rows * (DP / 2))
+    return;
+  const size_t row = i / (DP / 2);
+  const int d = (int)(i % (DP / 2)) * 2;
+  if (W::PAD && d >= D)
+    return;
+  const size_t n_part = rows * split * DP;
+  const float *pk = kv_part + row * split * DP + d, *pv = pk + n_part;
+  float2 sk = __ldcg((const float2 *)pk), sv = __ldcg((const float2 *)pv);
+  for (int s = 1; s < split; s++) {
+    float2 xk = __ldcg((const float2 *)(pk + (size_t)s * DP));
+    float2 xv = __ldcg((const float2 *)(pv + (size_t)s * DP));
+    sk.x = __fadd_rn(sk.x, xk.x);
+    sk.y = __fadd_rn(sk.y, xk.y);
+    sv.x = __fadd_rn(sv.x, xv.x);
+    sv.y = __fadd_rn(sv.y, xv.y);
+  }
+  store_pair(dk + row * D + d, __fmul_rn(sk.x, scale), __fmul_rn(sk.y, scale));
+  store_pair(dv + row * D + d, sv.x, sv.y);
 }
 
 /* ---- forward with 128 query rows a block: two 16-row tiles per warp ----
@@ -434,18 +487,30 @@ template <typename W, typename C> void scratch_layout(int B, int T, int H, size_
   *n = (size_t)B * H * n_qc;
 }
 
+/* Blocks a kv head's query heads are dealt to: one head a block where the group has more than one
+ * (grouped-query heads), so that no block holds a group's worth of the longest key tile's work
+ * (with the whole group in a block, key tile 0's blocks, which start last, set the kernel's end:
+ * Qwen2-7B's 28 heads on 4, 5.11 ms against 3.35 for llama-7b's 32 on 32; a model of the blocks'
+ * list schedule, docs/cuda-kernels.md, predicts the kernel 1.64x its ideal whole and 1.09x split).
+ * Their shares of dk and dv are then summed in a kernel of their own, in a fixed order. */
+static int kv_split(int H, int Hkv) { return H / Hkv; }
+
 template <typename E, typename W, typename C>
 int launch(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta, const void *dout,
            const void *q, const void *k, const void *v, const float *lse, int B, int T, int H,
            int Hkv, int D) {
-  auto kern = attn_bwd_onepass_kernel<E, W, C>;
+  const int split = kv_split(H, Hkv);
+  auto kern =
+      split > 1 ? attn_bwd_onepass_kernel<E, W, C, true> : attn_bwd_onepass_kernel<E, W, C, false>;
   if (C::smem > c->smem_optin)
     return 1; /* a device with less shared memory: the two-pass kernels */
   size_t acc_bytes, n_counts;
   scratch_layout<W, C>(B, T, H, &acc_bytes, &n_counts);
+  const size_t rows = (size_t)B * T * Hkv; /* of dk and dv */
+  /* the dq sums, the parts of dk and dv (split > 1), the counters and the ticket counter */
+  const size_t part_bytes = split > 1 ? 2 * rows * split * W::DP * sizeof(float) : 0;
   void *scratch;
-  /* the counters, then the ticket counter, zeroed together */
-  const size_t need = acc_bytes + (n_counts + 1) * sizeof(unsigned);
+  const size_t need = acc_bytes + part_bytes + (n_counts + 1) * sizeof(unsigned);
   if (need > c->scratch_bytes) {
     /* Growing the scratch frees it first. Where even that leaves too little device memory (a
      * plan that took nearly all of it, a long sequence), the two-pass kernels, which need no
@@ -457,16 +522,23 @@ int launch(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta, 
   }
   TZ_CHECK(tz_cuda_scratch(c, need, &scratch));
   float *acc = (float *)scratch;
-  unsigned *counts = (unsigned *)((char *)scratch + acc_bytes);
+  float *part = (float *)((char *)scratch + acc_bytes); /* split > 1: as the kernel finds it */
+  unsigned *counts = (unsigned *)((char *)scratch + acc_bytes + part_bytes);
   TZ_CU(cudaMemsetAsync(counts, 0, (n_counts + 1) * sizeof(unsigned), c->stream));
   TZ_CU(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)C::smem));
   float scale = 1.0f / sqrtf((float)D);
-  dim3 grid((unsigned)((T + C::BN - 1) / C::BN), (unsigned)Hkv, (unsigned)B);
+  dim3 grid((unsigned)((T + C::BN - 1) / C::BN), (unsigned)(Hkv * split), (unsigned)B);
   kern<<<grid, C::NT, C::smem, c->stream>>>(
       (E *)dq, (E *)dk, (E *)dv, acc, counts, counts + n_counts, (const E *)dout, (const E *)q,
       (const E *)k, (const E *)v, lse, delta, T, H, Hkv, D, scale, scale * LOG2E);
   TZ_CU_LAUNCHED();
+  if (split > 1) {
+    const size_t n = rows * (W::DP / 2);
+    kv_sum_kernel<E, W><<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>((E *)dk, (E *)dv, part,
+                                                                            rows, split, D, scale);
+    TZ_CU_LAUNCHED();
+  }
   return 0;
 }
 
