@@ -19,9 +19,10 @@
  *     0 adds its share to the sum it reads, scales by 1 / sqrt(D) and writes dq in the storage
  *     dtype instead.
  *
- * A block only waits for the block of the same (kv head, batch) with the next key tile. Blocks
- * take their (key tile, kv head, batch) from a ticket drawn when they start, the last key tile
- * first, so the block waited for has always started, and the waits end whatever order the
+ * A block only waits for the block of the same heads and batch with the next key tile. Blocks
+ * take their (key tile, heads, batch) from a ticket drawn when they start (heads: a kv head's
+ * group, or with grouped kv heads one query head, launch's kv_split), the last key tile first,
+ * so the block waited for has always started, and the waits end whatever order the
  * hardware starts blocks in. Each block visits its query chunks from its diagonal to the last:
  * block kt + 1 reaches each chunk BN / BM chunks (of every head of the group) before block kt
  * does, so the addition block kt waits for is in general long done, and no block waits at its
