@@ -152,21 +152,25 @@ static void test_read_entry(void **state) {
   assert_same(&r, &want); /* the rates beside the CPU's Adam 0: the entry has none */
 }
 
+/* Sets field `name` of the set-up without an NVMe directory in the cache at path to v. */
+static void set_entry_field(const char *path, const char *name, double v) {
+  json_error_t err;
+  json_t *root = json_load_file(path, 0, &err);
+  assert_non_null(root);
+  json_object_set_new(json_object_get(root, "cpu|nvme:-"), name, json_real(v));
+  assert_int_equal(json_dump_file(root, path, JSON_INDENT(2)), 0);
+  json_decref(root);
+}
+
 /* The rates beside the CPU's Adam came after version 4's other fields: an entry without them
  * (every entry above) is used, they 0 (unknown); with them, they are read too. */
 static void test_entry_with_beside_rates(void **state) {
   struct env *e = *state;
   snprintf(e->path, sizeof e->path, "%s/beside.json", e->dir);
   write_entry(e->path, NULL);
-  json_error_t err;
-  json_t *root = json_load_file(e->path, 0, &err);
-  assert_non_null(root);
-  json_t *entry = json_object_get(root, "cpu|nvme:-");
-  json_object_set_new(entry, "adam_home_busy", json_real(3.25e8));
-  json_object_set_new(entry, "copy_in_adam", json_real(1.75e10));
-  json_object_set_new(entry, "copy_out_adam", json_real(2.25e10));
-  assert_int_equal(json_dump_file(root, e->path, JSON_INDENT(2)), 0);
-  json_decref(root);
+  set_entry_field(e->path, "adam_home_busy", 3.25e8);
+  set_entry_field(e->path, "copy_in_adam", 1.75e10);
+  set_entry_field(e->path, "copy_out_adam", 2.25e10);
   struct tz_plan_rates r;
   TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
   assert_true(r.flops == 1.5e11); /* the entry's, not measured */
@@ -175,10 +179,7 @@ static void test_entry_with_beside_rates(void **state) {
   assert_true(r.copy_out_adam == 2.25e10);
   /* a negative one is no rate: the entry is measured again */
   write_entry(e->path, NULL);
-  root = json_load_file(e->path, 0, &err);
-  json_object_set_new(json_object_get(root, "cpu|nvme:-"), "copy_in_adam", json_real(-1));
-  assert_int_equal(json_dump_file(root, e->path, JSON_INDENT(2)), 0);
-  json_decref(root);
+  set_entry_field(e->path, "copy_in_adam", -1);
   TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
   assert_true(r.flops != 1.5e11 && r.copy_in_adam == 0);
 }

@@ -485,6 +485,15 @@ fail:
   return rc;
 }
 
+/* A copy each way at once over the probe's link: host -> hbm and hbm -> host. */
+static struct transfers both_ways(struct link_probe *lp, tz_runtime *rt) {
+  return (struct transfers){.rt = rt,
+                            .n = 2,
+                            .dst = {&lp->d[0], &lp->h[1]},
+                            .src = {&lp->h[0], &lp->d[1]},
+                            .bytes = GPU_COPY_BYTES};
+}
+
 /* copy_in (host -> hbm), copy_out (hbm -> host), copy_duplex (the two at once, summed), each
  * beside the other (copy_in_both, copy_out_both) and, with local, copy_local (hbm -> hbm). With
  * comm, every rank of it runs each probe at the same time (a barrier before each), as the ranks'
@@ -501,11 +510,7 @@ static int link_probe_time(struct link_probe *lp, tz_runtime *rt, tz_comm *comm,
     rc = time_transfer(rt, &lp->h[1], &lp->d[1], GPU_COPY_BYTES, 1, &r->copy_out);
   /* The two directions share part of the link's capacity (on an H200: 55 GB/s each alone, 92
    * together), so the plan needs their sum measured at once. */
-  struct transfers both = {.rt = rt,
-                           .n = 2,
-                           .dst = {&lp->d[0], &lp->h[1]},
-                           .src = {&lp->h[0], &lp->d[1]},
-                           .bytes = GPU_COPY_BYTES};
+  struct transfers both = both_ways(lp, rt);
   TZ_CHECK(barrier(comm));
   if (rc == 0)
     rc = time_transfers(&both, 1, &r->copy_duplex);
@@ -548,14 +553,16 @@ static void *adam_beside_run(void *arg) {
   return NULL;
 }
 
-/* Passes of a that started at or after `from` and ended by `to`: their elements over their time
- * (0 if none). */
-static double adam_within(const struct adam_beside *a, int n, double from, double to) {
+/* The first n passes of a that started at or after `from` and ended by `to`: their elements over
+ * their time (0 if none); *count how many. */
+static double adam_within(const struct adam_beside *a, int n, double from, double to, int *count) {
   double elems = 0, s = 0;
+  *count = 0;
   for (int i = 0; i < n; i++)
     if (a->t0[i] >= from && a->t1[i] <= to) {
       elems += (double)a->x.n;
       s += a->t1[i] - a->t0[i];
+      ++*count;
     }
   return per_second(elems, s);
 }
@@ -598,16 +605,11 @@ static int time_adam_beside_link(struct link_probe *lp, tz_runtime *rt, int thre
   if (rc == 0)
     rc = time_beside(rt, &lp->h[1], &lp->d[1], &lp->d[0], &lp->h[0], GPU_COPY_BYTES,
                      &r->copy_out_adam);
-  struct transfers both = {.rt = rt,
-                           .n = 2,
-                           .dst = {&lp->d[0], &lp->h[1]},
-                           .src = {&lp->h[0], &lp->d[1]},
-                           .bytes = GPU_COPY_BYTES};
+  struct transfers both = both_ways(lp, rt);
   for (;;) {
     to = tz_now_s();
     int n = __atomic_load_n(&a->n, __ATOMIC_ACQUIRE), inside = 0;
-    for (int i = 0; i < n; i++)
-      inside += a->t0[i] >= from && a->t1[i] <= to;
+    adam_within(a, n, from, to, &inside);
     if (rc < 0 || inside >= 2 || to - from > 5.0 || n == BESIDE_PASSES ||
         __atomic_load_n(&a->rc, __ATOMIC_ACQUIRE) < 0)
       break;
@@ -619,7 +621,8 @@ static int time_adam_beside_link(struct link_probe *lp, tz_runtime *rt, int thre
   if (rc == 0)
     rc = a->rc;
   if (rc == 0) {
-    r->adam_home_busy = adam_within(a, a->n, from, to);
+    int inside;
+    r->adam_home_busy = adam_within(a, a->n, from, to, &inside);
     if (r->adam_home_busy <= 0)
       rc = tz_err_set(TZ_ETIMEDOUT,
                       "rates: no pass of the CPU's Adam ended within %.1f s of "
