@@ -1293,8 +1293,8 @@ static void test_attention_families(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
-/* The one-pass backward's tiles (tz_compute_params.attention_tiles; bf16 at head dim 128, the
- * others run the default): each against the float64 reference and twice to the same bits, at
+/* The one-pass backward's tiles (tz_compute_params.attention_tiles; bf16 at head dims 128, 64
+ * and 96, the others run the default): each against the float64 reference and twice to the same bits, at
  * sequence lengths of one chunk, of many (the key tiles' additions to each chunk's dq wait for
  * each other, up to 17 of them at T = 1030 with 64-key tiles, 64 at T = 4096), and not a
  * multiple of either tile, with grouped-query heads (up to Qwen2.5's 7:1). */
@@ -1303,7 +1303,8 @@ static void test_attention_onepass_tiles(void **state) {
   g_failures = 0;
   static const int shapes[][5] = {{1, 1, 1, 1, 128},    {1, 64, 8, 2, 128},  {2, 200, 4, 4, 128},
                                   {1, 1030, 4, 1, 128}, {2, 333, 6, 3, 128}, {1, 130, 4, 2, 64},
-                                  {1, 4096, 2, 1, 128}, {1, 300, 14, 2, 128}};
+                                  {1, 4096, 2, 1, 128}, {1, 300, 14, 2, 128}, {1, 1030, 8, 2, 64},
+                                  {1, 333, 8, 2, 96}};
   const char *env = getenv("TZ_CUDA_ATTENTION");
   int forced = env && strcmp(env, "simple") == 0;
   for (int tiles = 0; tiles < 4; tiles++) {

@@ -545,14 +545,18 @@ int launch(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta, 
 
 /* The tiles by index (tz_compute_params.attention_tiles, tz_cuda_attention_tile_names in
  * compute.h): 0, 4 warps (64 keys) and query chunks of 32, built for every shape, the one-pass
- * mode's default; the others built for bf16 at head dim 128's exact width only (the benchmark's
- * shape, to keep the build small), timed by tz-bench layer; 3 (8x64) is what auto runs
- * (tz_cuda_attention_onepass_tiles, below). */
+ * mode's default; the others built for bf16 only, at the widths of the models' common head dims
+ * (128 and 64 exact, 96 padded; to keep the build small), timed by tz-bench layer; 3 (8x64) is
+ * what auto runs (tz_cuda_attention_onepass_tiles, below). */
+template <typename W> constexpr bool all_tiles() {
+  return (W::DP == 128 && !W::PAD) || (W::DP == 64 && !W::PAD) || (W::DP == 96 && W::PAD);
+}
+
 template <typename E, typename W>
 int launch_tiles(struct tz_cuda *c, int which, void *dq, void *dk, void *dv, const float *delta,
                  const void *dout, const void *q, const void *k, const void *v, const float *lse,
                  int B, int T, int H, int Hkv, int D) {
-  if constexpr (W::DP == 128 && !W::PAD && std::is_same<E, __nv_bfloat16>::value) {
+  if constexpr (all_tiles<W>() && std::is_same<E, __nv_bfloat16>::value) {
     switch (which) {
     case 1:
       return launch<E, W, bwd_tiles<W, 4, 64>>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
