@@ -57,8 +57,8 @@ enum tz_cuda_kernels {
   TZ_CUDA_KERNELS_ENV = 0,
   TZ_CUDA_KERNELS_BEST,  /* attention: the tensor-core kernels where the shape allows, the
                           * backward in one pass where that was measured faster (bf16, head dim
-                          * 128: docs/cuda-kernels.md), else in two; matmul:
-                          * cuBLASLt */
+                          * 128, or 96 with grouped kv heads: docs/cuda-kernels.md), else in two;
+                          * matmul: cuBLASLt */
   TZ_CUDA_KERNELS_PLAIN, /* the plain kernels for every call (attention "simple", matmul "plain") */
   TZ_CUDA_KERNELS_ONE_PASS, /* attention "one-pass": the tensor-core kernels, and the backward in
                              * one pass over the key tiles (5 tile products instead of 7); matmul:

@@ -614,10 +614,12 @@ int tz_cuda_attention_fwd_onepass(struct tz_cuda *c, void *out, float *lse, cons
  * tools/gpu-check.sh attnshapes; docs/cuda-kernels.md), in its 8x64 tiles it is faster than the
  * two-pass kernels for bf16 at head dim 128, with a kv head per query head (3.35 ms against 3.96
  * for attention at T 2048, 11.85 against 13.43 at 8192, even at 128) and with grouped kv heads
- * since each query head has a block of its own (Qwen2-7B's 28/4: 3.09 against 4.42); at the
- * other head dims (where only 4x32 is built) it is slower or even (64 and 96 with 32/8: 2.22
- * against 2.15, 3.66 against 3.40). */
+ * since each query head has a block of its own (Qwen2-7B's 28/4: 3.09 against 4.42; 32/8: 3.42
+ * against 3.97), and at head dim 96 with grouped kv heads (32/8: 2.98 against 3.19); at 64 it is
+ * slower (32/8: 2.29 against 2.16), and at 80 and at 96 with a kv head per head it was not
+ * measured in these tiles (at 80, 4x32: 3.61 against 2.53). */
 int tz_cuda_attention_onepass_tiles(const struct tz_cuda *c, int H, int Hkv, int D) {
-  (void)H, (void)Hkv;
-  return c->S == TZ_BF16 && D == 128 ? 3 : -1;
+  if (c->S != TZ_BF16)
+    return -1;
+  return D == 128 || (D == 96 && Hkv < H) ? 3 : -1;
 }
