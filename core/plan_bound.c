@@ -182,6 +182,13 @@ struct sim {
   double coll;                       /* the comm's lane (overlapped collectives): where it ends */
   double moved[TZ_PLAN_TIERS], link; /* link: bytes over the host link, a step */
   double disk_r, disk_w;             /* bytes read from and written to nvme */
+  /* The CPU's Adam at the homes beside the GPU's streamed opt phases (sim_contends): both share
+   * host memory, so the home phases run at adam_home_busy and a copy moves at copy_in_adam or
+   * copy_out_adam while a step's home phases run, from the first one's start to the last one's
+   * end (span_lo[s], span_hi[s], as far as they have been simulated when the copy is issued: in
+   * the folded step the home phases come first, so a step's span is known before its copies). */
+  int contend;
+  double span_lo[2], span_hi[2];
 };
 
 static void sim_free(struct sim *m) {
@@ -259,6 +266,54 @@ static int sim_ahead(struct sim *m, uint64_t room, int cap) {
   return fewest;
 }
 
+/* Whether the step runs the CPU's Adam at the homes beside GPU opt phases whose blocks cross the
+ * host link (a placement of split Adam), with the rates both reach beside each other measured
+ * (tz_plan_rates.adam_home_busy, copy_in_adam, copy_out_adam) and the home phases on their own
+ * cores. */
+static int sim_contends(const struct tz_plan_request *r, const int8_t *tiers) {
+  const struct tz_plan_rates *rt = &r->rates;
+  if (rt->adam_home_busy <= 0 || rt->copy_in_adam <= 0 || rt->copy_out_adam <= 0 ||
+      r->home_on_compute)
+    return 0;
+  int home = 0, streamed = 0;
+  for (int p = 0; p < r->n_phases; p++) {
+    const struct tz_plan_phase *ph = &r->phases[p];
+    if (ph->adam_elems <= 0)
+      continue;
+    if (ph->at_home) {
+      home = 1;
+      continue;
+    }
+    for (int u = 0; u < ph->n_uses; u++)
+      streamed |= tiers[ph->uses[u].group * TZ_PLAN_KINDS + ph->uses[u].kind] != TZ_PLAN_COMPUTE;
+  }
+  return home && streamed;
+}
+
+/* The time a copy of b bytes takes on a link lane from `at`: at `alone` outside the steps' home
+ * spans, at `beside` inside them (struct sim, contend). */
+static double link_time(struct sim *m, double at, double b, double alone, double beside) {
+  if (!m->contend || b <= 0 || alone <= 0)
+    return cost(b, alone, &m->unknown);
+  double now = at, left = b;
+  for (int s = 0; s < 2; s++) {
+    double lo = m->span_lo[s], hi = m->span_hi[s];
+    if (hi <= lo || hi <= now)
+      continue;
+    if (now < lo) {
+      if ((lo - now) * alone >= left)
+        return now + left / alone - at;
+      left -= (lo - now) * alone;
+      now = lo;
+    }
+    if ((hi - now) * beside >= left)
+      return now + left / beside - at;
+    left -= (hi - now) * beside;
+    now = hi;
+  }
+  return now + left / alone - at;
+}
+
 /* Home phase p of step s, instance idx, entered at gate. */
 static void sim_home_phase(struct sim *m, int s, int p, int idx, double gate) {
   const struct tz_plan_request *r = m->r;
@@ -275,7 +330,10 @@ static void sim_home_phase(struct sim *m, int s, int p, int idx, double gate) {
   }
   start = max2(start, inputs);
   /* Sharing the compute lane's cores, the CPU's Adam is that lane's when not measured. */
-  double home_rate = rt->adam_home > 0 ? rt->adam_home : r->home_on_compute ? rt->adam : 0;
+  double home_rate = m->contend           ? rt->adam_home_busy
+                     : rt->adam_home > 0   ? rt->adam_home
+                     : r->home_on_compute ? rt->adam
+                                           : 0;
   double d = cost(ph->flop, rt->flops, &m->unknown) + cost(ph->adam_elems, home_rate, &m->unknown);
   double done, begin;
   if (r->home_on_compute) {
@@ -290,6 +348,8 @@ static void sim_home_phase(struct sim *m, int s, int p, int idx, double gate) {
     begin = max2(m->home, start);
     m->home = begin + d;
     done = m->home;
+    m->span_lo[s] = m->span_lo[s] < begin ? m->span_lo[s] : begin;
+    m->span_hi[s] = max2(m->span_hi[s], done);
     if (s == 1)
       m->home_s += d;
   }
@@ -339,8 +399,9 @@ static double sim_copies_in(struct sim *m, int s, int p, int idx, double room_at
         m->disk_r += b;
       }
     }
-    double d = cost(b, rt->copy_in, &m->unknown);
-    m->lane[LANE_IN] = max2(m->lane[LANE_IN], at) + d;
+    double from = max2(m->lane[LANE_IN], at);
+    double d = link_time(m, from, b, rt->copy_in, rt->copy_in_adam);
+    m->lane[LANE_IN] = from + d;
     ready = max2(ready, m->lane[LANE_IN]);
     if (s == 1) {
       m->busy[LANE_IN] += d;
@@ -391,8 +452,9 @@ static void sim_write_backs(struct sim *m, int s, int p, int idx) {
     if (!(x->access & 2) || t == TZ_PLAN_COMPUTE) /* read only, or written in place */
       continue;
     double b = (double)r->bytes[x->group][x->kind];
-    double d2 = cost(b, rt->copy_out, &m->unknown);
-    m->lane[LANE_OUT] = max2(m->lane[LANE_OUT], m->comp) + d2;
+    double from = max2(m->lane[LANE_OUT], m->comp);
+    double d2 = link_time(m, from, b, rt->copy_out, rt->copy_out_adam);
+    m->lane[LANE_OUT] = from + d2;
     m->back_at[x->group * TZ_PLAN_KINDS + x->kind] = m->lane[LANE_OUT];
     if (s == 1) {
       m->busy[LANE_OUT] += d2;
@@ -471,7 +533,14 @@ void tz_plan_simulate(const struct tz_plan_request *r, const int8_t *tiers, uint
   int cap = r->lookahead > 0 ? r->lookahead : n;
   if (cap > n)
     cap = n;
-  struct sim m = {.r = r, .tiers = tiers, .rt = &r->rates, .n = n, .ev = ev};
+  struct sim m = {.r = r,
+                  .tiers = tiers,
+                  .rt = &r->rates,
+                  .n = n,
+                  .ev = ev,
+                  .contend = sim_contends(r, tiers),
+                  .span_lo = {1e300, 1e300},
+                  .span_hi = {-1e300, -1e300}};
   if (sim_alloc(&m, room) < 0) {
     out->bound_s = out->compute_s = out->path_s = out->link_s = out->host_mem_s = 0;
     for (int i = 0; i < TZ_PLAN_TIERS + 1; i++)

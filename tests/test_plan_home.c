@@ -168,7 +168,9 @@ static void test_home_first_bound(void **state) {
 /* Host memory as a lane of its own: with the rates the CPU's Adam and the link reach beside each
  * other, the step takes at least what both move through host memory (the link's bytes, and each
  * element the CPU updates at home_adam_bytes) over their sum; not costed without those rates, or
- * without the bytes an element moves. Here that lane is slower than the home-first path. */
+ * without the bytes an element moves. With those rates the home phases also run at the CPU's
+ * rate beside the link (here half its rate alone: the home-first path of test_home_first_bound
+ * with twice the CPU's time), and the bound is the larger of the two. */
 static void test_host_memory_lane(void **state) {
   (void)state;
   uint64_t bytes[NB][TZ_PLAN_KINDS];
@@ -184,7 +186,8 @@ static void test_host_memory_lane(void **state) {
   r.rates.adam_home_busy = 1e8;
   TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &no_bytes)); /* home_adam_bytes 0 */
   assert_true(no_bytes.host_mem_s == 0);
-  assert_close(no_bytes.bound_s, alone.bound_s);
+  assert_close(no_bytes.lane_s[3], 2 * alone.lane_s[3]);
+  assert_close(no_bytes.bound_s, 2 * NC * h + t + c + bwd);
   r.home_adam_bytes = 30;
   double rate = 2.0 * (double)S / t + 1e8 * 30;
   assert_close(tz_plan_host_mem_rate(&r.rates, 30), rate);
@@ -193,13 +196,67 @@ static void test_host_memory_lane(void **state) {
   double host_bytes = (double)((NG + NC) * S + NG * S) + NC * 1e6 * 30;
   assert_close(with.host_mem_s, host_bytes / rate);
   assert_true(with.host_mem_s > alone.bound_s);
-  assert_close(with.bound_s, with.host_mem_s);
-  assert_close(with.lane_s[3], alone.lane_s[3]); /* the lanes themselves keep their rates */
-  /* One of the rates unknown: not costed. */
+  assert_close(with.bound_s, with.host_mem_s > no_bytes.bound_s ? with.host_mem_s : no_bytes.bound_s);
+  /* The lane's term is a mediant of the link's and the CPU's times at those rates, so with the
+   * lanes at them too (the GPU's opt phases streaming beside the CPU) it never passes both. */
+  r.rates.adam_home_busy = r.rates.adam_home;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &with));
+  assert_true(with.host_mem_s > 0 && with.host_mem_s <= with.path_s);
+  /* One of the rates unknown: neither costed. */
   r.rates.copy_out_adam = 0;
   assert_true(tz_plan_host_mem_rate(&r.rates, 30) == 0);
   TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &with));
   assert_close(with.bound_s, alone.bound_s);
+  assert_close(with.lane_s[3], alone.lane_s[3]);
+}
+
+/* The link's lanes beside the CPU's Adam (tz_plan_rates.copy_in_adam, copy_out_adam): a copy
+ * moves at those rates while the step's home phases run and at its rate alone outside them. The
+ * same rates beside as alone give the same bound and lanes; the link at half its rate beside the
+ * CPU slows each copy inside the CPU's span, at most twice; without home phases, or with every
+ * GPU-stepped block in the compute tier (no state crosses the link beside the CPU), the rates
+ * beside are not taken. */
+static void test_link_beside_home(void **state) {
+  (void)state;
+  uint64_t bytes[NB][TZ_PLAN_KINDS];
+  int8_t tiers[NB * TZ_PLAN_KINDS];
+  split_homes(bytes, tiers);
+  struct tz_plan_phase first[NP];
+  build_step(first, 1);
+  struct tz_plan_request r = request(bytes, first);
+  struct tz_plan alone, same, half;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &alone));
+  r.rates.copy_in_adam = r.rates.copy_in;
+  r.rates.copy_out_adam = r.rates.copy_out;
+  r.rates.adam_home_busy = r.rates.adam_home;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &same));
+  assert_close(same.bound_s, alone.bound_s);
+  for (int i = 0; i < 4; i++)
+    assert_close(same.lane_s[i], alone.lane_s[i]);
+  r.rates.copy_in_adam = r.rates.copy_in / 2;
+  r.rates.copy_out_adam = r.rates.copy_out / 2;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &half));
+  assert_close(half.lane_s[3], alone.lane_s[3]);
+  for (int i = 0; i < 2; i++) {
+    assert_true(half.lane_s[i] > alone.lane_s[i] * (1 + 1e-9));
+    assert_true(half.lane_s[i] <= 2 * alone.lane_s[i] * (1 + 1e-9));
+  }
+  assert_true(half.bound_s >= alone.bound_s);
+  /* The CPU-stepped blocks' parameters are copied in after their update, the second one after
+   * the CPU's span has ended: its copy at the rate alone, so the copies in are not all slowed. */
+  assert_true(half.lane_s[0] < 2 * alone.lane_s[0] * (1 - 1e-9));
+  /* Every master in the compute tier: nothing streams beside the CPU. */
+  int8_t resident[NB * TZ_PLAN_KINDS];
+  memcpy(resident, tiers, sizeof resident);
+  for (int g = 0; g < NG; g++)
+    resident[g * TZ_PLAN_KINDS + TZ_PLAN_MASTER] = TZ_PLAN_COMPUTE;
+  struct tz_plan a2, h2;
+  struct tz_plan_request r0 = request(bytes, first);
+  TZ_ASSERT_OK(tz_plan_bound(&r0, resident, S + chunk, &a2));
+  TZ_ASSERT_OK(tz_plan_bound(&r, resident, S + chunk, &h2));
+  assert_close(h2.bound_s, a2.bound_s);
+  for (int i = 0; i < 4; i++)
+    assert_close(h2.lane_s[i], a2.lane_s[i]);
 }
 
 /* ---- the trainer's order and bits ---- */
@@ -333,6 +390,7 @@ int main(int argc, char **argv) {
   nvme_dir = tz_test_mkdtemp("tz_plan_home");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_home_first_bound), cmocka_unit_test(test_host_memory_lane),
+      cmocka_unit_test(test_link_beside_home),
       cmocka_unit_test(test_home_first_order), cmocka_unit_test(test_home_first_same_bits),
       cmocka_unit_test(test_search_by_blocks),
   };
