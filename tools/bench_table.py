@@ -452,6 +452,35 @@ def meminfo_gib():
     return v.get("MemAvailable"), v.get("MemTotal")
 
 
+def host_state():
+    """What of the host's state can change a run's speed beside its own work, at the run's start:
+    memory free, available, cached and dirty (GiB, /proc/meminfo), transparent huge pages'
+    settings and the load average (issue 25's peers ran 38% slower at llama-3b on one machine
+    than on another, tz-train not)."""
+    out = {}
+    keys = {"MemFree": "mem_free_gib", "MemAvailable": "mem_available_gib", "Cached": "cached_gib",
+            "Dirty": "dirty_gib", "AnonHugePages": "anon_huge_gib"}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, _, rest = line.partition(":")
+                if k in keys:
+                    out[keys[k]] = round(int(rest.split()[0]) / 2**20, 2)
+    except (OSError, ValueError, IndexError):
+        pass
+    for name in ("enabled", "defrag"):
+        try:
+            with open("/sys/kernel/mm/transparent_hugepage/" + name) as f:
+                out["thp_" + name] = f.read().strip()
+        except OSError:
+            pass
+    try:
+        out["loadavg"] = [float(x) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return out
+
+
 class MemoryWatchdog:
     """Kills the command (kill(), SIGKILL to its process group) when the host's MemAvailable falls
     under floor GiB, so that a run that would exhaust the host's memory ends before the kernel's
@@ -676,6 +705,7 @@ def run(args):
     }
     if args.tag:
         res["tag"] = args.tag
+    res["host_before"] = host_state()
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("TZ_") and k != "TZ_BIN"}
     if env:
         res["env"] = env
@@ -804,10 +834,11 @@ def run(args):
             why, last_error_line(args.log) if args.log else "")
         res["peak_host_gib"] = peak_host
         peer_common.write_json(args.out, res)
-    elif args.tag or peak_gpu is not None:
+    else:
         # The peer wrote its own result; add what only the wrapper knows.
         with open(args.out) as f:
             r = json.load(f)
+        r["host_before"] = res["host_before"]
         if args.tag:
             r["tag"] = args.tag
         if peak_gpu is not None:

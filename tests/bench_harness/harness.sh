@@ -16,10 +16,12 @@ bt=("$root/tools/bench-train.sh" tz-offload tiny --seq 32 --micro-batch 2 --back
 r=$dir/tz-offload-tiny.json
 [ "$(field "$r" steps)" = 2 ] || fail "steps: $(field "$r" steps), expected 2"
 [ "$(field "$r" error)" = None ] || fail "error in a completed run: $(field "$r" error)"
-python3 - "$r" <<'PY' || fail "no step time, tokens/s, set-up or end time in $r"
+python3 - "$r" <<'PY' || fail "no step time, tokens/s, set-up, end time or host state in $r"
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and r["setup_s"] >= 0 and r["end_s"] >= 0
+# the host's state at the start, beside the figures
+assert r["host_before"]["mem_available_gib"] > 0 and "loadavg" in r["host_before"]
 PY
 
 # A model given as a config.json (tz-* runners only): tz-train trains it, the result is named
