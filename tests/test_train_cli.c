@@ -519,7 +519,8 @@ static void test_export_from_checkpoint(void **state) {
 }
 
 /* --trace-step 1 --trace FILE: the file is written and is a Chrome trace of that step (parameters
- * offloaded, so that transfer lanes show); tools/trace_summary.py reads it (where python3 is). */
+ * offloaded, so that transfer lanes and the home lane show); tools/trace_summary.py reads it
+ * (where python3 is). */
 static void test_trace(void **state) {
   (void)state;
   char args[2048];
@@ -568,6 +569,11 @@ static void test_trace(void **state) {
   assert_non_null(strstr(out, "host->compute"));
   assert_non_null(strstr(out, "stalls:"));
   assert_non_null(strstr(out, "host link:"));
+  /* The opt phases of the host-homed blocks run at their homes on the cpu backend: the home
+   * lane apart from the compute lane, and the link's rates beside it and without it. */
+  assert_non_null(strstr(out, "\n  home "));
+  assert_non_null(strstr(out, " phases, "));
+  assert_non_null(strstr(out, "GB/s beside it"));
 }
 
 /* fp16 from the command line: an initial scale of 2^90 overflows; the skipped steps are in the

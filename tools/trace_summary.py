@@ -9,6 +9,9 @@ Prints, for the step's span (from the first to the last event of the trace):
     the step, the bytes it moved and its rate while busy;
   - the compute lane's busy time by kind of phase (the name without its layer and micro-batch
     numbers: fwd, bwd, opt-layer, ...);
+  - the home lane (the CPU's Adam at the homes, the track named "home"), where there is one: its
+    busy time, its phases, when it ran, and the host link's rates while it ran and while it did
+    not (the two share host memory: docs/training.md, "Host memory, shared");
   - the compute lane's stalls: their total, and the N phases that waited longest;
   - the time both directions of the host link were busy at once (lanes named "A->B" where A or
     B is the compute tier), and the time neither was, with the compute lane waiting.
@@ -75,7 +78,7 @@ def main():
     doc = load(a.trace)
     names = {}  # tid -> track name
     lanes = {}  # lane name -> {"spans": [], "bytes": 0}
-    compute, stalls = [], []
+    compute, stalls, home = [], [], []
     kinds = {}  # phase name less its numbers -> [busy us, spans]
     for i, ev in enumerate(doc["traceEvents"]):
         if not isinstance(ev, dict):
@@ -90,7 +93,9 @@ def main():
         except (KeyError, TypeError, ValueError):
             fail(f"{a.trace}: event {i} has no numeric ts and dur")
         tid, cat = ev.get("tid"), ev.get("cat")
-        if cat == "compute":
+        if cat == "compute" and names.get(tid) == "home":
+            home.append((s, s + d))
+        elif cat == "compute":
             compute.append((s, s + d))
             kind = re.sub(r"[0-9.]+$", "", str(ev.get("name", "?"))) or "?"
             k = kinds.setdefault(kind, [0.0, 0])
@@ -105,7 +110,8 @@ def main():
             l = lanes.setdefault(lane, {"spans": [], "bytes": 0})
             l["spans"].append((s, s + d))
             l["bytes"] += int(ev.get("args", {}).get("bytes", 0))
-    every = compute + [(s, e) for s, e, _ in stalls] + [x for l in lanes.values() for x in l["spans"]]
+            l.setdefault("moves", []).append((s, s + d, int(ev.get("args", {}).get("bytes", 0))))
+    every = home + compute + [(s, e) for s, e, _ in stalls] + [x for l in lanes.values() for x in l["spans"]]
     if not every:
         fail(f"{a.trace}: no spans: the traced step recorded nothing")
     t0, t1 = min(s for s, _ in every), max(e for _, e in every)
@@ -124,6 +130,26 @@ def main():
         rate = l["bytes"] / (b * 1e-6) / 1e9 if b > 0 else 0.0
         print(f"  {name:<24} busy {b / 1e3:10.3f} ms  {100 * b / step:5.1f}%  "
               f"{l['bytes'] / 2**30:8.3f} GiB at {rate:7.2f} GB/s")
+    if home:
+        iv_h = union(home)
+        print(f"  {'home':<24} busy {total(iv_h) / 1e3:10.3f} ms  {100 * total(iv_h) / step:5.1f}%  "
+              f"{len(home)} phases, {(min(s for s, _ in home) - t0) / 1e3:.3f} to "
+              f"{(max(e for _, e in home) - t0) / 1e3:.3f} ms")
+        for name in sorted(lanes):
+            # each move's bytes split over its time inside and outside the home lane's spans
+            b_in = t_in = b_out = t_out = 0.0
+            for s, e, nb in lanes[name]["moves"]:
+                inside = total(intersect([[s, e]], iv_h))
+                share = inside / (e - s) if e > s else 0.0
+                b_in += nb * share
+                b_out += nb * (1 - share)
+            busy = union(lanes[name]["spans"])
+            t_in = total(intersect(busy, iv_h))
+            t_out = total(busy) - t_in
+            r_in = b_in / (t_in * 1e-6) / 1e9 if t_in > 0 else 0.0
+            r_out = b_out / (t_out * 1e-6) / 1e9 if t_out > 0 else 0.0
+            print(f"    {name:<22} {r_in:7.2f} GB/s beside it ({t_in / 1e3:.3f} ms busy), "
+                  f"{r_out:7.2f} GB/s without ({t_out / 1e3:.3f} ms)")
     st = union([(s, e) for s, e, _ in stalls])
     print(f"  stalls: {total(st) / 1e3:.3f} ms ({100 * total(st) / step:.1f}% of the step)")
     by_phase = {}
