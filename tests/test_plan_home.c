@@ -165,6 +165,22 @@ static void test_home_first_bound(void **state) {
   assert_close(out, (double)(NG * S));
 }
 
+/* The home-first step of test_home_first_bound, its homes and its bound at the rates alone. */
+struct home_first {
+  uint64_t bytes[NB][TZ_PLAN_KINDS];
+  int8_t tiers[NB * TZ_PLAN_KINDS];
+  struct tz_plan_phase ph[NP];
+  struct tz_plan_request r; /* points into bytes and ph */
+  struct tz_plan alone;
+};
+
+static void home_first_open(struct home_first *f) {
+  split_homes(f->bytes, f->tiers);
+  build_step(f->ph, 1);
+  f->r = request(f->bytes, f->ph);
+  TZ_ASSERT_OK(tz_plan_bound(&f->r, f->tiers, S + chunk, &f->alone));
+}
+
 /* Host memory as a lane of its own: with the rates the CPU's Adam and the link reach beside each
  * other, the step takes at least what both move through host memory (the link's bytes, and each
  * element the CPU updates at home_adam_bytes) over their sum; not costed without those rates, or
@@ -173,85 +189,76 @@ static void test_home_first_bound(void **state) {
  * with twice the CPU's time), and the bound is the larger of the two. */
 static void test_host_memory_lane(void **state) {
   (void)state;
-  uint64_t bytes[NB][TZ_PLAN_KINDS];
-  int8_t tiers[NB * TZ_PLAN_KINDS];
-  split_homes(bytes, tiers);
-  struct tz_plan_phase first[NP];
-  build_step(first, 1);
-  struct tz_plan_request r = request(bytes, first);
-  struct tz_plan alone, with, no_bytes;
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &alone));
-  assert_true(alone.host_mem_s == 0);
+  struct home_first f;
+  home_first_open(&f);
+  struct tz_plan_request r = f.r;
+  struct tz_plan with, no_bytes;
+  assert_true(f.alone.host_mem_s == 0);
   r.rates.copy_in_adam = r.rates.copy_out_adam = (double)S / t;
   r.rates.adam_home_busy = 1e8;
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &no_bytes)); /* home_adam_bytes 0 */
+  TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &no_bytes)); /* home_adam_bytes 0 */
   assert_true(no_bytes.host_mem_s == 0);
-  assert_close(no_bytes.lane_s[3], 2 * alone.lane_s[3]);
+  assert_close(no_bytes.lane_s[3], 2 * f.alone.lane_s[3]);
   assert_close(no_bytes.bound_s, 2 * NC * h + t + c + bwd);
   r.home_adam_bytes = 30;
   double rate = 2.0 * (double)S / t + 1e8 * 30;
   assert_close(tz_plan_host_mem_rate(&r.rates, 30), rate);
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &with));
+  TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &with));
   /* the link: every GPU-stepped master in and out, the CPU-stepped parameters in */
   double host_bytes = (double)((NG + NC) * S + NG * S) + NC * 1e6 * 30;
   assert_close(with.host_mem_s, host_bytes / rate);
-  assert_true(with.host_mem_s > alone.bound_s);
+  assert_true(with.host_mem_s > f.alone.bound_s);
   assert_close(with.bound_s, with.host_mem_s > no_bytes.bound_s ? with.host_mem_s : no_bytes.bound_s);
   /* The lane's term is a mediant of the link's and the CPU's times at those rates, so with the
    * lanes at them too (the GPU's opt phases streaming beside the CPU) it never passes both. */
   r.rates.adam_home_busy = r.rates.adam_home;
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &with));
+  TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &with));
   assert_true(with.host_mem_s > 0 && with.host_mem_s <= with.path_s);
   /* One of the rates unknown: neither costed. */
   r.rates.copy_out_adam = 0;
   assert_true(tz_plan_host_mem_rate(&r.rates, 30) == 0);
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &with));
-  assert_close(with.bound_s, alone.bound_s);
-  assert_close(with.lane_s[3], alone.lane_s[3]);
+  TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &with));
+  assert_close(with.bound_s, f.alone.bound_s);
+  assert_close(with.lane_s[3], f.alone.lane_s[3]);
 }
 
 /* The link's lanes beside the CPU's Adam (tz_plan_rates.copy_in_adam, copy_out_adam): a copy
  * moves at those rates while the step's home phases run and at its rate alone outside them. The
  * same rates beside as alone give the same bound and lanes; the link at half its rate beside the
- * CPU slows each copy inside the CPU's span, at most twice; without home phases, or with every
- * GPU-stepped block in the compute tier (no state crosses the link beside the CPU), the rates
- * beside are not taken. */
+ * CPU slows each copy inside the CPU's span, at most twice; with every GPU-stepped block in the
+ * compute tier (no state crosses the link beside the CPU), the rates beside are not taken. */
 static void test_link_beside_home(void **state) {
   (void)state;
-  uint64_t bytes[NB][TZ_PLAN_KINDS];
-  int8_t tiers[NB * TZ_PLAN_KINDS];
-  split_homes(bytes, tiers);
-  struct tz_plan_phase first[NP];
-  build_step(first, 1);
-  struct tz_plan_request r = request(bytes, first);
-  struct tz_plan alone, same, half;
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &alone));
+  struct home_first f;
+  home_first_open(&f);
+  struct tz_plan_request r = f.r;
+  struct tz_plan same, half;
   r.rates.copy_in_adam = r.rates.copy_in;
   r.rates.copy_out_adam = r.rates.copy_out;
   r.rates.adam_home_busy = r.rates.adam_home;
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &same));
-  assert_close(same.bound_s, alone.bound_s);
+  TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &same));
+  assert_close(same.bound_s, f.alone.bound_s);
   for (int i = 0; i < 4; i++)
-    assert_close(same.lane_s[i], alone.lane_s[i]);
+    assert_close(same.lane_s[i], f.alone.lane_s[i]);
   r.rates.copy_in_adam = r.rates.copy_in / 2;
   r.rates.copy_out_adam = r.rates.copy_out / 2;
-  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &half));
-  assert_close(half.lane_s[3], alone.lane_s[3]);
+  TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &half));
+  assert_close(half.lane_s[3], f.alone.lane_s[3]);
   for (int i = 0; i < 2; i++) {
-    assert_true(half.lane_s[i] > alone.lane_s[i] * (1 + 1e-9));
-    assert_true(half.lane_s[i] <= 2 * alone.lane_s[i] * (1 + 1e-9));
+    assert_true(half.lane_s[i] > f.alone.lane_s[i] * (1 + 1e-9));
+    assert_true(half.lane_s[i] <= 2 * f.alone.lane_s[i] * (1 + 1e-9));
   }
-  assert_true(half.bound_s >= alone.bound_s);
+  assert_true(half.bound_s >= f.alone.bound_s);
   /* The CPU-stepped blocks' parameters are copied in after their update, the second one after
    * the CPU's span has ended: its copy at the rate alone, so the copies in are not all slowed. */
-  assert_true(half.lane_s[0] < 2 * alone.lane_s[0] * (1 - 1e-9));
+  assert_true(half.lane_s[0] < 2 * f.alone.lane_s[0] * (1 - 1e-9));
   /* Every master in the compute tier: nothing streams beside the CPU. */
   int8_t resident[NB * TZ_PLAN_KINDS];
-  memcpy(resident, tiers, sizeof resident);
+  memcpy(resident, f.tiers, sizeof resident);
   for (int g = 0; g < NG; g++)
     resident[g * TZ_PLAN_KINDS + TZ_PLAN_MASTER] = TZ_PLAN_COMPUTE;
   struct tz_plan a2, h2;
-  struct tz_plan_request r0 = request(bytes, first);
+  struct tz_plan_request r0 = request(f.bytes, f.ph);
   TZ_ASSERT_OK(tz_plan_bound(&r0, resident, S + chunk, &a2));
   TZ_ASSERT_OK(tz_plan_bound(&r, resident, S + chunk, &h2));
   assert_close(h2.bound_s, a2.bound_s);
