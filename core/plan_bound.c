@@ -291,10 +291,12 @@ static int sim_contends(const struct tz_plan_request *r, const int8_t *tiers) {
 }
 
 /* The time a copy of b bytes takes on a link lane from `at`: at `alone` outside the steps' home
- * spans, at `beside` inside them (struct sim, contend). */
+ * spans, at `beside` inside them (struct sim, contend), never faster than alone (a probe's noise
+ * can measure it so). */
 static double link_time(struct sim *m, double at, double b, double alone, double beside) {
   if (!m->contend || b <= 0 || alone <= 0)
     return cost(b, alone, &m->unknown);
+  beside = beside < alone ? beside : alone;
   double now = at, left = b;
   for (int s = 0; s < 2; s++) {
     double lo = m->span_lo[s], hi = m->span_hi[s];
@@ -330,10 +332,11 @@ static void sim_home_phase(struct sim *m, int s, int p, int idx, double gate) {
   }
   start = max2(start, inputs);
   /* Sharing the compute lane's cores, the CPU's Adam is that lane's when not measured. */
-  double home_rate = m->contend           ? rt->adam_home_busy
-                     : rt->adam_home > 0   ? rt->adam_home
+  double home_rate = rt->adam_home > 0   ? rt->adam_home
                      : r->home_on_compute ? rt->adam
                                            : 0;
+  if (m->contend && (home_rate <= 0 || rt->adam_home_busy < home_rate))
+    home_rate = rt->adam_home_busy; /* beside the link, never faster than alone */
   double d = cost(ph->flop, rt->flops, &m->unknown) + cost(ph->adam_elems, home_rate, &m->unknown);
   double done, begin;
   if (r->home_on_compute) {

@@ -224,9 +224,10 @@ static void test_host_memory_lane(void **state) {
 
 /* The link's lanes beside the CPU's Adam (tz_plan_rates.copy_in_adam, copy_out_adam): a copy
  * moves at those rates while the step's home phases run and at its rate alone outside them. The
- * same rates beside as alone give the same bound and lanes; the link at half its rate beside the
- * CPU slows each copy inside the CPU's span, at most twice; with every GPU-stepped block in the
- * compute tier (no state crosses the link beside the CPU), the rates beside are not taken. */
+ * same rates beside as alone give the same bound and lanes, and so do faster ones (taken as
+ * alone); the link at half its rate beside the CPU slows each copy inside the CPU's span, at
+ * most twice; with every GPU-stepped block in the compute tier (no state crosses the link beside
+ * the CPU), the rates beside are not taken. */
 static void test_link_beside_home(void **state) {
   (void)state;
   struct home_first f;
@@ -240,6 +241,15 @@ static void test_link_beside_home(void **state) {
   assert_close(same.bound_s, f.alone.bound_s);
   for (int i = 0; i < 4; i++)
     assert_close(same.lane_s[i], f.alone.lane_s[i]);
+  /* Faster beside than alone (a probe's noise): taken as alone. */
+  r.rates.copy_in_adam = 2 * r.rates.copy_in;
+  r.rates.copy_out_adam = 2 * r.rates.copy_out;
+  r.rates.adam_home_busy = 2 * r.rates.adam_home;
+  TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &same));
+  assert_close(same.bound_s, f.alone.bound_s);
+  for (int i = 0; i < 4; i++)
+    assert_close(same.lane_s[i], f.alone.lane_s[i]);
+  r.rates.adam_home_busy = r.rates.adam_home;
   r.rates.copy_in_adam = r.rates.copy_in / 2;
   r.rates.copy_out_adam = r.rates.copy_out / 2;
   TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &half));
