@@ -118,6 +118,8 @@ struct tz_plan_request {
   uint64_t chunk;           /* the runtime's chunk: the scheduler keeps one for its lane */
   uint64_t window;          /* the scheduler's budget; 0: all the compute tier has left */
   int lookahead;            /* phases the scheduler may look ahead; <= 0: unlimited */
+  int no_carry;             /* the scheduler's copies serve only their own step
+                               (tz_sched_params.carry 0): each step reads every block again */
   int force[TZ_PLAN_KINDS]; /* a tier, or TZ_PLAN_AUTO */
   const int8_t *force_each; /* optional (n_groups * TZ_PLAN_KINDS, row-major): a tier per
                                block, or TZ_PLAN_AUTO; wins over force[] */

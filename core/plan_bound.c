@@ -24,7 +24,7 @@ static double max2(double a, double b) { return a > b ? a : b; }
 enum { LANE_IN, LANE_OUT, LANE_NVME };
 
 /* The copies the scheduler's window holds between phases, kept by the scheduler's rule
- * (evict_score in core/sched.c): a miss evicts the copies the current phase does not use,
+ * (evict_score in core/sched_window.c): a miss evicts the copies the current phase does not use,
  * farthest next use in the cyclic order first, until the block fits. Every copy held was placed
  * by some phase, so the scheduler's first choice (a copy no phase uses) never arises here, nor
  * do stale copies (the plan runs every phase in the compute tier, where a write updates the copy
@@ -78,10 +78,17 @@ static int resident_use(struct resident *w, const struct tz_plan_request *r, int
                         int idx) {
   const struct tz_plan_use *x = &r->phases[p].uses[u];
   int b = x->group * TZ_PLAN_KINDS + x->kind, next = w->next[p * TZ_PLAN_MAX_USES + u];
+  /* Without carry, a block whose next use is in the next step is not kept past this use (the
+   * scheduler frees it first, and the next step reads it again). */
+  int last = r->no_carry && next <= p;
   if (w->slot[b] >= 0) {
     w->at[w->slot[b]] = next;
+    if (last)
+      resident_drop(w, w->slot[b]);
     return 1;
   }
+  if (last)
+    return 0;
   uint64_t size = block_bytes(r, x->group, x->kind);
   while (w->used + size > w->room) {
     int victim = -1, far = -1;

@@ -17,6 +17,7 @@ void tz_sched_params_init(struct tz_sched_params *p) {
   p->timeout_ms = 60000;
   p->seed = 1;
   p->wait_for_write_back = 1;
+  p->carry = 1;
 }
 
 /* tierzero.sched_debug from the environment (TZ_SCHED_DEBUG), for a caller without a config; the

@@ -99,6 +99,9 @@ struct tz_sched_params {
                               in flight when the copy it frees is used later than every copy that
                               could go now (sched_window.c, evict_one); 0: evicts the one that can
                               go now */
+  int carry; /* 1 (default): a copy the window still holds serves the next step too; 0: a copy
+                serves only its own step, and each step reads every block from its home (the
+                window a working set of the step, never a cache across steps) */
 };
 void tz_sched_params_init(struct tz_sched_params *p);
 

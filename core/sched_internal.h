@@ -57,6 +57,7 @@ struct copy {
   uint64_t fill_no, flush_no; /* the transfer the fences above belong to (struct xfer.no) */
   tz_fence *writer;           /* the fence of the last writer that left */
   uint64_t last_use; /* seq of the last instance that reserved it: LRU when the order is unknown */
+  uint64_t use_step; /* the step of that instance (tz_sched_params.carry) */
 };
 
 struct block {

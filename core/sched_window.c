@@ -100,19 +100,29 @@ void tz_sched_start_xfer(tz_sched *s, struct block *b, int kind, int refill, uin
       b->name, (unsigned long long)c->gen, (unsigned long long)x->n, s->xl[x->lane].name);
 }
 
-/* Eviction order: stale copies first; with a known order the copy used farthest ahead of `pos`
- * (Belady), otherwise the least recently reserved. */
-static uint64_t evict_score(tz_sched *s, const struct block *b, int pos, uint64_t seq) {
-  if (b->c.gen < b->gen || (s->order_n && b->n_pos == 0))
+/* Whether b's copy may not serve a phase of `step`: without carry (tz_sched_params.carry 0) a
+ * copy serves only the step that placed or last reserved it; the next reads it from its home. */
+static int not_carried(const tz_sched *s, const struct block *b, uint64_t step) {
+  return !s->p.carry && b->c.ext.tier && b->c.use_step < step;
+}
+
+/* Eviction order: stale copies first, and without carry those no later phase of their step uses;
+ * with a known order the copy used farthest ahead of I's position (Belady), otherwise the least
+ * recently reserved. */
+static uint64_t evict_score(tz_sched *s, const struct block *b, const struct inst *I) {
+  if (b->c.gen < b->gen || (s->order_n && b->n_pos == 0) || not_carried(s, b, I->step))
     return UINT64_MAX;
   if (!s->order_n || s->recording)
-    return seq - b->c.last_use;
+    return I->seq - b->c.last_use;
   uint64_t best = UINT64_MAX;
   for (int i = 0; i < b->n_pos; i++) {
-    uint64_t d = (uint64_t)((b->pos[i] - pos + s->order_n) % s->order_n);
+    uint64_t d = (uint64_t)((b->pos[i] - I->pos + s->order_n) % s->order_n);
     if (d < best)
       best = d;
   }
+  /* its next use is in the next step (at or before I's position), which reads it again */
+  if (!s->p.carry && best >= (uint64_t)(s->order_n - I->pos))
+    return UINT64_MAX;
   return best;
 }
 
@@ -155,12 +165,12 @@ static int evict_one(tz_sched *s, const struct inst *I, int own) {
       continue;
     if (!evictable(b)) {
       if (prefetch && evictable_after_flush(b)) {
-        uint64_t sc = evict_score(s, b, I->pos, I->seq);
+        uint64_t sc = evict_score(s, b, I);
         later = sc > later ? sc : later;
       }
       continue;
     }
-    uint64_t sc = evict_score(s, b, I->pos, I->seq);
+    uint64_t sc = evict_score(s, b, I);
     if (!victim || sc > best) {
       victim = b;
       best = sc;
@@ -203,9 +213,11 @@ static int home_conflict(tz_sched *s, const struct inst *I) {
   return 0;
 }
 
-/* The uses of ph whose block needs a copy placed, into need[]. 0 when the phase must wait (a
- * block is being stored at its home, or a stale copy cannot go yet). */
-static int reserve_needs(tz_sched *s, const struct phase *ph, int *need, int *n_need) {
+/* The uses of I's phase whose block needs a copy placed, into need[]. 0 when the phase must wait
+ * (a block is being stored at its home, or a stale copy, or one not carried into I's step,
+ * cannot go yet). */
+static int reserve_needs(tz_sched *s, const struct inst *I, int *need, int *n_need) {
+  const struct phase *ph = &s->phases[I->phase];
   for (int k = 0; k < ph->n_uses; k++) {
     struct block *b = &s->blocks[ph->uses[k].block];
     if (b->in_place) /* nothing to place or bring in: the phase uses the home */
@@ -216,6 +228,11 @@ static int reserve_needs(tz_sched *s, const struct phase *ph, int *need, int *n_
       if (!evictable(b))
         return 0;
       tz_sched_copy_free(s, b, "stale");
+    }
+    if (not_carried(s, b, I->step)) {
+      if (!evictable(b))
+        return 0;
+      tz_sched_copy_free(s, b, "not carried into the next step");
     }
     if (!b->c.ext.tier)
       need[(*n_need)++] = k;
@@ -290,6 +307,7 @@ static int reserve_pin(tz_sched *s, struct inst *I, const int *need, int n_need,
       placed |= need[j] == k;
     b->c.pins++;
     b->c.last_use = I->seq;
+    b->c.use_step = I->step;
     if (b->in_place) {
       dbg(s, "step %llu phase '%s': '%s' is used in place (generation %llu)",
           (unsigned long long)I->step, ph->name, b->name, (unsigned long long)b->gen);
@@ -332,7 +350,7 @@ int tz_sched_try_reserve(tz_sched *s, struct inst *I) {
     return 0;
   int need[TZ_SCHED_MAX_USES], n_need = 0;
   uint64_t offs[TZ_SCHED_MAX_USES];
-  if (!reserve_needs(s, ph, need, &n_need) || !reserve_alloc(s, I, need, &n_need, offs) ||
+  if (!reserve_needs(s, I, need, &n_need) || !reserve_alloc(s, I, need, &n_need, offs) ||
       !reserve_pin(s, I, need, n_need, offs))
     return 0;
   check_budget(s);

@@ -276,6 +276,24 @@ static void test_link_beside_home(void **state) {
     assert_close(h2.lane_s[i], a2.lane_s[i]);
 }
 
+/* tz_plan_request.no_carry (tierzero.window_carry false): with a window holding every block, the
+ * GPU-stepped masters stay in it from one step to the next and only the CPU-stepped parameters,
+ * new at their homes, are read again; without carry every block the step reads comes in each
+ * step, as the scheduler then does (test_sched's test_random_budgets). */
+static void test_plan_no_carry(void **state) {
+  (void)state;
+  struct home_first f;
+  home_first_open(&f);
+  struct tz_plan carry, none;
+  uint64_t window = 16 * S + chunk;
+  TZ_ASSERT_OK(tz_plan_bound(&f.r, f.tiers, window, &carry));
+  assert_close(carry.moved[TZ_PLAN_HOST], (double)(NC * S));
+  f.r.no_carry = 1;
+  TZ_ASSERT_OK(tz_plan_bound(&f.r, f.tiers, window, &none));
+  assert_close(none.moved[TZ_PLAN_HOST], (double)((NG + NC) * S));
+  assert_true(none.lane_s[0] > carry.lane_s[0]);
+}
+
 /* ---- the trainer's order and bits ---- */
 
 /* The trainer, made for its plan only with forced host offload and tierzero.cpu_adam share:
@@ -408,6 +426,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_home_first_bound), cmocka_unit_test(test_host_memory_lane),
       cmocka_unit_test(test_link_beside_home),
+      cmocka_unit_test(test_plan_no_carry),
       cmocka_unit_test(test_home_first_order), cmocka_unit_test(test_home_first_same_bits),
       cmocka_unit_test(test_search_by_blocks),
   };

@@ -210,6 +210,7 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
   r.chunk = tz_runtime_chunk_bytes(tr->rt);
   r.window = p->window;
   r.lookahead = c->tierzero.lookahead > 0 ? c->tierzero.lookahead : 0;
+  r.no_carry = !c->tierzero.window_carry;
   for (int k = 0; k < TZ_PLAN_KINDS; k++)
     r.force[k] = TZ_PLAN_AUTO;
   if (!p->auto_placement) {

@@ -482,6 +482,7 @@ static int create_sched(tz_trainer *tr) {
   sp.lane = tr->lane;
   sp.debug = c->tierzero.sched_debug;
   sp.wait_for_write_back = c->tierzero.wait_for_write_back;
+  sp.carry = c->tierzero.window_carry;
   TZ_CHECK(tz_sched_create(tr->rt, &sp, &tr->sched));
   tr->bid = calloc((size_t)tr->nb, sizeof *tr->bid);
   if (!tr->bid)
