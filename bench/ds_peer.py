@@ -27,7 +27,8 @@ One process, no launcher: the script sets MASTER_ADDR, MASTER_PORT, RANK, LOCAL_
 WORLD_SIZE for a world of one (unless a launcher set RANK and WORLD_SIZE) and calls
 deepspeed.init_distributed. DeepSpeed comes from PYTHONPATH (tools/ds-install.sh; the harness
 sources its env.sh). Ops not built into the install compile on first use (JIT; CPU Adam about
-45 s, FusedAdam with TORCH_CUDA_ARCH_LIST, set to 9.0 unless given): that is set-up time
+45 s, FusedAdam with TORCH_CUDA_ARCH_LIST, set to 9.0 unless given, its architecture-specific
+entries such as 9.0a read as 9.0, which DeepSpeed's parser refuses): that is set-up time
 ("init_s"), not step time.
 
 Step time, model FLOP and the result's fields: bench/peer_common.py and bench/fsdp_peer.py; added
@@ -43,6 +44,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -156,8 +158,26 @@ def validate(cfg):
     return "ok"
 
 
+def cuda_arch_list(value):
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed's JIT can read it. Its builder parses every entry as
+    numbers ("9.0", "9.0+PTX") and fails on an architecture-specific one ("9.0a", "10.0f"), which
+    torch and some images set: the suffix is dropped (FusedAdam needs nothing of sm_90a), the
+    order and "+PTX" kept; unset or empty gives the H200's "9.0"."""
+    out = []
+    for e in (value or "").replace(";", " ").split():
+        base, plus, ptx = e.partition("+")
+        m = re.fullmatch(r"(\d+)\.(\d+)[a-z]?", base)
+        if not m:
+            raise ValueError("TORCH_CUDA_ARCH_LIST entry %r is not MAJOR.MINOR[a|f][+PTX]" % e)
+        cc = "%s.%s" % m.groups() + (plus + ptx if plus else "")
+        if cc not in out:
+            out.append(cc)
+    return ";".join(out) or "9.0"
+
+
 def dry_run(a, path, cfg):
     print(json.dumps({"runner": a.runner or RUNNERS[a.offload], "model": a.model,
+                      "cuda_arch_list": cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST")),
                       "ds_config_file": path, "ds_config": cfg,
                       "optimizer": optimizer_spec(a, cfg), "deepspeed_check": validate(cfg)},
                      indent=1))
@@ -227,7 +247,11 @@ def main(argv=None):
     if a.dry_run:
         return dry_run(a, path, cfg)
     pc.no_multicast()
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    try:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST"))
+    except ValueError as e:
+        print("%s: %s" % (PROG, e), file=sys.stderr)
+        return 2
     if a.device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     dist_env()

@@ -93,8 +93,9 @@ export LIBRARY_PATH=$lib\${LIBRARY_PATH:+:\$LIBRARY_PATH}
 export LD_LIBRARY_PATH=$lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 export CFLAGS="-I$inc\${CFLAGS:+ \$CFLAGS}"
 export LDFLAGS="-L$lib -Wl,-rpath,$lib\${LDFLAGS:+ \$LDFLAGS}"
-# FusedAdam's JIT: the H200's architecture, not every one torch knows.
-export TORCH_CUDA_ARCH_LIST=\${TORCH_CUDA_ARCH_LIST:-9.0}
+# FusedAdam's JIT: the H200's architecture, not every one torch knows; DeepSpeed's parser takes
+# no architecture-specific entry (9.0a), so the suffix goes.
+export TORCH_CUDA_ARCH_LIST=\$(echo "\${TORCH_CUDA_ARCH_LIST:-9.0}" | sed -E 's/([0-9]+\.[0-9]+)[a-z]/\\1/g')
 EOF
 # Builds see the new tree where the installed one will be: env.sh with $new for $site.
 build_env() { sed "s|$site|$new|g" "$new/env.sh"; }

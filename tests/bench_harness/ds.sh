@@ -39,7 +39,8 @@ python3 "$root/bench/ds_peer.py" --help > /dev/null || fail "ds_peer.py --help"
 python3 "$root/bench/ds_peer.py" --model llama-1b --offload nvme --nvme-path "$dir/nv" \
   --micro-batch 2 --clip 0.5 --dry-run > "$dir/nvme.json" 2> "$dir/dry.err" ||
   { cat "$dir/dry.err"; fail "ds_peer.py --dry-run"; }
-python3 "$root/bench/ds_peer.py" --model llama-7b --offload none --dry-run > "$dir/gpu.json" \
+TORCH_CUDA_ARCH_LIST="9.0a 8.0;10.0f+PTX" \
+  python3 "$root/bench/ds_peer.py" --model llama-7b --offload none --dry-run > "$dir/gpu.json" \
   2>> "$dir/dry.err" || { cat "$dir/dry.err"; fail "ds_peer.py --dry-run --offload none"; }
 python3 - "$dir" <<'PY' || fail "the dry runs' ds_config"
 import json, sys
@@ -52,6 +53,9 @@ assert n["optimizer"]["lr"] == 1e-4 and n["optimizer"]["betas"] == [0.9, 0.95], 
 assert n["optimizer"]["weight_decay"] == 0.1 and n["optimizer"]["eps"] == 1e-8, n
 g = json.load(open(sys.argv[1] + "/gpu.json"))
 assert g["runner"] == "ds-gpu" and g["optimizer"]["type"] == "FusedAdam", g
+# DeepSpeed's JIT parses "9.0a" as a number and fails: the suffix is dropped, +PTX kept.
+assert g["cuda_arch_list"] == "9.0;8.0;10.0+PTX", g["cuda_arch_list"]
+assert n["cuda_arch_list"] == "9.0", n["cuda_arch_list"]
 assert "offload_optimizer" not in g["ds_config"]["zero_optimization"], g
 PY
 
