@@ -78,7 +78,10 @@ for row in "${rows[@]}"; do
   bash "$root/tools/bench-train.sh" "$runner" "$model" --steps "$steps" --warmup "$warmup" \
     --timeout "$limit" --results "$results" "${pass[@]}" > "$results/$runner-$model.out" 2>&1
   rc=$?
+  # tz-train's end summary says "step time" (with its bound and stalls); for a peer, the run
+  # wrapper's "N s/step".
   line=$(grep -h 'step time' "$results/$runner-$model.out" | tail -1)
+  [ -n "$line" ] || line=$(grep -hE '^bench: .* s/step' "$results/$runner-$model.out" | tail -1)
   [ -n "$line" ] || line="no step time (exit $rc; $results/$runner-$model.out: $(tail -1 "$results/$runner-$model.out"))"
   printf '%-28s %4d s  %s\n' "$row" $((SECONDS - r0)) "$line" | tee -a "$summary"
 done
