@@ -79,7 +79,10 @@ static int resident_use(struct resident *w, const struct tz_plan_request *r, int
   const struct tz_plan_use *x = &r->phases[p].uses[u];
   int b = x->group * TZ_PLAN_KINDS + x->kind, next = w->next[p * TZ_PLAN_MAX_USES + u];
   /* Without carry, a block whose next use is in the next step is not kept past this use (the
-   * scheduler frees it first, and the next step reads it again). */
+   * scheduler frees it first, and the next step reads it again). The scheduler keeps a copy
+   * still busy when the next step's first use is placed (its write-back not landed), which the
+   * simulation does not: it reads those bytes again, and it does not make that read wait for
+   * the write-back either (sched_window.c, reserve_needs). */
   int last = r->no_carry && next <= p;
   if (w->slot[b] >= 0) {
     w->at[w->slot[b]] = next;

@@ -100,8 +100,10 @@ struct tz_sched_params {
                               could go now (sched_window.c, evict_one); 0: evicts the one that can
                               go now */
   int carry; /* 1 (default): a copy the window still holds serves the next step too; 0: a copy
-                serves only its own step, and each step reads every block from its home (the
-                window a working set of the step, never a cache across steps) */
+                serves only its own step, and each step reads every block from its home again
+                (the window a working set of the step, never a cache across steps), unless the
+                copy is still busy when the next step first uses it (its write-back not landed):
+                that copy serves, since its home would get those bytes only later */
 };
 void tz_sched_params_init(struct tz_sched_params *p);
 

@@ -214,8 +214,7 @@ static int home_conflict(tz_sched *s, const struct inst *I) {
 }
 
 /* The uses of I's phase whose block needs a copy placed, into need[]. 0 when the phase must wait
- * (a block is being stored at its home, or a stale copy, or one not carried into I's step,
- * cannot go yet). */
+ * (a block is being stored at its home, or a stale copy cannot go yet). */
 static int reserve_needs(tz_sched *s, const struct inst *I, int *need, int *n_need) {
   const struct phase *ph = &s->phases[I->phase];
   for (int k = 0; k < ph->n_uses; k++) {
@@ -229,11 +228,13 @@ static int reserve_needs(tz_sched *s, const struct inst *I, int *need, int *n_ne
         return 0;
       tz_sched_copy_free(s, b, "stale");
     }
-    if (not_carried(s, b, I->step)) {
-      if (!evictable(b))
-        return 0;
+    /* Not carried into I's step: an idle copy goes and I reads the block from its home. One
+     * still busy (its write-back in flight or not yet started, a fill or a phase of the step
+     * before on it) serves I: its home gets those same bytes only when the write-back lands, and
+     * waiting for that to read them back would stall I behind every write-back queued before it
+     * (the step's first forward behind the whole folded update's, about a second on an H200). */
+    if (not_carried(s, b, I->step) && evictable(b))
       tz_sched_copy_free(s, b, "not carried into the next step");
-    }
     if (!b->c.ext.tier)
       need[(*n_need)++] = k;
   }
