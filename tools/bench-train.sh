@@ -134,10 +134,16 @@ wrap=(python3 "$root/tools/bench_table.py" run --runner "$runner" --model "$mode
       --micro-batch "$micro" --warmup "$warmup" --steps "$steps" --timeout "$limit" --out "$out"
       --log "$log" ${tag:+--tag "$tag"})
 
-# On the device machine only $OUT comes back: a copy of this run's files goes to $OUT/bench.
+# On the device machine only $OUT comes back, and at most eight files of it: this run's files
+# (result, log, metrics, trace) go to $OUT/bench as one archive, $OUT/bench/NAME.tgz.
 keep() {
   [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
-  mkdir -p "$OUT/bench" && cp -f "$results/$name".* "$OUT/bench/" 2> /dev/null
+  local f files=()
+  for f in "$results/$name".*; do
+    [ -f "$f" ] && [[ $f != *.tgz ]] && files+=("${f##*/}")
+  done
+  [ ${#files[@]} -gt 0 ] || return 0
+  mkdir -p "$OUT/bench" && tar czf "$OUT/bench/$name.tgz" -C "$results" "${files[@]}" 2> /dev/null
   return 0
 }
 

@@ -13,7 +13,7 @@
 #   --steps N       timed steps (default 4);  --timeout S  the run's limit (default 240 s)
 #
 # With $OUT set (the device machine), the log goes to $OUT/ds-gpu-run.log, the result to
-# $OUT/bench (tools/bench-train.sh), and a newly built wheel to $OUT/ds-built: copy it to
+# $OUT/bench/NAME.tgz (tools/bench-train.sh), and a newly built wheel to $OUT/ds-built: copy it to
 # .whl/ds/built/ so that later calls install it instead of building.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
