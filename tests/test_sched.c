@@ -1145,7 +1145,15 @@ static void test_not_carried_unless_busy(void **state) {
   const int steps = 3;
   for (int step = 0; step < steps; step++) {
     TZ_ASSERT_OK(run_step(&e, order, 2, 1000 * 1000));
-    usleep(30 * 1000); /* the lane's jobs end (R idle); W's write-back takes 200 ms */
+    /* until the step's phases have completed (R idle); W's write-back, issued as its writer
+     * completes, takes 200 ms */
+    struct tz_sched_stats st;
+    uint64_t t0 = now_ns();
+    do {
+      usleep(1000);
+      tz_sched_stats(e.s, &st);
+    } while (st.phases < 2 * (uint64_t)(step + 1) && now_ns() - t0 < 10 * 1000000000ull);
+    assert_int_equal(st.phases, 2 * (uint64_t)(step + 1));
   }
   TZ_ASSERT_OK(tz_sched_sync(e.s));
   uint64_t fw, fr, flushes;
