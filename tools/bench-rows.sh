@@ -14,6 +14,8 @@
 #                    ds-b  ds-gpu and ds-opt llama-7b, ds-offload llama-7b (stopped at set-up
 #                          for host memory, as issue 25 found), tz-auto and tz-offload llama-7b
 #                    ds-c  ds-nvme and tz-nvme llama-1b, fsdp2-gpu llama-7b, tz-auto llama-13b
+#                    ds-d  ds-gpu and tz-auto llama-7b, then ds-offload and tz-offload llama-3b
+#                          (the pairs whose sides ran on two machines, about 400 s)
 #                  (issue 25's table in docs/benchmarks.md, three device calls)
 # Arguments after -- go to every bench-train.sh call (--bin DIR, --ds-site DIR, ...).
 # Prints one line per row (step time, or why there is none) and, with $OUT set, copies the
@@ -39,7 +41,9 @@ while [ $# -gt 0 ]; do
                          tz-offload:llama-7b ds-offload:llama-7b:4:1:300) ;;
             ds-c) rows+=(ds-nvme:llama-1b:4:1:420 tz-nvme:llama-1b:4:1:300 fsdp2-gpu:llama-7b
                          tz-auto:llama-13b:4:1:300) ;;
-            *) echo "bench-rows: unknown set '$2' (ds-a, ds-b, ds-c)" >&2; exit 2 ;;
+            ds-d) rows+=(ds-gpu:llama-7b:6:2:170 tz-auto:llama-7b:6:2:120
+                         ds-offload:llama-3b:8:4:200 tz-offload:llama-3b:6:2:80) ;;
+            *) echo "bench-rows: unknown set '$2' (ds-a, ds-b, ds-c, ds-d)" >&2; exit 2 ;;
           esac ;;
       esac
       shift 2 ;;
