@@ -160,6 +160,8 @@ struct tz_config {
     int wait_for_write_back; /* a prefetch waits for a write-back in flight rather than evict a
                                 copy used sooner (tz_sched_params.wait_for_write_back) */
     int window_carry; /* the window's copies serve the next step too (tz_sched_params.carry) */
+    int defer_rewrite; /* a write-back that the step's next use would supersede waits for it
+                          (tz_sched_params.defer_rewrite) */
     int log;                 /* enum tz_log_level (core/log.h) */
     int64_t trace_step;      /* step to record a lane trace for; -1 = none */
     int threads;             /* CPU optimizer threads; 0 = auto */

@@ -99,6 +99,10 @@ struct tz_sched_params {
                               in flight when the copy it frees is used later than every copy that
                               could go now (sched_window.c, evict_one); 0: evicts the one that can
                               go now */
+  int defer_rewrite; /* 1: a dirty copy whose next use in the step is a compute phase writing it
+                        again (a gradient added into over micro-batches) is written back only
+                        then, or when the window needs its room, or at a sync; 0 (default): as
+                        soon as no running phase writes it (sched_pump.c, decide) */
   int carry; /* 1 (default): a copy the window still holds serves the next step too; 0: a copy
                 serves only its own step, and each step reads every block from its home again
                 (the window a working set of the step, never a cache across steps), unless the

@@ -58,6 +58,8 @@ struct copy {
   tz_fence *writer;           /* the fence of the last writer that left */
   uint64_t last_use; /* seq of the last instance that reserved it: LRU when the order is unknown */
   uint64_t use_step; /* the step of that instance (tz_sched_params.carry) */
+  int dirty_at;      /* 1 + the order position of the last compute writer that completed; 0 when
+                        unknown (tz_sched_params.defer_rewrite) */
 };
 
 struct block {
@@ -184,6 +186,7 @@ struct tz_sched {
   struct inst *open;    /* entered and not left */
   struct inst *waiting; /* the instance tz_sched_enter waits to be reserved */
   int closing;
+  int syncing; /* tz_sched_sync waits: no write-back is deferred (defer_rewrite) */
 
   int pumping, again;
   struct xfer **acts;
@@ -279,6 +282,8 @@ void tz_sched_cancel_ahead(tz_sched *s);
 
 /* sched_pump.c: decisions made, transfers issued, completions taken in. */
 void tz_sched_pump(tz_sched *s); /* lock not held */
+/* Starts the write-backs tz_sched_params.defer_rewrite has deferred; how many. Lock held. */
+int tz_sched_flush_deferred(tz_sched *s);
 int tz_sched_home_waits_take(tz_sched *s, tz_fence **out, int max);
 void tz_sched_home_waits_signal(tz_fence **fs, int n, int err, const char *msg);
 void tz_sched_inst_done(void *arg, int rc);

@@ -437,11 +437,17 @@ int tz_sched_sync(tz_sched *s) {
   if (rc == 0 && s->open)
     rc = tz_err_set(TZ_EINVAL, "sched: sync while phase '%s' is open",
                     s->phases[s->open->phase].name);
+  /* No write-back is deferred while the sync waits; the pump starts those deferred so far. */
+  s->syncing++;
+  pthread_mutex_unlock(&s->mu);
+  tz_sched_pump(s);
+  pthread_mutex_lock(&s->mu);
   /* The last phase to complete may be the one that failed: its error is the sync's. */
   if (rc == 0 &&
       (tz_sched_wait_until(s, all_saved, NULL, "the phases entered and their write-backs", 1) < 0 ||
        s->err))
     rc = err_return(s);
+  s->syncing--;
   pthread_mutex_unlock(&s->mu);
   return rc;
 }

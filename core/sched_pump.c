@@ -52,18 +52,57 @@ void tz_sched_home_waits_signal(tz_fence **fs, int n, int err, const char *msg) 
   }
 }
 
-/* Everything that can be decided now: write-backs of blocks no running phase writes, then the
- * window's reservations, in order. Lock held. */
+/* With tz_sched_params.defer_rewrite: the next phase of the step to use block b is a compute
+ * phase that writes its copy again (a gradient added into by the next micro-batch's backward),
+ * so nothing reads b's home before then: a write-back now would be superseded, and that writer
+ * would first wait for it to finish reading the copy, behind whatever the link out has queued.
+ * Not while a sync waits or the scheduler closes; the window takes such a copy's room by
+ * writing it back (tz_sched_flush_deferred). */
+static int rewritten_next(const tz_sched *s, const struct block *b) {
+  if (!s->p.defer_rewrite || s->syncing || s->closing || !s->order_n || s->recording ||
+      !b->c.dirty_at)
+    return 0;
+  int next = -1;
+  for (int i = 0; i < b->n_pos; i++)
+    if (b->pos[i] >= b->c.dirty_at && (next < 0 || b->pos[i] < next))
+      next = b->pos[i];
+  if (next < 0) /* its next use is in the next step */
+    return 0;
+  const struct phase *ph = &s->phases[s->order[next]];
+  if (ph->at_home)
+    return 0;
+  for (int k = 0; k < ph->n_uses; k++)
+    if (&s->blocks[ph->uses[k].block] == b)
+      return (ph->uses[k].access & TZ_ACCESS_WRITE) != 0;
+  return 0;
+}
+
+/* A write-back of block i that can start now: a dirty copy no running phase writes. */
+static int flushable(tz_sched *s, int i) {
+  const struct block *b = &s->blocks[i];
+  const struct copy *c = &b->c;
+  return c->ext.tier && !c->filling && !c->flushing && c->writers == 0 && c->gen > b->home_gen &&
+         !home_read_hold(s, i);
+}
+
+int tz_sched_flush_deferred(tz_sched *s) {
+  int n = 0;
+  for (int i = 0; i < s->n_blocks && !s->err; i++)
+    if (flushable(s, i) && rewritten_next(s, &s->blocks[i])) {
+      tz_sched_start_xfer(s, &s->blocks[i], ACT_FLUSH, 0, s->step);
+      n++;
+    }
+  return n;
+}
+
+/* Everything that can be decided now: write-backs of blocks no running phase writes (unless
+ * deferred: rewritten_next), then the window's reservations, in order. Lock held. */
 static void decide(tz_sched *s) {
   if (s->err)
     return;
-  for (int i = 0; i < s->n_blocks; i++) {
-    struct block *b = &s->blocks[i];
-    struct copy *c = &b->c;
-    if (c->ext.tier && !c->filling && !c->flushing && c->writers == 0 && c->gen > b->home_gen &&
-        !home_read_hold(s, i))
-      tz_sched_start_xfer(s, b, ACT_FLUSH, 0, s->step);
-  }
+  for (int i = 0; i < s->n_blocks; i++)
+    if (flushable(s, i) && !rewritten_next(s, &s->blocks[i]))
+      tz_sched_start_xfer(s, &s->blocks[i], ACT_FLUSH, 0, s->step);
   if (s->closing)
     return;
   for (struct inst *I = s->head; I; I = I->next)
@@ -357,8 +396,10 @@ static void inst_finish(tz_sched *s, struct inst *I) {
     struct block *b = &s->blocks[ph->uses[k].block];
     b->running--;
     b->c.pins--;
-    if (ph->uses[k].access & TZ_ACCESS_WRITE)
+    if (ph->uses[k].access & TZ_ACCESS_WRITE) {
       b->c.writers--;
+      b->c.dirty_at = s->order_n && !s->recording ? I->pos + 1 : 0;
+    }
     /* In place, the home holds what the writers made once the last of them has completed (the
      * latest generation was made by the last writer entered, which is among them). */
     if (b->in_place && (ph->uses[k].access & TZ_ACCESS_WRITE) && b->c.writers == 0)

@@ -261,6 +261,10 @@ static int reserve_alloc(tz_sched *s, struct inst *I, int *need, int *n_need, ui
       s->st.flush_waits++;
       return 0; /* a write-back in flight ends, and frees what is used latest */
     }
+    /* Copies whose write-back was deferred (tz_sched_params.defer_rewrite) can go once written
+     * back: the room is worth more than the write-back saved. */
+    if (tz_sched_flush_deferred(s) > 0)
+      return 0;
     /* Nothing else can go. If nothing is in flight either and the client waits for I, the bytes
      * fit (budget >= its working set) but the free space is cut up by I's own cached blocks:
      * drop those too and bring them in again. */

@@ -477,6 +477,7 @@ static void test_random_budgets(void **state) {
     sched_params(&e, &p, 0, lookahead);
     p.record = (int)(tz_test_rand(&rs) % 3 == 0);
     p.carry = carry;
+    p.defer_rewrite = c % 2; /* at the minimum budget (c % 12 == 0) too: the window flushes them */
     TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
     uint64_t total = 0;
     for (int i = 0; i < nb; i++) {
@@ -1168,6 +1169,64 @@ static void test_not_carried_unless_busy(void **state) {
   check_bytes(&e);
   check_budget(&e);
   free_env(&e);
+}
+
+/* A gradient G added into by three micro-batches' backward phases, then read by the step's
+ * optimizer: written back after every writer by default, with tz_sched_params.defer_rewrite
+ * only after the last one, the home holding the same bytes at the end. At the minimum budget
+ * the deferred copy must give its room to the next phase's block and is written back for it. */
+static void rewrite_scenario(int defer, int tight, uint64_t *flushes) {
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  struct tz_sched_params p;
+  uint64_t room = tight ? 1u << 20 : 4u << 20;
+  sched_params(&e, &p, room + tz_runtime_chunk_bytes(e.rt), 2);
+  p.defer_rewrite = defer;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "G", 1u << 20, HOME_HOST, 41);
+  add_block(&e, "A", 1u << 20, HOME_HOST, 42);
+  struct tz_block_use rw[1] = {{0, TZ_ACCESS_READWRITE}}, ra[1] = {{1, TZ_ACCESS_READ}};
+  struct tz_block_use rg[1] = {{0, TZ_ACCESS_READ}};
+  struct tz_phase_decl ph[5] = {{"bwd0", rw, 1}, {"act", ra, 1}, {"bwd1", rw, 1},
+                                {"bwd2", rw, 1}, {"opt", rg, 1}};
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 5));
+  int order[5] = {0, 1, 2, 3, 4};
+  const int steps = 3;
+  /* Each phase completes before the next is entered (as when the client is a micro-batch's
+   * phases behind): nothing writes G between its writers. */
+  uint64_t done = 0;
+  for (int step = 0; step < steps; step++) {
+    for (int i = 0; i < 5; i++) {
+      TZ_ASSERT_OK(run_phase(&e, order[i], 1000 * 1000));
+      struct tz_sched_stats st;
+      uint64_t t0 = now_ns();
+      do {
+        usleep(200);
+        tz_sched_stats(e.s, &st);
+      } while (st.phases <= done && now_ns() - t0 < 10 * 1000000000ull);
+      assert_int_equal(st.phases, ++done);
+    }
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+  }
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, NULL, flushes, NULL));
+  print_message("defer_rewrite %d, %s window: G written back %llu times in %d steps\n", defer,
+                tight ? "a one-block" : "a roomy", (unsigned long long)*flushes, steps);
+  check_homes(&e);
+  check_bytes(&e);
+  check_budget(&e);
+  free_env(&e);
+}
+
+static void test_rewrite_deferred(void **state) {
+  (void)state;
+  uint64_t flushes;
+  rewrite_scenario(1, 0, &flushes);
+  assert_int_equal(flushes, 3); /* once a step, after bwd2 */
+  rewrite_scenario(0, 0, &flushes);
+  assert_true(flushes > 3); /* after bwd0 and bwd1 too, each time nothing wrote it */
+  rewrite_scenario(1, 1, &flushes);
+  assert_true(flushes > 3); /* A takes G's room between bwd0 and bwd1 */
 }
 
 /* A block's home written in place by the client between steps (tz_sched_home_begin/end, as the
@@ -1974,6 +2033,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_plan_mirrors_in_place, arm, disarm),
       cmocka_unit_test_setup_teardown(test_prefetch_waits_for_write_back, arm, disarm),
       cmocka_unit_test_setup_teardown(test_not_carried_unless_busy, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_rewrite_deferred, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_step, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_writes_after_reader, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_load_store, arm, disarm),

@@ -483,6 +483,7 @@ static int create_sched(tz_trainer *tr) {
   sp.debug = c->tierzero.sched_debug;
   sp.wait_for_write_back = c->tierzero.wait_for_write_back;
   sp.carry = c->tierzero.window_carry;
+  sp.defer_rewrite = c->tierzero.defer_rewrite;
   TZ_CHECK(tz_sched_create(tr->rt, &sp, &tr->sched));
   tr->bid = calloc((size_t)tr->nb, sizeof *tr->bid);
   if (!tr->bid)
