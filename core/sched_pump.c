@@ -62,9 +62,9 @@ static int rewritten_next(const tz_sched *s, const struct block *b) {
   if (!s->p.defer_rewrite || s->syncing || s->closing || !s->order_n || s->recording ||
       !b->c.dirty_at)
     return 0;
-  int next = -1;
-  for (int i = 0; i < b->n_pos; i++)
-    if (b->pos[i] >= b->c.dirty_at && (next < 0 || b->pos[i] < next))
+  int next = -1; /* b->pos is ascending: built walking the order */
+  for (int i = 0; i < b->n_pos && next < 0; i++)
+    if (b->pos[i] >= b->c.dirty_at)
       next = b->pos[i];
   if (next < 0) /* its next use is in the next step */
     return 0;
