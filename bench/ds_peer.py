@@ -18,7 +18,9 @@ bf16, gradient checkpointing on every decoder layer (use_reentrant=False: activa
 in backward, as tz-train does). The optimizer is AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8,
 weight decay 0.1 on every tensor, as the FSDP2 peer): DeepSpeedCPUAdam when the optimizer state
 is offloaded, else FusedAdam; the gradient norm is clipped by DeepSpeed (gradient_clipping,
---clip). Each step is engine(input_ids, labels).loss, engine.backward(loss), engine.step().
+--clip). Each step is engine(input_ids, labels).loss, engine.backward(loss), engine.step(), once
+for each of its --accum micro-batches (DeepSpeed's gradient_accumulation_steps: one update a step,
+checked by its global_steps).
 
     bench/ds_peer.py --model llama-1b --offload cpu --seq 2048 --micro-batch 4 \\
         --warmup 2 --steps 10 --out results/bench/ds-offload-llama-1b.json
@@ -77,11 +79,17 @@ def parse_args(argv):
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: a check of the script without a GPU (DeepSpeed's CPU "
                          "accelerator); not a measurement")
+    ap.add_argument("--accum", type=int, default=1,
+                    help="micro-batches a step (DeepSpeed's gradient_accumulation_steps): each "
+                         "timed step runs forward and backward on this many, then one update "
+                         "(default 1)")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the ds_config and optimizer, and stop")
     pc.add_tail_args(ap)
     a = ap.parse_args(argv)
     pc.check_common_args(ap, a)
+    if a.accum < 1:
+        ap.error("--accum must be positive")
     if a.device == "cpu" and a.offload in ("opt", "none"):
         # FusedAdam is a CUDA kernel: on the CPU only the offloaded optimizer (CPU Adam) runs.
         ap.error("--device cpu runs with --offload cpu or nvme only")
@@ -102,7 +110,7 @@ def ds_config(a):
         raise SystemExit("%s: %s: the peer runs ZeRO stage 3 with bf16 (zero_optimization.stage"
                          " 3, bf16.enabled true)" % (PROG, path))
     cfg["train_micro_batch_size_per_gpu"] = a.micro_batch
-    cfg["gradient_accumulation_steps"] = 1
+    cfg["gradient_accumulation_steps"] = a.accum
     cfg["gradient_clipping"] = a.clip
     for key in ("offload_param", "offload_optimizer"):
         sec = z.get(key)
@@ -283,10 +291,18 @@ def main(argv=None):
         res["init_s"] = time.perf_counter() - t0
 
         def step(tok):
-            loss = engine(input_ids=tok, labels=tok, use_cache=False).loss
-            engine.backward(loss)
-            engine.step()  # clipping, the optimizer's step and zero_grad
-            return loss
+            # tok: (accum, micro-batch, seq). DeepSpeed scales each micro-batch's loss by
+            # 1/accum and updates at the last engine.step() (the accumulation boundary).
+            total, updates = 0.0, engine.global_steps
+            for mb in tok:
+                loss = engine(input_ids=mb, labels=mb, use_cache=False).loss
+                engine.backward(loss)
+                engine.step()  # at the boundary: clipping, the optimizer's step, zero_grad
+                total = total + loss.detach()
+            if engine.global_steps != updates + 1:
+                raise RuntimeError("DeepSpeed made %d updates in a step of %d micro-batches, "
+                                   "not 1" % (engine.global_steps - updates, len(tok)))
+            return total / len(tok)
 
         pc.timed_steps(torch, a, device, rank, res, step, PROG, state)
     except Exception as e:  # a model that does not fit is a result; anything else is not

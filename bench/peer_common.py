@@ -184,7 +184,8 @@ def base_result(a, torch, runner, world, device):
     return {
         "runner": runner, "model": a.model, "seq": a.seq,
         "micro_batch": a.micro_batch, "world_size": world, "steps": a.steps,
-        "warmup": a.warmup, "tokens_per_step": world * a.micro_batch * a.seq,
+        "warmup": a.warmup, "accum": getattr(a, "accum", 1),
+        "tokens_per_step": world * a.micro_batch * a.seq * getattr(a, "accum", 1),
         "n_params": n_params(s), "flops_per_token": flops_per_token(s, a.seq),
         "offload": a.offload, "clip": a.clip,
         "torch": torch.__version__, "transformers": transformers.__version__,
@@ -199,7 +200,8 @@ def base_result(a, torch, runner, world, device):
 
 def timed_steps(torch, a, device, rank, res, step, prog, state):
     """--warmup then --steps steps of step(tokens) -> loss (a tensor), each between two
-    synchronisations; random tokens from the device's generator, seeded per rank. Fills
+    synchronisations; random tokens from the device's generator, seeded per rank (a peer with
+    --accum gets them as (accum, micro-batch, seq), one micro-batch after the other). Fills
     state["times"], state["losses"] and state["phase"] as it goes, so that an exception leaves
     what was done."""
     s = PRESETS[a.model]
@@ -208,7 +210,8 @@ def timed_steps(torch, a, device, rank, res, step, prog, state):
     times, losses = state.setdefault("times", []), state.setdefault("losses", [])
     for i in range(a.warmup + a.steps):
         state["phase"] = "step %d" % (i + 1)
-        tok = torch.randint(0, s["vocab"], (a.micro_batch, a.seq), device=device, generator=gen)
+        shape = (a.micro_batch, a.seq) if not hasattr(a, "accum") else (a.accum, a.micro_batch, a.seq)
+        tok = torch.randint(0, s["vocab"], shape, device=device, generator=gen)
         sync(torch, device)
         t = time.perf_counter()
         loss = step(tok)

@@ -40,7 +40,7 @@ python3 "$root/bench/ds_peer.py" --model llama-1b --offload nvme --nvme-path "$d
   --micro-batch 2 --clip 0.5 --dry-run > "$dir/nvme.json" 2> "$dir/dry.err" ||
   { cat "$dir/dry.err"; fail "ds_peer.py --dry-run"; }
 TORCH_CUDA_ARCH_LIST="9.0a 8.0;10.0f+PTX" \
-  python3 "$root/bench/ds_peer.py" --model llama-7b --offload none --dry-run > "$dir/gpu.json" \
+  python3 "$root/bench/ds_peer.py" --model llama-7b --offload none --accum 8 --dry-run > "$dir/gpu.json" \
   2>> "$dir/dry.err" || { cat "$dir/dry.err"; fail "ds_peer.py --dry-run --offload none"; }
 python3 - "$dir" <<'PY' || fail "the dry runs' ds_config"
 import json, sys
@@ -57,7 +57,11 @@ assert g["runner"] == "ds-gpu" and g["optimizer"]["type"] == "FusedAdam", g
 assert g["cuda_arch_list"] == "9.0;8.0;10.0+PTX", g["cuda_arch_list"]
 assert n["cuda_arch_list"] == "9.0", n["cuda_arch_list"]
 assert "offload_optimizer" not in g["ds_config"]["zero_optimization"], g
+assert g["ds_config"]["gradient_accumulation_steps"] == 8, g["ds_config"]
+assert n["ds_config"]["gradient_accumulation_steps"] == 1, n["ds_config"]
 PY
+python3 "$root/bench/ds_peer.py" --model tiny --accum 0 --dry-run > /dev/null 2>&1 &&
+  fail "ds_peer.py took --accum 0"
 
 # bench-train.sh's ds-* runners without torch here: the site's env.sh is sourced, the peer
 # says it cannot run (status 3, nothing recorded), and ds-nvme removes DeepSpeed's swap files.
