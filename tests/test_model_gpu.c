@@ -181,13 +181,17 @@ static struct result side_run(struct side *s, const struct tz_model_config *cfg,
     TZ_ASSERT_OK(tz_model_layer_fwd(s->cm, cfg, s->params, s->x_in, s->x_out, &s->acts, B, T));
     r.x_out = download(s->cm, s->x_out, nx, s->S);
   }
-  if (gpu && recompute && recompute != TZ_PARTS_ALL) {
-    /* the acts are the attention part, then the MLP part (tz_model_acts_carve_parts) */
+  if (gpu && recompute != TZ_PARTS_ALL) {
+    /* the acts are what the attention part keeps, what the MLP part keeps, then what the
+     * backward rebuilds from them (tz_model_acts_carve_parts): the recomputed parts and the
+     * rebuilt tensors are poisoned, so a read of either before it is written shows */
     size_t attn = tz_model_acts_part_bytes(cfg, s->S, B, T, TZ_PART_ATTN);
+    size_t all = tz_model_acts_part_bytes(cfg, s->S, B, T, TZ_PARTS_ALL);
     if (recompute & TZ_PART_ATTN)
       poison(s, s->acts_mem, attn);
-    else
-      poison(s, (char *)s->acts_mem + attn, s->acts_bytes - attn);
+    if (recompute & TZ_PART_MLP)
+      poison(s, (char *)s->acts_mem + attn, all - attn);
+    poison(s, (char *)s->acts_mem + all, s->acts_bytes - all);
   }
   TZ_ASSERT_OK(tz_model_layer_bwd(s->cm, cfg, s->params, s->grads, s->x_in, &s->acts, recompute,
                                   s->dx_out, s->dx_in, &s->scratch, B, T));

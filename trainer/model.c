@@ -392,16 +392,17 @@ static void *carve(struct carver *c, size_t bytes) {
   return p;
 }
 
-/* The attention part first, then the MLP part, each contiguous: a layer whose parts are kept
- * apart (the trainer's kept activations) carves only those. */
+/* What a kept part holds, the attention part's then the MLP part's, each contiguous; then, in
+ * the full layout only (kept_only 0), the tensors the backward rebuilds from the kept ones with
+ * one elementwise pass (tz_model_layer_bwd): the norms' outputs and statistics (h1, rstd1 from
+ * x_in; h2, rstd2 from x2) and the SwiGLU (a from g and u). A layer whose parts are kept apart
+ * (the trainer's kept activations) carves only what they keep; the rest is the shared acts'. */
 static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
-                        unsigned parts, struct carver *c, struct tz_layer_acts *a) {
+                        unsigned parts, int kept_only, struct carver *c, struct tz_layer_acts *a) {
   size_t N = (size_t)B * T, es = tz_dtype_size(dt);
   size_t C = cfg->d_model, F = cfg->ffn_dim, D = tz_model_head_dim(cfg);
   size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
   if (parts & TZ_PART_ATTN) {
-    a->h1 = carve(c, N * C * es);
-    a->rstd1 = carve(c, N * sizeof(float));
     /* only with q/k norms, so that a Llama layer's activations stay what they were */
     int qkn = cfg->qk_norm;
     a->q_pre = qkn ? carve(c, N * HD * es) : NULL;
@@ -416,36 +417,48 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
     a->x2 = carve(c, N * C * es);
   }
   if (parts & TZ_PART_MLP) {
-    a->h2 = carve(c, N * C * es);
-    a->rstd2 = carve(c, N * sizeof(float));
     a->g = carve(c, N * F * es);
     a->u = carve(c, N * F * es);
+  }
+  if (kept_only)
+    return;
+  if (parts & TZ_PART_ATTN) {
+    a->h1 = carve(c, N * C * es);
+    a->rstd1 = carve(c, N * sizeof(float));
+  }
+  if (parts & TZ_PART_MLP) {
+    a->h2 = carve(c, N * C * es);
+    a->rstd2 = carve(c, N * sizeof(float));
     a->a = carve(c, N * F * es);
   }
 }
 
 size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
-  return tz_model_acts_part_bytes(cfg, dt, B, T, TZ_PARTS_ALL);
+  struct carver c = {0};
+  struct tz_layer_acts a;
+  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, &c, &a);
+  return c.off;
 }
 
 void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                          void *base, struct tz_layer_acts *out) {
   memset(out, 0, sizeof *out);
-  tz_model_acts_carve_parts(cfg, dt, B, T, TZ_PARTS_ALL, base, out);
+  struct carver c = {.base = base};
+  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, &c, out);
 }
 
 size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                 unsigned parts) {
   struct carver c = {0};
   struct tz_layer_acts a;
-  acts_layout(cfg, dt, B, T, parts, &c, &a);
+  acts_layout(cfg, dt, B, T, parts, 1, &c, &a);
   return c.off;
 }
 
 void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                unsigned parts, void *base, struct tz_layer_acts *out) {
   struct carver c = {.base = base};
-  acts_layout(cfg, dt, B, T, parts, &c, out);
+  acts_layout(cfg, dt, B, T, parts, 1, &c, out);
 }
 
 static void scratch_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
@@ -637,11 +650,18 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   size_t NC = (size_t)N * C;
   /* The parts recomputed, attention first (the MLP's starts from its x2); the recomputed x_out
    * is not needed, and the scratch's dh is free until the MLP backward. */
+#define P(i) at(params, l.t[i].offset, S)
+  float eps = (float)cfg->norm_eps;
   if (recompute & TZ_PART_ATTN)
     TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T));
-  if (recompute & TZ_PART_MLP)
+  else /* kept: what is not kept is one elementwise pass away (acts_layout) */
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
+  if (recompute & TZ_PART_MLP) {
     TZ_CHECK(mlp_fwd(cm, cfg, params, a, s->dh, B, T));
-#define P(i) at(params, l.t[i].offset, S)
+  } else {
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps));
+    TZ_CHECK(tz_compute_swiglu_fwd(cm, a->a, a->g, a->u, (size_t)N * F));
+  }
 #define GR(i) at(grads, l.t[i].offset, G)
   /* The residual passes dx_out through unchanged; both norms' gradients are added onto it. */
   TZ_CHECK(tz_compute_copy(cm, dx_in, dx_out, NC * tz_dtype_size(S)));

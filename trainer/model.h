@@ -236,10 +236,12 @@ int tz_model_head_rows(const struct tz_model_config *cfg, int N);
 size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);
 void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                          void *base, struct tz_layer_acts *out);
-/* The same for some parts of a layer's activations (TZ_PART_*): the attention part h1 .. x2
- * (with q_pre .. rstd_k), the MLP part h2 .. a. Carving sets only those parts' pointers, so a
- * layer's acts may hold parts from different buffers (kept ones, and the shared ones that are
- * recomputed). */
+/* What some parts of a layer's activations keep (TZ_PART_*) from its forward to its backward:
+ * the attention part q, k, v, att, lse, x2 (with q_pre .. rstd_k), the MLP part g and u. The
+ * rest (h1, rstd1, h2, rstd2, a) the backward rebuilds in one elementwise pass each from x_in,
+ * x2, g and u (tz_model_layer_bwd), so it needs room only in the shared acts. Carving sets only
+ * the kept pointers, so a layer's acts may hold parts from different buffers (kept ones, and
+ * the shared ones: recomputed parts, rebuilt tensors). */
 size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                 unsigned parts);
 void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
@@ -271,9 +273,9 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
                        int T);
 /* The two parts of a layer, as activation checkpointing keeps or recomputes them. */
 #define TZ_PART_ATTN 1u /* attention: its norm, q/k/v, attention, wo, the residual into x2 */
-#define TZ_PART_MLP                                                                                \
-  2u /* the MLP: its norm, gate and up, SwiGLU (the down projection's output                       \
-        is not kept) */
+#define TZ_PART_MLP 2u  /* the MLP: its norm, gate and up, SwiGLU, the down projection */
+/* Kept, a part holds what only its matrix products give (acts_layout): q/k/v, the attention's
+ * output and x2; gate and up. */
 #define TZ_PARTS_ALL 3u
 
 /* The forward of some parts (TZ_PART_*): the attention part from x_in into acts (h1 .. x2), the
@@ -285,8 +287,9 @@ int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, c
 
 /* Backward of one layer. recompute (TZ_PART_* bits) names the parts whose forward runs into acts
  * first, from x_in alone for the attention part and from acts->x2 for the MLP (activation
- * checkpointing); the parts not named must hold this layer's forward of x_in. Either way the
- * bits are the same: the same kernels on the same inputs. grads (the
+ * checkpointing); the parts not named must hold what tz_model_acts_carve_parts keeps of this
+ * layer's forward of x_in, and the backward rebuilds the rest of them into acts (the norms'
+ * outputs, the SwiGLU). Either way the bits are the same: the same kernels on the same inputs. grads (the
  * layer's block layout, G) += the parameter gradients; dx_in (B,T,C) = the gradient at x_in,
  * given dx_out at x_out. dx_in may alias dx_out. acts and scratch are clobbered. */
 int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
