@@ -602,7 +602,7 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const voi
   return 0;
 }
 
-/* The MLP part: a->h2 .. a->a from a->x2, and x_out = x2 + the MLP's output. */
+/* The MLP part: a->h2, a->rstd2, a->g, a->u, a->a from a->x2, and x_out = x2 + the MLP's output. */
 static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                    const struct tz_layer_acts *a, void *x_out, int B, int T) {
   struct tz_block_layout l = {0};

@@ -278,7 +278,7 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
  * output and x2; gate and up. */
 #define TZ_PARTS_ALL 3u
 
-/* The forward of some parts (TZ_PART_*): the attention part from x_in into acts (h1 .. x2), the
+/* The forward of some parts (TZ_PART_*): the attention part from x_in into acts (h1 .. x2, all of them), the
  * MLP part from acts->x2 into acts (h2 .. a) and x_out; both (tz_model_layer_fwd) in that
  * order. */
 int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
