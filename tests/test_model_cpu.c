@@ -615,8 +615,8 @@ static void test_partial_recompute_bits(void **state) {
     if (m & TZ_PART_MLP)
       TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, (char *)l.acts_mem + attn, NAN,
                                    (all - attn) / sizeof(float)));
-    TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, (char *)l.acts_mem + all, NAN,
-                                 (full - all) / sizeof(float)));
+    TZ_ASSERT_OK(
+        tz_compute_fill(cm, TZ_F32, (char *)l.acts_mem + all, NAN, (full - all) / sizeof(float)));
     TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, l.params, l.grads, l.x_in, &l.acts, m, l.dx_out,
                                     l.dx_in, &l.scratch, B, T));
     TZ_ASSERT_OK(tz_model_block_download(cm, got[m], l.grads, np));

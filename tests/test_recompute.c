@@ -96,9 +96,9 @@ static void test_order_and_bytes(void **state) {
   tz_recompute_keep_first(it, n + 2, n, p);
   uint64_t mlp = tz_model_acts_part_bytes(&mc, TZ_BF16, 4, 2048, TZ_PART_MLP);
   uint64_t attn = tz_model_acts_part_bytes(&mc, TZ_BF16, 4, 2048, TZ_PART_ATTN);
-  assert_true(mlp == 2ull * 8192 * 11008 * 2);                       /* g, u */
+  assert_true(mlp == 2ull * 8192 * 11008 * 2);                        /* g, u */
   assert_true(attn == 4ull * 8192 * 4096 * 2 + 4ull * 32 * 2048 * 4 + /* q, k, v, att; lse */
-                          8192ull * 4096 * 2);                         /* x2 */
+                          8192ull * 4096 * 2);                        /* x2 */
   assert_true(tz_recompute_kept_bytes(&mc, TZ_BF16, 4, 2048, p) == (uint64_t)n * mlp + 2 * attn);
   char buf[128];
   assert_string_equal(tz_recompute_describe(p, n, buf, sizeof buf),

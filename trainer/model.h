@@ -278,9 +278,9 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
  * output and x2; gate and up. */
 #define TZ_PARTS_ALL 3u
 
-/* The forward of some parts (TZ_PART_*): the attention part from x_in into acts (h1 .. x2, all of them), the
- * MLP part from acts->x2 into acts (h2 .. a) and x_out; both (tz_model_layer_fwd) in that
- * order. */
+/* The forward of some parts (TZ_PART_*), writing every tensor of the part, kept or not: the
+ * attention part from x_in into acts (h1 .. x2), the MLP part from acts->x2 into acts (h2 .. a)
+ * and x_out; both (tz_model_layer_fwd) in that order. */
 int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                             const void *x_in, void *x_out, const struct tz_layer_acts *acts,
                             unsigned parts, int B, int T);
@@ -289,9 +289,9 @@ int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, c
  * first, from x_in alone for the attention part and from acts->x2 for the MLP (activation
  * checkpointing); the parts not named must hold what tz_model_acts_carve_parts keeps of this
  * layer's forward of x_in, and the backward rebuilds the rest of them into acts (the norms'
- * outputs, the SwiGLU). Either way the bits are the same: the same kernels on the same inputs. grads (the
- * layer's block layout, G) += the parameter gradients; dx_in (B,T,C) = the gradient at x_in,
- * given dx_out at x_out. dx_in may alias dx_out. acts and scratch are clobbered. */
+ * outputs, the SwiGLU). Either way the bits are the same: the same kernels on the same inputs.
+ * grads (the layer's block layout, G) += the parameter gradients; dx_in (B,T,C) = the gradient at
+ * x_in, given dx_out at x_out. dx_in may alias dx_out. acts and scratch are clobbered. */
 int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                        void *grads, const void *x_in, const struct tz_layer_acts *acts,
                        unsigned recompute, const void *dx_out, void *dx_in,
