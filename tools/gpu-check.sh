@@ -15,6 +15,10 @@
 # acc8: issue 26's big batches, the three runs of its item 2 one after the other: tz-auto
 # llama-7b at 8 micro-batches, tz-offload llama-7b without carry in a 120 GiB window, tz-auto
 # llama-13b (docs/benchmarks.md, "Big batches: tz-offload llama-7b above tz-auto"; about 350 s)
+# off3b: issue 26's item 1, tz-offload llama-3b with the CPU share searched, then also without
+# carry in a 120 GiB window (about 150 s); ds64k: its item 2's DeepSpeed pair at 64k tokens a step,
+# ds-offload llama-3b at 8 micro-batches beside tz-offload llama-3b at 8 (searched; and without
+# carry in 120 GiB), one after the other (DeepSpeed from .whl/ds: carry it; about 330 s)
 # (each step fits one device call).
 set -uo pipefail
 steps=${*:-tests topo tiers adam collectives hf families layer prefetch train product}
@@ -162,6 +166,29 @@ if has acc8; then
   step acc8-13b env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-13b --steps 2 --warmup 1 \
     --timeout 240 --set gradient_accumulation_steps=8 --tag acc8
   python3 tools/bench_table.py table > "$logs/acc8-table.md" 2>&1
+fi
+if has off3b || has ds64k; then
+  off=(--set tierzero.cpu_adam_search=true)
+  nc=(--set tierzero.window_carry=false --set tierzero.hbm_budget=120GiB)
+fi
+if has off3b; then
+  o3=(--steps 6 --warmup 2 --timeout 150)
+  step off3b env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" "${off[@]}" \
+    --tag search
+  step off3b-nc env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" "${off[@]}" \
+    "${nc[@]}" --tag searchnc
+fi
+if has ds64k; then
+  step ds64k-ds tools/bench-train.sh ds-offload llama-3b --steps 3 --warmup 1 --timeout 300 \
+    --accum 8 --tag acc8
+  a8=(--steps 3 --warmup 1 --timeout 150 --set gradient_accumulation_steps=8)
+  step ds64k-tz env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${a8[@]}" "${off[@]}" \
+    --tag acc8
+  step ds64k-tznc env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${a8[@]}" \
+    "${off[@]}" "${nc[@]}" --tag acc8nc
+fi
+if has off3b || has ds64k; then
+  python3 tools/bench_table.py table > "$logs/bench-table.md" 2>&1
 fi
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
 [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$logs" .
