@@ -184,7 +184,7 @@ def base_result(a, torch, runner, world, device):
     return {
         "runner": runner, "model": a.model, "seq": a.seq,
         "micro_batch": a.micro_batch, "world_size": world, "steps": a.steps,
-        "warmup": a.warmup, "accum": getattr(a, "accum", 1),
+        "warmup": a.warmup, "accumulation": getattr(a, "accum", 1),
         "tokens_per_step": world * a.micro_batch * a.seq * getattr(a, "accum", 1),
         "n_params": n_params(s), "flops_per_token": flops_per_token(s, a.seq),
         "offload": a.offload, "clip": a.clip,
