@@ -134,6 +134,14 @@ static int finish(struct tz_config *c, const char *pre) {
                       "4 MiB",
                       pre, got);
   }
+  if (c->tierzero.nvme_stage_bytes % 4096) {
+    char got[32];
+    tz_bytes_format(got, sizeof got, (double)c->tierzero.nvme_stage_bytes, &tz_bytes_plan);
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: tierzero.nvme_stage_bytes %s: a staging chunk is a multiple of 4 KiB "
+                      "(the direct-I/O alignment of the nvme tier); the default is 32 MiB",
+                      pre, got);
+  }
   if (c->tierzero.chunk_bytes > c->tierzero.staging_bytes)
     return tz_err_set(TZ_ECONFIG,
                       "%s: tierzero.chunk_bytes %" PRIu64

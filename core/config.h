@@ -153,22 +153,25 @@ struct tz_config {
     uint64_t staging_bytes;           /* pinned host bytes for staged transfers */
     uint64_t chunk_bytes;             /* bytes per staged chunk (<= staging_bytes) */
     int queue_depth;                  /* io_uring entries per ring; 0 = the backend's default */
-    char *faults;                     /* fault-injection spec for the fault tier; NULL = none */
-    int lookahead;                    /* phases prefetched ahead; -1 = as far as budget allows */
+    uint64_t nvme_stage_bytes;        /* a piece of a staged nvme <-> GPU transfer, the scheduler's
+                                         staging chunk (tz_sched_params.stage_chunk_bytes) */
+    int nvme_stage_chunks;   /* staging chunks per direction (tz_sched_params.stage_chunks) */
+    char *faults;            /* fault-injection spec for the fault tier; NULL = none */
+    int lookahead;           /* phases prefetched ahead; -1 = as far as budget allows */
     int jitter_us;           /* test hook: random delay up to this before each progress round */
     int sched_debug;         /* log every placement decision */
     int wait_for_write_back; /* a prefetch waits for a write-back in flight rather than evict a
                                 copy used sooner (tz_sched_params.wait_for_write_back) */
-    int window_carry; /* the window's copies serve the next step too (tz_sched_params.carry) */
-    int defer_rewrite; /* a write-back that the step's next use would supersede waits for it
-                          (tz_sched_params.defer_rewrite) */
-    int log;                 /* enum tz_log_level (core/log.h) */
-    int64_t trace_step;      /* step to record a lane trace for; -1 = none */
-    int threads;             /* CPU optimizer threads; 0 = auto */
-    double cpu_adam;         /* share of the parameters whose host-homed optimizer state the
-                                CPU steps at its homes (the last layers first); -1 = all on
-                                a CPU-only machine, none with a GPU */
-    int cpu_adam_search;     /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1 */
+    int window_carry;    /* the window's copies serve the next step too (tz_sched_params.carry) */
+    int defer_rewrite;   /* a write-back that the step's next use would supersede waits for it
+                            (tz_sched_params.defer_rewrite) */
+    int log;             /* enum tz_log_level (core/log.h) */
+    int64_t trace_step;  /* step to record a lane trace for; -1 = none */
+    int threads;         /* CPU optimizer threads; 0 = auto */
+    double cpu_adam;     /* share of the parameters whose host-homed optimizer state the
+                            CPU steps at its homes (the last layers first); -1 = all on
+                            a CPU-only machine, none with a GPU */
+    int cpu_adam_search; /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1 */
     int overlap_collectives; /* with several ranks, each phase gathers the next layer and
                                 reduce-scatters the previous one's gradient while it
                                 computes (docs/training.md); -1 = auto: on GPUs when the

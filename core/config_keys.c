@@ -162,6 +162,8 @@ const struct key tz_config_keys[] = {
   SIZE("tierzero.staging_bytes", tierzero.staging_bytes, 1, 64 << 20, 0),
   SIZE("tierzero.chunk_bytes", tierzero.chunk_bytes, 1, 4 << 20, 0),
   INT("tierzero.queue_depth", tierzero.queue_depth, 0, 32768, 0, 0),
+  SIZE("tierzero.nvme_stage_bytes", tierzero.nvme_stage_bytes, 1, 32 << 20, 0),
+  INT("tierzero.nvme_stage_chunks", tierzero.nvme_stage_chunks, 1, 16, 2, 0),
   STR("tierzero.faults", tierzero.faults),
   INT("tierzero.lookahead", tierzero.lookahead, -1, 65536, -1, 0),
   INT("tierzero.jitter_us", tierzero.jitter_us, 0, 10000000, 0, 0),

@@ -244,9 +244,11 @@ static uint64_t declare_budget(tz_sched *s) {
   return budget / s->align * s->align;
 }
 
-/* One staging chunk per transfer lane of staged blocks (home -> compute and back, per home
- * tier), in pinned host memory outside the compute budget. */
+/* params.stage_chunks staging chunks per transfer lane of staged blocks (home -> compute and back,
+ * per home tier), in pinned host memory outside the compute budget; at most 32 in all (the busy
+ * mask's bits). */
 static int staging_chunks(tz_sched *s) {
+  int per_lane = s->p.stage_chunks > 0 ? s->p.stage_chunks : 1;
   int n_chunks = 0;
   uint64_t lanes_seen = 0;
   for (int i = 0; i < s->n_blocks; i++) {
@@ -259,7 +261,7 @@ static int staging_chunks(tz_sched *s) {
       int k = l ? out : in;
       if (k >= 0 && k < 64 && !(lanes_seen & (1ull << k))) {
         lanes_seen |= 1ull << k;
-        n_chunks++;
+        n_chunks += per_lane;
       }
     }
   }
@@ -299,12 +301,20 @@ static int home_lane_make(tz_sched *s, int n, const int *at_home) {
   return 0;
 }
 
+/* A staging chunk's size: params.stage_chunk_bytes, else the runtime's chunk, rounded up to the
+ * compute tier's alignment. */
+static uint64_t stage_chunk_bytes(const tz_sched *s) {
+  uint64_t c = s->p.stage_chunk_bytes ? s->p.stage_chunk_bytes : s->chunk;
+  return round_up(c, s->align);
+}
+
 /* The staging chunks' pinned host tier, carved first (DESIGN.md), before the budget. */
 static int stage_reserve(tz_sched *s, int n_chunks) {
   struct tz_tier_params tp;
   tz_tier_params_init(&tp);
   tp.name = "sched-staging";
-  tp.capacity = (uint64_t)n_chunks * s->chunk;
+  uint64_t chunk = stage_chunk_bytes(s);
+  tp.capacity = (uint64_t)n_chunks * chunk;
   int rc = tz_runtime_host_tier(s->rt, &tp, &s->stage_tier);
   if (rc == 0 && (rc = tz_tier_alloc(s->stage_tier, tp.capacity, &s->stage_ext)) < 0) {
     tz_tier_destroy(s->stage_tier);
@@ -314,9 +324,9 @@ static int stage_reserve(tz_sched *s, int n_chunks) {
     return tz_err_set(rc,
                       "sched: %d staging chunks of %llu bytes in pinned host memory could "
                       "not be reserved: %s",
-                      n_chunks, (unsigned long long)s->chunk, tz_err_msg());
+                      n_chunks, (unsigned long long)chunk, tz_err_msg());
   s->n_chunks = n_chunks;
-  s->stage_chunk = s->chunk;
+  s->stage_chunk = chunk;
   return 0;
 }
 
@@ -395,7 +405,7 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n, const
     snprintf(staging, sizeof staging,
              "; besides, %d staging chunks of %llu bytes in pinned host "
              "memory for the blocks homed in neither host nor device memory",
-             n_chunks, (unsigned long long)s->chunk);
+             n_chunks, (unsigned long long)stage_chunk_bytes(s));
   if (budget < min)
     return budget_short(s, phases, n, at_home, budget, min, staging);
   TZ_CHECK(home_lane_make(s, n, at_home));

@@ -89,6 +89,12 @@ struct tz_sched_params {
   int stage_homes;    /* 1: blocks homed in neither host nor device memory (nvme) go through the
                          scheduler's staging chunks on a CPU lane too (tests of the device lane's
                          path); with a device lane they always do. Default 0 */
+  uint64_t stage_chunk_bytes; /* the size of each staging chunk, a piece of a staged transfer
+                                 (the nvme tier's requests of one piece are in flight at once);
+                                 0 (default): the runtime's chunk_bytes */
+  int stage_chunks;           /* staging chunks per transfer lane of staged blocks, so that as
+                                 many staged transfers move at once (one's disk hop beside
+                                 another's device copy); 0 (default): 1 */
   tz_lane *home_lane; /* the lane home phases run on, borrowed; NULL: the scheduler makes and
                          owns a CPU lane "home" at declare when a declared phase is a home
                          phase. It must run host functions and wait on the compute lane's
@@ -217,8 +223,10 @@ struct tz_sched_stats {
   uint64_t used, peak_used; /* of the budget, now and at most; checked at every decision */
   uint64_t over_budget;     /* decisions that found used > budget: 0 unless there is a bug */
   uint64_t staging;         /* pinned host bytes of the scheduler's staging chunks, reserved at
-                               declare outside the budget: one chunk per transfer lane of blocks
-                               homed in neither host nor device memory, on a device lane */
+                               declare outside the budget: params.stage_chunks per transfer lane
+                               of blocks homed in neither host nor device memory, on a device
+                               lane */
+  uint64_t staging_peak;    /* the most staging chunks held by transfers at once */
   double stall_s;           /* compute-lane time waiting on fences, all compute phases */
   double compute_s;         /* compute-lane time running phases */
   double home_stall_s;      /* home-lane time waiting on fences, all home phases */

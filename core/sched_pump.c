@@ -172,6 +172,9 @@ static void issue_staged(struct xfer *x) {
     }
     s->chunk_busy |= 1u << k;
     x->chunk = k;
+    uint64_t held = (uint64_t)__builtin_popcount(s->chunk_busy);
+    if (held > s->st.staging_peak)
+      s->st.staging_peak = held;
   }
   pthread_mutex_unlock(&s->mu);
   uint64_t n = x->n - x->off < s->stage_chunk ? x->n - x->off : s->stage_chunk;

@@ -230,11 +230,20 @@ static int reserve_needs(tz_sched *s, const struct inst *I, int *need, int *n_ne
     }
     /* Not carried into I's step: an idle copy goes and I reads the block from its home. One
      * still busy (its write-back in flight or not yet started, a fill or a phase of the step
-     * before on it) serves I: its home gets those same bytes only when the write-back lands, and
+     * before on it) makes I wait until it is idle, then goes the same way, unless waiting would
+     * stall the lane: the client waits for I and the lane has nothing else to run. Then it
+     * serves I, since its home gets those same bytes only when the write-back lands, and
      * waiting for that to read them back would stall I behind every write-back queued before it
-     * (the step's first forward behind the whole folded update's, about a second on an H200). */
-    if (not_carried(s, b, I->step) && evictable(b))
-      tz_sched_copy_free(s, b, "not carried into the next step");
+     * (the step's first forward behind the whole folded update's, about a second on an H200).
+     * Serving a busy copy any earlier would carry it: with a lookahead as long as a step, the
+     * next step's use of every block written late in a step is placed while its write-back is
+     * in flight. */
+    if (not_carried(s, b, I->step)) {
+      if (evictable(b))
+        tz_sched_copy_free(s, b, "not carried into the next step");
+      else if (s->waiting != I || s->n_running > 0)
+        return 0;
+    }
     if (!b->c.ext.tier)
       need[(*n_need)++] = k;
   }

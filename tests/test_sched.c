@@ -31,6 +31,11 @@ static int jitter_us;
 /* 1: nvme homes go through the scheduler's staging chunks (params.stage_homes), the two hops a
  * device lane's fills and write-backs take, here on the CPU lane. */
 static int staged;
+/* With staged: params.stage_chunks and params.stage_chunk_bytes (0: the defaults, one chunk of
+ * the runtime's per lane). */
+static int stage_chunks;
+static uint64_t stage_chunk_bytes;
+static uint64_t staging_peak_seen; /* the most staging chunks held at once, over the checks */
 /* 1: test_random_budgets homes a third of its blocks in the compute tier (used in place). */
 static int in_place_homes;
 static const char *nvme_dir = "/var/tmp";
@@ -351,8 +356,12 @@ static void check_bytes(struct env *e) {
   int any_nvme = 0;
   for (int i = 0; i < e->m.n; i++)
     any_nvme |= e->m.home[i].tier == e->nvme;
-  /* One chunk per staged transfer lane: nvme->compute and compute->nvme. */
-  assert_int_equal(st.staging, staged && any_nvme ? 2 * tz_runtime_chunk_bytes(e->rt) : 0);
+  /* stage_chunks chunks per staged transfer lane: nvme->compute and compute->nvme. */
+  uint64_t chunk = stage_chunk_bytes ? stage_chunk_bytes : tz_runtime_chunk_bytes(e->rt);
+  uint64_t n_chunks = staged && any_nvme ? 2 * (uint64_t)(stage_chunks ? stage_chunks : 1) : 0;
+  assert_int_equal(st.staging, n_chunks * chunk);
+  assert_true(st.staging_peak <= n_chunks);
+  staging_peak_seen = st.staging_peak > staging_peak_seen ? st.staging_peak : staging_peak_seen;
 }
 
 static void check_budget(struct env *e) {
@@ -372,6 +381,8 @@ static void sched_params(struct env *e, struct tz_sched_params *p, uint64_t budg
   p->seed = 11;
   p->timeout_ms = 20000;
   p->stage_homes = staged;
+  p->stage_chunks = stage_chunks;
+  p->stage_chunk_bytes = stage_chunk_bytes;
 }
 
 /* ---- tests ---- */
@@ -602,6 +613,18 @@ static void test_staged_homes(void **state) {
   staged = 1;
   test_training_like_step(state);
   test_random_budgets(state);
+  assert_true(staging_peak_seen <= 2);
+  /* Three chunks of 384 KiB a lane (pieces that cut the blocks elsewhere than the runtime's
+   * 256 KiB chunks): the same bytes at the homes, and more than one staged transfer of a lane
+   * moving at once. */
+  stage_chunks = 3;
+  stage_chunk_bytes = 384 << 10;
+  staging_peak_seen = 0;
+  test_training_like_step(state);
+  test_random_budgets(state);
+  assert_true(staging_peak_seen > 2);
+  stage_chunks = 0;
+  stage_chunk_bytes = 0;
   staged = 0;
 }
 
@@ -1171,6 +1194,56 @@ static void test_not_carried_unless_busy(void **state) {
   free_env(&e);
 }
 
+/* Without carry and with a lookahead past the step's end: the next step's forward is placed
+ * while W's write-back is in flight, but the client enters it only after that write-back has
+ * landed, so its copy must not serve there (it would be carried in all but name): the forward
+ * waits until the copy is idle and reads W from its home, every step. */
+static void test_not_carried_ahead(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  TZ_ASSERT_OK(make_slow_host(&e, "delay=200000"));
+  struct tz_sched_params p;
+  sched_params(&e, &p, (4u << 20) + tz_runtime_chunk_bytes(e.rt), 4);
+  p.carry = 0;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "W", 1u << 20, HOME_SLOW_HOST, 33);
+  add_block(&e, "R", 1u << 20, HOME_HOST, 34);
+  struct tz_block_use fwd[2] = {{0, TZ_ACCESS_READ}, {1, TZ_ACCESS_READ}};
+  struct tz_block_use opt[1] = {{0, TZ_ACCESS_READWRITE}};
+  struct tz_phase_decl ph[2] = {{"fwd", fwd, 2}, {"opt", opt, 1}};
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 2));
+  int order[2] = {0, 1};
+  const int steps = 3;
+  for (int step = 0; step < steps; step++) {
+    TZ_ASSERT_OK(run_step(&e, order, 2, 1000 * 1000));
+    /* until the step's phases have completed and W's write-back has landed */
+    uint64_t t0 = now_ns(), flushes = 0;
+    struct tz_sched_stats st;
+    do {
+      usleep(1000);
+      tz_sched_stats(e.s, &st);
+      TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, NULL, &flushes, NULL));
+    } while ((st.phases < 2 * (uint64_t)(step + 1) || flushes < (uint64_t)(step + 1)) &&
+             now_ns() - t0 < 10 * 1000000000ull);
+    assert_int_equal(st.phases, 2 * (uint64_t)(step + 1));
+    assert_int_equal(flushes, step + 1);
+  }
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  uint64_t fw, fr;
+  TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, &fw, NULL, NULL));
+  TZ_ASSERT_OK(tz_sched_block_stats(e.s, 1, &fr, NULL, NULL));
+  print_message("without carry, looking ahead: W %llu fills, R %llu\n", (unsigned long long)fw,
+                (unsigned long long)fr);
+  /* every step's, and the look past the last step's end may have read both once more */
+  assert_true(fw >= steps && fw <= steps + 1);
+  assert_true(fr >= steps && fr <= steps + 1);
+  check_homes(&e);
+  check_bytes(&e);
+  check_budget(&e);
+  free_env(&e);
+}
+
 /* A gradient G added into by three micro-batches' backward phases, then read by the step's
  * optimizer: written back after every writer by default, with tz_sched_params.defer_rewrite
  * only after the last one, the home holding the same bytes at the end. At the minimum budget
@@ -1187,8 +1260,8 @@ static void rewrite_scenario(int defer, int tight, uint64_t *flushes) {
   add_block(&e, "A", 1u << 20, HOME_HOST, 42);
   struct tz_block_use rw[1] = {{0, TZ_ACCESS_READWRITE}}, ra[1] = {{1, TZ_ACCESS_READ}};
   struct tz_block_use rg[1] = {{0, TZ_ACCESS_READ}};
-  struct tz_phase_decl ph[5] = {{"bwd0", rw, 1}, {"act", ra, 1}, {"bwd1", rw, 1},
-                                {"bwd2", rw, 1}, {"opt", rg, 1}};
+  struct tz_phase_decl ph[5] = {
+      {"bwd0", rw, 1}, {"act", ra, 1}, {"bwd1", rw, 1}, {"bwd2", rw, 1}, {"opt", rg, 1}};
   TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 5));
   int order[5] = {0, 1, 2, 3, 4};
   const int steps = 3;
@@ -2033,6 +2106,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_plan_mirrors_in_place, arm, disarm),
       cmocka_unit_test_setup_teardown(test_prefetch_waits_for_write_back, arm, disarm),
       cmocka_unit_test_setup_teardown(test_not_carried_unless_busy, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_not_carried_ahead, arm, disarm),
       cmocka_unit_test_setup_teardown(test_rewrite_deferred, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_step, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_writes_after_reader, arm, disarm),

@@ -653,11 +653,16 @@ int tz_train_check_machine(tz_trainer *tr, const struct tz_trainer_params *p) {
   /* The io tier's token buffers, and the two shard buffers of the initialisation. */
   uint64_t io = round_up((uint64_t)tr->G * (uint64_t)tr->N * 4 * sizeof(int32_t) + 256, ALIGN);
   uint64_t init = 2 * round_up(most * sizeof(float), ALIGN);
+  /* With nvme homes on a GPU, the scheduler's staging chunks (a set per direction). */
+  uint64_t staging =
+      tr->gpu && pl->used[TZ_PLAN_NVME]
+          ? 2 * (uint64_t)c->tierzero.nvme_stage_chunks * c->tierzero.nvme_stage_bytes
+          : 0;
   struct tz_machine_need n = {
       .gpu = tr->gpu,
       .compute = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->window,
-      .host = pl->used[TZ_PLAN_HOST] + io + init,
-      .pinned = tr->gpu ? pl->used[TZ_PLAN_HOST] + io + init : 0,
+      .host = pl->used[TZ_PLAN_HOST] + io + init + staging,
+      .pinned = tr->gpu ? pl->used[TZ_PLAN_HOST] + io + init + staging : 0,
       .nvme_per_dir = n_dirs ? pl->used[TZ_PLAN_NVME] / (uint64_t)n_dirs : pl->used[TZ_PLAN_NVME],
       .ranks = tr->world,
       .compute_budget = c->tierzero.hbm_budget,

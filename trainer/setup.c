@@ -484,6 +484,8 @@ static int create_sched(tz_trainer *tr) {
   sp.wait_for_write_back = c->tierzero.wait_for_write_back;
   sp.carry = c->tierzero.window_carry;
   sp.defer_rewrite = c->tierzero.defer_rewrite;
+  sp.stage_chunk_bytes = c->tierzero.nvme_stage_bytes;
+  sp.stage_chunks = c->tierzero.nvme_stage_chunks;
   TZ_CHECK(tz_sched_create(tr->rt, &sp, &tr->sched));
   tr->bid = calloc((size_t)tr->nb, sizeof *tr->bid);
   if (!tr->bid)
