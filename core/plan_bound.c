@@ -342,9 +342,7 @@ static void sim_home_phase(struct sim *m, int s, int p, int idx, double gate) {
   }
   start = max2(start, inputs);
   /* Sharing the compute lane's cores, the CPU's Adam is that lane's when not measured. */
-  double home_rate = rt->adam_home > 0   ? rt->adam_home
-                     : r->home_on_compute ? rt->adam
-                                           : 0;
+  double home_rate = rt->adam_home > 0 ? rt->adam_home : r->home_on_compute ? rt->adam : 0;
   if (m->contend && (home_rate <= 0 || rt->adam_home_busy < home_rate))
     home_rate = rt->adam_home_busy; /* beside the link, never faster than alone */
   double d = cost(ph->flop, rt->flops, &m->unknown) + cost(ph->adam_elems, home_rate, &m->unknown);
@@ -479,6 +477,10 @@ static void sim_write_backs(struct sim *m, int s, int p, int idx) {
       double d3 = cost(b, rt->nvme_write, &m->unknown);
       m->lane[LANE_NVME] = max2(m->lane[LANE_NVME], m->lane[LANE_OUT]) + d3;
       m->back_at[x->group * TZ_PLAN_KINDS + x->kind] = m->lane[LANE_NVME];
+      /* The copy keeps its room until the disk has it: the scheduler frees a copy only once
+       * its write-back has completed, and a staged one completes with its last write to nvme
+       * (sched_pump.c, hop_done). */
+      m->end[2 * n + idx] = max2(m->end[2 * n + idx], m->lane[LANE_NVME]);
       if (s == 1) {
         m->busy[LANE_NVME] += d3;
         m->disk_w += b;

@@ -208,7 +208,8 @@ static void test_host_memory_lane(void **state) {
   double host_bytes = (double)((NG + NC) * S + NG * S) + NC * 1e6 * 30;
   assert_close(with.host_mem_s, host_bytes / rate);
   assert_true(with.host_mem_s > f.alone.bound_s);
-  assert_close(with.bound_s, with.host_mem_s > no_bytes.bound_s ? with.host_mem_s : no_bytes.bound_s);
+  assert_close(with.bound_s,
+               with.host_mem_s > no_bytes.bound_s ? with.host_mem_s : no_bytes.bound_s);
   /* The lane's term is a mediant of the link's and the CPU's times at those rates, so with the
    * lanes at them too (the GPU's opt phases streaming beside the CPU) it never passes both. */
   r.rates.adam_home_busy = r.rates.adam_home;
@@ -292,6 +293,44 @@ static void test_plan_no_carry(void **state) {
   TZ_ASSERT_OK(tz_plan_bound(&f.r, f.tiers, window, &none));
   assert_close(none.moved[TZ_PLAN_HOST], (double)((NG + NC) * S));
   assert_true(none.lane_s[0] > carry.lane_s[0]);
+}
+
+/* ---- the disk's room ---- */
+
+/* A block homed on the disk keeps its room in the window until its write-back has reached the
+ * disk (the scheduler frees a copy once its write-back completes, and a staged one completes
+ * with its last write to nvme). Phase A reads and writes D, homed on the disk; phase B reads H,
+ * homed on the host; the window holds one of them. B's copy in waits for D's disk write, so
+ * the step is the disk's read, D in, D out, the disk's write, then H in: r + 2t + w + t. Were
+ * D's room free once it left the GPU, H's copy would hide under the disk's write. */
+static void test_disk_write_holds_room(void **state) {
+  (void)state;
+  const double r = 4e-3, w = 3e-3;
+  uint64_t bytes[2][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  bytes[0][TZ_PLAN_MASTER] = S;
+  bytes[1][TZ_PLAN_MASTER] = S;
+  int8_t tiers[2 * TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_HOST, sizeof tiers);
+  tiers[0 * TZ_PLAN_KINDS + TZ_PLAN_MASTER] = TZ_PLAN_NVME;
+  struct tz_plan_phase ph[2];
+  memset(ph, 0, sizeof ph);
+  snprintf(ph[0].name, sizeof ph[0].name, "A");
+  ph[0].n_uses = 1;
+  ph[0].uses[0] = (struct tz_plan_use){0, TZ_PLAN_MASTER, TZ_ACCESS_READ | TZ_ACCESS_WRITE};
+  snprintf(ph[1].name, sizeof ph[1].name, "B");
+  ph[1].n_uses = 1;
+  ph[1].uses[0] = (struct tz_plan_use){1, TZ_PLAN_MASTER, TZ_ACCESS_READ};
+  struct tz_plan_request q = request(bytes, ph);
+  q.n_groups = 2;
+  q.n_phases = 2;
+  q.rates.nvme_read = (double)S / r;
+  q.rates.nvme_write = (double)S / w;
+  struct tz_plan b;
+  TZ_ASSERT_OK(tz_plan_bound(&q, tiers, S + chunk, &b));
+  assert_false(b.unknown_rates);
+  assert_close(b.bound_s, r + 2 * t + w + t);
+  assert_close(b.lane_s[2], r + w);
 }
 
 /* ---- the trainer's order and bits ---- */
@@ -424,11 +463,10 @@ int main(int argc, char **argv) {
     jitter_us = 200;
   nvme_dir = tz_test_mkdtemp("tz_plan_home");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_home_first_bound), cmocka_unit_test(test_host_memory_lane),
-      cmocka_unit_test(test_link_beside_home),
-      cmocka_unit_test(test_plan_no_carry),
-      cmocka_unit_test(test_home_first_order), cmocka_unit_test(test_home_first_same_bits),
-      cmocka_unit_test(test_search_by_blocks),
+      cmocka_unit_test(test_home_first_bound),      cmocka_unit_test(test_host_memory_lane),
+      cmocka_unit_test(test_link_beside_home),      cmocka_unit_test(test_plan_no_carry),
+      cmocka_unit_test(test_disk_write_holds_room), cmocka_unit_test(test_home_first_order),
+      cmocka_unit_test(test_home_first_same_bits),  cmocka_unit_test(test_search_by_blocks),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);
