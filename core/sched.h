@@ -111,9 +111,10 @@ struct tz_sched_params {
                         soon as no running phase writes it (sched_pump.c, decide) */
   int carry; /* 1 (default): a copy the window still holds serves the next step too; 0: a copy
                 serves only its own step, and each step reads every block from its home again
-                (the window a working set of the step, never a cache across steps), unless the
-                copy is still busy when the next step first uses it (its write-back not landed):
-                that copy serves, since its home would get those bytes only later */
+                (the window a working set of the step, never a cache across steps); a copy still
+                busy (its write-back not landed) serves the next step's phase only when the
+                client waits for that phase and the lane has nothing else to run, since its home
+                would get those bytes only later */
 };
 void tz_sched_params_init(struct tz_sched_params *p);
 
