@@ -1,10 +1,11 @@
 /* The warpgroup MMA building block (kernels/cuda/wgmma.cuh) against a float64 reference: one
  * warpgroup multiplies 64 x 64 bf16 tiles staged in 128-byte-swizzled shared memory, k16 slice by
- * slice, into float accumulators, with B K-major (A B^T, as Q K^T) and MN-major (A B, as P V), and
- * accumulating onto values already in the registers. The inputs are multiples of 1/8 in [-1, 1]
- * (exact in bf16) and the sums of their products exact in float, so every element must equal the
- * reference bit for bit whatever the order of the sums: a wrong descriptor, swizzle or fragment
- * layout moves or mixes elements, and the test prints where. Skips (77) without an sm_90 GPU. */
+ * slice, into float accumulators, with B K-major (A B^T, as Q K^T) and MN-major (A B, as P V), A
+ * from shared memory or from registers, and accumulating onto values already in the registers. The
+ * inputs are multiples of 1/8 in [-1, 1] (exact in bf16) and the sums of their products exact in
+ * float, so every element must equal the reference bit for bit whatever the order of the sums: a
+ * wrong descriptor, swizzle or fragment layout moves or mixes elements, and the test prints where.
+ * Skips (77) without an sm_90 GPU. */
 #include "kernels/cuda/wgmma.cuh"
 
 #include <cuda_runtime.h>
@@ -16,7 +17,9 @@
 
 #define T 64
 
-template <int TransB>
+/* c (+)= a b^T (TransB 0, b n by k) or a b (TransB 1, b k by n), 64 x 64 x 64; Regs: a from
+ * registers (each k16 slice packed into the A fragment), else from shared memory. */
+template <int TransB, int Regs>
 __global__ void product(const uint16_t *a, const uint16_t *b, float *c, int onto) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __shared__ __align__(1024) uint8_t sa[T * 128];
@@ -34,11 +37,21 @@ __global__ void product(const uint16_t *a, const uint16_t *b, float *c, int onto
   for (int j = 0; j < 8; j++)
     for (int e = 0; e < 4; e++)
       d[4 * j + e] = onto ? c[(row + 8 * (e / 2)) * T + 8 * j + col0 + e % 2] : 0.0f;
+  uint32_t af[T / 16][4];
+  if (Regs) { /* rows row, row + 8 of each slice's columns 2c, 2c + 1 and 2c + 8, 2c + 9 */
+    for (int kk = 0; kk < T / 16; kk++)
+      for (int i = 0; i < 4; i++) {
+        int r = row + 8 * (i & 1), k = 16 * kk + col0 + 8 * (i >> 1);
+        af[kk][i] = (uint32_t)a[r * T + k] | (uint32_t)a[r * T + k + 1] << 16;
+      }
+  }
   tz_wgmma::fence();
   for (int k0 = 0; k0 < T; k0 += 16) {
-    uint64_t da = tz_wgmma::desc_k(sa + 2 * k0);
     uint64_t db = TransB ? tz_wgmma::desc_mn(sb + 128 * k0) : tz_wgmma::desc_k(sb + 2 * k0);
-    tz_wgmma::mma_m64n64k16_bf16<TransB>(d, da, db, onto || k0 > 0);
+    if (Regs)
+      tz_wgmma::mma_m64n64k16_bf16_rs<TransB>(d, af[k0 / 16], db, onto || k0 > 0);
+    else
+      tz_wgmma::mma_m64n64k16_bf16<TransB>(d, tz_wgmma::desc_k(sa + 2 * k0), db, onto || k0 > 0);
   }
   tz_wgmma::commit();
   tz_wgmma::wait<0>();
@@ -69,7 +82,7 @@ static int check(cudaError_t e, const char *what) {
 }
 
 /* One product on the GPU against the reference; 0 when every element matches. */
-static int one(int trans_b, int onto, unsigned seed) {
+static int one(int trans_b, int regs, int onto, unsigned seed) {
   static float a[T * T], b[T * T], c0[T * T], got[T * T];
   static double want[T * T];
   static uint16_t ha[T * T], hb[T * T];
@@ -98,10 +111,14 @@ static int one(int trans_b, int onto, unsigned seed) {
            check(cudaMemcpy(db, hb, sizeof hb, cudaMemcpyHostToDevice), "copy b") ||
            check(cudaMemcpy(dc, c0, sizeof got, cudaMemcpyHostToDevice), "copy c");
   if (!rc) {
-    if (trans_b)
-      product<1><<<1, 128>>>(da, db, dc, onto);
+    if (trans_b && regs)
+      product<1, 1><<<1, 128>>>(da, db, dc, onto);
+    else if (trans_b)
+      product<1, 0><<<1, 128>>>(da, db, dc, onto);
+    else if (regs)
+      product<0, 1><<<1, 128>>>(da, db, dc, onto);
     else
-      product<0><<<1, 128>>>(da, db, dc, onto);
+      product<0, 0><<<1, 128>>>(da, db, dc, onto);
     rc = check(cudaGetLastError(), "launch") || check(cudaDeviceSynchronize(), "the product") ||
          check(cudaMemcpy(got, dc, sizeof got, cudaMemcpyDeviceToHost), "copy back");
   }
@@ -117,8 +134,9 @@ static int one(int trans_b, int onto, unsigned seed) {
         fprintf(stderr, "  (%d, %d): got %.9g, want %.9g\n", i / T, i % T, got[i], want[i]);
       bad++;
     }
-  printf("%s B %s, %s: %d of %d elements differ\n", bad ? "FAIL" : "ok",
-         trans_b ? "MN-major (a b)" : "K-major (a b^T)", onto ? "onto c" : "from zero", bad, T * T);
+  printf("%s A from %s, B %s, %s: %d of %d elements differ\n", bad ? "FAIL" : "ok",
+         regs ? "registers" : "shared memory", trans_b ? "MN-major (a b)" : "K-major (a b^T)",
+         onto ? "onto c" : "from zero", bad, T * T);
   return bad != 0;
 }
 
@@ -134,9 +152,12 @@ int main(void) {
     return 77;
   }
   int fail = 0;
-  fail |= one(0, 0, 1);
-  fail |= one(1, 0, 2);
-  fail |= one(1, 1, 3);
-  fail |= one(0, 1, 4);
+  fail |= one(0, 0, 0, 1);
+  fail |= one(1, 0, 0, 2);
+  fail |= one(1, 0, 1, 3);
+  fail |= one(0, 0, 1, 4);
+  fail |= one(0, 1, 0, 5); /* as S = Q K^T with Q in registers */
+  fail |= one(1, 1, 0, 6); /* as O = P V */
+  fail |= one(1, 1, 1, 7);
   return fail;
 }

@@ -83,6 +83,31 @@ __device__ __forceinline__ void mma_m64n64k16_bf16(float (&d)[32], uint64_t da, 
                : "l"(da), "l"(db), "r"(accumulate), "n"(TransB));
 }
 
+/* The same with A from registers (a 64 x 16 tile, each warp's 16 rows in mma.sync's m16n8k16 A
+ * fragment: a[0] (row g, cols 2c, 2c+1), a[1] (g + 8, 2c..), a[2] (g, 2c + 8..), a[3] (g + 8,
+ * 2c + 8..), g = lane / 4, c = lane % 4, the lower column in the low half): how probabilities
+ * computed as one product's accumulators feed the next without shared memory. The registers
+ * must not change until wait(). */
+template <int TransB>
+__device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4],
+                                                      uint64_t db, int accumulate) {
+  asm volatile("{\n"
+               ".reg .pred p;\n"
+               "setp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+               "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
+               "}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                 "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+                 "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+                 "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+                 "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+                 "+f"(d[31])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TransB));
+}
+
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 } // namespace tz_wgmma
