@@ -45,6 +45,17 @@ __device__ __forceinline__ uint64_t desc_k(const void *p) { return desc_sw128(p,
 /* MN-major, one atom wide (64 columns): both offsets step 8 rows of k. */
 __device__ __forceinline__ uint64_t desc_mn(const void *p) { return desc_sw128(p, 1024, 1024); }
 
+/* The 32 accumulators of an m64n64 product: the asm's operands 0..31 and their list. */
+#define TZ_WGMMA_D32_ASM                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                        \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+#define TZ_WGMMA_D32(d)                                                                            \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),   \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),   \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
 /* Registers written by other instructions (or shared memory by the async proxy) are ordered
  * before the wgmma that follows. */
 __device__ __forceinline__ void fence() {
@@ -69,17 +80,10 @@ __device__ __forceinline__ void mma_m64n64k16_bf16(float (&d)[32], uint64_t da, 
   asm volatile("{\n"
                ".reg .pred p;\n"
                "setp.ne.b32 p, %34, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TZ_WGMMA_D32_ASM
                "%32, %33, p, 1, 1, 0, %35;\n"
                "}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-                 "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-                 "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-                 "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-                 "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-                 "+f"(d[31])
+               : TZ_WGMMA_D32(d)
                : "l"(da), "l"(db), "r"(accumulate), "n"(TransB));
 }
 
@@ -94,17 +98,10 @@ __device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[32], const uint
   asm volatile("{\n"
                ".reg .pred p;\n"
                "setp.ne.b32 p, %37, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TZ_WGMMA_D32_ASM
                "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
                "}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-                 "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-                 "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-                 "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-                 "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-                 "+f"(d[31])
+               : TZ_WGMMA_D32(d)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(TransB));
 }
 
