@@ -66,6 +66,9 @@ enum tz_cuda_kernels {
   TZ_CUDA_KERNELS_TWO_PASS, /* attention "two-pass": the tensor-core kernels with the backward in
                              * two passes for every shape (BEST takes the one-pass backward where
                              * it was measured faster); matmul: as BEST */
+  TZ_CUDA_KERNELS_WGMMA,    /* attention "wgmma": the forward on Hopper's warpgroup MMA where it
+                             * takes the shape (bf16, head dim 128, sm_90), the rest as BEST;
+                             * matmul: as BEST */
 };
 
 /* The cuda backend's one-pass attention backward comes in tiles named "warps x query rows": a

@@ -1293,16 +1293,40 @@ static void test_attention_families(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
+/* tierzero.cuda_attention wgmma: the forward on Hopper's warpgroup MMA (attention_wgmma.cu)
+ * at bf16 and head dim 128, against the float64 reference and twice to the same bits: one row,
+ * within, at and past a key tile of 64, many tiles with a partial last one, grouped-query heads
+ * up to 7:1; and the shapes it declines (head dim 64, fp16), which the other kernels run. On a
+ * device other than sm_90 every call declines. */
+static void test_attention_wgmma(void **state) {
+  (void)state;
+  g_failures = 0;
+  static const int shapes[][5] = {{1, 1, 2, 2, 128},    {2, 63, 4, 2, 128},   {1, 64, 4, 4, 128},
+                                  {2, 65, 4, 1, 128},   {1, 200, 8, 8, 128},  {1, 1030, 4, 2, 128},
+                                  {1, 130, 28, 4, 128}, {1, 130, 14, 2, 128}, {1, 77, 4, 2, 64}};
+  const char *env = getenv("TZ_CUDA_ATTENTION");
+  int forced = env && strcmp(env, "simple") == 0;
+  for (int d = 0; d < 2; d++) {
+    struct env e;
+    TZ_ASSERT_OK(env_open_with(&e, storage_dtypes[d], TZ_F32, TZ_CUDA_KERNELS_WGMMA, 0, "wgmma"));
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+      attention_case(&e, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4],
+                     forced);
+    env_close(&e);
+  }
+  assert_int_equal(g_failures, 0);
+}
+
 /* The one-pass backward's tiles (tz_compute_params.attention_tiles; bf16 at head dims 128, 64
- * and 96, the others run the default): each against the float64 reference and twice to the same bits, at
- * sequence lengths of one chunk, of many (the key tiles' additions to each chunk's dq wait for
- * each other, up to 17 of them at T = 1030 with 64-key tiles, 64 at T = 4096), and not a
+ * and 96, the others run the default): each against the float64 reference and twice to the same
+ * bits, at sequence lengths of one chunk, of many (the key tiles' additions to each chunk's dq wait
+ * for each other, up to 17 of them at T = 1030 with 64-key tiles, 64 at T = 4096), and not a
  * multiple of either tile, with grouped-query heads (up to Qwen2.5's 7:1). */
 static void test_attention_onepass_tiles(void **state) {
   (void)state;
   g_failures = 0;
-  static const int shapes[][5] = {{1, 1, 1, 1, 128},    {1, 64, 8, 2, 128},  {2, 200, 4, 4, 128},
-                                  {1, 1030, 4, 1, 128}, {2, 333, 6, 3, 128}, {1, 130, 4, 2, 64},
+  static const int shapes[][5] = {{1, 1, 1, 1, 128},    {1, 64, 8, 2, 128},   {2, 200, 4, 4, 128},
+                                  {1, 1030, 4, 1, 128}, {2, 333, 6, 3, 128},  {1, 130, 4, 2, 64},
                                   {1, 4096, 2, 1, 128}, {1, 300, 14, 2, 128}, {1, 1030, 8, 2, 64},
                                   {1, 333, 8, 2, 96}};
   const char *env = getenv("TZ_CUDA_ATTENTION");
@@ -1870,6 +1894,7 @@ int main(void) {
       cmocka_unit_test(test_attention_families),
       cmocka_unit_test(test_attention_onepass_tiles),
       cmocka_unit_test(test_attention_onepass_fallback),
+      cmocka_unit_test(test_attention_wgmma),
       cmocka_unit_test(test_swiglu),
       cmocka_unit_test(test_xent),
       cmocka_unit_test(test_negative_control),

@@ -10,6 +10,8 @@
 # attention: the one-pass attention (tierzero.cuda_attention one-pass, docs/cuda-kernels.md) in
 # the kernel tests, the model's and trainer's GPU tests and tz-bench layer; attention7b: tz-auto
 # llama-7b with it beside the default kernels (recompute auto, then all), one run after the other;
+# wgmma: the warpgroup-MMA block (test_wgmma), the attention forward on it (tierzero.cuda_attention
+# wgmma) in the kernel, model and trainer tests, and tz-bench layer with it beside auto's;
 # attnshapes: tz-bench layer at the other shapes of issue 24 (head dims 64, 80, 96, 128 with
 # grouped-query ratios up to 7:1, sequences 128 and 8192), for docs/cuda-kernels.md's table
 # acc8: issue 26's big batches, the three runs of its item 2 one after the other: tz-auto
@@ -133,6 +135,16 @@ if has attention; then
   step attn-model env TZ_CUDA_ATTENTION=one-pass ctest --test-dir $b --output-on-failure \
     -R '^test_(model|train)_gpu'
   step attn-layer $b/bin/tz-bench layer
+fi
+if has wgmma; then
+  # Hopper's warpgroup MMA: the building block, then the forward on it in the kernel tests, the
+  # model's and trainer's GPU tests, and tz-bench layer with it beside auto's kernels
+  step wgmma-block ctest --test-dir $b --output-on-failure -R '^test_wgmma$'
+  step wgmma-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
+  step wgmma-model env TZ_CUDA_ATTENTION=wgmma ctest --test-dir $b --output-on-failure \
+    -R '^test_(model|train)_gpu'
+  step wgmma-layer-auto $b/bin/tz-bench layer --iters 5 --warmup 2
+  step wgmma-layer env TZ_CUDA_ATTENTION=wgmma $b/bin/tz-bench layer --iters 5 --warmup 2
 fi
 if has attnshapes; then
   # name, then tz-bench layer's shape arguments

@@ -337,8 +337,10 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
   if (!c->attn_simple) {
-    int rc =
-        c->attn_onepass ? tz_cuda_attention_fwd_onepass(c, out, lse, q, k, v, B, T, H, Hkv, D) : 1;
+    int rc = c->attn_wgmma ? tz_cuda_attention_fwd_wgmma(c, out, lse, q, k, v, B, T, H, Hkv, D)
+             : c->attn_onepass
+                 ? tz_cuda_attention_fwd_onepass(c, out, lse, q, k, v, B, T, H, Hkv, D)
+                 : 1;
     if (rc > 0)
       rc = tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D);
     if (rc <= 0)

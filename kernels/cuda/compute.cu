@@ -209,10 +209,11 @@ static enum tz_cuda_kernels kernels_of(enum tz_cuda_kernels k, int attention) {
   int v = rc > 0 ? (attention ? cfg.tierzero.cuda_attention : cfg.tierzero.cuda_matmul) : 0;
   tz_config_free(&cfg);
   /* Each key's enum: the default, then the plain kernels, then (attention) the one-pass and the
-   * two-pass backward. */
+   * two-pass backward, and the warpgroup-MMA forward. */
   return v == 1                ? TZ_CUDA_KERNELS_PLAIN
          : v == 2 && attention ? TZ_CUDA_KERNELS_ONE_PASS
          : v == 3 && attention ? TZ_CUDA_KERNELS_TWO_PASS
+         : v == 4 && attention ? TZ_CUDA_KERNELS_WGMMA
                                : TZ_CUDA_KERNELS_BEST;
 }
 
@@ -252,6 +253,11 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   c->attn_simple = attn == TZ_CUDA_KERNELS_PLAIN;
   c->attn_onepass = attn == TZ_CUDA_KERNELS_ONE_PASS;
   c->attn_twopass = attn == TZ_CUDA_KERNELS_TWO_PASS;
+  c->attn_wgmma = attn == TZ_CUDA_KERNELS_WGMMA;
+  int major = 0, minor = 0;
+  TZ_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
+  TZ_CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
+  c->sm90 = major == 9 && minor == 0;
   if (p->attention_tiles < 0 || p->attention_tiles >= TZ_CUDA_ATTENTION_TILES)
     return tz_err_set(TZ_EINVAL, "compute cuda: attention_tiles %d outside [0, %d)",
                       p->attention_tiles, TZ_CUDA_ATTENTION_TILES);
