@@ -10,7 +10,8 @@
 # attention: the one-pass attention (tierzero.cuda_attention one-pass, docs/cuda-kernels.md) in
 # the kernel tests, the model's and trainer's GPU tests and tz-bench layer; attention7b: tz-auto
 # llama-7b with it beside the default kernels (recompute auto, then all), one run after the other;
-# wgmma: the warpgroup-MMA block (test_wgmma), the attention forward on it (tierzero.cuda_attention
+# tiers3: issue 26's item 3, the 15.5 B model on HBM, host and the disk with its fio ceiling
+# (about 380 s; .deps carries fio); wgmma: the warpgroup-MMA block (test_wgmma), the attention forward on it (tierzero.cuda_attention
 # wgmma) in the kernel, model and trainer tests, and tz-bench layer with it beside auto's;
 # attnshapes: tz-bench layer at the other shapes of issue 24 (head dims 64, 80, 96, 128 with
 # grouped-query ratios up to 7:1, sequences 128 and 8192), for docs/cuda-kernels.md's table
@@ -178,6 +179,10 @@ if has acc8; then
   step acc8-13b env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-13b --steps 2 --warmup 1 \
     --timeout 240 --set gradient_accumulation_steps=8 --tag acc8
   python3 tools/bench_table.py table > "$logs/acc8-table.md" 2>&1
+fi
+if has tiers3; then
+  step tiers3 env TZ_BIN=$b/bin tools/bench-train.sh tz-auto configs/models/llama-15b.json \
+    --steps 3 --warmup 1 --data builtin --timeout 480 --set optimizer.params.lr=2e-5
 fi
 if has off3b || has ds64k; then
   off=(--set tierzero.cpu_adam_search=true)
