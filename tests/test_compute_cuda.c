@@ -1,7 +1,7 @@
 /* The cuda compute backend against the cpu backend, op by op on fresh random inputs at several
  * shapes (odd sequence lengths, grouped-query ratios, head dims on both attention paths), then
  * the whole tiny model: loss and every parameter's gradient. Only the public tz_compute API of
- * the two backends is used, and the CUDA runtime only to lend an instance its stream.
+ * the two backends is used, and the CUDA runtime only to lend an instance its stream and to queue transfers beside it.
  *
  * How each op is checked:
  *   - both backends get the same inputs: random values rounded to the cuda instance's storage
@@ -1796,6 +1796,73 @@ static void test_stream(void **state) {
 #endif
 }
 
+/* Copies between the host and the device, of every size around the small-copy limit (4 MiB,
+ * kernels/cuda/compute.cu) and at odd offsets, come back byte for byte; and the small ones (a
+ * step's tokens, a loss, a sync's error record) complete while gigabytes queued on another stream
+ * are still moving in the same direction: a copy engine would have taken them after those. */
+static void test_small_copies_pass_queued_transfers(void **state) {
+  (void)state;
+#ifdef TZ_HAVE_CUDA
+  struct env e;
+  TZ_ASSERT_OK(env_open(&e, TZ_BF16, TZ_F32));
+  const size_t link = 4u << 20, cap = 9u << 20;
+  unsigned char *in = malloc(cap + 1), *out = malloc(cap + 1);
+  assert_non_null(in);
+  assert_non_null(out);
+  tz_test_fill(in, cap + 1, 11);
+  void *d;
+  TZ_ASSERT_OK(tz_compute_alloc(e.gpu, cap + 1, &d));
+  const size_t sizes[] = {1, 15, 16, 17, 4095, 65539, link - 1, link, link + 1, cap};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+    for (size_t off = 0; off < 2; off++) {
+      size_t n = sizes[i];
+      memset(out, 0, n);
+      TZ_ASSERT_OK(tz_compute_copy_in(e.gpu, (unsigned char *)d + off, in + off, n));
+      TZ_ASSERT_OK(tz_compute_copy_out(e.gpu, out, (unsigned char *)d + off, n));
+      if (memcmp(in + off, out, n) != 0)
+        fail_msg("a copy of %zu bytes at offset %zu came back different", n, off);
+    }
+
+  /* 6 GiB each way queued on a stream of the caller's (some 100 ms at the link's 50-55 GB/s). */
+  const size_t big = 1u << 30;
+  void *hbig, *dbig;
+  assert_int_equal(cudaHostAlloc(&hbig, big, cudaHostAllocDefault), cudaSuccess);
+  assert_int_equal(cudaMalloc(&dbig, big), cudaSuccess);
+  cudaStream_t other;
+  cudaEvent_t done;
+  assert_int_equal(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
+  for (int dir = 0; dir < 2; dir++) {
+    for (int k = 0; k < 6; k++)
+      assert_int_equal(dir ? cudaMemcpyAsync(hbig, dbig, big, cudaMemcpyDeviceToHost, other)
+                           : cudaMemcpyAsync(dbig, hbig, big, cudaMemcpyHostToDevice, other),
+                       cudaSuccess);
+    assert_int_equal(cudaEventRecord(done, other), cudaSuccess);
+    size_t n = dir ? 8 : 256u << 10; /* a loss and a norm out; a step's tokens in */
+    if (dir)
+      TZ_ASSERT_OK(tz_compute_copy_out(e.gpu, out, d, n));
+    else
+      TZ_ASSERT_OK(tz_compute_copy_in(e.gpu, d, in, n));
+    TZ_ASSERT_OK(tz_compute_sync(e.gpu));
+    cudaError_t q = cudaEventQuery(done);
+    if (q != cudaErrorNotReady)
+      fail_msg("a %zu-byte copy %s and a sync waited for 6 GiB queued before them on another "
+               "stream (%s)", n, dir ? "out" : "in", cudaGetErrorString(q));
+    assert_int_equal(cudaEventSynchronize(done), cudaSuccess);
+  }
+  if (memcmp(in, out, 8) != 0)
+    fail_msg("the small copy out beside the queued ones came back different");
+  assert_int_equal(cudaEventDestroy(done), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(other), cudaSuccess);
+  assert_int_equal(cudaFree(dbig), cudaSuccess);
+  assert_int_equal(cudaFreeHost(hbig), cudaSuccess);
+  tz_compute_free(e.gpu, d);
+  env_close(&e);
+  free(in);
+  free(out);
+#endif
+}
+
 /* tz_compute_adam on the cuda backend gives the cpu backend's bits (kernels/adam.h), Adam and
  * AdamW, with a bf16 parameter copy; and the device query answers for the instance's GPU. */
 static void test_adam_op(void **state) {
@@ -1884,6 +1951,7 @@ int main(void) {
       cmocka_unit_test(test_sum),
       cmocka_unit_test(test_sumsq_segments),
       cmocka_unit_test(test_stream),
+      cmocka_unit_test(test_small_copies_pass_queued_transfers),
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_rmsnorm),

@@ -78,6 +78,8 @@ struct tz_cuda {
   double *rope_f_dev;               /* the same on the device (TZ_ROPE_MAX_D / 2) */
   int *err_dev;                     /* device: {code, index, value, limit} of the first bad input */
   int *err_host;                    /* pinned host copy of it, read at sync */
+  unsigned char *link;              /* pinned host buffer of TZ_CUDA_LINK_BYTES: small copies
+                                       between the host and the device (compute.cu) */
 };
 
 /* Returns scratch of at least bytes, 256-byte aligned, valid until the next call. Growing it

@@ -18,6 +18,13 @@ extern "C" {
 
 #define TZ_CUDA_DEFAULT_WORKSPACE (32u << 20)
 #define TZ_CUDA_MIN_SCRATCH (4u << 20)
+/* Copies between the host and the device of at most this many bytes go through c->link, a pinned
+ * buffer that a kernel reads or writes over the link, not through a copy engine. A copy engine
+ * takes its work in the order it was queued, whatever the stream: behind the scheduler's window
+ * (tens of GB queued on its lanes at a step's start) a 256 KiB token upload waited 1.2 s, and the
+ * 16 bytes of a sync's error record waited for every write-back queued before them
+ * (docs/cuda-kernels.md, "Small copies"). */
+#define TZ_CUDA_LINK_BYTES (4u << 20)
 
 size_t tz_cuda_scratch_grown(const struct tz_cuda *c, size_t bytes) {
   size_t want = c->scratch_bytes ? c->scratch_bytes : TZ_CUDA_MIN_SCRATCH;
@@ -62,6 +69,8 @@ static void cuda_destroy(void *ctx) {
     (void)cudaFree(c->rope_f_dev);
   if (c->err_host)
     (void)cudaFreeHost(c->err_host);
+  if (c->link)
+    (void)cudaFreeHost(c->link);
   if (c->err_dev)
     (void)cudaFree(c->err_dev);
   if (c->stream && !c->stream_borrowed)
@@ -69,19 +78,48 @@ static void cuda_destroy(void *ctx) {
   free(c);
 }
 
+/* dst[0, n) = src[0, n) by the threads of a kernel, either side in pinned host memory (read or
+ * written over the link) or on the device: 16 bytes at a time where both are aligned to it. */
+__global__ void link_copy(unsigned char *dst, const unsigned char *src, size_t n) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+  size_t words = (((uintptr_t)dst | (uintptr_t)src) & 15u) == 0 ? n / 16 : 0;
+  for (size_t w = i; w < words; w += stride)
+    ((uint4 *)dst)[w] = ((const uint4 *)src)[w];
+  for (size_t b = words * 16 + i; b < n; b += stride)
+    dst[b] = src[b];
+}
+
+/* The error record into its pinned host copy, and cleared, by one kernel (no copy engine). */
+__global__ void take_error(int *dev, int *host) {
+  if (threadIdx.x < 4) {
+    host[threadIdx.x] = dev[threadIdx.x];
+    dev[threadIdx.x] = 0;
+  }
+}
+
+/* A small copy through c->link, then a wait for it: the buffer is free whenever no call is in
+ * one of these (each returns after its kernel ran). */
+static int link_copy_sync(struct tz_cuda *c, void *dst, const void *src, size_t bytes) {
+  unsigned grid = tz_cuda_grid(c, (bytes + 15) / 16, 256);
+  if (grid > 64u)
+    grid = 64u; /* some 4 MiB at most: a few blocks keep the link's requests in flight */
+  link_copy<<<grid, 256, 0, c->stream>>>((unsigned char *)dst, (const unsigned char *)src, bytes);
+  TZ_CU(cudaGetLastError());
+  TZ_CU(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
 /* Reports (once) the bad input a kernel recorded since the last sync. The record lives in device
  * memory (atomics on mapped host memory are not atomic across PCIe on every machine) and comes
- * back through a small pinned buffer on the stream. */
+ * back through a small pinned buffer the kernel take_error writes. */
 static int take_device_error(struct tz_cuda *c) {
-  TZ_CU(
-      cudaMemcpyAsync(c->err_host, c->err_dev, 4 * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+  take_error<<<1, 32, 0, c->stream>>>(c->err_dev, c->err_host);
+  TZ_CU(cudaGetLastError());
   TZ_CU(cudaStreamSynchronize(c->stream));
   int code = c->err_host[0];
   if (!code)
     return 0;
   int index = c->err_host[1], value = c->err_host[2], limit = c->err_host[3];
-  TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
-  TZ_CU(cudaStreamSynchronize(c->stream));
   const char *what = code == TZ_CUDA_BAD_EMBED_FWD   ? "embedding_fwd token"
                      : code == TZ_CUDA_BAD_EMBED_BWD ? "embedding_bwd token"
                                                      : "xent target";
@@ -118,6 +156,10 @@ static void cuda_free(void *ctx, void *p) {
 
 static int cuda_copy_in(void *ctx, void *dst, const void *host_src, size_t bytes) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
+  if (bytes <= TZ_CUDA_LINK_BYTES) {
+    memcpy(c->link, host_src, bytes);
+    return link_copy_sync(c, dst, c->link, bytes);
+  }
   TZ_CU(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->stream));
   /* Synchronous for the host buffer (compute.h): the caller may reuse it on return. */
   TZ_CU(cudaStreamSynchronize(c->stream));
@@ -126,6 +168,11 @@ static int cuda_copy_in(void *ctx, void *dst, const void *host_src, size_t bytes
 
 static int cuda_copy_out(void *ctx, void *host_dst, const void *src, size_t bytes) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
+  if (bytes <= TZ_CUDA_LINK_BYTES) {
+    TZ_CHECK(link_copy_sync(c, c->link, src, bytes));
+    memcpy(host_dst, c->link, bytes);
+    return 0;
+  }
   TZ_CU(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
   TZ_CU(cudaStreamSynchronize(c->stream));
   return 0;
@@ -246,7 +293,14 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   TZ_CU(cudaMalloc(&c->workspace, c->workspace_bytes));
   void *scratch;
   TZ_CHECK(tz_cuda_scratch(c, TZ_CUDA_MIN_SCRATCH, &scratch));
-  TZ_CU(cudaHostAlloc((void **)&c->err_host, 4 * sizeof(int), cudaHostAllocDefault));
+  /* Pinned host memory a kernel addresses by its host pointer (unified addressing, which every
+   * 64-bit CUDA device of the toolkits this builds with has). */
+  int unified = 0;
+  TZ_CU(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, c->device));
+  if (!unified)
+    return tz_err_set(TZ_ENOTSUP, "compute cuda: device %d has no unified addressing", c->device);
+  TZ_CU(cudaHostAlloc((void **)&c->err_host, 4 * sizeof(int), cudaHostAllocMapped));
+  TZ_CU(cudaHostAlloc((void **)&c->link, TZ_CUDA_LINK_BYTES, cudaHostAllocMapped));
   TZ_CU(cudaMalloc((void **)&c->err_dev, 4 * sizeof(int)));
   TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
   enum tz_cuda_kernels attn = kernels_of(p->attention, 1);
