@@ -56,9 +56,10 @@ enum tz_cuda_kernels {
    * through core/config.h, else TZ_CUDA_KERNELS_BEST */
   TZ_CUDA_KERNELS_ENV = 0,
   TZ_CUDA_KERNELS_BEST,  /* attention: the tensor-core kernels where the shape allows, the
-                          * backward in one pass where that was measured faster (bf16, head dim
-                          * 128, or 96 with grouped kv heads: docs/cuda-kernels.md), else in two;
-                          * matmul: cuBLASLt */
+                          * forward on Hopper's warpgroup MMA where it takes the shape (bf16, head
+                          * dim 128, sm_90), the backward in one pass where that was measured
+                          * faster (bf16, head dim 128, or 96 with grouped kv heads:
+                          * docs/cuda-kernels.md), else in two; matmul: cuBLASLt */
   TZ_CUDA_KERNELS_PLAIN, /* the plain kernels for every call (attention "simple", matmul "plain") */
   TZ_CUDA_KERNELS_ONE_PASS, /* attention "one-pass": the tensor-core kernels, and the backward in
                              * one pass over the key tiles (5 tile products instead of 7); matmul:
@@ -66,9 +67,8 @@ enum tz_cuda_kernels {
   TZ_CUDA_KERNELS_TWO_PASS, /* attention "two-pass": the tensor-core kernels with the backward in
                              * two passes for every shape (BEST takes the one-pass backward where
                              * it was measured faster); matmul: as BEST */
-  TZ_CUDA_KERNELS_WGMMA,    /* attention "wgmma": the forward on Hopper's warpgroup MMA where it
-                             * takes the shape (bf16, head dim 128, sm_90), the rest as BEST;
-                             * matmul: as BEST */
+  TZ_CUDA_KERNELS_WGMMA,    /* attention "wgmma": the kernels on Hopper's warpgroup MMA where
+                             * they take the shape, the rest as BEST; matmul: as BEST */
 };
 
 /* The cuda backend's one-pass attention backward comes in tiles named "warps x query rows": a

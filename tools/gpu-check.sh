@@ -11,8 +11,9 @@
 # the kernel tests, the model's and trainer's GPU tests and tz-bench layer; attention7b: tz-auto
 # llama-7b with it beside the default kernels (recompute auto, then all), one run after the other;
 # tiers3: issue 26's item 3, the 15.5 B model on HBM, host and the disk with its fio ceiling
-# (about 380 s; .deps carries fio); wgmma: the warpgroup-MMA block (test_wgmma), the attention forward on it (tierzero.cuda_attention
-# wgmma) in the kernel, model and trainer tests, and tz-bench layer with it beside auto's;
+# (about 380 s; .deps carries fio); wgmma: the warpgroup-MMA block (test_wgmma), the attention
+# kernels on it (tierzero.cuda_attention wgmma) in the kernel, model and trainer tests, and
+# tz-bench layer with auto's kernels beside the two-pass ones (mma.sync only);
 # attnshapes: tz-bench layer at the other shapes of issue 24 (head dims 64, 80, 96, 128 with
 # grouped-query ratios up to 7:1, sequences 128 and 8192), for docs/cuda-kernels.md's table
 # acc8: issue 26's big batches, the three runs of its item 2 one after the other: tz-auto
@@ -145,7 +146,7 @@ if has wgmma; then
   step wgmma-model env TZ_CUDA_ATTENTION=wgmma ctest --test-dir $b --output-on-failure \
     -R '^test_(model|train)_gpu'
   step wgmma-layer-auto $b/bin/tz-bench layer --iters 5 --warmup 2
-  step wgmma-layer env TZ_CUDA_ATTENTION=wgmma $b/bin/tz-bench layer --iters 5 --warmup 2
+  step wgmma-layer env TZ_CUDA_ATTENTION=two-pass $b/bin/tz-bench layer --iters 5 --warmup 2
 fi
 if has attnshapes; then
   # name, then tz-bench layer's shape arguments
