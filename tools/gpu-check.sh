@@ -13,12 +13,13 @@
 # tiers3: issue 26's item 3, the 15.5 B model on HBM, host and the disk with its fio ceiling
 # (about 380 s; .deps carries fio); wgmma: the warpgroup-MMA block (test_wgmma), the attention
 # kernels on it (tierzero.cuda_attention wgmma) in the kernel, model and trainer tests, and
-# tz-bench layer with auto's kernels beside the two-pass ones (mma.sync only);
+# tz-bench layer with auto's kernels, the two-pass ones (mma.sync only) and wgmma's;
 # attnshapes: tz-bench layer at the other shapes of issue 24 (head dims 64, 80, 96, 128 with
 # grouped-query ratios up to 7:1, sequences 128 and 8192), for docs/cuda-kernels.md's table
 # acc8: issue 26's big batches, the three runs of its item 2 one after the other: tz-auto
-# llama-7b at 8 micro-batches, tz-offload llama-7b without carry in a 120 GiB window, tz-auto
-# llama-13b (docs/benchmarks.md, "Big batches: tz-offload llama-7b above tz-auto"; about 350 s)
+# llama-7b at 8 micro-batches, tz-offload llama-7b without carry in a 120 GiB window (and again
+# with tierzero.defer_rewrite), tz-auto llama-13b (docs/benchmarks.md, "Big batches: tz-offload
+# llama-7b above tz-auto"; about 420 s)
 # off3b: issue 26's item 1, tz-offload llama-3b with the CPU share searched, then also without
 # carry in a 120 GiB window (about 150 s); ds64k: its item 2's DeepSpeed pair at 64k tokens a step,
 # ds-offload llama-3b at 8 micro-batches beside tz-offload llama-3b at 8 (searched; and without
@@ -146,7 +147,8 @@ if has wgmma; then
   step wgmma-model env TZ_CUDA_ATTENTION=wgmma ctest --test-dir $b --output-on-failure \
     -R '^test_(model|train)_gpu'
   step wgmma-layer-auto $b/bin/tz-bench layer --iters 5 --warmup 2
-  step wgmma-layer env TZ_CUDA_ATTENTION=two-pass $b/bin/tz-bench layer --iters 5 --warmup 2
+  step wgmma-layer-2p env TZ_CUDA_ATTENTION=two-pass $b/bin/tz-bench layer --iters 5 --warmup 2
+  step wgmma-layer env TZ_CUDA_ATTENTION=wgmma $b/bin/tz-bench layer --iters 5 --warmup 2
 fi
 if has attnshapes; then
   # name, then tz-bench layer's shape arguments
@@ -179,6 +181,8 @@ if has acc8; then
   step acc8-auto env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-7b "${a8[@]}" --tag acc8
   step acc8-nc env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" "${off[@]}" \
     "${nc[@]}" --tag acc8nc
+  step acc8-ncd env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" "${off[@]}" \
+    "${nc[@]}" --set tierzero.defer_rewrite=true --tag acc8ncd
   step acc8-13b env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-13b --steps 2 --warmup 1 \
     --timeout 240 --set gradient_accumulation_steps=8 --tag acc8
   python3 tools/bench_table.py table > "$logs/acc8-table.md" 2>&1

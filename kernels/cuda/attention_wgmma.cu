@@ -1,21 +1,22 @@
-/* Attention forward on Hopper's warpgroup MMA (issue 24; tierzero.cuda_attention wgmma): bf16,
- * head dim 128, causal, tensors 16-byte aligned, an sm_90 device; everything else declines (1)
- * and runs the mma.sync kernels. Built for sm_90a alone (kernels/cuda/wgmma.cuh).
+/* Attention on Hopper's warpgroup MMA (issue 24): the forward (auto's and tierzero.cuda_attention
+ * wgmma's) and the two-pass backward (wgmma's, until measured faster): bf16, head dim 128,
+ * causal, tensors 16-byte aligned, an sm_90 device; everything else declines (1) and runs the
+ * mma.sync kernels. Built for sm_90a alone (kernels/cuda/wgmma.cuh).
  *
- * The algorithm and its arithmetic are attn_fwd_mma_kernel's (attention_mma.cu): a block of 64
- * query rows of one (batch, head), key tiles of 64 double-buffered with cp.async, the same online
- * softmax (softmax_step) and store (fwd_store), the longest rows first. What changes is the two
+ * The algorithms and their arithmetic are attention_mma.cu's: in the forward a block of 64 query
+ * rows of one (batch, head), key tiles of 64 double-buffered with cp.async, the same online
+ * softmax (softmax_step) and store (fwd_store), the longest rows first. What changes is the
  * products: one warpgroup (the block's 4 warps) issues S = Q K^T as 8 wgmma k16 slices from
  * shared memory and O += P V as 4 slices with P from registers, instead of each warp issuing
  * mma.sync per 16 x 8 tile. The warpgroup's accumulator fragment gives each warp 16 rows in
- * mma.sync's m16n8 layout, so softmax_step and pack_a work on it unchanged. The tiles sit in
- * shared memory in wgmma's 128-byte-swizzled layout: 64 rows by 128 columns as two 64-column
- * halves of 8 KiB each.
+ * mma.sync's m16n8 layout, so softmax_step, kv_probs and pack_a work on it unchanged. The tiles
+ * sit in shared memory in wgmma's 128-byte-swizzled layout: 64 rows by 128 columns as two
+ * 64-column halves of 8 KiB each.
  *
  * Deterministic: every sum has a fixed order (the hardware's inside each product), so the same
- * bits every run; not the bits of the mma.sync kernel (another order inside the products). This
+ * bits every run; not the bits of the mma.sync kernels (another order inside the products). This
  * first version waits for each product before the next; overlapping them (two warpgroups, one's
- * softmax beside the other's products) comes once it is checked on the GPU. */
+ * softmax beside the other's products) is the next step. */
 #include <math.h>
 #include <stdint.h>
 
@@ -134,6 +135,256 @@ __global__ void __launch_bounds__(128)
 #endif
 }
 
+/* ---- the backward in two passes, attention_mma.cu's algorithm and arithmetic ----
+ * dq: a block of 64 query rows; per key tile, s = q k^T and dp = dout v^T (8 k16 slices each,
+ * both from shared memory), ds = p (dp - delta) in registers, dq += ds k (4 slices, ds from
+ * registers, K read as an MN-major B). dk, dv: a block of 64 key rows; per chunk of 64 queries
+ * (the group's heads in increasing order, then the queries from the key tile on), s^T = k q^T
+ * and dp^T = v dout^T, p^T and ds^T by kv_probs, dv += p^T dout and dk += ds^T q. Every product
+ * is an m64n64k16 of the forward's shapes, so the tiles, descriptors and fragments are the
+ * forward's. */
+
+constexpr size_t BWD_SMEM = 6 * TILE + 4 * 64 * sizeof(float) + 1024;
+
+__global__ void __launch_bounds__(128)
+    attn_bwd_dq_wgmma_kernel(__nv_bfloat16 *dq, const __nv_bfloat16 *dout,
+                             const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                             const __nv_bfloat16 *v, const float *lse, const float *delta, int T_,
+                             int H, int Hkv, float scale, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint8_t *sQ = sm, *sdO = sm + TILE, *sK = sm + 2 * TILE, *sV = sm + 4 * TILE;
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
+  const int q0 = qt * BM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const size_t qs = (size_t)H * DH, ks = (size_t)Hkv * DH;
+  const __nv_bfloat16 *qb = q + (size_t)b * T_ * qs + (size_t)h * DH;
+  const __nv_bfloat16 *dob = dout + (size_t)b * T_ * qs + (size_t)h * DH;
+  const __nv_bfloat16 *kb = k + (size_t)b * T_ * ks + (size_t)hk * DH;
+  const __nv_bfloat16 *vb = v + (size_t)b * T_ * ks + (size_t)hk * DH;
+  const int n_kt = qt + 1;
+  const int row_lo = q0 + warp * 16 + g, row_hi = row_lo + 8;
+  const float *lb = lse + ((size_t)b * H + h) * T_, *db = delta + ((size_t)b * H + h) * T_;
+  const float lse_lo = row_lo < T_ ? __fmul_rn(lb[row_lo], LOG2E) : 0.0f;
+  const float lse_hi = row_hi < T_ ? __fmul_rn(lb[row_hi], LOG2E) : 0.0f;
+  const float del_lo = row_lo < T_ ? db[row_lo] : 0.0f;
+  const float del_hi = row_hi < T_ ? db[row_hi] : 0.0f;
+
+  load_sw(sQ, qb, qs, q0, T_ - q0);
+  load_sw(sdO, dob, qs, q0, T_ - q0);
+  load_sw(sK, kb, ks, 0, T_);
+  load_sw(sV, vb, ks, 0, T_);
+  cp_async_commit();
+
+  float acc[DH / 8][4];
+#pragma unroll
+  for (int i = 0; i < DH / 8; i++)
+    acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+  for (int kt = 0; kt < n_kt; kt++) {
+    const int buf = kt & 1;
+    if (kt + 1 < n_kt) {
+      int r0 = (kt + 1) * BN;
+      load_sw(sK + (buf ^ 1) * TILE, kb, ks, r0, T_ - r0);
+      load_sw(sV + (buf ^ 1) * TILE, vb, ks, r0, T_ - r0);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    tz_wgmma::fence_smem();
+    __syncthreads();
+    const uint8_t *Kt = sK + buf * TILE, *Vt = sV + buf * TILE;
+
+    float s[BN / 8][4], dp[BN / 8][4];
+    float(&sd)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
+    float(&dpd)[32] = *reinterpret_cast<float(*)[32]>(&dp[0][0]);
+    tz_wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; kk++) {
+      int off = (kk >> 2) * HALF + (kk & 3) * 32;
+      tz_wgmma::mma_m64n64k16_bf16<0>(sd, tz_wgmma::desc_k(sQ + off), tz_wgmma::desc_k(Kt + off),
+                                      kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; kk++) {
+      int off = (kk >> 2) * HALF + (kk & 3) * 32;
+      tz_wgmma::mma_m64n64k16_bf16<0>(dpd, tz_wgmma::desc_k(sdO + off),
+                                      tz_wgmma::desc_k(Vt + off), kk > 0);
+    }
+    tz_wgmma::commit();
+    tz_wgmma::wait<0>();
+
+    const bool diag = kt == n_kt - 1;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int key = kt * BN + nt * 8 + 2 * c + (e & 1);
+        int row = e < 2 ? row_lo : row_hi;
+        float l2 = e < 2 ? lse_lo : lse_hi, dl = e < 2 ? del_lo : del_hi;
+        float p = diag && key > row ? 0.0f : exp2f(__fsub_rn(__fmul_rn(s[nt][e], scale_log2), l2));
+        dp[nt][e] = __fmul_rn(p, __fsub_rn(dp[nt][e], dl)); /* ds */
+      }
+    }
+
+    /* acc += ds k: key slice j is rows 16 j.. of K, read as an MN-major B */
+    uint32_t dsa[BN / 16][4];
+#pragma unroll
+    for (int j = 0; j < BN / 16; j++)
+      pack_a<__nv_bfloat16, BN / 8>(dsa[j], dp, j);
+    float(&a0)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
+    float(&a1)[32] = *reinterpret_cast<float(*)[32]>(&acc[8][0]);
+    tz_wgmma::fence();
+#pragma unroll
+    for (int j = 0; j < BN / 16; j++) {
+      tz_wgmma::mma_m64n64k16_bf16_rs<1>(a0, dsa[j], tz_wgmma::desc_mn(Kt + j * 2048), 1);
+      tz_wgmma::mma_m64n64k16_bf16_rs<1>(a1, dsa[j], tz_wgmma::desc_mn(Kt + HALF + j * 2048), 1);
+    }
+    tz_wgmma::commit();
+    tz_wgmma::wait<0>();
+    __syncthreads();
+  }
+
+  __nv_bfloat16 *dqb = dq + (size_t)b * T_ * qs + (size_t)h * DH;
+#pragma unroll
+  for (int dt = 0; dt < DH / 8; dt++) {
+    int d = dt * 8 + 2 * c;
+    if (row_lo < T_)
+      store_pair(dqb + (size_t)row_lo * qs + d, __fmul_rn(acc[dt][0], scale),
+                 __fmul_rn(acc[dt][1], scale));
+    if (row_hi < T_)
+      store_pair(dqb + (size_t)row_hi * qs + d, __fmul_rn(acc[dt][2], scale),
+                 __fmul_rn(acc[dt][3], scale));
+  }
+#else
+  (void)dq, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)T_, (void)H;
+  (void)Hkv, (void)scale, (void)scale_log2;
+  __trap();
+#endif
+}
+
+__global__ void __launch_bounds__(128)
+    attn_bwd_dkdv_wgmma_kernel(__nv_bfloat16 *dk, __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
+                               const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                               const __nv_bfloat16 *v, const float *lse, const float *delta,
+                               int T_, int H, int Hkv, float scale, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint8_t *sK = sm, *sV = sm + TILE, *sQ = sm + 2 * TILE, *sdO = sm + 4 * TILE; /* Q, dO: 2 each */
+  float *sL = (float *)(sm + 6 * TILE), *sD = sL + 2 * 64; /* per buffer: lse * log2(e), delta */
+  const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int group = H / Hkv;
+  const int k0 = kt * BN;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const size_t qs = (size_t)H * DH, ks = (size_t)Hkv * DH;
+  const __nv_bfloat16 *kb = k + (size_t)b * T_ * ks + (size_t)hk * DH;
+  const __nv_bfloat16 *vb = v + (size_t)b * T_ * ks + (size_t)hk * DH;
+  const int key_lo = k0 + warp * 16 + g, key_hi = key_lo + 8;
+  const int n_chunks = (T_ - k0 + BM - 1) / BM;
+  const int n_it = group * n_chunks;
+
+  /* Chunk `it`: head hk * group + it / n_chunks, queries from k0 + (it % n_chunks) * 64. */
+  auto load_chunk = [&](int it, int buf) {
+    int h = hk * group + it / n_chunks;
+    int i0 = k0 + (it % n_chunks) * BM;
+    const __nv_bfloat16 *qb = q + (size_t)b * T_ * qs + (size_t)h * DH;
+    const __nv_bfloat16 *dob = dout + (size_t)b * T_ * qs + (size_t)h * DH;
+    load_sw(sQ + buf * TILE, qb, qs, i0, T_ - i0);
+    load_sw(sdO + buf * TILE, dob, qs, i0, T_ - i0);
+    if (threadIdx.x < BM) {
+      int t = i0 + threadIdx.x;
+      const size_t row = ((size_t)b * H + h) * T_;
+      sL[buf * BM + threadIdx.x] = t < T_ ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
+      sD[buf * BM + threadIdx.x] = t < T_ ? delta[row + t] : 0.0f;
+    }
+  };
+
+  load_sw(sK, kb, ks, k0, T_ - k0);
+  load_sw(sV, vb, ks, k0, T_ - k0);
+  load_chunk(0, 0);
+  cp_async_commit();
+
+  float dka[DH / 8][4], dva[DH / 8][4];
+#pragma unroll
+  for (int i = 0; i < DH / 8; i++) {
+    dka[i][0] = dka[i][1] = dka[i][2] = dka[i][3] = 0.0f;
+    dva[i][0] = dva[i][1] = dva[i][2] = dva[i][3] = 0.0f;
+  }
+
+  for (int it = 0; it < n_it; it++) {
+    const int buf = it & 1;
+    if (it + 1 < n_it) {
+      load_chunk(it + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    tz_wgmma::fence_smem();
+    __syncthreads();
+    const int i0 = k0 + (it % n_chunks) * BM;
+    const uint8_t *Qc = sQ + buf * TILE, *dOc = sdO + buf * TILE;
+    const float *Lc = sL + buf * BM, *Dc = sD + buf * BM;
+
+    float st[BM / 8][4], dpt[BM / 8][4];
+    float(&std_)[32] = *reinterpret_cast<float(*)[32]>(&st[0][0]);
+    float(&dptd)[32] = *reinterpret_cast<float(*)[32]>(&dpt[0][0]);
+    tz_wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; kk++) {
+      int off = (kk >> 2) * HALF + (kk & 3) * 32;
+      tz_wgmma::mma_m64n64k16_bf16<0>(std_, tz_wgmma::desc_k(sK + off), tz_wgmma::desc_k(Qc + off),
+                                      kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < DH / 16; kk++) {
+      int off = (kk >> 2) * HALF + (kk & 3) * 32;
+      tz_wgmma::mma_m64n64k16_bf16<0>(dptd, tz_wgmma::desc_k(sV + off),
+                                      tz_wgmma::desc_k(dOc + off), kk > 0);
+    }
+    tz_wgmma::commit();
+    tz_wgmma::wait<0>();
+
+    kv_probs<BM / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c);
+
+    /* dv += p^T dout, dk += ds^T q: query slice j is rows 16 j.. of the chunk's tiles */
+    uint32_t pa[BM / 16][4], dsa[BM / 16][4];
+#pragma unroll
+    for (int j = 0; j < BM / 16; j++) {
+      pack_a<__nv_bfloat16, BM / 8>(pa[j], st, j);
+      pack_a<__nv_bfloat16, BM / 8>(dsa[j], dpt, j);
+    }
+    float(&v0)[32] = *reinterpret_cast<float(*)[32]>(&dva[0][0]);
+    float(&v1)[32] = *reinterpret_cast<float(*)[32]>(&dva[8][0]);
+    float(&k0a)[32] = *reinterpret_cast<float(*)[32]>(&dka[0][0]);
+    float(&k1a)[32] = *reinterpret_cast<float(*)[32]>(&dka[8][0]);
+    tz_wgmma::fence();
+#pragma unroll
+    for (int j = 0; j < BM / 16; j++) {
+      tz_wgmma::mma_m64n64k16_bf16_rs<1>(v0, pa[j], tz_wgmma::desc_mn(dOc + j * 2048), 1);
+      tz_wgmma::mma_m64n64k16_bf16_rs<1>(v1, pa[j], tz_wgmma::desc_mn(dOc + HALF + j * 2048), 1);
+      tz_wgmma::mma_m64n64k16_bf16_rs<1>(k0a, dsa[j], tz_wgmma::desc_mn(Qc + j * 2048), 1);
+      tz_wgmma::mma_m64n64k16_bf16_rs<1>(k1a, dsa[j], tz_wgmma::desc_mn(Qc + HALF + j * 2048), 1);
+    }
+    tz_wgmma::commit();
+    tz_wgmma::wait<0>();
+    __syncthreads();
+  }
+
+  __nv_bfloat16 *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * DH;
+  __nv_bfloat16 *dvb = dv + (size_t)b * T_ * ks + (size_t)hk * DH;
+  kv_store<__nv_bfloat16, W128>(dkb, dvb, dka, dva, ks, key_lo, key_hi, T_, DH, scale, c);
+#else
+  (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)T_;
+  (void)H, (void)Hkv, (void)scale, (void)scale_log2;
+  __trap();
+#endif
+}
+
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 } /* namespace */
@@ -150,6 +401,35 @@ int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const 
   attn_fwd_wgmma_kernel<<<grid, 128, SMEM, c->stream>>>(
       (__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k,
       (const __nv_bfloat16 *)v, T, H, Hkv, scale_log2);
+  TZ_CU_LAUNCHED();
+  return 0;
+}
+
+int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
+                                const float *delta, const void *dout, const void *q,
+                                const void *k, const void *v, const float *lse, int B, int T,
+                                int H, int Hkv, int D) {
+  const void *ts[] = {dq, dk, dv, dout, q, k, v};
+  for (const void *t : ts)
+    if (!aligned16(t))
+      return 1;
+  if (c->S != TZ_BF16 || D != DH || !c->sm90 || BWD_SMEM > c->smem_optin)
+    return 1;
+  TZ_CU(cudaFuncSetAttribute((const void *)attn_bwd_dq_wgmma_kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)BWD_SMEM));
+  TZ_CU(cudaFuncSetAttribute((const void *)attn_bwd_dkdv_wgmma_kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)BWD_SMEM));
+  float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
+  typedef __nv_bfloat16 E;
+  dim3 grid_q((unsigned)((T + BM - 1) / BM), (unsigned)H, (unsigned)B);
+  attn_bwd_dq_wgmma_kernel<<<grid_q, 128, BWD_SMEM, c->stream>>>(
+      (E *)dq, (const E *)dout, (const E *)q, (const E *)k, (const E *)v, lse, delta, T, H, Hkv,
+      scale, scale_log2);
+  TZ_CU_LAUNCHED();
+  dim3 grid_kv((unsigned)((T + BN - 1) / BN), (unsigned)Hkv, (unsigned)B);
+  attn_bwd_dkdv_wgmma_kernel<<<grid_kv, 128, BWD_SMEM, c->stream>>>(
+      (E *)dk, (E *)dv, (const E *)dout, (const E *)q, (const E *)k, (const E *)v, lse, delta, T,
+      H, Hkv, scale, scale_log2);
   TZ_CU_LAUNCHED();
   return 0;
 }

@@ -59,7 +59,8 @@ struct tz_cuda {
   int attn_twopass;    /* two-pass: the two-pass backward for every shape (auto takes the one-pass
                           backward where it was measured faster: tz_cuda_attention_onepass_suits) */
   int attn_tiles;      /* its tiles: an index into tz_cuda_attention_tile_names */
-  int attn_wgmma;      /* wgmma: the forward on warpgroup MMA where it takes the shape */
+  int attn_wgmma;      /* auto and wgmma: the forward on warpgroup MMA where it takes the shape */
+  int attn_wgmma_bwd;  /* wgmma: the backward on it too (two passes) */
   int sm90;            /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
   int mm_plain;        /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
   cudaStream_t stream; /* where all work goes: params.stream, or the instance's own */
@@ -219,9 +220,14 @@ int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, int tiles, void *dq, void *
                                   const void *k, const void *v, const float *lse, int B, int T,
                                   int H, int Hkv, int D);
 int tz_cuda_attention_onepass_tiles(const struct tz_cuda *c, int H, int Hkv, int D);
-/* The forward on Hopper's warpgroup MMA (attention_wgmma.cu, built for sm_90a): bf16, head dim
- * 128, 16-byte aligned tensors, an sm_90 device; 1 where it does not take the call. */
+/* The forward and the two-pass backward on Hopper's warpgroup MMA (attention_wgmma.cu, built for
+ * sm_90a): bf16, head dim 128, 16-byte aligned tensors, an sm_90 device; 1 where they do not take
+ * the call. The backward reads delta as attention.cu's kernel leaves it. */
 int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const void *q,
                                 const void *k, const void *v, int B, int T, int H, int Hkv, int D);
+int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
+                                const float *delta, const void *dout, const void *q,
+                                const void *k, const void *v, const float *lse, int B, int T,
+                                int H, int Hkv, int D);
 
 #endif

@@ -310,6 +310,7 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   /* auto's forward is the wgmma one where it takes the shape (measured 1.41x the mma.sync one at
    * Llama-7B's layer: docs/cuda-kernels.md) */
   c->attn_wgmma = attn == TZ_CUDA_KERNELS_WGMMA || attn == TZ_CUDA_KERNELS_BEST;
+  c->attn_wgmma_bwd = attn == TZ_CUDA_KERNELS_WGMMA;
   int major = 0, minor = 0;
   TZ_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
   TZ_CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
