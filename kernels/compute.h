@@ -55,11 +55,11 @@ enum tz_cuda_kernels {
   /* default: as the key's environment variable says (TZ_CUDA_ATTENTION, TZ_CUDA_MATMUL), read
    * through core/config.h, else TZ_CUDA_KERNELS_BEST */
   TZ_CUDA_KERNELS_ENV = 0,
-  TZ_CUDA_KERNELS_BEST,  /* attention: the tensor-core kernels where the shape allows, the
-                          * forward on Hopper's warpgroup MMA where it takes the shape (bf16, head
-                          * dim 128, sm_90), the backward in one pass where that was measured
+  TZ_CUDA_KERNELS_BEST,  /* attention: the tensor-core kernels where the shape allows: on
+                          * Hopper's warpgroup MMA where they take it (bf16, head dim 128, sm_90),
+                          * else mma.sync with the backward in one pass where that was measured
                           * faster (bf16, head dim 128, or 96 with grouped kv heads:
-                          * docs/cuda-kernels.md), else in two; matmul: cuBLASLt */
+                          * docs/cuda-kernels.md) and in two elsewhere; matmul: cuBLASLt */
   TZ_CUDA_KERNELS_PLAIN, /* the plain kernels for every call (attention "simple", matmul "plain") */
   TZ_CUDA_KERNELS_ONE_PASS, /* attention "one-pass": the tensor-core kernels, and the backward in
                              * one pass over the key tiles (5 tile products instead of 7); matmul:

@@ -1,5 +1,5 @@
-/* Attention on Hopper's warpgroup MMA (issue 24): the forward (auto's and tierzero.cuda_attention
- * wgmma's) and the two-pass backward (wgmma's, until measured faster): bf16, head dim 128,
+/* Attention on Hopper's warpgroup MMA (issue 24; auto's and tierzero.cuda_attention wgmma's): the
+ * forward and the two-pass backward: bf16, head dim 128,
  * causal, tensors 16-byte aligned, an sm_90 device; everything else declines (1) and runs the
  * mma.sync kernels. Built for sm_90a alone (kernels/cuda/wgmma.cuh).
  *
