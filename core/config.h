@@ -165,6 +165,8 @@ struct tz_config {
     int window_carry;    /* the window's copies serve the next step too (tz_sched_params.carry) */
     int defer_rewrite;   /* a write-back that the step's next use would supersede waits for it
                             (tz_sched_params.defer_rewrite) */
+    uint64_t copy_queue; /* the most bytes of copies queued on one direction between two tiers
+                            at once (tz_sched_params.queue_bytes); 0 = no limit */
     int log;             /* enum tz_log_level (core/log.h) */
     int64_t trace_step;  /* step to record a lane trace for; -1 = none */
     int threads;         /* CPU optimizer threads; 0 = auto */

@@ -115,6 +115,13 @@ struct tz_sched_params {
                 busy (its write-back not landed) serves the next step's phase only when the
                 client waits for that phase and the lane has nothing else to run, since its home
                 would get those bytes only later */
+  uint64_t queue_bytes; /* the most bytes of transfers issued and not yet complete on one
+                           transfer lane (a direction between two tiers); a transfer decided
+                           beyond it waits in the scheduler's line, in the order decided, until
+                           earlier ones of its lane complete (one is always let through). What
+                           an issued transfer queues, a device's copy engine or work queue takes
+                           in order, and anything else queued there waits behind it. Staged
+                           transfers have their chunks instead. 0 (default): no limit */
 };
 void tz_sched_params_init(struct tz_sched_params *p);
 
@@ -228,6 +235,8 @@ struct tz_sched_stats {
                                of blocks homed in neither host nor device memory, on a device
                                lane */
   uint64_t staging_peak;    /* the most staging chunks held by transfers at once */
+  uint64_t queue_peak;      /* the most bytes issued and not complete on one transfer lane */
+  uint64_t queue_waits;     /* transfers that waited in line (params.queue_bytes) */
   double stall_s;           /* compute-lane time waiting on fences, all compute phases */
   double compute_s;         /* compute-lane time running phases */
   double home_stall_s;      /* home-lane time waiting on fences, all home phases */

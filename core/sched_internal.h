@@ -121,6 +121,8 @@ struct xlane {
   char name[64];
   uint64_t bytes, ops, busy_ns, busy_since;
   int in_flight;
+  uint64_t queued; /* bytes of unstaged transfers issued and not complete (params.queue_bytes) */
+  int in_line;     /* its transfers waiting in the scheduler's line */
 };
 
 struct step_rec {
@@ -147,7 +149,10 @@ struct xfer {
   int chunk; /* the staging chunk held; -1 none yet */
   int hop;
   uint64_t off;      /* bytes of the block moved by the pieces before this one */
-  struct xfer *next; /* in the scheduler's queue of staged hops (waiting for a chunk or ready) */
+  struct xfer *next; /* in the scheduler's queue of staged hops (waiting for a chunk or ready),
+                        or, unstaged, in its line (params.queue_bytes) */
+  int queued;        /* counted in its lane's queued bytes */
+  int waited;        /* counted in tz_sched_stats.queue_waits */
 };
 
 struct tz_sched {
@@ -203,6 +208,8 @@ struct tz_sched {
   unsigned chunk_busy;                       /* bit k: chunk k is held by a transfer */
   struct xfer *chunk_wait, *chunk_wait_tail; /* staged transfers waiting for a chunk, FIFO */
   struct xfer *hops, *hops_tail;             /* staged hops the pump issues next, FIFO */
+  struct xfer *line, *line_tail; /* unstaged transfers waiting for room in their lane's queue
+                                    (params.queue_bytes), in the order decided */
 
   struct home_wait *hw; /* pending home waits */
   int n_hw, cap_hw;

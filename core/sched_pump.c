@@ -258,6 +258,88 @@ static void issue(struct xfer *x) {
   tz_fence_release(f);
 }
 
+/* ---- the line: params.queue_bytes ---- */
+
+/* Whether x may be issued now: its lane has nothing queued, or room for it. Lock held. */
+static int queue_fits(const tz_sched *s, const struct xfer *x) {
+  const struct xlane *l = &s->xl[x->lane];
+  return l->queued == 0 || l->queued + x->n <= s->p.queue_bytes;
+}
+
+static void queue_count(tz_sched *s, struct xfer *x) {
+  struct xlane *l = &s->xl[x->lane];
+  l->queued += x->n;
+  x->queued = 1;
+  if (l->queued > s->st.queue_peak)
+    s->st.queue_peak = l->queued;
+}
+
+/* Of the transfers decided (acts[0..n), in the order decided) and those in line, the ones that
+ * go now into go[], the rest into the line: a transfer waits behind an earlier one of its lane,
+ * and while its lane's queue has no room for it. Returns how many go. Lock held. */
+static int queue_take(tz_sched *s, struct xfer **acts, int n, struct xfer **go) {
+  int ngo = 0;
+  for (int i = 0; i < n; i++) {
+    struct xfer *x = acts[i];
+    if (x->b->staged || !s->p.queue_bytes) {
+      if (!x->b->staged)
+        queue_count(s, x);
+      go[ngo++] = x;
+      continue;
+    }
+    x->next = NULL;
+    if (s->line_tail)
+      s->line_tail->next = x;
+    else
+      s->line = x;
+    s->line_tail = x;
+    s->xl[x->lane].in_line++;
+  }
+  int blocked[MAX_XLANES] = {0};
+  struct xfer *prev = NULL;
+  for (struct xfer *x = s->line, *next; x; x = next) {
+    next = x->next;
+    if (blocked[x->lane] || !queue_fits(s, x)) {
+      blocked[x->lane] = 1;
+      prev = x;
+      continue;
+    }
+    if (prev)
+      prev->next = next;
+    else
+      s->line = next;
+    if (s->line_tail == x)
+      s->line_tail = prev;
+    s->xl[x->lane].in_line--;
+    queue_count(s, x);
+    go[ngo++] = x;
+  }
+  for (struct xfer *x = s->line; x; x = x->next)
+    if (!x->waited) {
+      x->waited = 1;
+      s->st.queue_waits++;
+    }
+  return ngo;
+}
+
+/* Whether the line has a transfer that may go now. Lock held. */
+static int queue_ready(const tz_sched *s) {
+  int blocked[MAX_XLANES] = {0};
+  for (const struct xfer *x = s->line; x; x = x->next) {
+    if (!blocked[x->lane] && queue_fits(s, x))
+      return 1;
+    blocked[x->lane] = 1;
+  }
+  return 0;
+}
+
+static int line_length(const tz_sched *s) {
+  int n = 0;
+  for (int i = 0; i < s->n_xl; i++)
+    n += s->xl[i].in_line;
+  return n;
+}
+
 void tz_sched_pump(tz_sched *s) {
   pthread_mutex_lock(&s->mu);
   if (s->pumping) {
@@ -280,19 +362,21 @@ void tz_sched_pump(tz_sched *s) {
       pthread_mutex_lock(&s->mu);
       continue;
     }
-    if (s->n_acts == 0 && !s->hops && !s->again)
+    if (s->n_acts == 0 && !s->hops && !s->again && !queue_ready(s))
       break;
     struct xfer *hops = s->hops;
     s->hops = s->hops_tail = NULL;
-    int n = s->n_acts;
+    int n_in = s->n_acts, room = n_in + line_length(s);
     struct xfer *local[64];
-    struct xfer **acts = n <= 64 ? local : malloc(sizeof *acts * (size_t)n);
-    if (!acts) {
+    struct xfer **acts = room <= 64 ? local : malloc(sizeof *acts * (size_t)room);
+    int n;
+    if (!acts) { /* no memory: everything decided goes now, the line waits for the next pass */
       acts = s->acts;
+      n = n_in;
       s->acts = NULL;
       s->cap_acts = 0;
     } else {
-      memcpy(acts, s->acts, sizeof *acts * (size_t)n);
+      n = queue_take(s, s->acts, n_in, acts);
     }
     s->n_acts = 0;
     pthread_mutex_unlock(&s->mu);
@@ -330,6 +414,8 @@ static void xfer_done(void *arg, int rc) {
   pthread_mutex_lock(&s->mu);
   s->n_xfers--;
   tz_sched_xlane_end(s, x->lane, now);
+  if (x->queued)
+    s->xl[x->lane].queued -= x->n;
   if (x->kind == ACT_FILL) {
     c->filling = 0;
     b->n_fills++;

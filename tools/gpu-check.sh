@@ -25,7 +25,8 @@
 # ds-offload llama-3b at 8 micro-batches beside tz-offload llama-3b at 8 (searched; and without
 # carry in 120 GiB), one after the other (DeepSpeed from .whl/ds: carry it; about 330 s)
 # hold: tz-offload llama-7b at 8 micro-batches without carry, with the driver's default number of
-# hardware work queues and with CUDA_DEVICE_MAX_CONNECTIONS=32 (about 180 s)
+# hardware work queues, with CUDA_DEVICE_MAX_CONNECTIONS=32, and with tierzero.copy_queue=2GiB
+# (about 270 s)
 # (each step fits one device call).
 set -uo pipefail
 steps=${*:-tests topo tiers adam collectives hf families layer prefetch train product}
@@ -192,11 +193,14 @@ fi
 if has hold; then
   # The hold at a step's start (docs/benchmarks.md, "Issue 26 on the H200, 2026-12-03, later"):
   # tz-offload llama-7b at 8 micro-batches without carry, with the driver's default number of
-  # hardware work queues, then with 32 (one per stream), one after the other
+  # hardware work queues, then with 32 (one per stream), then with the copies queued a direction
+  # bounded to 2 GiB, one after the other
   step hold-8 env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" "${off[@]}" \
     "${nc[@]}" --tag acc8nc
   step hold-32 env TZ_BIN=$b/bin CUDA_DEVICE_MAX_CONNECTIONS=32 tools/bench-train.sh tz-offload \
     llama-7b "${a8[@]}" "${off[@]}" "${nc[@]}" --tag acc8nc32
+  step hold-q env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" "${off[@]}" \
+    "${nc[@]}" --set tierzero.copy_queue=2GiB --tag acc8ncq
 fi
 if has tiers3; then
   step tiers3 env TZ_BIN=$b/bin tools/bench-train.sh tz-auto configs/models/llama-15b.json \

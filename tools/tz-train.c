@@ -323,6 +323,9 @@ static void print_summary(const struct printer *p, const struct tz_run_event *ev
          (double)st->flush_bytes / (1 << 20), (unsigned long long)st->hits,
          (unsigned long long)st->in_place, (unsigned long long)st->evictions,
          (unsigned long long)st->flush_waits, st->stall_s, st->compute_s);
+  printf("tz-train: copies queued on one direction at most %.1f MiB (tierzero.copy_queue), "
+         "%llu waited in line\n",
+         (double)st->queue_peak / (1 << 20), (unsigned long long)st->queue_waits);
   if (p->o->demo_dir)
     printf("tz-train: demo: loss %.4f at the first step, %.4f at the last (%.2f of the first)\n",
            ev->first_loss, ev->last_loss, ev->last_loss / ev->first_loss);

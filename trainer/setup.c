@@ -484,6 +484,7 @@ static int create_sched(tz_trainer *tr) {
   sp.wait_for_write_back = c->tierzero.wait_for_write_back;
   sp.carry = c->tierzero.window_carry;
   sp.defer_rewrite = c->tierzero.defer_rewrite;
+  sp.queue_bytes = c->tierzero.copy_queue;
   sp.stage_chunk_bytes = c->tierzero.nvme_stage_bytes;
   sp.stage_chunks = c->tierzero.nvme_stage_chunks;
   TZ_CHECK(tz_sched_create(tr->rt, &sp, &tr->sched));
