@@ -46,6 +46,29 @@ __device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, s
                ok ? 16 : 0);
   }
 }
+
+/* d = a b^T over the head dimension, 8 k16 slices, the accumulators overwritten: a and b 64 x 128
+ * swizzled tiles, both K-major. Issued, not waited for. */
+__device__ __forceinline__ void product_k(float (&d)[32], const uint8_t *a, const uint8_t *b) {
+#pragma unroll
+  for (int kk = 0; kk < DH / 16; kk++) {
+    int off = (kk >> 2) * HALF + (kk & 3) * 32; /* slice kk: 32 bytes into half kk / 4 */
+    tz_wgmma::mma_m64n64k16_bf16<0>(d, tz_wgmma::desc_k(a + off), tz_wgmma::desc_k(b + off),
+                                    kk > 0);
+  }
+}
+
+/* (d0 | d1) += a b over b's 64 rows, 4 k16 slices: a 64 x 64 in registers (pack_a's fragments of
+ * probabilities or score gradients, a[j] for rows 16 j.. of b), b a 64 x 128 swizzled tile read
+ * MN-major, its two 64-column halves into d0 and d1. Issued, not waited for. */
+__device__ __forceinline__ void product_mn(float (&d0)[32], float (&d1)[32],
+                                           const uint32_t (&a)[4][4], const uint8_t *b) {
+#pragma unroll
+  for (int j = 0; j < 4; j++) { /* slice j: rows 16 j.., 2048 bytes into each half */
+    tz_wgmma::mma_m64n64k16_bf16_rs<1>(d0, a[j], tz_wgmma::desc_mn(b + j * 2048), 1);
+    tz_wgmma::mma_m64n64k16_bf16_rs<1>(d1, a[j], tz_wgmma::desc_mn(b + HALF + j * 2048), 1);
+  }
+}
 #endif
 
 __global__ void __launch_bounds__(128)
@@ -93,23 +116,18 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
     const uint8_t *Kt = sK + buf * TILE, *Vt = sV + buf * TILE;
 
-    /* s = q k^T: k16 slice kk is 32 bytes into half kk / 4 of both tiles */
+    /* s = q k^T */
     float s[BN / 8][4];
     float(&sd)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
     tz_wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < DH / 16; kk++) {
-      int off = (kk >> 2) * HALF + (kk & 3) * 32;
-      tz_wgmma::mma_m64n64k16_bf16<0>(sd, tz_wgmma::desc_k(sQ + off), tz_wgmma::desc_k(Kt + off),
-                                      kk > 0);
-    }
+    product_k(sd, sQ, Kt);
     tz_wgmma::commit();
     tz_wgmma::wait<0>();
 
     softmax_step<BN / 8, DH / 8>(s, o, m_lo, m_hi, l_lo, l_hi, kt == n_kt - 1, kt * BN, row_lo,
                                  row_hi, c, scale_log2);
 
-    /* o += p v: key slice j is rows 16 j.. of V, 2048 bytes into each half */
+    /* o += p v */
     uint32_t pa[BN / 16][4];
 #pragma unroll
     for (int j = 0; j < BN / 16; j++)
@@ -117,11 +135,7 @@ __global__ void __launch_bounds__(128)
     float(&o0)[32] = *reinterpret_cast<float(*)[32]>(&o[0][0]);
     float(&o1)[32] = *reinterpret_cast<float(*)[32]>(&o[8][0]);
     tz_wgmma::fence();
-#pragma unroll
-    for (int j = 0; j < BN / 16; j++) {
-      tz_wgmma::mma_m64n64k16_bf16_rs<1>(o0, pa[j], tz_wgmma::desc_mn(Vt + j * 2048), 1);
-      tz_wgmma::mma_m64n64k16_bf16_rs<1>(o1, pa[j], tz_wgmma::desc_mn(Vt + HALF + j * 2048), 1);
-    }
+    product_mn(o0, o1, pa, Vt);
     tz_wgmma::commit();
     tz_wgmma::wait<0>();
     __syncthreads(); /* this buffer is refilled two tiles from now */
@@ -202,18 +216,8 @@ __global__ void __launch_bounds__(128)
     float(&sd)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
     float(&dpd)[32] = *reinterpret_cast<float(*)[32]>(&dp[0][0]);
     tz_wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < DH / 16; kk++) {
-      int off = (kk >> 2) * HALF + (kk & 3) * 32;
-      tz_wgmma::mma_m64n64k16_bf16<0>(sd, tz_wgmma::desc_k(sQ + off), tz_wgmma::desc_k(Kt + off),
-                                      kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < DH / 16; kk++) {
-      int off = (kk >> 2) * HALF + (kk & 3) * 32;
-      tz_wgmma::mma_m64n64k16_bf16<0>(dpd, tz_wgmma::desc_k(sdO + off),
-                                      tz_wgmma::desc_k(Vt + off), kk > 0);
-    }
+    product_k(sd, sQ, Kt);
+    product_k(dpd, sdO, Vt);
     tz_wgmma::commit();
     tz_wgmma::wait<0>();
 
@@ -230,7 +234,7 @@ __global__ void __launch_bounds__(128)
       }
     }
 
-    /* acc += ds k: key slice j is rows 16 j.. of K, read as an MN-major B */
+    /* acc += ds k */
     uint32_t dsa[BN / 16][4];
 #pragma unroll
     for (int j = 0; j < BN / 16; j++)
@@ -238,11 +242,7 @@ __global__ void __launch_bounds__(128)
     float(&a0)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
     float(&a1)[32] = *reinterpret_cast<float(*)[32]>(&acc[8][0]);
     tz_wgmma::fence();
-#pragma unroll
-    for (int j = 0; j < BN / 16; j++) {
-      tz_wgmma::mma_m64n64k16_bf16_rs<1>(a0, dsa[j], tz_wgmma::desc_mn(Kt + j * 2048), 1);
-      tz_wgmma::mma_m64n64k16_bf16_rs<1>(a1, dsa[j], tz_wgmma::desc_mn(Kt + HALF + j * 2048), 1);
-    }
+    product_mn(a0, a1, dsa, Kt);
     tz_wgmma::commit();
     tz_wgmma::wait<0>();
     __syncthreads();
@@ -334,24 +334,14 @@ __global__ void __launch_bounds__(128)
     float(&std_)[32] = *reinterpret_cast<float(*)[32]>(&st[0][0]);
     float(&dptd)[32] = *reinterpret_cast<float(*)[32]>(&dpt[0][0]);
     tz_wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < DH / 16; kk++) {
-      int off = (kk >> 2) * HALF + (kk & 3) * 32;
-      tz_wgmma::mma_m64n64k16_bf16<0>(std_, tz_wgmma::desc_k(sK + off), tz_wgmma::desc_k(Qc + off),
-                                      kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < DH / 16; kk++) {
-      int off = (kk >> 2) * HALF + (kk & 3) * 32;
-      tz_wgmma::mma_m64n64k16_bf16<0>(dptd, tz_wgmma::desc_k(sV + off),
-                                      tz_wgmma::desc_k(dOc + off), kk > 0);
-    }
+    product_k(std_, sK, Qc);
+    product_k(dptd, sV, dOc);
     tz_wgmma::commit();
     tz_wgmma::wait<0>();
 
     kv_probs<BM / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c);
 
-    /* dv += p^T dout, dk += ds^T q: query slice j is rows 16 j.. of the chunk's tiles */
+    /* dv += p^T dout, dk += ds^T q */
     uint32_t pa[BM / 16][4], dsa[BM / 16][4];
 #pragma unroll
     for (int j = 0; j < BM / 16; j++) {
@@ -364,7 +354,7 @@ __global__ void __launch_bounds__(128)
     float(&k1a)[32] = *reinterpret_cast<float(*)[32]>(&dka[8][0]);
     tz_wgmma::fence();
 #pragma unroll
-    for (int j = 0; j < BM / 16; j++) {
+    for (int j = 0; j < BM / 16; j++) { /* product_mn's two products, slice by slice */
       tz_wgmma::mma_m64n64k16_bf16_rs<1>(v0, pa[j], tz_wgmma::desc_mn(dOc + j * 2048), 1);
       tz_wgmma::mma_m64n64k16_bf16_rs<1>(v1, pa[j], tz_wgmma::desc_mn(dOc + HALF + j * 2048), 1);
       tz_wgmma::mma_m64n64k16_bf16_rs<1>(k0a, dsa[j], tz_wgmma::desc_mn(Qc + j * 2048), 1);
