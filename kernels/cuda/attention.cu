@@ -374,14 +374,14 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
     return 0;
   }));
   if (!c->attn_simple) {
-    /* wgmma's where asked and it takes the shape, else one-pass in its tiles, auto's where it is
+    /* wgmma's where it takes the shape, else one-pass in its tiles, auto's where it is
      * faster, else (or where they decline) two-pass */
     int tiles = c->attn_onepass   ? c->attn_tiles
                 : c->attn_twopass ? -1
                                   : tz_cuda_attention_onepass_tiles(c, H, Hkv, D);
-    int rc = c->attn_wgmma_bwd ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v,
-                                                            lse, B, T, H, Hkv, D)
-                               : 1;
+    int rc = c->attn_wgmma ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v, lse,
+                                                        B, T, H, Hkv, D)
+                           : 1;
     if (rc > 0 && tiles >= 0)
       rc = tz_cuda_attention_bwd_onepass(c, tiles, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
                                          Hkv, D);

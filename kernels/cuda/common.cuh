@@ -59,8 +59,8 @@ struct tz_cuda {
   int attn_twopass;    /* two-pass: the two-pass backward for every shape (auto takes the one-pass
                           backward where it was measured faster: tz_cuda_attention_onepass_suits) */
   int attn_tiles;      /* its tiles: an index into tz_cuda_attention_tile_names */
-  int attn_wgmma;      /* auto and wgmma: the forward on warpgroup MMA where it takes the shape */
-  int attn_wgmma_bwd;  /* and the backward on it (two passes) */
+  int attn_wgmma;      /* auto and wgmma: the forward and backward on warpgroup MMA where they
+                          take the shape */
   int sm90;            /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
   int mm_plain;        /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
   cudaStream_t stream; /* where all work goes: params.stream, or the instance's own */

@@ -23,7 +23,7 @@ extern "C" {
  * takes its work in the order it was queued, whatever the stream: behind the scheduler's window
  * (tens of GB queued on its lanes at a step's start) a 256 KiB token upload waited 1.2 s, and the
  * 16 bytes of a sync's error record waited for every write-back queued before them
- * (docs/cuda-kernels.md, "Small copies"). */
+ * (docs/benchmarks.md, "Issue 26 on the H200, 2026-12-03, later"). */
 #define TZ_CUDA_LINK_BYTES (4u << 20)
 
 size_t tz_cuda_scratch_grown(const struct tz_cuda *c, size_t bytes) {
@@ -310,7 +310,6 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   /* auto's kernels are the wgmma ones where they take the shape (at Llama-7B's layer the forward
    * 1.41x and the backward 1.40x the mma.sync ones: docs/cuda-kernels.md) */
   c->attn_wgmma = attn == TZ_CUDA_KERNELS_WGMMA || attn == TZ_CUDA_KERNELS_BEST;
-  c->attn_wgmma_bwd = attn == TZ_CUDA_KERNELS_WGMMA || attn == TZ_CUDA_KERNELS_BEST;
   int major = 0, minor = 0;
   TZ_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
   TZ_CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
