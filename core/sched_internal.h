@@ -122,7 +122,6 @@ struct xlane {
   uint64_t bytes, ops, busy_ns, busy_since;
   int in_flight;
   uint64_t queued; /* bytes of unstaged transfers issued and not complete (params.queue_bytes) */
-  int in_line;     /* its transfers waiting in the scheduler's line */
 };
 
 struct step_rec {
@@ -210,6 +209,7 @@ struct tz_sched {
   struct xfer *hops, *hops_tail;             /* staged hops the pump issues next, FIFO */
   struct xfer *line, *line_tail; /* unstaged transfers waiting for room in their lane's queue
                                     (params.queue_bytes), in the order decided */
+  int n_line;
 
   struct home_wait *hw; /* pending home waits */
   int n_hw, cap_hw;

@@ -293,7 +293,7 @@ static int queue_take(tz_sched *s, struct xfer **acts, int n, struct xfer **go) 
     else
       s->line = x;
     s->line_tail = x;
-    s->xl[x->lane].in_line++;
+    s->n_line++;
   }
   int blocked[MAX_XLANES] = {0};
   struct xfer *prev = NULL;
@@ -310,7 +310,7 @@ static int queue_take(tz_sched *s, struct xfer **acts, int n, struct xfer **go) 
       s->line = next;
     if (s->line_tail == x)
       s->line_tail = prev;
-    s->xl[x->lane].in_line--;
+    s->n_line--;
     queue_count(s, x);
     go[ngo++] = x;
   }
@@ -331,13 +331,6 @@ static int queue_ready(const tz_sched *s) {
     blocked[x->lane] = 1;
   }
   return 0;
-}
-
-static int line_length(const tz_sched *s) {
-  int n = 0;
-  for (int i = 0; i < s->n_xl; i++)
-    n += s->xl[i].in_line;
-  return n;
 }
 
 void tz_sched_pump(tz_sched *s) {
@@ -366,7 +359,7 @@ void tz_sched_pump(tz_sched *s) {
       break;
     struct xfer *hops = s->hops;
     s->hops = s->hops_tail = NULL;
-    int n_in = s->n_acts, room = n_in + line_length(s);
+    int n_in = s->n_acts, room = n_in + s->n_line;
     struct xfer *local[64];
     struct xfer **acts = room <= 64 ? local : malloc(sizeof *acts * (size_t)room);
     int n;
