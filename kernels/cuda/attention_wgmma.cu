@@ -47,6 +47,26 @@ __device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, s
   }
 }
 
+/* The key tiles' double buffer, at the start of key tile kt of n_kt (the forward's and dq's
+ * loop): tile kt + 1 of K and V (rows from (kt + 1) * 64) starts loading into the other buffer,
+ * and tile kt is waited for and made visible to the products. */
+__device__ __forceinline__ void next_kv_tile(uint8_t *sK, uint8_t *sV, const __nv_bfloat16 *kb,
+                                             const __nv_bfloat16 *vb, size_t ks, int kt, int n_kt,
+                                             int T_) {
+  const int buf = kt & 1;
+  if (kt + 1 < n_kt) {
+    int r0 = (kt + 1) * BN;
+    load_sw(sK + (buf ^ 1) * TILE, kb, ks, r0, T_ - r0);
+    load_sw(sV + (buf ^ 1) * TILE, vb, ks, r0, T_ - r0);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  tz_wgmma::fence_smem(); /* cp.async's writes, before the products read them */
+  __syncthreads();
+}
+
 /* d = a b^T over the head dimension, 8 k16 slices, the accumulators overwritten: a and b 64 x 128
  * swizzled tiles, both K-major. Issued, not waited for. */
 __device__ __forceinline__ void product_k(float (&d)[32], const uint8_t *a, const uint8_t *b) {
@@ -103,17 +123,7 @@ __global__ void __launch_bounds__(128)
 
   for (int kt = 0; kt < n_kt; kt++) {
     const int buf = kt & 1;
-    if (kt + 1 < n_kt) {
-      int r0 = (kt + 1) * BN;
-      load_sw(sK + (buf ^ 1) * TILE, kb, ks, r0, T_ - r0);
-      load_sw(sV + (buf ^ 1) * TILE, vb, ks, r0, T_ - r0);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    tz_wgmma::fence_smem(); /* cp.async's writes, before the products read them */
-    __syncthreads();
+    next_kv_tile(sK, sV, kb, vb, ks, kt, n_kt, T_);
     const uint8_t *Kt = sK + buf * TILE, *Vt = sV + buf * TILE;
 
     /* s = q k^T */
@@ -199,17 +209,7 @@ __global__ void __launch_bounds__(128)
 
   for (int kt = 0; kt < n_kt; kt++) {
     const int buf = kt & 1;
-    if (kt + 1 < n_kt) {
-      int r0 = (kt + 1) * BN;
-      load_sw(sK + (buf ^ 1) * TILE, kb, ks, r0, T_ - r0);
-      load_sw(sV + (buf ^ 1) * TILE, vb, ks, r0, T_ - r0);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    tz_wgmma::fence_smem();
-    __syncthreads();
+    next_kv_tile(sK, sV, kb, vb, ks, kt, n_kt, T_);
     const uint8_t *Kt = sK + buf * TILE, *Vt = sV + buf * TILE;
 
     float s[BN / 8][4], dp[BN / 8][4];
