@@ -233,18 +233,8 @@ __global__ void __launch_bounds__(NTHREADS)
       }
     }
 
-    const bool diag = kt == n_kt - 1;
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int key = kt * DQ_BN + nt * 8 + 2 * c + (e & 1);
-        int row = e < 2 ? row_lo : row_hi;
-        float l2 = e < 2 ? lse_lo : lse_hi, dl = e < 2 ? del_lo : del_hi;
-        float p = diag && key > row ? 0.0f : exp2f(__fsub_rn(__fmul_rn(s[nt][e], scale_log2), l2));
-        dp[nt][e] = __fmul_rn(p, __fsub_rn(dp[nt][e], dl)); /* ds */
-      }
-    }
+    q_probs<NS>(s, dp, kt == n_kt - 1, kt * DQ_BN, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
+                c, scale_log2);
 
     /* acc += ds k */
 #pragma unroll
@@ -262,19 +252,7 @@ __global__ void __launch_bounds__(NTHREADS)
     __syncthreads();
   }
 
-  T *dqb = dq + (size_t)b * T_ * qs + (size_t)h * D;
-#pragma unroll
-  for (int dt = 0; dt < ND; dt++) {
-    int d = dt * 8 + 2 * c;
-    if (W::PAD && d >= D)
-      continue;
-    if (row_lo < T_)
-      store_pair(dqb + (size_t)row_lo * qs + d, __fmul_rn(acc[dt][0], scale),
-                 __fmul_rn(acc[dt][1], scale));
-    if (row_hi < T_)
-      store_pair(dqb + (size_t)row_hi * qs + d, __fmul_rn(acc[dt][2], scale),
-                 __fmul_rn(acc[dt][3], scale));
-  }
+  q_store<T, W>(dq + (size_t)b * T_ * qs + (size_t)h * D, acc, qs, row_lo, row_hi, T_, D, scale, c);
 }
 
 /* ---- backward dk, dv: block = 64 key rows of one (batch, kv head); query chunks of 32 ----

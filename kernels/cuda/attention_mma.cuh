@@ -1,5 +1,5 @@
 /* The pieces the tensor-core attention kernels share (attention_mma.cu: forward and the two-pass
- * backward; attention_onepass.cu: the one-pass backward): fragment addressing in shared tiles,
+ * backward; attention_onepass.cu: the one-pass backward; attention_wgmma.cu: warpgroup MMA): fragment addressing in shared tiles,
  * tile widths, cp.async tile loads, and quad reductions. The fragment layouts and the tile
  * widths are described at the top of attention_mma.cu. */
 #ifndef TZ_KERNELS_CUDA_ATTENTION_MMA_CUH
@@ -191,6 +191,50 @@ fwd_store(T *out, float *lse, const float (&o)[W::DP / 8][4], float l_lo, float 
       lb[row_lo] = __fmul_rn(__fadd_rn(m_lo, log2f(l_lo)), LN2);
     if (row_hi < T_)
       lb[row_hi] = __fmul_rn(__fadd_rn(m_hi, log2f(l_hi)), LN2);
+  }
+}
+
+/* ---- the query tiles' pass of the backward (attention_mma.cu's dq kernel, attention_wgmma.cu's)
+ * Query rows are the warps' M dimension: s = q k^T, dp = dout v^T, ds = p (dp - delta); dq +=
+ * ds k. */
+
+/* ds into dp, in place, for the warp's 16 query rows (row_lo, row_hi: this thread's two, with
+ * their lse * log2(e) and delta) against a key tile of 8 NS keys from key0; diag: the tile of
+ * the rows' own keys, where keys after the row give 0. */
+template <int NS>
+__device__ __forceinline__ void q_probs(const float (&s)[NS][4], float (&dp)[NS][4], bool diag,
+                                        int key0, int row_lo, int row_hi, float lse_lo,
+                                        float lse_hi, float del_lo, float del_hi, int c,
+                                        float scale_log2) {
+#pragma unroll
+  for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int key = key0 + nt * 8 + 2 * c + (e & 1);
+      int row = e < 2 ? row_lo : row_hi;
+      float l2 = e < 2 ? lse_lo : lse_hi, dl = e < 2 ? del_lo : del_hi;
+      float p = diag && key > row ? 0.0f : exp2f(__fsub_rn(__fmul_rn(s[nt][e], scale_log2), l2));
+      dp[nt][e] = __fmul_rn(p, __fsub_rn(dp[nt][e], dl)); /* ds */
+    }
+  }
+}
+
+/* The warp's rows of dq (times scale) into dqb (the (batch, head)'s first row, rows qs apart). */
+template <typename T, typename W>
+__device__ __forceinline__ void q_store(T *dqb, const float (&acc)[W::DP / 8][4], size_t qs,
+                                        int row_lo, int row_hi, int T_, int D, float scale,
+                                        int c) {
+#pragma unroll
+  for (int dt = 0; dt < W::DP / 8; dt++) {
+    int d = dt * 8 + 2 * c;
+    if (W::PAD && d >= D)
+      continue;
+    if (row_lo < T_)
+      store_pair(dqb + (size_t)row_lo * qs + d, __fmul_rn(acc[dt][0], scale),
+                 __fmul_rn(acc[dt][1], scale));
+    if (row_hi < T_)
+      store_pair(dqb + (size_t)row_hi * qs + d, __fmul_rn(acc[dt][2], scale),
+                 __fmul_rn(acc[dt][3], scale));
   }
 }
 

@@ -221,18 +221,8 @@ __global__ void __launch_bounds__(128)
     tz_wgmma::commit();
     tz_wgmma::wait<0>();
 
-    const bool diag = kt == n_kt - 1;
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; nt++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int key = kt * BN + nt * 8 + 2 * c + (e & 1);
-        int row = e < 2 ? row_lo : row_hi;
-        float l2 = e < 2 ? lse_lo : lse_hi, dl = e < 2 ? del_lo : del_hi;
-        float p = diag && key > row ? 0.0f : exp2f(__fsub_rn(__fmul_rn(s[nt][e], scale_log2), l2));
-        dp[nt][e] = __fmul_rn(p, __fsub_rn(dp[nt][e], dl)); /* ds */
-      }
-    }
+    q_probs<BN / 8>(s, dp, kt == n_kt - 1, kt * BN, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
+                    c, scale_log2);
 
     /* acc += ds k */
     uint32_t dsa[BN / 16][4];
@@ -248,17 +238,8 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
   }
 
-  __nv_bfloat16 *dqb = dq + (size_t)b * T_ * qs + (size_t)h * DH;
-#pragma unroll
-  for (int dt = 0; dt < DH / 8; dt++) {
-    int d = dt * 8 + 2 * c;
-    if (row_lo < T_)
-      store_pair(dqb + (size_t)row_lo * qs + d, __fmul_rn(acc[dt][0], scale),
-                 __fmul_rn(acc[dt][1], scale));
-    if (row_hi < T_)
-      store_pair(dqb + (size_t)row_hi * qs + d, __fmul_rn(acc[dt][2], scale),
-                 __fmul_rn(acc[dt][3], scale));
-  }
+  q_store<__nv_bfloat16, W128>(dq + (size_t)b * T_ * qs + (size_t)h * DH, acc, qs, row_lo, row_hi,
+                               T_, DH, scale, c);
 #else
   (void)dq, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)T_, (void)H;
   (void)Hkv, (void)scale, (void)scale_log2;
