@@ -237,8 +237,13 @@ static int reserve_needs(tz_sched *s, const struct inst *I, int *need, int *n_ne
      * (the step's first forward behind the whole folded update's, about a second on an H200).
      * Serving a busy copy any earlier would carry it: with a lookahead as long as a step, the
      * next step's use of every block written late in a step is placed while its write-back is
-     * in flight. */
-    if (not_carried(s, b, I->step)) {
+     * in flight. A use that only writes reads nothing to carry: the copy, busy or not, serves as
+     * the place it writes (its enter waits for the copy's write-back in flight, and the lane runs
+     * it after every phase before it). Waiting there would hold the window's in-order look at
+     * the step's end: the folded update writes each layer's parameters, whose copies the last
+     * backward reads, so no fill of the next step's optimizer state could start before the step
+     * ended (test_not_carried_write_only_use_looks_ahead). */
+    if (not_carried(s, b, I->step) && (ph->uses[k].access & TZ_ACCESS_READ)) {
       if (evictable(b))
         tz_sched_copy_free(s, b, "not carried into the next step");
       else if (s->waiting != I || s->n_running > 0)

@@ -187,6 +187,7 @@ struct job {
   tz_sched *hold_s;
   int hold_block;
   uint64_t hold_fills;
+  int hold_must; /* the job fails if the fills did not come while it held the lane */
   int n;
   struct {
     uint8_t *p;
@@ -229,6 +230,10 @@ static int job_run(void *arg) {
          tz_sched_block_stats(j->hold_s, j->hold_block, &fills, NULL, NULL) == 0 &&
          fills < j->hold_fills)
     usleep(200);
+  if (rc == 0 && j->hold_must && fills < j->hold_fills)
+    rc = tz_err_set(TZ_ETIMEDOUT, "block %d brought in %llu times while the lane was held 10 s, "
+                    "%llu expected", j->hold_block, (unsigned long long)fills,
+                    (unsigned long long)j->hold_fills);
   free(j);
   return rc;
 }
@@ -1224,6 +1229,61 @@ static void test_not_carried_ahead(void **state) {
   assert_int_equal(flushes, 3);
 }
 
+/* Without carry, the folded step's shape: opt reads and writes the state S and writes the
+ * parameters P, which fwd and bwd read. The next step's opt only writes P, so P's copy, which
+ * bwd still reads, serves it as the place it writes: the window looks past the step's end and
+ * S's next fill (read from its home, after its write-back) comes while bwd still runs. bwd holds
+ * the lane until it has, and fails if it does not within 10 s. P is never read from its home. */
+static void test_not_carried_write_only_use_looks_ahead(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, (3u << 20) + tz_runtime_chunk_bytes(e.rt), 8);
+  p.carry = 0;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "S", 1u << 20, HOME_HOST, 41);
+  add_block(&e, "P", 1u << 20, HOME_HOST, 42);
+  struct tz_block_use opt[2] = {{0, TZ_ACCESS_READWRITE}, {1, TZ_ACCESS_WRITE}};
+  struct tz_block_use rp[1] = {{1, TZ_ACCESS_READ}};
+  struct tz_phase_decl ph[3] = {{"opt", opt, 2}, {"fwd", rp, 1}, {"bwd", rp, 1}};
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 3));
+  for (int step = 0; step < 3; step++) {
+    TZ_ASSERT_OK(run_phase(&e, 0, 0));
+    TZ_ASSERT_OK(run_phase(&e, 1, 0));
+    struct tz_view v;
+    TZ_ASSERT_OK(tz_sched_enter(e.s, 2, &v));
+    struct job *j = calloc(1, sizeof *j);
+    j->hold_s = e.s;
+    j->hold_block = 0;
+    j->hold_fills = (uint64_t)step + 2; /* this step's and the next's */
+    j->hold_must = 1;
+    j->n = 1;
+    j->b[0].p = v.blocks[0].ptr;
+    j->b[0].base = e.m.base[1];
+    j->b[0].bytes = e.m.bytes[1];
+    j->b[0].access = TZ_ACCESS_READ;
+    j->b[0].block = 1;
+    j->b[0].v = e.m.version[1];
+    TZ_ASSERT_OK(tz_sched_submit(e.s, job_run, j));
+    TZ_ASSERT_OK(tz_sched_leave(e.s, 2));
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+  }
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  uint64_t fs, fp, flushes;
+  TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, &fs, &flushes, NULL));
+  TZ_ASSERT_OK(tz_sched_block_stats(e.s, 1, &fp, NULL, NULL));
+  print_message("without carry, write-only use: S %llu fills, %llu write-backs; P %llu fills\n",
+                (unsigned long long)fs, (unsigned long long)flushes, (unsigned long long)fp);
+  assert_int_equal(fs, 4); /* every step's, and the next step's during the last bwd */
+  assert_int_equal(flushes, 3);
+  assert_int_equal(fp, 0);
+  check_homes(&e);
+  check_bytes(&e);
+  check_budget(&e);
+  free_env(&e);
+}
+
 /* tz_sched_params.queue_bytes: six blocks whose home's transfers are each 20 ms late, a window
  * with room for all of them and a lookahead over the step, so the window decides the step's
  * fills together. Without the bound several are issued and in flight on the lane at once; with
@@ -2147,6 +2207,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_prefetch_waits_for_write_back, arm, disarm),
       cmocka_unit_test_setup_teardown(test_not_carried_unless_busy, arm, disarm),
       cmocka_unit_test_setup_teardown(test_not_carried_ahead, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_not_carried_write_only_use_looks_ahead, arm, disarm),
       cmocka_unit_test_setup_teardown(test_copy_queue, arm, disarm),
       cmocka_unit_test_setup_teardown(test_rewrite_deferred, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_step, arm, disarm),

@@ -17,9 +17,8 @@
 # attnshapes: tz-bench layer at the other shapes of issue 24 (head dims 64, 80, 96, 128 with
 # grouped-query ratios up to 7:1, sequences 128 and 8192), for docs/cuda-kernels.md's table
 # acc8: issue 26's big batches, the three runs of its item 2 one after the other: tz-auto
-# llama-7b at 8 micro-batches, tz-offload llama-7b without carry in a 120 GiB window (and again
-# with tierzero.defer_rewrite), tz-auto llama-13b (docs/benchmarks.md, "Big batches: tz-offload
-# llama-7b above tz-auto"; about 420 s)
+# llama-7b at 8 micro-batches, tz-offload llama-7b without carry in a 120 GiB window, tz-auto
+# llama-13b (docs/benchmarks.md, "Big batches: tz-offload llama-7b above tz-auto"; about 330 s)
 # off3b: issue 26's item 1, tz-offload llama-3b with the CPU share searched, then also without
 # carry in a 120 GiB window (about 150 s); ds64k: its item 2's DeepSpeed pair at 64k tokens a step,
 # ds-offload llama-3b at 8 micro-batches beside tz-offload llama-3b at 8 (searched; and without
@@ -184,8 +183,6 @@ if has acc8; then
   step acc8-auto env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-7b "${a8[@]}" --tag acc8
   step acc8-nc env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" "${off[@]}" \
     "${nc[@]}" --tag acc8nc
-  step acc8-ncd env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" "${off[@]}" \
-    "${nc[@]}" --set tierzero.defer_rewrite=true --tag acc8ncd
   step acc8-13b env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-13b --steps 2 --warmup 1 \
     --timeout 240 --set gradient_accumulation_steps=8 --tag acc8
   python3 tools/bench_table.py table > "$logs/acc8-table.md" 2>&1
