@@ -1344,30 +1344,36 @@ static void test_copy_queue(void **state) {
 
 /* A gradient G added into by three micro-batches' backward phases, then read by the step's
  * optimizer: written back after every writer by default, with tz_sched_params.defer_rewrite
- * only after the last one, the home holding the same bytes at the end. At the minimum budget
- * the deferred copy must give its room to the next phase's block and is written back for it. */
-static void rewrite_scenario(int defer, int tight, uint64_t *flushes) {
+ * only after the last one, the home holding the same bytes at the end. With window TIGHT (room
+ * for one block) the deferred copy must give its room to the next phase's block and is written
+ * back for it. With AHEAD (room for two, a look over the step) a last phase reads a third block,
+ * B, for which nothing can go while the window looks ahead: G's next writer has it pinned, so
+ * writing it back would free nothing, and it waits for its last writer. */
+enum { ROOMY, TIGHT, AHEAD };
+static void rewrite_scenario(int defer, int window, uint64_t *flushes) {
   struct env e;
   TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
   struct tz_sched_params p;
-  uint64_t room = tight ? 1u << 20 : 4u << 20;
-  sched_params(&e, &p, room + tz_runtime_chunk_bytes(e.rt), 2);
+  uint64_t room = window == TIGHT ? 1u << 20 : window == AHEAD ? 2u << 20 : 4u << 20;
+  sched_params(&e, &p, room + tz_runtime_chunk_bytes(e.rt), window == AHEAD ? 8 : 2);
   p.defer_rewrite = defer;
   TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
   add_block(&e, "G", 1u << 20, HOME_HOST, 41);
   add_block(&e, "A", 1u << 20, HOME_HOST, 42);
+  add_block(&e, "B", 1u << 20, HOME_HOST, 43);
   struct tz_block_use rw[1] = {{0, TZ_ACCESS_READWRITE}}, ra[1] = {{1, TZ_ACCESS_READ}};
-  struct tz_block_use rg[1] = {{0, TZ_ACCESS_READ}};
-  struct tz_phase_decl ph[5] = {
-      {"bwd0", rw, 1}, {"act", ra, 1}, {"bwd1", rw, 1}, {"bwd2", rw, 1}, {"opt", rg, 1}};
-  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, 5));
-  int order[5] = {0, 1, 2, 3, 4};
+  struct tz_block_use rg[1] = {{0, TZ_ACCESS_READ}}, rb[1] = {{2, TZ_ACCESS_READ}};
+  struct tz_phase_decl ph[6] = {{"bwd0", rw, 1}, {"act", ra, 1}, {"bwd1", rw, 1},
+                                {"bwd2", rw, 1}, {"opt", rg, 1},  {"late", rb, 1}};
+  int np = window == AHEAD ? 6 : 5;
+  TZ_ASSERT_OK(tz_sched_declare(e.s, ph, np));
+  int order[6] = {0, 1, 2, 3, 4, 5};
   const int steps = 3;
   /* Each phase completes before the next is entered (as when the client is a micro-batch's
    * phases behind): nothing writes G between its writers. */
   uint64_t done = 0;
   for (int step = 0; step < steps; step++) {
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < np; i++) {
       TZ_ASSERT_OK(run_phase(&e, order[i], 1000 * 1000));
       struct tz_sched_stats st;
       uint64_t t0 = now_ns();
@@ -1381,8 +1387,9 @@ static void rewrite_scenario(int defer, int tight, uint64_t *flushes) {
   }
   TZ_ASSERT_OK(tz_sched_sync(e.s));
   TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, NULL, flushes, NULL));
+  static const char *const names[] = {"a roomy", "a one-block", "a two-block, look-ahead"};
   print_message("defer_rewrite %d, %s window: G written back %llu times in %d steps\n", defer,
-                tight ? "a one-block" : "a roomy", (unsigned long long)*flushes, steps);
+                names[window], (unsigned long long)*flushes, steps);
   check_homes(&e);
   check_bytes(&e);
   check_budget(&e);
@@ -1392,12 +1399,14 @@ static void rewrite_scenario(int defer, int tight, uint64_t *flushes) {
 static void test_rewrite_deferred(void **state) {
   (void)state;
   uint64_t flushes;
-  rewrite_scenario(1, 0, &flushes);
+  rewrite_scenario(1, ROOMY, &flushes);
   assert_int_equal(flushes, 3); /* once a step, after bwd2 */
-  rewrite_scenario(0, 0, &flushes);
+  rewrite_scenario(0, ROOMY, &flushes);
   assert_true(flushes > 3); /* after bwd0 and bwd1 too, each time nothing wrote it */
-  rewrite_scenario(1, 1, &flushes);
+  rewrite_scenario(1, TIGHT, &flushes);
   assert_true(flushes > 3); /* A takes G's room between bwd0 and bwd1 */
+  rewrite_scenario(1, AHEAD, &flushes);
+  assert_int_equal(flushes, 3); /* pinned by bwd1 and bwd2: not written back for B's room */
 }
 
 /* A block's home written in place by the client between steps (tz_sched_home_begin/end, as the

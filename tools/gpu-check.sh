@@ -23,9 +23,8 @@
 # carry in a 120 GiB window (about 150 s); ds64k: its item 2's DeepSpeed pair at 64k tokens a step,
 # ds-offload llama-3b at 8 micro-batches beside tz-offload llama-3b at 8 (searched; and without
 # carry in 120 GiB), one after the other (DeepSpeed from .whl/ds: carry it; about 330 s)
-# hold: tz-offload llama-7b at 8 micro-batches without carry, with the driver's default number of
-# hardware work queues, with CUDA_DEVICE_MAX_CONNECTIONS=32, and with tierzero.copy_queue=2GiB
-# (about 270 s)
+# share: tz-auto llama-7b at 8 micro-batches, then tz-offload llama-7b there without carry with
+# the CPU's share of Adam searched and with none (about 280 s)
 # (each step fits one device call).
 set -uo pipefail
 steps=${*:-tests topo tiers adam collectives hf families layer prefetch train product}
@@ -187,17 +186,15 @@ if has acc8; then
     --timeout 240 --set gradient_accumulation_steps=8 --tag acc8
   python3 tools/bench_table.py table > "$logs/acc8-table.md" 2>&1
 fi
-if has hold; then
-  # The hold at a step's start (docs/benchmarks.md, "Issue 26 on the H200, 2026-12-03, later"):
-  # tz-offload llama-7b at 8 micro-batches without carry, with the driver's default number of
-  # hardware work queues, then with 32 (one per stream), then with the copies queued a direction
-  # bounded to 2 GiB, one after the other
-  step hold-8 env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" "${off[@]}" \
-    "${nc[@]}" --tag acc8nc
-  step hold-32 env TZ_BIN=$b/bin CUDA_DEVICE_MAX_CONNECTIONS=32 tools/bench-train.sh tz-offload \
-    llama-7b "${a8[@]}" "${off[@]}" "${nc[@]}" --tag acc8nc32
-  step hold-q env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" "${off[@]}" \
-    "${nc[@]}" --set tierzero.copy_queue=2GiB --tag acc8ncq
+if has share; then
+  # The CPU's share of Adam at 8 micro-batches without carry (docs/benchmarks.md, "Issue 26 on the
+  # H200, 2026-12-03, third"): tz-auto llama-7b, then tz-offload llama-7b with the share searched,
+  # then with none (every update on the GPU), one after the other
+  step share-auto env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-7b "${a8[@]}" --tag acc8
+  step share-search env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" \
+    "${off[@]}" "${nc[@]}" --tag acc8nc
+  step share-0 env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" \
+    --set tierzero.cpu_adam=0 "${nc[@]}" --tag acc8nc0
 fi
 if has tiers3; then
   step tiers3 env TZ_BIN=$b/bin tools/bench-train.sh tz-auto configs/models/llama-15b.json \
