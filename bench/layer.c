@@ -9,7 +9,9 @@
  * the default's attention once more after all of them (what the rows' order moves).
  *
  * Times are wall-clock between tz_compute_sync calls (the backend's stream drained before and
- * after), medians over --iters runs after --warmup. The op shares come from one more pass through
+ * after), medians over --iters runs after --warmup; the layer and attention alone, and
+ * PyTorch's, are timed in turn for --rounds rounds and each side's figure is its median over
+ * them. The op shares come from one more pass through
  * a timed instance (kernels/compute_timed.h) that drains the stream around every call; they
  * are shares of the sum of those per-call times (which include a few microseconds of launch and
  * sync per call), not of the median above.
@@ -56,6 +58,7 @@ static const char *const op_names[TZ_OP_COUNT] = {
 
 struct opts {
   int C, F, H, Hkv, T, B, iters, warmup, torch, json;
+  int rounds; /* the layer and attention, then PyTorch's, this many times in turn */
   int gemm; /* the ceiling's GEMM size: gemm^3 */
   enum tz_dtype G;
   const char *python, *script;
@@ -240,6 +243,8 @@ static void row(const char *name, double ours, double theirs, int is_time, const
   printf("%-28s %12.3f %12s %8s %8s\n", name, ours, t, r, target);
 }
 
+#define MAX_ROUNDS 16
+
 static int bench(const struct opts *o) {
   struct tz_model_config cfg = {.d_model = o->C,
                                 .n_layer = 1,
@@ -270,12 +275,51 @@ static int bench(const struct opts *o) {
   double layer_flops = 3.0 * tz_model_layer_flop(&cfg, o->B, o->T);
   double attn_flops = 3.5 * attn_fwd_flops;
 
-  /* the layer, attention alone, one pass through the timing wrapper, the GEMM ceiling */
+  /* The layer and attention alone, then PyTorch's, in turn for o->rounds rounds: each side's
+   * figure is its median over the rounds, so a drift of the machine's clocks between the two
+   * processes moves both (one run of each moved the layer's ratio by 8% between runs). */
   struct step st = {.cm = cm, .cfg = &cfg, .o = o, .l = &l, .which = 0};
-  rc = time_median(&st, o->warmup, o->iters, &t_layer);
-  st.which = 1;
-  if (rc == 0)
-    rc = time_median(&st, o->warmup, o->iters, &t_attn);
+  double rl[MAX_ROUNDS] = {0}, ra[MAX_ROUNDS] = {0}, pl[MAX_ROUNDS] = {0};
+  double pa[MAX_ROUNDS] = {0}, pg[MAX_ROUNDS] = {0};
+  struct torch_result tr;
+  memset(&tr, 0, sizeof tr);
+  snprintf(tr.why, sizeof tr.why, "--no-torch");
+  int torch = o->torch, n_torch = 0;
+  for (int r = 0; r < o->rounds && rc == 0; r++) {
+    st.which = 0;
+    rc = time_median(&st, o->warmup, o->iters, &rl[r]);
+    st.which = 1;
+    if (rc == 0)
+      rc = time_median(&st, o->warmup, o->iters, &ra[r]);
+    if (rc == 0 && torch) {
+      struct torch_result t;
+      run_torch(o, &t);
+      if (!t.ok) { /* its reason stands for the table; no further rounds of it */
+        tr = t;
+        torch = 0;
+        n_torch = 0;
+        continue;
+      }
+      if (n_torch == 0)
+        tr = t;
+      pl[n_torch] = t.layer_ms, pa[n_torch] = t.attn_ms, pg[n_torch] = t.gemm_tflops;
+      n_torch++;
+    }
+  }
+  /* per round, before the medians sort them */
+  double rl_r[MAX_ROUNDS], pl_r[MAX_ROUNDS];
+  memcpy(rl_r, rl, sizeof rl);
+  memcpy(pl_r, pl, sizeof pl);
+  int rounds_done = rc == 0 ? o->rounds : 0;
+  if (rc == 0) {
+    t_layer = tz_bench_median(rl, o->rounds);
+    t_attn = tz_bench_median(ra, o->rounds);
+  }
+  if (torch && n_torch == o->rounds) {
+    tr.layer_ms = tz_bench_median(pl, n_torch);
+    tr.attn_ms = tz_bench_median(pa, n_torch);
+    tr.gemm_tflops = tz_bench_median(pg, n_torch);
+  }
   /* Attention again with the one-pass kernels (tierzero.cuda_attention one-pass), in each of
    * the backward's tiles, on an instance of its own over the same buffers; with the default
    * tiles the layer too, and its op shares. */
@@ -340,13 +384,6 @@ static int bench(const struct opts *o) {
   if (rc < 0)
     return rc;
 
-  struct torch_result tr;
-  memset(&tr, 0, sizeof tr);
-  if (o->torch)
-    run_torch(o, &tr);
-  else
-    snprintf(tr.why, sizeof tr.why, "--no-torch");
-
   double gemm_tflops = 2.0 * o->gemm * (double)o->gemm * o->gemm / t_gemm / 1e12;
   double op_total = 0, op_total1 = 0;
   for (int i = 0; i < TZ_OP_COUNT; i++) {
@@ -366,6 +403,16 @@ static int bench(const struct opts *o) {
              "\"layer_ratio\":%.4f,\"attn_ratio\":%.4f",
              tr.layer_ms, tr.attn_ms, tr.gemm_tflops, tr.layer_ms / (t_layer * 1e3),
              tr.attn_ms / (t_attn * 1e3));
+    printf(",\"rounds\":%d,\"layer_ms_rounds\":[", rounds_done);
+    for (int r = 0; r < rounds_done; r++)
+      printf("%s%.4f", r ? "," : "", rl_r[r] * 1e3);
+    printf("]");
+    if (tr.ok) {
+      printf(",\"torch_layer_ms_rounds\":[");
+      for (int r = 0; r < rounds_done; r++)
+        printf("%s%.4f", r ? "," : "", pl_r[r]);
+      printf("]");
+    }
     printf(",\"attn_twopass_ms\":%.4f,\"attn_again_ms\":%.4f", t_twopass * 1e3, t_attn_again * 1e3);
     printf(",\"onepass_layer_ms\":%.4f,\"attn_onepass_ms\":{", t_layer1 * 1e3);
     for (int i = 0; i < TZ_CUDA_ATTENTION_TILES; i++)
@@ -389,6 +436,13 @@ static int bench(const struct opts *o) {
     printf("pytorch %s on %s, sdpa pinned to flash\n", tr.version, tr.device);
   else
     printf("pytorch: not measured (%s)\n", tr.why);
+  printf("%d rounds in turn, medians below; the layer's ms a round (tierzero / pytorch):", rounds_done);
+  for (int r = 0; r < rounds_done; r++)
+    if (tr.ok)
+      printf(" %.3f/%.3f", rl_r[r] * 1e3, pl_r[r]);
+    else
+      printf(" %.3f", rl_r[r] * 1e3);
+  printf("\n");
   char gemm_name[64];
   snprintf(gemm_name, sizeof gemm_name, "GEMM ceiling bf16 %d^3", o->gemm);
   printf("\n%-28s %12s %12s %8s %8s\n", "", "tierzero", "pytorch", "speed", "target");
@@ -426,13 +480,14 @@ static void usage(FILE *f) {
           "usage: tz-bench layer [--d-model N] [--ffn N] [--heads N] [--kv-heads N] [--seq N]\n"
           "                      [--batch N] [--iters N] [--warmup N] [--grad-dtype bf16|f32]\n"
           "                      [--gemm-size N] [--python PY] [--torch-script PATH]\n"
-          "                      [--no-torch] [--json]\n"
+          "                      [--no-torch] [--rounds N] [--json]\n"
           "  One transformer layer forward + backward on the cuda backend (bf16) beside PyTorch\n"
           "  (bf16, flash attention) run in the same invocation; attention alone; the bf16 GEMM\n"
           "  ceiling (N^3, --gemm-size, default 8192); each op's share; the layer, attention\n"
           "  and the shares again with the one-pass attention. Defaults: Llama-7B's\n"
           "  layer, d_model 4096, ffn 11008, 32 heads, seq 2048, micro-batch 4, gradients bf16\n"
-          "  as PyTorch's, 10 iterations after 3 warm-up. Exit 77 without a CUDA device.\n");
+          "  as PyTorch's, 10 iterations after 3 warm-up, 3 rounds of both sides in turn (the\n"
+          "  layer and attention; each side's median over them). Exit 77 without a CUDA device.\n");
 }
 
 int tz_bench_layer(int argc, char **argv) {
@@ -453,6 +508,7 @@ int tz_bench_layer(int argc, char **argv) {
                    .B = 4,
                    .iters = 10,
                    .warmup = 3,
+                   .rounds = 3,
                    .torch = 1,
                    .json = 0,
                    .gemm = 8192,
@@ -474,6 +530,7 @@ int tz_bench_layer(int argc, char **argv) {
                                            {"json", no_argument, 0, 'j'},
                                            {"help", no_argument, 0, 'h'},
                                            {"gemm-size", required_argument, 0, 'm'},
+                                           {"rounds", required_argument, 0, 'r'},
                                            {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -498,12 +555,13 @@ int tz_bench_layer(int argc, char **argv) {
     case 'n': o.torch = 0; break;
     case 'j': o.json = 1; break;
     case 'm': o.gemm = atoi(optarg); break;
+    case 'r': o.rounds = atoi(optarg); break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
   if (o.C < 1 || o.F < 1 || o.H < 1 || o.Hkv < 1 || o.T < 1 || o.B < 1 || o.iters < 1 ||
-      o.warmup < 0 || o.gemm < 1 || (o.G != TZ_BF16 && o.G != TZ_F32)) {
+      o.warmup < 0 || o.gemm < 1 || o.rounds < 1 || o.rounds > MAX_ROUNDS || (o.G != TZ_BF16 && o.G != TZ_F32)) {
     usage(stderr);
     return 2;
   }
