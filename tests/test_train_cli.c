@@ -568,6 +568,7 @@ static void test_trace(void **state) {
   assert_non_null(strstr(out, "\n    fwd ")); /* compute time by kind of phase */
   assert_non_null(strstr(out, "host->compute"));
   assert_non_null(strstr(out, "stalls:"));
+  assert_non_null(strstr(out, "compute idle, no stall named: "));
   assert_non_null(strstr(out, "host link:"));
   /* The opt phases of the host-homed blocks run at their homes on the cpu backend: the home
    * lane apart from the compute lane, and the link's rates beside it and without it. */

@@ -13,6 +13,9 @@ Prints, for the step's span (from the first to the last event of the trace):
     busy time, its phases, when it ran, and the host link's rates while it ran and while it did
     not (the two share host memory: docs/training.md, "Host memory, shared");
   - the compute lane's stalls: their total, and the N phases that waited longest;
+  - the compute lane's idle time that no stall names (between the step's first and last
+    compute spans, neither computing nor stalled: a phase not yet entered, as when it waits for
+    the home lane's update of its block), and the N phases that came after the longest gaps;
   - the time both directions of the host link were busy at once (lanes named "A->B" where A or
     B is the compute tier), and the time neither was, with the compute lane waiting.
 Exit status 0; 1 when the file cannot be read or is not such a trace (the message says why).
@@ -79,6 +82,7 @@ def main():
     names = {}  # tid -> track name
     lanes = {}  # lane name -> {"spans": [], "bytes": 0}
     compute, stalls, home = [], [], []
+    named = []  # the compute lane's spans, computing or stalled, with their phase's name
     kinds = {}  # phase name less its numbers -> [busy us, spans]
     for i, ev in enumerate(doc["traceEvents"]):
         if not isinstance(ev, dict):
@@ -97,6 +101,7 @@ def main():
             home.append((s, s + d))
         elif cat == "compute":
             compute.append((s, s + d))
+            named.append((s, s + d, str(ev.get("name", "?"))))
             kind = re.sub(r"[0-9.]+$", "", str(ev.get("name", "?"))) or "?"
             k = kinds.setdefault(kind, [0.0, 0])
             k[0] += d
@@ -104,6 +109,7 @@ def main():
         elif cat == "stall":
             name = ev.get("name", "?")
             stalls.append((s, s + d, name[6:] if name.startswith("stall ") else name))
+            named.append((s, s + d, stalls[-1][2]))
         elif cat in ("fill", "flush"):
             # Transfer tracks are 100 * lane + slot, named "<lane> #<slot>".
             lane = names.get(tid, f"lane {tid // 100}").rsplit(" #", 1)[0]
@@ -157,6 +163,16 @@ def main():
         by_phase[n] = by_phase.get(n, 0.0) + (e - s)
     for n, d in [x for x in sorted(by_phase.items(), key=lambda x: -x[1]) if x[1] >= 1.0][: a.top]:
         print(f"    {n:<22} {d / 1e3:10.3f} ms")
+    # Gaps on the compute lane, each named by the phase after it.
+    gaps, end = {}, None
+    for s, e, n in sorted(named):
+        if end is not None and s > end + 1.0:
+            gaps[n] = gaps.get(n, 0.0) + (s - end)
+        end = e if end is None else max(end, e)
+    idle = sum(gaps.values())
+    print(f"  compute idle, no stall named: {idle / 1e3:.3f} ms ({100 * idle / step:.1f}% of the step)")
+    for n, d in [x for x in sorted(gaps.items(), key=lambda x: -x[1]) if x[1] >= 1000.0][: a.top]:
+        print(f"    before {n:<15} {d / 1e3:10.3f} ms")
     comp = info.get("compute_tier", "compute")
     into = [l for n, l in lanes.items() if n.endswith("->" + comp)]
     out = [l for n, l in lanes.items() if n.startswith(comp + "->")]
