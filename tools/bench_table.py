@@ -119,6 +119,8 @@ MODEL_ORDER = list(peer_common.PRESETS)
 def load_results(d):
     out = []
     for path in sorted(glob.glob(os.path.join(d, "*.json"))):
+        if path.endswith(".trace.json"):  # a run's lane trace beside its result (bench-train.sh)
+            continue
         try:
             with open(path) as f:
                 r = json.load(f)
