@@ -532,6 +532,10 @@ static void test_trace(void **state) {
   if (rc != 0)
     print_error("%s", output());
   assert_int_equal(rc, 0);
+  /* the home lane's time a step in the summary (the cpu backend's plan costs it on the compute
+   * lane, so no plan figure beside it) */
+  assert_non_null(strstr(output(), "tz-train: the CPU's Adam at the homes: "));
+  assert_non_null(strstr(output(), " ms a step in "));
   char path[1100];
   snprintf(path, sizeof path, "%s/t.json", dir);
   json_error_t err;

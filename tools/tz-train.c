@@ -326,6 +326,18 @@ static void print_summary(const struct printer *p, const struct tz_run_event *ev
   printf("tz-train: copies queued on one direction at most %.1f MiB (tierzero.copy_queue), "
          "%llu waited in line\n",
          (double)st->queue_peak / (1 << 20), (unsigned long long)st->queue_waits);
+  double home_s, home_plan_s;
+  int home_n = tz_trainer_home_times(ev->trainer, &home_s, &home_plan_s);
+  if (home_n > 0 && home_plan_s > 0)
+    printf("tz-train: the CPU's Adam at the homes: %.1f ms a step in %d phases, the plan's "
+           "%.1f ms (%.2fx)%s\n",
+           1e3 * home_s, home_n, 1e3 * home_plan_s, home_s / home_plan_s,
+           home_s > 1.25 * home_plan_s ? ": slower than the rate it was planned at, so the CPU's "
+                                         "share may be too large (tierzero.cpu_adam)"
+                                       : "");
+  else if (home_n > 0)
+    printf("tz-train: the CPU's Adam at the homes: %.1f ms a step in %d phases\n", 1e3 * home_s,
+           home_n);
   if (p->o->demo_dir)
     printf("tz-train: demo: loss %.4f at the first step, %.4f at the last (%.2f of the first)\n",
            ev->first_loss, ev->last_loss, ev->last_loss / ev->first_loss);

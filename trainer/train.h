@@ -234,6 +234,12 @@ const char *tz_trainer_recompute(const tz_trainer *tr, char *buf, size_t len, ui
 /* The scheduler's statistics so far (core/sched.h). */
 struct tz_sched_stats;
 void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out);
+/* The CPU's Adam at the homes (the home lane's opt phases, tierzero.cpu_adam): their time a step
+ * over the steps so far (the sum of their times over the most runs of one; the first step's
+ * included) into *measured_s, the plan's for a step (its home lane's busy time; 0 where the plan
+ * costs them on the compute lane) into *planned_s; returns how many phases ran there (0: none,
+ * both 0). */
+int tz_trainer_home_times(const tz_trainer *tr, double *measured_s, double *planned_s);
 /* The tiers the plan places state in: the compute tier, then host and nvme where the trainer
  * created them (NULL otherwise), into out[0..3); returns 3. Borrowed. */
 int tz_trainer_tiers(const tz_trainer *tr, tz_tier *out[3]);
