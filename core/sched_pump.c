@@ -130,14 +130,17 @@ static void xfer_done(void *arg, int rc);
 static void hop_done(void *arg, int rc);
 static void want_pump(tz_sched *s);
 
-static void hop_queue(tz_sched *s, struct xfer *x) {
+/* x at the tail of the FIFO (*head, *tail) linked by next. */
+static void fifo_push(struct xfer **head, struct xfer **tail, struct xfer *x) {
   x->next = NULL;
-  if (s->hops_tail)
-    s->hops_tail->next = x;
+  if (*tail)
+    (*tail)->next = x;
   else
-    s->hops = x;
-  s->hops_tail = x;
+    *head = x;
+  *tail = x;
 }
+
+static void hop_queue(tz_sched *s, struct xfer *x) { fifo_push(&s->hops, &s->hops_tail, x); }
 
 /* Chunk k is free again: the first transfer waiting for one takes it. Lock held. */
 static void chunk_put(tz_sched *s, int k) {
@@ -166,12 +169,7 @@ static void issue_staged(struct xfer *x) {
     while (k < s->n_chunks && (s->chunk_busy & (1u << k)))
       k++;
     if (k == s->n_chunks) {
-      x->next = NULL;
-      if (s->chunk_wait_tail)
-        s->chunk_wait_tail->next = x;
-      else
-        s->chunk_wait = x;
-      s->chunk_wait_tail = x;
+      fifo_push(&s->chunk_wait, &s->chunk_wait_tail, x);
       pthread_mutex_unlock(&s->mu);
       return;
     }
@@ -271,6 +269,15 @@ static int queue_fits(const tz_sched *s, const struct xfer *x) {
   return l->queued == 0 || l->queued + x->n <= s->p.queue_bytes;
 }
 
+/* The line's rule: x, next in line, goes when no earlier transfer of its lane waits (blocked)
+ * and its lane has room; otherwise its lane is blocked for the rest of the line. */
+static int line_goes(const tz_sched *s, const struct xfer *x, int *blocked) {
+  if (!blocked[x->lane] && queue_fits(s, x))
+    return 1;
+  blocked[x->lane] = 1;
+  return 0;
+}
+
 static void queue_count(tz_sched *s, struct xfer *x) {
   struct xlane *l = &s->xl[x->lane];
   l->queued += x->n;
@@ -292,20 +299,14 @@ static int queue_take(tz_sched *s, struct xfer **acts, int n, struct xfer **go) 
       go[ngo++] = x;
       continue;
     }
-    x->next = NULL;
-    if (s->line_tail)
-      s->line_tail->next = x;
-    else
-      s->line = x;
-    s->line_tail = x;
+    fifo_push(&s->line, &s->line_tail, x);
     s->n_line++;
   }
   int blocked[MAX_XLANES] = {0};
   struct xfer *prev = NULL;
   for (struct xfer *x = s->line, *next; x; x = next) {
     next = x->next;
-    if (blocked[x->lane] || !queue_fits(s, x)) {
-      blocked[x->lane] = 1;
+    if (!line_goes(s, x, blocked)) {
       prev = x;
       continue;
     }
@@ -330,11 +331,9 @@ static int queue_take(tz_sched *s, struct xfer **acts, int n, struct xfer **go) 
 /* Whether the line has a transfer that may go now. Lock held. */
 static int queue_ready(const tz_sched *s) {
   int blocked[MAX_XLANES] = {0};
-  for (const struct xfer *x = s->line; x; x = x->next) {
-    if (!blocked[x->lane] && queue_fits(s, x))
+  for (const struct xfer *x = s->line; x; x = x->next)
+    if (line_goes(s, x, blocked))
       return 1;
-    blocked[x->lane] = 1;
-  }
   return 0;
 }
 
