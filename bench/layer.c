@@ -59,7 +59,7 @@ static const char *const op_names[TZ_OP_COUNT] = {
 struct opts {
   int C, F, H, Hkv, T, B, iters, warmup, torch, json;
   int rounds; /* the layer and attention, then PyTorch's, this many times in turn */
-  int gemm; /* the ceiling's GEMM size: gemm^3 */
+  int gemm;   /* the ceiling's GEMM size: gemm^3 */
   enum tz_dtype G;
   const char *python, *script;
 };
@@ -245,6 +245,13 @@ static void row(const char *name, double ours, double theirs, int is_time, const
 
 #define MAX_ROUNDS 16
 
+/* The median of v[0..n), v left as it is (tz_bench_median sorts). */
+static double median_of(const double *v, int n) {
+  double c[MAX_ROUNDS];
+  memcpy(c, v, sizeof *c * (size_t)n);
+  return tz_bench_median(c, n);
+}
+
 static int bench(const struct opts *o) {
   struct tz_model_config cfg = {.d_model = o->C,
                                 .n_layer = 1,
@@ -297,7 +304,6 @@ static int bench(const struct opts *o) {
       if (!t.ok) { /* its reason stands for the table; no further rounds of it */
         tr = t;
         torch = 0;
-        n_torch = 0;
         continue;
       }
       if (n_torch == 0)
@@ -306,19 +312,14 @@ static int bench(const struct opts *o) {
       n_torch++;
     }
   }
-  /* per round, before the medians sort them */
-  double rl_r[MAX_ROUNDS], pl_r[MAX_ROUNDS];
-  memcpy(rl_r, rl, sizeof rl);
-  memcpy(pl_r, pl, sizeof pl);
-  int rounds_done = rc == 0 ? o->rounds : 0;
   if (rc == 0) {
-    t_layer = tz_bench_median(rl, o->rounds);
-    t_attn = tz_bench_median(ra, o->rounds);
+    t_layer = median_of(rl, o->rounds);
+    t_attn = median_of(ra, o->rounds);
   }
   if (torch && n_torch == o->rounds) {
-    tr.layer_ms = tz_bench_median(pl, n_torch);
-    tr.attn_ms = tz_bench_median(pa, n_torch);
-    tr.gemm_tflops = tz_bench_median(pg, n_torch);
+    tr.layer_ms = median_of(pl, n_torch);
+    tr.attn_ms = median_of(pa, n_torch);
+    tr.gemm_tflops = median_of(pg, n_torch);
   }
   /* Attention again with the one-pass kernels (tierzero.cuda_attention one-pass), in each of
    * the backward's tiles, on an instance of its own over the same buffers; with the default
@@ -403,14 +404,14 @@ static int bench(const struct opts *o) {
              "\"layer_ratio\":%.4f,\"attn_ratio\":%.4f",
              tr.layer_ms, tr.attn_ms, tr.gemm_tflops, tr.layer_ms / (t_layer * 1e3),
              tr.attn_ms / (t_attn * 1e3));
-    printf(",\"rounds\":%d,\"layer_ms_rounds\":[", rounds_done);
-    for (int r = 0; r < rounds_done; r++)
-      printf("%s%.4f", r ? "," : "", rl_r[r] * 1e3);
+    printf(",\"rounds\":%d,\"layer_ms_rounds\":[", o->rounds);
+    for (int r = 0; r < o->rounds; r++)
+      printf("%s%.4f", r ? "," : "", rl[r] * 1e3);
     printf("]");
     if (tr.ok) {
       printf(",\"torch_layer_ms_rounds\":[");
-      for (int r = 0; r < rounds_done; r++)
-        printf("%s%.4f", r ? "," : "", pl_r[r]);
+      for (int r = 0; r < o->rounds; r++)
+        printf("%s%.4f", r ? "," : "", pl[r]);
       printf("]");
     }
     printf(",\"attn_twopass_ms\":%.4f,\"attn_again_ms\":%.4f", t_twopass * 1e3, t_attn_again * 1e3);
@@ -436,12 +437,13 @@ static int bench(const struct opts *o) {
     printf("pytorch %s on %s, sdpa pinned to flash\n", tr.version, tr.device);
   else
     printf("pytorch: not measured (%s)\n", tr.why);
-  printf("%d rounds in turn, medians below; the layer's ms a round (tierzero / pytorch):", rounds_done);
-  for (int r = 0; r < rounds_done; r++)
+  printf("%d rounds in turn, medians below; the layer's ms a round (tierzero / pytorch):",
+         o->rounds);
+  for (int r = 0; r < o->rounds; r++)
     if (tr.ok)
-      printf(" %.3f/%.3f", rl_r[r] * 1e3, pl_r[r]);
+      printf(" %.3f/%.3f", rl[r] * 1e3, pl[r]);
     else
-      printf(" %.3f", rl_r[r] * 1e3);
+      printf(" %.3f", rl[r] * 1e3);
   printf("\n");
   char gemm_name[64];
   snprintf(gemm_name, sizeof gemm_name, "GEMM ceiling bf16 %d^3", o->gemm);
@@ -561,7 +563,8 @@ int tz_bench_layer(int argc, char **argv) {
     }
   }
   if (o.C < 1 || o.F < 1 || o.H < 1 || o.Hkv < 1 || o.T < 1 || o.B < 1 || o.iters < 1 ||
-      o.warmup < 0 || o.gemm < 1 || o.rounds < 1 || o.rounds > MAX_ROUNDS || (o.G != TZ_BF16 && o.G != TZ_F32)) {
+      o.warmup < 0 || o.gemm < 1 || o.rounds < 1 || o.rounds > MAX_ROUNDS ||
+      (o.G != TZ_BF16 && o.G != TZ_F32)) {
     usage(stderr);
     return 2;
   }
