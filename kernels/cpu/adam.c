@@ -506,7 +506,13 @@ static void bind_member(const struct tz_adam_cpu_opts *o, int *bind_err, int *bi
 }
 
 /* Runs fn over fixed chunks of [0, n) on the OpenMP team, each thread bound first when a cpu
- * list is given. Chunk boundaries do not depend on the thread count. */
+ * list is given. Chunk boundaries do not depend on the thread count, nor on which thread takes a
+ * chunk: the team takes them as each member comes free (dynamic), so that a member the machine
+ * descheduled holds up only its chunk in hand. Beside a GPU the team is every core but two and
+ * the process's other threads (those waiting on the GPU, the scheduler's pump) take cores from it at
+ * times: with each member's share fixed up front (schedule static) the homes of a llama-3b step
+ * took 1.15-1.19x the plan's time, taking chunks as they come free 1.06-1.07x, and the step 0.87
+ * s against 0.82 (docs/benchmarks.md, "Issue 26 on the H200, 2026-12-04"). */
 static int run_chunks(const struct tz_adam_cpu_opts *o, range_fn fn, const struct adam_consts *c,
                       float *p, float *m, float *v, const void *g, int gdt, void *copy, int cdt,
                       size_t n) {
@@ -524,7 +530,7 @@ static int run_chunks(const struct tz_adam_cpu_opts *o, range_fn fn, const struc
 #if TZ_ADAM_X86
       unsigned csr = fp_env_enter();
 #endif
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
       for (size_t k = 0; k < nchunks; k++) {
         size_t b = k * TZ_ADAM_CPU_CHUNK;
         size_t e = n - b < TZ_ADAM_CPU_CHUNK ? n : b + TZ_ADAM_CPU_CHUNK;
