@@ -50,6 +50,8 @@ struct copy {
   int filling, flushing;
   int unwritten;     /* placed for a phase that overwrites it, which has not entered yet: its
                         bytes are nobody's until then */
+  int wait_home;     /* placed for compute phases that read what a running home phase writes:
+                        its fill waits until that phase has brought its generation home */
   tz_fence *ready;   /* the transfer fence of its last fill; NULL while a fill is decided and not
                         yet issued, or when never filled (contents are the writer's) */
   tz_fence *flushed; /* the transfer fence of its last write-back; NULL while one is decided and

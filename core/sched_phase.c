@@ -28,7 +28,7 @@ static int ready_to_enter(tz_sched *s, void *arg) {
     return 1;
   for (int k = 0; k < ph->n_uses; k++) {
     const struct copy *c = &s->blocks[ph->uses[k].block].c;
-    if (c->filling && !c->ready)
+    if ((c->filling && !c->ready) || c->wait_home)
       return 0;
     if ((ph->uses[k].access & TZ_ACCESS_WRITE) && c->flushing && !c->flushed)
       return 0;

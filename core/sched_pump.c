@@ -81,8 +81,8 @@ static int rewritten_next(const tz_sched *s, const struct block *b) {
 static int flushable(tz_sched *s, int i) {
   const struct block *b = &s->blocks[i];
   const struct copy *c = &b->c;
-  return c->ext.tier && !c->filling && !c->flushing && c->writers == 0 && c->gen > b->home_gen &&
-         !home_read_hold(s, i);
+  return c->ext.tier && !c->filling && !c->flushing && !c->wait_home && c->writers == 0 &&
+         c->gen > b->home_gen && !home_read_hold(s, i);
 }
 
 int tz_sched_flush_deferred(tz_sched *s) {
@@ -100,11 +100,25 @@ int tz_sched_flush_deferred(tz_sched *s) {
   return n;
 }
 
-/* Everything that can be decided now: write-backs of blocks no running phase writes (unless
- * deferred: rewritten_next), then the window's reservations, in order. Lock held. */
+/* Everything that can be decided now: the fills that waited for a home phase (copy.wait_home)
+ * once its generation is home, write-backs of blocks no running phase writes (unless deferred:
+ * rewritten_next), then the window's reservations, in order. Lock held. */
 static void decide(tz_sched *s) {
   if (s->err)
     return;
+  for (int i = 0; i < s->n_blocks; i++) {
+    struct block *b = &s->blocks[i];
+    if (!b->c.wait_home || b->home_writers > 0 || b->storing)
+      continue;
+    if (b->home_gen != b->c.gen) {
+      fail_locked(s, TZ_EINVAL,
+                  "sched: block '%s' waited for generation %llu at home, which holds %llu (a bug)",
+                  b->name, (unsigned long long)b->c.gen, (unsigned long long)b->home_gen);
+      return;
+    }
+    b->c.wait_home = 0;
+    tz_sched_start_xfer(s, b, ACT_FILL, 0, b->c.use_step);
+  }
   for (int i = 0; i < s->n_blocks; i++)
     if (flushable(s, i) && !rewritten_next(s, &s->blocks[i]))
       tz_sched_start_xfer(s, &s->blocks[i], ACT_FLUSH, 0, s->step);

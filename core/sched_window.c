@@ -36,6 +36,7 @@ void tz_sched_copy_free(tz_sched *s, struct block *b, const char *why) {
   tz_fence_release(c->flushed);
   tz_fence_release(c->writer);
   c->ready = c->flushed = c->writer = NULL;
+  c->wait_home = 0;
 }
 
 static int push_act(tz_sched *s, struct xfer *x) {
@@ -188,10 +189,16 @@ static int evict_one(tz_sched *s, const struct inst *I, int own) {
 /* A compute instance I must wait for an earlier home instance J (in the list: not completed) when
  * J writes a block I uses (I's copy must be brought in from J's result, after J's fence), or when
  * I writes a block used in place that J uses (both work on the one home). The compute lane is
- * then never handed a home-lane fence: J has completed before I is reserved. And I may not write
- * the copy of a block J reads until J's generation of it is home (J entered, and the write-back
- * it waits for has completed): I's generation would be written back only after J, which waits
- * for the one before it. */
+ * then never handed a home-lane fence: J has completed before I enters. Once J has entered, the
+ * generation it makes is known, so I may be reserved beside it when I only reads such a block:
+ * the copy is placed now and its fill waits for J (copy.wait_home), and so does I's enter; the
+ * window looks on past I. Waiting to reserve I held the in-order window at the first forward
+ * after a block the CPU steps, and with it every fill of the next step's optimizer state, until
+ * the last update at the homes had ended (llama-3b offloaded: the next step's fills idle for 100
+ * ms of the forward, test_home_written_read_reserved_ahead). And I may not write the copy of a
+ * block J reads until J's generation of it is home (J entered, and the write-back it waits for
+ * has completed): I's generation would be written back only after J, which waits for the one
+ * before it. */
 static int home_conflict(tz_sched *s, const struct inst *I) {
   const struct phase *ph = &s->phases[I->phase];
   for (const struct inst *J = s->head; J && J != I; J = J->next) {
@@ -204,7 +211,9 @@ static int home_conflict(tz_sched *s, const struct inst *I) {
           continue;
         const struct block *b = &s->blocks[ph->uses[k].block];
         int iw = (ph->uses[k].access & TZ_ACCESS_WRITE) != 0;
-        if ((jh->uses[a].access & TZ_ACCESS_WRITE) || (b->in_place && iw))
+        if ((jh->uses[a].access & TZ_ACCESS_WRITE) && !(J->entered && !b->in_place && !iw))
+          return 1;
+        if (b->in_place && iw)
           return 1;
         if (iw && (!J->entered || J->want[a] > b->home_gen))
           return 1;
@@ -335,6 +344,10 @@ static int reserve_pin(tz_sched *s, struct inst *I, const int *need, int n_need,
       dbg(s, "step %llu phase '%s': '%s' is there (%s, generation %llu)",
           (unsigned long long)I->step, ph->name, b->name, copy_state(b),
           (unsigned long long)b->c.gen);
+    } else if ((u->access & TZ_ACCESS_READ) && b->home_gen != b->gen && b->home_writers > 0) {
+      b->c.wait_home = 1; /* home_conflict: a home phase entered makes it; filled after */
+      dbg(s, "step %llu phase '%s': place '%s' to be filled once generation %llu is home",
+          (unsigned long long)I->step, ph->name, b->name, (unsigned long long)b->gen);
     } else if (u->access & TZ_ACCESS_READ) {
       if (b->home_gen != b->gen) {
         fail_locked(s, TZ_EINVAL,
@@ -430,8 +443,8 @@ void tz_sched_cancel_ahead(tz_sched *s) {
   /* A copy placed for a cancelled writer holds nothing: it must not be found by anyone later. */
   for (int i = 0; i < s->n_blocks; i++) {
     struct block *b = &s->blocks[i];
-    if (b->c.ext.tier && b->c.unwritten && b->c.pins == 0)
-      tz_sched_copy_free(s, b, "its writer was cancelled");
+    if (b->c.ext.tier && (b->c.unwritten || b->c.wait_home) && b->c.pins == 0)
+      tz_sched_copy_free(s, b, b->c.unwritten ? "its writer was cancelled" : "its readers were cancelled");
   }
   s->wstep = s->step;
   s->wpos = s->pos;

@@ -241,7 +241,7 @@ static int job_run(void *arg) {
 /* One phase as a client runs it: enter, the job on the compute lane, leave; the job holds the
  * lane until block hold_block has been brought in hold_fills times, when hold_block >= 0. */
 static int run_phase_held(struct env *e, int phase, int64_t spin_ns, int hold_block,
-                          uint64_t hold_fills) {
+                          uint64_t hold_fills, int must) {
   struct tz_view v;
   int rc = tz_sched_enter(e->s, phase, &v);
   if (rc < 0)
@@ -252,6 +252,7 @@ static int run_phase_held(struct env *e, int phase, int64_t spin_ns, int hold_bl
     j->hold_s = e->s;
     j->hold_block = hold_block;
     j->hold_fills = hold_fills;
+    j->hold_must = must;
   }
   j->n = v.n_blocks;
   for (int i = 0; i < v.n_blocks; i++) {
@@ -280,7 +281,7 @@ static int run_phase_held(struct env *e, int phase, int64_t spin_ns, int hold_bl
 }
 
 static int run_phase(struct env *e, int phase, int64_t spin_ns) {
-  return run_phase_held(e, phase, spin_ns, -1, 0);
+  return run_phase_held(e, phase, spin_ns, -1, 0, 0);
 }
 
 static int run_step(struct env *e, const int *order, int n, int64_t spin_ns) {
@@ -1114,7 +1115,7 @@ static void write_back_scenario(int wait, int s_home, uint64_t fills[4], uint64_
   for (int step = 0; step < steps; step++) {
     for (int i = 0; i < 6; i++)
       TZ_ASSERT_OK(
-          run_phase_held(&e, order[i], 5 * 1000 * 1000, i == 2 ? 3 : -1, (uint64_t)step + 1));
+          run_phase_held(&e, order[i], 5 * 1000 * 1000, i == 2 ? 3 : -1, (uint64_t)step + 1, 0));
     TZ_ASSERT_OK(tz_sched_step_end(e.s));
   }
   TZ_ASSERT_OK(tz_sched_sync(e.s));
@@ -1848,6 +1849,45 @@ static void test_home_writes_after_reader(void **state) {
   }
 }
 
+/* H (at home) updates P, F (compute) reads P, G (compute) updates S; without carry every step
+ * brings P and S in again. Once H has entered, F is reserved beside it, P's fill waiting for H,
+ * and the window looks on to G: S comes in while H still runs (from the second step, the order
+ * known). H holds the home lane until it has: reserving F only after H ended, the window stood
+ * at F and H waited its 10 s for nothing. F reads H's bytes every step. */
+static void test_home_written_read_reserved_ahead(void **state) {
+  (void)state;
+  struct env e;
+  TZ_ASSERT_OK(make_env(&e, 16 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, 0, 8);
+  p.carry = 0;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "P", 1u << 20, HOME_HOST, 51);
+  add_block(&e, "S", 1u << 20, HOME_HOST, 52);
+  struct tz_block_use h[1] = {{0, TZ_ACCESS_READWRITE}};
+  struct tz_block_use f[1] = {{0, TZ_ACCESS_READ}};
+  struct tz_block_use g[1] = {{1, TZ_ACCESS_READWRITE}};
+  struct tz_phase_decl ph[3] = {{"H", h, 1}, {"F", f, 1}, {"G", g, 1}};
+  int at_home[3] = {1, 0, 0};
+  TZ_ASSERT_OK(tz_sched_declare_homes(e.s, ph, 3, at_home));
+  for (int step = 0; step < 4; step++) {
+    TZ_ASSERT_OK(run_phase_held(&e, 0, 0, step > 0 ? 1 : -1, (uint64_t)step + 1, 1));
+    TZ_ASSERT_OK(run_phase(&e, 1, 0));
+    TZ_ASSERT_OK(run_phase(&e, 2, 0));
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+  }
+  TZ_ASSERT_OK(tz_sched_sync(e.s));
+  uint64_t fp, fs;
+  TZ_ASSERT_OK(tz_sched_block_stats(e.s, 0, &fp, NULL, NULL));
+  TZ_ASSERT_OK(tz_sched_block_stats(e.s, 1, &fs, NULL, NULL));
+  assert_int_equal(fp, 4); /* after each H */
+  assert_int_equal(fs, 4);
+  check_homes(&e);
+  check_bytes(&e);
+  check_budget(&e);
+  free_env(&e);
+}
+
 /* Host access with home phases in flight: a load right after H's leave waits for it and sees
  * its write, with or without a sync; a store between steps is what the next phases see. */
 static void test_home_load_store(void **state) {
@@ -2221,6 +2261,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_rewrite_deferred, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_step, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_writes_after_reader, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_home_written_read_reserved_ahead, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_load_store, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_refused_and_failure, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_random, arm, disarm),
