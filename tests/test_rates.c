@@ -128,7 +128,7 @@ static void write_entry_v(const char *path, const char *omit, int version) {
   json_decref(root);
 }
 
-static void write_entry(const char *path, const char *omit) { write_entry_v(path, omit, 4); }
+static void write_entry(const char *path, const char *omit) { write_entry_v(path, omit, 5); }
 
 /* Every field, copy_duplex included, comes from an entry for this set-up (no NVMe directory). */
 static void test_read_entry(void **state) {
@@ -216,7 +216,7 @@ static void test_old_version_remeasured(void **state) {
   json_error_t err;
   json_t *root = json_load_file(e->path, 0, &err);
   assert_non_null(root);
-  assert_int_equal(json_integer_value(json_object_get(root, "version")), 4);
+  assert_int_equal(json_integer_value(json_object_get(root, "version")), 5);
   json_decref(root);
 }
 

@@ -27,10 +27,13 @@
 
 #define PROBE_BYTES (8u << 20)
 #define REPS 5
-/* The GPU's probes: a copy of 64 MiB reaches the PCIe rate (tz-bench tiers: from 4 MiB), a
- * 4096^3 bf16 matmul is the size of a large layer's, and Adam over 64M elements (2 GB of HBM
- * traffic) runs far longer than a launch. */
-#define GPU_COPY_BYTES (64ull << 20)
+/* The GPU's probes: a copy of 256 MiB reaches the PCIe rate (tz-bench tiers: from 4 MiB) and,
+ * two of them being over twice the largest last-level cache, moves host memory as a step's
+ * copies do (timed beside the CPU's Adam on two of 64 MiB, part of the copies' host side stayed
+ * in the cache: one H200 machine measured the Adam at 5.11 G elements/s beside the link, where
+ * its run's homes reached 3.3), a 4096^3 bf16 matmul is the size of a large layer's, and Adam
+ * over 64M elements (2 GB of HBM traffic) runs far longer than a launch. */
+#define GPU_COPY_BYTES (256ull << 20)
 #define GPU_MATMUL 4096
 #define GPU_ADAM_ELEMS ((size_t)64 << 20)
 
@@ -62,8 +65,9 @@ static void setup_key(const struct tz_config *c, const char *backend, char *buf,
 /* Entries of another version were measured another way and are measured again: 2 since
  * adam_home is timed on the home phases' threads with bf16 parameters written; 3 since the disk
  * is timed on 64 MiB, both directions at once too (nvme_duplex); 4 since each direction of the
- * host link is timed beside the other (copy_in_both, copy_out_both). */
-#define RATES_VERSION 4
+ * host link is timed beside the other (copy_in_both, copy_out_both); 5 since the link's copies
+ * are 256 MiB and the CPU's Adam beside them 64 Mi elements. */
+#define RATES_VERSION 5
 
 static const char *const fields[] = {
     "flops",         "copy_in",    "copy_out",       "copy_duplex",  "copy_in_both",
@@ -567,9 +571,9 @@ static double adam_within(const struct adam_beside *a, int n, double from, doubl
   return per_second(elems, s);
 }
 
-/* 16 Mi elements: 320 MiB of state and copy, far beyond the caches as the homes are, a pass some
- * 10-25 ms. */
-#define BESIDE_ADAM_ELEMS ((size_t)16 << 20)
+/* 64 Mi elements: 1.25 GiB of state and copy, far beyond the caches as the homes are, a pass
+ * some 12-25 ms (with 16 Mi, 3 ms: passes fell between the link's copies). */
+#define BESIDE_ADAM_ELEMS ((size_t)64 << 20)
 
 /* adam_home_busy, copy_in_adam and copy_out_adam: the CPU's Adam on the home threads passes over
  * its state the whole time while each direction of the link is timed beside the other
