@@ -29,10 +29,11 @@
 #define REPS 5
 /* The GPU's probes: a copy of 256 MiB reaches the PCIe rate (tz-bench tiers: from 4 MiB) and,
  * two of them being over twice the largest last-level cache, moves host memory as a step's
- * copies do (timed beside the CPU's Adam on two of 64 MiB, part of the copies' host side stayed
- * in the cache: one H200 machine measured the Adam at 5.11 G elements/s beside the link, where
- * its run's homes reached 3.3), a 4096^3 bf16 matmul is the size of a large layer's, and Adam
- * over 64M elements (2 GB of HBM traffic) runs far longer than a launch. */
+ * copies do, a 4096^3 bf16 matmul is the size of a large layer's, and Adam over 64M elements
+ * (2 GB of HBM traffic) runs far longer than a launch. (With copies of 64 MiB one H200 machine
+ * measured the CPU's Adam at 5.11 G elements/s beside the link where its run's homes reached
+ * 3.3; with 256 MiB four machines measured 3.5-4.0, the homes still 1.2-1.3x slower at one
+ * micro-batch: docs/benchmarks.md, "Issue 26 on the H200, 2026-12-04".) */
 #define GPU_COPY_BYTES (256ull << 20)
 #define GPU_MATMUL 4096
 #define GPU_ADAM_ELEMS ((size_t)64 << 20)
