@@ -24,58 +24,44 @@ static int adam_params(tz_trainer *tr, int64_t update, struct tz_adam_params *p)
   return tz_adam_params_for_step(p, update + 1);
 }
 
-/* Enters phase i and queues its job on its lane (the job slots of parity par); *done (the
- * caller's) gets the fence of the loss phase, after which the step's results are ready. */
-static int queue_phase(tz_trainer *tr, int i, int par, int pending, const struct tz_adam_params *ap,
-                       const int32_t *ht, size_t n, tz_fence **done) {
-  struct job *j = &tr->jobs[(size_t)par * (size_t)tr->n_ph + (size_t)i];
-  struct tz_view v;
-  TZ_CHECK(tz_sched_enter(tr->sched, i, &v));
-  memset(j, 0, sizeof *j);
-  j->tr = tr;
-  j->phase = i;
-  for (int u = 0; u < v.n_blocks; u++) {
-    const struct phase *ph = &tr->ph[i];
-    if (ph->roles[u] == USE_NEXT)
-      j->next_param = v.blocks[u].ptr;
-    else if (ph->roles[u] == USE_PREV)
-      j->prev_grad = v.blocks[u].ptr;
-    else
-      j->ptr[ph->kinds[u]] = v.blocks[u].ptr;
-  }
-  j->pending = pending;
-  j->par = par;
-  j->adam = *ap;
-  /* Folded, the previous step's factor (its loss phase has completed); overlapped, always 1
-   * (neither clipping nor loss scaling). */
-  j->home_scale = tr->mode == TZ_OPT_FOLDED ? tr->opt_scale : 1.0f;
-  j->tokens_host = ht;
-  j->targets_host = ht + n;
-  j->loss_scale = tr->fp16 ? tr->scale : 1.0f;
-  int rc = tz_sched_submit(tr->sched, tz_train_run_job, j);
-  int rc2 = tz_sched_leave(tr->sched, i);
-  if (rc < 0 || rc2 < 0)
-    return rc < 0 ? rc : rc2;
-  /* The step's results are ready when the lane has run its last backward phase. */
-  if (i == tr->loss_phase)
-    TZ_CHECK(tz_lane_record(v.lane, done));
-  return 0;
-}
-
-/* Enters the step's phases and queues their jobs: folded, the updates at the homes first, each
- * waiting on the home lane for what it reads, then the others in order. A home phase entered has
- * made its generation of what it writes, so the scheduler reserves the forward that reads it
- * beside it, its fill waiting for the update, and its window looks on into the backward and the
- * next step's fills; entered where they stand, just before the forward of their block, they held
- * that window at each such forward until the update had ended (core/sched_window.c,
- * home_conflict). */
+/* Enters the step's phases in order and queues each one's job on its lane (the job slots of
+ * parity par); *done (the caller's) is the fence of the loss phase, after which the step's
+ * results are ready. */
 static int queue_phases(tz_trainer *tr, int par, int pending, const struct tz_adam_params *ap,
                         const int32_t *ht, size_t n, tz_fence **done) {
-  int homes_first = tr->mode == TZ_OPT_FOLDED && tr->at_home;
-  for (int pass = homes_first ? 0 : 1; pass < 2; pass++)
-    for (int i = 0; i < tr->n_ph; i++)
-      if (pass == 1 ? !homes_first || !tr->at_home[i] : tr->at_home[i])
-        TZ_CHECK(queue_phase(tr, i, par, pending, ap, ht, n, done));
+  for (int i = 0; i < tr->n_ph; i++) {
+    struct job *j = &tr->jobs[(size_t)par * (size_t)tr->n_ph + (size_t)i];
+    struct tz_view v;
+    TZ_CHECK(tz_sched_enter(tr->sched, i, &v));
+    memset(j, 0, sizeof *j);
+    j->tr = tr;
+    j->phase = i;
+    for (int u = 0; u < v.n_blocks; u++) {
+      const struct phase *ph = &tr->ph[i];
+      if (ph->roles[u] == USE_NEXT)
+        j->next_param = v.blocks[u].ptr;
+      else if (ph->roles[u] == USE_PREV)
+        j->prev_grad = v.blocks[u].ptr;
+      else
+        j->ptr[ph->kinds[u]] = v.blocks[u].ptr;
+    }
+    j->pending = pending;
+    j->par = par;
+    j->adam = *ap;
+    /* Folded, the previous step's factor (its loss phase has completed); overlapped, always 1
+     * (neither clipping nor loss scaling). */
+    j->home_scale = tr->mode == TZ_OPT_FOLDED ? tr->opt_scale : 1.0f;
+    j->tokens_host = ht;
+    j->targets_host = ht + n;
+    j->loss_scale = tr->fp16 ? tr->scale : 1.0f;
+    int rc = tz_sched_submit(tr->sched, tz_train_run_job, j);
+    int rc2 = tz_sched_leave(tr->sched, i);
+    if (rc < 0 || rc2 < 0)
+      return rc < 0 ? rc : rc2;
+    /* The step's results are ready when the lane has run its last backward phase. */
+    if (i == tr->loss_phase)
+      TZ_CHECK(tz_lane_record(v.lane, done));
+  }
   return 0;
 }
 
