@@ -157,7 +157,7 @@ static void test_plan_for_gpu(void **state) {
   snprintf(rates, sizeof rates, "%s/gpu-rates.json", dir);
   FILE *f = fopen(rates, "w");
   assert_non_null(f);
-  fprintf(f, "{\"version\": 4, \"cuda|nvme:-\": {\"flops\": 8.6e14, \"copy_in\": 5.3e10, "
+  fprintf(f, "{\"version\": 5, \"cuda|nvme:-\": {\"flops\": 8.6e14, \"copy_in\": 5.3e10, "
              "\"copy_out\": 5.4e10, \"copy_duplex\": 9.6e10, \"copy_in_both\": 4.0e10, "
              "\"copy_out_both\": 5.1e10, \"copy_local\": 1.6e12, "
              "\"nvme_read\": 0, \"nvme_write\": 0, \"nvme_duplex\": 0, \"adam\": 1.3e11, "
