@@ -184,8 +184,7 @@ struct tz_config {
     uint64_t hbm_pin_piece;  /* test hook: bytes per host-memory registration piece of the
                                 hbm tier, to test copies split at piece boundaries; 0 = 64
                                 GiB */
-    int cuda_attention;  /* the CUDA attention kernels: 0 auto, 1 simple, 2 one-pass, 3 two-pass,
-                            4 wgmma, 5 wgmma-rs */
+    int cuda_attention;  /* the CUDA attention kernels: 0 auto, 1 simple, 2 one-pass, 3 two-pass */
     int cuda_matmul;     /* the CUDA matmul's path: 0 cublaslt, 1 plain */
     double comm_timeout; /* seconds each collective and launcher exchange may take */
     /* what weight decay skips: "bias", "norm", "embed" (trainer/decay.h), or "none"; n 0 = not

@@ -76,10 +76,9 @@ static const char *const log_names[] = {"error", "warn", "info", "debug", "trace
 /* auto: the tensor-core kernels where the shape allows, the backward in one pass where that is
  * faster; simple: the plain kernels for every shape (kernels/cuda/attention.cu); one-pass and
  * two-pass: the tensor-core backward in one pass or in two, for every shape they take; wgmma: the
- * forward on Hopper's warpgroup MMA where it takes the shape, the rest as auto; wgmma-rs: those with
- * q (and dout) as the A operand from registers. */
-static const char *const cuda_attention_names[] = {"auto",     "simple", "one-pass",
-                                                   "two-pass", "wgmma",  "wgmma-rs"};
+ * forward on Hopper's warpgroup MMA where it takes the shape, the rest as auto. */
+static const char *const cuda_attention_names[] = {"auto", "simple", "one-pass", "two-pass",
+                                                   "wgmma"};
 /* cublaslt: cuBLASLt; plain: matmul's own plain kernel for every call (kernels/cuda/matmul.cu). */
 static const char *const cuda_matmul_names[] = {"cublaslt", "plain"};
 

@@ -69,9 +69,6 @@ enum tz_cuda_kernels {
                              * it was measured faster); matmul: as BEST */
   TZ_CUDA_KERNELS_WGMMA,    /* attention "wgmma": the kernels on Hopper's warpgroup MMA where
                              * they take the shape, the rest as BEST; matmul: as BEST */
-  TZ_CUDA_KERNELS_WGMMA_RS, /* attention "wgmma-rs": as WGMMA, with q (and in dq's pass dout) the
-                             * A operand from registers in the products over the head dimension;
-                             * matmul: as BEST */
 };
 
 /* The cuda backend's one-pass attention backward comes in tiles named "warps x query rows": a

@@ -1293,8 +1293,8 @@ static void test_attention_families(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
-/* tierzero.cuda_attention wgmma and wgmma-rs (q and dout from registers): the forward and
- * backward on Hopper's warpgroup MMA (attention_wgmma.cu) at bf16 and head dim 128, against the float64 reference and twice to the same bits: one row,
+/* tierzero.cuda_attention wgmma: the forward on Hopper's warpgroup MMA (attention_wgmma.cu)
+ * at bf16 and head dim 128, against the float64 reference and twice to the same bits: one row,
  * within, at and past a key tile of 64, many tiles with a partial last one, grouped-query heads
  * up to 7:1; and the shapes it declines (head dim 64, fp16), which the other kernels run. On a
  * device other than sm_90 every call declines. */
@@ -1306,17 +1306,14 @@ static void test_attention_wgmma(void **state) {
                                   {1, 130, 28, 4, 128}, {1, 130, 14, 2, 128}, {1, 77, 4, 2, 64}};
   const char *env = getenv("TZ_CUDA_ATTENTION");
   int forced = env && strcmp(env, "simple") == 0;
-  for (int rs = 0; rs < 2; rs++)
-    for (int d = 0; d < 2; d++) {
-      struct env e;
-      TZ_ASSERT_OK(env_open_with(&e, storage_dtypes[d], TZ_F32,
-                                 rs ? TZ_CUDA_KERNELS_WGMMA_RS : TZ_CUDA_KERNELS_WGMMA, 0,
-                                 rs ? "wgmma-rs" : "wgmma"));
-      for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        attention_case(&e, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4],
-                       forced);
-      env_close(&e);
-    }
+  for (int d = 0; d < 2; d++) {
+    struct env e;
+    TZ_ASSERT_OK(env_open_with(&e, storage_dtypes[d], TZ_F32, TZ_CUDA_KERNELS_WGMMA, 0, "wgmma"));
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+      attention_case(&e, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4],
+                     forced);
+    env_close(&e);
+  }
   assert_int_equal(g_failures, 0);
 }
 

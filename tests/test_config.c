@@ -952,7 +952,7 @@ static void test_tunable_keys(void **state) {
       {"tierzero.gds", "TZ_GDS", "0", "maybe", NULL},
       {"tierzero.hbm_pin_piece", "TZ_HBM_PIN_PIECE", "2MiB", "2 parsecs", NULL},
       {"tierzero.cuda_attention", "TZ_CUDA_ATTENTION", "simple", "fancy",
-       "tierzero.cuda_attention: unknown value \"fancy\" (expected one of auto, simple, one-pass, two-pass, wgmma, wgmma-rs)"},
+       "tierzero.cuda_attention: unknown value \"fancy\" (expected one of auto, simple, one-pass, two-pass, wgmma)"},
       {"tierzero.cuda_matmul", "TZ_CUDA_MATMUL", "plain", "cublas",
        "tierzero.cuda_matmul: unknown value \"cublas\" (expected one of cublaslt, plain)"},
       {"tierzero.comm_timeout", "TZ_COMM_TIMEOUT", "12.5", "0", NULL},

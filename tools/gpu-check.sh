@@ -13,9 +13,7 @@
 # tiers3: issue 26's item 3, the 15.5 B model on HBM, host and the disk with its fio ceiling
 # (about 380 s; .deps carries fio); wgmma: the warpgroup-MMA block (test_wgmma), the attention
 # kernels on it (tierzero.cuda_attention wgmma) in the kernel, model and trainer tests, and
-# tz-bench layer with auto's kernels, the two-pass ones (mma.sync only) and wgmma's; wgmmars:
-# the kernel, model and trainer tests with tierzero.cuda_attention wgmma-rs and tz-bench layer
-# with wgmma's kernels, then wgmma-rs's;
+# tz-bench layer with auto's kernels, the two-pass ones (mma.sync only) and wgmma's;
 # attnshapes: tz-bench layer at the other shapes of issue 24 (head dims 64, 80, 96, 128 with
 # grouped-query ratios up to 7:1, sequences 128 and 8192), for docs/cuda-kernels.md's table
 # acc8: issue 26's big batches, the three runs of its item 2 one after the other: tz-auto
@@ -152,16 +150,6 @@ if has wgmma; then
   step wgmma-layer-auto $b/bin/tz-bench layer --iters 5 --warmup 2
   step wgmma-layer-2p env TZ_CUDA_ATTENTION=two-pass $b/bin/tz-bench layer --iters 5 --warmup 2
   step wgmma-layer env TZ_CUDA_ATTENTION=wgmma $b/bin/tz-bench layer --iters 5 --warmup 2
-fi
-if has wgmmars; then
-  # q (and dout) as the A operand from registers (tierzero.cuda_attention wgmma-rs): the kernel
-  # tests (test_attention_wgmma runs both), the model's and trainer's GPU tests with it, and
-  # tz-bench layer with wgmma's kernels, then with it
-  step wgmmars-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
-  step wgmmars-model env TZ_CUDA_ATTENTION=wgmma-rs ctest --test-dir $b --output-on-failure \
-    -R '^test_(model|train)_gpu'
-  step wgmmars-layer-ss env TZ_CUDA_ATTENTION=wgmma $b/bin/tz-bench layer
-  step wgmmars-layer-rs env TZ_CUDA_ATTENTION=wgmma-rs $b/bin/tz-bench layer
 fi
 if has attnshapes; then
   # name, then tz-bench layer's shape arguments

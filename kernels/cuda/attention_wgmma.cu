@@ -78,36 +78,6 @@ __device__ __forceinline__ void product_k(float (&d)[32], const uint8_t *a, cons
   }
 }
 
-/* The A operand of product_k in registers (tierzero.cuda_attention wgmma-rs): a 64 x 128
- * swizzled tile as 8 k16 slices of the m16n8k16 A fragment, each warp its 16 rows (wgmma.cuh,
- * mma_m64n64k16_bf16_rs). Each register is two neighbouring columns, contiguous in their 16-byte
- * chunk. Read once per block; the products that use it then read only B from shared memory
- * (with both operands there an m64n64k16 reads 4 KiB in the 32 cycles its FLOPs take, the shared
- * memory's whole bandwidth). */
-__device__ __forceinline__ void load_a_k(uint32_t (&a)[DH / 16][4], const uint8_t *t) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const uint32_t r0 = (uint32_t)(warp * 16 + g), r1 = r0 + 8;
-#pragma unroll
-  for (int kk = 0; kk < DH / 16; kk++) {
-    const uint8_t *h = t + (kk >> 2) * HALF;
-    const uint32_t c0 = (uint32_t)((kk & 3) * 16 + 2 * c);
-    a[kk][0] = *(const uint32_t *)(h + tz_wgmma::sw128(r0, c0));
-    a[kk][1] = *(const uint32_t *)(h + tz_wgmma::sw128(r1, c0));
-    a[kk][2] = *(const uint32_t *)(h + tz_wgmma::sw128(r0, c0 + 8));
-    a[kk][3] = *(const uint32_t *)(h + tz_wgmma::sw128(r1, c0 + 8));
-  }
-}
-
-/* product_k with a from registers (load_a_k's fragments), b a 64 x 128 swizzled tile. */
-__device__ __forceinline__ void product_k_rs(float (&d)[32], const uint32_t (&a)[DH / 16][4],
-                                             const uint8_t *b) {
-#pragma unroll
-  for (int kk = 0; kk < DH / 16; kk++) {
-    int off = (kk >> 2) * HALF + (kk & 3) * 32;
-    tz_wgmma::mma_m64n64k16_bf16_rs<0>(d, a[kk], tz_wgmma::desc_k(b + off), kk > 0);
-  }
-}
-
 /* (d0 | d1) += a b over b's 64 rows, 4 k16 slices: a 64 x 64 in registers (pack_a's fragments of
  * probabilities or score gradients, a[j] for rows 16 j.. of b), b a 64 x 128 swizzled tile read
  * MN-major, its two 64-column halves into d0 and d1. Issued, not waited for. */
@@ -121,7 +91,6 @@ __device__ __forceinline__ void product_mn(float (&d0)[32], float (&d1)[32],
 }
 #endif
 
-template <bool RS>
 __global__ void __launch_bounds__(128)
     attn_fwd_wgmma_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, int T_, int H, int Hkv,
@@ -151,25 +120,17 @@ __global__ void __launch_bounds__(128)
   for (int i = 0; i < DH / 8; i++)
     o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-  uint32_t qa[RS ? DH / 16 : 1][4]; /* RS: q as the A operand, from registers */
 
   for (int kt = 0; kt < n_kt; kt++) {
     const int buf = kt & 1;
     next_kv_tile(sK, sV, kb, vb, ks, kt, n_kt, T_);
     const uint8_t *Kt = sK + buf * TILE, *Vt = sV + buf * TILE;
-    if constexpr (RS) {
-      if (kt == 0) /* q arrived with the first key tile */
-        load_a_k(qa, sQ);
-    }
 
     /* s = q k^T */
     float s[BN / 8][4];
     float(&sd)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
     tz_wgmma::fence();
-    if constexpr (RS)
-      product_k_rs(sd, qa, Kt);
-    else
-      product_k(sd, sQ, Kt);
+    product_k(sd, sQ, Kt);
     tz_wgmma::commit();
     tz_wgmma::wait<0>();
 
@@ -209,7 +170,6 @@ __global__ void __launch_bounds__(128)
 
 constexpr size_t BWD_SMEM = 6 * TILE + 4 * 64 * sizeof(float) + 1024;
 
-template <bool RS>
 __global__ void __launch_bounds__(128)
     attn_bwd_dq_wgmma_kernel(__nv_bfloat16 *dq, const __nv_bfloat16 *dout,
                              const __nv_bfloat16 *q, const __nv_bfloat16 *k,
@@ -247,30 +207,17 @@ __global__ void __launch_bounds__(128)
   for (int i = 0; i < DH / 8; i++)
     acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-  uint32_t qa[RS ? DH / 16 : 1][4], doa[RS ? DH / 16 : 1][4]; /* RS: q and dout from registers */
-
   for (int kt = 0; kt < n_kt; kt++) {
     const int buf = kt & 1;
     next_kv_tile(sK, sV, kb, vb, ks, kt, n_kt, T_);
     const uint8_t *Kt = sK + buf * TILE, *Vt = sV + buf * TILE;
-    if constexpr (RS) {
-      if (kt == 0) {
-        load_a_k(qa, sQ);
-        load_a_k(doa, sdO);
-      }
-    }
 
     float s[BN / 8][4], dp[BN / 8][4];
     float(&sd)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
     float(&dpd)[32] = *reinterpret_cast<float(*)[32]>(&dp[0][0]);
     tz_wgmma::fence();
-    if constexpr (RS) {
-      product_k_rs(sd, qa, Kt);
-      product_k_rs(dpd, doa, Vt);
-    } else {
-      product_k(sd, sQ, Kt);
-      product_k(dpd, sdO, Vt);
-    }
+    product_k(sd, sQ, Kt);
+    product_k(dpd, sdO, Vt);
     tz_wgmma::commit();
     tz_wgmma::wait<0>();
 
@@ -418,14 +365,13 @@ int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const 
   if (c->S != TZ_BF16 || D != DH || !c->sm90 || SMEM > c->smem_optin || !aligned16(out) ||
       !aligned16(q) || !aligned16(k) || !aligned16(v))
     return 1;
-  auto kern = c->attn_wgmma_rs ? attn_fwd_wgmma_kernel<true> : attn_fwd_wgmma_kernel<false>;
-  TZ_CU(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)SMEM));
+  TZ_CU(cudaFuncSetAttribute((const void *)attn_fwd_wgmma_kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
   dim3 grid((unsigned)((T + BM - 1) / BM), (unsigned)H, (unsigned)B);
   float scale_log2 = 1.0f / sqrtf((float)D) * LOG2E;
-  kern<<<grid, 128, SMEM, c->stream>>>((__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)q,
-                                       (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, T, H,
-                                       Hkv, scale_log2);
+  attn_fwd_wgmma_kernel<<<grid, 128, SMEM, c->stream>>>(
+      (__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k,
+      (const __nv_bfloat16 *)v, T, H, Hkv, scale_log2);
   TZ_CU_LAUNCHED();
   return 0;
 }
@@ -440,16 +386,14 @@ int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
       return 1;
   if (c->S != TZ_BF16 || D != DH || !c->sm90 || BWD_SMEM > c->smem_optin)
     return 1;
-  auto dq_kern =
-      c->attn_wgmma_rs ? attn_bwd_dq_wgmma_kernel<true> : attn_bwd_dq_wgmma_kernel<false>;
-  TZ_CU(cudaFuncSetAttribute((const void *)dq_kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)BWD_SMEM));
+  TZ_CU(cudaFuncSetAttribute((const void *)attn_bwd_dq_wgmma_kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)BWD_SMEM));
   TZ_CU(cudaFuncSetAttribute((const void *)attn_bwd_dkdv_wgmma_kernel,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)BWD_SMEM));
   float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
   typedef __nv_bfloat16 E;
   dim3 grid_q((unsigned)((T + BM - 1) / BM), (unsigned)H, (unsigned)B);
-  dq_kern<<<grid_q, 128, BWD_SMEM, c->stream>>>(
+  attn_bwd_dq_wgmma_kernel<<<grid_q, 128, BWD_SMEM, c->stream>>>(
       (E *)dq, (const E *)dout, (const E *)q, (const E *)k, (const E *)v, lse, delta, T, H, Hkv,
       scale, scale_log2);
   TZ_CU_LAUNCHED();

@@ -61,8 +61,6 @@ struct tz_cuda {
   int attn_tiles;      /* its tiles: an index into tz_cuda_attention_tile_names */
   int attn_wgmma;      /* auto and wgmma: the forward and backward on warpgroup MMA where they
                           take the shape */
-  int attn_wgmma_rs;   /* wgmma-rs: those kernels with q (and dout) as the A operand from
-                          registers in the products over the head dimension */
   int sm90;            /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
   int mm_plain;        /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
   cudaStream_t stream; /* where all work goes: params.stream, or the instance's own */

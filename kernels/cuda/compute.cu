@@ -261,7 +261,6 @@ static enum tz_cuda_kernels kernels_of(enum tz_cuda_kernels k, int attention) {
          : v == 2 && attention ? TZ_CUDA_KERNELS_ONE_PASS
          : v == 3 && attention ? TZ_CUDA_KERNELS_TWO_PASS
          : v == 4 && attention ? TZ_CUDA_KERNELS_WGMMA
-         : v == 5 && attention ? TZ_CUDA_KERNELS_WGMMA_RS
                                : TZ_CUDA_KERNELS_BEST;
 }
 
@@ -310,9 +309,7 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   c->attn_twopass = attn == TZ_CUDA_KERNELS_TWO_PASS;
   /* auto's kernels are the wgmma ones where they take the shape (at Llama-7B's layer the forward
    * 1.41x and the backward 1.40x the mma.sync ones: docs/cuda-kernels.md) */
-  c->attn_wgmma = attn == TZ_CUDA_KERNELS_WGMMA || attn == TZ_CUDA_KERNELS_WGMMA_RS ||
-                  attn == TZ_CUDA_KERNELS_BEST;
-  c->attn_wgmma_rs = attn == TZ_CUDA_KERNELS_WGMMA_RS;
+  c->attn_wgmma = attn == TZ_CUDA_KERNELS_WGMMA || attn == TZ_CUDA_KERNELS_BEST;
   int major = 0, minor = 0;
   TZ_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
   TZ_CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
