@@ -108,20 +108,22 @@ static void decide(tz_sched *s) {
     return;
   for (int i = 0; i < s->n_blocks; i++) {
     struct block *b = &s->blocks[i];
-    if (!b->c.wait_home || b->home_writers > 0 || b->storing)
-      continue;
-    if (b->home_gen != b->c.gen) {
-      fail_locked(s, TZ_EINVAL,
-                  "sched: block '%s' waited for generation %llu at home, which holds %llu (a bug)",
-                  b->name, (unsigned long long)b->c.gen, (unsigned long long)b->home_gen);
-      return;
+    if (b->c.wait_home) { /* never dirty: nothing to write back */
+      if (b->home_writers > 0 || b->storing)
+        continue;
+      if (b->home_gen != b->c.gen) {
+        fail_locked(s, TZ_EINVAL,
+                    "sched: block '%s' waited for generation %llu at home, which holds %llu "
+                    "(a bug)",
+                    b->name, (unsigned long long)b->c.gen, (unsigned long long)b->home_gen);
+        return;
+      }
+      b->c.wait_home = 0;
+      tz_sched_start_xfer(s, b, ACT_FILL, 0, b->c.use_step);
+    } else if (flushable(s, i) && !rewritten_next(s, b)) {
+      tz_sched_start_xfer(s, b, ACT_FLUSH, 0, s->step);
     }
-    b->c.wait_home = 0;
-    tz_sched_start_xfer(s, b, ACT_FILL, 0, b->c.use_step);
   }
-  for (int i = 0; i < s->n_blocks; i++)
-    if (flushable(s, i) && !rewritten_next(s, &s->blocks[i]))
-      tz_sched_start_xfer(s, &s->blocks[i], ACT_FLUSH, 0, s->step);
   if (s->closing)
     return;
   for (struct inst *I = s->head; I; I = I->next)

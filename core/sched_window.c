@@ -444,7 +444,8 @@ void tz_sched_cancel_ahead(tz_sched *s) {
   for (int i = 0; i < s->n_blocks; i++) {
     struct block *b = &s->blocks[i];
     if (b->c.ext.tier && (b->c.unwritten || b->c.wait_home) && b->c.pins == 0)
-      tz_sched_copy_free(s, b, b->c.unwritten ? "its writer was cancelled" : "its readers were cancelled");
+      tz_sched_copy_free(
+          s, b, b->c.unwritten ? "its writer was cancelled" : "its readers were cancelled");
   }
   s->wstep = s->step;
   s->wpos = s->pos;
