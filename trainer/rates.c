@@ -1,10 +1,7 @@
-/* Measuring and caching the plan's machine rates (trainer/rates.h).
- *
- * The cache is one JSON object per machine: {"version": 3, "<set-up>": {rates...}, ...}, where
- * the set-up names what the rates depend on beside the machine (the compute backend and the NVMe
- * directory), so a run with another directory measures again and adds its entry. */
+/* Measuring the plan's machine rates (trainer/rates.h); their cache is trainer/rates_cache.c. */
 #define _GNU_SOURCE
 #include "trainer/rates.h"
+#include "trainer/rates_cache.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/tier.h"
@@ -15,7 +12,6 @@
 #include "util/file.h"
 
 #include <errno.h>
-#include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
@@ -38,112 +34,9 @@
 #define GPU_MATMUL 4096
 #define GPU_ADAM_ELEMS ((size_t)64 << 20)
 
-int tz_rates_default_path(char *buf, size_t len) {
-  char host[128] = "localhost";
-  gethostname(host, sizeof host - 1);
-  host[sizeof host - 1] = 0;
-  const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-  if (xdg && *xdg)
-    snprintf(buf, len, "%s/tierzero/rates-%s.json", xdg, host);
-  else if (home && *home)
-    snprintf(buf, len, "%s/.cache/tierzero/rates-%s.json", home, host);
-  else
-    return tz_err_set(TZ_ENOENT, "rates: neither XDG_CACHE_HOME nor HOME is set");
-  return 0;
-}
-
-static void setup_key(const struct tz_config *c, const char *backend, char *buf, size_t len) {
-  const char *dir = tz_train_nvme_dir(c);
-  char real[PATH_MAX];
-  if (dir && realpath(dir, real))
-    dir = real;
-  snprintf(buf, len, "%s|nvme:%s", backend, dir ? dir : "-");
-}
-
 /* The disk's probe: large enough that its queue is kept full (32 requests of 1 MiB) for a while
  * in each direction, and that reads and writes at once (nvme_duplex) meet in the device. */
 #define NVME_PROBE_BYTES (64u << 20)
-/* Entries of another version were measured another way and are measured again: 2 since
- * adam_home is timed on the home phases' threads with bf16 parameters written; 3 since the disk
- * is timed on 64 MiB, both directions at once too (nvme_duplex); 4 since each direction of the
- * host link is timed beside the other (copy_in_both, copy_out_both); 5 since the link's copies
- * are 256 MiB and the CPU's Adam beside them 64 Mi elements. */
-#define RATES_VERSION 5
-
-static const char *const fields[] = {
-    "flops",         "copy_in",    "copy_out",       "copy_duplex",  "copy_in_both",
-    "copy_out_both", "copy_local", "nvme_read",      "nvme_write",   "nvme_duplex",
-    "adam",          "adam_home",  "adam_home_busy", "copy_in_adam", "copy_out_adam"};
-#define N_FIELDS 15
-/* The fields every entry of this version has; the ones after them came later and are 0
- * (unknown) in an entry without them: the plan then runs without what they add. */
-#define N_REQUIRED 12
-
-static double *field(struct tz_plan_rates *r, int i) {
-  double *f[N_FIELDS] = {&r->flops,          &r->copy_in,       &r->copy_out,     &r->copy_duplex,
-                         &r->copy_in_both,   &r->copy_out_both, &r->copy_local,   &r->nvme_read,
-                         &r->nvme_write,     &r->nvme_duplex,   &r->adam,         &r->adam_home,
-                         &r->adam_home_busy, &r->copy_in_adam,  &r->copy_out_adam};
-  return f[i];
-}
-
-static int cache_read(const char *path, const char *key, struct tz_plan_rates *out) {
-  json_error_t err;
-  json_t *root = json_load_file(path, 0, &err);
-  if (!root)
-    return 0;
-  json_t *e = json_object_get(root, key);
-  int ok =
-      json_is_object(e) && json_integer_value(json_object_get(root, "version")) == RATES_VERSION;
-  /* All or nothing: an incomplete entry (one written before a field existed) leaves *out as it
-   * was, so no stale value outlives the measurement that replaces it. */
-  struct tz_plan_rates got = *out;
-  for (int i = 0; ok && i < N_FIELDS; i++) {
-    json_t *v = json_object_get(e, fields[i]);
-    if (!v && i >= N_REQUIRED) {
-      *field(&got, i) = 0;
-      continue;
-    }
-    ok = json_is_number(v) && json_number_value(v) >= 0;
-    if (ok)
-      *field(&got, i) = json_number_value(v);
-  }
-  json_decref(root);
-  if (ok)
-    *out = got;
-  return ok;
-}
-
-static int cache_write(const char *path, const char *key, const struct tz_plan_rates *r) {
-  json_error_t err;
-  json_t *root = json_load_file(path, 0, &err);
-  if (!json_is_object(root)) {
-    json_decref(root);
-    root = json_object();
-  }
-  json_t *e = json_object();
-  struct tz_plan_rates copy = *r;
-  for (int i = 0; i < N_FIELDS; i++)
-    json_object_set_new(e, fields[i], json_real(*field(&copy, i)));
-  json_object_set_new(root, "version", json_integer(RATES_VERSION));
-  json_object_set_new(root, key, e);
-  int de = tz_file_mkdir_p(NULL, path, TZ_MKDIR_PARENTS | TZ_MKDIR_DURABLE);
-  if (de) {
-    json_decref(root);
-    return tz_err_errno(de, "rates: cannot create the directory of %s", path);
-  }
-  char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
-  json_decref(root);
-  if (!text)
-    return tz_err_set(TZ_ENOMEM, "rates: out of memory for %s", path);
-  /* Durable like the other writers; the process id in the temporary name keeps ranks that
-   * measure at once from writing the same temporary file. */
-  const struct tz_atomic_params ap = {.what = "rates", .tmp_pid = 1};
-  int rc = tz_atomic_write_file(path, text, strlen(text), &ap);
-  free(text);
-  return rc;
-}
-
 /* The shortest of REPS timed runs of run(arg), after `warmups` untimed ones (a first call that
  * sets something up: an algorithm choice, a lazily made handle). Each run must return only when
  * its work is done. */
@@ -873,26 +766,26 @@ static int time_collective(tz_runtime *rt, tz_comm *comm, double *out) {
 int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *rt, tz_comm *comm,
                  const char *path, int refresh, struct tz_plan_rates *out) {
   memset(out, 0, sizeof *out);
-  double v[N_FIELDS + 1] = {0};
+  double v[TZ_RATES_N_FIELDS + 1] = {0};
   int rc0 = 0;
   if (tz_comm_rank(comm) == 0) {
     char def[PATH_MAX], key[PATH_MAX + 64];
     if (!path && tz_rates_default_path(def, sizeof def) == 0)
       path = def;
-    setup_key(cfg, backend, key, sizeof key);
-    int cached = !refresh && path && cache_read(path, key, out);
+    tz_rates_cache_key(cfg, backend, key, sizeof key);
+    int cached = !refresh && path && tz_rates_cache_read(path, key, out);
     int rc = 0;
     if (!cached) {
       rc = strcmp(backend, "cuda") == 0 ? measure_gpu(cfg, rt, out)
                                         : measure_cpu(cfg, backend, rt, out);
-      if (rc == 0 && path && cache_write(path, key, out) < 0)
+      if (rc == 0 && path && tz_rates_cache_write(path, key, out) < 0)
         TZ_WARN("%s (the rates are measured again next time)", tz_err_msg());
       if (rc == 0)
         TZ_INFO("rates: measured for %s%s%s", key, path ? ", cached in " : "", path ? path : "");
     }
-    for (int i = 0; i < N_FIELDS; i++)
-      v[i] = *field(out, i);
-    v[N_FIELDS] = rc; /* the other ranks fail with rank 0 instead of waiting */
+    for (int i = 0; i < TZ_RATES_N_FIELDS; i++)
+      v[i] = *tz_rates_field(out, i);
+    v[TZ_RATES_N_FIELDS] = rc; /* the other ranks fail with rank 0 instead of waiting */
     rc0 = rc;
     if (tz_comm_size(comm) == 1)
       TZ_CHECK(rc);
@@ -905,35 +798,15 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
     TZ_CHECK(rc);
     if (rc0 < 0)
       return rc0;
-    if (v[N_FIELDS] < 0)
-      return tz_err_set((int)v[N_FIELDS], "rates: rank 0 could not measure the machine's rates");
-    for (int i = 0; i < N_FIELDS; i++)
-      *field(out, i) = v[i];
+    if (v[TZ_RATES_N_FIELDS] < 0)
+      return tz_err_set((int)v[TZ_RATES_N_FIELDS],
+                        "rates: rank 0 could not measure the machine's rates");
+    for (int i = 0; i < TZ_RATES_N_FIELDS; i++)
+      *tz_rates_field(out, i) = v[i];
   }
   if (strcmp(backend, "cuda") == 0)
     TZ_CHECK(time_links_shared(cfg, rt, comm, out));
   return time_collective(rt, comm, &out->collective);
-}
-
-int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char *path) {
-  char def[PATH_MAX], key[PATH_MAX + 64];
-  if (!path && tz_rates_default_path(def, sizeof def) == 0)
-    path = def;
-  if (!path)
-    return 0;
-  json_error_t err;
-  json_t *root = json_load_file(path, 0, &err);
-  setup_key(cfg, backend, key, sizeof key);
-  int rc = 0;
-  if (json_is_object(root) && json_object_del(root, key) == 0) {
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
-    const struct tz_atomic_params ap = {.what = "rates", .tmp_pid = 1};
-    rc = text ? tz_atomic_write_file(path, text, strlen(text), &ap)
-              : tz_err_set(TZ_ENOMEM, "rates: out of memory for %s", path);
-    free(text);
-  }
-  json_decref(root);
-  return rc;
 }
 
 /* part_s[0], part_s[1]: the attention's and the MLP's forward alone on the probe l, the fastest
