@@ -345,6 +345,8 @@ static void sim_home_phase(struct sim *m, int s, int p, int idx, double gate) {
   double home_rate = rt->adam_home > 0 ? rt->adam_home : r->home_on_compute ? rt->adam : 0;
   if (m->contend && (home_rate <= 0 || rt->adam_home_busy < home_rate))
     home_rate = rt->adam_home_busy; /* beside the link, never faster than alone */
+  if (rt->adam_home_run > 0 && (home_rate <= 0 || rt->adam_home_run < home_rate))
+    home_rate = rt->adam_home_run; /* what a run's homes reached */
   double d = cost(ph->flop, rt->flops, &m->unknown) + cost(ph->adam_elems, home_rate, &m->unknown);
   double done, begin;
   if (r->home_on_compute) {

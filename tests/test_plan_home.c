@@ -223,6 +223,32 @@ static void test_host_memory_lane(void **state) {
   assert_close(with.lane_s[3], f.alone.lane_s[3]);
 }
 
+/* The rate a run's homes reached (tz_plan_rates.adam_home_run): slower than the probe's, the
+ * home phases run at it (the home-first path with the CPU's time doubled, beside the link's
+ * rates or without them); faster, the probe's holds. */
+static void test_home_rate_of_a_run(void **state) {
+  (void)state;
+  struct home_first f;
+  home_first_open(&f);
+  struct tz_plan_request r = f.r;
+  struct tz_plan slow, fast;
+  r.rates.adam_home_run = r.rates.adam_home / 2;
+  TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &slow));
+  assert_close(slow.lane_s[3], 2 * f.alone.lane_s[3]);
+  assert_close(slow.bound_s, 2 * NC * h + t + c + bwd);
+  r.rates.adam_home_run = 2 * r.rates.adam_home;
+  TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &fast));
+  assert_close(fast.lane_s[3], f.alone.lane_s[3]);
+  assert_close(fast.bound_s, f.alone.bound_s);
+  /* Beside the link the probe's rate is adam_home_busy: the run's slower one still rules. */
+  r.rates.copy_in_adam = r.rates.copy_in;
+  r.rates.copy_out_adam = r.rates.copy_out;
+  r.rates.adam_home_busy = r.rates.adam_home;
+  r.rates.adam_home_run = r.rates.adam_home / 2;
+  TZ_ASSERT_OK(tz_plan_bound(&r, f.tiers, S + chunk, &slow));
+  assert_close(slow.lane_s[3], 2 * f.alone.lane_s[3]);
+}
+
 /* The link's lanes beside the CPU's Adam (tz_plan_rates.copy_in_adam, copy_out_adam): a copy
  * moves at those rates while the step's home phases run and at its rate alone outside them. The
  * same rates beside as alone give the same bound and lanes, and so do faster ones (taken as
@@ -464,7 +490,8 @@ int main(int argc, char **argv) {
   nvme_dir = tz_test_mkdtemp("tz_plan_home");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_home_first_bound),      cmocka_unit_test(test_host_memory_lane),
-      cmocka_unit_test(test_link_beside_home),      cmocka_unit_test(test_plan_no_carry),
+      cmocka_unit_test(test_link_beside_home),      cmocka_unit_test(test_home_rate_of_a_run),
+      cmocka_unit_test(test_plan_no_carry),
       cmocka_unit_test(test_disk_write_holds_room), cmocka_unit_test(test_home_first_order),
       cmocka_unit_test(test_home_first_same_bits),  cmocka_unit_test(test_search_by_blocks),
   };

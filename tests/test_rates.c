@@ -2,7 +2,8 @@
  * copy_duplex is 0), cached and read back with the same bits, an entry written by hand read field
  * by field (copy_duplex included), an entry without copy_duplex (or another field) measured again
  * with nothing kept from it, and the cuda backend refused by a build without CUDA; an entry
- * forgotten (a run under its bound) is measured again and the others stay; the layer probe is
+ * forgotten (a run under its bound) is measured again and the others stay; a run's rate at the
+ * homes joins its entry and is read back, a new measurement drops it; the layer probe is
  * the fastest of its passes, and a plan's probe that would be slow is not run but said (issue #27
  * item 11). */
 #define _GNU_SOURCE
@@ -75,6 +76,7 @@ static void assert_same(const struct tz_plan_rates *a, const struct tz_plan_rate
   assert_true(a->adam_home_busy == b->adam_home_busy);
   assert_true(a->copy_in_adam == b->copy_in_adam);
   assert_true(a->copy_out_adam == b->copy_out_adam);
+  assert_true(a->adam_home_run == b->adam_home_run);
   assert_true(a->collective == b->collective);
 }
 
@@ -298,6 +300,36 @@ static void test_forget(void **state) {
   TZ_ASSERT_OK(tz_rates_forget(&e->cfg, "cpu", missing));
 }
 
+/* A run's rate at the homes (tz_rates_learn_home) joins its set-up's entry, the other fields
+ * and entries kept, and is read back; measuring again drops it (the probes do not make it); with
+ * no entry for the set-up, or no rate, nothing is written. */
+static void test_learn_home(void **state) {
+  struct env *e = *state;
+  snprintf(e->path, sizeof e->path, "%s/learn.json", e->dir);
+  TZ_ASSERT_OK(tz_rates_learn_home(&e->cfg, "cpu", e->path, 2.5e9));
+  assert_int_equal(access(e->path, F_OK), -1); /* no entry: no file made */
+  write_entry(e->path, NULL);
+  struct tz_plan_rates before, r;
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &before));
+  assert_true(before.adam_home_run == 0);
+  TZ_ASSERT_OK(tz_rates_learn_home(&e->cfg, "cpu", e->path, 2.5e9));
+  TZ_ASSERT_OK(tz_rates_learn_home(&e->cfg, "cpu", e->path, 0)); /* no rate: kept */
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  assert_true(r.adam_home_run == 2.5e9);
+  r.adam_home_run = 0;
+  r.collective = before.collective;
+  assert_same(&r, &before);
+  /* Another set-up's entry is not this one's. */
+  TZ_ASSERT_OK(tz_rates_learn_home(&e->cfg, "cuda", e->path, 1e9));
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  assert_true(r.adam_home_run == 2.5e9);
+  /* Measured again: the probes' entry has no run's rate. */
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 1, &r));
+  assert_true(r.adam_home_run == 0 && r.flops != 1.5e11);
+  TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
+  assert_true(r.adam_home_run == 0);
+}
+
 /* The layer probe (and its parts' forwards): a positive time at a real shape, no faster than the
  * matmul rate allows; a plan's probe that the matmul rate says would take longer than the budget is
  * not run (0, at once, with a warning naming --layer-rate). */
@@ -360,6 +392,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_home_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cuda_backend, setup, teardown),
       cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_learn_home, setup, teardown),
       cmocka_unit_test_setup_teardown(test_layer_probe, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

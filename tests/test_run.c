@@ -2,6 +2,7 @@
  *  - the cadence rules: which steps evaluate and save for given every-N settings and a last step;
  *  - a run's events: evaluations after steps 2, 4 and 5, checkpoints after 2, 4 and 5 (the last),
  *    the export after the steps, a metrics line per step and a summary;
+ *  - the homes' rate after the first step, in the summary and learned by the rates cache;
  *  - a stop request (SIGTERM) during step 2 stops the run after step 2 with a checkpoint there,
  *    and without ckpt_dir saves nothing; the error says so;
  *  - a resume continues at the checkpoint's step with the losses and exported parameters of a run
@@ -19,6 +20,8 @@
 #include "testlib.h"
 #include "trainer/data.h"
 #include "trainer/hf.h"
+#include "trainer/metrics.h"
+#include "trainer/rates_cache.h"
 #include "trainer/run.h"
 #include "trainer/signals.h"
 #include "trainer/synthetic.h"
@@ -45,6 +48,8 @@ struct rec {
   int n_steps;
   int n_summary;
   double summary_loss; /* the summary's last loss */
+  double home_rate;    /* the summary's */
+  int below_bound;     /* the summary's steps under their bound */
   int64_t ckpt[16];
   int n_ckpt;
   int64_t resumed, exported;
@@ -69,6 +74,8 @@ static int record(void *arg, const struct tz_run_event *ev) {
   if (ev->kind == TZ_RUN_SUMMARY) {
     r->n_summary++;
     r->summary_loss = ev->summary->last_loss;
+    r->home_rate = ev->home_rate;
+    r->below_bound = tz_metrics_summary_below_bound(ev->summary);
   }
   if (ev->kind == TZ_RUN_RESUMED)
     r->resumed = ev->step;
@@ -233,6 +240,43 @@ static void test_events(void **state) {
   assert_int_equal(lines, 7); /* the configuration, five steps and the summary */
   assert_non_null(strstr(m, "\"summary\""));
   free(m);
+}
+
+/* The rate the CPU's Adam reached at the homes after the first step (on a CPU-only machine every
+ * block's Adam runs at its host homes) is the summary's and joins the rates cache's entry, which the next
+ * plan reads; a run under its bound drops the entry instead (its rates were measured slow). */
+static void test_home_rate_learned(void **state) {
+  (void)state;
+  struct tz_run_options o;
+  struct rec r;
+  options(&o, &r, 4);
+  o.rates = at("learn-rates.json");
+  extra_sets[0] = "zero_optimization.offload_param.device=cpu";
+  extra_sets[1] = "zero_optimization.offload_optimizer.device=cpu";
+  struct tz_run_result res;
+  TZ_ASSERT_OK(run(&o, &res));
+  assert_int_equal(r.n_summary, 1);
+  assert_true(r.home_rate > 0);
+  struct tz_config cfg;
+  tz_config_defaults(&cfg);
+  struct tz_plan_rates rates;
+  memset(&rates, 0, sizeof rates);
+  char key[4200];
+  tz_rates_cache_key(&cfg, "cpu", key, sizeof key);
+  int cached = tz_rates_cache_read(o.rates, key, &rates);
+  if (r.below_bound) {
+    assert_false(cached);
+  } else {
+    assert_true(cached);
+    assert_true(rates.adam_home_run == r.home_rate);
+  }
+  tz_config_free(&cfg);
+  /* One step: no run of the home phases after the first step, nothing learned. */
+  options(&o, &r, 1);
+  o.rates = at("learn-one.json");
+  TZ_ASSERT_OK(run(&o, &res));
+  assert_true(r.home_rate == 0);
+  extra_sets[0] = extra_sets[1] = NULL;
 }
 
 static void test_stop(void **state) {
@@ -624,6 +668,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cadence_rules),
       cmocka_unit_test(test_events),
+      cmocka_unit_test(test_home_rate_learned),
       cmocka_unit_test_teardown(test_stop, stop_teardown),
       cmocka_unit_test(test_resume),
       cmocka_unit_test(test_fill_batch),

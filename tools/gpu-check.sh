@@ -23,6 +23,10 @@
 # carry in a 120 GiB window, then that with no CPU share and with 0.15 given (about 260 s); ds64k: its item 2's DeepSpeed pair at 64k tokens a step,
 # ds-offload llama-3b at 8 micro-batches beside tz-offload llama-3b at 8 (searched; and without
 # carry in 120 GiB), one after the other (DeepSpeed from .whl/ds: carry it; about 330 s)
+# learn3b: issue 26's item 1 with the homes' rate learned: tz-offload llama-3b without carry in a
+# 120 GiB window, the CPU share searched, three runs one after the other (the first plans on the
+# probe's rate, the next on the rate the run before reached at the homes), then 0.15 given;
+# then the homes at 0.3 given on the default threads and on 10 (about 260 s)
 # share: tz-auto llama-7b at 8 micro-batches, then tz-offload llama-7b there without carry with
 # the CPU's share of Adam searched and with none (about 280 s)
 # (each step fits one device call).
@@ -213,6 +217,20 @@ if has off3b; then
   step off3b-nc15 env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" \
     --set tierzero.cpu_adam=0.15 "${nc[@]}" --tag nc15
 fi
+if has learn3b; then
+  o3=(--steps 6 --warmup 2 --timeout 150)
+  rm -f "${XDG_CACHE_HOME:-$HOME/.cache}"/tierzero/rates-*.json # the first run probes
+  for i in 1 2 3; do
+    step learn3b-$i env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" \
+      "${off[@]}" "${nc[@]}" --tag learn$i
+  done
+  step learn3b-nc15 env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" \
+    --set tierzero.cpu_adam=0.15 "${nc[@]}" --tag learnnc15
+  step learn3b-30 env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" \
+    --set tierzero.cpu_adam=0.3 "${nc[@]}" --tag learn30
+  step learn3b-30t10 env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" \
+    --set tierzero.cpu_adam=0.3 --set tierzero.threads=10 "${nc[@]}" --tag learn30t10
+fi
 if has ds64k; then
   step ds64k-ds tools/bench-train.sh ds-offload llama-3b --steps 3 --warmup 1 --timeout 300 \
     --accum 8 --tag acc8
@@ -221,7 +239,7 @@ if has ds64k; then
   step ds64k-tznc env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${a8[@]}" \
     "${off[@]}" "${nc[@]}" --tag acc8nc
 fi
-if has off3b || has ds64k; then
+if has off3b || has ds64k || has learn3b; then
   python3 tools/bench_table.py table > "$logs/bench-table.md" 2>&1
 fi
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"

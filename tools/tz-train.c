@@ -254,6 +254,10 @@ static void print_rates(const struct tz_plan_rates *r, int shared) {
         "tz-train: beside each other, the CPU's Adam %.2f G elements/s (%.2f alone) and the host "
         "link %.1f GB/s in, %.1f out (with the CPU's Adam at the homes, the plan takes these)\n",
         r->adam_home_busy / 1e9, r->adam_home / 1e9, r->copy_in_adam / 1e9, r->copy_out_adam / 1e9);
+  if (r->adam_home_run > 0)
+    printf("tz-train: the CPU's Adam at the homes in the last run on this set-up: %.2f G "
+           "elements/s (the plan takes the slower of it and the probe's)\n",
+           r->adam_home_run / 1e9);
 }
 
 /* What the run tells (trainer/run.h), printed by rank 0. */
@@ -330,14 +334,18 @@ static void print_summary(const struct printer *p, const struct tz_run_event *ev
   int home_n = tz_trainer_home_times(ev->trainer, &home_s, &home_plan_s);
   if (home_n > 0 && home_plan_s > 0)
     printf("tz-train: the CPU's Adam at the homes: %.1f ms a step in %d phases, the plan's "
-           "%.1f ms (%.2fx)%s\n",
-           1e3 * home_s, home_n, 1e3 * home_plan_s, home_s / home_plan_s,
-           home_s > 1.25 * home_plan_s ? ": slower than the rate it was planned at, so the CPU's "
-                                         "share may be too large (tierzero.cpu_adam)"
-                                       : "");
+           "%.1f ms (%.2fx)\n",
+           1e3 * home_s, home_n, 1e3 * home_plan_s, home_s / home_plan_s);
   else if (home_n > 0)
     printf("tz-train: the CPU's Adam at the homes: %.1f ms a step in %d phases\n", 1e3 * home_s,
            home_n);
+  if (ev->home_rate > 0)
+    printf("tz-train: the homes' rate after the first step, %.2f G elements/s, is the rates "
+           "cache's for the next plan on this set-up%s\n",
+           ev->home_rate / 1e9,
+           home_plan_s > 0 && home_s > 1.1 * home_plan_s
+               ? " (slower than planned: with tierzero.cpu_adam_search its share is picked again)"
+               : "");
   if (p->o->demo_dir)
     printf("tz-train: demo: loss %.4f at the first step, %.4f at the last (%.2f of the first)\n",
            ev->first_loss, ev->last_loss, ev->last_loss / ev->first_loss);

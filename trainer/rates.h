@@ -55,6 +55,14 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
  * (docs/training.md "The bound"). 0 when there was nothing to drop or it is dropped. */
 int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char *path);
 
+/* Records in the cache's entry for this set-up (path NULL: the default cache) the rate a run's
+ * home phases reached, elements per second (tz_plan_rates.adam_home_run): later plans run the
+ * CPU's Adam at the homes at the slower of it and the probe's. Nothing when the cache holds no
+ * complete entry for the set-up (the next run measures anew) or the rate is not positive. 0, or
+ * the error writing the file. */
+int tz_rates_learn_home(const struct tz_config *cfg, const char *backend, const char *path,
+                        double elems_per_s);
+
 /* How long timing a layer may take for tz-train --plan, in seconds. */
 #define TZ_RATES_PLAN_PROBE_S 3.0
 

@@ -47,16 +47,19 @@ void tz_rates_cache_key(const struct tz_config *c, const char *backend, char *bu
 static const char *const fields[] = {
     "flops",         "copy_in",    "copy_out",       "copy_duplex",  "copy_in_both",
     "copy_out_both", "copy_local", "nvme_read",      "nvme_write",   "nvme_duplex",
-    "adam",          "adam_home",  "adam_home_busy", "copy_in_adam", "copy_out_adam"};
+    "adam",          "adam_home",  "adam_home_busy", "copy_in_adam", "copy_out_adam",
+    "adam_home_run"};
 /* The fields every entry of this version has; the ones after them came later and are 0
- * (unknown) in an entry without them: the plan then runs without what they add. */
+ * (unknown) in an entry without them: the plan then runs without what they add. adam_home_run
+ * is not measured by the probes but by a run (tz_rates_learn_home): a fresh entry has none. */
 #define N_REQUIRED 12
 
 double *tz_rates_field(struct tz_plan_rates *r, int i) {
   double *f[TZ_RATES_N_FIELDS] = {
       &r->flops,         &r->copy_in,    &r->copy_out,       &r->copy_duplex,  &r->copy_in_both,
       &r->copy_out_both, &r->copy_local, &r->nvme_read,      &r->nvme_write,   &r->nvme_duplex,
-      &r->adam,          &r->adam_home,  &r->adam_home_busy, &r->copy_in_adam, &r->copy_out_adam};
+      &r->adam,          &r->adam_home,  &r->adam_home_busy, &r->copy_in_adam, &r->copy_out_adam,
+      &r->adam_home_run};
   return f[i];
 }
 
@@ -87,6 +90,17 @@ int tz_rates_cache_read(const char *path, const char *key, struct tz_plan_rates 
   return ok;
 }
 
+/* Writes root to path as the cache's text, durably like the other writers; the process id in
+ * the temporary name keeps ranks that measure at once from writing the same temporary file. */
+static int write_root(const char *path, json_t *root) {
+  char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+  const struct tz_atomic_params ap = {.what = "rates", .tmp_pid = 1};
+  int rc = text ? tz_atomic_write_file(path, text, strlen(text), &ap)
+                : tz_err_set(TZ_ENOMEM, "rates: out of memory for %s", path);
+  free(text);
+  return rc;
+}
+
 int tz_rates_cache_write(const char *path, const char *key, const struct tz_plan_rates *r) {
   json_error_t err;
   json_t *root = json_load_file(path, 0, &err);
@@ -105,15 +119,8 @@ int tz_rates_cache_write(const char *path, const char *key, const struct tz_plan
     json_decref(root);
     return tz_err_errno(de, "rates: cannot create the directory of %s", path);
   }
-  char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+  int rc = write_root(path, root);
   json_decref(root);
-  if (!text)
-    return tz_err_set(TZ_ENOMEM, "rates: out of memory for %s", path);
-  /* Durable like the other writers; the process id in the temporary name keeps ranks that
-   * measure at once from writing the same temporary file. */
-  const struct tz_atomic_params ap = {.what = "rates", .tmp_pid = 1};
-  int rc = tz_atomic_write_file(path, text, strlen(text), &ap);
-  free(text);
   return rc;
 }
 
@@ -127,12 +134,31 @@ int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char
   json_t *root = json_load_file(path, 0, &err);
   tz_rates_cache_key(cfg, backend, key, sizeof key);
   int rc = 0;
-  if (json_is_object(root) && json_object_del(root, key) == 0) {
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
-    const struct tz_atomic_params ap = {.what = "rates", .tmp_pid = 1};
-    rc = text ? tz_atomic_write_file(path, text, strlen(text), &ap)
-              : tz_err_set(TZ_ENOMEM, "rates: out of memory for %s", path);
-    free(text);
+  if (json_is_object(root) && json_object_del(root, key) == 0)
+    rc = write_root(path, root);
+  json_decref(root);
+  return rc;
+}
+
+int tz_rates_learn_home(const struct tz_config *cfg, const char *backend, const char *path,
+                        double elems_per_s) {
+  char def[PATH_MAX], key[PATH_MAX + 64];
+  if (!path && tz_rates_default_path(def, sizeof def) == 0)
+    path = def;
+  if (!path || !(elems_per_s > 0))
+    return 0;
+  tz_rates_cache_key(cfg, backend, key, sizeof key);
+  struct tz_plan_rates r;
+  memset(&r, 0, sizeof r);
+  if (!tz_rates_cache_read(path, key, &r))
+    return 0; /* no complete entry of this version: the next run measures anyway */
+  json_error_t err;
+  json_t *root = json_load_file(path, 0, &err);
+  json_t *e = json_object_get(root, key);
+  int rc = 0;
+  if (json_is_object(e)) {
+    json_object_set_new(e, "adam_home_run", json_real(elems_per_s));
+    rc = write_root(path, root);
   }
   json_decref(root);
   return rc;

@@ -206,6 +206,9 @@ struct run {
   struct tz_metrics_summary sum;
   /* the tiers' I/O counters at the last step's figures */
   struct tz_traffic_counters traffic;
+  /* The home phases' work at the end of this run's first step (their rate after it is what
+   * the rates cache learns, tz_rates_learn_home) */
+  struct tz_home_work home0;
   int began;     /* TZ_RUN_BEGIN told, TZ_RUN_STEPS_END not yet */
   double t_last; /* when the last step returned; 0 before */
   /* rank 0's claim on ckpt_dir, for the whole run */
@@ -230,6 +233,13 @@ static int emit_kind(struct run *r, enum tz_run_event_kind kind, int64_t step) {
 static int summarize(struct run *r) {
   struct tz_sched_stats st;
   tz_trainer_sched_stats(r->tr, &st);
+  /* Two runs of the home phases at least after the first step (the first one's update runs in
+   * the second step, folded), the rate over them. */
+  struct tz_home_work w;
+  tz_trainer_home_work(r->tr, &w);
+  double home_rate = w.runs >= r->home0.runs + 2 && w.seconds > r->home0.seconds
+                         ? (w.elements - r->home0.elements) / (w.seconds - r->home0.seconds)
+                         : 0;
   tz_tier *tiers[3];
   TZ_CHECK(
       tz_metrics_summary_traffic_rest(&r->sum, tiers, tz_trainer_tiers(r->tr, tiers), &r->traffic));
@@ -237,14 +247,22 @@ static int summarize(struct run *r) {
                             .summary = &r->sum,
                             .sched = &st,
                             .first_loss = r->res->first_loss,
-                            .last_loss = r->res->last_loss};
+                            .last_loss = r->res->last_loss,
+                            .home_rate = home_rate};
   TZ_CHECK(emit(r, &ev));
   if (r->mw)
     TZ_CHECK(tz_metrics_write_summary(r->mw, &r->sum));
-  /* A run faster than its bound shows the cached rates were measured slow: measure them again. */
-  if (r->rank == 0 && tz_metrics_summary_below_bound(&r->sum) &&
-      tz_rates_forget(r->cfg, r->o->backend, r->o->rates) < 0)
-    tz_log(TZ_LOG_WARN, "tz-train: %s", tz_err_msg());
+  /* A run faster than its bound shows the cached rates were measured slow: measure them again.
+   * Else the cache keeps the rate the CPU's Adam reached at the homes after the first step, for
+   * the next plan on this set-up (the probe's is not what a run reaches: core/plan.h). */
+  if (r->rank == 0 && tz_metrics_summary_below_bound(&r->sum)) {
+    if (tz_rates_forget(r->cfg, r->o->backend, r->o->rates) < 0)
+      tz_log(TZ_LOG_WARN, "tz-train: %s", tz_err_msg());
+  } else if (r->rank == 0 && home_rate > 0 &&
+             tz_rates_learn_home(r->cfg, r->o->backend, r->o->rates, home_rate) < 0) {
+    tz_log(TZ_LOG_WARN, "tz-train: %s (the next plan takes the probe's rate for the homes)",
+           tz_err_msg());
+  }
   return 0;
 }
 
@@ -646,8 +664,10 @@ static int step(struct run *r, int64_t s) {
   TZ_CHECK(tz_run_fill_batch(&r->batch, s, 0, r->tok, r->tgt));
   struct tz_step_result sr;
   TZ_CHECK(tz_trainer_step(r->tr, r->tok, r->tgt, &sr));
-  if (s == r->res->start)
+  if (s == r->res->start) {
     r->res->first_loss = sr.loss;
+    tz_trainer_home_work(r->tr, &r->home0);
+  }
   r->res->last_loss = sr.loss;
   r->res->steps_done = s + 1;
   r->elapsed += sr.step_s;

@@ -65,6 +65,9 @@ struct tz_run_event {
   const struct tz_metrics_summary *summary;
   const struct tz_sched_stats *sched;
   double first_loss, last_loss; /* of the steps this run took */
+  double home_rate; /* SUMMARY: the CPU's Adam at the homes after the first step, elements per
+                       second (0: no home phases, or fewer than two runs of them); the rates
+                       cache keeps it for the next plan unless the rates are measured again */
   double tail_s;
 };
 

@@ -99,21 +99,30 @@ const char *tz_trainer_device_name(const tz_trainer *tr) {
   return tr->gpu && tr->device_name[0] ? tr->device_name : NULL;
 }
 
-int tz_trainer_home_times(const tz_trainer *tr, double *measured_s, double *planned_s) {
-  *measured_s = *planned_s = 0;
+/* The home phases' work so far into *w; returns how many home phases ran. */
+static int home_work(const tz_trainer *tr, struct tz_home_work *w) {
+  memset(w, 0, sizeof *w);
   struct tz_sched_phase_stats *ps = tr->sched ? calloc((size_t)tr->n_ph, sizeof *ps) : NULL;
   int n = ps ? tz_sched_phase_stats(tr->sched, ps, tr->n_ph) : 0, phases = 0;
-  uint64_t runs = 0;
-  double total = 0;
   for (int i = 0; i < n && i < tr->n_ph; i++)
     if (ps[i].at_home && ps[i].runs > 0) {
       phases++;
-      total += ps[i].compute_s;
-      runs = ps[i].runs > runs ? ps[i].runs : runs;
+      w->seconds += ps[i].compute_s;
+      w->elements += (double)ps[i].runs * (double)tr->shard[tr->ph[i].block];
+      w->runs = ps[i].runs > w->runs ? ps[i].runs : w->runs;
     }
   free(ps);
+  return phases;
+}
+
+void tz_trainer_home_work(const tz_trainer *tr, struct tz_home_work *out) { home_work(tr, out); }
+
+int tz_trainer_home_times(const tz_trainer *tr, double *measured_s, double *planned_s) {
+  *measured_s = *planned_s = 0;
+  struct tz_home_work w;
+  int phases = home_work(tr, &w);
   if (phases > 0) {
-    *measured_s = total / (double)runs;
+    *measured_s = w.seconds / (double)w.runs;
     *planned_s = tr->plan.lane_s[TZ_PLAN_TIERS];
   }
   return phases;

@@ -240,6 +240,14 @@ void tz_trainer_sched_stats(tz_trainer *tr, struct tz_sched_stats *out);
  * costs them on the compute lane) into *planned_s; returns how many phases ran there (0: none,
  * both 0). */
 int tz_trainer_home_times(const tz_trainer *tr, double *measured_s, double *planned_s);
+/* The home phases' work so far, summed over their runs: their time and the Adam elements they
+ * updated (a run's rate between two readings is the difference of elements over the difference
+ * of seconds), and the most runs of one. All 0 when no home phase ran. */
+struct tz_home_work {
+  uint64_t runs;
+  double seconds, elements;
+};
+void tz_trainer_home_work(const tz_trainer *tr, struct tz_home_work *out);
 /* The tiers the plan places state in: the compute tier, then host and nvme where the trainer
  * created them (NULL otherwise), into out[0..3); returns 3. Borrowed. */
 int tz_trainer_tiers(const tz_trainer *tr, tz_tier *out[3]);
