@@ -166,7 +166,8 @@ struct tz_config {
     int defer_rewrite;   /* a write-back that the step's next use would supersede waits for it
                             (tz_sched_params.defer_rewrite) */
     uint64_t copy_queue; /* the most bytes of copies queued on one direction between two tiers
-                            at once (tz_sched_params.queue_bytes); 0 = no limit */
+                            at once (tz_sched_params.queue_bytes); 512 MiB by default, 0 = no
+                            limit */
     int log;             /* enum tz_log_level (core/log.h) */
     int64_t trace_step;  /* step to record a lane trace for; -1 = none */
     int threads;         /* CPU optimizer threads; 0 = auto */

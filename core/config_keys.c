@@ -173,7 +173,7 @@ const struct key tz_config_keys[] = {
   BOOL("tierzero.wait_for_write_back", tierzero.wait_for_write_back, 1),
   BOOL("tierzero.window_carry", tierzero.window_carry, 1),
   BOOL("tierzero.defer_rewrite", tierzero.defer_rewrite, 1),
-  SIZE("tierzero.copy_queue", tierzero.copy_queue, 0, 0, 0),
+  SIZE("tierzero.copy_queue", tierzero.copy_queue, 0, 512ull << 20, 0),
   ENUM("tierzero.log", tierzero.log, log_names, TZ_LOG_WARN, 0),
   I64("tierzero.trace_step", tierzero.trace_step, -1, -1, 0),
   INT("tierzero.threads", tierzero.threads, 0, 4096, 0, 0),

@@ -117,8 +117,10 @@ struct tz_sched_params {
                 would get those bytes only later */
   uint64_t queue_bytes; /* the most bytes of transfers issued and not yet complete on one
                            transfer lane (a direction between two tiers); a transfer decided
-                           beyond it waits in the scheduler's line, in the order decided, until
-                           earlier ones of its lane complete (one is always let through). What
+                           beyond it waits in the scheduler's line, the one needed soonest
+                           first (a fill by the phase its copy was placed for, a write-back by
+                           when it was decided), until earlier ones of its lane complete (one is
+                           always let through). What
                            an issued transfer queues, a device's copy engine or work queue takes
                            in order, and anything else queued there waits behind it. Staged
                            transfers have their chunks instead. 0 (default): no limit */

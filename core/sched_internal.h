@@ -60,6 +60,7 @@ struct copy {
   tz_fence *writer;           /* the fence of the last writer that left */
   uint64_t last_use; /* seq of the last instance that reserved it: LRU when the order is unknown */
   uint64_t use_step; /* the step of that instance (tz_sched_params.carry) */
+  uint64_t need;     /* seq of the instance it was placed for: its fill's place in the line */
   int dirty_at;      /* 1 + the order position of the last compute writer that completed; 0 when
                         unknown (tz_sched_params.defer_rewrite) */
 };
@@ -144,6 +145,11 @@ struct xfer {
   tz_extent dst, src;
   uint64_t n, gen, step, t0;
   uint64_t no; /* the copy's fill_no or flush_no when it was decided */
+  /* Its place in the line (params.queue_bytes): a fill's is the seq of the instance its copy was
+   * placed for, a write-back's the next seq when it was decided; the smaller goes first, the
+   * order decided on a tie. A fill that waited for a home phase (copy.wait_home) is decided after
+   * fills for phases further ahead, and must not queue behind them. */
+  uint64_t need;
   /* Staged (b->staged): piece by piece through one staging chunk, held from the first hop until
    * the last completes: hop 0 src -> chunk, hop 1 chunk -> dst, then the next piece. Pieces are
    * serial, so when the last piece's device-side hop completes, every earlier one has. */

@@ -302,6 +302,19 @@ static void queue_count(tz_sched *s, struct xfer *x) {
     s->st.queue_peak = l->queued;
 }
 
+/* Puts x into the line after every transfer whose need is not greater (struct xfer.need). */
+static void line_insert(tz_sched *s, struct xfer *x) {
+  if (!s->line_tail || s->line_tail->need <= x->need) {
+    fifo_push(&s->line, &s->line_tail, x);
+    return;
+  }
+  struct xfer **at = &s->line;
+  while ((*at)->need <= x->need)
+    at = &(*at)->next;
+  x->next = *at;
+  *at = x;
+}
+
 /* Of the transfers decided (acts[0..n), in the order decided) and those in line, the ones that
  * go now into go[], the rest into the line: a transfer waits behind an earlier one of its lane,
  * and while its lane's queue has no room for it. Returns how many go. Lock held. */
@@ -315,7 +328,7 @@ static int queue_take(tz_sched *s, struct xfer **acts, int n, struct xfer **go) 
       go[ngo++] = x;
       continue;
     }
-    fifo_push(&s->line, &s->line_tail, x);
+    line_insert(s, x);
     s->n_line++;
   }
   int blocked[MAX_XLANES] = {0};

@@ -73,6 +73,7 @@ void tz_sched_start_xfer(tz_sched *s, struct block *b, int kind, int refill, uin
                      .gen = c->gen,
                      .step = step,
                      .t0 = now,
+                     .need = kind == ACT_FILL ? c->need : s->next_seq,
                      .chunk = -1};
   if (kind == ACT_FILL) {
     x->dst = c->ext;
@@ -323,6 +324,7 @@ static int reserve_pin(tz_sched *s, struct inst *I, const int *need, int n_need,
     struct block *b = &s->blocks[ph->uses[need[j]].block];
     b->c.ext = (tz_extent){s->compute, s->region.offset + offs[j], b->size};
     b->c.gen = b->gen;
+    b->c.need = I->seq;
     b->c.pins = b->c.writers = 0;
     b->c.unwritten = !(ph->uses[need[j]].access & TZ_ACCESS_READ);
     s->used += b->size;

@@ -188,6 +188,11 @@ struct job {
   int hold_block;
   uint64_t hold_fills;
   int hold_must; /* the job fails if the fills did not come while it held the lane */
+  /* with late_s set: the job fails if block late_block has been brought in more than
+   * late_fills times when it starts */
+  tz_sched *late_s;
+  int late_block;
+  uint64_t late_fills;
   int n;
   struct {
     uint8_t *p;
@@ -202,6 +207,12 @@ static int job_run(void *arg) {
   struct job *j = arg;
   uint64_t t0 = now_ns();
   int rc = 0;
+  uint64_t late = 0;
+  if (j->late_s && tz_sched_block_stats(j->late_s, j->late_block, &late, NULL, NULL) == 0 &&
+      late > j->late_fills)
+    rc = tz_err_set(TZ_EINVAL, "block %d was brought in %llu times before this phase ran, %llu "
+                    "expected", j->late_block, (unsigned long long)late,
+                    (unsigned long long)j->late_fills);
   for (int i = 0; i < j->n && rc == 0; i++) {
     uint8_t *p = j->b[i].p;
     const uint8_t *base = j->b[i].base;
@@ -282,6 +293,37 @@ static int run_phase_held(struct env *e, int phase, int64_t spin_ns, int hold_bl
 
 static int run_phase(struct env *e, int phase, int64_t spin_ns) {
   return run_phase_held(e, phase, spin_ns, -1, 0, 0);
+}
+
+/* run_phase, its job failing if block late has been brought in more than `fills` times when it
+ * starts. */
+static int run_phase_before(struct env *e, int phase, int late, uint64_t fills) {
+  struct tz_view v;
+  int rc = tz_sched_enter(e->s, phase, &v);
+  if (rc < 0)
+    return rc;
+  struct job *j = calloc(1, sizeof *j);
+  j->late_s = e->s;
+  j->late_block = late;
+  j->late_fills = fills;
+  j->n = v.n_blocks;
+  for (int i = 0; i < v.n_blocks; i++) {
+    int b = v.blocks[i].block;
+    j->b[i].p = v.blocks[i].ptr;
+    j->b[i].base = e->m.base[b];
+    j->b[i].bytes = e->m.bytes[b];
+    j->b[i].access = v.blocks[i].access;
+    j->b[i].block = b;
+    j->b[i].v = e->m.version[b];
+    if (v.blocks[i].access & TZ_ACCESS_WRITE)
+      e->m.version[b]++;
+  }
+  rc = tz_sched_submit(e->s, job_run, j);
+  if (rc < 0) {
+    free(j);
+    return rc;
+  }
+  return tz_sched_leave(e->s, phase);
 }
 
 static int run_step(struct env *e, const int *order, int n, int64_t spin_ns) {
@@ -1888,6 +1930,62 @@ static void test_home_written_read_reserved_ahead(void **state) {
   free_env(&e);
 }
 
+/* The line (queue_bytes) goes by need, not by the order decided. H (at home) updates P, F reads
+ * P (64 KiB), then G1..G6 read S1..S6 (8 MiB each), moved one at a time on the lane, no carry.
+ * From the second step (the order known) the window decides S1..S6's fills as H enters, and H
+ * ends once S1 has come; P's fill is decided then and is F's: it goes next after the fill in
+ * flight, and F runs before S6 has come. In the order decided it went behind S6 and F waited for
+ * all six. */
+static void test_line_goes_by_need(void **state) {
+  (void)state;
+  enum { NS = 6 };
+  struct env e;
+  const uint64_t B = 8u << 20;
+  TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
+  struct tz_sched_params p;
+  sched_params(&e, &p, NS * B + (64u << 10) + tz_runtime_chunk_bytes(e.rt), 2 + NS);
+  p.carry = 0;
+  p.queue_bytes = B;
+  TZ_ASSERT_OK(tz_sched_create(e.rt, &p, &e.s));
+  add_block(&e, "P", 64u << 10, HOME_HOST, 71);
+  struct tz_block_use h[1] = {{0, TZ_ACCESS_READWRITE}}, f[1] = {{0, TZ_ACCESS_READ}}, g[NS][1];
+  struct tz_phase_decl ph[2 + NS] = {{"H", h, 1}, {"F", f, 1}};
+  int at_home[2 + NS] = {1};
+  char names[NS][8];
+  for (int i = 0; i < NS; i++) {
+    char name[8];
+    snprintf(name, sizeof name, "S%d", i + 1);
+    add_block(&e, name, B, HOME_HOST, 72 + (uint64_t)i);
+    g[i][0] = (struct tz_block_use){1 + i, TZ_ACCESS_READ};
+    snprintf(names[i], sizeof names[i], "G%d", i + 1);
+    ph[2 + i] = (struct tz_phase_decl){names[i], g[i], 1};
+  }
+  TZ_ASSERT_OK(tz_sched_declare_homes(e.s, ph, 2 + NS, at_home));
+  for (int step = 0; step < 4; step++) {
+    if (step == 0) {
+      TZ_ASSERT_OK(run_phase(&e, 0, 0));
+      TZ_ASSERT_OK(run_phase(&e, 1, 0));
+    } else { /* H ends once S1 has come; S6 was brought in once a step before this one */
+      TZ_ASSERT_OK(run_phase_held(&e, 0, 0, 1, (uint64_t)step + 1, 1));
+      TZ_ASSERT_OK(run_phase_before(&e, 1, NS, (uint64_t)step));
+    }
+    for (int i = 0; i < NS; i++)
+      TZ_ASSERT_OK(run_phase(&e, 2 + i, 0));
+    TZ_ASSERT_OK(tz_sched_step_end(e.s));
+    /* the step's jobs done (they check every byte, slower than the copies): the next step's F
+     * runs as soon as P has come */
+    TZ_ASSERT_OK(tz_sched_sync(e.s));
+  }
+  struct tz_sched_stats st;
+  tz_sched_stats(e.s, &st);
+  assert_true(st.queue_waits > 0);
+  assert_true(st.queue_peak <= B);
+  check_homes(&e);
+  check_bytes(&e);
+  check_budget(&e);
+  free_env(&e);
+}
+
 /* Host access with home phases in flight: a load right after H's leave waits for it and sees
  * its write, with or without a sync; a store between steps is what the next phases see. */
 static void test_home_load_store(void **state) {
@@ -2262,6 +2360,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_home_step, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_writes_after_reader, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_written_read_reserved_ahead, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_line_goes_by_need, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_load_store, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_refused_and_failure, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_random, arm, disarm),

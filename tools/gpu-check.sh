@@ -20,7 +20,8 @@
 # llama-7b at 8 micro-batches, tz-offload llama-7b without carry in a 120 GiB window, tz-auto
 # llama-13b (docs/benchmarks.md, "Big batches: tz-offload llama-7b above tz-auto"; about 330 s)
 # off3b: issue 26's item 1, tz-offload llama-3b with the CPU share searched, then also without
-# carry in a 120 GiB window, then that with no CPU share and with 0.15 given (about 260 s); ds64k: its item 2's DeepSpeed pair at 64k tokens a step,
+# carry in a 120 GiB window (twice: the second run's plan has the first's rate at the homes),
+# then that with no CPU share and with 0.15 given (about 300 s); ds64k: its item 2's DeepSpeed pair at 64k tokens a step,
 # ds-offload llama-3b at 8 micro-batches beside tz-offload llama-3b at 8 (searched; and without
 # carry in 120 GiB), one after the other (DeepSpeed from .whl/ds: carry it; about 330 s)
 # learn3b: issue 26's item 1 with the homes' rate learned: tz-offload llama-3b without carry in a
@@ -208,8 +209,11 @@ if has off3b; then
   o3=(--steps 6 --warmup 2 --timeout 150)
   step off3b env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" "${off[@]}" \
     --tag search
+  # twice: the second plans with the rate the first reached at the homes (the rates cache)
   step off3b-nc env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" "${off[@]}" \
     "${nc[@]}" --tag searchnc
+  step off3b-nc2 env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" "${off[@]}" \
+    "${nc[@]}" --tag searchnc2
   step off3b-nc0 env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" \
     --set tierzero.cpu_adam=0 "${nc[@]}" --tag nc0
   # the share that met the bound on one machine (docs/benchmarks.md, 2026-12-04), beside the
