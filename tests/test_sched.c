@@ -249,21 +249,14 @@ static int job_run(void *arg) {
   return rc;
 }
 
-/* One phase as a client runs it: enter, the job on the compute lane, leave; the job holds the
- * lane until block hold_block has been brought in hold_fills times, when hold_block >= 0. */
-static int run_phase_held(struct env *e, int phase, int64_t spin_ns, int hold_block,
-                          uint64_t hold_fills, int must) {
+/* One phase as a client runs it: enter, job j (its blocks filled in from the view) on the
+ * compute lane, leave. */
+static int run_phase_job(struct env *e, int phase, struct job *j) {
   struct tz_view v;
   int rc = tz_sched_enter(e->s, phase, &v);
-  if (rc < 0)
+  if (rc < 0) {
+    free(j);
     return rc;
-  struct job *j = calloc(1, sizeof *j);
-  j->spin_ns = spin_ns;
-  if (hold_block >= 0) {
-    j->hold_s = e->s;
-    j->hold_block = hold_block;
-    j->hold_fills = hold_fills;
-    j->hold_must = must;
   }
   j->n = v.n_blocks;
   for (int i = 0; i < v.n_blocks; i++) {
@@ -291,6 +284,21 @@ static int run_phase_held(struct env *e, int phase, int64_t spin_ns, int hold_bl
   return tz_sched_leave(e->s, phase);
 }
 
+/* run_phase_job with a job that holds the lane until block hold_block has been brought in
+ * hold_fills times, when hold_block >= 0. */
+static int run_phase_held(struct env *e, int phase, int64_t spin_ns, int hold_block,
+                          uint64_t hold_fills, int must) {
+  struct job *j = calloc(1, sizeof *j);
+  j->spin_ns = spin_ns;
+  if (hold_block >= 0) {
+    j->hold_s = e->s;
+    j->hold_block = hold_block;
+    j->hold_fills = hold_fills;
+    j->hold_must = must;
+  }
+  return run_phase_job(e, phase, j);
+}
+
 static int run_phase(struct env *e, int phase, int64_t spin_ns) {
   return run_phase_held(e, phase, spin_ns, -1, 0, 0);
 }
@@ -298,32 +306,11 @@ static int run_phase(struct env *e, int phase, int64_t spin_ns) {
 /* run_phase, its job failing if block late has been brought in more than `fills` times when it
  * starts. */
 static int run_phase_before(struct env *e, int phase, int late, uint64_t fills) {
-  struct tz_view v;
-  int rc = tz_sched_enter(e->s, phase, &v);
-  if (rc < 0)
-    return rc;
   struct job *j = calloc(1, sizeof *j);
   j->late_s = e->s;
   j->late_block = late;
   j->late_fills = fills;
-  j->n = v.n_blocks;
-  for (int i = 0; i < v.n_blocks; i++) {
-    int b = v.blocks[i].block;
-    j->b[i].p = v.blocks[i].ptr;
-    j->b[i].base = e->m.base[b];
-    j->b[i].bytes = e->m.bytes[b];
-    j->b[i].access = v.blocks[i].access;
-    j->b[i].block = b;
-    j->b[i].v = e->m.version[b];
-    if (v.blocks[i].access & TZ_ACCESS_WRITE)
-      e->m.version[b]++;
-  }
-  rc = tz_sched_submit(e->s, job_run, j);
-  if (rc < 0) {
-    free(j);
-    return rc;
-  }
-  return tz_sched_leave(e->s, phase);
+  return run_phase_job(e, phase, j);
 }
 
 static int run_step(struct env *e, const int *order, int n, int64_t spin_ns) {
