@@ -113,15 +113,16 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 /* ---- the forward's online softmax (attention_mma.cu and attention_onepass.cu) ---- */
 
-/* One key tile's step for a warp's 16 rows (row_lo, row_hi: this thread's two), the tile's keys
- * from key0: the scores s (raw products) become probabilities in place, the running max m (of
- * scores * scale * log2(e)) and this thread's part of the running sum l are updated, and the
- * output o is rescaled by exp2(old max - new max). mask: hide keys after the row (a tile that
- * reaches past the warp's first row). */
-template <int NS, int ND>
-__device__ __forceinline__ void
-softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo, float &m_hi, float &l_lo,
-             float &l_hi, bool mask, int key0, int row_lo, int row_hi, int c, float scale_log2) {
+/* One key tile's probabilities for a warp's 16 rows (row_lo, row_hi: this thread's two), the
+ * tile's keys from key0: the scores s (raw products) become probabilities in place, the running
+ * max m (of scores * scale * log2(e)) and this thread's part of the running sum l are updated,
+ * and a_lo, a_hi are the factors exp2(old max - new max) the output is to be rescaled by. mask:
+ * hide keys after the row (a tile that reaches past the warp's first row). */
+template <int NS>
+__device__ __forceinline__ void softmax_probs(float (&s)[NS][4], float &m_lo, float &m_hi,
+                                              float &l_lo, float &l_hi, float &a_lo, float &a_hi,
+                                              bool mask, int key0, int row_lo, int row_hi, int c,
+                                              float scale_log2) {
   float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
@@ -138,7 +139,8 @@ softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo, float &m_hi, flo
   /* Key 0 is in tile 0 and visible to every row, so the max is finite from the first tile. */
   mx_lo = quad_max(mx_lo);
   mx_hi = quad_max(mx_hi);
-  const float a_lo = exp2f(__fsub_rn(m_lo, mx_lo)), a_hi = exp2f(__fsub_rn(m_hi, mx_hi));
+  a_lo = exp2f(__fsub_rn(m_lo, mx_lo));
+  a_hi = exp2f(__fsub_rn(m_hi, mx_hi));
   m_lo = mx_lo;
   m_hi = mx_hi;
   float ps_lo = 0.0f, ps_hi = 0.0f;
@@ -153,6 +155,11 @@ softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo, float &m_hi, flo
   }
   l_lo = __fadd_rn(__fmul_rn(l_lo, a_lo), ps_lo);
   l_hi = __fadd_rn(__fmul_rn(l_hi, a_hi), ps_hi);
+}
+
+/* The output's rows scaled by softmax_probs' factors (before the tile's p v is added). */
+template <int ND>
+__device__ __forceinline__ void softmax_rescale(float (&o)[ND][4], float a_lo, float a_hi) {
 #pragma unroll
   for (int dt = 0; dt < ND; dt++) {
     o[dt][0] = __fmul_rn(o[dt][0], a_lo);
@@ -160,6 +167,17 @@ softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo, float &m_hi, flo
     o[dt][2] = __fmul_rn(o[dt][2], a_hi);
     o[dt][3] = __fmul_rn(o[dt][3], a_hi);
   }
+}
+
+/* Both: a key tile's step of the online softmax, the output rescaled at once. */
+template <int NS, int ND>
+__device__ __forceinline__ void
+softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo, float &m_hi, float &l_lo,
+             float &l_hi, bool mask, int key0, int row_lo, int row_hi, int c, float scale_log2) {
+  float a_lo, a_hi;
+  softmax_probs<NS>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, mask, key0, row_lo, row_hi, c,
+                    scale_log2);
+  softmax_rescale<ND>(o, a_lo, a_hi);
 }
 
 /* The warp's rows of the output, o / l, and their logsumexp in natural log, for (batch b,
