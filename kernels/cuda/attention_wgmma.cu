@@ -115,6 +115,24 @@ __device__ __forceinline__ void load_afrag(uint32_t (&a)[DH / 16][4], const uint
   }
 }
 
+/* kv_probs for a chunk whose every query sees every key of the warpgroup and lies before T:
+ * the same arithmetic without the mask. */
+template <int NS>
+__device__ __forceinline__ void kv_probs_open(float (&st)[NS][4], float (&dpt)[NS][4],
+                                              const float *Lc, const float *Dc, float scale_log2,
+                                              int c) {
+#pragma unroll
+  for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int qi = nt * 8 + 2 * c + (e & 1);
+      float p = exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
+      st[nt][e] = p;
+      dpt[nt][e] = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
+    }
+  }
+}
+
 /* Q (or dO) as product_k's first operand: the tile itself, or its fragments in registers. */
 template <bool AREG> struct qop;
 template <> struct qop<false> {
@@ -234,11 +252,17 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       } else {
         tz_wgmma::wait<0>();
       }
-      float a_lo, a_hi;
-      softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, kt == p.mt, kt * WR, p.row_lo,
-                            p.row_hi, p.c, scale_log2);
+      float a_lo, a_hi; /* the mask a constant in each call: the diagonal tile's code apart */
+      if (kt == p.mt)
+        softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, true, kt * WR, p.row_lo,
+                              p.row_hi, p.c, scale_log2);
+      else
+        softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, false, kt * WR, p.row_lo,
+                              p.row_hi, p.c, scale_log2);
       tz_wgmma::wait<0>();
-      softmax_rescale<DH / 8>(o, a_lo, a_hi);
+      /* where no row of the warp moved its max the factors are 1 and the rescale exact: skipped */
+      if (!__all_sync(0xffffffffu, a_lo == 1.0f && a_hi == 1.0f))
+        softmax_rescale<DH / 8>(o, a_lo, a_hi);
       pack_all<WR / 8>(pa, s);
     }
     __syncthreads(); /* the buffers read here are refilled from the next step on */
@@ -337,8 +361,12 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       } else {
         tz_wgmma::wait<0>();
       }
-      q_probs<WR / 8>(s, dp, kt == p.mt, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
-                      p.c, scale_log2);
+      if (kt == p.mt)
+        q_probs<WR / 8>(s, dp, true, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
+                        p.c, scale_log2);
+      else
+        q_probs<WR / 8>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
+                        p.c, scale_log2);
       tz_wgmma::wait<0>();
       pack_all<WR / 8>(dsa, dp);
     }
@@ -430,7 +458,10 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       tz_wgmma::commit();
       tz_wgmma::wait<0>();
 
-      kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c);
+      if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_) /* the diagonal chunk, or one past T */
+        kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c);
+      else
+        kv_probs_open<WR / 8>(st, dpt, Lc, Dc, scale_log2, c);
 
       /* dv += p^T dout, dk += ds^T q */
       uint32_t pa[WR / 16][4], dsa[WR / 16][4];
