@@ -312,18 +312,19 @@ __device__ __forceinline__ void kv_scores(float (&st)[NS][4], float (&dpt)[NS][4
 }
 
 /* p^T into st and ds^T into dpt, in place, for the chunk's queries from i0 (Lc: lse * log2(e),
- * Dc: delta, per query); keys after the query and queries past T give 0. */
+ * Dc: delta, per query); keys after the query and queries past T give 0. mask false: a chunk
+ * whose every query sees every key and lies before T (the same arithmetic, no test). */
 template <int NS>
 __device__ __forceinline__ void kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc,
                                          const float *Dc, int i0, int key_lo, int key_hi, int T_,
-                                         float scale_log2, int c) {
+                                         float scale_log2, int c, bool mask = true) {
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
       int key = e < 2 ? key_lo : key_hi;
-      float p = query < key || query >= T_
+      float p = mask && (query < key || query >= T_)
                     ? 0.0f
                     : exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
       st[nt][e] = p;

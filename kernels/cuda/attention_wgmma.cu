@@ -79,6 +79,19 @@ template <typename F> __device__ __forceinline__ void next_step(int it, int n, F
   __syncthreads();
 }
 
+/* After the first product's commit at tile kt: from the second tile on, the tile before's
+ * second product is issued beside it (`issue`, committed here); then the first is waited for
+ * alone, the second left running. */
+template <typename F> __device__ __forceinline__ void beside(int kt, F issue) {
+  if (kt > 0) {
+    issue();
+    tz_wgmma::commit();
+    tz_wgmma::wait<1>();
+  } else {
+    tz_wgmma::wait<0>();
+  }
+}
+
 /* d = a b^T over the head dimension, 8 k16 slices, the accumulators overwritten: a and b 64 x 128
  * swizzled tiles, both K-major. Issued, not waited for. */
 __device__ __forceinline__ void product_k(float (&d)[32], const uint8_t *a, const uint8_t *b) {
@@ -112,24 +125,6 @@ __device__ __forceinline__ void load_afrag(uint32_t (&a)[DH / 16][4], const uint
     a[kk][1] = *(const uint32_t *)(h + tz_wgmma::sw128(r + 8, col));
     a[kk][2] = *(const uint32_t *)(h + tz_wgmma::sw128(r, col + 8));
     a[kk][3] = *(const uint32_t *)(h + tz_wgmma::sw128(r + 8, col + 8));
-  }
-}
-
-/* kv_probs for a chunk whose every query sees every key of the warpgroup and lies before T:
- * the same arithmetic without the mask. */
-template <int NS>
-__device__ __forceinline__ void kv_probs_open(float (&st)[NS][4], float (&dpt)[NS][4],
-                                              const float *Lc, const float *Dc, float scale_log2,
-                                              int c) {
-#pragma unroll
-  for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      int qi = nt * 8 + 2 * c + (e & 1);
-      float p = exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
-      st[nt][e] = p;
-      dpt[nt][e] = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
-    }
   }
 }
 
@@ -245,13 +240,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       tz_wgmma::fence();
       Qw.product(flat(s), sK + (kt & 1) * TILE);
       tz_wgmma::commit();
-      if (kt > 0) {
-        product_mn(o, pa, sV + ((kt - 1) % 3) * TILE);
-        tz_wgmma::commit();
-        tz_wgmma::wait<1>();
-      } else {
-        tz_wgmma::wait<0>();
-      }
+      beside(kt, [&] { product_mn(o, pa, sV + ((kt - 1) % 3) * TILE); });
       float a_lo, a_hi; /* the mask a constant in each call: the diagonal tile's code apart */
       if (kt == p.mt)
         softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, true, kt * WR, p.row_lo,
@@ -354,13 +343,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       Qw.product(flat(s), sK + (kt % 3) * TILE);
       dOw.product(flat(dp), sV + (kt & 1) * TILE);
       tz_wgmma::commit();
-      if (kt > 0) {
-        product_mn(acc, dsa, sK + ((kt - 1) % 3) * TILE);
-        tz_wgmma::commit();
-        tz_wgmma::wait<1>();
-      } else {
-        tz_wgmma::wait<0>();
-      }
+      beside(kt, [&] { product_mn(acc, dsa, sK + ((kt - 1) % 3) * TILE); });
       if (kt == p.mt)
         q_probs<WR / 8>(s, dp, true, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
                         p.c, scale_log2);
@@ -459,9 +442,9 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       tz_wgmma::wait<0>();
 
       if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_) /* the diagonal chunk, or one past T */
-        kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c);
+        kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true);
       else
-        kv_probs_open<WR / 8>(st, dpt, Lc, Dc, scale_log2, c);
+        kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, false);
 
       /* dv += p^T dout, dk += ds^T q */
       uint32_t pa[WR / 16][4], dsa[WR / 16][4];
