@@ -207,22 +207,45 @@ int tz_compute_sumsq_segments(tz_compute *cm, float *out, enum tz_dtype dt, cons
   return cm->ops->sumsq_segments(cm->ctx, out, dt, x, seg_len, n_seg);
 }
 
+/* The checks tz_compute_matmul and tz_compute_matmul_add share; op names the caller. */
+static int matmul_check(tz_compute *cm, const char *op, int trans_a, int trans_b, int M, int N,
+                        int K, const void *A, int lda, const void *B, int ldb, const void *C,
+                        enum tz_dtype c_dt, int ldc) {
+  NEED(M >= 0 && N >= 0 && K >= 0, "compute %s: negative size M=%d N=%d K=%d", op, M, N, K);
+  NEED(c_dt == cm->dtype || c_dt == TZ_F32,
+       "compute %s: C dtype %s is neither the storage dtype %s nor f32", op, tz_dtype_name(c_dt),
+       tz_dtype_name(cm->dtype));
+  /* The stored A is (M,K), or (K,M) when transposed: its rows have K or M elements. */
+  NEED(lda >= (trans_a ? M : K) && lda >= 1, "compute %s: lda %d too small", op, lda);
+  NEED(ldb >= (trans_b ? K : N) && ldb >= 1, "compute %s: ldb %d too small", op, ldb);
+  NEED(ldc >= N && ldc >= 1, "compute %s: ldc %d < N %d", op, ldc, N);
+  NEED(!M || !N || (C && (K == 0 || (A && B))), "compute %s: NULL pointer", op);
+  return 0;
+}
+
 int tz_compute_matmul(tz_compute *cm, int trans_a, int trans_b, int M, int N, int K, float alpha,
                       const void *A, int lda, const void *B, int ldb, float beta, void *C,
                       enum tz_dtype c_dt, int ldc) {
-  NEED(M >= 0 && N >= 0 && K >= 0, "compute matmul: negative size M=%d N=%d K=%d", M, N, K);
-  NEED(c_dt == cm->dtype || c_dt == TZ_F32,
-       "compute matmul: C dtype %s is neither the storage dtype %s nor f32", tz_dtype_name(c_dt),
-       tz_dtype_name(cm->dtype));
-  /* The stored A is (M,K), or (K,M) when transposed: its rows have K or M elements. */
-  NEED(lda >= (trans_a ? M : K) && lda >= 1, "compute matmul: lda %d too small", lda);
-  NEED(ldb >= (trans_b ? K : N) && ldb >= 1, "compute matmul: ldb %d too small", ldb);
-  NEED(ldc >= N && ldc >= 1, "compute matmul: ldc %d < N %d", ldc, N);
+  TZ_CHECK(matmul_check(cm, "matmul", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, c_dt, ldc));
   if (!M || !N)
     return 0;
-  NEED(C && (K == 0 || (A && B)), "compute matmul: NULL pointer");
   return cm->ops->matmul(cm->ctx, trans_a != 0, trans_b != 0, M, N, K, alpha, A, lda, B, ldb, beta,
-                         C, c_dt, ldc);
+                         C, C, c_dt, ldc);
+}
+
+int tz_compute_matmul_add(tz_compute *cm, int trans_a, int trans_b, int M, int N, int K,
+                          float alpha, const void *A, int lda, const void *B, int ldb,
+                          const void *R, void *C, enum tz_dtype c_dt, int ldc) {
+  TZ_CHECK(matmul_check(cm, "matmul_add", trans_a, trans_b, M, N, K, A, lda, B, ldb, C, c_dt, ldc));
+  if (!M || !N)
+    return 0;
+  NEED(R, "compute matmul_add: NULL residual");
+  size_t span = ((size_t)(M - 1) * ldc + N) * tz_dtype_size(c_dt);
+  const char *r = R, *c = C;
+  NEED(r == c || r + span <= c || c + span <= r,
+       "compute matmul_add: the residual overlaps C without being C");
+  return cm->ops->matmul(cm->ctx, trans_a != 0, trans_b != 0, M, N, K, alpha, A, lda, B, ldb, 1.0f,
+                         R, C, c_dt, ldc);
 }
 
 int tz_compute_embedding_fwd(tz_compute *cm, void *out, const int32_t *tokens, const void *wte,
@@ -253,14 +276,14 @@ int tz_compute_rmsnorm_fwd(tz_compute *cm, void *out, float *rstd, const void *x
   return cm->ops->rmsnorm_fwd(cm->ctx, out, rstd, x, w, N, C, eps);
 }
 
-int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, void *dw, const void *dout, const void *x,
-                           const void *w, const float *rstd, int N, int C) {
+int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, const void *dres, void *dw, const void *dout,
+                           const void *x, const void *w, const float *rstd, int N, int C) {
   NEED(N >= 0 && C > 0, "compute rmsnorm_bwd: bad sizes N=%d C=%d", N, C);
   if (!N)
     return 0;
   NEED(dx && dw && dout && x && w && rstd, "compute rmsnorm_bwd: NULL pointer");
   NEED(dx != dout && dx != x, "compute rmsnorm_bwd: dx aliases dout or x");
-  return cm->ops->rmsnorm_bwd(cm->ctx, dx, dw, dout, x, w, rstd, N, C);
+  return cm->ops->rmsnorm_bwd(cm->ctx, dx, dres, dw, dout, x, w, rstd, N, C);
 }
 
 int tz_rope_check(const struct tz_rope *r) {
@@ -387,12 +410,14 @@ int tz_compute_swiglu_fwd(tz_compute *cm, void *out, const void *g, const void *
   return cm->ops->swiglu_fwd(cm->ctx, out, g, u, n);
 }
 
-int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, const void *dout, const void *g,
-                          const void *u, size_t n) {
+int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, void *out, const void *dout,
+                          const void *g, const void *u, size_t n) {
   if (!n)
     return 0;
   NEED(dg && du && dout && g && u, "compute swiglu_bwd: NULL pointer");
-  return cm->ops->swiglu_bwd(cm->ctx, dg, du, dout, g, u, n);
+  NEED(!out || (out != dg && out != du && out != dout && out != g && out != u),
+       "compute swiglu_bwd: out aliases another tensor");
+  return cm->ops->swiglu_bwd(cm->ctx, dg, du, out, dout, g, u, n);
 }
 
 int tz_compute_xent(tz_compute *cm, float *losses, void *dlogits, const void *logits,

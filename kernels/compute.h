@@ -209,6 +209,13 @@ int tz_compute_sumsq_segments(tz_compute *cm, float *out, enum tz_dtype dt, cons
 int tz_compute_matmul(tz_compute *cm, int trans_a, int trans_b, int M, int N, int K, float alpha,
                       const void *A, int lda, const void *B, int ldb, float beta, void *C,
                       enum tz_dtype c_dt, int ldc);
+/* C (M,N) = alpha * op(A) op(B) + R: a residual R (M,N) of c_dt with leading dimension ldc added
+ * to the product in the same rounding, the bits of tz_compute_matmul with beta = 1 on a C that held
+ * R, without the copy (the residual add fused into the projection). R may be C; otherwise the two
+ * do not overlap. */
+int tz_compute_matmul_add(tz_compute *cm, int trans_a, int trans_b, int M, int N, int K,
+                          float alpha, const void *A, int lda, const void *B, int ldb,
+                          const void *R, void *C, enum tz_dtype c_dt, int ldc);
 
 /* ---- Embedding ----
  * fwd: out (N,C) S = wte (V,C) S [tokens (N) int32]
@@ -222,13 +229,15 @@ int tz_compute_embedding_bwd(tz_compute *cm, void *dwte, const void *dout, const
 
 /* ---- RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), statistics in float ----
  * fwd: out (N,C) S; rstd (N) F32 saved for backward; x (N,C) S; w (C) S. out may alias x.
- * bwd: dx (N,C) S += the gradient through the norm (accumulates: the residual's gradient is
- *      already there); dw (C) G += sum over rows in row order; dout, x, w, rstd as in fwd.
- *      dx must not alias dout or x. */
+ * bwd: dx (N,C) S = dres + the gradient through the norm, added in float and rounded once:
+ *      dres (N,C) S is the gradient that reaches x by the residual (NULL: none, dx = 0 + the
+ *      norm's gradient); dres may be dx (accumulating) or another tensor (the residual's copy
+ *      fused into the norm's backward). dw (C) G += sum over rows in row order; dout, x, w, rstd
+ *      as in fwd. dx must not alias dout or x. */
 int tz_compute_rmsnorm_fwd(tz_compute *cm, void *out, float *rstd, const void *x, const void *w,
                            int N, int C, float eps);
-int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, void *dw, const void *dout, const void *x,
-                           const void *w, const float *rstd, int N, int C);
+int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, const void *dres, void *dw, const void *dout,
+                           const void *x, const void *w, const float *rstd, int N, int C);
 
 /* ---- RoPE, in place, positions 0..T-1, the "half-split" convention of Hugging Face Llama ----
  * x (B,T,nh,D) S, D even, D <= TZ_ROPE_MAX_D. For position t and i in [0, D/2): angle = t * f_i
@@ -295,10 +304,12 @@ int tz_compute_attention_bwd(tz_compute *cm, void *dq, void *dk, void *dv, float
 
 /* ---- SwiGLU: out = silu(g) * u, silu(g) = g / (1 + exp(-g)) ----
  * fwd: out (N,F) S from g, u (N,F) S. out may alias g or u.
- * bwd: dg, du (N,F) S overwritten from dout, g, u (N,F) S. dg may alias g, du may alias u. */
+ * bwd: dg, du (N,F) S overwritten from dout, g, u (N,F) S. dg may alias g, du may alias u.
+ *      out (N,F) S, unless NULL, receives the forward's output in the same pass (the bits of
+ *      swiglu_fwd), for a backward that rebuilds it instead of keeping it; it overlaps nothing. */
 int tz_compute_swiglu_fwd(tz_compute *cm, void *out, const void *g, const void *u, size_t n);
-int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, const void *dout, const void *g,
-                          const void *u, size_t n);
+int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, void *out, const void *dout,
+                          const void *g, const void *u, size_t n);
 
 /* ---- Cross-entropy fused with softmax: forward loss and backward dlogits in one call ----
  * logits (N,V) S, targets (N) int32 in [0, V) (else TZ_EINVAL, as for embedding).

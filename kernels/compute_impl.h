@@ -38,8 +38,10 @@ struct tz_compute_ops {
   int (*sumsq_segments)(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t seg_len,
                         size_t n_seg);
 
+  /* C = alpha op(A) op(B) + beta R: R is C for tz_compute_matmul, the residual for
+   * tz_compute_matmul_add (beta 1); R is not read when beta == 0. */
   int (*matmul)(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                const void *A, int lda, const void *B, int ldb, float beta, const void *R, void *C,
                 enum tz_dtype c_dt, int ldc);
 
   int (*embedding_fwd)(void *ctx, void *out, const int32_t *tokens, const void *wte, int N, int C,
@@ -48,8 +50,8 @@ struct tz_compute_ops {
                        int V);
   int (*rmsnorm_fwd)(void *ctx, void *out, float *rstd, const void *x, const void *w, int N, int C,
                      float eps);
-  int (*rmsnorm_bwd)(void *ctx, void *dx, void *dw, const void *dout, const void *x, const void *w,
-                     const float *rstd, int N, int C);
+  int (*rmsnorm_bwd)(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
+                     const void *x, const void *w, const float *rstd, int N, int C);
   /* inv_freq: D/2 host doubles, tz_rope_inv_freq's (borrowed for the call: a backend that keeps
    * a table keeps its own copy); inverse: 0 forward rotation, 1 its transpose (backward) */
   int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
@@ -62,8 +64,8 @@ struct tz_compute_ops {
                        const void *q, const void *k, const void *v, const void *out,
                        const float *lse, int B, int T, int H, int Hkv, int D);
   int (*swiglu_fwd)(void *ctx, void *out, const void *g, const void *u, size_t n);
-  int (*swiglu_bwd)(void *ctx, void *dg, void *du, const void *dout, const void *g, const void *u,
-                    size_t n);
+  int (*swiglu_bwd)(void *ctx, void *dg, void *du, void *out, const void *dout, const void *g,
+                    const void *u, size_t n);
   int (*xent)(void *ctx, float *losses, void *dlogits, const void *logits, const int32_t *targets,
               int N, int V, float dscale);
   /* optional: NULL means the backend has no Adam (tz_compute_adam is TZ_ENOTSUP). */

@@ -97,11 +97,11 @@ static int s_sumsq_segments(void *ctx, float *o, enum tz_dtype dt, const void *x
   TIMED(TZ_OP_OTHER, IN->sumsq_segments(CTX, o, dt, x, len, n_seg));
 }
 static int s_matmul(void *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A,
-                    int lda, const void *B, int ldb, float beta, void *C, enum tz_dtype c_dt,
-                    int ldc) {
+                    int lda, const void *B, int ldb, float beta, const void *R, void *C,
+                    enum tz_dtype c_dt, int ldc) {
   struct timed *tm = ctx;
   int op = ta ? TZ_OP_MATMUL_TN : tb ? TZ_OP_MATMUL_NT : TZ_OP_MATMUL_NN;
-  TIMED(op, IN->matmul(CTX, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, c_dt, ldc));
+  TIMED(op, IN->matmul(CTX, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, R, C, c_dt, ldc));
 }
 static int s_emb_fwd(void *ctx, void *o, const int32_t *t, const void *w, int N, int C, int V) {
   struct timed *tm = ctx;
@@ -116,10 +116,10 @@ static int s_rms_fwd(void *ctx, void *o, float *r, const void *x, const void *w,
   struct timed *tm = ctx;
   TIMED(TZ_OP_RMSNORM_FWD, IN->rmsnorm_fwd(CTX, o, r, x, w, N, C, eps));
 }
-static int s_rms_bwd(void *ctx, void *dx, void *dw, const void *dy, const void *x, const void *w,
-                     const float *r, int N, int C) {
+static int s_rms_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dy, const void *x,
+                     const void *w, const float *r, int N, int C) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_RMSNORM_BWD, IN->rmsnorm_bwd(CTX, dx, dw, dy, x, w, r, N, C));
+  TIMED(TZ_OP_RMSNORM_BWD, IN->rmsnorm_bwd(CTX, dx, dres, dw, dy, x, w, r, N, C));
 }
 static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *f, int inv) {
   struct timed *tm = ctx;
@@ -153,10 +153,10 @@ static int s_swiglu_fwd(void *ctx, void *o, const void *g, const void *u, size_t
   struct timed *tm = ctx;
   TIMED(TZ_OP_SWIGLU_FWD, IN->swiglu_fwd(CTX, o, g, u, n));
 }
-static int s_swiglu_bwd(void *ctx, void *dg, void *du, const void *d, const void *g, const void *u,
-                        size_t n) {
+static int s_swiglu_bwd(void *ctx, void *dg, void *du, void *o, const void *d, const void *g,
+                        const void *u, size_t n) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_SWIGLU_BWD, IN->swiglu_bwd(CTX, dg, du, d, g, u, n));
+  TIMED(TZ_OP_SWIGLU_BWD, IN->swiglu_bwd(CTX, dg, du, o, d, g, u, n));
 }
 static int s_xent(void *ctx, float *l, void *dl, const void *lg, const int32_t *t, int N, int V,
                   float ds) {

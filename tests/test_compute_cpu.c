@@ -1,6 +1,7 @@
 /* The cpu compute backend op by op: registry, casts and their rounding, the specified order of
  * tz_compute_sum and of tz_compute_sumsq_segments, matmul with transposes, leading dimensions and
- * accumulation, rope, the bias ops, cross-entropy, and thread-count independence of the reductions.
+ * accumulation, the fused residual (matmul_add, rmsnorm_bwd's dres) and the SwiGLU's rebuild,
+ * rope, the bias ops, cross-entropy, and thread-count independence of the reductions.
  */
 #include <math.h>
 #include <stdio.h>
@@ -364,6 +365,143 @@ static void test_matmul(void **state) {
   tz_compute_destroy(cm);
 }
 
+/* matmul_add: C = R + the product in one rounding, the bits of beta = 1 on a C that held R,
+ * with R elsewhere or R == C; R overlapping C otherwise is refused. */
+static void test_matmul_add(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  int M = 21, N = 13, K = 70, ldc = N + 3;
+  uint64_t st = 11;
+  float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
+  float *R = malloc(sizeof(float) * M * ldc), *C = malloc(sizeof(float) * M * ldc);
+  float *Cb = malloc(sizeof(float) * M * ldc);
+  assert_true(A && B && R && C && Cb);
+  for (int i = 0; i < M * K; i++)
+    A[i] = urand(&st) - 0.5f;
+  for (int i = 0; i < K * N; i++)
+    B[i] = urand(&st) - 0.5f;
+  for (int i = 0; i < M * ldc; i++) {
+    R[i] = 4.0f * urand(&st) - 2.0f;
+    C[i] = NAN;
+    Cb[i] = R[i];
+  }
+  TZ_ASSERT_OK(tz_compute_matmul(cm, 0, 0, M, N, K, 0.5f, A, K, B, N, 1.0f, Cb, TZ_F32, ldc));
+  TZ_ASSERT_OK(tz_compute_matmul_add(cm, 0, 0, M, N, K, 0.5f, A, K, B, N, R, C, TZ_F32, ldc));
+  for (int i = 0; i < M; i++) {
+    for (int j = 0; j < N; j++) {
+      assert_memory_equal(&C[i * ldc + j], &Cb[i * ldc + j], sizeof(float));
+      double p = 0;
+      for (int k = 0; k < K; k++)
+        p += (double)A[i * K + k] * B[k * N + j];
+      assert_true(fabs(C[i * ldc + j] - (R[i * ldc + j] + 0.5 * p)) < 1e-5);
+    }
+    for (int j = N; j < ldc; j++)
+      assert_true(isnan(C[i * ldc + j])); /* outside the matrix: untouched */
+  }
+  /* R == C: the accumulating call itself */
+  TZ_ASSERT_OK(tz_compute_matmul_add(cm, 0, 0, M, N, K, 0.5f, A, K, B, N, R, R, TZ_F32, ldc));
+  for (int i = 0; i < M; i++)
+    assert_memory_equal(&R[i * ldc], &Cb[i * ldc], N * sizeof(float));
+  /* K == 0: C = R */
+  TZ_ASSERT_OK(tz_compute_matmul_add(cm, 0, 0, M, N, 0, 0.5f, A, K, B, N, Cb, C, TZ_F32, ldc));
+  for (int i = 0; i < M; i++)
+    assert_memory_equal(&C[i * ldc], &Cb[i * ldc], N * sizeof(float));
+  assert_int_equal(tz_compute_matmul_add(cm, 0, 0, M, N, K, 1, A, K, B, N, R + 1, R, TZ_F32, ldc),
+                   TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "overlaps"));
+  assert_int_equal(tz_compute_matmul_add(cm, 0, 0, M, N, K, 1, A, K, B, N, NULL, C, TZ_F32, ldc),
+                   TZ_EINVAL);
+  free(A), free(B), free(R), free(C), free(Cb);
+  tz_compute_destroy(cm);
+}
+
+/* rmsnorm_bwd's residual: dx = dres + g in one rounding. dres == dx accumulates; NULL gives the
+ * bits of accumulating onto zeros; another tensor gives the bits of copying it into dx first. */
+static void test_rmsnorm_bwd_residual(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  int N = 9, C = 50;
+  size_t NC = (size_t)N * C;
+  uint64_t st = 3;
+  float *x = malloc(NC * 4), *dy = malloc(NC * 4), *res = malloc(NC * 4), *w = malloc(C * 4);
+  float *dx_acc = malloc(NC * 4), *dx = malloc(NC * 4), *rstd = malloc(N * 4);
+  float *dw_acc = calloc(C, 4), *dw = calloc(C, 4), *h = malloc(NC * 4);
+  assert_true(x && dy && res && w && dx_acc && dx && rstd && dw_acc && dw && h);
+  for (size_t i = 0; i < NC; i++) {
+    x[i] = 2 * urand(&st) - 1;
+    dy[i] = 2 * urand(&st) - 1;
+    res[i] = 2 * urand(&st) - 1;
+  }
+  for (int j = 0; j < C; j++)
+    w[j] = urand(&st) + 0.5f;
+  TZ_ASSERT_OK(tz_compute_rmsnorm_fwd(cm, h, rstd, x, w, N, C, 1e-5f));
+  /* the reference: copy the residual into dx, then accumulate onto it */
+  memcpy(dx_acc, res, NC * 4);
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx_acc, dx_acc, dw_acc, dy, x, w, rstd, N, C));
+  for (size_t i = 0; i < NC; i++)
+    dx[i] = NAN; /* not read */
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx, res, dw, dy, x, w, rstd, N, C));
+  assert_memory_equal(dx, dx_acc, NC * 4);
+  assert_memory_equal(dw, dw_acc, C * 4);
+  /* NULL: onto zeros */
+  memset(dx_acc, 0, NC * 4);
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx_acc, dx_acc, dw_acc, dy, x, w, rstd, N, C));
+  for (size_t i = 0; i < NC; i++)
+    dx[i] = NAN;
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx, NULL, dw, dy, x, w, rstd, N, C));
+  assert_memory_equal(dx, dx_acc, NC * 4);
+  /* the gradient itself, in float64: dres + r (w dy - x r^2 mean(w dy x)) */
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx, res, dw, dy, x, w, rstd, N, C));
+  for (int n = 0; n < N; n++) {
+    double ss = 0, dot = 0;
+    for (int j = 0; j < C; j++) {
+      ss += (double)x[n * C + j] * x[n * C + j];
+      dot += (double)w[j] * dy[n * C + j] * x[n * C + j];
+    }
+    double r = 1 / sqrt(ss / C + 1e-5);
+    for (int j = 0; j < C; j++) {
+      double g = r * (w[j] * dy[n * C + j] - x[n * C + j] * r * r * dot / C);
+      assert_true(fabs(dx[n * C + j] - (res[n * C + j] + g)) < 1e-5);
+    }
+  }
+  free(x), free(dy), free(res), free(w), free(dx_acc), free(dx), free(rstd), free(dw_acc);
+  free(dw), free(h);
+  tz_compute_destroy(cm);
+}
+
+/* swiglu_bwd with out: the forward's output in the same pass, swiglu_fwd's bits; the gradients
+ * the same bits as without it. */
+static void test_swiglu_bwd_rebuild(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  size_t n = 1001;
+  uint64_t st = 9;
+  float *g = malloc(n * 4), *u = malloc(n * 4), *d = malloc(n * 4), *a = malloc(n * 4);
+  float *a2 = malloc(n * 4), *dg = malloc(n * 4), *du = malloc(n * 4), *dg2 = malloc(n * 4),
+        *du2 = malloc(n * 4);
+  assert_true(g && u && d && a && a2 && dg && du && dg2 && du2);
+  for (size_t i = 0; i < n; i++) {
+    g[i] = 12 * urand(&st) - 6;
+    u[i] = 4 * urand(&st) - 2;
+    d[i] = 2 * urand(&st) - 1;
+    a2[i] = NAN;
+  }
+  TZ_ASSERT_OK(tz_compute_swiglu_fwd(cm, a, g, u, n));
+  TZ_ASSERT_OK(tz_compute_swiglu_bwd(cm, dg, du, NULL, d, g, u, n));
+  TZ_ASSERT_OK(tz_compute_swiglu_bwd(cm, dg2, du2, a2, d, g, u, n));
+  assert_memory_equal(a2, a, n * 4);
+  assert_memory_equal(dg2, dg, n * 4);
+  assert_memory_equal(du2, du, n * 4);
+  for (size_t i = 0; i < n; i++) {
+    double sg = 1 / (1 + exp(-(double)g[i]));
+    assert_true(fabs(a2[i] - g[i] * sg * u[i]) < 1e-5 * (1 + fabs(g[i] * u[i])));
+  }
+  /* out may not alias the other tensors */
+  assert_int_equal(tz_compute_swiglu_bwd(cm, dg, du, du, d, g, u, n), TZ_EINVAL);
+  free(g), free(u), free(d), free(a), free(a2), free(dg), free(du), free(dg2), free(du2);
+  tz_compute_destroy(cm);
+}
+
 static void test_rope_inverse(void **state) {
   (void)state;
   tz_compute *cm = cpu(2);
@@ -558,11 +696,19 @@ static void test_adam_op(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_registry),     cmocka_unit_test(test_bf16_rounding),
-      cmocka_unit_test(test_f16_rounding), cmocka_unit_test(test_cast_op),
-      cmocka_unit_test(test_sum_order),    cmocka_unit_test(test_sumsq_segments),
-      cmocka_unit_test(test_matmul),       cmocka_unit_test(test_rope_inverse),
-      cmocka_unit_test(test_bias_ops),     cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_registry),
+      cmocka_unit_test(test_bf16_rounding),
+      cmocka_unit_test(test_f16_rounding),
+      cmocka_unit_test(test_cast_op),
+      cmocka_unit_test(test_sum_order),
+      cmocka_unit_test(test_sumsq_segments),
+      cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_matmul_add),
+      cmocka_unit_test(test_rmsnorm_bwd_residual),
+      cmocka_unit_test(test_swiglu_bwd_rebuild),
+      cmocka_unit_test(test_rope_inverse),
+      cmocka_unit_test(test_bias_ops),
+      cmocka_unit_test(test_xent),
       cmocka_unit_test(test_adam_op),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -766,23 +766,31 @@ static void test_embedding(void **state) {
 
 /* ---- RMSNorm ---- */
 
+/* The backward's residual: added onto dx (dres = dx), none (NULL), or another tensor's */
+enum { RES_ONTO_DX, RES_NONE, RES_OTHER, RES_MODES };
+static const char *const res_names[RES_MODES] = {"dres=dx", "dres=NULL", "dres=other"};
+
 struct rms_args {
-  struct buf *x, *w, *out, *rstd, *dout, *dx, *dw;
-  int N, C, bwd;
+  struct buf *x, *w, *out, *rstd, *dout, *dx, *dw, *dres;
+  int N, C, bwd, res;
 };
 
 static int rms_launch(tz_compute *cm, int gpu, void *p) {
   struct rms_args *a = p;
-  if (a->bwd)
-    return tz_compute_rmsnorm_bwd(cm, SIDE(a->dx, gpu), SIDE(a->dw, gpu), SIDE(a->dout, gpu),
+  if (a->bwd) {
+    const void *dres = a->res == RES_ONTO_DX ? SIDE(a->dx, gpu)
+                       : a->res == RES_OTHER ? SIDE(a->dres, gpu)
+                                             : NULL;
+    return tz_compute_rmsnorm_bwd(cm, SIDE(a->dx, gpu), dres, SIDE(a->dw, gpu), SIDE(a->dout, gpu),
                                   SIDE(a->x, gpu), SIDE(a->w, gpu), SIDE(a->rstd, gpu), a->N, a->C);
+  }
   return tz_compute_rmsnorm_fwd(cm, SIDE(a->out, gpu), SIDE(a->rstd, gpu), SIDE(a->x, gpu),
                                 SIDE(a->w, gpu), a->N, a->C, 1e-5f);
 }
 
 static int rmsnorm_case(struct env *e, int N, int C, int negative) {
   int before = g_failures;
-  struct buf x, w, out, rstd, dout, dx, dw;
+  struct buf x, w, out, rstd, dout, dx, dw, dres;
   size_t NC = (size_t)N * C;
   buf_init(e, &x, NC, TZ_F32, e->S);
   buf_init(e, &w, C, TZ_F32, e->S);
@@ -791,14 +799,17 @@ static int rmsnorm_case(struct env *e, int N, int C, int negative) {
   buf_init(e, &dout, NC, TZ_F32, e->S);
   buf_init(e, &dx, NC, TZ_F32, e->S);
   buf_init(e, &dw, C, TZ_F32, e->G);
+  buf_init(e, &dres, NC, TZ_F32, e->S);
   float *vx = randv(NC, 2.0f), *vw = randv(C, 1.0f), *vd = randv(NC, 1.0f), *vdx = randv(NC, 1.0f),
-        *vdw = randv(C, 1.0f);
+        *vdw = randv(C, 1.0f), *vres = randv(NC, 1.0f);
   buf_set(&x, e, vx);
   buf_set(&w, e, vw);
   buf_set(&dout, e, vd);
   buf_set(&dx, e, vdx);
   buf_set(&dw, e, vdw);
+  buf_set(&dres, e, vres);
   struct rms_args a = {.x = &x,
+                       .dres = &dres,
                        .w = &w,
                        .out = &out,
                        .rstd = &rstd,
@@ -820,19 +831,26 @@ static int rmsnorm_case(struct env *e, int N, int C, int negative) {
     buf_set(&rstd, e, r);
     free(r);
     a.bwd = 1;
-    snprintf(name, sizeof name, "rmsnorm_bwd %s G=%s N=%d C=%d", tz_dtype_name(e->S),
-             tz_dtype_name(e->G), N, C);
-    struct op bwd = {.name = name, .launch = rms_launch, .args = &a};
-    /* dx: the float result added onto dx and rounded once; dw: N products summed in float */
-    add_out(&bwd, &dx, "dx", tol_of(e->S, 1, C));
-    add_out(&bwd, &dw, "dw", tol_of(e->G, 1, N));
-    bwd.keep[bwd.n_keep++] = &dx;
-    bwd.keep[bwd.n_keep++] = &dw;
-    run_op(e, &bwd, NULL);
+    for (a.res = 0; a.res < RES_MODES; a.res++) {
+      buf_set(&dx, e, vdx);
+      buf_set(&dw, e, vdw);
+      snprintf(name, sizeof name, "rmsnorm_bwd %s G=%s N=%d C=%d %s", tz_dtype_name(e->S),
+               tz_dtype_name(e->G), N, C, res_names[a.res]);
+      struct op bwd = {.name = name, .launch = rms_launch, .args = &a};
+      /* dx: the float result added onto the residual and rounded once; dw: N products summed
+       * in float. Without the residual onto dx, dx is an output alone: poisoned before each
+       * cuda run, so a kernel that read it would fail. */
+      add_out(&bwd, &dx, "dx", tol_of(e->S, 1, C));
+      add_out(&bwd, &dw, "dw", tol_of(e->G, 1, N));
+      if (a.res == RES_ONTO_DX)
+        bwd.keep[bwd.n_keep++] = &dx;
+      bwd.keep[bwd.n_keep++] = &dw;
+      run_op(e, &bwd, NULL);
+    }
   }
-  free(vx), free(vw), free(vd), free(vdx), free(vdw);
+  free(vx), free(vw), free(vd), free(vdx), free(vdw), free(vres);
   buf_fini(e, &x), buf_fini(e, &w), buf_fini(e, &out), buf_fini(e, &rstd);
-  buf_fini(e, &dout), buf_fini(e, &dx), buf_fini(e, &dw);
+  buf_fini(e, &dout), buf_fini(e, &dx), buf_fini(e, &dw), buf_fini(e, &dres);
   return g_failures - before;
 }
 
@@ -840,10 +858,12 @@ static void test_rmsnorm(void **state) {
   (void)state;
   g_failures = 0;
   /* besides the model widths, the q/k norms of Qwen3 (one row per token and head: N*H rows of
-   * the head dim), more rows than one part of the weight gradient's sums holds */
-  static const int shapes[][2] = {{1, 8},         {37, 300},     {200, 4096},
-                                  {37 * 14, 64},  {1, 80},       {65 * 16, 80},
-                                  {130 * 14, 96}, {8 * 16, 128}, {4096 * 16, 128}};
+   * the head dim), more rows than one part of the weight gradient's sums holds; rows of one, two
+   * and four chunks a thread (2056: two, the last chunk of a row short of a thread) and past the
+   * chunks a thread keeps (9000, read again), and 13B's 5120 */
+  static const int shapes[][2] = {{1, 8},           {37, 300},     {200, 4096},    {37 * 14, 64},
+                                  {1, 80},          {65 * 16, 80}, {130 * 14, 96}, {8 * 16, 128},
+                                  {4096 * 16, 128}, {3, 2056},     {70, 5120},     {5, 9000}};
   for (int d = 0; d < 3; d++)
     for (int gf = 0; gf < 2; gf++) {
       struct env e;
@@ -1493,13 +1513,14 @@ static void test_attention_onepass_fallback(void **state) {
 struct swiglu_args {
   struct buf *g, *u, *out, *dout, *dg, *du;
   size_t n;
-  int bwd;
+  int bwd, rebuild; /* rebuild: the backward writes the forward's out too */
 };
 
 static int swiglu_launch(tz_compute *cm, int gpu, void *p) {
   struct swiglu_args *a = p;
   if (a->bwd)
-    return tz_compute_swiglu_bwd(cm, SIDE(a->dg, gpu), SIDE(a->du, gpu), SIDE(a->dout, gpu),
+    return tz_compute_swiglu_bwd(cm, SIDE(a->dg, gpu), SIDE(a->du, gpu),
+                                 a->rebuild ? SIDE(a->out, gpu) : NULL, SIDE(a->dout, gpu),
                                  SIDE(a->g, gpu), SIDE(a->u, gpu), a->n);
   return tz_compute_swiglu_fwd(cm, SIDE(a->out, gpu), SIDE(a->g, gpu), SIDE(a->u, gpu), a->n);
 }
@@ -1537,10 +1558,143 @@ static void test_swiglu(void **state) {
       add_out(&bwd, &dg, "dg", tol_of(e.S, 1, 1));
       add_out(&bwd, &du, "du", tol_of(e.S, 1, 1));
       run_op(&e, &bwd, NULL);
+      /* the backward that rebuilds out: out the forward's bits exactly */
+      float *fwd_out = buf_get_gpu(&out, &e);
+      a.rebuild = 1;
+      snprintf(name, sizeof name, "swiglu_bwd+out %s n=%zu", tz_dtype_name(e.S), n);
+      struct op bwd2 = {.name = name, .launch = swiglu_launch, .args = &a};
+      add_out(&bwd2, &dg, "dg", tol_of(e.S, 1, 1));
+      add_out(&bwd2, &du, "du", tol_of(e.S, 1, 1));
+      add_out(&bwd2, &out, "out", tol_of(e.S, 1, 1));
+      run_op(&e, &bwd2, NULL);
+      float *bwd_out = buf_get_gpu(&out, &e);
+      check_bits("swiglu_bwd+out out against swiglu_fwd", bwd_out, fwd_out, n * sizeof(float));
+      free(fwd_out), free(bwd_out);
       free(v1), free(v2), free(v3);
       buf_fini(&e, &g), buf_fini(&e, &u), buf_fini(&e, &out);
       buf_fini(&e, &dout), buf_fini(&e, &dg), buf_fini(&e, &du);
     }
+    env_close(&e);
+  }
+  assert_int_equal(g_failures, 0);
+}
+
+/* ---- 16-byte vectors or single elements: alignment changes no bit ----
+ * The elementwise ops, RoPE and RMSNorm take 16 bytes at a time where every tensor (every row)
+ * starts on 16 bytes, one element at a time elsewhere. Each op runs on tensors at an aligned
+ * address and again on the same values one element further on, and the two results must be the
+ * same bits. */
+
+/* n values of dt on the gpu, one element past base's start when shifted (base: what to free) */
+static void *put_shifted(tz_compute *cm, const float *v, size_t n, enum tz_dtype dt, int shifted,
+                         void **base) {
+  size_t es = tz_dtype_size(dt);
+  TZ_ASSERT_OK(tz_compute_alloc(cm, (n + 1) * es, base));
+  char *p = (char *)*base + (shifted ? es : 0);
+  upload(cm, p, v, n, dt);
+  return p;
+}
+
+#define SHIFT_MAX 8
+struct shifted_op {
+  const char *name;
+  int n_in, n_out; /* tensors: inputs first, then outputs */
+  size_t n[SHIFT_MAX];
+  enum tz_dtype dt[SHIFT_MAX];
+  int (*launch)(tz_compute *cm, void *const *t, const struct shifted_op *op);
+  int B, T, H, D; /* shapes for rope and rmsnorm */
+};
+
+static int sh_add(tz_compute *cm, void *const *t, const struct shifted_op *op) {
+  return tz_compute_add(cm, op->dt[0], t[2], t[0], t[1], op->n[0]);
+}
+static int sh_axpy(tz_compute *cm, void *const *t, const struct shifted_op *op) {
+  return tz_compute_axpy(cm, op->dt[0], t[1], -0.7f, t[0], op->n[0]);
+}
+static int sh_swiglu_fwd(tz_compute *cm, void *const *t, const struct shifted_op *op) {
+  return tz_compute_swiglu_fwd(cm, t[2], t[0], t[1], op->n[0]);
+}
+static int sh_swiglu_bwd(tz_compute *cm, void *const *t, const struct shifted_op *op) {
+  return tz_compute_swiglu_bwd(cm, t[3], t[4], t[5], t[0], t[1], t[2], op->n[0]);
+}
+static int sh_rope(tz_compute *cm, void *const *t, const struct shifted_op *op) {
+  struct tz_rope r = {.theta = 10000.0, .type = TZ_ROPE_DEFAULT};
+  return tz_compute_rope_fwd(cm, t[0], op->B, op->T, op->H, op->D, &r);
+}
+/* t: x, w, dout, dres, out, rstd, dx, dw */
+static int sh_rmsnorm(tz_compute *cm, void *const *t, const struct shifted_op *op) {
+  int N = op->B, C = op->D;
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, t[4], t[5], t[0], t[1], N, C, 1e-5f));
+  return tz_compute_rmsnorm_bwd(cm, t[6], t[3], t[7], t[2], t[0], t[1], t[5], N, C);
+}
+
+static void shifted_case(struct env *e, const struct shifted_op *op) {
+  int nt = op->n_in + op->n_out;
+  float *in[SHIFT_MAX] = {0}, *got[2][SHIFT_MAX] = {{0}};
+  for (int i = 0; i < nt; i++)
+    in[i] = randv(op->n[i], 2.0f);
+  for (int shifted = 0; shifted < 2; shifted++) {
+    void *base[SHIFT_MAX], *t[SHIFT_MAX];
+    for (int i = 0; i < nt; i++)
+      t[i] = put_shifted(e->gpu, in[i], op->n[i], op->dt[i], shifted, &base[i]);
+    TZ_ASSERT_OK(op->launch(e->gpu, t, op));
+    for (int i = op->n_in; i < nt; i++) {
+      got[shifted][i] = malloc(op->n[i] * sizeof(float));
+      assert_non_null(got[shifted][i]);
+      download(e->gpu, got[shifted][i], t[i], op->n[i], op->dt[i]);
+    }
+    for (int i = 0; i < nt; i++)
+      tz_compute_free(e->gpu, base[i]);
+  }
+  for (int i = op->n_in; i < nt; i++) {
+    char what[96];
+    snprintf(what, sizeof what, "%s %s output %d, shifted", op->name, tz_dtype_name(e->S), i);
+    check_bits(what, got[1][i], got[0][i], op->n[i] * sizeof(float));
+    free(got[0][i]), free(got[1][i]);
+  }
+  for (int i = 0; i < nt; i++)
+    free(in[i]);
+}
+
+static void test_unaligned_same_bits(void **state) {
+  (void)state;
+  g_failures = 0;
+  for (int d = 0; d < 3; d++) {
+    struct env e;
+    enum tz_dtype S = storage_dtypes[d], F = TZ_F32;
+    TZ_ASSERT_OK(env_open(&e, S, TZ_F32));
+    size_t n = 100003;
+    struct shifted_op ops[] = {
+        {"add", 2, 1, {n, n, n}, {S, S, S}, sh_add, 0, 0, 0, 0},
+        {"axpy", 1, 1, {n, n}, {S, S}, sh_axpy, 0, 0, 0, 0},
+        {"swiglu_fwd", 2, 1, {n, n, n}, {S, S, S}, sh_swiglu_fwd, 0, 0, 0, 0},
+        {"swiglu_bwd+out", 3, 3, {n, n, n, n, n, n}, {S, S, S, S, S, S}, sh_swiglu_bwd, 0, 0, 0, 0},
+        {"rope", 0, 1, {(size_t)2 * 33 * 4 * 128}, {S}, sh_rope, 2, 33, 4, 128},
+        {"rmsnorm",
+         4,
+         4,
+         {(size_t)37 * 4096, 4096, (size_t)37 * 4096, (size_t)37 * 4096, (size_t)37 * 4096, 37,
+          (size_t)37 * 4096, 4096},
+         {S, S, S, S, S, F, S, F},
+         sh_rmsnorm,
+         37,
+         0,
+         0,
+         4096},
+        {"rmsnorm (warp rows)",
+         4,
+         4,
+         {(size_t)300 * 128, 128, (size_t)300 * 128, (size_t)300 * 128, (size_t)300 * 128, 300,
+          (size_t)300 * 128, 128},
+         {S, S, S, S, S, F, S, F},
+         sh_rmsnorm,
+         300,
+         0,
+         0,
+         128},
+    };
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+      shifted_case(&e, &ops[i]);
     env_close(&e);
   }
   assert_int_equal(g_failures, 0);
@@ -1964,6 +2118,7 @@ int main(void) {
       cmocka_unit_test(test_attention_onepass_fallback),
       cmocka_unit_test(test_attention_wgmma),
       cmocka_unit_test(test_swiglu),
+      cmocka_unit_test(test_unaligned_same_bits),
       cmocka_unit_test(test_xent),
       cmocka_unit_test(test_negative_control),
       cmocka_unit_test(test_model),

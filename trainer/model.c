@@ -555,13 +555,32 @@ static int linear_fwd(tz_compute *cm, void *y, const void *x, const void *W, int
                            out);
 }
 
+/* y (N, out) = x W^T + r: the linear layer with the residual r added in the same rounding. */
+static int linear_res_fwd(tz_compute *cm, void *y, const void *x, const void *W, const void *r,
+                          int N, int in, int out) {
+  return tz_compute_matmul_add(cm, 0, 1, N, out, in, 1.0f, x, in, W, in, r, y, tz_compute_dtype(cm),
+                               out);
+}
+
+/* dW (out, in) += dy^T x */
+static int linear_bwd_dw(tz_compute *cm, void *dW, const void *dy, const void *x, int N, int in,
+                         int out) {
+  return tz_compute_matmul(cm, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW,
+                           tz_compute_grad_dtype(cm), in);
+}
+
+/* dx (N, in) = dy W (+= when accumulate) */
+static int linear_bwd_dx(tz_compute *cm, void *dx, int accumulate, const void *dy, const void *W,
+                         int N, int in, int out) {
+  return tz_compute_matmul(cm, 0, 0, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f, dx,
+                           tz_compute_dtype(cm), in);
+}
+
 /* dW (out, in) += dy^T x; dx (N, in) = dy W (+= when accumulate). */
 static int linear_bwd(tz_compute *cm, void *dx, int accumulate, void *dW, const void *dy,
                       const void *x, const void *W, int N, int in, int out) {
-  TZ_CHECK(tz_compute_matmul(cm, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW,
-                             tz_compute_grad_dtype(cm), in));
-  return tz_compute_matmul(cm, 0, 0, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f, dx,
-                           tz_compute_dtype(cm), in);
+  TZ_CHECK(linear_bwd_dw(cm, dW, dy, x, N, in, out));
+  return linear_bwd_dx(cm, dx, accumulate, dy, W, N, in, out);
 }
 
 /* The attention part of a layer's forward: a->h1 .. a->x2 from x_in (x2 = x_in + attention). */
@@ -595,9 +614,8 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const voi
   TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, &rope));
   TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, &rope));
   TZ_CHECK(tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D));
-  /* x2 = x_in + att wo^T: the projection goes through x2 first, then the residual is added. */
-  TZ_CHECK(linear_fwd(cm, a->x2, a->att, P(TZ_L_WO), N, HD, C));
-  TZ_CHECK(tz_compute_add(cm, S, a->x2, a->x2, x_in, (size_t)N * C));
+  /* x2 = x_in + att wo^T, the residual added in the projection's rounding */
+  TZ_CHECK(linear_res_fwd(cm, a->x2, a->att, P(TZ_L_WO), x_in, N, HD, C));
 #undef P
   return 0;
 }
@@ -615,8 +633,7 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
   TZ_CHECK(linear_fwd(cm, a->g, a->h2, P(TZ_L_WG), N, C, F));
   TZ_CHECK(linear_fwd(cm, a->u, a->h2, P(TZ_L_WU), N, C, F));
   TZ_CHECK(tz_compute_swiglu_fwd(cm, a->a, a->g, a->u, (size_t)N * F));
-  TZ_CHECK(linear_fwd(cm, x_out, a->a, P(TZ_L_WD), N, F, C));
-  TZ_CHECK(tz_compute_add(cm, S, x_out, x_out, a->x2, (size_t)N * C));
+  TZ_CHECK(linear_res_fwd(cm, x_out, a->a, P(TZ_L_WD), a->x2, N, F, C));
 #undef P
   return 0;
 }
@@ -647,7 +664,6 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
   struct tz_rope rope;
   tz_model_rope(cfg, &rope);
-  size_t NC = (size_t)N * C;
   /* The parts recomputed, attention first (the MLP's starts from its x2); the recomputed x_out
    * is not needed, and the scratch's dh is free until the MLP backward. */
 #define P(i) at(params, l.t[i].offset, S)
@@ -656,22 +672,26 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
     TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T));
   else /* kept: what is not kept is one elementwise pass away (acts_layout) */
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
+  /* The SwiGLU's output a, which the down projection's weight gradient reads: recomputed with
+   * the MLP, else rebuilt by the SwiGLU's backward in the same pass (a_rebuilt). */
+  void *a_rebuilt = NULL;
   if (recompute & TZ_PART_MLP) {
     TZ_CHECK(mlp_fwd(cm, cfg, params, a, s->dh, B, T));
   } else {
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps));
-    TZ_CHECK(tz_compute_swiglu_fwd(cm, a->a, a->g, a->u, (size_t)N * F));
+    a_rebuilt = a->a;
   }
 #define GR(i) at(grads, l.t[i].offset, G)
-  /* The residual passes dx_out through unchanged; both norms' gradients are added onto it. */
-  TZ_CHECK(tz_compute_copy(cm, dx_in, dx_out, NC * tz_dtype_size(S)));
   /* MLP: x_out = x2 + (silu(h2 wg^T) * (h2 wu^T)) wd^T, dx_out is the gradient of the output */
-  TZ_CHECK(linear_bwd(cm, s->da, 0, GR(TZ_L_WD), dx_out, a->a, P(TZ_L_WD), N, F, C));
-  TZ_CHECK(tz_compute_swiglu_bwd(cm, s->dg, s->du, s->da, a->g, a->u, (size_t)N * F));
+  TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dx_out, P(TZ_L_WD), N, F, C));
+  TZ_CHECK(tz_compute_swiglu_bwd(cm, s->dg, s->du, a_rebuilt, s->da, a->g, a->u, (size_t)N * F));
+  TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dx_out, a->a, N, F, C));
   TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WG), s->dg, a->h2, P(TZ_L_WG), N, C, F));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WU), s->du, a->h2, P(TZ_L_WU), N, C, F));
-  TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, GR(TZ_L_MLP_NORM), s->dh, a->x2, P(TZ_L_MLP_NORM),
-                                  a->rstd2, N, C));
+  /* The residual passes dx_out through unchanged: dx_in = dx_out + the norm's gradient, the copy
+   * fused into the norm's backward. */
+  TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_out, GR(TZ_L_MLP_NORM), s->dh, a->x2,
+                                  P(TZ_L_MLP_NORM), a->rstd2, N, C));
   /* Attention: x2 = x_in + att wo^T; dx_in holds the gradient at x2 now. */
   TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dx_in, a->att, P(TZ_L_WO), N, HD, C));
   TZ_CHECK(tz_compute_attention_bwd(cm, s->dq, s->dk, s->dv, s->delta, s->datt, a->q, a->k, a->v,
@@ -685,11 +705,9 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   if (cfg->qk_norm) {
     dqp = s->datt;
     dkp = s->dq;
-    TZ_CHECK(tz_compute_zero(cm, dqp, (size_t)N * HD * tz_dtype_size(S)));
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dqp, GR(TZ_L_QNORM), s->dq, a->q_pre, P(TZ_L_QNORM),
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dqp, NULL, GR(TZ_L_QNORM), s->dq, a->q_pre, P(TZ_L_QNORM),
                                     a->rstd_q, N * H, D));
-    TZ_CHECK(tz_compute_zero(cm, dkp, (size_t)N * KD * tz_dtype_size(S)));
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dkp, GR(TZ_L_KNORM), s->dk, a->k_pre, P(TZ_L_KNORM),
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dkp, NULL, GR(TZ_L_KNORM), s->dk, a->k_pre, P(TZ_L_KNORM),
                                     a->rstd_k, N * Hkv, D));
   }
   if (cfg->qkv_bias) {
@@ -700,8 +718,8 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), dqp, a->h1, P(TZ_L_WQ), N, C, HD));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), dkp, a->h1, P(TZ_L_WK), N, C, KD));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, a->h1, P(TZ_L_WV), N, C, KD));
-  TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in, P(TZ_L_ATTN_NORM),
-                                  a->rstd1, N, C));
+  TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in,
+                                  P(TZ_L_ATTN_NORM), a->rstd1, N, C));
 #undef P
 #undef GR
   return 0;
@@ -748,8 +766,7 @@ int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void 
   }
   TZ_CHECK(tz_compute_sum(cm, s->loss, TZ_F32, s->losses, (size_t)N, 0));
   if (bwd) {
-    TZ_CHECK(tz_compute_zero(cm, dx, (size_t)N * C * tz_dtype_size(S)));
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx, head_grad, s->dh, x, head, s->rstd, N, C));
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx, NULL, head_grad, s->dh, x, head, s->rstd, N, C));
   }
   return 0;
 }

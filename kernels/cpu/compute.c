@@ -251,8 +251,8 @@ static void gemm_tiles(int nt, int trans_a, int trans_b, int M, int N, int K, fl
 }
 
 static int cpu_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                      const void *A, int lda, const void *B, int ldb, float beta, void *C,
-                      enum tz_dtype c_dt, int ldc) {
+                      const void *A, int lda, const void *B, int ldb, float beta, const void *R,
+                      void *C, enum tz_dtype c_dt, int ldc) {
   struct cpu *c = ctx;
   (void)c_dt; /* the wrapper allows S or F32, and S is F32 here */
   float *Cf = C;
@@ -280,16 +280,17 @@ static int cpu_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, 
     gemm_tiles(c->nt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, P, N);
   else
     memset(P, 0, need * sizeof *P);
+  const float *Rf = R;
 #pragma omp parallel for num_threads(c->nt) schedule(static)
   for (int i = 0; i < M; i++) {
     float *row = Cf + (size_t)i * ldc;
-    const float *pr = P + (size_t)i * N;
+    const float *rrow = Rf + (size_t)i * ldc, *pr = P + (size_t)i * N;
     if (beta == 1.0f)
       for (int j = 0; j < N; j++)
-        row[j] = row[j] + pr[j];
+        row[j] = rrow[j] + pr[j];
     else
       for (int j = 0; j < N; j++)
-        row[j] = beta * row[j] + pr[j];
+        row[j] = beta * rrow[j] + pr[j];
   }
   return 0;
 }
@@ -387,12 +388,12 @@ static int cpu_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, con
   return 0;
 }
 
-static int cpu_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const void *x,
-                           const void *w, const float *rstd, int N, int C) {
+static int cpu_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
+                           const void *x, const void *w, const float *rstd, int N, int C) {
   struct cpu *c = ctx;
   float *dxf = dx, *dwf = dw;
-  const float *dy = dout, *xf = x, *wf = w;
-  /* dx_j += r * (w_j dy_j - x_j r^2 mean_i(w_i dy_i x_i)) */
+  const float *dy = dout, *xf = x, *wf = w, *dr = dres;
+  /* dx_j = dres_j + r * (w_j dy_j - x_j r^2 mean_i(w_i dy_i x_i)) */
 #pragma omp parallel for num_threads(c->nt) schedule(static)
   for (int n = 0; n < N; n++) {
     const float *dyr = dy + (size_t)n * C, *xr = xf + (size_t)n * C;
@@ -402,8 +403,9 @@ static int cpu_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, cons
       dot += (wf[j] * dyr[j]) * xr[j];
     float k = (r * r) * (dot / (float)C);
     float *dxr = dxf + (size_t)n * C;
+    const float *drr = dr ? dr + (size_t)n * C : NULL;
     for (int j = 0; j < C; j++)
-      dxr[j] += r * (wf[j] * dyr[j] - xr[j] * k);
+      dxr[j] = (drr ? drr[j] : 0.0f) + r * (wf[j] * dyr[j] - xr[j] * k);
   }
   int nb = (C + COL_BLOCK - 1) / COL_BLOCK;
 #pragma omp parallel for num_threads(c->nt) schedule(static)
@@ -629,10 +631,10 @@ static int cpu_swiglu_fwd(void *ctx, void *out, const void *g, const void *u, si
   return 0;
 }
 
-static int cpu_swiglu_bwd(void *ctx, void *dg, void *du, const void *dout, const void *g,
+static int cpu_swiglu_bwd(void *ctx, void *dg, void *du, void *out, const void *dout, const void *g,
                           const void *u, size_t n) {
   struct cpu *c = ctx;
-  float *dgf = dg, *duf = du;
+  float *dgf = dg, *duf = du, *o = out;
   const float *dy = dout, *gf = g, *uf = u;
   /* silu'(g) = sig (1 + g (1 - sig)) */
 #pragma omp parallel for num_threads(c->nt) schedule(static)
@@ -640,6 +642,8 @@ static int cpu_swiglu_bwd(void *ctx, void *dg, void *du, const void *dout, const
     float gi = gf[i], ui = uf[i], d = dy[i];
     float sig = 1.0f / (1.0f + expf(-gi));
     float silu = gi * sig;
+    if (o) /* swiglu_fwd's expression, for its bits */
+      o[i] = (gi / (1.0f + expf(-gi))) * ui;
     dgf[i] = (d * ui) * (sig * (1.0f + gi * (1.0f - sig)));
     duf[i] = d * silu;
   }

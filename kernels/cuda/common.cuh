@@ -117,6 +117,31 @@ template <> __device__ __forceinline__ __half tz_st<__half>(float x) {
   return __ushort_as_half(tz_f32_to_f16(x));
 }
 
+/* ---- 16-byte vectors: tz_vec<T>::n elements of T, loaded and stored whole ----
+ * Each element converts as tz_ld / tz_st do, so a kernel that takes its elements 16 bytes at a
+ * time gives the bits of one that takes them one at a time. The address must be 16-byte aligned
+ * (tz_cuda_aligned16). */
+template <typename T> struct tz_vec { static constexpr int n = 16 / (int)sizeof(T); };
+
+template <typename T> __device__ __forceinline__ void tz_ld16(const T *p, float *out) {
+  uint4 raw = *reinterpret_cast<const uint4 *>(p);
+  const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+  for (int k = 0; k < tz_vec<T>::n; k++)
+    out[k] = tz_ld(e[k]);
+}
+
+template <typename T> __device__ __forceinline__ void tz_st16(T *p, const float *in) {
+  uint4 raw;
+  T *e = reinterpret_cast<T *>(&raw);
+#pragma unroll
+  for (int k = 0; k < tz_vec<T>::n; k++)
+    e[k] = tz_st<T>(in[k]);
+  *reinterpret_cast<uint4 *>(p) = raw;
+}
+
+static inline int tz_cuda_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
 /* Calls f with a value of the C++ type of dt: f(float()), f(__nv_bfloat16()) or f(__half()). */
 template <typename F> static inline int tz_cuda_dispatch(enum tz_dtype dt, F f) {
   switch (dt) {
@@ -164,15 +189,15 @@ int tz_cuda_add(void *ctx, enum tz_dtype dt, void *out, const void *a, const voi
 int tz_cuda_cast(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src, enum tz_dtype src_dt,
                  size_t n);
 int tz_cuda_swiglu_fwd(void *ctx, void *out, const void *g, const void *u, size_t n);
-int tz_cuda_swiglu_bwd(void *ctx, void *dg, void *du, const void *dout, const void *g,
+int tz_cuda_swiglu_bwd(void *ctx, void *dg, void *du, void *out, const void *dout, const void *g,
                        const void *u, size_t n);
 int tz_cuda_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
                 int accumulate);
 int tz_cuda_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t seg_len,
                            size_t n_seg);
 int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                   const void *A, int lda, const void *B, int ldb, float beta, void *C,
-                   enum tz_dtype c_dt, int ldc);
+                   const void *A, int lda, const void *B, int ldb, float beta, const void *R,
+                   void *C, enum tz_dtype c_dt, int ldc);
 void tz_cuda_matmul_release(struct tz_cuda *c); /* destroys the table's descriptors */
 int tz_cuda_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte, int N,
                           int C, int V);
@@ -180,8 +205,8 @@ int tz_cuda_embedding_bwd(void *ctx, void *dwte, const void *dout, const int32_t
                           int C, int V);
 int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const void *w, int N,
                         int C, float eps);
-int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const void *x,
-                        const void *w, const float *rstd, int N, int C);
+int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
+                        const void *x, const void *w, const float *rstd, int N, int C);
 int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
                  int inverse);
 int tz_cuda_bias_add(void *ctx, void *x, const void *b, int N, int n);

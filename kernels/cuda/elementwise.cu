@@ -1,7 +1,8 @@
-/* Elementwise operations: fill, scale, axpy, the residual add, casts and SwiGLU. One thread per
- * element in a grid-stride loop; each output depends on its own index only, so aliasing an
- * output with an input of the same index is safe. The arithmetic is spelled out with _rn
- * intrinsics in the order compute.h and the cpu backend use. */
+/* Elementwise operations: fill, scale, axpy, the residual add, casts and SwiGLU, in grid-stride
+ * loops; each output depends on its own index only, so aliasing an output with an input of the
+ * same index is safe. scale, axpy, add and SwiGLU go through the map kernel below (16 bytes at a
+ * time where aligned); fill and the casts one element a thread. The arithmetic is spelled out
+ * with _rn intrinsics in the order compute.h and the cpu backend use. */
 #include "kernels/cuda/common.cuh"
 
 #define THREADS 256
@@ -15,49 +16,114 @@ template <typename T> __global__ void fill_kernel(T *x, float value, size_t n) {
   GRID_STRIDE(i, n) x[i] = v;
 }
 
-template <typename T> __global__ void scale_kernel(T *x, float alpha, size_t n) {
-  GRID_STRIDE(i, n) x[i] = tz_st<T>(__fmul_rn(tz_ld(x[i]), alpha));
-}
-
-/* y + (alpha * x): two roundings in float, no fused multiply-add (compute.h). */
-template <typename T> __global__ void axpy_kernel(T *y, float alpha, const T *x, size_t n) {
-  GRID_STRIDE(i, n) {
-    float ax = __fmul_rn(alpha, tz_ld(x[i]));
-    y[i] = tz_st<T>(__fadd_rn(tz_ld(y[i]), ax));
-  }
-}
-
-template <typename T> __global__ void add_kernel(T *out, const T *a, const T *b, size_t n) {
-  GRID_STRIDE(i, n) out[i] = tz_st<T>(__fadd_rn(tz_ld(a[i]), tz_ld(b[i])));
-}
-
 template <typename TD, typename TS> __global__ void cast_kernel(TD *dst, const TS *src, size_t n) {
   GRID_STRIDE(i, n) dst[i] = tz_st<TD>(tz_ld(src[i]));
 }
 
-/* silu(g) * u with silu(g) = g / (1 + exp(-g)) */
-template <typename T> __global__ void swiglu_fwd_kernel(T *out, const T *g, const T *u, size_t n) {
-  GRID_STRIDE(i, n) {
-    float gi = tz_ld(g[i]);
-    float silu = __fdiv_rn(gi, __fadd_rn(1.0f, expf(-gi)));
-    out[i] = tz_st<T>(__fmul_rn(silu, tz_ld(u[i])));
+/* ---- The map kernel: outputs of an index from the inputs of that index ----
+ * op(y, x) computes the NO outputs y of one element from its NI inputs x, in float. Where every
+ * pointer is 16-byte aligned, a thread takes tz_vec<T>::n elements at a time (16-byte loads and
+ * stores: a bf16 element alone is a 2-byte access, an eighth of what the memory system moves
+ * best), the last n % tz_vec<T>::n one at a time; elsewhere all go one at a time. Every element
+ * goes through the same op either way, so alignment changes no bit. A thread loads all inputs of
+ * its elements before it stores, so an output may alias an input of the same index. */
+template <typename T, int NI, int NO> struct map_ptrs {
+  const T *in[NI];
+  T *out[NO];
+};
+
+template <typename T, int NI, int NO, typename Op>
+__global__ void map_kernel(map_ptrs<T, NI, NO> p, size_t n, int vec, Op op) {
+  constexpr int V = tz_vec<T>::n;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const size_t nv = vec ? n / V : 0;
+  for (size_t i = tid; i < nv; i += stride) {
+    float x[NI][V], y[NO][V];
+#pragma unroll
+    for (int k = 0; k < NI; k++)
+      tz_ld16(p.in[k] + i * V, x[k]);
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      float xe[NI], ye[NO];
+#pragma unroll
+      for (int k = 0; k < NI; k++)
+        xe[k] = x[k][e];
+      op(ye, xe);
+#pragma unroll
+      for (int k = 0; k < NO; k++)
+        y[k][e] = ye[k];
+    }
+#pragma unroll
+    for (int k = 0; k < NO; k++)
+      tz_st16(p.out[k] + i * V, y[k]);
+  }
+  for (size_t i = nv * V + tid; i < n; i += stride) {
+    float xe[NI], ye[NO];
+#pragma unroll
+    for (int k = 0; k < NI; k++)
+      xe[k] = tz_ld(p.in[k][i]);
+    op(ye, xe);
+#pragma unroll
+    for (int k = 0; k < NO; k++)
+      p.out[k][i] = tz_st<T>(ye[k]);
   }
 }
 
-/* dg = dout u silu'(g) with silu'(g) = sig (1 + g (1 - sig)); du = dout silu(g). */
-template <typename T>
-__global__ void swiglu_bwd_kernel(T *dg, T *du, const T *dout, const T *g, const T *u, size_t n) {
-  GRID_STRIDE(i, n) {
-    float gi = tz_ld(g[i]), ui = tz_ld(u[i]), d = tz_ld(dout[i]);
+template <typename T, int NI, int NO, typename Op>
+static int map_launch(struct tz_cuda *c, map_ptrs<T, NI, NO> p, size_t n, Op op) {
+  int vec = 1;
+  for (int k = 0; k < NI; k++)
+    vec &= tz_cuda_aligned16(p.in[k]);
+  for (int k = 0; k < NO; k++)
+    vec &= tz_cuda_aligned16(p.out[k]);
+  size_t items = vec ? (n + tz_vec<T>::n - 1) / tz_vec<T>::n : n;
+  map_kernel<T, NI, NO, Op>
+      <<<tz_cuda_grid(c, items, THREADS), THREADS, 0, c->stream>>>(p, n, vec, op);
+  TZ_CU_LAUNCHED();
+  return 0;
+}
+
+struct scale_op {
+  float alpha;
+  __device__ void operator()(float *y, const float *x) const { y[0] = __fmul_rn(x[0], alpha); }
+};
+
+/* y + (alpha * x): two roundings in float, no fused multiply-add (compute.h). x = {y, x} */
+struct axpy_op {
+  float alpha;
+  __device__ void operator()(float *y, const float *x) const {
+    y[0] = __fadd_rn(x[0], __fmul_rn(alpha, x[1]));
+  }
+};
+
+struct add_op {
+  __device__ void operator()(float *y, const float *x) const { y[0] = __fadd_rn(x[0], x[1]); }
+};
+
+/* silu(g) * u with silu(g) = g / (1 + exp(-g)) */
+__device__ __forceinline__ float swiglu1(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+struct swiglu_fwd_op { /* x = {g, u}, y = {out} */
+  __device__ void operator()(float *y, const float *x) const { y[0] = swiglu1(x[0], x[1]); }
+};
+
+/* dg = dout u silu'(g) with silu'(g) = sig (1 + g (1 - sig)); du = dout silu(g).
+ * x = {dout, g, u}, y = {dg, du} and, with REBUILD, the forward's out (swiglu1's bits). */
+template <int REBUILD> struct swiglu_bwd_op {
+  __device__ void operator()(float *y, const float *x) const {
+    float d = x[0], gi = x[1], ui = x[2];
     float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-gi)));
     float silu = __fmul_rn(gi, sig);
     float dsilu = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(gi, __fsub_rn(1.0f, sig))));
-    float dgi = __fmul_rn(__fmul_rn(d, ui), dsilu);
-    float dui = __fmul_rn(d, silu);
-    dg[i] = tz_st<T>(dgi);
-    du[i] = tz_st<T>(dui);
+    y[0] = __fmul_rn(__fmul_rn(d, ui), dsilu);
+    y[1] = __fmul_rn(d, silu);
+    if (REBUILD)
+      y[2] = swiglu1(gi, ui);
   }
-}
+};
 
 int tz_cuda_fill(void *ctx, enum tz_dtype dt, void *x, float value, size_t n) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
@@ -73,9 +139,7 @@ int tz_cuda_scale(void *ctx, enum tz_dtype dt, void *x, float alpha, size_t n) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(dt, [&](auto tag) {
     using T = decltype(tag);
-    scale_kernel<T><<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>((T *)x, alpha, n);
-    TZ_CU_LAUNCHED();
-    return 0;
+    return map_launch(c, map_ptrs<T, 1, 1>{{(const T *)x}, {(T *)x}}, n, scale_op{alpha});
   });
 }
 
@@ -83,10 +147,8 @@ int tz_cuda_axpy(void *ctx, enum tz_dtype dt, void *y, float alpha, const void *
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(dt, [&](auto tag) {
     using T = decltype(tag);
-    axpy_kernel<T>
-        <<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>((T *)y, alpha, (const T *)x, n);
-    TZ_CU_LAUNCHED();
-    return 0;
+    return map_launch(c, map_ptrs<T, 2, 1>{{(const T *)y, (const T *)x}, {(T *)y}}, n,
+                      axpy_op{alpha});
   });
 }
 
@@ -94,10 +156,7 @@ int tz_cuda_add(void *ctx, enum tz_dtype dt, void *out, const void *a, const voi
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(dt, [&](auto tag) {
     using T = decltype(tag);
-    add_kernel<T><<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>((T *)out, (const T *)a,
-                                                                          (const T *)b, n);
-    TZ_CU_LAUNCHED();
-    return 0;
+    return map_launch(c, map_ptrs<T, 2, 1>{{(const T *)a, (const T *)b}, {(T *)out}}, n, add_op{});
   });
 }
 
@@ -125,21 +184,21 @@ int tz_cuda_swiglu_fwd(void *ctx, void *out, const void *g, const void *u, size_
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
-    swiglu_fwd_kernel<T><<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>(
-        (T *)out, (const T *)g, (const T *)u, n);
-    TZ_CU_LAUNCHED();
-    return 0;
+    return map_launch(c, map_ptrs<T, 2, 1>{{(const T *)g, (const T *)u}, {(T *)out}}, n,
+                      swiglu_fwd_op{});
   });
 }
 
-int tz_cuda_swiglu_bwd(void *ctx, void *dg, void *du, const void *dout, const void *g,
+int tz_cuda_swiglu_bwd(void *ctx, void *dg, void *du, void *out, const void *dout, const void *g,
                        const void *u, size_t n) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
-    swiglu_bwd_kernel<T><<<tz_cuda_grid(c, n, THREADS), THREADS, 0, c->stream>>>(
-        (T *)dg, (T *)du, (const T *)dout, (const T *)g, (const T *)u, n);
-    TZ_CU_LAUNCHED();
-    return 0;
+    const T *in[3] = {(const T *)dout, (const T *)g, (const T *)u};
+    if (out)
+      return map_launch(c, map_ptrs<T, 3, 3>{{in[0], in[1], in[2]}, {(T *)dg, (T *)du, (T *)out}},
+                        n, swiglu_bwd_op<1>{});
+    return map_launch(c, map_ptrs<T, 3, 2>{{in[0], in[1], in[2]}, {(T *)dg, (T *)du}}, n,
+                      swiglu_bwd_op<0>{});
   });
 }

@@ -6,7 +6,8 @@
  *     when trans_b != 0 (column-major (K, N), op T);
  *   - cuBLASLt B := our A, stored (M, K) when trans_a == 0 (column-major (K, M), op N) or (K, M)
  *     when trans_a != 0 (column-major (M, K), op T);
- *   - C and D: column-major (N, M) with ldc.
+ *   - C and D: column-major (N, M) with ldc; C is the residual R that beta scales (R is D for
+ *     tz_compute_matmul, the residual for tz_compute_matmul_add), D the output.
  * Float32 compute (CUBLAS_COMPUTE_32F, never TF32). The algorithm for each (transposes, sizes,
  * leading dimensions, dtypes, beta == 0, pointer alignments) is asked of the heuristic once and
  * kept in a table with its descriptors: the same call then always runs the same kernel with the
@@ -201,25 +202,25 @@ static int lookup(struct tz_cuda *c, const struct mm_key *k, struct tz_cuda_mm_e
   return 0;
 }
 
-/* C = beta * C for K == 0 or alpha == 0, where no product is formed (as the cpu backend does):
+/* C = beta * R for K == 0 or alpha == 0, where no product is formed (as the cpu backend does):
  * beta == 0 writes zeros whatever C held. */
-template <typename T> __global__ void scale_c_kernel(T *C, int M, int N, int ldc, float beta) {
+template <typename T>
+__global__ void scale_c_kernel(const T *R, T *C, int M, int N, int ldc, float beta) {
   size_t total = (size_t)M * N;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (size_t)gridDim.x * blockDim.x) {
-    size_t r = i / (size_t)N, col = i % (size_t)N;
-    T *p = C + r * (size_t)ldc + col;
-    *p = tz_st<T>(beta == 0.0f ? 0.0f : __fmul_rn(tz_ld(*p), beta));
+    size_t off = i / (size_t)N * (size_t)ldc + i % (size_t)N;
+    C[off] = tz_st<T>(beta == 0.0f ? 0.0f : __fmul_rn(tz_ld(R[off]), beta));
   }
 }
 
 /* The plain GEMM: 16x16 output tiles, K in steps of 16 through shared memory, each output's
- * products summed in increasing k in float, then C = alpha * sum (+ beta * C) rounded once. */
+ * products summed in increasing k in float, then C = alpha * sum (+ beta * R) rounded once. */
 #define PT 16
 template <typename T, typename TC>
 __global__ void gemm_plain_kernel(int trans_a, int trans_b, int M, int N, int K, float alpha,
-                                  const T *A, int lda, const T *B, int ldb, float beta, TC *C,
-                                  int ldc) {
+                                  const T *A, int lda, const T *B, int ldb, float beta, const TC *R,
+                                  TC *C, int ldc) {
   __shared__ float sA[PT][PT + 1], sB[PT][PT + 1];
   int tx = threadIdx.x, ty = threadIdx.y;
   int i = blockIdx.y * PT + ty, j = blockIdx.x * PT + tx;
@@ -238,15 +239,15 @@ __global__ void gemm_plain_kernel(int trans_a, int trans_b, int M, int N, int K,
     __syncthreads();
   }
   if (i < M && j < N) {
-    TC *p = C + (size_t)i * ldc + j;
+    size_t off = (size_t)i * ldc + j;
     float prod = __fmul_rn(alpha, acc);
-    *p = tz_st<TC>(beta == 0.0f ? prod : __fadd_rn(__fmul_rn(beta, tz_ld(*p)), prod));
+    C[off] = tz_st<TC>(beta == 0.0f ? prod : __fadd_rn(__fmul_rn(beta, tz_ld(R[off])), prod));
   }
 }
 
 static int gemm_plain(struct tz_cuda *c, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                      const void *A, int lda, const void *B, int ldb, float beta, void *C,
-                      enum tz_dtype c_dt, int ldc) {
+                      const void *A, int lda, const void *B, int ldb, float beta, const void *R,
+                      void *C, enum tz_dtype c_dt, int ldc) {
   if ((M + PT - 1) / PT > 65535)
     return tz_err_set(TZ_EINVAL, "compute cuda matmul: M=%d too large for the plain kernel", M);
   dim3 grid((unsigned)((N + PT - 1) / PT), (unsigned)((M + PT - 1) / PT)), block(PT, PT);
@@ -256,7 +257,7 @@ static int gemm_plain(struct tz_cuda *c, int trans_a, int trans_b, int M, int N,
       using TC = decltype(ctag);
       gemm_plain_kernel<T, TC><<<grid, block, 0, c->stream>>>(trans_a, trans_b, M, N, K, alpha,
                                                               (const T *)A, lda, (const T *)B, ldb,
-                                                              beta, (TC *)C, ldc);
+                                                              beta, (const TC *)R, (TC *)C, ldc);
       TZ_CU_LAUNCHED();
       return 0;
     });
@@ -264,22 +265,22 @@ static int gemm_plain(struct tz_cuda *c, int trans_a, int trans_b, int M, int N,
 }
 
 int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                   const void *A, int lda, const void *B, int ldb, float beta, void *C,
-                   enum tz_dtype c_dt, int ldc) {
+                   const void *A, int lda, const void *B, int ldb, float beta, const void *R,
+                   void *C, enum tz_dtype c_dt, int ldc) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   if (K == 0 || alpha == 0.0f) {
-    if (beta == 1.0f)
+    if (beta == 1.0f && R == C)
       return 0;
     return tz_cuda_dispatch(c_dt, [&](auto tag) {
       using T = decltype(tag);
-      scale_c_kernel<T>
-          <<<tz_cuda_grid(c, (size_t)M * N, 256), 256, 0, c->stream>>>((T *)C, M, N, ldc, beta);
+      scale_c_kernel<T><<<tz_cuda_grid(c, (size_t)M * N, 256), 256, 0, c->stream>>>(
+          (const T *)R, (T *)C, M, N, ldc, beta);
       TZ_CU_LAUNCHED();
       return 0;
     });
   }
   if (c->mm_plain)
-    return gemm_plain(c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, c_dt, ldc);
+    return gemm_plain(c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, R, C, c_dt, ldc);
   struct mm_key k;
   memset(&k, 0, sizeof k);
   k.trans_a = trans_a;
@@ -295,12 +296,14 @@ int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, flo
   k.beta_zero = beta == 0.0f;
   k.align_a = alignment(A);
   k.align_b = alignment(B);
-  k.align_c = alignment(C);
+  /* C and D share a layout and one alignment preference: the smaller of the two */
+  int al_r = beta == 0.0f ? 256 : alignment(R), al_d = alignment(C);
+  k.align_c = al_r < al_d ? al_r : al_d;
   struct tz_cuda_mm_entry *e;
   TZ_CHECK(lookup(c, &k, &e));
   if (e->plain)
-    return gemm_plain(c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, c_dt, ldc);
-  TZ_LT(cublasLtMatmul(c->lt, e->op, &alpha, B, e->la, A, e->lb, &beta, C, e->lc, C, e->lc,
+    return gemm_plain(c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, R, C, c_dt, ldc);
+  TZ_LT(cublasLtMatmul(c->lt, e->op, &alpha, B, e->la, A, e->lb, &beta, R, e->lc, C, e->lc,
                        &e->algo, c->workspace, c->workspace_bytes, c->stream));
   return 0;
 }

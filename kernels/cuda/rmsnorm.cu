@@ -1,22 +1,82 @@
-/* RMSNorm, statistics in float. A block owns a row: each thread sums its columns in order, then
- * tz_block_sum's fixed tree combines them. Rows of at most WARP_MAX_C columns (the per-head q/k
- * norms of Qwen3: N*H rows of the head dim, where a block per row would leave most of its threads
- * idle and the launch would be block scheduling) go one warp per row instead, each lane standing
- * in for the THREADS / 32 threads of the block kernel it would be (lane l for threads l, l + 32,
- * ...), with the same butterflies: the same bits as the block kernel, so the choice between the
- * two changes no result. The weight gradient is a reduction over rows, done without atomics in
- * two passes: fixed segments of ROWS_PER_PART rows are summed in row order per column into a
- * workspace, then the segments' partial sums are added in segment order and the total added to
- * dw. The segment length is a constant, so the order never depends on the device or the
- * launch. */
+/* RMSNorm, statistics in float. A block owns a row; the row is cut into chunks of CH columns and
+ * thread t of the block owns chunks t, t + THREADS, ...: it sums its chunks' columns in order
+ * (chunk by chunk, column by column), then tz_block_sum's fixed tree combines the threads. A
+ * chunk is one 16-byte load of 16-bit storage (two of f32) where every row is 16-byte aligned,
+ * single loads of the same columns in the same order elsewhere, so alignment changes no bit. A
+ * thread keeps up to MAX_CACHE of its chunks in registers between the sum and the pass that writes
+ * (rows of up to 8192 columns are read once); chunks past those are read again. The block kernels
+ * are built for each CACHE up to that, and a launch takes the smallest that holds the row, so
+ * registers a row does not need do not cost occupancy.
+ *
+ * Rows of at most WARP_MAX_C columns (the per-head q/k norms of Qwen3: N*H rows of the head dim,
+ * where a block per row would leave most of its threads idle and the launch would be block
+ * scheduling) go one warp per row instead, each lane standing in for the THREADS / 32 threads of
+ * the block kernel it would be (lane l for threads l, l + 32, ...), with the same butterflies: the
+ * same bits as the block kernel, so the choice between the two changes no result.
+ *
+ * The weight gradient is a reduction over rows, done without atomics in two passes: fixed segments
+ * of ROWS_PER_PART rows are summed in row order per column into a workspace, then the segments'
+ * partial sums are added in segment order and the total added to dw. The segment length is a
+ * constant, so the order never depends on the device or the launch. */
 #include "kernels/cuda/common.cuh"
 
 #define THREADS 256
+#define CH 8                              /* columns in a chunk */
+#define MAX_CACHE 4                       /* chunks a thread keeps in registers, at most */
+#define WARP_SLOTS (WARP_MAX_C / CH / 32) /* chunks a lane of a row's warp holds */
 #define ROWS_PER_PART 64
 #define COL_THREADS 128
 #define WARP_MAX_C 512      /* widths up to this: one warp per row */
 #define VIRT (THREADS / 32) /* the block kernel's warps, one lane of a row's warp each */
 #define TOTAL_UNROLL 32     /* parts loaded together before they are added in order */
+
+/* The columns [j0, j0 + CH) of a row (those below C; the rest 0): one or two 16-byte loads where
+ * vec (rows 16-byte aligned) and the chunk is whole, single loads otherwise. */
+template <typename T>
+__device__ __forceinline__ void load_chunk(const T *row, int j0, int C, int vec, float (&v)[CH]) {
+  if (vec && j0 + CH <= C) {
+#pragma unroll
+    for (int h = 0; h < CH; h += tz_vec<T>::n)
+      tz_ld16(row + j0 + h, v + h);
+  } else {
+#pragma unroll
+    for (int e = 0; e < CH; e++)
+      v[e] = j0 + e < C ? tz_ld(row[j0 + e]) : 0.0f;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_chunk(T *row, int j0, int C, int vec, const float (&v)[CH]) {
+  if (vec && j0 + CH <= C) {
+#pragma unroll
+    for (int h = 0; h < CH; h += tz_vec<T>::n)
+      tz_st16(row + j0 + h, v + h);
+  } else {
+#pragma unroll
+    for (int e = 0; e < CH; e++)
+      if (j0 + e < C)
+        row[j0 + e] = tz_st<T>(v[e]);
+  }
+}
+
+/* acc + the squares of the chunk's columns below C, in column order */
+__device__ __forceinline__ float add_squares(float acc, const float (&v)[CH], int j0, int C) {
+#pragma unroll
+  for (int e = 0; e < CH; e++)
+    if (j0 + e < C)
+      acc = __fadd_rn(acc, __fmul_rn(v[e], v[e]));
+  return acc;
+}
+
+/* acc + (w dy) x over the chunk's columns below C, in column order */
+__device__ __forceinline__ float add_wdyx(float acc, const float (&w)[CH], const float (&dy)[CH],
+                                          const float (&x)[CH], int j0, int C) {
+#pragma unroll
+  for (int e = 0; e < CH; e++)
+    if (j0 + e < C)
+      acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(w[e], dy[e]), x[e]));
+  return acc;
+}
 
 /* tz_block_sum of a THREADS-thread block, by one warp: lane l's acc[w] is what thread w * 32 + l
  * of the block holds. Each virtual warp's xor butterfly, then the butterfly over the warps' sums
@@ -37,128 +97,272 @@ __device__ __forceinline__ float warp_as_block_sum(const float (&acc)[VIRT]) {
   return t;
 }
 
-/* out = (x * rstd) * w, rstd = 1 / sqrt(mean(x^2) + eps) */
-template <typename T>
-__global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const T *w, int C, float eps) {
-  __shared__ float sh[32];
-  size_t row = (size_t)blockIdx.x * C;
-  float ss = 0.0f;
-  for (int j = threadIdx.x; j < C; j += blockDim.x) {
-    float v = tz_ld(x[row + j]);
-    ss = __fadd_rn(ss, __fmul_rn(v, v));
-  }
-  ss = tz_block_sum(ss, sh);
-  float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)C), eps)));
-  if (threadIdx.x == 0)
-    rstd[blockIdx.x] = r;
-  /* out may alias x: each element is read and written by the same thread, after the sum. */
-  for (int j = threadIdx.x; j < C; j += blockDim.x)
-    out[row + j] = tz_st<T>(__fmul_rn(__fmul_rn(tz_ld(x[row + j]), r), tz_ld(w[j])));
+__device__ __forceinline__ float rstd_of(float ss, int C, float eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)C), eps)));
 }
 
-/* The same, one warp per row (C <= WARP_MAX_C): lane l sums, for each virtual thread
- * w * 32 + l, the columns that thread of the block kernel would (w * 32 + l + k * THREADS). */
+/* (x * r) * w over a chunk */
+__device__ __forceinline__ void norm_chunk(float (&o)[CH], const float (&x)[CH], float r,
+                                           const float (&w)[CH]) {
+#pragma unroll
+  for (int e = 0; e < CH; e++)
+    o[e] = __fmul_rn(__fmul_rn(x[e], r), w[e]);
+}
+
+/* dres + r (w dy - x k) over a chunk (dres 0 where there is none) */
+__device__ __forceinline__ void dx_chunk(float (&o)[CH], const float (&res)[CH],
+                                         const float (&w)[CH], const float (&dy)[CH],
+                                         const float (&x)[CH], float r, float k) {
+#pragma unroll
+  for (int e = 0; e < CH; e++) {
+    float g = __fmul_rn(r, __fsub_rn(__fmul_rn(w[e], dy[e]), __fmul_rn(x[e], k)));
+    o[e] = __fadd_rn(res[e], g);
+  }
+}
+
+/* out = (x * rstd) * w, rstd = 1 / sqrt(mean(x^2) + eps); vec: rows and w 16-byte aligned */
+template <typename T, int CACHE>
+__global__ void __launch_bounds__(THREADS)
+    rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const T *w, int C, float eps, int vec) {
+  __shared__ float sh[32];
+  const size_t base = (size_t)blockIdx.x * C;
+  const int n_ch = (C + CH - 1) / CH;
+  float xs[CACHE][CH];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < CACHE; k++) {
+    int ch = threadIdx.x + k * THREADS;
+    if (ch < n_ch) {
+      load_chunk(x + base, ch * CH, C, vec, xs[k]);
+      ss = add_squares(ss, xs[k], ch * CH, C);
+    }
+  }
+  for (int ch = threadIdx.x + CACHE * THREADS; ch < n_ch; ch += THREADS) {
+    float v[CH];
+    load_chunk(x + base, ch * CH, C, vec, v);
+    ss = add_squares(ss, v, ch * CH, C);
+  }
+  const float r = rstd_of(tz_block_sum(ss, sh), C, eps);
+  if (threadIdx.x == 0)
+    rstd[blockIdx.x] = r;
+  /* out may alias x: a thread writes only the chunks it alone read, after the sum */
+  float wv[CH], o[CH];
+#pragma unroll
+  for (int k = 0; k < CACHE; k++) {
+    int ch = threadIdx.x + k * THREADS;
+    if (ch < n_ch) {
+      load_chunk(w, ch * CH, C, vec, wv);
+      norm_chunk(o, xs[k], r, wv);
+      store_chunk(out + base, ch * CH, C, vec, o);
+    }
+  }
+  for (int ch = threadIdx.x + CACHE * THREADS; ch < n_ch; ch += THREADS) {
+    float v[CH];
+    load_chunk(x + base, ch * CH, C, vec, v);
+    load_chunk(w, ch * CH, C, vec, wv);
+    norm_chunk(o, v, r, wv);
+    store_chunk(out + base, ch * CH, C, vec, o);
+  }
+}
+
+/* The same, one warp per row (C <= WARP_MAX_C, so each virtual thread owns at most one chunk and
+ * only the first WARP_SLOTS * 32 own any): lane l holds, for each virtual thread v * 32 + l, that
+ * thread's chunk. */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
-    rmsnorm_fwd_warp_kernel(T *out, float *rstd, const T *x, const T *w, int N, int C, float eps) {
+    rmsnorm_fwd_warp_kernel(T *out, float *rstd, const T *x, const T *w, int N, int C, float eps,
+                            int vec) {
   const int row = blockIdx.x * VIRT + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N)
     return; /* the whole warp: row is the same for its 32 lanes */
   const size_t base = (size_t)row * C;
-  float acc[VIRT];
+  const int n_ch = (C + CH - 1) / CH;
+  float xs[WARP_SLOTS][CH], acc[VIRT];
 #pragma unroll
   for (int v = 0; v < VIRT; v++)
     acc[v] = 0.0f;
-  for (int j0 = 0; j0 < C; j0 += THREADS) {
 #pragma unroll
-    for (int v = 0; v < VIRT; v++) {
-      int j = j0 + v * 32 + lane;
-      if (j < C) {
-        float xv = tz_ld(x[base + j]);
-        acc[v] = __fadd_rn(acc[v], __fmul_rn(xv, xv));
-      }
+  for (int v = 0; v < WARP_SLOTS; v++) {
+    int ch = v * 32 + lane;
+    if (ch < n_ch) {
+      load_chunk(x + base, ch * CH, C, vec, xs[v]);
+      acc[v] = add_squares(0.0f, xs[v], ch * CH, C);
     }
   }
-  float ss = warp_as_block_sum(acc);
-  float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)C), eps)));
+  const float r = rstd_of(warp_as_block_sum(acc), C, eps);
   if (lane == 0)
     rstd[row] = r;
-  /* out may alias x: a lane writes only the columns it alone read, after the sum */
-  for (int j = lane; j < C; j += 32)
-    out[base + j] = tz_st<T>(__fmul_rn(__fmul_rn(tz_ld(x[base + j]), r), tz_ld(w[j])));
+  float wv[CH], o[CH];
+#pragma unroll
+  for (int v = 0; v < WARP_SLOTS; v++) {
+    int ch = v * 32 + lane;
+    if (ch < n_ch) {
+      load_chunk(w, ch * CH, C, vec, wv);
+      norm_chunk(o, xs[v], r, wv);
+      store_chunk(out + base, ch * CH, C, vec, o);
+    }
+  }
 }
 
-/* dx += r (w dy - x k), k = r^2 mean(w dy x): the gradient through the norm for one row. */
-template <typename T>
-__global__ void rmsnorm_bwd_dx_kernel(T *dx, const T *dout, const T *x, const T *w,
-                                      const float *rstd, int C) {
+/* dx = dres + r (w dy - x k), k = r^2 mean(w dy x): the gradient through the norm for one row;
+ * dres NULL adds it to 0. dres may be dx: a thread reads a chunk of it before it writes that
+ * chunk. */
+template <typename T, int CACHE>
+__global__ void __launch_bounds__(THREADS)
+    rmsnorm_bwd_dx_kernel(T *dx, const T *dres, const T *dout, const T *x, const T *w,
+                          const float *rstd, int C, int vec) {
   __shared__ float sh[32];
-  size_t row = (size_t)blockIdx.x * C;
-  float r = rstd[blockIdx.x];
+  const size_t base = (size_t)blockIdx.x * C;
+  const int n_ch = (C + CH - 1) / CH;
+  const float r = rstd[blockIdx.x];
+  float xs[CACHE][CH], dys[CACHE][CH], wv[CH];
   float dot = 0.0f;
-  for (int j = threadIdx.x; j < C; j += blockDim.x) {
-    float wdy = __fmul_rn(tz_ld(w[j]), tz_ld(dout[row + j]));
-    dot = __fadd_rn(dot, __fmul_rn(wdy, tz_ld(x[row + j])));
+#pragma unroll
+  for (int k = 0; k < CACHE; k++) {
+    int ch = threadIdx.x + k * THREADS;
+    if (ch < n_ch) {
+      load_chunk(x + base, ch * CH, C, vec, xs[k]);
+      load_chunk(dout + base, ch * CH, C, vec, dys[k]);
+      load_chunk(w, ch * CH, C, vec, wv);
+      dot = add_wdyx(dot, wv, dys[k], xs[k], ch * CH, C);
+    }
+  }
+  for (int ch = threadIdx.x + CACHE * THREADS; ch < n_ch; ch += THREADS) {
+    float xv[CH], dy[CH];
+    load_chunk(x + base, ch * CH, C, vec, xv);
+    load_chunk(dout + base, ch * CH, C, vec, dy);
+    load_chunk(w, ch * CH, C, vec, wv);
+    dot = add_wdyx(dot, wv, dy, xv, ch * CH, C);
   }
   dot = tz_block_sum(dot, sh);
-  float k = __fmul_rn(__fmul_rn(r, r), __fdiv_rn(dot, (float)C));
-  for (int j = threadIdx.x; j < C; j += blockDim.x) {
-    float wdy = __fmul_rn(tz_ld(w[j]), tz_ld(dout[row + j]));
-    float g = __fmul_rn(r, __fsub_rn(wdy, __fmul_rn(tz_ld(x[row + j]), k)));
-    dx[row + j] = tz_st<T>(__fadd_rn(tz_ld(dx[row + j]), g));
+  const float kk = __fmul_rn(__fmul_rn(r, r), __fdiv_rn(dot, (float)C));
+  float res[CH], o[CH];
+#pragma unroll
+  for (int k = 0; k < CACHE; k++) {
+    int ch = threadIdx.x + k * THREADS;
+    if (ch < n_ch) {
+      load_chunk(w, ch * CH, C, vec, wv);
+      if (dres)
+        load_chunk(dres + base, ch * CH, C, vec, res);
+      else
+#pragma unroll
+        for (int e = 0; e < CH; e++)
+          res[e] = 0.0f;
+      dx_chunk(o, res, wv, dys[k], xs[k], r, kk);
+      store_chunk(dx + base, ch * CH, C, vec, o);
+    }
+  }
+  for (int ch = threadIdx.x + CACHE * THREADS; ch < n_ch; ch += THREADS) {
+    float xv[CH], dy[CH];
+    load_chunk(x + base, ch * CH, C, vec, xv);
+    load_chunk(dout + base, ch * CH, C, vec, dy);
+    load_chunk(w, ch * CH, C, vec, wv);
+    if (dres)
+      load_chunk(dres + base, ch * CH, C, vec, res);
+    else
+#pragma unroll
+      for (int e = 0; e < CH; e++)
+        res[e] = 0.0f;
+    dx_chunk(o, res, wv, dy, xv, r, kk);
+    store_chunk(dx + base, ch * CH, C, vec, o);
   }
 }
 
 /* The same, one warp per row (C <= WARP_MAX_C), as rmsnorm_fwd_warp_kernel. */
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
-    rmsnorm_bwd_dx_warp_kernel(T *dx, const T *dout, const T *x, const T *w, const float *rstd,
-                               int N, int C) {
+    rmsnorm_bwd_dx_warp_kernel(T *dx, const T *dres, const T *dout, const T *x, const T *w,
+                               const float *rstd, int N, int C, int vec) {
   const int row = blockIdx.x * VIRT + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N)
     return;
   const size_t base = (size_t)row * C;
+  const int n_ch = (C + CH - 1) / CH;
   const float r = rstd[row];
-  float acc[VIRT];
+  float xs[WARP_SLOTS][CH], dys[WARP_SLOTS][CH], wv[CH], acc[VIRT];
 #pragma unroll
   for (int v = 0; v < VIRT; v++)
     acc[v] = 0.0f;
-  for (int j0 = 0; j0 < C; j0 += THREADS) {
 #pragma unroll
-    for (int v = 0; v < VIRT; v++) {
-      int j = j0 + v * 32 + lane;
-      if (j < C) {
-        float wdy = __fmul_rn(tz_ld(w[j]), tz_ld(dout[base + j]));
-        acc[v] = __fadd_rn(acc[v], __fmul_rn(wdy, tz_ld(x[base + j])));
-      }
+  for (int v = 0; v < WARP_SLOTS; v++) {
+    int ch = v * 32 + lane;
+    if (ch < n_ch) {
+      load_chunk(x + base, ch * CH, C, vec, xs[v]);
+      load_chunk(dout + base, ch * CH, C, vec, dys[v]);
+      load_chunk(w, ch * CH, C, vec, wv);
+      acc[v] = add_wdyx(0.0f, wv, dys[v], xs[v], ch * CH, C);
     }
   }
-  float dot = warp_as_block_sum(acc);
-  float k = __fmul_rn(__fmul_rn(r, r), __fdiv_rn(dot, (float)C));
-  for (int j = lane; j < C; j += 32) {
-    float wdy = __fmul_rn(tz_ld(w[j]), tz_ld(dout[base + j]));
-    float g = __fmul_rn(r, __fsub_rn(wdy, __fmul_rn(tz_ld(x[base + j]), k)));
-    dx[base + j] = tz_st<T>(__fadd_rn(tz_ld(dx[base + j]), g));
+  const float dot = warp_as_block_sum(acc);
+  const float kk = __fmul_rn(__fmul_rn(r, r), __fdiv_rn(dot, (float)C));
+  float res[CH], o[CH];
+#pragma unroll
+  for (int v = 0; v < WARP_SLOTS; v++) {
+    int ch = v * 32 + lane;
+    if (ch < n_ch) {
+      load_chunk(w, ch * CH, C, vec, wv);
+      if (dres)
+        load_chunk(dres + base, ch * CH, C, vec, res);
+      else
+#pragma unroll
+        for (int e = 0; e < CH; e++)
+          res[e] = 0.0f;
+      dx_chunk(o, res, wv, dys[v], xs[v], r, kk);
+      store_chunk(dx + base, ch * CH, C, vec, o);
+    }
   }
 }
 
-/* part[p][j] = sum over rows [p*ROWS_PER_PART, ...) in order of dy[n][j] * (x[n][j] * r[n]) */
+/* part[p][j] = sum over rows [p*ROWS_PER_PART, ...) in order of dy[n][j] * (x[n][j] * r[n]).
+ * A thread owns a chunk of CH columns, their sums side by side; rows go UNROLL at a time, their
+ * loads issued together, their additions in row order. */
+#define PART_UNROLL 4
 template <typename T>
-__global__ void rmsnorm_bwd_dw_part_kernel(float *part, const T *dout, const T *x,
-                                           const float *rstd, int N, int C) {
-  int j = blockIdx.y * blockDim.x + threadIdx.x;
-  if (j >= C)
+__global__ void __launch_bounds__(COL_THREADS)
+    rmsnorm_bwd_dw_part_kernel(float *part, const T *dout, const T *x, const float *rstd, int N,
+                               int C, int vec) {
+  const int ch = blockIdx.y * blockDim.x + threadIdx.x, j0 = ch * CH;
+  if (j0 >= C)
     return;
-  int n0 = blockIdx.x * ROWS_PER_PART;
-  int n1 = n0 + ROWS_PER_PART < N ? n0 + ROWS_PER_PART : N;
-  float acc = 0.0f;
-  for (int n = n0; n < n1; n++) {
-    size_t i = (size_t)n * C + j;
-    acc = __fadd_rn(acc, __fmul_rn(tz_ld(dout[i]), __fmul_rn(tz_ld(x[i]), rstd[n])));
+  const int n0 = blockIdx.x * ROWS_PER_PART;
+  const int n1 = n0 + ROWS_PER_PART < N ? n0 + ROWS_PER_PART : N;
+  float acc[CH];
+#pragma unroll
+  for (int e = 0; e < CH; e++)
+    acc[e] = 0.0f;
+  int n = n0;
+  for (; n + PART_UNROLL <= n1; n += PART_UNROLL) {
+    float dy[PART_UNROLL][CH], xv[PART_UNROLL][CH], r[PART_UNROLL];
+#pragma unroll
+    for (int u = 0; u < PART_UNROLL; u++) {
+      size_t row = (size_t)(n + u) * C;
+      load_chunk(dout + row, j0, C, vec, dy[u]);
+      load_chunk(x + row, j0, C, vec, xv[u]);
+      r[u] = rstd[n + u];
+    }
+#pragma unroll
+    for (int u = 0; u < PART_UNROLL; u++)
+#pragma unroll
+      for (int e = 0; e < CH; e++)
+        acc[e] = __fadd_rn(acc[e], __fmul_rn(dy[u][e], __fmul_rn(xv[u][e], r[u])));
   }
-  part[(size_t)blockIdx.x * C + j] = acc;
+  for (; n < n1; n++) {
+    float dy[CH], xv[CH];
+    size_t row = (size_t)n * C;
+    load_chunk(dout + row, j0, C, vec, dy);
+    load_chunk(x + row, j0, C, vec, xv);
+    float r = rstd[n];
+#pragma unroll
+    for (int e = 0; e < CH; e++)
+      acc[e] = __fadd_rn(acc[e], __fmul_rn(dy[e], __fmul_rn(xv[e], r)));
+  }
+  float *out = part + (size_t)blockIdx.x * C;
+#pragma unroll
+  for (int e = 0; e < CH; e++)
+    if (j0 + e < C)
+      out[j0 + e] = acc[e];
 }
 
 /* dw[j] += sum over parts in order of part[p][j] */
@@ -185,43 +389,80 @@ __global__ void rmsnorm_bwd_dw_total_kernel(TG *dw, const float *part, int n_par
   dw[j] = tz_st<TG>(__fadd_rn(tz_ld(dw[j]), acc));
 }
 
+/* Calls f with a cache_tag of the smallest CACHE (1, 2 or MAX_CACHE) whose
+ * chunks hold a row of C columns, MAX_CACHE past that. */
+template <int V> struct cache_tag { static constexpr int value = V; };
+template <typename F> static int with_cache(int C, F f) {
+  int per_thread = ((C + CH - 1) / CH + THREADS - 1) / THREADS;
+  if (per_thread <= 1)
+    return f(cache_tag<1>());
+  if (per_thread <= 2)
+    return f(cache_tag<2>());
+  return f(cache_tag<MAX_CACHE>());
+}
+
+/* Whether every row of the (N, C) tensors ts and the weight w start on 16 bytes. */
+template <typename T> static int rows_aligned(int C, const void *const *ts, int n, const void *w) {
+  if (((size_t)C * sizeof(T)) % 16 != 0 || !tz_cuda_aligned16(w))
+    return 0;
+  for (int i = 0; i < n; i++)
+    if (ts[i] && !tz_cuda_aligned16(ts[i]))
+      return 0;
+  return 1;
+}
+
 int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const void *w, int N,
                         int C, float eps) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
-    if (C <= WARP_MAX_C)
+    const void *ts[2] = {out, x};
+    int vec = rows_aligned<T>(C, ts, 2, w);
+    if (C <= WARP_MAX_C) {
       rmsnorm_fwd_warp_kernel<T><<<(unsigned)((N + VIRT - 1) / VIRT), THREADS, 0, c->stream>>>(
-          (T *)out, rstd, (const T *)x, (const T *)w, N, C, eps);
-    else
-      rmsnorm_fwd_kernel<T><<<(unsigned)N, THREADS, 0, c->stream>>>((T *)out, rstd, (const T *)x,
-                                                                    (const T *)w, C, eps);
-    TZ_CU_LAUNCHED();
-    return 0;
+          (T *)out, rstd, (const T *)x, (const T *)w, N, C, eps, vec);
+      TZ_CU_LAUNCHED();
+      return 0;
+    }
+    return with_cache(C, [&](auto cache) {
+      rmsnorm_fwd_kernel<T, decltype(cache)::value><<<(unsigned)N, THREADS, 0, c->stream>>>(
+          (T *)out, rstd, (const T *)x, (const T *)w, C, eps, vec);
+      TZ_CU_LAUNCHED();
+      return 0;
+    });
   });
 }
 
-int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, void *dw, const void *dout, const void *x,
-                        const void *w, const float *rstd, int N, int C) {
+int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
+                        const void *x, const void *w, const float *rstd, int N, int C) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
-  /* parts on the grid's x (up to 2^31 - 1: q/k norms have N*H rows), columns on y */
+  /* parts on the grid's x (up to 2^31 - 1: q/k norms have N*H rows), chunks of columns on y */
   int n_parts = (N + ROWS_PER_PART - 1) / ROWS_PER_PART;
   void *scratch;
   TZ_CHECK(tz_cuda_scratch(c, (size_t)n_parts * C * sizeof(float), &scratch));
   float *part = (float *)scratch;
+  int n_ch = (C + CH - 1) / CH;
+  unsigned chunk_blocks = (unsigned)((n_ch + COL_THREADS - 1) / COL_THREADS);
   unsigned col_blocks = (unsigned)((C + COL_THREADS - 1) / COL_THREADS);
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
-    if (C <= WARP_MAX_C)
+    const void *ts[4] = {dx, dres, dout, x};
+    int vec = rows_aligned<T>(C, ts, 4, w);
+    if (C <= WARP_MAX_C) {
       rmsnorm_bwd_dx_warp_kernel<T><<<(unsigned)((N + VIRT - 1) / VIRT), THREADS, 0, c->stream>>>(
-          (T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd, N, C);
-    else
-      rmsnorm_bwd_dx_kernel<T><<<(unsigned)N, THREADS, 0, c->stream>>>(
-          (T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd, C);
-    TZ_CU_LAUNCHED();
+          (T *)dx, (const T *)dres, (const T *)dout, (const T *)x, (const T *)w, rstd, N, C, vec);
+      TZ_CU_LAUNCHED();
+    } else {
+      TZ_CHECK(with_cache(C, [&](auto cache) {
+        rmsnorm_bwd_dx_kernel<T, decltype(cache)::value><<<(unsigned)N, THREADS, 0, c->stream>>>(
+            (T *)dx, (const T *)dres, (const T *)dout, (const T *)x, (const T *)w, rstd, C, vec);
+        TZ_CU_LAUNCHED();
+        return 0;
+      }));
+    }
     rmsnorm_bwd_dw_part_kernel<T>
-        <<<dim3((unsigned)n_parts, col_blocks), COL_THREADS, 0, c->stream>>>(
-            part, (const T *)dout, (const T *)x, rstd, N, C);
+        <<<dim3((unsigned)n_parts, chunk_blocks), COL_THREADS, 0, c->stream>>>(
+            part, (const T *)dout, (const T *)x, rstd, N, C, vec);
     TZ_CU_LAUNCHED();
     return tz_cuda_dispatch(c->G, [&](auto gtag) {
       using TG = decltype(gtag);

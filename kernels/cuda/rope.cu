@@ -39,6 +39,49 @@ __global__ void rope_apply_kernel(T *x, const float2 *cs, int T_, int nh, int D,
   }
 }
 
+/* The same rotation, RV consecutive i at a time: the x[i] and x[i + D/2] of a vector are 16-byte
+ * loads (one each for 16-bit storage, two for f32) and their cos and sin four 16-byte loads of the
+ * table, where D/2 is a multiple of RV and every row of x starts on 16 bytes. Each element's
+ * arithmetic is rope_apply_kernel's, so the two give the same bits. */
+#define RV 8
+template <typename T>
+__global__ void rope_apply_vec_kernel(T *x, const float2 *cs, int T_, int nh, int D, int inverse,
+                                      size_t total) {
+  const int half = D / 2, hv = half / RV;
+  for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+       e += (size_t)gridDim.x * blockDim.x) {
+    /* e enumerates (b, t, h, vector of i) with the vector fastest */
+    int i0 = (int)(e % (size_t)hv) * RV;
+    size_t bth = e / (size_t)hv;
+    int t = (int)((bth / (size_t)nh) % (size_t)T_);
+    T *v = x + bth * (size_t)D;
+    float x1[RV], x2[RV], c[2 * RV];
+#pragma unroll
+    for (int h = 0; h < RV; h += tz_vec<T>::n) {
+      tz_ld16(v + i0 + h, x1 + h);
+      tz_ld16(v + half + i0 + h, x2 + h);
+    }
+    const float4 *t4 = reinterpret_cast<const float4 *>(cs + (size_t)t * half + i0);
+#pragma unroll
+    for (int q = 0; q < RV / 2; q++) {
+      float4 f = t4[q];
+      c[4 * q] = f.x, c[4 * q + 1] = f.y, c[4 * q + 2] = f.z, c[4 * q + 3] = f.w;
+    }
+    float y1[RV], y2[RV];
+#pragma unroll
+    for (int k = 0; k < RV; k++) {
+      float co = c[2 * k], si = inverse ? -c[2 * k + 1] : c[2 * k + 1];
+      y1[k] = __fsub_rn(__fmul_rn(x1[k], co), __fmul_rn(x2[k], si));
+      y2[k] = __fadd_rn(__fmul_rn(x2[k], co), __fmul_rn(x1[k], si));
+    }
+#pragma unroll
+    for (int h = 0; h < RV; h += tz_vec<T>::n) {
+      tz_st16(v + i0 + h, y1 + h);
+      tz_st16(v + half + i0 + h, y2 + h);
+    }
+  }
+}
+
 static int rope_table(struct tz_cuda *c, int T, int D, const double *f) {
   size_t fbytes = (size_t)(D / 2) * sizeof(double);
   if (c->rope_cs && c->rope_T == T && c->rope_D == D && memcmp(c->rope_f, f, fbytes) == 0)
@@ -76,8 +119,14 @@ int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *
   size_t total = (size_t)B * T * nh * (D / 2);
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using TT = decltype(tag);
-    rope_apply_kernel<TT><<<tz_cuda_grid(c, total, THREADS), THREADS, 0, c->stream>>>(
-        (TT *)x, c->rope_cs, T, nh, D, inverse, total);
+    if ((D / 2) % RV == 0 && tz_cuda_aligned16(x) && ((size_t)D * sizeof(TT)) % 16 == 0) {
+      size_t vectors = total / RV;
+      rope_apply_vec_kernel<TT><<<tz_cuda_grid(c, vectors, THREADS), THREADS, 0, c->stream>>>(
+          (TT *)x, c->rope_cs, T, nh, D, inverse, vectors);
+    } else {
+      rope_apply_kernel<TT><<<tz_cuda_grid(c, total, THREADS), THREADS, 0, c->stream>>>(
+          (TT *)x, c->rope_cs, T, nh, D, inverse, total);
+    }
     TZ_CU_LAUNCHED();
     return 0;
   });
