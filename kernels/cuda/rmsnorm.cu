@@ -441,8 +441,11 @@ int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const v
   void *scratch;
   TZ_CHECK(tz_cuda_scratch(c, (size_t)n_parts * C * sizeof(float), &scratch));
   float *part = (float *)scratch;
+  /* a thread per chunk: blocks of COL_THREADS, or of the chunks rounded up to a warp where a row
+   * has fewer (the q/k norms' 128 columns are 16 chunks) */
   int n_ch = (C + CH - 1) / CH;
-  unsigned chunk_blocks = (unsigned)((n_ch + COL_THREADS - 1) / COL_THREADS);
+  int part_threads = n_ch < COL_THREADS ? (n_ch + 31) / 32 * 32 : COL_THREADS;
+  unsigned chunk_blocks = (unsigned)((n_ch + part_threads - 1) / part_threads);
   unsigned col_blocks = (unsigned)((C + COL_THREADS - 1) / COL_THREADS);
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
@@ -461,7 +464,7 @@ int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const v
       }));
     }
     rmsnorm_bwd_dw_part_kernel<T>
-        <<<dim3((unsigned)n_parts, chunk_blocks), COL_THREADS, 0, c->stream>>>(
+        <<<dim3((unsigned)n_parts, chunk_blocks), part_threads, 0, c->stream>>>(
             part, (const T *)dout, (const T *)x, rstd, N, C, vec);
     TZ_CU_LAUNCHED();
     return tz_cuda_dispatch(c->G, [&](auto gtag) {
