@@ -14,7 +14,9 @@
  * them. The op shares come from one more pass through
  * a timed instance (kernels/compute_timed.h) that drains the stream around every call; they
  * are shares of the sum of those per-call times (which include a few microseconds of launch and
- * sync per call), not of the median above.
+ * sync per call), not of the median above. Each op's rate sits beside them: TFLOP/s for the
+ * products, and for the memory-bound ops GB/s of the least traffic their arguments imply, set
+ * beside a device-to-device copy (the copy ceiling, read + write) timed in the same run.
  *
  * FLOPs (counted the same way for both sides): a layer's forward is 2 N (C HD + 2 C KD + HD C +
  * 3 C F) for the projections plus 2 B H T^2 D for causal attention (QK^T and PV over the lower
@@ -119,13 +121,16 @@ static int attn_step(tz_compute *cm, const struct tz_model_config *cfg, const st
                                   l->acts.lse, o->B, o->T, o->H, o->Hkv, D);
 }
 
+/* The copy ceiling's copies a step: the memory-bound ops' GB/s are set beside it */
+#define COPY_REPS 8
+
 /* What a timed step runs. */
 struct step {
   tz_compute *cm;
   const struct tz_model_config *cfg;
   const struct opts *o;
   struct tz_layer_probe *l;
-  int which; /* 0 the layer, 1 attention alone, 2 the GEMM */
+  int which; /* 0 the layer, 1 attention alone, 2 the GEMM, 3 the copy ceiling */
   void *A, *B, *C;
 };
 
@@ -133,10 +138,14 @@ static int step_run(const struct step *s) {
   switch (s->which) {
   case 0: return tz_layer_probe_step(s->cm, s->cfg, s->l, 0);
   case 1: return attn_step(s->cm, s->cfg, s->o, s->l);
-  default: {
+  case 2: {
     int n = s->o->gemm;
     return tz_compute_matmul(s->cm, 0, 0, n, n, n, 1.0f, s->A, n, s->B, n, 0.0f, s->C, TZ_BF16, n);
   }
+  default: /* COPY_REPS device-to-device copies of the GEMM's A into C */
+    for (int i = 0; i < COPY_REPS; i++)
+      TZ_CHECK(tz_compute_copy(s->cm, s->C, s->A, (size_t)s->o->gemm * s->o->gemm * 2));
+    return 0;
   }
 }
 
@@ -378,6 +387,10 @@ static int bench(const struct opts *o) {
     rc = fill_random(cm, st.B, TZ_BF16, gemm_bytes / 2, 1.0f, 5);
   if (rc == 0)
     rc = time_median(&st, 2, 5, &t_gemm);
+  double t_copy = 0;
+  st.which = 3;
+  if (rc == 0)
+    rc = time_median(&st, 2, 5, &t_copy);
   tz_compute_free(cm, st.A);
   tz_compute_free(cm, st.B);
   tz_compute_free(cm, st.C);
@@ -386,6 +399,7 @@ static int bench(const struct opts *o) {
     return rc;
 
   double gemm_tflops = 2.0 * o->gemm * (double)o->gemm * o->gemm / t_gemm / 1e12;
+  double copy_gbps = 2.0 * COPY_REPS * (double)gemm_bytes / t_copy / 1e9; /* read + write */
   double op_total = 0, op_total1 = 0;
   for (int i = 0; i < TZ_OP_COUNT; i++) {
     op_total += times.seconds[i];
@@ -427,6 +441,15 @@ static int bench(const struct opts *o) {
     for (int i = 0; i < TZ_OP_COUNT; i++)
       printf("%s\"%s\":%.4f", i ? "," : "", op_names[i],
              op_total1 > 0 ? times1.seconds[i] / op_total1 : 0);
+    printf("},\"copy_gbps\":%.1f,\"ops\":{", copy_gbps);
+    for (int i = 0, first = 1; i < TZ_OP_COUNT; i++) {
+      if (!times.calls[i])
+        continue;
+      printf("%s\"%s\":{\"ms\":%.4f,\"calls\":%d,\"gbps\":%.1f,\"tflops\":%.1f}", first ? "" : ",",
+             op_names[i], times.seconds[i] * 1e3, times.calls[i],
+             times.bytes[i] / times.seconds[i] / 1e9, times.flop[i] / times.seconds[i] / 1e12);
+      first = 0;
+    }
     printf("}}\n");
     return 0;
   }
@@ -464,16 +487,27 @@ static int bench(const struct opts *o) {
     row(name, t_onepass[i] * 1e3, tr.ok ? tr.attn_ms : -1, 1, ">=1.00");
   }
   row(gemm_name, gemm_tflops, tr.ok ? tr.gemm_tflops : -1, 0, "");
+  row("copy ceiling GB/s (rd+wr)", copy_gbps, -1, 0, "");
   printf("(speed = pytorch time / tierzero time; TFLOP/s count the same FLOPs for both)\n");
   printf("\nshare of the layer time per op (each call timed alone, stream drained around it; "
          "sum %.3f ms, one-pass %.3f ms):\n",
          op_total * 1e3, op_total1 * 1e3);
-  printf("  %-16s %7s %9s %6s %7s %9s\n", "", "share", "ms", "calls", "1-pass", "ms");
-  for (int i = 0; i < TZ_OP_COUNT; i++)
-    if (times.calls[i])
-      printf("  %-16s %6.1f%%  %9.3f %5d  %6.1f%%  %9.3f\n", op_names[i],
-             100.0 * times.seconds[i] / op_total, times.seconds[i] * 1e3, times.calls[i],
-             op_total1 > 0 ? 100.0 * times1.seconds[i] / op_total1 : 0, times1.seconds[i] * 1e3);
+  printf("  %-16s %7s %9s %6s %7s %9s   %s\n", "", "share", "ms", "calls", "1-pass", "ms",
+         "rate (default; GB/s beside the copy ceiling)");
+  for (int i = 0; i < TZ_OP_COUNT; i++) {
+    if (!times.calls[i])
+      continue;
+    printf("  %-16s %6.1f%%  %9.3f %5d  %6.1f%%  %9.3f", op_names[i],
+           100.0 * times.seconds[i] / op_total, times.seconds[i] * 1e3, times.calls[i],
+           op_total1 > 0 ? 100.0 * times1.seconds[i] / op_total1 : 0, times1.seconds[i] * 1e3);
+    double gbps = times.bytes[i] / times.seconds[i] / 1e9;
+    if (times.flop[i] > 0)
+      printf("   %7.1f TFLOP/s\n", times.flop[i] / times.seconds[i] / 1e12);
+    else if (times.bytes[i] > 0)
+      printf("   %7.1f GB/s (%.2f of the copy)\n", gbps, gbps / copy_gbps);
+    else
+      printf("\n");
+  }
   return 0;
 }
 

@@ -20,19 +20,27 @@ static double timed_begin(struct timed *tm) {
   return tz_now_s();
 }
 
-static void timed_end(struct timed *tm, int op, double t0) {
+static void timed_end(struct timed *tm, int op, double t0, double bytes, double flop) {
   (void)tz_compute_sync(tm->inner);
   tm->times->seconds[op] += tz_now_s() - t0;
   tm->times->calls[op]++;
+  tm->times->bytes[op] += bytes;
+  tm->times->flop[op] += flop;
 }
 
-#define TIMED(op, call)                                                                            \
+/* The call, timed under op with the bytes and flop it must move and compute (compute_timed.h) */
+#define TIMED_WORK(op, bytes, flop, call)                                                          \
   do {                                                                                             \
     double t0_ = timed_begin(tm);                                                                  \
     int rc_ = (call);                                                                              \
-    timed_end(tm, (op), t0_);                                                                      \
+    timed_end(tm, (op), t0_, (bytes), (flop));                                                     \
     return rc_;                                                                                    \
   } while (0)
+#define TIMED(op, call) TIMED_WORK(op, 0.0, 0.0, call)
+
+/* element sizes of the storage and gradient dtypes */
+#define ES ((double)tz_dtype_size(tm->inner->dtype))
+#define GS ((double)tz_dtype_size(tm->inner->grad_dtype))
 
 static void s_destroy(void *ctx) { free(ctx); }
 static int s_sync(void *ctx) {
@@ -61,7 +69,7 @@ static int s_copy_out(void *ctx, void *d, const void *s, size_t b) {
 }
 static int s_copy(void *ctx, void *d, const void *s, size_t b) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_COPY, IN->copy(CTX, d, s, b));
+  TIMED_WORK(TZ_OP_COPY, 2.0 * (double)b, 0.0, IN->copy(CTX, d, s, b));
 }
 static int s_zero(void *ctx, void *d, size_t b) {
   struct timed *tm = ctx;
@@ -81,7 +89,8 @@ static int s_axpy(void *ctx, enum tz_dtype dt, void *y, float a, const void *x, 
 }
 static int s_add(void *ctx, enum tz_dtype dt, void *o, const void *a, const void *b, size_t n) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_ADD, IN->add(CTX, dt, o, a, b, n));
+  TIMED_WORK(TZ_OP_ADD, 3.0 * (double)n * (double)tz_dtype_size(dt), 0.0,
+             IN->add(CTX, dt, o, a, b, n));
 }
 static int s_cast(void *ctx, void *d, enum tz_dtype dd, const void *s, enum tz_dtype sd, size_t n) {
   struct timed *tm = ctx;
@@ -101,7 +110,10 @@ static int s_matmul(void *ctx, int ta, int tb, int M, int N, int K, float alpha,
                     enum tz_dtype c_dt, int ldc) {
   struct timed *tm = ctx;
   int op = ta ? TZ_OP_MATMUL_TN : tb ? TZ_OP_MATMUL_NT : TZ_OP_MATMUL_NN;
-  TIMED(op, IN->matmul(CTX, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, R, C, c_dt, ldc));
+  double mn = (double)M * N, cs = (double)tz_dtype_size(c_dt);
+  double bytes = ((double)M * K + (double)K * N) * ES + mn * cs * (beta != 0.0f ? 2.0 : 1.0);
+  TIMED_WORK(op, bytes, 2.0 * mn * K,
+             IN->matmul(CTX, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, R, C, c_dt, ldc));
 }
 static int s_emb_fwd(void *ctx, void *o, const int32_t *t, const void *w, int N, int C, int V) {
   struct timed *tm = ctx;
@@ -114,49 +126,62 @@ static int s_emb_bwd(void *ctx, void *dw, const void *d, const int32_t *t, int N
 static int s_rms_fwd(void *ctx, void *o, float *r, const void *x, const void *w, int N, int C,
                      float eps) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_RMSNORM_FWD, IN->rmsnorm_fwd(CTX, o, r, x, w, N, C, eps));
+  double nc = (double)N * C;
+  TIMED_WORK(TZ_OP_RMSNORM_FWD, (2.0 * nc + C) * ES + 4.0 * N, 0.0,
+             IN->rmsnorm_fwd(CTX, o, r, x, w, N, C, eps));
 }
 static int s_rms_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dy, const void *x,
                      const void *w, const float *r, int N, int C) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_RMSNORM_BWD, IN->rmsnorm_bwd(CTX, dx, dres, dw, dy, x, w, r, N, C));
+  double nc = (double)N * C; /* dout, x read, dx written, dres read where there is one */
+  double bytes = ((dres ? 4.0 : 3.0) * nc + C) * ES + 4.0 * N + 2.0 * C * GS;
+  TIMED_WORK(TZ_OP_RMSNORM_BWD, bytes, 0.0, IN->rmsnorm_bwd(CTX, dx, dres, dw, dy, x, w, r, N, C));
 }
 static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *f, int inv) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_ROPE, IN->rope(CTX, x, B, T, nh, D, f, inv));
+  TIMED_WORK(TZ_OP_ROPE, 2.0 * B * (double)T * nh * D * ES, 0.0,
+             IN->rope(CTX, x, B, T, nh, D, f, inv));
 }
 static int s_bias_add(void *ctx, void *x, const void *b, int N, int n) {
   struct timed *tm = ctx;
   if (!IN->bias_add)
     return tz_err_set(TZ_ENOTSUP, "compute %s: no bias_add in this backend", tm->inner->backend);
-  TIMED(TZ_OP_BIAS_ADD, IN->bias_add(CTX, x, b, N, n));
+  TIMED_WORK(TZ_OP_BIAS_ADD, (2.0 * N * n + n) * ES, 0.0, IN->bias_add(CTX, x, b, N, n));
 }
 static int s_bias_grad(void *ctx, void *db, const void *dy, int N, int n) {
   struct timed *tm = ctx;
   if (!IN->bias_grad)
     return tz_err_set(TZ_ENOTSUP, "compute %s: no bias_grad in this backend", tm->inner->backend);
-  TIMED(TZ_OP_BIAS_GRAD, IN->bias_grad(CTX, db, dy, N, n));
+  TIMED_WORK(TZ_OP_BIAS_GRAD, (double)N * n * ES + 2.0 * n * GS, 0.0,
+             IN->bias_grad(CTX, db, dy, N, n));
 }
 static int s_attn_fwd(void *ctx, void *o, float *l, const void *q, const void *k, const void *v,
                       int B, int T, int H, int Hkv, int D) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_ATTENTION_FWD, IN->attention_fwd(CTX, o, l, q, k, v, B, T, H, Hkv, D));
+  double bth = (double)B * T * H, btk = (double)B * T * Hkv;
+  double bytes = (2.0 * bth + 2.0 * btk) * D * ES + 4.0 * bth; /* q, k, v, out; lse */
+  TIMED_WORK(TZ_OP_ATTENTION_FWD, bytes, 2.0 * bth * T * D,
+             IN->attention_fwd(CTX, o, l, q, k, v, B, T, H, Hkv, D));
 }
 static int s_attn_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
                       const void *q, const void *k, const void *v, const void *o, const float *l,
                       int B, int T, int H, int Hkv, int D) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_ATTENTION_BWD,
-        IN->attention_bwd(CTX, dq, dk, dv, delta, dout, q, k, v, o, l, B, T, H, Hkv, D));
+  double bth = (double)B * T * H, btk = (double)B * T * Hkv;
+  /* dout, q, out, dq and k, v, dk, dv; lse read, delta written */
+  double bytes = (4.0 * bth + 4.0 * btk) * D * ES + 8.0 * bth;
+  TIMED_WORK(TZ_OP_ATTENTION_BWD, bytes, 2.5 * 2.0 * bth * T * D,
+             IN->attention_bwd(CTX, dq, dk, dv, delta, dout, q, k, v, o, l, B, T, H, Hkv, D));
 }
 static int s_swiglu_fwd(void *ctx, void *o, const void *g, const void *u, size_t n) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_SWIGLU_FWD, IN->swiglu_fwd(CTX, o, g, u, n));
+  TIMED_WORK(TZ_OP_SWIGLU_FWD, 3.0 * (double)n * ES, 0.0, IN->swiglu_fwd(CTX, o, g, u, n));
 }
 static int s_swiglu_bwd(void *ctx, void *dg, void *du, void *o, const void *d, const void *g,
                         const void *u, size_t n) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_SWIGLU_BWD, IN->swiglu_bwd(CTX, dg, du, o, d, g, u, n));
+  TIMED_WORK(TZ_OP_SWIGLU_BWD, (o ? 6.0 : 5.0) * (double)n * ES, 0.0,
+             IN->swiglu_bwd(CTX, dg, du, o, d, g, u, n));
 }
 static int s_xent(void *ctx, float *l, void *dl, const void *lg, const int32_t *t, int N, int V,
                   float ds) {

@@ -27,9 +27,17 @@ enum tz_compute_timed_op {
   TZ_OP_COUNT
 };
 
+/* Per operation: the time, the calls, and what the calls' arguments say they must do, so that a
+ * profile can set each op beside its ceiling: bytes, the least memory traffic the contract implies
+ * (every input read once, every output written once, an accumulated output both; an op whose
+ * kernel reads a tensor twice still counts it once), and flop, the products' floating-point
+ * operations (matmul 2 M N K; attention as tz-bench layer counts it: 2 B H T^2 D forward over the
+ * causal triangle, 2.5 times that backward). TZ_OP_OTHER counts time and calls only. */
 struct tz_compute_times {
   double seconds[TZ_OP_COUNT];
   int calls[TZ_OP_COUNT];
+  double bytes[TZ_OP_COUNT];
+  double flop[TZ_OP_COUNT];
 };
 
 /* *out: an instance with inner's backend and dtypes whose calls run on inner and add to *times

@@ -600,6 +600,15 @@ static void test_bias_ops(void **state) {
   assert_true(y[n + 1] == x[n + 1] + b[1]);
   assert_int_equal(times.calls[TZ_OP_BIAS_ADD], 1);
   assert_int_equal(times.calls[TZ_OP_BIAS_GRAD], 1);
+  /* and the work the arguments imply: bytes each input read and output written once, flop */
+  assert_true(times.bytes[TZ_OP_BIAS_ADD] == (2.0 * N * n + n) * 4);
+  assert_true(times.bytes[TZ_OP_BIAS_GRAD] == (double)N * n * 4 + 2.0 * n * 4);
+  TZ_ASSERT_OK(tz_compute_swiglu_bwd(timed, y, y + n, x + n, x, b, b, (size_t)n));
+  assert_true(times.bytes[TZ_OP_SWIGLU_BWD] == 6.0 * n * 4);
+  TZ_ASSERT_OK(tz_compute_matmul(timed, 0, 1, 2, 3, n, 1.0f, x, n, x, n, 1.0f, y, TZ_F32, 3));
+  assert_true(times.flop[TZ_OP_MATMUL_NT] == 2.0 * 2 * 3 * n);
+  assert_true(times.bytes[TZ_OP_MATMUL_NT] == (2.0 * n + 3.0 * n) * 4 + 2 * 6 * 4);
+  assert_true(times.bytes[TZ_OP_OTHER] == 0 && times.flop[TZ_OP_BIAS_ADD] == 0);
   tz_compute_destroy(timed);
   tz_compute_destroy(cm);
   free(x);
