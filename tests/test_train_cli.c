@@ -805,6 +805,29 @@ static void test_progress_plain_has_no_control_characters(void **state) {
   assert_non_null(strstr(output(), "sparkle"));
 }
 
+/* bench/rates-h200.json, the GPU machine's rates the docs plan from offline (--plan --rates),
+ * is of the cache's current version: a version change that leaves it behind turns every offline
+ * plan in docs/ into "holds no rates". */
+static void test_committed_gpu_rates_plan(void **state) {
+  (void)state;
+  const char *data = getenv("TZ_TEST_DATA");
+  char args[4096];
+  snprintf(args, sizeof args,
+           "--backend cuda --plan --gpu-memory 140GiB --layer-rate 530 --model llama-1b --seq 2048 "
+           "--set train_micro_batch_size_per_gpu=4 --rates %s/../../bench/rates-h200.json",
+           data ? data : "tests/data");
+  int rc = tz_train(args);
+  if (rc != 0 && strstr(output(), "has no CUDA")) {
+    print_message("this build has no CUDA: planning for a GPU not checked\n");
+    return;
+  }
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(output(), "530 TFLOP/s"));
+  assert_non_null(strstr(output(), "bound "));
+}
+
 /* Every program answers --version with one line: its name, the project's version, the commit it
  * was built from, and which of CUDA, NCCL and MPI it was built with; exit status 0. */
 static void test_version_of_every_program(void **state) {
@@ -851,6 +874,7 @@ int main(void) {
       cmocka_unit_test(test_nonfinite_stops),
       cmocka_unit_test(test_resumed_metrics_keep_every_step_once),
       cmocka_unit_test(test_progress_plain_has_no_control_characters),
+      cmocka_unit_test(test_committed_gpu_rates_plan),
       cmocka_unit_test(test_version_of_every_program),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
