@@ -30,6 +30,10 @@
 # then the homes at 0.3 given on the default threads and on 10 (about 260 s)
 # share: tz-auto llama-7b at 8 micro-batches, then tz-offload llama-7b there without carry with
 # the CPU's share of Adam searched and with none (about 280 s)
+# fused: issue 24's layer ops (the residual in the projections' GEMM and in the norm's backward,
+# the SwiGLU rebuilt in its backward, 16-byte elementwise, RoPE and RMSNorm kernels): the kernel
+# tests, the model's and trainer's GPU tests, tz-bench layer in 3 rounds with PyTorch beside it
+# (each op's GB/s beside the copy ceiling), then tz-auto llama-7b (about 200 s)
 # (each step fits one device call).
 set -uo pipefail
 steps=${*:-tests topo tiers adam collectives hf families layer prefetch train product}
@@ -155,6 +159,12 @@ if has wgmma; then
   step wgmma-layer-auto $b/bin/tz-bench layer --iters 5 --warmup 2
   step wgmma-layer-2p env TZ_CUDA_ATTENTION=two-pass $b/bin/tz-bench layer --iters 5 --warmup 2
   step wgmma-layer env TZ_CUDA_ATTENTION=wgmma $b/bin/tz-bench layer --iters 5 --warmup 2
+fi
+if has fused; then
+  step fused-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
+  step fused-model ctest --test-dir $b --output-on-failure -R '^test_(model|train)_gpu|^test_recompute'
+  step fused-layer $b/bin/tz-bench layer --rounds 3
+  step fused-7b tools/bench-train.sh tz-auto llama-7b --steps 6 --warmup 2
 fi
 if has attnshapes; then
   # name, then tz-bench layer's shape arguments
