@@ -1313,17 +1313,23 @@ static void test_attention_families(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
-/* tierzero.cuda_attention wgmma: the forward on Hopper's warpgroup MMA (attention_wgmma.cu)
- * at bf16 and head dim 128, against the float64 reference and twice to the same bits: one row,
- * within, at and past a key tile of 64, many tiles with a partial last one, grouped-query heads
- * up to 7:1; and the shapes it declines (head dim 64, fp16), which the other kernels run. On a
- * device other than sm_90 every call declines. */
+/* tierzero.cuda_attention wgmma: the forward and backward on Hopper's warpgroup MMA
+ * (attention_wgmma.cu) at bf16, head dims 128, 64 (tiles of 64 columns) and 80 and 96 (padded
+ * to 128), against the float64 reference and twice to the same bits: one row, within, at and past
+ * a key tile of 64, many tiles with a partial last one, grouped-query heads up to 7:1; and fp16,
+ * which it declines and the other kernels run. On a device other than sm_90 every call
+ * declines. */
 static void test_attention_wgmma(void **state) {
   (void)state;
   g_failures = 0;
+  /* head dim 128, and by name (tierzero.cuda_attention wgmma) 64 exactly and 80 and 96 padded to
+   * 128, with grouped-query ratios up to 7:1 and sequences short of, at and past a tile */
   static const int shapes[][5] = {{1, 1, 2, 2, 128},    {2, 63, 4, 2, 128},   {1, 64, 4, 4, 128},
                                   {2, 65, 4, 1, 128},   {1, 200, 8, 8, 128},  {1, 1030, 4, 2, 128},
-                                  {1, 130, 28, 4, 128}, {1, 130, 14, 2, 128}, {1, 77, 4, 2, 64}};
+                                  {1, 130, 28, 4, 128}, {1, 130, 14, 2, 128}, {1, 77, 4, 2, 64},
+                                  {1, 1, 2, 2, 64},     {2, 65, 4, 1, 64},    {1, 1030, 14, 2, 64},
+                                  {1, 63, 8, 8, 80},    {2, 130, 14, 2, 80},  {1, 1, 4, 4, 96},
+                                  {1, 200, 28, 4, 96},  {2, 1030, 8, 2, 96}};
   const char *env = getenv("TZ_CUDA_ATTENTION");
   int forced = env && strcmp(env, "simple") == 0;
   for (int d = 0; d < 2; d++) {

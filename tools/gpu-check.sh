@@ -15,7 +15,9 @@
 # kernels on it (tierzero.cuda_attention wgmma) in the kernel, model and trainer tests, and
 # tz-bench layer with auto's kernels, the two-pass ones (mma.sync only) and wgmma's;
 # attnshapes: tz-bench layer at the other shapes of issue 24 (head dims 64, 80, 96, 128 with
-# grouped-query ratios up to 7:1, sequences 128 and 8192), for docs/cuda-kernels.md's table
+# grouped-query ratios up to 7:1, sequences 128 and 8192), for docs/cuda-kernels.md's table; at
+# head dims 64, 80 and 96 again with tierzero.cuda_attention wgmma (the warpgroup-MMA kernels
+# auto does not take there until measured faster)
 # acc8: issue 26's big batches, the three runs of its item 2 one after the other: tz-auto
 # llama-7b at 8 micro-batches, tz-offload llama-7b without carry in a 120 GiB window, tz-auto
 # llama-13b (docs/benchmarks.md, "Big batches: tz-offload llama-7b above tz-auto"; about 330 s)
@@ -171,6 +173,9 @@ if has attnshapes; then
   # (read from fd 3: the steps' own programs get this script's stdin, not the list)
   while read -r name shape <&3; do
     step attn-shape-$name $b/bin/tz-bench layer --iters 5 --warmup 2 $shape
+    # head dims other than 128: the wgmma kernels by name too (auto keeps mma.sync there)
+    [[ $name == d128* ]] || step attn-shape-$name-wgmma env TZ_CUDA_ATTENTION=wgmma \
+      $b/bin/tz-bench layer --iters 5 --warmup 2 --no-torch $shape
   done 3<< 'SHAPES'
 d64-gqa4 --d-model 2048 --ffn 8192 --heads 32 --kv-heads 8 --seq 2048 --batch 4
 d80 --d-model 2560 --ffn 6912 --heads 32 --kv-heads 32 --seq 2048 --batch 4

@@ -1,7 +1,13 @@
 /* Attention on Hopper's warpgroup MMA (issue 24; auto's and tierzero.cuda_attention wgmma's): the
- * forward and the two-pass backward: bf16, head dim 128, causal, tensors 16-byte aligned, an
- * sm_90 device; everything else declines (1) and runs the mma.sync kernels. Built for sm_90a
- * alone (kernels/cuda/wgmma.cuh).
+ * forward and the two-pass backward: bf16, causal, tensors 16-byte aligned, an sm_90 device, head
+ * dims that are multiples of 8 from 64 to 128 (auto's: 128 alone until the others are measured
+ * against the mma.sync kernels; wgmma's: all of them); everything else declines (1) and runs the
+ * mma.sync kernels. Built for sm_90a alone (kernels/cuda/wgmma.cuh).
+ *
+ * The tiles are DP = 64 or 128 columns wide, one or two 64-column halves: head dim 64 and 128
+ * exactly, the head dims between them padded to 128 (columns D..127 zero in shared memory, so
+ * the products over the head dimension add zeros, and the stores skip them: the waste is the
+ * padding's share of the products, 25% at 96).
  *
  * The algorithms and their arithmetic are attention_mma.cu's: per 64 query rows of one (batch,
  * head), key tiles of 64 loaded with cp.async ahead of use, the same online softmax
@@ -10,7 +16,7 @@
  * 4 slices with P from registers, instead of each warp issuing mma.sync per 16 x 8 tile. The
  * warpgroup's accumulator fragment gives each warp 16 rows in mma.sync's m16n8 layout, so the
  * softmax, kv_probs and pack_a work on it unchanged. The tiles sit in shared memory in wgmma's
- * 128-byte-swizzled layout: 64 rows by 128 columns as two 64-column halves of 8 KiB each.
+ * 128-byte-swizzled layout: 64 rows by DP columns as DP / 64 halves of 64 columns, 8 KiB each.
  *
  * A block is NWG warpgroups (128 NWG threads) that share the streamed tiles: in the forward and
  * dq, 64 NWG query rows (warpgroup w the 64 from 64 (NWG i + w)) against one stream of key
@@ -42,24 +48,28 @@ namespace {
 using namespace tz_attn;
 
 constexpr int WR = 64;         /* rows (queries or keys) of a warpgroup, keys of a tile */
-constexpr int DH = 128;
 constexpr int HALF = 64 * 128; /* bytes of a 64 x 64 half of a tile */
-constexpr int TILE = 2 * HALF; /* 64 rows x 128 columns */
+/* bytes of a tile of 64 rows by DP columns */
+template <int DP> __host__ __device__ constexpr int tile_bytes() { return DP / 64 * HALF; }
 /* Q (a tile per warpgroup), two K buffers, three V, alignment slack */
-constexpr size_t fwd_smem(int nwg) { return (size_t)(nwg + 5) * TILE + 1024; }
-using W128 = width<DH, false>;
+template <int DP> constexpr size_t fwd_smem(int nwg) {
+  return (size_t)(nwg + 5) * tile_bytes<DP>() + 1024;
+}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* ROWS (64 or 128) rows of 128 bf16 from base + (row0 + r) * stride into swizzled tiles (row r in
- * tile r / 64) by the block's threads, 16 bytes a copy; rows at or past `valid` are zero-filled. */
-template <int ROWS, int NT>
+/* ROWS (64 or 128) rows of D bf16 from base + (row0 + r) * stride into swizzled tiles of DP
+ * columns (row r in tile r / 64) by the block's threads, 16 bytes a copy; rows at or past `valid`
+ * and columns D..DP-1 are zero-filled (D a multiple of 8). */
+template <int ROWS, int NT, int DP>
 __device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, size_t stride,
-                                        int row0, int valid) {
+                                        int row0, int valid, int D) {
+  constexpr unsigned CPR = DP / 8; /* 16-byte chunks a row, a power of 2 */
 #pragma unroll
-  for (int j = 0; j < ROWS * 16 / NT; j++) {
-    int i = (int)threadIdx.x + j * NT, r = i >> 4, ch = i & 15, ok = r < valid;
+  for (int j = 0; j < ROWS * CPR / NT; j++) {
+    int i = (int)threadIdx.x + j * NT, r = i / CPR, ch = i & (CPR - 1);
+    int ok = r < valid && ch * 8 < D; /* nothing is read where not ok (a copy of 0 bytes) */
     const __nv_bfloat16 *src = base + (ok ? (size_t)(row0 + r) * stride : 0) + ch * 8;
-    cp_async16(s + (r >> 6) * TILE + (ch >> 3) * HALF +
+    cp_async16(s + (r >> 6) * tile_bytes<DP>() + (ch >> 3) * HALF +
                    tz_wgmma::sw128((uint32_t)(r & 63), (uint32_t)(ch & 7) * 8),
                src, ok ? 16 : 0);
   }
@@ -92,11 +102,12 @@ template <typename F> __device__ __forceinline__ void beside(int kt, F issue) {
   }
 }
 
-/* d = a b^T over the head dimension, 8 k16 slices, the accumulators overwritten: a and b 64 x 128
- * swizzled tiles, both K-major. Issued, not waited for. */
+/* d = a b^T over the head dimension, DP / 16 k16 slices, the accumulators overwritten: a and b
+ * 64 x DP swizzled tiles, both K-major. Issued, not waited for. */
+template <int DP>
 __device__ __forceinline__ void product_k(float (&d)[32], const uint8_t *a, const uint8_t *b) {
 #pragma unroll
-  for (int kk = 0; kk < DH / 16; kk++) {
+  for (int kk = 0; kk < DP / 16; kk++) {
     int off = (kk >> 2) * HALF + (kk & 3) * 32; /* slice kk: 32 bytes into half kk / 4 */
     tz_wgmma::mma_m64n64k16_bf16<0>(d, tz_wgmma::desc_k(a + off), tz_wgmma::desc_k(b + off),
                                     kk > 0);
@@ -104,21 +115,23 @@ __device__ __forceinline__ void product_k(float (&d)[32], const uint8_t *a, cons
 }
 
 /* The same with a from registers (load_afrag's fragments): only b is read from shared memory. */
-__device__ __forceinline__ void product_k(float (&d)[32], const uint32_t (&a)[DH / 16][4],
+template <int DP>
+__device__ __forceinline__ void product_k(float (&d)[32], const uint32_t (&a)[DP / 16][4],
                                           const uint8_t *b) {
 #pragma unroll
-  for (int kk = 0; kk < DH / 16; kk++) {
+  for (int kk = 0; kk < DP / 16; kk++) {
     int off = (kk >> 2) * HALF + (kk & 3) * 32;
     tz_wgmma::mma_m64n64k16_bf16_rs<0>(d, a[kk], tz_wgmma::desc_k(b + off), kk > 0);
   }
 }
 
-/* A warp's 16 rows (warp * 16..) of a 64 x 128 swizzled tile as A fragments of the 8 k16
+/* A warp's 16 rows (warp * 16..) of a 64 x DP swizzled tile as A fragments of the DP / 16 k16
  * slices (wgmma.cuh's register layout). */
-__device__ __forceinline__ void load_afrag(uint32_t (&a)[DH / 16][4], const uint8_t *t, int warp,
+template <int DP>
+__device__ __forceinline__ void load_afrag(uint32_t (&a)[DP / 16][4], const uint8_t *t, int warp,
                                            int g, int c) {
 #pragma unroll
-  for (int kk = 0; kk < DH / 16; kk++) {
+  for (int kk = 0; kk < DP / 16; kk++) {
     const uint8_t *h = t + (kk >> 2) * HALF;
     uint32_t r = (uint32_t)(warp * 16 + g), col = (uint32_t)((kk & 3) * 16 + 2 * c);
     a[kk][0] = *(const uint32_t *)(h + tz_wgmma::sw128(r, col));
@@ -129,35 +142,37 @@ __device__ __forceinline__ void load_afrag(uint32_t (&a)[DH / 16][4], const uint
 }
 
 /* Q (or dO) as product_k's first operand: the tile itself, or its fragments in registers. */
-template <bool AREG> struct qop;
-template <> struct qop<false> {
+template <bool AREG, int DP> struct qop;
+template <int DP> struct qop<false, DP> {
   const uint8_t *t;
   __device__ __forceinline__ void load(const uint8_t *tile, int, int, int) { t = tile; }
   __device__ __forceinline__ void product(float (&d)[32], const uint8_t *b) const {
-    product_k(d, t, b);
+    product_k<DP>(d, t, b);
   }
 };
-template <> struct qop<true> {
-  uint32_t a[DH / 16][4];
+template <int DP> struct qop<true, DP> {
+  uint32_t a[DP / 16][4];
   __device__ __forceinline__ void load(const uint8_t *tile, int warp, int g, int c) {
-    load_afrag(a, tile, warp, g, c);
+    load_afrag<DP>(a, tile, warp, g, c);
   }
   __device__ __forceinline__ void product(float (&d)[32], const uint8_t *b) const {
-    product_k(d, a, b);
+    product_k<DP>(d, a, b);
   }
 };
 
 /* acc += a b over b's 64 rows, 4 k16 slices: a 64 x 64 in registers (pack_a's fragments of
- * probabilities or score gradients, a[j] for rows 16 j.. of b), b a 64 x 128 swizzled tile read
- * MN-major, its two 64-column halves into acc[0..7] and acc[8..15]. Issued, not waited for. */
-__device__ __forceinline__ void product_mn(float (&acc)[DH / 8][4], const uint32_t (&a)[4][4],
+ * probabilities or score gradients, a[j] for rows 16 j.. of b), b a 64 x DP swizzled tile read
+ * MN-major, its 64-column half n into acc[8 n .. 8 n + 7]. Issued, not waited for. */
+template <int DP>
+__device__ __forceinline__ void product_mn(float (&acc)[DP / 8][4], const uint32_t (&a)[4][4],
                                            const uint8_t *b) {
-  float(&d0)[32] = *reinterpret_cast<float(*)[32]>(&acc[0][0]);
-  float(&d1)[32] = *reinterpret_cast<float(*)[32]>(&acc[8][0]);
 #pragma unroll
   for (int j = 0; j < 4; j++) { /* slice j: rows 16 j.., 2048 bytes into each half */
-    tz_wgmma::mma_m64n64k16_bf16_rs<1>(d0, a[j], tz_wgmma::desc_mn(b + j * 2048), 1);
-    tz_wgmma::mma_m64n64k16_bf16_rs<1>(d1, a[j], tz_wgmma::desc_mn(b + HALF + j * 2048), 1);
+#pragma unroll
+    for (int n = 0; n < DP / 64; n++) {
+      float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[8 * n][0]);
+      tz_wgmma::mma_m64n64k16_bf16_rs<1>(d, a[j], tz_wgmma::desc_mn(b + n * HALF + j * 2048), 1);
+    }
   }
 }
 
@@ -172,9 +187,9 @@ template <int NS> __device__ __forceinline__ void pack_all(uint32_t (&a)[NS / 2]
     pack_a<__nv_bfloat16, NS>(a[j], x, j);
 }
 
-__device__ __forceinline__ void zero(float (&x)[DH / 8][4]) {
+template <int ND> __device__ __forceinline__ void zero(float (&x)[ND][4]) {
 #pragma unroll
-  for (int i = 0; i < DH / 8; i++)
+  for (int i = 0; i < ND; i++)
     x[i][0] = x[i][1] = x[i][2] = x[i][3] = 0.0f;
 }
 #endif
@@ -197,31 +212,33 @@ template <int NWG> struct qblock {
   }
 };
 
-template <int NWG, bool AREG>
+template <int NWG, bool AREG, int DP, bool PAD>
 __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     attn_fwd_wgmma_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, int T_, int H, int Hkv,
-                          float scale_log2) {
+                          int D, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-  constexpr int NT = 128 * NWG;
+  constexpr int NT = 128 * NWG, TILE = tile_bytes<DP>();
+  if (!PAD) /* exact tiles: D the constant DP, its address arithmetic folded */
+    D = DP;
   uint8_t *sQ = sm, *sK = sm + NWG * TILE, *sV = sm + (NWG + 2) * TILE; /* K: two, V: three */
   const qblock<NWG> p(T_);
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
-  const size_t qs = (size_t)H * DH, ks = (size_t)Hkv * DH;
-  const __nv_bfloat16 *qb = q + (size_t)b * T_ * qs + (size_t)h * DH;
-  const __nv_bfloat16 *kb = k + (size_t)b * T_ * ks + (size_t)hk * DH;
-  const __nv_bfloat16 *vb = v + (size_t)b * T_ * ks + (size_t)hk * DH;
-  qop<AREG> Qw;
+  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
+  const __nv_bfloat16 *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
+  const __nv_bfloat16 *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
+  const __nv_bfloat16 *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
+  qop<AREG, DP> Qw;
 
   const int q0 = p.i * NWG * WR;
-  load_sw<NWG * WR, NT>(sQ, qb, qs, q0, T_ - q0);
-  load_sw<WR, NT>(sK, kb, ks, 0, T_);
-  load_sw<WR, NT>(sV, vb, ks, 0, T_);
+  load_sw<NWG * WR, NT, DP>(sQ, qb, qs, q0, T_ - q0, D);
+  load_sw<WR, NT, DP>(sK, kb, ks, 0, T_, D);
+  load_sw<WR, NT, DP>(sV, vb, ks, 0, T_, D);
   cp_async_commit();
 
-  float o[DH / 8][4]; /* the output's two 64-column halves, o[0..7] and o[8..15] */
+  float o[DP / 8][4]; /* the output's 64-column halves, o[0..7] and (DP 128) o[8..15] */
   zero(o);
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
   uint32_t pa[WR / 16][4]; /* the last tile's probabilities, for its p v */
@@ -229,8 +246,8 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   for (int kt = 0; kt < p.n_kt; kt++) {
     next_step(kt, p.n_kt, [&] {
       int r0 = (kt + 1) * WR;
-      load_sw<WR, NT>(sK + ((kt + 1) & 1) * TILE, kb, ks, r0, T_ - r0);
-      load_sw<WR, NT>(sV + ((kt + 1) % 3) * TILE, vb, ks, r0, T_ - r0);
+      load_sw<WR, NT, DP>(sK + ((kt + 1) & 1) * TILE, kb, ks, r0, T_ - r0, D);
+      load_sw<WR, NT, DP>(sV + ((kt + 1) % 3) * TILE, vb, ks, r0, T_ - r0, D);
     });
     if (kt == 0)
       Qw.load(sQ + p.wg * TILE, p.warp, p.g, p.c);
@@ -240,7 +257,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       tz_wgmma::fence();
       Qw.product(flat(s), sK + (kt & 1) * TILE);
       tz_wgmma::commit();
-      beside(kt, [&] { product_mn(o, pa, sV + ((kt - 1) % 3) * TILE); });
+      beside(kt, [&] { product_mn<DP>(o, pa, sV + ((kt - 1) % 3) * TILE); });
       float a_lo, a_hi; /* the mask a constant in each call: the diagonal tile's code apart */
       if (kt == p.mt)
         softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, true, kt * WR, p.row_lo,
@@ -251,7 +268,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       tz_wgmma::wait<0>();
       /* where no row of the warp moved its max the factors are 1 and the rescale exact: skipped */
       if (!__all_sync(0xffffffffu, a_lo == 1.0f && a_hi == 1.0f))
-        softmax_rescale<DH / 8>(o, a_lo, a_hi);
+        softmax_rescale<DP / 8>(o, a_lo, a_hi);
       pack_all<WR / 8>(pa, s);
     }
     __syncthreads(); /* the buffers read here are refilled from the next step on */
@@ -259,14 +276,15 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   if (p.n_mine == 0)
     return;
   tz_wgmma::fence();
-  product_mn(o, pa, sV + ((p.n_mine - 1) % 3) * TILE);
+  product_mn<DP>(o, pa, sV + ((p.n_mine - 1) % 3) * TILE);
   tz_wgmma::commit();
   tz_wgmma::wait<0>();
 
-  fwd_store<__nv_bfloat16, W128>(out, lse, o, l_lo, l_hi, m_lo, m_hi, b, h, H, p.row_lo, p.row_hi,
-                                 T_, DH, p.c);
+  fwd_store<__nv_bfloat16, width<DP, PAD>>(out, lse, o, l_lo, l_hi, m_lo, m_hi, b, h, H, p.row_lo,
+                                           p.row_hi, T_, D, p.c);
 #else
-  (void)out, (void)lse, (void)q, (void)k, (void)v, (void)T_, (void)H, (void)Hkv, (void)scale_log2;
+  (void)out, (void)lse, (void)q, (void)k, (void)v, (void)T_, (void)H, (void)Hkv, (void)D;
+  (void)scale_log2;
   __trap();
 #endif
 }
@@ -282,55 +300,59 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
  * forward's shapes, so the tiles, descriptors and fragments are the forward's. */
 
 /* Q, dO (a tile per warpgroup each), three K, two V */
-constexpr size_t dq_smem(int nwg) { return (size_t)(2 * nwg + 5) * TILE + 1024; }
+template <int DP> constexpr size_t dq_smem(int nwg) {
+  return (size_t)(2 * nwg + 5) * tile_bytes<DP>() + 1024;
+}
 /* K, V (a tile per warpgroup each), two buffers of Q, dO, lse and delta */
-constexpr size_t kv_smem(int nwg) {
-  return (size_t)(2 * nwg + 4) * TILE + 4 * WR * sizeof(float) + 1024;
+template <int DP> constexpr size_t kv_smem(int nwg) {
+  return (size_t)(2 * nwg + 4) * tile_bytes<DP>() + 4 * WR * sizeof(float) + 1024;
 }
 
-template <int NWG, bool AREG>
+template <int NWG, bool AREG, int DP, bool PAD>
 __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
-    attn_bwd_dq_wgmma_kernel(__nv_bfloat16 *dq, const __nv_bfloat16 *dout,
-                             const __nv_bfloat16 *q, const __nv_bfloat16 *k,
-                             const __nv_bfloat16 *v, const float *lse, const float *delta, int T_,
-                             int H, int Hkv, float scale, float scale_log2) {
+    attn_bwd_dq_wgmma_kernel(__nv_bfloat16 *dq, const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
+                             const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse,
+                             const float *delta, int T_, int H, int Hkv, int D, float scale,
+                             float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-  constexpr int NT = 128 * NWG;
+  constexpr int NT = 128 * NWG, TILE = tile_bytes<DP>();
+  if (!PAD) /* exact tiles: D the constant DP, its address arithmetic folded */
+    D = DP;
   uint8_t *sQ = sm, *sdO = sm + NWG * TILE, *sK = sm + 2 * NWG * TILE;
   uint8_t *sV = sm + (2 * NWG + 3) * TILE;
   const qblock<NWG> p(T_);
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
-  const size_t qs = (size_t)H * DH, ks = (size_t)Hkv * DH;
-  const __nv_bfloat16 *qb = q + (size_t)b * T_ * qs + (size_t)h * DH;
-  const __nv_bfloat16 *dob = dout + (size_t)b * T_ * qs + (size_t)h * DH;
-  const __nv_bfloat16 *kb = k + (size_t)b * T_ * ks + (size_t)hk * DH;
-  const __nv_bfloat16 *vb = v + (size_t)b * T_ * ks + (size_t)hk * DH;
+  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
+  const __nv_bfloat16 *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
+  const __nv_bfloat16 *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
+  const __nv_bfloat16 *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
+  const __nv_bfloat16 *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
   const float *lb = lse + ((size_t)b * H + h) * T_, *db = delta + ((size_t)b * H + h) * T_;
   const int row_lo = p.row_lo, row_hi = p.row_hi;
   const float lse_lo = row_lo < T_ ? __fmul_rn(lb[row_lo], LOG2E) : 0.0f;
   const float lse_hi = row_hi < T_ ? __fmul_rn(lb[row_hi], LOG2E) : 0.0f;
   const float del_lo = row_lo < T_ ? db[row_lo] : 0.0f;
   const float del_hi = row_hi < T_ ? db[row_hi] : 0.0f;
-  qop<AREG> Qw, dOw;
+  qop<AREG, DP> Qw, dOw;
 
   const int q0 = p.i * NWG * WR;
-  load_sw<NWG * WR, NT>(sQ, qb, qs, q0, T_ - q0);
-  load_sw<NWG * WR, NT>(sdO, dob, qs, q0, T_ - q0);
-  load_sw<WR, NT>(sK, kb, ks, 0, T_);
-  load_sw<WR, NT>(sV, vb, ks, 0, T_);
+  load_sw<NWG * WR, NT, DP>(sQ, qb, qs, q0, T_ - q0, D);
+  load_sw<NWG * WR, NT, DP>(sdO, dob, qs, q0, T_ - q0, D);
+  load_sw<WR, NT, DP>(sK, kb, ks, 0, T_, D);
+  load_sw<WR, NT, DP>(sV, vb, ks, 0, T_, D);
   cp_async_commit();
 
-  float acc[DH / 8][4];
+  float acc[DP / 8][4];
   zero(acc);
   uint32_t dsa[WR / 16][4]; /* the last tile's score gradients, for its ds k */
 
   for (int kt = 0; kt < p.n_kt; kt++) {
     next_step(kt, p.n_kt, [&] {
       int r0 = (kt + 1) * WR;
-      load_sw<WR, NT>(sK + ((kt + 1) % 3) * TILE, kb, ks, r0, T_ - r0);
-      load_sw<WR, NT>(sV + ((kt + 1) & 1) * TILE, vb, ks, r0, T_ - r0);
+      load_sw<WR, NT, DP>(sK + ((kt + 1) % 3) * TILE, kb, ks, r0, T_ - r0, D);
+      load_sw<WR, NT, DP>(sV + ((kt + 1) & 1) * TILE, vb, ks, r0, T_ - r0, D);
     });
     if (kt == 0) {
       Qw.load(sQ + p.wg * TILE, p.warp, p.g, p.c);
@@ -343,7 +365,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       Qw.product(flat(s), sK + (kt % 3) * TILE);
       dOw.product(flat(dp), sV + (kt & 1) * TILE);
       tz_wgmma::commit();
-      beside(kt, [&] { product_mn(acc, dsa, sK + ((kt - 1) % 3) * TILE); });
+      beside(kt, [&] { product_mn<DP>(acc, dsa, sK + ((kt - 1) % 3) * TILE); });
       if (kt == p.mt)
         q_probs<WR / 8>(s, dp, true, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
                         p.c, scale_log2);
@@ -358,30 +380,32 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   if (p.n_mine == 0)
     return;
   tz_wgmma::fence();
-  product_mn(acc, dsa, sK + ((p.n_mine - 1) % 3) * TILE);
+  product_mn<DP>(acc, dsa, sK + ((p.n_mine - 1) % 3) * TILE);
   tz_wgmma::commit();
   tz_wgmma::wait<0>();
 
-  q_store<__nv_bfloat16, W128>(dq + (size_t)b * T_ * qs + (size_t)h * DH, acc, qs, row_lo, row_hi,
-                               T_, DH, scale, p.c);
+  q_store<__nv_bfloat16, width<DP, PAD>>(dq + (size_t)b * T_ * qs + (size_t)h * D, acc, qs, row_lo,
+                                         row_hi, T_, D, scale, p.c);
 #else
   (void)dq, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)T_, (void)H;
-  (void)Hkv, (void)scale, (void)scale_log2;
+  (void)Hkv, (void)D, (void)scale, (void)scale_log2;
   __trap();
 #endif
 }
 
-template <int NWG>
+template <int NWG, int DP, bool PAD>
 __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     attn_bwd_dkdv_wgmma_kernel(__nv_bfloat16 *dk, __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
                                const __nv_bfloat16 *q, const __nv_bfloat16 *k,
-                               const __nv_bfloat16 *v, const float *lse, const float *delta,
-                               int T_, int H, int Hkv, float scale, float scale_log2) {
+                               const __nv_bfloat16 *v, const float *lse, const float *delta, int T_,
+                               int H, int Hkv, int D, float scale, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   /* K, V: a tile per warpgroup; Q, dO: two buffers each */
-  constexpr int NT = 128 * NWG;
+  constexpr int NT = 128 * NWG, TILE = tile_bytes<DP>();
+  if (!PAD) /* exact tiles: D the constant DP, its address arithmetic folded */
+    D = DP;
   uint8_t *sK = sm, *sV = sm + NWG * TILE, *sQ = sm + 2 * NWG * TILE;
   uint8_t *sdO = sm + (2 * NWG + 2) * TILE;
   float *sL = (float *)(sm + (2 * NWG + 4) * TILE), *sD = sL + 2 * WR; /* per buffer */
@@ -390,9 +414,9 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   const int k0 = blockIdx.x * NWG * WR; /* the block's 64 NWG keys */
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
-  const size_t qs = (size_t)H * DH, ks = (size_t)Hkv * DH;
-  const __nv_bfloat16 *kb = k + (size_t)b * T_ * ks + (size_t)hk * DH;
-  const __nv_bfloat16 *vb = v + (size_t)b * T_ * ks + (size_t)hk * DH;
+  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
+  const __nv_bfloat16 *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
+  const __nv_bfloat16 *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
   const int key_lo = k0 + wg * WR + warp * 16 + g, key_hi = key_lo + 8;
   /* Chunks of 64 queries from k0, per head; warpgroup 1 (keys from k0 + 64, if any) skips each
    * head's first, where every query comes before its keys. */
@@ -405,10 +429,10 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   auto load_chunk = [&](int it, int buf) {
     int h = hk * group + it / n_chunks;
     int i0 = k0 + (it % n_chunks) * WR;
-    const __nv_bfloat16 *qb = q + (size_t)b * T_ * qs + (size_t)h * DH;
-    const __nv_bfloat16 *dob = dout + (size_t)b * T_ * qs + (size_t)h * DH;
-    load_sw<WR, NT>(sQ + buf * TILE, qb, qs, i0, T_ - i0);
-    load_sw<WR, NT>(sdO + buf * TILE, dob, qs, i0, T_ - i0);
+    const __nv_bfloat16 *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
+    const __nv_bfloat16 *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
+    load_sw<WR, NT, DP>(sQ + buf * TILE, qb, qs, i0, T_ - i0, D);
+    load_sw<WR, NT, DP>(sdO + buf * TILE, dob, qs, i0, T_ - i0, D);
     if (threadIdx.x < WR) {
       int t = i0 + threadIdx.x;
       const size_t row = ((size_t)b * H + h) * T_;
@@ -417,12 +441,12 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     }
   };
 
-  load_sw<NWG * WR, NT>(sK, kb, ks, k0, T_ - k0);
-  load_sw<NWG * WR, NT>(sV, vb, ks, k0, T_ - k0);
+  load_sw<NWG * WR, NT, DP>(sK, kb, ks, k0, T_ - k0, D);
+  load_sw<NWG * WR, NT, DP>(sV, vb, ks, k0, T_ - k0, D);
   load_chunk(0, 0);
   cp_async_commit();
 
-  float dka[DH / 8][4], dva[DH / 8][4];
+  float dka[DP / 8][4], dva[DP / 8][4];
   zero(dka);
   zero(dva);
 
@@ -436,8 +460,8 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
 
       float st[WR / 8][4], dpt[WR / 8][4];
       tz_wgmma::fence();
-      product_k(flat(st), Kw, Qc);
-      product_k(flat(dpt), Vw, dOc);
+      product_k<DP>(flat(st), Kw, Qc);
+      product_k<DP>(flat(dpt), Vw, dOc);
       tz_wgmma::commit();
       tz_wgmma::wait<0>();
 
@@ -451,21 +475,22 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       pack_all<WR / 8>(pa, st);
       pack_all<WR / 8>(dsa, dpt);
       tz_wgmma::fence();
-      product_mn(dva, pa, dOc);
-      product_mn(dka, dsa, Qc);
+      product_mn<DP>(dva, pa, dOc);
+      product_mn<DP>(dka, dsa, Qc);
       tz_wgmma::commit();
       tz_wgmma::wait<0>();
     }
     __syncthreads();
   }
 
-  __nv_bfloat16 *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * DH;
-  __nv_bfloat16 *dvb = dv + (size_t)b * T_ * ks + (size_t)hk * DH;
+  __nv_bfloat16 *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * D;
+  __nv_bfloat16 *dvb = dv + (size_t)b * T_ * ks + (size_t)hk * D;
   if (mine)
-    kv_store<__nv_bfloat16, W128>(dkb, dvb, dka, dva, ks, key_lo, key_hi, T_, DH, scale, c);
+    kv_store<__nv_bfloat16, width<DP, PAD>>(dkb, dvb, dka, dva, ks, key_lo, key_hi, T_, D, scale,
+                                            c);
 #else
   (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)T_;
-  (void)H, (void)Hkv, (void)scale, (void)scale_log2;
+  (void)H, (void)Hkv, (void)D, (void)scale, (void)scale_log2;
   __trap();
 #endif
 }
@@ -479,67 +504,89 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
  * barrier a tile, so their softmax and products no longer interleave: forward +5%, dk/dv +14%. */
 constexpr int FWD_NWG = 1, DQ_NWG = 1, KV_NWG = 1;
 
-template <int NWG, bool AREG>
+template <int NWG, bool AREG, int DP, bool PAD>
 int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
                const void *v, int B, int T, int H, int Hkv, int D) {
-  const size_t sm = fwd_smem(NWG);
+  const size_t sm = fwd_smem<DP>(NWG);
   if (sm > c->smem_optin)
     return 1;
-  TZ_CU(cudaFuncSetAttribute((const void *)attn_fwd_wgmma_kernel<NWG, AREG>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+  const void *kernel = (const void *)attn_fwd_wgmma_kernel<NWG, AREG, DP, PAD>;
+  TZ_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
   dim3 grid((unsigned)((T + NWG * WR - 1) / (NWG * WR)), (unsigned)H, (unsigned)B);
   float scale_log2 = 1.0f / sqrtf((float)D) * LOG2E;
-  attn_fwd_wgmma_kernel<NWG, AREG><<<grid, 128 * NWG, sm, c->stream>>>(
+  attn_fwd_wgmma_kernel<NWG, AREG, DP, PAD><<<grid, 128 * NWG, sm, c->stream>>>(
       (__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k,
-      (const __nv_bfloat16 *)v, T, H, Hkv, scale_log2);
+      (const __nv_bfloat16 *)v, T, H, Hkv, D, scale_log2);
   TZ_CU_LAUNCHED();
   return 0;
 }
 
 typedef __nv_bfloat16 E;
 
-template <int NWG, bool AREG>
+template <int NWG, bool AREG, int DP, bool PAD>
 int launch_dq(struct tz_cuda *c, void *dq, const float *delta, const void *dout, const void *q,
-              const void *k, const void *v, const float *lse, int B, int T, int H, int Hkv,
+              const void *k, const void *v, const float *lse, int B, int T, int H, int Hkv, int D,
               float scale, float scale_log2) {
-  const size_t sm = dq_smem(NWG);
+  const size_t sm = dq_smem<DP>(NWG);
   if (sm > c->smem_optin)
     return 1;
-  TZ_CU(cudaFuncSetAttribute((const void *)attn_bwd_dq_wgmma_kernel<NWG, AREG>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+  const void *kernel = (const void *)attn_bwd_dq_wgmma_kernel<NWG, AREG, DP, PAD>;
+  TZ_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
   dim3 grid((unsigned)((T + NWG * WR - 1) / (NWG * WR)), (unsigned)H, (unsigned)B);
-  attn_bwd_dq_wgmma_kernel<NWG, AREG><<<grid, 128 * NWG, sm, c->stream>>>(
-      (E *)dq, (const E *)dout, (const E *)q, (const E *)k, (const E *)v, lse, delta, T, H, Hkv,
+  attn_bwd_dq_wgmma_kernel<NWG, AREG, DP, PAD><<<grid, 128 * NWG, sm, c->stream>>>(
+      (E *)dq, (const E *)dout, (const E *)q, (const E *)k, (const E *)v, lse, delta, T, H, Hkv, D,
       scale, scale_log2);
   TZ_CU_LAUNCHED();
   return 0;
 }
 
-template <int NWG>
+template <int NWG, int DP, bool PAD>
 int launch_kv(struct tz_cuda *c, void *dk, void *dv, const float *delta, const void *dout,
               const void *q, const void *k, const void *v, const float *lse, int B, int T, int H,
-              int Hkv, float scale, float scale_log2) {
-  const size_t sm = kv_smem(NWG);
+              int Hkv, int D, float scale, float scale_log2) {
+  const size_t sm = kv_smem<DP>(NWG);
   if (sm > c->smem_optin)
     return 1;
-  TZ_CU(cudaFuncSetAttribute((const void *)attn_bwd_dkdv_wgmma_kernel<NWG>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+  const void *kernel = (const void *)attn_bwd_dkdv_wgmma_kernel<NWG, DP, PAD>;
+  TZ_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
   dim3 grid((unsigned)((T + NWG * WR - 1) / (NWG * WR)), (unsigned)Hkv, (unsigned)B);
-  attn_bwd_dkdv_wgmma_kernel<NWG><<<grid, 128 * NWG, sm, c->stream>>>(
-      (E *)dk, (E *)dv, (const E *)dout, (const E *)q, (const E *)k, (const E *)v, lse, delta, T,
-      H, Hkv, scale, scale_log2);
+  attn_bwd_dkdv_wgmma_kernel<NWG, DP, PAD><<<grid, 128 * NWG, sm, c->stream>>>(
+      (E *)dk, (E *)dv, (const E *)dout, (const E *)q, (const E *)k, (const E *)v, lse, delta, T, H,
+      Hkv, D, scale, scale_log2);
   TZ_CU_LAUNCHED();
   return 0;
+}
+
+template <int DP_, bool PAD_> struct tiles {
+  static constexpr int DP = DP_;
+  static constexpr bool PAD = PAD_;
+};
+
+/* Calls f with the tiles for head dim D: 64 and 128 exactly, a multiple of 8 between them padded
+ * to 128; 1 (declined) for any other, and for any but 128 unless the instance was asked for the
+ * wgmma kernels by name (auto takes those head dims to the mma.sync kernels until the wgmma ones
+ * are measured faster there). */
+template <typename F> int with_tiles(const struct tz_cuda *c, int D, F f) {
+  if (D == 128)
+    return f(tiles<128, false>{});
+  if (!c->attn_wgmma_all || D % 8 != 0 || D < 64 || D > 128)
+    return 1;
+  if (D == 64)
+    return f(tiles<64, false>{});
+  return f(tiles<128, true>{});
 }
 
 } /* namespace */
 
 int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const void *q,
                                 const void *k, const void *v, int B, int T, int H, int Hkv, int D) {
-  if (c->S != TZ_BF16 || D != DH || !c->sm90 || !aligned16(out) || !aligned16(q) ||
-      !aligned16(k) || !aligned16(v))
+  if (c->S != TZ_BF16 || !c->sm90 || !aligned16(out) || !aligned16(q) || !aligned16(k) ||
+      !aligned16(v))
     return 1;
-  return launch_fwd<FWD_NWG, true>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+  return with_tiles(c, D, [&](auto t) {
+    using W = decltype(t);
+    return launch_fwd<FWD_NWG, true, W::DP, W::PAD>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+  });
 }
 
 int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
@@ -550,12 +597,16 @@ int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
   for (const void *t : ts)
     if (!aligned16(t))
       return 1;
-  if (c->S != TZ_BF16 || D != DH || !c->sm90)
+  if (c->S != TZ_BF16 || !c->sm90)
     return 1;
   float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
-  int rc = launch_dq<DQ_NWG, false>(c, dq, delta, dout, q, k, v, lse, B, T, H, Hkv, scale,
-                                    scale_log2);
-  if (rc)
-    return rc;
-  return launch_kv<KV_NWG>(c, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, scale, scale_log2);
+  return with_tiles(c, D, [&](auto t) {
+    using W = decltype(t);
+    int rc = launch_dq<DQ_NWG, false, W::DP, W::PAD>(c, dq, delta, dout, q, k, v, lse, B, T, H, Hkv,
+                                                     D, scale, scale_log2);
+    if (rc)
+      return rc;
+    return launch_kv<KV_NWG, W::DP, W::PAD>(c, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
+                                            scale, scale_log2);
+  });
 }

@@ -61,6 +61,7 @@ struct tz_cuda {
   int attn_tiles;      /* its tiles: an index into tz_cuda_attention_tile_names */
   int attn_wgmma;      /* auto and wgmma: the forward and backward on warpgroup MMA where they
                           take the shape */
+  int attn_wgmma_all;  /* wgmma by name: at every head dim those kernels build (auto: 128) */
   int sm90;            /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
   int mm_plain;        /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
   cudaStream_t stream; /* where all work goes: params.stream, or the instance's own */
@@ -246,8 +247,9 @@ int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, int tiles, void *dq, void *
                                   int H, int Hkv, int D);
 int tz_cuda_attention_onepass_tiles(const struct tz_cuda *c, int H, int Hkv, int D);
 /* The forward and the two-pass backward on Hopper's warpgroup MMA (attention_wgmma.cu, built for
- * sm_90a): bf16, head dim 128, 16-byte aligned tensors, an sm_90 device; 1 where they do not take
- * the call. The backward reads delta as attention.cu's kernel leaves it. */
+ * sm_90a): bf16, head dim 128 (with attn_wgmma_all, multiples of 8 from 64 to 128), 16-byte
+ * aligned tensors, an sm_90 device; 1 where they do not take the call. The backward reads delta
+ * as attention.cu's kernel leaves it. */
 int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const void *q,
                                 const void *k, const void *v, int B, int T, int H, int Hkv, int D);
 int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,

@@ -310,6 +310,9 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   /* auto's kernels are the wgmma ones where they take the shape (at Llama-7B's layer the forward
    * 1.41x and the backward 1.40x the mma.sync ones: docs/cuda-kernels.md) */
   c->attn_wgmma = attn == TZ_CUDA_KERNELS_WGMMA || attn == TZ_CUDA_KERNELS_BEST;
+  /* named, they take every head dim they build; auto keeps 128's (the others not yet measured
+   * against the mma.sync kernels) */
+  c->attn_wgmma_all = attn == TZ_CUDA_KERNELS_WGMMA;
   int major = 0, minor = 0;
   TZ_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
   TZ_CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
