@@ -101,23 +101,38 @@ __device__ __forceinline__ float rstd_of(float ss, int C, float eps) {
   return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)C), eps)));
 }
 
-/* (x * r) * w over a chunk */
-__device__ __forceinline__ void norm_chunk(float (&o)[CH], const float (&x)[CH], float r,
-                                           const float (&w)[CH]) {
+/* The output's chunk at column j0 of the row at base: (x * r) * w */
+template <typename T>
+__device__ __forceinline__ void out_chunk(T *out, const T *w, size_t base, int j0, int C, int vec,
+                                          const float (&x)[CH], float r) {
+  float wv[CH], o[CH];
+  load_chunk(w, j0, C, vec, wv);
 #pragma unroll
   for (int e = 0; e < CH; e++)
-    o[e] = __fmul_rn(__fmul_rn(x[e], r), w[e]);
+    o[e] = __fmul_rn(__fmul_rn(x[e], r), wv[e]);
+  store_chunk(out + base, j0, C, vec, o);
 }
 
-/* dres + r (w dy - x k) over a chunk (dres 0 where there is none) */
-__device__ __forceinline__ void dx_chunk(float (&o)[CH], const float (&res)[CH],
-                                         const float (&w)[CH], const float (&dy)[CH],
+/* dx's chunk at column j0 of the row at base: dres + r (w dy - x k), dres read before dx is
+ * written (it may be dx), 0 where there is none */
+template <typename T>
+__device__ __forceinline__ void dx_chunk(T *dx, const T *dres, const T *w, size_t base, int j0,
+                                         int C, int vec, const float (&dy)[CH],
                                          const float (&x)[CH], float r, float k) {
+  float wv[CH], res[CH], o[CH];
+  load_chunk(w, j0, C, vec, wv);
+  if (dres)
+    load_chunk(dres + base, j0, C, vec, res);
+  else
+#pragma unroll
+    for (int e = 0; e < CH; e++)
+      res[e] = 0.0f;
 #pragma unroll
   for (int e = 0; e < CH; e++) {
-    float g = __fmul_rn(r, __fsub_rn(__fmul_rn(w[e], dy[e]), __fmul_rn(x[e], k)));
+    float g = __fmul_rn(r, __fsub_rn(__fmul_rn(wv[e], dy[e]), __fmul_rn(x[e], k)));
     o[e] = __fadd_rn(res[e], g);
   }
+  store_chunk(dx + base, j0, C, vec, o);
 }
 
 /* out = (x * rstd) * w, rstd = 1 / sqrt(mean(x^2) + eps); vec: rows and w 16-byte aligned */
@@ -145,23 +160,17 @@ __global__ void __launch_bounds__(THREADS)
   const float r = rstd_of(tz_block_sum(ss, sh), C, eps);
   if (threadIdx.x == 0)
     rstd[blockIdx.x] = r;
-  /* out may alias x: a thread writes only the chunks it alone read, after the sum */
-  float wv[CH], o[CH];
+    /* out may alias x: a thread writes only the chunks it alone read, after the sum */
 #pragma unroll
   for (int k = 0; k < CACHE; k++) {
     int ch = threadIdx.x + k * THREADS;
-    if (ch < n_ch) {
-      load_chunk(w, ch * CH, C, vec, wv);
-      norm_chunk(o, xs[k], r, wv);
-      store_chunk(out + base, ch * CH, C, vec, o);
-    }
+    if (ch < n_ch)
+      out_chunk(out, w, base, ch * CH, C, vec, xs[k], r);
   }
   for (int ch = threadIdx.x + CACHE * THREADS; ch < n_ch; ch += THREADS) {
     float v[CH];
     load_chunk(x + base, ch * CH, C, vec, v);
-    load_chunk(w, ch * CH, C, vec, wv);
-    norm_chunk(o, v, r, wv);
-    store_chunk(out + base, ch * CH, C, vec, o);
+    out_chunk(out, w, base, ch * CH, C, vec, v, r);
   }
 }
 
@@ -193,15 +202,11 @@ __global__ void __launch_bounds__(THREADS)
   const float r = rstd_of(warp_as_block_sum(acc), C, eps);
   if (lane == 0)
     rstd[row] = r;
-  float wv[CH], o[CH];
 #pragma unroll
   for (int v = 0; v < WARP_SLOTS; v++) {
     int ch = v * 32 + lane;
-    if (ch < n_ch) {
-      load_chunk(w, ch * CH, C, vec, wv);
-      norm_chunk(o, xs[v], r, wv);
-      store_chunk(out + base, ch * CH, C, vec, o);
-    }
+    if (ch < n_ch)
+      out_chunk(out, w, base, ch * CH, C, vec, xs[v], r);
   }
 }
 
@@ -237,35 +242,17 @@ __global__ void __launch_bounds__(THREADS)
   }
   dot = tz_block_sum(dot, sh);
   const float kk = __fmul_rn(__fmul_rn(r, r), __fdiv_rn(dot, (float)C));
-  float res[CH], o[CH];
 #pragma unroll
   for (int k = 0; k < CACHE; k++) {
     int ch = threadIdx.x + k * THREADS;
-    if (ch < n_ch) {
-      load_chunk(w, ch * CH, C, vec, wv);
-      if (dres)
-        load_chunk(dres + base, ch * CH, C, vec, res);
-      else
-#pragma unroll
-        for (int e = 0; e < CH; e++)
-          res[e] = 0.0f;
-      dx_chunk(o, res, wv, dys[k], xs[k], r, kk);
-      store_chunk(dx + base, ch * CH, C, vec, o);
-    }
+    if (ch < n_ch)
+      dx_chunk(dx, dres, w, base, ch * CH, C, vec, dys[k], xs[k], r, kk);
   }
   for (int ch = threadIdx.x + CACHE * THREADS; ch < n_ch; ch += THREADS) {
     float xv[CH], dy[CH];
     load_chunk(x + base, ch * CH, C, vec, xv);
     load_chunk(dout + base, ch * CH, C, vec, dy);
-    load_chunk(w, ch * CH, C, vec, wv);
-    if (dres)
-      load_chunk(dres + base, ch * CH, C, vec, res);
-    else
-#pragma unroll
-      for (int e = 0; e < CH; e++)
-        res[e] = 0.0f;
-    dx_chunk(o, res, wv, dy, xv, r, kk);
-    store_chunk(dx + base, ch * CH, C, vec, o);
+    dx_chunk(dx, dres, w, base, ch * CH, C, vec, dy, xv, r, kk);
   }
 }
 
@@ -297,21 +284,11 @@ __global__ void __launch_bounds__(THREADS)
   }
   const float dot = warp_as_block_sum(acc);
   const float kk = __fmul_rn(__fmul_rn(r, r), __fdiv_rn(dot, (float)C));
-  float res[CH], o[CH];
 #pragma unroll
   for (int v = 0; v < WARP_SLOTS; v++) {
     int ch = v * 32 + lane;
-    if (ch < n_ch) {
-      load_chunk(w, ch * CH, C, vec, wv);
-      if (dres)
-        load_chunk(dres + base, ch * CH, C, vec, res);
-      else
-#pragma unroll
-        for (int e = 0; e < CH; e++)
-          res[e] = 0.0f;
-      dx_chunk(o, res, wv, dys[v], xs[v], r, kk);
-      store_chunk(dx + base, ch * CH, C, vec, o);
-    }
+    if (ch < n_ch)
+      dx_chunk(dx, dres, w, base, ch * CH, C, vec, dys[v], xs[v], r, kk);
   }
 }
 
