@@ -393,9 +393,9 @@ static void *carve(struct carver *c, size_t bytes) {
 }
 
 /* What a kept part holds, the attention part's then the MLP part's, each contiguous; then, in
- * the full layout only (kept_only 0), the tensors the backward rebuilds from the kept ones with
- * one elementwise pass (tz_model_layer_bwd): the norms' outputs and statistics (h1, rstd1 from
- * x_in; h2, rstd2 from x2) and the SwiGLU (a from g and u). A layer whose parts are kept apart
+ * the full layout only (kept_only 0), the tensors the backward rebuilds from the kept ones
+ * (tz_model_layer_bwd): the norms' outputs and statistics (h1, rstd1 from x_in; h2, rstd2 from
+ * x2) in a pass each, and the SwiGLU (a from g and u) in its backward's pass. A layer whose parts are kept apart
  * (the trainer's kept activations) carves only what they keep; the rest is the shared acts'. */
 static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                         unsigned parts, int kept_only, struct carver *c, struct tz_layer_acts *a) {
@@ -670,7 +670,7 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   float eps = (float)cfg->norm_eps;
   if (recompute & TZ_PART_ATTN)
     TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T));
-  else /* kept: what is not kept is one elementwise pass away (acts_layout) */
+  else /* kept: what is not kept is rebuilt (acts_layout) */
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
   /* The SwiGLU's output a, which the down projection's weight gradient reads: recomputed with
    * the MLP, else rebuilt by the SwiGLU's backward in the same pass (a_rebuilt). */

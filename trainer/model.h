@@ -238,8 +238,9 @@ void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, in
                          void *base, struct tz_layer_acts *out);
 /* What some parts of a layer's activations keep (TZ_PART_*) from its forward to its backward:
  * the attention part q, k, v, att, lse, x2 (with q_pre .. rstd_k), the MLP part g and u. The
- * rest (h1, rstd1, h2, rstd2, a) the backward rebuilds in one elementwise pass each from x_in,
- * x2, g and u (tz_model_layer_bwd), so it needs room only in the shared acts. Carving sets only
+ * rest (h1, rstd1, h2, rstd2, a) the backward rebuilds from x_in, x2, g and u
+ * (tz_model_layer_bwd: the norms in a pass each, a in the SwiGLU backward's pass), so it needs
+ * room only in the shared acts. Carving sets only
  * the kept pointers, so a layer's acts may hold parts from different buffers (kept ones, and
  * the shared ones: recomputed parts, rebuilt tensors). */
 size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
