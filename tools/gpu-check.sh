@@ -166,7 +166,7 @@ if has fused; then
   step fused-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
   step fused-model ctest --test-dir $b --output-on-failure -R '^test_(model|train)_gpu|^test_recompute'
   step fused-layer $b/bin/tz-bench layer --rounds 3
-  step fused-7b tools/bench-train.sh tz-auto llama-7b --steps 6 --warmup 2
+  step fused-7b env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-7b --steps 6 --warmup 2
 fi
 if has attnshapes; then
   # name, then tz-bench layer's shape arguments
