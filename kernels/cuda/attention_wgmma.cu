@@ -495,8 +495,6 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
 #endif
 }
 
-bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 /* The blocks' warpgroups, as measured at Llama-7B's layer on the H200 (docs/cuda-kernels.md,
  * "Two warpgroups a block"): one each, two blocks an SM; the forward's scores with Q from
  * registers, dq's with Q and dO from shared memory (in registers dq needs 249 and ran 5%
@@ -580,8 +578,8 @@ template <typename F> int with_tiles(const struct tz_cuda *c, int D, F f) {
 
 int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const void *q,
                                 const void *k, const void *v, int B, int T, int H, int Hkv, int D) {
-  if (c->S != TZ_BF16 || !c->sm90 || !aligned16(out) || !aligned16(q) || !aligned16(k) ||
-      !aligned16(v))
+  if (c->S != TZ_BF16 || !c->sm90 || !tz_cuda_aligned16(out) || !tz_cuda_aligned16(q) ||
+      !tz_cuda_aligned16(k) || !tz_cuda_aligned16(v))
     return 1;
   return with_tiles(c, D, [&](auto t) {
     using W = decltype(t);
@@ -595,7 +593,7 @@ int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
                                 int H, int Hkv, int D) {
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
   for (const void *t : ts)
-    if (!aligned16(t))
+    if (!tz_cuda_aligned16(t))
       return 1;
   if (c->S != TZ_BF16 || !c->sm90)
     return 1;

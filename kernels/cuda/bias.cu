@@ -33,8 +33,6 @@
 
 template <typename T, int V> struct alignas(sizeof(T) * V) vec { T v[V]; };
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 /* ---- add ---- */
 
 template <typename T, int V>
@@ -65,7 +63,7 @@ int tz_cuda_bias_add(void *ctx, void *x, const void *b, int N, int n) {
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    if (n % V == 0 && aligned16(x) && aligned16(b))
+    if (n % V == 0 && tz_cuda_aligned16(x) && tz_cuda_aligned16(b))
       return launch_add<T, V>(c, x, b, N, n);
     return launch_add<T, 1>(c, x, b, N, n);
   });
@@ -169,7 +167,7 @@ int tz_cuda_bias_grad(void *ctx, void *db, const void *dy, int N, int n) {
   TZ_CHECK(tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    if (n % V == 0 && aligned16(dy))
+    if (n % V == 0 && tz_cuda_aligned16(dy))
       return launch_part<T, V>(c, part, dy, N, n, n_parts);
     return launch_part<T, 1>(c, part, dy, N, n, n_parts);
   }));
