@@ -31,6 +31,7 @@
 
 #include "bench/bench.h"
 #include "core/error.h"
+#include "core/settings.h"
 #include "kernels/compute.h"
 #include "kernels/compute_timed.h"
 #include "trainer/model.h"
@@ -255,6 +256,17 @@ static void row(const char *name, double ours, double theirs, int is_time, const
 #define MAX_ROUNDS 16
 
 /* The median of v[0..n), v left as it is (tz_bench_median sorts). */
+/* The cuda backend's one-pass backward tiles, by its settings' own names (NULL-terminated), to
+ * time each: the backend owns the list, the bench only reads it. */
+#define MAX_TILES 8
+static const char *const *onepass_tiles(void) {
+  static const char *const none[] = {NULL};
+  int n = 0;
+  const struct tz_setting *t = tz_compute_settings("cuda", &n);
+  int i = t ? tz_settings_find(t, n, "attention_tiles") : -1;
+  return i >= 0 ? t[i].values : none;
+}
+
 static double median_of(const double *v, int n) {
   double c[MAX_ROUNDS];
   memcpy(c, v, sizeof *c * (size_t)n);
@@ -333,14 +345,16 @@ static int bench(const struct opts *o) {
   /* Attention again with the one-pass kernels (tierzero.cuda_attention one-pass), in each of
    * the backward's tiles, on an instance of its own over the same buffers; with the default
    * tiles the layer too, and its op shares. */
-  double t_onepass[TZ_CUDA_ATTENTION_TILES] = {0}, t_layer1 = 0;
+  const char *const *tiles = onepass_tiles();
+  double t_onepass[MAX_TILES] = {0}, t_layer1 = 0;
   struct tz_compute_times times, times1;
   memset(&times, 0, sizeof times);
   memset(&times1, 0, sizeof times1);
-  for (int i = 0; i < TZ_CUDA_ATTENTION_TILES && rc == 0; i++) {
+  for (int i = 0; i < MAX_TILES && tiles[i] && rc == 0; i++) {
     struct tz_compute_params q = p;
-    q.attention = TZ_CUDA_KERNELS_ONE_PASS;
-    q.attention_tiles = i;
+    char settings[64];
+    snprintf(settings, sizeof settings, "attention=one-pass,attention_tiles=%s", tiles[i]);
+    q.settings = settings;
     struct step s1 = st;
     rc = tz_compute_create("cuda", &q, &s1.cm);
     if (rc == 0)
@@ -358,7 +372,7 @@ static int bench(const struct opts *o) {
   double t_twopass = 0;
   if (rc == 0) {
     struct tz_compute_params q = p;
-    q.attention = TZ_CUDA_KERNELS_TWO_PASS;
+    q.settings = "attention=two-pass";
     struct step s2 = st;
     rc = tz_compute_create("cuda", &q, &s2.cm);
     if (rc == 0)
@@ -430,8 +444,8 @@ static int bench(const struct opts *o) {
     }
     printf(",\"attn_twopass_ms\":%.4f,\"attn_again_ms\":%.4f", t_twopass * 1e3, t_attn_again * 1e3);
     printf(",\"onepass_layer_ms\":%.4f,\"attn_onepass_ms\":{", t_layer1 * 1e3);
-    for (int i = 0; i < TZ_CUDA_ATTENTION_TILES; i++)
-      printf("%s\"%s\":%.4f", i ? "," : "", tz_cuda_attention_tile_names[i], t_onepass[i] * 1e3);
+    for (int i = 0; i < MAX_TILES && tiles[i]; i++)
+      printf("%s\"%s\":%.4f", i ? "," : "", tiles[i], t_onepass[i] * 1e3);
     printf("}");
     printf(",\"shares\":{");
     for (int i = 0; i < TZ_OP_COUNT; i++)
@@ -481,9 +495,9 @@ static int bench(const struct opts *o) {
   row("  again, after the others", t_attn_again * 1e3, tr.ok ? tr.attn_ms : -1, 1, ">=1.00");
   printf("one-pass (tierzero.cuda_attention one-pass; tiles of its backward):\n");
   row("  layer fwd+bwd ms", t_layer1 * 1e3, tr.ok ? tr.layer_ms : -1, 1, ">=1.10");
-  for (int i = 0; i < TZ_CUDA_ATTENTION_TILES; i++) {
+  for (int i = 0; i < MAX_TILES && tiles[i]; i++) {
     char name[64];
-    snprintf(name, sizeof name, "  attention %s ms", tz_cuda_attention_tile_names[i]);
+    snprintf(name, sizeof name, "  attention %s ms", tiles[i]);
     row(name, t_onepass[i] * 1e3, tr.ok ? tr.attn_ms : -1, 1, ">=1.00");
   }
   row(gemm_name, gemm_tflops, tr.ok ? tr.gemm_tflops : -1, 0, "");

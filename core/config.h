@@ -27,6 +27,8 @@
 
 /* At most this many NVMe directories (the same limit as struct tz_tier_params.paths). */
 #define TZ_CONFIG_MAX_PATHS 16
+/* The most backend settings the tierzero section has keys for (tz_config_backend_setting). */
+#define TZ_CONFIG_MAX_SETTINGS 8
 /* Words of the per-key bit sets of struct tz_config: room for 64 * 4 keys. */
 #define TZ_CONFIG_KEY_WORDS 4
 
@@ -185,8 +187,6 @@ struct tz_config {
     uint64_t hbm_pin_piece;  /* test hook: bytes per host-memory registration piece of the
                                 hbm tier, to test copies split at piece boundaries; 0 = 64
                                 GiB */
-    int cuda_attention;  /* the CUDA attention kernels: 0 auto, 1 simple, 2 one-pass, 3 two-pass */
-    int cuda_matmul;     /* the CUDA matmul's path: 0 cublaslt, 1 plain */
     double comm_timeout; /* seconds each collective and launcher exchange may take */
     /* what weight decay skips: "bias", "norm", "embed" (trainer/decay.h), or "none"; n 0 = not
      * set: bias and norm */
@@ -196,6 +196,8 @@ struct tz_config {
     struct tz_config_paths recompute;
   } tierzero;
 
+  /* Private: the text of each backend's setting (tz_config_backend_setting), NULL = not set. */
+  char *setting_[TZ_CONFIG_MAX_SETTINGS];
   /* Private: keys of the file that were not used (tz_config_ignored). */
   struct tz_config_ignored_key *ignored_;
   int n_ignored_, cap_ignored_;
@@ -229,6 +231,19 @@ int tz_config_apply_env(struct tz_config *c);
  * it is not set (or empty), c untouched; TZ_ECONFIG for a bad value (the message names the
  * variable), TZ_ENOENT when key is no tierzero key. */
 int tz_config_env_key(struct tz_config *c, const char *key);
+
+/* Backend settings: keys of the tierzero section that choose inside one backend
+ * (tierzero.cuda_attention, tierzero.cuda_matmul). The config stores the text (from the file, or
+ * its environment variable, which wins as for every key) and knows nothing of what it means:
+ * the backend parses and checks it (core/settings.h). The i-th such key (from 0) that c sets:
+ * its path, its backend ("cuda"), the setting's name there ("attention") and the text; 0 when
+ * there is no i-th, 1 otherwise. */
+int tz_config_backend_setting(const struct tz_config *c, int i, const char **key,
+                              const char **backend, const char **setting, const char **value);
+/* The settings string (core/settings.h) of the keys c sets for backend: "attention=wgmma,
+ * matmul=plain", or "" for none. TZ_EINVAL when it does not fit in len. */
+int tz_config_backend_settings(const struct tz_config *c, const char *backend, char *buf,
+                               size_t len);
 
 /* Sets one key from text, as an environment variable would give it: path is the JSON path
  * ("tierzero.host_budget", "optimizer.params.lr"); value is parsed by the key's type (sizes take

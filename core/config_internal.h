@@ -35,6 +35,8 @@ enum {
   F_MAX_OPEN = 1 << 2, /* K_DOUBLE/K_PAIR: the value must be < dmax, not <= */
   F_ICASE = 1 << 3,    /* K_ENUM: names match case-insensitively (DeepSpeed's optimizer.type) */
   F_NO_FIELD = 1 << 4, /* accepted and checked, stored nowhere: tierzero has no use for it */
+  F_BACKEND = 1 << 5,  /* K_STR: a backend's setting (backend, setting below), its text stored
+                          for the backend to parse (core/settings.h) */
 };
 
 struct key {
@@ -48,6 +50,7 @@ struct key {
   int n_names;
   double def[2]; /* default: number, 0/1, enum value; K_PAIR both; K_FIXED the required 0/1.
                   * Defaults may lie outside [min, max]: such a value means "not set". */
+  const char *backend, *setting; /* F_BACKEND: whose setting, and its name there */
 };
 
 /* The table (config_keys.c). Keys of one section are contiguous: tz_config_dump nests by walking

@@ -54,6 +54,10 @@ _Static_assert(TZ_LOG_ERROR == 0 && TZ_LOG_TRACE == 4, "log level names below fo
   {.path = p, .type = K_ENUM, .off = OFF(f), .names = nm,                                          \
    .n_names = (int)(sizeof nm / sizeof nm[0]), .flags = fl, .def = {d}}
 #define STR(p, f) {.path = p, .type = _Generic(FT(f), char *: K_STR), .off = OFF(f)}
+/* A backend's setting: its text in the config's slot s, for backend b's setting n. */
+#define SETTING(p, b, n, s)                                                                        \
+  {.path = p, .type = K_STR, .off = OFF(setting_[s]), .flags = F_BACKEND, .backend = b,          \
+   .setting = n}
 #define PATHS(p, f)                                                                                \
   {.path = p, .type = _Generic(FT(f), struct tz_config_paths: K_PATHS), .off = OFF(f)}
 #define FIXED(p, v) {.path = p, .type = K_FIXED, .imin = 0, .imax = 1, .def = {v}}
@@ -73,14 +77,6 @@ static const char *const warmup_names[] = {"log", "linear"};
 static const char *const device_names[] = {"none", "cpu", "nvme"};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16"};
 static const char *const log_names[] = {"error", "warn", "info", "debug", "trace"};
-/* auto: the tensor-core kernels where the shape allows, the backward in one pass where that is
- * faster; simple: the plain kernels for every shape (kernels/cuda/attention.cu); one-pass and
- * two-pass: the tensor-core backward in one pass or in two, for every shape they take; wgmma: the
- * forward on Hopper's warpgroup MMA where it takes the shape, the rest as auto. */
-static const char *const cuda_attention_names[] = {"auto", "simple", "one-pass", "two-pass",
-                                                   "wgmma"};
-/* cublaslt: cuBLASLt; plain: matmul's own plain kernel for every call (kernels/cuda/matmul.cu). */
-static const char *const cuda_matmul_names[] = {"cublaslt", "plain"};
 
 /* Keys of one section are contiguous: tz_config_dump nests by walking this order. */
 const struct key tz_config_keys[] = {
@@ -184,8 +180,9 @@ const struct key tz_config_keys[] = {
   INT("tierzero.device", tierzero.device, -1, 1023, -1, 0),
   BOOL("tierzero.gds", tierzero.gds, 1),
   SIZE("tierzero.hbm_pin_piece", tierzero.hbm_pin_piece, 0, 0, 0),
-  ENUM("tierzero.cuda_attention", tierzero.cuda_attention, cuda_attention_names, 0, 0),
-  ENUM("tierzero.cuda_matmul", tierzero.cuda_matmul, cuda_matmul_names, 0, 0),
+  /* the cuda backend's (kernels/cuda/choice.c says what they accept and mean) */
+  SETTING("tierzero.cuda_attention", "cuda", "attention", 0),
+  SETTING("tierzero.cuda_matmul", "cuda", "matmul", 1),
   DBL("tierzero.comm_timeout", tierzero.comm_timeout, 0, INFINITY, 300, F_MIN_OPEN),
   PATHS("tierzero.weight_decay_exclude", tierzero.weight_decay_exclude),
   PATHS("tierzero.recompute", tierzero.recompute),
@@ -496,4 +493,43 @@ const char *tz_config_no_effect_key(const struct tz_config *c, int i) {
 int tz_config_is_auto(const struct tz_config *c, const char *path) {
   const struct key *k = tz_config_find_key(path);
   return k && bit_get(c->auto_, (int)(k - tz_config_keys));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Backend settings */
+
+int tz_config_backend_setting(const struct tz_config *c, int i, const char **key,
+                              const char **backend, const char **setting, const char **value) {
+  int n = 0;
+  for (int k = 0; k < N_KEYS; k++) {
+    const struct key *kk = &tz_config_keys[k];
+    if (!(kk->flags & F_BACKEND))
+      continue;
+    const char *v = *(char *const *)((const char *)c + kk->off);
+    if (!v || n++ != i)
+      continue;
+    *key = kk->path;
+    *backend = kk->backend;
+    *setting = kk->setting;
+    *value = v;
+    return 1;
+  }
+  return 0;
+}
+
+int tz_config_backend_settings(const struct tz_config *c, const char *backend, char *buf,
+                               size_t len) {
+  size_t at = 0;
+  const char *key, *b, *name, *value;
+  buf[0] = '\0';
+  for (int i = 0; tz_config_backend_setting(c, i, &key, &b, &name, &value); i++) {
+    if (strcmp(b, backend) != 0)
+      continue;
+    int n = snprintf(buf + at, len - at, "%s%s=%s", at ? "," : "", name, value);
+    if (n < 0 || (size_t)n >= len - at)
+      return tz_err_set(TZ_EINVAL, "config: the %s backend's settings are longer than %zu bytes",
+                        backend, len);
+    at += (size_t)n;
+  }
+  return 0;
 }

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "core/error.h"
+#include "core/settings.h"
 #include "kernels/compute_impl.h"
 
 int tz_dtype_parse(const char *s, enum tz_dtype *out) {
@@ -25,9 +26,6 @@ int tz_dtype_parse(const char *s, enum tz_dtype *out) {
   }
   return tz_err_set(TZ_EINVAL, "dtype: unknown '%s' (want f32, bf16 or f16)", s ? s : "(null)");
 }
-
-const char *const tz_cuda_attention_tile_names[TZ_CUDA_ATTENTION_TILES] = {"4x32", "4x64", "8x32",
-                                                                           "8x64"};
 
 static int dtype_valid(enum tz_dtype dt) { return dt == TZ_F32 || dt == TZ_BF16 || dt == TZ_F16; }
 
@@ -50,6 +48,13 @@ int tz_compute_create_from(const struct tz_compute_backend *b, const struct tz_c
                       (int)q.dtype, (int)q.grad_dtype);
   if (q.n_threads < 0)
     return tz_err_set(TZ_EINVAL, "compute %s: n_threads %d < 0", backend, q.n_threads);
+  char who[64];
+  snprintf(who, sizeof who, "compute %s", backend);
+  int64_t settings[TZ_COMPUTE_MAX_SETTINGS];
+  if (b->n_settings > TZ_COMPUTE_MAX_SETTINGS)
+    return tz_err_set(TZ_EINVAL, "%s: %d settings, more than %d", who, b->n_settings,
+                      TZ_COMPUTE_MAX_SETTINGS);
+  TZ_CHECK(tz_settings_parse(who, b->settings, b->n_settings, q.settings, settings));
   tz_compute *cm = calloc(1, sizeof *cm);
   if (!cm)
     return tz_err_set(TZ_ENOMEM, "compute %s: out of memory", backend);
@@ -57,7 +62,7 @@ int tz_compute_create_from(const struct tz_compute_backend *b, const struct tz_c
   cm->dtype = q.dtype;
   cm->grad_dtype = q.grad_dtype;
   cm->n_threads = 1;
-  int rc = b->create(&q, cm);
+  int rc = b->create(&q, settings, cm);
   if (rc < 0) {
     free(cm);
     return rc;

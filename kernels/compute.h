@@ -46,37 +46,10 @@ extern "C" {
 
 typedef struct tz_compute tz_compute;
 struct tz_adam_params; /* kernels/adam.h */
+struct tz_setting;     /* core/settings.h */
 
 /* Parses "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16". TZ_EINVAL otherwise. */
 int tz_dtype_parse(const char *s, enum tz_dtype *out);
-
-/* How the cuda backend picks its kernels, for the tests of each path. */
-enum tz_cuda_kernels {
-  /* default: as the key's environment variable says (TZ_CUDA_ATTENTION, TZ_CUDA_MATMUL), read
-   * through core/config.h, else TZ_CUDA_KERNELS_BEST */
-  TZ_CUDA_KERNELS_ENV = 0,
-  TZ_CUDA_KERNELS_BEST,  /* attention: the tensor-core kernels where the shape allows: on
-                          * Hopper's warpgroup MMA where they take it (bf16, head dim 128, sm_90),
-                          * else mma.sync with the backward in one pass where that was measured
-                          * faster (bf16, head dim 128, or 96 with grouped kv heads:
-                          * docs/cuda-kernels.md) and in two elsewhere; matmul: cuBLASLt */
-  TZ_CUDA_KERNELS_PLAIN, /* the plain kernels for every call (attention "simple", matmul "plain") */
-  TZ_CUDA_KERNELS_ONE_PASS, /* attention "one-pass": the tensor-core kernels, and the backward in
-                             * one pass over the key tiles (5 tile products instead of 7); matmul:
-                             * as BEST */
-  TZ_CUDA_KERNELS_TWO_PASS, /* attention "two-pass": the tensor-core kernels with the backward in
-                             * two passes for every shape (BEST takes the one-pass backward where
-                             * it was measured faster); matmul: as BEST */
-  TZ_CUDA_KERNELS_WGMMA,    /* attention "wgmma": the kernels on Hopper's warpgroup MMA where
-                             * they take the shape, the rest as BEST; matmul: as BEST */
-};
-
-/* The cuda backend's one-pass attention backward comes in tiles named "warps x query rows": a
- * block of that many warps of 16 key rows visits query chunks of that many rows. The first is
- * the one-pass mode's default and the only one built at every shape; the others are built for
- * bf16 at head dim 128 only (tz-bench layer times each), where auto runs the last (8x64). */
-#define TZ_CUDA_ATTENTION_TILES 4
-extern const char *const tz_cuda_attention_tile_names[TZ_CUDA_ATTENTION_TILES];
 
 /* What a backend needs to create an instance. Zero means "the backend's default" throughout. */
 struct tz_compute_params {
@@ -90,11 +63,11 @@ struct tz_compute_params {
                                      (destroy only synchronizes it), and the caller keeps it alive
                                      until after tz_compute_destroy. NULL: the instance creates (and
                                      destroys) its own non-blocking stream. cpu: ignored. */
-  enum tz_cuda_kernels attention; /* cuda: the attention kernels (tierzero.cuda_attention) */
-  enum tz_cuda_kernels matmul;    /* cuda: the matmul's path (tierzero.cuda_matmul) */
-  int attention_tiles;            /* cuda, one-pass backward: its tiles for bf16 at head dim 128,
-                                     an index into tz_cuda_attention_tile_names (0: the default,
-                                     which every other shape runs) */
+  const char *settings;           /* the backend's own settings, "name=value,name=value"
+                                     (core/settings.h), parsed and checked by the backend: cuda's
+                                     attention kernels and matmul path (docs/config.md,
+                                     tierzero.cuda_*); NULL: its defaults. cpu has none. Their
+                                     environment variables win over them. */
 };
 void tz_compute_params_init(struct tz_compute_params *p);
 
@@ -108,6 +81,12 @@ int tz_compute_backend_built(const char *name);
 /* 0 when the backend can run here; otherwise a negative code and why[] says why
  * ("cuda: not compiled in", "cuda: cudaGetDeviceCount: no CUDA-capable device is detected"). */
 int tz_compute_probe(const char *backend, char *why, size_t why_len);
+/* The settings backend takes (tz_compute_params.settings), *n of them; NULL with *n 0 for a
+ * backend that has none or is not in this build. Static. */
+const struct tz_setting *tz_compute_settings(const char *backend, int *n);
+/* Checks settings for backend as tz_compute_create would (the environment included), without
+ * creating anything: TZ_ECONFIG naming what is wrong; TZ_ENOENT for a backend not in this build. */
+int tz_compute_settings_check(const char *backend, const char *settings);
 
 /* Creates an instance. The caller owns it and destroys it with tz_compute_destroy after every
  * allocation from it has been freed. p may be NULL for defaults. Errors: TZ_ENOENT (no such

@@ -9,6 +9,9 @@
 
 #include "kernels/compute.h"
 
+/* The most settings one compute backend has (a bound for parsing them on the stack). */
+#define TZ_COMPUTE_MAX_SETTINGS 8
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -84,16 +87,21 @@ struct tz_compute {
 };
 
 /* One per backend. create() receives parameters with defaults already filled in (dtype and
- * grad_dtype valid enum values, n_threads >= 1 for cpu) and fills the instance's ops, ctx and
- * n_threads; the registry sets the rest. It returns TZ_ENOTSUP for a dtype it lacks. */
+ * grad_dtype valid enum values, n_threads >= 1 for cpu) and p->settings parsed against the
+ * backend's table into settings[n_settings] (core/settings.h: an enum's index, a boolean, a
+ * size), and fills the instance's ops, ctx and n_threads; the registry sets the rest. It returns TZ_ENOTSUP for a dtype it lacks. */
 struct tz_compute_backend {
   const char *name;
   int (*probe)(char *why, size_t why_len);
-  int (*create)(const struct tz_compute_params *p, tz_compute *cm);
+  int (*create)(const struct tz_compute_params *p, const int64_t *settings, tz_compute *cm);
   /* optional, both or neither: NULL means the backend has no devices (TZ_ENOTSUP). device_info
    * receives *out with the defaults of compute.h already set; device is >= -1. */
   int (*device_info)(int device, struct tz_compute_device *out);
   int (*device_memory)(int device, uint64_t *free_bytes, uint64_t *total_bytes);
+  /* optional: NULL with n_settings 0 means the backend takes no settings (any is refused). The
+   * backend's create parses tz_compute_params.settings against these itself. */
+  const struct tz_setting *settings;
+  int n_settings;
 };
 
 /* Creates an instance of backend b (tz_compute_create's checks and errors, the backend's probe

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/settings.h"
 #include "kernels/compute_impl.h"
 
 static const struct tz_compute_backend *const backends[] = {
@@ -43,6 +44,25 @@ int tz_compute_probe(const char *backend, char *why, size_t why_len) {
   if (why && why_len)
     why[0] = '\0';
   return b->probe(why, why_len);
+}
+
+const struct tz_setting *tz_compute_settings(const char *backend, int *n) {
+  const struct tz_compute_backend *b = find_backend(backend);
+  *n = b ? b->n_settings : 0;
+  return b ? b->settings : NULL;
+}
+
+int tz_compute_settings_check(const char *backend, const char *settings) {
+  const struct tz_compute_backend *b = find_backend(backend);
+  if (!b)
+    return tz_err_set(TZ_ENOENT, "compute: no backend '%s' in this build", backend);
+  char who[64];
+  snprintf(who, sizeof who, "compute %s", b->name);
+  int64_t v[TZ_COMPUTE_MAX_SETTINGS];
+  if (b->n_settings > TZ_COMPUTE_MAX_SETTINGS)
+    return tz_err_set(TZ_EINVAL, "%s: %d settings, more than %d", who, b->n_settings,
+                      TZ_COMPUTE_MAX_SETTINGS);
+  return tz_settings_parse(who, b->settings, b->n_settings, settings, v);
 }
 
 int tz_compute_create(const char *backend, const struct tz_compute_params *p, tz_compute **out) {

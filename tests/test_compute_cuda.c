@@ -40,6 +40,7 @@
 #include "core/error.h"
 #include "kernels/adam.h"
 #include "kernels/compute.h"
+#include "kernels/cuda/choice.h"
 #include "refmodel.h"
 #include "testlib.h"
 #include "trainer/model.h"
@@ -309,16 +310,16 @@ static void add_out(struct op *op, struct buf *b, const char *name, double tol) 
 
 /* ---- environments ---- */
 
-/* An instance of storage S, gradients G, the given attention kernels and one-pass tiles
- * (tz_compute_params.attention, .attention_tiles); attn_bwd names them in the checks' lines. */
-static int env_open_with(struct env *e, enum tz_dtype S, enum tz_dtype G,
-                         enum tz_cuda_kernels kernels, int tiles, const char *attn_bwd) {
+/* An instance of storage S, gradients G, and the backend's settings (kernels/cuda/choice.c:
+ * the attention kernels and one-pass tiles; NULL: as the environment says, else auto's);
+ * attn_bwd names them in the checks' lines. */
+static int env_open_with(struct env *e, enum tz_dtype S, enum tz_dtype G, const char *settings,
+                         const char *attn_bwd) {
   struct tz_compute_params p;
   tz_compute_params_init(&p);
   p.dtype = S;
   p.grad_dtype = G;
-  p.attention = kernels;
-  p.attention_tiles = tiles;
+  p.settings = settings;
   e->S = S;
   e->G = G;
   const char *mm = getenv("TZ_CUDA_MATMUL");
@@ -329,20 +330,23 @@ static int env_open_with(struct env *e, enum tz_dtype S, enum tz_dtype G,
 
 /* The default instance: the kernels TZ_CUDA_ATTENTION and TZ_CUDA_MATMUL say, else auto's. */
 static int env_open(struct env *e, enum tz_dtype S, enum tz_dtype G) {
-  return env_open_with(e, S, G, TZ_CUDA_KERNELS_ENV, 0, NULL);
+  return env_open_with(e, S, G, NULL, NULL);
 }
 
 /* An instance whose attention backward is the two-pass one for every shape, f32 gradients. */
 static int env_open_twopass(struct env *e, enum tz_dtype S) {
-  return env_open_with(e, S, TZ_F32, TZ_CUDA_KERNELS_TWO_PASS, 0, "two-pass");
+  return env_open_with(e, S, TZ_F32, "attention=two-pass", "two-pass");
 }
 
 /* An instance whose attention backward is the one-pass kernel (attention_onepass.cu) with the
  * given tiles (an index into its tile names; 0 the default), f32 gradients. */
 static int env_open_onepass(struct env *e, enum tz_dtype S, int tiles) {
-  static char names[TZ_CUDA_ATTENTION_TILES][32];
-  snprintf(names[tiles], sizeof names[tiles], "one-pass %s", tz_cuda_attention_tile_names[tiles]);
-  return env_open_with(e, S, TZ_F32, TZ_CUDA_KERNELS_ONE_PASS, tiles, names[tiles]);
+  static char names[TZ_CUDA_TILES][32];
+  char settings[64];
+  snprintf(names[tiles], sizeof names[tiles], "one-pass %s", tz_cuda_tile_names[tiles]);
+  snprintf(settings, sizeof settings, "attention=one-pass,attention_tiles=%s",
+           tz_cuda_tile_names[tiles]);
+  return env_open_with(e, S, TZ_F32, settings, names[tiles]);
 }
 
 static void env_close(struct env *e) {
@@ -1334,7 +1338,7 @@ static void test_attention_wgmma(void **state) {
   int forced = env && strcmp(env, "simple") == 0;
   for (int d = 0; d < 2; d++) {
     struct env e;
-    TZ_ASSERT_OK(env_open_with(&e, storage_dtypes[d], TZ_F32, TZ_CUDA_KERNELS_WGMMA, 0, "wgmma"));
+    TZ_ASSERT_OK(env_open_with(&e, storage_dtypes[d], TZ_F32, "attention=wgmma", "wgmma"));
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
       attention_case(&e, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4],
                      forced);
@@ -1343,7 +1347,7 @@ static void test_attention_wgmma(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
-/* The one-pass backward's tiles (tz_compute_params.attention_tiles; bf16 at head dims 128, 64
+/* The one-pass backward's tiles (the setting attention_tiles; bf16 at head dims 128, 64
  * and 96, the others run the default): each against the float64 reference and twice to the same
  * bits, at sequence lengths of one chunk, of many (the key tiles' additions to each chunk's dq wait
  * for each other, up to 17 of them at T = 1030 with 64-key tiles, 64 at T = 4096), and not a
@@ -1357,7 +1361,7 @@ static void test_attention_onepass_tiles(void **state) {
                                   {1, 333, 8, 2, 96}};
   const char *env = getenv("TZ_CUDA_ATTENTION");
   int forced = env && strcmp(env, "simple") == 0;
-  for (int tiles = 0; tiles < 4; tiles++) {
+  for (int tiles = 0; tiles < TZ_CUDA_TILES; tiles++) {
     struct env e;
     TZ_ASSERT_OK(env_open_onepass(&e, TZ_BF16, tiles));
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -1415,14 +1419,14 @@ static void test_attention_onepass_tiles(void **state) {
     env_close(&e1);
     env_close(&e0);
   }
-  /* an index past the tiles is refused */
+  /* tiles it does not have are refused, naming the setting */
   struct tz_compute_params p;
   tz_compute_params_init(&p);
   p.dtype = TZ_BF16;
-  p.attention_tiles = 4;
+  p.settings = "attention=one-pass,attention_tiles=16x16";
   tz_compute *bad = NULL;
-  assert_int_equal(tz_compute_create("cuda", &p, &bad), TZ_EINVAL);
-  assert_non_null(strstr(tz_err_msg(), "attention_tiles 4"));
+  assert_int_equal(tz_compute_create("cuda", &p, &bad), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "attention_tiles \"16x16\" is not one of 4x32"));
   assert_int_equal(g_failures, 0);
 }
 

@@ -951,10 +951,6 @@ static void test_tunable_keys(void **state) {
        "tierzero.sched_debug: expected 1, 0, true, false, yes, no, on or off, got \"2\""},
       {"tierzero.gds", "TZ_GDS", "0", "maybe", NULL},
       {"tierzero.hbm_pin_piece", "TZ_HBM_PIN_PIECE", "2MiB", "2 parsecs", NULL},
-      {"tierzero.cuda_attention", "TZ_CUDA_ATTENTION", "simple", "fancy",
-       "tierzero.cuda_attention: unknown value \"fancy\" (expected one of auto, simple, one-pass, two-pass, wgmma)"},
-      {"tierzero.cuda_matmul", "TZ_CUDA_MATMUL", "plain", "cublas",
-       "tierzero.cuda_matmul: unknown value \"cublas\" (expected one of cublaslt, plain)"},
       {"tierzero.comm_timeout", "TZ_COMM_TIMEOUT", "12.5", "0", NULL},
   };
   clear_env();
@@ -999,18 +995,50 @@ static void test_tunable_keys(void **state) {
   tz_config_defaults(&c);
   assert_int_equal(c.tierzero.gds, 1);
   assert_int_equal(c.tierzero.hbm_pin_piece, 0);
-  assert_int_equal(c.tierzero.cuda_attention, 0);
-  assert_int_equal(c.tierzero.cuda_matmul, 0);
   assert_true(c.tierzero.comm_timeout == 300);
   TZ_ASSERT_OK(tz_config_set(&c, "tierzero.hbm_pin_piece", "2MiB"));
   assert_int_equal(c.tierzero.hbm_pin_piece, 2u << 20);
-  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "simple"));
-  assert_int_equal(c.tierzero.cuda_attention, 1);
-  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "one-pass"));
-  assert_int_equal(c.tierzero.cuda_attention, 2);
-  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "two-pass"));
-  assert_int_equal(c.tierzero.cuda_attention, 3);
   assert_int_equal(tz_config_env_key(&c, "optimizer.params.lr"), TZ_ENOENT);
+  tz_config_free(&c);
+}
+
+/* A backend's settings (tierzero.cuda_attention, tierzero.cuda_matmul): the config keeps the text
+ * from the file, --set or the variable (which wins), in the key table's order, and hands each
+ * backend its own as one string; what the text means is the backend's to check
+ * (tests/test_cuda_choice.c), so any text is stored. */
+static void test_backend_settings_text(void **state) {
+  (void)state;
+  clear_env();
+  struct tz_config c;
+  tz_config_defaults(&c);
+  char buf[128];
+  TZ_ASSERT_OK(tz_config_backend_settings(&c, "cuda", buf, sizeof buf));
+  assert_string_equal(buf, "");
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_matmul", "plain"));
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "wgmma"));
+  TZ_ASSERT_OK(tz_config_backend_settings(&c, "cuda", buf, sizeof buf));
+  assert_string_equal(buf, "attention=wgmma,matmul=plain");
+  TZ_ASSERT_OK(tz_config_backend_settings(&c, "cpu", buf, sizeof buf));
+  assert_string_equal(buf, "");
+  const char *key, *backend, *setting, *value;
+  assert_int_equal(tz_config_backend_setting(&c, 1, &key, &backend, &setting, &value), 1);
+  assert_string_equal(key, "tierzero.cuda_matmul");
+  assert_string_equal(backend, "cuda");
+  assert_string_equal(setting, "matmul");
+  assert_string_equal(value, "plain");
+  assert_int_equal(tz_config_backend_setting(&c, 2, &key, &backend, &setting, &value), 0);
+  /* the variable wins over the file, as for every key */
+  setenv("TZ_CUDA_ATTENTION", "two-pass", 1);
+  TZ_ASSERT_OK(tz_config_apply_env(&c));
+  unsetenv("TZ_CUDA_ATTENTION");
+  TZ_ASSERT_OK(tz_config_backend_settings(&c, "cuda", buf, sizeof buf));
+  assert_string_equal(buf, "attention=two-pass,matmul=plain");
+  /* too long for the caller's buffer: said, not cut */
+  assert_int_equal(tz_config_backend_settings(&c, "cuda", buf, 10), TZ_EINVAL);
+  /* text the backend will refuse is the backend's to refuse */
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "fancy"));
+  TZ_ASSERT_OK(tz_config_backend_settings(&c, "cuda", buf, sizeof buf));
+  assert_string_equal(buf, "attention=fancy,matmul=plain");
   tz_config_free(&c);
 }
 
@@ -1060,6 +1088,7 @@ int main(void) {
       cmocka_unit_test(test_dump_round_trip),
       cmocka_unit_test(test_docs_cover_keys),
       cmocka_unit_test(test_tunable_keys),
+      cmocka_unit_test(test_backend_settings_text),
       cmocka_unit_test(test_comm_timeout_reaches_comm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

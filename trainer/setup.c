@@ -122,26 +122,49 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
     return tz_err_set(TZ_ENOENT, "train: no compute backend '%s' (cpu or cuda)", backend);
   }
   tr->es = tz_dtype_size(tr->S);
-  return 0;
+  /* every backend's settings checked now, before anything is allocated */
+  char settings[256];
+  return tz_train_compute_settings(&tr->cfg, tr->backend, settings, sizeof settings);
 }
 
-/* The compute instance: after the compute tier and, on a GPU, the lane, whose stream it enqueues
- * on (so that the scheduler's waits on that lane order its work). */
-static void compute_params(const tz_trainer *tr, struct tz_compute_params *cp) {
+int tz_train_compute_settings(const struct tz_config *c, const char *backend, char *buf,
+                              size_t len) {
+  const char *key, *b, *name, *value;
+  for (int i = 0; tz_config_backend_setting(c, i, &key, &b, &name, &value); i++) {
+    if (!tz_compute_backend_built(b)) {
+      TZ_WARN("config: %s is a setting of the %s backend, which this build lacks: ignored", key, b);
+      continue;
+    }
+    char one[256];
+    snprintf(one, sizeof one, "%s=%s", name, value);
+    if (tz_compute_settings_check(b, one) < 0) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", tz_err_msg());
+      return tz_err_set(TZ_ECONFIG, "config: %s: %s", key, why);
+    }
+  }
+  return tz_config_backend_settings(c, backend, buf, len);
+}
+
+/* The compute instance's parameters: after the compute tier and, on a GPU, the lane, whose
+ * stream it enqueues on (so that the scheduler's waits on that lane order its work). settings
+ * holds the backend's settings string for as long as cp is used (checked by choose_backend). */
+static int compute_params(const tz_trainer *tr, struct tz_compute_params *cp, char *settings,
+                          size_t len) {
   tz_compute_params_init(cp);
   cp->n_threads = tr->cfg.tierzero.threads;
   cp->dtype = tr->S;
   cp->grad_dtype = TZ_F32;
   cp->device = tr->device;
-  static const enum tz_cuda_kernels attention[] = {TZ_CUDA_KERNELS_BEST, TZ_CUDA_KERNELS_PLAIN,
-                                                   TZ_CUDA_KERNELS_ONE_PASS};
-  cp->attention = attention[tr->cfg.tierzero.cuda_attention];
-  cp->matmul = tr->cfg.tierzero.cuda_matmul ? TZ_CUDA_KERNELS_PLAIN : TZ_CUDA_KERNELS_BEST;
+  TZ_CHECK(tz_config_backend_settings(&tr->cfg, tr->backend, settings, len));
+  cp->settings = settings;
+  return 0;
 }
 
 static int create_compute(tz_trainer *tr) {
   struct tz_compute_params cp;
-  compute_params(tr, &cp);
+  char settings[256];
+  TZ_CHECK(compute_params(tr, &cp, settings, sizeof settings));
   if (tr->lane)
     cp.stream = tz_lane_native(tr->lane);
   return tz_compute_create(tr->backend, &cp, &tr->cm);
@@ -154,7 +177,8 @@ static int create_compute(tz_trainer *tr) {
  * bound it gave. */
 static int measure_layer(tz_trainer *tr, const struct tz_trainer_params *p) {
   struct tz_compute_params cp;
-  compute_params(tr, &cp);
+  char settings[256];
+  TZ_CHECK(compute_params(tr, &cp, settings, sizeof settings));
   tz_compute *cm = NULL;
   TZ_CHECK(tz_compute_create(tr->backend, &cp, &cm));
   double s = 0;

@@ -86,6 +86,14 @@ struct tz_trainer_params {
 };
 void tz_trainer_params_init(struct tz_trainer_params *p);
 
+/* The settings string of compute backend `backend` from the config's backend keys
+ * (tierzero.cuda_attention, ...: tz_config_backend_setting), after checking every such key the
+ * config sets against its backend (the environment's variables included), whichever backend runs:
+ * TZ_ECONFIG naming the key and what its backend accepts. A key of a backend this build lacks is
+ * warned about and left out. TZ_EINVAL when the string does not fit in len. */
+int tz_train_compute_settings(const struct tz_config *c, const char *backend, char *buf,
+                              size_t len);
+
 /* Creates the tiers the plan needs inside rt (compute: a host tier of tierzero.hbm_budget bytes
  * on a CPU-only machine; host; nvme under tierzero.nvme_path), places every rank's shards in them
  * initialised from (seed, index) (the same numbers at every world size), and declares the step's

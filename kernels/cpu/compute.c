@@ -728,7 +728,8 @@ static int cpu_probe(char *why, size_t why_len) {
   return 0;
 }
 
-static int cpu_create(const struct tz_compute_params *p, tz_compute *cm) {
+static int cpu_create(const struct tz_compute_params *p, const int64_t *settings, tz_compute *cm) {
+  (void)settings; /* it has none */
   if (p->dtype != TZ_F32 || p->grad_dtype != TZ_F32)
     return tz_err_set(TZ_ENOTSUP,
                       "compute cpu: storage %s, gradients %s: the cpu backend is float32 only",

@@ -332,19 +332,42 @@ static int check_grid(int B, int H) {
   return 0;
 }
 
+/* The least alignment of the n tensors ts, in bytes, up to 256. */
+static unsigned least_alignment(const void *const *ts, int n) {
+  uintptr_t bits = 256;
+  for (int i = 0; i < n; i++)
+    bits |= (uintptr_t)ts[i];
+  return (unsigned)(bits & (~bits + 1));
+}
+
+/* The kernels tz_cuda_attention_choose gives a call of this instance. */
+static struct tz_cuda_attention_choice choose(const struct tz_cuda *c, int H, int Hkv, int D,
+                                              const void *const *ts, int n) {
+  struct tz_cuda_attention_call call = {c->S, c->sm90, H, Hkv, D, least_alignment(ts, n)};
+  return tz_cuda_attention_choose(c->attention, c->attention_tiles, &call);
+}
+
+/* A kernel that declined a call the choice gave it: the choice and the kernel's own checks
+ * disagree, a programmer's error. */
+static int declined(const char *op, enum tz_cuda_attention_kernel k, int D) {
+  return tz_err_set(TZ_EINVAL, "compute cuda %s: the %s kernels declined head dim %d, which "
+                               "tz_cuda_attention_choose gave them",
+                    op, tz_cuda_attention_kernel_name(k), D);
+}
+
 int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
                           const void *v, int B, int T, int H, int Hkv, int D) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
-  if (!c->attn_simple) {
-    int rc = c->attn_wgmma ? tz_cuda_attention_fwd_wgmma(c, out, lse, q, k, v, B, T, H, Hkv, D)
-             : c->attn_onepass
+  const void *ts[] = {out, q, k, v};
+  struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 4);
+  if (ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
+    int rc = ch.fwd == TZ_CUDA_KERNEL_WGMMA
+                 ? tz_cuda_attention_fwd_wgmma(c, out, lse, q, k, v, B, T, H, Hkv, D)
+             : ch.fwd == TZ_CUDA_KERNEL_ONE_PASS
                  ? tz_cuda_attention_fwd_onepass(c, out, lse, q, k, v, B, T, H, Hkv, D)
-                 : 1;
-    if (rc > 0)
-      rc = tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D);
-    if (rc <= 0)
-      return rc;
+                 : tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D);
+    return rc > 0 ? declined("attention_fwd", ch.fwd, D) : rc;
   }
   float scale = 1.0f / sqrtf((float)D);
   dim3 grid((unsigned)((T + BQ - 1) / BQ), (unsigned)H, (unsigned)B);
@@ -373,22 +396,18 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
     TZ_CU_LAUNCHED();
     return 0;
   }));
-  if (!c->attn_simple) {
-    /* wgmma's where it takes the shape, else one-pass in its tiles, auto's where it is
-     * faster, else (or where they decline) two-pass */
-    int tiles = c->attn_onepass   ? c->attn_tiles
-                : c->attn_twopass ? -1
-                                  : tz_cuda_attention_onepass_tiles(c, H, Hkv, D);
-    int rc = c->attn_wgmma ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v, lse,
-                                                        B, T, H, Hkv, D)
-                           : 1;
-    if (rc > 0 && tiles >= 0)
-      rc = tz_cuda_attention_bwd_onepass(c, tiles, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
-                                         Hkv, D);
-    if (rc > 0)
-      rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
-    if (rc <= 0)
-      return rc;
+  const void *ts[] = {dq, dk, dv, dout, q, k, v};
+  struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 7);
+  if (ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
+    int rc = ch.bwd == TZ_CUDA_KERNEL_WGMMA
+                 ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
+                                               Hkv, D)
+             : ch.bwd == TZ_CUDA_KERNEL_ONE_PASS
+                 ? tz_cuda_attention_bwd_onepass(c, ch.tiles, dq, dk, dv, delta, dout, q, k, v,
+                                                 lse, B, T, H, Hkv, D)
+                 : tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
+                                             Hkv, D);
+    return rc > 0 ? declined("attention_bwd", ch.bwd, D) : rc;
   }
   float scale = 1.0f / sqrtf((float)D);
   dim3 grid_q((unsigned)((T + BQ - 1) / BQ), (unsigned)H, (unsigned)B);

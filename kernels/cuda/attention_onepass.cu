@@ -543,11 +543,10 @@ int launch(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta, 
   return 0;
 }
 
-/* The tiles by index (tz_compute_params.attention_tiles, tz_cuda_attention_tile_names in
- * compute.h): 0, 4 warps (64 keys) and query chunks of 32, built for every shape, the one-pass
+/* The tiles by index (the setting attention_tiles, tz_cuda_tile_names in choice.h): 0, 4 warps (64 keys) and query chunks of 32, built for every shape, the one-pass
  * mode's default; the others built for bf16 only, at the widths of the models' common head dims
  * (128 and 64 exact, 96 padded; to keep the build small), timed by tz-bench layer; 3 (8x64) is
- * what auto runs (tz_cuda_attention_onepass_tiles, below). */
+ * what auto runs (tz_cuda_attention_onepass_tiles, choice.c). */
 template <typename W> constexpr bool all_tiles() {
   return (W::DP == 128 && !W::PAD) || (W::DP == 64 && !W::PAD) || (W::DP == 96 && W::PAD);
 }
@@ -610,16 +609,3 @@ int tz_cuda_attention_fwd_onepass(struct tz_cuda *c, void *out, float *lse, cons
   });
 }
 
-/* Where auto runs the one-pass backward: measured on the H200 (tz-bench layer, every shape of
- * tools/gpu-check.sh attnshapes; docs/cuda-kernels.md), in its 8x64 tiles it is faster than the
- * two-pass kernels for bf16 at head dim 128, with a kv head per query head (3.35 ms against 3.96
- * for attention at T 2048, 11.85 against 13.43 at 8192, even at 128) and with grouped kv heads
- * since each query head has a block of its own (Qwen2-7B's 28/4: 3.09 against 4.42; 32/8: 3.42
- * against 3.97), and at head dim 96 with grouped kv heads (32/8: 2.98 against 3.19); at 64 it is
- * slower (32/8: 2.29 against 2.16), and at 80 and at 96 with a kv head per head it was not
- * measured in these tiles (at 80, 4x32: 3.61 against 2.53). */
-int tz_cuda_attention_onepass_tiles(const struct tz_cuda *c, int H, int Hkv, int D) {
-  if (c->S != TZ_BF16)
-    return -1;
-  return D == 128 || (D == 96 && Hkv < H) ? 3 : -1;
-}

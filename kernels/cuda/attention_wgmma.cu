@@ -561,13 +561,12 @@ template <int DP_, bool PAD_> struct tiles {
 };
 
 /* Calls f with the tiles for head dim D: 64 and 128 exactly, a multiple of 8 between them padded
- * to 128; 1 (declined) for any other, and for any but 128 unless the instance was asked for the
- * wgmma kernels by name (auto takes those head dims to the mma.sync kernels until the wgmma ones
- * are measured faster there). */
-template <typename F> int with_tiles(const struct tz_cuda *c, int D, F f) {
+ * to 128; 1 (declined) for any other. Which head dims run here is tz_cuda_attention_choose's
+ * choice (auto keeps 128's). */
+template <typename F> int with_tiles(int D, F f) {
   if (D == 128)
     return f(tiles<128, false>{});
-  if (!c->attn_wgmma_all || D % 8 != 0 || D < 64 || D > 128)
+  if (D % 8 != 0 || D < 64 || D > 128)
     return 1;
   if (D == 64)
     return f(tiles<64, false>{});
@@ -581,7 +580,7 @@ int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const 
   if (c->S != TZ_BF16 || !c->sm90 || !tz_cuda_aligned16(out) || !tz_cuda_aligned16(q) ||
       !tz_cuda_aligned16(k) || !tz_cuda_aligned16(v))
     return 1;
-  return with_tiles(c, D, [&](auto t) {
+  return with_tiles(D, [&](auto t) {
     using W = decltype(t);
     return launch_fwd<FWD_NWG, true, W::DP, W::PAD>(c, out, lse, q, k, v, B, T, H, Hkv, D);
   });
@@ -598,7 +597,7 @@ int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
   if (c->S != TZ_BF16 || !c->sm90)
     return 1;
   float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
-  return with_tiles(c, D, [&](auto t) {
+  return with_tiles(D, [&](auto t) {
     using W = decltype(t);
     int rc = launch_dq<DQ_NWG, false, W::DP, W::PAD>(c, dq, delta, dout, q, k, v, lse, B, T, H, Hkv,
                                                      D, scale, scale_log2);

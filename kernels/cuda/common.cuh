@@ -15,6 +15,7 @@ extern "C" {
 #include "core/error.h"
 }
 #include "kernels/compute_impl.h"
+#include "kernels/cuda/choice.h"
 
 /* Returns TZ_ECUDA from the enclosing function, naming the call, CUDA's reason and where. */
 #define TZ_CU(call)                                                                                \
@@ -54,16 +55,10 @@ struct tz_cuda {
   enum tz_dtype G;     /* gradient dtype: S or TZ_F32 */
   int n_sm;            /* multiprocessors, for grid sizes */
   size_t smem_optin;   /* the most shared memory one block may ask for */
-  int attn_simple;     /* tierzero.cuda_attention simple: the plain kernels for every shape */
-  int attn_onepass;    /* tierzero.cuda_attention one-pass: the one-pass tensor-core backward */
-  int attn_twopass;    /* two-pass: the two-pass backward for every shape (auto takes the one-pass
-                          backward where it was measured faster: tz_cuda_attention_onepass_suits) */
-  int attn_tiles;      /* its tiles: an index into tz_cuda_attention_tile_names */
-  int attn_wgmma;      /* auto and wgmma: the forward and backward on warpgroup MMA where they
-                          take the shape */
-  int attn_wgmma_all;  /* wgmma by name: at every head dim those kernels build (auto: 128) */
+  enum tz_cuda_attention_mode attention; /* the setting "attention" (choice.h) */
+  int attention_tiles; /* the setting "attention_tiles": an index into tz_cuda_tile_names */
   int sm90;            /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
-  int mm_plain;        /* TZ_CUDA_MATMUL=plain: matmul's plain kernel instead of cuBLASLt */
+  int mm_plain;        /* the setting "matmul" plain: matmul's plain kernel instead of cuBLASLt */
   cudaStream_t stream; /* where all work goes: params.stream, or the instance's own */
   int stream_borrowed; /* stream came from params.stream: never destroyed here */
   cublasLtHandle_t lt;
@@ -234,10 +229,9 @@ int tz_cuda_attention_mma_route(const struct tz_cuda *c, int D, const void *cons
 /* The kernels of tierzero.cuda_attention one-pass (attention_onepass.cu), which return 1 where
  * they do not take the call, as the ones above do: the forward with blocks of 128 query rows
  * (the same bits as tz_cuda_attention_fwd_mma), and the backward in one pass over the key tiles
- * in the given tiles (an index into tz_cuda_attention_tile_names), dq summed in a fixed order
- * through the instance's scratch. tz_cuda_attention_onepass_tiles: the tiles
- * tierzero.cuda_attention auto runs that backward in for a shape, or -1 where it runs the two-pass
- * kernels. */
+ * in the given tiles (an index into tz_cuda_tile_names), dq summed in a fixed order through the
+ * instance's scratch. Which of the kernels a call runs on is tz_cuda_attention_choose's
+ * (choice.h) alone. */
 int tz_cuda_attention_fwd_onepass(struct tz_cuda *c, void *out, float *lse, const void *q,
                                   const void *k, const void *v, int B, int T, int H, int Hkv,
                                   int D);
@@ -245,10 +239,9 @@ int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, int tiles, void *dq, void *
                                   const float *delta, const void *dout, const void *q,
                                   const void *k, const void *v, const float *lse, int B, int T,
                                   int H, int Hkv, int D);
-int tz_cuda_attention_onepass_tiles(const struct tz_cuda *c, int H, int Hkv, int D);
 /* The forward and the two-pass backward on Hopper's warpgroup MMA (attention_wgmma.cu, built for
- * sm_90a): bf16, head dim 128 (with attn_wgmma_all, multiples of 8 from 64 to 128), 16-byte
- * aligned tensors, an sm_90 device; 1 where they do not take the call. The backward reads delta
+ * sm_90a): bf16, head dims 64 to 128 in multiples of 8 (where tz_cuda_attention_wgmma_takes
+ * admits them), 16-byte aligned tensors, an sm_90 device; 1 where they do not take the call. The backward reads delta
  * as attention.cu's kernel leaves it. */
 int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const void *q,
                                 const void *k, const void *v, int B, int T, int H, int Hkv, int D);

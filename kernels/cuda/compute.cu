@@ -9,7 +9,6 @@
 #include <string.h>
 
 extern "C" {
-#include "core/config.h"
 #include "core/log.h"
 }
 #include "kernels/cuda/adam_cuda.h"
@@ -243,28 +242,8 @@ static int cuda_probe(char *why, size_t why_len) {
   return 0;
 }
 
-/* The kernels k asks for, and for TZ_CUDA_KERNELS_ENV the ones the environment's value of
- * tierzero.cuda_attention (attention) or tierzero.cuda_matmul says, read through the config. */
-static enum tz_cuda_kernels kernels_of(enum tz_cuda_kernels k, int attention) {
-  if (k != TZ_CUDA_KERNELS_ENV)
-    return k;
-  struct tz_config cfg;
-  tz_config_defaults(&cfg);
-  int rc = tz_config_env_key(&cfg, attention ? "tierzero.cuda_attention" : "tierzero.cuda_matmul");
-  if (rc < 0)
-    TZ_WARN("compute cuda: %s; the default kernels are used", tz_err_msg());
-  int v = rc > 0 ? (attention ? cfg.tierzero.cuda_attention : cfg.tierzero.cuda_matmul) : 0;
-  tz_config_free(&cfg);
-  /* Each key's enum: the default, then the plain kernels, then (attention) the one-pass and the
-   * two-pass backward, and the warpgroup-MMA forward. */
-  return v == 1                ? TZ_CUDA_KERNELS_PLAIN
-         : v == 2 && attention ? TZ_CUDA_KERNELS_ONE_PASS
-         : v == 3 && attention ? TZ_CUDA_KERNELS_TWO_PASS
-         : v == 4 && attention ? TZ_CUDA_KERNELS_WGMMA
-                               : TZ_CUDA_KERNELS_BEST;
-}
-
-static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
+static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p,
+                      const int64_t *settings) {
   int n = 0;
   TZ_CU(cudaGetDeviceCount(&n));
   if (p->device < 0 || p->device >= n)
@@ -303,29 +282,18 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p) {
   TZ_CU(cudaHostAlloc((void **)&c->link, TZ_CUDA_LINK_BYTES, cudaHostAllocMapped));
   TZ_CU(cudaMalloc((void **)&c->err_dev, 4 * sizeof(int)));
   TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
-  enum tz_cuda_kernels attn = kernels_of(p->attention, 1);
-  c->attn_simple = attn == TZ_CUDA_KERNELS_PLAIN;
-  c->attn_onepass = attn == TZ_CUDA_KERNELS_ONE_PASS;
-  c->attn_twopass = attn == TZ_CUDA_KERNELS_TWO_PASS;
-  /* auto's kernels are the wgmma ones where they take the shape (at Llama-7B's layer the forward
-   * 1.41x and the backward 1.40x the mma.sync ones: docs/cuda-kernels.md) */
-  c->attn_wgmma = attn == TZ_CUDA_KERNELS_WGMMA || attn == TZ_CUDA_KERNELS_BEST;
-  /* named, they take every head dim they build; auto keeps 128's (the others not yet measured
-   * against the mma.sync kernels) */
-  c->attn_wgmma_all = attn == TZ_CUDA_KERNELS_WGMMA;
+  c->attention = (enum tz_cuda_attention_mode)settings[TZ_CUDA_SET_ATTENTION];
+  c->attention_tiles = (int)settings[TZ_CUDA_SET_ATTENTION_TILES];
+  c->mm_plain = settings[TZ_CUDA_SET_MATMUL] == 1;
   int major = 0, minor = 0;
   TZ_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
   TZ_CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
   c->sm90 = major == 9 && minor == 0;
-  if (p->attention_tiles < 0 || p->attention_tiles >= TZ_CUDA_ATTENTION_TILES)
-    return tz_err_set(TZ_EINVAL, "compute cuda: attention_tiles %d outside [0, %d)",
-                      p->attention_tiles, TZ_CUDA_ATTENTION_TILES);
-  c->attn_tiles = p->attention_tiles;
-  c->mm_plain = kernels_of(p->matmul, 0) == TZ_CUDA_KERNELS_PLAIN;
   return 0;
 }
 
-static int cuda_create(const struct tz_compute_params *p, tz_compute *cm) {
+static int cuda_create(const struct tz_compute_params *p, const int64_t *settings,
+                       tz_compute *cm) {
   if (p->grad_dtype != TZ_F32 && p->grad_dtype != p->dtype)
     return tz_err_set(TZ_ENOTSUP,
                       "compute cuda: gradients in %s with storage %s: gradients must be f32 or "
@@ -336,7 +304,7 @@ static int cuda_create(const struct tz_compute_params *p, tz_compute *cm) {
     return tz_err_set(TZ_ENOMEM, "compute cuda: out of memory");
   c->S = p->dtype;
   c->G = p->grad_dtype;
-  int rc = cuda_setup(c, p);
+  int rc = cuda_setup(c, p, settings);
   if (rc < 0) {
     cuda_destroy(c);
     return rc;
@@ -389,4 +357,6 @@ const struct tz_compute_backend tz_compute_backend_cuda = {
     .create = cuda_create,
     .device_info = cuda_device_info,
     .device_memory = cuda_device_memory,
+    .settings = tz_cuda_settings,
+    .n_settings = TZ_CUDA_N_SETTINGS,
 };

@@ -1,0 +1,172 @@
+/* The cuda backend's choice of attention kernels, without a GPU: each of tierzero.cuda_attention's
+ * names, set through the config, reaches the backend as its setting (the trainer's string,
+ * tz_train_compute_settings) and picks the kernels that name promises for a shape; a name the
+ * backend lacks is refused naming the key; and tz_cuda_attention_choose only ever gives a kernel
+ * that takes the call (each kernel file's predicate), over a sweep of shapes. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/settings.h"
+#include "kernels/compute.h"
+#include "kernels/cuda/choice.h"
+#include "testlib.h"
+#include "trainer/train.h"
+
+/* The backend's settings as tz-train hands them over for config c: parsed as the backend parses
+ * them at create. */
+static int settings_of(const struct tz_config *c, int64_t *v) {
+  char s[256];
+  int rc = tz_train_compute_settings(c, "cuda", s, sizeof s);
+  if (rc < 0)
+    return rc;
+  return tz_settings_parse("compute cuda", tz_cuda_settings, TZ_CUDA_N_SETTINGS, s, v);
+}
+
+/* Every name of tierzero.cuda_attention, through the config (--set, as a file's key is read the
+ * same way), to the kernels a bf16 head-dim-128 call on an H200 and a head-dim-64 one run. */
+static void test_each_name_reaches_its_kernels(void **state) {
+  (void)state;
+  unsetenv("TZ_CUDA_ATTENTION");
+  unsetenv("TZ_CUDA_MATMUL");
+  static const struct {
+    const char *name;
+    enum tz_cuda_attention_mode mode;
+    enum tz_cuda_attention_kernel fwd128, bwd128, fwd64, bwd64;
+  } want[] = {
+      {"auto", TZ_CUDA_ATTENTION_AUTO, TZ_CUDA_KERNEL_WGMMA, TZ_CUDA_KERNEL_WGMMA,
+       TZ_CUDA_KERNEL_MMA, TZ_CUDA_KERNEL_MMA},
+      {"simple", TZ_CUDA_ATTENTION_SIMPLE, TZ_CUDA_KERNEL_PLAIN, TZ_CUDA_KERNEL_PLAIN,
+       TZ_CUDA_KERNEL_PLAIN, TZ_CUDA_KERNEL_PLAIN},
+      {"one-pass", TZ_CUDA_ATTENTION_ONE_PASS, TZ_CUDA_KERNEL_ONE_PASS, TZ_CUDA_KERNEL_ONE_PASS,
+       TZ_CUDA_KERNEL_ONE_PASS, TZ_CUDA_KERNEL_ONE_PASS},
+      {"two-pass", TZ_CUDA_ATTENTION_TWO_PASS, TZ_CUDA_KERNEL_MMA, TZ_CUDA_KERNEL_MMA,
+       TZ_CUDA_KERNEL_MMA, TZ_CUDA_KERNEL_MMA},
+      {"wgmma", TZ_CUDA_ATTENTION_WGMMA, TZ_CUDA_KERNEL_WGMMA, TZ_CUDA_KERNEL_WGMMA,
+       TZ_CUDA_KERNEL_WGMMA, TZ_CUDA_KERNEL_WGMMA},
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    struct tz_config c;
+    tz_config_defaults(&c);
+    TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", want[i].name));
+    int64_t v[TZ_CUDA_N_SETTINGS];
+    TZ_ASSERT_OK(settings_of(&c, v));
+    tz_config_free(&c);
+    if (v[TZ_CUDA_SET_ATTENTION] != want[i].mode)
+      print_error("%s: mode %lld, want %d\n", want[i].name, (long long)v[TZ_CUDA_SET_ATTENTION],
+                  (int)want[i].mode);
+    assert_int_equal(v[TZ_CUDA_SET_ATTENTION], want[i].mode);
+    struct tz_cuda_attention_call d128 = {TZ_BF16, 1, 32, 8, 128, 256};
+    struct tz_cuda_attention_call d64 = {TZ_BF16, 1, 32, 8, 64, 256};
+    struct tz_cuda_attention_choice a =
+        tz_cuda_attention_choose((enum tz_cuda_attention_mode)v[TZ_CUDA_SET_ATTENTION],
+                                 (int)v[TZ_CUDA_SET_ATTENTION_TILES], &d128);
+    struct tz_cuda_attention_choice b =
+        tz_cuda_attention_choose((enum tz_cuda_attention_mode)v[TZ_CUDA_SET_ATTENTION],
+                                 (int)v[TZ_CUDA_SET_ATTENTION_TILES], &d64);
+    printf("%-9s d128 %s/%s  d64 %s/%s\n", want[i].name, tz_cuda_attention_kernel_name(a.fwd),
+           tz_cuda_attention_kernel_name(a.bwd), tz_cuda_attention_kernel_name(b.fwd),
+           tz_cuda_attention_kernel_name(b.bwd));
+    assert_int_equal(a.fwd, want[i].fwd128);
+    assert_int_equal(a.bwd, want[i].bwd128);
+    assert_int_equal(b.fwd, want[i].fwd64);
+    assert_int_equal(b.bwd, want[i].bwd64);
+  }
+  /* auto at 128 on another GPU (not sm_90): mma.sync, the backward in one pass in 8x64 tiles */
+  struct tz_cuda_attention_call a100 = {TZ_BF16, 0, 32, 32, 128, 256};
+  struct tz_cuda_attention_choice a = tz_cuda_attention_choose(TZ_CUDA_ATTENTION_AUTO, 0, &a100);
+  assert_int_equal(a.fwd, TZ_CUDA_KERNEL_MMA);
+  assert_int_equal(a.bwd, TZ_CUDA_KERNEL_ONE_PASS);
+  assert_string_equal(tz_cuda_tile_names[a.tiles], "8x64");
+}
+
+/* A name the backend lacks is refused before anything runs, naming the key and the names it
+ * takes; so is a matmul it lacks, and the variable's bad value, naming the variable. */
+static void test_unknown_names_refused(void **state) {
+  (void)state;
+  struct tz_config c;
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "fancy"));
+  int64_t v[TZ_CUDA_N_SETTINGS];
+  assert_int_equal(settings_of(&c, v), TZ_ECONFIG);
+  printf("%s\n", tz_err_msg());
+  assert_non_null(strstr(tz_err_msg(), "tierzero.cuda_attention"));
+  assert_non_null(strstr(tz_err_msg(), "one of auto, simple, one-pass, two-pass, wgmma"));
+  tz_config_free(&c);
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_matmul", "cublas"));
+  assert_int_equal(settings_of(&c, v), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "tierzero.cuda_matmul"));
+  tz_config_free(&c);
+  /* checked even where the run's backend is the cpu */
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "fancy"));
+  char s[64];
+  assert_int_equal(tz_train_compute_settings(&c, "cpu", s, sizeof s), TZ_ECONFIG);
+  tz_config_free(&c);
+  /* a program without a config: the variable, where the string leaves the setting out */
+  setenv("TZ_CUDA_ATTENTION", "two-pass", 1);
+  TZ_ASSERT_OK(tz_settings_parse("compute cuda", tz_cuda_settings, TZ_CUDA_N_SETTINGS, NULL, v));
+  assert_int_equal(v[TZ_CUDA_SET_ATTENTION], TZ_CUDA_ATTENTION_TWO_PASS);
+  TZ_ASSERT_OK(tz_settings_parse("compute cuda", tz_cuda_settings, TZ_CUDA_N_SETTINGS,
+                                 "attention=simple", v));
+  assert_int_equal(v[TZ_CUDA_SET_ATTENTION], TZ_CUDA_ATTENTION_SIMPLE);
+  setenv("TZ_CUDA_ATTENTION", "fast", 1);
+  assert_int_equal(tz_settings_parse("compute cuda", tz_cuda_settings, TZ_CUDA_N_SETTINGS, NULL, v),
+                   TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "TZ_CUDA_ATTENTION"));
+  unsetenv("TZ_CUDA_ATTENTION");
+  assert_int_equal(tz_compute_settings_check("cuda", "attention=auto,kernels=all"), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "no setting \"kernels\""));
+  assert_int_equal(tz_compute_settings_check("cpu", "attention=auto"), TZ_ECONFIG);
+}
+
+/* Whatever the mode, the kernel chosen takes the call by its file's own predicate, and a mode
+ * only narrows what auto would do: simple is plain everywhere; wgmma only where the predicate
+ * takes it; one-pass and two-pass never wgmma. */
+static void test_choice_takes_the_call(void **state) {
+  (void)state;
+  static const enum tz_dtype dts[] = {TZ_F32, TZ_BF16, TZ_F16};
+  static const unsigned aligns[] = {2, 4, 8, 16, 256};
+  int n = 0;
+  for (int mode = TZ_CUDA_ATTENTION_AUTO; mode <= TZ_CUDA_ATTENTION_WGMMA; mode++)
+    for (int dt = 0; dt < 3; dt++)
+      for (int sm90 = 0; sm90 < 2; sm90++)
+        for (int D = 1; D <= 160; D++)
+          for (int a = 0; a < 5; a++)
+            for (int g = 1; g <= 4; g *= 2) {
+              struct tz_cuda_attention_call c = {dts[dt], sm90, 8, 8 / g, D, aligns[a]};
+              struct tz_cuda_attention_choice ch =
+                  tz_cuda_attention_choose((enum tz_cuda_attention_mode)mode, 1, &c);
+              enum tz_cuda_attention_kernel ks[2] = {ch.fwd, ch.bwd};
+              for (int i = 0; i < 2; i++) {
+                if (ks[i] == TZ_CUDA_KERNEL_WGMMA)
+                  assert_true(tz_cuda_attention_wgmma_takes(&c, 1));
+                if (ks[i] == TZ_CUDA_KERNEL_MMA || ks[i] == TZ_CUDA_KERNEL_ONE_PASS)
+                  assert_true(tz_cuda_attention_mma_takes(&c));
+                if (mode == TZ_CUDA_ATTENTION_SIMPLE)
+                  assert_int_equal(ks[i], TZ_CUDA_KERNEL_PLAIN);
+                if (mode == TZ_CUDA_ATTENTION_ONE_PASS || mode == TZ_CUDA_ATTENTION_TWO_PASS)
+                  assert_int_not_equal(ks[i], TZ_CUDA_KERNEL_WGMMA);
+              }
+              if (ch.bwd == TZ_CUDA_KERNEL_ONE_PASS)
+                assert_true(ch.tiles >= 0 && ch.tiles < TZ_CUDA_TILES);
+              /* auto takes wgmma at 128 only, as measured */
+              if (mode == TZ_CUDA_ATTENTION_AUTO && ch.fwd == TZ_CUDA_KERNEL_WGMMA)
+                assert_int_equal(D, 128);
+              n++;
+            }
+  printf("%d calls chosen\n", n);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_each_name_reaches_its_kernels),
+      cmocka_unit_test(test_unknown_names_refused),
+      cmocka_unit_test(test_choice_takes_the_call),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
