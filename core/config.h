@@ -187,7 +187,7 @@ struct tz_config {
     uint64_t hbm_pin_piece;  /* test hook: bytes per host-memory registration piece of the
                                 hbm tier, to test copies split at piece boundaries; 0 = 64
                                 GiB */
-    double comm_timeout; /* seconds each collective and launcher exchange may take */
+    double comm_timeout;     /* seconds each collective and launcher exchange may take */
     /* what weight decay skips: "bias", "norm", "embed" (trainer/decay.h), or "none"; n 0 = not
      * set: bias and norm */
     struct tz_config_paths weight_decay_exclude;

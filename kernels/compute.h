@@ -53,21 +53,21 @@ int tz_dtype_parse(const char *s, enum tz_dtype *out);
 
 /* What a backend needs to create an instance. Zero means "the backend's default" throughout. */
 struct tz_compute_params {
-  int n_threads;                  /* cpu: OpenMP and BLAS threads; 0: omp_get_max_threads() */
-  int device;                     /* cuda: device index */
-  enum tz_dtype dtype;            /* S: storage of parameters and activations; cpu: TZ_F32 only */
-  enum tz_dtype grad_dtype;       /* G: parameter gradients; default TZ_F32 */
-  uint64_t workspace_bytes;       /* cuda: cuBLASLt workspace; default 32 MiB */
-  void *stream;                   /* cuda: a cudaStream_t on device `device` (else TZ_EINVAL) to
-                                     enqueue all work on, borrowed: the instance never destroys it
-                                     (destroy only synchronizes it), and the caller keeps it alive
-                                     until after tz_compute_destroy. NULL: the instance creates (and
-                                     destroys) its own non-blocking stream. cpu: ignored. */
-  const char *settings;           /* the backend's own settings, "name=value,name=value"
-                                     (core/settings.h), parsed and checked by the backend: cuda's
-                                     attention kernels and matmul path (docs/config.md,
-                                     tierzero.cuda_*); NULL: its defaults. cpu has none. Their
-                                     environment variables win over them. */
+  int n_threads;            /* cpu: OpenMP and BLAS threads; 0: omp_get_max_threads() */
+  int device;               /* cuda: device index */
+  enum tz_dtype dtype;      /* S: storage of parameters and activations; cpu: TZ_F32 only */
+  enum tz_dtype grad_dtype; /* G: parameter gradients; default TZ_F32 */
+  uint64_t workspace_bytes; /* cuda: cuBLASLt workspace; default 32 MiB */
+  void *stream;             /* cuda: a cudaStream_t on device `device` (else TZ_EINVAL) to
+                               enqueue all work on, borrowed: the instance never destroys it
+                               (destroy only synchronizes it), and the caller keeps it alive
+                               until after tz_compute_destroy. NULL: the instance creates (and
+                               destroys) its own non-blocking stream. cpu: ignored. */
+  const char *settings;     /* the backend's own settings, "name=value,name=value"
+                               (core/settings.h), parsed and checked by the backend: cuda's
+                               attention kernels and matmul path (docs/config.md,
+                               tierzero.cuda_*); NULL: its defaults. cpu has none. Their
+                               environment variables win over them. */
 };
 void tz_compute_params_init(struct tz_compute_params *p);
 

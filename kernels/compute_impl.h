@@ -57,8 +57,7 @@ struct tz_compute_ops {
                      const void *x, const void *w, const float *rstd, int N, int C);
   /* inv_freq: D/2 host doubles, tz_rope_inv_freq's (borrowed for the call: a backend that keeps
    * a table keeps its own copy); inverse: 0 forward rotation, 1 its transpose (backward) */
-  int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
-              int inverse);
+  int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq, int inverse);
   int (*bias_add)(void *ctx, void *x, const void *b, int N, int n);
   int (*bias_grad)(void *ctx, void *db, const void *dy, int N, int n);
   int (*attention_fwd)(void *ctx, void *out, float *lse, const void *q, const void *k,
@@ -89,7 +88,8 @@ struct tz_compute {
 /* One per backend. create() receives parameters with defaults already filled in (dtype and
  * grad_dtype valid enum values, n_threads >= 1 for cpu) and p->settings parsed against the
  * backend's table into settings[n_settings] (core/settings.h: an enum's index, a boolean, a
- * size), and fills the instance's ops, ctx and n_threads; the registry sets the rest. It returns TZ_ENOTSUP for a dtype it lacks. */
+ * size), and fills the instance's ops, ctx and n_threads; the registry sets the rest. It returns
+ * TZ_ENOTSUP for a dtype it lacks. */
 struct tz_compute_backend {
   const char *name;
   int (*probe)(char *why, size_t why_len);

@@ -1,7 +1,8 @@
 /* The cuda compute backend against the cpu backend, op by op on fresh random inputs at several
  * shapes (odd sequence lengths, grouped-query ratios, head dims on both attention paths), then
  * the whole tiny model: loss and every parameter's gradient. Only the public tz_compute API of
- * the two backends is used, and the CUDA runtime only to lend an instance its stream and to queue transfers beside it.
+ * the two backends is used, and the CUDA runtime only to lend an instance its stream and to queue
+ * transfers beside it.
  *
  * How each op is checked:
  *   - both backends get the same inputs: random values rounded to the cuda instance's storage
@@ -2011,7 +2012,8 @@ static void test_small_copies_pass_queued_transfers(void **state) {
     cudaError_t q = cudaEventQuery(done);
     if (q != cudaErrorNotReady)
       fail_msg("a %zu-byte copy %s and a sync waited for 6 GiB queued before them on another "
-               "stream (%s)", n, dir ? "out" : "in", cudaGetErrorString(q));
+               "stream (%s)",
+               n, dir ? "out" : "in", cudaGetErrorString(q));
     assert_int_equal(cudaEventSynchronize(done), cudaSuccess);
   }
   if (memcmp(in, out, 8) != 0)

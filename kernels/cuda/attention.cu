@@ -350,8 +350,9 @@ static struct tz_cuda_attention_choice choose(const struct tz_cuda *c, int H, in
 /* A kernel that declined a call the choice gave it: the choice and the kernel's own checks
  * disagree, a programmer's error. */
 static int declined(const char *op, enum tz_cuda_attention_kernel k, int D) {
-  return tz_err_set(TZ_EINVAL, "compute cuda %s: the %s kernels declined head dim %d, which "
-                               "tz_cuda_attention_choose gave them",
+  return tz_err_set(TZ_EINVAL,
+                    "compute cuda %s: the %s kernels declined head dim %d, which "
+                    "tz_cuda_attention_choose gave them",
                     op, tz_cuda_attention_kernel_name(k), D);
 }
 
@@ -399,14 +400,13 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
   struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 7);
   if (ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
-    int rc = ch.bwd == TZ_CUDA_KERNEL_WGMMA
-                 ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
-                                               Hkv, D)
-             : ch.bwd == TZ_CUDA_KERNEL_ONE_PASS
-                 ? tz_cuda_attention_bwd_onepass(c, ch.tiles, dq, dk, dv, delta, dout, q, k, v,
-                                                 lse, B, T, H, Hkv, D)
-                 : tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
-                                             Hkv, D);
+    int rc =
+        ch.bwd == TZ_CUDA_KERNEL_WGMMA
+            ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D)
+        : ch.bwd == TZ_CUDA_KERNEL_ONE_PASS
+            ? tz_cuda_attention_bwd_onepass(c, ch.tiles, dq, dk, dv, delta, dout, q, k, v, lse, B,
+                                            T, H, Hkv, D)
+            : tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
     return rc > 0 ? declined("attention_bwd", ch.bwd, D) : rc;
   }
   float scale = 1.0f / sqrtf((float)D);

@@ -543,10 +543,11 @@ int launch(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta, 
   return 0;
 }
 
-/* The tiles by index (the setting attention_tiles, tz_cuda_tile_names in choice.h): 0, 4 warps (64 keys) and query chunks of 32, built for every shape, the one-pass
- * mode's default; the others built for bf16 only, at the widths of the models' common head dims
- * (128 and 64 exact, 96 padded; to keep the build small), timed by tz-bench layer; 3 (8x64) is
- * what auto runs (tz_cuda_attention_onepass_tiles, choice.c). */
+/* The tiles by index (the setting attention_tiles, tz_cuda_tile_names in choice.h): 0, 4 warps (64
+ * keys) and query chunks of 32, built for every shape, the one-pass mode's default; the others
+ * built for bf16 only, at the widths of the models' common head dims (128 and 64 exact, 96 padded;
+ * to keep the build small), timed by tz-bench layer; 3 (8x64) is what auto runs
+ * (tz_cuda_attention_onepass_tiles, choice.c). */
 template <typename W> constexpr bool all_tiles() {
   return (W::DP == 128 && !W::PAD) || (W::DP == 64 && !W::PAD) || (W::DP == 96 && W::PAD);
 }
@@ -608,4 +609,3 @@ int tz_cuda_attention_fwd_onepass(struct tz_cuda *c, void *out, float *lse, cons
     return launch_fwd2<__half, W>(c, out, lse, q, k, v, B, T, H, Hkv, D);
   });
 }
-

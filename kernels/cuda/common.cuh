@@ -51,10 +51,10 @@ struct tz_cuda_mm_entry;
 
 struct tz_cuda {
   int device;
-  enum tz_dtype S;     /* storage dtype */
-  enum tz_dtype G;     /* gradient dtype: S or TZ_F32 */
-  int n_sm;            /* multiprocessors, for grid sizes */
-  size_t smem_optin;   /* the most shared memory one block may ask for */
+  enum tz_dtype S;                       /* storage dtype */
+  enum tz_dtype G;                       /* gradient dtype: S or TZ_F32 */
+  int n_sm;                              /* multiprocessors, for grid sizes */
+  size_t smem_optin;                     /* the most shared memory one block may ask for */
   enum tz_cuda_attention_mode attention; /* the setting "attention" (choice.h) */
   int attention_tiles; /* the setting "attention_tiles": an index into tz_cuda_tile_names */
   int sm90;            /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
@@ -241,13 +241,12 @@ int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, int tiles, void *dq, void *
                                   int H, int Hkv, int D);
 /* The forward and the two-pass backward on Hopper's warpgroup MMA (attention_wgmma.cu, built for
  * sm_90a): bf16, head dims 64 to 128 in multiples of 8 (where tz_cuda_attention_wgmma_takes
- * admits them), 16-byte aligned tensors, an sm_90 device; 1 where they do not take the call. The backward reads delta
- * as attention.cu's kernel leaves it. */
+ * admits them), 16-byte aligned tensors, an sm_90 device; 1 where they do not take the call. The
+ * backward reads delta as attention.cu's kernel leaves it. */
 int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const void *q,
                                 const void *k, const void *v, int B, int T, int H, int Hkv, int D);
-int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
-                                const float *delta, const void *dout, const void *q,
-                                const void *k, const void *v, const float *lse, int B, int T,
-                                int H, int Hkv, int D);
+int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
+                                const void *dout, const void *q, const void *k, const void *v,
+                                const float *lse, int B, int T, int H, int Hkv, int D);
 
 #endif

@@ -292,8 +292,7 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p,
   return 0;
 }
 
-static int cuda_create(const struct tz_compute_params *p, const int64_t *settings,
-                       tz_compute *cm) {
+static int cuda_create(const struct tz_compute_params *p, const int64_t *settings, tz_compute *cm) {
   if (p->grad_dtype != TZ_F32 && p->grad_dtype != p->dtype)
     return tz_err_set(TZ_ENOTSUP,
                       "compute cuda: gradients in %s with storage %s: gradients must be f32 or "
