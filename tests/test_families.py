@@ -5,7 +5,11 @@ imported and trained; a run checkpointed after 2 steps and resumed gives the los
 norms of the uninterrupted run bit for bit and the same exported bytes; the export names the
 family (model_type, architectures) and imports again to the same bytes.
 
-Usage: test_families.py TZ_BIN FAMILY (llama, llama3, mistral, qwen2, qwen3, head_dim)"""
+With FAMILY "table": every row of the family table (tz-model-check --families) has a case here,
+the export's names of each case are its row's, and the table says what docs/model.md's checklist
+needs of a row (a model_type, an architecture, JSON export keys).
+
+Usage: test_families.py TZ_BIN FAMILY (llama, llama3, mistral, qwen2, qwen3, head_dim, table)"""
 import json
 import os
 import shutil
@@ -62,7 +66,35 @@ def same_bytes(a, b):
         return fa.read() == fb.read()
 
 
+def table():
+    """Each family of the table has a case, with the table's names."""
+    out = subprocess.run([os.path.join(BIN, "tz-model-check"), "--families"], check=True,
+                         capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    failures = []
+    cases = {m: a for m, a, _ in FAMILIES.values()}
+    for r in rows:
+        mt = r.get("model_type")
+        if not mt or not r.get("architecture") or not isinstance(r.get("export_keys"), dict):
+            failures.append(f"row {r} lacks a model_type, an architecture or export keys")
+        elif mt not in cases:
+            failures.append(f"family {mt} has no case in tests/test_families.py (FAMILIES)")
+        elif cases[mt] != r["architecture"]:
+            failures.append(f"family {mt}: the table's architecture {r['architecture']}, the "
+                            f"case's {cases[mt]}")
+    for mt in cases:
+        if mt not in {r.get("model_type") for r in rows}:
+            failures.append(f"case of {mt}: no such family in the table")
+    for msg in failures:
+        print(f"FAIL: table: {msg}", file=sys.stderr)
+    print(f"test_families table: {len(rows)} families, "
+          f"{'%d failed' % len(failures) if failures else 'passed'}")
+    return 1 if failures else 0
+
+
 def main():
+    if FAMILY == "table":
+        return table()
     model_type, arch, extra = FAMILIES[FAMILY]
     tmp = tempfile.mkdtemp(prefix=f"tz-test-family-{FAMILY}-")
     try:

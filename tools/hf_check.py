@@ -52,7 +52,20 @@ import subprocess
 import sys
 import tempfile
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def family_table(tz=None):
+    """The family table (trainer/family.c), as `tz-model-check --families` prints it: a dict by
+    model_type. tz: the binary (default: $TZ_BIN/tz-model-check, else build/bin's)."""
+    tz = tz or os.path.join(os.environ.get("TZ_BIN") or os.path.join(ROOT, "build", "bin"),
+                            "tz-model-check")
+    try:
+        out = subprocess.run([tz, "--families"], check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit("hf_check.py: cannot read the family table from %s --families (%s): "
+                         "build tierzero first, or give --tz" % (tz, e))
+    return {r["model_type"]: r for r in json.loads(out)}
 
 
 def need_torch():
@@ -235,9 +248,11 @@ def generate(args):
     return 0 if ok else 1
 
 
-def family_config(args):
-    """A config.json-shaped dict for make's options (the keys released configs use)."""
+def family_config(args, table):
+    """A config.json-shaped dict for make's options (the keys released configs use), with the
+    family's own keys and window rule from the family table."""
     fam = args.family
+    row = table[fam]
     d = {"model_type": fam, "hidden_size": args.hidden, "intermediate_size": args.ffn,
          "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
          "num_key_value_heads": args.kv_heads, "vocab_size": args.vocab,
@@ -252,17 +267,15 @@ def family_config(args):
         d["rope_scaling"] = {"rope_type": "llama3", "factor": args.rope_factor,
                              "low_freq_factor": args.rope_low, "high_freq_factor": args.rope_high,
                              "original_max_position_embeddings": args.rope_original}
-    if fam in ("llama", "qwen3"):
-        d["attention_bias"] = False
-        d["mlp_bias"] = False
-    if fam in ("mistral", "qwen2", "qwen3"):
+    d.update(row["export_keys"])
+    if row["window"] == "always":
         d["sliding_window"] = args.sliding_window
-    if fam in ("qwen2", "qwen3"):
+    elif row["window"] == "opt-in":
         # a window value is written (as Qwen2.5 does) but not used
         d["use_sliding_window"] = False
         d["sliding_window"] = args.sliding_window or args.max_seq
         d["max_window_layers"] = args.layers
-    elif args.sliding_window and fam != "mistral":
+    elif args.sliding_window:
         raise SystemExit("--sliding-window: family %s has no sliding window" % fam)
     return d
 
@@ -273,12 +286,13 @@ def make(args):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(args.seed)
+    table = family_table(args.tz)
     if args.from_config:
         with open(args.from_config) as fp:
             d = json.load(fp)
-        if d.get("model_type") not in FAMILIES:
+        if d.get("model_type") not in table:
             raise SystemExit("%s: model_type %r is not one of %s"
-                             % (args.from_config, d.get("model_type"), ", ".join(FAMILIES)))
+                             % (args.from_config, d.get("model_type"), ", ".join(table)))
         if args.layers_set:
             d["num_hidden_layers"] = args.layers
             if isinstance(d.get("layer_types"), list):
@@ -286,7 +300,9 @@ def make(args):
             if "max_window_layers" in d:
                 d["max_window_layers"] = min(d["max_window_layers"], args.layers)
     else:
-        d = family_config(args)
+        if args.family not in table:
+            raise SystemExit("--family %s: not one of %s" % (args.family, ", ".join(table)))
+        d = family_config(args, table)
     # the dtype keys would make some transformers versions build the model in bf16: it is built
     # in float32 and saved in --dtype
     d = {k: v for k, v in d.items()
@@ -340,7 +356,10 @@ def main():
     g.add_argument("--tz", help="path of tz-model-check, to compare with")
     m = sub.add_parser("make")
     m.add_argument("dir")
-    m.add_argument("--family", choices=FAMILIES, default="llama")
+    m.add_argument("--family", default="llama",
+                   help="a model_type of the family table (tz-model-check --families)")
+    m.add_argument("--tz", help="path of tz-model-check, whose --families is the family table "
+                                "(default: $TZ_BIN's or build/bin's)")
     m.add_argument("--from-config", metavar="CONFIG.json",
                    help="a released model's config.json; only --layers is applied to it")
     m.add_argument("--hidden", type=int, default=64)

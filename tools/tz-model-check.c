@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "kernels/compute.h"
+#include "trainer/family.h"
 #include "trainer/hf.h"
 #include "trainer/model.h"
 #include "tz_version.h"
@@ -27,6 +28,7 @@ static void usage(FILE *fp) {
               "       tz-model-check --import DIR --read-only\n"
               "       tz-model-check --preset NAME|--config PATH [--seed S] --export DIR"
               " [--dtype f32|bf16|f16] [--shard-size BYTES] [--tokenizer DIR]\n"
+              "       tz-model-check --families   (the family table as JSON)\n"
               "       tz-model-check --version\n");
 }
 
@@ -182,23 +184,16 @@ int main(int argc, char **argv) {
   const char *dtype_s = "f32", *config = NULL, *tokenizer = NULL, *logits_path = NULL;
   unsigned long long seed = 1, shard = 0;
   int threads = 0, gen = 0, ronly = 0;
-  static const struct option opts[] = {{"import", required_argument, 0, 'i'},
-                                       {"export", required_argument, 0, 'e'},
-                                       {"preset", required_argument, 0, 'p'},
-                                       {"tokens", required_argument, 0, 't'},
-                                       {"seed", required_argument, 0, 's'},
-                                       {"dtype", required_argument, 0, 'd'},
-                                       {"backend", required_argument, 0, 'b'},
-                                       {"threads", required_argument, 0, 'j'},
-                                       {"config", required_argument, 0, 'c'},
-                                       {"generate", required_argument, 0, 'g'},
-                                       {"read-only", no_argument, 0, 'r'},
-                                       {"shard-size", required_argument, 0, 'z'},
-                                       {"tokenizer", required_argument, 0, 'k'},
-                                       {"help", no_argument, 0, 'h'},
-                                       {"version", no_argument, 0, 'V'},
-                                       {"logits", required_argument, 0, 'l'},
-                                       {0, 0, 0, 0}};
+  static const struct option opts[] = {
+      {"import", required_argument, 0, 'i'},    {"export", required_argument, 0, 'e'},
+      {"preset", required_argument, 0, 'p'},    {"tokens", required_argument, 0, 't'},
+      {"seed", required_argument, 0, 's'},      {"dtype", required_argument, 0, 'd'},
+      {"backend", required_argument, 0, 'b'},   {"threads", required_argument, 0, 'j'},
+      {"config", required_argument, 0, 'c'},    {"generate", required_argument, 0, 'g'},
+      {"read-only", no_argument, 0, 'r'},       {"shard-size", required_argument, 0, 'z'},
+      {"tokenizer", required_argument, 0, 'k'}, {"help", no_argument, 0, 'h'},
+      {"version", no_argument, 0, 'V'},         {"logits", required_argument, 0, 'l'},
+      {"families", no_argument, 0, 'F'},        {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
@@ -218,6 +213,16 @@ int main(int argc, char **argv) {
     case 'l': logits_path = optarg; break;
     case 'h': usage(stdout); return 0;
     case 'V': tz_version_print(stdout, "tz-model-check"); return 0;
+    case 'F': {
+      char *t = tz_family_table_json();
+      if (!t) {
+        fprintf(stderr, "tz-model-check: out of memory\n");
+        return 1;
+      }
+      printf("%s\n", t);
+      free(t);
+      return 0;
+    }
     default: usage(stderr); return 2;
     }
   }

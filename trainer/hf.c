@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "trainer/family.h"
 #include "trainer/hf_internal.h"
 #include "trainer/safetensors.h"
 #include "util/file.h"
@@ -130,15 +132,37 @@ static int derived_buffer(const char *name) {
   return n >= k && strcmp(name + n - k, "rotary_emb.inv_freq") == 0;
 }
 
-/* Why a tensor the model does not read might be in a checkpoint, for the refusal. */
-static const char *unread_hint(const struct tz_model_config *cfg, const char *name) {
+/* The families with a feature (a flag of their row, by its offset in struct tz_family), for
+ * messages: "qwen2" or "qwen2 and qwen3". */
+static const char *families_with(size_t flag, char *buf, size_t len) {
+  size_t at = 0;
+  int n = 0;
+  buf[0] = '\0';
+  for (int f = 0; f < TZ_FAMILY_COUNT && at < len; f++)
+    if (*(const int *)((const char *)&tz_families[f] + flag))
+      at +=
+          (size_t)snprintf(buf + at, len - at, "%s%s", n++ ? ", " : "", tz_families[f].model_type);
+  return n ? buf : "no family";
+}
+
+/* Why a tensor the model does not read might be in a checkpoint, for the refusal (buf holds the
+ * text where it is built). */
+static const char *unread_hint(const struct tz_model_config *cfg, const char *name, char *buf,
+                               size_t len) {
+  char fams[128];
   if (strcmp(name, "lm_head.weight") == 0 && cfg->tie_embeddings)
     return "tie_word_embeddings is true, so the head is the embedding: a separate lm_head would "
            "be dropped";
-  if (strstr(name, "_proj.bias"))
-    return "this family's projections have no biases here (qwen2: q, k and v only)";
-  if (strstr(name, "_norm.weight") && strstr(name, "self_attn"))
-    return "q/k norms belong to qwen3 only";
+  if (strstr(name, "_proj.bias")) {
+    snprintf(buf, len, "this family's projections have no biases here (q, k and v have them in %s)",
+             families_with(offsetof(struct tz_family, qkv_bias), fams, sizeof fams));
+    return buf;
+  }
+  if (strstr(name, "_norm.weight") && strstr(name, "self_attn")) {
+    snprintf(buf, len, "q/k norms belong to %s only",
+             families_with(offsetof(struct tz_family, qk_norm), fams, sizeof fams));
+    return buf;
+  }
   return "it would be dropped silently: is the config that of these weights?";
 }
 
@@ -155,6 +179,7 @@ static void shape_text(char *buf, size_t len, int ndim, const int64_t *shape) {
 static int check_tensors(tz_hf_model *m, json_t *weight_map, const char *index) {
   const struct tz_model_config *cfg = &m->cfg;
   int nb = tz_model_n_blocks(cfg), n = 0, rc = 0;
+  char hint[256];
   char(*names)[128] = calloc((size_t)nb * TZ_L_COUNT, sizeof *names);
   const char **sorted = calloc((size_t)nb * TZ_L_COUNT, sizeof *sorted);
   m->loc = calloc((size_t)nb * TZ_L_COUNT, sizeof *m->loc);
@@ -218,7 +243,8 @@ static int check_tensors(tz_hf_model *m, json_t *weight_map, const char *index) 
         continue;
       if (!bsearch(&name, sorted, (size_t)n, sizeof *sorted, cmp_str)) {
         rc = tz_err_set(TZ_EFORMAT, "%s: tensor '%s' is not read by this model (model_type %s): %s",
-                        path, name, tz_model_family_name(cfg->family), unread_hint(cfg, name));
+                        path, name, tz_model_family_name(cfg->family),
+                        unread_hint(cfg, name, hint, sizeof hint));
         goto out;
       }
       json_t *v = weight_map ? json_object_get(weight_map, name) : NULL;
@@ -234,7 +260,8 @@ static int check_tensors(tz_hf_model *m, json_t *weight_map, const char *index) 
     json_object_foreach(weight_map, k, v) {
       if (!derived_buffer(k) && !bsearch(&k, sorted, (size_t)n, sizeof *sorted, cmp_str)) {
         rc = tz_err_set(TZ_EFORMAT, "%s: tensor '%s' is not read by this model (model_type %s): %s",
-                        index, k, tz_model_family_name(cfg->family), unread_hint(cfg, k));
+                        index, k, tz_model_family_name(cfg->family),
+                        unread_hint(cfg, k, hint, sizeof hint));
         goto out;
       }
     }

@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "trainer/family.h"
 #include "trainer/hf_internal.h"
 #include "util/file.h"
 
@@ -238,7 +239,7 @@ static int parse_ropes(const struct cfgp *p, struct tz_model_config *cfg) {
 static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config *cfg) {
   char t[100];
   json_t *v;
-  const char *fam = tz_model_family_name(cfg->family);
+  const struct tz_family *fam = tz_family_of(cfg->family);
   if ((v = jget(p, "hidden_act")) && (!json_is_string(v) || strcmp(json_string_value(v), "silu")))
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"hidden_act\" is %s: the MLP is SwiGLU, only \"silu\" is implemented",
@@ -246,14 +247,14 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
   if ((v = jget(p, "mlp_bias")) && !json_is_false(v))
     return tz_err_set(TZ_ENOTSUP, "%s: \"mlp_bias\" is %s: the MLP projections have no biases here",
                       p->path, jtext(v, t, sizeof t));
-  /* Qwen2's q, k and v biases are the family's definition: its attention_bias key means
-   * nothing to transformers' Qwen2 and is not read. The other families have no bias at all, and
+  /* Where q, k and v biases are the family's definition (qwen2), its attention_bias key means
+   * nothing to transformers and is not read. The other families have no bias at all, and
    * llama's attention_bias would also put one on o_proj. */
-  if (cfg->family != TZ_FAMILY_QWEN2 && (v = jget(p, "attention_bias")) && !json_is_false(v))
+  if (!fam->qkv_bias && (v = jget(p, "attention_bias")) && !json_is_false(v))
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"attention_bias\" is %s: model_type %s with attention biases (on "
                       "q/k/v and o_proj) is not implemented",
-                      p->path, jtext(v, t, sizeof t), fam);
+                      p->path, jtext(v, t, sizeof t), fam->model_type);
   static const char *const experts[] = {"num_experts", "num_local_experts", "n_routed_experts"};
   for (size_t i = 0; i < sizeof experts / sizeof experts[0]; i++)
     if ((v = jget(p, experts[i])) && !(json_is_integer(v) && json_integer_value(v) == 0))
@@ -292,9 +293,9 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
   return 0;
 }
 
-/* The family's attention window: mistral's sliding_window (transformers' MistralConfig defaults
- * it to 4096 when absent; null is none); the Qwen families' applies only with use_sliding_window,
- * refused above; llama has none. */
+/* The family's attention window (its row's window rule): mistral's sliding_window applies to every
+ * layer (transformers' MistralConfig defaults it to 4096 when absent; null is none); the Qwen
+ * families' applies only with use_sliding_window, refused above; llama has none. */
 static int parse_window(const struct cfgp *p, const struct tz_model_config *cfg, int *window) {
   json_t *raw = json_object_get(p->root, "sliding_window");
   *window = 0;
@@ -303,10 +304,11 @@ static int parse_window(const struct cfgp *p, const struct tz_model_config *cfg,
     return tz_err_set(TZ_ECONFIG, "%s: \"sliding_window\" must be an integer or null, not %s",
                       p->path, jtext(raw, t, sizeof t));
   }
-  if (cfg->family != TZ_FAMILY_MISTRAL)
+  const struct tz_family *fam = tz_family_of(cfg->family);
+  if (fam->window != TZ_WINDOW_ALWAYS)
     return 0;
   if (!raw) {
-    *window = 4096;
+    *window = fam->window_default;
     return 0;
   }
   return get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, window);
@@ -327,11 +329,10 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
     return tz_err_set(TZ_ECONFIG, "%s: \"model_type\" must be a string, not %s", path,
                       jtext(mt, t, sizeof t));
   if (mt && tz_model_family_parse(json_string_value(mt), &cfg->family) < 0)
-    return tz_err_set(TZ_ENOTSUP,
-                      "%s: \"model_type\" is \"%s\": the families are llama, mistral, qwen2 and "
-                      "qwen3",
-                      path, json_string_value(mt));
-  const char *arch = tz_model_family_architecture(cfg->family);
+    return tz_err_set(TZ_ENOTSUP, "%s: \"model_type\" is \"%s\": the families are %s", path,
+                      json_string_value(mt), tz_family_list());
+  const struct tz_family *fam = tz_family_of(cfg->family);
+  const char *arch = fam->architecture;
   json_t *ar = jget(&p, "architectures");
   if (ar) {
     int ok = json_is_array(ar);
@@ -341,7 +342,7 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
     if (!ok)
       return tz_err_set(TZ_ENOTSUP,
                         "%s: \"architectures\" is %s: model_type %s is read as [\"%s\"] only", path,
-                        jtext(ar, t, sizeof t), tz_model_family_name(cfg->family), arch);
+                        jtext(ar, t, sizeof t), fam->model_type, arch);
   }
   /* Limits: what the int fields and the kernels take; the model's own check follows. */
   TZ_CHECK(get_int(&p, "hidden_size", 1, 0, 1, 1 << 20, &cfg->d_model));
@@ -350,9 +351,7 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   TZ_CHECK(get_int(&p, "num_key_value_heads", 0, cfg->n_head, 1, 1 << 16, &cfg->n_kv_head));
   TZ_CHECK(get_int(&p, "intermediate_size", 1, 0, 1, 1 << 24, &cfg->ffn_dim));
   TZ_CHECK(get_int(&p, "vocab_size", 1, 0, 1, INT32_MAX, &cfg->vocab));
-  static const int max_pos[TZ_FAMILY_COUNT] = {2048, 131072, 32768, 32768};
-  TZ_CHECK(
-      get_int(&p, "max_position_embeddings", 0, max_pos[cfg->family], 1, INT32_MAX, &cfg->max_seq));
+  TZ_CHECK(get_int(&p, "max_position_embeddings", 0, fam->max_pos, 1, INT32_MAX, &cfg->max_seq));
   if (cfg->n_head % cfg->n_kv_head != 0)
     return tz_err_set(TZ_ECONFIG,
                       "%s: \"num_attention_heads\" %d is not a multiple of "
@@ -388,8 +387,8 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
     return tz_err_set(TZ_ECONFIG, "%s: \"initializer_range\" %g must be positive", path,
                       cfg->init_std);
   TZ_CHECK(get_bool(&p, "tie_word_embeddings", 0, &cfg->tie_embeddings));
-  cfg->qkv_bias = cfg->family == TZ_FAMILY_QWEN2;
-  cfg->qk_norm = cfg->family == TZ_FAMILY_QWEN3;
+  cfg->qkv_bias = fam->qkv_bias;
+  cfg->qk_norm = fam->qk_norm;
   TZ_CHECK(get_id(&p, "bos_token_id", cfg->vocab, &cfg->has_bos, &cfg->bos_id, NULL, NULL));
   TZ_CHECK(
       get_id(&p, "eos_token_id", cfg->vocab, &cfg->has_eos, &cfg->eos_id, info->eos, &info->n_eos));
@@ -520,14 +519,11 @@ static const char *dtype_torch(enum tz_dtype dt) {
 int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype,
                             const struct tz_hf_info *info) {
   TZ_CHECK(tz_model_config_check(cfg));
-  const char *type = tz_model_family_name(cfg->family);
-  if (!type)
-    return tz_err_set(TZ_EINVAL, "hf: model family %d is none of llama, mistral, qwen2, qwen3",
-                      (int)cfg->family);
+  const struct tz_family *fam = tz_family_of(cfg->family);
   json_t *r = json_object(), *arch = json_array(), *rp = json_object();
-  json_array_append_new(arch, json_string(tz_model_family_architecture(cfg->family)));
+  json_array_append_new(arch, json_string(fam->architecture));
   json_object_set_new(r, "architectures", arch);
-  json_object_set_new(r, "model_type", json_string(type));
+  json_object_set_new(r, "model_type", json_string(fam->model_type));
   json_object_set_new(r, "hidden_size", json_integer(cfg->d_model));
   json_object_set_new(r, "intermediate_size", json_integer(cfg->ffn_dim));
   json_object_set_new(r, "num_hidden_layers", json_integer(cfg->n_layer));
@@ -564,22 +560,22 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
   json_object_set_new(r, "pad_token_id", id_json(cfg->has_pad, cfg->pad_id));
   json_object_set_new(r, "torch_dtype", json_string(dtype_torch(dtype)));
   json_object_set_new(r, "dtype", json_string(dtype_torch(dtype)));
-  switch (cfg->family) {
-  case TZ_FAMILY_LLAMA:
-    json_object_set_new(r, "attention_bias", json_false());
-    json_object_set_new(r, "mlp_bias", json_false());
-    json_object_set_new(r, "pretraining_tp", json_integer(1));
-    break;
-  case TZ_FAMILY_MISTRAL:
+  json_t *keys = json_loads(fam->export_keys, 0, NULL);
+  if (!keys) {
+    json_decref(r);
+    return tz_err_set(TZ_EINVAL, "hf: family %s: its export_keys are not JSON", fam->model_type);
+  }
+  json_object_update(r, keys);
+  json_decref(keys);
+  switch (fam->window) {
+  case TZ_WINDOW_NONE: break;
+  case TZ_WINDOW_ALWAYS:
     /* the window the source had (training refused a sequence longer than it), else none */
     json_object_set_new(r, "sliding_window",
                         info && info->sliding_window ? json_integer(info->sliding_window)
                                                      : json_null());
     break;
-  case TZ_FAMILY_QWEN2:
-  case TZ_FAMILY_QWEN3: {
-    if (cfg->family == TZ_FAMILY_QWEN3)
-      json_object_set_new(r, "attention_bias", json_false());
+  case TZ_WINDOW_OPT_IN: {
     json_object_set_new(r, "use_sliding_window", json_false());
     json_object_set_new(r, "sliding_window", json_null());
     json_object_set_new(r, "max_window_layers", json_integer(cfg->n_layer));
@@ -589,7 +585,6 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     json_object_set_new(r, "layer_types", lt);
     break;
   }
-  default: break;
   }
   int rc = tz_hf_write_json(dir, "config.json", r);
   json_decref(r);

@@ -91,8 +91,8 @@ int tz_model_config_check(const struct tz_model_config *c) {
   NEED(c->norm_eps >= 0.0, "norm_eps %g must not be negative", c->norm_eps);
   NEED(c->tie_embeddings == 0 || c->tie_embeddings == 1, "tie_embeddings %d must be 0 or 1",
        c->tie_embeddings);
-  NEED((unsigned)c->family < TZ_FAMILY_COUNT,
-       "family %d is none of llama (0), mistral (1), qwen2 (2), qwen3 (3)", (int)c->family);
+  NEED((unsigned)c->family < TZ_FAMILY_COUNT, "family %d is none of the %d of trainer/family.c",
+       (int)c->family, TZ_FAMILY_COUNT);
   NEED(c->qkv_bias == 0 || c->qkv_bias == 1, "qkv_bias %d must be 0 or 1", c->qkv_bias);
   NEED(c->qk_norm == 0 || c->qk_norm == 1, "qk_norm %d must be 0 or 1", c->qk_norm);
   NEED(isfinite(c->init_std) && c->init_std >= 0.0,
@@ -119,33 +119,6 @@ void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out) {
                           .low_freq_factor = cfg->rope_low_freq_factor,
                           .high_freq_factor = cfg->rope_high_freq_factor,
                           .original_max_pos = cfg->rope_original_max_pos};
-}
-
-static const struct {
-  const char *type, *arch;
-} families[TZ_FAMILY_COUNT] = {
-    [TZ_FAMILY_LLAMA] = {"llama", "LlamaForCausalLM"},
-    [TZ_FAMILY_MISTRAL] = {"mistral", "MistralForCausalLM"},
-    [TZ_FAMILY_QWEN2] = {"qwen2", "Qwen2ForCausalLM"},
-    [TZ_FAMILY_QWEN3] = {"qwen3", "Qwen3ForCausalLM"},
-};
-
-const char *tz_model_family_name(enum tz_model_family f) {
-  return (unsigned)f < TZ_FAMILY_COUNT ? families[f].type : NULL;
-}
-
-const char *tz_model_family_architecture(enum tz_model_family f) {
-  return (unsigned)f < TZ_FAMILY_COUNT ? families[f].arch : NULL;
-}
-
-int tz_model_family_parse(const char *model_type, enum tz_model_family *out) {
-  for (int f = 0; model_type && f < TZ_FAMILY_COUNT; f++)
-    if (strcmp(model_type, families[f].type) == 0) {
-      *out = (enum tz_model_family)f;
-      return 0;
-    }
-  return tz_err_set(TZ_ENOENT, "model_type \"%s\" is not one of llama, mistral, qwen2, qwen3",
-                    model_type ? model_type : "(null)");
 }
 
 /* ---- layout ---- */
@@ -395,8 +368,9 @@ static void *carve(struct carver *c, size_t bytes) {
 /* What a kept part holds, the attention part's then the MLP part's, each contiguous; then, in
  * the full layout only (kept_only 0), the tensors the backward rebuilds from the kept ones
  * (tz_model_layer_bwd): the norms' outputs and statistics (h1, rstd1 from x_in; h2, rstd2 from
- * x2) in a pass each, and the SwiGLU (a from g and u) in its backward's pass. A layer whose parts are kept apart
- * (the trainer's kept activations) carves only what they keep; the rest is the shared acts'. */
+ * x2) in a pass each, and the SwiGLU (a from g and u) in its backward's pass. A layer whose parts
+ * are kept apart (the trainer's kept activations) carves only what they keep; the rest is the
+ * shared acts'. */
 static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                         unsigned parts, int kept_only, struct carver *c, struct tz_layer_acts *a) {
   size_t N = (size_t)B * T, es = tz_dtype_size(dt);

@@ -24,7 +24,8 @@
 #include "kernels/compute.h"
 
 /* The families of Hugging Face decoders this model computes. They differ only in the flags below
- * (and the family names the export's model_type and architectures):
+ * (and the family names the export's model_type and architectures); what each has is its row of
+ * the family table (trainer/family.c), which is where a new family goes:
  *   llama   (LlamaForCausalLM, Llama 2 and 3.x): no biases, no q/k norm; rope default or llama3
  *   mistral (MistralForCausalLM): as llama; a sliding window at least the training sequence
  *   qwen2   (Qwen2ForCausalLM, Qwen2 and 2.5): q, k and v projections carry biases
@@ -69,11 +70,11 @@ struct tz_model_config {
 
 /* The rope the kernels take for cfg. */
 void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out);
-/* "llama", "mistral", "qwen2", "qwen3" (the model_type) and the family's CausalLM class name;
- * NULL for a value outside the enum. */
+/* The family's model_type ("llama") and its CausalLM class name, from the family table; NULL for
+ * a value outside the enum. */
 const char *tz_model_family_name(enum tz_model_family f);
 const char *tz_model_family_architecture(enum tz_model_family f);
-/* TZ_ENOENT naming the value and the list for a model_type that is none of the four. */
+/* TZ_ENOENT naming the value and the list for a model_type the family table lacks. */
 int tz_model_family_parse(const char *model_type, enum tz_model_family *out);
 
 /* Presets: "tiny" (tests and the demo: byte vocabulary), "llama-1b", "llama-3b", "llama-7b",

@@ -1,0 +1,107 @@
+/* The table of model families (family.h). */
+#include "trainer/family.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/error.h"
+
+const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
+    [TZ_FAMILY_LLAMA] = {.id = TZ_FAMILY_LLAMA,
+                         .model_type = "llama",
+                         .architecture = "LlamaForCausalLM",
+                         .max_pos = 2048,
+                         .window = TZ_WINDOW_NONE,
+                         .export_keys = "{\"attention_bias\": false, \"mlp_bias\": false, "
+                                        "\"pretraining_tp\": 1}"},
+    [TZ_FAMILY_MISTRAL] = {.id = TZ_FAMILY_MISTRAL,
+                           .model_type = "mistral",
+                           .architecture = "MistralForCausalLM",
+                           .max_pos = 131072,
+                           .window = TZ_WINDOW_ALWAYS,
+                           .window_default = 4096,
+                           .export_keys = "{}"},
+    [TZ_FAMILY_QWEN2] = {.id = TZ_FAMILY_QWEN2,
+                         .model_type = "qwen2",
+                         .architecture = "Qwen2ForCausalLM",
+                         .max_pos = 32768,
+                         .qkv_bias = 1,
+                         .window = TZ_WINDOW_OPT_IN,
+                         .export_keys = "{}"},
+    [TZ_FAMILY_QWEN3] = {.id = TZ_FAMILY_QWEN3,
+                         .model_type = "qwen3",
+                         .architecture = "Qwen3ForCausalLM",
+                         .max_pos = 32768,
+                         .qk_norm = 1,
+                         .window = TZ_WINDOW_OPT_IN,
+                         .export_keys = "{\"attention_bias\": false}"},
+};
+
+const struct tz_family *tz_family_of(enum tz_model_family f) {
+  return (unsigned)f < TZ_FAMILY_COUNT ? &tz_families[f] : NULL;
+}
+
+const struct tz_family *tz_family_find(const char *model_type) {
+  for (int f = 0; model_type && f < TZ_FAMILY_COUNT; f++)
+    if (strcmp(model_type, tz_families[f].model_type) == 0)
+      return &tz_families[f];
+  return NULL;
+}
+
+const char *tz_model_family_name(enum tz_model_family f) {
+  return (unsigned)f < TZ_FAMILY_COUNT ? tz_families[f].model_type : NULL;
+}
+
+const char *tz_model_family_architecture(enum tz_model_family f) {
+  return (unsigned)f < TZ_FAMILY_COUNT ? tz_families[f].architecture : NULL;
+}
+
+int tz_model_family_parse(const char *model_type, enum tz_model_family *out) {
+  const struct tz_family *r = tz_family_find(model_type);
+  if (!r)
+    return tz_err_set(TZ_ENOENT, "model_type \"%s\" is not one of %s",
+                      model_type ? model_type : "(null)", tz_family_list());
+  *out = r->id;
+  return 0;
+}
+
+static char family_list[256];
+static pthread_once_t family_list_once = PTHREAD_ONCE_INIT;
+
+static void family_list_init(void) {
+  size_t at = 0;
+  for (int f = 0; f < TZ_FAMILY_COUNT && at < sizeof family_list; f++)
+    at += (size_t)snprintf(family_list + at, sizeof family_list - at, "%s%s",
+                           f == 0                     ? ""
+                           : f == TZ_FAMILY_COUNT - 1 ? " and "
+                                                      : ", ",
+                           tz_families[f].model_type);
+}
+
+const char *tz_family_list(void) {
+  pthread_once(&family_list_once, family_list_init);
+  return family_list;
+}
+
+char *tz_family_table_json(void) {
+  static const char *const windows[] = {"none", "always", "opt-in"};
+  json_t *a = json_array();
+  for (int f = 0; a && f < TZ_FAMILY_COUNT; f++) {
+    const struct tz_family *r = &tz_families[f];
+    json_t *keys = json_loads(r->export_keys, 0, NULL);
+    json_t *o =
+        json_pack("{s:s, s:s, s:i, s:b, s:b, s:s, s:i, s:o}", "model_type", r->model_type,
+                  "architecture", r->architecture, "max_position_embeddings", r->max_pos,
+                  "qkv_bias", r->qkv_bias, "qk_norm", r->qk_norm, "window", windows[r->window],
+                  "window_default", r->window_default, "export_keys", keys ? keys : json_object());
+    if (!o || json_array_append_new(a, o) < 0) {
+      json_decref(a);
+      return NULL;
+    }
+  }
+  char *s = a ? json_dumps(a, JSON_INDENT(1)) : NULL;
+  json_decref(a);
+  return s;
+}

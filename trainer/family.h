@@ -1,0 +1,49 @@
+/* The table of model families: one row per Hugging Face model_type, holding everything in which
+ * the families differ, so that config reading (hf_config.c), the model's flags, the export,
+ * tz-model-check --families (which tools/hf_check.py and the tests read) and the checkers all
+ * take it from here. A family that needs no new math is one row here plus its test fixture
+ * (docs/model.md, "Adding a family", has the checklist for one that does). */
+#ifndef TZ_TRAINER_FAMILY_H
+#define TZ_TRAINER_FAMILY_H
+
+#include "trainer/model.h"
+
+/* How a family's config says its attention window. */
+enum tz_family_window {
+  TZ_WINDOW_NONE,   /* no window: a sliding_window key, if present, is only checked for type */
+  TZ_WINDOW_ALWAYS, /* sliding_window applies to every layer; window_default when the key is
+                       absent, none when it is null (mistral) */
+  TZ_WINDOW_OPT_IN, /* sliding_window applies only where use_sliding_window is true, which is
+                       refused: windowed layers are not implemented (qwen2, qwen3) */
+};
+
+struct tz_family {
+  enum tz_model_family id;
+  const char *model_type;   /* "llama" */
+  const char *architecture; /* "LlamaForCausalLM": the only architectures entry read */
+  int max_pos;              /* max_position_embeddings where the config has none (the config
+                               class's default) */
+  int qkv_bias;             /* q, k and v projections carry biases by definition (attention_bias
+                               is then not read, as transformers does not) */
+  int qk_norm;              /* RMSNorm over D of each q and k head before RoPE */
+  enum tz_family_window window;
+  int window_default; /* TZ_WINDOW_ALWAYS: the window when sliding_window is absent */
+  /* The constant keys the family's config class writes (save_pretrained), as a JSON object that
+   * the export merges in; the window keys follow from `window`. */
+  const char *export_keys;
+};
+
+/* The rows, TZ_FAMILY_COUNT of them in enum order. */
+extern const struct tz_family tz_families[TZ_FAMILY_COUNT];
+
+/* The row of f; NULL outside the enum. */
+const struct tz_family *tz_family_of(enum tz_model_family f);
+/* The row of model_type; NULL when no family has it. */
+const struct tz_family *tz_family_find(const char *model_type);
+/* "llama, mistral, qwen2 and qwen3": every model_type, for messages. */
+const char *tz_family_list(void);
+/* The table as JSON text (tz-model-check --families): an array of rows with every field above,
+ * the window as "none", "always" or "opt-in". The caller frees it. NULL when out of memory. */
+char *tz_family_table_json(void);
+
+#endif
