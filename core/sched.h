@@ -239,6 +239,8 @@ struct tz_sched_stats {
   uint64_t staging_peak;    /* the most staging chunks held by transfers at once */
   uint64_t queue_peak;      /* the most bytes issued and not complete on one transfer lane */
   uint64_t queue_waits;     /* transfers that waited in line (params.queue_bytes) */
+  uint64_t line_jumps;      /* transfers put into the line ahead of one waiting there, needed
+                               later (the line goes by need, not by the order decided) */
   double stall_s;           /* compute-lane time waiting on fences, all compute phases */
   double compute_s;         /* compute-lane time running phases */
   double home_stall_s;      /* home-lane time waiting on fences, all home phases */

@@ -313,6 +313,7 @@ static void line_insert(tz_sched *s, struct xfer *x) {
     at = &(*at)->next;
   x->next = *at;
   *at = x;
+  s->st.line_jumps++;
 }
 
 /* Of the transfers decided (acts[0..n), in the order decided) and those in line, the ones that
