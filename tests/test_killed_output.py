@@ -2,8 +2,9 @@
 """A run killed with SIGKILL leaves the lines it printed (issue #27 item 8): tz-train's stdout is
 line-buffered and flushed after the start-up report, so a file or pipe gets each line when it is
 printed, not when a 4 KiB buffer fills or the program exits (without both, this run's file was
-empty). The run is slowed (every nvme operation 2 s late) so that it is killed
-during its first step, after the start-up lines."""
+empty). The run is slowed (every nvme operation 0.25 s late) so that it is killed
+during its first step, after the start-up lines (which follow the initial shards' two dozen
+writes: 2 s a write made this test take 50 s)."""
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ def main():
                 [os.path.join(bindir, "tz-train"), "--config",
                  os.path.join(src, "configs", "ds-zero-infinity-nvme.json"), "--model", "tiny",
                  "--steps", "3", "--seq", "16", "--data", "synthetic", "--set",
-                 "tierzero.nvme_path=" + d, "--set", "tierzero.faults=delay=2000000"],
+                 "tierzero.nvme_path=" + d, "--set", "tierzero.faults=delay=250000"],
                 stdout=out, stderr=subprocess.DEVNULL, cwd=d)
             text = ""
             deadline = time.time() + 60
