@@ -16,7 +16,7 @@
 #                    ds-c  ds-nvme and tz-nvme llama-1b, fsdp2-gpu llama-7b, tz-auto llama-13b
 #                    ds-d  ds-gpu and tz-auto llama-7b (their last runs were on two machines),
 #                          then ds-offload and tz-offload llama-3b once more (about 400 s)
-#                  (issue 25's table in docs/benchmarks.md, three device calls)
+#                  (issue 25's table in docs/benchmarks-history.md, three device calls)
 # Arguments after -- go to every bench-train.sh call (--bin DIR, --ds-site DIR, ...).
 # Prints one line per row (step time, or why there is none) and, with $OUT set, copies the
 # results and the summary to $OUT/rows.tgz.

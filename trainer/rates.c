@@ -29,7 +29,7 @@
  * (2 GB of HBM traffic) runs far longer than a launch. (With copies of 64 MiB one H200 machine
  * measured the CPU's Adam at 5.11 G elements/s beside the link where its run's homes reached
  * 3.3; with 256 MiB four machines measured 3.5-4.0, the homes still 1.2-1.3x slower at one
- * micro-batch: docs/benchmarks.md, "Issue 26 on the H200, 2026-12-04".) */
+ * micro-batch: docs/benchmarks-history.md, "Issue 26 on the H200, 2026-12-04".) */
 #define GPU_COPY_BYTES (256ull << 20)
 #define GPU_MATMUL 4096
 #define GPU_ADAM_ELEMS ((size_t)64 << 20)

@@ -489,7 +489,7 @@ int tz_st_read_tensors_f32(struct tz_st_read *r, int n, int threads) {
    * import in about 0.6 of the time, near what the memory takes. Threads that block rather than
    * spin (pthreads, not an OpenMP team) and chunks taken by whichever thread is free keep a read on
    * cores busy with other work about as fast as one thread: an OpenMP team, whose waiting threads
-   * spin, took twice as long as one thread there. docs/benchmarks.md has the figures. */
+   * spin, took twice as long as one thread there. docs/benchmarks-history.md has the figures. */
   struct read_job *j = calloc(1, sizeof *j);
   struct read_share_arg *args = calloc((size_t)nt, sizeof *args);
   pthread_t *tid = calloc((size_t)nt, sizeof *tid);

@@ -512,7 +512,7 @@ static void bind_member(const struct tz_adam_cpu_opts *o, int *bind_err, int *bi
  * the process's other threads (those waiting on the GPU, the scheduler's pump) take cores from it
  * at times: with each member's share fixed up front (schedule static) the homes of a llama-3b step
  * took 1.15-1.19x the plan's time, taking chunks as they come free 1.06-1.07x, and the step 0.87
- * s against 0.82 (docs/benchmarks.md, "Issue 26 on the H200, 2026-12-04"). */
+ * s against 0.82 (docs/benchmarks-history.md, "Issue 26 on the H200, 2026-12-04"). */
 static int run_chunks(const struct tz_adam_cpu_opts *o, range_fn fn, const struct adam_consts *c,
                       float *p, float *m, float *v, const void *g, int gdt, void *copy, int cdt,
                       size_t n) {

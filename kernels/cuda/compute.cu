@@ -22,7 +22,7 @@ extern "C" {
  * takes its work in the order it was queued, whatever the stream: behind the scheduler's window
  * (tens of GB queued on its lanes at a step's start) a 256 KiB token upload waited 1.2 s, and the
  * 16 bytes of a sync's error record waited for every write-back queued before them
- * (docs/benchmarks.md, "Issue 26 on the H200, 2026-12-03, later"). */
+ * (docs/benchmarks-history.md, "Issue 26 on the H200, 2026-12-03, later"). */
 #define TZ_CUDA_LINK_BYTES (4u << 20)
 
 size_t tz_cuda_scratch_grown(const struct tz_cuda *c, size_t bytes) {
