@@ -77,8 +77,8 @@ struct tz_plan_rates {
   double copy_out_adam;  /* compute tier -> host beside the other direction and the CPU's Adam */
   /* The CPU's Adam at the homes as a run on this set-up measured it (elements per second over its
    * home phases' time after the first step; 0: no run yet). The probe beside the link measured
-   * 1.2-1.4x what a run's homes reach on H200 machines (docs/benchmarks-history.md, "Issue 26 on the
-   * H200, 2026-12-04, later"), and the error lands on the step through the folded update: the home
+   * 1.2-1.4x what a run's homes reach on H200 machines (docs/benchmarks-history.md, "Issue 26
+   * on the H200, 2026-12-04, later"), and the error lands on the step through the folded update: the home
    * phases run at the slower of it and the probe's rate. */
   double adam_home_run;
   double collective;     /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */

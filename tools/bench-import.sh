@@ -13,7 +13,8 @@
 # the shape below, written by tz-model-check --config DIR/bench-config.json --export DIR/ck); a
 # DIR/ck that is there is used whatever its shape.
 # Options:
-#   --layers N     the shape of docs/benchmarks-history.md (hidden 2048, ffn 8192, vocab 32000, 16 heads)
+#   --layers N     the shape of docs/benchmarks-history.md (hidden 2048, ffn 8192, vocab 32000,
+#                  16 heads)
 #                  with N layers (default 20: 1.47 B parameters, 2.9 GB, shards of 1 GB)
 #   --8b           Llama-3.1-8B's shape instead (hidden 4096, 32 layers, ffn 14336, 32 heads,
 #                  8 kv heads, vocab 128256, llama3 RoPE): 8.03 B parameters, 16.1 GB, shards

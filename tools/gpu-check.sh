@@ -20,7 +20,8 @@
 # auto does not take there until measured faster)
 # acc8: issue 26's big batches, the three runs of its item 2 one after the other: tz-auto
 # llama-7b at 8 micro-batches, tz-offload llama-7b without carry in a 120 GiB window, tz-auto
-# llama-13b (docs/benchmarks-history.md, "Big batches: tz-offload llama-7b above tz-auto"; about 330 s)
+# llama-13b (docs/benchmarks-history.md, "Big batches: tz-offload llama-7b above tz-auto"; about
+# 330 s)
 # off3b: issue 26's item 1, tz-offload llama-3b with the CPU share searched, then also without
 # carry in a 120 GiB window (twice: the second run's plan has the first's rate at the homes),
 # then that with no CPU share and with 0.15 given (about 300 s); ds64k: its item 2's DeepSpeed pair at 64k tokens a step,
@@ -207,8 +208,9 @@ if has acc8; then
   python3 tools/bench_table.py table > "$logs/acc8-table.md" 2>&1
 fi
 if has share; then
-  # The CPU's share of Adam at 8 micro-batches without carry (docs/benchmarks-history.md, "Issue 26 on the
-  # H200, 2026-12-03, third"): tz-auto llama-7b, then tz-offload llama-7b with the share searched,
+  # The CPU's share of Adam at 8 micro-batches without carry (docs/benchmarks-history.md, "Issue
+  # 26 on the H200, 2026-12-03, third"): tz-auto llama-7b, then tz-offload llama-7b with the share
+  # searched,
   # then with none (every update on the GPU), one after the other
   step share-auto env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-7b "${a8[@]}" --tag acc8
   step share-search env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" \
