@@ -210,8 +210,7 @@ fi
 if has share; then
   # The CPU's share of Adam at 8 micro-batches without carry (docs/benchmarks-history.md, "Issue
   # 26 on the H200, 2026-12-03, third"): tz-auto llama-7b, then tz-offload llama-7b with the share
-  # searched,
-  # then with none (every update on the GPU), one after the other
+  # searched, then with none (every update on the GPU), one after the other
   step share-auto env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-7b "${a8[@]}" --tag acc8
   step share-search env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-7b "${a8[@]}" \
     "${off[@]}" "${nc[@]}" --tag acc8nc
