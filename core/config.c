@@ -112,6 +112,15 @@ static int finish(struct tz_config *c, const char *pre) {
   /* DeepSpeed: AdamW is decoupled whatever adam_w_mode says. */
   if (c->optimizer.type == TZ_OPTIMIZER_ADAMW)
     c->optimizer.adam_w_mode = 1;
+  /* DeepSpeed 0.19.3's WarmupLR, WarmupDecayLR and WarmupCosineLR raise on a warm-up that is not
+   * a positive integer (earlier versions raised it to 2, as they still do 1) */
+  if (c->scheduler.type != TZ_LR_CONSTANT && c->scheduler.warmup_num_steps <= 0)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: scheduler.params.warmup_num_steps %" PRId64
+                      ": DeepSpeed's warm-up schedules refuse a warm-up that is not a positive "
+                      "integer (and warm up over at least 2 steps: 1 is raised to 2); give 1 or "
+                      "more, or no scheduler section for a constant rate",
+                      pre, c->scheduler.warmup_num_steps);
   /* A fault spec is refused when it is read, not when (and only if) a fault tier is built. */
   if (c->tierzero.faults) {
     struct tz_faults f;

@@ -97,7 +97,7 @@ struct tz_config {
   struct {
     enum tz_lr_schedule type;
     double warmup_min_lr;     /* WarmupLR/WarmupDecayLR: lr at step 0 */
-    double warmup_max_lr;     /* WarmupLR/WarmupDecayLR: lr at the end of warmup */
+    double warmup_max_lr;     /* WarmupLR/WarmupDecayLR: lr at the end of warmup; -1 not set (trainer/lr.c) */
     int64_t warmup_num_steps; /* steps of warmup */
     enum tz_warmup_type warmup_type;
     int64_t total_num_steps; /* WarmupDecayLR/WarmupCosineLR: 0 = the trainer's step count */

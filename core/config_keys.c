@@ -95,7 +95,8 @@ const struct key tz_config_keys[] = {
   FIXED("optimizer.params.bias_correction", 1),
   ENUM("scheduler.type", scheduler.type, schedule_names, TZ_LR_CONSTANT, 0),
   DBL("scheduler.params.warmup_min_lr", scheduler.warmup_min_lr, 0, INFINITY, 0, F_AUTO),
-  DBL("scheduler.params.warmup_max_lr", scheduler.warmup_max_lr, 0, INFINITY, 1e-3, F_AUTO),
+  /* not set (-1): WarmupLR's peak is optimizer.params.lr, WarmupDecayLR's 0.001 (trainer/lr.c) */
+  DBL("scheduler.params.warmup_max_lr", scheduler.warmup_max_lr, 0, INFINITY, -1, F_AUTO),
   I64("scheduler.params.warmup_num_steps", scheduler.warmup_num_steps, 0, 1000, F_AUTO),
   ENUM("scheduler.params.warmup_type", scheduler.warmup_type, warmup_names, TZ_WARMUP_LOG, 0),
   I64("scheduler.params.total_num_steps", scheduler.total_num_steps, 1, 0, F_AUTO),

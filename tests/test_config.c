@@ -79,7 +79,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.optimizer.adam_w_mode, 1);
   assert_int_equal(c.scheduler.type, TZ_LR_CONSTANT);
   ASSERT_DBL(c.scheduler.warmup_min_lr, 0);
-  ASSERT_DBL(c.scheduler.warmup_max_lr, 1e-3);
+  ASSERT_DBL(c.scheduler.warmup_max_lr, -1); /* not set: the schedule's own peak (lr.c) */
   assert_int_equal(c.scheduler.warmup_num_steps, 1000);
   assert_int_equal(c.scheduler.warmup_type, TZ_WARMUP_LOG);
   assert_int_equal(c.scheduler.total_num_steps, 0);
@@ -203,7 +203,7 @@ static void test_auto_values(void **state) {
   assert_int_equal(c.scheduler.type, TZ_LR_WARMUP_DECAY);
   assert_int_equal(c.scheduler.total_num_steps, 0);
   assert_int_equal(c.scheduler.warmup_num_steps, 1000);
-  ASSERT_DBL(c.scheduler.warmup_max_lr, 1e-3);
+  ASSERT_DBL(c.scheduler.warmup_max_lr, -1); /* until tz_config_resolve_batch */
   assert_int_equal(c.fp16.enabled, 0);
   assert_int_equal(c.bf16.enabled, 0);
   assert_int_equal(c.precision, TZ_PRECISION_FP32);

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""tz-train's learning rate at every step against DeepSpeed 0.19's, for every scheduler tz-train
+accepts and their edge cases.
+
+The reference below is DeepSpeed 0.19's schedules and its engine's timing written out from
+deepspeed/runtime/lr_schedules.py and runtime/engine.py (not imported: DeepSpeed needs a GPU
+stack CI lacks):
+- the engine builds the scheduler at last_batch_iteration -1, whose constructor sets the
+  optimizer's rate to get_lr() there (WarmupLR, WarmupDecayLR: warmup_min_lr; WarmupCosineLR: 0);
+  each optimizer step runs at the rate set, and the scheduler steps after each applied one;
+- warmup_num_steps: refused when not a positive integer (0.19.3), else raised to 2;
+- log warm-up: (1 / log(w)) * log(it + 1); linear: it / w; WarmupLR's peak defaults to the
+  optimizer's lr, WarmupDecayLR's to 0.001; WarmupDecayLR's decay max(0, (T - it) / max(1, T - w));
+- WarmupCosineLR: warmup_min_ratio + gamma * (1 - warmup_min_ratio) in the warm-up, then the
+  cosine of min(1, (it - w + 1) / max(1, T - w)) between 1 and cos_min_ratio, so it holds at
+  cos_min_ratio past total_num_steps; the rate is the optimizer's lr times the ratio.
+
+Each case runs tz-train (the tiny model, synthetic data) and compares the metrics file's lr of
+every step with the reference, to 1e-9 relative. Usage: test_lr_deepspeed.py TZ_BIN"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+BIN = sys.argv[1]
+
+
+class Reference:
+    """One DeepSpeed scheduler of a ds_config's scheduler section, as its engine drives it."""
+
+    def __init__(self, sched, opt_lr, total_auto):
+        self.type = sched.get("type") if sched else None
+        p = dict(sched.get("params", {})) if sched else {}
+        self.it = -1  # last_batch_iteration at construction
+        self.opt_lr = opt_lr
+        if self.type is None:
+            return
+        w = p.get("warmup_num_steps", 1000)
+        if not isinstance(w, int) or w <= 0:
+            raise ValueError("warmup_num_steps must be a positive integer")
+        self.w = max(2, w)
+        self.kind = p.get("warmup_type", "log")
+        self.inv_log = 1.0 / math.log(self.w)
+        self.total = p.get("total_num_steps", total_auto)
+        if self.type == "WarmupCosineLR":
+            self.wmr = p.get("warmup_min_ratio", 0.0)
+            self.cmr = p.get("cos_min_ratio", 0.0001)
+        else:
+            default_max = opt_lr if self.type == "WarmupLR" else 0.001
+            self.min = p.get("warmup_min_lr", 0.0)
+            self.max = p.get("warmup_max_lr", default_max)
+            self.delta = self.max - self.min
+
+    def _warm(self):
+        if self.kind == "log":
+            return self.inv_log * math.log(self.it + 1)
+        return self.it / self.w
+
+    def lr(self):
+        """The rate the next optimizer step runs at."""
+        if self.type is None:
+            return self.opt_lr
+        if self.type == "WarmupCosineLR":
+            if self.it < 0:
+                return 0.0
+            if self.it < self.w:
+                ratio = self.wmr + self._warm() * (1.0 - self.wmr)
+            else:
+                prog = min(1.0, (self.it - self.w + 1) / max(1, self.total - self.w))
+                ratio = (1 + math.cos(math.pi * prog)) / 2
+                ratio = max(0.0, self.cmr + (1.0 - self.cmr) * ratio)
+            return self.opt_lr * ratio
+        if self.it < 0:
+            return self.min
+        if self.it < self.w:
+            gamma = self._warm()
+        elif self.type == "WarmupLR":
+            gamma = 1.0
+        else:
+            gamma = max(0.0, float(self.total - self.it) / float(max(1.0, self.total - self.w)))
+        return self.min + self.delta * gamma
+
+    def step(self):
+        self.it += 1
+
+
+CASES = [
+    # name, scheduler section, steps
+    ("constant", None, 4),
+    ("warmup-log", {"type": "WarmupLR", "params": {
+        "warmup_min_lr": 1e-5, "warmup_max_lr": 1e-3, "warmup_num_steps": 5}}, 9),
+    ("warmup-linear-1-no-max", {"type": "WarmupLR", "params": {
+        "warmup_num_steps": 1, "warmup_type": "linear"}}, 6),
+    ("decay-linear-past-total", {"type": "WarmupDecayLR", "params": {
+        "warmup_min_lr": 2e-5, "warmup_max_lr": 5e-4, "warmup_num_steps": 3,
+        "warmup_type": "linear", "total_num_steps": 8}}, 12),
+    ("decay-log-total-auto-no-max", {"type": "WarmupDecayLR", "params": {
+        "warmup_num_steps": 4}}, 10),
+    ("decay-warmup-over-total", {"type": "WarmupDecayLR", "params": {
+        "warmup_max_lr": 1e-3, "warmup_num_steps": 6, "total_num_steps": 4}}, 9),
+    ("cosine-linear-past-total", {"type": "WarmupCosineLR", "params": {
+        "warmup_num_steps": 3, "warmup_type": "linear", "total_num_steps": 8,
+        "warmup_min_ratio": 0.1, "cos_min_ratio": 0.05}}, 13),
+    ("cosine-log-total-under-warmup", {"type": "WarmupCosineLR", "params": {
+        "warmup_num_steps": 10, "total_num_steps": 6}}, 14),
+    ("cosine-defaults-total-auto", {"type": "WarmupCosineLR", "params": {
+        "warmup_num_steps": 2}}, 7),
+]
+
+
+def run(tmp, name, sched, steps, extra=()):
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}}
+    if sched:
+        cfg["scheduler"] = sched
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    metrics = os.path.join(tmp, name + ".jsonl")
+    p = subprocess.run([os.path.join(BIN, "tz-train"), "--config", path, "--model", "tiny",
+                        "--seq", "16", "--data", "synthetic", "--steps", str(steps),
+                        "--metrics", metrics, "--progress", "plain", *extra],
+                       capture_output=True, text=True)
+    return p, metrics
+
+
+def lrs(metrics):
+    out = []
+    with open(metrics) as f:
+        for line in f:
+            o = json.loads(line)
+            if "step" in o and "lr" in o and "summary" not in o:
+                out.append((o["step"], o["lr"]))
+    return out
+
+
+def main():
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="tz-lr-") as tmp:
+        for name, sched, steps in CASES:
+            p, metrics = run(tmp, name, sched, steps)
+            if p.returncode != 0:
+                failures.append(f"{name}: tz-train exited {p.returncode}: {p.stderr[-400:]}")
+                continue
+            ref = Reference(sched, 3e-4, steps)
+            got = lrs(metrics)
+            if len(got) != steps:
+                failures.append(f"{name}: {len(got)} step lines, not {steps}")
+            for step, lr in got:
+                want = ref.lr()
+                ref.step()
+                if abs(lr - want) > 1e-9 * max(abs(want), 1e-30):
+                    failures.append(f"{name}: step {step}: lr {lr!r}, DeepSpeed's {want!r}")
+            print(f"{name}: {' '.join('%.6g' % lr for _, lr in got)}")
+        # A warm-up of 0 steps: refused at start as DeepSpeed 0.19.3 refuses it, naming the key.
+        p, _ = run(tmp, "warmup-0", {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}, 2)
+        if p.returncode != 2 or "scheduler.params.warmup_num_steps" not in p.stderr:
+            failures.append(f"warmup 0: exit {p.returncode}, not 2 naming the key: "
+                            f"{p.stderr[-300:]}")
+    for f in failures:
+        print("FAIL: " + f, file=sys.stderr)
+    print("test_lr_deepspeed: " + ("%d failed" % len(failures) if failures else "passed"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
