@@ -525,6 +525,8 @@ static int create_sched(tz_trainer *tr) {
   for (int i = 0; i < tr->n_ph; i++)
     for (int u = 0; u < tr->ph[i].n_uses; u++)
       tr->ph[i].uses[u].block = tr->bid[tr->ph[i].blocks[u]][tr->ph[i].kinds[u]];
+  if (tr->n_ph <= 0)
+    return tz_err_set(TZ_EINVAL, "train: no phases to declare");
   struct tz_phase_decl *d = calloc((size_t)tr->n_ph, sizeof *d);
   if (!d)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
