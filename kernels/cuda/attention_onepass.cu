@@ -544,31 +544,22 @@ int launch(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta, 
 }
 
 /* The tiles by index (the setting attention_tiles, tz_cuda_tile_names in choice.h): 0, 4 warps (64
- * keys) and query chunks of 32, built for every shape, the one-pass mode's default; the others
- * built for bf16 only, at the widths of the models' common head dims (128 and 64 exact, 96 padded;
- * to keep the build small), timed by tz-bench layer; 3 (8x64) is what auto runs
- * (tz_cuda_attention_onepass_tiles, choice.c). */
-template <typename W> constexpr bool all_tiles() {
-  return (W::DP == 128 && !W::PAD) || (W::DP == 64 && !W::PAD) || (W::DP == 96 && W::PAD);
+ * keys) and query chunks of 32, built for every shape, the one-pass mode's default; 1, 8 warps
+ * (128 keys) and query chunks of 64, what auto runs (tz_cuda_attention_onepass_tiles, choice.c),
+ * built for bf16 at the head dims where it was measured fastest (128 exact, 96 padded; to keep
+ * the build small). 4x64 and 8x32 won at no shape measured (docs/cuda-kernels.md) and are gone. */
+template <typename W> constexpr bool auto_tiles() {
+  return (W::DP == 128 && !W::PAD) || (W::DP == 96 && W::PAD);
 }
 
 template <typename E, typename W>
 int launch_tiles(struct tz_cuda *c, int which, void *dq, void *dk, void *dv, const float *delta,
                  const void *dout, const void *q, const void *k, const void *v, const float *lse,
                  int B, int T, int H, int Hkv, int D) {
-  if constexpr (all_tiles<W>() && std::is_same<E, __nv_bfloat16>::value) {
-    switch (which) {
-    case 1:
-      return launch<E, W, bwd_tiles<W, 4, 64>>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
-                                               Hkv, D);
-    case 2:
-      return launch<E, W, bwd_tiles<W, 8, 32>>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
-                                               Hkv, D);
-    case 3:
+  if constexpr (auto_tiles<W>() && std::is_same<E, __nv_bfloat16>::value) {
+    if (which == 1)
       return launch<E, W, bwd_tiles<W, 8, 64>>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
                                                Hkv, D);
-    default: break;
-    }
   }
   (void)which;
   return launch<E, W, bwd_tiles<W, 4, 32>>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv,

@@ -6,7 +6,7 @@
 static const char *const attention_names[] = {"auto",     "simple", "one-pass",
                                               "two-pass", "wgmma",  NULL};
 static const char *const matmul_names[] = {"cublaslt", "plain", NULL};
-const char *const tz_cuda_tile_names[TZ_CUDA_TILES + 1] = {"4x32", "4x64", "8x32", "8x64", NULL};
+const char *const tz_cuda_tile_names[TZ_CUDA_TILES + 1] = {"4x32", "8x64", NULL};
 
 const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS] = {
     [TZ_CUDA_SET_ATTENTION] = {.name = "attention",
@@ -56,11 +56,11 @@ int tz_cuda_attention_wgmma_takes(const struct tz_cuda_attention_call *c, int ev
  * since each query head has a block of its own (Qwen2-7B's 28/4: 3.09 against 4.42; 32/8: 3.42
  * against 3.97), and at head dim 96 with grouped kv heads (32/8: 2.98 against 3.19); at 64 it is
  * slower (32/8: 2.29 against 2.16), and at 80 and at 96 with a kv head per head it was not
- * measured in these tiles (at 80, 4x32: 3.61 against 2.53). */
+ * measured in these tiles (at 80, 4x32: 3.61 against 2.53). The index is tz_cuda_tile_names'. */
 int tz_cuda_attention_onepass_tiles(const struct tz_cuda_attention_call *c) {
   if (c->S != TZ_BF16 || !tz_cuda_attention_mma_takes(c))
     return -1;
-  return c->D == 128 || (c->D == 96 && c->Hkv < c->H) ? 3 : -1;
+  return c->D == 128 || (c->D == 96 && c->Hkv < c->H) ? 1 : -1;
 }
 
 struct tz_cuda_attention_choice tz_cuda_attention_choose(enum tz_cuda_attention_mode mode,

@@ -40,7 +40,7 @@ enum tz_cuda_attention_kernel {
 const char *tz_cuda_attention_kernel_name(enum tz_cuda_attention_kernel k);
 
 /* The one-pass backward's tiles, "warps x query rows" (attention_onepass.cu). */
-#define TZ_CUDA_TILES 4
+#define TZ_CUDA_TILES 2
 extern const char *const tz_cuda_tile_names[TZ_CUDA_TILES + 1]; /* NULL-terminated */
 
 /* What the choice depends on: the instance's dtype and device, the call's shape, and the least
