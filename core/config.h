@@ -204,6 +204,8 @@ struct tz_config {
   /* Private: bit i stands for key i of the table: given "auto" (tz_config_auto_key), and set
    * though it has no effect in tierzero (tz_config_no_effect_key). */
   uint64_t auto_[TZ_CONFIG_KEY_WORDS], no_effect_[TZ_CONFIG_KEY_WORDS];
+  /* Private: bit i: key i given by a source since tz_config_given_clear (tz_config_section_given). */
+  uint64_t given_[TZ_CONFIG_KEY_WORDS];
 };
 
 /* Fills c with the built-in defaults. Overwrites c without freeing it: on a struct that holds
@@ -231,6 +233,13 @@ int tz_config_apply_env(struct tz_config *c);
  * it is not set (or empty), c untouched; TZ_ECONFIG for a bad value (the message names the
  * variable), TZ_ENOENT when key is no tierzero key. */
 int tz_config_env_key(struct tz_config *c, const char *key);
+
+/* Whether a source (a file, the environment, tz_config_set) gave a key under section ("optimizer"),
+ * or the key itself, since c was made or since tz_config_given_clear; 1 or 0. tz-train asks it of
+ * the user's files alone (a ds_config's optimizer section decays every tensor, as DeepSpeed's
+ * does: docs/config.md, "Weight decay per tensor"). */
+int tz_config_section_given(const struct tz_config *c, const char *section);
+void tz_config_given_clear(struct tz_config *c);
 
 /* Backend settings: keys of the tierzero section that choose inside one backend
  * (tierzero.cuda_attention, tierzero.cuda_matmul). The config stores the text (from the file, or

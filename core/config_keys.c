@@ -299,6 +299,7 @@ void tz_config_store(struct tz_config *c, const struct key *k, struct val *v) {
   if (idx >= 0 && idx < N_KEYS) {
     /* The last source to set a key decides whether it is "auto". */
     bit_set(c->auto_, idx, v->is_default && !(k->flags & F_NO_FIELD));
+    bit_set(c->given_, idx, 1);
     if (k->flags & F_NO_FIELD)
       bit_set(c->no_effect_, idx, 1);
   }
@@ -534,3 +535,18 @@ int tz_config_backend_settings(const struct tz_config *c, const char *backend, c
   }
   return 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Keys given */
+
+int tz_config_section_given(const struct tz_config *c, const char *section) {
+  size_t n = strlen(section);
+  for (int k = 0; k < N_KEYS; k++) {
+    const char *p = tz_config_keys[k].path;
+    if (bit_get(c->given_, k) && strncmp(p, section, n) == 0 && (p[n] == '.' || p[n] == '\0'))
+      return 1;
+  }
+  return 0;
+}
+
+void tz_config_given_clear(struct tz_config *c) { memset(c->given_, 0, sizeof c->given_); }

@@ -37,6 +37,9 @@ static int stage_chunks;
 static uint64_t stage_chunk_bytes;
 static uint64_t staging_peak_seen; /* the most staging chunks held at once, over the checks */
 static int random_cases = 24;      /* test_random_budgets runs its first this many cases */
+/* Under ThreadSanitizer ($TZ_TEST_QUICK, tests/CMakeLists.txt) the random tests run a quarter of
+ * their cases: each case costs 10-40 times its release time there, and a race shows in a few. */
+static int quick;
 /* 1: test_random_budgets homes a third of its blocks in the compute tier (used in place). */
 static int in_place_homes;
 static const char *nvme_dir = "/var/tmp";
@@ -638,9 +641,10 @@ static void test_staged_homes(void **state) {
   stage_chunk_bytes = 384 << 10;
   staging_peak_seen = 0;
   test_training_like_step(state);
-  random_cases = 6; /* the first six of test_random_budgets' cases (its time under TSan) */
+  int all = random_cases;
+  random_cases = quick ? 2 : 6; /* the first cases of test_random_budgets (its time under TSan) */
   test_random_budgets(state);
-  random_cases = 24;
+  random_cases = all;
   assert_true(staging_peak_seen > 2);
   stage_chunks = 0;
   stage_chunk_bytes = 0;
@@ -2039,7 +2043,7 @@ static void test_home_refused_and_failure(void **state) {
 static void test_home_random(void **state) {
   (void)state;
   uint64_t rs = 20261129;
-  for (int c = 0; c < 16; c++) {
+  for (int c = 0; c < (quick ? 4 : 16); c++) {
     struct env e;
     TZ_ASSERT_OK(make_env(&e, 64 << 20, NULL));
     int nb = 2 + (int)(tz_test_rand(&rs) % 5), np = 3 + (int)(tz_test_rand(&rs) % 7);
@@ -2295,15 +2299,26 @@ int main(int argc, char **argv) {
   if (argc < 2)
     tz_test_skip("usage: test_sched plain|jitter");
   jitter_us = strcmp(argv[1], "jitter") == 0 ? 300 : 0;
+  quick = getenv("TZ_TEST_QUICK") != NULL;
+  if (quick)
+    random_cases = 6;
   char why[256];
   if (tz_tier_probe("nvme", why, sizeof why) < 0)
     tz_test_skip("%s", why);
   if (access(nvme_dir, W_OK) != 0)
     tz_test_skip("no writable %s for nvme files", nvme_dir);
   signal(SIGALRM, watchdog);
+  /* The slowest first (about 1.5-6 s each in release, ten times that under TSan), so that the
+   * shares of argv[2], each taking every n-th test, get one each. */
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_training_like_step, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_staged_homes, arm, disarm),
       cmocka_unit_test_setup_teardown(test_random_budgets, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_in_place_random, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_prefetch_waits_for_write_back, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_home_random, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_copy_queue, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_home_overlap, arm, disarm),
+      cmocka_unit_test_setup_teardown(test_training_like_step, arm, disarm),
       cmocka_unit_test_setup_teardown(test_budget_below_minimum_refused, arm, disarm),
       cmocka_unit_test_setup_teardown(test_stale_copies_never_used, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_written_in_place, arm, disarm),
@@ -2312,17 +2327,13 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_fault_mid_step, arm, disarm),
       cmocka_unit_test_setup_teardown(test_compute_failure, arm, disarm),
       cmocka_unit_test_setup_teardown(test_debug_prints_decisions, arm, disarm),
-      cmocka_unit_test_setup_teardown(test_staged_homes, arm, disarm),
       cmocka_unit_test_setup_teardown(test_in_place, arm, disarm),
       cmocka_unit_test_setup_teardown(test_in_place_load_store, arm, disarm),
       cmocka_unit_test_setup_teardown(test_in_place_mixed, arm, disarm),
-      cmocka_unit_test_setup_teardown(test_in_place_random, arm, disarm),
       cmocka_unit_test_setup_teardown(test_plan_mirrors_in_place, arm, disarm),
-      cmocka_unit_test_setup_teardown(test_prefetch_waits_for_write_back, arm, disarm),
       cmocka_unit_test_setup_teardown(test_not_carried_unless_busy, arm, disarm),
       cmocka_unit_test_setup_teardown(test_not_carried_ahead, arm, disarm),
       cmocka_unit_test_setup_teardown(test_not_carried_write_only_use_looks_ahead, arm, disarm),
-      cmocka_unit_test_setup_teardown(test_copy_queue, arm, disarm),
       cmocka_unit_test_setup_teardown(test_rewrite_deferred, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_step, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_writes_after_reader, arm, disarm),
@@ -2330,8 +2341,6 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_line_goes_by_need, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_load_store, arm, disarm),
       cmocka_unit_test_setup_teardown(test_home_refused_and_failure, arm, disarm),
-      cmocka_unit_test_setup_teardown(test_home_random, arm, disarm),
-      cmocka_unit_test_setup_teardown(test_home_overlap, arm, disarm),
   };
   /* argv[2] "i/n": the i-th of n shares of the tests (every n-th from i), so that ctest runs the
    * shares side by side (tests/test_sched.args); $TZ_TEST_FILTER: the tests whose names match

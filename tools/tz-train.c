@@ -284,11 +284,31 @@ static void print_recompute(const tz_trainer *tr) {
   printf("\n");
 }
 
+/* What weight decay applies to, when there is any (docs/config.md, "Weight decay per tensor"). */
+static void print_decay(const struct tz_config *cfg) {
+  if (cfg->optimizer.weight_decay == 0)
+    return;
+  const struct tz_config_paths *ex = &cfg->tierzero.weight_decay_exclude;
+  char what[128] = "";
+  for (int i = 0; i < ex->n; i++)
+    snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s", i ? ", " : "",
+             ex->path[i]);
+  if (ex->n == 0 || (ex->n == 1 && strcmp(ex->path[0], "none") == 0))
+    printf("tz-train: weight decay %g on every tensor (DeepSpeed's one group for a ds_config's "
+           "optimizer; tierzero.weight_decay_exclude names what to leave out)\n",
+           cfg->optimizer.weight_decay);
+  else
+    printf("tz-train: weight decay %g on every tensor but: %s (tierzero.weight_decay_exclude; "
+           "Hugging Face Trainer's groups are bias and norm)\n",
+           cfg->optimizer.weight_decay, what);
+}
+
 static void print_setup(const struct printer *p, const struct tz_run_event *ev) {
   const struct tz_run_options *o = &p->o->run;
   const struct tz_config *cfg = p->cfg;
   const tz_trainer *tr = ev->trainer;
   const char *gpu = tz_trainer_device_name(tr);
+  print_decay(cfg);
   printf("tz-train: model %s (%llu parameters), %s backend%s%s, %d rank%s, micro-batch %lld x "
          "%d tokens, accumulation %lld, optimizer step %s%s\n",
          ev->model_name, (unsigned long long)tz_model_n_params(ev->model), o->backend,

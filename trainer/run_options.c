@@ -257,8 +257,14 @@ int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *s
   }
   if (o->resume) /* the saved effective config first; files and --set may change it */
     TZ_CHECK(tz_resume_config(o->resume, world, cfg));
+  tz_config_given_clear(cfg);
   for (int i = 0; i < src->n_files; i++)
     TZ_CHECK(tz_config_load_file(cfg, src->files[i]));
+  /* A ds_config with an optimizer section: DeepSpeed builds that optimizer over the model's
+   * parameters in one group, so weight decay applies to every tensor (as it does when Hugging
+   * Face's Trainer hands DeepSpeed the model); without one, tierzero excludes biases and norms
+   * as the Trainer's own optimizer does (trainer/decay.h). */
+  int ds_optimizer = tz_config_section_given(cfg, "optimizer");
   TZ_CHECK(tz_config_apply_env(cfg));
   for (int i = 0; i < src->n_sets; i++) {
     char key[256];
@@ -280,6 +286,11 @@ int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *s
     snprintf(buf, sizeof buf, "%lld", (long long)o->trace_step);
     TZ_CHECK(tz_config_set(cfg, "tierzero.trace_step", buf));
   }
+  /* The choice written into the config, so that checkpoints record it and a resume keeps it (a
+   * checkpoint from before the rule keeps the exclusion it recorded: not resolved here). */
+  if (cfg->tierzero.weight_decay_exclude.n == 0 && !o->resume)
+    TZ_CHECK(
+        tz_config_set(cfg, "tierzero.weight_decay_exclude", ds_optimizer ? "none" : "bias:norm"));
   if (cfg->train_batch_size == 0 && cfg->train_micro_batch_size_per_gpu == 0)
     TZ_CHECK(tz_config_set(cfg, "train_micro_batch_size_per_gpu", "4"));
   TZ_CHECK(tz_config_resolve_batch(cfg, world));

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""tz-train's learning rate at every step against DeepSpeed 0.19's, for every scheduler tz-train
-accepts and their edge cases.
+"""A ds_config trains in tz-train as DeepSpeed 0.19 would train it: the learning rate at every
+step, for every scheduler tz-train accepts and their edge cases; and the tensors weight decay
+applies to (a ds_config's optimizer section: every tensor, DeepSpeed's one group; without one,
+Hugging Face Trainer's groups: not biases and norms; tierzero.weight_decay_exclude wins either
+way, and a resume keeps the run's choice).
 
 The reference below is DeepSpeed 0.19's schedules and its engine's timing written out from
 deepspeed/runtime/lr_schedules.py and runtime/engine.py (not imported: DeepSpeed needs a GPU
@@ -16,7 +19,7 @@ stack CI lacks):
   cos_min_ratio past total_num_steps; the rate is the optimizer's lr times the ratio.
 
 Each case runs tz-train (the tiny model, synthetic data) and compares the metrics file's lr of
-every step with the reference, to 1e-9 relative. Usage: test_lr_deepspeed.py TZ_BIN"""
+every step with the reference, to 1e-9 relative. Usage: test_deepspeed_compat.py TZ_BIN"""
 import json
 import math
 import os
@@ -110,9 +113,10 @@ CASES = [
 ]
 
 
-def run(tmp, name, sched, steps, extra=()):
-    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-           "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}}
+def run(tmp, name, sched, steps, extra=(), optimizer=True):
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+    if optimizer:
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}}
     if sched:
         cfg["scheduler"] = sched
     path = os.path.join(tmp, name + ".json")
@@ -124,6 +128,41 @@ def run(tmp, name, sched, steps, extra=()):
                         "--metrics", metrics, "--progress", "plain", *extra],
                        capture_output=True, text=True)
     return p, metrics
+
+
+def decay_of(metrics):
+    """The run's tierzero.weight_decay_exclude, from the metrics file's config line."""
+    with open(metrics) as f:
+        for line in f:
+            o = json.loads(line)
+            if "config" in o:
+                return o["config"].get("tierzero", {}).get("weight_decay_exclude")
+    return None
+
+
+def decay_groups(tmp, failures):
+    cases = [  # name, optimizer section, --set, the exclusion, words of the start line
+        ("ds-optimizer", True, (), ["none"], "on every tensor ("),
+        ("no-optimizer", False, ("--set", "optimizer.params.weight_decay=0.1"),
+         ["bias", "norm"], "but: bias, norm"),
+        ("ds-optimizer-set", True, ("--set", "tierzero.weight_decay_exclude=norm"), ["norm"],
+         "but: norm"),
+    ]
+    for name, opt, extra, want, words in cases:
+        p, metrics = run(tmp, name, None, 2, extra, optimizer=opt)
+        got = decay_of(metrics) if p.returncode == 0 else None
+        if p.returncode != 0 or got != want or words not in p.stdout:
+            failures.append(f"decay {name}: exit {p.returncode}, exclusion {got}, not {want}, "
+                            f"or no start line with {words!r}: {p.stdout[-300:]}{p.stderr[-300:]}")
+    # a resume keeps the run's choice, though this run's files give no optimizer section
+    ck = os.path.join(tmp, "ck")
+    p, _ = run(tmp, "resume-a", None, 2, ("--ckpt-dir", ck))
+    p2, metrics = run(tmp, "resume-b", None, 3, ("--resume", ck), optimizer=False)
+    got = decay_of(metrics) if p2.returncode == 0 else None
+    if p.returncode != 0 or p2.returncode != 0 or got != ["none"]:
+        failures.append(f"decay resume: exits {p.returncode} {p2.returncode}, exclusion {got}: "
+                        f"{p2.stderr[-300:]}")
+    print(f"decay groups: {len(cases) + 1} cases")
 
 
 def lrs(metrics):
@@ -159,9 +198,10 @@ def main():
         if p.returncode != 2 or "scheduler.params.warmup_num_steps" not in p.stderr:
             failures.append(f"warmup 0: exit {p.returncode}, not 2 naming the key: "
                             f"{p.stderr[-300:]}")
+        decay_groups(tmp, failures)
     for f in failures:
         print("FAIL: " + f, file=sys.stderr)
-    print("test_lr_deepspeed: " + ("%d failed" % len(failures) if failures else "passed"))
+    print("test_deepspeed_compat: " + ("%d failed" % len(failures) if failures else "passed"))
     return 1 if failures else 0
 
 
