@@ -407,6 +407,10 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
             ? tz_cuda_attention_bwd_onepass(c, ch.tiles, dq, dk, dv, delta, dout, q, k, v, lse, B,
                                             T, H, Hkv, D)
             : tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
+    /* The one-pass backward also declines at run time, where its scratch for dq's sums cannot
+     * grow in the memory left: the two-pass kernels take the call (they take the same shapes). */
+    if (rc > 0 && ch.bwd == TZ_CUDA_KERNEL_ONE_PASS)
+      rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
     return rc > 0 ? declined("attention_bwd", ch.bwd, D) : rc;
   }
   float scale = 1.0f / sqrtf((float)D);
