@@ -37,6 +37,7 @@
 # the SwiGLU rebuilt in its backward, 16-byte elementwise, RoPE and RMSNorm kernels): the kernel
 # tests, the model's and trainer's GPU tests, tz-bench layer in 3 rounds with PyTorch beside it
 # (each op's GB/s beside the copy ceiling), then tz-auto llama-7b (about 200 s)
+# gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
 steps=${*:-tests topo tiers adam collectives hf families layer prefetch train product}
@@ -162,6 +163,11 @@ if has wgmma; then
   step wgmma-layer-auto $b/bin/tz-bench layer --iters 5 --warmup 2
   step wgmma-layer-2p env TZ_CUDA_ATTENTION=two-pass $b/bin/tz-bench layer --iters 5 --warmup 2
   step wgmma-layer env TZ_CUDA_ATTENTION=wgmma $b/bin/tz-bench layer --iters 5 --warmup 2
+fi
+# gputests: the tests that need a GPU, alone (the CPU ones run in CI), about 200 s
+if has gputests; then
+  step gputests ctest --test-dir $b --output-on-failure -j4 --timeout 300 -R \
+    '^(test_compute_cuda|test_rates_cuda|test_cuda_choice|test_wgmma|test_model_gpu|test_train_gpu.*|test_recompute|test_hbm|test_adam_cuda|test_sched_gpu|test_tier_conformance.hbm)$'
 fi
 if has fused; then
   step fused-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
