@@ -113,7 +113,11 @@ static void test_config_errors(void **state) {
 static void test_flag_errors(void **state) {
   (void)state;
   static const struct error_case cases[] = {
-      {"--bogus", 2, {"unrecognized option", "--bogus", "usage: tz-train"}},
+      /* one line, the closest flag named, not the whole --help */
+      {"--bogus", 2, {"unknown flag '--bogus'; tz-train --help lists them"}},
+      {"--sed 3", 2, {"unknown flag '--sed' (did you mean --seed?)"}},
+      {"--learning_rate 1e-4", 2, {"(did you mean --learning-rate?)"}},
+      {"--steps", 2, {"--steps needs a value"}},
       {"--steps x", 2, {"--steps: expected a non-negative integer, got 'x'"}},
       {"--steps -1", 2, {"--steps: expected a non-negative integer"}},
       {"--seq 0", 2, {"--seq: expected a positive integer"}},
@@ -132,6 +136,9 @@ static void test_flag_errors(void **state) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     check(&cases[i]);
+  /* an unknown flag is one line, not --help again */
+  assert_int_equal(tz_train("--bogus"), 2);
+  assert_null(strstr(out, "usage: tz-train"));
 }
 
 static void test_data_errors(void **state) {

@@ -130,6 +130,7 @@ struct opts {
   const char *demo_dir; /* no arguments: the demo, with its nvme files in this directory */
   enum tz_display_mode progress;
   const char *fit; /* --fit: micro-batch or layers */
+  const char *hf_value[8]; /* the value of each TrainingArguments flag given (hf_flags), or NULL */
 };
 
 /* The flags in the order --help lists them (getopt_long names them in this order when a prefix is
@@ -143,6 +144,40 @@ static const char flag_names[] =
     "reseed "
     "eval-every val-fraction val-data tokenizer import-safetensors export-safetensors export-dtype "
     "export-shard-size trace-step trace ";
+
+/* Flags with the names of Hugging Face TrainingArguments for what people set most, each the
+ * --set of its key, after the config files (and so over them); tz-train says where each value
+ * came from. */
+static const struct {
+  const char *flag, *key;
+} hf_flags[] = {
+    {"learning-rate", "optimizer.params.lr"},
+    {"weight-decay", "optimizer.params.weight_decay"},
+    {"max-grad-norm", "gradient_clipping"},
+    {"warmup-steps", "scheduler.params.warmup_num_steps"},
+    {"per-device-train-batch-size", "train_micro_batch_size_per_gpu"},
+    {"gradient-accumulation-steps", "gradient_accumulation_steps"},
+};
+#define N_HF_FLAGS ((int)(sizeof hf_flags / sizeof hf_flags[0]))
+_Static_assert(sizeof hf_flags / sizeof hf_flags[0] <= 8, "struct opts.hf_value holds them");
+
+/* Edits between a and b (insertions, deletions, substitutions), at most 64 characters each. */
+static int distance(const char *a, const char *b) {
+  int la = (int)strlen(a), lb = (int)strlen(b), d[65][65];
+  if (la > 64 || lb > 64)
+    return 1 << 20;
+  for (int i = 0; i <= la; i++)
+    for (int j = 0; j <= lb; j++) {
+      if (!i || !j) {
+        d[i][j] = i + j;
+        continue;
+      }
+      int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+      int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+      d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+    }
+  return d[la][lb];
+}
 
 /* "tz-train: " and the message on stderr; -1 (a usage error). */
 #define BAD(...) (fprintf(stderr, "tz-train: " __VA_ARGS__), fputc('\n', stderr), -1)
@@ -183,7 +218,7 @@ static int parse(int argc, char **argv, struct opts *o) {
   memcpy(names, flag_names, sizeof names);
   for (char *t = strtok(names, " "); t; t = strtok(NULL, " "))
     flags[n++] = t;
-  struct option longs[sizeof flag_names / 2 + 2];
+  struct option longs[sizeof flag_names / 2 + N_HF_FLAGS + 3];
   for (int i = 0; i < n; i++) { /* distinct values: else a prefix of two is not ambiguous */
     int sw = tz_run_option_is_switch(flags[i]) == 1;
     longs[i] = (struct option){flags[i],
@@ -192,15 +227,18 @@ static int parse(int argc, char **argv, struct opts *o) {
                                                                : required_argument,
                                0, 256 + i};
   }
-  longs[n] = (struct option){"help", no_argument, 0, 'h'};
-  longs[n + 1] = (struct option){"version", no_argument, 0, 'V'};
-  longs[n + 2] = (struct option){0, 0, 0, 0};
+  for (int i = 0; i < N_HF_FLAGS; i++)
+    longs[n + i] = (struct option){hf_flags[i].flag, required_argument, 0, 1024 + i};
+  longs[n + N_HF_FLAGS] = (struct option){"help", no_argument, 0, 'h'};
+  longs[n + N_HF_FLAGS + 1] = (struct option){"version", no_argument, 0, 'V'};
+  longs[n + N_HF_FLAGS + 2] = (struct option){0, 0, 0, 0};
   memset(o, 0, sizeof *o);
   tz_run_options_init(&o->run);
   o->run.backend = NULL; /* auto, resolved once the launch is known */
   o->src = (struct tz_run_sources){.files = o->configs, .sets = o->sets};
   int c;
-  while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+  opterr = 0; /* an unknown flag gets one line naming the closest (below), not getopt's */
+  while ((c = getopt_long(argc, argv, ":h", longs, NULL)) != -1) {
     if (c == 'h') {
       usage(stdout);
       exit(0);
@@ -208,6 +246,34 @@ static int parse(int argc, char **argv, struct opts *o) {
     if (c == 'V') {
       tz_version_print(stdout, "tz-train");
       exit(0);
+    }
+    if (c == '?' || c == ':') {
+      const char *arg = argv[optind - 1];
+      if (c == ':')
+        return BAD("%s needs a value (tz-train --help)", arg);
+      const char *name = arg + strspn(arg, "-");
+      char bare[128];
+      snprintf(bare, sizeof bare, "%.*s", (int)strcspn(name, "="), name);
+      const char *best = NULL;
+      int bd = 1 << 20;
+      for (int i = 0; i < n + N_HF_FLAGS + 2; i++) {
+        int d = distance(bare, longs[i].name);
+        if (d < bd)
+          bd = d, best = longs[i].name;
+      }
+      if (best && bd <= 3 && bd < (int)strlen(bare))
+        return BAD("unknown flag '%s' (did you mean --%s?); tz-train --help lists them", arg, best);
+      return BAD("unknown flag '%s'; tz-train --help lists them", arg);
+    }
+    if (c >= 1024) { /* a TrainingArguments name: the --set of its key */
+      static char sets[N_HF_FLAGS][160];
+      int i = c - 1024;
+      if (o->src.n_sets == 32)
+        return BAD("at most 32 --set options and flags like --%s", hf_flags[i].flag);
+      snprintf(sets[i], sizeof sets[i], "%s=%s", hf_flags[i].key, optarg);
+      o->sets[o->src.n_sets++] = sets[i];
+      o->hf_value[i] = optarg;
+      continue;
     }
     if (c < 256) {
       usage(stderr);
@@ -309,6 +375,10 @@ static void print_setup(const struct printer *p, const struct tz_run_event *ev) 
   const tz_trainer *tr = ev->trainer;
   const char *gpu = tz_trainer_device_name(tr);
   print_decay(cfg);
+  for (int i = 0; i < N_HF_FLAGS; i++)
+    if (p->o->hf_value[i])
+      printf("tz-train: %s %s from --%s (over the config files)\n", hf_flags[i].key,
+             p->o->hf_value[i], hf_flags[i].flag);
   printf("tz-train: model %s (%llu parameters), %s backend%s%s, %d rank%s, micro-batch %lld x "
          "%d tokens, accumulation %lld, optimizer step %s%s\n",
          ev->model_name, (unsigned long long)tz_model_n_params(ev->model), o->backend,
