@@ -649,6 +649,40 @@ static void test_fifo_refused(void **state) {
   tz_test_rmdir(dir);
 }
 
+/* Text where tokens are expected is read as bytes only where that is meant (issue 49 item 6):
+ * JSON lines are refused whatever the vocabulary, any text for a vocabulary larger than bytes',
+ * each naming the file and the tz-data command; "text:" reads either as bytes. */
+static void test_text_as_tokens_refused(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data-json");
+  char *js = path_in(dir, "chat.jsonl"), *txt = path_in(dir, "notes.txt");
+  const char *line = "{\"text\": \"the quick brown fox jumps over the lazy dog\"}\n";
+  write_bytes(js, line, strlen(line));
+  write_bytes(txt, line, strlen(line));
+  struct tz_data_params prm = params_T(8);
+  tz_data *d = NULL;
+  assert_int_equal(tz_data_open(js, 256, &prm, &d), TZ_EFORMAT);
+  assert_non_null(strstr(tz_err_msg(), js));
+  assert_non_null(strstr(tz_err_msg(), "tools/tz-data --tokenizer MODEL_DIR --out DIR --field"));
+  assert_int_equal(tz_data_open(txt, 32000, &prm, &d), TZ_EFORMAT);
+  assert_non_null(strstr(tz_err_msg(), "not token shards"));
+  /* a byte vocabulary reads a text file as bytes, as the presets do */
+  TZ_ASSERT_OK(tz_data_open(txt, 256, &prm, &d));
+  tz_data_destroy(d);
+  char spec[1100];
+  snprintf(spec, sizeof spec, "text:%s", js);
+  TZ_ASSERT_OK(tz_data_open(spec, 32000, &prm, &d));
+  tz_data_destroy(d);
+  /* and as validation data too */
+  prm.val_spec = js;
+  assert_int_equal(tz_data_open(spec, 256, &prm, &d), TZ_EFORMAT);
+  unlink(js);
+  unlink(txt);
+  free(js);
+  free(txt);
+  tz_test_rmdir(dir);
+}
+
 /* SHA-256 of known texts (FIPS 180-4's examples, and one of more than one block). */
 static void test_sha256(void **state) {
   (void)state;
@@ -788,12 +822,19 @@ static void test_sidecar(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_raw_text),     cmocka_unit_test(test_shards),
-      cmocka_unit_test(test_shard_errors), cmocka_unit_test(test_glob),
-      cmocka_unit_test(test_permutation),  cmocka_unit_test(test_ranks),
-      cmocka_unit_test(test_val_split),    cmocka_unit_test(test_determinism),
-      cmocka_unit_test(test_builtin),      cmocka_unit_test(test_fifo_refused),
-      cmocka_unit_test(test_sha256),       cmocka_unit_test(test_sidecar),
+      cmocka_unit_test(test_raw_text),
+      cmocka_unit_test(test_shards),
+      cmocka_unit_test(test_shard_errors),
+      cmocka_unit_test(test_glob),
+      cmocka_unit_test(test_permutation),
+      cmocka_unit_test(test_ranks),
+      cmocka_unit_test(test_val_split),
+      cmocka_unit_test(test_determinism),
+      cmocka_unit_test(test_builtin),
+      cmocka_unit_test(test_fifo_refused),
+      cmocka_unit_test(test_sha256),
+      cmocka_unit_test(test_sidecar),
+      cmocka_unit_test(test_text_as_tokens_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -132,7 +132,11 @@ static void test_flag_errors(void **state) {
       {"--model nonesuch", 2, {"--model", "no preset 'nonesuch'"}},
       {"--steps 1 extra", 2, {"unexpected argument 'extra'"}},
       {"--model tiny --seq 100000 --steps 1", 1, {"sequence length 100000"}},
-      {"--steps 1 --import-safetensors nothere", 1, {"nothere/config.json"}},
+      {"--steps 1 --import-safetensors nothere --data builtin", 1, {"nothere/config.json"}},
+      /* real weights and no --data: refused before anything, the tz-data command named */
+      {"--steps 1 --import-safetensors somewhere",
+       2,
+       {"--import-safetensors somewhere: give --data", "tools/tz-data --tokenizer somewhere"}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     check(&cases[i]);

@@ -129,7 +129,7 @@ struct opts {
   int nproc;
   const char *demo_dir; /* no arguments: the demo, with its nvme files in this directory */
   enum tz_display_mode progress;
-  const char *fit; /* --fit: micro-batch or layers */
+  const char *fit;         /* --fit: micro-batch or layers */
   const char *hf_value[8]; /* the value of each TrainingArguments flag given (hf_flags), or NULL */
 };
 
@@ -357,8 +357,7 @@ static void print_decay(const struct tz_config *cfg) {
   const struct tz_config_paths *ex = &cfg->tierzero.weight_decay_exclude;
   char what[128] = "";
   for (int i = 0; i < ex->n; i++)
-    snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s", i ? ", " : "",
-             ex->path[i]);
+    snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s", i ? ", " : "", ex->path[i]);
   if (ex->n == 0 || (ex->n == 1 && strcmp(ex->path[0], "none") == 0))
     printf("tz-train: weight decay %g on every tensor (DeepSpeed's one group for a ds_config's "
            "optimizer; tierzero.weight_decay_exclude names what to leave out)\n",

@@ -36,6 +36,7 @@ struct file {
   uint64_t n_tokens;
   uint64_t n_windows;    /* (n_tokens - 1) / T */
   uint64_t first_window; /* windows of the files before this one */
+  int named_text;        /* read as text because its spec said "text:" */
 };
 
 /* One source: the files of a spec, and their windows numbered in file order. */
@@ -217,6 +218,7 @@ static int file_open(struct file *f, const char *path, int force_text) {
   int shard =
       !force_text && (ends_with(path, ".bin") || (size >= 4 && hdr[0] == TZ_DATA_SHARD_MAGIC));
   if (!shard) {
+    f->named_text = force_text;
     f->kind = KIND_TEXT;
     f->tok = b;
     f->tsize = 1;
@@ -472,6 +474,29 @@ static const char *kind_name(const struct file *f) {
   }
 }
 
+/* A file that is not a token shard, given where tokens are expected, is read as raw text (a byte
+ * a token) only where that is what was meant: named with "text:", or a plain file for a byte
+ * vocabulary (the presets). JSON lines, or any text for a model with a real tokenizer's vocabulary,
+ * would train on the bytes of the text: refused with the tz-data command that tokenizes it. */
+static int source_check_text(const struct source *s, int vocab) {
+  for (int i = 0; i < s->n; i++) {
+    const struct file *f = &s->f[i];
+    if (f->kind != KIND_TEXT || f->named_text)
+      continue;
+    int json = ends_with(f->path, ".jsonl") || ends_with(f->path, ".json");
+    if (!json && vocab <= 256)
+      continue;
+    return tz_err_set(TZ_EFORMAT,
+                      "data: %s is %s, not token shards: tokenize it with the model's tokenizer, "
+                      "tools/tz-data --tokenizer MODEL_DIR --out DIR %s%s, and give --data "
+                      "'DIR/*_train_*.bin' (docs/data.md); --data text:%s trains on its raw "
+                      "bytes, one token a byte",
+                      f->path, json ? "JSON text" : "text", json ? "--field text " : "", f->path,
+                      f->path);
+  }
+  return 0;
+}
+
 /* Opens every file of spec into s and numbers their windows (the tokens are checked by
  * source_check_tokens, after the sidecars, whose message says more). */
 static int source_open(struct source *s, const char *spec, int T) {
@@ -607,11 +632,13 @@ int tz_data_open(const char *spec, int vocab, const struct tz_data_params *p, tz
   d->seed = p->seed;
   int rc = 0;
   TZ_CHECK_GOTO(source_open(&d->src, spec, d->T), rc, fail);
+  TZ_CHECK_GOTO(source_check_text(&d->src, vocab), rc, fail);
   TZ_CHECK_GOTO(sidecars_check(d, &d->src, vocab, p->tokenizer), rc, fail);
   TZ_CHECK_GOTO(source_check_tokens(&d->src, vocab), rc, fail);
   uint64_t n = d->src.n_windows;
   if (p->val_spec) {
     TZ_CHECK_GOTO(source_open(&d->val_src, p->val_spec, d->T), rc, fail);
+    TZ_CHECK_GOTO(source_check_text(&d->val_src, vocab), rc, fail);
     TZ_CHECK_GOTO(sidecars_check(d, &d->val_src, vocab, p->tokenizer), rc, fail);
     TZ_CHECK_GOTO(source_check_tokens(&d->val_src, vocab), rc, fail);
     d->n_val = d->val_src.n_windows;
