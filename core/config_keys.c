@@ -132,7 +132,8 @@ const struct key tz_config_keys[] = {
   BOOL("zero_optimization.overlap_comm", zero_optimization.overlap_comm, 1),
   NO_BOOL("zero_optimization.contiguous_gradients"),
   NO_I64("zero_optimization.reduce_bucket_size", 1, F_AUTO),
-  NO_I64("zero_optimization.sub_group_size", 1, 0),
+  /* 0 accepted as DeepSpeed does (Axolotl's shipped zero3 configs use it) */
+  NO_I64("zero_optimization.sub_group_size", 0, 0),
   I64("aio.block_size", aio.block_size, 1, 1048576, 0),
   NO_INT("aio.queue_depth", 1, 32768, 0),
   NO_INT("aio.thread_count", 1, 1024, 0),

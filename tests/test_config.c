@@ -310,7 +310,7 @@ static const struct bad_case bad_cases[] = {
     {"[1, 2]", "bad.json: expected a JSON object at the top level, got [1,2]"},
     /* "auto" where DeepSpeed does not allow it */
     {"{\"zero_optimization\": {\"sub_group_size\": \"auto\"}}",
-     "zero_optimization.sub_group_size: expected a positive integer, got \"auto\""},
+     "zero_optimization.sub_group_size: expected a non-negative integer, got \"auto\""},
     {"{\"tierzero\": {\"threads\": \"auto\"}}",
      "tierzero.threads: expected an integer in [0, 4096], got \"auto\""},
     /* out of range */
@@ -1002,6 +1002,20 @@ static void test_tunable_keys(void **state) {
   tz_config_free(&c);
 }
 
+/* zero_optimization.sub_group_size 0, which DeepSpeed accepts and Axolotl's shipped zero3
+ * configs use, is accepted (it was refused as not positive). */
+static void test_sub_group_size_zero(void **state) {
+  (void)state;
+  struct tz_config c;
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_load_string(&c, "{\"zero_optimization\": {\"sub_group_size\": 0}}",
+                                     "axolotl.json"));
+  assert_int_equal(tz_config_load_string(
+                       &c, "{\"zero_optimization\": {\"sub_group_size\": -1}}", "bad.json"),
+                   TZ_ECONFIG);
+  tz_config_free(&c);
+}
+
 /* A backend's settings (tierzero.cuda_attention, tierzero.cuda_matmul): the config keeps the text
  * from the file, --set or the variable (which wins), in the key table's order, and hands each
  * backend its own as one string; what the text means is the backend's to check
@@ -1089,6 +1103,7 @@ int main(void) {
       cmocka_unit_test(test_docs_cover_keys),
       cmocka_unit_test(test_tunable_keys),
       cmocka_unit_test(test_backend_settings_text),
+      cmocka_unit_test(test_sub_group_size_zero),
       cmocka_unit_test(test_comm_timeout_reaches_comm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
