@@ -234,6 +234,12 @@ int tz_config_apply_env(struct tz_config *c);
  * variable), TZ_ENOENT when key is no tierzero key. */
 int tz_config_env_key(struct tz_config *c, const char *key);
 
+/* Puts back the defaults of the settings that belong to one run, not to the training it does:
+ * fault injection, the log level, the scheduler's jitter and debug prints, the traced step. A
+ * checkpoint's configuration is saved without them, so that a resume has only what it asks for
+ * (a resume without TZ_FAULTS injects nothing). */
+void tz_config_forget_run(struct tz_config *c);
+
 /* Whether a source (a file, the environment, tz_config_set) gave a key under section ("optimizer"),
  * or the key itself, since c was made or since tz_config_given_clear; 1 or 0. tz-train asks it of
  * the user's files alone (a ds_config's optimizer section decays every tensor, as DeepSpeed's

@@ -551,3 +551,18 @@ int tz_config_section_given(const struct tz_config *c, const char *section) {
 }
 
 void tz_config_given_clear(struct tz_config *c) { memset(c->given_, 0, sizeof c->given_); }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Settings of one run */
+
+/* Test and diagnostic settings: the run that asked for them has them, its checkpoints do not. */
+static const char *const run_only[] = {"tierzero.faults", "tierzero.log", "tierzero.jitter_us",
+                                       "tierzero.sched_debug", "tierzero.trace_step"};
+
+void tz_config_forget_run(struct tz_config *c) {
+  for (size_t i = 0; i < sizeof run_only / sizeof run_only[0]; i++) {
+    const struct key *k = tz_config_find_key(run_only[i]);
+    if (k)
+      tz_config_set_default(c, k);
+  }
+}

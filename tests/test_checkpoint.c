@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "core/config.h"
+#include "core/log.h"
 #include "core/error.h"
 #include "testlib.h"
 #include "trainer/checkpoint.h"
@@ -80,6 +81,10 @@ static int save_with(const char *root, uint64_t step, int variant, int keep,
       struct tz_config c;
       tz_config_defaults(&c);
       c.optimizer.lr = 1e-3 * (double)(step + 1);
+      /* settings of the run, which the checkpoint must not keep (verify) */
+      TZ_ASSERT_OK(tz_config_set(&c, "tierzero.faults", "delay=1"));
+      TZ_ASSERT_OK(tz_config_set(&c, "tierzero.log", "debug"));
+      TZ_ASSERT_OK(tz_config_set(&c, "tierzero.sched_debug", "1"));
       rc = tz_ckpt_put_config(w[r], &c);
       tz_config_free(&c);
     }
@@ -143,6 +148,11 @@ static void verify(const char *path, uint64_t *step, int *variant) {
     tz_config_defaults(&c);
     TZ_ASSERT_OK(tz_ckpt_get_config(rd, &c));
     assert_true(c.optimizer.lr == 1e-3 * (double)(s + 1));
+    /* the run's faults, log level and debug prints are not the training's: a resume without them
+     * has none (issue 48: a resume without TZ_FAULTS still injected the saved faults) */
+    assert_null(c.tierzero.faults);
+    assert_int_equal(c.tierzero.log, TZ_LOG_WARN);
+    assert_int_equal(c.tierzero.sched_debug, 0);
     tz_config_free(&c);
     tz_ckpt_close(rd);
   }

@@ -287,10 +287,17 @@ int tz_ckpt_put_json(tz_ckpt_writer *w, const char *name, const char *json) {
 int tz_ckpt_put_config(tz_ckpt_writer *w, const struct tz_config *c) {
   char *text = NULL;
   size_t len = 0;
+  /* the training's settings, not the run's (faults, log level, ...: tz_config_forget_run) */
+  struct tz_config saved;
+  TZ_CHECK(tz_config_copy(&saved, c));
+  tz_config_forget_run(&saved);
   FILE *f = open_memstream(&text, &len);
-  if (!f)
+  if (!f) {
+    tz_config_free(&saved);
     return tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
-  int rc = tz_config_dump(c, f);
+  }
+  int rc = tz_config_dump(&saved, f);
+  tz_config_free(&saved);
   if (fclose(f) != 0 && rc == 0)
     rc = tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
   if (rc == 0)
