@@ -140,6 +140,18 @@ static void test_flag_errors(void **state) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     check(&cases[i]);
+  /* an output that cannot be written is found before the first step, not after the last
+   * (issue 48): the export, the trace */
+  assert_int_equal(tz_train("--steps 2 --seq 16 --data synthetic --export-safetensors "
+                            "/dev/null/exp --progress plain"),
+                   1);
+  assert_non_null(strstr(out, "--export-safetensors /dev/null/exp: /dev/null is not a directory"));
+  assert_null(strstr(out, "step 1"));
+  assert_int_equal(tz_train("--steps 2 --seq 16 --data synthetic --trace-step 1 --trace "
+                            "/dev/null/t.json --progress plain"),
+                   1);
+  assert_non_null(strstr(out, "--trace /dev/null: /dev/null is not a directory"));
+  assert_null(strstr(out, "step 1"));
   /* an unknown flag is one line, not --help again */
   assert_int_equal(tz_train("--bogus"), 2);
   assert_null(strstr(out, "usage: tz-train"));

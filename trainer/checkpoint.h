@@ -211,6 +211,13 @@ uint64_t tz_ckpt_bytes(int world, uint64_t rank_file_bytes);
 int tz_ckpt_dir_check(const char *root, uint64_t ckpt_bytes, int count,
                       const struct tz_ckpt_options *opt);
 
+/* Whether a run's output directory root takes what the run will write there, before the run's
+ * first step (so that no failure after training loses it): in root, or where it is missing in
+ * its nearest existing ancestor (nothing is created), creates, writes, fsyncs and removes a probe
+ * file, and with bytes > 0 asks for that much free.
+ * Messages start with what ("--export-safetensors") and root. */
+int tz_ckpt_out_check(const char *what, const char *root, uint64_t bytes);
+
 /* Checks a step directory: the manifest and every rank file's size, header, trailer and index;
  * with full != 0 also every section's crc32c (reads everything). 0 or the first error. */
 int tz_ckpt_check(const char *stepdir, int full);

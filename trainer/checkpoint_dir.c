@@ -620,3 +620,44 @@ int tz_ckpt_dir_check(const char *root, uint64_t ckpt_bytes, int count,
   }
   return 0;
 }
+
+int tz_ckpt_out_check(const char *what, const char *root, uint64_t bytes) {
+  /* root, or where it would be made: its nearest existing ancestor (nothing is created here, so
+   * a run that stops early leaves no empty directory behind) */
+  char at[4096];
+  snprintf(at, sizeof at, "%s", root);
+  struct stat st;
+  while (stat(at, &st) != 0) {
+    if (errno != ENOENT && errno != ENOTDIR)
+      return tz_err_errno(errno, "%s %s: cannot stat %s", what, root, at);
+    char *slash = strrchr(at, '/');
+    if (!slash)
+      snprintf(at, sizeof at, ".");
+    else if (slash == at)
+      at[1] = '\0';
+    else
+      *slash = '\0';
+  }
+  if (!S_ISDIR(st.st_mode))
+    return tz_err_set(TZ_EINVAL, "%s %s: %s is not a directory", what, root, at);
+  int rc = probe(at);
+  if (rc < 0) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    return tz_err_set(rc, "%s %s", what, why);
+  }
+  uint64_t avail = 0;
+  int e;
+  if (bytes && (e = statvfs_free(NULL, at, &avail)))
+    return tz_err_errno(e, "%s %s: cannot read the free space of its file system", what, root);
+  if (bytes && avail < bytes) {
+    char need[32], fr[32];
+    human(bytes, need, sizeof need);
+    human(avail, fr, sizeof fr);
+    return tz_err_set(TZ_ENOSPC,
+                      "%s %s: it needs %" PRIu64 " bytes (%s), the file system has %" PRIu64
+                      " bytes free (%s)",
+                      what, root, bytes, need, avail, fr);
+  }
+  return 0;
+}

@@ -551,6 +551,26 @@ static void data_token_ids(struct run *r) {
   }
 }
 
+/* What the run writes after its steps (the export, the trace) checked before the first: a place
+ * that cannot take it would otherwise be found after every step ran, the training lost without a
+ * checkpoint (issue 48). Every rank checks, so that every rank stops with the message. */
+static int check_outputs(struct run *r) {
+  const struct tz_run_options *o = r->o;
+  if (o->plan_only)
+    return 0;
+  if (o->export_dir) {
+    /* the tensors in the export's dtype, and a little for config, index and tokenizer files */
+    uint64_t bytes = tz_model_n_params(&r->mc) * tz_dtype_size(o->export_dtype) + (16u << 20);
+    TZ_CHECK(tz_ckpt_out_check("--export-safetensors", o->export_dir, bytes));
+  }
+  if (o->trace_path) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", o->trace_path);
+    TZ_CHECK(tz_ckpt_out_check("--trace", dirname(dir), 0));
+  }
+  return 0;
+}
+
 /* The state to start from (an import or a checkpoint), the data, the metrics file, the buffers. */
 static int prepare(struct run *r) {
   const struct tz_run_options *o = r->o;
@@ -578,6 +598,7 @@ static int prepare(struct run *r) {
   }
   if (r->rank == 0 && o->metrics)
     TZ_CHECK(open_metrics(r));
+  TZ_CHECK(check_outputs(r));
   tz_tier *tiers[3];
   tz_metrics_counters_take(tiers, tz_trainer_tiers(r->tr, tiers), &r->traffic);
   r->began = 1;
@@ -753,10 +774,7 @@ static int finish(struct run *r) {
   TZ_CHECK(tz_trainer_wait(r->tr));
   r->began = 0;
   TZ_CHECK(emit_kind(r, TZ_RUN_STEPS_END, r->res->steps_done));
-  if (o->trace_path && r->rank == 0) {
-    TZ_CHECK(tz_trainer_trace_write(r->tr, o->trace_path));
-    TZ_CHECK(emit_kind(r, TZ_RUN_TRACE, o->trace_step));
-  }
+  /* the export first: the trained model before anything optional */
   if (o->export_dir) {
     struct tz_hf_export_opts eo;
     tz_hf_export_opts_init(&eo);
@@ -765,6 +783,10 @@ static int finish(struct run *r) {
     eo.tokenizer_dir = r->tokenizer_dir[0] ? r->tokenizer_dir : NULL;
     TZ_CHECK(tz_export_write(r->tr, &r->mc, o->export_dir, &eo, r->rank));
     TZ_CHECK(emit_kind(r, TZ_RUN_EXPORTED, tz_trainer_steps_done(r->tr)));
+  }
+  if (o->trace_path && r->rank == 0) {
+    TZ_CHECK(tz_trainer_trace_write(r->tr, o->trace_path));
+    TZ_CHECK(emit_kind(r, TZ_RUN_TRACE, o->trace_step));
   }
   if (o->steps > 0)
     TZ_CHECK(summarize(r));
