@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -550,6 +551,9 @@ static int run(struct opts *o, struct tz_bootstrap *bs, struct tz_config *cfg) {
 int main(int argc, char **argv) {
   /* A run killed (the OOM killer, kill -9) keeps every line it printed. */
   setvbuf(stdout, NULL, _IOLBF, 0);
+  /* A file past the size limit (ulimit -f): its write fails with EFBIG, which the writer reports
+   * naming the file, instead of SIGXFSZ killing the run without a word (issue 48). */
+  signal(SIGXFSZ, SIG_IGN);
   struct opts o;
   if (parse(argc, argv, &o) < 0)
     return 2;
