@@ -4,6 +4,7 @@
 #include "core/config_internal.h"
 #include "core/faults.h"
 #include "util/size.h"
+#include "util/input.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -209,7 +210,9 @@ int tz_config_load_string(struct tz_config *c, const char *json, const char *ori
 }
 
 int tz_config_load_file(struct tz_config *c, const char *path) {
-  FILE *f = fopen(path, "r");
+  FILE *f = tz_input_open(path); /* a FIFO is refused, never waited on */
+  if (!f && errno == EINVAL)
+    return tz_err_set(TZ_ECONFIG, "config: %s is %s", path, tz_input_why(EINVAL));
   if (!f)
     return tz_err_errno(errno, "config: cannot open %s", path);
   json_error_t e;

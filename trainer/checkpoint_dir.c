@@ -200,7 +200,7 @@ static int committed_file(const char *tmp, uint64_t step, int rank, int world, u
   char *path = tz_ckpt_rank_path(tmp, rank);
   if (!path)
     return tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
-  int rc = 0, fd = open(path, O_RDONLY | O_CLOEXEC);
+  int rc = 0, fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   struct stat sb;
   uint8_t t[TZ_CKPT_TRAILER_BYTES];
   if (fd < 0) {

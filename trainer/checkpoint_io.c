@@ -113,7 +113,7 @@ int tz_ckpt_io_read_at(int fd, const char *path, void *buf, uint64_t n, uint64_t
 /* The whole of a small file (at most max bytes), NUL-terminated; *len without the NUL. */
 int tz_ckpt_io_slurp(const char *path, uint64_t max, char **out, uint64_t *len) {
   *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO: refused below, not waited on */
   if (fd < 0)
     return tz_err_errno(errno, "checkpoint: cannot open %s", path);
   struct stat sb;

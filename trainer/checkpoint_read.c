@@ -390,7 +390,7 @@ int tz_ckpt_open_dir(const char *dir, int rank, int hints, tz_ckpt_reader **out)
   r->step = m.step;
   r->version = m.version;
   r->hints = hints && has_step;
-  r->fd = open(r->path, O_RDONLY | O_CLOEXEC);
+  r->fd = open(r->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO is never waited on */
   if (r->fd < 0) {
     rc = tz_err_errno(errno, "checkpoint %s: cannot open", r->path);
     goto fail;

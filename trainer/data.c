@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "trainer/corpus.h"
 #include "util/mix.h"
+#include "util/input.h"
 
 enum file_kind { KIND_TEXT, KIND_SHARD, KIND_BUILTIN };
 
@@ -386,7 +387,7 @@ static int sidecar_read(const struct file *f, int vocab, struct tz_data_tokenize
   if ((size_t)snprintf(path, sizeof path, "%s.json", f->path) >= sizeof path || access(path, F_OK))
     return 0;
   json_error_t jerr;
-  json_t *root = json_load_file(path, 0, &jerr);
+  json_t *root = tz_input_json(path, 0, &jerr);
   if (!root)
     return tz_err_set(TZ_ECONFIG, "data: sidecar %s: line %d: %s", path, jerr.line, jerr.text);
   int rc = 0;

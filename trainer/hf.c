@@ -19,6 +19,7 @@
 #include "trainer/hf_internal.h"
 #include "trainer/safetensors.h"
 #include "util/file.h"
+#include "util/input.h"
 
 static const char *const layer_names[TZ_L_COUNT] = {
     [TZ_L_ATTN_NORM] = "input_layernorm.weight",
@@ -274,7 +275,7 @@ out:
 
 static int read_index(tz_hf_model *m, const char *index, json_t **wm_out) {
   json_error_t jerr;
-  json_t *root = json_load_file(index, 0, &jerr);
+  json_t *root = tz_input_json(index, 0, &jerr);
   json_t *wm = root ? json_object_get(root, "weight_map") : NULL;
   int rc = 0;
   if (!root)

@@ -17,6 +17,7 @@
 #include "trainer/family.h"
 #include "trainer/hf_internal.h"
 #include "util/file.h"
+#include "util/input.h"
 
 char *tz_hf_join(const char *dir, const char *name) {
   char *p = NULL;
@@ -433,7 +434,7 @@ int tz_hf_config_read_info(const char *path, struct tz_model_config *cfg, enum t
   if (!file)
     return tz_err_set(TZ_ENOMEM, "hf: out of memory");
   json_error_t jerr;
-  json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
+  json_t *root = tz_input_json(file, JSON_REJECT_DUPLICATES, &jerr);
   int rc;
   if (!root) {
     rc = access(file, R_OK) != 0 ? tz_err_errno(errno, "hf: cannot read %s", file)
@@ -602,7 +603,7 @@ int tz_hf_generation_write(const char *dir, const struct tz_model_config *cfg,
   if (src_dir) {
     char *p = tz_hf_join(src_dir, "generation_config.json");
     if (p)
-      r = json_load_file(p, 0, NULL);
+      r = tz_input_json(p, 0, NULL);
     free(p);
     if (r && !json_is_object(r)) {
       json_decref(r);

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "trainer/train_internal.h"
 #include "util/file.h"
+#include "util/input.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -45,10 +46,10 @@ void tz_rates_cache_key(const struct tz_config *c, const char *backend, char *bu
 #define RATES_VERSION 5
 
 static const char *const fields[] = {
-    "flops",         "copy_in",    "copy_out",       "copy_duplex",  "copy_in_both",
-    "copy_out_both", "copy_local", "nvme_read",      "nvme_write",   "nvme_duplex",
-    "adam",          "adam_home",  "adam_home_busy", "copy_in_adam", "copy_out_adam",
-    "adam_home_run"};
+    "flops",          "copy_in",       "copy_out",      "copy_duplex",
+    "copy_in_both",   "copy_out_both", "copy_local",    "nvme_read",
+    "nvme_write",     "nvme_duplex",   "adam",          "adam_home",
+    "adam_home_busy", "copy_in_adam",  "copy_out_adam", "adam_home_run"};
 /* The fields every entry of this version has; the ones after them came later and are 0
  * (unknown) in an entry without them: the plan then runs without what they add. adam_home_run
  * is not measured by the probes but by a run (tz_rates_learn_home): a fresh entry has none. */
@@ -56,16 +57,16 @@ static const char *const fields[] = {
 
 double *tz_rates_field(struct tz_plan_rates *r, int i) {
   double *f[TZ_RATES_N_FIELDS] = {
-      &r->flops,         &r->copy_in,    &r->copy_out,       &r->copy_duplex,  &r->copy_in_both,
-      &r->copy_out_both, &r->copy_local, &r->nvme_read,      &r->nvme_write,   &r->nvme_duplex,
-      &r->adam,          &r->adam_home,  &r->adam_home_busy, &r->copy_in_adam, &r->copy_out_adam,
-      &r->adam_home_run};
+      &r->flops,          &r->copy_in,       &r->copy_out,      &r->copy_duplex,
+      &r->copy_in_both,   &r->copy_out_both, &r->copy_local,    &r->nvme_read,
+      &r->nvme_write,     &r->nvme_duplex,   &r->adam,          &r->adam_home,
+      &r->adam_home_busy, &r->copy_in_adam,  &r->copy_out_adam, &r->adam_home_run};
   return f[i];
 }
 
 int tz_rates_cache_read(const char *path, const char *key, struct tz_plan_rates *out) {
   json_error_t err;
-  json_t *root = json_load_file(path, 0, &err);
+  json_t *root = tz_input_json(path, 0, &err);
   if (!root)
     return 0;
   json_t *e = json_object_get(root, key);
@@ -103,7 +104,7 @@ static int write_root(const char *path, json_t *root) {
 
 int tz_rates_cache_write(const char *path, const char *key, const struct tz_plan_rates *r) {
   json_error_t err;
-  json_t *root = json_load_file(path, 0, &err);
+  json_t *root = tz_input_json(path, 0, &err);
   if (!json_is_object(root)) {
     json_decref(root);
     root = json_object();
@@ -131,7 +132,7 @@ int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char
   if (!path)
     return 0;
   json_error_t err;
-  json_t *root = json_load_file(path, 0, &err);
+  json_t *root = tz_input_json(path, 0, &err);
   tz_rates_cache_key(cfg, backend, key, sizeof key);
   int rc = 0;
   if (json_is_object(root) && json_object_del(root, key) == 0)
@@ -153,7 +154,7 @@ int tz_rates_learn_home(const struct tz_config *cfg, const char *backend, const 
   if (!tz_rates_cache_read(path, key, &r))
     return 0; /* no complete entry of this version: the next run measures anyway */
   json_error_t err;
-  json_t *root = json_load_file(path, 0, &err);
+  json_t *root = tz_input_json(path, 0, &err);
   json_t *e = json_object_get(root, key);
   int rc = 0;
   if (json_is_object(e)) {
