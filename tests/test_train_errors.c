@@ -209,6 +209,22 @@ static void test_fifo_inputs(void **state) {
   check(&resume);
 }
 
+/* A resume past --steps (which counts from the training's start) says so, where it ended with
+ * "0 steps" and exit 0 (issue 48); at --steps exactly, nothing to train, said. */
+static void test_resume_past_steps(void **state) {
+  (void)state;
+  assert_int_equal(tz_train("--steps 4 --seq 16 --data synthetic --ckpt-dir past-ck"), 0);
+  struct error_case past = {
+      "--steps 2 --seq 16 --data synthetic --resume past-ck",
+      1,
+      {"the checkpoint is at step 4, past --steps 2", "give --steps above 4"}};
+  check(&past);
+  struct error_case at = {"--steps 4 --seq 16 --data synthetic --resume past-ck",
+                          0,
+                          {"is at step 4, which --steps 4 asks for: nothing to train"}};
+  check(&at);
+}
+
 static void test_data_errors(void **state) {
   (void)state;
   uint16_t tok[40];
@@ -244,6 +260,7 @@ int main(void) {
       cmocka_unit_test(test_flag_errors),
       cmocka_unit_test(test_data_errors),
       cmocka_unit_test(test_fifo_inputs),
+      cmocka_unit_test(test_resume_past_steps),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

@@ -583,6 +583,18 @@ static int prepare(struct run *r) {
     r->res->saved = r->res->start;
     r->res->steps_done = r->res->start;
     TZ_CHECK(emit_kind(r, TZ_RUN_RESUMED, r->res->start));
+    /* --steps counts from the start of the training, not of this run (issue 48: a resume past
+     * it ended with "0 steps" and no word why) */
+    if (r->res->start > o->steps && o->steps > 0 && !o->plan_only) /* 0: a conversion */
+      return tz_err_set(TZ_EINVAL,
+                        "--resume %s: the checkpoint is at step %lld, past --steps %lld (which "
+                        "counts from the training's start): give --steps above %lld to train on",
+                        o->resume, (long long)r->res->start, (long long)o->steps,
+                        (long long)r->res->start);
+    if (r->res->start == o->steps && r->rank == 0)
+      tz_log(TZ_LOG_WARN,
+             "resume: %s is at step %lld, which --steps %lld asks for: nothing to train", o->resume,
+             (long long)r->res->start, (long long)o->steps);
   }
   if (!o->data || strcmp(o->data, "synthetic") != 0) {
     struct tz_data_params dp = {.seq_len = o->seq,
