@@ -217,6 +217,74 @@ static void test_model_through_files(void **state) {
   tz_compute_destroy(cm);
 }
 
+/* get_block failing from block 3 on: an export that stops part way (a killed one). */
+static int get_block_failing(void *arg, int b, float *buf) {
+  if (b >= 3)
+    return tz_err_set(TZ_EIO, "test: block %d not readable", b);
+  return get_block(arg, b, buf);
+}
+
+/* Block b of the export in dir equals src's block b, bit for bit (f32). */
+static void check_export(const char *dir, const struct tz_model_config *cfg,
+                         const struct blocks *src) {
+  tz_hf_model *m;
+  TZ_ASSERT_OK(tz_hf_open(dir, &m));
+  for (int b = 0; b < tz_model_n_blocks(cfg); b++) {
+    uint64_t n = tz_model_block_numel(cfg, b);
+    float *got = malloc(sizeof(float) * n);
+    TZ_ASSERT_OK(tz_hf_read_block(m, b, got));
+    assert_memory_equal(got, src->b[b], sizeof(float) * n);
+    free(got);
+  }
+  tz_hf_close(m);
+}
+
+/* An export replaces the one in its directory whole (issue 48: a killed sharded export left
+ * shards of two exports, which import read as one): written beside it and swapped in, so a
+ * failed one leaves the earlier export as it was, a new one leaves none of the earlier's files,
+ * and a directory holding files an export does not write is refused, untouched. */
+static void test_export_replaced_whole(void **state) {
+  (void)state;
+  struct tz_model_config cfg = cfg_small(0);
+  struct blocks a = make_blocks(&cfg, 1), b = make_blocks(&cfg, 2);
+  char *root = tz_test_mkdtemp("st-swap");
+  char *dir = path_in(root, "exp"), *tmp = path_in(root, "exp.tmp-export");
+  TZ_ASSERT_OK(export_as(dir, &cfg, TZ_F32, get_block, &a)); /* one model.safetensors */
+  struct tz_hf_export_opts o;
+  tz_hf_export_opts_init(&o);
+  o.dtype = TZ_F32;
+  o.shard_bytes = 8192; /* many shards */
+  assert_int_equal(tz_hf_export(dir, &cfg, &o, get_block_failing, &b), TZ_EIO);
+  check_export(dir, &cfg, &a);
+  char *shard1 = path_in(dir, "model-00001-of-00002.safetensors");
+  assert_int_not_equal(access(tmp, F_OK), 0);
+  TZ_ASSERT_OK(tz_hf_export(dir, &cfg, &o, get_block, &b));
+  check_export(dir, &cfg, &b);
+  char *single = path_in(dir, "model.safetensors");
+  assert_int_not_equal(access(single, F_OK), 0); /* the earlier export's file is gone */
+  assert_int_not_equal(access(tmp, F_OK), 0);
+  /* a directory with a file of the user's */
+  char *other = path_in(root, "other"), *readme = path_in(other, "README.md");
+  assert_int_equal(mkdir(other, 0755), 0);
+  FILE *f = fopen(readme, "w");
+  assert_non_null(f);
+  fputs("notes\n", f);
+  fclose(f);
+  assert_int_equal(export_as(other, &cfg, TZ_F32, get_block, &a), TZ_EEXIST);
+  assert_non_null(strstr(tz_err_msg(), "README.md"));
+  assert_int_equal(access(readme, F_OK), 0);
+  unlink(readme);
+  free(readme);
+  free(other);
+  free(single);
+  free(shard1);
+  free(tmp);
+  free(dir);
+  tz_test_rmdir(root);
+  free_blocks(&a);
+  free_blocks(&b);
+}
+
 /* A checkpoint in two shards with model.safetensors.index.json, as transformers writes large
  * models. */
 static void test_sharded(void **state) {
@@ -699,6 +767,7 @@ int main(void) {
       cmocka_unit_test(test_round_trip_f16),
       cmocka_unit_test(test_model_through_files),
       cmocka_unit_test(test_sharded),
+      cmocka_unit_test(test_export_replaced_whole),
       cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_bad_config),
       cmocka_unit_test(test_nonfinite_weight_refused),

@@ -457,32 +457,54 @@ static void shard_name(char *buf, size_t len, int k, int n) {
 /* Removes the weight files of an earlier export that this one (n shards) does not have: a
  * model.safetensors would shadow a new index for transformers, an old index a new single file
  * for nothing, and old shards of another count would only take room. */
-static int remove_stale(const char *dir, int n) {
+/* 1 when name is a file an export writes (so that replacing a directory of them loses nothing). */
+static int export_file(const char *name) {
+  int k, of, end = 0;
+  return strcmp(name, "config.json") == 0 || strcmp(name, "generation_config.json") == 0 ||
+         strcmp(name, "model.safetensors") == 0 ||
+         strcmp(name, "model.safetensors.index.json") == 0 ||
+         (sscanf(name, "model-%5d-of-%5d.safetensors%n", &k, &of, &end) == 2 && !name[end]) ||
+         tz_hf_is_tokenizer_file(name);
+}
+
+/* The directory's export files removed, then the directory (what a replaced export leaves, or a
+ * killed one's temporary directory); files of another kind are left, and so is the directory. */
+static int remove_export_dir(const char *dir) {
   DIR *d = opendir(dir);
   if (!d)
-    return tz_err_errno(errno, "hf: cannot list %s", dir);
+    return errno == ENOENT ? 0 : tz_err_errno(errno, "hf: cannot list %s", dir);
   struct dirent *de;
   int rc = 0;
   while (!rc && (de = readdir(d))) {
-    int k, of, end = 0;
-    const char *s = de->d_name;
-    int stale = 0;
-    if (strcmp(s, "model.safetensors") == 0)
-      stale = n > 1;
-    else if (strcmp(s, "model.safetensors.index.json") == 0)
-      stale = n == 1;
-    else if (sscanf(s, "model-%5d-of-%5d.safetensors%n", &k, &of, &end) == 2 && !s[end])
-      stale = of != n || n == 1;
-    if (!stale)
+    if (!export_file(de->d_name))
       continue;
-    char *p = tz_hf_join(dir, s);
+    char *p = tz_hf_join(dir, de->d_name);
     if (!p || (unlink(p) != 0 && errno != ENOENT))
-      rc = p ? tz_err_errno(errno, "hf: cannot remove the earlier export's %s", p)
+      rc = p ? tz_err_errno(errno, "hf: cannot remove %s", p)
              : tz_err_set(TZ_ENOMEM, "hf: out of memory");
     free(p);
   }
   closedir(d);
+  if (!rc && rmdir(dir) != 0 && errno != ENOENT && errno != ENOTEMPTY)
+    rc = tz_err_errno(errno, "hf: cannot remove %s", dir);
   return rc;
+}
+
+/* The first file of dir an export does not write (into name), 1; 0 when there is none or no
+ * dir. */
+static int foreign_file(const char *dir, char *name, size_t len) {
+  DIR *d = opendir(dir);
+  if (!d)
+    return 0;
+  struct dirent *de;
+  int found = 0;
+  while (!found && (de = readdir(d)))
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && !export_file(de->d_name)) {
+      snprintf(name, len, "%s", de->d_name);
+      found = 1;
+    }
+  closedir(d);
+  return found;
 }
 
 static int index_write(const char *dir, const struct out_tensor *t, int n, int shards) {
@@ -556,9 +578,14 @@ static int shards_write(const char *dir, const struct tz_model_config *cfg, stru
   return rc;
 }
 
+static int export_into(const char *dir, const struct tz_model_config *cfg,
+                       const struct tz_hf_export_opts *op,
+                       int (*get_block)(void *arg, int block, float *buf), void *arg);
+
 int tz_hf_export(const char *dir, const struct tz_model_config *cfg,
                  const struct tz_hf_export_opts *opts,
                  int (*get_block)(void *arg, int block, float *buf), void *arg) {
+  int rc0 = 0;
   struct tz_hf_export_opts o;
   if (opts)
     o = *opts;
@@ -569,8 +596,59 @@ int tz_hf_export(const char *dir, const struct tz_model_config *cfg,
     return tz_err_set(TZ_EINVAL, "hf: export dtype %d is none of f32, bf16, f16", (int)o.dtype);
   if (!o.shard_bytes)
     return tz_err_set(TZ_EINVAL, "hf: the shard size must be positive");
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-    return tz_err_errno(errno, "hf: cannot create %s", dir);
+  /* Written whole into a temporary directory beside dir, then swapped into place: a killed export
+   * leaves the earlier one as it was, never shards of both (issue 48). dir may hold an earlier
+   * export only (it is replaced whole). */
+  char other[256];
+  if (foreign_file(dir, other, sizeof other))
+    return tz_err_set(TZ_EEXIST,
+                      "hf: %s holds %s, which an export does not write: export into a new or "
+                      "empty directory, or one holding an earlier export (replaced whole)",
+                      dir, other);
+  char *tmp = NULL;
+  size_t dl = strlen(dir);
+  while (dl > 1 && dir[dl - 1] == '/') /* "out/": the sibling is out.tmp-export, not inside */
+    dl--;
+  if (asprintf(&tmp, "%.*s.tmp-export", (int)dl, dir) < 0)
+    return tz_err_set(TZ_ENOMEM, "hf: out of memory");
+  TZ_CHECK_GOTO(remove_export_dir(tmp), rc0, out0); /* one a killed export left */
+  if (mkdir(tmp, 0777) != 0) {
+    rc0 = tz_err_errno(errno, "hf: cannot create %s", tmp);
+    goto out0;
+  }
+  rc0 = export_into(tmp, cfg, &o, get_block, arg);
+  if (rc0 == 0 && (rc0 = tz_file_fsync_dir(NULL, tmp)))
+    rc0 = tz_err_errno(rc0, "hf: cannot fsync %s", tmp);
+  if (rc0 == 0) {
+    struct stat st;
+    int e = stat(dir, &st) == 0 ? tz_file_exchange(NULL, tmp, dir) : tz_file_rename(NULL, tmp, dir);
+    if (e)
+      rc0 = tz_err_errno(e, "hf: cannot move %s into place as %s", tmp, dir);
+  }
+  if (rc0 == 0) {
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash)
+      *slash = 0;
+    int e = tz_file_fsync_dir(NULL, slash ? (*parent ? parent : "/") : ".");
+    if (e)
+      rc0 = tz_err_errno(e, "hf: cannot fsync the directory of %s", dir);
+  }
+  /* the earlier export, now under the temporary name (or the failed new one) */
+  int rc1 = remove_export_dir(tmp);
+  if (rc0 == 0)
+    rc0 = rc1;
+out0:
+  free(tmp);
+  return rc0;
+}
+
+/* The export's files into dir, which exists and is empty. */
+static int export_into(const char *dir, const struct tz_model_config *cfg,
+                       const struct tz_hf_export_opts *op,
+                       int (*get_block)(void *arg, int block, float *buf), void *arg) {
+  struct tz_hf_export_opts o = *op;
   int nb = tz_model_n_blocks(cfg), n = 0, rc = 0;
   struct out_tensor *t = calloc((size_t)nb * TZ_L_COUNT, sizeof *t);
   if (!t)
@@ -611,7 +689,6 @@ int tz_hf_export(const char *dir, const struct tz_model_config *cfg,
   TZ_CHECK_GOTO(tz_hf_generation_write(dir, cfg, src, o.tokenizer_dir), rc, out);
   if (o.tokenizer_dir)
     TZ_CHECK_GOTO(tz_hf_copy_tokenizer(dir, o.tokenizer_dir), rc, out);
-  rc = remove_stale(dir, shards);
 out:
   free(t);
   return rc;

@@ -640,6 +640,13 @@ static const char *const tokenizer_files[] = {"tokenizer.json",
                                               "added_tokens.json",
                                               "chat_template.jinja"};
 
+int tz_hf_is_tokenizer_file(const char *name) {
+  for (size_t i = 0; i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++)
+    if (strcmp(name, tokenizer_files[i]) == 0)
+      return 1;
+  return 0;
+}
+
 static int same_file(const char *a, const char *b) {
   struct stat x, y;
   return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;

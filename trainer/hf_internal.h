@@ -22,5 +22,7 @@ int tz_hf_generation_write(const char *dir, const struct tz_model_config *cfg,
                            const struct tz_hf_info *info, const char *src_dir);
 /* The tokenizer's files of src copied into dir (those src has). */
 int tz_hf_copy_tokenizer(const char *dir, const char *src);
+/* 1 when name is one of the tokenizer files tz_hf_copy_tokenizer copies. */
+int tz_hf_is_tokenizer_file(const char *name);
 
 #endif
