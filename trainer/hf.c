@@ -582,6 +582,16 @@ static int export_into(const char *dir, const struct tz_model_config *cfg,
                        const struct tz_hf_export_opts *op,
                        int (*get_block)(void *arg, int block, float *buf), void *arg);
 
+int tz_hf_export_check_dir(const char *dir) {
+  char other[256];
+  if (foreign_file(dir, other, sizeof other))
+    return tz_err_set(TZ_EEXIST,
+                      "hf: %s holds %s, which an export does not write: export into a new or "
+                      "empty directory, or one holding an earlier export (replaced whole)",
+                      dir, other);
+  return 0;
+}
+
 int tz_hf_export(const char *dir, const struct tz_model_config *cfg,
                  const struct tz_hf_export_opts *opts,
                  int (*get_block)(void *arg, int block, float *buf), void *arg) {
@@ -599,12 +609,7 @@ int tz_hf_export(const char *dir, const struct tz_model_config *cfg,
   /* Written whole into a temporary directory beside dir, then swapped into place: a killed export
    * leaves the earlier one as it was, never shards of both (issue 48). dir may hold an earlier
    * export only (it is replaced whole). */
-  char other[256];
-  if (foreign_file(dir, other, sizeof other))
-    return tz_err_set(TZ_EEXIST,
-                      "hf: %s holds %s, which an export does not write: export into a new or "
-                      "empty directory, or one holding an earlier export (replaced whole)",
-                      dir, other);
+  TZ_CHECK(tz_hf_export_check_dir(dir));
   char *tmp = NULL;
   size_t dl = strlen(dir);
   while (dl > 1 && dir[dl - 1] == '/') /* "out/": the sibling is out.tmp-export, not inside */

@@ -101,10 +101,16 @@ void tz_hf_export_opts_init(struct tz_hf_export_opts *o);
  * special_tokens_map.json, tokenizer.model, vocab.json, merges.txt, vocab.txt, added_tokens.json,
  * chat_template.jinja, those present) copied. When o->tokenizer_dir holds a config.json of the same
  * family, what struct tz_model_config does not hold (mistral's sliding_window, the eos list) and
- * its generation_config.json's other fields are carried over. Every file goes through a temporary
- * file and a rename; shards of an earlier export that the new one does not have are removed after.
+ * its generation_config.json's other fields are carried over. The export is written whole into
+ * DIR.tmp-export beside dir and then swapped into place: an export that fails or is killed
+ * leaves dir as it was, and a new one leaves none of an earlier export's files. dir may be new,
+ * empty or hold an earlier export: a file an export does not write there is refused
+ * (tz_hf_export_check_dir), untouched.
  * get_block(arg, b, buf) fills buf with block b as floats in our layout, called once per block in
  * order; one block is in memory at a time. o NULL: tz_hf_export_opts_init's. */
+/* 0 when dir is missing, empty or holds only files an export writes; TZ_EEXIST naming the first
+ * other file (tz-train asks before its first step). */
+int tz_hf_export_check_dir(const char *dir);
 int tz_hf_export(const char *dir, const struct tz_model_config *cfg,
                  const struct tz_hf_export_opts *o,
                  int (*get_block)(void *arg, int block, float *buf), void *arg);

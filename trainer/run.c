@@ -562,6 +562,7 @@ static int check_outputs(struct run *r) {
     /* the tensors in the export's dtype, and a little for config, index and tokenizer files */
     uint64_t bytes = tz_model_n_params(&r->mc) * tz_dtype_size(o->export_dtype) + (16u << 20);
     TZ_CHECK(tz_ckpt_out_check("--export-safetensors", o->export_dir, bytes));
+    TZ_CHECK(tz_hf_export_check_dir(o->export_dir));
   }
   if (o->trace_path) {
     char dir[4096];
