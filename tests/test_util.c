@@ -107,6 +107,11 @@ static void test_size_letter(void **state) {
       {"4 M", 0, 0},
       {"4MiBx", 0, 0},
       {"1.5M", 0, 0},
+      /* strtoull read "-1" as 2^64 - 1 (tz-bench tiers --size -1: issue 48) */
+      {"-1", 0, 0},
+      {" -4M", 0, 0},
+      {"18446744073709551616", 0, 0},
+      {"17179869184G", 0, 0},
   };
   check_sizes(TZ_SIZE_LETTER, c, sizeof c / sizeof c[0]);
 }

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 /* The power of two a unit letter stands for (K 10, M 20, G 30, T 40, P 50), either case, among
@@ -61,15 +62,21 @@ static int parse_units(const char *s, uint64_t *out) {
   return 0;
 }
 
-/* TZ_SIZE_LETTER and TZ_SIZE_LEADING: strtoull's number (so also its leading blanks and sign),
- * shifted by the letter without an overflow check, as the programs always read them. */
+/* TZ_SIZE_LETTER and TZ_SIZE_LEADING: strtoull's number (so also its leading blanks), shifted by
+ * the letter. A minus sign (strtoull reads "-1" as 2^64 - 1) and a size past 2^64 are refused. */
 static int parse_letter(const char *s, int rest_ignored, uint64_t *out) {
   char *end;
+  const char *p = s + strspn(s, " \t\n\v\f\r");
+  if (*p == '-')
+    return -1;
+  errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  if (end == s)
+  if (end == s || errno == ERANGE)
     return -1;
   int shift = letter_shift(*end, 3);
   if (shift) {
+    if (v > (~0ull >> shift))
+      return -1;
     v <<= shift;
     end++;
   }
