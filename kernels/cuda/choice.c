@@ -70,11 +70,12 @@ struct tz_cuda_attention_choice tz_cuda_attention_choose(enum tz_cuda_attention_
   if (mode == TZ_CUDA_ATTENTION_SIMPLE)
     return ch;
   int mma = tz_cuda_attention_mma_takes(c);
-  /* auto's kernels are the wgmma ones where they take the shape (at Llama-7B's layer the forward
-   * 1.41x and the backward 1.40x the mma.sync ones: docs/cuda-kernels.md); named, they take
-   * every head dim they build, where auto keeps 128's until the others are measured faster */
+  /* auto's kernels are the wgmma ones where they take the shape, at every head dim they build:
+   * at Llama-7B's layer (128) the forward 1.41x and the backward 1.40x the mma.sync ones; at 64,
+   * 80 and 96 attention forward + backward 1.62x, 1.37x and 1.42x (H200, 2026-12-05:
+   * docs/cuda-kernels.md) */
   int wgmma = (mode == TZ_CUDA_ATTENTION_AUTO || mode == TZ_CUDA_ATTENTION_WGMMA) &&
-              tz_cuda_attention_wgmma_takes(c, mode == TZ_CUDA_ATTENTION_WGMMA);
+              tz_cuda_attention_wgmma_takes(c, 1);
   if (wgmma) {
     ch.fwd = ch.bwd = TZ_CUDA_KERNEL_WGMMA;
     return ch;

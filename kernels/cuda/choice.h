@@ -27,7 +27,7 @@ enum tz_cuda_attention_mode {
   TZ_CUDA_ATTENTION_SIMPLE,   /* the plain kernels for every shape (to test them) */
   TZ_CUDA_ATTENTION_ONE_PASS, /* the mma.sync forward in 128-row blocks, the one-pass backward */
   TZ_CUDA_ATTENTION_TWO_PASS, /* the mma.sync kernels, the backward in two passes */
-  TZ_CUDA_ATTENTION_WGMMA,    /* Hopper's warpgroup MMA at every head dim it builds, else auto */
+  TZ_CUDA_ATTENTION_WGMMA,    /* the same as auto (which takes warpgroup MMA wherever it builds) */
 };
 
 /* The kernels a call can run on. */
