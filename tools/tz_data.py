@@ -29,9 +29,10 @@ from array import array
 
 try:
     from tokenizers import Tokenizer
-except ImportError:  # the message says how to get it, as tools/deps.sh does
-    sys.exit("tz-data: the Python package 'tokenizers' is missing: run tools/deps.sh "
-             "(or python3 -m pip install tokenizers==0.20.3)")
+except ImportError:  # the message says how to get it
+    sys.exit("tz-data: the Python package 'tokenizers' is missing: run tools/tz-data (which "
+             "makes the project's environment .venv with it: tools/venv.sh), not this file "
+             "with another python3")
 
 MAGIC = 20240520
 HEADER_INTS = 256
