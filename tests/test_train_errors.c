@@ -207,6 +207,22 @@ static void test_fifo_inputs(void **state) {
   check(&resume);
 }
 
+/* --resume auto (issue 49 item 6): a new start where --ckpt-dir holds no checkpoint, a resume
+ * where it does, so that a requeued job runs one command; refused without --ckpt-dir. */
+static void test_resume_auto(void **state) {
+  (void)state;
+  struct error_case none = {"--resume auto --steps 2", 2, {"--resume auto needs --ckpt-dir"}};
+  check(&none);
+  assert_int_equal(tz_train("--steps 2 --seq 16 --data synthetic --ckpt-dir auto-ck --resume auto"),
+                   0);
+  assert_null(strstr(out, "resumed from"));
+  assert_non_null(strstr(out, "step 2/2"));
+  assert_int_equal(tz_train("--steps 3 --seq 16 --data synthetic --ckpt-dir auto-ck --resume auto"),
+                   0);
+  assert_non_null(strstr(out, "resumed from auto-ck at step 2"));
+  assert_null(strstr(out, "step 1/3"));
+}
+
 /* A resume past --steps (which counts from the training's start) says so, where it ended with
  * "0 steps" and exit 0 (issue 48); at --steps exactly, nothing to train, said. */
 static void test_resume_past_steps(void **state) {
@@ -254,11 +270,9 @@ int main(void) {
   snprintf(bin, sizeof bin, "%s/tz-train", b);
   dir = tz_test_mkdtemp("train-errors");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_config_errors),
-      cmocka_unit_test(test_flag_errors),
-      cmocka_unit_test(test_data_errors),
-      cmocka_unit_test(test_fifo_inputs),
-      cmocka_unit_test(test_resume_past_steps),
+      cmocka_unit_test(test_config_errors),     cmocka_unit_test(test_flag_errors),
+      cmocka_unit_test(test_data_errors),       cmocka_unit_test(test_fifo_inputs),
+      cmocka_unit_test(test_resume_past_steps), cmocka_unit_test(test_resume_auto),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

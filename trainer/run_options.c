@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "trainer/checkpoint.h"
 #include "trainer/resume.h"
 
 #include <errno.h>
@@ -205,6 +206,20 @@ int tz_run_option_set(struct tz_run_options *o, const char *name, const char *va
 }
 
 int tz_run_options_check(struct tz_run_options *o, int launch_ranks) {
+  /* --resume auto: the checkpoints of --ckpt-dir when it holds one, else a start from nothing (a
+   * job that a scheduler such as Slurm requeues runs the same command each time) */
+  if (o->resume && strcmp(o->resume, "auto") == 0) {
+    if (!o->ckpt_dir)
+      return tz_err_set(TZ_EINVAL, "--resume auto needs --ckpt-dir: the directory whose "
+                                   "checkpoints it continues from, when it holds one");
+    int n = tz_ckpt_list(o->ckpt_dir, NULL, 0);
+    if (n < 0)
+      return n;
+    o->resume = n > 0 ? o->ckpt_dir : NULL;
+    tz_log(TZ_LOG_INFO, "--resume auto: %s",
+           n > 0 ? "continuing from --ckpt-dir's checkpoints"
+                 : "no checkpoint in --ckpt-dir: a new start");
+  }
   if (o->resume && !*o->resume && !(o->resume = o->ckpt_dir))
     return tz_err_set(TZ_EINVAL, "--resume without DIR needs --ckpt-dir");
   if (o->resume && !o->ckpt_dir) { /* a root (not one step directory): saves continue there */
