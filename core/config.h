@@ -97,7 +97,8 @@ struct tz_config {
   struct {
     enum tz_lr_schedule type;
     double warmup_min_lr;     /* WarmupLR/WarmupDecayLR: lr at step 0 */
-    double warmup_max_lr;     /* WarmupLR/WarmupDecayLR: lr at the end of warmup; -1 not set (trainer/lr.c) */
+    double warmup_max_lr;     /* WarmupLR/WarmupDecayLR: lr at the end of warmup; -1 not set
+                                 (trainer/lr.c) */
     int64_t warmup_num_steps; /* steps of warmup */
     enum tz_warmup_type warmup_type;
     int64_t total_num_steps; /* WarmupDecayLR/WarmupCosineLR: 0 = the trainer's step count */
@@ -146,6 +147,9 @@ struct tz_config {
   /* The "tierzero" section; each key is also TZ_<KEY> in the environment. */
   struct {
     char *model;          /* model preset name; NULL = the trainer's default */
+    char *data;           /* the training data (tz-train --data; docs/data.md); NULL = the
+                             built-in corpus. Saved in checkpoints: a resume without --data
+                             trains on what the run it continues trained on */
     uint64_t hbm_budget;  /* bytes of GPU memory to use; 0 = what is free */
     uint64_t host_budget; /* bytes of pinned host memory; 0 = most of what is available */
     uint64_t nvme_budget; /* bytes of NVMe space; 0 = a share of what is free */
@@ -204,7 +208,8 @@ struct tz_config {
   /* Private: bit i stands for key i of the table: given "auto" (tz_config_auto_key), and set
    * though it has no effect in tierzero (tz_config_no_effect_key). */
   uint64_t auto_[TZ_CONFIG_KEY_WORDS], no_effect_[TZ_CONFIG_KEY_WORDS];
-  /* Private: bit i: key i given by a source since tz_config_given_clear (tz_config_section_given). */
+  /* Private: bit i: key i given by a source since tz_config_given_clear (tz_config_section_given).
+   */
   uint64_t given_[TZ_CONFIG_KEY_WORDS];
 };
 

@@ -153,6 +153,7 @@ const struct key tz_config_keys[] = {
   I64("seed", seed, 0, 42, 0),
   /* tierzero's own keys; each is also the environment variable TZ_<KEY> */
   STR("tierzero.model", tierzero.model),
+  STR("tierzero.data", tierzero.data),
   SIZE("tierzero.hbm_budget", tierzero.hbm_budget, 0, 0, 0),
   SIZE("tierzero.host_budget", tierzero.host_budget, 0, 0, 0),
   SIZE("tierzero.nvme_budget", tierzero.nvme_budget, 0, 0, 0),

@@ -223,6 +223,22 @@ static void test_resume_auto(void **state) {
   assert_null(strstr(out, "step 1/3"));
 }
 
+/* A resume without --data trains on what the run it continues trained on (tierzero.data, saved
+ * with the checkpoint's configuration); it took the built-in corpus (issue 49 item 6). */
+static void test_resume_keeps_data(void **state) {
+  (void)state;
+  write_text("corpus.txt", "the resumed run reads this text again, not the built-in corpus. "
+                           "the resumed run reads this text again, not the built-in corpus.\n");
+  assert_int_equal(
+      tz_train("--steps 2 --seq 16 --data text:corpus.txt --ckpt-dir data-ck --progress plain"), 0);
+  assert_non_null(strstr(out, "data: corpus.txt (raw text)"));
+  assert_int_equal(tz_train("--steps 3 --seq 16 --resume data-ck --progress plain"), 0);
+  if (!strstr(out, "data: corpus.txt (raw text)"))
+    print_error("%s\n", out);
+  assert_non_null(strstr(out, "data: corpus.txt (raw text)"));
+  assert_null(strstr(out, "built-in corpus"));
+}
+
 /* A resume past --steps (which counts from the training's start) says so, where it ended with
  * "0 steps" and exit 0 (issue 48); at --steps exactly, nothing to train, said. */
 static void test_resume_past_steps(void **state) {
@@ -273,6 +289,7 @@ int main(void) {
       cmocka_unit_test(test_config_errors),     cmocka_unit_test(test_flag_errors),
       cmocka_unit_test(test_data_errors),       cmocka_unit_test(test_fifo_inputs),
       cmocka_unit_test(test_resume_past_steps), cmocka_unit_test(test_resume_auto),
+      cmocka_unit_test(test_resume_keeps_data),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

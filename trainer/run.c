@@ -597,14 +597,16 @@ static int prepare(struct run *r) {
              "resume: %s is at step %lld, which --steps %lld asks for: nothing to train", o->resume,
              (long long)r->res->start, (long long)o->steps);
   }
-  if (!o->data || strcmp(o->data, "synthetic") != 0) {
+  /* --data, else the config's (a resume's: what the run it continues trained on) */
+  const char *data = o->data ? o->data : r->cfg->tierzero.data;
+  if (!data || strcmp(data, "synthetic") != 0) {
     struct tz_data_params dp = {.seq_len = o->seq,
                                 .seed = (uint64_t)r->cfg->seed,
                                 .val_spec = o->eval_every ? o->val_data : NULL,
                                 .tokenizer = r->tokenizer[0] ? r->tokenizer : NULL};
     if (o->eval_every && !o->val_data)
       dp.val_fraction = o->val_fraction;
-    TZ_CHECK(tz_data_open(o->data, r->mc.vocab, &dp, &r->data));
+    TZ_CHECK(tz_data_open(data, r->mc.vocab, &dp, &r->data));
     data_token_ids(r);
     struct tz_run_event ev = {.kind = TZ_RUN_DATA, .data = r->data};
     TZ_CHECK(emit(r, &ev));

@@ -245,14 +245,6 @@ int tz_run_options_check(struct tz_run_options *o, int launch_ranks) {
   if (o->trace_step >= o->steps && o->trace_path)
     return tz_err_set(TZ_EINVAL, "--trace-step %lld: the run has %lld steps, numbered from 0",
                       (long long)o->trace_step, (long long)o->steps);
-  /* Real weights trained on the built-in toy corpus (what no --data means, for the demo and the
-   * presets) would be ruined without a word (issue 49 item 6). */
-  if (o->import_dir && !o->data && o->steps > 0 && !o->plan_only)
-    return tz_err_set(TZ_EINVAL,
-                      "--import-safetensors %s: give --data, token shards of your text made with "
-                      "tools/tz-data --tokenizer %s (docs/data.md): without it the model would "
-                      "train on the built-in toy corpus (--data builtin does that on purpose)",
-                      o->import_dir, o->import_dir);
   struct tz_model_config named;
   struct stat st;
   /* A name that is no preset and is a file or directory is a config.json (tz_run_model). */
@@ -309,6 +301,18 @@ int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *s
     snprintf(buf, sizeof buf, "%lld", (long long)o->trace_step);
     TZ_CHECK(tz_config_set(cfg, "tierzero.trace_step", buf));
   }
+  /* The data in the config, so that checkpoints record it and a resume without --data trains
+   * on what the run it continues trained on (it took the built-in corpus: issue 49 item 6). */
+  if (o->data)
+    TZ_CHECK(tz_config_set(cfg, "tierzero.data", o->data));
+  /* Real weights trained on the built-in toy corpus (what no data means, for the demo and the
+   * presets) would be ruined without a word (issue 49 item 6). */
+  if (o->import_dir && !cfg->tierzero.data && o->steps > 0 && !o->plan_only)
+    return tz_err_set(TZ_ECONFIG,
+                      "--import-safetensors %s: give --data, token shards of your text made with "
+                      "tools/tz-data --tokenizer %s (docs/data.md): without it the model would "
+                      "train on the built-in toy corpus (--data builtin does that on purpose)",
+                      o->import_dir, o->import_dir);
   /* The choice written into the config, so that checkpoints record it and a resume keeps it (a
    * checkpoint from before the rule keeps the exclusion it recorded: not resolved here). */
   if (cfg->tierzero.weight_decay_exclude.n == 0 && !o->resume)
