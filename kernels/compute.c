@@ -343,22 +343,34 @@ static int check_rope(const char *op, void *x, int B, int T, int nh, int D, cons
   return tz_rope_inv_freq(r, D, inv_freq);
 }
 
+/* A pos for a backend without packed documents is refused here, naming what asked for it. */
+static int check_pos(const tz_compute *cm, const char *op, const int32_t *pos) {
+  if (pos && !cm->ops->docs)
+    return tz_err_set(TZ_ENOTSUP,
+                      "compute %s: packed documents (a pos per token) are not enabled in the %s "
+                      "backend",
+                      op, cm->backend);
+  return 0;
+}
+
 int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D,
-                        const struct tz_rope *rope) {
+                        const struct tz_rope *rope, const int32_t *pos) {
   double f[TZ_ROPE_MAX_D / 2];
   TZ_CHECK(check_rope("rope_fwd", x, B, T, nh, D, rope, f));
+  TZ_CHECK(check_pos(cm, "rope_fwd", pos));
   if (!B || !T)
     return 0;
-  return cm->ops->rope(cm->ctx, x, B, T, nh, D, f, 0);
+  return cm->ops->rope(cm->ctx, x, B, T, nh, D, f, 0, pos);
 }
 
 int tz_compute_rope_bwd(tz_compute *cm, void *dx, int B, int T, int nh, int D,
-                        const struct tz_rope *rope) {
+                        const struct tz_rope *rope, const int32_t *pos) {
   double f[TZ_ROPE_MAX_D / 2];
   TZ_CHECK(check_rope("rope_bwd", dx, B, T, nh, D, rope, f));
+  TZ_CHECK(check_pos(cm, "rope_bwd", pos));
   if (!B || !T)
     return 0;
-  return cm->ops->rope(cm->ctx, dx, B, T, nh, D, f, 1);
+  return cm->ops->rope(cm->ctx, dx, B, T, nh, D, f, 1, pos);
 }
 
 int tz_compute_bias_add(tz_compute *cm, void *x, const void *b, int N, int n) {
@@ -387,25 +399,28 @@ static int check_attn(const char *op, int B, int T, int H, int Hkv, int D) {
 }
 
 int tz_compute_attention_fwd(tz_compute *cm, void *out, float *lse, const void *q, const void *k,
-                             const void *v, int B, int T, int H, int Hkv, int D) {
+                             const void *v, int B, int T, int H, int Hkv, int D,
+                             const int32_t *pos) {
   TZ_CHECK(check_attn("attention_fwd", B, T, H, Hkv, D));
+  TZ_CHECK(check_pos(cm, "attention_fwd", pos));
   if (!B || !T)
     return 0;
   NEED(out && lse && q && k && v, "compute attention_fwd: NULL pointer");
-  return cm->ops->attention_fwd(cm->ctx, out, lse, q, k, v, B, T, H, Hkv, D);
+  return cm->ops->attention_fwd(cm->ctx, out, lse, q, k, v, B, T, H, Hkv, D, pos);
 }
 
 int tz_compute_attention_bwd(tz_compute *cm, void *dq, void *dk, void *dv, float *delta,
                              const void *dout, const void *q, const void *k, const void *v,
-                             const void *out, const float *lse, int B, int T, int H, int Hkv,
-                             int D) {
+                             const void *out, const float *lse, int B, int T, int H, int Hkv, int D,
+                             const int32_t *pos) {
   TZ_CHECK(check_attn("attention_bwd", B, T, H, Hkv, D));
+  TZ_CHECK(check_pos(cm, "attention_bwd", pos));
   if (!B || !T)
     return 0;
   NEED(dq && dk && dv && delta && dout && q && k && v && out && lse,
        "compute attention_bwd: NULL pointer");
   return cm->ops->attention_bwd(cm->ctx, dq, dk, dv, delta, dout, q, k, v, out, lse, B, T, H, Hkv,
-                                D);
+                                D, pos);
 }
 
 int tz_compute_swiglu_fwd(tz_compute *cm, void *out, const void *g, const void *u, size_t n) {

@@ -218,8 +218,9 @@ int tz_compute_rmsnorm_fwd(tz_compute *cm, void *out, float *rstd, const void *x
 int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, const void *dres, void *dw, const void *dout,
                            const void *x, const void *w, const float *rstd, int N, int C);
 
-/* ---- RoPE, in place, positions 0..T-1, the "half-split" convention of Hugging Face Llama ----
- * x (B,T,nh,D) S, D even, D <= TZ_ROPE_MAX_D. For position t and i in [0, D/2): angle = t * f_i
+/* ---- RoPE, in place, the "half-split" convention of Hugging Face Llama ----
+ * x (B,T,nh,D) S, D even, D <= TZ_ROPE_MAX_D. Row t of sequence b is at position
+ * p = pos[b*T + t] (pos: TZ_POS below), or t when pos is NULL. For i in [0, D/2): angle = p * f_i
  * with f_i = tz_rope_inv_freq (below), the product in double, then cos and sin rounded to float;
  * (x[i], x[i+D/2]) becomes (x[i]*cos - x[i+D/2]*sin, x[i+D/2]*cos + x[i]*sin). This is HF's
  * q*cos + rotate_half(q)*sin, so q_proj and k_proj weights move between the two without
@@ -253,9 +254,9 @@ int tz_rope_check(const struct tz_rope *r);
  * (transformers' _compute_llama3_parameters, in double where it works in float32). */
 int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out);
 int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D,
-                        const struct tz_rope *rope);
+                        const struct tz_rope *rope, const int32_t *pos);
 int tz_compute_rope_bwd(tz_compute *cm, void *dx, int B, int T, int nh, int D,
-                        const struct tz_rope *rope);
+                        const struct tz_rope *rope, const int32_t *pos);
 
 /* ---- Bias of a linear layer (Qwen2's q, k and v projections) ----
  * add: x (N,n) S, x[r][j] = x[r][j] + b[j] in float, rounded to S once; b (n) S.
@@ -265,9 +266,20 @@ int tz_compute_rope_bwd(tz_compute *cm, void *dx, int B, int T, int nh, int D,
 int tz_compute_bias_add(tz_compute *cm, void *x, const void *b, int N, int n);
 int tz_compute_bias_grad(tz_compute *cm, void *db, const void *dy, int N, int n);
 
+/* ---- Packed documents: pos ----
+ * A row of T tokens may hold several documents (packed fine-tuning data, trainer/data.h). pos
+ * (B,T) int32, in the backend's memory like tokens, gives each token's position in its document:
+ * pos[b*T] = 0, and each next pos is 0 (a document starts) or the one before plus 1. Attention
+ * stays inside a document (block-diagonal causal) and RoPE rotates by pos, so a packed row
+ * computes, document by document, what each document alone would. NULL: each row is one
+ * document (positions 0..T-1), today's bits. A backend without packed documents (ops' docs 0:
+ * cuda, until its GPU tests have run) refuses a non-NULL pos with TZ_ENOTSUP, by name; the cpu
+ * backend checks the rule above (TZ_EINVAL naming the row). */
+
 /* ---- Causal self-attention with grouped-query heads ----
  * q (B,T,H,D), k and v (B,T,Hkv,D), out (B,T,H,D): S. H % Hkv == 0; query head h reads key-value
  * head h / (H/Hkv). Scores s = (q_t . k_u) / sqrt(D) for u <= t, softmax over u, out_t = sum p v_u.
+ * With pos, only u in [t - pos[b*T + t], t], the keys of t's document, are scored.
  * lse (B,H,T) F32: the logsumexp of each row of scores, saved for backward (flash-style: no
  * (T,T) matrix needs to be kept).
  * bwd: dq (B,T,H,D), dk and dv (B,T,Hkv,D) S are overwritten; dout, q, k, v, out, lse as in fwd.
@@ -275,11 +287,12 @@ int tz_compute_bias_grad(tz_compute *cm, void *db, const void *dy, int N, int n)
  *      dk and dv sum over the H/Hkv query heads of a group and over t in an order that the
  *      backend fixes (never the thread count or timing). */
 int tz_compute_attention_fwd(tz_compute *cm, void *out, float *lse, const void *q, const void *k,
-                             const void *v, int B, int T, int H, int Hkv, int D);
+                             const void *v, int B, int T, int H, int Hkv, int D,
+                             const int32_t *pos);
 int tz_compute_attention_bwd(tz_compute *cm, void *dq, void *dk, void *dv, float *delta,
                              const void *dout, const void *q, const void *k, const void *v,
-                             const void *out, const float *lse, int B, int T, int H, int Hkv,
-                             int D);
+                             const void *out, const float *lse, int B, int T, int H, int Hkv, int D,
+                             const int32_t *pos);
 
 /* ---- SwiGLU: out = silu(g) * u, silu(g) = g / (1 + exp(-g)) ----
  * fwd: out (N,F) S from g, u (N,F) S. out may alias g or u.
@@ -291,12 +304,15 @@ int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, void *out, const v
                           const void *g, const void *u, size_t n);
 
 /* ---- Cross-entropy fused with softmax: forward loss and backward dlogits in one call ----
- * logits (N,V) S, targets (N) int32 in [0, V) (else TZ_EINVAL, as for embedding).
+ * logits (N,V) S, targets (N) int32 in [0, V) (else TZ_EINVAL, as for embedding), or
+ * TZ_TARGET_IGNORE: a row that is not a target (a prompt token, padding), whose loss and dlogits
+ * are 0 (a backend without it, ops' ignore 0, refuses it by name).
  * losses (N) F32 = logsumexp(logits_n) - logits_n[target_n].
  * dlogits (N,V) S = (softmax(logits_n) - onehot(target_n)) * dscale, where the caller chooses
  * dscale (1 / the number of tokens in the whole step, for a mean over micro-batches). dlogits may
  * alias logits (computed in place); NULL skips the backward (evaluation). The row's max and sum
  * are float; backends may walk the vocabulary in chunks. */
+#define TZ_TARGET_IGNORE (-1)
 int tz_compute_xent(tz_compute *cm, float *losses, void *dlogits, const void *logits,
                     const int32_t *targets, int N, int V, float dscale);
 

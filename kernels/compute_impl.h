@@ -57,14 +57,18 @@ struct tz_compute_ops {
                      const void *x, const void *w, const float *rstd, int N, int C);
   /* inv_freq: D/2 host doubles, tz_rope_inv_freq's (borrowed for the call: a backend that keeps
    * a table keeps its own copy); inverse: 0 forward rotation, 1 its transpose (backward) */
-  int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq, int inverse);
+  int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq, int inverse,
+              const int32_t *pos);
   int (*bias_add)(void *ctx, void *x, const void *b, int N, int n);
   int (*bias_grad)(void *ctx, void *db, const void *dy, int N, int n);
   int (*attention_fwd)(void *ctx, void *out, float *lse, const void *q, const void *k,
-                       const void *v, int B, int T, int H, int Hkv, int D);
+                       const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos);
   int (*attention_bwd)(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
                        const void *q, const void *k, const void *v, const void *out,
-                       const float *lse, int B, int T, int H, int Hkv, int D);
+                       const float *lse, int B, int T, int H, int Hkv, int D, const int32_t *pos);
+  /* 1: rope and attention take a non-NULL pos and xent takes TZ_TARGET_IGNORE (compute.h,
+   * "Packed documents"); 0: the wrapper refuses a pos by name before any entry is called. */
+  int docs;
   int (*swiglu_fwd)(void *ctx, void *out, const void *g, const void *u, size_t n);
   int (*swiglu_bwd)(void *ctx, void *dg, void *du, void *out, const void *dout, const void *g,
                     const void *u, size_t n);

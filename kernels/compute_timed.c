@@ -137,10 +137,22 @@ static int s_rms_bwd(void *ctx, void *dx, const void *dres, void *dw, const void
   double bytes = ((dres ? 4.0 : 3.0) * nc + C) * ES + 4.0 * N + 2.0 * C * GS;
   TIMED_WORK(TZ_OP_RMSNORM_BWD, bytes, 0.0, IN->rmsnorm_bwd(CTX, dx, dres, dw, dy, x, w, r, N, C));
 }
-static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *f, int inv) {
+/* The timed table says it takes a pos (docs 1) for whichever backend it wraps; one that does
+ * not is refused here as tz_compute_* would refuse it. */
+static int inner_docs(const struct timed *tm, const char *op, const int32_t *pos) {
+  if (pos && !IN->docs)
+    return tz_err_set(TZ_ENOTSUP,
+                      "compute %s: packed documents (a pos per token) are not enabled in the %s "
+                      "backend",
+                      op, tm->inner->backend);
+  return 0;
+}
+static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *f, int inv,
+                  const int32_t *pos) {
   struct timed *tm = ctx;
+  TZ_CHECK(inner_docs(tm, "rope", pos));
   TIMED_WORK(TZ_OP_ROPE, 2.0 * B * (double)T * nh * D * ES, 0.0,
-             IN->rope(CTX, x, B, T, nh, D, f, inv));
+             IN->rope(CTX, x, B, T, nh, D, f, inv, pos));
 }
 static int s_bias_add(void *ctx, void *x, const void *b, int N, int n) {
   struct timed *tm = ctx;
@@ -156,22 +168,24 @@ static int s_bias_grad(void *ctx, void *db, const void *dy, int N, int n) {
              IN->bias_grad(CTX, db, dy, N, n));
 }
 static int s_attn_fwd(void *ctx, void *o, float *l, const void *q, const void *k, const void *v,
-                      int B, int T, int H, int Hkv, int D) {
+                      int B, int T, int H, int Hkv, int D, const int32_t *pos) {
   struct timed *tm = ctx;
+  TZ_CHECK(inner_docs(tm, "attention_fwd", pos));
   double bth = (double)B * T * H, btk = (double)B * T * Hkv;
   double bytes = (2.0 * bth + 2.0 * btk) * D * ES + 4.0 * bth; /* q, k, v, out; lse */
   TIMED_WORK(TZ_OP_ATTENTION_FWD, bytes, 2.0 * bth * T * D,
-             IN->attention_fwd(CTX, o, l, q, k, v, B, T, H, Hkv, D));
+             IN->attention_fwd(CTX, o, l, q, k, v, B, T, H, Hkv, D, pos));
 }
 static int s_attn_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
                       const void *q, const void *k, const void *v, const void *o, const float *l,
-                      int B, int T, int H, int Hkv, int D) {
+                      int B, int T, int H, int Hkv, int D, const int32_t *pos) {
   struct timed *tm = ctx;
+  TZ_CHECK(inner_docs(tm, "attention_bwd", pos));
   double bth = (double)B * T * H, btk = (double)B * T * Hkv;
   /* dout, q, out, dq and k, v, dk, dv; lse read, delta written */
   double bytes = (4.0 * bth + 4.0 * btk) * D * ES + 8.0 * bth;
   TIMED_WORK(TZ_OP_ATTENTION_BWD, bytes, 2.5 * 2.0 * bth * T * D,
-             IN->attention_bwd(CTX, dq, dk, dv, delta, dout, q, k, v, o, l, B, T, H, Hkv, D));
+             IN->attention_bwd(CTX, dq, dk, dv, delta, dout, q, k, v, o, l, B, T, H, Hkv, D, pos));
 }
 static int s_swiglu_fwd(void *ctx, void *o, const void *g, const void *u, size_t n) {
   struct timed *tm = ctx;
@@ -223,6 +237,7 @@ static const struct tz_compute_ops timed_ops = {
     .bias_grad = s_bias_grad,
     .attention_fwd = s_attn_fwd,
     .attention_bwd = s_attn_bwd,
+    .docs = 1,
     .swiglu_fwd = s_swiglu_fwd,
     .swiglu_bwd = s_swiglu_bwd,
     .xent = s_xent,

@@ -512,7 +512,7 @@ static void test_rope_inverse(void **state) {
   for (int i = 0; i < n; i++)
     x[i] = y[i] = urand(&st) - 0.5f;
   struct tz_rope rope = {.theta = 10000.0};
-  TZ_ASSERT_OK(tz_compute_rope_fwd(cm, y, B, T, nh, D, &rope));
+  TZ_ASSERT_OK(tz_compute_rope_fwd(cm, y, B, T, nh, D, &rope, NULL));
   /* position 0 is the identity; later positions move, preserving each pair's norm */
   for (int i = 0; i < nh * D; i++)
     assert_true(y[i] == x[i]);
@@ -525,10 +525,10 @@ static void test_rope_inverse(void **state) {
   float c = (float)cos(1.0), s = (float)sin(1.0);
   assert_true(y[base] == x[base] * c - x[base + D / 2] * s);
   assert_true(y[base + D / 2] == x[base + D / 2] * c + x[base] * s);
-  TZ_ASSERT_OK(tz_compute_rope_bwd(cm, y, B, T, nh, D, &rope));
+  TZ_ASSERT_OK(tz_compute_rope_bwd(cm, y, B, T, nh, D, &rope, NULL));
   for (int i = 0; i < n; i++)
     assert_true(fabsf(y[i] - x[i]) < 1e-6f);
-  assert_int_equal(tz_compute_rope_fwd(cm, y, B, T, nh, 7, &rope), TZ_EINVAL);
+  assert_int_equal(tz_compute_rope_fwd(cm, y, B, T, nh, 7, &rope, NULL), TZ_EINVAL);
   free(x);
   free(y);
   tz_compute_destroy(cm);
@@ -657,6 +657,118 @@ static void test_xent(void **state) {
   tz_compute_destroy(cm);
 }
 
+/* Packed documents (compute.h): a row holding several documents computes, for each, the bits of
+ * that document alone in a row of its own, in RoPE and in attention's forward and backward (the
+ * cpu kernels sum each document's keys and queries in the order they would alone); padding is a
+ * document like any other. A pos that breaks the rule is refused naming the row and token, and
+ * the timed wrapper passes pos through. */
+static void test_packed_documents(void **state) {
+  (void)state;
+  tz_compute *plain = cpu(3), *cm = NULL;
+  struct tz_compute_times times;
+  memset(&times, 0, sizeof times);
+  TZ_ASSERT_OK(tz_compute_timed_create(plain, &times, &cm));
+  enum { B = 2, T = 24, H = 4, Hkv = 2, D = 8 };
+  static const int docs[B][6] = {{5, 1, 10, 8, 0}, {24, 0}}; /* lengths, 0-ended; sum T */
+  int32_t pos[B * T];
+  for (int b = 0; b < B; b++)
+    for (int i = 0, t = 0; docs[b][i]; i++)
+      for (int j = 0; j < docs[b][i]; j++)
+        pos[b * T + t++] = j;
+  size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * H * T;
+  float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
+  float *out = malloc(nq * 4), *lse = malloc(nl * 4), *delta = malloc(nl * 4);
+  float *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nk * 4);
+  float *rq = malloc(nq * 4); /* q after rope, packed */
+  uint64_t st = 11;
+  for (size_t i = 0; i < nq; i++)
+    q[i] = urand(&st) - 0.5f, dout[i] = urand(&st) - 0.5f;
+  for (size_t i = 0; i < nk; i++)
+    k[i] = urand(&st) - 0.5f, v[i] = urand(&st) - 0.5f;
+  struct tz_rope rope = {.theta = 500.0};
+  memcpy(rq, q, nq * 4);
+  TZ_ASSERT_OK(tz_compute_rope_fwd(cm, rq, B, T, H, D, &rope, pos));
+  TZ_ASSERT_OK(tz_compute_attention_fwd(cm, out, lse, q, k, v, B, T, H, Hkv, D, pos));
+  TZ_ASSERT_OK(tz_compute_attention_bwd(cm, dq, dk, dv, delta, dout, q, k, v, out, lse, B, T, H,
+                                        Hkv, D, pos));
+  int n_docs = 0, differs_from_unpacked = 0;
+  for (int b = 0; b < B; b++)
+    for (int i = 0, t0 = 0; docs[b][i]; t0 += docs[b][i++]) {
+      int L = docs[b][i];
+      size_t aq = (size_t)L * H * D, ak = (size_t)L * Hkv * D;
+      size_t oq = ((size_t)b * T + t0) * H * D, ok = ((size_t)b * T + t0) * Hkv * D;
+      float *o1 = malloc(aq * 4), *l1 = malloc((size_t)H * L * 4), *d1 = malloc((size_t)H * L * 4);
+      float *dq1 = malloc(aq * 4), *dk1 = malloc(ak * 4), *dv1 = malloc(ak * 4);
+      float *r1 = malloc(aq * 4);
+      memcpy(r1, q + oq, aq * 4);
+      TZ_ASSERT_OK(tz_compute_rope_fwd(cm, r1, 1, L, H, D, &rope, NULL));
+      assert_memory_equal(r1, rq + oq, aq * 4);
+      TZ_ASSERT_OK(
+          tz_compute_attention_fwd(cm, o1, l1, q + oq, k + ok, v + ok, 1, L, H, Hkv, D, NULL));
+      TZ_ASSERT_OK(tz_compute_attention_bwd(cm, dq1, dk1, dv1, d1, dout + oq, q + oq, k + ok,
+                                            v + ok, o1, l1, 1, L, H, Hkv, D, NULL));
+      assert_memory_equal(o1, out + oq, aq * 4);
+      assert_memory_equal(dq1, dq + oq, aq * 4);
+      assert_memory_equal(dk1, dk + ok, ak * 4);
+      assert_memory_equal(dv1, dv + ok, ak * 4);
+      for (int h = 0; h < H; h++)
+        assert_memory_equal(l1 + (size_t)h * L, lse + ((size_t)b * H + h) * T + t0, (size_t)L * 4);
+      differs_from_unpacked += t0 > 0;
+      n_docs++;
+      free(o1), free(l1), free(d1), free(dq1), free(dk1), free(dv1), free(r1);
+    }
+  assert_int_equal(n_docs, 5);
+  assert_true(differs_from_unpacked == 3);
+  /* Without pos the same rows are one document each: another output where documents follow. */
+  float *o2 = malloc(nq * 4);
+  TZ_ASSERT_OK(tz_compute_attention_fwd(cm, o2, lse, q, k, v, B, T, H, Hkv, D, NULL));
+  assert_memory_not_equal(o2 + 5 * H * D, out + 5 * H * D, (size_t)H * D * 4);
+  assert_memory_equal(o2, out, (size_t)5 * H * D * 4); /* the first document is the same */
+  /* Broken positions: a row not starting at 0, a jump. */
+  pos[T + 7] = 3;
+  assert_int_equal(tz_compute_attention_fwd(cm, o2, lse, q, k, v, B, T, H, Hkv, D, pos), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "row 1 token 7"));
+  pos[T + 7] = 7;
+  pos[0] = 1;
+  assert_int_equal(tz_compute_rope_fwd(cm, rq, B, T, H, D, &rope, pos), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "row 0 token 0"));
+  free(q), free(k), free(v), free(dout), free(out), free(lse), free(delta), free(dq), free(dk);
+  free(dv), free(rq), free(o2);
+  tz_compute_destroy(cm);
+  tz_compute_destroy(plain);
+}
+
+/* TZ_TARGET_IGNORE: a row that is no target has loss 0 and dlogits 0, the others the bits of a
+ * call without it; another negative target is refused. */
+static void test_xent_ignore(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  enum { N = 6, V = 11 };
+  float lg[N * V], dl[N * V], dl2[N * V], loss[N], loss2[N];
+  int32_t tgt[N] = {3, 0, 10, 5, 7, 1}, tgt2[N];
+  uint64_t st = 5;
+  for (int i = 0; i < N * V; i++)
+    lg[i] = 4 * urand(&st) - 2;
+  TZ_ASSERT_OK(tz_compute_xent(cm, loss, dl, lg, tgt, N, V, 0.5f));
+  memcpy(tgt2, tgt, sizeof tgt);
+  tgt2[1] = tgt2[4] = TZ_TARGET_IGNORE;
+  TZ_ASSERT_OK(tz_compute_xent(cm, loss2, dl2, lg, tgt2, N, V, 0.5f));
+  for (int n = 0; n < N; n++) {
+    if (tgt2[n] == TZ_TARGET_IGNORE) {
+      assert_true(loss2[n] == 0.0f && loss[n] > 0.0f);
+      for (int j = 0; j < V; j++)
+        assert_true(dl2[n * V + j] == 0.0f);
+    } else {
+      assert_true(loss2[n] == loss[n]);
+      assert_memory_equal(dl2 + n * V, dl + n * V, V * sizeof(float));
+    }
+  }
+  tgt2[2] = -2;
+  assert_int_equal(tz_compute_xent(cm, loss2, NULL, lg, tgt2, N, V, 1.0f), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "index 2"));
+  tz_compute_destroy(cm);
+}
+
 /* tz_compute_adam on the cpu backend is tz_adam_cpu on the instance's threads, bit for bit, and
  * the cpu backend has no devices to ask about. */
 static void test_adam_op(void **state) {
@@ -718,6 +830,8 @@ int main(void) {
       cmocka_unit_test(test_rope_inverse),
       cmocka_unit_test(test_bias_ops),
       cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_xent_ignore),
+      cmocka_unit_test(test_packed_documents),
       cmocka_unit_test(test_adam_op),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -898,8 +898,8 @@ struct rope_args {
 
 static int rope_launch(tz_compute *cm, int gpu, void *p) {
   struct rope_args *a = p;
-  return a->inverse ? tz_compute_rope_bwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &a->rope)
-                    : tz_compute_rope_fwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &a->rope);
+  return a->inverse ? tz_compute_rope_bwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &a->rope, NULL)
+                    : tz_compute_rope_fwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &a->rope, NULL);
 }
 
 /* Default RoPE at two bases, and Llama 3.1's llama3 scaling (theta 500000, factor 8, low 1,
@@ -1130,9 +1130,9 @@ static int attn_launch(tz_compute *cm, int gpu, void *p) {
     return tz_compute_attention_bwd(cm, SIDE(a->dq, gpu), SIDE(a->dk, gpu), SIDE(a->dv, gpu),
                                     SIDE(a->delta, gpu), SIDE(a->dout, gpu), SIDE(a->q, gpu),
                                     SIDE(a->k, gpu), SIDE(a->v, gpu), SIDE(a->out, gpu),
-                                    SIDE(a->lse, gpu), a->B, a->T, a->H, a->Hkv, a->D);
+                                    SIDE(a->lse, gpu), a->B, a->T, a->H, a->Hkv, a->D, NULL);
   return tz_compute_attention_fwd(cm, SIDE(a->out, gpu), SIDE(a->lse, gpu), SIDE(a->q, gpu),
-                                  SIDE(a->k, gpu), SIDE(a->v, gpu), a->B, a->T, a->H, a->Hkv, a->D);
+                                  SIDE(a->k, gpu), SIDE(a->v, gpu), a->B, a->T, a->H, a->Hkv, a->D, NULL);
 }
 
 /* Whether the cuda instance runs this shape on tensor cores (attention_mma.cu: 16-bit storage,
@@ -1408,7 +1408,7 @@ static void test_attention_onepass_tiles(void **state) {
         buf_poison(&lse, &e0);
         TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
         TZ_ASSERT_OK(
-            tz_compute_attention_fwd(es[i]->gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D));
+            tz_compute_attention_fwd(es[i]->gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D, NULL));
         TZ_ASSERT_OK(tz_compute_sync(es[i]->gpu));
         got[i][0] = buf_get_gpu(&out, &e0);
         got[i][1] = buf_get_gpu(&lse, &e0);
@@ -1468,7 +1468,7 @@ static void test_attention_onepass_fallback(void **state) {
     buf_set(in[i], &e0, x);
     free(x);
   }
-  TZ_ASSERT_OK(tz_compute_attention_fwd(e0.gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D));
+  TZ_ASSERT_OK(tz_compute_attention_fwd(e0.gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D, NULL));
   TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
   /* the backward on the two-pass instance, on e1 with the memory free, on e2 with it taken */
   float *got[3][3];
@@ -1493,7 +1493,7 @@ static void test_attention_onepass_fallback(void **state) {
       buf_poison(grads[i], &e0);
     TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
     TZ_ASSERT_OK(tz_compute_attention_bwd(runs[r]->gpu, dq.g, dk.g, dv.g, delta.g, dout.g, q.g, k.g,
-                                          v.g, out.g, lse.g, B, T, H, Hkv, D));
+                                          v.g, out.g, lse.g, B, T, H, Hkv, D, NULL));
     TZ_ASSERT_OK(tz_compute_sync(runs[r]->gpu));
     for (int i = 0; i < 3; i++)
       got[r][i] = buf_get_gpu(grads[i], &e0);
@@ -1637,7 +1637,7 @@ static int sh_swiglu_bwd(tz_compute *cm, void *const *t, const struct shifted_op
 }
 static int sh_rope(tz_compute *cm, void *const *t, const struct shifted_op *op) {
   struct tz_rope r = {.theta = 10000.0, .type = TZ_ROPE_DEFAULT};
-  return tz_compute_rope_fwd(cm, t[0], op->B, op->T, op->H, op->D, &r);
+  return tz_compute_rope_fwd(cm, t[0], op->B, op->T, op->H, op->D, &r, NULL);
 }
 /* t: x, w, dout, dres, out, rstd, dx, dw */
 static int sh_rmsnorm(tz_compute *cm, void *const *t, const struct shifted_op *op) {

@@ -559,7 +559,8 @@ static int linear_bwd(tz_compute *cm, void *dx, int accumulate, void *dW, const 
 
 /* The attention part of a layer's forward: a->h1 .. a->x2 from x_in (x2 = x_in + attention). */
 static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                    const void *x_in, const struct tz_layer_acts *a, int B, int T) {
+                    const void *x_in, const struct tz_layer_acts *a, int B, int T,
+                    const int32_t *pos) {
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
   enum tz_dtype S = tz_compute_dtype(cm);
@@ -585,9 +586,9 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const voi
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->q, a->rstd_q, qp, P(TZ_L_QNORM), N * H, D, eps));
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->k, a->rstd_k, kp, P(TZ_L_KNORM), N * Hkv, D, eps));
   }
-  TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, &rope));
-  TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, &rope));
-  TZ_CHECK(tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D));
+  TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, &rope, pos));
+  TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, &rope, pos));
+  TZ_CHECK(tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D, pos));
   /* x2 = x_in + att wo^T, the residual added in the projection's rounding */
   TZ_CHECK(linear_res_fwd(cm, a->x2, a->att, P(TZ_L_WO), x_in, N, HD, C));
 #undef P
@@ -613,23 +614,24 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
 }
 
 int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                       const void *x_in, void *x_out, const struct tz_layer_acts *a, int B, int T) {
-  return tz_model_layer_part_fwd(cm, cfg, params, x_in, x_out, a, TZ_PARTS_ALL, B, T);
+                       const void *x_in, void *x_out, const struct tz_layer_acts *a, int B, int T,
+                       const int32_t *pos) {
+  return tz_model_layer_part_fwd(cm, cfg, params, x_in, x_out, a, TZ_PARTS_ALL, B, T, pos);
 }
 
 int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                             const void *x_in, void *x_out, const struct tz_layer_acts *a,
-                            unsigned parts, int B, int T) {
+                            unsigned parts, int B, int T, const int32_t *pos) {
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
   if (parts & TZ_PART_ATTN)
-    TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T));
+    TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T, pos));
   return parts & TZ_PART_MLP ? mlp_fwd(cm, cfg, params, a, x_out, B, T) : 0;
 }
 
 int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                        void *grads, const void *x_in, const struct tz_layer_acts *a,
                        unsigned recompute, const void *dx_out, void *dx_in,
-                       const struct tz_layer_scratch *s, int B, int T) {
+                       const struct tz_layer_scratch *s, int B, int T, const int32_t *pos) {
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
@@ -643,7 +645,7 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
 #define P(i) at(params, l.t[i].offset, S)
   float eps = (float)cfg->norm_eps;
   if (recompute & TZ_PART_ATTN)
-    TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T));
+    TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T, pos));
   else /* kept: what is not kept is rebuilt (acts_layout) */
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
   /* The SwiGLU's output a, which the down projection's weight gradient reads: recomputed with
@@ -669,9 +671,9 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   /* Attention: x2 = x_in + att wo^T; dx_in holds the gradient at x2 now. */
   TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dx_in, a->att, P(TZ_L_WO), N, HD, C));
   TZ_CHECK(tz_compute_attention_bwd(cm, s->dq, s->dk, s->dv, s->delta, s->datt, a->q, a->k, a->v,
-                                    a->att, a->lse, B, T, H, Hkv, D));
-  TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, &rope));
-  TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, &rope));
+                                    a->att, a->lse, B, T, H, Hkv, D, pos));
+  TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, &rope, pos));
+  TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, &rope, pos));
   /* dqp, dkp: the gradients at the biased projections. Through the norms they go to buffers
    * free by now (rmsnorm_bwd's dx must not alias its dout): datt (N, H*D), read only by the
    * attention's backward, and dq, whose (N, H*D) holds a (N, Hkv*D) once dq itself is used. */

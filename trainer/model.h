@@ -269,10 +269,12 @@ int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *
                        const int32_t *tokens, const void *dx, int B, int T);
 
 /* One transformer layer: x_out (B,T,C) from x_in (B,T,C) and the layer's block `params`; acts
- * receives what backward needs. x_out may alias x_in. */
+ * receives what backward needs. x_out may alias x_in. pos (B,T) int32 in cm's memory: each
+ * token's position in its document, for rows that pack several (kernels/compute.h, "Packed
+ * documents"); NULL: each row one document. The layer phases below take it alike. */
 int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                        const void *x_in, void *x_out, const struct tz_layer_acts *acts, int B,
-                       int T);
+                       int T, const int32_t *pos);
 /* The two parts of a layer, as activation checkpointing keeps or recomputes them. */
 #define TZ_PART_ATTN 1u /* attention: its norm, q/k/v, attention, wo, the residual into x2 */
 #define TZ_PART_MLP 2u  /* the MLP: its norm, gate and up, SwiGLU, the down projection */
@@ -285,7 +287,7 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
  * and x_out; both (tz_model_layer_fwd) in that order. */
 int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                             const void *x_in, void *x_out, const struct tz_layer_acts *acts,
-                            unsigned parts, int B, int T);
+                            unsigned parts, int B, int T, const int32_t *pos);
 
 /* Backward of one layer. recompute (TZ_PART_* bits) names the parts whose forward runs into acts
  * first, from x_in alone for the attention part and from acts->x2 for the MLP (activation
@@ -297,7 +299,7 @@ int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, c
 int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                        void *grads, const void *x_in, const struct tz_layer_acts *acts,
                        unsigned recompute, const void *dx_out, void *dx_in,
-                       const struct tz_layer_scratch *scratch, int B, int T);
+                       const struct tz_layer_scratch *scratch, int B, int T, const int32_t *pos);
 
 /* The head: final norm, LM head, cross-entropy on targets (B,T) int32. s->losses gets each
  * token's loss and s->loss their sum (tz_compute_sum order). With head_grad non-NULL also the
@@ -369,9 +371,13 @@ void tz_model_runner_destroy(tz_model_runner *r); /* NULL is a no-op */
 
 /* Forward and (grads non-NULL) backward over tokens and targets (B*T int32 each, host memory).
  * params[b] and grads[b] are block b's buffers in backend memory; grads += (accumulate).
- * dscale <= 0 means 1 / (B*T). *loss (host) = the mean token loss. */
+ * A target TZ_TARGET_IGNORE is no target (kernels/compute.h). dscale <= 0 means 1 / the number
+ * of targets. *loss (host) = the mean loss of the targets (0 when there are none). */
 int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *grads,
                          const int32_t *tokens, const int32_t *targets, float dscale, float *loss);
+/* The positions of later steps' and logits' tokens in their documents, (B*T int32, host: see
+ * tz_model_layer_fwd), copied; NULL: each row one document (the default). */
+int tz_model_runner_set_pos(tz_model_runner *r, const int32_t *pos);
 /* Forward only: logits (B*T*V floats, host memory) for tokens (host). */
 int tz_model_runner_logits(tz_model_runner *r, void *const *params, const int32_t *tokens,
                            float *logits);

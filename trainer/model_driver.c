@@ -15,8 +15,10 @@ struct tz_model_runner {
   tz_compute *cm;
   const struct tz_model_config *cfg;
   int B, T, checkpoint;
-  void *mem;                  /* one allocation for everything below */
-  int32_t *tokens, *targets;  /* (B, T) */
+  void *mem;                 /* one allocation for everything below */
+  int32_t *tokens, *targets; /* (B, T) */
+  int32_t *pos;              /* (B, T): tz_model_runner_set_pos's, when has_pos */
+  int has_pos;
   void **xs;                  /* n_layer + 1 of (B, T, C): the input of each layer, then the
                                  final output */
   struct tz_layer_acts *acts; /* checkpoint ? 1 : n_layer */
@@ -50,7 +52,7 @@ int tz_model_runner_create(tz_compute *cm, const struct tz_model_config *cfg, in
   size_t x_bytes = (N * cfg->d_model * tz_dtype_size(S) + 255) & ~(size_t)255;
   size_t tok_bytes = (N * sizeof(int32_t) + 255) & ~(size_t)255;
   size_t acts_bytes = tz_model_acts_bytes(cfg, S, B, T);
-  size_t total = 2 * tok_bytes + (size_t)(L + 2) * x_bytes + (size_t)n_acts * acts_bytes +
+  size_t total = 3 * tok_bytes + (size_t)(L + 2) * x_bytes + (size_t)n_acts * acts_bytes +
                  tz_model_scratch_bytes(cfg, S, B, T) + tz_model_head_scratch_bytes(cfg, S, B, T);
   int rc = tz_compute_alloc(cm, total, &r->mem);
   if (rc < 0) {
@@ -60,6 +62,7 @@ int tz_model_runner_create(tz_compute *cm, const struct tz_model_config *cfg, in
   char *p = r->mem;
   r->tokens = (int32_t *)p, p += tok_bytes;
   r->targets = (int32_t *)p, p += tok_bytes;
+  r->pos = (int32_t *)p, p += tok_bytes;
   for (int i = 0; i <= L; i++)
     r->xs[i] = p, p += x_bytes;
   r->dx = p, p += x_bytes;
@@ -84,6 +87,13 @@ void tz_model_runner_destroy(tz_model_runner *r) {
   free(r);
 }
 
+int tz_model_runner_set_pos(tz_model_runner *r, const int32_t *pos) {
+  r->has_pos = pos != NULL;
+  if (!pos)
+    return 0;
+  return tz_compute_copy_in(r->cm, r->pos, pos, (size_t)r->B * r->T * sizeof(int32_t));
+}
+
 static int runner_forward(tz_model_runner *r, void *const *params, const int32_t *tokens) {
   const struct tz_model_config *cfg = r->cfg;
   size_t N = (size_t)r->B * r->T;
@@ -92,7 +102,7 @@ static int runner_forward(tz_model_runner *r, void *const *params, const int32_t
   for (int i = 0; i < cfg->n_layer; i++) {
     const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
     TZ_CHECK(tz_model_layer_fwd(r->cm, cfg, params[tz_model_block_of_layer(i)], r->xs[i],
-                                r->xs[i + 1], a, r->B, r->T));
+                                r->xs[i + 1], a, r->B, r->T, r->has_pos ? r->pos : NULL));
   }
   return 0;
 }
@@ -101,9 +111,11 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
                          const int32_t *tokens, const int32_t *targets, float dscale, float *loss) {
   const struct tz_model_config *cfg = r->cfg;
   int L = cfg->n_layer, B = r->B, T = r->T;
-  size_t N = (size_t)B * T;
+  size_t N = (size_t)B * T, n_targets = 0;
+  for (size_t i = 0; i < N; i++)
+    n_targets += targets[i] != TZ_TARGET_IGNORE;
   if (dscale <= 0.0f)
-    dscale = 1.0f / (float)N;
+    dscale = n_targets ? 1.0f / (float)n_targets : 0.0f;
   TZ_CHECK(runner_forward(r, params, tokens));
   TZ_CHECK(tz_compute_copy_in(r->cm, r->targets, targets, N * sizeof(int32_t)));
   TZ_CHECK(tz_model_head(r->cm, cfg, params[L + 1], params[0], grads ? grads[L + 1] : NULL,
@@ -114,15 +126,15 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
       int blk = tz_model_block_of_layer(i);
       const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
       TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, params[blk], grads[blk], r->xs[i], a,
-                                  r->checkpoint ? TZ_PARTS_ALL : 0, r->dx, r->dx, &r->scratch, B,
-                                  T));
+                                  r->checkpoint ? TZ_PARTS_ALL : 0, r->dx, r->dx, &r->scratch, B, T,
+                                  r->has_pos ? r->pos : NULL));
     }
     TZ_CHECK(tz_model_embed_bwd(r->cm, cfg, grads[0], r->tokens, r->dx, B, T));
   }
   float sum = 0.0f;
   TZ_CHECK(tz_compute_copy_out(r->cm, &sum, r->head.loss, sizeof sum));
   TZ_CHECK(tz_compute_sync(r->cm));
-  *loss = sum / (float)N;
+  *loss = n_targets ? sum / (float)n_targets : 0.0f;
   return 0;
 }
 
@@ -235,9 +247,9 @@ int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int 
 
 int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
                         const struct tz_layer_probe *l, unsigned recompute) {
-  TZ_CHECK(tz_model_layer_fwd(cm, cfg, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T));
+  TZ_CHECK(tz_model_layer_fwd(cm, cfg, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T, NULL));
   return tz_model_layer_bwd(cm, cfg, l->params, l->grads, l->x_in, &l->acts, recompute, l->dx_out,
-                            l->dx_in, &l->scratch, l->B, l->T);
+                            l->dx_in, &l->scratch, l->B, l->T, NULL);
 }
 
 int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T, int reps,

@@ -426,9 +426,27 @@ static int cpu_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, cons
 
 /* ---- rope ---- */
 
+/* pos as compute.h's "Packed documents" has it, or TZ_EINVAL naming the first row and token that
+ * break it. */
+static int check_pos(const char *op, const int32_t *pos, int B, int T) {
+  if (!pos)
+    return 0;
+  for (int b = 0; b < B; b++) {
+    const int32_t *p = pos + (size_t)b * T;
+    for (int t = 0; t < T; t++)
+      if (p[t] != 0 && (t == 0 || p[t] != p[t - 1] + 1))
+        return tz_err_set(TZ_EINVAL,
+                          "compute cpu %s: pos %d at row %d token %d (a position is 0 or the one "
+                          "before it plus 1, and each row starts at 0)",
+                          op, p[t], b, t);
+  }
+  return 0;
+}
+
 static int cpu_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
-                    int inverse) {
+                    int inverse, const int32_t *pos) {
   struct cpu *c = ctx;
+  TZ_CHECK(check_pos("rope", pos, B, T));
   int half = D / 2;
   float *cs = malloc((size_t)T * half * 2 * sizeof *cs);
   if (!cs)
@@ -443,7 +461,8 @@ static int cpu_rope(void *ctx, void *x, int B, int T, int nh, int D, const doubl
 #pragma omp parallel for num_threads(c->nt) schedule(static) collapse(2)
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
-      const float *ct = cs + (size_t)t * half * 2;
+      int p = pos ? pos[(size_t)b * T + t] : t; /* < T: each row starts at 0 */
+      const float *ct = cs + (size_t)p * half * 2;
       for (int h = 0; h < nh; h++) {
         float *v = xf + (((size_t)b * T + t) * nh + h) * D;
         for (int i = 0; i < half; i++) {
@@ -505,8 +524,10 @@ static float dotf(const float *a, const float *b, int n) {
 }
 
 static int cpu_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
-                             const void *v, int B, int T, int H, int Hkv, int D) {
+                             const void *v, int B, int T, int H, int Hkv, int D,
+                             const int32_t *pos) {
   struct cpu *c = ctx;
+  TZ_CHECK(check_pos("attention_fwd", pos, B, T));
   float *scratch = malloc((size_t)c->nt * T * sizeof *scratch);
   if (!scratch)
     return tz_err_set(TZ_ENOMEM, "compute cpu attention_fwd: cannot allocate %d scores", T);
@@ -521,15 +542,16 @@ static int cpu_attention_fwd(void *ctx, void *out, float *lse, const void *q, co
       for (int t = 0; t < T; t++) {
         float *s = scratch + (size_t)omp_get_thread_num() * T;
         int hk = h / group;
+        int u0 = pos ? t - pos[(size_t)b * T + t] : 0; /* the first key of t's document */
         const float *qt = qf + (((size_t)b * T + t) * H + h) * D;
         float m = -INFINITY;
-        for (int u = 0; u <= t; u++) {
+        for (int u = u0; u <= t; u++) {
           s[u] = dotf(qt, kf + (((size_t)b * T + u) * Hkv + hk) * D, D) * scale;
           if (s[u] > m)
             m = s[u];
         }
         float sum = 0.0f;
-        for (int u = 0; u <= t; u++) {
+        for (int u = u0; u <= t; u++) {
           s[u] = expf(s[u] - m);
           sum += s[u];
         }
@@ -538,7 +560,7 @@ static int cpu_attention_fwd(void *ctx, void *out, float *lse, const void *q, co
         float *ot = of + (((size_t)b * T + t) * H + h) * D;
         for (int d = 0; d < D; d++)
           ot[d] = 0.0f;
-        for (int u = 0; u <= t; u++) {
+        for (int u = u0; u <= t; u++) {
           float p = s[u] * inv;
           const float *vu = vf + (((size_t)b * T + u) * Hkv + hk) * D;
           for (int d = 0; d < D; d++)
@@ -551,9 +573,10 @@ static int cpu_attention_fwd(void *ctx, void *out, float *lse, const void *q, co
 
 static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
                              const void *dout, const void *q, const void *k, const void *v,
-                             const void *out, const float *lse, int B, int T, int H, int Hkv,
-                             int D) {
+                             const void *out, const float *lse, int B, int T, int H, int Hkv, int D,
+                             const int32_t *pos) {
   struct cpu *c = ctx;
+  TZ_CHECK(check_pos("attention_bwd", pos, B, T));
   const float *qf = q, *kf = k, *vf = v, *of = out, *dof = dout;
   float *dqf = dq, *dkf = dk, *dvf = dv;
   int group = H / Hkv;
@@ -565,7 +588,8 @@ static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *del
   /* With p = exp(s - lse), dp = dout_t . v_u and delta_t = dout_t . out_t, the score gradient is
    * ds = p (dp - delta_t); dq_t = scale sum_u ds k_u, dk_u = scale sum_{h,t} ds q_t and
    * dv_u = sum_{h,t} p dout_t. Pass 1 owns query rows, pass 2 owns key rows, and each recomputes
-   * p and ds, so no thread ever adds into another's output. */
+   * p and ds, so no thread ever adds into another's output. With pos, query t reads the keys
+   * [t - pos_t, t] of its document, and key u is read by the queries [u, end of u's document). */
 #pragma omp parallel for num_threads(c->nt) schedule(dynamic, 16) collapse(3)
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
@@ -578,7 +602,7 @@ static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *del
         float *dqt = dqf + (((size_t)b * T + t) * H + h) * D;
         for (int d = 0; d < D; d++)
           dqt[d] = 0.0f;
-        for (int u = 0; u <= t; u++) {
+        for (int u = pos ? t - pos[(size_t)b * T + t] : 0; u <= t; u++) {
           const float *ku = K_AT(b, u, hk);
           float p = expf(dotf(qt, ku, D) * scale - l);
           float ds = p * (dotf(dot_, V_AT(b, u, hk), D) - dl);
@@ -596,8 +620,12 @@ static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *del
         float *dvu = dvf + (((size_t)b * T + u) * Hkv + hk) * D;
         for (int d = 0; d < D; d++)
           dku[d] = dvu[d] = 0.0f;
+        int end = T; /* one past the last query of u's document */
+        if (pos)
+          for (end = u + 1; end < T && pos[(size_t)b * T + end] != 0; end++)
+            ;
         for (int h = hk * group; h < (hk + 1) * group; h++)
-          for (int t = u; t < T; t++) {
+          for (int t = u; t < end; t++) {
             const float *qt = Q_AT(b, t, h), *dot_ = DO_AT(b, t, h);
             float l = lse[((size_t)b * H + h) * T + t];
             float dl = delta[((size_t)b * H + h) * T + t];
@@ -655,11 +683,22 @@ static int cpu_swiglu_bwd(void *ctx, void *dg, void *du, void *out, const void *
 static int cpu_xent(void *ctx, float *losses, void *dlogits, const void *logits,
                     const int32_t *targets, int N, int V, float dscale) {
   struct cpu *c = ctx;
-  TZ_CHECK(check_tokens("xent target", targets, N, V));
+  for (int n = 0; n < N; n++)
+    if (targets[n] != TZ_TARGET_IGNORE && (targets[n] < 0 || targets[n] >= V))
+      return tz_err_set(TZ_EINVAL,
+                        "compute cpu xent target: token %d at index %d is not in [0, %d) nor "
+                        "TZ_TARGET_IGNORE",
+                        targets[n], n, V);
   const float *lf = logits;
   float *dl = dlogits;
 #pragma omp parallel for num_threads(c->nt) schedule(static)
   for (int n = 0; n < N; n++) {
+    if (targets[n] == TZ_TARGET_IGNORE) { /* not a target: no loss, no gradient */
+      losses[n] = 0.0f;
+      if (dl)
+        memset(dl + (size_t)n * V, 0, (size_t)V * sizeof *dl);
+      continue;
+    }
     const float *row = lf + (size_t)n * V;
     float m = -INFINITY;
     for (int j = 0; j < V; j++)
@@ -717,6 +756,7 @@ static const struct tz_compute_ops cpu_ops = {
     .bias_grad = cpu_bias_grad,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
+    .docs = 1,
     .swiglu_fwd = cpu_swiglu_fwd,
     .swiglu_bwd = cpu_swiglu_bwd,
     .xent = cpu_xent,

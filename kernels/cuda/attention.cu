@@ -357,7 +357,9 @@ static int declined(const char *op, enum tz_cuda_attention_kernel k, int D) {
 }
 
 int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
-                          const void *v, int B, int T, int H, int Hkv, int D) {
+                          const void *v, int B, int T, int H, int Hkv, int D,
+                          const int32_t *pos) {
+  (void)pos; /* never given: ops' docs is 0, so the wrapper refuses a pos */
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
   const void *ts[] = {out, q, k, v};
@@ -385,7 +387,9 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
 
 int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
                           const void *q, const void *k, const void *v, const void *out,
-                          const float *lse, int B, int T, int H, int Hkv, int D) {
+                          const float *lse, int B, int T, int H, int Hkv, int D,
+                          const int32_t *pos) {
+  (void)pos; /* never given: ops' docs is 0, so the wrapper refuses a pos */
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
   size_t rows = (size_t)B * T * H;

@@ -204,14 +204,14 @@ int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const 
 int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
                         const void *x, const void *w, const float *rstd, int N, int C);
 int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
-                 int inverse);
+                 int inverse, const int32_t *pos);
 int tz_cuda_bias_add(void *ctx, void *x, const void *b, int N, int n);
 int tz_cuda_bias_grad(void *ctx, void *db, const void *dy, int N, int n);
 int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
-                          const void *v, int B, int T, int H, int Hkv, int D);
+                          const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos);
 int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
                           const void *q, const void *k, const void *v, const void *out,
-                          const float *lse, int B, int T, int H, int Hkv, int D);
+                          const float *lse, int B, int T, int H, int Hkv, int D, const int32_t *pos);
 int tz_cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits,
                  const int32_t *targets, int N, int V, float dscale);
 

@@ -113,7 +113,8 @@ static int rope_table(struct tz_cuda *c, int T, int D, const double *f) {
 }
 
 int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
-                 int inverse) {
+                 int inverse, const int32_t *pos) {
+  (void)pos; /* never given: ops' docs is 0, so the wrapper refuses a pos */
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(rope_table(c, T, D, inv_freq));
   size_t total = (size_t)B * T * nh * (D / 2);
