@@ -150,6 +150,9 @@ struct tz_config {
     char *data;           /* the training data (tz-train --data; docs/data.md); NULL = the
                              built-in corpus. Saved in checkpoints: a resume without --data
                              trains on what the run it continues trained on */
+    int long_documents;   /* packed fine-tuning data: a document longer than a row is cut to
+                             its first seq_len + 1 tokens (0, "cut") or split (1, "split")
+                             (trainer/data.h, split_long) */
     uint64_t hbm_budget;  /* bytes of GPU memory to use; 0 = what is free */
     uint64_t host_budget; /* bytes of pinned host memory; 0 = most of what is available */
     uint64_t nvme_budget; /* bytes of NVMe space; 0 = a share of what is free */

@@ -77,6 +77,7 @@ static const char *const warmup_names[] = {"log", "linear"};
 static const char *const device_names[] = {"none", "cpu", "nvme"};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16"};
 static const char *const log_names[] = {"error", "warn", "info", "debug", "trace"};
+static const char *const long_doc_names[] = {"cut", "split"};
 
 /* Keys of one section are contiguous: tz_config_dump nests by walking this order. */
 const struct key tz_config_keys[] = {
@@ -154,6 +155,7 @@ const struct key tz_config_keys[] = {
   /* tierzero's own keys; each is also the environment variable TZ_<KEY> */
   STR("tierzero.model", tierzero.model),
   STR("tierzero.data", tierzero.data),
+  ENUM("tierzero.long_documents", tierzero.long_documents, long_doc_names, 0, 0),
   SIZE("tierzero.hbm_budget", tierzero.hbm_budget, 0, 0, 0),
   SIZE("tierzero.host_budget", tierzero.host_budget, 0, 0, 0),
   SIZE("tierzero.nvme_budget", tierzero.nvme_budget, 0, 0, 0),

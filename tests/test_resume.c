@@ -93,7 +93,7 @@ static int part_with(const char *dev, const char *from, int until, const char *s
       tz_synthetic_batch(7, tz_synthetic_first(s, k, 0, 1, o.accum, o.micro), o.micro, TC_SEQ,
                          mc.vocab, tok + k * o.micro * TC_SEQ, tgt + k * o.micro * TC_SEQ);
     struct tz_step_result sr;
-    TZ_ASSERT_OK(tz_trainer_step(tr, tok, tgt, &sr));
+    TZ_ASSERT_OK(tz_trainer_step(tr, tok, tgt, NULL, &sr));
     res->loss[s] = sr.loss;
   }
   res->steps = until;

@@ -243,8 +243,9 @@ static void test_events(void **state) {
 }
 
 /* The rate the CPU's Adam reached at the homes after the first step (on a CPU-only machine every
- * block's Adam runs at its host homes) is the summary's and joins the rates cache's entry, which the next
- * plan reads; a run under its bound drops the entry instead (its rates were measured slow). */
+ * block's Adam runs at its host homes) is the summary's and joins the rates cache's entry, which
+ * the next plan reads; a run under its bound drops the entry instead (its rates were measured
+ * slow). */
 static void test_home_rate_learned(void **state) {
   (void)state;
   struct tz_run_options o;
@@ -360,14 +361,14 @@ static void test_fill_batch(void **state) {
   struct tz_run_batch b = {
       .seed = 11, .vocab = 96, .seq = SEQ, .micro = MICRO, .accum = ACCUM, .rank = 1, .world = 2};
   int32_t tok[N], tgt[N], want_tok[SEQ * MICRO], want_tgt[SEQ * MICRO], val[N];
-  TZ_ASSERT_OK(tz_run_fill_batch(&b, 5, 0, tok, tgt));
+  TZ_ASSERT_OK(tz_run_fill_batch(&b, 5, 0, tok, tgt, NULL, NULL));
   for (int k = 0; k < ACCUM; k++) {
     tz_synthetic_batch(11, tz_synthetic_first(5, k, 1, 2, ACCUM, MICRO), MICRO, SEQ, 96, want_tok,
                        want_tgt);
     assert_memory_equal(tok + k * SEQ * MICRO, want_tok, sizeof want_tok);
     assert_memory_equal(tgt + k * SEQ * MICRO, want_tgt, sizeof want_tgt);
   }
-  TZ_ASSERT_OK(tz_run_fill_batch(&b, 0, 1, val, tgt));
+  TZ_ASSERT_OK(tz_run_fill_batch(&b, 0, 1, val, tgt, NULL, NULL));
   tz_synthetic_batch(11, (1ull << 48) + tz_synthetic_first(0, 0, 1, 2, ACCUM, MICRO), MICRO, SEQ,
                      96, want_tok, want_tgt);
   assert_memory_equal(val, want_tok, sizeof want_tok);
@@ -377,14 +378,15 @@ static void test_fill_batch(void **state) {
   TZ_ASSERT_OK(tz_data_open(NULL, 256, &dp, &d));
   b.data = d;
   b.vocab = 256;
-  TZ_ASSERT_OK(tz_run_fill_batch(&b, 3, 0, tok, tgt));
+  TZ_ASSERT_OK(tz_run_fill_batch(&b, 3, 0, tok, tgt, NULL, NULL));
   for (int k = 0; k < ACCUM; k++) {
     TZ_ASSERT_OK(tz_data_batch_io(d, TZ_DATA_TRAIN, tz_data_sample_index(3, ACCUM, k, 2, 1, MICRO),
                                   MICRO, want_tok, want_tgt));
     assert_memory_equal(tok + k * SEQ * MICRO, want_tok, sizeof want_tok);
     assert_memory_equal(tgt + k * SEQ * MICRO, want_tgt, sizeof want_tgt);
   }
-  TZ_ASSERT_OK(tz_run_fill_batch(&b, 1, 1, val, tgt)); /* the validation split's windows */
+  TZ_ASSERT_OK(
+      tz_run_fill_batch(&b, 1, 1, val, tgt, NULL, NULL)); /* the validation split's windows */
   TZ_ASSERT_OK(tz_data_batch_io(d, TZ_DATA_VAL, tz_data_sample_index(1, ACCUM, 1, 2, 1, MICRO),
                                 MICRO, want_tok, want_tgt));
   assert_memory_equal(val + SEQ * MICRO, want_tok, sizeof want_tok);

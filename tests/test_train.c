@@ -236,7 +236,7 @@ static void steps(tz_trainer *tr, const struct tc_opts *o, int from, int to, flo
       tz_synthetic_batch(7, tz_synthetic_first(s, k, 0, 1, o->accum, o->micro), o->micro, TC_SEQ,
                          mc.vocab, tok + k * o->micro * TC_SEQ, tgt + k * o->micro * TC_SEQ);
     struct tz_step_result r;
-    TZ_ASSERT_OK(tz_trainer_step(tr, tok, tgt, &r));
+    TZ_ASSERT_OK(tz_trainer_step(tr, tok, tgt, NULL, &r));
     assert_int_equal(r.step, s);
     loss[s] = r.loss;
   }

@@ -47,7 +47,7 @@ static int step(tz_trainer *tr, const struct tc_opts *o, int s, struct tz_step_r
   for (int k = 0; k < o->accum; k++)
     tz_synthetic_batch(7, tz_synthetic_first(s, k, 0, 1, o->accum, o->micro), o->micro, TC_SEQ,
                        mc.vocab, tok + k * o->micro * TC_SEQ, tgt + k * o->micro * TC_SEQ);
-  return tz_trainer_step(tr, tok, tgt, r);
+  return tz_trainer_step(tr, tok, tgt, NULL, r);
 }
 
 /* Every block's master weights, one buffer. */

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "util/clock.h"
+#include "util/crc32.h"
 #include "util/crc32c.h"
 #include "util/file.h"
 #include "util/mix.h"
@@ -223,6 +224,23 @@ static void test_crc32c(void **state) {
   assert_true(tz_crc32c(0, buf, sizeof buf) != whole);
 }
 
+/* ---- crc32 (zlib's, for tz-data's mask files) ---- */
+
+/* The check value of the IEEE polynomial, and zlib.crc32 of 1000 bytes (i*7+3)&255 and of its
+ * first 13 (Python's), extended piece by piece at every split. */
+static void test_crc32(void **state) {
+  (void)state;
+  assert_true(tz_crc32(0, "123456789", 9) == 0xcbf43926u);
+  unsigned char b[1000];
+  for (int i = 0; i < 1000; i++)
+    b[i] = (unsigned char)((i * 7 + 3) & 255);
+  assert_true(tz_crc32(0, b, sizeof b) == 0x17bc2a46u);
+  assert_true(tz_crc32(0, b, 13) == 0xa97ad5c1u);
+  for (size_t cut = 0; cut <= sizeof b; cut += 7)
+    assert_true(tz_crc32(tz_crc32(0, b, cut), b + cut, sizeof b - cut) == 0x17bc2a46u);
+  assert_true(tz_crc32(0, NULL, 0) == 0);
+}
+
 /* ---- files ---- */
 
 /* Fault hooks for the tests: count operations by kind, fail the fail_at-th with fail_errno. */
@@ -430,8 +448,8 @@ int main(void) {
       cmocka_unit_test(test_size_letter),  cmocka_unit_test(test_size_real),
       cmocka_unit_test(test_size_leading), cmocka_unit_test(test_bytes_format),
       cmocka_unit_test(test_mix),          cmocka_unit_test(test_crc32c),
-      cmocka_unit_test(test_mkdir_p),      cmocka_unit_test(test_atomic_write),
-      cmocka_unit_test(test_file_ops),
+      cmocka_unit_test(test_crc32),        cmocka_unit_test(test_mkdir_p),
+      cmocka_unit_test(test_atomic_write), cmocka_unit_test(test_file_ops),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

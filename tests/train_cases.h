@@ -238,7 +238,7 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
                          tgt + k * o->micro * TC_SEQ);
     }
     struct tz_step_result sr;
-    TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, &sr), rc, out);
+    TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, NULL, &sr), rc, out);
     res->loss[s] = sr.loss;
     res->norm[s] = sr.grad_norm;
     res->coll_s += sr.coll_s;

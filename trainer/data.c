@@ -21,6 +21,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/corpus.h"
+#include "trainer/pack.h"
+#include "util/crc32.h"
 #include "util/mix.h"
 #include "util/input.h"
 
@@ -38,6 +40,27 @@ struct file {
   uint64_t n_windows;    /* (n_tokens - 1) / T */
   uint64_t first_window; /* windows of the files before this one */
   int named_text;        /* read as text because its spec said "text:" */
+  /* The mask file beside a shard (PATH.mask, tools/tz-data's), when there is one: a byte a
+   * token, TZ_DATA_MASK_TARGET and TZ_DATA_MASK_START. */
+  const uint8_t *mask;
+  void *mask_base;
+  size_t mask_len;
+};
+
+/* A piece of a document as packed rows hold it: len tokens from token start of file f (len - 1
+ * predictions), of which targets are targets. */
+struct piece {
+  uint64_t start;
+  uint32_t len, targets;
+  int f;
+};
+
+/* Packed rows of a split (the pieces of source src). */
+struct rows {
+  const struct source *src;
+  struct piece *pieces;
+  struct tz_pack pack;
+  uint32_t *targets; /* per row */
 };
 
 /* One source: the files of a spec, and their windows numbered in file order. */
@@ -56,7 +79,10 @@ struct tz_data {
   struct source val_src; /* val_spec, when given (n == 0 otherwise) */
   uint64_t n_train;      /* windows [0, n_train) of src */
   uint64_t n_val;        /* windows [n_train, n_train + n_val) of src, or all of val_src */
-  char desc[384];
+  int packed;            /* the shards have masks: samples are packed rows (train, val) */
+  struct rows train, val;
+  char desc[768];
+  char pack_desc[384];
 };
 
 /* ---- the order ---- */
@@ -101,6 +127,8 @@ uint64_t tz_data_sample_index(uint64_t step, int A, int a, int W, int r, int B) 
 /* ---- files ---- */
 
 static void file_release(struct file *f) {
+  if (f->mask_base)
+    munmap(f->mask_base, f->mask_len);
   if (f->base) {
     if (f->kind == KIND_BUILTIN)
       free(f->base);
@@ -170,6 +198,96 @@ static int file_check_tokens(const struct file *f, int vocab) {
 static int ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
   return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* The mask file of shard f (f->path + ".mask") when there is one, mapped and checked against the
+ * shard: its header (magic, version, token count, the crc32 of the shard's tokens and of its own
+ * bytes, the targets and documents it counts) and every byte (docs/data.md, "Mask files"). */
+static int mask_open(struct file *f) {
+  char path[4096];
+  if ((size_t)snprintf(path, sizeof path, "%s.mask", f->path) >= sizeof path)
+    return tz_err_set(TZ_EINVAL, "data: path %s is too long", f->path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    int e = errno;
+    return e == ENOENT ? 0 : tz_err_errno(e, "data: cannot open %s", path);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return tz_err_set(TZ_EINVAL, "data: %s is not a regular file", path);
+  }
+  size_t size = (size_t)st.st_size;
+  uint64_t n = f->n_tokens;
+  if (size != TZ_DATA_SHARD_HEADER_BYTES + n) {
+    close(fd);
+    return tz_err_set(TZ_EFORMAT,
+                      "file %s: %zu bytes, but the mask of %s (%" PRIu64 " tokens) has %" PRIu64
+                      ": it is not this shard's mask",
+                      path, size, f->path, n, (uint64_t)TZ_DATA_SHARD_HEADER_BYTES + n);
+  }
+  void *m = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (m == MAP_FAILED)
+    return tz_err_errno(e, "data: cannot map %s (%zu bytes)", path, size);
+  f->mask_base = m;
+  f->mask_len = size;
+  f->mask = (const uint8_t *)m + TZ_DATA_SHARD_HEADER_BYTES;
+  uint32_t h[7];
+  memcpy(h, m, sizeof h);
+  for (int i = 0; i < 7; i++)
+    h[i] = le32toh(h[i]);
+  if (h[0] != TZ_DATA_MASK_MAGIC)
+    return tz_err_set(TZ_EFORMAT,
+                      "file %s: bad magic %" PRIu32 " at byte offset 0 (a mask file starts with "
+                      "%d)",
+                      path, h[0], TZ_DATA_MASK_MAGIC);
+  if (h[1] != 1)
+    return tz_err_set(TZ_EFORMAT, "file %s: unknown mask version %" PRIu32 " at byte offset 4",
+                      path, h[1]);
+  if (h[2] != n)
+    return tz_err_set(TZ_EFORMAT,
+                      "file %s: header says %" PRIu32
+                      " tokens at byte offset 8, but %s holds %" PRIu64
+                      ": it is not this shard's mask",
+                      path, h[2], f->path, n);
+  uint32_t crc_tok = tz_crc32(0, f->tok, n * (uint64_t)f->tsize);
+  if (h[3] != crc_tok)
+    return tz_err_set(TZ_EFORMAT,
+                      "file %s: made for a shard whose tokens have crc32 %08" PRIx32
+                      " (byte offset "
+                      "12), but %s's have %08" PRIx32 ": it is another shard's mask, or the shard "
+                      "changed since",
+                      path, h[3], f->path, crc_tok);
+  uint32_t crc_mask = tz_crc32(0, f->mask, n);
+  if (h[4] != crc_mask)
+    return tz_err_set(TZ_EFORMAT,
+                      "file %s: its bytes have crc32 %08" PRIx32 ", not the %08" PRIx32
+                      " its header says at byte offset 16: the file is damaged",
+                      path, crc_mask, h[4]);
+  uint64_t targets = 0, docs = 0;
+  for (uint64_t k = 0; k < n; k++) {
+    uint8_t v = f->mask[k];
+    int start = (v & TZ_DATA_MASK_START) != 0;
+    const char *bad = v & ~(TZ_DATA_MASK_TARGET | TZ_DATA_MASK_START) ? "has unknown bits"
+                      : k == 0 && !start ? "does not start a document (the first token must)"
+                      : start && (v & TZ_DATA_MASK_TARGET)
+                          ? "marks a document's first token a target (nothing predicts it)"
+                          : NULL;
+    if (bad)
+      return tz_err_set(TZ_EFORMAT,
+                        "file %s: byte 0x%02x at byte offset %" PRIu64 " (token %" PRIu64 ") %s",
+                        path, v, (uint64_t)TZ_DATA_SHARD_HEADER_BYTES + k, k, bad);
+    targets += (v & TZ_DATA_MASK_TARGET) != 0;
+    docs += start;
+  }
+  if (h[5] != targets || h[6] != docs)
+    return tz_err_set(TZ_EFORMAT,
+                      "file %s: header says %" PRIu32 " targets and %" PRIu32 " documents (byte "
+                      "offsets 20, 24), the bytes hold %" PRIu64 " and %" PRIu64,
+                      path, h[5], h[6], targets, docs);
+  return 0;
 }
 
 /* Maps path and works out its kind: force_text, or an llm.c shard when must_shard, the name ends
@@ -259,7 +377,7 @@ static int file_open(struct file *f, const char *path, int force_text) {
                       path, hdr[2], want, have);
   f->tok = b + TZ_DATA_SHARD_HEADER_BYTES;
   f->n_tokens = (uint64_t)hdr[2];
-  return 0;
+  return mask_open(f);
 }
 
 /* ---- sidecars ---- */
@@ -408,6 +526,14 @@ static int sidecar_read(const struct file *f, int vocab, struct tz_data_tokenize
                     ": it is not this shard's",
                     path, json_is_integer(tokens) ? (long long)json_integer_value(tokens) : -1LL,
                     f->path, f->n_tokens);
+    goto out;
+  }
+  json_t *mk = json_object_get(root, "mask");
+  if (mk && !json_is_null(mk) && !f->mask) {
+    rc = tz_err_set(TZ_ECONFIG,
+                    "data: sidecar %s names the mask file %s, but %s.mask is not there: without "
+                    "it every token would be a target and documents would see each other",
+                    path, json_is_string(mk) ? json_string_value(mk) : "(not a string)", f->path);
     goto out;
   }
   snprintf(t->sha256, sizeof t->sha256, "%s", json_string_value(sha));
@@ -608,11 +734,225 @@ static void source_describe(const struct source *s, char *buf, size_t n) {
              s->f[s->n - 1].path, s->n_tokens);
 }
 
+/* ---- packed documents (shards with masks) ---- */
+
+static void rows_release(struct rows *r) {
+  free(r->pieces);
+  free(r->targets);
+  tz_pack_free(&r->pack);
+  memset(r, 0, sizeof *r);
+}
+
+struct doc {
+  uint64_t start, len; /* tokens of file f */
+  int f;
+};
+
+/* 1 when s's files have masks, 0 when none has; one with and one without is TZ_EFORMAT. */
+static int source_masked(const struct source *s, int *out) {
+  *out = s->n > 0 && s->f[0].mask;
+  for (int i = 1; i < s->n; i++)
+    if (!s->f[i].mask != !*out)
+      return tz_err_set(TZ_EFORMAT,
+                        "data: %s has a mask file and %s has none: a data set is fine-tuning "
+                        "data (tools/tz-data's shards with .mask files) or not, throughout",
+                        s->f[*out ? 0 : i].path, s->f[*out ? i : 0].path);
+  return 0;
+}
+
+/* The documents of s in file order (a document starts at each TZ_DATA_MASK_START). */
+static int source_docs(const struct source *s, struct doc **out, uint64_t *n) {
+  uint64_t cap = 0, k = 0;
+  for (int i = 0; i < s->n; i++)
+    for (uint64_t t = 0; t < s->f[i].n_tokens; t++)
+      cap += (s->f[i].mask[t] & TZ_DATA_MASK_START) != 0;
+  struct doc *d = malloc((cap ? cap : 1) * sizeof *d);
+  if (!d)
+    return tz_err_set(TZ_ENOMEM, "data: no memory for %" PRIu64 " documents", cap);
+  for (int i = 0; i < s->n; i++) {
+    const struct file *f = &s->f[i];
+    for (uint64_t t = 0; t < f->n_tokens; t++) {
+      if (f->mask[t] & TZ_DATA_MASK_START) {
+        if (k)
+          d[k - 1].len = d[k - 1].f == i ? t - d[k - 1].start : d[k - 1].len;
+        d[k++] = (struct doc){t, f->n_tokens - t, i};
+      }
+    }
+  }
+  *out = d;
+  *n = k;
+  return 0;
+}
+
+struct pack_counts {
+  uint64_t docs, cut, no_targets, tokens_cut, targets, rows;
+};
+
+/* Rows of T predictions from documents docs[0, n) of s: each document is a piece of its tokens
+ * (len - 1 predictions); one with more than T predictions is cut to its first T + 1 tokens, or
+ * with split_long into pieces of T + 1 tokens that share one (as windows do); a piece with no
+ * target is left out. Then best-fit decreasing (pack.h). */
+static int rows_build(struct rows *r, const struct source *s, const struct doc *docs, uint64_t n,
+                      int T, int split_long, struct pack_counts *c) {
+  memset(r, 0, sizeof *r);
+  r->src = s;
+  uint64_t cap = 0;
+  for (uint64_t i = 0; i < n; i++)
+    cap += docs[i].len < 2 ? 0 : split_long ? (docs[i].len - 2) / (uint64_t)T + 1 : 1;
+  r->pieces = malloc((cap ? cap : 1) * sizeof *r->pieces);
+  uint32_t *len = malloc((cap ? cap : 1) * sizeof *len);
+  int rc = 0;
+  if (!r->pieces || !len) {
+    rc = tz_err_set(TZ_ENOMEM, "data: no memory for %" PRIu64 " documents", n);
+    goto out;
+  }
+  uint64_t np = 0;
+  for (uint64_t i = 0; i < n; i++) {
+    const struct doc *d = &docs[i];
+    const struct file *f = &s->f[d->f];
+    c->docs++;
+    if (d->len > (uint64_t)T + 1) {
+      c->cut++;
+      if (!split_long)
+        c->tokens_cut += d->len - (uint64_t)T - 1;
+    }
+    uint64_t end =
+        split_long || d->len <= (uint64_t)T + 1 ? d->start + d->len : d->start + (uint64_t)T + 1;
+    for (uint64_t p0 = d->start; p0 + 1 < end; p0 += (uint64_t)T) {
+      uint64_t p1 = p0 + (uint64_t)T + 1 < end ? p0 + (uint64_t)T + 1 : end;
+      uint32_t tg = 0;
+      for (uint64_t t = p0 + 1; t < p1; t++)
+        tg += f->mask[t] & TZ_DATA_MASK_TARGET;
+      if (!tg) {
+        c->no_targets++;
+        continue;
+      }
+      r->pieces[np] = (struct piece){p0, (uint32_t)(p1 - p0), tg, d->f};
+      len[np] = (uint32_t)(p1 - p0 - 1);
+      c->targets += tg;
+      np++;
+    }
+  }
+  TZ_CHECK_GOTO(tz_pack_best_fit(len, np, T, &r->pack), rc, out);
+  r->targets = calloc(r->pack.n_rows ? r->pack.n_rows : 1, sizeof *r->targets);
+  if (!r->targets) {
+    rc = tz_err_set(TZ_ENOMEM, "data: no memory for %" PRIu64 " rows", r->pack.n_rows);
+    goto out;
+  }
+  for (uint64_t q = 0; q < r->pack.n_rows; q++)
+    for (uint64_t j = r->pack.row_start[q]; j < r->pack.row_start[q + 1]; j++)
+      r->targets[q] += r->pieces[r->pack.piece[j]].targets;
+  c->rows += r->pack.n_rows;
+out:
+  free(len);
+  if (rc < 0)
+    rows_release(r);
+  return rc;
+}
+
+/* Row q of r into in, tgt and pos (T each; pos may be NULL): its pieces one after the other,
+ * then padding (token 0, no target, a document of its own). */
+static void read_row(const struct rows *r, int T, uint64_t q, int32_t *in, int32_t *tgt,
+                     int32_t *pos) {
+  int t = 0;
+  for (uint64_t j = r->pack.row_start[q]; j < r->pack.row_start[q + 1]; j++) {
+    const struct piece *p = &r->pieces[r->pack.piece[j]];
+    const struct file *f = &r->src->f[p->f];
+    for (uint32_t i = 0; i + 1 < p->len; i++, t++) {
+      uint64_t k = p->start + i;
+      in[t] = (int32_t)token_at(f, k);
+      tgt[t] = f->mask[k + 1] & TZ_DATA_MASK_TARGET ? (int32_t)token_at(f, k + 1) : -1;
+      if (pos)
+        pos[t] = (int32_t)i;
+    }
+  }
+  for (int t0 = t; t < T; t++) {
+    in[t] = 0;
+    tgt[t] = -1; /* TZ_TARGET_IGNORE */
+    if (pos)
+      pos[t] = t - t0;
+  }
+}
+
+/* d's splits as packed rows: the training documents of d->src, and for validation those of
+ * val_src, or the last documents of src (a val_fraction of them, or the fewest whose tokens
+ * reach val_tokens). */
+static int pack_open(tz_data *d, const struct tz_data_params *p) {
+  struct doc *docs = NULL, *vdocs = NULL;
+  uint64_t n = 0, nv = 0;
+  int rc = 0;
+  struct pack_counts c = {0}, cv = {0};
+  TZ_CHECK_GOTO(source_docs(&d->src, &docs, &n), rc, out);
+  uint64_t held = 0;
+  if (p->val_spec) {
+    TZ_CHECK_GOTO(source_docs(&d->val_src, &vdocs, &nv), rc, out);
+  } else if (p->val_tokens > 0) {
+    for (uint64_t tok = 0; held < n && tok < p->val_tokens; held++)
+      tok += docs[n - 1 - held].len;
+  } else if (p->val_fraction > 0.0) {
+    held = (uint64_t)ceil(p->val_fraction * (double)n);
+  }
+  if (held >= n) {
+    rc = tz_err_set(TZ_EINVAL,
+                    "data: %s holds %" PRIu64 " documents; holding out %" PRIu64
+                    " for validation leaves none to train on",
+                    d->src.f[0].path, n, held);
+    goto out;
+  }
+  TZ_CHECK_GOTO(rows_build(&d->train, &d->src, docs, n - held, d->T, p->split_long, &c), rc, out);
+  if (p->val_spec)
+    TZ_CHECK_GOTO(rows_build(&d->val, &d->val_src, vdocs, nv, d->T, p->split_long, &cv), rc, out);
+  else if (held)
+    TZ_CHECK_GOTO(rows_build(&d->val, &d->src, docs + (n - held), held, d->T, p->split_long, &cv),
+                  rc, out);
+  if (!d->train.pack.n_rows) {
+    rc = tz_err_set(TZ_EINVAL,
+                    "data: %s: none of its %" PRIu64 " documents has a target token within its "
+                    "first %d",
+                    d->src.f[0].path, c.docs, d->T + 1);
+    goto out;
+  }
+  if ((p->val_spec || held) && !d->val.pack.n_rows) {
+    rc = tz_err_set(TZ_EINVAL, "data: none of the %" PRIu64 " validation documents has a target",
+                    cv.docs);
+    goto out;
+  }
+  d->packed = 1;
+  d->n_train = d->train.pack.n_rows;
+  d->n_val = d->val.pack.n_rows;
+  double row_tokens = (double)c.rows * d->T;
+  snprintf(d->pack_desc, sizeof d->pack_desc,
+           "packed: %" PRIu64 " documents into %" PRIu64 " rows of %d (targets %.1f%% of the row "
+           "tokens); %" PRIu64 " longer than %d tokens %s; %" PRIu64 " without a target left out",
+           c.docs, c.rows, d->T, 100.0 * (double)c.targets / row_tokens, c.cut, d->T + 1,
+           p->split_long ? "split into pieces" : "cut to their first ones", c.no_targets);
+out:
+  free(docs);
+  free(vdocs);
+  return rc;
+}
+
+uint64_t tz_data_targets(const tz_data *d, enum tz_data_split s, uint64_t first, uint64_t n) {
+  if (!d->packed)
+    return n * (uint64_t)d->T;
+  const struct rows *r = s == TZ_DATA_TRAIN ? &d->train : &d->val;
+  uint64_t sum = 0;
+  for (uint64_t i = 0; i < n; i++)
+    sum += r->targets[tz_data_window(d, s, first + i)];
+  return sum;
+}
+
+int tz_data_packed(const tz_data *d) { return d->packed; }
+
+const char *tz_data_pack_describe(const tz_data *d) { return d->packed ? d->pack_desc : ""; }
+
 /* ---- the data set ---- */
 
 void tz_data_destroy(tz_data *d) {
   if (!d)
     return;
+  rows_release(&d->train);
+  rows_release(&d->val);
   source_release(&d->src);
   source_release(&d->val_src);
   free(d);
@@ -636,12 +976,29 @@ int tz_data_open(const char *spec, int vocab, const struct tz_data_params *p, tz
   TZ_CHECK_GOTO(source_check_text(&d->src, vocab), rc, fail);
   TZ_CHECK_GOTO(sidecars_check(d, &d->src, vocab, p->tokenizer), rc, fail);
   TZ_CHECK_GOTO(source_check_tokens(&d->src, vocab), rc, fail);
+  int masked = 0, val_masked = 0;
+  TZ_CHECK_GOTO(source_masked(&d->src, &masked), rc, fail);
   uint64_t n = d->src.n_windows;
-  if (p->val_spec) {
-    TZ_CHECK_GOTO(source_open(&d->val_src, p->val_spec, d->T), rc, fail);
-    TZ_CHECK_GOTO(source_check_text(&d->val_src, vocab), rc, fail);
-    TZ_CHECK_GOTO(sidecars_check(d, &d->val_src, vocab, p->tokenizer), rc, fail);
-    TZ_CHECK_GOTO(source_check_tokens(&d->val_src, vocab), rc, fail);
+  if (masked || p->val_spec) {
+    if (p->val_spec) {
+      TZ_CHECK_GOTO(source_open(&d->val_src, p->val_spec, d->T), rc, fail);
+      TZ_CHECK_GOTO(source_check_text(&d->val_src, vocab), rc, fail);
+      TZ_CHECK_GOTO(sidecars_check(d, &d->val_src, vocab, p->tokenizer), rc, fail);
+      TZ_CHECK_GOTO(source_check_tokens(&d->val_src, vocab), rc, fail);
+      TZ_CHECK_GOTO(source_masked(&d->val_src, &val_masked), rc, fail);
+      if (val_masked != masked) {
+        rc = tz_err_set(TZ_EFORMAT,
+                        "data: %s %s mask files but the validation data %s %s: both are "
+                        "fine-tuning data (tools/tz-data's shards with .mask files), or neither",
+                        spec, masked ? "has" : "has no", p->val_spec,
+                        val_masked ? "has" : "has none");
+        goto fail;
+      }
+    }
+  }
+  if (masked) {
+    TZ_CHECK_GOTO(pack_open(d, p), rc, fail);
+  } else if (p->val_spec) {
     d->n_val = d->val_src.n_windows;
     if (d->n_val == 0) {
       rc = tz_err_set(
@@ -654,8 +1011,8 @@ int tz_data_open(const char *spec, int vocab, const struct tz_data_params *p, tz
   } else if (p->val_fraction > 0.0) {
     d->n_val = (uint64_t)ceil(p->val_fraction * (double)n);
   }
-  uint64_t held = p->val_spec ? 0 : d->n_val;
-  if (held >= n) {
+  uint64_t held = p->val_spec || masked ? 0 : d->n_val;
+  if (!masked && held >= n) {
     char what[256];
     source_describe(&d->src, what, sizeof what);
     rc = tz_err_set(TZ_EINVAL,
@@ -664,7 +1021,8 @@ int tz_data_open(const char *spec, int vocab, const struct tz_data_params *p, tz
                     what, n, d->T + 1, held);
     goto fail;
   }
-  d->n_train = n - held;
+  if (!masked)
+    d->n_train = n - held;
 
   char what[256], val[256] = "";
   source_describe(&d->src, what, sizeof what);
@@ -673,9 +1031,13 @@ int tz_data_open(const char *spec, int vocab, const struct tz_data_params *p, tz
     source_describe(&d->val_src, v, sizeof v);
     snprintf(val, sizeof val, " from %s", v);
   }
-  snprintf(d->desc, sizeof d->desc,
-           "%s; %" PRIu64 " train + %" PRIu64 " val%s windows of %d tokens", what, d->n_train,
-           d->n_val, val, d->T + 1);
+  snprintf(d->desc, sizeof d->desc, "%s; %" PRIu64 " train + %" PRIu64 " val%s %s of %d tokens",
+           what, d->n_train, d->n_val, val, masked ? "packed rows" : "windows",
+           masked ? d->T : d->T + 1);
+  if (masked) {
+    size_t used = strlen(d->desc);
+    snprintf(d->desc + used, sizeof d->desc - used, "; %s", d->pack_desc);
+  }
   *out = d;
   return 0;
 
@@ -702,7 +1064,7 @@ uint64_t tz_data_window(const tz_data *d, enum tz_data_split s, uint64_t sample)
     return tz_data_permute(d->seed, epoch, d->n_train, sample % d->n_train);
   }
   uint64_t w = sample % d->n_val;
-  return d->val_src.n ? w : d->n_train + w;
+  return d->val_src.n || d->packed ? w : d->n_train + w;
 }
 
 /* Copies window w of s (T+1 tokens) into row. */
@@ -741,6 +1103,9 @@ static int check_split(const tz_data *d, enum tz_data_split s, int B) {
 
 int tz_data_batch(const tz_data *d, enum tz_data_split s, uint64_t first, int B, int32_t *tokens) {
   TZ_CHECK(check_split(d, s, B));
+  if (d->packed)
+    return tz_err_set(TZ_EINVAL, "data: packed rows have targets of their own: read them with "
+                                 "tz_data_batch_docs");
   const struct source *src = s == TZ_DATA_VAL && d->val_src.n ? &d->val_src : &d->src;
   for (int b = 0; b < B; b++)
     read_window(src, d->T, tz_data_window(d, s, first + (uint64_t)b),
@@ -750,9 +1115,27 @@ int tz_data_batch(const tz_data *d, enum tz_data_split s, uint64_t first, int B,
 
 int tz_data_batch_io(const tz_data *d, enum tz_data_split s, uint64_t first, int B, int32_t *inputs,
                      int32_t *targets) {
+  return tz_data_batch_docs(d, s, first, B, inputs, targets, NULL);
+}
+
+int tz_data_batch_docs(const tz_data *d, enum tz_data_split s, uint64_t first, int B,
+                       int32_t *inputs, int32_t *targets, int32_t *pos) {
   TZ_CHECK(check_split(d, s, B));
-  const struct source *src = s == TZ_DATA_VAL && d->val_src.n ? &d->val_src : &d->src;
   int T = d->T;
+  if (d->packed) {
+    const struct rows *r = s == TZ_DATA_TRAIN ? &d->train : &d->val;
+    for (int b = 0; b < B; b++) {
+      size_t o = (size_t)b * (size_t)T;
+      read_row(r, T, tz_data_window(d, s, first + (uint64_t)b), inputs + o, targets + o,
+               pos ? pos + o : NULL);
+    }
+    return 0;
+  }
+  if (pos)
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < T; t++)
+        pos[(size_t)b * (size_t)T + (size_t)t] = t;
+  const struct source *src = s == TZ_DATA_VAL && d->val_src.n ? &d->val_src : &d->src;
   int32_t *row = malloc((size_t)(T + 1) * sizeof *row);
   if (!row)
     return tz_err_set(TZ_ENOMEM, "data: out of memory");

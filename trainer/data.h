@@ -40,6 +40,13 @@
 #define TZ_DATA_SHARD_MAGIC 20240520
 #define TZ_DATA_SHARD_HEADER_INTS 256
 #define TZ_DATA_SHARD_HEADER_BYTES (TZ_DATA_SHARD_HEADER_INTS * 4)
+/* Mask files (PATH.mask beside shard PATH, tools/tz-data's for fine-tuning data): the shard's
+ * header size, [0] this magic, [1] version 1, [2] the shard's token count, [3] the zlib crc32 of
+ * the shard's token bytes, [4] that of the mask bytes, [5] targets, [6] documents; then a byte a
+ * token. docs/data.md has the format. */
+#define TZ_DATA_MASK_MAGIC 20261205
+#define TZ_DATA_MASK_TARGET 1 /* the token is a target: trained to be predicted */
+#define TZ_DATA_MASK_START 2  /* a document starts at the token */
 
 typedef struct tz_data tz_data;
 
@@ -57,6 +64,9 @@ struct tz_data_params {
                             windows), and nothing of spec is held out */
   uint64_t seed;         /* the order of the training split is a function of it */
   const char *tokenizer; /* non-NULL: the tokenizer.json every sidecar must name (its sha256) */
+  int split_long;        /* packed documents longer than T + 1 tokens: 0 cut to their first T + 1
+                            (the rest is not trained on), 1 split into pieces of T + 1 that share
+                            a token, each a document of its own (positions restart) */
 };
 
 /* What the sidecars of the data say about the tokenizer that made it. */
@@ -111,6 +121,24 @@ int tz_data_batch(const tz_data *d, enum tz_data_split s, uint64_t first, int B,
 /* The same, split into the model's inputs (B, T) and next-token targets (B, T). */
 int tz_data_batch_io(const tz_data *d, enum tz_data_split s, uint64_t first, int B, int32_t *inputs,
                      int32_t *targets);
+/* inputs, targets and pos (B, T) each; pos may be NULL. Packed rows: each row's documents one
+ * after the other, a target TZ_TARGET_IGNORE (-1) where the next token is not one (a prompt's,
+ * padding), pos each token's position in its document (kernels/compute.h, "Packed documents");
+ * the padding after them is token 0, never a target, and a document of its own. Windows: as
+ * tz_data_batch_io, pos 0..T-1. */
+int tz_data_batch_docs(const tz_data *d, enum tz_data_split s, uint64_t first, int B,
+                       int32_t *inputs, int32_t *targets, int32_t *pos);
+/* 1 when the samples are packed rows of documents: the shards have mask files (tools/tz-data's
+ * fine-tuning data), and every split's rows are built by best-fit decreasing at open
+ * (trainer/pack.h) from the documents the masks delimit. Each row is T predictions, so
+ * tz_data_n_samples counts rows; the order of rows is that of windows (below). */
+int tz_data_packed(const tz_data *d);
+/* The targets in samples first .. first+n-1 of the split: n * T for windows, the targets of the
+ * rows for packed data (the loss's divisor of a step: tz_step_docs). */
+uint64_t tz_data_targets(const tz_data *d, enum tz_data_split s, uint64_t first, uint64_t n);
+/* For packed data one line for the log: documents, rows, the targets' share of the row tokens,
+ * how many were cut or split and how many had no target; "" otherwise. */
+const char *tz_data_pack_describe(const tz_data *d);
 /* The window a sample reads: its index among all windows (0..N-1, file order), for tests and
  * for logging what a step saw. */
 uint64_t tz_data_window(const tz_data *d, enum tz_data_split s, uint64_t sample);

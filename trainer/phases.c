@@ -194,7 +194,7 @@ static int complete_ahead(tz_trainer *tr, const struct phase *ph, const struct j
 /* The step's totals, once its last backward is done: loss, gradient norm, clip factor, and with
  * fp16 whether the scaled gradient overflowed. The gradient holds loss_scale times the true one;
  * the norm reported and clipped on is the true one. */
-static int finish_step(tz_trainer *tr, float loss_scale) {
+static int finish_step(tz_trainer *tr, float loss_scale, float targets) {
   tz_fence *f = NULL;
   if (tr->world > 1) {
     TZ_CHECK(tz_train_coll_begin(tr));
@@ -209,7 +209,7 @@ static int finish_step(tz_trainer *tr, float loss_scale) {
   TZ_CHECK(tz_compute_copy_out(tr->cm, host, tr->scal, 2 * sizeof(float)));
   TZ_CHECK(tz_compute_zero(tr->cm, tr->partials, tr->n_seg * sizeof(float)));
   TZ_CHECK(tz_compute_sync(tr->cm));
-  tr->loss = host[0] / (float)((int64_t)tr->G * tr->world * tr->N);
+  tr->loss = host[0] / targets;
   tr->overflow = tr->fp16 && !isfinite(host[1]);
   double norm = sqrt((double)host[1]) / (double)loss_scale;
   tr->norm = (float)norm;
@@ -310,7 +310,8 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
   const struct tz_model_config *mc = &tr->mc;
   int b = ph->block, k = ph->micro, B = tr->B, T = tr->T, L = tr->L;
   size_t N = (size_t)tr->N;
-  float dscale = 1.0f / (float)((int64_t)tr->G * tr->world * tr->N) * j->loss_scale;
+  float dscale = 1.0f / j->targets * j->loss_scale;
+  const int32_t *pos = j->pos_host ? tr->pos + (size_t)k * N : NULL;
   int ov = tr->overlap;
   void *w = ov ? tr->gw2[b % 2] : NULL;
   float *fg = tr->fg2[b % 2];
@@ -320,7 +321,7 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
   case PH_FWD:
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
-    return tz_model_layer_fwd(tr->cm, mc, w, tr->x[b - 1], tr->x[b], &tr->lacts[b - 1], B, T, NULL);
+    return tz_model_layer_fwd(tr->cm, mc, w, tr->x[b - 1], tr->x[b], &tr->lacts[b - 1], B, T, pos);
   case PH_HEAD: {
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
@@ -343,7 +344,7 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
     TZ_CHECK(tz_compute_zero(tr->cm, fg, tr->padded[b] * sizeof(float)));
     TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, w, fg, tr->x[b - 1], &tr->lacts[b - 1],
-                                tr->recompute[b - 1], tr->dx, tr->dx, &tr->ls, B, T, NULL));
+                                tr->recompute[b - 1], tr->dx, tr->dx, &tr->ls, B, T, pos));
     if (ov)
       return 0;
     TZ_CHECK(reduce_into(tr, b, fg, j->ptr[TZ_PLAN_GRAD], k));
@@ -368,6 +369,9 @@ static int run_phase(tz_trainer *tr, struct job *j) {
                                   (size_t)tr->G * (size_t)tr->N * sizeof(int32_t)));
       TZ_CHECK(tz_compute_copy_in(tr->cm, tr->targets, j->targets_host,
                                   (size_t)tr->G * (size_t)tr->N * sizeof(int32_t)));
+      if (j->pos_host)
+        TZ_CHECK(tz_compute_copy_in(tr->cm, tr->pos, j->pos_host,
+                                    (size_t)tr->G * (size_t)tr->N * sizeof(int32_t)));
     }
     /* The tied head of this micro-batch reads the embedding again, after the phase has left:
      * it is kept in gw_embed (copied from the shard with one rank). */
@@ -389,7 +393,7 @@ static int run_phase(tz_trainer *tr, struct job *j) {
   if (k < tr->G - 1)
     return 0;
   TZ_CHECK(norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]));
-  return finish_step(tr, j->loss_scale);
+  return finish_step(tr, j->loss_scale, j->targets);
 }
 
 int tz_train_run_job(void *arg) {

@@ -53,7 +53,8 @@ void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
   for (int b = 1; b < tr->nb; b++)
     if (tr->padded[b] > maxp)
       maxp = tr->padded[b];
-  sz[BUF_TOKENS] = sz[BUF_TARGETS] = (uint64_t)tr->G * (uint64_t)tr->N * sizeof(int32_t);
+  sz[BUF_TOKENS] = sz[BUF_TARGETS] = sz[BUF_POS] =
+      (uint64_t)tr->G * (uint64_t)tr->N * sizeof(int32_t);
   sz[BUF_DX] = x;
   sz[BUF_ACTS] = tz_model_acts_bytes(c, tr->S, tr->B, tr->T);
   sz[BUF_LS] = tz_model_scratch_bytes(c, tr->S, tr->B, tr->T);

@@ -88,20 +88,30 @@ int tz_run_saves_at_end(const struct tz_run_options *o, int64_t start, int64_t s
 /* ---- Batches ---- */
 
 int tz_run_fill_batch(const struct tz_run_batch *b, int64_t step, int val, int32_t *tok,
-                      int32_t *tgt) {
+                      int32_t *tgt, struct tz_step_docs *docs, int32_t *pos) {
+  if (docs)
+    *docs = (struct tz_step_docs){0};
   for (int k = 0; k < b->accum; k++) {
-    int32_t *ti = tok + (int64_t)k * b->micro * b->seq, *tt = tgt + (int64_t)k * b->micro * b->seq;
+    int64_t o = (int64_t)k * b->micro * b->seq;
+    int32_t *ti = tok + o, *tt = tgt + o;
     if (!b->data) {
       /* Synthetic validation sequences: indices far past any training run's. */
       uint64_t first = tz_synthetic_first(step, k, b->rank, b->world, b->accum, b->micro);
       tz_synthetic_batch(b->seed, val ? (1ull << 48) + first : first, b->micro, b->seq, b->vocab,
                          ti, tt);
     } else {
-      TZ_CHECK(tz_data_batch_io(
+      TZ_CHECK(tz_data_batch_docs(
           b->data, val ? TZ_DATA_VAL : TZ_DATA_TRAIN,
           tz_data_sample_index((uint64_t)step, b->accum, k, b->world, b->rank, b->micro), b->micro,
-          ti, tt));
+          ti, tt, docs && tz_data_packed(b->data) ? pos + o : NULL));
     }
+  }
+  if (docs && b->data && tz_data_packed(b->data)) {
+    /* The step's samples over every rank are consecutive global indices (data.h). */
+    uint64_t n = (uint64_t)b->accum * (uint64_t)b->world * (uint64_t)b->micro;
+    docs->pos = pos;
+    docs->targets =
+        (int64_t)tz_data_targets(b->data, val ? TZ_DATA_VAL : TZ_DATA_TRAIN, (uint64_t)step * n, n);
   }
   return 0;
 }
@@ -200,6 +210,7 @@ struct run {
   tz_metrics_writer *mw; /* rank 0, with o->metrics */
   struct tz_run_batch batch;
   int32_t *tok, *tgt; /* a step's batch: batch.accum * batch.micro * seq each */
+  int32_t *pos;       /* packed data: the tokens' positions in their documents */
   int64_t n;          /* tokens of a step on this rank */
   double fpt, peak;   /* model FLOPs per token; the peak FLOP/s of all ranks (0: unknown) */
   double elapsed;     /* the steps' wall time so far */
@@ -603,10 +614,18 @@ static int prepare(struct run *r) {
     struct tz_data_params dp = {.seq_len = o->seq,
                                 .seed = (uint64_t)r->cfg->seed,
                                 .val_spec = o->eval_every ? o->val_data : NULL,
-                                .tokenizer = r->tokenizer[0] ? r->tokenizer : NULL};
+                                .tokenizer = r->tokenizer[0] ? r->tokenizer : NULL,
+                                .split_long = r->cfg->tierzero.long_documents};
     if (o->eval_every && !o->val_data)
       dp.val_fraction = o->val_fraction;
     TZ_CHECK(tz_data_open(data, r->mc.vocab, &dp, &r->data));
+    if (tz_data_packed(r->data) && o->backend && strcmp(o->backend, "cpu") != 0)
+      return tz_err_set(TZ_ENOTSUP,
+                        "data: %s is fine-tuning data (documents packed into rows, the loss on "
+                        "their targets only), which the %s backend does not train yet: its "
+                        "attention confined to each document has not passed its GPU tests "
+                        "(kernels/compute.h, \"Packed documents\"); --backend cpu trains it",
+                        data, o->backend);
     data_token_ids(r);
     struct tz_run_event ev = {.kind = TZ_RUN_DATA, .data = r->data};
     TZ_CHECK(emit(r, &ev));
@@ -629,7 +648,8 @@ static int prepare(struct run *r) {
   r->n = (int64_t)r->batch.accum * r->batch.micro * o->seq;
   r->tok = malloc(sizeof *r->tok * (size_t)r->n);
   r->tgt = malloc(sizeof *r->tgt * (size_t)r->n);
-  if (!r->tok || !r->tgt)
+  r->pos = malloc(sizeof *r->pos * (size_t)r->n);
+  if (!r->tok || !r->tgt || !r->pos)
     return tz_err_set(TZ_ENOMEM, "tz-train: no memory for a batch");
   r->fpt = tz_metrics_flops_per_token(&r->mc, o->seq, 0);
   /* MFU against the GPU's dense peak at the precision it computes in (bf16 unless fp16). */
@@ -643,8 +663,9 @@ static int prepare(struct run *r) {
 
 /* The validation loss (the same batch every time), into *loss. */
 static int evaluate(struct run *r, float *loss) {
-  TZ_CHECK(tz_run_fill_batch(&r->batch, 0, 1, r->tok, r->tgt));
-  return tz_trainer_eval(r->tr, r->tok, r->tgt, loss);
+  struct tz_step_docs docs;
+  TZ_CHECK(tz_run_fill_batch(&r->batch, 0, 1, r->tok, r->tgt, &docs, r->pos));
+  return tz_trainer_eval(r->tr, r->tok, r->tgt, &docs, loss);
 }
 
 /* ---- A non-finite step ---- */
@@ -697,9 +718,10 @@ static int step_finite(const struct tz_step_metrics *m) {
 /* Step s (0-based): the step, its figures, its evaluation when due, and the events. */
 static int step(struct run *r, int64_t s) {
   const struct tz_run_options *o = r->o;
-  TZ_CHECK(tz_run_fill_batch(&r->batch, s, 0, r->tok, r->tgt));
+  struct tz_step_docs docs;
+  TZ_CHECK(tz_run_fill_batch(&r->batch, s, 0, r->tok, r->tgt, &docs, r->pos));
   struct tz_step_result sr;
-  TZ_CHECK(tz_trainer_step(r->tr, r->tok, r->tgt, &sr));
+  TZ_CHECK(tz_trainer_step(r->tr, r->tok, r->tgt, &docs, &sr));
   if (s == r->res->start) {
     r->res->first_loss = sr.loss;
     tz_trainer_home_work(r->tr, &r->home0);
@@ -838,6 +860,7 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
   tz_metrics_writer_destroy(r.mw);
   tz_data_destroy(r.data);
   free(r.tok);
+  free(r.pos);
   free(r.tgt);
   tz_trainer_destroy(r.tr);
   r.tr = NULL;

@@ -196,9 +196,11 @@ struct tz_run_batch {
   int rank, world;
 };
 /* The batch of step `step` (0-based): this rank's accum micro-batches of micro sequences of seq
- * tokens, one after the other in tok and tgt, or with val set the validation batch. */
+ * tokens, one after the other in tok and tgt, or with val set the validation batch. docs, unless
+ * NULL, receives what the trainer needs of packed data (tz_data_packed): the positions, written
+ * into pos (shaped as tok), and the step's targets over every rank; zeroed otherwise. */
 int tz_run_fill_batch(const struct tz_run_batch *b, int64_t step, int val, int32_t *tok,
-                      int32_t *tgt);
+                      int32_t *tgt, struct tz_step_docs *docs, int32_t *pos);
 
 /* ---- Before the run: the comm, the compute backend, the placement ---- */
 

@@ -274,7 +274,7 @@ static int create_nvme_tier(tz_trainer *tr) {
 static int create_io_tier(tz_trainer *tr) {
   const struct tz_config *c = &tr->cfg;
   struct tz_tier_params tp;
-  uint64_t tok = round_up((uint64_t)tr->G * (uint64_t)tr->N * 2 * sizeof(int32_t), 256);
+  uint64_t tok = round_up((uint64_t)tr->G * (uint64_t)tr->N * 3 * sizeof(int32_t), 256);
   tz_tier_params_init(&tp);
   tp.name = "io";
   tp.numa_node = c->tierzero.numa_node;
@@ -296,6 +296,7 @@ static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
 #define CARVE(i) (q += round_up(sz[i], 256), q - round_up(sz[i], 256))
   tr->tokens = (int32_t *)CARVE(BUF_TOKENS);
   tr->targets = (int32_t *)CARVE(BUF_TARGETS);
+  tr->pos = (int32_t *)CARVE(BUF_POS);
   tr->dx = CARVE(BUF_DX);
   tz_model_acts_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_ACTS), &tr->acts);
   tz_model_scratch_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_LS), &tr->ls);

@@ -6,6 +6,7 @@
 #include "trainer/lr.h"
 #include "util/clock.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,7 +29,7 @@ static int adam_params(tz_trainer *tr, int64_t update, struct tz_adam_params *p)
  * parity par); *done (the caller's) is the fence of the loss phase, after which the step's
  * results are ready. */
 static int queue_phases(tz_trainer *tr, int par, int pending, const struct tz_adam_params *ap,
-                        const int32_t *ht, size_t n, tz_fence **done) {
+                        const int32_t *ht, size_t n, int has_pos, float targets, tz_fence **done) {
   for (int i = 0; i < tr->n_ph; i++) {
     struct job *j = &tr->jobs[(size_t)par * (size_t)tr->n_ph + (size_t)i];
     struct tz_view v;
@@ -53,6 +54,8 @@ static int queue_phases(tz_trainer *tr, int par, int pending, const struct tz_ad
     j->home_scale = tr->mode == TZ_OPT_FOLDED ? tr->opt_scale : 1.0f;
     j->tokens_host = ht;
     j->targets_host = ht + n;
+    j->pos_host = has_pos ? ht + 2 * n : NULL;
+    j->targets = targets;
     j->loss_scale = tr->fp16 ? tr->scale : 1.0f;
     int rc = tz_sched_submit(tr->sched, tz_train_run_job, j);
     int rc2 = tz_sched_leave(tr->sched, i);
@@ -103,10 +106,24 @@ static void fill_result(tz_trainer *tr, struct tz_step_result *res, double t0,
   res->stall_s = st1.stall_s - st0->stall_s;
 }
 
+/* The loss's divisor: docs' count of targets, else every token of the step. */
+static int step_targets(const tz_trainer *tr, const struct tz_step_docs *docs, float *out) {
+  int64_t all = (int64_t)tr->G * tr->world * tr->N;
+  if (docs && docs->targets < 0)
+    return tz_err_set(TZ_EINVAL, "train: %" PRId64 " targets in a step", docs->targets);
+  if (docs && docs->targets > all)
+    return tz_err_set(TZ_EINVAL, "train: %" PRId64 " targets in a step of %" PRId64 " tokens",
+                      docs->targets, all);
+  *out = (float)(docs && docs->targets ? docs->targets : all);
+  return 0;
+}
+
 int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *targets,
-                    struct tz_step_result *res) {
+                    const struct tz_step_docs *docs, struct tz_step_result *res) {
   if (!tr->sched)
     return tz_err_set(TZ_EINVAL, "train: the trainer was made for its plan only");
+  float n_targets = 0;
+  TZ_CHECK(step_targets(tr, docs, &n_targets));
   double t0 = tz_now_s();
   struct tz_sched_stats st0;
   tz_sched_stats(tr->sched, &st0);
@@ -115,6 +132,9 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
   int32_t *ht = tr->host_tokens[par];
   memcpy(ht, tokens, n * sizeof(int32_t));
   memcpy(ht + n, targets, n * sizeof(int32_t));
+  int has_pos = docs && docs->pos;
+  if (has_pos)
+    memcpy(ht + 2 * n, docs->pos, n * sizeof(int32_t));
   /* Which update this step's opt phases apply: folded, the previous step's (if still pending);
    * otherwise this step's own. */
   int pending = tr->mode == TZ_OPT_FOLDED ? tr->pending : 1;
@@ -124,7 +144,7 @@ int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *target
     TZ_CHECK(adam_params(tr, tr->updates, &ap));
   tz_fence *done = NULL;
   int64_t update = 0;
-  int rc = queue_phases(tr, par, pending, &ap, ht, n, &done);
+  int rc = queue_phases(tr, par, pending, &ap, ht, n, has_pos, n_targets, &done);
   if (rc < 0)
     goto out;
   TZ_CHECK_GOTO(tz_sched_step_end(tr->sched), rc, out);
@@ -245,9 +265,12 @@ static int gather_synced(tz_trainer *tr, int b, void *host_shard, void *full) {
   return tz_train_wait_release(f);
 }
 
-int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *targets, float *loss) {
+int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *targets,
+                    const struct tz_step_docs *docs, float *loss) {
   if (!tr->sched)
     return tz_err_set(TZ_EINVAL, "train: the trainer was made for its plan only");
+  float n_targets = 0;
+  TZ_CHECK(step_targets(tr, docs, &n_targets));
   TZ_CHECK(tz_trainer_sync(tr));
   size_t N = (size_t)tr->N, n = (size_t)tr->G * N;
   uint64_t most = 0;
@@ -261,6 +284,9 @@ int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *target
   float sum = 0;
   TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, tr->tokens, tokens, n * sizeof(int32_t)), rc, out);
   TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, tr->targets, targets, n * sizeof(int32_t)), rc, out);
+  const int32_t *pos = docs && docs->pos ? tr->pos : NULL;
+  if (pos)
+    TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, tr->pos, docs->pos, n * sizeof(int32_t)), rc, out);
   TZ_CHECK_GOTO(gather_synced(tr, 0, host, tr->gw_embed), rc, out);
   for (int k = 0; k < tr->G; k++) {
     TZ_CHECK_GOTO(tz_model_embed_fwd(tr->cm, &tr->mc, tr->gw_embed, tr->tokens + (size_t)k * N,
@@ -269,7 +295,7 @@ int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *target
     for (int b = 1; b <= tr->L; b++) {
       TZ_CHECK_GOTO(gather_synced(tr, b, host, tr->gw), rc, out);
       TZ_CHECK_GOTO(tz_model_layer_fwd(tr->cm, &tr->mc, tr->gw, tr->x[b - 1], tr->x[b], &tr->acts,
-                                       tr->B, tr->T, NULL),
+                                       tr->B, tr->T, pos ? pos + (size_t)k * N : NULL),
                     rc, out);
     }
     TZ_CHECK_GOTO(gather_synced(tr, H, host, tr->gw), rc, out);
@@ -292,7 +318,7 @@ int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *target
     TZ_CHECK_GOTO(tz_compute_copy_out(tr->cm, &sum, tr->scal + 2, sizeof sum), rc, out);
   }
   TZ_CHECK_GOTO(tz_compute_sync(tr->cm), rc, out);
-  *loss = sum / (float)((int64_t)tr->G * tr->world * tr->N);
+  *loss = sum / n_targets;
 out:
   free(host);
   return rc;

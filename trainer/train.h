@@ -107,7 +107,7 @@ void tz_trainer_destroy(tz_trainer *tr);
 
 struct tz_step_result {
   int64_t step;      /* 0-based index of the step just done */
-  float loss;        /* mean token loss over every rank's micro-batches of the step */
+  float loss;        /* mean loss of the step's targets over every rank's micro-batches */
   float grad_norm;   /* global norm of the step's gradient, before clipping */
   float clip_scale;  /* the factor the gradient is scaled by (1 without clipping) */
   double lr;         /* learning rate of this step's update */
@@ -120,11 +120,24 @@ struct tz_step_result {
                         0 without fp16 */
 };
 
+/* What a step's rows hold beyond tokens and targets when they pack documents (fine-tuning data,
+ * trainer/data.h), each rank's own. */
+struct tz_step_docs {
+  const int32_t *pos; /* shaped as tokens, host: each token's position in its document
+                         (trainer/model.h, tz_model_layer_fwd); NULL: each row one document */
+  int64_t targets;    /* the targets (not TZ_TARGET_IGNORE) of the step over every rank and
+                         micro-batch, the same on every rank: the loss is their mean and the
+                         gradient its gradient, as Hugging Face's Trainer computes them; 0: every
+                         token is one */
+};
+
 /* One optimizer step (collective). tokens and targets: gradient_accumulation_steps * B * T int32
- * each, host memory, this rank's micro-batches one after the other. Returns once the step's loss
- * is known; the scheduler may still be writing back and, unfolded or overlapped, updating. */
+ * each, host memory, this rank's micro-batches one after the other; a target may be
+ * TZ_TARGET_IGNORE (kernels/compute.h). docs NULL: every token a target, each row one document.
+ * Returns once the step's loss is known; the scheduler may still be writing back and, unfolded
+ * or overlapped, updating. */
 int tz_trainer_step(tz_trainer *tr, const int32_t *tokens, const int32_t *targets,
-                    struct tz_step_result *res);
+                    const struct tz_step_docs *docs, struct tz_step_result *res);
 
 /* Applies a pending (folded) update and waits until every home holds the latest state
  * (collective). */
@@ -141,7 +154,8 @@ int tz_trainer_wait(tz_trainer *tr);
  * count stays. The declared step order stays that of training: evaluation reads each block's
  * parameter shard through the scheduler (tz_sched_block_load) and computes on the calling thread
  * while the compute lane is idle. */
-int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *targets, float *loss);
+int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *targets,
+                    const struct tz_step_docs *docs, float *loss);
 
 /* The lane trace of the config's tierzero.trace_step to path (core/sched.h
  * tz_sched_trace_write); waits first so that the step has completed (tz_trainer_wait: a pending

@@ -63,7 +63,9 @@ struct job {
                        read what the compute lane's finish_step writes) */
   const int32_t *tokens_host; /* embed of micro 0: this step's tokens and targets */
   const int32_t *targets_host;
-  float loss_scale; /* fp16: this step's loss scale; 1 otherwise */
+  const int32_t *pos_host; /* packed documents: their positions (tz_step_docs); NULL: none */
+  float targets;           /* the step's targets over every rank: the loss's divisor */
+  float loss_scale;        /* fp16: this step's loss scale; 1 otherwise */
 };
 
 struct tz_trainer {
@@ -116,6 +118,7 @@ struct tz_trainer {
   /* In the compute tier, trainer-owned (compute_fixed of the plan). */
   tz_extent buf;
   int32_t *tokens, *targets;   /* (G, B, T) */
+  int32_t *pos;                /* (G, B, T): packed documents' positions */
   void **x;                    /* L + 1 of (B, T, C) S: each layer's input, then the last output */
   void *dx;                    /* (B, T, C) S */
   struct tz_layer_acts acts;   /* the activations a recomputed part is written to, shared */
@@ -147,7 +150,7 @@ struct tz_trainer {
   int coll_cap, coll_n[2];
   float *partials;         /* (n_seg) sums of squares of norm segments */
   float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
-  int32_t *host_tokens[2]; /* host copies by step parity: tokens then targets, each G*N */
+  int32_t *host_tokens[2]; /* host copies by step parity: tokens, targets, pos, each G*N */
   float *host_scal;        /* [2]: the step's loss sum and squared norm, copied out */
   tz_tier *t_io;           /* a small host tier holding the two above: page-locked for a GPU */
   tz_extent io;
@@ -178,6 +181,7 @@ struct tz_trainer {
 enum {
   BUF_TOKENS,
   BUF_TARGETS,
+  BUF_POS, /* packed documents' positions (tz_step_docs) */
   BUF_DX,
   BUF_ACTS,
   BUF_LS,
