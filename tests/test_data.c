@@ -15,6 +15,8 @@
 #include "core/error.h"
 #include "trainer/corpus.h"
 #include "trainer/data.h"
+#include "trainer/pack.h"
+#include "util/crc32.h"
 
 #define ASSERT_MSG_HAS(sub)                                                                        \
   do {                                                                                             \
@@ -820,6 +822,266 @@ static void test_sidecar(void **state) {
   tz_test_rmdir(dir);
 }
 
+/* ---- packed documents ---- */
+
+/* Best-fit decreasing by hand: 9, 8, 7 and 5 open rows of 10; 2 goes to the row with room 2 (the
+ * 8's), 1 to the one with room 1 (the 9's). Ties by index; a length outside [1, T] is refused. */
+static void test_pack_best_fit(void **state) {
+  (void)state;
+  const uint32_t len[] = {9, 8, 2, 7, 1, 5};
+  struct tz_pack p;
+  TZ_ASSERT_OK(tz_pack_best_fit(len, 6, 10, &p));
+  assert_int_equal(p.n_rows, 4);
+  const uint64_t start[] = {0, 2, 4, 5, 6}, piece[] = {0, 4, 1, 2, 3, 5};
+  assert_memory_equal(p.row_start, start, sizeof start);
+  assert_memory_equal(p.piece, piece, sizeof piece);
+  tz_pack_free(&p);
+  const uint32_t same[] = {3, 3, 3, 3};
+  TZ_ASSERT_OK(tz_pack_best_fit(same, 4, 6, &p));
+  const uint64_t piece2[] = {0, 1, 2, 3};
+  assert_int_equal(p.n_rows, 2);
+  assert_memory_equal(p.piece, piece2, sizeof piece2);
+  tz_pack_free(&p);
+  const uint32_t bad[] = {3, 7};
+  assert_int_equal(tz_pack_best_fit(bad, 2, 6, &p), TZ_EINVAL);
+  ASSERT_MSG_HAS("piece 1 has 7 tokens");
+  /* Many random lengths at T = 4096 (the two-level room bitmap past one word of words): every
+   * row holds at most T, and a row is opened only when no row had room. */
+  enum { N = 3000, T = 4096 };
+  uint32_t *many = malloc(N * sizeof *many);
+  uint64_t st = 3;
+  for (int i = 0; i < N; i++)
+    many[i] = 1 + (uint32_t)(tz_test_rand(&st) % T);
+  TZ_ASSERT_OK(tz_pack_best_fit(many, N, T, &p));
+  uint64_t total = 0, least_room = T;
+  for (uint64_t r = 0; r < p.n_rows; r++) {
+    uint64_t used = 0;
+    for (uint64_t j = p.row_start[r]; j < p.row_start[r + 1]; j++)
+      used += many[p.piece[j]];
+    assert_true(used <= T);
+    total += used;
+    if (T - used < least_room)
+      least_room = T - used;
+  }
+  for (int i = 0; i < N; i++)
+    total -= many[i];
+  assert_true(total == 0);
+  assert_true(p.n_rows < N);
+  free(many);
+  tz_pack_free(&p);
+}
+
+/* A mask file for shard path of tokens tok (n), bytes m, as tools/tz-data writes it. */
+static void write_mask(const char *path, const uint32_t *tok, const uint8_t *m, size_t n,
+                       int version) {
+  char *mp = NULL;
+  assert_true(asprintf(&mp, "%s.mask", path) > 0);
+  int ts = version == 1 ? 2 : 4;
+  uint8_t *raw = malloc(n * 4 + 1);
+  for (size_t i = 0; i < n; i++) {
+    if (ts == 2) {
+      uint16_t v = (uint16_t)tok[i];
+      memcpy(raw + i * 2, &v, 2);
+    } else {
+      memcpy(raw + i * 4, &tok[i], 4);
+    }
+  }
+  uint32_t hdr[TZ_DATA_SHARD_HEADER_INTS] = {0};
+  hdr[0] = TZ_DATA_MASK_MAGIC;
+  hdr[1] = 1;
+  hdr[2] = (uint32_t)n;
+  hdr[3] = tz_crc32(0, raw, n * ts);
+  hdr[4] = tz_crc32(0, m, n);
+  for (size_t i = 0; i < n; i++) {
+    hdr[5] += m[i] & TZ_DATA_MASK_TARGET;
+    hdr[6] += (m[i] & TZ_DATA_MASK_START) != 0;
+  }
+  FILE *f = fopen(mp, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(hdr, sizeof hdr, 1, f), 1);
+  assert_int_equal(fwrite(m, 1, n, f), n);
+  assert_int_equal(fclose(f), 0);
+  free(raw);
+  free(mp);
+}
+
+/* Documents of random lengths 2..40 (some longer than T + 1 = 17), their second halves targets,
+ * every seventh with none; n tokens into tok and m. Returns the number of documents. */
+static int make_docs(uint32_t *tok, uint8_t *m, size_t n, uint64_t seed) {
+  uint64_t st = seed;
+  size_t k = 0;
+  int docs = 0;
+  while (k < n) {
+    size_t len = 2 + tz_test_rand(&st) % 39;
+    if (len > n - k)
+      len = n - k;
+    for (size_t i = 0; i < len; i++) {
+      tok[k + i] = 3 + (uint32_t)(tz_test_rand(&st) % 290);
+      m[k + i] = i == 0                          ? TZ_DATA_MASK_START
+                 : docs % 7 != 3 && i >= len / 2 ? TZ_DATA_MASK_TARGET
+                                                 : 0;
+    }
+    k += len;
+    docs++;
+  }
+  return docs;
+}
+
+/* Every training row of epoch 0 read back: each document with a target appears once, whole (cut
+ * to T + 1 tokens), its inputs and targets as the mask says and positions from 0; one without
+ * targets never; padding is token 0, no target, positions from 0; tz_data_targets counts the
+ * targets. With split, the long ones come as pieces of T + 1 sharing a token. */
+static void check_packed(tz_data *d, const uint32_t *tok, const uint8_t *m, size_t n, int T,
+                         int split) {
+  uint64_t rows = tz_data_n_samples(d, TZ_DATA_TRAIN);
+  assert_true(tz_data_packed(d));
+  int32_t *in = malloc(rows * T * 4), *tg = malloc(rows * T * 4), *pos = malloc(rows * T * 4);
+  TZ_ASSERT_OK(tz_data_batch_docs(d, TZ_DATA_TRAIN, 0, (int)rows, in, tg, pos));
+  /* The expected pieces, in document order: (start, tokens). */
+  size_t np = 0, cap = n, *ps = malloc(cap * sizeof *ps), *pl = malloc(cap * sizeof *pl);
+  uint64_t targets = 0;
+  for (size_t k = 0; k < n;) {
+    size_t e = k + 1;
+    while (e < n && !(m[e] & TZ_DATA_MASK_START))
+      e++;
+    size_t end = split || e - k <= (size_t)T + 1 ? e : k + T + 1;
+    for (size_t p0 = k; p0 + 1 < end; p0 += T) {
+      size_t p1 = p0 + T + 1 < end ? p0 + T + 1 : end, tgs = 0;
+      for (size_t t = p0 + 1; t < p1; t++)
+        tgs += m[t] & TZ_DATA_MASK_TARGET;
+      if (tgs) {
+        ps[np] = p0, pl[np++] = p1 - p0;
+        targets += tgs;
+      }
+    }
+    k = e;
+  }
+  int *seen = calloc(np, sizeof *seen);
+  uint64_t row_targets = 0;
+  for (uint64_t r = 0; r < rows; r++) {
+    const int32_t *ri = in + r * T, *rt = tg + r * T, *rp = pos + r * T;
+    assert_int_equal(rp[0], 0);
+    for (int t = 0; t < T;) {
+      int e = t + 1;
+      while (e < T && rp[e] != 0)
+        e++;
+      for (int u = t; u < e; u++)
+        assert_int_equal(rp[u], u - t);
+      size_t which = np;
+      for (size_t q = 0; q < np && which == np; q++)
+        if (pl[q] - 1 == (size_t)(e - t) && (uint32_t)ri[t] == tok[ps[q]] &&
+            (uint32_t)ri[e - 1] == tok[ps[q] + pl[q] - 2] && !seen[q]) {
+          int same = 1;
+          for (int u = t; u < e && same; u++)
+            same = (uint32_t)ri[u] == tok[ps[q] + (u - t)];
+          which = same ? q : np;
+        }
+      if (which == np) { /* padding: the row's end */
+        assert_int_equal(e, T);
+        for (int u = t; u < e; u++)
+          assert_true(ri[u] == 0 && rt[u] == -1);
+      } else {
+        seen[which]++;
+        for (int u = t; u < e; u++) {
+          size_t k = ps[which] + (u - t) + 1;
+          int32_t want = m[k] & TZ_DATA_MASK_TARGET ? (int32_t)tok[k] : -1;
+          assert_int_equal(rt[u], want);
+          row_targets += want >= 0;
+        }
+      }
+      t = e;
+    }
+  }
+  for (size_t q = 0; q < np; q++)
+    assert_int_equal(seen[q], 1);
+  assert_true(row_targets == targets);
+  assert_true(tz_data_targets(d, TZ_DATA_TRAIN, 0, rows) == targets);
+  free(in), free(tg), free(pos), free(ps), free(pl), free(seen);
+}
+
+static void test_packed(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("data");
+  enum { N = 3000, T = 16 };
+  uint32_t *tok = malloc(N * sizeof *tok);
+  uint8_t *m = malloc(N);
+  int docs = make_docs(tok, m, N, 9);
+  char *a = path_in(dir, "c_000.bin");
+  write_shard(a, 1, tok, N);
+  write_mask(a, tok, m, N, 1);
+  struct tz_data_params p = params_T(T);
+  tz_data *d = NULL;
+  TZ_ASSERT_OK(tz_data_open(a, 300, &p, &d));
+  check_packed(d, tok, m, N, T, 0);
+  char want[64];
+  snprintf(want, sizeof want, "packed: %d documents", docs);
+  assert_non_null(strstr(tz_data_describe(d), want));
+  assert_non_null(strstr(tz_data_describe(d), "without a target left out"));
+  int32_t x[T], y[T * 2];
+  assert_int_equal(tz_data_batch(d, TZ_DATA_TRAIN, 0, 1, y), TZ_EINVAL); /* T+1 form: none */
+  (void)x;
+  tz_data_destroy(d);
+  p.split_long = 1;
+  TZ_ASSERT_OK(tz_data_open(a, 300, &p, &d));
+  check_packed(d, tok, m, N, T, 1);
+  tz_data_destroy(d);
+  p.split_long = 0;
+  /* Validation: the last tenth of the documents, packed apart. */
+  p.val_fraction = 0.1;
+  TZ_ASSERT_OK(tz_data_open(a, 300, &p, &d));
+  assert_true(tz_data_n_samples(d, TZ_DATA_VAL) > 0);
+  int32_t vi[T], vt[T], vp[T];
+  TZ_ASSERT_OK(tz_data_batch_docs(d, TZ_DATA_VAL, 0, 1, vi, vt, vp));
+  assert_true(tz_data_targets(d, TZ_DATA_VAL, 0, 1) > 0);
+  tz_data_destroy(d);
+  p.val_fraction = 0;
+
+  /* The mask of another shard: same length, other tokens. */
+  char *b = path_in(dir, "c_001.bin"), *bm = NULL, *am = NULL;
+  assert_true(asprintf(&bm, "%s.mask", b) > 0 && asprintf(&am, "%s.mask", a) > 0);
+  uint32_t *tok2 = make_tokens(N, 290, 4);
+  write_shard(b, 1, tok2, N);
+  assert_int_equal(link(am, bm), 0);
+  assert_int_equal(tz_data_open(b, 300, &p, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS("c_001.bin.mask: made for a shard whose tokens have crc32");
+  ASSERT_MSG_HAS("another shard's mask");
+  unlink(bm);
+  /* One shard with a mask and one without. */
+  char *glob = path_in(dir, "c_*.bin");
+  assert_int_equal(tz_data_open(glob, 300, &p, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS("has a mask file and");
+  /* A damaged byte. */
+  uint8_t *m2 = malloc(N);
+  memcpy(m2, m, N);
+  write_mask(b, tok2, m2, N, 1);
+  FILE *f = fopen(bm, "r+b");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, TZ_DATA_SHARD_HEADER_BYTES + 100, SEEK_SET), 0);
+  assert_int_equal(fputc(m2[100] ^ TZ_DATA_MASK_TARGET, f), m2[100] ^ TZ_DATA_MASK_TARGET);
+  assert_int_equal(fclose(f), 0);
+  assert_int_equal(tz_data_open(b, 300, &p, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS("the file is damaged");
+  /* A document's first token marked a target. */
+  m2[0] |= TZ_DATA_MASK_TARGET;
+  write_mask(b, tok2, m2, N, 1);
+  assert_int_equal(tz_data_open(b, 300, &p, &d), TZ_EFORMAT);
+  ASSERT_MSG_HAS("byte offset 1024 (token 0) marks a document's first token a target");
+  /* A sidecar naming a mask that is gone. */
+  unlink(bm);
+  char *side = NULL, text[400];
+  assert_true(asprintf(&side, "%s.json", b) > 0);
+  snprintf(text, sizeof text,
+           "{\"tokenizer_sha256\": \"%064d\", \"vocab_size\": 300, \"tokens\": %d, \"mask\": "
+           "\"c_001.bin.mask\"}",
+           0, N);
+  write_bytes(side, text, strlen(text));
+  assert_int_equal(tz_data_open(b, 300, &p, &d), TZ_ECONFIG);
+  ASSERT_MSG_HAS("names the mask file c_001.bin.mask");
+  free(tok), free(m), free(m2), free(tok2), free(a), free(b), free(am), free(bm), free(glob);
+  free(side);
+  tz_test_rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_raw_text),
@@ -835,6 +1097,8 @@ int main(void) {
       cmocka_unit_test(test_sha256),
       cmocka_unit_test(test_sidecar),
       cmocka_unit_test(test_text_as_tokens_refused),
+      cmocka_unit_test(test_pack_best_fit),
+      cmocka_unit_test(test_packed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
