@@ -16,12 +16,13 @@
 #include "core/runtime.h"
 #include "core/sched.h"
 #include "testlib.h"
+#include "trainer/data.h"
 #include "trainer/model.h"
 #include "trainer/synthetic.h"
 #include "trainer/train.h"
 
 #define TC_SEQ 16
-#define TC_STEPS_MAX 16
+#define TC_STEPS_MAX 24
 
 /* A world of one: a runtime with small staging chunks and the "single" comm. */
 struct tc_world {
@@ -88,8 +89,11 @@ struct tc_opts {
    * direct references of the cases compute it */
   const char *decay_exclude;
   const char *weight_decay; /* optimizer.params.weight_decay; NULL 0.1 */
+  const char *lr;           /* optimizer.params.lr; NULL 0.01 */
   const char *recompute;    /* tierzero.recompute ("none", "0-1:3.mlp", ...); NULL the default */
   const struct tz_plan_rates *rates; /* the plan's rates; NULL none (the bound unknown) */
+  const tz_data *data; /* the batches: NULL synthetic sequences; else this data set's (seq_len
+                          TC_SEQ), packed rows with their positions and targets */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {
@@ -132,7 +136,7 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
   TZ_CHECK(tz_config_set(c, "gradient_accumulation_steps", buf));
   snprintf(buf, sizeof buf, "%g", o->clip);
   TZ_CHECK(tz_config_set(c, "gradient_clipping", buf));
-  TZ_CHECK(tz_config_set(c, "optimizer.params.lr", "0.01"));
+  TZ_CHECK(tz_config_set(c, "optimizer.params.lr", o->lr ? o->lr : "0.01"));
   TZ_CHECK(
       tz_config_set(c, "optimizer.params.weight_decay", o->weight_decay ? o->weight_decay : "0.1"));
   TZ_CHECK(tz_config_set(c, "tierzero.weight_decay_exclude",
@@ -217,7 +221,8 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
   tz_trainer *tr = NULL;
   int n = o->accum * o->micro * TC_SEQ;
   int32_t *tok = malloc(sizeof *tok * (size_t)n), *tgt = malloc(sizeof *tgt * (size_t)n);
-  if (!tok || !tgt) {
+  int32_t *pos = malloc(sizeof *pos * (size_t)n);
+  if (!tok || !tgt || !pos) {
     rc = tz_err_set(TZ_ENOMEM, "test: no memory");
     goto out;
   }
@@ -232,13 +237,26 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
   }
   TZ_CHECK_GOTO(tz_trainer_create(&cfg, &mc, comm, rt, &tp, &tr), rc, out);
   for (int s = 0; s < o->steps; s++) {
+    struct tz_step_docs docs = {0};
     for (int k = 0; k < o->accum; k++) {
+      int o_k = k * o->micro * TC_SEQ;
+      if (o->data) {
+        uint64_t first = tz_data_sample_index((uint64_t)s, o->accum, k, world, rank, o->micro);
+        TZ_CHECK_GOTO(tz_data_batch_docs(o->data, TZ_DATA_TRAIN, first, o->micro, tok + o_k,
+                                         tgt + o_k, pos + o_k),
+                      rc, out);
+        continue;
+      }
       uint64_t first = tz_synthetic_first(s, k, rank, world, o->accum, o->micro);
-      tz_synthetic_batch(7, first, o->micro, TC_SEQ, mc.vocab, tok + k * o->micro * TC_SEQ,
-                         tgt + k * o->micro * TC_SEQ);
+      tz_synthetic_batch(7, first, o->micro, TC_SEQ, mc.vocab, tok + o_k, tgt + o_k);
+    }
+    if (o->data) {
+      uint64_t all = (uint64_t)o->accum * (uint64_t)world * (uint64_t)o->micro;
+      docs.pos = pos;
+      docs.targets = (int64_t)tz_data_targets(o->data, TZ_DATA_TRAIN, (uint64_t)s * all, all);
     }
     struct tz_step_result sr;
-    TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, NULL, &sr), rc, out);
+    TZ_CHECK_GOTO(tz_trainer_step(tr, tok, tgt, o->data ? &docs : NULL, &sr), rc, out);
     res->loss[s] = sr.loss;
     res->norm[s] = sr.grad_norm;
     res->coll_s += sr.coll_s;
@@ -264,6 +282,7 @@ out:
   tz_config_free(&cfg);
   free(tok);
   free(tgt);
+  free(pos);
   return rc;
 }
 
