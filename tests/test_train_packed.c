@@ -12,58 +12,13 @@
 #include "testlib.h"
 #include "train_cases.h"
 #include "trainer/lr.h"
-#include "util/crc32.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { N_TOKENS = 900, STEPS = 20 };
-
-/* A shard and its mask (tools/tz-data's layout) in dir; the documents as described above. */
-static void write_data(const char *dir, char **path_out) {
-  uint32_t tok[N_TOKENS];
-  uint8_t m[N_TOKENS];
-  uint64_t st = 21;
-  int docs = 0;
-  for (size_t k = 0; k < N_TOKENS; docs++) {
-    size_t len = 2 + tz_test_rand(&st) % 29;
-    if (len > N_TOKENS - k)
-      len = N_TOKENS - k;
-    for (size_t i = 0; i < len; i++) {
-      tok[k + i] = 3 + (uint32_t)(tz_test_rand(&st) % 90);
-      m[k + i] = i == 0                          ? TZ_DATA_MASK_START
-                 : docs % 7 != 3 && i >= len / 2 ? TZ_DATA_MASK_TARGET
-                                                 : 0;
-    }
-    k += len;
-  }
-  char *p = NULL, *mp = NULL;
-  assert_true(asprintf(&p, "%s/chat_000.bin", dir) > 0 && asprintf(&mp, "%s.mask", p) > 0);
-  uint16_t t16[N_TOKENS];
-  for (int i = 0; i < N_TOKENS; i++)
-    t16[i] = (uint16_t)tok[i];
-  int32_t hdr[TZ_DATA_SHARD_HEADER_INTS] = {TZ_DATA_SHARD_MAGIC, 1, N_TOKENS};
-  FILE *f = fopen(p, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(hdr, sizeof hdr, 1, f), 1);
-  assert_int_equal(fwrite(t16, sizeof t16, 1, f), 1);
-  assert_int_equal(fclose(f), 0);
-  uint32_t mh[TZ_DATA_SHARD_HEADER_INTS] = {TZ_DATA_MASK_MAGIC, 1, N_TOKENS,
-                                            tz_crc32(0, t16, sizeof t16), tz_crc32(0, m, sizeof m)};
-  for (int i = 0; i < N_TOKENS; i++) {
-    mh[5] += m[i] & TZ_DATA_MASK_TARGET;
-    mh[6] += (m[i] & TZ_DATA_MASK_START) != 0;
-  }
-  f = fopen(mp, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(mh, sizeof mh, 1, f), 1);
-  assert_int_equal(fwrite(m, sizeof m, 1, f), 1);
-  assert_int_equal(fclose(f), 0);
-  free(mp);
-  *path_out = p;
-}
+enum { STEPS = 20 };
 
 /* The reference: o's steps on world W, each document of each step's rows alone. */
 static void reference(const tz_data *d, const struct tc_opts *o, int W, float *loss,
@@ -144,7 +99,7 @@ static void reference(const tz_data *d, const struct tc_opts *o, int W, float *l
 static void test_packed_against_alone(void **state) {
   (void)state;
   char *dir = tz_test_mkdtemp("packed"), *path = NULL;
-  write_data(dir, &path);
+  tc_write_packed(dir, &path);
   struct tz_data_params dp = {.seq_len = TC_SEQ, .seed = 7};
   tz_data *d = NULL;
   TZ_ASSERT_OK(tz_data_open(path, 96, &dp, &d));

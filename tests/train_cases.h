@@ -20,6 +20,7 @@
 #include "trainer/model.h"
 #include "trainer/synthetic.h"
 #include "trainer/train.h"
+#include "util/crc32.h"
 
 #define TC_SEQ 16
 #define TC_STEPS_MAX 24
@@ -284,6 +285,58 @@ out:
   free(tgt);
   free(pos);
   return rc;
+}
+
+/* Fine-tuning data: a shard of TC_PACKED_TOKENS tokens and its mask (tools/tz-data's layout) in
+ * dir, *path_out the shard's path (malloc'd): documents of 2 to 30 tokens below 93, the second
+ * half of each a target, every seventh with none. */
+#define TC_PACKED_TOKENS 900
+static inline void tc_write_packed(const char *dir, char **path_out) {
+  uint32_t tok[TC_PACKED_TOKENS];
+  uint8_t m[TC_PACKED_TOKENS];
+  uint64_t st = 21;
+  int docs = 0;
+  for (size_t k = 0; k < TC_PACKED_TOKENS; docs++) {
+    size_t len = 2 + tz_test_rand(&st) % 29;
+    if (len > TC_PACKED_TOKENS - k)
+      len = TC_PACKED_TOKENS - k;
+    for (size_t i = 0; i < len; i++) {
+      tok[k + i] = 3 + (uint32_t)(tz_test_rand(&st) % 90);
+      m[k + i] = i == 0                          ? TZ_DATA_MASK_START
+                 : docs % 7 != 3 && i >= len / 2 ? TZ_DATA_MASK_TARGET
+                                                 : 0;
+    }
+    k += len;
+  }
+  char *p = NULL, *mp = NULL;
+  size_t plen = strlen(dir) + 32;
+  p = malloc(plen);
+  mp = malloc(plen);
+  assert_true(p && mp);
+  snprintf(p, plen, "%s/chat_000.bin", dir);
+  snprintf(mp, plen, "%s/chat_000.bin.mask", dir);
+  uint16_t t16[TC_PACKED_TOKENS];
+  for (int i = 0; i < TC_PACKED_TOKENS; i++)
+    t16[i] = (uint16_t)tok[i];
+  int32_t hdr[TZ_DATA_SHARD_HEADER_INTS] = {TZ_DATA_SHARD_MAGIC, 1, TC_PACKED_TOKENS};
+  FILE *f = fopen(p, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(hdr, sizeof hdr, 1, f), 1);
+  assert_int_equal(fwrite(t16, sizeof t16, 1, f), 1);
+  assert_int_equal(fclose(f), 0);
+  uint32_t mh[TZ_DATA_SHARD_HEADER_INTS] = {TZ_DATA_MASK_MAGIC, 1, TC_PACKED_TOKENS,
+                                            tz_crc32(0, t16, sizeof t16), tz_crc32(0, m, sizeof m)};
+  for (int i = 0; i < TC_PACKED_TOKENS; i++) {
+    mh[5] += m[i] & TZ_DATA_MASK_TARGET;
+    mh[6] += (m[i] & TZ_DATA_MASK_START) != 0;
+  }
+  f = fopen(mp, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(mh, sizeof mh, 1, f), 1);
+  assert_int_equal(fwrite(m, sizeof m, 1, f), 1);
+  assert_int_equal(fclose(f), 0);
+  free(mp);
+  *path_out = p;
 }
 
 /* Number of elements whose bits differ between the two runs' parameters, and whether the losses

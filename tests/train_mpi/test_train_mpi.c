@@ -217,6 +217,28 @@ static void test_tolerance(void **state) {
   run_pair(&o, 0, "untied, unfolded, within tolerance");
 }
 
+/* Packed fine-tuning data (issue 50): the same bits on P ranks as on one with P times the
+ * accumulation, over 20 steps, the loss over every rank's targets. Each rank writes the data set
+ * (the same bytes) into a directory of its own. */
+static void test_packed(void **state) {
+  (void)state;
+  char *dir = tz_test_mkdtemp("packed"), *path = NULL;
+  tc_write_packed(dir, &path);
+  struct tz_data_params dp = {.seq_len = TC_SEQ, .seed = 7};
+  tz_data *d = NULL;
+  TZ_ASSERT_OK(tz_data_open(path, 96, &dp, &d));
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.accum = 1;
+  o.steps = 20;
+  o.data = d;
+  o.lr = "0.001";
+  run_pair(&o, 1, "packed documents");
+  tz_data_destroy(d);
+  free(path);
+  tz_test_rmdir(dir);
+}
+
 int main(int argc, char **argv) {
   jitter_us = argc > 1 && strcmp(argv[1], "jitter") == 0 ? 200 : 0;
   signal(SIGALRM, watchdog);
@@ -227,6 +249,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_offloaded_overlapped),
       cmocka_unit_test(test_overlap_collectives),
       cmocka_unit_test(test_tolerance),
+      cmocka_unit_test(test_packed),
   };
   int rc = cmocka_run_group_tests(tests, setup, teardown);
   tz_test_rmdir(nvme_dir);
