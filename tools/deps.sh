@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tierzero builds and tests with, those that are missing only, and
-# the project's own Python environment (.venv: tools/venv.sh) with the package tools/tz-data needs
-# (tokenizers; Debian has no package of it). Runs apt-get as root, or through sudo; quiet when
-# everything is there.
+# the project's own Python environment (.venv: tools/venv.sh) with the packages tools/tz-data
+# needs (tokenizers, which Debian does not package, and jinja2). Runs apt-get as root, or through
+# sudo; quiet when everything is there.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libnuma-dev liburing-dev libhwloc-dev hwloc libcmocka-dev
       libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin fio python3

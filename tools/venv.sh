@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The project's own Python environment: .venv at the project's root (git ignores it), made with
 # the python3 on PATH and holding what tierzero's Python tools need that Debian does not package
-# (tokenizers, for tools/tz-data and its test). Nothing is installed into the user's python3:
-# pip runs in .venv only. Quiet when everything is there.
+# (tokenizers and jinja2, for tools/tz-data and its tests). Nothing is installed into the user's
+# python3: pip runs in .venv only. Quiet when everything is there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=$root/.venv
 # The versions tz-data was checked with (0.20.3 to 0.22.2); transformers 4.4x and 5 take these
 # too, so the range is no reason for two installs where the user shares them.
 tokenizers='tokenizers>=0.20.3,<0.23'
+# jinja2 renders chat templates (tz-data's chat formats), as transformers does; 3.1.6 closed the
+# sandbox escapes of older versions, and templates from the Hub are code of others.
+jinja2='jinja2>=3.1.6,<4'
 if [ ! -x "$venv/bin/python" ]; then
   echo "tierzero: making the project's Python environment in $venv" >&2
   python3 -m venv "$venv" || {
@@ -16,7 +19,7 @@ if [ ! -x "$venv/bin/python" ]; then
     exit 1
   }
 fi
-if ! "$venv/bin/python" -c "import tokenizers" 2>/dev/null; then
-  echo "tierzero: installing $tokenizers into $venv" >&2
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$tokenizers" >&2
+if ! "$venv/bin/python" -c "import tokenizers, jinja2" 2>/dev/null; then
+  echo "tierzero: installing $tokenizers $jinja2 into $venv" >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$tokenizers" "$jinja2" >&2
 fi
