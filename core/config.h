@@ -150,6 +150,9 @@ struct tz_config {
     char *data;           /* the training data (tz-train --data; docs/data.md); NULL = the
                              built-in corpus. Saved in checkpoints: a resume without --data
                              trains on what the run it continues trained on */
+    double epochs;        /* the run's length in passes over the training data (tz-train
+                             --epochs; trainer/run.c): ceil(epochs * samples / the global batch)
+                             steps; 0 = --steps */
     int long_documents;   /* packed fine-tuning data: a document longer than a row is cut to
                              its first seq_len + 1 tokens (0, "cut") or split (1, "split")
                              (trainer/data.h, split_long) */

@@ -155,6 +155,7 @@ const struct key tz_config_keys[] = {
   /* tierzero's own keys; each is also the environment variable TZ_<KEY> */
   STR("tierzero.model", tierzero.model),
   STR("tierzero.data", tierzero.data),
+  DBL("tierzero.epochs", tierzero.epochs, 0, 1e6, 0, 0),
   ENUM("tierzero.long_documents", tierzero.long_documents, long_doc_names, 0, 0),
   SIZE("tierzero.hbm_budget", tierzero.hbm_budget, 0, 0, 0),
   SIZE("tierzero.host_budget", tierzero.host_budget, 0, 0, 0),

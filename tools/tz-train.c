@@ -40,6 +40,10 @@ static void usage(FILE *f) {
       "                       (default: the config's tierzero.model, else tiny)\n"
       "  --steps N            optimizer steps (default 10; 0 trains nothing: with the flags\n"
       "                       below, an evaluation or a conversion)\n"
+      "  --epochs X           train X passes over --data instead (tierzero.epochs; also\n"
+      "                       --num-train-epochs): ceil(X * samples / global batch) steps,\n"
+      "                       a sample a packed row for fine-tuning data; --steps too must\n"
+      "                       agree\n"
       "  --seed N             initialisation and data seed (default: the config's seed)\n"
       "  --seq N              tokens per sequence (default 64, at most the model's max_seq)\n"
       "  --data SPEC          builtin (the built-in corpus, the default), text:PATH, an llm.c\n"
@@ -140,7 +144,7 @@ struct opts {
  * ambiguous), one space after each. Those of a run are read by tz_run_option_set; config, nproc,
  * set, resume and progress are tz-train's own. */
 static const char flag_names[] =
-    "config model steps seed seq metrics progress plan fit gpu-memory layer-rate world "
+    "config model steps epochs seed seq metrics progress plan fit gpu-memory layer-rate world "
     "collective-rate "
     "backend "
     "auto-placement optimizer-step rates remeasure nproc set data ckpt-dir save-every keep resume "
@@ -160,6 +164,7 @@ static const struct {
     {"warmup-steps", "scheduler.params.warmup_num_steps"},
     {"per-device-train-batch-size", "train_micro_batch_size_per_gpu"},
     {"gradient-accumulation-steps", "gradient_accumulation_steps"},
+    {"num-train-epochs", "tierzero.epochs"},
 };
 #define N_HF_FLAGS ((int)(sizeof hf_flags / sizeof hf_flags[0]))
 _Static_assert(sizeof hf_flags / sizeof hf_flags[0] <= 8, "struct opts.hf_value holds them");
@@ -455,7 +460,7 @@ static int on_event(void *arg, const struct tz_run_event *ev) {
               tz_config_ignored_hint(p->cfg, i) ? " (did you mean " : "",
               tz_config_ignored_hint(p->cfg, i) ? tz_config_ignored_hint(p->cfg, i) : "",
               tz_config_ignored_hint(p->cfg, i) ? "?)" : "");
-    tz_config_report(p->cfg, o->steps, stdout, stderr);
+    tz_config_report(p->cfg, ev->step, stdout, stderr); /* --epochs resolved */
     break;
   case TZ_RUN_PLANNED: print_setup(p, ev); break;
   case TZ_RUN_IMPORTED: printf("tz-train: parameters from %s\n", o->import_dir); break;

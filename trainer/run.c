@@ -584,6 +584,65 @@ static int check_outputs(struct run *r) {
 }
 
 /* The state to start from (an import or a checkpoint), the data, the metrics file, the buffers. */
+/* The data: --data, else the config's (a resume's: what the run it continues trained on);
+ * none for synthetic sequences. Opened before the plan, so that --epochs can count its samples
+ * and a refusal comes before any setup. */
+static int open_data(struct run *r) {
+  const struct tz_run_options *o = r->o;
+  const char *data = o->data ? o->data : r->cfg->tierzero.data;
+  if (data && strcmp(data, "synthetic") == 0)
+    return 0;
+  struct tz_data_params dp = {.seq_len = o->seq,
+                              .seed = (uint64_t)r->cfg->seed,
+                              .val_spec = o->eval_every ? o->val_data : NULL,
+                              .tokenizer = r->tokenizer[0] ? r->tokenizer : NULL,
+                              .split_long = r->cfg->tierzero.long_documents};
+  if (o->eval_every && !o->val_data)
+    dp.val_fraction = o->val_fraction;
+  TZ_CHECK(tz_data_open(data, r->mc.vocab, &dp, &r->data));
+  if (tz_data_packed(r->data) && o->backend && strcmp(o->backend, "cpu") != 0)
+    return tz_err_set(TZ_ENOTSUP,
+                      "data: %s is fine-tuning data (documents packed into rows, the loss on "
+                      "their targets only), which the %s backend does not train yet: its "
+                      "attention confined to each document has not passed its GPU tests "
+                      "(kernels/compute.h, \"Packed documents\"); --backend cpu trains it",
+                      data, o->backend);
+  data_token_ids(r);
+  return 0;
+}
+
+int64_t tz_run_epoch_steps(double epochs, uint64_t samples, int64_t per_step) {
+  double steps = ceil(epochs * (double)samples / (double)per_step);
+  return steps < 1 ? 1 : (int64_t)steps;
+}
+
+/* tierzero.epochs (--epochs) as steps into *oo (a copy of the options the run reads from then
+ * on): ceil(epochs * training samples / the global batch); --steps given too must agree. */
+static int resolve_epochs(struct run *r, struct tz_run_options *oo) {
+  double epochs = r->cfg->tierzero.epochs;
+  if (!(epochs > 0))
+    return 0;
+  if (!r->data)
+    return tz_err_set(TZ_ECONFIG,
+                      "--epochs %g: epochs are passes over --data, and this run has "
+                      "synthetic sequences",
+                      epochs);
+  uint64_t samples = tz_data_n_samples(r->data, TZ_DATA_TRAIN);
+  int64_t per_step = (int64_t)r->cfg->gradient_accumulation_steps *
+                     r->cfg->train_micro_batch_size_per_gpu * r->world;
+  int64_t steps = tz_run_epoch_steps(epochs, samples, per_step);
+  if (oo->steps_set && oo->steps != steps && oo->steps != 0)
+    return tz_err_set(TZ_ECONFIG,
+                      "--steps %lld and --epochs %g disagree: %g epochs of %llu %s at %lld a step "
+                      "(micro-batch x accumulation x ranks) are %lld steps; give one of them",
+                      (long long)oo->steps, epochs, epochs, (unsigned long long)samples,
+                      tz_data_packed(r->data) ? "packed rows" : "windows", (long long)per_step,
+                      (long long)steps);
+  if (!oo->steps_set || oo->steps != 0)
+    oo->steps = steps;
+  return 0;
+}
+
 static int prepare(struct run *r) {
   const struct tz_run_options *o = r->o;
   if (r->hm) {
@@ -608,25 +667,7 @@ static int prepare(struct run *r) {
              "resume: %s is at step %lld, which --steps %lld asks for: nothing to train", o->resume,
              (long long)r->res->start, (long long)o->steps);
   }
-  /* --data, else the config's (a resume's: what the run it continues trained on) */
-  const char *data = o->data ? o->data : r->cfg->tierzero.data;
-  if (!data || strcmp(data, "synthetic") != 0) {
-    struct tz_data_params dp = {.seq_len = o->seq,
-                                .seed = (uint64_t)r->cfg->seed,
-                                .val_spec = o->eval_every ? o->val_data : NULL,
-                                .tokenizer = r->tokenizer[0] ? r->tokenizer : NULL,
-                                .split_long = r->cfg->tierzero.long_documents};
-    if (o->eval_every && !o->val_data)
-      dp.val_fraction = o->val_fraction;
-    TZ_CHECK(tz_data_open(data, r->mc.vocab, &dp, &r->data));
-    if (tz_data_packed(r->data) && o->backend && strcmp(o->backend, "cpu") != 0)
-      return tz_err_set(TZ_ENOTSUP,
-                        "data: %s is fine-tuning data (documents packed into rows, the loss on "
-                        "their targets only), which the %s backend does not train yet: its "
-                        "attention confined to each document has not passed its GPU tests "
-                        "(kernels/compute.h, \"Packed documents\"); --backend cpu trains it",
-                        data, o->backend);
-    data_token_ids(r);
+  if (r->data) {
     struct tz_run_event ev = {.kind = TZ_RUN_DATA, .data = r->data};
     TZ_CHECK(emit(r, &ev));
   }
@@ -839,11 +880,18 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
   r.world = o->plan_world ? o->plan_world : tz_comm_size(comm);
   if (o->import_dir)
     TZ_CHECK(tz_hf_open(o->import_dir, &r.hm));
+  /* The options the run reads: --epochs resolved into steps once the data is open. */
+  struct tz_run_options oo = *o;
   int rc = ckpt_claim(&r);
   if (rc == 0)
     rc = choose_model(&r);
   if (rc == 0)
-    rc = emit_kind(&r, TZ_RUN_MODEL, 0);
+    rc = open_data(&r);
+  if (rc == 0)
+    rc = resolve_epochs(&r, &oo);
+  r.o = &oo;
+  if (rc == 0)
+    rc = emit_kind(&r, TZ_RUN_MODEL, oo.steps);
   if (rc == 0)
     rc = plan(&r);
   if (rc == 0 && !o->plan_only) {

@@ -30,7 +30,8 @@ struct tz_ckpt_options; /* trainer/checkpoint.h */
 /* What happened, delivered to tz_run_options.on_event on every rank (ev->rank says which) in this
  * order; the pointers are borrowed for the call. */
 enum tz_run_event_kind {
-  TZ_RUN_MODEL,      /* the model is chosen (model, model_name); the rates and the plan follow */
+  TZ_RUN_MODEL,      /* the model is chosen (model, model_name), the data opened; step: the steps
+                        the run ends after (--epochs resolved); the rates and the plan follow */
   TZ_RUN_PLANNED,    /* the trainer exists (trainer, rates, setup_s, rates_s); with plan_only the
                         run ends after it */
   TZ_RUN_IMPORTED,   /* the parameters are import_dir's */
@@ -81,6 +82,8 @@ struct tz_run_options {
   const char *data;       /* tz_data_open's spec, or "synthetic"; NULL: the built-in corpus */
   int seq;                /* tokens per sequence (default 64) */
   int64_t steps;          /* the run ends after this many steps in all, a resume's included (10) */
+  int steps_set;          /* --steps was given (tz_run_option_set): with epochs they must agree */
+  double epochs;          /* --epochs: tierzero.epochs (tz_run_config); 0 not given */
   int64_t seed;           /* tz_run_config: the config's seed instead; -1 (default): kept */
   const char *backend;    /* "cpu" (default) or "cuda" (tz_run_compute_backend resolves auto) */
   int device;             /* the GPU (tz_trainer_params.device) */
@@ -199,6 +202,12 @@ struct tz_run_batch {
  * tokens, one after the other in tok and tgt, or with val set the validation batch. docs, unless
  * NULL, receives what the trainer needs of packed data (tz_data_packed): the positions, written
  * into pos (shaped as tok), and the step's targets over every rank; zeroed otherwise. */
+/* The steps of `epochs` passes over `samples` training samples at per_step a step (micro-batch x
+ * accumulation x ranks): ceil(epochs * samples / per_step), at least 1. The last step may take
+ * its rest from the next epoch's order, so every sample is seen at least `epochs` times (whole
+ * epochs) and none a step early. */
+int64_t tz_run_epoch_steps(double epochs, uint64_t samples, int64_t per_step);
+
 int tz_run_fill_batch(const struct tz_run_batch *b, int64_t step, int val, int32_t *tok,
                       int32_t *tgt, struct tz_step_docs *docs, int32_t *pos);
 

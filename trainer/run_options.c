@@ -31,6 +31,7 @@ struct option_kind {
 static const struct option_kind options[] = {
     {"model", STR, AT(model), 0, 0},
     {"steps", NUM, AT(steps), 0, 0},
+    {"epochs", 'e', 0, 0, 0},
     {"seed", NUM, AT(seed), 0, 0},
     {"seq", NUM | POS | MAX32 | INT, AT(seq), 0, 0},
     {"metrics", STR, AT(metrics), 0, 0},
@@ -153,6 +154,16 @@ static int set_special(struct tz_run_options *o, const struct option_kind *k, co
                         "got '%s'",
                         v);
     return 0;
+  case 'e': {
+    double f = strtod(v, &end);
+    if (end == v || *end || !(f > 0 && f <= 1e6))
+      return tz_err_set(TZ_EINVAL,
+                        "--epochs: expected a number of passes over the data above 0, "
+                        "got '%s'",
+                        v);
+    o->epochs = f;
+    return 0;
+  }
   case 'v': {
     double f = strtod(v, &end);
     if (end == v || *end || !(f > 0 && f < 1))
@@ -182,8 +193,10 @@ int tz_run_option_set(struct tz_run_options *o, const char *name, const char *va
     return tz_err_set(TZ_EINVAL, "--%s: needs a value", name);
   void *p = (char *)o + k->off;
   char *end;
-  if (k->kind & NUM)
+  if (k->kind & NUM) {
+    o->steps_set |= p == (void *)&o->steps;
     return set_num(k, value, p);
+  }
   switch (k->kind) {
   case STR: *(const char **)p = value; return 0;
   case SWITCH: *(int *)p = 1; return 0;
@@ -305,6 +318,10 @@ int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *s
    * on what the run it continues trained on (it took the built-in corpus: issue 49 item 6). */
   if (o->data)
     TZ_CHECK(tz_config_set(cfg, "tierzero.data", o->data));
+  if (o->epochs > 0) { /* recorded alike: a resume goes on to the same end */
+    snprintf(buf, sizeof buf, "%.17g", o->epochs);
+    TZ_CHECK(tz_config_set(cfg, "tierzero.epochs", buf));
+  }
   /* Real weights trained on the built-in toy corpus (what no data means, for the demo and the
    * presets) would be ruined without a word (issue 49 item 6). */
   if (o->import_dir && !cfg->tierzero.data && o->steps > 0 && !o->plan_only)
