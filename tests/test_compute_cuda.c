@@ -894,12 +894,15 @@ struct rope_args {
   struct buf *x;
   int B, T, nh, D, inverse;
   struct tz_rope rope;
+  struct ibuf *pos; /* packed documents' positions, or NULL */
 };
 
 static int rope_launch(tz_compute *cm, int gpu, void *p) {
   struct rope_args *a = p;
-  return a->inverse ? tz_compute_rope_bwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &a->rope, NULL)
-                    : tz_compute_rope_fwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &a->rope, NULL);
+  const int32_t *pos = a->pos ? SIDE(a->pos, gpu) : NULL;
+  return a->inverse
+             ? tz_compute_rope_bwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &a->rope, pos)
+             : tz_compute_rope_fwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &a->rope, pos);
 }
 
 /* Default RoPE at two bases, and Llama 3.1's llama3 scaling (theta 500000, factor 8, low 1,
@@ -1122,17 +1125,19 @@ static void test_bias(void **state) {
 struct attn_args {
   struct buf *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv, *delta;
   int B, T, H, Hkv, D, bwd;
+  struct ibuf *pos; /* packed documents' positions, or NULL */
 };
 
 static int attn_launch(tz_compute *cm, int gpu, void *p) {
   struct attn_args *a = p;
   if (a->bwd)
-    return tz_compute_attention_bwd(cm, SIDE(a->dq, gpu), SIDE(a->dk, gpu), SIDE(a->dv, gpu),
-                                    SIDE(a->delta, gpu), SIDE(a->dout, gpu), SIDE(a->q, gpu),
-                                    SIDE(a->k, gpu), SIDE(a->v, gpu), SIDE(a->out, gpu),
-                                    SIDE(a->lse, gpu), a->B, a->T, a->H, a->Hkv, a->D, NULL);
+    return tz_compute_attention_bwd(
+        cm, SIDE(a->dq, gpu), SIDE(a->dk, gpu), SIDE(a->dv, gpu), SIDE(a->delta, gpu),
+        SIDE(a->dout, gpu), SIDE(a->q, gpu), SIDE(a->k, gpu), SIDE(a->v, gpu), SIDE(a->out, gpu),
+        SIDE(a->lse, gpu), a->B, a->T, a->H, a->Hkv, a->D, a->pos ? SIDE(a->pos, gpu) : NULL);
   return tz_compute_attention_fwd(cm, SIDE(a->out, gpu), SIDE(a->lse, gpu), SIDE(a->q, gpu),
-                                  SIDE(a->k, gpu), SIDE(a->v, gpu), a->B, a->T, a->H, a->Hkv, a->D, NULL);
+                                  SIDE(a->k, gpu), SIDE(a->v, gpu), a->B, a->T, a->H, a->Hkv, a->D,
+                                  a->pos ? SIDE(a->pos, gpu) : NULL);
 }
 
 /* Whether the cuda instance runs this shape on tensor cores (attention_mma.cu: 16-bit storage,
@@ -1142,7 +1147,14 @@ static int on_tensor_cores(const struct env *e, int D, int simple) {
   return !simple && e->S != TZ_F32 && D % 4 == 0 && D <= 128;
 }
 
+static void attention_case_pos(struct env *e, int B, int T, int H, int Hkv, int D, int simple,
+                               const int32_t *pos);
 static void attention_case(struct env *e, int B, int T, int H, int Hkv, int D, int simple) {
+  attention_case_pos(e, B, T, H, Hkv, D, simple, NULL);
+}
+
+static void attention_case_pos(struct env *e, int B, int T, int H, int Hkv, int D, int simple,
+                               const int32_t *pos) {
   size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * H * T;
   struct buf q, k, v, out, lse, dout, dq, dk, dv, delta;
   buf_init(e, &q, nq, TZ_F32, e->S);
@@ -1177,8 +1189,14 @@ static void attention_case(struct env *e, int B, int T, int H, int Hkv, int D, i
                         .H = H,
                         .Hkv = Hkv,
                         .D = D};
-  int tc = on_tensor_cores(e, D, simple);
-  const char *path = tc ? "mma" : "plain";
+  struct ibuf pb;
+  if (pos) {
+    ibuf_init(e, &pb, pos, B * T);
+    a.pos = &pb;
+  }
+  /* packed documents: the plain kernels (attention.cu) */
+  int tc = on_tensor_cores(e, D, simple || pos);
+  const char *path = pos ? "packed plain" : tc ? "mma" : "plain";
   char name[128];
   snprintf(name, sizeof name, "attention_fwd %s %s B=%d T=%d H=%d Hkv=%d D=%d", path,
            tz_dtype_name(e->S), B, T, H, Hkv, D);
@@ -1205,6 +1223,64 @@ static void attention_case(struct env *e, int B, int T, int H, int Hkv, int D, i
   buf_fini(e, &q), buf_fini(e, &k), buf_fini(e, &v), buf_fini(e, &out), buf_fini(e, &lse);
   buf_fini(e, &dout), buf_fini(e, &dq), buf_fini(e, &dk), buf_fini(e, &dv);
   buf_fini(e, &delta);
+  if (pos)
+    ibuf_fini(e, &pb);
+}
+
+/* Packed documents (kernels/compute.h): attention confined to each document and RoPE by
+ * position in it, against the cpu backend, at head dims 64 to 128 with grouped-query ratios to
+ * 7:1, rows of documents of 1 token to the whole row (and a row of single tokens); bf16 and f32.
+ * RoPE at the same positions. */
+static void test_attention_packed(void **state) {
+  (void)state;
+  g_failures = 0;
+  enum { B = 3, T = 200 };
+  static const int docs[B][8] = {{1, 5, 37, 64, 93}, {200}, {31, 1, 1, 33, 2, 132}};
+  int32_t pos[B * T];
+  for (int b = 0; b < B; b++)
+    for (int i = 0, t = 0; docs[b][i]; i++)
+      for (int j = 0; j < docs[b][i]; j++)
+        pos[b * T + t++] = j;
+  int32_t ones[70];
+  memset(ones, 0, sizeof ones); /* 70 documents of one token */
+  static const int shapes[][3] = {{8, 8, 64}, {8, 2, 80}, {7, 1, 96}, {8, 4, 128}, {4, 1, 64}};
+  static const enum tz_dtype dts[] = {TZ_BF16, TZ_F32};
+  for (int d = 0; d < 2; d++) {
+    struct env e;
+    TZ_ASSERT_OK(env_open(&e, dts[d], TZ_F32));
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+      attention_case_pos(&e, B, T, shapes[s][0], shapes[s][1], shapes[s][2], 1, pos);
+    attention_case_pos(&e, 1, 70, 4, 2, 64, 1, ones);
+    for (int inv = 0; inv < 2; inv++) {
+      struct ibuf pb;
+      ibuf_init(&e, &pb, pos, B * T);
+      struct rope_args a = {.B = B,
+                            .T = T,
+                            .nh = 4,
+                            .D = 128,
+                            .inverse = inv,
+                            .rope = {.theta = 500000.0},
+                            .pos = &pb};
+      size_t n = (size_t)B * T * 4 * 128;
+      struct buf x;
+      buf_init(&e, &x, n, TZ_F32, e.S);
+      float *v = randv(n, 2.0f);
+      buf_set(&x, &e, v);
+      a.x = &x;
+      char name[96];
+      snprintf(name, sizeof name, "rope_%s packed %s B=%d T=%d", inv ? "bwd" : "fwd",
+               tz_dtype_name(e.S), B, T);
+      struct op op = {.name = name, .launch = rope_launch, .args = &a};
+      add_out(&op, &x, "x", tol_of(e.S, 1, 2));
+      op.keep[op.n_keep++] = &x;
+      run_op(&e, &op, NULL);
+      free(v);
+      buf_fini(&e, &x);
+      ibuf_fini(&e, &pb);
+    }
+    env_close(&e);
+  }
+  assert_int_equal(g_failures, 0);
 }
 
 static void test_attention(void **state) {
@@ -1407,8 +1483,8 @@ static void test_attention_onepass_tiles(void **state) {
         buf_poison(&out, &e0);
         buf_poison(&lse, &e0);
         TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
-        TZ_ASSERT_OK(
-            tz_compute_attention_fwd(es[i]->gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D, NULL));
+        TZ_ASSERT_OK(tz_compute_attention_fwd(es[i]->gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv,
+                                              D, NULL));
         TZ_ASSERT_OK(tz_compute_sync(es[i]->gpu));
         got[i][0] = buf_get_gpu(&out, &e0);
         got[i][1] = buf_get_gpu(&lse, &e0);
@@ -1468,7 +1544,8 @@ static void test_attention_onepass_fallback(void **state) {
     buf_set(in[i], &e0, x);
     free(x);
   }
-  TZ_ASSERT_OK(tz_compute_attention_fwd(e0.gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D, NULL));
+  TZ_ASSERT_OK(
+      tz_compute_attention_fwd(e0.gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D, NULL));
   TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
   /* the backward on the two-pass instance, on e1 with the memory free, on e2 with it taken */
   float *got[3][3];
@@ -1744,8 +1821,8 @@ static void test_xent(void **state) {
       for (int mode = 0; mode < 3; mode++) { /* forward only, separate dlogits, in place */
         int N = shapes[s][0], V = shapes[s][1];
         int32_t *tgt = malloc(sizeof(int32_t) * N);
-        for (int n = 0; n < N; n++)
-          tgt[n] = (int32_t)(tz_test_rand(&g_seed) % (uint64_t)V);
+        for (int n = 0; n < N; n++) /* every fifth row no target (TZ_TARGET_IGNORE) */
+          tgt[n] = n % 5 == 3 ? TZ_TARGET_IGNORE : (int32_t)(tz_test_rand(&g_seed) % (uint64_t)V);
         struct ibuf ti;
         ibuf_init(&e, &ti, tgt, N);
         struct buf logits, losses, dl;
@@ -2130,6 +2207,7 @@ int main(void) {
       cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_rope),
       cmocka_unit_test(test_bias),
+      cmocka_unit_test(test_attention_packed),
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_attention_padded),
       cmocka_unit_test(test_attention_families),

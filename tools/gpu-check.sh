@@ -167,7 +167,7 @@ fi
 # gputests: the tests that need a GPU, alone (the CPU ones run in CI), about 200 s
 if has gputests; then
   step gputests ctest --test-dir $b --output-on-failure -j4 --timeout 300 -R \
-    '^(test_compute_cuda|test_rates_cuda|test_cuda_choice|test_wgmma|test_model_gpu|test_train_gpu.*|test_recompute|test_hbm|test_adam_cuda|test_sched_gpu|test_tier_conformance.hbm)$'
+    '^(test_compute_cuda|test_rates_cuda|test_cuda_choice|test_wgmma|test_model_gpu|test_train_gpu.*|test_recompute|test_hbm|test_adam_cuda|test_sched_gpu|test_tier_conformance.hbm|test_train_packed.cuda)$'
 fi
 if has fused; then
   step fused-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'

@@ -600,13 +600,6 @@ static int open_data(struct run *r) {
   if (o->eval_every && !o->val_data)
     dp.val_fraction = o->val_fraction;
   TZ_CHECK(tz_data_open(data, r->mc.vocab, &dp, &r->data));
-  if (tz_data_packed(r->data) && o->backend && strcmp(o->backend, "cpu") != 0)
-    return tz_err_set(TZ_ENOTSUP,
-                      "data: %s is fine-tuning data (documents packed into rows, the loss on "
-                      "their targets only), which the %s backend does not train yet: its "
-                      "attention confined to each document has not passed its GPU tests "
-                      "(kernels/compute.h, \"Packed documents\"); --backend cpu trains it",
-                      data, o->backend);
   data_token_ids(r);
   return 0;
 }

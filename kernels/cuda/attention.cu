@@ -40,12 +40,20 @@ __device__ __forceinline__ float dot_f(const float *a, const float *b, int D) {
   return s;
 }
 
+/* The first row of row t's document in sequence b: t - pos[b][t] (kernels/compute.h, "Packed
+ * documents"), or 0 without pos; rows at or past T_ count as starting at T_. */
+__device__ __forceinline__ int doc_start(const int32_t *pos, int b, int T_, int t) {
+  if (t >= T_)
+    return T_;
+  return pos ? t - pos[(size_t)b * T_ + t] : 0;
+}
+
 /* ---- forward ---- */
 
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
     attn_fwd_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H, int Hkv,
-                    int D, float scale) {
+                    int D, float scale, const int32_t *pos) {
   extern __shared__ float smem[];
   const int DP = D + 1;     /* key and value rows padded: threads of a warp read different rows */
   float *sQ = smem;         /* (BQ, D) */
@@ -56,6 +64,7 @@ __global__ void __launch_bounds__(THREADS)
   float *sM = sS + BQ * BK; /* (BQ) running max */
   float *sL = sM + BQ;      /* (BQ) running sum */
   float *sA = sL + BQ;      /* (BQ) rescale factor of this tile */
+  int *sSt = (int *)(sA + BQ);               /* (BQ) the first key of each row's document */
   const int qt = gridDim.x - 1 - blockIdx.x; /* the longest rows first */
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
   const int i0 = qt * BQ;
@@ -70,16 +79,21 @@ __global__ void __launch_bounds__(THREADS)
   if (threadIdx.x < BQ) {
     sM[threadIdx.x] = -INFINITY;
     sL[threadIdx.x] = 0.0f;
+    sSt[threadIdx.x] = doc_start(pos, b, T_, i0 + threadIdx.x);
   }
+  __syncthreads();
   const int last_key = min(i0 + BQ, T_) - 1;
-  for (int j0 = 0; j0 <= last_key; j0 += BK) {
+  /* Key tiles before the first row's document hold no key any row of the tile sees. */
+  for (int j0 = sSt[0] / BK * BK; j0 <= last_key; j0 += BK) {
     __syncthreads(); /* the previous tile is no longer read */
     tile_to_float(sK, DP, kb, ks, j0, BK, T_, D);
     tile_to_float(sV, DP, vb, ks, j0, BK, T_, D);
     __syncthreads();
     for (int e = threadIdx.x; e < BQ * BK; e += blockDim.x) {
       int i = e / BK, j = e % BK, ti = i0 + i, tj = j0 + j;
-      sS[e] = tj <= ti && ti < T_ ? __fmul_rn(dot_f(sQ + i * D, sK + j * DP, D), scale) : -INFINITY;
+      sS[e] = tj <= ti && tj >= sSt[i] && ti < T_
+                  ? __fmul_rn(dot_f(sQ + i * D, sK + j * DP, D), scale)
+                  : -INFINITY;
     }
     __syncthreads();
     if (threadIdx.x < BQ) {
@@ -155,7 +169,8 @@ __global__ void attn_delta_kernel(float *delta, const T *dout, const T *out, int
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
     attn_bwd_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
-                       const float *delta, int T_, int H, int Hkv, int D, float scale) {
+                       const float *delta, int T_, int H, int Hkv, int D, float scale,
+                       const int32_t *pos) {
   extern __shared__ float smem[];
   const int DP = D + 1;
   float *sQ = smem;          /* (BQ, D) */
@@ -166,6 +181,7 @@ __global__ void __launch_bounds__(THREADS)
   float *sW = sV + BK * DP;  /* (BQ, BK) ds * scale */
   float *sLse = sW + BQ * BK;
   float *sDel = sLse + BQ;
+  int *sSt = (int *)(sDel + BQ); /* (BQ) the first key of each row's document */
   const int qt = gridDim.x - 1 - blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
   const int i0 = qt * BQ;
@@ -184,9 +200,11 @@ __global__ void __launch_bounds__(THREADS)
     int ti = i0 + threadIdx.x;
     sLse[threadIdx.x] = ti < T_ ? lb[ti] : 0.0f;
     sDel[threadIdx.x] = ti < T_ ? db[ti] : 0.0f;
+    sSt[threadIdx.x] = doc_start(pos, b, T_, ti);
   }
+  __syncthreads();
   const int last_key = min(i0 + BQ, T_) - 1;
-  for (int j0 = 0; j0 <= last_key; j0 += BK) {
+  for (int j0 = sSt[0] / BK * BK; j0 <= last_key; j0 += BK) {
     __syncthreads();
     tile_to_float(sK, DP, kb, ks, j0, BK, T_, D);
     tile_to_float(sV, DP, vb, ks, j0, BK, T_, D);
@@ -194,7 +212,7 @@ __global__ void __launch_bounds__(THREADS)
     for (int e = threadIdx.x; e < BQ * BK; e += blockDim.x) {
       int i = e / BK, j = e % BK, ti = i0 + i, tj = j0 + j;
       float w = 0.0f;
-      if (tj <= ti && ti < T_) {
+      if (tj <= ti && tj >= sSt[i] && ti < T_) {
         float s = __fmul_rn(dot_f(sQ + i * D, sK + j * DP, D), scale);
         float p = expf(__fsub_rn(s, sLse[i]));
         float ds = __fmul_rn(p, __fsub_rn(dot_f(sdO + i * D, sV + j * DP, D), sDel[i]));
@@ -227,7 +245,7 @@ template <typename T>
 __global__ void __launch_bounds__(THREADS)
     attn_bwd_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
                          const float *lse, const float *delta, int T_, int H, int Hkv, int D,
-                         float scale) {
+                         float scale, const int32_t *pos) {
   extern __shared__ float smem[];
   const int DP = D + 1;
   float *sK = smem;          /* (BK, D) */
@@ -240,6 +258,7 @@ __global__ void __launch_bounds__(THREADS)
   float *sW = sP + BK * BQ;  /* (BK, BQ) ds * scale */
   float *sLse = sW + BK * BQ;
   float *sDel = sLse + BQ;
+  int *sSt = (int *)(sDel + BQ); /* (BQ) the first key of each query row's document */
   const int j0 = blockIdx.x * BK, hk = blockIdx.y, b = blockIdx.z;
   const int group = H / Hkv;
   const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
@@ -254,8 +273,10 @@ __global__ void __launch_bounds__(THREADS)
     const T *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
     const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
     const float *lb = lse + ((size_t)b * H + h) * T_, *db = delta + ((size_t)b * H + h) * T_;
-    /* queries from the tile holding j0 onward; earlier ones cannot see these keys */
-    for (int i0 = j0 / BQ * BQ; i0 < T_; i0 += BQ) {
+    /* queries from the tile holding j0 onward; earlier ones cannot see these keys, and once a
+     * tile's first query starts its document past the last key here, no later query sees one
+     * (documents start in increasing order) */
+    for (int i0 = j0 / BQ * BQ; i0 < T_ && doc_start(pos, b, T_, i0) < j0 + BK; i0 += BQ) {
       __syncthreads();
       tile_to_float(sQ, DP, qb, qs, i0, BQ, T_, D);
       tile_to_float(sdO, DP, dob, qs, i0, BQ, T_, D);
@@ -263,12 +284,13 @@ __global__ void __launch_bounds__(THREADS)
         int ti = i0 + threadIdx.x;
         sLse[threadIdx.x] = ti < T_ ? lb[ti] : 0.0f;
         sDel[threadIdx.x] = ti < T_ ? db[ti] : 0.0f;
+        sSt[threadIdx.x] = doc_start(pos, b, T_, ti);
       }
       __syncthreads();
       for (int e = threadIdx.x; e < BK * BQ; e += blockDim.x) {
         int j = e / BQ, i = e % BQ, tj = j0 + j, ti = i0 + i;
         float p = 0.0f, w = 0.0f;
-        if (tj <= ti && ti < T_) {
+        if (tj <= ti && tj >= sSt[i] && ti < T_) {
           float s = __fmul_rn(dot_f(sQ + i * DP, sK + j * D, D), scale);
           p = expf(__fsub_rn(s, sLse[i]));
           float ds = __fmul_rn(p, __fsub_rn(dot_f(sdO + i * DP, sV + j * D, D), sDel[i]));
@@ -306,13 +328,13 @@ __global__ void __launch_bounds__(THREADS)
 /* ---- launches ---- */
 
 static size_t fwd_smem(int D) {
-  return sizeof(float) * ((size_t)2 * BQ * D + (size_t)2 * BK * (D + 1) + BQ * BK + 3 * BQ);
+  return sizeof(float) * ((size_t)2 * BQ * D + (size_t)2 * BK * (D + 1) + BQ * BK + 4 * BQ);
 }
 static size_t dq_smem(int D) {
-  return sizeof(float) * ((size_t)3 * BQ * D + (size_t)2 * BK * (D + 1) + BQ * BK + 2 * BQ);
+  return sizeof(float) * ((size_t)3 * BQ * D + (size_t)2 * BK * (D + 1) + BQ * BK + 3 * BQ);
 }
 static size_t dkdv_smem(int D) {
-  return sizeof(float) * ((size_t)4 * BK * D + (size_t)2 * BQ * (D + 1) + 2 * BK * BQ + 2 * BQ);
+  return sizeof(float) * ((size_t)4 * BK * D + (size_t)2 * BQ * (D + 1) + 2 * BK * BQ + 3 * BQ);
 }
 
 /* Grants a kernel the dynamic shared memory it needs, or says why it cannot have it. */
@@ -357,14 +379,13 @@ static int declined(const char *op, enum tz_cuda_attention_kernel k, int D) {
 }
 
 int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
-                          const void *v, int B, int T, int H, int Hkv, int D,
-                          const int32_t *pos) {
-  (void)pos; /* never given: ops' docs is 0, so the wrapper refuses a pos */
+                          const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
   const void *ts[] = {out, q, k, v};
   struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 4);
-  if (ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
+  /* Packed documents: the plain kernels only, so far (the tensor-core ones have no pos yet). */
+  if (ch.fwd != TZ_CUDA_KERNEL_PLAIN && !pos) {
     int rc = ch.fwd == TZ_CUDA_KERNEL_WGMMA
                  ? tz_cuda_attention_fwd_wgmma(c, out, lse, q, k, v, B, T, H, Hkv, D)
              : ch.fwd == TZ_CUDA_KERNEL_ONE_PASS
@@ -379,7 +400,7 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
     using TT = decltype(tag);
     TZ_CHECK(smem_grant(c, (const void *)attn_fwd_kernel<TT>, smem, "attention_fwd", D));
     attn_fwd_kernel<TT><<<grid, THREADS, smem, c->stream>>>(
-        (TT *)out, lse, (const TT *)q, (const TT *)k, (const TT *)v, T, H, Hkv, D, scale);
+        (TT *)out, lse, (const TT *)q, (const TT *)k, (const TT *)v, T, H, Hkv, D, scale, pos);
     TZ_CU_LAUNCHED();
     return 0;
   });
@@ -389,7 +410,6 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
                           const void *q, const void *k, const void *v, const void *out,
                           const float *lse, int B, int T, int H, int Hkv, int D,
                           const int32_t *pos) {
-  (void)pos; /* never given: ops' docs is 0, so the wrapper refuses a pos */
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
   size_t rows = (size_t)B * T * H;
@@ -403,7 +423,7 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
   }));
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
   struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 7);
-  if (ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
+  if (ch.bwd != TZ_CUDA_KERNEL_PLAIN && !pos) {
     int rc =
         ch.bwd == TZ_CUDA_KERNEL_WGMMA
             ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D)
@@ -427,11 +447,11 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
     TZ_CHECK(smem_grant(c, (const void *)attn_bwd_dkdv_kernel<TT>, smem_k, "attention_bwd", D));
     attn_bwd_dq_kernel<TT><<<grid_q, THREADS, smem_q, c->stream>>>(
         (TT *)dq, (const TT *)dout, (const TT *)q, (const TT *)k, (const TT *)v, lse, delta, T, H,
-        Hkv, D, scale);
+        Hkv, D, scale, pos);
     TZ_CU_LAUNCHED();
     attn_bwd_dkdv_kernel<TT><<<grid_k, THREADS, smem_k, c->stream>>>(
         (TT *)dk, (TT *)dv, (const TT *)dout, (const TT *)q, (const TT *)k, (const TT *)v, lse,
-        delta, T, H, Hkv, D, scale);
+        delta, T, H, Hkv, D, scale, pos);
     TZ_CU_LAUNCHED();
     return 0;
   });

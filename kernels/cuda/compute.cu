@@ -223,8 +223,9 @@ static const struct tz_compute_ops cuda_ops = {
     .bias_grad = tz_cuda_bias_grad,
     .attention_fwd = tz_cuda_attention_fwd,
     .attention_bwd = tz_cuda_attention_bwd,
-    /* Packed documents stay off until their kernels have passed GPU tests (issue 50). */
-    .docs = 0,
+    /* Packed documents: the plain attention kernels take pos (attention.cu), RoPE and
+     * cross-entropy theirs (test_compute_cuda: test_attention_packed, test_xent). */
+    .docs = 1,
     .swiglu_fwd = tz_cuda_swiglu_fwd,
     .swiglu_bwd = tz_cuda_swiglu_bwd,
     .xent = tz_cuda_xent,

@@ -22,14 +22,14 @@ __global__ void rope_table_kernel(float2 *cs, int T, int D, const double *f) {
 
 template <typename T>
 __global__ void rope_apply_kernel(T *x, const float2 *cs, int T_, int nh, int D, int inverse,
-                                  size_t total) {
+                                  size_t total, const int32_t *pos) {
   int half = D / 2;
   for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
        e += (size_t)gridDim.x * blockDim.x) {
     /* e enumerates (b, t, h, i) with i fastest */
     int i = (int)(e % (size_t)half);
     size_t bth = e / (size_t)half;
-    int t = (int)((bth / (size_t)nh) % (size_t)T_);
+    int t = pos ? pos[bth / (size_t)nh] : (int)((bth / (size_t)nh) % (size_t)T_);
     T *v = x + bth * (size_t)D;
     float2 c = cs[(size_t)t * half + i];
     float co = c.x, si = inverse ? -c.y : c.y;
@@ -46,14 +46,14 @@ __global__ void rope_apply_kernel(T *x, const float2 *cs, int T_, int nh, int D,
 #define RV 8
 template <typename T>
 __global__ void rope_apply_vec_kernel(T *x, const float2 *cs, int T_, int nh, int D, int inverse,
-                                      size_t total) {
+                                      size_t total, const int32_t *pos) {
   const int half = D / 2, hv = half / RV;
   for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
        e += (size_t)gridDim.x * blockDim.x) {
     /* e enumerates (b, t, h, vector of i) with the vector fastest */
     int i0 = (int)(e % (size_t)hv) * RV;
     size_t bth = e / (size_t)hv;
-    int t = (int)((bth / (size_t)nh) % (size_t)T_);
+    int t = pos ? pos[bth / (size_t)nh] : (int)((bth / (size_t)nh) % (size_t)T_);
     T *v = x + bth * (size_t)D;
     float x1[RV], x2[RV], c[2 * RV];
 #pragma unroll
@@ -114,7 +114,6 @@ static int rope_table(struct tz_cuda *c, int T, int D, const double *f) {
 
 int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
                  int inverse, const int32_t *pos) {
-  (void)pos; /* never given: ops' docs is 0, so the wrapper refuses a pos */
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(rope_table(c, T, D, inv_freq));
   size_t total = (size_t)B * T * nh * (D / 2);
@@ -123,10 +122,10 @@ int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *
     if ((D / 2) % RV == 0 && tz_cuda_aligned16(x) && ((size_t)D * sizeof(TT)) % 16 == 0) {
       size_t vectors = total / RV;
       rope_apply_vec_kernel<TT><<<tz_cuda_grid(c, vectors, THREADS), THREADS, 0, c->stream>>>(
-          (TT *)x, c->rope_cs, T, nh, D, inverse, vectors);
+          (TT *)x, c->rope_cs, T, nh, D, inverse, vectors, pos);
     } else {
       rope_apply_kernel<TT><<<tz_cuda_grid(c, total, THREADS), THREADS, 0, c->stream>>>(
-          (TT *)x, c->rope_cs, T, nh, D, inverse, total);
+          (TT *)x, c->rope_cs, T, nh, D, inverse, total, pos);
     }
     TZ_CU_LAUNCHED();
     return 0;

@@ -38,6 +38,14 @@ __global__ void xent_kernel(float *losses, T *dlogits, const T *logits, const in
   int n = blockIdx.x;
   size_t row = (size_t)n * V;
   int tgt = targets[n];
+  if (tgt == TZ_TARGET_IGNORE) { /* not a target: no loss, no gradient */
+    if (threadIdx.x == 0)
+      losses[n] = 0.0f;
+    if (dlogits)
+      for (int j = threadIdx.x; j < V; j += blockDim.x)
+        dlogits[row + j] = tz_st<T>(0.0f);
+    return;
+  }
   if (tgt < 0 || tgt >= V) {
     if (threadIdx.x == 0)
       tz_cuda_report(err, TZ_CUDA_BAD_TARGET, n, tgt, V);
