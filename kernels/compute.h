@@ -272,9 +272,10 @@ int tz_compute_bias_grad(tz_compute *cm, void *db, const void *dy, int N, int n)
  * pos[b*T] = 0, and each next pos is 0 (a document starts) or the one before plus 1. Attention
  * stays inside a document (block-diagonal causal) and RoPE rotates by pos, so a packed row
  * computes, document by document, what each document alone would. NULL: each row is one
- * document (positions 0..T-1), today's bits. A backend without packed documents (ops' docs 0:
- * cuda, until its GPU tests have run) refuses a non-NULL pos with TZ_ENOTSUP, by name; the cpu
- * backend checks the rule above (TZ_EINVAL naming the row). */
+ * document (positions 0..T-1), today's bits. A backend without packed documents (ops' docs 0)
+ * refuses a non-NULL pos with TZ_ENOTSUP, by name; cpu and cuda have them (cuda in its plain
+ * attention kernels so far: a call with pos does not take the tensor-core ones). The cpu backend
+ * checks the rule above (TZ_EINVAL naming the row); cuda trusts it. */
 
 /* ---- Causal self-attention with grouped-query heads ----
  * q (B,T,H,D), k and v (B,T,Hkv,D), out (B,T,H,D): S. H % Hkv == 0; query head h reads key-value
@@ -306,7 +307,7 @@ int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, void *out, const v
 /* ---- Cross-entropy fused with softmax: forward loss and backward dlogits in one call ----
  * logits (N,V) S, targets (N) int32 in [0, V) (else TZ_EINVAL, as for embedding), or
  * TZ_TARGET_IGNORE: a row that is not a target (a prompt token, padding), whose loss and dlogits
- * are 0 (a backend without it, ops' ignore 0, refuses it by name).
+ * are 0.
  * losses (N) F32 = logsumexp(logits_n) - logits_n[target_n].
  * dlogits (N,V) S = (softmax(logits_n) - onehot(target_n)) * dscale, where the caller chooses
  * dscale (1 / the number of tokens in the whole step, for a mean over micro-batches). dlogits may
