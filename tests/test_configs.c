@@ -221,6 +221,21 @@ static void test_models(void **state) {
   free(dir);
 }
 
+/* sft-1gpu.json: fine-tuning as TRL's SFTTrainer defaults have it (lr 2e-5, no weight decay,
+ * clipping 1.0), a cosine schedule, bf16, optimizer state in host memory, long documents cut. */
+static void test_sft(void **state) {
+  (void)state;
+  struct tz_config c;
+  load("sft-1gpu.json", &c);
+  assert_true(c.optimizer.lr == 2e-5 && c.optimizer.weight_decay == 0.0);
+  assert_true(c.gradient_clipping == 1.0);
+  assert_int_equal(c.scheduler.type, TZ_LR_WARMUP_COSINE);
+  assert_int_equal(c.zero_optimization.offload_optimizer.device, TZ_OFFLOAD_CPU);
+  assert_int_equal(c.tierzero.long_documents, 0);
+  assert_int_equal(c.tierzero.epochs, 0);
+  tz_config_free(&c);
+}
+
 /* Every file in configs/ is one of those checked above, and loads. */
 static void test_all_listed(void **state) {
   (void)state;
@@ -237,6 +252,7 @@ static void test_all_listed(void **state) {
       "llama-1b-1gpu.json",
       "llama-7b-1gpu.json",
       "llama-7b-2gpu.json",
+      "sft-1gpu.json",
   };
   char *dir = configs_dir(), *pat = NULL;
   assert_true(asprintf(&pat, "%s/*.json", dir) > 0);
@@ -273,10 +289,10 @@ int main(void) {
   free(probe);
   free(dir);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_demo),      cmocka_unit_test(test_llama),
-      cmocka_unit_test(test_cpu_only),  cmocka_unit_test(test_bench),
-      cmocka_unit_test(test_deepspeed), cmocka_unit_test(test_all_listed),
-      cmocka_unit_test(test_models),
+      cmocka_unit_test(test_demo),       cmocka_unit_test(test_llama),
+      cmocka_unit_test(test_cpu_only),   cmocka_unit_test(test_bench),
+      cmocka_unit_test(test_deepspeed),  cmocka_unit_test(test_sft),
+      cmocka_unit_test(test_all_listed), cmocka_unit_test(test_models),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
