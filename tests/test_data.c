@@ -16,7 +16,6 @@
 #include "trainer/corpus.h"
 #include "trainer/data.h"
 #include "trainer/pack.h"
-#include "util/crc32.h"
 
 #define ASSERT_MSG_HAS(sub)                                                                        \
   do {                                                                                             \
@@ -871,40 +870,6 @@ static void test_pack_best_fit(void **state) {
   tz_pack_free(&p);
 }
 
-/* A mask file for shard path of tokens tok (n), bytes m, as tools/tz-data writes it. */
-static void write_mask(const char *path, const uint32_t *tok, const uint8_t *m, size_t n,
-                       int version) {
-  char *mp = NULL;
-  assert_true(asprintf(&mp, "%s.mask", path) > 0);
-  int ts = version == 1 ? 2 : 4;
-  uint8_t *raw = malloc(n * 4 + 1);
-  for (size_t i = 0; i < n; i++) {
-    if (ts == 2) {
-      uint16_t v = (uint16_t)tok[i];
-      memcpy(raw + i * 2, &v, 2);
-    } else {
-      memcpy(raw + i * 4, &tok[i], 4);
-    }
-  }
-  uint32_t hdr[TZ_DATA_SHARD_HEADER_INTS] = {0};
-  hdr[0] = TZ_DATA_MASK_MAGIC;
-  hdr[1] = 1;
-  hdr[2] = (uint32_t)n;
-  hdr[3] = tz_crc32(0, raw, n * ts);
-  hdr[4] = tz_crc32(0, m, n);
-  for (size_t i = 0; i < n; i++) {
-    hdr[5] += m[i] & TZ_DATA_MASK_TARGET;
-    hdr[6] += (m[i] & TZ_DATA_MASK_START) != 0;
-  }
-  FILE *f = fopen(mp, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(hdr, sizeof hdr, 1, f), 1);
-  assert_int_equal(fwrite(m, 1, n, f), n);
-  assert_int_equal(fclose(f), 0);
-  free(raw);
-  free(mp);
-}
-
 /* Documents of random lengths 2..40 (some longer than T + 1 = 17), their second halves targets,
  * every seventh with none; n tokens into tok and m. Returns the number of documents. */
 static int make_docs(uint32_t *tok, uint8_t *m, size_t n, uint64_t seed) {
@@ -1008,7 +973,7 @@ static void test_packed(void **state) {
   int docs = make_docs(tok, m, N, 9);
   char *a = path_in(dir, "c_000.bin");
   write_shard(a, 1, tok, N);
-  write_mask(a, tok, m, N, 1);
+  tz_test_write_mask(a, tok, m, N);
   struct tz_data_params p = params_T(T);
   tz_data *d = NULL;
   TZ_ASSERT_OK(tz_data_open(a, 300, &p, &d));
@@ -1053,7 +1018,7 @@ static void test_packed(void **state) {
   /* A damaged byte. */
   uint8_t *m2 = malloc(N);
   memcpy(m2, m, N);
-  write_mask(b, tok2, m2, N, 1);
+  tz_test_write_mask(b, tok2, m2, N);
   FILE *f = fopen(bm, "r+b");
   assert_non_null(f);
   assert_int_equal(fseek(f, TZ_DATA_SHARD_HEADER_BYTES + 100, SEEK_SET), 0);
@@ -1063,7 +1028,7 @@ static void test_packed(void **state) {
   ASSERT_MSG_HAS("the file is damaged");
   /* A document's first token marked a target. */
   m2[0] |= TZ_DATA_MASK_TARGET;
-  write_mask(b, tok2, m2, N, 1);
+  tz_test_write_mask(b, tok2, m2, N);
   assert_int_equal(tz_data_open(b, 300, &p, &d), TZ_EFORMAT);
   ASSERT_MSG_HAS("byte offset 1024 (token 0) marks a document's first token a target");
   /* A sidecar naming a mask that is gone. */

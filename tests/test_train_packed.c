@@ -104,10 +104,7 @@ static void reference(const tz_data *d, const struct tc_opts *o, int W, float *l
 static void test_packed_against_alone(void **state) {
   (void)state;
   char *dir = tz_test_mkdtemp("packed"), *path = NULL;
-  tc_write_packed(dir, &path);
-  struct tz_data_params dp = {.seq_len = TC_SEQ, .seed = 7};
-  tz_data *d = NULL;
-  TZ_ASSERT_OK(tz_data_open(path, 96, &dp, &d));
+  tz_data *d = tc_open_packed(dir, &path);
   assert_true(tz_data_packed(d));
   struct tc_opts o;
   tc_opts_init(&o);
@@ -158,10 +155,7 @@ static void test_packed_against_alone(void **state) {
 static void test_packed_cuda(void **state) {
   (void)state;
   char *dir = tz_test_mkdtemp("packed"), *path = NULL;
-  tc_write_packed(dir, &path);
-  struct tz_data_params dp = {.seq_len = TC_SEQ, .seed = 7};
-  tz_data *d = NULL;
-  TZ_ASSERT_OK(tz_data_open(path, 96, &dp, &d));
+  tz_data *d = tc_open_packed(dir, &path);
   struct tc_opts o;
   tc_opts_init(&o);
   o.steps = STEPS;

@@ -1,5 +1,7 @@
 #define _GNU_SOURCE
 #include "testlib.h"
+#include "trainer/data.h"
+#include "util/crc32.h"
 #include "util/mix.h"
 
 #include <ftw.h>
@@ -59,4 +61,26 @@ void tz_test_fill(void *buf, size_t n, uint64_t seed) {
     uint64_t v = tz_test_rand(&s);
     memcpy(p + i, &v, n - i);
   }
+}
+
+void tz_test_write_mask(const char *path, const uint32_t *tok, const uint8_t *m, size_t n) {
+  uint16_t *t16 = malloc((n ? n : 1) * sizeof *t16);
+  char *mp = malloc(strlen(path) + 8);
+  assert_true(t16 && mp);
+  for (size_t i = 0; i < n; i++)
+    t16[i] = (uint16_t)tok[i];
+  uint32_t hdr[TZ_DATA_SHARD_HEADER_INTS] = {TZ_DATA_MASK_MAGIC, 1, (uint32_t)n,
+                                             tz_crc32(0, t16, n * 2), tz_crc32(0, m, n)};
+  for (size_t i = 0; i < n; i++) {
+    hdr[5] += m[i] & TZ_DATA_MASK_TARGET;
+    hdr[6] += (m[i] & TZ_DATA_MASK_START) != 0;
+  }
+  sprintf(mp, "%s.mask", path);
+  FILE *f = fopen(mp, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(hdr, sizeof hdr, 1, f), 1);
+  assert_int_equal(fwrite(m, 1, n, f), n);
+  assert_int_equal(fclose(f), 0);
+  free(t16);
+  free(mp);
 }

@@ -24,6 +24,11 @@ void tz_test_rmdir(char *dir);
 void tz_test_fill(void *buf, size_t n, uint64_t seed);
 uint64_t tz_test_rand(uint64_t *state);
 
+/* Fine-tuning data as tools/tz-data writes it (docs/data.md): the mask file of the n tokens
+ * (tok[] < 65536, an llm.c shard of version 1 at path) with bytes m, at path + ".mask", its
+ * header's crc32s and counts computed. Asserts on failure. */
+void tz_test_write_mask(const char *path, const uint32_t *tok, const uint8_t *m, size_t n);
+
 /* Asserts rc == 0 and prints the thread's error message when it is not. */
 #define TZ_ASSERT_OK(call)                                                                         \
   do {                                                                                             \

@@ -20,7 +20,6 @@
 #include "trainer/model.h"
 #include "trainer/synthetic.h"
 #include "trainer/train.h"
-#include "util/crc32.h"
 
 #define TC_SEQ 16
 #define TC_STEPS_MAX 24
@@ -308,13 +307,10 @@ static inline void tc_write_packed(const char *dir, char **path_out) {
     }
     k += len;
   }
-  char *p = NULL, *mp = NULL;
   size_t plen = strlen(dir) + 32;
-  p = malloc(plen);
-  mp = malloc(plen);
-  assert_true(p && mp);
+  char *p = malloc(plen);
+  assert_non_null(p);
   snprintf(p, plen, "%s/chat_000.bin", dir);
-  snprintf(mp, plen, "%s/chat_000.bin.mask", dir);
   uint16_t t16[TC_PACKED_TOKENS];
   for (int i = 0; i < TC_PACKED_TOKENS; i++)
     t16[i] = (uint16_t)tok[i];
@@ -324,19 +320,19 @@ static inline void tc_write_packed(const char *dir, char **path_out) {
   assert_int_equal(fwrite(hdr, sizeof hdr, 1, f), 1);
   assert_int_equal(fwrite(t16, sizeof t16, 1, f), 1);
   assert_int_equal(fclose(f), 0);
-  uint32_t mh[TZ_DATA_SHARD_HEADER_INTS] = {TZ_DATA_MASK_MAGIC, 1, TC_PACKED_TOKENS,
-                                            tz_crc32(0, t16, sizeof t16), tz_crc32(0, m, sizeof m)};
-  for (int i = 0; i < TC_PACKED_TOKENS; i++) {
-    mh[5] += m[i] & TZ_DATA_MASK_TARGET;
-    mh[6] += (m[i] & TZ_DATA_MASK_START) != 0;
-  }
-  f = fopen(mp, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(mh, sizeof mh, 1, f), 1);
-  assert_int_equal(fwrite(m, sizeof m, 1, f), 1);
-  assert_int_equal(fclose(f), 0);
-  free(mp);
+  tz_test_write_mask(p, tok, m, TC_PACKED_TOKENS);
   *path_out = p;
+}
+
+/* tc_write_packed's data in dir, opened for the cases (seq_len TC_SEQ, the model's vocabulary);
+ * *path_out as there. */
+static inline tz_data *tc_open_packed(const char *dir, char **path_out) {
+  tc_write_packed(dir, path_out);
+  struct tz_data_params dp = {.seq_len = TC_SEQ, .seed = 7};
+  tz_data *d = NULL;
+  TZ_ASSERT_OK(tz_data_open(*path_out, 96, &dp, &d));
+  assert_true(tz_data_packed(d));
+  return d;
 }
 
 /* Number of elements whose bits differ between the two runs' parameters, and whether the losses

@@ -223,10 +223,7 @@ static void test_tolerance(void **state) {
 static void test_packed(void **state) {
   (void)state;
   char *dir = tz_test_mkdtemp("packed"), *path = NULL;
-  tc_write_packed(dir, &path);
-  struct tz_data_params dp = {.seq_len = TC_SEQ, .seed = 7};
-  tz_data *d = NULL;
-  TZ_ASSERT_OK(tz_data_open(path, 96, &dp, &d));
+  tz_data *d = tc_open_packed(dir, &path);
   struct tc_opts o;
   tc_opts_init(&o);
   o.accum = 1;
