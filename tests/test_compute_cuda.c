@@ -1194,9 +1194,9 @@ static void attention_case_pos(struct env *e, int B, int T, int H, int Hkv, int 
     ibuf_init(e, &pb, pos, B * T);
     a.pos = &pb;
   }
-  /* packed documents: the plain kernels (attention.cu) */
-  int tc = on_tensor_cores(e, D, simple || pos);
-  const char *path = pos ? "packed plain" : tc ? "mma" : "plain";
+  /* packed documents: the mma.sync kernels where they take the shape, else the plain ones */
+  int tc = on_tensor_cores(e, D, simple);
+  const char *path = pos ? (tc ? "packed mma" : "packed plain") : tc ? "mma" : "plain";
   char name[128];
   snprintf(name, sizeof name, "attention_fwd %s %s B=%d T=%d H=%d Hkv=%d D=%d", path,
            tz_dtype_name(e->S), B, T, H, Hkv, D);
@@ -1229,8 +1229,9 @@ static void attention_case_pos(struct env *e, int B, int T, int H, int Hkv, int 
 
 /* Packed documents (kernels/compute.h): attention confined to each document and RoPE by
  * position in it, against the cpu backend, at head dims 64 to 128 with grouped-query ratios to
- * 7:1, rows of documents of 1 token to the whole row (and a row of single tokens); bf16 and f32.
- * RoPE at the same positions. */
+ * 7:1, rows of documents of 1 token to the whole row (and a row of single tokens); bf16 on the
+ * mma.sync kernels (auto's choice, whatever it is without pos) and on the plain ones
+ * (TZ_CUDA_ATTENTION=simple), f32 on the plain ones. RoPE at the same positions. */
 static void test_attention_packed(void **state) {
   (void)state;
   g_failures = 0;
@@ -1244,13 +1245,20 @@ static void test_attention_packed(void **state) {
   int32_t ones[70];
   memset(ones, 0, sizeof ones); /* 70 documents of one token */
   static const int shapes[][3] = {{8, 8, 64}, {8, 2, 80}, {7, 1, 96}, {8, 4, 128}, {4, 1, 64}};
-  static const enum tz_dtype dts[] = {TZ_BF16, TZ_F32};
-  for (int d = 0; d < 2; d++) {
+  static const enum tz_dtype dts[] = {TZ_BF16, TZ_BF16, TZ_F32};
+  const char *env_was = getenv("TZ_CUDA_ATTENTION");
+  for (int d = 0; d < 3; d++) {
     struct env e;
-    TZ_ASSERT_OK(env_open(&e, dts[d], TZ_F32));
+    int simple = d == 1 || (env_was && strcmp(env_was, "simple") == 0);
+    if (d == 1)
+      setenv("TZ_CUDA_ATTENTION", "simple", 1);
+    int rc = env_open(&e, dts[d], TZ_F32);
+    if (d == 1 && !env_was)
+      unsetenv("TZ_CUDA_ATTENTION");
+    TZ_ASSERT_OK(rc);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-      attention_case_pos(&e, B, T, shapes[s][0], shapes[s][1], shapes[s][2], 1, pos);
-    attention_case_pos(&e, 1, 70, 4, 2, 64, 1, ones);
+      attention_case_pos(&e, B, T, shapes[s][0], shapes[s][1], shapes[s][2], simple, pos);
+    attention_case_pos(&e, 1, 70, 4, 2, 64, simple, ones);
     for (int inv = 0; inv < 2; inv++) {
       struct ibuf pb;
       ibuf_init(&e, &pb, pos, B * T);

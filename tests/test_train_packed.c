@@ -7,11 +7,13 @@
  * 1e-7 at step 1, with every step's masking right); the same bits
  * with the state in other tiers; red when the documents of a row see each other. The run crosses
  * an epoch (the rows are fewer than the samples read).
- * argv[1] "cuda": the same 20 steps on the cuda backend (f32 storage) against the cpu run: the
- * first loss within 1e-5 relative (the same parameters: the documents of a row seeing each other
- * move it by 4e-5), the later ones within 5e-3 (on an H100 the second was 1.1e-4 apart and the
- * 19th 1.3e-3: Adam's first updates are +-lr wherever a gradient's sign is a rounding away from
- * zero, on either side), learning, and the same bits twice; skips (77) without a CUDA device. */
+ * argv[1] "cuda": the same 20 steps on the cuda backend (which computes in bf16: attention on the
+ * tensor cores' packed kernels) against the cpu run: the first loss within 2e-4 relative (an H100:
+ * 3.9e-5 on the mma.sync kernels, 3.9e-6 on the plain ones), the later ones within 5e-3 (1.3e-3
+ * at the 19th: Adam's first updates are +-lr wherever a gradient's sign is a rounding away from
+ * zero, on either side), learning, and the same bits twice; skips (77) without a CUDA device.
+ * Whether a document sees another is judged at the kernels, where it moves the outputs by far
+ * more than bf16 rounds them (test_compute_cuda: test_attention_packed). */
 #define _GNU_SOURCE
 #include "kernels/adam.h"
 #include "testlib.h"
@@ -171,7 +173,7 @@ static void test_packed_cuda(void **state) {
     double rel = fabs((double)gpu.loss[s] - cpu.loss[s]) / cpu.loss[s];
     print_message("step %d: cuda %.7f, cpu %.7f (relative %.1e)\n", s + 1, gpu.loss[s], cpu.loss[s],
                   rel);
-    assert_true(rel <= (s == 0 ? 1e-5 : 5e-3));
+    assert_true(rel <= (s == 0 ? 2e-4 : 5e-3));
   }
   assert_true(gpu.loss[STEPS - 1] < 0.95f * gpu.loss[0]);
   tc_result_free(&cpu), tc_result_free(&gpu), tc_result_free(&again);

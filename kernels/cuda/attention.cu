@@ -40,14 +40,6 @@ __device__ __forceinline__ float dot_f(const float *a, const float *b, int D) {
   return s;
 }
 
-/* The first row of row t's document in sequence b: t - pos[b][t] (kernels/compute.h, "Packed
- * documents"), or 0 without pos; rows at or past T_ count as starting at T_. */
-__device__ __forceinline__ int doc_start(const int32_t *pos, int b, int T_, int t) {
-  if (t >= T_)
-    return T_;
-  return pos ? t - pos[(size_t)b * T_ + t] : 0;
-}
-
 /* ---- forward ---- */
 
 template <typename T>
@@ -79,7 +71,7 @@ __global__ void __launch_bounds__(THREADS)
   if (threadIdx.x < BQ) {
     sM[threadIdx.x] = -INFINITY;
     sL[threadIdx.x] = 0.0f;
-    sSt[threadIdx.x] = doc_start(pos, b, T_, i0 + threadIdx.x);
+    sSt[threadIdx.x] = tz_doc_start(pos, b, T_, i0 + threadIdx.x);
   }
   __syncthreads();
   const int last_key = min(i0 + BQ, T_) - 1;
@@ -200,7 +192,7 @@ __global__ void __launch_bounds__(THREADS)
     int ti = i0 + threadIdx.x;
     sLse[threadIdx.x] = ti < T_ ? lb[ti] : 0.0f;
     sDel[threadIdx.x] = ti < T_ ? db[ti] : 0.0f;
-    sSt[threadIdx.x] = doc_start(pos, b, T_, ti);
+    sSt[threadIdx.x] = tz_doc_start(pos, b, T_, ti);
   }
   __syncthreads();
   const int last_key = min(i0 + BQ, T_) - 1;
@@ -276,7 +268,7 @@ __global__ void __launch_bounds__(THREADS)
     /* queries from the tile holding j0 onward; earlier ones cannot see these keys, and once a
      * tile's first query starts its document past the last key here, no later query sees one
      * (documents start in increasing order) */
-    for (int i0 = j0 / BQ * BQ; i0 < T_ && doc_start(pos, b, T_, i0) < j0 + BK; i0 += BQ) {
+    for (int i0 = j0 / BQ * BQ; i0 < T_ && tz_doc_start(pos, b, T_, i0) < j0 + BK; i0 += BQ) {
       __syncthreads();
       tile_to_float(sQ, DP, qb, qs, i0, BQ, T_, D);
       tile_to_float(sdO, DP, dob, qs, i0, BQ, T_, D);
@@ -284,7 +276,7 @@ __global__ void __launch_bounds__(THREADS)
         int ti = i0 + threadIdx.x;
         sLse[threadIdx.x] = ti < T_ ? lb[ti] : 0.0f;
         sDel[threadIdx.x] = ti < T_ ? db[ti] : 0.0f;
-        sSt[threadIdx.x] = doc_start(pos, b, T_, ti);
+        sSt[threadIdx.x] = tz_doc_start(pos, b, T_, ti);
       }
       __syncthreads();
       for (int e = threadIdx.x; e < BK * BQ; e += blockDim.x) {
@@ -384,13 +376,18 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
   TZ_CHECK(check_grid(B, H));
   const void *ts[] = {out, q, k, v};
   struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 4);
-  /* Packed documents: the plain kernels only, so far (the tensor-core ones have no pos yet). */
-  if (ch.fwd != TZ_CUDA_KERNEL_PLAIN && !pos) {
+  /* Packed documents: the mma.sync kernels where they take the shape (the warpgroup-MMA and
+   * one-pass ones have no pos yet), else the plain ones below. */
+  if (pos && ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
+    int rc = tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, pos);
+    if (rc <= 0)
+      return rc;
+  } else if (ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
     int rc = ch.fwd == TZ_CUDA_KERNEL_WGMMA
                  ? tz_cuda_attention_fwd_wgmma(c, out, lse, q, k, v, B, T, H, Hkv, D)
              : ch.fwd == TZ_CUDA_KERNEL_ONE_PASS
                  ? tz_cuda_attention_fwd_onepass(c, out, lse, q, k, v, B, T, H, Hkv, D)
-                 : tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D);
+                 : tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, NULL);
     return rc > 0 ? declined("attention_fwd", ch.fwd, D) : rc;
   }
   float scale = 1.0f / sqrtf((float)D);
@@ -423,18 +420,25 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
   }));
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
   struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 7);
-  if (ch.bwd != TZ_CUDA_KERNEL_PLAIN && !pos) {
+  if (pos && ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
+    int rc =
+        tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D, pos);
+    if (rc <= 0)
+      return rc;
+  } else if (ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
     int rc =
         ch.bwd == TZ_CUDA_KERNEL_WGMMA
             ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D)
         : ch.bwd == TZ_CUDA_KERNEL_ONE_PASS
             ? tz_cuda_attention_bwd_onepass(c, ch.tiles, dq, dk, dv, delta, dout, q, k, v, lse, B,
                                             T, H, Hkv, D)
-            : tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
+            : tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
+                                        NULL);
     /* The one-pass backward also declines at run time, where its scratch for dq's sums cannot
      * grow in the memory left: the two-pass kernels take the call (they take the same shapes). */
     if (rc > 0 && ch.bwd == TZ_CUDA_KERNEL_ONE_PASS)
-      rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
+      rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
+                                     NULL);
     return rc > 0 ? declined("attention_bwd", ch.bwd, D) : rc;
   }
   float scale = 1.0f / sqrtf((float)D);

@@ -56,7 +56,7 @@ template <typename W> constexpr size_t fwd_smem_bytes() {
 template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
     attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H,
-                        int Hkv, int D_, float scale_log2) {
+                        int Hkv, int D_, float scale_log2, const int32_t *pos) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP; /* the head dim; tile columns D..DP-1 are zero */
   constexpr int KD = DP / 16, ND = DP / 8, NS = FWD_BN / 8;
@@ -74,10 +74,15 @@ __global__ void __launch_bounds__(NTHREADS)
   const T *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
   const int n_kt = qt + 1; /* key tiles 0..qt: the last is the diagonal one */
   const int row_lo = q0 + warp * 16 + g, row_hi = row_lo + 8;
+  /* Packed documents: the tiles before the block's first row's document hold no key any row
+   * sees (documents start in increasing order); each row hides the keys before its own. */
+  const int kt0 = pos ? tz_doc_start(pos, b, T_, q0) / FWD_BN : 0;
+  const int st_lo = pos ? tz_doc_start(pos, b, T_, row_lo) : 0;
+  const int st_hi = pos ? tz_doc_start(pos, b, T_, row_hi) : 0;
 
   load_tile<FWD_BM, W>(sQ, qb, qs, q0, T_ - q0, D);
-  load_tile<FWD_BN, W>(sK, kb, ks, 0, T_, D);
-  load_tile<FWD_BN, W>(sV, vb, ks, 0, T_, D);
+  load_tile<FWD_BN, W>(sK, kb, ks, kt0 * FWD_BN, T_ - kt0 * FWD_BN, D);
+  load_tile<FWD_BN, W>(sV, vb, ks, kt0 * FWD_BN, T_ - kt0 * FWD_BN, D);
   cp_async_commit();
 
   uint32_t qf[KD][4];
@@ -88,8 +93,8 @@ __global__ void __launch_bounds__(NTHREADS)
   float m_lo = -INFINITY, m_hi = -INFINITY; /* running max of scores * scale * log2(e) */
   float l_lo = 0.0f, l_hi = 0.0f;           /* this thread's part of the running sum */
 
-  for (int kt = 0; kt < n_kt; kt++) {
-    const int buf = kt & 1;
+  for (int kt = kt0; kt < n_kt; kt++) {
+    const int buf = (kt - kt0) & 1;
     if (kt + 1 < n_kt) {
       int r0 = (kt + 1) * FWD_BN;
       load_tile<FWD_BN, W>(sK + (buf ^ 1) * FWD_BN * P, kb, ks, r0, T_ - r0, D);
@@ -100,7 +105,7 @@ __global__ void __launch_bounds__(NTHREADS)
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (kt == 0) {
+    if (kt == kt0) {
 #pragma unroll
       for (int kk = 0; kk < KD; kk++)
         load_a<P>(qf[kk], sQ, warp * 16, kk * 16, lane);
@@ -123,8 +128,8 @@ __global__ void __launch_bounds__(NTHREADS)
     }
 
     /* scores in the log2 domain; the diagonal tile hides keys after the query */
-    softmax_step<NS, ND>(s, o, m_lo, m_hi, l_lo, l_hi, kt == n_kt - 1, kt * FWD_BN, row_lo, row_hi,
-                         c, scale_log2);
+    softmax_step<NS, ND>(s, o, m_lo, m_hi, l_lo, l_hi, kt == n_kt - 1 || pos, kt * FWD_BN, row_lo,
+                         row_hi, c, scale_log2, st_lo, st_hi);
 
     /* o += p v */
 #pragma unroll
@@ -158,7 +163,7 @@ template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
     attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
                            const float *lse, const float *delta, int T_, int H, int Hkv, int D_,
-                           float scale, float scale_log2) {
+                           float scale, float scale_log2, const int32_t *pos) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP;
   constexpr int KD = DP / 16, ND = DP / 8, NS = DQ_BN / 8;
@@ -184,11 +189,15 @@ __global__ void __launch_bounds__(NTHREADS)
   const float lse_hi = row_hi < T_ ? __fmul_rn(lb[row_hi], LOG2E) : 0.0f;
   const float del_lo = row_lo < T_ ? db[row_lo] : 0.0f;
   const float del_hi = row_hi < T_ ? db[row_hi] : 0.0f;
+  /* Packed documents: as the forward, from the block's first row's document's tile. */
+  const int kt0 = pos ? tz_doc_start(pos, b, T_, q0) / DQ_BN : 0;
+  const int st_lo = pos ? tz_doc_start(pos, b, T_, row_lo) : 0;
+  const int st_hi = pos ? tz_doc_start(pos, b, T_, row_hi) : 0;
 
   load_tile<DQ_BM, W>(sQ, qb, qs, q0, T_ - q0, D);
   load_tile<DQ_BM, W>(sdO, dob, qs, q0, T_ - q0, D);
-  load_tile<DQ_BN, W>(sK, kb, ks, 0, T_, D);
-  load_tile<DQ_BN, W>(sV, vb, ks, 0, T_, D);
+  load_tile<DQ_BN, W>(sK, kb, ks, kt0 * DQ_BN, T_ - kt0 * DQ_BN, D);
+  load_tile<DQ_BN, W>(sV, vb, ks, kt0 * DQ_BN, T_ - kt0 * DQ_BN, D);
   cp_async_commit();
 
   float acc[ND][4];
@@ -196,8 +205,8 @@ __global__ void __launch_bounds__(NTHREADS)
   for (int i = 0; i < ND; i++)
     acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-  for (int kt = 0; kt < n_kt; kt++) {
-    const int buf = kt & 1;
+  for (int kt = kt0; kt < n_kt; kt++) {
+    const int buf = (kt - kt0) & 1;
     if (kt + 1 < n_kt) {
       int r0 = (kt + 1) * DQ_BN;
       load_tile<DQ_BN, W>(sK + (buf ^ 1) * DQ_BN * P, kb, ks, r0, T_ - r0, D);
@@ -234,7 +243,7 @@ __global__ void __launch_bounds__(NTHREADS)
     }
 
     q_probs<NS>(s, dp, kt == n_kt - 1, kt * DQ_BN, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
-                c, scale_log2);
+                c, scale_log2, st_lo, st_hi);
 
     /* acc += ds k */
 #pragma unroll
@@ -271,7 +280,7 @@ template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
     attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
                              const float *lse, const float *delta, int T_, int H, int Hkv, int D_,
-                             float scale, float scale_log2) {
+                             float scale, float scale_log2, const int32_t *pos) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP;
   constexpr int ND = DP / 8, NS = KV_BM / 8;
@@ -290,7 +299,15 @@ __global__ void __launch_bounds__(NTHREADS)
   const T *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
   const T *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
   const int key_lo = k0 + warp * 16 + g, key_hi = key_lo + 8;
-  const int n_chunks = (T_ - k0 + KV_BM - 1) / KV_BM;
+  int n_chunks = (T_ - k0 + KV_BM - 1) / KV_BM;
+  /* Packed documents: no query from the first chunk whose first query's document starts past
+   * this tile's last key on sees a key of it (documents start in increasing order). */
+  if (pos) {
+    int n = 0;
+    while (n < n_chunks && tz_doc_start(pos, b, T_, k0 + n * KV_BM) < k0 + KV_BN)
+      n++;
+    n_chunks = n;
+  }
   const int n_it = group * n_chunks;
 
   /* Chunk `it`: head hk * group + it / n_chunks, queries from k0 + (it % n_chunks) * BM. */
@@ -329,7 +346,7 @@ __global__ void __launch_bounds__(NTHREADS)
 
     float st[NS][4], dpt[NS][4];
     kv_scores<T, W, NS>(st, dpt, sK, sV, Qc, dOc, warp, lane);
-    kv_probs<NS>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c);
+    kv_probs<NS>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true, pos, b);
     kv_accumulate<T, W, NS>(dka, dva, st, dpt, Qc, dOc, lane);
     __syncthreads();
   }
@@ -343,7 +360,7 @@ __global__ void __launch_bounds__(NTHREADS)
 
 template <typename E, typename W>
 int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
-               const void *v, int B, int T, int H, int Hkv, int D) {
+               const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos) {
   constexpr size_t smem = fwd_smem_bytes<W>();
   auto kern = attn_fwd_mma_kernel<E, W>;
   TZ_CU(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -351,7 +368,7 @@ int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const vo
   dim3 grid((unsigned)((T + FWD_BM - 1) / FWD_BM), (unsigned)H, (unsigned)B);
   float scale_log2 = 1.0f / sqrtf((float)D) * LOG2E;
   kern<<<grid, NTHREADS, smem, c->stream>>>((E *)out, lse, (const E *)q, (const E *)k, (const E *)v,
-                                            T, H, Hkv, D, scale_log2);
+                                            T, H, Hkv, D, scale_log2, pos);
   TZ_CU_LAUNCHED();
   return 0;
 }
@@ -359,7 +376,7 @@ int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const vo
 template <typename E, typename W>
 int launch_bwd(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
                const void *dout, const void *q, const void *k, const void *v, const float *lse,
-               int B, int T, int H, int Hkv, int D) {
+               int B, int T, int H, int Hkv, int D, const int32_t *pos) {
   constexpr size_t smem_q = dq_smem_bytes<W>(), smem_kv = dkdv_smem_bytes<W>();
   auto kq = attn_bwd_dq_mma_kernel<E, W>;
   auto kkv = attn_bwd_dkdv_mma_kernel<E, W>;
@@ -372,12 +389,12 @@ int launch_bwd(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *del
   dim3 grid_q((unsigned)((T + DQ_BM - 1) / DQ_BM), (unsigned)H, (unsigned)B);
   kq<<<grid_q, NTHREADS, smem_q, c->stream>>>((E *)dq, (const E *)dout, (const E *)q, (const E *)k,
                                               (const E *)v, lse, delta, T, H, Hkv, D, scale,
-                                              scale_log2);
+                                              scale_log2, pos);
   TZ_CU_LAUNCHED();
   dim3 grid_kv((unsigned)((T + KV_BN - 1) / KV_BN), (unsigned)Hkv, (unsigned)B);
   kkv<<<grid_kv, NTHREADS, smem_kv, c->stream>>>((E *)dk, (E *)dv, (const E *)dout, (const E *)q,
                                                  (const E *)k, (const E *)v, lse, delta, T, H, Hkv,
-                                                 D, scale, scale_log2);
+                                                 D, scale, scale_log2, pos);
   TZ_CU_LAUNCHED();
   return 0;
 }
@@ -403,7 +420,8 @@ int tz_cuda_attention_mma_route(const struct tz_cuda *c, int D, const void *cons
 }
 
 int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const void *q,
-                              const void *k, const void *v, int B, int T, int H, int Hkv, int D) {
+                              const void *k, const void *v, int B, int T, int H, int Hkv, int D,
+                              const int32_t *pos) {
   const void *ts[] = {out, q, k, v};
   int route = tz_cuda_attention_mma_route(c, D, ts, 4);
   if (!route)
@@ -411,14 +429,15 @@ int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const vo
   return with_width(D, route == 2, [&](auto w) {
     using W = decltype(w);
     if (c->S == TZ_BF16)
-      return launch_fwd<__nv_bfloat16, W>(c, out, lse, q, k, v, B, T, H, Hkv, D);
-    return launch_fwd<__half, W>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+      return launch_fwd<__nv_bfloat16, W>(c, out, lse, q, k, v, B, T, H, Hkv, D, pos);
+    return launch_fwd<__half, W>(c, out, lse, q, k, v, B, T, H, Hkv, D, pos);
   });
 }
 
 int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
                               const void *dout, const void *q, const void *k, const void *v,
-                              const float *lse, int B, int T, int H, int Hkv, int D) {
+                              const float *lse, int B, int T, int H, int Hkv, int D,
+                              const int32_t *pos) {
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
   int route = tz_cuda_attention_mma_route(c, D, ts, 7);
   if (!route)
@@ -426,8 +445,8 @@ int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, c
   return with_width(D, route == 2, [&](auto w) {
     using W = decltype(w);
     if (c->S == TZ_BF16)
-      return launch_bwd<__nv_bfloat16, W>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv,
-                                          D);
-    return launch_bwd<__half, W>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D);
+      return launch_bwd<__nv_bfloat16, W>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
+                                          pos);
+    return launch_bwd<__half, W>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D, pos);
   });
 }

@@ -1,7 +1,7 @@
 /* The pieces the tensor-core attention kernels share (attention_mma.cu: forward and the two-pass
- * backward; attention_onepass.cu: the one-pass backward; attention_wgmma.cu: warpgroup MMA): fragment addressing in shared tiles,
- * tile widths, cp.async tile loads, and quad reductions. The fragment layouts and the tile
- * widths are described at the top of attention_mma.cu. */
+ * backward; attention_onepass.cu: the one-pass backward; attention_wgmma.cu: warpgroup MMA):
+ * fragment addressing in shared tiles, tile widths, cp.async tile loads, and quad reductions. The
+ * fragment layouts and the tile widths are described at the top of attention_mma.cu. */
 #ifndef TZ_KERNELS_CUDA_ATTENTION_MMA_CUH
 #define TZ_KERNELS_CUDA_ATTENTION_MMA_CUH
 
@@ -117,39 +117,43 @@ __device__ __forceinline__ float quad_sum(float x) {
  * tile's keys from key0: the scores s (raw products) become probabilities in place, the running
  * max m (of scores * scale * log2(e)) and this thread's part of the running sum l are updated,
  * and a_lo, a_hi are the factors exp2(old max - new max) the output is to be rescaled by. mask:
- * hide keys after the row (a tile that reaches past the warp's first row). */
+ * hide keys after the row (a tile that reaches past the warp's first row), and keys before
+ * st_lo, st_hi, the rows' documents' first keys (packed documents; 0 without). */
 template <int NS>
 __device__ __forceinline__ void softmax_probs(float (&s)[NS][4], float &m_lo, float &m_hi,
                                               float &l_lo, float &l_hi, float &a_lo, float &a_hi,
                                               bool mask, int key0, int row_lo, int row_hi, int c,
-                                              float scale_log2) {
+                                              float scale_log2, int st_lo = 0, int st_hi = 0) {
   float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       int key = key0 + nt * 8 + 2 * c + (e & 1);
-      int row = e < 2 ? row_lo : row_hi;
+      int row = e < 2 ? row_lo : row_hi, st = e < 2 ? st_lo : st_hi;
       float x = __fmul_rn(s[nt][e], scale_log2);
-      s[nt][e] = mask && key > row ? -INFINITY : x;
+      s[nt][e] = mask && (key > row || key < st) ? -INFINITY : x;
     }
     mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
     mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
   }
-  /* Key 0 is in tile 0 and visible to every row, so the max is finite from the first tile. */
+  /* Key 0 is in tile 0 and visible to every row, so the max is finite from the first tile;
+   * with packed documents a row may see no key of the tiles so far: its max stays -inf, its
+   * factor 1 and its probabilities 0 (the same arithmetic otherwise). */
   mx_lo = quad_max(mx_lo);
   mx_hi = quad_max(mx_hi);
-  a_lo = exp2f(__fsub_rn(m_lo, mx_lo));
-  a_hi = exp2f(__fsub_rn(m_hi, mx_hi));
+  a_lo = mx_lo == -INFINITY ? 1.0f : exp2f(__fsub_rn(m_lo, mx_lo));
+  a_hi = mx_hi == -INFINITY ? 1.0f : exp2f(__fsub_rn(m_hi, mx_hi));
   m_lo = mx_lo;
   m_hi = mx_hi;
+  const float b_lo = mx_lo == -INFINITY ? 0.0f : mx_lo, b_hi = mx_hi == -INFINITY ? 0.0f : mx_hi;
   float ps_lo = 0.0f, ps_hi = 0.0f;
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
-    s[nt][0] = exp2f(__fsub_rn(s[nt][0], m_lo));
-    s[nt][1] = exp2f(__fsub_rn(s[nt][1], m_lo));
-    s[nt][2] = exp2f(__fsub_rn(s[nt][2], m_hi));
-    s[nt][3] = exp2f(__fsub_rn(s[nt][3], m_hi));
+    s[nt][0] = exp2f(__fsub_rn(s[nt][0], b_lo));
+    s[nt][1] = exp2f(__fsub_rn(s[nt][1], b_lo));
+    s[nt][2] = exp2f(__fsub_rn(s[nt][2], b_hi));
+    s[nt][3] = exp2f(__fsub_rn(s[nt][3], b_hi));
     ps_lo = __fadd_rn(ps_lo, __fadd_rn(s[nt][0], s[nt][1]));
     ps_hi = __fadd_rn(ps_hi, __fadd_rn(s[nt][2], s[nt][3]));
   }
@@ -171,12 +175,13 @@ __device__ __forceinline__ void softmax_rescale(float (&o)[ND][4], float a_lo, f
 
 /* Both: a key tile's step of the online softmax, the output rescaled at once. */
 template <int NS, int ND>
-__device__ __forceinline__ void
-softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo, float &m_hi, float &l_lo,
-             float &l_hi, bool mask, int key0, int row_lo, int row_hi, int c, float scale_log2) {
+__device__ __forceinline__ void softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo,
+                                             float &m_hi, float &l_lo, float &l_hi, bool mask,
+                                             int key0, int row_lo, int row_hi, int c,
+                                             float scale_log2, int st_lo = 0, int st_hi = 0) {
   float a_lo, a_hi;
   softmax_probs<NS>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, mask, key0, row_lo, row_hi, c,
-                    scale_log2);
+                    scale_log2, st_lo, st_hi);
   softmax_rescale<ND>(o, a_lo, a_hi);
 }
 
@@ -218,20 +223,23 @@ fwd_store(T *out, float *lse, const float (&o)[W::DP / 8][4], float l_lo, float 
 
 /* ds into dp, in place, for the warp's 16 query rows (row_lo, row_hi: this thread's two, with
  * their lse * log2(e) and delta) against a key tile of 8 NS keys from key0; diag: the tile of
- * the rows' own keys, where keys after the row give 0. */
+ * the rows' own keys, where keys after the row give 0; keys before st_lo, st_hi (the rows'
+ * documents' first keys, packed documents; 0 without) give 0 in every tile. */
 template <int NS>
 __device__ __forceinline__ void q_probs(const float (&s)[NS][4], float (&dp)[NS][4], bool diag,
                                         int key0, int row_lo, int row_hi, float lse_lo,
                                         float lse_hi, float del_lo, float del_hi, int c,
-                                        float scale_log2) {
+                                        float scale_log2, int st_lo = 0, int st_hi = 0) {
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       int key = key0 + nt * 8 + 2 * c + (e & 1);
-      int row = e < 2 ? row_lo : row_hi;
+      int row = e < 2 ? row_lo : row_hi, st = e < 2 ? st_lo : st_hi;
       float l2 = e < 2 ? lse_lo : lse_hi, dl = e < 2 ? del_lo : del_hi;
-      float p = diag && key > row ? 0.0f : exp2f(__fsub_rn(__fmul_rn(s[nt][e], scale_log2), l2));
+      float p = (diag && key > row) || key < st
+                    ? 0.0f
+                    : exp2f(__fsub_rn(__fmul_rn(s[nt][e], scale_log2), l2));
       dp[nt][e] = __fmul_rn(p, __fsub_rn(dp[nt][e], dl)); /* ds */
     }
   }
@@ -240,8 +248,7 @@ __device__ __forceinline__ void q_probs(const float (&s)[NS][4], float (&dp)[NS]
 /* The warp's rows of dq (times scale) into dqb (the (batch, head)'s first row, rows qs apart). */
 template <typename T, typename W>
 __device__ __forceinline__ void q_store(T *dqb, const float (&acc)[W::DP / 8][4], size_t qs,
-                                        int row_lo, int row_hi, int T_, int D, float scale,
-                                        int c) {
+                                        int row_lo, int row_hi, int T_, int D, float scale, int c) {
 #pragma unroll
   for (int dt = 0; dt < W::DP / 8; dt++) {
     int d = dt * 8 + 2 * c;
@@ -313,20 +320,24 @@ __device__ __forceinline__ void kv_scores(float (&st)[NS][4], float (&dpt)[NS][4
 
 /* p^T into st and ds^T into dpt, in place, for the chunk's queries from i0 (Lc: lse * log2(e),
  * Dc: delta, per query); keys after the query and queries past T give 0. mask false: a chunk
- * whose every query sees every key and lies before T (the same arithmetic, no test). */
+ * whose every query sees every key and lies before T (the same arithmetic, no test). pos
+ * (packed documents, with the sequence b; NULL without): a key before a query's document's
+ * first gives 0 too. */
 template <int NS>
 __device__ __forceinline__ void kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc,
                                          const float *Dc, int i0, int key_lo, int key_hi, int T_,
-                                         float scale_log2, int c, bool mask = true) {
+                                         float scale_log2, int c, bool mask = true,
+                                         const int32_t *pos = nullptr, int b = 0) {
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
       int key = e < 2 ? key_lo : key_hi;
-      float p = mask && (query < key || query >= T_)
-                    ? 0.0f
-                    : exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
+      float p =
+          mask && (query < key || query >= T_ || (pos && key < query - pos[(size_t)b * T_ + query]))
+              ? 0.0f
+              : exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
       st[nt][e] = p;
       dpt[nt][e] = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi])); /* ds^T */
     }

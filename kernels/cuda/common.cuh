@@ -98,6 +98,15 @@ static inline unsigned tz_cuda_grid(const struct tz_cuda *c, size_t n, unsigned 
  * Through core/dtype.h's integer conversions, the ones the cpu backend uses, so that both give
  * the same bits for every value, NaN payloads included. */
 
+/* The first row of row t's document in sequence b of T_ rows: t - pos[b][t] (kernels/compute.h,
+ * "Packed documents"), or 0 without pos; rows at or past T_ count as starting at T_ (they see no
+ * key). Documents start in increasing order along a row. */
+__device__ __forceinline__ int tz_doc_start(const int32_t *pos, int b, int T_, int t) {
+  if (t >= T_)
+    return T_;
+  return pos ? t - pos[(size_t)b * T_ + t] : 0;
+}
+
 __device__ __forceinline__ float tz_ld(float x) { return x; }
 __device__ __forceinline__ float tz_ld(__nv_bfloat16 x) {
   return tz_bf16_to_f32(__bfloat16_as_ushort(x));
@@ -211,18 +220,22 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
                           const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos);
 int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
                           const void *q, const void *k, const void *v, const void *out,
-                          const float *lse, int B, int T, int H, int Hkv, int D, const int32_t *pos);
+                          const float *lse, int B, int T, int H, int Hkv, int D,
+                          const int32_t *pos);
 int tz_cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits,
                  const int32_t *targets, int N, int V, float dscale);
 
 /* The tensor-core attention kernels (attention_mma.cu): 16-bit storage, head dims that are
  * multiples of 4 up to 128, tensors at least 8-byte aligned. They return 1 when they do not
- * handle the call, so attention.cu falls back to the plain kernels. */
+ * handle the call, so attention.cu falls back to the plain kernels. pos: packed documents
+ * (compute.h), or NULL. */
 int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const void *q,
-                              const void *k, const void *v, int B, int T, int H, int Hkv, int D);
+                              const void *k, const void *v, int B, int T, int H, int Hkv, int D,
+                              const int32_t *pos);
 int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
                               const void *dout, const void *q, const void *k, const void *v,
-                              const float *lse, int B, int T, int H, int Hkv, int D);
+                              const float *lse, int B, int T, int H, int Hkv, int D,
+                              const int32_t *pos);
 /* Whether the tensor-core kernels take a call with head dim D and tensors ts[0..n): 0 no, 1 at a
  * padded width, 2 at an exact one. */
 int tz_cuda_attention_mma_route(const struct tz_cuda *c, int D, const void *const *ts, int n);
