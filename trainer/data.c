@@ -1031,9 +1031,9 @@ int tz_data_open(const char *spec, int vocab, const struct tz_data_params *p, tz
     source_describe(&d->val_src, v, sizeof v);
     snprintf(val, sizeof val, " from %s", v);
   }
-  snprintf(d->desc, sizeof d->desc, "%s; %" PRIu64 " train + %" PRIu64 " val%s %s of %d tokens",
-           what, d->n_train, d->n_val, val, masked ? "packed rows" : "windows",
-           masked ? d->T : d->T + 1);
+  snprintf(d->desc, sizeof d->desc, "%s; %" PRIu64 " train + %" PRIu64 " val %s of %d tokens%s",
+           what, d->n_train, d->n_val, masked ? "packed rows" : "windows", masked ? d->T : d->T + 1,
+           val);
   if (masked) {
     size_t used = strlen(d->desc);
     snprintf(d->desc + used, sizeof d->desc - used, "; %s", d->pack_desc);

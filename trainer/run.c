@@ -878,7 +878,7 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
   int rc = ckpt_claim(&r);
   if (rc == 0)
     rc = choose_model(&r);
-  if (rc == 0)
+  if (rc == 0 && (!o->plan_only || cfg->tierzero.epochs > 0)) /* a plan needs no data */
     rc = open_data(&r);
   if (rc == 0)
     rc = resolve_epochs(&r, &oo);
