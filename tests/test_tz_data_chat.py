@@ -403,27 +403,27 @@ def train(tmp, dirs):
     check(p.returncode == 0, f"tz-train on chat shards exited {p.returncode}: {p.stderr}")
     check("packed: 180 documents" in p.stdout, f"tz-train's data line: {p.stdout[:600]}")
     check("step 3/3" in p.stdout and "eval loss" in p.stdout, f"tz-train: {p.stdout[-600:]}")
-    # Two epochs (ceil(2 * rows / 4) steps), and the same stopped at step 17, mid-epoch, and
-    # resumed: the resumed steps are the uninterrupted run's, bit for bit.
+    # Two epochs (ceil(2 * rows / 8) steps at micro-batch 8), and the same stopped at step 9,
+    # mid-epoch, and resumed: the resumed steps are the uninterrupted run's, bit for bit.
     def losses(path):
         with open(path) as f:
             rows = [json.loads(line) for line in f if line.strip()]
         return [(r["step"], r["loss"]) for r in rows if "step" in r and not r.get("summary")]
-    ep = [c for c in common if c not in ("--steps", "3")]
+    ep = [c for c in common if c not in ("--steps", "3")] + ["--per-device-train-batch-size", "8"]
     at = lambda *a: os.path.join(tmp, *a)
     p = subprocess.run([*ep, "--epochs", "2", "--metrics", at("whole.jsonl")],
                        capture_output=True, text=True)
     check(p.returncode == 0, f"--epochs 2: {p.stderr}")
-    p = subprocess.run([*ep, "--steps", "17", "--metrics", at("parts.jsonl"), "--ckpt-dir",
+    p = subprocess.run([*ep, "--steps", "9", "--metrics", at("parts.jsonl"), "--ckpt-dir",
                         at("ck")], capture_output=True, text=True)
-    check(p.returncode == 0, f"the first 17 steps: {p.stderr}")
+    check(p.returncode == 0, f"the first 9 steps: {p.stderr}")
     p = subprocess.run([*ep, "--epochs", "2", "--metrics", at("parts.jsonl"), "--resume",
                         at("ck")], capture_output=True, text=True)
     check(p.returncode == 0, f"resumed: {p.stderr}")
     whole, parts = losses(at("whole.jsonl")), losses(at("parts.jsonl"))
     m = re.search(r"into (\d+) rows of", p.stdout)
     rows = int(m.group(1)) if m else 0
-    check(len(whole) == (2 * rows + 3) // 4 and len(whole) > 20 and whole == parts,
+    check(len(whole) == (2 * rows + 7) // 8 and len(whole) > 2 * 9 and whole == parts,
           f"resumed mid-epoch: {len(parts)} steps, first difference "
           f"{next(((a, b) for a, b in zip(whole, parts) if a != b), None)}")
     # Another shard's mask beside the first shard: refused, naming the file, before any step.
