@@ -150,6 +150,10 @@ struct tz_config {
     char *data;           /* the training data (tz-train --data; docs/data.md); NULL = the
                              built-in corpus. Saved in checkpoints: a resume without --data
                              trains on what the run it continues trained on */
+    double warmup_ratio;  /* > 0: the schedule's warm-up is ceil(warmup_ratio * its total steps)
+                             (Hugging Face TrainingArguments' warmup_ratio; tz-train
+                             --warmup-ratio) in place of scheduler.params.warmup_num_steps; 0 =
+                             not set (trainer/lr.c) */
     double epochs;        /* the run's length in passes over the training data (tz-train
                              --epochs; trainer/run.c): ceil(epochs * samples / the global batch)
                              steps; 0 = --steps */

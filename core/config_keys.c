@@ -156,6 +156,7 @@ const struct key tz_config_keys[] = {
   STR("tierzero.model", tierzero.model),
   STR("tierzero.data", tierzero.data),
   DBL("tierzero.epochs", tierzero.epochs, 0, 1e6, 0, 0),
+  DBL("tierzero.warmup_ratio", tierzero.warmup_ratio, 0, 1, 0, F_MAX_OPEN),
   ENUM("tierzero.long_documents", tierzero.long_documents, long_doc_names, 0, 0),
   SIZE("tierzero.hbm_budget", tierzero.hbm_budget, 0, 0, 0),
   SIZE("tierzero.host_budget", tierzero.host_budget, 0, 0, 0),

@@ -33,20 +33,22 @@ BIN = sys.argv[1]
 class Reference:
     """One DeepSpeed scheduler of a ds_config's scheduler section, as its engine drives it."""
 
-    def __init__(self, sched, opt_lr, total_auto):
+    def __init__(self, sched, opt_lr, total_auto, warmup_ratio=0.0):
         self.type = sched.get("type") if sched else None
         p = dict(sched.get("params", {})) if sched else {}
         self.it = -1  # last_batch_iteration at construction
         self.opt_lr = opt_lr
         if self.type is None:
             return
+        self.total = p.get("total_num_steps", total_auto)
         w = p.get("warmup_num_steps", 1000)
+        if warmup_ratio > 0:  # Hugging Face's get_warmup_steps, filling warmup_num_steps "auto"
+            w = math.ceil(warmup_ratio * self.total)
         if not isinstance(w, int) or w <= 0:
             raise ValueError("warmup_num_steps must be a positive integer")
         self.w = max(2, w)
         self.kind = p.get("warmup_type", "log")
         self.inv_log = 1.0 / math.log(self.w)
-        self.total = p.get("total_num_steps", total_auto)
         if self.type == "WarmupCosineLR":
             self.wmr = p.get("warmup_min_ratio", 0.0)
             self.cmr = p.get("cos_min_ratio", 0.0001)
@@ -193,6 +195,34 @@ def main():
                 if abs(lr - want) > 1e-9 * max(abs(want), 1e-30):
                     failures.append(f"{name}: step {step}: lr {lr!r}, DeepSpeed's {want!r}")
             print(f"{name}: {' '.join('%.6g' % lr for _, lr in got)}")
+        # --warmup-ratio (Hugging Face's warmup_ratio): the warm-up ceil(ratio * total) steps,
+        # over the run's steps and over total_num_steps.
+        for name, sched, steps, ratio in (
+                ("ratio-decay-linear", {"type": "WarmupDecayLR", "params": {
+                    "warmup_max_lr": 1e-3, "warmup_type": "linear"}}, 20, 0.25),
+                ("ratio-cosine-total", {"type": "WarmupCosineLR", "params": {
+                    "warmup_type": "linear", "total_num_steps": 30}}, 12, 0.1)):
+            p, metrics = run(tmp, name, sched, steps, ("--warmup-ratio", str(ratio)))
+            if p.returncode != 0:
+                failures.append(f"{name}: tz-train exited {p.returncode}: {p.stderr[-400:]}")
+                continue
+            ref = Reference(sched, 3e-4, steps, ratio)
+            for step, lr in lrs(metrics):
+                want = ref.lr()
+                ref.step()
+                if abs(lr - want) > 1e-9 * max(abs(want), 1e-30):
+                    failures.append(f"{name}: step {step}: lr {lr!r}, expected {want!r}")
+            if "tierzero.warmup_ratio %s from --warmup-ratio" % ratio not in p.stdout:
+                failures.append(f"{name}: the start does not say where the ratio came from")
+            print(f"{name}: warm-up {ref.w} steps")
+        # Both a ratio and steps: refused; a ratio without a schedule: refused.
+        p, _ = run(tmp, "ratio-and-steps", {"type": "WarmupLR", "params": {}}, 2,
+                   ("--warmup-ratio", "0.1", "--warmup-steps", "5"))
+        if p.returncode != 2 or "both given" not in p.stderr:
+            failures.append(f"ratio and steps: exit {p.returncode}: {p.stderr[-300:]}")
+        p, _ = run(tmp, "ratio-constant", None, 2, ("--warmup-ratio", "0.1"))
+        if p.returncode != 2 or "no scheduler" not in p.stderr:
+            failures.append(f"ratio without a schedule: exit {p.returncode}: {p.stderr[-300:]}")
         # A warm-up of 0 steps: refused at start as DeepSpeed 0.19.3 refuses it, naming the key.
         p, _ = run(tmp, "warmup-0", {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}, 2)
         if p.returncode != 2 or "scheduler.params.warmup_num_steps" not in p.stderr:

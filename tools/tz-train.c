@@ -107,6 +107,10 @@ static void usage(FILE *f) {
       "  --nproc N            start N workers on this machine (needs a GPU per worker);\n"
       "                       on CPUs run N ranks under mpirun instead\n"
       "  --set KEY=VALUE      set one config key (JSON path), after the files\n"
+      "  --learning-rate, --weight-decay, --max-grad-norm, --warmup-steps, --warmup-ratio,\n"
+      "  --per-device-train-batch-size, --gradient-accumulation-steps, --num-train-epochs\n"
+      "                       Hugging Face TrainingArguments' names, each the --set of its\n"
+      "                       key (docs/config.md), over the config files\n"
       "  --ckpt-dir DIR       save checkpoints under DIR (every --save-every steps, at the\n"
       "                       end, and on SIGTERM/SIGINT); docs/checkpoints.md\n"
       "  --save-every N       save every N steps (default 0: only at the end and on a signal)\n"
@@ -165,6 +169,7 @@ static const struct {
     {"per-device-train-batch-size", "train_micro_batch_size_per_gpu"},
     {"gradient-accumulation-steps", "gradient_accumulation_steps"},
     {"num-train-epochs", "tierzero.epochs"},
+    {"warmup-ratio", "tierzero.warmup_ratio"},
 };
 #define N_HF_FLAGS ((int)(sizeof hf_flags / sizeof hf_flags[0]))
 _Static_assert(sizeof hf_flags / sizeof hf_flags[0] <= 8, "struct opts.hf_value holds them");

@@ -13,7 +13,10 @@
  * - WarmupLR's peak without warmup_max_lr is optimizer.params.lr; WarmupDecayLR's is 0.001 (the
  *   keyword's default there); WarmupCosineLR scales optimizer.params.lr.
  * - WarmupCosineLR holds at cos_min_ratio once past total_num_steps (its progress is at most 1);
- *   WarmupDecayLR holds at warmup_min_lr. */
+ *   WarmupDecayLR holds at warmup_min_lr.
+ * - tierzero.warmup_ratio r > 0 (Hugging Face's warmup_ratio) makes the warm-up ceil(r * total)
+ *   steps, total being total_num_steps or the run's, as the Trainer's get_warmup_steps fills
+ *   warmup_num_steps "auto"; raised to 2 like any warm-up. */
 #include "trainer/lr.h"
 
 #include <math.h>
@@ -29,8 +32,10 @@ double tz_lr_at(const struct tz_config *c, int64_t update, int64_t total_steps) 
   if (c->scheduler.type == TZ_LR_CONSTANT)
     return c->optimizer.lr;
   int64_t it = update - 1; /* the scheduler's last_batch_iteration when update runs */
-  int64_t w = c->scheduler.warmup_num_steps > 2 ? c->scheduler.warmup_num_steps : 2;
   int64_t total = c->scheduler.total_num_steps > 0 ? c->scheduler.total_num_steps : total_steps;
+  int64_t w = c->tierzero.warmup_ratio > 0 ? (int64_t)ceil(c->tierzero.warmup_ratio * (double)total)
+                                           : c->scheduler.warmup_num_steps;
+  w = w > 2 ? w : 2;
   double lo = c->scheduler.warmup_min_lr;
   switch (c->scheduler.type) {
   case TZ_LR_CONSTANT: break;

@@ -275,6 +275,30 @@ int tz_run_options_check(struct tz_run_options *o, int launch_ranks) {
   return 0;
 }
 
+/* tierzero.warmup_ratio (--warmup-ratio) against what this invocation gave: a warm-up in steps
+ * given too is refused (as Hugging Face's warmup_steps would win silently over the ratio), one
+ * given alone wins over a ratio a resumed checkpoint carries; a ratio without a schedule, whose
+ * warm-up it would set, is refused. */
+static int warmup_ratio_check(struct tz_config *cfg) {
+  int steps = tz_config_section_given(cfg, "scheduler.params.warmup_num_steps");
+  int ratio = tz_config_section_given(cfg, "tierzero.warmup_ratio");
+  if (steps && ratio)
+    return tz_err_set(TZ_ECONFIG,
+                      "tierzero.warmup_ratio %g (--warmup-ratio) and "
+                      "scheduler.params.warmup_num_steps %lld (--warmup-steps, or the config) "
+                      "are both given: give one",
+                      cfg->tierzero.warmup_ratio, (long long)cfg->scheduler.warmup_num_steps);
+  if (steps)
+    cfg->tierzero.warmup_ratio = 0;
+  if (cfg->tierzero.warmup_ratio > 0 && cfg->scheduler.type == TZ_LR_CONSTANT)
+    return tz_err_set(TZ_ECONFIG,
+                      "tierzero.warmup_ratio %g (--warmup-ratio): the config has no scheduler "
+                      "section, and a constant rate has no warm-up; add \"scheduler\": "
+                      "{\"type\": \"WarmupDecayLR\"} or WarmupCosineLR (docs/config.md)",
+                      cfg->tierzero.warmup_ratio);
+  return 0;
+}
+
 int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *src, int world,
                   struct tz_config *cfg) {
   tz_config_defaults(cfg);
@@ -335,6 +359,7 @@ int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *s
   if (cfg->tierzero.weight_decay_exclude.n == 0 && !o->resume)
     TZ_CHECK(
         tz_config_set(cfg, "tierzero.weight_decay_exclude", ds_optimizer ? "none" : "bias:norm"));
+  TZ_CHECK(warmup_ratio_check(cfg));
   if (cfg->train_batch_size == 0 && cfg->train_micro_batch_size_per_gpu == 0)
     TZ_CHECK(tz_config_set(cfg, "train_micro_batch_size_per_gpu", "4"));
   TZ_CHECK(tz_config_resolve_batch(cfg, world));
