@@ -421,6 +421,11 @@ def train(tmp, dirs):
                         at("ck")], capture_output=True, text=True)
     check(p.returncode == 0, f"resumed: {p.stderr}")
     whole, parts = losses(at("whole.jsonl")), losses(at("parts.jsonl"))
+    with open(at("whole.jsonl")) as f:
+        epochs = [json.loads(line).get("epoch") for line in f if '"step"' in line]
+    epochs = [e for e in epochs if e is not None]
+    check(len(epochs) == len(whole) and 2.0 <= epochs[-1] < 2.0 + 8.0 / max(1, len(whole)),
+          f"the metrics' epoch: {epochs[-3:]} over {len(whole)} steps")
     m = re.search(r"into (\d+) rows of", p.stdout)
     rows = int(m.group(1)) if m else 0
     check(len(whole) == (2 * rows + 7) // 8 and len(whole) > 2 * 9 and whole == parts,

@@ -22,7 +22,7 @@
 
 void tz_step_metrics_init(struct tz_step_metrics *m) {
   memset(m, 0, sizeof *m);
-  m->loss = m->lr = m->grad_norm = m->eval_loss = NAN;
+  m->loss = m->lr = m->grad_norm = m->eval_loss = m->epoch = NAN;
   m->tokens_per_s = m->tflops = m->mfu = NAN;
   m->disk.busy_s = NAN;
 }
@@ -437,6 +437,8 @@ int tz_metrics_write_step(tz_metrics_writer *w, const struct tz_step_metrics *m)
       put(o, "loss_scale", num(m->loss_scale), &bad);
     if (m->has_eval)
       put(o, "eval_loss", num(m->eval_loss), &bad);
+    if (isfinite(m->epoch))
+      put(o, "epoch", num(m->epoch), &bad);
     put(o, "bytes", traffic_json(m->traffic, m->n_traffic), &bad);
     put(o, "memory", memory_json(m->memory, m->n_memory), &bad);
     if (m->has_disk)

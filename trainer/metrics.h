@@ -75,6 +75,8 @@ struct tz_step_metrics {
   double loss_scale;   /* fp16 loss scale; 0 when not fp16 */
   int has_eval;        /* 1: eval_loss was measured after this step */
   double eval_loss;    /* mean validation loss */
+  double epoch;        /* passes over the training samples at the end of this step (Hugging Face's
+                          "epoch"); NaN without a data set (synthetic sequences) */
   double tokens_per_s; /* derived: tokens / step_s */
   double tflops;       /* derived: model TFLOP/s achieved, all ranks */
   double mfu;          /* derived: tflops / peak of all ranks; NaN when the peak is unknown */

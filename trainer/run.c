@@ -772,6 +772,9 @@ static int step(struct run *r, int64_t s) {
   m.lr = sr.lr;
   m.grad_norm = sr.grad_norm;
   m.tokens = (uint64_t)r->n * (uint64_t)r->world;
+  if (r->data) /* samples read by every rank so far over the samples of an epoch */
+    m.epoch = (double)(s + 1) * (double)r->batch.accum * r->batch.micro * r->world /
+              (double)tz_data_n_samples(r->data, TZ_DATA_TRAIN);
   m.step_s = sr.step_s;
   m.bound_s = tz_trainer_plan(r->tr)->bound_s;
   m.stall_s = sr.stall_s;
