@@ -246,6 +246,10 @@ struct ref_layer {
   double *v;     /* (N, Hkv*D) */
   double *P;     /* (B, H, T, T) */
   double *att;   /* (N, H*D) */
+  double *o;     /* (N, C) att wo^T: norm_place POST's input of its attention norm */
+  double *ro;    /* (N) */
+  double *m;     /* (N, C) a wd^T: norm_place POST's input of its MLP norm */
+  double *rm;    /* (N) */
   double *x2;    /* (N, C) */
   double *h2;    /* (N, C) */
   double *r2;    /* (N) */
@@ -259,6 +263,9 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
   int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, V = cfg->vocab, L = cfg->n_layer;
   int H = cfg->n_head, Hkv = cfg->n_kv_head, D = cfg->head_dim ? cfg->head_dim : C / H;
   int HD = H * D, KD = Hkv * D, bias = cfg->qkv_bias, qkn = cfg->qk_norm;
+  int post = cfg->norm_place == TZ_NORM_POST, all = qkn == TZ_QK_NORM_ALL;
+  /* the q and k norms' rows and widths: each head's D, or (all) the whole projection */
+  int qrows = all ? N : N * H, qw = all ? HD : D, krows = all ? N : N * Hkv, kw = all ? KD : D;
   double eps = cfg->norm_eps;
   for (int n = 0; n < N; n++)
     if (tokens[n] < 0 || tokens[n] >= V || targets[n] < 0 || targets[n] >= V)
@@ -280,8 +287,12 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
               {TZ_L_BQ, bias ? HD : 0, bias},
               {TZ_L_BK, bias ? KD : 0, bias},
               {TZ_L_BV, bias ? KD : 0, bias},
-              {TZ_L_QNORM, qkn ? D : 0, qkn},
-              {TZ_L_KNORM, qkn ? D : 0, qkn}};
+              {TZ_L_QNORM, qkn ? qw : 0, qkn != 0},
+              {TZ_L_KNORM, qkn ? kw : 0, qkn != 0},
+              {TZ_L_ATTN_NORM, post ? 0 : C, !post},
+              {TZ_L_MLP_NORM, post ? 0 : C, !post},
+              {TZ_L_ATTN_POST_NORM, post ? C : 0, post},
+              {TZ_L_MLP_POST_NORM, post ? C : 0, post}};
   for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
     const struct tz_param_info *t = &ll.t[want[w].i];
     if (ll.n != TZ_L_COUNT || t->shape[0] != want[w].rows || t->shape[1] != want[w].cols ||
@@ -296,8 +307,8 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
 
   /* Everything in one zeroed arena, freed at the end. */
   size_t per_layer =
-      (size_t)N * (4 * C + 3 * HD + 3 * KD + 3 * F + 2 + H + Hkv) + (size_t)B * H * T * T;
-  size_t total = per_layer * L + (size_t)N * (2 * C + 1 + V) + (size_t)N * C * 3 +
+      (size_t)N * (6 * C + 3 * HD + 3 * KD + 3 * F + 4 + H + Hkv) + (size_t)B * H * T * T;
+  size_t total = per_layer * L + (size_t)N * (2 * C + 1 + V) + (size_t)N * C * 5 +
                  (size_t)N * (2 * HD + 3 * KD + 2 * F + HD) + (size_t)N * V;
   double *arena = calloc(total, sizeof(double));
   struct ref_layer *ly = calloc((size_t)L, sizeof *ly);
@@ -321,6 +332,10 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     ly[i].v = TAKE((size_t)N * KD);
     ly[i].P = TAKE((size_t)B * H * T * T);
     ly[i].att = TAKE((size_t)N * HD);
+    ly[i].o = TAKE((size_t)N * C);
+    ly[i].ro = TAKE((size_t)N);
+    ly[i].m = TAKE((size_t)N * C);
+    ly[i].rm = TAKE((size_t)N);
     ly[i].x2 = TAKE((size_t)N * C);
     ly[i].h2 = TAKE((size_t)N * C);
     ly[i].r2 = TAKE((size_t)N);
@@ -331,6 +346,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
   double *xL = TAKE((size_t)N * C), *hN = TAKE((size_t)N * C), *rN = TAKE((size_t)N);
   double *logits = TAKE((size_t)N * V);
   double *dx = TAKE((size_t)N * C), *dh = TAKE((size_t)N * C), *dx2 = TAKE((size_t)N * C);
+  double *dm = TAKE((size_t)N * C), *dob = TAKE((size_t)N * C);
   double *datt = TAKE((size_t)N * HD), *dq = TAKE((size_t)N * HD), *dk = TAKE((size_t)N * KD),
          *dv = TAKE((size_t)N * KD), *da = TAKE((size_t)N * F), *dgu = TAKE((size_t)N * F);
   double *dqp = TAKE((size_t)N * HD), *dkp = TAKE((size_t)N * KD);
@@ -346,18 +362,22 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     const double *P = params[i + 1];
 #define W(idx) (P + ll.t[idx].offset)
 #define WB(idx) (bias ? W(idx) : NULL)
-    rmsnorm(y->h1, y->r1, y->x, W(TZ_L_ATTN_NORM), N, C, eps);
-    /* transformers' Qwen2 / Qwen3 attention: q = q_proj(h) (bias included), then q_norm over
-     * each head's D, then the rotary embedding; likewise k; v has only its bias. */
-    linear(y->qp, y->h1, W(TZ_L_WQ), N, C, HD);
+    /* OLMo 2 (post): no norm before the attention or the MLP; one on each one's output */
+    const double *h1 = post ? y->x : y->h1, *h2 = post ? y->x2 : y->h2;
+    if (!post)
+      rmsnorm(y->h1, y->r1, y->x, W(TZ_L_ATTN_NORM), N, C, eps);
+    /* transformers' Qwen2 / Qwen3 / OLMo 2 attention: q = q_proj(h) (bias included), then q_norm
+     * over each head's D (or the whole projection), then the rotary embedding; likewise k; v has
+     * only its bias. */
+    linear(y->qp, h1, W(TZ_L_WQ), N, C, HD);
     bias_add(y->qp, WB(TZ_L_BQ), N, HD);
-    linear(y->kp, y->h1, W(TZ_L_WK), N, C, KD);
+    linear(y->kp, h1, W(TZ_L_WK), N, C, KD);
     bias_add(y->kp, WB(TZ_L_BK), N, KD);
-    linear(y->v, y->h1, W(TZ_L_WV), N, C, KD);
+    linear(y->v, h1, W(TZ_L_WV), N, C, KD);
     bias_add(y->v, WB(TZ_L_BV), N, KD);
     if (qkn) {
-      rmsnorm(y->q, y->rq, y->qp, W(TZ_L_QNORM), N * H, D, eps);
-      rmsnorm(y->k, y->rk, y->kp, W(TZ_L_KNORM), N * Hkv, D, eps);
+      rmsnorm(y->q, y->rq, y->qp, W(TZ_L_QNORM), qrows, qw, eps);
+      rmsnorm(y->k, y->rk, y->kp, W(TZ_L_KNORM), krows, kw, eps);
     } else {
       memcpy(y->q, y->qp, sizeof(double) * N * HD);
       memcpy(y->k, y->kp, sizeof(double) * N * KD);
@@ -365,16 +385,27 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     rope(y->q, B, T, H, D, freqs, 1);
     rope(y->k, B, T, Hkv, D, freqs, 1);
     attention(y->att, y->P, y->q, y->k, y->v, B, T, H, Hkv, D);
-    linear(y->x2, y->att, W(TZ_L_WO), N, HD, C);
+    if (post) {
+      linear(y->o, y->att, W(TZ_L_WO), N, HD, C);
+      rmsnorm(y->x2, y->ro, y->o, W(TZ_L_ATTN_POST_NORM), N, C, eps);
+    } else {
+      linear(y->x2, y->att, W(TZ_L_WO), N, HD, C);
+    }
     for (int e = 0; e < N * C; e++)
       y->x2[e] += y->x[e];
-    rmsnorm(y->h2, y->r2, y->x2, W(TZ_L_MLP_NORM), N, C, eps);
-    linear(y->g, y->h2, W(TZ_L_WG), N, C, F);
-    linear(y->u, y->h2, W(TZ_L_WU), N, C, F);
+    if (!post)
+      rmsnorm(y->h2, y->r2, y->x2, W(TZ_L_MLP_NORM), N, C, eps);
+    linear(y->g, h2, W(TZ_L_WG), N, C, F);
+    linear(y->u, h2, W(TZ_L_WU), N, C, F);
     for (int e = 0; e < N * F; e++)
       y->a[e] = silu(y->g[e]) * y->u[e];
     double *out = i + 1 < L ? ly[i + 1].x : xL;
-    linear(out, y->a, W(TZ_L_WD), N, F, C);
+    if (post) {
+      linear(y->m, y->a, W(TZ_L_WD), N, F, C);
+      rmsnorm(out, y->rm, y->m, W(TZ_L_MLP_POST_NORM), N, C, eps);
+    } else {
+      linear(out, y->a, W(TZ_L_WD), N, F, C);
+    }
     for (int e = 0; e < N * C; e++)
       out[e] += y->x2[e];
 #undef W
@@ -414,25 +445,43 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
 #define W(idx) (P + ll.t[idx].offset)
 #define GW(idx) (G + ll.t[idx].offset)
 #define GB(idx) (bias ? GW(idx) : NULL)
-      /* dx is the gradient at this layer's output; out = x2 + a wd^T */
+      const double *h1 = post ? y->x : y->h1, *h2 = post ? y->x2 : y->h2;
+      /* dx is the gradient at this layer's output; out = x2 + a wd^T (post: x2 + norm(m),
+       * m = a wd^T) */
       memcpy(dx2, dx, sizeof(double) * N * C);
+      const double *dmo = dx;
+      if (post) {
+        memset(dm, 0, sizeof(double) * N * C);
+        rmsnorm_bwd(dm, GW(TZ_L_MLP_POST_NORM), dx, y->m, W(TZ_L_MLP_POST_NORM), y->rm, N, C);
+        dmo = dm;
+      }
       memset(da, 0, sizeof(double) * N * F);
-      linear_bwd(da, GW(TZ_L_WD), dx, y->a, W(TZ_L_WD), N, F, C);
+      linear_bwd(da, GW(TZ_L_WD), dmo, y->a, W(TZ_L_WD), N, F, C);
       /* a = silu(g) u: da/dg = u silu'(g), silu'(g) = s (1 + g (1 - s)), s = sigmoid(g) */
       memset(dh, 0, sizeof(double) * N * C);
       for (int e = 0; e < N * F; e++) {
         double s = 1.0 / (1.0 + exp(-y->g[e]));
         dgu[e] = da[e] * y->u[e] * s * (1.0 + y->g[e] * (1.0 - s));
       }
-      linear_bwd(dh, GW(TZ_L_WG), dgu, y->h2, W(TZ_L_WG), N, C, F);
+      linear_bwd(dh, GW(TZ_L_WG), dgu, h2, W(TZ_L_WG), N, C, F);
       for (int e = 0; e < N * F; e++)
         dgu[e] = da[e] * silu(y->g[e]);
-      linear_bwd(dh, GW(TZ_L_WU), dgu, y->h2, W(TZ_L_WU), N, C, F);
-      rmsnorm_bwd(dx2, GW(TZ_L_MLP_NORM), dh, y->x2, W(TZ_L_MLP_NORM), y->r2, N, C);
-      /* x2 = x + att wo^T */
+      linear_bwd(dh, GW(TZ_L_WU), dgu, h2, W(TZ_L_WU), N, C, F);
+      if (post)
+        for (int e = 0; e < N * C; e++)
+          dx2[e] += dh[e];
+      else
+        rmsnorm_bwd(dx2, GW(TZ_L_MLP_NORM), dh, y->x2, W(TZ_L_MLP_NORM), y->r2, N, C);
+      /* x2 = x + att wo^T (post: x + norm(o), o = att wo^T) */
       memcpy(dx, dx2, sizeof(double) * N * C);
+      const double *doo = dx2;
+      if (post) {
+        memset(dob, 0, sizeof(double) * N * C);
+        rmsnorm_bwd(dob, GW(TZ_L_ATTN_POST_NORM), dx2, y->o, W(TZ_L_ATTN_POST_NORM), y->ro, N, C);
+        doo = dob;
+      }
       memset(datt, 0, sizeof(double) * N * HD);
-      linear_bwd(datt, GW(TZ_L_WO), dx2, y->att, W(TZ_L_WO), N, HD, C);
+      linear_bwd(datt, GW(TZ_L_WO), doo, y->att, W(TZ_L_WO), N, HD, C);
       memset(dq, 0, sizeof(double) * N * HD);
       memset(dk, 0, sizeof(double) * N * KD);
       memset(dv, 0, sizeof(double) * N * KD);
@@ -445,8 +494,8 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       if (qkn) {
         memset(dqp, 0, sizeof(double) * N * HD);
         memset(dkp, 0, sizeof(double) * N * KD);
-        rmsnorm_bwd(dqp, GW(TZ_L_QNORM), dq, y->qp, W(TZ_L_QNORM), y->rq, N * H, D);
-        rmsnorm_bwd(dkp, GW(TZ_L_KNORM), dk, y->kp, W(TZ_L_KNORM), y->rk, N * Hkv, D);
+        rmsnorm_bwd(dqp, GW(TZ_L_QNORM), dq, y->qp, W(TZ_L_QNORM), y->rq, qrows, qw);
+        rmsnorm_bwd(dkp, GW(TZ_L_KNORM), dk, y->kp, W(TZ_L_KNORM), y->rk, krows, kw);
       } else {
         memcpy(dqp, dq, sizeof(double) * N * HD);
         memcpy(dkp, dk, sizeof(double) * N * KD);
@@ -455,10 +504,14 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       bias_bwd(GB(TZ_L_BK), dkp, N, KD);
       bias_bwd(GB(TZ_L_BV), dv, N, KD);
       memset(dh, 0, sizeof(double) * N * C);
-      linear_bwd(dh, GW(TZ_L_WQ), dqp, y->h1, W(TZ_L_WQ), N, C, HD);
-      linear_bwd(dh, GW(TZ_L_WK), dkp, y->h1, W(TZ_L_WK), N, C, KD);
-      linear_bwd(dh, GW(TZ_L_WV), dv, y->h1, W(TZ_L_WV), N, C, KD);
-      rmsnorm_bwd(dx, GW(TZ_L_ATTN_NORM), dh, y->x, W(TZ_L_ATTN_NORM), y->r1, N, C);
+      linear_bwd(dh, GW(TZ_L_WQ), dqp, h1, W(TZ_L_WQ), N, C, HD);
+      linear_bwd(dh, GW(TZ_L_WK), dkp, h1, W(TZ_L_WK), N, C, KD);
+      linear_bwd(dh, GW(TZ_L_WV), dv, h1, W(TZ_L_WV), N, C, KD);
+      if (post)
+        for (int e = 0; e < N * C; e++)
+          dx[e] += dh[e];
+      else
+        rmsnorm_bwd(dx, GW(TZ_L_ATTN_NORM), dh, y->x, W(TZ_L_ATTN_NORM), y->r1, N, C);
 #undef W
 #undef GW
 #undef GB

@@ -9,7 +9,8 @@ With FAMILY "table": every row of the family table (tz-model-check --families) h
 the export's names of each case are its row's, and the table says what docs/model.md's checklist
 needs of a row (a model_type, an architecture, JSON export keys).
 
-Usage: test_families.py TZ_BIN FAMILY (llama, llama3, mistral, qwen2, qwen3, head_dim, table)"""
+Usage: test_families.py TZ_BIN FAMILY (llama, llama3, mistral, qwen2, qwen3, head_dim, olmo2,
+table)"""
 import json
 import os
 import shutil
@@ -39,6 +40,8 @@ FAMILIES = {
     "qwen3": ("qwen3", "Qwen3ForCausalLM", {"head_dim": 16}),
     # head_dim 24 with hidden 64 and 4 heads: q is 96 wide, o maps 96 back to 64.
     "head_dim": ("qwen3", "Qwen3ForCausalLM", {"head_dim": 24}),
+    # OLMo 2: norms on the attention's and MLP's outputs, q/k norms over the whole projections.
+    "olmo2": ("olmo2", "Olmo2ForCausalLM", {"attention_bias": False, "pad_token_id": 1}),
 }
 
 

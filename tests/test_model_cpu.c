@@ -289,6 +289,35 @@ static struct tz_model_config all_on_cfg(void) {
   return c;
 }
 
+/* OLMo 2: the norms on the attention's and the MLP's outputs, none before them, and q/k norms
+ * over the whole projections. */
+static struct tz_model_config olmo2_cfg(void) {
+  struct tz_model_config c = small_cfg();
+  c.qk_norm = TZ_QK_NORM_ALL;
+  c.norm_place = TZ_NORM_POST;
+  c.family = TZ_FAMILY_OLMO2;
+  return c;
+}
+
+/* OLMo 2's flags with every other: biases, llama3 RoPE, H*D != C, a tied head. */
+static struct tz_model_config olmo2_all_on_cfg(void) {
+  struct tz_model_config c = all_on_cfg();
+  c.qk_norm = TZ_QK_NORM_ALL;
+  c.norm_place = TZ_NORM_POST;
+  c.family = TZ_FAMILY_OLMO2;
+  return c;
+}
+
+static void test_ref_olmo2(void **state) {
+  (void)state;
+  compare_with_reference(olmo2_cfg(), 2, 7, 111);
+  compare_with_reference(olmo2_all_on_cfg(), 2, 11, 112);
+  struct tz_model_config c = olmo2_all_on_cfg();
+  c.tie_embeddings = 0;
+  c.n_kv_head = 1;
+  compare_with_reference(c, 1, 16, 113);
+}
+
 static void test_ref_qkv_bias(void **state) {
   (void)state;
   struct tz_model_config c = small_cfg();
@@ -340,9 +369,8 @@ static void test_ref_all_on(void **state) {
 
 /* With every flag on: the checkpointed backward (the forward recomputed) equals the stored one,
  * thread counts change no bit, gradients accumulate exactly. */
-static void test_all_on_bits(void **state) {
-  (void)state;
-  struct setup *s = setup_new(all_on_cfg(), 2, 9, 205);
+static void all_on_bits(struct tz_model_config cfg) {
+  struct setup *s = setup_new(cfg, 2, 9, 205);
   struct result a = run_cpu(s, 2, 1, 1), b = run_cpu(s, 2, 0, 1), t = run_cpu(s, 3, 1, 1);
   assert_true(bits_equal(&s->cfg, &a, &b, 18));
   assert_true(bits_equal(&s->cfg, &a, &t, 18));
@@ -351,7 +379,7 @@ static void test_all_on_bits(void **state) {
   result_free(&s->cfg, &t);
   setup_free(s);
   /* untied: a tied embedding takes two contributions per step, so two steps are not 2x one */
-  struct tz_model_config c = all_on_cfg();
+  struct tz_model_config c = cfg;
   c.tie_embeddings = 0;
   s = setup_new(c, 1, 6, 206);
   struct result one = run_cpu(s, 2, 0, 1), two = run_cpu(s, 2, 0, 2);
@@ -363,6 +391,12 @@ static void test_all_on_bits(void **state) {
   result_free(&s->cfg, &one);
   result_free(&s->cfg, &two);
   setup_free(s);
+}
+
+static void test_all_on_bits(void **state) {
+  (void)state;
+  all_on_bits(all_on_cfg());
+  all_on_bits(olmo2_all_on_cfg());
 }
 
 /* The layout with the optional tensors; Llama's unchanged; the sizes that follow H*D. */
@@ -412,6 +446,36 @@ static void test_layout_families(void **state) {
   /* FLOP: attention counts H*D, the projections their shapes */
   double N = 2.0 * 16, mat = (double)(2 * C * HD + 2 * C * KD) + 3.0 * C * 352;
   assert_true(tz_model_layer_flop(&q, 2, 16) == 2.0 * N * mat + 2.0 * 2 * 16.0 * 16.0 * HD);
+  /* OLMo 2: no norms before the parts, two on their outputs, q/k norms of the whole projections;
+   * the same number of norm weights per layer as Qwen3's but for the q/k norms' width */
+  struct tz_model_config o = q;
+  o.qkv_bias = 0;
+  o.qk_norm = TZ_QK_NORM_ALL;
+  o.norm_place = TZ_NORM_POST;
+  TZ_ASSERT_OK(tz_model_block_layout(&o, 1, &l));
+  assert_int_equal(l.n, TZ_L_COUNT);
+  assert_true(l.t[TZ_L_ATTN_NORM].numel == 0 && l.t[TZ_L_MLP_NORM].numel == 0);
+  assert_true(l.t[TZ_L_ATTN_POST_NORM].numel == (uint64_t)C &&
+              l.t[TZ_L_MLP_POST_NORM].numel == (uint64_t)C);
+  assert_true(l.t[TZ_L_QNORM].numel == (uint64_t)HD && l.t[TZ_L_KNORM].numel == (uint64_t)KD);
+  assert_string_equal(l.t[TZ_L_ATTN_POST_NORM].name, "attn_post_norm");
+  assert_string_equal(l.t[TZ_L_MLP_POST_NORM].name, "mlp_post_norm");
+  for (int i = 1; i < l.n; i++)
+    assert_true(l.t[i].offset >= l.t[i - 1].offset + l.t[i - 1].numel &&
+                l.t[i].offset % TZ_MODEL_ALIGN == 0);
+  uint64_t olmo_layer = (uint64_t)(2 * C * HD + 2 * C * KD) + 3 * (uint64_t)C * 352 +
+                        2 * (uint64_t)C + (uint64_t)(HD + KD);
+  assert_true(tz_model_n_params(&o) == 256 * 128 + 128 + 4 * olmo_layer);
+  /* the kept activations: each part's output before its norm and the norm's statistics, in
+   * place of the norms before the parts (which the backward rebuilt, so only the full layout
+   * had them) */
+  struct tz_model_config pre = o;
+  pre.norm_place = TZ_NORM_PRE;
+  size_t es = sizeof(float), nt = 2 * 16;
+  size_t one = (nt * C * es + 255) / 256 * 256 + (nt * es + 255) / 256 * 256;
+  assert_true(tz_model_acts_part_bytes(&o, TZ_F32, 2, 16, TZ_PARTS_ALL) ==
+              tz_model_acts_part_bytes(&pre, TZ_F32, 2, 16, TZ_PARTS_ALL) + 2 * one);
+  assert_true(tz_model_acts_bytes(&o, TZ_F32, 2, 16) == tz_model_acts_bytes(&pre, TZ_F32, 2, 16));
 }
 
 static void check_bad(struct tz_model_config c, const char *field) {
@@ -430,9 +494,15 @@ static void test_config_check_families(void **state) {
   c = ok, c.head_dim = 0; /* 64 / 4 */
   TZ_ASSERT_OK(tz_model_config_check(&c));
   c = ok, c.head_dim = 2048, check_bad(c, "head dim 2048");
-  c = ok, c.family = TZ_FAMILY_COUNT, check_bad(c, "family 4");
+  char fam[32];
+  snprintf(fam, sizeof fam, "family %d", TZ_FAMILY_COUNT);
+  c = ok, c.family = TZ_FAMILY_COUNT, check_bad(c, fam);
   c = ok, c.qkv_bias = 2, check_bad(c, "qkv_bias 2");
   c = ok, c.qk_norm = -1, check_bad(c, "qk_norm -1");
+  c = ok, c.qk_norm = 3, check_bad(c, "qk_norm 3");
+  c = ok, c.norm_place = 2, check_bad(c, "norm_place 2");
+  c = ok, c.norm_place = TZ_NORM_POST, c.qk_norm = TZ_QK_NORM_ALL;
+  TZ_ASSERT_OK(tz_model_config_check(&c));
   c = ok, c.init_std = -0.02, check_bad(c, "init_std -0.02");
   c = ok, c.init_std = NAN, check_bad(c, "init_std");
   c = ok, c.rope_type = 2, check_bad(c, "rope_type 2");
@@ -578,9 +648,7 @@ static void test_layer_probe(void **state) {
  * is read but not recomputed shows, and in every case the tensors a kept part does not keep:
  * the norms' outputs and the SwiGLU, which the backward rebuilds); the parts' FLOP add up to the
  * layer's. */
-static void test_partial_recompute_bits(void **state) {
-  (void)state;
-  struct tz_model_config c = all_on_cfg();
+static void partial_recompute_bits(struct tz_model_config c) {
   int B = 2, T = 9;
   struct tz_compute_params p;
   tz_compute_params_init(&p);
@@ -632,6 +700,12 @@ static void test_partial_recompute_bits(void **state) {
   free(h);
   tz_layer_probe_free(cm, &l);
   tz_compute_destroy(cm);
+}
+
+static void test_partial_recompute_bits(void **state) {
+  (void)state;
+  partial_recompute_bits(all_on_cfg());
+  partial_recompute_bits(olmo2_all_on_cfg());
   struct tz_model_config q;
   TZ_ASSERT_OK(tz_model_preset("llama-7b", &q));
   double N = 4.0 * 2048;
@@ -720,6 +794,7 @@ int main(void) {
       cmocka_unit_test(test_ref_wide_mqa),
       cmocka_unit_test(test_ref_qkv_bias),
       cmocka_unit_test(test_ref_qk_norm),
+      cmocka_unit_test(test_ref_olmo2),
       cmocka_unit_test(test_ref_llama3_rope),
       cmocka_unit_test(test_ref_head_dim_wide),
       cmocka_unit_test(test_ref_head_dim_24_tied),

@@ -178,7 +178,8 @@ static struct result side_run(struct side *s, const struct tz_model_config *cfg,
   }
   struct result r = {0};
   if (recompute != TZ_PARTS_ALL) {
-    TZ_ASSERT_OK(tz_model_layer_fwd(s->cm, cfg, s->params, s->x_in, s->x_out, &s->acts, B, T, NULL));
+    TZ_ASSERT_OK(
+        tz_model_layer_fwd(s->cm, cfg, s->params, s->x_in, s->x_out, &s->acts, B, T, NULL));
     r.x_out = download(s->cm, s->x_out, nx, s->S);
   }
   if (gpu && recompute != TZ_PARTS_ALL) {
@@ -208,7 +209,8 @@ static float *layer_params(const struct tz_model_config *cfg) {
   assert_non_null(p);
   for (int t = 0; t < l.n; t++) {
     const struct tz_param_info *ti = &l.t[t];
-    int norm = t == TZ_L_ATTN_NORM || t == TZ_L_MLP_NORM || t == TZ_L_QNORM || t == TZ_L_KNORM;
+    int norm = t == TZ_L_ATTN_NORM || t == TZ_L_MLP_NORM || t == TZ_L_QNORM || t == TZ_L_KNORM ||
+               t == TZ_L_ATTN_POST_NORM || t == TZ_L_MLP_POST_NORM;
     int bias = t == TZ_L_BQ || t == TZ_L_BK || t == TZ_L_BV;
     float a = ti->ndim == 2 ? sqrtf(3.0f / (float)ti->shape[1]) : 0.0f;
     for (uint64_t i = 0; i < ti->numel; i++)
@@ -343,6 +345,24 @@ static void test_qk_norm(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
+/* OLMo 2: the norms on the parts' outputs and q/k norms over the whole projections (widths
+ * H*D = 256 and Hkv*D); then with biases and 7:1 grouped-query attention. */
+static void test_olmo2(void **state) {
+  (void)state;
+  g_failures = 0;
+  struct tz_model_config c = base_config();
+  c.family = TZ_FAMILY_OLMO2;
+  c.qk_norm = TZ_QK_NORM_ALL;
+  c.norm_place = TZ_NORM_POST;
+  layer_case("olmo2", &c, 2, 100);
+  c.n_head = 14;
+  c.n_kv_head = 2;
+  c.head_dim = 64;
+  c.qkv_bias = 1;
+  layer_case("olmo2 7:1 biases", &c, 2, 100);
+  assert_int_equal(g_failures, 0);
+}
+
 static void test_head_dim(void **state) {
   (void)state;
   g_failures = 0;
@@ -418,9 +438,10 @@ int main(void) {
   if (rc == 0)
     tz_compute_destroy(probe);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_llama),       cmocka_unit_test(test_qkv_bias),
-      cmocka_unit_test(test_qk_norm),     cmocka_unit_test(test_head_dim),
-      cmocka_unit_test(test_llama3_rope), cmocka_unit_test(test_all),
+      cmocka_unit_test(test_llama),    cmocka_unit_test(test_qkv_bias),
+      cmocka_unit_test(test_qk_norm),  cmocka_unit_test(test_olmo2),
+      cmocka_unit_test(test_head_dim), cmocka_unit_test(test_llama3_rope),
+      cmocka_unit_test(test_all),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -126,6 +126,16 @@ static void test_fd_qk_norm(void **state) {
   check_fd(&c, 2, 5, 15);
 }
 
+/* OLMo 2: norms on the parts' outputs, q/k norms over the whole projections. */
+static void test_fd_olmo2(void **state) {
+  (void)state;
+  struct tz_model_config c = tiny_cfg(0);
+  c.qk_norm = TZ_QK_NORM_ALL;
+  c.norm_place = TZ_NORM_POST;
+  c.family = TZ_FAMILY_OLMO2;
+  check_fd(&c, 2, 5, 16);
+}
+
 /* D = 4: frequencies 1 (wavelength 2 pi, in the smoothed band between 16 / 4 and 16 / 1) and
  * 1/100 (slowed by the factor). */
 static struct tz_model_config llama3(struct tz_model_config c) {
@@ -182,11 +192,11 @@ static void test_uniform_loss(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fd_untied_gqa), cmocka_unit_test(test_fd_tied_gqa),
-      cmocka_unit_test(test_fd_mha),        cmocka_unit_test(test_fd_qkv_bias),
-      cmocka_unit_test(test_fd_qk_norm),    cmocka_unit_test(test_fd_llama3_rope),
-      cmocka_unit_test(test_fd_head_dim),   cmocka_unit_test(test_fd_all_on),
-      cmocka_unit_test(test_uniform_loss),
+      cmocka_unit_test(test_fd_untied_gqa),  cmocka_unit_test(test_fd_tied_gqa),
+      cmocka_unit_test(test_fd_mha),         cmocka_unit_test(test_fd_qkv_bias),
+      cmocka_unit_test(test_fd_qk_norm),     cmocka_unit_test(test_fd_olmo2),
+      cmocka_unit_test(test_fd_llama3_rope), cmocka_unit_test(test_fd_head_dim),
+      cmocka_unit_test(test_fd_all_on),      cmocka_unit_test(test_uniform_loss),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

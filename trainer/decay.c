@@ -89,7 +89,9 @@ int tz_decay_tensor_excluded(enum tz_block_kind kind, int t, unsigned exclude) {
     case TZ_L_ATTN_NORM:
     case TZ_L_MLP_NORM:
     case TZ_L_QNORM:
-    case TZ_L_KNORM: return (exclude & TZ_DECAY_NORM) != 0;
+    case TZ_L_KNORM:
+    case TZ_L_ATTN_POST_NORM:
+    case TZ_L_MLP_POST_NORM: return (exclude & TZ_DECAY_NORM) != 0;
     case TZ_L_BQ:
     case TZ_L_BK:
     case TZ_L_BV: return (exclude & TZ_DECAY_BIAS) != 0;

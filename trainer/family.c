@@ -37,6 +37,14 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                          .qk_norm = 1,
                          .window = TZ_WINDOW_OPT_IN,
                          .export_keys = "{\"attention_bias\": false}"},
+    [TZ_FAMILY_OLMO2] = {.id = TZ_FAMILY_OLMO2,
+                         .model_type = "olmo2",
+                         .architecture = "Olmo2ForCausalLM",
+                         .max_pos = 2048,
+                         .qk_norm = TZ_QK_NORM_ALL,
+                         .norm_place = TZ_NORM_POST,
+                         .window = TZ_WINDOW_NONE,
+                         .export_keys = "{\"attention_bias\": false}"},
 };
 
 const struct tz_family *tz_family_of(enum tz_model_family f) {
@@ -87,15 +95,17 @@ const char *tz_family_list(void) {
 
 char *tz_family_table_json(void) {
   static const char *const windows[] = {"none", "always", "opt-in"};
+  static const char *const qk_norms[] = {"none", "head", "all"}, *const places[] = {"pre", "post"};
   json_t *a = json_array();
   for (int f = 0; a && f < TZ_FAMILY_COUNT; f++) {
     const struct tz_family *r = &tz_families[f];
     json_t *keys = json_loads(r->export_keys, 0, NULL);
     json_t *o =
-        json_pack("{s:s, s:s, s:i, s:b, s:b, s:s, s:i, s:o}", "model_type", r->model_type,
+        json_pack("{s:s, s:s, s:i, s:b, s:s, s:s, s:s, s:i, s:o}", "model_type", r->model_type,
                   "architecture", r->architecture, "max_position_embeddings", r->max_pos,
-                  "qkv_bias", r->qkv_bias, "qk_norm", r->qk_norm, "window", windows[r->window],
-                  "window_default", r->window_default, "export_keys", keys ? keys : json_object());
+                  "qkv_bias", r->qkv_bias, "qk_norm", qk_norms[r->qk_norm], "norm_place",
+                  places[r->norm_place], "window", windows[r->window], "window_default",
+                  r->window_default, "export_keys", keys ? keys : json_object());
     if (!o || json_array_append_new(a, o) < 0) {
       json_decref(a);
       return NULL;

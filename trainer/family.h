@@ -25,7 +25,9 @@ struct tz_family {
                                class's default) */
   int qkv_bias;             /* q, k and v projections carry biases by definition (attention_bias
                                is then not read, as transformers does not) */
-  int qk_norm;              /* RMSNorm over D of each q and k head before RoPE */
+  int qk_norm;              /* enum tz_qk_norm: none, over D of each q and k head (qwen3), or
+                               over the whole projection (olmo2); before RoPE */
+  enum tz_norm_place norm_place; /* before each part (llama) or on its output (olmo2) */
   enum tz_family_window window;
   int window_default; /* TZ_WINDOW_ALWAYS: the window when sliding_window is absent */
   /* The constant keys the family's config class writes (save_pretrained), as a JSON object that

@@ -36,6 +36,10 @@ static const char *const layer_names[TZ_L_COUNT] = {
     [TZ_L_BV] = "self_attn.v_proj.bias",
     [TZ_L_QNORM] = "self_attn.q_norm.weight",
     [TZ_L_KNORM] = "self_attn.k_norm.weight",
+    /* the names of OLMo 2 (whose layers have no attn_norm or mlp_norm, so no name is two
+     * tensors' in one config) */
+    [TZ_L_ATTN_POST_NORM] = "post_attention_layernorm.weight",
+    [TZ_L_MLP_POST_NORM] = "post_feedforward_layernorm.weight",
 };
 
 int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, char *buf,

@@ -390,6 +390,7 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   TZ_CHECK(get_bool(&p, "tie_word_embeddings", 0, &cfg->tie_embeddings));
   cfg->qkv_bias = fam->qkv_bias;
   cfg->qk_norm = fam->qk_norm;
+  cfg->norm_place = fam->norm_place;
   TZ_CHECK(get_id(&p, "bos_token_id", cfg->vocab, &cfg->has_bos, &cfg->bos_id, NULL, NULL));
   TZ_CHECK(
       get_id(&p, "eos_token_id", cfg->vocab, &cfg->has_eos, &cfg->eos_id, info->eos, &info->n_eos));

@@ -94,7 +94,10 @@ int tz_model_config_check(const struct tz_model_config *c) {
   NEED((unsigned)c->family < TZ_FAMILY_COUNT, "family %d is none of the %d of trainer/family.c",
        (int)c->family, TZ_FAMILY_COUNT);
   NEED(c->qkv_bias == 0 || c->qkv_bias == 1, "qkv_bias %d must be 0 or 1", c->qkv_bias);
-  NEED(c->qk_norm == 0 || c->qk_norm == 1, "qk_norm %d must be 0 or 1", c->qk_norm);
+  NEED(c->qk_norm >= TZ_QK_NORM_NONE && c->qk_norm <= TZ_QK_NORM_ALL,
+       "qk_norm %d must be 0 (none), 1 (per head) or 2 (the whole projection)", c->qk_norm);
+  NEED(c->norm_place == TZ_NORM_PRE || c->norm_place == TZ_NORM_POST,
+       "norm_place %d must be 0 (before each part) or 1 (on its output)", c->norm_place);
   NEED(isfinite(c->init_std) && c->init_std >= 0.0,
        "init_std %g must be finite and not negative (0: the presets' initialisation)", c->init_std);
   NEED(c->has_bos == 0 || c->has_bos == 1, "has_bos %d must be 0 or 1", c->has_bos);
@@ -166,12 +169,13 @@ int tz_model_block_layout(const struct tz_model_config *cfg, int block,
   } else {
     out->kind = TZ_BLOCK_LAYER;
     out->layer = block - 1;
-    add_tensor(out, "attn_norm", C, 1, 1);
+    int pre = cfg->norm_place == TZ_NORM_PRE;
+    add_optional(out, "attn_norm", C, pre);
     add_tensor(out, "wq", HD, C, 2);
     add_tensor(out, "wk", KD, C, 2);
     add_tensor(out, "wv", KD, C, 2);
     add_tensor(out, "wo", C, HD, 2);
-    add_tensor(out, "mlp_norm", C, 1, 1);
+    add_optional(out, "mlp_norm", C, pre);
     add_tensor(out, "wg", F, C, 2);
     add_tensor(out, "wu", F, C, 2);
     add_tensor(out, "wd", C, F, 2);
@@ -179,8 +183,11 @@ int tz_model_block_layout(const struct tz_model_config *cfg, int block,
     add_optional(out, "bq", HD, cfg->qkv_bias);
     add_optional(out, "bk", KD, cfg->qkv_bias);
     add_optional(out, "bv", KD, cfg->qkv_bias);
-    add_optional(out, "q_norm", D, cfg->qk_norm);
-    add_optional(out, "k_norm", D, cfg->qk_norm);
+    int all = cfg->qk_norm == TZ_QK_NORM_ALL;
+    add_optional(out, "q_norm", all ? HD : D, cfg->qk_norm != TZ_QK_NORM_NONE);
+    add_optional(out, "k_norm", all ? KD : D, cfg->qk_norm != TZ_QK_NORM_NONE);
+    add_optional(out, "attn_post_norm", C, !pre);
+    add_optional(out, "mlp_post_norm", C, !pre);
   }
   return 0;
 }
@@ -376,13 +383,16 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
   size_t N = (size_t)B * T, es = tz_dtype_size(dt);
   size_t C = cfg->d_model, F = cfg->ffn_dim, D = tz_model_head_dim(cfg);
   size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
+  int post = cfg->norm_place == TZ_NORM_POST;
   if (parts & TZ_PART_ATTN) {
     /* only with q/k norms, so that a Llama layer's activations stay what they were */
-    int qkn = cfg->qk_norm;
+    int qkn = cfg->qk_norm != TZ_QK_NORM_NONE, all = cfg->qk_norm == TZ_QK_NORM_ALL;
     a->q_pre = qkn ? carve(c, N * HD * es) : NULL;
     a->k_pre = qkn ? carve(c, N * KD * es) : NULL;
-    a->rstd_q = qkn ? carve(c, N * cfg->n_head * sizeof(float)) : NULL;
-    a->rstd_k = qkn ? carve(c, N * cfg->n_kv_head * sizeof(float)) : NULL;
+    a->rstd_q = qkn ? carve(c, N * (all ? 1 : cfg->n_head) * sizeof(float)) : NULL;
+    a->rstd_k = qkn ? carve(c, N * (all ? 1 : cfg->n_kv_head) * sizeof(float)) : NULL;
+    a->o = post ? carve(c, N * C * es) : NULL;
+    a->rstd_o = post ? carve(c, N * sizeof(float)) : NULL;
     a->q = carve(c, N * HD * es);
     a->k = carve(c, N * KD * es);
     a->v = carve(c, N * KD * es);
@@ -393,18 +403,21 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
   if (parts & TZ_PART_MLP) {
     a->g = carve(c, N * F * es);
     a->u = carve(c, N * F * es);
+    a->m = post ? carve(c, N * C * es) : NULL;
+    a->rstd_m = post ? carve(c, N * sizeof(float)) : NULL;
   }
   if (kept_only)
     return;
-  if (parts & TZ_PART_ATTN) {
+  if ((parts & TZ_PART_ATTN) && !post) {
     a->h1 = carve(c, N * C * es);
     a->rstd1 = carve(c, N * sizeof(float));
   }
-  if (parts & TZ_PART_MLP) {
+  if ((parts & TZ_PART_MLP) && !post) {
     a->h2 = carve(c, N * C * es);
     a->rstd2 = carve(c, N * sizeof(float));
-    a->a = carve(c, N * F * es);
   }
+  if (parts & TZ_PART_MLP)
+    a->a = carve(c, N * F * es);
 }
 
 size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
@@ -557,7 +570,16 @@ static int linear_bwd(tz_compute *cm, void *dx, int accumulate, void *dW, const 
   return linear_bwd_dx(cm, dx, accumulate, dy, W, N, in, out);
 }
 
-/* The attention part of a layer's forward: a->h1 .. a->x2 from x_in (x2 = x_in + attention). */
+/* The rows and width of a q or k norm: each head's D (TZ_QK_NORM_HEAD) or the whole projection
+ * of nh heads (TZ_QK_NORM_ALL), over N tokens. */
+static void qk_norm_shape(const struct tz_model_config *cfg, int N, int nh, int *rows, int *width) {
+  int D = tz_model_head_dim(cfg), all = cfg->qk_norm == TZ_QK_NORM_ALL;
+  *rows = all ? N : N * nh;
+  *width = all ? nh * D : D;
+}
+
+/* The attention part of a layer's forward: a->h1 .. a->x2 from x_in (x2 = x_in + attention; with
+ * TZ_NORM_POST, x_in + the norm of attention's output, through a->o). */
 static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                     const void *x_in, const struct tz_layer_acts *a, int B, int T,
                     const int32_t *pos) {
@@ -570,32 +592,44 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const voi
   struct tz_rope rope;
   tz_model_rope(cfg, &rope);
 #define P(i) at(params, l.t[i].offset, S)
-  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
-  /* As transformers' Qwen2 and Qwen3: the projection and its bias, then the per-head norm over
-   * D, then RoPE. With a norm the projection stays in q_pre / k_pre for the norm's backward. */
+  int post = cfg->norm_place == TZ_NORM_POST;
+  const void *h1 = post ? x_in : a->h1;
+  if (!post)
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
+  /* As transformers' Qwen2, Qwen3 and OLMo 2: the projection and its bias, then the q/k norm,
+   * then RoPE. With a norm the projection stays in q_pre / k_pre for the norm's backward. */
   void *qp = cfg->qk_norm ? a->q_pre : a->q, *kp = cfg->qk_norm ? a->k_pre : a->k;
-  TZ_CHECK(linear_fwd(cm, qp, a->h1, P(TZ_L_WQ), N, C, HD));
-  TZ_CHECK(linear_fwd(cm, kp, a->h1, P(TZ_L_WK), N, C, KD));
-  TZ_CHECK(linear_fwd(cm, a->v, a->h1, P(TZ_L_WV), N, C, KD));
+  TZ_CHECK(linear_fwd(cm, qp, h1, P(TZ_L_WQ), N, C, HD));
+  TZ_CHECK(linear_fwd(cm, kp, h1, P(TZ_L_WK), N, C, KD));
+  TZ_CHECK(linear_fwd(cm, a->v, h1, P(TZ_L_WV), N, C, KD));
   if (cfg->qkv_bias) {
     TZ_CHECK(tz_compute_bias_add(cm, qp, P(TZ_L_BQ), N, HD));
     TZ_CHECK(tz_compute_bias_add(cm, kp, P(TZ_L_BK), N, KD));
     TZ_CHECK(tz_compute_bias_add(cm, a->v, P(TZ_L_BV), N, KD));
   }
   if (cfg->qk_norm) {
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->q, a->rstd_q, qp, P(TZ_L_QNORM), N * H, D, eps));
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->k, a->rstd_k, kp, P(TZ_L_KNORM), N * Hkv, D, eps));
+    int rq, wq, rk, wk;
+    qk_norm_shape(cfg, N, H, &rq, &wq);
+    qk_norm_shape(cfg, N, Hkv, &rk, &wk);
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->q, a->rstd_q, qp, P(TZ_L_QNORM), rq, wq, eps));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->k, a->rstd_k, kp, P(TZ_L_KNORM), rk, wk, eps));
   }
   TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, &rope, pos));
   TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, &rope, pos));
   TZ_CHECK(tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D, pos));
-  /* x2 = x_in + att wo^T, the residual added in the projection's rounding */
-  TZ_CHECK(linear_res_fwd(cm, a->x2, a->att, P(TZ_L_WO), x_in, N, HD, C));
+  if (post) { /* x2 = x_in + norm(att wo^T), each rounded as transformers' OLMo 2 rounds them */
+    TZ_CHECK(linear_fwd(cm, a->o, a->att, P(TZ_L_WO), N, HD, C));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->x2, a->rstd_o, a->o, P(TZ_L_ATTN_POST_NORM), N, C, eps));
+    TZ_CHECK(tz_compute_add(cm, S, a->x2, x_in, a->x2, (size_t)N * C));
+  } else { /* x2 = x_in + att wo^T, the residual added in the projection's rounding */
+    TZ_CHECK(linear_res_fwd(cm, a->x2, a->att, P(TZ_L_WO), x_in, N, HD, C));
+  }
 #undef P
   return 0;
 }
 
-/* The MLP part: a->h2, a->rstd2, a->g, a->u, a->a from a->x2, and x_out = x2 + the MLP's output. */
+/* The MLP part: a->h2, a->rstd2, a->g, a->u, a->a from a->x2, and x_out = x2 + the MLP's output
+ * (TZ_NORM_POST: x2 + the norm of the output, through a->m). */
 static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                    const struct tz_layer_acts *a, void *x_out, int B, int T) {
   struct tz_block_layout l = {0};
@@ -604,11 +638,20 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
   int N = B * T, C = cfg->d_model, F = cfg->ffn_dim;
   float eps = (float)cfg->norm_eps;
 #define P(i) at(params, l.t[i].offset, S)
-  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps));
-  TZ_CHECK(linear_fwd(cm, a->g, a->h2, P(TZ_L_WG), N, C, F));
-  TZ_CHECK(linear_fwd(cm, a->u, a->h2, P(TZ_L_WU), N, C, F));
+  int post = cfg->norm_place == TZ_NORM_POST;
+  const void *h2 = post ? a->x2 : a->h2;
+  if (!post)
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps));
+  TZ_CHECK(linear_fwd(cm, a->g, h2, P(TZ_L_WG), N, C, F));
+  TZ_CHECK(linear_fwd(cm, a->u, h2, P(TZ_L_WU), N, C, F));
   TZ_CHECK(tz_compute_swiglu_fwd(cm, a->a, a->g, a->u, (size_t)N * F));
-  TZ_CHECK(linear_res_fwd(cm, x_out, a->a, P(TZ_L_WD), a->x2, N, F, C));
+  if (post) {
+    TZ_CHECK(linear_fwd(cm, a->m, a->a, P(TZ_L_WD), N, F, C));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, x_out, a->rstd_m, a->m, P(TZ_L_MLP_POST_NORM), N, C, eps));
+    TZ_CHECK(tz_compute_add(cm, S, x_out, a->x2, x_out, (size_t)N * C));
+  } else {
+    TZ_CHECK(linear_res_fwd(cm, x_out, a->a, P(TZ_L_WD), a->x2, N, F, C));
+  }
 #undef P
   return 0;
 }
@@ -644,9 +687,10 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
    * is not needed, and the scratch's dh is free until the MLP backward. */
 #define P(i) at(params, l.t[i].offset, S)
   float eps = (float)cfg->norm_eps;
+  int post = cfg->norm_place == TZ_NORM_POST;
   if (recompute & TZ_PART_ATTN)
     TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T, pos));
-  else /* kept: what is not kept is rebuilt (acts_layout) */
+  else if (!post) /* kept: what is not kept is rebuilt (acts_layout) */
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
   /* The SwiGLU's output a, which the down projection's weight gradient reads: recomputed with
    * the MLP, else rebuilt by the SwiGLU's backward in the same pass (a_rebuilt). */
@@ -654,22 +698,42 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   if (recompute & TZ_PART_MLP) {
     TZ_CHECK(mlp_fwd(cm, cfg, params, a, s->dh, B, T));
   } else {
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps));
+    if (!post)
+      TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps));
     a_rebuilt = a->a;
   }
+  const void *h1 = post ? x_in : a->h1, *h2 = post ? a->x2 : a->h2;
 #define GR(i) at(grads, l.t[i].offset, G)
-  /* MLP: x_out = x2 + (silu(h2 wg^T) * (h2 wu^T)) wd^T, dx_out is the gradient of the output */
-  TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dx_out, P(TZ_L_WD), N, F, C));
+  /* MLP: x_out = x2 + (silu(h2 wg^T) * (h2 wu^T)) wd^T, dx_out is the gradient of the output.
+   * With the norm on the MLP's output, dm (in dh, free until the gate's and up's backward
+   * write it) is the gradient at the down projection's output. */
+  const void *dm = dx_out;
+  if (post) {
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_MLP_POST_NORM), dx_out, a->m,
+                                    P(TZ_L_MLP_POST_NORM), a->rstd_m, N, C));
+    dm = s->dh;
+  }
+  TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dm, P(TZ_L_WD), N, F, C));
   TZ_CHECK(tz_compute_swiglu_bwd(cm, s->dg, s->du, a_rebuilt, s->da, a->g, a->u, (size_t)N * F));
-  TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dx_out, a->a, N, F, C));
-  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WG), s->dg, a->h2, P(TZ_L_WG), N, C, F));
-  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WU), s->du, a->h2, P(TZ_L_WU), N, C, F));
+  TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dm, a->a, N, F, C));
+  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WG), s->dg, h2, P(TZ_L_WG), N, C, F));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WU), s->du, h2, P(TZ_L_WU), N, C, F));
   /* The residual passes dx_out through unchanged: dx_in = dx_out + the norm's gradient, the copy
-   * fused into the norm's backward. */
-  TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_out, GR(TZ_L_MLP_NORM), s->dh, a->x2,
-                                  P(TZ_L_MLP_NORM), a->rstd2, N, C));
-  /* Attention: x2 = x_in + att wo^T; dx_in holds the gradient at x2 now. */
-  TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dx_in, a->att, P(TZ_L_WO), N, HD, C));
+   * fused into the norm's backward (or, the norm on the output, dx_out + the MLP input's). */
+  if (post)
+    TZ_CHECK(tz_compute_add(cm, S, dx_in, dx_out, s->dh, (size_t)N * C));
+  else
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_out, GR(TZ_L_MLP_NORM), s->dh, a->x2,
+                                    P(TZ_L_MLP_NORM), a->rstd2, N, C));
+  /* Attention: x2 = x_in + att wo^T; dx_in holds the gradient at x2 now. With the norm on the
+   * output, its gradient at o goes to dh (free until the q, k and v backward write it). */
+  const void *dout_o = dx_in;
+  if (post) {
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_ATTN_POST_NORM), dx_in, a->o,
+                                    P(TZ_L_ATTN_POST_NORM), a->rstd_o, N, C));
+    dout_o = s->dh;
+  }
+  TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dout_o, a->att, P(TZ_L_WO), N, HD, C));
   TZ_CHECK(tz_compute_attention_bwd(cm, s->dq, s->dk, s->dv, s->delta, s->datt, a->q, a->k, a->v,
                                     a->att, a->lse, B, T, H, Hkv, D, pos));
   TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, &rope, pos));
@@ -681,21 +745,27 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   if (cfg->qk_norm) {
     dqp = s->datt;
     dkp = s->dq;
+    int rq, wq, rk, wk;
+    qk_norm_shape(cfg, N, H, &rq, &wq);
+    qk_norm_shape(cfg, N, Hkv, &rk, &wk);
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dqp, NULL, GR(TZ_L_QNORM), s->dq, a->q_pre, P(TZ_L_QNORM),
-                                    a->rstd_q, N * H, D));
+                                    a->rstd_q, rq, wq));
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dkp, NULL, GR(TZ_L_KNORM), s->dk, a->k_pre, P(TZ_L_KNORM),
-                                    a->rstd_k, N * Hkv, D));
+                                    a->rstd_k, rk, wk));
   }
   if (cfg->qkv_bias) {
     TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BQ), dqp, N, HD));
     TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BK), dkp, N, KD));
     TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BV), s->dv, N, KD));
   }
-  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), dqp, a->h1, P(TZ_L_WQ), N, C, HD));
-  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), dkp, a->h1, P(TZ_L_WK), N, C, KD));
-  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, a->h1, P(TZ_L_WV), N, C, KD));
-  TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in,
-                                  P(TZ_L_ATTN_NORM), a->rstd1, N, C));
+  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), dqp, h1, P(TZ_L_WQ), N, C, HD));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), dkp, h1, P(TZ_L_WK), N, C, KD));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, h1, P(TZ_L_WV), N, C, KD));
+  if (post)
+    TZ_CHECK(tz_compute_add(cm, S, dx_in, dx_in, s->dh, (size_t)N * C));
+  else
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in,
+                                    P(TZ_L_ATTN_NORM), a->rstd1, N, C));
 #undef P
 #undef GR
   return 0;

@@ -1,8 +1,10 @@
 /* The Llama-shaped decoder, written once against the compute ops (kernels/compute.h):
  * token embedding; n_layer blocks of RMSNorm, causal grouped-query self-attention with RoPE,
  * RMSNorm, SwiGLU MLP, each with a residual; final RMSNorm; LM head (tied to the embedding or
- * not); cross-entropy loss. The attention's options (q/k/v biases, per-head q/k norms, a head
- * dim of its own, llama3 RoPE scaling) make it Mistral's, Qwen2's and Qwen3's decoders too.
+ * not); cross-entropy loss. The attention's options (q/k/v biases, q/k norms per head or over the
+ * whole projection, a head dim of its own, llama3 RoPE scaling) and where the norms sit (before
+ * each part, or on its output before the residual) make it Mistral's, Qwen2's, Qwen3's and OLMo
+ * 2's decoders too.
  *
  * Parameters live in blocks: block 0 is the embedding, blocks 1..n_layer the transformer layers,
  * block n_layer+1 the head (final norm and, when untied, the LM head). A block is one flat buffer;
@@ -29,14 +31,27 @@
  *   llama   (LlamaForCausalLM, Llama 2 and 3.x): no biases, no q/k norm; rope default or llama3
  *   mistral (MistralForCausalLM): as llama; a sliding window at least the training sequence
  *   qwen2   (Qwen2ForCausalLM, Qwen2 and 2.5): q, k and v projections carry biases
- *   qwen3   (Qwen3ForCausalLM, dense): RMSNorm of q and k per head (weight (D)) before RoPE */
+ *   qwen3   (Qwen3ForCausalLM, dense): RMSNorm of q and k per head (weight (D)) before RoPE
+ *   olmo2   (Olmo2ForCausalLM, OLMo 2): the norms on the attention's and the MLP's outputs before
+ *           the residual, none before them; RMSNorm of the whole q and k projections */
 enum tz_model_family {
   TZ_FAMILY_LLAMA = 0,
   TZ_FAMILY_MISTRAL,
   TZ_FAMILY_QWEN2,
   TZ_FAMILY_QWEN3,
+  TZ_FAMILY_OLMO2,
   TZ_FAMILY_COUNT
 };
+
+/* Where a layer's two RMSNorms sit. */
+enum tz_norm_place {
+  TZ_NORM_PRE = 0, /* x2 = x + attn(norm(x)), out = x2 + mlp(norm(x2)): Llama and most */
+  TZ_NORM_POST,    /* x2 = x + norm(attn(x)), out = x2 + norm(mlp(x2)): OLMo 2 */
+};
+
+/* The q/k norms: none, RMSNorm over D of each head (Qwen3), or over the whole projection, H*D
+ * for q and Hkv*D for k (OLMo 2); either way before RoPE. */
+enum tz_qk_norm { TZ_QK_NORM_NONE = 0, TZ_QK_NORM_HEAD, TZ_QK_NORM_ALL };
 
 struct tz_model_config {
   int d_model;        /* C */
@@ -53,7 +68,9 @@ struct tz_model_config {
   int head_dim;                /* D, even; 0: d_model / n_head (which must divide) */
   enum tz_model_family family; /* for names only: the math follows the flags */
   int qkv_bias;                /* 1: q, k and v projections add a bias (bq (H*D), bk, bv) */
-  int qk_norm;                 /* 1: RMSNorm over D of each q and k head (q_norm, k_norm (D)) */
+  int qk_norm;    /* enum tz_qk_norm: q_norm, k_norm of (D) per head, or (H*D), (Hkv*D) for ALL */
+  int norm_place; /* enum tz_norm_place: PRE has attn_norm and mlp_norm, POST attn_post_norm and
+                     mlp_post_norm (the layer tensors below) */
   /* RoPE scaling (struct tz_rope of kernels/compute.h without theta): rope_type 0 default,
    * 1 llama3 with the other four fields */
   int rope_type;
@@ -98,24 +115,26 @@ enum tz_block_kind { TZ_BLOCK_EMBED, TZ_BLOCK_LAYER, TZ_BLOCK_HEAD };
 /* Tensor indices inside each kind of block (the order of the layout table). */
 enum { TZ_E_WTE, TZ_E_COUNT };
 /* A layer block has every TZ_L_* entry (n == TZ_L_COUNT); the tensors a config does not have
- * (biases without qkv_bias, q/k norms without qk_norm) have numel 0, ndim 0, no room in the
- * block, so a Llama layer's layout is what it was before they existed. Code that walks a layout
- * skips numel-0 entries. */
+ * (biases without qkv_bias, q/k norms without qk_norm, the norms of the other norm_place) have
+ * numel 0, ndim 0, no room in the block, so a Llama layer's layout is what it was before they
+ * existed. Code that walks a layout skips numel-0 entries. */
 enum {
-  TZ_L_ATTN_NORM, /* (C) */
-  TZ_L_WQ,        /* (H*D, C): q = x wq^T (+ bq) */
-  TZ_L_WK,        /* (Hkv*D, C) */
-  TZ_L_WV,        /* (Hkv*D, C) */
-  TZ_L_WO,        /* (C, H*D) */
-  TZ_L_MLP_NORM,  /* (C) */
-  TZ_L_WG,        /* (F, C): gate */
-  TZ_L_WU,        /* (F, C): up */
-  TZ_L_WD,        /* (C, F): down */
-  TZ_L_BQ,        /* (H*D) with qkv_bias */
-  TZ_L_BK,        /* (Hkv*D) with qkv_bias */
-  TZ_L_BV,        /* (Hkv*D) with qkv_bias */
-  TZ_L_QNORM,     /* (D) with qk_norm */
-  TZ_L_KNORM,     /* (D) with qk_norm */
+  TZ_L_ATTN_NORM,      /* (C) with TZ_NORM_PRE */
+  TZ_L_WQ,             /* (H*D, C): q = x wq^T (+ bq) */
+  TZ_L_WK,             /* (Hkv*D, C) */
+  TZ_L_WV,             /* (Hkv*D, C) */
+  TZ_L_WO,             /* (C, H*D) */
+  TZ_L_MLP_NORM,       /* (C) with TZ_NORM_PRE */
+  TZ_L_WG,             /* (F, C): gate */
+  TZ_L_WU,             /* (F, C): up */
+  TZ_L_WD,             /* (C, F): down */
+  TZ_L_BQ,             /* (H*D) with qkv_bias */
+  TZ_L_BK,             /* (Hkv*D) with qkv_bias */
+  TZ_L_BV,             /* (Hkv*D) with qkv_bias */
+  TZ_L_QNORM,          /* (D) with qk_norm HEAD, (H*D) with ALL */
+  TZ_L_KNORM,          /* (D) with qk_norm HEAD, (Hkv*D) with ALL */
+  TZ_L_ATTN_POST_NORM, /* (C) with TZ_NORM_POST: on the attention's output, before the residual */
+  TZ_L_MLP_POST_NORM,  /* (C) with TZ_NORM_POST: on the MLP's output */
   TZ_L_COUNT
 };
 enum {
@@ -198,11 +217,18 @@ struct tz_layer_acts {
   void *u;      /* (N, F) up projection */
   void *a;      /* (N, F) silu(g) * u */
   /* With qk_norm only (NULL and no room otherwise): the q and k projections (with their biases)
-   * before the norms, and the norms' statistics, one per head and token. */
+   * before the norms, and the norms' statistics, one per head and token (HEAD) or per token
+   * (ALL). */
   void *q_pre;   /* (N, H*D) */
   void *k_pre;   /* (N, Hkv*D) */
-  float *rstd_q; /* (N*H) F32 */
-  float *rstd_k; /* (N*Hkv) F32 */
+  float *rstd_q; /* (N*H) or (N) F32 */
+  float *rstd_k; /* (N*Hkv) or (N) F32 */
+  /* With TZ_NORM_POST only (where h1, rstd1, h2 and rstd2 are NULL: the parts read x_in and x2
+   * themselves): each part's output before its norm, and the norm's statistics. */
+  void *o;       /* (N, C) att wo^T */
+  float *rstd_o; /* (N) F32 */
+  void *m;       /* (N, C) the MLP's down projection */
+  float *rstd_m; /* (N) F32 */
 };
 
 /* Scratch for a layer's backward, shared by all layers. */
