@@ -57,6 +57,44 @@ static void write_config(const char *name, const char *json) {
   fclose(f);
 }
 
+/* The rate of "a layer's forward and backward run at R TFLOP/s here" in the output, and whether
+ * it says it was cached; -1 without the line. */
+static double layer_line(int *cached) {
+  const char *at = strstr(output(), "a layer's forward and backward run at ");
+  if (!at)
+    return -1;
+  *cached = strstr(at, "cached") && strstr(at, "cached") < strchr(at, '\n');
+  return atof(at + strlen("a layer's forward and backward run at "));
+}
+
+/* The layer's timed rate is cached beside the machine's rates (the probe takes about a second
+ * for a tiny layer, minutes for a large one on CPUs): the next run at the same shape reads it,
+ * --remeasure times it again, another shape or micro-batch is timed. */
+static void test_layer_rate_cached(void **state) {
+  (void)state;
+  char cache[1100], args[1024];
+  snprintf(cache, sizeof cache, "rm -rf %s/cache", dir);
+  assert_int_equal(system(cache), 0);
+  const char *base = "--model tiny --steps 1 --seq 16 --data synthetic";
+  int cached = -1;
+  assert_int_equal(tz_train(base), 0);
+  double first = layer_line(&cached);
+  assert_true(first > 0 && cached == 0);
+  assert_int_equal(tz_train(base), 0);
+  double again = layer_line(&cached);
+  assert_true(again == first && cached == 1);
+  snprintf(args, sizeof args, "%s --remeasure", base);
+  assert_int_equal(tz_train(args), 0);
+  assert_true(layer_line(&cached) > 0 && cached == 0);
+  assert_int_equal(tz_train("--model tiny --steps 1 --seq 32 --data synthetic"), 0);
+  assert_true(layer_line(&cached) > 0 && cached == 0);
+  snprintf(args, sizeof args, "%s --set train_micro_batch_size_per_gpu=2", base);
+  assert_int_equal(tz_train(args), 0);
+  assert_true(layer_line(&cached) > 0 && cached == 0);
+  assert_int_equal(tz_train(args), 0);
+  assert_true(layer_line(&cached) > 0 && cached == 1);
+}
+
 static void test_run(void **state) {
   (void)state;
   write_config("ds.json",
@@ -861,6 +899,7 @@ int main(void) {
   dir = tz_test_mkdtemp("train-cli");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_run),
+      cmocka_unit_test(test_layer_rate_cached),
       cmocka_unit_test(test_corpus),
       cmocka_unit_test(test_plan),
       cmocka_unit_test(test_plan_for_gpu),

@@ -400,8 +400,10 @@ static void print_setup(const struct printer *p, const struct tz_run_event *ev) 
          tz_trainer_overlaps_collectives(tr) ? ", collectives overlapped" : "");
   if (tz_trainer_layer_rate(tr) > 0)
     printf("tz-train: a layer's forward and backward run at %.3g TFLOP/s here (the plan's "
-           "compute rate; the matmul probe's: %.3g)\n",
-           tz_trainer_layer_rate(tr) / 1e12, ev->rates->flops / 1e12);
+           "compute rate%s; the matmul probe's: %.3g)\n",
+           tz_trainer_layer_rate(tr) / 1e12,
+           tz_trainer_layer_cached(tr) ? ", cached: --remeasure times it again" : "",
+           ev->rates->flops / 1e12);
   print_rates(ev->rates, ev->world > 1 && gpu);
   if (cfg->tierzero.cpu_adam_search)
     printf("tz-train: CPU Adam at the host homes for %g of the parameters (the plan's pick, "

@@ -125,6 +125,52 @@ int tz_rates_cache_write(const char *path, const char *key, const struct tz_plan
   return rc;
 }
 
+static const char *const layer_fields[TZ_RATES_LAYER_FIELDS] = {"layer_s", "attn_fwd_s",
+                                                                "mlp_fwd_s"};
+
+int tz_rates_layer_read(const char *path, const char *key, double s[TZ_RATES_LAYER_FIELDS]) {
+  json_error_t err;
+  json_t *root = tz_input_json(path, 0, &err);
+  if (!root)
+    return 0;
+  json_t *e = json_object_get(root, key);
+  int ok =
+      json_is_object(e) && json_integer_value(json_object_get(root, "version")) == RATES_VERSION;
+  double got[TZ_RATES_LAYER_FIELDS];
+  for (int i = 0; ok && i < TZ_RATES_LAYER_FIELDS; i++) {
+    json_t *v = json_object_get(e, layer_fields[i]);
+    ok = json_is_number(v) && json_number_value(v) >= 0;
+    got[i] = ok ? json_number_value(v) : 0;
+  }
+  ok = ok && got[0] > 0; /* an entry without the pass's time is no measurement */
+  json_decref(root);
+  if (ok)
+    memcpy(s, got, sizeof got);
+  return ok;
+}
+
+int tz_rates_layer_write(const char *path, const char *key, const double s[TZ_RATES_LAYER_FIELDS]) {
+  json_error_t err;
+  json_t *root = tz_input_json(path, 0, &err);
+  if (!json_is_object(root)) {
+    json_decref(root);
+    root = json_object();
+  }
+  json_t *e = json_object();
+  for (int i = 0; i < TZ_RATES_LAYER_FIELDS; i++)
+    json_object_set_new(e, layer_fields[i], json_real(s[i]));
+  json_object_set_new(root, "version", json_integer(RATES_VERSION));
+  json_object_set_new(root, key, e);
+  int de = tz_file_mkdir_p(NULL, path, TZ_MKDIR_PARENTS | TZ_MKDIR_DURABLE);
+  if (de) {
+    json_decref(root);
+    return tz_err_errno(de, "rates: cannot create the directory of %s", path);
+  }
+  int rc = write_root(path, root);
+  json_decref(root);
+  return rc;
+}
+
 int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char *path) {
   char def[PATH_MAX], key[PATH_MAX + 64];
   if (!path && tz_rates_default_path(def, sizeof def) == 0)

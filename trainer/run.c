@@ -518,6 +518,8 @@ static int plan(struct run *r) {
   tp.compute_backend = o->backend;
   tp.device = o->device;
   tp.measure_layer = 1;
+  tp.rates_path = o->rates;
+  tp.remeasure = o->remeasure;
   tp.gpu_free = o->gpu_memory;
   tp.layer_rate = o->layer_rate;
   tp.plan_world = o->plan_world;

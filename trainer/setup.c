@@ -5,9 +5,11 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/rates.h"
+#include "trainer/rates_cache.h"
 #include "util/clock.h"
 #include "util/size.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +177,21 @@ static int create_compute(tz_trainer *tr) {
  * lives only for this. A 4096^3 matmul (rates->flops) runs faster than a layer, whose attention,
  * norms and elementwise kernels it does not count: llama-7b's step on an H200 took 1.8 times the
  * bound it gave. */
+/* The layer's key in the rates cache: everything its time depends on beside the machine (whose
+ * file it is): the backend and its device, dtype, threads and settings; the layer's shape and
+ * the features that add work; the micro-batch. */
+static void layer_key(const tz_trainer *tr, tz_compute *cm, const char *settings, char *buf,
+                      size_t len) {
+  const struct tz_model_config *m = &tr->mc;
+  snprintf(buf, len,
+           "layer|%s%s%s|%s|threads %d|%s|C %d H %d Hkv %d D %d F %d bias %d qk_norm %d norms %d "
+           "rope %d|B %d T %d",
+           tr->backend, tr->device_name[0] ? " " : "", tr->device_name, tz_dtype_name(tr->S),
+           tz_compute_threads(cm), settings[0] ? settings : "-", m->d_model, m->n_head,
+           m->n_kv_head, tz_model_head_dim(m), m->ffn_dim, m->qkv_bias, m->qk_norm, m->norm_place,
+           m->rope_type, tr->B, tr->T);
+}
+
 static int measure_layer(tz_trainer *tr, const struct tz_trainer_params *p) {
   struct tz_compute_params cp;
   char settings[256];
@@ -182,14 +199,37 @@ static int measure_layer(tz_trainer *tr, const struct tz_trainer_params *p) {
   tz_compute *cm = NULL;
   TZ_CHECK(tz_compute_create(tr->backend, &cp, &cm));
   double s = 0;
-  /* With what each part's recomputing costs, for tierzero.recompute. */
-  int rc = tz_rates_layer_time(cm, &tr->mc, tr->B, tr->T, p->plan_only ? TZ_RATES_PLAN_PROBE_S : 0,
-                               p->rates ? p->rates->flops : 0, &s, tr->part_s);
+  /* A planning-only run times a layer within a budget and caches nothing: the budget may have
+   * left it untimed. Else the cache's entry for this layer, when it has one. */
+  char def[PATH_MAX], key[1024];
+  const char *path = p->rates_path;
+  if (!path && tz_rates_default_path(def, sizeof def) == 0)
+    path = def;
+  if (p->plan_only)
+    path = NULL;
+  layer_key(tr, cm, settings, key, sizeof key);
+  double cached[TZ_RATES_LAYER_FIELDS];
+  int rc = 0;
+  if (path && !p->remeasure && tz_rates_layer_read(path, key, cached)) {
+    s = cached[0];
+    tr->part_s[0] = cached[1];
+    tr->part_s[1] = cached[2];
+    tr->layer_cached = 1;
+  } else {
+    /* With what each part's recomputing costs, for tierzero.recompute. */
+    rc = tz_rates_layer_time(cm, &tr->mc, tr->B, tr->T, p->plan_only ? TZ_RATES_PLAN_PROBE_S : 0,
+                             p->rates ? p->rates->flops : 0, &s, tr->part_s);
+    const double v[TZ_RATES_LAYER_FIELDS] = {s, tr->part_s[0], tr->part_s[1]};
+    if (rc == 0 && s > 0 && path && tz_rates_layer_write(path, key, v) < 0)
+      TZ_WARN("%s (the layer is timed again next time)", tz_err_msg());
+  }
   tz_compute_destroy(cm);
   TZ_CHECK(rc);
   tr->layer_rate = s > 0 ? 4.0 * tz_model_layer_flop(&tr->mc, tr->B, tr->T) / s : 0;
   return 0;
 }
+
+int tz_trainer_layer_cached(const tz_trainer *tr) { return tr->layer_cached; }
 
 double tz_trainer_layer_rate(const tz_trainer *tr) { return tr->layer_rate; }
 

@@ -67,10 +67,15 @@ struct tz_trainer_params {
                                         GPU Adam; more than one rank needs the nccl comm */
   int device;                        /* cuda: the GPU; -1 (default): tierzero.device, else the
                                         calling thread's current device */
-  int plan_only;          /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
-  int measure_layer;      /* 1: time one layer's forward and backward on the compute backend at the
-                             run's shape, and give the plan that rate (tz_trainer_layer_rate)
-                             instead of rates->flops, a matmul's */
+  int plan_only;     /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
+  int measure_layer; /* 1: time one layer's forward and backward on the compute backend at the
+                        run's shape, and give the plan that rate (tz_trainer_layer_rate)
+                        instead of rates->flops, a matmul's */
+  /* measure_layer: the rates cache (trainer/rates_cache.h; NULL: the default path) whose entry
+   * for this layer's shape, batch, backend and settings gives the time instead of the probe,
+   * and which a probe's time is written to; with remeasure the probe runs whatever is there. */
+  const char *rates_path;
+  int remeasure;
   const char *trace_path; /* with the config's tierzero.trace_step: where that step's lane trace
                              goes (tz_trainer_trace_write, or the trainer's destruction); copied */
   /* Planning for a GPU this machine need not have (plan_only, cuda): the GPU's free memory and a
@@ -236,6 +241,8 @@ const char *tz_trainer_device_name(const tz_trainer *tr);
 /* FLOP per second of a layer's forward and backward as measured at creation (measure_layer),
  * counted as the metrics count them (tz_model_layer_flop); 0 when not measured. */
 double tz_trainer_layer_rate(const tz_trainer *tr);
+/* 1 when that rate came from the rates cache (tz_trainer_params.rates_path), 0 when timed. */
+int tz_trainer_layer_cached(const tz_trainer *tr);
 /* Where creation's time went, in seconds: the plan (with the layer's measurement and the CPU
  * share's search), the tiers, the homes' initial shards, the scheduler (0 with plan_only for the
  * last three). */

@@ -78,6 +78,7 @@ struct tz_trainer {
   const char *backend; /* "cpu" or "cuda" */
   int gpu;             /* cuda: the compute tier is GPU `device`'s memory, the lane its stream */
   double layer_rate;   /* measure_layer: FLOP/s of a layer's fwd and bwd phases; 0 not measured */
+  int layer_cached;    /* 1: layer_rate and part_s are the rates cache's, not timed by this run */
   struct tz_trainer_setup_times setup; /* tz_trainer_setup_times */
   double cpu_share; /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
   int device;
