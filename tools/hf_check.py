@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Cross-check tierzero's model against Hugging Face transformers (needs torch, transformers,
 safetensors; run where they are installed). Families: llama (Llama 2, Llama 3.x with rope_type
-llama3), mistral, qwen2 (Qwen2, Qwen2.5: q/k/v biases), qwen3 (dense: q/k RMSNorm per head).
+llama3), mistral, qwen2 (Qwen2, Qwen2.5: q/k/v biases), qwen3 (dense: q/k RMSNorm per head),
+olmo2 (norms on the parts' outputs, q/k RMSNorm over the whole projections).
 
   hf_check.py run DIR --tokens 1,2,3,...  [--tz build/bin/tz-model-check]
                       [--dtype float32|bfloat16]
@@ -21,7 +22,7 @@ llama3), mistral, qwen2 (Qwen2, Qwen2.5: q/k/v biases), qwen3 (dense: q/k RMSNor
       of DIR (generation_config.json, else config.json); with --tz also
       `tz-model-check --import DIR --tokens PROMPT --generate N`, and the two must be equal.
 
-  hf_check.py make DIR [--family llama|mistral|qwen2|qwen3] [--hidden 64 --layers 2 --heads 4
+  hf_check.py make DIR [--family llama|mistral|qwen2|qwen3|olmo2] [--hidden 64 --layers 2 --heads 4
                         --kv-heads 2 --ffn 176 --vocab 256 --max-seq 128 --rope-theta 10000
                         --eps 1e-5 --tie --seed 0 --dtype float32|bfloat16]
                        [--head-dim D] [--rope-scaling llama3 --rope-factor 8 --rope-low 1
