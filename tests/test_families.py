@@ -14,6 +14,7 @@ table)"""
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,83 @@ FAMILIES = {
     "head_dim": ("qwen3", "Qwen3ForCausalLM", {"head_dim": 24}),
     # OLMo 2: norms on the attention's and MLP's outputs, q/k norms over the whole projections.
     "olmo2": ("olmo2", "Olmo2ForCausalLM", {"attention_bias": False, "pad_token_id": 1}),
+    # Phi-3: Llama's math with q, k, v fused into qkv_proj and gate, up into gate_up_proj (2 kv
+    # heads of 4: rows 64 + 2 * 32).
+    "phi3": ("phi3", "Phi3ForCausalLM", {"sliding_window": None, "resid_pdrop": 0.0,
+                                         "embd_pdrop": 0.0}),
 }
+
+
+def st_read(path):
+    """A safetensors file as {name: (dtype, shape, bytes)} in file order, read by hand."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    out = {}
+    for name, e in sorted(((k, v) for k, v in head.items() if k != "__metadata__"),
+                          key=lambda kv: kv[1]["data_offsets"][0]):
+        a, b = e["data_offsets"]
+        out[name] = (e["dtype"], e["shape"], raw[8 + n + a:8 + n + b])
+    return out
+
+
+def st_write(path, tensors):
+    """{name: (dtype, shape, bytes)} as a safetensors file."""
+    head, at = {}, 0
+    for name, (dt, shape, data) in tensors.items():
+        head[name] = {"dtype": dt, "shape": shape, "data_offsets": [at, at + len(data)]}
+        at += len(data)
+    text = json.dumps(head).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for _, _, data in tensors.values():
+            f.write(data)
+
+
+def unfuse_phi3(src, dst, cfg):
+    """src, a phi3 export in f32, as the llama checkpoint it is by transformers' definition of
+    Phi-3 (Phi3Attention: q, then k, then v rows of qkv_proj; Phi3MLP: gate, then up, of
+    gate_up_proj's chunk(2)), written independently of tz-train's split."""
+    os.makedirs(dst)
+    C = cfg["hidden_size"]
+    D = cfg.get("head_dim") or C // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * D, cfg["num_key_value_heads"] * D
+    F = cfg["intermediate_size"]
+    row = 4 * C  # f32
+    out = {}
+    for name, (dt, shape, data) in st_read(os.path.join(src, "model.safetensors")).items():
+        assert dt == "F32", (name, dt)
+        if name.endswith("self_attn.qkv_proj.weight"):
+            assert shape == [q + 2 * kv, C], (name, shape)
+            base = name[:-len("qkv_proj.weight")]
+            out[base + "q_proj.weight"] = (dt, [q, C], data[:q * row])
+            out[base + "k_proj.weight"] = (dt, [kv, C], data[q * row:(q + kv) * row])
+            out[base + "v_proj.weight"] = (dt, [kv, C], data[(q + kv) * row:])
+        elif name.endswith("mlp.gate_up_proj.weight"):
+            assert shape == [2 * F, C], (name, shape)
+            base = name[:-len("gate_up_proj.weight")]
+            out[base + "gate_proj.weight"] = (dt, [F, C], data[:F * row])
+            out[base + "up_proj.weight"] = (dt, [F, C], data[F * row:])
+        else:
+            out[name] = (dt, shape, data)
+    st_write(os.path.join(dst, "model.safetensors"), out)
+    llama = {k: v for k, v in cfg.items()
+             if k not in ("resid_pdrop", "embd_pdrop", "sliding_window", "original_max_position_"
+                          "embeddings")}
+    llama.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(llama, f)
+
+
+def model_check(*args):
+    p = subprocess.run([os.path.join(BIN, "tz-model-check"), *args], capture_output=True,
+                       text=True)
+    if p.returncode != 0:
+        sys.exit(f"FAIL: tz-model-check {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n"
+                 f"{p.stderr}")
+    return p.stdout
 
 
 def tz_train(*args):
@@ -138,6 +215,32 @@ def main():
         for f in st:
             if not same_bytes(at("straight", f), at("again", f)):
                 failures.append(f"{f}: the re-imported export differs")
+        if FAMILY == "phi3":
+            # Phi-3.5's longrope and Phi-4-mini's partial rotary are refused, naming the key.
+            for extra, key in (({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8,
+                                                  "long_factor": [1.0] * 8}}, "longrope"),
+                               ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                     "partial_rotary_factor": 0.75}},
+                                "partial_rotary_factor"),
+                               ({"resid_pdrop": 0.1}, "resid_pdrop")):
+                with open(at("refused.json"), "w") as f:
+                    json.dump(dict(cfg, **extra), f)
+                p = subprocess.run([TZ_TRAIN, "--model", at("refused.json"), "--steps", "1",
+                                    *common], capture_output=True, text=True)
+                if p.returncode == 0 or key not in p.stderr:
+                    failures.append(f"{key}: not refused by name (exit {p.returncode}): "
+                                    f"{p.stderr.strip()}")
+            # The trained export split by transformers' rule computes what the fused one does:
+            # every logit's bits equal through tz-model-check.
+            with open(at("straight", "config.json")) as f:
+                unfuse_phi3(at("straight"), at("llama"), json.load(f))
+            toks = ["--tokens", "3,1,4,1,5,9,2,6,5,3,5,8,9,7,9", "--threads", "1"]
+            a = model_check("--import", at("straight"), *toks, "--logits", at("phi3.f32"))
+            b = model_check("--import", at("llama"), *toks, "--logits", at("llama.f32"))
+            if not same_bytes(at("phi3.f32"), at("llama.f32")):
+                failures.append("the fused checkpoint's logits differ from the split one's")
+            if a.split("loss")[1].split()[0] != b.split("loss")[1].split()[0]:
+                failures.append(f"the fused checkpoint's loss differs:\n{a}\n{b}")
         for msg in failures:
             print(f"FAIL: {FAMILY}: {msg}", file=sys.stderr)
         print(f"test_families {FAMILY}: {'%d failed' % len(failures) if failures else 'passed'}")

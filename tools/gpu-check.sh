@@ -117,12 +117,14 @@ print("loss %.4f -> %.4f" % (l[0], l[-1])); sys.exit(0 if l[-1] < l[0] else 1)' 
   fam_check qwen3 --family qwen3 --head-dim 24
   fam_check llama-hd --family llama --head-dim 32 --kv-heads 1
   fam_check olmo2 --family olmo2
+  fam_check phi3 --family phi3
   fam_check llama-3.2-1b --from-config tests/data/hf/llama-3.2-1b.json --layers 12
   fam_check mistral-7b-v0.3 --from-config tests/data/hf/mistral-7b-v0.3.json --layers 3
   fam_check mistral-nemo --from-config tests/data/hf/mistral-nemo-base-2407.json --layers 1
   fam_check qwen2.5-1.5b --from-config tests/data/hf/qwen2.5-1.5b.json --layers 16
   fam_check qwen3-1.7b --from-config tests/data/hf/qwen3-1.7b.json --layers 14
   fam_check olmo-2-1b --from-config tests/data/hf/olmo-2-0425-1b.json --layers 8
+  fam_check phi-3-mini --from-config tests/data/hf/phi-3-mini-4k-instruct.json --layers 8
   rm -rf /tmp/tz-fam-*
 fi
 has layer && grep -q '"layer"' bench/tz-bench.c && step layer $b/bin/tz-bench layer

@@ -259,7 +259,7 @@ def family_config(args, table):
          "num_key_value_heads": args.kv_heads, "vocab_size": args.vocab,
          "max_position_embeddings": args.max_seq, "rope_theta": args.rope_theta,
          "rms_norm_eps": args.eps, "tie_word_embeddings": args.tie, "hidden_act": "silu",
-         "bos_token_id": 1, "eos_token_id": 2}
+         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
     if args.head_dim:
         d["head_dim"] = args.head_dim
     if args.rope_scaling == "llama3":

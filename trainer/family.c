@@ -45,6 +45,14 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                          .norm_place = TZ_NORM_POST,
                          .window = TZ_WINDOW_NONE,
                          .export_keys = "{\"attention_bias\": false}"},
+    [TZ_FAMILY_PHI3] = {.id = TZ_FAMILY_PHI3,
+                        .model_type = "phi3",
+                        .architecture = "Phi3ForCausalLM",
+                        .max_pos = 4096,
+                        .fused_proj = 1,
+                        .window = TZ_WINDOW_ALWAYS,
+                        .window_default = 0,
+                        .export_keys = "{\"resid_pdrop\": 0.0, \"embd_pdrop\": 0.0}"},
 };
 
 const struct tz_family *tz_family_of(enum tz_model_family f) {
@@ -101,11 +109,11 @@ char *tz_family_table_json(void) {
     const struct tz_family *r = &tz_families[f];
     json_t *keys = json_loads(r->export_keys, 0, NULL);
     json_t *o =
-        json_pack("{s:s, s:s, s:i, s:b, s:s, s:s, s:s, s:i, s:o}", "model_type", r->model_type,
+        json_pack("{s:s, s:s, s:i, s:b, s:s, s:s, s:b, s:s, s:i, s:o}", "model_type", r->model_type,
                   "architecture", r->architecture, "max_position_embeddings", r->max_pos,
                   "qkv_bias", r->qkv_bias, "qk_norm", qk_norms[r->qk_norm], "norm_place",
-                  places[r->norm_place], "window", windows[r->window], "window_default",
-                  r->window_default, "export_keys", keys ? keys : json_object());
+                  places[r->norm_place], "fused_proj", r->fused_proj, "window", windows[r->window],
+                  "window_default", r->window_default, "export_keys", keys ? keys : json_object());
     if (!o || json_array_append_new(a, o) < 0) {
       json_decref(a);
       return NULL;

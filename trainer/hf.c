@@ -42,10 +42,36 @@ static const char *const layer_names[TZ_L_COUNT] = {
     [TZ_L_MLP_POST_NORM] = "post_feedforward_layernorm.weight",
 };
 
+int tz_hf_fused_part(const struct tz_model_config *cfg, int tensor, struct tz_hf_fused *out) {
+  const struct tz_family *fam = tz_family_of(cfg->family);
+  if (!fam || !fam->fused_proj)
+    return 0;
+  int64_t D = tz_model_head_dim(cfg), HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
+  int64_t F = cfg->ffn_dim;
+  switch (tensor) {
+  case TZ_L_WQ:
+    *out = (struct tz_hf_fused){"self_attn.qkv_proj.weight", 0, 0, HD + 2 * KD, 3};
+    break;
+  case TZ_L_WK:
+    *out = (struct tz_hf_fused){"self_attn.qkv_proj.weight", 1, HD, HD + 2 * KD, 3};
+    break;
+  case TZ_L_WV:
+    *out = (struct tz_hf_fused){"self_attn.qkv_proj.weight", 2, HD + KD, HD + 2 * KD, 3};
+    break;
+  case TZ_L_WG: *out = (struct tz_hf_fused){"mlp.gate_up_proj.weight", 0, 0, 2 * F, 2}; break;
+  case TZ_L_WU: *out = (struct tz_hf_fused){"mlp.gate_up_proj.weight", 1, F, 2 * F, 2}; break;
+  default: return 0;
+  }
+  return 1;
+}
+
 int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, char *buf,
                       size_t len) {
   int nb = tz_model_n_blocks(cfg), n;
-  if (block == 0 && tensor == TZ_E_WTE)
+  struct tz_hf_fused fu;
+  if (block > 0 && block < nb - 1 && tz_hf_fused_part(cfg, tensor, &fu))
+    n = snprintf(buf, len, "model.layers.%d.%s", block - 1, fu.name);
+  else if (block == 0 && tensor == TZ_E_WTE)
     n = snprintf(buf, len, "model.embed_tokens.weight");
   else if (block == nb - 1 && tensor == TZ_H_NORM)
     n = snprintf(buf, len, "model.norm.weight");
@@ -62,10 +88,13 @@ int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, 
 
 /* ---- reading ---- */
 
-/* Where each tensor the model reads is: file and header entry, by block * TZ_L_COUNT + index. */
+/* Where each tensor the model reads is: file and header entry, by block * TZ_L_COUNT + index. A
+ * part of a fused tensor (tz_hf_fused_part) is its rows as a tensor of their own: `part`, the
+ * header entry with its data range and shape cut to them, which the reader reads as any. */
 struct loc {
   int file; /* -1: the tensor has numel 0 in this config */
   const struct tz_st_tensor *t;
+  struct tz_st_tensor part;
 };
 
 struct tz_hf_model {
@@ -163,6 +192,19 @@ static const char *unread_hint(const struct tz_model_config *cfg, const char *na
              families_with(offsetof(struct tz_family, qkv_bias), fams, sizeof fams));
     return buf;
   }
+  if (strstr(name, "qkv_proj") || strstr(name, "gate_up_proj")) {
+    snprintf(buf, len, "fused projections are the checkpoints of %s only",
+             families_with(offsetof(struct tz_family, fused_proj), fams, sizeof fams));
+    return buf;
+  }
+  if (tz_family_of(cfg->family)->fused_proj &&
+      (strstr(name, "_proj.weight") && !strstr(name, "o_proj") && !strstr(name, "down_proj"))) {
+    snprintf(buf, len,
+             "model_type %s holds q, k and v as one self_attn.qkv_proj and gate and up "
+             "as one mlp.gate_up_proj",
+             tz_model_family_name(cfg->family));
+    return buf;
+  }
   if (strstr(name, "_norm.weight") && strstr(name, "self_attn")) {
     snprintf(buf, len, "q/k norms belong to %s only",
              families_with(offsetof(struct tz_family, qk_norm), fams, sizeof fams));
@@ -221,6 +263,13 @@ static int check_tensors(tz_hf_model *m, json_t *weight_map, const char *index) 
         goto out;
       }
       int64_t want[2] = {l.t[i].shape[0], l.t[i].shape[1]};
+      struct tz_hf_fused fu;
+      int fused = l.kind == TZ_BLOCK_LAYER && tz_hf_fused_part(cfg, i, &fu);
+      if (fused) {
+        want[0] = fu.rows;
+        if (fu.part > 0)
+          n--; /* named once, with its first part */
+      }
       int same = t->ndim == l.t[i].ndim && t->shape[0] == want[0] &&
                  (t->ndim == 1 || t->shape[1] == want[1]);
       if (!same) {
@@ -236,7 +285,17 @@ static int check_tensors(tz_hf_model *m, json_t *weight_map, const char *index) 
                         path, name, t->dtype);
         goto out;
       }
-      m->loc[b * TZ_L_COUNT + i] = (struct loc){.file = fi, .t = t};
+      struct loc *lc = &m->loc[b * TZ_L_COUNT + i];
+      *lc = (struct loc){.file = fi, .t = t};
+      if (fused) { /* rows [first, first + this part's) of the fused tensor */
+        uint64_t row = (t->end - t->begin) / (uint64_t)t->shape[0];
+        lc->part = *t;
+        lc->part.begin = t->begin + (uint64_t)fu.first * row;
+        lc->part.end = lc->part.begin + (uint64_t)l.t[i].shape[0] * row;
+        lc->part.shape[0] = l.t[i].shape[0];
+        lc->part.numel = l.t[i].numel;
+        lc->t = &lc->part;
+      }
     }
   }
   qsort(sorted, (size_t)n, sizeof *sorted, cmp_str);
@@ -428,6 +487,10 @@ struct out_tensor {
   int block;
   uint64_t offset, numel, bytes;
   int shard;
+  /* A fused tensor (tz_hf_fused_part): its parts' places in the block, in its row order; offset
+   * and numel above are then unused. */
+  int n_parts;
+  uint64_t part_offset[3], part_numel[3];
 };
 
 /* Shards as huggingface_hub's split_state_dict_into_shards (save_pretrained): tensors in order;
@@ -537,10 +600,16 @@ static int shards_write(const char *dir, const struct tz_model_config *cfg, stru
   for (int b = 0; b < tz_model_n_blocks(cfg); b++)
     if (tz_model_block_numel(cfg, b) > most)
       most = tz_model_block_numel(cfg, b);
+  uint64_t most_fused = 0; /* the largest fused tensor, staged whole */
+  for (int i = 0; i < n; i++)
+    if (t[i].n_parts && t[i].numel > most_fused)
+      most_fused = t[i].numel;
   float *buf = malloc(sizeof(float) * (most ? most : 1));
+  float *fused = most_fused ? malloc(sizeof(float) * most_fused) : NULL;
   struct tz_st_entry *e = calloc((size_t)n, sizeof *e);
-  if (!buf || !e) {
+  if (!buf || !e || (most_fused && !fused)) {
     free(buf);
+    free(fused);
     free(e);
     return tz_err_set(TZ_ENOMEM, "hf: cannot allocate a block of %llu floats",
                       (unsigned long long)most);
@@ -569,7 +638,16 @@ static int shards_write(const char *dir, const struct tz_model_config *cfg, stru
       if ((rc = get_block(arg, block, buf)) < 0)
         break;
     }
-    if ((rc = tz_st_writer_put(w, buf + t[i].offset, t[i].numel)) < 0)
+    const float *data = buf + t[i].offset;
+    if (t[i].n_parts) { /* the parts one after another, as the checkpoint holds them */
+      uint64_t at = 0;
+      for (int k = 0; k < t[i].n_parts; k++) {
+        memcpy(fused + at, buf + t[i].part_offset[k], sizeof(float) * t[i].part_numel[k]);
+        at += t[i].part_numel[k];
+      }
+      data = fused;
+    }
+    if ((rc = tz_st_writer_put(w, data, t[i].numel)) < 0)
       break;
     if (i + 1 == n || t[i + 1].shard != t[i].shard) {
       rc = tz_st_writer_close(w, 1);
@@ -578,6 +656,7 @@ static int shards_write(const char *dir, const struct tz_model_config *cfg, stru
   }
   tz_st_writer_close(w, 0);
   free(buf);
+  free(fused);
   free(e);
   return rc;
 }
@@ -668,6 +747,23 @@ static int export_into(const char *dir, const struct tz_model_config *cfg,
     for (int i = 0; i < l.n; i++) {
       if (!l.t[i].numel)
         continue;
+      struct tz_hf_fused fu;
+      if (l.kind == TZ_BLOCK_LAYER && tz_hf_fused_part(cfg, i, &fu)) {
+        /* one tensor of fu.rows rows: its first part opens it, the others join it */
+        struct out_tensor *x = fu.part == 0 ? &t[n++] : &t[n - 1];
+        if (fu.part == 0) {
+          TZ_CHECK_GOTO(tz_hf_tensor_name(cfg, b, i, x->name, sizeof x->name), rc, out);
+          x->e = (struct tz_st_entry){.name = x->name, .dtype = o.dtype, .ndim = 2};
+          x->e.shape[0] = fu.rows;
+          x->e.shape[1] = l.t[i].shape[1];
+          x->block = b;
+          x->numel = (uint64_t)fu.rows * (uint64_t)l.t[i].shape[1];
+          x->bytes = x->numel * tz_dtype_size(o.dtype);
+        }
+        x->part_offset[x->n_parts] = l.t[i].offset;
+        x->part_numel[x->n_parts++] = l.t[i].numel;
+        continue;
+      }
       struct out_tensor *x = &t[n++];
       TZ_CHECK_GOTO(tz_hf_tensor_name(cfg, b, i, x->name, sizeof x->name), rc, out);
       x->e = (struct tz_st_entry){.name = x->name, .dtype = o.dtype, .ndim = l.t[i].ndim};

@@ -22,8 +22,21 @@
 #include "kernels/compute.h"
 #include "trainer/model.h"
 
+/* A layer tensor that a family's checkpoints hold as rows of a fused one (struct tz_family's
+ * fused_proj: wq, wk, wv in self_attn.qkv_proj; wg, wu in mlp.gate_up_proj). */
+struct tz_hf_fused {
+  const char *name; /* "self_attn.qkv_proj.weight", within the layer */
+  int part;         /* which of the parts, in row order */
+  int64_t first;    /* its first row in the fused tensor */
+  int64_t rows;     /* the fused tensor's rows */
+  int n_parts;
+};
+/* 1 and *out when layer tensor `tensor` of cfg's family is part of a fused tensor, else 0. */
+int tz_hf_fused_part(const struct tz_model_config *cfg, int tensor, struct tz_hf_fused *out);
+
 /* The HF name of tensor `tensor` (TZ_E_*, TZ_L_*, TZ_H_*) of block `block`. A layer tensor the
- * config does not have (numel 0 in its layout) still has its name. */
+ * config does not have (numel 0 in its layout) still has its name; the parts of a fused tensor
+ * have its name. */
 int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, char *buf,
                       size_t len);
 

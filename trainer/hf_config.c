@@ -161,6 +161,13 @@ static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *ty
                       jtext(ty, t, sizeof t));
   const char *s = json_string_value(ty);
   TZ_CHECK(num_of(p, rs, key, "rope_theta", 0, 0.0, theta));
+  /* transformers 5 moves partial_rotary_factor into the rope object (Phi-3 and Phi-4 write 1.0
+   * there, Phi-4-mini 0.75) */
+  json_t *prf = json_object_get(rs, "partial_rotary_factor");
+  if (prf && !(json_is_number(prf) && json_number_value(prf) == 1.0))
+    return tz_err_set(
+        TZ_ENOTSUP, "%s: \"%s.partial_rotary_factor\" is %s: RoPE rotates the whole head here (1)",
+        p->path, key, jtext(prf, t, sizeof t));
   if (strcmp(s, "default") == 0) {
     *type = TZ_ROPE_DEFAULT;
     return 0;
@@ -266,6 +273,16 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"partial_rotary_factor\" is %s: RoPE rotates the whole head here (1)",
                       p->path, jtext(v, t, sizeof t));
+  /* Training here has no dropout: a config that asks for it would train differently from
+   * transformers' model in train mode. */
+  static const char *const drops[] = {"attention_dropout", "resid_pdrop", "embd_pdrop",
+                                      "hidden_dropout", "dropout"};
+  for (size_t i = 0; i < sizeof drops / sizeof drops[0]; i++)
+    if ((v = jget(p, drops[i])) && !(json_is_number(v) && json_number_value(v) == 0.0))
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"%s\" is %s: dropout is not implemented (0 trains "
+                        "as transformers does)",
+                        p->path, drops[i], jtext(v, t, sizeof t));
   static const char *const caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
   for (int i = 0; i < 2; i++)
     if ((v = jget(p, caps[i])))

@@ -33,13 +33,16 @@
  *   qwen2   (Qwen2ForCausalLM, Qwen2 and 2.5): q, k and v projections carry biases
  *   qwen3   (Qwen3ForCausalLM, dense): RMSNorm of q and k per head (weight (D)) before RoPE
  *   olmo2   (Olmo2ForCausalLM, OLMo 2): the norms on the attention's and the MLP's outputs before
- *           the residual, none before them; RMSNorm of the whole q and k projections */
+ *           the residual, none before them; RMSNorm of the whole q and k projections
+ *   phi3    (Phi3ForCausalLM, Phi-3 and Phi-4 with full rotary and default RoPE): llama's math,
+ *           its checkpoints' q/k/v and gate/up projections fused (trainer/hf.c) */
 enum tz_model_family {
   TZ_FAMILY_LLAMA = 0,
   TZ_FAMILY_MISTRAL,
   TZ_FAMILY_QWEN2,
   TZ_FAMILY_QWEN3,
   TZ_FAMILY_OLMO2,
+  TZ_FAMILY_PHI3,
   TZ_FAMILY_COUNT
 };
 
