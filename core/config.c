@@ -114,8 +114,10 @@ static int finish(struct tz_config *c, const char *pre) {
   if (c->optimizer.type == TZ_OPTIMIZER_ADAMW)
     c->optimizer.adam_w_mode = 1;
   /* DeepSpeed 0.19.3's WarmupLR, WarmupDecayLR and WarmupCosineLR raise on a warm-up that is not
-   * a positive integer (earlier versions raised it to 2, as they still do 1) */
-  if (c->scheduler.type != TZ_LR_CONSTANT && c->scheduler.warmup_num_steps <= 0)
+   * a positive integer (earlier versions raised it to 2, as they still do 1). "auto" is no value
+   * yet: tz-train fills it from --warmup-ratio or refuses it (trainer/run_options.c). */
+  if (c->scheduler.type != TZ_LR_CONSTANT && c->scheduler.warmup_num_steps <= 0 &&
+      !tz_config_is_auto(c, "scheduler.params.warmup_num_steps"))
     return tz_err_set(TZ_ECONFIG,
                       "%s: scheduler.params.warmup_num_steps %" PRId64
                       ": DeepSpeed's warm-up schedules refuse a warm-up that is not a positive "

@@ -297,6 +297,8 @@ int tz_config_resolve_batch(struct tz_config *c, int world_size);
  * key table's order, keys without effect left out. tz_config_resolve_batch resolves them as
  * Hugging Face Trainer's DeepSpeed integration does where its rule ties a key to another value of
  * the run (docs/config.md "auto"); the others take tierzero's default. Strings are static. */
+/* 1 when the key at path was given "auto" by the last source that set it. */
+int tz_config_is_auto(const struct tz_config *c, const char *path);
 int tz_config_auto_count(const struct tz_config *c);
 const char *tz_config_auto_key(const struct tz_config *c, int i); /* NULL past the end */
 

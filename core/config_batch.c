@@ -10,6 +10,10 @@ int tz_config_resolve_batch(struct tz_config *c, int world_size) {
     return tz_err_set(TZ_EINVAL, "batch: world_size %d is not positive", world_size);
   int64_t tb = c->train_batch_size, mb = c->train_micro_batch_size_per_gpu;
   int64_t gas = c->gradient_accumulation_steps, w = world_size, prod;
+  /* "auto" with no batch size given: Hugging Face TrainingArguments' per_device_train_batch_size
+   * default (tz_config_set_auto) */
+  if (tb <= 0 && mb <= 0 && tz_config_is_auto(c, "train_micro_batch_size_per_gpu"))
+    mb = 8;
   if (tb > 0 && mb > 0 && gas > 0) {
     if (__builtin_mul_overflow(mb, gas, &prod) || __builtin_mul_overflow(prod, w, &prod) ||
         prod != tb)

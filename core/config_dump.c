@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +38,9 @@ static void dump_value(FILE *f, const struct tz_config *c, const struct key *k) 
                 : k->type == K_I64 ? *(const int64_t *)cfield(c, k)
                                    : (int64_t) * (const uint64_t *)cfield(c, k);
     /* Out of range is the "not set" default. */
-    if (check_irange(k, v))
+    if ((k->flags & F_AUTO_UNSET) && v == 0 && tz_config_is_auto(c, k->path))
+      fputs("\"auto\"", f);
+    else if (check_irange(k, v))
       fprintf(f, "%" PRId64, v);
     else
       fputs(k->flags & F_AUTO ? "\"auto\"" : "null", f);
@@ -147,22 +150,22 @@ static const struct {
     {"train_batch_size", "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world "
                          "size, DeepSpeed's rule, as Hugging Face's Trainer fills it"},
     {"train_micro_batch_size_per_gpu", "train_batch_size / (gradient_accumulation_steps x world "
-                                       "size), or tz-train's 4 when neither is given; Hugging "
-                                       "Face's Trainer takes --per_device_train_batch_size"},
+                                       "size), or 8 when neither is given: Hugging Face's "
+                                       "--per_device_train_batch_size default"},
     {"gradient_accumulation_steps", "train_batch_size / (micro-batch x world size), else 1; "
                                     "Hugging Face's Trainer takes --gradient_accumulation_steps"},
-    {"gradient_clipping", "tierzero's default: no clipping; Hugging Face's Trainer takes "
-                          "--max_grad_norm"},
-    {"optimizer.params.lr", "tierzero's default; Hugging Face's Trainer takes --learning_rate"},
-    {"optimizer.params.betas", "tierzero's default; Hugging Face's Trainer takes --adam_beta1 "
-                               "and --adam_beta2"},
-    {"optimizer.params.eps", "tierzero's default; Hugging Face's Trainer takes --adam_epsilon"},
-    {"optimizer.params.weight_decay", "tierzero's default; Hugging Face's Trainer takes "
-                                      "--weight_decay"},
+    {"gradient_clipping", "Hugging Face's --max_grad_norm default; tz-train --max-grad-norm "
+                          "sets it"},
+    {"optimizer.params.lr", "Hugging Face's --learning_rate default; tz-train --learning-rate "
+                            "sets it"},
+    {"optimizer.params.betas", "Hugging Face's --adam_beta1 and --adam_beta2 defaults"},
+    {"optimizer.params.eps", "Hugging Face's --adam_epsilon default"},
+    {"optimizer.params.weight_decay", "Hugging Face's --weight_decay default; tz-train "
+                                      "--weight-decay sets it"},
     {"scheduler.params.warmup_min_lr", "0, as Hugging Face's Trainer sets it"},
     {"scheduler.params.warmup_max_lr", "optimizer.params.lr, as Hugging Face's Trainer sets it"},
-    {"scheduler.params.warmup_num_steps", "tierzero's default; Hugging Face's Trainer takes "
-                                          "--warmup_steps or --warmup_ratio"},
+    {"scheduler.params.warmup_num_steps", "--warmup-ratio x the run's steps, as Hugging Face's "
+                                          "Trainer fills it from --warmup_ratio"},
     {"scheduler.params.total_num_steps", "the run's steps, as Hugging Face's Trainer sets it "
                                          "from --max_steps"},
     {"bf16.enabled", "tierzero's default: off; Hugging Face's Trainer takes --bf16"},
@@ -183,6 +186,12 @@ void tz_config_report(const struct tz_config *c, int64_t steps, FILE *out, FILE 
     fprintf(out, "tz-train: config \"auto\": %s = ", path);
     if (strcmp(path, "scheduler.params.total_num_steps") == 0 && steps > 0)
       fprintf(out, "%" PRId64, steps);
+    else if (strcmp(path, "scheduler.params.warmup_num_steps") == 0 && steps > 0 &&
+             c->scheduler.warmup_num_steps == 0 && c->tierzero.warmup_ratio > 0)
+      fprintf(
+          out, "%.0f", /* trainer/lr.c's */
+          ceil(c->tierzero.warmup_ratio *
+               (double)(c->scheduler.total_num_steps > 0 ? c->scheduler.total_num_steps : steps)));
     else
       dump_value(out, c, k);
     fprintf(out, " (%s)\n", auto_rule(path));

@@ -30,13 +30,16 @@ enum ktype {
 };
 
 enum {
-  F_AUTO = 1 << 0,     /* "auto" accepted: the built-in default */
-  F_MIN_OPEN = 1 << 1, /* K_DOUBLE/K_PAIR: the value must be > dmin, not >= */
-  F_MAX_OPEN = 1 << 2, /* K_DOUBLE/K_PAIR: the value must be < dmax, not <= */
-  F_ICASE = 1 << 3,    /* K_ENUM: names match case-insensitively (DeepSpeed's optimizer.type) */
-  F_NO_FIELD = 1 << 4, /* accepted and checked, stored nowhere: tierzero has no use for it */
-  F_BACKEND = 1 << 5,  /* K_STR: a backend's setting (backend, setting below), its text stored
-                          for the backend to parse (core/settings.h) */
+  F_AUTO = 1 << 0,       /* "auto" accepted: the built-in default */
+  F_MIN_OPEN = 1 << 1,   /* K_DOUBLE/K_PAIR: the value must be > dmin, not >= */
+  F_MAX_OPEN = 1 << 2,   /* K_DOUBLE/K_PAIR: the value must be < dmax, not <= */
+  F_ICASE = 1 << 3,      /* K_ENUM: names match case-insensitively (DeepSpeed's optimizer.type) */
+  F_NO_FIELD = 1 << 4,   /* accepted and checked, stored nowhere: tierzero has no use for it */
+  F_BACKEND = 1 << 5,    /* K_STR: a backend's setting (backend, setting below), its text stored
+                            for the backend to parse (core/settings.h) */
+  F_AUTO_UNSET = 1 << 6, /* "auto" stands for a value that is filled later (tz-train fills the
+                            warm-up from --warmup-ratio): the dump writes "auto" while the key is
+                            "auto" and at its default, so a checkpoint's config reads back so */
 };
 
 struct key {
@@ -111,6 +114,8 @@ static inline int in_drange(const struct key *k, double d) {
 void tz_config_free_owned(struct tz_config *c, const struct key *k);
 /* The default of k; owned fields are freed (their default is "not set"). */
 void tz_config_set_default(struct tz_config *c, const struct key *k);
+/* A key given "auto": Hugging Face TrainingArguments' default where it is not tierzero's. */
+void tz_config_set_auto(struct tz_config *c, const struct key *k);
 void tz_config_val_free(struct val *v);
 /* Moves v into c (v's strings now belong to c). */
 void tz_config_store(struct tz_config *c, const struct key *k, struct val *v);
@@ -126,8 +131,6 @@ int tz_config_distance(const char *a, const char *b);
 int tz_config_suggest(const char *section, const char *name, char *out, size_t len);
 /* TZ_<KEY> for key i of the tierzero section, NULL for the others. */
 const char *tz_config_env_name(int i);
-/* 1 when the key at path was given "auto" (tz_config_auto_key). */
-int tz_config_is_auto(const struct tz_config *c, const char *path);
 
 /* config_parse.c */
 int tz_config_where_err(const struct where *w, const char *fmt, ...)

@@ -98,7 +98,8 @@ const struct key tz_config_keys[] = {
   DBL("scheduler.params.warmup_min_lr", scheduler.warmup_min_lr, 0, INFINITY, 0, F_AUTO),
   /* not set (-1): WarmupLR's peak is optimizer.params.lr, WarmupDecayLR's 0.001 (trainer/lr.c) */
   DBL("scheduler.params.warmup_max_lr", scheduler.warmup_max_lr, 0, INFINITY, -1, F_AUTO),
-  I64("scheduler.params.warmup_num_steps", scheduler.warmup_num_steps, 0, 1000, F_AUTO),
+  I64("scheduler.params.warmup_num_steps", scheduler.warmup_num_steps, 0, 1000,
+      F_AUTO | F_AUTO_UNSET),
   ENUM("scheduler.params.warmup_type", scheduler.warmup_type, warmup_names, TZ_WARMUP_LOG, 0),
   I64("scheduler.params.total_num_steps", scheduler.total_num_steps, 1, 0, F_AUTO),
   DBL("scheduler.params.warmup_min_ratio", scheduler.warmup_min_ratio, 0, 1, 0, 0),
@@ -281,6 +282,24 @@ void tz_config_set_default(struct tz_config *c, const struct key *k) {
   }
 }
 
+/* "auto" is what Hugging Face's Trainer writes for DeepSpeed to be filled from its
+ * TrainingArguments (integrations/deepspeed.py, trainer_config_process), so a key left "auto"
+ * takes those arguments' defaults where they differ from tierzero's own: learning_rate 5e-5,
+ * max_grad_norm 1.0, warmup_steps 0 (refused at the run's start
+ * unless --warmup-ratio fills it: DeepSpeed 0.19 refuses a warm-up of 0). betas (0.9, 0.999),
+ * eps 1e-8 and weight_decay 0 are tierzero's defaults too; per_device_train_batch_size 8 is
+ * the micro-batch's when no batch size is given (tz_config_resolve_batch). The flags named as the
+ * Trainer's
+ * arguments (--learning-rate, ...) set the keys after the files, as the Trainer fills them. */
+void tz_config_set_auto(struct tz_config *c, const struct key *k) {
+  if (strcmp(k->path, "optimizer.params.lr") == 0)
+    c->optimizer.lr = 5e-5;
+  else if (strcmp(k->path, "gradient_clipping") == 0)
+    c->gradient_clipping = 1.0;
+  else if (strcmp(k->path, "scheduler.params.warmup_num_steps") == 0)
+    c->scheduler.warmup_num_steps = 0;
+}
+
 void tz_config_val_free(struct val *v) {
   free(v->s);
   for (int i = 0; i < v->paths.n; i++)
@@ -315,6 +334,7 @@ void tz_config_store(struct tz_config *c, const struct key *k, struct val *v) {
   }
   if (v->is_default) {
     tz_config_set_default(c, k);
+    tz_config_set_auto(c, k);
     tz_config_val_free(v);
     return;
   }

@@ -183,7 +183,9 @@ static void test_auto_values(void **state) {
   (void)state;
   struct tz_config c;
   tz_config_defaults(&c);
-  /* Values set earlier: "auto" returns them to the built-in default. */
+  /* Values set earlier: "auto" gives Hugging Face TrainingArguments' defaults (learning_rate
+   * 5e-5, max_grad_norm 1.0, warmup_steps 0) where they differ from tierzero's, else tierzero's
+   * built-in default. */
   TZ_ASSERT_OK(tz_config_set(&c, "optimizer.params.lr", "0.5"));
   TZ_ASSERT_OK(tz_config_set(&c, "optimizer.params.betas", "0.8,0.9"));
   TZ_ASSERT_OK(tz_config_set(&c, "train_batch_size", "32"));
@@ -192,18 +194,18 @@ static void test_auto_values(void **state) {
   assert_int_equal(c.train_batch_size, 0);
   assert_int_equal(c.train_micro_batch_size_per_gpu, 0);
   assert_int_equal(c.gradient_accumulation_steps, 0);
-  ASSERT_DBL(c.gradient_clipping, 0);
+  ASSERT_DBL(c.gradient_clipping, 1.0);
   assert_int_equal(c.optimizer.type, TZ_OPTIMIZER_ADAM);
   assert_int_equal(c.optimizer.adam_w_mode, 0); /* Adam keeps an explicit false */
-  ASSERT_DBL(c.optimizer.lr, 1e-3);
+  ASSERT_DBL(c.optimizer.lr, 5e-5);
   ASSERT_DBL(c.optimizer.betas[0], 0.9);
   ASSERT_DBL(c.optimizer.betas[1], 0.999);
   ASSERT_DBL(c.optimizer.eps, 1e-8);
   ASSERT_DBL(c.optimizer.weight_decay, 0);
   assert_int_equal(c.scheduler.type, TZ_LR_WARMUP_DECAY);
   assert_int_equal(c.scheduler.total_num_steps, 0);
-  assert_int_equal(c.scheduler.warmup_num_steps, 1000);
-  ASSERT_DBL(c.scheduler.warmup_max_lr, -1); /* until tz_config_resolve_batch */
+  assert_int_equal(c.scheduler.warmup_num_steps, 0); /* filled by --warmup-ratio */
+  ASSERT_DBL(c.scheduler.warmup_max_lr, -1);         /* until tz_config_resolve_batch */
   assert_int_equal(c.fp16.enabled, 0);
   assert_int_equal(c.bf16.enabled, 0);
   assert_int_equal(c.precision, TZ_PRECISION_FP32);
@@ -213,10 +215,13 @@ static void test_auto_values(void **state) {
   ASSERT_DBL(c.fp16.min_loss_scale, 0.5);
   assert_int_equal(c.zero_optimization.offload_optimizer.device, TZ_OFFLOAD_CPU);
   assert_int_equal(c.zero_optimization.offload_param.device, TZ_OFFLOAD_CPU);
-  /* With everything "auto" the batch cannot be resolved until the trainer sets one. */
-  assert_int_equal(tz_config_resolve_batch(&c, 8), TZ_ECONFIG);
-  ASSERT_MSG_HAS("neither train_batch_size nor train_micro_batch_size_per_gpu is set");
+  /* With every batch size "auto", the micro-batch is per_device_train_batch_size's default, 8 */
+  TZ_ASSERT_OK(tz_config_resolve_batch(&c, 8));
+  assert_int_equal(c.train_micro_batch_size_per_gpu, 8);
+  assert_int_equal(c.train_batch_size, 64);
+  assert_int_equal(c.gradient_accumulation_steps, 1);
   TZ_ASSERT_OK(tz_config_set(&c, "train_micro_batch_size_per_gpu", "2"));
+  c.train_batch_size = 0; /* as loaded, before resolution */
   TZ_ASSERT_OK(tz_config_resolve_batch(&c, 8));
   assert_int_equal(c.train_batch_size, 16);
   assert_int_equal(c.gradient_accumulation_steps, 1);
@@ -1010,9 +1015,9 @@ static void test_sub_group_size_zero(void **state) {
   tz_config_defaults(&c);
   TZ_ASSERT_OK(tz_config_load_string(&c, "{\"zero_optimization\": {\"sub_group_size\": 0}}",
                                      "axolotl.json"));
-  assert_int_equal(tz_config_load_string(
-                       &c, "{\"zero_optimization\": {\"sub_group_size\": -1}}", "bad.json"),
-                   TZ_ECONFIG);
+  assert_int_equal(
+      tz_config_load_string(&c, "{\"zero_optimization\": {\"sub_group_size\": -1}}", "bad.json"),
+      TZ_ECONFIG);
   tz_config_free(&c);
 }
 

@@ -1,8 +1,9 @@
 /* DeepSpeed "auto" values and keys without effect (issue #27 item 10), docs/config.md:
  *  - "auto" resolves as Hugging Face Trainer's DeepSpeed integration resolves it where its rule
  *    ties the key to another value of the run: scheduler.params.warmup_max_lr takes the
- *    optimizer's lr, warmup_min_lr 0, total_num_steps the run's steps; elsewhere tierzero's
- *    default, and the report says which rule gave each value;
+ *    optimizer's lr, warmup_min_lr 0, total_num_steps the run's steps; elsewhere Hugging Face
+ *    TrainingArguments' default (lr 5e-5, clipping 1.0, micro-batch 8 with no batch size given;
+ *    a warm-up "auto" needs --warmup-ratio), and the report says which rule gave each value;
  *  - the keys given "auto" and the keys set that have no effect in tierzero are listed once each,
  *    in table order, however often they were set;
  *  - tz-train prints both at start, and the metrics file's first line holds the resolved
@@ -111,7 +112,7 @@ static void test_report(void **state) {
   const char *want[] = {"scheduler.params.warmup_max_lr = 0.0003 (optimizer.params.lr",
                         "scheduler.params.warmup_min_lr = 0 (",
                         "scheduler.params.total_num_steps = 20 (the run's steps",
-                        "optimizer.params.betas = [0.9, 0.999] (tierzero's default",
+                        "optimizer.params.betas = [0.9, 0.999] (Hugging Face's --adam_beta1",
                         "gradient_accumulation_steps = 1 ("};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     if (!strstr(out, want[i]))
@@ -140,6 +141,88 @@ static void test_report(void **state) {
   free(out);
   free(err);
   tz_config_free(&c);
+}
+
+/* Keys left "auto" take Hugging Face TrainingArguments' defaults where they differ from
+ * tierzero's (learning_rate 5e-5, max_grad_norm 1.0, per_device_train_batch_size 8); a value
+ * given after them (tz-train's flags) wins; a micro-batch "auto" beside a train_batch_size is
+ * derived from it. */
+static void test_trainer_defaults(void **state) {
+  (void)state;
+  static const char *hf =
+      "{\"train_batch_size\": \"auto\", \"train_micro_batch_size_per_gpu\": \"auto\",\n"
+      " \"gradient_accumulation_steps\": \"auto\", \"gradient_clipping\": \"auto\",\n"
+      " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\", \"betas\": "
+      "\"auto\",\n   \"eps\": \"auto\", \"weight_decay\": \"auto\"}}}\n";
+  struct tz_config c;
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_load_string(&c, hf, "hf.json"));
+  TZ_ASSERT_OK(tz_config_resolve_batch(&c, 2));
+  assert_float_equal(c.optimizer.lr, 5e-5, 0);
+  assert_float_equal(c.gradient_clipping, 1.0, 0);
+  assert_float_equal(c.optimizer.weight_decay, 0.0, 0);
+  assert_float_equal(c.optimizer.eps, 1e-8, 0);
+  assert_int_equal(c.train_micro_batch_size_per_gpu, 8);
+  assert_int_equal(c.gradient_accumulation_steps, 1);
+  assert_int_equal(c.train_batch_size, 16);
+  tz_config_free(&c);
+  /* the flags after the file */
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_load_string(&c, hf, "hf.json"));
+  TZ_ASSERT_OK(tz_config_set(&c, "optimizer.params.lr", "2e-5"));
+  TZ_ASSERT_OK(tz_config_set(&c, "gradient_clipping", "0.5"));
+  TZ_ASSERT_OK(tz_config_set(&c, "train_batch_size", "12"));
+  TZ_ASSERT_OK(tz_config_resolve_batch(&c, 1));
+  assert_float_equal(c.optimizer.lr, 2e-5, 0);
+  assert_float_equal(c.gradient_clipping, 0.5, 0);
+  assert_int_equal(c.train_micro_batch_size_per_gpu, 12);
+  tz_config_free(&c);
+  /* absent, not "auto": tierzero's own defaults */
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_set(&c, "train_micro_batch_size_per_gpu", "2"));
+  TZ_ASSERT_OK(tz_config_resolve_batch(&c, 1));
+  assert_float_equal(c.optimizer.lr, 1e-3, 0);
+  assert_float_equal(c.gradient_clipping, 0.0, 0);
+  tz_config_free(&c);
+}
+
+/* A warm-up left "auto" is filled by --warmup-ratio, as Hugging Face's Trainer fills it; without
+ * one tz-train refuses it naming the flags (the Trainer's default, 0, is refused by DeepSpeed
+ * 0.19), where it refused --warmup-ratio beside it as two warm-ups. */
+static void test_warmup_auto(void **state) {
+  (void)state;
+  const char *bin = getenv("TZ_BIN");
+  if (!bin)
+    skip();
+  char path[1100], cmd[4096];
+  snprintf(path, sizeof path, "%s/warm.json", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("{\"train_micro_batch_size_per_gpu\": 2, \"scheduler\": {\"type\": \"WarmupDecayLR\",\n"
+        " \"params\": {\"warmup_num_steps\": \"auto\", \"total_num_steps\": \"auto\"}}}\n",
+        f);
+  fclose(f);
+  for (int ratio = 0; ratio < 2; ratio++) {
+    snprintf(cmd, sizeof cmd,
+             "XDG_CACHE_HOME=%s/cache OMP_NUM_THREADS=1 %s/tz-train --backend cpu --config %s "
+             "--model tiny --steps 4 --seq 16 --data synthetic %s > %s/out 2>&1",
+             dir, bin, path, ratio ? "--warmup-ratio 0.5" : "", dir);
+    int st = system(cmd);
+    char out_path[1100];
+    snprintf(out_path, sizeof out_path, "%s/out", dir);
+    f = fopen(out_path, "r");
+    assert_non_null(f);
+    static char out[1 << 16];
+    out[fread(out, 1, sizeof out - 1, f)] = 0;
+    fclose(f);
+    int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (ok != ratio)
+      print_error("--warmup-ratio %s: exit %d\n%s\n", ratio ? "0.5" : "absent",
+                  WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+    assert_int_equal(ok, ratio);
+    if (!ratio)
+      assert_true(strstr(out, "warmup_num_steps is \"auto\"") && strstr(out, "--warmup-ratio"));
+  }
 }
 
 /* tz-train prints the report once at start, and the metrics file's header holds the resolved
@@ -194,6 +277,8 @@ int main(void) {
       cmocka_unit_test(test_lists),
       cmocka_unit_test(test_report),
       cmocka_unit_test(test_tz_train),
+      cmocka_unit_test(test_trainer_defaults),
+      cmocka_unit_test(test_warmup_auto),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

@@ -280,8 +280,16 @@ int tz_run_options_check(struct tz_run_options *o, int launch_ranks) {
  * given alone wins over a ratio a resumed checkpoint carries; a ratio without a schedule, whose
  * warm-up it would set, is refused. */
 static int warmup_ratio_check(struct tz_config *cfg) {
-  int steps = tz_config_section_given(cfg, "scheduler.params.warmup_num_steps");
+  /* "auto" is no value: Hugging Face's Trainer fills it from --warmup_steps or --warmup_ratio */
+  int autow = tz_config_is_auto(cfg, "scheduler.params.warmup_num_steps");
+  int steps = tz_config_section_given(cfg, "scheduler.params.warmup_num_steps") && !autow;
   int ratio = tz_config_section_given(cfg, "tierzero.warmup_ratio");
+  /* (a resumed run's ratio comes from its checkpoint, not given again) */
+  if (autow && !(cfg->tierzero.warmup_ratio > 0) && cfg->scheduler.type != TZ_LR_CONSTANT)
+    return tz_err_set(TZ_ECONFIG,
+                      "scheduler.params.warmup_num_steps is \"auto\": Hugging Face's Trainer "
+                      "fills it from --warmup_steps (default 0), which DeepSpeed 0.19 refuses; "
+                      "give --warmup-steps N or --warmup-ratio R (a fraction of the run's steps)");
   if (steps && ratio)
     return tz_err_set(TZ_ECONFIG,
                       "tierzero.warmup_ratio %g (--warmup-ratio) and "
@@ -360,7 +368,8 @@ int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *s
     TZ_CHECK(
         tz_config_set(cfg, "tierzero.weight_decay_exclude", ds_optimizer ? "none" : "bias:norm"));
   TZ_CHECK(warmup_ratio_check(cfg));
-  if (cfg->train_batch_size == 0 && cfg->train_micro_batch_size_per_gpu == 0)
+  if (cfg->train_batch_size == 0 && cfg->train_micro_batch_size_per_gpu == 0 &&
+      !tz_config_is_auto(cfg, "train_micro_batch_size_per_gpu"))
     TZ_CHECK(tz_config_set(cfg, "train_micro_batch_size_per_gpu", "4"));
   TZ_CHECK(tz_config_resolve_batch(cfg, world));
   tz_log_set_level((enum tz_log_level)cfg->tierzero.log);
