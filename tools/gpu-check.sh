@@ -87,7 +87,7 @@ if has families && [ -x $b/bin/tz-model-check ]; then
     local name=$1; shift
     local d=/tmp/tz-fam-$name
     rm -rf "$d"
-    step fam-$name-make $hf make "$d" "$@" || return
+    step fam-$name-make $hf make "$d" "$@" --tz $b/bin/tz-model-check || return
     step fam-$name-f32 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --tz $b/bin/tz-model-check
     step fam-$name-bf16 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --dtype bfloat16 \
       --tz $b/bin/tz-model-check
