@@ -19,5 +19,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 # The Python tools' packages go into the project's own environment (.venv), never into the
-# python3 of the user's PATH.
-bash "$(dirname "$0")/venv.sh"
+# python3 of the user's PATH. TZ_DEPS_SYSTEM_ONLY=1: the Debian packages only (.ci/run, which
+# starts its builds before the environment's download).
+[ "${TZ_DEPS_SYSTEM_ONLY:-0}" = 1 ] || bash "$(dirname "$0")/venv.sh"
