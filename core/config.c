@@ -124,6 +124,14 @@ static int finish(struct tz_config *c, const char *pre) {
                       "integer (and warm up over at least 2 steps: 1 is raised to 2); give 1 or "
                       "more, or no scheduler section for a constant rate",
                       pre, c->scheduler.warmup_num_steps);
+  /* The nvme tier's requests are aio.block_size long and aligned to 4 KiB at least: refused here,
+   * naming the key, not when the tier is built after the plan. */
+  if (c->aio.block_size % 4096 != 0)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: aio.block_size %" PRId64
+                      " must be a multiple of 4096 (the nvme tier's requests are that long and "
+                      "aligned to 4 KiB; DeepSpeed's default is 1048576)",
+                      pre, c->aio.block_size);
   /* A fault spec is refused when it is read, not when (and only if) a fault tier is built. */
   if (c->tierzero.faults) {
     struct tz_faults f;

@@ -304,8 +304,10 @@ static int fit_host_nvme(const struct tz_plan_request *r, int8_t *tiers, const i
     fmt_bytes(b, sizeof b, used[TZ_PLAN_NVME] - r->capacity[TZ_PLAN_NVME]);
     fmt_bytes(c, sizeof c, used[TZ_PLAN_NVME]);
     return tz_err_set(TZ_ENOMEM,
-                      "plan: nvme's budget of %s is %s short: %s of state is placed there%s", a, b,
-                      c, r->capacity[TZ_PLAN_NVME] ? "" : " (no nvme_path is configured)");
+                      "plan: nvme's budget of %s is %s short: %s of state is placed "
+                      "there (%s)",
+                      a, b, c,
+                      r->nvme_capacity_why ? r->nvme_capacity_why : "no nvme_path is configured");
   }
   return 0;
 }

@@ -78,10 +78,10 @@ struct tz_plan_rates {
   /* The CPU's Adam at the homes as a run on this set-up measured it (elements per second over its
    * home phases' time after the first step; 0: no run yet). The probe beside the link measured
    * 1.2-1.4x what a run's homes reach on H200 machines (docs/benchmarks-history.md, "Issue 26
-   * on the H200, 2026-12-04, later"), and the error lands on the step through the folded update: the home
-   * phases run at the slower of it and the probe's rate. */
+   * on the H200, 2026-12-04, later"), and the error lands on the step through the folded update:
+   * the home phases run at the slower of it and the probe's rate. */
   double adam_home_run;
-  double collective;     /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
+  double collective; /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
 };
 
 #define TZ_PLAN_MAX_USES 8
@@ -116,6 +116,9 @@ struct tz_plan_request {
   int n_phases;
   const struct tz_plan_phase *phases; /* one step, in order */
   uint64_t capacity[TZ_PLAN_TIERS];   /* bytes each tier may hold (compute: the HBM budget) */
+  /* optional: where nvme's capacity comes from, for the refusal when it is short ("half the
+   * free space of DIR, 12 GiB free"); NULL: no nvme directory is configured */
+  const char *nvme_capacity_why;
   uint64_t compute_fixed;   /* compute-tier bytes the client takes before any home: activations,
                                gathered weights, full gradients */
   uint64_t compute_acts;    /* optional, for the table (tz_plan_print): of compute_fixed, the

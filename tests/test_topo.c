@@ -1188,6 +1188,11 @@ static void test_tool(void **state) {
   json_decref(j);
   free(out);
 
+  /* this machine's --swap-dir must be a directory here (issue 48 item 5: it exited 0) */
+  assert_int_equal(run("--swap-dir /nonexistent-tz-dir", &out), 2);
+  assert_non_null(strstr(out, "--swap-dir /nonexistent-tz-dir: No such file or directory"));
+  free(out);
+
   assert_int_equal(run("", &out), 0);
   assert_non_null(strstr(out, "This machine"));
   assert_non_null(strstr(out, "Advice:"));

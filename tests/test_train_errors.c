@@ -114,6 +114,12 @@ static void test_config_errors(void **state) {
        2,
        {"tierzero.faults", "delay=99999999999", "0 to 10000000"}},
       {"--steps 1 --set tierzero.faults=eio@0", 2, {"tierzero.faults", "eio@0", "from 1"}},
+      /* issue 48 item 5: the key, at start; the directory and what it has free */
+      {"--steps 1 --set aio.block_size=3", 2, {"aio.block_size 3", "multiple of 4096"}},
+      {"--steps 1 --set zero_optimization.offload_optimizer.device=nvme --set "
+       "tierzero.nvme_path=/proc",
+       1,
+       {"nvme's budget of 0 B", "nvme_path /proc", "0 B free"}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     check(&cases[i]);

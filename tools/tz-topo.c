@@ -5,10 +5,12 @@
 #include "util/size.h"
 #include "tz_version.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -146,6 +148,20 @@ int main(int argc, char **argv) {
     case 'h': usage(stdout); return 0;
     case OPT_VERSION: tz_version_print(stdout, "tz-topo"); return 0;
     default: usage(stderr); return 2;
+    }
+  }
+  /* This machine's directories must exist: their mount decides the advice (another machine's,
+   * with its --mountinfo, need not be here). */
+  for (int i = 0; !lp.mountinfo && i < ap.n_swap_dirs; i++) {
+    struct stat st;
+    const char *why = stat(ap.swap_dirs[i], &st) != 0 ? strerror(errno)
+                      : !S_ISDIR(st.st_mode)          ? "not a directory"
+                                                      : NULL;
+    if (why) {
+      fprintf(stderr,
+              "tz-topo: --swap-dir %s: %s (another machine's directory needs its --mountinfo)\n",
+              ap.swap_dirs[i], why);
+      return 2;
     }
   }
   if (optind < argc) {

@@ -8,6 +8,7 @@
 #include "trainer/recompute.h"
 #include "util/size.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -399,11 +400,24 @@ static void other_capacities(tz_trainer *tr, struct tz_plan_request *r) {
                                   : round_up(host_default_budget() / (uint64_t)tr->world, ALIGN);
   const char *dir = tz_train_nvme_dir(c);
   r->capacity[TZ_PLAN_NVME] = 0;
+  r->nvme_capacity_why = NULL;
   if (dir) {
     struct statvfs vfs;
     r->capacity[TZ_PLAN_NVME] = c->tierzero.nvme_budget;
-    if (!r->capacity[TZ_PLAN_NVME] && statvfs(dir, &vfs) == 0)
-      r->capacity[TZ_PLAN_NVME] = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize / 2;
+    char *why = tr->nvme_capacity_why;
+    size_t len = sizeof tr->nvme_capacity_why;
+    if (r->capacity[TZ_PLAN_NVME]) {
+      snprintf(why, len, "tierzero.nvme_budget");
+    } else if (statvfs(dir, &vfs) == 0) {
+      uint64_t free_b = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+      r->capacity[TZ_PLAN_NVME] = free_b / 2;
+      char fb[32];
+      tz_bytes_format(fb, sizeof fb, (double)free_b, &tz_bytes_iec);
+      snprintf(why, len, "half the free space of nvme_path %s, which has %s free", dir, fb);
+    } else {
+      snprintf(why, len, "nvme_path %s: %s", dir, strerror(errno));
+    }
+    r->nvme_capacity_why = why;
   }
 }
 

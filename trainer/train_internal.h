@@ -18,6 +18,7 @@
 #ifndef TZ_TRAINER_TRAIN_INTERNAL_H
 #define TZ_TRAINER_TRAIN_INTERNAL_H
 
+#include <limits.h>
 #include <stdint.h>
 
 #include "core/lane.h"
@@ -79,7 +80,8 @@ struct tz_trainer {
   int gpu;             /* cuda: the compute tier is GPU `device`'s memory, the lane its stream */
   double layer_rate;   /* measure_layer: FLOP/s of a layer's fwd and bwd phases; 0 not measured */
   int layer_cached;    /* 1: layer_rate and part_s are the rates cache's, not timed by this run */
-  struct tz_trainer_setup_times setup; /* tz_trainer_setup_times */
+  char nvme_capacity_why[PATH_MAX + 96]; /* the plan request's nvme_capacity_why */
+  struct tz_trainer_setup_times setup;   /* tz_trainer_setup_times */
   double cpu_share; /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
   int device;
   char device_name[256]; /* cuda: the GPU's name */
