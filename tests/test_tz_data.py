@@ -266,6 +266,28 @@ def bad_input(tmp, tok_dir):
     shutil.copy(os.path.join(tok_dir, "tokenizer.json"), noeos)
     p = run([TZ_DATA, "--tokenizer", noeos, "--out", tmp, bad], want_rc=2)
     check("give --eot ID" in p.stderr, f"no eos: {p.stderr}")
+    # issue 48 item 5: each names the file (and the byte), nothing is written, exit 2
+    notutf = os.path.join(tmp, "latin1.txt")
+    with open(notutf, "wb") as f:
+        f.write("caf\u00e9 au lait\n".encode() + "na\u00efve".encode("latin-1") + b"\n")
+    empty = os.path.join(tmp, "empty.txt")
+    open(empty, "w").close()
+    adir = os.path.join(tmp, "adir")
+    os.makedirs(adir)
+    fifo = os.path.join(tmp, "fifo.txt")
+    os.mkfifo(fifo)
+    one = os.path.join(tmp, "one.txt")
+    with open(one, "w") as f:
+        f.write("one line\n")
+    for args, want in (([notutf], f"{notutf}: byte 16 is not UTF-8"),
+                       ([empty], f"{empty} is empty"),
+                       ([adir], f"{adir} is a directory"),
+                       ([fifo], f"{fifo} is not a regular file"),
+                       (["--batch-bytes", "0", one], "--batch-bytes 0: expected a positive")):
+        out = os.path.join(tmp, "refused")
+        p = run([TZ_DATA, "--tokenizer", tok_dir, "--out", out, *args], want_rc=2)
+        check(want in p.stderr, f"{args}: wanted '{want}': {p.stderr}")
+        check(not os.path.exists(out) or not os.listdir(out), f"{args}: wrote {out}")
 
 
 def main():

@@ -26,6 +26,7 @@ The corpus streams: a reader thread, encode_batch in the tokenizer's own thread 
 thread, with at most a few batches in flight; memory stays bounded whatever the corpus size.
 """
 import argparse
+import codecs
 import collections
 import glob
 import hashlib
@@ -155,12 +156,38 @@ def expand(inputs):
             got = sorted(glob.glob(spec))
             if not got:
                 raise Fail(f"no file matches {spec}")
-            files += got
-        elif not os.path.isfile(spec):
-            raise Fail(f"no such file {spec}")
         else:
-            files.append(spec)
+            got = [spec]
+        for path in got:
+            # checked without opening: a FIFO or device would block or never end
+            if not os.path.lexists(path):
+                raise Fail(f"no such file {path}")
+            if os.path.isdir(path):
+                raise Fail(f"{path} is a directory: give its files (a quoted glob such as "
+                           f"'{path.rstrip('/')}/*.txt')")
+            if not os.path.isfile(path):
+                raise Fail(f"{path} is not a regular file (a FIFO, device or socket is not read)")
+            if os.path.getsize(path) == 0:
+                raise Fail(f"{path} is empty")
+            files.append(path)
     return files
+
+
+def utf8_error_offset(path):
+    """The byte offset of path's first byte that is not UTF-8, read in pieces (the file may be
+    large); -1 if there is none."""
+    dec = codecs.getincrementaldecoder("utf-8")()
+    off = 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            try:
+                dec.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:  # e.object: the decoder's pending bytes + chunk
+                return off - (len(e.object) - len(chunk)) + e.start
+            if not chunk:
+                return -1
+            off += len(chunk)
 
 
 def is_jsonl(path):
@@ -301,43 +328,60 @@ def pieces(files, src, piece_bytes):
     it stands for, doc its chat.Doc (or None: no masks): a JSONL line, or a text file read in
     pieces of about piece_bytes; a text document longer than that is cut where cut_point says,
     so that one in-flight batch stays small. A conversation is one piece, however long."""
-    if src.fmt != "text":
-        yield from chat_lines(files, src)
-        return
-    field = src.field
+    try:
+        if src.fmt != "text":
+            yield from chat_lines(files, src)
+            return
+        for path in files:
+            yield from text_pieces(path, src.field, src, piece_bytes)
+    except UnicodeDecodeError as e:
+        raise not_utf8(files, e) from None
+
+
+def not_utf8(files, e):
+    """The refusal of a decoding error: the first file with a byte that is not UTF-8, and where."""
     for path in files:
-        if is_jsonl(path):
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    where = f"{path}:{n}"
-                    obj = chat.read_json(line, where)
-                    text = obj.get(field)
-                    if not isinstance(text, str):
-                        raise Fail(f"{where}: no string field \"{field}\" (--field names it)")
-                    size, doc = len(line), src.text_doc(where)
-                    for piece, first, last in split_text(text, piece_bytes):
-                        yield piece, first, last, size, doc
-                        size = 0
-        else:
-            with open(path, encoding="utf-8", newline="") as f:
-                first = True
-                carry = ""
-                doc = src.text_doc(path)
-                while True:
-                    block = f.read(piece_bytes)
-                    if not block:
-                        break
-                    block = carry + block
-                    cut = cut_point(block, len(block))
-                    if cut == 0:
-                        carry = block
-                        continue
-                    carry = block[cut:]
-                    yield block[:cut], first, False, cut, doc
-                    first = False
-                yield carry, first, True, len(carry), doc
+        off = utf8_error_offset(path)
+        if off >= 0:
+            return Fail(f"{path}: byte {off} is not UTF-8 ({e.reason}): text and JSONL are read "
+                        f"as UTF-8")
+    return Fail(f"not UTF-8: {e}")
+
+
+def text_pieces(path, field, src, piece_bytes):
+    """pieces() of one file."""
+    if is_jsonl(path):
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{n}"
+                obj = chat.read_json(line, where)
+                text = obj.get(field)
+                if not isinstance(text, str):
+                    raise Fail(f"{where}: no string field \"{field}\" (--field names it)")
+                size, doc = len(line), src.text_doc(where)
+                for piece, first, last in split_text(text, piece_bytes):
+                    yield piece, first, last, size, doc
+                    size = 0
+    else:
+        with open(path, encoding="utf-8", newline="") as f:
+            first = True
+            carry = ""
+            doc = src.text_doc(path)
+            while True:
+                block = f.read(piece_bytes)
+                if not block:
+                    break
+                block = carry + block
+                cut = cut_point(block, len(block))
+                if cut == 0:
+                    carry = block
+                    continue
+                carry = block[cut:]
+                yield block[:cut], first, False, cut, doc
+                first = False
+            yield carry, first, True, len(carry), doc
 
 
 def batches(files, src, batch_bytes, out_q, stop):
@@ -792,11 +836,16 @@ def main(argv=None):
             raise Fail(f"--shard-tokens {args.shard_tokens}: expected 1 to 2147483647")
         if not 0 <= args.val_fraction < 1:
             raise Fail(f"--val-fraction {args.val_fraction}: expected a number in [0, 1)")
-        if args.val_docs < 0 or args.batch_bytes < 1 or args.jobs < 0:
-            raise Fail("--val-docs, --batch-bytes and --jobs must not be negative")
+        if args.val_docs < 0 or args.jobs < 0:
+            raise Fail("--val-docs and --jobs must not be negative")
+        if args.batch_bytes < 1:
+            raise Fail(f"--batch-bytes {args.batch_bytes}: expected a positive number of bytes")
         tok = Tok(args.tokenizer, args.eot)
         files = expand(args.inputs)
-        fmt = first_format(files, args.field) if args.format == "auto" else args.format
+        try:
+            fmt = first_format(files, args.field) if args.format == "auto" else args.format
+        except UnicodeDecodeError as e:
+            raise not_utf8(files, e) from None
         if fmt == "text":
             if args.train_on_prompt and not args.masks:
                 raise Fail("--train-on-prompt: the input is text (--format text, or the first "
