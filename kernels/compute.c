@@ -296,7 +296,12 @@ int tz_rope_check(const struct tz_rope *r) {
   NEED(isfinite(r->theta) && r->theta > 0.0, "rope: theta %g must be positive", r->theta);
   if (r->type == TZ_ROPE_DEFAULT)
     return 0;
-  NEED(r->type == TZ_ROPE_LLAMA3, "rope: type %d is neither default (0) nor llama3 (1)",
+  if (r->type == TZ_ROPE_LINEAR) {
+    NEED(isfinite(r->factor) && r->factor >= 1.0, "rope linear: factor %g must be at least 1",
+         r->factor);
+    return 0;
+  }
+  NEED(r->type == TZ_ROPE_LLAMA3, "rope: type %d is none of default (0), llama3 (1), linear (2)",
        (int)r->type);
   NEED(isfinite(r->factor) && r->factor >= 1.0, "rope llama3: factor %g must be at least 1",
        r->factor);
@@ -328,6 +333,8 @@ int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out) {
         double s = (orig / w - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
         f = (1.0 - s) * f / r->factor + s * f;
       }
+    } else if (r->type == TZ_ROPE_LINEAR) {
+      f = f / r->factor;
     }
     out[i] = f;
   }

@@ -230,13 +230,14 @@ int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, const void *dres, void *dw,
 enum tz_rope_type {
   TZ_ROPE_DEFAULT = 0, /* Hugging Face rope_type "default": f_i = theta^(-2i/D) */
   TZ_ROPE_LLAMA3 = 1,  /* rope_type "llama3" (Llama 3.1 and later): f_i rescaled by wavelength */
+  TZ_ROPE_LINEAR = 2,  /* rope_type "linear" (position interpolation): f_i / factor */
 };
 struct tz_rope {
   double theta; /* the base, > 0 */
   enum tz_rope_type type;
   /* TZ_ROPE_LLAMA3 only: factor >= 1, 0 < low_freq_factor < high_freq_factor,
    * original_max_pos > 0 (rope_scaling's factor, low_freq_factor, high_freq_factor and
-   * original_max_position_embeddings). */
+   * original_max_position_embeddings). TZ_ROPE_LINEAR: factor >= 1 alone. */
   double factor, low_freq_factor, high_freq_factor;
   int original_max_pos;
 };
@@ -251,7 +252,9 @@ int tz_rope_check(const struct tz_rope *r);
  *                  base_i / factor       when w > lo (low frequencies slowed)
  *                  (1 - s) base_i / factor + s base_i, s = (original_max_pos / w - low_freq_factor)
  *                                        / (high_freq_factor - low_freq_factor), otherwise
- * (transformers' _compute_llama3_parameters, in double where it works in float32). */
+ *   linear:  f_i = base_i / factor
+ * (transformers' _compute_llama3_parameters and _compute_linear_scaling_rope_parameters, in
+ * double where they work in float32). */
 int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out);
 int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D,
                         const struct tz_rope *rope, const int32_t *pos);

@@ -91,6 +91,8 @@ static void rope_freqs(const struct tz_model_config *cfg, int D, double *f) {
   for (int i = 0; i < D / 2; i++) {
     double inv = pow(cfg->rope_theta, -2.0 * i / D);
     f[i] = inv;
+    if (cfg->rope_type == 2) /* linear: positions interpolated, t / factor */
+      f[i] = inv / factor;
     if (cfg->rope_type != 1)
       continue;
     double wavelen = 2 * M_PI / inv;

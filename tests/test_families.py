@@ -9,8 +9,8 @@ With FAMILY "table": every row of the family table (tz-model-check --families) h
 the export's names of each case are its row's, and the table says what docs/model.md's checklist
 needs of a row (a model_type, an architecture, JSON export keys).
 
-Usage: test_families.py TZ_BIN FAMILY (llama, llama3, mistral, qwen2, qwen3, head_dim, olmo2,
-table)"""
+Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, mistral, qwen2, qwen3, head_dim,
+olmo2, phi3, table)"""
 import json
 import os
 import shutil
@@ -35,6 +35,9 @@ FAMILIES = {
         "tie_word_embeddings": True, "rope_theta": 500000.0,
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    # linear RoPE scaling (position interpolation), as long-context Llama 2 fine-tunes have it
+    "linear": ("llama", "LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear",
+                                                              "factor": 4.0}}),
     "mistral": ("mistral", "MistralForCausalLM", {"sliding_window": None}),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": False,
                                              "sliding_window": 4096}),
@@ -192,6 +195,12 @@ def main():
         for key, want in (("model_type", model_type), ("architectures", [arch])):
             if exported.get(key) != want:
                 failures.append(f"export's {key} {exported.get(key)!r}, not {want!r}")
+        if "rope_scaling" in extra:  # the scaling survives the export, as transformers reads it
+            got = exported.get("rope_scaling") or {}
+            for k, v in extra["rope_scaling"].items():
+                if got.get(k) != v:
+                    failures.append(f"export's rope_scaling {got!r}, not {extra['rope_scaling']!r}")
+                    break
         straight = ["--import-safetensors", at("random"), *common]
         tz_train(*straight, "--steps", "4", "--metrics", at("straight.jsonl"),
                  "--export-safetensors", at("straight"), "--export-dtype", "f32")

@@ -510,8 +510,10 @@ static void test_bad_configs(void **state) {
   int NS = TZ_ENOTSUP, CF = TZ_ECONFIG;
   refused(dir, 0, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", NS,
           NEEDLES("\"rope_scaling.rope_type\"", "yarn"));
-  refused(dir, 0, "rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}", NS,
-          NEEDLES("\"rope_scaling.type\"", "linear"));
+  /* linear is read (its factor required); longrope is not */
+  refused(dir, 0, "rope_scaling", "{\"type\": \"linear\"}", CF, NEEDLES("rope_scaling", "factor"));
+  refused(dir, 0, "rope_scaling", "{\"type\": \"longrope\", \"factor\": 2.0}", NS,
+          NEEDLES("\"rope_scaling.type\"", "longrope"));
   refused(dir, 3, "rope_parameters", "{\"rope_type\": \"dynamic\", \"rope_theta\": 10000.0}", NS,
           NEEDLES("\"rope_parameters.rope_type\"", "dynamic"));
   refused(dir, 0, "rope_scaling",

@@ -339,6 +339,25 @@ static void test_ref_llama3_rope(void **state) {
   compare_with_reference(llama3_rope(small_cfg()), 2, 13, 106);
 }
 
+/* rope_type linear (position interpolation): every frequency over the factor. */
+static void test_ref_linear_rope(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  c.rope_type = TZ_ROPE_LINEAR;
+  c.rope_factor = 4.0;
+  compare_with_reference(c, 2, 13, 114);
+  /* the frequencies are the default's over the factor, bit for bit */
+  struct tz_rope d = {.theta = 10000.0},
+                 l = {.theta = 10000.0, .type = TZ_ROPE_LINEAR, .factor = 4.0};
+  double fd[16], fl[16];
+  TZ_ASSERT_OK(tz_rope_inv_freq(&d, 32, fd));
+  TZ_ASSERT_OK(tz_rope_inv_freq(&l, 32, fl));
+  for (int i = 0; i < 16; i++)
+    assert_true(fl[i] == fd[i] / 4.0);
+  l.factor = 0.5;
+  assert_int_equal(tz_rope_check(&l), TZ_EINVAL);
+}
+
 /* H*D = 128 against C = 64: every (N, H*D) buffer, wo's shape and the attention scale. */
 static void test_ref_head_dim_wide(void **state) {
   (void)state;
@@ -505,7 +524,10 @@ static void test_config_check_families(void **state) {
   TZ_ASSERT_OK(tz_model_config_check(&c));
   c = ok, c.init_std = -0.02, check_bad(c, "init_std -0.02");
   c = ok, c.init_std = NAN, check_bad(c, "init_std");
-  c = ok, c.rope_type = 2, check_bad(c, "rope_type 2");
+  c = ok, c.rope_type = 3, check_bad(c, "rope_type 3");
+  c = ok, c.rope_type = TZ_ROPE_LINEAR, c.rope_factor = 0.5, check_bad(c, "factor 0.5");
+  c = ok, c.rope_type = TZ_ROPE_LINEAR, c.rope_high_freq_factor = 0; /* llama3's fields unused */
+  TZ_ASSERT_OK(tz_model_config_check(&c));
   c = ok, c.rope_factor = 0.5, check_bad(c, "factor 0.5");
   c = ok, c.rope_high_freq_factor = 1.0, check_bad(c, "high_freq_factor 1");
   c = ok, c.rope_original_max_pos = 0, check_bad(c, "original_max_position_embeddings 0");
@@ -795,6 +817,7 @@ int main(void) {
       cmocka_unit_test(test_ref_qkv_bias),
       cmocka_unit_test(test_ref_qk_norm),
       cmocka_unit_test(test_ref_olmo2),
+      cmocka_unit_test(test_ref_linear_rope),
       cmocka_unit_test(test_ref_llama3_rope),
       cmocka_unit_test(test_ref_head_dim_wide),
       cmocka_unit_test(test_ref_head_dim_24_tied),

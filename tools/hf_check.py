@@ -25,7 +25,7 @@ olmo2 (norms on the parts' outputs, q/k RMSNorm over the whole projections).
   hf_check.py make DIR [--family llama|mistral|qwen2|qwen3|olmo2] [--hidden 64 --layers 2 --heads 4
                         --kv-heads 2 --ffn 176 --vocab 256 --max-seq 128 --rope-theta 10000
                         --eps 1e-5 --tie --seed 0 --dtype float32|bfloat16]
-                       [--head-dim D] [--rope-scaling llama3 --rope-factor 8 --rope-low 1
+                       [--head-dim D] [--rope-scaling llama3|linear --rope-factor 8 --rope-low 1
                         --rope-high 4 --rope-original 64] [--sliding-window N]
                        [--from-config CONFIG.json [--layers N]]
       Creates a random model of the family and saves it with save_pretrained, for
@@ -262,6 +262,8 @@ def family_config(args, table):
          "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
     if args.head_dim:
         d["head_dim"] = args.head_dim
+    if args.rope_scaling == "linear":
+        d["rope_scaling"] = {"rope_type": "linear", "factor": args.rope_factor}
     if args.rope_scaling == "llama3":
         if fam != "llama":
             raise SystemExit("--rope-scaling llama3 is Llama 3's; --family is %s" % fam)
@@ -372,7 +374,7 @@ def main():
     m.add_argument("--vocab", type=int, default=256)
     m.add_argument("--max-seq", type=int, default=128)
     m.add_argument("--rope-theta", type=float, default=10000.0)
-    m.add_argument("--rope-scaling", choices=["none", "llama3"], default="none")
+    m.add_argument("--rope-scaling", choices=["none", "llama3", "linear"], default="none")
     m.add_argument("--rope-factor", type=float, default=8.0)
     m.add_argument("--rope-low", type=float, default=1.0, help="low_freq_factor")
     m.add_argument("--rope-high", type=float, default=4.0, help="high_freq_factor")

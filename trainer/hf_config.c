@@ -172,10 +172,15 @@ static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *ty
     *type = TZ_ROPE_DEFAULT;
     return 0;
   }
+  if (strcmp(s, "linear") == 0) { /* position interpolation: every frequency / factor */
+    *type = TZ_ROPE_LINEAR;
+    return num_of(p, rs, key, "factor", 1, 0.0, &cfg->rope_factor);
+  }
   if (strcmp(s, "llama3") != 0)
     return tz_err_set(TZ_ENOTSUP,
-                      "%s: \"%s.%s\" is \"%s\": only \"default\" and \"llama3\" RoPE are "
-                      "implemented (another scaling would change every position's angle)",
+                      "%s: \"%s.%s\" is \"%s\": only \"default\", \"linear\" and \"llama3\" "
+                      "RoPE are implemented (another scaling would change every position's "
+                      "angle)",
                       p->path, key, tkey, s);
   *type = TZ_ROPE_LLAMA3;
   double orig = 0;
@@ -561,6 +566,12 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     json_object_set_new(rs, "high_freq_factor", json_real(cfg->rope_high_freq_factor));
     json_object_set_new(rs, "original_max_position_embeddings",
                         json_integer(cfg->rope_original_max_pos));
+    json_object_update(rp, rs);
+    json_object_set_new(r, "rope_scaling", rs);
+  } else if (cfg->rope_type == TZ_ROPE_LINEAR) {
+    json_t *rs = json_object();
+    json_object_set_new(rs, "rope_type", json_string("linear"));
+    json_object_set_new(rs, "factor", json_real(cfg->rope_factor));
     json_object_update(rp, rs);
     json_object_set_new(r, "rope_scaling", rs);
   } else {

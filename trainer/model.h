@@ -75,7 +75,7 @@ struct tz_model_config {
   int norm_place; /* enum tz_norm_place: PRE has attn_norm and mlp_norm, POST attn_post_norm and
                      mlp_post_norm (the layer tensors below) */
   /* RoPE scaling (struct tz_rope of kernels/compute.h without theta): rope_type 0 default,
-   * 1 llama3 with the other four fields */
+   * 1 llama3 with the other four fields, 2 linear with rope_factor */
   int rope_type;
   double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
   int rope_original_max_pos;
