@@ -193,7 +193,7 @@ def train(tmp, tok_dir, out, vocab):
     # sidecar is read first.
     small = os.path.join(tmp, "small")
     model_config(small, vocab - 1)
-    p = run([TZ_TRAIN, "--model", small, *common], want_rc=1)
+    p = run([TZ_TRAIN, "--model", small, *common], want_rc=2)
     check("data_train_000000.bin.json: the tokenizer's vocabulary (vocab_size %d) is larger "
           "than the model's (vocab_size %d)" % (vocab, vocab - 1) in p.stderr,
           f"vocabulary refusal: {p.stderr}")
@@ -203,12 +203,12 @@ def train(tmp, tok_dir, out, vocab):
     other = os.path.join(tmp, "other")
     make_tokenizer(other, documents(50, 99), vocab)
     model_config(other, vocab)
-    p = run([TZ_TRAIN, "--model", other, *common], want_rc=1)
+    p = run([TZ_TRAIN, "--model", other, *common], want_rc=2)
     check("data_train_000000.bin.json was made by another tokenizer than %s/tokenizer.json"
           % other in p.stderr, f"tokenizer refusal: {p.stderr}")
     # ... and so is --tokenizer naming it, whatever the model directory holds.
     p = run([TZ_TRAIN, "--model", tok_dir, *common, "--tokenizer",
-             os.path.join(other, "tokenizer.json")], want_rc=1)
+             os.path.join(other, "tokenizer.json")], want_rc=2)
     check("made by another tokenizer than" in p.stderr, f"--tokenizer refusal: {p.stderr}")
 
 

@@ -615,5 +615,8 @@ int main(int argc, char **argv) {
   tz_config_free(&cfg);
   if (o.demo_dir)
     rmdir(o.demo_dir);
-  return rc < 0 ? 1 : 0;
+  /* 2: what was asked cannot be run as given (a model's config.json, a data sidecar, a setting
+   * the machine or build lacks), as for the command line and the ds_config above; 1: a failure
+   * while running (docs/training.md, "Exit status") */
+  return rc >= 0 ? 0 : rc == TZ_ECONFIG || rc == TZ_ENOTSUP ? 2 : 1;
 }
