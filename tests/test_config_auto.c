@@ -186,40 +186,46 @@ static void test_trainer_defaults(void **state) {
   tz_config_free(&c);
 }
 
+/* tz-train on the cpu backend with json as its --config and args after; its output (stdout and
+ * stderr) in out. Returns the exit status, -1 when it did not exit. Skips without TZ_BIN. */
+static int tz_train_with(const char *json, const char *args, char *out, size_t len) {
+  const char *bin = getenv("TZ_BIN");
+  if (!bin)
+    skip();
+  char path[1100], cmd[4096];
+  snprintf(path, sizeof path, "%s/given.json", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(json, f);
+  fclose(f);
+  snprintf(cmd, sizeof cmd,
+           "XDG_CACHE_HOME=%s/cache OMP_NUM_THREADS=1 %s/tz-train --backend cpu --config %s "
+           "--model tiny --seq 16 --data synthetic %s > %s/out 2>&1",
+           dir, bin, path, args, dir);
+  int st = system(cmd);
+  snprintf(path, sizeof path, "%s/out", dir);
+  f = fopen(path, "r");
+  assert_non_null(f);
+  out[fread(out, 1, len - 1, f)] = 0;
+  fclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* A warm-up left "auto" is filled by --warmup-ratio, as Hugging Face's Trainer fills it; without
  * one tz-train refuses it naming the flags (the Trainer's default, 0, is refused by DeepSpeed
  * 0.19), where it refused --warmup-ratio beside it as two warm-ups. */
 static void test_warmup_auto(void **state) {
   (void)state;
-  const char *bin = getenv("TZ_BIN");
-  if (!bin)
-    skip();
-  char path[1100], cmd[4096];
-  snprintf(path, sizeof path, "%s/warm.json", dir);
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs("{\"train_micro_batch_size_per_gpu\": 2, \"scheduler\": {\"type\": \"WarmupDecayLR\",\n"
-        " \"params\": {\"warmup_num_steps\": \"auto\", \"total_num_steps\": \"auto\"}}}\n",
-        f);
-  fclose(f);
+  static const char *json =
+      "{\"train_micro_batch_size_per_gpu\": 2, \"scheduler\": {\"type\": \"WarmupDecayLR\",\n"
+      " \"params\": {\"warmup_num_steps\": \"auto\", \"total_num_steps\": \"auto\"}}}\n";
+  static char out[1 << 16];
   for (int ratio = 0; ratio < 2; ratio++) {
-    snprintf(cmd, sizeof cmd,
-             "XDG_CACHE_HOME=%s/cache OMP_NUM_THREADS=1 %s/tz-train --backend cpu --config %s "
-             "--model tiny --steps 4 --seq 16 --data synthetic %s > %s/out 2>&1",
-             dir, bin, path, ratio ? "--warmup-ratio 0.5" : "", dir);
-    int st = system(cmd);
-    char out_path[1100];
-    snprintf(out_path, sizeof out_path, "%s/out", dir);
-    f = fopen(out_path, "r");
-    assert_non_null(f);
-    static char out[1 << 16];
-    out[fread(out, 1, sizeof out - 1, f)] = 0;
-    fclose(f);
-    int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    if (ok != ratio)
-      print_error("--warmup-ratio %s: exit %d\n%s\n", ratio ? "0.5" : "absent",
-                  WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
-    assert_int_equal(ok, ratio);
+    int st =
+        tz_train_with(json, ratio ? "--steps 4 --warmup-ratio 0.5" : "--steps 4", out, sizeof out);
+    if ((st == 0) != ratio)
+      print_error("--warmup-ratio %s: exit %d\n%s\n", ratio ? "0.5" : "absent", st, out);
+    assert_int_equal(st == 0, ratio);
     if (!ratio)
       assert_true(strstr(out, "warmup_num_steps is \"auto\"") && strstr(out, "--warmup-ratio"));
   }
@@ -229,35 +235,18 @@ static void test_warmup_auto(void **state) {
  * configuration. */
 static void test_tz_train(void **state) {
   (void)state;
-  const char *bin = getenv("TZ_BIN");
-  if (!bin)
-    skip();
-  char path[1100], cmd[4096];
-  snprintf(path, sizeof path, "%s/auto.json", dir);
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(auto_json, f);
-  fclose(f);
-  snprintf(cmd, sizeof cmd,
-           "XDG_CACHE_HOME=%s/cache OMP_NUM_THREADS=1 %s/tz-train --backend cpu --config %s "
-           "--model tiny --steps 2 --seq 16 --data synthetic --metrics %s/m.jsonl > %s/out 2>&1",
-           dir, bin, path, dir, dir);
-  int st = system(cmd);
-  char out_path[1100];
-  snprintf(out_path, sizeof out_path, "%s/out", dir);
-  f = fopen(out_path, "r");
-  assert_non_null(f);
   static char out[1 << 16];
-  out[fread(out, 1, sizeof out - 1, f)] = 0;
-  fclose(f);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+  char args[1200], path[1100];
+  snprintf(args, sizeof args, "--steps 2 --metrics %s/m.jsonl", dir);
+  int st = tz_train_with(auto_json, args, out, sizeof out);
+  if (st != 0)
     print_error("%s\n", out);
-  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  assert_int_equal(st, 0);
   assert_int_equal(count_of(out, "scheduler.params.warmup_max_lr = 0.0003"), 1);
   assert_int_equal(count_of(out, "aio.thread_count"), 1);
   snprintf(path, sizeof path, "%s/m.jsonl", dir);
   json_error_t err;
-  f = fopen(path, "r");
+  FILE *f = fopen(path, "r");
   assert_non_null(f);
   char line[1 << 14];
   assert_non_null(fgets(line, sizeof line, f));

@@ -102,17 +102,14 @@ static int write_root(const char *path, json_t *root) {
   return rc;
 }
 
-int tz_rates_cache_write(const char *path, const char *key, const struct tz_plan_rates *r) {
+/* Entry e (taken) as key's in path, the other entries kept, the file's version this one's. */
+static int put_entry(const char *path, const char *key, json_t *e) {
   json_error_t err;
   json_t *root = tz_input_json(path, 0, &err);
   if (!json_is_object(root)) {
     json_decref(root);
     root = json_object();
   }
-  json_t *e = json_object();
-  struct tz_plan_rates copy = *r;
-  for (int i = 0; i < TZ_RATES_N_FIELDS; i++)
-    json_object_set_new(e, fields[i], json_real(*tz_rates_field(&copy, i)));
   json_object_set_new(root, "version", json_integer(RATES_VERSION));
   json_object_set_new(root, key, e);
   int de = tz_file_mkdir_p(NULL, path, TZ_MKDIR_PARENTS | TZ_MKDIR_DURABLE);
@@ -123,6 +120,14 @@ int tz_rates_cache_write(const char *path, const char *key, const struct tz_plan
   int rc = write_root(path, root);
   json_decref(root);
   return rc;
+}
+
+int tz_rates_cache_write(const char *path, const char *key, const struct tz_plan_rates *r) {
+  json_t *e = json_object();
+  struct tz_plan_rates copy = *r;
+  for (int i = 0; i < TZ_RATES_N_FIELDS; i++)
+    json_object_set_new(e, fields[i], json_real(*tz_rates_field(&copy, i)));
+  return put_entry(path, key, e);
 }
 
 static const char *const layer_fields[TZ_RATES_LAYER_FIELDS] = {"layer_s", "attn_fwd_s",
@@ -150,25 +155,10 @@ int tz_rates_layer_read(const char *path, const char *key, double s[TZ_RATES_LAY
 }
 
 int tz_rates_layer_write(const char *path, const char *key, const double s[TZ_RATES_LAYER_FIELDS]) {
-  json_error_t err;
-  json_t *root = tz_input_json(path, 0, &err);
-  if (!json_is_object(root)) {
-    json_decref(root);
-    root = json_object();
-  }
   json_t *e = json_object();
   for (int i = 0; i < TZ_RATES_LAYER_FIELDS; i++)
     json_object_set_new(e, layer_fields[i], json_real(s[i]));
-  json_object_set_new(root, "version", json_integer(RATES_VERSION));
-  json_object_set_new(root, key, e);
-  int de = tz_file_mkdir_p(NULL, path, TZ_MKDIR_PARENTS | TZ_MKDIR_DURABLE);
-  if (de) {
-    json_decref(root);
-    return tz_err_errno(de, "rates: cannot create the directory of %s", path);
-  }
-  int rc = write_root(path, root);
-  json_decref(root);
-  return rc;
+  return put_entry(path, key, e);
 }
 
 int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char *path) {
