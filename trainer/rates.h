@@ -50,9 +50,10 @@ int tz_rates_home_threads(const struct tz_config *cfg);
 int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *rt, tz_comm *comm,
                  const char *path, int refresh, struct tz_plan_rates *out);
 
-/* Drops the cache's entry for this set-up (path NULL: the default cache), so that the next run
- * measures again: a run that came in under its bound shows that the rates were measured slow
- * (docs/training.md "The bound"). 0 when there was nothing to drop or it is dropped. */
+/* Drops the cache's entry for this set-up (path NULL: the default cache) and the backend's layer
+ * timings (trainer/rates_cache.h), so that the next run measures again: a run that came in under
+ * its bound shows that the rates were measured slow (docs/training.md "The bound"). 0 when there
+ * was nothing to drop or it is dropped. */
 int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char *path);
 
 /* Records in the cache's entry for this set-up (path NULL: the default cache) the rate a run's

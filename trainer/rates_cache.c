@@ -170,8 +170,24 @@ int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char
   json_error_t err;
   json_t *root = tz_input_json(path, 0, &err);
   tz_rates_cache_key(cfg, backend, key, sizeof key);
-  int rc = 0;
-  if (json_is_object(root) && json_object_del(root, key) == 0)
+  int rc = 0, dropped = 0;
+  if (json_is_object(root)) {
+    dropped = json_object_del(root, key) == 0;
+    /* the backend's layer timings too (the bound's compute term is theirs) */
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "layer|%s", backend);
+    size_t n = strlen(prefix);
+    const char *k;
+    json_t *v, *tmp;
+    json_object_foreach_safe(root, tmp, k, v) {
+      (void)v;
+      if (strncmp(k, prefix, n) == 0 && (k[n] == '|' || k[n] == ' ')) {
+        json_object_del(root, k);
+        dropped = 1;
+      }
+    }
+  }
+  if (dropped)
     rc = write_root(path, root);
   json_decref(root);
   return rc;
