@@ -67,9 +67,15 @@ static double layer_line(int *cached) {
   return atof(at + strlen("a layer's forward and backward run at "));
 }
 
+/* Whether the last run came in under its plan's bound (which drops the cached rates and the
+ * layer's timing, so that the next run measures again). */
+static int under_bound(void) { return strstr(output(), "under the plan's") != NULL; }
+
 /* The layer's timed rate is cached beside the machine's rates (the probe takes about a second
  * for a tiny layer, minutes for a large one on CPUs): the next run at the same shape reads it,
- * --remeasure times it again, another shape or micro-batch is timed. */
+ * unless the run before came in under its bound (it drops the timing: a loaded machine, or a
+ * sanitizer's, can time the layer slow); --remeasure times it again, another shape or micro-batch
+ * is timed. */
 static void test_layer_rate_cached(void **state) {
   (void)state;
   char cache[1100], args[1024];
@@ -80,9 +86,13 @@ static void test_layer_rate_cached(void **state) {
   assert_int_equal(tz_train(base), 0);
   double first = layer_line(&cached);
   assert_true(first > 0 && cached == 0);
+  int dropped = under_bound();
   assert_int_equal(tz_train(base), 0);
   double again = layer_line(&cached);
-  assert_true(again == first && cached == 1);
+  if (dropped)
+    assert_true(again > 0 && cached == 0);
+  else
+    assert_true(again == first && cached == 1);
   snprintf(args, sizeof args, "%s --remeasure", base);
   assert_int_equal(tz_train(args), 0);
   assert_true(layer_line(&cached) > 0 && cached == 0);
@@ -91,8 +101,12 @@ static void test_layer_rate_cached(void **state) {
   snprintf(args, sizeof args, "%s --set train_micro_batch_size_per_gpu=2", base);
   assert_int_equal(tz_train(args), 0);
   assert_true(layer_line(&cached) > 0 && cached == 0);
-  assert_int_equal(tz_train(args), 0);
-  assert_true(layer_line(&cached) > 0 && cached == 1);
+  for (int n = 0; n < 2; n++) { /* read unless the run before dropped it */
+    dropped = under_bound();
+    assert_int_equal(tz_train(args), 0);
+    assert_true(layer_line(&cached) > 0);
+    assert_int_equal(cached, !dropped);
+  }
 }
 
 static void test_run(void **state) {
