@@ -64,14 +64,21 @@ double *tz_rates_field(struct tz_plan_rates *r, int i) {
   return f[i];
 }
 
+/* key's entry of a cache of this version, NULL for none. */
+static json_t *entry_of(json_t *root, const char *key) {
+  json_t *e = json_object_get(root, key);
+  return json_is_object(e) && json_integer_value(json_object_get(root, "version")) == RATES_VERSION
+             ? e
+             : NULL;
+}
+
 int tz_rates_cache_read(const char *path, const char *key, struct tz_plan_rates *out) {
   json_error_t err;
   json_t *root = tz_input_json(path, 0, &err);
   if (!root)
     return 0;
-  json_t *e = json_object_get(root, key);
-  int ok =
-      json_is_object(e) && json_integer_value(json_object_get(root, "version")) == RATES_VERSION;
+  json_t *e = entry_of(root, key);
+  int ok = e != NULL;
   /* All or nothing: an incomplete entry (one written before a field existed) leaves *out as it
    * was, so no stale value outlives the measurement that replaces it. */
   struct tz_plan_rates got = *out;
@@ -138,9 +145,8 @@ int tz_rates_layer_read(const char *path, const char *key, double s[TZ_RATES_LAY
   json_t *root = tz_input_json(path, 0, &err);
   if (!root)
     return 0;
-  json_t *e = json_object_get(root, key);
-  int ok =
-      json_is_object(e) && json_integer_value(json_object_get(root, "version")) == RATES_VERSION;
+  json_t *e = entry_of(root, key);
+  int ok = e != NULL;
   double got[TZ_RATES_LAYER_FIELDS];
   for (int i = 0; ok && i < TZ_RATES_LAYER_FIELDS; i++) {
     json_t *v = json_object_get(e, layer_fields[i]);
