@@ -81,6 +81,14 @@ struct tz_plan_rates {
    * on the H200, 2026-12-04, later"), and the error lands on the step through the folded update:
    * the home phases run at the slower of it and the probe's rate. */
   double adam_home_run;
+  /* The disk's reads and writes together over the time it was busy, bytes per second, as a run
+   * on this set-up moved them (0: no run yet). The probe times one 64 MiB transfer each way; a
+   * step's transfers are larger and several are in flight, and on a virtual disk they moved 1.38x
+   * the probe's rate together (docs/benchmarks-history.md, "The 15.5 B model ..."). Where it is
+   * above the probe's (nvme_duplex, else the slower direction), the plan costs the disk at the
+   * probe's rates scaled up to it (tz_plan_disk_rates): a bound costed slower than the machine
+   * ran is not a lower bound. */
+  double nvme_run;
   double collective; /* bus bytes per second of all-gather and reduce-scatter (0: one rank) */
 };
 
@@ -109,6 +117,13 @@ struct tz_plan_phase {
  * together, each element of that Adam moving adam_bytes: what the rates measured beside each
  * other add up to. 0 when they were not measured. */
 double tz_plan_host_mem_rate(const struct tz_plan_rates *r, double adam_bytes);
+
+/* The disk rate the probe measured that a run's nvme_run is compared with: nvme_duplex (reads
+ * and writes at once), else the slower direction; 0 when the disk was not timed. */
+double tz_plan_disk_probe_rate(const struct tz_plan_rates *r);
+/* r with its disk rates (nvme_read, nvme_write, nvme_duplex) scaled by nvme_run over
+ * tz_plan_disk_probe_rate where that is above 1: what the plan costs the disk at. */
+struct tz_plan_rates tz_plan_disk_rates(const struct tz_plan_rates *r);
 
 struct tz_plan_request {
   int n_groups;

@@ -550,9 +550,10 @@ void tz_plan_simulate(const struct tz_plan_request *r, const int8_t *tiers, uint
   int cap = r->lookahead > 0 ? r->lookahead : n;
   if (cap > n)
     cap = n;
+  struct tz_plan_rates rates = tz_plan_disk_rates(&r->rates);
   struct sim m = {.r = r,
                   .tiers = tiers,
-                  .rt = &r->rates,
+                  .rt = &rates,
                   .n = n,
                   .ev = ev,
                   .contend = sim_contends(r, tiers),
@@ -601,6 +602,24 @@ void tz_plan_simulate(const struct tz_plan_request *r, const int8_t *tiers, uint
     }
   }
   sim_free(&m);
+}
+
+double tz_plan_disk_probe_rate(const struct tz_plan_rates *r) {
+  if (r->nvme_duplex > 0)
+    return r->nvme_duplex;
+  return r->nvme_read < r->nvme_write ? r->nvme_read : r->nvme_write;
+}
+
+struct tz_plan_rates tz_plan_disk_rates(const struct tz_plan_rates *r) {
+  struct tz_plan_rates e = *r;
+  double probe = tz_plan_disk_probe_rate(r);
+  if (probe > 0 && r->nvme_run > probe) {
+    double k = r->nvme_run / probe;
+    e.nvme_read *= k;
+    e.nvme_write *= k;
+    e.nvme_duplex *= k;
+  }
+  return e;
 }
 
 double tz_plan_host_mem_rate(const struct tz_plan_rates *r, double adam_bytes) {

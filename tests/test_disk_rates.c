@@ -10,7 +10,10 @@
  *    the busy time fits in the run's, and the summary line and the summary object give the timed
  *    steps' figures;
  *  - the same run with the optimizer state on the host has no nvme_* key and no disk line;
- *  - the summary's disk figures leave out the first step, as its other rates do.
+ *  - the summary's disk figures leave out the first step, as its other rates do;
+ *  - a run under its bound whose disk moved faster than the cached probe's rate keeps the
+ *    cache's entry with the disk's rate (nvme_run, the summary's disk_rate) for the next plan,
+ *    where one whose disk is not faster drops the entry (trainer/run.c, summarize).
  * Skipped (77) where the nvme tier cannot run (no io_uring). */
 #define _GNU_SOURCE
 #include "collectives/launch.h"
@@ -123,6 +126,8 @@ struct rec {
   int64_t sum_timed_steps;
   double sum_timed_s;
   char summary[4096]; /* tz_metrics_summary_print's text */
+  double disk_rate;   /* the summary event's */
+  int below_bound;    /* the summary's steps under their bound */
 };
 
 static void nvme_counts(const tz_trainer *tr, uint64_t *r, uint64_t *w) {
@@ -163,6 +168,8 @@ static int record(void *arg, const struct tz_run_event *ev) {
     r->sum_disk = ev->summary->timed_disk;
     r->sum_timed_steps = ev->summary->timed_steps;
     r->sum_timed_s = ev->summary->timed_s;
+    r->disk_rate = ev->disk_rate;
+    r->below_bound = tz_metrics_summary_below_bound(ev->summary);
     FILE *f = fmemopen(r->summary, sizeof r->summary - 1, "w");
     assert_non_null(f);
     tz_metrics_summary_print(ev->summary, f);
@@ -396,6 +403,80 @@ static void test_summary_leaves_out_first_step(void **state) {
   assert_non_null(strstr(text, "(read share 0.750)\n"));
 }
 
+/* The rates cache's one entry of this directory's set-ups (not a layer's), or NULL; root's. */
+static json_t *setup_entry(json_t *root) {
+  const char *k;
+  json_t *v, *found = NULL;
+  json_object_foreach(root, k, v) {
+    if (json_is_object(v) && strncmp(k, "layer|", 6) != 0) {
+      assert_null(found);
+      found = v;
+    }
+  }
+  return found;
+}
+
+/* Sets the entry's disk rates to `rate` bytes a second (each way and at once) and its nvme_run to
+ * `run` (0: none). */
+static void set_disk_rates(const char *path, double rate, double run) {
+  json_error_t err;
+  json_t *root = json_load_file(path, 0, &err);
+  assert_non_null(root);
+  json_t *e = setup_entry(root);
+  assert_non_null(e);
+  json_object_set_new(e, "nvme_read", json_real(rate));
+  json_object_set_new(e, "nvme_write", json_real(rate));
+  json_object_set_new(e, "nvme_duplex", json_real(rate));
+  json_object_set_new(e, "nvme_run", json_real(run));
+  assert_int_equal(json_dump_file(root, path, 0), 0);
+  json_decref(root);
+}
+
+/* The entry's nvme_run; -1 when the file has no entry for the set-up. */
+static double nvme_run_of(const char *path) {
+  json_error_t err;
+  json_t *root = json_load_file(path, 0, &err);
+  assert_non_null(root);
+  json_t *e = setup_entry(root);
+  double v = e ? json_number_value(json_object_get(e, "nvme_run")) : -1;
+  json_decref(root);
+  return v;
+}
+
+static void test_disk_rate_learned(void **state) {
+  (void)state;
+  char rates[1100];
+  snprintf(rates, sizeof rates, "%s/rates.json", dir);
+  struct rec r;
+  enum { STEPS = 4 };
+  assert_int_equal(run("nvme", STEPS, NULL, &r), 0); /* the probes' entry */
+  assert_true(r.disk_rate > 0);
+  assert_true(r.sum_disk.read + r.sum_disk.written >= (16u << 20));
+  /* The probe at 100 KB/s: the disk term of the bound is hours, the run under it, its disk
+   * faster: the entry is kept with the disk's rate. */
+  set_disk_rates(rates, 1e5, 0);
+  assert_int_equal(run("nvme", STEPS, NULL, &r), 0);
+  assert_int_equal(r.below_bound, 1);
+  assert_true(r.disk_rate > 1e5);
+  assert_true(nvme_run_of(rates) == r.disk_rate);
+  /* A run under its bound with its disk no faster than the rate the plan took (the run's rate
+   * learned at 1e15 bytes a second beside the probe's): the entry is dropped, measured again. */
+  set_disk_rates(rates, 1e5, 1e15);
+  json_error_t err;
+  json_t *root = json_load_file(rates, 0, &err);
+  const char *k;
+  json_t *v;
+  json_object_foreach(setup_entry(root), k, v) { /* every other rate slow: the bound hours */
+    if (strncmp(k, "nvme_", 5) != 0 && json_number_value(v) > 0)
+      json_real_set(v, 1e3);
+  }
+  assert_int_equal(json_dump_file(root, rates, 0), 0);
+  json_decref(root);
+  assert_int_equal(run("nvme", STEPS, NULL, &r), 0);
+  assert_int_equal(r.below_bound, 1);
+  assert_true(nvme_run_of(rates) == -1);
+}
+
 int main(void) {
   char why[256];
   if (tz_tier_probe("nvme", why, sizeof why) < 0) {
@@ -409,6 +490,7 @@ int main(void) {
       cmocka_unit_test(test_nvme_tier_tells_busy_time),
       cmocka_unit_test(test_optimizer_on_nvme),
       cmocka_unit_test(test_no_nvme_no_disk_keys),
+      cmocka_unit_test(test_disk_rate_learned),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

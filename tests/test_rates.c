@@ -76,6 +76,7 @@ static void assert_same(const struct tz_plan_rates *a, const struct tz_plan_rate
   assert_true(a->copy_in_adam == b->copy_in_adam);
   assert_true(a->copy_out_adam == b->copy_out_adam);
   assert_true(a->adam_home_run == b->adam_home_run);
+  assert_true(a->nvme_run == b->nvme_run);
   assert_true(a->collective == b->collective);
 }
 
@@ -305,34 +306,38 @@ static void test_forget(void **state) {
   TZ_ASSERT_OK(tz_rates_forget(&e->cfg, "cpu", missing));
 }
 
-/* A run's rate at the homes (tz_rates_learn_home) joins its set-up's entry, the other fields
- * and entries kept, and is read back; measuring again drops it (the probes do not make it); with
- * no entry for the set-up, or no rate, nothing is written. */
-static void test_learn_home(void **state) {
+/* A run's rates (tz_rates_learn: the homes' and the disk's) join its set-up's entry, the other
+ * fields and entries kept, and are read back; a rate not given keeps the one there; measuring
+ * again drops them (the probes do not make them); with no entry for the set-up, or no rate,
+ * nothing is written. */
+static void test_learn(void **state) {
   struct env *e = *state;
   snprintf(e->path, sizeof e->path, "%s/learn.json", e->dir);
-  TZ_ASSERT_OK(tz_rates_learn_home(&e->cfg, "cpu", e->path, 2.5e9));
+  TZ_ASSERT_OK(tz_rates_learn(&e->cfg, "cpu", e->path, 2.5e9, 3e9));
   assert_int_equal(access(e->path, F_OK), -1); /* no entry: no file made */
   write_entry(e->path, NULL);
   struct tz_plan_rates before, r;
   TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &before));
-  assert_true(before.adam_home_run == 0);
-  TZ_ASSERT_OK(tz_rates_learn_home(&e->cfg, "cpu", e->path, 2.5e9));
-  TZ_ASSERT_OK(tz_rates_learn_home(&e->cfg, "cpu", e->path, 0)); /* no rate: kept */
+  assert_true(before.adam_home_run == 0 && before.nvme_run == 0);
+  TZ_ASSERT_OK(tz_rates_learn(&e->cfg, "cpu", e->path, 2.5e9, 0));
+  TZ_ASSERT_OK(tz_rates_learn(&e->cfg, "cpu", e->path, 0, 3e9)); /* the homes' kept */
+  TZ_ASSERT_OK(tz_rates_learn(&e->cfg, "cpu", e->path, 0, 0));   /* nothing: both kept */
   TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
   assert_true(r.adam_home_run == 2.5e9);
+  assert_true(r.nvme_run == 3e9);
   r.adam_home_run = 0;
+  r.nvme_run = 0;
   r.collective = before.collective;
   assert_same(&r, &before);
   /* Another set-up's entry is not this one's. */
-  TZ_ASSERT_OK(tz_rates_learn_home(&e->cfg, "cuda", e->path, 1e9));
+  TZ_ASSERT_OK(tz_rates_learn(&e->cfg, "cuda", e->path, 1e9, 1e9));
   TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
-  assert_true(r.adam_home_run == 2.5e9);
-  /* Measured again: the probes' entry has no run's rate. */
+  assert_true(r.adam_home_run == 2.5e9 && r.nvme_run == 3e9);
+  /* Measured again: the probes' entry has no run's rates. */
   TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 1, &r));
-  assert_true(r.adam_home_run == 0 && r.flops != 1.5e11);
+  assert_true(r.adam_home_run == 0 && r.nvme_run == 0 && r.flops != 1.5e11);
   TZ_ASSERT_OK(tz_rates_get(&e->cfg, "cpu", e->rt, e->comm, e->path, 0, &r));
-  assert_true(r.adam_home_run == 0);
+  assert_true(r.adam_home_run == 0 && r.nvme_run == 0);
 }
 
 /* The layer probe (and its parts' forwards): a positive time at a real shape, no faster than the
@@ -393,7 +398,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_home_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cuda_backend, setup, teardown),
       cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_learn_home, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_learn, setup, teardown),
       cmocka_unit_test_setup_teardown(test_layer_probe, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

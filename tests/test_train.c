@@ -791,6 +791,53 @@ static void test_plan_bound_disk_duplex(void **state) {
   assert_close(p.lane_s[2], 2 * r_s);
 }
 
+/* A run's disk rate (nvme_run) above the probe's scales the probe's disk rates up to it: the same
+ * plan as test_plan_bound_disk_duplex's first, its lane 1.5 times faster with a run at 1.5 times
+ * the probe's "at once" rate; one at or below the probe's changes nothing (the faster of the
+ * two), and without nvme_duplex the slower direction is the probe's rate. */
+static void test_plan_bound_disk_learned(void **state) {
+  (void)state;
+  const uint64_t S = 1 << 20, chunk = 4096;
+  const double r_s = 1e-3, w_s = 0.5e-3, d_s = 2e-3;
+  uint64_t bytes[2][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  bytes[0][TZ_PLAN_MASTER] = bytes[1][TZ_PLAN_MASTER] = S;
+  struct tz_plan_phase ph[2];
+  memset(ph, 0, sizeof ph);
+  for (int i = 0; i < 2; i++) {
+    snprintf(ph[i].name, sizeof ph[i].name, "p%d", i);
+    ph[i].n_uses = 1;
+    ph[i].uses[0] = (struct tz_plan_use){i, TZ_PLAN_MASTER, TZ_ACCESS_READWRITE};
+  }
+  struct tz_plan_request r = plan_request(2, bytes, ph, 2, chunk);
+  r.rates = (struct tz_plan_rates){.flops = 1e12,
+                                   .copy_in = 1e6 * (double)S,
+                                   .copy_out = 1e6 * (double)S,
+                                   .nvme_read = (double)S / r_s,
+                                   .nvme_write = (double)S / w_s,
+                                   .nvme_duplex = 2.0 * (double)S / d_s};
+  int8_t tiers[2 * TZ_PLAN_KINDS];
+  memset(tiers, TZ_PLAN_NVME, sizeof tiers);
+  struct tz_plan p;
+  r.rates.nvme_run = 1.5 * r.rates.nvme_duplex;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_close(p.lane_s[2], 2 * d_s / 1.5);
+  assert_close(p.bound_s, 2 * d_s / 1.5);
+  r.rates.nvme_run = 0.5 * r.rates.nvme_duplex; /* slower than the probe: the probe's */
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_close(p.lane_s[2], 2 * d_s);
+  /* No "at once" rate: the probe's is the slower direction's (reads, S / r_s); a run at twice
+   * it halves the time-shared lane. */
+  r.rates.nvme_duplex = 0;
+  r.rates.nvme_run = 2.0 * (double)S / r_s;
+  TZ_ASSERT_OK(tz_plan_bound(&r, tiers, S + chunk, &p));
+  assert_close(p.lane_s[2], (r_s + w_s));
+  struct tz_plan_rates e = tz_plan_disk_rates(&r.rates);
+  assert_close(e.nvme_read, 2.0 * (double)S / r_s);
+  assert_close(e.nvme_write, 2.0 * (double)S / w_s);
+  assert_true(e.flops == r.rates.flops && e.copy_in == r.rates.copy_in);
+}
+
 /* The host link moves less with both directions busy than each alone, and a window carries
  * only so much of a run of phases' copies across its ends. K = 12 phases p0..p11 update their
  * own block of S (read, write) with no compute, then bwd computes C = 10t with none; copies of S
@@ -1116,6 +1163,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_plan_bound_keeps_written_copies),
       cmocka_unit_test(test_plan_bound_copy_waits_for_room),
       cmocka_unit_test(test_plan_bound_disk_duplex),
+      cmocka_unit_test(test_plan_bound_disk_learned),
       cmocka_unit_test(test_plan_bound_link_both_ways),
       cmocka_unit_test(test_plan_bound_overlapped_collectives),
       cmocka_unit_test(test_plan),

@@ -337,6 +337,10 @@ static void print_rates(const struct tz_plan_rates *r, int shared) {
     printf("tz-train: the CPU's Adam at the homes in the last run on this set-up: %.2f G "
            "elements/s (the plan takes the slower of it and the probe's)\n",
            r->adam_home_run / 1e9);
+  if (r->nvme_run > 0)
+    printf("tz-train: the disk in the last run on this set-up: %.2f GB/s, reads and writes "
+           "together (the plan takes the faster of it and the probe's %.2f)\n",
+           r->nvme_run / 1e9, tz_plan_disk_probe_rate(r) / 1e9);
 }
 
 /* What the run tells (trainer/run.h), printed by rank 0. */
@@ -450,6 +454,13 @@ static void print_summary(const struct printer *p, const struct tz_run_event *ev
            home_plan_s > 0 && home_s > 1.1 * home_plan_s
                ? " (slower than planned: with tierzero.cpu_adam_search its share is picked again)"
                : "");
+  if (ev->disk_rate > 0 && ev->rates) {
+    double probe = tz_plan_disk_probe_rate(ev->rates);
+    printf("tz-train: the disk moved %.2f GB/s (reads and writes together, over its busy time; "
+           "the probe's %.2f), the rates cache's for the next plan on this set-up%s\n",
+           ev->disk_rate / 1e9, probe / 1e9,
+           ev->disk_rate > probe ? " (the plan costs the disk at it)" : "");
+  }
   if (p->o->demo_dir)
     printf("tz-train: demo: loss %.4f at the first step, %.4f at the last (%.2f of the first)\n",
            ev->first_loss, ev->last_loss, ev->last_loss / ev->first_loss);

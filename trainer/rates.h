@@ -56,13 +56,15 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
  * was nothing to drop or it is dropped. */
 int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char *path);
 
-/* Records in the cache's entry for this set-up (path NULL: the default cache) the rate a run's
- * home phases reached, elements per second (tz_plan_rates.adam_home_run): later plans run the
- * CPU's Adam at the homes at the slower of it and the probe's. Nothing when the cache holds no
- * complete entry for the set-up (the next run measures anew) or the rate is not positive. 0, or
- * the error writing the file. */
-int tz_rates_learn_home(const struct tz_config *cfg, const char *backend, const char *path,
-                        double elems_per_s);
+/* Records in the cache's entry for this set-up (path NULL: the default cache) what a run
+ * measured: the rate its home phases reached, elements per second (tz_plan_rates.adam_home_run:
+ * later plans run the CPU's Adam at the homes at the slower of it and the probe's), and the
+ * rate its disk moved reads and writes together over its busy time, bytes per second
+ * (nvme_run: later plans cost the disk at the faster of it and the probe's, tz_plan_disk_rates).
+ * A rate that is not positive is left as it was. Nothing when the cache holds no complete entry
+ * for the set-up (the next run measures anew). 0, or the error writing the file. */
+int tz_rates_learn(const struct tz_config *cfg, const char *backend, const char *path,
+                   double adam_home_run, double nvme_run);
 
 /* How long timing a layer may take for tz-train --plan, in seconds. */
 #define TZ_RATES_PLAN_PROBE_S 3.0

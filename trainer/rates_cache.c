@@ -46,21 +46,22 @@ void tz_rates_cache_key(const struct tz_config *c, const char *backend, char *bu
 #define RATES_VERSION 5
 
 static const char *const fields[] = {
-    "flops",          "copy_in",       "copy_out",      "copy_duplex",
-    "copy_in_both",   "copy_out_both", "copy_local",    "nvme_read",
-    "nvme_write",     "nvme_duplex",   "adam",          "adam_home",
-    "adam_home_busy", "copy_in_adam",  "copy_out_adam", "adam_home_run"};
+    "flops",         "copy_in",    "copy_out",       "copy_duplex",  "copy_in_both",
+    "copy_out_both", "copy_local", "nvme_read",      "nvme_write",   "nvme_duplex",
+    "adam",          "adam_home",  "adam_home_busy", "copy_in_adam", "copy_out_adam",
+    "adam_home_run", "nvme_run"};
 /* The fields every entry of this version has; the ones after them came later and are 0
  * (unknown) in an entry without them: the plan then runs without what they add. adam_home_run
- * is not measured by the probes but by a run (tz_rates_learn_home): a fresh entry has none. */
+ * and nvme_run are not measured by the probes but by a run (tz_rates_learn): a fresh entry has
+ * none. */
 #define N_REQUIRED 12
 
 double *tz_rates_field(struct tz_plan_rates *r, int i) {
   double *f[TZ_RATES_N_FIELDS] = {
-      &r->flops,          &r->copy_in,       &r->copy_out,      &r->copy_duplex,
-      &r->copy_in_both,   &r->copy_out_both, &r->copy_local,    &r->nvme_read,
-      &r->nvme_write,     &r->nvme_duplex,   &r->adam,          &r->adam_home,
-      &r->adam_home_busy, &r->copy_in_adam,  &r->copy_out_adam, &r->adam_home_run};
+      &r->flops,         &r->copy_in,    &r->copy_out,       &r->copy_duplex,  &r->copy_in_both,
+      &r->copy_out_both, &r->copy_local, &r->nvme_read,      &r->nvme_write,   &r->nvme_duplex,
+      &r->adam,          &r->adam_home,  &r->adam_home_busy, &r->copy_in_adam, &r->copy_out_adam,
+      &r->adam_home_run, &r->nvme_run};
   return f[i];
 }
 
@@ -199,12 +200,12 @@ int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char
   return rc;
 }
 
-int tz_rates_learn_home(const struct tz_config *cfg, const char *backend, const char *path,
-                        double elems_per_s) {
+int tz_rates_learn(const struct tz_config *cfg, const char *backend, const char *path,
+                   double adam_home_run, double nvme_run) {
   char def[PATH_MAX], key[PATH_MAX + 64];
   if (!path && tz_rates_default_path(def, sizeof def) == 0)
     path = def;
-  if (!path || !(elems_per_s > 0))
+  if (!path || (!(adam_home_run > 0) && !(nvme_run > 0)))
     return 0;
   tz_rates_cache_key(cfg, backend, key, sizeof key);
   struct tz_plan_rates r;
@@ -216,7 +217,10 @@ int tz_rates_learn_home(const struct tz_config *cfg, const char *backend, const 
   json_t *e = json_object_get(root, key);
   int rc = 0;
   if (json_is_object(e)) {
-    json_object_set_new(e, "adam_home_run", json_real(elems_per_s));
+    if (adam_home_run > 0)
+      json_object_set_new(e, "adam_home_run", json_real(adam_home_run));
+    if (nvme_run > 0)
+      json_object_set_new(e, "nvme_run", json_real(nvme_run));
     rc = write_root(path, root);
   }
   json_decref(root);

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#define TZ_RATES_N_FIELDS 16
+#define TZ_RATES_N_FIELDS 17
 
 /* The set-up's key in the cache: the backend and the real path of c's NVMe directory, or "-". */
 void tz_rates_cache_key(const struct tz_config *c, const char *backend, char *buf, size_t len);

@@ -218,7 +218,7 @@ struct run {
   /* the tiers' I/O counters at the last step's figures */
   struct tz_traffic_counters traffic;
   /* The home phases' work at the end of this run's first step (their rate after it is what
-   * the rates cache learns, tz_rates_learn_home) */
+   * the rates cache learns, tz_rates_learn) */
   struct tz_home_work home0;
   int began;     /* TZ_RUN_BEGIN told, TZ_RUN_STEPS_END not yet */
   double t_last; /* when the last step returned; 0 before */
@@ -240,6 +240,23 @@ static int emit_kind(struct run *r, enum tz_run_event_kind kind, int64_t step) {
   return emit(r, &ev);
 }
 
+/* A disk's rate over its busy time is known from enough bytes: below that a few requests'
+ * latency decides it (and can only make it slower). */
+#define DISK_RATE_MIN_BYTES (16.0 * 1024 * 1024)
+/* How much faster than the probe's rate the disk must have moved to explain a run under its
+ * bound. */
+#define DISK_FASTER 1.02
+
+/* The disk's reads and writes together over the time it was busy in the timed steps, bytes per
+ * second; 0 without a disk, its busy time, or enough bytes. */
+static double run_disk_rate(const struct tz_metrics_summary *s) {
+  const struct tz_disk_traffic *d = &s->timed_disk;
+  double bytes = (double)d->read + (double)d->written;
+  if (!s->has_disk || !(d->busy_s > 0) || bytes < DISK_RATE_MIN_BYTES)
+    return 0;
+  return bytes / d->busy_s;
+}
+
 /* The summary event of the steps this run took, and the metrics file's summary line. */
 static int summarize(struct run *r) {
   struct tz_sched_stats st;
@@ -254,25 +271,34 @@ static int summarize(struct run *r) {
   tz_tier *tiers[3];
   TZ_CHECK(
       tz_metrics_summary_traffic_rest(&r->sum, tiers, tz_trainer_tiers(r->tr, tiers), &r->traffic));
+  double disk_rate = run_disk_rate(&r->sum);
   struct tz_run_event ev = {.kind = TZ_RUN_SUMMARY,
                             .summary = &r->sum,
                             .sched = &st,
                             .first_loss = r->res->first_loss,
                             .last_loss = r->res->last_loss,
-                            .home_rate = home_rate};
+                            .home_rate = home_rate,
+                            .disk_rate = disk_rate,
+                            .rates = &r->rates};
   TZ_CHECK(emit(r, &ev));
   if (r->mw)
     TZ_CHECK(tz_metrics_write_summary(r->mw, &r->sum));
-  /* A run faster than its bound shows the cached rates were measured slow: measure them again.
-   * Else the cache keeps the rate the CPU's Adam reached at the homes after the first step, for
-   * the next plan on this set-up (the probe's is not what a run reaches: core/plan.h). */
-  if (r->rank == 0 && tz_metrics_summary_below_bound(&r->sum)) {
+  /* A run faster than its bound shows the cached rates were measured slow: measure them again,
+   * unless its disk moved faster than the probe's rate, which explains it: the cache then keeps
+   * the disk's rate, and the next plan costs the disk at it (a run under that bound measures
+   * again). Else the cache keeps the rate the CPU's Adam reached at the homes after the first
+   * step and the disk's, for the next plan on this set-up (the probes' are not what a run
+   * reaches: core/plan.h). */
+  double planned = tz_plan_disk_probe_rate(&r->rates);
+  if (r->rates.nvme_run > planned)
+    planned = r->rates.nvme_run;
+  int below = tz_metrics_summary_below_bound(&r->sum);
+  if (r->rank == 0 && below && !(disk_rate > planned * DISK_FASTER)) {
     if (tz_rates_forget(r->cfg, r->o->backend, r->o->rates) < 0)
       tz_log(TZ_LOG_WARN, "tz-train: %s", tz_err_msg());
-  } else if (r->rank == 0 && home_rate > 0 &&
-             tz_rates_learn_home(r->cfg, r->o->backend, r->o->rates, home_rate) < 0) {
-    tz_log(TZ_LOG_WARN, "tz-train: %s (the next plan takes the probe's rate for the homes)",
-           tz_err_msg());
+  } else if (r->rank == 0 && tz_rates_learn(r->cfg, r->o->backend, r->o->rates,
+                                            below ? 0 : home_rate, disk_rate) < 0) {
+    tz_log(TZ_LOG_WARN, "tz-train: %s (the next plan takes the probe's rates)", tz_err_msg());
   }
   return 0;
 }

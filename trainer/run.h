@@ -56,10 +56,10 @@ struct tz_run_event {
   int64_t step;
   const char *model_name; /* the preset, or import_dir for a checkpoint's own config */
   const struct tz_model_config *model;
-  const tz_trainer *trainer; /* from PLANNED on */
-  const struct tz_plan_rates *rates;
-  double setup_s; /* PLANNED: seconds since the rates were asked for */
-  double rates_s; /* PLANNED: of which getting the rates */
+  const tz_trainer *trainer;         /* from PLANNED on */
+  const struct tz_plan_rates *rates; /* PLANNED and SUMMARY: the rates the plan took */
+  double setup_s;                    /* PLANNED: seconds since the rates were asked for */
+  double rates_s;                    /* PLANNED: of which getting the rates */
   const tz_data *data;
   const struct tz_step_metrics *metrics;
   float eval_loss;
@@ -69,6 +69,9 @@ struct tz_run_event {
   double home_rate; /* SUMMARY: the CPU's Adam at the homes after the first step, elements per
                        second (0: no home phases, or fewer than two runs of them); the rates
                        cache keeps it for the next plan unless the rates are measured again */
+  double disk_rate; /* SUMMARY: the disk's reads and writes together over its busy time in the
+                       timed steps, bytes per second (0: no disk, or too few bytes to tell); the
+                       rates cache keeps it for the next plan (tz_rates_learn) */
   double tail_s;
 };
 
