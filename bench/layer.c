@@ -116,10 +116,10 @@ static int attn_step(tz_compute *cm, const struct tz_model_config *cfg, const st
                      struct tz_layer_probe *l) {
   int D = tz_model_head_dim(cfg);
   TZ_CHECK(tz_compute_attention_fwd(cm, l->acts.att, l->acts.lse, l->acts.q, l->acts.k, l->acts.v,
-                                    o->B, o->T, o->H, o->Hkv, D, NULL));
+                                    o->B, o->T, o->H, o->Hkv, D, NULL, NULL));
   return tz_compute_attention_bwd(cm, l->scratch.dq, l->scratch.dk, l->scratch.dv, l->scratch.delta,
                                   l->scratch.datt, l->acts.q, l->acts.k, l->acts.v, l->acts.att,
-                                  l->acts.lse, o->B, o->T, o->H, o->Hkv, D, NULL);
+                                  l->acts.lse, o->B, o->T, o->H, o->Hkv, D, NULL, NULL);
 }
 
 /* The copy ceiling's copies a step: the memory-bound ops' GB/s are set beside it */

@@ -271,24 +271,42 @@ int tz_compute_embedding_bwd(tz_compute *cm, void *dwte, const void *dout, const
   return cm->ops->embedding_bwd(cm->ctx, dwte, dout, tokens, N, C, V);
 }
 
+/* TZ_ENOTSUP naming the backend and the op when a variant is asked of a backend without them
+ * (compute_impl.h, variants). */
+static int need_variants(tz_compute *cm, int asked, const char *what) {
+  if (asked && !cm->ops->variants)
+    return tz_err_set(TZ_ENOTSUP,
+                      "compute %s: %s is not in this backend (the Gemma families' math runs on "
+                      "the cpu backend; docs/model.md)",
+                      cm->backend, what);
+  return 0;
+}
+
 int tz_compute_rmsnorm_fwd(tz_compute *cm, void *out, float *rstd, const void *x, const void *w,
-                           int N, int C, float eps) {
+                           int N, int C, float eps, float w_offset) {
   NEED(N >= 0 && C > 0, "compute rmsnorm_fwd: bad sizes N=%d C=%d", N, C);
   NEED(eps >= 0.0f, "compute rmsnorm_fwd: eps %g < 0", (double)eps);
+  NEED(w_offset == 0.0f || w_offset == 1.0f, "compute rmsnorm_fwd: w_offset %g is not 0 or 1",
+       (double)w_offset);
+  TZ_CHECK(need_variants(cm, w_offset != 0.0f, "rmsnorm_fwd with a weight offset (1 + w)"));
   if (!N)
     return 0;
   NEED(out && rstd && x && w, "compute rmsnorm_fwd: NULL pointer");
-  return cm->ops->rmsnorm_fwd(cm->ctx, out, rstd, x, w, N, C, eps);
+  return cm->ops->rmsnorm_fwd(cm->ctx, out, rstd, x, w, N, C, eps, w_offset);
 }
 
 int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, const void *dres, void *dw, const void *dout,
-                           const void *x, const void *w, const float *rstd, int N, int C) {
+                           const void *x, const void *w, const float *rstd, int N, int C,
+                           float w_offset) {
   NEED(N >= 0 && C > 0, "compute rmsnorm_bwd: bad sizes N=%d C=%d", N, C);
+  NEED(w_offset == 0.0f || w_offset == 1.0f, "compute rmsnorm_bwd: w_offset %g is not 0 or 1",
+       (double)w_offset);
+  TZ_CHECK(need_variants(cm, w_offset != 0.0f, "rmsnorm_bwd with a weight offset (1 + w)"));
   if (!N)
     return 0;
   NEED(dx && dw && dout && x && w && rstd, "compute rmsnorm_bwd: NULL pointer");
   NEED(dx != dout && dx != x, "compute rmsnorm_bwd: dx aliases dout or x");
-  return cm->ops->rmsnorm_bwd(cm->ctx, dx, dres, dw, dout, x, w, rstd, N, C);
+  return cm->ops->rmsnorm_bwd(cm->ctx, dx, dres, dw, dout, x, w, rstd, N, C, w_offset);
 }
 
 int tz_rope_check(const struct tz_rope *r) {
@@ -398,62 +416,100 @@ int tz_compute_bias_grad(tz_compute *cm, void *db, const void *dy, int N, int n)
   return cm->ops->bias_grad(cm->ctx, db, dy, N, n);
 }
 
-static int check_attn(const char *op, int B, int T, int H, int Hkv, int D) {
+static int check_attn(tz_compute *cm, const char *op, int B, int T, int H, int Hkv, int D,
+                      const struct tz_attn_opts *opt) {
   NEED(B >= 0 && T >= 0 && H > 0 && Hkv > 0 && D > 0 && H % Hkv == 0,
        "compute %s: bad sizes B=%d T=%d H=%d Hkv=%d D=%d (H must be a multiple of Hkv)", op, B, T,
        H, Hkv, D);
-  return 0;
+  NEED(isfinite(opt->scale) && opt->scale >= 0.0f && isfinite(opt->softcap) &&
+           opt->softcap >= 0.0f && opt->window >= 0,
+       "compute %s: bad variant scale %g softcap %g window %d", op, (double)opt->scale,
+       (double)opt->softcap, opt->window);
+  char what[64];
+  snprintf(what, sizeof what, "%s with %s", op,
+           opt->softcap > 0.0f ? "softcapping"
+           : opt->window > 0   ? "a sliding window"
+                               : "a scale other than 1/sqrt(D)");
+  return need_variants(cm, opt->scale != 0.0f || opt->softcap != 0.0f || opt->window != 0, what);
 }
 
 int tz_compute_attention_fwd(tz_compute *cm, void *out, float *lse, const void *q, const void *k,
-                             const void *v, int B, int T, int H, int Hkv, int D,
-                             const int32_t *pos) {
-  TZ_CHECK(check_attn("attention_fwd", B, T, H, Hkv, D));
+                             const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                             const struct tz_attn_opts *opt) {
+  static const struct tz_attn_opts none;
+  if (!opt)
+    opt = &none;
+  TZ_CHECK(check_attn(cm, "attention_fwd", B, T, H, Hkv, D, opt));
   TZ_CHECK(check_pos(cm, "attention_fwd", pos));
   if (!B || !T)
     return 0;
   NEED(out && lse && q && k && v, "compute attention_fwd: NULL pointer");
-  return cm->ops->attention_fwd(cm->ctx, out, lse, q, k, v, B, T, H, Hkv, D, pos);
+  return cm->ops->attention_fwd(cm->ctx, out, lse, q, k, v, B, T, H, Hkv, D, pos, opt);
 }
 
 int tz_compute_attention_bwd(tz_compute *cm, void *dq, void *dk, void *dv, float *delta,
                              const void *dout, const void *q, const void *k, const void *v,
                              const void *out, const float *lse, int B, int T, int H, int Hkv, int D,
-                             const int32_t *pos) {
-  TZ_CHECK(check_attn("attention_bwd", B, T, H, Hkv, D));
+                             const int32_t *pos, const struct tz_attn_opts *opt) {
+  static const struct tz_attn_opts none;
+  if (!opt)
+    opt = &none;
+  TZ_CHECK(check_attn(cm, "attention_bwd", B, T, H, Hkv, D, opt));
   TZ_CHECK(check_pos(cm, "attention_bwd", pos));
   if (!B || !T)
     return 0;
   NEED(dq && dk && dv && delta && dout && q && k && v && out && lse,
        "compute attention_bwd: NULL pointer");
   return cm->ops->attention_bwd(cm->ctx, dq, dk, dv, delta, dout, q, k, v, out, lse, B, T, H, Hkv,
-                                D, pos);
+                                D, pos, opt);
 }
 
-int tz_compute_swiglu_fwd(tz_compute *cm, void *out, const void *g, const void *u, size_t n) {
-  if (!n)
-    return 0;
-  NEED(out && g && u, "compute swiglu_fwd: NULL pointer");
-  return cm->ops->swiglu_fwd(cm->ctx, out, g, u, n);
+static int check_glu(tz_compute *cm, const char *op, enum tz_glu act) {
+  NEED(act == TZ_GLU_SILU || act == TZ_GLU_GELU_TANH, "compute %s: unknown activation %d", op,
+       (int)act);
+  return need_variants(cm, act != TZ_GLU_SILU,
+                       op[4] == 'f' ? "glu_fwd with gelu_pytorch_tanh"
+                                    : "glu_bwd with gelu_pytorch_tanh");
 }
 
-int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, void *out, const void *dout,
-                          const void *g, const void *u, size_t n) {
+int tz_compute_glu_fwd(tz_compute *cm, enum tz_glu act, void *out, const void *g, const void *u,
+                       size_t n) {
+  TZ_CHECK(check_glu(cm, "glu_fwd", act));
   if (!n)
     return 0;
-  NEED(dg && du && dout && g && u, "compute swiglu_bwd: NULL pointer");
+  NEED(out && g && u, "compute glu_fwd: NULL pointer");
+  return cm->ops->glu_fwd(cm->ctx, act, out, g, u, n);
+}
+
+int tz_compute_glu_bwd(tz_compute *cm, enum tz_glu act, void *dg, void *du, void *out,
+                       const void *dout, const void *g, const void *u, size_t n) {
+  TZ_CHECK(check_glu(cm, "glu_bwd", act));
+  if (!n)
+    return 0;
+  NEED(dg && du && dout && g && u, "compute glu_bwd: NULL pointer");
   NEED(!out || (out != dg && out != du && out != dout && out != g && out != u),
-       "compute swiglu_bwd: out aliases another tensor");
-  return cm->ops->swiglu_bwd(cm->ctx, dg, du, out, dout, g, u, n);
+       "compute glu_bwd: out aliases another tensor");
+  return cm->ops->glu_bwd(cm->ctx, act, dg, du, out, dout, g, u, n);
 }
 
 int tz_compute_xent(tz_compute *cm, float *losses, void *dlogits, const void *logits,
-                    const int32_t *targets, int N, int V, float dscale) {
+                    const int32_t *targets, int N, int V, float dscale, float softcap) {
   NEED(N >= 0 && V > 0, "compute xent: bad sizes N=%d V=%d", N, V);
+  NEED(isfinite(softcap) && softcap >= 0.0f, "compute xent: softcap %g", (double)softcap);
+  TZ_CHECK(need_variants(cm, softcap != 0.0f, "xent with a logit softcap"));
   if (!N)
     return 0;
   NEED(losses && logits && targets, "compute xent: NULL pointer");
-  return cm->ops->xent(cm->ctx, losses, dlogits, logits, targets, N, V, dscale);
+  return cm->ops->xent(cm->ctx, losses, dlogits, logits, targets, N, V, dscale, softcap);
+}
+
+int tz_compute_softcap(tz_compute *cm, void *logits, size_t n, float softcap) {
+  NEED(isfinite(softcap) && softcap > 0.0f, "compute softcap: softcap %g", (double)softcap);
+  TZ_CHECK(need_variants(cm, 1, "softcap"));
+  if (!n)
+    return 0;
+  NEED(logits, "compute softcap: NULL pointer");
+  return cm->ops->softcap(cm->ctx, logits, n, softcap);
 }
 
 int tz_compute_adam(tz_compute *cm, const struct tz_adam_params *p, float *master, float *m,

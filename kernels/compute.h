@@ -206,7 +206,10 @@ int tz_compute_embedding_fwd(tz_compute *cm, void *out, const int32_t *tokens, c
 int tz_compute_embedding_bwd(tz_compute *cm, void *dwte, const void *dout, const int32_t *tokens,
                              int N, int C, int V);
 
-/* ---- RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), statistics in float ----
+/* ---- RMSNorm: y = x * rstd * (w_offset + w), rstd = 1 / sqrt(mean(x^2) + eps), in float ----
+ * w_offset is 0 (Llama: y = x * rstd * w) or 1 (Gemma, whose weights are stored as w - 1 and
+ * start at 0): (w_offset + w) is formed in float. A backend without the offset (ops' variants 0)
+ * refuses one that is not 0, by name.
  * fwd: out (N,C) S; rstd (N) F32 saved for backward; x (N,C) S; w (C) S. out may alias x.
  * bwd: dx (N,C) S = dres + the gradient through the norm, added in float and rounded once:
  *      dres (N,C) S is the gradient that reaches x by the residual (NULL: none, dx = 0 + the
@@ -214,9 +217,10 @@ int tz_compute_embedding_bwd(tz_compute *cm, void *dwte, const void *dout, const
  *      fused into the norm's backward). dw (C) G += sum over rows in row order; dout, x, w, rstd
  *      as in fwd. dx must not alias dout or x. */
 int tz_compute_rmsnorm_fwd(tz_compute *cm, void *out, float *rstd, const void *x, const void *w,
-                           int N, int C, float eps);
+                           int N, int C, float eps, float w_offset);
 int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, const void *dres, void *dw, const void *dout,
-                           const void *x, const void *w, const float *rstd, int N, int C);
+                           const void *x, const void *w, const float *rstd, int N, int C,
+                           float w_offset);
 
 /* ---- RoPE, in place, the "half-split" convention of Hugging Face Llama ----
  * x (B,T,nh,D) S, D even, D <= TZ_ROPE_MAX_D. Row t of sequence b is at position
@@ -282,43 +286,67 @@ int tz_compute_bias_grad(tz_compute *cm, void *db, const void *dy, int N, int n)
 
 /* ---- Causal self-attention with grouped-query heads ----
  * q (B,T,H,D), k and v (B,T,Hkv,D), out (B,T,H,D): S. H % Hkv == 0; query head h reads key-value
- * head h / (H/Hkv). Scores s = (q_t . k_u) / sqrt(D) for u <= t, softmax over u, out_t = sum p v_u.
+ * head h / (H/Hkv). Scores s = (q_t . k_u) * scale for u <= t, softmax over u, out_t = sum p v_u.
  * With pos, only u in [t - pos[b*T + t], t], the keys of t's document, are scored.
+ * The variants of struct tz_attn_opts (NULL: all zero, Llama's attention):
+ *   scale    0: 1 / sqrt(D); else the scores' scale (Gemma's query_pre_attn_scalar^-1/2)
+ *   softcap  > 0: each score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's
+ *            attn_logit_softcapping), in float; 0: none
+ *   window   > 0: query t scores only the keys u with t - u < window (a sliding-window layer, as
+ *            transformers masks it: kv_idx > q_idx - sliding_window), inside its document too;
+ *            0: every earlier key
+ * A backend without them (ops' variants 0) refuses any that is not zero, by name.
  * lse (B,H,T) F32: the logsumexp of each row of scores, saved for backward (flash-style: no
  * (T,T) matrix needs to be kept).
  * bwd: dq (B,T,H,D), dk and dv (B,T,Hkv,D) S are overwritten; dout, q, k, v, out, lse as in fwd.
  *      delta (B,H,T) F32 is scratch the caller provides (it receives rowsum(dout * out)).
  *      dk and dv sum over the H/Hkv query heads of a group and over t in an order that the
  *      backend fixes (never the thread count or timing). */
+struct tz_attn_opts {
+  float scale, softcap;
+  int window;
+};
 int tz_compute_attention_fwd(tz_compute *cm, void *out, float *lse, const void *q, const void *k,
-                             const void *v, int B, int T, int H, int Hkv, int D,
-                             const int32_t *pos);
+                             const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                             const struct tz_attn_opts *opt);
 int tz_compute_attention_bwd(tz_compute *cm, void *dq, void *dk, void *dv, float *delta,
                              const void *dout, const void *q, const void *k, const void *v,
                              const void *out, const float *lse, int B, int T, int H, int Hkv, int D,
-                             const int32_t *pos);
+                             const int32_t *pos, const struct tz_attn_opts *opt);
 
-/* ---- SwiGLU: out = silu(g) * u, silu(g) = g / (1 + exp(-g)) ----
+/* ---- Gated MLP activation: out = act(g) * u ----
+ * act TZ_GLU_SILU (SwiGLU, Llama): silu(g) = g / (1 + exp(-g));
+ *     TZ_GLU_GELU_TANH (GeGLU, Gemma's gelu_pytorch_tanh):
+ *     gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+ * A backend without TZ_GLU_GELU_TANH (ops' variants 0) refuses it by name.
  * fwd: out (N,F) S from g, u (N,F) S. out may alias g or u.
  * bwd: dg, du (N,F) S overwritten from dout, g, u (N,F) S. dg may alias g, du may alias u.
  *      out (N,F) S, unless NULL, receives the forward's output in the same pass (the bits of
- *      swiglu_fwd), for a backward that rebuilds it instead of keeping it; it overlaps nothing. */
-int tz_compute_swiglu_fwd(tz_compute *cm, void *out, const void *g, const void *u, size_t n);
-int tz_compute_swiglu_bwd(tz_compute *cm, void *dg, void *du, void *out, const void *dout,
-                          const void *g, const void *u, size_t n);
+ *      glu_fwd), for a backward that rebuilds it instead of keeping it; it overlaps nothing. */
+enum tz_glu { TZ_GLU_SILU = 0, TZ_GLU_GELU_TANH = 1 };
+int tz_compute_glu_fwd(tz_compute *cm, enum tz_glu act, void *out, const void *g, const void *u,
+                       size_t n);
+int tz_compute_glu_bwd(tz_compute *cm, enum tz_glu act, void *dg, void *du, void *out,
+                       const void *dout, const void *g, const void *u, size_t n);
 
 /* ---- Cross-entropy fused with softmax: forward loss and backward dlogits in one call ----
  * logits (N,V) S, targets (N) int32 in [0, V) (else TZ_EINVAL, as for embedding), or
  * TZ_TARGET_IGNORE: a row that is not a target (a prompt token, padding), whose loss and dlogits
  * are 0.
- * losses (N) F32 = logsumexp(logits_n) - logits_n[target_n].
- * dlogits (N,V) S = (softmax(logits_n) - onehot(target_n)) * dscale, where the caller chooses
+ * softcap > 0 (Gemma 2's final_logit_softcapping): each logit l becomes z = softcap *
+ * tanh(l / softcap) first, in float, and the gradient goes back through it; 0: z = l. A backend
+ * without it (ops' variants 0) refuses one that is not 0, by name.
+ * losses (N) F32 = logsumexp(z_n) - z_n[target_n].
+ * dlogits (N,V) S = (softmax(z_n) - onehot(target_n)) * dscale * dz/dl, where the caller chooses
  * dscale (1 / the number of tokens in the whole step, for a mean over micro-batches). dlogits may
  * alias logits (computed in place); NULL skips the backward (evaluation). The row's max and sum
  * are float; backends may walk the vocabulary in chunks. */
 #define TZ_TARGET_IGNORE (-1)
 int tz_compute_xent(tz_compute *cm, float *losses, void *dlogits, const void *logits,
-                    const int32_t *targets, int N, int V, float dscale);
+                    const int32_t *targets, int N, int V, float dscale, float softcap);
+/* logits (N,V) S in place: l = softcap * tanh(l / softcap) (the logits Gemma 2 returns; xent
+ * applies it itself). softcap > 0. */
+int tz_compute_softcap(tz_compute *cm, void *logits, size_t n, float softcap);
 
 /* ---- Optimizer ----
  * One Adam step over n elements in place, exactly as kernels/adam.h defines it (the same bits on

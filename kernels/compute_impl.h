@@ -51,10 +51,12 @@ struct tz_compute_ops {
                        int V);
   int (*embedding_bwd)(void *ctx, void *dwte, const void *dout, const int32_t *tokens, int N, int C,
                        int V);
+  /* w_offset, attention's opt (never NULL here), glu's act and xent's softcap are their defaults
+   * (0, all zero, TZ_GLU_SILU, 0) unless the backend has variants (below) */
   int (*rmsnorm_fwd)(void *ctx, void *out, float *rstd, const void *x, const void *w, int N, int C,
-                     float eps);
+                     float eps, float w_offset);
   int (*rmsnorm_bwd)(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
-                     const void *x, const void *w, const float *rstd, int N, int C);
+                     const void *x, const void *w, const float *rstd, int N, int C, float w_offset);
   /* inv_freq: D/2 host doubles, tz_rope_inv_freq's (borrowed for the call: a backend that keeps
    * a table keeps its own copy); inverse: 0 forward rotation, 1 its transpose (backward) */
   int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq, int inverse,
@@ -62,18 +64,25 @@ struct tz_compute_ops {
   int (*bias_add)(void *ctx, void *x, const void *b, int N, int n);
   int (*bias_grad)(void *ctx, void *db, const void *dy, int N, int n);
   int (*attention_fwd)(void *ctx, void *out, float *lse, const void *q, const void *k,
-                       const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos);
+                       const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                       const struct tz_attn_opts *opt);
   int (*attention_bwd)(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
                        const void *q, const void *k, const void *v, const void *out,
-                       const float *lse, int B, int T, int H, int Hkv, int D, const int32_t *pos);
+                       const float *lse, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                       const struct tz_attn_opts *opt);
   /* 1: rope and attention take a non-NULL pos and xent takes TZ_TARGET_IGNORE (compute.h,
    * "Packed documents"); 0: the wrapper refuses a pos by name before any entry is called. */
   int docs;
-  int (*swiglu_fwd)(void *ctx, void *out, const void *g, const void *u, size_t n);
-  int (*swiglu_bwd)(void *ctx, void *dg, void *du, void *out, const void *dout, const void *g,
-                    const void *u, size_t n);
+  /* 1: the families' variants (Gemma's): rmsnorm's w_offset, attention's struct tz_attn_opts, glu's
+   * TZ_GLU_GELU_TANH, xent's softcap and softcap; 0: the wrapper refuses them by name before any
+   * entry is called (softcap may then be NULL). */
+  int variants;
+  int (*glu_fwd)(void *ctx, enum tz_glu act, void *out, const void *g, const void *u, size_t n);
+  int (*glu_bwd)(void *ctx, enum tz_glu act, void *dg, void *du, void *out, const void *dout,
+                 const void *g, const void *u, size_t n);
   int (*xent)(void *ctx, float *losses, void *dlogits, const void *logits, const int32_t *targets,
-              int N, int V, float dscale);
+              int N, int V, float dscale, float softcap);
+  int (*softcap)(void *ctx, void *logits, size_t n, float softcap);
   /* optional: NULL means the backend has no Adam (tz_compute_adam is TZ_ENOTSUP). */
   int (*adam)(void *ctx, const struct tz_adam_params *p, float *master, float *m, float *v,
               const void *grad, enum tz_dtype grad_dtype, void *param_copy,

@@ -123,19 +123,30 @@ static int s_emb_bwd(void *ctx, void *dw, const void *d, const int32_t *t, int N
   struct timed *tm = ctx;
   TIMED(TZ_OP_OTHER, IN->embedding_bwd(CTX, dw, d, t, N, C, V));
 }
+/* The timed table says it has the variants (variants 1) for whichever backend it wraps; one
+ * that does not is refused here as tz_compute_* would refuse it. */
+static int inner_variants(const struct timed *tm, int asked, const char *op) {
+  if (asked && !IN->variants)
+    return tz_err_set(TZ_ENOTSUP, "compute %s: %s's variants are not in this backend",
+                      tm->inner->backend, op);
+  return 0;
+}
 static int s_rms_fwd(void *ctx, void *o, float *r, const void *x, const void *w, int N, int C,
-                     float eps) {
+                     float eps, float off) {
   struct timed *tm = ctx;
+  TZ_CHECK(inner_variants(tm, off != 0.0f, "rmsnorm_fwd"));
   double nc = (double)N * C;
   TIMED_WORK(TZ_OP_RMSNORM_FWD, (2.0 * nc + C) * ES + 4.0 * N, 0.0,
-             IN->rmsnorm_fwd(CTX, o, r, x, w, N, C, eps));
+             IN->rmsnorm_fwd(CTX, o, r, x, w, N, C, eps, off));
 }
 static int s_rms_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dy, const void *x,
-                     const void *w, const float *r, int N, int C) {
+                     const void *w, const float *r, int N, int C, float off) {
   struct timed *tm = ctx;
+  TZ_CHECK(inner_variants(tm, off != 0.0f, "rmsnorm_bwd"));
   double nc = (double)N * C; /* dout, x read, dx written, dres read where there is one */
   double bytes = ((dres ? 4.0 : 3.0) * nc + C) * ES + 4.0 * N + 2.0 * C * GS;
-  TIMED_WORK(TZ_OP_RMSNORM_BWD, bytes, 0.0, IN->rmsnorm_bwd(CTX, dx, dres, dw, dy, x, w, r, N, C));
+  TIMED_WORK(TZ_OP_RMSNORM_BWD, bytes, 0.0,
+             IN->rmsnorm_bwd(CTX, dx, dres, dw, dy, x, w, r, N, C, off));
 }
 /* The timed table says it takes a pos (docs 1) for whichever backend it wraps; one that does
  * not is refused here as tz_compute_* would refuse it. */
@@ -168,39 +179,54 @@ static int s_bias_grad(void *ctx, void *db, const void *dy, int N, int n) {
              IN->bias_grad(CTX, db, dy, N, n));
 }
 static int s_attn_fwd(void *ctx, void *o, float *l, const void *q, const void *k, const void *v,
-                      int B, int T, int H, int Hkv, int D, const int32_t *pos) {
+                      int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                      const struct tz_attn_opts *opt) {
   struct timed *tm = ctx;
   TZ_CHECK(inner_docs(tm, "attention_fwd", pos));
+  TZ_CHECK(inner_variants(tm, opt->scale != 0.0f || opt->softcap != 0.0f || opt->window != 0,
+                          "attention_fwd"));
   double bth = (double)B * T * H, btk = (double)B * T * Hkv;
   double bytes = (2.0 * bth + 2.0 * btk) * D * ES + 4.0 * bth; /* q, k, v, out; lse */
   TIMED_WORK(TZ_OP_ATTENTION_FWD, bytes, 2.0 * bth * T * D,
-             IN->attention_fwd(CTX, o, l, q, k, v, B, T, H, Hkv, D, pos));
+             IN->attention_fwd(CTX, o, l, q, k, v, B, T, H, Hkv, D, pos, opt));
 }
 static int s_attn_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
                       const void *q, const void *k, const void *v, const void *o, const float *l,
-                      int B, int T, int H, int Hkv, int D, const int32_t *pos) {
+                      int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                      const struct tz_attn_opts *opt) {
   struct timed *tm = ctx;
   TZ_CHECK(inner_docs(tm, "attention_bwd", pos));
+  TZ_CHECK(inner_variants(tm, opt->scale != 0.0f || opt->softcap != 0.0f || opt->window != 0,
+                          "attention_bwd"));
   double bth = (double)B * T * H, btk = (double)B * T * Hkv;
   /* dout, q, out, dq and k, v, dk, dv; lse read, delta written */
   double bytes = (4.0 * bth + 4.0 * btk) * D * ES + 8.0 * bth;
-  TIMED_WORK(TZ_OP_ATTENTION_BWD, bytes, 2.5 * 2.0 * bth * T * D,
-             IN->attention_bwd(CTX, dq, dk, dv, delta, dout, q, k, v, o, l, B, T, H, Hkv, D, pos));
+  TIMED_WORK(
+      TZ_OP_ATTENTION_BWD, bytes, 2.5 * 2.0 * bth * T * D,
+      IN->attention_bwd(CTX, dq, dk, dv, delta, dout, q, k, v, o, l, B, T, H, Hkv, D, pos, opt));
 }
-static int s_swiglu_fwd(void *ctx, void *o, const void *g, const void *u, size_t n) {
+static int s_glu_fwd(void *ctx, enum tz_glu act, void *o, const void *g, const void *u, size_t n) {
   struct timed *tm = ctx;
-  TIMED_WORK(TZ_OP_SWIGLU_FWD, 3.0 * (double)n * ES, 0.0, IN->swiglu_fwd(CTX, o, g, u, n));
+  TZ_CHECK(inner_variants(tm, act != TZ_GLU_SILU, "glu_fwd"));
+  TIMED_WORK(TZ_OP_SWIGLU_FWD, 3.0 * (double)n * ES, 0.0, IN->glu_fwd(CTX, act, o, g, u, n));
 }
-static int s_swiglu_bwd(void *ctx, void *dg, void *du, void *o, const void *d, const void *g,
-                        const void *u, size_t n) {
+static int s_glu_bwd(void *ctx, enum tz_glu act, void *dg, void *du, void *o, const void *d,
+                     const void *g, const void *u, size_t n) {
   struct timed *tm = ctx;
+  TZ_CHECK(inner_variants(tm, act != TZ_GLU_SILU, "glu_bwd"));
   TIMED_WORK(TZ_OP_SWIGLU_BWD, (o ? 6.0 : 5.0) * (double)n * ES, 0.0,
-             IN->swiglu_bwd(CTX, dg, du, o, d, g, u, n));
+             IN->glu_bwd(CTX, act, dg, du, o, d, g, u, n));
 }
 static int s_xent(void *ctx, float *l, void *dl, const void *lg, const int32_t *t, int N, int V,
-                  float ds) {
+                  float ds, float cap) {
   struct timed *tm = ctx;
-  TIMED(TZ_OP_OTHER, IN->xent(CTX, l, dl, lg, t, N, V, ds));
+  TZ_CHECK(inner_variants(tm, cap != 0.0f, "xent"));
+  TIMED(TZ_OP_OTHER, IN->xent(CTX, l, dl, lg, t, N, V, ds, cap));
+}
+static int s_softcap(void *ctx, void *lg, size_t n, float cap) {
+  struct timed *tm = ctx;
+  TZ_CHECK(inner_variants(tm, 1, "softcap"));
+  TIMED(TZ_OP_OTHER, IN->softcap(CTX, lg, n, cap));
 }
 static int s_adam(void *ctx, const struct tz_adam_params *p, float *master, float *m, float *v,
                   const void *grad, enum tz_dtype gdt, void *copy, enum tz_dtype cdt, size_t n) {
@@ -238,9 +264,11 @@ static const struct tz_compute_ops timed_ops = {
     .attention_fwd = s_attn_fwd,
     .attention_bwd = s_attn_bwd,
     .docs = 1,
-    .swiglu_fwd = s_swiglu_fwd,
-    .swiglu_bwd = s_swiglu_bwd,
+    .variants = 1,
+    .glu_fwd = s_glu_fwd,
+    .glu_bwd = s_glu_bwd,
     .xent = s_xent,
+    .softcap = s_softcap,
     .adam = s_adam,
 };
 

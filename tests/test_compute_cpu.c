@@ -434,24 +434,24 @@ static void test_rmsnorm_bwd_residual(void **state) {
   }
   for (int j = 0; j < C; j++)
     w[j] = urand(&st) + 0.5f;
-  TZ_ASSERT_OK(tz_compute_rmsnorm_fwd(cm, h, rstd, x, w, N, C, 1e-5f));
+  TZ_ASSERT_OK(tz_compute_rmsnorm_fwd(cm, h, rstd, x, w, N, C, 1e-5f, 0.0f));
   /* the reference: copy the residual into dx, then accumulate onto it */
   memcpy(dx_acc, res, NC * 4);
-  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx_acc, dx_acc, dw_acc, dy, x, w, rstd, N, C));
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx_acc, dx_acc, dw_acc, dy, x, w, rstd, N, C, 0.0f));
   for (size_t i = 0; i < NC; i++)
     dx[i] = NAN; /* not read */
-  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx, res, dw, dy, x, w, rstd, N, C));
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx, res, dw, dy, x, w, rstd, N, C, 0.0f));
   assert_memory_equal(dx, dx_acc, NC * 4);
   assert_memory_equal(dw, dw_acc, C * 4);
   /* NULL: onto zeros */
   memset(dx_acc, 0, NC * 4);
-  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx_acc, dx_acc, dw_acc, dy, x, w, rstd, N, C));
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx_acc, dx_acc, dw_acc, dy, x, w, rstd, N, C, 0.0f));
   for (size_t i = 0; i < NC; i++)
     dx[i] = NAN;
-  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx, NULL, dw, dy, x, w, rstd, N, C));
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx, NULL, dw, dy, x, w, rstd, N, C, 0.0f));
   assert_memory_equal(dx, dx_acc, NC * 4);
   /* the gradient itself, in float64: dres + r (w dy - x r^2 mean(w dy x)) */
-  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx, res, dw, dy, x, w, rstd, N, C));
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx, res, dw, dy, x, w, rstd, N, C, 0.0f));
   for (int n = 0; n < N; n++) {
     double ss = 0, dot = 0;
     for (int j = 0; j < C; j++) {
@@ -486,9 +486,9 @@ static void test_swiglu_bwd_rebuild(void **state) {
     d[i] = 2 * urand(&st) - 1;
     a2[i] = NAN;
   }
-  TZ_ASSERT_OK(tz_compute_swiglu_fwd(cm, a, g, u, n));
-  TZ_ASSERT_OK(tz_compute_swiglu_bwd(cm, dg, du, NULL, d, g, u, n));
-  TZ_ASSERT_OK(tz_compute_swiglu_bwd(cm, dg2, du2, a2, d, g, u, n));
+  TZ_ASSERT_OK(tz_compute_glu_fwd(cm, TZ_GLU_SILU, a, g, u, n));
+  TZ_ASSERT_OK(tz_compute_glu_bwd(cm, TZ_GLU_SILU, dg, du, NULL, d, g, u, n));
+  TZ_ASSERT_OK(tz_compute_glu_bwd(cm, TZ_GLU_SILU, dg2, du2, a2, d, g, u, n));
   assert_memory_equal(a2, a, n * 4);
   assert_memory_equal(dg2, dg, n * 4);
   assert_memory_equal(du2, du, n * 4);
@@ -497,7 +497,7 @@ static void test_swiglu_bwd_rebuild(void **state) {
     assert_true(fabs(a2[i] - g[i] * sg * u[i]) < 1e-5 * (1 + fabs(g[i] * u[i])));
   }
   /* out may not alias the other tensors */
-  assert_int_equal(tz_compute_swiglu_bwd(cm, dg, du, du, d, g, u, n), TZ_EINVAL);
+  assert_int_equal(tz_compute_glu_bwd(cm, TZ_GLU_SILU, dg, du, du, d, g, u, n), TZ_EINVAL);
   free(g), free(u), free(d), free(a), free(a2), free(dg), free(du), free(dg2), free(du2);
   tz_compute_destroy(cm);
 }
@@ -603,7 +603,7 @@ static void test_bias_ops(void **state) {
   /* and the work the arguments imply: bytes each input read and output written once, flop */
   assert_true(times.bytes[TZ_OP_BIAS_ADD] == (2.0 * N * n + n) * 4);
   assert_true(times.bytes[TZ_OP_BIAS_GRAD] == (double)N * n * 4 + 2.0 * n * 4);
-  TZ_ASSERT_OK(tz_compute_swiglu_bwd(timed, y, y + n, x + n, x, b, b, (size_t)n));
+  TZ_ASSERT_OK(tz_compute_glu_bwd(timed, TZ_GLU_SILU, y, y + n, x + n, x, b, b, (size_t)n));
   assert_true(times.bytes[TZ_OP_SWIGLU_BWD] == 6.0 * n * 4);
   TZ_ASSERT_OK(tz_compute_matmul(timed, 0, 1, 2, 3, n, 1.0f, x, n, x, n, 1.0f, y, TZ_F32, 3));
   assert_true(times.flop[TZ_OP_MATMUL_NT] == 2.0 * 2 * 3 * n);
@@ -628,9 +628,9 @@ static void test_xent(void **state) {
   uint64_t st = 7;
   for (int i = 0; i < N * V; i++)
     lg[i] = (urand(&st) - 0.5f) * 20.0f;
-  TZ_ASSERT_OK(tz_compute_xent(cm, losses2, NULL, lg, tgt, N, V, 0.0f));
+  TZ_ASSERT_OK(tz_compute_xent(cm, losses2, NULL, lg, tgt, N, V, 0.0f, 0.0f));
   memcpy(dl, lg, sizeof(float) * N * V);
-  TZ_ASSERT_OK(tz_compute_xent(cm, losses, dl, dl, tgt, N, V, 0.25f)); /* in place */
+  TZ_ASSERT_OK(tz_compute_xent(cm, losses, dl, dl, tgt, N, V, 0.25f, 0.0f)); /* in place */
   assert_memory_equal(losses, losses2, sizeof losses);
   for (int n = 0; n < N; n++) {
     const float *r = lg + n * V;
@@ -650,10 +650,188 @@ static void test_xent(void **state) {
     assert_true(fabs(rowsum) < 1e-6);
   }
   tgt[3] = 1000;
-  assert_int_equal(tz_compute_xent(cm, losses, NULL, lg, tgt, N, V, 1.0f), TZ_EINVAL);
+  assert_int_equal(tz_compute_xent(cm, losses, NULL, lg, tgt, N, V, 1.0f, 0.0f), TZ_EINVAL);
   assert_non_null(strstr(tz_err_msg(), "index 3"));
   free(lg);
   free(dl);
+  tz_compute_destroy(cm);
+}
+
+/* The Gemma families' variants against float64 computed here: attention with a scale, a softcap
+ * and a sliding window (with packed documents too), forward and backward; the GeGLU's tanh gelu
+ * and its derivative; RMSNorm with its weight offset (1 + w), forward and backward; cross-entropy
+ * through a final softcap and tz_compute_softcap. */
+static double ref_score(const float *q, const float *k, int D, double scale, double cap,
+                        double *slope) {
+  double s = 0;
+  for (int d = 0; d < D; d++)
+    s += (double)q[d] * k[d];
+  s *= scale;
+  *slope = 1;
+  if (cap > 0) {
+    double th = tanh(s / cap);
+    *slope = 1 - th * th;
+    s = cap * th;
+  }
+  return s;
+}
+
+static void test_attention_variants(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  enum { B = 2, T = 11, H = 4, Hkv = 2, D = 8 };
+  const int nq = B * T * H * D, nk = B * T * Hkv * D;
+  float q[nq], k[nk], v[nk], o[nq], dout[nq], dq[nq], dk[nk], dv[nk], lse[B * H * T],
+      delta[B * H * T];
+  double rdq[nq], rdk[nk], rdv[nk];
+  uint64_t st = 21;
+  for (int i = 0; i < nq; i++)
+    q[i] = 4 * urand(&st) - 2, dout[i] = 2 * urand(&st) - 1;
+  for (int i = 0; i < nk; i++)
+    k[i] = 4 * urand(&st) - 2, v[i] = 2 * urand(&st) - 1;
+  int32_t pos[B * T];
+  for (int t = 0; t < T; t++) /* row 0 one document, row 1 two (the second from t = 6) */
+    pos[t] = t, pos[T + t] = t < 6 ? t : t - 6;
+  const struct tz_attn_opts cases[] = {
+      {0.3f, 0.0f, 0}, {0.0f, 2.5f, 0}, {0.0f, 0.0f, 3}, {0.2f, 1.5f, 4}, {0.0f, 0.0f, 1}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+    for (int packed = 0; packed < 2; packed++) {
+      const struct tz_attn_opts *a = &cases[c];
+      const int32_t *ps = packed ? pos : NULL;
+      TZ_ASSERT_OK(tz_compute_attention_fwd(cm, o, lse, q, k, v, B, T, H, Hkv, D, ps, a));
+      TZ_ASSERT_OK(tz_compute_attention_bwd(cm, dq, dk, dv, delta, dout, q, k, v, o, lse, B, T, H,
+                                            Hkv, D, ps, a));
+      double scale = a->scale > 0 ? a->scale : 1 / sqrt((double)D);
+      memset(rdq, 0, sizeof rdq), memset(rdk, 0, sizeof rdk), memset(rdv, 0, sizeof rdv);
+      for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+          for (int t = 0; t < T; t++) {
+            int hk = h / (H / Hkv), u0 = ps ? t - ps[b * T + t] : 0;
+            if (a->window > 0 && t - a->window + 1 > u0)
+              u0 = t - a->window + 1;
+            const float *qt = q + ((b * T + t) * H + h) * D, *dt = dout + ((b * T + t) * H + h) * D;
+            double z[T], sl[T], m = -INFINITY, sum = 0, out[D], dp[T], pdp = 0;
+            for (int u = u0; u <= t; u++) {
+              z[u] = ref_score(qt, k + ((b * T + u) * Hkv + hk) * D, D, scale, a->softcap, &sl[u]);
+              m = fmax(m, z[u]);
+            }
+            for (int u = u0; u <= t; u++)
+              sum += exp(z[u] - m);
+            assert_true(fabs(lse[(b * H + h) * T + t] - (m + log(sum))) < 1e-5);
+            for (int d = 0; d < D; d++)
+              out[d] = 0;
+            for (int u = u0; u <= t; u++) {
+              double p = exp(z[u] - m) / sum;
+              const float *vu = v + ((b * T + u) * Hkv + hk) * D;
+              dp[u] = 0;
+              for (int d = 0; d < D; d++) {
+                out[d] += p * vu[d];
+                dp[u] += (double)dt[d] * vu[d];
+                rdv[((b * T + u) * Hkv + hk) * D + d] += p * dt[d];
+              }
+              pdp += p * dp[u];
+            }
+            for (int d = 0; d < D; d++)
+              assert_true(fabs(o[((b * T + t) * H + h) * D + d] - out[d]) < 1e-5);
+            for (int u = u0; u <= t; u++) {
+              double p = exp(z[u] - m) / sum, ds = p * (dp[u] - pdp) * sl[u] * scale;
+              const float *ku = k + ((b * T + u) * Hkv + hk) * D;
+              for (int d = 0; d < D; d++) {
+                rdq[((b * T + t) * H + h) * D + d] += ds * ku[d];
+                rdk[((b * T + u) * Hkv + hk) * D + d] += ds * qt[d];
+              }
+            }
+          }
+      for (int i = 0; i < nq; i++)
+        assert_true(fabs(dq[i] - rdq[i]) < 1e-5);
+      for (int i = 0; i < nk; i++)
+        assert_true(fabs(dk[i] - rdk[i]) < 1e-5 && fabs(dv[i] - rdv[i]) < 1e-5);
+    }
+  /* a window of 0 and the defaults are Llama's attention: the bits of opt NULL */
+  float o2[nq];
+  struct tz_attn_opts zero = {0};
+  TZ_ASSERT_OK(tz_compute_attention_fwd(cm, o, lse, q, k, v, B, T, H, Hkv, D, NULL, NULL));
+  TZ_ASSERT_OK(tz_compute_attention_fwd(cm, o2, lse, q, k, v, B, T, H, Hkv, D, NULL, &zero));
+  assert_memory_equal(o, o2, sizeof o);
+  zero.window = -1;
+  assert_int_equal(tz_compute_attention_fwd(cm, o, lse, q, k, v, B, T, H, Hkv, D, NULL, &zero),
+                   TZ_EINVAL);
+  tz_compute_destroy(cm);
+}
+
+static void test_gemma_elementwise(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  enum { N = 3, C = 40, n = N * C };
+  float g[n], u[n], d[n], a[n], dg[n], du[n], x[n], w[C], y[n], dx[n], dw[C], rstd[N];
+  uint64_t st = 5;
+  for (int i = 0; i < n; i++)
+    g[i] = 10 * urand(&st) - 5, u[i] = 4 * urand(&st) - 2, d[i] = 2 * urand(&st) - 1,
+    x[i] = 4 * urand(&st) - 2;
+  for (int j = 0; j < C; j++)
+    w[j] = urand(&st) - 0.5f, dw[j] = 0;
+  /* GeGLU, tanh gelu: value and derivative (the derivative against central differences in
+   * double of the same formula) */
+  TZ_ASSERT_OK(tz_compute_glu_fwd(cm, TZ_GLU_GELU_TANH, a, g, u, n));
+  TZ_ASSERT_OK(tz_compute_glu_bwd(cm, TZ_GLU_GELU_TANH, dg, du, NULL, d, g, u, n));
+  for (int i = 0; i < n; i++) {
+    double G = g[i], k0 = sqrt(2 / M_PI);
+#define GELU(z) (0.5 * (z) * (1 + tanh(k0 * ((z) + 0.044715 * (z) * (z) * (z)))))
+    double gl = GELU(G), h = 1e-5, slope = (GELU(G + h) - GELU(G - h)) / (2 * h);
+#undef GELU
+    assert_true(fabs(a[i] - gl * u[i]) < 1e-5 * (1 + fabs(gl * u[i])));
+    assert_true(fabs(du[i] - d[i] * gl) < 1e-5);
+    assert_true(fabs(dg[i] - d[i] * u[i] * slope) < 1e-5);
+  }
+  /* RMSNorm with the weight offset: y = x rstd (1 + w); dx and dw by hand in double */
+  TZ_ASSERT_OK(tz_compute_rmsnorm_fwd(cm, y, rstd, x, w, N, C, 1e-6f, 1.0f));
+  TZ_ASSERT_OK(tz_compute_rmsnorm_bwd(cm, dx, NULL, dw, d, x, w, rstd, N, C, 1.0f));
+  double rdw[C] = {0};
+  for (int r = 0; r < N; r++) {
+    double ss = 0, dot = 0;
+    for (int j = 0; j < C; j++)
+      ss += (double)x[r * C + j] * x[r * C + j];
+    double rs = 1 / sqrt(ss / C + 1e-6);
+    for (int j = 0; j < C; j++) {
+      assert_true(fabs(y[r * C + j] - x[r * C + j] * rs * (1 + (double)w[j])) < 1e-5);
+      dot += (1 + (double)w[j]) * d[r * C + j] * x[r * C + j];
+      rdw[j] += d[r * C + j] * x[r * C + j] * rs;
+    }
+    for (int j = 0; j < C; j++) {
+      double want = rs * ((1 + (double)w[j]) * d[r * C + j] - x[r * C + j] * rs * rs * dot / C);
+      assert_true(fabs(dx[r * C + j] - want) < 1e-5);
+    }
+  }
+  for (int j = 0; j < C; j++)
+    assert_true(fabs(dw[j] - rdw[j]) < 1e-5);
+  assert_int_equal(tz_compute_rmsnorm_fwd(cm, y, rstd, x, w, N, C, 1e-6f, 2.0f), TZ_EINVAL);
+  /* Cross-entropy through the softcap, and the softcap alone */
+  enum { V = 300 };
+  float lg[V * 2], dl[V * 2], loss[2], capd[V * 2];
+  int32_t tgt[2] = {7, 299};
+  for (int i = 0; i < 2 * V; i++)
+    lg[i] = 80 * urand(&st) - 40;
+  const float cap = 30.0f;
+  TZ_ASSERT_OK(tz_compute_xent(cm, loss, dl, lg, tgt, 2, V, 0.5f, cap));
+  memcpy(capd, lg, sizeof lg);
+  TZ_ASSERT_OK(tz_compute_softcap(cm, capd, 2 * V, cap));
+  for (int r = 0; r < 2; r++) {
+    double z[V], m = -INFINITY, s = 0;
+    for (int j = 0; j < V; j++) {
+      z[j] = cap * tanh(lg[r * V + j] / (double)cap);
+      assert_true(fabs(capd[r * V + j] - z[j]) < 1e-5);
+      m = fmax(m, z[j]);
+    }
+    for (int j = 0; j < V; j++)
+      s += exp(z[j] - m);
+    double lse = m + log(s);
+    assert_true(fabs(loss[r] - (lse - z[tgt[r]])) < 1e-4);
+    for (int j = 0; j < V; j++) {
+      double th = z[j] / cap;
+      double want = (exp(z[j] - lse) - (j == tgt[r])) * 0.5 * (1 - th * th);
+      assert_true(fabs(dl[r * V + j] - want) < 1e-6);
+    }
+  }
   tz_compute_destroy(cm);
 }
 
@@ -688,9 +866,9 @@ static void test_packed_documents(void **state) {
   struct tz_rope rope = {.theta = 500.0};
   memcpy(rq, q, nq * 4);
   TZ_ASSERT_OK(tz_compute_rope_fwd(cm, rq, B, T, H, D, &rope, pos));
-  TZ_ASSERT_OK(tz_compute_attention_fwd(cm, out, lse, q, k, v, B, T, H, Hkv, D, pos));
+  TZ_ASSERT_OK(tz_compute_attention_fwd(cm, out, lse, q, k, v, B, T, H, Hkv, D, pos, NULL));
   TZ_ASSERT_OK(tz_compute_attention_bwd(cm, dq, dk, dv, delta, dout, q, k, v, out, lse, B, T, H,
-                                        Hkv, D, pos));
+                                        Hkv, D, pos, NULL));
   int n_docs = 0, differs_from_unpacked = 0;
   for (int b = 0; b < B; b++)
     for (int i = 0, t0 = 0; docs[b][i]; t0 += docs[b][i++]) {
@@ -703,10 +881,10 @@ static void test_packed_documents(void **state) {
       memcpy(r1, q + oq, aq * 4);
       TZ_ASSERT_OK(tz_compute_rope_fwd(cm, r1, 1, L, H, D, &rope, NULL));
       assert_memory_equal(r1, rq + oq, aq * 4);
-      TZ_ASSERT_OK(
-          tz_compute_attention_fwd(cm, o1, l1, q + oq, k + ok, v + ok, 1, L, H, Hkv, D, NULL));
+      TZ_ASSERT_OK(tz_compute_attention_fwd(cm, o1, l1, q + oq, k + ok, v + ok, 1, L, H, Hkv, D,
+                                            NULL, NULL));
       TZ_ASSERT_OK(tz_compute_attention_bwd(cm, dq1, dk1, dv1, d1, dout + oq, q + oq, k + ok,
-                                            v + ok, o1, l1, 1, L, H, Hkv, D, NULL));
+                                            v + ok, o1, l1, 1, L, H, Hkv, D, NULL, NULL));
       assert_memory_equal(o1, out + oq, aq * 4);
       assert_memory_equal(dq1, dq + oq, aq * 4);
       assert_memory_equal(dk1, dk + ok, ak * 4);
@@ -721,12 +899,13 @@ static void test_packed_documents(void **state) {
   assert_true(differs_from_unpacked == 3);
   /* Without pos the same rows are one document each: another output where documents follow. */
   float *o2 = malloc(nq * 4);
-  TZ_ASSERT_OK(tz_compute_attention_fwd(cm, o2, lse, q, k, v, B, T, H, Hkv, D, NULL));
+  TZ_ASSERT_OK(tz_compute_attention_fwd(cm, o2, lse, q, k, v, B, T, H, Hkv, D, NULL, NULL));
   assert_memory_not_equal(o2 + 5 * H * D, out + 5 * H * D, (size_t)H * D * 4);
   assert_memory_equal(o2, out, (size_t)5 * H * D * 4); /* the first document is the same */
   /* Broken positions: a row not starting at 0, a jump. */
   pos[T + 7] = 3;
-  assert_int_equal(tz_compute_attention_fwd(cm, o2, lse, q, k, v, B, T, H, Hkv, D, pos), TZ_EINVAL);
+  assert_int_equal(tz_compute_attention_fwd(cm, o2, lse, q, k, v, B, T, H, Hkv, D, pos, NULL),
+                   TZ_EINVAL);
   assert_non_null(strstr(tz_err_msg(), "row 1 token 7"));
   pos[T + 7] = 7;
   pos[0] = 1;
@@ -749,10 +928,10 @@ static void test_xent_ignore(void **state) {
   uint64_t st = 5;
   for (int i = 0; i < N * V; i++)
     lg[i] = 4 * urand(&st) - 2;
-  TZ_ASSERT_OK(tz_compute_xent(cm, loss, dl, lg, tgt, N, V, 0.5f));
+  TZ_ASSERT_OK(tz_compute_xent(cm, loss, dl, lg, tgt, N, V, 0.5f, 0.0f));
   memcpy(tgt2, tgt, sizeof tgt);
   tgt2[1] = tgt2[4] = TZ_TARGET_IGNORE;
-  TZ_ASSERT_OK(tz_compute_xent(cm, loss2, dl2, lg, tgt2, N, V, 0.5f));
+  TZ_ASSERT_OK(tz_compute_xent(cm, loss2, dl2, lg, tgt2, N, V, 0.5f, 0.0f));
   for (int n = 0; n < N; n++) {
     if (tgt2[n] == TZ_TARGET_IGNORE) {
       assert_true(loss2[n] == 0.0f && loss[n] > 0.0f);
@@ -764,7 +943,7 @@ static void test_xent_ignore(void **state) {
     }
   }
   tgt2[2] = -2;
-  assert_int_equal(tz_compute_xent(cm, loss2, NULL, lg, tgt2, N, V, 1.0f), TZ_EINVAL);
+  assert_int_equal(tz_compute_xent(cm, loss2, NULL, lg, tgt2, N, V, 1.0f, 0.0f), TZ_EINVAL);
   assert_non_null(strstr(tz_err_msg(), "index 2"));
   tz_compute_destroy(cm);
 }
@@ -830,6 +1009,8 @@ int main(void) {
       cmocka_unit_test(test_rope_inverse),
       cmocka_unit_test(test_bias_ops),
       cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_attention_variants),
+      cmocka_unit_test(test_gemma_elementwise),
       cmocka_unit_test(test_xent_ignore),
       cmocka_unit_test(test_packed_documents),
       cmocka_unit_test(test_adam_op),

@@ -402,7 +402,7 @@ static void test_basics(void **state) {
   TZ_ASSERT_OK(tz_compute_sync(e.gpu));
   float *losses;
   TZ_ASSERT_OK(tz_compute_alloc(e.gpu, 3 * sizeof(float), (void **)&losses));
-  TZ_ASSERT_OK(tz_compute_xent(e.gpu, losses, NULL, wte, dtok, 3, 10, 1.0f));
+  TZ_ASSERT_OK(tz_compute_xent(e.gpu, losses, NULL, wte, dtok, 3, 10, 1.0f, 0.0f));
   assert_int_equal(tz_compute_sync(e.gpu), TZ_EINVAL);
   assert_non_null(strstr(tz_err_msg(), "target"));
   TZ_ASSERT_OK(tz_compute_sync(e.gpu));
@@ -794,10 +794,11 @@ static int rms_launch(tz_compute *cm, int gpu, void *p) {
                        : a->res == RES_OTHER ? SIDE(a->dres, gpu)
                                              : NULL;
     return tz_compute_rmsnorm_bwd(cm, SIDE(a->dx, gpu), dres, SIDE(a->dw, gpu), SIDE(a->dout, gpu),
-                                  SIDE(a->x, gpu), SIDE(a->w, gpu), SIDE(a->rstd, gpu), a->N, a->C);
+                                  SIDE(a->x, gpu), SIDE(a->w, gpu), SIDE(a->rstd, gpu), a->N, a->C,
+                                  0.0f);
   }
   return tz_compute_rmsnorm_fwd(cm, SIDE(a->out, gpu), SIDE(a->rstd, gpu), SIDE(a->x, gpu),
-                                SIDE(a->w, gpu), a->N, a->C, 1e-5f);
+                                SIDE(a->w, gpu), a->N, a->C, 1e-5f, 0.0f);
 }
 
 static int rmsnorm_case(struct env *e, int N, int C, int negative) {
@@ -1134,10 +1135,10 @@ static int attn_launch(tz_compute *cm, int gpu, void *p) {
     return tz_compute_attention_bwd(
         cm, SIDE(a->dq, gpu), SIDE(a->dk, gpu), SIDE(a->dv, gpu), SIDE(a->delta, gpu),
         SIDE(a->dout, gpu), SIDE(a->q, gpu), SIDE(a->k, gpu), SIDE(a->v, gpu), SIDE(a->out, gpu),
-        SIDE(a->lse, gpu), a->B, a->T, a->H, a->Hkv, a->D, a->pos ? SIDE(a->pos, gpu) : NULL);
+        SIDE(a->lse, gpu), a->B, a->T, a->H, a->Hkv, a->D, a->pos ? SIDE(a->pos, gpu) : NULL, NULL);
   return tz_compute_attention_fwd(cm, SIDE(a->out, gpu), SIDE(a->lse, gpu), SIDE(a->q, gpu),
                                   SIDE(a->k, gpu), SIDE(a->v, gpu), a->B, a->T, a->H, a->Hkv, a->D,
-                                  a->pos ? SIDE(a->pos, gpu) : NULL);
+                                  a->pos ? SIDE(a->pos, gpu) : NULL, NULL);
 }
 
 /* Whether the cuda instance runs this shape on tensor cores (attention_mma.cu: 16-bit storage,
@@ -1492,7 +1493,7 @@ static void test_attention_onepass_tiles(void **state) {
         buf_poison(&lse, &e0);
         TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
         TZ_ASSERT_OK(tz_compute_attention_fwd(es[i]->gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv,
-                                              D, NULL));
+                                              D, NULL, NULL));
         TZ_ASSERT_OK(tz_compute_sync(es[i]->gpu));
         got[i][0] = buf_get_gpu(&out, &e0);
         got[i][1] = buf_get_gpu(&lse, &e0);
@@ -1553,7 +1554,7 @@ static void test_attention_onepass_fallback(void **state) {
     free(x);
   }
   TZ_ASSERT_OK(
-      tz_compute_attention_fwd(e0.gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D, NULL));
+      tz_compute_attention_fwd(e0.gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D, NULL, NULL));
   TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
   /* the backward on the two-pass instance, on e1 with the memory free, on e2 with it taken */
   float *got[3][3];
@@ -1578,7 +1579,7 @@ static void test_attention_onepass_fallback(void **state) {
       buf_poison(grads[i], &e0);
     TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
     TZ_ASSERT_OK(tz_compute_attention_bwd(runs[r]->gpu, dq.g, dk.g, dv.g, delta.g, dout.g, q.g, k.g,
-                                          v.g, out.g, lse.g, B, T, H, Hkv, D, NULL));
+                                          v.g, out.g, lse.g, B, T, H, Hkv, D, NULL, NULL));
     TZ_ASSERT_OK(tz_compute_sync(runs[r]->gpu));
     for (int i = 0; i < 3; i++)
       got[r][i] = buf_get_gpu(grads[i], &e0);
@@ -1622,10 +1623,11 @@ struct swiglu_args {
 static int swiglu_launch(tz_compute *cm, int gpu, void *p) {
   struct swiglu_args *a = p;
   if (a->bwd)
-    return tz_compute_swiglu_bwd(cm, SIDE(a->dg, gpu), SIDE(a->du, gpu),
-                                 a->rebuild ? SIDE(a->out, gpu) : NULL, SIDE(a->dout, gpu),
-                                 SIDE(a->g, gpu), SIDE(a->u, gpu), a->n);
-  return tz_compute_swiglu_fwd(cm, SIDE(a->out, gpu), SIDE(a->g, gpu), SIDE(a->u, gpu), a->n);
+    return tz_compute_glu_bwd(cm, TZ_GLU_SILU, SIDE(a->dg, gpu), SIDE(a->du, gpu),
+                              a->rebuild ? SIDE(a->out, gpu) : NULL, SIDE(a->dout, gpu),
+                              SIDE(a->g, gpu), SIDE(a->u, gpu), a->n);
+  return tz_compute_glu_fwd(cm, TZ_GLU_SILU, SIDE(a->out, gpu), SIDE(a->g, gpu), SIDE(a->u, gpu),
+                            a->n);
 }
 
 static void test_swiglu(void **state) {
@@ -1715,10 +1717,10 @@ static int sh_axpy(tz_compute *cm, void *const *t, const struct shifted_op *op) 
   return tz_compute_axpy(cm, op->dt[0], t[1], -0.7f, t[0], op->n[0]);
 }
 static int sh_swiglu_fwd(tz_compute *cm, void *const *t, const struct shifted_op *op) {
-  return tz_compute_swiglu_fwd(cm, t[2], t[0], t[1], op->n[0]);
+  return tz_compute_glu_fwd(cm, TZ_GLU_SILU, t[2], t[0], t[1], op->n[0]);
 }
 static int sh_swiglu_bwd(tz_compute *cm, void *const *t, const struct shifted_op *op) {
-  return tz_compute_swiglu_bwd(cm, t[3], t[4], t[5], t[0], t[1], t[2], op->n[0]);
+  return tz_compute_glu_bwd(cm, TZ_GLU_SILU, t[3], t[4], t[5], t[0], t[1], t[2], op->n[0]);
 }
 static int sh_rope(tz_compute *cm, void *const *t, const struct shifted_op *op) {
   struct tz_rope r = {.theta = 10000.0, .type = TZ_ROPE_DEFAULT};
@@ -1727,8 +1729,8 @@ static int sh_rope(tz_compute *cm, void *const *t, const struct shifted_op *op) 
 /* t: x, w, dout, dres, out, rstd, dx, dw */
 static int sh_rmsnorm(tz_compute *cm, void *const *t, const struct shifted_op *op) {
   int N = op->B, C = op->D;
-  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, t[4], t[5], t[0], t[1], N, C, 1e-5f));
-  return tz_compute_rmsnorm_bwd(cm, t[6], t[3], t[7], t[2], t[0], t[1], t[5], N, C);
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, t[4], t[5], t[0], t[1], N, C, 1e-5f, 0.0f));
+  return tz_compute_rmsnorm_bwd(cm, t[6], t[3], t[7], t[2], t[0], t[1], t[5], N, C, 0.0f);
 }
 
 static void shifted_case(struct env *e, const struct shifted_op *op) {
@@ -1815,7 +1817,7 @@ struct xent_args {
 static int xent_launch(tz_compute *cm, int gpu, void *p) {
   struct xent_args *a = p;
   return tz_compute_xent(cm, SIDE(a->losses, gpu), a->dlogits ? SIDE(a->dlogits, gpu) : NULL,
-                         SIDE(a->logits, gpu), SIDE(a->tgt, gpu), a->N, a->V, a->dscale);
+                         SIDE(a->logits, gpu), SIDE(a->tgt, gpu), a->N, a->V, a->dscale, 0.0f);
 }
 
 static void test_xent(void **state) {

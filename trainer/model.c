@@ -595,7 +595,7 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const voi
   int post = cfg->norm_place == TZ_NORM_POST;
   const void *h1 = post ? x_in : a->h1;
   if (!post)
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps, 0.0f));
   /* As transformers' Qwen2, Qwen3 and OLMo 2: the projection and its bias, then the q/k norm,
    * then RoPE. With a norm the projection stays in q_pre / k_pre for the norm's backward. */
   void *qp = cfg->qk_norm ? a->q_pre : a->q, *kp = cfg->qk_norm ? a->k_pre : a->k;
@@ -611,15 +611,17 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const voi
     int rq, wq, rk, wk;
     qk_norm_shape(cfg, N, H, &rq, &wq);
     qk_norm_shape(cfg, N, Hkv, &rk, &wk);
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->q, a->rstd_q, qp, P(TZ_L_QNORM), rq, wq, eps));
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->k, a->rstd_k, kp, P(TZ_L_KNORM), rk, wk, eps));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->q, a->rstd_q, qp, P(TZ_L_QNORM), rq, wq, eps, 0.0f));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->k, a->rstd_k, kp, P(TZ_L_KNORM), rk, wk, eps, 0.0f));
   }
   TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, &rope, pos));
   TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, &rope, pos));
-  TZ_CHECK(tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D, pos));
+  TZ_CHECK(
+      tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D, pos, NULL));
   if (post) { /* x2 = x_in + norm(att wo^T), each rounded as transformers' OLMo 2 rounds them */
     TZ_CHECK(linear_fwd(cm, a->o, a->att, P(TZ_L_WO), N, HD, C));
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->x2, a->rstd_o, a->o, P(TZ_L_ATTN_POST_NORM), N, C, eps));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->x2, a->rstd_o, a->o, P(TZ_L_ATTN_POST_NORM), N, C, eps,
+                                    0.0f));
     TZ_CHECK(tz_compute_add(cm, S, a->x2, x_in, a->x2, (size_t)N * C));
   } else { /* x2 = x_in + att wo^T, the residual added in the projection's rounding */
     TZ_CHECK(linear_res_fwd(cm, a->x2, a->att, P(TZ_L_WO), x_in, N, HD, C));
@@ -641,13 +643,14 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
   int post = cfg->norm_place == TZ_NORM_POST;
   const void *h2 = post ? a->x2 : a->h2;
   if (!post)
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps, 0.0f));
   TZ_CHECK(linear_fwd(cm, a->g, h2, P(TZ_L_WG), N, C, F));
   TZ_CHECK(linear_fwd(cm, a->u, h2, P(TZ_L_WU), N, C, F));
-  TZ_CHECK(tz_compute_swiglu_fwd(cm, a->a, a->g, a->u, (size_t)N * F));
+  TZ_CHECK(tz_compute_glu_fwd(cm, TZ_GLU_SILU, a->a, a->g, a->u, (size_t)N * F));
   if (post) {
     TZ_CHECK(linear_fwd(cm, a->m, a->a, P(TZ_L_WD), N, F, C));
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, x_out, a->rstd_m, a->m, P(TZ_L_MLP_POST_NORM), N, C, eps));
+    TZ_CHECK(
+        tz_compute_rmsnorm_fwd(cm, x_out, a->rstd_m, a->m, P(TZ_L_MLP_POST_NORM), N, C, eps, 0.0f));
     TZ_CHECK(tz_compute_add(cm, S, x_out, a->x2, x_out, (size_t)N * C));
   } else {
     TZ_CHECK(linear_res_fwd(cm, x_out, a->a, P(TZ_L_WD), a->x2, N, F, C));
@@ -691,7 +694,7 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   if (recompute & TZ_PART_ATTN)
     TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T, pos));
   else if (!post) /* kept: what is not kept is rebuilt (acts_layout) */
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps, 0.0f));
   /* The SwiGLU's output a, which the down projection's weight gradient reads: recomputed with
    * the MLP, else rebuilt by the SwiGLU's backward in the same pass (a_rebuilt). */
   void *a_rebuilt = NULL;
@@ -699,7 +702,8 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
     TZ_CHECK(mlp_fwd(cm, cfg, params, a, s->dh, B, T));
   } else {
     if (!post)
-      TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps));
+      TZ_CHECK(
+          tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps, 0.0f));
     a_rebuilt = a->a;
   }
   const void *h1 = post ? x_in : a->h1, *h2 = post ? a->x2 : a->h2;
@@ -710,11 +714,12 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   const void *dm = dx_out;
   if (post) {
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_MLP_POST_NORM), dx_out, a->m,
-                                    P(TZ_L_MLP_POST_NORM), a->rstd_m, N, C));
+                                    P(TZ_L_MLP_POST_NORM), a->rstd_m, N, C, 0.0f));
     dm = s->dh;
   }
   TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dm, P(TZ_L_WD), N, F, C));
-  TZ_CHECK(tz_compute_swiglu_bwd(cm, s->dg, s->du, a_rebuilt, s->da, a->g, a->u, (size_t)N * F));
+  TZ_CHECK(tz_compute_glu_bwd(cm, TZ_GLU_SILU, s->dg, s->du, a_rebuilt, s->da, a->g, a->u,
+                              (size_t)N * F));
   TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dm, a->a, N, F, C));
   TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WG), s->dg, h2, P(TZ_L_WG), N, C, F));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WU), s->du, h2, P(TZ_L_WU), N, C, F));
@@ -724,18 +729,18 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
     TZ_CHECK(tz_compute_add(cm, S, dx_in, dx_out, s->dh, (size_t)N * C));
   else
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_out, GR(TZ_L_MLP_NORM), s->dh, a->x2,
-                                    P(TZ_L_MLP_NORM), a->rstd2, N, C));
+                                    P(TZ_L_MLP_NORM), a->rstd2, N, C, 0.0f));
   /* Attention: x2 = x_in + att wo^T; dx_in holds the gradient at x2 now. With the norm on the
    * output, its gradient at o goes to dh (free until the q, k and v backward write it). */
   const void *dout_o = dx_in;
   if (post) {
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_ATTN_POST_NORM), dx_in, a->o,
-                                    P(TZ_L_ATTN_POST_NORM), a->rstd_o, N, C));
+                                    P(TZ_L_ATTN_POST_NORM), a->rstd_o, N, C, 0.0f));
     dout_o = s->dh;
   }
   TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dout_o, a->att, P(TZ_L_WO), N, HD, C));
   TZ_CHECK(tz_compute_attention_bwd(cm, s->dq, s->dk, s->dv, s->delta, s->datt, a->q, a->k, a->v,
-                                    a->att, a->lse, B, T, H, Hkv, D, pos));
+                                    a->att, a->lse, B, T, H, Hkv, D, pos, NULL));
   TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, &rope, pos));
   TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, &rope, pos));
   /* dqp, dkp: the gradients at the biased projections. Through the norms they go to buffers
@@ -749,9 +754,9 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
     qk_norm_shape(cfg, N, H, &rq, &wq);
     qk_norm_shape(cfg, N, Hkv, &rk, &wk);
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dqp, NULL, GR(TZ_L_QNORM), s->dq, a->q_pre, P(TZ_L_QNORM),
-                                    a->rstd_q, rq, wq));
+                                    a->rstd_q, rq, wq, 0.0f));
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dkp, NULL, GR(TZ_L_KNORM), s->dk, a->k_pre, P(TZ_L_KNORM),
-                                    a->rstd_k, rk, wk));
+                                    a->rstd_k, rk, wk, 0.0f));
   }
   if (cfg->qkv_bias) {
     TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BQ), dqp, N, HD));
@@ -765,7 +770,7 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
     TZ_CHECK(tz_compute_add(cm, S, dx_in, dx_in, s->dh, (size_t)N * C));
   else
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in,
-                                    P(TZ_L_ATTN_NORM), a->rstd1, N, C));
+                                    P(TZ_L_ATTN_NORM), a->rstd1, N, C, 0.0f));
 #undef P
 #undef GR
   return 0;
@@ -799,20 +804,20 @@ int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void 
   const void *W;
   void *dW;
   head_weights(cm, cfg, head, embed, head_grad, embed_grad, &W, &dW);
-  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps));
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps, 0.0f));
   int rows = tz_model_head_rows(cfg, N);
   for (int r0 = 0; r0 < N; r0 += rows) {
     int nr = N - r0 < rows ? N - r0 : rows;
     const void *h = at(s->h, (uint64_t)r0 * C, S);
     TZ_CHECK(linear_fwd(cm, s->logits, h, W, nr, C, V));
     TZ_CHECK(tz_compute_xent(cm, s->losses + r0, bwd ? s->logits : NULL, s->logits, targets + r0,
-                             nr, V, dscale));
+                             nr, V, dscale, 0.0f));
     if (bwd)
       TZ_CHECK(linear_bwd(cm, at(s->dh, (uint64_t)r0 * C, S), 0, dW, s->logits, h, W, nr, C, V));
   }
   TZ_CHECK(tz_compute_sum(cm, s->loss, TZ_F32, s->losses, (size_t)N, 0));
   if (bwd) {
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx, NULL, head_grad, s->dh, x, head, s->rstd, N, C));
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx, NULL, head_grad, s->dh, x, head, s->rstd, N, C, 0.0f));
   }
   return 0;
 }
@@ -825,7 +830,7 @@ int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, cons
   const void *W;
   void *dW;
   head_weights(cm, cfg, head, embed, NULL, NULL, &W, &dW);
-  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps));
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps, 0.0f));
   return linear_fwd(cm, logits, s->h, W, N, C, V);
 }
 

@@ -369,7 +369,7 @@ static int cpu_embedding_bwd(void *ctx, void *dwte, const void *dout, const int3
 /* ---- rmsnorm ---- */
 
 static int cpu_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const void *w, int N,
-                           int C, float eps) {
+                           int C, float eps, float off) {
   struct cpu *c = ctx;
   float *o = out;
   const float *xf = x, *wf = w;
@@ -383,29 +383,30 @@ static int cpu_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, con
     rstd[n] = r;
     float *orow = o + (size_t)n * C;
     for (int j = 0; j < C; j++)
-      orow[j] = (xr[j] * r) * wf[j];
+      orow[j] = (xr[j] * r) * (off + wf[j]);
   }
   return 0;
 }
 
 static int cpu_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
-                           const void *x, const void *w, const float *rstd, int N, int C) {
+                           const void *x, const void *w, const float *rstd, int N, int C,
+                           float off) {
   struct cpu *c = ctx;
   float *dxf = dx, *dwf = dw;
   const float *dy = dout, *xf = x, *wf = w, *dr = dres;
-  /* dx_j = dres_j + r * (w_j dy_j - x_j r^2 mean_i(w_i dy_i x_i)) */
+  /* dx_j = dres_j + r * (w_j dy_j - x_j r^2 mean_i(w_i dy_i x_i)), w_j the offset weight */
 #pragma omp parallel for num_threads(c->nt) schedule(static)
   for (int n = 0; n < N; n++) {
     const float *dyr = dy + (size_t)n * C, *xr = xf + (size_t)n * C;
     float r = rstd[n];
     float dot = 0.0f;
     for (int j = 0; j < C; j++)
-      dot += (wf[j] * dyr[j]) * xr[j];
+      dot += ((off + wf[j]) * dyr[j]) * xr[j];
     float k = (r * r) * (dot / (float)C);
     float *dxr = dxf + (size_t)n * C;
     const float *drr = dr ? dr + (size_t)n * C : NULL;
     for (int j = 0; j < C; j++)
-      dxr[j] = (drr ? drr[j] : 0.0f) + r * (wf[j] * dyr[j] - xr[j] * k);
+      dxr[j] = (drr ? drr[j] : 0.0f) + r * ((off + wf[j]) * dyr[j] - xr[j] * k);
   }
   int nb = (C + COL_BLOCK - 1) / COL_BLOCK;
 #pragma omp parallel for num_threads(c->nt) schedule(static)
@@ -523,9 +524,31 @@ static float dotf(const float *a, const float *b, int n) {
   return s;
 }
 
+/* The attention's score of q and k (compute.h, struct tz_attn_opts): the product times scale, soft-
+ * capped when cap > 0; *slope (unless NULL) receives d score / d (q . k scale), 1 - tanh^2. */
+static float attn_score(const float *q, const float *k, int D, float scale, float cap,
+                        float *slope) {
+  float s = dotf(q, k, D) * scale;
+  if (cap > 0.0f) {
+    float th = tanhf(s / cap);
+    s = cap * th;
+    if (slope)
+      *slope = 1.0f - th * th;
+  } else if (slope) {
+    *slope = 1.0f;
+  }
+  return s;
+}
+
+/* The first key query t of row b scores: its document's first, or the window's. */
+static int attn_first_key(const int32_t *pos, int b, int T, int t, int window) {
+  int u0 = pos ? t - pos[(size_t)b * T + t] : 0;
+  return window > 0 && t - window + 1 > u0 ? t - window + 1 : u0;
+}
+
 static int cpu_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
-                             const void *v, int B, int T, int H, int Hkv, int D,
-                             const int32_t *pos) {
+                             const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                             const struct tz_attn_opts *opt) {
   struct cpu *c = ctx;
   TZ_CHECK(check_pos("attention_fwd", pos, B, T));
   float *scratch = malloc((size_t)c->nt * T * sizeof *scratch);
@@ -534,7 +557,7 @@ static int cpu_attention_fwd(void *ctx, void *out, float *lse, const void *q, co
   const float *qf = q, *kf = k, *vf = v;
   float *of = out;
   int group = H / Hkv;
-  float scale = 1.0f / sqrtf((float)D);
+  float scale = opt->scale > 0.0f ? opt->scale : 1.0f / sqrtf((float)D), cap = opt->softcap;
   /* One row of scores (b, h, t) per iteration; the (T,T) matrix is never formed. */
 #pragma omp parallel for num_threads(c->nt) schedule(dynamic, 16) collapse(3)
   for (int b = 0; b < B; b++)
@@ -542,11 +565,11 @@ static int cpu_attention_fwd(void *ctx, void *out, float *lse, const void *q, co
       for (int t = 0; t < T; t++) {
         float *s = scratch + (size_t)omp_get_thread_num() * T;
         int hk = h / group;
-        int u0 = pos ? t - pos[(size_t)b * T + t] : 0; /* the first key of t's document */
+        int u0 = attn_first_key(pos, b, T, t, opt->window);
         const float *qt = qf + (((size_t)b * T + t) * H + h) * D;
         float m = -INFINITY;
         for (int u = u0; u <= t; u++) {
-          s[u] = dotf(qt, kf + (((size_t)b * T + u) * Hkv + hk) * D, D) * scale;
+          s[u] = attn_score(qt, kf + (((size_t)b * T + u) * Hkv + hk) * D, D, scale, cap, NULL);
           if (s[u] > m)
             m = s[u];
         }
@@ -574,13 +597,13 @@ static int cpu_attention_fwd(void *ctx, void *out, float *lse, const void *q, co
 static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
                              const void *dout, const void *q, const void *k, const void *v,
                              const void *out, const float *lse, int B, int T, int H, int Hkv, int D,
-                             const int32_t *pos) {
+                             const int32_t *pos, const struct tz_attn_opts *opt) {
   struct cpu *c = ctx;
   TZ_CHECK(check_pos("attention_bwd", pos, B, T));
   const float *qf = q, *kf = k, *vf = v, *of = out, *dof = dout;
   float *dqf = dq, *dkf = dk, *dvf = dv;
-  int group = H / Hkv;
-  float scale = 1.0f / sqrtf((float)D);
+  int group = H / Hkv, window = opt->window;
+  float scale = opt->scale > 0.0f ? opt->scale : 1.0f / sqrtf((float)D), cap = opt->softcap;
 #define Q_AT(b, t, h) (qf + (((size_t)(b)*T + (t)) * H + (h)) * D)
 #define DO_AT(b, t, h) (dof + (((size_t)(b)*T + (t)) * H + (h)) * D)
 #define K_AT(b, t, h) (kf + (((size_t)(b)*T + (t)) * Hkv + (h)) * D)
@@ -589,7 +612,9 @@ static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *del
    * ds = p (dp - delta_t); dq_t = scale sum_u ds k_u, dk_u = scale sum_{h,t} ds q_t and
    * dv_u = sum_{h,t} p dout_t. Pass 1 owns query rows, pass 2 owns key rows, and each recomputes
    * p and ds, so no thread ever adds into another's output. With pos, query t reads the keys
-   * [t - pos_t, t] of its document, and key u is read by the queries [u, end of u's document). */
+   * [t - pos_t, t] of its document, and key u is read by the queries [u, end of u's document);
+   * with a window, the keys and queries less than window apart. Softcapped, ds goes back through
+   * the cap's slope before the product's scale. */
 #pragma omp parallel for num_threads(c->nt) schedule(dynamic, 16) collapse(3)
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
@@ -602,11 +627,12 @@ static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *del
         float *dqt = dqf + (((size_t)b * T + t) * H + h) * D;
         for (int d = 0; d < D; d++)
           dqt[d] = 0.0f;
-        for (int u = pos ? t - pos[(size_t)b * T + t] : 0; u <= t; u++) {
+        for (int u = attn_first_key(pos, b, T, t, window); u <= t; u++) {
           const float *ku = K_AT(b, u, hk);
-          float p = expf(dotf(qt, ku, D) * scale - l);
+          float slope;
+          float p = expf(attn_score(qt, ku, D, scale, cap, &slope) - l);
           float ds = p * (dotf(dot_, V_AT(b, u, hk), D) - dl);
-          float w = ds * scale;
+          float w = (ds * slope) * scale;
           for (int d = 0; d < D; d++)
             dqt[d] += w * ku[d];
         }
@@ -624,14 +650,17 @@ static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *del
         if (pos)
           for (end = u + 1; end < T && pos[(size_t)b * T + end] != 0; end++)
             ;
+        if (window > 0 && end > u + window)
+          end = u + window;
         for (int h = hk * group; h < (hk + 1) * group; h++)
           for (int t = u; t < end; t++) {
             const float *qt = Q_AT(b, t, h), *dot_ = DO_AT(b, t, h);
             float l = lse[((size_t)b * H + h) * T + t];
             float dl = delta[((size_t)b * H + h) * T + t];
-            float p = expf(dotf(qt, ku, D) * scale - l);
+            float slope;
+            float p = expf(attn_score(qt, ku, D, scale, cap, &slope) - l);
             float ds = p * (dotf(dot_, vu, D) - dl);
-            float w = ds * scale;
+            float w = (ds * slope) * scale;
             for (int d = 0; d < D; d++) {
               dku[d] += w * qt[d];
               dvu[d] += p * dot_[d];
@@ -645,43 +674,61 @@ static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *del
   return 0;
 }
 
-/* ---- swiglu ---- */
+/* ---- gated activations ---- */
 
-static int cpu_swiglu_fwd(void *ctx, void *out, const void *g, const void *u, size_t n) {
+/* act(g) and, unless NULL, act'(g): silu, or gelu with tanh (compute.h, enum tz_glu). */
+static float glu_act(enum tz_glu act, float g, float *slope) {
+  if (act == TZ_GLU_GELU_TANH) {
+    const float k0 = 0.7978845608028654f, k1 = 0.044715f; /* sqrt(2/pi) */
+    float inner = k0 * (g + k1 * (g * g * g));
+    float th = tanhf(inner);
+    if (slope)
+      *slope = 0.5f * (1.0f + th) +
+               (0.5f * g) * ((1.0f - th * th) * (k0 * (1.0f + 3.0f * k1 * (g * g))));
+    return (0.5f * g) * (1.0f + th);
+  }
+  float sig = 1.0f / (1.0f + expf(-g));
+  if (slope) /* silu'(g) = sig (1 + g (1 - sig)) */
+    *slope = sig * (1.0f + g * (1.0f - sig));
+  return g / (1.0f + expf(-g));
+}
+
+static int cpu_glu_fwd(void *ctx, enum tz_glu act, void *out, const void *g, const void *u,
+                       size_t n) {
   struct cpu *c = ctx;
   float *o = out;
   const float *gf = g, *uf = u;
 #pragma omp parallel for num_threads(c->nt) schedule(static)
-  for (size_t i = 0; i < n; i++) {
-    float gi = gf[i];
-    o[i] = (gi / (1.0f + expf(-gi))) * uf[i];
-  }
+  for (size_t i = 0; i < n; i++)
+    o[i] = glu_act(act, gf[i], NULL) * uf[i];
   return 0;
 }
 
-static int cpu_swiglu_bwd(void *ctx, void *dg, void *du, void *out, const void *dout, const void *g,
-                          const void *u, size_t n) {
+static int cpu_glu_bwd(void *ctx, enum tz_glu act, void *dg, void *du, void *out, const void *dout,
+                       const void *g, const void *u, size_t n) {
   struct cpu *c = ctx;
   float *dgf = dg, *duf = du, *o = out;
   const float *dy = dout, *gf = g, *uf = u;
-  /* silu'(g) = sig (1 + g (1 - sig)) */
 #pragma omp parallel for num_threads(c->nt) schedule(static)
   for (size_t i = 0; i < n; i++) {
-    float gi = gf[i], ui = uf[i], d = dy[i];
-    float sig = 1.0f / (1.0f + expf(-gi));
-    float silu = gi * sig;
-    if (o) /* swiglu_fwd's expression, for its bits */
-      o[i] = (gi / (1.0f + expf(-gi))) * ui;
-    dgf[i] = (d * ui) * (sig * (1.0f + gi * (1.0f - sig)));
-    duf[i] = d * silu;
+    float gi = gf[i], ui = uf[i], d = dy[i], slope;
+    float a = glu_act(act, gi, &slope);
+    if (o) /* glu_fwd's expression, for its bits */
+      o[i] = a * ui;
+    dgf[i] = (d * ui) * slope;
+    /* silu: g sig, as before the op took an activation (its bits) */
+    duf[i] = d * (act == TZ_GLU_SILU ? gi * (1.0f / (1.0f + expf(-gi))) : a);
   }
   return 0;
 }
 
 /* ---- cross-entropy ---- */
 
+/* A logit through the softcap (compute.h, tz_compute_xent); cap 0: itself. */
+static float capped(float l, float cap) { return cap > 0.0f ? cap * tanhf(l / cap) : l; }
+
 static int cpu_xent(void *ctx, float *losses, void *dlogits, const void *logits,
-                    const int32_t *targets, int N, int V, float dscale) {
+                    const int32_t *targets, int N, int V, float dscale, float cap) {
   struct cpu *c = ctx;
   for (int n = 0; n < N; n++)
     if (targets[n] != TZ_TARGET_IGNORE && (targets[n] < 0 || targets[n] >= V))
@@ -702,21 +749,36 @@ static int cpu_xent(void *ctx, float *losses, void *dlogits, const void *logits,
     const float *row = lf + (size_t)n * V;
     float m = -INFINITY;
     for (int j = 0; j < V; j++)
-      if (row[j] > m)
-        m = row[j];
+      if (capped(row[j], cap) > m)
+        m = capped(row[j], cap);
     float sum = 0.0f;
     for (int j = 0; j < V; j++)
-      sum += expf(row[j] - m);
+      sum += expf(capped(row[j], cap) - m);
     float lse = m + logf(sum);
-    losses[n] = lse - row[targets[n]];
+    losses[n] = lse - capped(row[targets[n]], cap);
     if (dl) {
       float *drow = dl + (size_t)n * V;
       for (int j = 0; j < V; j++) {
-        float p = expf(row[j] - lse);
-        drow[j] = (j == targets[n] ? p - 1.0f : p) * dscale;
+        float z = capped(row[j], cap);
+        float p = expf(z - lse);
+        float g = (j == targets[n] ? p - 1.0f : p) * dscale;
+        if (cap > 0.0f) { /* dz/dl = 1 - tanh^2 = 1 - (z / cap)^2 */
+          float th = z / cap;
+          g *= 1.0f - th * th;
+        }
+        drow[j] = g;
       }
     }
   }
+  return 0;
+}
+
+static int cpu_softcap(void *ctx, void *logits, size_t n, float cap) {
+  struct cpu *c = ctx;
+  float *l = logits;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (size_t i = 0; i < n; i++)
+    l[i] = capped(l[i], cap);
   return 0;
 }
 
@@ -757,9 +819,11 @@ static const struct tz_compute_ops cpu_ops = {
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
     .docs = 1,
-    .swiglu_fwd = cpu_swiglu_fwd,
-    .swiglu_bwd = cpu_swiglu_bwd,
+    .variants = 1,
+    .glu_fwd = cpu_glu_fwd,
+    .glu_bwd = cpu_glu_bwd,
     .xent = cpu_xent,
+    .softcap = cpu_softcap,
     .adam = cpu_adam,
 };
 
