@@ -519,7 +519,14 @@ static void test_config_check_families(void **state) {
   c = ok, c.qkv_bias = 2, check_bad(c, "qkv_bias 2");
   c = ok, c.qk_norm = -1, check_bad(c, "qk_norm -1");
   c = ok, c.qk_norm = 3, check_bad(c, "qk_norm 3");
-  c = ok, c.norm_place = 2, check_bad(c, "norm_place 2");
+  c = ok, c.norm_place = 3, check_bad(c, "norm_place 3");
+  c = ok, c.norm_offset = 2, check_bad(c, "norm_offset 2");
+  c = ok, c.glu_act = 2, check_bad(c, "glu_act 2");
+  c = ok, c.embed_scale = -1, check_bad(c, "embed_scale -1");
+  c = ok, c.attn_scale = -1, check_bad(c, "attn_scale -1");
+  c = ok, c.attn_softcap = NAN, check_bad(c, "attn_softcap");
+  c = ok, c.final_softcap = -2, check_bad(c, "final_softcap -2");
+  c = ok, c.sliding_window = -1, check_bad(c, "sliding_window -1");
   c = ok, c.norm_place = TZ_NORM_POST, c.qk_norm = TZ_QK_NORM_ALL;
   TZ_ASSERT_OK(tz_model_config_check(&c));
   c = ok, c.init_std = -0.02, check_bad(c, "init_std -0.02");
@@ -699,7 +706,7 @@ static void partial_recompute_bits(struct tz_model_config c) {
     got[m] = malloc((np + nx) * sizeof(float));
     assert_non_null(got[m]);
     TZ_ASSERT_OK(tz_compute_zero(cm, l.grads, np * sizeof(float)));
-    TZ_ASSERT_OK(tz_model_layer_fwd(cm, &c, l.params, l.x_in, l.x_out, &l.acts, B, T, NULL));
+    TZ_ASSERT_OK(tz_model_layer_fwd(cm, &c, 0, l.params, l.x_in, l.x_out, &l.acts, B, T, NULL));
     if (m & TZ_PART_ATTN)
       TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, l.acts_mem, NAN, attn / sizeof(float)));
     if (m & TZ_PART_MLP)
@@ -707,7 +714,7 @@ static void partial_recompute_bits(struct tz_model_config c) {
                                    (all - attn) / sizeof(float)));
     TZ_ASSERT_OK(
         tz_compute_fill(cm, TZ_F32, (char *)l.acts_mem + all, NAN, (full - all) / sizeof(float)));
-    TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, l.params, l.grads, l.x_in, &l.acts, m, l.dx_out,
+    TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, 0, l.params, l.grads, l.x_in, &l.acts, m, l.dx_out,
                                     l.dx_in, &l.scratch, B, T, NULL));
     TZ_ASSERT_OK(tz_model_block_download(cm, got[m], l.grads, np));
     TZ_ASSERT_OK(tz_model_block_download(cm, got[m] + np, l.dx_in, nx));

@@ -179,7 +179,7 @@ static struct result side_run(struct side *s, const struct tz_model_config *cfg,
   struct result r = {0};
   if (recompute != TZ_PARTS_ALL) {
     TZ_ASSERT_OK(
-        tz_model_layer_fwd(s->cm, cfg, s->params, s->x_in, s->x_out, &s->acts, B, T, NULL));
+        tz_model_layer_fwd(s->cm, cfg, 0, s->params, s->x_in, s->x_out, &s->acts, B, T, NULL));
     r.x_out = download(s->cm, s->x_out, nx, s->S);
   }
   if (gpu && recompute != TZ_PARTS_ALL) {
@@ -194,7 +194,7 @@ static struct result side_run(struct side *s, const struct tz_model_config *cfg,
       poison(s, (char *)s->acts_mem + attn, all - attn);
     poison(s, (char *)s->acts_mem + all, s->acts_bytes - all);
   }
-  TZ_ASSERT_OK(tz_model_layer_bwd(s->cm, cfg, s->params, s->grads, s->x_in, &s->acts, recompute,
+  TZ_ASSERT_OK(tz_model_layer_bwd(s->cm, cfg, 0, s->params, s->grads, s->x_in, &s->acts, recompute,
                                   s->dx_out, s->dx_in, &s->scratch, B, T, NULL));
   r.dx_in = download(s->cm, s->dx_in, nx, s->S);
   r.grads = download(s->cm, s->grads, np, s->G);

@@ -96,8 +96,21 @@ int tz_model_config_check(const struct tz_model_config *c) {
   NEED(c->qkv_bias == 0 || c->qkv_bias == 1, "qkv_bias %d must be 0 or 1", c->qkv_bias);
   NEED(c->qk_norm >= TZ_QK_NORM_NONE && c->qk_norm <= TZ_QK_NORM_ALL,
        "qk_norm %d must be 0 (none), 1 (per head) or 2 (the whole projection)", c->qk_norm);
-  NEED(c->norm_place == TZ_NORM_PRE || c->norm_place == TZ_NORM_POST,
-       "norm_place %d must be 0 (before each part) or 1 (on its output)", c->norm_place);
+  NEED(c->norm_place >= TZ_NORM_PRE && c->norm_place <= TZ_NORM_BOTH,
+       "norm_place %d must be 0 (before each part), 1 (on its output) or 2 (both)", c->norm_place);
+  NEED(c->norm_offset == 0 || c->norm_offset == 1, "norm_offset %d must be 0 or 1", c->norm_offset);
+  NEED(c->glu_act == TZ_GLU_SILU || c->glu_act == TZ_GLU_GELU_TANH,
+       "glu_act %d must be 0 (silu) or 1 (gelu_pytorch_tanh)", c->glu_act);
+  NEED(c->embed_scale == 0 || c->embed_scale == 1, "embed_scale %d must be 0 or 1", c->embed_scale);
+  NEED(isfinite(c->attn_scale) && c->attn_scale >= 0.0, "attn_scale %g must not be negative",
+       c->attn_scale);
+  NEED(isfinite(c->attn_softcap) && c->attn_softcap >= 0.0, "attn_softcap %g must not be negative",
+       c->attn_softcap);
+  NEED(isfinite(c->final_softcap) && c->final_softcap >= 0.0,
+       "final_softcap %g must not be negative", c->final_softcap);
+  NEED(c->sliding_window >= 0 && c->window_pattern >= 0,
+       "sliding_window %d and window_pattern %d must not be negative", c->sliding_window,
+       c->window_pattern);
   NEED(isfinite(c->init_std) && c->init_std >= 0.0,
        "init_std %g must be finite and not negative (0: the presets' initialisation)", c->init_std);
   NEED(c->has_bos == 0 || c->has_bos == 1, "has_bos %d must be 0 or 1", c->has_bos);
@@ -110,6 +123,16 @@ int tz_model_config_check(const struct tz_model_config *c) {
 #undef NEED
   return 0;
 }
+
+int tz_model_layer_window(const struct tz_model_config *cfg, int layer) {
+  if (cfg->sliding_window <= 0)
+    return 0;
+  return cfg->window_pattern > 0 && (layer + 1) % cfg->window_pattern == 0 ? 0
+                                                                           : cfg->sliding_window;
+}
+
+/* The norms' weight offset for the kernels (kernels/compute.h): 1 for Gemma's (1 + w). */
+static float norm_off(const struct tz_model_config *cfg) { return cfg->norm_offset ? 1.0f : 0.0f; }
 
 int tz_model_head_dim(const struct tz_model_config *cfg) {
   return cfg->head_dim ? cfg->head_dim : cfg->d_model / cfg->n_head;
@@ -169,7 +192,7 @@ int tz_model_block_layout(const struct tz_model_config *cfg, int block,
   } else {
     out->kind = TZ_BLOCK_LAYER;
     out->layer = block - 1;
-    int pre = cfg->norm_place == TZ_NORM_PRE;
+    int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
     add_optional(out, "attn_norm", C, pre);
     add_tensor(out, "wq", HD, C, 2);
     add_tensor(out, "wk", KD, C, 2);
@@ -186,8 +209,8 @@ int tz_model_block_layout(const struct tz_model_config *cfg, int block,
     int all = cfg->qk_norm == TZ_QK_NORM_ALL;
     add_optional(out, "q_norm", all ? HD : D, cfg->qk_norm != TZ_QK_NORM_NONE);
     add_optional(out, "k_norm", all ? KD : D, cfg->qk_norm != TZ_QK_NORM_NONE);
-    add_optional(out, "attn_post_norm", C, !pre);
-    add_optional(out, "mlp_post_norm", C, !pre);
+    add_optional(out, "attn_post_norm", C, post);
+    add_optional(out, "mlp_post_norm", C, post);
   }
   return 0;
 }
@@ -383,7 +406,7 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
   size_t N = (size_t)B * T, es = tz_dtype_size(dt);
   size_t C = cfg->d_model, F = cfg->ffn_dim, D = tz_model_head_dim(cfg);
   size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
-  int post = cfg->norm_place == TZ_NORM_POST;
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
   if (parts & TZ_PART_ATTN) {
     /* only with q/k norms, so that a Llama layer's activations stay what they were */
     int qkn = cfg->qk_norm != TZ_QK_NORM_NONE, all = cfg->qk_norm == TZ_QK_NORM_ALL;
@@ -408,11 +431,11 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
   }
   if (kept_only)
     return;
-  if ((parts & TZ_PART_ATTN) && !post) {
+  if ((parts & TZ_PART_ATTN) && pre) {
     a->h1 = carve(c, N * C * es);
     a->rstd1 = carve(c, N * sizeof(float));
   }
-  if ((parts & TZ_PART_MLP) && !post) {
+  if ((parts & TZ_PART_MLP) && pre) {
     a->h2 = carve(c, N * C * es);
     a->rstd2 = carve(c, N * sizeof(float));
   }
@@ -523,15 +546,33 @@ int tz_model_check_batch(const struct tz_model_config *cfg, int B, int T) {
   return 0;
 }
 
+/* Gemma's embedding scale: sqrt(d_model) rounded to the storage dtype, as transformers makes its
+ * normalizer a tensor of the hidden states' dtype. */
+static float embed_scale(tz_compute *cm, const struct tz_model_config *cfg) {
+  float s = (float)sqrt((double)cfg->d_model);
+  switch (tz_compute_dtype(cm)) {
+  case TZ_BF16: return tz_bf16_to_f32(tz_f32_to_bf16(s));
+  case TZ_F16: return tz_f16_to_f32(tz_f32_to_f16(s));
+  default: return s;
+  }
+}
+
 int tz_model_embed_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *embed,
                        const int32_t *tokens, void *x, int B, int T) {
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
-  return tz_compute_embedding_fwd(cm, x, tokens, embed, B * T, cfg->d_model, cfg->vocab);
+  TZ_CHECK(tz_compute_embedding_fwd(cm, x, tokens, embed, B * T, cfg->d_model, cfg->vocab));
+  if (cfg->embed_scale)
+    TZ_CHECK(tz_compute_scale(cm, tz_compute_dtype(cm), x, embed_scale(cm, cfg),
+                              (size_t)B * T * cfg->d_model));
+  return 0;
 }
 
 int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *embed_grad,
-                       const int32_t *tokens, const void *dx, int B, int T) {
+                       const int32_t *tokens, void *dx, int B, int T) {
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
+  if (cfg->embed_scale)
+    TZ_CHECK(tz_compute_scale(cm, tz_compute_dtype(cm), dx, embed_scale(cm, cfg),
+                              (size_t)B * T * cfg->d_model));
   return tz_compute_embedding_bwd(cm, embed_grad, dx, tokens, B * T, cfg->d_model, cfg->vocab);
 }
 
@@ -580,22 +621,30 @@ static void qk_norm_shape(const struct tz_model_config *cfg, int N, int nh, int 
 
 /* The attention part of a layer's forward: a->h1 .. a->x2 from x_in (x2 = x_in + attention; with
  * TZ_NORM_POST, x_in + the norm of attention's output, through a->o). */
-static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                    const void *x_in, const struct tz_layer_acts *a, int B, int T,
-                    const int32_t *pos) {
+/* The attention's variants for layer `layer` of cfg (kernels/compute.h, struct tz_attn_opts). */
+static struct tz_attn_opts attn_opts(const struct tz_model_config *cfg, int layer) {
+  return (struct tz_attn_opts){.scale = (float)cfg->attn_scale,
+                               .softcap = (float)cfg->attn_softcap,
+                               .window = tz_model_layer_window(cfg, layer)};
+}
+
+static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                    const void *params, const void *x_in, const struct tz_layer_acts *a, int B,
+                    int T, const int32_t *pos) {
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
   enum tz_dtype S = tz_compute_dtype(cm);
   int N = B * T, C = cfg->d_model, H = cfg->n_head, Hkv = cfg->n_kv_head;
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
-  float eps = (float)cfg->norm_eps;
+  float eps = (float)cfg->norm_eps, off = norm_off(cfg);
   struct tz_rope rope;
   tz_model_rope(cfg, &rope);
+  struct tz_attn_opts opt = attn_opts(cfg, layer);
 #define P(i) at(params, l.t[i].offset, S)
-  int post = cfg->norm_place == TZ_NORM_POST;
-  const void *h1 = post ? x_in : a->h1;
-  if (!post)
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps, 0.0f));
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+  const void *h1 = pre ? a->h1 : x_in;
+  if (pre)
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps, off));
   /* As transformers' Qwen2, Qwen3 and OLMo 2: the projection and its bias, then the q/k norm,
    * then RoPE. With a norm the projection stays in q_pre / k_pre for the norm's backward. */
   void *qp = cfg->qk_norm ? a->q_pre : a->q, *kp = cfg->qk_norm ? a->k_pre : a->k;
@@ -611,17 +660,19 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, const voi
     int rq, wq, rk, wk;
     qk_norm_shape(cfg, N, H, &rq, &wq);
     qk_norm_shape(cfg, N, Hkv, &rk, &wk);
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->q, a->rstd_q, qp, P(TZ_L_QNORM), rq, wq, eps, 0.0f));
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->k, a->rstd_k, kp, P(TZ_L_KNORM), rk, wk, eps, 0.0f));
+    TZ_CHECK(
+        tz_compute_rmsnorm_fwd(cm, a->q, a->rstd_q, qp, P(TZ_L_QNORM), rq, wq, eps, norm_off(cfg)));
+    TZ_CHECK(
+        tz_compute_rmsnorm_fwd(cm, a->k, a->rstd_k, kp, P(TZ_L_KNORM), rk, wk, eps, norm_off(cfg)));
   }
   TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, &rope, pos));
   TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, &rope, pos));
   TZ_CHECK(
-      tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D, pos, NULL));
+      tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D, pos, &opt));
   if (post) { /* x2 = x_in + norm(att wo^T), each rounded as transformers' OLMo 2 rounds them */
     TZ_CHECK(linear_fwd(cm, a->o, a->att, P(TZ_L_WO), N, HD, C));
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->x2, a->rstd_o, a->o, P(TZ_L_ATTN_POST_NORM), N, C, eps,
-                                    0.0f));
+                                    norm_off(cfg)));
     TZ_CHECK(tz_compute_add(cm, S, a->x2, x_in, a->x2, (size_t)N * C));
   } else { /* x2 = x_in + att wo^T, the residual added in the projection's rounding */
     TZ_CHECK(linear_res_fwd(cm, a->x2, a->att, P(TZ_L_WO), x_in, N, HD, C));
@@ -640,17 +691,18 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
   int N = B * T, C = cfg->d_model, F = cfg->ffn_dim;
   float eps = (float)cfg->norm_eps;
 #define P(i) at(params, l.t[i].offset, S)
-  int post = cfg->norm_place == TZ_NORM_POST;
-  const void *h2 = post ? a->x2 : a->h2;
-  if (!post)
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps, 0.0f));
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+  const void *h2 = pre ? a->h2 : a->x2;
+  if (pre)
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps,
+                                    norm_off(cfg)));
   TZ_CHECK(linear_fwd(cm, a->g, h2, P(TZ_L_WG), N, C, F));
   TZ_CHECK(linear_fwd(cm, a->u, h2, P(TZ_L_WU), N, C, F));
-  TZ_CHECK(tz_compute_glu_fwd(cm, TZ_GLU_SILU, a->a, a->g, a->u, (size_t)N * F));
+  TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, a->g, a->u, (size_t)N * F));
   if (post) {
     TZ_CHECK(linear_fwd(cm, a->m, a->a, P(TZ_L_WD), N, F, C));
-    TZ_CHECK(
-        tz_compute_rmsnorm_fwd(cm, x_out, a->rstd_m, a->m, P(TZ_L_MLP_POST_NORM), N, C, eps, 0.0f));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, x_out, a->rstd_m, a->m, P(TZ_L_MLP_POST_NORM), N, C, eps,
+                                    norm_off(cfg)));
     TZ_CHECK(tz_compute_add(cm, S, x_out, a->x2, x_out, (size_t)N * C));
   } else {
     TZ_CHECK(linear_res_fwd(cm, x_out, a->a, P(TZ_L_WD), a->x2, N, F, C));
@@ -659,25 +711,27 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
   return 0;
 }
 
-int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                       const void *x_in, void *x_out, const struct tz_layer_acts *a, int B, int T,
-                       const int32_t *pos) {
-  return tz_model_layer_part_fwd(cm, cfg, params, x_in, x_out, a, TZ_PARTS_ALL, B, T, pos);
+int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                       const void *params, const void *x_in, void *x_out,
+                       const struct tz_layer_acts *a, int B, int T, const int32_t *pos) {
+  return tz_model_layer_part_fwd(cm, cfg, layer, params, x_in, x_out, a, TZ_PARTS_ALL, B, T, pos);
 }
 
-int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                            const void *x_in, void *x_out, const struct tz_layer_acts *a,
-                            unsigned parts, int B, int T, const int32_t *pos) {
+int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                            const void *params, const void *x_in, void *x_out,
+                            const struct tz_layer_acts *a, unsigned parts, int B, int T,
+                            const int32_t *pos) {
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
   if (parts & TZ_PART_ATTN)
-    TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T, pos));
+    TZ_CHECK(attn_fwd(cm, cfg, layer, params, x_in, a, B, T, pos));
   return parts & TZ_PART_MLP ? mlp_fwd(cm, cfg, params, a, x_out, B, T) : 0;
 }
 
-int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                       void *grads, const void *x_in, const struct tz_layer_acts *a,
-                       unsigned recompute, const void *dx_out, void *dx_in,
-                       const struct tz_layer_scratch *s, int B, int T, const int32_t *pos) {
+int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                       const void *params, void *grads, const void *x_in,
+                       const struct tz_layer_acts *a, unsigned recompute, const void *dx_out,
+                       void *dx_in, const struct tz_layer_scratch *s, int B, int T,
+                       const int32_t *pos) {
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
@@ -690,23 +744,25 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
    * is not needed, and the scratch's dh is free until the MLP backward. */
 #define P(i) at(params, l.t[i].offset, S)
   float eps = (float)cfg->norm_eps;
-  int post = cfg->norm_place == TZ_NORM_POST;
+  struct tz_attn_opts opt = attn_opts(cfg, layer);
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
   if (recompute & TZ_PART_ATTN)
-    TZ_CHECK(attn_fwd(cm, cfg, params, x_in, a, B, T, pos));
-  else if (!post) /* kept: what is not kept is rebuilt (acts_layout) */
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps, 0.0f));
+    TZ_CHECK(attn_fwd(cm, cfg, layer, params, x_in, a, B, T, pos));
+  else if (pre) /* kept: what is not kept is rebuilt (acts_layout) */
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps,
+                                    norm_off(cfg)));
   /* The SwiGLU's output a, which the down projection's weight gradient reads: recomputed with
    * the MLP, else rebuilt by the SwiGLU's backward in the same pass (a_rebuilt). */
   void *a_rebuilt = NULL;
   if (recompute & TZ_PART_MLP) {
     TZ_CHECK(mlp_fwd(cm, cfg, params, a, s->dh, B, T));
   } else {
-    if (!post)
-      TZ_CHECK(
-          tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps, 0.0f));
+    if (pre)
+      TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps,
+                                      norm_off(cfg)));
     a_rebuilt = a->a;
   }
-  const void *h1 = post ? x_in : a->h1, *h2 = post ? a->x2 : a->h2;
+  const void *h1 = pre ? a->h1 : x_in, *h2 = pre ? a->h2 : a->x2;
 #define GR(i) at(grads, l.t[i].offset, G)
   /* MLP: x_out = x2 + (silu(h2 wg^T) * (h2 wu^T)) wd^T, dx_out is the gradient of the output.
    * With the norm on the MLP's output, dm (in dh, free until the gate's and up's backward
@@ -714,33 +770,33 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   const void *dm = dx_out;
   if (post) {
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_MLP_POST_NORM), dx_out, a->m,
-                                    P(TZ_L_MLP_POST_NORM), a->rstd_m, N, C, 0.0f));
+                                    P(TZ_L_MLP_POST_NORM), a->rstd_m, N, C, norm_off(cfg)));
     dm = s->dh;
   }
   TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dm, P(TZ_L_WD), N, F, C));
-  TZ_CHECK(tz_compute_glu_bwd(cm, TZ_GLU_SILU, s->dg, s->du, a_rebuilt, s->da, a->g, a->u,
-                              (size_t)N * F));
+  TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dg, s->du, a_rebuilt, s->da, a->g,
+                              a->u, (size_t)N * F));
   TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dm, a->a, N, F, C));
   TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WG), s->dg, h2, P(TZ_L_WG), N, C, F));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WU), s->du, h2, P(TZ_L_WU), N, C, F));
   /* The residual passes dx_out through unchanged: dx_in = dx_out + the norm's gradient, the copy
    * fused into the norm's backward (or, the norm on the output, dx_out + the MLP input's). */
-  if (post)
+  if (!pre)
     TZ_CHECK(tz_compute_add(cm, S, dx_in, dx_out, s->dh, (size_t)N * C));
   else
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_out, GR(TZ_L_MLP_NORM), s->dh, a->x2,
-                                    P(TZ_L_MLP_NORM), a->rstd2, N, C, 0.0f));
+                                    P(TZ_L_MLP_NORM), a->rstd2, N, C, norm_off(cfg)));
   /* Attention: x2 = x_in + att wo^T; dx_in holds the gradient at x2 now. With the norm on the
    * output, its gradient at o goes to dh (free until the q, k and v backward write it). */
   const void *dout_o = dx_in;
   if (post) {
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_ATTN_POST_NORM), dx_in, a->o,
-                                    P(TZ_L_ATTN_POST_NORM), a->rstd_o, N, C, 0.0f));
+                                    P(TZ_L_ATTN_POST_NORM), a->rstd_o, N, C, norm_off(cfg)));
     dout_o = s->dh;
   }
   TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dout_o, a->att, P(TZ_L_WO), N, HD, C));
   TZ_CHECK(tz_compute_attention_bwd(cm, s->dq, s->dk, s->dv, s->delta, s->datt, a->q, a->k, a->v,
-                                    a->att, a->lse, B, T, H, Hkv, D, pos, NULL));
+                                    a->att, a->lse, B, T, H, Hkv, D, pos, &opt));
   TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, &rope, pos));
   TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, &rope, pos));
   /* dqp, dkp: the gradients at the biased projections. Through the norms they go to buffers
@@ -754,9 +810,9 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
     qk_norm_shape(cfg, N, H, &rq, &wq);
     qk_norm_shape(cfg, N, Hkv, &rk, &wk);
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dqp, NULL, GR(TZ_L_QNORM), s->dq, a->q_pre, P(TZ_L_QNORM),
-                                    a->rstd_q, rq, wq, 0.0f));
+                                    a->rstd_q, rq, wq, norm_off(cfg)));
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dkp, NULL, GR(TZ_L_KNORM), s->dk, a->k_pre, P(TZ_L_KNORM),
-                                    a->rstd_k, rk, wk, 0.0f));
+                                    a->rstd_k, rk, wk, norm_off(cfg)));
   }
   if (cfg->qkv_bias) {
     TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BQ), dqp, N, HD));
@@ -766,11 +822,11 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), dqp, h1, P(TZ_L_WQ), N, C, HD));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), dkp, h1, P(TZ_L_WK), N, C, KD));
   TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, h1, P(TZ_L_WV), N, C, KD));
-  if (post)
+  if (!pre)
     TZ_CHECK(tz_compute_add(cm, S, dx_in, dx_in, s->dh, (size_t)N * C));
   else
     TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in,
-                                    P(TZ_L_ATTN_NORM), a->rstd1, N, C, 0.0f));
+                                    P(TZ_L_ATTN_NORM), a->rstd1, N, C, norm_off(cfg)));
 #undef P
 #undef GR
   return 0;
@@ -804,20 +860,22 @@ int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void 
   const void *W;
   void *dW;
   head_weights(cm, cfg, head, embed, head_grad, embed_grad, &W, &dW);
-  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps, 0.0f));
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps,
+                                  norm_off(cfg)));
   int rows = tz_model_head_rows(cfg, N);
   for (int r0 = 0; r0 < N; r0 += rows) {
     int nr = N - r0 < rows ? N - r0 : rows;
     const void *h = at(s->h, (uint64_t)r0 * C, S);
     TZ_CHECK(linear_fwd(cm, s->logits, h, W, nr, C, V));
     TZ_CHECK(tz_compute_xent(cm, s->losses + r0, bwd ? s->logits : NULL, s->logits, targets + r0,
-                             nr, V, dscale, 0.0f));
+                             nr, V, dscale, (float)cfg->final_softcap));
     if (bwd)
       TZ_CHECK(linear_bwd(cm, at(s->dh, (uint64_t)r0 * C, S), 0, dW, s->logits, h, W, nr, C, V));
   }
   TZ_CHECK(tz_compute_sum(cm, s->loss, TZ_F32, s->losses, (size_t)N, 0));
   if (bwd) {
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx, NULL, head_grad, s->dh, x, head, s->rstd, N, C, 0.0f));
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx, NULL, head_grad, s->dh, x, head, s->rstd, N, C,
+                                    norm_off(cfg)));
   }
   return 0;
 }
@@ -830,8 +888,12 @@ int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, cons
   const void *W;
   void *dW;
   head_weights(cm, cfg, head, embed, NULL, NULL, &W, &dW);
-  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps, 0.0f));
-  return linear_fwd(cm, logits, s->h, W, N, C, V);
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps,
+                                  norm_off(cfg)));
+  TZ_CHECK(linear_fwd(cm, logits, s->h, W, N, C, V));
+  return cfg->final_softcap > 0
+             ? tz_compute_softcap(cm, logits, (size_t)N * V, (float)cfg->final_softcap)
+             : 0;
 }
 
 int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {

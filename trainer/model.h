@@ -50,6 +50,7 @@ enum tz_model_family {
 enum tz_norm_place {
   TZ_NORM_PRE = 0, /* x2 = x + attn(norm(x)), out = x2 + mlp(norm(x2)): Llama and most */
   TZ_NORM_POST,    /* x2 = x + norm(attn(x)), out = x2 + norm(mlp(x2)): OLMo 2 */
+  TZ_NORM_BOTH,    /* x2 = x + norm(attn(norm(x))), out = x2 + norm(mlp(norm(x2))): Gemma 2, 3 */
 };
 
 /* The q/k norms: none, RMSNorm over D of each head (Qwen3), or over the whole projection, H*D
@@ -73,7 +74,7 @@ struct tz_model_config {
   int qkv_bias;                /* 1: q, k and v projections add a bias (bq (H*D), bk, bv) */
   int qk_norm;    /* enum tz_qk_norm: q_norm, k_norm of (D) per head, or (H*D), (Hkv*D) for ALL */
   int norm_place; /* enum tz_norm_place: PRE has attn_norm and mlp_norm, POST attn_post_norm and
-                     mlp_post_norm (the layer tensors below) */
+                     mlp_post_norm (the layer tensors below), BOTH all four */
   /* RoPE scaling (struct tz_rope of kernels/compute.h without theta): rope_type 0 default,
    * 1 llama3 with the other four fields, 2 linear with rope_factor */
   int rope_type;
@@ -86,7 +87,25 @@ struct tz_model_config {
    * valid when has_<id> is 1 (ids from an import or a data sidecar) */
   int has_bos, has_eos, has_pad;
   int bos_id, eos_id, pad_id;
+  /* Gemma's math (zero: Llama's; kernels/compute.h has each op's):
+   *   norm_offset    1: every norm scales by (1 + w), the weights stored as transformers stores
+   *                  them (zero at initialisation)
+   *   glu_act        enum tz_glu of the MLP's gate: TZ_GLU_SILU, TZ_GLU_GELU_TANH
+   *   embed_scale    1: the embedding's output times sqrt(d_model) rounded to the storage dtype
+   *                  (transformers' normalizer), its gradient likewise
+   *   attn_scale     the attention scores' scale (query_pre_attn_scalar^-1/2); 0: 1/sqrt(D)
+   *   attn_softcap   > 0: the scores soft-capped (attn_logit_softcapping)
+   *   final_softcap  > 0: the logits soft-capped (final_logit_softcapping)
+   *   sliding_window > 0: the sliding layers' attention window (tz_model_layer_window);
+   *   window_pattern with it: 0 every layer slides; k > 0 layer i attends fully when
+   *                  (i + 1) % k == 0 and slides otherwise (Gemma 2: 2, Gemma 3: 6) */
+  int norm_offset, glu_act, embed_scale;
+  double attn_scale, attn_softcap, final_softcap;
+  int sliding_window, window_pattern;
 };
+
+/* The attention window of layer i (0-based) of cfg: 0 for full attention. */
+int tz_model_layer_window(const struct tz_model_config *cfg, int layer);
 
 /* The rope the kernels take for cfg. */
 void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out);
@@ -293,17 +312,20 @@ int tz_model_check_batch(const struct tz_model_config *cfg, int B, int T);
 /* x (B,T,C) = wte[tokens]; tokens (B,T) int32. */
 int tz_model_embed_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *embed,
                        const int32_t *tokens, void *x, int B, int T);
-/* Embedding gradient: embed_grad (block 0 layout, G) += scatter of dx (B,T,C) by token. */
+/* Embedding gradient: embed_grad (block 0 layout, G) += scatter of dx (B,T,C) by token. With
+ * embed_scale, dx is scaled in place first (the forward's scale), so it is clobbered. */
 int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *embed_grad,
-                       const int32_t *tokens, const void *dx, int B, int T);
+                       const int32_t *tokens, void *dx, int B, int T);
 
-/* One transformer layer: x_out (B,T,C) from x_in (B,T,C) and the layer's block `params`; acts
+/* One transformer layer, the model's `layer`-th (0-based: whether it slides its attention window
+ * follows from it, tz_model_layer_window): x_out (B,T,C) from x_in (B,T,C) and the layer's block
+ * `params`; acts
  * receives what backward needs. x_out may alias x_in. pos (B,T) int32 in cm's memory: each
  * token's position in its document, for rows that pack several (kernels/compute.h, "Packed
  * documents"); NULL: each row one document. The layer phases below take it alike. */
-int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                       const void *x_in, void *x_out, const struct tz_layer_acts *acts, int B,
-                       int T, const int32_t *pos);
+int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                       const void *params, const void *x_in, void *x_out,
+                       const struct tz_layer_acts *acts, int B, int T, const int32_t *pos);
 /* The two parts of a layer, as activation checkpointing keeps or recomputes them. */
 #define TZ_PART_ATTN 1u /* attention: its norm, q/k/v, attention, wo, the residual into x2 */
 #define TZ_PART_MLP 2u  /* the MLP: its norm, gate and up, SwiGLU, the down projection */
@@ -314,9 +336,10 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
 /* The forward of some parts (TZ_PART_*), writing every tensor of the part, kept or not: the
  * attention part from x_in into acts (h1 .. x2), the MLP part from acts->x2 into acts (h2 .. a)
  * and x_out; both (tz_model_layer_fwd) in that order. */
-int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                            const void *x_in, void *x_out, const struct tz_layer_acts *acts,
-                            unsigned parts, int B, int T, const int32_t *pos);
+int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                            const void *params, const void *x_in, void *x_out,
+                            const struct tz_layer_acts *acts, unsigned parts, int B, int T,
+                            const int32_t *pos);
 
 /* Backward of one layer. recompute (TZ_PART_* bits) names the parts whose forward runs into acts
  * first, from x_in alone for the attention part and from acts->x2 for the MLP (activation
@@ -325,10 +348,11 @@ int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, c
  * outputs, the SwiGLU). Either way the bits are the same: the same kernels on the same inputs.
  * grads (the layer's block layout, G) += the parameter gradients; dx_in (B,T,C) = the gradient at
  * x_in, given dx_out at x_out. dx_in may alias dx_out. acts and scratch are clobbered. */
-int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                       void *grads, const void *x_in, const struct tz_layer_acts *acts,
-                       unsigned recompute, const void *dx_out, void *dx_in,
-                       const struct tz_layer_scratch *scratch, int B, int T, const int32_t *pos);
+int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                       const void *params, void *grads, const void *x_in,
+                       const struct tz_layer_acts *acts, unsigned recompute, const void *dx_out,
+                       void *dx_in, const struct tz_layer_scratch *scratch, int B, int T,
+                       const int32_t *pos);
 
 /* The head: final norm, LM head, cross-entropy on targets (B,T) int32. s->losses gets each
  * token's loss and s->loss their sum (tz_compute_sum order). With head_grad non-NULL also the

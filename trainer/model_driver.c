@@ -101,7 +101,7 @@ static int runner_forward(tz_model_runner *r, void *const *params, const int32_t
   TZ_CHECK(tz_model_embed_fwd(r->cm, cfg, params[0], r->tokens, r->xs[0], r->B, r->T));
   for (int i = 0; i < cfg->n_layer; i++) {
     const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
-    TZ_CHECK(tz_model_layer_fwd(r->cm, cfg, params[tz_model_block_of_layer(i)], r->xs[i],
+    TZ_CHECK(tz_model_layer_fwd(r->cm, cfg, i, params[tz_model_block_of_layer(i)], r->xs[i],
                                 r->xs[i + 1], a, r->B, r->T, r->has_pos ? r->pos : NULL));
   }
   return 0;
@@ -125,7 +125,7 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
     for (int i = L - 1; i >= 0; i--) {
       int blk = tz_model_block_of_layer(i);
       const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
-      TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, params[blk], grads[blk], r->xs[i], a,
+      TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, i, params[blk], grads[blk], r->xs[i], a,
                                   r->checkpoint ? TZ_PARTS_ALL : 0, r->dx, r->dx, &r->scratch, B, T,
                                   r->has_pos ? r->pos : NULL));
     }
@@ -247,9 +247,10 @@ int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int 
 
 int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
                         const struct tz_layer_probe *l, unsigned recompute) {
-  TZ_CHECK(tz_model_layer_fwd(cm, cfg, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T, NULL));
-  return tz_model_layer_bwd(cm, cfg, l->params, l->grads, l->x_in, &l->acts, recompute, l->dx_out,
-                            l->dx_in, &l->scratch, l->B, l->T, NULL);
+  TZ_CHECK(
+      tz_model_layer_fwd(cm, cfg, 0, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T, NULL));
+  return tz_model_layer_bwd(cm, cfg, 0, l->params, l->grads, l->x_in, &l->acts, recompute,
+                            l->dx_out, l->dx_in, &l->scratch, l->B, l->T, NULL);
 }
 
 int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T, int reps,

@@ -321,7 +321,8 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
   case PH_FWD:
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
-    return tz_model_layer_fwd(tr->cm, mc, w, tr->x[b - 1], tr->x[b], &tr->lacts[b - 1], B, T, pos);
+    return tz_model_layer_fwd(tr->cm, mc, b - 1, w, tr->x[b - 1], tr->x[b], &tr->lacts[b - 1], B, T,
+                              pos);
   case PH_HEAD: {
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
@@ -343,7 +344,7 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
     TZ_CHECK(tz_compute_zero(tr->cm, fg, tr->padded[b] * sizeof(float)));
-    TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, w, fg, tr->x[b - 1], &tr->lacts[b - 1],
+    TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, b - 1, w, fg, tr->x[b - 1], &tr->lacts[b - 1],
                                 tr->recompute[b - 1], tr->dx, tr->dx, &tr->ls, B, T, pos));
     if (ov)
       return 0;

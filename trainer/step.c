@@ -294,8 +294,8 @@ int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *target
                   rc, out);
     for (int b = 1; b <= tr->L; b++) {
       TZ_CHECK_GOTO(gather_synced(tr, b, host, tr->gw), rc, out);
-      TZ_CHECK_GOTO(tz_model_layer_fwd(tr->cm, &tr->mc, tr->gw, tr->x[b - 1], tr->x[b], &tr->acts,
-                                       tr->B, tr->T, pos ? pos + (size_t)k * N : NULL),
+      TZ_CHECK_GOTO(tz_model_layer_fwd(tr->cm, &tr->mc, b - 1, tr->gw, tr->x[b - 1], tr->x[b],
+                                       &tr->acts, tr->B, tr->T, pos ? pos + (size_t)k * N : NULL),
                     rc, out);
     }
     TZ_CHECK_GOTO(gather_synced(tr, H, host, tr->gw), rc, out);
