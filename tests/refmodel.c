@@ -43,7 +43,9 @@ void ref_blocks_randomize(const struct tz_model_config *cfg, double **blocks, ui
       int norm = l.t[i].ndim == 1 && !bias;
       for (uint64_t e = 0; e < l.t[i].numel; e++) {
         double u = (double)(tz_test_rand(&st) >> 11) * 0x1.0p-53; /* [0, 1) */
-        blocks[b][l.t[i].offset + e] = norm ? 0.8 + 0.4 * u : scale * (2 * u - 1);
+        /* with the (1 + w) norms, w near 0 (the effective weight near 1 either way) */
+        double nw = cfg->norm_offset ? 0.4 * u - 0.2 : 0.8 + 0.4 * u;
+        blocks[b][l.t[i].offset + e] = norm ? nw : scale * (2 * u - 1);
       }
     }
   }
@@ -62,7 +64,10 @@ static void linear(double *y, const double *x, const double *W, int N, int in, i
     }
 }
 
-/* y (N, C) = x * rstd * w; rstd (N) */
+/* The norms' weight offset: 1 for Gemma's (1 + w) (set per run by ref_model_run). */
+static double norm_off;
+
+/* y (N, C) = x * rstd * (norm_off + w); rstd (N) */
 static void rmsnorm(double *y, double *rstd, const double *x, const double *w, int N, int C,
                     double eps) {
   for (int n = 0; n < N; n++) {
@@ -71,7 +76,7 @@ static void rmsnorm(double *y, double *rstd, const double *x, const double *w, i
       ss += x[n * C + c] * x[n * C + c];
     rstd[n] = 1.0 / sqrt(ss / C + eps);
     for (int c = 0; c < C; c++)
-      y[n * C + c] = x[n * C + c] * rstd[n] * w[c];
+      y[n * C + c] = x[n * C + c] * rstd[n] * (norm_off + w[c]);
   }
 }
 
@@ -121,11 +126,19 @@ static void rope(double *x, int B, int T, int nh, int D, const double *f, double
         }
 }
 
-/* P (B, H, T, T): causal softmax of q k^T / sqrt(D); out (B, T, H, D) = P v. */
+/* The attention's variants of a layer: the scores' scale, their softcap (0: none), the window
+ * (0: none; key u is scored by query t when t - u < window). */
+struct ref_attn {
+  double scale, cap;
+  int window;
+};
+
+/* P (B, H, T, T): causal softmax of the scores, s = q k^T * scale, capped to cap tanh(s / cap)
+ * where cap > 0, keys within the window; out (B, T, H, D) = P v. */
 static void attention(double *out, double *P, const double *q, const double *k, const double *v,
-                      int B, int T, int H, int Hkv, int D) {
+                      int B, int T, int H, int Hkv, int D, const struct ref_attn *ra) {
   int group = H / Hkv;
-  double scale = 1.0 / sqrt((double)D);
+  double scale = ra->scale;
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
       for (int t = 0; t < T; t++) {
@@ -133,24 +146,28 @@ static void attention(double *out, double *P, const double *q, const double *k, 
         double *p = P + ((b * H + h) * T + t) * T;
         double m = -INFINITY;
         for (int u = 0; u < T; u++) {
-          if (u > t) {
-            p[u] = 0;
+          if (u > t || (ra->window > 0 && t - u >= ra->window)) {
+            p[u] = -INFINITY;
             continue;
           }
           double s = 0;
           for (int d = 0; d < D; d++)
             s += q[((b * T + t) * H + h) * D + d] * k[((b * T + u) * Hkv + hk) * D + d];
           p[u] = s * scale;
+          if (ra->cap > 0)
+            p[u] = ra->cap * tanh(p[u] / ra->cap);
           if (p[u] > m)
             m = p[u];
         }
         double z = 0;
         for (int u = 0; u <= t; u++) {
-          p[u] = exp(p[u] - m);
+          p[u] = exp(p[u] - m); /* 0 outside the window */
           z += p[u];
         }
         for (int u = 0; u <= t; u++)
           p[u] /= z;
+        for (int u = t + 1; u < T; u++)
+          p[u] = 0;
         for (int d = 0; d < D; d++) {
           double s = 0;
           for (int u = 0; u <= t; u++)
@@ -161,6 +178,21 @@ static void attention(double *out, double *P, const double *q, const double *k, 
 }
 
 static double silu(double x) { return x / (1.0 + exp(-x)); }
+
+/* The MLP's gate activation (enum tz_glu) and its derivative. */
+static double gate_act(int act, double g) {
+  if (act == TZ_GLU_GELU_TANH)
+    return 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+  return silu(g);
+}
+static double gate_slope(int act, double g) {
+  if (act == TZ_GLU_GELU_TANH) {
+    double k0 = sqrt(2 / M_PI), th = tanh(k0 * (g + 0.044715 * g * g * g));
+    return 0.5 * (1 + th) + 0.5 * g * (1 - th * th) * k0 * (1 + 3 * 0.044715 * g * g);
+  }
+  double s = 1.0 / (1.0 + exp(-g)); /* silu'(g) = s (1 + g (1 - s)) */
+  return s * (1.0 + g * (1.0 - s));
+}
 
 /* db (n) += the column sums of dy (N, n) */
 static void bias_bwd(double *db, const double *dy, int N, int n) {
@@ -190,9 +222,9 @@ static void rmsnorm_bwd(double *dx, double *dw, const double *dy, const double *
   for (int n = 0; n < N; n++) {
     double r = rstd[n], dot = 0;
     for (int c = 0; c < C; c++)
-      dot += dy[n * C + c] * w[c] * x[n * C + c];
+      dot += dy[n * C + c] * (norm_off + w[c]) * x[n * C + c];
     for (int c = 0; c < C; c++) {
-      dx[n * C + c] += w[c] * dy[n * C + c] * r - r * r * r * x[n * C + c] / C * dot;
+      dx[n * C + c] += (norm_off + w[c]) * dy[n * C + c] * r - r * r * r * x[n * C + c] / C * dot;
       dw[c] += dy[n * C + c] * x[n * C + c] * r;
     }
   }
@@ -203,9 +235,9 @@ static void rmsnorm_bwd(double *dx, double *dw, const double *dy, const double *
  * dq_t += scale dS_tu k_u; dk_u += scale dS_tu q_t.  dq, dk, dv accumulate (zeroed by caller). */
 static void attention_bwd(double *dq, double *dk, double *dv, const double *dout, const double *P,
                           const double *q, const double *k, const double *v, int B, int T, int H,
-                          int Hkv, int D) {
+                          int Hkv, int D, const struct ref_attn *ra) {
   int group = H / Hkv;
-  double scale = 1.0 / sqrt((double)D);
+  double scale = ra->scale;
   double *dP = malloc(sizeof(double) * T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < H; h++)
@@ -224,6 +256,13 @@ static void attention_bwd(double *dq, double *dk, double *dv, const double *dout
         }
         for (int u = 0; u <= t; u++) {
           double dS = p[u] * (dP[u] - pdp);
+          if (ra->cap > 0) { /* through cap tanh(s / cap): times 1 - tanh^2 */
+            double s = 0;
+            for (int d = 0; d < D; d++)
+              s += q[((b * T + t) * H + h) * D + d] * k[((b * T + u) * Hkv + hk) * D + d];
+            double th = tanh(s * scale / ra->cap);
+            dS *= 1 - th * th;
+          }
           for (int d = 0; d < D; d++) {
             dq[((b * T + t) * H + h) * D + d] += scale * dS * k[((b * T + u) * Hkv + hk) * D + d];
             dk[((b * T + u) * Hkv + hk) * D + d] += scale * dS * q[((b * T + t) * H + h) * D + d];
@@ -265,7 +304,11 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
   int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, V = cfg->vocab, L = cfg->n_layer;
   int H = cfg->n_head, Hkv = cfg->n_kv_head, D = cfg->head_dim ? cfg->head_dim : C / H;
   int HD = H * D, KD = Hkv * D, bias = cfg->qkv_bias, qkn = cfg->qk_norm;
-  int post = cfg->norm_place == TZ_NORM_POST, all = qkn == TZ_QK_NORM_ALL;
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+  int all = qkn == TZ_QK_NORM_ALL;
+  norm_off = cfg->norm_offset ? 1.0 : 0.0;
+  /* Gemma's embedding scale, its final softcap */
+  double emb = cfg->embed_scale ? sqrt((double)C) : 1.0, fcap = cfg->final_softcap;
   /* the q and k norms' rows and widths: each head's D, or (all) the whole projection */
   int qrows = all ? N : N * H, qw = all ? HD : D, krows = all ? N : N * Hkv, kw = all ? KD : D;
   double eps = cfg->norm_eps;
@@ -291,8 +334,8 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
               {TZ_L_BV, bias ? KD : 0, bias},
               {TZ_L_QNORM, qkn ? qw : 0, qkn != 0},
               {TZ_L_KNORM, qkn ? kw : 0, qkn != 0},
-              {TZ_L_ATTN_NORM, post ? 0 : C, !post},
-              {TZ_L_MLP_NORM, post ? 0 : C, !post},
+              {TZ_L_ATTN_NORM, pre ? C : 0, pre},
+              {TZ_L_MLP_NORM, pre ? C : 0, pre},
               {TZ_L_ATTN_POST_NORM, post ? C : 0, post},
               {TZ_L_MLP_POST_NORM, post ? C : 0, post}};
   for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
@@ -358,15 +401,18 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
   /* Forward. */
   for (int n = 0; n < N; n++)
     for (int c = 0; c < C; c++)
-      ly[0].x[n * C + c] = wte[tokens[n] * C + c];
+      ly[0].x[n * C + c] = wte[tokens[n] * C + c] * emb;
   for (int i = 0; i < L; i++) {
     struct ref_layer *y = &ly[i];
     const double *P = params[i + 1];
 #define W(idx) (P + ll.t[idx].offset)
 #define WB(idx) (bias ? W(idx) : NULL)
-    /* OLMo 2 (post): no norm before the attention or the MLP; one on each one's output */
-    const double *h1 = post ? y->x : y->h1, *h2 = post ? y->x2 : y->h2;
-    if (!post)
+    /* OLMo 2 (post only): no norm before the attention or the MLP; one on each one's output;
+     * Gemma (both): each */
+    const double *h1 = pre ? y->h1 : y->x, *h2 = pre ? y->h2 : y->x2;
+    struct ref_attn ra = {cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)D),
+                          cfg->attn_softcap, tz_model_layer_window(cfg, i)};
+    if (pre)
       rmsnorm(y->h1, y->r1, y->x, W(TZ_L_ATTN_NORM), N, C, eps);
     /* transformers' Qwen2 / Qwen3 / OLMo 2 attention: q = q_proj(h) (bias included), then q_norm
      * over each head's D (or the whole projection), then the rotary embedding; likewise k; v has
@@ -386,7 +432,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     }
     rope(y->q, B, T, H, D, freqs, 1);
     rope(y->k, B, T, Hkv, D, freqs, 1);
-    attention(y->att, y->P, y->q, y->k, y->v, B, T, H, Hkv, D);
+    attention(y->att, y->P, y->q, y->k, y->v, B, T, H, Hkv, D, &ra);
     if (post) {
       linear(y->o, y->att, W(TZ_L_WO), N, HD, C);
       rmsnorm(y->x2, y->ro, y->o, W(TZ_L_ATTN_POST_NORM), N, C, eps);
@@ -395,12 +441,12 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     }
     for (int e = 0; e < N * C; e++)
       y->x2[e] += y->x[e];
-    if (!post)
+    if (pre)
       rmsnorm(y->h2, y->r2, y->x2, W(TZ_L_MLP_NORM), N, C, eps);
     linear(y->g, h2, W(TZ_L_WG), N, C, F);
     linear(y->u, h2, W(TZ_L_WU), N, C, F);
     for (int e = 0; e < N * F; e++)
-      y->a[e] = silu(y->g[e]) * y->u[e];
+      y->a[e] = gate_act(cfg->glu_act, y->g[e]) * y->u[e];
     double *out = i + 1 < L ? ly[i + 1].x : xL;
     if (post) {
       linear(y->m, y->a, W(TZ_L_WD), N, F, C);
@@ -416,6 +462,9 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
   rmsnorm(hN, rN, xL, hnorm, N, C, eps);
   linear(logits, hN, wlm, N, C, V);
   double total_loss = 0;
+  if (fcap > 0) /* Gemma 2's final softcap: the logits are capped ones */
+    for (size_t e = 0; e < (size_t)N * V; e++)
+      logits[e] = fcap * tanh(logits[e] / fcap);
   for (int n = 0; n < N; n++) {
     const double *row = logits + (size_t)n * V;
     double m = -INFINITY, z = 0;
@@ -426,8 +475,10 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     double lse = m + log(z);
     total_loss += lse - row[targets[n]];
     /* d(mean loss)/d logits = (softmax - onehot) / N */
-    for (int j = 0; j < V; j++)
-      dlogits[(size_t)n * V + j] = (exp(row[j] - lse) - (j == targets[n])) / N;
+    for (int j = 0; j < V; j++) {
+      double th = fcap > 0 ? row[j] / fcap : 0; /* through the cap: times 1 - tanh^2 */
+      dlogits[(size_t)n * V + j] = (exp(row[j] - lse) - (j == targets[n])) / N * (1 - th * th);
+    }
   }
   *loss = total_loss / N;
   if (logits_out)
@@ -447,7 +498,9 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
 #define W(idx) (P + ll.t[idx].offset)
 #define GW(idx) (G + ll.t[idx].offset)
 #define GB(idx) (bias ? GW(idx) : NULL)
-      const double *h1 = post ? y->x : y->h1, *h2 = post ? y->x2 : y->h2;
+      const double *h1 = pre ? y->h1 : y->x, *h2 = pre ? y->h2 : y->x2;
+      struct ref_attn ra = {cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)D),
+                            cfg->attn_softcap, tz_model_layer_window(cfg, i)};
       /* dx is the gradient at this layer's output; out = x2 + a wd^T (post: x2 + norm(m),
        * m = a wd^T) */
       memcpy(dx2, dx, sizeof(double) * N * C);
@@ -459,17 +512,15 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       }
       memset(da, 0, sizeof(double) * N * F);
       linear_bwd(da, GW(TZ_L_WD), dmo, y->a, W(TZ_L_WD), N, F, C);
-      /* a = silu(g) u: da/dg = u silu'(g), silu'(g) = s (1 + g (1 - s)), s = sigmoid(g) */
+      /* a = act(g) u: da/dg = u act'(g) */
       memset(dh, 0, sizeof(double) * N * C);
-      for (int e = 0; e < N * F; e++) {
-        double s = 1.0 / (1.0 + exp(-y->g[e]));
-        dgu[e] = da[e] * y->u[e] * s * (1.0 + y->g[e] * (1.0 - s));
-      }
+      for (int e = 0; e < N * F; e++)
+        dgu[e] = da[e] * y->u[e] * gate_slope(cfg->glu_act, y->g[e]);
       linear_bwd(dh, GW(TZ_L_WG), dgu, h2, W(TZ_L_WG), N, C, F);
       for (int e = 0; e < N * F; e++)
-        dgu[e] = da[e] * silu(y->g[e]);
+        dgu[e] = da[e] * gate_act(cfg->glu_act, y->g[e]);
       linear_bwd(dh, GW(TZ_L_WU), dgu, h2, W(TZ_L_WU), N, C, F);
-      if (post)
+      if (!pre)
         for (int e = 0; e < N * C; e++)
           dx2[e] += dh[e];
       else
@@ -487,7 +538,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       memset(dq, 0, sizeof(double) * N * HD);
       memset(dk, 0, sizeof(double) * N * KD);
       memset(dv, 0, sizeof(double) * N * KD);
-      attention_bwd(dq, dk, dv, datt, y->P, y->q, y->k, y->v, B, T, H, Hkv, D);
+      attention_bwd(dq, dk, dv, datt, y->P, y->q, y->k, y->v, B, T, H, Hkv, D, &ra);
       /* rope is a rotation: its backward is the inverse rotation */
       rope(dq, B, T, H, D, freqs, -1);
       rope(dk, B, T, Hkv, D, freqs, -1);
@@ -509,7 +560,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       linear_bwd(dh, GW(TZ_L_WQ), dqp, h1, W(TZ_L_WQ), N, C, HD);
       linear_bwd(dh, GW(TZ_L_WK), dkp, h1, W(TZ_L_WK), N, C, KD);
       linear_bwd(dh, GW(TZ_L_WV), dv, h1, W(TZ_L_WV), N, C, KD);
-      if (post)
+      if (!pre)
         for (int e = 0; e < N * C; e++)
           dx[e] += dh[e];
       else
@@ -520,7 +571,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     }
     for (int n = 0; n < N; n++)
       for (int c = 0; c < C; c++)
-        grads[0][tokens[n] * C + c] += dx[n * C + c];
+        grads[0][tokens[n] * C + c] += dx[n * C + c] * emb;
   }
   free(arena);
   free(ly);

@@ -318,6 +318,34 @@ static void test_ref_olmo2(void **state) {
   compare_with_reference(c, 1, 16, 113);
 }
 
+/* Gemma 2: (1 + w) norms before and after each part, the tanh-gelu gate, the embedding scaled,
+ * the attention's own scale, soft-capped scores and logits, sliding layers (window 3 < T)
+ * alternating with full ones, a tied head. */
+static struct tz_model_config gemma2_cfg(void) {
+  struct tz_model_config c = small_cfg();
+  c.norm_place = TZ_NORM_BOTH;
+  c.norm_offset = 1;
+  c.glu_act = TZ_GLU_GELU_TANH;
+  c.embed_scale = 1;
+  c.attn_scale = 0.3;
+  c.attn_softcap = 2.0;
+  c.final_softcap = 3.0;
+  c.sliding_window = 3;
+  c.window_pattern = 2;
+  c.tie_embeddings = 1;
+  return c;
+}
+
+static void test_ref_gemma2(void **state) {
+  (void)state;
+  compare_with_reference(gemma2_cfg(), 2, 7, 121);
+  struct tz_model_config c = gemma2_cfg(); /* with q/k norms (Gemma 3), every layer sliding */
+  c.qk_norm = TZ_QK_NORM_HEAD;
+  c.window_pattern = 0;
+  c.tie_embeddings = 0;
+  compare_with_reference(c, 1, 16, 122);
+}
+
 static void test_ref_qkv_bias(void **state) {
   (void)state;
   struct tz_model_config c = small_cfg();
@@ -416,6 +444,7 @@ static void test_all_on_bits(void **state) {
   (void)state;
   all_on_bits(all_on_cfg());
   all_on_bits(olmo2_all_on_cfg());
+  all_on_bits(gemma2_cfg());
 }
 
 /* The layout with the optional tensors; Llama's unchanged; the sizes that follow H*D. */
@@ -735,6 +764,7 @@ static void test_partial_recompute_bits(void **state) {
   (void)state;
   partial_recompute_bits(all_on_cfg());
   partial_recompute_bits(olmo2_all_on_cfg());
+  partial_recompute_bits(gemma2_cfg());
   struct tz_model_config q;
   TZ_ASSERT_OK(tz_model_preset("llama-7b", &q));
   double N = 4.0 * 2048;
@@ -824,6 +854,7 @@ int main(void) {
       cmocka_unit_test(test_ref_qkv_bias),
       cmocka_unit_test(test_ref_qk_norm),
       cmocka_unit_test(test_ref_olmo2),
+      cmocka_unit_test(test_ref_gemma2),
       cmocka_unit_test(test_ref_linear_rope),
       cmocka_unit_test(test_ref_llama3_rope),
       cmocka_unit_test(test_ref_head_dim_wide),

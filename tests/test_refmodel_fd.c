@@ -136,6 +136,24 @@ static void test_fd_olmo2(void **state) {
   check_fd(&c, 2, 5, 16);
 }
 
+/* Gemma 2's math: (1 + w) norms on both sides of each part, the tanh-gelu gate, the scaled
+ * embedding, the attention's scale and softcap, a window of 2 on the first layer, the final
+ * softcap; tied. */
+static void test_fd_gemma2(void **state) {
+  (void)state;
+  struct tz_model_config c = tiny_cfg(1);
+  c.norm_place = TZ_NORM_BOTH;
+  c.norm_offset = 1;
+  c.glu_act = TZ_GLU_GELU_TANH;
+  c.embed_scale = 1;
+  c.attn_scale = 0.4;
+  c.attn_softcap = 1.5;
+  c.final_softcap = 2.0;
+  c.sliding_window = 2;
+  c.window_pattern = 2;
+  check_fd(&c, 2, 5, 17);
+}
+
 /* D = 4: frequencies 1 (wavelength 2 pi, in the smoothed band between 16 / 4 and 16 / 1) and
  * 1/100 (slowed by the factor). */
 static struct tz_model_config llama3(struct tz_model_config c) {
@@ -192,11 +210,12 @@ static void test_uniform_loss(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fd_untied_gqa),  cmocka_unit_test(test_fd_tied_gqa),
-      cmocka_unit_test(test_fd_mha),         cmocka_unit_test(test_fd_qkv_bias),
-      cmocka_unit_test(test_fd_qk_norm),     cmocka_unit_test(test_fd_olmo2),
-      cmocka_unit_test(test_fd_llama3_rope), cmocka_unit_test(test_fd_head_dim),
-      cmocka_unit_test(test_fd_all_on),      cmocka_unit_test(test_uniform_loss),
+      cmocka_unit_test(test_fd_untied_gqa), cmocka_unit_test(test_fd_tied_gqa),
+      cmocka_unit_test(test_fd_mha),        cmocka_unit_test(test_fd_qkv_bias),
+      cmocka_unit_test(test_fd_qk_norm),    cmocka_unit_test(test_fd_olmo2),
+      cmocka_unit_test(test_fd_gemma2),     cmocka_unit_test(test_fd_llama3_rope),
+      cmocka_unit_test(test_fd_head_dim),   cmocka_unit_test(test_fd_all_on),
+      cmocka_unit_test(test_uniform_loss),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
