@@ -10,7 +10,7 @@ the export's names of each case are its row's, and the table says what docs/mode
 needs of a row (a model_type, an architecture, JSON export keys).
 
 Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, mistral, qwen2, qwen3, head_dim,
-olmo2, phi3, table)"""
+olmo2, phi3, gemma2, table)"""
 import json
 import os
 import shutil
@@ -50,6 +50,14 @@ FAMILIES = {
     # heads of 4: rows 64 + 2 * 32).
     "phi3": ("phi3", "Phi3ForCausalLM", {"sliding_window": None, "resid_pdrop": 0.0,
                                          "embd_pdrop": 0.0}),
+    # Gemma 2: (1 + w) norms on both sides of each part, tanh-gelu gate, scaled embedding, a
+    # query_pre_attn_scalar other than head_dim, both softcaps, and a window (8) shorter than the
+    # sequence (16) on every other layer.
+    "gemma2": ("gemma2", "Gemma2ForCausalLM", {
+        "head_dim": 16, "query_pre_attn_scalar": 12, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_act": "gelu_pytorch_tanh", "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0, "sliding_window": 8, "tie_word_embeddings": True,
+        "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0}),
 }
 
 
@@ -250,6 +258,25 @@ def main():
                 failures.append("the fused checkpoint's logits differ from the split one's")
             if a.split("loss")[1].split()[0] != b.split("loss")[1].split()[0]:
                 failures.append(f"the fused checkpoint's loss differs:\n{a}\n{b}")
+        if FAMILY == "gemma2":
+            # Gemma's keys go out as they came in; a pattern, an activation or a scalar it does
+            # not implement is refused by name.
+            for k in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+                      "sliding_window", "layer_types", "hidden_activation"):
+                if exported.get(k) != cfg[k]:
+                    failures.append(f"export's {k} {exported.get(k)!r}, not {cfg[k]!r}")
+            for extra, key in (({"layer_types": ["full_attention", "sliding_attention"]},
+                                "layer_types"),
+                               ({"hidden_activation": "gelu"}, "hidden_activation"),
+                               ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar"),
+                               ({"final_logit_softcapping": -1.0}, "final_logit_softcapping")):
+                with open(at("refused.json"), "w") as f:
+                    json.dump(dict(cfg, **extra), f)
+                p = subprocess.run([TZ_TRAIN, "--model", at("refused.json"), "--steps", "1",
+                                    *common], capture_output=True, text=True)
+                if p.returncode == 0 or key not in p.stderr:
+                    failures.append(f"{key}: not refused by name (exit {p.returncode}): "
+                                    f"{p.stderr.strip()}")
         for msg in failures:
             print(f"FAIL: {FAMILY}: {msg}", file=sys.stderr)
         print(f"test_families {FAMILY}: {'%d failed' % len(failures) if failures else 'passed'}")

@@ -278,6 +278,9 @@ def family_config(args, table):
         d["use_sliding_window"] = False
         d["sliding_window"] = args.sliding_window or args.max_seq
         d["max_window_layers"] = args.layers
+    elif row["window"] == "layers":
+        # the family's pattern of sliding and full layers (transformers' default layer_types)
+        d["sliding_window"] = args.sliding_window or row["window_default"]
     elif args.sliding_window:
         raise SystemExit("--sliding-window: family %s has no sliding window" % fam)
     return d

@@ -53,6 +53,22 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                         .window = TZ_WINDOW_ALWAYS,
                         .window_default = 0,
                         .export_keys = "{\"resid_pdrop\": 0.0, \"embd_pdrop\": 0.0}"},
+    [TZ_FAMILY_GEMMA2] = {.id = TZ_FAMILY_GEMMA2,
+                          .model_type = "gemma2",
+                          .architecture = "Gemma2ForCausalLM",
+                          .max_pos = 8192,
+                          .norm_place = TZ_NORM_BOTH,
+                          .window = TZ_WINDOW_LAYERS,
+                          .window_default = 4096,
+                          .window_pattern = 2,
+                          .gemma = 1,
+                          .query_pre_attn_scalar = 256,
+                          .attn_softcap = 50.0,
+                          .final_softcap = 30.0,
+                          .export_keys = "{\"attention_bias\": false, \"hidden_activation\": "
+                                         "\"gelu_pytorch_tanh\", \"hidden_act\": "
+                                         "\"gelu_pytorch_tanh\", \"cache_implementation\": "
+                                         "\"hybrid\"}"},
 };
 
 const struct tz_family *tz_family_of(enum tz_model_family f) {
@@ -102,18 +118,22 @@ const char *tz_family_list(void) {
 }
 
 char *tz_family_table_json(void) {
-  static const char *const windows[] = {"none", "always", "opt-in"};
-  static const char *const qk_norms[] = {"none", "head", "all"}, *const places[] = {"pre", "post"};
+  static const char *const windows[] = {"none", "always", "opt-in", "layers"};
+  static const char *const qk_norms[] = {"none", "head", "all"}, *const places[] = {"pre", "post",
+                                                                                    "both"};
   json_t *a = json_array();
   for (int f = 0; a && f < TZ_FAMILY_COUNT; f++) {
     const struct tz_family *r = &tz_families[f];
     json_t *keys = json_loads(r->export_keys, 0, NULL);
-    json_t *o =
-        json_pack("{s:s, s:s, s:i, s:b, s:s, s:s, s:b, s:s, s:i, s:o}", "model_type", r->model_type,
-                  "architecture", r->architecture, "max_position_embeddings", r->max_pos,
-                  "qkv_bias", r->qkv_bias, "qk_norm", qk_norms[r->qk_norm], "norm_place",
-                  places[r->norm_place], "fused_proj", r->fused_proj, "window", windows[r->window],
-                  "window_default", r->window_default, "export_keys", keys ? keys : json_object());
+    json_t *o = json_pack(
+        "{s:s, s:s, s:i, s:b, s:s, s:s, s:b, s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:o}", "model_type",
+        r->model_type, "architecture", r->architecture, "max_position_embeddings", r->max_pos,
+        "qkv_bias", r->qkv_bias, "qk_norm", qk_norms[r->qk_norm], "norm_place",
+        places[r->norm_place], "fused_proj", r->fused_proj, "window", windows[r->window],
+        "window_default", r->window_default, "window_pattern", r->window_pattern, "gemma", r->gemma,
+        "query_pre_attn_scalar", r->query_pre_attn_scalar, "attn_logit_softcapping",
+        r->attn_softcap, "final_logit_softcapping", r->final_softcap, "export_keys",
+        keys ? keys : json_object());
     if (!o || json_array_append_new(a, o) < 0) {
       json_decref(a);
       return NULL;

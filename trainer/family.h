@@ -15,6 +15,10 @@ enum tz_family_window {
                        absent, none when it is null (mistral) */
   TZ_WINDOW_OPT_IN, /* sliding_window applies only where use_sliding_window is true, which is
                        refused: windowed layers are not implemented (qwen2, qwen3) */
+  TZ_WINDOW_LAYERS, /* sliding_window (window_default when absent, none when null) applies to
+                       the layers of the family's pattern (window_pattern), which layer_types,
+                       when given, must follow: "full_attention" for layer i when
+                       (i + 1) % window_pattern == 0, "sliding_attention" otherwise (gemma2) */
 };
 
 struct tz_family {
@@ -32,7 +36,17 @@ struct tz_family {
                      then v) and gate and up as one mlp.gate_up_proj (gate, then up): split on
                      import, fused again on export (phi3) */
   enum tz_family_window window;
-  int window_default; /* TZ_WINDOW_ALWAYS: the window when sliding_window is absent */
+  int window_default; /* TZ_WINDOW_ALWAYS, TZ_WINDOW_LAYERS: the window when sliding_window is
+                         absent */
+  int window_pattern; /* TZ_WINDOW_LAYERS: every window_pattern-th layer attends fully */
+  /* Gemma's math (the model config's norm_offset, glu_act, embed_scale, attn_scale, attn_softcap
+   * and final_softcap): norms (1 + w), the embedding scaled by sqrt(hidden_size), the gate's
+   * activation from hidden_activation (gelu_pytorch_tanh only; hidden_act is not read, as
+   * transformers does not), the scores scaled by query_pre_attn_scalar^-1/2 and soft-capped by
+   * attn_logit_softcapping, the logits by final_logit_softcapping; each key's default below
+   * when absent, a softcap null for none. */
+  int gemma;
+  double query_pre_attn_scalar, attn_softcap, final_softcap;
   /* The constant keys the family's config class writes (save_pretrained), as a JSON object that
    * the export merges in; the window keys follow from `window`. */
   const char *export_keys;

@@ -77,6 +77,9 @@ int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, 
     n = snprintf(buf, len, "model.norm.weight");
   else if (block == nb - 1 && tensor == TZ_H_LM && !cfg->tie_embeddings)
     n = snprintf(buf, len, "lm_head.weight");
+  else if (block > 0 && block < nb - 1 && tensor == TZ_L_MLP_NORM &&
+           cfg->norm_place == TZ_NORM_BOTH) /* Gemma's: post_attention_layernorm is on the output */
+    n = snprintf(buf, len, "model.layers.%d.pre_feedforward_layernorm.weight", block - 1);
   else if (block > 0 && block < nb - 1 && tensor >= 0 && tensor < TZ_L_COUNT)
     n = snprintf(buf, len, "model.layers.%d.%s", block - 1, layer_names[tensor]);
   else

@@ -253,10 +253,20 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
   char t[100];
   json_t *v;
   const struct tz_family *fam = tz_family_of(cfg->family);
-  if ((v = jget(p, "hidden_act")) && (!json_is_string(v) || strcmp(json_string_value(v), "silu")))
+  /* Gemma's gate activation is hidden_activation's (its config class has no hidden_act) */
+  if (fam->gemma) {
+    if ((v = jget(p, "hidden_activation")) &&
+        (!json_is_string(v) || strcmp(json_string_value(v), "gelu_pytorch_tanh")))
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"hidden_activation\" is %s: model_type %s's MLP is implemented "
+                        "with \"gelu_pytorch_tanh\" only",
+                        p->path, jtext(v, t, sizeof t), fam->model_type);
+  } else if ((v = jget(p, "hidden_act")) &&
+             (!json_is_string(v) || strcmp(json_string_value(v), "silu"))) {
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"hidden_act\" is %s: the MLP is SwiGLU, only \"silu\" is implemented",
                       p->path, jtext(v, t, sizeof t));
+  }
   if ((v = jget(p, "mlp_bias")) && !json_is_false(v))
     return tz_err_set(TZ_ENOTSUP, "%s: \"mlp_bias\" is %s: the MLP projections have no biases here",
                       p->path, jtext(v, t, sizeof t));
@@ -289,16 +299,18 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
                         "as transformers does)",
                         p->path, drops[i], jtext(v, t, sizeof t));
   static const char *const caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 2 && !fam->gemma; i++)
     if ((v = jget(p, caps[i])))
-      return tz_err_set(TZ_ENOTSUP, "%s: \"%s\" is %s: logit softcapping is not implemented",
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"%s\" is %s: logit softcapping is implemented for the Gemma "
+                        "families only",
                         p->path, caps[i], jtext(v, t, sizeof t));
   if ((v = jget(p, "use_sliding_window")) && !json_is_false(v))
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"use_sliding_window\" is %s: sliding-window attention layers are not "
                       "implemented (attention is full causal)",
                       p->path, jtext(v, t, sizeof t));
-  if ((v = jget(p, "layer_types"))) {
+  if ((v = jget(p, "layer_types")) && fam->window != TZ_WINDOW_LAYERS) {
     if (!json_is_array(v) || json_array_size(v) != (size_t)cfg->n_layer)
       return tz_err_set(TZ_ECONFIG,
                         "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
@@ -335,6 +347,74 @@ static int parse_window(const struct cfgp *p, const struct tz_model_config *cfg,
     return 0;
   }
   return get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, window);
+}
+
+/* TZ_WINDOW_LAYERS (gemma2): the window of the sliding layers, and layer_types, when given, the
+ * family's pattern (family.h). */
+static int parse_layer_windows(const struct cfgp *p, struct tz_model_config *cfg) {
+  const struct tz_family *fam = tz_family_of(cfg->family);
+  json_t *raw = json_object_get(p->root, "sliding_window");
+  char t[100];
+  if (raw && !json_is_null(raw) && !json_is_integer(raw))
+    return tz_err_set(TZ_ECONFIG, "%s: \"sliding_window\" must be an integer or null, not %s",
+                      p->path, jtext(raw, t, sizeof t));
+  cfg->window_pattern = fam->window_pattern;
+  if (!raw)
+    cfg->sliding_window = fam->window_default;
+  else if (json_is_null(raw))
+    cfg->sliding_window = 0;
+  else
+    TZ_CHECK(get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, &cfg->sliding_window));
+  json_t *v = jget(p, "layer_types");
+  if (!v)
+    return 0;
+  if (!json_is_array(v) || json_array_size(v) != (size_t)cfg->n_layer)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
+                      "not %s",
+                      p->path, cfg->n_layer, jtext(v, t, sizeof t));
+  for (int i = 0; i < cfg->n_layer; i++) {
+    json_t *e = json_array_get(v, (size_t)i);
+    const char *want = (i + 1) % fam->window_pattern == 0 ? "full_attention" : "sliding_attention";
+    if (!json_is_string(e) || strcmp(json_string_value(e), want) != 0)
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"layer_types\"[%d] is %s where model_type %s's pattern (every "
+                        "%d%s layer full, the others sliding) has \"%s\": other patterns are "
+                        "not implemented",
+                        p->path, i, jtext(e, t, sizeof t), fam->model_type, fam->window_pattern,
+                        fam->window_pattern == 2 ? "nd" : "th", want);
+  }
+  return 0;
+}
+
+/* Gemma's scale and softcaps (family.h, gemma): the key's number, the family's default when
+ * absent; a softcap null is none (0), a scalar must be positive. */
+static int parse_gemma(const struct cfgp *p, struct tz_model_config *cfg) {
+  const struct tz_family *fam = tz_family_of(cfg->family);
+  cfg->norm_offset = 1;
+  cfg->embed_scale = 1;
+  cfg->glu_act = TZ_GLU_GELU_TANH;
+  double qpas;
+  TZ_CHECK(num_of(p, p->root, "", "query_pre_attn_scalar", 0, fam->query_pre_attn_scalar, &qpas));
+  if (!(qpas > 0))
+    return tz_err_set(TZ_ECONFIG, "%s: \"query_pre_attn_scalar\" %g must be positive", p->path,
+                      qpas);
+  cfg->attn_scale = 1.0 / sqrt(qpas);
+  const char *keys[2] = {"attn_logit_softcapping", "final_logit_softcapping"};
+  double dflt[2] = {fam->attn_softcap, fam->final_softcap};
+  double *out[2] = {&cfg->attn_softcap, &cfg->final_softcap};
+  for (int i = 0; i < 2; i++) {
+    json_t *v = json_object_get(p->root, keys[i]);
+    if (v && json_is_null(v)) {
+      *out[i] = 0;
+      continue;
+    }
+    TZ_CHECK(num_of(p, p->root, "", keys[i], 0, dflt[i], out[i]));
+    if (!(*out[i] > 0) || !isfinite(*out[i]))
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g must be positive (null: none)", p->path, keys[i],
+                        *out[i]);
+  }
+  return 0;
 }
 
 static int parse_config(json_t *root, const char *path, struct tz_model_config *cfg,
@@ -400,6 +480,10 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   cfg->head_dim = cfg->d_model % cfg->n_head == 0 && D == cfg->d_model / cfg->n_head ? 0 : D;
   TZ_CHECK(refuse_unsupported(&p, cfg));
   TZ_CHECK(parse_window(&p, cfg, &info->sliding_window));
+  if (fam->window == TZ_WINDOW_LAYERS)
+    TZ_CHECK(parse_layer_windows(&p, cfg));
+  if (fam->gemma)
+    TZ_CHECK(parse_gemma(&p, cfg));
   TZ_CHECK(parse_ropes(&p, cfg));
   TZ_CHECK(num_of(&p, root, "", "rms_norm_eps", 0, 1e-6, &cfg->norm_eps));
   if (cfg->norm_eps < 0)
@@ -605,6 +689,16 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
                         info && info->sliding_window ? json_integer(info->sliding_window)
                                                      : json_null());
     break;
+  case TZ_WINDOW_LAYERS: {
+    json_object_set_new(r, "sliding_window",
+                        cfg->sliding_window ? json_integer(cfg->sliding_window) : json_null());
+    json_t *lt = json_array();
+    for (int i = 0; i < cfg->n_layer; i++)
+      json_array_append_new(
+          lt, json_string((i + 1) % cfg->window_pattern ? "sliding_attention" : "full_attention"));
+    json_object_set_new(r, "layer_types", lt);
+    break;
+  }
   case TZ_WINDOW_OPT_IN: {
     json_object_set_new(r, "use_sliding_window", json_false());
     json_object_set_new(r, "sliding_window", json_null());
@@ -615,6 +709,17 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     json_object_set_new(r, "layer_types", lt);
     break;
   }
+  }
+  if (fam->gemma) {
+    /* query_pre_attn_scalar back from the scale: the integer it was where it was one */
+    double q = 1.0 / (cfg->attn_scale * cfg->attn_scale);
+    json_object_set_new(r, "query_pre_attn_scalar",
+                        fabs(q - nearbyint(q)) < 1e-9 * q ? json_integer((json_int_t)nearbyint(q))
+                                                          : json_real(q));
+    json_object_set_new(r, "attn_logit_softcapping",
+                        cfg->attn_softcap > 0 ? json_real(cfg->attn_softcap) : json_null());
+    json_object_set_new(r, "final_logit_softcapping",
+                        cfg->final_softcap > 0 ? json_real(cfg->final_softcap) : json_null());
   }
   int rc = tz_hf_write_json(dir, "config.json", r);
   json_decref(r);

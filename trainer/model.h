@@ -35,7 +35,10 @@
  *   olmo2   (Olmo2ForCausalLM, OLMo 2): the norms on the attention's and the MLP's outputs before
  *           the residual, none before them; RMSNorm of the whole q and k projections
  *   phi3    (Phi3ForCausalLM, Phi-3 and Phi-4 with full rotary and default RoPE): llama's math,
- *           its checkpoints' q/k/v and gate/up projections fused (trainer/hf.c) */
+ *           its checkpoints' q/k/v and gate/up projections fused (trainer/hf.c)
+ *   gemma2  (Gemma2ForCausalLM, Gemma 2): (1 + w) norms before and after each part, the
+ *           tanh-gelu gate, the embedding scaled, the scores scaled by query_pre_attn_scalar and
+ *           soft-capped, the logits soft-capped, sliding layers alternating with full ones */
 enum tz_model_family {
   TZ_FAMILY_LLAMA = 0,
   TZ_FAMILY_MISTRAL,
@@ -43,6 +46,7 @@ enum tz_model_family {
   TZ_FAMILY_QWEN3,
   TZ_FAMILY_OLMO2,
   TZ_FAMILY_PHI3,
+  TZ_FAMILY_GEMMA2,
   TZ_FAMILY_COUNT
 };
 

@@ -101,6 +101,15 @@ static const struct {
     MF_INFO(bos_id, F_INT),
     MF_INFO(eos_id, F_INT),
     MF_INFO(pad_id, F_INT),
+    /* later fields: a checkpoint without them had them 0 (check_model) */
+    MF(norm_offset, F_INT),
+    MF(glu_act, F_INT),
+    MF(embed_scale, F_INT),
+    MF(attn_scale, F_DBL),
+    MF(attn_softcap, F_DBL),
+    MF(final_softcap, F_DBL),
+    MF(sliding_window, F_INT),
+    MF(window_pattern, F_INT),
 };
 #undef MF
 #undef MF_INFO
@@ -163,9 +172,11 @@ static int check_model(tz_ckpt_reader *r, json_t *m, const struct tz_model_confi
       continue;
     json_t *a = json_object_get(m, model_fields[i].name),
            *b = json_object_get(mine, model_fields[i].name);
+    /* a field the checkpoint lacks came after it, when its value was 0 */
     int same =
-        a && (json_is_number(a) && json_is_number(b) ? json_number_value(a) == json_number_value(b)
-                                                     : json_equal(a, b));
+        a ? (json_is_number(a) && json_is_number(b) ? json_number_value(a) == json_number_value(b)
+                                                    : json_equal(a, b))
+          : json_is_number(b) && json_number_value(b) == 0;
     if (!same) {
       char va[64], vb[64];
       field_text(a, va, sizeof va);
