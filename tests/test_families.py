@@ -260,7 +260,13 @@ def main():
                 failures.append(f"the fused checkpoint's loss differs:\n{a}\n{b}")
         if FAMILY == "gemma2":
             # Gemma's keys go out as they came in; a pattern, an activation or a scalar it does
-            # not implement is refused by name.
+            # not implement is refused by name; so is the cuda backend, at start, until its
+            # kernels for Gemma's math run on a GPU.
+            p = subprocess.run([TZ_TRAIN, "--model", at("config.json"), "--backend", "cuda",
+                                "--steps", "1", *common], capture_output=True, text=True)
+            if p.returncode != 2 or "the cpu backend alone computes its" not in p.stderr:
+                failures.append(f"--backend cuda: not refused at start (exit {p.returncode}): "
+                                f"{p.stderr.strip()}")
             for k in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
                       "sliding_window", "layer_types", "hidden_activation"):
                 if exported.get(k) != cfg[k]:

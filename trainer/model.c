@@ -124,6 +124,16 @@ int tz_model_config_check(const struct tz_model_config *c) {
   return 0;
 }
 
+const char *tz_model_variant(const struct tz_model_config *cfg) {
+  return cfg->attn_softcap > 0     ? "soft-capped attention scores"
+         : cfg->sliding_window > 0 ? "sliding-window attention"
+         : cfg->attn_scale > 0     ? "an attention scale other than 1/sqrt(head_dim)"
+         : cfg->norm_offset        ? "(1 + w) norms"
+         : cfg->glu_act            ? "the gelu_pytorch_tanh gate"
+         : cfg->final_softcap > 0  ? "soft-capped logits"
+                                   : NULL;
+}
+
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer) {
   if (cfg->sliding_window <= 0)
     return 0;

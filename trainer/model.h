@@ -108,6 +108,10 @@ struct tz_model_config {
   int sliding_window, window_pattern;
 };
 
+/* The first of Gemma's variants cfg uses ("a soft-capped attention", ...), which only backends with
+ * the variants compute (kernels/compute.h: the cpu one); NULL for none. */
+const char *tz_model_variant(const struct tz_model_config *cfg);
+
 /* The attention window of layer i (0-based) of cfg: 0 for full attention. */
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer);
 

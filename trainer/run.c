@@ -484,6 +484,18 @@ static void find_tokenizer(struct run *r) {
     snprintf(r->tokenizer, sizeof r->tokenizer, "%s", r->o->tokenizer);
 }
 
+/* Gemma's math runs on the cpu backend only (kernels/compute.h, variants): refused at start on
+ * another, naming what of it the model uses. */
+static int backend_computes(const struct run *r) {
+  const char *variant = tz_model_variant(&r->mc);
+  if (!variant || !r->o->backend || strcmp(r->o->backend, "cpu") == 0)
+    return 0;
+  return tz_err_set(TZ_ENOTSUP,
+                    "model_type %s on the %s backend: the cpu backend alone computes its %s, "
+                    "until the CUDA kernels for it are checked on a GPU (--backend cpu)",
+                    tz_model_family_name(r->mc.family), r->o->backend, variant);
+}
+
 /* The model: the preset or config.json named by --model or tierzero.model; with
  * --import-safetensors and none named, the checkpoint's config (its max_seq from the checkpoint
  * too). */
@@ -496,6 +508,7 @@ static int choose_model(struct run *r) {
     r->mc = *tz_hf_config(r->hm);
     r->model_name = o->import_dir;
     find_tokenizer(r);
+    TZ_CHECK(backend_computes(r));
     /* Attention is full causal: a family's sliding window must cover the training sequence. */
     return tz_hf_check_window(tz_hf_info(r->hm), o->seq);
   }
@@ -510,6 +523,7 @@ static int choose_model(struct run *r) {
     TZ_CHECK(tz_hf_config_read_info(preset, &c, NULL, &info));
     TZ_CHECK(tz_hf_check_window(&info, o->seq));
   }
+  TZ_CHECK(backend_computes(r));
   const char *diff = r->hm ? model_mismatch(&r->mc, tz_hf_config(r->hm)) : NULL;
   if (diff)
     return tz_err_set(TZ_ECONFIG, "--import-safetensors %s: its %s differs from model %s's",
