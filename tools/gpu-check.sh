@@ -89,8 +89,13 @@ if has families && [ -x $b/bin/tz-model-check ]; then
     rm -rf "$d"
     step fam-$name-make $hf make "$d" "$@" --tz $b/bin/tz-model-check || return
     step fam-$name-f32 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --tz $b/bin/tz-model-check
-    step fam-$name-bf16 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --dtype bfloat16 \
-      --tz $b/bin/tz-model-check
+    # a family whose math the cuda backend does not have yet (gemma2: refused by name there)
+    # is checked on the cpu backend alone: FAM_CPU_ONLY lists them
+    [[ " ${FAM_CPU_ONLY:-gemma2 gemma-2-2b} " == *" $name "* ]] && local cpu=(--backend cpu) ||
+      local cpu=()
+    [ ${#cpu[@]} -eq 0 ] &&
+      step fam-$name-bf16 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --dtype bfloat16 \
+        --tz $b/bin/tz-model-check
     step fam-$name-gen $hf generate "$d" --tokens 3,1,4,1,5 --new 16 --tz $b/bin/tz-model-check
     # 20 steps on text (byte tokens, valid in every vocabulary) on the GPU, the loss falling; the
     # export loaded back by transformers with equal logits, on text like the training's (on
@@ -99,7 +104,8 @@ if has families && [ -x $b/bin/tz-model-check ]; then
     # of the largest). The logits are the test (1e-4 of the largest); the loss of a trained
     # model, whose softmax is sharper, gets 1e-4: the released shapes, trained 20 steps, came to
     # 1.3e-5 to 8.5e-5 with every logit within 1.5e-6 of the largest.
-    step fam-$name-train $b/bin/tz-train --import-safetensors "$d" --auto-placement --steps 20 \
+    step fam-$name-train $b/bin/tz-train "${cpu[@]}" --import-safetensors "$d" --auto-placement \
+      --steps 20 \
       --seq 128 --data text:docs/training.md --metrics "$d.jsonl" --export-safetensors "$d-out" \
       --export-dtype f32 &&
       step fam-$name-falls python3 -c 'import json,sys
@@ -118,6 +124,7 @@ print("loss %.4f -> %.4f" % (l[0], l[-1])); sys.exit(0 if l[-1] < l[0] else 1)' 
   fam_check llama-hd --family llama --head-dim 32 --kv-heads 1
   fam_check olmo2 --family olmo2
   fam_check phi3 --family phi3
+  fam_check gemma2 --family gemma2 --head-dim 16 --sliding-window 8
   fam_check llama-3.2-1b --from-config tests/data/hf/llama-3.2-1b.json --layers 12
   fam_check mistral-7b-v0.3 --from-config tests/data/hf/mistral-7b-v0.3.json --layers 3
   fam_check mistral-nemo --from-config tests/data/hf/mistral-nemo-base-2407.json --layers 1
@@ -125,6 +132,7 @@ print("loss %.4f -> %.4f" % (l[0], l[-1])); sys.exit(0 if l[-1] < l[0] else 1)' 
   fam_check qwen3-1.7b --from-config tests/data/hf/qwen3-1.7b.json --layers 14
   fam_check olmo-2-1b --from-config tests/data/hf/olmo-2-0425-1b.json --layers 8
   fam_check phi-3-mini --from-config tests/data/hf/phi-3-mini-4k-instruct.json --layers 8
+  fam_check gemma-2-2b --from-config tests/data/hf/gemma-2-2b.json --layers 2
   rm -rf /tmp/tz-fam-*
 fi
 has layer && grep -q '"layer"' bench/tz-bench.c && step layer $b/bin/tz-bench layer
