@@ -110,6 +110,18 @@ static void rope_freqs(const struct tz_model_config *cfg, int D, double *f) {
   }
 }
 
+/* Layer i's frequencies: the sliding layers' own base with rope_local_theta (Gemma 3's
+ * rope_local_base_freq, default type), else the model's. */
+static void layer_freqs(const struct tz_model_config *cfg, int layer, int D, double *f) {
+  int slides = cfg->window_pattern <= 0 || (layer + 1) % cfg->window_pattern != 0;
+  if (cfg->rope_local_theta > 0 && slides) {
+    for (int i = 0; i < D / 2; i++)
+      f[i] = pow(cfg->rope_local_theta, -2.0 * i / D);
+    return;
+  }
+  rope_freqs(cfg, D, f);
+}
+
 /* Rotates x (B, T, nh, D) in place by the angles t * f[i]: sign +1 forward, -1 the inverse (the
  * backward). */
 static void rope(double *x, int B, int T, int nh, int D, const double *f, double sign) {
@@ -318,7 +330,6 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
   if (D % 2 || D / 2 > 512)
     return tz_err_set(TZ_EINVAL, "ref model: head dim %d", D);
   double freqs[512];
-  rope_freqs(cfg, D, freqs);
   struct tz_block_layout ll, hl;
   tz_model_block_layout(cfg, 1, &ll);
   tz_model_block_layout(cfg, L + 1, &hl);
@@ -412,6 +423,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     const double *h1 = pre ? y->h1 : y->x, *h2 = pre ? y->h2 : y->x2;
     struct ref_attn ra = {cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)D),
                           cfg->attn_softcap, tz_model_layer_window(cfg, i)};
+    layer_freqs(cfg, i, D, freqs);
     if (pre)
       rmsnorm(y->h1, y->r1, y->x, W(TZ_L_ATTN_NORM), N, C, eps);
     /* transformers' Qwen2 / Qwen3 / OLMo 2 attention: q = q_proj(h) (bias included), then q_norm
@@ -501,6 +513,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       const double *h1 = pre ? y->h1 : y->x, *h2 = pre ? y->h2 : y->x2;
       struct ref_attn ra = {cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)D),
                             cfg->attn_softcap, tz_model_layer_window(cfg, i)};
+      layer_freqs(cfg, i, D, freqs);
       /* dx is the gradient at this layer's output; out = x2 + a wd^T (post: x2 + norm(m),
        * m = a wd^T) */
       memcpy(dx2, dx, sizeof(double) * N * C);

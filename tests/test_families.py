@@ -10,7 +10,7 @@ the export's names of each case are its row's, and the table says what docs/mode
 needs of a row (a model_type, an architecture, JSON export keys).
 
 Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, mistral, qwen2, qwen3, head_dim,
-olmo2, phi3, gemma2, table)"""
+olmo2, phi3, gemma2, gemma3, table)"""
 import json
 import os
 import shutil
@@ -58,6 +58,12 @@ FAMILIES = {
         "hidden_act": "gelu_pytorch_tanh", "attn_logit_softcapping": 50.0,
         "final_logit_softcapping": 30.0, "sliding_window": 8, "tie_word_embeddings": True,
         "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0}),
+    # Gemma 3 (text): q/k norms, no softcaps, the hub's keys for the pattern (every 2nd layer
+    # full here) and the sliding layers' RoPE base, a window shorter than the sequence.
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM", {
+        "head_dim": 16, "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": 8, "sliding_window_pattern": 2, "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0, "tie_word_embeddings": True, "pad_token_id": 0}),
 }
 
 
@@ -258,6 +264,30 @@ def main():
                 failures.append("the fused checkpoint's logits differ from the split one's")
             if a.split("loss")[1].split()[0] != b.split("loss")[1].split()[0]:
                 failures.append(f"the fused checkpoint's loss differs:\n{a}\n{b}")
+        if FAMILY == "gemma3":
+            # the pattern and both ropes go out as transformers 4 and 5 read them
+            want = {"sliding_window_pattern": 2, "rope_local_base_freq": 10000.0,
+                    "rope_theta": 1000000.0, "layer_types": ["sliding_attention", "full_attention"],
+                    "rope_parameters": {"full_attention": {"rope_type": "default",
+                                                           "rope_theta": 1000000.0},
+                                        "sliding_attention": {"rope_type": "default",
+                                                              "rope_theta": 10000.0}}}
+            for k, v in want.items():
+                if exported.get(k) != v:
+                    failures.append(f"export's {k} {exported.get(k)!r}, not {v!r}")
+            for extra, key in (({"use_bidirectional_attention": True},
+                                "use_bidirectional_attention"),
+                               ({"rope_parameters": {"full_attention": {"rope_type": "default"},
+                                                     "sliding_attention": {
+                                                         "rope_type": "linear", "factor": 2.0}}},
+                                "sliding_attention")):
+                with open(at("refused.json"), "w") as f:
+                    json.dump(dict(cfg, **extra), f)
+                p = subprocess.run([TZ_TRAIN, "--model", at("refused.json"), "--steps", "1",
+                                    *common], capture_output=True, text=True)
+                if p.returncode == 0 or key not in p.stderr:
+                    failures.append(f"{key}: not refused by name (exit {p.returncode}): "
+                                    f"{p.stderr.strip()}")
         if FAMILY == "gemma2":
             # Gemma's keys go out as they came in; a pattern, an activation or a scalar it does
             # not implement is refused by name; so is the cuda backend, at start, until its

@@ -352,6 +352,38 @@ static void test_ref_gemma2(void **state) {
   compare_with_reference(c, 1, 16, 122);
 }
 
+/* Gemma 3: Gemma 2's layer without the softcaps, q/k norms per head (offset too), the sliding
+ * layers' own RoPE base; three layers with every third full (0 and 1 slide, 2 does not). */
+static struct tz_model_config gemma3_cfg(void) {
+  struct tz_model_config c = gemma2_cfg();
+  c.n_layer = 3;
+  c.qk_norm = TZ_QK_NORM_HEAD;
+  c.attn_softcap = 0;
+  c.final_softcap = 0;
+  c.window_pattern = 3;
+  c.rope_local_theta = 50.0;
+  c.rope_theta = 1e6;
+  return c;
+}
+
+static void test_ref_gemma3(void **state) {
+  (void)state;
+  compare_with_reference(gemma3_cfg(), 2, 7, 123);
+  struct tz_model_config c = gemma3_cfg(), e = c;
+  assert_int_equal(tz_model_layer_window(&c, 0), 3);
+  assert_int_equal(tz_model_layer_window(&c, 2), 0);
+  struct tz_rope r0, r2;
+  tz_model_layer_rope(&c, 0, &r0);
+  tz_model_layer_rope(&c, 2, &r2);
+  assert_true(r0.theta == 50.0 && r0.type == TZ_ROPE_DEFAULT && r2.theta == 1e6);
+  /* the kind of a layer is the pattern's, not its window's: without a window (transformers'
+   * sliding_window null) layers 0 and 1 still rotate at the sliding layers' base */
+  e.sliding_window = 0;
+  tz_model_layer_rope(&e, 1, &r0);
+  assert_true(r0.theta == 50.0 && tz_model_layer_window(&e, 1) == 0);
+  compare_with_reference(e, 1, 9, 124);
+}
+
 static void test_ref_qkv_bias(void **state) {
   (void)state;
   struct tz_model_config c = small_cfg();
@@ -451,6 +483,7 @@ static void test_all_on_bits(void **state) {
   all_on_bits(all_on_cfg());
   all_on_bits(olmo2_all_on_cfg());
   all_on_bits(gemma2_cfg());
+  all_on_bits(gemma3_cfg());
 }
 
 /* The layout with the optional tensors; Llama's unchanged; the sizes that follow H*D. */
@@ -562,6 +595,7 @@ static void test_config_check_families(void **state) {
   c = ok, c.attn_softcap = NAN, check_bad(c, "attn_softcap");
   c = ok, c.final_softcap = -2, check_bad(c, "final_softcap -2");
   c = ok, c.sliding_window = -1, check_bad(c, "sliding_window -1");
+  c = ok, c.rope_local_theta = -1, check_bad(c, "rope_local_theta -1");
   c = ok, c.norm_place = TZ_NORM_POST, c.qk_norm = TZ_QK_NORM_ALL;
   TZ_ASSERT_OK(tz_model_config_check(&c));
   c = ok, c.init_std = -0.02, check_bad(c, "init_std -0.02");
@@ -861,6 +895,7 @@ int main(void) {
       cmocka_unit_test(test_ref_qk_norm),
       cmocka_unit_test(test_ref_olmo2),
       cmocka_unit_test(test_ref_gemma2),
+      cmocka_unit_test(test_ref_gemma3),
       cmocka_unit_test(test_ref_linear_rope),
       cmocka_unit_test(test_ref_llama3_rope),
       cmocka_unit_test(test_ref_head_dim_wide),

@@ -154,6 +154,24 @@ static void test_fd_gemma2(void **state) {
   check_fd(&c, 2, 5, 17);
 }
 
+/* Gemma 3's: no softcaps, q/k norms per head with the (1 + w) offset, three layers with the
+ * third full and the sliding ones at their own RoPE base. */
+static void test_fd_gemma3(void **state) {
+  (void)state;
+  struct tz_model_config c = tiny_cfg(1);
+  c.n_layer = 3;
+  c.norm_place = TZ_NORM_BOTH;
+  c.norm_offset = 1;
+  c.glu_act = TZ_GLU_GELU_TANH;
+  c.embed_scale = 1;
+  c.attn_scale = 0.4;
+  c.qk_norm = TZ_QK_NORM_HEAD;
+  c.sliding_window = 2;
+  c.window_pattern = 3;
+  c.rope_local_theta = 7.0;
+  check_fd(&c, 2, 5, 19);
+}
+
 /* D = 4: frequencies 1 (wavelength 2 pi, in the smoothed band between 16 / 4 and 16 / 1) and
  * 1/100 (slowed by the factor). */
 static struct tz_model_config llama3(struct tz_model_config c) {
@@ -210,12 +228,12 @@ static void test_uniform_loss(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fd_untied_gqa), cmocka_unit_test(test_fd_tied_gqa),
-      cmocka_unit_test(test_fd_mha),        cmocka_unit_test(test_fd_qkv_bias),
-      cmocka_unit_test(test_fd_qk_norm),    cmocka_unit_test(test_fd_olmo2),
-      cmocka_unit_test(test_fd_gemma2),     cmocka_unit_test(test_fd_llama3_rope),
-      cmocka_unit_test(test_fd_head_dim),   cmocka_unit_test(test_fd_all_on),
-      cmocka_unit_test(test_uniform_loss),
+      cmocka_unit_test(test_fd_untied_gqa),  cmocka_unit_test(test_fd_tied_gqa),
+      cmocka_unit_test(test_fd_mha),         cmocka_unit_test(test_fd_qkv_bias),
+      cmocka_unit_test(test_fd_qk_norm),     cmocka_unit_test(test_fd_olmo2),
+      cmocka_unit_test(test_fd_gemma2),      cmocka_unit_test(test_fd_gemma3),
+      cmocka_unit_test(test_fd_llama3_rope), cmocka_unit_test(test_fd_head_dim),
+      cmocka_unit_test(test_fd_all_on),      cmocka_unit_test(test_uniform_loss),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

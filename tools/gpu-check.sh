@@ -91,7 +91,7 @@ if has families && [ -x $b/bin/tz-model-check ]; then
     step fam-$name-f32 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --tz $b/bin/tz-model-check
     # a family whose math the cuda backend does not have yet (gemma2: refused by name there)
     # is checked on the cpu backend alone: FAM_CPU_ONLY lists them
-    [[ " ${FAM_CPU_ONLY:-gemma2 gemma-2-2b} " == *" $name "* ]] && local cpu=(--backend cpu) ||
+    [[ " ${FAM_CPU_ONLY:-gemma2 gemma-2-2b gemma3 gemma-3-1b} " == *" $name "* ]] && local cpu=(--backend cpu) ||
       local cpu=()
     [ ${#cpu[@]} -eq 0 ] &&
       step fam-$name-bf16 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --dtype bfloat16 \
@@ -125,6 +125,7 @@ print("loss %.4f -> %.4f" % (l[0], l[-1])); sys.exit(0 if l[-1] < l[0] else 1)' 
   fam_check olmo2 --family olmo2
   fam_check phi3 --family phi3
   fam_check gemma2 --family gemma2 --head-dim 16 --sliding-window 8
+  fam_check gemma3 --family gemma3_text --layers 6 --head-dim 16 --sliding-window 8
   fam_check llama-3.2-1b --from-config tests/data/hf/llama-3.2-1b.json --layers 12
   fam_check mistral-7b-v0.3 --from-config tests/data/hf/mistral-7b-v0.3.json --layers 3
   fam_check mistral-nemo --from-config tests/data/hf/mistral-nemo-base-2407.json --layers 1
@@ -133,6 +134,7 @@ print("loss %.4f -> %.4f" % (l[0], l[-1])); sys.exit(0 if l[-1] < l[0] else 1)' 
   fam_check olmo-2-1b --from-config tests/data/hf/olmo-2-0425-1b.json --layers 8
   fam_check phi-3-mini --from-config tests/data/hf/phi-3-mini-4k-instruct.json --layers 8
   fam_check gemma-2-2b --from-config tests/data/hf/gemma-2-2b.json --layers 2
+  fam_check gemma-3-1b --from-config tests/data/hf/gemma-3-1b-pt.json --layers 6
   rm -rf /tmp/tz-fam-*
 fi
 has layer && grep -q '"layer"' bench/tz-bench.c && step layer $b/bin/tz-bench layer

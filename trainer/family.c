@@ -69,6 +69,22 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                                          "\"gelu_pytorch_tanh\", \"hidden_act\": "
                                          "\"gelu_pytorch_tanh\", \"cache_implementation\": "
                                          "\"hybrid\"}"},
+    [TZ_FAMILY_GEMMA3] = {.id = TZ_FAMILY_GEMMA3,
+                          .model_type = "gemma3_text",
+                          .architecture = "Gemma3ForCausalLM",
+                          .max_pos = 131072,
+                          .qk_norm = TZ_QK_NORM_HEAD,
+                          .norm_place = TZ_NORM_BOTH,
+                          .window = TZ_WINDOW_LAYERS,
+                          .window_default = 4096,
+                          .window_pattern = 6,
+                          .gemma = 1,
+                          .query_pre_attn_scalar = 256,
+                          .rope_local = 1,
+                          .rope_theta_default = 1000000.0,
+                          .export_keys = "{\"attention_bias\": false, \"hidden_activation\": "
+                                         "\"gelu_pytorch_tanh\", \"use_bidirectional_attention\": "
+                                         "false}"},
 };
 
 const struct tz_family *tz_family_of(enum tz_model_family f) {

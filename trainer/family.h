@@ -47,6 +47,12 @@ struct tz_family {
    * when absent, a softcap null for none. */
   int gemma;
   double query_pre_attn_scalar, attn_softcap, final_softcap;
+  /* The sliding layers' own RoPE (gemma3_text): default type at rope_local_base_freq (10000
+   * when absent), or transformers 5's rope_parameters.sliding_attention; the full layers' rope
+   * is rope_theta (rope_theta_default when absent) with rope_scaling, or
+   * rope_parameters.full_attention. */
+  int rope_local;
+  double rope_theta_default; /* 0: 10000, the other families' */
   /* The constant keys the family's config class writes (save_pretrained), as a JSON object that
    * the export merges in; the window keys follow from `window`. */
   const char *export_keys;

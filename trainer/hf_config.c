@@ -234,7 +234,9 @@ static int parse_ropes(const struct cfgp *p, struct tz_model_config *cfg) {
     th = vals[i];
     from = names[i];
   }
-  cfg->rope_theta = from ? th : 10000.0; /* the default of all four families' configs */
+  const struct tz_family *fam = tz_family_of(cfg->family);
+  /* the default of the families' configs: 10000, Gemma 3's 1e6 */
+  cfg->rope_theta = from ? th : fam->rope_theta_default > 0 ? fam->rope_theta_default : 10000.0;
   if (cfg->rope_theta <= 0)
     return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g must be positive", p->path,
                       from ? from : "rope_theta", cfg->rope_theta);
@@ -305,6 +307,10 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
                         "%s: \"%s\" is %s: logit softcapping is implemented for the Gemma "
                         "families only",
                         p->path, caps[i], jtext(v, t, sizeof t));
+  if ((v = jget(p, "use_bidirectional_attention")) && !json_is_false(v))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"use_bidirectional_attention\" is %s: attention is causal here",
+                      p->path, jtext(v, t, sizeof t));
   if ((v = jget(p, "use_sliding_window")) && !json_is_false(v))
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"use_sliding_window\" is %s: sliding-window attention layers are not "
@@ -349,6 +355,51 @@ static int parse_window(const struct cfgp *p, const struct tz_model_config *cfg,
   return get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, window);
 }
 
+/* Gemma 3's two ropes (family.h, rope_local): transformers 5's rope_parameters holds one per
+ * layer type; hub configs (transformers 4) give rope_theta and rope_scaling for the full layers
+ * and rope_local_base_freq for the sliding ones. */
+static int parse_local_ropes(const struct cfgp *p, struct tz_model_config *cfg) {
+  json_t *rp = jget(p, "rope_parameters");
+  char t[100];
+  json_t *full = json_is_object(rp) ? json_object_get(rp, "full_attention") : NULL;
+  json_t *slide = json_is_object(rp) ? json_object_get(rp, "sliding_attention") : NULL;
+  if (!full && !slide) {
+    /* no per-type rope_parameters: the flat keys of every family for the full layers */
+    TZ_CHECK(parse_ropes(p, cfg));
+    TZ_CHECK(num_of(p, p->root, "", "rope_local_base_freq", 0, 10000.0, &cfg->rope_local_theta));
+  } else {
+    if (!json_is_object(full) || !json_is_object(slide))
+      return tz_err_set(TZ_ECONFIG,
+                        "%s: \"rope_parameters\" must hold objects \"full_attention\" and "
+                        "\"sliding_attention\", not %s",
+                        p->path, jtext(rp, t, sizeof t));
+    int type = 0, ltype = 0;
+    double theta = 0, ltheta = 0;
+    struct tz_model_config local = *cfg;
+    TZ_CHECK(parse_rope(p, "rope_parameters.full_attention", full, &type, cfg, &theta));
+    TZ_CHECK(parse_rope(p, "rope_parameters.sliding_attention", slide, &ltype, &local, &ltheta));
+    if (ltype != TZ_ROPE_DEFAULT)
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"rope_parameters.sliding_attention\" is not of rope_type "
+                        "\"default\": the sliding layers' scaling is not implemented",
+                        p->path);
+    cfg->rope_type = type;
+    cfg->rope_theta = theta > 0 ? theta : tz_family_of(cfg->family)->rope_theta_default;
+    cfg->rope_local_theta = ltheta > 0 ? ltheta : 10000.0;
+  }
+  if (!(cfg->rope_local_theta > 0))
+    return tz_err_set(TZ_ECONFIG, "%s: the sliding layers' rope base %g must be positive", p->path,
+                      cfg->rope_local_theta);
+  struct tz_rope r;
+  tz_model_rope(cfg, &r);
+  if (tz_rope_check(&r) < 0) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", tz_err_msg());
+    return tz_err_set(TZ_ECONFIG, "%s: the full layers' rope: %s", p->path, why);
+  }
+  return 0;
+}
+
 /* TZ_WINDOW_LAYERS (gemma2): the window of the sliding layers, and layer_types, when given, the
  * family's pattern (family.h). */
 static int parse_layer_windows(const struct cfgp *p, struct tz_model_config *cfg) {
@@ -358,7 +409,9 @@ static int parse_layer_windows(const struct cfgp *p, struct tz_model_config *cfg
   if (raw && !json_is_null(raw) && !json_is_integer(raw))
     return tz_err_set(TZ_ECONFIG, "%s: \"sliding_window\" must be an integer or null, not %s",
                       p->path, jtext(raw, t, sizeof t));
-  cfg->window_pattern = fam->window_pattern;
+  /* hub configs of Gemma 3 say the pattern as sliding_window_pattern */
+  TZ_CHECK(get_int(p, "sliding_window_pattern", 0, fam->window_pattern, 1, 1 << 16,
+                   &cfg->window_pattern));
   if (!raw)
     cfg->sliding_window = fam->window_default;
   else if (json_is_null(raw))
@@ -375,14 +428,14 @@ static int parse_layer_windows(const struct cfgp *p, struct tz_model_config *cfg
                       p->path, cfg->n_layer, jtext(v, t, sizeof t));
   for (int i = 0; i < cfg->n_layer; i++) {
     json_t *e = json_array_get(v, (size_t)i);
-    const char *want = (i + 1) % fam->window_pattern == 0 ? "full_attention" : "sliding_attention";
+    const char *want = (i + 1) % cfg->window_pattern == 0 ? "full_attention" : "sliding_attention";
     if (!json_is_string(e) || strcmp(json_string_value(e), want) != 0)
       return tz_err_set(TZ_ENOTSUP,
                         "%s: \"layer_types\"[%d] is %s where model_type %s's pattern (every "
                         "%d%s layer full, the others sliding) has \"%s\": other patterns are "
                         "not implemented",
-                        p->path, i, jtext(e, t, sizeof t), fam->model_type, fam->window_pattern,
-                        fam->window_pattern == 2 ? "nd" : "th", want);
+                        p->path, i, jtext(e, t, sizeof t), fam->model_type, cfg->window_pattern,
+                        cfg->window_pattern == 2 ? "nd" : "th", want);
   }
   return 0;
 }
@@ -410,6 +463,8 @@ static int parse_gemma(const struct cfgp *p, struct tz_model_config *cfg) {
       continue;
     }
     TZ_CHECK(num_of(p, p->root, "", keys[i], 0, dflt[i], out[i]));
+    if (!v && dflt[i] == 0) /* the family has none by default (gemma3_text) */
+      continue;
     if (!(*out[i] > 0) || !isfinite(*out[i]))
       return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g must be positive (null: none)", p->path, keys[i],
                         *out[i]);
@@ -484,7 +539,7 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
     TZ_CHECK(parse_layer_windows(&p, cfg));
   if (fam->gemma)
     TZ_CHECK(parse_gemma(&p, cfg));
-  TZ_CHECK(parse_ropes(&p, cfg));
+  TZ_CHECK(fam->rope_local ? parse_local_ropes(&p, cfg) : parse_ropes(&p, cfg));
   TZ_CHECK(num_of(&p, root, "", "rms_norm_eps", 0, 1e-6, &cfg->norm_eps));
   if (cfg->norm_eps < 0)
     return tz_err_set(TZ_ECONFIG, "%s: \"rms_norm_eps\" %g must not be negative", path,
@@ -662,6 +717,15 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     json_object_set_new(rp, "rope_type", json_string("default"));
     json_object_set_new(r, "rope_scaling", json_null());
   }
+  if (fam->rope_local) { /* transformers 5: one per layer type; 4: rope_local_base_freq */
+    json_t *nested = json_object(), *loc = json_object();
+    json_object_set_new(loc, "rope_type", json_string("default"));
+    json_object_set_new(loc, "rope_theta", json_real(cfg->rope_local_theta));
+    json_object_set_new(nested, "full_attention", rp);
+    json_object_set_new(nested, "sliding_attention", loc);
+    rp = nested;
+    json_object_set_new(r, "rope_local_base_freq", json_real(cfg->rope_local_theta));
+  }
   json_object_set_new(r, "rope_parameters", rp);
   json_object_set_new(r, "rms_norm_eps", json_real(cfg->norm_eps));
   json_object_set_new(r, "tie_word_embeddings", json_boolean(cfg->tie_embeddings));
@@ -697,6 +761,7 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
       json_array_append_new(
           lt, json_string((i + 1) % cfg->window_pattern ? "sliding_attention" : "full_attention"));
     json_object_set_new(r, "layer_types", lt);
+    json_object_set_new(r, "sliding_window_pattern", json_integer(cfg->window_pattern));
     break;
   }
   case TZ_WINDOW_OPT_IN: {

@@ -108,6 +108,8 @@ int tz_model_config_check(const struct tz_model_config *c) {
        c->attn_softcap);
   NEED(isfinite(c->final_softcap) && c->final_softcap >= 0.0,
        "final_softcap %g must not be negative", c->final_softcap);
+  NEED(isfinite(c->rope_local_theta) && c->rope_local_theta >= 0.0,
+       "rope_local_theta %g must not be negative", c->rope_local_theta);
   NEED(c->sliding_window >= 0 && c->window_pattern >= 0,
        "sliding_window %d and window_pattern %d must not be negative", c->sliding_window,
        c->window_pattern);
@@ -134,11 +136,20 @@ const char *tz_model_variant(const struct tz_model_config *cfg) {
                                    : NULL;
 }
 
+/* Whether layer i is one of the sliding kind (transformers' layer_types "sliding_attention"),
+ * whatever its window. */
+static int layer_slides(const struct tz_model_config *cfg, int layer) {
+  return cfg->window_pattern <= 0 || (layer + 1) % cfg->window_pattern != 0;
+}
+
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer) {
-  if (cfg->sliding_window <= 0)
-    return 0;
-  return cfg->window_pattern > 0 && (layer + 1) % cfg->window_pattern == 0 ? 0
-                                                                           : cfg->sliding_window;
+  return cfg->sliding_window > 0 && layer_slides(cfg, layer) ? cfg->sliding_window : 0;
+}
+
+void tz_model_layer_rope(const struct tz_model_config *cfg, int layer, struct tz_rope *out) {
+  tz_model_rope(cfg, out);
+  if (cfg->rope_local_theta > 0 && layer_slides(cfg, layer))
+    *out = (struct tz_rope){.theta = cfg->rope_local_theta, .type = TZ_ROPE_DEFAULT};
 }
 
 /* The norms' weight offset for the kernels (kernels/compute.h): 1 for Gemma's (1 + w). */
@@ -648,7 +659,7 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
   float eps = (float)cfg->norm_eps, off = norm_off(cfg);
   struct tz_rope rope;
-  tz_model_rope(cfg, &rope);
+  tz_model_layer_rope(cfg, layer, &rope);
   struct tz_attn_opts opt = attn_opts(cfg, layer);
 #define P(i) at(params, l.t[i].offset, S)
   int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
@@ -749,7 +760,7 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
   int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, H = cfg->n_head, Hkv = cfg->n_kv_head;
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
   struct tz_rope rope;
-  tz_model_rope(cfg, &rope);
+  tz_model_layer_rope(cfg, layer, &rope);
   /* The parts recomputed, attention first (the MLP's starts from its x2); the recomputed x_out
    * is not needed, and the scratch's dh is free until the MLP backward. */
 #define P(i) at(params, l.t[i].offset, S)

@@ -38,7 +38,10 @@
  *           its checkpoints' q/k/v and gate/up projections fused (trainer/hf.c)
  *   gemma2  (Gemma2ForCausalLM, Gemma 2): (1 + w) norms before and after each part, the
  *           tanh-gelu gate, the embedding scaled, the scores scaled by query_pre_attn_scalar and
- *           soft-capped, the logits soft-capped, sliding layers alternating with full ones */
+ *           soft-capped, the logits soft-capped, sliding layers alternating with full ones
+ *   gemma3_text (Gemma3ForCausalLM, Gemma 3 1B and the text of the larger ones): Gemma 2's math
+ *           without its softcaps, with q/k norms per head, five sliding layers to one full, and
+ *           the sliding layers' own RoPE base (rope_local_base_freq) */
 enum tz_model_family {
   TZ_FAMILY_LLAMA = 0,
   TZ_FAMILY_MISTRAL,
@@ -47,6 +50,7 @@ enum tz_model_family {
   TZ_FAMILY_OLMO2,
   TZ_FAMILY_PHI3,
   TZ_FAMILY_GEMMA2,
+  TZ_FAMILY_GEMMA3,
   TZ_FAMILY_COUNT
 };
 
@@ -102,10 +106,13 @@ struct tz_model_config {
    *   final_softcap  > 0: the logits soft-capped (final_logit_softcapping)
    *   sliding_window > 0: the sliding layers' attention window (tz_model_layer_window);
    *   window_pattern with it: 0 every layer slides; k > 0 layer i attends fully when
-   *                  (i + 1) % k == 0 and slides otherwise (Gemma 2: 2, Gemma 3: 6) */
+   *                  (i + 1) % k == 0 and slides otherwise (Gemma 2: 2, Gemma 3: 6)
+   *   rope_local_theta > 0: the sliding layers' RoPE, default type with this base (Gemma 3's
+   *                  rope_local_base_freq); the full layers keep the model's rope */
   int norm_offset, glu_act, embed_scale;
   double attn_scale, attn_softcap, final_softcap;
   int sliding_window, window_pattern;
+  double rope_local_theta;
 };
 
 /* The first of Gemma's variants cfg uses ("a soft-capped attention", ...), which only backends with
@@ -114,6 +121,8 @@ const char *tz_model_variant(const struct tz_model_config *cfg);
 
 /* The attention window of layer i (0-based) of cfg: 0 for full attention. */
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer);
+/* The rope layer i rotates by: the sliding layers' with rope_local_theta, else the model's. */
+void tz_model_layer_rope(const struct tz_model_config *cfg, int layer, struct tz_rope *out);
 
 /* The rope the kernels take for cfg. */
 void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out);
