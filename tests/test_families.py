@@ -9,8 +9,8 @@ With FAMILY "table": every row of the family table (tz-model-check --families) h
 the export's names of each case are its row's, and the table says what docs/model.md's checklist
 needs of a row (a model_type, an architecture, JSON export keys).
 
-Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, mistral, qwen2, qwen3, head_dim,
-olmo2, phi3, gemma2, gemma3, table)"""
+Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, mistral, mistral_window, qwen2,
+qwen3, head_dim, olmo2, phi3, gemma2, gemma3, table)"""
 import json
 import os
 import shutil
@@ -39,6 +39,9 @@ FAMILIES = {
     "linear": ("llama", "LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear",
                                                               "factor": 4.0}}),
     "mistral": ("mistral", "MistralForCausalLM", {"sliding_window": None}),
+    # Mistral 7B v0.1's window, shorter than the sequence (8 of 16): computed by the cpu backend,
+    # refused at start on the cuda one at this length
+    "mistral_window": ("mistral", "MistralForCausalLM", {"sliding_window": 8}),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": False,
                                              "sliding_window": 4096}),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", {"head_dim": 16}),
@@ -264,6 +267,14 @@ def main():
                 failures.append("the fused checkpoint's logits differ from the split one's")
             if a.split("loss")[1].split()[0] != b.split("loss")[1].split()[0]:
                 failures.append(f"the fused checkpoint's loss differs:\n{a}\n{b}")
+        if FAMILY == "mistral_window":
+            if exported.get("sliding_window") != 8:
+                failures.append(f"export's sliding_window {exported.get('sliding_window')!r}")
+            p = subprocess.run([TZ_TRAIN, "--model", at("config.json"), "--backend", "cuda",
+                                "--steps", "1", *common], capture_output=True, text=True)
+            if p.returncode != 2 or "sliding-window attention" not in p.stderr:
+                failures.append(f"--backend cuda at 16 tokens: not refused at start (exit "
+                                f"{p.returncode}): {p.stderr.strip()}")
         if FAMILY == "gemma3":
             # the pattern and both ropes go out as transformers 4 and 5 read them
             want = {"sliding_window_pattern": 2, "rope_local_base_freq": 10000.0,

@@ -301,9 +301,9 @@ static void test_family(const struct fam *f) {
     assert_true(c->rope_theta == 1000000.0);
   }
   assert_int_equal(c->has_pad, fi == 3);
-  /* sliding_window null (mistral) or unused (qwen2's use_sliding_window false): no limit */
+  /* sliding_window null (mistral) or unused (qwen2's use_sliding_window false): no window */
   assert_int_equal(tz_hf_info(m)->sliding_window, 0);
-  TZ_ASSERT_OK(tz_hf_check_window(tz_hf_info(m), 1 << 20));
+  assert_int_equal(c->sliding_window, 0);
 
   /* Export: f32 so that the second import compares exactly; shards of at most three layers'
    * worth for the families written sharded. */
@@ -558,9 +558,9 @@ static void test_bad_configs(void **state) {
   refused(dir, 0, "torch_dtype", "\"int8\"", CF, NEEDLES("\"torch_dtype\"", "int8"));
   refused(dir, 1, "sliding_window", "\"4096\"", CF, NEEDLES("\"sliding_window\""));
 
-  /* Accepted: qwen2's window without use_sliding_window; mistral's window recorded, and a
-   * training sequence longer than it refused with both numbers; its absence is 4096 as in
-   * transformers' MistralConfig. */
+  /* Accepted: qwen2's window without use_sliding_window; mistral's window is every layer's (the
+   * cpu backend computes it at any length; another backend is refused at a sequence longer than
+   * it, tz_model_variant); its absence is 4096 as in transformers' MistralConfig. */
   struct tz_model_config c;
   struct tz_hf_info info;
   accepted(dir, 2, "sliding_window", "4096", &c, &info);
@@ -568,13 +568,12 @@ static void test_bad_configs(void **state) {
   assert_int_equal(c.qkv_bias, 1);
   accepted(dir, 1, "sliding_window", "8", &c, &info);
   assert_int_equal(info.sliding_window, 8);
-  TZ_ASSERT_OK(tz_hf_check_window(&info, 8));
-  assert_int_equal(tz_hf_check_window(&info, 16), TZ_ENOTSUP);
-  assert_non_null(strstr(tz_err_msg(), "\"sliding_window\" 8"));
-  assert_non_null(strstr(tz_err_msg(), "training sequence 16"));
-  assert_non_null(strstr(tz_err_msg(), "config.json"));
+  assert_true(c.sliding_window == 8 && c.window_pattern == 0);
+  assert_int_equal(tz_model_layer_window(&c, 0), 8);
+  assert_null(tz_model_variant(&c, 8)); /* a window of the whole sequence is none */
+  assert_string_equal(tz_model_variant(&c, 16), "sliding-window attention");
   accepted(dir, 1, "sliding_window", NULL, &c, &info);
-  assert_int_equal(info.sliding_window, 4096);
+  assert_true(info.sliding_window == 4096 && c.sliding_window == 4096);
   /* head_dim null: hidden / heads; a config file named directly */
   accepted(dir, 3, "head_dim", "null", &c, &info);
   assert_int_equal(tz_model_head_dim(&c), 8);

@@ -340,10 +340,10 @@ static void test_ref_gemma2(void **state) {
   (void)state;
   /* the variants only the cpu backend computes, named for the refusal on another */
   struct tz_model_config l = small_cfg(), g = gemma2_cfg();
-  assert_null(tz_model_variant(&l));
-  assert_string_equal(tz_model_variant(&g), "soft-capped attention scores");
+  assert_null(tz_model_variant(&l, 16));
+  assert_string_equal(tz_model_variant(&g, 16), "soft-capped attention scores");
   g.attn_softcap = 0, g.sliding_window = 0, g.attn_scale = 0, g.norm_offset = 0, g.glu_act = 0;
-  assert_string_equal(tz_model_variant(&g), "soft-capped logits");
+  assert_string_equal(tz_model_variant(&g, 16), "soft-capped logits");
   compare_with_reference(gemma2_cfg(), 2, 7, 121);
   struct tz_model_config c = gemma2_cfg(); /* with q/k norms (Gemma 3), every layer sliding */
   c.qk_norm = TZ_QK_NORM_HEAD;

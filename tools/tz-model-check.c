@@ -129,9 +129,7 @@ static int generate(tz_compute *cm, const struct tz_model_config *cfg,
   printf("generated");
   for (int k = 0; k < n && len < cfg->max_seq && !rc; k++) {
     tz_model_runner *r = NULL;
-    rc = tz_hf_check_window(info, len);
-    if (!rc)
-      rc = tz_model_runner_create(cm, cfg, 1, len, 0, &r);
+    rc = tz_model_runner_create(cm, cfg, 1, len, 0, &r);
     if (!rc)
       rc = tz_model_runner_logits(r, blocks, seq, logits);
     tz_model_runner_destroy(r);
@@ -253,7 +251,6 @@ int main(int argc, char **argv) {
       rc = read_only(hf);
       goto out;
     }
-    TZ_CHECK_GOTO(tz_hf_check_window(tz_hf_info(hf), ntok - 1), rc, out);
   } else if (config) {
     TZ_CHECK_GOTO(tz_hf_config_read(config, &cfg, NULL), rc, out);
   } else {

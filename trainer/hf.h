@@ -65,11 +65,6 @@ struct tz_hf_info {
 int tz_hf_config_read(const char *path, struct tz_model_config *cfg, enum tz_dtype *dtype);
 int tz_hf_config_read_info(const char *path, struct tz_model_config *cfg, enum tz_dtype *dtype,
                            struct tz_hf_info *info);
-/* Whether a model of that config can train on sequences of seq tokens: attention is computed
- * full causal, which equals the family's windowed attention only when seq <= the window.
- * TZ_ENOTSUP naming the file, sliding_window and seq when it is shorter; 0 otherwise (also for
- * info NULL). */
-int tz_hf_check_window(const struct tz_hf_info *info, int seq);
 
 /* Writes dir/config.json for cfg with torch_dtype dtype (through a temporary file and rename):
  * the family's model_type, architectures and keys as transformers writes them. */

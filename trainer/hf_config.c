@@ -337,7 +337,7 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
 /* The family's attention window (its row's window rule): mistral's sliding_window applies to every
  * layer (transformers' MistralConfig defaults it to 4096 when absent; null is none); the Qwen
  * families' applies only with use_sliding_window, refused above; llama has none. */
-static int parse_window(const struct cfgp *p, const struct tz_model_config *cfg, int *window) {
+static int parse_window(const struct cfgp *p, struct tz_model_config *cfg, int *window) {
   json_t *raw = json_object_get(p->root, "sliding_window");
   *window = 0;
   if (raw && !json_is_null(raw) && !json_is_integer(raw)) {
@@ -348,11 +348,12 @@ static int parse_window(const struct cfgp *p, const struct tz_model_config *cfg,
   const struct tz_family *fam = tz_family_of(cfg->family);
   if (fam->window != TZ_WINDOW_ALWAYS)
     return 0;
-  if (!raw) {
+  if (!raw)
     *window = fam->window_default;
-    return 0;
-  }
-  return get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, window);
+  else
+    TZ_CHECK(get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, window));
+  cfg->sliding_window = *window; /* every layer (window_pattern 0) */
+  return 0;
 }
 
 /* Gemma 3's two ropes (family.h, rope_local): transformers 5's rope_parameters holds one per
@@ -614,16 +615,6 @@ int tz_hf_config_read(const char *path, struct tz_model_config *cfg, enum tz_dty
   return tz_hf_config_read_info(path, cfg, dtype, NULL);
 }
 
-int tz_hf_check_window(const struct tz_hf_info *info, int seq) {
-  if (!info || !info->sliding_window || seq <= info->sliding_window)
-    return 0;
-  return tz_err_set(TZ_ENOTSUP,
-                    "%s: \"sliding_window\" %d is shorter than the training sequence %d: "
-                    "attention is computed full causal, which equals the windowed attention only "
-                    "for sequences of at most %d tokens (train on shorter sequences)",
-                    info->path, info->sliding_window, seq, info->sliding_window);
-}
-
 /* ---- config.json and generation_config.json out ---- */
 
 /* r as text with the fewest digits that read back to the same numbers (1e-06, not
@@ -748,10 +739,9 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
   switch (fam->window) {
   case TZ_WINDOW_NONE: break;
   case TZ_WINDOW_ALWAYS:
-    /* the window the source had (training refused a sequence longer than it), else none */
+    /* the model's window, else none */
     json_object_set_new(r, "sliding_window",
-                        info && info->sliding_window ? json_integer(info->sliding_window)
-                                                     : json_null());
+                        cfg->sliding_window ? json_integer(cfg->sliding_window) : json_null());
     break;
   case TZ_WINDOW_LAYERS: {
     json_object_set_new(r, "sliding_window",

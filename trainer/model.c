@@ -126,14 +126,14 @@ int tz_model_config_check(const struct tz_model_config *c) {
   return 0;
 }
 
-const char *tz_model_variant(const struct tz_model_config *cfg) {
-  return cfg->attn_softcap > 0     ? "soft-capped attention scores"
-         : cfg->sliding_window > 0 ? "sliding-window attention"
-         : cfg->attn_scale > 0     ? "an attention scale other than 1/sqrt(head_dim)"
-         : cfg->norm_offset        ? "(1 + w) norms"
-         : cfg->glu_act            ? "the gelu_pytorch_tanh gate"
-         : cfg->final_softcap > 0  ? "soft-capped logits"
-                                   : NULL;
+const char *tz_model_variant(const struct tz_model_config *cfg, int T) {
+  return cfg->attn_softcap > 0                                ? "soft-capped attention scores"
+         : cfg->sliding_window > 0 && cfg->sliding_window < T ? "sliding-window attention"
+         : cfg->attn_scale > 0    ? "an attention scale other than 1/sqrt(head_dim)"
+         : cfg->norm_offset       ? "(1 + w) norms"
+         : cfg->glu_act           ? "the gelu_pytorch_tanh gate"
+         : cfg->final_softcap > 0 ? "soft-capped logits"
+                                  : NULL;
 }
 
 /* Whether layer i is one of the sliding kind (transformers' layer_types "sliding_attention"),
@@ -643,10 +643,13 @@ static void qk_norm_shape(const struct tz_model_config *cfg, int N, int nh, int 
 /* The attention part of a layer's forward: a->h1 .. a->x2 from x_in (x2 = x_in + attention; with
  * TZ_NORM_POST, x_in + the norm of attention's output, through a->o). */
 /* The attention's variants for layer `layer` of cfg (kernels/compute.h, struct tz_attn_opts). */
-static struct tz_attn_opts attn_opts(const struct tz_model_config *cfg, int layer) {
+/* A window of T or more keys is every key: passed as none, so that a backend without windows
+ * computes such a layer (Mistral's 4096 at shorter sequences). */
+static struct tz_attn_opts attn_opts(const struct tz_model_config *cfg, int layer, int T) {
+  int w = tz_model_layer_window(cfg, layer);
   return (struct tz_attn_opts){.scale = (float)cfg->attn_scale,
                                .softcap = (float)cfg->attn_softcap,
-                               .window = tz_model_layer_window(cfg, layer)};
+                               .window = w < T ? w : 0};
 }
 
 static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
@@ -660,7 +663,7 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer
   float eps = (float)cfg->norm_eps, off = norm_off(cfg);
   struct tz_rope rope;
   tz_model_layer_rope(cfg, layer, &rope);
-  struct tz_attn_opts opt = attn_opts(cfg, layer);
+  struct tz_attn_opts opt = attn_opts(cfg, layer, T);
 #define P(i) at(params, l.t[i].offset, S)
   int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
   const void *h1 = pre ? a->h1 : x_in;
@@ -765,7 +768,7 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
    * is not needed, and the scratch's dh is free until the MLP backward. */
 #define P(i) at(params, l.t[i].offset, S)
   float eps = (float)cfg->norm_eps;
-  struct tz_attn_opts opt = attn_opts(cfg, layer);
+  struct tz_attn_opts opt = attn_opts(cfg, layer, T);
   int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
   if (recompute & TZ_PART_ATTN)
     TZ_CHECK(attn_fwd(cm, cfg, layer, params, x_in, a, B, T, pos));

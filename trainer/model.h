@@ -115,9 +115,10 @@ struct tz_model_config {
   double rope_local_theta;
 };
 
-/* The first of Gemma's variants cfg uses ("a soft-capped attention", ...), which only backends with
- * the variants compute (kernels/compute.h: the cpu one); NULL for none. */
-const char *tz_model_variant(const struct tz_model_config *cfg);
+/* The first of the variants (Gemma's math, sliding windows) that cfg uses on sequences of T tokens
+ * ("soft-capped attention scores", ...), which only backends with the variants compute
+ * (kernels/compute.h: the cpu one); NULL for none. A window of T or more is no window. */
+const char *tz_model_variant(const struct tz_model_config *cfg, int T);
 
 /* The attention window of layer i (0-based) of cfg: 0 for full attention. */
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer);

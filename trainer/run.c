@@ -487,7 +487,7 @@ static void find_tokenizer(struct run *r) {
 /* Gemma's math runs on the cpu backend only (kernels/compute.h, variants): refused at start on
  * another, naming what of it the model uses. */
 static int backend_computes(const struct run *r) {
-  const char *variant = tz_model_variant(&r->mc);
+  const char *variant = tz_model_variant(&r->mc, r->o->seq);
   if (!variant || !r->o->backend || strcmp(r->o->backend, "cpu") == 0)
     return 0;
   return tz_err_set(TZ_ENOTSUP,
@@ -508,21 +508,11 @@ static int choose_model(struct run *r) {
     r->mc = *tz_hf_config(r->hm);
     r->model_name = o->import_dir;
     find_tokenizer(r);
-    TZ_CHECK(backend_computes(r));
-    /* Attention is full causal: a family's sliding window must cover the training sequence. */
-    return tz_hf_check_window(tz_hf_info(r->hm), o->seq);
+    return backend_computes(r);
   }
   TZ_CHECK(tz_run_model(preset, &r->mc, r->model_dir, sizeof r->model_dir));
   r->model_name = preset;
   find_tokenizer(r);
-  if (r->hm)
-    TZ_CHECK(tz_hf_check_window(tz_hf_info(r->hm), o->seq));
-  if (r->model_dir[0]) { /* a config.json: its window too */
-    struct tz_model_config c;
-    struct tz_hf_info info;
-    TZ_CHECK(tz_hf_config_read_info(preset, &c, NULL, &info));
-    TZ_CHECK(tz_hf_check_window(&info, o->seq));
-  }
   TZ_CHECK(backend_computes(r));
   const char *diff = r->hm ? model_mismatch(&r->mc, tz_hf_config(r->hm)) : NULL;
   if (diff)

@@ -103,7 +103,7 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
   } else if (strcmp(backend, "cuda") == 0) {
     if (!tz_compute_backend_built("cuda"))
       return tz_err_set(TZ_ENOTSUP, "train: compute backend 'cuda': this build has no CUDA");
-    const char *variant = tz_model_variant(&tr->mc);
+    const char *variant = tz_model_variant(&tr->mc, p->seq_len);
     if (variant)
       return tz_err_set(TZ_ENOTSUP,
                         "train: model_type %s on the cuda backend: the cpu backend alone "
