@@ -192,11 +192,12 @@ static void layer_key(const tz_trainer *tr, tz_compute *cm, const char *settings
   const struct tz_model_config *m = &tr->mc;
   snprintf(buf, len,
            "layer|%s%s%s|%s|threads %d|%s|C %d H %d Hkv %d D %d F %d bias %d qk_norm %d norms %d "
-           "rope %d|B %d T %d",
+           "rope %d glu %d window %d softcap %d|B %d T %d",
            tr->backend, tr->device_name[0] ? " " : "", tr->device_name, tz_dtype_name(tr->S),
            tz_compute_threads(cm), settings[0] ? settings : "-", m->d_model, m->n_head,
            m->n_kv_head, tz_model_head_dim(m), m->ffn_dim, m->qkv_bias, m->qk_norm, m->norm_place,
-           m->rope_type, tr->B, tr->T);
+           m->rope_type, m->glu_act, tz_model_layer_window(m, 0), m->attn_softcap > 0, tr->B,
+           tr->T);
 }
 
 static int measure_layer(tz_trainer *tr, const struct tz_trainer_params *p) {
