@@ -319,8 +319,18 @@ int tz_rope_check(const struct tz_rope *r) {
          r->factor);
     return 0;
   }
-  NEED(r->type == TZ_ROPE_LLAMA3, "rope: type %d is none of default (0), llama3 (1), linear (2)",
-       (int)r->type);
+  if (r->type == TZ_ROPE_YARN) {
+    NEED(isfinite(r->factor) && r->factor > 0.0, "rope yarn: factor %g must be positive",
+         r->factor);
+    NEED(r->original_max_pos > 0, "rope yarn: original_max_position_embeddings %d must be positive",
+         r->original_max_pos);
+    NEED(isfinite(r->beta_fast) && isfinite(r->beta_slow) && r->beta_fast > 0.0 &&
+             r->beta_slow > 0.0,
+         "rope yarn: beta_fast %g and beta_slow %g must be positive", r->beta_fast, r->beta_slow);
+    return 0;
+  }
+  NEED(r->type == TZ_ROPE_LLAMA3,
+       "rope: type %d is none of default (0), llama3 (1), linear (2), yarn (3)", (int)r->type);
   NEED(isfinite(r->factor) && r->factor >= 1.0, "rope llama3: factor %g must be at least 1",
        r->factor);
   NEED(isfinite(r->low_freq_factor) && isfinite(r->high_freq_factor) && r->low_freq_factor > 0.0 &&
@@ -337,14 +347,26 @@ int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out) {
   NEED(D > 0 && D % 2 == 0 && D <= TZ_ROPE_MAX_D, "rope: head dim %d must be even and at most %d",
        D, TZ_ROPE_MAX_D);
   double lo = 0, hi = 0, orig = r->original_max_pos;
+  const double pi = 3.14159265358979323846; /* torch.pi */
   if (r->type == TZ_ROPE_LLAMA3) {
     lo = orig / r->low_freq_factor;
     hi = orig / r->high_freq_factor;
+  } else if (r->type == TZ_ROPE_YARN) { /* the ramp's dims */
+    lo = (double)D * log(orig / (r->beta_fast * 2.0 * pi)) / (2.0 * log(r->theta));
+    hi = (double)D * log(orig / (r->beta_slow * 2.0 * pi)) / (2.0 * log(r->theta));
+    if (r->truncate) {
+      lo = floor(lo);
+      hi = ceil(hi);
+    }
+    lo = lo > 0 ? lo : 0;
+    hi = hi < D - 1 ? hi : D - 1;
+    if (lo == hi)
+      hi += 0.001;
   }
   for (int i = 0; i < D / 2; i++) {
     double f = 1.0 / pow(r->theta, (double)(2 * i) / (double)D);
     if (r->type == TZ_ROPE_LLAMA3) {
-      double w = 2.0 * 3.14159265358979323846 / f; /* pi, as torch.pi */
+      double w = 2.0 * pi / f;
       if (w > lo) {
         f = f / r->factor;
       } else if (w >= hi) {
@@ -353,6 +375,10 @@ int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out) {
       }
     } else if (r->type == TZ_ROPE_LINEAR) {
       f = f / r->factor;
+    } else if (r->type == TZ_ROPE_YARN) {
+      double ramp = ((double)i - lo) / (hi - lo);
+      ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+      f = (f / r->factor) * ramp + f * (1.0 - ramp);
     }
     out[i] = f;
   }

@@ -235,6 +235,7 @@ enum tz_rope_type {
   TZ_ROPE_DEFAULT = 0, /* Hugging Face rope_type "default": f_i = theta^(-2i/D) */
   TZ_ROPE_LLAMA3 = 1,  /* rope_type "llama3" (Llama 3.1 and later): f_i rescaled by wavelength */
   TZ_ROPE_LINEAR = 2,  /* rope_type "linear" (position interpolation): f_i / factor */
+  TZ_ROPE_YARN = 3,    /* rope_type "yarn": f_i blended between f_i and f_i / factor by a ramp */
 };
 struct tz_rope {
   double theta; /* the base, > 0 */
@@ -244,6 +245,12 @@ struct tz_rope {
    * original_max_position_embeddings). TZ_ROPE_LINEAR: factor >= 1 alone. */
   double factor, low_freq_factor, high_freq_factor;
   int original_max_pos;
+  /* TZ_ROPE_YARN: factor > 0, original_max_pos > 0, beta_fast and beta_slow (32 and 1 in
+   * transformers when absent), truncate (1: the ramp's ends rounded out to whole dims). Its
+   * attention factor scales cos and sin, so the scores by its square: the model's, not the
+   * rope's (trainer/model.h, rope_attn_factor). */
+  double beta_fast, beta_slow;
+  int truncate;
 };
 /* TZ_EINVAL naming the field for a rope that cannot be used. */
 int tz_rope_check(const struct tz_rope *r);
@@ -257,8 +264,12 @@ int tz_rope_check(const struct tz_rope *r);
  *                  (1 - s) base_i / factor + s base_i, s = (original_max_pos / w - low_freq_factor)
  *                                        / (high_freq_factor - low_freq_factor), otherwise
  *   linear:  f_i = base_i / factor
- * (transformers' _compute_llama3_parameters and _compute_linear_scaling_rope_parameters, in
- * double where they work in float32). */
+ *   yarn:    c(b) = D ln(original_max_pos / (2 pi b)) / (2 ln theta); lo = c(beta_fast),
+ *            hi = c(beta_slow), floored and ceiled with truncate; lo = max(lo, 0),
+ *            hi = min(hi, D - 1), hi += 0.001 when equal; r_i = clamp((i - lo) / (hi - lo), 0, 1);
+ *            f_i = (base_i / factor) r_i + base_i (1 - r_i)
+ * (transformers' _compute_llama3_parameters, _compute_linear_scaling_rope_parameters and
+ * _compute_yarn_parameters, in double where they work in float32). */
 int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out);
 int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D,
                         const struct tz_rope *rope, const int32_t *pos);

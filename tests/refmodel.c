@@ -98,6 +98,18 @@ static void rope_freqs(const struct tz_model_config *cfg, int D, double *f) {
     f[i] = inv;
     if (cfg->rope_type == 2) /* linear: positions interpolated, t / factor */
       f[i] = inv / factor;
+    if (cfg->rope_type == 3) { /* yarn, as transformers' _compute_yarn_parameters writes it */
+      double base = cfg->rope_theta, orig = cfg->rope_original_max_pos;
+      double lo = D * log(orig / (cfg->rope_beta_fast * 2 * M_PI)) / (2 * log(base));
+      double hi = D * log(orig / (cfg->rope_beta_slow * 2 * M_PI)) / (2 * log(base));
+      if (cfg->rope_truncate)
+        lo = floor(lo), hi = ceil(hi);
+      lo = fmax(lo, 0), hi = fmin(hi, D - 1);
+      if (lo == hi)
+        hi += 0.001;
+      double ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1), extrap = 1 - ramp;
+      f[i] = inv / factor * (1 - extrap) + inv * extrap;
+    }
     if (cfg->rope_type != 1)
       continue;
     double wavelen = 2 * M_PI / inv;
@@ -108,6 +120,14 @@ static void rope_freqs(const struct tz_model_config *cfg, int D, double *f) {
     int medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
     f[i] = medium ? smoothed : scaled;
   }
+}
+
+/* The scores' scale: query_pre_attn_scalar's, else 1/sqrt(D); times yarn's attention factor
+ * squared (transformers multiplies cos and sin by it, so q and k each). */
+static double ref_scale(const struct tz_model_config *cfg, int D) {
+  double s = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)D);
+  double af = cfg->rope_attn_factor > 0 ? cfg->rope_attn_factor : 1.0;
+  return s * af * af;
 }
 
 /* Layer i's frequencies: the sliding layers' own base with rope_local_theta (Gemma 3's
@@ -421,8 +441,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     /* OLMo 2 (post only): no norm before the attention or the MLP; one on each one's output;
      * Gemma (both): each */
     const double *h1 = pre ? y->h1 : y->x, *h2 = pre ? y->h2 : y->x2;
-    struct ref_attn ra = {cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)D),
-                          cfg->attn_softcap, tz_model_layer_window(cfg, i)};
+    struct ref_attn ra = {ref_scale(cfg, D), cfg->attn_softcap, tz_model_layer_window(cfg, i)};
     layer_freqs(cfg, i, D, freqs);
     if (pre)
       rmsnorm(y->h1, y->r1, y->x, W(TZ_L_ATTN_NORM), N, C, eps);
@@ -511,8 +530,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
 #define GW(idx) (G + ll.t[idx].offset)
 #define GB(idx) (bias ? GW(idx) : NULL)
       const double *h1 = pre ? y->h1 : y->x, *h2 = pre ? y->h2 : y->x2;
-      struct ref_attn ra = {cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)D),
-                            cfg->attn_softcap, tz_model_layer_window(cfg, i)};
+      struct ref_attn ra = {ref_scale(cfg, D), cfg->attn_softcap, tz_model_layer_window(cfg, i)};
       layer_freqs(cfg, i, D, freqs);
       /* dx is the gradient at this layer's output; out = x2 + a wd^T (post: x2 + norm(m),
        * m = a wd^T) */

@@ -9,7 +9,7 @@ With FAMILY "table": every row of the family table (tz-model-check --families) h
 the export's names of each case are its row's, and the table says what docs/model.md's checklist
 needs of a row (a model_type, an architecture, JSON export keys).
 
-Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, mistral, mistral_window, qwen2,
+Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, yarn, mistral, mistral_window, qwen2,
 qwen3, head_dim, olmo2, phi3, gemma2, gemma3, table)"""
 import json
 import os
@@ -39,6 +39,10 @@ FAMILIES = {
     "linear": ("llama", "LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear",
                                                               "factor": 4.0}}),
     "mistral": ("mistral", "MistralForCausalLM", {"sliding_window": None}),
+    # yarn RoPE (Qwen2.5's long-context configs): positions past original 8 of the 16 trained
+    "yarn": ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": False, "rope_theta": 100.0,
+                                           "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                            "original_max_position_embeddings": 8}}),
     # Mistral 7B v0.1's window, shorter than the sequence (8 of 16): computed by the cpu backend,
     # refused at start on the cuda one at this length
     "mistral_window": ("mistral", "MistralForCausalLM", {"sliding_window": 8}),

@@ -508,8 +508,13 @@ static void test_bad_configs(void **state) {
   (void)state;
   char *dir = tz_test_mkdtemp("hf-bad");
   int NS = TZ_ENOTSUP, CF = TZ_ECONFIG;
-  refused(dir, 0, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", NS,
-          NEEDLES("\"rope_scaling.rope_type\"", "yarn"));
+  refused(dir, 0, "rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 4.0}", NS,
+          NEEDLES("\"rope_scaling.rope_type\"", "dynamic"));
+  /* yarn's factor must be positive, its truncate a boolean */
+  refused(dir, 0, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": -1.0}", CF,
+          NEEDLES("rope_scaling", "factor -1"));
+  refused(dir, 0, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 2.0, \"truncate\": 1}", CF,
+          NEEDLES("\"rope_scaling.truncate\""));
   /* linear is read (its factor required); longrope is not */
   refused(dir, 0, "rope_scaling", "{\"type\": \"linear\"}", CF, NEEDLES("rope_scaling", "factor"));
   refused(dir, 0, "rope_scaling", "{\"type\": \"longrope\", \"factor\": 2.0}", NS,

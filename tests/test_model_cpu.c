@@ -384,6 +384,34 @@ static void test_ref_gemma3(void **state) {
   compare_with_reference(e, 1, 9, 124);
 }
 
+/* yarn RoPE (Qwen2.5's long-context configs): the frequencies' ramp between the interpolated and
+ * the original, with a head dim of 16 so that the ramp has dims on both sides, and the attention
+ * factor as the scores' scale; mscale's default too. */
+static void test_ref_yarn(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  c.head_dim = 16;
+  c.rope_type = TZ_ROPE_YARN;
+  c.rope_factor = 4.0;
+  c.rope_original_max_pos = 64;
+  c.rope_beta_fast = 32;
+  c.rope_beta_slow = 1;
+  c.rope_truncate = 1;
+  c.rope_attn_factor = 0.1 * log(4.0) + 1.0;
+  c.rope_theta = 100.0;
+  compare_with_reference(c, 2, 7, 131);
+  c.rope_truncate = 0;
+  c.rope_attn_factor = 1.0; /* given as 1: no scale, llama's attention (the cuda backend's) */
+  assert_null(tz_model_variant(&c, 7));
+  compare_with_reference(c, 1, 16, 132);
+  double f[8];
+  struct tz_rope r;
+  tz_model_rope(&c, &r);
+  TZ_ASSERT_OK(tz_rope_inv_freq(&r, 16, f));
+  /* the ramp: the first dims keep their frequency, the last are divided by the factor */
+  assert_true(f[0] == 1.0 && fabs(f[7] - pow(100.0, -14.0 / 16) / 4.0) < 1e-15);
+}
+
 static void test_ref_qkv_bias(void **state) {
   (void)state;
   struct tz_model_config c = small_cfg();
@@ -896,6 +924,7 @@ int main(void) {
       cmocka_unit_test(test_ref_olmo2),
       cmocka_unit_test(test_ref_gemma2),
       cmocka_unit_test(test_ref_gemma3),
+      cmocka_unit_test(test_ref_yarn),
       cmocka_unit_test(test_ref_linear_rope),
       cmocka_unit_test(test_ref_llama3_rope),
       cmocka_unit_test(test_ref_head_dim_wide),

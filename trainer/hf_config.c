@@ -142,6 +142,50 @@ static int get_id(const struct cfgp *p, const char *key, int vocab, int *has, in
 
 /* One rope object (rope_scaling or rope_parameters): its type into *type (0 default, 1 llama3)
  * with the llama3 numbers into cfg, and its rope_theta into *theta (0 when it has none). */
+/* yarn's mscale (transformers' yarn_get_mscale): 0.1 m ln(s) + 1 above a scale of 1. */
+static double yarn_mscale(double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * log(s) + 1.0; }
+
+/* rope_type "yarn", as transformers' _compute_yarn_parameters reads it: factor (absent: the
+ * ratio of max_position_embeddings to original_max_position_embeddings, which defaults to
+ * max_position_embeddings), beta_fast 32 and beta_slow 1 when absent or 0, truncate true, and
+ * the attention factor given, or from mscale and mscale_all_dim, or 0.1 ln(factor) + 1. */
+static int parse_yarn(const struct cfgp *p, const char *key, json_t *rs, int *type,
+                      struct tz_model_config *cfg) {
+  double orig = 0, factor = 0, af = 0, ms = 0, msa = 0;
+  *type = TZ_ROPE_YARN;
+  TZ_CHECK(num_of(p, rs, key, "original_max_position_embeddings", 0, cfg->max_seq, &orig));
+  if (orig != floor(orig) || orig < 1 || orig > INT32_MAX)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"%s.original_max_position_embeddings\" %g must be a positive integer",
+                      p->path, key, orig);
+  cfg->rope_original_max_pos = (int)orig;
+  TZ_CHECK(num_of(p, rs, key, "factor", 0, cfg->max_seq / orig, &factor));
+  cfg->rope_factor = factor;
+  TZ_CHECK(num_of(p, rs, key, "beta_fast", 0, 0.0, &cfg->rope_beta_fast));
+  TZ_CHECK(num_of(p, rs, key, "beta_slow", 0, 0.0, &cfg->rope_beta_slow));
+  if (cfg->rope_beta_fast == 0)
+    cfg->rope_beta_fast = 32;
+  if (cfg->rope_beta_slow == 0)
+    cfg->rope_beta_slow = 1;
+  json_t *tr = json_object_get(rs, "truncate");
+  char t[100];
+  if (tr && !json_is_boolean(tr))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s.truncate\" must be true or false, not %s", p->path, key,
+                      jtext(tr, t, sizeof t));
+  cfg->rope_truncate = !tr || json_is_true(tr);
+  TZ_CHECK(num_of(p, rs, key, "attention_factor", 0, 0.0, &af));
+  TZ_CHECK(num_of(p, rs, key, "mscale", 0, 0.0, &ms));
+  TZ_CHECK(num_of(p, rs, key, "mscale_all_dim", 0, 0.0, &msa));
+  if (af == 0)
+    af = ms != 0 && msa != 0 ? yarn_mscale(factor, ms) / yarn_mscale(factor, msa)
+                             : yarn_mscale(factor, 1);
+  if (!(af > 0) || !isfinite(af))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\": yarn's attention factor %g must be positive",
+                      p->path, key, af);
+  cfg->rope_attn_factor = af;
+  return 0;
+}
+
 static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *type,
                       struct tz_model_config *cfg, double *theta) {
   char t[100];
@@ -176,11 +220,13 @@ static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *ty
     *type = TZ_ROPE_LINEAR;
     return num_of(p, rs, key, "factor", 1, 0.0, &cfg->rope_factor);
   }
+  if (strcmp(s, "yarn") == 0)
+    return parse_yarn(p, key, rs, type, cfg);
   if (strcmp(s, "llama3") != 0)
     return tz_err_set(TZ_ENOTSUP,
-                      "%s: \"%s.%s\" is \"%s\": only \"default\", \"linear\" and \"llama3\" "
-                      "RoPE are implemented (another scaling would change every position's "
-                      "angle)",
+                      "%s: \"%s.%s\" is \"%s\": only \"default\", \"linear\", \"llama3\" and "
+                      "\"yarn\" RoPE are implemented (another scaling would change every "
+                      "position's angle)",
                       p->path, key, tkey, s);
   *type = TZ_ROPE_LLAMA3;
   double orig = 0;
@@ -696,6 +742,18 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     json_object_set_new(rs, "high_freq_factor", json_real(cfg->rope_high_freq_factor));
     json_object_set_new(rs, "original_max_position_embeddings",
                         json_integer(cfg->rope_original_max_pos));
+    json_object_update(rp, rs);
+    json_object_set_new(r, "rope_scaling", rs);
+  } else if (cfg->rope_type == TZ_ROPE_YARN) {
+    json_t *rs = json_object();
+    json_object_set_new(rs, "rope_type", json_string("yarn"));
+    json_object_set_new(rs, "factor", json_real(cfg->rope_factor));
+    json_object_set_new(rs, "original_max_position_embeddings",
+                        json_integer(cfg->rope_original_max_pos));
+    json_object_set_new(rs, "beta_fast", json_real(cfg->rope_beta_fast));
+    json_object_set_new(rs, "beta_slow", json_real(cfg->rope_beta_slow));
+    json_object_set_new(rs, "truncate", json_boolean(cfg->rope_truncate));
+    json_object_set_new(rs, "attention_factor", json_real(cfg->rope_attn_factor));
     json_object_update(rp, rs);
     json_object_set_new(r, "rope_scaling", rs);
   } else if (cfg->rope_type == TZ_ROPE_LINEAR) {

@@ -108,6 +108,8 @@ int tz_model_config_check(const struct tz_model_config *c) {
        c->attn_softcap);
   NEED(isfinite(c->final_softcap) && c->final_softcap >= 0.0,
        "final_softcap %g must not be negative", c->final_softcap);
+  NEED(isfinite(c->rope_attn_factor) && c->rope_attn_factor >= 0.0,
+       "rope_attn_factor %g must not be negative", c->rope_attn_factor);
   NEED(isfinite(c->rope_local_theta) && c->rope_local_theta >= 0.0,
        "rope_local_theta %g must not be negative", c->rope_local_theta);
   NEED(c->sliding_window >= 0 && c->window_pattern >= 0,
@@ -126,14 +128,22 @@ int tz_model_config_check(const struct tz_model_config *c) {
   return 0;
 }
 
+double tz_model_attn_scale(const struct tz_model_config *cfg) {
+  double af = cfg->rope_attn_factor;
+  if (af <= 0 || af == 1.0)
+    return cfg->attn_scale;
+  double s = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)tz_model_head_dim(cfg));
+  return s * af * af;
+}
+
 const char *tz_model_variant(const struct tz_model_config *cfg, int T) {
   return cfg->attn_softcap > 0                                ? "soft-capped attention scores"
          : cfg->sliding_window > 0 && cfg->sliding_window < T ? "sliding-window attention"
-         : cfg->attn_scale > 0    ? "an attention scale other than 1/sqrt(head_dim)"
-         : cfg->norm_offset       ? "(1 + w) norms"
-         : cfg->glu_act           ? "the gelu_pytorch_tanh gate"
-         : cfg->final_softcap > 0 ? "soft-capped logits"
-                                  : NULL;
+         : tz_model_attn_scale(cfg) > 0 ? "an attention scale other than 1/sqrt(head_dim)"
+         : cfg->norm_offset             ? "(1 + w) norms"
+         : cfg->glu_act                 ? "the gelu_pytorch_tanh gate"
+         : cfg->final_softcap > 0       ? "soft-capped logits"
+                                        : NULL;
 }
 
 /* Whether layer i is one of the sliding kind (transformers' layer_types "sliding_attention"),
@@ -165,7 +175,10 @@ void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out) {
                           .factor = cfg->rope_factor,
                           .low_freq_factor = cfg->rope_low_freq_factor,
                           .high_freq_factor = cfg->rope_high_freq_factor,
-                          .original_max_pos = cfg->rope_original_max_pos};
+                          .original_max_pos = cfg->rope_original_max_pos,
+                          .beta_fast = cfg->rope_beta_fast,
+                          .beta_slow = cfg->rope_beta_slow,
+                          .truncate = cfg->rope_truncate};
 }
 
 /* ---- layout ---- */
@@ -647,7 +660,7 @@ static void qk_norm_shape(const struct tz_model_config *cfg, int N, int nh, int 
  * computes such a layer (Mistral's 4096 at shorter sequences). */
 static struct tz_attn_opts attn_opts(const struct tz_model_config *cfg, int layer, int T) {
   int w = tz_model_layer_window(cfg, layer);
-  return (struct tz_attn_opts){.scale = (float)cfg->attn_scale,
+  return (struct tz_attn_opts){.scale = (float)tz_model_attn_scale(cfg),
                                .softcap = (float)cfg->attn_softcap,
                                .window = w < T ? w : 0};
 }

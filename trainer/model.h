@@ -84,7 +84,8 @@ struct tz_model_config {
   int norm_place; /* enum tz_norm_place: PRE has attn_norm and mlp_norm, POST attn_post_norm and
                      mlp_post_norm (the layer tensors below), BOTH all four */
   /* RoPE scaling (struct tz_rope of kernels/compute.h without theta): rope_type 0 default,
-   * 1 llama3 with the other four fields, 2 linear with rope_factor */
+   * 1 llama3 with the other four fields, 2 linear with rope_factor, 3 yarn with rope_factor,
+   * rope_original_max_pos, rope_beta_fast, rope_beta_slow and rope_truncate */
   int rope_type;
   double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
   int rope_original_max_pos;
@@ -113,12 +114,21 @@ struct tz_model_config {
   double attn_scale, attn_softcap, final_softcap;
   int sliding_window, window_pattern;
   double rope_local_theta;
+  /* yarn (rope_type 3): the ramp's bounds and rounding, and the attention factor transformers
+   * multiplies cos and sin by (0: 1), here the scores' scale times its square */
+  double rope_beta_fast, rope_beta_slow;
+  int rope_truncate;
+  double rope_attn_factor;
 };
 
 /* The first of the variants (Gemma's math, sliding windows) that cfg uses on sequences of T tokens
  * ("soft-capped attention scores", ...), which only backends with the variants compute
  * (kernels/compute.h: the cpu one); NULL for none. A window of T or more is no window. */
 const char *tz_model_variant(const struct tz_model_config *cfg, int T);
+
+/* The scores' scale (kernels/compute.h, struct tz_attn_opts; 0: 1/sqrt(D)): attn_scale, times
+ * yarn's attention factor squared where it is not 1. */
+double tz_model_attn_scale(const struct tz_model_config *cfg);
 
 /* The attention window of layer i (0-based) of cfg: 0 for full attention. */
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer);

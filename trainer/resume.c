@@ -111,6 +111,10 @@ static const struct {
     MF(sliding_window, F_INT),
     MF(window_pattern, F_INT),
     MF(rope_local_theta, F_DBL),
+    MF(rope_beta_fast, F_DBL),
+    MF(rope_beta_slow, F_DBL),
+    MF(rope_truncate, F_INT),
+    MF(rope_attn_factor, F_DBL),
 };
 #undef MF
 #undef MF_INFO
