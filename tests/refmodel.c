@@ -133,8 +133,7 @@ static double ref_scale(const struct tz_model_config *cfg, int D) {
 /* Layer i's frequencies: the sliding layers' own base with rope_local_theta (Gemma 3's
  * rope_local_base_freq, default type), else the model's. */
 static void layer_freqs(const struct tz_model_config *cfg, int layer, int D, double *f) {
-  int slides = cfg->window_pattern <= 0 || (layer + 1) % cfg->window_pattern != 0;
-  if (cfg->rope_local_theta > 0 && slides) {
+  if (cfg->rope_local_theta > 0 && tz_model_layer_slides(cfg, layer)) {
     for (int i = 0; i < D / 2; i++)
       f[i] = pow(cfg->rope_local_theta, -2.0 * i / D);
     return;

@@ -10,7 +10,7 @@ the export's names of each case are its row's, and the table says what docs/mode
 needs of a row (a model_type, an architecture, JSON export keys).
 
 Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, yarn, mistral, mistral_window, qwen2,
-qwen3, head_dim, olmo2, phi3, gemma2, gemma3, table)"""
+qwen3, qwen2_window, head_dim, olmo2, phi3, gemma2, gemma3, table)"""
 import json
 import os
 import shutil
@@ -49,6 +49,9 @@ FAMILIES = {
     "qwen2": ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": False,
                                              "sliding_window": 4096}),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", {"head_dim": 16}),
+    # Qwen with its window opted into: layer 0 full, layer 1 sliding (8 of the 16 tokens)
+    "qwen2_window": ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": True,
+                                                   "sliding_window": 8, "max_window_layers": 1}),
     # head_dim 24 with hidden 64 and 4 heads: q is 96 wide, o maps 96 back to 64.
     "head_dim": ("qwen3", "Qwen3ForCausalLM", {"head_dim": 24}),
     # OLMo 2: norms on the attention's and MLP's outputs, q/k norms over the whole projections.
@@ -271,6 +274,12 @@ def main():
                 failures.append("the fused checkpoint's logits differ from the split one's")
             if a.split("loss")[1].split()[0] != b.split("loss")[1].split()[0]:
                 failures.append(f"the fused checkpoint's loss differs:\n{a}\n{b}")
+        if FAMILY == "qwen2_window":
+            want = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
+                    "layer_types": ["full_attention", "sliding_attention"]}
+            for k, v in want.items():
+                if exported.get(k) != v:
+                    failures.append(f"export's {k} {exported.get(k)!r}, not {v!r}")
         if FAMILY == "mistral_window":
             if exported.get("sliding_window") != 8:
                 failures.append(f"export's sliding_window {exported.get('sliding_window')!r}")

@@ -543,7 +543,7 @@ static void test_bad_configs(void **state) {
           NEEDLES("\"final_logit_softcapping\"", "30"));
   refused(dir, 1, "attn_logit_softcapping", "50.0", NS,
           NEEDLES("\"attn_logit_softcapping\"", "50"));
-  refused(dir, 2, "use_sliding_window", "true", NS, NEEDLES("\"use_sliding_window\"", "true"));
+  refused(dir, 2, "use_sliding_window", "\"yes\"", CF, NEEDLES("\"use_sliding_window\"", "yes"));
   refused(dir, 3, "head_dim", "15", CF, NEEDLES("\"head_dim\" 15 is odd"));
   refused(dir, 2, "hidden_size", "30", CF,
           NEEDLES("\"hidden_size\" 30", "\"num_attention_heads\" 4", "head_dim"));
@@ -570,6 +570,11 @@ static void test_bad_configs(void **state) {
   struct tz_hf_info info;
   accepted(dir, 2, "sliding_window", "4096", &c, &info);
   assert_int_equal(info.sliding_window, 0);
+  assert_int_equal(c.sliding_window, 0);
+  /* opted into: the window from max_window_layers (the fixture's 21) on, none of its 3 layers */
+  accepted(dir, 2, "use_sliding_window", "true", &c, &info);
+  assert_true(c.sliding_window == 32768 && c.window_from == 21);
+  assert_int_equal(tz_model_layer_window(&c, 2), 0);
   assert_int_equal(c.qkv_bias, 1);
   accepted(dir, 1, "sliding_window", "8", &c, &info);
   assert_int_equal(info.sliding_window, 8);

@@ -357,12 +357,10 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"use_bidirectional_attention\" is %s: attention is causal here",
                       p->path, jtext(v, t, sizeof t));
-  if ((v = jget(p, "use_sliding_window")) && !json_is_false(v))
-    return tz_err_set(TZ_ENOTSUP,
-                      "%s: \"use_sliding_window\" is %s: sliding-window attention layers are not "
-                      "implemented (attention is full causal)",
-                      p->path, jtext(v, t, sizeof t));
-  if ((v = jget(p, "layer_types")) && fam->window != TZ_WINDOW_LAYERS) {
+  /* a window opted into (qwen2, qwen3) is parse_window's, its layer_types with it */
+  json_t *use = jget(p, "use_sliding_window");
+  int opted = fam->window == TZ_WINDOW_OPT_IN && use && !json_is_false(use);
+  if ((v = jget(p, "layer_types")) && fam->window != TZ_WINDOW_LAYERS && !opted) {
     if (!json_is_array(v) || json_array_size(v) != (size_t)cfg->n_layer)
       return tz_err_set(TZ_ECONFIG,
                         "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
@@ -380,6 +378,43 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
   return 0;
 }
 
+/* Qwen's window (TZ_WINDOW_OPT_IN): with use_sliding_window true, sliding_window (4096 when
+ * absent, null none) on the layers from max_window_layers (28 when absent) on, as transformers'
+ * Qwen2Config makes layer_types; layer_types given must be that. */
+static int parse_opt_in_window(const struct cfgp *p, struct tz_model_config *cfg) {
+  json_t *use = jget(p, "use_sliding_window"), *raw = json_object_get(p->root, "sliding_window");
+  char t[100];
+  if (!use || json_is_false(use))
+    return 0; /* the window's value, if any, unused */
+  if (!json_is_true(use))
+    return tz_err_set(TZ_ECONFIG, "%s: \"use_sliding_window\" must be true or false, not %s",
+                      p->path, jtext(use, t, sizeof t));
+  if (raw && json_is_null(raw))
+    return 0;
+  TZ_CHECK(get_int(p, "sliding_window", 0, 4096, 1, INT32_MAX, &cfg->sliding_window));
+  TZ_CHECK(get_int(p, "max_window_layers", 0, 28, 0, INT32_MAX, &cfg->window_from));
+  cfg->window_pattern = 0;
+  json_t *v = jget(p, "layer_types");
+  if (!v)
+    return 0;
+  if (!json_is_array(v) || json_array_size(v) != (size_t)cfg->n_layer)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
+                      "not %s",
+                      p->path, cfg->n_layer, jtext(v, t, sizeof t));
+  for (int i = 0; i < cfg->n_layer; i++) {
+    json_t *e = json_array_get(v, (size_t)i);
+    const char *want = i >= cfg->window_from ? "sliding_attention" : "full_attention";
+    if (!json_is_string(e) || strcmp(json_string_value(e), want) != 0)
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"layer_types\"[%d] is %s where the layers from max_window_layers "
+                        "(%d) on slide and the others do not: \"%s\"; other patterns are not "
+                        "implemented",
+                        p->path, i, jtext(e, t, sizeof t), cfg->window_from, want);
+  }
+  return 0;
+}
+
 /* The family's attention window (its row's window rule): mistral's sliding_window applies to every
  * layer (transformers' MistralConfig defaults it to 4096 when absent; null is none); the Qwen
  * families' applies only with use_sliding_window, refused above; llama has none. */
@@ -392,6 +427,8 @@ static int parse_window(const struct cfgp *p, struct tz_model_config *cfg, int *
                       p->path, jtext(raw, t, sizeof t));
   }
   const struct tz_family *fam = tz_family_of(cfg->family);
+  if (fam->window == TZ_WINDOW_OPT_IN)
+    return parse_opt_in_window(p, cfg);
   if (fam->window != TZ_WINDOW_ALWAYS)
     return 0;
   if (!raw)
@@ -813,12 +850,15 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     break;
   }
   case TZ_WINDOW_OPT_IN: {
-    json_object_set_new(r, "use_sliding_window", json_false());
-    json_object_set_new(r, "sliding_window", json_null());
-    json_object_set_new(r, "max_window_layers", json_integer(cfg->n_layer));
+    int use = cfg->sliding_window > 0;
+    json_object_set_new(r, "use_sliding_window", json_boolean(use));
+    json_object_set_new(r, "sliding_window", use ? json_integer(cfg->sliding_window) : json_null());
+    json_object_set_new(r, "max_window_layers",
+                        json_integer(use ? cfg->window_from : cfg->n_layer));
     json_t *lt = json_array();
     for (int i = 0; i < cfg->n_layer; i++)
-      json_array_append_new(lt, json_string("full_attention"));
+      json_array_append_new(
+          lt, json_string(tz_model_layer_window(cfg, i) ? "sliding_attention" : "full_attention"));
     json_object_set_new(r, "layer_types", lt);
     break;
   }

@@ -112,6 +112,7 @@ int tz_model_config_check(const struct tz_model_config *c) {
        "rope_attn_factor %g must not be negative", c->rope_attn_factor);
   NEED(isfinite(c->rope_local_theta) && c->rope_local_theta >= 0.0,
        "rope_local_theta %g must not be negative", c->rope_local_theta);
+  NEED(c->window_from >= 0, "window_from %d must not be negative", c->window_from);
   NEED(c->sliding_window >= 0 && c->window_pattern >= 0,
        "sliding_window %d and window_pattern %d must not be negative", c->sliding_window,
        c->window_pattern);
@@ -146,19 +147,18 @@ const char *tz_model_variant(const struct tz_model_config *cfg, int T) {
                                         : NULL;
 }
 
-/* Whether layer i is one of the sliding kind (transformers' layer_types "sliding_attention"),
- * whatever its window. */
-static int layer_slides(const struct tz_model_config *cfg, int layer) {
-  return cfg->window_pattern <= 0 || (layer + 1) % cfg->window_pattern != 0;
+int tz_model_layer_slides(const struct tz_model_config *cfg, int layer) {
+  return layer >= cfg->window_from &&
+         (cfg->window_pattern <= 0 || (layer + 1) % cfg->window_pattern != 0);
 }
 
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer) {
-  return cfg->sliding_window > 0 && layer_slides(cfg, layer) ? cfg->sliding_window : 0;
+  return cfg->sliding_window > 0 && tz_model_layer_slides(cfg, layer) ? cfg->sliding_window : 0;
 }
 
 void tz_model_layer_rope(const struct tz_model_config *cfg, int layer, struct tz_rope *out) {
   tz_model_rope(cfg, out);
-  if (cfg->rope_local_theta > 0 && layer_slides(cfg, layer))
+  if (cfg->rope_local_theta > 0 && tz_model_layer_slides(cfg, layer))
     *out = (struct tz_rope){.theta = cfg->rope_local_theta, .type = TZ_ROPE_DEFAULT};
 }
 

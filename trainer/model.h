@@ -113,6 +113,8 @@ struct tz_model_config {
   int norm_offset, glu_act, embed_scale;
   double attn_scale, attn_softcap, final_softcap;
   int sliding_window, window_pattern;
+  int window_from; /* with sliding_window: the layers below it attend fully (Qwen's
+                      max_window_layers); 0: from the first */
   double rope_local_theta;
   /* yarn (rope_type 3): the ramp's bounds and rounding, and the attention factor transformers
    * multiplies cos and sin by (0: 1), here the scores' scale times its square */
@@ -129,6 +131,10 @@ const char *tz_model_variant(const struct tz_model_config *cfg, int T);
 /* The scores' scale (kernels/compute.h, struct tz_attn_opts; 0: 1/sqrt(D)): attn_scale, times
  * yarn's attention factor squared where it is not 1. */
 double tz_model_attn_scale(const struct tz_model_config *cfg);
+
+/* Whether layer i is of the sliding kind (transformers' layer_types "sliding_attention"), from
+ * window_from and window_pattern, whatever its window. */
+int tz_model_layer_slides(const struct tz_model_config *cfg, int layer);
 
 /* The attention window of layer i (0-based) of cfg: 0 for full attention. */
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer);

@@ -110,6 +110,7 @@ static const struct {
     MF(final_softcap, F_DBL),
     MF(sliding_window, F_INT),
     MF(window_pattern, F_INT),
+    MF(window_from, F_INT),
     MF(rope_local_theta, F_DBL),
     MF(rope_beta_fast, F_DBL),
     MF(rope_beta_slow, F_DBL),
