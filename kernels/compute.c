@@ -319,6 +319,10 @@ int tz_rope_check(const struct tz_rope *r) {
          r->factor);
     return 0;
   }
+  if (r->type == TZ_ROPE_LONGROPE) {
+    NEED(r->ext_factors, "rope longrope: no factors");
+    return 0;
+  }
   if (r->type == TZ_ROPE_YARN) {
     NEED(isfinite(r->factor) && r->factor > 0.0, "rope yarn: factor %g must be positive",
          r->factor);
@@ -330,7 +334,8 @@ int tz_rope_check(const struct tz_rope *r) {
     return 0;
   }
   NEED(r->type == TZ_ROPE_LLAMA3,
-       "rope: type %d is none of default (0), llama3 (1), linear (2), yarn (3)", (int)r->type);
+       "rope: type %d is none of default (0), llama3 (1), linear (2), yarn (3), longrope (4)",
+       (int)r->type);
   NEED(isfinite(r->factor) && r->factor >= 1.0, "rope llama3: factor %g must be at least 1",
        r->factor);
   NEED(isfinite(r->low_freq_factor) && isfinite(r->high_freq_factor) && r->low_freq_factor > 0.0 &&
@@ -375,6 +380,10 @@ int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out) {
       }
     } else if (r->type == TZ_ROPE_LINEAR) {
       f = f / r->factor;
+    } else if (r->type == TZ_ROPE_LONGROPE) {
+      NEED(r->ext_factors[i] > 0 && isfinite(r->ext_factors[i]),
+           "rope longrope: factor %d is %g, not positive", i, r->ext_factors[i]);
+      f = f / r->ext_factors[i];
     } else if (r->type == TZ_ROPE_YARN) {
       double ramp = ((double)i - lo) / (hi - lo);
       ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;

@@ -232,10 +232,11 @@ int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, const void *dres, void *dw,
  * bwd applies the transpose (the rotation by -angle) to the gradient dx (B,T,nh,D) in place. */
 #define TZ_ROPE_MAX_D 1024
 enum tz_rope_type {
-  TZ_ROPE_DEFAULT = 0, /* Hugging Face rope_type "default": f_i = theta^(-2i/D) */
-  TZ_ROPE_LLAMA3 = 1,  /* rope_type "llama3" (Llama 3.1 and later): f_i rescaled by wavelength */
-  TZ_ROPE_LINEAR = 2,  /* rope_type "linear" (position interpolation): f_i / factor */
-  TZ_ROPE_YARN = 3,    /* rope_type "yarn": f_i blended between f_i and f_i / factor by a ramp */
+  TZ_ROPE_DEFAULT = 0,  /* Hugging Face rope_type "default": f_i = theta^(-2i/D) */
+  TZ_ROPE_LLAMA3 = 1,   /* rope_type "llama3" (Llama 3.1 and later): f_i rescaled by wavelength */
+  TZ_ROPE_LINEAR = 2,   /* rope_type "linear" (position interpolation): f_i / factor */
+  TZ_ROPE_YARN = 3,     /* rope_type "yarn": f_i blended between f_i and f_i / factor by a ramp */
+  TZ_ROPE_LONGROPE = 4, /* rope_type "longrope": f_i / ext_factors[i] */
 };
 struct tz_rope {
   double theta; /* the base, > 0 */
@@ -251,6 +252,9 @@ struct tz_rope {
    * rope's (trainer/model.h, rope_attn_factor). */
   double beta_fast, beta_slow;
   int truncate;
+  /* TZ_ROPE_LONGROPE: D/2 positive factors, the short or the long ones of the config as the
+   * model picks them by the sequence's length (borrowed for the call) */
+  const double *ext_factors;
 };
 /* TZ_EINVAL naming the field for a rope that cannot be used. */
 int tz_rope_check(const struct tz_rope *r);
@@ -268,6 +272,7 @@ int tz_rope_check(const struct tz_rope *r);
  *            hi = c(beta_slow), floored and ceiled with truncate; lo = max(lo, 0),
  *            hi = min(hi, D - 1), hi += 0.001 when equal; r_i = clamp((i - lo) / (hi - lo), 0, 1);
  *            f_i = (base_i / factor) r_i + base_i (1 - r_i)
+ *   longrope: f_i = base_i / ext_factors[i]
  * (transformers' _compute_llama3_parameters, _compute_linear_scaling_rope_parameters and
  * _compute_yarn_parameters, in double where they work in float32). */
 int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out);

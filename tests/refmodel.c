@@ -132,13 +132,18 @@ static double ref_scale(const struct tz_model_config *cfg, int D) {
 
 /* Layer i's frequencies: the sliding layers' own base with rope_local_theta (Gemma 3's
  * rope_local_base_freq, default type), else the model's. */
-static void layer_freqs(const struct tz_model_config *cfg, int layer, int D, double *f) {
+static void layer_freqs(const struct tz_model_config *cfg, int layer, int T, int D, double *f) {
   if (cfg->rope_local_theta > 0 && tz_model_layer_slides(cfg, layer)) {
     for (int i = 0; i < D / 2; i++)
       f[i] = pow(cfg->rope_local_theta, -2.0 * i / D);
     return;
   }
   rope_freqs(cfg, D, f);
+  if (cfg->rope_type == 4) /* longrope: the long factors above the original length */
+    for (int i = 0; i < D / 2; i++)
+      f[i] =
+          pow(cfg->rope_theta, -2.0 * i / D) /
+          (T > cfg->rope_original_max_pos ? cfg->rope_long_factor[i] : cfg->rope_short_factor[i]);
 }
 
 /* Rotates x (B, T, nh, D) in place by the angles t * f[i]: sign +1 forward, -1 the inverse (the
@@ -441,7 +446,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
      * Gemma (both): each */
     const double *h1 = pre ? y->h1 : y->x, *h2 = pre ? y->h2 : y->x2;
     struct ref_attn ra = {ref_scale(cfg, D), cfg->attn_softcap, tz_model_layer_window(cfg, i)};
-    layer_freqs(cfg, i, D, freqs);
+    layer_freqs(cfg, i, T, D, freqs);
     if (pre)
       rmsnorm(y->h1, y->r1, y->x, W(TZ_L_ATTN_NORM), N, C, eps);
     /* transformers' Qwen2 / Qwen3 / OLMo 2 attention: q = q_proj(h) (bias included), then q_norm
@@ -530,7 +535,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
 #define GB(idx) (bias ? GW(idx) : NULL)
       const double *h1 = pre ? y->h1 : y->x, *h2 = pre ? y->h2 : y->x2;
       struct ref_attn ra = {ref_scale(cfg, D), cfg->attn_softcap, tz_model_layer_window(cfg, i)};
-      layer_freqs(cfg, i, D, freqs);
+      layer_freqs(cfg, i, T, D, freqs);
       /* dx is the gradient at this layer's output; out = x2 + a wd^T (post: x2 + norm(m),
        * m = a wd^T) */
       memcpy(dx2, dx, sizeof(double) * N * C);

@@ -10,7 +10,7 @@ the export's names of each case are its row's, and the table says what docs/mode
 needs of a row (a model_type, an architecture, JSON export keys).
 
 Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, yarn, mistral, mistral_window, qwen2,
-qwen3, qwen2_window, head_dim, olmo2, phi3, gemma2, gemma3, table)"""
+qwen3, qwen2_window, head_dim, olmo2, phi3, phi3_longrope, gemma2, gemma3, table)"""
 import json
 import os
 import shutil
@@ -60,6 +60,13 @@ FAMILIES = {
     # heads of 4: rows 64 + 2 * 32).
     "phi3": ("phi3", "Phi3ForCausalLM", {"sliding_window": None, "resid_pdrop": 0.0,
                                          "embd_pdrop": 0.0}),
+    # Phi-3.5's longrope: the long factors at the 16 tokens trained, above the original 8
+    "phi3_longrope": ("phi3", "Phi3ForCausalLM", {
+        "sliding_window": None, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+        "original_max_position_embeddings": 8,
+        "rope_scaling": {"type": "longrope",
+                         "short_factor": [1.0, 1.1, 1.3, 1.7, 2.0, 2.5, 3.0, 4.0],
+                         "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]}}),
     # Gemma 2: (1 + w) norms on both sides of each part, tanh-gelu gate, scaled embedding, a
     # query_pre_attn_scalar other than head_dim, both softcaps, and a window (8) shorter than the
     # sequence (16) on every other layer.
@@ -249,9 +256,11 @@ def main():
             if not same_bytes(at("straight", f), at("again", f)):
                 failures.append(f"{f}: the re-imported export differs")
         if FAMILY == "phi3":
-            # Phi-3.5's longrope and Phi-4-mini's partial rotary are refused, naming the key.
-            for extra, key in (({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8,
-                                                  "long_factor": [1.0] * 8}}, "longrope"),
+            # Phi-4-mini's partial rotary is refused, naming the key; so are longrope factors
+            # that are not head_dim / 2 (8) of them.
+            for extra, key in (({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 7,
+                                                  "long_factor": [1.0] * 8},
+                                 "original_max_position_embeddings": 8}, "short_factor"),
                                ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                      "partial_rotary_factor": 0.75}},
                                 "partial_rotary_factor"),

@@ -515,10 +515,10 @@ static void test_bad_configs(void **state) {
           NEEDLES("rope_scaling", "factor -1"));
   refused(dir, 0, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 2.0, \"truncate\": 1}", CF,
           NEEDLES("\"rope_scaling.truncate\""));
-  /* linear is read (its factor required); longrope is not */
+  /* linear is read (its factor required); longrope too, its factor lists required */
   refused(dir, 0, "rope_scaling", "{\"type\": \"linear\"}", CF, NEEDLES("rope_scaling", "factor"));
-  refused(dir, 0, "rope_scaling", "{\"type\": \"longrope\", \"factor\": 2.0}", NS,
-          NEEDLES("\"rope_scaling.type\"", "longrope"));
+  refused(dir, 0, "rope_scaling", "{\"type\": \"longrope\", \"factor\": 2.0}", CF,
+          NEEDLES("\"rope_scaling.short_factor\"", "head_dim / 2 (4)"));
   refused(dir, 3, "rope_parameters", "{\"rope_type\": \"dynamic\", \"rope_theta\": 10000.0}", NS,
           NEEDLES("\"rope_parameters.rope_type\"", "dynamic"));
   refused(dir, 0, "rope_scaling",

@@ -373,13 +373,13 @@ static void test_ref_gemma3(void **state) {
   assert_int_equal(tz_model_layer_window(&c, 0), 3);
   assert_int_equal(tz_model_layer_window(&c, 2), 0);
   struct tz_rope r0, r2;
-  tz_model_layer_rope(&c, 0, &r0);
-  tz_model_layer_rope(&c, 2, &r2);
+  tz_model_layer_rope(&c, 0, 7, &r0);
+  tz_model_layer_rope(&c, 2, 7, &r2);
   assert_true(r0.theta == 50.0 && r0.type == TZ_ROPE_DEFAULT && r2.theta == 1e6);
   /* the kind of a layer is the pattern's, not its window's: without a window (transformers'
    * sliding_window null) layers 0 and 1 still rotate at the sliding layers' base */
   e.sliding_window = 0;
-  tz_model_layer_rope(&e, 1, &r0);
+  tz_model_layer_rope(&e, 1, 9, &r0);
   assert_true(r0.theta == 50.0 && tz_model_layer_window(&e, 1) == 0);
   compare_with_reference(e, 1, 9, 124);
 }
@@ -410,6 +410,30 @@ static void test_ref_yarn(void **state) {
   TZ_ASSERT_OK(tz_rope_inv_freq(&r, 16, f));
   /* the ramp: the first dims keep their frequency, the last are divided by the factor */
   assert_true(f[0] == 1.0 && fabs(f[7] - pow(100.0, -14.0 / 16) / 4.0) < 1e-15);
+}
+
+/* longrope (Phi-3.5): the short factors at sequences up to the original length (7 of 8), the
+ * long ones above it (12), the attention factor in the scores' scale. */
+static void test_ref_longrope(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  c.head_dim = 16;
+  c.rope_type = TZ_ROPE_LONGROPE;
+  c.rope_original_max_pos = 8;
+  c.rope_factor = 2.0;
+  c.rope_attn_factor = sqrt(1.0 + log(2.0) / log(8.0));
+  for (int i = 0; i < 8; i++) {
+    c.rope_short_factor[i] = 1.0 + 0.25 * i;
+    c.rope_long_factor[i] = 1.0 + 1.5 * i;
+  }
+  compare_with_reference(c, 2, 7, 133);
+  compare_with_reference(c, 1, 12, 134);
+  struct tz_rope a, b;
+  tz_model_layer_rope(&c, 0, 8, &a);
+  tz_model_layer_rope(&c, 0, 9, &b);
+  assert_true(a.ext_factors == c.rope_short_factor && b.ext_factors == c.rope_long_factor);
+  c.rope_long_factor[3] = 0;
+  assert_int_equal(tz_model_config_check(&c), TZ_ECONFIG);
 }
 
 static void test_ref_qkv_bias(void **state) {
@@ -925,6 +949,7 @@ int main(void) {
       cmocka_unit_test(test_ref_gemma2),
       cmocka_unit_test(test_ref_gemma3),
       cmocka_unit_test(test_ref_yarn),
+      cmocka_unit_test(test_ref_longrope),
       cmocka_unit_test(test_ref_linear_rope),
       cmocka_unit_test(test_ref_llama3_rope),
       cmocka_unit_test(test_ref_head_dim_wide),

@@ -186,6 +186,59 @@ static int parse_yarn(const struct cfgp *p, const char *key, json_t *rs, int *ty
   return 0;
 }
 
+/* A longrope factor list: head_dim / 2 positive numbers. */
+static int longrope_factors(const struct cfgp *p, const char *key, json_t *rs, const char *name,
+                            int n, double *out) {
+  json_t *a = json_object_get(rs, name);
+  char t[100];
+  if (!json_is_array(a) || json_array_size(a) != (size_t)n)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"%s.%s\" must be a list of head_dim / 2 (%d) numbers, not %s", p->path,
+                      key, name, n, jtext(a, t, sizeof t));
+  for (int i = 0; i < n; i++) {
+    json_t *v = json_array_get(a, (size_t)i);
+    if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s.%s\"[%d] is %s, not a positive number", p->path, key,
+                        name, i, jtext(v, t, sizeof t));
+    out[i] = json_number_value(v);
+  }
+  return 0;
+}
+
+/* rope_type "longrope" (Phi-3.5), as transformers' _compute_longrope_parameters reads it: the
+ * short and long factors (head_dim / 2 each), original_max_position_embeddings (in the rope
+ * object or, as Phi-3.5's configs have it, beside it), factor (absent: max_position_embeddings
+ * over it) and the attention factor (absent: 1 at a factor of at most 1, else
+ * sqrt(1 + ln(factor) / ln(original))). */
+static int parse_longrope(const struct cfgp *p, const char *key, json_t *rs, int *type,
+                          struct tz_model_config *cfg) {
+  int n = tz_model_head_dim(cfg) / 2;
+  double orig = 0, factor = 0, af = 0;
+  *type = TZ_ROPE_LONGROPE;
+  TZ_CHECK(longrope_factors(p, key, rs, "short_factor", n, cfg->rope_short_factor));
+  TZ_CHECK(longrope_factors(p, key, rs, "long_factor", n, cfg->rope_long_factor));
+  if (json_object_get(rs, "original_max_position_embeddings"))
+    TZ_CHECK(num_of(p, rs, key, "original_max_position_embeddings", 1, 0, &orig));
+  else
+    TZ_CHECK(num_of(p, p->root, "", "original_max_position_embeddings", 1, 0, &orig));
+  if (orig != floor(orig) || orig < 2 || orig > INT32_MAX)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: longrope's original_max_position_embeddings %g must be an integer of "
+                      "at least 2",
+                      p->path, orig);
+  cfg->rope_original_max_pos = (int)orig;
+  TZ_CHECK(num_of(p, rs, key, "factor", 0, cfg->max_seq / orig, &factor));
+  TZ_CHECK(num_of(p, rs, key, "attention_factor", 0, 0.0, &af));
+  if (af == 0)
+    af = factor <= 1.0 ? 1.0 : sqrt(1.0 + log(factor) / log(orig));
+  if (!(af > 0) || !isfinite(af))
+    return tz_err_set(TZ_ECONFIG, "%s: \"%s\": longrope's attention factor %g must be positive",
+                      p->path, key, af);
+  cfg->rope_factor = factor;
+  cfg->rope_attn_factor = af;
+  return 0;
+}
+
 static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *type,
                       struct tz_model_config *cfg, double *theta) {
   char t[100];
@@ -222,6 +275,8 @@ static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *ty
   }
   if (strcmp(s, "yarn") == 0)
     return parse_yarn(p, key, rs, type, cfg);
+  if (strcmp(s, "longrope") == 0)
+    return parse_longrope(p, key, rs, type, cfg);
   if (strcmp(s, "llama3") != 0)
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"%s.%s\" is \"%s\": only \"default\", \"linear\", \"llama3\" and "
@@ -780,6 +835,27 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     json_object_set_new(rs, "original_max_position_embeddings",
                         json_integer(cfg->rope_original_max_pos));
     json_object_update(rp, rs);
+    json_object_set_new(r, "rope_scaling", rs);
+  } else if (cfg->rope_type == TZ_ROPE_LONGROPE) {
+    /* transformers 4's Phi3Config takes exactly type, short_factor and long_factor, the
+     * original length beside them; 5 reads rope_parameters with everything */
+    json_t *rs = json_object(), *sf = json_array(), *lf = json_array();
+    for (int i = 0; i < tz_model_head_dim(cfg) / 2; i++) {
+      json_array_append_new(sf, json_real(cfg->rope_short_factor[i]));
+      json_array_append_new(lf, json_real(cfg->rope_long_factor[i]));
+    }
+    json_object_set_new(rs, "type", json_string("longrope"));
+    json_object_set_new(rs, "short_factor", sf);
+    json_object_set_new(rs, "long_factor", lf);
+    json_object_set_new(r, "original_max_position_embeddings",
+                        json_integer(cfg->rope_original_max_pos));
+    json_object_update(rp, rs);
+    json_object_del(rp, "type");
+    json_object_set_new(rp, "rope_type", json_string("longrope"));
+    json_object_set_new(rp, "original_max_position_embeddings",
+                        json_integer(cfg->rope_original_max_pos));
+    json_object_set_new(rp, "factor", json_real(cfg->rope_factor));
+    json_object_set_new(rp, "attention_factor", json_real(cfg->rope_attn_factor));
     json_object_set_new(r, "rope_scaling", rs);
   } else if (cfg->rope_type == TZ_ROPE_YARN) {
     json_t *rs = json_object();

@@ -88,6 +88,11 @@ int tz_model_config_check(const struct tz_model_config *c) {
     snprintf(why, sizeof why, "%s", tz_err_msg());
     return tz_err_set(TZ_ECONFIG, "model config: rope_type %d: %s", c->rope_type, why);
   }
+  for (int i = 0; c->rope_type == TZ_ROPE_LONGROPE && i < tz_model_head_dim(c) / 2; i++)
+    NEED(isfinite(c->rope_short_factor[i]) && c->rope_short_factor[i] > 0 &&
+             isfinite(c->rope_long_factor[i]) && c->rope_long_factor[i] > 0,
+         "longrope's factors %d (short %g, long %g) must be positive", i, c->rope_short_factor[i],
+         c->rope_long_factor[i]);
   NEED(c->norm_eps >= 0.0, "norm_eps %g must not be negative", c->norm_eps);
   NEED(c->tie_embeddings == 0 || c->tie_embeddings == 1, "tie_embeddings %d must be 0 or 1",
        c->tie_embeddings);
@@ -156,8 +161,10 @@ int tz_model_layer_window(const struct tz_model_config *cfg, int layer) {
   return cfg->sliding_window > 0 && tz_model_layer_slides(cfg, layer) ? cfg->sliding_window : 0;
 }
 
-void tz_model_layer_rope(const struct tz_model_config *cfg, int layer, struct tz_rope *out) {
+void tz_model_layer_rope(const struct tz_model_config *cfg, int layer, int T, struct tz_rope *out) {
   tz_model_rope(cfg, out);
+  if (cfg->rope_type == TZ_ROPE_LONGROPE && T > cfg->rope_original_max_pos)
+    out->ext_factors = cfg->rope_long_factor;
   if (cfg->rope_local_theta > 0 && tz_model_layer_slides(cfg, layer))
     *out = (struct tz_rope){.theta = cfg->rope_local_theta, .type = TZ_ROPE_DEFAULT};
 }
@@ -178,7 +185,8 @@ void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out) {
                           .original_max_pos = cfg->rope_original_max_pos,
                           .beta_fast = cfg->rope_beta_fast,
                           .beta_slow = cfg->rope_beta_slow,
-                          .truncate = cfg->rope_truncate};
+                          .truncate = cfg->rope_truncate,
+                          .ext_factors = cfg->rope_short_factor};
 }
 
 /* ---- layout ---- */
@@ -675,7 +683,7 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
   float eps = (float)cfg->norm_eps, off = norm_off(cfg);
   struct tz_rope rope;
-  tz_model_layer_rope(cfg, layer, &rope);
+  tz_model_layer_rope(cfg, layer, T, &rope);
   struct tz_attn_opts opt = attn_opts(cfg, layer, T);
 #define P(i) at(params, l.t[i].offset, S)
   int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
@@ -776,7 +784,7 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
   int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, H = cfg->n_head, Hkv = cfg->n_kv_head;
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
   struct tz_rope rope;
-  tz_model_layer_rope(cfg, layer, &rope);
+  tz_model_layer_rope(cfg, layer, T, &rope);
   /* The parts recomputed, attention first (the MLP's starts from its x2); the recomputed x_out
    * is not needed, and the scratch's dh is free until the MLP backward. */
 #define P(i) at(params, l.t[i].offset, S)

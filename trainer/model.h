@@ -121,6 +121,10 @@ struct tz_model_config {
   double rope_beta_fast, rope_beta_slow;
   int rope_truncate;
   double rope_attn_factor;
+  /* longrope (rope_type 4, Phi-3.5): head_dim / 2 factors each, the short ones at sequences of
+   * at most rope_original_max_pos tokens and the long ones above (transformers picks by the
+   * positions' length), and rope_attn_factor as yarn's */
+  double rope_short_factor[TZ_ROPE_MAX_D / 2], rope_long_factor[TZ_ROPE_MAX_D / 2];
 };
 
 /* The first of the variants (Gemma's math, sliding windows) that cfg uses on sequences of T tokens
@@ -138,10 +142,11 @@ int tz_model_layer_slides(const struct tz_model_config *cfg, int layer);
 
 /* The attention window of layer i (0-based) of cfg: 0 for full attention. */
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer);
-/* The rope layer i rotates by: the sliding layers' with rope_local_theta, else the model's. */
-void tz_model_layer_rope(const struct tz_model_config *cfg, int layer, struct tz_rope *out);
+/* The rope layer i rotates by on sequences of T tokens: the sliding layers' with
+ * rope_local_theta, else the model's (longrope's short or long factors by T). */
+void tz_model_layer_rope(const struct tz_model_config *cfg, int layer, int T, struct tz_rope *out);
 
-/* The rope the kernels take for cfg. */
+/* The rope the kernels take for cfg (longrope: its short factors). */
 void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out);
 /* The family's model_type ("llama") and its CausalLM class name, from the family table; NULL for
  * a value outside the enum. */

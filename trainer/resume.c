@@ -64,7 +64,7 @@ static int agree(tz_comm *comm, int rc, const char *what) {
  * name, head_dim as the model uses it (tz_model_head_dim). A resume compares the fields that
  * change what the saved state means (compared 1): not the initialisation (the state replaces it),
  * max_seq (a bound on the sequence, no weight depends on it) or the token ids (the export's). */
-enum { F_INT, F_DBL, F_FAMILY };
+enum { F_INT, F_DBL, F_FAMILY, F_HALF_D /* head_dim / 2 doubles, saved when longrope's */ };
 /* clang-format off */
 #define MF(f, t) {#f, t, offsetof(struct tz_model_config, f), 1}
 #define MF_INFO(f, t) {#f, t, offsetof(struct tz_model_config, f), 0}
@@ -116,6 +116,8 @@ static const struct {
     MF(rope_beta_slow, F_DBL),
     MF(rope_truncate, F_INT),
     MF(rope_attn_factor, F_DBL),
+    MF(rope_short_factor, F_HALF_D),
+    MF(rope_long_factor, F_HALF_D),
 };
 #undef MF
 #undef MF_INFO
@@ -137,6 +139,14 @@ static json_t *model_json(const struct tz_model_config *cfg) {
     switch (model_fields[i].type) {
     case F_INT: json_object_set_new(o, model_fields[i].name, json_integer(*(const int *)p)); break;
     case F_DBL: json_object_set_new(o, model_fields[i].name, json_real(*(const double *)p)); break;
+    case F_HALF_D: /* an array only for longrope: the field is absent otherwise (not compared) */
+      if (mc->rope_type == TZ_ROPE_LONGROPE) {
+        json_t *a = json_array();
+        for (int k = 0; k < tz_model_head_dim(mc) / 2; k++)
+          json_array_append_new(a, json_real(((const double *)p)[k]));
+        json_object_set_new(o, model_fields[i].name, a);
+      }
+      break;
     case F_FAMILY:
       fam = tz_model_family_name(*(const enum tz_model_family *)p);
       json_object_set_new(o, model_fields[i].name, fam ? json_string(fam) : json_null());
