@@ -9,8 +9,8 @@ With FAMILY "table": every row of the family table (tz-model-check --families) h
 the export's names of each case are its row's, and the table says what docs/model.md's checklist
 needs of a row (a model_type, an architecture, JSON export keys).
 
-Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, yarn, mistral, mistral_window, qwen2,
-qwen3, qwen2_window, head_dim, olmo2, phi3, phi3_longrope, gemma2, gemma3, table)"""
+Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, dynamic, yarn, mistral,
+mistral_window, qwen2, qwen3, qwen2_window, head_dim, olmo2, phi3, phi3_longrope, gemma2, gemma3, table)"""
 import json
 import os
 import shutil
@@ -39,6 +39,9 @@ FAMILIES = {
     "linear": ("llama", "LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear",
                                                               "factor": 4.0}}),
     "mistral": ("mistral", "MistralForCausalLM", {"sliding_window": None}),
+    # dynamic NTK RoPE: the default rope up to max_position_embeddings, the type kept
+    "dynamic": ("llama", "LlamaForCausalLM", {"rope_scaling": {"rope_type": "dynamic",
+                                                               "factor": 2.0}}),
     # yarn RoPE (Qwen2.5's long-context configs): positions past original 8 of the 16 trained
     "yarn": ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": False, "rope_theta": 100.0,
                                            "rope_scaling": {"rope_type": "yarn", "factor": 4.0,

@@ -508,8 +508,10 @@ static void test_bad_configs(void **state) {
   (void)state;
   char *dir = tz_test_mkdtemp("hf-bad");
   int NS = TZ_ENOTSUP, CF = TZ_ECONFIG;
-  refused(dir, 0, "rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 4.0}", NS,
-          NEEDLES("\"rope_scaling.rope_type\"", "dynamic"));
+  refused(dir, 0, "rope_scaling", "{\"rope_type\": \"mrope\", \"factor\": 4.0}", NS,
+          NEEDLES("\"rope_scaling.rope_type\"", "mrope"));
+  refused(dir, 0, "rope_scaling", "{\"rope_type\": \"dynamic\"}", CF,
+          NEEDLES("rope_scaling", "factor"));
   /* yarn's factor must be positive, its truncate a boolean */
   refused(dir, 0, "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": -1.0}", CF,
           NEEDLES("rope_scaling", "factor -1"));
@@ -519,8 +521,8 @@ static void test_bad_configs(void **state) {
   refused(dir, 0, "rope_scaling", "{\"type\": \"linear\"}", CF, NEEDLES("rope_scaling", "factor"));
   refused(dir, 0, "rope_scaling", "{\"type\": \"longrope\", \"factor\": 2.0}", CF,
           NEEDLES("\"rope_scaling.short_factor\"", "head_dim / 2 (4)"));
-  refused(dir, 3, "rope_parameters", "{\"rope_type\": \"dynamic\", \"rope_theta\": 10000.0}", NS,
-          NEEDLES("\"rope_parameters.rope_type\"", "dynamic"));
+  refused(dir, 3, "rope_parameters", "{\"rope_type\": \"mrope\", \"rope_theta\": 10000.0}", NS,
+          NEEDLES("\"rope_parameters.rope_type\"", "mrope"));
   refused(dir, 0, "rope_scaling",
           "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"high_freq_factor\": 4.0,"
           " \"original_max_position_embeddings\": 8192}",

@@ -468,7 +468,7 @@ static void test_bad_config(void **state) {
   write_text(dir, "config.json",
              "{\"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
              " \"intermediate_size\": 128, \"vocab_size\": 100, \"rope_scaling\": {\"type\": "
-             "\"dynamic\", \"factor\": 2.0}}");
+             "\"mrope\", \"factor\": 2.0}}");
   assert_int_equal(tz_hf_config_read(dir, &c, NULL), TZ_ENOTSUP);
   assert_non_null(strstr(tz_err_msg(), "rope_scaling"));
   write_text(dir, "config.json",

@@ -277,11 +277,19 @@ static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *ty
     return parse_yarn(p, key, rs, type, cfg);
   if (strcmp(s, "longrope") == 0)
     return parse_longrope(p, key, rs, type, cfg);
+  if (strcmp(s, "dynamic") == 0) { /* the default rope up to max_position_embeddings (model.h) */
+    *type = TZ_MODEL_ROPE_DYNAMIC;
+    TZ_CHECK(num_of(p, rs, key, "factor", 1, 0.0, &cfg->rope_factor));
+    if (!(cfg->rope_factor >= 1.0))
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s.factor\" %g must be at least 1", p->path, key,
+                        cfg->rope_factor);
+    return 0;
+  }
   if (strcmp(s, "llama3") != 0)
     return tz_err_set(TZ_ENOTSUP,
-                      "%s: \"%s.%s\" is \"%s\": only \"default\", \"linear\", \"llama3\" and "
-                      "\"yarn\" RoPE are implemented (another scaling would change every "
-                      "position's angle)",
+                      "%s: \"%s.%s\" is \"%s\": only \"default\", \"linear\", \"llama3\", "
+                      "\"yarn\", \"longrope\" and \"dynamic\" RoPE are implemented (another "
+                      "scaling would change every position's angle)",
                       p->path, key, tkey, s);
   *type = TZ_ROPE_LLAMA3;
   double orig = 0;
@@ -869,9 +877,10 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     json_object_set_new(rs, "attention_factor", json_real(cfg->rope_attn_factor));
     json_object_update(rp, rs);
     json_object_set_new(r, "rope_scaling", rs);
-  } else if (cfg->rope_type == TZ_ROPE_LINEAR) {
+  } else if (cfg->rope_type == TZ_ROPE_LINEAR || cfg->rope_type == TZ_MODEL_ROPE_DYNAMIC) {
     json_t *rs = json_object();
-    json_object_set_new(rs, "rope_type", json_string("linear"));
+    json_object_set_new(rs, "rope_type",
+                        json_string(cfg->rope_type == TZ_ROPE_LINEAR ? "linear" : "dynamic"));
     json_object_set_new(rs, "factor", json_real(cfg->rope_factor));
     json_object_update(rp, rs);
     json_object_set_new(r, "rope_scaling", rs);

@@ -178,7 +178,9 @@ int tz_model_head_dim(const struct tz_model_config *cfg) {
 
 void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out) {
   *out = (struct tz_rope){.theta = cfg->rope_theta,
-                          .type = (enum tz_rope_type)cfg->rope_type,
+                          .type = cfg->rope_type == TZ_MODEL_ROPE_DYNAMIC
+                                      ? TZ_ROPE_DEFAULT
+                                      : (enum tz_rope_type)cfg->rope_type,
                           .factor = cfg->rope_factor,
                           .low_freq_factor = cfg->rope_low_freq_factor,
                           .high_freq_factor = cfg->rope_high_freq_factor,

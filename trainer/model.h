@@ -85,7 +85,8 @@ struct tz_model_config {
                      mlp_post_norm (the layer tensors below), BOTH all four */
   /* RoPE scaling (struct tz_rope of kernels/compute.h without theta): rope_type 0 default,
    * 1 llama3 with the other four fields, 2 linear with rope_factor, 3 yarn with rope_factor,
-   * rope_original_max_pos, rope_beta_fast, rope_beta_slow and rope_truncate */
+   * rope_original_max_pos, rope_beta_fast, rope_beta_slow and rope_truncate, 4 longrope,
+   * TZ_MODEL_ROPE_DYNAMIC with rope_factor */
   int rope_type;
   double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
   int rope_original_max_pos;
@@ -146,7 +147,12 @@ int tz_model_layer_window(const struct tz_model_config *cfg, int layer);
  * rope_local_theta, else the model's (longrope's short or long factors by T). */
 void tz_model_layer_rope(const struct tz_model_config *cfg, int layer, int T, struct tz_rope *out);
 
-/* The rope the kernels take for cfg (longrope: its short factors). */
+/* rope_type "dynamic" (dynamic NTK): transformers raises the base only at sequences above
+ * max_position_embeddings, which the model never trains (tz_model_check_batch), so below it the
+ * rope is the default one; the type is kept for the export. */
+#define TZ_MODEL_ROPE_DYNAMIC 5
+
+/* The rope the kernels take for cfg (longrope: its short factors; dynamic: the default). */
 void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out);
 /* The family's model_type ("llama") and its CausalLM class name, from the family table; NULL for
  * a value outside the enum. */
