@@ -10,7 +10,8 @@ the export's names of each case are its row's, and the table says what docs/mode
 needs of a row (a model_type, an architecture, JSON export keys).
 
 Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, dynamic, yarn, mistral,
-mistral_window, qwen2, qwen3, qwen2_window, head_dim, olmo2, phi3, phi3_longrope, gemma2, gemma3, table)"""
+mistral_window, qwen2, qwen3, qwen2_window, head_dim, olmo2, phi3, phi3_longrope, gemma2,
+gemma3, table)"""
 import json
 import os
 import shutil
@@ -43,9 +44,10 @@ FAMILIES = {
     "dynamic": ("llama", "LlamaForCausalLM", {"rope_scaling": {"rope_type": "dynamic",
                                                                "factor": 2.0}}),
     # yarn RoPE (Qwen2.5's long-context configs): positions past original 8 of the 16 trained
-    "yarn": ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": False, "rope_theta": 100.0,
-                                           "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                                            "original_max_position_embeddings": 8}}),
+    "yarn": ("qwen2", "Qwen2ForCausalLM", {
+        "use_sliding_window": False, "rope_theta": 100.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                         "original_max_position_embeddings": 8}}),
     # Mistral 7B v0.1's window, shorter than the sequence (8 of 16): computed by the cpu backend,
     # refused at start on the cuda one at this length
     "mistral_window": ("mistral", "MistralForCausalLM", {"sliding_window": 8}),
@@ -209,6 +211,21 @@ def table():
     return 1 if failures else 0
 
 
+def refused_by_name(cfg, cases, at, common):
+    """Each (extra keys, key) of cases: cfg with the extra keys refused by tz-train at start, the
+    key named in its message; the failures' texts."""
+    failures = []
+    for extra, key in cases:
+        with open(at("refused.json"), "w") as f:
+            json.dump(dict(cfg, **extra), f)
+        p = subprocess.run([TZ_TRAIN, "--model", at("refused.json"), "--steps", "1", *common],
+                           capture_output=True, text=True)
+        if p.returncode == 0 or key not in p.stderr:
+            failures.append(f"{key}: not refused by name (exit {p.returncode}): "
+                            f"{p.stderr.strip()}")
+    return failures
+
+
 def main():
     if FAMILY == "table":
         return table()
@@ -261,20 +278,13 @@ def main():
         if FAMILY == "phi3":
             # Phi-4-mini's partial rotary is refused, naming the key; so are longrope factors
             # that are not head_dim / 2 (8) of them.
-            for extra, key in (({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 7,
-                                                  "long_factor": [1.0] * 8},
-                                 "original_max_position_embeddings": 8}, "short_factor"),
-                               ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
-                                                     "partial_rotary_factor": 0.75}},
-                                "partial_rotary_factor"),
-                               ({"resid_pdrop": 0.1}, "resid_pdrop")):
-                with open(at("refused.json"), "w") as f:
-                    json.dump(dict(cfg, **extra), f)
-                p = subprocess.run([TZ_TRAIN, "--model", at("refused.json"), "--steps", "1",
-                                    *common], capture_output=True, text=True)
-                if p.returncode == 0 or key not in p.stderr:
-                    failures.append(f"{key}: not refused by name (exit {p.returncode}): "
-                                    f"{p.stderr.strip()}")
+            failures += refused_by_name(cfg, (
+                ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 7,
+                                   "long_factor": [1.0] * 8},
+                  "original_max_position_embeddings": 8}, "short_factor"),
+                ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                      "partial_rotary_factor": 0.75}}, "partial_rotary_factor"),
+                ({"resid_pdrop": 0.1}, "resid_pdrop")), at, common)
             # The trained export split by transformers' rule computes what the fused one does:
             # every logit's bits equal through tz-model-check.
             with open(at("straight", "config.json")) as f:
@@ -311,19 +321,12 @@ def main():
             for k, v in want.items():
                 if exported.get(k) != v:
                     failures.append(f"export's {k} {exported.get(k)!r}, not {v!r}")
-            for extra, key in (({"use_bidirectional_attention": True},
-                                "use_bidirectional_attention"),
-                               ({"rope_parameters": {"full_attention": {"rope_type": "default"},
-                                                     "sliding_attention": {
-                                                         "rope_type": "linear", "factor": 2.0}}},
-                                "sliding_attention")):
-                with open(at("refused.json"), "w") as f:
-                    json.dump(dict(cfg, **extra), f)
-                p = subprocess.run([TZ_TRAIN, "--model", at("refused.json"), "--steps", "1",
-                                    *common], capture_output=True, text=True)
-                if p.returncode == 0 or key not in p.stderr:
-                    failures.append(f"{key}: not refused by name (exit {p.returncode}): "
-                                    f"{p.stderr.strip()}")
+            failures += refused_by_name(cfg, (
+                ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+                ({"rope_parameters": {"full_attention": {"rope_type": "default"},
+                                      "sliding_attention": {"rope_type": "linear",
+                                                            "factor": 2.0}}},
+                 "sliding_attention")), at, common)
         if FAMILY == "gemma2":
             # Gemma's keys go out as they came in; a pattern, an activation or a scalar it does
             # not implement is refused by name; so is the cuda backend, at start, until its
@@ -337,18 +340,11 @@ def main():
                       "sliding_window", "layer_types", "hidden_activation"):
                 if exported.get(k) != cfg[k]:
                     failures.append(f"export's {k} {exported.get(k)!r}, not {cfg[k]!r}")
-            for extra, key in (({"layer_types": ["full_attention", "sliding_attention"]},
-                                "layer_types"),
-                               ({"hidden_activation": "gelu"}, "hidden_activation"),
-                               ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar"),
-                               ({"final_logit_softcapping": -1.0}, "final_logit_softcapping")):
-                with open(at("refused.json"), "w") as f:
-                    json.dump(dict(cfg, **extra), f)
-                p = subprocess.run([TZ_TRAIN, "--model", at("refused.json"), "--steps", "1",
-                                    *common], capture_output=True, text=True)
-                if p.returncode == 0 or key not in p.stderr:
-                    failures.append(f"{key}: not refused by name (exit {p.returncode}): "
-                                    f"{p.stderr.strip()}")
+            failures += refused_by_name(cfg, (
+                ({"layer_types": ["full_attention", "sliding_attention"]}, "layer_types"),
+                ({"hidden_activation": "gelu"}, "hidden_activation"),
+                ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar"),
+                ({"final_logit_softcapping": -1.0}, "final_logit_softcapping")), at, common)
         for msg in failures:
             print(f"FAIL: {FAMILY}: {msg}", file=sys.stderr)
         print(f"test_families {FAMILY}: {'%d failed' % len(failures) if failures else 'passed'}")

@@ -441,6 +441,32 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
   return 0;
 }
 
+/* layer_types, when given, against the layers cfg slides (tz_model_layer_slides, with the
+ * window fields already set): one entry a layer, "sliding_attention" where it slides and
+ * "full_attention" elsewhere; rule says the family's rule in the refusal. */
+static int check_layer_types(const struct cfgp *p, const struct tz_model_config *cfg,
+                             const char *rule) {
+  json_t *v = jget(p, "layer_types");
+  char t[100];
+  if (!v)
+    return 0;
+  if (!json_is_array(v) || json_array_size(v) != (size_t)cfg->n_layer)
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
+                      "not %s",
+                      p->path, cfg->n_layer, jtext(v, t, sizeof t));
+  for (int i = 0; i < cfg->n_layer; i++) {
+    json_t *e = json_array_get(v, (size_t)i);
+    const char *want = tz_model_layer_slides(cfg, i) ? "sliding_attention" : "full_attention";
+    if (!json_is_string(e) || strcmp(json_string_value(e), want) != 0)
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"layer_types\"[%d] is %s where %s has \"%s\": other patterns are "
+                        "not implemented",
+                        p->path, i, jtext(e, t, sizeof t), rule, want);
+  }
+  return 0;
+}
+
 /* Qwen's window (TZ_WINDOW_OPT_IN): with use_sliding_window true, sliding_window (4096 when
  * absent, null none) on the layers from max_window_layers (28 when absent) on, as transformers'
  * Qwen2Config makes layer_types; layer_types given must be that. */
@@ -457,30 +483,15 @@ static int parse_opt_in_window(const struct cfgp *p, struct tz_model_config *cfg
   TZ_CHECK(get_int(p, "sliding_window", 0, 4096, 1, INT32_MAX, &cfg->sliding_window));
   TZ_CHECK(get_int(p, "max_window_layers", 0, 28, 0, INT32_MAX, &cfg->window_from));
   cfg->window_pattern = 0;
-  json_t *v = jget(p, "layer_types");
-  if (!v)
-    return 0;
-  if (!json_is_array(v) || json_array_size(v) != (size_t)cfg->n_layer)
-    return tz_err_set(TZ_ECONFIG,
-                      "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
-                      "not %s",
-                      p->path, cfg->n_layer, jtext(v, t, sizeof t));
-  for (int i = 0; i < cfg->n_layer; i++) {
-    json_t *e = json_array_get(v, (size_t)i);
-    const char *want = i >= cfg->window_from ? "sliding_attention" : "full_attention";
-    if (!json_is_string(e) || strcmp(json_string_value(e), want) != 0)
-      return tz_err_set(TZ_ENOTSUP,
-                        "%s: \"layer_types\"[%d] is %s where the layers from max_window_layers "
-                        "(%d) on slide and the others do not: \"%s\"; other patterns are not "
-                        "implemented",
-                        p->path, i, jtext(e, t, sizeof t), cfg->window_from, want);
-  }
-  return 0;
+  char rule[96];
+  snprintf(rule, sizeof rule, "Qwen's rule (the layers from max_window_layers, %d, on slide)",
+           cfg->window_from);
+  return check_layer_types(p, cfg, rule);
 }
 
 /* The family's attention window (its row's window rule): mistral's sliding_window applies to every
  * layer (transformers' MistralConfig defaults it to 4096 when absent; null is none); the Qwen
- * families' applies only with use_sliding_window, refused above; llama has none. */
+ * families' applies only with use_sliding_window (parse_opt_in_window); llama has none. */
 static int parse_window(const struct cfgp *p, struct tz_model_config *cfg, int *window) {
   json_t *raw = json_object_get(p->root, "sliding_window");
   *window = 0;
@@ -565,26 +576,10 @@ static int parse_layer_windows(const struct cfgp *p, struct tz_model_config *cfg
     cfg->sliding_window = 0;
   else
     TZ_CHECK(get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, &cfg->sliding_window));
-  json_t *v = jget(p, "layer_types");
-  if (!v)
-    return 0;
-  if (!json_is_array(v) || json_array_size(v) != (size_t)cfg->n_layer)
-    return tz_err_set(TZ_ECONFIG,
-                      "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
-                      "not %s",
-                      p->path, cfg->n_layer, jtext(v, t, sizeof t));
-  for (int i = 0; i < cfg->n_layer; i++) {
-    json_t *e = json_array_get(v, (size_t)i);
-    const char *want = (i + 1) % cfg->window_pattern == 0 ? "full_attention" : "sliding_attention";
-    if (!json_is_string(e) || strcmp(json_string_value(e), want) != 0)
-      return tz_err_set(TZ_ENOTSUP,
-                        "%s: \"layer_types\"[%d] is %s where model_type %s's pattern (every "
-                        "%d%s layer full, the others sliding) has \"%s\": other patterns are "
-                        "not implemented",
-                        p->path, i, jtext(e, t, sizeof t), fam->model_type, cfg->window_pattern,
-                        cfg->window_pattern == 2 ? "nd" : "th", want);
-  }
-  return 0;
+  char rule[96];
+  snprintf(rule, sizeof rule, "model_type %s's pattern (every %d%s layer full, the others sliding)",
+           fam->model_type, cfg->window_pattern, cfg->window_pattern == 2 ? "nd" : "th");
+  return check_layer_types(p, cfg, rule);
 }
 
 /* Gemma's scale and softcaps (family.h, gemma): the key's number, the family's default when
