@@ -736,6 +736,22 @@ static void test_plan_bound_copy_waits_for_room(void **state) {
   assert_close(p.bound_s, t);
 }
 
+/* The two phases of the disk tests below: p0 updates block 0's master of S bytes, p1 block 1's
+ * (bytes and ph: the caller's, which the request points into). */
+static struct tz_plan_request disk_plan(uint64_t S, uint64_t chunk,
+                                        uint64_t bytes[2][TZ_PLAN_KINDS],
+                                        struct tz_plan_phase ph[2]) {
+  memset(bytes, 0, sizeof(uint64_t) * 2 * TZ_PLAN_KINDS);
+  bytes[0][TZ_PLAN_MASTER] = bytes[1][TZ_PLAN_MASTER] = S;
+  memset(ph, 0, sizeof *ph * 2);
+  for (int i = 0; i < 2; i++) {
+    snprintf(ph[i].name, sizeof ph[i].name, "p%d", i);
+    ph[i].n_uses = 1;
+    ph[i].uses[0] = (struct tz_plan_use){i, TZ_PLAN_MASTER, TZ_ACCESS_READWRITE};
+  }
+  return plan_request(2, bytes, ph, 2, chunk);
+}
+
 /* The disk reading and writing at once: the bytes the two directions share cost nvme_duplex
  * (their sum a second), the rest its own direction's rate; without nvme_duplex the two time-share
  * the disk at the one-way rates. p0 updates A, p1 updates B, both homed on nvme, and the window
@@ -746,16 +762,8 @@ static void test_plan_bound_disk_duplex(void **state) {
   const uint64_t S = 1 << 20, chunk = 4096;
   const double r_s = 1e-3, w_s = 0.5e-3, d_s = 2e-3;
   uint64_t bytes[2][TZ_PLAN_KINDS];
-  memset(bytes, 0, sizeof bytes);
-  bytes[0][TZ_PLAN_MASTER] = bytes[1][TZ_PLAN_MASTER] = S;
   struct tz_plan_phase ph[2];
-  memset(ph, 0, sizeof ph);
-  for (int i = 0; i < 2; i++) {
-    snprintf(ph[i].name, sizeof ph[i].name, "p%d", i);
-    ph[i].n_uses = 1;
-    ph[i].uses[0] = (struct tz_plan_use){i, TZ_PLAN_MASTER, TZ_ACCESS_READWRITE};
-  }
-  struct tz_plan_request r = plan_request(2, bytes, ph, 2, chunk);
+  struct tz_plan_request r = disk_plan(S, chunk, bytes, ph);
   r.rates = (struct tz_plan_rates){.flops = 1e12,
                                    .copy_in = 1e6 * (double)S,
                                    .copy_out = 1e6 * (double)S,
@@ -800,16 +808,8 @@ static void test_plan_bound_disk_learned(void **state) {
   const uint64_t S = 1 << 20, chunk = 4096;
   const double r_s = 1e-3, w_s = 0.5e-3, d_s = 2e-3;
   uint64_t bytes[2][TZ_PLAN_KINDS];
-  memset(bytes, 0, sizeof bytes);
-  bytes[0][TZ_PLAN_MASTER] = bytes[1][TZ_PLAN_MASTER] = S;
   struct tz_plan_phase ph[2];
-  memset(ph, 0, sizeof ph);
-  for (int i = 0; i < 2; i++) {
-    snprintf(ph[i].name, sizeof ph[i].name, "p%d", i);
-    ph[i].n_uses = 1;
-    ph[i].uses[0] = (struct tz_plan_use){i, TZ_PLAN_MASTER, TZ_ACCESS_READWRITE};
-  }
-  struct tz_plan_request r = plan_request(2, bytes, ph, 2, chunk);
+  struct tz_plan_request r = disk_plan(S, chunk, bytes, ph);
   r.rates = (struct tz_plan_rates){.flops = 1e12,
                                    .copy_in = 1e6 * (double)S,
                                    .copy_out = 1e6 * (double)S,

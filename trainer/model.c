@@ -157,6 +157,16 @@ int tz_model_layer_slides(const struct tz_model_config *cfg, int layer) {
          (cfg->window_pattern <= 0 || (layer + 1) % cfg->window_pattern != 0);
 }
 
+int tz_model_backend_check(const struct tz_model_config *cfg, const char *backend, int T) {
+  const char *variant = tz_model_variant(cfg, T);
+  if (!variant || strcmp(backend, "cpu") == 0)
+    return 0;
+  return tz_err_set(TZ_ENOTSUP,
+                    "model_type %s on the %s backend: the cpu backend alone computes its %s, "
+                    "until the CUDA kernels for it are checked on a GPU (--backend cpu)",
+                    tz_model_family_name(cfg->family), backend, variant);
+}
+
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer) {
   return cfg->sliding_window > 0 && tz_model_layer_slides(cfg, layer) ? cfg->sliding_window : 0;
 }

@@ -487,13 +487,7 @@ static void find_tokenizer(struct run *r) {
 /* Gemma's math runs on the cpu backend only (kernels/compute.h, variants): refused at start on
  * another, naming what of it the model uses. */
 static int backend_computes(const struct run *r) {
-  const char *variant = tz_model_variant(&r->mc, r->o->seq);
-  if (!variant || !r->o->backend || strcmp(r->o->backend, "cpu") == 0)
-    return 0;
-  return tz_err_set(TZ_ENOTSUP,
-                    "model_type %s on the %s backend: the cpu backend alone computes its %s, "
-                    "until the CUDA kernels for it are checked on a GPU (--backend cpu)",
-                    tz_model_family_name(r->mc.family), r->o->backend, variant);
+  return tz_model_backend_check(&r->mc, r->o->backend ? r->o->backend : "cpu", r->o->seq);
 }
 
 /* The model: the preset or config.json named by --model or tierzero.model; with

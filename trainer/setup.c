@@ -103,13 +103,7 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
   } else if (strcmp(backend, "cuda") == 0) {
     if (!tz_compute_backend_built("cuda"))
       return tz_err_set(TZ_ENOTSUP, "train: compute backend 'cuda': this build has no CUDA");
-    const char *variant = tz_model_variant(&tr->mc, p->seq_len);
-    if (variant)
-      return tz_err_set(TZ_ENOTSUP,
-                        "train: model_type %s on the cuda backend: the cpu backend alone "
-                        "computes its %s, until the CUDA kernels for it are checked on a GPU "
-                        "(--backend cpu)",
-                        tz_model_family_name(tr->mc.family), variant);
+    TZ_CHECK(tz_model_backend_check(&tr->mc, "cuda", p->seq_len));
     tr->backend = "cuda";
     tr->gpu = 1;
     tr->S = tr->cfg.precision == TZ_PRECISION_FP16 ? TZ_F16 : TZ_BF16;

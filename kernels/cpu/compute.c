@@ -676,22 +676,18 @@ static int cpu_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *del
 
 /* ---- gated activations ---- */
 
-/* act(g) and, unless NULL, act'(g): silu, or gelu with tanh (compute.h, enum tz_glu). */
-static float glu_act(enum tz_glu act, float g, float *slope) {
-  if (act == TZ_GLU_GELU_TANH) {
-    const float k0 = 0.7978845608028654f, k1 = 0.044715f; /* sqrt(2/pi) */
-    float inner = k0 * (g + k1 * (g * g * g));
-    float th = tanhf(inner);
-    if (slope)
-      *slope = 0.5f * (1.0f + th) +
-               (0.5f * g) * ((1.0f - th * th) * (k0 * (1.0f + 3.0f * k1 * (g * g))));
-    return (0.5f * g) * (1.0f + th);
-  }
-  float sig = 1.0f / (1.0f + expf(-g));
-  if (slope) /* silu'(g) = sig (1 + g (1 - sig)) */
-    *slope = sig * (1.0f + g * (1.0f - sig));
-  return g / (1.0f + expf(-g));
+/* gelu with tanh (compute.h, enum tz_glu) and, unless NULL, its derivative. */
+static float gelu_tanh(float g, float *slope) {
+  const float k0 = 0.7978845608028654f, k1 = 0.044715f; /* sqrt(2/pi) */
+  float th = tanhf(k0 * (g + k1 * (g * g * g)));
+  if (slope)
+    *slope =
+        0.5f * (1.0f + th) + (0.5f * g) * ((1.0f - th * th) * (k0 * (1.0f + 3.0f * k1 * (g * g))));
+  return (0.5f * g) * (1.0f + th);
 }
+
+/* silu(g), the forward's expression (its bits) */
+static float silu(float g) { return g / (1.0f + expf(-g)); }
 
 static int cpu_glu_fwd(void *ctx, enum tz_glu act, void *out, const void *g, const void *u,
                        size_t n) {
@@ -700,7 +696,7 @@ static int cpu_glu_fwd(void *ctx, enum tz_glu act, void *out, const void *g, con
   const float *gf = g, *uf = u;
 #pragma omp parallel for num_threads(c->nt) schedule(static)
   for (size_t i = 0; i < n; i++)
-    o[i] = glu_act(act, gf[i], NULL) * uf[i];
+    o[i] = (act == TZ_GLU_GELU_TANH ? gelu_tanh(gf[i], NULL) : silu(gf[i])) * uf[i];
   return 0;
 }
 
@@ -711,13 +707,20 @@ static int cpu_glu_bwd(void *ctx, enum tz_glu act, void *dg, void *du, void *out
   const float *dy = dout, *gf = g, *uf = u;
 #pragma omp parallel for num_threads(c->nt) schedule(static)
   for (size_t i = 0; i < n; i++) {
-    float gi = gf[i], ui = uf[i], d = dy[i], slope;
-    float a = glu_act(act, gi, &slope);
-    if (o) /* glu_fwd's expression, for its bits */
-      o[i] = a * ui;
+    float gi = gf[i], ui = uf[i], d = dy[i], slope, a;
+    if (act == TZ_GLU_GELU_TANH) {
+      a = gelu_tanh(gi, &slope);
+      if (o) /* glu_fwd's expression, for its bits */
+        o[i] = a * ui;
+    } else { /* silu'(g) = sig (1 + g (1 - sig)); du from g sig, as before (its bits) */
+      float sig = 1.0f / (1.0f + expf(-gi));
+      slope = sig * (1.0f + gi * (1.0f - sig));
+      a = gi * sig;
+      if (o)
+        o[i] = silu(gi) * ui;
+    }
     dgf[i] = (d * ui) * slope;
-    /* silu: g sig, as before the op took an activation (its bits) */
-    duf[i] = d * (act == TZ_GLU_SILU ? gi * (1.0f / (1.0f + expf(-gi))) : a);
+    duf[i] = d * a;
   }
   return 0;
 }
@@ -748,9 +751,10 @@ static int cpu_xent(void *ctx, float *losses, void *dlogits, const void *logits,
     }
     const float *row = lf + (size_t)n * V;
     float m = -INFINITY;
-    for (int j = 0; j < V; j++)
-      if (capped(row[j], cap) > m)
-        m = capped(row[j], cap);
+    for (int j = 0; j < V; j++) {
+      float z = capped(row[j], cap);
+      m = z > m ? z : m;
+    }
     float sum = 0.0f;
     for (int j = 0; j < V; j++)
       sum += expf(capped(row[j], cap) - m);
