@@ -41,6 +41,9 @@
 #                    --nvme-dir at the timed steps' read share, with the run's request size and
 #                    queue depth, and the result gets fio's rates and the step's over fio's
 #                    (bench_table.py disk-ceiling; docs/benchmarks.md, "Disk rates during a step")
+#   --plan-again     tz-*: after the run, tz-train with the same arguments and --plan: the plan
+#                    made again with the rates the run left in the rates cache (its disk's, its
+#                    homes'), printed to <name>.plan.txt beside the result
 #   --disk-ceiling-size SIZE  that job's file (default: as large as the state the run kept on
 #                    the disk, at least 256 MiB; it moves what a timed step moved); 4GiB, 512M
 #   --ds-site DIR    ds-*: DeepSpeed's install (default $TZ_DS_SITE, else /tmp/ds-site), whose
@@ -90,7 +93,7 @@ esac
 steps=10 warmup=2 seq=2048 micro=4 tag="" backend="" bin=${TZ_BIN:-} results=$root/results/bench
 limit=0
 nvme_dir="" ds_site=${TZ_DS_SITE:-/tmp/ds-site} floor=${TZ_MEM_FLOOR_GIB:-6}
-ceiling=1 ceiling_size=""
+ceiling=1 ceiling_size="" plan_again=0
 extra=()
 need() { [ $# -ge 2 ] || { echo "bench-train: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
@@ -108,6 +111,7 @@ while [ $# -gt 0 ]; do
     --ds-site) need "$@"; ds_site=$2; shift 2 ;;
     --mem-floor) need "$@"; floor=$2; shift 2 ;;
     --no-disk-ceiling) ceiling=0; shift ;;
+    --plan-again) plan_again=1; shift ;;
     --disk-ceiling-size) need "$@"; ceiling_size=$2; shift 2 ;;
     *) extra+=("$1"); shift ;;
   esac
@@ -263,6 +267,12 @@ if [ "$runner" = tz-auto ] || [ "$runner" = tz-nvme ]; then
   [ "$ceiling" = 1 ] && [ -s "$out" ] &&
     python3 "$root/tools/bench_table.py" disk-ceiling --out "$out" \
       --metrics "$results/$name.jsonl" --nvme-dir "$nvme_dir" ${ceiling_size:+--size "$ceiling_size"}
+fi
+# The plan again, from the rates the run just learned (docs/benchmarks.md, "The disk's term from
+# the rate a run moved it"); the run's own status is the script's.
+if [ "$plan_again" = 1 ]; then
+  "$bin/tz-train" "${args[@]}" "${extra[@]}" --plan > "$results/$name.plan.txt" 2>&1 ||
+    echo "bench-train: the plan after the run failed ($results/$name.plan.txt)" >&2
 fi
 keep
 exit $rc

@@ -241,6 +241,14 @@ if has tiers3; then
   step tiers3 env TZ_BIN=$b/bin tools/bench-train.sh tz-auto configs/models/llama-15b.json \
     --steps 3 --warmup 1 --data builtin --timeout 480 --set optimizer.params.lr=2e-5
 fi
+# disk15: issue 54's item 4, the 15.5 B model's plan made again from the disk's rate its run
+# moved (no fio job: tiers3 has its ceiling; about 330 s)
+if has disk15; then
+  step disk15 env TZ_BIN=$b/bin tools/bench-train.sh tz-auto configs/models/llama-15b.json \
+    --steps 3 --warmup 1 --data builtin --timeout 400 --set optimizer.params.lr=2e-5 \
+    --no-disk-ceiling --plan-again --tag disk
+  cp results/bench/tz-auto-llama-15b-disk.plan.txt "$logs/" 2> /dev/null
+fi
 if has off3b; then
   o3=(--steps 6 --warmup 2 --timeout 150)
   step off3b env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-3b "${o3[@]}" "${off[@]}" \
