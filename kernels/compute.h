@@ -87,6 +87,10 @@ const struct tz_setting *tz_compute_settings(const char *backend, int *n);
 /* Checks settings for backend as tz_compute_create would (the environment included), without
  * creating anything: TZ_ECONFIG naming what is wrong; TZ_ENOENT for a backend not in this build. */
 int tz_compute_settings_check(const char *backend, const char *settings);
+/* 1 when an instance of backend with these settings (the environment included) computes the
+ * families' variants (rmsnorm's w_offset, struct tz_attn_opts, TZ_GLU_GELU_TANH, the softcaps),
+ * 0 when it refuses them; negative (tz_compute_settings_check's errors) when the settings are bad. */
+int tz_compute_variants(const char *backend, const char *settings);
 
 /* Creates an instance. The caller owns it and destroys it with tz_compute_destroy after every
  * allocation from it has been freed. p may be NULL for defaults. Errors: TZ_ENOENT (no such

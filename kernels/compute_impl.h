@@ -115,6 +115,11 @@ struct tz_compute_backend {
    * backend's create parses tz_compute_params.settings against these itself. */
   const struct tz_setting *settings;
   int n_settings;
+  /* optional: whether an instance made with these parsed settings has the families' variants
+   * (its ops' variants); NULL: the ops' variants are the same for every instance, and this is
+   * 1 exactly when variants_always is */
+  int (*variants)(const int64_t *settings);
+  int variants_always;
 };
 
 /* Creates an instance of backend b (tz_compute_create's checks and errors, the backend's probe

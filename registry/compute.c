@@ -65,6 +65,16 @@ int tz_compute_settings_check(const char *backend, const char *settings) {
   return tz_settings_parse(who, b->settings, b->n_settings, settings, v);
 }
 
+int tz_compute_variants(const char *backend, const char *settings) {
+  TZ_CHECK(tz_compute_settings_check(backend, settings));
+  const struct tz_compute_backend *b = find_backend(backend);
+  if (!b->variants)
+    return b->variants_always;
+  int64_t v[TZ_COMPUTE_MAX_SETTINGS];
+  TZ_CHECK(tz_settings_parse(b->name, b->settings, b->n_settings, settings, v));
+  return b->variants(v);
+}
+
 int tz_compute_create(const char *backend, const struct tz_compute_params *p, tz_compute **out) {
   *out = NULL;
   char why[256];

@@ -157,14 +157,21 @@ int tz_model_layer_slides(const struct tz_model_config *cfg, int layer) {
          (cfg->window_pattern <= 0 || (layer + 1) % cfg->window_pattern != 0);
 }
 
-int tz_model_backend_check(const struct tz_model_config *cfg, const char *backend, int T) {
+int tz_model_backend_check(const struct tz_model_config *cfg, const char *backend,
+                           const char *settings, int T) {
   const char *variant = tz_model_variant(cfg, T);
-  if (!variant || strcmp(backend, "cpu") == 0)
+  if (!variant)
+    return 0;
+  int has = tz_compute_variants(backend, settings);
+  if (has < 0)
+    return has;
+  if (has)
     return 0;
   return tz_err_set(TZ_ENOTSUP,
-                    "model_type %s on the %s backend: the cpu backend alone computes its %s, "
-                    "until the CUDA kernels for it are checked on a GPU (--backend cpu)",
-                    tz_model_family_name(cfg->family), backend, variant);
+                    "model_type %s on the %s backend: the %s backend computes its %s only with "
+                    "its setting variants on (TZ_CUDA_VARIANTS=1), until the CUDA kernels for it "
+                    "pass their GPU checks; --backend cpu computes it",
+                    tz_model_family_name(cfg->family), backend, backend, variant);
 }
 
 int tz_model_layer_window(const struct tz_model_config *cfg, int layer) {

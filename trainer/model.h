@@ -133,9 +133,11 @@ struct tz_model_config {
  * (kernels/compute.h: the cpu one); NULL for none. A window of T or more is no window. */
 const char *tz_model_variant(const struct tz_model_config *cfg, int T);
 
-/* 0 when backend computes cfg on sequences of T tokens; else TZ_ENOTSUP naming the family, the
- * backend and the variant (tz_model_variant) that only the cpu backend computes. */
-int tz_model_backend_check(const struct tz_model_config *cfg, const char *backend, int T);
+/* 0 when backend, with its settings string (tz_compute_variants), computes cfg on sequences of T
+ * tokens; else TZ_ENOTSUP naming the family, the backend and the variant (tz_model_variant) it
+ * refuses, or the settings' error. */
+int tz_model_backend_check(const struct tz_model_config *cfg, const char *backend,
+                           const char *settings, int T);
 
 /* The scores' scale (kernels/compute.h, struct tz_attn_opts; 0: 1/sqrt(D)): attn_scale, times
  * yarn's attention factor squared where it is not 1. */

@@ -487,7 +487,10 @@ static void find_tokenizer(struct run *r) {
 /* Gemma's math runs on the cpu backend only (kernels/compute.h, variants): refused at start on
  * another, naming what of it the model uses. */
 static int backend_computes(const struct run *r) {
-  return tz_model_backend_check(&r->mc, r->o->backend ? r->o->backend : "cpu", r->o->seq);
+  const char *backend = r->o->backend ? r->o->backend : "cpu";
+  char settings[256];
+  TZ_CHECK(tz_train_compute_settings(r->cfg, backend, settings, sizeof settings));
+  return tz_model_backend_check(&r->mc, backend, settings, r->o->seq);
 }
 
 /* The model: the preset or config.json named by --model or tierzero.model; with

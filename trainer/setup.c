@@ -103,7 +103,6 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
   } else if (strcmp(backend, "cuda") == 0) {
     if (!tz_compute_backend_built("cuda"))
       return tz_err_set(TZ_ENOTSUP, "train: compute backend 'cuda': this build has no CUDA");
-    TZ_CHECK(tz_model_backend_check(&tr->mc, "cuda", p->seq_len));
     tr->backend = "cuda";
     tr->gpu = 1;
     tr->S = tr->cfg.precision == TZ_PRECISION_FP16 ? TZ_F16 : TZ_BF16;
@@ -127,7 +126,8 @@ static int choose_backend(tz_trainer *tr, const struct tz_trainer_params *p) {
   tr->es = tz_dtype_size(tr->S);
   /* every backend's settings checked now, before anything is allocated */
   char settings[256];
-  return tz_train_compute_settings(&tr->cfg, tr->backend, settings, sizeof settings);
+  TZ_CHECK(tz_train_compute_settings(&tr->cfg, tr->backend, settings, sizeof settings));
+  return tz_model_backend_check(&tr->mc, tr->backend, settings, p->seq_len);
 }
 
 int tz_train_compute_settings(const struct tz_config *c, const char *backend, char *buf,

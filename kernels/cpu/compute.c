@@ -860,4 +860,5 @@ const struct tz_compute_backend tz_compute_backend_cpu = {
     .name = "cpu",
     .probe = cpu_probe,
     .create = cpu_create,
+    .variants_always = 1,
 };

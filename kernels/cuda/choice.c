@@ -6,6 +6,7 @@
 static const char *const attention_names[] = {"auto",     "simple", "one-pass",
                                               "two-pass", "wgmma",  NULL};
 static const char *const matmul_names[] = {"cublaslt", "plain", NULL};
+
 const char *const tz_cuda_tile_names[TZ_CUDA_TILES + 1] = {"4x32", "8x64", NULL};
 
 const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS] = {
@@ -26,6 +27,12 @@ const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS] = {
                                      .help = "the one-pass backward's tiles with attention "
                                              "one-pass (warps x query rows; tz-bench layer "
                                              "times each)"},
+    [TZ_CUDA_SET_VARIANTS] = {.name = "variants",
+                              .kind = TZ_SETTING_BOOL,
+                              .env = "TZ_CUDA_VARIANTS",
+                              .help = "the families' variants on this backend (Gemma's weight "
+                                      "offset, GeGLU, softcaps, attention scale and windows): "
+                                      "off until their GPU checks pass (docs/cuda-kernels.md)"},
 };
 
 const char *tz_cuda_attention_kernel_name(enum tz_cuda_attention_kernel k) {

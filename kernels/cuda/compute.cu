@@ -239,43 +239,26 @@ static int cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits
   return tz_cuda_xent(ctx, losses, dlogits, logits, targets, N, V, dscale);
 }
 
-static const struct tz_compute_ops cuda_ops = {
-    .destroy = cuda_destroy,
-    .sync = cuda_sync,
-    .stream = cuda_stream,
-    .alloc = cuda_alloc,
-    .free = cuda_free,
-    .copy_in = cuda_copy_in,
-    .copy_out = cuda_copy_out,
-    .copy = cuda_copy,
-    .zero = cuda_zero,
-    .fill = tz_cuda_fill,
-    .scale = tz_cuda_scale,
-    .axpy = tz_cuda_axpy,
-    .add = tz_cuda_add,
-    .cast = tz_cuda_cast,
-    .sum = tz_cuda_sum,
-    .sumsq_segments = tz_cuda_sumsq_segments,
-    .matmul = tz_cuda_matmul,
-    .embedding_fwd = tz_cuda_embedding_fwd,
-    .embedding_bwd = tz_cuda_embedding_bwd,
-    .rmsnorm_fwd = cuda_rmsnorm_fwd,
-    .rmsnorm_bwd = cuda_rmsnorm_bwd,
-    .rope = tz_cuda_rope,
-    .bias_add = tz_cuda_bias_add,
-    .bias_grad = tz_cuda_bias_grad,
-    .attention_fwd = cuda_attention_fwd,
-    .attention_bwd = cuda_attention_bwd,
-    /* Packed documents: the plain attention kernels take pos (attention.cu), RoPE and
-     * cross-entropy theirs (test_compute_cuda: test_attention_packed, test_xent). */
-    .docs = 1,
-    .variants = 0, /* the Gemma families' variants: cpu only until checked on a GPU */
-    .glu_fwd = cuda_glu_fwd,
-    .glu_bwd = cuda_glu_bwd,
-    .xent = cuda_xent,
-    .softcap = NULL,
-    .adam = cuda_adam,
-};
+/* The ops, with and without the families' variants (the setting "variants": off until their
+ * GPU checks pass; compute_impl.h). Packed documents: the plain attention kernels take pos
+ * (attention.cu), RoPE and cross-entropy theirs (test_compute_cuda: test_attention_packed,
+ * test_xent). */
+#define CUDA_OPS(VARIANTS)                                                                         \
+  {                                                                                                \
+    .destroy = cuda_destroy, .sync = cuda_sync, .stream = cuda_stream, .alloc = cuda_alloc,        \
+    .free = cuda_free, .copy_in = cuda_copy_in, .copy_out = cuda_copy_out, .copy = cuda_copy,      \
+    .zero = cuda_zero, .fill = tz_cuda_fill, .scale = tz_cuda_scale, .axpy = tz_cuda_axpy,         \
+    .add = tz_cuda_add, .cast = tz_cuda_cast, .sum = tz_cuda_sum,                                  \
+    .sumsq_segments = tz_cuda_sumsq_segments, .matmul = tz_cuda_matmul,                            \
+    .embedding_fwd = tz_cuda_embedding_fwd, .embedding_bwd = tz_cuda_embedding_bwd,                \
+    .rmsnorm_fwd = cuda_rmsnorm_fwd, .rmsnorm_bwd = cuda_rmsnorm_bwd, .rope = tz_cuda_rope,        \
+    .bias_add = tz_cuda_bias_add, .bias_grad = tz_cuda_bias_grad,                                  \
+    .attention_fwd = cuda_attention_fwd, .attention_bwd = cuda_attention_bwd, .docs = 1,           \
+    .variants = VARIANTS, .glu_fwd = cuda_glu_fwd, .glu_bwd = cuda_glu_bwd, .xent = cuda_xent,     \
+    .softcap = NULL, .adam = cuda_adam,                                                            \
+  }
+static const struct tz_compute_ops cuda_ops = CUDA_OPS(0), cuda_ops_variants = CUDA_OPS(1);
+#undef CUDA_OPS
 
 static int cuda_probe(char *why, size_t why_len) {
   int n = 0;
@@ -340,6 +323,8 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p,
   return 0;
 }
 
+static int cuda_variants(const int64_t *settings) { return settings[TZ_CUDA_SET_VARIANTS] != 0; }
+
 static int cuda_create(const struct tz_compute_params *p, const int64_t *settings, tz_compute *cm) {
   if (p->grad_dtype != TZ_F32 && p->grad_dtype != p->dtype)
     return tz_err_set(TZ_ENOTSUP,
@@ -356,7 +341,7 @@ static int cuda_create(const struct tz_compute_params *p, const int64_t *setting
     cuda_destroy(c);
     return rc;
   }
-  cm->ops = &cuda_ops;
+  cm->ops = cuda_variants(settings) ? &cuda_ops_variants : &cuda_ops;
   cm->ctx = c;
   cm->n_threads = 1;
   return 0;
@@ -406,4 +391,6 @@ const struct tz_compute_backend tz_compute_backend_cuda = {
     .device_memory = cuda_device_memory,
     .settings = tz_cuda_settings,
     .n_settings = TZ_CUDA_N_SETTINGS,
+    .variants = cuda_variants,
+    .variants_always = 0,
 };
