@@ -785,6 +785,7 @@ static const char *const res_names[RES_MODES] = {"dres=dx", "dres=NULL", "dres=o
 struct rms_args {
   struct buf *x, *w, *out, *rstd, *dout, *dx, *dw, *dres;
   int N, C, bwd, res;
+  float w_offset; /* 0, or Gemma's 1 (test_variants_ops) */
 };
 
 static int rms_launch(tz_compute *cm, int gpu, void *p) {
@@ -795,13 +796,15 @@ static int rms_launch(tz_compute *cm, int gpu, void *p) {
                                              : NULL;
     return tz_compute_rmsnorm_bwd(cm, SIDE(a->dx, gpu), dres, SIDE(a->dw, gpu), SIDE(a->dout, gpu),
                                   SIDE(a->x, gpu), SIDE(a->w, gpu), SIDE(a->rstd, gpu), a->N, a->C,
-                                  0.0f);
+                                  a->w_offset);
   }
   return tz_compute_rmsnorm_fwd(cm, SIDE(a->out, gpu), SIDE(a->rstd, gpu), SIDE(a->x, gpu),
-                                SIDE(a->w, gpu), a->N, a->C, 1e-5f, 0.0f);
+                                SIDE(a->w, gpu), a->N, a->C, 1e-5f, a->w_offset);
 }
 
-static int rmsnorm_case(struct env *e, int N, int C, int negative) {
+/* Forward, then backward in each residual mode, with the weight offset w_offset (0, or 1 with
+ * weights near 0 as Gemma stores them); negative: the forward alone on a perturbed x. */
+static int rmsnorm_case(struct env *e, int N, int C, int negative, float w_offset) {
   int before = g_failures;
   struct buf x, w, out, rstd, dout, dx, dw, dres;
   size_t NC = (size_t)N * C;
@@ -813,8 +816,9 @@ static int rmsnorm_case(struct env *e, int N, int C, int negative) {
   buf_init(e, &dx, NC, TZ_F32, e->S);
   buf_init(e, &dw, C, TZ_F32, e->G);
   buf_init(e, &dres, NC, TZ_F32, e->S);
-  float *vx = randv(NC, 2.0f), *vw = randv(C, 1.0f), *vd = randv(NC, 1.0f), *vdx = randv(NC, 1.0f),
-        *vdw = randv(C, 1.0f), *vres = randv(NC, 1.0f);
+  float *vx = randv(NC, 2.0f), *vw = randv(C, w_offset != 0.0f ? 0.1f : 1.0f),
+        *vd = randv(NC, 1.0f), *vdx = randv(NC, 1.0f), *vdw = randv(C, 1.0f),
+        *vres = randv(NC, 1.0f);
   buf_set(&x, e, vx);
   buf_set(&w, e, vw);
   buf_set(&dout, e, vd);
@@ -830,9 +834,12 @@ static int rmsnorm_case(struct env *e, int N, int C, int negative) {
                        .dx = &dx,
                        .dw = &dw,
                        .N = N,
-                       .C = C};
-  char name[96];
-  snprintf(name, sizeof name, "rmsnorm_fwd %s N=%d C=%d%s", tz_dtype_name(e->S), N, C,
+                       .C = C,
+                       .w_offset = w_offset};
+  char name[96], off[24] = "";
+  if (w_offset != 0.0f)
+    snprintf(off, sizeof off, " w_offset=%g", (double)w_offset);
+  snprintf(name, sizeof name, "rmsnorm_fwd %s N=%d C=%d%s%s", tz_dtype_name(e->S), N, C, off,
            negative ? " (perturbed)" : "");
   struct op fwd = {.name = name, .launch = rms_launch, .args = &a};
   add_out(&fwd, &out, "out", tol_of(e->S, 1, C));
@@ -847,8 +854,8 @@ static int rmsnorm_case(struct env *e, int N, int C, int negative) {
     for (a.res = 0; a.res < RES_MODES; a.res++) {
       buf_set(&dx, e, vdx);
       buf_set(&dw, e, vdw);
-      snprintf(name, sizeof name, "rmsnorm_bwd %s G=%s N=%d C=%d %s", tz_dtype_name(e->S),
-               tz_dtype_name(e->G), N, C, res_names[a.res]);
+      snprintf(name, sizeof name, "rmsnorm_bwd %s G=%s N=%d C=%d%s %s", tz_dtype_name(e->S),
+               tz_dtype_name(e->G), N, C, off, res_names[a.res]);
       struct op bwd = {.name = name, .launch = rms_launch, .args = &a};
       /* dx: the float result added onto the residual and rounded once; dw: N products summed
        * in float. Without the residual onto dx, dx is an output alone: poisoned before each
@@ -883,7 +890,7 @@ static void test_rmsnorm(void **state) {
       enum tz_dtype S = storage_dtypes[d];
       TZ_ASSERT_OK(env_open(&e, S, gf ? TZ_F32 : S));
       for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        rmsnorm_case(&e, shapes[s][0], shapes[s][1], 0);
+        rmsnorm_case(&e, shapes[s][0], shapes[s][1], 0, 0.0f);
       env_close(&e);
     }
   assert_int_equal(g_failures, 0);
@@ -1126,19 +1133,21 @@ static void test_bias(void **state) {
 struct attn_args {
   struct buf *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv, *delta;
   int B, T, H, Hkv, D, bwd;
-  struct ibuf *pos; /* packed documents' positions, or NULL */
+  struct ibuf *pos;               /* packed documents' positions, or NULL */
+  const struct tz_attn_opts *opt; /* the variants, or NULL */
 };
 
 static int attn_launch(tz_compute *cm, int gpu, void *p) {
   struct attn_args *a = p;
   if (a->bwd)
-    return tz_compute_attention_bwd(
-        cm, SIDE(a->dq, gpu), SIDE(a->dk, gpu), SIDE(a->dv, gpu), SIDE(a->delta, gpu),
-        SIDE(a->dout, gpu), SIDE(a->q, gpu), SIDE(a->k, gpu), SIDE(a->v, gpu), SIDE(a->out, gpu),
-        SIDE(a->lse, gpu), a->B, a->T, a->H, a->Hkv, a->D, a->pos ? SIDE(a->pos, gpu) : NULL, NULL);
+    return tz_compute_attention_bwd(cm, SIDE(a->dq, gpu), SIDE(a->dk, gpu), SIDE(a->dv, gpu),
+                                    SIDE(a->delta, gpu), SIDE(a->dout, gpu), SIDE(a->q, gpu),
+                                    SIDE(a->k, gpu), SIDE(a->v, gpu), SIDE(a->out, gpu),
+                                    SIDE(a->lse, gpu), a->B, a->T, a->H, a->Hkv, a->D,
+                                    a->pos ? SIDE(a->pos, gpu) : NULL, a->opt);
   return tz_compute_attention_fwd(cm, SIDE(a->out, gpu), SIDE(a->lse, gpu), SIDE(a->q, gpu),
                                   SIDE(a->k, gpu), SIDE(a->v, gpu), a->B, a->T, a->H, a->Hkv, a->D,
-                                  a->pos ? SIDE(a->pos, gpu) : NULL, NULL);
+                                  a->pos ? SIDE(a->pos, gpu) : NULL, a->opt);
 }
 
 /* Whether the cuda instance runs this shape on tensor cores (attention_mma.cu: 16-bit storage,
@@ -1148,14 +1157,20 @@ static int on_tensor_cores(const struct env *e, int D, int simple) {
   return !simple && e->S != TZ_F32 && D % 4 == 0 && D <= 128;
 }
 
-static void attention_case_pos(struct env *e, int B, int T, int H, int Hkv, int D, int simple,
-                               const int32_t *pos);
+static void attention_case_opt(struct env *e, int B, int T, int H, int Hkv, int D, int simple,
+                               const int32_t *pos, const struct tz_attn_opts *opt);
 static void attention_case(struct env *e, int B, int T, int H, int Hkv, int D, int simple) {
-  attention_case_pos(e, B, T, H, Hkv, D, simple, NULL);
+  attention_case_opt(e, B, T, H, Hkv, D, simple, NULL, NULL);
 }
-
 static void attention_case_pos(struct env *e, int B, int T, int H, int Hkv, int D, int simple,
                                const int32_t *pos) {
+  attention_case_opt(e, B, T, H, Hkv, D, simple, pos, NULL);
+}
+
+/* One forward and backward against the cpu backend; pos: packed documents (NULL: none); opt:
+ * the variants (NULL: none), named in the lines as scale/cap/window. */
+static void attention_case_opt(struct env *e, int B, int T, int H, int Hkv, int D, int simple,
+                               const int32_t *pos, const struct tz_attn_opts *opt) {
   size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * H * T;
   struct buf q, k, v, out, lse, dout, dq, dk, dv, delta;
   buf_init(e, &q, nq, TZ_F32, e->S);
@@ -1189,7 +1204,8 @@ static void attention_case_pos(struct env *e, int B, int T, int H, int Hkv, int 
                         .T = T,
                         .H = H,
                         .Hkv = Hkv,
-                        .D = D};
+                        .D = D,
+                        .opt = opt};
   struct ibuf pb;
   if (pos) {
     ibuf_init(e, &pb, pos, B * T);
@@ -1198,9 +1214,13 @@ static void attention_case_pos(struct env *e, int B, int T, int H, int Hkv, int 
   /* packed documents: the mma.sync kernels where they take the shape, else the plain ones */
   int tc = on_tensor_cores(e, D, simple);
   const char *path = pos ? (tc ? "packed mma" : "packed plain") : tc ? "mma" : "plain";
-  char name[128];
-  snprintf(name, sizeof name, "attention_fwd %s %s B=%d T=%d H=%d Hkv=%d D=%d", path,
-           tz_dtype_name(e->S), B, T, H, Hkv, D);
+  char var[64] = "";
+  if (opt)
+    snprintf(var, sizeof var, " scale=%g cap=%g window=%d", (double)opt->scale,
+             (double)opt->softcap, opt->window);
+  char name[160];
+  snprintf(name, sizeof name, "attention_fwd %s %s B=%d T=%d H=%d Hkv=%d D=%d%s", path,
+           tz_dtype_name(e->S), B, T, H, Hkv, D, var);
   struct op fwd = {.name = name, .launch = attn_launch, .args = &a};
   add_out(&fwd, &out, "out", tol_of(e->S, tc ? 2 : 1, T));
   add_out(&fwd, &lse, "lse", tol_of(TZ_F32, 0, D * (double)T));
@@ -1211,8 +1231,8 @@ static void attention_case_pos(struct env *e, int B, int T, int H, int Hkv, int 
   buf_set(&lse, e, l);
   free(o), free(l);
   a.bwd = 1;
-  snprintf(name, sizeof name, "attention_bwd %s %s B=%d T=%d H=%d Hkv=%d D=%d",
-           tc && e->attn_bwd ? e->attn_bwd : path, tz_dtype_name(e->S), B, T, H, Hkv, D);
+  snprintf(name, sizeof name, "attention_bwd %s %s B=%d T=%d H=%d Hkv=%d D=%d%s",
+           tc && e->attn_bwd ? e->attn_bwd : path, tz_dtype_name(e->S), B, T, H, Hkv, D, var);
   struct op bwd = {.name = name, .launch = attn_launch, .args = &a};
   double K = (double)T * (H / Hkv);
   add_out(&bwd, &dq, "dq", tol_of(e->S, tc ? 3 : 1, K));
@@ -1407,6 +1427,70 @@ static void test_attention_families(void **state) {
         }
     env_close(&e);
   }
+  assert_int_equal(g_failures, 0);
+}
+
+/* The families' variants (kernels/compute.h, struct tz_attn_opts; the setting variants=on):
+ * Gemma's scale, softcapped scores (a cap of 2 at scores of order one, where tanh bends them),
+ * sliding windows of 1, 7, 64 and 100 keys (within a tile, at one, across tiles; a window past
+ * T is none), windows inside packed documents, and all at once; head dims 64, 96 and 128 on the
+ * mma.sync kernels and the plain ones, 256 (Gemma's) on the plain ones, grouped-query ratios up
+ * to 4:1. Against the cpu backend, bf16 on both paths and f32 on the plain kernels. An instance
+ * without the setting refuses each variant by name. */
+static void test_attention_variants(void **state) {
+  (void)state;
+  g_failures = 0;
+  enum { B = 2, T = 200 };
+  static const struct tz_attn_opts opts[] = {
+      {.scale = 0.2f}, {.softcap = 2.0f},
+      {.window = 1},   {.window = 7},
+      {.window = 64},  {.window = 100},
+      {.window = 300}, {.scale = 0.0625f, .softcap = 2.0f, .window = 37},
+  };
+  static const int shapes[][3] = {{4, 2, 64}, {4, 4, 96}, {4, 1, 128}};
+  int32_t pos[B * T]; /* documents of 90 and 110 tokens, then of 13, 150 and 37 */
+  static const int docs[B][4] = {{90, 110}, {13, 150, 37}};
+  for (int b = 0; b < B; b++)
+    for (int i = 0, t = 0; i < 4 && docs[b][i]; i++)
+      for (int j = 0; j < docs[b][i]; j++)
+        pos[b * T + t++] = j;
+  const char *env_was = getenv("TZ_CUDA_ATTENTION");
+  static const enum tz_dtype dts[] = {TZ_BF16, TZ_BF16, TZ_F32};
+  for (int d = 0; d < 3; d++) {
+    struct env e;
+    int simple = d == 1 || (env_was && strcmp(env_was, "simple") == 0);
+    if (d == 1)
+      setenv("TZ_CUDA_ATTENTION", "simple", 1);
+    int rc = env_open_with(&e, dts[d], TZ_F32, "variants=on", NULL);
+    if (d == 1 && !env_was)
+      unsetenv("TZ_CUDA_ATTENTION");
+    TZ_ASSERT_OK(rc);
+    for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++)
+      for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        attention_case_opt(&e, B, T, shapes[s][0], shapes[s][1], shapes[s][2], simple, NULL,
+                           &opts[o]);
+    /* windows inside documents; Gemma's head dim on the plain kernels */
+    static const struct tz_attn_opts in_docs[] = {
+        {.window = 7}, {.window = 100}, {.softcap = 2.0f}};
+    for (size_t o = 0; o < sizeof in_docs / sizeof in_docs[0]; o++)
+      attention_case_opt(&e, B, T, 4, 2, 64, simple, pos, &in_docs[o]);
+    attention_case_opt(&e, 1, 70, 2, 1, 256, simple, NULL, &opts[7]);
+    env_close(&e);
+  }
+  /* without the setting: refused by name, nothing run */
+  struct env e;
+  TZ_ASSERT_OK(env_open(&e, TZ_BF16, TZ_F32));
+  struct buf q, lse;
+  buf_init(&e, &q, (size_t)64 * 4 * 64, TZ_F32, e.S);
+  buf_init(&e, &lse, (size_t)64 * 4, TZ_F32, TZ_F32);
+  for (size_t o = 0; o < 3; o++) {
+    int rc =
+        tz_compute_attention_fwd(e.gpu, q.g, lse.g, q.g, q.g, q.g, 1, 64, 4, 4, 64, NULL, &opts[o]);
+    assert_int_equal(rc, TZ_ENOTSUP);
+    assert_non_null(strstr(tz_err_msg(), "attention_fwd with"));
+  }
+  buf_fini(&e, &q), buf_fini(&e, &lse);
+  env_close(&e);
   assert_int_equal(g_failures, 0);
 }
 
@@ -1618,16 +1702,62 @@ struct swiglu_args {
   struct buf *g, *u, *out, *dout, *dg, *du;
   size_t n;
   int bwd, rebuild; /* rebuild: the backward writes the forward's out too */
+  enum tz_glu act;  /* TZ_GLU_SILU (0), or TZ_GLU_GELU_TANH (test_variants_ops) */
 };
 
 static int swiglu_launch(tz_compute *cm, int gpu, void *p) {
   struct swiglu_args *a = p;
   if (a->bwd)
-    return tz_compute_glu_bwd(cm, TZ_GLU_SILU, SIDE(a->dg, gpu), SIDE(a->du, gpu),
+    return tz_compute_glu_bwd(cm, a->act, SIDE(a->dg, gpu), SIDE(a->du, gpu),
                               a->rebuild ? SIDE(a->out, gpu) : NULL, SIDE(a->dout, gpu),
                               SIDE(a->g, gpu), SIDE(a->u, gpu), a->n);
-  return tz_compute_glu_fwd(cm, TZ_GLU_SILU, SIDE(a->out, gpu), SIDE(a->g, gpu), SIDE(a->u, gpu),
-                            a->n);
+  return tz_compute_glu_fwd(cm, a->act, SIDE(a->out, gpu), SIDE(a->g, gpu), SIDE(a->u, gpu), a->n);
+}
+
+/* act's forward, its backward, and the backward that rebuilds out (the forward's bits exactly),
+ * on n elements */
+static void glu_case(struct env *e, enum tz_glu act, size_t n) {
+  const char *act_name = act == TZ_GLU_GELU_TANH ? "geglu" : "swiglu";
+  struct buf g, u, out, dout, dg, du;
+  buf_init(e, &g, n, TZ_F32, e->S);
+  buf_init(e, &u, n, TZ_F32, e->S);
+  buf_init(e, &out, n, TZ_F32, e->S);
+  buf_init(e, &dout, n, TZ_F32, e->S);
+  buf_init(e, &dg, n, TZ_F32, e->S);
+  buf_init(e, &du, n, TZ_F32, e->S);
+  float *v1 = randv(n, 6.0f), *v2 = randv(n, 2.0f), *v3 = randv(n, 1.0f);
+  buf_set(&g, e, v1);
+  buf_set(&u, e, v2);
+  buf_set(&dout, e, v3);
+  struct swiglu_args a = {
+      .g = &g, .u = &u, .out = &out, .dout = &dout, .dg = &dg, .du = &du, .n = n, .act = act};
+  char name[96];
+  snprintf(name, sizeof name, "%s_fwd %s n=%zu", act_name, tz_dtype_name(e->S), n);
+  struct op fwd = {.name = name, .launch = swiglu_launch, .args = &a};
+  add_out(&fwd, &out, "out", tol_of(e->S, 1, 1));
+  run_op(e, &fwd, NULL);
+  a.bwd = 1;
+  snprintf(name, sizeof name, "%s_bwd %s n=%zu", act_name, tz_dtype_name(e->S), n);
+  struct op bwd = {.name = name, .launch = swiglu_launch, .args = &a};
+  add_out(&bwd, &dg, "dg", tol_of(e->S, 1, 1));
+  add_out(&bwd, &du, "du", tol_of(e->S, 1, 1));
+  run_op(e, &bwd, NULL);
+  /* the backward that rebuilds out: out the forward's bits exactly */
+  float *fwd_out = buf_get_gpu(&out, e);
+  a.rebuild = 1;
+  snprintf(name, sizeof name, "%s_bwd+out %s n=%zu", act_name, tz_dtype_name(e->S), n);
+  struct op bwd2 = {.name = name, .launch = swiglu_launch, .args = &a};
+  add_out(&bwd2, &dg, "dg", tol_of(e->S, 1, 1));
+  add_out(&bwd2, &du, "du", tol_of(e->S, 1, 1));
+  add_out(&bwd2, &out, "out", tol_of(e->S, 1, 1));
+  run_op(e, &bwd2, NULL);
+  float *bwd_out = buf_get_gpu(&out, e);
+  snprintf(name, sizeof name, "%s_bwd+out out against %s_fwd", act_name, act_name);
+  check_bits(name, bwd_out, fwd_out, n * sizeof(float));
+  free(fwd_out), free(bwd_out);
+  free(v1), free(v2), free(v3);
+  buf_fini(e, &g), buf_fini(e, &u), buf_fini(e, &out);
+  buf_fini(e, &dout), buf_fini(e, &dg), buf_fini(e, &du);
 }
 
 static void test_swiglu(void **state) {
@@ -1637,48 +1767,8 @@ static void test_swiglu(void **state) {
   for (int d = 0; d < 3; d++) {
     struct env e;
     TZ_ASSERT_OK(env_open(&e, storage_dtypes[d], TZ_F32));
-    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
-      size_t n = sizes[s];
-      struct buf g, u, out, dout, dg, du;
-      buf_init(&e, &g, n, TZ_F32, e.S);
-      buf_init(&e, &u, n, TZ_F32, e.S);
-      buf_init(&e, &out, n, TZ_F32, e.S);
-      buf_init(&e, &dout, n, TZ_F32, e.S);
-      buf_init(&e, &dg, n, TZ_F32, e.S);
-      buf_init(&e, &du, n, TZ_F32, e.S);
-      float *v1 = randv(n, 6.0f), *v2 = randv(n, 2.0f), *v3 = randv(n, 1.0f);
-      buf_set(&g, &e, v1);
-      buf_set(&u, &e, v2);
-      buf_set(&dout, &e, v3);
-      struct swiglu_args a = {
-          .g = &g, .u = &u, .out = &out, .dout = &dout, .dg = &dg, .du = &du, .n = n};
-      char name[96];
-      snprintf(name, sizeof name, "swiglu_fwd %s n=%zu", tz_dtype_name(e.S), n);
-      struct op fwd = {.name = name, .launch = swiglu_launch, .args = &a};
-      add_out(&fwd, &out, "out", tol_of(e.S, 1, 1));
-      run_op(&e, &fwd, NULL);
-      a.bwd = 1;
-      snprintf(name, sizeof name, "swiglu_bwd %s n=%zu", tz_dtype_name(e.S), n);
-      struct op bwd = {.name = name, .launch = swiglu_launch, .args = &a};
-      add_out(&bwd, &dg, "dg", tol_of(e.S, 1, 1));
-      add_out(&bwd, &du, "du", tol_of(e.S, 1, 1));
-      run_op(&e, &bwd, NULL);
-      /* the backward that rebuilds out: out the forward's bits exactly */
-      float *fwd_out = buf_get_gpu(&out, &e);
-      a.rebuild = 1;
-      snprintf(name, sizeof name, "swiglu_bwd+out %s n=%zu", tz_dtype_name(e.S), n);
-      struct op bwd2 = {.name = name, .launch = swiglu_launch, .args = &a};
-      add_out(&bwd2, &dg, "dg", tol_of(e.S, 1, 1));
-      add_out(&bwd2, &du, "du", tol_of(e.S, 1, 1));
-      add_out(&bwd2, &out, "out", tol_of(e.S, 1, 1));
-      run_op(&e, &bwd2, NULL);
-      float *bwd_out = buf_get_gpu(&out, &e);
-      check_bits("swiglu_bwd+out out against swiglu_fwd", bwd_out, fwd_out, n * sizeof(float));
-      free(fwd_out), free(bwd_out);
-      free(v1), free(v2), free(v3);
-      buf_fini(&e, &g), buf_fini(&e, &u), buf_fini(&e, &out);
-      buf_fini(&e, &dout), buf_fini(&e, &dg), buf_fini(&e, &du);
-    }
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+      glu_case(&e, TZ_GLU_SILU, sizes[s]);
     env_close(&e);
   }
   assert_int_equal(g_failures, 0);
@@ -1812,12 +1902,58 @@ struct xent_args {
   struct ibuf *tgt;
   int N, V;
   float dscale;
+  float softcap; /* 0, or Gemma 2's final logit softcap (test_variants_ops) */
 };
 
 static int xent_launch(tz_compute *cm, int gpu, void *p) {
   struct xent_args *a = p;
   return tz_compute_xent(cm, SIDE(a->losses, gpu), a->dlogits ? SIDE(a->dlogits, gpu) : NULL,
-                         SIDE(a->logits, gpu), SIDE(a->tgt, gpu), a->N, a->V, a->dscale, 0.0f);
+                         SIDE(a->logits, gpu), SIDE(a->tgt, gpu), a->N, a->V, a->dscale,
+                         a->softcap);
+}
+
+/* One cross-entropy on (N, V) logits uniform in [-scale, scale), through the softcap unless 0;
+ * mode 0 the forward only, 1 with separate dlogits, 2 in place. Every fifth row has no target. */
+static void xent_case(struct env *e, int N, int V, int mode, float softcap, float scale) {
+  int32_t *tgt = malloc(sizeof(int32_t) * N);
+  assert_non_null(tgt);
+  for (int n = 0; n < N; n++) /* every fifth row no target (TZ_TARGET_IGNORE) */
+    tgt[n] = n % 5 == 3 ? TZ_TARGET_IGNORE : (int32_t)(tz_test_rand(&g_seed) % (uint64_t)V);
+  struct ibuf ti;
+  ibuf_init(e, &ti, tgt, N);
+  struct buf logits, losses, dl;
+  buf_init(e, &logits, (size_t)N * V, TZ_F32, e->S);
+  buf_init(e, &losses, N, TZ_F32, TZ_F32);
+  buf_init(e, &dl, (size_t)N * V, TZ_F32, e->S);
+  float *v = randv((size_t)N * V, scale);
+  buf_set(&logits, e, v);
+  struct xent_args a = {.logits = &logits,
+                        .losses = &losses,
+                        .tgt = &ti,
+                        .N = N,
+                        .V = V,
+                        .dscale = 0.5f,
+                        .softcap = softcap};
+  a.dlogits = mode == 0 ? NULL : mode == 1 ? &dl : &logits;
+  char name[96], cap[24] = "";
+  if (softcap > 0.0f)
+    snprintf(cap, sizeof cap, " softcap=%g", (double)softcap);
+  snprintf(name, sizeof name, "xent %s N=%d V=%d%s %s", tz_dtype_name(e->S), N, V, cap,
+           mode == 0   ? "fwd"
+           : mode == 1 ? "fwd+bwd"
+                       : "in place");
+  struct op op = {.name = name, .launch = xent_launch, .args = &a};
+  add_out(&op, &losses, "losses", tol_of(TZ_F32, 0, V));
+  if (mode == 1)
+    add_out(&op, &dl, "dlogits", tol_of(e->S, 1, V));
+  if (mode == 2) {
+    add_out(&op, &logits, "dlogits", tol_of(e->S, 1, V));
+    op.keep[op.n_keep++] = &logits;
+  }
+  run_op(e, &op, NULL);
+  free(v), free(tgt);
+  buf_fini(e, &logits), buf_fini(e, &losses), buf_fini(e, &dl);
+  ibuf_fini(e, &ti);
 }
 
 static void test_xent(void **state) {
@@ -1828,41 +1964,88 @@ static void test_xent(void **state) {
     struct env e;
     TZ_ASSERT_OK(env_open(&e, storage_dtypes[d], TZ_F32));
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-      for (int mode = 0; mode < 3; mode++) { /* forward only, separate dlogits, in place */
-        int N = shapes[s][0], V = shapes[s][1];
-        int32_t *tgt = malloc(sizeof(int32_t) * N);
-        for (int n = 0; n < N; n++) /* every fifth row no target (TZ_TARGET_IGNORE) */
-          tgt[n] = n % 5 == 3 ? TZ_TARGET_IGNORE : (int32_t)(tz_test_rand(&g_seed) % (uint64_t)V);
-        struct ibuf ti;
-        ibuf_init(&e, &ti, tgt, N);
-        struct buf logits, losses, dl;
-        buf_init(&e, &logits, (size_t)N * V, TZ_F32, e.S);
-        buf_init(&e, &losses, N, TZ_F32, TZ_F32);
-        buf_init(&e, &dl, (size_t)N * V, TZ_F32, e.S);
-        float *v = randv((size_t)N * V, 8.0f);
-        buf_set(&logits, &e, v);
-        struct xent_args a = {
-            .logits = &logits, .losses = &losses, .tgt = &ti, .N = N, .V = V, .dscale = 0.5f};
-        a.dlogits = mode == 0 ? NULL : mode == 1 ? &dl : &logits;
-        char name[96];
-        snprintf(name, sizeof name, "xent %s N=%d V=%d %s", tz_dtype_name(e.S), N, V,
-                 mode == 0   ? "fwd"
-                 : mode == 1 ? "fwd+bwd"
-                             : "in place");
-        struct op op = {.name = name, .launch = xent_launch, .args = &a};
-        add_out(&op, &losses, "losses", tol_of(TZ_F32, 0, V));
-        if (mode == 1)
-          add_out(&op, &dl, "dlogits", tol_of(e.S, 1, V));
-        if (mode == 2) {
-          add_out(&op, &logits, "dlogits", tol_of(e.S, 1, V));
-          op.keep[op.n_keep++] = &logits;
-        }
-        run_op(&e, &op, NULL);
-        free(v), free(tgt);
-        buf_fini(&e, &logits), buf_fini(&e, &losses), buf_fini(&e, &dl);
-        ibuf_fini(&e, &ti);
-      }
+      for (int mode = 0; mode < 3; mode++) /* forward only, separate dlogits, in place */
+        xent_case(&e, shapes[s][0], shapes[s][1], mode, 0.0f, 8.0f);
     env_close(&e);
+  }
+  assert_int_equal(g_failures, 0);
+}
+
+/* ---- the families' variants (Gemma's math) ----
+ * On an instance with the setting variants=on, at bf16 and f32 storage, against the cpu backend:
+ * RMSNorm with the weight offset 1 (weights near 0, as Gemma stores them), GeGLU (gelu with tanh)
+ * forward and backward, cross-entropy through a softcap of 30 on logits up to 50 (so the cap
+ * bends them), and the softcap op at 50 on logits up to 100. An instance without the setting
+ * refuses the offset by name. TZ_CUDA_VARIANTS would win over the settings, so the test clears it
+ * while it runs and puts it back. */
+
+struct softcap_args {
+  struct buf *logits;
+  size_t n;
+  float cap;
+};
+
+static int softcap_launch(tz_compute *cm, int gpu, void *p) {
+  struct softcap_args *a = p;
+  return tz_compute_softcap(cm, SIDE(a->logits, gpu), a->n, a->cap);
+}
+
+static void test_variants_ops(void **state) {
+  (void)state;
+  g_failures = 0;
+  const char *env = getenv("TZ_CUDA_VARIANTS");
+  char *saved = env ? strdup(env) : NULL;
+  unsetenv("TZ_CUDA_VARIANTS");
+  /* the warp per row with a short last chunk and whole ones, the block per row with one, two
+   * and more chunks a thread than it keeps */
+  static const int rms_shapes[][2] = {{37, 300}, {8 * 16, 128}, {70, 4096}, {3, 2056}, {5, 9000}};
+  static const size_t glu_sizes[] = {1, 999, 300000};
+  static const int xent_shapes[][2] = {{7, 1000}, {5, 32003}};
+  static const enum tz_dtype dts[] = {TZ_BF16, TZ_F32};
+  for (int d = 0; d < 2; d++) {
+    struct env e;
+    TZ_ASSERT_OK(env_open_with(&e, dts[d], TZ_F32, "variants=on", NULL));
+    for (size_t s = 0; s < sizeof rms_shapes / sizeof rms_shapes[0]; s++)
+      rmsnorm_case(&e, rms_shapes[s][0], rms_shapes[s][1], 0, 1.0f);
+    for (size_t s = 0; s < sizeof glu_sizes / sizeof glu_sizes[0]; s++)
+      glu_case(&e, TZ_GLU_GELU_TANH, glu_sizes[s]);
+    for (size_t s = 0; s < sizeof xent_shapes / sizeof xent_shapes[0]; s++)
+      for (int mode = 0; mode < 3; mode++)
+        xent_case(&e, xent_shapes[s][0], xent_shapes[s][1], mode, 30.0f, 50.0f);
+    for (size_t s = 0; s < sizeof glu_sizes / sizeof glu_sizes[0]; s++) {
+      size_t n = glu_sizes[s];
+      struct buf l;
+      buf_init(&e, &l, n, TZ_F32, e.S);
+      float *v = randv(n, 100.0f);
+      buf_set(&l, &e, v);
+      struct softcap_args a = {.logits = &l, .n = n, .cap = 50.0f};
+      char name[96];
+      snprintf(name, sizeof name, "softcap=50 %s n=%zu", tz_dtype_name(e.S), n);
+      struct op op = {.name = name, .launch = softcap_launch, .args = &a};
+      add_out(&op, &l, "logits", tol_of(e.S, 1, 1));
+      op.keep[op.n_keep++] = &l; /* in place */
+      run_op(&e, &op, NULL);
+      free(v);
+      buf_fini(&e, &l);
+    }
+    env_close(&e);
+  }
+  /* without the setting: the offset refused by name before anything runs */
+  struct env e;
+  TZ_ASSERT_OK(env_open_with(&e, TZ_BF16, TZ_F32, "variants=off", NULL));
+  void *x, *w, *out, *rstd;
+  TZ_ASSERT_OK(tz_compute_alloc(e.gpu, 8 * tz_dtype_size(TZ_BF16), &x));
+  TZ_ASSERT_OK(tz_compute_alloc(e.gpu, 8 * tz_dtype_size(TZ_BF16), &w));
+  TZ_ASSERT_OK(tz_compute_alloc(e.gpu, 8 * tz_dtype_size(TZ_BF16), &out));
+  TZ_ASSERT_OK(tz_compute_alloc(e.gpu, sizeof(float), &rstd));
+  assert_int_equal(tz_compute_rmsnorm_fwd(e.gpu, out, rstd, x, w, 1, 8, 1e-5f, 1.0f), TZ_ENOTSUP);
+  assert_non_null(strstr(tz_err_msg(), "offset"));
+  tz_compute_free(e.gpu, x), tz_compute_free(e.gpu, w);
+  tz_compute_free(e.gpu, out), tz_compute_free(e.gpu, rstd);
+  env_close(&e);
+  if (saved) {
+    setenv("TZ_CUDA_VARIANTS", saved, 1);
+    free(saved);
   }
   assert_int_equal(g_failures, 0);
 }
@@ -1877,7 +2060,7 @@ static void test_negative_control(void **state) {
   g_failures = 0;
   int failed = matmul_case(&e, 0, 1, 64, 128, 256, 8, 1.0f, 0.0f, TZ_BF16, 1);
   assert_true(failed > 0);
-  failed = rmsnorm_case(&e, 37, 300, 1);
+  failed = rmsnorm_case(&e, 37, 300, 1, 0.0f);
   assert_true(failed > 0);
   g_failures = 0;
   env_close(&e);
@@ -2221,10 +2404,12 @@ int main(void) {
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_attention_padded),
       cmocka_unit_test(test_attention_families),
+      cmocka_unit_test(test_attention_variants),
       cmocka_unit_test(test_attention_onepass_tiles),
       cmocka_unit_test(test_attention_onepass_fallback),
       cmocka_unit_test(test_attention_wgmma),
       cmocka_unit_test(test_swiglu),
+      cmocka_unit_test(test_variants_ops),
       cmocka_unit_test(test_unaligned_same_bits),
       cmocka_unit_test(test_xent),
       cmocka_unit_test(test_negative_control),

@@ -13,10 +13,15 @@
  *             group and every later query, in a fixed order. No output has two writers, so no
  *             atomics are needed.
  * The plain kernels follow the cpu backend's loop order (dot products over d in order, sums over
- * keys or queries in increasing index), so with f32 storage they differ from it only by expf. */
+ * keys or queries in increasing index), so with f32 storage they differ from it only by expf
+ * (and tanhf, softcapped). Both take the variants (common.cuh, struct tz_attn_var); a call with
+ * any, or with packed documents, takes the mma.sync kernels where they take the shape, else the
+ * plain ones (the one-pass and warpgroup-MMA kernels have neither yet). */
 #include <math.h>
 
 #include "kernels/cuda/common.cuh"
+
+#define LOG2E_F 1.4426950408889634f
 
 #define BQ 32 /* query rows per tile */
 #define BK 32 /* key rows per tile */
@@ -40,12 +45,30 @@ __device__ __forceinline__ float dot_f(const float *a, const float *b, int D) {
   return s;
 }
 
+/* A score from its product (the cpu backend's attn_score): dot * scale, through the softcap
+ * where there is one, whose slope (1 - tanh^2; 1 without) goes to *slope. */
+__device__ __forceinline__ float plain_score(float dot, const tz_attn_var &v, float *slope) {
+  float s = __fmul_rn(dot, v.scale);
+  *slope = 1.0f;
+  if (v.cap > 0.0f) {
+    float th = tanhf(__fdiv_rn(s, v.cap));
+    s = __fmul_rn(v.cap, th);
+    *slope = __fsub_rn(1.0f, __fmul_rn(th, th));
+  }
+  return s;
+}
+
+/* The score gradient times the scale (the cpu's (ds * slope) * scale; ds * scale uncapped) */
+__device__ __forceinline__ float plain_dscore(float ds, float slope, const tz_attn_var &v) {
+  return v.cap > 0.0f ? __fmul_rn(__fmul_rn(ds, slope), v.scale) : __fmul_rn(ds, v.scale);
+}
+
 /* ---- forward ---- */
 
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
     attn_fwd_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H, int Hkv,
-                    int D, float scale, const int32_t *pos) {
+                    int D, const tz_attn_var var, const int32_t *pos) {
   extern __shared__ float smem[];
   const int DP = D + 1;     /* key and value rows padded: threads of a warp read different rows */
   float *sQ = smem;         /* (BQ, D) */
@@ -56,7 +79,7 @@ __global__ void __launch_bounds__(THREADS)
   float *sM = sS + BQ * BK; /* (BQ) running max */
   float *sL = sM + BQ;      /* (BQ) running sum */
   float *sA = sL + BQ;      /* (BQ) rescale factor of this tile */
-  int *sSt = (int *)(sA + BQ);               /* (BQ) the first key of each row's document */
+  int *sSt = (int *)(sA + BQ);               /* (BQ) the first key of each row (tz_first_key) */
   const int qt = gridDim.x - 1 - blockIdx.x; /* the longest rows first */
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
   const int i0 = qt * BQ;
@@ -71,11 +94,11 @@ __global__ void __launch_bounds__(THREADS)
   if (threadIdx.x < BQ) {
     sM[threadIdx.x] = -INFINITY;
     sL[threadIdx.x] = 0.0f;
-    sSt[threadIdx.x] = tz_doc_start(pos, b, T_, i0 + threadIdx.x);
+    sSt[threadIdx.x] = tz_first_key(pos, b, T_, i0 + threadIdx.x, var.window);
   }
   __syncthreads();
   const int last_key = min(i0 + BQ, T_) - 1;
-  /* Key tiles before the first row's document hold no key any row of the tile sees. */
+  /* Key tiles before the first row's first key hold no key any row of the tile sees. */
   for (int j0 = sSt[0] / BK * BK; j0 <= last_key; j0 += BK) {
     __syncthreads(); /* the previous tile is no longer read */
     tile_to_float(sK, DP, kb, ks, j0, BK, T_, D);
@@ -83,8 +106,9 @@ __global__ void __launch_bounds__(THREADS)
     __syncthreads();
     for (int e = threadIdx.x; e < BQ * BK; e += blockDim.x) {
       int i = e / BK, j = e % BK, ti = i0 + i, tj = j0 + j;
+      float slope;
       sS[e] = tj <= ti && tj >= sSt[i] && ti < T_
-                  ? __fmul_rn(dot_f(sQ + i * D, sK + j * DP, D), scale)
+                  ? plain_score(dot_f(sQ + i * D, sK + j * DP, D), var, &slope)
                   : -INFINITY;
     }
     __syncthreads();
@@ -161,7 +185,7 @@ __global__ void attn_delta_kernel(float *delta, const T *dout, const T *out, int
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
     attn_bwd_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
-                       const float *delta, int T_, int H, int Hkv, int D, float scale,
+                       const float *delta, int T_, int H, int Hkv, int D, const tz_attn_var var,
                        const int32_t *pos) {
   extern __shared__ float smem[];
   const int DP = D + 1;
@@ -173,7 +197,7 @@ __global__ void __launch_bounds__(THREADS)
   float *sW = sV + BK * DP;  /* (BQ, BK) ds * scale */
   float *sLse = sW + BQ * BK;
   float *sDel = sLse + BQ;
-  int *sSt = (int *)(sDel + BQ); /* (BQ) the first key of each row's document */
+  int *sSt = (int *)(sDel + BQ); /* (BQ) the first key of each row (tz_first_key) */
   const int qt = gridDim.x - 1 - blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
   const int i0 = qt * BQ;
@@ -192,7 +216,7 @@ __global__ void __launch_bounds__(THREADS)
     int ti = i0 + threadIdx.x;
     sLse[threadIdx.x] = ti < T_ ? lb[ti] : 0.0f;
     sDel[threadIdx.x] = ti < T_ ? db[ti] : 0.0f;
-    sSt[threadIdx.x] = tz_doc_start(pos, b, T_, ti);
+    sSt[threadIdx.x] = tz_first_key(pos, b, T_, ti, var.window);
   }
   __syncthreads();
   const int last_key = min(i0 + BQ, T_) - 1;
@@ -205,10 +229,11 @@ __global__ void __launch_bounds__(THREADS)
       int i = e / BK, j = e % BK, ti = i0 + i, tj = j0 + j;
       float w = 0.0f;
       if (tj <= ti && tj >= sSt[i] && ti < T_) {
-        float s = __fmul_rn(dot_f(sQ + i * D, sK + j * DP, D), scale);
+        float slope;
+        float s = plain_score(dot_f(sQ + i * D, sK + j * DP, D), var, &slope);
         float p = expf(__fsub_rn(s, sLse[i]));
         float ds = __fmul_rn(p, __fsub_rn(dot_f(sdO + i * D, sV + j * DP, D), sDel[i]));
-        w = __fmul_rn(ds, scale);
+        w = plain_dscore(ds, slope, var);
       }
       sW[e] = w;
     }
@@ -237,7 +262,7 @@ template <typename T>
 __global__ void __launch_bounds__(THREADS)
     attn_bwd_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
                          const float *lse, const float *delta, int T_, int H, int Hkv, int D,
-                         float scale, const int32_t *pos) {
+                         const tz_attn_var var, const int32_t *pos) {
   extern __shared__ float smem[];
   const int DP = D + 1;
   float *sK = smem;          /* (BK, D) */
@@ -250,7 +275,7 @@ __global__ void __launch_bounds__(THREADS)
   float *sW = sP + BK * BQ;  /* (BK, BQ) ds * scale */
   float *sLse = sW + BK * BQ;
   float *sDel = sLse + BQ;
-  int *sSt = (int *)(sDel + BQ); /* (BQ) the first key of each query row's document */
+  int *sSt = (int *)(sDel + BQ); /* (BQ) the first key of each query row (tz_first_key) */
   const int j0 = blockIdx.x * BK, hk = blockIdx.y, b = blockIdx.z;
   const int group = H / Hkv;
   const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
@@ -266,9 +291,10 @@ __global__ void __launch_bounds__(THREADS)
     const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
     const float *lb = lse + ((size_t)b * H + h) * T_, *db = delta + ((size_t)b * H + h) * T_;
     /* queries from the tile holding j0 onward; earlier ones cannot see these keys, and once a
-     * tile's first query starts its document past the last key here, no later query sees one
-     * (documents start in increasing order) */
-    for (int i0 = j0 / BQ * BQ; i0 < T_ && tz_doc_start(pos, b, T_, i0) < j0 + BK; i0 += BQ) {
+     * tile's first query's first key (its document's or its window's) lies past the last key
+     * here, no later query sees one (first keys increase along a row) */
+    for (int i0 = j0 / BQ * BQ; i0 < T_ && tz_first_key(pos, b, T_, i0, var.window) < j0 + BK;
+         i0 += BQ) {
       __syncthreads();
       tile_to_float(sQ, DP, qb, qs, i0, BQ, T_, D);
       tile_to_float(sdO, DP, dob, qs, i0, BQ, T_, D);
@@ -276,17 +302,18 @@ __global__ void __launch_bounds__(THREADS)
         int ti = i0 + threadIdx.x;
         sLse[threadIdx.x] = ti < T_ ? lb[ti] : 0.0f;
         sDel[threadIdx.x] = ti < T_ ? db[ti] : 0.0f;
-        sSt[threadIdx.x] = tz_doc_start(pos, b, T_, ti);
+        sSt[threadIdx.x] = tz_first_key(pos, b, T_, ti, var.window);
       }
       __syncthreads();
       for (int e = threadIdx.x; e < BK * BQ; e += blockDim.x) {
         int j = e / BQ, i = e % BQ, tj = j0 + j, ti = i0 + i;
         float p = 0.0f, w = 0.0f;
         if (tj <= ti && tj >= sSt[i] && ti < T_) {
-          float s = __fmul_rn(dot_f(sQ + i * DP, sK + j * D, D), scale);
+          float slope;
+          float s = plain_score(dot_f(sQ + i * DP, sK + j * D, D), var, &slope);
           p = expf(__fsub_rn(s, sLse[i]));
           float ds = __fmul_rn(p, __fsub_rn(dot_f(sdO + i * DP, sV + j * D, D), sDel[i]));
-          w = __fmul_rn(ds, scale);
+          w = plain_dscore(ds, slope, var);
         }
         sP[e] = p;
         sW[e] = w;
@@ -370,16 +397,33 @@ static int declined(const char *op, enum tz_cuda_attention_kernel k, int D) {
                     op, tz_cuda_attention_kernel_name(k), D);
 }
 
+struct tz_attn_var tz_attn_var_of(const struct tz_attn_opts *opt, int D) {
+  struct tz_attn_var v = {1.0f / sqrtf((float)D), 0.0f, 0.0f, 0.0f, 0};
+  if (!opt)
+    return v;
+  if (opt->scale > 0.0f)
+    v.scale = opt->scale;
+  if (opt->softcap > 0.0f) {
+    v.cap = opt->softcap;
+    v.cap_in = v.scale / v.cap;
+    v.cap_log2 = v.cap * LOG2E_F;
+  }
+  v.window = opt->window;
+  return v;
+}
+
 int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
-                          const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos) {
+                          const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                          const struct tz_attn_opts *opt) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
   const void *ts[] = {out, q, k, v};
   struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 4);
-  /* Packed documents: the mma.sync kernels where they take the shape (the warpgroup-MMA and
-   * one-pass ones have no pos yet), else the plain ones below. */
-  if (pos && ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
-    int rc = tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, pos);
+  const struct tz_attn_var var = tz_attn_var_of(opt, D);
+  /* Packed documents or variants: the mma.sync kernels where they take the shape (the
+   * warpgroup-MMA and one-pass ones have neither yet), else the plain ones below. */
+  if ((pos || !tz_attn_var_default(var, D)) && ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
+    int rc = tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, pos, var);
     if (rc <= 0)
       return rc;
   } else if (ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
@@ -387,17 +431,16 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
                  ? tz_cuda_attention_fwd_wgmma(c, out, lse, q, k, v, B, T, H, Hkv, D)
              : ch.fwd == TZ_CUDA_KERNEL_ONE_PASS
                  ? tz_cuda_attention_fwd_onepass(c, out, lse, q, k, v, B, T, H, Hkv, D)
-                 : tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, NULL);
+                 : tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, NULL, var);
     return rc > 0 ? declined("attention_fwd", ch.fwd, D) : rc;
   }
-  float scale = 1.0f / sqrtf((float)D);
   dim3 grid((unsigned)((T + BQ - 1) / BQ), (unsigned)H, (unsigned)B);
   size_t smem = fwd_smem(D);
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using TT = decltype(tag);
     TZ_CHECK(smem_grant(c, (const void *)attn_fwd_kernel<TT>, smem, "attention_fwd", D));
     attn_fwd_kernel<TT><<<grid, THREADS, smem, c->stream>>>(
-        (TT *)out, lse, (const TT *)q, (const TT *)k, (const TT *)v, T, H, Hkv, D, scale, pos);
+        (TT *)out, lse, (const TT *)q, (const TT *)k, (const TT *)v, T, H, Hkv, D, var, pos);
     TZ_CU_LAUNCHED();
     return 0;
   });
@@ -405,9 +448,10 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
 
 int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
                           const void *q, const void *k, const void *v, const void *out,
-                          const float *lse, int B, int T, int H, int Hkv, int D,
-                          const int32_t *pos) {
+                          const float *lse, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                          const struct tz_attn_opts *opt) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
+  const struct tz_attn_var var = tz_attn_var_of(opt, D);
   TZ_CHECK(check_grid(B, H));
   size_t rows = (size_t)B * T * H;
   TZ_CHECK(tz_cuda_dispatch(c->S, [&](auto tag) {
@@ -420,9 +464,9 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
   }));
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
   struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 7);
-  if (pos && ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
-    int rc =
-        tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D, pos);
+  if ((pos || !tz_attn_var_default(var, D)) && ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
+    int rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
+                                       pos, var);
     if (rc <= 0)
       return rc;
   } else if (ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
@@ -433,15 +477,14 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
             ? tz_cuda_attention_bwd_onepass(c, ch.tiles, dq, dk, dv, delta, dout, q, k, v, lse, B,
                                             T, H, Hkv, D)
             : tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
-                                        NULL);
+                                        NULL, var);
     /* The one-pass backward also declines at run time, where its scratch for dq's sums cannot
      * grow in the memory left: the two-pass kernels take the call (they take the same shapes). */
     if (rc > 0 && ch.bwd == TZ_CUDA_KERNEL_ONE_PASS)
       rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
-                                     NULL);
+                                     NULL, var);
     return rc > 0 ? declined("attention_bwd", ch.bwd, D) : rc;
   }
-  float scale = 1.0f / sqrtf((float)D);
   dim3 grid_q((unsigned)((T + BQ - 1) / BQ), (unsigned)H, (unsigned)B);
   dim3 grid_k((unsigned)((T + BK - 1) / BK), (unsigned)Hkv, (unsigned)B);
   size_t smem_q = dq_smem(D), smem_k = dkdv_smem(D);
@@ -451,11 +494,11 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
     TZ_CHECK(smem_grant(c, (const void *)attn_bwd_dkdv_kernel<TT>, smem_k, "attention_bwd", D));
     attn_bwd_dq_kernel<TT><<<grid_q, THREADS, smem_q, c->stream>>>(
         (TT *)dq, (const TT *)dout, (const TT *)q, (const TT *)k, (const TT *)v, lse, delta, T, H,
-        Hkv, D, scale, pos);
+        Hkv, D, var, pos);
     TZ_CU_LAUNCHED();
     attn_bwd_dkdv_kernel<TT><<<grid_k, THREADS, smem_k, c->stream>>>(
         (TT *)dk, (TT *)dv, (const TT *)dout, (const TT *)q, (const TT *)k, (const TT *)v, lse,
-        delta, T, H, Hkv, D, scale, pos);
+        delta, T, H, Hkv, D, var, pos);
     TZ_CU_LAUNCHED();
     return 0;
   });

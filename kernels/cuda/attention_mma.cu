@@ -12,7 +12,9 @@
  * exact zeros, and outputs are written for d < D only. A head's row of D 16-bit elements is only
  * 8-byte aligned when D % 8 == 4 (D = 100: 200 bytes), so the padded kernels copy 8 bytes at a
  * time (one rule for every padded D), which needs D % 4 == 0 and 8-byte aligned tensors. The
- * softmax scale is 1 / sqrt(D) of the true D.
+ * softmax scale is 1 / sqrt(D) of the true D, or the variants' (common.cuh, struct tz_attn_var:
+ * Gemma's scale and softcap, sliding windows, which start each row's keys where its document's
+ * would).
  *
  * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
  * c = lane % 4:
@@ -56,7 +58,8 @@ template <typename W> constexpr size_t fwd_smem_bytes() {
 template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
     attn_fwd_mma_kernel(T *out, float *lse, const T *q, const T *k, const T *v, int T_, int H,
-                        int Hkv, int D_, float scale_log2, const int32_t *pos) {
+                        int Hkv, int D_, float scale_log2, const int32_t *pos,
+                        const tz_attn_var var) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP; /* the head dim; tile columns D..DP-1 are zero */
   constexpr int KD = DP / 16, ND = DP / 8, NS = FWD_BN / 8;
@@ -74,11 +77,13 @@ __global__ void __launch_bounds__(NTHREADS)
   const T *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
   const int n_kt = qt + 1; /* key tiles 0..qt: the last is the diagonal one */
   const int row_lo = q0 + warp * 16 + g, row_hi = row_lo + 8;
-  /* Packed documents: the tiles before the block's first row's document hold no key any row
-   * sees (documents start in increasing order); each row hides the keys before its own. */
-  const int kt0 = pos ? tz_doc_start(pos, b, T_, q0) / FWD_BN : 0;
-  const int st_lo = pos ? tz_doc_start(pos, b, T_, row_lo) : 0;
-  const int st_hi = pos ? tz_doc_start(pos, b, T_, row_hi) : 0;
+  /* Packed documents and windows: the tiles before the block's first row's first key hold no
+   * key any row sees (first keys increase along a row); each row hides the keys before its own. */
+  const int W_ = var.window;
+  const bool firsts = pos || W_ > 0;
+  const int kt0 = firsts ? tz_first_key(pos, b, T_, q0, W_) / FWD_BN : 0;
+  const int st_lo = firsts ? tz_first_key(pos, b, T_, row_lo, W_) : 0;
+  const int st_hi = firsts ? tz_first_key(pos, b, T_, row_hi, W_) : 0;
 
   load_tile<FWD_BM, W>(sQ, qb, qs, q0, T_ - q0, D);
   load_tile<FWD_BN, W>(sK, kb, ks, kt0 * FWD_BN, T_ - kt0 * FWD_BN, D);
@@ -128,8 +133,8 @@ __global__ void __launch_bounds__(NTHREADS)
     }
 
     /* scores in the log2 domain; the diagonal tile hides keys after the query */
-    softmax_step<NS, ND>(s, o, m_lo, m_hi, l_lo, l_hi, kt == n_kt - 1 || pos, kt * FWD_BN, row_lo,
-                         row_hi, c, scale_log2, st_lo, st_hi);
+    softmax_step<NS, ND>(s, o, m_lo, m_hi, l_lo, l_hi, kt == n_kt - 1 || firsts, kt * FWD_BN,
+                         row_lo, row_hi, c, scale_log2, st_lo, st_hi, var.cap_in, var.cap_log2);
 
     /* o += p v */
 #pragma unroll
@@ -163,7 +168,8 @@ template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
     attn_bwd_dq_mma_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v,
                            const float *lse, const float *delta, int T_, int H, int Hkv, int D_,
-                           float scale, float scale_log2, const int32_t *pos) {
+                           float scale, float scale_log2, const int32_t *pos,
+                           const tz_attn_var var) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP;
   constexpr int KD = DP / 16, ND = DP / 8, NS = DQ_BN / 8;
@@ -189,10 +195,12 @@ __global__ void __launch_bounds__(NTHREADS)
   const float lse_hi = row_hi < T_ ? __fmul_rn(lb[row_hi], LOG2E) : 0.0f;
   const float del_lo = row_lo < T_ ? db[row_lo] : 0.0f;
   const float del_hi = row_hi < T_ ? db[row_hi] : 0.0f;
-  /* Packed documents: as the forward, from the block's first row's document's tile. */
-  const int kt0 = pos ? tz_doc_start(pos, b, T_, q0) / DQ_BN : 0;
-  const int st_lo = pos ? tz_doc_start(pos, b, T_, row_lo) : 0;
-  const int st_hi = pos ? tz_doc_start(pos, b, T_, row_hi) : 0;
+  /* Packed documents and windows: as the forward, from the block's first row's first key. */
+  const int W_ = var.window;
+  const bool firsts = pos || W_ > 0;
+  const int kt0 = firsts ? tz_first_key(pos, b, T_, q0, W_) / DQ_BN : 0;
+  const int st_lo = firsts ? tz_first_key(pos, b, T_, row_lo, W_) : 0;
+  const int st_hi = firsts ? tz_first_key(pos, b, T_, row_hi, W_) : 0;
 
   load_tile<DQ_BM, W>(sQ, qb, qs, q0, T_ - q0, D);
   load_tile<DQ_BM, W>(sdO, dob, qs, q0, T_ - q0, D);
@@ -243,7 +251,7 @@ __global__ void __launch_bounds__(NTHREADS)
     }
 
     q_probs<NS>(s, dp, kt == n_kt - 1, kt * DQ_BN, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
-                c, scale_log2, st_lo, st_hi);
+                c, scale_log2, st_lo, st_hi, var.cap_in, var.cap_log2);
 
     /* acc += ds k */
 #pragma unroll
@@ -280,7 +288,8 @@ template <typename T, typename W>
 __global__ void __launch_bounds__(NTHREADS)
     attn_bwd_dkdv_mma_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
                              const float *lse, const float *delta, int T_, int H, int Hkv, int D_,
-                             float scale, float scale_log2, const int32_t *pos) {
+                             float scale, float scale_log2, const int32_t *pos,
+                             const tz_attn_var var) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP;
   constexpr int ND = DP / 8, NS = KV_BM / 8;
@@ -307,6 +316,11 @@ __global__ void __launch_bounds__(NTHREADS)
     while (n < n_chunks && tz_doc_start(pos, b, T_, k0 + n * KV_BM) < k0 + KV_BN)
       n++;
     n_chunks = n;
+  }
+  /* A window: no query window or more past this tile's last key sees a key of it. */
+  if (var.window > 0) {
+    int n = (KV_BN - 2 + var.window) / KV_BM + 1;
+    n_chunks = n < n_chunks ? n : n_chunks;
   }
   const int n_it = group * n_chunks;
 
@@ -346,7 +360,8 @@ __global__ void __launch_bounds__(NTHREADS)
 
     float st[NS][4], dpt[NS][4];
     kv_scores<T, W, NS>(st, dpt, sK, sV, Qc, dOc, warp, lane);
-    kv_probs<NS>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true, pos, b);
+    kv_probs<NS>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true, pos, b, var.window,
+                 var.cap_in, var.cap_log2);
     kv_accumulate<T, W, NS>(dka, dva, st, dpt, Qc, dOc, lane);
     __syncthreads();
   }
@@ -360,15 +375,16 @@ __global__ void __launch_bounds__(NTHREADS)
 
 template <typename E, typename W>
 int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
-               const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos) {
+               const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+               const tz_attn_var &var) {
   constexpr size_t smem = fwd_smem_bytes<W>();
   auto kern = attn_fwd_mma_kernel<E, W>;
   TZ_CU(cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem));
   dim3 grid((unsigned)((T + FWD_BM - 1) / FWD_BM), (unsigned)H, (unsigned)B);
-  float scale_log2 = 1.0f / sqrtf((float)D) * LOG2E;
+  float scale_log2 = var.scale * LOG2E;
   kern<<<grid, NTHREADS, smem, c->stream>>>((E *)out, lse, (const E *)q, (const E *)k, (const E *)v,
-                                            T, H, Hkv, D, scale_log2, pos);
+                                            T, H, Hkv, D, scale_log2, pos, var);
   TZ_CU_LAUNCHED();
   return 0;
 }
@@ -376,7 +392,7 @@ int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const vo
 template <typename E, typename W>
 int launch_bwd(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
                const void *dout, const void *q, const void *k, const void *v, const float *lse,
-               int B, int T, int H, int Hkv, int D, const int32_t *pos) {
+               int B, int T, int H, int Hkv, int D, const int32_t *pos, const tz_attn_var &var) {
   constexpr size_t smem_q = dq_smem_bytes<W>(), smem_kv = dkdv_smem_bytes<W>();
   auto kq = attn_bwd_dq_mma_kernel<E, W>;
   auto kkv = attn_bwd_dkdv_mma_kernel<E, W>;
@@ -384,17 +400,17 @@ int launch_bwd(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *del
                              (int)smem_q));
   TZ_CU(cudaFuncSetAttribute((const void *)kkv, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem_kv));
-  float scale = 1.0f / sqrtf((float)D);
+  float scale = var.scale;
   float scale_log2 = scale * LOG2E;
   dim3 grid_q((unsigned)((T + DQ_BM - 1) / DQ_BM), (unsigned)H, (unsigned)B);
   kq<<<grid_q, NTHREADS, smem_q, c->stream>>>((E *)dq, (const E *)dout, (const E *)q, (const E *)k,
                                               (const E *)v, lse, delta, T, H, Hkv, D, scale,
-                                              scale_log2, pos);
+                                              scale_log2, pos, var);
   TZ_CU_LAUNCHED();
   dim3 grid_kv((unsigned)((T + KV_BN - 1) / KV_BN), (unsigned)Hkv, (unsigned)B);
   kkv<<<grid_kv, NTHREADS, smem_kv, c->stream>>>((E *)dk, (E *)dv, (const E *)dout, (const E *)q,
                                                  (const E *)k, (const E *)v, lse, delta, T, H, Hkv,
-                                                 D, scale, scale_log2, pos);
+                                                 D, scale, scale_log2, pos, var);
   TZ_CU_LAUNCHED();
   return 0;
 }
@@ -421,7 +437,7 @@ int tz_cuda_attention_mma_route(const struct tz_cuda *c, int D, const void *cons
 
 int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const void *q,
                               const void *k, const void *v, int B, int T, int H, int Hkv, int D,
-                              const int32_t *pos) {
+                              const int32_t *pos, const tz_attn_var &var) {
   const void *ts[] = {out, q, k, v};
   int route = tz_cuda_attention_mma_route(c, D, ts, 4);
   if (!route)
@@ -429,15 +445,15 @@ int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const vo
   return with_width(D, route == 2, [&](auto w) {
     using W = decltype(w);
     if (c->S == TZ_BF16)
-      return launch_fwd<__nv_bfloat16, W>(c, out, lse, q, k, v, B, T, H, Hkv, D, pos);
-    return launch_fwd<__half, W>(c, out, lse, q, k, v, B, T, H, Hkv, D, pos);
+      return launch_fwd<__nv_bfloat16, W>(c, out, lse, q, k, v, B, T, H, Hkv, D, pos, var);
+    return launch_fwd<__half, W>(c, out, lse, q, k, v, B, T, H, Hkv, D, pos, var);
   });
 }
 
 int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
                               const void *dout, const void *q, const void *k, const void *v,
                               const float *lse, int B, int T, int H, int Hkv, int D,
-                              const int32_t *pos) {
+                              const int32_t *pos, const tz_attn_var &var) {
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
   int route = tz_cuda_attention_mma_route(c, D, ts, 7);
   if (!route)
@@ -446,7 +462,8 @@ int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, c
     using W = decltype(w);
     if (c->S == TZ_BF16)
       return launch_bwd<__nv_bfloat16, W>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
-                                          pos);
-    return launch_bwd<__half, W>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D, pos);
+                                          pos, var);
+    return launch_bwd<__half, W>(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D, pos,
+                                 var);
   });
 }

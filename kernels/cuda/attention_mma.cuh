@@ -111,6 +111,20 @@ __device__ __forceinline__ float quad_sum(float x) {
   return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
+/* A raw product's score in the log2 domain: raw * scale * log2(e), or with a softcap (cap_in =
+ * scale / cap > 0; common.cuh, struct tz_attn_var) cap tanh(raw * scale / cap) log2(e), whose
+ * slope (d capped / d uncapped: 1 - tanh^2) goes to *slope where slope is not NULL. */
+__device__ __forceinline__ float score_log2(float raw, float scale_log2, float cap_in,
+                                            float cap_log2, float *slope = nullptr) {
+  if (cap_in > 0.0f) {
+    float th = tanhf(__fmul_rn(raw, cap_in));
+    if (slope)
+      *slope = __fsub_rn(1.0f, __fmul_rn(th, th));
+    return __fmul_rn(th, cap_log2);
+  }
+  return __fmul_rn(raw, scale_log2);
+}
+
 /* ---- the forward's online softmax (attention_mma.cu and attention_onepass.cu) ---- */
 
 /* One key tile's probabilities for a warp's 16 rows (row_lo, row_hi: this thread's two), the
@@ -118,12 +132,13 @@ __device__ __forceinline__ float quad_sum(float x) {
  * max m (of scores * scale * log2(e)) and this thread's part of the running sum l are updated,
  * and a_lo, a_hi are the factors exp2(old max - new max) the output is to be rescaled by. mask:
  * hide keys after the row (a tile that reaches past the warp's first row), and keys before
- * st_lo, st_hi, the rows' documents' first keys (packed documents; 0 without). */
+ * st_lo, st_hi, the rows' first keys (their documents' or windows', tz_first_key; 0 without).
+ * cap_in, cap_log2: a softcap (score_log2; 0: none). */
 template <int NS>
-__device__ __forceinline__ void softmax_probs(float (&s)[NS][4], float &m_lo, float &m_hi,
-                                              float &l_lo, float &l_hi, float &a_lo, float &a_hi,
-                                              bool mask, int key0, int row_lo, int row_hi, int c,
-                                              float scale_log2, int st_lo = 0, int st_hi = 0) {
+__device__ __forceinline__ void
+softmax_probs(float (&s)[NS][4], float &m_lo, float &m_hi, float &l_lo, float &l_hi, float &a_lo,
+              float &a_hi, bool mask, int key0, int row_lo, int row_hi, int c, float scale_log2,
+              int st_lo = 0, int st_hi = 0, float cap_in = 0.0f, float cap_log2 = 0.0f) {
   float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
@@ -131,7 +146,7 @@ __device__ __forceinline__ void softmax_probs(float (&s)[NS][4], float &m_lo, fl
     for (int e = 0; e < 4; e++) {
       int key = key0 + nt * 8 + 2 * c + (e & 1);
       int row = e < 2 ? row_lo : row_hi, st = e < 2 ? st_lo : st_hi;
-      float x = __fmul_rn(s[nt][e], scale_log2);
+      float x = score_log2(s[nt][e], scale_log2, cap_in, cap_log2);
       s[nt][e] = mask && (key > row || key < st) ? -INFINITY : x;
     }
     mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
@@ -175,13 +190,13 @@ __device__ __forceinline__ void softmax_rescale(float (&o)[ND][4], float a_lo, f
 
 /* Both: a key tile's step of the online softmax, the output rescaled at once. */
 template <int NS, int ND>
-__device__ __forceinline__ void softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo,
-                                             float &m_hi, float &l_lo, float &l_hi, bool mask,
-                                             int key0, int row_lo, int row_hi, int c,
-                                             float scale_log2, int st_lo = 0, int st_hi = 0) {
+__device__ __forceinline__ void
+softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo, float &m_hi, float &l_lo,
+             float &l_hi, bool mask, int key0, int row_lo, int row_hi, int c, float scale_log2,
+             int st_lo = 0, int st_hi = 0, float cap_in = 0.0f, float cap_log2 = 0.0f) {
   float a_lo, a_hi;
   softmax_probs<NS>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, mask, key0, row_lo, row_hi, c,
-                    scale_log2, st_lo, st_hi);
+                    scale_log2, st_lo, st_hi, cap_in, cap_log2);
   softmax_rescale<ND>(o, a_lo, a_hi);
 }
 
@@ -223,13 +238,14 @@ fwd_store(T *out, float *lse, const float (&o)[W::DP / 8][4], float l_lo, float 
 
 /* ds into dp, in place, for the warp's 16 query rows (row_lo, row_hi: this thread's two, with
  * their lse * log2(e) and delta) against a key tile of 8 NS keys from key0; diag: the tile of
- * the rows' own keys, where keys after the row give 0; keys before st_lo, st_hi (the rows'
- * documents' first keys, packed documents; 0 without) give 0 in every tile. */
+ * the rows' own keys, where keys after the row give 0; keys before st_lo, st_hi (the rows' first
+ * keys, tz_first_key; 0 without) give 0 in every tile. cap_in, cap_log2: a softcap, whose slope
+ * ds takes (score_log2; 0: none). */
 template <int NS>
-__device__ __forceinline__ void q_probs(const float (&s)[NS][4], float (&dp)[NS][4], bool diag,
-                                        int key0, int row_lo, int row_hi, float lse_lo,
-                                        float lse_hi, float del_lo, float del_hi, int c,
-                                        float scale_log2, int st_lo = 0, int st_hi = 0) {
+__device__ __forceinline__ void
+q_probs(const float (&s)[NS][4], float (&dp)[NS][4], bool diag, int key0, int row_lo, int row_hi,
+        float lse_lo, float lse_hi, float del_lo, float del_hi, int c, float scale_log2,
+        int st_lo = 0, int st_hi = 0, float cap_in = 0.0f, float cap_log2 = 0.0f) {
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
@@ -237,10 +253,11 @@ __device__ __forceinline__ void q_probs(const float (&s)[NS][4], float (&dp)[NS]
       int key = key0 + nt * 8 + 2 * c + (e & 1);
       int row = e < 2 ? row_lo : row_hi, st = e < 2 ? st_lo : st_hi;
       float l2 = e < 2 ? lse_lo : lse_hi, dl = e < 2 ? del_lo : del_hi;
-      float p = (diag && key > row) || key < st
-                    ? 0.0f
-                    : exp2f(__fsub_rn(__fmul_rn(s[nt][e], scale_log2), l2));
-      dp[nt][e] = __fmul_rn(p, __fsub_rn(dp[nt][e], dl)); /* ds */
+      float slope = 1.0f;
+      float x = score_log2(s[nt][e], scale_log2, cap_in, cap_log2, &slope);
+      float p = (diag && key > row) || key < st ? 0.0f : exp2f(__fsub_rn(x, l2));
+      float ds = __fmul_rn(p, __fsub_rn(dp[nt][e], dl));
+      dp[nt][e] = cap_in > 0.0f ? __fmul_rn(ds, slope) : ds; /* ds */
     }
   }
 }
@@ -322,24 +339,30 @@ __device__ __forceinline__ void kv_scores(float (&st)[NS][4], float (&dpt)[NS][4
  * Dc: delta, per query); keys after the query and queries past T give 0. mask false: a chunk
  * whose every query sees every key and lies before T (the same arithmetic, no test). pos
  * (packed documents, with the sequence b; NULL without): a key before a query's document's
- * first gives 0 too. */
+ * first gives 0 too; window (> 0): so does a key window or more before the query. cap_in,
+ * cap_log2: a softcap, whose slope ds takes (score_log2; 0: none). */
 template <int NS>
 __device__ __forceinline__ void kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc,
                                          const float *Dc, int i0, int key_lo, int key_hi, int T_,
                                          float scale_log2, int c, bool mask = true,
-                                         const int32_t *pos = nullptr, int b = 0) {
+                                         const int32_t *pos = nullptr, int b = 0, int window = 0,
+                                         float cap_in = 0.0f, float cap_log2 = 0.0f) {
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
       int key = e < 2 ? key_lo : key_hi;
-      float p =
-          mask && (query < key || query >= T_ || (pos && key < query - pos[(size_t)b * T_ + query]))
-              ? 0.0f
-              : exp2f(__fsub_rn(__fmul_rn(st[nt][e], scale_log2), Lc[qi]));
+      float slope = 1.0f;
+      float x = score_log2(st[nt][e], scale_log2, cap_in, cap_log2, &slope);
+      float p = mask && (query < key || query >= T_ ||
+                         (pos && key < query - pos[(size_t)b * T_ + query]) ||
+                         (window > 0 && query - key >= window))
+                    ? 0.0f
+                    : exp2f(__fsub_rn(x, Lc[qi]));
       st[nt][e] = p;
-      dpt[nt][e] = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi])); /* ds^T */
+      float ds = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
+      dpt[nt][e] = cap_in > 0.0f ? __fmul_rn(ds, slope) : ds; /* ds^T */
     }
   }
 }

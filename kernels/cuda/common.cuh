@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -107,6 +108,30 @@ __device__ __forceinline__ int tz_doc_start(const int32_t *pos, int b, int T_, i
   return pos ? t - pos[(size_t)b * T_ + t] : 0;
 }
 
+/* The attention variants (compute.h, struct tz_attn_opts) as the kernels apply them: the scores'
+ * scale, a softcap (cap > 0: a score s becomes cap tanh(s / cap)) with its two factors for the
+ * tensor-core kernels' log2 domain, and a sliding window (window > 0: query t sees keys u > t -
+ * window). tz_attn_var_of makes it; a default one (Llama's) has scale 1 / sqrt(D), cap 0 and
+ * window 0, and the kernels then compute what they computed before the variants, bit for bit. */
+struct tz_attn_var {
+  float scale;
+  float cap;
+  float cap_in;   /* scale / cap: a raw product times this is the tanh's argument */
+  float cap_log2; /* cap * log2(e): tanh times this is the score in the log2 domain */
+  int window;
+};
+struct tz_attn_var tz_attn_var_of(const struct tz_attn_opts *opt, int D);
+static inline bool tz_attn_var_default(const struct tz_attn_var &v, int D) {
+  return v.cap == 0.0f && v.window == 0 && v.scale == 1.0f / sqrtf((float)D);
+}
+
+/* The first key row t of sequence b sees: its document's first (tz_doc_start) or its window's,
+ * whichever is later (rows at or past T_: T_, no key). Nondecreasing along a row. */
+__device__ __forceinline__ int tz_first_key(const int32_t *pos, int b, int T_, int t, int window) {
+  int u0 = tz_doc_start(pos, b, T_, t);
+  return window > 0 && t - window + 1 > u0 ? t - window + 1 : u0;
+}
+
 __device__ __forceinline__ float tz_ld(float x) { return x; }
 __device__ __forceinline__ float tz_ld(__nv_bfloat16 x) {
   return tz_bf16_to_f32(__bfloat16_as_ushort(x));
@@ -157,6 +182,12 @@ template <typename F> static inline int tz_cuda_dispatch(enum tz_dtype dt, F f) 
   return tz_err_set(TZ_EINVAL, "cuda: invalid dtype %d", (int)dt);
 }
 
+/* A logit through the softcap (compute.h: tz_compute_xent, tz_compute_softcap) in float, the cpu
+ * backend's order: cap * tanh(l / cap); cap 0: l itself. */
+__device__ __forceinline__ float tz_softcap(float l, float cap) {
+  return cap > 0.0f ? __fmul_rn(cap, tanhf(__fdiv_rn(l, cap))) : l;
+}
+
 /* Records the first bad input a kernel meets (integer atomics only: which one wins does not
  * change any floating-point result, and the host reports it at the next sync). */
 __device__ __forceinline__ void tz_cuda_report(int *err, int code, int index, int value,
@@ -193,9 +224,10 @@ int tz_cuda_axpy(void *ctx, enum tz_dtype dt, void *y, float alpha, const void *
 int tz_cuda_add(void *ctx, enum tz_dtype dt, void *out, const void *a, const void *b, size_t n);
 int tz_cuda_cast(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src, enum tz_dtype src_dt,
                  size_t n);
-int tz_cuda_swiglu_fwd(void *ctx, void *out, const void *g, const void *u, size_t n);
-int tz_cuda_swiglu_bwd(void *ctx, void *dg, void *du, void *out, const void *dout, const void *g,
-                       const void *u, size_t n);
+int tz_cuda_glu_fwd(void *ctx, enum tz_glu act, void *out, const void *g, const void *u, size_t n);
+int tz_cuda_glu_bwd(void *ctx, enum tz_glu act, void *dg, void *du, void *out, const void *dout,
+                    const void *g, const void *u, size_t n);
+int tz_cuda_softcap(void *ctx, void *logits, size_t n, float softcap);
 int tz_cuda_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
                 int accumulate);
 int tz_cuda_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t seg_len,
@@ -209,33 +241,35 @@ int tz_cuda_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const voi
 int tz_cuda_embedding_bwd(void *ctx, void *dwte, const void *dout, const int32_t *tokens, int N,
                           int C, int V);
 int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const void *w, int N,
-                        int C, float eps);
+                        int C, float eps, float w_offset);
 int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
-                        const void *x, const void *w, const float *rstd, int N, int C);
+                        const void *x, const void *w, const float *rstd, int N, int C,
+                        float w_offset);
 int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
                  int inverse, const int32_t *pos);
 int tz_cuda_bias_add(void *ctx, void *x, const void *b, int N, int n);
 int tz_cuda_bias_grad(void *ctx, void *db, const void *dy, int N, int n);
 int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
-                          const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos);
+                          const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                          const struct tz_attn_opts *opt);
 int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta, const void *dout,
                           const void *q, const void *k, const void *v, const void *out,
-                          const float *lse, int B, int T, int H, int Hkv, int D,
-                          const int32_t *pos);
+                          const float *lse, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+                          const struct tz_attn_opts *opt);
 int tz_cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits,
-                 const int32_t *targets, int N, int V, float dscale);
+                 const int32_t *targets, int N, int V, float dscale, float softcap);
 
 /* The tensor-core attention kernels (attention_mma.cu): 16-bit storage, head dims that are
  * multiples of 4 up to 128, tensors at least 8-byte aligned. They return 1 when they do not
  * handle the call, so attention.cu falls back to the plain kernels. pos: packed documents
- * (compute.h), or NULL. */
+ * (compute.h), or NULL; var: the variants (tz_attn_var_of). */
 int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const void *q,
                               const void *k, const void *v, int B, int T, int H, int Hkv, int D,
-                              const int32_t *pos);
+                              const int32_t *pos, const struct tz_attn_var &var);
 int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
                               const void *dout, const void *q, const void *k, const void *v,
                               const float *lse, int B, int T, int H, int Hkv, int D,
-                              const int32_t *pos);
+                              const int32_t *pos, const struct tz_attn_var &var);
 /* Whether the tensor-core kernels take a call with head dim D and tensors ts[0..n): 0 no, 1 at a
  * padded width, 2 at an exact one. */
 int tz_cuda_attention_mma_route(const struct tz_cuda *c, int D, const void *const *ts, int n);

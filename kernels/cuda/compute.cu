@@ -196,49 +196,6 @@ static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, f
   return tz_adam_cuda(p, master, m, v, grad, grad_dtype, param_copy, copy_dtype, n, c->stream);
 }
 
-/* The ops' signatures with the families' variants, which this backend does not have (variants 0:
- * the wrapper refuses them before these are called, so they pass the defaults on). */
-static int cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const void *w, int N,
-                            int C, float eps, float w_offset) {
-  (void)w_offset;
-  return tz_cuda_rmsnorm_fwd(ctx, out, rstd, x, w, N, C, eps);
-}
-static int cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
-                            const void *x, const void *w, const float *rstd, int N, int C,
-                            float w_offset) {
-  (void)w_offset;
-  return tz_cuda_rmsnorm_bwd(ctx, dx, dres, dw, dout, x, w, rstd, N, C);
-}
-static int cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,
-                              const void *v, int B, int T, int H, int Hkv, int D,
-                              const int32_t *pos, const struct tz_attn_opts *opt) {
-  (void)opt;
-  return tz_cuda_attention_fwd(ctx, out, lse, q, k, v, B, T, H, Hkv, D, pos);
-}
-static int cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
-                              const void *dout, const void *q, const void *k, const void *v,
-                              const void *out, const float *lse, int B, int T, int H, int Hkv,
-                              int D, const int32_t *pos, const struct tz_attn_opts *opt) {
-  (void)opt;
-  return tz_cuda_attention_bwd(ctx, dq, dk, dv, delta, dout, q, k, v, out, lse, B, T, H, Hkv, D,
-                               pos);
-}
-static int cuda_glu_fwd(void *ctx, enum tz_glu act, void *out, const void *g, const void *u,
-                        size_t n) {
-  (void)act;
-  return tz_cuda_swiglu_fwd(ctx, out, g, u, n);
-}
-static int cuda_glu_bwd(void *ctx, enum tz_glu act, void *dg, void *du, void *out, const void *dout,
-                        const void *g, const void *u, size_t n) {
-  (void)act;
-  return tz_cuda_swiglu_bwd(ctx, dg, du, out, dout, g, u, n);
-}
-static int cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits,
-                     const int32_t *targets, int N, int V, float dscale, float softcap) {
-  (void)softcap;
-  return tz_cuda_xent(ctx, losses, dlogits, logits, targets, N, V, dscale);
-}
-
 /* The ops, with and without the families' variants (the setting "variants": off until their
  * GPU checks pass; compute_impl.h). Packed documents: the plain attention kernels take pos
  * (attention.cu), RoPE and cross-entropy theirs (test_compute_cuda: test_attention_packed,
@@ -251,11 +208,11 @@ static int cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits
     .add = tz_cuda_add, .cast = tz_cuda_cast, .sum = tz_cuda_sum,                                  \
     .sumsq_segments = tz_cuda_sumsq_segments, .matmul = tz_cuda_matmul,                            \
     .embedding_fwd = tz_cuda_embedding_fwd, .embedding_bwd = tz_cuda_embedding_bwd,                \
-    .rmsnorm_fwd = cuda_rmsnorm_fwd, .rmsnorm_bwd = cuda_rmsnorm_bwd, .rope = tz_cuda_rope,        \
+    .rmsnorm_fwd = tz_cuda_rmsnorm_fwd, .rmsnorm_bwd = tz_cuda_rmsnorm_bwd, .rope = tz_cuda_rope,  \
     .bias_add = tz_cuda_bias_add, .bias_grad = tz_cuda_bias_grad,                                  \
-    .attention_fwd = cuda_attention_fwd, .attention_bwd = cuda_attention_bwd, .docs = 1,           \
-    .variants = VARIANTS, .glu_fwd = cuda_glu_fwd, .glu_bwd = cuda_glu_bwd, .xent = cuda_xent,     \
-    .softcap = NULL, .adam = cuda_adam,                                                            \
+    .attention_fwd = tz_cuda_attention_fwd, .attention_bwd = tz_cuda_attention_bwd, .docs = 1,     \
+    .variants = VARIANTS, .glu_fwd = tz_cuda_glu_fwd, .glu_bwd = tz_cuda_glu_bwd,                  \
+    .xent = tz_cuda_xent, .softcap = tz_cuda_softcap, .adam = cuda_adam,                           \
   }
 static const struct tz_compute_ops cuda_ops = CUDA_OPS(0), cuda_ops_variants = CUDA_OPS(1);
 #undef CUDA_OPS

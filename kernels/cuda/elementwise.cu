@@ -1,8 +1,9 @@
-/* Elementwise operations: fill, scale, axpy, the residual add, casts and SwiGLU, in grid-stride
- * loops; each output depends on its own index only, so aliasing an output with an input of the
- * same index is safe. scale, axpy, add and SwiGLU go through the map kernel below (16 bytes at a
- * time where aligned); fill and the casts one element a thread. The arithmetic is spelled out
- * with _rn intrinsics in the order compute.h and the cpu backend use. */
+/* Elementwise operations: fill, scale, axpy, the residual add, casts, the gated activations
+ * (SwiGLU and GeGLU) and the logit softcap, in grid-stride loops; each output depends on its own
+ * index only, so aliasing an output with an input of the same index is safe. All but fill and the
+ * casts go through the map kernel below (16 bytes at a time where aligned); fill and the casts
+ * one element a thread. The arithmetic is spelled out with _rn intrinsics in the order compute.h
+ * and the cpu backend use. */
 #include "kernels/cuda/common.cuh"
 
 #define THREADS 256
@@ -106,15 +107,42 @@ __device__ __forceinline__ float swiglu1(float g, float u) {
   return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
-struct swiglu_fwd_op { /* x = {g, u}, y = {out} */
-  __device__ void operator()(float *y, const float *x) const { y[0] = swiglu1(x[0], x[1]); }
+/* gelu(g) = (0.5 g) (1 + th), th = tanh(k0 (g + k1 g^3)), k0 = sqrt(2/pi), k1 = 0.044715, and,
+ * unless NULL, its derivative 0.5 (1 + th) + (0.5 g) ((1 - th^2) (k0 (1 + 3 k1 g^2))): the cpu
+ * backend's gelu_tanh, operation for operation. */
+__device__ __forceinline__ float gelu_tanh(float g, float *slope) {
+  const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+  float g2 = __fmul_rn(g, g);
+  float th = tanhf(__fmul_rn(k0, __fadd_rn(g, __fmul_rn(k1, __fmul_rn(g2, g)))));
+  float half_g = __fmul_rn(0.5f, g);
+  if (slope) {
+    float inner = __fmul_rn(k0, __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f, k1), g2)));
+    float dth = __fmul_rn(__fsub_rn(1.0f, __fmul_rn(th, th)), inner);
+    *slope = __fadd_rn(__fmul_rn(0.5f, __fadd_rn(1.0f, th)), __fmul_rn(half_g, dth));
+  }
+  return __fmul_rn(half_g, __fadd_rn(1.0f, th));
+}
+
+/* act(g) * u. x = {g, u}, y = {out} */
+template <enum tz_glu ACT> struct glu_fwd_op {
+  __device__ void operator()(float *y, const float *x) const {
+    y[0] = ACT == TZ_GLU_GELU_TANH ? __fmul_rn(gelu_tanh(x[0], NULL), x[1]) : swiglu1(x[0], x[1]);
+  }
 };
 
-/* dg = dout u silu'(g) with silu'(g) = sig (1 + g (1 - sig)); du = dout silu(g).
- * x = {dout, g, u}, y = {dg, du} and, with REBUILD, the forward's out (swiglu1's bits). */
-template <int REBUILD> struct swiglu_bwd_op {
+/* dg = (dout u) act'(g), du = dout act(g); SiLU's silu'(g) = sig (1 + g (1 - sig)) and du from
+ * g sig. x = {dout, g, u}, y = {dg, du} and, with REBUILD, the forward's out (glu_fwd_op's bits) */
+template <enum tz_glu ACT, int REBUILD> struct glu_bwd_op {
   __device__ void operator()(float *y, const float *x) const {
     float d = x[0], gi = x[1], ui = x[2];
+    if (ACT == TZ_GLU_GELU_TANH) {
+      float slope, a = gelu_tanh(gi, &slope);
+      y[0] = __fmul_rn(__fmul_rn(d, ui), slope);
+      y[1] = __fmul_rn(d, a);
+      if (REBUILD)
+        y[2] = __fmul_rn(a, ui);
+      return;
+    }
     float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-gi)));
     float silu = __fmul_rn(gi, sig);
     float dsilu = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(gi, __fsub_rn(1.0f, sig))));
@@ -123,6 +151,12 @@ template <int REBUILD> struct swiglu_bwd_op {
     if (REBUILD)
       y[2] = swiglu1(gi, ui);
   }
+};
+
+/* l = cap * tanh(l / cap) (tz_softcap) */
+struct softcap_op {
+  float cap;
+  __device__ void operator()(float *y, const float *x) const { y[0] = tz_softcap(x[0], cap); }
 };
 
 int tz_cuda_fill(void *ctx, enum tz_dtype dt, void *x, float value, size_t n) {
@@ -180,25 +214,50 @@ int tz_cuda_cast(void *ctx, void *dst, enum tz_dtype dst_dt, const void *src, en
   });
 }
 
-int tz_cuda_swiglu_fwd(void *ctx, void *out, const void *g, const void *u, size_t n) {
+/* Calls f with a value of the tz_glu tag type of act, or refuses an act it does not know. */
+template <enum tz_glu A> struct glu_tag { static constexpr enum tz_glu value = A; };
+template <typename F> static int with_glu(enum tz_glu act, F f) {
+  switch (act) {
+  case TZ_GLU_SILU: return f(glu_tag<TZ_GLU_SILU>());
+  case TZ_GLU_GELU_TANH: return f(glu_tag<TZ_GLU_GELU_TANH>());
+  }
+  return tz_err_set(TZ_EINVAL, "cuda glu: invalid activation %d", (int)act);
+}
+
+int tz_cuda_glu_fwd(void *ctx, enum tz_glu act, void *out, const void *g, const void *u, size_t n) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
-    return map_launch(c, map_ptrs<T, 2, 1>{{(const T *)g, (const T *)u}, {(T *)out}}, n,
-                      swiglu_fwd_op{});
+    return with_glu(act, [&](auto atag) {
+      constexpr enum tz_glu A = decltype(atag)::value;
+      return map_launch(c, map_ptrs<T, 2, 1>{{(const T *)g, (const T *)u}, {(T *)out}}, n,
+                        glu_fwd_op<A>{});
+    });
   });
 }
 
-int tz_cuda_swiglu_bwd(void *ctx, void *dg, void *du, void *out, const void *dout, const void *g,
-                       const void *u, size_t n) {
+int tz_cuda_glu_bwd(void *ctx, enum tz_glu act, void *dg, void *du, void *out, const void *dout,
+                    const void *g, const void *u, size_t n) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
-    const T *in[3] = {(const T *)dout, (const T *)g, (const T *)u};
-    if (out)
-      return map_launch(c, map_ptrs<T, 3, 3>{{in[0], in[1], in[2]}, {(T *)dg, (T *)du, (T *)out}},
-                        n, swiglu_bwd_op<1>{});
-    return map_launch(c, map_ptrs<T, 3, 2>{{in[0], in[1], in[2]}, {(T *)dg, (T *)du}}, n,
-                      swiglu_bwd_op<0>{});
+    return with_glu(act, [&](auto atag) {
+      constexpr enum tz_glu A = decltype(atag)::value;
+      const T *in[3] = {(const T *)dout, (const T *)g, (const T *)u};
+      if (out)
+        return map_launch(c, map_ptrs<T, 3, 3>{{in[0], in[1], in[2]}, {(T *)dg, (T *)du, (T *)out}},
+                          n, glu_bwd_op<A, 1>{});
+      return map_launch(c, map_ptrs<T, 3, 2>{{in[0], in[1], in[2]}, {(T *)dg, (T *)du}}, n,
+                        glu_bwd_op<A, 0>{});
+    });
+  });
+}
+
+int tz_cuda_softcap(void *ctx, void *logits, size_t n, float softcap) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  return tz_cuda_dispatch(c->S, [&](auto tag) {
+    using T = decltype(tag);
+    return map_launch(c, map_ptrs<T, 1, 1>{{(const T *)logits}, {(T *)logits}}, n,
+                      softcap_op{softcap});
   });
 }

@@ -17,7 +17,10 @@
  * The weight gradient is a reduction over rows, done without atomics in two passes: fixed segments
  * of ROWS_PER_PART rows are summed in row order per column into a workspace, then the segments'
  * partial sums are added in segment order and the total added to dw. The segment length is a
- * constant, so the order never depends on the device or the launch. */
+ * constant, so the order never depends on the device or the launch.
+ *
+ * The weight offset (compute.h: 0, or Gemma's 1) is added to each weight in float as it is loaded,
+ * only where it is not 0, so that an offset of 0 keeps the weight's bits (-0 included). */
 #include "kernels/cuda/common.cuh"
 
 #define THREADS 256
@@ -57,6 +60,17 @@ __device__ __forceinline__ void store_chunk(T *row, int j0, int C, int vec, cons
       if (j0 + e < C)
         row[j0 + e] = tz_st<T>(v[e]);
   }
+}
+
+/* The weight's chunk at column j0 with the offset: off + w in float, w itself where off is 0 */
+template <typename T>
+__device__ __forceinline__ void load_w(const T *w, int j0, int C, int vec, float off,
+                                       float (&v)[CH]) {
+  load_chunk(w, j0, C, vec, v);
+  if (off != 0.0f)
+#pragma unroll
+    for (int e = 0; e < CH; e++)
+      v[e] = __fadd_rn(off, v[e]);
 }
 
 /* acc + the squares of the chunk's columns below C, in column order */
@@ -101,26 +115,26 @@ __device__ __forceinline__ float rstd_of(float ss, int C, float eps) {
   return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)C), eps)));
 }
 
-/* The output's chunk at column j0 of the row at base: (x * r) * w */
+/* The output's chunk at column j0 of the row at base: (x * r) * (off + w) */
 template <typename T>
 __device__ __forceinline__ void out_chunk(T *out, const T *w, size_t base, int j0, int C, int vec,
-                                          const float (&x)[CH], float r) {
+                                          const float (&x)[CH], float r, float off) {
   float wv[CH], o[CH];
-  load_chunk(w, j0, C, vec, wv);
+  load_w(w, j0, C, vec, off, wv);
 #pragma unroll
   for (int e = 0; e < CH; e++)
     o[e] = __fmul_rn(__fmul_rn(x[e], r), wv[e]);
   store_chunk(out + base, j0, C, vec, o);
 }
 
-/* dx's chunk at column j0 of the row at base: dres + r (w dy - x k), dres read before dx is
- * written (it may be dx), 0 where there is none */
+/* dx's chunk at column j0 of the row at base: dres + r (w dy - x k), w the offset weight, dres
+ * read before dx is written (it may be dx), 0 where there is none */
 template <typename T>
 __device__ __forceinline__ void dx_chunk(T *dx, const T *dres, const T *w, size_t base, int j0,
                                          int C, int vec, const float (&dy)[CH],
-                                         const float (&x)[CH], float r, float k) {
+                                         const float (&x)[CH], float r, float k, float off) {
   float wv[CH], res[CH], o[CH];
-  load_chunk(w, j0, C, vec, wv);
+  load_w(w, j0, C, vec, off, wv);
   if (dres)
     load_chunk(dres + base, j0, C, vec, res);
   else
@@ -135,10 +149,12 @@ __device__ __forceinline__ void dx_chunk(T *dx, const T *dres, const T *w, size_
   store_chunk(dx + base, j0, C, vec, o);
 }
 
-/* out = (x * rstd) * w, rstd = 1 / sqrt(mean(x^2) + eps); vec: rows and w 16-byte aligned */
+/* out = (x * rstd) * (off + w), rstd = 1 / sqrt(mean(x^2) + eps); vec: rows and w 16-byte
+ * aligned */
 template <typename T, int CACHE>
 __global__ void __launch_bounds__(THREADS)
-    rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const T *w, int C, float eps, int vec) {
+    rmsnorm_fwd_kernel(T *out, float *rstd, const T *x, const T *w, int C, float eps, float off,
+                       int vec) {
   __shared__ float sh[32];
   const size_t base = (size_t)blockIdx.x * C;
   const int n_ch = (C + CH - 1) / CH;
@@ -165,12 +181,12 @@ __global__ void __launch_bounds__(THREADS)
   for (int k = 0; k < CACHE; k++) {
     int ch = threadIdx.x + k * THREADS;
     if (ch < n_ch)
-      out_chunk(out, w, base, ch * CH, C, vec, xs[k], r);
+      out_chunk(out, w, base, ch * CH, C, vec, xs[k], r, off);
   }
   for (int ch = threadIdx.x + CACHE * THREADS; ch < n_ch; ch += THREADS) {
     float v[CH];
     load_chunk(x + base, ch * CH, C, vec, v);
-    out_chunk(out, w, base, ch * CH, C, vec, v, r);
+    out_chunk(out, w, base, ch * CH, C, vec, v, r, off);
   }
 }
 
@@ -180,7 +196,7 @@ __global__ void __launch_bounds__(THREADS)
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
     rmsnorm_fwd_warp_kernel(T *out, float *rstd, const T *x, const T *w, int N, int C, float eps,
-                            int vec) {
+                            float off, int vec) {
   const int row = blockIdx.x * VIRT + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N)
@@ -206,17 +222,17 @@ __global__ void __launch_bounds__(THREADS)
   for (int v = 0; v < WARP_SLOTS; v++) {
     int ch = v * 32 + lane;
     if (ch < n_ch)
-      out_chunk(out, w, base, ch * CH, C, vec, xs[v], r);
+      out_chunk(out, w, base, ch * CH, C, vec, xs[v], r, off);
   }
 }
 
-/* dx = dres + r (w dy - x k), k = r^2 mean(w dy x): the gradient through the norm for one row;
- * dres NULL adds it to 0. dres may be dx: a thread reads a chunk of it before it writes that
- * chunk. */
+/* dx = dres + r (w dy - x k), k = r^2 mean(w dy x), w the offset weight (off + w): the gradient
+ * through the norm for one row; dres NULL adds it to 0. dres may be dx: a thread reads a chunk of
+ * it before it writes that chunk. */
 template <typename T, int CACHE>
 __global__ void __launch_bounds__(THREADS)
     rmsnorm_bwd_dx_kernel(T *dx, const T *dres, const T *dout, const T *x, const T *w,
-                          const float *rstd, int C, int vec) {
+                          const float *rstd, int C, float off, int vec) {
   __shared__ float sh[32];
   const size_t base = (size_t)blockIdx.x * C;
   const int n_ch = (C + CH - 1) / CH;
@@ -229,7 +245,7 @@ __global__ void __launch_bounds__(THREADS)
     if (ch < n_ch) {
       load_chunk(x + base, ch * CH, C, vec, xs[k]);
       load_chunk(dout + base, ch * CH, C, vec, dys[k]);
-      load_chunk(w, ch * CH, C, vec, wv);
+      load_w(w, ch * CH, C, vec, off, wv);
       dot = add_wdyx(dot, wv, dys[k], xs[k], ch * CH, C);
     }
   }
@@ -237,7 +253,7 @@ __global__ void __launch_bounds__(THREADS)
     float xv[CH], dy[CH];
     load_chunk(x + base, ch * CH, C, vec, xv);
     load_chunk(dout + base, ch * CH, C, vec, dy);
-    load_chunk(w, ch * CH, C, vec, wv);
+    load_w(w, ch * CH, C, vec, off, wv);
     dot = add_wdyx(dot, wv, dy, xv, ch * CH, C);
   }
   dot = tz_block_sum(dot, sh);
@@ -246,13 +262,13 @@ __global__ void __launch_bounds__(THREADS)
   for (int k = 0; k < CACHE; k++) {
     int ch = threadIdx.x + k * THREADS;
     if (ch < n_ch)
-      dx_chunk(dx, dres, w, base, ch * CH, C, vec, dys[k], xs[k], r, kk);
+      dx_chunk(dx, dres, w, base, ch * CH, C, vec, dys[k], xs[k], r, kk, off);
   }
   for (int ch = threadIdx.x + CACHE * THREADS; ch < n_ch; ch += THREADS) {
     float xv[CH], dy[CH];
     load_chunk(x + base, ch * CH, C, vec, xv);
     load_chunk(dout + base, ch * CH, C, vec, dy);
-    dx_chunk(dx, dres, w, base, ch * CH, C, vec, dy, xv, r, kk);
+    dx_chunk(dx, dres, w, base, ch * CH, C, vec, dy, xv, r, kk, off);
   }
 }
 
@@ -260,7 +276,7 @@ __global__ void __launch_bounds__(THREADS)
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
     rmsnorm_bwd_dx_warp_kernel(T *dx, const T *dres, const T *dout, const T *x, const T *w,
-                               const float *rstd, int N, int C, int vec) {
+                               const float *rstd, int N, int C, float off, int vec) {
   const int row = blockIdx.x * VIRT + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= N)
@@ -278,7 +294,7 @@ __global__ void __launch_bounds__(THREADS)
     if (ch < n_ch) {
       load_chunk(x + base, ch * CH, C, vec, xs[v]);
       load_chunk(dout + base, ch * CH, C, vec, dys[v]);
-      load_chunk(w, ch * CH, C, vec, wv);
+      load_w(w, ch * CH, C, vec, off, wv);
       acc[v] = add_wdyx(0.0f, wv, dys[v], xs[v], ch * CH, C);
     }
   }
@@ -288,7 +304,7 @@ __global__ void __launch_bounds__(THREADS)
   for (int v = 0; v < WARP_SLOTS; v++) {
     int ch = v * 32 + lane;
     if (ch < n_ch)
-      dx_chunk(dx, dres, w, base, ch * CH, C, vec, dys[v], xs[v], r, kk);
+      dx_chunk(dx, dres, w, base, ch * CH, C, vec, dys[v], xs[v], r, kk, off);
   }
 }
 
@@ -389,7 +405,7 @@ template <typename T> static int rows_aligned(int C, const void *const *ts, int 
 }
 
 int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const void *w, int N,
-                        int C, float eps) {
+                        int C, float eps, float w_offset) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
@@ -397,13 +413,13 @@ int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const 
     int vec = rows_aligned<T>(C, ts, 2, w);
     if (C <= WARP_MAX_C) {
       rmsnorm_fwd_warp_kernel<T><<<(unsigned)((N + VIRT - 1) / VIRT), THREADS, 0, c->stream>>>(
-          (T *)out, rstd, (const T *)x, (const T *)w, N, C, eps, vec);
+          (T *)out, rstd, (const T *)x, (const T *)w, N, C, eps, w_offset, vec);
       TZ_CU_LAUNCHED();
       return 0;
     }
     return with_cache(C, [&](auto cache) {
       rmsnorm_fwd_kernel<T, decltype(cache)::value><<<(unsigned)N, THREADS, 0, c->stream>>>(
-          (T *)out, rstd, (const T *)x, (const T *)w, C, eps, vec);
+          (T *)out, rstd, (const T *)x, (const T *)w, C, eps, w_offset, vec);
       TZ_CU_LAUNCHED();
       return 0;
     });
@@ -411,7 +427,8 @@ int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const 
 }
 
 int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
-                        const void *x, const void *w, const float *rstd, int N, int C) {
+                        const void *x, const void *w, const float *rstd, int N, int C,
+                        float w_offset) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   /* parts on the grid's x (up to 2^31 - 1: q/k norms have N*H rows), chunks of columns on y */
   int n_parts = (N + ROWS_PER_PART - 1) / ROWS_PER_PART;
@@ -430,12 +447,14 @@ int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const v
     int vec = rows_aligned<T>(C, ts, 4, w);
     if (C <= WARP_MAX_C) {
       rmsnorm_bwd_dx_warp_kernel<T><<<(unsigned)((N + VIRT - 1) / VIRT), THREADS, 0, c->stream>>>(
-          (T *)dx, (const T *)dres, (const T *)dout, (const T *)x, (const T *)w, rstd, N, C, vec);
+          (T *)dx, (const T *)dres, (const T *)dout, (const T *)x, (const T *)w, rstd, N, C,
+          w_offset, vec);
       TZ_CU_LAUNCHED();
     } else {
       TZ_CHECK(with_cache(C, [&](auto cache) {
         rmsnorm_bwd_dx_kernel<T, decltype(cache)::value><<<(unsigned)N, THREADS, 0, c->stream>>>(
-            (T *)dx, (const T *)dres, (const T *)dout, (const T *)x, (const T *)w, rstd, C, vec);
+            (T *)dx, (const T *)dres, (const T *)dout, (const T *)x, (const T *)w, rstd, C,
+            w_offset, vec);
         TZ_CU_LAUNCHED();
         return 0;
       }));

@@ -2,7 +2,10 @@
  * once, each thread keeping an online (max, sum of exp) over its strided elements; the pairs are
  * combined by a fixed butterfly (the combine is symmetric, so every lane gets the same bits).
  * The second pass writes (softmax - onehot) * dscale over the row in place if asked. The logits
- * are read in chunks of the block's width and never staged whole. */
+ * are read in chunks of the block's width and never staged whole. With a softcap (compute.h),
+ * each logit l is z = cap * tanh(l / cap) (tz_softcap) wherever it is read, and the gradient is
+ * multiplied by dz/dl = 1 - (z / cap)^2 after dscale, the cpu backend's order; cap 0 reads l
+ * itself and multiplies by nothing. */
 #include <math.h>
 
 #include "kernels/cuda/common.cuh"
@@ -33,7 +36,7 @@ __device__ __forceinline__ struct ms ms_shfl_xor(struct ms a, int lanes) {
 
 template <typename T>
 __global__ void xent_kernel(float *losses, T *dlogits, const T *logits, const int32_t *targets,
-                            int V, float dscale, int *err) {
+                            int V, float dscale, float cap, int *err) {
   __shared__ struct ms sh[32];
   int n = blockIdx.x;
   size_t row = (size_t)n * V;
@@ -52,10 +55,10 @@ __global__ void xent_kernel(float *losses, T *dlogits, const T *logits, const in
     return; /* the whole block leaves */
   }
   /* Read before any thread can overwrite it in place. */
-  float x_tgt = tz_ld(logits[row + tgt]);
+  float x_tgt = tz_softcap(tz_ld(logits[row + tgt]), cap);
   struct ms acc = {-INFINITY, 0.0f};
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    float x = tz_ld(logits[row + j]);
+    float x = tz_softcap(tz_ld(logits[row + j]), cap);
     if (x > acc.m) {
       acc.s =
           acc.m == -INFINITY ? 1.0f : __fadd_rn(__fmul_rn(acc.s, expf(__fsub_rn(acc.m, x))), 1.0f);
@@ -81,19 +84,24 @@ __global__ void xent_kernel(float *losses, T *dlogits, const T *logits, const in
   if (!dlogits)
     return;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    float p = expf(__fsub_rn(tz_ld(logits[row + j]), lse));
-    float d = j == tgt ? __fsub_rn(p, 1.0f) : p;
-    dlogits[row + j] = tz_st<T>(__fmul_rn(d, dscale));
+    float z = tz_softcap(tz_ld(logits[row + j]), cap);
+    float p = expf(__fsub_rn(z, lse));
+    float d = __fmul_rn(j == tgt ? __fsub_rn(p, 1.0f) : p, dscale);
+    if (cap > 0.0f) {
+      float th = __fdiv_rn(z, cap);
+      d = __fmul_rn(d, __fsub_rn(1.0f, __fmul_rn(th, th)));
+    }
+    dlogits[row + j] = tz_st<T>(d);
   }
 }
 
 int tz_cuda_xent(void *ctx, float *losses, void *dlogits, const void *logits,
-                 const int32_t *targets, int N, int V, float dscale) {
+                 const int32_t *targets, int N, int V, float dscale, float softcap) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
     xent_kernel<T><<<(unsigned)N, THREADS, 0, c->stream>>>(losses, (T *)dlogits, (const T *)logits,
-                                                           targets, V, dscale, c->err_dev);
+                                                           targets, V, dscale, softcap, c->err_dev);
     TZ_CU_LAUNCHED();
     return 0;
   });
