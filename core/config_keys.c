@@ -191,6 +191,7 @@ const struct key tz_config_keys[] = {
   /* the cuda backend's (kernels/cuda/choice.c says what they accept and mean) */
   SETTING("tierzero.cuda_attention", "cuda", "attention", 0),
   SETTING("tierzero.cuda_matmul", "cuda", "matmul", 1),
+  SETTING("tierzero.cuda_variants", "cuda", "variants", 2),
   DBL("tierzero.comm_timeout", tierzero.comm_timeout, 0, INFINITY, 300, F_MIN_OPEN),
   PATHS("tierzero.weight_decay_exclude", tierzero.weight_decay_exclude),
   PATHS("tierzero.recompute", tierzero.recompute),
