@@ -351,6 +351,10 @@ int tz_rope_inv_freq(const struct tz_rope *r, int D, double *out) {
   TZ_CHECK(tz_rope_check(r));
   NEED(D > 0 && D % 2 == 0 && D <= TZ_ROPE_MAX_D, "rope: head dim %d must be even and at most %d",
        D, TZ_ROPE_MAX_D);
+  NEED(r->rot >= 0 && r->rot % 2 == 0 && r->rot <= D,
+       "rope: rotated dims %d must be even and at most the head dim %d", r->rot, D);
+  if (r->rot)
+    D = r->rot; /* the frequencies of the rotated dims (transformers: int(head_dim * factor)) */
   double lo = 0, hi = 0, orig = r->original_max_pos;
   const double pi = 3.14159265358979323846; /* torch.pi */
   if (r->type == TZ_ROPE_LLAMA3) {
@@ -403,6 +407,24 @@ static int check_rope(const char *op, void *x, int B, int T, int nh, int D, cons
   return tz_rope_inv_freq(r, D, inv_freq);
 }
 
+/* The rotated dims of rope r at head dim D and its cos and sin factor; fewer dims than D, or a
+ * factor other than 1, need the variants. */
+static int rope_rot(tz_compute *cm, const char *op, const struct tz_rope *r, int D, int *R,
+                    float *mscale) {
+  NEED(isfinite(r->mscale) && r->mscale >= 0.0, "compute %s: mscale %g must not be negative", op,
+       r->mscale);
+  *R = r->rot ? r->rot : D;
+  *mscale = r->mscale == 0.0 ? 1.0f : (float)r->mscale;
+  if (*R == D && *mscale == 1.0f)
+    return 0;
+  char what[80];
+  if (*R != D)
+    snprintf(what, sizeof what, "%s of %d of %d dims (partial rotary)", op, *R, D);
+  else
+    snprintf(what, sizeof what, "%s with cos and sin scaled by %g", op, (double)*mscale);
+  return need_variants(cm, 1, what);
+}
+
 /* A pos for a backend without packed documents is refused here, naming what asked for it. */
 static int check_pos(const tz_compute *cm, const char *op, const int32_t *pos) {
   if (pos && !cm->ops->docs)
@@ -416,21 +438,27 @@ static int check_pos(const tz_compute *cm, const char *op, const int32_t *pos) {
 int tz_compute_rope_fwd(tz_compute *cm, void *x, int B, int T, int nh, int D,
                         const struct tz_rope *rope, const int32_t *pos) {
   double f[TZ_ROPE_MAX_D / 2];
+  int R = 0;
+  float ms = 1.0f;
   TZ_CHECK(check_rope("rope_fwd", x, B, T, nh, D, rope, f));
   TZ_CHECK(check_pos(cm, "rope_fwd", pos));
+  TZ_CHECK(rope_rot(cm, "rope_fwd", rope, D, &R, &ms));
   if (!B || !T)
     return 0;
-  return cm->ops->rope(cm->ctx, x, B, T, nh, D, f, 0, pos);
+  return cm->ops->rope(cm->ctx, x, B, T, nh, D, R, f, ms, 0, pos);
 }
 
 int tz_compute_rope_bwd(tz_compute *cm, void *dx, int B, int T, int nh, int D,
                         const struct tz_rope *rope, const int32_t *pos) {
   double f[TZ_ROPE_MAX_D / 2];
+  int R = 0;
+  float ms = 1.0f;
   TZ_CHECK(check_rope("rope_bwd", dx, B, T, nh, D, rope, f));
   TZ_CHECK(check_pos(cm, "rope_bwd", pos));
+  TZ_CHECK(rope_rot(cm, "rope_bwd", rope, D, &R, &ms));
   if (!B || !T)
     return 0;
-  return cm->ops->rope(cm->ctx, dx, B, T, nh, D, f, 1, pos);
+  return cm->ops->rope(cm->ctx, dx, B, T, nh, D, R, f, ms, 1, pos);
 }
 
 int tz_compute_bias_add(tz_compute *cm, void *x, const void *b, int N, int n) {

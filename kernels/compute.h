@@ -89,7 +89,8 @@ const struct tz_setting *tz_compute_settings(const char *backend, int *n);
 int tz_compute_settings_check(const char *backend, const char *settings);
 /* 1 when an instance of backend with these settings (the environment included) computes the
  * families' variants (rmsnorm's w_offset, struct tz_attn_opts, TZ_GLU_GELU_TANH, the softcaps),
- * 0 when it refuses them; negative (tz_compute_settings_check's errors) when the settings are bad. */
+ * 0 when it refuses them; negative (tz_compute_settings_check's errors) when the settings are bad.
+ */
 int tz_compute_variants(const char *backend, const char *settings);
 
 /* Creates an instance. The caller owns it and destroys it with tz_compute_destroy after every
@@ -227,12 +228,14 @@ int tz_compute_rmsnorm_bwd(tz_compute *cm, void *dx, const void *dres, void *dw,
                            float w_offset);
 
 /* ---- RoPE, in place, the "half-split" convention of Hugging Face Llama ----
- * x (B,T,nh,D) S, D even, D <= TZ_ROPE_MAX_D. Row t of sequence b is at position
- * p = pos[b*T + t] (pos: TZ_POS below), or t when pos is NULL. For i in [0, D/2): angle = p * f_i
- * with f_i = tz_rope_inv_freq (below), the product in double, then cos and sin rounded to float;
- * (x[i], x[i+D/2]) becomes (x[i]*cos - x[i+D/2]*sin, x[i+D/2]*cos + x[i]*sin). This is HF's
- * q*cos + rotate_half(q)*sin, so q_proj and k_proj weights move between the two without
- * permutation.
+ * x (B,T,nh,D) S, D even, D <= TZ_ROPE_MAX_D. The rotated dims R are rope->rot, or D when that is
+ * 0 (R even, 0 < R <= D: Phi-4-mini's partial_rotary_factor); dims R..D-1 pass unchanged. Row t
+ * of sequence b is at position p = pos[b*T + t] (pos: TZ_POS below), or t when pos is NULL. For
+ * i in [0, R/2): angle = p * f_i with f_i = tz_rope_inv_freq (below), the product in double, then
+ * cos and sin rounded to float; (x[i], x[i+R/2]) becomes (x[i]*cos - x[i+R/2]*sin,
+ * x[i+R/2]*cos + x[i]*sin). This is HF's q*cos + rotate_half(q)*sin (on q[..., :R]), so q_proj
+ * and k_proj weights move between the two without permutation. R < D is a variant (a backend
+ * without them refuses it by name).
  * bwd applies the transpose (the rotation by -angle) to the gradient dx (B,T,nh,D) in place. */
 #define TZ_ROPE_MAX_D 1024
 enum tz_rope_type {
@@ -256,13 +259,20 @@ struct tz_rope {
    * rope's (trainer/model.h, rope_attn_factor). */
   double beta_fast, beta_slow;
   int truncate;
-  /* TZ_ROPE_LONGROPE: D/2 positive factors, the short or the long ones of the config as the
+  /* TZ_ROPE_LONGROPE: R/2 positive factors, the short or the long ones of the config as the
    * model picks them by the sequence's length (borrowed for the call) */
   const double *ext_factors;
+  int rot; /* the rotated dims R of each head (even); 0: all of them */
+  /* cos and sin times mscale, in float after their rounding (transformers' attention_scaling of
+   * yarn and longrope: with partial rotary only the rotated dims carry it, so the model passes it
+   * here; with the whole head rotated it folds its square into the scores' scale instead).
+   * 0 or 1: none. Another value is a variant. */
+  double mscale;
 };
 /* TZ_EINVAL naming the field for a rope that cannot be used. */
 int tz_rope_check(const struct tz_rope *r);
-/* out[i] (i in [0, D/2)) = f_i, in double, on the host; every backend rotates by these numbers:
+/* out[i] (i in [0, R/2)) = f_i, in double, on the host, for head dim D and R rotated dims (r->rot,
+ * or D); every backend rotates by these numbers, which use R where D is written below:
  *   base_i = 1 / theta^(2i/D)            (pow in double)
  *   default: f_i = base_i
  *   llama3:  w = 2 pi / base_i; lo = original_max_pos / low_freq_factor;

@@ -57,10 +57,12 @@ struct tz_compute_ops {
                      float eps, float w_offset);
   int (*rmsnorm_bwd)(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
                      const void *x, const void *w, const float *rstd, int N, int C, float w_offset);
-  /* inv_freq: D/2 host doubles, tz_rope_inv_freq's (borrowed for the call: a backend that keeps
-   * a table keeps its own copy); inverse: 0 forward rotation, 1 its transpose (backward) */
-  int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq, int inverse,
-              const int32_t *pos);
+  /* R: the rotated dims (even, <= D; below D only with variants); inv_freq: R/2 host doubles,
+   * tz_rope_inv_freq's (borrowed for the call: a backend that keeps a table keeps its own copy);
+   * mscale: cos and sin times it (1: none; another only with variants); inverse: 0 forward
+   * rotation, 1 its transpose (backward) */
+  int (*rope)(void *ctx, void *x, int B, int T, int nh, int D, int R, const double *inv_freq,
+              float mscale, int inverse, const int32_t *pos);
   int (*bias_add)(void *ctx, void *x, const void *b, int N, int n);
   int (*bias_grad)(void *ctx, void *db, const void *dy, int N, int n);
   int (*attention_fwd)(void *ctx, void *out, float *lse, const void *q, const void *k,

@@ -158,12 +158,12 @@ static int inner_docs(const struct timed *tm, const char *op, const int32_t *pos
                       op, tm->inner->backend);
   return 0;
 }
-static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *f, int inv,
-                  const int32_t *pos) {
+static int s_rope(void *ctx, void *x, int B, int T, int nh, int D, int R, const double *f, float ms,
+                  int inv, const int32_t *pos) {
   struct timed *tm = ctx;
   TZ_CHECK(inner_docs(tm, "rope", pos));
-  TIMED_WORK(TZ_OP_ROPE, 2.0 * B * (double)T * nh * D * ES, 0.0,
-             IN->rope(CTX, x, B, T, nh, D, f, inv, pos));
+  TIMED_WORK(TZ_OP_ROPE, 2.0 * B * (double)T * nh * R * ES, 0.0,
+             IN->rope(CTX, x, B, T, nh, D, R, f, ms, inv, pos));
 }
 static int s_bias_add(void *ctx, void *x, const void *b, int N, int n) {
   struct timed *tm = ctx;

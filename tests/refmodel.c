@@ -126,13 +126,20 @@ static void rope_freqs(const struct tz_model_config *cfg, int D, double *f) {
  * squared (transformers multiplies cos and sin by it, so q and k each). */
 static double ref_scale(const struct tz_model_config *cfg, int D) {
   double s = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)D);
-  double af = cfg->rope_attn_factor > 0 ? cfg->rope_attn_factor : 1.0;
+  double af = cfg->rope_attn_factor > 0 && !cfg->rope_rot ? cfg->rope_attn_factor : 1.0;
   return s * af * af;
+}
+
+/* With partial rotary the attention factor scales cos and sin (the rotated dims alone), as
+ * transformers applies it. */
+static double rope_mscale(const struct tz_model_config *cfg) {
+  return cfg->rope_rot && cfg->rope_attn_factor > 0 ? cfg->rope_attn_factor : 1.0;
 }
 
 /* Layer i's frequencies: the sliding layers' own base with rope_local_theta (Gemma 3's
  * rope_local_base_freq, default type), else the model's. */
 static void layer_freqs(const struct tz_model_config *cfg, int layer, int T, int D, double *f) {
+  D = tz_model_rope_dims(cfg); /* partial rotary: the rotated dims' frequencies */
   if (cfg->rope_local_theta > 0 && tz_model_layer_slides(cfg, layer)) {
     for (int i = 0; i < D / 2; i++)
       f[i] = pow(cfg->rope_local_theta, -2.0 * i / D);
@@ -146,19 +153,21 @@ static void layer_freqs(const struct tz_model_config *cfg, int layer, int T, int
           (T > cfg->rope_original_max_pos ? cfg->rope_long_factor[i] : cfg->rope_short_factor[i]);
 }
 
-/* Rotates x (B, T, nh, D) in place by the angles t * f[i]: sign +1 forward, -1 the inverse (the
+/* Rotates the first R dims of each head of x (B, T, nh, D) in place by the angles t * f[i] (as
+ * transformers: q[..., :R] rotated, q[..., R:] passed): sign +1 forward, -1 the inverse (the
  * backward). */
-static void rope(double *x, int B, int T, int nh, int D, const double *f, double sign) {
+static void rope(double *x, int B, int T, int nh, int D, int R, double ms, const double *f,
+                 double sign) {
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++)
       for (int h = 0; h < nh; h++)
-        for (int i = 0; i < D / 2; i++) {
+        for (int i = 0; i < R / 2; i++) {
           double ang = t * f[i];
-          double c = cos(ang), s = sign * sin(ang);
+          double c = ms * cos(ang), s = ms * sign * sin(ang);
           double *v = x + ((b * T + t) * nh + h) * D;
-          double x1 = v[i], x2 = v[i + D / 2];
+          double x1 = v[i], x2 = v[i + R / 2];
           v[i] = x1 * c - x2 * s;
-          v[i + D / 2] = x2 * c + x1 * s;
+          v[i + R / 2] = x2 * c + x1 * s;
         }
 }
 
@@ -465,8 +474,8 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       memcpy(y->q, y->qp, sizeof(double) * N * HD);
       memcpy(y->k, y->kp, sizeof(double) * N * KD);
     }
-    rope(y->q, B, T, H, D, freqs, 1);
-    rope(y->k, B, T, Hkv, D, freqs, 1);
+    rope(y->q, B, T, H, D, tz_model_rope_dims(cfg), rope_mscale(cfg), freqs, 1);
+    rope(y->k, B, T, Hkv, D, tz_model_rope_dims(cfg), rope_mscale(cfg), freqs, 1);
     attention(y->att, y->P, y->q, y->k, y->v, B, T, H, Hkv, D, &ra);
     if (post) {
       linear(y->o, y->att, W(TZ_L_WO), N, HD, C);
@@ -575,8 +584,8 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       memset(dv, 0, sizeof(double) * N * KD);
       attention_bwd(dq, dk, dv, datt, y->P, y->q, y->k, y->v, B, T, H, Hkv, D, &ra);
       /* rope is a rotation: its backward is the inverse rotation */
-      rope(dq, B, T, H, D, freqs, -1);
-      rope(dk, B, T, Hkv, D, freqs, -1);
+      rope(dq, B, T, H, D, tz_model_rope_dims(cfg), rope_mscale(cfg), freqs, -1);
+      rope(dk, B, T, Hkv, D, tz_model_rope_dims(cfg), rope_mscale(cfg), freqs, -1);
       /* the q and k norms, rows of D per head; then dqp, dkp are the gradients at the biased
        * projections */
       if (qkn) {

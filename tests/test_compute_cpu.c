@@ -534,6 +534,47 @@ static void test_rope_inverse(void **state) {
   tz_compute_destroy(cm);
 }
 
+/* Partial rotary (rope.rot = R < D, Phi-4-mini): each head's first R dims are rotated as a head of
+ * R dims alone would be (the same bits: frequencies of R, pairs (i, i + R/2)), the rest pass
+ * unchanged; an odd R, or one above D, is refused. */
+static void test_rope_partial(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  enum { B = 2, T = 9, nh = 3, D = 16, R = 12 };
+  int n = B * T * nh * D, nr = B * T * nh * R;
+  float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+  float *r = malloc(sizeof(float) * nr);
+  uint64_t st = 16;
+  for (int i = 0; i < n; i++)
+    x[i] = y[i] = urand(&st) - 0.5f;
+  for (int row = 0; row < B * T * nh; row++)
+    memcpy(r + row * R, x + row * D, sizeof(float) * R);
+  struct tz_rope part = {.theta = 500.0, .rot = R}, whole = {.theta = 500.0};
+  for (int dir = 0; dir < 2; dir++) {
+    if (dir == 0) {
+      TZ_ASSERT_OK(tz_compute_rope_fwd(cm, y, B, T, nh, D, &part, NULL));
+      TZ_ASSERT_OK(tz_compute_rope_fwd(cm, r, B, T, nh, R, &whole, NULL));
+    } else {
+      TZ_ASSERT_OK(tz_compute_rope_bwd(cm, y, B, T, nh, D, &part, NULL));
+      TZ_ASSERT_OK(tz_compute_rope_bwd(cm, r, B, T, nh, R, &whole, NULL));
+    }
+    int moved = 0;
+    for (int row = 0; row < B * T * nh; row++)
+      for (int d = 0; d < D; d++) {
+        float want = d < R ? r[row * R + d] : x[row * D + d];
+        assert_true(memcmp(&y[row * D + d], &want, sizeof want) == 0);
+        moved += d < R && y[row * D + d] != x[row * D + d];
+      }
+    assert_true(moved > nr / 2 || dir == 1);
+  }
+  part.rot = 11;
+  assert_int_equal(tz_compute_rope_fwd(cm, y, B, T, nh, D, &part, NULL), TZ_EINVAL);
+  part.rot = 18;
+  assert_int_equal(tz_compute_rope_fwd(cm, y, B, T, nh, D, &part, NULL), TZ_EINVAL);
+  free(x), free(y), free(r);
+  tz_compute_destroy(cm);
+}
+
 /* bias_add against a plain double sum (one rounding: exact match), bias_grad's column sums in
  * row order against double (and their exact float order), accumulation onto db, the same bits for
  * every thread count, widths over several channel slices, and the argument checks. */
@@ -1007,6 +1048,7 @@ int main(void) {
       cmocka_unit_test(test_rmsnorm_bwd_residual),
       cmocka_unit_test(test_swiglu_bwd_rebuild),
       cmocka_unit_test(test_rope_inverse),
+      cmocka_unit_test(test_rope_partial),
       cmocka_unit_test(test_bias_ops),
       cmocka_unit_test(test_xent),
       cmocka_unit_test(test_attention_variants),

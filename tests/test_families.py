@@ -72,6 +72,13 @@ FAMILIES = {
         "rope_scaling": {"type": "longrope",
                          "short_factor": [1.0, 1.1, 1.3, 1.7, 2.0, 2.5, 3.0, 4.0],
                          "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]}}),
+    # Phi-4-mini's partial rotary (int(16 * 0.75) = 12 of each head's 16 dims rotated) with its
+    # longrope, whose factors are 12 / 2 of each kind
+    "phi4_mini": ("phi3", "Phi3ForCausalLM", {
+        "sliding_window": None, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+        "partial_rotary_factor": 0.75, "original_max_position_embeddings": 8,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0],
+                         "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]}}),
     # Gemma 2: (1 + w) norms on both sides of each part, tanh-gelu gate, scaled embedding, a
     # query_pre_attn_scalar other than head_dim, both softcaps, and a window (8) shorter than the
     # sequence (16) on every other layer.
@@ -275,15 +282,28 @@ def main():
         for f in st:
             if not same_bytes(at("straight", f), at("again", f)):
                 failures.append(f"{f}: the re-imported export differs")
+        if FAMILY == "phi4_mini":
+            # the factor and the factors go out as transformers 4 and 5 read them; a factor
+            # the rope object contradicts, one that rotates an odd count of dims, and longrope
+            # factors that are not rotated dims / 2 (6) of them are refused by name
+            rs = exported.get("rope_scaling") or {}
+            if exported.get("partial_rotary_factor") != 0.75 or len(rs.get("short_factor", [])) != 6:
+                failures.append(f"export's partial_rotary_factor "
+                                f"{exported.get('partial_rotary_factor')!r}, rope_scaling {rs!r}")
+            if (exported.get("rope_parameters") or {}).get("partial_rotary_factor") != 0.75:
+                failures.append(f"export's rope_parameters {exported.get('rope_parameters')!r}")
+            failures += refused_by_name(cfg, (
+                ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                      "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+                ({"partial_rotary_factor": 0.7}, "partial_rotary_factor"),
+                ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8,
+                                   "long_factor": [1.0] * 8}}, "short_factor")), at, common)
         if FAMILY == "phi3":
-            # Phi-4-mini's partial rotary is refused, naming the key; so are longrope factors
-            # that are not head_dim / 2 (8) of them.
+            # longrope factors that are not head_dim / 2 (8) of them are refused, naming the key
             failures += refused_by_name(cfg, (
                 ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 7,
                                    "long_factor": [1.0] * 8},
                   "original_max_position_embeddings": 8}, "short_factor"),
-                ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
-                                      "partial_rotary_factor": 0.75}}, "partial_rotary_factor"),
                 ({"resid_pdrop": 0.1}, "resid_pdrop")), at, common)
             # The trained export split by transformers' rule computes what the fused one does:
             # every logit's bits equal through tz-model-check.

@@ -520,7 +520,7 @@ static void test_bad_configs(void **state) {
   /* linear is read (its factor required); longrope too, its factor lists required */
   refused(dir, 0, "rope_scaling", "{\"type\": \"linear\"}", CF, NEEDLES("rope_scaling", "factor"));
   refused(dir, 0, "rope_scaling", "{\"type\": \"longrope\", \"factor\": 2.0}", CF,
-          NEEDLES("\"rope_scaling.short_factor\"", "head_dim / 2 (4)"));
+          NEEDLES("\"rope_scaling.short_factor\"", "rotated dims / 2 (4)"));
   refused(dir, 3, "rope_parameters", "{\"rope_type\": \"mrope\", \"rope_theta\": 10000.0}", NS,
           NEEDLES("\"rope_parameters.rope_type\"", "mrope"));
   refused(dir, 0, "rope_scaling",

@@ -436,6 +436,28 @@ static void test_ref_longrope(void **state) {
   assert_int_equal(tz_model_config_check(&c), TZ_ECONFIG);
 }
 
+/* Partial rotary (Phi-4-mini: partial_rotary_factor 0.75): 12 of each head's 16 dims rotated, with
+ * longrope's 6 factors of each kind, short and long; a variant the cpu backend computes. */
+static void test_ref_partial_rotary(void **state) {
+  (void)state;
+  struct tz_model_config c = small_cfg();
+  c.head_dim = 16;
+  c.rope_rot = 12;
+  compare_with_reference(c, 2, 7, 135);
+  assert_string_equal(tz_model_variant(&c, 7), "partial rotary");
+  c.rope_type = TZ_ROPE_LONGROPE;
+  c.rope_original_max_pos = 8;
+  c.rope_factor = 2.0;
+  c.rope_attn_factor = sqrt(1.0 + log(2.0) / log(8.0));
+  for (int i = 0; i < 6; i++) {
+    c.rope_short_factor[i] = 1.0 + 0.25 * i;
+    c.rope_long_factor[i] = 1.0 + 1.5 * i;
+  }
+  compare_with_reference(c, 1, 12, 136);
+  c.rope_rot = 7;
+  assert_int_equal(tz_model_config_check(&c), TZ_ECONFIG);
+}
+
 static void test_ref_qkv_bias(void **state) {
   (void)state;
   struct tz_model_config c = small_cfg();
@@ -950,6 +972,7 @@ int main(void) {
       cmocka_unit_test(test_ref_gemma3),
       cmocka_unit_test(test_ref_yarn),
       cmocka_unit_test(test_ref_longrope),
+      cmocka_unit_test(test_ref_partial_rotary),
       cmocka_unit_test(test_ref_linear_rope),
       cmocka_unit_test(test_ref_llama3_rope),
       cmocka_unit_test(test_ref_head_dim_wide),

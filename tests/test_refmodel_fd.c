@@ -199,6 +199,15 @@ static void test_fd_longrope(void **state) {
   check_fd(&c, 2, 5, 29);
 }
 
+/* Partial rotary: 6 of each head's 8 dims rotated, the other 2 passed. */
+static void test_fd_partial_rotary(void **state) {
+  (void)state;
+  struct tz_model_config c = tiny_cfg(0);
+  c.head_dim = 8;
+  c.rope_rot = 6;
+  check_fd(&c, 2, 5, 31);
+}
+
 /* D = 4: frequencies 1 (wavelength 2 pi, in the smoothed band between 16 / 4 and 16 / 1) and
  * 1/100 (slowed by the factor). */
 static struct tz_model_config llama3(struct tz_model_config c) {
@@ -255,13 +264,21 @@ static void test_uniform_loss(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fd_untied_gqa),  cmocka_unit_test(test_fd_tied_gqa),
-      cmocka_unit_test(test_fd_mha),         cmocka_unit_test(test_fd_qkv_bias),
-      cmocka_unit_test(test_fd_qk_norm),     cmocka_unit_test(test_fd_olmo2),
-      cmocka_unit_test(test_fd_gemma2),      cmocka_unit_test(test_fd_gemma3),
-      cmocka_unit_test(test_fd_yarn),        cmocka_unit_test(test_fd_longrope),
-      cmocka_unit_test(test_fd_llama3_rope), cmocka_unit_test(test_fd_head_dim),
-      cmocka_unit_test(test_fd_all_on),      cmocka_unit_test(test_uniform_loss),
+      cmocka_unit_test(test_fd_untied_gqa),
+      cmocka_unit_test(test_fd_tied_gqa),
+      cmocka_unit_test(test_fd_mha),
+      cmocka_unit_test(test_fd_qkv_bias),
+      cmocka_unit_test(test_fd_qk_norm),
+      cmocka_unit_test(test_fd_olmo2),
+      cmocka_unit_test(test_fd_gemma2),
+      cmocka_unit_test(test_fd_gemma3),
+      cmocka_unit_test(test_fd_yarn),
+      cmocka_unit_test(test_fd_longrope),
+      cmocka_unit_test(test_fd_partial_rotary),
+      cmocka_unit_test(test_fd_llama3_rope),
+      cmocka_unit_test(test_fd_head_dim),
+      cmocka_unit_test(test_fd_all_on),
+      cmocka_unit_test(test_uniform_loss),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,6 +50,7 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                         .architecture = "Phi3ForCausalLM",
                         .max_pos = 4096,
                         .fused_proj = 1,
+                        .partial_rotary = 1,
                         .window = TZ_WINDOW_ALWAYS,
                         .window_default = 0,
                         .export_keys = "{\"resid_pdrop\": 0.0, \"embd_pdrop\": 0.0}"},
@@ -142,14 +143,14 @@ char *tz_family_table_json(void) {
     const struct tz_family *r = &tz_families[f];
     json_t *keys = json_loads(r->export_keys, 0, NULL);
     json_t *o = json_pack(
-        "{s:s, s:s, s:i, s:b, s:s, s:s, s:b, s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:o}", "model_type",
-        r->model_type, "architecture", r->architecture, "max_position_embeddings", r->max_pos,
-        "qkv_bias", r->qkv_bias, "qk_norm", qk_norms[r->qk_norm], "norm_place",
-        places[r->norm_place], "fused_proj", r->fused_proj, "window", windows[r->window],
-        "window_default", r->window_default, "window_pattern", r->window_pattern, "gemma", r->gemma,
-        "query_pre_attn_scalar", r->query_pre_attn_scalar, "attn_logit_softcapping",
-        r->attn_softcap, "final_logit_softcapping", r->final_softcap, "export_keys",
-        keys ? keys : json_object());
+        "{s:s, s:s, s:i, s:b, s:s, s:s, s:b, s:b, s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:o}",
+        "model_type", r->model_type, "architecture", r->architecture, "max_position_embeddings",
+        r->max_pos, "qkv_bias", r->qkv_bias, "qk_norm", qk_norms[r->qk_norm], "norm_place",
+        places[r->norm_place], "fused_proj", r->fused_proj, "partial_rotary", r->partial_rotary,
+        "window", windows[r->window], "window_default", r->window_default, "window_pattern",
+        r->window_pattern, "gemma", r->gemma, "query_pre_attn_scalar", r->query_pre_attn_scalar,
+        "attn_logit_softcapping", r->attn_softcap, "final_logit_softcapping", r->final_softcap,
+        "export_keys", keys ? keys : json_object());
     if (!o || json_array_append_new(a, o) < 0) {
       json_decref(a);
       return NULL;

@@ -32,9 +32,11 @@ struct tz_family {
   int qk_norm;              /* enum tz_qk_norm: none, over D of each q and k head (qwen3), or
                                over the whole projection (olmo2); before RoPE */
   enum tz_norm_place norm_place; /* before each part (llama) or on its output (olmo2) */
-  int fused_proj; /* the checkpoint holds q, k and v as one self_attn.qkv_proj (rows q, then k,
-                     then v) and gate and up as one mlp.gate_up_proj (gate, then up): split on
-                     import, fused again on export (phi3) */
+  int fused_proj;     /* the checkpoint holds q, k and v as one self_attn.qkv_proj (rows q, then k,
+                         then v) and gate and up as one mlp.gate_up_proj (gate, then up): split on
+                         import, fused again on export (phi3) */
+  int partial_rotary; /* partial_rotary_factor below 1 allowed: RoPE on the first int(head_dim *
+                         factor) dims of each head (phi3: Phi-4-mini) */
   enum tz_family_window window;
   int window_default; /* TZ_WINDOW_ALWAYS, TZ_WINDOW_LAYERS: the window when sliding_window is
                          absent */

@@ -32,6 +32,7 @@ char *tz_hf_join(const char *dir, const char *name) {
 struct cfgp {
   json_t *root;
   const char *path;
+  double partial; /* partial_rotary_factor, parse_partial_rotary's (1: the whole head) */
 };
 
 /* v as JSON text, for messages (at most 80 characters kept). */
@@ -186,15 +187,15 @@ static int parse_yarn(const struct cfgp *p, const char *key, json_t *rs, int *ty
   return 0;
 }
 
-/* A longrope factor list: head_dim / 2 positive numbers. */
+/* A longrope factor list: tz_model_rope_dims / 2 positive numbers. */
 static int longrope_factors(const struct cfgp *p, const char *key, json_t *rs, const char *name,
                             int n, double *out) {
   json_t *a = json_object_get(rs, name);
   char t[100];
   if (!json_is_array(a) || json_array_size(a) != (size_t)n)
     return tz_err_set(TZ_ECONFIG,
-                      "%s: \"%s.%s\" must be a list of head_dim / 2 (%d) numbers, not %s", p->path,
-                      key, name, n, jtext(a, t, sizeof t));
+                      "%s: \"%s.%s\" must be a list of rotated dims / 2 (%d) numbers, not %s",
+                      p->path, key, name, n, jtext(a, t, sizeof t));
   for (int i = 0; i < n; i++) {
     json_t *v = json_array_get(a, (size_t)i);
     if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
@@ -206,13 +207,13 @@ static int longrope_factors(const struct cfgp *p, const char *key, json_t *rs, c
 }
 
 /* rope_type "longrope" (Phi-3.5), as transformers' _compute_longrope_parameters reads it: the
- * short and long factors (head_dim / 2 each), original_max_position_embeddings (in the rope
+ * short and long factors (rotated dims / 2 each), original_max_position_embeddings (in the rope
  * object or, as Phi-3.5's configs have it, beside it), factor (absent: max_position_embeddings
  * over it) and the attention factor (absent: 1 at a factor of at most 1, else
  * sqrt(1 + ln(factor) / ln(original))). */
 static int parse_longrope(const struct cfgp *p, const char *key, json_t *rs, int *type,
                           struct tz_model_config *cfg) {
-  int n = tz_model_head_dim(cfg) / 2;
+  int n = tz_model_rope_dims(cfg) / 2;
   double orig = 0, factor = 0, af = 0;
   *type = TZ_ROPE_LONGROPE;
   TZ_CHECK(longrope_factors(p, key, rs, "short_factor", n, cfg->rope_short_factor));
@@ -259,12 +260,13 @@ static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *ty
   const char *s = json_string_value(ty);
   TZ_CHECK(num_of(p, rs, key, "rope_theta", 0, 0.0, theta));
   /* transformers 5 moves partial_rotary_factor into the rope object (Phi-3 and Phi-4 write 1.0
-   * there, Phi-4-mini 0.75) */
+   * there, Phi-4-mini 0.75): the config's (parse_partial_rotary) */
   json_t *prf = json_object_get(rs, "partial_rotary_factor");
-  if (prf && !(json_is_number(prf) && json_number_value(prf) == 1.0))
-    return tz_err_set(
-        TZ_ENOTSUP, "%s: \"%s.partial_rotary_factor\" is %s: RoPE rotates the whole head here (1)",
-        p->path, key, jtext(prf, t, sizeof t));
+  if (prf && !(json_is_number(prf) && json_number_value(prf) == p->partial))
+    return tz_err_set(TZ_ECONFIG,
+                      "%s: \"%s.partial_rotary_factor\" is %s, where the config's is %g (1 when "
+                      "it has none)",
+                      p->path, key, jtext(prf, t, sizeof t), p->partial);
   if (strcmp(s, "default") == 0) {
     *type = TZ_ROPE_DEFAULT;
     return 0;
@@ -395,10 +397,6 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
       return tz_err_set(TZ_ENOTSUP,
                         "%s: \"%s\" is %s: mixture-of-experts layers are not implemented", p->path,
                         experts[i], jtext(v, t, sizeof t));
-  if ((v = jget(p, "partial_rotary_factor")) && !(json_is_number(v) && json_number_value(v) == 1.0))
-    return tz_err_set(TZ_ENOTSUP,
-                      "%s: \"partial_rotary_factor\" is %s: RoPE rotates the whole head here (1)",
-                      p->path, jtext(v, t, sizeof t));
   /* Training here has no dropout: a config that asks for it would train differently from
    * transformers' model in train mode. */
   static const char *const drops[] = {"attention_dropout", "resid_pdrop", "embd_pdrop",
@@ -614,9 +612,53 @@ static int parse_gemma(const struct cfgp *p, struct tz_model_config *cfg) {
   return 0;
 }
 
+/* partial_rotary_factor (Phi-4-mini: 0.75), at the top or in a flat rope_parameters (transformers
+ * 5), both the same where both are: RoPE rotates the first int(head_dim * factor) dims of each
+ * head, as transformers' rope init and apply_rotary_pos_emb take them (the model's rope_rot; an
+ * odd count, which transformers cannot apply either, is refused). Families whose attention
+ * rotates the whole head (family.h, partial_rotary 0) refuse a factor other than 1. */
+static int parse_partial_rotary(struct cfgp *p, const struct tz_family *fam,
+                                struct tz_model_config *cfg) {
+  json_t *rp = jget(p, "rope_parameters");
+  json_t *vals[2] = {jget(p, "partial_rotary_factor"),
+                     json_is_object(rp) ? json_object_get(rp, "partial_rotary_factor") : NULL};
+  const char *names[2] = {"partial_rotary_factor", "rope_parameters.partial_rotary_factor"};
+  char t[100];
+  p->partial = 1.0;
+  for (int i = 0, seen = 0; i < 2; i++) {
+    if (!vals[i])
+      continue;
+    double f = json_is_number(vals[i]) ? json_number_value(vals[i]) : -1;
+    if (!(f > 0 && f <= 1))
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" is %s, not a number in (0, 1]", p->path, names[i],
+                        jtext(vals[i], t, sizeof t));
+    if (seen && f != p->partial)
+      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g and \"%s\" %g disagree", p->path, names[0],
+                        p->partial, names[1], f);
+    p->partial = f;
+    seen = 1;
+  }
+  if (p->partial == 1.0)
+    return 0;
+  if (!fam->partial_rotary)
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"partial_rotary_factor\" is %g: model_type %s's attention rotates the "
+                      "whole head (1)",
+                      p->path, p->partial, fam->model_type);
+  int D = tz_model_head_dim(cfg);
+  int rot = (int)(D * p->partial);
+  if (rot < 2 || rot % 2 != 0)
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"partial_rotary_factor\" %g of head_dim %d rotates %d dims, which must "
+                      "be even and at least 2",
+                      p->path, p->partial, D, rot);
+  cfg->rope_rot = rot < D ? rot : 0;
+  return 0;
+}
+
 static int parse_config(json_t *root, const char *path, struct tz_model_config *cfg,
                         enum tz_dtype *dtype, struct tz_hf_info *info) {
-  struct cfgp p = {.root = root, .path = path};
+  struct cfgp p = {.root = root, .path = path, .partial = 1.0};
   char t[100];
   if (!json_is_object(root))
     return tz_err_set(TZ_ECONFIG, "%s: not a JSON object", path);
@@ -681,6 +723,7 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
     TZ_CHECK(parse_layer_windows(&p, cfg));
   if (fam->gemma)
     TZ_CHECK(parse_gemma(&p, cfg));
+  TZ_CHECK(parse_partial_rotary(&p, fam, cfg));
   TZ_CHECK(fam->rope_local ? parse_local_ropes(&p, cfg) : parse_ropes(&p, cfg));
   TZ_CHECK(num_of(&p, root, "", "rms_norm_eps", 0, 1e-6, &cfg->norm_eps));
   if (cfg->norm_eps < 0)
@@ -843,7 +886,7 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     /* transformers 4's Phi3Config takes exactly type, short_factor and long_factor, the
      * original length beside them; 5 reads rope_parameters with everything */
     json_t *rs = json_object(), *sf = json_array(), *lf = json_array();
-    for (int i = 0; i < tz_model_head_dim(cfg) / 2; i++) {
+    for (int i = 0; i < tz_model_rope_dims(cfg) / 2; i++) {
       json_array_append_new(sf, json_real(cfg->rope_short_factor[i]));
       json_array_append_new(lf, json_real(cfg->rope_long_factor[i]));
     }
@@ -891,6 +934,11 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     json_object_set_new(nested, "sliding_attention", loc);
     rp = nested;
     json_object_set_new(r, "rope_local_base_freq", json_real(cfg->rope_local_theta));
+  }
+  if (cfg->rope_rot) { /* the factor whose int(head_dim * factor) is rope_rot */
+    double f = (double)cfg->rope_rot / tz_model_head_dim(cfg);
+    json_object_set_new(r, "partial_rotary_factor", json_real(f));
+    json_object_set_new(rp, "partial_rotary_factor", json_real(f));
   }
   json_object_set_new(r, "rope_parameters", rp);
   json_object_set_new(r, "rms_norm_eps", json_real(cfg->norm_eps));

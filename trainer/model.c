@@ -88,7 +88,9 @@ int tz_model_config_check(const struct tz_model_config *c) {
     snprintf(why, sizeof why, "%s", tz_err_msg());
     return tz_err_set(TZ_ECONFIG, "model config: rope_type %d: %s", c->rope_type, why);
   }
-  for (int i = 0; c->rope_type == TZ_ROPE_LONGROPE && i < tz_model_head_dim(c) / 2; i++)
+  NEED(c->rope_rot >= 0 && c->rope_rot % 2 == 0 && c->rope_rot <= tz_model_head_dim(c),
+       "rope_rot %d must be even and at most head_dim %d", c->rope_rot, tz_model_head_dim(c));
+  for (int i = 0; c->rope_type == TZ_ROPE_LONGROPE && i < tz_model_rope_dims(c) / 2; i++)
     NEED(isfinite(c->rope_short_factor[i]) && c->rope_short_factor[i] > 0 &&
              isfinite(c->rope_long_factor[i]) && c->rope_long_factor[i] > 0,
          "longrope's factors %d (short %g, long %g) must be positive", i, c->rope_short_factor[i],
@@ -136,7 +138,7 @@ int tz_model_config_check(const struct tz_model_config *c) {
 
 double tz_model_attn_scale(const struct tz_model_config *cfg) {
   double af = cfg->rope_attn_factor;
-  if (af <= 0 || af == 1.0)
+  if (af <= 0 || af == 1.0 || cfg->rope_rot) /* partial rotary: the rope's (tz_model_rope) */
     return cfg->attn_scale;
   double s = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)tz_model_head_dim(cfg));
   return s * af * af;
@@ -149,7 +151,8 @@ const char *tz_model_variant(const struct tz_model_config *cfg, int T) {
          : cfg->norm_offset             ? "(1 + w) norms"
          : cfg->glu_act                 ? "the gelu_pytorch_tanh gate"
          : cfg->final_softcap > 0       ? "soft-capped logits"
-                                        : NULL;
+         : cfg->rope_rot > 0 && cfg->rope_rot < tz_model_head_dim(cfg) ? "partial rotary"
+                                                                       : NULL;
 }
 
 int tz_model_layer_slides(const struct tz_model_config *cfg, int layer) {
@@ -184,7 +187,8 @@ void tz_model_layer_rope(const struct tz_model_config *cfg, int layer, int T, st
   if (cfg->rope_type == TZ_ROPE_LONGROPE && T > cfg->rope_original_max_pos)
     out->ext_factors = cfg->rope_long_factor;
   if (cfg->rope_local_theta > 0 && tz_model_layer_slides(cfg, layer))
-    *out = (struct tz_rope){.theta = cfg->rope_local_theta, .type = TZ_ROPE_DEFAULT};
+    *out = (struct tz_rope){
+        .theta = cfg->rope_local_theta, .type = TZ_ROPE_DEFAULT, .rot = cfg->rope_rot};
 }
 
 /* The norms' weight offset for the kernels (kernels/compute.h): 1 for Gemma's (1 + w). */
@@ -192,6 +196,10 @@ static float norm_off(const struct tz_model_config *cfg) { return cfg->norm_offs
 
 int tz_model_head_dim(const struct tz_model_config *cfg) {
   return cfg->head_dim ? cfg->head_dim : cfg->d_model / cfg->n_head;
+}
+
+int tz_model_rope_dims(const struct tz_model_config *cfg) {
+  return cfg->rope_rot ? cfg->rope_rot : tz_model_head_dim(cfg);
 }
 
 void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out) {
@@ -206,7 +214,9 @@ void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out) {
                           .beta_fast = cfg->rope_beta_fast,
                           .beta_slow = cfg->rope_beta_slow,
                           .truncate = cfg->rope_truncate,
-                          .ext_factors = cfg->rope_short_factor};
+                          .ext_factors = cfg->rope_short_factor,
+                          .rot = cfg->rope_rot,
+                          .mscale = cfg->rope_rot ? cfg->rope_attn_factor : 0.0};
 }
 
 /* ---- layout ---- */

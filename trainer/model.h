@@ -118,7 +118,8 @@ struct tz_model_config {
                       max_window_layers); 0: from the first */
   double rope_local_theta;
   /* yarn (rope_type 3): the ramp's bounds and rounding, and the attention factor transformers
-   * multiplies cos and sin by (0: 1), here the scores' scale times its square */
+   * multiplies cos and sin by (0: 1), here the scores' scale times its square where the whole
+   * head rotates, the rope's cos and sin with partial rotary (rope_rot) */
   double rope_beta_fast, rope_beta_slow;
   int rope_truncate;
   double rope_attn_factor;
@@ -126,6 +127,10 @@ struct tz_model_config {
    * at most rope_original_max_pos tokens and the long ones above (transformers picks by the
    * positions' length), and rope_attn_factor as yarn's */
   double rope_short_factor[TZ_ROPE_MAX_D / 2], rope_long_factor[TZ_ROPE_MAX_D / 2];
+  /* partial rotary (Phi-4-mini's partial_rotary_factor): RoPE rotates the first rope_rot dims of
+   * each head (even, at most head_dim; the longrope factors are rope_rot / 2), the rest pass;
+   * 0: all of them */
+  int rope_rot;
 };
 
 /* The first of the variants (Gemma's math, sliding windows) that cfg uses on sequences of T tokens
@@ -175,7 +180,9 @@ const char *tz_model_preset_name(int i); /* NULL past the end */
 
 /* TZ_ECONFIG, naming the field, when a config cannot describe a model. */
 int tz_model_config_check(const struct tz_model_config *cfg);
-int tz_model_head_dim(const struct tz_model_config *cfg); /* D */
+int tz_model_head_dim(const struct tz_model_config *cfg);
+/* The dims RoPE rotates in each head: rope_rot, or head_dim (partial rotary aside). */
+int tz_model_rope_dims(const struct tz_model_config *cfg); /* D */
 /* Parameters of the model, without padding; the tied head is counted once. */
 uint64_t tz_model_n_params(const struct tz_model_config *cfg);
 

@@ -116,6 +116,7 @@ static const struct {
     MF(rope_beta_slow, F_DBL),
     MF(rope_truncate, F_INT),
     MF(rope_attn_factor, F_DBL),
+    MF(rope_rot, F_INT),
     MF(rope_short_factor, F_HALF_D),
     MF(rope_long_factor, F_HALF_D),
 };

@@ -444,19 +444,22 @@ static int check_pos(const char *op, const int32_t *pos, int B, int T) {
   return 0;
 }
 
-static int cpu_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
-                    int inverse, const int32_t *pos) {
+static int cpu_rope(void *ctx, void *x, int B, int T, int nh, int D, int R, const double *inv_freq,
+                    float mscale, int inverse, const int32_t *pos) {
   struct cpu *c = ctx;
   TZ_CHECK(check_pos("rope", pos, B, T));
-  int half = D / 2;
+  int half = R / 2; /* dims R..D-1 pass unchanged */
   float *cs = malloc((size_t)T * half * 2 * sizeof *cs);
   if (!cs)
     return tz_err_set(TZ_ENOMEM, "compute cpu rope: cannot allocate a (%d,%d) table", T, D);
   for (int t = 0; t < T; t++)
     for (int i = 0; i < half; i++) {
       double ang = (double)t * inv_freq[i];
-      cs[((size_t)t * half + i) * 2] = (float)cos(ang);
-      cs[((size_t)t * half + i) * 2 + 1] = inverse ? -(float)sin(ang) : (float)sin(ang);
+      float co = (float)cos(ang), si = (float)sin(ang);
+      if (mscale != 1.0f)
+        co *= mscale, si *= mscale;
+      cs[((size_t)t * half + i) * 2] = co;
+      cs[((size_t)t * half + i) * 2 + 1] = inverse ? -si : si;
     }
   float *xf = x;
 #pragma omp parallel for num_threads(c->nt) schedule(static) collapse(2)

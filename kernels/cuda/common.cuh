@@ -72,6 +72,7 @@ struct tz_cuda {
   float2 *rope_cs; /* (T, D/2) cos and sin for the last (T, D, rope_f) */
   size_t rope_cap; /* entries allocated */
   int rope_T, rope_D;
+  float rope_mscale;                /* the table's cos and sin factor */
   double rope_f[TZ_ROPE_MAX_D / 2]; /* the frequencies of the table, host copy */
   double *rope_f_dev;               /* the same on the device (TZ_ROPE_MAX_D / 2) */
   int *err_dev;                     /* device: {code, index, value, limit} of the first bad input */
@@ -245,8 +246,8 @@ int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const 
 int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
                         const void *x, const void *w, const float *rstd, int N, int C,
                         float w_offset);
-int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
-                 int inverse, const int32_t *pos);
+int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, int R, const double *inv_freq,
+                 float mscale, int inverse, const int32_t *pos);
 int tz_cuda_bias_add(void *ctx, void *x, const void *b, int N, int n);
 int tz_cuda_bias_grad(void *ctx, void *db, const void *dy, int N, int n);
 int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const void *k,

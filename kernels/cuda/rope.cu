@@ -1,29 +1,32 @@
-/* RoPE in place, half-split convention (compute.h). The (T, D/2) table of cos and sin is computed
+/* RoPE in place, half-split convention (compute.h), over the first R of each head's D dims (R = D
+ * but for partial rotary; the rest pass unchanged). The (T, R/2) table of cos and sin is computed
  * on the device in double from the front end's frequencies, as the cpu backend does on the host,
- * rounded to float, and kept in the instance until a call with another (T, D, frequencies)
- * replaces it; the table does not depend on the
- * direction, which only flips the sign of sin. */
+ * rounded to float, and kept in the instance until a call with another (T, R, frequencies)
+ * replaces it; the table does not depend on the direction, which only flips the sign of sin. */
 #include <string.h>
 
 #include "kernels/cuda/common.cuh"
 
 #define THREADS 256
 
-__global__ void rope_table_kernel(float2 *cs, int T, int D, const double *f) {
+__global__ void rope_table_kernel(float2 *cs, int T, int D, const double *f, float mscale) {
   int half = D / 2;
   size_t total = (size_t)T * half;
   for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
        e += (size_t)gridDim.x * blockDim.x) {
     int t = (int)(e / (size_t)half), i = (int)(e % (size_t)half);
     double ang = (double)t * f[i];
-    cs[e] = make_float2((float)cos(ang), (float)sin(ang));
+    float co = (float)cos(ang), si = (float)sin(ang);
+    if (mscale != 1.0f) /* yarn's and longrope's attention factor with partial rotary */
+      co = __fmul_rn(co, mscale), si = __fmul_rn(si, mscale);
+    cs[e] = make_float2(co, si);
   }
 }
 
 template <typename T>
-__global__ void rope_apply_kernel(T *x, const float2 *cs, int T_, int nh, int D, int inverse,
+__global__ void rope_apply_kernel(T *x, const float2 *cs, int T_, int nh, int D, int R, int inverse,
                                   size_t total, const int32_t *pos) {
-  int half = D / 2;
+  int half = R / 2;
   for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
        e += (size_t)gridDim.x * blockDim.x) {
     /* e enumerates (b, t, h, i) with i fastest */
@@ -39,15 +42,15 @@ __global__ void rope_apply_kernel(T *x, const float2 *cs, int T_, int nh, int D,
   }
 }
 
-/* The same rotation, RV consecutive i at a time: the x[i] and x[i + D/2] of a vector are 16-byte
+/* The same rotation, RV consecutive i at a time: the x[i] and x[i + R/2] of a vector are 16-byte
  * loads (one each for 16-bit storage, two for f32) and their cos and sin four 16-byte loads of the
- * table, where D/2 is a multiple of RV and every row of x starts on 16 bytes. Each element's
+ * table, where R/2 is a multiple of RV and every row of x starts on 16 bytes. Each element's
  * arithmetic is rope_apply_kernel's, so the two give the same bits. */
 #define RV 8
 template <typename T>
-__global__ void rope_apply_vec_kernel(T *x, const float2 *cs, int T_, int nh, int D, int inverse,
-                                      size_t total, const int32_t *pos) {
-  const int half = D / 2, hv = half / RV;
+__global__ void rope_apply_vec_kernel(T *x, const float2 *cs, int T_, int nh, int D, int R,
+                                      int inverse, size_t total, const int32_t *pos) {
+  const int half = R / 2, hv = half / RV;
   for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
        e += (size_t)gridDim.x * blockDim.x) {
     /* e enumerates (b, t, h, vector of i) with the vector fastest */
@@ -82,9 +85,10 @@ __global__ void rope_apply_vec_kernel(T *x, const float2 *cs, int T_, int nh, in
   }
 }
 
-static int rope_table(struct tz_cuda *c, int T, int D, const double *f) {
+static int rope_table(struct tz_cuda *c, int T, int D, const double *f, float mscale) {
   size_t fbytes = (size_t)(D / 2) * sizeof(double);
-  if (c->rope_cs && c->rope_T == T && c->rope_D == D && memcmp(c->rope_f, f, fbytes) == 0)
+  if (c->rope_cs && c->rope_T == T && c->rope_D == D && c->rope_mscale == mscale &&
+      memcmp(c->rope_f, f, fbytes) == 0)
     return 0;
   if (!c->rope_f_dev)
     TZ_CU(cudaMalloc((void **)&c->rope_f_dev, sizeof c->rope_f));
@@ -104,28 +108,29 @@ static int rope_table(struct tz_cuda *c, int T, int D, const double *f) {
   c->rope_T = 0; /* marked valid only once the launch is known to be accepted */
   memcpy(c->rope_f, f, fbytes);
   TZ_CU(cudaMemcpyAsync(c->rope_f_dev, c->rope_f, fbytes, cudaMemcpyHostToDevice, c->stream));
-  rope_table_kernel<<<tz_cuda_grid(c, entries, THREADS), THREADS, 0, c->stream>>>(c->rope_cs, T, D,
-                                                                                  c->rope_f_dev);
+  rope_table_kernel<<<tz_cuda_grid(c, entries, THREADS), THREADS, 0, c->stream>>>(
+      c->rope_cs, T, D, c->rope_f_dev, mscale);
   TZ_CU_LAUNCHED();
   c->rope_T = T;
   c->rope_D = D;
+  c->rope_mscale = mscale;
   return 0;
 }
 
-int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, const double *inv_freq,
-                 int inverse, const int32_t *pos) {
+int tz_cuda_rope(void *ctx, void *x, int B, int T, int nh, int D, int R, const double *inv_freq,
+                 float mscale, int inverse, const int32_t *pos) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
-  TZ_CHECK(rope_table(c, T, D, inv_freq));
-  size_t total = (size_t)B * T * nh * (D / 2);
+  TZ_CHECK(rope_table(c, T, R, inv_freq, mscale));
+  size_t total = (size_t)B * T * nh * (R / 2);
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using TT = decltype(tag);
-    if ((D / 2) % RV == 0 && tz_cuda_aligned16(x) && ((size_t)D * sizeof(TT)) % 16 == 0) {
+    if ((R / 2) % RV == 0 && tz_cuda_aligned16(x) && ((size_t)D * sizeof(TT)) % 16 == 0) {
       size_t vectors = total / RV;
       rope_apply_vec_kernel<TT><<<tz_cuda_grid(c, vectors, THREADS), THREADS, 0, c->stream>>>(
-          (TT *)x, c->rope_cs, T, nh, D, inverse, vectors, pos);
+          (TT *)x, c->rope_cs, T, nh, D, R, inverse, vectors, pos);
     } else {
       rope_apply_kernel<TT><<<tz_cuda_grid(c, total, THREADS), THREADS, 0, c->stream>>>(
-          (TT *)x, c->rope_cs, T, nh, D, inverse, total, pos);
+          (TT *)x, c->rope_cs, T, nh, D, R, inverse, total, pos);
     }
     TZ_CU_LAUNCHED();
     return 0;
