@@ -973,6 +973,50 @@ static void test_rope(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
+/* Partial rotary with its cos and sin factor (the setting variants=on): Phi-4-mini's 96 of 128
+ * dims with longrope's attention factor, 12 of 16, and 24 of 64 (a rotated half not a multiple
+ * of the 16-byte kernel's 8: the plain kernel), against the cpu backend; the dims past R must
+ * come back as they went (the check covers every element). */
+static void test_rope_partial(void **state) {
+  (void)state;
+  g_failures = 0;
+  static const int shapes[][5] = {{2, 70, 3, 128, 96}, {1, 33, 4, 16, 12}, {2, 40, 2, 64, 24}};
+  static const double mscales[] = {0.0, 1.19};
+  for (int d = 0; d < 3; d++) {
+    struct env e;
+    TZ_ASSERT_OK(env_open_with(&e, storage_dtypes[d], TZ_F32, "variants=on", NULL));
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+      for (int m = 0; m < 2; m++)
+        for (int inv = 0; inv < 2; inv++) {
+          struct rope_args a = {
+              .B = shapes[s][0],
+              .T = shapes[s][1],
+              .nh = shapes[s][2],
+              .D = shapes[s][3],
+              .inverse = inv,
+              .rope = {.theta = 10000.0, .rot = shapes[s][4], .mscale = mscales[m]}};
+          size_t n = (size_t)a.B * a.T * a.nh * a.D;
+          struct buf x;
+          buf_init(&e, &x, n, TZ_F32, e.S);
+          float *v = randv(n, 2.0f);
+          buf_set(&x, &e, v);
+          a.x = &x;
+          char name[128];
+          snprintf(name, sizeof name, "rope_%s %s B=%d T=%d nh=%d D=%d R=%d mscale=%g",
+                   inv ? "bwd" : "fwd", tz_dtype_name(e.S), a.B, a.T, a.nh, a.D, a.rope.rot,
+                   a.rope.mscale);
+          struct op op = {.name = name, .launch = rope_launch, .args = &a};
+          add_out(&op, &x, "x", tol_of(e.S, 1, 2));
+          op.keep[op.n_keep++] = &x;
+          run_op(&e, &op, NULL);
+          free(v);
+          buf_fini(&e, &x);
+        }
+    env_close(&e);
+  }
+  assert_int_equal(g_failures, 0);
+}
+
 /* ---- bias ---- */
 
 struct bias_args {
@@ -2399,6 +2443,7 @@ int main(void) {
       cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_rope),
+      cmocka_unit_test(test_rope_partial),
       cmocka_unit_test(test_bias),
       cmocka_unit_test(test_attention_packed),
       cmocka_unit_test(test_attention),
