@@ -29,29 +29,24 @@ char *tz_hf_join(const char *dir, const char *name) {
 /* ---- config.json ---- */
 
 /* The config being read: its root and its path, for every message. */
-struct cfgp {
-  json_t *root;
-  const char *path;
-  double partial; /* partial_rotary_factor, parse_partial_rotary's (1: the whole head) */
-};
 
 /* v as JSON text, for messages (at most 80 characters kept). */
-static const char *jtext(json_t *v, char *buf, size_t len) {
+const char *tz_hf_jtext(json_t *v, char *buf, size_t len) {
   char *s = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
   snprintf(buf, len, "%.80s%s", s ? s : "(absent)", s && strlen(s) > 80 ? "..." : "");
   free(s);
   return buf;
 }
 
-static json_t *jget(const struct cfgp *p, const char *key) {
+json_t *tz_hf_jget(const struct tz_hf_cfgp *p, const char *key) {
   json_t *v = json_object_get(p->root, key);
   return json_is_null(v) ? NULL : v;
 }
 
 /* An integer key in [lo, hi]; absent or null: dflt unless required. */
-static int get_int(const struct cfgp *p, const char *key, int required, int dflt, int64_t lo,
+static int get_int(const struct tz_hf_cfgp *p, const char *key, int required, int dflt, int64_t lo,
                    int64_t hi, int *out) {
-  json_t *v = jget(p, key);
+  json_t *v = tz_hf_jget(p, key);
   char t[100];
   if (!v) {
     if (required)
@@ -61,7 +56,7 @@ static int get_int(const struct cfgp *p, const char *key, int required, int dflt
   }
   if (!json_is_integer(v))
     return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be an integer, not %s", p->path, key,
-                      jtext(v, t, sizeof t));
+                      tz_hf_jtext(v, t, sizeof t));
   json_int_t x = json_integer_value(v);
   if (x < lo || x > hi)
     return tz_err_set(TZ_ECONFIG, "%s: \"%s\" is %lld, outside the supported range [%lld, %lld]",
@@ -71,8 +66,8 @@ static int get_int(const struct cfgp *p, const char *key, int required, int dflt
 }
 
 /* A finite number key of object obj (named in messages as where.key). */
-static int num_of(const struct cfgp *p, json_t *obj, const char *where, const char *key,
-                  int required, double dflt, double *out) {
+int tz_hf_num_of(const struct tz_hf_cfgp *p, json_t *obj, const char *where, const char *key,
+                 int required, double dflt, double *out) {
   json_t *v = json_object_get(obj, key);
   char t[100];
   if (!v || json_is_null(v)) {
@@ -84,13 +79,13 @@ static int num_of(const struct cfgp *p, json_t *obj, const char *where, const ch
   }
   if (!json_is_number(v) || !isfinite(json_number_value(v)))
     return tz_err_set(TZ_ECONFIG, "%s: \"%s%s%s\" must be a number, not %s", p->path, where,
-                      *where ? "." : "", key, jtext(v, t, sizeof t));
+                      *where ? "." : "", key, tz_hf_jtext(v, t, sizeof t));
   *out = json_number_value(v);
   return 0;
 }
 
-static int get_bool(const struct cfgp *p, const char *key, int dflt, int *out) {
-  json_t *v = jget(p, key);
+static int get_bool(const struct tz_hf_cfgp *p, const char *key, int dflt, int *out) {
+  json_t *v = tz_hf_jget(p, key);
   char t[100];
   if (!v) {
     *out = dflt;
@@ -98,16 +93,16 @@ static int get_bool(const struct cfgp *p, const char *key, int dflt, int *out) {
   }
   if (!json_is_boolean(v))
     return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be true or false, not %s", p->path, key,
-                      jtext(v, t, sizeof t));
+                      tz_hf_jtext(v, t, sizeof t));
   *out = json_is_true(v);
   return 0;
 }
 
 /* A token id key: an integer in [0, vocab), or null / absent (*has 0); eos_token_id may be a
  * list, kept in ids[0..*n) (its first is the id). */
-static int get_id(const struct cfgp *p, const char *key, int vocab, int *has, int *id, int *ids,
-                  int *n) {
-  json_t *v = jget(p, key);
+static int get_id(const struct tz_hf_cfgp *p, const char *key, int vocab, int *has, int *id,
+                  int *ids, int *n) {
+  json_t *v = tz_hf_jget(p, key);
   char t[100];
   *has = 0;
   if (n)
@@ -117,7 +112,7 @@ static int get_id(const struct cfgp *p, const char *key, int vocab, int *has, in
   size_t count = json_is_array(v) ? json_array_size(v) : 1;
   if ((json_is_array(v) && !n) || (!json_is_array(v) && !json_is_integer(v)))
     return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be an integer%s, not %s", p->path, key,
-                      n ? " or a list of integers" : "", jtext(v, t, sizeof t));
+                      n ? " or a list of integers" : "", tz_hf_jtext(v, t, sizeof t));
   if (count > TZ_HF_MAX_EOS)
     return tz_err_set(TZ_ECONFIG, "%s: \"%s\" lists %zu ids, more than the %d supported", p->path,
                       key, count, TZ_HF_MAX_EOS);
@@ -125,7 +120,7 @@ static int get_id(const struct cfgp *p, const char *key, int vocab, int *has, in
     json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
     if (!json_is_integer(e))
       return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must hold integers, not %s", p->path, key,
-                        jtext(e, t, sizeof t));
+                        tz_hf_jtext(e, t, sizeof t));
     json_int_t x = json_integer_value(e);
     if (x < 0 || x >= vocab)
       return tz_err_set(TZ_ECONFIG,
@@ -141,299 +136,79 @@ static int get_id(const struct cfgp *p, const char *key, int vocab, int *has, in
   return 0;
 }
 
-/* One rope object (rope_scaling or rope_parameters): its type into *type (0 default, 1 llama3)
- * with the llama3 numbers into cfg, and its rope_theta into *theta (0 when it has none). */
-/* yarn's mscale (transformers' yarn_get_mscale): 0.1 m ln(s) + 1 above a scale of 1. */
-static double yarn_mscale(double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * log(s) + 1.0; }
-
-/* rope_type "yarn", as transformers' _compute_yarn_parameters reads it: factor (absent: the
- * ratio of max_position_embeddings to original_max_position_embeddings, which defaults to
- * max_position_embeddings), beta_fast 32 and beta_slow 1 when absent or 0, truncate true, and
- * the attention factor given, or from mscale and mscale_all_dim, or 0.1 ln(factor) + 1. */
-static int parse_yarn(const struct cfgp *p, const char *key, json_t *rs, int *type,
-                      struct tz_model_config *cfg) {
-  double orig = 0, factor = 0, af = 0, ms = 0, msa = 0;
-  *type = TZ_ROPE_YARN;
-  TZ_CHECK(num_of(p, rs, key, "original_max_position_embeddings", 0, cfg->max_seq, &orig));
-  if (orig != floor(orig) || orig < 1 || orig > INT32_MAX)
-    return tz_err_set(TZ_ECONFIG,
-                      "%s: \"%s.original_max_position_embeddings\" %g must be a positive integer",
-                      p->path, key, orig);
-  cfg->rope_original_max_pos = (int)orig;
-  TZ_CHECK(num_of(p, rs, key, "factor", 0, cfg->max_seq / orig, &factor));
-  cfg->rope_factor = factor;
-  TZ_CHECK(num_of(p, rs, key, "beta_fast", 0, 0.0, &cfg->rope_beta_fast));
-  TZ_CHECK(num_of(p, rs, key, "beta_slow", 0, 0.0, &cfg->rope_beta_slow));
-  if (cfg->rope_beta_fast == 0)
-    cfg->rope_beta_fast = 32;
-  if (cfg->rope_beta_slow == 0)
-    cfg->rope_beta_slow = 1;
-  json_t *tr = json_object_get(rs, "truncate");
-  char t[100];
-  if (tr && !json_is_boolean(tr))
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s.truncate\" must be true or false, not %s", p->path, key,
-                      jtext(tr, t, sizeof t));
-  cfg->rope_truncate = !tr || json_is_true(tr);
-  TZ_CHECK(num_of(p, rs, key, "attention_factor", 0, 0.0, &af));
-  TZ_CHECK(num_of(p, rs, key, "mscale", 0, 0.0, &ms));
-  TZ_CHECK(num_of(p, rs, key, "mscale_all_dim", 0, 0.0, &msa));
-  if (af == 0)
-    af = ms != 0 && msa != 0 ? yarn_mscale(factor, ms) / yarn_mscale(factor, msa)
-                             : yarn_mscale(factor, 1);
-  if (!(af > 0) || !isfinite(af))
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s\": yarn's attention factor %g must be positive",
-                      p->path, key, af);
-  cfg->rope_attn_factor = af;
-  return 0;
-}
-
-/* A longrope factor list: tz_model_rope_dims / 2 positive numbers. */
-static int longrope_factors(const struct cfgp *p, const char *key, json_t *rs, const char *name,
-                            int n, double *out) {
-  json_t *a = json_object_get(rs, name);
-  char t[100];
-  if (!json_is_array(a) || json_array_size(a) != (size_t)n)
-    return tz_err_set(TZ_ECONFIG,
-                      "%s: \"%s.%s\" must be a list of rotated dims / 2 (%d) numbers, not %s",
-                      p->path, key, name, n, jtext(a, t, sizeof t));
-  for (int i = 0; i < n; i++) {
-    json_t *v = json_array_get(a, (size_t)i);
-    if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
-      return tz_err_set(TZ_ECONFIG, "%s: \"%s.%s\"[%d] is %s, not a positive number", p->path, key,
-                        name, i, jtext(v, t, sizeof t));
-    out[i] = json_number_value(v);
-  }
-  return 0;
-}
-
-/* rope_type "longrope" (Phi-3.5), as transformers' _compute_longrope_parameters reads it: the
- * short and long factors (rotated dims / 2 each), original_max_position_embeddings (in the rope
- * object or, as Phi-3.5's configs have it, beside it), factor (absent: max_position_embeddings
- * over it) and the attention factor (absent: 1 at a factor of at most 1, else
- * sqrt(1 + ln(factor) / ln(original))). */
-static int parse_longrope(const struct cfgp *p, const char *key, json_t *rs, int *type,
-                          struct tz_model_config *cfg) {
-  int n = tz_model_rope_dims(cfg) / 2;
-  double orig = 0, factor = 0, af = 0;
-  *type = TZ_ROPE_LONGROPE;
-  TZ_CHECK(longrope_factors(p, key, rs, "short_factor", n, cfg->rope_short_factor));
-  TZ_CHECK(longrope_factors(p, key, rs, "long_factor", n, cfg->rope_long_factor));
-  if (json_object_get(rs, "original_max_position_embeddings"))
-    TZ_CHECK(num_of(p, rs, key, "original_max_position_embeddings", 1, 0, &orig));
-  else
-    TZ_CHECK(num_of(p, p->root, "", "original_max_position_embeddings", 1, 0, &orig));
-  if (orig != floor(orig) || orig < 2 || orig > INT32_MAX)
-    return tz_err_set(TZ_ECONFIG,
-                      "%s: longrope's original_max_position_embeddings %g must be an integer of "
-                      "at least 2",
-                      p->path, orig);
-  cfg->rope_original_max_pos = (int)orig;
-  TZ_CHECK(num_of(p, rs, key, "factor", 0, cfg->max_seq / orig, &factor));
-  TZ_CHECK(num_of(p, rs, key, "attention_factor", 0, 0.0, &af));
-  if (af == 0)
-    af = factor <= 1.0 ? 1.0 : sqrt(1.0 + log(factor) / log(orig));
-  if (!(af > 0) || !isfinite(af))
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s\": longrope's attention factor %g must be positive",
-                      p->path, key, af);
-  cfg->rope_factor = factor;
-  cfg->rope_attn_factor = af;
-  return 0;
-}
-
-static int parse_rope(const struct cfgp *p, const char *key, json_t *rs, int *type,
-                      struct tz_model_config *cfg, double *theta) {
-  char t[100];
-  if (!json_is_object(rs))
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" must be an object or null, not %s", p->path, key,
-                      jtext(rs, t, sizeof t));
-  json_t *ty = json_object_get(rs, "rope_type");
-  const char *tkey = "rope_type";
-  if (!ty) {
-    ty = json_object_get(rs, "type");
-    tkey = "type";
-  }
-  if (!ty)
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" has no \"rope_type\"", p->path, key);
-  if (!json_is_string(ty))
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s.%s\" must be a string, not %s", p->path, key, tkey,
-                      jtext(ty, t, sizeof t));
-  const char *s = json_string_value(ty);
-  TZ_CHECK(num_of(p, rs, key, "rope_theta", 0, 0.0, theta));
-  /* transformers 5 moves partial_rotary_factor into the rope object (Phi-3 and Phi-4 write 1.0
-   * there, Phi-4-mini 0.75): the config's (parse_partial_rotary) */
-  json_t *prf = json_object_get(rs, "partial_rotary_factor");
-  if (prf && !(json_is_number(prf) && json_number_value(prf) == p->partial))
-    return tz_err_set(TZ_ECONFIG,
-                      "%s: \"%s.partial_rotary_factor\" is %s, where the config's is %g (1 when "
-                      "it has none)",
-                      p->path, key, jtext(prf, t, sizeof t), p->partial);
-  if (strcmp(s, "default") == 0) {
-    *type = TZ_ROPE_DEFAULT;
-    return 0;
-  }
-  if (strcmp(s, "linear") == 0) { /* position interpolation: every frequency / factor */
-    *type = TZ_ROPE_LINEAR;
-    return num_of(p, rs, key, "factor", 1, 0.0, &cfg->rope_factor);
-  }
-  if (strcmp(s, "yarn") == 0)
-    return parse_yarn(p, key, rs, type, cfg);
-  if (strcmp(s, "longrope") == 0)
-    return parse_longrope(p, key, rs, type, cfg);
-  if (strcmp(s, "dynamic") == 0) { /* the default rope up to max_position_embeddings (model.h) */
-    *type = TZ_MODEL_ROPE_DYNAMIC;
-    TZ_CHECK(num_of(p, rs, key, "factor", 1, 0.0, &cfg->rope_factor));
-    if (!(cfg->rope_factor >= 1.0))
-      return tz_err_set(TZ_ECONFIG, "%s: \"%s.factor\" %g must be at least 1", p->path, key,
-                        cfg->rope_factor);
-    return 0;
-  }
-  if (strcmp(s, "llama3") != 0)
-    return tz_err_set(TZ_ENOTSUP,
-                      "%s: \"%s.%s\" is \"%s\": only \"default\", \"linear\", \"llama3\", "
-                      "\"yarn\", \"longrope\" and \"dynamic\" RoPE are implemented (another "
-                      "scaling would change every position's angle)",
-                      p->path, key, tkey, s);
-  *type = TZ_ROPE_LLAMA3;
-  double orig = 0;
-  TZ_CHECK(num_of(p, rs, key, "factor", 1, 0.0, &cfg->rope_factor));
-  TZ_CHECK(num_of(p, rs, key, "low_freq_factor", 1, 0.0, &cfg->rope_low_freq_factor));
-  TZ_CHECK(num_of(p, rs, key, "high_freq_factor", 1, 0.0, &cfg->rope_high_freq_factor));
-  TZ_CHECK(num_of(p, rs, key, "original_max_position_embeddings", 1, 0.0, &orig));
-  if (orig != floor(orig) || orig < 1 || orig > INT32_MAX)
-    return tz_err_set(TZ_ECONFIG,
-                      "%s: \"%s.original_max_position_embeddings\" %g must be a positive integer",
-                      p->path, key, orig);
-  cfg->rope_original_max_pos = (int)orig;
-  return 0;
-}
-
-/* The rope keys: rope_theta, rope_scaling (hub configs, transformers 4) and rope_parameters
- * (transformers 5, with rope_theta inside); two that are present must agree. */
-static int parse_ropes(const struct cfgp *p, struct tz_model_config *cfg) {
-  static const char *const keys[2] = {"rope_scaling", "rope_parameters"};
-  double top = 0, theta[2] = {0, 0};
-  int type[2] = {-1, -1};
-  struct tz_model_config got[2];
-  TZ_CHECK(num_of(p, p->root, "", "rope_theta", 0, 0.0, &top));
-  for (int i = 0; i < 2; i++) {
-    json_t *rs = jget(p, keys[i]);
-    got[i] = *cfg;
-    if (rs)
-      TZ_CHECK(parse_rope(p, keys[i], rs, &type[i], &got[i], &theta[i]));
-  }
-  if (type[0] >= 0 && type[1] >= 0 &&
-      (type[0] != type[1] || got[0].rope_factor != got[1].rope_factor ||
-       got[0].rope_low_freq_factor != got[1].rope_low_freq_factor ||
-       got[0].rope_high_freq_factor != got[1].rope_high_freq_factor ||
-       got[0].rope_original_max_pos != got[1].rope_original_max_pos))
-    return tz_err_set(TZ_ECONFIG, "%s: \"rope_scaling\" and \"rope_parameters\" disagree", p->path);
-  int use = type[1] >= 0 ? 1 : 0;
-  if (type[use] >= 0) {
-    *cfg = got[use];
-    cfg->rope_type = type[use];
-  }
-  double th = 0;
-  const char *from = NULL;
-  const char *names[3] = {"rope_theta", "rope_scaling.rope_theta", "rope_parameters.rope_theta"};
-  double vals[3] = {top, theta[0], theta[1]};
-  for (int i = 0; i < 3; i++) {
-    if (vals[i] == 0)
-      continue;
-    if (from && vals[i] != th)
-      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g and \"%s\" %g disagree", p->path, from, th,
-                        names[i], vals[i]);
-    th = vals[i];
-    from = names[i];
-  }
-  const struct tz_family *fam = tz_family_of(cfg->family);
-  /* the default of the families' configs: 10000, Gemma 3's 1e6 */
-  cfg->rope_theta = from ? th : fam->rope_theta_default > 0 ? fam->rope_theta_default : 10000.0;
-  if (cfg->rope_theta <= 0)
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g must be positive", p->path,
-                      from ? from : "rope_theta", cfg->rope_theta);
-  struct tz_rope r;
-  tz_model_rope(cfg, &r);
-  if (tz_rope_check(&r) < 0) {
-    char why[400];
-    snprintf(why, sizeof why, "%s", tz_err_msg());
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s\": %s", p->path, keys[use], why);
-  }
-  return 0;
-}
-
 /* Keys whose presence (with a value other than these) means computation the model does not do. */
-static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config *cfg) {
+static int refuse_unsupported(const struct tz_hf_cfgp *p, const struct tz_model_config *cfg) {
   char t[100];
   json_t *v;
   const struct tz_family *fam = tz_family_of(cfg->family);
   /* Gemma's gate activation is hidden_activation's (its config class has no hidden_act) */
   if (fam->gemma) {
-    if ((v = jget(p, "hidden_activation")) &&
+    if ((v = tz_hf_jget(p, "hidden_activation")) &&
         (!json_is_string(v) || strcmp(json_string_value(v), "gelu_pytorch_tanh")))
       return tz_err_set(TZ_ENOTSUP,
                         "%s: \"hidden_activation\" is %s: model_type %s's MLP is implemented "
                         "with \"gelu_pytorch_tanh\" only",
-                        p->path, jtext(v, t, sizeof t), fam->model_type);
-  } else if ((v = jget(p, "hidden_act")) &&
+                        p->path, tz_hf_jtext(v, t, sizeof t), fam->model_type);
+  } else if ((v = tz_hf_jget(p, "hidden_act")) &&
              (!json_is_string(v) || strcmp(json_string_value(v), "silu"))) {
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"hidden_act\" is %s: the MLP is SwiGLU, only \"silu\" is implemented",
-                      p->path, jtext(v, t, sizeof t));
+                      p->path, tz_hf_jtext(v, t, sizeof t));
   }
-  if ((v = jget(p, "mlp_bias")) && !json_is_false(v))
+  if ((v = tz_hf_jget(p, "mlp_bias")) && !json_is_false(v))
     return tz_err_set(TZ_ENOTSUP, "%s: \"mlp_bias\" is %s: the MLP projections have no biases here",
-                      p->path, jtext(v, t, sizeof t));
+                      p->path, tz_hf_jtext(v, t, sizeof t));
   /* Where q, k and v biases are the family's definition (qwen2), its attention_bias key means
    * nothing to transformers and is not read. The other families have no bias at all, and
    * llama's attention_bias would also put one on o_proj. */
-  if (!fam->qkv_bias && (v = jget(p, "attention_bias")) && !json_is_false(v))
+  if (!fam->qkv_bias && (v = tz_hf_jget(p, "attention_bias")) && !json_is_false(v))
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"attention_bias\" is %s: model_type %s with attention biases (on "
                       "q/k/v and o_proj) is not implemented",
-                      p->path, jtext(v, t, sizeof t), fam->model_type);
+                      p->path, tz_hf_jtext(v, t, sizeof t), fam->model_type);
   static const char *const experts[] = {"num_experts", "num_local_experts", "n_routed_experts"};
   for (size_t i = 0; i < sizeof experts / sizeof experts[0]; i++)
-    if ((v = jget(p, experts[i])) && !(json_is_integer(v) && json_integer_value(v) == 0))
+    if ((v = tz_hf_jget(p, experts[i])) && !(json_is_integer(v) && json_integer_value(v) == 0))
       return tz_err_set(TZ_ENOTSUP,
                         "%s: \"%s\" is %s: mixture-of-experts layers are not implemented", p->path,
-                        experts[i], jtext(v, t, sizeof t));
+                        experts[i], tz_hf_jtext(v, t, sizeof t));
   /* Training here has no dropout: a config that asks for it would train differently from
    * transformers' model in train mode. */
   static const char *const drops[] = {"attention_dropout", "resid_pdrop", "embd_pdrop",
                                       "hidden_dropout", "dropout"};
   for (size_t i = 0; i < sizeof drops / sizeof drops[0]; i++)
-    if ((v = jget(p, drops[i])) && !(json_is_number(v) && json_number_value(v) == 0.0))
+    if ((v = tz_hf_jget(p, drops[i])) && !(json_is_number(v) && json_number_value(v) == 0.0))
       return tz_err_set(TZ_ENOTSUP,
                         "%s: \"%s\" is %s: dropout is not implemented (0 trains "
                         "as transformers does)",
-                        p->path, drops[i], jtext(v, t, sizeof t));
+                        p->path, drops[i], tz_hf_jtext(v, t, sizeof t));
   static const char *const caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
   for (int i = 0; i < 2 && !fam->gemma; i++)
-    if ((v = jget(p, caps[i])))
+    if ((v = tz_hf_jget(p, caps[i])))
       return tz_err_set(TZ_ENOTSUP,
                         "%s: \"%s\" is %s: logit softcapping is implemented for the Gemma "
                         "families only",
-                        p->path, caps[i], jtext(v, t, sizeof t));
-  if ((v = jget(p, "use_bidirectional_attention")) && !json_is_false(v))
+                        p->path, caps[i], tz_hf_jtext(v, t, sizeof t));
+  if ((v = tz_hf_jget(p, "use_bidirectional_attention")) && !json_is_false(v))
     return tz_err_set(TZ_ENOTSUP,
                       "%s: \"use_bidirectional_attention\" is %s: attention is causal here",
-                      p->path, jtext(v, t, sizeof t));
+                      p->path, tz_hf_jtext(v, t, sizeof t));
   /* a window opted into (qwen2, qwen3) is parse_window's, its layer_types with it */
-  json_t *use = jget(p, "use_sliding_window");
+  json_t *use = tz_hf_jget(p, "use_sliding_window");
   int opted = fam->window == TZ_WINDOW_OPT_IN && use && !json_is_false(use);
-  if ((v = jget(p, "layer_types")) && fam->window != TZ_WINDOW_LAYERS && !opted) {
+  if ((v = tz_hf_jget(p, "layer_types")) && fam->window != TZ_WINDOW_LAYERS && !opted) {
     if (!json_is_array(v) || json_array_size(v) != (size_t)cfg->n_layer)
       return tz_err_set(TZ_ECONFIG,
                         "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
                         "not %s",
-                        p->path, cfg->n_layer, jtext(v, t, sizeof t));
+                        p->path, cfg->n_layer, tz_hf_jtext(v, t, sizeof t));
     for (size_t i = 0; i < json_array_size(v); i++) {
       json_t *e = json_array_get(v, i);
       if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0)
         return tz_err_set(TZ_ENOTSUP,
                           "%s: \"layer_types\"[%zu] is %s: only \"full_attention\" layers are "
                           "implemented",
-                          p->path, i, jtext(e, t, sizeof t));
+                          p->path, i, tz_hf_jtext(e, t, sizeof t));
     }
   }
   return 0;
@@ -442,9 +217,9 @@ static int refuse_unsupported(const struct cfgp *p, const struct tz_model_config
 /* layer_types, when given, against the layers cfg slides (tz_model_layer_slides, with the
  * window fields already set): one entry a layer, "sliding_attention" where it slides and
  * "full_attention" elsewhere; rule says the family's rule in the refusal. */
-static int check_layer_types(const struct cfgp *p, const struct tz_model_config *cfg,
+static int check_layer_types(const struct tz_hf_cfgp *p, const struct tz_model_config *cfg,
                              const char *rule) {
-  json_t *v = jget(p, "layer_types");
+  json_t *v = tz_hf_jget(p, "layer_types");
   char t[100];
   if (!v)
     return 0;
@@ -452,7 +227,7 @@ static int check_layer_types(const struct cfgp *p, const struct tz_model_config 
     return tz_err_set(TZ_ECONFIG,
                       "%s: \"layer_types\" must be a list of num_hidden_layers (%d) strings, "
                       "not %s",
-                      p->path, cfg->n_layer, jtext(v, t, sizeof t));
+                      p->path, cfg->n_layer, tz_hf_jtext(v, t, sizeof t));
   for (int i = 0; i < cfg->n_layer; i++) {
     json_t *e = json_array_get(v, (size_t)i);
     const char *want = tz_model_layer_slides(cfg, i) ? "sliding_attention" : "full_attention";
@@ -460,7 +235,7 @@ static int check_layer_types(const struct cfgp *p, const struct tz_model_config 
       return tz_err_set(TZ_ENOTSUP,
                         "%s: \"layer_types\"[%d] is %s where %s has \"%s\": other patterns are "
                         "not implemented",
-                        p->path, i, jtext(e, t, sizeof t), rule, want);
+                        p->path, i, tz_hf_jtext(e, t, sizeof t), rule, want);
   }
   return 0;
 }
@@ -468,14 +243,15 @@ static int check_layer_types(const struct cfgp *p, const struct tz_model_config 
 /* Qwen's window (TZ_WINDOW_OPT_IN): with use_sliding_window true, sliding_window (4096 when
  * absent, null none) on the layers from max_window_layers (28 when absent) on, as transformers'
  * Qwen2Config makes layer_types; layer_types given must be that. */
-static int parse_opt_in_window(const struct cfgp *p, struct tz_model_config *cfg) {
-  json_t *use = jget(p, "use_sliding_window"), *raw = json_object_get(p->root, "sliding_window");
+static int parse_opt_in_window(const struct tz_hf_cfgp *p, struct tz_model_config *cfg) {
+  json_t *use = tz_hf_jget(p, "use_sliding_window"),
+         *raw = json_object_get(p->root, "sliding_window");
   char t[100];
   if (!use || json_is_false(use))
     return 0; /* the window's value, if any, unused */
   if (!json_is_true(use))
     return tz_err_set(TZ_ECONFIG, "%s: \"use_sliding_window\" must be true or false, not %s",
-                      p->path, jtext(use, t, sizeof t));
+                      p->path, tz_hf_jtext(use, t, sizeof t));
   if (raw && json_is_null(raw))
     return 0;
   TZ_CHECK(get_int(p, "sliding_window", 0, 4096, 1, INT32_MAX, &cfg->sliding_window));
@@ -490,13 +266,13 @@ static int parse_opt_in_window(const struct cfgp *p, struct tz_model_config *cfg
 /* The family's attention window (its row's window rule): mistral's sliding_window applies to every
  * layer (transformers' MistralConfig defaults it to 4096 when absent; null is none); the Qwen
  * families' applies only with use_sliding_window (parse_opt_in_window); llama has none. */
-static int parse_window(const struct cfgp *p, struct tz_model_config *cfg, int *window) {
+static int parse_window(const struct tz_hf_cfgp *p, struct tz_model_config *cfg, int *window) {
   json_t *raw = json_object_get(p->root, "sliding_window");
   *window = 0;
   if (raw && !json_is_null(raw) && !json_is_integer(raw)) {
     char t[100];
     return tz_err_set(TZ_ECONFIG, "%s: \"sliding_window\" must be an integer or null, not %s",
-                      p->path, jtext(raw, t, sizeof t));
+                      p->path, tz_hf_jtext(raw, t, sizeof t));
   }
   const struct tz_family *fam = tz_family_of(cfg->family);
   if (fam->window == TZ_WINDOW_OPT_IN)
@@ -511,60 +287,15 @@ static int parse_window(const struct cfgp *p, struct tz_model_config *cfg, int *
   return 0;
 }
 
-/* Gemma 3's two ropes (family.h, rope_local): transformers 5's rope_parameters holds one per
- * layer type; hub configs (transformers 4) give rope_theta and rope_scaling for the full layers
- * and rope_local_base_freq for the sliding ones. */
-static int parse_local_ropes(const struct cfgp *p, struct tz_model_config *cfg) {
-  json_t *rp = jget(p, "rope_parameters");
-  char t[100];
-  json_t *full = json_is_object(rp) ? json_object_get(rp, "full_attention") : NULL;
-  json_t *slide = json_is_object(rp) ? json_object_get(rp, "sliding_attention") : NULL;
-  if (!full && !slide) {
-    /* no per-type rope_parameters: the flat keys of every family for the full layers */
-    TZ_CHECK(parse_ropes(p, cfg));
-    TZ_CHECK(num_of(p, p->root, "", "rope_local_base_freq", 0, 10000.0, &cfg->rope_local_theta));
-  } else {
-    if (!json_is_object(full) || !json_is_object(slide))
-      return tz_err_set(TZ_ECONFIG,
-                        "%s: \"rope_parameters\" must hold objects \"full_attention\" and "
-                        "\"sliding_attention\", not %s",
-                        p->path, jtext(rp, t, sizeof t));
-    int type = 0, ltype = 0;
-    double theta = 0, ltheta = 0;
-    struct tz_model_config local = *cfg;
-    TZ_CHECK(parse_rope(p, "rope_parameters.full_attention", full, &type, cfg, &theta));
-    TZ_CHECK(parse_rope(p, "rope_parameters.sliding_attention", slide, &ltype, &local, &ltheta));
-    if (ltype != TZ_ROPE_DEFAULT)
-      return tz_err_set(TZ_ENOTSUP,
-                        "%s: \"rope_parameters.sliding_attention\" is not of rope_type "
-                        "\"default\": the sliding layers' scaling is not implemented",
-                        p->path);
-    cfg->rope_type = type;
-    cfg->rope_theta = theta > 0 ? theta : tz_family_of(cfg->family)->rope_theta_default;
-    cfg->rope_local_theta = ltheta > 0 ? ltheta : 10000.0;
-  }
-  if (!(cfg->rope_local_theta > 0))
-    return tz_err_set(TZ_ECONFIG, "%s: the sliding layers' rope base %g must be positive", p->path,
-                      cfg->rope_local_theta);
-  struct tz_rope r;
-  tz_model_rope(cfg, &r);
-  if (tz_rope_check(&r) < 0) {
-    char why[400];
-    snprintf(why, sizeof why, "%s", tz_err_msg());
-    return tz_err_set(TZ_ECONFIG, "%s: the full layers' rope: %s", p->path, why);
-  }
-  return 0;
-}
-
 /* TZ_WINDOW_LAYERS (gemma2): the window of the sliding layers, and layer_types, when given, the
  * family's pattern (family.h). */
-static int parse_layer_windows(const struct cfgp *p, struct tz_model_config *cfg) {
+static int parse_layer_windows(const struct tz_hf_cfgp *p, struct tz_model_config *cfg) {
   const struct tz_family *fam = tz_family_of(cfg->family);
   json_t *raw = json_object_get(p->root, "sliding_window");
   char t[100];
   if (raw && !json_is_null(raw) && !json_is_integer(raw))
     return tz_err_set(TZ_ECONFIG, "%s: \"sliding_window\" must be an integer or null, not %s",
-                      p->path, jtext(raw, t, sizeof t));
+                      p->path, tz_hf_jtext(raw, t, sizeof t));
   /* hub configs of Gemma 3 say the pattern as sliding_window_pattern */
   TZ_CHECK(get_int(p, "sliding_window_pattern", 0, fam->window_pattern, 1, 1 << 16,
                    &cfg->window_pattern));
@@ -582,13 +313,14 @@ static int parse_layer_windows(const struct cfgp *p, struct tz_model_config *cfg
 
 /* Gemma's scale and softcaps (family.h, gemma): the key's number, the family's default when
  * absent; a softcap null is none (0), a scalar must be positive. */
-static int parse_gemma(const struct cfgp *p, struct tz_model_config *cfg) {
+static int parse_gemma(const struct tz_hf_cfgp *p, struct tz_model_config *cfg) {
   const struct tz_family *fam = tz_family_of(cfg->family);
   cfg->norm_offset = 1;
   cfg->embed_scale = 1;
   cfg->glu_act = TZ_GLU_GELU_TANH;
   double qpas;
-  TZ_CHECK(num_of(p, p->root, "", "query_pre_attn_scalar", 0, fam->query_pre_attn_scalar, &qpas));
+  TZ_CHECK(
+      tz_hf_num_of(p, p->root, "", "query_pre_attn_scalar", 0, fam->query_pre_attn_scalar, &qpas));
   if (!(qpas > 0))
     return tz_err_set(TZ_ECONFIG, "%s: \"query_pre_attn_scalar\" %g must be positive", p->path,
                       qpas);
@@ -602,7 +334,7 @@ static int parse_gemma(const struct cfgp *p, struct tz_model_config *cfg) {
       *out[i] = 0;
       continue;
     }
-    TZ_CHECK(num_of(p, p->root, "", keys[i], 0, dflt[i], out[i]));
+    TZ_CHECK(tz_hf_num_of(p, p->root, "", keys[i], 0, dflt[i], out[i]));
     if (!v && dflt[i] == 0) /* the family has none by default (gemma3_text) */
       continue;
     if (!(*out[i] > 0) || !isfinite(*out[i]))
@@ -612,53 +344,9 @@ static int parse_gemma(const struct cfgp *p, struct tz_model_config *cfg) {
   return 0;
 }
 
-/* partial_rotary_factor (Phi-4-mini: 0.75), at the top or in a flat rope_parameters (transformers
- * 5), both the same where both are: RoPE rotates the first int(head_dim * factor) dims of each
- * head, as transformers' rope init and apply_rotary_pos_emb take them (the model's rope_rot; an
- * odd count, which transformers cannot apply either, is refused). Families whose attention
- * rotates the whole head (family.h, partial_rotary 0) refuse a factor other than 1. */
-static int parse_partial_rotary(struct cfgp *p, const struct tz_family *fam,
-                                struct tz_model_config *cfg) {
-  json_t *rp = jget(p, "rope_parameters");
-  json_t *vals[2] = {jget(p, "partial_rotary_factor"),
-                     json_is_object(rp) ? json_object_get(rp, "partial_rotary_factor") : NULL};
-  const char *names[2] = {"partial_rotary_factor", "rope_parameters.partial_rotary_factor"};
-  char t[100];
-  p->partial = 1.0;
-  for (int i = 0, seen = 0; i < 2; i++) {
-    if (!vals[i])
-      continue;
-    double f = json_is_number(vals[i]) ? json_number_value(vals[i]) : -1;
-    if (!(f > 0 && f <= 1))
-      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" is %s, not a number in (0, 1]", p->path, names[i],
-                        jtext(vals[i], t, sizeof t));
-    if (seen && f != p->partial)
-      return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %g and \"%s\" %g disagree", p->path, names[0],
-                        p->partial, names[1], f);
-    p->partial = f;
-    seen = 1;
-  }
-  if (p->partial == 1.0)
-    return 0;
-  if (!fam->partial_rotary)
-    return tz_err_set(TZ_ENOTSUP,
-                      "%s: \"partial_rotary_factor\" is %g: model_type %s's attention rotates the "
-                      "whole head (1)",
-                      p->path, p->partial, fam->model_type);
-  int D = tz_model_head_dim(cfg);
-  int rot = (int)(D * p->partial);
-  if (rot < 2 || rot % 2 != 0)
-    return tz_err_set(TZ_ENOTSUP,
-                      "%s: \"partial_rotary_factor\" %g of head_dim %d rotates %d dims, which must "
-                      "be even and at least 2",
-                      p->path, p->partial, D, rot);
-  cfg->rope_rot = rot < D ? rot : 0;
-  return 0;
-}
-
 static int parse_config(json_t *root, const char *path, struct tz_model_config *cfg,
                         enum tz_dtype *dtype, struct tz_hf_info *info) {
-  struct cfgp p = {.root = root, .path = path, .partial = 1.0};
+  struct tz_hf_cfgp p = {.root = root, .path = path, .partial = 1.0};
   char t[100];
   if (!json_is_object(root))
     return tz_err_set(TZ_ECONFIG, "%s: not a JSON object", path);
@@ -666,16 +354,16 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   memset(info, 0, sizeof *info);
   snprintf(info->path, sizeof info->path, "%s", path);
   /* A config without model_type is taken as llama, as before the other families. */
-  json_t *mt = jget(&p, "model_type");
+  json_t *mt = tz_hf_jget(&p, "model_type");
   if (mt && !json_is_string(mt))
     return tz_err_set(TZ_ECONFIG, "%s: \"model_type\" must be a string, not %s", path,
-                      jtext(mt, t, sizeof t));
+                      tz_hf_jtext(mt, t, sizeof t));
   if (mt && tz_model_family_parse(json_string_value(mt), &cfg->family) < 0)
     return tz_err_set(TZ_ENOTSUP, "%s: \"model_type\" is \"%s\": the families are %s", path,
                       json_string_value(mt), tz_family_list());
   const struct tz_family *fam = tz_family_of(cfg->family);
   const char *arch = fam->architecture;
-  json_t *ar = jget(&p, "architectures");
+  json_t *ar = tz_hf_jget(&p, "architectures");
   if (ar) {
     int ok = json_is_array(ar);
     for (size_t i = 0; ok && i < json_array_size(ar); i++)
@@ -684,7 +372,7 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
     if (!ok)
       return tz_err_set(TZ_ENOTSUP,
                         "%s: \"architectures\" is %s: model_type %s is read as [\"%s\"] only", path,
-                        jtext(ar, t, sizeof t), fam->model_type, arch);
+                        tz_hf_jtext(ar, t, sizeof t), fam->model_type, arch);
   }
   /* Limits: what the int fields and the kernels take; the model's own check follows. */
   TZ_CHECK(get_int(&p, "hidden_size", 1, 0, 1, 1 << 20, &cfg->d_model));
@@ -723,13 +411,12 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
     TZ_CHECK(parse_layer_windows(&p, cfg));
   if (fam->gemma)
     TZ_CHECK(parse_gemma(&p, cfg));
-  TZ_CHECK(parse_partial_rotary(&p, fam, cfg));
-  TZ_CHECK(fam->rope_local ? parse_local_ropes(&p, cfg) : parse_ropes(&p, cfg));
-  TZ_CHECK(num_of(&p, root, "", "rms_norm_eps", 0, 1e-6, &cfg->norm_eps));
+  TZ_CHECK(tz_hf_rope_read(&p, fam, cfg));
+  TZ_CHECK(tz_hf_num_of(&p, root, "", "rms_norm_eps", 0, 1e-6, &cfg->norm_eps));
   if (cfg->norm_eps < 0)
     return tz_err_set(TZ_ECONFIG, "%s: \"rms_norm_eps\" %g must not be negative", path,
                       cfg->norm_eps);
-  TZ_CHECK(num_of(&p, root, "", "initializer_range", 0, 0.02, &cfg->init_std));
+  TZ_CHECK(tz_hf_num_of(&p, root, "", "initializer_range", 0, 0.02, &cfg->init_std));
   if (cfg->init_std <= 0)
     return tz_err_set(TZ_ECONFIG, "%s: \"initializer_range\" %g must be positive", path,
                       cfg->init_std);
@@ -748,14 +435,14 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
       dtype = &local;
     *dtype = TZ_F32;
     const char *key = "torch_dtype";
-    json_t *dt = jget(&p, key);
+    json_t *dt = tz_hf_jget(&p, key);
     if (!dt) {
       key = "dtype";
-      dt = jget(&p, key);
+      dt = tz_hf_jget(&p, key);
     }
     if (dt && (!json_is_string(dt) || tz_dtype_parse(json_string_value(dt), dtype) < 0))
       return tz_err_set(TZ_ECONFIG, "%s: \"%s\" %s is not float32, bfloat16 or float16", path, key,
-                        jtext(dt, t, sizeof t));
+                        tz_hf_jtext(dt, t, sizeof t));
   }
   int rc = tz_model_config_check(cfg);
   if (rc < 0) {
@@ -858,7 +545,7 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
                             const struct tz_hf_info *info) {
   TZ_CHECK(tz_model_config_check(cfg));
   const struct tz_family *fam = tz_family_of(cfg->family);
-  json_t *r = json_object(), *arch = json_array(), *rp = json_object();
+  json_t *r = json_object(), *arch = json_array();
   json_array_append_new(arch, json_string(fam->architecture));
   json_object_set_new(r, "architectures", arch);
   json_object_set_new(r, "model_type", json_string(fam->model_type));
@@ -870,77 +557,7 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
   json_object_set_new(r, "head_dim", json_integer(tz_model_head_dim(cfg)));
   json_object_set_new(r, "vocab_size", json_integer(cfg->vocab));
   json_object_set_new(r, "max_position_embeddings", json_integer(cfg->max_seq));
-  json_object_set_new(r, "rope_theta", json_real(cfg->rope_theta));
-  json_object_set_new(rp, "rope_theta", json_real(cfg->rope_theta));
-  if (cfg->rope_type == TZ_ROPE_LLAMA3) {
-    json_t *rs = json_object();
-    json_object_set_new(rs, "rope_type", json_string("llama3"));
-    json_object_set_new(rs, "factor", json_real(cfg->rope_factor));
-    json_object_set_new(rs, "low_freq_factor", json_real(cfg->rope_low_freq_factor));
-    json_object_set_new(rs, "high_freq_factor", json_real(cfg->rope_high_freq_factor));
-    json_object_set_new(rs, "original_max_position_embeddings",
-                        json_integer(cfg->rope_original_max_pos));
-    json_object_update(rp, rs);
-    json_object_set_new(r, "rope_scaling", rs);
-  } else if (cfg->rope_type == TZ_ROPE_LONGROPE) {
-    /* transformers 4's Phi3Config takes exactly type, short_factor and long_factor, the
-     * original length beside them; 5 reads rope_parameters with everything */
-    json_t *rs = json_object(), *sf = json_array(), *lf = json_array();
-    for (int i = 0; i < tz_model_rope_dims(cfg) / 2; i++) {
-      json_array_append_new(sf, json_real(cfg->rope_short_factor[i]));
-      json_array_append_new(lf, json_real(cfg->rope_long_factor[i]));
-    }
-    json_object_set_new(rs, "type", json_string("longrope"));
-    json_object_set_new(rs, "short_factor", sf);
-    json_object_set_new(rs, "long_factor", lf);
-    json_object_set_new(r, "original_max_position_embeddings",
-                        json_integer(cfg->rope_original_max_pos));
-    json_object_update(rp, rs);
-    json_object_del(rp, "type");
-    json_object_set_new(rp, "rope_type", json_string("longrope"));
-    json_object_set_new(rp, "original_max_position_embeddings",
-                        json_integer(cfg->rope_original_max_pos));
-    json_object_set_new(rp, "factor", json_real(cfg->rope_factor));
-    json_object_set_new(rp, "attention_factor", json_real(cfg->rope_attn_factor));
-    json_object_set_new(r, "rope_scaling", rs);
-  } else if (cfg->rope_type == TZ_ROPE_YARN) {
-    json_t *rs = json_object();
-    json_object_set_new(rs, "rope_type", json_string("yarn"));
-    json_object_set_new(rs, "factor", json_real(cfg->rope_factor));
-    json_object_set_new(rs, "original_max_position_embeddings",
-                        json_integer(cfg->rope_original_max_pos));
-    json_object_set_new(rs, "beta_fast", json_real(cfg->rope_beta_fast));
-    json_object_set_new(rs, "beta_slow", json_real(cfg->rope_beta_slow));
-    json_object_set_new(rs, "truncate", json_boolean(cfg->rope_truncate));
-    json_object_set_new(rs, "attention_factor", json_real(cfg->rope_attn_factor));
-    json_object_update(rp, rs);
-    json_object_set_new(r, "rope_scaling", rs);
-  } else if (cfg->rope_type == TZ_ROPE_LINEAR || cfg->rope_type == TZ_MODEL_ROPE_DYNAMIC) {
-    json_t *rs = json_object();
-    json_object_set_new(rs, "rope_type",
-                        json_string(cfg->rope_type == TZ_ROPE_LINEAR ? "linear" : "dynamic"));
-    json_object_set_new(rs, "factor", json_real(cfg->rope_factor));
-    json_object_update(rp, rs);
-    json_object_set_new(r, "rope_scaling", rs);
-  } else {
-    json_object_set_new(rp, "rope_type", json_string("default"));
-    json_object_set_new(r, "rope_scaling", json_null());
-  }
-  if (fam->rope_local) { /* transformers 5: one per layer type; 4: rope_local_base_freq */
-    json_t *nested = json_object(), *loc = json_object();
-    json_object_set_new(loc, "rope_type", json_string("default"));
-    json_object_set_new(loc, "rope_theta", json_real(cfg->rope_local_theta));
-    json_object_set_new(nested, "full_attention", rp);
-    json_object_set_new(nested, "sliding_attention", loc);
-    rp = nested;
-    json_object_set_new(r, "rope_local_base_freq", json_real(cfg->rope_local_theta));
-  }
-  if (cfg->rope_rot) { /* the factor whose int(head_dim * factor) is rope_rot */
-    double f = (double)cfg->rope_rot / tz_model_head_dim(cfg);
-    json_object_set_new(r, "partial_rotary_factor", json_real(f));
-    json_object_set_new(rp, "partial_rotary_factor", json_real(f));
-  }
-  json_object_set_new(r, "rope_parameters", rp);
+  TZ_CHECK(tz_hf_rope_write(r, cfg));
   json_object_set_new(r, "rms_norm_eps", json_real(cfg->norm_eps));
   json_object_set_new(r, "tie_word_embeddings", json_boolean(cfg->tie_embeddings));
   json_object_set_new(r, "hidden_act", json_string("silu"));
