@@ -3,7 +3,8 @@
  * training; a compute budget below the minimum is refused with the missing amount; bad flags are
  * usage errors; evaluation, export and import (bit-exact round trip), export from a checkpoint
  * (f32 and bf16), the lane trace, and fp16 loss scaling from the command line, resumed with its
- * scaler state; a diverging run (lr 1e30) exiting 1 at its first non-finite step; a resumed
+ * scaler state; a diverging run (lr 1e30) exiting 1 at its first non-finite step; a SIGTERM after
+ * the last step ending nothing; a resumed
  * run's metrics file, --progress, and --version of every program. */
 #define _GNU_SOURCE
 #include "core/dtype.h"
@@ -789,6 +790,30 @@ static void test_nonfinite_stops(void **state) {
   assert_int_not_equal(access(path, F_OK), 0);
 }
 
+/* A SIGTERM after the last step (tz-train's test hook raises one as tz_run returns: the
+ * checkpoint and export written, the world still open) ends nothing: the completed run exits 0,
+ * says the signal came late, and its export is there (before, the handlers were already gone and
+ * the signal ended it with 143). */
+static void test_sigterm_after_last_step(void **state) {
+  (void)state;
+  char args[2048];
+  snprintf(args, sizeof args,
+           "--model tiny --steps 2 --seq 16 --ckpt-dir %s/late-ck --export-safetensors "
+           "%s/late-export",
+           dir, dir);
+  setenv("TZ_TEST_SIGTERM_AFTER_RUN", "1", 1);
+  int rc = tz_train(args);
+  unsetenv("TZ_TEST_SIGTERM_AFTER_RUN");
+  const char *out = output();
+  if (rc != 0)
+    print_error("%s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "arrived after the last step; the run had completed (exit 0)"));
+  char path[1100];
+  snprintf(path, sizeof path, "%s/late-export/model.safetensors", dir);
+  assert_int_equal(access(path, F_OK), 0);
+}
+
 /* The steps of a metrics file's step objects, in file order; returns their number. */
 static int metric_steps(const char *name, int64_t *steps, int max) {
   json_t *o[32], *sum;
@@ -925,6 +950,7 @@ int main(void) {
       cmocka_unit_test(test_fp16),
       cmocka_unit_test(test_fp16_resume),
       cmocka_unit_test(test_nonfinite_stops),
+      cmocka_unit_test(test_sigterm_after_last_step),
       cmocka_unit_test(test_resumed_metrics_keep_every_step_once),
       cmocka_unit_test(test_progress_plain_has_no_control_characters),
       cmocka_unit_test(test_committed_gpu_rates_plan),

@@ -561,7 +561,10 @@ static int run(struct opts *o, struct tz_bootstrap *bs, struct tz_config *cfg) {
     rc = print_fit(o, cfg, &w, bs->rank);
   else if (rc == 0)
     rc = tz_run(&o->run, cfg, w.comm, w.rt, &res);
-  tz_signals_restore();
+  /* test hook (tests/test_train_cli.c): a stop request right after the last step */
+  const char *late_hook = getenv("TZ_TEST_SIGTERM_AFTER_RUN");
+  if (late_hook && *late_hook == '1')
+    raise(SIGTERM);
   if (rc < 0) {
     fprintf(stderr, "tz-train: rank %d: %s\n", bs->rank, tz_err_msg());
     /* A failure on some ranks leaves the others waiting in a collective: abort the job. A stop
@@ -570,6 +573,16 @@ static int run(struct opts *o, struct tz_bootstrap *bs, struct tz_config *cfg) {
       tz_comm_abort(w.comm, rc, tz_err_msg());
   }
   tz_run_world_close(&w);
+  /* The handlers stay until the run's files are written and its world closed: a stop request
+   * that arrives after the last step (the checkpoint, the export, the teardown) has nothing left
+   * to stop, and the run that completed exits 0 saying so, instead of ending with the signal
+   * mid-teardown (issue 48). */
+  int late = tz_signals_pending();
+  tz_signals_restore();
+  if (late && rc == 0 && !res.stopped && !o->run.plan_only)
+    fprintf(stderr,
+            "tz-train: rank %d: %s arrived after the last step; the run had completed (exit 0)\n",
+            bs->rank, strsignal(late));
   return rc;
 }
 
