@@ -63,6 +63,10 @@ struct opts {
   int C, F, H, Hkv, T, B, iters, warmup, torch, json;
   int rounds; /* the layer and attention, then PyTorch's, this many times in turn */
   int gemm;   /* the ceiling's GEMM size: gemm^3 */
+  /* attention alone with these variants (compute.h, struct tz_attn_opts; 0: none), its FLOP
+   * counted over the (query, key) pairs it computes, so that its TFLOP/s is per computed tile */
+  int window;
+  float softcap;
   enum tz_dtype G;
   const char *python, *script;
 };
@@ -115,11 +119,21 @@ static int layer_alloc(tz_compute *cm, const struct tz_model_config *cfg, const 
 static int attn_step(tz_compute *cm, const struct tz_model_config *cfg, const struct opts *o,
                      struct tz_layer_probe *l) {
   int D = tz_model_head_dim(cfg);
+  const struct tz_attn_opts var = {.softcap = o->softcap, .window = o->window};
+  const struct tz_attn_opts *opt = o->window || o->softcap > 0 ? &var : NULL;
   TZ_CHECK(tz_compute_attention_fwd(cm, l->acts.att, l->acts.lse, l->acts.q, l->acts.k, l->acts.v,
-                                    o->B, o->T, o->H, o->Hkv, D, NULL, NULL));
+                                    o->B, o->T, o->H, o->Hkv, D, NULL, opt));
   return tz_compute_attention_bwd(cm, l->scratch.dq, l->scratch.dk, l->scratch.dv, l->scratch.delta,
                                   l->scratch.datt, l->acts.q, l->acts.k, l->acts.v, l->acts.att,
-                                  l->acts.lse, o->B, o->T, o->H, o->Hkv, D, NULL, NULL);
+                                  l->acts.lse, o->B, o->T, o->H, o->Hkv, D, NULL, opt);
+}
+
+/* The (query, key) pairs causal attention over T tokens computes: T (T + 1) / 2, or with a window
+ * W each query's last W keys at most. */
+static double attn_pairs(int T, int W) {
+  if (W <= 0 || W >= T)
+    return (double)T * (T + 1) / 2;
+  return (double)W * (W + 1) / 2 + (double)(T - W) * W;
 }
 
 /* The copy ceiling's copies a step: the memory-bound ops' GB/s are set beside it */
@@ -299,7 +313,10 @@ static int bench(const struct opts *o) {
   }
   double t_layer = 0, t_attn = 0, t_gemm = 0;
   int D = tz_model_head_dim(&cfg);
-  double attn_fwd_flops = 2.0 * o->B * o->H * (double)o->T * o->T * D;
+  /* 2 B H T^2 D, as flash-attention benchmarks count causal attention (4 B H D per pair, over
+   * T^2 / 2 pairs); with a window, over the pairs it computes */
+  double attn_fwd_flops = 2.0 * o->B * o->H * (double)o->T * o->T * D *
+                          (attn_pairs(o->T, o->window) / attn_pairs(o->T, 0));
   double layer_flops = 3.0 * tz_model_layer_flop(&cfg, o->B, o->T);
   double attn_flops = 3.5 * attn_fwd_flops;
 
@@ -530,14 +547,17 @@ static void usage(FILE *f) {
           "usage: tz-bench layer [--d-model N] [--ffn N] [--heads N] [--kv-heads N] [--seq N]\n"
           "                      [--batch N] [--iters N] [--warmup N] [--grad-dtype bf16|f32]\n"
           "                      [--gemm-size N] [--python PY] [--torch-script PATH]\n"
-          "                      [--no-torch] [--rounds N] [--json]\n"
+          "                      [--no-torch] [--rounds N] [--json] [--window N] [--softcap C]\n"
           "  One transformer layer forward + backward on the cuda backend (bf16) beside PyTorch\n"
           "  (bf16, flash attention) run in the same invocation; attention alone; the bf16 GEMM\n"
           "  ceiling (N^3, --gemm-size, default 8192); each op's share; the layer, attention\n"
           "  and the shares again with the one-pass attention. Defaults: Llama-7B's\n"
           "  layer, d_model 4096, ffn 11008, 32 heads, seq 2048, micro-batch 4, gradients bf16\n"
           "  as PyTorch's, 10 iterations after 3 warm-up, 3 rounds of both sides in turn (the\n"
-          "  layer and attention; each side's median over them). Exit 77 without a CUDA device.\n");
+          "  layer and attention; each side's median over them). Exit 77 without a CUDA device.\n"
+          "  --window, --softcap: attention alone with a sliding window of N keys and soft-capped\n"
+          "  scores (the cuda setting variants turned on), its TFLOP/s per computed (query, key)\n"
+          "  pair; the layer stays Llama's and PyTorch is not run.\n");
 }
 
 int tz_bench_layer(int argc, char **argv) {
@@ -581,6 +601,8 @@ int tz_bench_layer(int argc, char **argv) {
                                            {"help", no_argument, 0, 'h'},
                                            {"gemm-size", required_argument, 0, 'm'},
                                            {"rounds", required_argument, 0, 'r'},
+                                           {"window", required_argument, 0, 'W'},
+                                           {"softcap", required_argument, 0, 'S'},
                                            {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -606,15 +628,23 @@ int tz_bench_layer(int argc, char **argv) {
     case 'j': o.json = 1; break;
     case 'm': o.gemm = atoi(optarg); break;
     case 'r': o.rounds = atoi(optarg); break;
+    case 'W': o.window = atoi(optarg); break;
+    case 'S': o.softcap = (float)atof(optarg); break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
   if (o.C < 1 || o.F < 1 || o.H < 1 || o.Hkv < 1 || o.T < 1 || o.B < 1 || o.iters < 1 ||
-      o.warmup < 0 || o.gemm < 1 || o.rounds < 1 || o.rounds > MAX_ROUNDS ||
-      (o.G != TZ_BF16 && o.G != TZ_F32)) {
+      o.warmup < 0 || o.gemm < 1 || o.rounds < 1 || o.rounds > MAX_ROUNDS || o.window < 0 ||
+      !(o.softcap >= 0.0f) || (o.G != TZ_BF16 && o.G != TZ_F32)) {
     usage(stderr);
     return 2;
+  }
+  if (o.window || o.softcap > 0) {
+    /* the variants' kernels, on every instance the bench makes (its settings strings leave
+     * variants to the environment); PyTorch's layer has no window to compare with */
+    setenv("TZ_CUDA_VARIANTS", "1", 1);
+    o.torch = 0;
   }
   char why[256];
   if (tz_compute_probe("cuda", why, sizeof why) < 0) {

@@ -37,6 +37,7 @@
 # the SwiGLU rebuilt in its backward, 16-byte elementwise, RoPE and RMSNorm kernels): the kernel
 # tests, the model's and trainer's GPU tests, tz-bench layer in 3 rounds with PyTorch beside it
 # (each op's GB/s beside the copy ceiling), then tz-auto llama-7b (about 200 s)
+# variants: the windowed and soft-capped attention's speed beside the causal kernel's;
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -178,6 +179,18 @@ if has wgmma; then
   step wgmma-layer-auto $b/bin/tz-bench layer --iters 5 --warmup 2
   step wgmma-layer-2p env TZ_CUDA_ATTENTION=two-pass $b/bin/tz-bench layer --iters 5 --warmup 2
   step wgmma-layer env TZ_CUDA_ATTENTION=wgmma $b/bin/tz-bench layer --iters 5 --warmup 2
+fi
+# variants: issue 51's speed check, the windowed and soft-capped attention's TFLOP/s per computed
+# (query, key) pair against the plain causal kernel's (target >= 0.9), at Llama-7B's attention
+# (2048 tokens x 4) and at 8192 x 1 with Mistral's 4096-token window (about 120 s)
+if has variants; then
+  lv=($b/bin/tz-bench layer --no-torch --rounds 1 --iters 5 --warmup 2)
+  step var-none "${lv[@]}"
+  step var-w512 "${lv[@]}" --window 512
+  step var-cap50 "${lv[@]}" --softcap 50
+  step var-w512-cap50 "${lv[@]}" --window 512 --softcap 50
+  step var-t8k-none "${lv[@]}" --seq 8192 --batch 1
+  step var-t8k-w4096 "${lv[@]}" --seq 8192 --batch 1 --window 4096
 fi
 # gputests: the tests that need a GPU, alone (the CPU ones run in CI), about 200 s
 if has gputests; then
