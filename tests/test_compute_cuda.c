@@ -913,6 +913,26 @@ static int rope_launch(tz_compute *cm, int gpu, void *p) {
              : tz_compute_rope_fwd(cm, SIDE(a->x, gpu), a->B, a->T, a->nh, a->D, &a->rope, pos);
 }
 
+/* One rope call of a's shape and direction on random x, against the cpu backend; what names
+ * the rope's kind in the check's line. */
+static void rope_case(struct env *e, struct rope_args *a, const char *what) {
+  size_t n = (size_t)a->B * a->T * a->nh * a->D;
+  struct buf x;
+  buf_init(e, &x, n, TZ_F32, e->S);
+  float *v = randv(n, 2.0f);
+  buf_set(&x, e, v);
+  a->x = &x;
+  char name[160];
+  snprintf(name, sizeof name, "rope_%s %s B=%d T=%d nh=%d D=%d %s", a->inverse ? "bwd" : "fwd",
+           tz_dtype_name(e->S), a->B, a->T, a->nh, a->D, what);
+  struct op op = {.name = name, .launch = rope_launch, .args = a};
+  add_out(&op, &x, "x", tol_of(e->S, 1, 2));
+  op.keep[op.n_keep++] = &x;
+  run_op(e, &op, NULL);
+  free(v);
+  buf_fini(e, &x);
+}
+
 /* Default RoPE at two bases, and Llama 3.1's llama3 scaling (theta 500000, factor 8, low 1,
  * high 4, original 8192) up to T = 8192 at the head dims of Llama 3 (128) and 3.2 1B (64). For
  * each shape the kinds alternate on one instance with the same (T, D), so a cos/sin table kept
@@ -951,22 +971,10 @@ static void test_rope(void **state) {
                                 .D = shapes[s][3],
                                 .inverse = inv,
                                 .rope = ropes[ri]};
-          size_t n = (size_t)a.B * a.T * a.nh * a.D;
-          struct buf x;
-          buf_init(&e, &x, n, TZ_F32, e.S);
-          float *v = randv(n, 2.0f);
-          buf_set(&x, &e, v);
-          a.x = &x;
-          char name[128];
-          snprintf(name, sizeof name, "rope_%s %s B=%d T=%d nh=%d D=%d theta=%g %s",
-                   inv ? "bwd" : "fwd", tz_dtype_name(e.S), a.B, a.T, a.nh, a.D, a.rope.theta,
+          char what[64];
+          snprintf(what, sizeof what, "theta=%g %s", a.rope.theta,
                    a.rope.type == TZ_ROPE_LLAMA3 ? "llama3" : "default");
-          struct op op = {.name = name, .launch = rope_launch, .args = &a};
-          add_out(&op, &x, "x", tol_of(e.S, 1, 2));
-          op.keep[op.n_keep++] = &x;
-          run_op(&e, &op, NULL);
-          free(v);
-          buf_fini(&e, &x);
+          rope_case(&e, &a, what);
         }
     env_close(&e);
   }
@@ -995,22 +1003,9 @@ static void test_rope_partial(void **state) {
               .D = shapes[s][3],
               .inverse = inv,
               .rope = {.theta = 10000.0, .rot = shapes[s][4], .mscale = mscales[m]}};
-          size_t n = (size_t)a.B * a.T * a.nh * a.D;
-          struct buf x;
-          buf_init(&e, &x, n, TZ_F32, e.S);
-          float *v = randv(n, 2.0f);
-          buf_set(&x, &e, v);
-          a.x = &x;
-          char name[128];
-          snprintf(name, sizeof name, "rope_%s %s B=%d T=%d nh=%d D=%d R=%d mscale=%g",
-                   inv ? "bwd" : "fwd", tz_dtype_name(e.S), a.B, a.T, a.nh, a.D, a.rope.rot,
-                   a.rope.mscale);
-          struct op op = {.name = name, .launch = rope_launch, .args = &a};
-          add_out(&op, &x, "x", tol_of(e.S, 1, 2));
-          op.keep[op.n_keep++] = &x;
-          run_op(&e, &op, NULL);
-          free(v);
-          buf_fini(&e, &x);
+          char what[64];
+          snprintf(what, sizeof what, "R=%d mscale=%g", a.rope.rot, a.rope.mscale);
+          rope_case(&e, &a, what);
         }
     env_close(&e);
   }

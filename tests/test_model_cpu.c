@@ -412,20 +412,27 @@ static void test_ref_yarn(void **state) {
   assert_true(f[0] == 1.0 && fabs(f[7] - pow(100.0, -14.0 / 16) / 4.0) < 1e-15);
 }
 
+/* c with longrope over an original length of 8, factor 2 and its attention factor, and n factors
+ * of each kind */
+static struct tz_model_config with_longrope(struct tz_model_config c, int n) {
+  c.rope_type = TZ_ROPE_LONGROPE;
+  c.rope_original_max_pos = 8;
+  c.rope_factor = 2.0;
+  c.rope_attn_factor = sqrt(1.0 + log(2.0) / log(8.0));
+  for (int i = 0; i < n; i++) {
+    c.rope_short_factor[i] = 1.0 + 0.25 * i;
+    c.rope_long_factor[i] = 1.0 + 1.5 * i;
+  }
+  return c;
+}
+
 /* longrope (Phi-3.5): the short factors at sequences up to the original length (7 of 8), the
  * long ones above it (12), the attention factor in the scores' scale. */
 static void test_ref_longrope(void **state) {
   (void)state;
   struct tz_model_config c = small_cfg();
   c.head_dim = 16;
-  c.rope_type = TZ_ROPE_LONGROPE;
-  c.rope_original_max_pos = 8;
-  c.rope_factor = 2.0;
-  c.rope_attn_factor = sqrt(1.0 + log(2.0) / log(8.0));
-  for (int i = 0; i < 8; i++) {
-    c.rope_short_factor[i] = 1.0 + 0.25 * i;
-    c.rope_long_factor[i] = 1.0 + 1.5 * i;
-  }
+  c = with_longrope(c, 8);
   compare_with_reference(c, 2, 7, 133);
   compare_with_reference(c, 1, 12, 134);
   struct tz_rope a, b;
@@ -445,14 +452,7 @@ static void test_ref_partial_rotary(void **state) {
   c.rope_rot = 12;
   compare_with_reference(c, 2, 7, 135);
   assert_string_equal(tz_model_variant(&c, 7), "partial rotary");
-  c.rope_type = TZ_ROPE_LONGROPE;
-  c.rope_original_max_pos = 8;
-  c.rope_factor = 2.0;
-  c.rope_attn_factor = sqrt(1.0 + log(2.0) / log(8.0));
-  for (int i = 0; i < 6; i++) {
-    c.rope_short_factor[i] = 1.0 + 0.25 * i;
-    c.rope_long_factor[i] = 1.0 + 1.5 * i;
-  }
+  c = with_longrope(c, 6);
   compare_with_reference(c, 1, 12, 136);
   c.rope_rot = 7;
   assert_int_equal(tz_model_config_check(&c), TZ_ECONFIG);
