@@ -263,39 +263,11 @@ static int parse_opt_in_window(const struct tz_hf_cfgp *p, struct tz_model_confi
   return check_layer_types(p, cfg, rule);
 }
 
-/* The family's attention window (its row's window rule): mistral's sliding_window applies to every
- * layer (transformers' MistralConfig defaults it to 4096 when absent; null is none); the Qwen
- * families' applies only with use_sliding_window (parse_opt_in_window); llama has none. */
-static int parse_window(const struct tz_hf_cfgp *p, struct tz_model_config *cfg, int *window) {
-  json_t *raw = json_object_get(p->root, "sliding_window");
-  *window = 0;
-  if (raw && !json_is_null(raw) && !json_is_integer(raw)) {
-    char t[100];
-    return tz_err_set(TZ_ECONFIG, "%s: \"sliding_window\" must be an integer or null, not %s",
-                      p->path, tz_hf_jtext(raw, t, sizeof t));
-  }
-  const struct tz_family *fam = tz_family_of(cfg->family);
-  if (fam->window == TZ_WINDOW_OPT_IN)
-    return parse_opt_in_window(p, cfg);
-  if (fam->window != TZ_WINDOW_ALWAYS)
-    return 0;
-  if (!raw)
-    *window = fam->window_default;
-  else
-    TZ_CHECK(get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, window));
-  cfg->sliding_window = *window; /* every layer (window_pattern 0) */
-  return 0;
-}
-
 /* TZ_WINDOW_LAYERS (gemma2): the window of the sliding layers, and layer_types, when given, the
  * family's pattern (family.h). */
 static int parse_layer_windows(const struct tz_hf_cfgp *p, struct tz_model_config *cfg) {
   const struct tz_family *fam = tz_family_of(cfg->family);
-  json_t *raw = json_object_get(p->root, "sliding_window");
-  char t[100];
-  if (raw && !json_is_null(raw) && !json_is_integer(raw))
-    return tz_err_set(TZ_ECONFIG, "%s: \"sliding_window\" must be an integer or null, not %s",
-                      p->path, tz_hf_jtext(raw, t, sizeof t));
+  json_t *raw = json_object_get(p->root, "sliding_window"); /* an integer or null (parse_window) */
   /* hub configs of Gemma 3 say the pattern as sliding_window_pattern */
   TZ_CHECK(get_int(p, "sliding_window_pattern", 0, fam->window_pattern, 1, 1 << 16,
                    &cfg->window_pattern));
@@ -309,6 +281,33 @@ static int parse_layer_windows(const struct tz_hf_cfgp *p, struct tz_model_confi
   snprintf(rule, sizeof rule, "model_type %s's pattern (every %d%s layer full, the others sliding)",
            fam->model_type, cfg->window_pattern, cfg->window_pattern == 2 ? "nd" : "th");
   return check_layer_types(p, cfg, rule);
+}
+
+/* The family's attention window (its row's window rule): mistral's sliding_window applies to every
+ * layer (transformers' MistralConfig defaults it to 4096 when absent; null is none); the Qwen
+ * families' applies only with use_sliding_window (parse_opt_in_window); Gemma's to the layers of
+ * its pattern (parse_layer_windows); llama has none. *window: an every-layer window's value. */
+static int parse_window(const struct tz_hf_cfgp *p, struct tz_model_config *cfg, int *window) {
+  json_t *raw = json_object_get(p->root, "sliding_window");
+  *window = 0;
+  if (raw && !json_is_null(raw) && !json_is_integer(raw)) {
+    char t[100];
+    return tz_err_set(TZ_ECONFIG, "%s: \"sliding_window\" must be an integer or null, not %s",
+                      p->path, tz_hf_jtext(raw, t, sizeof t));
+  }
+  const struct tz_family *fam = tz_family_of(cfg->family);
+  if (fam->window == TZ_WINDOW_OPT_IN)
+    return parse_opt_in_window(p, cfg);
+  if (fam->window == TZ_WINDOW_LAYERS)
+    return parse_layer_windows(p, cfg);
+  if (fam->window != TZ_WINDOW_ALWAYS)
+    return 0;
+  if (!raw)
+    *window = fam->window_default;
+  else
+    TZ_CHECK(get_int(p, "sliding_window", 0, 0, 1, INT32_MAX, window));
+  cfg->sliding_window = *window; /* every layer (window_pattern 0) */
+  return 0;
 }
 
 /* Gemma's scale and softcaps (family.h, gemma): the key's number, the family's default when
@@ -407,8 +406,6 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   cfg->head_dim = cfg->d_model % cfg->n_head == 0 && D == cfg->d_model / cfg->n_head ? 0 : D;
   TZ_CHECK(refuse_unsupported(&p, cfg));
   TZ_CHECK(parse_window(&p, cfg, &info->sliding_window));
-  if (fam->window == TZ_WINDOW_LAYERS)
-    TZ_CHECK(parse_layer_windows(&p, cfg));
   if (fam->gemma)
     TZ_CHECK(parse_gemma(&p, cfg));
   TZ_CHECK(tz_hf_rope_read(&p, fam, cfg));
