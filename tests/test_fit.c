@@ -70,7 +70,7 @@ static void params(struct tz_trainer_params *tp, const struct tz_machine_facts *
   tp->machine = f;
 }
 
-static int make(int micro, int layers, const char *offload, const char *hbm,
+static int make(int micro, int layers, int seq, const char *offload, const char *hbm,
                 const struct tz_machine_facts *f, tz_trainer **tr) {
   struct tz_config c;
   config(&c, micro, offload, hbm);
@@ -78,6 +78,9 @@ static int make(int micro, int layers, const char *offload, const char *hbm,
   model(&mc, layers);
   struct tz_trainer_params tp;
   params(&tp, f);
+  tp.seq_len = seq;
+  if (mc.max_seq < seq)
+    mc.max_seq = seq;
   int rc = tz_trainer_create(&c, &mc, comm, rt, &tp, tr);
   tz_config_free(&c);
   return rc;
@@ -89,7 +92,7 @@ static void test_table(void **state) {
   (void)state;
   struct tz_machine_facts f = machine(64ull << 30);
   tz_trainer *tr = NULL;
-  TZ_ASSERT_OK(make(2, 4, "nvme", NULL, &f, &tr));
+  TZ_ASSERT_OK(make(2, 4, 32, "nvme", NULL, &f, &tr));
   const struct tz_plan *p = tz_trainer_plan(tr);
   uint64_t m = 0, param = 0;
   for (int b = 0; b < 6; b++) {
@@ -131,7 +134,7 @@ static void test_refusal_names_the_state(void **state) {
   (void)state;
   struct tz_machine_facts f = machine(64ull << 30);
   tz_trainer *tr = NULL;
-  assert_int_equal(make(2, 4, "none", "1MiB", &f, &tr), TZ_ENOMEM);
+  assert_int_equal(make(2, 4, 32, "none", "1MiB", &f, &tr), TZ_ENOMEM);
   const char *m = tz_err_msg();
   assert_non_null(strstr(m, "compute tier's budget of 1.00 MiB"));
   assert_non_null(strstr(m, "the state: parameters "));
@@ -160,12 +163,14 @@ static void check_fit(enum tz_fit_what what, const char *offload, const char *hb
   assert_non_null(strstr(r.why, "short") ? r.why : strstr(r.why, "more than this machine"));
   int micro = what == TZ_FIT_MICRO_BATCH ? (int)r.best : 1;
   int layers = what == TZ_FIT_LAYERS ? (int)r.best : 4;
+  int seq = what == TZ_FIT_SEQ ? (int)r.best : 32;
   tz_trainer *tr = NULL;
-  TZ_ASSERT_OK(make(micro, layers, offload, hbm, f, &tr));
+  TZ_ASSERT_OK(make(micro, layers, seq, offload, hbm, f, &tr));
   tz_trainer_destroy(tr);
   tr = NULL;
   assert_int_equal(make(what == TZ_FIT_MICRO_BATCH ? micro + 1 : micro,
-                        what == TZ_FIT_LAYERS ? layers + 1 : layers, offload, hbm, f, &tr),
+                        what == TZ_FIT_LAYERS ? layers + 1 : layers,
+                        what == TZ_FIT_SEQ ? seq + 1 : seq, offload, hbm, f, &tr),
                    TZ_ENOMEM);
   assert_null(tr);
 }
@@ -186,6 +191,17 @@ static void test_fit_layers(void **state) {
   check_fit(TZ_FIT_LAYERS, "none", NULL, &f, 2);
 }
 
+/* The longest sequence: bounded by the compute budget with the state on nvme (activations grow
+ * with it), and by the machine's memory with everything in the compute tier; past the model's
+ * max_position_embeddings (the tiny preset's 256), which the answer reports. */
+static void test_fit_seq(void **state) {
+  (void)state;
+  struct tz_machine_facts f = machine(64ull << 30);
+  check_fit(TZ_FIT_SEQ, "nvme", "24MiB", &f, 64);
+  f = machine(160 * MIB);
+  check_fit(TZ_FIT_SEQ, "none", NULL, &f, 257);
+}
+
 /* Nothing holds: 0, with the refusal of 1. */
 static void test_fit_none(void **state) {
   (void)state;
@@ -204,7 +220,9 @@ static void test_fit_none(void **state) {
   assert_non_null(strstr(r.why, "more than this machine can give (1.00 MiB"));
   enum tz_fit_what w;
   assert_int_equal(tz_fit_parse("batch", &w), TZ_EINVAL);
-  assert_non_null(strstr(tz_err_msg(), "expected micro-batch or layers"));
+  assert_non_null(strstr(tz_err_msg(), "expected micro-batch, layers or seq"));
+  TZ_ASSERT_OK(tz_fit_parse("seq", &w));
+  assert_int_equal(w, TZ_FIT_SEQ);
 }
 
 int main(void) {
@@ -225,7 +243,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_table),           cmocka_unit_test(test_refusal_names_the_state),
       cmocka_unit_test(test_fit_micro_batch), cmocka_unit_test(test_fit_layers),
-      cmocka_unit_test(test_fit_none),
+      cmocka_unit_test(test_fit_seq),         cmocka_unit_test(test_fit_none),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);

@@ -137,7 +137,7 @@ static void test_flag_errors(void **state) {
       {"--steps -1", 2, {"--steps: expected a non-negative integer"}},
       {"--seq 0", 2, {"--seq: expected a positive integer"}},
       {"--fit layers", 2, {"--fit is for --plan"}},
-      {"--plan --fit batch", 2, {"--fit 'batch': expected micro-batch or layers"}},
+      {"--plan --fit batch", 2, {"--fit 'batch': expected micro-batch, layers or seq"}},
       {"--eval-every 0", 2, {"--eval-every: expected a positive integer"}},
       {"--val-fraction 1.5", 2, {"--val-fraction: expected a number in (0, 1)"}},
       {"--trace-step 1", 2, {"--trace-step and --trace go together"}},

@@ -524,7 +524,9 @@ static int print_fit(const struct opts *o, const struct tz_config *cfg, struct t
   TZ_CHECK(tz_run_fit(&o->run, cfg, w->comm, w->rt, what, &r));
   if (rank != 0)
     return 0;
-  const char *name = what == TZ_FIT_MICRO_BATCH ? "micro-batch" : "number of layers";
+  const char *name = what == TZ_FIT_MICRO_BATCH ? "micro-batch"
+                     : what == TZ_FIT_LAYERS    ? "number of layers"
+                                                : "sequence (tokens)";
   if (!r.best)
     printf("tz-train: --fit %s: not even 1 holds: %s\n", o->fit, r.why);
   else if (!r.refused)
@@ -538,6 +540,10 @@ static int print_fit(const struct opts *o, const struct tz_config *cfg, struct t
            o->fit, name, (long long)r.best, r.plans, r.bound_s,
            r.unknown_rates ? " [some rates unknown: counted as free]" : "", (long long)r.refused,
            r.why);
+  if (what == TZ_FIT_SEQ && r.best > r.model_max)
+    printf("tz-train: --fit seq: beyond the model's max_position_embeddings %lld, which a run "
+           "refuses (a config.json with it raised, and RoPE scaling for it, trains longer)\n",
+           (long long)r.model_max);
   return 0;
 }
 

@@ -1,4 +1,5 @@
-/* The largest micro-batch or the most layers this machine holds (trainer/fit.h). */
+/* The largest micro-batch, the most layers or the longest sequence this machine holds
+ * (trainer/fit.h). */
 #define _GNU_SOURCE
 #include "trainer/fit.h"
 #include "core/error.h"
@@ -13,13 +14,18 @@ int tz_fit_parse(const char *s, enum tz_fit_what *out) {
     *out = TZ_FIT_MICRO_BATCH;
   else if (s && strcmp(s, "layers") == 0)
     *out = TZ_FIT_LAYERS;
+  else if (s && strcmp(s, "seq") == 0)
+    *out = TZ_FIT_SEQ;
   else
-    return tz_err_set(TZ_EINVAL, "--fit '%s': expected micro-batch or layers", s ? s : "");
+    return tz_err_set(TZ_EINVAL, "--fit '%s': expected micro-batch, layers or seq", s ? s : "");
   return 0;
 }
 
 const char *tz_fit_name(enum tz_fit_what w) {
-  return w == TZ_FIT_MICRO_BATCH ? "micro-batch" : w == TZ_FIT_LAYERS ? "layers" : "?";
+  return w == TZ_FIT_MICRO_BATCH ? "micro-batch"
+         : w == TZ_FIT_LAYERS    ? "layers"
+         : w == TZ_FIT_SEQ       ? "seq"
+                                 : "?";
 }
 
 struct search {
@@ -44,10 +50,15 @@ static int try_value(struct search *s, int64_t v, int measure, char *why, size_t
     c.train_batch_size = v * c.gradient_accumulation_steps * tz_comm_size(s->comm);
     if (s->tp->plan_world > 0)
       c.train_batch_size = v * c.gradient_accumulation_steps * s->tp->plan_world;
-  } else {
+  } else if (s->what == TZ_FIT_LAYERS) {
     mc.n_layer = (int)v;
   }
   struct tz_trainer_params tp = *s->tp;
+  if (s->what == TZ_FIT_SEQ) { /* the model admits it for the plan (tz_fit_result says) */
+    tp.seq_len = (int)v;
+    if (mc.max_seq < (int)v)
+      mc.max_seq = (int)v;
+  }
   tp.plan_only = 1;
   tp.measure_layer = measure;
   tz_trainer *t = NULL;
@@ -71,7 +82,10 @@ int tz_fit(const struct tz_config *cfg, const struct tz_model_config *mc, tz_com
            struct tz_fit_result *out) {
   memset(out, 0, sizeof *out);
   out->what = what;
-  out->limit = what == TZ_FIT_MICRO_BATCH ? TZ_FIT_MAX_MICRO_BATCH : TZ_FIT_MAX_LAYERS;
+  out->limit = what == TZ_FIT_MICRO_BATCH ? TZ_FIT_MAX_MICRO_BATCH
+               : what == TZ_FIT_LAYERS    ? TZ_FIT_MAX_LAYERS
+                                          : TZ_FIT_MAX_SEQ;
+  out->model_max = mc->max_seq;
   struct search s = {cfg, mc, comm, rt, tp, what, out};
   char why[1024];
   /* Doubling finds a value that holds (lo) and one that does not (hi); the bisection between

@@ -1,7 +1,7 @@
-/* `tz-train --plan --fit micro-batch|layers`: the largest micro-batch, or the most layers of the
- * model's shape, that this machine holds, found by bisection over the plan (docs/training.md,
- * "What fits"). A value holds when its plan fits the budgets and the machine's limits
- * (trainer/machine.h): exactly what tz-train checks before allocating. */
+/* `tz-train --plan --fit micro-batch|layers|seq`: the largest micro-batch, the most layers of the
+ * model's shape, or the longest sequence, that this machine holds, found by bisection over the plan
+ * (docs/training.md, "What fits"). A value holds when its plan fits the budgets and the machine's
+ * limits (trainer/machine.h): exactly what tz-train checks before allocating. */
 #ifndef TZ_TRAINER_FIT_H
 #define TZ_TRAINER_FIT_H
 
@@ -17,13 +17,17 @@
 enum tz_fit_what {
   TZ_FIT_MICRO_BATCH = 1, /* train_micro_batch_size_per_gpu, the accumulation kept */
   TZ_FIT_LAYERS = 2,      /* n_layer (num_hidden_layers), every other dimension kept */
+  TZ_FIT_SEQ = 3,         /* tokens per sequence (--seq), the micro-batch kept; the model's
+                             max_position_embeddings raised to it for the plan (the answer says
+                             where it lies beyond) */
 };
-/* "micro-batch" or "layers" into *out; TZ_EINVAL naming what is expected. */
+/* "micro-batch", "layers" or "seq" into *out; TZ_EINVAL naming what is expected. */
 int tz_fit_parse(const char *s, enum tz_fit_what *out);
 const char *tz_fit_name(enum tz_fit_what w);
 
 #define TZ_FIT_MAX_MICRO_BATCH (1 << 20)
 #define TZ_FIT_MAX_LAYERS 4096
+#define TZ_FIT_MAX_SEQ (1 << 24)
 
 struct tz_fit_result {
   enum tz_fit_what what;
@@ -32,8 +36,9 @@ struct tz_fit_result {
   int64_t limit;   /* the search's ceiling (TZ_FIT_MAX_*) */
   double bound_s;  /* the bound of best's plan (with the layer's rate when measured) */
   int unknown_rates;
-  int plans;      /* plans made by the search */
-  char why[1024]; /* refused's refusal, or 1's when best is 0 */
+  int plans;         /* plans made by the search */
+  int64_t model_max; /* TZ_FIT_SEQ: the model's max_position_embeddings */
+  char why[1024];    /* refused's refusal, or 1's when best is 0 */
 };
 
 /* The bisection for the trainer that cfg, mc and tp describe (tp->plan_only is implied; the
