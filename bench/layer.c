@@ -67,6 +67,10 @@ struct opts {
    * counted over the (query, key) pairs it computes, so that its TFLOP/s is per computed tile */
   int window;
   float softcap;
+  /* packed documents of heavy-tailed lengths with this mean (0: each row one document), in the
+   * layer and attention alone: tokens per second counting every row token, attention's FLOP over
+   * the pairs inside documents */
+  int docs;
   enum tz_dtype G;
   const char *python, *script;
 };
@@ -122,10 +126,33 @@ static int attn_step(tz_compute *cm, const struct tz_model_config *cfg, const st
   const struct tz_attn_opts var = {.softcap = o->softcap, .window = o->window};
   const struct tz_attn_opts *opt = o->window || o->softcap > 0 ? &var : NULL;
   TZ_CHECK(tz_compute_attention_fwd(cm, l->acts.att, l->acts.lse, l->acts.q, l->acts.k, l->acts.v,
-                                    o->B, o->T, o->H, o->Hkv, D, NULL, opt));
+                                    o->B, o->T, o->H, o->Hkv, D, l->pos, opt));
   return tz_compute_attention_bwd(cm, l->scratch.dq, l->scratch.dk, l->scratch.dv, l->scratch.delta,
                                   l->scratch.datt, l->acts.q, l->acts.k, l->acts.v, l->acts.att,
-                                  l->acts.lse, o->B, o->T, o->H, o->Hkv, D, NULL, opt);
+                                  l->acts.lse, o->B, o->T, o->H, o->Hkv, D, l->pos, opt);
+}
+
+/* Positions of packed documents for B rows of T tokens (host, B*T): lengths drawn from a Pareto
+ * law of shape 2 (heavy-tailed, as chat data's are) with mean `mean`, from a fixed seed, the last
+ * of a row cut at its end; *pairs gets the (query, key) pairs causal attention inside the
+ * documents computes, *n_docs their number. */
+static void doc_positions(int32_t *pos, int B, int T, int mean, double *pairs, int *n_docs) {
+  uint64_t st = 0x9e3779b97f4a7c15ull;
+  *pairs = 0;
+  *n_docs = 0;
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T;) {
+      st = st * 6364136223846793005ull + 1442695040888963407ull;
+      double u = ((double)(st >> 11) + 1.0) / 9007199254740993.0; /* (0, 1] */
+      int len = (int)ceil(mean / 2.0 / sqrt(u));
+      if (len > T - t)
+        len = T - t;
+      for (int i = 0; i < len; i++)
+        pos[(size_t)b * T + t + i] = i;
+      *pairs += (double)len * (len + 1) / 2;
+      (*n_docs)++;
+      t += len;
+    }
 }
 
 /* The (query, key) pairs causal attention over T tokens computes: T (T + 1) / 2, or with a window
@@ -311,12 +338,40 @@ static int bench(const struct opts *o) {
     tz_compute_destroy(cm);
     return rc;
   }
+  /* 2 B H T^2 D, as flash-attention benchmarks count causal attention (4 B H D per pair, over
+   * T^2 / 2 pairs); with a window or documents, over the pairs it computes */
+  double share = attn_pairs(o->T, o->window) / attn_pairs(o->T, 0);
+  void *pos_dev = NULL;
+  if (o->docs) {
+    int32_t *pos = malloc(sizeof *pos * (size_t)o->B * o->T);
+    double pairs = 0;
+    int n_docs = 0;
+    rc = pos ? 0 : tz_err_set(TZ_ENOMEM, "layer: no memory for %d x %d positions", o->B, o->T);
+    if (rc == 0) {
+      doc_positions(pos, o->B, o->T, o->docs, &pairs, &n_docs);
+      share = pairs / (o->B * attn_pairs(o->T, 0));
+      rc = tz_compute_alloc(cm, sizeof *pos * (size_t)o->B * o->T, &pos_dev);
+    }
+    if (rc == 0)
+      rc = tz_compute_copy_in(cm, pos_dev, pos, sizeof *pos * (size_t)o->B * o->T);
+    if (rc == 0)
+      rc = tz_compute_sync(cm);
+    free(pos);
+    if (rc < 0) {
+      tz_compute_free(cm, pos_dev);
+      tz_layer_probe_free(cm, &l);
+      tz_compute_destroy(cm);
+      return rc;
+    }
+    l.pos = pos_dev;
+    if (!o->json)
+      printf("packed documents: %d in %d rows of %d tokens (heavy-tailed lengths, mean %d asked, "
+             "%.1f had); attention computes %.3f of the causal pairs\n",
+             n_docs, o->B, o->T, o->docs, (double)o->B * o->T / n_docs, share);
+  }
   double t_layer = 0, t_attn = 0, t_gemm = 0;
   int D = tz_model_head_dim(&cfg);
-  /* 2 B H T^2 D, as flash-attention benchmarks count causal attention (4 B H D per pair, over
-   * T^2 / 2 pairs); with a window, over the pairs it computes */
-  double attn_fwd_flops = 2.0 * o->B * o->H * (double)o->T * o->T * D *
-                          (attn_pairs(o->T, o->window) / attn_pairs(o->T, 0));
+  double attn_fwd_flops = 2.0 * o->B * o->H * (double)o->T * o->T * D * share;
   double layer_flops = 3.0 * tz_model_layer_flop(&cfg, o->B, o->T);
   double attn_flops = 3.5 * attn_fwd_flops;
 
@@ -404,6 +459,7 @@ static int bench(const struct opts *o) {
   if (rc == 0)
     rc = op_shares(cm, &cfg, &l, &times);
   tz_layer_probe_free(cm, &l);
+  tz_compute_free(cm, pos_dev);
   size_t gemm_bytes = (size_t)o->gemm * o->gemm * 2;
   st.which = 2;
   if (rc == 0)
@@ -548,6 +604,7 @@ static void usage(FILE *f) {
           "                      [--batch N] [--iters N] [--warmup N] [--grad-dtype bf16|f32]\n"
           "                      [--gemm-size N] [--python PY] [--torch-script PATH]\n"
           "                      [--no-torch] [--rounds N] [--json] [--window N] [--softcap C]\n"
+          "                      [--docs N]\n"
           "  One transformer layer forward + backward on the cuda backend (bf16) beside PyTorch\n"
           "  (bf16, flash attention) run in the same invocation; attention alone; the bf16 GEMM\n"
           "  ceiling (N^3, --gemm-size, default 8192); each op's share; the layer, attention\n"
@@ -557,7 +614,10 @@ static void usage(FILE *f) {
           "  layer and attention; each side's median over them). Exit 77 without a CUDA device.\n"
           "  --window, --softcap: attention alone with a sliding window of N keys and soft-capped\n"
           "  scores (the cuda setting variants turned on), its TFLOP/s per computed (query, key)\n"
-          "  pair; the layer stays Llama's and PyTorch is not run.\n");
+          "  pair; the layer stays Llama's and PyTorch is not run.\n"
+          "  --docs N: rows packed with documents of heavy-tailed lengths of mean N (packed\n"
+          "  fine-tuning), in the layer and attention; PyTorch is not run (compare with the\n"
+          "  same command without it, one after the other).\n");
 }
 
 int tz_bench_layer(int argc, char **argv) {
@@ -603,6 +663,7 @@ int tz_bench_layer(int argc, char **argv) {
                                            {"rounds", required_argument, 0, 'r'},
                                            {"window", required_argument, 0, 'W'},
                                            {"softcap", required_argument, 0, 'S'},
+                                           {"docs", required_argument, 0, 'D'},
                                            {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -630,13 +691,14 @@ int tz_bench_layer(int argc, char **argv) {
     case 'r': o.rounds = atoi(optarg); break;
     case 'W': o.window = atoi(optarg); break;
     case 'S': o.softcap = (float)atof(optarg); break;
+    case 'D': o.docs = atoi(optarg); break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
   if (o.C < 1 || o.F < 1 || o.H < 1 || o.Hkv < 1 || o.T < 1 || o.B < 1 || o.iters < 1 ||
       o.warmup < 0 || o.gemm < 1 || o.rounds < 1 || o.rounds > MAX_ROUNDS || o.window < 0 ||
-      !(o.softcap >= 0.0f) || (o.G != TZ_BF16 && o.G != TZ_F32)) {
+      o.docs < 0 || !(o.softcap >= 0.0f) || (o.G != TZ_BF16 && o.G != TZ_F32)) {
     usage(stderr);
     return 2;
   }
@@ -646,6 +708,8 @@ int tz_bench_layer(int argc, char **argv) {
     setenv("TZ_CUDA_VARIANTS", "1", 1);
     o.torch = 0;
   }
+  if (o.docs) /* PyTorch's layer here has no document mask */
+    o.torch = 0;
   char why[256];
   if (tz_compute_probe("cuda", why, sizeof why) < 0) {
     fprintf(stderr, "tz-bench layer: %s\n", why);

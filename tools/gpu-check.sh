@@ -37,7 +37,8 @@
 # the SwiGLU rebuilt in its backward, 16-byte elementwise, RoPE and RMSNorm kernels): the kernel
 # tests, the model's and trainer's GPU tests, tz-bench layer in 3 rounds with PyTorch beside it
 # (each op's GB/s beside the copy ceiling), then tz-auto llama-7b (about 200 s)
-# variants: the windowed and soft-capped attention's speed beside the causal kernel's;
+# variants: the windowed and soft-capped attention's speed beside the causal kernel's; packed:
+# the layer with packed documents beside the same without;
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -191,6 +192,15 @@ if has variants; then
   step var-w512-cap50 "${lv[@]}" --window 512 --softcap 50
   step var-t8k-none "${lv[@]}" --seq 8192 --batch 1
   step var-t8k-w4096 "${lv[@]}" --seq 8192 --batch 1 --window 4096
+fi
+# packed: issue 50's packed fine-tuning in tz-bench layer, llama-7b's layer (2048 x 4) with rows of
+# heavy-tailed documents (mean 512 and 128 tokens) beside the same without documents, one after
+# the other: tokens per second counting every row token (target >= 1.0x; about 60 s)
+if has packed; then
+  lp=($b/bin/tz-bench layer --no-torch --rounds 1)
+  step packed-none "${lp[@]}"
+  step packed-512 "${lp[@]}" --docs 512
+  step packed-128 "${lp[@]}" --docs 128
 fi
 # gputests: the tests that need a GPU, alone (the CPU ones run in CI), about 200 s
 if has gputests; then

@@ -453,6 +453,9 @@ struct tz_layer_probe {
   struct tz_layer_acts acts;
   struct tz_layer_scratch scratch;
   int B, T;
+  /* packed documents' positions (B*T int32 in cm's memory, kernels/compute.h "Packed
+   * documents"): NULL after alloc; a caller may set its own (it keeps and frees it) */
+  const int32_t *pos;
 };
 int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
                          struct tz_layer_probe *l);

@@ -248,9 +248,9 @@ int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int 
 int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
                         const struct tz_layer_probe *l, unsigned recompute) {
   TZ_CHECK(
-      tz_model_layer_fwd(cm, cfg, 0, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T, NULL));
+      tz_model_layer_fwd(cm, cfg, 0, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T, l->pos));
   return tz_model_layer_bwd(cm, cfg, 0, l->params, l->grads, l->x_in, &l->acts, recompute,
-                            l->dx_out, l->dx_in, &l->scratch, l->B, l->T, NULL);
+                            l->dx_out, l->dx_in, &l->scratch, l->B, l->T, l->pos);
 }
 
 int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T, int reps,
