@@ -144,6 +144,17 @@ struct tz_config {
   enum tz_precision communication_data_type; /* dtype of gradient reductions */
   int64_t seed;                              /* initialisation and data order are functions of it */
 
+  /* DeepSpeed's monitors (its deepspeed/monitor/config.py), written during the run by rank 0
+   * (trainer/monitor.h): TensorBoard events and CSV files in the directory
+   * os.path.join(output_path, job_name). Settings of one run: checkpoints do not keep them
+   * (tz_config_forget_run). wandb.enabled true is refused (config_keys.c). */
+  struct tz_config_monitor {
+    int enabled;
+    char *output_path; /* where job_name's directory goes; NULL = "" (DeepSpeed's default: the
+                          directory is job_name, under the current one) */
+    char *job_name;    /* NULL = "DeepSpeedJobName" (DeepSpeed's default) */
+  } tensorboard, csv_monitor;
+
   /* The "tierzero" section; each key is also TZ_<KEY> in the environment. */
   struct {
     char *model;          /* model preset name; NULL = the trainer's default */

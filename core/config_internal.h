@@ -40,6 +40,7 @@ enum {
   F_AUTO_UNSET = 1 << 6, /* "auto" stands for a value that is filled later (tz-train fills the
                             warm-up from --warmup-ratio): the dump writes "auto" while the key is
                             "auto" and at its default, so a checkpoint's config reads back so */
+  F_EMPTY = 1 << 7,      /* K_STR: "" is a value (DeepSpeed's default of a monitor's output_path) */
 };
 
 struct key {
@@ -54,6 +55,8 @@ struct key {
   double def[2]; /* default: number, 0/1, enum value; K_PAIR both; K_FIXED the required 0/1.
                   * Defaults may lie outside [min, max]: such a value means "not set". */
   const char *backend, *setting; /* F_BACKEND: whose setting, and its name there */
+  const char *why;               /* K_FIXED: optional, why the other value is refused and what
+                                    to use instead, added to the message */
 };
 
 /* The table (config_keys.c). Keys of one section are contiguous: tz_config_dump nests by walking

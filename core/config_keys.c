@@ -54,6 +54,9 @@ _Static_assert(TZ_LOG_ERROR == 0 && TZ_LOG_TRACE == 4, "log level names below fo
   {.path = p, .type = K_ENUM, .off = OFF(f), .names = nm,                                          \
    .n_names = (int)(sizeof nm / sizeof nm[0]), .flags = fl, .def = {d}}
 #define STR(p, f) {.path = p, .type = _Generic(FT(f), char *: K_STR), .off = OFF(f)}
+/* A string that may be "" (a value, not "not set"). */
+#define STR_EMPTY(p, f)                                                                            \
+  {.path = p, .type = _Generic(FT(f), char *: K_STR), .off = OFF(f), .flags = F_EMPTY}
 /* A backend's setting: its text in the config's slot s, for backend b's setting n. */
 #define SETTING(p, b, n, s)                                                                        \
   {.path = p, .type = K_STR, .off = OFF(setting_[s]), .flags = F_BACKEND, .backend = b,          \
@@ -61,6 +64,8 @@ _Static_assert(TZ_LOG_ERROR == 0 && TZ_LOG_TRACE == 4, "log level names below fo
 #define PATHS(p, f)                                                                                \
   {.path = p, .type = _Generic(FT(f), struct tz_config_paths: K_PATHS), .off = OFF(f)}
 #define FIXED(p, v) {.path = p, .type = K_FIXED, .imin = 0, .imax = 1, .def = {v}}
+/* The same with the reason the other value is refused, added to the message. */
+#define FIXED_WHY(p, v, w) {.path = p, .type = K_FIXED, .imin = 0, .imax = 1, .def = {v}, .why = w}
 /* DeepSpeed keys tierzero accepts and checks as DeepSpeed does but has no use for: no field, no
  * default, nothing stored and nothing dumped. */
 #define NO_BOOL(p) {.path = p, .type = K_BOOL, .imin = 0, .imax = 1, .flags = F_NO_FIELD}
@@ -153,6 +158,17 @@ const struct key tz_config_keys[] = {
   BOOL("prescale_gradients", prescale_gradients, 0),
   ENUM("communication_data_type", communication_data_type, precision_names, TZ_PRECISION_FP32, 0),
   I64("seed", seed, 0, 42, 0),
+  /* DeepSpeed's monitors (trainer/monitor.h; DeepSpeed's deepspeed/monitor/config.py) */
+  BOOL("tensorboard.enabled", tensorboard.enabled, 0),
+  STR_EMPTY("tensorboard.output_path", tensorboard.output_path),
+  STR_EMPTY("tensorboard.job_name", tensorboard.job_name),
+  BOOL("csv_monitor.enabled", csv_monitor.enabled, 0),
+  STR_EMPTY("csv_monitor.output_path", csv_monitor.output_path),
+  STR_EMPTY("csv_monitor.job_name", csv_monitor.job_name),
+  FIXED_WHY("wandb.enabled", 0,
+            "tierzero has no W&B client; the tensorboard section writes TensorBoard events "
+            "during the run (`wandb sync` uploads that directory to W&B) and csv_monitor CSV "
+            "files"),
   /* tierzero's own keys; each is also the environment variable TZ_<KEY> */
   STR("tierzero.model", tierzero.model),
   STR("tierzero.data", tierzero.data),
@@ -204,7 +220,7 @@ const int tz_config_n_keys = N_KEYS;
  * "did you mean". A section listed here is ignored whole. */
 /* clang-format off */
 static const char *const known_ignored[] = {
-  "tensorboard", "wandb", "csv_monitor", "comet", "monitor_config", "flops_profiler",
+  "comet", "monitor_config", "wandb.group", "wandb.team", "wandb.project", "flops_profiler",
   "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "amp", "sparse_attention",
   "pipeline", "compression_training", "data_efficiency", "curriculum_learning", "elasticity",
   "autotuning", "checkpoint", "data_types", "dump_state", "memory_breakdown", "sparse_gradients",
@@ -581,9 +597,13 @@ void tz_config_given_clear(struct tz_config *c) { memset(c->given_, 0, sizeof c-
 /* ------------------------------------------------------------------------------------------ */
 /* Settings of one run */
 
-/* Test and diagnostic settings: the run that asked for them has them, its checkpoints do not. */
-static const char *const run_only[] = {"tierzero.faults", "tierzero.log", "tierzero.jitter_us",
-                                       "tierzero.sched_debug", "tierzero.trace_step"};
+/* Test and diagnostic settings, and where the run's monitors write: the run that asked for them
+ * has them, its checkpoints do not. */
+static const char *const run_only[] = {
+    "tierzero.faults",         "tierzero.log",         "tierzero.jitter_us",
+    "tierzero.sched_debug",    "tierzero.trace_step",  "tensorboard.enabled",
+    "tensorboard.output_path", "tensorboard.job_name", "csv_monitor.enabled",
+    "csv_monitor.output_path", "csv_monitor.job_name"};
 
 void tz_config_forget_run(struct tz_config *c) {
   for (size_t i = 0; i < sizeof run_only / sizeof run_only[0]; i++) {

@@ -117,7 +117,9 @@ static void describe(const struct key *k, int text, char *buf, size_t len) {
       first = 0;
     }
     break;
-  case K_STR: n = (size_t)snprintf(buf, len, "a non-empty string"); break;
+  case K_STR:
+    n = (size_t)snprintf(buf, len, "%s", k->flags & F_EMPTY ? "a string" : "a non-empty string");
+    break;
   case K_PATHS:
     n = (size_t)snprintf(buf, len,
                          text ? "a ':'-separated list of 1 to %d directories"
@@ -141,6 +143,8 @@ static int bad_value(const struct where *w, const struct key *k) {
   char want[160], got[80];
   describe(k, w->json == NULL, want, sizeof want);
   tz_config_render_got(w, got, sizeof got);
+  if (k->type == K_FIXED && k->why)
+    return tz_config_where_err(w, "only %s is supported, got %s: %s", want, got, k->why);
   if (k->type == K_FIXED)
     return tz_config_where_err(w, "only %s is supported, got %s", want, got);
   return tz_config_where_err(w, "expected %s, got %s", want, got);
@@ -245,7 +249,7 @@ int tz_config_parse_json(const struct where *w, const struct key *k, json_t *j, 
     return 0;
   }
   case K_STR:
-    if (!json_is_string(j) || json_string_length(j) == 0 ||
+    if (!json_is_string(j) || (json_string_length(j) == 0 && !(k->flags & F_EMPTY)) ||
         strlen(json_string_value(j)) != json_string_length(j))
       return bad_value(w, k);
     return dup_str(json_string_value(j), json_string_length(j), &v->s);
@@ -361,7 +365,7 @@ int tz_config_parse_text(const struct where *w, const struct key *k, const char 
     return 0;
   }
   case K_STR:
-    if (!*s)
+    if (!*s && !(k->flags & F_EMPTY))
       return bad_value(w, k);
     if (text_utf8(w, s, strlen(s)) < 0)
       return TZ_ECONFIG;

@@ -165,16 +165,20 @@ static void test_zero_infinity_file(void **state) {
   assert_int_equal(c.communication_data_type, TZ_PRECISION_BF16);
   ASSERT_DBL(c.gradient_predivide_factor, 2.0);
   assert_int_equal(c.seed, 1234);
+  /* DeepSpeed's monitor, honoured during the run (trainer/monitor.h) */
+  assert_int_equal(c.tensorboard.enabled, 1);
+  assert_string_equal(c.tensorboard.output_path, "logs/");
+  assert_string_equal(c.tensorboard.job_name, "zero_infinity");
   /* DeepSpeed keys that do not apply, in file order. */
   static const char *const ignored[] = {
-      "zero_optimization.stage3_gather_16bit_weights_on_model_save", "tensorboard",
-      "flops_profiler", "zero_allow_untested_optimizer"};
-  assert_int_equal(tz_config_ignored_count(&c), 4);
-  for (int i = 0; i < 4; i++) {
+      "zero_optimization.stage3_gather_16bit_weights_on_model_save", "flops_profiler",
+      "zero_allow_untested_optimizer"};
+  assert_int_equal(tz_config_ignored_count(&c), 3);
+  for (int i = 0; i < 3; i++) {
     assert_string_equal(tz_config_ignored(&c, i), ignored[i]);
     assert_null(tz_config_ignored_hint(&c, i));
   }
-  assert_null(tz_config_ignored(&c, 4));
+  assert_null(tz_config_ignored(&c, 3));
   TZ_ASSERT_OK(tz_config_resolve_batch(&c, 2));
   tz_config_free(&c);
 }
@@ -277,7 +281,7 @@ static void test_merge_files(void **state) {
   assert_int_equal(c.zero_optimization.offload_param.device, TZ_OFFLOAD_CPU);
   assert_string_equal(c.zero_optimization.offload_param.nvme_path, "/local_nvme");
   assert_string_equal(c.tierzero.model, "llama-1b");
-  assert_int_equal(tz_config_ignored_count(&c), 4);
+  assert_int_equal(tz_config_ignored_count(&c), 3); /* tensorboard is used */
   /* null leaves a value as it was; a legacy "bfloat16" section is bf16. */
   TZ_ASSERT_OK(tz_config_load_string(
       &c, "{\"optimizer\": {\"params\": {\"lr\": null}}, \"bfloat16\": {\"enabled\": false}}",
@@ -512,7 +516,6 @@ static void test_ignored_and_suggestions(void **state) {
       {"zero_optimization.offload_parm", "offload_param"},
       {"zero_optimization.allgather_partitions", NULL},
       {"optimiser", "optimizer"},
-      {"tensorboard", NULL},
       {"amp", NULL},
       {"my_custom_key", NULL},
   };
@@ -934,7 +937,10 @@ static void test_docs_cover_keys(void **state) {
   tz_config_defaults(&c);
   TZ_ASSERT_OK(tz_config_load_string(&c, json, "docs/config.md"));
   assert_int_equal(tz_config_ignored_count(&c), 1);
-  assert_string_equal(tz_config_ignored(&c, 0), "tensorboard");
+  assert_string_equal(tz_config_ignored(&c, 0), "flops_profiler");
+  assert_int_equal(c.tensorboard.enabled, 1);
+  assert_string_equal(c.tensorboard.output_path, "/var/log/tierzero");
+  assert_null(c.tensorboard.job_name);
   TZ_ASSERT_OK(tz_config_resolve_batch(&c, 2));
   assert_int_equal(c.gradient_accumulation_steps, 8);
   assert_int_equal(c.tierzero.nvme_path.n, 2);

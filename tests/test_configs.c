@@ -1,6 +1,7 @@
 /* The JSON files shipped in configs/: each loads with tz_config_load_file, resolves its batch
  * at the world size it is meant for, names a model preset that exists, and has the settings its
- * name promises. The DeepSpeed ones keep DeepSpeed-only sections, which are listed as ignored. */
+ * name promises. The DeepSpeed ones keep DeepSpeed-only sections, which are listed as ignored,
+ * and a tensorboard section, which is honoured. */
 #define _GNU_SOURCE
 #include "testlib.h"
 
@@ -176,7 +177,11 @@ static void test_deepspeed(void **state) {
   assert_int_equal(c.zero_optimization.offload_param.device, TZ_OFFLOAD_CPU);
   assert_int_equal(c.zero_optimization.offload_optimizer.device, TZ_OFFLOAD_CPU);
   assert_int_equal(c.scheduler.type, TZ_LR_WARMUP);
-  assert_true(is_ignored(&c, "tensorboard"));
+  /* DeepSpeed's monitor: written during the run, as DeepSpeed writes it */
+  assert_int_equal(c.tensorboard.enabled, 1);
+  assert_string_equal(c.tensorboard.output_path, "output/ds_logs/");
+  assert_string_equal(c.tensorboard.job_name, "zero_infinity_cpu");
+  assert_false(is_ignored(&c, "tensorboard"));
   assert_true(is_ignored(&c, "flops_profiler"));
   assert_true(is_ignored(&c, "zero_optimization.stage3_gather_16bit_weights_on_model_save"));
   tz_config_free(&c);
@@ -193,7 +198,8 @@ static void test_deepspeed(void **state) {
   assert_int_equal(c.zero_optimization.offload_optimizer.device, TZ_OFFLOAD_NVME);
   assert_string_equal(c.zero_optimization.offload_param.nvme_path, "/local_nvme");
   assert_int_equal(c.aio.block_size, 1048576);
-  assert_true(is_ignored(&c, "tensorboard"));
+  assert_int_equal(c.tensorboard.enabled, 1);
+  assert_string_equal(c.tensorboard.job_name, "zero_infinity_nvme");
   assert_true(is_ignored(&c, "flops_profiler"));
   assert_true(is_ignored(&c, "comms_logger"));
   tz_config_free(&c);

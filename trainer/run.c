@@ -10,6 +10,8 @@
 #include "trainer/checkpoint.h"
 #include "trainer/export.h"
 #include "trainer/hf.h"
+#include "trainer/lr.h"
+#include "trainer/monitor.h"
 #include "trainer/rates.h"
 #include "trainer/resume.h"
 #include "trainer/synthetic.h"
@@ -208,6 +210,7 @@ struct run {
   tz_trainer *tr;
   tz_data *data;
   tz_metrics_writer *mw; /* rank 0, with o->metrics */
+  tz_monitor *mon;       /* rank 0, with the config's tensorboard or csv_monitor enabled */
   struct tz_run_batch batch;
   int32_t *tok, *tgt; /* a step's batch: batch.accum * batch.micro * seq each */
   int32_t *pos;       /* packed data: the tokens' positions in their documents */
@@ -305,10 +308,9 @@ static int summarize(struct run *r) {
 
 /* ---- The checkpoint directory, claimed and checked before the first step ---- */
 
-/* Rank 0's verdict on ckpt_dir for every rank: rank 0 alone holds the lock and writes the
- * directory's shared files (the ranks write their files into the save's directory that rank 0
- * made, so all of them see the same file system), and the other ranks of its run follow it. */
-static int ckpt_agree(struct run *r, int rc) {
+/* Rank 0's verdict on what it alone makes (what), for every rank: the other ranks of its run
+ * follow it, failing with a message that points to rank 0's. */
+static int rank0_agree(struct run *r, int rc, const char *what) {
   if (r->world == 1)
     return rc;
   char saved[1024];
@@ -324,9 +326,16 @@ static int ckpt_agree(struct run *r, int rc) {
     return tz_err_set(rc, "%s", saved);
   if (crc < 0)
     return crc;
-  return sum > 0 ? tz_err_set(TZ_ECOMM, "--ckpt-dir %s: refused by rank 0 (its message says why)",
-                              r->o->ckpt_dir)
-                 : 0;
+  return sum > 0 ? tz_err_set(TZ_ECOMM, "%s: refused by rank 0 (its message says why)", what) : 0;
+}
+
+/* Rank 0's verdict on ckpt_dir for every rank: rank 0 alone holds the lock and writes the
+ * directory's shared files (the ranks write their files into the save's directory that rank 0
+ * made, so all of them see the same file system), and the other ranks of its run follow it. */
+static int ckpt_agree(struct run *r, int rc) {
+  char what[4200];
+  snprintf(what, sizeof what, "--ckpt-dir %s", r->o->ckpt_dir);
+  return rank0_agree(r, rc, what);
 }
 
 /* The flag before the checkpoint layer's message, which starts with the directory. */
@@ -430,6 +439,38 @@ static int ckpt_check(struct run *r) {
       rc = ckpt_refused(rc);
   }
   return ckpt_agree(r, rc);
+}
+
+/* ---- Live monitoring (trainer/monitor.h), on rank 0 ---- */
+
+/* The config's monitors, their directories made and their files opened before the first step
+ * (when the run takes one), so that a place that cannot take them fails the run before it
+ * trains. Every rank follows rank 0's verdict. */
+static int monitor_open(struct run *r) {
+  if (r->o->steps <= ckpt_start(r->o))
+    return 0;
+  int rc = r->rank == 0 ? tz_monitor_create(r->cfg, &r->mon) : 0;
+  return rank0_agree(r, rc, "tensorboard, csv_monitor");
+}
+
+/* Step m as DeepSpeed's engine reports it: at its global_samples, every step done (skipped ones
+ * too) times the global batch (train_batch_size), with the rate its scheduler gives after the step:
+ * that of the update after the ones applied (steps done less the fp16 overflows skipped). */
+static int monitor_write(struct run *r, const struct tz_step_metrics *m) {
+  const struct tz_config *tc = tz_trainer_config(r->tr);
+  struct tz_monitor_step s = {
+      .samples = m->step * r->batch.accum * r->batch.micro * r->world,
+      .train_loss = m->loss,
+      .lr = tz_lr_at(tc, m->step - tz_trainer_skipped_steps(r->tr), r->o->steps),
+      .has_loss_scale = tc->fp16.enabled,
+      .loss_scale = m->loss_scale,
+      .has_eval = m->has_eval,
+      .eval_loss = m->eval_loss,
+      .grad_norm = m->grad_norm,
+      .step_s = m->step_s,
+      .tokens_per_s = m->tokens_per_s,
+  };
+  return tz_monitor_write_step(r->mon, &s);
 }
 
 /* The first field in which two model configs differ, or NULL. */
@@ -824,6 +865,8 @@ static int step(struct run *r, int64_t s) {
   TZ_CHECK(emit(r, &ev));
   if (r->mw)
     TZ_CHECK(tz_metrics_write_step(r->mw, &m));
+  if (r->mon)
+    TZ_CHECK(monitor_write(r, &m));
   return step_finite(&m) ? 0 : stop_nonfinite(r, m.step, m.loss, m.grad_norm);
 }
 
@@ -922,6 +965,8 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
   if (rc == 0 && !o->plan_only) {
     rc = ckpt_check(&r);
     if (rc == 0)
+      rc = monitor_open(&r);
+    if (rc == 0)
       rc = prepare(&r);
     if (rc == 0)
       rc = steps(&r);
@@ -931,6 +976,7 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
       emit_kind(&r, TZ_RUN_STEPS_END, res->steps_done);
   }
   tz_metrics_writer_destroy(r.mw);
+  tz_monitor_destroy(r.mon);
   tz_data_destroy(r.data);
   free(r.tok);
   free(r.pos);

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/checkpoint.h"
+#include "trainer/monitor.h"
 #include "trainer/resume.h"
 
 #include <errno.h>
@@ -368,6 +369,9 @@ int tz_run_config(const struct tz_run_options *o, const struct tz_run_sources *s
     TZ_CHECK(
         tz_config_set(cfg, "tierzero.weight_decay_exclude", ds_optimizer ? "none" : "bias:norm"));
   TZ_CHECK(warmup_ratio_check(cfg));
+  /* The monitors' directories are made when the run starts (trainer/run.c); a config that names
+   * none is refused here, with the other configuration errors. */
+  TZ_CHECK(tz_monitor_check(cfg));
   if (cfg->train_batch_size == 0 && cfg->train_micro_batch_size_per_gpu == 0 &&
       !tz_config_is_auto(cfg, "train_micro_batch_size_per_gpu"))
     TZ_CHECK(tz_config_set(cfg, "train_micro_batch_size_per_gpu", "4"));
