@@ -213,6 +213,8 @@ struct tz_config {
                                 hbm tier, to test copies split at piece boundaries; 0 = 64
                                 GiB */
     double comm_timeout;     /* seconds each collective and launcher exchange may take */
+    double stop_grace;       /* seconds a stop request gives the step to end (trainer/signals.h);
+                                0: auto, 600 before the first step, then 3x the longest (>= 60) */
     /* what weight decay skips: "bias", "norm", "embed" (trainer/decay.h), or "none"; n 0 = not
      * set: bias and norm */
     struct tz_config_paths weight_decay_exclude;

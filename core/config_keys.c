@@ -209,6 +209,7 @@ const struct key tz_config_keys[] = {
   SETTING("tierzero.cuda_matmul", "cuda", "matmul", 1),
   SETTING("tierzero.cuda_variants", "cuda", "variants", 2),
   DBL("tierzero.comm_timeout", tierzero.comm_timeout, 0, INFINITY, 300, F_MIN_OPEN),
+  DBL("tierzero.stop_grace", tierzero.stop_grace, 0, 86400, 0, 0),
   PATHS("tierzero.weight_decay_exclude", tierzero.weight_decay_exclude),
   PATHS("tierzero.recompute", tierzero.recompute),
 };

@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <regex.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -814,6 +815,50 @@ static void test_sigterm_after_last_step(void **state) {
   assert_int_equal(access(path, F_OK), 0);
 }
 
+/* A run that cannot make progress (tz-train's test hook blocks it after step 2, as OpenBLAS's
+ * allocation retry under `ulimit -v` did) ends on SIGTERM once its grace (tierzero.stop_grace, 2 s
+ * here) has passed, saying why, with status 1; without the watchdog it hung until killed. */
+static void test_stuck_run_ends_on_sigterm(void **state) {
+  (void)state;
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           "XDG_CACHE_HOME=%s/cache OMP_NUM_THREADS=1 TZ_TEST_HANG_AFTER_STEP=2 exec %s --backend "
+           "cpu --model tiny --steps 5 --seq 16 --set tierzero.stop_grace=2 > %s/out 2>&1",
+           dir, bin, dir);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+    _exit(127);
+  }
+  /* step 2 printed: the run is in its hook */
+  int seen = 0;
+  for (int i = 0; i < 600 && !seen; i++) {
+    seen = strstr(output(), "step 2/5") != NULL;
+    if (!seen)
+      usleep(100000);
+  }
+  assert_true(seen);
+  kill(pid, SIGTERM);
+  int st = 0, done = 0;
+  for (int i = 0; i < 600 && !done; i++) { /* up to 60 s: the grace is 2 */
+    done = waitpid(pid, &st, WNOHANG) == pid;
+    if (!done)
+      usleep(100000);
+  }
+  if (!done) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+  }
+  const char *out = output();
+  if (!done || !WIFEXITED(st) || WEXITSTATUS(st) != 1)
+    print_error("%s", out);
+  assert_true(done);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 1);
+  assert_non_null(strstr(out, "the run cannot make progress"));
+}
+
 /* The steps of a metrics file's step objects, in file order; returns their number. */
 static int metric_steps(const char *name, int64_t *steps, int max) {
   json_t *o[32], *sum;
@@ -951,6 +996,7 @@ int main(void) {
       cmocka_unit_test(test_fp16_resume),
       cmocka_unit_test(test_nonfinite_stops),
       cmocka_unit_test(test_sigterm_after_last_step),
+      cmocka_unit_test(test_stuck_run_ends_on_sigterm),
       cmocka_unit_test(test_resumed_metrics_keep_every_step_once),
       cmocka_unit_test(test_progress_plain_has_no_control_characters),
       cmocka_unit_test(test_committed_gpu_rates_plan),

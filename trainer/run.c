@@ -14,6 +14,7 @@
 #include "trainer/monitor.h"
 #include "trainer/rates.h"
 #include "trainer/resume.h"
+#include "trainer/signals.h"
 #include "trainer/synthetic.h"
 #include "topo/topo.h"
 #include "util/clock.h"
@@ -879,10 +880,29 @@ static int save(struct run *r, int64_t done) {
 
 /* The steps, each followed by the stop agreement: a request on any rank stops every rank after
  * the same step, with a checkpoint when there is a ckpt_dir. */
+/* The stop watchdog's grace (trainer/signals.h): tierzero.stop_grace, or 600 s until a step has
+ * ended, then 3 times the longest step so far, at least 60 s. */
+static void set_grace(const struct run *r, double longest_step_s) {
+  double g = r->cfg->tierzero.stop_grace;
+  if (g <= 0)
+    g = longest_step_s > 0 ? fmax(60.0, 3.0 * longest_step_s) : 600.0;
+  tz_signals_set_grace((unsigned)ceil(fmin(g, 86400.0)));
+}
+
 static int steps(struct run *r) {
   const struct tz_run_options *o = r->o;
+  double longest = 0;
+  set_grace(r, 0);
+  const char *hang = getenv("TZ_TEST_HANG_AFTER_STEP"); /* test hook: a step that never ends */
   for (int64_t s = r->res->start; s < o->steps; s++) {
+    double t0 = tz_now_s();
     TZ_CHECK(step(r, s));
+    if (hang && atoll(hang) == s + 1)
+      for (;;)
+        pause();
+    tz_signals_progress();
+    longest = fmax(longest, tz_now_s() - t0);
+    set_grace(r, longest);
     int sig = 0;
     TZ_CHECK(tz_resume_stop_requested(r->comm, &sig));
     if (tz_run_saves(o, s + 1, sig))

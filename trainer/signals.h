@@ -21,4 +21,14 @@ int tz_signals_pending(void);
  * again the first one. */
 void tz_signals_clear(void);
 
+/* The watchdog of a run that cannot make progress (a library blocked in a retry loop, say: OpenBLAS
+ * under `ulimit -v`): once a stop is requested, the run has seconds (0: no watchdog, the default)
+ * to reach the end of its step and tz_signals_progress; past them the process says so on stderr
+ * and exits with status 1 at once, nothing saved. The run sets it before its steps and after each
+ * (from its step times); async-signal-safe to read. */
+void tz_signals_set_grace(unsigned seconds);
+/* The run reached a step's end: a watchdog armed by a stop request is disarmed (the stop is
+ * honoured from here, its checkpoint however long it takes). */
+void tz_signals_progress(void);
+
 #endif
