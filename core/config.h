@@ -214,7 +214,8 @@ struct tz_config {
                                 GiB */
     double comm_timeout;     /* seconds each collective and launcher exchange may take */
     double stop_grace;       /* seconds a stop request gives the step to end (trainer/signals.h);
-                                0: auto, 600 before the first step, then 3x the longest (>= 60) */
+                                0: auto, 20x the plan's bound (>= 120) before the first step
+                                ends, then 3x the longest step (>= 60) */
     /* what weight decay skips: "bias", "norm", "embed" (trainer/decay.h), or "none"; n 0 = not
      * set: bias and norm */
     struct tz_config_paths weight_decay_exclude;

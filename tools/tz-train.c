@@ -649,5 +649,13 @@ int main(int argc, char **argv) {
   /* 2: what was asked cannot be run as given (a model's config.json, a data sidecar, a setting
    * the machine or build lacks), as for the command line and the ds_config above; 1: a failure
    * while running (docs/training.md, "Exit status") */
-  return rc >= 0 ? 0 : rc == TZ_ECONFIG || rc == TZ_ENOTSUP ? 2 : 1;
+  int code = rc >= 0 ? 0 : rc == TZ_ECONFIG || rc == TZ_ENOTSUP ? 2 : 1;
+  if (rc < 0) {
+    /* A failed run ends here: the libraries' exit handlers are not run, since one may wait
+     * forever for its threads (OpenBLAS's, still retrying an allocation under ulimit -v, held
+     * the process after the run had failed and said why). Every file of the run is closed. */
+    fflush(NULL);
+    _exit(code);
+  }
+  return code;
 }

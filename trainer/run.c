@@ -880,12 +880,15 @@ static int save(struct run *r, int64_t done) {
 
 /* The steps, each followed by the stop agreement: a request on any rank stops every rank after
  * the same step, with a checkpoint when there is a ckpt_dir. */
-/* The stop watchdog's grace (trainer/signals.h): tierzero.stop_grace, or 600 s until a step has
- * ended, then 3 times the longest step so far, at least 60 s. */
+/* The stop watchdog's grace (trainer/signals.h): tierzero.stop_grace, or until a step has ended
+ * 20 times the plan's bound, at least 120 s (600 s without a bound), then 3 times the longest
+ * step so far, at least 60 s. */
 static void set_grace(const struct run *r, double longest_step_s) {
-  double g = r->cfg->tierzero.stop_grace;
-  if (g <= 0)
-    g = longest_step_s > 0 ? fmax(60.0, 3.0 * longest_step_s) : 600.0;
+  double g = r->cfg->tierzero.stop_grace, bound = tz_trainer_plan(r->tr)->bound_s;
+  if (g <= 0 && longest_step_s > 0)
+    g = fmax(60.0, 3.0 * longest_step_s);
+  else if (g <= 0)
+    g = isfinite(bound) && bound > 0 ? fmax(120.0, 20.0 * bound) : 600.0;
   tz_signals_set_grace((unsigned)ceil(fmin(g, 86400.0)));
 }
 
