@@ -233,6 +233,24 @@ static double wall_now(void) {
  * part), so that two made in one second do not collide. */
 static atomic_uint writer_uid;
 
+/* One event appended to the event file as a record: in one fwrite, then a flush, so that when the
+ * call returns the file ends on a whole record, for a reader to see while the run goes on. what
+ * starts the message of a failed write. */
+static int tb_append(tz_monitor *m, double wall, int64_t x, const char *version,
+                     const struct tz_monitor_scalar *v, int n, const char *what) {
+  struct buf ev = {0}, rec = {0};
+  put_event(&ev, wall, x, version, v, n);
+  put_record(&rec, &ev);
+  free(ev.p);
+  int rc = 0;
+  if (rec.oom)
+    rc = tz_err_set(TZ_ENOMEM, "tensorboard: out of memory");
+  else if (fwrite(rec.p, 1, rec.n, m->tb) != rec.n || fflush(m->tb) != 0)
+    rc = tz_err_errno(errno ? errno : EIO, "%s the event file %s", what, m->tb_path);
+  free(rec.p);
+  return rc;
+}
+
 /* The event file in dir, as TensorBoard's EventFileWriter names it, with its first event. */
 static int tb_open(tz_monitor *m, const char *dir) {
   char host[256];
@@ -252,37 +270,12 @@ static int tb_open(tz_monitor *m, const char *dir) {
                         "tensorboard.output_path, tensorboard.job_name: cannot create the "
                         "event file %s",
                         m->tb_path);
-  struct buf ev = {0}, rec = {0};
-  put_event(&ev, wall, 0, "brain.Event:2", NULL, 0);
-  put_record(&rec, &ev);
-  free(ev.p);
-  int rc = 0;
-  if (rec.oom)
-    rc = tz_err_set(TZ_ENOMEM, "tensorboard: out of memory");
-  else if (fwrite(rec.p, 1, rec.n, m->tb) != rec.n || fflush(m->tb) != 0)
-    rc = tz_err_errno(errno ? errno : EIO,
-                      "tensorboard.output_path, tensorboard.job_name: cannot write the "
-                      "event file %s",
-                      m->tb_path);
-  free(rec.p);
-  return rc;
+  return tb_append(m, wall, 0, "brain.Event:2", NULL, 0,
+                   "tensorboard.output_path, tensorboard.job_name: cannot write");
 }
 
 static int tb_write(tz_monitor *m, int64_t x, const struct tz_monitor_scalar *v, int n) {
-  struct buf ev = {0}, rec = {0};
-  put_event(&ev, wall_now(), x, NULL, v, n);
-  put_record(&rec, &ev);
-  free(ev.p);
-  int rc = 0;
-  /* The record in one fwrite, then a flush: when the call returns the file ends on a whole
-   * record, for a reader to see while the run goes on. */
-  if (rec.oom)
-    rc = tz_err_set(TZ_ENOMEM, "tensorboard: out of memory");
-  else if (fwrite(rec.p, 1, rec.n, m->tb) != rec.n || fflush(m->tb) != 0)
-    rc = tz_err_errno(errno ? errno : EIO, "tensorboard: cannot write the event file %s",
-                      m->tb_path);
-  free(rec.p);
-  return rc;
+  return tb_append(m, wall_now(), x, NULL, v, n, "tensorboard: cannot write");
 }
 
 /* ---- CSV ---- */
