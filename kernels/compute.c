@@ -577,6 +577,82 @@ int tz_compute_softcap(tz_compute *cm, void *logits, size_t n, float softcap) {
   return cm->ops->softcap(cm->ctx, logits, n, softcap);
 }
 
+/* ---- mixture of experts ---- */
+
+/* TZ_ENOTSUP naming the backend and the op for a backend without the experts' ops. */
+static int need_moe(tz_compute *cm, const char *op) {
+  if (!cm->ops->moe_route)
+    return tz_err_set(TZ_ENOTSUP,
+                      "compute %s: %s is not in this backend (mixture-of-experts layers run on "
+                      "the cpu backend; docs/model.md)",
+                      cm->backend, op);
+  return 0;
+}
+
+static int check_moe(tz_compute *cm, const char *op, int N, int E, int k, int C) {
+  TZ_CHECK(need_moe(cm, op));
+  NEED(N >= 0 && C > 0 && k >= 1 && E >= k && E <= TZ_MOE_MAX_EXPERTS &&
+           (int64_t)N * k <= INT32_MAX,
+       "compute %s: bad sizes N=%d E=%d k=%d C=%d (want 1 <= k <= E <= %d)", op, N, E, k, C,
+       TZ_MOE_MAX_EXPERTS);
+  return 0;
+}
+
+int tz_compute_moe_route(tz_compute *cm, const struct tz_moe_route *r, float *stats,
+                         const void *logits, int N, int E, int k, int norm) {
+  TZ_CHECK(check_moe(cm, "moe_route", N, E, k, 1));
+  NEED(r && r->probs && r->idx && r->w && r->offsets && r->rows && r->slot && logits,
+       "compute moe_route: NULL pointer");
+  return cm->ops->moe_route(cm->ctx, r, stats, logits, N, E, k, norm != 0);
+}
+
+int tz_compute_moe_route_bwd(tz_compute *cm, void *dlogits, const struct tz_moe_route *r,
+                             const float *dw, const float *daux, int N, int E, int k, int norm) {
+  TZ_CHECK(check_moe(cm, "moe_route_bwd", N, E, k, 1));
+  if (!N)
+    return 0;
+  NEED(dlogits && r && r->probs && r->idx && r->w && dw, "compute moe_route_bwd: NULL pointer");
+  return cm->ops->moe_route_bwd(cm->ctx, dlogits, r, dw, daux, N, E, k, norm != 0);
+}
+
+int tz_compute_moe_gather(tz_compute *cm, void *xs, const void *x, const int32_t *rows, int M,
+                          int C) {
+  TZ_CHECK(check_moe(cm, "moe_gather", M, 1, 1, C));
+  if (!M)
+    return 0;
+  NEED(xs && x && rows && xs != x, "compute moe_gather: NULL or aliased pointer");
+  return cm->ops->moe_gather(cm->ctx, xs, x, rows, M, C);
+}
+
+int tz_compute_moe_scatter(tz_compute *cm, void *dx, const void *dxs, const int32_t *slot, int N,
+                           int k, int C) {
+  TZ_CHECK(check_moe(cm, "moe_scatter", N, k, k, C));
+  if (!N)
+    return 0;
+  NEED(dx && dxs && slot && dx != dxs, "compute moe_scatter: NULL or aliased pointer");
+  return cm->ops->moe_scatter(cm->ctx, dx, dxs, slot, N, k, C);
+}
+
+int tz_compute_moe_combine(tz_compute *cm, void *out, const void *res, const void *y,
+                           const float *w, const int32_t *slot, int N, int k, int C) {
+  TZ_CHECK(check_moe(cm, "moe_combine", N, k, k, C));
+  if (!N)
+    return 0;
+  NEED(out && y && w && slot && out != y, "compute moe_combine: NULL or aliased pointer");
+  return cm->ops->moe_combine(cm->ctx, out, res, y, w, slot, N, k, C);
+}
+
+int tz_compute_moe_combine_bwd(tz_compute *cm, void *dy, float *dw, const void *dout,
+                               const void *y, const float *w, const int32_t *slot, int N, int k,
+                               int C) {
+  TZ_CHECK(check_moe(cm, "moe_combine_bwd", N, k, k, C));
+  if (!N)
+    return 0;
+  NEED(dy && dw && dout && y && w && slot && dy != y && dy != dout,
+       "compute moe_combine_bwd: NULL or aliased pointer");
+  return cm->ops->moe_combine_bwd(cm->ctx, dy, dw, dout, y, w, slot, N, k, C);
+}
+
 int tz_compute_adam(tz_compute *cm, const struct tz_adam_params *p, float *master, float *m,
                     float *v, const void *grad, enum tz_dtype grad_dtype, void *param_copy,
                     enum tz_dtype copy_dtype, size_t n) {

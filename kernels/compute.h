@@ -378,6 +378,54 @@ int tz_compute_xent(tz_compute *cm, float *losses, void *dlogits, const void *lo
  * applies it itself). softcap > 0. */
 int tz_compute_softcap(tz_compute *cm, void *logits, size_t n, float softcap);
 
+/* ---- Mixture of experts (Qwen3-MoE, Mixtral, OLMoE) ----
+ * N tokens each go to k of E experts (1 <= k <= E <= TZ_MOE_MAX_EXPERTS); the M = N*k
+ * assignments n*k + j (token n's j-th choice) are grouped by expert, so that each expert's rows
+ * are contiguous and its projections are plain matmuls on them. A backend without these ops (the
+ * ops' moe 0: cuda for now) refuses each by name. Everything is deterministic: no atomics, every
+ * sum in an order fixed below.
+ * route: probs (N,E) F32 = softmax of each row of logits (N,E) S, in float (max subtracted);
+ *   idx (N,k) int32 the k experts of largest prob, largest first (ties: the lower expert first);
+ *   w (N,k) F32 their probs, divided by their sum (added in j order) when norm, then rounded to S
+ *   (transformers' routing weights are of the hidden dtype); and the grouping: offsets (E+1)
+ *   int32 with expert e's rows in [offsets[e], offsets[e+1]), the assignments ordered by expert,
+ *   then token; rows (M) int32 the token of each row; slot (M) int32 the row of assignment
+ *   n*k + j. stats (2E) F32 unless NULL: stats[e] += the assignments of expert e, stats[E + e] +=
+ *   the sum of probs[n][e] over n in increasing order (the load-balancing loss's two terms).
+ * route_bwd: dlogits (N,E) S from dw (N,k) F32, the gradient at w, through the normalisation
+ *   (norm) and the softmax; daux (E) F32 unless NULL is added to every row's gradient at probs
+ *   (the load-balancing loss's). Reads probs, idx (and w with norm) of r.
+ * gather: xs (M,C) S row p = x (N,C) S row rows[p].
+ * scatter: dx (N,C) S row n = the sum of dxs (M,C) S rows slot[n*k + j] over j in increasing
+ *   slot order (gather's backward), in float, rounded once.
+ * combine: out (N,C) S row n = res row n (NULL: 0) + the sum over j, in increasing slot order,
+ *   of w[n*k + j] * y row slot[n*k + j] (y (M,C) S: the experts' outputs), in float, rounded
+ *   once. out may alias res.
+ * combine_bwd: dy (M,C) S row slot[n*k + j] = w[n*k + j] * dout row n; dw (N,k) F32 = the dot
+ *   product of dout row n and y row slot[n*k + j], over columns in order. */
+#define TZ_MOE_MAX_EXPERTS 1024
+struct tz_moe_route {
+  float *probs;     /* (N,E) F32 */
+  int32_t *idx;     /* (N,k) */
+  float *w;         /* (N,k) F32 */
+  int32_t *offsets; /* (E+1) */
+  int32_t *rows;    /* (M) */
+  int32_t *slot;    /* (M) */
+};
+int tz_compute_moe_route(tz_compute *cm, const struct tz_moe_route *r, float *stats,
+                         const void *logits, int N, int E, int k, int norm);
+int tz_compute_moe_route_bwd(tz_compute *cm, void *dlogits, const struct tz_moe_route *r,
+                             const float *dw, const float *daux, int N, int E, int k, int norm);
+int tz_compute_moe_gather(tz_compute *cm, void *xs, const void *x, const int32_t *rows, int M,
+                          int C);
+int tz_compute_moe_scatter(tz_compute *cm, void *dx, const void *dxs, const int32_t *slot, int N,
+                           int k, int C);
+int tz_compute_moe_combine(tz_compute *cm, void *out, const void *res, const void *y,
+                           const float *w, const int32_t *slot, int N, int k, int C);
+int tz_compute_moe_combine_bwd(tz_compute *cm, void *dy, float *dw, const void *dout,
+                               const void *y, const float *w, const int32_t *slot, int N, int k,
+                               int C);
+
 /* ---- Optimizer ----
  * One Adam step over n elements in place, exactly as kernels/adam.h defines it (the same bits on
  * every backend): master, m, v (n) F32 read and written, grad (n) of grad_dtype read, param_copy

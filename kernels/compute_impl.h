@@ -89,6 +89,19 @@ struct tz_compute_ops {
   int (*adam)(void *ctx, const struct tz_adam_params *p, float *master, float *m, float *v,
               const void *grad, enum tz_dtype grad_dtype, void *param_copy,
               enum tz_dtype copy_dtype, size_t n);
+  /* optional, all or none: NULL means the backend has no mixture-of-experts ops (the wrapper
+   * refuses them by name); norm is 0 or 1 */
+  int (*moe_route)(void *ctx, const struct tz_moe_route *r, float *stats, const void *logits,
+                   int N, int E, int k, int norm);
+  int (*moe_route_bwd)(void *ctx, void *dlogits, const struct tz_moe_route *r, const float *dw,
+                       const float *daux, int N, int E, int k, int norm);
+  int (*moe_gather)(void *ctx, void *xs, const void *x, const int32_t *rows, int M, int C);
+  int (*moe_scatter)(void *ctx, void *dx, const void *dxs, const int32_t *slot, int N, int k,
+                     int C);
+  int (*moe_combine)(void *ctx, void *out, const void *res, const void *y, const float *w,
+                     const int32_t *slot, int N, int k, int C);
+  int (*moe_combine_bwd)(void *ctx, void *dy, float *dw, const void *dout, const void *y,
+                         const float *w, const int32_t *slot, int N, int k, int C);
 };
 
 struct tz_compute {

@@ -236,6 +236,50 @@ static int s_adam(void *ctx, const struct tz_adam_params *p, float *master, floa
   TIMED(TZ_OP_OTHER, IN->adam(CTX, p, master, m, v, grad, gdt, copy, cdt, n));
 }
 
+/* The experts' ops, timed as other work; refused as the wrapper refuses them when the inner
+ * backend has none. */
+static int inner_moe(struct timed *tm) {
+  if (!IN->moe_route)
+    return tz_err_set(TZ_ENOTSUP, "compute %s: the mixture-of-experts ops are not in this backend",
+                      tm->inner->backend);
+  return 0;
+}
+static int s_moe_route(void *ctx, const struct tz_moe_route *r, float *st, const void *lg, int N,
+                       int E, int k, int norm) {
+  struct timed *tm = ctx;
+  TZ_CHECK(inner_moe(tm));
+  TIMED(TZ_OP_OTHER, IN->moe_route(CTX, r, st, lg, N, E, k, norm));
+}
+static int s_moe_route_bwd(void *ctx, void *dl, const struct tz_moe_route *r, const float *dw,
+                           const float *daux, int N, int E, int k, int norm) {
+  struct timed *tm = ctx;
+  TZ_CHECK(inner_moe(tm));
+  TIMED(TZ_OP_OTHER, IN->moe_route_bwd(CTX, dl, r, dw, daux, N, E, k, norm));
+}
+static int s_moe_gather(void *ctx, void *xs, const void *x, const int32_t *rows, int M, int C) {
+  struct timed *tm = ctx;
+  TZ_CHECK(inner_moe(tm));
+  TIMED(TZ_OP_OTHER, IN->moe_gather(CTX, xs, x, rows, M, C));
+}
+static int s_moe_scatter(void *ctx, void *dx, const void *dxs, const int32_t *slot, int N, int k,
+                         int C) {
+  struct timed *tm = ctx;
+  TZ_CHECK(inner_moe(tm));
+  TIMED(TZ_OP_OTHER, IN->moe_scatter(CTX, dx, dxs, slot, N, k, C));
+}
+static int s_moe_combine(void *ctx, void *o, const void *res, const void *y, const float *w,
+                         const int32_t *slot, int N, int k, int C) {
+  struct timed *tm = ctx;
+  TZ_CHECK(inner_moe(tm));
+  TIMED(TZ_OP_OTHER, IN->moe_combine(CTX, o, res, y, w, slot, N, k, C));
+}
+static int s_moe_combine_bwd(void *ctx, void *dy, float *dw, const void *d, const void *y,
+                             const float *w, const int32_t *slot, int N, int k, int C) {
+  struct timed *tm = ctx;
+  TZ_CHECK(inner_moe(tm));
+  TIMED(TZ_OP_OTHER, IN->moe_combine_bwd(CTX, dy, dw, d, y, w, slot, N, k, C));
+}
+
 static const struct tz_compute_ops timed_ops = {
     .destroy = s_destroy,
     .sync = s_sync,
@@ -270,6 +314,12 @@ static const struct tz_compute_ops timed_ops = {
     .xent = s_xent,
     .softcap = s_softcap,
     .adam = s_adam,
+    .moe_route = s_moe_route,
+    .moe_route_bwd = s_moe_route_bwd,
+    .moe_gather = s_moe_gather,
+    .moe_scatter = s_moe_scatter,
+    .moe_combine = s_moe_combine,
+    .moe_combine_bwd = s_moe_combine_bwd,
 };
 
 int tz_compute_timed_create(tz_compute *inner, struct tz_compute_times *times, tz_compute **out) {

@@ -1035,6 +1035,156 @@ static void test_adam_op(void **state) {
   free(cb);
 }
 
+/* The experts' ops against plain double loops: routing (softmax, top-k, the weights with and
+ * without their normalisation, the grouping by expert and the load-balancing statistics), the
+ * gather, the weighted combine with its residual, and the backward ops: combine_bwd and scatter
+ * by their definitions, route_bwd against central differences of the routing weights in double
+ * (the choice of experts held), on every thread count the same bits. */
+static void moe_case(int N, int E, int k, int norm, int threads, float *keep_dl) {
+  tz_compute *cm = cpu(threads);
+  enum { C = 5 };
+  int M = N * k;
+  float *lg = malloc(sizeof(float) * N * E), *probs = malloc(sizeof(float) * N * E);
+  int32_t *idx = malloc(sizeof(int32_t) * M), *rows = malloc(sizeof(int32_t) * M);
+  int32_t *slot = malloc(sizeof(int32_t) * M), off[TZ_MOE_MAX_EXPERTS + 1];
+  float *w = malloc(sizeof(float) * M), stats[2 * 64] = {0};
+  uint64_t st = 77 + (uint64_t)N * E * k;
+  for (int i = 0; i < N * E; i++)
+    lg[i] = 4.0f * (urand(&st) - 0.5f);
+  struct tz_moe_route r = {probs, idx, w, off, rows, slot};
+  TZ_ASSERT_OK(tz_compute_moe_route(cm, &r, stats, lg, N, E, k, norm));
+  TZ_ASSERT_OK(tz_compute_moe_route(cm, &r, stats, lg, N, E, k, norm)); /* stats accumulate */
+  double cnt[64] = {0}, psum[64] = {0};
+  for (int n = 0; n < N; n++) {
+    double m = -1e300, z = 0.0, p[64];
+    for (int e = 0; e < E; e++)
+      m = fmax(m, lg[n * E + e]);
+    for (int e = 0; e < E; e++)
+      z += p[e] = exp((double)lg[n * E + e] - m);
+    double s = 0.0;
+    for (int e = 0; e < E; e++) {
+      p[e] /= z;
+      psum[e] += p[e];
+      assert_true(fabs(probs[n * E + e] - p[e]) < 1e-6);
+    }
+    for (int j = 0; j < k; j++) { /* the j-th largest, none larger left out */
+      int e = idx[n * k + j];
+      assert_true(e >= 0 && e < E);
+      for (int i = 0; i < j; i++)
+        assert_true(idx[n * k + i] != e && p[idx[n * k + i]] >= p[e]);
+      for (int f = 0; f < E; f++) {
+        int chosen = 0;
+        for (int i = 0; i < k; i++)
+          chosen |= idx[n * k + i] == f;
+        assert_true(chosen || p[f] <= p[e]);
+      }
+      s += p[e];
+      cnt[e] += 1.0;
+    }
+    for (int j = 0; j < k; j++)
+      assert_true(fabs(w[n * k + j] - p[idx[n * k + j]] / (norm ? s : 1.0)) < 1e-6);
+  }
+  assert_int_equal(off[0], 0);
+  assert_int_equal(off[E], M);
+  for (int e = 0; e < E; e++) {
+    assert_int_equal(off[e + 1] - off[e], (int)cnt[e]);
+    assert_true(fabs(stats[e] - 2.0 * cnt[e]) < 1e-6);
+    assert_true(fabs(stats[E + e] - 2.0 * psum[e]) < 1e-5);
+    for (int q = off[e]; q < off[e + 1]; q++) /* the expert's rows, in token order */
+      assert_true(q == off[e] || rows[q] > rows[q - 1]);
+  }
+  for (int a = 0; a < M; a++) { /* slot and rows agree */
+    assert_int_equal(rows[slot[a]], a / k);
+    int e = 0;
+    while (off[e + 1] <= slot[a])
+      e++;
+    assert_int_equal(e, idx[a]);
+  }
+  /* gather, combine (with a residual), combine_bwd and scatter */
+  float *x = malloc(sizeof(float) * N * C), *xs = malloc(sizeof(float) * M * C);
+  float *y = malloc(sizeof(float) * M * C), *out = malloc(sizeof(float) * N * C);
+  float *g = malloc(sizeof(float) * N * C), *dy = malloc(sizeof(float) * M * C);
+  float *dw = malloc(sizeof(float) * M), *dx = malloc(sizeof(float) * N * C);
+  for (int i = 0; i < N * C; i++) {
+    x[i] = urand(&st) - 0.5f;
+    g[i] = urand(&st) - 0.5f;
+  }
+  for (int i = 0; i < M * C; i++)
+    y[i] = urand(&st) - 0.5f;
+  TZ_ASSERT_OK(tz_compute_moe_gather(cm, xs, x, rows, M, C));
+  TZ_ASSERT_OK(tz_compute_moe_combine(cm, out, x, y, w, slot, N, k, C));
+  TZ_ASSERT_OK(tz_compute_moe_combine_bwd(cm, dy, dw, g, y, w, slot, N, k, C));
+  TZ_ASSERT_OK(tz_compute_moe_scatter(cm, dx, y, slot, N, k, C));
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++) {
+      double o = x[n * C + c], sc = 0.0;
+      for (int j = 0; j < k; j++) {
+        int q = slot[n * k + j];
+        assert_true(xs[q * C + c] == x[n * C + c]);
+        o += (double)w[n * k + j] * y[q * C + c];
+        sc += y[q * C + c];
+        assert_true(dy[q * C + c] == w[n * k + j] * g[n * C + c]);
+      }
+      assert_true(fabs(out[n * C + c] - o) < 1e-6);
+      assert_true(fabs(dx[n * C + c] - sc) < 1e-6);
+    }
+  for (int a = 0; a < M; a++) {
+    double d = 0.0;
+    for (int c = 0; c < C; c++)
+      d += (double)g[(a / k) * C + c] * y[slot[a] * C + c];
+    assert_true(fabs(dw[a] - d) < 1e-6);
+  }
+  /* route_bwd: f(l) = sum dw . w(l) + sum_n daux . p_n(l), the experts held */
+  float daux[64], *dl = malloc(sizeof(float) * N * E);
+  for (int e = 0; e < E; e++)
+    daux[e] = urand(&st) - 0.5f;
+  TZ_ASSERT_OK(tz_compute_moe_route_bwd(cm, dl, &r, dw, daux, N, E, k, norm));
+  for (int n = 0; n < N; n++)
+    for (int e = 0; e < E; e++) {
+      double f[2];
+      for (int sgn = 0; sgn < 2; sgn++) {
+        double l[64], m = -1e300, z = 0.0, p[64], s = 0.0;
+        for (int i = 0; i < E; i++)
+          l[i] = lg[n * E + i] + (i == e ? (sgn ? -1e-5 : 1e-5) : 0.0);
+        for (int i = 0; i < E; i++)
+          m = fmax(m, l[i]);
+        for (int i = 0; i < E; i++)
+          z += p[i] = exp(l[i] - m);
+        f[sgn] = 0.0;
+        for (int i = 0; i < E; i++)
+          f[sgn] += daux[i] * (p[i] /= z);
+        for (int j = 0; j < k; j++)
+          s += p[idx[n * k + j]];
+        for (int j = 0; j < k; j++)
+          f[sgn] += dw[n * k + j] * p[idx[n * k + j]] / (norm ? s : 1.0);
+      }
+      assert_true(fabs(dl[n * E + e] - (f[0] - f[1]) / 2e-5) < 1e-4);
+    }
+  if (keep_dl)
+    memcpy(keep_dl, dl, sizeof(float) * N * E);
+  free(lg), free(probs), free(idx), free(rows), free(slot), free(w), free(x), free(xs), free(y);
+  free(out), free(g), free(dy), free(dw), free(dx), free(dl);
+  tz_compute_destroy(cm);
+}
+
+static void test_moe_ops(void **state) {
+  (void)state;
+  float a[37 * 8], b[37 * 8];
+  moe_case(37, 8, 2, 1, 1, a);
+  moe_case(37, 8, 2, 1, 3, b);
+  assert_memory_equal(a, b, sizeof a);
+  moe_case(37, 8, 2, 0, 2, NULL);
+  moe_case(11, 6, 1, 0, 2, NULL);
+  moe_case(9, 4, 4, 1, 2, NULL);
+  moe_case(0, 4, 2, 1, 2, NULL);
+  /* bad sizes, by name */
+  tz_compute *cm = cpu(1);
+  struct tz_moe_route r = {0};
+  assert_int_equal(tz_compute_moe_route(cm, &r, NULL, NULL, 4, 2, 3, 1), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "moe_route: bad sizes"));
+  tz_compute_destroy(cm);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registry),
@@ -1056,6 +1206,7 @@ int main(void) {
       cmocka_unit_test(test_xent_ignore),
       cmocka_unit_test(test_packed_documents),
       cmocka_unit_test(test_adam_op),
+      cmocka_unit_test(test_moe_ops),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,14 +12,9 @@
 
 #include "core/error.h"
 #include "kernels/adam.h"
-#include "kernels/compute_impl.h"
 #include "core/dtype.h"
+#include "kernels/cpu/cpu.h"
 
-struct cpu {
-  int nt;       /* OpenMP and BLAS threads */
-  float *tmp;   /* an accumulating matmul's product, grown on demand */
-  size_t tmp_n; /* floats in tmp */
-};
 
 /* Channel slices that one thread owns in rmsnorm's reduction over rows for dw. */
 #define COL_BLOCK 64
@@ -832,6 +827,12 @@ static const struct tz_compute_ops cpu_ops = {
     .xent = cpu_xent,
     .softcap = cpu_softcap,
     .adam = cpu_adam,
+    .moe_route = tz_cpu_moe_route,
+    .moe_route_bwd = tz_cpu_moe_route_bwd,
+    .moe_gather = tz_cpu_moe_gather,
+    .moe_scatter = tz_cpu_moe_scatter,
+    .moe_combine = tz_cpu_moe_combine,
+    .moe_combine_bwd = tz_cpu_moe_combine_bwd,
 };
 
 static int cpu_probe(char *why, size_t why_len) {
