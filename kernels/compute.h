@@ -92,6 +92,9 @@ int tz_compute_settings_check(const char *backend, const char *settings);
  * 0 when it refuses them; negative (tz_compute_settings_check's errors) when the settings are bad.
  */
 int tz_compute_variants(const char *backend, const char *settings);
+/* 1 when backend's instances have the mixture-of-experts ops (below), 0 when they refuse them;
+ * TZ_ENOENT for a backend not in this build. */
+int tz_compute_moe(const char *backend);
 
 /* Creates an instance. The caller owns it and destroys it with tz_compute_destroy after every
  * allocation from it has been freed. p may be NULL for defaults. Errors: TZ_ENOENT (no such

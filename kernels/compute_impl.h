@@ -135,6 +135,8 @@ struct tz_compute_backend {
    * 1 exactly when variants_always is */
   int (*variants)(const int64_t *settings);
   int variants_always;
+  /* 1: every instance has the mixture-of-experts ops (tz_compute_moe) */
+  int moe;
 };
 
 /* Creates an instance of backend b (tz_compute_create's checks and errors, the backend's probe

@@ -75,6 +75,13 @@ int tz_compute_variants(const char *backend, const char *settings) {
   return b->variants(v);
 }
 
+int tz_compute_moe(const char *backend) {
+  const struct tz_compute_backend *b = find_backend(backend);
+  if (!b)
+    return tz_err_set(TZ_ENOENT, "compute: no backend '%s' in this build", backend);
+  return b->moe;
+}
+
 int tz_compute_create(const char *backend, const struct tz_compute_params *p, tz_compute **out) {
   *out = NULL;
   char why[256];

@@ -319,28 +319,147 @@ static void attention_bwd(double *dq, double *dk, double *dv, const double *dout
 
 /* ---- the model ---- */
 
+/* ---- mixture of experts ----
+ * Token by token, each chosen expert run on the token alone: router logits h Wr^T, softmax, the
+ * k largest (ties to the lower expert), their weights (divided by their sum with norm_topk), the
+ * output the weighted sum of the experts' SwiGLUs. */
+struct ref_moe {
+  double *p; /* (N, E) */
+  int *idx;  /* (N, k) */
+  double *w; /* (N, k) */
+  double *g; /* (N, k, F_e) each choice's gate, up and activation */
+  double *u;
+  double *a;
+  double *y; /* (N, k, C) each choice's expert output */
+};
+
+static void moe_fwd_ref(const struct tz_model_config *cfg, const struct tz_block_layout *l,
+                        const double *P, const double *h, int N, struct ref_moe *m, double *out,
+                        double *count, double *psum) {
+  int C = cfg->d_model, E = cfg->n_expert, k = cfg->n_expert_used, F = cfg->moe_ffn_dim;
+  const double *Wr = P + l->t[TZ_L_ROUTER].offset;
+  for (int n = 0; n < N; n++) {
+    const double *hn = h + (size_t)n * C;
+    double *p = m->p + (size_t)n * E, mx = -INFINITY, z = 0, s = 0;
+    for (int e = 0; e < E; e++) {
+      p[e] = 0;
+      for (int c = 0; c < C; c++)
+        p[e] += hn[c] * Wr[(size_t)e * C + c];
+      mx = p[e] > mx ? p[e] : mx;
+    }
+    for (int e = 0; e < E; e++)
+      z += p[e] = exp(p[e] - mx);
+    for (int e = 0; e < E; e++) {
+      p[e] /= z;
+      psum[e] += p[e];
+    }
+    int *idx = m->idx + (size_t)n * k;
+    for (int j = 0; j < k; j++) {
+      int best = -1;
+      for (int e = 0; e < E; e++) {
+        int taken = 0;
+        for (int i = 0; i < j; i++)
+          taken |= idx[i] == e;
+        if (!taken && (best < 0 || p[e] > p[best]))
+          best = e;
+      }
+      idx[j] = best;
+      count[best] += 1;
+      s += p[best];
+    }
+    for (int j = 0; j < k; j++) {
+      int e = idx[j];
+      double wj = m->w[(size_t)n * k + j] = p[e] / (cfg->norm_topk ? s : 1.0);
+      size_t r = (size_t)n * k + j;
+      double *g = m->g + r * F, *u = m->u + r * F, *a = m->a + r * F, *y = m->y + r * C;
+      linear(g, hn, P + l->t[TZ_L_WG].offset + (size_t)e * F * C, 1, C, F);
+      linear(u, hn, P + l->t[TZ_L_WU].offset + (size_t)e * F * C, 1, C, F);
+      for (int f = 0; f < F; f++)
+        a[f] = gate_act(cfg->glu_act, g[f]) * u[f];
+      linear(y, a, P + l->t[TZ_L_WD].offset + (size_t)e * C * F, 1, F, C);
+      for (int c = 0; c < C; c++)
+        out[(size_t)n * C + c] += wj * y[c];
+    }
+  }
+}
+
+/* dh (N, C) += the gradient at h; G += the router's and experts' gradients, given dout at the
+ * output and daux (E) at each row's probs. */
+static void moe_bwd_ref(const struct tz_model_config *cfg, const struct tz_block_layout *l,
+                        const double *P, double *G, const double *h, int N, const struct ref_moe *m,
+                        const double *dout, const double *daux, double *dh) {
+  int C = cfg->d_model, E = cfg->n_expert, k = cfg->n_expert_used, F = cfg->moe_ffn_dim;
+  double *da = malloc(sizeof(double) * F), *dg = malloc(sizeof(double) * F);
+  double *du = malloc(sizeof(double) * F), *dp = malloc(sizeof(double) * E);
+  double *dw = malloc(sizeof(double) * k), *dy = malloc(sizeof(double) * C);
+  for (int n = 0; n < N; n++) {
+    const double *hn = h + (size_t)n * C, *g_out = dout + (size_t)n * C;
+    const double *p = m->p + (size_t)n * E, *w = m->w + (size_t)n * k;
+    const int *idx = m->idx + (size_t)n * k;
+    double *dhn = dh + (size_t)n * C;
+    for (int j = 0; j < k; j++) {
+      int e = idx[j];
+      size_t r = (size_t)n * k + j;
+      const double *g = m->g + r * F, *u = m->u + r * F, *a = m->a + r * F, *y = m->y + r * C;
+      dw[j] = 0;
+      for (int c = 0; c < C; c++) {
+        dw[j] += g_out[c] * y[c];
+        dy[c] = w[j] * g_out[c];
+      }
+      memset(da, 0, sizeof(double) * F);
+      linear_bwd(da, G + l->t[TZ_L_WD].offset + (size_t)e * C * F, dy, a,
+                 P + l->t[TZ_L_WD].offset + (size_t)e * C * F, 1, F, C);
+      for (int f = 0; f < F; f++) {
+        dg[f] = da[f] * u[f] * gate_slope(cfg->glu_act, g[f]);
+        du[f] = da[f] * gate_act(cfg->glu_act, g[f]);
+      }
+      linear_bwd(dhn, G + l->t[TZ_L_WG].offset + (size_t)e * F * C, dg, hn,
+                 P + l->t[TZ_L_WG].offset + (size_t)e * F * C, 1, C, F);
+      linear_bwd(dhn, G + l->t[TZ_L_WU].offset + (size_t)e * F * C, du, hn,
+                 P + l->t[TZ_L_WU].offset + (size_t)e * F * C, 1, C, F);
+    }
+    /* the weights: w_j = p_j / s (norm_topk) or p_j; then the softmax */
+    double s = 0, gw = 0, dot = 0;
+    for (int j = 0; j < k; j++) {
+      s += p[idx[j]];
+      gw += dw[j] * w[j];
+    }
+    for (int e = 0; e < E; e++)
+      dp[e] = daux[e];
+    for (int j = 0; j < k; j++)
+      dp[idx[j]] += cfg->norm_topk ? (dw[j] - gw) / s : dw[j];
+    for (int e = 0; e < E; e++)
+      dot += p[e] * dp[e];
+    for (int e = 0; e < E; e++)
+      dp[e] = p[e] * (dp[e] - dot); /* now at the logits */
+    linear_bwd(dhn, G + l->t[TZ_L_ROUTER].offset, dp, hn, P + l->t[TZ_L_ROUTER].offset, 1, C, E);
+  }
+  free(da), free(dg), free(du), free(dp), free(dw), free(dy);
+}
+
 struct ref_layer {
-  double *x;     /* (N, C) layer input */
-  double *h1;    /* (N, C) */
-  double *r1;    /* (N) */
-  double *qp;    /* (N, H*D) the projection (with its bias), before the q norm */
-  double *kp;    /* (N, Hkv*D) */
-  double *rq;    /* (N*H) the q norm's rstd */
-  double *rk;    /* (N*Hkv) */
-  double *q;     /* (N, H*D) after the q norm (when there is one) and rope */
-  double *k;     /* (N, Hkv*D) after the k norm and rope */
-  double *v;     /* (N, Hkv*D) */
-  double *P;     /* (B, H, T, T) */
-  double *att;   /* (N, H*D) */
-  double *o;     /* (N, C) att wo^T: norm_place POST's input of its attention norm */
-  double *ro;    /* (N) */
-  double *m;     /* (N, C) a wd^T: norm_place POST's input of its MLP norm */
-  double *rm;    /* (N) */
-  double *x2;    /* (N, C) */
-  double *h2;    /* (N, C) */
-  double *r2;    /* (N) */
-  double *g, *u; /* (N, F) */
-  double *a;     /* (N, F) */
+  struct ref_moe mo; /* with experts */
+  double *x;         /* (N, C) layer input */
+  double *h1;        /* (N, C) */
+  double *r1;        /* (N) */
+  double *qp;        /* (N, H*D) the projection (with its bias), before the q norm */
+  double *kp;        /* (N, Hkv*D) */
+  double *rq;        /* (N*H) the q norm's rstd */
+  double *rk;        /* (N*Hkv) */
+  double *q;         /* (N, H*D) after the q norm (when there is one) and rope */
+  double *k;         /* (N, Hkv*D) after the k norm and rope */
+  double *v;         /* (N, Hkv*D) */
+  double *P;         /* (B, H, T, T) */
+  double *att;       /* (N, H*D) */
+  double *o;         /* (N, C) att wo^T: norm_place POST's input of its attention norm */
+  double *ro;        /* (N) */
+  double *m;         /* (N, C) a wd^T: norm_place POST's input of its MLP norm */
+  double *rm;        /* (N) */
+  double *x2;        /* (N, C) */
+  double *h2;        /* (N, C) */
+  double *r2;        /* (N) */
+  double *g, *u;     /* (N, F) */
+  double *a;         /* (N, F) */
 };
 
 int ref_model_run(const struct tz_model_config *cfg, double *const *params, const int32_t *tokens,
@@ -405,6 +524,23 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     free(arena);
     free(ly);
     return tz_err_set(TZ_ENOMEM, "ref model: out of memory");
+  }
+  /* the experts' intermediates, and the routing's counts and probability sums over all layers */
+  int moe = tz_model_moe(cfg), E = moe ? cfg->n_expert : 1, K = moe ? cfg->n_expert_used : 1;
+  int Fe = moe ? cfg->moe_ffn_dim : 1;
+  double count[TZ_MOE_MAX_EXPERTS] = {0}, psum[TZ_MOE_MAX_EXPERTS] = {0};
+  double daux[TZ_MOE_MAX_EXPERTS] = {0};
+  int oom = 0;
+  for (int i = 0; moe && i < L; i++) {
+    struct ref_moe *mo = &ly[i].mo;
+    mo->p = malloc(sizeof(double) * N * E);
+    mo->idx = malloc(sizeof(int) * N * K);
+    mo->w = malloc(sizeof(double) * N * K);
+    mo->g = malloc(sizeof(double) * N * K * Fe);
+    mo->u = malloc(sizeof(double) * N * K * Fe);
+    mo->a = malloc(sizeof(double) * N * K * Fe);
+    mo->y = malloc(sizeof(double) * N * K * C);
+    oom |= !mo->p || !mo->idx || !mo->w || !mo->g || !mo->u || !mo->a || !mo->y;
   }
   double *p = arena;
 #define TAKE(n) (p += (n), p - (n))
@@ -487,15 +623,20 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       y->x2[e] += y->x[e];
     if (pre)
       rmsnorm(y->h2, y->r2, y->x2, W(TZ_L_MLP_NORM), N, C, eps);
-    linear(y->g, h2, W(TZ_L_WG), N, C, F);
-    linear(y->u, h2, W(TZ_L_WU), N, C, F);
-    for (int e = 0; e < N * F; e++)
-      y->a[e] = gate_act(cfg->glu_act, y->g[e]) * y->u[e];
     double *out = i + 1 < L ? ly[i + 1].x : xL;
-    if (post) {
+    if (moe && !oom) {
+      memset(out, 0, sizeof(double) * N * C);
+      moe_fwd_ref(cfg, &ll, P, h2, N, &y->mo, out, count, psum);
+    } else if (!moe) {
+      linear(y->g, h2, W(TZ_L_WG), N, C, F);
+      linear(y->u, h2, W(TZ_L_WU), N, C, F);
+      for (int e = 0; e < N * F; e++)
+        y->a[e] = gate_act(cfg->glu_act, y->g[e]) * y->u[e];
+    }
+    if (!moe && post) {
       linear(y->m, y->a, W(TZ_L_WD), N, F, C);
       rmsnorm(out, y->rm, y->m, W(TZ_L_MLP_POST_NORM), N, C, eps);
-    } else {
+    } else if (!moe) {
       linear(out, y->a, W(TZ_L_WD), N, F, C);
     }
     for (int e = 0; e < N * C; e++)
@@ -525,6 +666,14 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     }
   }
   *loss = total_loss / N;
+  if (moe && cfg->router_aux_coef > 0) { /* the load-balancing loss over every layer's rows */
+    double R = (double)N * L, aux = 0;
+    for (int e = 0; e < E; e++) {
+      aux += count[e] / R * psum[e] / R;
+      daux[e] = cfg->router_aux_coef * E * count[e] / (R * R);
+    }
+    *loss += cfg->router_aux_coef * aux * E;
+  }
   if (logits_out)
     memcpy(logits_out, logits, sizeof(double) * N * V);
 
@@ -554,16 +703,20 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
         rmsnorm_bwd(dm, GW(TZ_L_MLP_POST_NORM), dx, y->m, W(TZ_L_MLP_POST_NORM), y->rm, N, C);
         dmo = dm;
       }
-      memset(da, 0, sizeof(double) * N * F);
-      linear_bwd(da, GW(TZ_L_WD), dmo, y->a, W(TZ_L_WD), N, F, C);
-      /* a = act(g) u: da/dg = u act'(g) */
       memset(dh, 0, sizeof(double) * N * C);
-      for (int e = 0; e < N * F; e++)
-        dgu[e] = da[e] * y->u[e] * gate_slope(cfg->glu_act, y->g[e]);
-      linear_bwd(dh, GW(TZ_L_WG), dgu, h2, W(TZ_L_WG), N, C, F);
-      for (int e = 0; e < N * F; e++)
-        dgu[e] = da[e] * gate_act(cfg->glu_act, y->g[e]);
-      linear_bwd(dh, GW(TZ_L_WU), dgu, h2, W(TZ_L_WU), N, C, F);
+      if (moe) {
+        moe_bwd_ref(cfg, &ll, P, G, h2, N, &y->mo, dmo, daux, dh);
+      } else {
+        memset(da, 0, sizeof(double) * N * F);
+        linear_bwd(da, GW(TZ_L_WD), dmo, y->a, W(TZ_L_WD), N, F, C);
+        /* a = act(g) u: da/dg = u act'(g) */
+        for (int e = 0; e < N * F; e++)
+          dgu[e] = da[e] * y->u[e] * gate_slope(cfg->glu_act, y->g[e]);
+        linear_bwd(dh, GW(TZ_L_WG), dgu, h2, W(TZ_L_WG), N, C, F);
+        for (int e = 0; e < N * F; e++)
+          dgu[e] = da[e] * gate_act(cfg->glu_act, y->g[e]);
+        linear_bwd(dh, GW(TZ_L_WU), dgu, h2, W(TZ_L_WU), N, C, F);
+      }
       if (!pre)
         for (int e = 0; e < N * C; e++)
           dx2[e] += dh[e];
@@ -617,7 +770,11 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
       for (int c = 0; c < C; c++)
         grads[0][tokens[n] * C + c] += dx[n * C + c] * emb;
   }
+  for (int i = 0; moe && i < L; i++) {
+    struct ref_moe *mo = &ly[i].mo;
+    free(mo->p), free(mo->idx), free(mo->w), free(mo->g), free(mo->u), free(mo->a), free(mo->y);
+  }
   free(arena);
   free(ly);
-  return 0;
+  return oom ? tz_err_set(TZ_ENOMEM, "ref model: out of memory for the experts") : 0;
 }

@@ -927,6 +927,38 @@ static void test_init(void **state) {
   free(part);
 }
 
+/* Mixture of experts: 6 experts of width 24, 2 a token, renormalised with the load-balancing
+ * loss (Qwen3-MoE with output_router_logits), then 1 a token unnormalised (OLMoE-like, with the
+ * q/k norms over the whole projection): loss, logits and every gradient against the float64
+ * reference; the same bits with recompute, on other thread counts, and with each part
+ * recomputed. */
+static struct tz_model_config moe_cfg(void) {
+  struct tz_model_config c = small_cfg();
+  c.n_expert = 6;
+  c.n_expert_used = 2;
+  c.moe_ffn_dim = 24;
+  c.norm_topk = 1;
+  c.router_aux_coef = 0.02;
+  c.qk_norm = TZ_QK_NORM_HEAD;
+  return c;
+}
+
+static void test_ref_moe(void **state) {
+  (void)state;
+  struct tz_model_config c = moe_cfg();
+  compare_with_reference(c, 2, 7, 301);
+  all_on_bits(c);
+  partial_recompute_bits(c);
+  c.n_expert_used = 1;
+  c.norm_topk = 0;
+  c.router_aux_coef = 0;
+  c.qk_norm = TZ_QK_NORM_ALL;
+  compare_with_reference(c, 3, 5, 302);
+  /* the experts' flops: k of them a token, and the router */
+  double N = 3.0 * 5;
+  assert_true(tz_model_layer_part_flop(&c, 3, 5, TZ_PART_MLP) == 2.0 * N * 32 * (3.0 * 1 * 24 + 6));
+}
+
 static void test_bad_inputs(void **state) {
   (void)state;
   struct setup *s = setup_new(small_cfg(), 1, 4, 204);
@@ -979,6 +1011,7 @@ int main(void) {
       cmocka_unit_test(test_ref_head_dim_24_tied),
       cmocka_unit_test(test_ref_all_on),
       cmocka_unit_test(test_all_on_bits),
+      cmocka_unit_test(test_ref_moe),
       cmocka_unit_test(test_layout_families),
       cmocka_unit_test(test_config_check_families),
       cmocka_unit_test(test_init_std),

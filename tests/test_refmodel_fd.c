@@ -245,6 +245,28 @@ static void test_fd_all_on(void **state) {
 }
 
 /* The reference's loss at uniform logits is log(V): a check that does not depend on itself. */
+/* Mixture of experts: 4 experts, 2 a token, the weights renormalised (Qwen3-MoE's
+ * norm_topk_prob), per-head q/k norms, and the load-balancing loss; then 3 experts, 1 a token,
+ * unnormalised (OLMoE's default) without it. The routing's choice is a step function; the
+ * differences move no choice at these weights (a moved one would show as a large error). */
+static void test_fd_moe(void **state) {
+  (void)state;
+  struct tz_model_config c = tiny_cfg(0);
+  c.n_expert = 4;
+  c.n_expert_used = 2;
+  c.moe_ffn_dim = 6;
+  c.norm_topk = 1;
+  c.router_aux_coef = 0.05;
+  c.qk_norm = 1;
+  check_fd(&c, 2, 5, 31);
+  c.n_expert = 3;
+  c.n_expert_used = 1;
+  c.norm_topk = 0;
+  c.router_aux_coef = 0;
+  c.qk_norm = 0;
+  check_fd(&c, 2, 6, 32);
+}
+
 static void test_uniform_loss(void **state) {
   (void)state;
   struct tz_model_config c = tiny_cfg(0);
@@ -278,6 +300,7 @@ int main(void) {
       cmocka_unit_test(test_fd_llama3_rope),
       cmocka_unit_test(test_fd_head_dim),
       cmocka_unit_test(test_fd_all_on),
+      cmocka_unit_test(test_fd_moe),
       cmocka_unit_test(test_uniform_loss),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -128,6 +128,25 @@ int tz_model_config_check(const struct tz_model_config *c) {
   NEED(c->has_bos == 0 || c->has_bos == 1, "has_bos %d must be 0 or 1", c->has_bos);
   NEED(c->has_eos == 0 || c->has_eos == 1, "has_eos %d must be 0 or 1", c->has_eos);
   NEED(c->has_pad == 0 || c->has_pad == 1, "has_pad %d must be 0 or 1", c->has_pad);
+  if (tz_model_moe(c)) {
+    NEED(c->n_expert <= TZ_MOE_MAX_EXPERTS && c->n_expert_used >= 1 &&
+             c->n_expert_used <= c->n_expert,
+         "n_expert_used %d must be in [1, n_expert %d] and n_expert at most %d", c->n_expert_used,
+         c->n_expert, TZ_MOE_MAX_EXPERTS);
+    NEED(c->moe_ffn_dim > 0, "moe_ffn_dim %d must be positive", c->moe_ffn_dim);
+    NEED(c->norm_topk == 0 || c->norm_topk == 1, "norm_topk %d must be 0 or 1", c->norm_topk);
+    NEED(isfinite(c->router_aux_coef) && c->router_aux_coef >= 0.0,
+         "router_aux_coef %g must be finite and not negative", c->router_aux_coef);
+    NEED(c->norm_place == TZ_NORM_PRE,
+         "experts with norm_place %d: the mixture-of-experts layers have their norms before each "
+         "part only",
+         c->norm_place);
+    NEED((int64_t)c->n_expert * c->moe_ffn_dim * c->d_model < INT32_MAX,
+         "the experts' %d x %d x %d weights have more than 2^31 elements", c->n_expert,
+         c->moe_ffn_dim, c->d_model);
+  } else {
+    NEED(c->n_expert == 0, "n_expert %d must not be negative", c->n_expert);
+  }
   /* Offsets are 64-bit, but the compute ops take int dimensions. */
   NEED((int64_t)c->vocab * c->d_model < INT32_MAX && (int64_t)c->ffn_dim * c->d_model < INT32_MAX &&
            (int64_t)c->n_head * tz_model_head_dim(c) * c->d_model < INT32_MAX,
@@ -162,6 +181,17 @@ int tz_model_layer_slides(const struct tz_model_config *cfg, int layer) {
 
 int tz_model_backend_check(const struct tz_model_config *cfg, const char *backend,
                            const char *settings, int T) {
+  if (tz_model_moe(cfg)) {
+    int moe = tz_compute_moe(backend);
+    if (moe < 0)
+      return moe;
+    if (!moe)
+      return tz_err_set(TZ_ENOTSUP,
+                        "model_type %s on the %s backend: its mixture-of-experts layers run on "
+                        "the cpu backend only until the %s backend has kernels for them "
+                        "(--backend cpu)",
+                        tz_model_family_name(cfg->family), backend, backend);
+  }
   const char *variant = tz_model_variant(cfg, T);
   if (!variant)
     return 0;
@@ -271,9 +301,12 @@ int tz_model_block_layout(const struct tz_model_config *cfg, int block,
     add_tensor(out, "wv", KD, C, 2);
     add_tensor(out, "wo", C, HD, 2);
     add_optional(out, "mlp_norm", C, pre);
-    add_tensor(out, "wg", F, C, 2);
-    add_tensor(out, "wu", F, C, 2);
-    add_tensor(out, "wd", C, F, 2);
+    int64_t E = cfg->n_expert > 0 ? cfg->n_expert : 1;
+    if (cfg->n_expert > 0)
+      F = cfg->moe_ffn_dim;
+    add_tensor(out, "wg", E * F, C, 2);
+    add_tensor(out, "wu", E * F, C, 2);
+    add_tensor(out, "wd", E * C, F, 2);
     /* after every Llama tensor, so that a Llama layer's offsets do not move */
     add_optional(out, "bq", HD, cfg->qkv_bias);
     add_optional(out, "bk", KD, cfg->qkv_bias);
@@ -283,6 +316,10 @@ int tz_model_block_layout(const struct tz_model_config *cfg, int block,
     add_optional(out, "k_norm", all ? KD : D, cfg->qk_norm != TZ_QK_NORM_NONE);
     add_optional(out, "attn_post_norm", C, post);
     add_optional(out, "mlp_post_norm", C, post);
+    if (cfg->n_expert > 0)
+      add_tensor(out, "router", cfg->n_expert, C, 2);
+    else
+      add_optional(out, "router", 0, 0);
   }
   return 0;
 }
@@ -473,10 +510,21 @@ static void *carve(struct carver *c, size_t bytes) {
  * x2) in a pass each, and the SwiGLU (a from g and u) in its backward's pass. A layer whose parts
  * are kept apart (the trainer's kept activations) carves only what they keep; the rest is the
  * shared acts'. */
+/* The rows and width of the MLP's hidden tensors (g, u, a): N x ffn_dim, or with experts the N*k
+ * assignments x moe_ffn_dim. */
+static void mlp_shape(const struct tz_model_config *cfg, size_t N, size_t *M, size_t *F) {
+  int moe = tz_model_moe(cfg);
+  *M = moe ? N * (size_t)cfg->n_expert_used : N;
+  *F = (size_t)(moe ? cfg->moe_ffn_dim : cfg->ffn_dim);
+}
+
 static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                         unsigned parts, int kept_only, struct carver *c, struct tz_layer_acts *a) {
-  size_t N = (size_t)B * T, es = tz_dtype_size(dt);
-  size_t C = cfg->d_model, F = cfg->ffn_dim, D = tz_model_head_dim(cfg);
+  size_t N = (size_t)B * T, es = tz_dtype_size(dt), M, F;
+  mlp_shape(cfg, N, &M, &F);
+  size_t C = cfg->d_model, D = tz_model_head_dim(cfg);
+  size_t E = (size_t)cfg->n_expert, k = (size_t)cfg->n_expert_used;
+  int moe = tz_model_moe(cfg);
   size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
   int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
   if (parts & TZ_PART_ATTN) {
@@ -496,8 +544,17 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
     a->x2 = carve(c, N * C * es);
   }
   if (parts & TZ_PART_MLP) {
-    a->g = carve(c, N * F * es);
-    a->u = carve(c, N * F * es);
+    a->g = carve(c, M * F * es);
+    a->u = carve(c, M * F * es);
+    if (moe) {
+      a->y = carve(c, M * C * es);
+      a->probs = carve(c, N * E * sizeof(float));
+      a->idx = carve(c, N * k * sizeof(int32_t));
+      a->rw = carve(c, N * k * sizeof(float));
+      a->offsets = carve(c, (E + 1) * sizeof(int32_t));
+      a->rows = carve(c, M * sizeof(int32_t));
+      a->slot = carve(c, M * sizeof(int32_t));
+    }
     a->m = post ? carve(c, N * C * es) : NULL;
     a->rstd_m = post ? carve(c, N * sizeof(float)) : NULL;
   }
@@ -511,8 +568,13 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
     a->h2 = carve(c, N * C * es);
     a->rstd2 = carve(c, N * sizeof(float));
   }
-  if (parts & TZ_PART_MLP)
-    a->a = carve(c, N * F * es);
+  if (parts & TZ_PART_MLP) {
+    a->a = carve(c, M * F * es);
+    if (moe) {
+      a->xs = carve(c, M * C * es);
+      a->rlogits = carve(c, N * E * es);
+    }
+  }
 }
 
 size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
@@ -545,13 +607,21 @@ void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype 
 
 static void scratch_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                            struct carver *c, struct tz_layer_scratch *s) {
-  size_t N = (size_t)B * T, es = tz_dtype_size(dt);
-  size_t C = cfg->d_model, F = cfg->ffn_dim, D = tz_model_head_dim(cfg);
+  size_t N = (size_t)B * T, es = tz_dtype_size(dt), M, F;
+  mlp_shape(cfg, N, &M, &F);
+  size_t C = cfg->d_model, D = tz_model_head_dim(cfg);
   size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
   s->dh = carve(c, N * C * es);
-  s->da = carve(c, N * F * es);
-  s->dg = carve(c, N * F * es);
-  s->du = carve(c, N * F * es);
+  s->da = carve(c, M * F * es);
+  s->dg = carve(c, M * F * es);
+  s->du = carve(c, M * F * es);
+  s->dy = s->dlog = NULL;
+  s->dw = NULL;
+  if (tz_model_moe(cfg)) {
+    s->dy = carve(c, M * C * es);
+    s->dlog = carve(c, N * (size_t)cfg->n_expert * es);
+    s->dw = carve(c, M * sizeof(float));
+  }
   s->datt = carve(c, N * HD * es);
   s->dq = carve(c, N * HD * es);
   s->dk = carve(c, N * KD * es);
@@ -756,10 +826,104 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer
   return 0;
 }
 
+static struct tz_moe_route moe_route_of(const struct tz_layer_acts *a) {
+  return (struct tz_moe_route){a->probs, a->idx, a->rw, a->offsets, a->rows, a->slot};
+}
+
+/* Expert e's rows of the (E*rows, cols) stacked weight W. */
+static const void *expert_w(const void *W, int e, int rows, int cols, enum tz_dtype S) {
+  return at(W, (uint64_t)e * rows * cols, S);
+}
+
+/* The experts' offsets (E+1), on the host: each expert's matmuls need its rows. */
+static int moe_offsets(tz_compute *cm, const struct tz_model_config *cfg,
+                       const struct tz_layer_acts *a, int32_t *off) {
+  TZ_CHECK(tz_compute_copy_out(cm, off, a->offsets, (size_t)(cfg->n_expert + 1) * sizeof *off));
+  return tz_compute_sync(cm);
+}
+
+/* The experts' MLP on h2 (N, C): the router's logits and the routing (stats += its statistics
+ * unless NULL), the rows gathered by expert, each expert's SwiGLU on its rows, and x_out = x2 +
+ * the weighted sum of each token's experts. */
+static int moe_fwd(tz_compute *cm, const struct tz_model_config *cfg,
+                   const struct tz_block_layout *l, const void *params, const void *h2,
+                   const struct tz_layer_acts *a, void *x_out, int N, float *stats) {
+  enum tz_dtype S = tz_compute_dtype(cm);
+  int C = cfg->d_model, E = cfg->n_expert, k = cfg->n_expert_used, F = cfg->moe_ffn_dim;
+  const void *Wg = at(params, l->t[TZ_L_WG].offset, S), *Wu = at(params, l->t[TZ_L_WU].offset, S);
+  const void *Wd = at(params, l->t[TZ_L_WD].offset, S);
+  TZ_CHECK(linear_fwd(cm, a->rlogits, h2, at(params, l->t[TZ_L_ROUTER].offset, S), N, C, E));
+  struct tz_moe_route r = moe_route_of(a);
+  TZ_CHECK(tz_compute_moe_route(cm, &r, stats, a->rlogits, N, E, k, cfg->norm_topk));
+  int32_t off[TZ_MOE_MAX_EXPERTS + 1];
+  TZ_CHECK(moe_offsets(cm, cfg, a, off));
+  TZ_CHECK(tz_compute_moe_gather(cm, a->xs, h2, a->rows, N * k, C));
+  for (int e = 0; e < E; e++) {
+    int m = off[e + 1] - off[e];
+    if (!m)
+      continue;
+    const void *xs = at(a->xs, (uint64_t)off[e] * C, S);
+    TZ_CHECK(
+        linear_fwd(cm, at(a->g, (uint64_t)off[e] * F, S), xs, expert_w(Wg, e, F, C, S), m, C, F));
+    TZ_CHECK(
+        linear_fwd(cm, at(a->u, (uint64_t)off[e] * F, S), xs, expert_w(Wu, e, F, C, S), m, C, F));
+  }
+  TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, a->g, a->u, (size_t)N * k * F));
+  for (int e = 0; e < E; e++) {
+    int m = off[e + 1] - off[e];
+    if (m)
+      TZ_CHECK(linear_fwd(cm, at(a->y, (uint64_t)off[e] * C, S), at(a->a, (uint64_t)off[e] * F, S),
+                          expert_w(Wd, e, C, F, S), m, F, C));
+  }
+  return tz_compute_moe_combine(cm, x_out, a->x2, a->y, a->rw, a->slot, N, k, C);
+}
+
+/* The experts' backward, given dx_out at x_out: grads += the router's and experts' gradients,
+ * dh (N, C) = the gradient at h2. xs and h2 hold the forward's; a is rebuilt when a_rebuilt. */
+static int moe_bwd(tz_compute *cm, const struct tz_model_config *cfg,
+                   const struct tz_block_layout *l, const void *params, void *grads, const void *h2,
+                   const struct tz_layer_acts *a, void *a_rebuilt, const void *dx_out,
+                   const struct tz_layer_scratch *s, int N) {
+  enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
+  int C = cfg->d_model, E = cfg->n_expert, k = cfg->n_expert_used, F = cfg->moe_ffn_dim;
+  const void *Wg = at(params, l->t[TZ_L_WG].offset, S), *Wu = at(params, l->t[TZ_L_WU].offset, S);
+  const void *Wd = at(params, l->t[TZ_L_WD].offset, S);
+  void *dWg = at(grads, l->t[TZ_L_WG].offset, G), *dWu = at(grads, l->t[TZ_L_WU].offset, G);
+  void *dWd = at(grads, l->t[TZ_L_WD].offset, G);
+  TZ_CHECK(tz_compute_moe_combine_bwd(cm, s->dy, s->dw, dx_out, a->y, a->rw, a->slot, N, k, C));
+  int32_t off[TZ_MOE_MAX_EXPERTS + 1];
+  TZ_CHECK(moe_offsets(cm, cfg, a, off));
+  for (int e = 0; e < E; e++) {
+    int m = off[e + 1] - off[e];
+    if (!m)
+      continue;
+    uint64_t rf = (uint64_t)off[e] * F, rc = (uint64_t)off[e] * C;
+    void *dy = at(s->dy, rc, S), *da = at(s->da, rf, S), *dg = at(s->dg, rf, S);
+    void *du = at(s->du, rf, S);
+    const void *xs = at(a->xs, rc, S), *ae = at(a->a, rf, S);
+    TZ_CHECK(linear_bwd_dx(cm, da, 0, dy, expert_w(Wd, e, C, F, S), m, F, C));
+    TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, dg, du,
+                                a_rebuilt ? at(a_rebuilt, rf, S) : NULL, da, at(a->g, rf, S),
+                                at(a->u, rf, S), (size_t)m * F));
+    TZ_CHECK(linear_bwd_dw(cm, (void *)expert_w(dWd, e, C, F, G), dy, ae, m, F, C));
+    /* the gradient at the expert's inputs goes where dy was (read no more) */
+    TZ_CHECK(linear_bwd(cm, dy, 0, (void *)expert_w(dWg, e, F, C, G), dg, xs,
+                        expert_w(Wg, e, F, C, S), m, C, F));
+    TZ_CHECK(linear_bwd(cm, dy, 1, (void *)expert_w(dWu, e, F, C, G), du, xs,
+                        expert_w(Wu, e, F, C, S), m, C, F));
+  }
+  TZ_CHECK(tz_compute_moe_scatter(cm, s->dh, s->dy, a->slot, N, k, C));
+  struct tz_moe_route r = moe_route_of(a);
+  TZ_CHECK(tz_compute_moe_route_bwd(cm, s->dlog, &r, s->dw, a->moe_daux, N, E, k, cfg->norm_topk));
+  return linear_bwd(cm, s->dh, 1, at(grads, l->t[TZ_L_ROUTER].offset, G), s->dlog, h2,
+                    at(params, l->t[TZ_L_ROUTER].offset, S), N, C, E);
+}
+
 /* The MLP part: a->h2, a->rstd2, a->g, a->u, a->a from a->x2, and x_out = x2 + the MLP's output
- * (TZ_NORM_POST: x2 + the norm of the output, through a->m). */
+ * (TZ_NORM_POST: x2 + the norm of the output, through a->m); with experts, moe_fwd's (stats:
+ * the routing's statistics, or NULL). */
 static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
-                   const struct tz_layer_acts *a, void *x_out, int B, int T) {
+                   const struct tz_layer_acts *a, void *x_out, int B, int T, float *stats) {
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
   enum tz_dtype S = tz_compute_dtype(cm);
@@ -771,6 +935,8 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
   if (pre)
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps,
                                     norm_off(cfg)));
+  if (tz_model_moe(cfg))
+    return moe_fwd(cm, cfg, &l, params, h2, a, x_out, N, stats);
   TZ_CHECK(linear_fwd(cm, a->g, h2, P(TZ_L_WG), N, C, F));
   TZ_CHECK(linear_fwd(cm, a->u, h2, P(TZ_L_WU), N, C, F));
   TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, a->g, a->u, (size_t)N * F));
@@ -799,7 +965,7 @@ int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, i
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
   if (parts & TZ_PART_ATTN)
     TZ_CHECK(attn_fwd(cm, cfg, layer, params, x_in, a, B, T, pos));
-  return parts & TZ_PART_MLP ? mlp_fwd(cm, cfg, params, a, x_out, B, T) : 0;
+  return parts & TZ_PART_MLP ? mlp_fwd(cm, cfg, params, a, x_out, B, T, a->moe_stats) : 0;
 }
 
 int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
@@ -830,12 +996,14 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
    * the MLP, else rebuilt by the SwiGLU's backward in the same pass (a_rebuilt). */
   void *a_rebuilt = NULL;
   if (recompute & TZ_PART_MLP) {
-    TZ_CHECK(mlp_fwd(cm, cfg, params, a, s->dh, B, T));
+    TZ_CHECK(mlp_fwd(cm, cfg, params, a, s->dh, B, T, NULL));
   } else {
     if (pre)
       TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps,
                                       norm_off(cfg)));
     a_rebuilt = a->a;
+    if (tz_model_moe(cfg)) /* the experts' inputs, gathered again */
+      TZ_CHECK(tz_compute_moe_gather(cm, a->xs, a->h2, a->rows, N * cfg->n_expert_used, C));
   }
   const void *h1 = pre ? a->h1 : x_in, *h2 = pre ? a->h2 : a->x2;
 #define GR(i) at(grads, l.t[i].offset, G)
@@ -843,17 +1011,21 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
    * With the norm on the MLP's output, dm (in dh, free until the gate's and up's backward
    * write it) is the gradient at the down projection's output. */
   const void *dm = dx_out;
-  if (post) {
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_MLP_POST_NORM), dx_out, a->m,
-                                    P(TZ_L_MLP_POST_NORM), a->rstd_m, N, C, norm_off(cfg)));
-    dm = s->dh;
+  if (tz_model_moe(cfg)) {
+    TZ_CHECK(moe_bwd(cm, cfg, &l, params, grads, h2, a, a_rebuilt, dx_out, s, N));
+  } else {
+    if (post) {
+      TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_MLP_POST_NORM), dx_out, a->m,
+                                      P(TZ_L_MLP_POST_NORM), a->rstd_m, N, C, norm_off(cfg)));
+      dm = s->dh;
+    }
+    TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dm, P(TZ_L_WD), N, F, C));
+    TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dg, s->du, a_rebuilt, s->da, a->g,
+                                a->u, (size_t)N * F));
+    TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dm, a->a, N, F, C));
+    TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WG), s->dg, h2, P(TZ_L_WG), N, C, F));
+    TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WU), s->du, h2, P(TZ_L_WU), N, C, F));
   }
-  TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dm, P(TZ_L_WD), N, F, C));
-  TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dg, s->du, a_rebuilt, s->da, a->g,
-                              a->u, (size_t)N * F));
-  TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dm, a->a, N, F, C));
-  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WG), s->dg, h2, P(TZ_L_WG), N, C, F));
-  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WU), s->du, h2, P(TZ_L_WU), N, C, F));
   /* The residual passes dx_out through unchanged: dx_in = dx_out + the norm's gradient, the copy
    * fused into the norm's backward (or, the norm on the output, dx_out + the MLP input's). */
   if (!pre)
@@ -986,6 +1158,22 @@ double tz_model_layer_part_flop(const struct tz_model_config *cfg, int B, int T,
   double D = tz_model_head_dim(cfg), HD = (double)cfg->n_head * D;
   double attn = 2.0 * N * C * D * (double)(2 * cfg->n_head + 2 * cfg->n_kv_head) +
                 2.0 * (double)B * (double)T * (double)T * HD;
-  double mlp = 2.0 * N * 3.0 * C * F;
+  double mlp = tz_model_moe(cfg)
+                   ? 2.0 * N * C * (3.0 * cfg->n_expert_used * cfg->moe_ffn_dim + cfg->n_expert)
+                   : 2.0 * N * 3.0 * C * F;
   return (parts & TZ_PART_ATTN ? attn : 0) + (parts & TZ_PART_MLP ? mlp : 0);
+}
+
+double tz_model_moe_aux(const struct tz_model_config *cfg, const float *stats, int rows,
+                        double scale, float *daux) {
+  int E = cfg->n_expert;
+  double R = (double)rows * cfg->n_layer, aux = 0.0;
+  if (E <= 0 || R <= 0)
+    return 0.0;
+  for (int e = 0; e < E; e++) {
+    aux += ((double)stats[e] / R) * ((double)stats[E + e] / R);
+    if (daux)
+      daux[e] = (float)(scale * E * (double)stats[e] / (R * R));
+  }
+  return aux * E;
 }

@@ -131,6 +131,15 @@ struct tz_model_config {
    * each head (even, at most head_dim; the longrope factors are rope_rot / 2), the rest pass;
    * 0: all of them */
   int rope_rot;
+  /* Mixture of experts (Qwen3-MoE, Mixtral, OLMoE; 0 experts: the dense MLP of ffn_dim). Every
+   * layer's MLP is n_expert SwiGLU experts of width moe_ffn_dim (F_e), each token sent to the
+   * n_expert_used (k) of largest softmax(router) probability and their outputs added with those
+   * probabilities as weights, divided by their sum when norm_topk (Mixtral always; Qwen3-MoE and
+   * OLMoE by norm_topk_prob). router_aux_coef > 0 (transformers' router_aux_loss_coef with
+   * output_router_logits): the load-balancing loss, that times tz_model_moe_aux's, is added to
+   * the loss. ffn_dim is then unused. */
+  int n_expert, n_expert_used, moe_ffn_dim, norm_topk;
+  double router_aux_coef;
 };
 
 /* The first of the variants (Gemma's math, sliding windows) that cfg uses on sequences of T tokens
@@ -215,6 +224,9 @@ enum {
   TZ_L_KNORM,          /* (D) with qk_norm HEAD, (Hkv*D) with ALL */
   TZ_L_ATTN_POST_NORM, /* (C) with TZ_NORM_POST: on the attention's output, before the residual */
   TZ_L_MLP_POST_NORM,  /* (C) with TZ_NORM_POST: on the MLP's output */
+  TZ_L_ROUTER,         /* (E, C) with experts: the router's logits = x router^T; then wg and wu
+                          are (E*F_e, C), expert e's rows e*F_e.., and wd (E*C, F_e), expert e's
+                          rows e*C.. */
   TZ_L_COUNT
 };
 enum {
@@ -265,6 +277,20 @@ uint64_t tz_model_layer_numel_padded(const struct tz_model_config *cfg, int worl
 int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed, uint64_t begin,
                         uint64_t end, float *out);
 
+/* ---- Mixture of experts ---- */
+
+/* 1 when cfg's MLPs are experts. */
+static inline int tz_model_moe(const struct tz_model_config *cfg) { return cfg->n_expert > 0; }
+
+/* The load-balancing loss of one micro-batch (transformers' load_balancing_loss_func without an
+ * attention mask) from stats, the sums over its n_layer layers of tz_compute_moe_route's
+ * statistics (2E floats: assignments, then probs summed, per expert), each layer routing `rows`
+ * tokens: with R = rows * n_layer rows in all, E * sum_e (count_e / R) (probs_e / R). daux (E),
+ * unless NULL, receives its gradient at each row's probs times scale: scale * E * count_e / R^2
+ * (the counts are constants of the routing), which the layers' backward adds (moe_daux). */
+double tz_model_moe_aux(const struct tz_model_config *cfg, const float *stats, int rows,
+                        double scale, float *daux);
+
 /* ---- Parameter blocks in backend memory ---- */
 
 /* One buffer per block (tz_model_block_numel elements of the storage dtype of cm each), zeroed.
@@ -296,6 +322,24 @@ struct tz_layer_acts {
   void *g;      /* (N, F) gate projection */
   void *u;      /* (N, F) up projection */
   void *a;      /* (N, F) silu(g) * u */
+  /* With experts (n_expert > 0), g, u and a are (M, F_e) for the M = N*k assignments grouped by
+   * expert, and the MLP part also keeps the routing (kernels/compute.h, struct tz_moe_route) and
+   * the experts' outputs y; the router's logits and the gathered inputs xs are rebuilt. */
+  void *y;          /* (M, C) each assignment's expert output */
+  float *probs;     /* (N, E) F32 */
+  int32_t *idx;     /* (N, k) */
+  float *rw;        /* (N, k) F32 the routing weights */
+  int32_t *offsets; /* (E+1) */
+  int32_t *rows;    /* (M) */
+  int32_t *slot;    /* (M) */
+  void *xs;         /* (M, C) the MLP norm's output of each assignment's token */
+  void *rlogits;    /* (N, E) the router's logits */
+  /* Set by the caller, never carved: moe_stats (2E F32, or NULL) receives += the forward's
+   * routing statistics (tz_compute_moe_route's; a recompute adds none), and moe_daux (E F32, or
+   * NULL) is the load-balancing loss's gradient at each row's probs (tz_model_moe_aux) that the
+   * backward adds. */
+  float *moe_stats;
+  const float *moe_daux;
   /* With qk_norm only (NULL and no room otherwise): the q and k projections (with their biases)
    * before the norms, and the norms' statistics, one per head and token (HEAD) or per token
    * (ALL). */
@@ -322,6 +366,10 @@ struct tz_layer_scratch {
   void *dk;     /* (N, Hkv*D) */
   void *dv;     /* (N, Hkv*D) */
   float *delta; /* (B, H, T) F32 */
+  /* with experts (da, dg, du are then (M, F_e)) */
+  void *dy;   /* (M, C) the gradient at the experts' outputs, then at their inputs */
+  void *dlog; /* (N, E) the gradient at the router's logits */
+  float *dw;  /* (N, k) F32 the gradient at the routing weights */
 };
 
 /* Scratch for the head. The head works on TZ_MODEL_HEAD_CHUNK_ELEMS / V rows of logits at a
@@ -486,7 +534,9 @@ void tz_model_runner_destroy(tz_model_runner *r); /* NULL is a no-op */
 /* Forward and (grads non-NULL) backward over tokens and targets (B*T int32 each, host memory).
  * params[b] and grads[b] are block b's buffers in backend memory; grads += (accumulate).
  * A target TZ_TARGET_IGNORE is no target (kernels/compute.h). dscale <= 0 means 1 / the number
- * of targets. *loss (host) = the mean loss of the targets (0 when there are none). */
+ * of targets. *loss (host) = the mean loss of the targets (0 when there are none), plus, with
+ * experts and router_aux_coef, that times the step's load-balancing loss (tz_model_moe_aux), whose
+ * gradient the backward adds at that scale. */
 int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *grads,
                          const int32_t *tokens, const int32_t *targets, float dscale, float *loss);
 /* The positions of later steps' and logits' tokens in their documents, (B*T int32, host: see

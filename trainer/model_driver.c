@@ -24,7 +24,8 @@ struct tz_model_runner {
   struct tz_layer_acts *acts; /* checkpoint ? 1 : n_layer */
   struct tz_layer_scratch scratch;
   struct tz_head_scratch head;
-  void *dx; /* (B, T, C) the gradient flowing down */
+  void *dx;                    /* (B, T, C) the gradient flowing down */
+  float *moe_stats, *moe_daux; /* with experts: 2E and E F32 (tz_model_moe_aux) */
 };
 
 int tz_model_runner_create(tz_compute *cm, const struct tz_model_config *cfg, int B, int T,
@@ -52,8 +53,11 @@ int tz_model_runner_create(tz_compute *cm, const struct tz_model_config *cfg, in
   size_t x_bytes = (N * cfg->d_model * tz_dtype_size(S) + 255) & ~(size_t)255;
   size_t tok_bytes = (N * sizeof(int32_t) + 255) & ~(size_t)255;
   size_t acts_bytes = tz_model_acts_bytes(cfg, S, B, T);
+  size_t moe_bytes =
+      tz_model_moe(cfg) ? (3 * (size_t)cfg->n_expert * sizeof(float) + 255) & ~255ul : 0;
   size_t total = 3 * tok_bytes + (size_t)(L + 2) * x_bytes + (size_t)n_acts * acts_bytes +
-                 tz_model_scratch_bytes(cfg, S, B, T) + tz_model_head_scratch_bytes(cfg, S, B, T);
+                 tz_model_scratch_bytes(cfg, S, B, T) + tz_model_head_scratch_bytes(cfg, S, B, T) +
+                 moe_bytes;
   int rc = tz_compute_alloc(cm, total, &r->mem);
   if (rc < 0) {
     tz_model_runner_destroy(r);
@@ -73,6 +77,13 @@ int tz_model_runner_create(tz_compute *cm, const struct tz_model_config *cfg, in
   tz_model_scratch_carve(cfg, S, B, T, p, &r->scratch);
   p += tz_model_scratch_bytes(cfg, S, B, T);
   tz_model_head_scratch_carve(cfg, S, B, T, p, &r->head);
+  p += tz_model_head_scratch_bytes(cfg, S, B, T);
+  if (moe_bytes) {
+    r->moe_stats = (float *)p;
+    r->moe_daux = r->moe_stats + 2 * cfg->n_expert;
+  }
+  for (int i = 0; i < n_acts; i++)
+    r->acts[i].moe_stats = r->moe_stats;
   *out = r;
   return 0;
 }
@@ -98,6 +109,8 @@ static int runner_forward(tz_model_runner *r, void *const *params, const int32_t
   const struct tz_model_config *cfg = r->cfg;
   size_t N = (size_t)r->B * r->T;
   TZ_CHECK(tz_compute_copy_in(r->cm, r->tokens, tokens, N * sizeof(int32_t)));
+  if (r->moe_stats)
+    TZ_CHECK(tz_compute_zero(r->cm, r->moe_stats, 2 * (size_t)cfg->n_expert * sizeof(float)));
   TZ_CHECK(tz_model_embed_fwd(r->cm, cfg, params[0], r->tokens, r->xs[0], r->B, r->T));
   for (int i = 0; i < cfg->n_layer; i++) {
     const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
@@ -121,6 +134,16 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
   TZ_CHECK(tz_model_head(r->cm, cfg, params[L + 1], params[0], grads ? grads[L + 1] : NULL,
                          grads ? grads[0] : NULL, r->xs[L], r->targets, dscale, r->dx, &r->head, B,
                          T));
+  /* The load-balancing loss of the forward's routing, and its gradient for the backward. */
+  double aux = 0.0;
+  if (r->moe_stats && cfg->router_aux_coef > 0) {
+    float stats[2 * TZ_MOE_MAX_EXPERTS], daux[TZ_MOE_MAX_EXPERTS];
+    TZ_CHECK(tz_compute_copy_out(r->cm, stats, r->moe_stats, 2 * sizeof(float) * cfg->n_expert));
+    aux = tz_model_moe_aux(cfg, stats, (int)N, cfg->router_aux_coef, daux);
+    TZ_CHECK(tz_compute_copy_in(r->cm, r->moe_daux, daux, sizeof(float) * cfg->n_expert));
+  }
+  for (int i = 0; r->moe_stats && i < (r->checkpoint ? 1 : L); i++)
+    r->acts[i].moe_daux = cfg->router_aux_coef > 0 ? r->moe_daux : NULL;
   if (grads) {
     for (int i = L - 1; i >= 0; i--) {
       int blk = tz_model_block_of_layer(i);
@@ -134,7 +157,7 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
   float sum = 0.0f;
   TZ_CHECK(tz_compute_copy_out(r->cm, &sum, r->head.loss, sizeof sum));
   TZ_CHECK(tz_compute_sync(r->cm));
-  *loss = n_targets ? sum / (float)n_targets : 0.0f;
+  *loss = (float)((n_targets ? sum / (float)n_targets : 0.0f) + cfg->router_aux_coef * aux);
   return 0;
 }
 

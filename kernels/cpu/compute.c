@@ -865,4 +865,5 @@ const struct tz_compute_backend tz_compute_backend_cpu = {
     .probe = cpu_probe,
     .create = cpu_create,
     .variants_always = 1,
+    .moe = 1,
 };

@@ -353,4 +353,5 @@ const struct tz_compute_backend tz_compute_backend_cuda = {
     .n_settings = TZ_CUDA_N_SETTINGS,
     .variants = cuda_variants,
     .variants_always = 0,
+    .moe = 0, /* no mixture-of-experts kernels yet */
 };
