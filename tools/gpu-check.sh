@@ -93,7 +93,7 @@ if has families && [ -x $b/bin/tz-model-check ]; then
     step fam-$name-make $hf make "$d" "$@" --tz $b/bin/tz-model-check || return
     step fam-$name-f32 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --tz $b/bin/tz-model-check
     # the families' variants (Gemma's math, windows) on the cuda backend: its setting variants
-    # on (TZ_CUDA_VARIANTS=1, off by default until these checks pass); FAM_CPU_ONLY lists
+    # on (TZ_CUDA_VARIANTS=1, the default since these checks passed); FAM_CPU_ONLY lists
     # families checked on the cpu backend alone
     [[ " ${FAM_CPU_ONLY:-} " == *" $name "* ]] && local cpu=(--backend cpu) || local cpu=()
     [ ${#cpu[@]} -eq 0 ] &&

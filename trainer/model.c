@@ -202,9 +202,8 @@ int tz_model_backend_check(const struct tz_model_config *cfg, const char *backen
     return 0;
   return tz_err_set(TZ_ENOTSUP,
                     "model_type %s on the %s backend: the %s backend computes its %s only with "
-                    "its setting variants on (tierzero.cuda_variants, TZ_CUDA_VARIANTS=1), off "
-                    "until the CUDA kernels for it pass their GPU checks; --backend cpu computes "
-                    "it",
+                    "its setting variants on (tierzero.cuda_variants, TZ_CUDA_VARIANTS; the "
+                    "default), which this run turned off; --backend cpu computes it too",
                     tz_model_family_name(cfg->family), backend, backend, variant);
 }
 

@@ -30,9 +30,10 @@ const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS] = {
     [TZ_CUDA_SET_VARIANTS] = {.name = "variants",
                               .kind = TZ_SETTING_BOOL,
                               .env = "TZ_CUDA_VARIANTS",
+                              .def = 1,
                               .help = "the families' variants on this backend (Gemma's weight "
-                                      "offset, GeGLU, softcaps, attention scale and windows): "
-                                      "off until their GPU checks pass (docs/cuda-kernels.md)"},
+                                      "offset, GeGLU, softcaps, attention scale and windows; on: "
+                                      "their GPU checks passed, docs/cuda-kernels.md)"},
 };
 
 const char *tz_cuda_attention_kernel_name(enum tz_cuda_attention_kernel k) {
