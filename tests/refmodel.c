@@ -666,13 +666,13 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     }
   }
   *loss = total_loss / N;
-  if (moe && cfg->router_aux_coef > 0) { /* the load-balancing loss over every layer's rows */
+  if (moe && tz_model_aux_coef(cfg) > 0) { /* the load-balancing loss over every layer's rows */
     double R = (double)N * L, aux = 0;
     for (int e = 0; e < E; e++) {
       aux += count[e] / R * psum[e] / R;
-      daux[e] = cfg->router_aux_coef * E * count[e] / (R * R);
+      daux[e] = tz_model_aux_coef(cfg) * E * count[e] / (R * R);
     }
-    *loss += cfg->router_aux_coef * aux * E;
+    *loss += tz_model_aux_coef(cfg) * aux * E;
   }
   if (logits_out)
     memcpy(logits_out, logits, sizeof(double) * N * V);
@@ -766,9 +766,13 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
 #undef GW
 #undef GB
     }
+    /* transformers' nn.Embedding(padding_idx=pad_token_id): the lookup gives the pad token's
+     * row no gradient (tied, the head's still reaches it) */
+    int pad = cfg->has_pad && cfg->pad_id >= 0 && cfg->pad_id < cfg->vocab ? cfg->pad_id : -1;
     for (int n = 0; n < N; n++)
-      for (int c = 0; c < C; c++)
-        grads[0][tokens[n] * C + c] += dx[n * C + c] * emb;
+      if (tokens[n] != pad)
+        for (int c = 0; c < C; c++)
+          grads[0][tokens[n] * C + c] += dx[n * C + c] * emb;
   }
   for (int i = 0; moe && i < L; i++) {
     struct ref_moe *mo = &ly[i].mo;

@@ -124,9 +124,10 @@ static double rel_err(const float *got, const double *want, uint64_t n) {
   return w > 0 ? sqrt(e / w) : sqrt(e);
 }
 
-static void compare_with_reference(struct tz_model_config cfg, int B, int T, uint64_t seed) {
-  struct setup *s = setup_new(cfg, B, T, seed);
-  int N = B * T, nb = tz_model_n_blocks(&cfg);
+/* s's cpu run against the reference. */
+static void compare_setup(struct setup *s) {
+  struct tz_model_config cfg = s->cfg;
+  int B = s->B, T = s->T, N = B * T, nb = tz_model_n_blocks(&cfg);
   double ref_loss, *ref_logits = malloc(sizeof(double) * N * cfg.vocab);
   double **G = ref_blocks_alloc(&cfg);
   TZ_ASSERT_OK(ref_model_run(&cfg, s->P, s->tok, s->tgt, B, T, ref_logits, &ref_loss, G));
@@ -161,6 +162,11 @@ static void compare_with_reference(struct tz_model_config cfg, int B, int T, uin
   result_free(&cfg, &r);
   ref_blocks_free(&cfg, G);
   free(ref_logits);
+}
+
+static void compare_with_reference(struct tz_model_config cfg, int B, int T, uint64_t seed) {
+  struct setup *s = setup_new(cfg, B, T, seed);
+  compare_setup(s);
   setup_free(s);
 }
 
@@ -939,6 +945,7 @@ static struct tz_model_config moe_cfg(void) {
   c.moe_ffn_dim = 24;
   c.norm_topk = 1;
   c.router_aux_coef = 0.02;
+  c.moe_aux = 1;
   c.qk_norm = TZ_QK_NORM_HEAD;
   return c;
 }
@@ -951,12 +958,123 @@ static void test_ref_moe(void **state) {
   partial_recompute_bits(c);
   c.n_expert_used = 1;
   c.norm_topk = 0;
-  c.router_aux_coef = 0;
+  c.moe_aux = 0;
   c.qk_norm = TZ_QK_NORM_ALL;
   compare_with_reference(c, 3, 5, 302);
   /* the experts' flops: k of them a token, and the router */
   double N = 3.0 * 5;
   assert_true(tz_model_layer_part_flop(&c, 3, 5, TZ_PART_MLP) == 2.0 * N * 32 * (3.0 * 1 * 24 + 6));
+}
+
+/* ---- the pad token ---- */
+
+/* pad at the first two tokens, a lone one, a run across the rows' boundary and the last (B*T of
+ * at least 14, T of 7 or more). */
+static void put_pads(struct setup *s, int pad) {
+  int N = s->B * s->T, at[] = {0, 1, 4, s->T - 1, s->T, N - 1};
+  for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
+    s->tok[at[i]] = pad;
+}
+
+/* transformers builds every family's embedding as nn.Embedding(vocab, hidden, padding_idx =
+ * pad_token_id): the lookup gives the pad token's row no gradient. With has_pad, untied, that row's
+ * gradient is 0; tied, it is the head's alone (an untied copy whose lm_head is the embedding: its
+ * lm_head row, the same bits); every other gradient, the loss and the logits are those of the same
+ * run without a pad token, bit for bit. The float64 reference agrees (Gemma's scaled embedding
+ * too), and without the host tokens the backward refuses. */
+static void test_pad_row(void **state) {
+  (void)state;
+  const int B = 2, T = 7, N = B * T, pad = 5;
+  struct tz_model_config c = small_cfg();
+  int C = c.d_model, L = c.n_layer;
+  c.pad_id = pad;
+  for (int tied = 0; tied < 2; tied++) {
+    c.tie_embeddings = tied;
+    c.has_pad = 0;
+    struct setup *s = setup_new(c, B, T, 141 + (uint64_t)tied);
+    put_pads(s, pad);
+    struct result off = run_cpu(s, 2, 1, 1);
+    s->cfg.has_pad = 1;
+    struct result on = run_cpu(s, 2, 1, 1);
+    assert_memory_equal(&on.loss, &off.loss, sizeof on.loss);
+    assert_memory_equal(on.logits, off.logits, sizeof(float) * N * c.vocab);
+    for (int b = 0; b < tz_model_n_blocks(&c); b++)
+      for (uint64_t e = 0; e < tz_model_block_numel(&c, b); e++)
+        if ((b != 0 || e / (uint64_t)C != (uint64_t)pad) && on.grads[b][e] != off.grads[b][e])
+          fail_msg("tied %d: block %d element %llu: %.9g with the pad token, %.9g without", tied, b,
+                   (unsigned long long)e, on.grads[b][e], off.grads[b][e]);
+    const float *row = on.grads[0] + (size_t)pad * C, *was = off.grads[0] + (size_t)pad * C;
+    if (!tied) {
+      for (int k = 0; k < C; k++)
+        if (row[k] != 0.0f)
+          fail_msg("untied: the pad row's gradient [%d] is %.9g, not 0", k, row[k]);
+    } else {
+      struct tz_model_config u = s->cfg;
+      u.tie_embeddings = 0;
+      struct setup *su = setup_new(u, B, T, 141);
+      memcpy(su->tok, s->tok, sizeof(int32_t) * N);
+      memcpy(su->tgt, s->tgt, sizeof(int32_t) * N);
+      for (int b = 0; b <= L; b++)
+        memcpy(su->hostP[b], s->hostP[b], sizeof(float) * tz_model_block_numel(&c, b));
+      struct tz_block_layout lt, lu;
+      TZ_ASSERT_OK(tz_model_block_layout(&c, L + 1, &lt));
+      TZ_ASSERT_OK(tz_model_block_layout(&u, L + 1, &lu));
+      memcpy(su->hostP[L + 1] + lu.t[TZ_H_NORM].offset, s->hostP[L + 1] + lt.t[TZ_H_NORM].offset,
+             sizeof(float) * C);
+      memcpy(su->hostP[L + 1] + lu.t[TZ_H_LM].offset, s->hostP[0], sizeof(float) * c.vocab * C);
+      struct result ru = run_cpu(su, 2, 1, 1);
+      assert_memory_equal(&ru.loss, &on.loss, sizeof ru.loss);
+      const float *head = ru.grads[L + 1] + lu.t[TZ_H_LM].offset;
+      for (int k = 0; k < C; k++)
+        if (row[k] != head[(size_t)pad * C + k])
+          fail_msg("tied: the pad row's gradient [%d] is %.9g, the head's alone %.9g", k, row[k],
+                   head[(size_t)pad * C + k]);
+      for (int v = 0; v < c.vocab; v++) /* the other rows: the head's and the lookup's */
+        for (int k = 0; k < C; k++) {
+          size_t e = (size_t)v * C + k;
+          double want = (double)head[e] + ru.grads[0][e];
+          if (v != pad && fabs(on.grads[0][e] - want) > 1e-6 * (1.0 + fabs(want)))
+            fail_msg("tied: row %d [%d] %.9g, the head's and the lookup's %.9g", v, k,
+                     on.grads[0][e], want);
+          if (v == pad && ru.grads[0][e] != 0.0f)
+            fail_msg("untied copy: the pad row's lookup gradient [%d] is %.9g", k, ru.grads[0][e]);
+        }
+      result_free(&u, &ru);
+      setup_free(su);
+    }
+    double moved = 0; /* without the rule, the lookup's gradient reached the row */
+    for (int k = 0; k < C; k++)
+      moved += fabs((double)row[k] - was[k]);
+    assert_true(moved > 0);
+    compare_setup(s);
+    result_free(&c, &on);
+    result_free(&c, &off);
+    setup_free(s);
+  }
+  /* Gemma's scaled embedding (the scale applied to dx after the zeroing), against the reference */
+  struct tz_model_config g = gemma2_cfg();
+  g.has_pad = 1, g.pad_id = pad;
+  struct setup *s = setup_new(g, B, T, 143);
+  put_pads(s, pad);
+  compare_setup(s);
+  /* no host tokens: refused; an out-of-range pad_id is no pad token */
+  assert_int_equal(tz_model_embed_pad(&g), pad);
+  g.pad_id = g.vocab;
+  assert_int_equal(tz_model_embed_pad(&g), -1);
+  g.pad_id = pad, g.has_pad = 0;
+  assert_int_equal(tz_model_embed_pad(&g), -1);
+  g.has_pad = 1;
+  tz_compute *cm;
+  TZ_ASSERT_OK(tz_compute_create("cpu", NULL, &cm));
+  void *dx, *dw, *tok;
+  TZ_ASSERT_OK(tz_compute_alloc(cm, sizeof(float) * N * g.d_model, &dx));
+  TZ_ASSERT_OK(tz_compute_alloc(cm, sizeof(float) * g.vocab * g.d_model, &dw));
+  TZ_ASSERT_OK(tz_compute_alloc(cm, sizeof(int32_t) * N, &tok));
+  TZ_ASSERT_OK(tz_compute_copy_in(cm, tok, s->tok, sizeof(int32_t) * N));
+  assert_int_equal(tz_model_embed_bwd(cm, &g, dw, tok, NULL, dx, B, T), TZ_EINVAL);
+  tz_compute_free(cm, dx), tz_compute_free(cm, dw), tz_compute_free(cm, tok);
+  tz_compute_destroy(cm);
+  setup_free(s);
 }
 
 static void test_bad_inputs(void **state) {
@@ -1012,6 +1130,7 @@ int main(void) {
       cmocka_unit_test(test_ref_all_on),
       cmocka_unit_test(test_all_on_bits),
       cmocka_unit_test(test_ref_moe),
+      cmocka_unit_test(test_pad_row),
       cmocka_unit_test(test_layout_families),
       cmocka_unit_test(test_config_check_families),
       cmocka_unit_test(test_init_std),

@@ -257,12 +257,13 @@ static void test_fd_moe(void **state) {
   c.moe_ffn_dim = 6;
   c.norm_topk = 1;
   c.router_aux_coef = 0.05;
+  c.moe_aux = 1;
   c.qk_norm = 1;
   check_fd(&c, 2, 5, 31);
   c.n_expert = 3;
   c.n_expert_used = 1;
   c.norm_topk = 0;
-  c.router_aux_coef = 0;
+  c.moe_aux = 0;
   c.qk_norm = 0;
   check_fd(&c, 2, 6, 32);
 }

@@ -154,8 +154,13 @@ def run(args):
     model, device = load_model(args.dir, args.dtype)
     ids = torch.tensor([toks[:-1]], dtype=torch.long, device=device)
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0].float().cpu()
+        out = model(input_ids=ids)
+        logits = out.logits[0].float().cpu()
     loss = F.cross_entropy(logits, torch.tensor(toks[1:], dtype=torch.long)).item()
+    # experts with output_router_logits: transformers adds the load-balancing loss (its aux_loss)
+    # times router_aux_loss_coef to the loss, as tierzero does
+    if getattr(out, "aux_loss", None) is not None:
+        loss += model.config.router_aux_loss_coef * float(out.aux_loss)
     ours_text = summary(loss, logits)
     sys.stdout.write("# transformers (%s, %s)\n" % (args.dtype, device) + ours_text)
     if not args.tz:
@@ -254,6 +259,8 @@ def family_config(args, table):
     family's own keys and window rule from the family table."""
     fam = args.family
     row = table[fam]
+    if row.get("moe_module") and not args.experts:
+        args.experts = 4
     d = {"model_type": fam, "hidden_size": args.hidden, "intermediate_size": args.ffn,
          "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
          "num_key_value_heads": args.kv_heads, "vocab_size": args.vocab,
@@ -283,6 +290,19 @@ def family_config(args, table):
         d["sliding_window"] = args.sliding_window or row["window_default"]
     elif args.sliding_window:
         raise SystemExit("--sliding-window: family %s has no sliding window" % fam)
+    if row.get("moe_module"):
+        # experts: every layer sparse; the family's key for the experts' width
+        d["num_experts"] = args.experts
+        d["num_experts_per_tok"] = args.experts_used
+        d[row["moe_width_key"]] = args.expert_ffn
+        if not row["topk_norm"]:
+            d["norm_topk_prob"] = args.norm_topk
+        d["output_router_logits"] = args.router_aux > 0
+        d["router_aux_loss_coef"] = args.router_aux
+        if fam == "mixtral":
+            d["num_local_experts"] = d.pop("num_experts")
+    elif args.experts:
+        raise SystemExit("--experts: family %s has no experts" % fam)
     return d
 
 
@@ -386,6 +406,13 @@ def main():
     m.add_argument("--sliding-window", type=int, default=None,
                    help="mistral: the window (at least the sequence); qwen2/qwen3: the value "
                         "written with use_sliding_window false")
+    m.add_argument("--experts", type=int, default=0,
+                   help="the experts of a family with them (num_experts; 0: 4 there)")
+    m.add_argument("--experts-used", type=int, default=2, help="num_experts_per_tok")
+    m.add_argument("--expert-ffn", type=int, default=48, help="each expert's width")
+    m.add_argument("--norm-topk", action="store_true", help="norm_topk_prob true")
+    m.add_argument("--router-aux", type=float, default=0.0,
+                   help="router_aux_loss_coef with output_router_logits (0: neither)")
     m.add_argument("--eps", type=float, default=1e-5)
     m.add_argument("--tie", action="store_true")
     m.add_argument("--no-perturb", action="store_true",

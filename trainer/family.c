@@ -86,6 +86,41 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                           .export_keys = "{\"attention_bias\": false, \"hidden_activation\": "
                                          "\"gelu_pytorch_tanh\", \"use_bidirectional_attention\": "
                                          "false}"},
+    [TZ_FAMILY_QWEN3_MOE] = {.id = TZ_FAMILY_QWEN3_MOE,
+                             .model_type = "qwen3_moe",
+                             .architecture = "Qwen3MoeForCausalLM",
+                             .max_pos = 32768,
+                             .qk_norm = 1,
+                             .window = TZ_WINDOW_OPT_IN,
+                             .moe_module = "mlp",
+                             .expert_proj = {"gate_proj", "up_proj", "down_proj"},
+                             .moe_width_key = "moe_intermediate_size",
+                             .norm_topk_default = 0,
+                             .export_keys = "{\"attention_bias\": false, \"decoder_sparse_step\": "
+                                            "1, \"mlp_only_layers\": []}"},
+    [TZ_FAMILY_MIXTRAL] = {.id = TZ_FAMILY_MIXTRAL,
+                           .model_type = "mixtral",
+                           .architecture = "MixtralForCausalLM",
+                           .max_pos = 131072,
+                           .window = TZ_WINDOW_ALWAYS,
+                           .window_default = 0,
+                           .moe_module = "block_sparse_moe",
+                           .expert_proj = {"w1", "w3", "w2"},
+                           .moe_width_key = "intermediate_size",
+                           .topk_norm = 1,
+                           .rope_theta_default = 1000000.0,
+                           .export_keys = "{\"router_jitter_noise\": 0.0}"},
+    [TZ_FAMILY_OLMOE] = {.id = TZ_FAMILY_OLMOE,
+                         .model_type = "olmoe",
+                         .architecture = "OlmoeForCausalLM",
+                         .max_pos = 4096,
+                         .qk_norm = TZ_QK_NORM_ALL,
+                         .window = TZ_WINDOW_NONE,
+                         .moe_module = "mlp",
+                         .expert_proj = {"gate_proj", "up_proj", "down_proj"},
+                         .moe_width_key = "intermediate_size",
+                         .norm_topk_default = 0,
+                         .export_keys = "{\"attention_bias\": false, \"clip_qkv\": null}"},
 };
 
 const struct tz_family *tz_family_of(enum tz_model_family f) {
@@ -143,13 +178,15 @@ char *tz_family_table_json(void) {
     const struct tz_family *r = &tz_families[f];
     json_t *keys = json_loads(r->export_keys, 0, NULL);
     json_t *o = json_pack(
-        "{s:s, s:s, s:i, s:b, s:s, s:s, s:b, s:b, s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:o}",
+        "{s:s, s:s, s:i, s:b, s:s, s:s, s:b, s:b, s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:s?, s:s?, "
+        "s:b, s:o}",
         "model_type", r->model_type, "architecture", r->architecture, "max_position_embeddings",
         r->max_pos, "qkv_bias", r->qkv_bias, "qk_norm", qk_norms[r->qk_norm], "norm_place",
         places[r->norm_place], "fused_proj", r->fused_proj, "partial_rotary", r->partial_rotary,
         "window", windows[r->window], "window_default", r->window_default, "window_pattern",
         r->window_pattern, "gemma", r->gemma, "query_pre_attn_scalar", r->query_pre_attn_scalar,
         "attn_logit_softcapping", r->attn_softcap, "final_logit_softcapping", r->final_softcap,
+        "moe_module", r->moe_module, "moe_width_key", r->moe_width_key, "topk_norm", r->topk_norm,
         "export_keys", keys ? keys : json_object());
     if (!o || json_array_append_new(a, o) < 0) {
       json_decref(a);

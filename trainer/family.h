@@ -55,6 +55,19 @@ struct tz_family {
    * rope_parameters.full_attention. */
   int rope_local;
   double rope_theta_default; /* 0: 10000, the other families' */
+  /* Mixture of experts (every layer's MLP): the experts' module within the layer ("mlp"; Mixtral's
+   * "block_sparse_moe"), holding `gate` (the router) and experts.<e>.<name> for the gate, up and
+   * down projections' names (gate_proj, up_proj, down_proj; Mixtral's w1, w3, w2); the expert
+   * count read from num_experts or num_local_experts (transformers 5's Qwen3-MoE writes the
+   * latter, the hub's config the former; both must agree), num_experts_per_tok, the expert
+   * width from moe_width_key (moe_intermediate_size; intermediate_size for Mixtral and OLMoE),
+   * router_aux_loss_coef used only with output_router_logits true (as transformers computes
+   * it), and the renormalisation: topk_norm 1 always (Mixtral), else norm_topk_prob (its
+   * config class's default norm_topk_default when absent). NULL moe_module: a dense MLP. */
+  const char *moe_module;
+  const char *expert_proj[3];
+  const char *moe_width_key;
+  int topk_norm, norm_topk_default;
   /* The constant keys the family's config class writes (save_pretrained), as a JSON object that
    * the export merges in; the window keys follow from `window`. */
   const char *export_keys;

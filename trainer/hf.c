@@ -65,11 +65,36 @@ int tz_hf_fused_part(const struct tz_model_config *cfg, int tensor, struct tz_hf
   return 1;
 }
 
+int tz_hf_pieces(const struct tz_model_config *cfg, int block, int tensor) {
+  int nb = tz_model_n_blocks(cfg);
+  int expert = tensor == TZ_L_WG || tensor == TZ_L_WU || tensor == TZ_L_WD;
+  return tz_model_moe(cfg) && block > 0 && block < nb - 1 && expert ? cfg->n_expert : 1;
+}
+
+int tz_hf_piece_name(const struct tz_model_config *cfg, int block, int tensor, int piece, char *buf,
+                     size_t len) {
+  int pieces = tz_hf_pieces(cfg, block, tensor);
+  if (piece < 0 || piece >= pieces)
+    return tz_err_set(TZ_EINVAL, "hf: no piece %d of tensor %d in block %d", piece, tensor, block);
+  if (pieces == 1)
+    return tz_hf_tensor_name(cfg, block, tensor, buf, len);
+  const struct tz_family *fam = tz_family_of(cfg->family);
+  int which = tensor == TZ_L_WG ? 0 : tensor == TZ_L_WU ? 1 : 2;
+  int n = snprintf(buf, len, "model.layers.%d.%s.experts.%d.%s.weight", block - 1, fam->moe_module,
+                   piece, fam->expert_proj[which]);
+  if (n < 0 || (size_t)n >= len)
+    return tz_err_set(TZ_EINVAL, "hf: name buffer of %zu bytes too short", len);
+  return 0;
+}
+
 int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, char *buf,
                       size_t len) {
   int nb = tz_model_n_blocks(cfg), n;
   struct tz_hf_fused fu;
-  if (block > 0 && block < nb - 1 && tz_hf_fused_part(cfg, tensor, &fu))
+  if (block > 0 && block < nb - 1 && tensor == TZ_L_ROUTER)
+    n = snprintf(buf, len, "model.layers.%d.%s.gate.weight", block - 1,
+                 tz_model_moe(cfg) ? tz_family_of(cfg->family)->moe_module : "mlp");
+  else if (block > 0 && block < nb - 1 && tz_hf_fused_part(cfg, tensor, &fu))
     n = snprintf(buf, len, "model.layers.%d.%s", block - 1, fu.name);
   else if (block == 0 && tensor == TZ_E_WTE)
     n = snprintf(buf, len, "model.embed_tokens.weight");
@@ -91,9 +116,11 @@ int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, 
 
 /* ---- reading ---- */
 
-/* Where each tensor the model reads is: file and header entry, by block * TZ_L_COUNT + index. A
- * part of a fused tensor (tz_hf_fused_part) is its rows as a tensor of their own: `part`, the
- * header entry with its data range and shape cut to them, which the reader reads as any. */
+/* Where each tensor the model reads is: file and header entry, by (block * TZ_L_COUNT + index) *
+ * n_pieces + piece (tz_hf_pieces: an expert's projection is a piece of the experts' stacked
+ * tensor). A part of a fused tensor (tz_hf_fused_part) is its rows as a tensor of their own:
+ * `part`, the header entry with its data range and shape cut to them, which the reader reads as
+ * any. */
 struct loc {
   int file; /* -1: the tensor has numel 0 in this config */
   const struct tz_st_tensor *t;
@@ -108,7 +135,13 @@ struct tz_hf_model {
   char **names;       /* file names (within dir) */
   tz_st_file **files; /* every one opened by tz_hf_open */
   struct loc *loc;
+  int n_pieces; /* the most pieces of one tensor (n_expert with experts, else 1) */
 };
+
+static struct loc *loc_of(const tz_hf_model *m, int block, int tensor, int piece) {
+  return &m->loc[((size_t)block * TZ_L_COUNT + (size_t)tensor) * (size_t)m->n_pieces +
+                 (size_t)piece];
+}
 
 void tz_hf_close(tz_hf_model *m) {
   if (!m)
@@ -230,74 +263,78 @@ static int check_tensors(tz_hf_model *m, json_t *weight_map, const char *index) 
   const struct tz_model_config *cfg = &m->cfg;
   int nb = tz_model_n_blocks(cfg), n = 0, rc = 0;
   char hint[256];
-  char(*names)[128] = calloc((size_t)nb * TZ_L_COUNT, sizeof *names);
-  const char **sorted = calloc((size_t)nb * TZ_L_COUNT, sizeof *sorted);
-  m->loc = calloc((size_t)nb * TZ_L_COUNT, sizeof *m->loc);
+  m->n_pieces = tz_model_moe(cfg) ? cfg->n_expert : 1;
+  size_t slots = (size_t)nb * TZ_L_COUNT * (size_t)m->n_pieces;
+  char(*names)[128] = calloc(slots, sizeof *names);
+  const char **sorted = calloc(slots, sizeof *sorted);
+  m->loc = calloc(slots, sizeof *m->loc);
   if (!names || !sorted || !m->loc) {
     rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
     goto out;
   }
+  for (size_t k = 0; k < slots; k++)
+    m->loc[k].file = -1;
   for (int b = 0; b < nb; b++) {
     struct tz_block_layout l;
     TZ_CHECK_GOTO(tz_model_block_layout(cfg, b, &l), rc, out);
-    for (int i = 0; i < TZ_L_COUNT; i++)
-      m->loc[b * TZ_L_COUNT + i].file = -1;
     for (int i = 0; i < l.n; i++) {
       if (!l.t[i].numel)
         continue;
-      char *name = names[n];
-      TZ_CHECK_GOTO(tz_hf_tensor_name(cfg, b, i, name, sizeof names[n]), rc, out);
-      sorted[n++] = name;
-      int fi = 0;
-      if (weight_map) {
-        json_t *v = json_object_get(weight_map, name);
-        if (!v) {
-          rc = tz_err_set(TZ_ENOENT, "%s: tensor '%s' is not in the weight map", index, name);
+      for (int pc = 0; pc < tz_hf_pieces(cfg, b, i); pc++) {
+        char *name = names[n];
+        TZ_CHECK_GOTO(tz_hf_piece_name(cfg, b, i, pc, name, sizeof names[n]), rc, out);
+        sorted[n++] = name;
+        int fi = 0;
+        if (weight_map) {
+          json_t *v = json_object_get(weight_map, name);
+          if (!v) {
+            rc = tz_err_set(TZ_ENOENT, "%s: tensor '%s' is not in the weight map", index, name);
+            goto out;
+          }
+          for (fi = 0; fi < m->n_files && strcmp(m->names[fi], json_string_value(v)); fi++)
+            ;
+        }
+        const struct tz_st_tensor *t = tz_st_find(m->files[fi], name);
+        const char *path = tz_st_path(m->files[fi]);
+        if (!t) {
+          rc = tz_err_set(TZ_ENOENT, "%s: no tensor '%s'%s", path, name,
+                          weight_map ? " (the index names this file for it)" : "");
           goto out;
         }
-        for (fi = 0; fi < m->n_files && strcmp(m->names[fi], json_string_value(v)); fi++)
-          ;
-      }
-      const struct tz_st_tensor *t = tz_st_find(m->files[fi], name);
-      const char *path = tz_st_path(m->files[fi]);
-      if (!t) {
-        rc = tz_err_set(TZ_ENOENT, "%s: no tensor '%s'%s", path, name,
-                        weight_map ? " (the index names this file for it)" : "");
-        goto out;
-      }
-      int64_t want[2] = {l.t[i].shape[0], l.t[i].shape[1]};
-      struct tz_hf_fused fu;
-      int fused = l.kind == TZ_BLOCK_LAYER && tz_hf_fused_part(cfg, i, &fu);
-      if (fused) {
-        want[0] = fu.rows;
-        if (fu.part > 0)
-          n--; /* named once, with its first part */
-      }
-      int same = t->ndim == l.t[i].ndim && t->shape[0] == want[0] &&
-                 (t->ndim == 1 || t->shape[1] == want[1]);
-      if (!same) {
-        char a[128], s[128];
-        shape_text(a, sizeof a, t->ndim, t->shape);
-        shape_text(s, sizeof s, l.t[i].ndim, want);
-        rc = tz_err_set(TZ_EFORMAT, "%s: tensor '%s' has shape %s, the config makes it %s", path,
-                        name, a, s);
-        goto out;
-      }
-      if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16")) {
-        rc = tz_err_set(TZ_ENOTSUP, "%s: tensor '%s' has dtype %s (F32, BF16 and F16 are read)",
-                        path, name, t->dtype);
-        goto out;
-      }
-      struct loc *lc = &m->loc[b * TZ_L_COUNT + i];
-      *lc = (struct loc){.file = fi, .t = t};
-      if (fused) { /* rows [first, first + this part's) of the fused tensor */
-        uint64_t row = (t->end - t->begin) / (uint64_t)t->shape[0];
-        lc->part = *t;
-        lc->part.begin = t->begin + (uint64_t)fu.first * row;
-        lc->part.end = lc->part.begin + (uint64_t)l.t[i].shape[0] * row;
-        lc->part.shape[0] = l.t[i].shape[0];
-        lc->part.numel = l.t[i].numel;
-        lc->t = &lc->part;
+        int64_t want[2] = {l.t[i].shape[0] / tz_hf_pieces(cfg, b, i), l.t[i].shape[1]};
+        struct tz_hf_fused fu;
+        int fused = l.kind == TZ_BLOCK_LAYER && tz_hf_fused_part(cfg, i, &fu);
+        if (fused) {
+          want[0] = fu.rows;
+          if (fu.part > 0)
+            n--; /* named once, with its first part */
+        }
+        int same = t->ndim == l.t[i].ndim && t->shape[0] == want[0] &&
+                   (t->ndim == 1 || t->shape[1] == want[1]);
+        if (!same) {
+          char a[128], s[128];
+          shape_text(a, sizeof a, t->ndim, t->shape);
+          shape_text(s, sizeof s, l.t[i].ndim, want);
+          rc = tz_err_set(TZ_EFORMAT, "%s: tensor '%s' has shape %s, the config makes it %s", path,
+                          name, a, s);
+          goto out;
+        }
+        if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16")) {
+          rc = tz_err_set(TZ_ENOTSUP, "%s: tensor '%s' has dtype %s (F32, BF16 and F16 are read)",
+                          path, name, t->dtype);
+          goto out;
+        }
+        struct loc *lc = loc_of(m, b, i, pc);
+        *lc = (struct loc){.file = fi, .t = t};
+        if (fused) { /* rows [first, first + this part's) of the fused tensor */
+          uint64_t row = (t->end - t->begin) / (uint64_t)t->shape[0];
+          lc->part = *t;
+          lc->part.begin = t->begin + (uint64_t)fu.first * row;
+          lc->part.end = lc->part.begin + (uint64_t)l.t[i].shape[0] * row;
+          lc->part.shape[0] = l.t[i].shape[0];
+          lc->part.numel = l.t[i].numel;
+          lc->t = &lc->part;
+        }
       }
     }
   }
@@ -428,33 +465,49 @@ int tz_hf_read_block(tz_hf_model *m, int block, float *out) {
     at = l.t[i].offset + l.t[i].numel;
   }
   memset(out + at, 0, sizeof(float) * (l.numel - at));
-  /* The block's tensors in one read, whose threads share them all. */
-  struct tz_st_read rd[TZ_L_COUNT];
-  const struct loc *of[TZ_L_COUNT];
-  int n = 0;
+  /* The block's tensors in one read, whose threads share them all (an expert's projections each
+   * a piece of the experts' stacked tensor). */
+  size_t most = (size_t)TZ_L_COUNT * (size_t)m->n_pieces;
+  struct tz_st_read *rd = calloc(most, sizeof *rd);
+  const struct loc **of = calloc(most, sizeof *of);
+  int n = 0, rc = 0;
+  if (!rd || !of) {
+    rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
+    goto out;
+  }
   for (int i = 0; i < l.n; i++) {
-    const struct loc *w = &m->loc[block * TZ_L_COUNT + i];
     if (!l.t[i].numel)
       continue;
-    if (w->file < 0)
-      return tz_err_set(TZ_EINVAL, "hf: block %d tensor %d was not checked at open", block, i);
-    of[n] = w;
-    rd[n++] = (struct tz_st_read){.f = m->files[w->file], .t = w->t, .out = out + l.t[i].offset};
+    int pieces = tz_hf_pieces(&m->cfg, block, i);
+    uint64_t each = l.t[i].numel / (uint64_t)pieces;
+    for (int pc = 0; pc < pieces; pc++) {
+      const struct loc *w = loc_of(m, block, i, pc);
+      if (w->file < 0) {
+        rc = tz_err_set(TZ_EINVAL, "hf: block %d tensor %d was not checked at open", block, i);
+        goto out;
+      }
+      of[n] = w;
+      rd[n++] = (struct tz_st_read){
+          .f = m->files[w->file], .t = w->t, .out = out + l.t[i].offset + (uint64_t)pc * each};
+    }
   }
-  TZ_CHECK(tz_st_read_tensors_f32(rd, n, 0));
-  for (int k = 0; k < n; k++) {
+  TZ_CHECK_GOTO(tz_st_read_tensors_f32(rd, n, 0), rc, out);
+  for (int k = 0; k < n && !rc; k++) {
     int64_t bad = rd[k].nonfinite;
     const float *t = rd[k].out;
     if (bad >= 0)
-      return tz_err_set(TZ_EFORMAT,
-                        "%s/%s: tensor '%s' element %lld is %s: weights must be finite (is it the "
-                        "checkpoint of a run that diverged?)",
-                        m->dir, m->names[of[k]->file], of[k]->t->name, (long long)bad,
-                        isnan(t[bad]) ? "nan"
-                        : t[bad] > 0  ? "inf"
-                                      : "-inf");
+      rc = tz_err_set(TZ_EFORMAT,
+                      "%s/%s: tensor '%s' element %lld is %s: weights must be finite (is it the "
+                      "checkpoint of a run that diverged?)",
+                      m->dir, m->names[of[k]->file], of[k]->t->name, (long long)bad,
+                      isnan(t[bad]) ? "nan"
+                      : t[bad] > 0  ? "inf"
+                                    : "-inf");
   }
-  return 0;
+out:
+  free(rd);
+  free(of);
+  return rc;
 }
 
 int tz_hf_load(tz_hf_model *m, tz_compute *cm, void *const *blocks) {
@@ -741,7 +794,8 @@ static int export_into(const char *dir, const struct tz_model_config *cfg,
                        int (*get_block)(void *arg, int block, float *buf), void *arg) {
   struct tz_hf_export_opts o = *op;
   int nb = tz_model_n_blocks(cfg), n = 0, rc = 0;
-  struct out_tensor *t = calloc((size_t)nb * TZ_L_COUNT, sizeof *t);
+  struct out_tensor *t =
+      calloc((size_t)nb * TZ_L_COUNT * (size_t)(tz_model_moe(cfg) ? cfg->n_expert : 1), sizeof *t);
   if (!t)
     return tz_err_set(TZ_ENOMEM, "hf: out of memory");
   for (int b = 0; b < nb && !rc; b++) {
@@ -767,15 +821,18 @@ static int export_into(const char *dir, const struct tz_model_config *cfg,
         x->part_numel[x->n_parts++] = l.t[i].numel;
         continue;
       }
-      struct out_tensor *x = &t[n++];
-      TZ_CHECK_GOTO(tz_hf_tensor_name(cfg, b, i, x->name, sizeof x->name), rc, out);
-      x->e = (struct tz_st_entry){.name = x->name, .dtype = o.dtype, .ndim = l.t[i].ndim};
-      x->e.shape[0] = l.t[i].shape[0];
-      x->e.shape[1] = l.t[i].shape[1];
-      x->block = b;
-      x->offset = l.t[i].offset;
-      x->numel = l.t[i].numel;
-      x->bytes = x->numel * tz_dtype_size(o.dtype);
+      int pieces = tz_hf_pieces(cfg, b, i); /* each expert's projection a tensor */
+      for (int pc = 0; pc < pieces; pc++) {
+        struct out_tensor *x = &t[n++];
+        TZ_CHECK_GOTO(tz_hf_piece_name(cfg, b, i, pc, x->name, sizeof x->name), rc, out);
+        x->e = (struct tz_st_entry){.name = x->name, .dtype = o.dtype, .ndim = l.t[i].ndim};
+        x->e.shape[0] = l.t[i].shape[0] / pieces;
+        x->e.shape[1] = l.t[i].shape[1];
+        x->block = b;
+        x->numel = l.t[i].numel / (uint64_t)pieces;
+        x->offset = l.t[i].offset + (uint64_t)pc * x->numel;
+        x->bytes = x->numel * tz_dtype_size(o.dtype);
+      }
     }
   }
   /* What the source config says beyond cfg, when the tokenizer comes from a model of the family. */

@@ -39,6 +39,13 @@ int tz_hf_fused_part(const struct tz_model_config *cfg, int tensor, struct tz_hf
  * have its name. */
 int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, char *buf,
                       size_t len);
+/* The checkpoint tensors tensor `tensor` of block `block` is split into: with experts, the
+ * stacked wg, wu and wd are n_expert each (expert e's projection its e-th slice of rows,
+ * model.layers.<i>.<moe_module>.experts.<e>.<gate/up/down name>.weight); else 1. */
+int tz_hf_pieces(const struct tz_model_config *cfg, int block, int tensor);
+/* The name of piece `piece` (tz_hf_tensor_name's where there is one piece). */
+int tz_hf_piece_name(const struct tz_model_config *cfg, int block, int tensor, int piece,
+                     char *buf, size_t len);
 
 /* What config.json says beyond struct tz_model_config. */
 #define TZ_HF_MAX_EOS 16

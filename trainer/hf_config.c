@@ -136,6 +136,73 @@ static int get_id(const struct tz_hf_cfgp *p, const char *key, int vocab, int *h
   return 0;
 }
 
+/* The experts of a family with them (trainer/family.h, moe_module): every layer sparse, top-k of a
+ * softmax router, with the family's renormalisation; routing variants refused by name. */
+static int parse_moe(const struct tz_hf_cfgp *p, struct tz_model_config *cfg) {
+  const struct tz_family *fam = tz_family_of(cfg->family);
+  char t[100];
+  json_t *v;
+  int a = 0, b = 0;
+  TZ_CHECK(get_int(p, "num_experts", 0, 0, 1, TZ_MOE_MAX_EXPERTS, &a));
+  TZ_CHECK(get_int(p, "num_local_experts", 0, 0, 1, TZ_MOE_MAX_EXPERTS, &b));
+  if (!a && !b)
+    return tz_err_set(TZ_ECONFIG, "%s: missing \"num_experts\" (or \"num_local_experts\")",
+                      p->path);
+  if (a && b && a != b)
+    return tz_err_set(TZ_ECONFIG, "%s: \"num_experts\" %d and \"num_local_experts\" %d disagree",
+                      p->path, a, b);
+  cfg->n_expert = a ? a : b;
+  TZ_CHECK(get_int(p, "num_experts_per_tok", 1, 0, 1, cfg->n_expert, &cfg->n_expert_used));
+  TZ_CHECK(get_int(p, fam->moe_width_key, 1, 0, 1, 1 << 24, &cfg->moe_ffn_dim));
+  if (fam->topk_norm)
+    cfg->norm_topk = 1;
+  else
+    TZ_CHECK(get_bool(p, "norm_topk_prob", fam->norm_topk_default, &cfg->norm_topk));
+  TZ_CHECK(tz_hf_num_of(p, p->root, "", "router_aux_loss_coef", 0,
+                        cfg->family == TZ_FAMILY_OLMOE ? 0.01 : 0.001, &cfg->router_aux_coef));
+  if (cfg->router_aux_coef < 0)
+    return tz_err_set(TZ_ECONFIG, "%s: \"router_aux_loss_coef\" %g must not be negative", p->path,
+                      cfg->router_aux_coef);
+  TZ_CHECK(get_bool(p, "output_router_logits", 0, &cfg->moe_aux));
+  /* every layer sparse: Qwen's decoder_sparse_step 1 and no mlp_only_layers */
+  int step = 1;
+  TZ_CHECK(get_int(p, "decoder_sparse_step", 0, 1, 1, 1 << 16, &step));
+  if (step != 1)
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"decoder_sparse_step\" is %d: layers with dense MLPs between the "
+                      "sparse ones are not implemented (1: every layer sparse)",
+                      p->path, step);
+  if ((v = tz_hf_jget(p, "mlp_only_layers")) && !(json_is_array(v) && json_array_size(v) == 0))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"mlp_only_layers\" is %s: dense layers among the sparse ones are not "
+                      "implemented",
+                      p->path, tz_hf_jtext(v, t, sizeof t));
+  if ((v = tz_hf_jget(p, "router_jitter_noise")) &&
+      !(json_is_number(v) && json_number_value(v) == 0.0))
+    return tz_err_set(TZ_ENOTSUP,
+                      "%s: \"router_jitter_noise\" is %s: the router's noise in training is not "
+                      "implemented (0 routes as transformers does without it)",
+                      p->path, tz_hf_jtext(v, t, sizeof t));
+  if ((v = tz_hf_jget(p, "clip_qkv")) && !json_is_null(v))
+    return tz_err_set(TZ_ENOTSUP, "%s: \"clip_qkv\" is %s: clipping q, k and v is not implemented",
+                      p->path, tz_hf_jtext(v, t, sizeof t));
+  static const char *const routing[] = {"n_group",
+                                        "topk_group",
+                                        "scoring_func",
+                                        "routed_scaling_factor",
+                                        "moe_layer_freq",
+                                        "n_shared_experts",
+                                        "shared_expert_intermediate_size",
+                                        "capacity_factor"};
+  for (size_t i = 0; i < sizeof routing / sizeof routing[0]; i++)
+    if ((v = tz_hf_jget(p, routing[i])) && !json_is_null(v))
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"%s\" is %s: routing here is a softmax's top-k over every expert, "
+                        "without groups, scaling, shared experts or capacity",
+                        p->path, routing[i], tz_hf_jtext(v, t, sizeof t));
+  return 0;
+}
+
 /* Keys whose presence (with a value other than these) means computation the model does not do. */
 static int refuse_unsupported(const struct tz_hf_cfgp *p, const struct tz_model_config *cfg) {
   char t[100];
@@ -166,12 +233,15 @@ static int refuse_unsupported(const struct tz_hf_cfgp *p, const struct tz_model_
                       "%s: \"attention_bias\" is %s: model_type %s with attention biases (on "
                       "q/k/v and o_proj) is not implemented",
                       p->path, tz_hf_jtext(v, t, sizeof t), fam->model_type);
-  static const char *const experts[] = {"num_experts", "num_local_experts", "n_routed_experts"};
-  for (size_t i = 0; i < sizeof experts / sizeof experts[0]; i++)
+  /* experts in a family without them, or routing variants no family here has */
+  static const char *const experts[] = {"n_routed_experts", "num_experts", "num_local_experts"};
+  for (size_t i = 0; i < (fam->moe_module ? 1u : 3u); i++)
     if ((v = tz_hf_jget(p, experts[i])) && !(json_is_integer(v) && json_integer_value(v) == 0))
       return tz_err_set(TZ_ENOTSUP,
-                        "%s: \"%s\" is %s: mixture-of-experts layers are not implemented", p->path,
-                        experts[i], tz_hf_jtext(v, t, sizeof t));
+                        "%s: \"%s\" is %s: mixture-of-experts layers are implemented for %s "
+                        "(model_type %s has none)",
+                        p->path, experts[i], tz_hf_jtext(v, t, sizeof t),
+                        "qwen3_moe, mixtral and olmoe", fam->model_type);
   /* Training here has no dropout: a config that asks for it would train differently from
    * transformers' model in train mode. */
   static const char *const drops[] = {"attention_dropout", "resid_pdrop", "embd_pdrop",
@@ -406,6 +476,8 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   cfg->head_dim = cfg->d_model % cfg->n_head == 0 && D == cfg->d_model / cfg->n_head ? 0 : D;
   TZ_CHECK(refuse_unsupported(&p, cfg));
   TZ_CHECK(parse_window(&p, cfg, &info->sliding_window));
+  if (fam->moe_module)
+    TZ_CHECK(parse_moe(&p, cfg));
   if (fam->gemma)
     TZ_CHECK(parse_gemma(&p, cfg));
   TZ_CHECK(tz_hf_rope_read(&p, fam, cfg));
@@ -604,6 +676,16 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
     json_object_set_new(r, "layer_types", lt);
     break;
   }
+  }
+  if (fam->moe_module) {
+    json_object_set_new(r, cfg->family == TZ_FAMILY_MIXTRAL ? "num_local_experts" : "num_experts",
+                        json_integer(cfg->n_expert));
+    json_object_set_new(r, "num_experts_per_tok", json_integer(cfg->n_expert_used));
+    json_object_set_new(r, fam->moe_width_key, json_integer(cfg->moe_ffn_dim));
+    if (!fam->topk_norm)
+      json_object_set_new(r, "norm_topk_prob", json_boolean(cfg->norm_topk));
+    json_object_set_new(r, "router_aux_loss_coef", json_real(cfg->router_aux_coef));
+    json_object_set_new(r, "output_router_logits", json_boolean(cfg->moe_aux));
   }
   if (fam->gemma) {
     /* query_pre_attn_scalar back from the scale: the integer it was where it was one */

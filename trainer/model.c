@@ -137,6 +137,7 @@ int tz_model_config_check(const struct tz_model_config *c) {
     NEED(c->norm_topk == 0 || c->norm_topk == 1, "norm_topk %d must be 0 or 1", c->norm_topk);
     NEED(isfinite(c->router_aux_coef) && c->router_aux_coef >= 0.0,
          "router_aux_coef %g must be finite and not negative", c->router_aux_coef);
+    NEED(c->moe_aux == 0 || c->moe_aux == 1, "moe_aux %d must be 0 or 1", c->moe_aux);
     NEED(c->norm_place == TZ_NORM_PRE,
          "experts with norm_place %d: the mixture-of-experts layers have their norms before each "
          "part only",
@@ -708,13 +709,39 @@ int tz_model_embed_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   return 0;
 }
 
+int tz_model_embed_pad(const struct tz_model_config *cfg) {
+  /* Every family's transformers model (llama, mistral, qwen2, qwen3, olmo2, phi3, gemma2,
+   * gemma3, and the MoE ones) passes padding_idx = pad_token_id to its embedding. */
+  return cfg->has_pad && cfg->pad_id >= 0 && cfg->pad_id < cfg->vocab ? cfg->pad_id : -1;
+}
+
 int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *embed_grad,
-                       const int32_t *tokens, void *dx, int B, int T) {
+                       const int32_t *tokens, const int32_t *host_tokens, void *dx, int B, int T) {
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
+  int pad = tz_model_embed_pad(cfg), N = B * T;
+  if (pad >= 0) {
+    if (!host_tokens)
+      return tz_err_set(TZ_EINVAL, "model: embedding backward with pad_id %d needs the host tokens",
+                        pad);
+    /* The lookup's gradient never reaches the pad row: its positions' rows of dx zeroed, a call
+     * for each run of consecutive pad tokens. */
+    size_t row = (size_t)cfg->d_model * tz_dtype_size(tz_compute_dtype(cm));
+    for (int n = 0; n < N;) {
+      if (host_tokens[n] != pad) {
+        n++;
+        continue;
+      }
+      int e = n;
+      while (e < N && host_tokens[e] == pad)
+        e++;
+      TZ_CHECK(tz_compute_zero(cm, (char *)dx + (size_t)n * row, (size_t)(e - n) * row));
+      n = e;
+    }
+  }
   if (cfg->embed_scale)
     TZ_CHECK(tz_compute_scale(cm, tz_compute_dtype(cm), dx, embed_scale(cm, cfg),
                               (size_t)B * T * cfg->d_model));
-  return tz_compute_embedding_bwd(cm, embed_grad, dx, tokens, B * T, cfg->d_model, cfg->vocab);
+  return tz_compute_embedding_bwd(cm, embed_grad, dx, tokens, N, cfg->d_model, cfg->vocab);
 }
 
 /* y (N, out) = x (N, in) W^T, W (out, in): the linear layer. */

@@ -41,7 +41,10 @@
  *           soft-capped, the logits soft-capped, sliding layers alternating with full ones
  *   gemma3_text (Gemma3ForCausalLM, Gemma 3 1B and the text of the larger ones): Gemma 2's math
  *           without its softcaps, with q/k norms per head, five sliding layers to one full, and
- *           the sliding layers' own RoPE base (rope_local_base_freq) */
+ *           the sliding layers' own RoPE base (rope_local_base_freq)
+ *   qwen3_moe (Qwen3MoeForCausalLM): qwen3's attention, every MLP experts (n_expert > 0)
+ *   mixtral (MixtralForCausalLM): mistral's attention, experts renormalised always
+ *   olmoe   (OlmoeForCausalLM): llama's norms, q/k norms over the whole projections, experts */
 enum tz_model_family {
   TZ_FAMILY_LLAMA = 0,
   TZ_FAMILY_MISTRAL,
@@ -51,6 +54,9 @@ enum tz_model_family {
   TZ_FAMILY_PHI3,
   TZ_FAMILY_GEMMA2,
   TZ_FAMILY_GEMMA3,
+  TZ_FAMILY_QWEN3_MOE,
+  TZ_FAMILY_MIXTRAL,
+  TZ_FAMILY_OLMOE,
   TZ_FAMILY_COUNT
 };
 
@@ -135,11 +141,12 @@ struct tz_model_config {
    * layer's MLP is n_expert SwiGLU experts of width moe_ffn_dim (F_e), each token sent to the
    * n_expert_used (k) of largest softmax(router) probability and their outputs added with those
    * probabilities as weights, divided by their sum when norm_topk (Mixtral always; Qwen3-MoE and
-   * OLMoE by norm_topk_prob). router_aux_coef > 0 (transformers' router_aux_loss_coef with
-   * output_router_logits): the load-balancing loss, that times tz_model_moe_aux's, is added to
-   * the loss. ffn_dim is then unused. */
+   * OLMoE by norm_topk_prob). router_aux_coef is transformers' router_aux_loss_coef, moe_aux its
+   * output_router_logits: with both, the load-balancing loss times the coefficient is added to
+   * the loss (tz_model_aux_coef). ffn_dim is then unused (kept for the export). */
   int n_expert, n_expert_used, moe_ffn_dim, norm_topk;
   double router_aux_coef;
+  int moe_aux;
 };
 
 /* The first of the variants (Gemma's math, sliding windows) that cfg uses on sequences of T tokens
@@ -281,6 +288,10 @@ int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t s
 
 /* 1 when cfg's MLPs are experts. */
 static inline int tz_model_moe(const struct tz_model_config *cfg) { return cfg->n_expert > 0; }
+/* The load-balancing loss's coefficient in the loss: router_aux_coef with moe_aux, else 0. */
+static inline double tz_model_aux_coef(const struct tz_model_config *cfg) {
+  return tz_model_moe(cfg) && cfg->moe_aux ? cfg->router_aux_coef : 0.0;
+}
 
 /* The load-balancing loss of one micro-batch (transformers' load_balancing_loss_func without an
  * attention mask) from stats, the sums over its n_layer layers of tz_compute_moe_route's
@@ -418,10 +429,17 @@ int tz_model_check_batch(const struct tz_model_config *cfg, int B, int T);
 /* x (B,T,C) = wte[tokens]; tokens (B,T) int32. */
 int tz_model_embed_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *embed,
                        const int32_t *tokens, void *x, int B, int T);
-/* Embedding gradient: embed_grad (block 0 layout, G) += scatter of dx (B,T,C) by token. With
+/* The token whose embedding row the lookup gives no gradient: pad_id when has_pad and
+ * 0 <= pad_id < vocab (transformers' nn.Embedding(padding_idx=pad_token_id), every family's);
+ * -1 none. */
+int tz_model_embed_pad(const struct tz_model_config *cfg);
+/* Embedding gradient: embed_grad (block 0 layout, G) += scatter of dx (B,T,C) by token, but for
+ * the rows whose token is tz_model_embed_pad's (their rows of dx are zeroed first: tied, the
+ * head's gradient still reaches the pad row). host_tokens: the same (B,T) tokens in host
+ * memory, which find those rows; needed only when there is a pad token (else may be NULL). With
  * embed_scale, dx is scaled in place first (the forward's scale), so it is clobbered. */
 int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *embed_grad,
-                       const int32_t *tokens, void *dx, int B, int T);
+                       const int32_t *tokens, const int32_t *host_tokens, void *dx, int B, int T);
 
 /* One transformer layer, the model's `layer`-th (0-based: whether it slides its attention window
  * follows from it, tz_model_layer_window): x_out (B,T,C) from x_in (B,T,C) and the layer's block
@@ -535,8 +553,8 @@ void tz_model_runner_destroy(tz_model_runner *r); /* NULL is a no-op */
  * params[b] and grads[b] are block b's buffers in backend memory; grads += (accumulate).
  * A target TZ_TARGET_IGNORE is no target (kernels/compute.h). dscale <= 0 means 1 / the number
  * of targets. *loss (host) = the mean loss of the targets (0 when there are none), plus, with
- * experts and router_aux_coef, that times the step's load-balancing loss (tz_model_moe_aux), whose
- * gradient the backward adds at that scale. */
+ * experts and tz_model_aux_coef, that times the step's load-balancing loss (tz_model_moe_aux),
+ * whose gradient the backward adds at that scale. */
 int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *grads,
                          const int32_t *tokens, const int32_t *targets, float dscale, float *loss);
 /* The positions of later steps' and logits' tokens in their documents, (B*T int32, host: see

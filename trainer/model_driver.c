@@ -136,14 +136,14 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
                          T));
   /* The load-balancing loss of the forward's routing, and its gradient for the backward. */
   double aux = 0.0;
-  if (r->moe_stats && cfg->router_aux_coef > 0) {
+  if (r->moe_stats && tz_model_aux_coef(cfg) > 0) {
     float stats[2 * TZ_MOE_MAX_EXPERTS], daux[TZ_MOE_MAX_EXPERTS];
     TZ_CHECK(tz_compute_copy_out(r->cm, stats, r->moe_stats, 2 * sizeof(float) * cfg->n_expert));
-    aux = tz_model_moe_aux(cfg, stats, (int)N, cfg->router_aux_coef, daux);
+    aux = tz_model_moe_aux(cfg, stats, (int)N, tz_model_aux_coef(cfg), daux);
     TZ_CHECK(tz_compute_copy_in(r->cm, r->moe_daux, daux, sizeof(float) * cfg->n_expert));
   }
   for (int i = 0; r->moe_stats && i < (r->checkpoint ? 1 : L); i++)
-    r->acts[i].moe_daux = cfg->router_aux_coef > 0 ? r->moe_daux : NULL;
+    r->acts[i].moe_daux = tz_model_aux_coef(cfg) > 0 ? r->moe_daux : NULL;
   if (grads) {
     for (int i = L - 1; i >= 0; i--) {
       int blk = tz_model_block_of_layer(i);
@@ -152,12 +152,12 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
                                   r->checkpoint ? TZ_PARTS_ALL : 0, r->dx, r->dx, &r->scratch, B, T,
                                   r->has_pos ? r->pos : NULL));
     }
-    TZ_CHECK(tz_model_embed_bwd(r->cm, cfg, grads[0], r->tokens, r->dx, B, T));
+    TZ_CHECK(tz_model_embed_bwd(r->cm, cfg, grads[0], r->tokens, tokens, r->dx, B, T));
   }
   float sum = 0.0f;
   TZ_CHECK(tz_compute_copy_out(r->cm, &sum, r->head.loss, sizeof sum));
   TZ_CHECK(tz_compute_sync(r->cm));
-  *loss = (float)((n_targets ? sum / (float)n_targets : 0.0f) + cfg->router_aux_coef * aux);
+  *loss = (float)((n_targets ? sum / (float)n_targets : 0.0f) + tz_model_aux_coef(cfg) * aux);
   return 0;
 }
 

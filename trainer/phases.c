@@ -353,7 +353,8 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
   case PH_EMBED_BWD:
     if (!tr->tied)
       TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
-    return tz_model_embed_bwd(tr->cm, mc, tr->fg_embed, tr->tokens + (size_t)k * N, tr->dx, B, T);
+    return tz_model_embed_bwd(tr->cm, mc, tr->fg_embed, tr->tokens + (size_t)k * N,
+                              j->tokens_host + (size_t)k * N, tr->dx, B, T);
   case PH_OPT: break;
   }
   return tz_err_set(TZ_EINVAL, "train: phase %d of kind %d has no compute", j->phase, ph->kind);

@@ -119,6 +119,12 @@ static const struct {
     MF(rope_rot, F_INT),
     MF(rope_short_factor, F_HALF_D),
     MF(rope_long_factor, F_HALF_D),
+    MF(n_expert, F_INT),
+    MF(n_expert_used, F_INT),
+    MF(moe_ffn_dim, F_INT),
+    MF(norm_topk, F_INT),
+    MF(router_aux_coef, F_DBL),
+    MF(moe_aux, F_INT),
 };
 #undef MF
 #undef MF_INFO
