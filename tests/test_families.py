@@ -11,7 +11,7 @@ needs of a row (a model_type, an architecture, JSON export keys).
 
 Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, dynamic, yarn, mistral,
 mistral_window, qwen2, qwen3, qwen2_window, head_dim, olmo2, phi3, phi3_longrope, gemma2,
-gemma3, table)"""
+gemma3, qwen3_moe, mixtral, olmoe, table)"""
 import json
 import os
 import shutil
@@ -93,6 +93,17 @@ FAMILIES = {
         "head_dim": 16, "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
         "sliding_window": 8, "sliding_window_pattern": 2, "rope_theta": 1000000.0,
         "rope_local_base_freq": 10000.0, "tie_word_embeddings": True, "pad_token_id": 0}),
+    # Mixtures of experts: Qwen3-MoE (q/k norms, 4 experts of 32, 2 a token renormalised, the
+    # load-balancing loss in the loss), Mixtral (block_sparse_moe's w1/w2/w3, always
+    # renormalised) and OLMoE (q/k norms over the projections, not renormalised)
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM", {
+        "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "norm_topk_prob": True, "output_router_logits": True, "router_aux_loss_coef": 0.02,
+        "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "mixtral": ("mixtral", "MixtralForCausalLM", {
+        "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
+    "olmoe": ("olmoe", "OlmoeForCausalLM", {
+        "num_experts": 3, "num_experts_per_tok": 1, "pad_token_id": 1}),
 }
 
 
@@ -368,6 +379,33 @@ def main():
                 ({"hidden_activation": "gelu"}, "hidden_activation"),
                 ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar"),
                 ({"final_logit_softcapping": -1.0}, "final_logit_softcapping")), at, common)
+        if FAMILY in ("qwen3_moe", "mixtral", "olmoe"):
+            # each expert's projections by their checkpoint names; the routing keys go out
+            names = set(st_read(at("straight", "model.safetensors")))
+            mod, proj = (("block_sparse_moe", "w1") if FAMILY == "mixtral" else ("mlp", "gate_proj"))
+            n_exp = extra.get("num_experts", extra.get("num_local_experts"))
+            for e in range(n_exp):
+                if f"model.layers.1.{mod}.experts.{e}.{proj}.weight" not in names:
+                    failures.append(f"export lacks expert {e}'s {proj}: {sorted(names)[:8]}")
+            if f"model.layers.0.{mod}.gate.weight" not in names:
+                failures.append("export lacks the router")
+            for k in ("num_experts_per_tok", "norm_topk_prob", "output_router_logits",
+                      "router_aux_loss_coef"):
+                if k in extra and exported.get(k) != extra[k]:
+                    failures.append(f"export's {k} {exported.get(k)!r}, not {extra[k]!r}")
+            failures += refused_by_name(cfg, (
+                ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
+                ({"mlp_only_layers": [0]}, "mlp_only_layers"),
+                ({"router_jitter_noise": 0.1}, "router_jitter_noise"),
+                ({"n_group": 4}, "n_group"),
+                ({"num_experts": 5, "num_local_experts": 4}, "num_local_experts"),
+                ({"num_experts_per_tok": 9}, "num_experts_per_tok")), at, common)
+            # the cuda backend has no experts' kernels yet: refused at start by name
+            p = subprocess.run([TZ_TRAIN, "--model", at("config.json"), "--backend", "cuda",
+                                "--steps", "1", *common], capture_output=True, text=True)
+            if p.returncode != 2 or "mixture-of-experts" not in p.stderr:
+                failures.append(f"--backend cuda: not refused at start (exit {p.returncode}): "
+                                f"{p.stderr.strip()}")
         for msg in failures:
             print(f"FAIL: {FAMILY}: {msg}", file=sys.stderr)
         print(f"test_families {FAMILY}: {'%d failed' % len(failures) if failures else 'passed'}")

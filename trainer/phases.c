@@ -304,6 +304,24 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
   return tz_train_adam(tr, b, 0, &p, master, m, v, grad, param);
 }
 
+/* A micro-batch's load-balancing loss, once its forward has routed every layer
+ * (tz_model_moe_aux): its gradient for the layers' backward, and the router coefficient times its
+ * share of the step's mean over micro-batches and ranks added to the loss sum, in targets' worth
+ * (finish_step divides by the step's targets). As transformers adds it to each forward's loss,
+ * the gradient mean over micro-batches and ranks (DeepSpeed's) of coef x aux. */
+static int moe_aux(tz_trainer *tr, const struct job *j) {
+  const struct tz_model_config *mc = &tr->mc;
+  int E = mc->n_expert;
+  float stats[2 * TZ_MOE_MAX_EXPERTS], daux[TZ_MOE_MAX_EXPERTS];
+  TZ_CHECK(tz_compute_copy_out(tr->cm, stats, tr->moe_stats, 2 * (size_t)E * sizeof(float)));
+  double share = tz_model_aux_coef(mc) / ((double)tr->G * (double)tr->world);
+  double aux = tz_model_moe_aux(mc, stats, tr->N, share * j->loss_scale, daux);
+  TZ_CHECK(tz_compute_copy_in(tr->cm, tr->moe_daux, daux, (size_t)E * sizeof(float)));
+  float add = (float)(share * aux * j->targets);
+  TZ_CHECK(tz_compute_copy_in(tr->cm, tr->scal + 2, &add, sizeof add));
+  return tz_compute_add(tr->cm, TZ_F32, tr->scal, tr->scal, tr->scal + 2, 1);
+}
+
 /* The phase's compute (and without overlapped collectives its own gathers and reductions), on
  * the lane: w is the phase's full weights, gathered here or, overlapped, by the phase before. */
 static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *ph) {
@@ -317,6 +335,8 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
   float *fg = tr->fg2[b % 2];
   switch (ph->kind) {
   case PH_EMBED:
+    if (tr->moe_stats) /* the micro-batch's routing statistics start from 0 */
+      TZ_CHECK(tz_compute_zero(tr->cm, tr->moe_stats, 2 * (size_t)mc->n_expert * sizeof(float)));
     return tz_model_embed_fwd(tr->cm, mc, tr->gw_embed, tr->tokens + (size_t)k * N, tr->x[0], B, T);
   case PH_FWD:
     if (!ov)
@@ -335,6 +355,8 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
       TZ_CHECK(tz_compute_copy(tr->cm, tr->scal, tr->hs.loss, sizeof(float)));
     else
       TZ_CHECK(tz_compute_add(tr->cm, TZ_F32, tr->scal, tr->scal, tr->hs.loss, 1));
+    if (tr->moe_stats)
+      TZ_CHECK(moe_aux(tr, j));
     if (ov) /* reduce-scattered by the next phase */
       return 0;
     TZ_CHECK(reduce_into(tr, b, fg, j->ptr[TZ_PLAN_GRAD], k));

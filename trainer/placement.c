@@ -65,7 +65,8 @@ void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
   sz[BUF_FG] = maxp * sizeof(float) * (tr->overlap ? 2 : 1);
   sz[BUF_FGE] = tr->padded[0] * sizeof(float);
   sz[BUF_PARTIALS] = tr->n_seg * sizeof(float);
-  sz[BUF_SCAL] = 4 * sizeof(float);
+  /* with the load-balancing loss: its routing statistics (2E) and gradient (E) after them */
+  sz[BUF_SCAL] = (4 + (tz_model_aux_coef(c) > 0 ? 3 * (uint64_t)c->n_expert : 0)) * sizeof(float);
   sz[BUF_X] = (uint64_t)(tr->L + 1) * round_up(x, 256);
   sz[BUF_KEEP] = tz_recompute_kept_bytes(c, tr->S, tr->B, tr->T, tr->recompute);
   sz[BUF_ACC] = tr->acc_n * sizeof(float);

@@ -367,6 +367,17 @@ static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
     tz_model_acts_carve_parts(&tr->mc, tr->S, tr->B, tr->T, kept, keep, &tr->lacts[i]);
     keep += tz_model_acts_part_bytes(&tr->mc, tr->S, tr->B, tr->T, kept);
   }
+  /* The load-balancing loss: every layer's forward adds its routing statistics, every backward
+   * its gradient (phases.c, moe_aux) */
+  tr->moe_stats = tr->moe_daux = NULL;
+  if (tz_model_aux_coef(&tr->mc) > 0) {
+    tr->moe_stats = tr->scal + 4;
+    tr->moe_daux = tr->moe_stats + 2 * tr->mc.n_expert;
+    for (int i = 0; i < tr->L; i++) {
+      tr->lacts[i].moe_stats = tr->moe_stats;
+      tr->lacts[i].moe_daux = tr->moe_daux;
+    }
+  }
   TZ_CHECK(tz_compute_zero(tr->cm, base, (size_t)pl->compute_fixed));
   return tz_compute_sync(tr->cm);
 }

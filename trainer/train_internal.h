@@ -152,7 +152,11 @@ struct tz_trainer {
                                 rank, or a lane that cannot time */
   int coll_cap, coll_n[2];
   float *partials;         /* (n_seg) sums of squares of norm segments */
-  float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares */
+  float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares,
+                              [2] the load-balancing loss's share */
+  float *moe_stats;        /* with the load-balancing loss (tz_model_aux_coef): the micro-batch's
+                              routing statistics (2E), then moe_daux (E) its gradient; else NULL */
+  float *moe_daux;
   int32_t *host_tokens[2]; /* host copies by step parity: tokens, targets, pos, each G*N */
   float *host_scal;        /* [2]: the step's loss sum and squared norm, copied out */
   tz_tier *t_io;           /* a small host tier holding the two above: page-locked for a GPU */
