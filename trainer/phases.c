@@ -305,10 +305,11 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
 }
 
 /* A micro-batch's load-balancing loss, once its forward has routed every layer
- * (tz_model_moe_aux): its gradient for the layers' backward, and the router coefficient times its
- * share of the step's mean over micro-batches and ranks added to the loss sum, in targets' worth
- * (finish_step divides by the step's targets). As transformers adds it to each forward's loss,
- * the gradient mean over micro-batches and ranks (DeepSpeed's) of coef x aux. */
+ * (tz_model_moe_aux): its gradient for the layers' backward, and scal[2] = the micro-batch's loss
+ * sum plus the router coefficient times its share of the step's mean over micro-batches and
+ * ranks, in targets' worth (finish_step divides by the step's targets). As transformers adds it to
+ * each forward's loss, the gradient mean over micro-batches and ranks (DeepSpeed's) of coef x aux.
+ */
 static int moe_aux(tz_trainer *tr, const struct job *j) {
   const struct tz_model_config *mc = &tr->mc;
   int E = mc->n_expert;
@@ -319,7 +320,7 @@ static int moe_aux(tz_trainer *tr, const struct job *j) {
   TZ_CHECK(tz_compute_copy_in(tr->cm, tr->moe_daux, daux, (size_t)E * sizeof(float)));
   float add = (float)(share * aux * j->targets);
   TZ_CHECK(tz_compute_copy_in(tr->cm, tr->scal + 2, &add, sizeof add));
-  return tz_compute_add(tr->cm, TZ_F32, tr->scal, tr->scal, tr->scal + 2, 1);
+  return tz_compute_add(tr->cm, TZ_F32, tr->scal + 2, tr->hs.loss, tr->scal + 2, 1);
 }
 
 /* The phase's compute (and without overlapped collectives its own gathers and reductions), on
@@ -351,12 +352,17 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
       TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
     TZ_CHECK(tz_model_head(tr->cm, mc, w, tr->gw_embed, fg, tr->tied ? tr->fg_embed : NULL,
                            tr->x[L], tr->targets + (size_t)k * N, dscale, tr->dx, &tr->hs, B, T));
-    if (k == 0)
-      TZ_CHECK(tz_compute_copy(tr->cm, tr->scal, tr->hs.loss, sizeof(float)));
-    else
-      TZ_CHECK(tz_compute_add(tr->cm, TZ_F32, tr->scal, tr->scal, tr->hs.loss, 1));
-    if (tr->moe_stats)
+    /* the micro-batch's loss (with the load-balancing loss's share, moe_aux) formed first, then
+     * added to the step's: the order of the sums across ranks' micro-batches */
+    const float *mb_loss = tr->hs.loss;
+    if (tr->moe_stats) {
       TZ_CHECK(moe_aux(tr, j));
+      mb_loss = tr->scal + 2;
+    }
+    if (k == 0)
+      TZ_CHECK(tz_compute_copy(tr->cm, tr->scal, mb_loss, sizeof(float)));
+    else
+      TZ_CHECK(tz_compute_add(tr->cm, TZ_F32, tr->scal, tr->scal, mb_loss, 1));
     if (ov) /* reduce-scattered by the next phase */
       return 0;
     TZ_CHECK(reduce_into(tr, b, fg, j->ptr[TZ_PLAN_GRAD], k));
