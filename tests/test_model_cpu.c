@@ -3,7 +3,8 @@
  * embeddings, odd T, and each flag of the model families (q/k/v biases, q/k norms, llama3 RoPE, a
  * head_dim with H*D != d_model) alone and all together. Also: checkpointed backward equals the
  * stored-activation backward bit for bit; runs and thread counts give identical bits; gradients
- * accumulate; layout, config checks and init. */
+ * accumulate; layout, config checks and init; the pad token's embedding row (transformers'
+ * padding_idx: no gradient from the lookup). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -54,9 +54,9 @@ Two choices, each measured (docs/training.md, "Checked against PyTorch"):
   tz-train's float32 stays within 6.5e-7 of float64 (--torch-dtype float32 shows it).
 - The data holds no token equal to the models' pad_token_id (0), unless --with-pad: Hugging
   Face's decoders build nn.Embedding(vocab, hidden, padding_idx=pad_token_id), whose backward
-  gives that row no gradient, and tz-train gives it one; a step whose inputs hold the pad token
-  then differs in the gradient norm (6.4e-4 relative at llama's first such step), and the runs
-  part from there.
+  gives that row no gradient. tz-train gave it one (6.4e-4 relative in the gradient norm at
+  llama's first such step, the runs parting from there); it now skips it too
+  (tz_model_embed_bwd), and --with-pad checks that.
 """
 import argparse
 import json
@@ -319,7 +319,8 @@ def make_model(family, path, seq, tz_model_check):
         rope_theta=10000.0, rope_scaling="none", rope_factor=8.0, rope_low=1.0, rope_high=4.0,
         rope_original=64, sliding_window=seq // 2 if family == "mistral" else None, eps=1e-5,
         tie=family == "qwen3", no_perturb=False, seed=FAMILIES.index(family) + 1,
-        dtype="float32")
+        dtype="float32", experts=0, experts_used=2, expert_ffn=48, norm_topk=False,
+        router_aux=0.0)
     hf_check.make(ns)
     with open(os.path.join(path, "config.json")) as f:
         pad = json.load(f).get("pad_token_id")
@@ -474,8 +475,9 @@ def main():
                          "unclipped run by step 30)")
     ap.add_argument("--with-pad", action="store_true",
                     help="let the data hold the models' pad_token_id (0): Hugging Face's "
-                         "nn.Embedding(padding_idx=0) gives its row no gradient, tz-train does "
-                         "(a known difference: the runs part at the first step that reads it)")
+                         "nn.Embedding(padding_idx=0) gives its row no gradient, and so does "
+                         "tz-train (tz_model_embed_bwd; when it gave the row one, the runs parted "
+                         "at the first step that read it)")
     ap.add_argument("--verbose", action="store_true",
                     help="print tz-train's commands and every step of each case")
     args = ap.parse_args()
@@ -580,8 +582,8 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
     if failed and args.with_pad:
         print("(--with-pad: transformers gives the pad token's embedding row no gradient "
-              "(nn.Embedding's padding_idx), tz-train gives it one; the runs part at the first "
-              "step whose inputs hold it)")
+              "(nn.Embedding's padding_idx), as tz-train's tz_model_embed_bwd should; a case "
+              "that parts at the first step whose inputs hold it points there)")
     print("MISMATCH" if failed else "MATCH")
     return 1 if failed else 0
 
