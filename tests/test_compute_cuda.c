@@ -2425,6 +2425,152 @@ static int group_teardown(void **state) {
   return 0;
 }
 
+/* ---- mixture of experts ----
+ * The experts' ops against the cpu backend on the same inputs (kernels/compute.h, "Mixture of
+ * experts"), at f32 and bf16 storage: the routing's probabilities, weights and statistics within
+ * float rounding, its choice and grouping (idx, offsets, rows, slot) equal (the logits on a grid
+ * of 1/64, so that ties are exact and near-ties absent); gather equal; combine
+ * (with a residual), scatter, combine_bwd and route_bwd within the storage's rounding. */
+static void *moe_alloc(tz_compute *cm, size_t bytes) {
+  void *p = NULL;
+  TZ_ASSERT_OK(tz_compute_alloc(cm, bytes ? bytes : 4, &p));
+  return p;
+}
+
+static void moe_gpu_case(struct env *e, int N, int E, int k, int norm) {
+  enum tz_dtype S = e->S;
+  int M = N * k, C = 40;
+  uint64_t st = 1000 + (uint64_t)N * 31 + (uint64_t)E * 7 + (uint64_t)k;
+  float *lg = malloc(sizeof(float) * N * E), *x = malloc(sizeof(float) * N * C);
+  float *y = malloc(sizeof(float) * M * C), *g = malloc(sizeof(float) * N * C);
+  for (int i = 0; i < N * E; i++)
+    /* multiples of 1/64: two logits are equal (ties go to the lower expert on both sides) or
+     * 1/64 apart, beyond any difference of the two sides' exp */
+    lg[i] = (float)((int)(tz_test_rand(&st) % 385) - 192) / 64.0f;
+  for (int i = 0; i < N * C; i++) {
+    x[i] = round_to(S, (float)(tz_test_rand(&st) >> 40) / 16777216.0f - 0.5f);
+    g[i] = round_to(S, (float)(tz_test_rand(&st) >> 40) / 16777216.0f - 0.5f);
+  }
+  for (int i = 0; i < M * C; i++)
+    y[i] = round_to(S, (float)(tz_test_rand(&st) >> 40) / 16777216.0f - 0.5f);
+  /* both sides' buffers: [0] cpu, [1] gpu */
+  tz_compute *cm[2] = {g_cpu, e->gpu};
+  enum tz_dtype dt[2] = {TZ_F32, S};
+  void *L[2], *X[2], *Y[2], *G[2], *XS[2], *OUT[2], *DX[2], *DY[2], *DL[2];
+  float *probs[2], *w[2], *stats[2], *dw[2], *daux[2];
+  int32_t *idx[2], *off[2], *rows[2], *slot[2];
+  float daux_h[64];
+  for (int q = 0; q < E; q++)
+    daux_h[q] = 0.01f * (float)(q % 5) - 0.02f;
+  for (int s = 0; s < 2; s++) {
+    size_t es = tz_dtype_size(dt[s]);
+    L[s] = moe_alloc(cm[s], (size_t)N * E * es);
+    X[s] = moe_alloc(cm[s], (size_t)N * C * es);
+    Y[s] = moe_alloc(cm[s], (size_t)M * C * es);
+    G[s] = moe_alloc(cm[s], (size_t)N * C * es);
+    XS[s] = moe_alloc(cm[s], (size_t)M * C * es);
+    OUT[s] = moe_alloc(cm[s], (size_t)N * C * es);
+    DX[s] = moe_alloc(cm[s], (size_t)N * C * es);
+    DY[s] = moe_alloc(cm[s], (size_t)M * C * es);
+    DL[s] = moe_alloc(cm[s], (size_t)N * E * es);
+    probs[s] = moe_alloc(cm[s], (size_t)N * E * 4);
+    w[s] = moe_alloc(cm[s], (size_t)M * 4);
+    stats[s] = moe_alloc(cm[s], 2 * (size_t)E * 4);
+    dw[s] = moe_alloc(cm[s], (size_t)M * 4);
+    daux[s] = moe_alloc(cm[s], (size_t)E * 4);
+    idx[s] = moe_alloc(cm[s], (size_t)M * 4);
+    off[s] = moe_alloc(cm[s], (size_t)(E + 1) * 4);
+    rows[s] = moe_alloc(cm[s], (size_t)M * 4);
+    slot[s] = moe_alloc(cm[s], (size_t)M * 4);
+    upload(cm[s], L[s], lg, (size_t)N * E, dt[s]);
+    upload(cm[s], X[s], x, (size_t)N * C, dt[s]);
+    upload(cm[s], Y[s], y, (size_t)M * C, dt[s]);
+    upload(cm[s], G[s], g, (size_t)N * C, dt[s]);
+    TZ_ASSERT_OK(tz_compute_zero(cm[s], stats[s], 2 * (size_t)E * 4));
+    TZ_ASSERT_OK(tz_compute_copy_in(cm[s], daux[s], daux_h, (size_t)E * 4));
+    struct tz_moe_route r = {probs[s], idx[s], w[s], off[s], rows[s], slot[s]};
+    TZ_ASSERT_OK(tz_compute_moe_route(cm[s], &r, stats[s], L[s], N, E, k, norm));
+    TZ_ASSERT_OK(tz_compute_moe_gather(cm[s], XS[s], X[s], rows[s], M, C));
+    TZ_ASSERT_OK(tz_compute_moe_combine(cm[s], OUT[s], X[s], Y[s], w[s], slot[s], N, k, C));
+    TZ_ASSERT_OK(tz_compute_moe_scatter(cm[s], DX[s], Y[s], slot[s], N, k, C));
+    TZ_ASSERT_OK(
+        tz_compute_moe_combine_bwd(cm[s], DY[s], dw[s], G[s], Y[s], w[s], slot[s], N, k, C));
+    TZ_ASSERT_OK(tz_compute_moe_route_bwd(cm[s], DL[s], &r, dw[s], daux[s], N, E, k, norm));
+    TZ_ASSERT_OK(tz_compute_sync(cm[s]));
+  }
+  char what[96];
+  /* the choice and grouping: integers, equal */
+  int32_t *hi[2][4];
+  for (int s = 0; s < 2; s++) {
+    int32_t *src[4] = {idx[s], off[s], rows[s], slot[s]};
+    size_t n[4] = {(size_t)M, (size_t)E + 1, (size_t)M, (size_t)M};
+    for (int t = 0; t < 4; t++) {
+      hi[s][t] = malloc(n[t] * 4 + 4);
+      TZ_ASSERT_OK(tz_compute_copy_out(cm[s], hi[s][t], src[t], n[t] * 4));
+    }
+  }
+  static const char *const inames[4] = {"idx", "offsets", "rows", "slot"};
+  size_t in[4] = {(size_t)M, (size_t)E + 1, (size_t)M, (size_t)M};
+  for (int t = 0; t < 4; t++) {
+    int same = memcmp(hi[0][t], hi[1][t], in[t] * 4) == 0;
+    printf("  moe_route %s N=%d E=%d k=%d norm=%d %-10s %s\n", tz_dtype_name(S), N, E, k, norm,
+           inames[t], same ? "equal ok" : "FAIL");
+    g_failures += !same;
+  }
+  for (int s = 0; s < 2; s++)
+    for (int t = 0; t < 4; t++)
+      free(hi[s][t]);
+  /* the floats */
+  struct {
+    const char *name;
+    void *p[2];
+    size_t n;
+    int f32;
+    double tol;
+  } outs[] = {{"probs", {probs[0], probs[1]}, (size_t)N * E, 1, 1e-6},
+              {"w", {w[0], w[1]}, (size_t)M, 1, S == TZ_F32 ? 1e-6 : 8e-3},
+              {"stats", {stats[0], stats[1]}, 2 * (size_t)E, 1, 1e-6},
+              {"gather", {XS[0], XS[1]}, (size_t)M * C, 0, 0.0},
+              {"combine", {OUT[0], OUT[1]}, (size_t)N * C, 0, S == TZ_F32 ? 1e-6 : 8e-3},
+              {"scatter", {DX[0], DX[1]}, (size_t)N * C, 0, S == TZ_F32 ? 1e-6 : 8e-3},
+              {"combine_bwd dy", {DY[0], DY[1]}, (size_t)M * C, 0, S == TZ_F32 ? 1e-6 : 8e-3},
+              {"combine_bwd dw", {dw[0], dw[1]}, (size_t)M, 1, S == TZ_F32 ? 1e-5 : 2e-2},
+              {"route_bwd", {DL[0], DL[1]}, (size_t)N * E, 0, S == TZ_F32 ? 1e-5 : 2e-2}};
+  for (size_t o = 0; o < sizeof outs / sizeof outs[0]; o++) {
+    float *a = malloc(outs[o].n * 4 + 4), *b = malloc(outs[o].n * 4 + 4);
+    download(g_cpu, a, outs[o].p[0], outs[o].n, TZ_F32);
+    download(e->gpu, b, outs[o].p[1], outs[o].n, outs[o].f32 ? TZ_F32 : S);
+    snprintf(what, sizeof what, "moe %s %s N=%d E=%d k=%d norm=%d", outs[o].name, tz_dtype_name(S),
+             N, E, k, norm);
+    check(what, b, a, outs[o].n, outs[o].tol);
+    free(a), free(b);
+  }
+  for (int s = 0; s < 2; s++) {
+    void *all[] = {L[s],     X[s], Y[s],     G[s],  XS[s],   OUT[s], DX[s],  DY[s],   DL[s],
+                   probs[s], w[s], stats[s], dw[s], daux[s], idx[s], off[s], rows[s], slot[s]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+      tz_compute_free(cm[s], all[i]);
+  }
+  free(lg), free(x), free(y), free(g);
+}
+
+static void test_moe_ops(void **state) {
+  (void)state;
+  g_failures = 0;
+  static const enum tz_dtype dts[] = {TZ_F32, TZ_BF16};
+  for (int d = 0; d < 2; d++) {
+    struct env e;
+    TZ_ASSERT_OK(env_open(&e, dts[d], TZ_F32));
+    moe_gpu_case(&e, 1, 4, 2, 1);
+    moe_gpu_case(&e, 37, 8, 2, 1);
+    moe_gpu_case(&e, 300, 16, 4, 0);
+    moe_gpu_case(&e, 1000, 64, 8, 1);
+    moe_gpu_case(&e, 513, 3, 1, 0);
+    env_close(&e);
+  }
+  assert_int_equal(g_failures, 0);
+}
+
 int main(void) {
   char why[256];
   if (tz_compute_probe("cuda", why, sizeof why) < 0)
@@ -2463,6 +2609,7 @@ int main(void) {
       cmocka_unit_test(test_negative_control),
       cmocka_unit_test(test_model),
       cmocka_unit_test(test_adam_op),
+      cmocka_unit_test(test_moe_ops),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

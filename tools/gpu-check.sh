@@ -129,6 +129,10 @@ print("loss %.4f -> %.4f" % (l[0], l[-1])); sys.exit(0 if l[-1] < l[0] else 1)' 
   fam_check phi3 --family phi3
   fam_check gemma2 --family gemma2 --head-dim 16 --sliding-window 8
   fam_check gemma3 --family gemma3_text --layers 6 --head-dim 16 --sliding-window 8
+  fam_check qwen3_moe --family qwen3_moe --head-dim 16 --experts 8 --experts-used 2 --norm-topk \
+    --router-aux 0.02
+  fam_check mixtral --family mixtral --experts 4 --experts-used 2
+  fam_check olmoe --family olmoe --experts 8 --experts-used 3
   fam_check llama-3.2-1b --from-config tests/data/hf/llama-3.2-1b.json --layers 12
   fam_check mistral-7b-v0.3 --from-config tests/data/hf/mistral-7b-v0.3.json --layers 3
   fam_check mistral-nemo --from-config tests/data/hf/mistral-nemo-base-2407.json --layers 1

@@ -229,6 +229,18 @@ int tz_cuda_glu_fwd(void *ctx, enum tz_glu act, void *out, const void *g, const 
 int tz_cuda_glu_bwd(void *ctx, enum tz_glu act, void *dg, void *du, void *out, const void *dout,
                     const void *g, const void *u, size_t n);
 int tz_cuda_softcap(void *ctx, void *logits, size_t n, float softcap);
+/* moe.cu: the mixture-of-experts ops (compute_impl.h) */
+int tz_cuda_moe_route(void *ctx, const struct tz_moe_route *r, float *stats, const void *logits,
+                      int N, int E, int k, int norm);
+int tz_cuda_moe_route_bwd(void *ctx, void *dlogits, const struct tz_moe_route *r, const float *dw,
+                          const float *daux, int N, int E, int k, int norm);
+int tz_cuda_moe_gather(void *ctx, void *xs, const void *x, const int32_t *rows, int M, int C);
+int tz_cuda_moe_scatter(void *ctx, void *dx, const void *dxs, const int32_t *slot, int N, int k,
+                        int C);
+int tz_cuda_moe_combine(void *ctx, void *out, const void *res, const void *y, const float *w,
+                        const int32_t *slot, int N, int k, int C);
+int tz_cuda_moe_combine_bwd(void *ctx, void *dy, float *dw, const void *dout, const void *y,
+                            const float *w, const int32_t *slot, int N, int k, int C);
 int tz_cuda_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
                 int accumulate);
 int tz_cuda_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t seg_len,

@@ -213,9 +213,9 @@ static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, f
     .attention_fwd = tz_cuda_attention_fwd, .attention_bwd = tz_cuda_attention_bwd, .docs = 1,     \
     .variants = VARIANTS, .glu_fwd = tz_cuda_glu_fwd, .glu_bwd = tz_cuda_glu_bwd,                  \
     .xent = tz_cuda_xent, .softcap = tz_cuda_softcap, .adam = cuda_adam,                           \
-    /* no mixture-of-experts kernels yet: refused by name (kernels/compute.c) */                   \
-    .moe_route = NULL, .moe_route_bwd = NULL, .moe_gather = NULL, .moe_scatter = NULL,             \
-    .moe_combine = NULL, .moe_combine_bwd = NULL,                                                  \
+    .moe_route = tz_cuda_moe_route, .moe_route_bwd = tz_cuda_moe_route_bwd,                        \
+    .moe_gather = tz_cuda_moe_gather, .moe_scatter = tz_cuda_moe_scatter,                          \
+    .moe_combine = tz_cuda_moe_combine, .moe_combine_bwd = tz_cuda_moe_combine_bwd,                \
   }
 static const struct tz_compute_ops cuda_ops = CUDA_OPS(0), cuda_ops_variants = CUDA_OPS(1);
 #undef CUDA_OPS
@@ -353,5 +353,5 @@ const struct tz_compute_backend tz_compute_backend_cuda = {
     .n_settings = TZ_CUDA_N_SETTINGS,
     .variants = cuda_variants,
     .variants_always = 0,
-    .moe = 0, /* no mixture-of-experts kernels yet */
+    .moe = 1,
 };
