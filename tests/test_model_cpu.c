@@ -962,6 +962,9 @@ static void test_ref_moe(void **state) {
   c.moe_aux = 0;
   c.qk_norm = TZ_QK_NORM_ALL;
   compare_with_reference(c, 3, 5, 302);
+  /* the active parameters: the dense parts and k of the E experts a layer */
+  assert_true(tz_model_n_params(&c) - tz_model_n_active_params(&c) ==
+              (uint64_t)c.n_layer * (6 - 1) * 3 * 24 * 32);
   /* the experts' flops: k of them a token, and the router */
   double N = 3.0 * 5;
   assert_true(tz_model_layer_part_flop(&c, 3, 5, TZ_PART_MLP) == 2.0 * N * 32 * (3.0 * 1 * 24 + 6));

@@ -403,6 +403,12 @@ static void print_setup(const struct printer *p, const struct tz_run_event *ev) 
          (long long)cfg->train_micro_batch_size_per_gpu, o->seq,
          (long long)cfg->gradient_accumulation_steps, tz_opt_mode_name(tz_trainer_opt_mode(tr)),
          tz_trainer_overlaps_collectives(tr) ? ", collectives overlapped" : "");
+  if (tz_model_moe(ev->model))
+    printf("tz-train: experts: %d a layer, %d a token, %llu parameters active a token of the "
+           "%llu (every expert's state is placed and streamed; the compute is the active ones')\n",
+           ev->model->n_expert, ev->model->n_expert_used,
+           (unsigned long long)tz_model_n_active_params(ev->model),
+           (unsigned long long)tz_model_n_params(ev->model));
   if (tz_trainer_layer_rate(tr) > 0)
     printf("tz-train: a layer's forward and backward run at %.3g TFLOP/s here (the plan's "
            "compute rate%s; the matmul probe's: %.3g)\n",

@@ -353,6 +353,14 @@ uint64_t tz_model_n_params(const struct tz_model_config *cfg) {
   return n;
 }
 
+uint64_t tz_model_n_active_params(const struct tz_model_config *cfg) {
+  uint64_t n = tz_model_n_params(cfg);
+  if (!tz_model_moe(cfg))
+    return n;
+  uint64_t expert = 3ull * (uint64_t)cfg->moe_ffn_dim * (uint64_t)cfg->d_model;
+  return n - (uint64_t)cfg->n_layer * (uint64_t)(cfg->n_expert - cfg->n_expert_used) * expert;
+}
+
 /* ---- initialisation ---- */
 
 /* A standard normal from (seed, block, tensor, index) alone. */

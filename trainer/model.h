@@ -201,6 +201,9 @@ int tz_model_head_dim(const struct tz_model_config *cfg);
 int tz_model_rope_dims(const struct tz_model_config *cfg); /* D */
 /* Parameters of the model, without padding; the tied head is counted once. */
 uint64_t tz_model_n_params(const struct tz_model_config *cfg);
+/* The parameters a token's forward uses: tz_model_n_params less, with experts, the
+ * n_expert - n_expert_used experts it is not routed to in each layer (the MoE's "active"). */
+uint64_t tz_model_n_active_params(const struct tz_model_config *cfg);
 
 /* ---- Blocks and their layout ---- */
 
