@@ -642,15 +642,41 @@ int tz_compute_moe_combine(tz_compute *cm, void *out, const void *res, const voi
   return cm->ops->moe_combine(cm->ctx, out, res, y, w, slot, N, k, C);
 }
 
-int tz_compute_moe_combine_bwd(tz_compute *cm, void *dy, float *dw, const void *dout,
-                               const void *y, const float *w, const int32_t *slot, int N, int k,
-                               int C) {
+int tz_compute_moe_combine_bwd(tz_compute *cm, void *dy, float *dw, const void *dout, const void *y,
+                               const float *w, const int32_t *slot, int N, int k, int C) {
   TZ_CHECK(check_moe(cm, "moe_combine_bwd", N, k, k, C));
   if (!N)
     return 0;
   NEED(dy && dw && dout && y && w && slot && dy != y && dy != dout,
        "compute moe_combine_bwd: NULL or aliased pointer");
   return cm->ops->moe_combine_bwd(cm->ctx, dy, dw, dout, y, w, slot, N, k, C);
+}
+
+int tz_compute_moe_gate_fwd(tz_compute *cm, void *out, const void *res, const void *y,
+                            const void *s, int N, int C) {
+  TZ_CHECK(check_moe(cm, "moe_gate_fwd", N, 1, 1, C));
+  if (!cm->ops->moe_gate_fwd)
+    return tz_err_set(TZ_ENOTSUP,
+                      "compute %s: moe_gate_fwd (the shared expert's gate) is not in this backend",
+                      cm->backend);
+  if (!N)
+    return 0;
+  NEED(out && res && y && s && out != y, "compute moe_gate_fwd: NULL or aliased pointer");
+  return cm->ops->moe_gate_fwd(cm->ctx, out, res, y, s, N, C);
+}
+
+int tz_compute_moe_gate_bwd(tz_compute *cm, void *dy, void *ds, const void *dout, const void *y,
+                            const void *s, int N, int C) {
+  TZ_CHECK(check_moe(cm, "moe_gate_bwd", N, 1, 1, C));
+  if (!cm->ops->moe_gate_bwd)
+    return tz_err_set(TZ_ENOTSUP,
+                      "compute %s: moe_gate_bwd (the shared expert's gate) is not in this backend",
+                      cm->backend);
+  if (!N)
+    return 0;
+  NEED(dy && ds && dout && y && s && dy != y && dy != dout,
+       "compute moe_gate_bwd: NULL or aliased pointer");
+  return cm->ops->moe_gate_bwd(cm->ctx, dy, ds, dout, y, s, N, C);
 }
 
 int tz_compute_adam(tz_compute *cm, const struct tz_adam_params *p, float *master, float *m,

@@ -92,8 +92,9 @@ int tz_compute_settings_check(const char *backend, const char *settings);
  * 0 when it refuses them; negative (tz_compute_settings_check's errors) when the settings are bad.
  */
 int tz_compute_variants(const char *backend, const char *settings);
-/* 1 when backend's instances have the mixture-of-experts ops (below), 0 when they refuse them;
- * TZ_ENOENT for a backend not in this build. */
+/* 1 when backend's instances have the mixture-of-experts ops (below), 2 when also their shared
+ * expert's gate (gate_fwd, gate_bwd), 0 when they refuse them; TZ_ENOENT for a backend not in
+ * this build. */
 int tz_compute_moe(const char *backend);
 
 /* Creates an instance. The caller owns it and destroys it with tz_compute_destroy after every
@@ -405,7 +406,12 @@ int tz_compute_softcap(tz_compute *cm, void *logits, size_t n, float softcap);
  *   of w[n*k + j] * y row slot[n*k + j] (y (M,C) S: the experts' outputs), in float, rounded
  *   once. out may alias res.
  * combine_bwd: dy (M,C) S row slot[n*k + j] = w[n*k + j] * dout row n; dw (N,k) F32 = the dot
- *   product of dout row n and y row slot[n*k + j], over columns in order. */
+ *   product of dout row n and y row slot[n*k + j], over columns in order.
+ * gate_fwd (Qwen2-MoE's shared expert): out (N,C) S row n = res row n + sigmoid(s[n]) * y row n,
+ *   s (N) S the gate's logits, in float, rounded once; out may alias res.
+ * gate_bwd: dy (N,C) S = sigmoid(s[n]) * dout row n; ds (N) S = sigmoid'(s[n]) times the dot
+ *   product of dout row n and y row n (columns in order). The gate is optional within the
+ *   experts' ops (tz_compute_moe says 2 for a backend that has it). */
 #define TZ_MOE_MAX_EXPERTS 1024
 struct tz_moe_route {
   float *probs;     /* (N,E) F32 */
@@ -428,6 +434,10 @@ int tz_compute_moe_combine(tz_compute *cm, void *out, const void *res, const voi
 int tz_compute_moe_combine_bwd(tz_compute *cm, void *dy, float *dw, const void *dout,
                                const void *y, const float *w, const int32_t *slot, int N, int k,
                                int C);
+int tz_compute_moe_gate_fwd(tz_compute *cm, void *out, const void *res, const void *y,
+                            const void *s, int N, int C);
+int tz_compute_moe_gate_bwd(tz_compute *cm, void *dy, void *ds, const void *dout, const void *y,
+                            const void *s, int N, int C);
 
 /* ---- Optimizer ----
  * One Adam step over n elements in place, exactly as kernels/adam.h defines it (the same bits on

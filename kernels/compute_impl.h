@@ -102,6 +102,11 @@ struct tz_compute_ops {
                      const int32_t *slot, int N, int k, int C);
   int (*moe_combine_bwd)(void *ctx, void *dy, float *dw, const void *dout, const void *y,
                          const float *w, const int32_t *slot, int N, int k, int C);
+  /* optional, both or neither (with the ones above): the shared expert's gate */
+  int (*moe_gate_fwd)(void *ctx, void *out, const void *res, const void *y, const void *s, int N,
+                      int C);
+  int (*moe_gate_bwd)(void *ctx, void *dy, void *ds, const void *dout, const void *y,
+                      const void *s, int N, int C);
 };
 
 struct tz_compute {
@@ -135,7 +140,8 @@ struct tz_compute_backend {
    * 1 exactly when variants_always is */
   int (*variants)(const int64_t *settings);
   int variants_always;
-  /* 1: every instance has the mixture-of-experts ops (tz_compute_moe) */
+  /* 1: every instance has the mixture-of-experts ops, 2: their shared expert's gate too
+   * (tz_compute_moe) */
   int moe;
 };
 

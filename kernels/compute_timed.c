@@ -280,6 +280,23 @@ static int s_moe_combine_bwd(void *ctx, void *dy, float *dw, const void *d, cons
   TIMED(TZ_OP_OTHER, IN->moe_combine_bwd(CTX, dy, dw, d, y, w, slot, N, k, C));
 }
 
+static int s_moe_gate_fwd(void *ctx, void *o, const void *res, const void *y, const void *s, int N,
+                          int C) {
+  struct timed *tm = ctx;
+  if (!IN->moe_gate_fwd)
+    return tz_err_set(TZ_ENOTSUP, "compute %s: moe_gate_fwd is not in this backend",
+                      tm->inner->backend);
+  TIMED(TZ_OP_OTHER, IN->moe_gate_fwd(CTX, o, res, y, s, N, C));
+}
+static int s_moe_gate_bwd(void *ctx, void *dy, void *ds, const void *d, const void *y,
+                          const void *s, int N, int C) {
+  struct timed *tm = ctx;
+  if (!IN->moe_gate_bwd)
+    return tz_err_set(TZ_ENOTSUP, "compute %s: moe_gate_bwd is not in this backend",
+                      tm->inner->backend);
+  TIMED(TZ_OP_OTHER, IN->moe_gate_bwd(CTX, dy, ds, d, y, s, N, C));
+}
+
 static const struct tz_compute_ops timed_ops = {
     .destroy = s_destroy,
     .sync = s_sync,
@@ -320,6 +337,8 @@ static const struct tz_compute_ops timed_ops = {
     .moe_scatter = s_moe_scatter,
     .moe_combine = s_moe_combine,
     .moe_combine_bwd = s_moe_combine_bwd,
+    .moe_gate_fwd = s_moe_gate_fwd,
+    .moe_gate_bwd = s_moe_gate_bwd,
 };
 
 int tz_compute_timed_create(tz_compute *inner, struct tz_compute_times *times, tz_compute **out) {

@@ -331,7 +331,11 @@ struct ref_moe {
   double *u;
   double *a;
   double *y; /* (N, k, C) each choice's expert output */
+  /* the shared expert (Qwen2-MoE): its gate, up, SwiGLU (N, F_s), output (N, C), gate logit */
+  double *sg, *su, *sa, *ys, *slog;
 };
+
+static double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
 
 static void moe_fwd_ref(const struct tz_model_config *cfg, const struct tz_block_layout *l,
                         const double *P, const double *h, int N, struct ref_moe *m, double *out,
@@ -379,6 +383,20 @@ static void moe_fwd_ref(const struct tz_model_config *cfg, const struct tz_block
       linear(y, a, P + l->t[TZ_L_WD].offset + (size_t)e * C * F, 1, F, C);
       for (int c = 0; c < C; c++)
         out[(size_t)n * C + c] += wj * y[c];
+    }
+    int Fs = cfg->shared_ffn_dim;
+    if (Fs) { /* out += sigmoid(h . shared_gate) * shared SwiGLU(h) */
+      double *sg = m->sg + (size_t)n * Fs, *su = m->su + (size_t)n * Fs,
+             *sa = m->sa + (size_t)n * Fs;
+      double *ys = m->ys + (size_t)n * C;
+      linear(sg, hn, P + l->t[TZ_L_SWG].offset, 1, C, Fs);
+      linear(su, hn, P + l->t[TZ_L_SWU].offset, 1, C, Fs);
+      for (int f = 0; f < Fs; f++)
+        sa[f] = gate_act(cfg->glu_act, sg[f]) * su[f];
+      linear(ys, sa, P + l->t[TZ_L_SWD].offset, 1, Fs, C);
+      linear(m->slog + n, hn, P + l->t[TZ_L_SGATE].offset, 1, C, 1);
+      for (int c = 0; c < C; c++)
+        out[(size_t)n * C + c] += sigm(m->slog[n]) * ys[c];
     }
   }
 }
@@ -433,6 +451,28 @@ static void moe_bwd_ref(const struct tz_model_config *cfg, const struct tz_block
     for (int e = 0; e < E; e++)
       dp[e] = p[e] * (dp[e] - dot); /* now at the logits */
     linear_bwd(dhn, G + l->t[TZ_L_ROUTER].offset, dp, hn, P + l->t[TZ_L_ROUTER].offset, 1, C, E);
+    int Fs = cfg->shared_ffn_dim;
+    if (Fs) { /* the shared expert through its gate */
+      const double *sg = m->sg + (size_t)n * Fs, *su = m->su + (size_t)n * Fs;
+      const double *sa = m->sa + (size_t)n * Fs, *ys = m->ys + (size_t)n * C;
+      double gs = sigm(m->slog[n]), dot = 0, dsl;
+      double *dys = malloc(sizeof(double) * C), *das = calloc((size_t)Fs, sizeof(double));
+      double *dgs = malloc(sizeof(double) * Fs), *dus = malloc(sizeof(double) * Fs);
+      for (int c = 0; c < C; c++) {
+        dot += g_out[c] * ys[c];
+        dys[c] = gs * g_out[c];
+      }
+      dsl = gs * (1 - gs) * dot;
+      linear_bwd(das, G + l->t[TZ_L_SWD].offset, dys, sa, P + l->t[TZ_L_SWD].offset, 1, Fs, C);
+      for (int f = 0; f < Fs; f++) {
+        dgs[f] = das[f] * su[f] * gate_slope(cfg->glu_act, sg[f]);
+        dus[f] = das[f] * gate_act(cfg->glu_act, sg[f]);
+      }
+      linear_bwd(dhn, G + l->t[TZ_L_SWG].offset, dgs, hn, P + l->t[TZ_L_SWG].offset, 1, C, Fs);
+      linear_bwd(dhn, G + l->t[TZ_L_SWU].offset, dus, hn, P + l->t[TZ_L_SWU].offset, 1, C, Fs);
+      linear_bwd(dhn, G + l->t[TZ_L_SGATE].offset, &dsl, hn, P + l->t[TZ_L_SGATE].offset, 1, C, 1);
+      free(dys), free(das), free(dgs), free(dus);
+    }
   }
   free(da), free(dg), free(du), free(dp), free(dw), free(dy);
 }
@@ -540,7 +580,14 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     mo->u = malloc(sizeof(double) * N * K * Fe);
     mo->a = malloc(sizeof(double) * N * K * Fe);
     mo->y = malloc(sizeof(double) * N * K * C);
-    oom |= !mo->p || !mo->idx || !mo->w || !mo->g || !mo->u || !mo->a || !mo->y;
+    int Fs = cfg->shared_ffn_dim > 0 ? cfg->shared_ffn_dim : 1;
+    mo->sg = malloc(sizeof(double) * N * Fs);
+    mo->su = malloc(sizeof(double) * N * Fs);
+    mo->sa = malloc(sizeof(double) * N * Fs);
+    mo->ys = malloc(sizeof(double) * N * C);
+    mo->slog = malloc(sizeof(double) * N);
+    oom |= !mo->p || !mo->idx || !mo->w || !mo->g || !mo->u || !mo->a || !mo->y || !mo->sg ||
+           !mo->su || !mo->sa || !mo->ys || !mo->slog;
   }
   double *p = arena;
 #define TAKE(n) (p += (n), p - (n))
@@ -777,6 +824,7 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
   for (int i = 0; moe && i < L; i++) {
     struct ref_moe *mo = &ly[i].mo;
     free(mo->p), free(mo->idx), free(mo->w), free(mo->g), free(mo->u), free(mo->a), free(mo->y);
+    free(mo->sg), free(mo->su), free(mo->sa), free(mo->ys), free(mo->slog);
   }
   free(arena);
   free(ly);

@@ -11,7 +11,7 @@ needs of a row (a model_type, an architecture, JSON export keys).
 
 Usage: test_families.py TZ_BIN FAMILY (llama, llama3, linear, dynamic, yarn, mistral,
 mistral_window, qwen2, qwen3, qwen2_window, head_dim, olmo2, phi3, phi3_longrope, gemma2,
-gemma3, qwen3_moe, mixtral, olmoe, table)"""
+gemma3, qwen3_moe, mixtral, olmoe, qwen2_moe, table)"""
 import json
 import os
 import shutil
@@ -104,6 +104,12 @@ FAMILIES = {
         "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
     "olmoe": ("olmoe", "OlmoeForCausalLM", {
         "num_experts": 3, "num_experts_per_tok": 1, "pad_token_id": 1}),
+    # Qwen2-MoE (Qwen1.5-MoE): qwen2's biased attention, 4 experts of 24, 2 a token, and a shared
+    # expert of 40 behind its sigmoid gate; transformers 5's sliding_window 0 with the window off
+    "qwen2_moe": ("qwen2_moe", "Qwen2MoeForCausalLM", {
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+        "shared_expert_intermediate_size": 40, "norm_topk_prob": False, "qkv_bias": True,
+        "use_sliding_window": False, "sliding_window": 0}),
 }
 
 
@@ -379,7 +385,7 @@ def main():
                 ({"hidden_activation": "gelu"}, "hidden_activation"),
                 ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar"),
                 ({"final_logit_softcapping": -1.0}, "final_logit_softcapping")), at, common)
-        if FAMILY in ("qwen3_moe", "mixtral", "olmoe"):
+        if FAMILY in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"):
             # each expert's projections by their checkpoint names; the routing keys go out
             names = set(st_read(at("straight", "model.safetensors")))
             mod, proj = (("block_sparse_moe", "w1") if FAMILY == "mixtral" else ("mlp", "gate_proj"))
@@ -389,6 +395,22 @@ def main():
                     failures.append(f"export lacks expert {e}'s {proj}: {sorted(names)[:8]}")
             if f"model.layers.0.{mod}.gate.weight" not in names:
                 failures.append("export lacks the router")
+            if FAMILY == "qwen2_moe":
+                for t in ("shared_expert.gate_proj", "shared_expert.down_proj",
+                          "shared_expert_gate"):
+                    if f"model.layers.1.mlp.{t}.weight" not in names:
+                        failures.append(f"export lacks the shared expert's {t}")
+                if exported.get("shared_expert_intermediate_size") != 40:
+                    failures.append("export's shared_expert_intermediate_size "
+                                    f"{exported.get('shared_expert_intermediate_size')!r}")
+                failures += refused_by_name(cfg, (({"qkv_bias": False}, "qkv_bias"),), at, common)
+                # the cuda backend has no kernel for the shared expert's gate yet: refused at
+                # start by name
+                p = subprocess.run([TZ_TRAIN, "--model", at("config.json"), "--backend", "cuda",
+                                    "--steps", "1", *common], capture_output=True, text=True)
+                if p.returncode != 2 or "shared expert's gate" not in p.stderr:
+                    failures.append(f"--backend cuda: not refused at start (exit "
+                                    f"{p.returncode}): {p.stderr.strip()}")
             for k in ("num_experts_per_tok", "norm_topk_prob", "output_router_logits",
                       "router_aux_loss_coef"):
                 if k in extra and exported.get(k) != extra[k]:

@@ -957,6 +957,13 @@ static void test_ref_moe(void **state) {
   compare_with_reference(c, 2, 7, 301);
   all_on_bits(c);
   partial_recompute_bits(c);
+  c.shared_ffn_dim = 20; /* Qwen2-MoE: a shared expert beside the routed ones, q/k/v biases */
+  c.qkv_bias = 1;
+  c.qk_norm = 0;
+  compare_with_reference(c, 2, 7, 303);
+  partial_recompute_bits(c);
+  c.shared_ffn_dim = 0;
+  c.qkv_bias = 0;
   c.n_expert_used = 1;
   c.norm_topk = 0;
   c.moe_aux = 0;

@@ -260,6 +260,11 @@ static void test_fd_moe(void **state) {
   c.moe_aux = 1;
   c.qk_norm = 1;
   check_fd(&c, 2, 5, 31);
+  c.shared_ffn_dim = 5; /* Qwen2-MoE's shared expert, gated, with its q/k/v biases */
+  c.qkv_bias = 1;
+  check_fd(&c, 2, 5, 33);
+  c.shared_ffn_dim = 0;
+  c.qkv_bias = 0;
   c.n_expert = 3;
   c.n_expert_used = 1;
   c.norm_topk = 0;

@@ -301,6 +301,8 @@ def family_config(args, table):
         d["router_aux_loss_coef"] = args.router_aux
         if fam == "mixtral":
             d["num_local_experts"] = d.pop("num_experts")
+        if row.get("shared_expert"):
+            d["shared_expert_intermediate_size"] = args.shared_ffn
     elif args.experts:
         raise SystemExit("--experts: family %s has no experts" % fam)
     return d
@@ -411,6 +413,8 @@ def main():
     m.add_argument("--experts-used", type=int, default=2, help="num_experts_per_tok")
     m.add_argument("--expert-ffn", type=int, default=48, help="each expert's width")
     m.add_argument("--norm-topk", action="store_true", help="norm_topk_prob true")
+    m.add_argument("--shared-ffn", type=int, default=40,
+                   help="the shared expert's width (shared_expert_intermediate_size, qwen2_moe)")
     m.add_argument("--router-aux", type=float, default=0.0,
                    help="router_aux_loss_coef with output_router_logits (0: neither)")
     m.add_argument("--eps", type=float, default=1e-5)

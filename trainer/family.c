@@ -121,6 +121,19 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                          .moe_width_key = "intermediate_size",
                          .norm_topk_default = 0,
                          .export_keys = "{\"attention_bias\": false, \"clip_qkv\": null}"},
+    [TZ_FAMILY_QWEN2_MOE] = {.id = TZ_FAMILY_QWEN2_MOE,
+                             .model_type = "qwen2_moe",
+                             .architecture = "Qwen2MoeForCausalLM",
+                             .max_pos = 32768,
+                             .qkv_bias = 1,
+                             .window = TZ_WINDOW_OPT_IN,
+                             .moe_module = "mlp",
+                             .expert_proj = {"gate_proj", "up_proj", "down_proj"},
+                             .moe_width_key = "moe_intermediate_size",
+                             .norm_topk_default = 0,
+                             .shared_expert = 1,
+                             .export_keys = "{\"qkv_bias\": true, \"decoder_sparse_step\": 1, "
+                                            "\"mlp_only_layers\": []}"},
 };
 
 const struct tz_family *tz_family_of(enum tz_model_family f) {
@@ -179,7 +192,7 @@ char *tz_family_table_json(void) {
     json_t *keys = json_loads(r->export_keys, 0, NULL);
     json_t *o = json_pack(
         "{s:s, s:s, s:i, s:b, s:s, s:s, s:b, s:b, s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:s?, s:s?, "
-        "s:b, s:o}",
+        "s:b, s:b, s:o}",
         "model_type", r->model_type, "architecture", r->architecture, "max_position_embeddings",
         r->max_pos, "qkv_bias", r->qkv_bias, "qk_norm", qk_norms[r->qk_norm], "norm_place",
         places[r->norm_place], "fused_proj", r->fused_proj, "partial_rotary", r->partial_rotary,
@@ -187,7 +200,7 @@ char *tz_family_table_json(void) {
         r->window_pattern, "gemma", r->gemma, "query_pre_attn_scalar", r->query_pre_attn_scalar,
         "attn_logit_softcapping", r->attn_softcap, "final_logit_softcapping", r->final_softcap,
         "moe_module", r->moe_module, "moe_width_key", r->moe_width_key, "topk_norm", r->topk_norm,
-        "export_keys", keys ? keys : json_object());
+        "shared_expert", r->shared_expert, "export_keys", keys ? keys : json_object());
     if (!o || json_array_append_new(a, o) < 0) {
       json_decref(a);
       return NULL;

@@ -68,6 +68,9 @@ struct tz_family {
   const char *expert_proj[3];
   const char *moe_width_key;
   int topk_norm, norm_topk_default;
+  /* a shared expert beside the routed ones (qwen2_moe): shared_expert_intermediate_size wide,
+   * <moe_module>.shared_expert.{gate,up,down}_proj and <moe_module>.shared_expert_gate */
+  int shared_expert;
   /* The constant keys the family's config class writes (save_pretrained), as a JSON object that
    * the export merges in; the window keys follow from `window`. */
   const char *export_keys;

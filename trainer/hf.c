@@ -91,7 +91,13 @@ int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, 
                       size_t len) {
   int nb = tz_model_n_blocks(cfg), n;
   struct tz_hf_fused fu;
-  if (block > 0 && block < nb - 1 && tensor == TZ_L_ROUTER)
+  static const char *const shared[] = {"shared_expert.gate_proj", "shared_expert.up_proj",
+                                       "shared_expert.down_proj", "shared_expert_gate"};
+  if (block > 0 && block < nb - 1 && tensor >= TZ_L_SWG && tensor <= TZ_L_SGATE)
+    n = snprintf(buf, len, "model.layers.%d.%s.%s.weight", block - 1,
+                 tz_model_moe(cfg) ? tz_family_of(cfg->family)->moe_module : "mlp",
+                 shared[tensor - TZ_L_SWG]);
+  else if (block > 0 && block < nb - 1 && tensor == TZ_L_ROUTER)
     n = snprintf(buf, len, "model.layers.%d.%s.gate.weight", block - 1,
                  tz_model_moe(cfg) ? tz_family_of(cfg->family)->moe_module : "mlp");
   else if (block > 0 && block < nb - 1 && tz_hf_fused_part(cfg, tensor, &fu))

@@ -164,6 +164,14 @@ static int parse_moe(const struct tz_hf_cfgp *p, struct tz_model_config *cfg) {
     return tz_err_set(TZ_ECONFIG, "%s: \"router_aux_loss_coef\" %g must not be negative", p->path,
                       cfg->router_aux_coef);
   TZ_CHECK(get_bool(p, "output_router_logits", 0, &cfg->moe_aux));
+  if (fam->shared_expert) {
+    TZ_CHECK(get_int(p, "shared_expert_intermediate_size", 1, 0, 1, 1 << 24, &cfg->shared_ffn_dim));
+    if ((v = tz_hf_jget(p, "qkv_bias")) && !json_is_true(v))
+      return tz_err_set(TZ_ENOTSUP,
+                        "%s: \"qkv_bias\" is %s: model_type %s is implemented with its q, k and v "
+                        "biases",
+                        p->path, tz_hf_jtext(v, t, sizeof t), fam->model_type);
+  }
   /* every layer sparse: Qwen's decoder_sparse_step 1 and no mlp_only_layers */
   int step = 1;
   TZ_CHECK(get_int(p, "decoder_sparse_step", 0, 1, 1, 1 << 16, &step));
@@ -195,7 +203,8 @@ static int parse_moe(const struct tz_hf_cfgp *p, struct tz_model_config *cfg) {
                                         "shared_expert_intermediate_size",
                                         "capacity_factor"};
   for (size_t i = 0; i < sizeof routing / sizeof routing[0]; i++)
-    if ((v = tz_hf_jget(p, routing[i])) && !json_is_null(v))
+    if ((v = tz_hf_jget(p, routing[i])) && !json_is_null(v) &&
+        !(fam->shared_expert && strcmp(routing[i], "shared_expert_intermediate_size") == 0))
       return tz_err_set(TZ_ENOTSUP,
                         "%s: \"%s\" is %s: routing here is a softmax's top-k over every expert, "
                         "without groups, scaling, shared experts or capacity",
@@ -686,6 +695,8 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
       json_object_set_new(r, "norm_topk_prob", json_boolean(cfg->norm_topk));
     json_object_set_new(r, "router_aux_loss_coef", json_real(cfg->router_aux_coef));
     json_object_set_new(r, "output_router_logits", json_boolean(cfg->moe_aux));
+    if (fam->shared_expert)
+      json_object_set_new(r, "shared_expert_intermediate_size", json_integer(cfg->shared_ffn_dim));
   }
   if (fam->gemma) {
     /* query_pre_attn_scalar back from the scale: the integer it was where it was one */

@@ -138,6 +138,8 @@ int tz_model_config_check(const struct tz_model_config *c) {
     NEED(isfinite(c->router_aux_coef) && c->router_aux_coef >= 0.0,
          "router_aux_coef %g must be finite and not negative", c->router_aux_coef);
     NEED(c->moe_aux == 0 || c->moe_aux == 1, "moe_aux %d must be 0 or 1", c->moe_aux);
+    NEED(c->shared_ffn_dim >= 0 && (int64_t)c->shared_ffn_dim * c->d_model < INT32_MAX,
+         "shared_ffn_dim %d must not be negative", c->shared_ffn_dim);
     NEED(c->norm_place == TZ_NORM_PRE,
          "experts with norm_place %d: the mixture-of-experts layers have their norms before each "
          "part only",
@@ -147,6 +149,7 @@ int tz_model_config_check(const struct tz_model_config *c) {
          c->moe_ffn_dim, c->d_model);
   } else {
     NEED(c->n_expert == 0, "n_expert %d must not be negative", c->n_expert);
+    NEED(c->shared_ffn_dim == 0, "shared_ffn_dim %d without experts", c->shared_ffn_dim);
   }
   /* Offsets are 64-bit, but the compute ops take int dimensions. */
   NEED((int64_t)c->vocab * c->d_model < INT32_MAX && (int64_t)c->ffn_dim * c->d_model < INT32_MAX &&
@@ -186,6 +189,12 @@ int tz_model_backend_check(const struct tz_model_config *cfg, const char *backen
     int moe = tz_compute_moe(backend);
     if (moe < 0)
       return moe;
+    if (moe == 1 && cfg->shared_ffn_dim > 0)
+      return tz_err_set(TZ_ENOTSUP,
+                        "model_type %s on the %s backend: its shared expert's gate runs on the "
+                        "cpu backend only until the %s backend has a kernel for it (--backend "
+                        "cpu)",
+                        tz_model_family_name(cfg->family), backend, backend);
     if (!moe)
       return tz_err_set(TZ_ENOTSUP,
                         "model_type %s on the %s backend: its mixture-of-experts layers run on "
@@ -320,6 +329,11 @@ int tz_model_block_layout(const struct tz_model_config *cfg, int block,
       add_tensor(out, "router", cfg->n_expert, C, 2);
     else
       add_optional(out, "router", 0, 0);
+    int64_t Fs = tz_model_moe(cfg) ? cfg->shared_ffn_dim : 0;
+    add_tensor(out, "shared_wg", Fs, Fs ? C : 0, Fs ? 2 : 0);
+    add_tensor(out, "shared_wu", Fs, Fs ? C : 0, Fs ? 2 : 0);
+    add_tensor(out, "shared_wd", Fs ? C : 0, Fs, Fs ? 2 : 0);
+    add_tensor(out, "shared_gate", Fs ? 1 : 0, Fs ? C : 0, Fs ? 2 : 0);
   }
   return 0;
 }
@@ -562,6 +576,11 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
       a->offsets = carve(c, (E + 1) * sizeof(int32_t));
       a->rows = carve(c, M * sizeof(int32_t));
       a->slot = carve(c, M * sizeof(int32_t));
+      size_t Fs = (size_t)cfg->shared_ffn_dim;
+      a->sg = Fs ? carve(c, N * Fs * es) : NULL;
+      a->su = Fs ? carve(c, N * Fs * es) : NULL;
+      a->ys = Fs ? carve(c, N * C * es) : NULL;
+      a->slog = Fs ? carve(c, N * es) : NULL;
     }
     a->m = post ? carve(c, N * C * es) : NULL;
     a->rstd_m = post ? carve(c, N * sizeof(float)) : NULL;
@@ -581,6 +600,7 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
     if (moe) {
       a->xs = carve(c, M * C * es);
       a->rlogits = carve(c, N * E * es);
+      a->sa = cfg->shared_ffn_dim ? carve(c, N * (size_t)cfg->shared_ffn_dim * es) : NULL;
     }
   }
 }
@@ -623,12 +643,20 @@ static void scratch_layout(const struct tz_model_config *cfg, enum tz_dtype dt, 
   s->da = carve(c, M * F * es);
   s->dg = carve(c, M * F * es);
   s->du = carve(c, M * F * es);
-  s->dy = s->dlog = NULL;
+  s->dy = s->dlog = s->dys = s->dsa = s->dsg = s->dsu = s->dslog = NULL;
   s->dw = NULL;
   if (tz_model_moe(cfg)) {
     s->dy = carve(c, M * C * es);
     s->dlog = carve(c, N * (size_t)cfg->n_expert * es);
     s->dw = carve(c, M * sizeof(float));
+    size_t Fs = (size_t)cfg->shared_ffn_dim;
+    if (Fs) {
+      s->dys = carve(c, N * C * es);
+      s->dsa = carve(c, N * Fs * es);
+      s->dsg = carve(c, N * Fs * es);
+      s->dsu = carve(c, N * Fs * es);
+      s->dslog = carve(c, N * es);
+    }
   }
   s->datt = carve(c, N * HD * es);
   s->dq = carve(c, N * HD * es);
@@ -909,7 +937,17 @@ static int moe_fwd(tz_compute *cm, const struct tz_model_config *cfg,
       TZ_CHECK(linear_fwd(cm, at(a->y, (uint64_t)off[e] * C, S), at(a->a, (uint64_t)off[e] * F, S),
                           expert_w(Wd, e, C, F, S), m, F, C));
   }
-  return tz_compute_moe_combine(cm, x_out, a->x2, a->y, a->rw, a->slot, N, k, C);
+  TZ_CHECK(tz_compute_moe_combine(cm, x_out, a->x2, a->y, a->rw, a->slot, N, k, C));
+  int Fs = cfg->shared_ffn_dim;
+  if (!Fs)
+    return 0;
+  /* the shared expert, gated: x_out += sigmoid(h2 shared_gate^T) * its SwiGLU of h2 */
+  TZ_CHECK(linear_fwd(cm, a->sg, h2, at(params, l->t[TZ_L_SWG].offset, S), N, C, Fs));
+  TZ_CHECK(linear_fwd(cm, a->su, h2, at(params, l->t[TZ_L_SWU].offset, S), N, C, Fs));
+  TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->sa, a->sg, a->su, (size_t)N * Fs));
+  TZ_CHECK(linear_fwd(cm, a->ys, a->sa, at(params, l->t[TZ_L_SWD].offset, S), N, Fs, C));
+  TZ_CHECK(linear_fwd(cm, a->slog, h2, at(params, l->t[TZ_L_SGATE].offset, S), N, C, 1));
+  return tz_compute_moe_gate_fwd(cm, x_out, x_out, a->ys, a->slog, N, C);
 }
 
 /* The experts' backward, given dx_out at x_out: grads += the router's and experts' gradients,
@@ -949,8 +987,25 @@ static int moe_bwd(tz_compute *cm, const struct tz_model_config *cfg,
   TZ_CHECK(tz_compute_moe_scatter(cm, s->dh, s->dy, a->slot, N, k, C));
   struct tz_moe_route r = moe_route_of(a);
   TZ_CHECK(tz_compute_moe_route_bwd(cm, s->dlog, &r, s->dw, a->moe_daux, N, E, k, cfg->norm_topk));
-  return linear_bwd(cm, s->dh, 1, at(grads, l->t[TZ_L_ROUTER].offset, G), s->dlog, h2,
-                    at(params, l->t[TZ_L_ROUTER].offset, S), N, C, E);
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, at(grads, l->t[TZ_L_ROUTER].offset, G), s->dlog, h2,
+                      at(params, l->t[TZ_L_ROUTER].offset, S), N, C, E));
+  int Fs = cfg->shared_ffn_dim;
+  if (!Fs)
+    return 0;
+    /* the shared expert: through its gate, then its SwiGLU (sa rebuilt by the SwiGLU's backward
+     * unless recomputed) */
+#define SP(i) at(params, l->t[i].offset, S)
+#define SG(i) at(grads, l->t[i].offset, G)
+  TZ_CHECK(tz_compute_moe_gate_bwd(cm, s->dys, s->dslog, dx_out, a->ys, a->slog, N, C));
+  TZ_CHECK(linear_bwd_dx(cm, s->dsa, 0, s->dys, SP(TZ_L_SWD), N, Fs, C));
+  TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dsg, s->dsu,
+                              a_rebuilt ? a->sa : NULL, s->dsa, a->sg, a->su, (size_t)N * Fs));
+  TZ_CHECK(linear_bwd_dw(cm, SG(TZ_L_SWD), s->dys, a->sa, N, Fs, C));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, SG(TZ_L_SWG), s->dsg, h2, SP(TZ_L_SWG), N, C, Fs));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, SG(TZ_L_SWU), s->dsu, h2, SP(TZ_L_SWU), N, C, Fs));
+  return linear_bwd(cm, s->dh, 1, SG(TZ_L_SGATE), s->dslog, h2, SP(TZ_L_SGATE), N, C, 1);
+#undef SP
+#undef SG
 }
 
 /* The MLP part: a->h2, a->rstd2, a->g, a->u, a->a from a->x2, and x_out = x2 + the MLP's output
@@ -1193,7 +1248,9 @@ double tz_model_layer_part_flop(const struct tz_model_config *cfg, int B, int T,
   double attn = 2.0 * N * C * D * (double)(2 * cfg->n_head + 2 * cfg->n_kv_head) +
                 2.0 * (double)B * (double)T * (double)T * HD;
   double mlp = tz_model_moe(cfg)
-                   ? 2.0 * N * C * (3.0 * cfg->n_expert_used * cfg->moe_ffn_dim + cfg->n_expert)
+                   ? 2.0 * N * C *
+                         (3.0 * cfg->n_expert_used * cfg->moe_ffn_dim + cfg->n_expert +
+                          3.0 * cfg->shared_ffn_dim + (cfg->shared_ffn_dim ? 1 : 0))
                    : 2.0 * N * 3.0 * C * F;
   return (parts & TZ_PART_ATTN ? attn : 0) + (parts & TZ_PART_MLP ? mlp : 0);
 }

@@ -44,7 +44,9 @@
  *           the sliding layers' own RoPE base (rope_local_base_freq)
  *   qwen3_moe (Qwen3MoeForCausalLM): qwen3's attention, every MLP experts (n_expert > 0)
  *   mixtral (MixtralForCausalLM): mistral's attention, experts renormalised always
- *   olmoe   (OlmoeForCausalLM): llama's norms, q/k norms over the whole projections, experts */
+ *   olmoe   (OlmoeForCausalLM): llama's norms, q/k norms over the whole projections, experts
+ *   qwen2_moe (Qwen2MoeForCausalLM, Qwen1.5-MoE, Qwen2-57B-A14B): qwen2's attention, experts and
+ *           a gated shared expert (shared_ffn_dim) */
 enum tz_model_family {
   TZ_FAMILY_LLAMA = 0,
   TZ_FAMILY_MISTRAL,
@@ -57,6 +59,7 @@ enum tz_model_family {
   TZ_FAMILY_QWEN3_MOE,
   TZ_FAMILY_MIXTRAL,
   TZ_FAMILY_OLMOE,
+  TZ_FAMILY_QWEN2_MOE,
   TZ_FAMILY_COUNT
 };
 
@@ -147,6 +150,9 @@ struct tz_model_config {
   int n_expert, n_expert_used, moe_ffn_dim, norm_topk;
   double router_aux_coef;
   int moe_aux;
+  /* With experts, a shared expert (Qwen2-MoE): a SwiGLU of width shared_ffn_dim every token
+   * goes through, its output times sigmoid(x shared_gate^T) added to the experts'; 0: none */
+  int shared_ffn_dim;
 };
 
 /* The first of the variants (Gemma's math, sliding windows) that cfg uses on sequences of T tokens
@@ -237,6 +243,10 @@ enum {
   TZ_L_ROUTER,         /* (E, C) with experts: the router's logits = x router^T; then wg and wu
                           are (E*F_e, C), expert e's rows e*F_e.., and wd (E*C, F_e), expert e's
                           rows e*C.. */
+  TZ_L_SWG,            /* (F_s, C) with a shared expert: its gate, up and down projections */
+  TZ_L_SWU,            /* (F_s, C) */
+  TZ_L_SWD,            /* (C, F_s) */
+  TZ_L_SGATE,          /* (1, C): its gate's logit = x shared_gate^T */
   TZ_L_COUNT
 };
 enum {
@@ -348,6 +358,9 @@ struct tz_layer_acts {
   int32_t *slot;    /* (M) */
   void *xs;         /* (M, C) the MLP norm's output of each assignment's token */
   void *rlogits;    /* (N, E) the router's logits */
+  /* with a shared expert: its gate and up projections and output (kept with the MLP part), its
+   * gate's logits (kept), its SwiGLU (rebuilt) */
+  void *sg, *su, *ys, *slog, *sa;
   /* Set by the caller, never carved: moe_stats (2E F32, or NULL) receives += the forward's
    * routing statistics (tz_compute_moe_route's; a recompute adds none), and moe_daux (E F32, or
    * NULL) is the load-balancing loss's gradient at each row's probs (tz_model_moe_aux) that the
@@ -384,6 +397,8 @@ struct tz_layer_scratch {
   void *dy;   /* (M, C) the gradient at the experts' outputs, then at their inputs */
   void *dlog; /* (N, E) the gradient at the router's logits */
   float *dw;  /* (N, k) F32 the gradient at the routing weights */
+  /* with a shared expert: the gradients at its output, SwiGLU, gate and up (N, F_s), its logit */
+  void *dys, *dsa, *dsg, *dsu, *dslog;
 };
 
 /* Scratch for the head. The head works on TZ_MODEL_HEAD_CHUNK_ELEMS / V rows of logits at a

@@ -125,6 +125,7 @@ static const struct {
     MF(norm_topk, F_INT),
     MF(router_aux_coef, F_DBL),
     MF(moe_aux, F_INT),
+    MF(shared_ffn_dim, F_INT),
 };
 #undef MF
 #undef MF_INFO

@@ -833,6 +833,8 @@ static const struct tz_compute_ops cpu_ops = {
     .moe_scatter = tz_cpu_moe_scatter,
     .moe_combine = tz_cpu_moe_combine,
     .moe_combine_bwd = tz_cpu_moe_combine_bwd,
+    .moe_gate_fwd = tz_cpu_moe_gate_fwd,
+    .moe_gate_bwd = tz_cpu_moe_gate_bwd,
 };
 
 static int cpu_probe(char *why, size_t why_len) {
@@ -865,5 +867,5 @@ const struct tz_compute_backend tz_compute_backend_cpu = {
     .probe = cpu_probe,
     .create = cpu_create,
     .variants_always = 1,
-    .moe = 1,
+    .moe = 2,
 };

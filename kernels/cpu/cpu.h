@@ -26,5 +26,9 @@ int tz_cpu_moe_combine(void *ctx, void *out, const void *res, const void *y, con
                        const int32_t *slot, int N, int k, int C);
 int tz_cpu_moe_combine_bwd(void *ctx, void *dy, float *dw, const void *dout, const void *y,
                            const float *w, const int32_t *slot, int N, int k, int C);
+int tz_cpu_moe_gate_fwd(void *ctx, void *out, const void *res, const void *y, const void *s, int N,
+                        int C);
+int tz_cpu_moe_gate_bwd(void *ctx, void *dy, void *ds, const void *dout, const void *y,
+                        const void *s, int N, int C);
 
 #endif

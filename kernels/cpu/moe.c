@@ -186,3 +186,36 @@ int tz_cpu_moe_combine_bwd(void *ctx, void *dy, float *dw, const void *dout, con
   }
   return 0;
 }
+
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+int tz_cpu_moe_gate_fwd(void *ctx, void *out, const void *res, const void *y, const void *s, int N,
+                        int C) {
+  struct cpu *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int n = 0; n < N; n++) {
+    float g = sigmoid(((const float *)s)[n]);
+    const float *r = (const float *)res + (size_t)n * C, *yr = (const float *)y + (size_t)n * C;
+    float *o = (float *)out + (size_t)n * C;
+    for (int ch = 0; ch < C; ch++)
+      o[ch] = r[ch] + g * yr[ch];
+  }
+  return 0;
+}
+
+int tz_cpu_moe_gate_bwd(void *ctx, void *dy, void *ds, const void *dout, const void *y,
+                        const void *s, int N, int C) {
+  struct cpu *c = ctx;
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+  for (int n = 0; n < N; n++) {
+    float g = sigmoid(((const float *)s)[n]), dot = 0.0f;
+    const float *d = (const float *)dout + (size_t)n * C, *yr = (const float *)y + (size_t)n * C;
+    float *o = (float *)dy + (size_t)n * C;
+    for (int ch = 0; ch < C; ch++) {
+      dot += d[ch] * yr[ch];
+      o[ch] = g * d[ch];
+    }
+    ((float *)ds)[n] = g * (1.0f - g) * dot;
+  }
+  return 0;
+}
