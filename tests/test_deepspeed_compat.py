@@ -30,65 +30,8 @@ import tempfile
 BIN = sys.argv[1]
 
 
-class Reference:
-    """One DeepSpeed scheduler of a ds_config's scheduler section, as its engine drives it."""
-
-    def __init__(self, sched, opt_lr, total_auto, warmup_ratio=0.0):
-        self.type = sched.get("type") if sched else None
-        p = dict(sched.get("params", {})) if sched else {}
-        self.it = -1  # last_batch_iteration at construction
-        self.opt_lr = opt_lr
-        if self.type is None:
-            return
-        self.total = p.get("total_num_steps", total_auto)
-        w = p.get("warmup_num_steps", 1000)
-        if warmup_ratio > 0:  # Hugging Face's get_warmup_steps, filling warmup_num_steps "auto"
-            w = math.ceil(warmup_ratio * self.total)
-        if not isinstance(w, int) or w <= 0:
-            raise ValueError("warmup_num_steps must be a positive integer")
-        self.w = max(2, w)
-        self.kind = p.get("warmup_type", "log")
-        self.inv_log = 1.0 / math.log(self.w)
-        if self.type == "WarmupCosineLR":
-            self.wmr = p.get("warmup_min_ratio", 0.0)
-            self.cmr = p.get("cos_min_ratio", 0.0001)
-        else:
-            default_max = opt_lr if self.type == "WarmupLR" else 0.001
-            self.min = p.get("warmup_min_lr", 0.0)
-            self.max = p.get("warmup_max_lr", default_max)
-            self.delta = self.max - self.min
-
-    def _warm(self):
-        if self.kind == "log":
-            return self.inv_log * math.log(self.it + 1)
-        return self.it / self.w
-
-    def lr(self):
-        """The rate the next optimizer step runs at."""
-        if self.type is None:
-            return self.opt_lr
-        if self.type == "WarmupCosineLR":
-            if self.it < 0:
-                return 0.0
-            if self.it < self.w:
-                ratio = self.wmr + self._warm() * (1.0 - self.wmr)
-            else:
-                prog = min(1.0, (self.it - self.w + 1) / max(1, self.total - self.w))
-                ratio = (1 + math.cos(math.pi * prog)) / 2
-                ratio = max(0.0, self.cmr + (1.0 - self.cmr) * ratio)
-            return self.opt_lr * ratio
-        if self.it < 0:
-            return self.min
-        if self.it < self.w:
-            gamma = self._warm()
-        elif self.type == "WarmupLR":
-            gamma = 1.0
-        else:
-            gamma = max(0.0, float(self.total - self.it) / float(max(1.0, self.total - self.w)))
-        return self.min + self.delta * gamma
-
-    def step(self):
-        self.it += 1
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from ds_schedule import Schedule as Reference  # noqa: E402  DeepSpeed's schedules, written out
 
 
 CASES = [

@@ -68,6 +68,7 @@ import sys
 import tempfile
 
 import hf_check
+from ds_schedule import Schedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = 77  # the exit status of a check that cannot run here (ctest's SKIP_RETURN_CODE)
@@ -187,78 +188,31 @@ class Batches:
 # ---- DeepSpeed 0.19's schedules (deepspeed/runtime/lr_schedules.py) and its engine's timing ----
 
 class DeepSpeedLR:
-    """The scheduler a ds_config's `scheduler` section makes, driving a torch optimizer's rate as
-    DeepSpeed's engine does: constructed at last_batch_iteration -1, which writes the rate of
-    iteration -1 into every group; step() after each applied optimizer step. Without a section
-    the rate stays the optimizer's."""
+    """The scheduler a ds_config's `scheduler` section makes (tools/ds_schedule.py), driving a
+    torch optimizer's rate as DeepSpeed's engine does: constructed at last_batch_iteration -1,
+    which writes the rate of iteration -1 into every group; step() after each applied optimizer
+    step. Without a section the rate stays the optimizer's."""
 
     def __init__(self, optimizer, section):
         self.opt = optimizer
-        self.type = section.get("type") if section else None
-        p = dict(section.get("params", {})) if section else {}
-        self.it = -1
-        if self.type is None:
-            return
-        if self.type not in ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR"):
-            raise SystemExit("scheduler.type %s: not one of DeepSpeed's three this checks"
-                             % self.type)
-        w = p.get("warmup_num_steps", 1000)
-        if not isinstance(w, int) or w <= 0:
-            raise ValueError("warmup_num_steps must be a positive integer, got %r" % (w,))
-        self.w = max(2, w)
-        self.kind = p.get("warmup_type", "log")
-        if self.kind not in ("log", "linear"):
-            self.kind = "log"  # DeepSpeed warns and takes log
-        self.inv_log = 1.0 / math.log(self.w)
-        self.total = p.get("total_num_steps")
-        base = optimizer.param_groups[0]["lr"]
-        if self.type == "WarmupCosineLR":
-            self.org_lr = base
-            self.wmr = p.get("warmup_min_ratio", 0.0)
-            self.cmr = p.get("cos_min_ratio", 0.0001)
-        else:
-            self.min = p.get("warmup_min_lr", 0.0)
-            self.max = p.get("warmup_max_lr", base if self.type == "WarmupLR" else 0.001)
-            self.delta = self.max - self.min
+        self.sched = Schedule(section, optimizer.param_groups[0]["lr"])
+        self.type = self.sched.type
         self._apply()
 
-    def _warm(self):
-        if self.kind == "log":
-            return self.inv_log * math.log(self.it + 1)
-        return self.it / self.w
-
     def lr(self):
-        if self.type == "WarmupCosineLR":
-            if self.it < 0:
-                return 0.0
-            if self.it < self.w:
-                ratio = self.wmr + self._warm() * (1.0 - self.wmr)
-            else:
-                real_last = self.it - self.w + 1
-                real_total = max(1, self.total - self.w)
-                progress = min(1.0, real_last / real_total)
-                ratio = (1 + math.cos(math.pi * progress)) / 2
-                ratio = max(0.0, self.cmr + (1.0 - self.cmr) * ratio)
-            return self.org_lr * ratio
-        if self.it < 0:
-            return self.min
-        if self.it < self.w:
-            gamma = self._warm()
-        elif self.type == "WarmupLR":
-            gamma = 1.0
-        else:
-            gamma = max(0.0, float(self.total - self.it) / float(max(1.0, self.total - self.w)))
-        return self.min + self.delta * gamma
+        return self.sched.lr()
 
     def _apply(self):
-        lr = self.lr()
+        if self.type is None:
+            return
+        lr = self.sched.lr()
         for g in self.opt.param_groups:
             g["lr"] = lr
 
     def step(self):
         if self.type is None:
             return
-        self.it += 1
+        self.sched.step()
         self._apply()
 
 

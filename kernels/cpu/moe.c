@@ -128,42 +128,39 @@ static void sorted_slots(const int32_t *slot, int n, int k, int32_t *s, int *js)
   }
 }
 
-int tz_cpu_moe_scatter(void *ctx, void *dx, const void *dxs, const int32_t *slot, int N, int k,
-                       int C) {
-  struct cpu *c = ctx;
-#pragma omp parallel for num_threads(c->nt) schedule(static)
+/* out row n = res row n (NULL: 0) + the sum over the token's slots, in increasing order, of
+ * y's rows, each times its weight (w NULL: 1): combine, and scatter as its unweighted case. */
+static void moe_sum(int nt, float *out, const float *res, const float *y, const float *w,
+                    const int32_t *slot, int N, int k, int C) {
+#pragma omp parallel for num_threads(nt) schedule(static)
   for (int n = 0; n < N; n++) {
     int32_t s[TZ_MOE_MAX_EXPERTS];
     int js[TZ_MOE_MAX_EXPERTS];
     sorted_slots(slot, n, k, s, js);
-    float *o = (float *)dx + (size_t)n * C;
+    float *o = out + (size_t)n * C;
+    const float *rr = res ? res + (size_t)n * C : NULL;
     for (int ch = 0; ch < C; ch++) {
       float acc = 0.0f;
-      for (int i = 0; i < k; i++)
-        acc += ((const float *)dxs)[(size_t)s[i] * C + ch];
-      o[ch] = acc;
+      for (int i = 0; i < k; i++) {
+        float v = y[(size_t)s[i] * C + ch];
+        acc += w ? w[(size_t)n * k + js[i]] * v : v;
+      }
+      o[ch] = rr ? rr[ch] + acc : acc;
     }
   }
+}
+
+int tz_cpu_moe_scatter(void *ctx, void *dx, const void *dxs, const int32_t *slot, int N, int k,
+                       int C) {
+  struct cpu *c = ctx;
+  moe_sum(c->nt, dx, NULL, dxs, NULL, slot, N, k, C);
   return 0;
 }
 
 int tz_cpu_moe_combine(void *ctx, void *out, const void *res, const void *y, const float *w,
                        const int32_t *slot, int N, int k, int C) {
   struct cpu *c = ctx;
-#pragma omp parallel for num_threads(c->nt) schedule(static)
-  for (int n = 0; n < N; n++) {
-    int32_t s[TZ_MOE_MAX_EXPERTS];
-    int js[TZ_MOE_MAX_EXPERTS];
-    sorted_slots(slot, n, k, s, js);
-    float *o = (float *)out + (size_t)n * C;
-    const float *rr = res ? (const float *)res + (size_t)n * C : NULL;
-    for (int ch = 0; ch < C; ch++) {
-      float acc = 0.0f;
-      for (int i = 0; i < k; i++)
-        acc += w[(size_t)n * k + js[i]] * ((const float *)y)[(size_t)s[i] * C + ch];
-      o[ch] = rr ? rr[ch] + acc : acc;
-    }
-  }
+  moe_sum(c->nt, out, res, y, w, slot, N, k, C);
   return 0;
 }
 
