@@ -14,6 +14,7 @@
  *   cannot be made are refused before the first step. */
 #define _GNU_SOURCE
 #include "testlib.h"
+#include "tfevents.h"
 
 #include <dirent.h>
 #include <jansson.h>
@@ -29,160 +30,17 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "trainer/monitor.h"
-#include "util/crc32c.h"
 
 static char *dir;
 
-/* ---- Reading an event file, independently of the writer ---- */
-
-static uint32_t masked(const void *p, size_t n) {
-  uint32_t c = tz_crc32c(0, p, n);
-  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
-}
-
-struct pb {
-  const unsigned char *p, *end;
-};
-
-static uint64_t varint(struct pb *b) {
-  uint64_t v = 0;
-  for (int shift = 0; b->p < b->end && shift < 64; shift += 7) {
-    unsigned char c = *b->p++;
-    v |= (uint64_t)(c & 0x7f) << shift;
-    if (!(c & 0x80))
-      return v;
-  }
-  fail_msg("truncated varint");
-  return 0;
-}
-
-#define MAX_VALUES 16
-
-/* One event's fields. */
-struct ev {
-  double wall;
-  int has_step;
-  int64_t step;
-  char version[32];
-  int n;
-  char tag[MAX_VALUES][TZ_MONITOR_MAX_TAG + 1];
-  float value[MAX_VALUES];
-};
-
-static void parse_value(struct pb b, struct ev *e) {
-  assert_true(e->n < MAX_VALUES);
-  int has_tag = 0, has_value = 0;
-  while (b.p < b.end) {
-    uint64_t key = varint(&b);
-    if (key == (1 << 3 | 2)) {
-      uint64_t len = varint(&b);
-      assert_true(len <= TZ_MONITOR_MAX_TAG && len <= (uint64_t)(b.end - b.p));
-      memcpy(e->tag[e->n], b.p, len);
-      e->tag[e->n][len] = 0;
-      b.p += len;
-      has_tag = 1;
-    } else if (key == (2 << 3 | 5)) {
-      assert_true(b.end - b.p >= 4);
-      memcpy(&e->value[e->n], b.p, 4);
-      b.p += 4;
-      has_value = 1;
-    } else {
-      fail_msg("unexpected field key %llu in a Summary.Value", (unsigned long long)key);
-    }
-  }
-  assert_true(has_tag && has_value);
-  e->n++;
-}
-
-static void parse_event(const unsigned char *p, size_t n, struct ev *e) {
-  memset(e, 0, sizeof *e);
-  struct pb b = {p, p + n};
-  while (b.p < b.end) {
-    uint64_t key = varint(&b);
-    if (key == (1 << 3 | 1)) {
-      assert_true(b.end - b.p >= 8);
-      memcpy(&e->wall, b.p, 8);
-      b.p += 8;
-    } else if (key == (2 << 3 | 0)) {
-      e->has_step = 1;
-      e->step = (int64_t)varint(&b);
-    } else if (key == (3 << 3 | 2)) {
-      uint64_t len = varint(&b);
-      assert_true(len < sizeof e->version && len <= (uint64_t)(b.end - b.p));
-      memcpy(e->version, b.p, len);
-      b.p += len;
-    } else if (key == (5 << 3 | 2)) {
-      uint64_t len = varint(&b);
-      assert_true(len <= (uint64_t)(b.end - b.p));
-      struct pb s = {b.p, b.p + len};
-      while (s.p < s.end) {
-        assert_int_equal(varint(&s), 1 << 3 | 2);
-        uint64_t vl = varint(&s);
-        assert_true(vl <= (uint64_t)(s.end - s.p));
-        parse_value((struct pb){s.p, s.p + vl}, e);
-        s.p += vl;
-      }
-      b.p += len;
-    } else {
-      fail_msg("unexpected field key %llu in an Event", (unsigned long long)key);
-    }
-  }
-}
-
-/* Reads every record of path into ev[0..max), checking both CRCs of each and that the file ends
- * at a record's end; returns the count. */
-static int read_events(const char *path, struct ev *ev, int max) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  int n = 0;
-  unsigned char head[12];
-  size_t got;
-  while ((got = fread(head, 1, 12, f)) == 12) {
-    uint64_t len = 0;
-    uint32_t crc = 0;
-    for (int i = 7; i >= 0; i--)
-      len = len << 8 | head[i];
-    for (int i = 11; i >= 8; i--)
-      crc = crc << 8 | head[i];
-    assert_int_equal(crc, masked(head, 8));
-    assert_true(len < 1 << 20);
-    unsigned char *data = malloc(len + 4);
-    assert_non_null(data);
-    assert_int_equal(fread(data, 1, len + 4, f), len + 4);
-    crc = (uint32_t)data[len] | (uint32_t)data[len + 1] << 8 | (uint32_t)data[len + 2] << 16 |
-          (uint32_t)data[len + 3] << 24;
-    assert_int_equal(crc, masked(data, len));
-    assert_true(n < max);
-    parse_event(data, len, &ev[n++]);
-    free(data);
-  }
-  assert_int_equal(got, 0); /* no partial record */
-  fclose(f);
-  return n;
-}
+/* ---- Reading an event file: tests/tfevents.h ---- */
 
 /* The first event: the file version, no step, a wall time of now. */
-static void check_first(const struct ev *e) {
+static void check_first(const struct tfev *e) {
   assert_string_equal(e->version, "brain.Event:2");
   assert_false(e->has_step);
   assert_int_equal(e->n, 0);
   assert_true(e->wall > 1.6e9 && e->wall < 1e11);
-}
-
-static float scalar(const struct ev *e, const char *tag) {
-  for (int i = 0; i < e->n; i++)
-    if (strcmp(e->tag[i], tag) == 0)
-      return e->value[i];
-  print_error("the event at %lld has no scalar %s\n", (long long)e->step, tag);
-  fail();
-  return 0;
-}
-
-static int has_scalar(const struct ev *e, const char *tag) {
-  for (int i = 0; i < e->n; i++)
-    if (strcmp(e->tag[i], tag) == 0)
-      return 1;
-  return 0;
 }
 
 /* The whole of path (NUL-terminated; caller frees), NULL when it cannot be read. */
@@ -403,16 +261,16 @@ static void test_event_file(void **state) {
   snprintf(tail, sizeof tail, ".%s.%ld.", host, (long)getpid());
   assert_memory_equal(name + 10, tail, strlen(tail));
 
-  struct ev ev[STEPS + 2];
+  struct tfev ev[STEPS + 2];
   /* Whole right after it opens (the first record), and after each step while still open. */
-  assert_int_equal(read_events(path, ev, STEPS + 2), 1);
+  assert_int_equal(tfev_read(path, ev, STEPS + 2), 1);
   check_first(&ev[0]);
   for (int i = 0; i < STEPS; i++) {
     write_step(m, i);
-    assert_int_equal(read_events(path, ev, STEPS + 2), i + 2);
+    assert_int_equal(tfev_read(path, ev, STEPS + 2), i + 2);
   }
   for (int i = 0; i < STEPS; i++) {
-    const struct ev *e = &ev[i + 1];
+    const struct tfev *e = &ev[i + 1];
     assert_true(e->has_step);
     assert_int_equal(e->step, (i + 1) * BATCH);
     assert_true(e->wall >= ev[0].wall);
@@ -429,14 +287,14 @@ static void test_event_file(void **state) {
       k++;
     }
     assert_int_equal(e->n, k);
-    check_value(scalar(e, "Train/Samples/train_loss"), rows[i].loss);
-    check_value(scalar(e, "Train/Samples/lr"), rows[i].lr);
-    check_value(scalar(e, "Train/Samples/loss_scale"), rows[i].scale);
+    check_value(tfev_scalar(e, "Train/Samples/train_loss"), rows[i].loss);
+    check_value(tfev_scalar(e, "Train/Samples/lr"), rows[i].lr);
+    check_value(tfev_scalar(e, "Train/Samples/loss_scale"), rows[i].scale);
     if (rows[i].eval_s)
-      check_value(scalar(e, "Train/Samples/eval_loss"), rows[i].eval);
-    check_value(scalar(e, "tierzero/grad_norm"), rows[i].grad);
-    check_value(scalar(e, "tierzero/step_time_s"), rows[i].step_s);
-    check_value(scalar(e, "tierzero/tokens_per_s"), rows[i].tps);
+      check_value(tfev_scalar(e, "Train/Samples/eval_loss"), rows[i].eval);
+    check_value(tfev_scalar(e, "tierzero/grad_norm"), rows[i].grad);
+    check_value(tfev_scalar(e, "tierzero/step_time_s"), rows[i].step_s);
+    check_value(tfev_scalar(e, "tierzero/tokens_per_s"), rows[i].tps);
   }
   /* A second monitor in the same second and directory gets a file of its own. */
   tz_monitor *m2 = NULL;
@@ -686,20 +544,20 @@ static void test_tz_train(void **state) {
 
   snprintf(path, sizeof path, "%s/e2e/logs/tb_job", dir);
   char *events = only_file(path, "events.out.tfevents.");
-  struct ev ev[E2E_STEPS + 2];
-  assert_int_equal(read_events(events, ev, E2E_STEPS + 2), E2E_STEPS + 1);
+  struct tfev ev[E2E_STEPS + 2];
+  assert_int_equal(tfev_read(events, ev, E2E_STEPS + 2), E2E_STEPS + 1);
   free(events);
   check_first(&ev[0]);
   for (int i = 0; i < E2E_STEPS; i++) {
-    const struct ev *e = &ev[i + 1];
+    const struct tfev *e = &ev[i + 1];
     assert_int_equal(e->step, 4 * (i + 1));
-    TZ_ASSERT_REL(scalar(e, "Train/Samples/train_loss"), loss[i], 1e-6);
-    TZ_ASSERT_REL(scalar(e, "Train/Samples/loss_scale"), scale[i], 1e-6);
-    assert_true(fabs(scalar(e, "Train/Samples/lr") - lr[i]) <= 1e-7 * 0.01);
-    assert_true(scalar(e, "tierzero/grad_norm") > 0);
-    assert_true(scalar(e, "tierzero/step_time_s") > 0);
-    assert_true(scalar(e, "tierzero/tokens_per_s") > 0);
-    assert_false(has_scalar(e, "Train/Samples/eval_loss"));
+    TZ_ASSERT_REL(tfev_scalar(e, "Train/Samples/train_loss"), loss[i], 1e-6);
+    TZ_ASSERT_REL(tfev_scalar(e, "Train/Samples/loss_scale"), scale[i], 1e-6);
+    assert_true(fabs(tfev_scalar(e, "Train/Samples/lr") - lr[i]) <= 1e-7 * 0.01);
+    assert_true(tfev_scalar(e, "tierzero/grad_norm") > 0);
+    assert_true(tfev_scalar(e, "tierzero/step_time_s") > 0);
+    assert_true(tfev_scalar(e, "tierzero/tokens_per_s") > 0);
+    assert_false(tfev_has(e, "Train/Samples/eval_loss"));
   }
 
   /* The CSV files in ./DeepSpeedJobName: one row per step. */
