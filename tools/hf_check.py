@@ -292,15 +292,13 @@ def family_config(args, table):
         raise SystemExit("--sliding-window: family %s has no sliding window" % fam)
     if row.get("moe_module"):
         # experts: every layer sparse; the family's key for the experts' width
-        d["num_experts"] = args.experts
+        d[row["n_expert_key"]] = args.experts
         d["num_experts_per_tok"] = args.experts_used
         d[row["moe_width_key"]] = args.expert_ffn
         if not row["topk_norm"]:
             d["norm_topk_prob"] = args.norm_topk
         d["output_router_logits"] = args.router_aux > 0
         d["router_aux_loss_coef"] = args.router_aux
-        if fam == "mixtral":
-            d["num_local_experts"] = d.pop("num_experts")
         if row.get("shared_expert"):
             d["shared_expert_intermediate_size"] = args.shared_ffn
     elif args.experts:

@@ -96,6 +96,8 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                              .expert_proj = {"gate_proj", "up_proj", "down_proj"},
                              .moe_width_key = "moe_intermediate_size",
                              .norm_topk_default = 0,
+                             .n_expert_key = "num_experts",
+                             .router_aux_default = 0.001,
                              .export_keys = "{\"attention_bias\": false, \"decoder_sparse_step\": "
                                             "1, \"mlp_only_layers\": []}"},
     [TZ_FAMILY_MIXTRAL] = {.id = TZ_FAMILY_MIXTRAL,
@@ -108,6 +110,8 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                            .expert_proj = {"w1", "w3", "w2"},
                            .moe_width_key = "intermediate_size",
                            .topk_norm = 1,
+                           .n_expert_key = "num_local_experts",
+                           .router_aux_default = 0.001,
                            .rope_theta_default = 1000000.0,
                            .export_keys = "{\"router_jitter_noise\": 0.0}"},
     [TZ_FAMILY_OLMOE] = {.id = TZ_FAMILY_OLMOE,
@@ -120,6 +124,8 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                          .expert_proj = {"gate_proj", "up_proj", "down_proj"},
                          .moe_width_key = "intermediate_size",
                          .norm_topk_default = 0,
+                         .n_expert_key = "num_experts",
+                         .router_aux_default = 0.01,
                          .export_keys = "{\"attention_bias\": false, \"clip_qkv\": null}"},
     [TZ_FAMILY_QWEN2_MOE] = {.id = TZ_FAMILY_QWEN2_MOE,
                              .model_type = "qwen2_moe",
@@ -131,6 +137,8 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                              .expert_proj = {"gate_proj", "up_proj", "down_proj"},
                              .moe_width_key = "moe_intermediate_size",
                              .norm_topk_default = 0,
+                             .n_expert_key = "num_experts",
+                             .router_aux_default = 0.001,
                              .shared_expert = 1,
                              .export_keys = "{\"qkv_bias\": true, \"decoder_sparse_step\": 1, "
                                             "\"mlp_only_layers\": []}"},
@@ -192,7 +200,7 @@ char *tz_family_table_json(void) {
     json_t *keys = json_loads(r->export_keys, 0, NULL);
     json_t *o = json_pack(
         "{s:s, s:s, s:i, s:b, s:s, s:s, s:b, s:b, s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:s?, s:s?, "
-        "s:b, s:b, s:o}",
+        "s:b, s:b, s:s?, s:o}",
         "model_type", r->model_type, "architecture", r->architecture, "max_position_embeddings",
         r->max_pos, "qkv_bias", r->qkv_bias, "qk_norm", qk_norms[r->qk_norm], "norm_place",
         places[r->norm_place], "fused_proj", r->fused_proj, "partial_rotary", r->partial_rotary,
@@ -200,7 +208,8 @@ char *tz_family_table_json(void) {
         r->window_pattern, "gemma", r->gemma, "query_pre_attn_scalar", r->query_pre_attn_scalar,
         "attn_logit_softcapping", r->attn_softcap, "final_logit_softcapping", r->final_softcap,
         "moe_module", r->moe_module, "moe_width_key", r->moe_width_key, "topk_norm", r->topk_norm,
-        "shared_expert", r->shared_expert, "export_keys", keys ? keys : json_object());
+        "shared_expert", r->shared_expert, "n_expert_key", r->n_expert_key, "export_keys",
+        keys ? keys : json_object());
     if (!o || json_array_append_new(a, o) < 0) {
       json_decref(a);
       return NULL;

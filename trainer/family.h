@@ -68,6 +68,8 @@ struct tz_family {
   const char *expert_proj[3];
   const char *moe_width_key;
   int topk_norm, norm_topk_default;
+  const char *n_expert_key;  /* the expert count's key the export writes (num_experts) */
+  double router_aux_default; /* router_aux_loss_coef when absent (the config class's) */
   /* a shared expert beside the routed ones (qwen2_moe): shared_expert_intermediate_size wide,
    * <moe_module>.shared_expert.{gate,up,down}_proj and <moe_module>.shared_expert_gate */
   int shared_expert;

@@ -158,8 +158,8 @@ static int parse_moe(const struct tz_hf_cfgp *p, struct tz_model_config *cfg) {
     cfg->norm_topk = 1;
   else
     TZ_CHECK(get_bool(p, "norm_topk_prob", fam->norm_topk_default, &cfg->norm_topk));
-  TZ_CHECK(tz_hf_num_of(p, p->root, "", "router_aux_loss_coef", 0,
-                        cfg->family == TZ_FAMILY_OLMOE ? 0.01 : 0.001, &cfg->router_aux_coef));
+  TZ_CHECK(tz_hf_num_of(p, p->root, "", "router_aux_loss_coef", 0, fam->router_aux_default,
+                        &cfg->router_aux_coef));
   if (cfg->router_aux_coef < 0)
     return tz_err_set(TZ_ECONFIG, "%s: \"router_aux_loss_coef\" %g must not be negative", p->path,
                       cfg->router_aux_coef);
@@ -687,8 +687,7 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
   }
   }
   if (fam->moe_module) {
-    json_object_set_new(r, cfg->family == TZ_FAMILY_MIXTRAL ? "num_local_experts" : "num_experts",
-                        json_integer(cfg->n_expert));
+    json_object_set_new(r, fam->n_expert_key, json_integer(cfg->n_expert));
     json_object_set_new(r, "num_experts_per_tok", json_integer(cfg->n_expert_used));
     json_object_set_new(r, fam->moe_width_key, json_integer(cfg->moe_ffn_dim));
     if (!fam->topk_norm)
