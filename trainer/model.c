@@ -7,256 +7,11 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "trainer/model_internal.h"
 #include "util/mix.h"
-
-/* ---- config ---- */
-
-/* One preset a paragraph, aligned by hand. */
-/* clang-format off */
-static const struct {
-  const char *name;
-  struct tz_model_config cfg;
-} presets[] = {
-    /* Byte-level vocabulary; small enough to train on two cores in minutes. */
-    {"tiny", {.d_model = 128, .n_layer = 4, .n_head = 4, .n_kv_head = 2, .ffn_dim = 352,
-              .vocab = 256, .max_seq = 256, .rope_theta = 10000.0, .norm_eps = 1e-5,
-              .tie_embeddings = 1}},
-    {"llama-1b", {.d_model = 2048, .n_layer = 16, .n_head = 16, .n_kv_head = 16, .ffn_dim = 5632,
-                  .vocab = 32000, .max_seq = 2048, .rope_theta = 10000.0, .norm_eps = 1e-5,
-                  .tie_embeddings = 0}},
-    {"llama-3b", {.d_model = 3200, .n_layer = 26, .n_head = 32, .n_kv_head = 32, .ffn_dim = 8640,
-                  .vocab = 32000, .max_seq = 2048, .rope_theta = 10000.0, .norm_eps = 1e-6,
-                  .tie_embeddings = 0}},
-    {"llama-7b", {.d_model = 4096, .n_layer = 32, .n_head = 32, .n_kv_head = 32, .ffn_dim = 11008,
-                  .vocab = 32000, .max_seq = 2048, .rope_theta = 10000.0, .norm_eps = 1e-5,
-                  .tie_embeddings = 0}},
-    {"llama-13b", {.d_model = 5120, .n_layer = 40, .n_head = 40, .n_kv_head = 40,
-                   .ffn_dim = 13824, .vocab = 32000, .max_seq = 2048, .rope_theta = 10000.0,
-                   .norm_eps = 1e-5, .tie_embeddings = 0}},
-};
-/* clang-format on */
-#define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
-
-int tz_model_preset_count(void) { return N_PRESETS; }
-
-const char *tz_model_preset_name(int i) { return i >= 0 && i < N_PRESETS ? presets[i].name : NULL; }
-
-int tz_model_preset(const char *name, struct tz_model_config *out) {
-  for (int i = 0; name && i < N_PRESETS; i++)
-    if (strcmp(name, presets[i].name) == 0) {
-      *out = presets[i].cfg;
-      return 0;
-    }
-  return tz_err_set(TZ_ENOENT,
-                    "model: no preset '%s' (tiny, llama-1b, llama-3b, llama-7b, llama-13b)",
-                    name ? name : "(null)");
-}
-
-int tz_model_config_check(const struct tz_model_config *c) {
-#define NEED(cond, ...)                                                                            \
-  do {                                                                                             \
-    if (!(cond))                                                                                   \
-      return tz_err_set(TZ_ECONFIG, "model config: " __VA_ARGS__);                                 \
-  } while (0)
-  NEED(c->d_model > 0, "d_model %d must be positive", c->d_model);
-  NEED(c->n_layer > 0, "n_layer %d must be positive", c->n_layer);
-  NEED(c->head_dim >= 0, "head_dim %d must be positive (or 0: d_model / n_head)", c->head_dim);
-  if (c->head_dim == 0) {
-    NEED(c->n_head > 0 && c->d_model % c->n_head == 0,
-         "n_head %d must be positive and divide d_model %d (or set head_dim)", c->n_head,
-         c->d_model);
-    NEED((c->d_model / c->n_head) % 2 == 0, "head dim %d (d_model / n_head) must be even for RoPE",
-         c->d_model / c->n_head);
-  } else {
-    NEED(c->n_head > 0, "n_head %d must be positive", c->n_head);
-    NEED(c->head_dim % 2 == 0, "head_dim %d must be even for RoPE", c->head_dim);
-  }
-  NEED(tz_model_head_dim(c) <= TZ_ROPE_MAX_D, "head dim %d is larger than RoPE's %d",
-       tz_model_head_dim(c), TZ_ROPE_MAX_D);
-  NEED(c->n_kv_head > 0 && c->n_head % c->n_kv_head == 0,
-       "n_kv_head %d must be positive and divide n_head %d", c->n_kv_head, c->n_head);
-  NEED(c->ffn_dim > 0, "ffn_dim %d must be positive", c->ffn_dim);
-  NEED(c->vocab > 0, "vocab %d must be positive", c->vocab);
-  NEED(c->max_seq > 0, "max_seq %d must be positive", c->max_seq);
-  NEED(c->rope_theta > 0.0, "rope_theta %g must be positive", c->rope_theta);
-  struct tz_rope rope;
-  tz_model_rope(c, &rope);
-  if (tz_rope_check(&rope) < 0) {
-    /* its message names the field (factor is rope_factor here, and so on); copied, as the
-     * message buffer is what tz_err_set writes */
-    char why[256];
-    snprintf(why, sizeof why, "%s", tz_err_msg());
-    return tz_err_set(TZ_ECONFIG, "model config: rope_type %d: %s", c->rope_type, why);
-  }
-  NEED(c->rope_rot >= 0 && c->rope_rot % 2 == 0 && c->rope_rot <= tz_model_head_dim(c),
-       "rope_rot %d must be even and at most head_dim %d", c->rope_rot, tz_model_head_dim(c));
-  for (int i = 0; c->rope_type == TZ_ROPE_LONGROPE && i < tz_model_rope_dims(c) / 2; i++)
-    NEED(isfinite(c->rope_short_factor[i]) && c->rope_short_factor[i] > 0 &&
-             isfinite(c->rope_long_factor[i]) && c->rope_long_factor[i] > 0,
-         "longrope's factors %d (short %g, long %g) must be positive", i, c->rope_short_factor[i],
-         c->rope_long_factor[i]);
-  NEED(c->norm_eps >= 0.0, "norm_eps %g must not be negative", c->norm_eps);
-  NEED(c->tie_embeddings == 0 || c->tie_embeddings == 1, "tie_embeddings %d must be 0 or 1",
-       c->tie_embeddings);
-  NEED((unsigned)c->family < TZ_FAMILY_COUNT, "family %d is none of the %d of trainer/family.c",
-       (int)c->family, TZ_FAMILY_COUNT);
-  NEED(c->qkv_bias == 0 || c->qkv_bias == 1, "qkv_bias %d must be 0 or 1", c->qkv_bias);
-  NEED(c->qk_norm >= TZ_QK_NORM_NONE && c->qk_norm <= TZ_QK_NORM_ALL,
-       "qk_norm %d must be 0 (none), 1 (per head) or 2 (the whole projection)", c->qk_norm);
-  NEED(c->norm_place >= TZ_NORM_PRE && c->norm_place <= TZ_NORM_BOTH,
-       "norm_place %d must be 0 (before each part), 1 (on its output) or 2 (both)", c->norm_place);
-  NEED(c->norm_offset == 0 || c->norm_offset == 1, "norm_offset %d must be 0 or 1", c->norm_offset);
-  NEED(c->glu_act == TZ_GLU_SILU || c->glu_act == TZ_GLU_GELU_TANH,
-       "glu_act %d must be 0 (silu) or 1 (gelu_pytorch_tanh)", c->glu_act);
-  NEED(c->embed_scale == 0 || c->embed_scale == 1, "embed_scale %d must be 0 or 1", c->embed_scale);
-  NEED(isfinite(c->attn_scale) && c->attn_scale >= 0.0, "attn_scale %g must not be negative",
-       c->attn_scale);
-  NEED(isfinite(c->attn_softcap) && c->attn_softcap >= 0.0, "attn_softcap %g must not be negative",
-       c->attn_softcap);
-  NEED(isfinite(c->final_softcap) && c->final_softcap >= 0.0,
-       "final_softcap %g must not be negative", c->final_softcap);
-  NEED(isfinite(c->rope_attn_factor) && c->rope_attn_factor >= 0.0,
-       "rope_attn_factor %g must not be negative", c->rope_attn_factor);
-  NEED(isfinite(c->rope_local_theta) && c->rope_local_theta >= 0.0,
-       "rope_local_theta %g must not be negative", c->rope_local_theta);
-  NEED(c->window_from >= 0, "window_from %d must not be negative", c->window_from);
-  NEED(c->sliding_window >= 0 && c->window_pattern >= 0,
-       "sliding_window %d and window_pattern %d must not be negative", c->sliding_window,
-       c->window_pattern);
-  NEED(isfinite(c->init_std) && c->init_std >= 0.0,
-       "init_std %g must be finite and not negative (0: the presets' initialisation)", c->init_std);
-  NEED(c->has_bos == 0 || c->has_bos == 1, "has_bos %d must be 0 or 1", c->has_bos);
-  NEED(c->has_eos == 0 || c->has_eos == 1, "has_eos %d must be 0 or 1", c->has_eos);
-  NEED(c->has_pad == 0 || c->has_pad == 1, "has_pad %d must be 0 or 1", c->has_pad);
-  if (tz_model_moe(c)) {
-    NEED(c->n_expert <= TZ_MOE_MAX_EXPERTS && c->n_expert_used >= 1 &&
-             c->n_expert_used <= c->n_expert,
-         "n_expert_used %d must be in [1, n_expert %d] and n_expert at most %d", c->n_expert_used,
-         c->n_expert, TZ_MOE_MAX_EXPERTS);
-    NEED(c->moe_ffn_dim > 0, "moe_ffn_dim %d must be positive", c->moe_ffn_dim);
-    NEED(c->norm_topk == 0 || c->norm_topk == 1, "norm_topk %d must be 0 or 1", c->norm_topk);
-    NEED(isfinite(c->router_aux_coef) && c->router_aux_coef >= 0.0,
-         "router_aux_coef %g must be finite and not negative", c->router_aux_coef);
-    NEED(c->moe_aux == 0 || c->moe_aux == 1, "moe_aux %d must be 0 or 1", c->moe_aux);
-    NEED(c->shared_ffn_dim >= 0 && (int64_t)c->shared_ffn_dim * c->d_model < INT32_MAX,
-         "shared_ffn_dim %d must not be negative", c->shared_ffn_dim);
-    NEED(c->norm_place == TZ_NORM_PRE,
-         "experts with norm_place %d: the mixture-of-experts layers have their norms before each "
-         "part only",
-         c->norm_place);
-    NEED((int64_t)c->n_expert * c->moe_ffn_dim * c->d_model < INT32_MAX,
-         "the experts' %d x %d x %d weights have more than 2^31 elements", c->n_expert,
-         c->moe_ffn_dim, c->d_model);
-  } else {
-    NEED(c->n_expert == 0, "n_expert %d must not be negative", c->n_expert);
-    NEED(c->shared_ffn_dim == 0, "shared_ffn_dim %d without experts", c->shared_ffn_dim);
-  }
-  /* Offsets are 64-bit, but the compute ops take int dimensions. */
-  NEED((int64_t)c->vocab * c->d_model < INT32_MAX && (int64_t)c->ffn_dim * c->d_model < INT32_MAX &&
-           (int64_t)c->n_head * tz_model_head_dim(c) * c->d_model < INT32_MAX,
-       "a weight matrix has more than 2^31 elements");
-#undef NEED
-  return 0;
-}
-
-double tz_model_attn_scale(const struct tz_model_config *cfg) {
-  double af = cfg->rope_attn_factor;
-  if (af <= 0 || af == 1.0 || cfg->rope_rot) /* partial rotary: the rope's (tz_model_rope) */
-    return cfg->attn_scale;
-  double s = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)tz_model_head_dim(cfg));
-  return s * af * af;
-}
-
-const char *tz_model_variant(const struct tz_model_config *cfg, int T) {
-  return cfg->attn_softcap > 0                                ? "soft-capped attention scores"
-         : cfg->sliding_window > 0 && cfg->sliding_window < T ? "sliding-window attention"
-         : tz_model_attn_scale(cfg) > 0 ? "an attention scale other than 1/sqrt(head_dim)"
-         : cfg->norm_offset             ? "(1 + w) norms"
-         : cfg->glu_act                 ? "the gelu_pytorch_tanh gate"
-         : cfg->final_softcap > 0       ? "soft-capped logits"
-         : cfg->rope_rot > 0 && cfg->rope_rot < tz_model_head_dim(cfg) ? "partial rotary"
-                                                                       : NULL;
-}
-
-int tz_model_layer_slides(const struct tz_model_config *cfg, int layer) {
-  return layer >= cfg->window_from &&
-         (cfg->window_pattern <= 0 || (layer + 1) % cfg->window_pattern != 0);
-}
-
-int tz_model_backend_check(const struct tz_model_config *cfg, const char *backend,
-                           const char *settings, int T) {
-  if (tz_model_moe(cfg)) {
-    int moe = tz_compute_moe(backend);
-    if (moe < 0)
-      return moe;
-    if (moe == 1 && cfg->shared_ffn_dim > 0)
-      return tz_err_set(TZ_ENOTSUP,
-                        "model_type %s on the %s backend: its shared expert's gate runs on the "
-                        "cpu backend only until the %s backend has a kernel for it (--backend "
-                        "cpu)",
-                        tz_model_family_name(cfg->family), backend, backend);
-    if (!moe)
-      return tz_err_set(TZ_ENOTSUP,
-                        "model_type %s on the %s backend: its mixture-of-experts layers run on "
-                        "the cpu backend only until the %s backend has kernels for them "
-                        "(--backend cpu)",
-                        tz_model_family_name(cfg->family), backend, backend);
-  }
-  const char *variant = tz_model_variant(cfg, T);
-  if (!variant)
-    return 0;
-  int has = tz_compute_variants(backend, settings);
-  if (has < 0)
-    return has;
-  if (has)
-    return 0;
-  return tz_err_set(TZ_ENOTSUP,
-                    "model_type %s on the %s backend: the %s backend computes its %s only with "
-                    "its setting variants on (tierzero.cuda_variants, TZ_CUDA_VARIANTS; the "
-                    "default), which this run turned off; --backend cpu computes it too",
-                    tz_model_family_name(cfg->family), backend, backend, variant);
-}
-
-int tz_model_layer_window(const struct tz_model_config *cfg, int layer) {
-  return cfg->sliding_window > 0 && tz_model_layer_slides(cfg, layer) ? cfg->sliding_window : 0;
-}
-
-void tz_model_layer_rope(const struct tz_model_config *cfg, int layer, int T, struct tz_rope *out) {
-  tz_model_rope(cfg, out);
-  if (cfg->rope_type == TZ_ROPE_LONGROPE && T > cfg->rope_original_max_pos)
-    out->ext_factors = cfg->rope_long_factor;
-  if (cfg->rope_local_theta > 0 && tz_model_layer_slides(cfg, layer))
-    *out = (struct tz_rope){
-        .theta = cfg->rope_local_theta, .type = TZ_ROPE_DEFAULT, .rot = cfg->rope_rot};
-}
 
 /* The norms' weight offset for the kernels (kernels/compute.h): 1 for Gemma's (1 + w). */
 static float norm_off(const struct tz_model_config *cfg) { return cfg->norm_offset ? 1.0f : 0.0f; }
-
-int tz_model_head_dim(const struct tz_model_config *cfg) {
-  return cfg->head_dim ? cfg->head_dim : cfg->d_model / cfg->n_head;
-}
-
-int tz_model_rope_dims(const struct tz_model_config *cfg) {
-  return cfg->rope_rot ? cfg->rope_rot : tz_model_head_dim(cfg);
-}
-
-void tz_model_rope(const struct tz_model_config *cfg, struct tz_rope *out) {
-  *out = (struct tz_rope){.theta = cfg->rope_theta,
-                          .type = cfg->rope_type == TZ_MODEL_ROPE_DYNAMIC
-                                      ? TZ_ROPE_DEFAULT
-                                      : (enum tz_rope_type)cfg->rope_type,
-                          .factor = cfg->rope_factor,
-                          .low_freq_factor = cfg->rope_low_freq_factor,
-                          .high_freq_factor = cfg->rope_high_freq_factor,
-                          .original_max_pos = cfg->rope_original_max_pos,
-                          .beta_fast = cfg->rope_beta_fast,
-                          .beta_slow = cfg->rope_beta_slow,
-                          .truncate = cfg->rope_truncate,
-                          .ext_factors = cfg->rope_short_factor,
-                          .rot = cfg->rope_rot,
-                          .mscale = cfg->rope_rot ? cfg->rope_attn_factor : 0.0};
-}
 
 /* ---- layout ---- */
 
@@ -365,14 +120,6 @@ uint64_t tz_model_n_params(const struct tz_model_config *cfg) {
       n += l.t[i].numel;
   }
   return n;
-}
-
-uint64_t tz_model_n_active_params(const struct tz_model_config *cfg) {
-  uint64_t n = tz_model_n_params(cfg);
-  if (!tz_model_moe(cfg))
-    return n;
-  uint64_t expert = 3ull * (uint64_t)cfg->moe_ffn_dim * (uint64_t)cfg->d_model;
-  return n - (uint64_t)cfg->n_layer * (uint64_t)(cfg->n_expert - cfg->n_expert_used) * expert;
 }
 
 /* ---- initialisation ---- */
@@ -712,11 +459,6 @@ void tz_model_head_scratch_carve(const struct tz_model_config *cfg, enum tz_dtyp
 
 /* ---- phases ---- */
 
-/* Element pointer arithmetic on buffers of dtype dt. */
-static void *at(const void *base, uint64_t elems, enum tz_dtype dt) {
-  return (char *)base + elems * tz_dtype_size(dt);
-}
-
 int tz_model_check_batch(const struct tz_model_config *cfg, int B, int T) {
   if (B < 1 || T < 1 || T > cfg->max_seq)
     return tz_err_set(TZ_EINVAL, "model: batch %d x %d tokens (T must be in [1, max_seq %d])", B, T,
@@ -778,41 +520,6 @@ int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *
     TZ_CHECK(tz_compute_scale(cm, tz_compute_dtype(cm), dx, embed_scale(cm, cfg),
                               (size_t)B * T * cfg->d_model));
   return tz_compute_embedding_bwd(cm, embed_grad, dx, tokens, N, cfg->d_model, cfg->vocab);
-}
-
-/* y (N, out) = x (N, in) W^T, W (out, in): the linear layer. */
-static int linear_fwd(tz_compute *cm, void *y, const void *x, const void *W, int N, int in,
-                      int out) {
-  return tz_compute_matmul(cm, 0, 1, N, out, in, 1.0f, x, in, W, in, 0.0f, y, tz_compute_dtype(cm),
-                           out);
-}
-
-/* y (N, out) = x W^T + r: the linear layer with the residual r added in the same rounding. */
-static int linear_res_fwd(tz_compute *cm, void *y, const void *x, const void *W, const void *r,
-                          int N, int in, int out) {
-  return tz_compute_matmul_add(cm, 0, 1, N, out, in, 1.0f, x, in, W, in, r, y, tz_compute_dtype(cm),
-                               out);
-}
-
-/* dW (out, in) += dy^T x */
-static int linear_bwd_dw(tz_compute *cm, void *dW, const void *dy, const void *x, int N, int in,
-                         int out) {
-  return tz_compute_matmul(cm, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW,
-                           tz_compute_grad_dtype(cm), in);
-}
-
-/* dx (N, in) = dy W (+= when accumulate) */
-static int linear_bwd_dx(tz_compute *cm, void *dx, int accumulate, const void *dy, const void *W,
-                         int N, int in, int out) {
-  return tz_compute_matmul(cm, 0, 0, N, in, out, 1.0f, dy, out, W, in, accumulate ? 1.0f : 0.0f, dx,
-                           tz_compute_dtype(cm), in);
-}
-
-/* dW (out, in) += dy^T x; dx (N, in) = dy W (+= when accumulate). */
-static int linear_bwd(tz_compute *cm, void *dx, int accumulate, void *dW, const void *dy,
-                      const void *x, const void *W, int N, int in, int out) {
-  TZ_CHECK(linear_bwd_dw(cm, dW, dy, x, N, in, out));
-  return linear_bwd_dx(cm, dx, accumulate, dy, W, N, in, out);
 }
 
 /* The rows and width of a q or k norm: each head's D (TZ_QK_NORM_HEAD) or the whole projection
@@ -888,126 +595,6 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer
   return 0;
 }
 
-static struct tz_moe_route moe_route_of(const struct tz_layer_acts *a) {
-  return (struct tz_moe_route){a->probs, a->idx, a->rw, a->offsets, a->rows, a->slot};
-}
-
-/* Expert e's rows of the (E*rows, cols) stacked weight W. */
-static const void *expert_w(const void *W, int e, int rows, int cols, enum tz_dtype S) {
-  return at(W, (uint64_t)e * rows * cols, S);
-}
-
-/* The experts' offsets (E+1), on the host: each expert's matmuls need its rows. */
-static int moe_offsets(tz_compute *cm, const struct tz_model_config *cfg,
-                       const struct tz_layer_acts *a, int32_t *off) {
-  TZ_CHECK(tz_compute_copy_out(cm, off, a->offsets, (size_t)(cfg->n_expert + 1) * sizeof *off));
-  return tz_compute_sync(cm);
-}
-
-/* The experts' MLP on h2 (N, C): the router's logits and the routing (stats += its statistics
- * unless NULL), the rows gathered by expert, each expert's SwiGLU on its rows, and x_out = x2 +
- * the weighted sum of each token's experts. */
-static int moe_fwd(tz_compute *cm, const struct tz_model_config *cfg,
-                   const struct tz_block_layout *l, const void *params, const void *h2,
-                   const struct tz_layer_acts *a, void *x_out, int N, float *stats) {
-  enum tz_dtype S = tz_compute_dtype(cm);
-  int C = cfg->d_model, E = cfg->n_expert, k = cfg->n_expert_used, F = cfg->moe_ffn_dim;
-  const void *Wg = at(params, l->t[TZ_L_WG].offset, S), *Wu = at(params, l->t[TZ_L_WU].offset, S);
-  const void *Wd = at(params, l->t[TZ_L_WD].offset, S);
-  TZ_CHECK(linear_fwd(cm, a->rlogits, h2, at(params, l->t[TZ_L_ROUTER].offset, S), N, C, E));
-  struct tz_moe_route r = moe_route_of(a);
-  TZ_CHECK(tz_compute_moe_route(cm, &r, stats, a->rlogits, N, E, k, cfg->norm_topk));
-  int32_t off[TZ_MOE_MAX_EXPERTS + 1];
-  TZ_CHECK(moe_offsets(cm, cfg, a, off));
-  TZ_CHECK(tz_compute_moe_gather(cm, a->xs, h2, a->rows, N * k, C));
-  for (int e = 0; e < E; e++) {
-    int m = off[e + 1] - off[e];
-    if (!m)
-      continue;
-    const void *xs = at(a->xs, (uint64_t)off[e] * C, S);
-    TZ_CHECK(
-        linear_fwd(cm, at(a->g, (uint64_t)off[e] * F, S), xs, expert_w(Wg, e, F, C, S), m, C, F));
-    TZ_CHECK(
-        linear_fwd(cm, at(a->u, (uint64_t)off[e] * F, S), xs, expert_w(Wu, e, F, C, S), m, C, F));
-  }
-  TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, a->g, a->u, (size_t)N * k * F));
-  for (int e = 0; e < E; e++) {
-    int m = off[e + 1] - off[e];
-    if (m)
-      TZ_CHECK(linear_fwd(cm, at(a->y, (uint64_t)off[e] * C, S), at(a->a, (uint64_t)off[e] * F, S),
-                          expert_w(Wd, e, C, F, S), m, F, C));
-  }
-  TZ_CHECK(tz_compute_moe_combine(cm, x_out, a->x2, a->y, a->rw, a->slot, N, k, C));
-  int Fs = cfg->shared_ffn_dim;
-  if (!Fs)
-    return 0;
-  /* the shared expert, gated: x_out += sigmoid(h2 shared_gate^T) * its SwiGLU of h2 */
-  TZ_CHECK(linear_fwd(cm, a->sg, h2, at(params, l->t[TZ_L_SWG].offset, S), N, C, Fs));
-  TZ_CHECK(linear_fwd(cm, a->su, h2, at(params, l->t[TZ_L_SWU].offset, S), N, C, Fs));
-  TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->sa, a->sg, a->su, (size_t)N * Fs));
-  TZ_CHECK(linear_fwd(cm, a->ys, a->sa, at(params, l->t[TZ_L_SWD].offset, S), N, Fs, C));
-  TZ_CHECK(linear_fwd(cm, a->slog, h2, at(params, l->t[TZ_L_SGATE].offset, S), N, C, 1));
-  return tz_compute_moe_gate_fwd(cm, x_out, x_out, a->ys, a->slog, N, C);
-}
-
-/* The experts' backward, given dx_out at x_out: grads += the router's and experts' gradients,
- * dh (N, C) = the gradient at h2. xs and h2 hold the forward's; a is rebuilt when a_rebuilt. */
-static int moe_bwd(tz_compute *cm, const struct tz_model_config *cfg,
-                   const struct tz_block_layout *l, const void *params, void *grads, const void *h2,
-                   const struct tz_layer_acts *a, void *a_rebuilt, const void *dx_out,
-                   const struct tz_layer_scratch *s, int N) {
-  enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
-  int C = cfg->d_model, E = cfg->n_expert, k = cfg->n_expert_used, F = cfg->moe_ffn_dim;
-  const void *Wg = at(params, l->t[TZ_L_WG].offset, S), *Wu = at(params, l->t[TZ_L_WU].offset, S);
-  const void *Wd = at(params, l->t[TZ_L_WD].offset, S);
-  void *dWg = at(grads, l->t[TZ_L_WG].offset, G), *dWu = at(grads, l->t[TZ_L_WU].offset, G);
-  void *dWd = at(grads, l->t[TZ_L_WD].offset, G);
-  TZ_CHECK(tz_compute_moe_combine_bwd(cm, s->dy, s->dw, dx_out, a->y, a->rw, a->slot, N, k, C));
-  int32_t off[TZ_MOE_MAX_EXPERTS + 1];
-  TZ_CHECK(moe_offsets(cm, cfg, a, off));
-  for (int e = 0; e < E; e++) {
-    int m = off[e + 1] - off[e];
-    if (!m)
-      continue;
-    uint64_t rf = (uint64_t)off[e] * F, rc = (uint64_t)off[e] * C;
-    void *dy = at(s->dy, rc, S), *da = at(s->da, rf, S), *dg = at(s->dg, rf, S);
-    void *du = at(s->du, rf, S);
-    const void *xs = at(a->xs, rc, S), *ae = at(a->a, rf, S);
-    TZ_CHECK(linear_bwd_dx(cm, da, 0, dy, expert_w(Wd, e, C, F, S), m, F, C));
-    TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, dg, du,
-                                a_rebuilt ? at(a_rebuilt, rf, S) : NULL, da, at(a->g, rf, S),
-                                at(a->u, rf, S), (size_t)m * F));
-    TZ_CHECK(linear_bwd_dw(cm, (void *)expert_w(dWd, e, C, F, G), dy, ae, m, F, C));
-    /* the gradient at the expert's inputs goes where dy was (read no more) */
-    TZ_CHECK(linear_bwd(cm, dy, 0, (void *)expert_w(dWg, e, F, C, G), dg, xs,
-                        expert_w(Wg, e, F, C, S), m, C, F));
-    TZ_CHECK(linear_bwd(cm, dy, 1, (void *)expert_w(dWu, e, F, C, G), du, xs,
-                        expert_w(Wu, e, F, C, S), m, C, F));
-  }
-  TZ_CHECK(tz_compute_moe_scatter(cm, s->dh, s->dy, a->slot, N, k, C));
-  struct tz_moe_route r = moe_route_of(a);
-  TZ_CHECK(tz_compute_moe_route_bwd(cm, s->dlog, &r, s->dw, a->moe_daux, N, E, k, cfg->norm_topk));
-  TZ_CHECK(linear_bwd(cm, s->dh, 1, at(grads, l->t[TZ_L_ROUTER].offset, G), s->dlog, h2,
-                      at(params, l->t[TZ_L_ROUTER].offset, S), N, C, E));
-  int Fs = cfg->shared_ffn_dim;
-  if (!Fs)
-    return 0;
-    /* the shared expert: through its gate, then its SwiGLU (sa rebuilt by the SwiGLU's backward
-     * unless recomputed) */
-#define SP(i) at(params, l->t[i].offset, S)
-#define SG(i) at(grads, l->t[i].offset, G)
-  TZ_CHECK(tz_compute_moe_gate_bwd(cm, s->dys, s->dslog, dx_out, a->ys, a->slog, N, C));
-  TZ_CHECK(linear_bwd_dx(cm, s->dsa, 0, s->dys, SP(TZ_L_SWD), N, Fs, C));
-  TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dsg, s->dsu,
-                              a_rebuilt ? a->sa : NULL, s->dsa, a->sg, a->su, (size_t)N * Fs));
-  TZ_CHECK(linear_bwd_dw(cm, SG(TZ_L_SWD), s->dys, a->sa, N, Fs, C));
-  TZ_CHECK(linear_bwd(cm, s->dh, 1, SG(TZ_L_SWG), s->dsg, h2, SP(TZ_L_SWG), N, C, Fs));
-  TZ_CHECK(linear_bwd(cm, s->dh, 1, SG(TZ_L_SWU), s->dsu, h2, SP(TZ_L_SWU), N, C, Fs));
-  return linear_bwd(cm, s->dh, 1, SG(TZ_L_SGATE), s->dslog, h2, SP(TZ_L_SGATE), N, C, 1);
-#undef SP
-#undef SG
-}
-
 /* The MLP part: a->h2, a->rstd2, a->g, a->u, a->a from a->x2, and x_out = x2 + the MLP's output
  * (TZ_NORM_POST: x2 + the norm of the output, through a->m); with experts, moe_fwd's (stats:
  * the routing's statistics, or NULL). */
@@ -1025,7 +612,7 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps,
                                     norm_off(cfg)));
   if (tz_model_moe(cfg))
-    return moe_fwd(cm, cfg, &l, params, h2, a, x_out, N, stats);
+    return tz_model_moe_fwd(cm, cfg, &l, params, h2, a, x_out, N, stats);
   TZ_CHECK(linear_fwd(cm, a->g, h2, P(TZ_L_WG), N, C, F));
   TZ_CHECK(linear_fwd(cm, a->u, h2, P(TZ_L_WU), N, C, F));
   TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, a->g, a->u, (size_t)N * F));
@@ -1101,7 +688,7 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
    * write it) is the gradient at the down projection's output. */
   const void *dm = dx_out;
   if (tz_model_moe(cfg)) {
-    TZ_CHECK(moe_bwd(cm, cfg, &l, params, grads, h2, a, a_rebuilt, dx_out, s, N));
+    TZ_CHECK(tz_model_moe_bwd(cm, cfg, &l, params, grads, h2, a, a_rebuilt, dx_out, s, N));
   } else {
     if (post) {
       TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_MLP_POST_NORM), dx_out, a->m,
@@ -1253,18 +840,4 @@ double tz_model_layer_part_flop(const struct tz_model_config *cfg, int B, int T,
                           3.0 * cfg->shared_ffn_dim + (cfg->shared_ffn_dim ? 1 : 0))
                    : 2.0 * N * 3.0 * C * F;
   return (parts & TZ_PART_ATTN ? attn : 0) + (parts & TZ_PART_MLP ? mlp : 0);
-}
-
-double tz_model_moe_aux(const struct tz_model_config *cfg, const float *stats, int rows,
-                        double scale, float *daux) {
-  int E = cfg->n_expert;
-  double R = (double)rows * cfg->n_layer, aux = 0.0;
-  if (E <= 0 || R <= 0)
-    return 0.0;
-  for (int e = 0; e < E; e++) {
-    aux += ((double)stats[e] / R) * ((double)stats[E + e] / R);
-    if (daux)
-      daux[e] = (float)(scale * E * (double)stats[e] / (R * R));
-  }
-  return aux * E;
 }
