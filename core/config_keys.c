@@ -208,6 +208,7 @@ const struct key tz_config_keys[] = {
   SETTING("tierzero.cuda_attention", "cuda", "attention", 0),
   SETTING("tierzero.cuda_matmul", "cuda", "matmul", 1),
   SETTING("tierzero.cuda_variants", "cuda", "variants", 2),
+  SETTING("tierzero.cuda_norm_bwd", "cuda", "norm_bwd", 3),
   DBL("tierzero.comm_timeout", tierzero.comm_timeout, 0, INFINITY, 300, F_MIN_OPEN),
   DBL("tierzero.stop_grace", tierzero.stop_grace, 0, 86400, 0, 0),
   PATHS("tierzero.weight_decay_exclude", tierzero.weight_decay_exclude),

@@ -877,6 +877,8 @@ static int rmsnorm_case(struct env *e, int N, int C, int negative, float w_offse
 static void test_rmsnorm(void **state) {
   (void)state;
   g_failures = 0;
+  /* the backward's both kernels (the setting norm_bwd): every shape through each */
+  static const char *const norm_bwd[] = {"norm_bwd=two-pass", "norm_bwd=one-pass"};
   /* besides the model widths, the q/k norms of Qwen3 (one row per token and head: N*H rows of
    * the head dim), more rows than one part of the weight gradient's sums holds; rows of one, two
    * and four chunks a thread (2056: two, the last chunk of a row short of a thread) and past the
@@ -884,15 +886,17 @@ static void test_rmsnorm(void **state) {
   static const int shapes[][2] = {{1, 8},           {37, 300},     {200, 4096},    {37 * 14, 64},
                                   {1, 80},          {65 * 16, 80}, {130 * 14, 96}, {8 * 16, 128},
                                   {4096 * 16, 128}, {3, 2056},     {70, 5120},     {5, 9000}};
-  for (int d = 0; d < 3; d++)
-    for (int gf = 0; gf < 2; gf++) {
-      struct env e;
-      enum tz_dtype S = storage_dtypes[d];
-      TZ_ASSERT_OK(env_open(&e, S, gf ? TZ_F32 : S));
-      for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        rmsnorm_case(&e, shapes[s][0], shapes[s][1], 0, 0.0f);
-      env_close(&e);
-    }
+  for (int m = 0; m < 2; m++)
+    for (int d = 0; d < 3; d++)
+      for (int gf = 0; gf < 2; gf++) {
+        struct env e;
+        enum tz_dtype S = storage_dtypes[d];
+        TZ_ASSERT_OK(env_open_with(&e, S, gf ? TZ_F32 : S, norm_bwd[m], NULL));
+        printf("  (%s)\n", norm_bwd[m]);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+          rmsnorm_case(&e, shapes[s][0], shapes[s][1], 0, 0.0f);
+        env_close(&e);
+      }
   assert_int_equal(g_failures, 0);
 }
 
@@ -2430,7 +2434,8 @@ static int group_teardown(void **state) {
  * experts"), at f32 and bf16 storage: the routing's probabilities, weights and statistics within
  * float rounding, its choice and grouping (idx, offsets, rows, slot) equal (the logits on a grid
  * of 1/64, so that ties are exact and near-ties absent); gather equal; combine
- * (with a residual), scatter, combine_bwd and route_bwd within the storage's rounding. */
+ * (with a residual), scatter, combine_bwd and route_bwd within the storage's rounding; the shared
+ * expert's gate (gate_fwd onto a residual, gate_bwd) likewise. */
 static void *moe_alloc(tz_compute *cm, size_t bytes) {
   void *p = NULL;
   TZ_ASSERT_OK(tz_compute_alloc(cm, bytes ? bytes : 4, &p));
@@ -2443,6 +2448,7 @@ static void moe_gpu_case(struct env *e, int N, int E, int k, int norm) {
   uint64_t st = 1000 + (uint64_t)N * 31 + (uint64_t)E * 7 + (uint64_t)k;
   float *lg = malloc(sizeof(float) * N * E), *x = malloc(sizeof(float) * N * C);
   float *y = malloc(sizeof(float) * M * C), *g = malloc(sizeof(float) * N * C);
+  float *sg = malloc(sizeof(float) * N);
   for (int i = 0; i < N * E; i++)
     /* multiples of 1/64: two logits are equal (ties go to the lower expert on both sides) or
      * 1/64 apart, beyond any difference of the two sides' exp */
@@ -2453,10 +2459,13 @@ static void moe_gpu_case(struct env *e, int N, int E, int k, int norm) {
   }
   for (int i = 0; i < M * C; i++)
     y[i] = round_to(S, (float)(tz_test_rand(&st) >> 40) / 16777216.0f - 0.5f);
+  for (int i = 0; i < N; i++) /* the gate's logits, over the sigmoid's bend */
+    sg[i] = round_to(S, 8.0f * ((float)(tz_test_rand(&st) >> 40) / 16777216.0f - 0.5f));
   /* both sides' buffers: [0] cpu, [1] gpu */
   tz_compute *cm[2] = {g_cpu, e->gpu};
   enum tz_dtype dt[2] = {TZ_F32, S};
   void *L[2], *X[2], *Y[2], *G[2], *XS[2], *OUT[2], *DX[2], *DY[2], *DL[2];
+  void *SG[2], *GO[2], *GDY[2], *GDS[2];
   float *probs[2], *w[2], *stats[2], *dw[2], *daux[2];
   int32_t *idx[2], *off[2], *rows[2], *slot[2];
   float daux_h[64];
@@ -2482,6 +2491,11 @@ static void moe_gpu_case(struct env *e, int N, int E, int k, int norm) {
     off[s] = moe_alloc(cm[s], (size_t)(E + 1) * 4);
     rows[s] = moe_alloc(cm[s], (size_t)M * 4);
     slot[s] = moe_alloc(cm[s], (size_t)M * 4);
+    SG[s] = moe_alloc(cm[s], (size_t)N * es);
+    GO[s] = moe_alloc(cm[s], (size_t)N * C * es);
+    GDY[s] = moe_alloc(cm[s], (size_t)N * C * es);
+    GDS[s] = moe_alloc(cm[s], (size_t)N * es);
+    upload(cm[s], SG[s], sg, (size_t)N, dt[s]);
     upload(cm[s], L[s], lg, (size_t)N * E, dt[s]);
     upload(cm[s], X[s], x, (size_t)N * C, dt[s]);
     upload(cm[s], Y[s], y, (size_t)M * C, dt[s]);
@@ -2496,6 +2510,8 @@ static void moe_gpu_case(struct env *e, int N, int E, int k, int norm) {
     TZ_ASSERT_OK(
         tz_compute_moe_combine_bwd(cm[s], DY[s], dw[s], G[s], Y[s], w[s], slot[s], N, k, C));
     TZ_ASSERT_OK(tz_compute_moe_route_bwd(cm[s], DL[s], &r, dw[s], daux[s], N, E, k, norm));
+    TZ_ASSERT_OK(tz_compute_moe_gate_fwd(cm[s], GO[s], X[s], G[s], SG[s], N, C));
+    TZ_ASSERT_OK(tz_compute_moe_gate_bwd(cm[s], GDY[s], GDS[s], G[s], X[s], SG[s], N, C));
     TZ_ASSERT_OK(tz_compute_sync(cm[s]));
   }
   char what[96];
@@ -2535,7 +2551,10 @@ static void moe_gpu_case(struct env *e, int N, int E, int k, int norm) {
               {"scatter", {DX[0], DX[1]}, (size_t)N * C, 0, S == TZ_F32 ? 1e-6 : 8e-3},
               {"combine_bwd dy", {DY[0], DY[1]}, (size_t)M * C, 0, S == TZ_F32 ? 1e-6 : 8e-3},
               {"combine_bwd dw", {dw[0], dw[1]}, (size_t)M, 1, S == TZ_F32 ? 1e-5 : 2e-2},
-              {"route_bwd", {DL[0], DL[1]}, (size_t)N * E, 0, S == TZ_F32 ? 1e-5 : 2e-2}};
+              {"route_bwd", {DL[0], DL[1]}, (size_t)N * E, 0, S == TZ_F32 ? 1e-5 : 2e-2},
+              {"gate_fwd", {GO[0], GO[1]}, (size_t)N * C, 0, S == TZ_F32 ? 1e-6 : 8e-3},
+              {"gate_bwd dy", {GDY[0], GDY[1]}, (size_t)N * C, 0, S == TZ_F32 ? 1e-6 : 8e-3},
+              {"gate_bwd ds", {GDS[0], GDS[1]}, (size_t)N, 0, S == TZ_F32 ? 1e-5 : 2e-2}};
   for (size_t o = 0; o < sizeof outs / sizeof outs[0]; o++) {
     float *a = malloc(outs[o].n * 4 + 4), *b = malloc(outs[o].n * 4 + 4);
     download(g_cpu, a, outs[o].p[0], outs[o].n, TZ_F32);
@@ -2546,12 +2565,13 @@ static void moe_gpu_case(struct env *e, int N, int E, int k, int norm) {
     free(a), free(b);
   }
   for (int s = 0; s < 2; s++) {
-    void *all[] = {L[s],     X[s], Y[s],     G[s],  XS[s],   OUT[s], DX[s],  DY[s],   DL[s],
-                   probs[s], w[s], stats[s], dw[s], daux[s], idx[s], off[s], rows[s], slot[s]};
+    void *all[] = {L[s],    X[s],     Y[s],  G[s],     XS[s],  OUT[s],  DX[s],  DY[s],
+                   DL[s],   probs[s], w[s],  stats[s], dw[s],  daux[s], idx[s], off[s],
+                   rows[s], slot[s],  SG[s], GO[s],    GDY[s], GDS[s]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
       tz_compute_free(cm[s], all[i]);
   }
-  free(lg), free(x), free(y), free(g);
+  free(lg), free(x), free(y), free(g), free(sg);
 }
 
 static void test_moe_ops(void **state) {

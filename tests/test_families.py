@@ -404,13 +404,6 @@ def main():
                     failures.append("export's shared_expert_intermediate_size "
                                     f"{exported.get('shared_expert_intermediate_size')!r}")
                 failures += refused_by_name(cfg, (({"qkv_bias": False}, "qkv_bias"),), at, common)
-                # the cuda backend has no kernel for the shared expert's gate yet: refused at
-                # start by name
-                p = subprocess.run([TZ_TRAIN, "--model", at("config.json"), "--backend", "cuda",
-                                    "--steps", "1", *common], capture_output=True, text=True)
-                if p.returncode != 2 or "shared expert's gate" not in p.stderr:
-                    failures.append(f"--backend cuda: not refused at start (exit "
-                                    f"{p.returncode}): {p.stderr.strip()}")
             for k in ("num_experts_per_tok", "norm_topk_prob", "output_router_logits",
                       "router_aux_loss_coef"):
                 if k in extra and exported.get(k) != extra[k]:

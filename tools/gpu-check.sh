@@ -39,6 +39,7 @@
 # (each op's GB/s beside the copy ceiling), then tz-auto llama-7b (about 200 s)
 # variants: the windowed and soft-capped attention's speed beside the causal kernel's; packed:
 # the layer with packed documents beside the same without;
+# normbwd: tz-bench layer with RMSNorm's backward in two passes, then in one;
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -95,7 +96,7 @@ if has families && [ -x $b/bin/tz-model-check ]; then
     # the families' variants (Gemma's math, windows) on the cuda backend: its setting variants
     # on (TZ_CUDA_VARIANTS=1, the default since these checks passed); FAM_CPU_ONLY lists
     # families checked on the cpu backend alone
-    [[ " ${FAM_CPU_ONLY-qwen2_moe} " == *" $name "* ]] && local cpu=(--backend cpu) || local cpu=()
+    [[ " ${FAM_CPU_ONLY-} " == *" $name "* ]] && local cpu=(--backend cpu) || local cpu=()
     [ ${#cpu[@]} -eq 0 ] &&
       step fam-$name-bf16 $hf run "$d" --tokens 3,1,4,1,5,9,2,6,5,3,5,8,9,7,9 --dtype bfloat16 \
         --tz $b/bin/tz-model-check
@@ -143,7 +144,6 @@ print("loss %.4f -> %.4f" % (l[0], l[-1])); sys.exit(0 if l[-1] < l[0] else 1)' 
   fam_check gemma-2-2b --from-config tests/data/hf/gemma-2-2b.json --layers 2
   fam_check gemma-3-1b --from-config tests/data/hf/gemma-3-1b-pt.json --layers 6
   fam_check olmoe-1b-7b --from-config tests/data/hf/olmoe-1b-7b-0924.json --layers 2
-  # qwen2_moe: on the cpu backend until cuda has the shared expert's gate (FAM_CPU_ONLY's default)
   fam_check qwen2_moe --family qwen2_moe --experts 8 --experts-used 2
   rm -rf /tmp/tz-fam-*
 fi
@@ -208,6 +208,12 @@ if has packed; then
   step packed-none "${lp[@]}"
   step packed-512 "${lp[@]}" --docs 512
   step packed-128 "${lp[@]}" --docs 128
+fi
+# normbwd: RMSNorm's backward in its two kernels (tierzero.cuda_norm_bwd), tz-bench layer in 3
+# rounds with PyTorch beside it for each, one after the other (docs/cuda-kernels.md)
+if has normbwd; then
+  TZ_CUDA_NORM_BWD=two-pass step normbwd-two $b/bin/tz-bench layer --rounds 3
+  TZ_CUDA_NORM_BWD=one-pass step normbwd-one $b/bin/tz-bench layer --rounds 3
 fi
 # gputests: the tests that need a GPU, alone (the CPU ones run in CI), about 200 s
 if has gputests; then

@@ -6,6 +6,7 @@
 static const char *const attention_names[] = {"auto",     "simple", "one-pass",
                                               "two-pass", "wgmma",  NULL};
 static const char *const matmul_names[] = {"cublaslt", "plain", NULL};
+static const char *const norm_bwd_names[] = {"two-pass", "one-pass", NULL};
 
 const char *const tz_cuda_tile_names[TZ_CUDA_TILES + 1] = {"4x32", "8x64", NULL};
 
@@ -34,6 +35,14 @@ const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS] = {
                               .help = "the families' variants on this backend (Gemma's weight "
                                       "offset, GeGLU, softcaps, attention scale and windows; on: "
                                       "their GPU checks passed, docs/cuda-kernels.md)"},
+    [TZ_CUDA_SET_NORM_BWD] = {.name = "norm_bwd",
+                              .kind = TZ_SETTING_ENUM,
+                              .values = norm_bwd_names,
+                              .env = "TZ_CUDA_NORM_BWD",
+                              .def = 1,
+                              .help = "RMSNorm's backward: dx, then the weight gradient's partial "
+                                      "sums reading dout and x again (two-pass), or both from one "
+                                      "read (one-pass; docs/cuda-kernels.md)"},
 };
 
 const char *tz_cuda_attention_kernel_name(enum tz_cuda_attention_kernel k) {

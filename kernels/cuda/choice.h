@@ -18,6 +18,7 @@ enum {
   TZ_CUDA_SET_MATMUL,          /* 0 cuBLASLt, 1 the plain kernel */
   TZ_CUDA_SET_ATTENTION_TILES, /* the one-pass backward's tiles (tz_cuda_tile_names' index) */
   TZ_CUDA_SET_VARIANTS,        /* 0 off, 1 on: the families' variants (compute_impl.h) */
+  TZ_CUDA_SET_NORM_BWD,        /* 0 two-pass, 1 one-pass: RMSNorm's backward (rmsnorm.cu) */
   TZ_CUDA_N_SETTINGS
 };
 extern const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS];

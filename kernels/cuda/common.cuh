@@ -60,6 +60,7 @@ struct tz_cuda {
   int attention_tiles; /* the setting "attention_tiles": an index into tz_cuda_tile_names */
   int sm90;            /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
   int mm_plain;        /* the setting "matmul" plain: matmul's plain kernel instead of cuBLASLt */
+  int norm_bwd_onepass; /* the setting "norm_bwd" one-pass (rmsnorm.cu) */
   cudaStream_t stream; /* where all work goes: params.stream, or the instance's own */
   int stream_borrowed; /* stream came from params.stream: never destroyed here */
   cublasLtHandle_t lt;
@@ -241,6 +242,10 @@ int tz_cuda_moe_combine(void *ctx, void *out, const void *res, const void *y, co
                         const int32_t *slot, int N, int k, int C);
 int tz_cuda_moe_combine_bwd(void *ctx, void *dy, float *dw, const void *dout, const void *y,
                             const float *w, const int32_t *slot, int N, int k, int C);
+int tz_cuda_moe_gate_fwd(void *ctx, void *out, const void *res, const void *y, const void *s, int N,
+                         int C);
+int tz_cuda_moe_gate_bwd(void *ctx, void *dy, void *ds, const void *dout, const void *y,
+                         const void *s, int N, int C);
 int tz_cuda_sum(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t n, int square,
                 int accumulate);
 int tz_cuda_sumsq_segments(void *ctx, float *out, enum tz_dtype dt, const void *x, size_t seg_len,

@@ -216,8 +216,7 @@ static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, f
     .moe_route = tz_cuda_moe_route, .moe_route_bwd = tz_cuda_moe_route_bwd,                        \
     .moe_gather = tz_cuda_moe_gather, .moe_scatter = tz_cuda_moe_scatter,                          \
     .moe_combine = tz_cuda_moe_combine, .moe_combine_bwd = tz_cuda_moe_combine_bwd,                \
-    /* no kernel for the shared expert's gate yet: refused by name (kernels/compute.c) */         \
-    .moe_gate_fwd = NULL, .moe_gate_bwd = NULL,                                                    \
+    .moe_gate_fwd = tz_cuda_moe_gate_fwd, .moe_gate_bwd = tz_cuda_moe_gate_bwd,                    \
   }
 static const struct tz_compute_ops cuda_ops = CUDA_OPS(0), cuda_ops_variants = CUDA_OPS(1);
 #undef CUDA_OPS
@@ -278,6 +277,7 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p,
   c->attention = (enum tz_cuda_attention_mode)settings[TZ_CUDA_SET_ATTENTION];
   c->attention_tiles = (int)settings[TZ_CUDA_SET_ATTENTION_TILES];
   c->mm_plain = settings[TZ_CUDA_SET_MATMUL] == 1;
+  c->norm_bwd_onepass = settings[TZ_CUDA_SET_NORM_BWD] == 1;
   int major = 0, minor = 0;
   TZ_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
   TZ_CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
@@ -355,5 +355,5 @@ const struct tz_compute_backend tz_compute_backend_cuda = {
     .n_settings = TZ_CUDA_N_SETTINGS,
     .variants = cuda_variants,
     .variants_always = 0,
-    .moe = 1,
+    .moe = 2,
 };

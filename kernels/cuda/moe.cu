@@ -202,6 +202,39 @@ __global__ void moe_combine_bwd_kernel(T *dy, float *dw, const T *dout, const T 
   }
 }
 
+/* Qwen2-MoE's shared-expert gate: out row n = res row n + sigmoid(s[n]) * y row n, in float,
+ * rounded once; out may alias res (each element read before it is written). */
+template <typename T>
+__global__ void moe_gate_fwd_kernel(T *out, const T *res, const T *y, const T *s, int N, int C) {
+  size_t total = (size_t)N * C;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float g = 1.0f / (1.0f + expf(-tz_ld(s[i / (size_t)C])));
+    out[i] = tz_st<T>(tz_ld(res[i]) + g * tz_ld(y[i]));
+  }
+}
+
+/* A warp per row: dy row n = sigmoid(s[n]) * dout row n; ds[n] = g (1 - g) (dout row n . y row
+ * n), each lane's columns in order, then a fixed shuffle tree. */
+template <typename T>
+__global__ void moe_gate_bwd_kernel(T *dy, T *ds, const T *dout, const T *y, const T *s, int N,
+                                    int C) {
+  int lane = threadIdx.x & 31, warps = (gridDim.x * blockDim.x) >> 5;
+  for (int n = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; n < N; n += warps) {
+    size_t row = (size_t)n * C;
+    float g = 1.0f / (1.0f + expf(-tz_ld(s[n]))), dot = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+      float d = tz_ld(dout[row + c]);
+      dot += d * tz_ld(y[row + c]);
+      dy[row + c] = tz_st<T>(g * d);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+      dot += __shfl_down_sync(0xffffffffu, dot, o);
+    if (lane == 0)
+      ds[n] = tz_st<T>(g * (1.0f - g) * dot);
+  }
+}
+
 int tz_cuda_moe_route(void *ctx, const struct tz_moe_route *r, float *stats, const void *logits,
                       int N, int E, int k, int norm) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
@@ -302,6 +335,30 @@ int tz_cuda_moe_combine_bwd(void *ctx, void *dy, float *dw, const void *dout, co
     using T = decltype(tag);
     moe_combine_bwd_kernel<T><<<tz_cuda_grid(c, (size_t)M * 32, THREADS), THREADS, 0, c->stream>>>(
         (T *)dy, dw, (const T *)dout, (const T *)y, w, slot, M, k, C);
+    TZ_CU_LAUNCHED();
+    return 0;
+  });
+}
+
+int tz_cuda_moe_gate_fwd(void *ctx, void *out, const void *res, const void *y, const void *s, int N,
+                         int C) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  return tz_cuda_dispatch(c->S, [&](auto tag) {
+    using T = decltype(tag);
+    moe_gate_fwd_kernel<T><<<tz_cuda_grid(c, (size_t)N * C, THREADS), THREADS, 0, c->stream>>>(
+        (T *)out, (const T *)res, (const T *)y, (const T *)s, N, C);
+    TZ_CU_LAUNCHED();
+    return 0;
+  });
+}
+
+int tz_cuda_moe_gate_bwd(void *ctx, void *dy, void *ds, const void *dout, const void *y,
+                         const void *s, int N, int C) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  return tz_cuda_dispatch(c->S, [&](auto tag) {
+    using T = decltype(tag);
+    moe_gate_bwd_kernel<T><<<tz_cuda_grid(c, (size_t)N * 32, THREADS), THREADS, 0, c->stream>>>(
+        (T *)dy, (T *)ds, (const T *)dout, (const T *)y, (const T *)s, N, C);
     TZ_CU_LAUNCHED();
     return 0;
   });

@@ -16,8 +16,9 @@
  *
  * The weight gradient is a reduction over rows, done without atomics in two passes: fixed segments
  * of ROWS_PER_PART rows are summed in row order per column into a workspace, then the segments'
- * partial sums are added in segment order and the total added to dw. The segment length is a
- * constant, so the order never depends on the device or the launch.
+ * partial sums are added in TOTAL_GROUPS interleaved groups, each in segment order, the groups in
+ * order, and the total added to dw. The segment length and the groups are constants, so the order
+ * never depends on the device or the launch.
  *
  * The weight offset (compute.h: 0, or Gemma's 1) is added to each weight in float as it is loaded,
  * only where it is not 0, so that an offset of 0 keeps the weight's bits (-0 included). */
@@ -46,6 +47,33 @@ __device__ __forceinline__ void load_chunk(const T *row, int j0, int C, int vec,
     for (int e = 0; e < CH; e++)
       v[e] = j0 + e < C ? tz_ld(row[j0 + e]) : 0.0f;
   }
+}
+
+/* A chunk as stored: CH elements of T in 16-byte words, kept packed in registers (half the
+ * registers of floats for 16-bit storage) and converted where used; unpacked, the values of
+ * load_chunk's (0 past C). */
+template <typename T> struct raw_chunk { uint4 q[CH * sizeof(T) / 16]; };
+
+template <typename T>
+__device__ __forceinline__ void load_raw(const T *row, int j0, int C, int vec, raw_chunk<T> &r) {
+  if (vec && j0 + CH <= C) {
+#pragma unroll
+    for (int h = 0; h < (int)(CH * sizeof(T) / 16); h++)
+      r.q[h] = *reinterpret_cast<const uint4 *>(row + j0 + h * tz_vec<T>::n);
+  } else {
+    T *e = reinterpret_cast<T *>(r.q);
+#pragma unroll
+    for (int i = 0; i < CH; i++)
+      e[i] = j0 + i < C ? row[j0 + i] : tz_st<T>(0.0f);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack(const raw_chunk<T> &r, float (&v)[CH]) {
+  const T *e = reinterpret_cast<const T *>(r.q);
+#pragma unroll
+  for (int i = 0; i < CH; i++)
+    v[i] = tz_ld(e[i]);
 }
 
 template <typename T>
@@ -130,23 +158,38 @@ __device__ __forceinline__ void out_chunk(T *out, const T *w, size_t base, int j
 /* dx's chunk at column j0 of the row at base: dres + r (w dy - x k), w the offset weight, dres
  * read before dx is written (it may be dx), 0 where there is none */
 template <typename T>
-__device__ __forceinline__ void dx_chunk(T *dx, const T *dres, const T *w, size_t base, int j0,
-                                         int C, int vec, const float (&dy)[CH],
-                                         const float (&x)[CH], float r, float k, float off) {
-  float wv[CH], res[CH], o[CH];
-  load_w(w, j0, C, vec, off, wv);
+__device__ __forceinline__ void load_res(const T *dres, size_t base, int j0, int C, int vec,
+                                         float (&res)[CH]) {
   if (dres)
     load_chunk(dres + base, j0, C, vec, res);
   else
 #pragma unroll
     for (int e = 0; e < CH; e++)
       res[e] = 0.0f;
+}
+
+/* the same with the residual's chunk already loaded (load_res) */
+template <typename T>
+__device__ __forceinline__ void dx_chunk_res(T *dx, const T *w, size_t base, int j0, int C, int vec,
+                                             const float (&dy)[CH], const float (&x)[CH],
+                                             const float (&res)[CH], float r, float k, float off) {
+  float wv[CH], o[CH];
+  load_w(w, j0, C, vec, off, wv);
 #pragma unroll
   for (int e = 0; e < CH; e++) {
     float g = __fmul_rn(r, __fsub_rn(__fmul_rn(wv[e], dy[e]), __fmul_rn(x[e], k)));
     o[e] = __fadd_rn(res[e], g);
   }
   store_chunk(dx + base, j0, C, vec, o);
+}
+
+template <typename T>
+__device__ __forceinline__ void dx_chunk(T *dx, const T *dres, const T *w, size_t base, int j0,
+                                         int C, int vec, const float (&dy)[CH],
+                                         const float (&x)[CH], float r, float k, float off) {
+  float res[CH];
+  load_res(dres, base, j0, C, vec, res);
+  dx_chunk_res(dx, w, base, j0, C, vec, dy, x, res, r, k, off);
 }
 
 /* out = (x * rstd) * (off + w), rstd = 1 / sqrt(mean(x^2) + eps); vec: rows and w 16-byte
@@ -308,6 +351,95 @@ __global__ void __launch_bounds__(THREADS)
   }
 }
 
+/* The backward in one pass (the setting norm_bwd one-pass; rows of WARP_MAX_C < C <= MAX_CACHE *
+ * ONEPASS_THREADS * CH columns): block b takes the rows [b * ROWS_PER_BLOCK, ...) in order,
+ * computes each row's dx as rmsnorm_bwd_dx_kernel does, in blocks of ONEPASS_THREADS (thread t
+ * owns chunks t, t + ONEPASS_THREADS, ...; the residual's chunks loaded with x's and dout's,
+ * before the row's sum, so that a row waits for memory once), and keeps its chunks' sums of
+ * dy * (x * r) over those rows in registers, in row order, written as part b of the weight
+ * gradient: dout and x are read once, where the two-pass backward reads them again for the
+ * parts. Chunks stay packed in registers (raw_chunk): at Llama-7B's width a thread holds one of
+ * each tensor in 64 registers, two blocks a multiprocessor. dx's and dw's bits differ from the
+ * two-pass kernels' (other threads a row, parts of ROWS_PER_BLOCK rows), each fixed by the
+ * shape. Measured on an H100 at 8192 x 4096 bf16 with a residual (docs/cuda-kernels.md): 512
+ * threads and 32 rows 0.104 ms, 0.92 of a copy of the same bytes; 256 threads 0.110-0.136 at
+ * 4 to 32 rows, and 64 rows 0.134-0.149 (too few blocks); the two-pass kernels 0.199. */
+#define ROWS_PER_BLOCK 32
+#define ONEPASS_THREADS 512
+template <typename T, int CACHE, int NT = ONEPASS_THREADS>
+__global__ void __launch_bounds__(NT)
+    rmsnorm_bwd_onepass_kernel(T *dx, float *part, const T *dres, const T *dout, const T *x,
+                               const T *w, const float *rstd, int N, int C, float off, int vec,
+                               int rows = ROWS_PER_BLOCK) {
+  __shared__ float sh[32];
+  const int n_ch = (C + CH - 1) / CH;
+  const int n0 = blockIdx.x * rows;
+  const int n1 = n0 + rows < N ? n0 + rows : N;
+  float acc[CACHE][CH];
+#pragma unroll
+  for (int k = 0; k < CACHE; k++)
+#pragma unroll
+    for (int e = 0; e < CH; e++)
+      acc[k][e] = 0.0f;
+  for (int n = n0; n < n1; n++) {
+    const size_t base = (size_t)n * C;
+    const float r = rstd[n];
+    raw_chunk<T> xr[CACHE], dr[CACHE], rr[CACHE];
+#pragma unroll
+    for (int k = 0; k < CACHE; k++) {
+      int ch = threadIdx.x + k * NT;
+      if (ch < n_ch) {
+        load_raw(x + base, ch * CH, C, vec, xr[k]);
+        load_raw(dout + base, ch * CH, C, vec, dr[k]);
+        if (dres)
+          load_raw(dres + base, ch * CH, C, vec, rr[k]);
+      }
+    }
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CACHE; k++) {
+      int ch = threadIdx.x + k * NT;
+      if (ch < n_ch) {
+        float xv[CH], dy[CH], wv[CH];
+        unpack(xr[k], xv);
+        unpack(dr[k], dy);
+        load_w(w, ch * CH, C, vec, off, wv);
+        dot = add_wdyx(dot, wv, dy, xv, ch * CH, C);
+      }
+    }
+    dot = tz_block_sum(dot, sh);
+    const float kk = __fmul_rn(__fmul_rn(r, r), __fdiv_rn(dot, (float)C));
+#pragma unroll
+    for (int k = 0; k < CACHE; k++) {
+      int ch = threadIdx.x + k * NT;
+      if (ch < n_ch) {
+        float xv[CH], dy[CH], res[CH];
+        unpack(xr[k], xv);
+        unpack(dr[k], dy);
+        if (dres)
+          unpack(rr[k], res);
+        else
+#pragma unroll
+          for (int e = 0; e < CH; e++)
+            res[e] = 0.0f;
+        dx_chunk_res(dx, w, base, ch * CH, C, vec, dy, xv, res, r, kk, off);
+#pragma unroll
+        for (int e = 0; e < CH; e++)
+          acc[k][e] = __fadd_rn(acc[k][e], __fmul_rn(dy[e], __fmul_rn(xv[e], r)));
+      }
+    }
+  }
+  float *out = part + (size_t)blockIdx.x * C;
+#pragma unroll
+  for (int k = 0; k < CACHE; k++) {
+    int j0 = (threadIdx.x + k * NT) * CH;
+#pragma unroll
+    for (int e = 0; e < CH; e++)
+      if (j0 + e < C)
+        out[j0 + e] = acc[k][e];
+  }
+}
+
 /* part[p][j] = sum over rows [p*ROWS_PER_PART, ...) in order of dy[n][j] * (x[n][j] * r[n]).
  * A thread owns a chunk of CH columns, their sums side by side; rows go UNROLL at a time, their
  * loads issued together, their additions in row order. */
@@ -358,35 +490,51 @@ __global__ void __launch_bounds__(COL_THREADS)
       out[j0 + e] = acc[e];
 }
 
-/* dw[j] += sum over parts in order of part[p][j] */
+/* dw[j] += the sum of part[p][j] over the parts: TOTAL_GROUPS groups, group g the parts g, g +
+ * TOTAL_GROUPS, ... in order, then the groups' sums in group order. A block is TOTAL_COLS
+ * columns by the groups, a column's groups in one warp's lanes apart (a warp reads TOTAL_COLS
+ * adjacent floats of one part): one thread per column would leave the sum of hundreds of parts
+ * (thousands for the q/k norms' N*H rows) to a few thousand threads, all latency. */
+#define TOTAL_COLS 32
+#define TOTAL_GROUPS 8
 template <typename TG>
-__global__ void rmsnorm_bwd_dw_total_kernel(TG *dw, const float *part, int n_parts, int C) {
-  int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= C)
-    return;
-  /* in order, TOTAL_UNROLL loads in flight at a time: N*H rows of the q/k norms make thousands
-   * of parts for a few hundred columns, and one load at a time would be all latency */
+__global__ void __launch_bounds__(TOTAL_COLS *TOTAL_GROUPS)
+    rmsnorm_bwd_dw_total_kernel(TG *dw, const float *part, int n_parts, int C) {
+  __shared__ float sums[TOTAL_GROUPS][TOTAL_COLS];
+  const int c = threadIdx.x % TOTAL_COLS, g = threadIdx.x / TOTAL_COLS;
+  const int j = blockIdx.x * TOTAL_COLS + c;
+  /* TOTAL_UNROLL loads in flight at a time, added in order */
   float acc = 0.0f;
-  int p = 0;
-  for (; p + TOTAL_UNROLL <= n_parts; p += TOTAL_UNROLL) {
-    float v[TOTAL_UNROLL];
+  if (j < C) {
+    int p = g;
+    for (; p + (TOTAL_UNROLL - 1) * TOTAL_GROUPS < n_parts; p += TOTAL_UNROLL * TOTAL_GROUPS) {
+      float v[TOTAL_UNROLL];
 #pragma unroll
-    for (int i = 0; i < TOTAL_UNROLL; i++)
-      v[i] = part[(size_t)(p + i) * C + j];
+      for (int i = 0; i < TOTAL_UNROLL; i++)
+        v[i] = part[(size_t)(p + i * TOTAL_GROUPS) * C + j];
 #pragma unroll
-    for (int i = 0; i < TOTAL_UNROLL; i++)
-      acc = __fadd_rn(acc, v[i]);
+      for (int i = 0; i < TOTAL_UNROLL; i++)
+        acc = __fadd_rn(acc, v[i]);
+    }
+    for (; p < n_parts; p += TOTAL_GROUPS)
+      acc = __fadd_rn(acc, part[(size_t)p * C + j]);
   }
-  for (; p < n_parts; p++)
-    acc = __fadd_rn(acc, part[(size_t)p * C + j]);
-  dw[j] = tz_st<TG>(__fadd_rn(tz_ld(dw[j]), acc));
+  sums[g][c] = acc;
+  __syncthreads();
+  if (g == 0 && j < C) {
+    float t = sums[0][c];
+#pragma unroll
+    for (int q = 1; q < TOTAL_GROUPS; q++)
+      t = __fadd_rn(t, sums[q][c]);
+    dw[j] = tz_st<TG>(__fadd_rn(tz_ld(dw[j]), t));
+  }
 }
 
 /* Calls f with a cache_tag of the smallest CACHE (1, 2 or MAX_CACHE) whose
- * chunks hold a row of C columns, MAX_CACHE past that. */
+ * chunks hold a row of C columns in a block of NT threads, MAX_CACHE past that. */
 template <int V> struct cache_tag { static constexpr int value = V; };
-template <typename F> static int with_cache(int C, F f) {
-  int per_thread = ((C + CH - 1) / CH + THREADS - 1) / THREADS;
+template <int NT = THREADS, typename F> static int with_cache(int C, F f) {
+  int per_thread = ((C + CH - 1) / CH + NT - 1) / NT;
   if (per_thread <= 1)
     return f(cache_tag<1>());
   if (per_thread <= 2)
@@ -426,10 +574,42 @@ int tz_cuda_rmsnorm_fwd(void *ctx, void *out, float *rstd, const void *x, const 
   });
 }
 
+/* dw += the sum of the n_parts parts in order */
+static int add_parts(struct tz_cuda *c, void *dw, const float *part, int n_parts, int C) {
+  unsigned col_blocks = (unsigned)((C + TOTAL_COLS - 1) / TOTAL_COLS);
+  return tz_cuda_dispatch(c->G, [&](auto gtag) {
+    using TG = decltype(gtag);
+    rmsnorm_bwd_dw_total_kernel<TG>
+        <<<col_blocks, TOTAL_COLS * TOTAL_GROUPS, 0, c->stream>>>((TG *)dw, part, n_parts, C);
+    TZ_CU_LAUNCHED();
+    return 0;
+  });
+}
+
 int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const void *dout,
                         const void *x, const void *w, const float *rstd, int N, int C,
                         float w_offset) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
+  if (c->norm_bwd_onepass && C > WARP_MAX_C && (C + CH - 1) / CH <= MAX_CACHE * ONEPASS_THREADS) {
+    int n_blocks = (N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+    void *scratch;
+    TZ_CHECK(tz_cuda_scratch(c, (size_t)n_blocks * C * sizeof(float), &scratch));
+    float *part = (float *)scratch;
+    TZ_CHECK(tz_cuda_dispatch(c->S, [&](auto tag) {
+      using T = decltype(tag);
+      const void *ts[4] = {dx, dres, dout, x};
+      int vec = rows_aligned<T>(C, ts, 4, w);
+      return with_cache<ONEPASS_THREADS>(C, [&](auto cache) {
+        rmsnorm_bwd_onepass_kernel<T, decltype(cache)::value>
+            <<<(unsigned)n_blocks, ONEPASS_THREADS, 0, c->stream>>>(
+                (T *)dx, part, (const T *)dres, (const T *)dout, (const T *)x, (const T *)w, rstd,
+                N, C, w_offset, vec);
+        TZ_CU_LAUNCHED();
+        return 0;
+      });
+    }));
+    return add_parts(c, dw, part, n_blocks, C);
+  }
   /* parts on the grid's x (up to 2^31 - 1: q/k norms have N*H rows), chunks of columns on y */
   int n_parts = (N + ROWS_PER_PART - 1) / ROWS_PER_PART;
   void *scratch;
@@ -440,7 +620,6 @@ int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const v
   int n_ch = (C + CH - 1) / CH;
   int part_threads = n_ch < COL_THREADS ? (n_ch + 31) / 32 * 32 : COL_THREADS;
   unsigned chunk_blocks = (unsigned)((n_ch + part_threads - 1) / part_threads);
-  unsigned col_blocks = (unsigned)((C + COL_THREADS - 1) / COL_THREADS);
   return tz_cuda_dispatch(c->S, [&](auto tag) {
     using T = decltype(tag);
     const void *ts[4] = {dx, dres, dout, x};
@@ -463,12 +642,6 @@ int tz_cuda_rmsnorm_bwd(void *ctx, void *dx, const void *dres, void *dw, const v
         <<<dim3((unsigned)n_parts, chunk_blocks), part_threads, 0, c->stream>>>(
             part, (const T *)dout, (const T *)x, rstd, N, C, vec);
     TZ_CU_LAUNCHED();
-    return tz_cuda_dispatch(c->G, [&](auto gtag) {
-      using TG = decltype(gtag);
-      rmsnorm_bwd_dw_total_kernel<TG>
-          <<<col_blocks, COL_THREADS, 0, c->stream>>>((TG *)dw, part, n_parts, C);
-      TZ_CU_LAUNCHED();
-      return 0;
-    });
+    return add_parts(c, dw, part, n_parts, C);
   });
 }
