@@ -141,6 +141,8 @@ print("loss %.4f -> %.4f" % (l[0], l[-1])); sys.exit(0 if l[-1] < l[0] else 1)' 
   fam_check qwen3-1.7b --from-config tests/data/hf/qwen3-1.7b.json --layers 14
   fam_check olmo-2-1b --from-config tests/data/hf/olmo-2-0425-1b.json --layers 8
   fam_check phi-3-mini --from-config tests/data/hf/phi-3-mini-4k-instruct.json --layers 8
+  fam_check phi-3.5-mini --from-config tests/data/hf/phi-3.5-mini-instruct.json --layers 8
+  fam_check phi-4-mini --from-config tests/data/hf/phi-4-mini-instruct.json --layers 4
   fam_check gemma-2-2b --from-config tests/data/hf/gemma-2-2b.json --layers 2
   fam_check gemma-3-1b --from-config tests/data/hf/gemma-3-1b-pt.json --layers 6
   fam_check olmoe-1b-7b --from-config tests/data/hf/olmoe-1b-7b-0924.json --layers 2
