@@ -285,6 +285,116 @@ static void test_export_replaced_whole(void **state) {
   free_blocks(&b);
 }
 
+/* Bytes of file path from offset off (a negative off counts from the end) into buf, or buf's
+ * bytes written there (put). */
+static void file_bytes(const char *path, long off, void *buf, size_t n, int put) {
+  FILE *f = fopen(path, put ? "r+b" : "rb");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, off, off < 0 ? SEEK_END : SEEK_SET), 0);
+  assert_int_equal(put ? fwrite(buf, 1, n, f) : fread(buf, 1, n, f), n);
+  fclose(f);
+}
+
+/* Copies file a over file b. */
+static void copy_file(const char *a, const char *b) {
+  FILE *in = fopen(a, "rb"), *out = fopen(b, "wb");
+  assert_non_null(in);
+  assert_non_null(out);
+  char buf[4096];
+  for (size_t got; (got = fread(buf, 1, sizeof buf, in)) > 0;)
+    assert_int_equal(fwrite(buf, 1, got, out), got);
+  fclose(in);
+  fclose(out);
+}
+
+static void expect_refused(const char *dir, const char *a, const char *b) {
+  tz_hf_model *m = NULL;
+  assert_int_equal(tz_hf_open(dir, &m), TZ_EFORMAT);
+  assert_null(m);
+  if (!strstr(tz_err_msg(), a) || !strstr(tz_err_msg(), b))
+    fail_msg("message \"%s\" lacks \"%s\" or \"%s\"", tz_err_msg(), a, b);
+}
+
+/* A sharded export's index gives each shard's size and crc32c: import refuses a shard of another
+ * export put in its place (same name, same tensors), one byte changed, and a shard cut short,
+ * naming the shard (issue 48: a killed export into an earlier one's directory used to leave
+ * shards of both, read as one model). The same model exported twice gives the same files. */
+static void test_export_shards_verified(void **state) {
+  (void)state;
+  struct tz_model_config cfg = cfg_small(0);
+  struct blocks a = make_blocks(&cfg, 1), b = make_blocks(&cfg, 2);
+  char *root = tz_test_mkdtemp("st-verify");
+  char *da = path_in(root, "a"), *db = path_in(root, "b");
+  struct tz_hf_export_opts o;
+  tz_hf_export_opts_init(&o);
+  o.dtype = TZ_F32;
+  o.shard_bytes = 8192; /* several shards */
+  TZ_ASSERT_OK(tz_hf_export(da, &cfg, &o, get_block, &a));
+  TZ_ASSERT_OK(tz_hf_export(db, &cfg, &o, get_block, &b));
+  check_export(da, &cfg, &a);
+  char *ip = path_in(da, "model.safetensors.index.json");
+  json_t *idx = json_load_file(ip, 0, NULL);
+  assert_non_null(idx);
+  json_t *meta = json_object_get(idx, "metadata");
+  /* the shard of the final norm (the last), in both exports (the same shapes, the same shards) */
+  char shard[64];
+  snprintf(
+      shard, sizeof shard, "%s",
+      json_string_value(json_object_get(json_object_get(idx, "weight_map"), "model.norm.weight")));
+  assert_int_equal(strncmp(shard, "model-", 6), 0);
+  json_t *s2 = json_object_get(json_object_get(meta, "tierzero_shards"), shard);
+  assert_true(json_is_integer(json_object_get(s2, "bytes")));
+  assert_true(json_is_string(json_object_get(s2, "crc32c")));
+  json_decref(idx);
+  char *dc = path_in(root, "c"); /* a again: the same bytes, index included */
+  TZ_ASSERT_OK(tz_hf_export(dc, &cfg, &o, get_block, &a));
+  for (int k = 0; k < 2; k++) {
+    const char *f = k ? "model.safetensors.index.json" : shard;
+    char *x = path_in(da, f), *y = path_in(dc, f);
+    struct stat sx, sy;
+    assert_int_equal(stat(x, &sx), 0);
+    assert_int_equal(stat(y, &sy), 0);
+    assert_int_equal(sx.st_size, sy.st_size);
+    unsigned char *bx = malloc((size_t)sx.st_size), *by = malloc((size_t)sy.st_size);
+    file_bytes(x, 0, bx, (size_t)sx.st_size, 0);
+    file_bytes(y, 0, by, (size_t)sy.st_size, 0);
+    assert_memory_equal(bx, by, (size_t)sx.st_size);
+    free(bx), free(by), free(x), free(y);
+  }
+  free(dc);
+  char *sa = path_in(da, shard), *sb = path_in(db, shard), *keep = path_in(root, "keep");
+  copy_file(sa, keep);
+  /* b's shard 2 in a's place: the same tensors, another export */
+  copy_file(sb, sa);
+  expect_refused(da, shard, "another export's");
+  /* one byte of the data changed */
+  copy_file(keep, sa);
+  check_export(da, &cfg, &a);
+  unsigned char c;
+  file_bytes(sa, -5, &c, 1, 0);
+  c ^= 0x10;
+  file_bytes(sa, -5, &c, 1, 1);
+  expect_refused(da, shard, "crc32c");
+  /* cut short */
+  copy_file(keep, sa);
+  struct stat st;
+  assert_int_equal(stat(sa, &st), 0);
+  assert_int_equal(truncate(sa, st.st_size - 4), 0);
+  expect_refused(da, shard, "bytes");
+  copy_file(keep, sa);
+  check_export(da, &cfg, &a);
+  unlink(keep);
+  free(keep);
+  free(sa);
+  free(sb);
+  free(ip);
+  free(da);
+  free(db);
+  tz_test_rmdir(root);
+  free_blocks(&a);
+  free_blocks(&b);
+}
+
 /* A checkpoint in two shards with model.safetensors.index.json, as transformers writes large
  * models. */
 static void test_sharded(void **state) {
@@ -768,6 +878,7 @@ int main(void) {
       cmocka_unit_test(test_model_through_files),
       cmocka_unit_test(test_sharded),
       cmocka_unit_test(test_export_replaced_whole),
+      cmocka_unit_test(test_export_shards_verified),
       cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_bad_config),
       cmocka_unit_test(test_nonfinite_weight_refused),

@@ -4,12 +4,14 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include "trainer/family.h"
 #include "trainer/hf_internal.h"
 #include "trainer/safetensors.h"
+#include "util/crc32c.h"
 #include "util/file.h"
 #include "util/input.h"
 
@@ -133,6 +136,13 @@ struct loc {
   struct tz_st_tensor part;
 };
 
+/* A shard as an index of tierzero's names it: its size and the crc32c of the whole file. */
+struct shard_expect {
+  int has;
+  uint64_t bytes;
+  uint32_t crc;
+};
+
 struct tz_hf_model {
   char *dir;
   struct tz_model_config cfg;
@@ -141,7 +151,9 @@ struct tz_hf_model {
   char **names;       /* file names (within dir) */
   tz_st_file **files; /* every one opened by tz_hf_open */
   struct loc *loc;
-  int n_pieces; /* the most pieces of one tensor (n_expert with experts, else 1) */
+  int n_pieces;                /* the most pieces of one tensor (n_expert with experts, else 1) */
+  struct shard_expect *expect; /* per file: metadata.tierzero_shards' entry (tierzero's
+                                  exports), or NULL */
 };
 
 static struct loc *loc_of(const tz_hf_model *m, int block, int tensor, int piece) {
@@ -159,6 +171,7 @@ void tz_hf_close(tz_hf_model *m) {
   free(m->files);
   free(m->names);
   free(m->loc);
+  free(m->expect);
   free(m->dir);
   free(m);
 }
@@ -382,6 +395,93 @@ out:
   return rc;
 }
 
+/* metadata.tierzero_shards of an index tierzero wrote (index_write): each shard's size and
+ * crc32c, kept for verify_shards. Indexes without it (save_pretrained's) are taken as they are. */
+static int read_export_meta(tz_hf_model *m, const char *index, json_t *meta) {
+  json_t *ss = json_is_object(meta) ? json_object_get(meta, "tierzero_shards") : NULL;
+  if (!ss)
+    return 0;
+  if (!json_is_object(ss))
+    return tz_err_set(TZ_EFORMAT, "%s: metadata.tierzero_shards is not an object", index);
+  if (!(m->expect = calloc((size_t)m->n_files + 1, sizeof *m->expect)))
+    return tz_err_set(TZ_ENOMEM, "hf: out of memory");
+  const char *f;
+  json_t *v;
+  json_object_foreach(ss, f, v) {
+    int i = 0;
+    while (i < m->n_files && strcmp(m->names[i], f) != 0)
+      i++;
+    json_t *b = json_object_get(v, "bytes"), *c = json_object_get(v, "crc32c");
+    unsigned crc;
+    int end = 0;
+    if (i == m->n_files)
+      return tz_err_set(TZ_EFORMAT,
+                        "%s: metadata.tierzero_shards names %s, which the weight map does not",
+                        index, f);
+    if (!json_is_integer(b) || json_integer_value(b) < 0 || !json_is_string(c) ||
+        sscanf(json_string_value(c), "%8x%n", &crc, &end) != 1 || end != 8 ||
+        json_string_value(c)[8])
+      return tz_err_set(TZ_EFORMAT,
+                        "%s: metadata.tierzero_shards[\"%s\"]: want {\"bytes\": N, \"crc32c\": "
+                        "8 hex digits}",
+                        index, f);
+    m->expect[i] = (struct shard_expect){1, (uint64_t)json_integer_value(b), crc};
+  }
+  return 0;
+}
+
+/* The crc32c of the file at path, bytes long, read whole (mapped: no copy out of the page
+ * cache). */
+static int file_crc32c(const char *path, uint64_t bytes, uint32_t *out) {
+  *out = 0;
+  if (!bytes)
+    return 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return tz_err_errno(errno, "hf: cannot open %s", path);
+  void *p = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  int e = errno;
+  close(fd);
+  if (p == MAP_FAILED)
+    return tz_err_errno(e, "hf: cannot map %s", path);
+  madvise(p, bytes, MADV_SEQUENTIAL);
+  *out = tz_crc32c(0, p, bytes);
+  munmap(p, bytes);
+  return 0;
+}
+
+/* With an index of tierzero's: every shard of the size and crc32c the index gives, so that a
+ * shard of another export (the directory mixing two exports' files), or one changed or cut since,
+ * is refused by name rather than read as one model. The size is checked first: the file is then
+ * mapped whole (a file cut between the two would end the process with SIGBUS). */
+static int verify_shards(tz_hf_model *m, const char *index) {
+  if (!m->expect)
+    return 0;
+  for (int i = 0; i < m->n_files; i++) {
+    if (!m->expect[i].has)
+      return tz_err_set(TZ_EFORMAT, "%s: metadata.tierzero_shards does not name shard %s", index,
+                        m->names[i]);
+    char *path = tz_hf_join(m->dir, m->names[i]);
+    struct stat st;
+    uint32_t crc = 0;
+    int rc = !path                  ? tz_err_set(TZ_ENOMEM, "hf: out of memory")
+             : stat(path, &st) != 0 ? tz_err_errno(errno, "hf: cannot stat %s", path)
+             : (uint64_t)st.st_size != m->expect[i].bytes
+                 ? tz_err_set(TZ_EFORMAT, "%s: shard %s has %llu bytes, the index says %llu", index,
+                              m->names[i], (unsigned long long)st.st_size,
+                              (unsigned long long)m->expect[i].bytes)
+                 : file_crc32c(path, m->expect[i].bytes, &crc);
+    free(path);
+    TZ_CHECK(rc);
+    if (crc != m->expect[i].crc)
+      return tz_err_set(TZ_EFORMAT,
+                        "%s: shard %s has crc32c %08x, the index says %08x: not the file this "
+                        "index was written with (another export's, or changed since)",
+                        index, m->names[i], (unsigned)crc, (unsigned)m->expect[i].crc);
+  }
+  return 0;
+}
+
 static int read_index(tz_hf_model *m, const char *index, json_t **wm_out) {
   json_error_t jerr;
   json_t *root = tz_input_json(index, 0, &jerr);
@@ -404,6 +504,8 @@ static int read_index(tz_hf_model *m, const char *index, json_t **wm_out) {
         break;
       rc = 0;
     }
+  if (!rc)
+    rc = read_export_meta(m, index, json_object_get(root, "metadata"));
   if (!rc)
     *wm_out = json_incref(wm);
   json_decref(root);
@@ -442,6 +544,7 @@ int tz_hf_open(const char *dir, tz_hf_model **out) {
     goto fail;
   }
   TZ_CHECK_GOTO(open_files(m, wm ? index : NULL), rc, fail);
+  TZ_CHECK_GOTO(verify_shards(m, index), rc, fail);
   TZ_CHECK_GOTO(check_tensors(m, wm, index), rc, fail);
   json_decref(wm);
   free(single);
@@ -636,8 +739,28 @@ static int foreign_file(const char *dir, char *name, size_t len) {
   return found;
 }
 
-static int index_write(const char *dir, const struct out_tensor *t, int n, int shards) {
-  json_t *r = json_object(), *meta = json_object(), *wm = json_object();
+/* A shard as written: the crc32c and the size of the whole file. */
+struct shard_sum {
+  uint32_t crc;
+  uint64_t bytes;
+};
+
+/* The index (transformers reads metadata.total_size and weight_map); its metadata also gives each
+ * shard's size and the crc32c of the whole file (tierzero_shards), which tz_hf_open checks. A
+ * shard is identified by its bytes, not by a name of the export: the same model exported twice
+ * gives the same files, and a shard of another export differs in its crc. */
+static int index_write(const char *dir, const struct out_tensor *t, int n, int shards,
+                       const struct shard_sum *sums) {
+  json_t *r = json_object(), *meta = json_object(), *wm = json_object(), *ss = json_object();
+  for (int k = 0; k < shards; k++) {
+    char f[64], crc[16];
+    shard_name(f, sizeof f, k, shards);
+    snprintf(crc, sizeof crc, "%08x", (unsigned)sums[k].crc);
+    json_t *s = json_object();
+    json_object_set_new(s, "bytes", json_integer((json_int_t)sums[k].bytes));
+    json_object_set_new(s, "crc32c", json_string(crc));
+    json_object_set_new(ss, f, s);
+  }
   uint64_t total = 0, params = 0;
   for (int i = 0; i < n; i++) {
     char f[64];
@@ -648,6 +771,7 @@ static int index_write(const char *dir, const struct out_tensor *t, int n, int s
   }
   json_object_set_new(meta, "total_parameters", json_integer((json_int_t)params));
   json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+  json_object_set_new(meta, "tierzero_shards", ss);
   json_object_set_new(r, "metadata", meta);
   json_object_set_new(r, "weight_map", wm);
   int rc = tz_hf_write_json(dir, "model.safetensors.index.json", r);
@@ -657,7 +781,8 @@ static int index_write(const char *dir, const struct out_tensor *t, int n, int s
 
 /* The tensors of every shard, written as the blocks come (each block fetched once, in order). */
 static int shards_write(const char *dir, const struct tz_model_config *cfg, struct out_tensor *t,
-                        int n, int shards, int (*get_block)(void *, int, float *), void *arg) {
+                        int n, int shards, struct shard_sum *sums,
+                        int (*get_block)(void *, int, float *), void *arg) {
   uint64_t most = 0;
   for (int b = 0; b < tz_model_n_blocks(cfg); b++)
     if (tz_model_block_numel(cfg, b) > most)
@@ -712,6 +837,7 @@ static int shards_write(const char *dir, const struct tz_model_config *cfg, stru
     if ((rc = tz_st_writer_put(w, data, t[i].numel)) < 0)
       break;
     if (i + 1 == n || t[i + 1].shard != t[i].shard) {
+      tz_st_writer_sum(w, &sums[t[i].shard].crc, &sums[t[i].shard].bytes);
       rc = tz_st_writer_close(w, 1);
       w = NULL;
     }
@@ -800,6 +926,7 @@ static int export_into(const char *dir, const struct tz_model_config *cfg,
                        int (*get_block)(void *arg, int block, float *buf), void *arg) {
   struct tz_hf_export_opts o = *op;
   int nb = tz_model_n_blocks(cfg), n = 0, rc = 0;
+  struct shard_sum *sums = NULL;
   struct out_tensor *t =
       calloc((size_t)nb * TZ_L_COUNT * (size_t)(tz_model_moe(cfg) ? cfg->n_expert : 1), sizeof *t);
   if (!t)
@@ -852,15 +979,21 @@ static int export_into(const char *dir, const struct tz_model_config *cfg,
     free(p);
   }
   int shards = assign_shards(t, n, o.shard_bytes);
-  TZ_CHECK_GOTO(shards_write(dir, cfg, t, n, shards, get_block, arg), rc, out);
+  sums = calloc((size_t)shards, sizeof *sums);
+  if (!sums) {
+    rc = tz_err_set(TZ_ENOMEM, "hf: out of memory");
+    goto out;
+  }
+  TZ_CHECK_GOTO(shards_write(dir, cfg, t, n, shards, sums, get_block, arg), rc, out);
   /* The index last among the weights: it names only files already in place. */
   if (shards > 1)
-    TZ_CHECK_GOTO(index_write(dir, t, n, shards), rc, out);
+    TZ_CHECK_GOTO(index_write(dir, t, n, shards, sums), rc, out);
   TZ_CHECK_GOTO(tz_hf_config_write_info(dir, cfg, o.dtype, src), rc, out);
   TZ_CHECK_GOTO(tz_hf_generation_write(dir, cfg, src, o.tokenizer_dir), rc, out);
   if (o.tokenizer_dir)
     TZ_CHECK_GOTO(tz_hf_copy_tokenizer(dir, o.tokenizer_dir), rc, out);
 out:
+  free(sums);
   free(t);
   return rc;
 }

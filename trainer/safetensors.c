@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/dtype.h"
+#include "util/crc32c.h"
 #include "util/file.h"
 
 /* Larger headers than this are refused rather than read into memory (the reference
@@ -553,7 +554,24 @@ struct tz_st_writer {
   struct tz_st_entry *e;
   uint64_t *numel;
   int failed;
+  uint32_t crc;   /* crc32c of the bytes written so far */
+  uint64_t bytes; /* their count */
 };
+
+/* n bytes of the file, counted in its crc32c */
+static int writer_write(tz_st_writer *w, const void *buf, size_t n) {
+  int rc = tz_atomic_write(w->f, buf, n);
+  if (rc == 0) {
+    w->crc = tz_crc32c(w->crc, buf, n);
+    w->bytes += n;
+  }
+  return rc;
+}
+
+void tz_st_writer_sum(const tz_st_writer *w, uint32_t *crc, uint64_t *bytes) {
+  *crc = w->crc;
+  *bytes = w->bytes;
+}
 
 static void writer_free(tz_st_writer *w) {
   tz_atomic_abort(w->f);
@@ -618,9 +636,9 @@ int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n, cons
   uint8_t lenb[8];
   for (int i = 0; i < 8; i++)
     lenb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-  TZ_CHECK_GOTO(tz_atomic_write(w->f, lenb, 8), rc, fail);
-  TZ_CHECK_GOTO(tz_atomic_write(w->f, hdr, hl), rc, fail);
-  TZ_CHECK_GOTO(tz_atomic_write(w->f, "        ", padded - hl), rc, fail);
+  TZ_CHECK_GOTO(writer_write(w, lenb, 8), rc, fail);
+  TZ_CHECK_GOTO(writer_write(w, hdr, hl), rc, fail);
+  TZ_CHECK_GOTO(writer_write(w, "        ", padded - hl), rc, fail);
   free(hdr);
   json_decref(root);
   *out = w;
@@ -642,14 +660,14 @@ int tz_st_writer_put(tz_st_writer *w, const float *data, uint64_t n) {
                       (unsigned long long)w->numel[w->next], (unsigned long long)n);
   int rc = 0;
   if (e->dtype == TZ_F32) {
-    rc = tz_atomic_write(w->f, data, 4 * n);
+    rc = writer_write(w, data, 4 * n);
   } else {
     uint16_t buf[4096];
     for (uint64_t i = 0; !rc && i < n; i += 4096) {
       uint64_t m = n - i < 4096 ? n - i : 4096;
       for (uint64_t j = 0; j < m; j++)
         buf[j] = e->dtype == TZ_BF16 ? tz_f32_to_bf16(data[i + j]) : tz_f32_to_f16(data[i + j]);
-      rc = tz_atomic_write(w->f, buf, 2 * m);
+      rc = writer_write(w, buf, 2 * m);
     }
   }
   if (rc < 0) {

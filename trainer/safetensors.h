@@ -84,6 +84,9 @@ int tz_st_writer_open(const char *path, const struct tz_st_entry *e, int n, cons
 /* Appends the next tensor's numel elements, converted from float. TZ_EINVAL if n is not its
  * numel or all tensors were written. */
 int tz_st_writer_put(tz_st_writer *w, const float *data, uint64_t n);
+/* The crc32c (tz_crc32c) and the count of the bytes written so far: the whole file's once every
+ * tensor is put. */
+void tz_st_writer_sum(const tz_st_writer *w, uint32_t *crc, uint64_t *bytes);
 /* commit != 0: checks that every tensor was written, fsyncs and renames to path; otherwise (or on
  * any error) removes the temporary file. Frees w either way. */
 int tz_st_writer_close(tz_st_writer *w, int commit);
