@@ -9,12 +9,27 @@
 
 #include <inttypes.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+
+/* VmSize of /proc/self/status in bytes, 0 when it cannot be read. */
+static uint64_t read_vm_size(void) {
+  FILE *in = fopen("/proc/self/status", "r");
+  if (!in)
+    return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (fgets(line, sizeof line, in))
+    if (sscanf(line, "VmSize: %llu kB", &kib) == 1)
+      break;
+  fclose(in);
+  return (uint64_t)kib << 10;
+}
 
 static void read_meminfo(struct tz_machine_facts *f) {
   FILE *in = fopen("/proc/meminfo", "r");
@@ -107,6 +122,12 @@ void tz_machine_facts_read(const char *const *nvme_dirs, int n_dirs, const char 
   struct rlimit rl;
   if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
     f->memlock = (uint64_t)rl.rlim_cur;
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    f->as_limit = (uint64_t)rl.rlim_cur;
+    f->vm_size = read_vm_size();
+    cpu_set_t set;
+    f->cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  }
   f->memlock_exempt = geteuid() == 0;
   for (int i = 0; i < n_dirs; i++) {
     struct statvfs vfs;
@@ -128,7 +149,32 @@ static void fmt(char *buf, size_t len, uint64_t b) {
   tz_bytes_format(buf, len, (double)b, &tz_bytes_plan);
 }
 
-uint64_t tz_machine_host_room(const struct tz_machine_facts *f, char *how, size_t len) {
+/* Under ulimit -v: the limit less the address space the process has and its threads' (cpus x
+ * TZ_MACHINE_THREAD_VM), where that is less than room (said in how). */
+static uint64_t address_room(const struct tz_machine_facts *f, uint64_t room, char *how,
+                             size_t len) {
+  if (!f->as_limit)
+    return room;
+  int cpus = f->cpus > 0 ? f->cpus : 1;
+  uint64_t taken = f->vm_size + (uint64_t)cpus * TZ_MACHINE_THREAD_VM;
+  uint64_t as_room = f->as_limit > taken ? f->as_limit - taken : 0;
+  if (room != TZ_MACHINE_UNKNOWN && room <= as_room)
+    return room;
+  char a[32], b[32], c[32];
+  fmt(a, sizeof a, f->as_limit);
+  fmt(b, sizeof b, f->vm_size);
+  fmt(c, sizeof c, TZ_MACHINE_THREAD_VM);
+  if (how)
+    snprintf(how, len,
+             "ulimit -v (RLIMIT_AS) %s less the process's address space %s and %s for each of "
+             "its %d CPUs' threads (OpenBLAS's buffer, stacks, malloc arenas), where an "
+             "allocation refused would leave OpenBLAS retrying it for good",
+             a, b, c, cpus);
+  return as_room;
+}
+
+/* What memory (cgroup, else MemAvailable) gives, said in how. */
+static uint64_t memory_room(const struct tz_machine_facts *f, char *how, size_t len) {
   char a[32], b[32];
   if (f->cgroup_max != TZ_MACHINE_UNKNOWN) {
     uint64_t room = f->cgroup_max > f->cgroup_current ? f->cgroup_max - f->cgroup_current : 0;
@@ -148,6 +194,11 @@ uint64_t tz_machine_host_room(const struct tz_machine_facts *f, char *how, size_
   if (how)
     snprintf(how, len, "unknown");
   return TZ_MACHINE_UNKNOWN;
+}
+
+uint64_t tz_machine_host_room(const struct tz_machine_facts *f, char *how, size_t len) {
+  uint64_t room = memory_room(f, how, len);
+  return address_room(f, room, how, len);
 }
 
 /* need against have for one tier: 0, a warning (given), or the refusal. */

@@ -29,7 +29,18 @@ struct tz_machine_facts {
   uint64_t device_free;    /* the compute backend's device memory free (tz_compute_device_memory);
                               UNKNOWN: no device */
   uint64_t device_total;
+  uint64_t as_limit; /* RLIMIT_AS's soft limit (ulimit -v); 0: unlimited */
+  uint64_t vm_size;  /* the process's address space now (/proc/self/status VmSize); 0: unknown */
+  int cpus;          /* CPUs this process may run on (0: unknown): threads to leave room for */
 };
+
+/* The address space a CPU's threads take beside the plan's memory: OpenBLAS's per-thread buffer
+ * (Debian's 0.3.21: a 128 MiB allocation it retries forever when refused, issue 48), stacks and
+ * malloc arenas' reservations (64 MiB each). Measured with the release build on the 2-core VM: a
+ * tiny run's address space was 1.12 GiB when the plan was checked, and under ulimit -v it hung
+ * up to 1.6e6 KiB (1.53 GiB) and ran from 1.65e6, so a CPU took about 210 MiB; 256 leaves a
+ * margin (runs between 1.53 and 1.62 GiB are refused, not hung). */
+#define TZ_MACHINE_THREAD_VM (256ull << 20)
 
 /* Fills f from this machine: /proc/meminfo, /proc/self/cgroup and /sys/fs/cgroup, getrlimit,
  * statvfs of each of the n_dirs nvme directories, and for backend "cuda" its device memory.
