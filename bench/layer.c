@@ -71,6 +71,9 @@ struct opts {
    * layer and attention alone: tokens per second counting every row token, attention's FLOP over
    * the pairs inside documents */
   int docs;
+  /* a mixture-of-experts MLP (E experts of width Fe, k a token, norm_topk: the k weights
+   * renormalised) in place of the SwiGLU; E 0: none */
+  int E, k, Fe, norm_topk;
   enum tz_dtype G;
   const char *python, *script;
 };
@@ -238,12 +241,15 @@ struct torch_result {
 
 static void run_torch(const struct opts *o, struct torch_result *r) {
   memset(r, 0, sizeof *r);
-  char cmd[2048];
+  char cmd[2048], moe[128] = "";
+  if (o->E)
+    snprintf(moe, sizeof moe, " --experts %d --experts-used %d --moe-ffn %d%s", o->E, o->k, o->Fe,
+             o->norm_topk ? " --norm-topk" : "");
   snprintf(cmd, sizeof cmd,
            "%s '%s' --d-model %d --ffn %d --heads %d --kv-heads %d --seq %d --batch %d "
-           "--iters %d --warmup %d --gemm-size %d 2>&1",
-           o->python, o->script, o->C, o->F, o->H, o->Hkv, o->T, o->B, o->iters, o->warmup,
-           o->gemm);
+           "--iters %d --warmup %d --gemm-size %d%s 2>&1",
+           o->python, o->script, o->C, o->F, o->H, o->Hkv, o->T, o->B, o->iters, o->warmup, o->gemm,
+           moe);
   FILE *p = popen(cmd, "r");
   if (!p) {
     snprintf(r->why, sizeof r->why, "cannot run %s", o->python);
@@ -324,7 +330,11 @@ static int bench(const struct opts *o) {
                                 .max_seq = o->T,
                                 .rope_theta = 10000.0,
                                 .norm_eps = 1e-5,
-                                .tie_embeddings = 1}; /* the family fields 0: a Llama layer */
+                                .tie_embeddings = 1, /* the family fields 0: a Llama layer */
+                                .n_expert = o->E,
+                                .n_expert_used = o->k,
+                                .moe_ffn_dim = o->Fe,
+                                .norm_topk = o->norm_topk};
   TZ_CHECK(tz_model_config_check(&cfg));
   struct tz_compute_params p;
   tz_compute_params_init(&p);
@@ -500,6 +510,9 @@ static int bench(const struct opts *o) {
            o->C, o->F, o->H, o->Hkv, o->T, o->B, tz_dtype_name(o->G), t_layer * 1e3,
            layer_flops / t_layer / 1e12, t_attn * 1e3, attn_flops / t_attn / 1e12, o->gemm,
            gemm_tflops);
+    if (o->E)
+      printf(",\"experts\":%d,\"experts_used\":%d,\"moe_ffn\":%d,\"norm_topk\":%s", o->E, o->k,
+             o->Fe, o->norm_topk ? "true" : "false");
     if (tr.ok)
       printf(",\"torch_layer_ms\":%.4f,\"torch_attn_ms\":%.4f,\"torch_gemm_tflops\":%.2f,"
              "\"layer_ratio\":%.4f,\"attn_ratio\":%.4f",
@@ -540,9 +553,15 @@ static int bench(const struct opts *o) {
     printf("}}\n");
     return 0;
   }
-  printf("one layer, forward + backward: d_model %d, ffn %d, heads %d/%d (head dim %d), seq %d, "
-         "micro-batch %d, causal, bf16 storage, %s gradients\n",
-         o->C, o->F, o->H, o->Hkv, D, o->T, o->B, tz_dtype_name(o->G));
+  if (o->E)
+    printf("one layer, forward + backward: d_model %d, %d experts of %d, %d a token%s, heads "
+           "%d/%d (head dim %d), seq %d, micro-batch %d, causal, bf16 storage, %s gradients\n",
+           o->C, o->E, o->Fe, o->k, o->norm_topk ? " (renormalised)" : "", o->H, o->Hkv, D, o->T,
+           o->B, tz_dtype_name(o->G));
+  else
+    printf("one layer, forward + backward: d_model %d, ffn %d, heads %d/%d (head dim %d), seq "
+           "%d, micro-batch %d, causal, bf16 storage, %s gradients\n",
+           o->C, o->F, o->H, o->Hkv, D, o->T, o->B, tz_dtype_name(o->G));
   if (tr.ok)
     printf("pytorch %s on %s, sdpa pinned to flash\n", tr.version, tr.device);
   else
@@ -604,7 +623,8 @@ static void usage(FILE *f) {
           "                      [--batch N] [--iters N] [--warmup N] [--grad-dtype bf16|f32]\n"
           "                      [--gemm-size N] [--python PY] [--torch-script PATH]\n"
           "                      [--no-torch] [--rounds N] [--json] [--window N] [--softcap C]\n"
-          "                      [--docs N]\n"
+          "                      [--docs N] [--experts E --experts-used K --moe-ffn F\n"
+          "                      [--norm-topk]]\n"
           "  One transformer layer forward + backward on the cuda backend (bf16) beside PyTorch\n"
           "  (bf16, flash attention) run in the same invocation; attention alone; the bf16 GEMM\n"
           "  ceiling (N^3, --gemm-size, default 8192); each op's share; the layer, attention\n"
@@ -617,7 +637,12 @@ static void usage(FILE *f) {
           "  pair; the layer stays Llama's and PyTorch is not run.\n"
           "  --docs N: rows packed with documents of heavy-tailed lengths of mean N (packed\n"
           "  fine-tuning), in the layer and attention; PyTorch is not run (compare with the\n"
-          "  same command without it, one after the other).\n");
+          "  same command without it, one after the other).\n"
+          "  --experts E: the MLP a mixture of E experts of width --moe-ffn, --experts-used a\n"
+          "  token (--norm-topk: their weights renormalised), as Qwen3-MoE and OLMoE; PyTorch's\n"
+          "  as transformers computes it (a loop over the experts; no load-balancing loss on\n"
+          "  either side). OLMoE-1B-7B's layer: --d-model 2048 --heads 16 --kv-heads 16\n"
+          "  --experts 64 --experts-used 8 --moe-ffn 1024.\n");
 }
 
 int tz_bench_layer(int argc, char **argv) {
@@ -664,6 +689,10 @@ int tz_bench_layer(int argc, char **argv) {
                                            {"window", required_argument, 0, 'W'},
                                            {"softcap", required_argument, 0, 'S'},
                                            {"docs", required_argument, 0, 'D'},
+                                           {"experts", required_argument, 0, 'E'},
+                                           {"experts-used", required_argument, 0, 'k'},
+                                           {"moe-ffn", required_argument, 0, 'e'},
+                                           {"norm-topk", no_argument, 0, 'N'},
                                            {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -692,13 +721,18 @@ int tz_bench_layer(int argc, char **argv) {
     case 'W': o.window = atoi(optarg); break;
     case 'S': o.softcap = (float)atof(optarg); break;
     case 'D': o.docs = atoi(optarg); break;
+    case 'E': o.E = atoi(optarg); break;
+    case 'k': o.k = atoi(optarg); break;
+    case 'e': o.Fe = atoi(optarg); break;
+    case 'N': o.norm_topk = 1; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
   if (o.C < 1 || o.F < 1 || o.H < 1 || o.Hkv < 1 || o.T < 1 || o.B < 1 || o.iters < 1 ||
       o.warmup < 0 || o.gemm < 1 || o.rounds < 1 || o.rounds > MAX_ROUNDS || o.window < 0 ||
-      o.docs < 0 || !(o.softcap >= 0.0f) || (o.G != TZ_BF16 && o.G != TZ_F32)) {
+      o.docs < 0 || !(o.softcap >= 0.0f) || (o.G != TZ_BF16 && o.G != TZ_F32) || o.E < 0 ||
+      (o.E && (o.k < 1 || o.k > o.E || o.Fe < 1)) || (!o.E && (o.k || o.Fe || o.norm_topk))) {
     usage(stderr);
     return 2;
   }

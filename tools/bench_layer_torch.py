@@ -12,6 +12,12 @@ it in the same invocation with the same shape arguments:
 
   bench_layer_torch.py --d-model 4096 --ffn 11008 --heads 32 --kv-heads 32 --seq 2048 \\
       --batch 4 --iters 10 --warmup 3 --gemm-size 8192
+
+With --experts E (and --experts-used k, --moe-ffn F, --norm-topk) the MLP is a mixture of
+experts as transformers' Qwen3-MoE / OLMoE blocks compute it in training: a router (C -> E),
+softmax in float, the k largest (renormalised with --norm-topk), then each expert's SwiGLU on
+its tokens in a loop over the experts, its output times the routing weight added back with
+index_add_ (the load-balancing loss left out, as tz-bench's layer leaves it).
 """
 import argparse
 import json
@@ -60,6 +66,10 @@ def main():
     ap.add_argument("--theta", type=float, default=10000.0)
     ap.add_argument("--eps", type=float, default=1e-5)
     ap.add_argument("--gemm-size", type=int, default=8192)
+    ap.add_argument("--experts", type=int, default=0)
+    ap.add_argument("--experts-used", type=int, default=0)
+    ap.add_argument("--moe-ffn", type=int, default=0)
+    ap.add_argument("--norm-topk", action="store_true")
     a = ap.parse_args()
     try:
         import torch
@@ -83,8 +93,15 @@ def main():
         "wq": param(H * D, C), "wk": param(Hkv * D, C), "wv": param(Hkv * D, C),
         "wo": param(C, H * D),
         "mlp_norm": torch.ones(C, device=dev, dtype=dt, requires_grad=True),
-        "wg": param(FF, C), "wu": param(FF, C), "wd": param(C, FF),
     }
+    E, K, FE = a.experts, a.experts_used, a.moe_ffn
+    if E:
+        w["router"] = param(E, C)
+        w["ewg"] = param(E, FE, C)
+        w["ewu"] = param(E, FE, C)
+        w["ewd"] = param(E, C, FE)
+    else:
+        w.update({"wg": param(FF, C), "wu": param(FF, C), "wd": param(C, FF)})
 
     # RoPE tables as the cuda backend builds them: angles in double, cos and sin in float.
     pos = torch.arange(T, device=dev, dtype=torch.float64)
@@ -112,6 +129,24 @@ def main():
                 v = v.repeat_interleave(H // Hkv, dim=1)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
+    def moe(h2):  # (B, T, C) -> (B, T, C)
+        hs = h2.reshape(-1, C)
+        probs = F.softmax((hs @ w["router"].t()).float(), dim=-1)
+        wt, idx = torch.topk(probs, K, dim=-1)
+        if a.norm_topk:
+            wt = wt / wt.sum(dim=-1, keepdim=True)
+        wt = wt.to(dt)
+        out = torch.zeros_like(hs)
+        onehot = F.one_hot(idx, num_classes=E).permute(2, 1, 0)  # (E, K, N)
+        for e in range(E):
+            j, tok = torch.where(onehot[e])
+            if tok.numel() == 0:
+                continue
+            xe = hs[tok]
+            ye = (F.silu(xe @ w["ewg"][e].t()) * (xe @ w["ewu"][e].t())) @ w["ewd"][e].t()
+            out.index_add_(0, tok, ye * wt[tok, j, None])
+        return out.view(B, T, C)
+
     def layer(x):
         h = rmsnorm(x, w["attn_norm"])
         q = rope((h @ w["wq"].t()).view(B, T, H, D)).transpose(1, 2)
@@ -120,6 +155,8 @@ def main():
         att = attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
         x2 = x + att @ w["wo"].t()
         h2 = rmsnorm(x2, w["mlp_norm"])
+        if E:
+            return x2 + moe(h2)
         return x2 + (F.silu(h2 @ w["wg"].t()) * (h2 @ w["wu"].t())) @ w["wd"].t()
 
     x = torch.randn(B, T, C, device=dev, dtype=dt, requires_grad=True)

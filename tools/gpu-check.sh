@@ -39,7 +39,8 @@
 # (each op's GB/s beside the copy ceiling), then tz-auto llama-7b (about 200 s)
 # variants: the windowed and soft-capped attention's speed beside the causal kernel's; packed:
 # the layer with packed documents beside the same without;
-# normbwd: tz-bench layer with RMSNorm's backward in two passes, then in one;
+# normbwd: tz-bench layer with RMSNorm's backward in two passes, then in one; moelayer: the
+# experts' layer beside PyTorch's (OLMoE-1B-7B's and Mixtral's shapes);
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -210,6 +211,14 @@ if has packed; then
   step packed-none "${lp[@]}"
   step packed-512 "${lp[@]}" --docs 512
   step packed-128 "${lp[@]}" --docs 128
+fi
+# moelayer: tz-bench layer with the experts' MLP beside PyTorch's (transformers' loop over the
+# experts), OLMoE-1B-7B's layer and Mixtral-8x7B's, 3 rounds each (issue 53)
+if has moelayer; then
+  step moelayer-olmoe $b/bin/tz-bench layer --rounds 3 --d-model 2048 --heads 16 --kv-heads 16 \
+    --experts 64 --experts-used 8 --moe-ffn 1024
+  step moelayer-mixtral $b/bin/tz-bench layer --rounds 3 --kv-heads 8 --experts 8 \
+    --experts-used 2 --moe-ffn 14336 --norm-topk
 fi
 # normbwd: RMSNorm's backward in its two kernels (tierzero.cuda_norm_bwd), tz-bench layer in 3
 # rounds with PyTorch beside it for each, one after the other (docs/cuda-kernels.md)
