@@ -34,7 +34,7 @@
 #include "core/settings.h"
 #include "kernels/compute.h"
 #include "kernels/compute_timed.h"
-#include "trainer/model.h"
+#include "trainer/model/model.h"
 #include "util/clock.h"
 
 /* ---- the op shares: names of the timed instance's counters (kernels/compute_timed.h) ---- */

@@ -2,7 +2,7 @@
 count, the common options, the Llama config, the timed steps and the JSON result. Importing it
 imports no torch (tools/bench_table.py uses the presets and the formula).
 
-Model FLOP, exactly as tz-train counts them (trainer/metrics.h, tz_metrics_flops_per_token with
+Model FLOP, exactly as tz-train counts them (trainer/run/metrics.h, tz_metrics_flops_per_token with
 recompute 0): per token 6*N + 12*L*T*d, N every parameter (embedding included, a tied head once),
 L layers, T the sequence length, d the hidden size; the 12*L*T*d term is attention's two matmuls
 (scores and weighted sum, causal mask not subtracted). Recomputation is not counted: these are
@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-# The presets of trainer/model.c, field for field. vocab 256 with tied embeddings is the byte-level
+# The presets of trainer/model/model.c, field for field. vocab 256 with tied embeddings is the byte-level
 # "tiny" of the tests; the others are the Llama shapes tz-train knows.
 PRESETS = {
     "tiny": dict(hidden=128, intermediate=352, layers=4, heads=4, kv_heads=2, vocab=256,
@@ -79,7 +79,7 @@ def missing(prog, msg):
 def add_common_args(ap):
     """The options every peer takes, with the harness's defaults."""
     ap.add_argument("--model", required=True, choices=sorted(PRESETS),
-                    help="tz-train preset (the shape table is trainer/model.c's)")
+                    help="tz-train preset (the shape table is trainer/model/model.c's)")
     ap.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default 2048)")
     ap.add_argument("--micro-batch", type=int, default=4,
                     help="sequences per step on each rank (default 4)")

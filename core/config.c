@@ -115,7 +115,7 @@ static int finish(struct tz_config *c, const char *pre) {
     c->optimizer.adam_w_mode = 1;
   /* DeepSpeed 0.19.3's WarmupLR, WarmupDecayLR and WarmupCosineLR raise on a warm-up that is not
    * a positive integer (earlier versions raised it to 2, as they still do 1). "auto" is no value
-   * yet: tz-train fills it from --warmup-ratio or refuses it (trainer/run_options.c). */
+   * yet: tz-train fills it from --warmup-ratio or refuses it (trainer/run/run_options.c). */
   if (c->scheduler.type != TZ_LR_CONSTANT && c->scheduler.warmup_num_steps <= 0 &&
       !tz_config_is_auto(c, "scheduler.params.warmup_num_steps"))
     return tz_err_set(TZ_ECONFIG,

@@ -98,7 +98,7 @@ struct tz_config {
     enum tz_lr_schedule type;
     double warmup_min_lr;     /* WarmupLR/WarmupDecayLR: lr at step 0 */
     double warmup_max_lr;     /* WarmupLR/WarmupDecayLR: lr at the end of warmup; -1 not set
-                                 (trainer/lr.c) */
+                                 (trainer/step/lr.c) */
     int64_t warmup_num_steps; /* steps of warmup */
     enum tz_warmup_type warmup_type;
     int64_t total_num_steps; /* WarmupDecayLR/WarmupCosineLR: 0 = the trainer's step count */
@@ -145,7 +145,7 @@ struct tz_config {
   int64_t seed;                              /* initialisation and data order are functions of it */
 
   /* DeepSpeed's monitors (its deepspeed/monitor/config.py), written during the run by rank 0
-   * (trainer/monitor.h): TensorBoard events and CSV files in the directory
+   * (trainer/run/monitor.h): TensorBoard events and CSV files in the directory
    * os.path.join(output_path, job_name). Settings of one run: checkpoints do not keep them
    * (tz_config_forget_run). wandb.enabled true is refused (config_keys.c). */
   struct tz_config_monitor {
@@ -164,13 +164,13 @@ struct tz_config {
     double warmup_ratio;  /* > 0: the schedule's warm-up is ceil(warmup_ratio * its total steps)
                              (Hugging Face TrainingArguments' warmup_ratio; tz-train
                              --warmup-ratio) in place of scheduler.params.warmup_num_steps; 0 =
-                             not set (trainer/lr.c) */
+                             not set (trainer/step/lr.c) */
     double epochs;        /* the run's length in passes over the training data (tz-train
-                             --epochs; trainer/run.c): ceil(epochs * samples / the global batch)
+                             --epochs; trainer/run/run.c): ceil(epochs * samples / the global batch)
                              steps; 0 = --steps */
     int long_documents;   /* packed fine-tuning data: a document longer than a row is cut to
                              its first seq_len + 1 tokens (0, "cut") or split (1, "split")
-                             (trainer/data.h, split_long) */
+                             (trainer/data/data.h, split_long) */
     uint64_t hbm_budget;  /* bytes of GPU memory to use; 0 = what is free */
     uint64_t host_budget; /* bytes of pinned host memory; 0 = most of what is available */
     uint64_t nvme_budget; /* bytes of NVMe space; 0 = a share of what is free */
@@ -213,14 +213,14 @@ struct tz_config {
                                 hbm tier, to test copies split at piece boundaries; 0 = 64
                                 GiB */
     double comm_timeout;     /* seconds each collective and launcher exchange may take */
-    double stop_grace;       /* seconds a stop request gives the step to end (trainer/signals.h);
+    double stop_grace;       /* seconds a stop request gives the step to end (trainer/run/signals.h);
                                 0: auto, 20x the plan's bound (>= 120) before the first step
                                 ends, then 3x the longest step (>= 60) */
-    /* what weight decay skips: "bias", "norm", "embed" (trainer/decay.h), or "none"; n 0 = not
+    /* what weight decay skips: "bias", "norm", "embed" (trainer/step/decay.h), or "none"; n 0 = not
      * set: bias and norm */
     struct tz_config_paths weight_decay_exclude;
     /* which parts of which layers the backward recomputes: "auto", "all", "none", or a list of
-     * layer ranges and parts (trainer/recompute.h); n 0 = not set: auto */
+     * layer ranges and parts (trainer/step/recompute.h); n 0 = not set: auto */
     struct tz_config_paths recompute;
   } tierzero;
 

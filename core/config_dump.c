@@ -189,7 +189,7 @@ void tz_config_report(const struct tz_config *c, int64_t steps, FILE *out, FILE 
     else if (strcmp(path, "scheduler.params.warmup_num_steps") == 0 && steps > 0 &&
              c->scheduler.warmup_num_steps == 0 && c->tierzero.warmup_ratio > 0)
       fprintf(
-          out, "%.0f", /* trainer/lr.c's */
+          out, "%.0f", /* trainer/step/lr.c's */
           ceil(c->tierzero.warmup_ratio *
                (double)(c->scheduler.total_num_steps > 0 ? c->scheduler.total_num_steps : steps)));
     else

@@ -101,7 +101,7 @@ const struct key tz_config_keys[] = {
   FIXED("optimizer.params.bias_correction", 1),
   ENUM("scheduler.type", scheduler.type, schedule_names, TZ_LR_CONSTANT, 0),
   DBL("scheduler.params.warmup_min_lr", scheduler.warmup_min_lr, 0, INFINITY, 0, F_AUTO),
-  /* not set (-1): WarmupLR's peak is optimizer.params.lr, WarmupDecayLR's 0.001 (trainer/lr.c) */
+  /* not set (-1): WarmupLR's peak is optimizer.params.lr, WarmupDecayLR's 0.001 (trainer/step/lr.c) */
   DBL("scheduler.params.warmup_max_lr", scheduler.warmup_max_lr, 0, INFINITY, -1, F_AUTO),
   I64("scheduler.params.warmup_num_steps", scheduler.warmup_num_steps, 0, 1000,
       F_AUTO | F_AUTO_UNSET),
@@ -158,7 +158,7 @@ const struct key tz_config_keys[] = {
   BOOL("prescale_gradients", prescale_gradients, 0),
   ENUM("communication_data_type", communication_data_type, precision_names, TZ_PRECISION_FP32, 0),
   I64("seed", seed, 0, 42, 0),
-  /* DeepSpeed's monitors (trainer/monitor.h; DeepSpeed's deepspeed/monitor/config.py) */
+  /* DeepSpeed's monitors (trainer/run/monitor.h; DeepSpeed's deepspeed/monitor/config.py) */
   BOOL("tensorboard.enabled", tensorboard.enabled, 0),
   STR_EMPTY("tensorboard.output_path", tensorboard.output_path),
   STR_EMPTY("tensorboard.job_name", tensorboard.job_name),

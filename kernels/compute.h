@@ -260,7 +260,7 @@ struct tz_rope {
   /* TZ_ROPE_YARN: factor > 0, original_max_pos > 0, beta_fast and beta_slow (32 and 1 in
    * transformers when absent), truncate (1: the ramp's ends rounded out to whole dims). Its
    * attention factor scales cos and sin, so the scores by its square: the model's, not the
-   * rope's (trainer/model.h, rope_attn_factor). */
+   * rope's (trainer/model/model.h, rope_attn_factor). */
   double beta_fast, beta_slow;
   int truncate;
   /* TZ_ROPE_LONGROPE: R/2 positive factors, the short or the long ones of the config as the
@@ -308,7 +308,7 @@ int tz_compute_bias_add(tz_compute *cm, void *x, const void *b, int N, int n);
 int tz_compute_bias_grad(tz_compute *cm, void *db, const void *dy, int N, int n);
 
 /* ---- Packed documents: pos ----
- * A row of T tokens may hold several documents (packed fine-tuning data, trainer/data.h). pos
+ * A row of T tokens may hold several documents (packed fine-tuning data, trainer/data/data.h). pos
  * (B,T) int32, in the backend's memory like tokens, gives each token's position in its document:
  * pos[b*T] = 0, and each next pos is 0 (a document starts) or the one before plus 1. Attention
  * stays inside a document (block-diagonal causal) and RoPE rotates by pos, so a packed row

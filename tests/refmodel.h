@@ -1,4 +1,4 @@
-/* A float64 reference of the whole model (trainer/model.h), written for obviousness: plain loops,
+/* A float64 reference of the whole model (trainer/model/model.h), written for obviousness: plain loops,
  * every intermediate kept, the backward derived by hand step by step. Parameters use the model's
  * block layout (tz_model_block_layout), in double; the flags of the config (q, k, v biases, q/k
  * norms, head_dim, llama3 RoPE) as transformers' Llama, Qwen2 and Qwen3 compute them. Used to check
@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "trainer/model.h"
+#include "trainer/model/model.h"
 
 /* params[b]: block b (tz_model_block_numel doubles). tokens and targets: B*T each.
  * logits (B*T*V) and grads may be NULL. grads[b] (same layout) are overwritten, not accumulated;

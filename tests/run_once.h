@@ -6,7 +6,7 @@
 
 #include "collectives/launch.h"
 #include "testlib.h"
-#include "trainer/run.h"
+#include "trainer/run/run.h"
 
 static inline int tz_test_run_once(struct tz_run_options *o, const char *const *sets, int n_sets,
                                    struct tz_run_result *res) {

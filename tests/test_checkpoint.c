@@ -1,4 +1,4 @@
-/* Checkpoints (trainer/checkpoint.h): round trips of every kind of section at world size 2, the
+/* Checkpoints (trainer/checkpoint/checkpoint.h): round trips of every kind of section at world size 2, the
  * writer's refusals, latest/list/previous and --keep, replacing a checkpoint of the same step,
  * damaged files named with section and offset (with the previous checkpoint offered), a save
  * killed with SIGKILL before each of its file-system operations in turn, and a full disk at each
@@ -21,8 +21,8 @@
 #include "core/log.h"
 #include "core/error.h"
 #include "testlib.h"
-#include "trainer/checkpoint.h"
-#include "trainer/checkpoint_format.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/checkpoint_format.h"
 
 #define WORLD 2
 

@@ -1,4 +1,4 @@
-/* The checkpoint directory a run is given (--ckpt-dir), checked before any step (trainer/run.h,
+/* The checkpoint directory a run is given (--ckpt-dir), checked before any step (trainer/run/run.h,
  * docs/checkpoints.md "One run per directory"), through tz_run in a world of one, cpu backend,
  * the tiny model on synthetic data:
  *  - a second run given the directory of a run still going is refused at start, naming the
@@ -16,8 +16,8 @@
 #include "core/error.h"
 #include "run_once.h"
 #include "testlib.h"
-#include "trainer/checkpoint.h"
-#include "trainer/run.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/run/run.h"
 
 #include <dirent.h>
 #include <errno.h>

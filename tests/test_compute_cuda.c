@@ -45,7 +45,7 @@
 #include "kernels/cuda/choice.h"
 #include "refmodel.h"
 #include "testlib.h"
-#include "trainer/model.h"
+#include "trainer/model/model.h"
 
 static tz_compute *g_cpu; /* the reference, shared by every test */
 static int g_failures;    /* checks failed in the current test */

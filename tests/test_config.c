@@ -165,7 +165,7 @@ static void test_zero_infinity_file(void **state) {
   assert_int_equal(c.communication_data_type, TZ_PRECISION_BF16);
   ASSERT_DBL(c.gradient_predivide_factor, 2.0);
   assert_int_equal(c.seed, 1234);
-  /* DeepSpeed's monitor, honoured during the run (trainer/monitor.h) */
+  /* DeepSpeed's monitor, honoured during the run (trainer/run/monitor.h) */
   assert_int_equal(c.tensorboard.enabled, 1);
   assert_string_equal(c.tensorboard.output_path, "logs/");
   assert_string_equal(c.tensorboard.job_name, "zero_infinity");

@@ -12,8 +12,8 @@
 
 #include "core/config.h"
 #include "core/error.h"
-#include "trainer/hf.h"
-#include "trainer/model.h"
+#include "trainer/model/hf.h"
+#include "trainer/model/model.h"
 
 static char *configs_dir(void) {
   const char *data = getenv("TZ_TEST_DATA");

@@ -14,7 +14,7 @@
 #include "kernels/compute.h"
 #include "kernels/cuda/choice.h"
 #include "testlib.h"
-#include "trainer/train.h"
+#include "trainer/step/train.h"
 
 /* The backend's settings as tz-train hands them over for config c: parsed as the backend parses
  * them at create. */

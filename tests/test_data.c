@@ -13,9 +13,9 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "trainer/corpus.h"
-#include "trainer/data.h"
-#include "trainer/pack.h"
+#include "trainer/data/corpus.h"
+#include "trainer/data/data.h"
+#include "trainer/data/pack.h"
 
 #define ASSERT_MSG_HAS(sub)                                                                        \
   do {                                                                                             \

@@ -1,4 +1,4 @@
-/* Per-tensor weight decay (trainer/decay.h, tierzero.weight_decay_exclude):
+/* Per-tensor weight decay (trainer/step/decay.h, tierzero.weight_decay_exclude):
  *  - a shard crossing several tensors gets decay on exactly the elements of the tensors that are
  *    not excluded, checked element by element against a one-element Adam with that element's own
  *    decay, found from the tensor names alone;
@@ -13,8 +13,8 @@
 #include "kernels/adam.h"
 #include "testlib.h"
 #include "train_cases.h"
-#include "trainer/decay.h"
-#include "trainer/model.h"
+#include "trainer/step/decay.h"
+#include "trainer/model/model.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -13,7 +13,7 @@
  *  - the summary's disk figures leave out the first step, as its other rates do;
  *  - a run under its bound whose disk moved faster than the cached probe's rate keeps the
  *    cache's entry with the disk's rate (nvme_run, the summary's disk_rate) for the next plan,
- *    where one whose disk is not faster drops the entry (trainer/run.c, summarize).
+ *    where one whose disk is not faster drops the entry (trainer/run/run.c, summarize).
  * Skipped (77) where the nvme tier cannot run (no io_uring). */
 #define _GNU_SOURCE
 #include "collectives/launch.h"
@@ -21,9 +21,9 @@
 #include "core/runtime.h"
 #include "run_once.h"
 #include "testlib.h"
-#include "trainer/metrics.h"
-#include "trainer/run.h"
-#include "trainer/train_internal.h"
+#include "trainer/run/metrics.h"
+#include "trainer/run/run.h"
+#include "trainer/step/train_internal.h"
 #include "util/clock.h"
 #include "util/size.h"
 

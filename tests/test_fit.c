@@ -1,5 +1,5 @@
 /* The plan's table of state per kind and tier, the state's sizes in a refusal, and `--plan --fit`
- * (trainer/fit.h): the bisection's answer holds and one more does not, on made-up machines. */
+ * (trainer/run/fit.h): the bisection's answer holds and one more does not, on made-up machines. */
 #define _GNU_SOURCE
 #include "testlib.h"
 
@@ -8,10 +8,10 @@
 #include "core/error.h"
 #include "core/plan.h"
 #include "core/runtime.h"
-#include "trainer/fit.h"
-#include "trainer/machine.h"
-#include "trainer/model.h"
-#include "trainer/train.h"
+#include "trainer/run/fit.h"
+#include "trainer/step/machine.h"
+#include "trainer/model/model.h"
+#include "trainer/step/train.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -17,9 +17,9 @@
 #include "core/error.h"
 #include "kernels/compute.h"
 #include "testlib.h"
-#include "trainer/hf.h"
-#include "trainer/model.h"
-#include "trainer/safetensors.h"
+#include "trainer/model/hf.h"
+#include "trainer/model/model.h"
+#include "trainer/model/safetensors.h"
 
 static char *path_in(const char *dir, const char *name) {
   char *p;

@@ -1,4 +1,4 @@
-/* A plan checked against what the machine can give (trainer/machine.h): host memory (MemAvailable,
+/* A plan checked against what the machine can give (trainer/step/machine.h): host memory (MemAvailable,
  * or the cgroup's limit where it has one), GPU memory, NVMe space and RLIMIT_MEMLOCK, with
  * made-up machines; the trainer refuses an impossible plan before allocating anything and before
  * its layer probe. Nothing here allocates the machine's memory: the facts are injected. */
@@ -9,10 +9,10 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/runtime.h"
-#include "trainer/machine.h"
-#include "trainer/model.h"
-#include "trainer/rates.h"
-#include "trainer/train.h"
+#include "trainer/step/machine.h"
+#include "trainer/model/model.h"
+#include "trainer/step/rates.h"
+#include "trainer/step/train.h"
 #include "util/clock.h"
 
 #include <stdio.h>

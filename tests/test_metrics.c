@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "trainer/metrics.h"
-#include "trainer/model.h"
+#include "trainer/run/metrics.h"
+#include "trainer/model/model.h"
 
 static void fill_step(struct tz_step_metrics *m, int64_t step, int64_t total) {
   tz_step_metrics_init(m);

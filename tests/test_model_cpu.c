@@ -14,7 +14,7 @@
 #include "kernels/compute.h"
 #include "refmodel.h"
 #include "testlib.h"
-#include "trainer/model.h"
+#include "trainer/model/model.h"
 
 struct setup {
   struct tz_model_config cfg;

@@ -34,7 +34,7 @@
 #include "core/error.h"
 #include "kernels/compute.h"
 #include "testlib.h"
-#include "trainer/model.h"
+#include "trainer/model/model.h"
 
 #define TOL 0x1p-5
 

@@ -1,4 +1,4 @@
-/* Live monitoring (trainer/monitor.h): a ds_config's tensorboard and csv_monitor sections.
+/* Live monitoring (trainer/run/monitor.h): a ds_config's tensorboard and csv_monitor sections.
  * - The keys: defaults, values, bad values refused naming the key, wandb.enabled refused with
  *   the alternatives, the monitors left out of checkpoints' configurations.
  * - The directory: DeepSpeed's os.path.join(output_path, job_name), with its defaults.
@@ -29,7 +29,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
-#include "trainer/monitor.h"
+#include "trainer/run/monitor.h"
 
 static char *dir;
 

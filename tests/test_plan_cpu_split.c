@@ -12,7 +12,7 @@
 #include "core/plan.h"
 #include "testlib.h"
 #include "train_cases.h"
-#include "trainer/train.h"
+#include "trainer/step/train.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@
 #include "core/sched.h"
 #include "testlib.h"
 #include "train_cases.h"
-#include "trainer/train_internal.h"
+#include "trainer/step/train_internal.h"
 
 #include <math.h>
 #include <stdio.h>

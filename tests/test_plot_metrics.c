@@ -17,7 +17,7 @@
 #include <jansson.h>
 
 #include "core/error.h"
-#include "trainer/metrics.h"
+#include "trainer/run/metrics.h"
 
 static const char *python;
 static int have_matplotlib;

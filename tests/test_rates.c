@@ -13,8 +13,8 @@
 #include "core/runtime.h"
 #include "testlib.h"
 #include "kernels/compute.h"
-#include "trainer/model.h"
-#include "trainer/rates.h"
+#include "trainer/model/model.h"
+#include "trainer/step/rates.h"
 
 #include <fcntl.h>
 #include <jansson.h>

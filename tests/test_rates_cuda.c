@@ -8,7 +8,7 @@
 #include "core/runtime.h"
 #include "kernels/compute.h"
 #include "testlib.h"
-#include "trainer/rates.h"
+#include "trainer/step/rates.h"
 
 #include <math.h>
 #include <stdio.h>

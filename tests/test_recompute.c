@@ -1,11 +1,11 @@
-/* tierzero.recompute (trainer/recompute.h): the key's forms and its refusals, the order "auto"
+/* tierzero.recompute (trainer/step/recompute.h): the key's forms and its refusals, the order "auto"
  * keeps parts in, the bytes kept, and the words the plan's report uses. */
 #define _GNU_SOURCE
 #include "core/config.h"
 #include "core/error.h"
 #include "testlib.h"
-#include "trainer/model.h"
-#include "trainer/recompute.h"
+#include "trainer/model/model.h"
+#include "trainer/step/recompute.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* Resuming training from checkpoints (trainer/resume.h), world of one, cpu backend:
+/* Resuming training from checkpoints (trainer/checkpoint/resume.h), world of one, cpu backend:
  *  - 3 steps, save, resume in a fresh trainer, 3 more steps: the losses (as float bits) and every
  *    final parameter equal those of 6 steps straight;
  *  - the same with the resumed run placed elsewhere (offload none, cpu, nvme) than the saving one;
@@ -15,9 +15,9 @@
 #include "core/runtime.h"
 #include "testlib.h"
 #include "train_cases.h"
-#include "trainer/checkpoint.h"
-#include "trainer/resume.h"
-#include "trainer/train.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/resume.h"
+#include "trainer/step/train.h"
 
 #include <errno.h>
 #include <fcntl.h>

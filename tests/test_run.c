@@ -1,4 +1,4 @@
-/* The run loop (trainer/run.h), world of one, cpu backend, the tiny model on synthetic data:
+/* The run loop (trainer/run/run.h), world of one, cpu backend, the tiny model on synthetic data:
  *  - the cadence rules: which steps evaluate and save for given every-N settings and a last step;
  *  - a run's events: evaluations after steps 2, 4 and 5, checkpoints after 2, 4 and 5 (the last),
  *    the export after the steps, a metrics line per step and a summary;
@@ -18,13 +18,13 @@
 #include "kernels/compute.h"
 #include "run_once.h"
 #include "testlib.h"
-#include "trainer/data.h"
-#include "trainer/hf.h"
-#include "trainer/metrics.h"
-#include "trainer/rates_cache.h"
-#include "trainer/run.h"
-#include "trainer/signals.h"
-#include "trainer/synthetic.h"
+#include "trainer/data/data.h"
+#include "trainer/model/hf.h"
+#include "trainer/run/metrics.h"
+#include "trainer/step/rates_cache.h"
+#include "trainer/run/run.h"
+#include "trainer/run/signals.h"
+#include "trainer/data/synthetic.h"
 
 #include <math.h>
 #include <signal.h>

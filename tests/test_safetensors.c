@@ -16,9 +16,9 @@
 #include "kernels/compute.h"
 #include "core/dtype.h"
 #include "testlib.h"
-#include "trainer/hf.h"
-#include "trainer/model.h"
-#include "trainer/safetensors.h"
+#include "trainer/model/hf.h"
+#include "trainer/model/model.h"
+#include "trainer/model/safetensors.h"
 
 static struct tz_model_config cfg_small(int tie) {
   struct tz_model_config c = {.d_model = 32,

@@ -1,4 +1,4 @@
-/* Stop requests (trainer/signals.h): SIGTERM and SIGINT set the pending signal instead of ending
+/* Stop requests (trainer/run/signals.h): SIGTERM and SIGINT set the pending signal instead of ending
  * the process; a second SIGINT ends it at once, by SIGINT; restore puts the old actions back. */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "testlib.h"
-#include "trainer/signals.h"
+#include "trainer/run/signals.h"
 
 static void test_term_then_int(void **state) {
   (void)state;

@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 
 #include "core/error.h"
-#include "trainer/metrics.h"
+#include "trainer/run/metrics.h"
 
 static char *tool, *dir, *metrics, *events;
 

@@ -9,9 +9,9 @@
 #include "core/error.h"
 #include "run_once.h"
 #include "testlib.h"
-#include "trainer/metrics.h"
-#include "trainer/run.h"
-#include "trainer/train_internal.h"
+#include "trainer/run/metrics.h"
+#include "trainer/run/run.h"
+#include "trainer/step/train_internal.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -20,10 +20,10 @@
 #include "kernels/compute.h"
 #include "testlib.h"
 #include "train_cases.h"
-#include "trainer/lr.h"
-#include "trainer/model.h"
-#include "trainer/synthetic.h"
-#include "trainer/train.h"
+#include "trainer/step/lr.h"
+#include "trainer/model/model.h"
+#include "trainer/data/synthetic.h"
+#include "trainer/step/train.h"
 
 #include <math.h>
 #include <signal.h>

@@ -1,7 +1,7 @@
 /* Gradient accumulation with gradient shards forced out of the compute tier (any offloaded
  * optimizer on a CPU-only machine; the blocks the CPU steps at their host homes beside a GPU):
  * micro-batches 0..G-2 add into a sum in the compute tier and the last one writes the shard,
- * once a step (trainer/phases.c, accumulate).
+ * once a step (trainer/step/phases.c, accumulate).
  *  - the same bits as the gradients kept in the compute tier (offload none), with the CPU's Adam
  *    at the homes for every block, half of them and none, folded (clipping) and overlapped (none),
  *    and optimizer state in host memory or on nvme;
@@ -19,7 +19,7 @@
 #include "core/sched.h"
 #include "testlib.h"
 #include "train_cases.h"
-#include "trainer/train.h"
+#include "trainer/step/train.h"
 
 #include <signal.h>
 #include <stdio.h>

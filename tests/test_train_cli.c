@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "kernels/compute.h"
 #include "testlib.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint/checkpoint.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -18,7 +18,7 @@
 #include "kernels/adam.h"
 #include "testlib.h"
 #include "train_cases.h"
-#include "trainer/lr.h"
+#include "trainer/step/lr.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 #define _GNU_SOURCE
 #include "testlib.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 #include "util/crc32.h"
 #include "util/mix.h"
 

@@ -1,5 +1,5 @@
 /* A reader of TensorBoard event files for the tests, written independently of the writers
- * (trainer/monitor.c, tools/tz-tensorboard): TFRecord framing with both masked CRC32Cs checked,
+ * (trainer/run/monitor.c, tools/tz-tensorboard): TFRecord framing with both masked CRC32Cs checked,
  * and the Event protocol buffer's fields the writers use (wall_time, step, file_version,
  * summary.value's tag and simple_value). A field or framing it does not expect fails the test. */
 #ifndef TZ_TESTS_TFEVENTS_H

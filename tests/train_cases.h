@@ -16,10 +16,10 @@
 #include "core/runtime.h"
 #include "core/sched.h"
 #include "testlib.h"
-#include "trainer/data.h"
-#include "trainer/model.h"
-#include "trainer/synthetic.h"
-#include "trainer/train.h"
+#include "trainer/data/data.h"
+#include "trainer/model/model.h"
+#include "trainer/data/synthetic.h"
+#include "trainer/step/train.h"
 
 #define TC_SEQ 16
 #define TC_STEPS_MAX 24

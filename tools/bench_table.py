@@ -47,7 +47,7 @@ ZeRO-3 (bench/ds_peer.py).
 Result schema (both sides): runner, model, seq, micro_batch, world_size, steps (timed), warmup,
 step_s (median of the timed steps), tokens_per_step, tokens_per_s (tokens_per_step / step_s),
 model_tflops (flops_per_token * tokens_per_s / 1e12, flops_per_token = 6N + 12*L*T*d as
-trainer/metrics.h counts it), peak_mem_gib, ...; tz-* runs add bound_s and efficiency
+trainer/run/metrics.h counts it), peak_mem_gib, ...; tz-* runs add bound_s and efficiency
 (bound_s / step_s), setup_s and end_s (tz-train's time before its first step and after its
 last); a failed configuration has "error" instead of the figures. tz-* runs that used the disk
 add, over the timed steps: disk_read_bytes and disk_write_bytes (a step's, the mean),

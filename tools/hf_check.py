@@ -57,7 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def family_table(tz=None):
-    """The family table (trainer/family.c), as `tz-model-check --families` prints it: a dict by
+    """The family table (trainer/model/family.c), as `tz-model-check --families` prints it: a dict by
     model_type. tz: the binary (default: $TZ_BIN/tz-model-check, else build/bin's)."""
     tz = tz or os.path.join(os.environ.get("TZ_BIN") or os.path.join(ROOT, "build", "bin"),
                             "tz-model-check")

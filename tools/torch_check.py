@@ -23,7 +23,7 @@ from the same weights on the same token file:
 The PyTorch side reads the windows tz-train reads, in its order (docs/data.md "Windows",
 "Order", "Ranks"): window w is tokens [w*T, w*T + T] of the shard; micro-batch a of step s takes
 the global samples ((s*A + a)*W + r)*B + b, sample i the window tz_data_permute(seed, i / n,
-n, i mod n) (trainer/data.c's Feistel order, ported below and checked against
+n, i mod n) (trainer/data/data.c's Feistel order, ported below and checked against
 tests/test_data.c's pinned values before anything runs).
 
 Every step's loss, gradient norm (before clipping) and learning rate of tz-train's metrics file
@@ -80,7 +80,7 @@ PAD = 0  # hf_check.py make's pad_token_id
 M64 = (1 << 64) - 1
 
 
-# ---- tz-train's data order (trainer/data.c, util/mix.h) ----
+# ---- tz-train's data order (trainer/data/data.c, util/mix.h) ----
 
 def mix_data(z):
     """util/mix.h's tz_mix_data: splitmix64 (the golden-ratio increment, then the finalizer)."""
@@ -119,7 +119,7 @@ def check_permute():
     got = [permute(2024, 1, 1000003, i) for i in range(8)]
     if got != pinned:
         raise SystemExit("torch_check.py: the port of tz_data_permute gives %s, tests/test_data.c "
-                         "pins %s: trainer/data.c's order changed; port it again" % (got, pinned))
+                         "pins %s: trainer/data/data.c's order changed; port it again" % (got, pinned))
 
 
 # ---- the data ----
@@ -145,7 +145,7 @@ def write_shard(path, n_windows, T, seed, avoid):
 
 
 def read_shard(path):
-    """The tokens of an llm.c shard, read as tz-train reads it (trainer/data.c)."""
+    """The tokens of an llm.c shard, read as tz-train reads it (trainer/data/data.c)."""
     import numpy as np
 
     raw = open(path, "rb").read()

@@ -1,6 +1,6 @@
 /* tz-model-check: run the model on given tokens and print the loss and a summary of the logits,
  * to compare with tools/hf_check.py (transformers) on the same weights; or write a freshly
- * initialised model in Hugging Face format. Every family of trainer/hf.h.
+ * initialised model in Hugging Face format. Every family of trainer/model/hf.h.
  *   tz-model-check --import DIR --tokens 1,2,3,...     loss of predicting tokens[1:] from [:-1]
  *        [--generate N]   then N tokens of greedy generation after the given ones (stops at eos)
  *        [--logits FILE]  every logit to FILE, (T, V) little-endian float32
@@ -17,9 +17,9 @@
 
 #include "core/error.h"
 #include "kernels/compute.h"
-#include "trainer/family.h"
-#include "trainer/hf.h"
-#include "trainer/model.h"
+#include "trainer/model/family.h"
+#include "trainer/model/hf.h"
+#include "trainer/model/model.h"
 #include "tz_version.h"
 
 static void usage(FILE *fp) {

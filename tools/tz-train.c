@@ -1,16 +1,16 @@
 /* tz-train: ZeRO-3 training of a Llama-shaped model on the scheduler (docs/training.md). The run
- * itself is trainer/run.h's; this main parses the flags and prints what the run tells it. */
+ * itself is trainer/run/run.h's; this main parses the flags and prints what the run tells it. */
 #define _GNU_SOURCE
 #include "collectives/comm.h"
 #include "collectives/launch.h"
 #include "core/error.h"
 #include "core/plan.h"
 #include "core/sched.h"
-#include "trainer/fit.h"
-#include "trainer/metrics.h"
-#include "trainer/run.h"
-#include "trainer/signals.h"
-#include "trainer/train.h"
+#include "trainer/run/fit.h"
+#include "trainer/run/metrics.h"
+#include "trainer/run/run.h"
+#include "trainer/run/signals.h"
+#include "trainer/step/train.h"
 #include "util/size.h"
 
 #include <errno.h>
@@ -344,7 +344,7 @@ static void print_rates(const struct tz_plan_rates *r, int shared) {
            r->nvme_run / 1e9, tz_plan_disk_probe_rate(r) / 1e9);
 }
 
-/* What the run tells (trainer/run.h), printed by rank 0. */
+/* What the run tells (trainer/run/run.h), printed by rank 0. */
 struct printer {
   const struct opts *o;
   const struct tz_config *cfg;
@@ -522,7 +522,7 @@ static int on_event(void *arg, const struct tz_run_event *ev) {
   return 0;
 }
 
-/* --plan --fit: the bisection's answer (trainer/fit.h). */
+/* --plan --fit: the bisection's answer (trainer/run/fit.h). */
 static int print_fit(const struct opts *o, const struct tz_config *cfg, struct tz_run_world *w,
                      int rank) {
   enum tz_fit_what what;

@@ -1,4 +1,4 @@
-/* Fuzz target: the checkpoint reader (trainer/checkpoint.h) on a directory built from the input.
+/* Fuzz target: the checkpoint reader (trainer/checkpoint/checkpoint.h) on a directory built from the input.
  *
  * Input: u8 flags, u16 manifest length, the manifest, u16 latest length, latest, then the rank 0
  * file (all lengths little-endian and cut to what is there). Flags:
@@ -23,8 +23,8 @@
 #include "core/error.h"
 #include "core/internal.h"
 #include "core/log.h"
-#include "trainer/checkpoint.h"
-#include "trainer/checkpoint_format.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/checkpoint_format.h"
 
 static char root[256], dir[300], manifest[320], latest[320], rank0[320];
 

@@ -1,4 +1,4 @@
-/* Fuzz target: the data loader (trainer/data.h) on a file made of the input.
+/* Fuzz target: the data loader (trainer/data/data.h) on a file made of the input.
  *
  * Input: u8 seq_len - 1 (T = 1 + it % 64), u8 vocabulary choice, u8 mode, u8 a parameter, u64
  * seed and sample index, then the file (a memory file opened by its /proc/self/fd path, so that
@@ -17,7 +17,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 
 #define MAX_B 3
 

@@ -1,4 +1,4 @@
-/* Fuzz target: the safetensors reader (trainer/safetensors.h). The input is the whole file, put in
+/* Fuzz target: the safetensors reader (trainer/model/safetensors.h). The input is the whole file, put in
  * a memory file and opened by its /proc/self/fd path; every F32, BF16 and F16 tensor of a file
  * that opens is read, and every other tensor must be refused as unsupported. */
 #define _GNU_SOURCE
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "trainer/safetensors.h"
+#include "trainer/model/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int fd = memfd_create("fuzz.safetensors", MFD_CLOEXEC);

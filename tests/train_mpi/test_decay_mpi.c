@@ -1,4 +1,4 @@
-/* Per-tensor weight decay (tierzero.weight_decay_exclude, trainer/decay.h) on P ranks under
+/* Per-tensor weight decay (tierzero.weight_decay_exclude, trainer/step/decay.h) on P ranks under
  * mpirun against a world of one accumulating the same micro-batches: every rank's shard cuts the
  * tensors at other places, and the bits are the same (folded and overlapped updates, offloaded
  * state with Adam at the host homes, tied and untied). A run that decays the norms differs, so

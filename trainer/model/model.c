@@ -1,0 +1,843 @@
+/* The decoder's layout, initialisation and phases (model.h), against kernels/compute.h only. */
+#include "trainer/model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "trainer/model/model_internal.h"
+#include "util/mix.h"
+
+/* The norms' weight offset for the kernels (kernels/compute.h): 1 for Gemma's (1 + w). */
+static float norm_off(const struct tz_model_config *cfg) { return cfg->norm_offset ? 1.0f : 0.0f; }
+
+/* ---- layout ---- */
+
+static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+int tz_model_n_blocks(const struct tz_model_config *cfg) { return cfg->n_layer + 2; }
+int tz_model_block_of_layer(int layer) { return layer + 1; }
+
+static void add_tensor(struct tz_block_layout *l, const char *name, int64_t rows, int64_t cols,
+                       int ndim) {
+  struct tz_param_info *t = &l->t[l->n++];
+  t->name = name;
+  t->offset = l->numel;
+  t->ndim = ndim;
+  t->shape[0] = rows;
+  t->shape[1] = cols;
+  t->numel = (uint64_t)rows * (uint64_t)cols;
+  l->numel = round_up(t->offset + t->numel, TZ_MODEL_ALIGN);
+}
+
+/* A vector of n elements when present; else an entry without room (numel 0, ndim 0). */
+static void add_optional(struct tz_block_layout *l, const char *name, int64_t n, int present) {
+  add_tensor(l, name, present ? n : 0, present ? 1 : 0, present ? 1 : 0);
+}
+
+int tz_model_block_layout(const struct tz_model_config *cfg, int block,
+                          struct tz_block_layout *out) {
+  int nb = tz_model_n_blocks(cfg);
+  if (block < 0 || block >= nb)
+    return tz_err_set(TZ_EINVAL, "model: block %d outside [0, %d)", block, nb);
+  memset(out, 0, sizeof *out);
+  int64_t C = cfg->d_model, F = cfg->ffn_dim, V = cfg->vocab;
+  int64_t D = tz_model_head_dim(cfg), HD = (int64_t)cfg->n_head * D,
+          KD = (int64_t)cfg->n_kv_head * D;
+  out->layer = -1;
+  if (block == 0) {
+    out->kind = TZ_BLOCK_EMBED;
+    add_tensor(out, "wte", V, C, 2);
+  } else if (block == nb - 1) {
+    out->kind = TZ_BLOCK_HEAD;
+    add_tensor(out, "norm", C, 1, 1);
+    if (!cfg->tie_embeddings)
+      add_tensor(out, "lm_head", V, C, 2);
+  } else {
+    out->kind = TZ_BLOCK_LAYER;
+    out->layer = block - 1;
+    int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+    add_optional(out, "attn_norm", C, pre);
+    add_tensor(out, "wq", HD, C, 2);
+    add_tensor(out, "wk", KD, C, 2);
+    add_tensor(out, "wv", KD, C, 2);
+    add_tensor(out, "wo", C, HD, 2);
+    add_optional(out, "mlp_norm", C, pre);
+    int64_t E = cfg->n_expert > 0 ? cfg->n_expert : 1;
+    if (cfg->n_expert > 0)
+      F = cfg->moe_ffn_dim;
+    add_tensor(out, "wg", E * F, C, 2);
+    add_tensor(out, "wu", E * F, C, 2);
+    add_tensor(out, "wd", E * C, F, 2);
+    /* after every Llama tensor, so that a Llama layer's offsets do not move */
+    add_optional(out, "bq", HD, cfg->qkv_bias);
+    add_optional(out, "bk", KD, cfg->qkv_bias);
+    add_optional(out, "bv", KD, cfg->qkv_bias);
+    int all = cfg->qk_norm == TZ_QK_NORM_ALL;
+    add_optional(out, "q_norm", all ? HD : D, cfg->qk_norm != TZ_QK_NORM_NONE);
+    add_optional(out, "k_norm", all ? KD : D, cfg->qk_norm != TZ_QK_NORM_NONE);
+    add_optional(out, "attn_post_norm", C, post);
+    add_optional(out, "mlp_post_norm", C, post);
+    if (cfg->n_expert > 0)
+      add_tensor(out, "router", cfg->n_expert, C, 2);
+    else
+      add_optional(out, "router", 0, 0);
+    int64_t Fs = tz_model_moe(cfg) ? cfg->shared_ffn_dim : 0;
+    add_tensor(out, "shared_wg", Fs, Fs ? C : 0, Fs ? 2 : 0);
+    add_tensor(out, "shared_wu", Fs, Fs ? C : 0, Fs ? 2 : 0);
+    add_tensor(out, "shared_wd", Fs ? C : 0, Fs, Fs ? 2 : 0);
+    add_tensor(out, "shared_gate", Fs ? 1 : 0, Fs ? C : 0, Fs ? 2 : 0);
+  }
+  return 0;
+}
+
+uint64_t tz_model_block_numel(const struct tz_model_config *cfg, int block) {
+  struct tz_block_layout l = {0};
+  if (tz_model_block_layout(cfg, block, &l) < 0)
+    return 0;
+  return l.numel;
+}
+
+uint64_t tz_model_block_numel_padded(const struct tz_model_config *cfg, int block, int world_size) {
+  if (world_size < 1)
+    world_size = 1;
+  return round_up(tz_model_block_numel(cfg, block), (uint64_t)world_size * TZ_MODEL_ALIGN);
+}
+
+uint64_t tz_model_layer_numel_padded(const struct tz_model_config *cfg, int world_size) {
+  return tz_model_block_numel_padded(cfg, tz_model_block_of_layer(0), world_size);
+}
+
+uint64_t tz_model_n_params(const struct tz_model_config *cfg) {
+  uint64_t n = 0;
+  for (int b = 0; b < tz_model_n_blocks(cfg); b++) {
+    struct tz_block_layout l;
+    if (tz_model_block_layout(cfg, b, &l) < 0)
+      return 0;
+    for (int i = 0; i < l.n; i++)
+      n += l.t[i].numel;
+  }
+  return n;
+}
+
+/* ---- initialisation ---- */
+
+/* A standard normal from (seed, block, tensor, index) alone. */
+static double init_normal(uint64_t seed, int block, int tensor, uint64_t i) {
+  uint64_t h = tz_mix_init(seed + TZ_MIX_GAMMA);
+  h = tz_mix_init(h ^ ((uint64_t)(uint32_t)block << 32 | (uint32_t)tensor));
+  h = tz_mix_init(h ^ i);
+  uint64_t h2 = tz_mix_init(h + TZ_MIX_GAMMA);
+  /* u1 in (0, 1], u2 in [0, 1): 53-bit uniforms */
+  double u1 = ((double)(h >> 11) + 1.0) * 0x1.0p-53;
+  double u2 = (double)(h2 >> 11) * 0x1.0p-53;
+  return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t seed, uint64_t begin,
+                        uint64_t end, float *out) {
+  struct tz_block_layout l = {0};
+  TZ_CHECK(tz_model_block_layout(cfg, block, &l));
+  if (begin > end)
+    return tz_err_set(TZ_EINVAL, "model init: block %d range [%llu, %llu) is reversed", block,
+                      (unsigned long long)begin, (unsigned long long)end);
+  memset(out, 0, (size_t)(end - begin) * sizeof *out);
+  double std_out = 0.02 / sqrt(2.0 * cfg->n_layer);
+  /* transformers' _init_weights zeroes the embedding's padding_idx (pad_token_id) row */
+  int64_t pad_row = cfg->init_std > 0.0 && cfg->has_pad && cfg->pad_id >= 0 &&
+                            cfg->pad_id < cfg->vocab && l.kind == TZ_BLOCK_EMBED
+                        ? cfg->pad_id
+                        : -1;
+  uint64_t pad_lo = pad_row < 0 ? 0 : (uint64_t)pad_row * (uint64_t)cfg->d_model;
+  uint64_t pad_hi = pad_row < 0 ? 0 : pad_lo + (uint64_t)cfg->d_model;
+  for (int ti = 0; ti < l.n; ti++) {
+    const struct tz_param_info *t = &l.t[ti];
+    if (t->numel == 0)
+      continue;
+    uint64_t lo = t->offset > begin ? t->offset : begin;
+    uint64_t hi = t->offset + t->numel < end ? t->offset + t->numel : end;
+    int layer = l.kind == TZ_BLOCK_LAYER;
+    if (layer && (ti == TZ_L_BQ || ti == TZ_L_BK || ti == TZ_L_BV))
+      continue; /* biases start at 0 */
+    int is_norm = t->ndim == 1;
+    double std = cfg->init_std > 0.0 ? cfg->init_std : 0.02;
+    if (cfg->init_std == 0.0 && layer && (ti == TZ_L_WO || ti == TZ_L_WD))
+      std = std_out;
+      /* Each element is a function of its index alone, so threads change no bit; a 7B model's
+       * seven billion normals take minutes on one core. */
+#pragma omp parallel for schedule(static) if (hi - lo > 65536)
+    for (uint64_t e = lo; e < hi; e++) {
+      uint64_t i = e - t->offset;
+      out[e - begin] = is_norm                     ? 1.0f
+                       : i >= pad_lo && i < pad_hi ? 0.0f
+                                                   : (float)(std * init_normal(seed, block, ti, i));
+    }
+  }
+  return 0;
+}
+
+/* ---- parameter blocks in backend memory ---- */
+
+int tz_model_blocks_alloc(tz_compute *cm, const struct tz_model_config *cfg, void ***out) {
+  *out = NULL;
+  int nb = tz_model_n_blocks(cfg);
+  void **b = calloc((size_t)nb, sizeof *b);
+  if (!b)
+    return tz_err_set(TZ_ENOMEM, "model: out of memory");
+  size_t es = tz_dtype_size(tz_compute_dtype(cm));
+  for (int i = 0; i < nb; i++) {
+    size_t bytes = tz_model_block_numel(cfg, i) * es;
+    int rc = tz_compute_alloc(cm, bytes, &b[i]);
+    if (!rc)
+      rc = tz_compute_zero(cm, b[i], bytes);
+    if (rc < 0) {
+      tz_model_blocks_free(cm, cfg, b);
+      return rc;
+    }
+  }
+  *out = b;
+  return 0;
+}
+
+void tz_model_blocks_free(tz_compute *cm, const struct tz_model_config *cfg, void **blocks) {
+  if (!blocks)
+    return;
+  for (int i = 0; i < tz_model_n_blocks(cfg); i++)
+    tz_compute_free(cm, blocks[i]);
+  free(blocks);
+}
+
+int tz_model_block_upload(tz_compute *cm, void *dst, const float *src, uint64_t n) {
+  enum tz_dtype S = tz_compute_dtype(cm);
+  if (S == TZ_F32) {
+    TZ_CHECK(tz_compute_copy_in(cm, dst, src, n * sizeof(float)));
+    return tz_compute_sync(cm);
+  }
+  void *tmp;
+  TZ_CHECK(tz_compute_alloc(cm, n * sizeof(float), &tmp));
+  int rc = tz_compute_copy_in(cm, tmp, src, n * sizeof(float));
+  if (!rc)
+    rc = tz_compute_cast(cm, dst, S, tmp, TZ_F32, n);
+  if (!rc)
+    rc = tz_compute_sync(cm);
+  tz_compute_free(cm, tmp);
+  return rc;
+}
+
+int tz_model_block_download(tz_compute *cm, float *dst, const void *src, uint64_t n) {
+  enum tz_dtype S = tz_compute_dtype(cm);
+  if (S == TZ_F32) {
+    TZ_CHECK(tz_compute_copy_out(cm, dst, src, n * sizeof(float)));
+    return tz_compute_sync(cm);
+  }
+  void *tmp;
+  TZ_CHECK(tz_compute_alloc(cm, n * sizeof(float), &tmp));
+  int rc = tz_compute_cast(cm, tmp, TZ_F32, src, S, n);
+  if (!rc)
+    rc = tz_compute_copy_out(cm, dst, tmp, n * sizeof(float));
+  if (!rc)
+    rc = tz_compute_sync(cm);
+  tz_compute_free(cm, tmp);
+  return rc;
+}
+
+int tz_model_blocks_init(tz_compute *cm, const struct tz_model_config *cfg, uint64_t seed,
+                         void *const *blocks) {
+  for (int b = 0; b < tz_model_n_blocks(cfg); b++) {
+    uint64_t n = tz_model_block_numel(cfg, b);
+    float *buf = malloc(sizeof(float) * n);
+    if (!buf)
+      return tz_err_set(TZ_ENOMEM, "model: cannot allocate block %d (%llu floats)", b,
+                        (unsigned long long)n);
+    int rc = tz_model_init_block(cfg, b, seed, 0, n, buf);
+    if (!rc)
+      rc = tz_model_block_upload(cm, blocks[b], buf, n);
+    free(buf);
+    TZ_CHECK(rc);
+  }
+  return 0;
+}
+
+/* ---- activation buffers ---- */
+
+struct carver {
+  char *base; /* NULL: only count */
+  size_t off;
+};
+
+static void *carve(struct carver *c, size_t bytes) {
+  void *p = c->base ? c->base + c->off : NULL;
+  c->off += (bytes + 255) & ~(size_t)255;
+  return p;
+}
+
+/* What a kept part holds, the attention part's then the MLP part's, each contiguous; then, in
+ * the full layout only (kept_only 0), the tensors the backward rebuilds from the kept ones
+ * (tz_model_layer_bwd): the norms' outputs and statistics (h1, rstd1 from x_in; h2, rstd2 from
+ * x2) in a pass each, and the SwiGLU (a from g and u) in its backward's pass. A layer whose parts
+ * are kept apart (the trainer's kept activations) carves only what they keep; the rest is the
+ * shared acts'. */
+/* The rows and width of the MLP's hidden tensors (g, u, a): N x ffn_dim, or with experts the N*k
+ * assignments x moe_ffn_dim. */
+static void mlp_shape(const struct tz_model_config *cfg, size_t N, size_t *M, size_t *F) {
+  int moe = tz_model_moe(cfg);
+  *M = moe ? N * (size_t)cfg->n_expert_used : N;
+  *F = (size_t)(moe ? cfg->moe_ffn_dim : cfg->ffn_dim);
+}
+
+static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                        unsigned parts, int kept_only, struct carver *c, struct tz_layer_acts *a) {
+  size_t N = (size_t)B * T, es = tz_dtype_size(dt), M, F;
+  mlp_shape(cfg, N, &M, &F);
+  size_t C = cfg->d_model, D = tz_model_head_dim(cfg);
+  size_t E = (size_t)cfg->n_expert, k = (size_t)cfg->n_expert_used;
+  int moe = tz_model_moe(cfg);
+  size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+  if (parts & TZ_PART_ATTN) {
+    /* only with q/k norms, so that a Llama layer's activations stay what they were */
+    int qkn = cfg->qk_norm != TZ_QK_NORM_NONE, all = cfg->qk_norm == TZ_QK_NORM_ALL;
+    a->q_pre = qkn ? carve(c, N * HD * es) : NULL;
+    a->k_pre = qkn ? carve(c, N * KD * es) : NULL;
+    a->rstd_q = qkn ? carve(c, N * (all ? 1 : cfg->n_head) * sizeof(float)) : NULL;
+    a->rstd_k = qkn ? carve(c, N * (all ? 1 : cfg->n_kv_head) * sizeof(float)) : NULL;
+    a->o = post ? carve(c, N * C * es) : NULL;
+    a->rstd_o = post ? carve(c, N * sizeof(float)) : NULL;
+    a->q = carve(c, N * HD * es);
+    a->k = carve(c, N * KD * es);
+    a->v = carve(c, N * KD * es);
+    a->att = carve(c, N * HD * es);
+    a->lse = carve(c, (size_t)B * cfg->n_head * T * sizeof(float));
+    a->x2 = carve(c, N * C * es);
+  }
+  if (parts & TZ_PART_MLP) {
+    a->g = carve(c, M * F * es);
+    a->u = carve(c, M * F * es);
+    if (moe) {
+      a->y = carve(c, M * C * es);
+      a->probs = carve(c, N * E * sizeof(float));
+      a->idx = carve(c, N * k * sizeof(int32_t));
+      a->rw = carve(c, N * k * sizeof(float));
+      a->offsets = carve(c, (E + 1) * sizeof(int32_t));
+      a->rows = carve(c, M * sizeof(int32_t));
+      a->slot = carve(c, M * sizeof(int32_t));
+      size_t Fs = (size_t)cfg->shared_ffn_dim;
+      a->sg = Fs ? carve(c, N * Fs * es) : NULL;
+      a->su = Fs ? carve(c, N * Fs * es) : NULL;
+      a->ys = Fs ? carve(c, N * C * es) : NULL;
+      a->slog = Fs ? carve(c, N * es) : NULL;
+    }
+    a->m = post ? carve(c, N * C * es) : NULL;
+    a->rstd_m = post ? carve(c, N * sizeof(float)) : NULL;
+  }
+  if (kept_only)
+    return;
+  if ((parts & TZ_PART_ATTN) && pre) {
+    a->h1 = carve(c, N * C * es);
+    a->rstd1 = carve(c, N * sizeof(float));
+  }
+  if ((parts & TZ_PART_MLP) && pre) {
+    a->h2 = carve(c, N * C * es);
+    a->rstd2 = carve(c, N * sizeof(float));
+  }
+  if (parts & TZ_PART_MLP) {
+    a->a = carve(c, M * F * es);
+    if (moe) {
+      a->xs = carve(c, M * C * es);
+      a->rlogits = carve(c, N * E * es);
+      a->sa = cfg->shared_ffn_dim ? carve(c, N * (size_t)cfg->shared_ffn_dim * es) : NULL;
+    }
+  }
+}
+
+size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
+  struct carver c = {0};
+  struct tz_layer_acts a;
+  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, &c, &a);
+  return c.off;
+}
+
+void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                         void *base, struct tz_layer_acts *out) {
+  memset(out, 0, sizeof *out);
+  struct carver c = {.base = base};
+  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, &c, out);
+}
+
+size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                                unsigned parts) {
+  struct carver c = {0};
+  struct tz_layer_acts a;
+  acts_layout(cfg, dt, B, T, parts, 1, &c, &a);
+  return c.off;
+}
+
+void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                               unsigned parts, void *base, struct tz_layer_acts *out) {
+  struct carver c = {.base = base};
+  acts_layout(cfg, dt, B, T, parts, 1, &c, out);
+}
+
+static void scratch_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                           struct carver *c, struct tz_layer_scratch *s) {
+  size_t N = (size_t)B * T, es = tz_dtype_size(dt), M, F;
+  mlp_shape(cfg, N, &M, &F);
+  size_t C = cfg->d_model, D = tz_model_head_dim(cfg);
+  size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
+  s->dh = carve(c, N * C * es);
+  s->da = carve(c, M * F * es);
+  s->dg = carve(c, M * F * es);
+  s->du = carve(c, M * F * es);
+  s->dy = s->dlog = s->dys = s->dsa = s->dsg = s->dsu = s->dslog = NULL;
+  s->dw = NULL;
+  if (tz_model_moe(cfg)) {
+    s->dy = carve(c, M * C * es);
+    s->dlog = carve(c, N * (size_t)cfg->n_expert * es);
+    s->dw = carve(c, M * sizeof(float));
+    size_t Fs = (size_t)cfg->shared_ffn_dim;
+    if (Fs) {
+      s->dys = carve(c, N * C * es);
+      s->dsa = carve(c, N * Fs * es);
+      s->dsg = carve(c, N * Fs * es);
+      s->dsu = carve(c, N * Fs * es);
+      s->dslog = carve(c, N * es);
+    }
+  }
+  s->datt = carve(c, N * HD * es);
+  s->dq = carve(c, N * HD * es);
+  s->dk = carve(c, N * KD * es);
+  s->dv = carve(c, N * KD * es);
+  s->delta = carve(c, (size_t)B * cfg->n_head * T * sizeof(float));
+}
+
+size_t tz_model_scratch_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
+  struct carver c = {0};
+  struct tz_layer_scratch s;
+  scratch_layout(cfg, dt, B, T, &c, &s);
+  return c.off;
+}
+
+void tz_model_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                            void *base, struct tz_layer_scratch *out) {
+  struct carver c = {.base = base};
+  scratch_layout(cfg, dt, B, T, &c, out);
+}
+
+int tz_model_head_rows(const struct tz_model_config *cfg, int N) {
+  int rows = (int)(TZ_MODEL_HEAD_CHUNK_ELEMS / (unsigned)cfg->vocab);
+  if (rows < 1)
+    rows = 1;
+  return rows < N ? rows : N;
+}
+
+static void head_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                        struct carver *c, struct tz_head_scratch *s) {
+  size_t N = (size_t)B * T, es = tz_dtype_size(dt), C = cfg->d_model;
+  s->h = carve(c, N * C * es);
+  s->rstd = carve(c, N * sizeof(float));
+  s->logits = carve(c, (size_t)tz_model_head_rows(cfg, (int)N) * cfg->vocab * es);
+  s->dh = carve(c, N * C * es);
+  s->losses = carve(c, N * sizeof(float));
+  s->loss = carve(c, sizeof(float));
+}
+
+size_t tz_model_head_scratch_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B,
+                                   int T) {
+  struct carver c = {0};
+  struct tz_head_scratch s;
+  head_layout(cfg, dt, B, T, &c, &s);
+  return c.off;
+}
+
+void tz_model_head_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                                 void *base, struct tz_head_scratch *out) {
+  struct carver c = {.base = base};
+  head_layout(cfg, dt, B, T, &c, out);
+}
+
+/* ---- phases ---- */
+
+int tz_model_check_batch(const struct tz_model_config *cfg, int B, int T) {
+  if (B < 1 || T < 1 || T > cfg->max_seq)
+    return tz_err_set(TZ_EINVAL, "model: batch %d x %d tokens (T must be in [1, max_seq %d])", B, T,
+                      cfg->max_seq);
+  return 0;
+}
+
+/* Gemma's embedding scale: sqrt(d_model) rounded to the storage dtype, as transformers makes its
+ * normalizer a tensor of the hidden states' dtype. */
+static float embed_scale(tz_compute *cm, const struct tz_model_config *cfg) {
+  float s = (float)sqrt((double)cfg->d_model);
+  switch (tz_compute_dtype(cm)) {
+  case TZ_BF16: return tz_bf16_to_f32(tz_f32_to_bf16(s));
+  case TZ_F16: return tz_f16_to_f32(tz_f32_to_f16(s));
+  default: return s;
+  }
+}
+
+int tz_model_embed_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *embed,
+                       const int32_t *tokens, void *x, int B, int T) {
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
+  TZ_CHECK(tz_compute_embedding_fwd(cm, x, tokens, embed, B * T, cfg->d_model, cfg->vocab));
+  if (cfg->embed_scale)
+    TZ_CHECK(tz_compute_scale(cm, tz_compute_dtype(cm), x, embed_scale(cm, cfg),
+                              (size_t)B * T * cfg->d_model));
+  return 0;
+}
+
+int tz_model_embed_pad(const struct tz_model_config *cfg) {
+  /* Every family's transformers model (llama, mistral, qwen2, qwen3, olmo2, phi3, gemma2,
+   * gemma3, and the MoE ones) passes padding_idx = pad_token_id to its embedding. */
+  return cfg->has_pad && cfg->pad_id >= 0 && cfg->pad_id < cfg->vocab ? cfg->pad_id : -1;
+}
+
+int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *embed_grad,
+                       const int32_t *tokens, const int32_t *host_tokens, void *dx, int B, int T) {
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
+  int pad = tz_model_embed_pad(cfg), N = B * T;
+  if (pad >= 0) {
+    if (!host_tokens)
+      return tz_err_set(TZ_EINVAL, "model: embedding backward with pad_id %d needs the host tokens",
+                        pad);
+    /* The lookup's gradient never reaches the pad row: its positions' rows of dx zeroed, a call
+     * for each run of consecutive pad tokens. */
+    size_t row = (size_t)cfg->d_model * tz_dtype_size(tz_compute_dtype(cm));
+    for (int n = 0; n < N;) {
+      if (host_tokens[n] != pad) {
+        n++;
+        continue;
+      }
+      int e = n;
+      while (e < N && host_tokens[e] == pad)
+        e++;
+      TZ_CHECK(tz_compute_zero(cm, (char *)dx + (size_t)n * row, (size_t)(e - n) * row));
+      n = e;
+    }
+  }
+  if (cfg->embed_scale)
+    TZ_CHECK(tz_compute_scale(cm, tz_compute_dtype(cm), dx, embed_scale(cm, cfg),
+                              (size_t)B * T * cfg->d_model));
+  return tz_compute_embedding_bwd(cm, embed_grad, dx, tokens, N, cfg->d_model, cfg->vocab);
+}
+
+/* The rows and width of a q or k norm: each head's D (TZ_QK_NORM_HEAD) or the whole projection
+ * of nh heads (TZ_QK_NORM_ALL), over N tokens. */
+static void qk_norm_shape(const struct tz_model_config *cfg, int N, int nh, int *rows, int *width) {
+  int D = tz_model_head_dim(cfg), all = cfg->qk_norm == TZ_QK_NORM_ALL;
+  *rows = all ? N : N * nh;
+  *width = all ? nh * D : D;
+}
+
+/* The attention part of a layer's forward: a->h1 .. a->x2 from x_in (x2 = x_in + attention; with
+ * TZ_NORM_POST, x_in + the norm of attention's output, through a->o). */
+/* The attention's variants for layer `layer` of cfg (kernels/compute.h, struct tz_attn_opts). */
+/* A window of T or more keys is every key: passed as none, so that a backend without windows
+ * computes such a layer (Mistral's 4096 at shorter sequences). */
+static struct tz_attn_opts attn_opts(const struct tz_model_config *cfg, int layer, int T) {
+  int w = tz_model_layer_window(cfg, layer);
+  return (struct tz_attn_opts){.scale = (float)tz_model_attn_scale(cfg),
+                               .softcap = (float)cfg->attn_softcap,
+                               .window = w < T ? w : 0};
+}
+
+static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                    const void *params, const void *x_in, const struct tz_layer_acts *a, int B,
+                    int T, const int32_t *pos) {
+  struct tz_block_layout l = {0};
+  TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
+  enum tz_dtype S = tz_compute_dtype(cm);
+  int N = B * T, C = cfg->d_model, H = cfg->n_head, Hkv = cfg->n_kv_head;
+  int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
+  float eps = (float)cfg->norm_eps, off = norm_off(cfg);
+  struct tz_rope rope;
+  tz_model_layer_rope(cfg, layer, T, &rope);
+  struct tz_attn_opts opt = attn_opts(cfg, layer, T);
+#define P(i) at(params, l.t[i].offset, S)
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+  const void *h1 = pre ? a->h1 : x_in;
+  if (pre)
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps, off));
+  /* As transformers' Qwen2, Qwen3 and OLMo 2: the projection and its bias, then the q/k norm,
+   * then RoPE. With a norm the projection stays in q_pre / k_pre for the norm's backward. */
+  void *qp = cfg->qk_norm ? a->q_pre : a->q, *kp = cfg->qk_norm ? a->k_pre : a->k;
+  TZ_CHECK(linear_fwd(cm, qp, h1, P(TZ_L_WQ), N, C, HD));
+  TZ_CHECK(linear_fwd(cm, kp, h1, P(TZ_L_WK), N, C, KD));
+  TZ_CHECK(linear_fwd(cm, a->v, h1, P(TZ_L_WV), N, C, KD));
+  if (cfg->qkv_bias) {
+    TZ_CHECK(tz_compute_bias_add(cm, qp, P(TZ_L_BQ), N, HD));
+    TZ_CHECK(tz_compute_bias_add(cm, kp, P(TZ_L_BK), N, KD));
+    TZ_CHECK(tz_compute_bias_add(cm, a->v, P(TZ_L_BV), N, KD));
+  }
+  if (cfg->qk_norm) {
+    int rq, wq, rk, wk;
+    qk_norm_shape(cfg, N, H, &rq, &wq);
+    qk_norm_shape(cfg, N, Hkv, &rk, &wk);
+    TZ_CHECK(
+        tz_compute_rmsnorm_fwd(cm, a->q, a->rstd_q, qp, P(TZ_L_QNORM), rq, wq, eps, norm_off(cfg)));
+    TZ_CHECK(
+        tz_compute_rmsnorm_fwd(cm, a->k, a->rstd_k, kp, P(TZ_L_KNORM), rk, wk, eps, norm_off(cfg)));
+  }
+  TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, &rope, pos));
+  TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, &rope, pos));
+  TZ_CHECK(
+      tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D, pos, &opt));
+  if (post) { /* x2 = x_in + norm(att wo^T), each rounded as transformers' OLMo 2 rounds them */
+    TZ_CHECK(linear_fwd(cm, a->o, a->att, P(TZ_L_WO), N, HD, C));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->x2, a->rstd_o, a->o, P(TZ_L_ATTN_POST_NORM), N, C, eps,
+                                    norm_off(cfg)));
+    TZ_CHECK(tz_compute_add(cm, S, a->x2, x_in, a->x2, (size_t)N * C));
+  } else { /* x2 = x_in + att wo^T, the residual added in the projection's rounding */
+    TZ_CHECK(linear_res_fwd(cm, a->x2, a->att, P(TZ_L_WO), x_in, N, HD, C));
+  }
+#undef P
+  return 0;
+}
+
+/* The MLP part: a->h2, a->rstd2, a->g, a->u, a->a from a->x2, and x_out = x2 + the MLP's output
+ * (TZ_NORM_POST: x2 + the norm of the output, through a->m); with experts, moe_fwd's (stats:
+ * the routing's statistics, or NULL). */
+static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
+                   const struct tz_layer_acts *a, void *x_out, int B, int T, float *stats) {
+  struct tz_block_layout l = {0};
+  TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
+  enum tz_dtype S = tz_compute_dtype(cm);
+  int N = B * T, C = cfg->d_model, F = cfg->ffn_dim;
+  float eps = (float)cfg->norm_eps;
+#define P(i) at(params, l.t[i].offset, S)
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+  const void *h2 = pre ? a->h2 : a->x2;
+  if (pre)
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps,
+                                    norm_off(cfg)));
+  if (tz_model_moe(cfg))
+    return tz_model_moe_fwd(cm, cfg, &l, params, h2, a, x_out, N, stats);
+  TZ_CHECK(linear_fwd(cm, a->g, h2, P(TZ_L_WG), N, C, F));
+  TZ_CHECK(linear_fwd(cm, a->u, h2, P(TZ_L_WU), N, C, F));
+  TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, a->g, a->u, (size_t)N * F));
+  if (post) {
+    TZ_CHECK(linear_fwd(cm, a->m, a->a, P(TZ_L_WD), N, F, C));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, x_out, a->rstd_m, a->m, P(TZ_L_MLP_POST_NORM), N, C, eps,
+                                    norm_off(cfg)));
+    TZ_CHECK(tz_compute_add(cm, S, x_out, a->x2, x_out, (size_t)N * C));
+  } else {
+    TZ_CHECK(linear_res_fwd(cm, x_out, a->a, P(TZ_L_WD), a->x2, N, F, C));
+  }
+#undef P
+  return 0;
+}
+
+int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                       const void *params, const void *x_in, void *x_out,
+                       const struct tz_layer_acts *a, int B, int T, const int32_t *pos) {
+  return tz_model_layer_part_fwd(cm, cfg, layer, params, x_in, x_out, a, TZ_PARTS_ALL, B, T, pos);
+}
+
+int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                            const void *params, const void *x_in, void *x_out,
+                            const struct tz_layer_acts *a, unsigned parts, int B, int T,
+                            const int32_t *pos) {
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
+  if (parts & TZ_PART_ATTN)
+    TZ_CHECK(attn_fwd(cm, cfg, layer, params, x_in, a, B, T, pos));
+  return parts & TZ_PART_MLP ? mlp_fwd(cm, cfg, params, a, x_out, B, T, a->moe_stats) : 0;
+}
+
+int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                       const void *params, void *grads, const void *x_in,
+                       const struct tz_layer_acts *a, unsigned recompute, const void *dx_out,
+                       void *dx_in, const struct tz_layer_scratch *s, int B, int T,
+                       const int32_t *pos) {
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
+  struct tz_block_layout l = {0};
+  TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
+  enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
+  int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, H = cfg->n_head, Hkv = cfg->n_kv_head;
+  int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
+  struct tz_rope rope;
+  tz_model_layer_rope(cfg, layer, T, &rope);
+  /* The parts recomputed, attention first (the MLP's starts from its x2); the recomputed x_out
+   * is not needed, and the scratch's dh is free until the MLP backward. */
+#define P(i) at(params, l.t[i].offset, S)
+  float eps = (float)cfg->norm_eps;
+  struct tz_attn_opts opt = attn_opts(cfg, layer, T);
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+  if (recompute & TZ_PART_ATTN)
+    TZ_CHECK(attn_fwd(cm, cfg, layer, params, x_in, a, B, T, pos));
+  else if (pre) /* kept: what is not kept is rebuilt (acts_layout) */
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps,
+                                    norm_off(cfg)));
+  /* The SwiGLU's output a, which the down projection's weight gradient reads: recomputed with
+   * the MLP, else rebuilt by the SwiGLU's backward in the same pass (a_rebuilt). */
+  void *a_rebuilt = NULL;
+  if (recompute & TZ_PART_MLP) {
+    TZ_CHECK(mlp_fwd(cm, cfg, params, a, s->dh, B, T, NULL));
+  } else {
+    if (pre)
+      TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps,
+                                      norm_off(cfg)));
+    a_rebuilt = a->a;
+    if (tz_model_moe(cfg)) /* the experts' inputs, gathered again */
+      TZ_CHECK(tz_compute_moe_gather(cm, a->xs, a->h2, a->rows, N * cfg->n_expert_used, C));
+  }
+  const void *h1 = pre ? a->h1 : x_in, *h2 = pre ? a->h2 : a->x2;
+#define GR(i) at(grads, l.t[i].offset, G)
+  /* MLP: x_out = x2 + (silu(h2 wg^T) * (h2 wu^T)) wd^T, dx_out is the gradient of the output.
+   * With the norm on the MLP's output, dm (in dh, free until the gate's and up's backward
+   * write it) is the gradient at the down projection's output. */
+  const void *dm = dx_out;
+  if (tz_model_moe(cfg)) {
+    TZ_CHECK(tz_model_moe_bwd(cm, cfg, &l, params, grads, h2, a, a_rebuilt, dx_out, s, N));
+  } else {
+    if (post) {
+      TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_MLP_POST_NORM), dx_out, a->m,
+                                      P(TZ_L_MLP_POST_NORM), a->rstd_m, N, C, norm_off(cfg)));
+      dm = s->dh;
+    }
+    TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dm, P(TZ_L_WD), N, F, C));
+    TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dg, s->du, a_rebuilt, s->da, a->g,
+                                a->u, (size_t)N * F));
+    TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dm, a->a, N, F, C));
+    TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WG), s->dg, h2, P(TZ_L_WG), N, C, F));
+    TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WU), s->du, h2, P(TZ_L_WU), N, C, F));
+  }
+  /* The residual passes dx_out through unchanged: dx_in = dx_out + the norm's gradient, the copy
+   * fused into the norm's backward (or, the norm on the output, dx_out + the MLP input's). */
+  if (!pre)
+    TZ_CHECK(tz_compute_add(cm, S, dx_in, dx_out, s->dh, (size_t)N * C));
+  else
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_out, GR(TZ_L_MLP_NORM), s->dh, a->x2,
+                                    P(TZ_L_MLP_NORM), a->rstd2, N, C, norm_off(cfg)));
+  /* Attention: x2 = x_in + att wo^T; dx_in holds the gradient at x2 now. With the norm on the
+   * output, its gradient at o goes to dh (free until the q, k and v backward write it). */
+  const void *dout_o = dx_in;
+  if (post) {
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_ATTN_POST_NORM), dx_in, a->o,
+                                    P(TZ_L_ATTN_POST_NORM), a->rstd_o, N, C, norm_off(cfg)));
+    dout_o = s->dh;
+  }
+  TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dout_o, a->att, P(TZ_L_WO), N, HD, C));
+  TZ_CHECK(tz_compute_attention_bwd(cm, s->dq, s->dk, s->dv, s->delta, s->datt, a->q, a->k, a->v,
+                                    a->att, a->lse, B, T, H, Hkv, D, pos, &opt));
+  TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, &rope, pos));
+  TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, &rope, pos));
+  /* dqp, dkp: the gradients at the biased projections. Through the norms they go to buffers
+   * free by now (rmsnorm_bwd's dx must not alias its dout): datt (N, H*D), read only by the
+   * attention's backward, and dq, whose (N, H*D) holds a (N, Hkv*D) once dq itself is used. */
+  void *dqp = s->dq, *dkp = s->dk;
+  if (cfg->qk_norm) {
+    dqp = s->datt;
+    dkp = s->dq;
+    int rq, wq, rk, wk;
+    qk_norm_shape(cfg, N, H, &rq, &wq);
+    qk_norm_shape(cfg, N, Hkv, &rk, &wk);
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dqp, NULL, GR(TZ_L_QNORM), s->dq, a->q_pre, P(TZ_L_QNORM),
+                                    a->rstd_q, rq, wq, norm_off(cfg)));
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dkp, NULL, GR(TZ_L_KNORM), s->dk, a->k_pre, P(TZ_L_KNORM),
+                                    a->rstd_k, rk, wk, norm_off(cfg)));
+  }
+  if (cfg->qkv_bias) {
+    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BQ), dqp, N, HD));
+    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BK), dkp, N, KD));
+    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BV), s->dv, N, KD));
+  }
+  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), dqp, h1, P(TZ_L_WQ), N, C, HD));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), dkp, h1, P(TZ_L_WK), N, C, KD));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, h1, P(TZ_L_WV), N, C, KD));
+  if (!pre)
+    TZ_CHECK(tz_compute_add(cm, S, dx_in, dx_in, s->dh, (size_t)N * C));
+  else
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in,
+                                    P(TZ_L_ATTN_NORM), a->rstd1, N, C, norm_off(cfg)));
+#undef P
+#undef GR
+  return 0;
+}
+
+/* The LM head's weight (V, C) and where its gradient goes. */
+static void head_weights(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
+                         const void *embed, void *head_grad, void *embed_grad, const void **W,
+                         void **dW) {
+  struct tz_block_layout l = {0};
+  tz_model_block_layout(cfg, cfg->n_layer + 1, &l);
+  if (cfg->tie_embeddings) {
+    *W = embed;
+    *dW = embed_grad;
+  } else {
+    *W = at(head, l.t[TZ_H_LM].offset, tz_compute_dtype(cm));
+    *dW = head_grad ? at(head_grad, l.t[TZ_H_LM].offset, tz_compute_grad_dtype(cm)) : NULL;
+  }
+}
+
+int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
+                  const void *embed, void *head_grad, void *embed_grad, const void *x,
+                  const int32_t *targets, float dscale, void *dx, const struct tz_head_scratch *s,
+                  int B, int T) {
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
+  enum tz_dtype S = tz_compute_dtype(cm);
+  int N = B * T, C = cfg->d_model, V = cfg->vocab;
+  int bwd = head_grad != NULL;
+  if (bwd && cfg->tie_embeddings && !embed_grad)
+    return tz_err_set(TZ_EINVAL, "model head: tied embeddings need the embedding's gradient");
+  const void *W;
+  void *dW;
+  head_weights(cm, cfg, head, embed, head_grad, embed_grad, &W, &dW);
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps,
+                                  norm_off(cfg)));
+  int rows = tz_model_head_rows(cfg, N);
+  for (int r0 = 0; r0 < N; r0 += rows) {
+    int nr = N - r0 < rows ? N - r0 : rows;
+    const void *h = at(s->h, (uint64_t)r0 * C, S);
+    TZ_CHECK(linear_fwd(cm, s->logits, h, W, nr, C, V));
+    TZ_CHECK(tz_compute_xent(cm, s->losses + r0, bwd ? s->logits : NULL, s->logits, targets + r0,
+                             nr, V, dscale, (float)cfg->final_softcap));
+    if (bwd)
+      TZ_CHECK(linear_bwd(cm, at(s->dh, (uint64_t)r0 * C, S), 0, dW, s->logits, h, W, nr, C, V));
+  }
+  TZ_CHECK(tz_compute_sum(cm, s->loss, TZ_F32, s->losses, (size_t)N, 0));
+  if (bwd) {
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx, NULL, head_grad, s->dh, x, head, s->rstd, N, C,
+                                    norm_off(cfg)));
+  }
+  return 0;
+}
+
+int tz_model_head_logits(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
+                         const void *embed, const void *x, void *logits,
+                         const struct tz_head_scratch *s, int B, int T) {
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
+  int N = B * T, C = cfg->d_model, V = cfg->vocab;
+  const void *W;
+  void *dW;
+  head_weights(cm, cfg, head, embed, NULL, NULL, &W, &dW);
+  TZ_CHECK(tz_compute_rmsnorm_fwd(cm, s->h, s->rstd, x, head, N, C, (float)cfg->norm_eps,
+                                  norm_off(cfg)));
+  TZ_CHECK(linear_fwd(cm, logits, s->h, W, N, C, V));
+  return cfg->final_softcap > 0
+             ? tz_compute_softcap(cm, logits, (size_t)N * V, (float)cfg->final_softcap)
+             : 0;
+}
+
+int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
+  return (uint64_t)cfg->n_layer * tz_model_acts_bytes(cfg, dt, B, T) > TZ_MODEL_ACTS_BUDGET;
+}
+
+/* ---- One layer alone ---- */
+
+double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T) {
+  return tz_model_layer_part_flop(cfg, B, T, TZ_PARTS_ALL);
+}
+
+double tz_model_layer_part_flop(const struct tz_model_config *cfg, int B, int T, unsigned parts) {
+  double N = (double)B * (double)T, C = cfg->d_model, F = cfg->ffn_dim;
+  double D = tz_model_head_dim(cfg), HD = (double)cfg->n_head * D;
+  double attn = 2.0 * N * C * D * (double)(2 * cfg->n_head + 2 * cfg->n_kv_head) +
+                2.0 * (double)B * (double)T * (double)T * HD;
+  double mlp = tz_model_moe(cfg)
+                   ? 2.0 * N * C *
+                         (3.0 * cfg->n_expert_used * cfg->moe_ffn_dim + cfg->n_expert +
+                          3.0 * cfg->shared_ffn_dim + (cfg->shared_ffn_dim ? 1 : 0))
+                   : 2.0 * N * 3.0 * C * F;
+  return (parts & TZ_PART_ATTN ? attn : 0) + (parts & TZ_PART_MLP ? mlp : 0);
+}
