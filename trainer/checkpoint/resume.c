@@ -16,7 +16,6 @@
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/step/decay.h"
 #include "trainer/model/model.h"
-#include "trainer/run/signals.h"
 
 #include <stddef.h>
 
@@ -627,8 +626,7 @@ int tz_resume_load(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *ste
   return rc;
 }
 
-int tz_resume_stop_requested(tz_comm *comm, int *sig) {
-  int mine = tz_signals_pending();
+int tz_resume_stop_agree(tz_comm *comm, int mine, int *sig) {
   *sig = mine;
   if (tz_comm_size(comm) == 1)
     return 0;

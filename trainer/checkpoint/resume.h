@@ -65,9 +65,10 @@ int tz_resume_seed(const char *path, int reseed, struct tz_config *c);
  * the checkpoint layer's message: the file, the section, and the previous intact checkpoint. */
 int tz_resume_load(tz_trainer *tr, tz_comm *comm, const char *path, int64_t *step);
 
-/* Whether any rank has a stop request (trainer/run/signals.h) pending: *sig gets SIGTERM or SIGINT
- * (SIGTERM when ranks differ), or 0. A signal may reach only some ranks of a job; polling this
- * once per step, on every rank alike, makes them all stop after the same step. */
-int tz_resume_stop_requested(tz_comm *comm, int *sig);
+/* Whether any rank has a stop request pending, from this rank's (mine: SIGTERM, SIGINT or 0, as
+ * trainer/run/signals.h says): *sig gets SIGTERM or SIGINT (SIGTERM when ranks differ), or 0. A
+ * signal may reach only some ranks of a job; agreeing once per step, on every rank alike, makes
+ * them all stop after the same step. */
+int tz_resume_stop_agree(tz_comm *comm, int mine, int *sig);
 
 #endif

@@ -907,7 +907,7 @@ static int steps(struct run *r) {
     longest = fmax(longest, tz_now_s() - t0);
     set_grace(r, longest);
     int sig = 0;
-    TZ_CHECK(tz_resume_stop_requested(r->comm, &sig));
+    TZ_CHECK(tz_resume_stop_agree(r->comm, tz_signals_pending(), &sig));
     if (tz_run_saves(o, s + 1, sig))
       TZ_CHECK(save(r, s + 1));
     if (sig) {
