@@ -213,9 +213,9 @@ struct tz_config {
                                 hbm tier, to test copies split at piece boundaries; 0 = 64
                                 GiB */
     double comm_timeout;     /* seconds each collective and launcher exchange may take */
-    double stop_grace;       /* seconds a stop request gives the step to end (trainer/run/signals.h);
-                                0: auto, 20x the plan's bound (>= 120) before the first step
-                                ends, then 3x the longest step (>= 60) */
+    double stop_grace; /* seconds a stop request gives the step to end (trainer/run/signals.h);
+                          0: auto, 20x the plan's bound (>= 120) before the first step
+                          ends, then 3x the longest step (>= 60) */
     /* what weight decay skips: "bias", "norm", "embed" (trainer/step/decay.h), or "none"; n 0 = not
      * set: bias and norm */
     struct tz_config_paths weight_decay_exclude;

@@ -431,9 +431,8 @@ int tz_compute_moe_scatter(tz_compute *cm, void *dx, const void *dxs, const int3
                            int k, int C);
 int tz_compute_moe_combine(tz_compute *cm, void *out, const void *res, const void *y,
                            const float *w, const int32_t *slot, int N, int k, int C);
-int tz_compute_moe_combine_bwd(tz_compute *cm, void *dy, float *dw, const void *dout,
-                               const void *y, const float *w, const int32_t *slot, int N, int k,
-                               int C);
+int tz_compute_moe_combine_bwd(tz_compute *cm, void *dy, float *dw, const void *dout, const void *y,
+                               const float *w, const int32_t *slot, int N, int k, int C);
 int tz_compute_moe_gate_fwd(tz_compute *cm, void *out, const void *res, const void *y,
                             const void *s, int N, int C);
 int tz_compute_moe_gate_bwd(tz_compute *cm, void *dy, void *ds, const void *dout, const void *y,

@@ -1,8 +1,8 @@
-/* A float64 reference of the whole model (trainer/model/model.h), written for obviousness: plain loops,
- * every intermediate kept, the backward derived by hand step by step. Parameters use the model's
- * block layout (tz_model_block_layout), in double; the flags of the config (q, k, v biases, q/k
- * norms, head_dim, llama3 RoPE) as transformers' Llama, Qwen2 and Qwen3 compute them. Used to check
- * the compute backends; itself checked by finite differences (test_refmodel_fd). */
+/* A float64 reference of the whole model (trainer/model/model.h), written for obviousness: plain
+ * loops, every intermediate kept, the backward derived by hand step by step. Parameters use the
+ * model's block layout (tz_model_block_layout), in double; the flags of the config (q, k, v biases,
+ * q/k norms, head_dim, llama3 RoPE) as transformers' Llama, Qwen2 and Qwen3 compute them. Used to
+ * check the compute backends; itself checked by finite differences (test_refmodel_fd). */
 #ifndef TZ_TESTS_REFMODEL_H
 #define TZ_TESTS_REFMODEL_H
 

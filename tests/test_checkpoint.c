@@ -1,6 +1,6 @@
-/* Checkpoints (trainer/checkpoint/checkpoint.h): round trips of every kind of section at world size 2, the
- * writer's refusals, latest/list/previous and --keep, replacing a checkpoint of the same step,
- * damaged files named with section and offset (with the previous checkpoint offered), a save
+/* Checkpoints (trainer/checkpoint/checkpoint.h): round trips of every kind of section at world size
+ * 2, the writer's refusals, latest/list/previous and --keep, replacing a checkpoint of the same
+ * step, damaged files named with section and offset (with the previous checkpoint offered), a save
  * killed with SIGKILL before each of its file-system operations in turn, and a full disk at each
  * write and fsync in turn. */
 #define _GNU_SOURCE

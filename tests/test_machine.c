@@ -1,7 +1,8 @@
-/* A plan checked against what the machine can give (trainer/step/machine.h): host memory (MemAvailable,
- * or the cgroup's limit where it has one), GPU memory, NVMe space and RLIMIT_MEMLOCK, with
- * made-up machines; the trainer refuses an impossible plan before allocating anything and before
- * its layer probe. Nothing here allocates the machine's memory: the facts are injected. */
+/* A plan checked against what the machine can give (trainer/step/machine.h): host memory
+ * (MemAvailable, or the cgroup's limit where it has one), GPU memory, NVMe space and
+ * RLIMIT_MEMLOCK, with made-up machines; the trainer refuses an impossible plan before allocating
+ * anything and before its layer probe. Nothing here allocates the machine's memory: the facts are
+ * injected. */
 #define _GNU_SOURCE
 #include "testlib.h"
 

@@ -489,11 +489,11 @@ int main(int argc, char **argv) {
     jitter_us = 200;
   nvme_dir = tz_test_mkdtemp("tz_plan_home");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_home_first_bound),      cmocka_unit_test(test_host_memory_lane),
-      cmocka_unit_test(test_link_beside_home),      cmocka_unit_test(test_home_rate_of_a_run),
-      cmocka_unit_test(test_plan_no_carry),
-      cmocka_unit_test(test_disk_write_holds_room), cmocka_unit_test(test_home_first_order),
-      cmocka_unit_test(test_home_first_same_bits),  cmocka_unit_test(test_search_by_blocks),
+      cmocka_unit_test(test_home_first_bound), cmocka_unit_test(test_host_memory_lane),
+      cmocka_unit_test(test_link_beside_home), cmocka_unit_test(test_home_rate_of_a_run),
+      cmocka_unit_test(test_plan_no_carry),    cmocka_unit_test(test_disk_write_holds_room),
+      cmocka_unit_test(test_home_first_order), cmocka_unit_test(test_home_first_same_bits),
+      cmocka_unit_test(test_search_by_blocks),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);

@@ -1,5 +1,6 @@
-/* Stop requests (trainer/run/signals.h): SIGTERM and SIGINT set the pending signal instead of ending
- * the process; a second SIGINT ends it at once, by SIGINT; restore puts the old actions back. */
+/* Stop requests (trainer/run/signals.h): SIGTERM and SIGINT set the pending signal instead of
+ * ending the process; a second SIGINT ends it at once, by SIGINT; restore puts the old actions
+ * back. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdlib.h>

@@ -15,8 +15,8 @@
 #define TZ_MIX_GAMMA 0x9e3779b97f4a7c15ull
 
 /* splitmix64's finalizer alone (no increment): the hash of the model's initialisation
- * (trainer/model/model.c), which adds TZ_MIX_GAMMA itself where it wants it. Also the output step of
- * tz_mix_next. */
+ * (trainer/model/model.c), which adds TZ_MIX_GAMMA itself where it wants it. Also the output step
+ * of tz_mix_next. */
 static inline uint64_t tz_mix_init(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -24,7 +24,8 @@ static inline uint64_t tz_mix_init(uint64_t z) {
 }
 
 /* splitmix64 of one value: the increment, then the finalizer. The hash of the data order (the
- * Feistel rounds of trainer/data/data.c), of synthetic batches and of the fault tier's decisions. */
+ * Feistel rounds of trainer/data/data.c), of synthetic batches and of the fault tier's decisions.
+ */
 static inline uint64_t tz_mix_data(uint64_t z) { return tz_mix_init(z + TZ_MIX_GAMMA); }
 
 /* The next value of the splitmix64 sequence whose state is *state (advanced by one step). */

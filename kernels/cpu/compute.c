@@ -15,7 +15,6 @@
 #include "core/dtype.h"
 #include "kernels/cpu/cpu.h"
 
-
 /* Channel slices that one thread owns in rmsnorm's reduction over rows for dw. */
 #define COL_BLOCK 64
 

@@ -57,12 +57,12 @@ struct tz_cuda {
   int n_sm;                              /* multiprocessors, for grid sizes */
   size_t smem_optin;                     /* the most shared memory one block may ask for */
   enum tz_cuda_attention_mode attention; /* the setting "attention" (choice.h) */
-  int attention_tiles; /* the setting "attention_tiles": an index into tz_cuda_tile_names */
-  int sm90;            /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
-  int mm_plain;        /* the setting "matmul" plain: matmul's plain kernel instead of cuBLASLt */
+  int attention_tiles;  /* the setting "attention_tiles": an index into tz_cuda_tile_names */
+  int sm90;             /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
+  int mm_plain;         /* the setting "matmul" plain: matmul's plain kernel instead of cuBLASLt */
   int norm_bwd_onepass; /* the setting "norm_bwd" one-pass (rmsnorm.cu) */
-  cudaStream_t stream; /* where all work goes: params.stream, or the instance's own */
-  int stream_borrowed; /* stream came from params.stream: never destroyed here */
+  cudaStream_t stream;  /* where all work goes: params.stream, or the instance's own */
+  int stream_borrowed;  /* stream came from params.stream: never destroyed here */
   cublasLtHandle_t lt;
   void *workspace; /* cuBLASLt workspace, allocated once */
   size_t workspace_bytes;

@@ -1,4 +1,5 @@
-/* Fuzz target: the checkpoint reader (trainer/checkpoint/checkpoint.h) on a directory built from the input.
+/* Fuzz target: the checkpoint reader (trainer/checkpoint/checkpoint.h) on a directory built from
+ * the input.
  *
  * Input: u8 flags, u16 manifest length, the manifest, u16 latest length, latest, then the rank 0
  * file (all lengths little-endian and cut to what is there). Flags:

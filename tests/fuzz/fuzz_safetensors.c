@@ -1,6 +1,6 @@
-/* Fuzz target: the safetensors reader (trainer/model/safetensors.h). The input is the whole file, put in
- * a memory file and opened by its /proc/self/fd path; every F32, BF16 and F16 tensor of a file
- * that opens is read, and every other tensor must be refused as unsupported. */
+/* Fuzz target: the safetensors reader (trainer/model/safetensors.h). The input is the whole file,
+ * put in a memory file and opened by its /proc/self/fd path; every F32, BF16 and F16 tensor of a
+ * file that opens is read, and every other tensor must be refused as unsupported. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>

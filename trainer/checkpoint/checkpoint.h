@@ -56,8 +56,9 @@ struct tz_ckpt_hooks {
  * tz_ckpt_abandon. NULL, or all zero, is the default. */
 struct tz_ckpt_options {
   struct tz_ckpt_hooks hooks;
-  /* test hook: the format version written (the header and the manifest; trainer/checkpoint/resume.c then
-   * writes that version's "state"), to make checkpoints of an earlier version; 0: the current */
+  /* test hook: the format version written (the header and the manifest; trainer/checkpoint/resume.c
+   * then writes that version's "state"), to make checkpoints of an earlier version; 0: the current
+   */
   int version;
 };
 

@@ -22,8 +22,8 @@
 
 #define TZ_CKPT_MAGIC "TZCKPT01"
 #define TZ_CKPT_INDEX_MAGIC "TZCKIDX1"
-/* 2: the "state" section records the model and the weight-decay exclusion (trainer/checkpoint/resume.h);
- * the files' layout is that of 1, which still loads. */
+/* 2: the "state" section records the model and the weight-decay exclusion
+ * (trainer/checkpoint/resume.h); the files' layout is that of 1, which still loads. */
 #define TZ_CKPT_VERSION 2
 #define TZ_CKPT_VERSION_MIN 1
 #define TZ_CKPT_ALIGN 4096u

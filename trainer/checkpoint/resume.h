@@ -1,7 +1,7 @@
-/* Saving and restoring a trainer's whole state through checkpoints (trainer/checkpoint/checkpoint.h), so that
- * a run stopped after step N and resumed continues with exactly the losses and parameters of a
- * run that never stopped, whatever the placement of either (docs/checkpoints.md, "Resuming with
- * tz-train").
+/* Saving and restoring a trainer's whole state through checkpoints
+ * (trainer/checkpoint/checkpoint.h), so that a run stopped after step N and resumed continues with
+ * exactly the losses and parameters of a run that never stopped, whatever the placement of either
+ * (docs/checkpoints.md, "Resuming with tz-train").
  *
  * What a checkpoint of step N holds, in each rank's file:
  *   "config"                  the effective configuration (tz_config_dump)

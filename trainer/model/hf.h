@@ -44,8 +44,8 @@ int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, 
  * model.layers.<i>.<moe_module>.experts.<e>.<gate/up/down name>.weight); else 1. */
 int tz_hf_pieces(const struct tz_model_config *cfg, int block, int tensor);
 /* The name of piece `piece` (tz_hf_tensor_name's where there is one piece). */
-int tz_hf_piece_name(const struct tz_model_config *cfg, int block, int tensor, int piece,
-                     char *buf, size_t len);
+int tz_hf_piece_name(const struct tz_model_config *cfg, int block, int tensor, int piece, char *buf,
+                     size_t len);
 
 /* What config.json says beyond struct tz_model_config. */
 #define TZ_HF_MAX_EOS 16

@@ -136,8 +136,8 @@ static int get_id(const struct tz_hf_cfgp *p, const char *key, int vocab, int *h
   return 0;
 }
 
-/* The experts of a family with them (trainer/model/family.h, moe_module): every layer sparse, top-k of a
- * softmax router, with the family's renormalisation; routing variants refused by name. */
+/* The experts of a family with them (trainer/model/family.h, moe_module): every layer sparse, top-k
+ * of a softmax router, with the family's renormalisation; routing variants refused by name. */
 static int parse_moe(const struct tz_hf_cfgp *p, struct tz_model_config *cfg) {
   const struct tz_family *fam = tz_family_of(cfg->family);
   char t[100];

@@ -98,8 +98,8 @@ int tz_model_config_check(const struct tz_model_config *c) {
   NEED(c->norm_eps >= 0.0, "norm_eps %g must not be negative", c->norm_eps);
   NEED(c->tie_embeddings == 0 || c->tie_embeddings == 1, "tie_embeddings %d must be 0 or 1",
        c->tie_embeddings);
-  NEED((unsigned)c->family < TZ_FAMILY_COUNT, "family %d is none of the %d of trainer/model/family.c",
-       (int)c->family, TZ_FAMILY_COUNT);
+  NEED((unsigned)c->family < TZ_FAMILY_COUNT,
+       "family %d is none of the %d of trainer/model/family.c", (int)c->family, TZ_FAMILY_COUNT);
   NEED(c->qkv_bias == 0 || c->qkv_bias == 1, "qkv_bias %d must be 0 or 1", c->qkv_bias);
   NEED(c->qk_norm >= TZ_QK_NORM_NONE && c->qk_norm <= TZ_QK_NORM_ALL,
        "qk_norm %d must be 0 (none), 1 (per head) or 2 (the whole projection)", c->qk_norm);

@@ -372,9 +372,9 @@ static int ckpt_claim(struct run *r) {
   return ckpt_agree(r, rc < 0 ? ckpt_refused(rc) : 0);
 }
 
-/* The disk space of one save, from what trainer/checkpoint/resume.c's writer puts in each rank file: the
- * config, the state (a JSON text bounded here: its fixed fields and a short entry per block) and
- * each block's param, master, m and v shards, the same size on every rank. */
+/* The disk space of one save, from what trainer/checkpoint/resume.c's writer puts in each rank
+ * file: the config, the state (a JSON text bounded here: its fixed fields and a short entry per
+ * block) and each block's param, master, m and v shards, the same size on every rank. */
 static uint64_t ckpt_bytes(struct run *r) {
   static const int kinds[] = {TZ_PLAN_PARAM, TZ_PLAN_MASTER, TZ_PLAN_M, TZ_PLAN_V};
   const char *const *groups = tz_trainer_group_names(r->tr);

@@ -1,4 +1,5 @@
-/* A run's options from text, their consistency, and the configuration they make (trainer/run/run.h). */
+/* A run's options from text, their consistency, and the configuration they make
+ * (trainer/run/run.h). */
 #include "trainer/run/run.h"
 
 #include "core/error.h"

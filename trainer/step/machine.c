@@ -1,4 +1,5 @@
-/* What this machine can give each tier, and a plan's needs checked against it (trainer/step/machine.h).
+/* What this machine can give each tier, and a plan's needs checked against it
+ * (trainer/step/machine.h).
  */
 #define _GNU_SOURCE
 #include "trainer/step/machine.h"

@@ -233,8 +233,8 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
   if (tr->layer_rate > 0)
     r.rates.flops = tr->layer_rate;
   r.home_on_compute = !tr->gpu; /* home phases: guess_home_phases, then settle_home_phases */
-  /* the CPU's Adam at the homes (trainer/step/phases.c): f32 master, m and v read and written, the f32
-   * gradient read, the parameter written in the storage dtype */
+  /* the CPU's Adam at the homes (trainer/step/phases.c): f32 master, m and v read and written, the
+   * f32 gradient read, the parameter written in the storage dtype */
   r.home_adam_bytes = 7.0 * sizeof(float) + (double)tz_dtype_size(tr->S);
   *out = r;
 }

@@ -1,4 +1,5 @@
-/* Measuring the plan's machine rates (trainer/step/rates.h); their cache is trainer/step/rates_cache.c. */
+/* Measuring the plan's machine rates (trainer/step/rates.h); their cache is
+ * trainer/step/rates_cache.c. */
 #define _GNU_SOURCE
 #include "trainer/step/rates.h"
 #include "trainer/step/rates_cache.h"

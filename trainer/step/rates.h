@@ -51,9 +51,9 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
                  const char *path, int refresh, struct tz_plan_rates *out);
 
 /* Drops the cache's entry for this set-up (path NULL: the default cache) and the backend's layer
- * timings (trainer/step/rates_cache.h), so that the next run measures again: a run that came in under
- * its bound shows that the rates were measured slow (docs/training.md "The bound"). 0 when there
- * was nothing to drop or it is dropped. */
+ * timings (trainer/step/rates_cache.h), so that the next run measures again: a run that came in
+ * under its bound shows that the rates were measured slow (docs/training.md "The bound"). 0 when
+ * there was nothing to drop or it is dropped. */
 int tz_rates_forget(const struct tz_config *cfg, const char *backend, const char *path);
 
 /* Records in the cache's entry for this set-up (path NULL: the default cache) what a run

@@ -1,7 +1,7 @@
-/* The cache of the plan's machine rates (trainer/step/rates.h, trainer/step/rates_cache.h): one JSON object
- * per machine, {"version": 5, "<set-up>": {rates...}, ...}, where the set-up names what the
- * rates depend on beside the machine (the compute backend and the NVMe directory), so a run with
- * another directory measures again and adds its entry. */
+/* The cache of the plan's machine rates (trainer/step/rates.h, trainer/step/rates_cache.h): one
+ * JSON object per machine, {"version": 5, "<set-up>": {rates...}, ...}, where the set-up names what
+ * the rates depend on beside the machine (the compute backend and the NVMe directory), so a run
+ * with another directory measures again and adds its entry. */
 #define _GNU_SOURCE
 #include "trainer/step/rates_cache.h"
 #include "core/error.h"

@@ -1,5 +1,6 @@
-/* The rates cache's entries (trainer/step/rates_cache.c), for the probes' file (trainer/step/rates.c):
- * the set-up's key, an entry read and written whole, and the fields an entry holds, in order. */
+/* The rates cache's entries (trainer/step/rates_cache.c), for the probes' file
+ * (trainer/step/rates.c): the set-up's key, an entry read and written whole, and the fields an
+ * entry holds, in order. */
 #ifndef TZ_TRAINER_RATES_CACHE_H
 #define TZ_TRAINER_RATES_CACHE_H
 

@@ -151,11 +151,11 @@ struct tz_trainer {
   tz_lane_timer *coll_timer; /* [parity][pair][2] marks, coll_cap pairs per parity; NULL: one
                                 rank, or a lane that cannot time */
   int coll_cap, coll_n[2];
-  float *partials;         /* (n_seg) sums of squares of norm segments */
-  float *scal;             /* [0] loss sum over micro-batches, [1] the norm's sum of squares,
-                              [2] the load-balancing loss's share */
-  float *moe_stats;        /* with the load-balancing loss (tz_model_aux_coef): the micro-batch's
-                              routing statistics (2E), then moe_daux (E) its gradient; else NULL */
+  float *partials;  /* (n_seg) sums of squares of norm segments */
+  float *scal;      /* [0] loss sum over micro-batches, [1] the norm's sum of squares,
+                       [2] the load-balancing loss's share */
+  float *moe_stats; /* with the load-balancing loss (tz_model_aux_coef): the micro-batch's
+                       routing statistics (2E), then moe_daux (E) its gradient; else NULL */
   float *moe_daux;
   int32_t *host_tokens[2]; /* host copies by step parity: tokens, targets, pos, each G*N */
   float *host_scal;        /* [2]: the step's loss sum and squared norm, copied out */
@@ -247,7 +247,8 @@ void tz_train_choose_cpu_steps(tz_trainer *tr, double share);
 int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p);
 /* The plan (tr->plan) and the phases that run at the homes (tr->at_home). */
 int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p);
-/* The plan against what the machine can give (trainer/step/machine.h); TZ_ENOMEM naming the tier. */
+/* The plan against what the machine can give (trainer/step/machine.h); TZ_ENOMEM naming the tier.
+ */
 int tz_train_check_machine(tz_trainer *tr, const struct tz_trainer_params *p);
 
 /* ---- loss_scale.c ---- */
