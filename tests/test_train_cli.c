@@ -202,6 +202,28 @@ static void test_plan(void **state) {
   assert_non_null(strstr(output(), "gradient_clipping"));
 }
 
+/* --plan --fit with --model a Hugging Face config.json: the model tz_run would train (it said
+ * "no preset" where --fit chose its model by a preset's name alone). */
+static void test_fit_config_json(void **state) {
+  (void)state;
+  write_config("fit-config.json",
+               "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], "
+               "\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 256, "
+               "\"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000, "
+               "\"tie_word_embeddings\": true}");
+  char args[2048];
+  snprintf(args, sizeof args,
+           "--model %s/fit-config.json --seq 16 --plan --fit micro-batch "
+           "--set tierzero.host_budget=64MiB",
+           dir);
+  int rc = tz_train(args);
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(output(), "--fit micro-batch: the largest micro-batch"));
+}
+
 /* Planning for a GPU from a machine without one: --gpu-memory and --layer-rate stand in for what
  * the GPU would say, the rates come from the GPU machine's cache (--rates); without them there the
  * error says so; both options are for --plan only. */
@@ -986,6 +1008,7 @@ int main(void) {
       cmocka_unit_test(test_layer_rate_cached),
       cmocka_unit_test(test_corpus),
       cmocka_unit_test(test_plan),
+      cmocka_unit_test(test_fit_config_json),
       cmocka_unit_test(test_plan_for_gpu),
       cmocka_unit_test(test_faults),
       cmocka_unit_test(test_eval),

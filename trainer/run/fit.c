@@ -4,6 +4,7 @@
 #include "trainer/run/fit.h"
 #include "core/error.h"
 #include "trainer/model/hf.h"
+#include "trainer/run/run.h"
 #include "trainer/step/rates.h"
 
 #include <stdio.h>
@@ -142,10 +143,13 @@ int tz_fit(const struct tz_config *cfg, const struct tz_model_config *mc, tz_com
 int tz_run_fit(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm *comm,
                tz_runtime *rt, enum tz_fit_what what, struct tz_fit_result *out) {
   memset(out, 0, sizeof *out);
+  /* the model as tz_run chooses it: --model (a preset or a Hugging Face config), the
+   * configuration's, the import's, else tiny */
   struct tz_model_config mc;
-  const char *preset = o->model ? o->model : cfg->tierzero.model;
-  if (preset || !o->import_dir) {
-    TZ_CHECK(tz_model_preset(preset ? preset : "tiny", &mc));
+  const char *name = o->model ? o->model : cfg->tierzero.model;
+  if (name || !o->import_dir) {
+    char dir[4096];
+    TZ_CHECK(tz_run_model(name ? name : "tiny", &mc, dir, sizeof dir));
   } else {
     tz_hf_model *hm = NULL;
     TZ_CHECK(tz_hf_open(o->import_dir, &hm));
@@ -154,22 +158,9 @@ int tz_run_fit(const struct tz_run_options *o, const struct tz_config *cfg, tz_c
   }
   struct tz_plan_rates rates;
   TZ_CHECK(tz_rates_get(cfg, o->backend, rt, comm, o->rates, o->remeasure, &rates));
-  if (o->coll_rate > 0)
-    rates.collective = o->coll_rate;
-  /* The trainer's parameters as tz_run's plan sets them. */
+  /* the trainer's parameters as tz_run's plan sets them, a plan only */
   struct tz_trainer_params tp;
-  tz_trainer_params_init(&tp);
-  tp.seq_len = o->seq;
-  tp.total_steps = o->steps;
-  tp.opt_mode = o->mode;
-  tp.auto_placement = o->auto_placement;
-  tp.rates = &rates;
+  tz_run_trainer_params(o, &rates, &tp);
   tp.plan_only = 1;
-  tp.compute_backend = o->backend;
-  tp.device = o->device;
-  tp.measure_layer = 1;
-  tp.gpu_free = o->gpu_memory;
-  tp.layer_rate = o->layer_rate;
-  tp.plan_world = o->plan_world;
   return tz_fit(cfg, &mc, comm, rt, &tp, what, out);
 }

@@ -42,6 +42,27 @@ void tz_run_options_init(struct tz_run_options *o) {
 
 /* ---- The model ---- */
 
+void tz_run_trainer_params(const struct tz_run_options *o, struct tz_plan_rates *rates,
+                           struct tz_trainer_params *tp) {
+  tz_trainer_params_init(tp);
+  tp->seq_len = o->seq;
+  tp->total_steps = o->steps;
+  tp->opt_mode = o->mode;
+  tp->auto_placement = o->auto_placement;
+  tp->rates = rates;
+  tp->plan_only = o->plan_only;
+  tp->compute_backend = o->backend;
+  tp->device = o->device;
+  tp->measure_layer = 1;
+  tp->rates_path = o->rates;
+  tp->remeasure = o->remeasure;
+  tp->gpu_free = o->gpu_memory;
+  tp->layer_rate = o->layer_rate;
+  tp->plan_world = o->plan_world;
+  if (o->coll_rate > 0)
+    rates->collective = o->coll_rate;
+}
+
 int tz_run_model(const char *name, struct tz_model_config *mc, char *dir, size_t len) {
   if (len)
     dir[0] = 0;
@@ -577,23 +598,7 @@ static int plan(struct run *r) {
     return rc;
   double t_rates = tz_now_s();
   struct tz_trainer_params tp;
-  tz_trainer_params_init(&tp);
-  tp.seq_len = o->seq;
-  tp.total_steps = o->steps;
-  tp.opt_mode = o->mode;
-  tp.auto_placement = o->auto_placement;
-  tp.rates = &r->rates;
-  tp.plan_only = o->plan_only;
-  tp.compute_backend = o->backend;
-  tp.device = o->device;
-  tp.measure_layer = 1;
-  tp.rates_path = o->rates;
-  tp.remeasure = o->remeasure;
-  tp.gpu_free = o->gpu_memory;
-  tp.layer_rate = o->layer_rate;
-  tp.plan_world = o->plan_world;
-  if (o->coll_rate > 0)
-    r->rates.collective = o->coll_rate;
+  tz_run_trainer_params(o, &r->rates, &tp);
   TZ_CHECK(tz_trainer_create(r->cfg, &r->mc, r->comm, r->rt, &tp, &r->tr));
   double now = tz_now_s();
   struct tz_run_event ev = {.kind = TZ_RUN_PLANNED,

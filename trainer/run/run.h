@@ -23,6 +23,7 @@
 #include "trainer/run/metrics.h"
 #include "trainer/model/model.h"
 #include "trainer/step/train.h"
+#include "trainer/step/train.h"
 
 struct tz_sched_stats;
 struct tz_ckpt_options; /* trainer/checkpoint/checkpoint.h */
@@ -134,6 +135,11 @@ void tz_run_options_init(struct tz_run_options *o);
  * files would be ("" for a preset). TZ_ENOENT naming the presets for a name that is neither;
  * tz_hf_config_read's errors. */
 int tz_run_model(const char *name, struct tz_model_config *mc, char *dir, size_t len);
+
+/* The trainer's parameters the run's options make, the one mapping of them (tz_run, tz_run_fit):
+ * rates is where the plan's rates are, --collective-rate applied to it here. */
+void tz_run_trainer_params(const struct tz_run_options *o, struct tz_plan_rates *rates,
+                           struct tz_trainer_params *tp);
 
 /* Sets the option that tz-train's flag --name stands for from its text (value NULL for a switch:
  * plan, auto-placement, remeasure); strings are borrowed. TZ_EINVAL with a message naming the
