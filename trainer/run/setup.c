@@ -2,6 +2,7 @@
  * the homes' initial shards and the scheduler. */
 #define _GNU_SOURCE
 #include "trainer/step/train_internal.h"
+#include "trainer/step/machine.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/step/rates.h"
@@ -271,7 +272,7 @@ static int create_nvme_tier(tz_trainer *tr) {
   const struct tz_config *c = &tr->cfg;
   const struct tz_plan *pl = &tr->plan;
   struct tz_tier_params tp;
-  const char *dir = tz_train_nvme_dir(c);
+  const char *dir = tz_machine_nvme_dir(c);
   if (!dir)
     return tz_err_set(TZ_ECONFIG, "train: state is placed on nvme but no directory is given "
                                   "(tierzero.nvme_path or zero_optimization.offload_*.nvme_path)");

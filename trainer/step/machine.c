@@ -197,6 +197,14 @@ static uint64_t memory_room(const struct tz_machine_facts *f, char *how, size_t 
   return TZ_MACHINE_UNKNOWN;
 }
 
+const char *tz_machine_nvme_dir(const struct tz_config *c) {
+  if (c->tierzero.nvme_path.n > 0)
+    return c->tierzero.nvme_path.path[0];
+  if (c->zero_optimization.offload_optimizer.nvme_path)
+    return c->zero_optimization.offload_optimizer.nvme_path;
+  return c->zero_optimization.offload_param.nvme_path;
+}
+
 uint64_t tz_machine_host_room(const struct tz_machine_facts *f, char *how, size_t len) {
   uint64_t room = memory_room(f, how, len);
   return address_room(f, room, how, len);

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/config.h"
+
 #define TZ_MACHINE_UNKNOWN UINT64_MAX /* a limit that could not be read, or none */
 
 struct tz_machine_facts {
@@ -41,6 +43,10 @@ struct tz_machine_facts {
  * up to 1.6e6 KiB (1.53 GiB) and ran from 1.65e6, so a CPU took about 210 MiB; 256 leaves a
  * margin (runs between 1.53 and 1.62 GiB are refused, not hung). */
 #define TZ_MACHINE_THREAD_VM (256ull << 20)
+
+/* The first directory the nvme tier would use: tierzero.nvme_path's first, else an offload
+ * section's nvme_path (optimizer, then parameters); NULL for none. */
+const char *tz_machine_nvme_dir(const struct tz_config *c);
 
 /* Fills f from this machine: /proc/meminfo, /proc/self/cgroup and /sys/fs/cgroup, getrlimit,
  * statvfs of each of the n_dirs nvme directories, and for backend "cuda" its device memory.

@@ -76,14 +76,6 @@ static int tier_of_device(enum tz_offload_device d) {
   return d == TZ_OFFLOAD_CPU ? TZ_PLAN_HOST : d == TZ_OFFLOAD_NVME ? TZ_PLAN_NVME : TZ_PLAN_COMPUTE;
 }
 
-const char *tz_train_nvme_dir(const struct tz_config *c) {
-  if (c->tierzero.nvme_path.n > 0)
-    return c->tierzero.nvme_path.path[0];
-  if (c->zero_optimization.offload_optimizer.nvme_path)
-    return c->zero_optimization.offload_optimizer.nvme_path;
-  return c->zero_optimization.offload_param.nvme_path;
-}
-
 /* The host tier's default capacity: the memory available now (MemAvailable: free plus what the
  * kernel can reclaim) less a tenth of the machine's, at least 8 GiB, for everything else. */
 static uint64_t host_default_budget(void) {
@@ -399,7 +391,7 @@ static void other_capacities(tz_trainer *tr, struct tz_plan_request *r) {
   r->capacity[TZ_PLAN_HOST] = c->tierzero.host_budget
                                   ? c->tierzero.host_budget
                                   : round_up(host_default_budget() / (uint64_t)tr->world, ALIGN);
-  const char *dir = tz_train_nvme_dir(c);
+  const char *dir = tz_machine_nvme_dir(c);
   r->capacity[TZ_PLAN_NVME] = 0;
   r->nvme_capacity_why = NULL;
   if (dir) {
@@ -656,8 +648,8 @@ int tz_train_check_machine(tz_trainer *tr, const struct tz_trainer_params *p) {
   if (c->tierzero.nvme_path.n > 0)
     for (int i = 0; i < c->tierzero.nvme_path.n && i < TZ_MAX_PATHS; i++)
       dirs[n_dirs++] = c->tierzero.nvme_path.path[i];
-  else if (tz_train_nvme_dir(c))
-    dirs[n_dirs++] = tz_train_nvme_dir(c);
+  else if (tz_machine_nvme_dir(c))
+    dirs[n_dirs++] = tz_machine_nvme_dir(c);
   if (!f) {
     tz_machine_facts_read(dirs, pl->used[TZ_PLAN_NVME] ? n_dirs : 0, tr->backend, tr->device,
                           &here);

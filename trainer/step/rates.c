@@ -2,6 +2,7 @@
  * trainer/step/rates_cache.c. */
 #define _GNU_SOURCE
 #include "trainer/step/rates.h"
+#include "trainer/step/machine.h"
 #include "trainer/step/rates_cache.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -140,7 +141,7 @@ static int time_beside(tz_runtime *rt, const tz_extent *dst, const tz_extent *sr
  * each way between a fresh nvme tier under c's NVMe directory and a host tier of its own;
  * nothing when c has no directory. */
 static int measure_nvme(const struct tz_config *c, tz_runtime *rt, struct tz_plan_rates *r) {
-  const char *dir = tz_train_nvme_dir(c);
+  const char *dir = tz_machine_nvme_dir(c);
   if (!dir)
     return 0;
   /* A small directory is probed with less (a quarter of its free space at most, down to 1 MiB),

@@ -4,6 +4,7 @@
  * with another directory measures again and adds its entry. */
 #define _GNU_SOURCE
 #include "trainer/step/rates_cache.h"
+#include "trainer/step/machine.h"
 #include "core/error.h"
 #include "trainer/step/train_internal.h"
 #include "util/file.h"
@@ -31,7 +32,7 @@ int tz_rates_default_path(char *buf, size_t len) {
 }
 
 void tz_rates_cache_key(const struct tz_config *c, const char *backend, char *buf, size_t len) {
-  const char *dir = tz_train_nvme_dir(c);
+  const char *dir = tz_machine_nvme_dir(c);
   char real[PATH_MAX];
   if (dir && realpath(dir, real))
     dir = real;

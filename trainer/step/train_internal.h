@@ -239,8 +239,6 @@ int tz_train_sizes(tz_trainer *tr);
 double tz_train_recompute_flop(const tz_trainer *tr, unsigned parts);
 /* The bytes of each trainer-owned buffer in the compute tier (BUF_*). */
 void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz);
-/* The config's NVMe directory, or NULL. */
-const char *tz_train_nvme_dir(const struct tz_config *c);
 /* Which blocks the CPU steps at their homes, for a share of the parameters (< 0: the default). */
 void tz_train_choose_cpu_steps(tz_trainer *tr, double share);
 /* tierzero.cpu_adam_search: the share whose plan predicts the least bound. */
