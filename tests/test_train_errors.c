@@ -35,8 +35,8 @@ static int run_shell(const char *cmd) {
 static int tz_train(const char *args) {
   char cmd[4096];
   snprintf(cmd, sizeof cmd,
-           "cd %s && XDG_CACHE_HOME=%s/cache OMP_NUM_THREADS=1 timeout 120 %s %s > out 2>&1", dir,
-           dir, bin, args);
+           "cd %s && XDG_CACHE_HOME=%s/cache OMP_NUM_THREADS=1 timeout -k 5 120 %s %s > out 2>&1",
+           dir, dir, bin, args);
   return run_shell(cmd);
 }
 
@@ -199,6 +199,14 @@ static void test_fifo_inputs(void **state) {
   static const struct error_case cases[] = {
       {"--config fifo", 2, {"config: fifo is not a regular file"}},
       {"--model fifo --steps 1", 2, {"fifo: line 0 column 0: not a regular file"}},
+      /* outputs too: --metrics held the run in its open before the first step, --trace after
+       * the last, SIGTERM restarting the open (the fault campaign, issue 48) */
+      {"--metrics fifo --steps 1 --seq 16 --data synthetic",
+       1,
+       {"--metrics fifo: a FIFO, not a regular file"}},
+      {"--steps 2 --seq 16 --data synthetic --trace-step 1 --trace fifo",
+       1,
+       {"--trace fifo: a FIFO, not a regular file"}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     check(&cases[i]);

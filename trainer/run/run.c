@@ -638,13 +638,31 @@ static void data_token_ids(struct run *r) {
   }
 }
 
+/* An output file the run will write: absent, or a regular file. A FIFO held the run in its
+ * open for good (--metrics before the first step, --trace after the last; SIGTERM restarts the
+ * open), a device or a directory would take what was meant for a file: refused by name. */
+static int output_file(const char *what, const char *path) {
+  struct stat st;
+  if (!path || stat(path, &st) != 0 || S_ISREG(st.st_mode))
+    return 0;
+  const char *kind = S_ISFIFO(st.st_mode)   ? "a FIFO"
+                     : S_ISDIR(st.st_mode)  ? "a directory"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "a device";
+  return tz_err_set(TZ_EINVAL, "%s %s: %s, not a regular file: give the path of a file to write",
+                    what, path, kind);
+}
+
 /* What the run writes after its steps (the export, the trace) checked before the first: a place
  * that cannot take it would otherwise be found after every step ran, the training lost without a
- * checkpoint (issue 48). Every rank checks, so that every rank stops with the message. */
+ * checkpoint (issue 48). Every rank checks, so that every rank stops with the message. The
+ * metrics file and the trace are files of their own (output_file). */
 static int check_outputs(struct run *r) {
   const struct tz_run_options *o = r->o;
   if (o->plan_only)
     return 0;
+  TZ_CHECK(output_file("--metrics", o->metrics));
+  TZ_CHECK(output_file("--trace", o->trace_path));
   if (o->export_dir) {
     /* the tensors in the export's dtype, and a little for config, index and tokenizer files */
     uint64_t bytes = tz_model_n_params(&r->mc) * tz_dtype_size(o->export_dtype) + (16u << 20);
@@ -740,9 +758,9 @@ static int prepare(struct run *r) {
     struct tz_run_event ev = {.kind = TZ_RUN_DATA, .data = r->data};
     TZ_CHECK(emit(r, &ev));
   }
+  TZ_CHECK(check_outputs(r)); /* before the metrics file is opened: it may be a FIFO */
   if (r->rank == 0 && o->metrics)
     TZ_CHECK(open_metrics(r));
-  TZ_CHECK(check_outputs(r));
   tz_tier *tiers[3];
   tz_metrics_counters_take(tiers, tz_trainer_tiers(r->tr, tiers), &r->traffic);
   r->began = 1;
