@@ -269,6 +269,38 @@ static void test_resume_past_steps(void **state) {
   check(&at);
 }
 
+/* An export that fails after the steps loses nothing (issue 48): without a checkpoint of the last
+ * step, an emergency checkpoint beside the export holds the trained state, named in the message,
+ * and exporting from it gives the same bytes as the export of the run itself; with one, the
+ * message says how to export from it. (TZ_TEST_EXPORT_FAILS=1 fails the export after it was
+ * written, so both can be compared.) */
+static void test_export_fails_late(void **state) {
+  (void)state;
+  setenv("TZ_TEST_EXPORT_FAILS", "1", 1);
+  int rc = tz_train("--steps 3 --seq 16 --data synthetic --export-safetensors late");
+  unsetenv("TZ_TEST_EXPORT_FAILS");
+  assert_int_equal(rc, 1);
+  if (!strstr(out, "the trained state is saved in the emergency checkpoint late.emergency-ckpt"))
+    print_error("%s\n", out);
+  assert_non_null(strstr(out, "emergency checkpoint late.emergency-ckpt (step 3)"));
+  assert_int_equal(tz_train("--steps 3 --seq 16 --data synthetic --resume late.emergency-ckpt "
+                            "--export-safetensors again"),
+                   0);
+  char a[1100], b[1100], cmd[2400];
+  snprintf(a, sizeof a, "%s/late/model.safetensors", dir);
+  snprintf(b, sizeof b, "%s/again/model.safetensors", dir);
+  snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
+  assert_int_equal(system(cmd), 0);
+  /* the last step in the run's checkpoint: how to export from it */
+  setenv("TZ_TEST_EXPORT_FAILS", "1", 1);
+  rc = tz_train("--steps 2 --seq 16 --data synthetic --ckpt-dir late-ck --export-safetensors "
+                "late2");
+  unsetenv("TZ_TEST_EXPORT_FAILS");
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, "the trained state is in late-ck (step 2): export it with "
+                              "--resume late-ck --steps 2"));
+}
+
 static void test_data_errors(void **state) {
   (void)state;
   uint16_t tok[40];
@@ -303,7 +335,7 @@ int main(void) {
       cmocka_unit_test(test_config_errors),     cmocka_unit_test(test_flag_errors),
       cmocka_unit_test(test_data_errors),       cmocka_unit_test(test_fifo_inputs),
       cmocka_unit_test(test_resume_past_steps), cmocka_unit_test(test_resume_auto),
-      cmocka_unit_test(test_resume_keeps_data),
+      cmocka_unit_test(test_resume_keeps_data), cmocka_unit_test(test_export_fails_late),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(dir);

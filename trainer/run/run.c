@@ -950,6 +950,48 @@ static int steps(struct run *r) {
   return 0;
 }
 
+/* An export that failed after the steps, every rank told (rank0_agree): the trained state is not
+ * lost. Where the last step is in the run's checkpoint the message says how to export from it;
+ * else an emergency checkpoint is saved, beside the export (DIR.emergency-ckpt) or, failing that,
+ * in the working directory (tz-emergency-ckpt), and the message names it. rc and the export's
+ * message are returned either way: the run did not do all it was asked. */
+static int export_failed(struct run *r, int rc) {
+  const struct tz_run_options *o = r->o;
+  char why[2048];
+  snprintf(why, sizeof why, "%s", tz_err_msg());
+  long long n = (long long)tz_trainer_steps_done(r->tr);
+  if (o->ckpt_dir && r->res->saved == n)
+    return tz_err_set(rc,
+                      "%s; the trained state is in %s (step %lld): export it with --resume %s "
+                      "--steps %lld --export-safetensors DIR",
+                      why, o->ckpt_dir, n, o->ckpt_dir, n);
+  char roots[2][4200];
+  size_t dl = strlen(o->export_dir);
+  while (dl > 1 && o->export_dir[dl - 1] == '/')
+    dl--;
+  snprintf(roots[0], sizeof roots[0], "%.*s.emergency-ckpt", (int)dl, o->export_dir);
+  snprintf(roots[1], sizeof roots[1], "tz-emergency-ckpt");
+  char last[1024] = "";
+  for (int i = 0; i < 2; i++) {
+    tz_ckpt_lock *lock = NULL;
+    int lrc = r->rank == 0 ? tz_ckpt_claim(roots[i], &lock) : 0;
+    lrc = rank0_agree(r, lrc, roots[i]);
+    if (lrc == 0)
+      lrc = tz_resume_save(r->tr, r->comm, r->cfg, roots[i], 1);
+    tz_ckpt_release(lock);
+    if (lrc == 0)
+      return tz_err_set(rc,
+                        "%s; the trained state is saved in the emergency checkpoint %s (step "
+                        "%lld): export it with --resume %s --steps %lld --export-safetensors DIR",
+                        why, roots[i], n, roots[i], n);
+    snprintf(last, sizeof last, "%s", tz_err_msg());
+  }
+  return tz_err_set(rc,
+                    "%s; no emergency checkpoint could be written either (%s): the training "
+                    "is lost",
+                    why, last);
+}
+
 /* After the steps: the last checkpoint, an evaluation of a run without steps, the trace, the
  * export and the summary. */
 static int finish(struct run *r) {
@@ -973,7 +1015,15 @@ static int finish(struct run *r) {
     eo.dtype = o->export_dtype;
     eo.shard_bytes = o->export_shard_bytes;
     eo.tokenizer_dir = r->tokenizer_dir[0] ? r->tokenizer_dir : NULL;
-    TZ_CHECK(tz_export_write(r->tr, &r->mc, o->export_dir, &eo, r->rank));
+    int rc = tz_export_write(r->tr, &r->mc, o->export_dir, &eo, r->rank);
+    if (rc == 0 && getenv("TZ_TEST_EXPORT_FAILS")) /* test hook: an export that fails late */
+      rc = tz_err_set(TZ_EIO, "--export-safetensors %s: failed (TZ_TEST_EXPORT_FAILS)",
+                      o->export_dir);
+    char what[4200];
+    snprintf(what, sizeof what, "--export-safetensors %s", o->export_dir);
+    rc = rank0_agree(r, rc, what);
+    if (rc < 0)
+      return export_failed(r, rc);
     TZ_CHECK(emit_kind(r, TZ_RUN_EXPORTED, tz_trainer_steps_done(r->tr)));
   }
   if (o->trace_path && r->rank == 0) {
