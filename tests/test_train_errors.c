@@ -120,7 +120,17 @@ static void test_config_errors(void **state) {
        "tierzero.nvme_path=/proc",
        1,
        {"nvme's budget of 0 B", "nvme_path /proc", "0 B free"}},
+      /* a model too wide for the ops' int dimensions, named by its keys (it said "a weight
+       * matrix has more than 2^31 elements") */
+      {"--model huge.json --steps 1",
+       2,
+       {"vocab (vocab_size) 4096 x d_model (hidden_size) 1048576"}},
   };
+  static const char huge[] =
+      "{\"model_type\": \"llama\", \"hidden_size\": 1048576, \"intermediate_size\": 64, "
+      "\"num_hidden_layers\": 1, \"num_attention_heads\": 1, \"num_key_value_heads\": 1, "
+      "\"head_dim\": 64, \"vocab_size\": 4096, \"max_position_embeddings\": 64}";
+  write_file("huge.json", huge, sizeof huge - 1);
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     check(&cases[i]);
 }

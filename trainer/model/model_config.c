@@ -152,9 +152,18 @@ int tz_model_config_check(const struct tz_model_config *c) {
     NEED(c->shared_ffn_dim == 0, "shared_ffn_dim %d without experts", c->shared_ffn_dim);
   }
   /* Offsets are 64-bit, but the compute ops take int dimensions. */
-  NEED((int64_t)c->vocab * c->d_model < INT32_MAX && (int64_t)c->ffn_dim * c->d_model < INT32_MAX &&
-           (int64_t)c->n_head * tz_model_head_dim(c) * c->d_model < INT32_MAX,
-       "a weight matrix has more than 2^31 elements");
+  NEED((int64_t)c->vocab * c->d_model < INT32_MAX,
+       "the embedding's vocab (vocab_size) %d x d_model (hidden_size) %d has more than 2^31 "
+       "elements",
+       c->vocab, c->d_model);
+  NEED((int64_t)c->ffn_dim * c->d_model < INT32_MAX,
+       "the MLP's ffn_dim (intermediate_size) %d x d_model (hidden_size) %d has more than 2^31 "
+       "elements",
+       c->ffn_dim, c->d_model);
+  NEED((int64_t)c->n_head * tz_model_head_dim(c) * c->d_model < INT32_MAX,
+       "the attention's n_head (num_attention_heads) %d x head_dim %d x d_model (hidden_size) %d "
+       "has more than 2^31 elements",
+       c->n_head, tz_model_head_dim(c), c->d_model);
 #undef NEED
   return 0;
 }
