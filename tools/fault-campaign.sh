@@ -99,6 +99,17 @@ sig_name() { kill -l "$1" 2>/dev/null || echo "$1"; }
 # first line of a file (the error message), at most 200 characters
 msg() { [ -s "$1" ] && grep -v '^libnuma: Warning' "$1" | grep -m1 . | cut -c1-200; }
 
+# ran STATUS T0 LIMIT: RC, ELAPSED (seconds since T0) and HUNG (1 when the timeout of LIMIT
+# seconds ended the run: status 124, or 137 at or past LIMIT) of a run that just ended
+ran() {
+  RC=$1
+  ELAPSED=$(awk -v a="$2" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  HUNG=0
+  if [ "$RC" = 124 ] || { [ "$RC" = 137 ] && awk -v e="$ELAPSED" -v l="$3" 'BEGIN { exit !(e >= l) }'; }; then
+    HUNG=1
+  fi
+}
+
 # run_to LIMIT LOG CMD...: CMD under timeout, stdout in LOG.out, stderr in LOG.err; RC its exit
 # status, ELAPSED its seconds; HUNG 1 when the timeout ended it.
 run_to() {
@@ -107,12 +118,7 @@ run_to() {
   local t0=$EPOCHREALTIME
   # (the braces take the shell's "Killed" notice of a run the timeout had to kill)
   { timeout -k $KILL_AFTER "$limit" "$@" > "$log.out" 2> "$log.err" < /dev/null; } 2> /dev/null
-  RC=$?
-  ELAPSED=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
-  HUNG=0
-  if [ $RC = 124 ] || { [ $RC = 137 ] && awk -v e="$ELAPSED" -v l="$limit" 'BEGIN { exit !(e >= l) }'; }; then
-    HUNG=1
-  fi
+  ran "$?" "$t0" "$limit"
 }
 
 # classify_rc SENT: hang / crash from RC and HUNG (SENT: the signal number the case sent, or 0);
@@ -212,12 +218,7 @@ wait_step() {
 # finish_bg: wait for the background run; RC, ELAPSED, HUNG
 finish_bg() {
   wait "$TPID" 2> /dev/null
-  RC=$?
-  ELAPSED=$(awk -v a="$T0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
-  HUNG=0
-  if [ $RC = 124 ] || { [ $RC = 137 ] && awk -v e="$ELAPSED" -v l=$SIG_LIMIT 'BEGIN { exit !(e >= l) }'; }; then
-    HUNG=1
-  fi
+  ran "$?" "$T0" "$SIG_LIMIT"
 }
 
 # signal_case NAME K SIGNALS [EXTRA_ARGS...]: train SIG_STEPS steps saving every step, send
@@ -826,12 +827,7 @@ limited() {
   local t0=$EPOCHREALTIME
   { bash -c 'ulimit '"$ul"' || exit 99; exec timeout -k '$KILL_AFTER' "$@"' limited "$limit" "$@" \
     > "$log.out" 2> "$log.err" < /dev/null; } 2> /dev/null
-  RC=$?
-  ELAPSED=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
-  HUNG=0
-  if [ $RC = 124 ] || { [ $RC = 137 ] && awk -v e="$ELAPSED" -v l="$limit" 'BEGIN { exit !(e >= l) }'; }; then
-    HUNG=1
-  fi
+  ran "$?" "$t0" "$limit"
 }
 
 # fsize_case NAME KIB RESUMED: a run saving every step under ulimit -f KIB: the save (or the
