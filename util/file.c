@@ -7,10 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
+#include "util/crc32c.h"
 
 static int before(const struct tz_file_hooks *h, enum tz_file_op op, const char *path) {
   return h && h->before ? h->before(h->ctx, op, path) : 0;
@@ -97,6 +99,24 @@ int tz_file_rmdir(const struct tz_file_hooks *h, const char *path) {
 }
 
 /* mkdir -p of copy, which the recursion cuts and restores in place. */
+int tz_file_crc32c(const char *path, uint64_t bytes, uint32_t *crc) {
+  *crc = 0;
+  if (!bytes)
+    return 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return errno;
+  void *p = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  int e = errno;
+  close(fd);
+  if (p == MAP_FAILED)
+    return e;
+  madvise(p, bytes, MADV_SEQUENTIAL);
+  *crc = tz_crc32c(0, p, bytes);
+  munmap(p, bytes);
+  return 0;
+}
+
 static int mkdir_p(const struct tz_file_hooks *h, char *copy, int durable) {
   struct stat sb;
   if (stat(copy, &sb) == 0)

@@ -57,6 +57,9 @@ enum {
 /* mkdir -p: creates path (mode 0755) and each missing directory above it; 0 if it is a directory
  * already, ENOTDIR if it is something else. flags: TZ_MKDIR_*. */
 int tz_file_mkdir_p(const struct tz_file_hooks *h, const char *path, unsigned flags);
+/* The crc32c (util/crc32c.h) of the first bytes bytes of the file at path (its size: the caller
+ * has checked it), mapped rather than copied out of the page cache. 0, or an errno. */
+int tz_file_crc32c(const char *path, uint64_t bytes, uint32_t *crc);
 
 /* ---- atomic writes: 0 or a negative TZ_E* code with the message set ---- */
 

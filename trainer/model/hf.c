@@ -4,14 +4,12 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,7 +18,6 @@
 #include "trainer/model/family.h"
 #include "trainer/model/hf_internal.h"
 #include "trainer/model/safetensors.h"
-#include "util/crc32c.h"
 #include "util/file.h"
 #include "util/input.h"
 
@@ -268,14 +265,6 @@ static const char *unread_hint(const struct tz_model_config *cfg, const char *na
   return "it would be dropped silently: is the config that of these weights?";
 }
 
-static void shape_text(char *buf, size_t len, int ndim, const int64_t *shape) {
-  size_t o = (size_t)snprintf(buf, len, "[");
-  for (int d = 0; d < ndim && o < len; d++)
-    o += (size_t)snprintf(buf + o, len - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
-  if (o < len)
-    snprintf(buf + o, len - o, "]");
-}
-
 /* Every tensor the model reads: present where the index says, with its shape and a dtype read;
  * and nothing else in the files or the index. */
 static int check_tensors(tz_hf_model *m, json_t *weight_map, const char *index) {
@@ -332,8 +321,8 @@ static int check_tensors(tz_hf_model *m, json_t *weight_map, const char *index) 
                    (t->ndim == 1 || t->shape[1] == want[1]);
         if (!same) {
           char a[128], s[128];
-          shape_text(a, sizeof a, t->ndim, t->shape);
-          shape_text(s, sizeof s, l.t[i].ndim, want);
+          tz_st_shape_text(a, sizeof a, t->ndim, t->shape);
+          tz_st_shape_text(s, sizeof s, l.t[i].ndim, want);
           rc = tz_err_set(TZ_EFORMAT, "%s: tensor '%s' has shape %s, the config makes it %s", path,
                           name, a, s);
           goto out;
@@ -430,26 +419,6 @@ static int read_export_meta(tz_hf_model *m, const char *index, json_t *meta) {
   return 0;
 }
 
-/* The crc32c of the file at path, bytes long, read whole (mapped: no copy out of the page
- * cache). */
-static int file_crc32c(const char *path, uint64_t bytes, uint32_t *out) {
-  *out = 0;
-  if (!bytes)
-    return 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return tz_err_errno(errno, "hf: cannot open %s", path);
-  void *p = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  int e = errno;
-  close(fd);
-  if (p == MAP_FAILED)
-    return tz_err_errno(e, "hf: cannot map %s", path);
-  madvise(p, bytes, MADV_SEQUENTIAL);
-  *out = tz_crc32c(0, p, bytes);
-  munmap(p, bytes);
-  return 0;
-}
-
 /* With an index of tierzero's: every shard of the size and crc32c the index gives, so that a
  * shard of another export (the directory mixing two exports' files), or one changed or cut since,
  * is refused by name rather than read as one model. The size is checked first: the file is then
@@ -462,15 +431,19 @@ static int verify_shards(tz_hf_model *m, const char *index) {
       return tz_err_set(TZ_EFORMAT, "%s: metadata.tierzero_shards does not name shard %s", index,
                         m->names[i]);
     char *path = tz_hf_join(m->dir, m->names[i]);
+    if (!path)
+      return tz_err_set(TZ_ENOMEM, "hf: out of memory");
     struct stat st;
     uint32_t crc = 0;
-    int rc = !path                  ? tz_err_set(TZ_ENOMEM, "hf: out of memory")
-             : stat(path, &st) != 0 ? tz_err_errno(errno, "hf: cannot stat %s", path)
-             : (uint64_t)st.st_size != m->expect[i].bytes
-                 ? tz_err_set(TZ_EFORMAT, "%s: shard %s has %llu bytes, the index says %llu", index,
-                              m->names[i], (unsigned long long)st.st_size,
-                              (unsigned long long)m->expect[i].bytes)
-                 : file_crc32c(path, m->expect[i].bytes, &crc);
+    int e = 0, rc = 0;
+    if (stat(path, &st) != 0)
+      rc = tz_err_errno(errno, "hf: cannot stat %s", path);
+    else if ((uint64_t)st.st_size != m->expect[i].bytes)
+      rc = tz_err_set(TZ_EFORMAT, "%s: shard %s has %llu bytes, the index says %llu", index,
+                      m->names[i], (unsigned long long)st.st_size,
+                      (unsigned long long)m->expect[i].bytes);
+    else if ((e = tz_file_crc32c(path, m->expect[i].bytes, &crc)) != 0)
+      rc = tz_err_errno(e, "hf: cannot read %s", path);
     free(path);
     TZ_CHECK(rc);
     if (crc != m->expect[i].crc)

@@ -261,7 +261,7 @@ const char *tz_st_metadata(const tz_st_file *f, const char *key) {
   return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
-static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
+void tz_st_shape_text(char *buf, size_t len, int ndim, const int64_t *shape) {
   size_t o = (size_t)snprintf(buf, len, "[");
   for (int d = 0; d < ndim && o < len; d++)
     o += (size_t)snprintf(buf + o, len - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
@@ -281,8 +281,8 @@ int tz_st_read_f32(tz_st_file *f, const char *name, int ndim, const int64_t *sha
       same = t->shape[d] == shape[d];
     if (!same) {
       char a[128], b[128];
-      shape_str(a, sizeof a, t->ndim, t->shape);
-      shape_str(b, sizeof b, ndim, shape);
+      tz_st_shape_text(a, sizeof a, t->ndim, t->shape);
+      tz_st_shape_text(b, sizeof b, ndim, shape);
       return tz_err_set(TZ_EFORMAT, "%s: tensor '%s' has shape %s, expected %s", f->path, name, a,
                         b);
     }

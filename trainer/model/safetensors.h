@@ -34,6 +34,8 @@ void tz_st_close(tz_st_file *f); /* NULL is a no-op */
 int tz_st_count(const tz_st_file *f);
 const struct tz_st_tensor *tz_st_get(const tz_st_file *f, int i);             /* file order */
 const struct tz_st_tensor *tz_st_find(const tz_st_file *f, const char *name); /* NULL: absent */
+/* "[d0, d1, ...]" of a shape of ndim dimensions into buf (len bytes), for messages. */
+void tz_st_shape_text(char *buf, size_t len, int ndim, const int64_t *shape);
 /* A string of __metadata__, or NULL. Valid until tz_st_close. */
 const char *tz_st_metadata(const tz_st_file *f, const char *key);
 
