@@ -64,7 +64,7 @@ step() {
 has() { [[ " $steps " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$logs/gpu.txt" 2>&1
 step configure cmake --preset gpu
-step build cmake --build --preset gpu -j"$(nproc)"
+step build cmake --build --preset gpu -j"$(nproc)" -- -k 0
 if has tests; then
   step ctest ctest --test-dir $b --output-on-failure -j"$(( $(nproc) / 2 ))" --timeout 300
   grep -E "tests passed|Failed|Skipped|\*\*\*" "$logs/ctest.log" | tail -40 > "$logs/ctest-summary.txt"

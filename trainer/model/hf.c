@@ -766,7 +766,7 @@ static int shards_write(const char *dir, const struct tz_model_config *cfg, stru
       most_fused = t[i].numel;
   float *buf = malloc(sizeof(float) * (most ? most : 1));
   float *fused = most_fused ? malloc(sizeof(float) * most_fused) : NULL;
-  struct tz_st_entry *e = calloc((size_t)n, sizeof *e);
+  struct tz_st_entry *e = calloc(n > 0 ? (size_t)n : 1, sizeof *e);
   if (!buf || !e || (most_fused && !fused)) {
     free(buf);
     free(fused);
