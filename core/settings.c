@@ -81,7 +81,7 @@ int tz_settings_parse(const char *who, const struct tz_setting *t, int n, const 
   if (n > 64)
     return tz_err_set(TZ_EINVAL, "%s: %d settings, more than 64", who, n);
   for (int i = 0; i < n; i++)
-    values[i] = t[i].kind == TZ_SETTING_ENUM ? 0 : t[i].def;
+    values[i] = t[i].def;
   for (const char *p = s; p && *p;) {
     size_t len = strcspn(p, ",");
     const char *eq = memchr(p, '=', len);

@@ -20,7 +20,7 @@ extern "C" {
 #endif
 
 enum tz_setting_kind {
-  TZ_SETTING_ENUM, /* one of values[] (the first is the default); its index */
+  TZ_SETTING_ENUM, /* one of values[]; its index */
   TZ_SETTING_BOOL, /* 0/1, false/true, off/on, no/yes; 0 or 1 */
   TZ_SETTING_SIZE, /* bytes, as the config writes sizes ("64MiB", "4096"); the bytes */
 };
@@ -29,7 +29,7 @@ struct tz_setting {
   const char *name; /* "attention": what the string says before '=' */
   enum tz_setting_kind kind;
   const char *const *values; /* TZ_SETTING_ENUM: its names, NULL-terminated */
-  int64_t def;               /* TZ_SETTING_BOOL and TZ_SETTING_SIZE: the default */
+  int64_t def;               /* the default (TZ_SETTING_ENUM: its index in values[]) */
   const char *env;           /* the environment variable that also sets it; NULL: none */
   const char *help;          /* one line: what it chooses */
 };

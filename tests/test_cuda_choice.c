@@ -119,6 +119,16 @@ static void test_unknown_names_refused(void **state) {
                    TZ_ECONFIG);
   assert_non_null(strstr(tz_err_msg(), "TZ_CUDA_ATTENTION"));
   unsetenv("TZ_CUDA_ATTENTION");
+  /* a setting named nowhere takes its table's default, an enum's too (norm_bwd: one-pass) */
+  unsetenv("TZ_CUDA_MATMUL");
+  unsetenv("TZ_CUDA_VARIANTS");
+  unsetenv("TZ_CUDA_NORM_BWD");
+  TZ_ASSERT_OK(tz_settings_parse("compute cuda", tz_cuda_settings, TZ_CUDA_N_SETTINGS, NULL, v));
+  for (int i = 0; i < TZ_CUDA_N_SETTINGS; i++)
+    assert_int_equal(v[i], tz_cuda_settings[i].def);
+  assert_string_equal(tz_cuda_settings[TZ_CUDA_SET_NORM_BWD].values[v[TZ_CUDA_SET_NORM_BWD]],
+                      "one-pass");
+  assert_int_equal(v[TZ_CUDA_SET_ATTENTION], TZ_CUDA_ATTENTION_AUTO);
   assert_int_equal(tz_compute_settings_check("cuda", "attention=auto,kernels=all"), TZ_ECONFIG);
   assert_non_null(strstr(tz_err_msg(), "no setting \"kernels\""));
   assert_int_equal(tz_compute_settings_check("cpu", "attention=auto"), TZ_ECONFIG);
