@@ -409,6 +409,17 @@ static void test_flops(void **state) {
                 1e-15);
   /* At T = 0 only the parameter term is left. */
   TZ_ASSERT_REL(tz_metrics_flops_per_token(&c, 0, 0), 6.0 * (double)tz_model_n_params(&c), 1e-15);
+  /* With experts only the k a token is routed to count: Mixtral-8x7B's shape (8 experts of
+   * 14336, 2 a token, 8 KV heads), published as 46.7 B parameters, 12.9 B of them active. */
+  struct tz_model_config x = c;
+  x.n_kv_head = 8;
+  x.n_expert = 8;
+  x.n_expert_used = 2;
+  x.moe_ffn_dim = 14336;
+  TZ_ASSERT_REL((double)tz_model_n_params(&x), 46.7e9, 0.01);
+  TZ_ASSERT_REL(tz_metrics_flops_per_token(&x, 0, 0), 6.0 * 12.9e9, 0.01);
+  TZ_ASSERT_REL(tz_metrics_flops_per_token(&x, T, 0),
+                6.0 * (double)tz_model_n_active_params(&x) + attn, 1e-15);
 
   /* derive: 2048 tokens in 0.5 s. */
   struct tz_step_metrics m;

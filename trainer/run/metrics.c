@@ -135,7 +135,7 @@ void tz_disk_rates_of(const struct tz_disk_traffic *d, double wall_s, struct tz_
 }
 
 double tz_metrics_flops_per_token(const struct tz_model_config *cfg, int T, int recompute) {
-  double n = (double)tz_model_n_params(cfg);
+  double n = (double)tz_model_n_active_params(cfg); /* a token's: k of each layer's experts */
   double attn = (double)cfg->n_layer * (double)T * (double)cfg->d_model;
   return recompute ? 8.0 * n + 16.0 * attn : 6.0 * n + 12.0 * attn;
 }

@@ -122,7 +122,8 @@ int tz_metrics_step_traffic(struct tz_step_metrics *m, tz_tier *const *tiers, in
                             struct tz_traffic_counters *last);
 
 /* Model FLOPs per token at sequence length T (the header's formula): recompute 0 gives
- * 6N + 12LTd, 1 gives 8N + 16LTd. */
+ * 6N + 12LTd, 1 gives 8N + 16LTd, N the parameters a token uses (tz_model_n_active_params: with
+ * experts, the k a token is routed to, not all E). */
 double tz_metrics_flops_per_token(const struct tz_model_config *cfg, int T, int recompute);
 
 /* Dense peak FLOP/s of one GPU at a compute precision (tensor cores for fp16/bf16, plain fp32
