@@ -208,10 +208,6 @@ struct tz_config {
                                 parameters are not forced off them */
     int numa_node;           /* NUMA node for host memory and threads; -1 = the GPU's */
     int device;              /* GPU index; -1 = from the local rank */
-    int gds;                 /* 0: GPUDirect Storage is not even probed (tiers/hbm.c) */
-    uint64_t hbm_pin_piece;  /* test hook: bytes per host-memory registration piece of the
-                                hbm tier, to test copies split at piece boundaries; 0 = 64
-                                GiB */
     double comm_timeout;     /* seconds each collective and launcher exchange may take */
     double stop_grace; /* seconds a stop request gives the step to end (trainer/run/signals.h);
                           0: auto, 20x the plan's bound (>= 120) before the first step

@@ -202,13 +202,14 @@ const struct key tz_config_keys[] = {
   BOOLA("tierzero.overlap_collectives", tierzero.overlap_collectives, -1),
   INT("tierzero.numa_node", tierzero.numa_node, -1, 1023, -1, 0),
   INT("tierzero.device", tierzero.device, -1, 1023, -1, 0),
-  BOOL("tierzero.gds", tierzero.gds, 1),
-  SIZE("tierzero.hbm_pin_piece", tierzero.hbm_pin_piece, 0, 0, 0),
   /* the cuda backend's (kernels/cuda/choice.c says what they accept and mean) */
   SETTING("tierzero.cuda_attention", "cuda", "attention", 0),
   SETTING("tierzero.cuda_matmul", "cuda", "matmul", 1),
   SETTING("tierzero.cuda_variants", "cuda", "variants", 2),
   SETTING("tierzero.cuda_norm_bwd", "cuda", "norm_bwd", 3),
+  /* the hbm tier's (tiers/hbm.c) */
+  SETTING("tierzero.gds", "hbm", "gds", 4),
+  SETTING("tierzero.hbm_pin_piece", "hbm", "pin_piece", 5),
   DBL("tierzero.comm_timeout", tierzero.comm_timeout, 0, INFINITY, 300, F_MIN_OPEN),
   DBL("tierzero.stop_grace", tierzero.stop_grace, 0, 86400, 0, 0),
   PATHS("tierzero.weight_decay_exclude", tierzero.weight_decay_exclude),

@@ -249,6 +249,16 @@ int tz_config_parse_json(const struct where *w, const struct key *k, json_t *j, 
     return 0;
   }
   case K_STR:
+    if ((k->flags & F_BACKEND) && (json_is_boolean(j) || json_is_integer(j))) {
+      /* a backend's setting as JSON writes a bool or a count ("gds": false): its text, which
+       * the backend parses as it parses the same from --set or the variable */
+      char t[32];
+      if (json_is_boolean(j))
+        snprintf(t, sizeof t, "%s", json_is_true(j) ? "true" : "false");
+      else
+        snprintf(t, sizeof t, "%lld", (long long)json_integer_value(j));
+      return dup_str(t, strlen(t), &v->s);
+    }
     if (!json_is_string(j) || (json_string_length(j) == 0 && !(k->flags & F_EMPTY)) ||
         strlen(json_string_value(j)) != json_string_length(j))
       return bad_value(w, k);

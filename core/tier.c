@@ -14,7 +14,6 @@ void tz_tier_params_init(struct tz_tier_params *p) {
   memset(p, 0, sizeof *p);
   p->numa_node = -1;
   p->checksum = -1;
-  p->gds = -1;
 }
 
 int tz_tier_create_from(tz_runtime *rt, const struct tz_tier_ops *ops,
@@ -26,6 +25,13 @@ int tz_tier_create_from(tz_runtime *rt, const struct tz_tier_ops *ops,
     return tz_err_set(rc, "%s", why);
   if (p->capacity == 0 && !p->base)
     return tz_err_set(TZ_EINVAL, "%s: capacity is 0", backend);
+  if (p->settings && *p->settings) {
+    /* checked before anything is made; the backend's init reads the same string */
+    int64_t v[64];
+    if (ops->n_settings > 64)
+      return tz_err_set(TZ_EINVAL, "%s: %d settings, more than 64", backend, ops->n_settings);
+    TZ_CHECK(tz_settings_parse(backend, ops->settings, ops->n_settings, p->settings, v));
+  }
   tz_tier *t = calloc(1, sizeof *t);
   if (!t)
     return tz_err_set(TZ_ENOMEM, "%s: no memory", backend);

@@ -35,19 +35,16 @@ struct tz_tier_params {
   int buffered;          /* nvme: 1 forces buffered I/O (no O_DIRECT) */
   tz_tier *base;         /* fault: the tier it wraps (borrowed) */
   const char *faults;    /* fault: injection spec, see tiers/fault.c; also TZ_FAULTS */
-  int gds;               /* hbm: 0 GPUDirect Storage is not probed, 1 it is; -1 (default
-                            after tz_tier_params_init): as TZ_GDS says, read through the
-                            config (tierzero.gds) */
-  uint64_t pin_piece;    /* hbm, test hook: bytes per registration piece of host memory, a
-                            multiple of 4096 up to 64 GiB; 0 (default): as TZ_HBM_PIN_PIECE
-                            says, read through the config (tierzero.hbm_pin_piece), else
-                            64 GiB */
+  /* The backend's own settings, "name=value,..." against its table (core/settings.h; the hbm
+   * tier's gds and pin_piece, tiers/hbm.c): what the string leaves out comes from the setting's
+   * variable, else its default. NULL: none given. A backend without settings refuses any. */
+  const char *settings;
 };
 void tz_tier_params_init(struct tz_tier_params *p);
 
 /* Creating a tier by backend name ("host", "nvme", "fault", and "hbm" with CUDA) is the
  * registry's (registry/tiers.c, above every backend): core creates tiers only from an ops table
- * (tz_tier_create_from, core/tier_impl.h), so the two below are declared here for the clients
+ * (tz_tier_create_from, core/tier_impl.h), so the four below are declared here for the clients
  * and defined there; no core file calls them (tests/layering checks that it links without).
  *
  * 0 when the backend can run on this machine; otherwise a negative code, and why[] says why
@@ -59,6 +56,12 @@ int tz_tier_probe(const char *backend, char *why, size_t why_len);
  * here), TZ_ENOMEM, TZ_EIO, TZ_ENOSPC (nvme file could not be preallocated). */
 int tz_tier_create(tz_runtime *rt, const char *backend, const struct tz_tier_params *p,
                    tz_tier **out);
+/* Whether this build has the backend (1) or not (0). */
+int tz_tier_backend_built(const char *backend);
+/* Checks a settings string against the backend's table (tz_tier_params.settings): 0, or
+ * TZ_ECONFIG naming the setting, the value and what it accepts; TZ_ENOENT for a backend this
+ * build lacks. */
+int tz_tier_settings_check(const char *backend, const char *settings);
 void tz_tier_destroy(tz_tier *t); /* NULL is a no-op; the runtime calls it for tiers left */
 
 const char *tz_tier_name(const tz_tier *t);

@@ -9,10 +9,14 @@
 
 #include "core/arena.h"
 #include "core/runtime.h"
+#include "core/settings.h"
 #include "core/tier.h"
 
 struct tz_tier_ops {
   const char *name;
+  /* optional: the backend's settings (tz_tier_params.settings), which its init parses */
+  const struct tz_setting *settings;
+  int n_settings;
   /* optional: NULL means the backend can always run. 0 or negative with why[] filled. */
   int (*probe)(char *why, size_t why_len);
   /* Creates the instance: sets t->ctx, and may lower t->capacity or raise t->align and

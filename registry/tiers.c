@@ -51,6 +51,18 @@ int tz_tier_create(tz_runtime *rt, const char *backend, const struct tz_tier_par
   return tz_tier_create_from(rt, ops, p, out);
 }
 
+int tz_tier_settings_check(const char *backend, const char *settings) {
+  const struct tz_tier_ops *ops = find_backend(backend);
+  if (!ops)
+    return tz_err_set(TZ_ENOENT, "tier: no backend '%s' in this build", backend);
+  int64_t v[64];
+  if (ops->n_settings > 64)
+    return tz_err_set(TZ_EINVAL, "%s: %d settings, more than 64", backend, ops->n_settings);
+  return tz_settings_parse(backend, ops->settings, ops->n_settings, settings, v);
+}
+
+int tz_tier_backend_built(const char *backend) { return find_backend(backend) != NULL; }
+
 int tz_runtime_create(const struct tz_runtime_params *p, tz_runtime **out) {
   return tz_runtime_create_from(p, &tz_tier_host_ops, out);
 }

@@ -960,8 +960,6 @@ static void test_tunable_keys(void **state) {
   } keys[] = {
       {"tierzero.sched_debug", "TZ_SCHED_DEBUG", "1", "2",
        "tierzero.sched_debug: expected 1, 0, true, false, yes, no, on or off, got \"2\""},
-      {"tierzero.gds", "TZ_GDS", "0", "maybe", NULL},
-      {"tierzero.hbm_pin_piece", "TZ_HBM_PIN_PIECE", "2MiB", "2 parsecs", NULL},
       {"tierzero.comm_timeout", "TZ_COMM_TIMEOUT", "12.5", "0", NULL},
   };
   clear_env();
@@ -1004,11 +1002,7 @@ static void test_tunable_keys(void **state) {
   }
   struct tz_config c;
   tz_config_defaults(&c);
-  assert_int_equal(c.tierzero.gds, 1);
-  assert_int_equal(c.tierzero.hbm_pin_piece, 0);
   assert_true(c.tierzero.comm_timeout == 300);
-  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.hbm_pin_piece", "2MiB"));
-  assert_int_equal(c.tierzero.hbm_pin_piece, 2u << 20);
   assert_int_equal(tz_config_env_key(&c, "optimizer.params.lr"), TZ_ENOENT);
   tz_config_free(&c);
 }
@@ -1064,6 +1058,25 @@ static void test_backend_settings_text(void **state) {
   TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "fancy"));
   TZ_ASSERT_OK(tz_config_backend_settings(&c, "cuda", buf, sizeof buf));
   assert_string_equal(buf, "attention=fancy,matmul=plain");
+  tz_config_free(&c);
+  /* the hbm tier's (tierzero.gds, tierzero.hbm_pin_piece): a file's bool or count is kept as its
+   * text, as --set or the variable would give it */
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_load_string(
+      &c, "{\"tierzero\": {\"gds\": false, \"hbm_pin_piece\": 1048576}}", "t.json"));
+  TZ_ASSERT_OK(tz_config_backend_settings(&c, "hbm", buf, sizeof buf));
+  assert_string_equal(buf, "gds=false,pin_piece=1048576");
+  setenv("TZ_HBM_PIN_PIECE", "2MiB", 1);
+  TZ_ASSERT_OK(tz_config_apply_env(&c));
+  unsetenv("TZ_HBM_PIN_PIECE");
+  TZ_ASSERT_OK(tz_config_backend_settings(&c, "hbm", buf, sizeof buf));
+  assert_string_equal(buf, "gds=false,pin_piece=2MiB");
+  TZ_ASSERT_OK(tz_config_backend_settings(&c, "cuda", buf, sizeof buf));
+  assert_string_equal(buf, "");
+  /* other JSON kinds are refused by the key, as before */
+  assert_int_equal(tz_config_load_string(&c, "{\"tierzero\": {\"gds\": [1]}}", "t.json"),
+                   TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "tierzero.gds"));
   tz_config_free(&c);
 }
 

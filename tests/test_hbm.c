@@ -38,13 +38,20 @@ static int make_host(tz_runtime *rt, const char *name, uint64_t cap, tz_tier **o
   return tz_tier_create(rt, "host", &p, out);
 }
 
-static int make_hbm(tz_runtime *rt, const char *name, int device, uint64_t cap, tz_tier **out) {
+/* settings: the tier's own (tz_tier_params.settings), NULL for none */
+static int make_hbm_with(tz_runtime *rt, const char *name, int device, uint64_t cap,
+                         const char *settings, tz_tier **out) {
   struct tz_tier_params p;
   tz_tier_params_init(&p);
   p.name = name;
   p.capacity = cap;
   p.device = device;
+  p.settings = settings;
   return tz_tier_create(rt, "hbm", &p, out);
+}
+
+static int make_hbm(tz_runtime *rt, const char *name, int device, uint64_t cap, tz_tier **out) {
+  return make_hbm_with(rt, name, device, cap, NULL, out);
 }
 
 static int setup(void **state) {
@@ -257,15 +264,16 @@ static void test_registration_lifecycle(void **state) {
   tz_runtime_destroy(rt);
 }
 
-/* A host arena registered in 1 MiB pieces: copies that cross pieces are split, and stay fast. */
-static void test_copies_split_at_pieces(void **state) {
-  (void)state;
-  setenv("TZ_HBM_PIN_PIECE", "1MiB", 1);
+/* A host arena registered in 1 MiB pieces: copies that cross pieces are split, and stay fast.
+ * The piece from the tier's settings, or (by_env) from TZ_HBM_PIN_PIECE. */
+static void copies_split_at_pieces(int by_env) {
+  if (by_env)
+    setenv("TZ_HBM_PIN_PIECE", "1MiB", 1);
   tz_runtime *rt;
   TZ_ASSERT_OK(tz_runtime_create(NULL, &rt));
   tz_tier *host, *hbm;
   TZ_ASSERT_OK(make_host(rt, "host", 16 << 20, &host));
-  TZ_ASSERT_OK(make_hbm(rt, "hbm", 0, 16 << 20, &hbm));
+  TZ_ASSERT_OK(make_hbm_with(rt, "hbm", 0, 16 << 20, by_env ? NULL : "pin_piece=1MiB", &hbm));
   unsetenv("TZ_HBM_PIN_PIECE");
   tz_extent hx, gx;
   const uint64_t n = 5 * (1 << 20) + 8192;
@@ -284,6 +292,48 @@ static void test_copies_split_at_pieces(void **state) {
   assert_memory_equal(p + (3 << 20) + 4096, w, n);
   assert_int_equal(stats(hbm).pageable_copies, 0);
   free(w);
+  tz_runtime_destroy(rt);
+}
+
+static void test_copies_split_at_pieces(void **state) {
+  (void)state;
+  copies_split_at_pieces(1);
+  copies_split_at_pieces(0);
+}
+
+/* The tier's settings are checked before anything is made, each refusal naming the setting; a
+ * tier without settings refuses any. */
+static void test_settings_refused(void **state) {
+  (void)state;
+  tz_runtime *rt;
+  TZ_ASSERT_OK(tz_runtime_create(NULL, &rt));
+  static const struct {
+    const char *settings, *msg;
+  } bad[] = {
+      {"pin_piece=3000", "pin_piece"},      /* not a multiple of 4096 */
+      {"pin_piece=128GiB", "pin_piece"},    /* more than cudaHostRegister takes */
+      {"pin_piece=2 parsecs", "pin_piece"}, /* not a size */
+      {"gds=maybe", "gds"},
+      {"colour=red", "no setting \"colour\""},
+  };
+  tz_tier *t = NULL;
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(make_hbm_with(rt, "hbm", 0, 1 << 20, bad[i].settings, &t), TZ_ECONFIG);
+    if (!strstr(tz_err_msg(), bad[i].msg))
+      fail_msg("%s: %s", bad[i].settings, tz_err_msg());
+  }
+  setenv("TZ_GDS", "perhaps", 1);
+  assert_int_equal(make_hbm(rt, "hbm", 0, 1 << 20, &t), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "TZ_GDS"));
+  unsetenv("TZ_GDS");
+  assert_int_equal(tz_tier_settings_check("hbm", "gds=off,pin_piece=2MiB"), 0);
+  assert_int_equal(tz_tier_settings_check("host", "gds=off"), TZ_ECONFIG);
+  struct tz_tier_params p;
+  tz_tier_params_init(&p);
+  p.capacity = 1 << 20;
+  p.settings = "gds=off";
+  assert_int_equal(tz_tier_create(rt, "host", &p, &t), TZ_ECONFIG);
+  TZ_ASSERT_OK(make_hbm_with(rt, "hbm", 0, 1 << 20, "gds=off,pin_piece=2MiB", &t));
   tz_runtime_destroy(rt);
 }
 
@@ -440,6 +490,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_pinning_reported, setup, teardown),
       cmocka_unit_test(test_registration_lifecycle),
       cmocka_unit_test(test_copies_split_at_pieces),
+      cmocka_unit_test(test_settings_refused),
       cmocka_unit_test_setup_teardown(test_pageable_counted, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hbm_to_hbm, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_lanes, setup, teardown),

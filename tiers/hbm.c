@@ -18,10 +18,10 @@
 #define _GNU_SOURCE
 #include "tiers/hbm.h"
 #include "tiers/hbm_impl.h"
-#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "core/settings.h"
 #include "core/tier_impl.h"
 #include "util/clock.h"
 #include "util/gpu.h"
@@ -517,17 +517,46 @@ typedef struct {
   int cu_err; /* CUresult */
 } cufile_status;
 
-/* tierzero.gds from the environment (TZ_GDS), for a caller without a config: 1 unless turned
- * off there. */
+/* The tier's settings (tz_tier_params.settings; the config's tierzero.gds and
+ * tierzero.hbm_pin_piece, docs/hbm.md) */
+enum { SET_GDS, SET_PIN_PIECE, N_SETTINGS };
+static const struct tz_setting settings[N_SETTINGS] = {
+    [SET_GDS] = {.name = "gds",
+                 .kind = TZ_SETTING_BOOL,
+                 .def = 1,
+                 .env = "TZ_GDS",
+                 .help = "probe for GPUDirect Storage and log the answer (tierzero.gds)"},
+    [SET_PIN_PIECE] = {.name = "pin_piece",
+                       .kind = TZ_SETTING_SIZE,
+                       .def = 0,
+                       .env = "TZ_HBM_PIN_PIECE",
+                       .help = "test hook: bytes per registration piece of host memory, a "
+                               "multiple of 4096 up to 64 GiB; 0: 64 GiB "
+                               "(tierzero.hbm_pin_piece)"},
+};
+
+/* s's values (NULL: each from its variable, else its default), the piece checked */
+static int settings_of(const char *s, int64_t *v) {
+  TZ_CHECK(tz_settings_parse("hbm", settings, N_SETTINGS, s, v));
+  uint64_t piece = (uint64_t)v[SET_PIN_PIECE];
+  if (piece % PAGE || piece > PIN_PIECE)
+    return tz_err_set(TZ_ECONFIG,
+                      "hbm: pin_piece (tierzero.hbm_pin_piece) is %llu bytes, not a multiple of "
+                      "%llu up to 64 GiB",
+                      (unsigned long long)piece, PAGE);
+  if (piece == 0)
+    v[SET_PIN_PIECE] = (int64_t)PIN_PIECE;
+  return 0;
+}
+
+/* gds from the environment (TZ_GDS), for a caller without settings: 1 unless turned off there. */
 static int gds_from_env(void) {
-  struct tz_config c;
-  tz_config_defaults(&c);
-  int rc = tz_config_env_key(&c, "tierzero.gds");
-  if (rc < 0)
-    TZ_WARN("hbm: %s; GPUDirect Storage is probed", tz_err_msg());
-  int on = rc <= 0 || c.tierzero.gds;
-  tz_config_free(&c);
-  return on;
+  int64_t v[N_SETTINGS];
+  if (settings_of(NULL, v) < 0) {
+    TZ_WARN("%s; GPUDirect Storage is probed", tz_err_msg());
+    return 1;
+  }
+  return v[SET_GDS] != 0;
 }
 
 static void gds_probe(void) {
@@ -588,33 +617,6 @@ static void log_gds(void) {
 }
 static pthread_once_t gds_log_once = PTHREAD_ONCE_INIT;
 
-/* The registration piece (tz_tier_params.pin_piece; unset: tierzero.hbm_pin_piece from the
- * environment, TZ_HBM_PIN_PIECE), smaller than 64 GiB only to test the splitting of copies at
- * piece boundaries without 64 GiB of RAM. */
-static uint64_t pin_piece_of(const struct tz_tier_params *p) {
-  uint64_t v = p->pin_piece;
-  if (v == 0) {
-    struct tz_config c;
-    tz_config_defaults(&c);
-    int rc = tz_config_env_key(&c, "tierzero.hbm_pin_piece");
-    v = c.tierzero.hbm_pin_piece;
-    tz_config_free(&c);
-    if (rc < 0) {
-      TZ_WARN("hbm: %s; using 64 GiB", tz_err_msg());
-      return PIN_PIECE;
-    }
-    if (v == 0)
-      return PIN_PIECE;
-  }
-  if (v % PAGE || v > PIN_PIECE) {
-    TZ_WARN("hbm: a registration piece of %llu bytes (tierzero.hbm_pin_piece) is not a multiple "
-            "of %llu up to 64 GiB; using 64 GiB",
-            (unsigned long long)v, PAGE);
-    return PIN_PIECE;
-  }
-  return v;
-}
-
 static void release_device(struct hbm *h) {
   for (int i = 0; i < N_LANES; i++)
     if (h->lanes[i].s) {
@@ -635,6 +637,10 @@ static int hbm_init(tz_tier *t, const struct tz_tier_params *p) {
   if (p->device < 0 || p->device >= count)
     return tz_err_set(TZ_EINVAL, "%s: GPU %d does not exist (%d visible)", t->name, p->device,
                       count);
+  int64_t set[N_SETTINGS];
+  int rc = settings_of(p->settings, set);
+  if (rc < 0)
+    return rc;
   struct hbm *h = calloc(1, sizeof *h);
   if (!h)
     return tz_err_set(TZ_ENOMEM, "%s: no memory", t->name);
@@ -644,12 +650,13 @@ static int hbm_init(tz_tier *t, const struct tz_tier_params *p) {
   h->pe = tz_runtime_progress(t->rt);
   h->bytes = t->capacity;
   h->host_numa = tz_gpu_host_numa_node(h->device);
-  h->pin_piece = pin_piece_of(p);
+  h->pin_piece = (uint64_t)set[SET_PIN_PIECE];
   pthread_mutex_init(&h->ev_mu, NULL);
   pthread_mutex_init(&h->reg_mu, NULL);
   for (int i = 0; i < N_LANES; i++)
     pthread_mutex_init(&h->lanes[i].mu, NULL);
-  int prev, rc = device_enter(h, &prev);
+  int prev;
+  rc = device_enter(h, &prev);
   if (rc < 0) {
     hbm_unref(h);
     return rc;
@@ -684,7 +691,7 @@ static int hbm_init(tz_tier *t, const struct tz_tier_params *p) {
   }
   device_leave(prev);
   t->ctx = h;
-  if (p->gds == 0)
+  if (!set[SET_GDS])
     TZ_INFO("hbm: GPUDirect Storage not probed (tierzero.gds is off); nvme<->hbm is staged "
             "through pinned host memory");
   else
@@ -810,6 +817,8 @@ static void hbm_describe(tz_tier *t, uint64_t off, char *buf, size_t len) {
 
 const struct tz_tier_ops tz_tier_hbm_ops = {
     .name = "hbm",
+    .settings = settings,
+    .n_settings = N_SETTINGS,
     .probe = hbm_probe,
     .init = hbm_init,
     .fini = hbm_fini,

@@ -135,13 +135,15 @@ int tz_train_compute_settings(const struct tz_config *c, const char *backend, ch
                               size_t len) {
   const char *key, *b, *name, *value;
   for (int i = 0; tz_config_backend_setting(c, i, &key, &b, &name, &value); i++) {
-    if (!tz_compute_backend_built(b)) {
+    /* a compute backend's (cuda) or a tier's (hbm) */
+    int compute = tz_compute_backend_built(b), tier = !compute && tz_tier_backend_built(b);
+    if (!compute && !tier) {
       TZ_WARN("config: %s is a setting of the %s backend, which this build lacks: ignored", key, b);
       continue;
     }
     char one[256];
     snprintf(one, sizeof one, "%s=%s", name, value);
-    if (tz_compute_settings_check(b, one) < 0) {
+    if ((compute ? tz_compute_settings_check(b, one) : tz_tier_settings_check(b, one)) < 0) {
       char why[512];
       snprintf(why, sizeof why, "%s", tz_err_msg());
       return tz_err_set(TZ_ECONFIG, "config: %s: %s", key, why);
@@ -411,8 +413,11 @@ static int create_tiers(tz_trainer *tr) {
   tp.numa_node = c->tierzero.numa_node;
   tp.capacity = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->window;
   tp.device = tr->device;
-  tp.gds = c->tierzero.gds;
-  tp.pin_piece = c->tierzero.hbm_pin_piece;
+  char settings[256];
+  if (tr->gpu) {
+    TZ_CHECK(tz_config_backend_settings(c, "hbm", settings, sizeof settings));
+    tp.settings = settings;
+  }
   int rc = tz_tier_create(tr->rt, tr->gpu ? "hbm" : "host", &tp, &tr->t_compute);
   if (rc < 0)
     return compute_refused(tr, rc, tp.capacity);

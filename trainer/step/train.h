@@ -93,7 +93,8 @@ void tz_trainer_params_init(struct tz_trainer_params *p);
 
 /* The settings string of compute backend `backend` from the config's backend keys
  * (tierzero.cuda_attention, ...: tz_config_backend_setting), after checking every such key the
- * config sets against its backend (the environment's variables included), whichever backend runs:
+ * config sets against its backend, a compute backend's or a tier's (tierzero.gds is the hbm
+ * tier's; the environment's variables included), whichever backend runs:
  * TZ_ECONFIG naming the key and what its backend accepts. A key of a backend this build lacks is
  * warned about and left out. TZ_EINVAL when the string does not fit in len. */
 int tz_train_compute_settings(const struct tz_config *c, const char *backend, char *buf,
