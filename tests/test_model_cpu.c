@@ -533,9 +533,9 @@ static void test_ref_all_on(void **state) {
   compare_with_reference(c, 1, 16, 110);
 }
 
-/* With every flag on: the checkpointed backward (the forward recomputed) equals the stored one,
- * thread counts change no bit, gradients accumulate exactly. */
-static void all_on_bits(struct tz_model_config cfg) {
+/* The checkpointed backward (the forward recomputed) equals the stored one, and thread counts
+ * change no bit. */
+static void recompute_thread_bits(struct tz_model_config cfg) {
   struct setup *s = setup_new(cfg, 2, 9, 205);
   struct result a = run_cpu(s, 2, 1, 1), b = run_cpu(s, 2, 0, 1), t = run_cpu(s, 3, 1, 1);
   assert_true(bits_equal(&s->cfg, &a, &b, 18));
@@ -544,6 +544,14 @@ static void all_on_bits(struct tz_model_config cfg) {
   result_free(&s->cfg, &b);
   result_free(&s->cfg, &t);
   setup_free(s);
+}
+
+/* With every flag on: recompute_thread_bits, and gradients accumulate exactly (a step's weight
+ * gradients one sum each: with MLP chunks they are a sum of the chunks', rounded in order, which
+ * two steps do not double exactly). */
+static void all_on_bits(struct tz_model_config cfg) {
+  recompute_thread_bits(cfg);
+  struct setup *s;
   /* untied: a tied embedding takes two contributions per step, so two steps are not 2x one */
   struct tz_model_config c = cfg;
   c.tie_embeddings = 0;
@@ -881,6 +889,48 @@ static void partial_recompute_bits(struct tz_model_config c) {
   tz_compute_destroy(cm);
 }
 
+/* The dense MLP in chunks of tokens (mlp_chunk): against the float64 reference, with the norms
+ * after (OLMo 2) and GeGLU (Gemma 2); the recompute and thread counts change no bit; one chunk of
+ * all the rows is the MLP unchunked, bit for bit; the chunk's intermediates are what the
+ * activations and scratch hold. */
+static void test_mlp_chunks(void **state) {
+  (void)state;
+  struct tz_model_config cfgs[] = {small_cfg(), all_on_cfg(), olmo2_all_on_cfg(), gemma2_cfg()};
+  for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+    struct tz_model_config c = cfgs[i];
+    c.mlp_chunk = 4; /* 14 rows: 4, 4, 4, 2; 18 rows: four of 4 and one of 2 */
+    compare_with_reference(c, 2, 7, 121 + i);
+    recompute_thread_bits(c);
+    partial_recompute_bits(c);
+  }
+  struct tz_model_config c = all_on_cfg();
+  struct setup *s = setup_new(c, 2, 9, 131);
+  struct result whole = run_cpu(s, 2, 1, 1);
+  s->cfg.mlp_chunk = 18;
+  struct result one = run_cpu(s, 2, 1, 1);
+  assert_true(bits_equal(&s->cfg, &whole, &one, 18));
+  result_free(&s->cfg, &whole);
+  result_free(&s->cfg, &one);
+  setup_free(s);
+  assert_int_equal(tz_model_mlp_rows(&c, 18), 18); /* auto: far more than 18 */
+  c.mlp_chunk = 4;
+  assert_int_equal(tz_model_mlp_rows(&c, 18), 4);
+  assert_int_equal(tz_model_mlp_rows(&c, 3), 3);
+  struct tz_model_config q;
+  TZ_ASSERT_OK(tz_model_preset("llama-7b", &q));
+  assert_int_equal(tz_model_mlp_rows(&q, 4 * 2048), 4 * 2048); /* today's shapes: one chunk */
+  assert_int_equal(tz_model_mlp_rows(&q, 131072), 24320);      /* 2^28 / 11008, down to 256s */
+  /* at 131k tokens the layer's (rows, F) intermediates are a chunk's: a, da, dg, du */
+  size_t F = (size_t)q.ffn_dim, es = 2, N = 131072, R = 24320;
+  q.mlp_chunk = (int)N;
+  size_t whole_b =
+      tz_model_acts_bytes(&q, TZ_BF16, 1, (int)N) + tz_model_scratch_bytes(&q, TZ_BF16, 1, (int)N);
+  q.mlp_chunk = 0;
+  size_t chunked =
+      tz_model_acts_bytes(&q, TZ_BF16, 1, (int)N) + tz_model_scratch_bytes(&q, TZ_BF16, 1, (int)N);
+  assert_true(whole_b - chunked == 4 * (N - R) * F * es);
+}
+
 static void test_partial_recompute_bits(void **state) {
   (void)state;
   partial_recompute_bits(all_on_cfg());
@@ -1151,6 +1201,7 @@ int main(void) {
       cmocka_unit_test(test_layout),
       cmocka_unit_test(test_layer_probe),
       cmocka_unit_test(test_partial_recompute_bits),
+      cmocka_unit_test(test_mlp_chunks),
       cmocka_unit_test(test_init),
       cmocka_unit_test(test_bad_inputs),
   };

@@ -345,6 +345,21 @@ static void test_qk_norm(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
+/* The MLP in chunks of 48 tokens (200 rows: four of 48 and one of 8), against the cpu backend in
+ * the same chunks, and with the recompute; then with the norms after (OLMo 2). */
+static void test_mlp_chunks(void **state) {
+  (void)state;
+  g_failures = 0;
+  struct tz_model_config c = base_config();
+  c.mlp_chunk = 48;
+  layer_case("mlp chunks", &c, 2, 100);
+  c.family = TZ_FAMILY_OLMO2;
+  c.qk_norm = TZ_QK_NORM_ALL;
+  c.norm_place = TZ_NORM_POST;
+  layer_case("olmo2 chunks", &c, 2, 100);
+  assert_int_equal(g_failures, 0);
+}
+
 /* OLMo 2: the norms on the parts' outputs and q/k norms over the whole projections (widths
  * H*D = 256 and Hkv*D); then with biases and 7:1 grouped-query attention. */
 static void test_olmo2(void **state) {
@@ -441,7 +456,7 @@ int main(void) {
       cmocka_unit_test(test_llama),    cmocka_unit_test(test_qkv_bias),
       cmocka_unit_test(test_qk_norm),  cmocka_unit_test(test_olmo2),
       cmocka_unit_test(test_head_dim), cmocka_unit_test(test_llama3_rope),
-      cmocka_unit_test(test_all),
+      cmocka_unit_test(test_all),      cmocka_unit_test(test_mlp_chunks),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

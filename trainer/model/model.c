@@ -343,7 +343,7 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
     a->rstd2 = carve(c, N * sizeof(float));
   }
   if (parts & TZ_PART_MLP) {
-    a->a = carve(c, M * F * es);
+    a->a = carve(c, (moe ? M : (size_t)tz_model_mlp_rows(cfg, (int)N)) * F * es);
     if (moe) {
       a->xs = carve(c, M * C * es);
       a->rlogits = carve(c, N * E * es);
@@ -387,9 +387,10 @@ static void scratch_layout(const struct tz_model_config *cfg, enum tz_dtype dt, 
   size_t C = cfg->d_model, D = tz_model_head_dim(cfg);
   size_t HD = cfg->n_head * D, KD = cfg->n_kv_head * D;
   s->dh = carve(c, N * C * es);
-  s->da = carve(c, M * F * es);
-  s->dg = carve(c, M * F * es);
-  s->du = carve(c, M * F * es);
+  size_t R = tz_model_moe(cfg) ? M : (size_t)tz_model_mlp_rows(cfg, (int)N); /* a chunk's rows */
+  s->da = carve(c, R * F * es);
+  s->dg = carve(c, R * F * es);
+  s->du = carve(c, R * F * es);
   s->dy = s->dlog = s->dys = s->dsa = s->dsg = s->dsu = s->dslog = NULL;
   s->dw = NULL;
   if (tz_model_moe(cfg)) {
@@ -423,6 +424,18 @@ void tz_model_scratch_carve(const struct tz_model_config *cfg, enum tz_dtype dt,
                             void *base, struct tz_layer_scratch *out) {
   struct carver c = {.base = base};
   scratch_layout(cfg, dt, B, T, &c, out);
+}
+
+int tz_model_mlp_rows(const struct tz_model_config *cfg, int N) {
+  if (tz_model_moe(cfg))
+    return N;
+  int rows = cfg->mlp_chunk;
+  if (rows <= 0) {
+    rows = (int)(TZ_MODEL_MLP_CHUNK_ELEMS / (unsigned)cfg->ffn_dim) / 256 * 256;
+    if (rows < 256)
+      rows = 256;
+  }
+  return rows < N ? rows : N;
 }
 
 int tz_model_head_rows(const struct tz_model_config *cfg, int N) {
@@ -613,16 +626,25 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
                                     norm_off(cfg)));
   if (tz_model_moe(cfg))
     return tz_model_moe_fwd(cm, cfg, &l, params, h2, a, x_out, N, stats);
-  TZ_CHECK(linear_fwd(cm, a->g, h2, P(TZ_L_WG), N, C, F));
-  TZ_CHECK(linear_fwd(cm, a->u, h2, P(TZ_L_WU), N, C, F));
-  TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, a->g, a->u, (size_t)N * F));
-  if (post) {
-    TZ_CHECK(linear_fwd(cm, a->m, a->a, P(TZ_L_WD), N, F, C));
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, x_out, a->rstd_m, a->m, P(TZ_L_MLP_POST_NORM), N, C, eps,
-                                    norm_off(cfg)));
-    TZ_CHECK(tz_compute_add(cm, S, x_out, a->x2, x_out, (size_t)N * C));
-  } else {
-    TZ_CHECK(linear_res_fwd(cm, x_out, a->a, P(TZ_L_WD), a->x2, N, F, C));
+  /* chunk by chunk (tz_model_mlp_rows): g and u are kept whole, a is the chunk's */
+  const int R = tz_model_mlp_rows(cfg, N);
+  for (int r0 = 0; r0 < N; r0 += R) {
+    const int n = N - r0 < R ? N - r0 : R;
+    const void *h = at(h2, (uint64_t)r0 * C, S), *x2 = at(a->x2, (uint64_t)r0 * C, S);
+    void *g = at(a->g, (uint64_t)r0 * F, S), *u = at(a->u, (uint64_t)r0 * F, S);
+    void *xo = at(x_out, (uint64_t)r0 * C, S);
+    TZ_CHECK(linear_fwd(cm, g, h, P(TZ_L_WG), n, C, F));
+    TZ_CHECK(linear_fwd(cm, u, h, P(TZ_L_WU), n, C, F));
+    TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, g, u, (size_t)n * F));
+    if (post) {
+      void *m = at(a->m, (uint64_t)r0 * C, S);
+      TZ_CHECK(linear_fwd(cm, m, a->a, P(TZ_L_WD), n, F, C));
+      TZ_CHECK(tz_compute_rmsnorm_fwd(cm, xo, a->rstd_m + r0, m, P(TZ_L_MLP_POST_NORM), n, C, eps,
+                                      norm_off(cfg)));
+      TZ_CHECK(tz_compute_add(cm, S, xo, x2, xo, (size_t)n * C));
+    } else {
+      TZ_CHECK(linear_res_fwd(cm, xo, a->a, P(TZ_L_WD), x2, n, F, C));
+    }
   }
 #undef P
   return 0;
@@ -695,12 +717,23 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
                                       P(TZ_L_MLP_POST_NORM), a->rstd_m, N, C, norm_off(cfg)));
       dm = s->dh;
     }
-    TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dm, P(TZ_L_WD), N, F, C));
-    TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dg, s->du, a_rebuilt, s->da, a->g,
-                                a->u, (size_t)N * F));
-    TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dm, a->a, N, F, C));
-    TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WG), s->dg, h2, P(TZ_L_WG), N, C, F));
-    TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WU), s->du, h2, P(TZ_L_WU), N, C, F));
+    /* chunk by chunk as the forward ran: a recomputed whole only with one chunk, else each
+     * chunk's rebuilt by the SwiGLU's backward (the same bits). A chunk's rows of dm are read
+     * before the gate's and up's backward write the same rows of dh (which dm may be). */
+    const int R = tz_model_mlp_rows(cfg, N);
+    void *a_chunk = R < N ? a->a : a_rebuilt;
+    for (int r0 = 0; r0 < N; r0 += R) {
+      const int n = N - r0 < R ? N - r0 : R;
+      const void *dmc = at(dm, (uint64_t)r0 * C, S), *h = at(h2, (uint64_t)r0 * C, S);
+      const void *g = at(a->g, (uint64_t)r0 * F, S), *u = at(a->u, (uint64_t)r0 * F, S);
+      void *dh = at(s->dh, (uint64_t)r0 * C, S);
+      TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dmc, P(TZ_L_WD), n, F, C));
+      TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dg, s->du, a_chunk, s->da, g, u,
+                                  (size_t)n * F));
+      TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dmc, a->a, n, F, C));
+      TZ_CHECK(linear_bwd(cm, dh, 0, GR(TZ_L_WG), s->dg, h, P(TZ_L_WG), n, C, F));
+      TZ_CHECK(linear_bwd(cm, dh, 1, GR(TZ_L_WU), s->du, h, P(TZ_L_WU), n, C, F));
+    }
   }
   /* The residual passes dx_out through unchanged: dx_in = dx_out + the norm's gradient, the copy
    * fused into the norm's backward (or, the norm on the output, dx_out + the MLP input's). */

@@ -153,6 +153,12 @@ struct tz_model_config {
   /* With experts, a shared expert (Qwen2-MoE): a SwiGLU of width shared_ffn_dim every token
    * goes through, its output times sigmoid(x shared_gate^T) added to the experts'; 0: none */
   int shared_ffn_dim;
+  /* The dense MLP runs over chunks of this many tokens (rows) in the forward, the recompute and
+   * the backward, so that its (rows, F) intermediates (a, and the backward's da, dg, du) are a
+   * chunk's, not the whole micro-batch's; 0: auto, tz_model_mlp_rows. Every chunk's weight
+   * gradients add into the same sums in chunk order, so the bits are fixed by this and the shape.
+   */
+  int mlp_chunk;
 };
 
 /* The first of the variants (Gemma's math, sliding windows) that cfg uses on sequences of T tokens
@@ -345,7 +351,7 @@ struct tz_layer_acts {
   float *rstd2; /* (N) F32 */
   void *g;      /* (N, F) gate projection */
   void *u;      /* (N, F) up projection */
-  void *a;      /* (N, F) silu(g) * u */
+  void *a;      /* (rows, F) silu(g) * u of one chunk (tz_model_mlp_rows) */
   /* With experts (n_expert > 0), g, u and a are (M, F_e) for the M = N*k assignments grouped by
    * expert, and the MLP part also keeps the routing (kernels/compute.h, struct tz_moe_route) and
    * the experts' outputs y; the router's logits and the gathered inputs xs are rebuilt. */
@@ -385,9 +391,9 @@ struct tz_layer_acts {
 /* Scratch for a layer's backward, shared by all layers. */
 struct tz_layer_scratch {
   void *dh;     /* (N, C) gradient of a norm output */
-  void *da;     /* (N, F) */
-  void *dg;     /* (N, F) */
-  void *du;     /* (N, F) */
+  void *da;     /* (rows, F): one MLP chunk's (tz_model_mlp_rows) */
+  void *dg;     /* (rows, F) */
+  void *du;     /* (rows, F) */
   void *datt;   /* (N, H*D) */
   void *dq;     /* (N, H*D) */
   void *dk;     /* (N, Hkv*D) */
@@ -405,6 +411,12 @@ struct tz_layer_scratch {
  * time (at least one row): a constant of the config, so the order of its sums never depends on
  * memory. */
 #define TZ_MODEL_HEAD_CHUNK_ELEMS (1u << 24)
+/* The dense MLP's chunk: cfg->mlp_chunk tokens, or (auto) TZ_MODEL_MLP_CHUNK_ELEMS / F rounded down
+ * to a multiple of 256 (at least 256), never more than N: one chunk up to some 24k tokens a
+ * micro-batch at Llama-7B's F (the MLP then runs as it always did), six at 131k. With experts,
+ * N (their rows are routed, not chunked). */
+#define TZ_MODEL_MLP_CHUNK_ELEMS (1u << 28)
+int tz_model_mlp_rows(const struct tz_model_config *cfg, int N);
 struct tz_head_scratch {
   void *h;       /* (N, C) final-norm output */
   float *rstd;   /* (N) F32 */
