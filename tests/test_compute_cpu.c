@@ -737,6 +737,84 @@ static double ref_score(const float *q, const float *k, int D, double scale, dou
   return s;
 }
 
+/* Attention at 4,096 tokens (grouped-query, 4 heads on 2), forward and backward, against a float64
+ * reference that streams as the kernels must: per query an online softmax over the keys (running
+ * max, sum and output), then a second pass with the final log-sum-exp for the gradients, never a
+ * T x T matrix; dk and dv in (T, Hkv, D) sums. */
+static void test_attention_long(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  enum { T = 4096, H = 4, Hkv = 2, D = 8 };
+  const size_t nq = (size_t)T * H * D, nk = (size_t)T * Hkv * D;
+  float *q = malloc(nq * sizeof *q), *o = malloc(nq * sizeof *o), *dout = malloc(nq * sizeof *dout),
+        *dq = malloc(nq * sizeof *dq), *k = malloc(nk * sizeof *k), *v = malloc(nk * sizeof *v),
+        *dk = malloc(nk * sizeof *dk), *dv = malloc(nk * sizeof *dv),
+        *lse = malloc((size_t)H * T * sizeof *lse), *delta = malloc((size_t)H * T * sizeof *delta);
+  double *rdk = calloc(nk, sizeof *rdk), *rdv = calloc(nk, sizeof *rdv);
+  assert_true(q && o && dout && dq && k && v && dk && dv && lse && delta && rdk && rdv);
+  uint64_t st = 41;
+  for (size_t i = 0; i < nq; i++)
+    q[i] = 4 * urand(&st) - 2, dout[i] = 2 * urand(&st) - 1;
+  for (size_t i = 0; i < nk; i++)
+    k[i] = 4 * urand(&st) - 2, v[i] = 2 * urand(&st) - 1;
+  TZ_ASSERT_OK(tz_compute_attention_fwd(cm, o, lse, q, k, v, 1, T, H, Hkv, D, NULL, NULL));
+  TZ_ASSERT_OK(tz_compute_attention_bwd(cm, dq, dk, dv, delta, dout, q, k, v, o, lse, 1, T, H, Hkv,
+                                        D, NULL, NULL));
+  const double scale = 1 / sqrt((double)D);
+  double err_o = 0, err_l = 0, err_dq = 0, big_o = 0, big_dq = 0;
+  for (int h = 0; h < H; h++)
+    for (int t = 0; t < T; t++) {
+      const int hk = h / (H / Hkv);
+      const float *qt = q + ((size_t)t * H + h) * D, *dt = dout + ((size_t)t * H + h) * D;
+      double m = -INFINITY, sum = 0, out[D] = {0}, sl;
+      for (int u = 0; u <= t; u++) { /* online: rescale what was summed when the max grows */
+        double z = ref_score(qt, k + ((size_t)u * Hkv + hk) * D, D, scale, 0, &sl);
+        double mn = fmax(m, z), r = exp(m - mn), p = exp(z - mn);
+        const float *vu = v + ((size_t)u * Hkv + hk) * D;
+        sum = sum * r + p;
+        for (int d = 0; d < D; d++)
+          out[d] = out[d] * r + p * vu[d];
+        m = mn;
+      }
+      double l = m + log(sum), dl = 0, dqt[D] = {0};
+      err_l = fmax(err_l, fabs(lse[(size_t)h * T + t] - l));
+      for (int d = 0; d < D; d++) {
+        out[d] /= sum;
+        dl += (double)dt[d] * out[d];
+        err_o = fmax(err_o, fabs(o[((size_t)t * H + h) * D + d] - out[d]));
+        big_o = fmax(big_o, fabs(out[d]));
+      }
+      for (int u = 0; u <= t; u++) {
+        const float *ku = k + ((size_t)u * Hkv + hk) * D, *vu = v + ((size_t)u * Hkv + hk) * D;
+        double p = exp(ref_score(qt, ku, D, scale, 0, &sl) - l), dp = 0;
+        for (int d = 0; d < D; d++)
+          dp += (double)dt[d] * vu[d];
+        double ds = p * (dp - dl) * scale;
+        for (int d = 0; d < D; d++) {
+          dqt[d] += ds * ku[d];
+          rdk[((size_t)u * Hkv + hk) * D + d] += ds * qt[d];
+          rdv[((size_t)u * Hkv + hk) * D + d] += p * dt[d];
+        }
+      }
+      for (int d = 0; d < D; d++) {
+        err_dq = fmax(err_dq, fabs(dq[((size_t)t * H + h) * D + d] - dqt[d]));
+        big_dq = fmax(big_dq, fabs(dqt[d]));
+      }
+    }
+  double err_dk = 0, err_dv = 0, big_dk = 0, big_dv = 0;
+  for (size_t i = 0; i < nk; i++) {
+    err_dk = fmax(err_dk, fabs(dk[i] - rdk[i])), big_dk = fmax(big_dk, fabs(rdk[i]));
+    err_dv = fmax(err_dv, fabs(dv[i] - rdv[i])), big_dv = fmax(big_dv, fabs(rdv[i]));
+  }
+  print_message("T %d: out %.2e, lse %.2e, dq %.2e, dk %.2e, dv %.2e of the largest\n", T,
+                err_o / big_o, err_l, err_dq / big_dq, err_dk / big_dk, err_dv / big_dv);
+  assert_true(err_o < 1e-5 * big_o && err_l < 1e-4);
+  assert_true(err_dq < 1e-4 * big_dq && err_dk < 1e-4 * big_dk && err_dv < 1e-4 * big_dv);
+  free(q), free(o), free(dout), free(dq), free(k), free(v), free(dk), free(dv), free(lse);
+  free(delta), free(rdk), free(rdv);
+  tz_compute_destroy(cm);
+}
+
 static void test_attention_variants(void **state) {
   (void)state;
   tz_compute *cm = cpu(2);
@@ -1223,6 +1301,7 @@ int main(void) {
       cmocka_unit_test(test_xent),
       cmocka_unit_test(test_xent_sharp_large_vocabulary),
       cmocka_unit_test(test_attention_variants),
+      cmocka_unit_test(test_attention_long),
       cmocka_unit_test(test_gemma_elementwise),
       cmocka_unit_test(test_xent_ignore),
       cmocka_unit_test(test_packed_documents),
