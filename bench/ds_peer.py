@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The DeepSpeed peer of tz-train: the same Llama shapes trained with DeepSpeed ZeRO-3.
+"""The DeepSpeed peer of tz-train: the same models trained with DeepSpeed ZeRO-3.
 
 One configuration per call, as bench/fsdp_peer.py, with the same options and the same JSON result:
-a preset of tz-train (--model), DeepSpeed 0.19.8 ZeRO-3 with bf16 (fp32 master weights in the
-optimizer), the ds_config of configs/deepspeed/ chosen by --offload:
+a preset of tz-train or a Hugging Face config.json (--model), DeepSpeed 0.19.8 ZeRO-3 with bf16
+(fp32 master weights in the optimizer), the ds_config of configs/deepspeed/ chosen by --offload:
 
   --offload cpu   ds-offload.json: parameters and optimizer state offloaded to the CPU (runner
                   ds-offload)
@@ -12,15 +12,25 @@ optimizer), the ds_config of configs/deepspeed/ chosen by --offload:
   --offload nvme  ds-nvme.json: the optimizer state on NVMe (--nvme-path), parameters on the CPU
                   (ZeRO-Infinity; runner ds-nvme)
 
-The model is transformers' LlamaForCausalLM of the preset's shape, built with from_config under
-HfDeepSpeedConfig, so that deepspeed.zero.Init partitions it as it is constructed; sdpa attention,
-bf16, gradient checkpointing on every decoder layer (use_reentrant=False: activations recomputed
-in backward, as tz-train does). The optimizer is AdamW (lr 1e-4, betas 0.9/0.95, eps 1e-8,
-weight decay 0.1 on every tensor, as the FSDP2 peer): DeepSpeedCPUAdam when the optimizer state
-is offloaded, else FusedAdam; the gradient norm is clipped by DeepSpeed (gradient_clipping,
---clip). Each step is engine(input_ids, labels).loss, engine.backward(loss), engine.step(), once
-for each of its --accum micro-batches (DeepSpeed's gradient_accumulation_steps: one update a step,
-checked by its global_steps).
+The model is transformers' LlamaForCausalLM of the preset's shape, or for a config.json (the file,
+or a directory holding one; one of tz-train's families, bench/peer_common.py FAMILIES) the class
+its model_type picks (AutoConfig from the file's keys), random weights; built with from_config
+under HfDeepSpeedConfig, so that deepspeed.zero.Init partitions it as it is constructed; sdpa
+attention, bf16, gradient checkpointing on every decoder layer (use_reentrant=False: activations
+recomputed in backward, as tz-train does). Its parameters must be those tz-train's layout counts
+for the file. A mixture of experts keeps the file's output_router_logits (absent: false), so that
+the router's load-balancing loss is in the loss exactly when tz-train adds it (its coefficient
+router_aux_loss_coef with output_router_logits, trainer/model/hf_config.c); its sparse MoE blocks
+(the modules whose class name ends in SparseMoeBlock) are ZeRO-3 leaf modules
+(deepspeed.utils.set_z3_leaf_modules), each gathered whole before it runs. Without that ZeRO-3
+gathers each expert as it is called, and the experts a step calls differ from rank to rank and
+from step to step: ranks wait on different gathers (the hangs of DeepSpeed issues #4808 and #5008)
+and the prefetch trace is thrown away every step. The optimizer is AdamW (lr 1e-4, betas
+0.9/0.95, eps 1e-8, weight decay 0.1 on every tensor, as the FSDP2 peer): DeepSpeedCPUAdam when
+the optimizer state is offloaded, else FusedAdam; the gradient norm is clipped by DeepSpeed
+(gradient_clipping, --clip). Each step is engine(input_ids, labels).loss, engine.backward(loss),
+engine.step(), once for each of its --accum micro-batches (DeepSpeed's
+gradient_accumulation_steps: one update a step, checked by its global_steps).
 
     bench/ds_peer.py --model llama-1b --offload cpu --seq 2048 --micro-batch 4 \\
         --warmup 2 --steps 10 --out results/bench/ds-offload-llama-1b.json
@@ -35,12 +45,16 @@ entries such as 9.0a read as 9.0, which DeepSpeed's parser refuses): that is set
 
 Step time, model FLOP and the result's fields: bench/peer_common.py and bench/fsdp_peer.py; added
 here: "deepspeed" (its version), "ds_config" (the dict given to DeepSpeed), "ops_prebuilt" (the
-ops the install had compiled). A CUDA out-of-memory is a result ("error", exit status 0). Exit
-status 3: torch, transformers, deepspeed or a CUDA device is missing (nothing written).
+ops the install had compiled); for a config.json, "model" is its name (the file's without .json),
+with "model_config", "model_type", "n_active_params" (the FLOP count's N), "leaf_modules" (the
+leaf classes' names, [] without experts) and "router_aux_loss_coef" (0 where the loss has none).
+A CUDA out-of-memory is a result ("error", exit status 0). Exit status 3: torch, transformers,
+deepspeed or a CUDA device is missing (nothing written).
 
---dry-run prints the ds_config and the optimizer this call would use, without torch or a GPU
-(checked against DeepSpeed's own config models when deepspeed imports). --device cpu runs the
-tiny model on DeepSpeed's CPU accelerator with gloo: a check of the script, not a measurement.
+--dry-run prints the ds_config and the optimizer this call would use, with the model's parameter
+counts and FLOP per token, without torch or a GPU (the ds_config checked against DeepSpeed's own
+config models when deepspeed imports). --device cpu runs a small model (tiny, or a small
+config.json) on DeepSpeed's CPU accelerator with gloo: a check of the script, not a measurement.
 """
 import argparse
 import copy
@@ -52,7 +66,7 @@ import sys
 import time
 
 import peer_common as pc
-from peer_common import PRESETS, n_params
+from peer_common import n_params
 
 PROG = "ds_peer"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,7 +79,7 @@ def parse_args(argv):
         description="DeepSpeed ZeRO-3 peer of tz-train: one training configuration, one JSON "
                     "result.",
         epilog="Runners: --offload cpu is ds-offload, opt ds-opt, none ds-gpu, nvme ds-nvme.")
-    pc.add_common_args(ap)
+    pc.add_common_args(ap, configs=True)
     ap.add_argument("--offload", choices=sorted(RUNNERS), default="cpu",
                     help="cpu: parameters and optimizer on the CPU; opt: the optimizer only; "
                          "none: nothing; nvme: optimizer on NVMe, parameters on the CPU "
@@ -184,11 +198,13 @@ def cuda_arch_list(value):
 
 
 def dry_run(a, path, cfg):
-    print(json.dumps({"runner": a.runner or RUNNERS[a.offload], "model": a.model,
-                      "cuda_arch_list": cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST")),
-                      "ds_config_file": path, "ds_config": cfg,
-                      "optimizer": optimizer_spec(a, cfg), "deepspeed_check": validate(cfg)},
-                     indent=1))
+    out = {"runner": a.runner or RUNNERS[a.offload], "model": a.model,
+           "n_params": n_params(a.spec), "flops_per_token": pc.flops_per_token(a.spec, a.seq)}
+    out.update(pc.model_keys(a))
+    out.update({"cuda_arch_list": cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST")),
+                "ds_config_file": path, "ds_config": cfg, "optimizer": optimizer_spec(a, cfg),
+                "deepspeed_check": validate(cfg)})
+    print(json.dumps(out, indent=1))
     return 0
 
 
@@ -211,9 +227,57 @@ def installed_ops():
         return None
 
 
+def hf_config(s):
+    """transformers' config of a config.json model: the class its model_type picks, from the
+    file's keys; no KV cache; output_router_logits as the file says (absent: false), so that the
+    load-balancing loss is in the loss exactly when tz-train puts it there."""
+    import transformers
+    # The dtype keys are left out: the model is built in bf16, as the presets are.
+    keys = {k: v for k, v in s["hf"].items()
+            if k not in ("torch_dtype", "dtype", "transformers_version")}
+    model_type = keys.pop("model_type")
+    keys["use_cache"] = False
+    if s["moe"]:
+        keys["output_router_logits"] = bool(keys.get("output_router_logits", False))
+    cfg = transformers.AutoConfig.for_model(model_type, **keys)
+    cfg._attn_implementation = "sdpa"
+    # RoPE's base where the file gives one and the config keeps one base (transformers 5 keeps
+    # it in rope_parameters, per layer type for Gemma 3's).
+    want = keys.get("rope_theta")
+    rp = getattr(cfg, "rope_parameters", None)
+    theta = rp.get("rope_theta") if isinstance(rp, dict) else getattr(cfg, "rope_theta", None)
+    if want is not None and theta is not None and theta != want:
+        raise RuntimeError("%s: transformers' %s kept rope theta %r, not the file's %r" %
+                           (s["path"], type(cfg).__name__, theta, want))
+    return cfg
+
+
+def moe_leaves(model, s):
+    """The sparse MoE blocks as ZeRO-3 leaf modules (set_z3_leaf_modules): the names of their
+    classes, [] for a model without experts (a preset has none)."""
+    if not s.get("moe"):
+        return []
+    classes = sorted({type(m) for m in model.modules()
+                      if type(m).__name__.endswith("SparseMoeBlock")}, key=lambda c: c.__name__)
+    if not classes:
+        raise RuntimeError("%s: model_type %s has %d experts, but transformers' %s has no module "
+                           "whose class ends in SparseMoeBlock to make a ZeRO-3 leaf (without "
+                           "one, ranks can hang: DeepSpeed issues #4808, #5008)" %
+                           (s["path"], s["hf"]["model_type"], s["moe"][0], type(model).__name__))
+    from deepspeed.utils import set_z3_leaf_modules
+    leaves = set_z3_leaf_modules(model, classes)
+    # every layer sparse (tz-train refuses a config with dense layers among them)
+    if len(leaves) != s["layers"]:
+        raise RuntimeError("%s: %d leaf modules (%s) in %d layers" %
+                           (s["path"], len(leaves), ", ".join(c.__name__ for c in classes),
+                            s["layers"]))
+    return [c.__name__ for c in classes]
+
+
 def build(torch, deepspeed, a, s, cfg, device):
-    """LlamaForCausalLM under HfDeepSpeedConfig (zero.Init partitions it at construction),
-    checkpointed, its optimizer, and DeepSpeed's engine around both."""
+    """The model under HfDeepSpeedConfig (zero.Init partitions it at construction), its experts'
+    blocks as leaf modules, checkpointed, its optimizer, and DeepSpeed's engine around both:
+    (engine, the leaf classes' names)."""
     import transformers
     from transformers.integrations import HfDeepSpeedConfig
     # Kept alive while the model is built: transformers finds the config through a weak
@@ -222,17 +286,20 @@ def build(torch, deepspeed, a, s, cfg, device):
     if not transformers.integrations.is_deepspeed_zero3_enabled():
         raise RuntimeError("transformers does not see ZeRO-3 under HfDeepSpeedConfig")
     model = transformers.AutoModelForCausalLM.from_config(
-        pc.llama_config(s), dtype=torch.bfloat16, attn_implementation="sdpa")
+        hf_config(s) if "hf" in s else pc.llama_config(s), dtype=torch.bfloat16,
+        attn_implementation="sdpa")
     attn = getattr(model.config, "_attn_implementation", None)
     if attn != "sdpa":
         raise RuntimeError("the model uses attention %r, not sdpa" % attn)
+    # parameters() yields a tied head once, as tz-train counts it
     counted = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     if counted != n_params(s):
-        raise RuntimeError("the model has %d parameters, tz-train's %s %d" %
-                           (counted, a.model, n_params(s)))
+        raise RuntimeError("the model (%s) has %d parameters, tz-train's %s %d" %
+                           (type(model).__name__, counted, s.get("path", a.model), n_params(s)))
     if not all(hasattr(p, "ds_id") for p in model.parameters()):
         raise RuntimeError("zero.Init did not partition every parameter")
     model.config.use_cache = False
+    leaves = moe_leaves(model, s)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     spec = optimizer_spec(a, cfg)
@@ -245,12 +312,12 @@ def build(torch, deepspeed, a, s, cfg, device):
         opt = FusedAdam(model.parameters(), adam_w_mode=True, **kw)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
     del hf_ds
-    return engine
+    return engine, leaves
 
 
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
-    s = PRESETS[a.model]
+    s = a.spec
     path, cfg = ds_config(a)
     if a.dry_run:
         return dry_run(a, path, cfg)
@@ -287,8 +354,13 @@ def main(argv=None):
     state = {"phase": "building the model"}
     try:
         t0 = time.perf_counter()
-        engine = build(torch, deepspeed, a, s, cfg, device)
+        engine, leaves = build(torch, deepspeed, a, s, cfg, device)
         res["init_s"] = time.perf_counter() - t0
+        if "hf" in s:
+            mc = engine.module.config
+            res["leaf_modules"] = leaves
+            res["router_aux_loss_coef"] = getattr(mc, "router_aux_loss_coef", 0.0) \
+                if getattr(mc, "output_router_logits", False) else 0.0
 
         def step(tok):
             # tok: (accum, micro-batch, seq). DeepSpeed scales each micro-batch's loss by

@@ -1,13 +1,16 @@
-"""What the peers of tz-train (bench/fsdp_peer.py, bench/ds_peer.py) share: the presets, the FLOP
-count, the common options, the Llama config, the timed steps and the JSON result. Importing it
-imports no torch (tools/bench_table.py uses the presets and the formula).
+"""What the peers of tz-train (bench/fsdp_peer.py, bench/ds_peer.py) share: the presets, a Hugging
+Face config.json's shape (ds_peer.py only), the FLOP count, the common options, the Llama config,
+the timed steps and the JSON result. Importing it imports no torch (tools/bench_table.py uses the
+presets and the formula).
 
 Model FLOP, exactly as tz-train counts them (trainer/run/metrics.h, tz_metrics_flops_per_token with
-recompute 0): per token 6*N + 12*L*T*d, N every parameter (embedding included, a tied head once),
-L layers, T the sequence length, d the hidden size; the 12*L*T*d term is attention's two matmuls
-(scores and weighted sum, causal mask not subtracted). Recomputation is not counted: these are
-the FLOP the model needs, not those done. model_tflops = flops_per_token * tokens / step_s / 1e12,
-tokens of all ranks together.
+recompute 0): per token 6*N + 12*L*T*d, N the parameters a token uses (embedding included, a tied
+head once; with experts, tz_model_n_active_params: every parameter less each layer's unused
+experts, n_layer * (n_expert - n_expert_used) * 3 * moe_ffn_dim * d_model), L layers, T the
+sequence length, d the hidden size; the 12*L*T*d term is attention's two matmuls (scores and
+weighted sum, causal mask not subtracted). Recomputation is not counted: these are the FLOP the
+model needs, not those done. model_tflops = flops_per_token * tokens / step_s / 1e12, tokens of
+all ranks together.
 
 Step time: torch.cuda.synchronize(), then time.perf_counter() around the whole step, then
 synchronize again; --warmup steps are run first and not timed; step_s is the median of the
@@ -39,8 +42,28 @@ PRESETS = {
 }
 
 
+# What changes a layer's parameter count in each of tz-train's families (trainer/model/family.c):
+# qkv_bias, q/k/v biases; qk_norm, q and k norms one head wide ("head") or as wide as the
+# projection ("all"); norms, RMSNorm weights a layer has (Gemma's four, pre and post); moe_width,
+# the key of an expert's width (its presence: a mixture of experts); shared, Qwen2-MoE's shared
+# expert with its 1-wide gate. Phi-3's fused qkv_proj and gate_up_proj hold what the others'
+# separate projections hold.
+FAMILIES = {
+    "llama": {}, "mistral": {}, "qwen2": dict(qkv_bias=True), "qwen3": dict(qk_norm="head"),
+    "olmo2": dict(qk_norm="all"), "phi3": {}, "gemma2": dict(norms=4),
+    "gemma3_text": dict(qk_norm="head", norms=4),
+    "qwen3_moe": dict(qk_norm="head", moe_width="moe_intermediate_size"),
+    "mixtral": dict(moe_width="intermediate_size"),
+    "olmoe": dict(qk_norm="all", moe_width="intermediate_size"),
+    "qwen2_moe": dict(qkv_bias=True, moe_width="moe_intermediate_size", shared=True),
+}
+
+
 def n_params(s):
-    """Parameters as tz_model_n_params counts them: the tied head once, no padding."""
+    """Parameters as tz_model_n_params counts them: the tied head once, no padding. s: a preset,
+    or hf_model's shape of a config.json."""
+    if "hf" in s:
+        return s["n_params"]
     C, F, V = s["hidden"], s["intermediate"], s["vocab"]
     D = C // s["heads"]
     HD, KD = s["heads"] * D, s["kv_heads"] * D
@@ -48,9 +71,100 @@ def n_params(s):
     return V * C + s["layers"] * layer + C + (0 if s["tie"] else V * C)
 
 
+def n_active_params(s):
+    """tz_model_n_active_params: a token's parameters (all of them without experts)."""
+    return s["n_active_params"] if "hf" in s else n_params(s)
+
+
 def flops_per_token(s, seq):
-    """tz_metrics_flops_per_token(cfg, T, recompute=0): 6N + 12 L T d."""
-    return 6.0 * n_params(s) + 12.0 * s["layers"] * seq * s["hidden"]
+    """tz_metrics_flops_per_token(cfg, T, recompute=0): 6N + 12 L T d, N the active parameters."""
+    return 6.0 * n_active_params(s) + 12.0 * s["layers"] * seq * s["hidden"]
+
+
+def hf_model(arg):
+    """The shape of a Hugging Face config.json (arg: the file, or a directory holding one), with
+    its parameters counted as tz-train's layout counts them (trainer/model/model.c,
+    tz_model_block_layout): a dict with the presets' keys the peers use (hidden, layers, vocab,
+    max_seq), name (the file's without .json, or the directory's: tools/bench-train.sh names the
+    result so), path, hf (the file's dict), moe ((experts, experts a token, expert width) or None),
+    n_params and n_active_params. ValueError naming the file and key where it is not a config of
+    one of tz-train's families."""
+    path = os.path.join(arg, "config.json") if os.path.isdir(arg) else arg
+    name = os.path.basename(os.path.normpath(arg))
+    if not os.path.isdir(arg) and name.endswith(".json"):
+        name = name[:-len(".json")]
+    try:
+        with open(path) as f:
+            c = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError("cannot read the config %s: %s" % (path, e))
+    if not isinstance(c, dict):
+        raise ValueError("%s: not a JSON object" % path)
+    mt = c.get("model_type")
+    if mt not in FAMILIES:
+        raise ValueError("%s: \"model_type\" %s is not one of tz-train's families (%s)" %
+                         (path, json.dumps(mt), ", ".join(sorted(FAMILIES))))
+    fam = FAMILIES[mt]
+
+    def num(key, default=None):
+        v = c.get(key)
+        if v is None and default is not None:
+            return default
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError("%s: \"%s\" is %s, not a positive integer" %
+                             (path, key, json.dumps(v)))
+        return v
+
+    C, L, V, H = num("hidden_size"), num("num_hidden_layers"), num("vocab_size"), \
+        num("num_attention_heads")
+    KV = num("num_key_value_heads", H)
+    if c.get("head_dim") is None and C % H:
+        raise ValueError("%s: \"hidden_size\" %d is not a multiple of \"num_attention_heads\" %d "
+                         "and there is no \"head_dim\"" % (path, C, H))
+    D = num("head_dim", C // H)
+    HD, KD = H * D, KV * D
+    # Experts: num_experts or num_local_experts, as tz-train reads either (hf_config.c).
+    a, b = c.get("num_experts") or 0, c.get("num_local_experts") or 0
+    if a and b and a != b:
+        raise ValueError("%s: \"num_experts\" %s and \"num_local_experts\" %s disagree" %
+                         (path, a, b))
+    moe = None
+    if "moe_width" in fam:
+        if not a and not b:
+            raise ValueError("%s: missing \"num_experts\" (or \"num_local_experts\"): model_type "
+                             "%s has experts" % (path, mt))
+        E = num("num_experts" if a else "num_local_experts")
+        moe = (E, num("num_experts_per_tok"), num(fam["moe_width"]))
+        if moe[1] > E:
+            raise ValueError("%s: \"num_experts_per_tok\" %d is more than the %d experts" %
+                             (path, moe[1], E))
+    elif a or b:
+        raise ValueError("%s: \"%s\" is %s: model_type %s has no experts in tz-train" %
+                         (path, "num_experts" if a else "num_local_experts", a or b, mt))
+    layer = fam.get("norms", 2) * C + 2 * HD * C + 2 * KD * C
+    if fam.get("qkv_bias"):
+        layer += HD + 2 * KD
+    if fam.get("qk_norm") == "head":
+        layer += 2 * D
+    elif fam.get("qk_norm") == "all":
+        layer += HD + KD
+    if moe:
+        E, _, F = moe
+        layer += E * 3 * F * C + E * C  # the experts and the router
+        if fam.get("shared"):
+            Fs = num("shared_expert_intermediate_size")
+            layer += 3 * Fs * C + C  # the shared expert and its gate (1 x C)
+    else:
+        layer += 3 * num("intermediate_size") * C
+    tie = c.get("tie_word_embeddings", False)  # absent: untied, as tz-train reads it
+    if not isinstance(tie, bool):
+        raise ValueError("%s: \"tie_word_embeddings\" is %s, not true or false" %
+                         (path, json.dumps(tie)))
+    total = V * C + L * layer + C + (0 if tie else V * C)
+    inactive = L * (moe[0] - moe[1]) * 3 * moe[2] * C if moe else 0
+    return {"name": name, "path": path, "hf": c, "hidden": C, "layers": L, "vocab": V,
+            "max_seq": c.get("max_position_embeddings"), "moe": moe, "n_params": total,
+            "n_active_params": total - inactive}
 
 
 def median(v):
@@ -76,10 +190,18 @@ def missing(prog, msg):
     sys.exit(3)
 
 
-def add_common_args(ap):
-    """The options every peer takes, with the harness's defaults."""
-    ap.add_argument("--model", required=True, choices=sorted(PRESETS),
-                    help="tz-train preset (the shape table is trainer/model/model.c's)")
+def add_common_args(ap, configs=False):
+    """The options every peer takes, with the harness's defaults. configs: --model also takes a
+    Hugging Face config.json (check_common_args reads it)."""
+    if configs:
+        ap.add_argument("--model", required=True,
+                        help="tz-train preset (%s; the shape table is trainer/model/model.c's), "
+                             "or a Hugging Face config.json of one of tz-train's families (the "
+                             "file, or a directory holding one): that shape, random weights"
+                             % ", ".join(PRESETS))
+    else:
+        ap.add_argument("--model", required=True, choices=sorted(PRESETS),
+                        help="tz-train preset (the shape table is trainer/model/model.c's)")
     ap.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default 2048)")
     ap.add_argument("--micro-batch", type=int, default=4,
                     help="sequences per step on each rank (default 4)")
@@ -101,8 +223,18 @@ def add_tail_args(ap):
 
 
 def check_common_args(ap, a):
-    s = PRESETS[a.model]
-    if a.seq < 1 or a.seq > s["max_seq"]:
+    """Also resolves --model: a.spec is its shape (a preset, or hf_model's); for a config.json,
+    a.model becomes its name (the results' "model")."""
+    if a.model in PRESETS:
+        a.spec = PRESETS[a.model]
+    else:
+        try:
+            a.spec = hf_model(a.model)
+        except ValueError as e:
+            ap.error("--model %s" % e)
+        a.model = a.spec["name"]
+    s = a.spec
+    if a.seq < 1 or (s["max_seq"] and a.seq > s["max_seq"]):
         ap.error("--seq %d: %s takes 1..%d" % (a.seq, a.model, s["max_seq"]))
     if a.micro_batch < 1 or a.steps < 1 or a.warmup < 0:
         ap.error("--micro-batch and --steps must be positive, --warmup non-negative")
@@ -180,8 +312,8 @@ def is_oom(torch, e):
 def base_result(a, torch, runner, world, device):
     """The identifying keys of a result, and how it was run; the figures come later."""
     import transformers
-    s = PRESETS[a.model]
-    return {
+    s = a.spec
+    res = {
         "runner": runner, "model": a.model, "seq": a.seq,
         "micro_batch": a.micro_batch, "world_size": world, "steps": a.steps,
         "warmup": a.warmup, "accumulation": getattr(a, "accum", 1),
@@ -196,6 +328,18 @@ def base_result(a, torch, runner, world, device):
                                             os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")) if x),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    res.update(model_keys(a))
+    return res
+
+
+def model_keys(a):
+    """A config.json model's keys in a result (none for a preset): where it came from, its
+    model_type, and the active parameters its FLOP count uses."""
+    s = a.spec
+    if "hf" not in s:
+        return {}
+    return {"model_config": os.path.abspath(s["path"]), "model_type": s["hf"]["model_type"],
+            "n_active_params": s["n_active_params"]}
 
 
 def timed_steps(torch, a, device, rank, res, step, prog, state):
@@ -204,7 +348,7 @@ def timed_steps(torch, a, device, rank, res, step, prog, state):
     --accum gets them as (accum, micro-batch, seq), one micro-batch after the other). Fills
     state["times"], state["losses"] and state["phase"] as it goes, so that an exception leaves
     what was done."""
-    s = PRESETS[a.model]
+    s = a.spec
     gen = torch.Generator(device=device)
     gen.manual_seed(a.seed + 1 + rank)
     times, losses = state.setdefault("times", []), state.setdefault("losses", [])

@@ -2,7 +2,8 @@
 # Benchmark rows one after the other on this machine, each through tools/bench-train.sh, so that
 # every ratio in a table comes from runs made side by side. A row is
 #   RUNNER:MODEL[:STEPS[:WARMUP[:TIMEOUT]]]     (defaults 6, 2, 300 s)
-# for example ds-offload:llama-3b:8:4:420. A row whose TIMEOUT no longer fits in what is left of
+# for example ds-offload:llama-3b:8:4:420; MODEL may be a config.json, as bench-train.sh takes it
+# (tz-*, ds-*). A row whose TIMEOUT no longer fits in what is left of
 # --budget is not started (the summary says so), so a device call ends in time with what it ran.
 #
 #   tools/bench-rows.sh [--budget S] [--results DIR] [--set NAME] [ROW...] [-- BENCH-TRAIN-ARGS]
@@ -79,14 +80,16 @@ for row in "${rows[@]}"; do
     continue
   fi
   r0=$SECONDS
+  # a config.json's output is named as bench-train.sh names its result: the file, without .json
+  o=$results/$runner-$(basename "$model" .json).out
   bash "$root/tools/bench-train.sh" "$runner" "$model" --steps "$steps" --warmup "$warmup" \
-    --timeout "$limit" --results "$results" "${pass[@]}" > "$results/$runner-$model.out" 2>&1
+    --timeout "$limit" --results "$results" "${pass[@]}" > "$o" 2>&1
   rc=$?
   # tz-train's end summary says "step time" (with its bound and stalls); for a peer, the run
   # wrapper's "N s/step".
-  line=$(grep -h 'step time' "$results/$runner-$model.out" | tail -1)
-  [ -n "$line" ] || line=$(grep -hE '^bench: .* s/step' "$results/$runner-$model.out" | tail -1)
-  [ -n "$line" ] || line="no step time (exit $rc; $results/$runner-$model.out: $(tail -1 "$results/$runner-$model.out"))"
+  line=$(grep -h 'step time' "$o" | tail -1)
+  [ -n "$line" ] || line=$(grep -hE '^bench: .* s/step' "$o" | tail -1)
+  [ -n "$line" ] || line="no step time (exit $rc; $o: $(tail -1 "$o"))"
   printf '%-28s %4d s  %s\n' "$row" $((SECONDS - r0)) "$line" | tee -a "$summary"
 done
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then

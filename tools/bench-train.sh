@@ -19,9 +19,11 @@
 #         ds-gpu         bench/ds_peer.py --offload none (ZeRO-3, nothing offloaded)
 #         ds-nvme        bench/ds_peer.py --offload nvme (optimizer on nvme, parameters on the
 #                        CPU: ZeRO-Infinity)
-# MODEL: tiny, llama-1b, llama-3b, llama-7b, llama-13b, or for tz-* runners a Hugging Face
-#        config.json (a file, or a directory holding one: tz-train --model takes it, initialised
-#        from the seed; the result is named after the file, or the directory, without .json)
+# MODEL: tiny, llama-1b, llama-3b, llama-7b, llama-13b, or for tz-* and ds-* runners a Hugging
+#        Face config.json (a file, or a directory holding one: tz-train --model takes it,
+#        initialised from the seed; ds_peer.py --model builds transformers' model of it, random
+#        weights, its experts' blocks ZeRO-3 leaf modules; the result is named after the file, or
+#        the directory, without .json)
 # Options:
 #   --steps N        timed steps (default 10)
 #   --warmup N       steps before them, not timed (default 2): the runner runs steps + warmup
@@ -72,14 +74,14 @@ case $runner in
   ds-offload | ds-opt | ds-gpu | ds-nvme) ;;
   *) echo "bench-train: unknown runner '$runner'" >&2; usage ;;
 esac
-# A config.json: tz-train is given its path, the results its name.
+# A config.json: tz-train and ds_peer.py are given its path, the results its name.
 model_arg=$model
 case $model in
   tiny | llama-1b | llama-3b | llama-7b | llama-13b) ;;
   *)
     if [ -f "$model" ] || [ -f "$model/config.json" ]; then
       case $runner in
-        tz-*) ;;
+        tz-* | ds-*) ;;
         *) echo "bench-train: $runner builds the presets only, not '$model'" >&2; exit 2 ;;
       esac
       model_arg=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
@@ -191,7 +193,7 @@ case $runner in
       mkdir -p "$nvme_dir" || exit 1
       dsargs=(--nvme-path "$nvme_dir")
     fi
-    "${wrap[@]}" --mem-floor "$floor" -- python3 "$root/bench/ds_peer.py" --model "$model" \
+    "${wrap[@]}" --mem-floor "$floor" -- python3 "$root/bench/ds_peer.py" --model "$model_arg" \
       --offload "$offload" --seq "$seq" --micro-batch "$micro" --steps "$steps" \
       --warmup "$warmup" --runner "$runner" --out "$out" "${dsargs[@]}" "${extra[@]}"
     rc=$?

@@ -40,7 +40,9 @@
 # variants: the windowed and soft-capped attention's speed beside the causal kernel's; packed:
 # the layer with packed documents beside the same without;
 # normbwd: tz-bench layer with RMSNorm's backward in two passes, then in one; moelayer: the
-# experts' layer beside PyTorch's (OLMoE-1B-7B's and Mixtral's shapes);
+# experts' layer beside PyTorch's (OLMoE-1B-7B's and Mixtral's shapes); dsmoe: issue 53's pair,
+# ds-offload then tz-auto on OLMoE-1B-7B's config.json, one after the other (DeepSpeed from .whl/ds:
+# carry it; about 500 s);
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -219,6 +221,17 @@ if has moelayer; then
     --experts 64 --experts-used 8 --moe-ffn 1024
   step moelayer-mixtral $b/bin/tz-bench layer --rounds 3 --kv-heads 8 --experts 8 \
     --experts-used 2 --moe-ffn 14336 --norm-topk
+fi
+# dsmoe: issue 53's pair on the 7B-total MoE (tests/data/hf/olmoe-1b-7b-0924.json, random
+# weights): DeepSpeed ZeRO-3 with parameters and optimizer on the CPU and the experts' blocks as
+# leaf modules, then tz-auto, one after the other. A DeepSpeed killed for host memory (--mem-floor)
+# is its result. No fio job after tz-auto: the two runs' limits fill the call (about 500 s).
+if has dsmoe; then
+  mo=tests/data/hf/olmoe-1b-7b-0924.json
+  step dsmoe-ds tools/bench-train.sh ds-offload $mo --steps 4 --warmup 2 --timeout 270
+  step dsmoe-tz env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $mo --steps 4 --warmup 2 \
+    --timeout 180 --no-disk-ceiling
+  python3 tools/bench_table.py table > "$logs/dsmoe-table.md" 2>&1
 fi
 # normbwd: RMSNorm's backward in its two kernels (tierzero.cuda_norm_bwd), tz-bench layer in 3
 # rounds with PyTorch beside it for each, one after the other (docs/cuda-kernels.md)

@@ -63,6 +63,48 @@ PY
 python3 "$root/bench/ds_peer.py" --model tiny --accum 0 --dry-run > /dev/null 2>&1 &&
   fail "ds_peer.py took --accum 0"
 
+# A Hugging Face config.json as the model (issue 53): named after the file, or after the directory
+# holding it, with the parameters tz-train's layout has and its FLOP count (6 N_active + 12 L T d).
+# The counts below were worked out by hand from the two files, not by the code under test: per
+# layer the attention's 4 * 2048 * 2048, two norms of 2048, the experts' 3 * E * F * 2048 and the
+# router's E * 2048; OLMoE's q and k norms 2 * 2048; Qwen's q/k/v biases 3 * 2048, its shared
+# expert 3 * 5632 * 2048 and that expert's gate 2048; then the layers, the embedding, the final
+# norm and the untied head. They agree with the released models' 6.92 B (1.28 B active) and
+# 14.3 B (2.7 B active).
+#   OLMoE-1B-7B: 16 layers of 419,569,664 + 2 * 50304 * 2048 + 2048 = 6,919,161,856; the 56
+#     unused experts of each layer, 16 * 56 * 3 * 1024 * 2048 = 5,637,144,576: 1,282,017,280 used.
+#   Qwen1.5-MoE-A2.7B: 24 layers of 570,560,512 + 2 * 151936 * 2048 + 2048 = 14,315,784,192; less
+#     24 * 56 * 3 * 1408 * 2048 = 11,626,610,688: 2,689,173,504 used.
+hf=$root/tests/data/hf
+mkdir -p "$dir/olmoe-dir"
+cp "$hf/olmoe-1b-7b-0924.json" "$dir/olmoe-dir/config.json"
+for m in "$hf/olmoe-1b-7b-0924.json" "$hf/qwen1.5-moe-a2.7b.json" "$dir/olmoe-dir"; do
+  python3 "$root/bench/ds_peer.py" --model "$m" --seq 1024 --dry-run \
+    > "$dir/m-$(basename "$m").json" 2>> "$dir/dry.err" ||
+    { cat "$dir/dry.err"; fail "ds_peer.py --model $m --dry-run"; }
+done
+python3 - "$dir" "$hf" <<'PY' || fail "the config.json models' counts"
+import json, sys
+d, hf = sys.argv[1], sys.argv[2]
+for f, name, mt, total, active, layers in (
+        ("olmoe-1b-7b-0924.json", "olmoe-1b-7b-0924", "olmoe", 6919161856, 1282017280, 16),
+        ("qwen1.5-moe-a2.7b.json", "qwen1.5-moe-a2.7b", "qwen2_moe", 14315784192, 2689173504, 24),
+        ("olmoe-dir", "olmoe-dir", "olmoe", 6919161856, 1282017280, 16)):
+    r = json.load(open("%s/m-%s.json" % (d, f)))
+    assert r["model"] == name and r["model_type"] == mt, r
+    assert r["n_params"] == total and r["n_active_params"] == active, (f, r["n_params"],
+                                                                       r["n_active_params"])
+    assert r["flops_per_token"] == 6 * active + 12 * layers * 1024 * 2048, (f, r["flops_per_token"])
+    assert r["model_config"].endswith(f if f.endswith(".json") else f + "/config.json"), r
+PY
+echo '{"model_type": "gpt2", "n_embd": 64}' > "$dir/gpt2.json"
+python3 "$root/bench/ds_peer.py" --model "$dir/gpt2.json" --dry-run > /dev/null \
+  2> "$dir/gpt2.err" && fail "ds_peer.py took a gpt2 config"
+grep -q "gpt2.json: \"model_type\" \"gpt2\" is not one of tz-train's families" "$dir/gpt2.err" ||
+  { cat "$dir/gpt2.err"; fail "the refusal of a gpt2 config"; }
+python3 "$root/bench/ds_peer.py" --model "$hf/olmoe-1b-7b-0924.json" --seq 4097 --dry-run \
+  > /dev/null 2>&1 && fail "ds_peer.py took --seq 4097 past max_position_embeddings 4096"
+
 # bench-train.sh's ds-* runners without torch here: the site's env.sh is sourced, the peer
 # says it cannot run (status 3, nothing recorded), and ds-nvme removes DeepSpeed's swap files.
 mkdir -p "$dir/site" "$dir/nvme/zero_stage_3/optimizer"
@@ -80,6 +122,15 @@ else
   grep -q "cannot import" "$dir/bt.out" || { cat "$dir/bt.out"; fail "no reason given"; }
 fi
 "$root/tools/bench-train.sh" ds-bogus tiny > /dev/null 2>&1 && fail "an unknown ds runner ran"
+# bench-train.sh gives a ds-* peer a config.json's path and names the result after the file: the
+# peer's dry run (an extra argument) shows what it was given.
+"$root/tools/bench-train.sh" ds-offload "$hf/olmoe-1b-7b-0924.json" --seq 1024 --steps 1 \
+  --warmup 0 --ds-site "$dir/site" --results "$dir/res-moe" --dry-run > "$dir/btm.out" 2>&1
+log=$dir/res-moe/ds-offload-olmoe-1b-7b-0924.log
+grep -q '"model": "olmoe-1b-7b-0924"' "$log" 2> /dev/null ||
+  { cat "$dir/btm.out"; fail "the peer's model"; }
+grep -q "\"model_config\": \"$hf/olmoe-1b-7b-0924.json\"" "$log" ||
+  { cat "$log"; fail "the peer was not given the config.json's path"; }
 
 # The memory cap: a process that eats memory until the host's MemAvailable is under the floor
 # is killed, and its result says so; nothing of it is left. The floor is set 1 GiB under what

@@ -24,8 +24,8 @@ assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and r["setup_s"] >= 0 and r["en
 assert r["host_before"]["mem_available_gib"] > 0 and "loadavg" in r["host_before"]
 PY
 
-# A model given as a config.json (tz-* runners only): tz-train trains it, the result is named
-# after the file; a peer refuses it by name.
+# A model given as a config.json (tz-* and ds-* runners; ds.sh checks the DeepSpeed peer's):
+# tz-train trains it, the result is named after the file; the FSDP2 peer refuses it by name.
 cat > "$dir/small-llama.json" <<'JSON'
 {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_attention_heads": 4,
  "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256,
