@@ -50,8 +50,8 @@ PRESETS = {
 # separate projections hold.
 FAMILIES = {
     "llama": {}, "mistral": {}, "qwen2": dict(qkv_bias=True), "qwen3": dict(qk_norm="head"),
-    "olmo2": dict(qk_norm="all"), "phi3": {}, "gemma2": dict(norms=4),
-    "gemma3_text": dict(qk_norm="head", norms=4),
+    "olmo2": dict(qk_norm="all"), "phi3": {}, "gemma2": dict(norms=4, tie=True),
+    "gemma3_text": dict(qk_norm="head", norms=4, tie=True),
     "qwen3_moe": dict(qk_norm="head", moe_width="moe_intermediate_size"),
     "mixtral": dict(moe_width="intermediate_size"),
     "olmoe": dict(qk_norm="all", moe_width="intermediate_size"),
@@ -156,7 +156,8 @@ def hf_model(arg):
             layer += 3 * Fs * C + C  # the shared expert and its gate (1 x C)
     else:
         layer += 3 * num("intermediate_size") * C
-    tie = c.get("tie_word_embeddings", False)  # absent: untied, as tz-train reads it
+    # absent: the family's default, as tz-train reads it (family.c tie_default: Gemma's tie)
+    tie = c.get("tie_word_embeddings", fam.get("tie", False))
     if not isinstance(tie, bool):
         raise ValueError("%s: \"tie_word_embeddings\" is %s, not true or false" %
                          (path, json.dumps(tie)))

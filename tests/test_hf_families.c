@@ -757,15 +757,47 @@ static void test_failed_export_keeps_previous(void **state) {
   tz_test_rmdir(out);
 }
 
+/* The released configs of tests/data/hf, read as a user's download is: the head tied where the
+ * file says so, or, where it says nothing, where the family's config class ties it by default
+ * (Gemma's: their configs leave the key out, and tz-train read them as untied, a separate head
+ * the checkpoint does not have); the parameter counts the model cards publish. */
+static void test_released_configs(void **state) {
+  (void)state;
+  const char *data = getenv("TZ_TEST_DATA");
+  if (!data)
+    tz_test_skip("TZ_TEST_DATA is not set (the source tree's tests/data, as ctest sets it)");
+  static const struct {
+    const char *file;
+    int tied;
+    uint64_t params; /* the model card's, 0: not checked */
+  } want[] = {
+      {"gemma-2-2b.json", 1, 2614341888ull},      {"gemma-3-1b-pt.json", 1, 999885952ull},
+      {"llama-3.2-1b.json", 1, 1235814400ull},    {"qwen2.5-1.5b.json", 1, 1543714304ull},
+      {"mistral-7b-v0.3.json", 0, 7248023552ull}, {"olmo-2-0425-1b.json", 0, 0},
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    char *p = path_in(data, "hf");
+    char *f = path_in(p, want[i].file);
+    struct tz_model_config c;
+    enum tz_dtype dt;
+    if (tz_hf_config_read(f, &c, &dt) < 0)
+      fail_msg("%s: %s", f, tz_err_msg());
+    if (c.tie_embeddings != want[i].tied)
+      fail_msg("%s: tie_embeddings %d, want %d", want[i].file, c.tie_embeddings, want[i].tied);
+    if (want[i].params && tz_model_n_params(&c) != want[i].params)
+      fail_msg("%s: %llu parameters, the model card's %llu", want[i].file,
+               (unsigned long long)tz_model_n_params(&c), (unsigned long long)want[i].params);
+    free(f);
+    free(p);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_llama),
-      cmocka_unit_test(test_mistral),
-      cmocka_unit_test(test_qwen2),
-      cmocka_unit_test(test_qwen3),
-      cmocka_unit_test(test_bad_configs),
-      cmocka_unit_test(test_bad_checkpoints),
-      cmocka_unit_test(test_failed_export_keeps_previous),
+      cmocka_unit_test(test_llama),           cmocka_unit_test(test_mistral),
+      cmocka_unit_test(test_qwen2),           cmocka_unit_test(test_qwen3),
+      cmocka_unit_test(test_bad_configs),     cmocka_unit_test(test_released_configs),
+      cmocka_unit_test(test_bad_checkpoints), cmocka_unit_test(test_failed_export_keeps_previous),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -55,6 +55,7 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                         .window_default = 0,
                         .export_keys = "{\"resid_pdrop\": 0.0, \"embd_pdrop\": 0.0}"},
     [TZ_FAMILY_GEMMA2] = {.id = TZ_FAMILY_GEMMA2,
+                          .tie_default = 1,
                           .model_type = "gemma2",
                           .architecture = "Gemma2ForCausalLM",
                           .max_pos = 8192,
@@ -71,6 +72,7 @@ const struct tz_family tz_families[TZ_FAMILY_COUNT] = {
                                          "\"gelu_pytorch_tanh\", \"cache_implementation\": "
                                          "\"hybrid\"}"},
     [TZ_FAMILY_GEMMA3] = {.id = TZ_FAMILY_GEMMA3,
+                          .tie_default = 1,
                           .model_type = "gemma3_text",
                           .architecture = "Gemma3ForCausalLM",
                           .max_pos = 131072,
@@ -199,16 +201,17 @@ char *tz_family_table_json(void) {
     const struct tz_family *r = &tz_families[f];
     json_t *keys = json_loads(r->export_keys, 0, NULL);
     json_t *o = json_pack(
-        "{s:s, s:s, s:i, s:b, s:s, s:s, s:b, s:b, s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:s?, s:s?, "
-        "s:b, s:b, s:s?, s:o}",
+        "{s:s, s:s, s:i, s:b, s:b, s:s, s:s, s:b, s:b, s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:s?, "
+        "s:s?, s:b, s:b, s:s?, s:o}",
         "model_type", r->model_type, "architecture", r->architecture, "max_position_embeddings",
-        r->max_pos, "qkv_bias", r->qkv_bias, "qk_norm", qk_norms[r->qk_norm], "norm_place",
-        places[r->norm_place], "fused_proj", r->fused_proj, "partial_rotary", r->partial_rotary,
-        "window", windows[r->window], "window_default", r->window_default, "window_pattern",
-        r->window_pattern, "gemma", r->gemma, "query_pre_attn_scalar", r->query_pre_attn_scalar,
-        "attn_logit_softcapping", r->attn_softcap, "final_logit_softcapping", r->final_softcap,
-        "moe_module", r->moe_module, "moe_width_key", r->moe_width_key, "topk_norm", r->topk_norm,
-        "shared_expert", r->shared_expert, "n_expert_key", r->n_expert_key, "export_keys",
+        r->max_pos, "tie_word_embeddings", r->tie_default, "qkv_bias", r->qkv_bias, "qk_norm",
+        qk_norms[r->qk_norm], "norm_place", places[r->norm_place], "fused_proj", r->fused_proj,
+        "partial_rotary", r->partial_rotary, "window", windows[r->window], "window_default",
+        r->window_default, "window_pattern", r->window_pattern, "gemma", r->gemma,
+        "query_pre_attn_scalar", r->query_pre_attn_scalar, "attn_logit_softcapping",
+        r->attn_softcap, "final_logit_softcapping", r->final_softcap, "moe_module", r->moe_module,
+        "moe_width_key", r->moe_width_key, "topk_norm", r->topk_norm, "shared_expert",
+        r->shared_expert, "n_expert_key", r->n_expert_key, "export_keys",
         keys ? keys : json_object());
     if (!o || json_array_append_new(a, o) < 0) {
       json_decref(a);

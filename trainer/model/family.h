@@ -27,6 +27,8 @@ struct tz_family {
   const char *architecture; /* "LlamaForCausalLM": the only architectures entry read */
   int max_pos;              /* max_position_embeddings where the config has none (the config
                                class's default) */
+  int tie_default;          /* tie_word_embeddings where the config has none (the config class's
+                               default: true for Gemma's, whose released configs leave it out) */
   int qkv_bias;             /* q, k and v projections carry biases by definition (attention_bias
                                is then not read, as transformers does not) */
   int qk_norm;              /* enum tz_qk_norm: none, over D of each q and k head (qwen3), or

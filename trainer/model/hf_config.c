@@ -498,7 +498,7 @@ static int parse_config(json_t *root, const char *path, struct tz_model_config *
   if (cfg->init_std <= 0)
     return tz_err_set(TZ_ECONFIG, "%s: \"initializer_range\" %g must be positive", path,
                       cfg->init_std);
-  TZ_CHECK(get_bool(&p, "tie_word_embeddings", 0, &cfg->tie_embeddings));
+  TZ_CHECK(get_bool(&p, "tie_word_embeddings", fam->tie_default, &cfg->tie_embeddings));
   cfg->qkv_bias = fam->qkv_bias;
   cfg->qk_norm = fam->qk_norm;
   cfg->norm_place = fam->norm_place;
