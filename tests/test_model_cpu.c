@@ -889,6 +889,63 @@ static void partial_recompute_bits(struct tz_model_config c) {
   tz_compute_destroy(cm);
 }
 
+/* The trainer's working acts (g and u one MLP chunk's): a layer whose MLP the backward recomputes
+ * gives the bits it gives with g and u whole, with every part recomputed too; one whose MLP is
+ * kept cannot use them (its g and u must hold every row). */
+static void work_acts_bits(struct tz_model_config c) {
+  int B = 2, T = 9;
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  tz_compute *cm;
+  TZ_ASSERT_OK(tz_compute_create("cpu", &p, &cm));
+  struct tz_layer_probe l;
+  TZ_ASSERT_OK(tz_layer_probe_alloc(cm, &c, B, T, &l));
+  uint64_t np = tz_model_block_numel(&c, 1), nx = (uint64_t)B * T * c.d_model;
+  float *h = malloc((np + 2 * nx) * sizeof *h), *got[2][2];
+  assert_non_null(h);
+  uint64_t seed = 91;
+  for (uint64_t i = 0; i < np + 2 * nx; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    h[i] = (float)((double)(seed >> 40) / (double)(1ull << 24) - 0.5);
+  }
+  TZ_ASSERT_OK(tz_model_block_upload(cm, l.params, h, np));
+  TZ_ASSERT_OK(tz_model_block_upload(cm, l.x_in, h + np, nx));
+  TZ_ASSERT_OK(tz_model_block_upload(cm, l.dx_out, h + np + nx, nx));
+  size_t wb = tz_model_acts_work_bytes(&c, TZ_F32, B, T);
+  assert_true(wb < tz_model_acts_bytes(&c, TZ_F32, B, T)); /* the caller's chunk is below N */
+  void *wmem;
+  TZ_ASSERT_OK(tz_compute_alloc(cm, wb, &wmem));
+  struct tz_layer_acts work;
+  tz_model_acts_work_carve(&c, TZ_F32, B, T, wmem, &work);
+  assert_int_equal(work.gu_chunk, 1);
+  static const unsigned rec[2] = {TZ_PART_MLP, TZ_PARTS_ALL};
+  for (int w = 0; w < 2; w++)
+    for (int r = 0; r < 2; r++) {
+      const struct tz_layer_acts *a = w ? &work : &l.acts;
+      got[w][r] = malloc((np + nx) * sizeof(float));
+      assert_non_null(got[w][r]);
+      TZ_ASSERT_OK(tz_compute_zero(cm, l.grads, np * sizeof(float)));
+      TZ_ASSERT_OK(tz_model_layer_fwd(cm, &c, 0, l.params, l.x_in, l.x_out, a, B, T, NULL));
+      TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, 0, l.params, l.grads, l.x_in, a, rec[r], l.dx_out,
+                                      l.dx_in, &l.scratch, B, T, NULL));
+      TZ_ASSERT_OK(tz_model_block_download(cm, got[w][r], l.grads, np));
+      TZ_ASSERT_OK(tz_model_block_download(cm, got[w][r] + np, l.dx_in, nx));
+    }
+  for (int r = 0; r < 2; r++)
+    if (memcmp(got[0][r], got[1][r], (np + nx) * sizeof(float)) != 0)
+      fail_msg("g and u of one chunk changed the backward's bits (recompute %u)", rec[r]);
+  assert_true(memcmp(got[0][0], got[0][1], (np + nx) * sizeof(float)) == 0);
+  assert_int_equal(tz_model_layer_bwd(cm, &c, 0, l.params, l.grads, l.x_in, &work, 0, l.dx_out,
+                                      l.dx_in, &l.scratch, B, T, NULL),
+                   TZ_EINVAL);
+  for (int w = 0; w < 2; w++)
+    free(got[w][0]), free(got[w][1]);
+  free(h);
+  tz_compute_free(cm, wmem);
+  tz_layer_probe_free(cm, &l);
+  tz_compute_destroy(cm);
+}
+
 /* The dense MLP in chunks of tokens (mlp_chunk): against the float64 reference, with the norms
  * after (OLMo 2) and GeGLU (Gemma 2); the recompute and thread counts change no bit; one chunk of
  * all the rows is the MLP unchunked, bit for bit; the chunk's intermediates are what the
@@ -902,6 +959,7 @@ static void test_mlp_chunks(void **state) {
     compare_with_reference(c, 2, 7, 121 + i);
     recompute_thread_bits(c);
     partial_recompute_bits(c);
+    work_acts_bits(c);
   }
   struct tz_model_config c = all_on_cfg();
   struct setup *s = setup_new(c, 2, 9, 131);

@@ -287,8 +287,10 @@ static void mlp_shape(const struct tz_model_config *cfg, size_t N, size_t *M, si
   *F = (size_t)(moe ? cfg->moe_ffn_dim : cfg->ffn_dim);
 }
 
+/* work: the trainer's working acts, g and u one MLP chunk's (gu_chunk) */
 static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
-                        unsigned parts, int kept_only, struct carver *c, struct tz_layer_acts *a) {
+                        unsigned parts, int kept_only, int work, struct carver *c,
+                        struct tz_layer_acts *a) {
   size_t N = (size_t)B * T, es = tz_dtype_size(dt), M, F;
   mlp_shape(cfg, N, &M, &F);
   size_t C = cfg->d_model, D = tz_model_head_dim(cfg);
@@ -313,8 +315,11 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
     a->x2 = carve(c, N * C * es);
   }
   if (parts & TZ_PART_MLP) {
-    a->g = carve(c, M * F * es);
-    a->u = carve(c, M * F * es);
+    int chunk = work && !tz_model_moe(cfg);
+    size_t gu = chunk ? (size_t)tz_model_mlp_rows(cfg, (int)N) : M;
+    a->gu_chunk = chunk;
+    a->g = carve(c, gu * F * es);
+    a->u = carve(c, gu * F * es);
     if (moe) {
       a->y = carve(c, M * C * es);
       a->probs = carve(c, N * E * sizeof(float));
@@ -355,7 +360,7 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
 size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
   struct carver c = {0};
   struct tz_layer_acts a;
-  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, &c, &a);
+  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, 0, &c, &a);
   return c.off;
 }
 
@@ -363,21 +368,35 @@ void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, in
                          void *base, struct tz_layer_acts *out) {
   memset(out, 0, sizeof *out);
   struct carver c = {.base = base};
-  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, &c, out);
+  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, 0, &c, out);
+}
+
+size_t tz_model_acts_work_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
+  struct carver c = {0};
+  struct tz_layer_acts a;
+  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, 1, &c, &a);
+  return c.off;
+}
+
+void tz_model_acts_work_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                              void *base, struct tz_layer_acts *out) {
+  memset(out, 0, sizeof *out);
+  struct carver c = {.base = base};
+  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, 1, &c, out);
 }
 
 size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                 unsigned parts) {
   struct carver c = {0};
   struct tz_layer_acts a;
-  acts_layout(cfg, dt, B, T, parts, 1, &c, &a);
+  acts_layout(cfg, dt, B, T, parts, 1, 0, &c, &a);
   return c.off;
 }
 
 void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                unsigned parts, void *base, struct tz_layer_acts *out) {
   struct carver c = {.base = base};
-  acts_layout(cfg, dt, B, T, parts, 1, &c, out);
+  acts_layout(cfg, dt, B, T, parts, 1, 0, &c, out);
 }
 
 static void scratch_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
@@ -608,6 +627,43 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer
   return 0;
 }
 
+/* g and u of rows [r0, ...): where they hold all the rows, those rows; one chunk's (gu_chunk),
+ * its start */
+static void *gu_rows(const struct tz_layer_acts *a, void *t, int r0, int F, enum tz_dtype S) {
+  return at(t, a->gu_chunk ? 0 : (uint64_t)r0 * F, S);
+}
+
+/* The dense MLP on rows [r0, r0 + n) of the norm's output (a->h2, or x2 without input norms):
+ * g, u, the chunk's a, and those rows of x_out (through a->m and a->rstd_m with the norm on the
+ * output). */
+static int mlp_chunk_fwd(tz_compute *cm, const struct tz_model_config *cfg,
+                         const struct tz_block_layout *l, const void *params,
+                         const struct tz_layer_acts *a, void *x_out, int r0, int n) {
+  enum tz_dtype S = tz_compute_dtype(cm);
+  int C = cfg->d_model, F = cfg->ffn_dim;
+  float eps = (float)cfg->norm_eps;
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+#define P(i) at(params, l->t[i].offset, S)
+  const void *h = at(pre ? a->h2 : a->x2, (uint64_t)r0 * C, S);
+  const void *x2 = at(a->x2, (uint64_t)r0 * C, S);
+  void *g = gu_rows(a, a->g, r0, F, S), *u = gu_rows(a, a->u, r0, F, S);
+  void *xo = at(x_out, (uint64_t)r0 * C, S);
+  TZ_CHECK(linear_fwd(cm, g, h, P(TZ_L_WG), n, C, F));
+  TZ_CHECK(linear_fwd(cm, u, h, P(TZ_L_WU), n, C, F));
+  TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, g, u, (size_t)n * F));
+  if (post) {
+    void *m = at(a->m, (uint64_t)r0 * C, S);
+    TZ_CHECK(linear_fwd(cm, m, a->a, P(TZ_L_WD), n, F, C));
+    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, xo, a->rstd_m + r0, m, P(TZ_L_MLP_POST_NORM), n, C, eps,
+                                    norm_off(cfg)));
+    TZ_CHECK(tz_compute_add(cm, S, xo, x2, xo, (size_t)n * C));
+  } else {
+    TZ_CHECK(linear_res_fwd(cm, xo, a->a, P(TZ_L_WD), x2, n, F, C));
+  }
+#undef P
+  return 0;
+}
+
 /* The MLP part: a->h2, a->rstd2, a->g, a->u, a->a from a->x2, and x_out = x2 + the MLP's output
  * (TZ_NORM_POST: x2 + the norm of the output, through a->m); with experts, moe_fwd's (stats:
  * the routing's statistics, or NULL). */
@@ -616,36 +672,20 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
   struct tz_block_layout l = {0};
   TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
   enum tz_dtype S = tz_compute_dtype(cm);
-  int N = B * T, C = cfg->d_model, F = cfg->ffn_dim;
+  int N = B * T, C = cfg->d_model;
   float eps = (float)cfg->norm_eps;
 #define P(i) at(params, l.t[i].offset, S)
-  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+  int pre = cfg->norm_place != TZ_NORM_POST;
   const void *h2 = pre ? a->h2 : a->x2;
   if (pre)
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps,
                                     norm_off(cfg)));
   if (tz_model_moe(cfg))
     return tz_model_moe_fwd(cm, cfg, &l, params, h2, a, x_out, N, stats);
-  /* chunk by chunk (tz_model_mlp_rows): g and u are kept whole, a is the chunk's */
+  /* chunk by chunk (tz_model_mlp_rows) */
   const int R = tz_model_mlp_rows(cfg, N);
-  for (int r0 = 0; r0 < N; r0 += R) {
-    const int n = N - r0 < R ? N - r0 : R;
-    const void *h = at(h2, (uint64_t)r0 * C, S), *x2 = at(a->x2, (uint64_t)r0 * C, S);
-    void *g = at(a->g, (uint64_t)r0 * F, S), *u = at(a->u, (uint64_t)r0 * F, S);
-    void *xo = at(x_out, (uint64_t)r0 * C, S);
-    TZ_CHECK(linear_fwd(cm, g, h, P(TZ_L_WG), n, C, F));
-    TZ_CHECK(linear_fwd(cm, u, h, P(TZ_L_WU), n, C, F));
-    TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, g, u, (size_t)n * F));
-    if (post) {
-      void *m = at(a->m, (uint64_t)r0 * C, S);
-      TZ_CHECK(linear_fwd(cm, m, a->a, P(TZ_L_WD), n, F, C));
-      TZ_CHECK(tz_compute_rmsnorm_fwd(cm, xo, a->rstd_m + r0, m, P(TZ_L_MLP_POST_NORM), n, C, eps,
-                                      norm_off(cfg)));
-      TZ_CHECK(tz_compute_add(cm, S, xo, x2, xo, (size_t)n * C));
-    } else {
-      TZ_CHECK(linear_res_fwd(cm, xo, a->a, P(TZ_L_WD), x2, n, F, C));
-    }
-  }
+  for (int r0 = 0; r0 < N; r0 += R)
+    TZ_CHECK(mlp_chunk_fwd(cm, cfg, &l, params, a, x_out, r0, N - r0 < R ? N - r0 : R));
 #undef P
   return 0;
 }
@@ -693,8 +733,18 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
   /* The SwiGLU's output a, which the down projection's weight gradient reads: recomputed with
    * the MLP, else rebuilt by the SwiGLU's backward in the same pass (a_rebuilt). */
   void *a_rebuilt = NULL;
-  if (recompute & TZ_PART_MLP) {
+  const int moe = tz_model_moe(cfg), mlp_again = (recompute & TZ_PART_MLP) != 0;
+  if (a->gu_chunk && !mlp_again && tz_model_mlp_rows(cfg, N) < N)
+    return tz_err_set(TZ_EINVAL,
+                      "model: layer %d: g and u of one MLP chunk (the working acts) "
+                      "with the MLP part not recomputed",
+                      layer);
+  if (mlp_again && moe) {
     TZ_CHECK(mlp_fwd(cm, cfg, params, a, s->dh, B, T, NULL));
+  } else if (mlp_again) { /* the norm now, the rest chunk by chunk below */
+    if (pre)
+      TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps,
+                                      norm_off(cfg)));
   } else {
     if (pre)
       TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h2, a->rstd2, a->x2, P(TZ_L_MLP_NORM), N, C, eps,
@@ -708,28 +758,32 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
   /* MLP: x_out = x2 + (silu(h2 wg^T) * (h2 wu^T)) wd^T, dx_out is the gradient of the output.
    * With the norm on the MLP's output, dm (in dh, free until the gate's and up's backward
    * write it) is the gradient at the down projection's output. */
-  const void *dm = dx_out;
-  if (tz_model_moe(cfg)) {
+  if (moe) {
     TZ_CHECK(tz_model_moe_bwd(cm, cfg, &l, params, grads, h2, a, a_rebuilt, dx_out, s, N));
   } else {
-    if (post) {
-      TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_MLP_POST_NORM), dx_out, a->m,
-                                      P(TZ_L_MLP_POST_NORM), a->rstd_m, N, C, norm_off(cfg)));
-      dm = s->dh;
-    }
-    /* chunk by chunk as the forward ran: a recomputed whole only with one chunk, else each
-     * chunk's rebuilt by the SwiGLU's backward (the same bits). A chunk's rows of dm are read
-     * before the gate's and up's backward write the same rows of dh (which dm may be). */
+    /* Chunk by chunk as the forward ran: recomputed, each chunk's forward (g, u and a, into one
+     * chunk's room where the acts hold one) just before its backward; kept, a rebuilt by the
+     * SwiGLU's backward (the same bits as the forward's). With the norm on the output its
+     * backward too, a chunk's rows at a time (dm in those rows of dh). A chunk's rows of dm are
+     * read before the gate's and up's backward write the same rows of dh. */
     const int R = tz_model_mlp_rows(cfg, N);
-    void *a_chunk = R < N ? a->a : a_rebuilt;
     for (int r0 = 0; r0 < N; r0 += R) {
       const int n = N - r0 < R ? N - r0 : R;
-      const void *dmc = at(dm, (uint64_t)r0 * C, S), *h = at(h2, (uint64_t)r0 * C, S);
-      const void *g = at(a->g, (uint64_t)r0 * F, S), *u = at(a->u, (uint64_t)r0 * F, S);
+      if (mlp_again) /* its x_out (the residual stream) unused, into dh's rows for now */
+        TZ_CHECK(mlp_chunk_fwd(cm, cfg, &l, params, a, s->dh, r0, n));
+      const void *h = at(h2, (uint64_t)r0 * C, S);
+      const void *g = gu_rows(a, a->g, r0, F, S), *u = gu_rows(a, a->u, r0, F, S);
       void *dh = at(s->dh, (uint64_t)r0 * C, S);
+      const void *dmc = at(dx_out, (uint64_t)r0 * C, S);
+      if (post) {
+        TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dh, NULL, GR(TZ_L_MLP_POST_NORM), dmc,
+                                        at(a->m, (uint64_t)r0 * C, S), P(TZ_L_MLP_POST_NORM),
+                                        a->rstd_m + r0, n, C, norm_off(cfg)));
+        dmc = dh;
+      }
       TZ_CHECK(linear_bwd_dx(cm, s->da, 0, dmc, P(TZ_L_WD), n, F, C));
-      TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dg, s->du, a_chunk, s->da, g, u,
-                                  (size_t)n * F));
+      TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dg, s->du,
+                                  mlp_again ? NULL : a->a, s->da, g, u, (size_t)n * F));
       TZ_CHECK(linear_bwd_dw(cm, GR(TZ_L_WD), dmc, a->a, n, F, C));
       TZ_CHECK(linear_bwd(cm, dh, 0, GR(TZ_L_WG), s->dg, h, P(TZ_L_WG), n, C, F));
       TZ_CHECK(linear_bwd(cm, dh, 1, GR(TZ_L_WU), s->du, h, P(TZ_L_WU), n, C, F));

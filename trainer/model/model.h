@@ -349,8 +349,10 @@ struct tz_layer_acts {
   void *x2;     /* (N, C) the residual stream after attention */
   void *h2;     /* (N, C) MLP-norm output */
   float *rstd2; /* (N) F32 */
-  void *g;      /* (N, F) gate projection */
-  void *u;      /* (N, F) up projection */
+  void *g;      /* (N, F) gate projection, or one MLP chunk's rows when gu_chunk */
+  void *u;      /* (N, F) up projection, the same */
+  int gu_chunk; /* 1: g and u hold one chunk (tz_model_mlp_rows), the trainer's working acts
+                   (tz_model_acts_work_carve), whose MLP the backward recomputes chunk by chunk */
   void *a;      /* (rows, F) silu(g) * u of one chunk (tz_model_mlp_rows) */
   /* With experts (n_expert > 0), g, u and a are (M, F_e) for the M = N*k assignments grouped by
    * expert, and the MLP part also keeps the routing (kernels/compute.h, struct tz_moe_route) and
@@ -441,6 +443,13 @@ void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, in
  * the shared ones: recomputed parts, rebuilt tensors). */
 size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                 unsigned parts);
+/* The working activations of a trainer that keeps each layer's kept parts apart (carve_parts):
+ * the full layout but with g and u one MLP chunk's (gu_chunk), for the forward and the backward of
+ * the layers whose MLP part is recomputed; where the MLP part is kept, g and u are the kept ones.
+ * At 262,144 tokens of Llama-3.1-8B's F this holds 2 x 18,688 rows of g and u, not 2 x 262,144. */
+size_t tz_model_acts_work_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);
+void tz_model_acts_work_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                              void *base, struct tz_layer_acts *out);
 void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                unsigned parts, void *base, struct tz_layer_acts *out);
 size_t tz_model_scratch_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);

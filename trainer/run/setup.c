@@ -343,7 +343,8 @@ static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
   tr->targets = (int32_t *)CARVE(BUF_TARGETS);
   tr->pos = (int32_t *)CARVE(BUF_POS);
   tr->dx = CARVE(BUF_DX);
-  tz_model_acts_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_ACTS), &tr->acts);
+  /* g and u one MLP chunk's: where a layer keeps its MLP they are the kept part's */
+  tz_model_acts_work_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_ACTS), &tr->acts);
   tz_model_scratch_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_LS), &tr->ls);
   tz_model_head_scratch_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_HS), &tr->hs);
   tr->gw = CARVE(BUF_GW);

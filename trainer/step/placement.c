@@ -57,7 +57,7 @@ void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
   sz[BUF_TOKENS] = sz[BUF_TARGETS] = sz[BUF_POS] =
       (uint64_t)tr->G * (uint64_t)tr->N * sizeof(int32_t);
   sz[BUF_DX] = x;
-  sz[BUF_ACTS] = tz_model_acts_bytes(c, tr->S, tr->B, tr->T);
+  sz[BUF_ACTS] = tz_model_acts_work_bytes(c, tr->S, tr->B, tr->T);
   sz[BUF_LS] = tz_model_scratch_bytes(c, tr->S, tr->B, tr->T);
   sz[BUF_HS] = tz_model_head_scratch_bytes(c, tr->S, tr->B, tr->T);
   sz[BUF_GW] = maxp * tr->es * (tr->overlap ? 2 : 1);
