@@ -345,6 +345,42 @@ static void test_qk_norm(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
+/* The trainer's working acts (g and u one MLP chunk's, tz_model_acts_work_carve) on the GPU: the
+ * MLP recomputed chunk by chunk gives the bits of g and u whole. */
+static void work_case(const char *name, const struct tz_model_config *cfg, int B, int T) {
+  int before = g_failures;
+  struct side g, w;
+  side_open(&g, g_gpu, cfg, B, T);
+  side_open(&w, g_gpu, cfg, B, T);
+  assert_true(tz_model_acts_work_bytes(cfg, w.S, B, T) < w.acts_bytes);
+  tz_model_acts_work_carve(cfg, w.S, B, T, w.acts_mem, &w.acts);
+  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  size_t nx = (size_t)B * T * cfg->d_model;
+  float *p = layer_params(cfg), *x = malloc(nx * sizeof *x), *dy = malloc(nx * sizeof *dy);
+  assert_non_null(x);
+  assert_non_null(dy);
+  for (size_t i = 0; i < nx; i++) {
+    x[i] = to_bf16(urand(1.0f));
+    dy[i] = to_bf16(urand(1.0f));
+  }
+  struct side *sides[2] = {&g, &w};
+  for (int i = 0; i < 2; i++) {
+    upload(sides[i]->cm, sides[i]->params, p, np, sides[i]->S);
+    upload(sides[i]->cm, sides[i]->x_in, x, nx, sides[i]->S);
+    upload(sides[i]->cm, sides[i]->dx_out, dy, nx, sides[i]->S);
+  }
+  struct result whole = side_run(&g, cfg, B, T, TZ_PART_MLP);
+  struct result chunk = side_run(&w, cfg, B, T, TZ_PART_MLP);
+  check_bits(name, "x_out, working acts", whole.x_out, chunk.x_out, nx * sizeof(float));
+  check_bits(name, "dx_in, working acts", whole.dx_in, chunk.dx_in, nx * sizeof(float));
+  check_bits(name, "grads, working acts", whole.grads, chunk.grads, np * sizeof(float));
+  printf("  %-14s %s\n", name, g_failures == before ? "ok" : "FAILED");
+  result_free(&whole), result_free(&chunk);
+  free(p), free(x), free(dy);
+  side_close(&g);
+  side_close(&w);
+}
+
 /* The MLP in chunks of 48 tokens (200 rows: four of 48 and one of 8), against the cpu backend in
  * the same chunks, and with the recompute; then with the norms after (OLMo 2). */
 static void test_mlp_chunks(void **state) {
@@ -353,10 +389,12 @@ static void test_mlp_chunks(void **state) {
   struct tz_model_config c = base_config();
   c.mlp_chunk = 48;
   layer_case("mlp chunks", &c, 2, 100);
+  work_case("working acts", &c, 2, 100);
   c.family = TZ_FAMILY_OLMO2;
   c.qk_norm = TZ_QK_NORM_ALL;
   c.norm_place = TZ_NORM_POST;
   layer_case("olmo2 chunks", &c, 2, 100);
+  work_case("olmo2 working", &c, 2, 100);
   assert_int_equal(g_failures, 0);
 }
 
