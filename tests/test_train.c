@@ -1058,6 +1058,34 @@ static void test_recompute_modes(void **state) {
   tc_check_recompute(&o, jitter_us, nvme_dir, "");
 }
 
+/* The MLP in chunks of 5 tokens (32 rows a micro-batch: six of 5 and one of 2), where the trainer's
+ * working activations hold one chunk of g and u: every recompute mode, and every placement, gives
+ * the bits of the others. */
+static void test_mlp_chunks(void **state) {
+  (void)state;
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.mlp_chunk = 5;
+  o.hbm_budget = "64MiB";
+  struct tz_plan_rates rates = {.flops = 1e9, .copy_in = 2e9, .copy_out = 2e9, .adam = 1e8};
+  o.rates = &rates;
+  tc_check_recompute(&o, jitter_us, nvme_dir, "chunks: ");
+  tc_opts_init(&o);
+  o.mlp_chunk = 5;
+  tc_check_placement(&o, jitter_us, nvme_dir, "chunks: ");
+  /* the compute tier holds a chunk of g, u, a, da, dg and du where it held every row's (32 rows
+   * of 160 floats each, 5 now; the buffers' sum is rounded to pages) */
+  struct tc_result whole, chunked;
+  o.recompute = "all";
+  tc_run_single(&o, jitter_us, nvme_dir, &chunked);
+  o.mlp_chunk = 0;
+  tc_run_single(&o, jitter_us, nvme_dir, &whole);
+  assert_true(chunked.compute_fixed + (uint64_t)6 * (32 - 5) * 160 * 4 - 8192 <=
+              whole.compute_fixed);
+  tc_result_free(&whole);
+  tc_result_free(&chunked);
+}
+
 /* The plan's figure is what the run needs: recompute "none" trains with the compute tier's
  * budget at the plan's minimum (the buffers with every activation kept, the homes and the
  * smallest window), and a page less is refused naming the key; "auto" at that page less keeps
@@ -1176,6 +1204,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_wait_leaves_update_pending),
       cmocka_unit_test(test_overlap_refused_with_clipping),
       cmocka_unit_test(test_recompute_modes),
+      cmocka_unit_test(test_mlp_chunks),
       cmocka_unit_test(test_recompute_budget),
       cmocka_unit_test(test_recompute_auto_bound),
   };

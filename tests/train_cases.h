@@ -94,6 +94,7 @@ struct tc_opts {
   const struct tz_plan_rates *rates; /* the plan's rates; NULL none (the bound unknown) */
   const tz_data *data; /* the batches: NULL synthetic sequences; else this data set's (seq_len
                           TC_SEQ), packed rows with their positions and targets */
+  int mlp_chunk;       /* the model's mlp_chunk (tokens a chunk of the MLP); 0 auto (one chunk) */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {
@@ -200,6 +201,7 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
   memset(res, 0, sizeof *res);
   struct tz_model_config mc;
   tc_model(&mc);
+  mc.mlp_chunk = o->mlp_chunk;
   if (o->untied)
     mc.tie_embeddings = 0;
   int world = tz_comm_size(comm), rank = tz_comm_rank(comm);
