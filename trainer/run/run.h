@@ -23,7 +23,6 @@
 #include "trainer/run/metrics.h"
 #include "trainer/model/model.h"
 #include "trainer/step/train.h"
-#include "trainer/step/train.h"
 
 struct tz_sched_stats;
 struct tz_ckpt_options; /* trainer/checkpoint/checkpoint.h */
