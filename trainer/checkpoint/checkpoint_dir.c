@@ -1,5 +1,7 @@
-/* The root directory: listing and checking its checkpoints, and a save's last steps (the
- * manifest, the rename into place, latest, pruning) or its abandonment. */
+/* The root directory: what it holds, said (tz_ckpt_describe), a save's last steps (the manifest,
+ * the rename into place, latest, pruning) or its abandonment, the root's claim and the room its
+ * saves need. Listing and checking its checkpoints is the reader's (checkpoint_read.c), which
+ * names the previous intact one when a checkpoint is damaged. */
 #define _GNU_SOURCE
 #include "trainer/checkpoint/checkpoint_internal.h"
 
@@ -20,105 +22,6 @@
 
 /* ------------------------------------------------------------------------------------------ */
 /* The root directory */
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-int tz_ckpt_list(const char *root, uint64_t *steps, int cap) {
-  DIR *d = opendir(root);
-  if (!d)
-    return errno == ENOENT ? 0 : tz_err_errno(errno, "checkpoint: cannot list %s", root);
-  uint64_t *all = NULL;
-  int n = 0, cap_all = 0, rc = 0;
-  struct dirent *de;
-  while ((de = readdir(d))) {
-    uint64_t step = 0;
-    if (!tz_ckpt_parse_step_name(de->d_name, "", &step))
-      continue;
-    char *dir = tz_ckpt_path_join(root, de->d_name);
-    struct manifest m;
-    if (!dir) {
-      rc = tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
-      break;
-    }
-    int ok = tz_ckpt_manifest_read(dir, &m) == 0;
-    free(dir);
-    if (!ok)
-      continue;
-    tz_ckpt_manifest_free(&m);
-    if (n == cap_all) {
-      cap_all = cap_all ? 2 * cap_all : 16;
-      uint64_t *a = realloc(all, sizeof *a * (size_t)cap_all);
-      if (!a) {
-        rc = tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
-        break;
-      }
-      all = a;
-    }
-    all[n++] = step;
-  }
-  closedir(d);
-  if (rc == 0) {
-    if (n > 1)
-      qsort(all, (size_t)n, sizeof *all, cmp_u64);
-    for (int i = 0; i < n && i < cap; i++)
-      steps[i] = all[i];
-    rc = n;
-  }
-  free(all);
-  return rc;
-}
-
-int tz_ckpt_check(const char *stepdir, int full) {
-  struct manifest m;
-  TZ_CHECK(tz_ckpt_manifest_read(stepdir, &m));
-  int rc = 0;
-  for (int rank = 0; rc == 0 && rank < m.world; rank++) {
-    tz_ckpt_reader *r;
-    TZ_CHECK_GOTO(tz_ckpt_open_dir(stepdir, rank, 0, &r), rc, out);
-    for (int i = 0; full && rc == 0 && i < tz_ckpt_count(r); i++)
-      rc = tz_ckpt_get_stream(r, tz_ckpt_name(r, i), NULL, NULL);
-    tz_ckpt_close(r);
-  }
-out:
-  tz_ckpt_manifest_free(&m);
-  return rc;
-}
-
-int tz_ckpt_previous(const char *root, uint64_t step, uint64_t *prev) {
-  int n = tz_ckpt_list(root, NULL, 0);
-  if (n < 0)
-    return n;
-  uint64_t *steps = malloc(sizeof *steps * (size_t)(n ? n : 1));
-  if (!steps)
-    return tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
-  n = tz_ckpt_list(root, steps, n);
-  if (n < 0) {
-    free(steps);
-    return n;
-  }
-  int rc = TZ_ENOENT;
-  for (int i = n - 1; rc == TZ_ENOENT && i >= 0; i--) {
-    if (steps[i] >= step)
-      continue;
-    char *dir = tz_ckpt_step_path(root, steps[i], "");
-    if (!dir) {
-      rc = tz_err_set(TZ_ENOMEM, "checkpoint: out of memory");
-      break;
-    }
-    if (tz_ckpt_check(dir, 1) == 0) {
-      *prev = steps[i];
-      rc = 0;
-    }
-    free(dir);
-  }
-  free(steps);
-  if (rc == TZ_ENOENT)
-    tz_err_set(rc, "checkpoint: no intact checkpoint older than " STEP_FMT " in %s", step, root);
-  return rc;
-}
 
 /* Appends printf-style text to buf (len bytes, NUL-terminated), truncating. */
 static void append(char *buf, size_t len, const char *fmt, ...)
