@@ -28,21 +28,6 @@ char *tz_hf_join(const char *dir, const char *name) {
 
 /* ---- config.json ---- */
 
-/* The config being read: its root and its path, for every message. */
-
-/* v as JSON text, for messages (at most 80 characters kept). */
-const char *tz_hf_jtext(json_t *v, char *buf, size_t len) {
-  char *s = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
-  snprintf(buf, len, "%.80s%s", s ? s : "(absent)", s && strlen(s) > 80 ? "..." : "");
-  free(s);
-  return buf;
-}
-
-json_t *tz_hf_jget(const struct tz_hf_cfgp *p, const char *key) {
-  json_t *v = json_object_get(p->root, key);
-  return json_is_null(v) ? NULL : v;
-}
-
 /* An integer key in [lo, hi]; absent or null: dflt unless required. */
 static int get_int(const struct tz_hf_cfgp *p, const char *key, int required, int dflt, int64_t lo,
                    int64_t hi, int *out) {
@@ -62,25 +47,6 @@ static int get_int(const struct tz_hf_cfgp *p, const char *key, int required, in
     return tz_err_set(TZ_ECONFIG, "%s: \"%s\" is %lld, outside the supported range [%lld, %lld]",
                       p->path, key, (long long)x, (long long)lo, (long long)hi);
   *out = (int)x;
-  return 0;
-}
-
-/* A finite number key of object obj (named in messages as where.key). */
-int tz_hf_num_of(const struct tz_hf_cfgp *p, json_t *obj, const char *where, const char *key,
-                 int required, double dflt, double *out) {
-  json_t *v = json_object_get(obj, key);
-  char t[100];
-  if (!v || json_is_null(v)) {
-    if (required)
-      return tz_err_set(TZ_ECONFIG, "%s: missing \"%s%s%s\"", p->path, where, *where ? "." : "",
-                        key);
-    *out = dflt;
-    return 0;
-  }
-  if (!json_is_number(v) || !isfinite(json_number_value(v)))
-    return tz_err_set(TZ_ECONFIG, "%s: \"%s%s%s\" must be a number, not %s", p->path, where,
-                      *where ? "." : "", key, tz_hf_jtext(v, t, sizeof t));
-  *out = json_number_value(v);
   return 0;
 }
 

@@ -1,5 +1,5 @@
-/* Private to trainer/model/hf.c, hf_config.c and hf_rope.c: the pieces of an export and of a path
- * that they share, and config.json's reading helpers. */
+/* Private to trainer/model/hf.c, hf_config.c, hf_json.c and hf_rope.c: the pieces of an export and
+ * of a path that they share, and config.json's reading helpers. */
 #ifndef TZ_TRAINER_HF_INTERNAL_H
 #define TZ_TRAINER_HF_INTERNAL_H
 
