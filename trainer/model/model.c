@@ -122,6 +122,16 @@ uint64_t tz_model_n_params(const struct tz_model_config *cfg) {
   return n;
 }
 
+/* A token's parameters: with experts, k of each layer's E (their counts the same in every layer).
+ */
+uint64_t tz_model_n_active_params(const struct tz_model_config *cfg) {
+  uint64_t n = tz_model_n_params(cfg);
+  if (!tz_model_moe(cfg))
+    return n;
+  uint64_t expert = 3ull * (uint64_t)cfg->moe_ffn_dim * (uint64_t)cfg->d_model;
+  return n - (uint64_t)cfg->n_layer * (uint64_t)(cfg->n_expert - cfg->n_expert_used) * expert;
+}
+
 /* ---- initialisation ---- */
 
 /* A standard normal from (seed, block, tensor, index) alone. */
@@ -500,7 +510,7 @@ int tz_model_check_batch(const struct tz_model_config *cfg, int B, int T) {
 
 /* Gemma's embedding scale: sqrt(d_model) rounded to the storage dtype, as transformers makes its
  * normalizer a tensor of the hidden states' dtype. */
-static float embed_scale(tz_compute *cm, const struct tz_model_config *cfg) {
+static float embedding_factor(tz_compute *cm, const struct tz_model_config *cfg) {
   float s = (float)sqrt((double)cfg->d_model);
   switch (tz_compute_dtype(cm)) {
   case TZ_BF16: return tz_bf16_to_f32(tz_f32_to_bf16(s));
@@ -514,7 +524,7 @@ int tz_model_embed_fwd(tz_compute *cm, const struct tz_model_config *cfg, const 
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
   TZ_CHECK(tz_compute_embedding_fwd(cm, x, tokens, embed, B * T, cfg->d_model, cfg->vocab));
   if (cfg->embed_scale)
-    TZ_CHECK(tz_compute_scale(cm, tz_compute_dtype(cm), x, embed_scale(cm, cfg),
+    TZ_CHECK(tz_compute_scale(cm, tz_compute_dtype(cm), x, embedding_factor(cm, cfg),
                               (size_t)B * T * cfg->d_model));
   return 0;
 }
@@ -549,7 +559,7 @@ int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *
     }
   }
   if (cfg->embed_scale)
-    TZ_CHECK(tz_compute_scale(cm, tz_compute_dtype(cm), dx, embed_scale(cm, cfg),
+    TZ_CHECK(tz_compute_scale(cm, tz_compute_dtype(cm), dx, embedding_factor(cm, cfg),
                               (size_t)B * T * cfg->d_model));
   return tz_compute_embedding_bwd(cm, embed_grad, dx, tokens, N, cfg->d_model, cfg->vocab);
 }

@@ -124,14 +124,6 @@ int tz_model_moe_bwd(tz_compute *cm, const struct tz_model_config *cfg,
 #undef SG
 }
 
-uint64_t tz_model_n_active_params(const struct tz_model_config *cfg) {
-  uint64_t n = tz_model_n_params(cfg);
-  if (!tz_model_moe(cfg))
-    return n;
-  uint64_t expert = 3ull * (uint64_t)cfg->moe_ffn_dim * (uint64_t)cfg->d_model;
-  return n - (uint64_t)cfg->n_layer * (uint64_t)(cfg->n_expert - cfg->n_expert_used) * expert;
-}
-
 double tz_model_moe_aux(const struct tz_model_config *cfg, const float *stats, int rows,
                         double scale, float *daux) {
   int E = cfg->n_expert;
