@@ -830,6 +830,22 @@ static void test_layer_probe(void **state) {
   tz_compute_destroy(cm);
 }
 
+/* The probe's parameters, input and output gradient: uniform in [-0.5, 0.5) from seed. */
+static void probe_random(tz_compute *cm, const struct tz_model_config *c,
+                         const struct tz_layer_probe *l, uint64_t seed) {
+  uint64_t np = tz_model_block_numel(c, 1), nx = (uint64_t)l->B * l->T * c->d_model;
+  float *h = malloc((np + 2 * nx) * sizeof *h);
+  assert_non_null(h);
+  for (uint64_t i = 0; i < np + 2 * nx; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    h[i] = (float)((double)(seed >> 40) / (double)(1ull << 24) - 0.5);
+  }
+  TZ_ASSERT_OK(tz_model_block_upload(cm, l->params, h, np));
+  TZ_ASSERT_OK(tz_model_block_upload(cm, l->x_in, h + np, nx));
+  TZ_ASSERT_OK(tz_model_block_upload(cm, l->dx_out, h + np + nx, nx));
+  free(h);
+}
+
 /* Backward with only the attention part, only the MLP part, or both recomputed gives the bits of
  * the stored forward's (the activations of the recomputed parts NaN before, so that a part that
  * is read but not recomputed shows, and in every case the tensors a kept part does not keep:
@@ -844,16 +860,7 @@ static void partial_recompute_bits(struct tz_model_config c) {
   struct tz_layer_probe l;
   TZ_ASSERT_OK(tz_layer_probe_alloc(cm, &c, B, T, &l));
   uint64_t np = tz_model_block_numel(&c, 1), nx = (uint64_t)B * T * c.d_model;
-  float *h = malloc((np + 2 * nx) * sizeof *h);
-  assert_non_null(h);
-  uint64_t seed = 77;
-  for (uint64_t i = 0; i < np + 2 * nx; i++) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    h[i] = (float)((double)(seed >> 40) / (double)(1ull << 24) - 0.5);
-  }
-  TZ_ASSERT_OK(tz_model_block_upload(cm, l.params, h, np));
-  TZ_ASSERT_OK(tz_model_block_upload(cm, l.x_in, h + np, nx));
-  TZ_ASSERT_OK(tz_model_block_upload(cm, l.dx_out, h + np + nx, nx));
+  probe_random(cm, &c, &l, 77);
   /* The full layout: what the attention part keeps, what the MLP part keeps, then the rest. */
   size_t attn = tz_model_acts_part_bytes(&c, TZ_F32, B, T, TZ_PART_ATTN);
   size_t all = tz_model_acts_part_bytes(&c, TZ_F32, B, T, TZ_PARTS_ALL);
@@ -884,7 +891,6 @@ static void partial_recompute_bits(struct tz_model_config c) {
       fail_msg("recomputing parts %u changed the backward's bits", m);
   for (unsigned m = 0; m < 4; m++)
     free(got[m]);
-  free(h);
   tz_layer_probe_free(cm, &l);
   tz_compute_destroy(cm);
 }
@@ -901,16 +907,8 @@ static void work_acts_bits(struct tz_model_config c) {
   struct tz_layer_probe l;
   TZ_ASSERT_OK(tz_layer_probe_alloc(cm, &c, B, T, &l));
   uint64_t np = tz_model_block_numel(&c, 1), nx = (uint64_t)B * T * c.d_model;
-  float *h = malloc((np + 2 * nx) * sizeof *h), *got[2][2];
-  assert_non_null(h);
-  uint64_t seed = 91;
-  for (uint64_t i = 0; i < np + 2 * nx; i++) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    h[i] = (float)((double)(seed >> 40) / (double)(1ull << 24) - 0.5);
-  }
-  TZ_ASSERT_OK(tz_model_block_upload(cm, l.params, h, np));
-  TZ_ASSERT_OK(tz_model_block_upload(cm, l.x_in, h + np, nx));
-  TZ_ASSERT_OK(tz_model_block_upload(cm, l.dx_out, h + np + nx, nx));
+  float *got[2][2];
+  probe_random(cm, &c, &l, 91);
   size_t wb = tz_model_acts_work_bytes(&c, TZ_F32, B, T);
   assert_true(wb < tz_model_acts_bytes(&c, TZ_F32, B, T)); /* the caller's chunk is below N */
   void *wmem;
@@ -940,7 +938,6 @@ static void work_acts_bits(struct tz_model_config c) {
                    TZ_EINVAL);
   for (int w = 0; w < 2; w++)
     free(got[w][0]), free(got[w][1]);
-  free(h);
   tz_compute_free(cm, wmem);
   tz_layer_probe_free(cm, &l);
   tz_compute_destroy(cm);

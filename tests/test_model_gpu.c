@@ -219,6 +219,30 @@ static float *layer_params(const struct tz_model_config *cfg) {
   return p;
 }
 
+/* One random layer (its parameters by tensor kind, an input and an output gradient, bf16) into
+ * both sides; the host copies of the input and the gradient in *x and *dy, the caller's. */
+static void sides_fill(struct side *a, struct side *b, const struct tz_model_config *cfg, int B,
+                       int T, float **x, float **dy) {
+  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  size_t nx = (size_t)B * T * cfg->d_model;
+  float *p = layer_params(cfg);
+  *x = malloc(nx * sizeof **x);
+  *dy = malloc(nx * sizeof **dy);
+  assert_non_null(*x);
+  assert_non_null(*dy);
+  for (size_t i = 0; i < nx; i++) {
+    (*x)[i] = to_bf16(urand(1.0f));
+    (*dy)[i] = to_bf16(urand(1.0f));
+  }
+  struct side *sides[2] = {a, b};
+  for (int i = 0; i < 2; i++) {
+    upload(sides[i]->cm, sides[i]->params, p, np, sides[i]->S);
+    upload(sides[i]->cm, sides[i]->x_in, *x, nx, sides[i]->S);
+    upload(sides[i]->cm, sides[i]->dx_out, *dy, nx, sides[i]->S);
+  }
+  free(p);
+}
+
 static void layer_case(const char *name, const struct tz_model_config *cfg, int B, int T) {
   int before = g_failures;
   if (tz_model_config_check(cfg) < 0)
@@ -228,19 +252,8 @@ static void layer_case(const char *name, const struct tz_model_config *cfg, int 
   side_open(&g, g_gpu, cfg, B, T);
   uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
   size_t nx = (size_t)B * T * cfg->d_model;
-  float *p = layer_params(cfg), *x = malloc(nx * sizeof *x), *dy = malloc(nx * sizeof *dy);
-  assert_non_null(x);
-  assert_non_null(dy);
-  for (size_t i = 0; i < nx; i++) {
-    x[i] = to_bf16(urand(1.0f));
-    dy[i] = to_bf16(urand(1.0f));
-  }
-  struct side *sides[2] = {&c, &g};
-  for (int i = 0; i < 2; i++) {
-    upload(sides[i]->cm, sides[i]->params, p, np, sides[i]->S);
-    upload(sides[i]->cm, sides[i]->x_in, x, nx, sides[i]->S);
-    upload(sides[i]->cm, sides[i]->dx_out, dy, nx, sides[i]->S);
-  }
+  float *x, *dy;
+  sides_fill(&c, &g, cfg, B, T, &x, &dy);
   struct result ref = side_run(&c, cfg, B, T, 0);
   struct result got = side_run(&g, cfg, B, T, 0);
   struct result again = side_run(&g, cfg, B, T, 0);
@@ -286,7 +299,7 @@ static void layer_case(const char *name, const struct tz_model_config *cfg, int 
     free(inc[i][0]), free(inc[i][1]);
   result_free(&ref), result_free(&got), result_free(&again), result_free(&rec);
   result_free(&rec_attn), result_free(&rec_mlp);
-  free(p), free(x), free(dy);
+  free(x), free(dy);
   side_close(&c);
   side_close(&g);
 }
@@ -356,19 +369,8 @@ static void work_case(const char *name, const struct tz_model_config *cfg, int B
   tz_model_acts_work_carve(cfg, w.S, B, T, w.acts_mem, &w.acts);
   uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
   size_t nx = (size_t)B * T * cfg->d_model;
-  float *p = layer_params(cfg), *x = malloc(nx * sizeof *x), *dy = malloc(nx * sizeof *dy);
-  assert_non_null(x);
-  assert_non_null(dy);
-  for (size_t i = 0; i < nx; i++) {
-    x[i] = to_bf16(urand(1.0f));
-    dy[i] = to_bf16(urand(1.0f));
-  }
-  struct side *sides[2] = {&g, &w};
-  for (int i = 0; i < 2; i++) {
-    upload(sides[i]->cm, sides[i]->params, p, np, sides[i]->S);
-    upload(sides[i]->cm, sides[i]->x_in, x, nx, sides[i]->S);
-    upload(sides[i]->cm, sides[i]->dx_out, dy, nx, sides[i]->S);
-  }
+  float *x, *dy;
+  sides_fill(&g, &w, cfg, B, T, &x, &dy);
   struct result whole = side_run(&g, cfg, B, T, TZ_PART_MLP);
   struct result chunk = side_run(&w, cfg, B, T, TZ_PART_MLP);
   check_bits(name, "x_out, working acts", whole.x_out, chunk.x_out, nx * sizeof(float));
@@ -376,7 +378,7 @@ static void work_case(const char *name, const struct tz_model_config *cfg, int B
   check_bits(name, "grads, working acts", whole.grads, chunk.grads, np * sizeof(float));
   printf("  %-14s %s\n", name, g_failures == before ? "ok" : "FAILED");
   result_free(&whole), result_free(&chunk);
-  free(p), free(x), free(dy);
+  free(x), free(dy);
   side_close(&g);
   side_close(&w);
 }
