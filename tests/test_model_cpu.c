@@ -830,9 +830,15 @@ static void test_layer_probe(void **state) {
   tz_compute_destroy(cm);
 }
 
-/* The probe's parameters, input and output gradient: uniform in [-0.5, 0.5) from seed. */
-static void probe_random(tz_compute *cm, const struct tz_model_config *c,
-                         const struct tz_layer_probe *l, uint64_t seed) {
+/* A cpu instance and a layer probe of c at B x T, its parameters, input and output gradient
+ * uniform in [-0.5, 0.5) from seed. */
+static void probe_open(const struct tz_model_config *c, int B, int T, uint64_t seed,
+                       tz_compute **cmp, struct tz_layer_probe *l) {
+  struct tz_compute_params p;
+  tz_compute_params_init(&p);
+  TZ_ASSERT_OK(tz_compute_create("cpu", &p, cmp));
+  tz_compute *cm = *cmp;
+  TZ_ASSERT_OK(tz_layer_probe_alloc(cm, c, B, T, l));
   uint64_t np = tz_model_block_numel(c, 1), nx = (uint64_t)l->B * l->T * c->d_model;
   float *h = malloc((np + 2 * nx) * sizeof *h);
   assert_non_null(h);
@@ -853,14 +859,10 @@ static void probe_random(tz_compute *cm, const struct tz_model_config *c,
  * layer's. */
 static void partial_recompute_bits(struct tz_model_config c) {
   int B = 2, T = 9;
-  struct tz_compute_params p;
-  tz_compute_params_init(&p);
   tz_compute *cm;
-  TZ_ASSERT_OK(tz_compute_create("cpu", &p, &cm));
   struct tz_layer_probe l;
-  TZ_ASSERT_OK(tz_layer_probe_alloc(cm, &c, B, T, &l));
+  probe_open(&c, B, T, 77, &cm, &l);
   uint64_t np = tz_model_block_numel(&c, 1), nx = (uint64_t)B * T * c.d_model;
-  probe_random(cm, &c, &l, 77);
   /* The full layout: what the attention part keeps, what the MLP part keeps, then the rest. */
   size_t attn = tz_model_acts_part_bytes(&c, TZ_F32, B, T, TZ_PART_ATTN);
   size_t all = tz_model_acts_part_bytes(&c, TZ_F32, B, T, TZ_PARTS_ALL);
@@ -900,15 +902,11 @@ static void partial_recompute_bits(struct tz_model_config c) {
  * kept cannot use them (its g and u must hold every row). */
 static void work_acts_bits(struct tz_model_config c) {
   int B = 2, T = 9;
-  struct tz_compute_params p;
-  tz_compute_params_init(&p);
   tz_compute *cm;
-  TZ_ASSERT_OK(tz_compute_create("cpu", &p, &cm));
   struct tz_layer_probe l;
-  TZ_ASSERT_OK(tz_layer_probe_alloc(cm, &c, B, T, &l));
+  probe_open(&c, B, T, 91, &cm, &l);
   uint64_t np = tz_model_block_numel(&c, 1), nx = (uint64_t)B * T * c.d_model;
   float *got[2][2];
-  probe_random(cm, &c, &l, 91);
   size_t wb = tz_model_acts_work_bytes(&c, TZ_F32, B, T);
   assert_true(wb < tz_model_acts_bytes(&c, TZ_F32, B, T)); /* the caller's chunk is below N */
   void *wmem;
