@@ -43,6 +43,9 @@
 # experts' layer beside PyTorch's (OLMoE-1B-7B's and Mixtral's shapes); dsmoe: issue 53's pair,
 # ds-offload then tz-auto on OLMoE-1B-7B's config.json, one after the other (DeepSpeed from .whl/ds:
 # carry it; about 500 s);
+# long8b: Llama-3.1-8B's shape (configs/models/llama-3.1-8b.json) with the plan's placement at
+# 8,192 tokens in one sequence, then at 131,072, one after the other, then its --fit seq on this
+# machine (issue 52's GPU rows; about 450 s, an H200);
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -243,6 +246,19 @@ fi
 if has gputests; then
   step gputests ctest --test-dir $b --output-on-failure -j4 --timeout 300 -R \
     '^(test_compute_cuda|test_rates_cuda|test_cuda_choice|test_wgmma|test_model_gpu|test_train_gpu.*|test_recompute|test_hbm|test_adam_cuda|test_sched_gpu|test_tier_conformance.hbm|test_train_packed.cuda)$'
+fi
+# long8b: issue 52's rows. Its target counts attention's causal half (6N + 6LTd a token), where
+# tz-train's model TFLOP/s count 6N + 12LTd: tools/bench_table.py's rows give both terms' inputs.
+if has long8b; then
+  m8=configs/models/llama-3.1-8b.json
+  l8=(--micro-batch 1 --steps 3 --warmup 1 --no-disk-ceiling)
+  step long8b-8k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 8192 "${l8[@]}" \
+    --timeout 120 --tag 8k
+  step long8b-128k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 131072 "${l8[@]}" \
+    --timeout 300 --tag 128k
+  step long8b-fit timeout 120 $b/bin/tz-train --backend cuda --model $m8 --seq 8192 \
+    --set train_micro_batch_size_per_gpu=1 --auto-placement --config configs/bench-auto.json \
+    --plan --fit seq
 fi
 if has fused; then
   step fused-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
