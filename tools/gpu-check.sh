@@ -248,7 +248,8 @@ if has gputests; then
     '^(test_compute_cuda|test_rates_cuda|test_cuda_choice|test_wgmma|test_model_gpu|test_train_gpu.*|test_recompute|test_hbm|test_adam_cuda|test_sched_gpu|test_tier_conformance.hbm|test_train_packed.cuda)$'
 fi
 # long8b: issue 52's rows. Its target counts attention's causal half (6N + 6LTd a token), where
-# tz-train's model TFLOP/s count 6N + 12LTd: tools/bench_table.py's rows give both terms' inputs.
+# tz-train's model TFLOP/s count 6N + 12LTd: take the step time (T tokens / step_s x the
+# formula, N 8.03e9, L 32, d 4096).
 if has long8b; then
   m8=configs/models/llama-3.1-8b.json
   l8=(--micro-batch 1 --steps 3 --warmup 1 --no-disk-ceiling)
