@@ -323,6 +323,7 @@ static void fill_plan(const struct tz_plan_request *r, int8_t *tiers, const int8
   }
   out->compute_fixed = r->compute_fixed;
   out->compute_acts = r->compute_acts;
+  out->compute_inputs = r->compute_inputs;
   for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
     out->kind_bytes[i % TZ_PLAN_KINDS][tiers[i]] +=
         block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
@@ -455,15 +456,23 @@ static void table_row(FILE *f, const char *indent, const char *name, const uint6
   fprintf(f, "%s%-12s %12s %12s %12s %12s\n", indent, name, c[0], c[1], c[2], c[3]);
 }
 
+/* Of fixed, the activations and the layers' inputs, each at most what is left of it. */
+static void fixed_parts(uint64_t fixed, uint64_t acts, uint64_t inputs, uint64_t *a, uint64_t *in) {
+  *a = acts < fixed ? acts : fixed;
+  *in = inputs < fixed - *a ? inputs : fixed - *a;
+}
+
 void tz_plan_print_table(FILE *f, const struct tz_plan *p, const char *indent) {
   uint64_t col[TZ_PLAN_TIERS] = {0, 0, 0}, none[TZ_PLAN_TIERS] = {0, 0, 0};
   fprintf(f, "%s%-12s %12s %12s %12s %12s\n", indent, "state", "compute", "host", "nvme", "total");
   for (int i = 0; i < TZ_PLAN_KINDS; i++)
     table_row(f, indent, table_names[i], p->kind_bytes[table_kinds[i]], col);
-  uint64_t row[TZ_PLAN_TIERS] = {0, 0, 0};
-  uint64_t acts = p->compute_acts < p->compute_fixed ? p->compute_acts : p->compute_fixed;
-  row[TZ_PLAN_COMPUTE] = p->compute_fixed - acts;
+  uint64_t row[TZ_PLAN_TIERS] = {0, 0, 0}, acts, inputs;
+  fixed_parts(p->compute_fixed, p->compute_acts, p->compute_inputs, &acts, &inputs);
+  row[TZ_PLAN_COMPUTE] = p->compute_fixed - acts - inputs;
   table_row(f, indent, "buffers", row, col);
+  row[TZ_PLAN_COMPUTE] = inputs;
+  table_row(f, indent, "layer inputs", row, col);
   row[TZ_PLAN_COMPUTE] = acts;
   table_row(f, indent, "activations", row, col);
   row[TZ_PLAN_COMPUTE] = p->window;
@@ -479,11 +488,14 @@ void tz_plan_state_summary(const struct tz_plan_request *r, char *buf, size_t le
   char a[TZ_PLAN_KINDS + 2][32];
   for (int i = 0; i < TZ_PLAN_KINDS; i++)
     fmt_bytes(a[i], sizeof a[i], k[table_kinds[i]]);
-  uint64_t acts = r->compute_acts < r->compute_fixed ? r->compute_acts : r->compute_fixed;
-  fmt_bytes(a[TZ_PLAN_KINDS], sizeof a[0], r->compute_fixed - acts);
+  uint64_t acts, inputs;
+  fixed_parts(r->compute_fixed, r->compute_acts, r->compute_inputs, &acts, &inputs);
+  fmt_bytes(a[TZ_PLAN_KINDS], sizeof a[0], r->compute_fixed - acts - inputs);
   fmt_bytes(a[TZ_PLAN_KINDS + 1], sizeof a[0], acts);
+  char in[32];
+  fmt_bytes(in, sizeof in, inputs);
   snprintf(buf, len,
            "the state: parameters %s, gradients %s, master %s, m %s, v %s; compute-tier "
-           "buffers %s and activations %s",
-           a[0], a[1], a[2], a[3], a[4], a[TZ_PLAN_KINDS], a[TZ_PLAN_KINDS + 1]);
+           "buffers %s, the layers' inputs %s and activations %s",
+           a[0], a[1], a[2], a[3], a[4], a[TZ_PLAN_KINDS], in, a[TZ_PLAN_KINDS + 1]);
 }

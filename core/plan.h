@@ -138,6 +138,8 @@ struct tz_plan_request {
                                gathered weights, full gradients */
   uint64_t compute_acts;    /* optional, for the table (tz_plan_print): of compute_fixed, the
                                activations and their scratch */
+  uint64_t compute_inputs;  /* optional, the same: of compute_fixed, the layers' inputs kept for
+                               the backward (what recomputation starts from) */
   uint64_t align;           /* the compute tier's alignment (blocks are rounded up to it) */
   uint64_t chunk;           /* the runtime's chunk: the scheduler keeps one for its lane */
   uint64_t window;          /* the scheduler's budget; 0: all the compute tier has left */
@@ -160,7 +162,8 @@ struct tz_plan {
   int8_t *tier;                 /* (n_groups, TZ_PLAN_KINDS): the home tier of each block */
   uint64_t used[TZ_PLAN_TIERS]; /* home bytes in each tier (compute: without fixed, window) */
   uint64_t compute_fixed;
-  uint64_t compute_acts; /* of compute_fixed, the activations (the request's) */
+  uint64_t compute_acts;   /* of compute_fixed, the activations (the request's) */
+  uint64_t compute_inputs; /* of compute_fixed, the layers' inputs (the request's) */
   uint64_t kind_bytes[TZ_PLAN_KINDS][TZ_PLAN_TIERS]; /* home bytes of each kind in each tier */
   uint64_t window;     /* the scheduler's budget in the compute tier */
   uint64_t min_window; /* for this placement: the largest phase's blocks not homed in the

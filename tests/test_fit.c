@@ -109,14 +109,15 @@ static void test_table(void **state) {
     assert_int_equal(sum, p->used[t]);
   }
   assert_true(p->compute_acts > 0 && p->compute_acts < p->compute_fixed);
+  assert_true(p->compute_inputs > 0 && p->compute_acts + p->compute_inputs < p->compute_fixed);
   char *text = NULL;
   size_t len = 0;
   FILE *mf = open_memstream(&text, &len);
   tz_plan_print_table(mf, p, "  ");
   fclose(mf);
-  static const char *const rows[] = {"  state ",  "  parameters ", "  gradients ", "  master ",
-                                     "  m ",      "  v ",          "  buffers ",   "  activations ",
-                                     "  window ", "  total "};
+  static const char *const rows[] = {
+      "  state ",   "  parameters ",   "  gradients ",   "  master ", "  m ",    "  v ",
+      "  buffers ", "  layer inputs ", "  activations ", "  window ", "  total "};
   const char *at = text;
   for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
     const char *r = strstr(at, rows[i]);
@@ -139,6 +140,7 @@ static void test_refusal_names_the_state(void **state) {
   assert_non_null(strstr(m, "compute tier's budget of 1.00 MiB"));
   assert_non_null(strstr(m, "the state: parameters "));
   assert_non_null(strstr(m, " activations "));
+  assert_non_null(strstr(m, "the layers' inputs "));
 }
 
 /* The answer holds, one more does not, and the refusal is that of one more. */

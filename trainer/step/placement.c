@@ -201,6 +201,7 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
   r.compute_fixed = round_up(sizes_total(sz, BUF_COUNT), ALIGN);
   r.compute_acts = round_up(sz[BUF_ACTS], 256) + round_up(sz[BUF_LS], 256) +
                    round_up(sz[BUF_HS], 256) + round_up(sz[BUF_KEEP], 256);
+  r.compute_inputs = round_up(sz[BUF_X], 256);
   r.align = ALIGN;
   r.chunk = tz_runtime_chunk_bytes(tr->rt);
   r.window = p->window;
