@@ -101,6 +101,20 @@ static void test_unknown_names_refused(void **state) {
   assert_int_equal(settings_of(&c, v), TZ_ECONFIG);
   assert_non_null(strstr(tz_err_msg(), "tierzero.cuda_matmul"));
   tz_config_free(&c);
+  /* the hbm tier's settings are checked at the same time, by the tier's table */
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.gds", "maybe"));
+  assert_int_equal(settings_of(&c, v), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "tierzero.gds"));
+  tz_config_free(&c);
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.hbm_pin_piece", "2 parsecs"));
+  assert_int_equal(settings_of(&c, v), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "tierzero.hbm_pin_piece"));
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.hbm_pin_piece", "2MiB"));
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.gds", "off"));
+  TZ_ASSERT_OK(settings_of(&c, v)); /* and handed to the cuda backend: none of them its own */
+  tz_config_free(&c);
   /* checked even where the run's backend is the cpu */
   tz_config_defaults(&c);
   TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "fancy"));
