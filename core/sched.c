@@ -1,12 +1,13 @@
-/* The scheduler's life: creation, blocks, the declared phases and the budget, destruction.
- * The rules it keeps are in sched_internal.h and docs/scheduler.md. */
+/* The scheduler's life: creation, blocks, the declared phases' tables and the budget, and freeing
+ * it all; the client's calls that start and end it (tz_sched_declare, tz_sched_destroy) are
+ * sched_phase.c's, above the window and the pump that this file never calls. The rules it keeps
+ * are in sched_internal.h and docs/scheduler.md. */
 #define _GNU_SOURCE
 #include "core/sched_internal.h"
 #include "core/config.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* ---- creation ---- */
 
@@ -392,7 +393,8 @@ static void declare_tables(tz_sched *s, const struct tz_phase_decl *phases, int 
   }
 }
 
-static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n, const int *at_home) {
+int tz_sched_declare_tables(tz_sched *s, const struct tz_phase_decl *phases, int n,
+                            const int *at_home) {
   if (s->declared)
     return tz_err_set(TZ_EINVAL, "sched: phases are declared once");
   uint64_t min;
@@ -434,70 +436,9 @@ static int declare(tz_sched *s, const struct tz_phase_decl *phases, int n, const
   return 0;
 }
 
-int tz_sched_declare(tz_sched *s, const struct tz_phase_decl *phases, int n) {
-  return tz_sched_declare_homes(s, phases, n, NULL);
-}
-
-int tz_sched_declare_homes(tz_sched *s, const struct tz_phase_decl *phases, int n,
-                           const int *at_home) {
-  pthread_mutex_lock(&s->mu);
-  int rc = declare(s, phases, n, at_home);
-  pthread_mutex_unlock(&s->mu);
-  if (rc == 0)
-    tz_sched_pump(s); /* the window starts bringing in the first phases */
-  return rc;
-}
-
 /* ---- destruction ---- */
 
-static int all_quiet(tz_sched *s, void *arg) {
-  (void)arg;
-  return s->n_running == 0 && s->n_xfers == 0 && (s->err || tz_sched_dirty_blocks(s) == 0);
-}
-
-void tz_sched_destroy(tz_sched *s) {
-  if (!s)
-    return;
-  pthread_mutex_lock(&s->mu);
-  int open = s->open != NULL;
-  pthread_mutex_unlock(&s->mu);
-  if (open)
-    tz_sched_leave_open(s, -1, 1);
-  pthread_mutex_lock(&s->mu);
-  s->closing = 1;
-  pthread_mutex_unlock(&s->mu);
-  tz_sched_pump(s); /* home waits an error left pending are signalled with it */
-  pthread_mutex_lock(&s->mu);
-  /* Running phases and transfers must finish before their memory goes: wait as long as it
-   * takes, saying so each timeout period. */
-  while (tz_sched_wait_until(s, all_quiet, NULL,
-                             "the scheduler's work to finish before destroying it", 0) < 0 &&
-         !all_quiet(s, NULL))
-    TZ_LOG_ERR("sched: destroy still waits for %d phases and %d transfers", s->n_running,
-               s->n_xfers);
-  tz_sched_cancel_ahead(s);
-  tz_fence *left[32];
-  int n_left;
-  /* None once quiet; an error's too. */
-  while ((n_left = tz_sched_home_waits_take(s, left, 32)) > 0) {
-    pthread_mutex_unlock(&s->mu);
-    tz_sched_home_waits_signal(left, n_left, TZ_ECANCELED, "sched: destroyed");
-    pthread_mutex_lock(&s->mu);
-  }
-  pthread_mutex_unlock(&s->mu);
-  /* The last callbacks may still be on their way out; then the engine lets go of the poller
-   * (tz_progress_remove waits until it is out of any call to it). */
-  while (__atomic_load_n(&s->outstanding, __ATOMIC_ACQUIRE) > 0)
-    usleep(50);
-  if (s->polling)
-    tz_progress_remove(tz_runtime_progress(s->rt), tz_sched_poll, s);
-  if (s->trace_path && !s->trace_written && s->trace_complete &&
-      tz_sched_trace_write(s, s->trace_path) < 0)
-    TZ_LOG_ERR("%s", tz_err_msg());
-  if (s->p.jitter_us > 0) {
-    tz_progress_set_jitter(tz_runtime_progress(s->rt), 0, 0);
-    tz_tier_set_copy_jitter(s->rt, 0, 0);
-  }
+void tz_sched_free(tz_sched *s) {
   for (int i = 0; i < s->n_blocks; i++) {
     struct copy *c = &s->blocks[i].c;
     tz_fence_release(c->ready);

@@ -294,11 +294,16 @@ int tz_sched_try_reserve(tz_sched *s, struct inst *I);
 struct inst *tz_sched_inst_new(tz_sched *s, uint64_t step, int pos, int phase);
 void tz_sched_inst_unlink(tz_sched *s, struct inst *I);
 void tz_sched_cancel_ahead(tz_sched *s);
+/* Whether block i's write-back can start now (a dirty copy no running phase writes or holds at
+ * home), and whether its next use in the step rewrites it (tierzero.defer_rewrite: the
+ * write-back then waits for that writer); the pump decides by them. */
+int tz_sched_flushable(tz_sched *s, int i);
+int tz_sched_rewritten_next(const tz_sched *s, const struct block *b);
+/* Starts the write-backs tz_sched_params.defer_rewrite has deferred; how many. */
+int tz_sched_flush_deferred(tz_sched *s);
 
 /* sched_pump.c: decisions made, transfers issued, completions taken in. */
 void tz_sched_pump(tz_sched *s); /* lock not held */
-/* Starts the write-backs tz_sched_params.defer_rewrite has deferred; how many. Lock held. */
-int tz_sched_flush_deferred(tz_sched *s);
 int tz_sched_home_waits_take(tz_sched *s, tz_fence **out, int max);
 void tz_sched_home_waits_signal(tz_fence **fs, int n, int err, const char *msg);
 void tz_sched_inst_done(void *arg, int rc);
@@ -317,6 +322,11 @@ void tz_sched_step_check_done(tz_sched *s, struct step_rec *r);
 
 /* sched.c and sched_phase.c. Lock held, except for leave_open, which takes it. */
 int tz_sched_index_order(tz_sched *s);
+/* sched.c, below the client contract (sched_phase.c): the declared phases' tables and budget
+ * (lock held), and freeing what creation, blocks and declaring made once nothing runs. */
+int tz_sched_declare_tables(tz_sched *s, const struct tz_phase_decl *phases, int n,
+                            const int *at_home);
+void tz_sched_free(tz_sched *s);
 int tz_sched_dirty_blocks(tz_sched *s);
 int tz_sched_leave_open(tz_sched *s, int phase, int forced);
 

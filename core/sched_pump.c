@@ -1,5 +1,6 @@
-/* The pump: issues what was decided under the lock, staged transfers hop by hop, and takes in
- * the completions of transfers and phases (through the progress engine's poller). */
+/* The pump: issues what was decided under the lock (by the window's rules, sched_window.c),
+ * staged transfers hop by hop, and takes in the completions of transfers and phases (through the
+ * progress engine's poller). */
 #define _GNU_SOURCE
 #include "core/sched_internal.h"
 #include "util/clock.h"
@@ -9,22 +10,6 @@
 #include <string.h>
 
 /* ---- the pump ---- */
-
-/* A running home phase reads an earlier generation of block id at home than its copy holds: the
- * write-back of the copy waits for it. (A home phase that waits for this very write-back reads
- * the generation it brings.) */
-static int home_read_hold(tz_sched *s, int id) {
-  const struct block *b = &s->blocks[id];
-  for (const struct inst *I = s->head; I; I = I->next) {
-    const struct phase *ph = &s->phases[I->phase];
-    if (!I->entered || !ph->at_home)
-      continue;
-    for (int k = 0; k < ph->n_uses; k++)
-      if (ph->uses[k].block == id && (ph->uses[k].access & TZ_ACCESS_READ) && I->want[k] < b->c.gen)
-        return 1;
-  }
-  return 0;
-}
 
 /* Takes the home waits that can be signalled now (their generation is home, or an error is
  * kept) into out[0..n), which the caller signals with the lock dropped. Lock held. */
@@ -52,54 +37,6 @@ void tz_sched_home_waits_signal(tz_fence **fs, int n, int err, const char *msg) 
   }
 }
 
-/* With tz_sched_params.defer_rewrite: the next phase of the step to use block b is a compute
- * phase that writes its copy again (a gradient added into by the next micro-batch's backward),
- * so nothing reads b's home before then: a write-back now would be superseded, and that writer
- * would first wait for it to finish reading the copy, behind whatever the link out has queued.
- * Not while a sync waits or the scheduler closes; the window takes such a copy's room by
- * writing it back (tz_sched_flush_deferred). */
-static int rewritten_next(const tz_sched *s, const struct block *b) {
-  if (!s->p.defer_rewrite || s->syncing || s->closing || !s->order_n || s->recording ||
-      !b->c.dirty_at)
-    return 0;
-  int next = -1; /* b->pos is ascending: built walking the order */
-  for (int i = 0; i < b->n_pos && next < 0; i++)
-    if (b->pos[i] >= b->c.dirty_at)
-      next = b->pos[i];
-  if (next < 0) /* its next use is in the next step */
-    return 0;
-  const struct phase *ph = &s->phases[s->order[next]];
-  if (ph->at_home)
-    return 0;
-  for (int k = 0; k < ph->n_uses; k++)
-    if (&s->blocks[ph->uses[k].block] == b)
-      return (ph->uses[k].access & TZ_ACCESS_WRITE) != 0;
-  return 0;
-}
-
-/* A write-back of block i that can start now: a dirty copy no running phase writes. */
-static int flushable(tz_sched *s, int i) {
-  const struct block *b = &s->blocks[i];
-  const struct copy *c = &b->c;
-  return c->ext.tier && !c->filling && !c->flushing && !c->wait_home && c->writers == 0 &&
-         c->gen > b->home_gen && !home_read_hold(s, i);
-}
-
-int tz_sched_flush_deferred(tz_sched *s) {
-  int n = 0;
-  /* Only copies no reserved phase pins: a pinned one stays after its write-back, so writing it
-   * back frees no room and its next writer waits for the write-back (a gradient accumulated
-   * over micro-batches, written back after each while the window fills ahead: llama-7b at 8
-   * micro-batches without carry, 28 GiB more out a step and the head's next micro-batch 0.28 s
-   * behind it). */
-  for (int i = 0; i < s->n_blocks && !s->err; i++)
-    if (flushable(s, i) && rewritten_next(s, &s->blocks[i]) && s->blocks[i].c.pins == 0) {
-      tz_sched_start_xfer(s, &s->blocks[i], ACT_FLUSH, 0, s->step);
-      n++;
-    }
-  return n;
-}
-
 /* Everything that can be decided now: the fills that waited for a home phase (copy.wait_home)
  * once its generation is home, write-backs of blocks no running phase writes (unless deferred:
  * rewritten_next), then the window's reservations, in order. Lock held. */
@@ -120,7 +57,7 @@ static void decide(tz_sched *s) {
       }
       b->c.wait_home = 0;
       tz_sched_start_xfer(s, b, ACT_FILL, 0, b->c.use_step);
-    } else if (flushable(s, i) && !rewritten_next(s, b)) {
+    } else if (tz_sched_flushable(s, i) && !tz_sched_rewritten_next(s, b)) {
       tz_sched_start_xfer(s, b, ACT_FLUSH, 0, s->step);
     }
   }
