@@ -21,62 +21,11 @@
 #include "core/error.h"
 #include "core/runtime.h"
 #include "testlib.h"
+#include "mpi_world.h"
 #include "train_cases.h"
 
-static tz_runtime *rt;
-static tz_comm *comm;
-static int P, me, jitter_us;
+static int jitter_us;
 static char *nvme_dir;
-
-static void watchdog(int sig) {
-  (void)sig;
-  static const char msg[] = "test_train_mpi: a test hung for 150 s (watchdog)\n";
-  ssize_t r = write(2, msg, sizeof msg - 1);
-  (void)r;
-  _exit(1);
-}
-
-static int setup(void **state) {
-  (void)state;
-  struct tz_bootstrap bs;
-  if (tz_bootstrap_detect(&bs) < 0 || tz_runtime_create(NULL, &rt) < 0)
-    return -1;
-  struct tz_comm_params p;
-  tz_comm_params_init(&p);
-  p.progress = tz_runtime_progress(rt);
-  if (tz_comm_create("mpi", &bs, &p, &comm) < 0) {
-    fprintf(stderr, "rank %d: %s\n", bs.rank, tz_err_msg());
-    return -1;
-  }
-  P = tz_comm_size(comm);
-  me = tz_comm_rank(comm);
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  tz_comm_destroy(comm);
-  tz_runtime_destroy(rt);
-  return 0;
-}
-
-/* The same options in a world of one (its own runtime and "single" comm), accumulating P times
- * as many micro-batches. */
-static void run_single(struct tc_opts o, struct tc_result *r) {
-  tz_runtime *rt1;
-  tz_comm *c1;
-  TZ_ASSERT_OK(tz_runtime_create(NULL, &rt1));
-  struct tz_bootstrap bs;
-  tz_bootstrap_single(&bs);
-  struct tz_comm_params p;
-  tz_comm_params_init(&p);
-  p.progress = tz_runtime_progress(rt1);
-  TZ_ASSERT_OK(tz_comm_create("single", &bs, &p, &c1));
-  o.accum *= P;
-  TZ_ASSERT_OK(tc_run(&o, c1, rt1, r));
-  tz_comm_destroy(c1);
-  tz_runtime_destroy(rt1);
-}
 
 static void compare(const struct tc_result *a, const struct tc_result *b, int exact,
                     const char *what) {
@@ -109,7 +58,7 @@ static void run_pair(const struct tc_opts *o, int exact, const char *what) {
   w.nvme_dir = nvme_dir;
   struct tc_result many, one;
   TZ_ASSERT_OK(tc_run(&w, comm, rt, &many));
-  run_single(w, &one);
+  mw_run_single(w, &one);
   assert_true(many.coll_s > 0); /* the lane's time in collectives, none on one rank */
   assert_true(one.coll_s == 0);
   compare(&many, &one, exact, what);
@@ -239,8 +188,7 @@ static void test_packed(void **state) {
 
 int main(int argc, char **argv) {
   jitter_us = argc > 1 && strcmp(argv[1], "jitter") == 0 ? 200 : 0;
-  signal(SIGALRM, watchdog);
-  alarm(150);
+  mw_watchdog_arm("test_train_mpi", 150);
   nvme_dir = tz_test_mkdtemp("train-mpi");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_clipped_folded),
@@ -249,7 +197,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_tolerance),
       cmocka_unit_test(test_packed),
   };
-  int rc = cmocka_run_group_tests(tests, setup, teardown);
+  int rc = cmocka_run_group_tests(tests, mw_setup, mw_teardown);
   tz_test_rmdir(nvme_dir);
   return rc;
 }
