@@ -443,6 +443,27 @@ static void test_every_flipped_bit_caught(void **state) {
   tz_runtime_destroy(e.rt);
 }
 
+/* A backend without settings of its own refuses any (tz_tier_params.settings), naming the one
+ * given, before anything is made. */
+static void test_settings_refused_without_table(void **state) {
+  (void)state;
+  if (strcmp(kind, "host") != 0)
+    skip();
+  tz_runtime *rt;
+  TZ_ASSERT_OK(tz_runtime_create(NULL, &rt));
+  struct tz_tier_params p;
+  tz_tier_params_init(&p);
+  p.capacity = 1 << 20;
+  p.settings = "gds=off";
+  tz_tier *t = NULL;
+  assert_int_equal(tz_tier_create(rt, "host", &p, &t), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "no setting \"gds\""));
+  assert_null(t);
+  p.settings = "";
+  TZ_ASSERT_OK(tz_tier_create(rt, "host", &p, &t));
+  tz_runtime_destroy(rt);
+}
+
 static void test_bad_fault_spec(void **state) {
   (void)state;
   if (strcmp(kind, "fault-nvme") != 0)
@@ -514,6 +535,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_faults),
       cmocka_unit_test(test_every_flipped_bit_caught),
       cmocka_unit_test(test_bad_fault_spec),
+      cmocka_unit_test(test_settings_refused_without_table),
   };
   return cmocka_run_group_tests_name(kind, tests, NULL, NULL);
 }
