@@ -25,13 +25,10 @@ int tz_tier_create_from(tz_runtime *rt, const struct tz_tier_ops *ops,
     return tz_err_set(rc, "%s", why);
   if (p->capacity == 0 && !p->base)
     return tz_err_set(TZ_EINVAL, "%s: capacity is 0", backend);
-  if (p->settings && *p->settings) {
-    /* checked before anything is made; the backend's init reads the same string */
-    int64_t v[64];
-    if (ops->n_settings > 64)
-      return tz_err_set(TZ_EINVAL, "%s: %d settings, more than 64", backend, ops->n_settings);
-    TZ_CHECK(tz_settings_parse(backend, ops->settings, ops->n_settings, p->settings, v));
-  }
+  /* A backend with settings parses its own string at init, before it makes anything; one
+   * without refuses any, as its empty table says (no setting "x" (it has: none)). */
+  if (p->settings && *p->settings && ops->n_settings == 0)
+    return tz_settings_parse(backend, NULL, 0, p->settings, NULL);
   tz_tier *t = calloc(1, sizeof *t);
   if (!t)
     return tz_err_set(TZ_ENOMEM, "%s: no memory", backend);
