@@ -139,6 +139,11 @@ struct tz_config {
     int64_t block_size; /* bytes per NVMe request */
   } aio;
 
+  struct {
+    int cpu_checkpointing; /* each layer's input (the checkpoint its backward recomputes from)
+                              homed in host memory (tierzero.offload_activations "auto") */
+  } activation_checkpointing;
+
   double gradient_predivide_factor;          /* divide gradients by this before the reduction */
   int prescale_gradients;                    /* divide by the world size before rather than after */
   enum tz_precision communication_data_type; /* dtype of gradient reductions */
@@ -157,23 +162,28 @@ struct tz_config {
 
   /* The "tierzero" section; each key is also TZ_<KEY> in the environment. */
   struct {
-    char *model;          /* model preset name; NULL = the trainer's default */
-    char *data;           /* the training data (tz-train --data; docs/data.md); NULL = the
-                             built-in corpus. Saved in checkpoints: a resume without --data
-                             trains on what the run it continues trained on */
-    double warmup_ratio;  /* > 0: the schedule's warm-up is ceil(warmup_ratio * its total steps)
-                             (Hugging Face TrainingArguments' warmup_ratio; tz-train
-                             --warmup-ratio) in place of scheduler.params.warmup_num_steps; 0 =
-                             not set (trainer/step/lr.c) */
-    double epochs;        /* the run's length in passes over the training data (tz-train
-                             --epochs; trainer/run/run.c): ceil(epochs * samples / the global batch)
-                             steps; 0 = --steps */
-    int long_documents;   /* packed fine-tuning data: a document longer than a row is cut to
-                             its first seq_len + 1 tokens (0, "cut") or split (1, "split")
-                             (trainer/data/data.h, split_long) */
-    uint64_t hbm_budget;  /* bytes of GPU memory to use; 0 = what is free */
-    uint64_t host_budget; /* bytes of pinned host memory; 0 = most of what is available */
-    uint64_t nvme_budget; /* bytes of NVMe space; 0 = a share of what is free */
+    char *model;             /* model preset name; NULL = the trainer's default */
+    char *data;              /* the training data (tz-train --data; docs/data.md); NULL = the
+                                built-in corpus. Saved in checkpoints: a resume without --data
+                                trains on what the run it continues trained on */
+    double warmup_ratio;     /* > 0: the schedule's warm-up is ceil(warmup_ratio * its total steps)
+                                (Hugging Face TrainingArguments' warmup_ratio; tz-train
+                                --warmup-ratio) in place of scheduler.params.warmup_num_steps; 0 =
+                                not set (trainer/step/lr.c) */
+    double epochs;           /* the run's length in passes over the training data (tz-train
+                                --epochs; trainer/run/run.c): ceil(epochs * samples / the global batch)
+                                steps; 0 = --steps */
+    int offload_activations; /* where each layer's input lives between its forward and its
+                                backward: 0 "auto" (the plan's choice with --auto-placement,
+                                else the compute tier; host memory with
+                                activation_checkpointing.cpu_checkpointing), 1 "none" (the
+                                compute tier), 2 "cpu", 3 "nvme" (trainer/step/placement.c) */
+    int long_documents;      /* packed fine-tuning data: a document longer than a row is cut to
+                                its first seq_len + 1 tokens (0, "cut") or split (1, "split")
+                                (trainer/data/data.h, split_long) */
+    uint64_t hbm_budget;     /* bytes of GPU memory to use; 0 = what is free */
+    uint64_t host_budget;    /* bytes of pinned host memory; 0 = most of what is available */
+    uint64_t nvme_budget;    /* bytes of NVMe space; 0 = a share of what is free */
     struct tz_config_paths nvme_path; /* NVMe directories, one file striped over each */
     int nvme_checksum;                /* checksum blocks written to NVMe and verify on read */
     int nvme_buffered;                /* use the page cache instead of O_DIRECT */

@@ -83,6 +83,7 @@ static const char *const device_names[] = {"none", "cpu", "nvme"};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16"};
 static const char *const log_names[] = {"error", "warn", "info", "debug", "trace"};
 static const char *const long_doc_names[] = {"cut", "split"};
+static const char *const act_device_names[] = {"auto", "none", "cpu", "nvme"};
 
 /* Keys of one section are contiguous: tz_config_dump nests by walking this order. */
 const struct key tz_config_keys[] = {
@@ -147,7 +148,7 @@ const struct key tz_config_keys[] = {
   NO_BOOL("aio.single_submit"),
   NO_BOOL("aio.overlap_events"),
   NO_BOOL("activation_checkpointing.partition_activations"),
-  NO_BOOL("activation_checkpointing.cpu_checkpointing"),
+  BOOL("activation_checkpointing.cpu_checkpointing", activation_checkpointing.cpu_checkpointing, 0),
   NO_BOOL("activation_checkpointing.contiguous_memory_optimization"),
   NO_INT("activation_checkpointing.number_checkpoints", 1, INT_MAX, F_AUTO),
   NO_BOOL("activation_checkpointing.synchronize_checkpoint_boundary"),
@@ -175,6 +176,7 @@ const struct key tz_config_keys[] = {
   DBL("tierzero.epochs", tierzero.epochs, 0, 1e6, 0, 0),
   DBL("tierzero.warmup_ratio", tierzero.warmup_ratio, 0, 1, 0, F_MAX_OPEN),
   ENUM("tierzero.long_documents", tierzero.long_documents, long_doc_names, 0, 0),
+  ENUM("tierzero.offload_activations", tierzero.offload_activations, act_device_names, 0, 0),
   SIZE("tierzero.hbm_budget", tierzero.hbm_budget, 0, 0, 0),
   SIZE("tierzero.host_budget", tierzero.host_budget, 0, 0, 0),
   SIZE("tierzero.nvme_budget", tierzero.nvme_budget, 0, 0, 0),

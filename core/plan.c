@@ -9,7 +9,7 @@
 #include <string.h>
 
 static const char *const tier_names[] = {"compute", "host", "nvme"};
-static const char *const kind_names[] = {"param", "master", "m", "v", "grad"};
+static const char *const kind_names[] = {"param", "master", "m", "v", "grad", "act"};
 
 const char *tz_plan_kind_name(int kind) {
   return kind >= 0 && kind < TZ_PLAN_KINDS ? kind_names[kind] : "?";
@@ -323,10 +323,11 @@ static void fill_plan(const struct tz_plan_request *r, int8_t *tiers, const int8
   }
   out->compute_fixed = r->compute_fixed;
   out->compute_acts = r->compute_acts;
-  out->compute_inputs = r->compute_inputs;
-  for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
-    out->kind_bytes[i % TZ_PLAN_KINDS][tiers[i]] +=
-        block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
+  for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++) {
+    uint64_t b = block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
+    out->kind_bytes[i % TZ_PLAN_KINDS][tiers[i]] += b;
+    out->kind_blocks[i % TZ_PLAN_KINDS][tiers[i]] += b > 0;
+  }
   out->min_window = min_window(r, out->tier);
   out->window = window_for(r, used[TZ_PLAN_COMPUTE]);
   for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
@@ -383,16 +384,13 @@ void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_na
   char a[32], b[32], c[32];
   fprintf(f, "plan: homes per kind of block (%d groups)\n", p->n_groups);
   for (int k = 0; k < TZ_PLAN_KINDS; k++) {
-    int cnt[TZ_PLAN_TIERS] = {0, 0, 0};
-    for (int g = 0; g < p->n_groups; g++)
-      cnt[p->tier[g * TZ_PLAN_KINDS + k]]++;
     fprintf(f, "  %-7s", kind_names[k]);
     for (int t = 0; t < TZ_PLAN_TIERS; t++)
-      fprintf(f, "  %s %d", tier_names[t], cnt[t]);
+      fprintf(f, "  %s %d", tier_names[t], p->kind_blocks[k][t]);
     fputc('\n', f);
   }
   if (group_names) {
-    fprintf(f, "  per group (param master m v grad):\n");
+    fprintf(f, "  per group (param master m v grad act):\n");
     for (int g = 0; g < p->n_groups; g++) {
       fprintf(f, "    %-10s", group_names[g]);
       for (int k = 0; k < TZ_PLAN_KINDS; k++)
@@ -439,9 +437,10 @@ void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_na
 }
 
 /* The table's rows: the kinds in the order DeepSpeed's estimate names them, then the buffers. */
-static const int table_kinds[] = {TZ_PLAN_PARAM, TZ_PLAN_GRAD, TZ_PLAN_MASTER, TZ_PLAN_M,
-                                  TZ_PLAN_V};
-static const char *const table_names[] = {"parameters", "gradients", "master", "m", "v"};
+static const int table_kinds[] = {TZ_PLAN_PARAM, TZ_PLAN_GRAD, TZ_PLAN_MASTER,
+                                  TZ_PLAN_M,     TZ_PLAN_V,    TZ_PLAN_ACT};
+static const char *const table_names[] = {"parameters", "gradients", "master",
+                                          "m",          "v",         "layer inputs"};
 
 static void table_row(FILE *f, const char *indent, const char *name, const uint64_t *b,
                       uint64_t col_total[TZ_PLAN_TIERS]) {
@@ -456,23 +455,15 @@ static void table_row(FILE *f, const char *indent, const char *name, const uint6
   fprintf(f, "%s%-12s %12s %12s %12s %12s\n", indent, name, c[0], c[1], c[2], c[3]);
 }
 
-/* Of fixed, the activations and the layers' inputs, each at most what is left of it. */
-static void fixed_parts(uint64_t fixed, uint64_t acts, uint64_t inputs, uint64_t *a, uint64_t *in) {
-  *a = acts < fixed ? acts : fixed;
-  *in = inputs < fixed - *a ? inputs : fixed - *a;
-}
-
 void tz_plan_print_table(FILE *f, const struct tz_plan *p, const char *indent) {
   uint64_t col[TZ_PLAN_TIERS] = {0, 0, 0}, none[TZ_PLAN_TIERS] = {0, 0, 0};
   fprintf(f, "%s%-12s %12s %12s %12s %12s\n", indent, "state", "compute", "host", "nvme", "total");
   for (int i = 0; i < TZ_PLAN_KINDS; i++)
     table_row(f, indent, table_names[i], p->kind_bytes[table_kinds[i]], col);
-  uint64_t row[TZ_PLAN_TIERS] = {0, 0, 0}, acts, inputs;
-  fixed_parts(p->compute_fixed, p->compute_acts, p->compute_inputs, &acts, &inputs);
-  row[TZ_PLAN_COMPUTE] = p->compute_fixed - acts - inputs;
+  uint64_t row[TZ_PLAN_TIERS] = {0, 0, 0};
+  uint64_t acts = p->compute_acts < p->compute_fixed ? p->compute_acts : p->compute_fixed;
+  row[TZ_PLAN_COMPUTE] = p->compute_fixed - acts;
   table_row(f, indent, "buffers", row, col);
-  row[TZ_PLAN_COMPUTE] = inputs;
-  table_row(f, indent, "layer inputs", row, col);
   row[TZ_PLAN_COMPUTE] = acts;
   table_row(f, indent, "activations", row, col);
   row[TZ_PLAN_COMPUTE] = p->window;
@@ -488,14 +479,11 @@ void tz_plan_state_summary(const struct tz_plan_request *r, char *buf, size_t le
   char a[TZ_PLAN_KINDS + 2][32];
   for (int i = 0; i < TZ_PLAN_KINDS; i++)
     fmt_bytes(a[i], sizeof a[i], k[table_kinds[i]]);
-  uint64_t acts, inputs;
-  fixed_parts(r->compute_fixed, r->compute_acts, r->compute_inputs, &acts, &inputs);
-  fmt_bytes(a[TZ_PLAN_KINDS], sizeof a[0], r->compute_fixed - acts - inputs);
+  uint64_t acts = r->compute_acts < r->compute_fixed ? r->compute_acts : r->compute_fixed;
+  fmt_bytes(a[TZ_PLAN_KINDS], sizeof a[0], r->compute_fixed - acts);
   fmt_bytes(a[TZ_PLAN_KINDS + 1], sizeof a[0], acts);
-  char in[32];
-  fmt_bytes(in, sizeof in, inputs);
   snprintf(buf, len,
-           "the state: parameters %s, gradients %s, master %s, m %s, v %s; compute-tier "
-           "buffers %s, the layers' inputs %s and activations %s",
-           a[0], a[1], a[2], a[3], a[4], a[TZ_PLAN_KINDS], in, a[TZ_PLAN_KINDS + 1]);
+           "the state: parameters %s, gradients %s, master %s, m %s, v %s, the layers' inputs "
+           "%s; compute-tier buffers %s and activations %s",
+           a[0], a[1], a[2], a[3], a[4], a[5], a[TZ_PLAN_KINDS], a[TZ_PLAN_KINDS + 1]);
 }

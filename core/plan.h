@@ -36,17 +36,22 @@ enum tz_plan_tier {
 };
 
 enum tz_plan_kind {
-  TZ_PLAN_PARAM = 0,  /* the rank's shard of the parameters, in the storage dtype */
-  TZ_PLAN_MASTER = 1, /* fp32 master weights of the shard */
-  TZ_PLAN_M = 2,      /* Adam first moment */
-  TZ_PLAN_V = 3,      /* Adam second moment */
-  TZ_PLAN_GRAD = 4,   /* the shard's gradient, accumulated over micro-batches */
-  TZ_PLAN_KINDS = 5
+  TZ_PLAN_PARAM = 0,       /* the rank's shard of the parameters, in the storage dtype */
+  TZ_PLAN_MASTER = 1,      /* fp32 master weights of the shard */
+  TZ_PLAN_M = 2,           /* Adam first moment */
+  TZ_PLAN_V = 3,           /* Adam second moment */
+  TZ_PLAN_GRAD = 4,        /* the shard's gradient, accumulated over micro-batches */
+  TZ_PLAN_STATE_KINDS = 5, /* the kinds above: the model's state, kept across steps */
+  /* The group's input activation (what its backward recomputes from): written by the phase
+   * before the group's forward, read by the group's forward and backward; rewritten every
+   * micro-batch, kept across no step. A group without one has 0 bytes of it. */
+  TZ_PLAN_ACT = 5,
+  TZ_PLAN_KINDS = 6
 };
 
 #define TZ_PLAN_AUTO (-1) /* in tz_plan_request.force: the plan chooses */
 
-const char *tz_plan_kind_name(int kind); /* "param", "master", "m", "v", "grad" */
+const char *tz_plan_kind_name(int kind); /* "param", "master", "m", "v", "grad", "act" */
 
 /* Machine rates, in bytes or elements or FLOP per second. 0 means unknown: the lanes it costs
  * are treated as free, and the bound says so (tz_plan.unknown_rates). */
@@ -138,8 +143,6 @@ struct tz_plan_request {
                                gathered weights, full gradients */
   uint64_t compute_acts;    /* optional, for the table (tz_plan_print): of compute_fixed, the
                                activations and their scratch */
-  uint64_t compute_inputs;  /* optional, the same: of compute_fixed, the layers' inputs kept for
-                               the backward (what recomputation starts from) */
   uint64_t align;           /* the compute tier's alignment (blocks are rounded up to it) */
   uint64_t chunk;           /* the runtime's chunk: the scheduler keeps one for its lane */
   uint64_t window;          /* the scheduler's budget; 0: all the compute tier has left */
@@ -162,9 +165,9 @@ struct tz_plan {
   int8_t *tier;                 /* (n_groups, TZ_PLAN_KINDS): the home tier of each block */
   uint64_t used[TZ_PLAN_TIERS]; /* home bytes in each tier (compute: without fixed, window) */
   uint64_t compute_fixed;
-  uint64_t compute_acts;   /* of compute_fixed, the activations (the request's) */
-  uint64_t compute_inputs; /* of compute_fixed, the layers' inputs (the request's) */
+  uint64_t compute_acts; /* of compute_fixed, the activations (the request's) */
   uint64_t kind_bytes[TZ_PLAN_KINDS][TZ_PLAN_TIERS]; /* home bytes of each kind in each tier */
+  int kind_blocks[TZ_PLAN_KINDS][TZ_PLAN_TIERS];     /* blocks of them (of more than 0 bytes) */
   uint64_t window;     /* the scheduler's budget in the compute tier */
   uint64_t min_window; /* for this placement: the largest phase's blocks not homed in the
                           compute tier, plus one chunk (tz_sched_min_budget of the same) */
@@ -232,14 +235,15 @@ uint64_t tz_plan_min_window(const struct tz_plan_request *req);
  * its lanes, for `tz-train --plan` and the start of a run. group_names may be NULL. */
 void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_names);
 
-/* The table of bytes per kind of state (param, grad, master, m, v, the buffers, the activations,
- * the window) and per tier, with each row's and column's total, as
+/* The table of bytes per kind of state (param, grad, master, m, v, the layers' inputs, the
+ * buffers, the activations, the window) and per tier, with each row's and column's total, as
  * estimate_zero3_model_states_mem_needs prints DeepSpeed's; one line per row, each starting with
  * indent. */
 void tz_plan_print_table(FILE *f, const struct tz_plan *p, const char *indent);
 
 /* What the state of req needs in all, whatever the placement, into buf (cut to len): "param X,
- * grad X, master X, m X, v X; buffers X (activations X)", for the refusals' messages. */
+ * grad X, master X, m X, v X, the layers' inputs X; buffers X (activations X)", for the
+ * refusals' messages. */
 void tz_plan_state_summary(const struct tz_plan_request *req, char *buf, size_t len);
 
 #endif

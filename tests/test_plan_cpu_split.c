@@ -83,7 +83,7 @@ static void test_auto_split(void **state) {
   for (int g = nb - 1; g >= 0 && p->tier[g * TZ_PLAN_KINDS + TZ_PLAN_MASTER] == TZ_PLAN_HOST &&
                        p->tier[g * TZ_PLAN_KINDS + TZ_PLAN_GRAD] == TZ_PLAN_HOST;
        g--) {
-    for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    for (int k = 0; k < TZ_PLAN_STATE_KINDS; k++)
       assert_int_equal(p->tier[g * TZ_PLAN_KINDS + k], TZ_PLAN_HOST);
     home++;
   }

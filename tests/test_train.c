@@ -290,7 +290,7 @@ static void test_resume(void **state) {
   struct saved sv;
   sv.nb = whole.nb;
   for (int b = 0; b < sv.nb; b++)
-    for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+    for (int k = 0; k < TZ_PLAN_STATE_KINDS; k++) {
       sv.shard[b][k] = malloc(tz_trainer_shard_bytes(tr, b, k));
       TZ_ASSERT_OK(tz_trainer_shard_load(tr, b, k, sv.shard[b][k]));
     }
@@ -299,7 +299,7 @@ static void test_resume(void **state) {
   tz_config_free(&cfg);
   tr = trainer(&w, &o, &cfg);
   for (int b = 0; b < sv.nb; b++)
-    for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+    for (int k = 0; k < TZ_PLAN_STATE_KINDS; k++) {
       TZ_ASSERT_OK(tz_trainer_shard_store(tr, b, k, sv.shard[b][k]));
       free(sv.shard[b][k]);
     }
@@ -1139,6 +1139,88 @@ static void test_recompute_budget(void **state) {
   tc_result_free(&autom);
 }
 
+/* With automatic placement, a compute budget too small for the layers' inputs beside the state
+ * (forced into it here) homes some of them in host memory: the plan says so, the run copies them
+ * out after the forward and back for the backward, and the bits are those of a run that keeps
+ * them all in the compute tier. */
+static void test_inputs_budget(void **state) {
+  (void)state;
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.auto_placement = 1;
+  o.hbm_budget = "64MiB";
+  o.recompute = "all"; /* else a smaller budget keeps fewer activations instead */
+  struct tz_plan_rates rates = {.flops = 1e9, .copy_in = 2e9, .copy_out = 2e9, .adam = 1e8};
+  o.rates = &rates;
+  struct tz_model_config mc;
+  tc_model(&mc);
+  int nb = tz_model_n_blocks(&mc);
+  int8_t tiers[16 * TZ_PLAN_KINDS];
+  for (int i = 0; i < nb * TZ_PLAN_KINDS; i++)
+    tiers[i] = (int8_t)(i % TZ_PLAN_KINDS == TZ_PLAN_ACT ? TZ_PLAN_AUTO : TZ_PLAN_COMPUTE);
+  o.force_tiers = tiers;
+  tz_trainer *tr = NULL;
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+  const struct tz_plan *pl = tz_trainer_plan(tr);
+  uint64_t inputs = pl->kind_bytes[TZ_PLAN_ACT][TZ_PLAN_COMPUTE];
+  assert_true(inputs > 0); /* room for all: they stay */
+  assert_int_equal(pl->kind_bytes[TZ_PLAN_ACT][TZ_PLAN_HOST], 0);
+  uint64_t need = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->min_window;
+  tz_trainer_destroy(tr);
+  char budget[32];
+  snprintf(budget, sizeof budget, "%llu", (unsigned long long)(need - inputs / 2) / 4096 * 4096);
+  o.hbm_budget = budget;
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+  pl = tz_trainer_plan(tr);
+  assert_true(pl->kind_bytes[TZ_PLAN_ACT][TZ_PLAN_HOST] > 0);
+  assert_int_equal(pl->kind_bytes[TZ_PLAN_ACT][TZ_PLAN_HOST] +
+                       pl->kind_bytes[TZ_PLAN_ACT][TZ_PLAN_COMPUTE],
+                   inputs);
+  tz_trainer_destroy(tr);
+  tc_world_close(&w);
+  struct tc_result out, in;
+  run(&o, &out);
+  assert_true(out.st.fills > 0);
+  assert_int_equal(out.st.over_budget, 0);
+  o.hbm_budget = NULL;
+  o.auto_placement = 0;
+  o.force_tiers = NULL;
+  run(&o, &in);
+  assert_int_equal(in.st.fills, 0);
+  tc_expect_same(&in, &out, "layer inputs homed on the host by the plan");
+  tc_result_free(&out);
+  tc_result_free(&in);
+}
+
+/* DeepSpeed's activation_checkpointing.cpu_checkpointing homes every layer's input in host
+ * memory, and tierzero.offload_activations, when given, wins over it. */
+static void test_cpu_checkpointing(void **state) {
+  (void)state;
+  struct tc_world w;
+  tc_world_open(&w);
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.cpu_checkpointing = 1;
+  const char *acts[] = {NULL, "none", "nvme"};
+  const int want[] = {TZ_PLAN_HOST, TZ_PLAN_COMPUTE, TZ_PLAN_NVME};
+  o.nvme_dir = nvme_dir;
+  for (int i = 0; i < 3; i++) {
+    o.act_dev = acts[i];
+    tz_trainer *tr = NULL;
+    TZ_ASSERT_OK(tc_plan_only(&o, &w, NULL, 0, &tr));
+    const struct tz_plan *pl = tz_trainer_plan(tr);
+    uint64_t inputs = 0;
+    for (int b = 0; b < pl->n_groups; b++)
+      inputs += (tz_trainer_act_bytes(tr, b) + 4095) / 4096 * 4096;
+    assert_true(inputs > 0);
+    assert_int_equal(pl->kind_bytes[TZ_PLAN_ACT][want[i]], inputs);
+    tz_trainer_destroy(tr);
+  }
+  tc_world_close(&w);
+}
+
 /* "auto" predicts a bound no larger than recomputing all and than keeping all, and says what it
  * chose; with unknown rates it recomputes everything, as before. */
 static void test_recompute_auto_bound(void **state) {
@@ -1206,6 +1288,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_recompute_modes),
       cmocka_unit_test(test_mlp_chunks),
       cmocka_unit_test(test_recompute_budget),
+      cmocka_unit_test(test_inputs_budget),
+      cmocka_unit_test(test_cpu_checkpointing),
       cmocka_unit_test(test_recompute_auto_bound),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

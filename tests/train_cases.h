@@ -77,7 +77,8 @@ struct tc_opts {
   int steps;
   int untied;
   const char *backend;  /* the compute backend: NULL (cpu) or "cuda" */
-  int small_window;     /* the window: the plan's minimum and a half (streams and evicts) */
+  int small_window;     /* the window: 1, the plan's minimum and a half (streams and evicts); 2,
+                           the minimum itself */
   int fp16;             /* fp16.enabled, a dynamic loss scale from 2^12 */
   const char *cpu_adam; /* tierzero.cpu_adam; NULL the default */
   int cpu_adam_search;  /* tierzero.cpu_adam_search */
@@ -92,9 +93,11 @@ struct tc_opts {
   const char *lr;           /* optimizer.params.lr; NULL 0.01 */
   const char *recompute;    /* tierzero.recompute ("none", "0-1:3.mlp", ...); NULL the default */
   const struct tz_plan_rates *rates; /* the plan's rates; NULL none (the bound unknown) */
-  const tz_data *data; /* the batches: NULL synthetic sequences; else this data set's (seq_len
-                          TC_SEQ), packed rows with their positions and targets */
-  int mlp_chunk;       /* the model's mlp_chunk (tokens a chunk of the MLP); 0 auto (one chunk) */
+  const tz_data *data;   /* the batches: NULL synthetic sequences; else this data set's (seq_len
+                            TC_SEQ), packed rows with their positions and targets */
+  int mlp_chunk;         /* the model's mlp_chunk (tokens a chunk of the MLP); 0 auto (one chunk) */
+  const char *act_dev;   /* tierzero.offload_activations ("cpu", "nvme"); NULL the default */
+  int cpu_checkpointing; /* activation_checkpointing.cpu_checkpointing true */
 };
 
 static inline void tc_opts_init(struct tc_opts *o) {
@@ -163,6 +166,10 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
     TZ_CHECK(tz_config_set(c, "tierzero.host_budget", o->host_budget));
   if (o->recompute)
     TZ_CHECK(tz_config_set(c, "tierzero.recompute", o->recompute));
+  if (o->act_dev)
+    TZ_CHECK(tz_config_set(c, "tierzero.offload_activations", o->act_dev));
+  if (o->cpu_checkpointing)
+    TZ_CHECK(tz_config_set(c, "activation_checkpointing.cpu_checkpointing", "true"));
   if (o->fp16) {
     TZ_CHECK(tz_config_set(c, "fp16.enabled", "true"));
     TZ_CHECK(tz_config_set(c, "fp16.initial_scale_power", "12"));
@@ -185,6 +192,7 @@ static inline int tc_plan_only(const struct tc_opts *o, const struct tc_world *w
     tp.seq_len = TC_SEQ;
     tp.plan_only = 1;
     tp.auto_placement = o->auto_placement;
+    tp.force_tiers = o->force_tiers;
     tp.compute_backend = o->backend;
     tp.rates = rates;
     tp.measure_layer = measure_layer;
@@ -217,6 +225,7 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
   tp.total_steps = o->steps;
   tp.opt_mode = o->mode;
   tp.force_tiers = o->force_tiers;
+  tp.auto_placement = o->auto_placement;
   tp.window = o->window;
   tp.compute_backend = o->backend;
   tp.rates = o->rates;
@@ -235,7 +244,7 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
     tz_trainer_destroy(tr);
     tr = NULL;
     tp.plan_only = 0;
-    tp.window = (min + min / 2 + 4095) / 4096 * 4096;
+    tp.window = o->small_window == 2 ? min : (min + min / 2 + 4095) / 4096 * 4096;
   }
   TZ_CHECK_GOTO(tz_trainer_create(&cfg, &mc, comm, rt, &tp, &tr), rc, out);
   for (int s = 0; s < o->steps; s++) {
@@ -383,9 +392,10 @@ static inline void tc_expect_same(const struct tc_result *a, const struct tc_res
 }
 
 /* Placement invariance from base (its offload devices "none"): every home in the compute tier
- * (every block used in place, nothing brought in or written back), then parameters and optimizer
- * state on the host (streamed in and evicted through the window), on nvme, and a mixed plan:
- * the same bits each time. what prefixes the messages. */
+ * (every block used in place, nothing brought in or written back), then the layers' inputs alone
+ * on the host and on nvme (written back after the forward, brought in for the backward),
+ * parameters and optimizer state on the host (streamed in and evicted through the window), on
+ * nvme, and a mixed plan: the same bits each time. what prefixes the messages. */
 static inline void tc_check_placement(const struct tc_opts *base, int jitter_us,
                                       const char *nvme_dir, const char *what) {
   struct tc_opts o = *base;
@@ -396,6 +406,22 @@ static inline void tc_check_placement(const struct tc_opts *base, int jitter_us,
   assert_int_equal(none.st.flushes, 0);
   assert_true(none.st.in_place > 0);
   assert_int_equal(none.st.over_budget, 0);
+  static const char *const act_devs[] = {"cpu", "nvme"};
+  /* the cuda backend refuses them until they have run on a GPU (trainer/step/placement.c) */
+  for (int i = 0; i < (o.backend ? 0 : 2); i++) {
+    struct tc_result acts;
+    o.act_dev = act_devs[i];
+    o.small_window = 2; /* else the window holds them from the forward to the backward */
+    tc_run_single(&o, jitter_us, nvme_dir, &acts);
+    assert_true(acts.st.fills > 0);
+    assert_true(acts.st.flushes > 0);
+    assert_int_equal(acts.st.over_budget, 0);
+    snprintf(msg, sizeof msg, "%slayer inputs on %s", what, act_devs[i]);
+    tc_expect_same(&none, &acts, msg);
+    tc_result_free(&acts);
+  }
+  o.act_dev = NULL;
+  o.small_window = base->small_window;
   o.param_dev = "cpu";
   o.opt_dev = "cpu";
   tc_run_single(&o, jitter_us, nvme_dir, &cpu);

@@ -327,7 +327,7 @@ static int moe_aux(tz_trainer *tr, const struct job *j) {
  * the lane: w is the phase's full weights, gathered here or, overlapped, by the phase before. */
 static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *ph) {
   const struct tz_model_config *mc = &tr->mc;
-  int b = ph->block, k = ph->micro, B = tr->B, T = tr->T, L = tr->L;
+  int b = ph->block, k = ph->micro, B = tr->B, T = tr->T;
   size_t N = (size_t)tr->N;
   float dscale = 1.0f / j->targets * j->loss_scale;
   const int32_t *pos = j->pos_host ? tr->pos + (size_t)k * N : NULL;
@@ -338,12 +338,12 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
   case PH_EMBED:
     if (tr->moe_stats) /* the micro-batch's routing statistics start from 0 */
       TZ_CHECK(tz_compute_zero(tr->cm, tr->moe_stats, 2 * (size_t)mc->n_expert * sizeof(float)));
-    return tz_model_embed_fwd(tr->cm, mc, tr->gw_embed, tr->tokens + (size_t)k * N, tr->x[0], B, T);
+    return tz_model_embed_fwd(tr->cm, mc, tr->gw_embed, tr->tokens + (size_t)k * N, j->out, B, T);
   case PH_FWD:
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
-    return tz_model_layer_fwd(tr->cm, mc, b - 1, w, tr->x[b - 1], tr->x[b], &tr->lacts[b - 1], B, T,
-                              pos);
+    return tz_model_layer_fwd(tr->cm, mc, b - 1, w, j->ptr[TZ_PLAN_ACT], j->out, &tr->lacts[b - 1],
+                              B, T, pos);
   case PH_HEAD: {
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
@@ -351,7 +351,8 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
     if (tr->tied)
       TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
     TZ_CHECK(tz_model_head(tr->cm, mc, w, tr->gw_embed, fg, tr->tied ? tr->fg_embed : NULL,
-                           tr->x[L], tr->targets + (size_t)k * N, dscale, tr->dx, &tr->hs, B, T));
+                           j->ptr[TZ_PLAN_ACT], tr->targets + (size_t)k * N, dscale, tr->dx,
+                           &tr->hs, B, T));
     /* the micro-batch's loss (with the load-balancing loss's share, moe_aux) formed first, then
      * added to the step's: the order of the sums across ranks' micro-batches */
     const float *mb_loss = tr->hs.loss;
@@ -372,7 +373,7 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
     TZ_CHECK(tz_compute_zero(tr->cm, fg, tr->padded[b] * sizeof(float)));
-    TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, b - 1, w, fg, tr->x[b - 1], &tr->lacts[b - 1],
+    TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, b - 1, w, fg, j->ptr[TZ_PLAN_ACT], &tr->lacts[b - 1],
                                 tr->recompute[b - 1], tr->dx, tr->dx, &tr->ls, B, T, pos));
     if (ov)
       return 0;
@@ -448,6 +449,11 @@ static void use(struct phase *p, tz_trainer *tr, int kind, int access) {
   use_of(p, tr, p->block, kind, access, USE_OWN);
 }
 
+/* The input of the block after the phase's (its TZ_PLAN_ACT), written by the phase. */
+static void use_out(struct phase *p, tz_trainer *tr) {
+  use_of(p, tr, p->block + 1, TZ_PLAN_ACT, TZ_ACCESS_WRITE, USE_OUT);
+}
+
 /* How micro-batch `micro` uses block b's gradient shard (accumulate): written by micro-batch 0,
  * read and written by the later ones; with a sum of its own in the compute tier, untouched before
  * the last micro-batch, which writes it. 0: not used. */
@@ -474,16 +480,20 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
   case PH_EMBED:
     snprintf(p->name, sizeof p->name, "embed.%d", micro);
     use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+    use_out(p, tr);
     p->next = ov ? 1 : -1;
     break;
   case PH_FWD:
     snprintf(p->name, sizeof p->name, "fwd%d.%d", block - 1, micro);
     if (!ov)
       use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
+    use(p, tr, TZ_PLAN_ACT, TZ_ACCESS_READ);
+    use_out(p, tr);
     p->next = ov ? block + 1 : -1;
     break;
   case PH_HEAD:
     snprintf(p->name, sizeof p->name, "head.%d", micro);
+    use(p, tr, TZ_PLAN_ACT, TZ_ACCESS_READ);
     if (!ov) {
       use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
       if (gacc)
@@ -493,6 +503,7 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
     break;
   case PH_BWD:
     snprintf(p->name, sizeof p->name, "bwd%d.%d", block - 1, micro);
+    use(p, tr, TZ_PLAN_ACT, TZ_ACCESS_READ);
     if (!ov) {
       use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
       if (gacc)

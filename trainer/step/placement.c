@@ -67,13 +67,40 @@ void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz) {
   sz[BUF_PARTIALS] = tr->n_seg * sizeof(float);
   /* with the load-balancing loss: its routing statistics (2E) and gradient (E) after them */
   sz[BUF_SCAL] = (4 + (tz_model_aux_coef(c) > 0 ? 3 * (uint64_t)c->n_expert : 0)) * sizeof(float);
-  sz[BUF_X] = (uint64_t)(tr->L + 1) * round_up(x, 256);
   sz[BUF_KEEP] = tz_recompute_kept_bytes(c, tr->S, tr->B, tr->T, tr->recompute);
   sz[BUF_ACC] = tr->acc_n * sizeof(float);
 }
 
 static int tier_of_device(enum tz_offload_device d) {
   return d == TZ_OFFLOAD_CPU ? TZ_PLAN_HOST : d == TZ_OFFLOAD_NVME ? TZ_PLAN_NVME : TZ_PLAN_COMPUTE;
+}
+
+/* Where the layers' inputs live (TZ_PLAN_ACT): tierzero.offload_activations, or with "auto"
+ * host memory where activation_checkpointing.cpu_checkpointing asks for it, the plan's choice
+ * with --auto-placement, and the compute tier otherwise (where they always were). On a GPU they
+ * stay in its memory until the copies have run there (tierzero.offload_activations refused). */
+static int activations_tier(const tz_trainer *tr, const struct tz_trainer_params *p, int *out) {
+  const struct tz_config *c = &tr->cfg;
+  int asked = c->tierzero.offload_activations, t;
+  if (asked == 1)
+    t = TZ_PLAN_COMPUTE;
+  else if (asked == 2 || (asked == 0 && c->activation_checkpointing.cpu_checkpointing))
+    t = TZ_PLAN_HOST;
+  else if (asked == 3)
+    t = TZ_PLAN_NVME;
+  else
+    t = p->auto_placement && !tr->gpu ? TZ_PLAN_AUTO : TZ_PLAN_COMPUTE;
+  if (tr->gpu && t != TZ_PLAN_COMPUTE)
+    return tz_err_set(TZ_ENOTSUP,
+                      "train: the layers' inputs outside the GPU's memory "
+                      "(tierzero.offload_activations %s%s) have not run on a GPU yet: the cuda "
+                      "backend keeps them in its memory",
+                      asked == 2   ? "cpu"
+                      : asked == 3 ? "nvme"
+                                   : "auto",
+                      asked == 0 ? ", activation_checkpointing.cpu_checkpointing" : "");
+  *out = t;
+  return 0;
 }
 
 /* The host tier's default capacity: the memory available now (MemAvailable: free plus what the
@@ -187,8 +214,8 @@ static void plan_phases(tz_trainer *tr, struct tz_plan_phase *pp) {
 }
 
 /* The request's shape, buffers, window and the placement the config forces. */
-static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
-                         struct tz_plan_phase *pp, struct tz_plan_request *out) {
+static int plan_request(tz_trainer *tr, const struct tz_trainer_params *p, struct tz_plan_phase *pp,
+                        struct tz_plan_request *out) {
   const struct tz_config *c = &tr->cfg;
   uint64_t sz[BUF_COUNT];
   tz_train_buffer_sizes(tr, sz);
@@ -201,7 +228,6 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
   r.compute_fixed = round_up(sizes_total(sz, BUF_COUNT), ALIGN);
   r.compute_acts = round_up(sz[BUF_ACTS], 256) + round_up(sz[BUF_LS], 256) +
                    round_up(sz[BUF_HS], 256) + round_up(sz[BUF_KEEP], 256);
-  r.compute_inputs = round_up(sz[BUF_X], 256);
   r.align = ALIGN;
   r.chunk = tz_runtime_chunk_bytes(tr->rt);
   r.window = p->window;
@@ -220,6 +246,8 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
      * state, except to NVMe: there they stay in host memory, as ZeRO-Infinity keeps them. */
     r.force[TZ_PLAN_GRAD] = tr->gpu ? TZ_PLAN_COMPUTE : ot == TZ_PLAN_NVME ? TZ_PLAN_HOST : ot;
   }
+  r.force[TZ_PLAN_ACT] = TZ_PLAN_COMPUTE;
+  int rc = activations_tier(tr, p, &r.force[TZ_PLAN_ACT]);
   r.force_each = p->force_tiers;
   if (p->rates)
     r.rates = *p->rates;
@@ -230,6 +258,7 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
    * f32 gradient read, the parameter written in the storage dtype */
   r.home_adam_bytes = 7.0 * sizeof(float) + (double)tz_dtype_size(tr->S);
   *out = r;
+  return rc;
 }
 
 /* On a GPU, the blocks the CPU steps (tierzero.cpu_adam) keep their gradients at home with the
@@ -258,7 +287,7 @@ static int cpu_step_grads(tz_trainer *tr, const struct tz_trainer_params *p,
   for (int i = 0; i < tr->nb * TZ_PLAN_KINDS; i++)
     e[i] = p->force_tiers ? p->force_tiers[i] : TZ_PLAN_AUTO;
   for (int b = 0; b < tr->nb; b++)
-    for (int k = 0; k < TZ_PLAN_KINDS && tr->cpu_step[b]; k++)
+    for (int k = 0; k < TZ_PLAN_STATE_KINDS && tr->cpu_step[b]; k++)
       if (k == TZ_PLAN_GRAD || p->auto_placement)
         e[b * TZ_PLAN_KINDS + k] = TZ_PLAN_HOST;
   r->force_each = e;
@@ -346,7 +375,7 @@ static int compute_capacity(tz_trainer *tr, const struct tz_trainer_params *p,
   struct tz_plan_request r = *rq;
   uint64_t state = 0;
   for (int b = 0; b < tr->nb; b++)
-    for (int k = 0; k < TZ_PLAN_KINDS; k++)
+    for (int k = 0; k < TZ_PLAN_STATE_KINDS; k++)
       state += round_up(tr->bytes[b][k], ALIGN);
   r.capacity[TZ_PLAN_COMPUTE] = c->tierzero.hbm_budget;
   uint64_t gpu_free;
@@ -481,9 +510,10 @@ static int plan_try(tz_trainer *tr, const struct tz_trainer_params *p, int with_
     return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
   plan_phases(tr, pp);
   struct tz_plan_request r;
-  plan_request(tr, p, pp, &r);
   int8_t *each = NULL;
-  int rc = cpu_step_grads(tr, p, &r, &each);
+  int rc = plan_request(tr, p, pp, &r);
+  if (rc == 0)
+    rc = cpu_step_grads(tr, p, &r, &each);
   if (rc == 0 && choose_accumulators(tr, &r, with_acc)) {
     /* The gradient uses and the buffers follow the sums: the same order, other uses. */
     rc = tz_train_build_phases(tr);
@@ -503,6 +533,14 @@ static int plan_try(tz_trainer *tr, const struct tz_trainer_params *p, int with_
   if (rc == 0) {
     other_capacities(tr, &r);
     rc = tz_plan_make(&r, &tr->plan);
+    if (rc == TZ_ENOMEM && r.force[TZ_PLAN_ACT] == TZ_PLAN_AUTO) {
+      /* The placement moves one block at a time and never back: layer inputs moved out early
+       * (cheap for the bound) take host room the state needed later, and each grows the
+       * window's minimum (llama-13b's longest sequence on an H200 fell from 42,311 tokens to
+       * 39,382). Where that fails, the inputs in the compute tier, as before they could move. */
+      r.force[TZ_PLAN_ACT] = TZ_PLAN_COMPUTE;
+      rc = tz_plan_make(&r, &tr->plan);
+    }
     if (rc == TZ_ENOMEM) { /* what the state needs in all, beside where it fell short */
       char why[1024], state[384];
       snprintf(why, sizeof why, "%s", tz_err_msg());
@@ -790,8 +828,10 @@ int tz_train_sizes(tz_trainer *tr) {
     tr->seg_off[b] = tr->n_seg;
     tr->n_seg += (tr->numel[b] + TZ_TRAIN_NORM_SEGMENT - 1) / TZ_TRAIN_NORM_SEGMENT;
     tr->bytes[b][TZ_PLAN_PARAM] = tr->shard[b] * tr->es;
-    for (int k = TZ_PLAN_MASTER; k < TZ_PLAN_KINDS; k++)
+    for (int k = TZ_PLAN_MASTER; k < TZ_PLAN_STATE_KINDS; k++)
       tr->bytes[b][k] = tr->shard[b] * sizeof(float);
+    /* the block's input, whole on every rank: (B, T, C) of S; the embedding has none */
+    tr->bytes[b][TZ_PLAN_ACT] = b ? (uint64_t)tr->N * (uint64_t)tr->mc.d_model * tr->es : 0;
     char name[32];
     if (b == 0)
       snprintf(name, sizeof name, "embed");

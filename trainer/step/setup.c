@@ -357,13 +357,9 @@ static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
   tr->fg_embed = (float *)CARVE(BUF_FGE);
   tr->partials = (float *)CARVE(BUF_PARTIALS);
   tr->scal = (float *)CARVE(BUF_SCAL);
-  char *xs = CARVE(BUF_X);
   char *keep = CARVE(BUF_KEEP);
   tr->acc = (float *)CARVE(BUF_ACC);
 #undef CARVE
-  uint64_t xb = round_up((uint64_t)tr->N * (uint64_t)tr->mc.d_model * tr->es, 256);
-  for (int i = 0; i <= tr->L; i++)
-    tr->x[i] = xs + (uint64_t)i * xb;
   /* Each layer's kept parts side by side in BUF_KEEP; its recomputed ones are the shared acts'. */
   for (int i = 0; i < tr->L; i++) {
     unsigned kept = TZ_PARTS_ALL & ~(unsigned)tr->recompute[i];
@@ -505,6 +501,8 @@ static int init_homes(tz_trainer *tr) {
     void *at[TZ_PLAN_KINDS];  /* host addresses of the homes, NULL for device or nvme homes */
     void *dev[TZ_PLAN_KINDS]; /* device addresses of the homes in a GPU's memory */
     for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+      if (!tr->bytes[b][k]) /* the embedding's input: none */
+        continue;
       tz_tier *t = tier_for(tr, tr->plan.tier[b * TZ_PLAN_KINDS + k]);
       TZ_CHECK_GOTO(tz_tier_alloc(t, tr->bytes[b][k], &tr->home[b][k]), rc, out);
       dev[k] = tz_tier_device_ptr(t, tr->home[b][k].offset);
@@ -514,7 +512,8 @@ static int init_homes(tz_trainer *tr) {
     TZ_CHECK_GOTO(tz_model_init_block(&tr->mc, b, (uint64_t)tr->cfg.seed, begin, begin + n, master),
                   rc, out);
     int zeroed = 0; /* buf holds zeros */
-    for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+    /* The state; a block's input is written by the phase before its first use in a step. */
+    for (int k = 0; k < TZ_PLAN_STATE_KINDS; k++) {
       uint64_t bytes = tr->bytes[b][k];
       const void *src = NULL;
       if (k == TZ_PLAN_MASTER) {
@@ -580,8 +579,10 @@ static int create_sched(tz_trainer *tr) {
     for (int k = 0; k < TZ_PLAN_KINDS; k++) {
       char name[64];
       snprintf(name, sizeof name, "%s.%s", tr->names[b], tz_plan_kind_name(k));
-      TZ_CHECK(
-          tz_sched_block_add(tr->sched, name, tr->bytes[b][k], &tr->home[b][k], &tr->bid[b][k]));
+      tr->bid[b][k] = -1; /* the embedding's input: none, and no phase uses it */
+      if (tr->bytes[b][k])
+        TZ_CHECK(
+            tz_sched_block_add(tr->sched, name, tr->bytes[b][k], &tr->home[b][k], &tr->bid[b][k]));
     }
   for (int i = 0; i < tr->n_ph; i++)
     for (int u = 0; u < tr->ph[i].n_uses; u++)
@@ -680,10 +681,9 @@ static int plan_trainer(tz_trainer *tr, const struct tz_trainer_params *p) {
 
 /* What the plan asks for: the tiers, the homes with their initial shards, the scheduler. */
 static int build_trainer(tz_trainer *tr) {
-  tr->x = calloc((size_t)tr->L + 1, sizeof *tr->x);
   tr->lacts = calloc((size_t)tr->L + 1, sizeof *tr->lacts);
   tr->jobs = calloc(2 * (size_t)tr->n_ph, sizeof *tr->jobs);
-  if (!tr->x || !tr->lacts || !tr->jobs)
+  if (!tr->lacts || !tr->jobs)
     return tz_err_set(TZ_ENOMEM, "train: no memory");
   double t0 = tz_now_s();
   TZ_CHECK(create_tiers(tr));
@@ -766,7 +766,6 @@ void tz_trainer_destroy(tz_trainer *tr) {
   free(tr->at_home);
   free(tr->cpu_step);
   free(tr->acc_off);
-  free(tr->x);
   free(tr->lacts);
   free(tr->recompute);
   tz_tier_free(&tr->io);

@@ -39,7 +39,9 @@ static int queue_phases(tz_trainer *tr, int par, int pending, const struct tz_ad
     j->phase = i;
     for (int u = 0; u < v.n_blocks; u++) {
       const struct phase *ph = &tr->ph[i];
-      if (ph->roles[u] == USE_NEXT)
+      if (ph->roles[u] == USE_OUT)
+        j->out = v.blocks[u].ptr;
+      else if (ph->roles[u] == USE_NEXT)
         j->next_param = v.blocks[u].ptr;
       else if (ph->roles[u] == USE_PREV)
         j->prev_grad = v.blocks[u].ptr;
@@ -167,10 +169,10 @@ out:
  * loaded first and, but for the gradient, stored after. Called after tz_sched_sync, with the
  * compute lane idle; the scheduler is told what changed at the homes. */
 static int apply_block(tz_trainer *tr, const struct tz_adam_params *ap, int b,
-                       float *const buf[TZ_PLAN_KINDS]) {
-  void *dev[TZ_PLAN_KINDS], *at[TZ_PLAN_KINDS];
-  int on_gpu = tr->gpu, home[TZ_PLAN_KINDS] = {0}; /* 1: begun, written in place at its home */
-  for (int k = 0; k < TZ_PLAN_KINDS; k++) {
+                       float *const buf[TZ_PLAN_STATE_KINDS]) {
+  void *dev[TZ_PLAN_STATE_KINDS], *at[TZ_PLAN_STATE_KINDS];
+  int on_gpu = tr->gpu, home[TZ_PLAN_STATE_KINDS] = {0}; /* 1: begun, written in place at home */
+  for (int k = 0; k < TZ_PLAN_STATE_KINDS; k++) {
     const tz_extent *e = &tr->home[b][k];
     dev[k] = tz_tier_device_ptr(e->tier, e->offset);
     at[k] = dev[k] ? NULL : tz_tier_host_ptr(e->tier, e->offset);
@@ -179,7 +181,7 @@ static int apply_block(tz_trainer *tr, const struct tz_adam_params *ap, int b,
   if (on_gpu)
     memcpy(at, dev, sizeof at);
   int rc = 0;
-  for (int k = 0; k < TZ_PLAN_KINDS && rc == 0; k++) {
+  for (int k = 0; k < TZ_PLAN_STATE_KINDS && rc == 0; k++) {
     tz_extent h;
     if (at[k] && k != TZ_PLAN_GRAD) /* the gradient is only read */
       home[k] = (rc = tz_sched_home_begin(tr->sched, tr->bid[b][k], &h)) == 0;
@@ -215,9 +217,9 @@ static int apply_pending(tz_trainer *tr) {
   for (int b = 0; b < tr->nb; b++)
     if (tr->shard[b] > most)
       most = tr->shard[b];
-  float *buf[TZ_PLAN_KINDS] = {0};
+  float *buf[TZ_PLAN_STATE_KINDS] = {0};
   int rc = 0;
-  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+  for (int k = 0; k < TZ_PLAN_STATE_KINDS; k++)
     if (!(buf[k] = malloc(most * sizeof(float)))) {
       rc = tz_err_set(TZ_ENOMEM, "train: no memory to apply the pending update");
       goto out;
@@ -229,7 +231,7 @@ static int apply_pending(tz_trainer *tr) {
     tr->pending = 0;
   }
 out:
-  for (int k = 0; k < TZ_PLAN_KINDS; k++)
+  for (int k = 0; k < TZ_PLAN_STATE_KINDS; k++)
     free(buf[k]);
   return rc;
 }
@@ -288,18 +290,21 @@ int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *target
   if (pos)
     TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, tr->pos, docs->pos, n * sizeof(int32_t)), rc, out);
   TZ_CHECK_GOTO(gather_synced(tr, 0, host, tr->gw_embed), rc, out);
+  /* The residual stream between layers in two (N, C) buffers of the backward's, free between
+   * steps: the step's own layer inputs are blocks of the tiers (TZ_PLAN_ACT). */
+  void *x[2] = {tr->dx, tr->ls.dh};
   for (int k = 0; k < tr->G; k++) {
     TZ_CHECK_GOTO(tz_model_embed_fwd(tr->cm, &tr->mc, tr->gw_embed, tr->tokens + (size_t)k * N,
-                                     tr->x[0], tr->B, tr->T),
+                                     x[0], tr->B, tr->T),
                   rc, out);
     for (int b = 1; b <= tr->L; b++) {
       TZ_CHECK_GOTO(gather_synced(tr, b, host, tr->gw), rc, out);
-      TZ_CHECK_GOTO(tz_model_layer_fwd(tr->cm, &tr->mc, b - 1, tr->gw, tr->x[b - 1], tr->x[b],
+      TZ_CHECK_GOTO(tz_model_layer_fwd(tr->cm, &tr->mc, b - 1, tr->gw, x[(b - 1) % 2], x[b % 2],
                                        &tr->acts, tr->B, tr->T, pos ? pos + (size_t)k * N : NULL),
                     rc, out);
     }
     TZ_CHECK_GOTO(gather_synced(tr, H, host, tr->gw), rc, out);
-    TZ_CHECK_GOTO(tz_model_head(tr->cm, &tr->mc, tr->gw, tr->gw_embed, NULL, NULL, tr->x[tr->L],
+    TZ_CHECK_GOTO(tz_model_head(tr->cm, &tr->mc, tr->gw, tr->gw_embed, NULL, NULL, x[tr->L % 2],
                                 tr->targets + (size_t)k * N, 0.0f, NULL, &tr->hs, tr->B, tr->T),
                   rc, out);
     float part;

@@ -8,7 +8,7 @@
 #include <string.h>
 
 int tz_trainer_param_load(tz_trainer *tr, int block, int kind, float *dst) {
-  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_KINDS)
+  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_STATE_KINDS)
     return tz_err_set(TZ_EINVAL, "train: no block %d of kind %d", block, kind);
   TZ_CHECK(tz_trainer_sync(tr));
   uint64_t n = tr->shard[block], es = kind == TZ_PLAN_PARAM ? tr->es : sizeof(float);
@@ -46,15 +46,19 @@ out:
 }
 
 uint64_t tz_trainer_shard_bytes(const tz_trainer *tr, int block, int kind) {
-  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_KINDS)
+  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_STATE_KINDS)
     return 0;
   return tr->bytes[block][kind];
+}
+
+uint64_t tz_trainer_act_bytes(const tz_trainer *tr, int block) {
+  return block >= 0 && block < tr->nb ? tr->bytes[block][TZ_PLAN_ACT] : 0;
 }
 
 static int check_shard(const tz_trainer *tr, int block, int kind) {
   if (!tr->sched)
     return tz_err_set(TZ_EINVAL, "train: the trainer was made for its plan only");
-  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_KINDS)
+  if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_STATE_KINDS)
     return tz_err_set(TZ_EINVAL, "train: no block %d of kind %d", block, kind);
   return 0;
 }

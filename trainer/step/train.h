@@ -2,8 +2,10 @@
  *
  * Every model block (the embedding, each layer, the head) is cut into world-size shards, and each
  * rank's shard of five kinds of state is a scheduler block: param (storage dtype), master, m, v
- * (fp32) and grad (fp32, accumulated over micro-batches). The plan (core/plan.h) gives each its
- * home: the compute tier, host memory or NVMe. A step is a sequence of phases, declared once:
+ * (fp32) and grad (fp32, accumulated over micro-batches); so is each layer's input and the
+ * head's (TZ_PLAN_ACT: what the backward recomputes from, written by the forward of the block
+ * before). The plan (core/plan.h) gives each its home: the compute tier, host memory or NVMe.
+ * A step is a sequence of phases, declared once:
  *   embed, fwd(i), head, bwd(i), embed-bwd for each micro-batch, and opt(b) for each model block,
  * where each phase all-gathers the full weights it needs from the shards and each backward phase
  * reduce-scatters its full gradient into the rank's gradient shard. The trainer never copies
@@ -213,8 +215,12 @@ int tz_trainer_param_store(tz_trainer *tr, int block, const float *src);
  */
 
 /* Bytes of the rank's shard of (block, kind): shard elements times 4, or times the storage
- * dtype's size for TZ_PLAN_PARAM. 0 for a block or kind that does not exist. */
+ * dtype's size for TZ_PLAN_PARAM. 0 for a block or kind that does not exist (TZ_PLAN_ACT is not
+ * state: tz_trainer_act_bytes). */
 uint64_t tz_trainer_shard_bytes(const tz_trainer *tr, int block, int kind);
+/* Bytes of block `block`'s input (TZ_PLAN_ACT, a micro-batch's, whole on every rank): 0 for the
+ * embedding and for a block that does not exist. */
+uint64_t tz_trainer_act_bytes(const tz_trainer *tr, int block);
 /* The rank's shard into dst (tz_trainer_shard_bytes). Applies a pending update first (collective
  * only in that it must be called on every rank alike; it sends nothing). */
 int tz_trainer_shard_load(tz_trainer *tr, int block, int kind, void *dst);

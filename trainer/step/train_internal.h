@@ -31,10 +31,11 @@
 
 enum phase_kind { PH_EMBED, PH_FWD, PH_HEAD, PH_BWD, PH_EMBED_BWD, PH_OPT };
 
-/* What a use is for: the phase's own block, or, with overlapped collectives, the next layer's
- * parameter shard (all-gathered during the phase for the phase after it) or the previous layer's
- * gradient shard (the reduce-scatter of its full gradient lands there during the phase). */
-enum use_role { USE_OWN, USE_NEXT, USE_PREV };
+/* What a use is for: the phase's own block; the input of the block after it (TZ_PLAN_ACT), which
+ * the phase writes; or, with overlapped collectives, the next layer's parameter shard
+ * (all-gathered during the phase for the phase after it) or the previous layer's gradient shard
+ * (the reduce-scatter of its full gradient lands there during the phase). */
+enum use_role { USE_OWN, USE_OUT, USE_NEXT, USE_PREV };
 
 struct phase {
   enum phase_kind kind;
@@ -43,10 +44,10 @@ struct phase {
   int next, prev; /* overlapped collectives: the block gathered ahead and the block whose gradient
                      is reduce-scattered during the phase; -1 none */
   int n_uses;
-  struct tz_block_use uses[TZ_PLAN_KINDS];
-  int kinds[TZ_PLAN_KINDS];  /* the kind of each use */
-  int blocks[TZ_PLAN_KINDS]; /* the model block of each use */
-  enum use_role roles[TZ_PLAN_KINDS];
+  struct tz_block_use uses[TZ_PLAN_MAX_USES];
+  int kinds[TZ_PLAN_MAX_USES];  /* the kind of each use */
+  int blocks[TZ_PLAN_MAX_USES]; /* the model block of each use */
+  enum use_role roles[TZ_PLAN_MAX_USES];
   char name[24];
 };
 
@@ -55,6 +56,7 @@ struct job {
   tz_trainer *tr;
   int phase;
   void *ptr[TZ_PLAN_KINDS]; /* the view's pointers to the phase's own blocks, by kind */
+  void *out;                /* the input of the block after the phase's, which it writes */
   void *next_param;         /* overlapped collectives: the shard gathered ahead */
   void *prev_grad;          /* overlapped collectives: the gradient shard reduced into */
   int pending;              /* opt: 1 applies an update; 0 only refreshes param from master */
@@ -100,9 +102,11 @@ struct tz_trainer {
   uint64_t *numel, *padded, *shard; /* per model block, elements */
   uint64_t *seg_off;                /* per block: its first norm segment */
   uint64_t n_seg;                   /* norm segments of the whole model */
-  uint64_t (*bytes)[TZ_PLAN_KINDS]; /* per block and kind: bytes of the rank's block */
+  uint64_t (*bytes)[TZ_PLAN_KINDS]; /* per block and kind: bytes of the rank's block (the state
+                                       kinds a shard's; TZ_PLAN_ACT the block's whole input, 0
+                                       for the embedding, which has none) */
   tz_extent (*home)[TZ_PLAN_KINDS];
-  int (*bid)[TZ_PLAN_KINDS]; /* scheduler block ids */
+  int (*bid)[TZ_PLAN_KINDS]; /* scheduler block ids; -1 for a block of 0 bytes */
   char **names;
   struct tz_plan plan;
 
@@ -120,10 +124,10 @@ struct tz_trainer {
 
   /* In the compute tier, trainer-owned (compute_fixed of the plan). */
   tz_extent buf;
-  int32_t *tokens, *targets;   /* (G, B, T) */
-  int32_t *pos;                /* (G, B, T): packed documents' positions */
-  void **x;                    /* L + 1 of (B, T, C) S: each layer's input, then the last output */
-  void *dx;                    /* (B, T, C) S */
+  int32_t *tokens, *targets; /* (G, B, T) */
+  int32_t *pos;              /* (G, B, T): packed documents' positions */
+  void *dx; /* (B, T, C) S; each layer's input, and the head's, is a block of the tiers
+               (TZ_PLAN_ACT) */
   struct tz_layer_acts acts;   /* the activations a recomputed part is written to, shared */
   struct tz_layer_acts *lacts; /* L: each layer's: its kept parts in BUF_KEEP, the rest acts' */
   struct tz_layer_scratch ls;
@@ -199,7 +203,6 @@ enum {
   BUF_FGE,
   BUF_PARTIALS,
   BUF_SCAL,
-  BUF_X,
   BUF_KEEP, /* the kept parts of every layer's activations (tr->recompute) */
   BUF_ACC,  /* acc: gradients accumulated before the last micro-batch (tr->acc_off) */
   BUF_COUNT
