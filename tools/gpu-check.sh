@@ -46,6 +46,10 @@
 # long8b: Llama-3.1-8B's shape (configs/models/llama-3.1-8b.json) with the plan's placement at
 # 8,192 tokens in one sequence, then at 131,072, one after the other, then its --fit seq on this
 # machine (issue 52's GPU rows; about 450 s, an H200);
+# acts: issue 52's layer inputs in the tiers: llama-3.2-1b's config at one 65,536-token sequence
+# with its layer inputs in HBM, then in host memory (tierzero.offload_activations none, cpu), one
+# after the other (about 120 s; run it with gputests, whose test_train_gpu puts them on host and
+# nvme);
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -246,6 +250,12 @@ fi
 if has gputests; then
   step gputests ctest --test-dir $b --output-on-failure -j4 --timeout 300 -R \
     '^(test_compute_cuda|test_rates_cuda|test_cuda_choice|test_wgmma|test_model_gpu|test_train_gpu.*|test_recompute|test_hbm|test_adam_cuda|test_sched_gpu|test_tier_conformance.hbm|test_train_packed.cuda)$'
+fi
+if has acts; then
+  l1=(--model tests/data/hf/llama-3.2-1b.json --seq 65536 --set train_micro_batch_size_per_gpu=1
+    --auto-placement --data synthetic --steps 4)
+  step acts-hbm timeout 150 $b/bin/tz-train "${l1[@]}" --set tierzero.offload_activations=none
+  step acts-host timeout 150 $b/bin/tz-train "${l1[@]}" --set tierzero.offload_activations=cpu
 fi
 # long8b: issue 52's rows. Its target counts attention's causal half (6N + 6LTd a token), where
 # tz-train's model TFLOP/s count 6N + 12LTd: take the step time (T tokens / step_s x the
