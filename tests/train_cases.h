@@ -407,8 +407,7 @@ static inline void tc_check_placement(const struct tc_opts *base, int jitter_us,
   assert_true(none.st.in_place > 0);
   assert_int_equal(none.st.over_budget, 0);
   static const char *const act_devs[] = {"cpu", "nvme"};
-  /* the cuda backend refuses them until they have run on a GPU (trainer/step/placement.c) */
-  for (int i = 0; i < (o.backend ? 0 : 2); i++) {
+  for (int i = 0; i < 2; i++) {
     struct tc_result acts;
     o.act_dev = act_devs[i];
     o.small_window = 2; /* else the window holds them from the forward to the backward */

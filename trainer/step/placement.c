@@ -77,30 +77,17 @@ static int tier_of_device(enum tz_offload_device d) {
 
 /* Where the layers' inputs live (TZ_PLAN_ACT): tierzero.offload_activations, or with "auto"
  * host memory where activation_checkpointing.cpu_checkpointing asks for it, the plan's choice
- * with --auto-placement, and the compute tier otherwise (where they always were). On a GPU they
- * stay in its memory until the copies have run there (tierzero.offload_activations refused). */
-static int activations_tier(const tz_trainer *tr, const struct tz_trainer_params *p, int *out) {
+ * with --auto-placement, and the compute tier otherwise (where they always were). */
+static int activations_tier(const tz_trainer *tr, const struct tz_trainer_params *p) {
   const struct tz_config *c = &tr->cfg;
-  int asked = c->tierzero.offload_activations, t;
+  int asked = c->tierzero.offload_activations;
   if (asked == 1)
-    t = TZ_PLAN_COMPUTE;
-  else if (asked == 2 || (asked == 0 && c->activation_checkpointing.cpu_checkpointing))
-    t = TZ_PLAN_HOST;
-  else if (asked == 3)
-    t = TZ_PLAN_NVME;
-  else
-    t = p->auto_placement && !tr->gpu ? TZ_PLAN_AUTO : TZ_PLAN_COMPUTE;
-  if (tr->gpu && t != TZ_PLAN_COMPUTE)
-    return tz_err_set(TZ_ENOTSUP,
-                      "train: the layers' inputs outside the GPU's memory "
-                      "(tierzero.offload_activations %s%s) have not run on a GPU yet: the cuda "
-                      "backend keeps them in its memory",
-                      asked == 2   ? "cpu"
-                      : asked == 3 ? "nvme"
-                                   : "auto",
-                      asked == 0 ? ", activation_checkpointing.cpu_checkpointing" : "");
-  *out = t;
-  return 0;
+    return TZ_PLAN_COMPUTE;
+  if (asked == 2 || (asked == 0 && c->activation_checkpointing.cpu_checkpointing))
+    return TZ_PLAN_HOST;
+  if (asked == 3)
+    return TZ_PLAN_NVME;
+  return p->auto_placement ? TZ_PLAN_AUTO : TZ_PLAN_COMPUTE;
 }
 
 /* The host tier's default capacity: the memory available now (MemAvailable: free plus what the
@@ -214,8 +201,8 @@ static void plan_phases(tz_trainer *tr, struct tz_plan_phase *pp) {
 }
 
 /* The request's shape, buffers, window and the placement the config forces. */
-static int plan_request(tz_trainer *tr, const struct tz_trainer_params *p, struct tz_plan_phase *pp,
-                        struct tz_plan_request *out) {
+static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
+                         struct tz_plan_phase *pp, struct tz_plan_request *out) {
   const struct tz_config *c = &tr->cfg;
   uint64_t sz[BUF_COUNT];
   tz_train_buffer_sizes(tr, sz);
@@ -246,8 +233,7 @@ static int plan_request(tz_trainer *tr, const struct tz_trainer_params *p, struc
      * state, except to NVMe: there they stay in host memory, as ZeRO-Infinity keeps them. */
     r.force[TZ_PLAN_GRAD] = tr->gpu ? TZ_PLAN_COMPUTE : ot == TZ_PLAN_NVME ? TZ_PLAN_HOST : ot;
   }
-  r.force[TZ_PLAN_ACT] = TZ_PLAN_COMPUTE;
-  int rc = activations_tier(tr, p, &r.force[TZ_PLAN_ACT]);
+  r.force[TZ_PLAN_ACT] = activations_tier(tr, p);
   r.force_each = p->force_tiers;
   if (p->rates)
     r.rates = *p->rates;
@@ -258,7 +244,6 @@ static int plan_request(tz_trainer *tr, const struct tz_trainer_params *p, struc
    * f32 gradient read, the parameter written in the storage dtype */
   r.home_adam_bytes = 7.0 * sizeof(float) + (double)tz_dtype_size(tr->S);
   *out = r;
-  return rc;
 }
 
 /* On a GPU, the blocks the CPU steps (tierzero.cpu_adam) keep their gradients at home with the
@@ -510,10 +495,9 @@ static int plan_try(tz_trainer *tr, const struct tz_trainer_params *p, int with_
     return tz_err_set(TZ_ENOMEM, "train: no memory for the plan");
   plan_phases(tr, pp);
   struct tz_plan_request r;
+  plan_request(tr, p, pp, &r);
   int8_t *each = NULL;
-  int rc = plan_request(tr, p, pp, &r);
-  if (rc == 0)
-    rc = cpu_step_grads(tr, p, &r, &each);
+  int rc = cpu_step_grads(tr, p, &r, &each);
   if (rc == 0 && choose_accumulators(tr, &r, with_acc)) {
     /* The gradient uses and the buffers follow the sums: the same order, other uses. */
     rc = tz_train_build_phases(tr);
