@@ -522,8 +522,14 @@ static int plan_try(tz_trainer *tr, const struct tz_trainer_params *p, int with_
        * (cheap for the bound) take host room the state needed later, and each grows the
        * window's minimum (llama-13b's longest sequence on an H200 fell from 42,311 tokens to
        * 39,382). Where that fails, the inputs in the compute tier, as before they could move. */
+      char first[1024];
+      snprintf(first, sizeof first, "%s", tz_err_msg());
       r.force[TZ_PLAN_ACT] = TZ_PLAN_COMPUTE;
       rc = tz_plan_make(&r, &tr->plan);
+      if (rc == TZ_ENOMEM) { /* the refusal of the plan free to move them */
+        r.force[TZ_PLAN_ACT] = TZ_PLAN_AUTO;
+        tz_err_set(rc, "%s", first);
+      }
     }
     if (rc == TZ_ENOMEM) { /* what the state needs in all, beside where it fell short */
       char why[1024], state[384];
