@@ -202,6 +202,26 @@ static void test_plan(void **state) {
   assert_non_null(strstr(output(), "gradient_clipping"));
 }
 
+/* A compute budget that cannot hold the layers' inputs beside the rest: the plan homes them in
+ * host memory (its table's "act" row), and the run trains with them there. */
+static void test_inputs_on_host(void **state) {
+  (void)state;
+  int rc = tz_train("--model tiny --seq 256 --steps 2 --data synthetic --auto-placement "
+                    "--set tierzero.recompute=all --set tierzero.hbm_budget=26MiB");
+  if (rc != 0)
+    print_error("%s", output());
+  assert_int_equal(rc, 0);
+  const char *act = strstr(output(), "  act  ");
+  assert_non_null(act);
+  int compute = -1, host = -1;
+  assert_int_equal(sscanf(act, " act compute %d host %d", &compute, &host), 2);
+  if (host == 0)
+    print_error("%s", output());
+  assert_true(host > 0);
+  assert_int_equal(compute + host, 5); /* four layers and the head; nothing on nvme */
+  assert_non_null(strstr(output(), "step 2/2"));
+}
+
 /* --plan --fit with --model a Hugging Face config.json: the model tz_run would train (it said
  * "no preset" where --fit chose its model by a preset's name alone). */
 static void test_fit_config_json(void **state) {
@@ -1008,6 +1028,7 @@ int main(void) {
       cmocka_unit_test(test_layer_rate_cached),
       cmocka_unit_test(test_corpus),
       cmocka_unit_test(test_plan),
+      cmocka_unit_test(test_inputs_on_host),
       cmocka_unit_test(test_fit_config_json),
       cmocka_unit_test(test_plan_for_gpu),
       cmocka_unit_test(test_faults),
