@@ -1,7 +1,7 @@
 /* The scheduler's private state, shared by its files (sched.c: creation, declare, destroy;
- * sched_phase.c: the client contract; sched_window.c: reserving phases ahead; sched_pump.c:
- * issuing transfers and completions; sched_host.c: host access to blocks; sched_stats.c:
- * accounting and the trace). docs/scheduler.md explains the rules; in short:
+ * sched_phase.c: the client contract; sched_window.c: reserving phases ahead, deciding;
+ * sched_pump.c: issuing transfers and completions; sched_host.c: host access to blocks;
+ * sched_stats.c: accounting and the trace). docs/scheduler.md explains the rules; in short:
  *
  * - One mutex guards all state. Decisions are made under it; transfers are issued and promise
  *   fences signalled outside it, by whichever thread is "pumping" (the progress engine or the
@@ -290,19 +290,16 @@ static inline const char *copy_state(const struct block *b) {
 /* sched_window.c: copies and the window's instances. Lock held for all of them. */
 void tz_sched_copy_free(tz_sched *s, struct block *b, const char *why);
 void tz_sched_start_xfer(tz_sched *s, struct block *b, int kind, int refill, uint64_t step);
-int tz_sched_try_reserve(tz_sched *s, struct inst *I);
 struct inst *tz_sched_inst_new(tz_sched *s, uint64_t step, int pos, int phase);
 void tz_sched_inst_unlink(tz_sched *s, struct inst *I);
 void tz_sched_cancel_ahead(tz_sched *s);
-/* Whether block i's write-back can start now (a dirty copy no running phase writes or holds at
- * home), and whether its next use in the step rewrites it (tierzero.defer_rewrite: the
- * write-back then waits for that writer); the pump decides by them. */
-int tz_sched_flushable(tz_sched *s, int i);
-int tz_sched_rewritten_next(const tz_sched *s, const struct block *b);
 /* Starts the write-backs tz_sched_params.defer_rewrite has deferred; how many. */
 int tz_sched_flush_deferred(tz_sched *s);
+/* Everything that can be decided now, for the pump to issue: fills that waited for a home phase,
+ * write-backs, then the window's reservations, in order. */
+void tz_sched_decide(tz_sched *s);
 
-/* sched_pump.c: decisions made, transfers issued, completions taken in. */
+/* sched_pump.c: transfers issued, completions taken in. */
 void tz_sched_pump(tz_sched *s); /* lock not held */
 int tz_sched_home_waits_take(tz_sched *s, tz_fence **out, int max);
 void tz_sched_home_waits_signal(tz_fence **fs, int n, int err, const char *msg);

@@ -1,4 +1,5 @@
-/* The pump: issues what was decided under the lock (by the window's rules, sched_window.c),
+/* The pump: issues what was decided under the lock (tz_sched_decide, by the window's rules in
+ * sched_window.c),
  * staged transfers hop by hop, and takes in the completions of transfers and phases (through the
  * progress engine's poller). */
 #define _GNU_SOURCE
@@ -34,48 +35,6 @@ void tz_sched_home_waits_signal(tz_fence **fs, int n, int err, const char *msg) 
     else
       tz_fence_signal(fs[i], 0);
     tz_fence_release(fs[i]);
-  }
-}
-
-/* Everything that can be decided now: the fills that waited for a home phase (copy.wait_home)
- * once its generation is home, write-backs of blocks no running phase writes (unless deferred:
- * rewritten_next), then the window's reservations, in order. Lock held. */
-static void decide(tz_sched *s) {
-  if (s->err)
-    return;
-  for (int i = 0; i < s->n_blocks; i++) {
-    struct block *b = &s->blocks[i];
-    if (b->c.wait_home) { /* never dirty: nothing to write back */
-      if (b->home_writers > 0 || b->storing)
-        continue;
-      if (b->home_gen != b->c.gen) {
-        fail_locked(s, TZ_EINVAL,
-                    "sched: block '%s' waited for generation %llu at home, which holds %llu "
-                    "(a bug)",
-                    b->name, (unsigned long long)b->c.gen, (unsigned long long)b->home_gen);
-        return;
-      }
-      b->c.wait_home = 0;
-      tz_sched_start_xfer(s, b, ACT_FILL, 0, b->c.use_step);
-    } else if (tz_sched_flushable(s, i) && !tz_sched_rewritten_next(s, b)) {
-      tz_sched_start_xfer(s, b, ACT_FLUSH, 0, s->step);
-    }
-  }
-  if (s->closing)
-    return;
-  for (struct inst *I = s->head; I; I = I->next)
-    if (!I->reserved && !tz_sched_try_reserve(s, I))
-      return;
-  while (!s->err && s->order_n && !s->recording && s->n_ahead < s->p.lookahead) {
-    struct inst *I = tz_sched_inst_new(s, s->wstep, s->wpos, s->order[s->wpos]);
-    if (!I)
-      return;
-    if (++s->wpos == s->order_n) {
-      s->wpos = 0;
-      s->wstep++;
-    }
-    if (!tz_sched_try_reserve(s, I))
-      return;
   }
 }
 
@@ -314,7 +273,7 @@ void tz_sched_pump(tz_sched *s) {
   s->pumping = 1;
   for (;;) {
     s->again = 0;
-    decide(s);
+    tz_sched_decide(s);
     tz_fence *ready[32];
     int n_ready = tz_sched_home_waits_take(s, ready, 32);
     if (n_ready) {

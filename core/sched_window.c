@@ -1,5 +1,6 @@
-/* The window: copies of blocks in the compute tier, their eviction, and the instances (a phase
- * in a given step) reserved ahead of the client, strictly in order. */
+/* The window: copies of blocks in the compute tier, their eviction, the instances (a phase in a
+ * given step) reserved ahead of the client, strictly in order, and what the pump is to issue next
+ * (tz_sched_decide). */
 #define _GNU_SOURCE
 #include "core/sched_internal.h"
 
@@ -374,7 +375,7 @@ static int reserve_pin(tz_sched *s, struct inst *I, const int *need, int n_need,
 /* Reserves instance I: every block it uses gets a copy (found, or allocated and filled) and a pin.
  * All or nothing. 1 when reserved, 0 when it must wait for something to finish. A home phase
  * takes nothing: it is reserved at once. */
-int tz_sched_try_reserve(tz_sched *s, struct inst *I) {
+static int try_reserve(tz_sched *s, struct inst *I) {
   const struct phase *ph = &s->phases[I->phase];
   if (ph->at_home) {
     I->reserved = 1;
@@ -477,7 +478,7 @@ static int home_read_hold(tz_sched *s, int id) {
  * would first wait for it to finish reading the copy, behind whatever the link out has queued.
  * Not while a sync waits or the scheduler closes; the window takes such a copy's room by
  * writing it back (tz_sched_flush_deferred). */
-int tz_sched_rewritten_next(const tz_sched *s, const struct block *b) {
+static int rewritten_next(const tz_sched *s, const struct block *b) {
   if (!s->p.defer_rewrite || s->syncing || s->closing || !s->order_n || s->recording ||
       !b->c.dirty_at)
     return 0;
@@ -497,7 +498,7 @@ int tz_sched_rewritten_next(const tz_sched *s, const struct block *b) {
 }
 
 /* A write-back of block i that can start now: a dirty copy no running phase writes. */
-int tz_sched_flushable(tz_sched *s, int i) {
+static int flushable(tz_sched *s, int i) {
   const struct block *b = &s->blocks[i];
   const struct copy *c = &b->c;
   return c->ext.tier && !c->filling && !c->flushing && !c->wait_home && c->writers == 0 &&
@@ -512,10 +513,53 @@ int tz_sched_flush_deferred(tz_sched *s) {
    * micro-batches without carry, 28 GiB more out a step and the head's next micro-batch 0.28 s
    * behind it). */
   for (int i = 0; i < s->n_blocks && !s->err; i++)
-    if (tz_sched_flushable(s, i) && tz_sched_rewritten_next(s, &s->blocks[i]) &&
-        s->blocks[i].c.pins == 0) {
+    if (flushable(s, i) && rewritten_next(s, &s->blocks[i]) && s->blocks[i].c.pins == 0) {
       tz_sched_start_xfer(s, &s->blocks[i], ACT_FLUSH, 0, s->step);
       n++;
     }
   return n;
+}
+
+/* ---- deciding ---- */
+
+/* Everything that can be decided now: the fills that waited for a home phase (copy.wait_home)
+ * once its generation is home, write-backs of blocks no running phase writes (unless deferred:
+ * rewritten_next), then the window's reservations, in order. Lock held. */
+void tz_sched_decide(tz_sched *s) {
+  if (s->err)
+    return;
+  for (int i = 0; i < s->n_blocks; i++) {
+    struct block *b = &s->blocks[i];
+    if (b->c.wait_home) { /* never dirty: nothing to write back */
+      if (b->home_writers > 0 || b->storing)
+        continue;
+      if (b->home_gen != b->c.gen) {
+        fail_locked(s, TZ_EINVAL,
+                    "sched: block '%s' waited for generation %llu at home, which holds %llu "
+                    "(a bug)",
+                    b->name, (unsigned long long)b->c.gen, (unsigned long long)b->home_gen);
+        return;
+      }
+      b->c.wait_home = 0;
+      tz_sched_start_xfer(s, b, ACT_FILL, 0, b->c.use_step);
+    } else if (flushable(s, i) && !rewritten_next(s, b)) {
+      tz_sched_start_xfer(s, b, ACT_FLUSH, 0, s->step);
+    }
+  }
+  if (s->closing)
+    return;
+  for (struct inst *I = s->head; I; I = I->next)
+    if (!I->reserved && !try_reserve(s, I))
+      return;
+  while (!s->err && s->order_n && !s->recording && s->n_ahead < s->p.lookahead) {
+    struct inst *I = tz_sched_inst_new(s, s->wstep, s->wpos, s->order[s->wpos]);
+    if (!I)
+      return;
+    if (++s->wpos == s->order_n) {
+      s->wpos = 0;
+      s->wstep++;
+    }
+    if (!try_reserve(s, I))
+      return;
+  }
 }
