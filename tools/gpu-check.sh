@@ -44,8 +44,9 @@
 # ds-offload then tz-auto on OLMoE-1B-7B's config.json, one after the other (DeepSpeed from .whl/ds:
 # carry it; about 500 s);
 # long8b: Llama-3.1-8B's shape (configs/models/llama-3.1-8b.json) with the plan's placement at
-# 8,192 tokens in one sequence, then at 131,072, one after the other, then its --fit seq on this
-# machine (issue 52's GPU rows; about 450 s, an H200);
+# 8,192 tokens in one sequence, then at 131,072, one after the other (issue 52's GPU rows; about
+# 450 s; an H100 holds it with its layer inputs in host memory and a little state on the disk,
+# the plan's bound about 71 s a step there); its --fit seq on this machine with TZ_LONG8B_FIT=1;
 # acts: issue 52's layer inputs in the tiers: llama-3.2-1b's config at one 65,536-token sequence
 # with its layer inputs in HBM, then in host memory (tierzero.offload_activations none, cpu), one
 # after the other (about 120 s; run it with gputests, whose test_train_gpu puts them on host and
@@ -266,10 +267,10 @@ if has long8b; then
   step long8b-8k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 8192 "${l8[@]}" \
     --timeout 120 --tag 8k
   step long8b-128k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 131072 "${l8[@]}" \
-    --timeout 300 --tag 128k
-  step long8b-fit timeout 120 $b/bin/tz-train --backend cuda --model $m8 --seq 8192 \
-    --set train_micro_batch_size_per_gpu=1 --auto-placement --config configs/bench-auto.json \
-    --plan --fit seq
+    --timeout 330 --tag 128k
+  [ "${TZ_LONG8B_FIT:-0}" = 1 ] && step long8b-fit timeout 120 $b/bin/tz-train --backend cuda \
+    --model $m8 --seq 8192 --set train_micro_batch_size_per_gpu=1 --auto-placement \
+    --config configs/bench-auto.json --plan --fit seq
 fi
 if has fused; then
   step fused-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
