@@ -85,6 +85,10 @@ static void test_offloaded_overlapped(void **state) {
   o.param_dev = "cpu";
   o.opt_dev = "nvme";
   run_pair(&o, 1, "offloaded, overlapped");
+  /* each rank's layer inputs, whole on every rank, on nvme through a window that streams */
+  o.act_dev = "nvme";
+  o.small_window = 1;
+  run_pair(&o, 1, "offloaded, layer inputs on nvme, overlapped");
 }
 
 /* Overlapped collectives change when the collectives run, not what they sum: the same bits as
