@@ -83,7 +83,10 @@ static const char *const device_names[] = {"none", "cpu", "nvme"};
 static const char *const precision_names[] = {"fp32", "fp16", "bf16"};
 static const char *const log_names[] = {"error", "warn", "info", "debug", "trace"};
 static const char *const long_doc_names[] = {"cut", "split"};
+/* "auto", then device_names' in their order: tierzero.offload_activations - 1 is a device */
 static const char *const act_device_names[] = {"auto", "none", "cpu", "nvme"};
+_Static_assert(TZ_OFFLOAD_NONE == 0 && TZ_OFFLOAD_CPU == 1 && TZ_OFFLOAD_NVME == 2,
+               "act_device_names follow device_names");
 
 /* Keys of one section are contiguous: tz_config_dump nests by walking this order. */
 const struct key tz_config_keys[] = {

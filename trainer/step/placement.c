@@ -80,13 +80,11 @@ static int tier_of_device(enum tz_offload_device d) {
  * with --auto-placement, and the compute tier otherwise (where they always were). */
 static int activations_tier(const tz_trainer *tr, const struct tz_trainer_params *p) {
   const struct tz_config *c = &tr->cfg;
-  int asked = c->tierzero.offload_activations;
-  if (asked == 1)
-    return TZ_PLAN_COMPUTE;
-  if (asked == 2 || (asked == 0 && c->activation_checkpointing.cpu_checkpointing))
+  int asked = c->tierzero.offload_activations; /* "auto", then the offload devices' names */
+  if (asked > 0)
+    return tier_of_device((enum tz_offload_device)(asked - 1));
+  if (c->activation_checkpointing.cpu_checkpointing)
     return TZ_PLAN_HOST;
-  if (asked == 3)
-    return TZ_PLAN_NVME;
   return p->auto_placement ? TZ_PLAN_AUTO : TZ_PLAN_COMPUTE;
 }
 
