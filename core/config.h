@@ -211,7 +211,9 @@ struct tz_config {
     double cpu_adam;     /* share of the parameters whose host-homed optimizer state the
                             CPU steps at its homes (the last layers first); -1 = all on
                             a CPU-only machine, none with a GPU */
-    int cpu_adam_search; /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1 */
+    int cpu_adam_search; /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1; -1 =
+                            auto: on a GPU with the optimizer offloaded to cpu by the config
+                            and no cpu_adam given */
     int overlap_collectives; /* with several ranks, each phase gathers the next layer and
                                 reduce-scatters the previous one's gradient while it
                                 computes (docs/training.md); -1 = auto: on GPUs when the

@@ -122,7 +122,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.tierzero.trace_step, -1);
   assert_int_equal(c.tierzero.threads, 0);
   assert_true(c.tierzero.cpu_adam == -1.0);
-  assert_false(c.tierzero.cpu_adam_search);
+  assert_int_equal(c.tierzero.cpu_adam_search, -1); /* auto */
   assert_int_equal(c.tierzero.overlap_collectives, -1); /* auto */
   assert_int_equal(c.tierzero.numa_node, -1);
   assert_int_equal(c.tierzero.device, -1);

@@ -28,7 +28,7 @@ static const struct tz_plan_rates rates = {.flops = 2e12,
                                            .adam_home = 5e8};
 
 /* A plan for a GPU with gpu_free bytes free; cpu_adam (NULL: the default, none with a GPU),
- * search, auto placement or the offload devices given. */
+ * search (1 true, -1 false, 0 the default: auto), auto placement or the offload devices given. */
 static int plan(const char *cpu_adam, int search, int auto_place, const char *dev,
                 uint64_t gpu_free, tz_trainer **tr) {
   struct tc_world w;
@@ -111,10 +111,45 @@ static void test_forced_in_compute(void **state) {
   tz_trainer_destroy(tr);
 }
 
+/* tierzero.cpu_adam_search auto (the default): a config that offloads the optimizer state to cpu
+ * on a GPU gets the plan's pick, the same share and bound as the search asked by name; given
+ * false, given a tierzero.cpu_adam, or with the plan's placement, no search. */
+static void test_search_auto(void **state) {
+  (void)state;
+  tz_trainer *tr = NULL;
+  TZ_ASSERT_OK(plan(NULL, 1, 0, "cpu", gpu, &tr));
+  assert_true(tz_trainer_cpu_adam_searched(tr));
+  double share = tz_trainer_cpu_adam(tr), bound = tz_trainer_plan(tr)->bound_s;
+  tz_trainer_destroy(tr);
+  TZ_ASSERT_OK(plan(NULL, -1, 0, "cpu", gpu, &tr));
+  assert_false(tz_trainer_cpu_adam_searched(tr));
+  assert_true(tz_trainer_cpu_adam(tr) == 0);
+  double none = tz_trainer_plan(tr)->bound_s;
+  tz_trainer_destroy(tr);
+  /* the case is one where the search moves the share, so that auto's pick shows */
+  assert_true(share > 0 && bound < none);
+
+  TZ_ASSERT_OK(plan(NULL, 0, 0, "cpu", gpu, &tr));
+  assert_true(tz_trainer_cpu_adam_searched(tr));
+  assert_true(tz_trainer_cpu_adam(tr) == share);
+  assert_true(tz_trainer_plan(tr)->bound_s == bound);
+  tz_trainer_destroy(tr);
+
+  TZ_ASSERT_OK(plan("0", 0, 0, "cpu", gpu, &tr)); /* a share given: kept */
+  assert_false(tz_trainer_cpu_adam_searched(tr));
+  assert_true(tz_trainer_cpu_adam(tr) == 0);
+  tz_trainer_destroy(tr);
+  TZ_ASSERT_OK(plan(NULL, 0, 1, "none", gpu, &tr)); /* the plan's placement: auto is off */
+  assert_false(tz_trainer_cpu_adam_searched(tr));
+  assert_true(tz_trainer_cpu_adam(tr) == 0);
+  tz_trainer_destroy(tr);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_auto_split),
       cmocka_unit_test(test_forced_in_compute),
+      cmocka_unit_test(test_search_auto),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -401,7 +401,8 @@ static void test_plan_layer_rate(void **state) {
 }
 
 /* tierzero.cpu_adam_search: the plan's pick of the share has a bound no larger than none and
- * all at the homes. */
+ * all at the homes. Its default (auto) searches only beside a GPU (test_plan_cpu_split): on the
+ * cpu backend the CPU steps everything, as before. */
 static void test_cpu_adam_search(void **state) {
   (void)state;
   struct tc_world w;
@@ -420,9 +421,17 @@ static void test_cpu_adam_search(void **state) {
     TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
     bound[i] = tz_trainer_plan(tr)->bound_s;
     share[i] = tz_trainer_cpu_adam(tr);
+    assert_int_equal(tz_trainer_cpu_adam_searched(tr), i == 0);
     assert_false(tz_trainer_plan(tr)->unknown_rates);
     tz_trainer_destroy(tr);
   }
+  o.cpu_adam_search = 0; /* auto */
+  o.cpu_adam = NULL;
+  tz_trainer *tr = NULL;
+  TZ_ASSERT_OK(tc_plan_only(&o, &w, &rates, 0, &tr));
+  assert_false(tz_trainer_cpu_adam_searched(tr));
+  assert_true(tz_trainer_cpu_adam(tr) == 1);
+  tz_trainer_destroy(tr);
   assert_true(share[0] >= 0 && share[0] <= 1); /* a count of last blocks: test_plan_home */
   assert_true(share[1] == 0 && share[2] == 1);
   assert_true(bound[0] <= bound[1] && bound[0] <= bound[2]);

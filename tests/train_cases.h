@@ -81,7 +81,7 @@ struct tc_opts {
                            the minimum itself */
   int fp16;             /* fp16.enabled, a dynamic loss scale from 2^12 */
   const char *cpu_adam; /* tierzero.cpu_adam; NULL the default */
-  int cpu_adam_search;  /* tierzero.cpu_adam_search */
+  int cpu_adam_search;  /* tierzero.cpu_adam_search: 1 true, -1 false, 0 the default (auto) */
   const char *hbm_budget, *host_budget; /* tierzero.hbm_budget, host_budget; NULL the default */
   int auto_placement;                   /* the plan chooses the homes */
   int overlap;                          /* tierzero.overlap_collectives */
@@ -155,7 +155,8 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
   if (o->cpu_adam)
     TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam", o->cpu_adam));
   if (o->cpu_adam_search)
-    TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam_search", "true"));
+    TZ_CHECK(
+        tz_config_set(c, "tierzero.cpu_adam_search", o->cpu_adam_search > 0 ? "true" : "false"));
   /* Set either way: its default (auto) overlaps on GPUs, and the cases compare both. */
   TZ_CHECK(tz_config_set(c, "tierzero.overlap_collectives", o->overlap ? "true" : "false"));
   if (o->no_overlap_comm)

@@ -106,10 +106,10 @@ static void print_setup(const struct tz_run_report *p, const struct tz_run_event
            tz_trainer_layer_cached(tr) ? ", cached: --remeasure times it again" : "",
            ev->rates->flops / 1e12);
   print_rates(ev->rates, ev->world > 1 && gpu);
-  if (cfg->tierzero.cpu_adam_search)
+  if (tz_trainer_cpu_adam_searched(tr))
     printf("tz-train: CPU Adam at the host homes for %g of the parameters (the plan's pick, "
-           "tierzero.cpu_adam_search)\n",
-           tz_trainer_cpu_adam(tr));
+           "tierzero.cpu_adam_search%s)\n",
+           tz_trainer_cpu_adam(tr), cfg->tierzero.cpu_adam_search < 0 ? " auto" : "");
   print_recompute(tr);
   tz_plan_print(stdout, tz_trainer_plan(tr), o->plan_only ? tz_trainer_group_names(tr) : NULL);
   if (!o->plan_only) {

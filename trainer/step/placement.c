@@ -781,6 +781,8 @@ int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p)
 
 double tz_trainer_cpu_adam(const tz_trainer *tr) { return tr->cpu_share; }
 
+int tz_trainer_cpu_adam_searched(const tz_trainer *tr) { return tr->cpu_adam_search; }
+
 const char *tz_trainer_recompute(const tz_trainer *tr, char *buf, size_t len, uint64_t *kept,
                                  double *all_s) {
   if (kept)

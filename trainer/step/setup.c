@@ -615,6 +615,21 @@ static void choose_overlap(tz_trainer *tr, const struct tz_trainer_params *p) {
   tr->overlap = v && tr->cfg.zero_optimization.overlap_comm && tr->world > 1;
 }
 
+/* Whether the plan picks the CPU's share of Adam (tr->cpu_adam_search). tierzero.cpu_adam_search
+ * true or false decides; auto searches on a GPU whose config offloads the optimizer state to the
+ * host (offload_optimizer.device cpu, forced placement) when no tierzero.cpu_adam is given: the
+ * split gives the same bits, and where it applies the searched share measured 1.2x faster than
+ * none (llama-3b on an H200, docs/training.md "Splitting Adam"). With --auto-placement the plan
+ * may keep the state in HBM, where a share only moves it out: auto leaves the search off. */
+static void choose_cpu_adam_search(tz_trainer *tr, const struct tz_trainer_params *p) {
+  const struct tz_config *c = &tr->cfg;
+  int v = c->tierzero.cpu_adam_search;
+  if (v < 0)
+    v = tr->gpu && !p->auto_placement && c->tierzero.cpu_adam < 0 &&
+        c->zero_optimization.offload_optimizer.device == TZ_OFFLOAD_CPU;
+  tr->cpu_adam_search = v;
+}
+
 /* The run's shape: the model, the ranks (those planned for, with plan_world), the batch. */
 static int init_shape(tz_trainer *tr, const struct tz_config *cfg, const struct tz_model_config *mc,
                       tz_comm *comm, tz_runtime *rt, const struct tz_trainer_params *p) {
@@ -648,6 +663,7 @@ static int plan_trainer(tz_trainer *tr, const struct tz_trainer_params *p) {
   TZ_CHECK(check_options(tr, p));
   TZ_CHECK(choose_backend(tr, p));
   choose_overlap(tr, p);
+  choose_cpu_adam_search(tr, p);
   TZ_CHECK(tz_train_sizes(tr));
   TZ_CHECK(tz_train_build_phases(tr));
   tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);
@@ -663,14 +679,14 @@ static int plan_trainer(tz_trainer *tr, const struct tz_trainer_params *p) {
   tz_train_choose_cpu_steps(tr, tr->cfg.tierzero.cpu_adam);
   TZ_CHECK(tz_train_make_plan(tr, p));
   TZ_CHECK(tz_train_check_machine(tr, p));
-  if ((given || !p->measure_layer) && !tr->cfg.tierzero.cpu_adam_search)
+  if ((given || !p->measure_layer) && !tr->cpu_adam_search)
     return 0;
   uint64_t used[TZ_PLAN_TIERS];
   memcpy(used, tr->plan.used, sizeof used);
   tz_plan_free(&tr->plan);
   if (!given && p->measure_layer)
     TZ_CHECK(measure_layer(tr, p));
-  if (tr->cfg.tierzero.cpu_adam_search)
+  if (tr->cpu_adam_search)
     TZ_CHECK(tz_train_search_cpu_steps(tr, p));
   else
     tz_train_choose_cpu_steps(tr, tr->cfg.tierzero.cpu_adam);

@@ -261,6 +261,9 @@ struct tz_trainer_setup_times tz_trainer_setup_times(const tz_trainer *tr);
  * (tierzero.cpu_adam, or the plan's pick with tierzero.cpu_adam_search); the blocks whose state
  * the plan homes elsewhere are stepped in the compute tier all the same. */
 double tz_trainer_cpu_adam(const tz_trainer *tr);
+/* Whether that share is the plan's pick (tierzero.cpu_adam_search, or its auto: on a GPU with the
+ * optimizer state offloaded to cpu and no tierzero.cpu_adam given). */
+int tz_trainer_cpu_adam_searched(const tz_trainer *tr);
 /* What the backward recomputes (tierzero.recompute, the plan's choice with "auto"), in words
  * into buf ("all", "none", "attention in layers 0-19; MLP in none"); *kept (may be NULL) the
  * bytes of activations kept in the compute tier for it; *all_s (may be NULL) with "auto" the

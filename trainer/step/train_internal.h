@@ -85,6 +85,7 @@ struct tz_trainer {
   char nvme_capacity_why[PATH_MAX + 96]; /* the plan request's nvme_capacity_why */
   struct tz_trainer_setup_times setup;   /* tz_trainer_setup_times */
   double cpu_share; /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
+  int cpu_adam_search; /* the plan picks cpu_share (tierzero.cpu_adam_search, auto resolved) */
   int device;
   char device_name[256]; /* cuda: the GPU's name */
   tz_lane *lane;         /* cuda: the compute lane (a CUDA stream); the cpu backend's is the
