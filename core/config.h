@@ -217,7 +217,6 @@ struct tz_config {
     int adam_stream;     /* on a GPU, one rank, folded: the Adam of blocks whose state is homed in
                             its memory runs on a stream of its own beside the forward; -1 = auto:
                             off until measured on a GPU */
-    int adam_stream_sms; /* the multiprocessors that stream's Adam is sized for; 0 = all */
     int overlap_collectives; /* with several ranks, each phase gathers the next layer and
                                 reduce-scatters the previous one's gradient while it
                                 computes (docs/training.md); -1 = auto: on GPUs when the

@@ -63,11 +63,6 @@ struct tz_compute_params {
                                (destroy only synchronizes it), and the caller keeps it alive
                                until after tz_compute_destroy. NULL: the instance creates (and
                                destroys) its own non-blocking stream. cpu: ignored. */
-  int priority;             /* cuda: 1 gives the stream the instance creates the device's
-                               greatest priority (its blocks are scheduled before those of
-                               default streams as multiprocessors free up); 0 the default */
-  int adam_sms;             /* cuda: the multiprocessors Adam's grid is sized for, so that it
-                               runs beside other work on the rest; 0: all */
   const char *settings;     /* the backend's own settings, "name=value,name=value"
                                (core/settings.h), parsed and checked by the backend: cuda's
                                attention kernels and matmul path (docs/config.md,

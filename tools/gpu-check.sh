@@ -268,13 +268,11 @@ if has adamstream; then
   gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   am=llama-3b
   [ "${gib:-0}" -ge 130000 ] && am=llama-7b
-  # off, then on with Adam's grid sized for all the multiprocessors, then for fewer (the rest
-  # left to the forward's GEMMs), then off again
-  for s in off 0 8 16 32 64 off2; do
-    on=(--set tierzero.adam_stream=true --set tierzero.adam_stream_sms=$s)
-    [[ $s == off* ]] && on=(--set tierzero.adam_stream=false)
-    step adamstream-$s env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $am --steps 6 \
-      --warmup 2 --timeout 150 --no-disk-ceiling "${on[@]}" --tag adam-$s
+  for r in 1 2; do
+    for s in false true; do
+      step adamstream-$s-$r env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $am --steps 6 \
+        --warmup 2 --timeout 150 --no-disk-ceiling --set tierzero.adam_stream=$s --tag adam-$s-$r
+    done
   done
 fi
 # long8b: issue 52's rows. Its target counts attention's causal half (6N + 6LTd a token), where

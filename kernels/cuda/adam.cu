@@ -216,14 +216,6 @@ void launch_copy(int cdt, const Consts &c, float *p, float *m, float *v, const v
 extern "C" int tz_adam_cuda(const struct tz_adam_params *hp, float *master, float *m, float *v,
                             const void *grad, enum tz_dtype grad_dtype, void *param_copy,
                             enum tz_dtype copy_dtype, size_t n, void *cuda_stream) {
-  return tz_adam_cuda_on(hp, master, m, v, grad, grad_dtype, param_copy, copy_dtype, n, cuda_stream,
-                         0);
-}
-
-extern "C" int tz_adam_cuda_on(const struct tz_adam_params *hp, float *master, float *m, float *v,
-                               const void *grad, enum tz_dtype grad_dtype, void *param_copy,
-                               enum tz_dtype copy_dtype, size_t n, void *cuda_stream,
-                               int grid_sms) {
   TZ_CHECK(tz_adam_params_check(hp));
   if (n && (!master || !m || !v || !grad))
     return tz_err_set(TZ_EINVAL,
@@ -252,8 +244,6 @@ extern "C" int tz_adam_cuda_on(const struct tz_adam_params *hp, float *master, f
     e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (e != cudaSuccess)
     return tz_err_set(TZ_ECUDA, "adam (cuda): querying the device: %s", cudaGetErrorString(e));
-  if (grid_sms > 0 && grid_sms < sms)
-    sms = grid_sms;
   Consts c;
   c.gs = hp->grad_scale;
   c.wd = hp->weight_decay;

@@ -21,11 +21,6 @@ extern "C" {
 int tz_adam_cuda(const struct tz_adam_params *p, float *master, float *m, float *v,
                  const void *grad, enum tz_dtype grad_dtype, void *param_copy,
                  enum tz_dtype copy_dtype, size_t n, void *cuda_stream);
-/* The same with the grid sized for sms multiprocessors (0: the device's), so that it leaves the
- * rest to kernels beside it; the same bits whatever the grid (one element a thread's step). */
-int tz_adam_cuda_on(const struct tz_adam_params *p, float *master, float *m, float *v,
-                    const void *grad, enum tz_dtype grad_dtype, void *param_copy,
-                    enum tz_dtype copy_dtype, size_t n, void *cuda_stream, int sms);
 
 #ifdef __cplusplus
 }

@@ -55,7 +55,6 @@ struct tz_cuda {
   enum tz_dtype S;                       /* storage dtype */
   enum tz_dtype G;                       /* gradient dtype: S or TZ_F32 */
   int n_sm;                              /* multiprocessors, for grid sizes */
-  int adam_sms;                          /* those Adam's grid is sized for (params.adam_sms) */
   size_t smem_optin;                     /* the most shared memory one block may ask for */
   enum tz_cuda_attention_mode attention; /* the setting "attention" (choice.h) */
   int attention_tiles;  /* the setting "attention_tiles": an index into tz_cuda_tile_names */

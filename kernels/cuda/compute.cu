@@ -206,8 +206,7 @@ static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, f
                      const void *grad, enum tz_dtype grad_dtype, void *param_copy,
                      enum tz_dtype copy_dtype, size_t n) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
-  return tz_adam_cuda_on(p, master, m, v, grad, grad_dtype, param_copy, copy_dtype, n, c->stream,
-                         c->adam_sms);
+  return tz_adam_cuda(p, master, m, v, grad, grad_dtype, param_copy, copy_dtype, n, c->stream);
 }
 
 /* The ops, with and without the families' variants (the setting "variants": off until their
@@ -216,10 +215,11 @@ static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, f
  * test_xent). */
 #define CUDA_OPS(VARIANTS)                                                                         \
   {                                                                                                \
-    .destroy = cuda_destroy, .sync = cuda_sync, .stream = cuda_stream, .wait_for = cuda_wait_for,  \
-    .alloc = cuda_alloc, .free = cuda_free, .copy_in = cuda_copy_in, .copy_out = cuda_copy_out,    \
-    .copy = cuda_copy, .zero = cuda_zero, .fill = tz_cuda_fill, .scale = tz_cuda_scale,            \
-    .axpy = tz_cuda_axpy, .add = tz_cuda_add, .cast = tz_cuda_cast, .sum = tz_cuda_sum,            \
+    .destroy = cuda_destroy, .sync = cuda_sync, .stream = cuda_stream,                             \
+    .wait_for = cuda_wait_for, .alloc = cuda_alloc,                                                \
+    .free = cuda_free, .copy_in = cuda_copy_in, .copy_out = cuda_copy_out, .copy = cuda_copy,      \
+    .zero = cuda_zero, .fill = tz_cuda_fill, .scale = tz_cuda_scale, .axpy = tz_cuda_axpy,         \
+    .add = tz_cuda_add, .cast = tz_cuda_cast, .sum = tz_cuda_sum,                                  \
     .sumsq_segments = tz_cuda_sumsq_segments, .matmul = tz_cuda_matmul,                            \
     .embedding_fwd = tz_cuda_embedding_fwd, .embedding_bwd = tz_cuda_embedding_bwd,                \
     .rmsnorm_fwd = tz_cuda_rmsnorm_fwd, .rmsnorm_bwd = tz_cuda_rmsnorm_bwd, .rope = tz_cuda_rope,  \
@@ -271,12 +271,8 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p,
     c->stream = s;
     c->stream_borrowed = 1;
   } else {
-    int least = 0, greatest = 0;
-    TZ_CU(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    TZ_CU(cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking,
-                                       p->priority ? greatest : least));
+    TZ_CU(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   }
-  c->adam_sms = p->adam_sms > 0 && p->adam_sms < c->n_sm ? p->adam_sms : c->n_sm;
   TZ_LT(cublasLtCreate(&c->lt));
   c->workspace_bytes = p->workspace_bytes ? p->workspace_bytes : TZ_CUDA_DEFAULT_WORKSPACE;
   TZ_CU(cudaMalloc(&c->workspace, c->workspace_bytes));

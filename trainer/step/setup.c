@@ -184,8 +184,6 @@ static int create_compute(tz_trainer *tr) {
     return 0;
   cp.stream = NULL;
   cp.workspace_bytes = 1u << 20;
-  cp.priority = 1; /* its blocks first as multiprocessors free up: else it waits out the GEMMs */
-  cp.adam_sms = tr->cfg.tierzero.adam_stream_sms;
   return tz_compute_create(tr->backend, &cp, &tr->cm_opt);
 }
 
