@@ -214,9 +214,6 @@ struct tz_config {
     int cpu_adam_search; /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1; -1 =
                             auto: on a GPU with the optimizer offloaded to cpu by the config
                             and no cpu_adam given */
-    int adam_stream;     /* on a GPU, one rank, folded: the Adam of blocks whose state is homed in
-                            its memory runs on a stream of its own beside the forward; -1 = auto:
-                            off until measured on a GPU */
     int overlap_collectives; /* with several ranks, each phase gathers the next layer and
                                 reduce-scatters the previous one's gradient while it
                                 computes (docs/training.md); -1 = auto: on GPUs when the

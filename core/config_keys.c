@@ -204,7 +204,6 @@ const struct key tz_config_keys[] = {
   INT("tierzero.threads", tierzero.threads, 0, 4096, 0, 0),
   DBL("tierzero.cpu_adam", tierzero.cpu_adam, 0, 1, -1, 0),
   BOOLA("tierzero.cpu_adam_search", tierzero.cpu_adam_search, -1),
-  BOOLA("tierzero.adam_stream", tierzero.adam_stream, -1),
   BOOLA("tierzero.overlap_collectives", tierzero.overlap_collectives, -1),
   INT("tierzero.numa_node", tierzero.numa_node, -1, 1023, -1, 0),
   INT("tierzero.device", tierzero.device, -1, 1023, -1, 0),

@@ -89,18 +89,6 @@ void *tz_compute_stream(tz_compute *cm) {
 
 int tz_compute_sync(tz_compute *cm) { return cm->ops->sync(cm->ctx); }
 
-int tz_compute_wait_for(tz_compute *cm, tz_compute *other) {
-  if (cm == other)
-    return 0;
-  if (strcmp(cm->backend, other->backend) != 0)
-    return tz_err_set(TZ_EINVAL, "compute: an instance of %s cannot wait for one of %s",
-                      cm->backend, other->backend);
-  void *s = tz_compute_stream(other);
-  if (!s || !cm->ops->wait_for)
-    return 0; /* no stream: other's operations completed when they were called */
-  return cm->ops->wait_for(cm->ctx, s);
-}
-
 /* ---- argument checks ---- */
 
 #define NEED(cond, ...)                                                                            \

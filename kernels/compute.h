@@ -131,12 +131,6 @@ void *tz_compute_stream(tz_compute *cm);
 
 /* Waits until every operation enqueued so far has completed; returns the first error among them. */
 int tz_compute_sync(tz_compute *cm);
-/* Orders two instances of one backend without the host: cm's operations enqueued after this call
- * start only after every operation enqueued on other before it has completed (cuda: an event
- * recorded on other's stream, waited for on cm's). A no-op for backends without a stream (cpu
- * completes each operation when it is called) and when cm is other. TZ_EINVAL for instances of
- * two backends. */
-int tz_compute_wait_for(tz_compute *cm, tz_compute *other);
 
 /* ---- Memory ---- */
 

@@ -20,9 +20,6 @@ struct tz_compute_ops {
   void (*destroy)(void *ctx);
   int (*sync)(void *ctx);
   void *(*stream)(void *ctx); /* optional: NULL means the backend has no native stream */
-  /* optional (a backend with a stream has it): ctx's later work waits for what is queued so far
-   * on other_stream, another instance's native stream of this backend */
-  int (*wait_for)(void *ctx, void *other_stream);
 
   int (*alloc)(void *ctx, size_t bytes, void **out);
   void (*free)(void *ctx, void *p);
@@ -94,8 +91,8 @@ struct tz_compute_ops {
               enum tz_dtype copy_dtype, size_t n);
   /* optional, all or none: NULL means the backend has no mixture-of-experts ops (the wrapper
    * refuses them by name); norm is 0 or 1 */
-  int (*moe_route)(void *ctx, const struct tz_moe_route *r, float *stats, const void *logits, int N,
-                   int E, int k, int norm);
+  int (*moe_route)(void *ctx, const struct tz_moe_route *r, float *stats, const void *logits,
+                   int N, int E, int k, int norm);
   int (*moe_route_bwd)(void *ctx, void *dlogits, const struct tz_moe_route *r, const float *dw,
                        const float *daux, int N, int E, int k, int norm);
   int (*moe_gather)(void *ctx, void *xs, const void *x, const int32_t *rows, int M, int C);
@@ -108,8 +105,8 @@ struct tz_compute_ops {
   /* optional, both or neither (with the ones above): the shared expert's gate */
   int (*moe_gate_fwd)(void *ctx, void *out, const void *res, const void *y, const void *s, int N,
                       int C);
-  int (*moe_gate_bwd)(void *ctx, void *dy, void *ds, const void *dout, const void *y, const void *s,
-                      int N, int C);
+  int (*moe_gate_bwd)(void *ctx, void *dy, void *ds, const void *dout, const void *y,
+                      const void *s, int N, int C);
 };
 
 struct tz_compute {

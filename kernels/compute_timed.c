@@ -51,10 +51,6 @@ static void *s_stream(void *ctx) {
   struct timed *tm = ctx;
   return IN->stream ? IN->stream(CTX) : NULL;
 }
-static int s_wait_for(void *ctx, void *other_stream) {
-  struct timed *tm = ctx;
-  return IN->wait_for ? IN->wait_for(CTX, other_stream) : 0;
-}
 static int s_alloc(void *ctx, size_t b, void **o) {
   struct timed *tm = ctx;
   return IN->alloc(CTX, b, o);
@@ -305,7 +301,6 @@ static const struct tz_compute_ops timed_ops = {
     .destroy = s_destroy,
     .sync = s_sync,
     .stream = s_stream,
-    .wait_for = s_wait_for,
     .alloc = s_alloc,
     .free = s_free,
     .copy_in = s_copy_in,

@@ -2591,46 +2591,6 @@ static void test_moe_ops(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
-/* tz_compute_wait_for: an instance on its own stream reads what another wrote only after the
- * other's queued work: 200 additions over 128 MB queued on a (some 30 ms), then b, told to wait
- * for a, copies the result; without the wait b's copy starts at once and reads a partial sum. */
-static void test_wait_for(void **state) {
-  (void)state;
-  tz_compute *a, *b, *cpu;
-  TZ_ASSERT_OK(tz_compute_create("cuda", NULL, &a));
-  TZ_ASSERT_OK(tz_compute_create("cuda", NULL, &b));
-  TZ_ASSERT_OK(tz_compute_create("cpu", NULL, &cpu));
-  assert_int_equal(tz_compute_wait_for(a, cpu), TZ_EINVAL);
-  TZ_ASSERT_OK(tz_compute_wait_for(a, a));
-  const size_t n = (size_t)32 << 20;
-  const int adds = 200;
-  void *x, *one, *y;
-  TZ_ASSERT_OK(tz_compute_alloc(a, n * 4, &x));
-  TZ_ASSERT_OK(tz_compute_alloc(a, n * 4, &one));
-  TZ_ASSERT_OK(tz_compute_alloc(a, n * 4, &y));
-  TZ_ASSERT_OK(tz_compute_fill(a, TZ_F32, one, 1.0f, n));
-  TZ_ASSERT_OK(tz_compute_fill(a, TZ_F32, y, -1.0f, n));
-  TZ_ASSERT_OK(tz_compute_sync(a));
-  for (int round = 0; round < 3; round++) {
-    TZ_ASSERT_OK(tz_compute_zero(a, x, n * 4));
-    for (int i = 0; i < adds; i++)
-      TZ_ASSERT_OK(tz_compute_axpy(a, TZ_F32, x, 1.0f, one, n));
-    TZ_ASSERT_OK(tz_compute_wait_for(b, a));
-    TZ_ASSERT_OK(tz_compute_copy(b, y, x, n * 4));
-    float ends[2];
-    TZ_ASSERT_OK(tz_compute_copy_out(b, &ends[0], y, 4));
-    TZ_ASSERT_OK(tz_compute_copy_out(b, &ends[1], (float *)y + n - 1, 4));
-    assert_true(ends[0] == (float)adds && ends[1] == (float)adds);
-    TZ_ASSERT_OK(tz_compute_sync(a));
-  }
-  tz_compute_free(a, x);
-  tz_compute_free(a, one);
-  tz_compute_free(a, y);
-  tz_compute_destroy(cpu);
-  tz_compute_destroy(b);
-  tz_compute_destroy(a);
-}
-
 int main(void) {
   char why[256];
   if (tz_compute_probe("cuda", why, sizeof why) < 0)
@@ -2647,7 +2607,6 @@ int main(void) {
       cmocka_unit_test(test_sum),
       cmocka_unit_test(test_sumsq_segments),
       cmocka_unit_test(test_stream),
-      cmocka_unit_test(test_wait_for),
       cmocka_unit_test(test_small_copies_pass_queued_transfers),
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_embedding),

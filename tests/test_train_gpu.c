@@ -66,33 +66,6 @@ static void test_folded(void **state) {
   tc_result_free(&folded);
 }
 
-/* tierzero.adam_stream: folded, the Adam of blocks homed in HBM on a stream of its own beside the
- * forward: the same bits as unfolded (Adam after the backward on the lane), with every opt phase
- * of every step on that stream; with the parameters homed on the host none goes there (the
- * scheduler orders those blocks' copies after their opt phase on the lane), the same bits. */
-static void test_adam_stream(void **state) {
-  (void)state;
-  struct tc_opts o;
-  gpu_opts(&o);
-  o.small_window = 0;
-  o.mode = TZ_OPT_UNFOLDED;
-  struct tc_result unfolded, side;
-  run(&o, &unfolded);
-  assert_int_equal(unfolded.adam_stream, 0);
-  o.mode = TZ_OPT_FOLDED;
-  o.adam_stream = 1;
-  run(&o, &side);
-  assert_int_equal(side.adam_stream, (uint64_t)o.steps * (uint64_t)side.nb);
-  tc_expect_same(&unfolded, &side, "gpu: adam stream");
-  tc_result_free(&side);
-  o.param_dev = "cpu";
-  run(&o, &side);
-  assert_int_equal(side.adam_stream, 0);
-  tc_expect_same(&unfolded, &side, "gpu: adam stream, parameters on the host");
-  tc_result_free(&unfolded);
-  tc_result_free(&side);
-}
-
 static void test_overlapped(void **state) {
   (void)state;
   struct tc_opts o;
@@ -227,11 +200,10 @@ int main(int argc, char **argv) {
   alarm(240);
   nvme_dir = tz_test_mkdtemp("train-gpu");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_placement),      cmocka_unit_test(test_folded),
-      cmocka_unit_test(test_overlapped),     cmocka_unit_test(test_adam_stream),
-      cmocka_unit_test(test_cpu_adam_share), cmocka_unit_test(test_layer_rate),
-      cmocka_unit_test(test_against_cpu),    cmocka_unit_test(test_fp16),
-      cmocka_unit_test(test_recompute),
+      cmocka_unit_test(test_placement),  cmocka_unit_test(test_folded),
+      cmocka_unit_test(test_overlapped), cmocka_unit_test(test_cpu_adam_share),
+      cmocka_unit_test(test_layer_rate), cmocka_unit_test(test_against_cpu),
+      cmocka_unit_test(test_fp16),       cmocka_unit_test(test_recompute),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);

@@ -82,7 +82,6 @@ struct tc_opts {
   int fp16;             /* fp16.enabled, a dynamic loss scale from 2^12 */
   const char *cpu_adam; /* tierzero.cpu_adam; NULL the default */
   int cpu_adam_search;  /* tierzero.cpu_adam_search: 1 true, -1 false, 0 the default (auto) */
-  int adam_stream;      /* tierzero.adam_stream true */
   const char *hbm_budget, *host_budget; /* tierzero.hbm_budget, host_budget; NULL the default */
   int auto_placement;                   /* the plan chooses the homes */
   int overlap;                          /* tierzero.overlap_collectives */
@@ -122,7 +121,6 @@ struct tc_result {
   struct tz_sched_stats st;
   uint64_t compute_fixed; /* the plan's trainer buffers in the compute tier */
   double coll_s;          /* the steps' tz_step_result.coll_s, summed */
-  uint64_t adam_stream;   /* opt phases run on the Adam stream (tz_trainer_adam_stream_phases) */
 };
 
 static inline void tc_result_free(struct tc_result *r) {
@@ -156,8 +154,6 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
   TZ_CHECK(tz_config_set(c, "seed", "7"));
   if (o->cpu_adam)
     TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam", o->cpu_adam));
-  if (o->adam_stream)
-    TZ_CHECK(tz_config_set(c, "tierzero.adam_stream", "true"));
   if (o->cpu_adam_search)
     TZ_CHECK(
         tz_config_set(c, "tierzero.cpu_adam_search", o->cpu_adam_search > 0 ? "true" : "false"));
@@ -292,7 +288,6 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
     TZ_CHECK_GOTO(tz_trainer_param_load(tr, b, TZ_PLAN_PARAM, res->param[b]), rc, out);
   }
   tz_trainer_sched_stats(tr, &res->st);
-  res->adam_stream = tz_trainer_adam_stream_phases(tr);
   res->compute_fixed = tz_trainer_plan(tr)->compute_fixed;
 out:
   tz_trainer_destroy(tr);

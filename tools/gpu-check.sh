@@ -51,8 +51,6 @@
 # with its layer inputs in HBM, then in host memory (tierzero.offload_activations none, cpu), one
 # after the other (about 120 s; run it with gputests, whose test_train_gpu puts them on host and
 # nvme);
-# adamstream: tz-auto's GPU Adam on the compute stream and on its own (tierzero.adam_stream),
-# one run after the other, twice (docs/training.md, "The optimizer step");
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -259,21 +257,6 @@ if has acts; then
     --auto-placement --data synthetic --steps 4)
   step acts-hbm timeout 150 $b/bin/tz-train "${l1[@]}" --set tierzero.offload_activations=none
   step acts-host timeout 150 $b/bin/tz-train "${l1[@]}" --set tierzero.offload_activations=cpu
-fi
-# adamstream: tz-auto with GPU Adam on the compute stream, then on a stream of its own
-# (tierzero.adam_stream), twice in turn, one after the other: llama-7b where HBM holds its state
-# (an H200), else llama-3b (run it with gputests, whose test_train_gpu and test_compute_cuda
-# check the bits and the streams' order; about 300 s on an H200)
-if has adamstream; then
-  gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-  am=llama-3b
-  [ "${gib:-0}" -ge 130000 ] && am=llama-7b
-  for r in 1 2; do
-    for s in false true; do
-      step adamstream-$s-$r env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $am --steps 6 \
-        --warmup 2 --timeout 150 --no-disk-ceiling --set tierzero.adam_stream=$s --tag adam-$s-$r
-    done
-  done
 fi
 # long8b: issue 52's rows. Its target counts attention's causal half (6N + 6LTd a token), where
 # tz-train's model TFLOP/s count 6N + 12LTd: take the step time (T tokens / step_s x the

@@ -62,8 +62,6 @@ struct tz_cuda {
   int mm_plain;         /* the setting "matmul" plain: matmul's plain kernel instead of cuBLASLt */
   int norm_bwd_onepass; /* the setting "norm_bwd" one-pass (rmsnorm.cu) */
   cudaStream_t stream;  /* where all work goes: params.stream, or the instance's own */
-  cudaEvent_t join;     /* recorded on another instance's stream for this one to wait for
-                           (tz_compute_wait_for); made at the first wait */
   int stream_borrowed;  /* stream came from params.stream: never destroyed here */
   cublasLtHandle_t lt;
   void *workspace; /* cuBLASLt workspace, allocated once */

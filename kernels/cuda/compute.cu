@@ -72,8 +72,6 @@ static void cuda_destroy(void *ctx) {
     (void)cudaFreeHost(c->link);
   if (c->err_dev)
     (void)cudaFree(c->err_dev);
-  if (c->join)
-    (void)cudaEventDestroy(c->join);
   if (c->stream && !c->stream_borrowed)
     (void)cudaStreamDestroy(c->stream);
   free(c);
@@ -135,17 +133,6 @@ static int cuda_sync(void *ctx) {
 }
 
 static void *cuda_stream(void *ctx) { return (void *)((struct tz_cuda *)ctx)->stream; }
-
-/* The event is this instance's and recorded afresh each time: a wait already queued keeps the
- * record it was queued after (cudaStreamWaitEvent's semantics). */
-static int cuda_wait_for(void *ctx, void *other_stream) {
-  struct tz_cuda *c = (struct tz_cuda *)ctx;
-  if (!c->join)
-    TZ_CU(cudaEventCreateWithFlags(&c->join, cudaEventDisableTiming));
-  TZ_CU(cudaEventRecord(c->join, (cudaStream_t)other_stream));
-  TZ_CU(cudaStreamWaitEvent(c->stream, c->join, 0));
-  return 0;
-}
 
 /* ---- memory ---- */
 
@@ -215,8 +202,7 @@ static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, f
  * test_xent). */
 #define CUDA_OPS(VARIANTS)                                                                         \
   {                                                                                                \
-    .destroy = cuda_destroy, .sync = cuda_sync, .stream = cuda_stream,                             \
-    .wait_for = cuda_wait_for, .alloc = cuda_alloc,                                                \
+    .destroy = cuda_destroy, .sync = cuda_sync, .stream = cuda_stream, .alloc = cuda_alloc,        \
     .free = cuda_free, .copy_in = cuda_copy_in, .copy_out = cuda_copy_out, .copy = cuda_copy,      \
     .zero = cuda_zero, .fill = tz_cuda_fill, .scale = tz_cuda_scale, .axpy = tz_cuda_axpy,         \
     .add = tz_cuda_add, .cast = tz_cuda_cast, .sum = tz_cuda_sum,                                  \

@@ -209,7 +209,6 @@ static int finish_step(tz_trainer *tr, float loss_scale, float targets) {
   TZ_CHECK(tz_compute_copy_out(tr->cm, host, tr->scal, 2 * sizeof(float)));
   TZ_CHECK(tz_compute_zero(tr->cm, tr->partials, tr->n_seg * sizeof(float)));
   TZ_CHECK(tz_compute_sync(tr->cm));
-  tr->side_synced = 0; /* the next step's first opt on the side waits for the lane again */
   tr->loss = host[0] / targets;
   tr->overflow = tr->fp16 && !isfinite(host[1]);
   double norm = sqrt((double)host[1]) / (double)loss_scale;
@@ -253,7 +252,7 @@ int tz_train_home_threads(const tz_trainer *tr) {
 
 struct adam_run {
   tz_trainer *tr;
-  tz_compute *cm; /* NULL: the CPU's Adam on the home threads */
+  int cpu;
   float *master, *m, *v;
   const float *grad;
   char *param; /* elements of tr->S */
@@ -263,54 +262,20 @@ static int adam_run(void *ctx, const struct tz_adam_params *p, uint64_t off, uin
   const struct adam_run *a = ctx;
   tz_trainer *tr = a->tr;
   void *param = a->param ? a->param + off * tr->es : NULL;
-  if (!a->cm) {
+  if (a->cpu) {
     struct tz_adam_cpu_opts o = {.threads = tz_train_home_threads(tr)};
     return tz_adam_cpu(p, a->master + off, a->m + off, a->v + off, a->grad + off, TZ_F32, param,
                        tr->S, n, &o);
   }
-  return tz_compute_adam(a->cm, p, a->master + off, a->m + off, a->v + off, a->grad + off, TZ_F32,
+  return tz_compute_adam(tr->cm, p, a->master + off, a->m + off, a->v + off, a->grad + off, TZ_F32,
                          param, tr->S, n);
 }
 
-int tz_train_adam(tz_trainer *tr, int b, tz_compute *cm, const struct tz_adam_params *p,
-                  float *master, float *m, float *v, const float *grad, void *param) {
-  struct adam_run a = {tr, cm, master, m, v, grad, param};
+int tz_train_adam(tz_trainer *tr, int b, int cpu, const struct tz_adam_params *p, float *master,
+                  float *m, float *v, const float *grad, void *param) {
+  struct adam_run a = {tr, cpu, master, m, v, grad, param};
   uint64_t n = tr->shard[b];
   return tz_decay_adam(&tr->mc, b, tr->decay_exclude, (uint64_t)tr->rank * n, n, p, adam_run, &a);
-}
-
-/* tierzero.adam_stream: whether opt phase i runs on the side stream (tr->cm_opt). Only a phase
- * whose every use is homed in the compute tier: the scheduler then copies nothing for it and
- * orders nothing after it, so the streams' order is all there is to keep (run_phase). */
-static int on_side(const tz_trainer *tr, int i) {
-  const struct phase *ph = &tr->ph[i];
-  if (!tr->cm_opt || tr->at_home[i])
-    return 0;
-  for (int u = 0; u < ph->n_uses; u++)
-    if (tr->plan.tier[ph->blocks[u] * TZ_PLAN_KINDS + ph->kinds[u]] != TZ_PLAN_COMPUTE)
-      return 0;
-  return 1;
-}
-
-/* The side stream's order against the compute lane's (folded steps, one rank: setup.c). Its first
- * opt of a step waits for what the lane queued before (the last step, finished on the host,
- * and anything between steps); every later phase on the lane waits for the opt phases queued
- * on the side before it, which in the folded order puts fwd(b) after opt(b) while opt(b) runs
- * beside fwd(b-1). Every opt phase is followed by a phase on the lane, so the step's last phase
- * has waited for all of them. */
-static int side_enter(tz_trainer *tr) {
-  if (!tr->side_synced)
-    TZ_CHECK(tz_compute_wait_for(tr->cm_opt, tr->cm));
-  tr->side_synced = 1;
-  tr->side_open = 1;
-  return 0;
-}
-
-static int side_join(tz_trainer *tr) {
-  if (!tr->side_open)
-    return 0;
-  tr->side_open = 0;
-  return tz_compute_wait_for(tr->cm, tr->cm_opt);
 }
 
 static int run_opt(tz_trainer *tr, struct job *j, int b) {
@@ -327,23 +292,16 @@ static int run_opt(tz_trainer *tr, struct job *j, int b) {
     }
     struct tz_adam_params p = j->adam;
     p.grad_scale = j->home_scale;
-    return tz_train_adam(tr, b, NULL, &p, master, m, v, grad, param);
-  }
-  tz_compute *cm = tr->cm;
-  if (on_side(tr, j->phase)) {
-    TZ_CHECK(side_enter(tr));
-    cm = tr->cm_opt;
-    tr->side_phases++;
+    return tz_train_adam(tr, b, 1, &p, master, m, v, grad, param);
   }
   /* Unfolded, the opt phases run after the step's finish_step on this lane, and an overflow
    * drops the update here; folded, the client has already dropped it (j->pending 0). */
   if (!j->pending || tr->overflow)
-    return tz_compute_cast(cm, param, tr->S, master, TZ_F32, n);
+    return tz_compute_cast(tr->cm, param, tr->S, master, TZ_F32, n);
   struct tz_adam_params p = j->adam;
   p.grad_scale = tr->opt_scale;
-  /* The same bits on every backend and stream (kernels/adam.h); the cpu one runs on the
-   * instance's threads. */
-  return tz_train_adam(tr, b, cm, &p, master, m, v, grad, param);
+  /* The same bits on every backend (kernels/adam.h); the cpu one runs on the instance's threads. */
+  return tz_train_adam(tr, b, 0, &p, master, m, v, grad, param);
 }
 
 /* A micro-batch's load-balancing loss, once its forward has routed every layer
@@ -436,7 +394,6 @@ static int run_phase(tz_trainer *tr, struct job *j) {
   int b = ph->block, k = ph->micro;
   if (ph->kind == PH_OPT)
     return run_opt(tr, j, b);
-  TZ_CHECK(side_join(tr));
   if (ph->kind == PH_EMBED) {
     if (k == 0) {
       TZ_CHECK(tz_compute_copy_in(tr->cm, tr->tokens, j->tokens_host,

@@ -783,8 +783,6 @@ double tz_trainer_cpu_adam(const tz_trainer *tr) { return tr->cpu_share; }
 
 int tz_trainer_cpu_adam_searched(const tz_trainer *tr) { return tr->cpu_adam_search; }
 
-uint64_t tz_trainer_adam_stream_phases(const tz_trainer *tr) { return tr->side_phases; }
-
 const char *tz_trainer_recompute(const tz_trainer *tr, char *buf, size_t len, uint64_t *kept,
                                  double *all_s) {
   if (kept)

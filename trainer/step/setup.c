@@ -173,18 +173,7 @@ static int create_compute(tz_trainer *tr) {
   TZ_CHECK(compute_params(tr, &cp, settings, sizeof settings));
   if (tr->lane)
     cp.stream = tz_lane_native(tr->lane);
-  TZ_CHECK(tz_compute_create(tr->backend, &cp, &tr->cm));
-  /* tierzero.adam_stream: a second instance on a stream of its own for the opt phases whose
-   * blocks are homed in HBM (phases.c, on_side), folded and with one rank, where the order of the
-   * two streams is all there is to keep (no gathers of a block an opt writes, no opt beside a
-   * backward it would wait for). Auto: off until measured on a GPU. Its cuBLASLt workspace is
-   * the least: it runs Adam and casts only. */
-  int v = tr->cfg.tierzero.adam_stream;
-  if (v <= 0 || !tr->gpu || tr->mode != TZ_OPT_FOLDED || tr->world > 1)
-    return 0;
-  cp.stream = NULL;
-  cp.workspace_bytes = 1u << 20;
-  return tz_compute_create(tr->backend, &cp, &tr->cm_opt);
+  return tz_compute_create(tr->backend, &cp, &tr->cm);
 }
 
 /* The rate the plan's compute lane runs at: one layer's forward and backward with recompute (its
@@ -768,7 +757,6 @@ void tz_trainer_destroy(tz_trainer *tr) {
       for (int k = 0; k < TZ_PLAN_KINDS; k++)
         tz_tier_free(&tr->home[b][k]);
   tz_tier_free(&tr->buf);
-  tz_compute_destroy(tr->cm_opt);
   tz_compute_destroy(tr->cm);
   tz_lane_timer_destroy(tr->coll_timer);
   tz_lane_destroy(tr->lane);

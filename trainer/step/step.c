@@ -189,8 +189,8 @@ static int apply_block(tz_trainer *tr, const struct tz_adam_params *ap, int b,
       rc = tz_sched_block_load(tr->sched, tr->bid[b][k], at[k] = buf[k]);
   }
   if (rc == 0) { /* on the GPU, the same bits as tz_adam_cpu (kernels/adam.h) */
-    rc = tz_train_adam(tr, b, on_gpu ? tr->cm : NULL, ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M],
-                       at[TZ_PLAN_V], at[TZ_PLAN_GRAD], at[TZ_PLAN_PARAM]);
+    rc = tz_train_adam(tr, b, !on_gpu, ap, at[TZ_PLAN_MASTER], at[TZ_PLAN_M], at[TZ_PLAN_V],
+                       at[TZ_PLAN_GRAD], at[TZ_PLAN_PARAM]);
     if (rc == 0 && on_gpu)
       rc = tz_compute_sync(tr->cm);
   }

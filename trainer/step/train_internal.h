@@ -78,19 +78,13 @@ struct tz_trainer {
   int rank, world;
   tz_runtime *rt;
   tz_compute *cm;
-  /* tierzero.adam_stream: the GPU's Adam of blocks homed in HBM on a stream of its own (NULL:
-   * off), and its order against cm's: side_open, work cm has not waited for yet; side_synced,
-   * whether it has waited for cm since the last step's finish (phases.c, run_opt) */
-  tz_compute *cm_opt;
-  int side_open, side_synced;
-  uint64_t side_phases; /* opt phases run there so far */
-  const char *backend;  /* "cpu" or "cuda" */
-  int gpu;              /* cuda: the compute tier is GPU `device`'s memory, the lane its stream */
-  double layer_rate;    /* measure_layer: FLOP/s of a layer's fwd and bwd phases; 0 not measured */
-  int layer_cached;     /* 1: layer_rate and part_s are the rates cache's, not timed by this run */
+  const char *backend; /* "cpu" or "cuda" */
+  int gpu;             /* cuda: the compute tier is GPU `device`'s memory, the lane its stream */
+  double layer_rate;   /* measure_layer: FLOP/s of a layer's fwd and bwd phases; 0 not measured */
+  int layer_cached;    /* 1: layer_rate and part_s are the rates cache's, not timed by this run */
   char nvme_capacity_why[PATH_MAX + 96]; /* the plan request's nvme_capacity_why */
   struct tz_trainer_setup_times setup;   /* tz_trainer_setup_times */
-  double cpu_share;    /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
+  double cpu_share; /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
   int cpu_adam_search; /* the plan picks cpu_share (tierzero.cpu_adam_search, auto resolved) */
   int device;
   char device_name[256]; /* cuda: the GPU's name */
@@ -236,8 +230,8 @@ int tz_train_home_threads(const tz_trainer *tr);
 /* Adam over the rank's shard of block b (tr->shard[b] elements of each array), once per run of
  * equal weight decay (trainer/step/decay.h): tz_adam_cpu on the home threads when cpu, else
  * tz_compute_adam on the compute backend. */
-int tz_train_adam(tz_trainer *tr, int b, tz_compute *cm, const struct tz_adam_params *p,
-                  float *master, float *m, float *v, const float *grad, void *param);
+int tz_train_adam(tz_trainer *tr, int b, int cpu, const struct tz_adam_params *p, float *master,
+                  float *m, float *v, const float *grad, void *param);
 
 /* ---- placement.c ---- */
 
