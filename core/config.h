@@ -199,21 +199,24 @@ struct tz_config {
     int sched_debug;         /* log every placement decision */
     int wait_for_write_back; /* a prefetch waits for a write-back in flight rather than evict a
                                 copy used sooner (tz_sched_params.wait_for_write_back) */
-    int window_carry;    /* the window's copies serve the next step too (tz_sched_params.carry) */
-    int defer_rewrite;   /* a write-back that the step's next use would supersede waits for it
-                            (tz_sched_params.defer_rewrite) */
-    uint64_t copy_queue; /* the most bytes of copies queued on one direction between two tiers
-                            at once (tz_sched_params.queue_bytes); 512 MiB by default, 0 = no
-                            limit */
-    int log;             /* enum tz_log_level (core/log.h) */
-    int64_t trace_step;  /* step to record a lane trace for; -1 = none */
-    int threads;         /* CPU optimizer threads; 0 = auto */
-    double cpu_adam;     /* share of the parameters whose host-homed optimizer state the
-                            CPU steps at its homes (the last layers first); -1 = all on
-                            a CPU-only machine, none with a GPU */
-    int cpu_adam_search; /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1; -1 =
-                            auto: on a GPU with the optimizer offloaded to cpu by the config
-                            and no cpu_adam given */
+    int window_carry;        /* the window's copies serve the next step too (tz_sched_params.carry);
+                                -1 = auto: not on a GPU with forced placement and no
+                                tierzero.hbm_budget (the window then takes the GPU's free memory
+                                as a working set), else they do */
+    int defer_rewrite;       /* a write-back that the step's next use would supersede waits for it
+                                (tz_sched_params.defer_rewrite) */
+    uint64_t copy_queue;     /* the most bytes of copies queued on one direction between two tiers
+                                at once (tz_sched_params.queue_bytes); 512 MiB by default, 0 = no
+                                limit */
+    int log;                 /* enum tz_log_level (core/log.h) */
+    int64_t trace_step;      /* step to record a lane trace for; -1 = none */
+    int threads;             /* CPU optimizer threads; 0 = auto */
+    double cpu_adam;         /* share of the parameters whose host-homed optimizer state the
+                                CPU steps at its homes (the last layers first); -1 = all on
+                                a CPU-only machine, none with a GPU */
+    int cpu_adam_search;     /* the plan picks cpu_adam: the least bound of 0, 1/8, ..., 1; -1 =
+                                auto: on a GPU with the optimizer offloaded to cpu by the config
+                                and no cpu_adam given */
     int overlap_collectives; /* with several ranks, each phase gathers the next layer and
                                 reduce-scatters the previous one's gradient while it
                                 computes (docs/training.md); -1 = auto: on GPUs when the

@@ -196,7 +196,7 @@ const struct key tz_config_keys[] = {
   INT("tierzero.jitter_us", tierzero.jitter_us, 0, 10000000, 0, 0),
   BOOL("tierzero.sched_debug", tierzero.sched_debug, 0),
   BOOL("tierzero.wait_for_write_back", tierzero.wait_for_write_back, 1),
-  BOOL("tierzero.window_carry", tierzero.window_carry, 1),
+  BOOLA("tierzero.window_carry", tierzero.window_carry, -1),
   BOOL("tierzero.defer_rewrite", tierzero.defer_rewrite, 1),
   SIZE("tierzero.copy_queue", tierzero.copy_queue, 0, 512ull << 20, 0),
   ENUM("tierzero.log", tierzero.log, log_names, TZ_LOG_WARN, 0),

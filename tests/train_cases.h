@@ -82,6 +82,7 @@ struct tc_opts {
   int fp16;             /* fp16.enabled, a dynamic loss scale from 2^12 */
   const char *cpu_adam; /* tierzero.cpu_adam; NULL the default */
   int cpu_adam_search;  /* tierzero.cpu_adam_search: 1 true, -1 false, 0 the default (auto) */
+  int window_carry;     /* tierzero.window_carry: 1 true, -1 false, 0 the default (auto) */
   const char *hbm_budget, *host_budget; /* tierzero.hbm_budget, host_budget; NULL the default */
   int auto_placement;                   /* the plan chooses the homes */
   int overlap;                          /* tierzero.overlap_collectives */
@@ -154,6 +155,8 @@ static inline int tc_config(struct tz_config *c, const struct tc_opts *o, int wo
   TZ_CHECK(tz_config_set(c, "seed", "7"));
   if (o->cpu_adam)
     TZ_CHECK(tz_config_set(c, "tierzero.cpu_adam", o->cpu_adam));
+  if (o->window_carry)
+    TZ_CHECK(tz_config_set(c, "tierzero.window_carry", o->window_carry > 0 ? "true" : "false"));
   if (o->cpu_adam_search)
     TZ_CHECK(
         tz_config_set(c, "tierzero.cpu_adam_search", o->cpu_adam_search > 0 ? "true" : "false"));

@@ -217,7 +217,7 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
   r.chunk = tz_runtime_chunk_bytes(tr->rt);
   r.window = p->window;
   r.lookahead = c->tierzero.lookahead > 0 ? c->tierzero.lookahead : 0;
-  r.no_carry = !c->tierzero.window_carry;
+  r.no_carry = !tr->carry;
   for (int k = 0; k < TZ_PLAN_KINDS; k++)
     r.force[k] = TZ_PLAN_AUTO;
   if (!p->auto_placement) {
@@ -349,9 +349,18 @@ static int gpu_free_bytes(tz_trainer *tr, const struct tz_trainer_params *p, uin
   return 0;
 }
 
-/* Capacities. The compute tier: tierzero.hbm_budget; without one, room for the buffers, the
- * homes forced into it and a window of a quarter of the state (on a CPU-only machine the
- * compute tier is host memory, and a small window makes every path of the scheduler run). */
+/* Whether the compute tier is the GPU's free memory and the window what the homes and buffers
+ * leave of it, without a tierzero.hbm_budget: the plan's placement, or forced placement whose
+ * window carries nothing across steps (a working set, however large; setup.c, choose_carry). */
+static int window_takes_free(const tz_trainer *tr, const struct tz_trainer_params *p) {
+  return tr->gpu && (p->auto_placement || (!tr->carry && !p->window));
+}
+
+/* Capacities. The compute tier: tierzero.hbm_budget; without one, on a GPU with the plan's
+ * placement or a window that carries nothing into the next step, its free memory; else room for
+ * the buffers, the homes forced into it and a window (a quarter of the state on a CPU-only
+ * machine, where the compute tier is host memory and a small window makes every path of the
+ * scheduler run; four phases' working sets on a GPU). */
 static int compute_capacity(tz_trainer *tr, const struct tz_trainer_params *p,
                             struct tz_plan_request *rq) {
   const struct tz_config *c = &tr->cfg;
@@ -363,8 +372,10 @@ static int compute_capacity(tz_trainer *tr, const struct tz_trainer_params *p,
   r.capacity[TZ_PLAN_COMPUTE] = c->tierzero.hbm_budget;
   uint64_t gpu_free;
   TZ_CHECK(gpu_free_bytes(tr, p, &gpu_free));
-  if (!r.capacity[TZ_PLAN_COMPUTE] && tr->gpu && p->auto_placement) {
-    /* The plan chooses: every free byte of the GPU, the window what the homes leave. */
+  if (!r.capacity[TZ_PLAN_COMPUTE] && window_takes_free(tr, p)) {
+    /* The plan chooses: every free byte of the GPU, the window what the homes leave. Or forced
+     * placement whose window carries nothing across steps (setup.c, choose_carry): a working
+     * set, however large, so the free memory too. */
     r.capacity[TZ_PLAN_COMPUTE] = gpu_free;
   } else if (!r.capacity[TZ_PLAN_COMPUTE]) {
     /* Placement forced by the config: the compute tier holds the buffers, the homes forced into
@@ -582,8 +593,8 @@ static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
 /* The most the compute tier could grow by beyond the plan tr->plan (made with every part
  * recomputed): what tierzero.hbm_budget, the GPU's free memory or, on a CPU-only machine, the host
  * budget its homes leave allows, less the buffers, the homes in the compute tier and the window
- * (only its minimum where the plan gives the window what the tier has left: a budget, or auto
- * placement on a GPU). */
+ * (only its minimum where the plan gives the window what the tier has left: a budget, or
+ * window_takes_free). */
 static int keep_room(tz_trainer *tr, const struct tz_trainer_params *p, uint64_t *room) {
   const struct tz_plan *pl = &tr->plan;
   uint64_t have = tr->cfg.tierzero.hbm_budget;
@@ -593,7 +604,7 @@ static int keep_room(tz_trainer *tr, const struct tz_trainer_params *p, uint64_t
     have = pl->capacity[TZ_PLAN_HOST] > pl->used[TZ_PLAN_HOST]
                ? pl->capacity[TZ_PLAN_HOST] - pl->used[TZ_PLAN_HOST]
                : 0;
-  int window_free = !p->window && (tr->cfg.tierzero.hbm_budget || (tr->gpu && p->auto_placement));
+  int window_free = !p->window && (tr->cfg.tierzero.hbm_budget || window_takes_free(tr, p));
   uint64_t use =
       pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + (window_free ? pl->min_window : pl->window);
   *room = have > use ? have - use : 0;
@@ -782,6 +793,8 @@ int tz_train_search_cpu_steps(tz_trainer *tr, const struct tz_trainer_params *p)
 double tz_trainer_cpu_adam(const tz_trainer *tr) { return tr->cpu_share; }
 
 int tz_trainer_cpu_adam_searched(const tz_trainer *tr) { return tr->cpu_adam_search; }
+
+int tz_trainer_window_carry(const tz_trainer *tr) { return tr->carry; }
 
 const char *tz_trainer_recompute(const tz_trainer *tr, char *buf, size_t len, uint64_t *kept,
                                  double *all_s) {

@@ -566,7 +566,7 @@ static int create_sched(tz_trainer *tr) {
   sp.lane = tr->lane;
   sp.debug = c->tierzero.sched_debug;
   sp.wait_for_write_back = c->tierzero.wait_for_write_back;
-  sp.carry = c->tierzero.window_carry;
+  sp.carry = tr->carry;
   sp.defer_rewrite = c->tierzero.defer_rewrite;
   sp.queue_bytes = c->tierzero.copy_queue;
   sp.stage_chunk_bytes = c->tierzero.nvme_stage_bytes;
@@ -630,6 +630,22 @@ static void choose_cpu_adam_search(tz_trainer *tr, const struct tz_trainer_param
   tr->cpu_adam_search = v;
 }
 
+/* Whether the window carries copies into the next step (tr->carry; placement.c sizes the window
+ * by it). tierzero.window_carry true or false decides; auto carries, except on a GPU with the
+ * placement forced by the config and neither tierzero.hbm_budget nor a window given: there the
+ * window takes the GPU's free memory as a working set, each step reading its blocks from their
+ * homes, which DeepSpeed's offload promises (the GPU no cache of what the config put elsewhere)
+ * and which measured 1.15-1.2x faster than the small carrying window forced placement had
+ * (tz-offload llama-3b on H200s, the CPU's share searched: 0.786-0.823 s against 0.930-0.978;
+ * llama-7b at 8 micro-batches 1.007x tz-auto; docs/training.md, "The window under forced
+ * placement"). */
+static void choose_carry(tz_trainer *tr, const struct tz_trainer_params *p) {
+  int v = tr->cfg.tierzero.window_carry;
+  if (v < 0)
+    v = !(tr->gpu && !p->auto_placement && !tr->cfg.tierzero.hbm_budget && !p->window);
+  tr->carry = v;
+}
+
 /* The run's shape: the model, the ranks (those planned for, with plan_world), the batch. */
 static int init_shape(tz_trainer *tr, const struct tz_config *cfg, const struct tz_model_config *mc,
                       tz_comm *comm, tz_runtime *rt, const struct tz_trainer_params *p) {
@@ -664,6 +680,7 @@ static int plan_trainer(tz_trainer *tr, const struct tz_trainer_params *p) {
   TZ_CHECK(choose_backend(tr, p));
   choose_overlap(tr, p);
   choose_cpu_adam_search(tr, p);
+  choose_carry(tr, p);
   TZ_CHECK(tz_train_sizes(tr));
   TZ_CHECK(tz_train_build_phases(tr));
   tr->at_home = calloc((size_t)tr->n_ph, sizeof *tr->at_home);

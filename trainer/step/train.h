@@ -264,6 +264,9 @@ double tz_trainer_cpu_adam(const tz_trainer *tr);
 /* Whether that share is the plan's pick (tierzero.cpu_adam_search, or its auto: on a GPU with the
  * optimizer state offloaded to cpu and no tierzero.cpu_adam given). */
 int tz_trainer_cpu_adam_searched(const tz_trainer *tr);
+/* Whether the scheduler's window carries copies into the next step (tierzero.window_carry, its
+ * auto resolved). */
+int tz_trainer_window_carry(const tz_trainer *tr);
 /* What the backward recomputes (tierzero.recompute, the plan's choice with "auto"), in words
  * into buf ("all", "none", "attention in layers 0-19; MLP in none"); *kept (may be NULL) the
  * bytes of activations kept in the compute tier for it; *all_s (may be NULL) with "auto" the

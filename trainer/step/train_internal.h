@@ -84,8 +84,9 @@ struct tz_trainer {
   int layer_cached;    /* 1: layer_rate and part_s are the rates cache's, not timed by this run */
   char nvme_capacity_why[PATH_MAX + 96]; /* the plan request's nvme_capacity_why */
   struct tz_trainer_setup_times setup;   /* tz_trainer_setup_times */
-  double cpu_share; /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
+  double cpu_share;    /* the share of parameters asked of CPU Adam at the homes (cpu_step) */
   int cpu_adam_search; /* the plan picks cpu_share (tierzero.cpu_adam_search, auto resolved) */
+  int carry; /* the window's copies serve the next step too (tierzero.window_carry resolved) */
   int device;
   char device_name[256]; /* cuda: the GPU's name */
   tz_lane *lane;         /* cuda: the compute lane (a CUDA stream); the cpu backend's is the
