@@ -66,6 +66,26 @@ static void test_folded(void **state) {
   tc_result_free(&folded);
 }
 
+/* Forced placement's default window on a GPU (tierzero.window_carry auto): the GPU's free memory,
+ * nothing carried into the next step, each step reading the offloaded state from the host again:
+ * the same bits as everything in HBM. */
+static void test_forced_default_window(void **state) {
+  (void)state;
+  struct tc_opts o;
+  gpu_opts(&o);
+  o.small_window = 0;
+  struct tc_result hbm, host;
+  run(&o, &hbm);
+  o.param_dev = "cpu";
+  o.opt_dev = "cpu";
+  run(&o, &host);
+  assert_false(host.carry);
+  assert_true(host.st.fills >= (uint64_t)o.steps); /* read from the homes again each step */
+  tc_expect_same(&hbm, &host, "gpu: forced placement's default window");
+  tc_result_free(&hbm);
+  tc_result_free(&host);
+}
+
 static void test_overlapped(void **state) {
   (void)state;
   struct tc_opts o;
@@ -200,10 +220,11 @@ int main(int argc, char **argv) {
   alarm(240);
   nvme_dir = tz_test_mkdtemp("train-gpu");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_placement),  cmocka_unit_test(test_folded),
-      cmocka_unit_test(test_overlapped), cmocka_unit_test(test_cpu_adam_share),
-      cmocka_unit_test(test_layer_rate), cmocka_unit_test(test_against_cpu),
-      cmocka_unit_test(test_fp16),       cmocka_unit_test(test_recompute),
+      cmocka_unit_test(test_placement),      cmocka_unit_test(test_folded),
+      cmocka_unit_test(test_overlapped),     cmocka_unit_test(test_forced_default_window),
+      cmocka_unit_test(test_cpu_adam_share), cmocka_unit_test(test_layer_rate),
+      cmocka_unit_test(test_against_cpu),    cmocka_unit_test(test_fp16),
+      cmocka_unit_test(test_recompute),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);

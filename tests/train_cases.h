@@ -122,6 +122,7 @@ struct tc_result {
   struct tz_sched_stats st;
   uint64_t compute_fixed; /* the plan's trainer buffers in the compute tier */
   double coll_s;          /* the steps' tz_step_result.coll_s, summed */
+  int carry;              /* tz_trainer_window_carry: the window carried copies across steps */
 };
 
 static inline void tc_result_free(struct tc_result *r) {
@@ -291,6 +292,7 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
     TZ_CHECK_GOTO(tz_trainer_param_load(tr, b, TZ_PLAN_PARAM, res->param[b]), rc, out);
   }
   tz_trainer_sched_stats(tr, &res->st);
+  res->carry = tz_trainer_window_carry(tr);
   res->compute_fixed = tz_trainer_plan(tr)->compute_fixed;
 out:
   tz_trainer_destroy(tr);
