@@ -110,6 +110,9 @@ static void print_setup(const struct tz_run_report *p, const struct tz_run_event
     printf("tz-train: CPU Adam at the host homes for %g of the parameters (the plan's pick, "
            "tierzero.cpu_adam_search%s)\n",
            tz_trainer_cpu_adam(tr), cfg->tierzero.cpu_adam_search < 0 ? " auto" : "");
+  if (!tz_trainer_window_carry(tr) && cfg->tierzero.window_carry < 0)
+    printf("tz-train: the scheduler's window is a working set in the GPU's free memory: each "
+           "step reads the offloaded state from its homes again (tierzero.window_carry auto)\n");
   print_recompute(tr);
   tz_plan_print(stdout, tz_trainer_plan(tr), o->plan_only ? tz_trainer_group_names(tr) : NULL);
   if (!o->plan_only) {
