@@ -41,23 +41,11 @@ static int plan(const char *cpu_adam, int search, int auto_place, const char *de
   o.cpu_adam = cpu_adam;
   o.cpu_adam_search = search;
   o.recompute = "all";
-  struct tz_model_config mc;
-  tc_model(&mc);
-  struct tz_config cfg;
-  int rc = tc_config(&cfg, &o, 1);
-  if (rc == 0) {
-    struct tz_trainer_params tp;
-    tz_trainer_params_init(&tp);
-    tp.seq_len = TC_SEQ;
-    tp.plan_only = 1;
-    tp.auto_placement = auto_place;
-    tp.compute_backend = "cuda";
-    tp.gpu_free = gpu_free;
-    tp.rates = &rates;
-    tp.layer_rate = rates.flops;
-    rc = tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, tr);
-  }
-  tz_config_free(&cfg);
+  o.auto_placement = auto_place;
+  o.backend = "cuda";
+  o.gpu_free = gpu_free;
+  o.layer_rate = rates.flops;
+  int rc = tc_plan_only(&o, &w, &rates, 0, tr);
   tc_world_close(&w);
   return rc;
 }

@@ -20,12 +20,12 @@
 
 #ifdef TZ_HAVE_CUDA
 static struct tz_plan_rates rates = {.flops = 2e12,
-                                           .copy_in = 2e9,
-                                           .copy_out = 2e9,
-                                           .copy_duplex = 3.6e9,
-                                           .copy_local = 1e11,
-                                           .adam = 2e10,
-                                           .adam_home = 5e8};
+                                     .copy_in = 2e9,
+                                     .copy_out = 2e9,
+                                     .copy_duplex = 3.6e9,
+                                     .copy_local = 1e11,
+                                     .adam = 2e10,
+                                     .adam_home = 5e8};
 
 static const uint64_t gpu = 4ull << 30;
 
@@ -34,24 +34,12 @@ static int plan(struct tc_opts *o, const char *backend, int auto_place, uint64_t
                 tz_trainer **tr) {
   struct tc_world w;
   tc_world_open(&w);
-  struct tz_model_config mc;
-  tc_model(&mc);
-  struct tz_config cfg;
-  int rc = tc_config(&cfg, o, 1);
-  if (rc == 0) {
-    struct tz_trainer_params tp;
-    tz_trainer_params_init(&tp);
-    tp.seq_len = TC_SEQ;
-    tp.plan_only = 1;
-    tp.auto_placement = auto_place;
-    tp.compute_backend = backend;
-    tp.gpu_free = gpu;
-    tp.window = window;
-    tp.rates = &rates;
-    tp.layer_rate = rates.flops;
-    rc = tz_trainer_create(&cfg, &mc, w.comm, w.rt, &tp, tr);
-  }
-  tz_config_free(&cfg);
+  o->backend = backend;
+  o->auto_placement = auto_place;
+  o->window = window;
+  o->gpu_free = gpu;
+  o->layer_rate = rates.flops;
+  int rc = tc_plan_only(o, &w, &rates, 0, tr);
   tc_world_close(&w);
   return rc;
 }

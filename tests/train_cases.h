@@ -74,6 +74,8 @@ struct tc_opts {
   enum tz_opt_mode mode;
   const int8_t *force_tiers; /* a mixed plan */
   uint64_t window;           /* scheduler budget; 0 the trainer's default (a quarter) */
+  uint64_t gpu_free;         /* tc_plan_only: a made-up GPU's free bytes; 0 the device's */
+  double layer_rate;         /* tc_plan_only: the layer's rate given; 0 measured or unknown */
   int steps;
   int untied;
   const char *backend;  /* the compute backend: NULL (cpu) or "cuda" */
@@ -199,6 +201,9 @@ static inline int tc_plan_only(const struct tc_opts *o, const struct tc_world *w
     tp.auto_placement = o->auto_placement;
     tp.force_tiers = o->force_tiers;
     tp.compute_backend = o->backend;
+    tp.window = o->window;
+    tp.gpu_free = o->gpu_free;
+    tp.layer_rate = o->layer_rate;
     tp.rates = rates;
     tp.measure_layer = measure_layer;
     rc = tz_trainer_create(&cfg, &mc, w->comm, w->rt, &tp, tr);
