@@ -105,11 +105,24 @@ static uint64_t compute_need(const struct tz_plan_request *r, const int8_t *tier
   return r->compute_fixed + used_compute + (r->window ? r->window : min_window(r, tiers));
 }
 
-static uint64_t window_for(const struct tz_plan_request *r, uint64_t used_compute) {
+/* The window: the one asked for, else what the homes `tiers` leave of the compute tier, but no
+ * more than the state homed outside it plus the least window: one that holds all of that at once
+ * beside a phase's working set has nothing more to hold, and a small model's run leaves the rest
+ * of the GPU's free memory to whatever else runs there. */
+static uint64_t window_for(const struct tz_plan_request *r, const int8_t *tiers,
+                           uint64_t used_compute) {
   if (r->window)
     return r->window;
   uint64_t taken = r->compute_fixed + used_compute;
-  return r->capacity[TZ_PLAN_COMPUTE] > taken ? r->capacity[TZ_PLAN_COMPUTE] - taken : 0;
+  uint64_t left = r->capacity[TZ_PLAN_COMPUTE] > taken ? r->capacity[TZ_PLAN_COMPUTE] - taken : 0;
+  uint64_t outside = 0;
+  for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS && outside < left; i++)
+    if (tiers[i] != TZ_PLAN_COMPUTE)
+      outside += block_bytes(r, i / TZ_PLAN_KINDS, i % TZ_PLAN_KINDS);
+  if (outside >= left)
+    return left;
+  uint64_t useful = outside + min_window(r, tiers);
+  return useful < left ? useful : left;
 }
 
 /* Moves, among the blocks the plan may move that sit in `from`, the one whose move to the next
@@ -121,7 +134,7 @@ static uint64_t window_for(const struct tz_plan_request *r, uint64_t used_comput
  * would leave a window asked for (req.window) below its minimum. 1 if it moved one. */
 static int move_one(const struct tz_plan_request *r, int8_t *tiers, const int8_t *fixed,
                     uint64_t used[], int from, struct tz_plan *scratch) {
-  tz_plan_simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch, NULL);
+  tz_plan_simulate(r, tiers, window_for(r, tiers, used[TZ_PLAN_COMPUTE]), scratch, NULL);
   double before = scratch->bound_s;
   uint64_t minw = min_window(r, tiers);
   int best = -1, best_to = -1, best_frees = 0;
@@ -149,7 +162,7 @@ static int move_one(const struct tz_plan_request *r, int8_t *tiers, const int8_t
         freed = grown >= b ? 0 : b - grown;
     }
     uint64_t uc = used[TZ_PLAN_COMPUTE] - (from == TZ_PLAN_COMPUTE ? b : 0);
-    tz_plan_simulate(r, tiers, window_for(r, uc), scratch, NULL);
+    tz_plan_simulate(r, tiers, window_for(r, tiers, uc), scratch, NULL);
     tiers[i] = (int8_t)from;
     int frees = freed > 0;
     double per = (double)(frees ? freed : b);
@@ -267,14 +280,14 @@ static int widen_window(const struct tz_plan_request *r, int8_t *tiers, const in
   if (!before)
     return tz_err_set(TZ_ENOMEM, "plan: no memory");
   for (int moves = 0; moves < n; moves++) {
-    tz_plan_simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch, NULL);
+    tz_plan_simulate(r, tiers, window_for(r, tiers, used[TZ_PLAN_COMPUTE]), scratch, NULL);
     double bound = scratch->bound_s;
     uint64_t kept[TZ_PLAN_TIERS];
     memcpy(before, tiers, (size_t)n);
     memcpy(kept, used, sizeof kept);
     if (!move_one(r, tiers, fixed, used, TZ_PLAN_COMPUTE, scratch))
       break;
-    tz_plan_simulate(r, tiers, window_for(r, used[TZ_PLAN_COMPUTE]), scratch, NULL);
+    tz_plan_simulate(r, tiers, window_for(r, tiers, used[TZ_PLAN_COMPUTE]), scratch, NULL);
     if (!(scratch->bound_s < bound * (1 - 1e-9))) {
       memcpy(tiers, before, (size_t)n);
       memcpy(used, kept, sizeof kept);
@@ -329,7 +342,7 @@ static void fill_plan(const struct tz_plan_request *r, int8_t *tiers, const int8
     out->kind_blocks[i % TZ_PLAN_KINDS][tiers[i]] += b > 0;
   }
   out->min_window = min_window(r, out->tier);
-  out->window = window_for(r, used[TZ_PLAN_COMPUTE]);
+  out->window = window_for(r, out->tier, used[TZ_PLAN_COMPUTE]);
   for (int i = 0; i < r->n_groups * TZ_PLAN_KINDS; i++)
     out->moves += !fixed[i] && out->tier[i] != TZ_PLAN_COMPUTE;
   tz_plan_simulate(r, out->tier, out->window, out, NULL);

@@ -569,8 +569,45 @@ static void test_plan_trades_homes_for_window(void **state) {
   tz_plan_free(&p);
 }
 
+/* Without a window asked for, the window is what the homes leave of the compute tier, but no more
+ * than the state homed outside it plus the least window (a phase's working set and the chunk):
+ * four 1 MiB blocks forced to the host and a compute tier of 1 TiB give a window of 5 MiB and a
+ * chunk, whose bound is that of the whole terabyte; with a compute tier of 3 MiB, what is left. */
+static void test_plan_window_holds_what_there_is(void **state) {
+  (void)state;
+  const uint64_t S = 1 << 20, chunk = 4096;
+  uint64_t bytes[4][TZ_PLAN_KINDS];
+  memset(bytes, 0, sizeof bytes);
+  struct tz_plan_phase ph[4];
+  memset(ph, 0, sizeof ph);
+  for (int g = 0; g < 4; g++) {
+    bytes[g][TZ_PLAN_PARAM] = S;
+    snprintf(ph[g].name, sizeof ph[g].name, "fwd%d", g);
+    ph[g].flop = 1e9;
+    ph[g].n_uses = 1;
+    ph[g].uses[0] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_READ};
+  }
+  struct tz_plan_request r = plan_request(4, bytes, ph, 4, chunk);
+  r.force[TZ_PLAN_PARAM] = TZ_PLAN_HOST;
+  r.capacity[TZ_PLAN_COMPUTE] = 1ull << 40;
+  r.capacity[TZ_PLAN_HOST] = 4 * S;
+  r.rates = (struct tz_plan_rates){
+      .flops = 1e12, .copy_in = 0.5e3 * (double)S, .copy_out = 1e3 * (double)S, .adam = 1e9};
+  struct tz_plan p, whole;
+  TZ_ASSERT_OK(tz_plan_make(&r, &p));
+  assert_int_equal(p.window, 5 * S + chunk);
+  TZ_ASSERT_OK(tz_plan_bound(&r, p.tier, r.capacity[TZ_PLAN_COMPUTE], &whole));
+  assert_true(p.bound_s == whole.bound_s);
+  tz_plan_free(&p);
+  r.capacity[TZ_PLAN_COMPUTE] = 3 * S;
+  TZ_ASSERT_OK(tz_plan_make(&r, &p));
+  assert_int_equal(p.window, 3 * S);
+  tz_plan_free(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_plan_window_holds_what_there_is),
       cmocka_unit_test(test_bound),
       cmocka_unit_test(test_plan_bound_counts_window_hits),
       cmocka_unit_test(test_plan_bound_home_phases),
