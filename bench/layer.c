@@ -2,11 +2,11 @@
  * timed beside the same layer in PyTorch (bf16, scaled_dot_product_attention pinned to its flash
  * backend; tools/bench_layer_torch.py) run in the same invocation. Also attention forward +
  * backward alone on both, the GEMM ceiling (bf16 8192^3 by default through the backend's
- * matmul, and torch.matmul), and each op's share of the layer time. The layer, attention (in each
- * of its backward's tiles) and the shares again with tierzero.cuda_attention one-pass, on an
- * instance of its own over the same buffers, and attention with two-pass (the default's
- * kernels where auto does not take the one-pass backward: then equal to the default row), and
- * the default's attention once more after all of them (what the rows' order moves).
+ * matmul, and torch.matmul), and each op's share of the layer time. Attention again with
+ * tierzero.cuda_attention two-pass (the mma.sync kernels, which auto leaves for the warpgroup-MMA
+ * ones at bf16 on an sm_90 device; elsewhere auto's own: then equal to the default row), on an
+ * instance of its own over the same buffers, and the default's attention once more after it
+ * (what the rows' order moves).
  *
  * Times are wall-clock between tz_compute_sync calls (the backend's stream drained before and
  * after), medians over --iters runs after --warmup; the layer and attention alone, and
@@ -31,7 +31,6 @@
 
 #include "bench/bench.h"
 #include "core/error.h"
-#include "core/settings.h"
 #include "kernels/compute.h"
 #include "kernels/compute_timed.h"
 #include "trainer/model/model.h"
@@ -303,17 +302,6 @@ static void row(const char *name, double ours, double theirs, int is_time, const
 #define MAX_ROUNDS 16
 
 /* The median of v[0..n), v left as it is (tz_bench_median sorts). */
-/* The cuda backend's one-pass backward tiles, by its settings' own names (NULL-terminated), to
- * time each: the backend owns the list, the bench only reads it. */
-#define MAX_TILES 8
-static const char *const *onepass_tiles(void) {
-  static const char *const none[] = {NULL};
-  int n = 0;
-  const struct tz_setting *t = tz_compute_settings("cuda", &n);
-  int i = t ? tz_settings_find(t, n, "attention_tiles") : -1;
-  return i >= 0 ? t[i].values : none;
-}
-
 static double median_of(const double *v, int n) {
   double c[MAX_ROUNDS];
   memcpy(c, v, sizeof *c * (size_t)n);
@@ -424,33 +412,11 @@ static int bench(const struct opts *o) {
     tr.attn_ms = median_of(pa, n_torch);
     tr.gemm_tflops = median_of(pg, n_torch);
   }
-  /* Attention again with the one-pass kernels (tierzero.cuda_attention one-pass), in each of
-   * the backward's tiles, on an instance of its own over the same buffers; with the default
-   * tiles the layer too, and its op shares. */
-  const char *const *tiles = onepass_tiles();
-  double t_onepass[MAX_TILES] = {0}, t_layer1 = 0;
-  struct tz_compute_times times, times1;
+  struct tz_compute_times times;
   memset(&times, 0, sizeof times);
-  memset(&times1, 0, sizeof times1);
-  for (int i = 0; i < MAX_TILES && tiles[i] && rc == 0; i++) {
-    struct tz_compute_params q = p;
-    char settings[64];
-    snprintf(settings, sizeof settings, "attention=one-pass,attention_tiles=%s", tiles[i]);
-    q.settings = settings;
-    struct step s1 = st;
-    rc = tz_compute_create("cuda", &q, &s1.cm);
-    if (rc == 0)
-      rc = time_median(&s1, o->warmup, o->iters, &t_onepass[i]);
-    if (rc == 0 && i == 0) {
-      s1.which = 0;
-      rc = time_median(&s1, o->warmup, o->iters, &t_layer1);
-      if (rc == 0)
-        rc = op_shares(s1.cm, &cfg, &l, &times1);
-    }
-    tz_compute_destroy(s1.cm);
-  }
-  /* and the two-pass backward (tierzero.cuda_attention two-pass), which auto leaves for the
-   * one-pass one at some shapes (kernels/cuda/attention_onepass.cu) */
+  /* Attention again with the mma.sync kernels (tierzero.cuda_attention two-pass), on an instance
+   * of its own over the same buffers: auto takes the warpgroup-MMA ones where they build (bf16,
+   * sm_90; kernels/cuda/choice.c), so this row is what they gain. */
   double t_twopass = 0;
   if (rc == 0) {
     struct tz_compute_params q = p;
@@ -497,11 +463,9 @@ static int bench(const struct opts *o) {
 
   double gemm_tflops = 2.0 * o->gemm * (double)o->gemm * o->gemm / t_gemm / 1e12;
   double copy_gbps = 2.0 * COPY_REPS * (double)gemm_bytes / t_copy / 1e9; /* read + write */
-  double op_total = 0, op_total1 = 0;
-  for (int i = 0; i < TZ_OP_COUNT; i++) {
+  double op_total = 0;
+  for (int i = 0; i < TZ_OP_COUNT; i++)
     op_total += times.seconds[i];
-    op_total1 += times1.seconds[i];
-  }
   if (o->json) {
     printf("{\"bench\":\"layer\",\"d_model\":%d,\"ffn\":%d,\"heads\":%d,\"kv_heads\":%d,"
            "\"seq\":%d,\"batch\":%d,\"grad_dtype\":\"%s\",\"layer_ms\":%.4f,"
@@ -529,18 +493,10 @@ static int bench(const struct opts *o) {
       printf("]");
     }
     printf(",\"attn_twopass_ms\":%.4f,\"attn_again_ms\":%.4f", t_twopass * 1e3, t_attn_again * 1e3);
-    printf(",\"onepass_layer_ms\":%.4f,\"attn_onepass_ms\":{", t_layer1 * 1e3);
-    for (int i = 0; i < MAX_TILES && tiles[i]; i++)
-      printf("%s\"%s\":%.4f", i ? "," : "", tiles[i], t_onepass[i] * 1e3);
-    printf("}");
     printf(",\"shares\":{");
     for (int i = 0; i < TZ_OP_COUNT; i++)
       printf("%s\"%s\":%.4f", i ? "," : "", op_names[i],
              op_total > 0 ? times.seconds[i] / op_total : 0);
-    printf("},\"onepass_shares\":{");
-    for (int i = 0; i < TZ_OP_COUNT; i++)
-      printf("%s\"%s\":%.4f", i ? "," : "", op_names[i],
-             op_total1 > 0 ? times1.seconds[i] / op_total1 : 0);
     printf("},\"copy_gbps\":%.1f,\"ops\":{", copy_gbps);
     for (int i = 0, first = 1; i < TZ_OP_COUNT; i++) {
       if (!times.calls[i])
@@ -585,27 +541,19 @@ static int bench(const struct opts *o) {
       tr.ok ? attn_flops / (tr.attn_ms * 1e-3) / 1e12 : -1, 0, "");
   row("  two-pass backward ms", t_twopass * 1e3, tr.ok ? tr.attn_ms : -1, 1, ">=1.00");
   row("  again, after the others", t_attn_again * 1e3, tr.ok ? tr.attn_ms : -1, 1, ">=1.00");
-  printf("one-pass (tierzero.cuda_attention one-pass; tiles of its backward):\n");
-  row("  layer fwd+bwd ms", t_layer1 * 1e3, tr.ok ? tr.layer_ms : -1, 1, ">=1.10");
-  for (int i = 0; i < MAX_TILES && tiles[i]; i++) {
-    char name[64];
-    snprintf(name, sizeof name, "  attention %s ms", tiles[i]);
-    row(name, t_onepass[i] * 1e3, tr.ok ? tr.attn_ms : -1, 1, ">=1.00");
-  }
   row(gemm_name, gemm_tflops, tr.ok ? tr.gemm_tflops : -1, 0, "");
   row("copy ceiling GB/s (rd+wr)", copy_gbps, -1, 0, "");
   printf("(speed = pytorch time / tierzero time; TFLOP/s count the same FLOPs for both)\n");
   printf("\nshare of the layer time per op (each call timed alone, stream drained around it; "
-         "sum %.3f ms, one-pass %.3f ms):\n",
-         op_total * 1e3, op_total1 * 1e3);
-  printf("  %-16s %7s %9s %6s %7s %9s   %s\n", "", "share", "ms", "calls", "1-pass", "ms",
-         "rate (default; GB/s beside the copy ceiling)");
+         "sum %.3f ms):\n",
+         op_total * 1e3);
+  printf("  %-16s %7s %9s %6s   %s\n", "", "share", "ms", "calls",
+         "rate (GB/s beside the copy ceiling)");
   for (int i = 0; i < TZ_OP_COUNT; i++) {
     if (!times.calls[i])
       continue;
-    printf("  %-16s %6.1f%%  %9.3f %5d  %6.1f%%  %9.3f", op_names[i],
-           100.0 * times.seconds[i] / op_total, times.seconds[i] * 1e3, times.calls[i],
-           op_total1 > 0 ? 100.0 * times1.seconds[i] / op_total1 : 0, times1.seconds[i] * 1e3);
+    printf("  %-16s %6.1f%%  %9.3f %5d", op_names[i], 100.0 * times.seconds[i] / op_total,
+           times.seconds[i] * 1e3, times.calls[i]);
     double gbps = times.bytes[i] / times.seconds[i] / 1e9;
     if (times.flop[i] > 0)
       printf("   %7.1f TFLOP/s\n", times.flop[i] / times.seconds[i] / 1e12);
@@ -627,8 +575,8 @@ static void usage(FILE *f) {
           "                      [--norm-topk]]\n"
           "  One transformer layer forward + backward on the cuda backend (bf16) beside PyTorch\n"
           "  (bf16, flash attention) run in the same invocation; attention alone; the bf16 GEMM\n"
-          "  ceiling (N^3, --gemm-size, default 8192); each op's share; the layer, attention\n"
-          "  and the shares again with the one-pass attention. Defaults: Llama-7B's\n"
+          "  ceiling (N^3, --gemm-size, default 8192); each op's share; attention again on the\n"
+          "  mma.sync kernels (two-pass). Defaults: Llama-7B's\n"
           "  layer, d_model 4096, ffn 11008, 32 heads, seq 2048, micro-batch 4, gradients bf16\n"
           "  as PyTorch's, 10 iterations after 3 warm-up, 3 rounds of both sides in turn (the\n"
           "  layer and attention; each side's median over them). Exit 77 without a CUDA device.\n"

@@ -315,7 +315,7 @@ int tz_compute_bias_grad(tz_compute *cm, void *db, const void *dy, int N, int n)
  * computes, document by document, what each document alone would. NULL: each row is one
  * document (positions 0..T-1), today's bits. A backend without packed documents (ops' docs 0)
  * refuses a non-NULL pos with TZ_ENOTSUP, by name; cpu and cuda have them (cuda in its mma.sync
- * and plain attention kernels: a call with pos does not take the warpgroup-MMA or one-pass ones).
+ * and plain attention kernels: a call with pos does not take the warpgroup-MMA ones).
  * The cpu backend checks the rule above (TZ_EINVAL naming the row); cuda trusts it. */
 
 /* ---- Causal self-attention with grouped-query heads ----

@@ -40,9 +40,7 @@
 
 #include "core/error.h"
 #include "kernels/adam.h"
-#include "core/settings.h"
 #include "kernels/compute.h"
-#include "kernels/cuda/choice.h"
 #include "refmodel.h"
 #include "testlib.h"
 #include "trainer/model/model.h"
@@ -122,8 +120,8 @@ struct env {
   tz_compute *gpu;
   enum tz_dtype S, G;
   int mm_plain;         /* created with TZ_CUDA_MATMUL=plain */
-  const char *attn_bwd; /* the attention backward's name in op names: "one-pass ...",
-                           "two-pass", or NULL (the instance's default) */
+  const char *attn_bwd; /* the attention backward's name in op names: "two-pass", "wgmma",
+                           or NULL (the instance's default) */
 };
 
 struct buf {
@@ -313,7 +311,7 @@ static void add_out(struct op *op, struct buf *b, const char *name, double tol) 
 /* ---- environments ---- */
 
 /* An instance of storage S, gradients G, and the backend's settings (kernels/cuda/choice.c:
- * the attention kernels and one-pass tiles; NULL: as the environment says, else auto's);
+ * the attention kernels; NULL: as the environment says, else auto's);
  * attn_bwd names them in the checks' lines. */
 static int env_open_with(struct env *e, enum tz_dtype S, enum tz_dtype G, const char *settings,
                          const char *attn_bwd) {
@@ -338,23 +336,6 @@ static int env_open(struct env *e, enum tz_dtype S, enum tz_dtype G) {
 /* An instance whose attention backward is the two-pass one for every shape, f32 gradients. */
 static int env_open_twopass(struct env *e, enum tz_dtype S) {
   return env_open_with(e, S, TZ_F32, "attention=two-pass", "two-pass");
-}
-
-/* An instance whose attention backward is the one-pass kernel (attention_onepass.cu) with the
- * given tiles (an index into its tile names; 0 the default), f32 gradients. */
-static int env_open_onepass(struct env *e, enum tz_dtype S, int tiles) {
-  static char names[TZ_CUDA_TILES][32];
-  char settings[64];
-  /* the names from the registry's table (this file builds without the cuda backend too) */
-  int n = 0;
-  const struct tz_setting *t = tz_compute_settings("cuda", &n);
-  int i = t ? tz_settings_find(t, n, "attention_tiles") : -1;
-  if (i < 0)
-    return tz_err_set(TZ_ENOTSUP, "no cuda backend in this build");
-  const char *name = t[i].values[tiles];
-  snprintf(names[tiles], sizeof names[tiles], "one-pass %s", name);
-  snprintf(settings, sizeof settings, "attention=one-pass,attention_tiles=%s", name);
-  return env_open_with(e, S, TZ_F32, settings, names[tiles]);
 }
 
 static void env_close(struct env *e) {
@@ -1383,14 +1364,11 @@ static void test_attention(void **state) {
                        simple || forced);
       env_close(&e);
     }
-  /* the one-pass backward in its first tiles, then the two-pass one (which auto leaves for the
-   * one-pass at bf16, head dim 128), for both 16-bit dtypes */
-  for (int d = 0; d < 4; d++) {
+  /* the mma.sync kernels by name (two-pass), which auto leaves for the warpgroup-MMA ones at
+   * bf16 on an sm_90 device, for both 16-bit dtypes */
+  for (int d = 0; d < 2; d++) {
     struct env e;
-    if (d < 2)
-      TZ_ASSERT_OK(env_open_onepass(&e, storage_dtypes[d], 0));
-    else
-      TZ_ASSERT_OK(env_open_twopass(&e, storage_dtypes[d - 2]));
+    TZ_ASSERT_OK(env_open_twopass(&e, storage_dtypes[d]));
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
       attention_case(&e, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4],
                      forced);
@@ -1416,11 +1394,12 @@ static void test_attention_padded(void **state) {
   int forced = env && strcmp(env, "simple") == 0;
   for (int d = 0; d < 4; d++) {
     struct env e;
-    /* the two-pass backward, then the one-pass one, for each 16-bit dtype */
+    /* auto's kernels, then the mma.sync ones by name (two-pass: auto's are the warpgroup-MMA
+     * ones at bf16 on an sm_90 device), for each 16-bit dtype */
     if (d < 2)
       TZ_ASSERT_OK(env_open(&e, storage_dtypes[d], TZ_F32));
     else
-      TZ_ASSERT_OK(env_open_onepass(&e, storage_dtypes[d - 2], 0));
+      TZ_ASSERT_OK(env_open_twopass(&e, storage_dtypes[d - 2]));
     for (int dim = 0; dim < 2; dim++)
       for (int t = 0; t < 4; t++)
         for (int hkv = 4; hkv >= 2; hkv /= 2)
@@ -1436,8 +1415,8 @@ static void test_attention_padded(void **state) {
 /* The head dims and grouped-query ratios of the model families: D = 64 (Llama 3.2 1B, Qwen2.5
  * 0.5B), 80, 96 (padded tensor-core widths), 128 (Llama 3 8B, Qwen2.5 1.5B and 7B, Qwen3,
  * Mistral-Nemo); groups of 7 (Qwen2.5: 14 or 28 query heads on 2 or 4) and 8 (Llama 3 70B,
- * 16 on 2), at T of one row, within and past a tile. bf16 on both paths, fp16 on tensor cores,
- * f32 on the plain kernels. */
+ * 16 on 2), at T of one row, within and past a tile. bf16 on auto's kernels, on the mma.sync
+ * ones by name (two-pass) and on the plain ones, fp16 on tensor cores, f32 on the plain kernels. */
 static void test_attention_families(void **state) {
   (void)state;
   g_failures = 0;
@@ -1448,15 +1427,13 @@ static void test_attention_families(void **state) {
   int forced = env && strcmp(env, "simple") == 0;
   static const struct {
     enum tz_dtype S;
-    int simple, onepass;
-  } modes[] = {{TZ_BF16, 0, 0}, {TZ_BF16, 1, 0}, {TZ_F16, 0, 0},
-               {TZ_F32, 0, 0},  {TZ_BF16, 0, 1}, {TZ_F16, 0, 1}};
+    int simple, twopass; /* twopass: the mma.sync kernels by name (bf16's auto on sm_90: wgmma) */
+  } modes[] = {{TZ_BF16, 0, 0}, {TZ_BF16, 1, 0}, {TZ_F16, 0, 0}, {TZ_F32, 0, 0}, {TZ_BF16, 0, 1}};
   for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
     struct env e;
     if (modes[m].simple)
       setenv("TZ_CUDA_ATTENTION", "simple", 1);
-    int rc =
-        modes[m].onepass ? env_open_onepass(&e, modes[m].S, 0) : env_open(&e, modes[m].S, TZ_F32);
+    int rc = modes[m].twopass ? env_open_twopass(&e, modes[m].S) : env_open(&e, modes[m].S, TZ_F32);
     if (modes[m].simple && !forced)
       unsetenv("TZ_CUDA_ATTENTION");
     TZ_ASSERT_OK(rc);
@@ -1572,178 +1549,6 @@ static void test_attention_wgmma(void **state) {
                      forced);
     env_close(&e);
   }
-  assert_int_equal(g_failures, 0);
-}
-
-/* The one-pass backward's tiles (the setting attention_tiles; 8x64 at bf16 head dims 128 and
- * 96, the others run the default): each against the float64 reference and twice to the same
- * bits, at sequence lengths of one chunk, of many (the key tiles' additions to each chunk's dq wait
- * for each other, up to 17 of them at T = 1030 with 64-key tiles, 64 at T = 4096), and not a
- * multiple of either tile, with grouped-query heads (up to Qwen2.5's 7:1). */
-static void test_attention_onepass_tiles(void **state) {
-  (void)state;
-  g_failures = 0;
-  static const int shapes[][5] = {{1, 1, 1, 1, 128},    {1, 64, 8, 2, 128},   {2, 200, 4, 4, 128},
-                                  {1, 1030, 4, 1, 128}, {2, 333, 6, 3, 128},  {1, 130, 4, 2, 64},
-                                  {1, 4096, 2, 1, 128}, {1, 300, 14, 2, 128}, {1, 1030, 8, 2, 64},
-                                  {1, 333, 8, 2, 96}};
-  const char *env = getenv("TZ_CUDA_ATTENTION");
-  int forced = env && strcmp(env, "simple") == 0;
-  for (int tiles = 0; tiles < TZ_CUDA_TILES; tiles++) {
-    struct env e;
-    TZ_ASSERT_OK(env_open_onepass(&e, TZ_BF16, tiles));
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-      attention_case(&e, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4],
-                     forced);
-    env_close(&e);
-  }
-  /* The one-pass mode's forward (blocks of 128 query rows) gives the same bits as the default
-   * forward (blocks of 64): the same operations per element in the same order. Shapes with T
-   * inside one block, across blocks, ending in the second half of a block, and 32k. */
-  static const int fshapes[][5] = {{1, 1, 1, 1, 128},  {2, 200, 4, 2, 128}, {1, 300, 6, 3, 64},
-                                   {1, 77, 4, 4, 100}, {1, 190, 2, 1, 80},  {1, 32768, 2, 1, 128}};
-  for (int d = 0; d < 2; d++) {
-    struct env e0, e1;
-    TZ_ASSERT_OK(env_open(&e0, storage_dtypes[d], TZ_F32));
-    TZ_ASSERT_OK(env_open_onepass(&e1, storage_dtypes[d], 0));
-    for (size_t s = 0; s < sizeof fshapes / sizeof fshapes[0]; s++) {
-      int B = fshapes[s][0], T = fshapes[s][1], H = fshapes[s][2], Hkv = fshapes[s][3];
-      int D = fshapes[s][4];
-      size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * Hkv * D, nl = (size_t)B * H * T;
-      struct buf q, k, v, out, lse;
-      buf_init(&e0, &q, nq, TZ_F32, e0.S);
-      buf_init(&e0, &k, nk, TZ_F32, e0.S);
-      buf_init(&e0, &v, nk, TZ_F32, e0.S);
-      buf_init(&e0, &out, nq, TZ_F32, e0.S);
-      buf_init(&e0, &lse, nl, TZ_F32, TZ_F32);
-      float sc = 1.5f / sqrtf(sqrtf((float)D));
-      float *vq = randv(nq, sc), *vk = randv(nk, sc), *vv = randv(nk, 1.0f);
-      buf_set(&q, &e0, vq);
-      buf_set(&k, &e0, vk);
-      buf_set(&v, &e0, vv);
-      float *got[2][2];
-      struct env *es[2] = {&e0, &e1};
-      for (int i = 0; i < 2; i++) {
-        buf_poison(&out, &e0);
-        buf_poison(&lse, &e0);
-        TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
-        TZ_ASSERT_OK(tz_compute_attention_fwd(es[i]->gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv,
-                                              D, NULL, NULL));
-        TZ_ASSERT_OK(tz_compute_sync(es[i]->gpu));
-        got[i][0] = buf_get_gpu(&out, &e0);
-        got[i][1] = buf_get_gpu(&lse, &e0);
-      }
-      char what[128];
-      snprintf(what, sizeof what, "attention_fwd one-pass vs default %s B=%d T=%d H=%d Hkv=%d D=%d",
-               tz_dtype_name(e0.S), B, T, H, Hkv, D);
-      check_bits(what, got[0][0], got[1][0], nq * sizeof(float));
-      check_bits(what, got[0][1], got[1][1], nl * sizeof(float));
-      for (int i = 0; i < 2; i++)
-        free(got[i][0]), free(got[i][1]);
-      free(vq), free(vk), free(vv);
-      buf_fini(&e0, &q), buf_fini(&e0, &k), buf_fini(&e0, &v), buf_fini(&e0, &out);
-      buf_fini(&e0, &lse);
-    }
-    env_close(&e1);
-    env_close(&e0);
-  }
-  /* tiles it does not have are refused, naming the setting */
-  struct tz_compute_params p;
-  tz_compute_params_init(&p);
-  p.dtype = TZ_BF16;
-  p.settings = "attention=one-pass,attention_tiles=16x16";
-  tz_compute *bad = NULL;
-  assert_int_equal(tz_compute_create("cuda", &p, &bad), TZ_ECONFIG);
-  assert_non_null(strstr(tz_err_msg(), "attention_tiles \"16x16\" is not one of 4x32"));
-  assert_int_equal(g_failures, 0);
-}
-
-/* Where growing the scratch for its dq sums would not fit the device's free memory, the one-pass
- * backward leaves the call to the two-pass kernels: with the GPU's memory taken but for a few
- * MiB, its outputs are the two-pass kernels' bits; with the memory free, dq is its own (another
- * order of the same sums, so other bits), and dk and dv are the two-pass kernels' bits at the
- * default tiles (the same products, each block visiting its query chunks in the same order). */
-static void test_attention_onepass_fallback(void **state) {
-  (void)state;
-  g_failures = 0;
-  const int B = 1, T = 2048, H = 16, Hkv = 16, D = 128;
-  size_t nq = (size_t)B * T * H * D, nl = (size_t)B * H * T;
-  /* e1 and e2: one-pass instances, e2's scratch still at its first size when memory is taken */
-  struct env e0, e1, e2;
-  TZ_ASSERT_OK(env_open_twopass(&e0, TZ_BF16));
-  TZ_ASSERT_OK(env_open_onepass(&e1, TZ_BF16, 0));
-  TZ_ASSERT_OK(env_open_onepass(&e2, TZ_BF16, 0));
-  struct buf q, k, v, out, lse, dout, dq, dk, dv, delta;
-  struct buf *in[] = {&q, &k, &v, &dout}, *grads[] = {&dq, &dk, &dv};
-  for (int i = 0; i < 4; i++)
-    buf_init(&e0, in[i], nq, TZ_F32, TZ_BF16);
-  buf_init(&e0, &out, nq, TZ_F32, TZ_BF16);
-  for (int i = 0; i < 3; i++)
-    buf_init(&e0, grads[i], nq, TZ_F32, TZ_BF16);
-  buf_init(&e0, &lse, nl, TZ_F32, TZ_F32);
-  buf_init(&e0, &delta, nl, TZ_F32, TZ_F32);
-  float sc = 1.5f / sqrtf(sqrtf((float)D));
-  for (int i = 0; i < 4; i++) {
-    float *x = randv(nq, i < 2 ? sc : 1.0f);
-    buf_set(in[i], &e0, x);
-    free(x);
-  }
-  TZ_ASSERT_OK(
-      tz_compute_attention_fwd(e0.gpu, out.g, lse.g, q.g, k.g, v.g, B, T, H, Hkv, D, NULL, NULL));
-  TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
-  /* the backward on the two-pass instance, on e1 with the memory free, on e2 with it taken */
-  float *got[3][3];
-  struct env *runs[3] = {&e0, &e1, &e2};
-  void *fill[512];
-  int n_fill = 0;
-  for (int r = 0; r < 3; r++) {
-    if (r == 2) {
-      /* Take the device's memory but for 8 MiB, in pieces. */
-      uint64_t free_b = 0, total_b = 0;
-      TZ_ASSERT_OK(tz_compute_device_memory("cuda", 0, &free_b, &total_b));
-      for (uint64_t piece = 1ull << 30; piece >= (1u << 20) && n_fill < 512; piece /= 2)
-        while (free_b > piece + (8u << 20) && n_fill < 512 &&
-               tz_compute_alloc(e0.gpu, piece, &fill[n_fill]) == 0) {
-          n_fill++;
-          TZ_ASSERT_OK(tz_compute_device_memory("cuda", 0, &free_b, &total_b));
-        }
-      tz_err_clear();
-      assert_true(free_b < (64u << 20));
-    }
-    for (int i = 0; i < 3; i++)
-      buf_poison(grads[i], &e0);
-    TZ_ASSERT_OK(tz_compute_sync(e0.gpu));
-    TZ_ASSERT_OK(tz_compute_attention_bwd(runs[r]->gpu, dq.g, dk.g, dv.g, delta.g, dout.g, q.g, k.g,
-                                          v.g, out.g, lse.g, B, T, H, Hkv, D, NULL, NULL));
-    TZ_ASSERT_OK(tz_compute_sync(runs[r]->gpu));
-    for (int i = 0; i < 3; i++)
-      got[r][i] = buf_get_gpu(grads[i], &e0);
-  }
-  for (int i = 0; i < n_fill; i++)
-    tz_compute_free(e0.gpu, fill[i]);
-  static const char *const names[] = {"dq", "dk", "dv"};
-  for (int i = 0; i < 3; i++) {
-    char what[96];
-    snprintf(what, sizeof what, "attention_bwd one-pass, memory taken: %s", names[i]);
-    check_bits(what, got[0][i], got[2][i], nq * sizeof(float));
-    if (i > 0) {
-      snprintf(what, sizeof what, "attention_bwd one-pass, memory free: %s", names[i]);
-      check_bits(what, got[0][i], got[1][i], nq * sizeof(float));
-    } else if (memcmp(got[0][i], got[1][i], nq * sizeof(float)) == 0) {
-      printf("  attention_bwd one-pass, memory free: dq equal to the two-pass kernels': FAIL\n");
-      g_failures++;
-    }
-    for (int r = 0; r < 3; r++)
-      free(got[r][i]);
-  }
-  for (int i = 0; i < 4; i++)
-    buf_fini(&e0, in[i]);
-  for (int i = 0; i < 3; i++)
-    buf_fini(&e0, grads[i]);
-  buf_fini(&e0, &out), buf_fini(&e0, &lse), buf_fini(&e0, &delta);
-  env_close(&e2);
-  env_close(&e1);
-  env_close(&e0);
   assert_int_equal(g_failures, 0);
 }
 
@@ -2619,8 +2424,6 @@ int main(void) {
       cmocka_unit_test(test_attention_padded),
       cmocka_unit_test(test_attention_families),
       cmocka_unit_test(test_attention_variants),
-      cmocka_unit_test(test_attention_onepass_tiles),
-      cmocka_unit_test(test_attention_onepass_fallback),
       cmocka_unit_test(test_attention_wgmma),
       cmocka_unit_test(test_swiglu),
       cmocka_unit_test(test_variants_ops),

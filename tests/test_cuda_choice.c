@@ -41,8 +41,6 @@ static void test_each_name_reaches_its_kernels(void **state) {
        TZ_CUDA_KERNEL_WGMMA, TZ_CUDA_KERNEL_WGMMA},
       {"simple", TZ_CUDA_ATTENTION_SIMPLE, TZ_CUDA_KERNEL_PLAIN, TZ_CUDA_KERNEL_PLAIN,
        TZ_CUDA_KERNEL_PLAIN, TZ_CUDA_KERNEL_PLAIN},
-      {"one-pass", TZ_CUDA_ATTENTION_ONE_PASS, TZ_CUDA_KERNEL_ONE_PASS, TZ_CUDA_KERNEL_ONE_PASS,
-       TZ_CUDA_KERNEL_ONE_PASS, TZ_CUDA_KERNEL_ONE_PASS},
       {"two-pass", TZ_CUDA_ATTENTION_TWO_PASS, TZ_CUDA_KERNEL_MMA, TZ_CUDA_KERNEL_MMA,
        TZ_CUDA_KERNEL_MMA, TZ_CUDA_KERNEL_MMA},
       {"wgmma", TZ_CUDA_ATTENTION_WGMMA, TZ_CUDA_KERNEL_WGMMA, TZ_CUDA_KERNEL_WGMMA,
@@ -62,11 +60,9 @@ static void test_each_name_reaches_its_kernels(void **state) {
     struct tz_cuda_attention_call d128 = {TZ_BF16, 1, 32, 8, 128, 256};
     struct tz_cuda_attention_call d64 = {TZ_BF16, 1, 32, 8, 64, 256};
     struct tz_cuda_attention_choice a =
-        tz_cuda_attention_choose((enum tz_cuda_attention_mode)v[TZ_CUDA_SET_ATTENTION],
-                                 (int)v[TZ_CUDA_SET_ATTENTION_TILES], &d128);
+        tz_cuda_attention_choose((enum tz_cuda_attention_mode)v[TZ_CUDA_SET_ATTENTION], &d128);
     struct tz_cuda_attention_choice b =
-        tz_cuda_attention_choose((enum tz_cuda_attention_mode)v[TZ_CUDA_SET_ATTENTION],
-                                 (int)v[TZ_CUDA_SET_ATTENTION_TILES], &d64);
+        tz_cuda_attention_choose((enum tz_cuda_attention_mode)v[TZ_CUDA_SET_ATTENTION], &d64);
     printf("%-9s d128 %s/%s  d64 %s/%s\n", want[i].name, tz_cuda_attention_kernel_name(a.fwd),
            tz_cuda_attention_kernel_name(a.bwd), tz_cuda_attention_kernel_name(b.fwd),
            tz_cuda_attention_kernel_name(b.bwd));
@@ -75,16 +71,23 @@ static void test_each_name_reaches_its_kernels(void **state) {
     assert_int_equal(b.fwd, want[i].fwd64);
     assert_int_equal(b.bwd, want[i].bwd64);
   }
-  /* auto at 128 on another GPU (not sm_90): mma.sync, the backward in one pass in 8x64 tiles */
-  struct tz_cuda_attention_call a100 = {TZ_BF16, 0, 32, 32, 128, 256};
-  struct tz_cuda_attention_choice a = tz_cuda_attention_choose(TZ_CUDA_ATTENTION_AUTO, 0, &a100);
-  assert_int_equal(a.fwd, TZ_CUDA_KERNEL_MMA);
-  assert_int_equal(a.bwd, TZ_CUDA_KERNEL_ONE_PASS);
-  assert_string_equal(tz_cuda_tile_names[a.tiles], "8x64");
+  /* auto and wgmma on another GPU (not sm_90), at every head dim the mma.sync kernels take and
+   * with grouped kv heads or not: the mma.sync kernels, forward and two-pass backward */
+  static const int dims[] = {64, 80, 96, 128};
+  for (int m = 0; m < 2; m++)
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+      for (int hkv = 8; hkv <= 32; hkv *= 4) {
+        struct tz_cuda_attention_call a100 = {TZ_BF16, 0, 32, hkv, dims[i], 256};
+        struct tz_cuda_attention_choice a =
+            tz_cuda_attention_choose(m ? TZ_CUDA_ATTENTION_WGMMA : TZ_CUDA_ATTENTION_AUTO, &a100);
+        assert_int_equal(a.fwd, TZ_CUDA_KERNEL_MMA);
+        assert_int_equal(a.bwd, TZ_CUDA_KERNEL_MMA);
+      }
 }
 
 /* A name the backend lacks is refused before anything runs, naming the key and the names it
- * takes; so is a matmul it lacks, and the variable's bad value, naming the variable. */
+ * takes (one-pass among them: its kernels left the build); so is a matmul it lacks, and the
+ * variable's bad value, naming the variable. */
 static void test_unknown_names_refused(void **state) {
   (void)state;
   struct tz_config c;
@@ -94,8 +97,30 @@ static void test_unknown_names_refused(void **state) {
   assert_int_equal(settings_of(&c, v), TZ_ECONFIG);
   printf("%s\n", tz_err_msg());
   assert_non_null(strstr(tz_err_msg(), "tierzero.cuda_attention"));
-  assert_non_null(strstr(tz_err_msg(), "one of auto, simple, one-pass, two-pass, wgmma"));
+  assert_non_null(strstr(tz_err_msg(), "one of auto, simple, two-pass, wgmma"));
   tz_config_free(&c);
+  /* one-pass, a name until its kernels were removed: refused the same way, by the config's key
+   * and by the variable */
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_attention", "one-pass"));
+  assert_int_equal(settings_of(&c, v), TZ_ECONFIG);
+  printf("%s\n", tz_err_msg());
+  assert_non_null(strstr(tz_err_msg(), "tierzero.cuda_attention"));
+  assert_non_null(strstr(tz_err_msg(), "\"one-pass\" is not one of auto, simple, two-pass, wgmma"));
+  tz_config_free(&c);
+  setenv("TZ_CUDA_ATTENTION", "one-pass", 1);
+  assert_int_equal(tz_settings_parse("compute cuda", tz_cuda_settings, TZ_CUDA_N_SETTINGS, NULL, v),
+                   TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "TZ_CUDA_ATTENTION \"one-pass\" is not one of auto"));
+  tz_config_defaults(&c);
+  TZ_ASSERT_OK(tz_config_apply_env(&c));
+  unsetenv("TZ_CUDA_ATTENTION");
+  assert_int_equal(settings_of(&c, v), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "tierzero.cuda_attention"));
+  tz_config_free(&c);
+  assert_int_equal(tz_compute_settings_check("cuda", "attention=one-pass"), TZ_ECONFIG);
+  assert_int_equal(tz_compute_settings_check("cuda", "attention_tiles=8x64"), TZ_ECONFIG);
+  assert_non_null(strstr(tz_err_msg(), "no setting \"attention_tiles\""));
   tz_config_defaults(&c);
   TZ_ASSERT_OK(tz_config_set(&c, "tierzero.cuda_matmul", "cublas"));
   assert_int_equal(settings_of(&c, v), TZ_ECONFIG);
@@ -150,7 +175,8 @@ static void test_unknown_names_refused(void **state) {
 
 /* Whatever the mode, the kernel chosen takes the call by its file's own predicate, and a mode
  * only narrows what auto would do: simple is plain everywhere; wgmma only where the predicate
- * takes it; one-pass and two-pass never wgmma. */
+ * takes it; two-pass never wgmma. auto is wgmma where that takes the call, else mma.sync where
+ * that does, else plain; the forward and the backward are always the same kernels. */
 static void test_choice_takes_the_call(void **state) {
   (void)state;
   static const enum tz_dtype dts[] = {TZ_F32, TZ_BF16, TZ_F16};
@@ -164,24 +190,29 @@ static void test_choice_takes_the_call(void **state) {
             for (int g = 1; g <= 4; g *= 2) {
               struct tz_cuda_attention_call c = {dts[dt], sm90, 8, 8 / g, D, aligns[a]};
               struct tz_cuda_attention_choice ch =
-                  tz_cuda_attention_choose((enum tz_cuda_attention_mode)mode, 1, &c);
+                  tz_cuda_attention_choose((enum tz_cuda_attention_mode)mode, &c);
               enum tz_cuda_attention_kernel ks[2] = {ch.fwd, ch.bwd};
               for (int i = 0; i < 2; i++) {
                 if (ks[i] == TZ_CUDA_KERNEL_WGMMA)
                   assert_true(tz_cuda_attention_wgmma_takes(&c, 1));
-                if (ks[i] == TZ_CUDA_KERNEL_MMA || ks[i] == TZ_CUDA_KERNEL_ONE_PASS)
+                if (ks[i] == TZ_CUDA_KERNEL_MMA)
                   assert_true(tz_cuda_attention_mma_takes(&c));
                 if (mode == TZ_CUDA_ATTENTION_SIMPLE)
                   assert_int_equal(ks[i], TZ_CUDA_KERNEL_PLAIN);
-                if (mode == TZ_CUDA_ATTENTION_ONE_PASS || mode == TZ_CUDA_ATTENTION_TWO_PASS)
+                if (mode == TZ_CUDA_ATTENTION_TWO_PASS)
                   assert_int_not_equal(ks[i], TZ_CUDA_KERNEL_WGMMA);
               }
-              if (ch.bwd == TZ_CUDA_KERNEL_ONE_PASS)
-                assert_true(ch.tiles >= 0 && ch.tiles < TZ_CUDA_TILES);
-              /* auto takes wgmma wherever it builds, as measured (64 to 128) */
-              if (mode == TZ_CUDA_ATTENTION_AUTO)
-                assert_int_equal(ch.fwd == TZ_CUDA_KERNEL_WGMMA,
-                                 tz_cuda_attention_wgmma_takes(&c, 1));
+              assert_int_equal(ch.fwd, ch.bwd);
+              /* auto takes wgmma wherever it builds, as measured (64 to 128), else mma.sync
+               * wherever that takes the call */
+              if (mode == TZ_CUDA_ATTENTION_AUTO) {
+                enum tz_cuda_attention_kernel want = TZ_CUDA_KERNEL_PLAIN;
+                if (tz_cuda_attention_wgmma_takes(&c, 1))
+                  want = TZ_CUDA_KERNEL_WGMMA;
+                else if (tz_cuda_attention_mma_takes(&c))
+                  want = TZ_CUDA_KERNEL_MMA;
+                assert_int_equal(ch.fwd, want);
+              }
               n++;
             }
   printf("%d calls chosen\n", n);

@@ -7,17 +7,19 @@
 # in that order; families: each model family against transformers, docs/model.md; product: the
 # trainer's GPU checks of docs/training.md),
 # and, only when named, trainbench: tools/bench-train.sh tz-offload llama-1b (docs/benchmarks.md);
-# attention: the one-pass attention (tierzero.cuda_attention one-pass, docs/cuda-kernels.md) in
-# the kernel tests, the model's and trainer's GPU tests and tz-bench layer; attention7b: tz-auto
-# llama-7b with it beside the default kernels (recompute auto, then all), one run after the other;
+# attention: the mma.sync attention (tierzero.cuda_attention two-pass: auto's kernels on GPUs
+# other than sm_90 and for calls the warpgroup-MMA ones do not take, docs/cuda-kernels.md) in the
+# model's and trainer's GPU tests, beside the kernel tests and tz-bench layer (whose two-pass row
+# times it); attention7b: tz-auto llama-7b with it beside auto's kernels (recompute auto, then
+# all), one run after the other;
 # tiers3: issue 26's item 3, the 15.5 B model on HBM, host and the disk with its fio ceiling
 # (about 380 s; .deps carries fio); wgmma: the warpgroup-MMA block (test_wgmma), the attention
 # kernels on it (tierzero.cuda_attention wgmma) in the kernel, model and trainer tests, and
 # tz-bench layer with auto's kernels, the two-pass ones (mma.sync only) and wgmma's;
 # attnshapes: tz-bench layer at the other shapes of issue 24 (head dims 64, 80, 96, 128 with
 # grouped-query ratios up to 7:1, sequences 128 and 8192), for docs/cuda-kernels.md's table; at
-# head dims 64, 80 and 96 again with tierzero.cuda_attention wgmma (the warpgroup-MMA kernels
-# auto does not take there until measured faster)
+# head dims 64, 80 and 96 again with tierzero.cuda_attention wgmma (auto's kernels there too since
+# they measured faster, 2026-12-05)
 # acc8: issue 26's big batches, the three runs of its item 2 one after the other: tz-auto
 # llama-7b at 8 micro-batches, tz-offload llama-7b without carry in a 120 GiB window, tz-auto
 # llama-13b (docs/benchmarks-history.md, "Big batches: tz-offload llama-7b above tz-auto"; about
@@ -186,7 +188,7 @@ fi
 has trainbench && step trainbench env TZ_BIN=$b/bin tools/bench-train.sh tz-offload llama-1b
 if has attention; then
   step attn-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
-  step attn-model env TZ_CUDA_ATTENTION=one-pass ctest --test-dir $b --output-on-failure \
+  step attn-model env TZ_CUDA_ATTENTION=two-pass ctest --test-dir $b --output-on-failure \
     -R '^test_(model|train)_gpu'
   step attn-layer $b/bin/tz-bench layer
 fi
@@ -283,7 +285,7 @@ if has attnshapes; then
   # (read from fd 3: the steps' own programs get this script's stdin, not the list)
   while read -r name shape <&3; do
     step attn-shape-$name $b/bin/tz-bench layer --iters 5 --warmup 2 $shape
-    # head dims other than 128: the wgmma kernels by name too (auto keeps mma.sync there)
+    # head dims other than 128: the wgmma kernels by name too (auto's since 2026-12-05)
     [[ $name == d128* ]] || step attn-shape-$name-wgmma env TZ_CUDA_ATTENTION=wgmma \
       $b/bin/tz-bench layer --iters 5 --warmup 2 --no-torch $shape
   done 3<< 'SHAPES'
@@ -297,7 +299,7 @@ SHAPES
 fi
 if has attention7b; then
   for r in auto all; do
-    for a in auto one-pass; do
+    for a in auto two-pass; do
       step attn-7b-$r-$a env TZ_BIN=$b/bin TZ_RECOMPUTE=$r TZ_CUDA_ATTENTION=$a \
         tools/bench-train.sh tz-auto llama-7b --steps 6 --warmup 2 --tag "$a-$r"
     done

@@ -16,7 +16,7 @@
  * keys or queries in increasing index), so with f32 storage they differ from it only by expf
  * (and tanhf, softcapped). Both take the variants (common.cuh, struct tz_attn_var); a call with
  * any, or with packed documents, takes the mma.sync kernels where they take the shape, else the
- * plain ones (the one-pass and warpgroup-MMA kernels have neither yet). */
+ * plain ones (the warpgroup-MMA kernels have neither yet). */
 #include <math.h>
 
 #include "kernels/cuda/common.cuh"
@@ -385,7 +385,7 @@ static unsigned least_alignment(const void *const *ts, int n) {
 static struct tz_cuda_attention_choice choose(const struct tz_cuda *c, int H, int Hkv, int D,
                                               const void *const *ts, int n) {
   struct tz_cuda_attention_call call = {c->S, c->sm90, H, Hkv, D, least_alignment(ts, n)};
-  return tz_cuda_attention_choose(c->attention, c->attention_tiles, &call);
+  return tz_cuda_attention_choose(c->attention, &call);
 }
 
 /* A kernel that declined a call the choice gave it: the choice and the kernel's own checks
@@ -421,7 +421,7 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
   struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 4);
   const struct tz_attn_var var = tz_attn_var_of(opt, D);
   /* Packed documents or variants: the mma.sync kernels where they take the shape (the
-   * warpgroup-MMA and one-pass ones have neither yet), else the plain ones below. */
+   * warpgroup-MMA ones have neither yet), else the plain ones below. */
   if ((pos || !tz_attn_var_default(var, D)) && ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
     int rc = tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, pos, var);
     if (rc <= 0)
@@ -429,8 +429,6 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
   } else if (ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
     int rc = ch.fwd == TZ_CUDA_KERNEL_WGMMA
                  ? tz_cuda_attention_fwd_wgmma(c, out, lse, q, k, v, B, T, H, Hkv, D)
-             : ch.fwd == TZ_CUDA_KERNEL_ONE_PASS
-                 ? tz_cuda_attention_fwd_onepass(c, out, lse, q, k, v, B, T, H, Hkv, D)
                  : tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, NULL, var);
     return rc > 0 ? declined("attention_fwd", ch.fwd, D) : rc;
   }
@@ -473,16 +471,8 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
     int rc =
         ch.bwd == TZ_CUDA_KERNEL_WGMMA
             ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D)
-        : ch.bwd == TZ_CUDA_KERNEL_ONE_PASS
-            ? tz_cuda_attention_bwd_onepass(c, ch.tiles, dq, dk, dv, delta, dout, q, k, v, lse, B,
-                                            T, H, Hkv, D)
             : tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
                                         NULL, var);
-    /* The one-pass backward also declines at run time, where its scratch for dq's sums cannot
-     * grow in the memory left: the two-pass kernels take the call (they take the same shapes). */
-    if (rc > 0 && ch.bwd == TZ_CUDA_KERNEL_ONE_PASS)
-      rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
-                                     NULL, var);
     return rc > 0 ? declined("attention_bwd", ch.bwd, D) : rc;
   }
   dim3 grid_q((unsigned)((T + BQ - 1) / BQ), (unsigned)H, (unsigned)B);

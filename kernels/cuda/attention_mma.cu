@@ -423,7 +423,7 @@ static bool aligned(const void *p, uintptr_t bytes) { return ((uintptr_t)p & (by
  * multiple of 4 up to 128, every tensor 8-byte aligned for the padded kernels' copies, and
  * 16-byte aligned for an exact width (compute.h promises 256 for every tensor). Returns 0 when
  * they do not take it, 1 for a padded width, 2 for an exact one. */
-int tz_cuda_attention_mma_route(const struct tz_cuda *c, int D, const void *const *ts, int n) {
+static int mma_route(const struct tz_cuda *c, int D, const void *const *ts, int n) {
   if ((c->S != TZ_BF16 && c->S != TZ_F16) || D % 4 != 0 || D > 128)
     return 0;
   bool a16 = true;
@@ -439,7 +439,7 @@ int tz_cuda_attention_fwd_mma(struct tz_cuda *c, void *out, float *lse, const vo
                               const void *k, const void *v, int B, int T, int H, int Hkv, int D,
                               const int32_t *pos, const tz_attn_var &var) {
   const void *ts[] = {out, q, k, v};
-  int route = tz_cuda_attention_mma_route(c, D, ts, 4);
+  int route = mma_route(c, D, ts, 4);
   if (!route)
     return 1;
   return with_width(D, route == 2, [&](auto w) {
@@ -455,7 +455,7 @@ int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, c
                               const float *lse, int B, int T, int H, int Hkv, int D,
                               const int32_t *pos, const tz_attn_var &var) {
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
-  int route = tz_cuda_attention_mma_route(c, D, ts, 7);
+  int route = mma_route(c, D, ts, 7);
   if (!route)
     return 1;
   return with_width(D, route == 2, [&](auto w) {

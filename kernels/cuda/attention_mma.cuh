@@ -1,5 +1,5 @@
 /* The pieces the tensor-core attention kernels share (attention_mma.cu: forward and the two-pass
- * backward; attention_onepass.cu: the one-pass backward; attention_wgmma.cu: warpgroup MMA):
+ * backward; attention_wgmma.cu: warpgroup MMA):
  * fragment addressing in shared tiles, tile widths, cp.async tile loads, and quad reductions. The
  * fragment layouts and the tile widths are described at the top of attention_mma.cu. */
 #ifndef TZ_KERNELS_CUDA_ATTENTION_MMA_CUH
@@ -41,16 +41,6 @@ template <int P, typename T>
 __device__ __forceinline__ void load_b_kmajor(uint32_t (&b)[4], const T *s, int k0, int n0,
                                               int lane) {
   ldsm_x4_t(b, s + (k0 + (lane & 15)) * P + n0 + (lane >> 4) * 8);
-}
-
-/* An A fragment of the 16x16 block at rows m0.., k columns k0.. from a tile stored k-major
- * (row k holds the m values: A^T row-major, e.g. dS when dS^T is stored), through the
- * transposing ldmatrix: matrices (k0.., m0..), (k0.., m0 + 8..), (k0 + 8.., m0..), (k0 + 8..,
- * m0 + 8..) give a0..a3. */
-template <int P, typename T>
-__device__ __forceinline__ void load_a_kmajor(uint32_t (&a)[4], const T *s, int k0, int m0,
-                                              int lane) {
-  ldsm_x4_t(a, s + (k0 + (lane & 7) + ((lane >> 4) << 3)) * P + m0 + ((lane >> 3) & 1) * 8);
 }
 
 /* The A fragment for columns 16j..16j+15 of a warp's (16, 8 * NT) float C tiles. */
@@ -125,7 +115,7 @@ __device__ __forceinline__ float score_log2(float raw, float scale_log2, float c
   return __fmul_rn(raw, scale_log2);
 }
 
-/* ---- the forward's online softmax (attention_mma.cu and attention_onepass.cu) ---- */
+/* ---- the forward's online softmax (attention_mma.cu and attention_wgmma.cu) ---- */
 
 /* One key tile's probabilities for a warp's 16 rows (row_lo, row_hi: this thread's two), the
  * tile's keys from key0: the scores s (raw products) become probabilities in place, the running
@@ -280,7 +270,7 @@ __device__ __forceinline__ void q_store(T *dqb, const float (&acc)[W::DP / 8][4]
   }
 }
 
-/* ---- the key tiles' pass of the backward (attention_mma.cu's dk/dv kernel, attention_onepass.cu)
+/* ---- the key tiles' pass of the backward (attention_mma.cu's dk/dv kernel, attention_wgmma.cu's)
  * Key rows are the warps' M dimension: s^T = k q^T, p^T = exp(s^T - lse), dp^T = v dout^T,
  * ds^T = p^T (dp^T - delta); dv += p^T dout, dk += ds^T q. */
 

@@ -14,36 +14,30 @@ extern "C" {
 
 /* The backend's settings, in this order (docs/config.md, tierzero.cuda_*). */
 enum {
-  TZ_CUDA_SET_ATTENTION,       /* enum tz_cuda_attention_mode */
-  TZ_CUDA_SET_MATMUL,          /* 0 cuBLASLt, 1 the plain kernel */
-  TZ_CUDA_SET_ATTENTION_TILES, /* the one-pass backward's tiles (tz_cuda_tile_names' index) */
-  TZ_CUDA_SET_VARIANTS,        /* 0 off, 1 on: the families' variants (compute_impl.h) */
-  TZ_CUDA_SET_NORM_BWD,        /* 0 two-pass, 1 one-pass: RMSNorm's backward (rmsnorm.cu) */
+  TZ_CUDA_SET_ATTENTION, /* enum tz_cuda_attention_mode */
+  TZ_CUDA_SET_MATMUL,    /* 0 cuBLASLt, 1 the plain kernel */
+  TZ_CUDA_SET_VARIANTS,  /* 0 off, 1 on: the families' variants (compute_impl.h) */
+  TZ_CUDA_SET_NORM_BWD,  /* 0 two-pass, 1 one-pass: RMSNorm's backward (rmsnorm.cu) */
   TZ_CUDA_N_SETTINGS
 };
 extern const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS];
 
-/* The setting "attention": what the user asks for, in its values' order. */
+/* The setting "attention": what the user asks for, in its values' order (choice.c's
+ * attention_names). */
 enum tz_cuda_attention_mode {
   TZ_CUDA_ATTENTION_AUTO,     /* the fastest measured kernels that take the shape */
   TZ_CUDA_ATTENTION_SIMPLE,   /* the plain kernels for every shape (to test them) */
-  TZ_CUDA_ATTENTION_ONE_PASS, /* the mma.sync forward in 128-row blocks, the one-pass backward */
   TZ_CUDA_ATTENTION_TWO_PASS, /* the mma.sync kernels, the backward in two passes */
   TZ_CUDA_ATTENTION_WGMMA,    /* the same as auto (which takes warpgroup MMA wherever it builds) */
 };
 
 /* The kernels a call can run on. */
 enum tz_cuda_attention_kernel {
-  TZ_CUDA_KERNEL_PLAIN,    /* attention.cu: any shape and dtype */
-  TZ_CUDA_KERNEL_MMA,      /* attention_mma.cu: mma.sync, forward and two-pass backward */
-  TZ_CUDA_KERNEL_ONE_PASS, /* attention_onepass.cu: 128-row forward, one-pass backward */
-  TZ_CUDA_KERNEL_WGMMA,    /* attention_wgmma.cu: warpgroup MMA, sm_90 only */
+  TZ_CUDA_KERNEL_PLAIN, /* attention.cu: any shape and dtype */
+  TZ_CUDA_KERNEL_MMA,   /* attention_mma.cu: mma.sync, forward and two-pass backward */
+  TZ_CUDA_KERNEL_WGMMA, /* attention_wgmma.cu: warpgroup MMA, sm_90 only */
 };
 const char *tz_cuda_attention_kernel_name(enum tz_cuda_attention_kernel k);
-
-/* The one-pass backward's tiles, "warps x query rows" (attention_onepass.cu). */
-#define TZ_CUDA_TILES 2
-extern const char *const tz_cuda_tile_names[TZ_CUDA_TILES + 1]; /* NULL-terminated */
 
 /* What the choice depends on: the instance's dtype and device, the call's shape, and the least
  * alignment in bytes of the call's tensors (a power of two, 256 at most). */
@@ -56,20 +50,16 @@ struct tz_cuda_attention_call {
 
 struct tz_cuda_attention_choice {
   enum tz_cuda_attention_kernel fwd, bwd;
-  int tiles; /* bwd TZ_CUDA_KERNEL_ONE_PASS: its tiles */
 };
 
-/* The kernels mode (and, for one-pass, tiles) runs call on. Every kernel chosen takes the call:
- * the choice asks each kernel file's own predicate. */
+/* The kernels mode runs call on. Every kernel chosen takes the call: the choice asks each kernel
+ * file's own predicate. */
 struct tz_cuda_attention_choice tz_cuda_attention_choose(enum tz_cuda_attention_mode mode,
-                                                         int tiles,
                                                          const struct tz_cuda_attention_call *c);
 
 /* Each kernel file's predicate: whether it takes a call (the choice's only inputs). */
 int tz_cuda_attention_mma_takes(const struct tz_cuda_attention_call *c);
 int tz_cuda_attention_wgmma_takes(const struct tz_cuda_attention_call *c, int every_head_dim);
-/* Where auto runs the one-pass backward, and in which tiles; -1: nowhere else than by name. */
-int tz_cuda_attention_onepass_tiles(const struct tz_cuda_attention_call *c);
 
 #ifdef __cplusplus
 }

@@ -57,7 +57,6 @@ struct tz_cuda {
   int n_sm;                              /* multiprocessors, for grid sizes */
   size_t smem_optin;                     /* the most shared memory one block may ask for */
   enum tz_cuda_attention_mode attention; /* the setting "attention" (choice.h) */
-  int attention_tiles;  /* the setting "attention_tiles": an index into tz_cuda_tile_names */
   int sm90;             /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
   int mm_plain;         /* the setting "matmul" plain: matmul's plain kernel instead of cuBLASLt */
   int norm_bwd_onepass; /* the setting "norm_bwd" one-pass (rmsnorm.cu) */
@@ -85,8 +84,6 @@ struct tz_cuda {
 /* Returns scratch of at least bytes, 256-byte aligned, valid until the next call. Growing it
  * frees the old buffer, which waits for the device: it happens a few times, then never. */
 int tz_cuda_scratch(struct tz_cuda *c, size_t bytes, void **out);
-/* The scratch's size after tz_cuda_scratch(c, bytes) (it grows by doubling). */
-size_t tz_cuda_scratch_grown(const struct tz_cuda *c, size_t bytes);
 
 /* Grid size for a grid-stride loop over n items with blocks of `threads`. */
 static inline unsigned tz_cuda_grid(const struct tz_cuda *c, size_t n, unsigned threads) {
@@ -288,22 +285,6 @@ int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, c
                               const void *dout, const void *q, const void *k, const void *v,
                               const float *lse, int B, int T, int H, int Hkv, int D,
                               const int32_t *pos, const struct tz_attn_var &var);
-/* Whether the tensor-core kernels take a call with head dim D and tensors ts[0..n): 0 no, 1 at a
- * padded width, 2 at an exact one. */
-int tz_cuda_attention_mma_route(const struct tz_cuda *c, int D, const void *const *ts, int n);
-/* The kernels of tierzero.cuda_attention one-pass (attention_onepass.cu), which return 1 where
- * they do not take the call, as the ones above do: the forward with blocks of 128 query rows
- * (the same bits as tz_cuda_attention_fwd_mma), and the backward in one pass over the key tiles
- * in the given tiles (an index into tz_cuda_tile_names), dq summed in a fixed order through the
- * instance's scratch. Which of the kernels a call runs on is tz_cuda_attention_choose's
- * (choice.h) alone. */
-int tz_cuda_attention_fwd_onepass(struct tz_cuda *c, void *out, float *lse, const void *q,
-                                  const void *k, const void *v, int B, int T, int H, int Hkv,
-                                  int D);
-int tz_cuda_attention_bwd_onepass(struct tz_cuda *c, int tiles, void *dq, void *dk, void *dv,
-                                  const float *delta, const void *dout, const void *q,
-                                  const void *k, const void *v, const float *lse, int B, int T,
-                                  int H, int Hkv, int D);
 /* The forward and the two-pass backward on Hopper's warpgroup MMA (attention_wgmma.cu, built for
  * sm_90a): bf16, head dims 64 to 128 in multiples of 8 (where tz_cuda_attention_wgmma_takes
  * admits them), 16-byte aligned tensors, an sm_90 device; 1 where they do not take the call. The

@@ -25,16 +25,11 @@ extern "C" {
  * (docs/benchmarks-history.md, "Issue 26 on the H200, 2026-12-03, later"). */
 #define TZ_CUDA_LINK_BYTES (4u << 20)
 
-size_t tz_cuda_scratch_grown(const struct tz_cuda *c, size_t bytes) {
-  size_t want = c->scratch_bytes ? c->scratch_bytes : TZ_CUDA_MIN_SCRATCH;
-  while (want < bytes)
-    want *= 2;
-  return want;
-}
-
 int tz_cuda_scratch(struct tz_cuda *c, size_t bytes, void **out) {
   if (bytes > c->scratch_bytes) {
-    size_t want = tz_cuda_scratch_grown(c, bytes);
+    size_t want = c->scratch_bytes ? c->scratch_bytes : TZ_CUDA_MIN_SCRATCH;
+    while (want < bytes)
+      want *= 2;
     if (c->scratch) {
       /* cudaFree waits for the device, so no queued kernel still reads the old buffer. */
       TZ_CU(cudaFree(c->scratch));
@@ -275,7 +270,6 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p,
   TZ_CU(cudaMalloc((void **)&c->err_dev, 4 * sizeof(int)));
   TZ_CU(cudaMemsetAsync(c->err_dev, 0, 4 * sizeof(int), c->stream));
   c->attention = (enum tz_cuda_attention_mode)settings[TZ_CUDA_SET_ATTENTION];
-  c->attention_tiles = (int)settings[TZ_CUDA_SET_ATTENTION_TILES];
   c->mm_plain = settings[TZ_CUDA_SET_MATMUL] == 1;
   c->norm_bwd_onepass = settings[TZ_CUDA_SET_NORM_BWD] == 1;
   int major = 0, minor = 0;
