@@ -1552,6 +1552,60 @@ static void test_attention_wgmma(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
+/* tierzero.cuda_attention wgmma with packed documents and the variants (the masked calls, which
+ * auto still gives the mma.sync kernels): documents of 1 token to the whole row and a row of
+ * single tokens, the scale, a softcap, windows within a tile, at one, across tiles and past T,
+ * windows inside documents, all at once; head dims 64, 80, 96 and 128 with grouped-query ratios
+ * to 7:1; and at T 1030, where the blocks past the first documents' and windows' tiles start
+ * their keys late (the first key tile past 0) and mask the tiles a window cuts. Against the cpu
+ * backend, bf16 (the kernels' only dtype); on a device other than sm_90 the choice gives these
+ * calls the mma.sync kernels. */
+static void test_attention_wgmma_masked(void **state) {
+  (void)state;
+  g_failures = 0;
+  enum { B = 3, T = 200, TL = 1030 };
+  static const int docs[B][8] = {{1, 5, 37, 64, 93}, {200}, {31, 1, 1, 33, 2, 132}};
+  static const int docs_long[2][8] = {{70, 500, 1, 129, 330}, {1030}};
+  int32_t pos[B * T], pos_long[2 * TL], ones[70];
+  for (int b = 0; b < B; b++)
+    for (int i = 0, t = 0; docs[b][i]; i++)
+      for (int j = 0; j < docs[b][i]; j++)
+        pos[b * T + t++] = j;
+  for (int b = 0; b < 2; b++)
+    for (int i = 0, t = 0; docs_long[b][i]; i++)
+      for (int j = 0; j < docs_long[b][i]; j++)
+        pos_long[b * TL + t++] = j;
+  memset(ones, 0, sizeof ones); /* 70 documents of one token */
+  static const struct tz_attn_opts opts[] = {
+      {.scale = 0.2f}, {.softcap = 2.0f},
+      {.window = 1},   {.window = 7},
+      {.window = 64},  {.window = 100},
+      {.window = 300}, {.scale = 0.0625f, .softcap = 2.0f, .window = 37},
+  };
+  static const int shapes[][3] = {{8, 8, 64}, {8, 2, 80}, {7, 1, 96}, {8, 4, 128}, {4, 1, 64}};
+  const char *env = getenv("TZ_CUDA_ATTENTION");
+  int forced = env && strcmp(env, "simple") == 0;
+  struct env e;
+  TZ_ASSERT_OK(env_open_with(&e, TZ_BF16, TZ_F32, "attention=wgmma,variants=on", "wgmma"));
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+    attention_case_pos(&e, B, T, shapes[s][0], shapes[s][1], shapes[s][2], forced, pos);
+  attention_case_pos(&e, 1, 70, 4, 2, 64, forced, ones);
+  for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++)
+    for (size_t s = 1; s < 4; s++)
+      attention_case_opt(&e, 2, T, shapes[s][0], shapes[s][1], shapes[s][2], forced, NULL,
+                         &opts[o]);
+  static const struct tz_attn_opts in_docs[] = {{.window = 7}, {.window = 100}, {.softcap = 2.0f}};
+  for (size_t o = 0; o < sizeof in_docs / sizeof in_docs[0]; o++)
+    attention_case_opt(&e, B, T, 4, 2, 64, forced, pos, &in_docs[o]);
+  /* long rows: documents across many tiles, windows that start the blocks' keys late */
+  attention_case_pos(&e, 2, TL, 4, 2, 128, forced, pos_long);
+  attention_case_opt(&e, 2, TL, 4, 1, 128, forced, NULL, &opts[5]);
+  attention_case_opt(&e, 2, TL, 4, 2, 96, forced, pos_long, &opts[6]);
+  attention_case_opt(&e, 1, TL, 4, 4, 64, forced, NULL, &opts[7]);
+  env_close(&e);
+  assert_int_equal(g_failures, 0);
+}
+
 /* ---- SwiGLU ---- */
 
 struct swiglu_args {
@@ -2425,6 +2479,7 @@ int main(void) {
       cmocka_unit_test(test_attention_families),
       cmocka_unit_test(test_attention_variants),
       cmocka_unit_test(test_attention_wgmma),
+      cmocka_unit_test(test_attention_wgmma_masked),
       cmocka_unit_test(test_swiglu),
       cmocka_unit_test(test_variants_ops),
       cmocka_unit_test(test_unaligned_same_bits),

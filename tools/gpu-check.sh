@@ -215,6 +215,22 @@ if has variants; then
   step var-t8k-none "${lv[@]}" --seq 8192 --batch 1
   step var-t8k-w4096 "${lv[@]}" --seq 8192 --batch 1 --window 4096
 fi
+# wgmasks: packed documents, windows and softcaps on the warpgroup-MMA kernels (by name:
+# tierzero.cuda_attention wgmma; auto gives them the mma.sync kernels until measured): the model's
+# and trainer's GPU tests with it (packed training included), then tz-bench layer at llama-7b's
+# layer with each mask under auto and under wgmma, one after the other (about 150 s)
+if has wgmasks; then
+  step wgm-tests env TZ_CUDA_ATTENTION=wgmma ctest --test-dir $b --output-on-failure \
+    -R '^test_(model_gpu|train_gpu|train_packed)'
+  lw=($b/bin/tz-bench layer --no-torch --rounds 1 --iters 5 --warmup 2)
+  for m in none: w512:--window,512 cap50:--softcap,50 docs512:--docs,512 docs128:--docs,128 \
+    t8k-w4096:--seq,8192,--batch,1,--window,4096; do
+    IFS=, read -r -a extra <<< "${m#*:}"
+    for k in auto wgmma; do
+      step "wgm-${m%%:*}-$k" env TZ_CUDA_ATTENTION=$k "${lw[@]}" "${extra[@]}"
+    done
+  done
+fi
 # packed: issue 50's packed fine-tuning in tz-bench layer, llama-7b's layer (2048 x 4) with rows of
 # heavy-tailed documents (mean 512 and 128 tokens) beside the same without documents, one after
 # the other: tokens per second counting every row token (target >= 1.0x; about 60 s)

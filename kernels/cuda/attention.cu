@@ -14,9 +14,8 @@
  *             atomics are needed.
  * The plain kernels follow the cpu backend's loop order (dot products over d in order, sums over
  * keys or queries in increasing index), so with f32 storage they differ from it only by expf
- * (and tanhf, softcapped). Both take the variants (common.cuh, struct tz_attn_var); a call with
- * any, or with packed documents, takes the mma.sync kernels where they take the shape, else the
- * plain ones (the warpgroup-MMA kernels have neither yet). */
+ * (and tanhf, softcapped). Every kernel takes the variants (common.cuh, struct tz_attn_var) and
+ * packed documents; which serves a call is tz_cuda_attention_choose's (choice.c). */
 #include <math.h>
 
 #include "kernels/cuda/common.cuh"
@@ -383,8 +382,10 @@ static unsigned least_alignment(const void *const *ts, int n) {
 
 /* The kernels tz_cuda_attention_choose gives a call of this instance. */
 static struct tz_cuda_attention_choice choose(const struct tz_cuda *c, int H, int Hkv, int D,
-                                              const void *const *ts, int n) {
-  struct tz_cuda_attention_call call = {c->S, c->sm90, H, Hkv, D, least_alignment(ts, n)};
+                                              const void *const *ts, int n, const int32_t *pos,
+                                              const struct tz_attn_var &var) {
+  struct tz_cuda_attention_call call = {
+      c->S, c->sm90, H, Hkv, D, least_alignment(ts, n), pos || !tz_attn_var_default(var, D)};
   return tz_cuda_attention_choose(c->attention, &call);
 }
 
@@ -418,18 +419,12 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
   const void *ts[] = {out, q, k, v};
-  struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 4);
   const struct tz_attn_var var = tz_attn_var_of(opt, D);
-  /* Packed documents or variants: the mma.sync kernels where they take the shape (the
-   * warpgroup-MMA ones have neither yet), else the plain ones below. */
-  if ((pos || !tz_attn_var_default(var, D)) && ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
-    int rc = tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, pos, var);
-    if (rc <= 0)
-      return rc;
-  } else if (ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
+  struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 4, pos, var);
+  if (ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
     int rc = ch.fwd == TZ_CUDA_KERNEL_WGMMA
-                 ? tz_cuda_attention_fwd_wgmma(c, out, lse, q, k, v, B, T, H, Hkv, D)
-                 : tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, NULL, var);
+                 ? tz_cuda_attention_fwd_wgmma(c, out, lse, q, k, v, B, T, H, Hkv, D, pos, var)
+                 : tz_cuda_attention_fwd_mma(c, out, lse, q, k, v, B, T, H, Hkv, D, pos, var);
     return rc > 0 ? declined("attention_fwd", ch.fwd, D) : rc;
   }
   dim3 grid((unsigned)((T + BQ - 1) / BQ), (unsigned)H, (unsigned)B);
@@ -461,18 +456,13 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
     return 0;
   }));
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
-  struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 7);
-  if ((pos || !tz_attn_var_default(var, D)) && ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
-    int rc = tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
-                                       pos, var);
-    if (rc <= 0)
-      return rc;
-  } else if (ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
-    int rc =
-        ch.bwd == TZ_CUDA_KERNEL_WGMMA
-            ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D)
-            : tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
-                                        NULL, var);
+  struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 7, pos, var);
+  if (ch.bwd != TZ_CUDA_KERNEL_PLAIN) {
+    int rc = ch.bwd == TZ_CUDA_KERNEL_WGMMA
+                 ? tz_cuda_attention_bwd_wgmma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H,
+                                               Hkv, D, pos, var)
+                 : tz_cuda_attention_bwd_mma(c, dq, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv,
+                                             D, pos, var);
     return rc > 0 ? declined("attention_bwd", ch.bwd, D) : rc;
   }
   dim3 grid_q((unsigned)((T + BQ - 1) / BQ), (unsigned)H, (unsigned)B);

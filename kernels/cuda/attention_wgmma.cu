@@ -180,8 +180,8 @@ __device__ __forceinline__ float (&flat(float (&x)[8][4]))[32] {
   return *reinterpret_cast<float(*)[32]>(&x[0][0]);
 }
 
-template <int NS> __device__ __forceinline__ void pack_all(uint32_t (&a)[NS / 2][4],
-                                                          const float (&x)[NS][4]) {
+template <int NS>
+__device__ __forceinline__ void pack_all(uint32_t (&a)[NS / 2][4], const float (&x)[NS][4]) {
 #pragma unroll
   for (int j = 0; j < NS / 2; j++)
     pack_a<__nv_bfloat16, NS>(a[j], x, j);
@@ -212,11 +212,36 @@ template <int NWG> struct qblock {
   }
 };
 
-template <int NWG, bool AREG, int DP, bool PAD>
+/* Packed documents and windows on the query side (VAR; common.cuh, tz_first_key): the block's
+ * key tiles start at its first row's first key's (kt0: the tiles before hold no key any of its
+ * rows sees), each row hides the keys before its own first (st_lo, st_hi), and a tile before the
+ * warpgroup's last row's first key (st_wg) is masked (partial). The softcap's factors ride along.
+ * Without VAR every field is 0 and the arithmetic is the causal kernels'. */
+template <bool VAR> struct firsts {
+  int kt0, st_lo, st_hi, st_wg;
+  float cap_in, cap_log2;
+  template <int NWG>
+  __device__ __forceinline__ firsts(const int32_t *pos, const tz_attn_var &var, int b, int T_,
+                                    int q0, const qblock<NWG> &p) {
+    kt0 = st_lo = st_hi = st_wg = 0;
+    cap_in = VAR ? var.cap_in : 0.0f;
+    cap_log2 = VAR ? var.cap_log2 : 0.0f;
+    const int W_ = VAR ? var.window : 0;
+    if (VAR && (pos || W_ > 0)) {
+      kt0 = tz_first_key(pos, b, T_, q0, W_) / WR;
+      st_lo = tz_first_key(pos, b, T_, p.row_lo, W_);
+      st_hi = tz_first_key(pos, b, T_, p.row_hi, W_);
+      st_wg = tz_first_key(pos, b, T_, min(p.mt * WR + WR - 1, T_ - 1), W_);
+    }
+  }
+  __device__ __forceinline__ bool partial(int kt) const { return VAR && kt * WR < st_wg; }
+};
+
+template <int NWG, bool AREG, int DP, bool PAD, bool VAR>
 __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     attn_fwd_wgmma_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, int T_, int H, int Hkv,
-                          int D, float scale_log2) {
+                          int D, float scale_log2, const int32_t *pos, const tz_attn_var var) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -233,9 +258,10 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   qop<AREG, DP> Qw;
 
   const int q0 = p.i * NWG * WR;
+  const firsts<VAR> f(pos, var, b, T_, q0, p);
   load_sw<NWG * WR, NT, DP>(sQ, qb, qs, q0, T_ - q0, D);
-  load_sw<WR, NT, DP>(sK, kb, ks, 0, T_, D);
-  load_sw<WR, NT, DP>(sV, vb, ks, 0, T_, D);
+  load_sw<WR, NT, DP>(sK, kb, ks, f.kt0 * WR, T_ - f.kt0 * WR, D);
+  load_sw<WR, NT, DP>(sV, vb, ks, f.kt0 * WR, T_ - f.kt0 * WR, D);
   cp_async_commit();
 
   float o[DP / 8][4]; /* the output's 64-column halves, o[0..7] and (DP 128) o[8..15] */
@@ -243,28 +269,30 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
   uint32_t pa[WR / 16][4]; /* the last tile's probabilities, for its p v */
 
-  for (int kt = 0; kt < p.n_kt; kt++) {
-    next_step(kt, p.n_kt, [&] {
+  /* step j = kt - kt0 of the block's tiles picks the buffers */
+  for (int kt = f.kt0; kt < p.n_kt; kt++) {
+    const int j = kt - f.kt0;
+    next_step(j, p.n_kt - f.kt0, [&] {
       int r0 = (kt + 1) * WR;
-      load_sw<WR, NT, DP>(sK + ((kt + 1) & 1) * TILE, kb, ks, r0, T_ - r0, D);
-      load_sw<WR, NT, DP>(sV + ((kt + 1) % 3) * TILE, vb, ks, r0, T_ - r0, D);
+      load_sw<WR, NT, DP>(sK + ((j + 1) & 1) * TILE, kb, ks, r0, T_ - r0, D);
+      load_sw<WR, NT, DP>(sV + ((j + 1) % 3) * TILE, vb, ks, r0, T_ - r0, D);
     });
-    if (kt == 0)
+    if (j == 0)
       Qw.load(sQ + p.wg * TILE, p.warp, p.g, p.c);
     if (kt < p.n_mine) {
       /* s = q k^T; beside it o += p v of the tile before */
       float s[WR / 8][4];
       tz_wgmma::fence();
-      Qw.product(flat(s), sK + (kt & 1) * TILE);
+      Qw.product(flat(s), sK + (j & 1) * TILE);
       tz_wgmma::commit();
-      beside(kt, [&] { product_mn<DP>(o, pa, sV + ((kt - 1) % 3) * TILE); });
-      float a_lo, a_hi; /* the mask a constant in each call: the diagonal tile's code apart */
-      if (kt == p.mt)
+      beside(j, [&] { product_mn<DP>(o, pa, sV + ((j - 1) % 3) * TILE); });
+      float a_lo, a_hi; /* the mask a constant in each call: the masked tiles' code apart */
+      if (kt == p.mt || f.partial(kt))
         softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, true, kt * WR, p.row_lo,
-                              p.row_hi, p.c, scale_log2);
+                              p.row_hi, p.c, scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2);
       else
         softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, false, kt * WR, p.row_lo,
-                              p.row_hi, p.c, scale_log2);
+                              p.row_hi, p.c, scale_log2, 0, 0, f.cap_in, f.cap_log2);
       tz_wgmma::wait<0>();
       /* where no row of the warp moved its max the factors are 1 and the rescale exact: skipped */
       if (!__all_sync(0xffffffffu, a_lo == 1.0f && a_hi == 1.0f))
@@ -276,7 +304,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   if (p.n_mine == 0)
     return;
   tz_wgmma::fence();
-  product_mn<DP>(o, pa, sV + ((p.n_mine - 1) % 3) * TILE);
+  product_mn<DP>(o, pa, sV + ((p.n_mine - 1 - f.kt0) % 3) * TILE);
   tz_wgmma::commit();
   tz_wgmma::wait<0>();
 
@@ -284,7 +312,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
                                            p.row_hi, T_, D, p.c);
 #else
   (void)out, (void)lse, (void)q, (void)k, (void)v, (void)T_, (void)H, (void)Hkv, (void)D;
-  (void)scale_log2;
+  (void)scale_log2, (void)pos, (void)var;
   __trap();
 #endif
 }
@@ -308,12 +336,12 @@ template <int DP> constexpr size_t kv_smem(int nwg) {
   return (size_t)(2 * nwg + 4) * tile_bytes<DP>() + 4 * WR * sizeof(float) + 1024;
 }
 
-template <int NWG, bool AREG, int DP, bool PAD>
+template <int NWG, bool AREG, int DP, bool PAD, bool VAR>
 __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     attn_bwd_dq_wgmma_kernel(__nv_bfloat16 *dq, const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
                              const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse,
                              const float *delta, int T_, int H, int Hkv, int D, float scale,
-                             float scale_log2) {
+                             float scale_log2, const int32_t *pos, const tz_attn_var var) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -338,23 +366,25 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   qop<AREG, DP> Qw, dOw;
 
   const int q0 = p.i * NWG * WR;
+  const firsts<VAR> f(pos, var, b, T_, q0, p);
   load_sw<NWG * WR, NT, DP>(sQ, qb, qs, q0, T_ - q0, D);
   load_sw<NWG * WR, NT, DP>(sdO, dob, qs, q0, T_ - q0, D);
-  load_sw<WR, NT, DP>(sK, kb, ks, 0, T_, D);
-  load_sw<WR, NT, DP>(sV, vb, ks, 0, T_, D);
+  load_sw<WR, NT, DP>(sK, kb, ks, f.kt0 * WR, T_ - f.kt0 * WR, D);
+  load_sw<WR, NT, DP>(sV, vb, ks, f.kt0 * WR, T_ - f.kt0 * WR, D);
   cp_async_commit();
 
   float acc[DP / 8][4];
   zero(acc);
   uint32_t dsa[WR / 16][4]; /* the last tile's score gradients, for its ds k */
 
-  for (int kt = 0; kt < p.n_kt; kt++) {
-    next_step(kt, p.n_kt, [&] {
+  for (int kt = f.kt0; kt < p.n_kt; kt++) {
+    const int j = kt - f.kt0; /* the step: the buffers' index */
+    next_step(j, p.n_kt - f.kt0, [&] {
       int r0 = (kt + 1) * WR;
-      load_sw<WR, NT, DP>(sK + ((kt + 1) % 3) * TILE, kb, ks, r0, T_ - r0, D);
-      load_sw<WR, NT, DP>(sV + ((kt + 1) & 1) * TILE, vb, ks, r0, T_ - r0, D);
+      load_sw<WR, NT, DP>(sK + ((j + 1) % 3) * TILE, kb, ks, r0, T_ - r0, D);
+      load_sw<WR, NT, DP>(sV + ((j + 1) & 1) * TILE, vb, ks, r0, T_ - r0, D);
     });
-    if (kt == 0) {
+    if (j == 0) {
       Qw.load(sQ + p.wg * TILE, p.warp, p.g, p.c);
       dOw.load(sdO + p.wg * TILE, p.warp, p.g, p.c);
     }
@@ -362,16 +392,19 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       /* s = q k^T, dp = dout v^T; beside them acc += ds k of the tile before */
       float s[WR / 8][4], dp[WR / 8][4];
       tz_wgmma::fence();
-      Qw.product(flat(s), sK + (kt % 3) * TILE);
-      dOw.product(flat(dp), sV + (kt & 1) * TILE);
+      Qw.product(flat(s), sK + (j % 3) * TILE);
+      dOw.product(flat(dp), sV + (j & 1) * TILE);
       tz_wgmma::commit();
-      beside(kt, [&] { product_mn<DP>(acc, dsa, sK + ((kt - 1) % 3) * TILE); });
+      beside(j, [&] { product_mn<DP>(acc, dsa, sK + ((j - 1) % 3) * TILE); });
       if (kt == p.mt)
-        q_probs<WR / 8>(s, dp, true, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
-                        p.c, scale_log2);
+        q_probs<WR / 8>(s, dp, true, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi, p.c,
+                        scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2);
+      else if (f.partial(kt))
+        q_probs<WR / 8>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi, p.c,
+                        scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2);
       else
-        q_probs<WR / 8>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
-                        p.c, scale_log2);
+        q_probs<WR / 8>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi, p.c,
+                        scale_log2, 0, 0, f.cap_in, f.cap_log2);
       tz_wgmma::wait<0>();
       pack_all<WR / 8>(dsa, dp);
     }
@@ -380,7 +413,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   if (p.n_mine == 0)
     return;
   tz_wgmma::fence();
-  product_mn<DP>(acc, dsa, sK + ((p.n_mine - 1) % 3) * TILE);
+  product_mn<DP>(acc, dsa, sK + ((p.n_mine - 1 - f.kt0) % 3) * TILE);
   tz_wgmma::commit();
   tz_wgmma::wait<0>();
 
@@ -388,17 +421,18 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
                                          row_hi, T_, D, scale, p.c);
 #else
   (void)dq, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)T_, (void)H;
-  (void)Hkv, (void)D, (void)scale, (void)scale_log2;
+  (void)Hkv, (void)D, (void)scale, (void)scale_log2, (void)pos, (void)var;
   __trap();
 #endif
 }
 
-template <int NWG, int DP, bool PAD>
+template <int NWG, int DP, bool PAD, bool VAR>
 __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     attn_bwd_dkdv_wgmma_kernel(__nv_bfloat16 *dk, __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
                                const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                                const __nv_bfloat16 *v, const float *lse, const float *delta, int T_,
-                               int H, int Hkv, int D, float scale, float scale_log2) {
+                               int H, int Hkv, int D, float scale, float scale_log2,
+                               const int32_t *pos, const tz_attn_var var) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -420,7 +454,20 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   const int key_lo = k0 + wg * WR + warp * 16 + g, key_hi = key_lo + 8;
   /* Chunks of 64 queries from k0, per head; warpgroup 1 (keys from k0 + 64, if any) skips each
    * head's first, where every query comes before its keys. */
-  const int n_chunks = (T_ - k0 + WR - 1) / WR;
+  int n_chunks = (T_ - k0 + WR - 1) / WR;
+  /* Packed documents and windows (VAR): the chunks from the first whose first query's first key
+   * lies past the block's last key on see none of its keys (first keys increase along the
+   * queries); a chunk whose last query's first key lies past the warpgroup's first key hides
+   * some of its keys (masked). */
+  const int W_ = VAR ? var.window : 0;
+  const bool firsts = VAR && (pos || W_ > 0);
+  const float cap_in = VAR ? var.cap_in : 0.0f, cap_log2 = VAR ? var.cap_log2 : 0.0f;
+  if (firsts) {
+    int n = 0;
+    while (n < n_chunks && tz_first_key(pos, b, T_, k0 + n * WR, W_) < k0 + NWG * WR)
+      n++;
+    n_chunks = n;
+  }
   const int n_it = group * n_chunks;
   const bool mine = k0 + wg * WR < T_;
   const uint8_t *Kw = sK + wg * TILE, *Vw = sV + wg * TILE;
@@ -465,10 +512,14 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       tz_wgmma::commit();
       tz_wgmma::wait<0>();
 
-      if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_) /* the diagonal chunk, or one past T */
-        kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true);
+      /* the diagonal chunk, one past T, or one hiding keys before its queries' first */
+      if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_ ||
+          (firsts && tz_first_key(pos, b, T_, i0 + WR - 1, W_) > k0 + wg * WR))
+        kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true,
+                         firsts ? pos : nullptr, b, W_, cap_in, cap_log2);
       else
-        kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, false);
+        kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, false, nullptr, b,
+                         0, cap_in, cap_log2);
 
       /* dv += p^T dout, dk += ds^T q */
       uint32_t pa[WR / 16][4], dsa[WR / 16][4];
@@ -490,7 +541,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
                                             c);
 #else
   (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)T_;
-  (void)H, (void)Hkv, (void)D, (void)scale, (void)scale_log2;
+  (void)H, (void)Hkv, (void)D, (void)scale, (void)scale_log2, (void)pos, (void)var;
   __trap();
 #endif
 }
@@ -502,55 +553,56 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
  * barrier a tile, so their softmax and products no longer interleave: forward +5%, dk/dv +14%. */
 constexpr int FWD_NWG = 1, DQ_NWG = 1, KV_NWG = 1;
 
-template <int NWG, bool AREG, int DP, bool PAD>
+template <int NWG, bool AREG, int DP, bool PAD, bool VAR>
 int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
-               const void *v, int B, int T, int H, int Hkv, int D) {
+               const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos,
+               const tz_attn_var &var) {
   const size_t sm = fwd_smem<DP>(NWG);
   if (sm > c->smem_optin)
     return 1;
-  const void *kernel = (const void *)attn_fwd_wgmma_kernel<NWG, AREG, DP, PAD>;
+  const void *kernel = (const void *)attn_fwd_wgmma_kernel<NWG, AREG, DP, PAD, VAR>;
   TZ_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
   dim3 grid((unsigned)((T + NWG * WR - 1) / (NWG * WR)), (unsigned)H, (unsigned)B);
-  float scale_log2 = 1.0f / sqrtf((float)D) * LOG2E;
-  attn_fwd_wgmma_kernel<NWG, AREG, DP, PAD><<<grid, 128 * NWG, sm, c->stream>>>(
+  float scale_log2 = var.scale * LOG2E;
+  attn_fwd_wgmma_kernel<NWG, AREG, DP, PAD, VAR><<<grid, 128 * NWG, sm, c->stream>>>(
       (__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k,
-      (const __nv_bfloat16 *)v, T, H, Hkv, D, scale_log2);
+      (const __nv_bfloat16 *)v, T, H, Hkv, D, scale_log2, pos, var);
   TZ_CU_LAUNCHED();
   return 0;
 }
 
 typedef __nv_bfloat16 E;
 
-template <int NWG, bool AREG, int DP, bool PAD>
+template <int NWG, bool AREG, int DP, bool PAD, bool VAR>
 int launch_dq(struct tz_cuda *c, void *dq, const float *delta, const void *dout, const void *q,
               const void *k, const void *v, const float *lse, int B, int T, int H, int Hkv, int D,
-              float scale, float scale_log2) {
+              const int32_t *pos, const tz_attn_var &var) {
   const size_t sm = dq_smem<DP>(NWG);
   if (sm > c->smem_optin)
     return 1;
-  const void *kernel = (const void *)attn_bwd_dq_wgmma_kernel<NWG, AREG, DP, PAD>;
+  const void *kernel = (const void *)attn_bwd_dq_wgmma_kernel<NWG, AREG, DP, PAD, VAR>;
   TZ_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
   dim3 grid((unsigned)((T + NWG * WR - 1) / (NWG * WR)), (unsigned)H, (unsigned)B);
-  attn_bwd_dq_wgmma_kernel<NWG, AREG, DP, PAD><<<grid, 128 * NWG, sm, c->stream>>>(
+  attn_bwd_dq_wgmma_kernel<NWG, AREG, DP, PAD, VAR><<<grid, 128 * NWG, sm, c->stream>>>(
       (E *)dq, (const E *)dout, (const E *)q, (const E *)k, (const E *)v, lse, delta, T, H, Hkv, D,
-      scale, scale_log2);
+      var.scale, var.scale * LOG2E, pos, var);
   TZ_CU_LAUNCHED();
   return 0;
 }
 
-template <int NWG, int DP, bool PAD>
+template <int NWG, int DP, bool PAD, bool VAR>
 int launch_kv(struct tz_cuda *c, void *dk, void *dv, const float *delta, const void *dout,
               const void *q, const void *k, const void *v, const float *lse, int B, int T, int H,
-              int Hkv, int D, float scale, float scale_log2) {
+              int Hkv, int D, const int32_t *pos, const tz_attn_var &var) {
   const size_t sm = kv_smem<DP>(NWG);
   if (sm > c->smem_optin)
     return 1;
-  const void *kernel = (const void *)attn_bwd_dkdv_wgmma_kernel<NWG, DP, PAD>;
+  const void *kernel = (const void *)attn_bwd_dkdv_wgmma_kernel<NWG, DP, PAD, VAR>;
   TZ_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
   dim3 grid((unsigned)((T + NWG * WR - 1) / (NWG * WR)), (unsigned)Hkv, (unsigned)B);
-  attn_bwd_dkdv_wgmma_kernel<NWG, DP, PAD><<<grid, 128 * NWG, sm, c->stream>>>(
+  attn_bwd_dkdv_wgmma_kernel<NWG, DP, PAD, VAR><<<grid, 128 * NWG, sm, c->stream>>>(
       (E *)dk, (E *)dv, (const E *)dout, (const E *)q, (const E *)k, (const E *)v, lse, delta, T, H,
-      Hkv, D, scale, scale_log2);
+      Hkv, D, var.scale, var.scale * LOG2E, pos, var);
   TZ_CU_LAUNCHED();
   return 0;
 }
@@ -559,6 +611,13 @@ template <int DP_, bool PAD_> struct tiles {
   static constexpr int DP = DP_;
   static constexpr bool PAD = PAD_;
 };
+
+/* Calls f with a tag saying whether the call has packed documents or variants (VAR): the
+ * kernels built without them are the causal ones, with no branch of the others' in them. */
+template <bool V> struct masked { static constexpr bool VAR = V; };
+template <typename F> int with_masks(bool any, F f) {
+  return any ? f(masked<true>{}) : f(masked<false>{});
+}
 
 /* Calls f with the tiles for head dim D: 64 and 128 exactly, a multiple of 8 between them padded
  * to 128; 1 (declined) for any other. Which head dims run here is tz_cuda_attention_choose's
@@ -576,34 +635,41 @@ template <typename F> int with_tiles(int D, F f) {
 } /* namespace */
 
 int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const void *q,
-                                const void *k, const void *v, int B, int T, int H, int Hkv, int D) {
+                                const void *k, const void *v, int B, int T, int H, int Hkv, int D,
+                                const int32_t *pos, const tz_attn_var &var) {
   if (c->S != TZ_BF16 || !c->sm90 || !tz_cuda_aligned16(out) || !tz_cuda_aligned16(q) ||
       !tz_cuda_aligned16(k) || !tz_cuda_aligned16(v))
     return 1;
   return with_tiles(D, [&](auto t) {
     using W = decltype(t);
-    return launch_fwd<FWD_NWG, true, W::DP, W::PAD>(c, out, lse, q, k, v, B, T, H, Hkv, D);
+    return with_masks(pos || !tz_attn_var_default(var, D), [&](auto m) {
+      using M = decltype(m);
+      return launch_fwd<FWD_NWG, true, W::DP, W::PAD, M::VAR>(c, out, lse, q, k, v, B, T, H, Hkv, D,
+                                                              pos, var);
+    });
   });
 }
 
-int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
-                                const float *delta, const void *dout, const void *q,
-                                const void *k, const void *v, const float *lse, int B, int T,
-                                int H, int Hkv, int D) {
+int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
+                                const void *dout, const void *q, const void *k, const void *v,
+                                const float *lse, int B, int T, int H, int Hkv, int D,
+                                const int32_t *pos, const tz_attn_var &var) {
   const void *ts[] = {dq, dk, dv, dout, q, k, v};
   for (const void *t : ts)
     if (!tz_cuda_aligned16(t))
       return 1;
   if (c->S != TZ_BF16 || !c->sm90)
     return 1;
-  float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
   return with_tiles(D, [&](auto t) {
     using W = decltype(t);
-    int rc = launch_dq<DQ_NWG, false, W::DP, W::PAD>(c, dq, delta, dout, q, k, v, lse, B, T, H, Hkv,
-                                                     D, scale, scale_log2);
-    if (rc)
-      return rc;
-    return launch_kv<KV_NWG, W::DP, W::PAD>(c, dk, dv, delta, dout, q, k, v, lse, B, T, H, Hkv, D,
-                                            scale, scale_log2);
+    return with_masks(pos || !tz_attn_var_default(var, D), [&](auto m) {
+      using M = decltype(m);
+      int rc = launch_dq<DQ_NWG, false, W::DP, W::PAD, M::VAR>(c, dq, delta, dout, q, k, v, lse, B,
+                                                               T, H, Hkv, D, pos, var);
+      if (rc)
+        return rc;
+      return launch_kv<KV_NWG, W::DP, W::PAD, M::VAR>(c, dk, dv, delta, dout, q, k, v, lse, B, T, H,
+                                                      Hkv, D, pos, var);
+    });
   });
 }

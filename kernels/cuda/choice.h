@@ -28,7 +28,7 @@ enum tz_cuda_attention_mode {
   TZ_CUDA_ATTENTION_AUTO,     /* the fastest measured kernels that take the shape */
   TZ_CUDA_ATTENTION_SIMPLE,   /* the plain kernels for every shape (to test them) */
   TZ_CUDA_ATTENTION_TWO_PASS, /* the mma.sync kernels, the backward in two passes */
-  TZ_CUDA_ATTENTION_WGMMA,    /* the same as auto (which takes warpgroup MMA wherever it builds) */
+  TZ_CUDA_ATTENTION_WGMMA,    /* auto's, and warpgroup MMA for masked calls too (not yet auto's) */
 };
 
 /* The kernels a call can run on. */
@@ -39,13 +39,15 @@ enum tz_cuda_attention_kernel {
 };
 const char *tz_cuda_attention_kernel_name(enum tz_cuda_attention_kernel k);
 
-/* What the choice depends on: the instance's dtype and device, the call's shape, and the least
- * alignment in bytes of the call's tensors (a power of two, 256 at most). */
+/* What the choice depends on: the instance's dtype and device, the call's shape, the least
+ * alignment in bytes of the call's tensors (a power of two, 256 at most), and whether it has
+ * packed documents or variants (a window, a softcap, a scale: compute.h, struct tz_attn_opts). */
 struct tz_cuda_attention_call {
   enum tz_dtype S;
   int sm90; /* the device is sm_90 (the wgmma kernels are built for sm_90a) */
   int H, Hkv, D;
   unsigned align;
+  int masked;
 };
 
 struct tz_cuda_attention_choice {

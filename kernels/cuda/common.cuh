@@ -288,11 +288,13 @@ int tz_cuda_attention_bwd_mma(struct tz_cuda *c, void *dq, void *dk, void *dv, c
 /* The forward and the two-pass backward on Hopper's warpgroup MMA (attention_wgmma.cu, built for
  * sm_90a): bf16, head dims 64 to 128 in multiples of 8 (where tz_cuda_attention_wgmma_takes
  * admits them), 16-byte aligned tensors, an sm_90 device; 1 where they do not take the call. The
- * backward reads delta as attention.cu's kernel leaves it. */
+ * backward reads delta as attention.cu's kernel leaves it. pos and var as the mma.sync kernels'. */
 int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const void *q,
-                                const void *k, const void *v, int B, int T, int H, int Hkv, int D);
+                                const void *k, const void *v, int B, int T, int H, int Hkv, int D,
+                                const int32_t *pos, const struct tz_attn_var &var);
 int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv, const float *delta,
                                 const void *dout, const void *q, const void *k, const void *v,
-                                const float *lse, int B, int T, int H, int Hkv, int D);
+                                const float *lse, int B, int T, int H, int Hkv, int D,
+                                const int32_t *pos, const struct tz_attn_var &var);
 
 #endif
