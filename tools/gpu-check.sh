@@ -40,7 +40,9 @@
 # tests, the model's and trainer's GPU tests, tz-bench layer in 3 rounds with PyTorch beside it
 # (each op's GB/s beside the copy ceiling), then tz-auto llama-7b (about 200 s)
 # variants: the windowed and soft-capped attention's speed beside the causal kernel's; packed:
-# the layer with packed documents beside the same without;
+# the layer with packed documents beside the same without; wgmasks: the masks (documents, windows,
+# softcaps) on the warpgroup-MMA kernels by name, their tests and their speed beside auto's;
+# sftpair: tz-train's packed fine-tuning beside pretraining, on auto's kernels and on wgmma;
 # normbwd: tz-bench layer with RMSNorm's backward in two passes, then in one; moelayer: the
 # experts' layer beside PyTorch's (OLMoE-1B-7B's and Mixtral's shapes); dsmoe: issue 53's pair,
 # ds-offload then tz-auto on OLMoE-1B-7B's config.json, one after the other (DeepSpeed from .whl/ds:
@@ -230,6 +232,17 @@ if has wgmasks; then
       step "wgm-${m%%:*}-$k" env TZ_CUDA_ATTENTION=$k "${lw[@]}" "${extra[@]}"
     done
   done
+fi
+# sftpair: issue 50's packed fine-tuning against pretraining in tz-train (docs/benchmarks.md,
+# "Fine-tuning"), tz-auto llama-1b at 4 x 2048: pretraining, then packed conversations
+# (bench/sft_data.py) on auto's kernels and on the warpgroup-MMA ones by name
+# (tierzero.cuda_attention wgmma), one after the other (about 150 s)
+if has sftpair; then
+  step sft-data python3 bench/sft_data.py /tmp/tz-sft --tokens 3000000
+  bt=(env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-1b --steps 6 --warmup 2)
+  step sft-pre "${bt[@]}" --tag pre
+  step sft-auto "${bt[@]}" --tag sft --data '/tmp/tz-sft/*.bin'
+  step sft-wgmma env TZ_CUDA_ATTENTION=wgmma "${bt[@]}" --tag sft-wgmma --data '/tmp/tz-sft/*.bin'
 fi
 # packed: issue 50's packed fine-tuning in tz-bench layer, llama-7b's layer (2048 x 4) with rows of
 # heavy-tailed documents (mean 512 and 128 tokens) beside the same without documents, one after
