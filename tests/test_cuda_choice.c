@@ -39,7 +39,7 @@ static void test_each_name_reaches_its_kernels(void **state) {
     enum tz_cuda_attention_kernel fwd128, bwd128, fwd64, bwd64, masked128;
   } want[] = {
       {"auto", TZ_CUDA_ATTENTION_AUTO, TZ_CUDA_KERNEL_WGMMA, TZ_CUDA_KERNEL_WGMMA,
-       TZ_CUDA_KERNEL_WGMMA, TZ_CUDA_KERNEL_WGMMA, TZ_CUDA_KERNEL_MMA},
+       TZ_CUDA_KERNEL_WGMMA, TZ_CUDA_KERNEL_WGMMA, TZ_CUDA_KERNEL_WGMMA},
       {"simple", TZ_CUDA_ATTENTION_SIMPLE, TZ_CUDA_KERNEL_PLAIN, TZ_CUDA_KERNEL_PLAIN,
        TZ_CUDA_KERNEL_PLAIN, TZ_CUDA_KERNEL_PLAIN, TZ_CUDA_KERNEL_PLAIN},
       {"two-pass", TZ_CUDA_ATTENTION_TWO_PASS, TZ_CUDA_KERNEL_MMA, TZ_CUDA_KERNEL_MMA,
@@ -180,11 +180,10 @@ static void test_unknown_names_refused(void **state) {
 }
 
 /* Whatever the mode, the kernel chosen takes the call by its file's own predicate: simple is
- * plain everywhere; wgmma only where the predicate takes it, masked calls (packed documents or
- * variants) included; two-pass never wgmma. auto is wgmma where that takes an unmasked call,
- * else mma.sync where that takes the call (a masked one on sm_90 too: the wgmma kernels'
- * masks are not auto's until measured), else plain; the forward and the backward are always the
- * same kernels. */
+ * plain everywhere; wgmma wherever the predicate takes it, masked calls (packed documents or
+ * variants) included; two-pass never wgmma. auto is wgmma where that takes the call, masked or
+ * not, else mma.sync where that takes it, else plain; the forward and the backward are always
+ * the same kernels. */
 static void test_choice_takes_the_call(void **state) {
   (void)state;
   static const enum tz_dtype dts[] = {TZ_F32, TZ_BF16, TZ_F16};
@@ -214,11 +213,11 @@ static void test_choice_takes_the_call(void **state) {
                     assert_int_equal(ks[i], TZ_CUDA_KERNEL_WGMMA);
                 }
                 assert_int_equal(ch.fwd, ch.bwd);
-                /* auto takes wgmma wherever it builds, as measured (64 to 128), for unmasked
-                 * calls, else mma.sync wherever that takes the call */
+                /* auto takes wgmma wherever it builds, as measured (64 to 128, masked or not),
+                 * else mma.sync wherever that takes the call */
                 if (mode == TZ_CUDA_ATTENTION_AUTO) {
                   enum tz_cuda_attention_kernel want = TZ_CUDA_KERNEL_PLAIN;
-                  if (tz_cuda_attention_wgmma_takes(&c, 1) && !c.masked)
+                  if (tz_cuda_attention_wgmma_takes(&c, 1))
                     want = TZ_CUDA_KERNEL_WGMMA;
                   else if (tz_cuda_attention_mma_takes(&c))
                     want = TZ_CUDA_KERNEL_MMA;

@@ -65,15 +65,16 @@ int tz_cuda_attention_wgmma_takes(const struct tz_cuda_attention_call *c, int ev
  * 2026-12-03), at 64, 80 and 96 attention forward + backward 1.62x, 1.37x and 1.42x (H200,
  * 2026-12-05; docs/cuda-kernels.md). Elsewhere (fp16, a head dim wgmma does not build, tensors
  * not 16-byte aligned, a GPU other than sm_90) the mma.sync kernels where they take the call,
- * else the plain ones. A call with packed documents or variants (masked) goes to the wgmma
- * kernels by name alone (wgmma) until they are measured there against the mma.sync ones, which
- * auto keeps for it. */
+ * else the plain ones. Masked calls (packed documents or variants) too: at llama-7b's layer on an
+ * H100 (2026-12-06, tools/gpu-check.sh wgmasks) attention forward + backward 1.40x the mma.sync
+ * kernels with documents of mean 512 tokens (1.17x at 128), 1.52x with a window of 512, 1.58x
+ * softcapped, 1.56x at 8192 tokens with a window of 4096. */
 struct tz_cuda_attention_choice tz_cuda_attention_choose(enum tz_cuda_attention_mode mode,
                                                          const struct tz_cuda_attention_call *c) {
   struct tz_cuda_attention_choice ch = {TZ_CUDA_KERNEL_PLAIN, TZ_CUDA_KERNEL_PLAIN};
   if (mode == TZ_CUDA_ATTENTION_SIMPLE)
     return ch;
-  if (((mode == TZ_CUDA_ATTENTION_AUTO && !c->masked) || mode == TZ_CUDA_ATTENTION_WGMMA) &&
+  if ((mode == TZ_CUDA_ATTENTION_AUTO || mode == TZ_CUDA_ATTENTION_WGMMA) &&
       tz_cuda_attention_wgmma_takes(c, 1))
     ch.fwd = ch.bwd = TZ_CUDA_KERNEL_WGMMA;
   else if (tz_cuda_attention_mma_takes(c))

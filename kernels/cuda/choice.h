@@ -28,7 +28,7 @@ enum tz_cuda_attention_mode {
   TZ_CUDA_ATTENTION_AUTO,     /* the fastest measured kernels that take the shape */
   TZ_CUDA_ATTENTION_SIMPLE,   /* the plain kernels for every shape (to test them) */
   TZ_CUDA_ATTENTION_TWO_PASS, /* the mma.sync kernels, the backward in two passes */
-  TZ_CUDA_ATTENTION_WGMMA,    /* auto's, and warpgroup MMA for masked calls too (not yet auto's) */
+  TZ_CUDA_ATTENTION_WGMMA,    /* the same as auto (which takes warpgroup MMA wherever it builds) */
 };
 
 /* The kernels a call can run on. */
