@@ -524,6 +524,31 @@ static void test_plan_bound_home_phases(void **state) {
   assert_true(p.moved[TZ_PLAN_HOST] == 0); /* the window holds both from the first step */
 }
 
+/* Four phases, each reading its own 1 MiB block (1 ms of compute, 2 ms to copy in), the host
+ * room for all four; the compute tier's capacity is the caller's. */
+enum { FOUR_S = 1 << 20, FOUR_CHUNK = 4096 };
+struct four {
+  uint64_t bytes[4][TZ_PLAN_KINDS];
+  struct tz_plan_phase ph[4];
+  struct tz_plan_request r;
+};
+static void four_phases(struct four *f) {
+  memset(f, 0, sizeof *f);
+  for (int g = 0; g < 4; g++) {
+    f->bytes[g][TZ_PLAN_PARAM] = FOUR_S;
+    snprintf(f->ph[g].name, sizeof f->ph[g].name, "fwd%d", g);
+    f->ph[g].flop = 1e9;
+    f->ph[g].n_uses = 1;
+    f->ph[g].uses[0] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_READ};
+  }
+  f->r = plan_request(4, f->bytes, f->ph, 4, FOUR_CHUNK);
+  f->r.capacity[TZ_PLAN_HOST] = 4 * FOUR_S;
+  f->r.rates = (struct tz_plan_rates){.flops = 1e12,
+                                      .copy_in = 0.5e3 * (double)FOUR_S,
+                                      .copy_out = 1e3 * (double)FOUR_S,
+                                      .adam = 1e9};
+}
+
 /* A placement that only moves out of the compute tier what its capacity asks leaves the window
  * at its minimum, too small to prefetch the next block while the last streams: the plan moves
  * more out while that lowers the bound. Four phases, each reading its own 1 MiB block (1 ms of
@@ -532,23 +557,11 @@ static void test_plan_bound_home_phases(void **state) {
  * overlap and the window keeps one of them (4 ms, the compute). */
 static void test_plan_trades_homes_for_window(void **state) {
   (void)state;
-  const uint64_t S = 1 << 20, chunk = 4096;
-  uint64_t bytes[4][TZ_PLAN_KINDS];
-  memset(bytes, 0, sizeof bytes);
-  struct tz_plan_phase ph[4];
-  memset(ph, 0, sizeof ph);
-  for (int g = 0; g < 4; g++) {
-    bytes[g][TZ_PLAN_PARAM] = S;
-    snprintf(ph[g].name, sizeof ph[g].name, "fwd%d", g);
-    ph[g].flop = 1e9;
-    ph[g].n_uses = 1;
-    ph[g].uses[0] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_READ};
-  }
-  struct tz_plan_request r = plan_request(4, bytes, ph, 4, chunk);
+  const uint64_t S = FOUR_S, chunk = FOUR_CHUNK;
+  struct four f;
+  four_phases(&f);
+  struct tz_plan_request r = f.r;
   r.capacity[TZ_PLAN_COMPUTE] = 3 * S + chunk;
-  r.capacity[TZ_PLAN_HOST] = 4 * S;
-  r.rates = (struct tz_plan_rates){
-      .flops = 1e12, .copy_in = 0.5e3 * (double)S, .copy_out = 1e3 * (double)S, .adam = 1e9};
   struct tz_plan p;
   TZ_ASSERT_OK(tz_plan_make(&r, &p));
   double best_two = 0;
@@ -575,24 +588,12 @@ static void test_plan_trades_homes_for_window(void **state) {
  * chunk, whose bound is that of the whole terabyte; with a compute tier of 3 MiB, what is left. */
 static void test_plan_window_holds_what_there_is(void **state) {
   (void)state;
-  const uint64_t S = 1 << 20, chunk = 4096;
-  uint64_t bytes[4][TZ_PLAN_KINDS];
-  memset(bytes, 0, sizeof bytes);
-  struct tz_plan_phase ph[4];
-  memset(ph, 0, sizeof ph);
-  for (int g = 0; g < 4; g++) {
-    bytes[g][TZ_PLAN_PARAM] = S;
-    snprintf(ph[g].name, sizeof ph[g].name, "fwd%d", g);
-    ph[g].flop = 1e9;
-    ph[g].n_uses = 1;
-    ph[g].uses[0] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_READ};
-  }
-  struct tz_plan_request r = plan_request(4, bytes, ph, 4, chunk);
+  const uint64_t S = FOUR_S, chunk = FOUR_CHUNK;
+  struct four f;
+  four_phases(&f);
+  struct tz_plan_request r = f.r;
   r.force[TZ_PLAN_PARAM] = TZ_PLAN_HOST;
   r.capacity[TZ_PLAN_COMPUTE] = 1ull << 40;
-  r.capacity[TZ_PLAN_HOST] = 4 * S;
-  r.rates = (struct tz_plan_rates){
-      .flops = 1e12, .copy_in = 0.5e3 * (double)S, .copy_out = 1e3 * (double)S, .adam = 1e9};
   struct tz_plan p, whole;
   TZ_ASSERT_OK(tz_plan_make(&r, &p));
   assert_int_equal(p.window, 5 * S + chunk);
