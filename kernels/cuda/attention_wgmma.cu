@@ -1,8 +1,8 @@
-/* Attention on Hopper's warpgroup MMA (issue 24; auto's and tierzero.cuda_attention wgmma's): the
- * forward and the two-pass backward: bf16, causal, tensors 16-byte aligned, an sm_90 device, head
- * dims that are multiples of 8 from 64 to 128 (auto's: 128 alone until the others are measured
- * against the mma.sync kernels; wgmma's: all of them); everything else declines (1) and runs the
- * mma.sync kernels. Built for sm_90a alone (kernels/cuda/wgmma.cuh).
+/* Attention on Hopper's warpgroup MMA (issue 24; auto's on sm_90): the forward and the two-pass
+ * backward: bf16, causal, with or without packed documents and the variants (windows, softcaps,
+ * the scale: VAR below), tensors 16-byte aligned, an sm_90 device, head dims that are multiples of
+ * 8 from 64 to 128; everything else declines (1), and choice.c gives it the mma.sync or plain
+ * kernels. Built for sm_90a alone (kernels/cuda/wgmma.cuh).
  *
  * The tiles are DP = 64 or 128 columns wide, one or two 64-column halves: head dim 64 and 128
  * exactly, the head dims between them padded to 128 (columns D..127 zero in shared memory, so
