@@ -1235,7 +1235,7 @@ static void attention_case_opt(struct env *e, int B, int T, int H, int Hkv, int 
     ibuf_init(e, &pb, pos, B * T);
     a.pos = &pb;
   }
-  /* packed documents: the mma.sync kernels where they take the shape, else the plain ones */
+  /* on the tensor cores (auto's: warpgroup MMA on sm_90, else mma.sync), else the plain ones */
   int tc = on_tensor_cores(e, D, simple);
   const char *path = pos ? (tc ? "packed mma" : "packed plain") : tc ? "mma" : "plain";
   char var[64] = "";
@@ -1274,9 +1274,9 @@ static void attention_case_opt(struct env *e, int B, int T, int H, int Hkv, int 
 
 /* Packed documents (kernels/compute.h): attention confined to each document and RoPE by
  * position in it, against the cpu backend, at head dims 64 to 128 with grouped-query ratios to
- * 7:1, rows of documents of 1 token to the whole row (and a row of single tokens); bf16 on the
- * mma.sync kernels (auto's choice, whatever it is without pos) and on the plain ones
- * (TZ_CUDA_ATTENTION=simple), f32 on the plain ones. RoPE at the same positions. */
+ * 7:1, rows of documents of 1 token to the whole row (and a row of single tokens); bf16 on auto's
+ * kernels (on sm_90 the warpgroup-MMA ones), on the mma.sync ones by name (two-pass) and on the
+ * plain ones (TZ_CUDA_ATTENTION=simple), f32 on the plain ones. RoPE at the same positions. */
 static void test_attention_packed(void **state) {
   (void)state;
   g_failures = 0;
@@ -1290,14 +1290,15 @@ static void test_attention_packed(void **state) {
   int32_t ones[70];
   memset(ones, 0, sizeof ones); /* 70 documents of one token */
   static const int shapes[][3] = {{8, 8, 64}, {8, 2, 80}, {7, 1, 96}, {8, 4, 128}, {4, 1, 64}};
-  static const enum tz_dtype dts[] = {TZ_BF16, TZ_BF16, TZ_F32};
+  static const enum tz_dtype dts[] = {TZ_BF16, TZ_BF16, TZ_F32, TZ_BF16};
   const char *env_was = getenv("TZ_CUDA_ATTENTION");
-  for (int d = 0; d < 3; d++) {
+  for (int d = 0; d < 4; d++) {
     struct env e;
     int simple = d == 1 || (env_was && strcmp(env_was, "simple") == 0);
     if (d == 1)
       setenv("TZ_CUDA_ATTENTION", "simple", 1);
-    int rc = env_open(&e, dts[d], TZ_F32);
+    /* d 3: the mma.sync kernels by name, which auto leaves for the warpgroup-MMA ones on sm_90 */
+    int rc = d == 3 ? env_open_twopass(&e, dts[d]) : env_open(&e, dts[d], TZ_F32);
     if (d == 1 && !env_was)
       unsetenv("TZ_CUDA_ATTENTION");
     TZ_ASSERT_OK(rc);
@@ -1453,10 +1454,11 @@ static void test_attention_families(void **state) {
 /* The families' variants (kernels/compute.h, struct tz_attn_opts; the setting variants=on):
  * Gemma's scale, softcapped scores (a cap of 2 at scores of order one, where tanh bends them),
  * sliding windows of 1, 7, 64 and 100 keys (within a tile, at one, across tiles; a window past
- * T is none), windows inside packed documents, and all at once; head dims 64, 96 and 128 on the
- * mma.sync kernels and the plain ones, 256 (Gemma's) on the plain ones, grouped-query ratios up
- * to 4:1. Against the cpu backend, bf16 on both paths and f32 on the plain kernels. An instance
- * without the setting refuses each variant by name. */
+ * T is none), windows inside packed documents, and all at once; head dims 64, 96 and 128 on auto's
+ * kernels (on sm_90 the warpgroup-MMA ones), the mma.sync ones by name (two-pass) and the plain
+ * ones, 256 (Gemma's) on the plain ones, grouped-query ratios up to 4:1. Against the cpu backend,
+ * bf16 on every path and f32 on the plain kernels. An instance without the setting refuses each
+ * variant by name. */
 static void test_attention_variants(void **state) {
   (void)state;
   g_failures = 0;
@@ -1475,13 +1477,16 @@ static void test_attention_variants(void **state) {
       for (int j = 0; j < docs[b][i]; j++)
         pos[b * T + t++] = j;
   const char *env_was = getenv("TZ_CUDA_ATTENTION");
-  static const enum tz_dtype dts[] = {TZ_BF16, TZ_BF16, TZ_F32};
-  for (int d = 0; d < 3; d++) {
+  static const enum tz_dtype dts[] = {TZ_BF16, TZ_BF16, TZ_F32, TZ_BF16};
+  for (int d = 0; d < 4; d++) {
     struct env e;
     int simple = d == 1 || (env_was && strcmp(env_was, "simple") == 0);
     if (d == 1)
       setenv("TZ_CUDA_ATTENTION", "simple", 1);
-    int rc = env_open_with(&e, dts[d], TZ_F32, "variants=on", NULL);
+    /* d 3: the mma.sync kernels by name, which auto leaves for the warpgroup-MMA ones on sm_90 */
+    int rc = d == 3
+                 ? env_open_with(&e, dts[d], TZ_F32, "variants=on,attention=two-pass", "two-pass")
+                 : env_open_with(&e, dts[d], TZ_F32, "variants=on", NULL);
     if (d == 1 && !env_was)
       unsetenv("TZ_CUDA_ATTENTION");
     TZ_ASSERT_OK(rc);
@@ -1552,8 +1557,8 @@ static void test_attention_wgmma(void **state) {
   assert_int_equal(g_failures, 0);
 }
 
-/* tierzero.cuda_attention wgmma with packed documents and the variants (the masked calls, which
- * auto still gives the mma.sync kernels): documents of 1 token to the whole row and a row of
+/* tierzero.cuda_attention wgmma with packed documents and the variants (the masked calls, auto's
+ * on sm_90 too): documents of 1 token to the whole row and a row of
  * single tokens, the scale, a softcap, windows within a tile, at one, across tiles and past T,
  * windows inside documents, all at once; head dims 64, 80, 96 and 128 with grouped-query ratios
  * to 7:1; and at T 1030, where the blocks past the first documents' and windows' tiles start
