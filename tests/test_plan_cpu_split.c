@@ -19,20 +19,10 @@
 #include <string.h>
 
 #ifdef TZ_HAVE_CUDA
-static const struct tz_plan_rates rates = {.flops = 2e12,
-                                           .copy_in = 2e9,
-                                           .copy_out = 2e9,
-                                           .copy_duplex = 3.6e9,
-                                           .copy_local = 1e11,
-                                           .adam = 2e10,
-                                           .adam_home = 5e8};
-
 /* A plan for a GPU with gpu_free bytes free; cpu_adam (NULL: the default, none with a GPU),
  * search (1 true, -1 false, 0 the default: auto), auto placement or the offload devices given. */
 static int plan(const char *cpu_adam, int search, int auto_place, const char *dev,
                 uint64_t gpu_free, tz_trainer **tr) {
-  struct tc_world w;
-  tc_world_open(&w);
   struct tc_opts o;
   tc_opts_init(&o);
   o.accum = 4;
@@ -43,11 +33,8 @@ static int plan(const char *cpu_adam, int search, int auto_place, const char *de
   o.recompute = "all";
   o.auto_placement = auto_place;
   o.backend = "cuda";
-  o.gpu_free = gpu_free;
-  o.layer_rate = rates.flops;
-  int rc = tc_plan_only(&o, &w, &rates, 0, tr);
-  tc_world_close(&w);
-  return rc;
+  const struct tz_plan_rates rates = tc_gpu_rates();
+  return tc_plan_gpu(&o, &rates, gpu_free, tr);
 }
 
 static const uint64_t gpu = 4ull << 30;

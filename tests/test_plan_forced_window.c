@@ -19,29 +19,17 @@
 #include <string.h>
 
 #ifdef TZ_HAVE_CUDA
-static struct tz_plan_rates rates = {.flops = 2e12,
-                                     .copy_in = 2e9,
-                                     .copy_out = 2e9,
-                                     .copy_duplex = 3.6e9,
-                                     .copy_local = 1e11,
-                                     .adam = 2e10,
-                                     .adam_home = 5e8};
+static struct tz_plan_rates rates; /* tc_gpu_rates(), set in main */
 
 static const uint64_t gpu = 4ull << 30;
 
 /* A plan of o for a GPU with gpu free bytes (backend "cuda"), or for the cpu backend. */
 static int plan(struct tc_opts *o, const char *backend, int auto_place, uint64_t window,
                 tz_trainer **tr) {
-  struct tc_world w;
-  tc_world_open(&w);
   o->backend = backend;
   o->auto_placement = auto_place;
   o->window = window;
-  o->gpu_free = gpu;
-  o->layer_rate = rates.flops;
-  int rc = tc_plan_only(o, &w, &rates, 0, tr);
-  tc_world_close(&w);
-  return rc;
+  return tc_plan_gpu(o, &rates, gpu, tr);
 }
 
 static void offloaded(struct tc_opts *o) {
@@ -141,6 +129,7 @@ static void test_auto_keeps_carry(void **state) {
 }
 
 int main(void) {
+  rates = tc_gpu_rates();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_forced_window),
       cmocka_unit_test(test_forced_window_keeps),

@@ -212,6 +212,30 @@ static inline int tc_plan_only(const struct tc_opts *o, const struct tc_world *w
   return rc;
 }
 
+/* A made-up GPU's rates, for plans of GPU placement made without a device (tc_plan_gpu). */
+static inline struct tz_plan_rates tc_gpu_rates(void) {
+  return (struct tz_plan_rates){.flops = 2e12,
+                                .copy_in = 2e9,
+                                .copy_out = 2e9,
+                                .copy_duplex = 3.6e9,
+                                .copy_local = 1e11,
+                                .adam = 2e10,
+                                .adam_home = 5e8};
+}
+
+/* tc_plan_only for a made-up GPU with gpu_free bytes free (no device is touched), the layer at
+ * rates->flops, in a world of its own. */
+static inline int tc_plan_gpu(struct tc_opts *o, const struct tz_plan_rates *rates,
+                              uint64_t gpu_free, tz_trainer **tr) {
+  struct tc_world w;
+  tc_world_open(&w);
+  o->gpu_free = gpu_free;
+  o->layer_rate = rates->flops;
+  int rc = tc_plan_only(o, &w, rates, 0, tr);
+  tc_world_close(&w);
+  return rc;
+}
+
 /* Trains o->steps steps on comm's world and records the result (every rank gets the full
  * parameters). */
 static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
