@@ -110,7 +110,7 @@ static int layer_alloc(tz_compute *cm, const struct tz_model_config *cfg, const 
                        struct tz_layer_probe *l) {
   TZ_CHECK(tz_layer_probe_alloc(cm, cfg, o->B, o->T, l));
   enum tz_dtype S = tz_compute_dtype(cm);
-  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  uint64_t np = tz_model_layer_numel(cfg);
   size_t x = (size_t)o->B * o->T * o->C;
   int rc = fill_random(cm, l->params, S, np, 0.02f, 1);
   if (rc == 0)

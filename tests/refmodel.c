@@ -502,9 +502,11 @@ struct ref_layer {
   double *a;         /* (N, F) */
 };
 
-int ref_model_run(const struct tz_model_config *cfg, double *const *params, const int32_t *tokens,
-                  const int32_t *targets, int B, int T, double *logits_out, double *loss,
-                  double *const *grads) {
+/* The model on L + 2 buffers: the embedding, each layer's blocks one after the other
+ * (tz_model_layer_layout), the head. */
+static int run_layers(const struct tz_model_config *cfg, double *const *params,
+                      const int32_t *tokens, const int32_t *targets, int B, int T,
+                      double *logits_out, double *loss, double *const *grads) {
   int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, V = cfg->vocab, L = cfg->n_layer;
   int H = cfg->n_head, Hkv = cfg->n_kv_head, D = cfg->head_dim ? cfg->head_dim : C / H;
   int HD = H * D, KD = Hkv * D, bias = cfg->qkv_bias, qkn = cfg->qk_norm;
@@ -523,8 +525,8 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     return tz_err_set(TZ_EINVAL, "ref model: head dim %d", D);
   double freqs[512];
   struct tz_block_layout ll, hl;
-  tz_model_block_layout(cfg, 1, &ll);
-  tz_model_block_layout(cfg, L + 1, &hl);
+  tz_model_layer_layout(cfg, &ll);
+  tz_model_block_layout(cfg, tz_model_n_blocks(cfg) - 1, &hl);
   /* The layout is the model's: it must hold the tensors this reference reads, in their shapes. */
   const struct {
     int i;
@@ -725,8 +727,11 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
     memcpy(logits_out, logits, sizeof(double) * N * V);
 
   if (grads) {
-    for (int b = 0; b < tz_model_n_blocks(cfg); b++)
-      memset(grads[b], 0, sizeof(double) * tz_model_block_numel(cfg, b));
+    for (int b = 0; b < L + 2; b++)
+      memset(grads[b], 0,
+             sizeof(double) * (b == 0       ? tz_model_block_numel(cfg, 0)
+                               : b == L + 1 ? tz_model_block_numel(cfg, tz_model_n_blocks(cfg) - 1)
+                                            : tz_model_layer_numel(cfg)));
     double *gwlm = cfg->tie_embeddings ? grads[0] : grads[L + 1] + hl.t[TZ_H_LM].offset;
     /* Head: logits = hN wlm^T, hN = rmsnorm(xL). */
     linear_bwd(dh, gwlm, dlogits, hN, wlm, N, C, V);
@@ -829,4 +834,48 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
   free(arena);
   free(ly);
   return oom ? tz_err_set(TZ_ENOMEM, "ref model: out of memory for the experts") : 0;
+}
+
+int ref_model_run(const struct tz_model_config *cfg, double *const *params, const int32_t *tokens,
+                  const int32_t *targets, int B, int T, double *logits_out, double *loss,
+                  double *const *grads) {
+  /* A layer's blocks (two with experts) as one buffer each, so that the reference reads a
+   * layer's tensors as a whole whichever blocks hold them. */
+  int L = cfg->n_layer, nb = tz_model_n_blocks(cfg), per = tz_model_layer_blocks(cfg);
+  uint64_t nl = tz_model_layer_numel(cfg);
+  double **pp = calloc((size_t)L + 2, sizeof *pp), **gg = calloc((size_t)L + 2, sizeof *gg);
+  double *lp = malloc(sizeof(double) * (L * nl + 1)), *lg = calloc(L * nl + 1, sizeof(double));
+  int rc = 0;
+  if (!pp || !gg || !lp || !lg) {
+    rc = tz_err_set(TZ_ENOMEM, "ref model: out of memory");
+    goto out;
+  }
+  pp[0] = params[0];
+  pp[L + 1] = params[nb - 1];
+  if (grads) {
+    gg[0] = grads[0];
+    gg[L + 1] = grads[nb - 1];
+  }
+  for (int i = 0; i < L; i++) {
+    pp[1 + i] = lp + i * nl;
+    gg[1 + i] = lg + i * nl;
+    uint64_t off = 0;
+    for (int k = 0; k < per; k++) {
+      int b = tz_model_block_of_layer(cfg, i) + k;
+      memcpy(pp[1 + i] + off, params[b], sizeof(double) * tz_model_block_numel(cfg, b));
+      off += tz_model_block_numel(cfg, b);
+    }
+  }
+  rc = run_layers(cfg, pp, tokens, targets, B, T, logits_out, loss, grads ? gg : NULL);
+  for (int i = 0; rc == 0 && grads && i < L; i++) {
+    uint64_t off = 0;
+    for (int k = 0; k < per; k++) {
+      int b = tz_model_block_of_layer(cfg, i) + k;
+      memcpy(grads[b], gg[1 + i] + off, sizeof(double) * tz_model_block_numel(cfg, b));
+      off += tz_model_block_numel(cfg, b);
+    }
+  }
+out:
+  free(pp), free(gg), free(lp), free(lg);
+  return rc;
 }

@@ -839,7 +839,7 @@ static void probe_open(const struct tz_model_config *c, int B, int T, uint64_t s
   TZ_ASSERT_OK(tz_compute_create("cpu", &p, cmp));
   tz_compute *cm = *cmp;
   TZ_ASSERT_OK(tz_layer_probe_alloc(cm, c, B, T, l));
-  uint64_t np = tz_model_block_numel(c, 1), nx = (uint64_t)l->B * l->T * c->d_model;
+  uint64_t np = tz_model_layer_numel(c), nx = (uint64_t)l->B * l->T * c->d_model;
   float *h = malloc((np + 2 * nx) * sizeof *h);
   assert_non_null(h);
   for (uint64_t i = 0; i < np + 2 * nx; i++) {
@@ -862,7 +862,7 @@ static void partial_recompute_bits(struct tz_model_config c) {
   tz_compute *cm;
   struct tz_layer_probe l;
   probe_open(&c, B, T, 77, &cm, &l);
-  uint64_t np = tz_model_block_numel(&c, 1), nx = (uint64_t)B * T * c.d_model;
+  uint64_t np = tz_model_layer_numel(&c), nx = (uint64_t)B * T * c.d_model;
   /* The full layout: what the attention part keeps, what the MLP part keeps, then the rest. */
   size_t attn = tz_model_acts_part_bytes(&c, TZ_F32, B, T, TZ_PART_ATTN);
   size_t all = tz_model_acts_part_bytes(&c, TZ_F32, B, T, TZ_PARTS_ALL);
@@ -873,7 +873,7 @@ static void partial_recompute_bits(struct tz_model_config c) {
     got[m] = malloc((np + nx) * sizeof(float));
     assert_non_null(got[m]);
     TZ_ASSERT_OK(tz_compute_zero(cm, l.grads, np * sizeof(float)));
-    TZ_ASSERT_OK(tz_model_layer_fwd(cm, &c, 0, l.params, l.x_in, l.x_out, &l.acts, B, T, NULL));
+    TZ_ASSERT_OK(tz_model_layer_fwd(cm, &c, 0, l.w, l.x_in, l.x_out, &l.acts, B, T, NULL));
     if (m & TZ_PART_ATTN)
       TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, l.acts_mem, NAN, attn / sizeof(float)));
     if (m & TZ_PART_MLP)
@@ -881,8 +881,8 @@ static void partial_recompute_bits(struct tz_model_config c) {
                                    (all - attn) / sizeof(float)));
     TZ_ASSERT_OK(
         tz_compute_fill(cm, TZ_F32, (char *)l.acts_mem + all, NAN, (full - all) / sizeof(float)));
-    TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, 0, l.params, l.grads, l.x_in, &l.acts, m, l.dx_out,
-                                    l.dx_in, &l.scratch, B, T, NULL));
+    TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, 0, l.w, l.dw, l.x_in, &l.acts, m, l.dx_out, l.dx_in,
+                                    &l.scratch, B, T, NULL));
     TZ_ASSERT_OK(tz_model_block_download(cm, got[m], l.grads, np));
     TZ_ASSERT_OK(tz_model_block_download(cm, got[m] + np, l.dx_in, nx));
   }
@@ -905,7 +905,7 @@ static void work_acts_bits(struct tz_model_config c) {
   tz_compute *cm;
   struct tz_layer_probe l;
   probe_open(&c, B, T, 91, &cm, &l);
-  uint64_t np = tz_model_block_numel(&c, 1), nx = (uint64_t)B * T * c.d_model;
+  uint64_t np = tz_model_layer_numel(&c), nx = (uint64_t)B * T * c.d_model;
   float *got[2][2];
   size_t wb = tz_model_acts_work_bytes(&c, TZ_F32, B, T);
   assert_true(wb < tz_model_acts_bytes(&c, TZ_F32, B, T)); /* the caller's chunk is below N */
@@ -921,9 +921,9 @@ static void work_acts_bits(struct tz_model_config c) {
       got[w][r] = malloc((np + nx) * sizeof(float));
       assert_non_null(got[w][r]);
       TZ_ASSERT_OK(tz_compute_zero(cm, l.grads, np * sizeof(float)));
-      TZ_ASSERT_OK(tz_model_layer_fwd(cm, &c, 0, l.params, l.x_in, l.x_out, a, B, T, NULL));
-      TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, 0, l.params, l.grads, l.x_in, a, rec[r], l.dx_out,
-                                      l.dx_in, &l.scratch, B, T, NULL));
+      TZ_ASSERT_OK(tz_model_layer_fwd(cm, &c, 0, l.w, l.x_in, l.x_out, a, B, T, NULL));
+      TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, 0, l.w, l.dw, l.x_in, a, rec[r], l.dx_out, l.dx_in,
+                                      &l.scratch, B, T, NULL));
       TZ_ASSERT_OK(tz_model_block_download(cm, got[w][r], l.grads, np));
       TZ_ASSERT_OK(tz_model_block_download(cm, got[w][r] + np, l.dx_in, nx));
     }
@@ -931,8 +931,8 @@ static void work_acts_bits(struct tz_model_config c) {
     if (memcmp(got[0][r], got[1][r], (np + nx) * sizeof(float)) != 0)
       fail_msg("g and u of one chunk changed the backward's bits (recompute %u)", rec[r]);
   assert_true(memcmp(got[0][0], got[0][1], (np + nx) * sizeof(float)) == 0);
-  assert_int_equal(tz_model_layer_bwd(cm, &c, 0, l.params, l.grads, l.x_in, &work, 0, l.dx_out,
-                                      l.dx_in, &l.scratch, B, T, NULL),
+  assert_int_equal(tz_model_layer_bwd(cm, &c, 0, l.w, l.dw, l.x_in, &work, 0, l.dx_out, l.dx_in,
+                                      &l.scratch, B, T, NULL),
                    TZ_EINVAL);
   for (int w = 0; w < 2; w++)
     free(got[w][0]), free(got[w][1]);
@@ -1001,7 +1001,7 @@ static void test_partial_recompute_bits(void **state) {
 static void test_init(void **state) {
   (void)state;
   struct tz_model_config c = small_cfg();
-  int blk = tz_model_block_of_layer(1);
+  int blk = tz_model_block_of_layer(&c, 1);
   struct tz_block_layout l;
   TZ_ASSERT_OK(tz_model_block_layout(&c, blk, &l));
   float *all = malloc(sizeof(float) * l.numel), *part = malloc(sizeof(float) * l.numel);
@@ -1078,6 +1078,106 @@ static void test_ref_moe(void **state) {
   /* the experts' flops: k of them a token, and the router */
   double N = 3.0 * 5;
   assert_true(tz_model_layer_part_flop(&c, 3, 5, TZ_PART_MLP) == 2.0 * N * 32 * (3.0 * 1 * 24 + 6));
+}
+
+/* Experts as blocks of their own: a layer with experts is two blocks, its attention's and its
+ * MLP's (the MLP norm, the router, the experts, the shared expert), which split the layer's
+ * tensors between them; a layer draws the numbers at initialisation it drew as one block (its
+ * attention's equal a dense twin's); the forward and backward part by part (the backward the
+ * MLP's, then the attention's, as the trainer's phases run them) give the whole layer's bits. */
+static void test_moe_blocks(void **state) {
+  (void)state;
+  struct tz_model_config c = moe_cfg();
+  c.shared_ffn_dim = 20;
+  int L = c.n_layer, nb = tz_model_n_blocks(&c);
+  assert_int_equal(tz_model_layer_blocks(&c), 2);
+  assert_int_equal(nb, 2 * L + 2);
+  assert_int_equal(tz_model_block_layer(&c, 0), -1);
+  assert_int_equal(tz_model_block_layer(&c, nb - 1), -1);
+  assert_int_equal(tz_model_block_parts(&c, nb - 1), 0);
+  struct tz_block_layout la, lm, lh, whole;
+  TZ_ASSERT_OK(tz_model_block_layout(&c, nb - 1, &lh));
+  assert_int_equal(lh.kind, TZ_BLOCK_HEAD);
+  for (int i = 0; i < L; i++) {
+    int b = tz_model_block_of_layer(&c, i);
+    assert_int_equal(b, 1 + 2 * i);
+    assert_int_equal(tz_model_block_layer(&c, b), i);
+    assert_int_equal(tz_model_block_layer(&c, b + 1), i);
+    assert_int_equal(tz_model_block_parts(&c, b), TZ_PART_ATTN);
+    assert_int_equal(tz_model_block_parts(&c, b + 1), TZ_PART_MLP);
+    TZ_ASSERT_OK(tz_model_block_layout(&c, b, &la));
+    TZ_ASSERT_OK(tz_model_block_layout(&c, b + 1, &lm));
+    assert_int_equal(la.kind, TZ_BLOCK_LAYER);
+    assert_int_equal(lm.kind, TZ_BLOCK_MOE);
+    assert_int_equal(la.layer, i);
+    assert_int_equal(lm.layer, i);
+    for (int t = 0; t < TZ_L_COUNT; t++)
+      assert_false(la.t[t].numel && lm.t[t].numel);
+    static const int mlp[] = {TZ_L_MLP_NORM, TZ_L_WG,  TZ_L_WU,  TZ_L_WD,   TZ_L_ROUTER,
+                              TZ_L_SWG,      TZ_L_SWU, TZ_L_SWD, TZ_L_SGATE};
+    for (size_t k = 0; k < sizeof mlp / sizeof mlp[0]; k++)
+      assert_true(lm.t[mlp[k]].numel > 0 && la.t[mlp[k]].numel == 0);
+    assert_true(la.t[TZ_L_WQ].numel > 0 && la.t[TZ_L_ATTN_NORM].numel > 0);
+  }
+  TZ_ASSERT_OK(tz_model_layer_layout(&c, &whole));
+  assert_true(whole.numel == la.numel + lm.numel && whole.numel == tz_model_layer_numel(&c));
+  assert_true(whole.t[TZ_L_WG].offset == la.numel + lm.t[TZ_L_WG].offset);
+  /* the attention block of layer 1 draws a dense twin's layer-1 numbers */
+  struct tz_model_config d = c;
+  d.n_expert = d.n_expert_used = 0;
+  d.shared_ffn_dim = 0;
+  struct tz_block_layout ld;
+  TZ_ASSERT_OK(tz_model_block_layout(&d, tz_model_block_of_layer(&d, 1), &ld));
+  TZ_ASSERT_OK(tz_model_block_layout(&c, tz_model_block_of_layer(&c, 1), &la));
+  float *fd = malloc(sizeof(float) * ld.numel), *fc = malloc(sizeof(float) * la.numel);
+  assert_non_null(fd);
+  assert_non_null(fc);
+  TZ_ASSERT_OK(tz_model_init_block(&d, tz_model_block_of_layer(&d, 1), 5, 0, ld.numel, fd));
+  TZ_ASSERT_OK(tz_model_init_block(&c, tz_model_block_of_layer(&c, 1), 5, 0, la.numel, fc));
+  assert_memory_equal(fd + ld.t[TZ_L_WQ].offset, fc + la.t[TZ_L_WQ].offset,
+                      sizeof(float) * la.t[TZ_L_WQ].numel);
+  assert_memory_equal(fd + ld.t[TZ_L_WO].offset, fc + la.t[TZ_L_WO].offset,
+                      sizeof(float) * la.t[TZ_L_WO].numel);
+  free(fd);
+  free(fc);
+  /* the layer whole, then part by part */
+  int B = 2, T = 7;
+  tz_compute *cm;
+  struct tz_layer_probe l;
+  probe_open(&c, B, T, 55, &cm, &l);
+  uint64_t np = tz_model_layer_numel(&c), nx = (uint64_t)B * T * c.d_model;
+  float *got[3];
+  for (int r = 0; r < 3; r++) {
+    got[r] = malloc((np + 2 * nx) * sizeof(float));
+    assert_non_null(got[r]);
+    TZ_ASSERT_OK(tz_compute_zero(cm, l.grads, np * sizeof(float)));
+    if (r == 0) {
+      TZ_ASSERT_OK(tz_model_layer_fwd(cm, &c, 1, l.w, l.x_in, l.x_out, &l.acts, B, T, NULL));
+      TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, 1, l.w, l.dw, l.x_in, &l.acts, 0, l.dx_out, l.dx_in,
+                                      &l.scratch, B, T, NULL));
+    } else {
+      unsigned rec = r == 2 ? TZ_PARTS_ALL : 0;
+      for (unsigned p = TZ_PART_ATTN; p <= TZ_PART_MLP; p <<= 1)
+        TZ_ASSERT_OK(
+            tz_model_layer_part_fwd(cm, &c, 1, l.w, l.x_in, l.x_out, &l.acts, p, B, T, NULL));
+      TZ_ASSERT_OK(tz_model_layer_part_bwd(cm, &c, 1, l.w, l.dw, l.x_in, &l.acts, TZ_PART_MLP, rec,
+                                           l.dx_out, l.dx_in, &l.scratch, B, T, NULL));
+      TZ_ASSERT_OK(tz_model_layer_part_bwd(cm, &c, 1, l.w, l.dw, l.x_in, &l.acts, TZ_PART_ATTN, rec,
+                                           l.dx_in, l.dx_in, &l.scratch, B, T, NULL));
+    }
+    TZ_ASSERT_OK(tz_model_block_download(cm, got[r], l.grads, np));
+    TZ_ASSERT_OK(tz_model_block_download(cm, got[r] + np, l.dx_in, nx));
+    TZ_ASSERT_OK(tz_model_block_download(cm, got[r] + np + nx, l.x_out, nx));
+  }
+  for (uint64_t i = 0; i < np + 2 * nx; i++)
+    assert_true(isfinite(got[0][i]));
+  for (int r = 1; r < 3; r++)
+    if (memcmp(got[r], got[0], (np + 2 * nx) * sizeof(float)) != 0)
+      fail_msg("the layer part by part (recompute %d) changed its bits", r == 2);
+  for (int r = 0; r < 3; r++)
+    free(got[r]);
+  tz_layer_probe_free(cm, &l);
+  tz_compute_destroy(cm);
 }
 
 /* ---- the pad token ---- */
@@ -1244,6 +1344,7 @@ int main(void) {
       cmocka_unit_test(test_ref_all_on),
       cmocka_unit_test(test_all_on_bits),
       cmocka_unit_test(test_ref_moe),
+      cmocka_unit_test(test_moe_blocks),
       cmocka_unit_test(test_pad_row),
       cmocka_unit_test(test_layout_families),
       cmocka_unit_test(test_config_check_families),

@@ -121,7 +121,7 @@ static void side_open(struct side *s, tz_compute *cm, const struct tz_model_conf
   s->cm = cm;
   s->S = tz_compute_dtype(cm);
   s->G = tz_compute_grad_dtype(cm);
-  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  uint64_t np = tz_model_layer_numel(cfg);
   size_t nx = (size_t)B * T * cfg->d_model;
   s->acts_bytes = tz_model_acts_bytes(cfg, s->S, B, T);
   s->scratch_bytes = tz_model_scratch_bytes(cfg, s->S, B, T);
@@ -166,7 +166,7 @@ static void result_free(struct result *r) {
  * and so are the recomputed parts' activations between the forward and the backward. */
 static struct result side_run(struct side *s, const struct tz_model_config *cfg, int B, int T,
                               unsigned recompute) {
-  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  uint64_t np = tz_model_layer_numel(cfg);
   size_t nx = (size_t)B * T * cfg->d_model;
   int gpu = s->cm == g_gpu;
   TZ_ASSERT_OK(tz_compute_zero(s->cm, s->grads, np * tz_dtype_size(s->G)));
@@ -177,9 +177,11 @@ static struct result side_run(struct side *s, const struct tz_model_config *cfg,
     TZ_ASSERT_OK(tz_compute_fill(s->cm, s->S, s->dx_in, NAN, nx));
   }
   struct result r = {0};
+  void *w[2], *dw[2];
+  tz_model_layer_split(cfg, s->params, s->S, w);
+  tz_model_layer_split(cfg, s->grads, s->G, dw);
   if (recompute != TZ_PARTS_ALL) {
-    TZ_ASSERT_OK(
-        tz_model_layer_fwd(s->cm, cfg, 0, s->params, s->x_in, s->x_out, &s->acts, B, T, NULL));
+    TZ_ASSERT_OK(tz_model_layer_fwd(s->cm, cfg, 0, w, s->x_in, s->x_out, &s->acts, B, T, NULL));
     r.x_out = download(s->cm, s->x_out, nx, s->S);
   }
   if (gpu && recompute != TZ_PARTS_ALL) {
@@ -194,8 +196,8 @@ static struct result side_run(struct side *s, const struct tz_model_config *cfg,
       poison(s, (char *)s->acts_mem + attn, all - attn);
     poison(s, (char *)s->acts_mem + all, s->acts_bytes - all);
   }
-  TZ_ASSERT_OK(tz_model_layer_bwd(s->cm, cfg, 0, s->params, s->grads, s->x_in, &s->acts, recompute,
-                                  s->dx_out, s->dx_in, &s->scratch, B, T, NULL));
+  TZ_ASSERT_OK(tz_model_layer_bwd(s->cm, cfg, 0, w, dw, s->x_in, &s->acts, recompute, s->dx_out,
+                                  s->dx_in, &s->scratch, B, T, NULL));
   r.dx_in = download(s->cm, s->dx_in, nx, s->S);
   r.grads = download(s->cm, s->grads, np, s->G);
   return r;
@@ -204,7 +206,7 @@ static struct result side_run(struct side *s, const struct tz_model_config *cfg,
 /* Random parameters of a layer by tensor kind (see the top), rounded to bf16; padding 0. */
 static float *layer_params(const struct tz_model_config *cfg) {
   struct tz_block_layout l;
-  TZ_ASSERT_OK(tz_model_block_layout(cfg, tz_model_block_of_layer(0), &l));
+  TZ_ASSERT_OK(tz_model_layer_layout(cfg, &l));
   float *p = calloc(l.numel ? l.numel : 1, sizeof *p);
   assert_non_null(p);
   for (int t = 0; t < l.n; t++) {
@@ -223,7 +225,7 @@ static float *layer_params(const struct tz_model_config *cfg) {
  * both sides; the host copies of the input and the gradient in *x and *dy, the caller's. */
 static void sides_fill(struct side *a, struct side *b, const struct tz_model_config *cfg, int B,
                        int T, float **x, float **dy) {
-  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  uint64_t np = tz_model_layer_numel(cfg);
   size_t nx = (size_t)B * T * cfg->d_model;
   float *p = layer_params(cfg);
   *x = malloc(nx * sizeof **x);
@@ -250,7 +252,7 @@ static void layer_case(const char *name, const struct tz_model_config *cfg, int 
   struct side c, g;
   side_open(&c, g_cpu, cfg, B, T);
   side_open(&g, g_gpu, cfg, B, T);
-  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  uint64_t np = tz_model_layer_numel(cfg);
   size_t nx = (size_t)B * T * cfg->d_model;
   float *x, *dy;
   sides_fill(&c, &g, cfg, B, T, &x, &dy);
@@ -277,7 +279,7 @@ static void layer_case(const char *name, const struct tz_model_config *cfg, int 
   check(name, "x_out - x_in", inc[1][0], inc[0][0], nx);
   check(name, "dx_in - dx_out", inc[1][1], inc[0][1], nx);
   struct tz_block_layout l;
-  TZ_ASSERT_OK(tz_model_block_layout(cfg, tz_model_block_of_layer(0), &l));
+  TZ_ASSERT_OK(tz_model_layer_layout(cfg, &l));
   char what[96];
   for (int t = 0; t < l.n; t++) {
     if (!l.t[t].numel)
@@ -367,7 +369,7 @@ static void work_case(const char *name, const struct tz_model_config *cfg, int B
   side_open(&w, g_gpu, cfg, B, T);
   assert_true(tz_model_acts_work_bytes(cfg, w.S, B, T) < w.acts_bytes);
   tz_model_acts_work_carve(cfg, w.S, B, T, w.acts_mem, &w.acts);
-  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  uint64_t np = tz_model_layer_numel(cfg);
   size_t nx = (size_t)B * T * cfg->d_model;
   float *x, *dy;
   sides_fill(&g, &w, cfg, B, T, &x, &dy);

@@ -66,9 +66,8 @@ int tz_hf_fused_part(const struct tz_model_config *cfg, int tensor, struct tz_hf
 }
 
 int tz_hf_pieces(const struct tz_model_config *cfg, int block, int tensor) {
-  int nb = tz_model_n_blocks(cfg);
   int expert = tensor == TZ_L_WG || tensor == TZ_L_WU || tensor == TZ_L_WD;
-  return tz_model_moe(cfg) && block > 0 && block < nb - 1 && expert ? cfg->n_expert : 1;
+  return tz_model_moe(cfg) && tz_model_block_layer(cfg, block) >= 0 && expert ? cfg->n_expert : 1;
 }
 
 int tz_hf_piece_name(const struct tz_model_config *cfg, int block, int tensor, int piece, char *buf,
@@ -80,8 +79,9 @@ int tz_hf_piece_name(const struct tz_model_config *cfg, int block, int tensor, i
     return tz_hf_tensor_name(cfg, block, tensor, buf, len);
   const struct tz_family *fam = tz_family_of(cfg->family);
   int which = tensor == TZ_L_WG ? 0 : tensor == TZ_L_WU ? 1 : 2;
-  int n = snprintf(buf, len, "model.layers.%d.%s.experts.%d.%s.weight", block - 1, fam->moe_module,
-                   piece, fam->expert_proj[which]);
+  int n =
+      snprintf(buf, len, "model.layers.%d.%s.experts.%d.%s.weight",
+               tz_model_block_layer(cfg, block), fam->moe_module, piece, fam->expert_proj[which]);
   if (n < 0 || (size_t)n >= len)
     return tz_err_set(TZ_EINVAL, "hf: name buffer of %zu bytes too short", len);
   return 0;
@@ -89,30 +89,30 @@ int tz_hf_piece_name(const struct tz_model_config *cfg, int block, int tensor, i
 
 int tz_hf_tensor_name(const struct tz_model_config *cfg, int block, int tensor, char *buf,
                       size_t len) {
-  int nb = tz_model_n_blocks(cfg), n;
+  int nb = tz_model_n_blocks(cfg), n, ly = tz_model_block_layer(cfg, block);
   struct tz_hf_fused fu;
   static const char *const shared[] = {"shared_expert.gate_proj", "shared_expert.up_proj",
                                        "shared_expert.down_proj", "shared_expert_gate"};
-  if (block > 0 && block < nb - 1 && tensor >= TZ_L_SWG && tensor <= TZ_L_SGATE)
-    n = snprintf(buf, len, "model.layers.%d.%s.%s.weight", block - 1,
+  if (ly >= 0 && tensor >= TZ_L_SWG && tensor <= TZ_L_SGATE)
+    n = snprintf(buf, len, "model.layers.%d.%s.%s.weight", ly,
                  tz_model_moe(cfg) ? tz_family_of(cfg->family)->moe_module : "mlp",
                  shared[tensor - TZ_L_SWG]);
-  else if (block > 0 && block < nb - 1 && tensor == TZ_L_ROUTER)
-    n = snprintf(buf, len, "model.layers.%d.%s.gate.weight", block - 1,
+  else if (ly >= 0 && tensor == TZ_L_ROUTER)
+    n = snprintf(buf, len, "model.layers.%d.%s.gate.weight", ly,
                  tz_model_moe(cfg) ? tz_family_of(cfg->family)->moe_module : "mlp");
-  else if (block > 0 && block < nb - 1 && tz_hf_fused_part(cfg, tensor, &fu))
-    n = snprintf(buf, len, "model.layers.%d.%s", block - 1, fu.name);
+  else if (ly >= 0 && tz_hf_fused_part(cfg, tensor, &fu))
+    n = snprintf(buf, len, "model.layers.%d.%s", ly, fu.name);
   else if (block == 0 && tensor == TZ_E_WTE)
     n = snprintf(buf, len, "model.embed_tokens.weight");
   else if (block == nb - 1 && tensor == TZ_H_NORM)
     n = snprintf(buf, len, "model.norm.weight");
   else if (block == nb - 1 && tensor == TZ_H_LM && !cfg->tie_embeddings)
     n = snprintf(buf, len, "lm_head.weight");
-  else if (block > 0 && block < nb - 1 && tensor == TZ_L_MLP_NORM &&
+  else if (ly >= 0 && tensor == TZ_L_MLP_NORM &&
            cfg->norm_place == TZ_NORM_BOTH) /* Gemma's: post_attention_layernorm is on the output */
-    n = snprintf(buf, len, "model.layers.%d.pre_feedforward_layernorm.weight", block - 1);
-  else if (block > 0 && block < nb - 1 && tensor >= 0 && tensor < TZ_L_COUNT)
-    n = snprintf(buf, len, "model.layers.%d.%s", block - 1, layer_names[tensor]);
+    n = snprintf(buf, len, "model.layers.%d.pre_feedforward_layernorm.weight", ly);
+  else if (ly >= 0 && tensor >= 0 && tensor < TZ_L_COUNT)
+    n = snprintf(buf, len, "model.layers.%d.%s", ly, layer_names[tensor]);
   else
     return tz_err_set(TZ_EINVAL, "hf: no tensor %d in block %d", tensor, block);
   if (n < 0 || (size_t)n >= len)

@@ -17,8 +17,42 @@ static float norm_off(const struct tz_model_config *cfg) { return cfg->norm_offs
 
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-int tz_model_n_blocks(const struct tz_model_config *cfg) { return cfg->n_layer + 2; }
-int tz_model_block_of_layer(int layer) { return layer + 1; }
+int tz_model_layer_blocks(const struct tz_model_config *cfg) { return tz_model_moe(cfg) ? 2 : 1; }
+int tz_model_n_blocks(const struct tz_model_config *cfg) {
+  return cfg->n_layer * tz_model_layer_blocks(cfg) + 2;
+}
+int tz_model_block_of_layer(const struct tz_model_config *cfg, int layer) {
+  return 1 + layer * tz_model_layer_blocks(cfg);
+}
+int tz_model_block_layer(const struct tz_model_config *cfg, int block) {
+  if (block <= 0 || block >= tz_model_n_blocks(cfg) - 1)
+    return -1;
+  return (block - 1) / tz_model_layer_blocks(cfg);
+}
+int tz_model_block_parts(const struct tz_model_config *cfg, int block) {
+  if (tz_model_block_layer(cfg, block) < 0)
+    return 0;
+  if (!tz_model_moe(cfg))
+    return TZ_PARTS_ALL;
+  return (block - 1) % 2 ? TZ_PART_MLP : TZ_PART_ATTN;
+}
+
+/* The part of a layer (TZ_PART_*) each TZ_L_* tensor belongs to. */
+static unsigned tensor_part(int t) {
+  switch (t) {
+  case TZ_L_MLP_NORM:
+  case TZ_L_WG:
+  case TZ_L_WU:
+  case TZ_L_WD:
+  case TZ_L_MLP_POST_NORM:
+  case TZ_L_ROUTER:
+  case TZ_L_SWG:
+  case TZ_L_SWU:
+  case TZ_L_SWD:
+  case TZ_L_SGATE: return TZ_PART_MLP;
+  default: return TZ_PART_ATTN;
+  }
+}
 
 static void add_tensor(struct tz_block_layout *l, const char *name, int64_t rows, int64_t cols,
                        int ndim) {
@@ -37,12 +71,29 @@ static void add_optional(struct tz_block_layout *l, const char *name, int64_t n,
   add_tensor(l, name, present ? n : 0, present ? 1 : 0, present ? 1 : 0);
 }
 
+/* A layer's layout cut to one part's tensors (a layer with experts, whose parts are blocks of
+ * their own): the other part's entries have no room, and the offsets close up in the same order. */
+static void keep_part(struct tz_block_layout *l, unsigned part) {
+  l->numel = 0;
+  for (int i = 0; i < l->n; i++) {
+    struct tz_param_info *t = &l->t[i];
+    if (tensor_part(i) != part) {
+      t->numel = 0;
+      t->ndim = 0;
+      t->shape[0] = t->shape[1] = 0;
+    }
+    t->offset = l->numel;
+    l->numel = round_up(t->offset + t->numel, TZ_MODEL_ALIGN);
+  }
+}
+
 int tz_model_block_layout(const struct tz_model_config *cfg, int block,
                           struct tz_block_layout *out) {
   int nb = tz_model_n_blocks(cfg);
   if (block < 0 || block >= nb)
     return tz_err_set(TZ_EINVAL, "model: block %d outside [0, %d)", block, nb);
   memset(out, 0, sizeof *out);
+  unsigned parts = (unsigned)tz_model_block_parts(cfg, block);
   int64_t C = cfg->d_model, F = cfg->ffn_dim, V = cfg->vocab;
   int64_t D = tz_model_head_dim(cfg), HD = (int64_t)cfg->n_head * D,
           KD = (int64_t)cfg->n_kv_head * D;
@@ -56,8 +107,8 @@ int tz_model_block_layout(const struct tz_model_config *cfg, int block,
     if (!cfg->tie_embeddings)
       add_tensor(out, "lm_head", V, C, 2);
   } else {
-    out->kind = TZ_BLOCK_LAYER;
-    out->layer = block - 1;
+    out->kind = parts == TZ_PART_MLP ? TZ_BLOCK_MOE : TZ_BLOCK_LAYER;
+    out->layer = tz_model_block_layer(cfg, block);
     int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
     add_optional(out, "attn_norm", C, pre);
     add_tensor(out, "wq", HD, C, 2);
@@ -89,6 +140,8 @@ int tz_model_block_layout(const struct tz_model_config *cfg, int block,
     add_tensor(out, "shared_wu", Fs, Fs ? C : 0, Fs ? 2 : 0);
     add_tensor(out, "shared_wd", Fs ? C : 0, Fs, Fs ? 2 : 0);
     add_tensor(out, "shared_gate", Fs ? 1 : 0, Fs ? C : 0, Fs ? 2 : 0);
+    if (parts != TZ_PARTS_ALL)
+      keep_part(out, parts);
   }
   return 0;
 }
@@ -106,8 +159,42 @@ uint64_t tz_model_block_numel_padded(const struct tz_model_config *cfg, int bloc
   return round_up(tz_model_block_numel(cfg, block), (uint64_t)world_size * TZ_MODEL_ALIGN);
 }
 
+uint64_t tz_model_layer_numel(const struct tz_model_config *cfg) {
+  uint64_t n = 0;
+  for (int i = 0; i < tz_model_layer_blocks(cfg); i++)
+    n += tz_model_block_numel(cfg, tz_model_block_of_layer(cfg, 0) + i);
+  return n;
+}
+
+int tz_model_layer_layout(const struct tz_model_config *cfg, struct tz_block_layout *out) {
+  int b0 = tz_model_block_of_layer(cfg, 0);
+  TZ_CHECK(tz_model_block_layout(cfg, b0, out));
+  if (tz_model_layer_blocks(cfg) == 1)
+    return 0;
+  struct tz_block_layout m;
+  TZ_CHECK(tz_model_block_layout(cfg, b0 + 1, &m));
+  for (int i = 0; i < m.n; i++)
+    if (m.t[i].numel) {
+      out->t[i] = m.t[i];
+      out->t[i].offset += out->numel;
+    }
+  out->numel += m.numel;
+  return 0;
+}
+
+void tz_model_layer_split(const struct tz_model_config *cfg, void *base, enum tz_dtype dt,
+                          void *w[2]) {
+  w[0] = w[1] = base;
+  if (tz_model_layer_blocks(cfg) == 2)
+    w[1] = (char *)base +
+           tz_model_block_numel(cfg, tz_model_block_of_layer(cfg, 0)) * tz_dtype_size(dt);
+}
+
 uint64_t tz_model_layer_numel_padded(const struct tz_model_config *cfg, int world_size) {
-  return tz_model_block_numel_padded(cfg, tz_model_block_of_layer(0), world_size);
+  uint64_t n = 0;
+  for (int i = 0; i < tz_model_layer_blocks(cfg); i++)
+    n += tz_model_block_numel_padded(cfg, tz_model_block_of_layer(cfg, 0) + i, world_size);
+  return n;
 }
 
 uint64_t tz_model_n_params(const struct tz_model_config *cfg) {
@@ -162,13 +249,17 @@ int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t s
                         : -1;
   uint64_t pad_lo = pad_row < 0 ? 0 : (uint64_t)pad_row * (uint64_t)cfg->d_model;
   uint64_t pad_hi = pad_row < 0 ? 0 : pad_lo + (uint64_t)cfg->d_model;
+  /* The numbers name a layer's tensors by the layer (layer + 1), whichever of its blocks holds
+   * them, and the head by n_layer + 1: a layer whose parts are blocks of their own (experts)
+   * draws the numbers it drew as one block. */
+  int id = l.kind == TZ_BLOCK_EMBED ? 0 : l.kind == TZ_BLOCK_HEAD ? cfg->n_layer + 1 : l.layer + 1;
   for (int ti = 0; ti < l.n; ti++) {
     const struct tz_param_info *t = &l.t[ti];
     if (t->numel == 0)
       continue;
     uint64_t lo = t->offset > begin ? t->offset : begin;
     uint64_t hi = t->offset + t->numel < end ? t->offset + t->numel : end;
-    int layer = l.kind == TZ_BLOCK_LAYER;
+    int layer = l.kind == TZ_BLOCK_LAYER || l.kind == TZ_BLOCK_MOE;
     if (layer && (ti == TZ_L_BQ || ti == TZ_L_BK || ti == TZ_L_BV))
       continue; /* biases start at 0 */
     int is_norm = t->ndim == 1;
@@ -182,7 +273,7 @@ int tz_model_init_block(const struct tz_model_config *cfg, int block, uint64_t s
       uint64_t i = e - t->offset;
       out[e - begin] = is_norm                     ? 1.0f
                        : i >= pad_lo && i < pad_hi ? 0.0f
-                                                   : (float)(std * init_normal(seed, block, ti, i));
+                                                   : (float)(std * init_normal(seed, id, ti, i));
     }
   }
   return 0;
@@ -584,11 +675,26 @@ static struct tz_attn_opts attn_opts(const struct tz_model_config *cfg, int laye
                                .window = w < T ? w : 0};
 }
 
+/* The layout of the block holding a layer's part (TZ_PART_ATTN or TZ_PART_MLP): the layer's block,
+ * or with experts the MLP's own. Every layer has the same. */
+static int part_layout(const struct tz_model_config *cfg, unsigned part,
+                       struct tz_block_layout *l) {
+  int b = tz_model_block_of_layer(cfg, 0);
+  if (part == TZ_PART_MLP)
+    b += tz_model_layer_blocks(cfg) - 1;
+  return tz_model_block_layout(cfg, b, l);
+}
+
+/* The weights of a layer's part: w holds its blocks in order (tz_model_layer_blocks). */
+static void *part_w(const struct tz_model_config *cfg, void *const *w, unsigned part) {
+  return w[part == TZ_PART_MLP ? tz_model_layer_blocks(cfg) - 1 : 0];
+}
+
 static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
                     const void *params, const void *x_in, const struct tz_layer_acts *a, int B,
                     int T, const int32_t *pos) {
   struct tz_block_layout l = {0};
-  TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
+  TZ_CHECK(part_layout(cfg, TZ_PART_ATTN, &l));
   enum tz_dtype S = tz_compute_dtype(cm);
   int N = B * T, C = cfg->d_model, H = cfg->n_head, Hkv = cfg->n_kv_head;
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
@@ -680,7 +786,7 @@ static int mlp_chunk_fwd(tz_compute *cm, const struct tz_model_config *cfg,
 static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void *params,
                    const struct tz_layer_acts *a, void *x_out, int B, int T, float *stats) {
   struct tz_block_layout l = {0};
-  TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
+  TZ_CHECK(part_layout(cfg, TZ_PART_MLP, &l));
   enum tz_dtype S = tz_compute_dtype(cm);
   int N = B * T, C = cfg->d_model;
   float eps = (float)cfg->norm_eps;
@@ -700,50 +806,132 @@ static int mlp_fwd(tz_compute *cm, const struct tz_model_config *cfg, const void
   return 0;
 }
 
-int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
-                       const void *params, const void *x_in, void *x_out,
-                       const struct tz_layer_acts *a, int B, int T, const int32_t *pos) {
-  return tz_model_layer_part_fwd(cm, cfg, layer, params, x_in, x_out, a, TZ_PARTS_ALL, B, T, pos);
+int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer, void *const *w,
+                       const void *x_in, void *x_out, const struct tz_layer_acts *a, int B, int T,
+                       const int32_t *pos) {
+  return tz_model_layer_part_fwd(cm, cfg, layer, w, x_in, x_out, a, TZ_PARTS_ALL, B, T, pos);
 }
 
 int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
-                            const void *params, const void *x_in, void *x_out,
+                            void *const *w, const void *x_in, void *x_out,
                             const struct tz_layer_acts *a, unsigned parts, int B, int T,
                             const int32_t *pos) {
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
   if (parts & TZ_PART_ATTN)
-    TZ_CHECK(attn_fwd(cm, cfg, layer, params, x_in, a, B, T, pos));
-  return parts & TZ_PART_MLP ? mlp_fwd(cm, cfg, params, a, x_out, B, T, a->moe_stats) : 0;
+    TZ_CHECK(attn_fwd(cm, cfg, layer, part_w(cfg, w, TZ_PART_ATTN), x_in, a, B, T, pos));
+  return parts & TZ_PART_MLP
+             ? mlp_fwd(cm, cfg, part_w(cfg, w, TZ_PART_MLP), a, x_out, B, T, a->moe_stats)
+             : 0;
 }
 
-int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
-                       const void *params, void *grads, const void *x_in,
-                       const struct tz_layer_acts *a, unsigned recompute, const void *dx_out,
-                       void *dx_in, const struct tz_layer_scratch *s, int B, int T,
-                       const int32_t *pos) {
-  TZ_CHECK(tz_model_check_batch(cfg, B, T));
+int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer, void *const *w,
+                       void *const *dw, const void *x_in, const struct tz_layer_acts *a,
+                       unsigned recompute, const void *dx_out, void *dx_in,
+                       const struct tz_layer_scratch *s, int B, int T, const int32_t *pos) {
+  return tz_model_layer_part_bwd(cm, cfg, layer, w, dw, x_in, a, TZ_PARTS_ALL, recompute, dx_out,
+                                 dx_in, s, B, T, pos);
+}
+
+/* The attention part's backward, once attn_ready has run: given dx2, the gradient at x2, grads +=
+ * the part's gradients and dx_in = the gradient at x_in (dx_in may alias dx2). */
+static int attn_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                    const void *params, void *grads, const void *x_in,
+                    const struct tz_layer_acts *a, const void *dx2, void *dx_in,
+                    const struct tz_layer_scratch *s, int B, int T, const int32_t *pos) {
   struct tz_block_layout l = {0};
-  TZ_CHECK(tz_model_block_layout(cfg, 1, &l));
+  TZ_CHECK(part_layout(cfg, TZ_PART_ATTN, &l));
   enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
-  int N = B * T, C = cfg->d_model, F = cfg->ffn_dim, H = cfg->n_head, Hkv = cfg->n_kv_head;
+  int N = B * T, C = cfg->d_model, H = cfg->n_head, Hkv = cfg->n_kv_head;
   int D = tz_model_head_dim(cfg), HD = H * D, KD = Hkv * D;
   struct tz_rope rope;
   tz_model_layer_rope(cfg, layer, T, &rope);
-  /* The parts recomputed, attention first (the MLP's starts from its x2); the recomputed x_out
-   * is not needed, and the scratch's dh is free until the MLP backward. */
-#define P(i) at(params, l.t[i].offset, S)
-  float eps = (float)cfg->norm_eps;
   struct tz_attn_opts opt = attn_opts(cfg, layer, T);
   int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
-  if (recompute & TZ_PART_ATTN)
-    TZ_CHECK(attn_fwd(cm, cfg, layer, params, x_in, a, B, T, pos));
-  else if (pre) /* kept: what is not kept is rebuilt (acts_layout) */
-    TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in, P(TZ_L_ATTN_NORM), N, C, eps,
-                                    norm_off(cfg)));
+#define P(i) at(params, l.t[i].offset, S)
+#define GR(i) at(grads, l.t[i].offset, G)
+  const void *h1 = pre ? a->h1 : x_in;
+  /* x2 = x_in + att wo^T; dx2 is the gradient at x2. With the norm on the output, its gradient
+   * at o goes to dh (free until the q, k and v backward write it). */
+  const void *dout_o = dx2;
+  if (post) {
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_ATTN_POST_NORM), dx2, a->o,
+                                    P(TZ_L_ATTN_POST_NORM), a->rstd_o, N, C, norm_off(cfg)));
+    dout_o = s->dh;
+  }
+  TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dout_o, a->att, P(TZ_L_WO), N, HD, C));
+  TZ_CHECK(tz_compute_attention_bwd(cm, s->dq, s->dk, s->dv, s->delta, s->datt, a->q, a->k, a->v,
+                                    a->att, a->lse, B, T, H, Hkv, D, pos, &opt));
+  TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, &rope, pos));
+  TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, &rope, pos));
+  /* dqp, dkp: the gradients at the biased projections. Through the norms they go to buffers
+   * free by now (rmsnorm_bwd's dx must not alias its dout): datt (N, H*D), read only by the
+   * attention's backward, and dq, whose (N, H*D) holds a (N, Hkv*D) once dq itself is used. */
+  void *dqp = s->dq, *dkp = s->dk;
+  if (cfg->qk_norm) {
+    dqp = s->datt;
+    dkp = s->dq;
+    int rq, wq, rk, wk;
+    qk_norm_shape(cfg, N, H, &rq, &wq);
+    qk_norm_shape(cfg, N, Hkv, &rk, &wk);
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dqp, NULL, GR(TZ_L_QNORM), s->dq, a->q_pre, P(TZ_L_QNORM),
+                                    a->rstd_q, rq, wq, norm_off(cfg)));
+    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dkp, NULL, GR(TZ_L_KNORM), s->dk, a->k_pre, P(TZ_L_KNORM),
+                                    a->rstd_k, rk, wk, norm_off(cfg)));
+  }
+  if (cfg->qkv_bias) {
+    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BQ), dqp, N, HD));
+    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BK), dkp, N, KD));
+    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BV), s->dv, N, KD));
+  }
+  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), dqp, h1, P(TZ_L_WQ), N, C, HD));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), dkp, h1, P(TZ_L_WK), N, C, KD));
+  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, h1, P(TZ_L_WV), N, C, KD));
+  /* The residual passes dx2 through: dx_in = dx2 + the norm's gradient, the copy fused into the
+   * norm's backward. */
+  if (!pre)
+    return tz_compute_add(cm, S, dx_in, dx2, s->dh, (size_t)N * C);
+  return tz_compute_rmsnorm_bwd(cm, dx_in, dx2, GR(TZ_L_ATTN_NORM), s->dh, x_in, P(TZ_L_ATTN_NORM),
+                                a->rstd1, N, C, norm_off(cfg));
+#undef P
+#undef GR
+}
+
+/* What the attention part's backward reads, before any part's backward runs: its forward again
+ * into a (recompute; the MLP's recompute starts from the x2 it writes), or h1 rebuilt (kept:
+ * acts_layout keeps no norm output). */
+static int attn_ready(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                      const void *params, const void *x_in, const struct tz_layer_acts *a,
+                      int recompute, int B, int T, const int32_t *pos) {
+  if (recompute)
+    return attn_fwd(cm, cfg, layer, params, x_in, a, B, T, pos);
+  if (cfg->norm_place == TZ_NORM_POST)
+    return 0;
+  struct tz_block_layout l = {0};
+  TZ_CHECK(part_layout(cfg, TZ_PART_ATTN, &l));
+  return tz_compute_rmsnorm_fwd(cm, a->h1, a->rstd1, x_in,
+                                at(params, l.t[TZ_L_ATTN_NORM].offset, tz_compute_dtype(cm)), B * T,
+                                cfg->d_model, (float)cfg->norm_eps, norm_off(cfg));
+}
+
+/* The MLP part's backward, first recomputing its forward from a->x2 (recompute) or rebuilding
+ * h2 and, with experts, the gathered inputs (kept): given dx_out, the gradient at x_out, grads
+ * += the part's gradients and dx2 = the gradient at x2 (dx2 may alias dx_out). */
+static int mlp_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer, const void *params,
+                   void *grads, const struct tz_layer_acts *a, int recompute, const void *dx_out,
+                   void *dx2, const struct tz_layer_scratch *s, int B, int T) {
+  struct tz_block_layout l = {0};
+  TZ_CHECK(part_layout(cfg, TZ_PART_MLP, &l));
+  enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
+  int N = B * T, C = cfg->d_model, F = cfg->ffn_dim;
+  float eps = (float)cfg->norm_eps;
+  int pre = cfg->norm_place != TZ_NORM_POST, post = cfg->norm_place != TZ_NORM_PRE;
+#define P(i) at(params, l.t[i].offset, S)
+#define GR(i) at(grads, l.t[i].offset, G)
   /* The SwiGLU's output a, which the down projection's weight gradient reads: recomputed with
-   * the MLP, else rebuilt by the SwiGLU's backward in the same pass (a_rebuilt). */
+   * the MLP, else rebuilt by the SwiGLU's backward in the same pass (a_rebuilt). The recomputed
+   * x_out is not needed, and the scratch's dh is free until the MLP backward. */
   void *a_rebuilt = NULL;
-  const int moe = tz_model_moe(cfg), mlp_again = (recompute & TZ_PART_MLP) != 0;
+  const int moe = tz_model_moe(cfg), mlp_again = recompute != 0;
   if (a->gu_chunk && !mlp_again && tz_model_mlp_rows(cfg, N) < N)
     return tz_err_set(TZ_EINVAL,
                       "model: layer %d: g and u of one MLP chunk (the working acts) "
@@ -763,8 +951,7 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
     if (tz_model_moe(cfg)) /* the experts' inputs, gathered again */
       TZ_CHECK(tz_compute_moe_gather(cm, a->xs, a->h2, a->rows, N * cfg->n_expert_used, C));
   }
-  const void *h1 = pre ? a->h1 : x_in, *h2 = pre ? a->h2 : a->x2;
-#define GR(i) at(grads, l.t[i].offset, G)
+  const void *h2 = pre ? a->h2 : a->x2;
   /* MLP: x_out = x2 + (silu(h2 wg^T) * (h2 wu^T)) wd^T, dx_out is the gradient of the output.
    * With the norm on the MLP's output, dm (in dh, free until the gate's and up's backward
    * write it) is the gradient at the down projection's output. */
@@ -799,57 +986,34 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
       TZ_CHECK(linear_bwd(cm, dh, 1, GR(TZ_L_WU), s->du, h, P(TZ_L_WU), n, C, F));
     }
   }
-  /* The residual passes dx_out through unchanged: dx_in = dx_out + the norm's gradient, the copy
+  /* The residual passes dx_out through unchanged: dx2 = dx_out + the norm's gradient, the copy
    * fused into the norm's backward (or, the norm on the output, dx_out + the MLP input's). */
   if (!pre)
-    TZ_CHECK(tz_compute_add(cm, S, dx_in, dx_out, s->dh, (size_t)N * C));
-  else
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_out, GR(TZ_L_MLP_NORM), s->dh, a->x2,
-                                    P(TZ_L_MLP_NORM), a->rstd2, N, C, norm_off(cfg)));
-  /* Attention: x2 = x_in + att wo^T; dx_in holds the gradient at x2 now. With the norm on the
-   * output, its gradient at o goes to dh (free until the q, k and v backward write it). */
-  const void *dout_o = dx_in;
-  if (post) {
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, s->dh, NULL, GR(TZ_L_ATTN_POST_NORM), dx_in, a->o,
-                                    P(TZ_L_ATTN_POST_NORM), a->rstd_o, N, C, norm_off(cfg)));
-    dout_o = s->dh;
-  }
-  TZ_CHECK(linear_bwd(cm, s->datt, 0, GR(TZ_L_WO), dout_o, a->att, P(TZ_L_WO), N, HD, C));
-  TZ_CHECK(tz_compute_attention_bwd(cm, s->dq, s->dk, s->dv, s->delta, s->datt, a->q, a->k, a->v,
-                                    a->att, a->lse, B, T, H, Hkv, D, pos, &opt));
-  TZ_CHECK(tz_compute_rope_bwd(cm, s->dq, B, T, H, D, &rope, pos));
-  TZ_CHECK(tz_compute_rope_bwd(cm, s->dk, B, T, Hkv, D, &rope, pos));
-  /* dqp, dkp: the gradients at the biased projections. Through the norms they go to buffers
-   * free by now (rmsnorm_bwd's dx must not alias its dout): datt (N, H*D), read only by the
-   * attention's backward, and dq, whose (N, H*D) holds a (N, Hkv*D) once dq itself is used. */
-  void *dqp = s->dq, *dkp = s->dk;
-  if (cfg->qk_norm) {
-    dqp = s->datt;
-    dkp = s->dq;
-    int rq, wq, rk, wk;
-    qk_norm_shape(cfg, N, H, &rq, &wq);
-    qk_norm_shape(cfg, N, Hkv, &rk, &wk);
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dqp, NULL, GR(TZ_L_QNORM), s->dq, a->q_pre, P(TZ_L_QNORM),
-                                    a->rstd_q, rq, wq, norm_off(cfg)));
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dkp, NULL, GR(TZ_L_KNORM), s->dk, a->k_pre, P(TZ_L_KNORM),
-                                    a->rstd_k, rk, wk, norm_off(cfg)));
-  }
-  if (cfg->qkv_bias) {
-    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BQ), dqp, N, HD));
-    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BK), dkp, N, KD));
-    TZ_CHECK(tz_compute_bias_grad(cm, GR(TZ_L_BV), s->dv, N, KD));
-  }
-  TZ_CHECK(linear_bwd(cm, s->dh, 0, GR(TZ_L_WQ), dqp, h1, P(TZ_L_WQ), N, C, HD));
-  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WK), dkp, h1, P(TZ_L_WK), N, C, KD));
-  TZ_CHECK(linear_bwd(cm, s->dh, 1, GR(TZ_L_WV), s->dv, h1, P(TZ_L_WV), N, C, KD));
-  if (!pre)
-    TZ_CHECK(tz_compute_add(cm, S, dx_in, dx_in, s->dh, (size_t)N * C));
-  else
-    TZ_CHECK(tz_compute_rmsnorm_bwd(cm, dx_in, dx_in, GR(TZ_L_ATTN_NORM), s->dh, x_in,
-                                    P(TZ_L_ATTN_NORM), a->rstd1, N, C, norm_off(cfg)));
+    return tz_compute_add(cm, S, dx2, dx_out, s->dh, (size_t)N * C);
+  return tz_compute_rmsnorm_bwd(cm, dx2, dx_out, GR(TZ_L_MLP_NORM), s->dh, a->x2, P(TZ_L_MLP_NORM),
+                                a->rstd2, N, C, norm_off(cfg));
 #undef P
 #undef GR
-  return 0;
+}
+
+int tz_model_layer_part_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                            void *const *w, void *const *dw, const void *x_in,
+                            const struct tz_layer_acts *a, unsigned parts, unsigned recompute,
+                            const void *dx_out, void *dx_in, const struct tz_layer_scratch *s,
+                            int B, int T, const int32_t *pos) {
+  TZ_CHECK(tz_model_check_batch(cfg, B, T));
+  const void *wa = part_w(cfg, w, TZ_PART_ATTN), *wm = part_w(cfg, w, TZ_PART_MLP);
+  void *ga = part_w(cfg, dw, TZ_PART_ATTN), *gm = part_w(cfg, dw, TZ_PART_MLP);
+  int attn = (parts & TZ_PART_ATTN) != 0;
+  if (attn) /* first: a recomputed MLP starts from the x2 the attention's recompute writes */
+    TZ_CHECK(attn_ready(cm, cfg, layer, wa, x_in, a, (recompute & TZ_PART_ATTN) != 0, B, T, pos));
+  const void *dx2 = dx_out;
+  if (parts & TZ_PART_MLP) {
+    TZ_CHECK(
+        mlp_bwd(cm, cfg, layer, wm, gm, a, (recompute & TZ_PART_MLP) != 0, dx_out, dx_in, s, B, T));
+    dx2 = dx_in;
+  }
+  return attn ? attn_bwd(cm, cfg, layer, wa, ga, x_in, a, dx2, dx_in, s, B, T, pos) : 0;
 }
 
 /* The LM head's weight (V, C) and where its gradient goes. */
@@ -857,7 +1021,7 @@ static void head_weights(tz_compute *cm, const struct tz_model_config *cfg, cons
                          const void *embed, void *head_grad, void *embed_grad, const void **W,
                          void **dW) {
   struct tz_block_layout l = {0};
-  tz_model_block_layout(cfg, cfg->n_layer + 1, &l);
+  tz_model_block_layout(cfg, tz_model_n_blocks(cfg) - 1, &l);
   if (cfg->tie_embeddings) {
     *W = embed;
     *dW = embed_grad;

@@ -221,14 +221,21 @@ uint64_t tz_model_n_active_params(const struct tz_model_config *cfg);
 
 #define TZ_MODEL_ALIGN 128 /* elements: 256 bytes of bf16/fp16, 512 of f32 */
 
-enum tz_block_kind { TZ_BLOCK_EMBED, TZ_BLOCK_LAYER, TZ_BLOCK_HEAD };
+/* The blocks in order: the embedding, each layer's, the head. A layer is one block, or with experts
+ * two: its attention part (TZ_BLOCK_LAYER) and its MLP part, the router and the experts
+ * (TZ_BLOCK_MOE), so that the plan places the experts, most of such a model's state, apart from
+ * the attention, and the scheduler streams them as blocks of their own. */
+enum tz_block_kind { TZ_BLOCK_EMBED, TZ_BLOCK_LAYER, TZ_BLOCK_HEAD, TZ_BLOCK_MOE };
 
 /* Tensor indices inside each kind of block (the order of the layout table). */
 enum { TZ_E_WTE, TZ_E_COUNT };
 /* A layer block has every TZ_L_* entry (n == TZ_L_COUNT); the tensors a config does not have
  * (biases without qkv_bias, q/k norms without qk_norm, the norms of the other norm_place) have
  * numel 0, ndim 0, no room in the block, so a Llama layer's layout is what it was before they
- * existed. Code that walks a layout skips numel-0 entries. */
+ * existed. Code that walks a layout skips numel-0 entries. With experts, a layer's two blocks
+ * each have every entry too, the other part's (TZ_PART_*) without room: the MLP's block holds
+ * mlp_norm, wg, wu, wd, mlp_post_norm, the router and the shared expert, the layer's block the
+ * rest. */
 enum {
   TZ_L_ATTN_NORM,      /* (C) with TZ_NORM_PRE */
   TZ_L_WQ,             /* (H*D, C): q = x wq^T (+ bq) */
@@ -277,8 +284,17 @@ struct tz_block_layout {
   uint64_t numel; /* the end of the last tensor, rounded up to TZ_MODEL_ALIGN */
 };
 
-int tz_model_n_blocks(const struct tz_model_config *cfg); /* n_layer + 2 */
-int tz_model_block_of_layer(int layer);                   /* layer + 1 */
+/* n_layer * tz_model_layer_blocks + 2 */
+int tz_model_n_blocks(const struct tz_model_config *cfg);
+/* The blocks of each layer: 1, or 2 with experts (the MLP's block right after the layer's). */
+int tz_model_layer_blocks(const struct tz_model_config *cfg);
+/* A layer's first block: 1 + layer * tz_model_layer_blocks. */
+int tz_model_block_of_layer(const struct tz_model_config *cfg, int layer);
+/* The layer a block belongs to; -1 for the embedding and the head. */
+int tz_model_block_layer(const struct tz_model_config *cfg, int block);
+/* The parts of its layer (TZ_PART_* bits) a block holds: TZ_PARTS_ALL for a dense layer's,
+ * TZ_PART_ATTN or TZ_PART_MLP for a layer with experts, 0 for the embedding and the head. */
+int tz_model_block_parts(const struct tz_model_config *cfg, int block);
 /* TZ_EINVAL for a block outside [0, n_blocks). */
 int tz_model_block_layout(const struct tz_model_config *cfg, int block,
                           struct tz_block_layout *out);
@@ -286,7 +302,15 @@ uint64_t tz_model_block_numel(const struct tz_model_config *cfg, int block);
 /* The block's size rounded up to a multiple of world_size * TZ_MODEL_ALIGN (world_size >= 1):
  * world_size equal shards, each a multiple of TZ_MODEL_ALIGN elements. */
 uint64_t tz_model_block_numel_padded(const struct tz_model_config *cfg, int block, int world_size);
-/* The same for a transformer layer (all layers have one layout). */
+/* A layer's blocks one after the other, as one buffer (tests, tz-bench layer): its elements; its
+ * layout, every tensor's offset from the first block's start (the MLP's after the layer's
+ * block with experts); the blocks' addresses in such a buffer base of dtype dt (w[1] == w[0]
+ * for a layer of one block), for tz_model_layer_fwd. */
+uint64_t tz_model_layer_numel(const struct tz_model_config *cfg);
+int tz_model_layer_layout(const struct tz_model_config *cfg, struct tz_block_layout *out);
+void tz_model_layer_split(const struct tz_model_config *cfg, void *base, enum tz_dtype dt,
+                          void *w[2]);
+/* tz_model_block_numel_padded summed over a layer's blocks (all layers have one layout). */
 uint64_t tz_model_layer_numel_padded(const struct tz_model_config *cfg, int world_size);
 
 /* ---- Initialisation ----
@@ -481,15 +505,16 @@ int tz_model_embed_bwd(tz_compute *cm, const struct tz_model_config *cfg, void *
                        const int32_t *tokens, const int32_t *host_tokens, void *dx, int B, int T);
 
 /* One transformer layer, the model's `layer`-th (0-based: whether it slides its attention window
- * follows from it, tz_model_layer_window): x_out (B,T,C) from x_in (B,T,C) and the layer's block
- * `params`; acts
- * receives what backward needs. x_out may alias x_in. pos (B,T) int32 in cm's memory: each
+ * follows from it, tz_model_layer_window): x_out (B,T,C) from x_in (B,T,C) and the layer's
+ * weights w, its tz_model_layer_blocks blocks in order (as &blocks[tz_model_block_of_layer]);
+ * acts receives what backward needs. x_out may alias x_in. pos (B,T) int32 in cm's memory: each
  * token's position in its document, for rows that pack several (kernels/compute.h, "Packed
  * documents"); NULL: each row one document. The layer phases below take it alike. */
-int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
-                       const void *params, const void *x_in, void *x_out,
-                       const struct tz_layer_acts *acts, int B, int T, const int32_t *pos);
-/* The two parts of a layer, as activation checkpointing keeps or recomputes them. */
+int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer, void *const *w,
+                       const void *x_in, void *x_out, const struct tz_layer_acts *acts, int B,
+                       int T, const int32_t *pos);
+/* The two parts of a layer, as activation checkpointing keeps or recomputes them, and as a layer
+ * with experts splits into blocks (tz_model_block_parts). */
 #define TZ_PART_ATTN 1u /* attention: its norm, q/k/v, attention, wo, the residual into x2 */
 #define TZ_PART_MLP 2u  /* the MLP: its norm, gate and up, SwiGLU, the down projection */
 /* Kept, a part holds what only its matrix products give (acts_layout): q/k/v, the attention's
@@ -498,9 +523,10 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, int la
 
 /* The forward of some parts (TZ_PART_*), writing every tensor of the part, kept or not: the
  * attention part from x_in into acts (h1 .. x2), the MLP part from acts->x2 into acts (h2 .. a)
- * and x_out; both (tz_model_layer_fwd) in that order. */
+ * and x_out; both (tz_model_layer_fwd) in that order. A part reads only its block of w: the
+ * attention w[0], the MLP w[tz_model_layer_blocks - 1]. */
 int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
-                            const void *params, const void *x_in, void *x_out,
+                            void *const *w, const void *x_in, void *x_out,
                             const struct tz_layer_acts *acts, unsigned parts, int B, int T,
                             const int32_t *pos);
 
@@ -509,18 +535,27 @@ int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, i
  * checkpointing); the parts not named must hold what tz_model_acts_carve_parts keeps of this
  * layer's forward of x_in, and the backward rebuilds the rest of them into acts (the norms'
  * outputs, the SwiGLU). Either way the bits are the same: the same kernels on the same inputs.
- * grads (the layer's block layout, G) += the parameter gradients; dx_in (B,T,C) = the gradient at
+ * dw (the layer's blocks as w, G) += the parameter gradients; dx_in (B,T,C) = the gradient at
  * x_in, given dx_out at x_out. dx_in may alias dx_out. acts and scratch are clobbered. */
-int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
-                       const void *params, void *grads, const void *x_in,
-                       const struct tz_layer_acts *acts, unsigned recompute, const void *dx_out,
-                       void *dx_in, const struct tz_layer_scratch *scratch, int B, int T,
-                       const int32_t *pos);
+int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer, void *const *w,
+                       void *const *dw, const void *x_in, const struct tz_layer_acts *acts,
+                       unsigned recompute, const void *dx_out, void *dx_in,
+                       const struct tz_layer_scratch *scratch, int B, int T, const int32_t *pos);
+/* The backward of some parts, as tz_model_layer_bwd runs them (the MLP's, then the
+ * attention's), with the gradients at their ends: the MLP part's dx_out at x_out and dx_in at
+ * x2; the attention part's dx_out at x2 and dx_in at x_in (x_in read by it alone). Each part
+ * reads and writes only its blocks of w and dw. The same bits as the whole layer's backward:
+ * run one after the other, the MLP's then the attention's, they are its ops in its order. */
+int tz_model_layer_part_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
+                            void *const *w, void *const *dw, const void *x_in,
+                            const struct tz_layer_acts *acts, unsigned parts, unsigned recompute,
+                            const void *dx_out, void *dx_in, const struct tz_layer_scratch *scratch,
+                            int B, int T, const int32_t *pos);
 
 /* The head: final norm, LM head, cross-entropy on targets (B,T) int32. s->losses gets each
  * token's loss and s->loss their sum (tz_compute_sum order). With head_grad non-NULL also the
  * backward, the loss gradient scaled by dscale (1 / tokens in the step for a mean): head_grad
- * (block n_layer+1, G) += and, when tied, embed_grad += the LM head's gradient (else embed_grad is
+ * (the last block, G) += and, when tied, embed_grad += the LM head's gradient (else embed_grad is
  * unused); dx (B,T,C) = the gradient at x. embed is read only when tied. */
 int tz_model_head(tz_compute *cm, const struct tz_model_config *cfg, const void *head,
                   const void *embed, void *head_grad, void *embed_grad, const void *x,
@@ -552,9 +587,11 @@ double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T);
 double tz_model_layer_part_flop(const struct tz_model_config *cfg, int B, int T, unsigned parts);
 
 /* One layer's parameters (S) and their gradients (G), its input and output and their gradients,
- * activations and backward scratch, in cm's memory, zeroed, for B x T tokens. */
+ * activations and backward scratch, in cm's memory, zeroed, for B x T tokens. params and grads
+ * hold the layer's blocks one after the other, w and dw point at each (tz_model_layer_fwd). */
 struct tz_layer_probe {
   void *params, *grads, *x_in, *x_out, *dx_out, *dx_in, *acts_mem, *scratch_mem;
+  void *w[2], *dw[2];
   struct tz_layer_acts acts;
   struct tz_layer_scratch scratch;
   int B, T;

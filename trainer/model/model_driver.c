@@ -114,7 +114,7 @@ static int runner_forward(tz_model_runner *r, void *const *params, const int32_t
   TZ_CHECK(tz_model_embed_fwd(r->cm, cfg, params[0], r->tokens, r->xs[0], r->B, r->T));
   for (int i = 0; i < cfg->n_layer; i++) {
     const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
-    TZ_CHECK(tz_model_layer_fwd(r->cm, cfg, i, params[tz_model_block_of_layer(i)], r->xs[i],
+    TZ_CHECK(tz_model_layer_fwd(r->cm, cfg, i, params + tz_model_block_of_layer(cfg, i), r->xs[i],
                                 r->xs[i + 1], a, r->B, r->T, r->has_pos ? r->pos : NULL));
   }
   return 0;
@@ -123,7 +123,7 @@ static int runner_forward(tz_model_runner *r, void *const *params, const int32_t
 int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *grads,
                          const int32_t *tokens, const int32_t *targets, float dscale, float *loss) {
   const struct tz_model_config *cfg = r->cfg;
-  int L = cfg->n_layer, B = r->B, T = r->T;
+  int L = cfg->n_layer, B = r->B, T = r->T, H = tz_model_n_blocks(cfg) - 1;
   size_t N = (size_t)B * T, n_targets = 0;
   for (size_t i = 0; i < N; i++)
     n_targets += targets[i] != TZ_TARGET_IGNORE;
@@ -131,7 +131,7 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
     dscale = n_targets ? 1.0f / (float)n_targets : 0.0f;
   TZ_CHECK(runner_forward(r, params, tokens));
   TZ_CHECK(tz_compute_copy_in(r->cm, r->targets, targets, N * sizeof(int32_t)));
-  TZ_CHECK(tz_model_head(r->cm, cfg, params[L + 1], params[0], grads ? grads[L + 1] : NULL,
+  TZ_CHECK(tz_model_head(r->cm, cfg, params[H], params[0], grads ? grads[H] : NULL,
                          grads ? grads[0] : NULL, r->xs[L], r->targets, dscale, r->dx, &r->head, B,
                          T));
   /* The load-balancing loss of the forward's routing, and its gradient for the backward. */
@@ -146,9 +146,9 @@ int tz_model_runner_step(tz_model_runner *r, void *const *params, void *const *g
     r->acts[i].moe_daux = tz_model_aux_coef(cfg) > 0 ? r->moe_daux : NULL;
   if (grads) {
     for (int i = L - 1; i >= 0; i--) {
-      int blk = tz_model_block_of_layer(i);
+      int blk = tz_model_block_of_layer(cfg, i);
       const struct tz_layer_acts *a = &r->acts[r->checkpoint ? 0 : i];
-      TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, i, params[blk], grads[blk], r->xs[i], a,
+      TZ_CHECK(tz_model_layer_bwd(r->cm, cfg, i, params + blk, grads + blk, r->xs[i], a,
                                   r->checkpoint ? TZ_PARTS_ALL : 0, r->dx, r->dx, &r->scratch, B, T,
                                   r->has_pos ? r->pos : NULL));
     }
@@ -170,7 +170,7 @@ int tz_model_runner_logits(tz_model_runner *r, void *const *params, const int32_
   void *buf = NULL, *f32 = NULL;
   int rc;
   TZ_CHECK_GOTO(tz_compute_alloc(r->cm, n * tz_dtype_size(S), &buf), rc, out);
-  TZ_CHECK_GOTO(tz_model_head_logits(r->cm, cfg, params[cfg->n_layer + 1], params[0],
+  TZ_CHECK_GOTO(tz_model_head_logits(r->cm, cfg, params[tz_model_n_blocks(cfg) - 1], params[0],
                                      r->xs[cfg->n_layer], buf, &r->head, r->B, r->T),
                 rc, out);
   if (S != TZ_F32) {
@@ -230,7 +230,8 @@ int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int 
                          struct tz_layer_probe *l) {
   memset(l, 0, sizeof *l);
   enum tz_dtype S = tz_compute_dtype(cm), G = tz_compute_grad_dtype(cm);
-  uint64_t np = tz_model_block_numel(cfg, tz_model_block_of_layer(0));
+  /* the layer's blocks one after the other in params and grads (w and dw point at each) */
+  uint64_t np = tz_model_layer_numel(cfg);
   size_t x_bytes = (size_t)B * (size_t)T * (size_t)cfg->d_model * tz_dtype_size(S);
   size_t sizes[8] = {np * tz_dtype_size(S),
                      np * tz_dtype_size(G),
@@ -263,6 +264,8 @@ int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int 
   }
   tz_model_acts_carve(cfg, S, B, T, l->acts_mem, &l->acts);
   tz_model_scratch_carve(cfg, S, B, T, l->scratch_mem, &l->scratch);
+  tz_model_layer_split(cfg, l->params, S, l->w);
+  tz_model_layer_split(cfg, l->grads, G, l->dw);
   l->B = B;
   l->T = T;
   return 0;
@@ -270,10 +273,9 @@ int tz_layer_probe_alloc(tz_compute *cm, const struct tz_model_config *cfg, int 
 
 int tz_layer_probe_step(tz_compute *cm, const struct tz_model_config *cfg,
                         const struct tz_layer_probe *l, unsigned recompute) {
-  TZ_CHECK(
-      tz_model_layer_fwd(cm, cfg, 0, l->params, l->x_in, l->x_out, &l->acts, l->B, l->T, l->pos));
-  return tz_model_layer_bwd(cm, cfg, 0, l->params, l->grads, l->x_in, &l->acts, recompute,
-                            l->dx_out, l->dx_in, &l->scratch, l->B, l->T, l->pos);
+  TZ_CHECK(tz_model_layer_fwd(cm, cfg, 0, l->w, l->x_in, l->x_out, &l->acts, l->B, l->T, l->pos));
+  return tz_model_layer_bwd(cm, cfg, 0, l->w, l->dw, l->x_in, &l->acts, recompute, l->dx_out,
+                            l->dx_in, &l->scratch, l->B, l->T, l->pos);
 }
 
 int tz_layer_probe_time(tz_compute *cm, const struct tz_model_config *cfg, int B, int T, int reps,

@@ -85,6 +85,7 @@ int tz_decay_tensor_excluded(enum tz_block_kind kind, int t, unsigned exclude) {
   case TZ_BLOCK_HEAD:
     return t == TZ_H_NORM ? (exclude & TZ_DECAY_NORM) != 0 : (exclude & TZ_DECAY_EMBED) != 0;
   case TZ_BLOCK_LAYER:
+  case TZ_BLOCK_MOE:
     switch (t) {
     case TZ_L_ATTN_NORM:
     case TZ_L_MLP_NORM:

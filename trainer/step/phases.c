@@ -339,11 +339,22 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
     if (tr->moe_stats) /* the micro-batch's routing statistics start from 0 */
       TZ_CHECK(tz_compute_zero(tr->cm, tr->moe_stats, 2 * (size_t)mc->n_expert * sizeof(float)));
     return tz_model_embed_fwd(tr->cm, mc, tr->gw_embed, tr->tokens + (size_t)k * N, j->out, B, T);
-  case PH_FWD:
+  case PH_FWD: {
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
-    return tz_model_layer_fwd(tr->cm, mc, b - 1, w, j->ptr[TZ_PLAN_ACT], j->out, &tr->lacts[b - 1],
-                              B, T, pos);
+    int l = tz_model_block_layer(mc, b);
+    unsigned parts = (unsigned)tz_model_block_parts(mc, b);
+    struct tz_layer_acts a = tr->lacts[l];
+    /* A layer whose parts are blocks (experts): x2 is the MLP block's input, a block of the
+     * tiers the attention's phase writes (j->out) and the MLP's reads. */
+    if (parts == TZ_PART_ATTN)
+      a.x2 = j->out;
+    else if (parts == TZ_PART_MLP)
+      a.x2 = j->ptr[TZ_PLAN_ACT];
+    void *wl[2] = {w, w};
+    return tz_model_layer_part_fwd(tr->cm, mc, l, wl, j->ptr[TZ_PLAN_ACT], j->out, &a, parts, B, T,
+                                   pos);
+  }
   case PH_HEAD: {
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
@@ -369,16 +380,23 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
     TZ_CHECK(reduce_into(tr, b, fg, j->ptr[TZ_PLAN_GRAD], k));
     return k == tr->G - 1 ? norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]) : 0;
   }
-  case PH_BWD:
+  case PH_BWD: {
     if (!ov)
       TZ_CHECK(gather(tr, b, j->ptr[TZ_PLAN_PARAM], tr->gw, &w));
     TZ_CHECK(tz_compute_zero(tr->cm, fg, tr->padded[b] * sizeof(float)));
-    TZ_CHECK(tz_model_layer_bwd(tr->cm, mc, b - 1, w, fg, j->ptr[TZ_PLAN_ACT], &tr->lacts[b - 1],
-                                tr->recompute[b - 1], tr->dx, tr->dx, &tr->ls, B, T, pos));
+    int l = tz_model_block_layer(mc, b);
+    unsigned parts = (unsigned)tz_model_block_parts(mc, b);
+    struct tz_layer_acts a = tr->lacts[l];
+    if (parts == TZ_PART_MLP) /* its input, x2 (PH_FWD) */
+      a.x2 = j->ptr[TZ_PLAN_ACT];
+    void *wl[2] = {w, w}, *gl[2] = {fg, fg};
+    TZ_CHECK(tz_model_layer_part_bwd(tr->cm, mc, l, wl, gl, j->ptr[TZ_PLAN_ACT], &a, parts,
+                                     tr->recompute[l] & parts, tr->dx, tr->dx, &tr->ls, B, T, pos));
     if (ov)
       return 0;
     TZ_CHECK(reduce_into(tr, b, fg, j->ptr[TZ_PLAN_GRAD], k));
     return k == tr->G - 1 ? norm_partials(tr, b, j->ptr[TZ_PLAN_GRAD]) : 0;
+  }
   case PH_EMBED_BWD:
     if (!tr->tied)
       TZ_CHECK(tz_compute_zero(tr->cm, tr->fg_embed, tr->padded[0] * sizeof(float)));
@@ -463,6 +481,15 @@ static int grad_access(const tz_trainer *tr, int b, int micro) {
   return micro == 0 ? TZ_ACCESS_WRITE : TZ_ACCESS_READWRITE;
 }
 
+/* A layer phase's name: fwd3.0 for layer 3's, micro-batch 0; with experts fwd3.0 and fwd3-moe.0
+ * for its two blocks. */
+static void phase_name(struct phase *p, const tz_trainer *tr, const char *what, int block,
+                       int micro) {
+  int moe = tz_model_block_parts(&tr->mc, block) == TZ_PART_MLP;
+  snprintf(p->name, sizeof p->name, "%s%d%s.%d", what, tz_model_block_layer(&tr->mc, block),
+           moe ? "-moe" : "", micro);
+}
+
 static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, int micro) {
   struct phase *p = &tr->ph[(*n)++];
   memset(p, 0, sizeof *p);
@@ -475,7 +502,7 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
    * the phase before the one that computes with them, and its gradient is reduce-scattered
    * during the phase after: those phases use the shards, the computing one neither. The
    * embedding keeps gathering and reducing its own (the first and last phases of a pass). */
-  int ov = tr->overlap, L = tr->L, H = L + 1;
+  int ov = tr->overlap, H = tr->nb - 1, M = H - 1; /* M: the layers' blocks, 1 .. M */
   switch (kind) {
   case PH_EMBED:
     snprintf(p->name, sizeof p->name, "embed.%d", micro);
@@ -484,7 +511,7 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
     p->next = ov ? 1 : -1;
     break;
   case PH_FWD:
-    snprintf(p->name, sizeof p->name, "fwd%d.%d", block - 1, micro);
+    phase_name(p, tr, "fwd", block, micro);
     if (!ov)
       use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
     use(p, tr, TZ_PLAN_ACT, TZ_ACCESS_READ);
@@ -499,10 +526,10 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
       if (gacc)
         use(p, tr, TZ_PLAN_GRAD, gacc);
     }
-    p->next = ov ? L : -1;
+    p->next = ov ? M : -1;
     break;
   case PH_BWD:
-    snprintf(p->name, sizeof p->name, "bwd%d.%d", block - 1, micro);
+    phase_name(p, tr, "bwd", block, micro);
     use(p, tr, TZ_PLAN_ACT, TZ_ACCESS_READ);
     if (!ov) {
       use(p, tr, TZ_PLAN_PARAM, TZ_ACCESS_READ);
@@ -516,7 +543,7 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
     snprintf(p->name, sizeof p->name, "embed-bwd.%d", micro);
     if (gacc)
       use(p, tr, TZ_PLAN_GRAD, gacc);
-    p->prev = ov ? (L > 0 ? 1 : H) : -1;
+    p->prev = ov ? (M > 0 ? 1 : H) : -1;
     break;
   case PH_OPT:
     snprintf(p->name, sizeof p->name, "opt-%s", tr->names[block]);
@@ -536,9 +563,10 @@ static int add_phase(tz_trainer *tr, int *n, enum phase_kind kind, int block, in
 
 /* Builds the step's phases in order (DESIGN.md "A training step"). */
 int tz_train_build_phases(tz_trainer *tr) {
-  int L = tr->L, G = tr->G, H = L + 1;
+  /* the layers' blocks 1 .. M (a layer's one, or with experts its two), the head's H */
+  int G = tr->G, H = tr->nb - 1, M = H - 1;
   TZ_CHECK(tz_decay_exclude_parse(&tr->cfg, &tr->decay_exclude));
-  tr->n_ph = G * (2 * L + 3) + tr->nb;
+  tr->n_ph = G * (2 * M + 3) + tr->nb;
   free(tr->ph);
   tr->ph = calloc((size_t)tr->n_ph, sizeof *tr->ph);
   if (!tr->ph)
@@ -557,7 +585,7 @@ int tz_train_build_phases(tz_trainer *tr) {
         add_phase(tr, &n, PH_OPT, 1, 0);
     }
     add_phase(tr, &n, PH_EMBED, 0, k);
-    for (int i = 0; i < L; i++) {
+    for (int i = 0; i < M; i++) {
       if (folded && first && (ov ? i + 2 <= H : 1))
         add_phase(tr, &n, PH_OPT, ov ? i + 2 : 1 + i, 0);
       add_phase(tr, &n, PH_FWD, 1 + i, k);
@@ -567,7 +595,7 @@ int tz_train_build_phases(tz_trainer *tr) {
     add_phase(tr, &n, PH_HEAD, H, k);
     if (overlapped && last && !ov)
       add_phase(tr, &n, PH_OPT, H, 0);
-    for (int i = L - 1; i >= 0; i--) {
+    for (int i = M - 1; i >= 0; i--) {
       add_phase(tr, &n, PH_BWD, 1 + i, k);
       if (overlapped && last)
         add_phase(tr, &n, PH_OPT, ov ? 2 + i : 1 + i, 0);

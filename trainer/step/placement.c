@@ -22,10 +22,13 @@
 static double phase_flop(const tz_trainer *tr, const struct phase *p) {
   const struct tz_model_config *c = &tr->mc;
   double N = tr->N, C = c->d_model, V = c->vocab;
-  double layer = tz_model_layer_flop(c, tr->B, tr->T);
+  unsigned parts = (unsigned)tz_model_block_parts(c, p->block);
+  int l = tz_model_block_layer(c, p->block);
+  /* a layer's block: its parts' share (the whole layer but with experts) */
+  double layer = l < 0 ? 0 : tz_model_layer_part_flop(c, tr->B, tr->T, parts);
   switch (p->kind) {
   case PH_FWD: return layer;
-  case PH_BWD: return 2.0 * layer + tz_train_recompute_flop(tr, tr->recompute[p->block - 1]);
+  case PH_BWD: return 2.0 * layer + tz_train_recompute_flop(tr, tr->recompute[l] & parts);
   case PH_HEAD: return 3.0 * 2.0 * N * C * V;
   default: return 0;
   }
@@ -840,8 +843,10 @@ int tz_train_sizes(tz_trainer *tr) {
       snprintf(name, sizeof name, "embed");
     else if (b == nb - 1)
       snprintf(name, sizeof name, "head");
+    else if (tz_model_block_parts(&tr->mc, b) == TZ_PART_MLP)
+      snprintf(name, sizeof name, "layer%d.moe", tz_model_block_layer(&tr->mc, b));
     else
-      snprintf(name, sizeof name, "layer%d", b - 1);
+      snprintf(name, sizeof name, "layer%d", tz_model_block_layer(&tr->mc, b));
     if (!(tr->names[b] = strdup(name)))
       return tz_err_set(TZ_ENOMEM, "train: no memory");
   }

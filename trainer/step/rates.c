@@ -821,7 +821,7 @@ static int time_parts(tz_compute *cm, const struct tz_model_config *mc,
     double best = 0;
     for (int n = 0; rc == 0 && n < 1 + TZ_RATES_LAYER_PASSES; n++) {
       double t0 = tz_now_s();
-      rc = tz_model_layer_part_fwd(cm, mc, 0, l->params, l->x_in, l->x_out, &l->acts, parts[p],
+      rc = tz_model_layer_part_fwd(cm, mc, 0, l->w, l->x_in, l->x_out, &l->acts, parts[p],
                                    l->B, l->T, NULL);
       if (rc == 0)
         rc = tz_compute_sync(cm);

@@ -297,10 +297,13 @@ int tz_trainer_eval(tz_trainer *tr, const int32_t *tokens, const int32_t *target
     TZ_CHECK_GOTO(tz_model_embed_fwd(tr->cm, &tr->mc, tr->gw_embed, tr->tokens + (size_t)k * N,
                                      x[0], tr->B, tr->T),
                   rc, out);
-    for (int b = 1; b <= tr->L; b++) {
+    for (int b = 1; b < H; b++) { /* a layer's blocks one after the other: tr->acts holds x2 */
+      int l = tz_model_block_layer(&tr->mc, b);
+      void *w[2] = {tr->gw, tr->gw};
       TZ_CHECK_GOTO(gather_synced(tr, b, host, tr->gw), rc, out);
-      TZ_CHECK_GOTO(tz_model_layer_fwd(tr->cm, &tr->mc, b - 1, tr->gw, x[(b - 1) % 2], x[b % 2],
-                                       &tr->acts, tr->B, tr->T, pos ? pos + (size_t)k * N : NULL),
+      TZ_CHECK_GOTO(tz_model_layer_part_fwd(tr->cm, &tr->mc, l, w, x[l % 2], x[(l + 1) % 2],
+                                            &tr->acts, (unsigned)tz_model_block_parts(&tr->mc, b),
+                                            tr->B, tr->T, pos ? pos + (size_t)k * N : NULL),
                     rc, out);
     }
     TZ_CHECK_GOTO(gather_synced(tr, H, host, tr->gw), rc, out);
