@@ -404,8 +404,11 @@ void tz_plan_print(FILE *f, const struct tz_plan *p, const char *const *group_na
   }
   if (group_names) {
     fprintf(f, "  per group (param master m v grad act):\n");
+    int w = 10; /* the names' column: "layer12.moe" and longer widen it */
+    for (int g = 0; g < p->n_groups; g++)
+      w = (int)strlen(group_names[g]) > w ? (int)strlen(group_names[g]) : w;
     for (int g = 0; g < p->n_groups; g++) {
-      fprintf(f, "    %-10s", group_names[g]);
+      fprintf(f, "    %-*s", w, group_names[g]);
       for (int k = 0; k < TZ_PLAN_KINDS; k++)
         fprintf(f, " %-7s", tier_names[p->tier[g * TZ_PLAN_KINDS + k]]);
       fputc('\n', f);
