@@ -545,7 +545,8 @@ int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int la
  * attention's), with the gradients at their ends: the MLP part's dx_out at x_out and dx_in at
  * x2; the attention part's dx_out at x2 and dx_in at x_in (x_in read by it alone). Each part
  * reads and writes only its blocks of w and dw. The same bits as the whole layer's backward:
- * run one after the other, the MLP's then the attention's, they are its ops in its order. */
+ * run one after the other, the MLP's then the attention's, they are its ops on the same inputs
+ * (the attention's recompute, which the whole layer runs first, then runs between them). */
 int tz_model_layer_part_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
                             void *const *w, void *const *dw, const void *x_in,
                             const struct tz_layer_acts *acts, unsigned parts, unsigned recompute,
