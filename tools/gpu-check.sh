@@ -43,6 +43,7 @@
 # the layer with packed documents beside the same without; wgmasks: the masks (documents, windows,
 # softcaps) on the warpgroup-MMA kernels by name, their tests and their speed beside auto's;
 # sftpair: tz-train's packed fine-tuning beside pretraining, on auto's kernels and on wgmma;
+# sft7b: the same at llama-7b; sft8b: an 8B-shaped fine-tuning run on packed conversations;
 # normbwd: tz-bench layer with RMSNorm's backward in two passes, then in one; moelayer: the
 # experts' layer beside PyTorch's (OLMoE-1B-7B's and Mixtral's shapes); dsmoe: issue 53's pair,
 # ds-offload then tz-auto on OLMoE-1B-7B's config.json, one after the other (DeepSpeed from .whl/ds:
@@ -243,6 +244,22 @@ if has sftpair; then
   step sft-pre "${bt[@]}" --tag pre
   step sft-auto "${bt[@]}" --tag sft --data '/tmp/tz-sft/*.bin'
   step sft-wgmma env TZ_CUDA_ATTENTION=wgmma "${bt[@]}" --tag sft-wgmma --data '/tmp/tz-sft/*.bin'
+fi
+# sft7b: the same pair at llama-7b (the issue's shape; tz-auto llama-7b, 4 x 2048), pretraining
+# then packed conversations, one after the other; sft8b: an 8B-shaped fine-tuning run
+# (configs/models/llama-3.1-8b.json, the plan's placement, 4 x 2048) on those conversations, its
+# packing ("targets ..% of the row tokens") and tokens per second in its log (about 400 s both)
+if has sft7b || has sft8b; then
+  [ -e /tmp/tz-sft/sft_train_000000.bin ] || step sft-data python3 bench/sft_data.py /tmp/tz-sft --tokens 3000000
+fi
+if has sft7b; then
+  bt7=(env TZ_BIN=$b/bin tools/bench-train.sh tz-auto llama-7b --steps 6 --warmup 2)
+  step sft7b-pre "${bt7[@]}" --tag pre
+  step sft7b-sft "${bt7[@]}" --tag sft --data '/tmp/tz-sft/*.bin'
+fi
+if has sft8b; then
+  step sft8b $b/bin/tz-train --model configs/models/llama-3.1-8b.json --config configs/bench-auto.json \
+    --auto-placement --seq 2048 --data '/tmp/tz-sft/*.bin' --steps 6 --metrics "$logs/sft8b.jsonl"
 fi
 # packed: issue 50's packed fine-tuning in tz-bench layer, llama-7b's layer (2048 x 4) with rows of
 # heavy-tailed documents (mean 512 and 128 tokens) beside the same without documents, one after
