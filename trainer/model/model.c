@@ -388,7 +388,9 @@ static void mlp_shape(const struct tz_model_config *cfg, size_t N, size_t *M, si
   *F = (size_t)(moe ? cfg->moe_ffn_dim : cfg->ffn_dim);
 }
 
-/* work: the trainer's working acts, g and u one MLP chunk's (gu_chunk) */
+/* work: the trainer's working acts, g and u one MLP chunk's (gu_chunk). kept_only 2: what the
+ * trainer keeps, where a layer with experts keeps no x2 of its attention part (its x2 is the MLP
+ * block's input, a block of the tiers: tz_model_block_parts). */
 static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                         unsigned parts, int kept_only, int work, struct carver *c,
                         struct tz_layer_acts *a) {
@@ -413,7 +415,8 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
     a->v = carve(c, N * KD * es);
     a->att = carve(c, N * HD * es);
     a->lse = carve(c, (size_t)B * cfg->n_head * T * sizeof(float));
-    a->x2 = carve(c, N * C * es);
+    if (!(kept_only == 2 && moe))
+      a->x2 = carve(c, N * C * es);
   }
   if (parts & TZ_PART_MLP) {
     int chunk = work && !tz_model_moe(cfg);
@@ -494,10 +497,18 @@ size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype
   return c.off;
 }
 
+size_t tz_model_acts_kept_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                                unsigned parts) {
+  struct carver c = {0};
+  struct tz_layer_acts a;
+  acts_layout(cfg, dt, B, T, parts, 2, 0, &c, &a);
+  return c.off;
+}
+
 void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                unsigned parts, void *base, struct tz_layer_acts *out) {
   struct carver c = {.base = base};
-  acts_layout(cfg, dt, B, T, parts, 1, 0, &c, out);
+  acts_layout(cfg, dt, B, T, parts, 2, 0, &c, out);
 }
 
 static void scratch_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,

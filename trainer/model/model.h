@@ -474,6 +474,12 @@ size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype
 size_t tz_model_acts_work_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);
 void tz_model_acts_work_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                               void *base, struct tz_layer_acts *out);
+/* What the trainer keeps of some parts of a layer, carved from base (tz_model_acts_kept_bytes of
+ * room): tz_model_acts_part_bytes' tensors, less the attention part's x2 in a layer with experts,
+ * whose x2 is the MLP block's input (a block of the tiers, tz_model_block_parts): the trainer
+ * points acts->x2 at it. */
+size_t tz_model_acts_kept_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                                unsigned parts);
 void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                unsigned parts, void *base, struct tz_layer_acts *out);
 size_t tz_model_scratch_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T);

@@ -98,7 +98,7 @@ uint64_t tz_recompute_kept_bytes(const struct tz_model_config *mc, enum tz_dtype
                                  const uint8_t *parts) {
   uint64_t bytes[4];
   for (unsigned k = 0; k < 4; k++)
-    bytes[k] = tz_model_acts_part_bytes(mc, S, B, T, k);
+    bytes[k] = tz_model_acts_kept_bytes(mc, S, B, T, k);
   uint64_t total = 0;
   for (int i = 0; i < mc->n_layer; i++)
     total += bytes[TZ_PARTS_ALL & ~parts[i]];
@@ -111,7 +111,7 @@ void tz_recompute_order(const struct tz_model_config *mc, enum tz_dtype S, int B
   unsigned part[2] = {TZ_PART_MLP, TZ_PART_ATTN};
   for (int k = 0; k < 2; k++)
     per[k] = cost[part[k] == TZ_PART_ATTN ? 0 : 1] /
-             (double)tz_model_acts_part_bytes(mc, S, B, T, part[k]);
+             (double)tz_model_acts_kept_bytes(mc, S, B, T, part[k]);
   if (per[1] > per[0]) {
     part[0] = TZ_PART_ATTN;
     part[1] = TZ_PART_MLP;

@@ -365,7 +365,7 @@ static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
     unsigned kept = TZ_PARTS_ALL & ~(unsigned)tr->recompute[i];
     tr->lacts[i] = tr->acts;
     tz_model_acts_carve_parts(&tr->mc, tr->S, tr->B, tr->T, kept, keep, &tr->lacts[i]);
-    keep += tz_model_acts_part_bytes(&tr->mc, tr->S, tr->B, tr->T, kept);
+    keep += tz_model_acts_kept_bytes(&tr->mc, tr->S, tr->B, tr->T, kept);
   }
   /* The load-balancing loss: every layer's forward adds its routing statistics, every backward
    * its gradient (phases.c, moe_aux) */
