@@ -212,6 +212,7 @@ const struct key tz_config_keys[] = {
   SETTING("tierzero.cuda_matmul", "cuda", "matmul", 1),
   SETTING("tierzero.cuda_variants", "cuda", "variants", 2),
   SETTING("tierzero.cuda_norm_bwd", "cuda", "norm_bwd", 3),
+  SETTING("tierzero.cuda_softcap_tanh", "cuda", "softcap_tanh", 6),
   /* the hbm tier's (tiers/hbm.c) */
   SETTING("tierzero.gds", "hbm", "gds", 4),
   SETTING("tierzero.hbm_pin_piece", "hbm", "pin_piece", 5),

@@ -44,6 +44,7 @@
 # softcaps) on the warpgroup-MMA kernels by name, their tests and their speed beside auto's;
 # sftpair: tz-train's packed fine-tuning beside pretraining, on auto's kernels and on wgmma;
 # sft7b: the same at llama-7b; sft8b: an 8B-shaped fine-tuning run on packed conversations;
+# softcap: the softcap's tanh approximated (tierzero.cuda_softcap_tanh approx), tests and speed;
 # normbwd: tz-bench layer with RMSNorm's backward in two passes, then in one; moelayer: the
 # experts' layer beside PyTorch's (OLMoE-1B-7B's and Mixtral's shapes); dsmoe: issue 53's pair,
 # ds-offload then tz-auto on OLMoE-1B-7B's config.json, one after the other (DeepSpeed from .whl/ds:
@@ -232,6 +233,19 @@ if has wgmasks; then
     for k in auto wgmma; do
       step "wgm-${m%%:*}-$k" env TZ_CUDA_ATTENTION=$k "${lw[@]}" "${extra[@]}"
     done
+  done
+fi
+# softcap: tierzero.cuda_softcap_tanh approx (the softcap's tanh by tanh.approx.f32): the kernel,
+# model and trainer GPU tests with it, then tz-bench layer's soft-capped attention exact and
+# approx, one after the other, beside the causal kernel (issue 51's 0.9x; about 120 s)
+if has softcap; then
+  step softcap-tests env TZ_CUDA_SOFTCAP_TANH=approx ctest --test-dir $b --output-on-failure \
+    -R '^test_(compute_cuda|model_gpu|train_gpu)'
+  lc=($b/bin/tz-bench layer --no-torch --rounds 1 --iters 5 --warmup 2)
+  step softcap-none "${lc[@]}"
+  for t in exact approx; do
+    step "softcap-cap50-$t" env TZ_CUDA_SOFTCAP_TANH=$t "${lc[@]}" --softcap 50
+    step "softcap-w512-cap50-$t" env TZ_CUDA_SOFTCAP_TANH=$t "${lc[@]}" --window 512 --softcap 50
   done
 fi
 # sftpair: issue 50's packed fine-tuning against pretraining in tz-train (docs/benchmarks.md,

@@ -399,7 +399,7 @@ static int declined(const char *op, enum tz_cuda_attention_kernel k, int D) {
 }
 
 struct tz_attn_var tz_attn_var_of(const struct tz_attn_opts *opt, int D) {
-  struct tz_attn_var v = {1.0f / sqrtf((float)D), 0.0f, 0.0f, 0.0f, 0};
+  struct tz_attn_var v = {1.0f / sqrtf((float)D), 0.0f, 0.0f, 0.0f, 0, 0};
   if (!opt)
     return v;
   if (opt->scale > 0.0f)
@@ -419,7 +419,8 @@ int tz_cuda_attention_fwd(void *ctx, void *out, float *lse, const void *q, const
   struct tz_cuda *c = (struct tz_cuda *)ctx;
   TZ_CHECK(check_grid(B, H));
   const void *ts[] = {out, q, k, v};
-  const struct tz_attn_var var = tz_attn_var_of(opt, D);
+  struct tz_attn_var var = tz_attn_var_of(opt, D);
+  var.tanh_approx = c->softcap_approx; /* the tensor-core kernels' (the plain ones stay exact) */
   struct tz_cuda_attention_choice ch = choose(c, H, Hkv, D, ts, 4, pos, var);
   if (ch.fwd != TZ_CUDA_KERNEL_PLAIN) {
     int rc = ch.fwd == TZ_CUDA_KERNEL_WGMMA
@@ -444,7 +445,8 @@ int tz_cuda_attention_bwd(void *ctx, void *dq, void *dk, void *dv, float *delta,
                           const float *lse, int B, int T, int H, int Hkv, int D, const int32_t *pos,
                           const struct tz_attn_opts *opt) {
   struct tz_cuda *c = (struct tz_cuda *)ctx;
-  const struct tz_attn_var var = tz_attn_var_of(opt, D);
+  struct tz_attn_var var = tz_attn_var_of(opt, D);
+  var.tanh_approx = c->softcap_approx; /* the tensor-core kernels' (the plain ones stay exact) */
   TZ_CHECK(check_grid(B, H));
   size_t rows = (size_t)B * T * H;
   TZ_CHECK(tz_cuda_dispatch(c->S, [&](auto tag) {

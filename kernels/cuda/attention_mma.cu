@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(NTHREADS)
 
     /* scores in the log2 domain; the diagonal tile hides keys after the query */
     softmax_step<NS, ND>(s, o, m_lo, m_hi, l_lo, l_hi, kt == n_kt - 1 || firsts, kt * FWD_BN,
-                         row_lo, row_hi, c, scale_log2, st_lo, st_hi, var.cap_in, var.cap_log2);
+                         row_lo, row_hi, c, scale_log2, st_lo, st_hi, var.cap_in, var.cap_log2,
+                         var.tanh_approx);
 
     /* o += p v */
 #pragma unroll
@@ -251,7 +252,7 @@ __global__ void __launch_bounds__(NTHREADS)
     }
 
     q_probs<NS>(s, dp, kt == n_kt - 1, kt * DQ_BN, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
-                c, scale_log2, st_lo, st_hi, var.cap_in, var.cap_log2);
+                c, scale_log2, st_lo, st_hi, var.cap_in, var.cap_log2, var.tanh_approx);
 
     /* acc += ds k */
 #pragma unroll
@@ -361,7 +362,7 @@ __global__ void __launch_bounds__(NTHREADS)
     float st[NS][4], dpt[NS][4];
     kv_scores<T, W, NS>(st, dpt, sK, sV, Qc, dOc, warp, lane);
     kv_probs<NS>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true, pos, b, var.window,
-                 var.cap_in, var.cap_log2);
+                 var.cap_in, var.cap_log2, var.tanh_approx);
     kv_accumulate<T, W, NS>(dka, dva, st, dpt, Qc, dOc, lane);
     __syncthreads();
   }

@@ -103,11 +103,20 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 /* A raw product's score in the log2 domain: raw * scale * log2(e), or with a softcap (cap_in =
  * scale / cap > 0; common.cuh, struct tz_attn_var) cap tanh(raw * scale / cap) log2(e), whose
- * slope (d capped / d uncapped: 1 - tanh^2) goes to *slope where slope is not NULL. */
+ * slope (d capped / d uncapped: 1 - tanh^2) goes to *slope where slope is not NULL. approx: the
+ * tanh by the hardware's tanh.approx.f32 (the setting softcap_tanh approx). */
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float score_log2(float raw, float scale_log2, float cap_in,
-                                            float cap_log2, float *slope = nullptr) {
+                                            float cap_log2, float *slope = nullptr,
+                                            bool approx = false) {
   if (cap_in > 0.0f) {
-    float th = tanhf(__fmul_rn(raw, cap_in));
+    float t = __fmul_rn(raw, cap_in);
+    float th = approx ? tanh_approx(t) : tanhf(t);
     if (slope)
       *slope = __fsub_rn(1.0f, __fmul_rn(th, th));
     return __fmul_rn(th, cap_log2);
@@ -128,7 +137,8 @@ template <int NS>
 __device__ __forceinline__ void
 softmax_probs(float (&s)[NS][4], float &m_lo, float &m_hi, float &l_lo, float &l_hi, float &a_lo,
               float &a_hi, bool mask, int key0, int row_lo, int row_hi, int c, float scale_log2,
-              int st_lo = 0, int st_hi = 0, float cap_in = 0.0f, float cap_log2 = 0.0f) {
+              int st_lo = 0, int st_hi = 0, float cap_in = 0.0f, float cap_log2 = 0.0f,
+              bool approx = false) {
   float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
@@ -136,7 +146,7 @@ softmax_probs(float (&s)[NS][4], float &m_lo, float &m_hi, float &l_lo, float &l
     for (int e = 0; e < 4; e++) {
       int key = key0 + nt * 8 + 2 * c + (e & 1);
       int row = e < 2 ? row_lo : row_hi, st = e < 2 ? st_lo : st_hi;
-      float x = score_log2(s[nt][e], scale_log2, cap_in, cap_log2);
+      float x = score_log2(s[nt][e], scale_log2, cap_in, cap_log2, nullptr, approx);
       s[nt][e] = mask && (key > row || key < st) ? -INFINITY : x;
     }
     mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
@@ -183,10 +193,11 @@ template <int NS, int ND>
 __device__ __forceinline__ void
 softmax_step(float (&s)[NS][4], float (&o)[ND][4], float &m_lo, float &m_hi, float &l_lo,
              float &l_hi, bool mask, int key0, int row_lo, int row_hi, int c, float scale_log2,
-             int st_lo = 0, int st_hi = 0, float cap_in = 0.0f, float cap_log2 = 0.0f) {
+             int st_lo = 0, int st_hi = 0, float cap_in = 0.0f, float cap_log2 = 0.0f,
+             bool approx = false) {
   float a_lo, a_hi;
   softmax_probs<NS>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, mask, key0, row_lo, row_hi, c,
-                    scale_log2, st_lo, st_hi, cap_in, cap_log2);
+                    scale_log2, st_lo, st_hi, cap_in, cap_log2, approx);
   softmax_rescale<ND>(o, a_lo, a_hi);
 }
 
@@ -235,7 +246,8 @@ template <int NS>
 __device__ __forceinline__ void
 q_probs(const float (&s)[NS][4], float (&dp)[NS][4], bool diag, int key0, int row_lo, int row_hi,
         float lse_lo, float lse_hi, float del_lo, float del_hi, int c, float scale_log2,
-        int st_lo = 0, int st_hi = 0, float cap_in = 0.0f, float cap_log2 = 0.0f) {
+        int st_lo = 0, int st_hi = 0, float cap_in = 0.0f, float cap_log2 = 0.0f,
+        bool approx = false) {
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
@@ -244,7 +256,7 @@ q_probs(const float (&s)[NS][4], float (&dp)[NS][4], bool diag, int key0, int ro
       int row = e < 2 ? row_lo : row_hi, st = e < 2 ? st_lo : st_hi;
       float l2 = e < 2 ? lse_lo : lse_hi, dl = e < 2 ? del_lo : del_hi;
       float slope = 1.0f;
-      float x = score_log2(s[nt][e], scale_log2, cap_in, cap_log2, &slope);
+      float x = score_log2(s[nt][e], scale_log2, cap_in, cap_log2, &slope, approx);
       float p = (diag && key > row) || key < st ? 0.0f : exp2f(__fsub_rn(x, l2));
       float ds = __fmul_rn(p, __fsub_rn(dp[nt][e], dl));
       dp[nt][e] = cap_in > 0.0f ? __fmul_rn(ds, slope) : ds; /* ds */
@@ -332,11 +344,11 @@ __device__ __forceinline__ void kv_scores(float (&st)[NS][4], float (&dpt)[NS][4
  * first gives 0 too; window (> 0): so does a key window or more before the query. cap_in,
  * cap_log2: a softcap, whose slope ds takes (score_log2; 0: none). */
 template <int NS>
-__device__ __forceinline__ void kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc,
-                                         const float *Dc, int i0, int key_lo, int key_hi, int T_,
-                                         float scale_log2, int c, bool mask = true,
-                                         const int32_t *pos = nullptr, int b = 0, int window = 0,
-                                         float cap_in = 0.0f, float cap_log2 = 0.0f) {
+__device__ __forceinline__ void
+kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *Dc, int i0,
+         int key_lo, int key_hi, int T_, float scale_log2, int c, bool mask = true,
+         const int32_t *pos = nullptr, int b = 0, int window = 0, float cap_in = 0.0f,
+         float cap_log2 = 0.0f, bool approx = false) {
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
 #pragma unroll
@@ -344,7 +356,7 @@ __device__ __forceinline__ void kv_probs(float (&st)[NS][4], float (&dpt)[NS][4]
       int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
       int key = e < 2 ? key_lo : key_hi;
       float slope = 1.0f;
-      float x = score_log2(st[nt][e], scale_log2, cap_in, cap_log2, &slope);
+      float x = score_log2(st[nt][e], scale_log2, cap_in, cap_log2, &slope, approx);
       float p = mask && (query < key || query >= T_ ||
                          (pos && key < query - pos[(size_t)b * T_ + query]) ||
                          (window > 0 && query - key >= window))

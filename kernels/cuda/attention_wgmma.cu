@@ -220,12 +220,14 @@ template <int NWG> struct qblock {
 template <bool VAR> struct firsts {
   int kt0, st_lo, st_hi, st_wg;
   float cap_in, cap_log2;
+  bool approx;
   template <int NWG>
   __device__ __forceinline__ firsts(const int32_t *pos, const tz_attn_var &var, int b, int T_,
                                     int q0, const qblock<NWG> &p) {
     kt0 = st_lo = st_hi = st_wg = 0;
     cap_in = VAR ? var.cap_in : 0.0f;
     cap_log2 = VAR ? var.cap_log2 : 0.0f;
+    approx = VAR && var.tanh_approx;
     const int W_ = VAR ? var.window : 0;
     if (VAR && (pos || W_ > 0)) {
       kt0 = tz_first_key(pos, b, T_, q0, W_) / WR;
@@ -289,10 +291,11 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       float a_lo, a_hi; /* the mask a constant in each call: the masked tiles' code apart */
       if (kt == p.mt || f.partial(kt))
         softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, true, kt * WR, p.row_lo,
-                              p.row_hi, p.c, scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2);
+                              p.row_hi, p.c, scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2,
+                              f.approx);
       else
         softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, false, kt * WR, p.row_lo,
-                              p.row_hi, p.c, scale_log2, 0, 0, f.cap_in, f.cap_log2);
+                              p.row_hi, p.c, scale_log2, 0, 0, f.cap_in, f.cap_log2, f.approx);
       tz_wgmma::wait<0>();
       /* where no row of the warp moved its max the factors are 1 and the rescale exact: skipped */
       if (!__all_sync(0xffffffffu, a_lo == 1.0f && a_hi == 1.0f))
@@ -398,13 +401,13 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       beside(j, [&] { product_mn<DP>(acc, dsa, sK + ((j - 1) % 3) * TILE); });
       if (kt == p.mt)
         q_probs<WR / 8>(s, dp, true, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi, p.c,
-                        scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2);
+                        scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2, f.approx);
       else if (f.partial(kt))
         q_probs<WR / 8>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi, p.c,
-                        scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2);
+                        scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2, f.approx);
       else
         q_probs<WR / 8>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi, p.c,
-                        scale_log2, 0, 0, f.cap_in, f.cap_log2);
+                        scale_log2, 0, 0, f.cap_in, f.cap_log2, f.approx);
       tz_wgmma::wait<0>();
       pack_all<WR / 8>(dsa, dp);
     }
@@ -462,6 +465,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   const int W_ = VAR ? var.window : 0;
   const bool firsts = VAR && (pos || W_ > 0);
   const float cap_in = VAR ? var.cap_in : 0.0f, cap_log2 = VAR ? var.cap_log2 : 0.0f;
+  const bool approx = VAR && var.tanh_approx;
   if (firsts) {
     int n = 0;
     while (n < n_chunks && tz_first_key(pos, b, T_, k0 + n * WR, W_) < k0 + NWG * WR)
@@ -516,10 +520,10 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_ ||
           (firsts && tz_first_key(pos, b, T_, i0 + WR - 1, W_) > k0 + wg * WR))
         kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true,
-                         firsts ? pos : nullptr, b, W_, cap_in, cap_log2);
+                         firsts ? pos : nullptr, b, W_, cap_in, cap_log2, approx);
       else
         kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, false, nullptr, b,
-                         0, cap_in, cap_log2);
+                         0, cap_in, cap_log2, approx);
 
       /* dv += p^T dout, dk += ds^T q */
       uint32_t pa[WR / 16][4], dsa[WR / 16][4];

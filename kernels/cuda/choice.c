@@ -8,6 +8,7 @@
 static const char *const attention_names[] = {"auto", "simple", "two-pass", "wgmma", NULL};
 static const char *const matmul_names[] = {"cublaslt", "plain", NULL};
 static const char *const norm_bwd_names[] = {"two-pass", "one-pass", NULL};
+static const char *const softcap_tanh_names[] = {"exact", "approx", NULL};
 
 const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS] = {
     [TZ_CUDA_SET_ATTENTION] = {.name = "attention",
@@ -36,6 +37,13 @@ const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS] = {
                               .help = "RMSNorm's backward: dx, then the weight gradient's partial "
                                       "sums reading dout and x again (two-pass), or both from one "
                                       "read (one-pass; docs/cuda-kernels.md)"},
+    [TZ_CUDA_SET_SOFTCAP_TANH] = {.name = "softcap_tanh",
+                                  .kind = TZ_SETTING_ENUM,
+                                  .values = softcap_tanh_names,
+                                  .env = "TZ_CUDA_SOFTCAP_TANH",
+                                  .help = "the attention softcap's tanh: tanhf (exact), or the "
+                                          "hardware's tanh.approx.f32 (approx: one instruction, "
+                                          "about 2^-11 relative error)"},
 };
 
 const char *tz_cuda_attention_kernel_name(enum tz_cuda_attention_kernel k) {

@@ -60,6 +60,7 @@ struct tz_cuda {
   int sm90;             /* the device is sm_90, which the sm_90a kernels (wgmma) run on */
   int mm_plain;         /* the setting "matmul" plain: matmul's plain kernel instead of cuBLASLt */
   int norm_bwd_onepass; /* the setting "norm_bwd" one-pass (rmsnorm.cu) */
+  int softcap_approx;   /* the setting "softcap_tanh" approx (attention_mma.cuh, score_log2) */
   cudaStream_t stream;  /* where all work goes: params.stream, or the instance's own */
   int stream_borrowed;  /* stream came from params.stream: never destroyed here */
   cublasLtHandle_t lt;
@@ -118,6 +119,7 @@ struct tz_attn_var {
   float cap_in;   /* scale / cap: a raw product times this is the tanh's argument */
   float cap_log2; /* cap * log2(e): tanh times this is the score in the log2 domain */
   int window;
+  int tanh_approx; /* the setting softcap_tanh approx: the softcap's tanh by tanh.approx.f32 */
 };
 struct tz_attn_var tz_attn_var_of(const struct tz_attn_opts *opt, int D);
 static inline bool tz_attn_var_default(const struct tz_attn_var &v, int D) {

@@ -272,6 +272,7 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p,
   c->attention = (enum tz_cuda_attention_mode)settings[TZ_CUDA_SET_ATTENTION];
   c->mm_plain = settings[TZ_CUDA_SET_MATMUL] == 1;
   c->norm_bwd_onepass = settings[TZ_CUDA_SET_NORM_BWD] == 1;
+  c->softcap_approx = settings[TZ_CUDA_SET_SOFTCAP_TANH] == 1;
   int major = 0, minor = 0;
   TZ_CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
   TZ_CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
