@@ -6,7 +6,7 @@
 # token on their rank; the collectives go in the same order whatever the routing, so no rank
 # waits on another. The experts are blocks of their own (docs/model.md): at world 2 with every
 # block's parameters and optimizer state homed on the disk, streamed through the scheduler's
-# window, the same bits again.
+# window, the same bits again; and with the collectives overlapped.
 set -u
 . "$(dirname "$0")/ranks.sh" "$@"
 cat > "$dir/moe.json" <<'JSON'
@@ -50,6 +50,10 @@ run w2nvme launch 2 "$bin" "${args[@]}" --set train_batch_size=2 "${nvme[@]}"
 grep -Eq "^  param +compute 0  host 0  nvme [1-9]" "$dir/w2nvme.out" ||
   { echo "FAIL: the parameters are not all homed on the disk"; cat "$dir/w2nvme.out"; exit 1; }
 same w1b2 w2nvme
+# the collectives overlapped with the compute (each phase gathering the next block's weights,
+# a layer's and its experts' blocks in turn, and reducing the previous one's gradient)
+run w2ov launch 2 "$bin" "${args[@]}" --set train_batch_size=2 --set tierzero.overlap_collectives=true
+same w1b2 w2ov
 run w1b3 "$bin" "${args[@]}" --set train_batch_size=3
 run w3 launch 3 "$bin" "${args[@]}" --set train_batch_size=3
 same w1b3 w3
