@@ -461,11 +461,17 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
   }
 }
 
-size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
+/* The bytes of a layout (acts_layout's parts, kept_only and work). */
+static size_t layout_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
+                           unsigned parts, int kept_only, int work) {
   struct carver c = {0};
   struct tz_layer_acts a;
-  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, 0, &c, &a);
+  acts_layout(cfg, dt, B, T, parts, kept_only, work, &c, &a);
   return c.off;
+}
+
+size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
+  return layout_bytes(cfg, dt, B, T, TZ_PARTS_ALL, 0, 0);
 }
 
 void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
@@ -476,10 +482,7 @@ void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, in
 }
 
 size_t tz_model_acts_work_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T) {
-  struct carver c = {0};
-  struct tz_layer_acts a;
-  acts_layout(cfg, dt, B, T, TZ_PARTS_ALL, 0, 1, &c, &a);
-  return c.off;
+  return layout_bytes(cfg, dt, B, T, TZ_PARTS_ALL, 0, 1);
 }
 
 void tz_model_acts_work_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
@@ -491,18 +494,12 @@ void tz_model_acts_work_carve(const struct tz_model_config *cfg, enum tz_dtype d
 
 size_t tz_model_acts_part_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                 unsigned parts) {
-  struct carver c = {0};
-  struct tz_layer_acts a;
-  acts_layout(cfg, dt, B, T, parts, 1, 0, &c, &a);
-  return c.off;
+  return layout_bytes(cfg, dt, B, T, parts, 1, 0);
 }
 
 size_t tz_model_acts_kept_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                                 unsigned parts) {
-  struct carver c = {0};
-  struct tz_layer_acts a;
-  acts_layout(cfg, dt, B, T, parts, 2, 0, &c, &a);
-  return c.off;
+  return layout_bytes(cfg, dt, B, T, parts, 2, 0);
 }
 
 void tz_model_acts_carve_parts(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
