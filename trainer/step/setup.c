@@ -344,9 +344,11 @@ static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
   tr->pos = (int32_t *)CARVE(BUF_POS);
   tr->dx = CARVE(BUF_DX);
   /* g and u one MLP chunk's: where a layer keeps its MLP they are the kept part's */
-  tz_model_acts_work_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_ACTS), &tr->acts);
+  /* the head's scratch in the same room as the layers' working acts (tz_train_buffer_sizes) */
+  char *work = CARVE(BUF_ACTS);
+  tz_model_acts_work_carve(&tr->mc, tr->S, tr->B, tr->T, work, &tr->acts);
+  tz_model_head_scratch_carve(&tr->mc, tr->S, tr->B, tr->T, work, &tr->hs);
   tz_model_scratch_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_LS), &tr->ls);
-  tz_model_head_scratch_carve(&tr->mc, tr->S, tr->B, tr->T, CARVE(BUF_HS), &tr->hs);
   tr->gw = CARVE(BUF_GW);
   tr->gw_embed = CARVE(BUF_GWE);
   tr->fg = (float *)CARVE(BUF_FG);

@@ -196,9 +196,8 @@ enum {
   BUF_TARGETS,
   BUF_POS, /* packed documents' positions (tz_step_docs) */
   BUF_DX,
-  BUF_ACTS,
+  BUF_ACTS, /* the layers' working activations, and in the same room the head's scratch */
   BUF_LS,
-  BUF_HS,
   BUF_GW,
   BUF_GWE,
   BUF_FG,
