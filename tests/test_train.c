@@ -150,6 +150,16 @@ static void test_placement(void **state) {
   tc_check_placement(&o, jitter_us, nvme_dir, "");
 }
 
+/* The same with experts: each layer's attention and MLP are blocks of their own, streamed,
+ * evicted and homed apart (the mixed plan puts a layer's two blocks in different tiers). */
+static void test_placement_experts(void **state) {
+  (void)state;
+  struct tc_opts o;
+  tc_opts_init(&o);
+  o.experts = 1;
+  tc_check_placement(&o, jitter_us, nvme_dir, "experts: ");
+}
+
 /* ---- where the optimizer step runs ---- */
 
 static void test_folded(void **state) {
@@ -722,6 +732,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_plan),
       cmocka_unit_test(test_reference),
       cmocka_unit_test(test_placement),
+      cmocka_unit_test(test_placement_experts),
       cmocka_unit_test(test_folded),
       cmocka_unit_test(test_cpu_adam_share),
       cmocka_unit_test(test_overlapped),

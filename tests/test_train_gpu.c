@@ -51,6 +51,16 @@ static void test_placement(void **state) {
   tc_check_placement(&o, jitter_us, nvme_dir, "gpu: ");
 }
 
+/* The same with experts (each layer's attention and MLP blocks of their own, on the cuda
+ * backend's experts ops). */
+static void test_placement_experts(void **state) {
+  (void)state;
+  struct tc_opts o;
+  gpu_opts(&o);
+  o.experts = 1;
+  tc_check_placement(&o, jitter_us, nvme_dir, "gpu experts: ");
+}
+
 static void test_folded(void **state) {
   (void)state;
   struct tc_opts o;
@@ -220,10 +230,15 @@ int main(int argc, char **argv) {
   alarm(240);
   nvme_dir = tz_test_mkdtemp("train-gpu");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_placement),      cmocka_unit_test(test_folded),
-      cmocka_unit_test(test_overlapped),     cmocka_unit_test(test_forced_default_window),
-      cmocka_unit_test(test_cpu_adam_share), cmocka_unit_test(test_layer_rate),
-      cmocka_unit_test(test_against_cpu),    cmocka_unit_test(test_fp16),
+      cmocka_unit_test(test_placement),
+      cmocka_unit_test(test_placement_experts),
+      cmocka_unit_test(test_folded),
+      cmocka_unit_test(test_overlapped),
+      cmocka_unit_test(test_forced_default_window),
+      cmocka_unit_test(test_cpu_adam_share),
+      cmocka_unit_test(test_layer_rate),
+      cmocka_unit_test(test_against_cpu),
+      cmocka_unit_test(test_fp16),
       cmocka_unit_test(test_recompute),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

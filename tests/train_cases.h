@@ -101,7 +101,25 @@ struct tc_opts {
   int mlp_chunk;         /* the model's mlp_chunk (tokens a chunk of the MLP); 0 auto (one chunk) */
   const char *act_dev;   /* tierzero.offload_activations ("cpu", "nvme"); NULL the default */
   int cpu_checkpointing; /* activation_checkpointing.cpu_checkpointing true */
+  int experts; /* the model's MLPs 4 experts, 2 a token, renormalised, the load-balancing loss on
+                  (each layer then two blocks: docs/model.md, "Mixture of experts") */
 };
+
+/* The model of o: tc_model's, with experts where o asks. */
+static inline void tc_model_of(const struct tc_opts *o, struct tz_model_config *m) {
+  tc_model(m);
+  m->mlp_chunk = o->mlp_chunk;
+  if (o->untied)
+    m->tie_embeddings = 0;
+  if (o->experts) {
+    m->n_expert = 4;
+    m->n_expert_used = 2;
+    m->moe_ffn_dim = 48;
+    m->norm_topk = 1;
+    m->router_aux_coef = 0.02;
+    m->moe_aux = 1;
+  }
+}
 
 static inline void tc_opts_init(struct tc_opts *o) {
   memset(o, 0, sizeof *o);
@@ -190,7 +208,7 @@ static inline int tc_plan_only(const struct tc_opts *o, const struct tc_world *w
                                const struct tz_plan_rates *rates, int measure_layer,
                                tz_trainer **tr) {
   struct tz_model_config mc;
-  tc_model(&mc);
+  tc_model_of(o, &mc);
   struct tz_config cfg;
   int rc = tc_config(&cfg, o, 1);
   if (rc == 0) {
@@ -242,10 +260,7 @@ static inline int tc_run(const struct tc_opts *o, tz_comm *comm, tz_runtime *rt,
                          struct tc_result *res) {
   memset(res, 0, sizeof *res);
   struct tz_model_config mc;
-  tc_model(&mc);
-  mc.mlp_chunk = o->mlp_chunk;
-  if (o->untied)
-    mc.tie_embeddings = 0;
+  tc_model_of(o, &mc);
   int world = tz_comm_size(comm), rank = tz_comm_rank(comm);
   struct tz_config cfg;
   int rc = tc_config(&cfg, o, world);
@@ -470,7 +485,7 @@ static inline void tc_check_placement(const struct tc_opts *base, int jitter_us,
   snprintf(msg, sizeof msg, "%soffload nvme", what);
   tc_expect_same(&none, &nvme, msg);
   struct tz_model_config mc;
-  tc_model(&mc);
+  tc_model_of(&o, &mc);
   int nb = tz_model_n_blocks(&mc);
   int8_t tiers[16 * TZ_PLAN_KINDS];
   for (int i = 0; i < nb * TZ_PLAN_KINDS; i++)
