@@ -836,12 +836,25 @@ static int run_layers(const struct tz_model_config *cfg, double *const *params,
   return oom ? tz_err_set(TZ_ENOMEM, "ref model: out of memory for the experts") : 0;
 }
 
+/* Layer i's blocks one after the other in merged (tz_model_layer_layout), or back. */
+static void layer_copy(const struct tz_model_config *cfg, int i, double *const *blocks,
+                       double *merged, int into_merged) {
+  for (int k = 0, b = tz_model_block_of_layer(cfg, i); k < tz_model_layer_blocks(cfg); k++, b++) {
+    size_t n = tz_model_block_numel(cfg, b);
+    if (into_merged)
+      memcpy(merged, blocks[b], sizeof(double) * n);
+    else
+      memcpy(blocks[b], merged, sizeof(double) * n);
+    merged += n;
+  }
+}
+
 int ref_model_run(const struct tz_model_config *cfg, double *const *params, const int32_t *tokens,
                   const int32_t *targets, int B, int T, double *logits_out, double *loss,
                   double *const *grads) {
   /* A layer's blocks (two with experts) as one buffer each, so that the reference reads a
    * layer's tensors as a whole whichever blocks hold them. */
-  int L = cfg->n_layer, nb = tz_model_n_blocks(cfg), per = tz_model_layer_blocks(cfg);
+  int L = cfg->n_layer, nb = tz_model_n_blocks(cfg);
   uint64_t nl = tz_model_layer_numel(cfg);
   double **pp = calloc((size_t)L + 2, sizeof *pp), **gg = calloc((size_t)L + 2, sizeof *gg);
   double *lp = malloc(sizeof(double) * (L * nl + 1)), *lg = calloc(L * nl + 1, sizeof(double));
@@ -859,22 +872,11 @@ int ref_model_run(const struct tz_model_config *cfg, double *const *params, cons
   for (int i = 0; i < L; i++) {
     pp[1 + i] = lp + i * nl;
     gg[1 + i] = lg + i * nl;
-    uint64_t off = 0;
-    for (int k = 0; k < per; k++) {
-      int b = tz_model_block_of_layer(cfg, i) + k;
-      memcpy(pp[1 + i] + off, params[b], sizeof(double) * tz_model_block_numel(cfg, b));
-      off += tz_model_block_numel(cfg, b);
-    }
+    layer_copy(cfg, i, params, pp[1 + i], 1);
   }
   rc = run_layers(cfg, pp, tokens, targets, B, T, logits_out, loss, grads ? gg : NULL);
-  for (int i = 0; rc == 0 && grads && i < L; i++) {
-    uint64_t off = 0;
-    for (int k = 0; k < per; k++) {
-      int b = tz_model_block_of_layer(cfg, i) + k;
-      memcpy(grads[b], gg[1 + i] + off, sizeof(double) * tz_model_block_numel(cfg, b));
-      off += tz_model_block_numel(cfg, b);
-    }
-  }
+  for (int i = 0; rc == 0 && grads && i < L; i++)
+    layer_copy(cfg, i, grads, gg[1 + i], 0);
 out:
   free(pp), free(gg), free(lp), free(lg);
   return rc;

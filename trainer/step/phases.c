@@ -351,6 +351,7 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
       a.x2 = j->out;
     else if (parts == TZ_PART_MLP)
       a.x2 = j->ptr[TZ_PLAN_ACT];
+    /* the phase's one block in both of a layer's slots: each part reads only its own */
     void *wl[2] = {w, w};
     return tz_model_layer_part_fwd(tr->cm, mc, l, wl, j->ptr[TZ_PLAN_ACT], j->out, &a, parts, B, T,
                                    pos);
