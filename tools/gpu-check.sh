@@ -49,6 +49,8 @@
 # experts' layer beside PyTorch's (OLMoE-1B-7B's and Mixtral's shapes); dsmoe: issue 53's pair,
 # ds-offload then tz-auto on OLMoE-1B-7B's config.json, one after the other (DeepSpeed from .whl/ds:
 # carry it; about 500 s);
+# attnlong: the attention at 32k and 128k tokens beside PyTorch's; dslong: DeepSpeed with CPU offload
+# at 32k and 128k tokens (issue 52);
 # moe14b: the 14B-total MoE (Qwen1.5-MoE-A2.7B's config) over HBM, host and the disk (an H200);
 # long8b: Llama-3.1-8B's shape (configs/models/llama-3.1-8b.json) with the plan's placement at
 # 8,192 tokens in one sequence, then at 131,072, one after the other (issue 52's GPU rows; about
@@ -341,6 +343,25 @@ if has long8b; then
   [ "${TZ_LONG8B_FIT:-0}" = 1 ] && step long8b-fit timeout 120 $b/bin/tz-train --backend cuda \
     --model $m8 --seq 8192 --set train_micro_batch_size_per_gpu=1 --auto-placement \
     --config configs/bench-auto.json --plan --fit seq
+fi
+# attnlong: issue 52's attention at long sequences: tz-bench layer at Llama-3.1-8B's layer (32
+# heads of 128, 8 key-value heads, ffn 14336), one sequence of 32,768 then of 131,072 tokens,
+# PyTorch (flash attention) beside it in the same run, few iterations (about 120 s)
+if has attnlong; then
+  la=($b/bin/tz-bench layer --ffn 14336 --kv-heads 8 --batch 1 --rounds 1 --warmup 1)
+  step attnlong-32k "${la[@]}" --seq 32768 --iters 3
+  step attnlong-128k "${la[@]}" --seq 131072 --iters 2
+fi
+# dslong: issue 52's DeepSpeed rows: ZeRO-3 with parameters and optimizer on the CPU and gradient
+# checkpointing (bench/ds_peer.py) on Llama-3.1-8B's shape, one sequence of 32,768 then of 131,072
+# tokens; its step time, its CUDA out-of-memory or its kill for host memory is the result
+# (DeepSpeed from .whl/ds: carry it; about 400 s at most)
+if has dslong; then
+  m8=configs/models/llama-3.1-8b.json
+  dl=(--micro-batch 1 --steps 2 --warmup 1)
+  step dslong-32k tools/bench-train.sh ds-offload $m8 --seq 32768 "${dl[@]}" --timeout 200 --tag 32k
+  step dslong-128k tools/bench-train.sh ds-offload $m8 --seq 131072 "${dl[@]}" --timeout 200 \
+    --tag 128k
 fi
 if has fused; then
   step fused-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
