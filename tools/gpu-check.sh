@@ -49,6 +49,7 @@
 # experts' layer beside PyTorch's (OLMoE-1B-7B's and Mixtral's shapes); dsmoe: issue 53's pair,
 # ds-offload then tz-auto on OLMoE-1B-7B's config.json, one after the other (DeepSpeed from .whl/ds:
 # carry it; about 500 s);
+# longmax: one step of Llama-3.1-8B's shape at 262,144 tokens (TZ_LONGMAX_SEQ; an H200);
 # attnlong: the attention at 32k and 128k tokens beside PyTorch's; dslong: DeepSpeed with CPU offload
 # at 32k and 128k tokens (issue 52);
 # moe14b: the 14B-total MoE (Qwen1.5-MoE-A2.7B's config) over HBM, host and the disk (an H200);
@@ -362,6 +363,21 @@ if has dslong; then
   step dslong-32k tools/bench-train.sh ds-offload $m8 --seq 32768 "${dl[@]}" --timeout 200 --tag 32k
   step dslong-128k tools/bench-train.sh ds-offload $m8 --seq 131072 "${dl[@]}" --timeout 200 \
     --tag 128k
+fi
+# longmax: issue 52's one step at the longest length: Llama-3.1-8B's shape with its
+# max_position_embeddings raised to TZ_LONGMAX_SEQ (default 262,144; the plan's --fit seq on this
+# machine first, printed), one step at that many tokens in one sequence, the plan's placement
+# (an H200; about 400 s at 262,144)
+if has longmax; then
+  nmax=${TZ_LONGMAX_SEQ:-262144}
+  mlong=/tmp/llama-3.1-8b-long.json
+  python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["max_position_embeddings"] = int(sys.argv[2]); json.dump(c, open(sys.argv[3], "w"), indent=1)' \
+    configs/models/llama-3.1-8b.json "$nmax" "$mlong"
+  step longmax-fit timeout 120 $b/bin/tz-train --backend cuda --model $mlong --seq 8192 \
+    --set train_micro_batch_size_per_gpu=1 --auto-placement --config configs/bench-auto.json \
+    --plan --fit seq
+  step longmax env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $mlong --seq "$nmax" --micro-batch 1 \
+    --steps 1 --warmup 0 --timeout 480 --no-disk-ceiling --tag max
 fi
 if has fused; then
   step fused-kernels ctest --test-dir $b --output-on-failure -R '^test_compute_cuda$'
