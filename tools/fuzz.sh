@@ -3,7 +3,7 @@
 # library) and runs each in turn for a while, starting from its seed corpus.
 #
 #   tools/fuzz.sh [SECONDS] [TARGET...]      SECONDS per target (default 60); TARGET: config,
-#                                            safetensors, checkpoint, ... (default: all)
+#                                            safetensors, checkpoint, hf_config, ... (default: all)
 #
 # Build directory: $TZ_FUZZ_BUILD (default build-fuzz/ in the repository). What each run finds is
 # kept there: fuzz/corpus-<target>/ (inputs that reached new code; the seeds in tests/fuzz/corpus
@@ -43,9 +43,14 @@ for t in "${targets[@]}"; do
   mkdir -p "$corpus" "$artifacts"
   max_len=4096
   [ "$t" = checkpoint ] && max_len=65536  # rank files hold 4096-byte aligned sections
+  seeds=()
+  if [ "$t" = hf_config ]; then  # the hub's config.json files the tests import; longrope's are 5 KB
+    max_len=16384
+    seeds=("$root/tests/data/hf")
+  fi
   log=$build/fuzz/$t.log
   echo "fuzz_$t: ${secs}s, log $log"
-  if "$build/fuzz/fuzz_$t" "$corpus" "$root/tests/fuzz/corpus/$t" -max_total_time="$secs" \
+  if "$build/fuzz/fuzz_$t" "$corpus" "$root/tests/fuzz/corpus/$t" "${seeds[@]}" -max_total_time="$secs" \
       -max_len=$max_len -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
       -artifact_prefix="$artifacts/" >"$log" 2>&1; then
     result=ok

@@ -365,7 +365,7 @@ static int parse_gemma(const struct tz_hf_cfgp *p, struct tz_model_config *cfg) 
   double qpas;
   TZ_CHECK(
       tz_hf_num_of(p, p->root, "", "query_pre_attn_scalar", 0, fam->query_pre_attn_scalar, &qpas));
-  if (!(qpas > 0))
+  if (!(qpas > 0) || !isfinite(qpas))
     return tz_err_set(TZ_ECONFIG, "%s: \"query_pre_attn_scalar\" %g must be positive", p->path,
                       qpas);
   cfg->attn_scale = 1.0 / sqrt(qpas);
@@ -585,6 +585,38 @@ static const char *dtype_torch(enum tz_dtype dt) {
  * where transformers 5 renamed them (torch_dtype / dtype, rope_theta and rope_scaling /
  * rope_parameters), so that transformers 4 and 5 both read the same model. info (may be NULL):
  * what the source config said beyond cfg. */
+/* Decimal digits of the shortest %g text of x that reads back to x. */
+static int shortest_digits(double x) {
+  char buf[40];
+  for (int prec = 1; prec < 17; prec++) {
+    snprintf(buf, sizeof buf, "%.*g", prec, x);
+    if (strtod(buf, NULL) == x)
+      return prec;
+  }
+  return 17;
+}
+
+/* query_pre_attn_scalar back from the scale parse_gemma made of it (1 / sqrt(q)): of the numbers
+ * near 1 / scale^2 that give exactly this scale again, the one with the fewest digits, which is
+ * the config's own (256, or 39.7: 1 / scale^2 alone may be 39.700000000000003, whose scale
+ * differs in the last bit). */
+static double qpas_of_scale(double scale) {
+  const double q0 = 1.0 / scale / scale; /* scale * scale overflows for a tiny scalar */
+  double best = q0;
+  int best_digits = 99;
+  double c = q0;
+  for (int i = 0; i < 16; i++)
+    c = nextafter(c, 0.0);
+  for (int i = 0; i <= 32; i++, c = nextafter(c, INFINITY)) {
+    if (1.0 / sqrt(c) != scale)
+      continue;
+    int d = shortest_digits(c);
+    if (d < best_digits)
+      best = c, best_digits = d;
+  }
+  return best;
+}
+
 int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype,
                             const struct tz_hf_info *info) {
   TZ_CHECK(tz_model_config_check(cfg));
@@ -664,11 +696,10 @@ int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, 
       json_object_set_new(r, "shared_expert_intermediate_size", json_integer(cfg->shared_ffn_dim));
   }
   if (fam->gemma) {
-    /* query_pre_attn_scalar back from the scale: the integer it was where it was one */
-    double q = 1.0 / (cfg->attn_scale * cfg->attn_scale);
+    double q = qpas_of_scale(cfg->attn_scale);
     json_object_set_new(r, "query_pre_attn_scalar",
-                        fabs(q - nearbyint(q)) < 1e-9 * q ? json_integer((json_int_t)nearbyint(q))
-                                                          : json_real(q));
+                        q == nearbyint(q) && q < 0x1p53 ? json_integer((json_int_t)q)
+                                                        : json_real(q));
     json_object_set_new(r, "attn_logit_softcapping",
                         cfg->attn_softcap > 0 ? json_real(cfg->attn_softcap) : json_null());
     json_object_set_new(r, "final_logit_softcapping",
