@@ -913,8 +913,11 @@ static int pack_open(tz_data *d, const struct tz_data_params *p) {
     goto out;
   }
   if ((p->val_spec || held) && !d->val.pack.n_rows) {
-    rc = tz_err_set(TZ_EINVAL, "data: none of the %" PRIu64 " validation documents has a target",
-                    cv.docs);
+    rc = tz_err_set(TZ_EINVAL,
+                    "data: %s: none of the %" PRIu64 " validation documents%s has a target token "
+                    "within its first %d",
+                    p->val_spec ? d->val_src.f[0].path : d->src.f[0].path, cv.docs,
+                    p->val_spec ? "" : " held out of it", d->T + 1);
     goto out;
   }
   d->packed = 1;
