@@ -15,7 +15,9 @@
  * Besides memory errors and undefined behaviour, it checks what data.h promises of a refusal (a
  * message naming the shard or its mask) and of packed rows: every token below the vocabulary;
  * positions 0 at a row's start and restarting at 0 or counting up by one; inside a document a
- * target is the next input; as many targets in the rows as tz_data_targets counts (the loss's
+ * target is the next input; each of a row's documents a piece of one of the shard's (from its
+ * first token, or T apart when split) with the mask's targets and no others, then padding that
+ * is never a target; as many targets in the rows as tz_data_targets counts (the loss's
  * divisor). */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -75,6 +77,38 @@ static void dump_row(const int32_t *x, const int32_t *y, const int32_t *p, int T
     fprintf(stderr, "  %2d: input %5d target %5d pos %2d\n", t, x[t], y[t], p[t]);
 }
 
+/* The shard's tokens and mask bytes as written, for check_rows. */
+static const uint8_t *g_tok, *g_mask;
+static size_t g_n;
+static int g_split;
+
+static unsigned tok_at(size_t k) {
+  return (unsigned)g_tok[2 * k] | (unsigned)g_tok[2 * k + 1] << 8;
+}
+
+/* 1 when a row's segment (k predictions from document position 0: inputs x, targets y) is a
+ * piece of a document of the shard: it starts at a document's first token (split documents: T
+ * tokens on from one, T apart), stays inside that document, its inputs are the shard's tokens
+ * and its targets the next tokens where the mask marks them targets, -1 elsewhere. */
+static int is_piece(const int32_t *x, const int32_t *y, int k, int T) {
+  for (size_t s = 0; s + (size_t)k < g_n; s++) {
+    size_t doc = s;
+    while (!(g_mask[doc] & TZ_DATA_MASK_START))
+      doc--; /* token 0 starts a document (the mask check refuses a mask where it does not) */
+    if (g_split ? (s - doc) % (size_t)T != 0 : s != doc)
+      continue;
+    int ok = 1;
+    for (int i = 0; ok && i < k; i++) {
+      size_t t = s + (size_t)i;
+      int32_t want = g_mask[t + 1] & TZ_DATA_MASK_TARGET ? (int32_t)tok_at(t + 1) : -1;
+      ok = !(g_mask[t + 1] & TZ_DATA_MASK_START) && x[i] == (int32_t)tok_at(t) && y[i] == want;
+    }
+    if (ok)
+      return 1;
+  }
+  return 0;
+}
+
 static void check_rows(const tz_data *d, enum tz_data_split s, int vocab, uint64_t first, int B) {
   const int T = tz_data_seq_len(d);
   int32_t in[MAX_B * MAX_T], tg[MAX_B * MAX_T], pos[MAX_B * MAX_T];
@@ -106,6 +140,21 @@ static void check_rows(const tz_data *d, enum tz_data_split s, int vocab, uint64
        * its last token, which is no input (it predicts nothing of its own document) */
       if (t + 1 < T && p[t + 1] == p[t] + 1 && y[t] != x[t + 1] && (dump_row(x, y, p, T), 1))
         fail("a target that is not the next input of its document", first + (uint64_t)b);
+    }
+  }
+  /* every segment a piece of a document of the shard, but padding (no target: token 0, a
+   * document of its own) at the row's end */
+  for (int b = 0; b < B; b++) {
+    const int32_t *x = in + b * T, *y = tg + b * T, *p = pos + b * T;
+    for (int t0 = 0, t1; t0 < T; t0 = t1) {
+      int any = y[t0] >= 0;
+      for (t1 = t0 + 1; t1 < T && p[t1] == p[t1 - 1] + 1; t1++)
+        any |= y[t1] >= 0;
+      int padding = !any && t1 == T;
+      for (int t = t0; padding && t < T; t++)
+        padding = x[t] == 0;
+      if (!padding && !is_piece(x + t0, y + t0, t1 - t0, T) && (dump_row(x, y, p, T), 1))
+        fail("a row's document that is no piece of the shard's", first + (uint64_t)b);
     }
   }
   if (targets != tz_data_targets(d, s, first, (uint64_t)B))
@@ -156,7 +205,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mh[3] = tz_crc32(0, tok, 2 * n), mh[4] = tz_crc32(0, m, n), mh[5] = targets, mh[6] = docs;
   }
   put(mask, mh, sizeof mh, m, n);
-  free(m);
+  g_tok = tok, g_mask = m, g_n = n, g_split = flags & 1;
 
   struct tz_data_params p = {.seq_len = T, .seed = x, .split_long = flags & 1};
   if (flags & 8)
@@ -167,6 +216,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *msg = tz_err_msg();
     if (!msg || !*msg || !strstr(msg, shard))
       fail(msg && *msg ? msg : "a refusal without a message", 0);
+    free(m);
     return 0;
   }
   if (!tz_data_packed(d) || !tz_data_pack_describe(d) || !*tz_data_pack_describe(d))
@@ -175,5 +225,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   check_rows(d, TZ_DATA_TRAIN, vocab, x >> 2, B);
   check_rows(d, TZ_DATA_VAL, vocab, x >> 2, B);
   tz_data_destroy(d);
+  free(m);
   return 0;
 }
