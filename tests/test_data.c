@@ -809,6 +809,17 @@ static void test_sidecar(void **state) {
   write_bytes(side, "[1, 2]", 6);
   assert_int_equal(tz_data_open(glob_spec, 300, &prm, &d), TZ_ECONFIG);
   ASSERT_MSG_HAS("x_000.bin.json: expected an object");
+  /* An id past the tokenizer's own vocabulary (the export would write a config.json that no
+   * reader takes), and a hash that is not hex. */
+  write_sidecar(a, sha, 2, (long long)n);
+  assert_int_equal(tz_data_open(glob_spec, 300, &prm, &d), TZ_ECONFIG);
+  ASSERT_MSG_HAS("\"eos_id\" must be a token id below its vocab_size 2");
+  char bad_sha[65];
+  memset(bad_sha, 'G', 64);
+  bad_sha[64] = '\0';
+  write_sidecar(a, bad_sha, 300, (long long)n);
+  assert_int_equal(tz_data_open(glob_spec, 300, &prm, &d), TZ_ECONFIG);
+  ASSERT_MSG_HAS("x_000.bin.json: expected an object with \"tokenizer_sha256\" (64 hex");
   free(side);
   free(small);
   free(tok);

@@ -12,13 +12,15 @@
  *   4  make the mask bytes valid (known bits, token 0 a start, a start never a target; with 2),
  *      so that mutations reach the packing
  *   8  hold out a quarter of the rows for validation
+ *   16 write what follows the mask's bytes as the shard's sidecar (PATH.json, tools/tz-data's:
+ *      the tokenizer's sha256, vocabulary and token ids)
  * Besides memory errors and undefined behaviour, it checks what data.h promises of a refusal (a
  * message naming the shard or its mask) and of packed rows: every token below the vocabulary;
  * positions 0 at a row's start and restarting at 0 or counting up by one; inside a document a
  * target is the next input; each of a row's documents a piece of one of the shard's (from its
  * first token, or T apart when split) with the mask's targets and no others, then padding that
  * is never a target; as many targets in the rows as tz_data_targets counts (the loss's
- * divisor). */
+ * divisor); a sidecar's tokenizer no larger than the model's vocabulary, its ids below its own. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdint.h>
@@ -36,11 +38,12 @@
 #define MAX_B 3
 #define MAX_T 64
 
-static char root[256], shard[300], mask[320];
+static char root[256], shard[300], mask[320], sidecar[320];
 
 static void cleanup(void) {
   unlink(shard);
   unlink(mask);
+  unlink(sidecar);
   rmdir(root);
 }
 
@@ -55,6 +58,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     abort();
   snprintf(shard, sizeof shard, "%s/sft.bin", root);
   snprintf(mask, sizeof mask, "%s/sft.bin.mask", root);
+  snprintf(sidecar, sizeof sidecar, "%s/sft.bin.json", root);
   atexit(cleanup);
   return 0;
 }
@@ -206,6 +210,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   put(mask, mh, sizeof mh, m, n);
   g_tok = tok, g_mask = m, g_n = n, g_split = flags & 1;
+  /* the sidecar: what follows the mask's bytes */
+  rest += left < n ? left : n, left -= left < n ? left : n;
+  if (flags & 16)
+    put(sidecar, rest, left, NULL, 0);
+  else
+    unlink(sidecar);
 
   struct tz_data_params p = {.seq_len = T, .seed = x, .split_long = flags & 1};
   if (flags & 8)
@@ -221,6 +231,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   if (!tz_data_packed(d) || !tz_data_pack_describe(d) || !*tz_data_pack_describe(d))
     fail("a shard with a mask that is not read as packed rows", 0);
+  const struct tz_data_tokenizer *tk = tz_data_tokenizer(d);
+  if (tk->known && (!(flags & 16) || tk->vocab < 1 || tk->vocab > vocab ||
+                    (tk->has_bos && (tk->bos_id < 0 || tk->bos_id >= tk->vocab)) ||
+                    (tk->has_eos && (tk->eos_id < 0 || tk->eos_id >= tk->vocab)) ||
+                    (tk->has_pad && (tk->pad_id < 0 || tk->pad_id >= tk->vocab)) ||
+                    strspn(tk->sha256, "0123456789abcdef") != 64))
+    fail("a sidecar's tokenizer outside what data.h promises", 0);
   const int B = 1 + param % MAX_B;
   check_rows(d, TZ_DATA_TRAIN, vocab, x >> 2, B);
   check_rows(d, TZ_DATA_VAL, vocab, x >> 2, B);

@@ -482,14 +482,19 @@ int tz_data_file_sha256(const char *path, char hex[65]) {
   return 0;
 }
 
-/* An id of a sidecar: an integer, or null / absent (no such token). */
-static int sidecar_id(json_t *root, const char *path, const char *key, int *has, int *id) {
+/* An id of a sidecar: an integer below the tokenizer's vocabulary, or null / absent (no such
+ * token). */
+static int sidecar_id(json_t *root, const char *path, const char *key, int vocab, int *has,
+                      int *id) {
   json_t *v = json_object_get(root, key);
   *has = 0;
   if (!v || json_is_null(v))
     return 0;
-  if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-    return tz_err_set(TZ_ECONFIG, "data: sidecar %s: \"%s\" must be a token id or null", path, key);
+  if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
+    return tz_err_set(TZ_ECONFIG,
+                      "data: sidecar %s: \"%s\" must be a token id below its vocab_size %d, or "
+                      "null",
+                      path, key, vocab);
   *has = 1;
   *id = (int)json_integer_value(v);
   return 0;
@@ -513,7 +518,8 @@ static int sidecar_read(const struct file *f, int vocab, struct tz_data_tokenize
   json_t *vs = json_object_get(root, "vocab_size");
   json_t *tokens = json_object_get(root, "tokens");
   if (!json_is_object(root) || !json_is_string(sha) || strlen(json_string_value(sha)) != 64 ||
-      !json_is_integer(vs) || json_integer_value(vs) < 1 || json_integer_value(vs) > INT32_MAX) {
+      strspn(json_string_value(sha), "0123456789abcdef") != 64 || !json_is_integer(vs) ||
+      json_integer_value(vs) < 1 || json_integer_value(vs) > INT32_MAX) {
     rc = tz_err_set(TZ_ECONFIG,
                     "data: sidecar %s: expected an object with \"tokenizer_sha256\" (64 hex "
                     "digits) and \"vocab_size\" (a positive integer), as tools/tz-data writes",
@@ -539,9 +545,9 @@ static int sidecar_read(const struct file *f, int vocab, struct tz_data_tokenize
   snprintf(t->sha256, sizeof t->sha256, "%s", json_string_value(sha));
   snprintf(t->path, sizeof t->path, "%s", path);
   t->vocab = (int)json_integer_value(vs);
-  if ((rc = sidecar_id(root, path, "bos_id", &t->has_bos, &t->bos_id)) < 0 ||
-      (rc = sidecar_id(root, path, "eos_id", &t->has_eos, &t->eos_id)) < 0 ||
-      (rc = sidecar_id(root, path, "pad_id", &t->has_pad, &t->pad_id)) < 0)
+  if ((rc = sidecar_id(root, path, "bos_id", t->vocab, &t->has_bos, &t->bos_id)) < 0 ||
+      (rc = sidecar_id(root, path, "eos_id", t->vocab, &t->has_eos, &t->eos_id)) < 0 ||
+      (rc = sidecar_id(root, path, "pad_id", t->vocab, &t->has_pad, &t->pad_id)) < 0)
     goto out;
   if (t->vocab > vocab) {
     rc = tz_err_set(TZ_ECONFIG,
