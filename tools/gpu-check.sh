@@ -341,7 +341,9 @@ if has long8b; then
     --timeout 120 --tag 8k
   step long8b-128k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 131072 "${l8[@]}" \
     --timeout 330 --tag 128k
-  [ "${TZ_LONG8B_FIT:-0}" = 1 ] && step long8b-fit timeout 120 $b/bin/tz-train --backend cuda \
+  # configs/bench-auto.json's disk directory must exist for the rates' probe (about 140 s with it)
+  mkdir -p /var/tmp/tz-bench-nvme
+  [ "${TZ_LONG8B_FIT:-0}" = 1 ] && step long8b-fit timeout 200 $b/bin/tz-train --backend cuda \
     --model $m8 --seq 8192 --set train_micro_batch_size_per_gpu=1 --auto-placement \
     --config configs/bench-auto.json --plan --fit seq
 fi
@@ -373,7 +375,8 @@ if has longmax; then
   mlong=/tmp/llama-3.1-8b-long.json
   python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["max_position_embeddings"] = int(sys.argv[2]); json.dump(c, open(sys.argv[3], "w"), indent=1)' \
     configs/models/llama-3.1-8b.json "$nmax" "$mlong"
-  step longmax-fit timeout 120 $b/bin/tz-train --backend cuda --model $mlong --seq 8192 \
+  mkdir -p /var/tmp/tz-bench-nvme
+  step longmax-fit timeout 200 $b/bin/tz-train --backend cuda --model $mlong --seq 8192 \
     --set train_micro_batch_size_per_gpu=1 --auto-placement --config configs/bench-auto.json \
     --plan --fit seq
   step longmax env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $mlong --seq "$nmax" --micro-batch 1 \
