@@ -26,6 +26,7 @@
 #include "core/log.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/checkpoint_format.h"
+#include "tests/fuzz/fuzz_files.h"
 
 static char root[256], dir[300], manifest[320], latest[320], rank0[320];
 
@@ -40,12 +41,7 @@ static void cleanup(void) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
   tz_log_set_level(TZ_LOG_ERROR);
-  const char *base = getenv("TZ_TEST_TMPDIR");
-  if (!base || !*base)
-    base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-  snprintf(root, sizeof root, "%s/tz-fuzz-ckpt-XXXXXX", base);
-  if (!mkdtemp(root))
-    abort();
+  fuzz_tmpdir(root, sizeof root, "ckpt");
   snprintf(dir, sizeof dir, "%s/step-00000001", root);
   snprintf(manifest, sizeof manifest, "%s/manifest", dir);
   snprintf(latest, sizeof latest, "%s/latest", root);
@@ -54,13 +50,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     abort();
   atexit(cleanup);
   return 0;
-}
-
-static void put(const char *path, const void *data, size_t n) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 || (n && write(fd, data, n) != (ssize_t)n))
-    abort();
-  close(fd);
 }
 
 static const uint8_t *take(const uint8_t **p, size_t *left, size_t *n) {
@@ -104,7 +93,7 @@ static void write_manifest(const char *body, size_t len) {
     abort();
   memcpy(all, head, (size_t)h);
   memcpy(all + h, body, len);
-  put(manifest, all, (size_t)h + len);
+  fuzz_put(manifest, all, (size_t)h + len);
   free(all);
 }
 
@@ -161,7 +150,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(file, p, left);
   if (flags & 4)
     fix_rank_file(file, left);
-  put(rank0, file, left);
+  fuzz_put(rank0, file, left);
   if (flags & 1) {
     uint32_t icrc = left >= TZ_CKPT_TRAILER_BYTES
                         ? (uint32_t)tz_ckpt_get_le(
@@ -179,12 +168,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t skip = nl ? (size_t)(nl - m) + 1 : 0;
     write_manifest((const char *)m + skip, mlen - skip);
   } else {
-    put(manifest, m, mlen);
+    fuzz_put(manifest, m, mlen);
   }
   if (flags & 8)
-    put(latest, l, llen);
+    fuzz_put(latest, l, llen);
   else
-    put(latest, "step-00000001\n", 14);
+    fuzz_put(latest, "step-00000001\n", 14);
   free(file);
 
   read_all(root);

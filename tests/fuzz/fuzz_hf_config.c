@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "tests/fuzz/fuzz_files.h"
 #include "trainer/model/hf.h"
 #include "trainer/model/hf_internal.h"
 #include "trainer/model/model.h"
@@ -37,12 +38,7 @@ static void cleanup(void) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
   tz_log_set_level(TZ_LOG_ERROR);
-  const char *base = getenv("TZ_TEST_TMPDIR");
-  if (!base || !*base)
-    base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-  snprintf(root, sizeof root, "%s/tz-fuzz-hfcfg-XXXXXX", base);
-  if (!mkdtemp(root))
-    abort();
+  fuzz_tmpdir(root, sizeof root, "hfcfg");
   snprintf(in_path, sizeof in_path, "%s/in.json", root);
   snprintf(out_dir, sizeof out_dir, "%s/out", root);
   snprintf(out_json, sizeof out_json, "%s/config.json", out_dir);
@@ -50,12 +46,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     abort();
   atexit(cleanup);
   return 0;
-}
-
-static void put(const char *path, const void *data, size_t n) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 || (n && write(fd, data, n) != (ssize_t)n) || close(fd) < 0)
-    abort();
 }
 
 static void fail(const char *what, const char *text) {
@@ -91,7 +81,7 @@ static void derive(const struct tz_model_config *cfg) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  put(in_path, data, size);
+  fuzz_put(in_path, data, size);
   struct tz_model_config cfg;
   enum tz_dtype dt;
   struct tz_hf_info info;

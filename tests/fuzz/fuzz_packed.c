@@ -32,6 +32,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "tests/fuzz/fuzz_files.h"
 #include "trainer/data/data.h"
 #include "util/crc32.h"
 
@@ -50,24 +51,12 @@ static void cleanup(void) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
   tz_log_set_level(TZ_LOG_ERROR);
-  const char *base = getenv("TZ_TEST_TMPDIR");
-  if (!base || !*base)
-    base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-  snprintf(root, sizeof root, "%s/tz-fuzz-packed-XXXXXX", base);
-  if (!mkdtemp(root))
-    abort();
+  fuzz_tmpdir(root, sizeof root, "packed");
   snprintf(shard, sizeof shard, "%s/sft.bin", root);
   snprintf(mask, sizeof mask, "%s/sft.bin.mask", root);
   snprintf(sidecar, sizeof sidecar, "%s/sft.bin.json", root);
   atexit(cleanup);
   return 0;
-}
-
-static void put(const char *path, const void *head, size_t nh, const void *body, size_t nb) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 || write(fd, head, nh) != (ssize_t)nh || (nb && write(fd, body, nb) != (ssize_t)nb) ||
-      close(fd) < 0)
-    abort();
 }
 
 static void fail(const char *what, uint64_t at) {
@@ -182,7 +171,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   /* the shard: llm.c's header (magic, version 1: u16 tokens, count), then the tokens */
   int32_t sh[TZ_DATA_SHARD_HEADER_INTS] = {TZ_DATA_SHARD_MAGIC, 1, (int32_t)n};
-  put(shard, sh, sizeof sh, tok, 2 * n);
+  fuzz_put2(shard, sh, sizeof sh, tok, 2 * n);
 
   /* the mask: the input's header and bytes, corrected as the flags say */
   uint32_t mh[TZ_DATA_SHARD_HEADER_INTS] = {0};
@@ -208,12 +197,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mh[0] = TZ_DATA_MASK_MAGIC, mh[1] = 1, mh[2] = (uint32_t)n;
     mh[3] = tz_crc32(0, tok, 2 * n), mh[4] = tz_crc32(0, m, n), mh[5] = targets, mh[6] = docs;
   }
-  put(mask, mh, sizeof mh, m, n);
+  fuzz_put2(mask, mh, sizeof mh, m, n);
   g_tok = tok, g_mask = m, g_n = n, g_split = flags & 1;
   /* the sidecar: what follows the mask's bytes */
   rest += left < n ? left : n, left -= left < n ? left : n;
   if (flags & 16)
-    put(sidecar, rest, left, NULL, 0);
+    fuzz_put(sidecar, rest, left);
   else
     unlink(sidecar);
 
