@@ -3,7 +3,8 @@
 # library) and runs each in turn for a while, starting from its seed corpus.
 #
 #   tools/fuzz.sh [SECONDS] [TARGET...]      SECONDS per target (default 60); TARGET: config,
-#                                            safetensors, checkpoint, hf_config, ... (default: all)
+#                                            safetensors, checkpoint, hf_config, hf_dir, packed,
+#                                            ... (default: all)
 #
 # Build directory: $TZ_FUZZ_BUILD (default build-fuzz/ in the repository). What each run finds is
 # kept there: fuzz/corpus-<target>/ (inputs that reached new code; the seeds in tests/fuzz/corpus
