@@ -581,10 +581,6 @@ static const char *dtype_torch(enum tz_dtype dt) {
   return dt == TZ_BF16 ? "bfloat16" : dt == TZ_F16 ? "float16" : "float32";
 }
 
-/* The keys transformers' config class of the family writes (save_pretrained), in both spellings
- * where transformers 5 renamed them (torch_dtype / dtype, rope_theta and rope_scaling /
- * rope_parameters), so that transformers 4 and 5 both read the same model. info (may be NULL):
- * what the source config said beyond cfg. */
 /* Decimal digits of the shortest %g text of x that reads back to x. */
 static int shortest_digits(double x) {
   char buf[40];
@@ -617,6 +613,10 @@ static double qpas_of_scale(double scale) {
   return best;
 }
 
+/* The keys transformers' config class of the family writes (save_pretrained), in both spellings
+ * where transformers 5 renamed them (torch_dtype / dtype, rope_theta and rope_scaling /
+ * rope_parameters), so that transformers 4 and 5 both read the same model. info (may be NULL):
+ * what the source config said beyond cfg. */
 int tz_hf_config_write_info(const char *dir, const struct tz_model_config *cfg, enum tz_dtype dtype,
                             const struct tz_hf_info *info) {
   TZ_CHECK(tz_model_config_check(cfg));
