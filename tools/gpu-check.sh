@@ -55,8 +55,9 @@
 # moe14b: the 14B-total MoE (Qwen1.5-MoE-A2.7B's config) over HBM, host and the disk (an H200);
 # long8b: Llama-3.1-8B's shape (configs/models/llama-3.1-8b.json) with the plan's placement at
 # 8,192 tokens in one sequence, then at 131,072, one after the other (issue 52's GPU rows; about
-# 450 s; an H100 holds it with its layer inputs in host memory and a little state on the disk,
-# the plan's bound about 71 s a step there); its --fit seq on this machine with TZ_LONG8B_FIT=1;
+# 430 s on an H100, 2026-12-07: 61 s and 359 s, with 31 of the 33 GiB of layer inputs in HBM,
+# the optimizer state on the host and 1 GiB on the disk, the plan's bound 69.2 s a step, the step
+# 72.1 s; docs/benchmarks.md); its --fit seq on this machine with TZ_LONG8B_FIT=1;
 # acts: issue 52's layer inputs in the tiers: llama-3.2-1b's config at one 65,536-token sequence
 # with its layer inputs in HBM, then in host memory (tierzero.offload_activations none, cpu), one
 # after the other (about 120 s; run it with gputests, whose test_train_gpu puts them on host and
@@ -340,7 +341,7 @@ if has long8b; then
   step long8b-8k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 8192 "${l8[@]}" \
     --timeout 120 --tag 8k
   step long8b-128k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 131072 "${l8[@]}" \
-    --timeout 330 --tag 128k
+    --timeout 420 --tag 128k
   # configs/bench-auto.json's disk directory must exist for the rates' probe (about 140 s with it)
   mkdir -p /var/tmp/tz-bench-nvme
   [ "${TZ_LONG8B_FIT:-0}" = 1 ] && step long8b-fit timeout 200 $b/bin/tz-train --backend cuda \
