@@ -335,9 +335,13 @@ fi
 # long8b: issue 52's rows. Its target counts attention's causal half (6N + 6LTd a token), where
 # tz-train's model TFLOP/s count 6N + 12LTd: take the step time (T tokens / step_s x the
 # formula, N 8.03e9, L 32, d 4096).
+# The data: this repository's docs as byte text (740 KB of long English documents, one token a
+# byte), so that the loss has something to fall on (synthetic tokens, uniform over the vocabulary,
+# have not; the H100 rows of 2026-12-07 ran on them).
 if has long8b; then
   m8=configs/models/llama-3.1-8b.json
-  l8=(--micro-batch 1 --steps 3 --warmup 1 --no-disk-ceiling)
+  cat docs/*.md README.md > /tmp/tz-long-docs.txt
+  l8=(--micro-batch 1 --steps 3 --warmup 1 --no-disk-ceiling --data text:/tmp/tz-long-docs.txt)
   step long8b-8k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 8192 "${l8[@]}" \
     --timeout 120 --tag 8k
   step long8b-128k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 131072 "${l8[@]}" \
