@@ -12,7 +12,6 @@
  * Checksums are what a random mutation breaks first; correcting them lets the fuzzer test the
  * parsing behind them. Everything that opens is read through every entry point. */
 #define _GNU_SOURCE
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,7 +11,6 @@
  *   model config, dtype and window: what a run trained is what transformers and a later import
  *   get. */
 #define _GNU_SOURCE
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

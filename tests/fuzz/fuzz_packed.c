@@ -22,12 +22,10 @@
  * is never a target; as many targets in the rows as tz_data_targets counts (the loss's
  * divisor); a sidecar's tokenizer no larger than the model's vocabulary, its ids below its own. */
 #define _GNU_SOURCE
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
