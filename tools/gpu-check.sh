@@ -56,8 +56,8 @@
 # long8b: Llama-3.1-8B's shape (configs/models/llama-3.1-8b.json) with the plan's placement at
 # 8,192 tokens in one sequence, then at 131,072, one after the other (issue 52's GPU rows; about
 # 430 s on an H100, 2026-12-07: 61 s and 359 s, with 31 of the 33 GiB of layer inputs in HBM,
-# the optimizer state on the host and 1 GiB on the disk, the plan's bound 69.2 s a step, the step
-# 72.1 s; docs/benchmarks.md); its --fit seq on this machine with TZ_LONG8B_FIT=1;
+# most of the optimizer state on the host, 1 GiB on the disk, the plan's bound 69.2 s a step,
+# the step 72.1 s; docs/benchmarks.md); its --fit seq on this machine with TZ_LONG8B_FIT=1;
 # acts: issue 52's layer inputs in the tiers: llama-3.2-1b's config at one 65,536-token sequence
 # with its layer inputs in HBM, then in host memory (tierzero.offload_activations none, cpu), one
 # after the other (about 120 s; run it with gputests, whose test_train_gpu puts them on host and
