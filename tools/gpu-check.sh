@@ -62,6 +62,8 @@
 # with its layer inputs in HBM, then in host memory (tierzero.offload_activations none, cpu), one
 # after the other (about 120 s; run it with gputests, whose test_train_gpu puts them on host and
 # nvme);
+# attnprof: Nsight Compute's full set on the warpgroup-MMA attention kernels, causal and each
+# variant (issue 51);
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -223,6 +225,32 @@ if has variants; then
   step var-w512-cap50 "${lv[@]}" --window 512 --softcap 50
   step var-t8k-none "${lv[@]}" --seq 8192 --batch 1
   step var-t8k-w4096 "${lv[@]}" --seq 8192 --batch 1 --window 4096
+fi
+# attnprof: Nsight Compute on the warpgroup-MMA attention (issue 51: what the soft-capped and
+# windowed kernels wait on beside the causal ones): the forward, dq and dk/dv kernels of tz-bench
+# layer's attention, causal, --softcap 50 exact and approx, --window 512, each profiled once with
+# the full set (pipe utilization, stall reasons, the SASS with its samples); the reports, their
+# details, raw metrics and source pages go to the logs (about 150 s)
+if has attnprof; then
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2> /dev/null | head -1)
+  echo "${ncu:-no ncu}" > "$logs/prof-ncu.txt"
+  [ -n "$ncu" ] && "$ncu" --version >> "$logs/prof-ncu.txt" 2>&1
+  lp=($b/bin/tz-bench layer --no-torch --rounds 1 --iters 1 --warmup 0)
+  for m in none:false: cap50:true:--softcap,50 cap50a:true:--softcap,50 w512:true:--window,512; do
+    IFS=: read -r name var args <<< "$m"
+    IFS=, read -r -a extra <<< "$args"
+    tanh=exact
+    [ "$name" = cap50a ] && tanh=approx
+    [ -n "$ncu" ] || break
+    # the layer's own attention is causal (VAR false); the variants are the calls alone (VAR true)
+    step "prof-$name" env TZ_CUDA_SOFTCAP_TANH=$tanh "$ncu" --clock-control none --set full \
+      --import-source no --kernel-name-base demangled -k "regex:wgmma_kernel<.*$var>\(" -c 3 \
+      -f -o "$logs/prof-$name" "${lp[@]}" "${extra[@]}"
+    "$ncu" -i "$logs/prof-$name.ncu-rep" --page details > "$logs/prof-$name.txt" 2>&1
+    "$ncu" -i "$logs/prof-$name.ncu-rep" --page raw --csv > "$logs/prof-$name-raw.csv" 2>&1
+    "$ncu" -i "$logs/prof-$name.ncu-rep" --page source --csv --print-source sass \
+      > "$logs/prof-$name-sass.csv" 2>&1
+  done
 fi
 # wgmasks: packed documents, windows and softcaps on the warpgroup-MMA kernels (by name:
 # tierzero.cuda_attention wgmma; auto gives them the mma.sync kernels until measured): the model's
