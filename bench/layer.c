@@ -70,6 +70,9 @@ struct opts {
    * layer and attention alone: tokens per second counting every row token, attention's FLOP over
    * the pairs inside documents */
   int docs;
+  /* attention alone, its forward + backward timed for --rounds rounds, nothing else: a kernel
+   * change's A/B in seconds a run */
+  int attn_only;
   /* a mixture-of-experts MLP (E experts of width Fe, k a token, norm_topk: the k weights
    * renormalised) in place of the SwiGLU; E 0: none */
   int E, k, Fe, norm_topk;
@@ -372,6 +375,26 @@ static int bench(const struct opts *o) {
   double attn_fwd_flops = 2.0 * o->B * o->H * (double)o->T * o->T * D * share;
   double layer_flops = 3.0 * tz_model_layer_flop(&cfg, o->B, o->T);
   double attn_flops = 3.5 * attn_fwd_flops;
+  if (o->attn_only) {
+    struct step sa = {.cm = cm, .cfg = &cfg, .o = o, .l = &l, .which = 1};
+    double ra[MAX_ROUNDS];
+    for (int r = 0; r < o->rounds && rc == 0; r++)
+      rc = time_median(&sa, o->warmup, o->iters, &ra[r]);
+    tz_layer_probe_free(cm, &l);
+    tz_compute_free(cm, pos_dev);
+    tz_compute_destroy(cm);
+    if (rc < 0)
+      return rc;
+    printf("attention fwd+bwd: B %d T %d H %d/%d D %d window %d softcap %g, %.3f of the causal "
+           "pairs; ms a round:",
+           o->B, o->T, o->H, o->Hkv, D, o->window, o->softcap, share);
+    for (int r = 0; r < o->rounds; r++)
+      printf(" %.3f", ra[r] * 1e3);
+    t_attn = median_of(ra, o->rounds);
+    printf("; median %.3f ms, %.1f TFLOP/s per computed pair\n", t_attn * 1e3,
+           attn_flops / t_attn / 1e12);
+    return 0;
+  }
 
   /* The layer and attention alone, then PyTorch's, in turn for o->rounds rounds: each side's
    * figure is its median over the rounds, so a drift of the machine's clocks between the two
@@ -572,7 +595,7 @@ static void usage(FILE *f) {
           "                      [--gemm-size N] [--python PY] [--torch-script PATH]\n"
           "                      [--no-torch] [--rounds N] [--json] [--window N] [--softcap C]\n"
           "                      [--docs N] [--experts E --experts-used K --moe-ffn F\n"
-          "                      [--norm-topk]]\n"
+          "                      [--norm-topk]] [--attention-only]\n"
           "  One transformer layer forward + backward on the cuda backend (bf16) beside PyTorch\n"
           "  (bf16, flash attention) run in the same invocation; attention alone; the bf16 GEMM\n"
           "  ceiling (N^3, --gemm-size, default 8192); each op's share; attention again on the\n"
@@ -586,6 +609,8 @@ static void usage(FILE *f) {
           "  --docs N: rows packed with documents of heavy-tailed lengths of mean N (packed\n"
           "  fine-tuning), in the layer and attention; PyTorch is not run (compare with the\n"
           "  same command without it, one after the other).\n"
+          "  --attention-only: attention alone (forward + backward), --rounds medians, nothing\n"
+          "  else (a kernel's A/B).\n"
           "  --experts E: the MLP a mixture of E experts of width --moe-ffn, --experts-used a\n"
           "  token (--norm-topk: their weights renormalised), as Qwen3-MoE and OLMoE; PyTorch's\n"
           "  as transformers computes it (a loop over the experts; no load-balancing loss on\n"
@@ -641,6 +666,7 @@ int tz_bench_layer(int argc, char **argv) {
                                            {"experts-used", required_argument, 0, 'k'},
                                            {"moe-ffn", required_argument, 0, 'e'},
                                            {"norm-topk", no_argument, 0, 'N'},
+                                           {"attention-only", no_argument, 0, 'A'},
                                            {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -673,6 +699,7 @@ int tz_bench_layer(int argc, char **argv) {
     case 'k': o.k = atoi(optarg); break;
     case 'e': o.Fe = atoi(optarg); break;
     case 'N': o.norm_topk = 1; break;
+    case 'A': o.attn_only = 1, o.torch = 0; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
