@@ -101,27 +101,104 @@ __device__ __forceinline__ float quad_sum(float x) {
   return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
-/* A raw product's score in the log2 domain: raw * scale * log2(e), or with a softcap (cap_in =
- * scale / cap > 0; common.cuh, struct tz_attn_var) cap tanh(raw * scale / cap) log2(e), whose
- * slope (d capped / d uncapped: 1 - tanh^2) goes to *slope where slope is not NULL. approx: the
- * tanh by the hardware's tanh.approx.f32 (the setting softcap_tanh approx). */
+/* The softcap's tanh by the hardware's tanh.approx.f32 (the setting softcap_tanh approx: one
+ * instruction, relative error at most 2^-10.987). */
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/* TZ_ATTN_TANH_EX2 1: the softcap's exact tanh as 1 - 2 / (2^(2 x log2 e) + 1), one special-
+ * function instruction (the 2^x; tanhf has two, a 2^x and a reciprocal, and they bound the capped
+ * kernels: docs/cuda-kernels.md) with the reciprocal by Newton's iteration on the FMA units
+ * from the exponent-flip estimate (relative error 0.05, three steps: 1 ulp): within 3e-7 of
+ * tanh, tanhf's within 1e-7. 2^(2 x log2 e) is clamped at 2^64, where tanh is 1 in float. */
+#ifndef TZ_ATTN_TANH_EX2
+#define TZ_ATTN_TANH_EX2 1
+#endif
+__device__ __forceinline__ float tanh_exact(float x) {
+#if TZ_ATTN_TANH_EX2
+  float x2 = __fmul_rn(x, 2.0f * LOG2E);
+  x2 = x2 > 64.0f ? 64.0f : x2; /* not fminf: a NaN stays one */
+  const float d = __fadd_rn(ex2_approx(x2), 1.0f);
+  float r = __int_as_float(0x7EF311C3 - __float_as_int(d)); /* 1 / d within 5% */
+#pragma unroll
+  for (int i = 0; i < 3; i++)
+    r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+  return __fmaf_rn(-2.0f, r, 1.0f);
+#else
+  return tanhf(x);
+#endif
+}
+
+/* 2^x on the FMA units: x = j + f with j the nearest integer (the 1.5 2^23 add) and f in
+ * [-1/2, 1/2], 2^f by a degree-5 polynomial (relative error 1.7e-7 in float, as ex2.approx's
+ * 2^-22), times 2^j made from j's bits. x below -125 (-inf included) gives 2^-125, not 0: callers
+ * that need the 0 of a hidden key select it; a NaN gives a NaN. FlashAttention 4's split: a share
+ * of a tile's 2^x here leaves the special-function unit (16 lanes a clock an SM, the FMA units
+ * 128) fewer of them. */
+__device__ __forceinline__ float exp2_fma(float x) {
+  x = x < -125.0f ? -125.0f : x;   /* not fmaxf: a NaN stays one */
+  const float round = 12582912.0f; /* 1.5 2^23: x + round has j in its low mantissa bits */
+  const float t = __fadd_rn(x, round), f = __fsub_rn(x, __fsub_rn(t, round));
+  float p = 1.32647273e-3f; /* relative minimax with p(0) = 1 exactly */
+  p = __fmaf_rn(p, f, 9.67151299e-3f);
+  p = __fmaf_rn(p, f, 5.55073358e-2f);
+  p = __fmaf_rn(p, f, 2.40222424e-1f);
+  p = __fmaf_rn(p, f, 6.93147004e-1f);
+  p = __fmaf_rn(p, f, 1.0f);
+  /* t's bits are 0x4b400000 + j, so shifted by 23 they are j's exponent: 2^j by adding 127's */
+  return __fmul_rn(p, __int_as_float((__float_as_int(t) << 23) + 0x3f800000));
+}
+
+/* How the kernels compute a score's log2 and the probability's 2^x. CAP: the softcap, fixed for
+ * a kernel (attention_wgmma.cu builds one per kind, so a tile's loop is straight-line code):
+ * CAP_NONE, CAP_EXACT (tanh_exact), CAP_APPROX (tanh_approx); CAP_RUNTIME reads cap_in > 0 and
+ * approx at every score (the mma.sync kernels, built once for all calls). */
+enum { CAP_RUNTIME = -1, CAP_NONE = 0, CAP_EXACT = 1, CAP_APPROX = 2 };
+
+/* TZ_ATTN_EXP2_FMA: which of a capped tile's probabilities take their 2^x on the FMA units
+ * (exp2_fma; the others by the special-function unit): 0 none, 1 every other (the odd elements
+ * of a thread's fragment), 2 all. The uncapped kernels keep the special-function unit's: one
+ * instruction a score, as many as the products leave room for. */
+#ifndef TZ_ATTN_EXP2_FMA
+#define TZ_ATTN_EXP2_FMA 1
+#endif
+template <int CAP> __device__ __forceinline__ bool capped(float cap_in);
+template <int CAP> __device__ __forceinline__ float prob_exp2(float x, bool odd, float cap_in) {
+  if ((TZ_ATTN_EXP2_FMA == 2 || (TZ_ATTN_EXP2_FMA == 1 && odd)) && capped<CAP>(cap_in))
+    return exp2_fma(x);
+  return exp2f(x);
+}
+
+/* A raw product's score in the log2 domain: raw * scale * log2(e), or with a softcap (cap_in =
+ * scale / cap > 0; common.cuh, struct tz_attn_var) cap tanh(raw * scale / cap) log2(e), whose
+ * slope (d capped / d uncapped: 1 - tanh^2) goes to *slope where slope is not NULL. approx
+ * (CAP_RUNTIME only): the tanh by tanh_approx. */
+template <int CAP>
 __device__ __forceinline__ float score_log2(float raw, float scale_log2, float cap_in,
                                             float cap_log2, float *slope = nullptr,
                                             bool approx = false) {
-  if (cap_in > 0.0f) {
+  if (CAP > 0 || (CAP == CAP_RUNTIME && cap_in > 0.0f)) {
     float t = __fmul_rn(raw, cap_in);
-    float th = approx ? tanh_approx(t) : tanhf(t);
+    float th = CAP == CAP_APPROX || (CAP == CAP_RUNTIME && approx) ? tanh_approx(t) : tanh_exact(t);
     if (slope)
       *slope = __fsub_rn(1.0f, __fmul_rn(th, th));
     return __fmul_rn(th, cap_log2);
   }
   return __fmul_rn(raw, scale_log2);
+}
+
+/* Whether ds takes the softcap's slope. */
+template <int CAP> __device__ __forceinline__ bool capped(float cap_in) {
+  return CAP > 0 || (CAP == CAP_RUNTIME && cap_in > 0.0f);
 }
 
 /* ---- the forward's online softmax (attention_mma.cu and attention_wgmma.cu) ---- */
@@ -133,7 +210,7 @@ __device__ __forceinline__ float score_log2(float raw, float scale_log2, float c
  * hide keys after the row (a tile that reaches past the warp's first row), and keys before
  * st_lo, st_hi, the rows' first keys (their documents' or windows', tz_first_key; 0 without).
  * cap_in, cap_log2: a softcap (score_log2; 0: none). */
-template <int NS>
+template <int NS, int CAP = CAP_RUNTIME>
 __device__ __forceinline__ void
 softmax_probs(float (&s)[NS][4], float &m_lo, float &m_hi, float &l_lo, float &l_hi, float &a_lo,
               float &a_hi, bool mask, int key0, int row_lo, int row_hi, int c, float scale_log2,
@@ -146,7 +223,7 @@ softmax_probs(float (&s)[NS][4], float &m_lo, float &m_hi, float &l_lo, float &l
     for (int e = 0; e < 4; e++) {
       int key = key0 + nt * 8 + 2 * c + (e & 1);
       int row = e < 2 ? row_lo : row_hi, st = e < 2 ? st_lo : st_hi;
-      float x = score_log2(s[nt][e], scale_log2, cap_in, cap_log2, nullptr, approx);
+      float x = score_log2<CAP>(s[nt][e], scale_log2, cap_in, cap_log2, nullptr, approx);
       s[nt][e] = mask && (key > row || key < st) ? -INFINITY : x;
     }
     mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
@@ -165,10 +242,14 @@ softmax_probs(float (&s)[NS][4], float &m_lo, float &m_hi, float &l_lo, float &l
   float ps_lo = 0.0f, ps_hi = 0.0f;
 #pragma unroll
   for (int nt = 0; nt < NS; nt++) {
-    s[nt][0] = exp2f(__fsub_rn(s[nt][0], b_lo));
-    s[nt][1] = exp2f(__fsub_rn(s[nt][1], b_lo));
-    s[nt][2] = exp2f(__fsub_rn(s[nt][2], b_hi));
-    s[nt][3] = exp2f(__fsub_rn(s[nt][3], b_hi));
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float y = __fsub_rn(s[nt][e], e < 2 ? b_lo : b_hi);
+      float p = prob_exp2<CAP>(y, e & 1, cap_in);
+      /* a hidden key's 0, where exp2_fma gives 2^-125 */
+      s[nt][e] =
+          TZ_ATTN_EXP2_FMA > 0 && capped<CAP>(cap_in) && mask && s[nt][e] == -INFINITY ? 0.0f : p;
+    }
     ps_lo = __fadd_rn(ps_lo, __fadd_rn(s[nt][0], s[nt][1]));
     ps_hi = __fadd_rn(ps_hi, __fadd_rn(s[nt][2], s[nt][3]));
   }
@@ -242,7 +323,7 @@ fwd_store(T *out, float *lse, const float (&o)[W::DP / 8][4], float l_lo, float 
  * the rows' own keys, where keys after the row give 0; keys before st_lo, st_hi (the rows' first
  * keys, tz_first_key; 0 without) give 0 in every tile. cap_in, cap_log2: a softcap, whose slope
  * ds takes (score_log2; 0: none). */
-template <int NS>
+template <int NS, int CAP = CAP_RUNTIME>
 __device__ __forceinline__ void
 q_probs(const float (&s)[NS][4], float (&dp)[NS][4], bool diag, int key0, int row_lo, int row_hi,
         float lse_lo, float lse_hi, float del_lo, float del_hi, int c, float scale_log2,
@@ -256,10 +337,11 @@ q_probs(const float (&s)[NS][4], float (&dp)[NS][4], bool diag, int key0, int ro
       int row = e < 2 ? row_lo : row_hi, st = e < 2 ? st_lo : st_hi;
       float l2 = e < 2 ? lse_lo : lse_hi, dl = e < 2 ? del_lo : del_hi;
       float slope = 1.0f;
-      float x = score_log2(s[nt][e], scale_log2, cap_in, cap_log2, &slope, approx);
-      float p = (diag && key > row) || key < st ? 0.0f : exp2f(__fsub_rn(x, l2));
+      float x = score_log2<CAP>(s[nt][e], scale_log2, cap_in, cap_log2, &slope, approx);
+      float p =
+          (diag && key > row) || key < st ? 0.0f : prob_exp2<CAP>(__fsub_rn(x, l2), e & 1, cap_in);
       float ds = __fmul_rn(p, __fsub_rn(dp[nt][e], dl));
-      dp[nt][e] = cap_in > 0.0f ? __fmul_rn(ds, slope) : ds; /* ds */
+      dp[nt][e] = capped<CAP>(cap_in) ? __fmul_rn(ds, slope) : ds; /* ds */
     }
   }
 }
@@ -343,7 +425,7 @@ __device__ __forceinline__ void kv_scores(float (&st)[NS][4], float (&dpt)[NS][4
  * (packed documents, with the sequence b; NULL without): a key before a query's document's
  * first gives 0 too; window (> 0): so does a key window or more before the query. cap_in,
  * cap_log2: a softcap, whose slope ds takes (score_log2; 0: none). */
-template <int NS>
+template <int NS, int CAP = CAP_RUNTIME>
 __device__ __forceinline__ void
 kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *Dc, int i0,
          int key_lo, int key_hi, int T_, float scale_log2, int c, bool mask = true,
@@ -356,15 +438,15 @@ kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *
       int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
       int key = e < 2 ? key_lo : key_hi;
       float slope = 1.0f;
-      float x = score_log2(st[nt][e], scale_log2, cap_in, cap_log2, &slope, approx);
+      float x = score_log2<CAP>(st[nt][e], scale_log2, cap_in, cap_log2, &slope, approx);
       float p = mask && (query < key || query >= T_ ||
                          (pos && key < query - pos[(size_t)b * T_ + query]) ||
                          (window > 0 && query - key >= window))
                     ? 0.0f
-                    : exp2f(__fsub_rn(x, Lc[qi]));
+                    : prob_exp2<CAP>(__fsub_rn(x, Lc[qi]), e & 1, cap_in);
       st[nt][e] = p;
       float ds = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
-      dpt[nt][e] = cap_in > 0.0f ? __fmul_rn(ds, slope) : ds; /* ds^T */
+      dpt[nt][e] = capped<CAP>(cap_in) ? __fmul_rn(ds, slope) : ds; /* ds^T */
     }
   }
 }

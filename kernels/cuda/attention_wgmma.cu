@@ -212,22 +212,25 @@ template <int NWG> struct qblock {
   }
 };
 
+/* VAR, the kernels' kind of call: 0 causal, 1 packed documents or variants without a softcap,
+ * 2 and 3 with one, its tanh exact or approximated (the setting softcap_tanh); the softcap's
+ * kind, fixed for a kernel, makes a tile's loop straight-line code (attention_mma.cuh, CAP_*). */
+__host__ __device__ constexpr int cap_of(int var) { return var >= 2 ? var - 1 : CAP_NONE; }
+
 /* Packed documents and windows on the query side (VAR; common.cuh, tz_first_key): the block's
  * key tiles start at its first row's first key's (kt0: the tiles before hold no key any of its
  * rows sees), each row hides the keys before its own first (st_lo, st_hi), and a tile before the
  * warpgroup's last row's first key (st_wg) is masked (partial). The softcap's factors ride along.
  * Without VAR every field is 0 and the arithmetic is the causal kernels'. */
-template <bool VAR> struct firsts {
+template <int VAR> struct firsts {
   int kt0, st_lo, st_hi, st_wg;
   float cap_in, cap_log2;
-  bool approx;
   template <int NWG>
   __device__ __forceinline__ firsts(const int32_t *pos, const tz_attn_var &var, int b, int T_,
                                     int q0, const qblock<NWG> &p) {
     kt0 = st_lo = st_hi = st_wg = 0;
     cap_in = VAR ? var.cap_in : 0.0f;
     cap_log2 = VAR ? var.cap_log2 : 0.0f;
-    approx = VAR && var.tanh_approx;
     const int W_ = VAR ? var.window : 0;
     if (VAR && (pos || W_ > 0)) {
       kt0 = tz_first_key(pos, b, T_, q0, W_) / WR;
@@ -239,7 +242,7 @@ template <bool VAR> struct firsts {
   __device__ __forceinline__ bool partial(int kt) const { return VAR && kt * WR < st_wg; }
 };
 
-template <int NWG, bool AREG, int DP, bool PAD, bool VAR>
+template <int NWG, bool AREG, int DP, bool PAD, int VAR>
 __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     attn_fwd_wgmma_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, int T_, int H, int Hkv,
@@ -290,12 +293,13 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       beside(j, [&] { product_mn<DP>(o, pa, sV + ((j - 1) % 3) * TILE); });
       float a_lo, a_hi; /* the mask a constant in each call: the masked tiles' code apart */
       if (kt == p.mt || f.partial(kt))
-        softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, true, kt * WR, p.row_lo,
-                              p.row_hi, p.c, scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2,
-                              f.approx);
+        softmax_probs<WR / 8, cap_of(VAR)>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, true, kt * WR,
+                                           p.row_lo, p.row_hi, p.c, scale_log2, f.st_lo, f.st_hi,
+                                           f.cap_in, f.cap_log2);
       else
-        softmax_probs<WR / 8>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, false, kt * WR, p.row_lo,
-                              p.row_hi, p.c, scale_log2, 0, 0, f.cap_in, f.cap_log2, f.approx);
+        softmax_probs<WR / 8, cap_of(VAR)>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, false, kt * WR,
+                                           p.row_lo, p.row_hi, p.c, scale_log2, 0, 0, f.cap_in,
+                                           f.cap_log2);
       tz_wgmma::wait<0>();
       /* where no row of the warp moved its max the factors are 1 and the rescale exact: skipped */
       if (!__all_sync(0xffffffffu, a_lo == 1.0f && a_hi == 1.0f))
@@ -339,7 +343,7 @@ template <int DP> constexpr size_t kv_smem(int nwg) {
   return (size_t)(2 * nwg + 4) * tile_bytes<DP>() + 4 * WR * sizeof(float) + 1024;
 }
 
-template <int NWG, bool AREG, int DP, bool PAD, bool VAR>
+template <int NWG, bool AREG, int DP, bool PAD, int VAR>
 __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     attn_bwd_dq_wgmma_kernel(__nv_bfloat16 *dq, const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
                              const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse,
@@ -400,14 +404,16 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       tz_wgmma::commit();
       beside(j, [&] { product_mn<DP>(acc, dsa, sK + ((j - 1) % 3) * TILE); });
       if (kt == p.mt)
-        q_probs<WR / 8>(s, dp, true, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi, p.c,
-                        scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2, f.approx);
+        q_probs<WR / 8, cap_of(VAR)>(s, dp, true, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo,
+                                     del_hi, p.c, scale_log2, f.st_lo, f.st_hi, f.cap_in,
+                                     f.cap_log2);
       else if (f.partial(kt))
-        q_probs<WR / 8>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi, p.c,
-                        scale_log2, f.st_lo, f.st_hi, f.cap_in, f.cap_log2, f.approx);
+        q_probs<WR / 8, cap_of(VAR)>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo,
+                                     del_hi, p.c, scale_log2, f.st_lo, f.st_hi, f.cap_in,
+                                     f.cap_log2);
       else
-        q_probs<WR / 8>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi, p.c,
-                        scale_log2, 0, 0, f.cap_in, f.cap_log2, f.approx);
+        q_probs<WR / 8, cap_of(VAR)>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo,
+                                     del_hi, p.c, scale_log2, 0, 0, f.cap_in, f.cap_log2);
       tz_wgmma::wait<0>();
       pack_all<WR / 8>(dsa, dp);
     }
@@ -429,7 +435,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
 #endif
 }
 
-template <int NWG, int DP, bool PAD, bool VAR>
+template <int NWG, int DP, bool PAD, int VAR>
 __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     attn_bwd_dkdv_wgmma_kernel(__nv_bfloat16 *dk, __nv_bfloat16 *dv, const __nv_bfloat16 *dout,
                                const __nv_bfloat16 *q, const __nv_bfloat16 *k,
@@ -465,7 +471,10 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   const int W_ = VAR ? var.window : 0;
   const bool firsts = VAR && (pos || W_ > 0);
   const float cap_in = VAR ? var.cap_in : 0.0f, cap_log2 = VAR ? var.cap_log2 : 0.0f;
-  const bool approx = VAR && var.tanh_approx;
+  /* the softcap read at every score (CAP_RUNTIME): built for each kind, this kernel's straight-
+   * line loops need more than the 255 registers (ptxas then serializes the products) */
+  constexpr int CAP = VAR ? CAP_RUNTIME : CAP_NONE;
+  const bool approx = VAR == 3;
   if (firsts) {
     int n = 0;
     while (n < n_chunks && tz_first_key(pos, b, T_, k0 + n * WR, W_) < k0 + NWG * WR)
@@ -519,11 +528,11 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       /* the diagonal chunk, one past T, or one hiding keys before its queries' first */
       if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_ ||
           (firsts && tz_first_key(pos, b, T_, i0 + WR - 1, W_) > k0 + wg * WR))
-        kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true,
-                         firsts ? pos : nullptr, b, W_, cap_in, cap_log2, approx);
+        kv_probs<WR / 8, CAP>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true,
+                              firsts ? pos : nullptr, b, W_, cap_in, cap_log2, approx);
       else
-        kv_probs<WR / 8>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, false, nullptr, b,
-                         0, cap_in, cap_log2, approx);
+        kv_probs<WR / 8, CAP>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, false,
+                              nullptr, b, 0, cap_in, cap_log2, approx);
 
       /* dv += p^T dout, dk += ds^T q */
       uint32_t pa[WR / 16][4], dsa[WR / 16][4];
@@ -557,7 +566,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
  * barrier a tile, so their softmax and products no longer interleave: forward +5%, dk/dv +14%. */
 constexpr int FWD_NWG = 1, DQ_NWG = 1, KV_NWG = 1;
 
-template <int NWG, bool AREG, int DP, bool PAD, bool VAR>
+template <int NWG, bool AREG, int DP, bool PAD, int VAR>
 int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
                const void *v, int B, int T, int H, int Hkv, int D, const int32_t *pos,
                const tz_attn_var &var) {
@@ -577,7 +586,7 @@ int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const vo
 
 typedef __nv_bfloat16 E;
 
-template <int NWG, bool AREG, int DP, bool PAD, bool VAR>
+template <int NWG, bool AREG, int DP, bool PAD, int VAR>
 int launch_dq(struct tz_cuda *c, void *dq, const float *delta, const void *dout, const void *q,
               const void *k, const void *v, const float *lse, int B, int T, int H, int Hkv, int D,
               const int32_t *pos, const tz_attn_var &var) {
@@ -594,7 +603,7 @@ int launch_dq(struct tz_cuda *c, void *dq, const float *delta, const void *dout,
   return 0;
 }
 
-template <int NWG, int DP, bool PAD, bool VAR>
+template <int NWG, int DP, bool PAD, int VAR>
 int launch_kv(struct tz_cuda *c, void *dk, void *dv, const float *delta, const void *dout,
               const void *q, const void *k, const void *v, const float *lse, int B, int T, int H,
               int Hkv, int D, const int32_t *pos, const tz_attn_var &var) {
@@ -616,11 +625,14 @@ template <int DP_, bool PAD_> struct tiles {
   static constexpr bool PAD = PAD_;
 };
 
-/* Calls f with a tag saying whether the call has packed documents or variants (VAR): the
- * kernels built without them are the causal ones, with no branch of the others' in them. */
-template <bool V> struct masked { static constexpr bool VAR = V; };
-template <typename F> int with_masks(bool any, F f) {
-  return any ? f(masked<true>{}) : f(masked<false>{});
+/* Calls f with a tag of the call's kind (VAR, cap_of): the kernels built without packed documents
+ * or variants are the causal ones, with no branch of the others' in them, and those with a
+ * softcap are built for its tanh. */
+template <int V> struct masked { static constexpr int VAR = V; };
+template <typename F> int with_masks(const int32_t *pos, int D, const tz_attn_var &var, F f) {
+  if (var.cap > 0.0f)
+    return var.tanh_approx ? f(masked<3>{}) : f(masked<2>{});
+  return pos || !tz_attn_var_default(var, D) ? f(masked<1>{}) : f(masked<0>{});
 }
 
 /* Calls f with the tiles for head dim D: 64 and 128 exactly, a multiple of 8 between them padded
@@ -646,7 +658,7 @@ int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const 
     return 1;
   return with_tiles(D, [&](auto t) {
     using W = decltype(t);
-    return with_masks(pos || !tz_attn_var_default(var, D), [&](auto m) {
+    return with_masks(pos, D, var, [&](auto m) {
       using M = decltype(m);
       return launch_fwd<FWD_NWG, true, W::DP, W::PAD, M::VAR>(c, out, lse, q, k, v, B, T, H, Hkv, D,
                                                               pos, var);
@@ -666,7 +678,7 @@ int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
     return 1;
   return with_tiles(D, [&](auto t) {
     using W = decltype(t);
-    return with_masks(pos || !tz_attn_var_default(var, D), [&](auto m) {
+    return with_masks(pos, D, var, [&](auto m) {
       using M = decltype(m);
       int rc = launch_dq<DQ_NWG, false, W::DP, W::PAD, M::VAR>(c, dq, delta, dout, q, k, v, lse, B,
                                                                T, H, Hkv, D, pos, var);
