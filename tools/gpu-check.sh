@@ -236,7 +236,7 @@ if has attnprof; then
   echo "${ncu:-no ncu}" > "$logs/prof-ncu.txt"
   [ -n "$ncu" ] && "$ncu" --version >> "$logs/prof-ncu.txt" 2>&1
   lp=($b/bin/tz-bench layer --no-torch --rounds 1 --iters 1 --warmup 0)
-  for m in none:false: cap50:true:--softcap,50 cap50a:true:--softcap,50 w512:true:--window,512; do
+  for m in none:0: cap50:2:--softcap,50 cap50a:3:--softcap,50 w512:1:--window,512; do
     IFS=: read -r name var args <<< "$m"
     IFS=, read -r -a extra <<< "$args"
     tanh=exact
@@ -244,7 +244,7 @@ if has attnprof; then
     [ -n "$ncu" ] || break
     # the layer's own attention is causal (VAR false); the variants are the calls alone (VAR true)
     step "prof-$name" env TZ_CUDA_SOFTCAP_TANH=$tanh "$ncu" --clock-control none --set full \
-      --import-source no --kernel-name-base demangled -k "regex:wgmma_kernel<.*$var>\(" -c 3 \
+      --import-source no --kernel-name-base demangled -k "regex:wgmma_kernel<.*\(int\)$var>\(" -c 3 \
       -f -o "$logs/prof-$name" "${lp[@]}" "${extra[@]}"
     "$ncu" -i "$logs/prof-$name.ncu-rep" --page details > "$logs/prof-$name.txt" 2>&1
     "$ncu" -i "$logs/prof-$name.ncu-rep" --page raw --csv > "$logs/prof-$name-raw.csv" 2>&1
