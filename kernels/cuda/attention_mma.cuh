@@ -368,6 +368,37 @@ __device__ __forceinline__ void q_store(T *dqb, const float (&acc)[W::DP / 8][4]
  * Key rows are the warps' M dimension: s^T = k q^T, p^T = exp(s^T - lse), dp^T = v dout^T,
  * ds^T = p^T (dp^T - delta); dv += p^T dout, dk += ds^T q. */
 
+/* TZ_ATTN_KV_ROWS_ASYNC 1: a chunk's rows of lse and delta loaded by cp.async with its tiles,
+ * lse in natural log (kv_probs scales it), where 0 (the default until its GPU tests ran: docs/
+ * cuda-kernels.md) loads them into registers and stores lse * log2(e): a load waited for there
+ * holds the loading warps, and the block's barrier all of them, a round trip to memory a chunk. */
+#ifndef TZ_ATTN_KV_ROWS_ASYNC
+#define TZ_ATTN_KV_ROWS_ASYNC 0
+#endif
+
+/* A chunk's BM rows of lse and delta (row: the (batch, head)'s first, t0 the chunk's) into sL and
+ * sD by threads 0..BM-1 (cp.async: one float each, a row's start needs no alignment), rows at or
+ * past T_ zero. */
+template <int BM>
+__device__ __forceinline__ void kv_load_rows(float *sL, float *sD, const float *lse,
+                                             const float *delta, size_t row, int t0, int T_) {
+  if (threadIdx.x < BM) {
+    int t = t0 + (int)threadIdx.x, ok = t < T_;
+#if TZ_ATTN_KV_ROWS_ASYNC
+    cp_async4(sL + threadIdx.x, lse + (ok ? row + t : 0), ok ? 4 : 0);
+    cp_async4(sD + threadIdx.x, delta + (ok ? row + t : 0), ok ? 4 : 0);
+#else
+    sL[threadIdx.x] = ok ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
+    sD[threadIdx.x] = ok ? delta[row + t] : 0.0f;
+#endif
+  }
+}
+
+/* A query's lse * log2(e) from kv_load_rows' row. */
+__device__ __forceinline__ float kv_lse_log2(const float *Lc, int qi) {
+  return TZ_ATTN_KV_ROWS_ASYNC ? __fmul_rn(Lc[qi], LOG2E) : Lc[qi];
+}
+
 /* A chunk of BM queries from i0 of (batch b, head h) into buffer buf: Q and dout into sQ and sdO
  * (rows past T zero), lse * log2(e) into sL and delta into sD (0 past T); by a block of NT
  * threads, the tiles with cp.async (the caller commits). */
@@ -381,12 +412,7 @@ __device__ __forceinline__ void kv_load_chunk(T *sQ, T *sdO, float *sL, float *s
   const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
   load_tile<BM, W, NT>(sQ + buf * BM * P, qb, qs, i0, T_ - i0, D);
   load_tile<BM, W, NT>(sdO + buf * BM * P, dob, qs, i0, T_ - i0, D);
-  if (threadIdx.x < BM) {
-    int t = i0 + threadIdx.x;
-    const size_t row = ((size_t)b * H + h) * T_;
-    sL[buf * BM + threadIdx.x] = t < T_ ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
-    sD[buf * BM + threadIdx.x] = t < T_ ? delta[row + t] : 0.0f;
-  }
+  kv_load_rows<BM>(sL + buf * BM, sD + buf * BM, lse, delta, ((size_t)b * H + h) * T_, i0, T_);
 }
 
 /* s^T and dp^T of the warp's 16 key rows (rows warp * 16.. of sK and sV) against a chunk of
@@ -419,9 +445,9 @@ __device__ __forceinline__ void kv_scores(float (&st)[NS][4], float (&dpt)[NS][4
   }
 }
 
-/* p^T into st and ds^T into dpt, in place, for the chunk's queries from i0 (Lc: lse * log2(e),
- * Dc: delta, per query); keys after the query and queries past T give 0. mask false: a chunk
- * whose every query sees every key and lies before T (the same arithmetic, no test). pos
+/* p^T into st and ds^T into dpt, in place, for the chunk's queries from i0 (Lc: kv_load_rows'
+ * lse, Dc: delta, per query); keys after the query and queries past T give 0. mask false:
+ * a chunk whose every query sees every key and lies before T (the same arithmetic, no test). pos
  * (packed documents, with the sequence b; NULL without): a key before a query's document's
  * first gives 0 too; window (> 0): so does a key window or more before the query. cap_in,
  * cap_log2: a softcap, whose slope ds takes (score_log2; 0: none). */
@@ -443,7 +469,7 @@ kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *
                          (pos && key < query - pos[(size_t)b * T_ + query]) ||
                          (window > 0 && query - key >= window))
                     ? 0.0f
-                    : prob_exp2<CAP>(__fsub_rn(x, Lc[qi]), e & 1, cap_in);
+                    : prob_exp2<CAP>(__fsub_rn(x, kv_lse_log2(Lc, qi)), e & 1, cap_in);
       st[nt][e] = p;
       float ds = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
       dpt[nt][e] = capped<CAP>(cap_in) ? __fmul_rn(ds, slope) : ds; /* ds^T */

@@ -81,6 +81,13 @@ __device__ __forceinline__ void cp_async8(void *smem, const void *gmem, int src_
                "r"(src_bytes)
                : "memory");
 }
+/* 4 bytes global -> shared, through L1; with src_bytes 0 the destination is zero-filled and
+ * nothing read. */
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
