@@ -5,7 +5,8 @@
 # of a commit, gzipped: main beside a change); then tz-bench layer --attention-only on each build
 # in turn, twice, at llama-7b's attention (4 x 2048, 32 heads of 128) causal, soft-capped (exact
 # and approx), with a window of 512, and at 8192 x 1 causal and with Mistral's window of 4096.
-# --tests: first the attention's GPU tests on each flagged build, the softcap's approx tanh too.
+# --tests: first the attention's GPU tests on the last build given (the one to land), the
+# softcap's approx tanh too.
 #   source .deps/setup.sh && bash tools/attn-ab.sh [--tests] [--base TGZ] FLAGS...
 # Results: $OUT/attn-ab (or /tmp/attn-ab): ab.txt (one line a run), builds.txt, tests-*.log.
 set -uo pipefail
@@ -40,13 +41,13 @@ if [ -n "$base" ]; then
 fi
 i=0
 for f in "$@"; do
-  build "t$i" "$root" "$f" "$([ $tests = 1 ] || echo tz-bench)" &
+  build "t$i" "$root" "$f" "$([ $tests = 1 ] && [ $((i + 1)) = $# ] || echo tz-bench)" &
   names+=("t$i")
   i=$((i + 1))
 done
 wait
 if [ $tests = 1 ]; then
-  for ((i = 0; i < $#; i++)); do
+  for ((i = $# - 1; i < $#; i++)); do
     d=/tmp/attn-ab-t$i
     ctest --test-dir $d --output-on-failure -j4 --timeout 300 -R \
       '^(test_compute_cuda|test_wgmma|test_model_gpu|test_train_gpu.*|test_recompute|test_train_packed.cuda)$' \

@@ -123,15 +123,32 @@ __device__ __forceinline__ float ex2_approx(float x) {
 #ifndef TZ_ATTN_TANH_EX2
 #define TZ_ATTN_TANH_EX2 1
 #endif
+/* TZ_ATTN_CAP_LEAN 1 (off until its GPU tests ran): fewer instructions a capped score, since the
+ * profile shows the capped kernels held by their instruction count, the special-function unit
+ * at 11-24% (docs/cuda-kernels.md): the reciprocal by rcp.approx (one instruction where Newton's
+ * steps are seven) and the capped kernels' probabilities by ex2.approx.ftz (one where exp2f is
+ * four; a probability below 2^-126 becomes 0). */
+#ifndef TZ_ATTN_CAP_LEAN
+#define TZ_ATTN_CAP_LEAN 0
+#endif
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 __device__ __forceinline__ float tanh_exact(float x) {
 #if TZ_ATTN_TANH_EX2
   float x2 = __fmul_rn(x, 2.0f * LOG2E);
   x2 = x2 > 64.0f ? 64.0f : x2; /* not fminf: a NaN stays one */
   const float d = __fadd_rn(ex2_approx(x2), 1.0f);
+#if TZ_ATTN_CAP_LEAN
+  const float r = rcp_approx(d);
+#else
   float r = __int_as_float(0x7EF311C3 - __float_as_int(d)); /* 1 / d within 5% */
 #pragma unroll
   for (int i = 0; i < 3; i++)
     r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+#endif
   return __fmaf_rn(-2.0f, r, 1.0f);
 #else
   return tanhf(x);
@@ -175,6 +192,8 @@ template <int CAP> __device__ __forceinline__ bool capped(float cap_in);
 template <int CAP> __device__ __forceinline__ float prob_exp2(float x, bool odd, float cap_in) {
   if ((TZ_ATTN_EXP2_FMA == 2 || (TZ_ATTN_EXP2_FMA == 1 && odd)) && capped<CAP>(cap_in))
     return exp2_fma(x);
+  if (TZ_ATTN_CAP_LEAN && CAP > 0)
+    return ex2_approx(x);
   return exp2f(x);
 }
 
