@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The attention kernels' A/B on a GPU machine (docs/cuda-kernels.md): this tree built once for
 # each set of CUDA flags given (the kernels' switches, e.g. -DTZ_ATTN_EXP2_FMA=0
-# -DTZ_ATTN_KV_ROWS_ASYNC=1; '' for the defaults), and with --base another tree (a `git archive`
+# -DTZ_ATTN_KV_LOOP=1; '' for the defaults), and with --base another tree (a `git archive`
 # of a commit, gzipped: main beside a change); then tz-bench layer --attention-only on each build
 # in turn, twice, at llama-7b's attention (4 x 2048, 32 heads of 128) causal, soft-capped (exact
 # and approx), with a window of 512, and at 8192 x 1 causal and with Mistral's window of 4096.

@@ -387,12 +387,15 @@ __device__ __forceinline__ void q_store(T *dqb, const float (&acc)[W::DP / 8][4]
  * Key rows are the warps' M dimension: s^T = k q^T, p^T = exp(s^T - lse), dp^T = v dout^T,
  * ds^T = p^T (dp^T - delta); dv += p^T dout, dk += ds^T q. */
 
-/* TZ_ATTN_KV_ROWS_ASYNC 1: a chunk's rows of lse and delta loaded by cp.async with its tiles,
- * lse in natural log (kv_probs scales it), where 0 (the default until its GPU tests ran: docs/
- * cuda-kernels.md) loads them into registers and stores lse * log2(e): a load waited for there
- * holds the loading warps, and the block's barrier all of them, a round trip to memory a chunk. */
-#ifndef TZ_ATTN_KV_ROWS_ASYNC
-#define TZ_ATTN_KV_ROWS_ASYNC 0
+/* TZ_ATTN_KV_LOOP 1, the dk/dv kernels' loop over query chunks without what the profile showed
+ * stalling it (docs/cuda-kernels.md; 0, the default until its GPU tests ran, is the loop as
+ * before): a chunk's rows of lse and delta loaded by cp.async with its tiles, lse in natural log
+ * (kv_probs scales it), where 0 loads them into registers and stores lse * log2(e), and a load
+ * waited for there holds the loading warps, and the block's barrier all of them, a round trip to
+ * memory a chunk. (Stepping the chunk's head and offset by counters instead of two integer
+ * divisions a chunk cost the causal kernel an 8-byte spill at 255 registers: not taken.) */
+#ifndef TZ_ATTN_KV_LOOP
+#define TZ_ATTN_KV_LOOP 0
 #endif
 
 /* A chunk's BM rows of lse and delta (row: the (batch, head)'s first, t0 the chunk's) into sL and
@@ -403,7 +406,7 @@ __device__ __forceinline__ void kv_load_rows(float *sL, float *sD, const float *
                                              const float *delta, size_t row, int t0, int T_) {
   if (threadIdx.x < BM) {
     int t = t0 + (int)threadIdx.x, ok = t < T_;
-#if TZ_ATTN_KV_ROWS_ASYNC
+#if TZ_ATTN_KV_LOOP
     cp_async4(sL + threadIdx.x, lse + (ok ? row + t : 0), ok ? 4 : 0);
     cp_async4(sD + threadIdx.x, delta + (ok ? row + t : 0), ok ? 4 : 0);
 #else
@@ -415,7 +418,7 @@ __device__ __forceinline__ void kv_load_rows(float *sL, float *sD, const float *
 
 /* A query's lse * log2(e) from kv_load_rows' row. */
 __device__ __forceinline__ float kv_lse_log2(const float *Lc, int qi) {
-  return TZ_ATTN_KV_ROWS_ASYNC ? __fmul_rn(Lc[qi], LOG2E) : Lc[qi];
+  return TZ_ATTN_KV_LOOP ? __fmul_rn(Lc[qi], LOG2E) : Lc[qi];
 }
 
 /* A chunk of BM queries from i0 of (batch b, head h) into buffer buf: Q and dout into sQ and sdO
