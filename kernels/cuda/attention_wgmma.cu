@@ -60,10 +60,40 @@ template <int DP> constexpr size_t fwd_smem(int nwg) {
 /* ROWS (64 or 128) rows of D bf16 from base + (row0 + r) * stride into swizzled tiles of DP
  * columns (row r in tile r / 64) by the block's threads, 16 bytes a copy; rows at or past `valid`
  * and columns D..DP-1 are zero-filled (D a multiple of 8). */
+#ifndef TZ_ATTN_LOADS
+#define TZ_ATTN_LOADS 0
+#endif
 template <int ROWS, int NT, int DP>
 __device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, size_t stride,
                                         int row0, int valid, int D) {
   constexpr unsigned CPR = DP / 8; /* 16-byte chunks a row, a power of 2 */
+#if TZ_ATTN_LOADS
+  /* TZ_ATTN_LOADS 1 (off until its GPU tests ran: docs/cuda-kernels.md): the same copies with
+   * their addresses made once. A thread's chunk column ch is the same in every pass, its rows r0
+   * + RSTEP j (RSTEP a multiple of 8 dividing 64), so the swizzle's r & 7 is r0's and a pass's
+   * shared offset a constant; the global address steps by RSTEP rows. The profile counted some
+   * nine instructions a copy computing them each time (the forward's 16 a key tile: 18% of its
+   * instructions). */
+  constexpr int RSTEP = NT / CPR;
+  static_assert(NT % CPR == 0 && RSTEP % 8 == 0 && 64 % RSTEP == 0, "rows a pass");
+  const int ch = (int)threadIdx.x & (CPR - 1), r0 = (int)threadIdx.x / CPR;
+  uint8_t *sp = s + (ch >> 3) * HALF + r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4);
+  const __nv_bfloat16 *gp = base + (size_t)(row0 + r0) * stride + ch * 8;
+  const size_t gstep = (size_t)RSTEP * stride;
+  if (valid >= ROWS && ch * 8 < D) {
+#pragma unroll
+    for (int j = 0; j < ROWS / RSTEP; j++)
+      cp_async16(sp + (j * RSTEP >> 6) * tile_bytes<DP>() + (j * RSTEP & 63) * 128, gp + j * gstep,
+                 16);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < ROWS / RSTEP; j++) {
+    int ok = r0 + j * RSTEP < valid && ch * 8 < D; /* nothing is read where not ok */
+    cp_async16(sp + (j * RSTEP >> 6) * tile_bytes<DP>() + (j * RSTEP & 63) * 128,
+               ok ? gp + j * gstep : base, ok ? 16 : 0);
+  }
+#else
 #pragma unroll
   for (int j = 0; j < ROWS * CPR / NT; j++) {
     int i = (int)threadIdx.x + j * NT, r = i / CPR, ch = i & (CPR - 1);
@@ -73,6 +103,7 @@ __device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, s
                    tz_wgmma::sw128((uint32_t)(r & 63), (uint32_t)(ch & 7) * 8),
                src, ok ? 16 : 0);
   }
+#endif
 }
 
 /* The streamed tiles of step `it` (of n) are waited for and made visible to the products, the
