@@ -41,9 +41,9 @@ const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS] = {
                                   .kind = TZ_SETTING_ENUM,
                                   .values = softcap_tanh_names,
                                   .env = "TZ_CUDA_SOFTCAP_TANH",
-                                  .help = "the attention softcap's tanh: tanhf (exact), or the "
-                                          "hardware's tanh.approx.f32 (approx: one instruction, "
-                                          "about 2^-11 relative error)"},
+                                  .help = "the attention softcap's tanh: exact (within 3e-7), "
+                                          "or the hardware's tanh.approx.f32 (approx: one "
+                                          "instruction, about 2^-11 relative error)"},
 };
 
 const char *tz_cuda_attention_kernel_name(enum tz_cuda_attention_kernel k) {

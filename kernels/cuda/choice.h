@@ -18,7 +18,7 @@ enum {
   TZ_CUDA_SET_MATMUL,       /* 0 cuBLASLt, 1 the plain kernel */
   TZ_CUDA_SET_VARIANTS,     /* 0 off, 1 on: the families' variants (compute_impl.h) */
   TZ_CUDA_SET_NORM_BWD,     /* 0 two-pass, 1 one-pass: RMSNorm's backward (rmsnorm.cu) */
-  TZ_CUDA_SET_SOFTCAP_TANH, /* 0 exact (tanhf), 1 approx (tanh.approx.f32): attention softcaps */
+  TZ_CUDA_SET_SOFTCAP_TANH, /* 0 exact (within 3e-7), 1 approx (tanh.approx.f32): softcaps */
   TZ_CUDA_N_SETTINGS
 };
 extern const struct tz_setting tz_cuda_settings[TZ_CUDA_N_SETTINGS];
