@@ -115,14 +115,6 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
-/* TZ_ATTN_TANH_EX2 1: the softcap's exact tanh as 1 - 2 / (2^(2 x log2 e) + 1), one special-
- * function instruction (the 2^x; tanhf has two, a 2^x and a reciprocal, and they bound the capped
- * kernels: docs/cuda-kernels.md) with the reciprocal by Newton's iteration on the FMA units
- * from the exponent-flip estimate (relative error 0.05, three steps: 1 ulp): within 3e-7 of
- * tanh, tanhf's within 1e-7. 2^(2 x log2 e) is clamped at 2^64, where tanh is 1 in float. */
-#ifndef TZ_ATTN_TANH_EX2
-#define TZ_ATTN_TANH_EX2 1
-#endif
 /* TZ_ATTN_CAP_LEAN 1 (off until its GPU tests ran): fewer instructions a capped score, since the
  * profile shows the capped kernels held by their instruction count, the special-function unit
  * at 11-24% (docs/cuda-kernels.md): the reciprocal by rcp.approx (one instruction where Newton's
@@ -136,8 +128,12 @@ __device__ __forceinline__ float rcp_approx(float x) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+/* The softcap's exact tanh as 1 - 2 / (2^(2 x log2 e) + 1), one special-function instruction
+ * (the 2^x; tanhf has two, a 2^x and a reciprocal: docs/cuda-kernels.md) with the reciprocal by
+ * Newton's iteration on the FMA units from the exponent-flip estimate (relative error 0.05, three
+ * steps: 1 ulp): within 3e-7 of tanh, tanhf's within 1e-7. 2^(2 x log2 e) is clamped at 2^64,
+ * where tanh is 1 in float. */
 __device__ __forceinline__ float tanh_exact(float x) {
-#if TZ_ATTN_TANH_EX2
   float x2 = __fmul_rn(x, 2.0f * LOG2E);
   x2 = x2 > 64.0f ? 64.0f : x2; /* not fminf: a NaN stays one */
   const float d = __fadd_rn(ex2_approx(x2), 1.0f);
@@ -150,9 +146,6 @@ __device__ __forceinline__ float tanh_exact(float x) {
     r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
 #endif
   return __fmaf_rn(-2.0f, r, 1.0f);
-#else
-  return tanhf(x);
-#endif
 }
 
 /* 2^x on the FMA units: x = j + f with j the nearest integer (the 1.5 2^23 add) and f in
