@@ -176,8 +176,10 @@ enum { CAP_RUNTIME = -1, CAP_NONE = 0, CAP_EXACT = 1, CAP_APPROX = 2 };
 
 /* TZ_ATTN_EXP2_FMA: which of a capped tile's probabilities take their 2^x on the FMA units
  * (exp2_fma; the others by the special-function unit): 0 none, 1 every other (the odd elements
- * of a thread's fragment), 2 all. The uncapped kernels keep the special-function unit's: one
- * instruction a score, as many as the products leave room for. */
+ * of a thread's fragment), 2 all. The uncapped kernels keep the special-function unit's. 1 is
+ * the default as the build the GPU tests ran on; 0 measured faster (the kernels are held by their
+ * instruction count, not that unit: docs/cuda-kernels.md) and takes its place once they run on it.
+ */
 #ifndef TZ_ATTN_EXP2_FMA
 #define TZ_ATTN_EXP2_FMA 1
 #endif
