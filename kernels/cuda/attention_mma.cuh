@@ -183,7 +183,11 @@ enum { CAP_RUNTIME = -1, CAP_NONE = 0, CAP_EXACT = 1, CAP_APPROX = 2 };
 #ifndef TZ_ATTN_EXP2_FMA
 #define TZ_ATTN_EXP2_FMA 1
 #endif
-template <int CAP> __device__ __forceinline__ bool capped(float cap_in);
+/* Whether a kernel of kind CAP computes a softcap (and ds takes its slope). */
+template <int CAP> __device__ __forceinline__ bool capped(float cap_in) {
+  return CAP > 0 || (CAP == CAP_RUNTIME && cap_in > 0.0f);
+}
+
 template <int CAP> __device__ __forceinline__ float prob_exp2(float x, bool odd, float cap_in) {
   if ((TZ_ATTN_EXP2_FMA == 2 || (TZ_ATTN_EXP2_FMA == 1 && odd)) && capped<CAP>(cap_in))
     return exp2_fma(x);
@@ -208,11 +212,6 @@ __device__ __forceinline__ float score_log2(float raw, float scale_log2, float c
     return __fmul_rn(th, cap_log2);
   }
   return __fmul_rn(raw, scale_log2);
-}
-
-/* Whether ds takes the softcap's slope. */
-template <int CAP> __device__ __forceinline__ bool capped(float cap_in) {
-  return CAP > 0 || (CAP == CAP_RUNTIME && cap_in > 0.0f);
 }
 
 /* ---- the forward's online softmax (attention_mma.cu and attention_wgmma.cu) ---- */

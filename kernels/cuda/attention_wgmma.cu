@@ -57,12 +57,12 @@ template <int DP> constexpr size_t fwd_smem(int nwg) {
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* ROWS (64 or 128) rows of D bf16 from base + (row0 + r) * stride into swizzled tiles of DP
- * columns (row r in tile r / 64) by the block's threads, 16 bytes a copy; rows at or past `valid`
- * and columns D..DP-1 are zero-filled (D a multiple of 8). */
 #ifndef TZ_ATTN_LOADS
 #define TZ_ATTN_LOADS 0
 #endif
+/* ROWS (64 or 128) rows of D bf16 from base + (row0 + r) * stride into swizzled tiles of DP
+ * columns (row r in tile r / 64) by the block's threads, 16 bytes a copy; rows at or past `valid`
+ * and columns D..DP-1 are zero-filled (D a multiple of 8). */
 template <int ROWS, int NT, int DP>
 __device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, size_t stride,
                                         int row0, int valid, int D) {
@@ -80,18 +80,20 @@ __device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, s
   uint8_t *sp = s + (ch >> 3) * HALF + r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4);
   const __nv_bfloat16 *gp = base + (size_t)(row0 + r0) * stride + ch * 8;
   const size_t gstep = (size_t)RSTEP * stride;
-  if (valid >= ROWS && ch * 8 < D) {
+  /* pass j's shared address: rows j RSTEP.. of the tiles */
+  auto at = [&](int j) {
+    return sp + (j * RSTEP >> 6) * tile_bytes<DP>() + (j * RSTEP & 63) * 128;
+  };
+  if (valid >= ROWS && ch * 8 < D) { /* a whole tile: no test a copy */
 #pragma unroll
     for (int j = 0; j < ROWS / RSTEP; j++)
-      cp_async16(sp + (j * RSTEP >> 6) * tile_bytes<DP>() + (j * RSTEP & 63) * 128, gp + j * gstep,
-                 16);
+      cp_async16(at(j), gp + j * gstep, 16);
     return;
   }
 #pragma unroll
   for (int j = 0; j < ROWS / RSTEP; j++) {
     int ok = r0 + j * RSTEP < valid && ch * 8 < D; /* nothing is read where not ok */
-    cp_async16(sp + (j * RSTEP >> 6) * tile_bytes<DP>() + (j * RSTEP & 63) * 128,
-               ok ? gp + j * gstep : base, ok ? 16 : 0);
+    cp_async16(at(j), ok ? gp + j * gstep : base, ok ? 16 : 0);
   }
 #else
 #pragma unroll
@@ -505,7 +507,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   /* the softcap read at every score (CAP_RUNTIME): built for each kind, this kernel's straight-
    * line loops need more than the 255 registers (ptxas then serializes the products) */
   constexpr int CAP = VAR ? CAP_RUNTIME : CAP_NONE;
-  const bool approx = VAR == 3;
+  const bool approx = cap_of(VAR) == CAP_APPROX;
   if (firsts) {
     int n = 0;
     while (n < n_chunks && tz_first_key(pos, b, T_, k0 + n * WR, W_) < k0 + NWG * WR)
