@@ -392,20 +392,22 @@ __device__ __forceinline__ void q_store(T *dqb, const float (&acc)[W::DP / 8][4]
 #define TZ_ATTN_KV_LOOP 0
 #endif
 
-/* A chunk's BM rows of lse and delta (row: the (batch, head)'s first, t0 the chunk's) into sL and
- * sD by threads 0..BM-1 (cp.async: one float each, a row's start needs no alignment), rows at or
- * past T_ zero. */
+/* A chunk's BM rows of lse and delta (batch b, head h of H, queries from t0) into buffer buf of sL
+ * and sD by threads 0..BM-1 (cp.async: one float each, a row's start needs no alignment), rows
+ * at or past T_ zero. */
 template <int BM>
 __device__ __forceinline__ void kv_load_rows(float *sL, float *sD, const float *lse,
-                                             const float *delta, size_t row, int t0, int T_) {
+                                             const float *delta, int b, int H, int h, int t0,
+                                             int T_, int buf) {
   if (threadIdx.x < BM) {
-    int t = t0 + (int)threadIdx.x, ok = t < T_;
+    int t = t0 + threadIdx.x;
+    const size_t row = ((size_t)b * H + h) * T_;
 #if TZ_ATTN_KV_LOOP
-    cp_async4(sL + threadIdx.x, lse + (ok ? row + t : 0), ok ? 4 : 0);
-    cp_async4(sD + threadIdx.x, delta + (ok ? row + t : 0), ok ? 4 : 0);
+    cp_async4(sL + buf * BM + threadIdx.x, lse + (t < T_ ? row + t : 0), t < T_ ? 4 : 0);
+    cp_async4(sD + buf * BM + threadIdx.x, delta + (t < T_ ? row + t : 0), t < T_ ? 4 : 0);
 #else
-    sL[threadIdx.x] = ok ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
-    sD[threadIdx.x] = ok ? delta[row + t] : 0.0f;
+    sL[buf * BM + threadIdx.x] = t < T_ ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
+    sD[buf * BM + threadIdx.x] = t < T_ ? delta[row + t] : 0.0f;
 #endif
   }
 }
@@ -428,7 +430,7 @@ __device__ __forceinline__ void kv_load_chunk(T *sQ, T *sdO, float *sL, float *s
   const T *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
   load_tile<BM, W, NT>(sQ + buf * BM * P, qb, qs, i0, T_ - i0, D);
   load_tile<BM, W, NT>(sdO + buf * BM * P, dob, qs, i0, T_ - i0, D);
-  kv_load_rows<BM>(sL + buf * BM, sD + buf * BM, lse, delta, ((size_t)b * H + h) * T_, i0, T_);
+  kv_load_rows<BM>(sL, sD, lse, delta, b, H, h, i0, T_, buf);
 }
 
 /* s^T and dp^T of the warp's 16 key rows (rows warp * 16.. of sK and sV) against a chunk of

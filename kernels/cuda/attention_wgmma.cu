@@ -526,7 +526,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     const __nv_bfloat16 *dob = dout + (size_t)b * T_ * qs + (size_t)h * D;
     load_sw<WR, NT, DP>(sQ + buf * TILE, qb, qs, i0, T_ - i0, D);
     load_sw<WR, NT, DP>(sdO + buf * TILE, dob, qs, i0, T_ - i0, D);
-    kv_load_rows<WR>(sL + buf * WR, sD + buf * WR, lse, delta, ((size_t)b * H + h) * T_, i0, T_);
+    kv_load_rows<WR>(sL, sD, lse, delta, b, H, h, i0, T_, buf);
   };
 
   load_sw<NWG * WR, NT, DP>(sK, kb, ks, k0, T_ - k0, D);
