@@ -8,6 +8,8 @@
 # --tests: first the attention's GPU tests on the last build given (the one to land), the
 # softcap's approx tanh too.
 #   source .deps/setup.sh && bash tools/attn-ab.sh [--tests] [--base TGZ] FLAGS...
+# Every build takes -DTZ_CUDA_SOFTCAP_APPROX=1 (softcap_tanh approx, refused by name in default
+# builds until its GPU tests ran), so the approx rows and tests run.
 # Results: $OUT/attn-ab (or /tmp/attn-ab): ab.txt (one line a run), builds.txt, tests-*.log.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,7 +30,8 @@ t0=$SECONDS
 jobs=$(( $(nproc) / ($# + 1) > 1 ? $(nproc) / ($# + 1) : 1 ))
 build() { # name, source dir, flags, target
   local d=/tmp/attn-ab-$1
-  (cd "$2" && cmake --preset gpu -B "$d" -DCMAKE_CUDA_FLAGS="$3" > "$out/$1-configure.log" 2>&1 &&
+  (cd "$2" && cmake --preset gpu -B "$d" -DCMAKE_CUDA_FLAGS="$3 -DTZ_CUDA_SOFTCAP_APPROX=1" \
+    > "$out/$1-configure.log" 2>&1 &&
     cmake --build "$d" -j"$jobs" ${4:+--target "$4"} > "$out/$1-build.log" 2>&1)
   echo "$1 ($3): build rc=$? $((SECONDS - t0)) s" >> "$out/builds.txt"
 }
