@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # The attention kernels' A/B on a GPU machine (docs/cuda-kernels.md): this tree built once for
-# each set of CUDA flags given (the kernels' switches, e.g. -DTZ_ATTN_EXP2_FMA=0
-# -DTZ_ATTN_KV_LOOP=1; '' for the defaults), and with --base another tree (a `git archive`
+# each set of CUDA flags given (a new path's switch, -DTZ_ATTN_...=1, while it is off until its
+# GPU tests ran; '' for the defaults), and with --base another tree (a `git archive`
 # of a commit, gzipped: main beside a change); then tz-bench layer --attention-only on each build
 # in turn, twice, at llama-7b's attention (4 x 2048, 32 heads of 128) causal, soft-capped (exact
 # and approx), with a window of 512, and at 8192 x 1 causal and with Mistral's window of 4096.
 # --tests: first the attention's GPU tests on the last build given (the one to land), the
 # softcap's approx tanh too.
 #   source .deps/setup.sh && bash tools/attn-ab.sh [--tests] [--base TGZ] FLAGS...
-# Every build takes -DTZ_CUDA_SOFTCAP_APPROX=1 (softcap_tanh approx, refused by name in default
-# builds until its GPU tests ran), so the approx rows and tests run.
-# Results: $OUT/attn-ab (or /tmp/attn-ab): ab.txt (one line a run), builds.txt, tests-*.log.
+# Results: $OUT/attn-ab (or /tmp/attn-ab): ab.txt (one line a run), builds.txt, and logs.tgz
+# (tests-*.log with the tests' summaries, the builds' logs).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp}/attn-ab
@@ -30,7 +29,7 @@ t0=$SECONDS
 jobs=$(( $(nproc) / ($# + 1) > 1 ? $(nproc) / ($# + 1) : 1 ))
 build() { # name, source dir, flags, target
   local d=/tmp/attn-ab-$1
-  (cd "$2" && cmake --preset gpu -B "$d" -DCMAKE_CUDA_FLAGS="$3 -DTZ_CUDA_SOFTCAP_APPROX=1" \
+  (cd "$2" && cmake --preset gpu -B "$d" -DCMAKE_CUDA_FLAGS="$3" \
     > "$out/$1-configure.log" 2>&1 &&
     cmake --build "$d" -j"$jobs" ${4:+--target "$4"} > "$out/$1-build.log" 2>&1)
   echo "$1 ($3): build rc=$? $((SECONDS - t0)) s" >> "$out/builds.txt"
@@ -74,6 +73,8 @@ for pass in 1 2; do
     done
   done
 done
+grep -H "tests passed" "$out"/tests-*.log >> "$out/builds.txt" 2> /dev/null
 echo "done $((SECONDS - t0)) s" >> "$out/builds.txt"
+(cd "$out" && tar czf logs.tgz ./*.log && rm -f ./*.log)
 cat "$out/builds.txt"
 sed 's/attention fwd+bwd: //' "$out/ab.txt"

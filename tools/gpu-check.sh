@@ -229,8 +229,7 @@ fi
 # attnprof: Nsight Compute on the warpgroup-MMA attention (issue 51: what the soft-capped and
 # windowed kernels wait on beside the causal ones): the forward, dq and dk/dv kernels of tz-bench
 # layer's attention, causal, --softcap 50 exact and approx, --window 512, each profiled once with
-# the full set (pipe utilization, stall reasons, the SASS with its samples; approx needs a build
-# with -DTZ_CUDA_SOFTCAP_APPROX=1); the reports, their
+# the full set (pipe utilization, stall reasons, the SASS with its samples); the reports, their
 # details, raw metrics and source pages go to the logs (about 150 s)
 if has attnprof; then
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2> /dev/null | head -1)
@@ -269,8 +268,7 @@ if has wgmasks; then
     done
   done
 fi
-# softcap (needs a build with -DTZ_CUDA_SOFTCAP_APPROX=1, which default builds refuse approx
-# without; tools/attn-ab.sh --tests makes one): tierzero.cuda_softcap_tanh approx (the softcap's
+# softcap: tierzero.cuda_softcap_tanh approx (the softcap's
 # tanh by tanh.approx.f32): the kernel,
 # model and trainer GPU tests with it, then tz-bench layer's soft-capped attention exact and
 # approx, one after the other, beside the causal kernel (issue 51's 0.9x; about 120 s)

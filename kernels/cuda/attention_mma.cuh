@@ -115,57 +115,20 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
-/* TZ_ATTN_CAP_LEAN 1 (off until its GPU tests ran): fewer instructions a capped score, since the
- * profile shows the capped kernels held by their instruction count, the special-function unit
- * at 11-24% (docs/cuda-kernels.md): the reciprocal by rcp.approx (one instruction where Newton's
- * steps are seven) and the capped kernels' probabilities by ex2.approx.ftz (one where exp2f is
- * four; a probability below 2^-126 becomes 0). */
-#ifndef TZ_ATTN_CAP_LEAN
-#define TZ_ATTN_CAP_LEAN 0
-#endif
 __device__ __forceinline__ float rcp_approx(float x) {
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-/* The softcap's exact tanh as 1 - 2 / (2^(2 x log2 e) + 1), one special-function instruction
- * (the 2^x; tanhf has two, a 2^x and a reciprocal: docs/cuda-kernels.md) with the reciprocal by
- * Newton's iteration on the FMA units from the exponent-flip estimate (relative error 0.05, three
- * steps: 1 ulp): within 3e-7 of tanh, tanhf's within 1e-7. 2^(2 x log2 e) is clamped at 2^64,
- * where tanh is 1 in float. */
+/* The softcap's exact tanh as 1 - 2 / (2^(2 x log2 e) + 1): two special-function instructions,
+ * the 2^x and rcp.approx (1 ulp), where tanhf has them and its own steps around them; the capped
+ * kernels are held by their instruction count, not that unit (docs/cuda-kernels.md). Within 3e-7
+ * of tanh, tanhf's within 1e-7. 2^(2 x log2 e) is clamped at 2^64, where tanh is 1 in float. */
 __device__ __forceinline__ float tanh_exact(float x) {
   float x2 = __fmul_rn(x, 2.0f * LOG2E);
   x2 = x2 > 64.0f ? 64.0f : x2; /* not fminf: a NaN stays one */
   const float d = __fadd_rn(ex2_approx(x2), 1.0f);
-#if TZ_ATTN_CAP_LEAN
-  const float r = rcp_approx(d);
-#else
-  float r = __int_as_float(0x7EF311C3 - __float_as_int(d)); /* 1 / d within 5% */
-#pragma unroll
-  for (int i = 0; i < 3; i++)
-    r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
-#endif
-  return __fmaf_rn(-2.0f, r, 1.0f);
-}
-
-/* 2^x on the FMA units: x = j + f with j the nearest integer (the 1.5 2^23 add) and f in
- * [-1/2, 1/2], 2^f by a degree-5 polynomial (relative error 1.7e-7 in float, as ex2.approx's
- * 2^-22), times 2^j made from j's bits. x below -125 (-inf included) gives 2^-125, not 0: callers
- * that need the 0 of a hidden key select it; a NaN gives a NaN. FlashAttention 4's split: a share
- * of a tile's 2^x here leaves the special-function unit (16 lanes a clock an SM, the FMA units
- * 128) fewer of them. */
-__device__ __forceinline__ float exp2_fma(float x) {
-  x = x < -125.0f ? -125.0f : x;   /* not fmaxf: a NaN stays one */
-  const float round = 12582912.0f; /* 1.5 2^23: x + round has j in its low mantissa bits */
-  const float t = __fadd_rn(x, round), f = __fsub_rn(x, __fsub_rn(t, round));
-  float p = 1.32647273e-3f; /* relative minimax with p(0) = 1 exactly */
-  p = __fmaf_rn(p, f, 9.67151299e-3f);
-  p = __fmaf_rn(p, f, 5.55073358e-2f);
-  p = __fmaf_rn(p, f, 2.40222424e-1f);
-  p = __fmaf_rn(p, f, 6.93147004e-1f);
-  p = __fmaf_rn(p, f, 1.0f);
-  /* t's bits are 0x4b400000 + j, so shifted by 23 they are j's exponent: 2^j by adding 127's */
-  return __fmul_rn(p, __int_as_float((__float_as_int(t) << 23) + 0x3f800000));
+  return __fmaf_rn(-2.0f, rcp_approx(d), 1.0f);
 }
 
 /* How the kernels compute a score's log2 and the probability's 2^x. CAP: the softcap, fixed for
@@ -174,26 +137,18 @@ __device__ __forceinline__ float exp2_fma(float x) {
  * approx at every score (the mma.sync kernels, built once for all calls). */
 enum { CAP_RUNTIME = -1, CAP_NONE = 0, CAP_EXACT = 1, CAP_APPROX = 2 };
 
-/* TZ_ATTN_EXP2_FMA: which of a capped tile's probabilities take their 2^x on the FMA units
- * (exp2_fma; the others by the special-function unit): 0 none, 1 every other (the odd elements
- * of a thread's fragment), 2 all. The uncapped kernels keep the special-function unit's. 1 is
- * the default as the build the GPU tests ran on; 0 measured faster (the kernels are held by their
- * instruction count, not that unit: docs/cuda-kernels.md) and takes its place once they run on it.
- */
-#ifndef TZ_ATTN_EXP2_FMA
-#define TZ_ATTN_EXP2_FMA 1
-#endif
 /* Whether a kernel of kind CAP computes a softcap (and ds takes its slope). */
 template <int CAP> __device__ __forceinline__ bool capped(float cap_in) {
   return CAP > 0 || (CAP == CAP_RUNTIME && cap_in > 0.0f);
 }
 
-template <int CAP> __device__ __forceinline__ float prob_exp2(float x, bool odd, float cap_in) {
-  if ((TZ_ATTN_EXP2_FMA == 2 || (TZ_ATTN_EXP2_FMA == 1 && odd)) && capped<CAP>(cap_in))
-    return exp2_fma(x);
-  if (TZ_ATTN_CAP_LEAN && CAP > 0)
-    return ex2_approx(x);
-  return exp2f(x);
+/* A probability's 2^x: the capped kernels' by ex2.approx.ftz (one instruction where exp2f is
+ * four; a probability below 2^-126 becomes 0), the others' by exp2f. (FlashAttention 4's split
+ * of a share of the 2^x onto the FMA units by a polynomial measured slower at every share: the
+ * kernels are held by their instruction count, not the special-function unit;
+ * docs/cuda-kernels.md.) */
+template <int CAP> __device__ __forceinline__ float prob_exp2(float x) {
+  return CAP > 0 ? ex2_approx(x) : exp2f(x);
 }
 
 /* A raw product's score in the log2 domain: raw * scale * log2(e), or with a softcap (cap_in =
@@ -258,10 +213,7 @@ softmax_probs(float (&s)[NS][4], float &m_lo, float &m_hi, float &l_lo, float &l
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       float y = __fsub_rn(s[nt][e], e < 2 ? b_lo : b_hi);
-      float p = prob_exp2<CAP>(y, e & 1, cap_in);
-      /* a hidden key's 0, where exp2_fma gives 2^-125 */
-      s[nt][e] =
-          TZ_ATTN_EXP2_FMA > 0 && capped<CAP>(cap_in) && mask && s[nt][e] == -INFINITY ? 0.0f : p;
+      s[nt][e] = prob_exp2<CAP>(y);
     }
     ps_lo = __fadd_rn(ps_lo, __fadd_rn(s[nt][0], s[nt][1]));
     ps_hi = __fadd_rn(ps_hi, __fadd_rn(s[nt][2], s[nt][3]));
@@ -351,8 +303,7 @@ q_probs(const float (&s)[NS][4], float (&dp)[NS][4], bool diag, int key0, int ro
       float l2 = e < 2 ? lse_lo : lse_hi, dl = e < 2 ? del_lo : del_hi;
       float slope = 1.0f;
       float x = score_log2<CAP>(s[nt][e], scale_log2, cap_in, cap_log2, &slope, approx);
-      float p =
-          (diag && key > row) || key < st ? 0.0f : prob_exp2<CAP>(__fsub_rn(x, l2), e & 1, cap_in);
+      float p = (diag && key > row) || key < st ? 0.0f : prob_exp2<CAP>(__fsub_rn(x, l2));
       float ds = __fmul_rn(p, __fsub_rn(dp[nt][e], dl));
       dp[nt][e] = capped<CAP>(cap_in) ? __fmul_rn(ds, slope) : ds; /* ds */
     }
@@ -381,20 +332,11 @@ __device__ __forceinline__ void q_store(T *dqb, const float (&acc)[W::DP / 8][4]
  * Key rows are the warps' M dimension: s^T = k q^T, p^T = exp(s^T - lse), dp^T = v dout^T,
  * ds^T = p^T (dp^T - delta); dv += p^T dout, dk += ds^T q. */
 
-/* TZ_ATTN_KV_LOOP 1, the dk/dv kernels' loop over query chunks without what the profile showed
- * stalling it (docs/cuda-kernels.md; 0, the default until its GPU tests ran, is the loop as
- * before): a chunk's rows of lse and delta loaded by cp.async with its tiles, lse in natural log
- * (kv_probs scales it), where 0 loads them into registers and stores lse * log2(e), and a load
- * waited for there holds the loading warps, and the block's barrier all of them, a round trip to
- * memory a chunk. (Stepping the chunk's head and offset by counters instead of two integer
- * divisions a chunk cost the causal kernel an 8-byte spill at 255 registers: not taken.) */
-#ifndef TZ_ATTN_KV_LOOP
-#define TZ_ATTN_KV_LOOP 0
-#endif
-
 /* A chunk's BM rows of lse and delta (batch b, head h of H, queries from t0) into buffer buf of sL
  * and sD by threads 0..BM-1 (cp.async: one float each, a row's start needs no alignment), rows
- * at or past T_ zero. */
+ * at or past T_ zero; lse in natural log, kv_lse_log2 scales it at use. By cp.async with the
+ * chunk's tiles, since loads waited for here held the loading warps, and the block's barrier all
+ * of them, a round trip to memory a chunk (the profile's stall: docs/cuda-kernels.md). */
 template <int BM>
 __device__ __forceinline__ void kv_load_rows(float *sL, float *sD, const float *lse,
                                              const float *delta, int b, int H, int h, int t0,
@@ -402,23 +344,18 @@ __device__ __forceinline__ void kv_load_rows(float *sL, float *sD, const float *
   if (threadIdx.x < BM) {
     int t = t0 + threadIdx.x;
     const size_t row = ((size_t)b * H + h) * T_;
-#if TZ_ATTN_KV_LOOP
     cp_async4(sL + buf * BM + threadIdx.x, lse + (t < T_ ? row + t : 0), t < T_ ? 4 : 0);
     cp_async4(sD + buf * BM + threadIdx.x, delta + (t < T_ ? row + t : 0), t < T_ ? 4 : 0);
-#else
-    sL[buf * BM + threadIdx.x] = t < T_ ? __fmul_rn(lse[row + t], LOG2E) : 0.0f;
-    sD[buf * BM + threadIdx.x] = t < T_ ? delta[row + t] : 0.0f;
-#endif
   }
 }
 
 /* A query's lse * log2(e) from kv_load_rows' row. */
 __device__ __forceinline__ float kv_lse_log2(const float *Lc, int qi) {
-  return TZ_ATTN_KV_LOOP ? __fmul_rn(Lc[qi], LOG2E) : Lc[qi];
+  return __fmul_rn(Lc[qi], LOG2E);
 }
 
 /* A chunk of BM queries from i0 of (batch b, head h) into buffer buf: Q and dout into sQ and sdO
- * (rows past T zero), lse * log2(e) into sL and delta into sD (0 past T); by a block of NT
+ * (rows past T zero), lse into sL and delta into sD (0 past T); by a block of NT
  * threads, the tiles with cp.async (the caller commits). */
 template <int BM, typename W, int NT, typename T>
 __device__ __forceinline__ void kv_load_chunk(T *sQ, T *sdO, float *sL, float *sD, const T *q,
@@ -487,7 +424,7 @@ kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *
                          (pos && key < query - pos[(size_t)b * T_ + query]) ||
                          (window > 0 && query - key >= window))
                     ? 0.0f
-                    : prob_exp2<CAP>(__fsub_rn(x, kv_lse_log2(Lc, qi)), e & 1, cap_in);
+                    : prob_exp2<CAP>(__fsub_rn(x, kv_lse_log2(Lc, qi)));
       st[nt][e] = p;
       float ds = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
       dpt[nt][e] = capped<CAP>(cap_in) ? __fmul_rn(ds, slope) : ds; /* ds^T */

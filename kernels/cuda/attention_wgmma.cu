@@ -57,9 +57,6 @@ template <int DP> constexpr size_t fwd_smem(int nwg) {
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#ifndef TZ_ATTN_LOADS
-#define TZ_ATTN_LOADS 0
-#endif
 /* ROWS (64 or 128) rows of D bf16 from base + (row0 + r) * stride into swizzled tiles of DP
  * columns (row r in tile r / 64) by the block's threads, 16 bytes a copy; rows at or past `valid`
  * and columns D..DP-1 are zero-filled (D a multiple of 8). */
@@ -67,9 +64,8 @@ template <int ROWS, int NT, int DP>
 __device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, size_t stride,
                                         int row0, int valid, int D) {
   constexpr unsigned CPR = DP / 8; /* 16-byte chunks a row, a power of 2 */
-#if TZ_ATTN_LOADS
-  /* TZ_ATTN_LOADS 1 (off until its GPU tests ran: docs/cuda-kernels.md): the same copies with
-   * their addresses made once. A thread's chunk column ch is the same in every pass, its rows r0
+  /* The addresses made once (docs/cuda-kernels.md). A thread's chunk column ch is the same in every
+   * pass, its rows r0
    * + RSTEP j (RSTEP a multiple of 8 dividing 64), so the swizzle's r & 7 is r0's and a pass's
    * shared offset a constant; the global address steps by RSTEP rows. The profile counted some
    * nine instructions a copy computing them each time (the forward's 16 a key tile: 18% of its
@@ -95,17 +91,6 @@ __device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, s
     int ok = r0 + j * RSTEP < valid && ch * 8 < D; /* nothing is read where not ok */
     cp_async16(at(j), ok ? gp + j * gstep : base, ok ? 16 : 0);
   }
-#else
-#pragma unroll
-  for (int j = 0; j < ROWS * CPR / NT; j++) {
-    int i = (int)threadIdx.x + j * NT, r = i / CPR, ch = i & (CPR - 1);
-    int ok = r < valid && ch * 8 < D; /* nothing is read where not ok (a copy of 0 bytes) */
-    const __nv_bfloat16 *src = base + (ok ? (size_t)(row0 + r) * stride : 0) + ch * 8;
-    cp_async16(s + (r >> 6) * tile_bytes<DP>() + (ch >> 3) * HALF +
-                   tz_wgmma::sw128((uint32_t)(r & 63), (uint32_t)(ch & 7) * 8),
-               src, ok ? 16 : 0);
-  }
-#endif
 }
 
 /* The streamed tiles of step `it` (of n) are waited for and made visible to the products, the

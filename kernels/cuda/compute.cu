@@ -15,13 +15,6 @@ extern "C" {
 #include "kernels/cuda/common.cuh"
 #include "util/gpu.h"
 
-/* TZ_CUDA_SOFTCAP_APPROX 1: the setting softcap_tanh approx taken; 0 (the default until its GPU
- * tests ran on the kernels built for each softcap kind, docs/cuda-kernels.md) refuses it by name.
- */
-#ifndef TZ_CUDA_SOFTCAP_APPROX
-#define TZ_CUDA_SOFTCAP_APPROX 0
-#endif
-
 #define TZ_CUDA_DEFAULT_WORKSPACE (32u << 20)
 #define TZ_CUDA_MIN_SCRATCH (4u << 20)
 /* Copies between the host and the device of at most this many bytes go through c->link, a pinned
@@ -290,12 +283,6 @@ static int cuda_setup(struct tz_cuda *c, const struct tz_compute_params *p,
 static int cuda_variants(const int64_t *settings) { return settings[TZ_CUDA_SET_VARIANTS] != 0; }
 
 static int cuda_create(const struct tz_compute_params *p, const int64_t *settings, tz_compute *cm) {
-  if (settings[TZ_CUDA_SET_SOFTCAP_TANH] == 1 && !TZ_CUDA_SOFTCAP_APPROX)
-    return tz_err_set(TZ_ENOTSUP,
-                      "compute cuda: softcap_tanh approx (tierzero.cuda_softcap_tanh): its "
-                      "attention kernels were rebuilt for each softcap kind and have not yet "
-                      "passed their GPU tests; a build with -DTZ_CUDA_SOFTCAP_APPROX=1 runs them "
-                      "(tools/attn-ab.sh --tests); exact is the default");
   if (p->grad_dtype != TZ_F32 && p->grad_dtype != p->dtype)
     return tz_err_set(TZ_ENOTSUP,
                       "compute cuda: gradients in %s with storage %s: gradients must be f32 or "
