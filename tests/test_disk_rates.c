@@ -28,6 +28,7 @@
 #include "util/size.h"
 
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -403,12 +404,20 @@ static void test_summary_leaves_out_first_step(void **state) {
   assert_non_null(strstr(text, "(read share 0.750)\n"));
 }
 
-/* The rates cache's one entry of this directory's set-ups (not a layer's), or NULL; root's. */
+/* The rates cache's one entry of the set-ups with the disk in this directory (key "BACKEND|nvme:
+ * DIR", not a layer's and not "|nvme:-": a run without the disk on a backend that plans, cuda's,
+ * has its own), or NULL; root's. */
 static json_t *setup_entry(json_t *root) {
+  char real[PATH_MAX], suffix[PATH_MAX + 8];
+  assert_non_null(realpath(dir, real));
+  snprintf(suffix, sizeof suffix, "|nvme:%s", real);
+  const size_t n = strlen(suffix);
   const char *k;
   json_t *v, *found = NULL;
   json_object_foreach(root, k, v) {
-    if (json_is_object(v) && strncmp(k, "layer|", 6) != 0) {
+    size_t len = strlen(k);
+    if (json_is_object(v) && strncmp(k, "layer|", 6) != 0 && len > n &&
+        strcmp(k + len - n, suffix) == 0) {
       assert_null(found);
       found = v;
     }
