@@ -4,8 +4,9 @@
 # an earlier one failed; the summary at the end says which did.
 #   source .deps/setup.sh && bash tools/gpu-check.sh [STEP...]
 # Steps: tests topo tiers adam collectives hf families layer prefetch train product (default: all,
-# in that order; families: each model family against transformers, docs/model.md; product: the
-# trainer's GPU checks of docs/training.md),
+# in that order; tests: carry .whl, whose py/ (tools/venv-stage.sh) makes .venv without the network
+# for tz-data's tests; families: each model family against transformers, docs/model.md; product:
+# the trainer's GPU checks of docs/training.md),
 # and, only when named, trainbench: tools/bench-train.sh tz-offload llama-1b (docs/benchmarks.md);
 # attention: the mma.sync attention (tierzero.cuda_attention two-pass: auto's kernels on GPUs
 # other than sm_90 and for calls the warpgroup-MMA ones do not take, docs/cuda-kernels.md) in the

@@ -19,7 +19,13 @@ if [ ! -x "$venv/bin/python" ]; then
     exit 1
   }
 fi
+# A machine without PyPI installs from the wheels tools/venv-stage.sh downloaded (.whl/py).
+from=()
+if compgen -G "$root/.whl/py/tokenizers-*.whl" > /dev/null; then
+  from=(--no-index --find-links "$root/.whl/py")
+fi
 if ! "$venv/bin/python" -c "import tokenizers, jinja2" 2>/dev/null; then
-  echo "tierzero: installing $tokenizers $jinja2 into $venv" >&2
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$tokenizers" "$jinja2" >&2
+  echo "tierzero: installing $tokenizers $jinja2 into $venv${from:+ from ${from[2]}}" >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${from[@]}" "$tokenizers" \
+    "$jinja2" >&2
 fi
