@@ -151,6 +151,15 @@ template <int CAP> __device__ __forceinline__ float prob_exp2(float x) {
   return CAP > 0 ? ex2_approx(x) : exp2f(x);
 }
 
+/* TZ_ATTN_CAP_FOLD 1 (off until its GPU tests ran; docs/cuda-kernels.md): the exact softcap's
+ * score in five instructions where tanh_exact and its scaling take nine, for the kernels built
+ * for it (CAP_EXACT): the two multiplies before the 2^x as one by a constant of the kernel, no
+ * clamp (rcp.approx of 2^x + 1 = inf is 0, so tanh is 1 there as it must be), and cap tanh
+ * log2(e) = cap log2(e) (1 - 2 r) as one FMA of r; the slope's 1 - tanh^2 as one FMA too. */
+#ifndef TZ_ATTN_CAP_FOLD
+#define TZ_ATTN_CAP_FOLD 0
+#endif
+
 /* A raw product's score in the log2 domain: raw * scale * log2(e), or with a softcap (cap_in =
  * scale / cap > 0; common.cuh, struct tz_attn_var) cap tanh(raw * scale / cap) log2(e), whose
  * slope (d capped / d uncapped: 1 - tanh^2) goes to *slope where slope is not NULL. approx
@@ -159,6 +168,16 @@ template <int CAP>
 __device__ __forceinline__ float score_log2(float raw, float scale_log2, float cap_in,
                                             float cap_log2, float *slope = nullptr,
                                             bool approx = false) {
+  if (TZ_ATTN_CAP_FOLD && CAP == CAP_EXACT) {
+    /* r = 1 / (2^(2 raw cap_in log2 e) + 1), tanh = 1 - 2 r */
+    const float r =
+        rcp_approx(__fadd_rn(ex2_approx(__fmul_rn(raw, __fmul_rn(cap_in, 2.0f * LOG2E))), 1.0f));
+    if (slope) {
+      const float th = __fmaf_rn(-2.0f, r, 1.0f);
+      *slope = __fmaf_rn(-th, th, 1.0f);
+    }
+    return __fmaf_rn(__fmul_rn(-2.0f, cap_log2), r, cap_log2);
+  }
   if (CAP > 0 || (CAP == CAP_RUNTIME && cap_in > 0.0f)) {
     float t = __fmul_rn(raw, cap_in);
     float th = CAP == CAP_APPROX || (CAP == CAP_RUNTIME && approx) ? tanh_approx(t) : tanh_exact(t);
