@@ -451,6 +451,46 @@ kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *
   }
 }
 
+/* TZ_ATTN_KV_SPLIT 1 (off until its GPU tests ran; docs/cuda-kernels.md): the causal
+ * warpgroup-MMA dk/dv kernel takes kv_probs in two halves, kv_probs_p then kv_ds, so that its
+ * products run beside them: p^T is made while dp^T's product completes, and ds^T while dv's
+ * runs, where the whole of kv_probs waited for both products and dk/dv's for it (the profile:
+ * the tensor pipe 38% active in that kernel). The same arithmetic, so the same bits. (Built so
+ * for the masked kinds too, ptxas serialized their products for want of registers: C7511.) */
+#ifndef TZ_ATTN_KV_SPLIT
+#define TZ_ATTN_KV_SPLIT 0
+#endif
+
+/* kv_probs' first half, causal: p^T into st, the same arithmetic. */
+template <int NS>
+__device__ __forceinline__ void kv_probs_p(float (&st)[NS][4], const float *Lc, int i0, int key_lo,
+                                           int key_hi, int T_, float scale_log2, int c, bool mask) {
+#pragma unroll
+  for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
+      int key = e < 2 ? key_lo : key_hi;
+      float x = score_log2<CAP_NONE>(st[nt][e], scale_log2, 0.0f, 0.0f);
+      st[nt][e] = mask && (query < key || query >= T_)
+                      ? 0.0f
+                      : prob_exp2<CAP_NONE>(__fsub_rn(x, kv_lse_log2(Lc, qi)));
+    }
+  }
+}
+
+/* Its second half: ds^T = p^T (dp^T - delta) into dpt. */
+template <int NS>
+__device__ __forceinline__ void kv_ds(const float (&st)[NS][4], float (&dpt)[NS][4],
+                                      const float *Dc, int c) {
+#pragma unroll
+  for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      dpt[nt][e] = __fmul_rn(st[nt][e], __fsub_rn(dpt[nt][e], Dc[nt * 8 + 2 * c + (e & 1)]));
+  }
+}
+
 /* dv += p^T dout and dk += ds^T q over the chunk's 8 NS queries. */
 template <typename T, typename W, int NS>
 __device__ __forceinline__ void
