@@ -8,8 +8,9 @@
 # --tests: first the attention's GPU tests on the last build given (the one to land), the
 # softcap's approx tanh too.
 #   source .deps/setup.sh && bash tools/attn-ab.sh [--tests] [--base TGZ] FLAGS...
-# Results: $OUT/attn-ab (or /tmp/attn-ab): ab.txt (one line a run), builds.txt, and logs.tgz
-# (tests-*.log with the tests' summaries, the builds' logs).
+# Results: $OUT/attn-ab (or /tmp/attn-ab): ab.txt (one line a run), table.md (tools/
+# attn_ab_table.py: each build's ms a case and its per-tile ratios against its causal run),
+# builds.txt, and logs.tgz (tests-*.log with the tests' summaries, the builds' logs).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp}/attn-ab
@@ -78,3 +79,4 @@ echo "done $((SECONDS - t0)) s" >> "$out/builds.txt"
 (cd "$out" && tar czf logs.tgz ./*.log && rm -f ./*.log)
 cat "$out/builds.txt"
 sed 's/attention fwd+bwd: //' "$out/ab.txt"
+python3 "$root/tools/attn_ab_table.py" "$out/ab.txt" | tee "$out/table.md"
