@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(NTHREADS)
                            const tz_attn_var var) {
   constexpr int P = W::P, DP = W::DP;
   const int D = W::PAD ? D_ : DP;
-  constexpr int KD = DP / 16, ND = DP / 8, NS = DQ_BN / 8;
+  constexpr int ND = DP / 8, NS = DQ_BN / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = (T *)smem_raw;      /* (BM, P) */
   T *sdO = sQ + DQ_BM * P;    /* (BM, P) */
@@ -229,27 +229,7 @@ __global__ void __launch_bounds__(NTHREADS)
     const T *Kt = sK + buf * DQ_BN * P, *Vt = sV + buf * DQ_BN * P;
 
     float s[NS][4], dp[NS][4];
-#pragma unroll
-    for (int i = 0; i < NS; i++) {
-      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-      dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      uint32_t qa[4], da[4];
-      load_a<P>(qa, sQ, warp * 16, kk * 16, lane);
-      load_a<P>(da, sdO, warp * 16, kk * 16, lane);
-#pragma unroll
-      for (int np = 0; np < NS / 2; np++) {
-        uint32_t bf[4];
-        load_b_nmajor<P>(bf, Kt, np * 16, kk * 16, lane);
-        mma16<T>::mma(s[2 * np], qa, bf[0], bf[1]);
-        mma16<T>::mma(s[2 * np + 1], qa, bf[2], bf[3]);
-        load_b_nmajor<P>(bf, Vt, np * 16, kk * 16, lane);
-        mma16<T>::mma(dp[2 * np], da, bf[0], bf[1]);
-        mma16<T>::mma(dp[2 * np + 1], da, bf[2], bf[3]);
-      }
-    }
+    scores_pair<T, W, NS>(s, dp, sQ, sdO, Kt, Vt, warp, lane); /* s = q k^T, dp = dout v^T */
 
     q_probs<NS>(s, dp, kt == n_kt - 1, kt * DQ_BN, row_lo, row_hi, lse_lo, lse_hi, del_lo, del_hi,
                 c, scale_log2, st_lo, st_hi, var.cap_in, var.cap_log2, var.tanh_approx);
@@ -360,7 +340,7 @@ __global__ void __launch_bounds__(NTHREADS)
     const float *Lc = sL + buf * KV_BM, *Dc = sD + buf * KV_BM;
 
     float st[NS][4], dpt[NS][4];
-    kv_scores<T, W, NS>(st, dpt, sK, sV, Qc, dOc, warp, lane);
+    scores_pair<T, W, NS>(st, dpt, sK, sV, Qc, dOc, warp, lane);
     kv_probs<NS>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true, pos, b, var.window,
                  var.cap_in, var.cap_log2, var.tanh_approx);
     kv_accumulate<T, W, NS>(dka, dva, st, dpt, Qc, dOc, lane);

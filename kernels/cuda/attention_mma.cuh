@@ -389,32 +389,33 @@ __device__ __forceinline__ void kv_load_chunk(T *sQ, T *sdO, float *sL, float *s
   kv_load_rows<BM>(sL, sD, lse, delta, b, H, h, i0, T_, buf);
 }
 
-/* s^T and dp^T of the warp's 16 key rows (rows warp * 16.. of sK and sV) against a chunk of
- * 8 NS queries (Qc and dOc, rows 0..8 NS - 1). */
+/* The two products of a warp's 16 rows (rows warp * 16.. of tiles a0 and a1) against 8 NS rows
+ * of b0 and b1 (rows 0..8 NS - 1), over the head dimension: x = a0 b0^T, y = a1 b1^T. The dq
+ * kernel's s = q k^T and dp = dout v^T; the dk/dv kernel's s^T = k q^T and dp^T = v dout^T. */
 template <typename T, typename W, int NS>
-__device__ __forceinline__ void kv_scores(float (&st)[NS][4], float (&dpt)[NS][4], const T *sK,
-                                          const T *sV, const T *Qc, const T *dOc, int warp,
-                                          int lane) {
+__device__ __forceinline__ void scores_pair(float (&x)[NS][4], float (&y)[NS][4], const T *a0,
+                                            const T *a1, const T *b0, const T *b1, int warp,
+                                            int lane) {
   constexpr int P = W::P, KD = W::DP / 16;
 #pragma unroll
   for (int i = 0; i < NS; i++) {
-    st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
-    dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
+    x[i][0] = x[i][1] = x[i][2] = x[i][3] = 0.0f;
+    y[i][0] = y[i][1] = y[i][2] = y[i][3] = 0.0f;
   }
 #pragma unroll
   for (int kk = 0; kk < KD; kk++) {
-    uint32_t ka[4], va[4];
-    load_a<P>(ka, sK, warp * 16, kk * 16, lane);
-    load_a<P>(va, sV, warp * 16, kk * 16, lane);
+    uint32_t fa0[4], fa1[4];
+    load_a<P>(fa0, a0, warp * 16, kk * 16, lane);
+    load_a<P>(fa1, a1, warp * 16, kk * 16, lane);
 #pragma unroll
     for (int np = 0; np < NS / 2; np++) {
       uint32_t bf[4];
-      load_b_nmajor<P>(bf, Qc, np * 16, kk * 16, lane);
-      mma16<T>::mma(st[2 * np], ka, bf[0], bf[1]);
-      mma16<T>::mma(st[2 * np + 1], ka, bf[2], bf[3]);
-      load_b_nmajor<P>(bf, dOc, np * 16, kk * 16, lane);
-      mma16<T>::mma(dpt[2 * np], va, bf[0], bf[1]);
-      mma16<T>::mma(dpt[2 * np + 1], va, bf[2], bf[3]);
+      load_b_nmajor<P>(bf, b0, np * 16, kk * 16, lane);
+      mma16<T>::mma(x[2 * np], fa0, bf[0], bf[1]);
+      mma16<T>::mma(x[2 * np + 1], fa0, bf[2], bf[3]);
+      load_b_nmajor<P>(bf, b1, np * 16, kk * 16, lane);
+      mma16<T>::mma(y[2 * np], fa1, bf[0], bf[1]);
+      mma16<T>::mma(y[2 * np + 1], fa1, bf[2], bf[3]);
     }
   }
 }
