@@ -425,8 +425,9 @@ __device__ __forceinline__ void scores_pair(float (&x)[NS][4], float (&y)[NS][4]
  * a chunk whose every query sees every key and lies before T (the same arithmetic, no test). pos
  * (packed documents, with the sequence b; NULL without): a key before a query's document's
  * first gives 0 too; window (> 0): so does a key window or more before the query. cap_in,
- * cap_log2: a softcap, whose slope ds takes (score_log2; 0: none). */
-template <int NS, int CAP = CAP_RUNTIME>
+ * cap_log2: a softcap, whose slope ds takes (score_log2; 0: none). DS false: p^T only, dpt
+ * untouched (TZ_ATTN_KV_SPLIT's first half; kv_ds its second). */
+template <int NS, int CAP = CAP_RUNTIME, bool DS = true>
 __device__ __forceinline__ void
 kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *Dc, int i0,
          int key_lo, int key_hi, int T_, float scale_log2, int c, bool mask = true,
@@ -446,41 +447,26 @@ kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *
                     ? 0.0f
                     : prob_exp2<CAP>(__fsub_rn(x, kv_lse_log2(Lc, qi)));
       st[nt][e] = p;
-      float ds = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
-      dpt[nt][e] = capped<CAP>(cap_in) ? __fmul_rn(ds, slope) : ds; /* ds^T */
+      if (DS) {
+        float ds = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
+        dpt[nt][e] = capped<CAP>(cap_in) ? __fmul_rn(ds, slope) : ds; /* ds^T */
+      }
     }
   }
 }
 
 /* TZ_ATTN_KV_SPLIT 1 (off until its GPU tests ran; docs/cuda-kernels.md): the causal
- * warpgroup-MMA dk/dv kernel takes kv_probs in two halves, kv_probs_p then kv_ds, so that its
- * products run beside them: p^T is made while dp^T's product completes, and ds^T while dv's
- * runs, where the whole of kv_probs waited for both products and dk/dv's for it (the profile:
- * the tensor pipe 38% active in that kernel). The same arithmetic, so the same bits. (Built so
- * for the masked kinds too, ptxas serialized their products for want of registers: C7511.) */
+ * warpgroup-MMA dk/dv kernel takes kv_probs in two halves, p^T (kv_probs without ds) then
+ * kv_ds, so that its products run beside them: p^T is made while dp^T's product completes, and ds^T
+ * while dv's runs, where the whole of kv_probs waited for both products and dk/dv's for it (the
+ * profile: the tensor pipe 38% active in that kernel). The same arithmetic, so the same bits.
+ * (Built so for the masked kinds too, ptxas serialized their products for want of registers:
+ * C7511.) */
 #ifndef TZ_ATTN_KV_SPLIT
 #define TZ_ATTN_KV_SPLIT 0
 #endif
 
-/* kv_probs' first half, causal: p^T into st, the same arithmetic. */
-template <int NS>
-__device__ __forceinline__ void kv_probs_p(float (&st)[NS][4], const float *Lc, int i0, int key_lo,
-                                           int key_hi, int T_, float scale_log2, int c, bool mask) {
-#pragma unroll
-  for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
-      int key = e < 2 ? key_lo : key_hi;
-      float x = score_log2<CAP_NONE>(st[nt][e], scale_log2, 0.0f, 0.0f);
-      st[nt][e] = mask && (query < key || query >= T_)
-                      ? 0.0f
-                      : prob_exp2<CAP_NONE>(__fsub_rn(x, kv_lse_log2(Lc, qi)));
-    }
-  }
-}
-
-/* Its second half: ds^T = p^T (dp^T - delta) into dpt. */
+/* kv_probs' second half without a softcap: ds^T = p^T (dp^T - delta) into dpt. */
 template <int NS>
 __device__ __forceinline__ void kv_ds(const float (&st)[NS][4], float (&dpt)[NS][4],
                                       const float *Dc, int c) {

@@ -64,12 +64,11 @@ template <int ROWS, int NT, int DP>
 __device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, size_t stride,
                                         int row0, int valid, int D) {
   constexpr unsigned CPR = DP / 8; /* 16-byte chunks a row, a power of 2 */
-  /* The addresses made once (docs/cuda-kernels.md). A thread's chunk column ch is the same in every
-   * pass, its rows r0
-   * + RSTEP j (RSTEP a multiple of 8 dividing 64), so the swizzle's r & 7 is r0's and a pass's
-   * shared offset a constant; the global address steps by RSTEP rows. The profile counted some
-   * nine instructions a copy computing them each time (the forward's 16 a key tile: 18% of its
-   * instructions). */
+  /* The addresses made once (docs/cuda-kernels.md). A thread's chunk column ch is the same in
+   * every pass, its rows r0 + RSTEP j (RSTEP a multiple of 8 dividing 64), so the swizzle's r & 7
+   * is r0's and a pass's shared offset a constant; the global address steps by RSTEP rows. The
+   * profile counted some nine instructions a copy computing them each time (the forward's 16 a key
+   * tile: 18% of its instructions). */
   constexpr int RSTEP = NT / CPR;
   static_assert(NT % CPR == 0 && RSTEP % 8 == 0 && 64 % RSTEP == 0, "rows a pass");
   const int ch = (int)threadIdx.x & (CPR - 1), r0 = (int)threadIdx.x / CPR;
@@ -542,9 +541,11 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
         tz_wgmma::wait<1>(); /* s^T; dp^T's product runs on */
         /* the diagonal chunk or one past T */
         if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_)
-          kv_probs_p<WR / 8>(st, Lc, i0, key_lo, key_hi, T_, scale_log2, c, true);
+          kv_probs<WR / 8, CAP_NONE, false>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c,
+                                            true);
         else
-          kv_probs_p<WR / 8>(st, Lc, i0, key_lo, key_hi, T_, scale_log2, c, false);
+          kv_probs<WR / 8, CAP_NONE, false>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c,
+                                            false);
         uint32_t pa[WR / 16][4], dsa[WR / 16][4];
         pack_all<WR / 8>(pa, st);
         tz_wgmma::fence();
