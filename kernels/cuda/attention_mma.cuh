@@ -151,24 +151,19 @@ template <int CAP> __device__ __forceinline__ float prob_exp2(float x) {
   return CAP > 0 ? ex2_approx(x) : exp2f(x);
 }
 
-/* TZ_ATTN_CAP_FOLD 1 (off until its GPU tests ran; docs/cuda-kernels.md): the exact softcap's
- * score in five instructions where tanh_exact and its scaling take nine, for the kernels built
- * for it (CAP_EXACT): the two multiplies before the 2^x as one by a constant of the kernel, no
- * clamp (rcp.approx of 2^x + 1 = inf is 0, so tanh is 1 there as it must be), and cap tanh
- * log2(e) = cap log2(e) (1 - 2 r) as one FMA of r; the slope's 1 - tanh^2 as one FMA too. */
-#ifndef TZ_ATTN_CAP_FOLD
-#define TZ_ATTN_CAP_FOLD 0
-#endif
-
 /* A raw product's score in the log2 domain: raw * scale * log2(e), or with a softcap (cap_in =
  * scale / cap > 0; common.cuh, struct tz_attn_var) cap tanh(raw * scale / cap) log2(e), whose
  * slope (d capped / d uncapped: 1 - tanh^2) goes to *slope where slope is not NULL. approx
- * (CAP_RUNTIME only): the tanh by tanh_approx. */
+ * (CAP_RUNTIME only): the tanh by tanh_approx. The kernels built for the exact softcap
+ * (CAP_EXACT) take its score in five instructions where tanh_exact and its scaling take nine:
+ * the two multiplies before the 2^x as one by a constant of the kernel, no clamp (rcp.approx of
+ * 2^x + 1 = inf is 0, so tanh is 1 there as it must be), and cap tanh log2(e) = cap log2(e)
+ * (1 - 2 r) as one FMA of r; the slope's 1 - tanh^2 as one FMA too (docs/cuda-kernels.md). */
 template <int CAP>
 __device__ __forceinline__ float score_log2(float raw, float scale_log2, float cap_in,
                                             float cap_log2, float *slope = nullptr,
                                             bool approx = false) {
-  if (TZ_ATTN_CAP_FOLD && CAP == CAP_EXACT) {
+  if (CAP == CAP_EXACT) {
     /* r = 1 / (2^(2 raw cap_in log2 e) + 1), tanh = 1 - 2 r */
     const float r =
         rcp_approx(__fadd_rn(ex2_approx(__fmul_rn(raw, __fmul_rn(cap_in, 2.0f * LOG2E))), 1.0f));
@@ -425,9 +420,8 @@ __device__ __forceinline__ void scores_pair(float (&x)[NS][4], float (&y)[NS][4]
  * a chunk whose every query sees every key and lies before T (the same arithmetic, no test). pos
  * (packed documents, with the sequence b; NULL without): a key before a query's document's
  * first gives 0 too; window (> 0): so does a key window or more before the query. cap_in,
- * cap_log2: a softcap, whose slope ds takes (score_log2; 0: none). DS false: p^T only, dpt
- * untouched (TZ_ATTN_KV_SPLIT's first half; kv_ds its second). */
-template <int NS, int CAP = CAP_RUNTIME, bool DS = true>
+ * cap_log2: a softcap, whose slope ds takes (score_log2; 0: none). */
+template <int NS, int CAP = CAP_RUNTIME>
 __device__ __forceinline__ void
 kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *Dc, int i0,
          int key_lo, int key_hi, int T_, float scale_log2, int c, bool mask = true,
@@ -447,34 +441,9 @@ kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *
                     ? 0.0f
                     : prob_exp2<CAP>(__fsub_rn(x, kv_lse_log2(Lc, qi)));
       st[nt][e] = p;
-      if (DS) {
-        float ds = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
-        dpt[nt][e] = capped<CAP>(cap_in) ? __fmul_rn(ds, slope) : ds; /* ds^T */
-      }
+      float ds = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
+      dpt[nt][e] = capped<CAP>(cap_in) ? __fmul_rn(ds, slope) : ds; /* ds^T */
     }
-  }
-}
-
-/* TZ_ATTN_KV_SPLIT 1 (off until its GPU tests ran; docs/cuda-kernels.md): the causal
- * warpgroup-MMA dk/dv kernel takes kv_probs in two halves, p^T (kv_probs without ds) then
- * kv_ds, so that its products run beside them: p^T is made while dp^T's product completes, and ds^T
- * while dv's runs, where the whole of kv_probs waited for both products and dk/dv's for it (the
- * profile: the tensor pipe 38% active in that kernel). The same arithmetic, so the same bits.
- * (Built so for the masked kinds too, ptxas serialized their products for want of registers:
- * C7511.) */
-#ifndef TZ_ATTN_KV_SPLIT
-#define TZ_ATTN_KV_SPLIT 0
-#endif
-
-/* kv_probs' second half without a softcap: ds^T = p^T (dp^T - delta) into dpt. */
-template <int NS>
-__device__ __forceinline__ void kv_ds(const float (&st)[NS][4], float (&dpt)[NS][4],
-                                      const float *Dc, int c) {
-#pragma unroll
-  for (int nt = 0; nt < NS; nt++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      dpt[nt][e] = __fmul_rn(st[nt][e], __fsub_rn(dpt[nt][e], Dc[nt * 8 + 2 * c + (e & 1)]));
   }
 }
 

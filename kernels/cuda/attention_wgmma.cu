@@ -531,61 +531,30 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
       const float *Lc = sL + buf * WR, *Dc = sD + buf * WR;
 
       float st[WR / 8][4], dpt[WR / 8][4];
-#if TZ_ATTN_KV_SPLIT
-      if (VAR == 0) { /* causal: kv_probs in halves beside the products */
-        tz_wgmma::fence();
-        product_k<DP>(flat(st), Kw, Qc);
-        tz_wgmma::commit();
-        product_k<DP>(flat(dpt), Vw, dOc);
-        tz_wgmma::commit();
-        tz_wgmma::wait<1>(); /* s^T; dp^T's product runs on */
-        /* the diagonal chunk or one past T */
-        if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_)
-          kv_probs<WR / 8, CAP_NONE, false>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c,
-                                            true);
-        else
-          kv_probs<WR / 8, CAP_NONE, false>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c,
-                                            false);
-        uint32_t pa[WR / 16][4], dsa[WR / 16][4];
-        pack_all<WR / 8>(pa, st);
-        tz_wgmma::fence();
-        product_mn<DP>(dva, pa, dOc);
-        tz_wgmma::commit();
-        tz_wgmma::wait<1>(); /* dp^T; dv's product runs on */
-        kv_ds<WR / 8>(st, dpt, Dc, c);
-        pack_all<WR / 8>(dsa, dpt);
-        tz_wgmma::fence();
-        product_mn<DP>(dka, dsa, Qc);
-        tz_wgmma::commit();
-        tz_wgmma::wait<0>();
-      } else
-#endif
-      {
-        tz_wgmma::fence();
-        product_k<DP>(flat(st), Kw, Qc);
-        product_k<DP>(flat(dpt), Vw, dOc);
-        tz_wgmma::commit();
-        tz_wgmma::wait<0>();
+      tz_wgmma::fence();
+      product_k<DP>(flat(st), Kw, Qc);
+      product_k<DP>(flat(dpt), Vw, dOc);
+      tz_wgmma::commit();
+      tz_wgmma::wait<0>();
 
-        /* the diagonal chunk, one past T, or one hiding keys before its queries' first */
-        if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_ ||
-            (firsts && tz_first_key(pos, b, T_, i0 + WR - 1, W_) > k0 + wg * WR))
-          kv_probs<WR / 8, CAP>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true,
-                                firsts ? pos : nullptr, b, W_, cap_in, cap_log2, approx);
-        else
-          kv_probs<WR / 8, CAP>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, false,
-                                nullptr, b, 0, cap_in, cap_log2, approx);
+      /* the diagonal chunk, one past T, or one hiding keys before its queries' first */
+      if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_ ||
+          (firsts && tz_first_key(pos, b, T_, i0 + WR - 1, W_) > k0 + wg * WR))
+        kv_probs<WR / 8, CAP>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true,
+                              firsts ? pos : nullptr, b, W_, cap_in, cap_log2, approx);
+      else
+        kv_probs<WR / 8, CAP>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, false,
+                              nullptr, b, 0, cap_in, cap_log2, approx);
 
-        /* dv += p^T dout, dk += ds^T q */
-        uint32_t pa[WR / 16][4], dsa[WR / 16][4];
-        pack_all<WR / 8>(pa, st);
-        pack_all<WR / 8>(dsa, dpt);
-        tz_wgmma::fence();
-        product_mn<DP>(dva, pa, dOc);
-        product_mn<DP>(dka, dsa, Qc);
-        tz_wgmma::commit();
-        tz_wgmma::wait<0>();
-      }
+      /* dv += p^T dout, dk += ds^T q */
+      uint32_t pa[WR / 16][4], dsa[WR / 16][4];
+      pack_all<WR / 8>(pa, st);
+      pack_all<WR / 8>(dsa, dpt);
+      tz_wgmma::fence();
+      product_mn<DP>(dva, pa, dOc);
+      product_mn<DP>(dka, dsa, Qc);
+      tz_wgmma::commit();
+      tz_wgmma::wait<0>();
     }
     __syncthreads();
   }
