@@ -171,6 +171,7 @@ print("loss %.4f -> %.4f" % (l[0], l[-1])); sys.exit(0 if l[-1] < l[0] else 1)' 
   fam_check gemma-2-2b --from-config tests/data/hf/gemma-2-2b.json --layers 2
   fam_check gemma-3-1b --from-config tests/data/hf/gemma-3-1b-pt.json --layers 6
   fam_check olmoe-1b-7b --from-config tests/data/hf/olmoe-1b-7b-0924.json --layers 2
+  fam_check qwen1.5-moe --from-config tests/data/hf/qwen1.5-moe-a2.7b.json --layers 1
   fam_check qwen2_moe --family qwen2_moe --experts 8 --experts-used 2
   rm -rf /tmp/tz-fam-*
 fi
