@@ -201,10 +201,18 @@ int tz_sched_sync(tz_sched *s);
  * (for a block used in place, the home is read once they have completed). For tests and
  * checkpoints, not for the step. */
 int tz_sched_block_load(tz_sched *s, int id, void *dst);
+/* tz_sched_block_load's first len bytes of the block (all of it where len is larger): a caller's
+ * buffer shorter than the block's padded bytes. */
+int tz_sched_block_load_bytes(tz_sched *s, int id, void *dst, uint64_t len);
 /* Replaces a block's contents from the host: waits for phases in flight that use the block, writes
  * its home and makes the block a new generation, so that copies made earlier (prefetched ones
  * included) are stale and are brought in again before use. */
 int tz_sched_block_store(tz_sched *s, int id, const void *src);
+/* tz_sched_block_store with the contents written by fill(dst, bytes, arg) into the scheduler's
+ * own staging buffer (the block's bytes; the transfer's padding past them is zeroed after): a
+ * caller that makes the bytes (a cast, a slice of a larger buffer) stages no copy of its own. */
+int tz_sched_block_fill(tz_sched *s, int id, void (*fill)(void *dst, uint64_t bytes, void *arg),
+                        void *arg);
 /* A block's home written in place by the client, between phases (the trainer's pending update):
  * begin waits for the phases and transfers that use the block and gives its home, which must
  * hold the latest generation (TZ_EINVAL when a copy is newer: tz_sched_sync first); end, with the

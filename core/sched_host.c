@@ -21,7 +21,7 @@ static void *bounce_alloc(tz_sched *s, const struct block *b) {
   return posix_memalign(&p, a, b->xfer) == 0 ? p : NULL;
 }
 
-int tz_sched_block_load(tz_sched *s, int id, void *dst) {
+int tz_sched_block_load_bytes(tz_sched *s, int id, void *dst, uint64_t len) {
   pthread_mutex_lock(&s->mu);
   int rc = s->err                        ? err_return(s)
            : id < 0 || id >= s->n_blocks ? tz_err_set(TZ_EINVAL, "sched: no block %d", id)
@@ -49,7 +49,7 @@ int tz_sched_block_load(tz_sched *s, int id, void *dst) {
   rc = buf ? tz_tier_read_sync(&from, 0, buf, b->xfer)
            : tz_err_set(TZ_ENOMEM, "sched: no memory to load '%s'", b->name);
   if (rc == 0)
-    memcpy(dst, buf, b->bytes);
+    memcpy(dst, buf, len < b->bytes ? len : b->bytes);
   free(buf);
   pthread_mutex_lock(&s->mu);
   if (from_copy)
@@ -117,14 +117,19 @@ int tz_sched_home_end(tz_sched *s, int id, int rc) {
   return rc;
 }
 
-int tz_sched_block_store(tz_sched *s, int id, const void *src) {
+int tz_sched_block_load(tz_sched *s, int id, void *dst) {
+  return tz_sched_block_load_bytes(s, id, dst, UINT64_MAX);
+}
+
+int tz_sched_block_fill(tz_sched *s, int id, void (*fill)(void *dst, uint64_t bytes, void *arg),
+                        void *arg) {
   tz_extent home;
   TZ_CHECK(tz_sched_home_begin(s, id, &home));
   const struct block *b = &s->blocks[id];
   void *buf = bounce_alloc(s, b);
   int rc;
   if (buf) {
-    memcpy(buf, src, b->bytes);
+    fill(buf, b->bytes, arg);
     memset((char *)buf + b->bytes, 0, b->xfer - b->bytes);
     rc = tz_tier_write_sync(&home, 0, buf, b->xfer);
   } else {
@@ -132,4 +137,10 @@ int tz_sched_block_store(tz_sched *s, int id, const void *src) {
   }
   free(buf);
   return tz_sched_home_end(s, id, rc);
+}
+
+static void fill_copy(void *dst, uint64_t bytes, void *src) { memcpy(dst, src, bytes); }
+
+int tz_sched_block_store(tz_sched *s, int id, const void *src) {
+  return tz_sched_block_fill(s, id, fill_copy, (void *)src);
 }

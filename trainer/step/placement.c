@@ -703,8 +703,11 @@ int tz_train_check_machine(tz_trainer *tr, const struct tz_trainer_params *p) {
   }
   uint64_t most = 0;
   for (int b = 0; b < tr->nb; b++)
-    most = tr->shard[b] > most ? tr->shard[b] : most;
-  /* The io tier's token buffers, and the two shard buffers of the initialisation. */
+    most = tr->padded[b] > most ? tr->padded[b] : most;
+  /* The io tier's token buffers, and two f32 copies of the largest block: the initialisation's
+   * two shard buffers; an import's block beside the scheduler's staging of a shard, an export's
+   * beside that staging or, on more ranks, beside the gathered block (train.c,
+   * tz_trainer_param_load and _store). */
   uint64_t io = round_up((uint64_t)tr->G * (uint64_t)tr->N * 4 * sizeof(int32_t) + 256, ALIGN);
   uint64_t init = 2 * round_up(most * sizeof(float), ALIGN);
   /* With nvme homes on a GPU, the scheduler's staging chunks (a set per direction). */

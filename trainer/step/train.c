@@ -7,30 +7,45 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Stages at most one f32 block beside dst (tz_train_check_machine counts two): on one rank the
+ * scheduler's staging of the shard, else the gathered block. */
 int tz_trainer_param_load(tz_trainer *tr, int block, int kind, float *dst) {
   if (block < 0 || block >= tr->nb || kind < 0 || kind >= TZ_PLAN_STATE_KINDS)
     return tz_err_set(TZ_EINVAL, "train: no block %d of kind %d", block, kind);
   TZ_CHECK(tz_trainer_sync(tr));
   uint64_t n = tr->shard[block], es = kind == TZ_PLAN_PARAM ? tr->es : sizeof(float);
-  void *shard = malloc(n * es), *full = malloc(tr->padded[block] * es);
+  /* One rank's f32 shard is the block: read straight into dst, the scheduler's staging beside */
+  if (tr->world == 1 && es == sizeof(float))
+    return tz_sched_block_load_bytes(tr->sched, tr->bid[block][kind], dst,
+                                     tr->numel[block] * sizeof(float));
+  void *shard = malloc(n * es), *full = NULL;
   int rc = 0;
-  if (!shard || !full) {
+  if (!shard) {
     rc = tz_err_set(TZ_ENOMEM, "train: no memory to load block %d", block);
     goto out;
   }
   TZ_CHECK_GOTO(tz_sched_block_load(tr->sched, tr->bid[block][kind], shard), rc, out);
-  /* Gathered through the compute tier's gradient buffer: the lane is idle after the sync, and a
-   * device comm needs device memory. */
-  float *dev = block == 0 ? tr->fg_embed : tr->fg;
-  char *mine = (char *)dev + (uint64_t)tr->rank * n * es;
-  TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, mine, shard, n * es), rc, out);
-  if (tr->world > 1) {
+  if (tr->world == 1) {
+    full = shard; /* the whole block */
+    shard = NULL;
+  } else {
+    /* Gathered through the compute tier's gradient buffer: the lane is idle after the sync, and
+     * a device comm needs device memory. */
+    float *dev = block == 0 ? tr->fg_embed : tr->fg;
+    char *mine = (char *)dev + (uint64_t)tr->rank * n * es;
+    TZ_CHECK_GOTO(tz_compute_copy_in(tr->cm, mine, shard, n * es), rc, out);
+    free(shard);
+    shard = NULL;
     tz_fence *f = NULL;
     TZ_CHECK_GOTO(tz_train_coll_begin(tr), rc, out);
     TZ_CHECK_GOTO(tz_comm_all_gather(tr->comm, mine, dev, n * es, NULL, &f), rc, out);
     TZ_CHECK_GOTO(tz_train_wait_release(f), rc, out);
+    if (!(full = malloc(tr->padded[block] * es))) {
+      rc = tz_err_set(TZ_ENOMEM, "train: no memory to load block %d", block);
+      goto out;
+    }
+    TZ_CHECK_GOTO(tz_compute_copy_out(tr->cm, full, dev, tr->padded[block] * es), rc, out);
   }
-  TZ_CHECK_GOTO(tz_compute_copy_out(tr->cm, full, dev, tr->padded[block] * es), rc, out);
   if (kind == TZ_PLAN_PARAM && tr->S != TZ_F32) {
     for (uint64_t i = 0; i < tr->numel[block]; i++) {
       uint16_t h = ((const uint16_t *)full)[i];
@@ -148,29 +163,42 @@ int tz_trainer_tiers(const tz_trainer *tr, tz_tier *out[3]) {
 
 /* ---- evaluation, import, trace, loss scale ---- */
 
+/* A shard's elements from src (have of them; the padding past them zero, as at initialisation)
+ * into the scheduler's staging: f32 for the master, the parameters' dtype S (es bytes) for
+ * them. */
+struct shard_src {
+  const float *src;
+  uint64_t have;
+  enum tz_dtype S;
+  uint64_t es;
+};
+
+static void fill_master(void *dst, uint64_t bytes, void *arg) {
+  const struct shard_src *f = arg;
+  memcpy(dst, f->src, f->have * sizeof(float));
+  memset((char *)dst + f->have * sizeof(float), 0, bytes - f->have * sizeof(float));
+}
+
+static void fill_param(void *dst, uint64_t bytes, void *arg) {
+  const struct shard_src *f = arg;
+  tz_train_host_cast(dst, f->S, f->src, f->have);
+  memset((char *)dst + f->have * f->es, 0, bytes - f->have * f->es);
+}
+
 int tz_trainer_param_store(tz_trainer *tr, int block, const float *src) {
   TZ_CHECK(check_shard(tr, block, TZ_PLAN_MASTER));
   if (tr->pending)
     return tz_err_set(TZ_EINVAL, "train: storing %s while an update is pending (sync first)",
                       tr->names[block]);
   uint64_t n = tr->shard[block], begin = (uint64_t)tr->rank * n, numel = tr->numel[block];
-  float *master = calloc(n, sizeof(float));
-  void *param = malloc(n * tr->es);
-  int rc = 0;
-  if (!master || !param) {
-    rc = tz_err_set(TZ_ENOMEM, "train: no memory to store %s", tr->names[block]);
-    goto out;
-  }
-  /* The padding past numel stays zero, as at initialisation. */
-  if (begin < numel)
-    memcpy(master, src + begin, (numel - begin < n ? numel - begin : n) * sizeof(float));
-  tz_train_host_cast(param, tr->S, master, n);
-  TZ_CHECK_GOTO(tz_sched_block_store(tr->sched, tr->bid[block][TZ_PLAN_MASTER], master), rc, out);
-  TZ_CHECK_GOTO(tz_sched_block_store(tr->sched, tr->bid[block][TZ_PLAN_PARAM], param), rc, out);
-out:
-  free(master);
-  free(param);
-  return rc;
+  /* The rank's part of src, made in the scheduler's staging: no shard of its own, so that an
+   * import stages one f32 shard beside src (tz_train_check_machine) */
+  struct shard_src from = {.src = src + (begin < numel ? begin : numel),
+                           .have = begin < numel ? (numel - begin < n ? numel - begin : n) : 0};
+  TZ_CHECK(tz_sched_block_fill(tr->sched, tr->bid[block][TZ_PLAN_MASTER], fill_master, &from));
+  from.S = tr->S;
+  from.es = tr->es;
+  return tz_sched_block_fill(tr->sched, tr->bid[block][TZ_PLAN_PARAM], fill_param, &from);
 }
 
 int tz_trainer_trace_write(tz_trainer *tr, const char *path) {
