@@ -225,6 +225,27 @@ static void test_trainer_refused(void **state) {
   tz_trainer_destroy(tr);
 }
 
+/* On a CPU-only machine the compute tier is host memory: without budgets the host tier's default
+ * is what the compute tier leaves of the default share (MemAvailable less a tenth of the
+ * machine, at least 8 GiB: here 40 - 8 GiB), so that the two together fit the machine; a plan
+ * too large for that goes to the disk or is refused, not killed for memory mid-run. */
+static void test_cpu_host_default_leaves_compute(void **state) {
+  (void)state;
+  struct tz_model_config mc;
+  TZ_ASSERT_OK(tz_model_preset("tiny", &mc));
+  struct tz_machine_facts f = unknown();
+  f.mem_available = 40 * GIB;
+  f.mem_total = 48 * GIB;
+  tz_trainer *tr = NULL;
+  TZ_ASSERT_OK(make(&mc, NULL, 1, 0, &f, &tr));
+  const struct tz_plan *pl = tz_trainer_plan(tr);
+  const uint64_t compute = pl->capacity[TZ_PLAN_COMPUTE], host = pl->capacity[TZ_PLAN_HOST];
+  assert_true(compute > 1 * MIB);
+  assert_true(compute + host <= 32 * GIB);
+  assert_true(compute + host >= 32 * GIB - 2 * 4096);
+  tz_trainer_destroy(tr);
+}
+
 /* A llama-13b that cannot fit (a 16 MiB compute budget; a machine of 1 GiB) is refused in
  * seconds: before the layer probe, which takes minutes for such a layer on a CPU. */
 static void test_refused_before_layer_probe(void **state) {
@@ -297,6 +318,7 @@ int main(void) {
       cmocka_unit_test(test_ranks_and_unknown),
       cmocka_unit_test(test_read_this_machine),
       cmocka_unit_test(test_trainer_refused),
+      cmocka_unit_test(test_cpu_host_default_leaves_compute),
       cmocka_unit_test(test_refused_before_layer_probe),
       cmocka_unit_test(test_rates_small_nvme_dir),
   };

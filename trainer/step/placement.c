@@ -97,10 +97,17 @@ static int activations_tier(const tz_trainer *tr, const struct tz_trainer_params
 }
 
 /* The host tier's default capacity: the memory available now (MemAvailable: free plus what the
- * kernel can reclaim) less a tenth of the machine's, at least 8 GiB, for everything else. */
-static uint64_t host_default_budget(void) {
+ * kernel can reclaim) less a tenth of the machine's, at least 8 GiB, for everything else; from
+ * the machine's facts where the caller gives them (tests), else read here. */
+static uint64_t host_default_budget(const struct tz_machine_facts *m) {
   uint64_t avail = 0, total = 0;
-  FILE *f = fopen("/proc/meminfo", "r");
+  FILE *f = NULL;
+  if (m && m->mem_available != TZ_MACHINE_UNKNOWN) {
+    avail = m->mem_available;
+    total = m->mem_total != TZ_MACHINE_UNKNOWN ? m->mem_total : avail;
+  } else {
+    f = fopen("/proc/meminfo", "r");
+  }
   if (f) {
     char key[64];
     unsigned long long kib;
@@ -416,13 +423,19 @@ static int compute_capacity(tz_trainer *tr, const struct tz_trainer_params *p,
   return 0;
 }
 
-/* The host and nvme tiers' capacities. */
-static void other_capacities(tz_trainer *tr, struct tz_plan_request *r) {
+/* The host and nvme tiers' capacities; r's compute tier's is set (compute_capacity). */
+static void other_capacities(tz_trainer *tr, const struct tz_trainer_params *p,
+                             struct tz_plan_request *r) {
   const struct tz_config *c = &tr->cfg;
-  /* Without a budget, the ranks (taken to share this machine) share what is available. */
-  r->capacity[TZ_PLAN_HOST] = c->tierzero.host_budget
-                                  ? c->tierzero.host_budget
-                                  : round_up(host_default_budget() / (uint64_t)tr->world, ALIGN);
+  /* Without a budget, the ranks (taken to share this machine) share what is available. On a
+   * CPU-only machine the compute tier is host memory too: without either budget the host tier
+   * takes what the compute tier leaves of the rank's share, so that the two defaults together
+   * fit the machine (tz_train_check_machine) and the plan sends the rest to the disk. */
+  uint64_t share = host_default_budget(p->machine) / (uint64_t)tr->world;
+  if (!tr->gpu && !c->tierzero.hbm_budget)
+    share = share > r->capacity[TZ_PLAN_COMPUTE] ? share - r->capacity[TZ_PLAN_COMPUTE] : 0;
+  r->capacity[TZ_PLAN_HOST] =
+      c->tierzero.host_budget ? c->tierzero.host_budget : round_up(share, ALIGN);
   const char *dir = tz_machine_nvme_dir(c);
   r->capacity[TZ_PLAN_NVME] = 0;
   r->nvme_capacity_why = NULL;
@@ -532,7 +545,7 @@ static int plan_try(tz_trainer *tr, const struct tz_trainer_params *p, int with_
   if (rc == 0)
     rc = compute_capacity(tr, p, &r);
   if (rc == 0) {
-    other_capacities(tr, &r);
+    other_capacities(tr, p, &r);
     rc = tz_plan_make(&r, &tr->plan);
     if (rc == TZ_ENOMEM && r.force[TZ_PLAN_ACT] == TZ_PLAN_AUTO) {
       /* The placement moves one block at a time and never back: layer inputs moved out early
