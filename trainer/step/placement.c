@@ -714,15 +714,18 @@ int tz_train_check_machine(tz_trainer *tr, const struct tz_trainer_params *p) {
                           &here);
     f = &here;
   }
-  uint64_t most = 0;
-  for (int b = 0; b < tr->nb; b++)
+  uint64_t most = 0, most_shard = 0;
+  for (int b = 0; b < tr->nb; b++) {
     most = tr->padded[b] > most ? tr->padded[b] : most;
+    most_shard = tr->shard[b] > most_shard ? tr->shard[b] : most_shard;
+  }
   /* The io tier's token buffers, and two f32 copies of the largest block: the initialisation's
-   * two shard buffers; an import's block beside the scheduler's staging of a shard, an export's
-   * beside that staging or, on more ranks, beside the gathered block (train.c,
-   * tz_trainer_param_load and _store). */
+   * two shard buffers (pinned on a GPU); an import's block beside the scheduler's staging of a
+   * shard, an export's beside that staging or, on more ranks, beside the gathered block
+   * (train.c, tz_trainer_param_load and _store). */
   uint64_t io = round_up((uint64_t)tr->G * (uint64_t)tr->N * 4 * sizeof(int32_t) + 256, ALIGN);
   uint64_t init = 2 * round_up(most * sizeof(float), ALIGN);
+  uint64_t init_pinned = 2 * round_up(most_shard * sizeof(float), ALIGN);
   /* With nvme homes on a GPU, the scheduler's staging chunks (a set per direction). */
   uint64_t staging =
       tr->gpu && pl->used[TZ_PLAN_NVME]
@@ -732,7 +735,7 @@ int tz_train_check_machine(tz_trainer *tr, const struct tz_trainer_params *p) {
       .gpu = tr->gpu,
       .compute = pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + pl->window,
       .host = pl->used[TZ_PLAN_HOST] + io + init + staging,
-      .pinned = tr->gpu ? pl->used[TZ_PLAN_HOST] + io + init + staging : 0,
+      .pinned = tr->gpu ? pl->used[TZ_PLAN_HOST] + io + init_pinned + staging : 0,
       .nvme_per_dir = n_dirs ? pl->used[TZ_PLAN_NVME] / (uint64_t)n_dirs : pl->used[TZ_PLAN_NVME],
       .ranks = tr->world,
       .compute_budget = c->tierzero.hbm_budget,
