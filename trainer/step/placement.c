@@ -742,6 +742,10 @@ int tz_train_check_machine(tz_trainer *tr, const struct tz_trainer_params *p) {
       .host_budget = c->tierzero.host_budget,
       .nvme_budget = c->tierzero.nvme_budget,
   };
+  TZ_DEBUG("train: the machine check's needs: compute tier %llu bytes, host %llu (io %llu, "
+           "staging of the largest block %llu), pinned %llu",
+           (unsigned long long)n.compute, (unsigned long long)n.host, (unsigned long long)io,
+           (unsigned long long)init, (unsigned long long)n.pinned);
   return tz_machine_check(&n, f);
 }
 
