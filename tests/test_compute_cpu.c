@@ -354,6 +354,33 @@ static void test_matmul(void **state) {
       free(C);
       free(C0);
     }
+  /* An accumulating product wider than the backend's scratch (16 MiB: 64 rows of 65,543 columns
+   * at a time, so three passes here): the same bits as the product computed alone, added. */
+  for (int ta = 0; ta < 2; ta++) {
+    const int m = 130, n = 65543, k = 3, ld = n;
+    float *A = malloc(sizeof(float) * m * k), *B = malloc(sizeof(float) * k * n);
+    float *C = malloc(sizeof(float) * m * ld), *C0 = malloc(sizeof(float) * m * ld);
+    float *P = malloc(sizeof(float) * m * ld);
+    for (int i = 0; i < m * k; i++)
+      A[i] = urand(&st) - 0.5f;
+    for (int i = 0; i < k * n; i++)
+      B[i] = urand(&st) - 0.5f;
+    for (size_t i = 0; i < (size_t)m * ld; i++)
+      C[i] = C0[i] = (float)(i % 1000) - 500.0f;
+    TZ_ASSERT_OK(
+        tz_compute_matmul(cm, ta, 0, m, n, k, 1.0f, A, ta ? m : k, B, n, 0.0f, P, TZ_F32, ld));
+    TZ_ASSERT_OK(
+        tz_compute_matmul(cm, ta, 0, m, n, k, 1.0f, A, ta ? m : k, B, n, 1.0f, C, TZ_F32, ld));
+    size_t bad = 0;
+    for (size_t i = 0; i < (size_t)m * ld; i++)
+      bad += C[i] != C0[i] + P[i];
+    assert_int_equal(bad, 0);
+    free(A);
+    free(B);
+    free(C);
+    free(C0);
+    free(P);
+  }
   float dummy = 0;
   assert_int_equal(
       tz_compute_matmul(cm, 0, 0, 2, 2, 2, 1, &dummy, 1, &dummy, 2, 0, &dummy, TZ_F32, 2),

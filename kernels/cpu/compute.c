@@ -244,6 +244,9 @@ static void gemm_tiles(int nt, int trans_a, int trans_b, int M, int N, int K, fl
   }
 }
 
+/* The accumulating matmul's scratch, floats: 16 MiB (whole tiles of rows, at least one). */
+#define MATMUL_TMP ((size_t)4 << 20)
+
 static int cpu_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
                       const void *A, int lda, const void *B, int ldb, float beta, const void *R,
                       void *C, enum tz_dtype c_dt, int ldc) {
@@ -259,32 +262,42 @@ static int cpu_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, 
     }
     return 0;
   }
-  /* Accumulating: the whole product first, then one addition per element (compute.h). BLAS
-   * itself would add partial products over blocks of K into C one block at a time. */
-  size_t need = (size_t)M * N;
+  /* Accumulating: each element's whole product first, then one addition (compute.h). BLAS
+   * itself would add partial products over blocks of K into C one block at a time. The products
+   * go through a scratch of about MATMUL_TMP floats, whole tiles of rows at a time (the same
+   * BLAS calls as one product, so the same bits): a whole product kept the head's weight
+   * gradient, V x C floats (1.2 GB at 152k tokens of width 2048), beside the plan's memory. */
+  size_t fit = N > 0 ? MATMUL_TMP / (size_t)N / MM_TILE_M * MM_TILE_M : MM_TILE_M;
+  int rows = fit < MM_TILE_M ? MM_TILE_M : fit < (size_t)M ? (int)fit : M;
+  size_t need = (size_t)rows * N;
   if (need > c->tmp_n) {
     float *t = realloc(c->tmp, need * sizeof *t);
     if (!t)
-      return tz_err_set(TZ_ENOMEM, "compute cpu matmul: cannot allocate a (%d,%d) product", M, N);
+      return tz_err_set(TZ_ENOMEM, "compute cpu matmul: cannot allocate a (%d,%d) product", rows,
+                        N);
     c->tmp = t;
     c->tmp_n = need;
   }
   float *P = c->tmp;
-  if (K > 0 && alpha != 0.0f)
-    gemm_tiles(c->nt, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, P, N);
-  else
-    memset(P, 0, need * sizeof *P);
   const float *Rf = R;
-#pragma omp parallel for num_threads(c->nt) schedule(static)
-  for (int i = 0; i < M; i++) {
-    float *row = Cf + (size_t)i * ldc;
-    const float *rrow = Rf + (size_t)i * ldc, *pr = P + (size_t)i * N;
-    if (beta == 1.0f)
-      for (int j = 0; j < N; j++)
-        row[j] = rrow[j] + pr[j];
+  for (int i0 = 0; i0 < M; i0 += rows) {
+    int m = M - i0 < rows ? M - i0 : rows;
+    const float *a = trans_a ? (const float *)A + i0 : (const float *)A + (size_t)i0 * lda;
+    if (K > 0 && alpha != 0.0f)
+      gemm_tiles(c->nt, trans_a, trans_b, m, N, K, alpha, a, lda, B, ldb, P, N);
     else
-      for (int j = 0; j < N; j++)
-        row[j] = beta * rrow[j] + pr[j];
+      memset(P, 0, (size_t)m * N * sizeof *P);
+#pragma omp parallel for num_threads(c->nt) schedule(static)
+    for (int i = 0; i < m; i++) {
+      float *row = Cf + (size_t)(i0 + i) * ldc;
+      const float *rrow = Rf + (size_t)(i0 + i) * ldc, *pr = P + (size_t)i * N;
+      if (beta == 1.0f)
+        for (int j = 0; j < N; j++)
+          row[j] = rrow[j] + pr[j];
+      else
+        for (int j = 0; j < N; j++)
+          row[j] = beta * rrow[j] + pr[j];
+    }
   }
   return 0;
 }
