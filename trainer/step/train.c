@@ -164,25 +164,18 @@ int tz_trainer_tiers(const tz_trainer *tr, tz_tier *out[3]) {
 /* ---- evaluation, import, trace, loss scale ---- */
 
 /* A shard's elements from src (have of them; the padding past them zero, as at initialisation)
- * into the scheduler's staging: f32 for the master, the parameters' dtype S (es bytes) for
- * them. */
+ * into the scheduler's staging as dtype S: f32 for the master, the parameters' for them. */
 struct shard_src {
   const float *src;
   uint64_t have;
   enum tz_dtype S;
-  uint64_t es;
 };
 
-static void fill_master(void *dst, uint64_t bytes, void *arg) {
+static void fill_shard(void *dst, uint64_t bytes, void *arg) {
   const struct shard_src *f = arg;
-  memcpy(dst, f->src, f->have * sizeof(float));
-  memset((char *)dst + f->have * sizeof(float), 0, bytes - f->have * sizeof(float));
-}
-
-static void fill_param(void *dst, uint64_t bytes, void *arg) {
-  const struct shard_src *f = arg;
+  const uint64_t used = f->have * tz_dtype_size(f->S);
   tz_train_host_cast(dst, f->S, f->src, f->have);
-  memset((char *)dst + f->have * f->es, 0, bytes - f->have * f->es);
+  memset((char *)dst + used, 0, bytes - used);
 }
 
 int tz_trainer_param_store(tz_trainer *tr, int block, const float *src) {
@@ -194,11 +187,11 @@ int tz_trainer_param_store(tz_trainer *tr, int block, const float *src) {
   /* The rank's part of src, made in the scheduler's staging: no shard of its own, so that an
    * import stages one f32 shard beside src (tz_train_check_machine) */
   struct shard_src from = {.src = src + (begin < numel ? begin : numel),
-                           .have = begin < numel ? (numel - begin < n ? numel - begin : n) : 0};
-  TZ_CHECK(tz_sched_block_fill(tr->sched, tr->bid[block][TZ_PLAN_MASTER], fill_master, &from));
+                           .have = begin < numel ? (numel - begin < n ? numel - begin : n) : 0,
+                           .S = TZ_F32};
+  TZ_CHECK(tz_sched_block_fill(tr->sched, tr->bid[block][TZ_PLAN_MASTER], fill_shard, &from));
   from.S = tr->S;
-  from.es = tr->es;
-  return tz_sched_block_fill(tr->sched, tr->bid[block][TZ_PLAN_PARAM], fill_param, &from);
+  return tz_sched_block_fill(tr->sched, tr->bid[block][TZ_PLAN_PARAM], fill_shard, &from);
 }
 
 int tz_trainer_trace_write(tz_trainer *tr, const char *path) {
