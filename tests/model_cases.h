@@ -256,8 +256,9 @@ static inline void probe_open(const struct tz_model_config *c, int B, int T, uin
 /* Backward with only the attention part, only the MLP part, or both recomputed gives the bits of
  * the stored forward's (the activations of the recomputed parts NaN before, so that a part that
  * is read but not recomputed shows, and in every case the tensors a kept part does not keep:
- * the norms' outputs and the SwiGLU, which the backward rebuilds); the parts' FLOP add up to the
- * layer's. */
+ * the norms' outputs and the SwiGLU, which the backward rebuilds); so does the attention part
+ * recomputed but for its op (TZ_PART_ATTN_OUT: all of it NaN but att and lse), which reads the
+ * kept output and does not run the op again (a changed att changes the gradients). */
 static inline void partial_recompute_bits(struct tz_model_config c) {
   int B = 2, T = 9;
   tz_compute *cm;
@@ -269,14 +270,30 @@ static inline void partial_recompute_bits(struct tz_model_config c) {
   size_t all = tz_model_acts_part_bytes(&c, TZ_F32, B, T, TZ_PARTS_ALL);
   size_t full = tz_model_acts_bytes(&c, TZ_F32, B, T);
   assert_true(attn > 0 && attn < all && all < full);
-  float *got[4];
-  for (unsigned m = 0; m < 4; m++) {
-    got[m] = malloc((np + nx) * sizeof(float));
-    assert_non_null(got[m]);
+  /* att and lse, carved one after the other before x2 (acts_layout) */
+  size_t out0 = (size_t)((char *)l.acts.att - (char *)l.acts_mem);
+  size_t out1 = (size_t)((char *)l.acts.x2 - (char *)l.acts_mem);
+  assert_true(out0 < out1 && out1 < attn);
+  const unsigned O = TZ_PART_ATTN | TZ_PART_ATTN_OUT;
+  const unsigned modes[] = {0, TZ_PART_ATTN, TZ_PART_MLP, TZ_PARTS_ALL, O, O | TZ_PART_MLP, O};
+  enum { NM = sizeof modes / sizeof modes[0] };
+  float *got[NM];
+  for (unsigned i = 0; i < NM; i++) {
+    unsigned m = modes[i];
+    got[i] = malloc((np + nx) * sizeof(float));
+    assert_non_null(got[i]);
     TZ_ASSERT_OK(tz_compute_zero(cm, l.grads, np * sizeof(float)));
     TZ_ASSERT_OK(tz_model_layer_fwd(cm, &c, 0, l.w, l.x_in, l.x_out, &l.acts, B, T, NULL));
-    if (m & TZ_PART_ATTN)
+    if (m & TZ_PART_ATTN_OUT) {
+      TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, l.acts_mem, NAN, out0 / sizeof(float)));
+      TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, (char *)l.acts_mem + out1, NAN,
+                                   (attn - out1) / sizeof(float)));
+      if (i == NM - 1) /* the last: an output the op would not give */
+        TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, l.acts.att, 0.25f,
+                                     (size_t)B * T * c.n_head * tz_model_head_dim(&c)));
+    } else if (m & TZ_PART_ATTN) {
       TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, l.acts_mem, NAN, attn / sizeof(float)));
+    }
     if (m & TZ_PART_MLP)
       TZ_ASSERT_OK(tz_compute_fill(cm, TZ_F32, (char *)l.acts_mem + attn, NAN,
                                    (all - attn) / sizeof(float)));
@@ -284,16 +301,18 @@ static inline void partial_recompute_bits(struct tz_model_config c) {
         tz_compute_fill(cm, TZ_F32, (char *)l.acts_mem + all, NAN, (full - all) / sizeof(float)));
     TZ_ASSERT_OK(tz_model_layer_bwd(cm, &c, 0, l.w, l.dw, l.x_in, &l.acts, m, l.dx_out, l.dx_in,
                                     &l.scratch, B, T, NULL));
-    TZ_ASSERT_OK(tz_model_block_download(cm, got[m], l.grads, np));
-    TZ_ASSERT_OK(tz_model_block_download(cm, got[m] + np, l.dx_in, nx));
+    TZ_ASSERT_OK(tz_model_block_download(cm, got[i], l.grads, np));
+    TZ_ASSERT_OK(tz_model_block_download(cm, got[i] + np, l.dx_in, nx));
   }
   for (uint64_t i = 0; i < np + nx; i++)
     assert_true(isfinite(got[0][i]));
-  for (unsigned m = 1; m < 4; m++)
-    if (memcmp(got[m], got[0], (np + nx) * sizeof(float)) != 0)
-      fail_msg("recomputing parts %u changed the backward's bits", m);
-  for (unsigned m = 0; m < 4; m++)
-    free(got[m]);
+  for (unsigned i = 1; i < NM - 1; i++)
+    if (memcmp(got[i], got[0], (np + nx) * sizeof(float)) != 0)
+      fail_msg("recomputing parts %u changed the backward's bits", modes[i]);
+  if (memcmp(got[NM - 1], got[0], (np + nx) * sizeof(float)) == 0)
+    fail_msg("the attention's kept output was not what the backward read");
+  for (unsigned i = 0; i < NM; i++)
+    free(got[i]);
   tz_layer_probe_free(cm, &l);
   tz_compute_destroy(cm);
 }

@@ -50,13 +50,24 @@ static void test_forms(void **state) {
   TZ_ASSERT_OK(parse("mlp:4", &mode, p));
   assert_int_equal(p[4], TZ_PARTS_ALL);
   assert_int_equal(p[3], TZ_PART_MLP);
+  /* "attn-proj": the attention part but its op, whose output is kept; "attn" (or the whole
+   * layer) wins over it in either order */
+  const uint8_t proj = TZ_PART_ATTN | TZ_PART_ATTN_OUT;
+  TZ_ASSERT_OK(parse("attn-proj", &mode, p));
+  for (int i = 0; i < L; i++)
+    assert_int_equal(p[i], proj);
+  TZ_ASSERT_OK(parse("0-2.attn-proj:1:2.attn:5.attn:5.attn-proj:6.mlp:6.attn-proj", &mode, p));
+  const uint8_t want2[L] = {proj, TZ_PARTS_ALL, TZ_PART_ATTN,       0,
+                            0,    TZ_PART_ATTN, proj | TZ_PART_MLP, 0};
+  assert_memory_equal(p, want2, L);
 }
 
 static void test_refusals(void **state) {
   (void)state;
   int mode;
   uint8_t p[L];
-  const char *bad[] = {"0-8", "3-1", "x", "2.ffn", "-1", "3-", "all:1", "1:none", "1.attn.mlp"};
+  const char *bad[] = {"0-8",   "3-1",    "x",          "2.ffn",      "-1",         "3-",
+                       "all:1", "1:none", "1.attn.mlp", "2.attnproj", "attn-proj.1"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     assert_int_equal(parse(bad[i], &mode, p), TZ_ECONFIG);
     if (!strstr(tz_err_msg(), "tierzero.recompute"))
@@ -68,45 +79,68 @@ static void test_refusals(void **state) {
   assert_non_null(strstr(tz_err_msg(), "\"2.ffn\""));
 }
 
-/* llama-7b's shape at 4 x 2048 tokens in bf16: by FLOP its MLP saves more per byte kept (2.2 TFLOP
- * for 344 MiB, gate and up, against 1.4 for 321, q/k/v, the attention's output and x2), so every
- * layer's MLP comes first, the last layer first; by costs that make the attention dearer per
- * byte (its kernels run slower per FLOP on an H200), the attention first; the bytes are the
- * parts' sums. */
+/* The three items' order a byte: the MLP, the attention's output, the rest of the attention part.
+ * `want` holds the parts (TZ_PART_*) in order, each item run the last layer first. */
+static void expect_order(const struct tz_recompute_item *it, int n, const unsigned want[3]) {
+  for (int k = 0; k < 3 * n; k++) {
+    assert_int_equal(it[k].part, want[k / n]);
+    assert_int_equal(it[k].layer, n - 1 - k % n);
+  }
+}
+
+/* llama-7b's shape at 4 x 2048 tokens in bf16: by FLOP its MLP saves the most per byte kept (2.2
+ * TFLOP for 344 MiB, gate and up), then the attention's output (0.14 for 65 MiB, att and lse),
+ * then the rest of its part (1.1 for 256 MiB, q/k/v and x2, but never before its output: 4.1 a
+ * byte against the output's 2.0); by costs that make the attention op dearer (its kernels run
+ * slower per FLOP on an H200) the output first; costs where the rest of the part saves the more a
+ * byte still keep the output first; the bytes are the parts' sums. */
 static void test_order_and_bytes(void **state) {
   (void)state;
   struct tz_model_config mc;
   TZ_ASSERT_OK(tz_model_preset("llama-7b", &mc));
   int n = mc.n_layer;
-  struct tz_recompute_item *it = malloc(2 * (size_t)n * sizeof *it);
+  struct tz_recompute_item *it = malloc(3 * (size_t)n * sizeof *it);
   assert_non_null(it);
-  const double flop[2] = {tz_model_layer_part_flop(&mc, 4, 2048, TZ_PART_ATTN),
-                          tz_model_layer_part_flop(&mc, 4, 2048, TZ_PART_MLP)};
-  const double timed[2] = {3.3e-3, 3.4e-3};
+  const unsigned A = TZ_PART_ATTN, M = TZ_PART_MLP, O = TZ_PART_ATTN_OUT;
+  const double timed[3] = {3.3e-3, 3.4e-3, 2.0e-3};
   tz_recompute_order(&mc, TZ_BF16, 4, 2048, timed, it);
-  for (int k = 0; k < 2 * n; k++)
-    assert_int_equal(it[k].part, k < n ? TZ_PART_ATTN : TZ_PART_MLP);
+  expect_order(it, n, (const unsigned[3]){O, M, A});
+  const double proj_dear[3] = {3.3e-3, 3.4e-3, 3.2e-3};
+  tz_recompute_order(&mc, TZ_BF16, 4, 2048, proj_dear, it);
+  expect_order(it, n, (const unsigned[3]){M, O, A});
+  const double flop[3] = {tz_model_layer_part_flop(&mc, 4, 2048, A),
+                          tz_model_layer_part_flop(&mc, 4, 2048, M),
+                          tz_model_layer_part_flop(&mc, 4, 2048, A | O)};
+  assert_true(flop[0] - flop[2] == 2.0 * 4 * 2048 * 2048 * 4096); /* the op's scores and sum */
   tz_recompute_order(&mc, TZ_BF16, 4, 2048, flop, it);
-  for (int k = 0; k < 2 * n; k++) {
-    assert_int_equal(it[k].part, k < n ? TZ_PART_MLP : TZ_PART_ATTN);
-    assert_int_equal(it[k].layer, n - 1 - k % n);
-  }
+  expect_order(it, n, (const unsigned[3]){M, O, A});
   uint8_t *p = malloc((size_t)n);
   assert_non_null(p);
-  tz_recompute_keep_first(it, n + 2, n, p);
   uint64_t mlp = tz_model_acts_part_bytes(&mc, TZ_BF16, 4, 2048, TZ_PART_MLP);
   uint64_t attn = tz_model_acts_part_bytes(&mc, TZ_BF16, 4, 2048, TZ_PART_ATTN);
+  uint64_t out = tz_model_acts_part_bytes(&mc, TZ_BF16, 4, 2048, TZ_PART_ATTN_OUT);
   assert_true(mlp == 2ull * 8192 * 11008 * 2);                        /* g, u */
   assert_true(attn == 4ull * 8192 * 4096 * 2 + 4ull * 32 * 2048 * 4 + /* q, k, v, att; lse */
                           8192ull * 4096 * 2);                        /* x2 */
-  assert_true(tz_recompute_kept_bytes(&mc, TZ_BF16, 4, 2048, p) == (uint64_t)n * mlp + 2 * attn);
+  assert_true(out == 8192ull * 4096 * 2 + 4ull * 32 * 2048 * 4);      /* att, lse */
+  assert_true(tz_model_acts_part_bytes(&mc, TZ_BF16, 4, 2048, A | O) == attn);
   char buf[128];
+  tz_recompute_keep_first(it, n + 2, n, p); /* every MLP, the last two layers' outputs */
+  assert_true(tz_recompute_kept_bytes(&mc, TZ_BF16, 4, 2048, p) == (uint64_t)n * mlp + 2 * out);
+  assert_int_equal(p[n - 1], A | O);
+  assert_int_equal(p[n - 3], A);
   assert_string_equal(tz_recompute_describe(p, n, buf, sizeof buf),
-                      "attention in layers 0-29; MLP in none");
+                      "attention in layers 0-31 (its output kept in 30-31); MLP in none");
+  tz_recompute_keep_first(it, 2 * n + 2, n, p); /* and the last two layers' attention parts */
+  assert_true(tz_recompute_kept_bytes(&mc, TZ_BF16, 4, 2048, p) ==
+              (uint64_t)n * mlp + (uint64_t)(n - 2) * out + 2 * attn);
+  assert_int_equal(p[n - 1], 0);
+  assert_string_equal(tz_recompute_describe(p, n, buf, sizeof buf),
+                      "attention in layers 0-29 (its output kept in 0-29); MLP in none");
   tz_recompute_keep_first(it, 0, n, p);
   assert_string_equal(tz_recompute_describe(p, n, buf, sizeof buf), "all");
   assert_true(tz_recompute_kept_bytes(&mc, TZ_BF16, 4, 2048, p) == 0);
-  tz_recompute_keep_first(it, 2 * n, n, p);
+  tz_recompute_keep_first(it, 3 * n, n, p);
   assert_string_equal(tz_recompute_describe(p, n, buf, sizeof buf), "none");
   p[3] = TZ_PART_MLP;
   p[5] = TZ_PART_MLP;

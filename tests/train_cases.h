@@ -506,17 +506,19 @@ static inline void tc_check_placement(const struct tc_opts *base, int jitter_us,
  * (which the base's room lets keep) more than "all". what prefixes the messages. */
 static inline void tc_check_recompute(const struct tc_opts *base, int jitter_us,
                                       const char *nvme_dir, const char *what) {
-  const char *modes[] = {"all", "none", "0-1:3.mlp", "auto"};
+  /* the last: every layer keeps its attention's output and nothing else, but layer 1 (whole) */
+  const char *modes[] = {"all", "none", "0-1:3.mlp", "auto", "attn-proj:mlp:1"};
+  enum { NM = sizeof modes / sizeof modes[0] };
   for (int host = 0; host < 2; host++) {
     struct tc_opts o = *base;
     if (host)
       o.param_dev = o.opt_dev = "cpu";
-    struct tc_result r[4];
-    for (int m = 0; m < 4; m++) {
+    struct tc_result r[NM];
+    for (int m = 0; m < NM; m++) {
       o.recompute = modes[m];
       tc_run_single(&o, jitter_us, nvme_dir, &r[m]);
     }
-    for (int m = 1; m < 4; m++) {
+    for (int m = 1; m < NM; m++) {
       char msg[96];
       snprintf(msg, sizeof msg, "%srecompute %s%s", what, modes[m], host ? ", offloaded" : "");
       tc_expect_same(&r[0], &r[m], msg);
@@ -524,7 +526,8 @@ static inline void tc_check_recompute(const struct tc_opts *base, int jitter_us,
     assert_true(r[0].compute_fixed < r[2].compute_fixed);
     assert_true(r[2].compute_fixed < r[1].compute_fixed);
     assert_true(r[3].compute_fixed > r[0].compute_fixed);
-    for (int m = 0; m < 4; m++)
+    assert_true(r[0].compute_fixed < r[4].compute_fixed && r[4].compute_fixed < r[2].compute_fixed);
+    for (int m = 0; m < NM; m++)
       tc_result_free(&r[m]);
   }
 }

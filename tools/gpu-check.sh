@@ -65,6 +65,11 @@
 # nvme);
 # attnprof: Nsight Compute's full set on the warpgroup-MMA attention kernels, causal and each
 # variant (issue 51);
+# keepout: the attention's output kept while the rest of its part is recomputed
+# (tierzero.recompute "attn-proj", the plan's choice at long sequences): one 131,072-token
+# sequence of llama-3.2-1b's config with every part recomputed ("all") then with the plan's
+# choice, one after the other (about 150 s); with TZ_KEEPOUT_8B=1 also Llama-3.1-8B's shape, one
+# timed step each (about 450 s more: a call of its own);
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -366,6 +371,22 @@ fi
 if has gputests; then
   step gputests ctest --test-dir $b --output-on-failure -j4 --timeout 300 -R \
     '^(test_compute_cuda|test_rates_cuda|test_cuda_choice|test_wgmma|test_model_gpu|test_train_gpu.*|test_recompute|test_hbm|test_adam_cuda|test_sched_gpu|test_tier_conformance.hbm|test_train_packed.cuda)$'
+fi
+if has keepout; then
+  ko=(--seq 131072 --micro-batch 1 --warmup 1 --no-disk-ceiling --data synthetic)
+  mkdir -p /var/tmp/tz-bench-nvme
+  for m in all auto; do
+    step keepout-1b-$m env TZ_BIN=$b/bin tools/bench-train.sh tz-auto \
+      tests/data/hf/llama-3.2-1b.json "${ko[@]}" --steps 2 --timeout 240 --tag 1b-$m \
+      --set tierzero.recompute=$m
+  done
+  if [ "${TZ_KEEPOUT_8B:-0}" = 1 ]; then
+    for m in all auto; do
+      step keepout-8b-$m env TZ_BIN=$b/bin tools/bench-train.sh tz-auto \
+        configs/models/llama-3.1-8b.json "${ko[@]}" --steps 1 --timeout 280 --tag 8b-$m \
+        --set tierzero.recompute=$m
+    done
+  fi
 fi
 if has acts; then
   l1=(--model tests/data/hf/llama-3.2-1b.json --seq 65536 --set train_micro_batch_size_per_gpu=1

@@ -114,9 +114,11 @@ static void *part_w(const struct tz_model_config *cfg, void *const *w, unsigned 
   return w[part == TZ_PART_MLP ? tz_model_layer_blocks(cfg) - 1 : 0];
 }
 
+/* The attention part's forward; op 0 leaves out the attention op, whose output a->att and
+ * a->lse already hold (TZ_PART_ATTN_OUT). */
 static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
-                    const void *params, const void *x_in, const struct tz_layer_acts *a, int B,
-                    int T, const int32_t *pos) {
+                    const void *params, const void *x_in, const struct tz_layer_acts *a, int op,
+                    int B, int T, const int32_t *pos) {
   struct tz_block_layout l = {0};
   TZ_CHECK(part_layout(cfg, TZ_PART_ATTN, &l));
   enum tz_dtype S = tz_compute_dtype(cm);
@@ -153,8 +155,9 @@ static int attn_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer
   }
   TZ_CHECK(tz_compute_rope_fwd(cm, a->q, B, T, H, D, &rope, pos));
   TZ_CHECK(tz_compute_rope_fwd(cm, a->k, B, T, Hkv, D, &rope, pos));
-  TZ_CHECK(
-      tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D, pos, &opt));
+  if (op)
+    TZ_CHECK(
+        tz_compute_attention_fwd(cm, a->att, a->lse, a->q, a->k, a->v, B, T, H, Hkv, D, pos, &opt));
   if (post) { /* x2 = x_in + norm(att wo^T), each rounded as transformers' OLMo 2 rounds them */
     TZ_CHECK(linear_fwd(cm, a->o, a->att, P(TZ_L_WO), N, HD, C));
     TZ_CHECK(tz_compute_rmsnorm_fwd(cm, a->x2, a->rstd_o, a->o, P(TZ_L_ATTN_POST_NORM), N, C, eps,
@@ -242,7 +245,8 @@ int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, i
                             const int32_t *pos) {
   TZ_CHECK(tz_model_check_batch(cfg, B, T));
   if (parts & TZ_PART_ATTN)
-    TZ_CHECK(attn_fwd(cm, cfg, layer, part_w(cfg, w, TZ_PART_ATTN), x_in, a, B, T, pos));
+    TZ_CHECK(attn_fwd(cm, cfg, layer, part_w(cfg, w, TZ_PART_ATTN), x_in, a,
+                      !(parts & TZ_PART_ATTN_OUT), B, T, pos));
   return parts & TZ_PART_MLP
              ? mlp_fwd(cm, cfg, part_w(cfg, w, TZ_PART_MLP), a, x_out, B, T, a->moe_stats)
              : 0;
@@ -321,13 +325,14 @@ static int attn_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer
 }
 
 /* What the attention part's backward reads, before any part's backward runs: its forward again
- * into a (recompute; the MLP's recompute starts from the x2 it writes), or h1 rebuilt (kept:
- * acts_layout keeps no norm output). */
+ * into a (recompute, TZ_PART_* bits: TZ_PART_ATTN, and with TZ_PART_ATTN_OUT but for the op; the
+ * MLP's recompute starts from the x2 it writes), or h1 rebuilt (kept: acts_layout keeps no norm
+ * output). */
 static int attn_ready(tz_compute *cm, const struct tz_model_config *cfg, int layer,
                       const void *params, const void *x_in, const struct tz_layer_acts *a,
-                      int recompute, int B, int T, const int32_t *pos) {
-  if (recompute)
-    return attn_fwd(cm, cfg, layer, params, x_in, a, B, T, pos);
+                      unsigned recompute, int B, int T, const int32_t *pos) {
+  if (recompute & TZ_PART_ATTN)
+    return attn_fwd(cm, cfg, layer, params, x_in, a, !(recompute & TZ_PART_ATTN_OUT), B, T, pos);
   if (cfg->norm_place == TZ_NORM_POST)
     return 0;
   struct tz_block_layout l = {0};
@@ -430,7 +435,7 @@ int tz_model_layer_part_bwd(tz_compute *cm, const struct tz_model_config *cfg, i
   void *ga = part_w(cfg, dw, TZ_PART_ATTN), *gm = part_w(cfg, dw, TZ_PART_MLP);
   int attn = (parts & TZ_PART_ATTN) != 0;
   if (attn) /* first: a recomputed MLP starts from the x2 the attention's recompute writes */
-    TZ_CHECK(attn_ready(cm, cfg, layer, wa, x_in, a, (recompute & TZ_PART_ATTN) != 0, B, T, pos));
+    TZ_CHECK(attn_ready(cm, cfg, layer, wa, x_in, a, recompute, B, T, pos));
   const void *dx2 = dx_out;
   if (parts & TZ_PART_MLP) {
     TZ_CHECK(
@@ -517,8 +522,9 @@ double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T) {
 double tz_model_layer_part_flop(const struct tz_model_config *cfg, int B, int T, unsigned parts) {
   double N = (double)B * (double)T, C = cfg->d_model, F = cfg->ffn_dim;
   double D = tz_model_head_dim(cfg), HD = (double)cfg->n_head * D;
+  double op = 2.0 * (double)B * (double)T * (double)T * HD; /* the attention op's scores and sum */
   double attn = 2.0 * N * C * D * (double)(2 * cfg->n_head + 2 * cfg->n_kv_head) +
-                2.0 * (double)B * (double)T * (double)T * HD;
+                (parts & TZ_PART_ATTN_OUT ? 0 : op);
   double mlp = tz_model_moe(cfg)
                    ? 2.0 * N * C *
                          (3.0 * cfg->n_expert_used * cfg->moe_ffn_dim + cfg->n_expert +

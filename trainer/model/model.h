@@ -459,7 +459,8 @@ size_t tz_model_acts_bytes(const struct tz_model_config *cfg, enum tz_dtype dt, 
 void tz_model_acts_carve(const struct tz_model_config *cfg, enum tz_dtype dt, int B, int T,
                          void *base, struct tz_layer_acts *out);
 /* What some parts of a layer's activations keep (TZ_PART_*) from its forward to its backward:
- * the attention part q, k, v, att, lse, x2 (with q_pre .. rstd_k), the MLP part g and u. The
+ * the attention part q, k, v, att, lse, x2 (with q_pre .. rstd_k), the MLP part g and u,
+ * TZ_PART_ATTN_OUT without the attention part att and lse. The
  * rest (h1, rstd1, h2, rstd2, a) the backward rebuilds from x_in, x2, g and u
  * (tz_model_layer_bwd: the norms in a pass each, a in the SwiGLU backward's pass), so it needs
  * room only in the shared acts. Carving sets only
@@ -526,11 +527,34 @@ int tz_model_layer_fwd(tz_compute *cm, const struct tz_model_config *cfg, int la
 /* Kept, a part holds what only its matrix products give (acts_layout): q/k/v, the attention's
  * output and x2; gate and up. */
 #define TZ_PARTS_ALL 3u
+/* The attention op's output (att and lse), kept while the rest of the attention part is
+ * recomputed: a third bit that means "kept" wherever it stands. In a set of kept parts
+ * (tz_model_acts_part_bytes, _kept_bytes, _carve_parts) without TZ_PART_ATTN, those two
+ * tensors; in a recompute set beside TZ_PART_ATTN (tz_model_layer_part_bwd), and in a forward's
+ * parts (tz_model_layer_part_fwd, _part_flop), the attention part but for the op, whose output
+ * acts already holds: its norm, q/k/v, RoPE and wo again, not the scores. At long sequences the
+ * op is most of the attention part's time and its output under a third of its bytes
+ * (docs/training.md, "Recompute only what memory forces"). Beside TZ_PART_ATTN only; alone in a
+ * recompute set it is nothing. */
+#define TZ_PART_ATTN_OUT 4u
+/* The parts kept of a layer that recomputes `recompute` (TZ_PART_* bits; the attention's output
+ * kept only where its part is recomputed). */
+static inline unsigned tz_model_parts_kept(unsigned recompute) {
+  return (TZ_PARTS_ALL & ~recompute) |
+         ((recompute & TZ_PART_ATTN) ? (recompute & TZ_PART_ATTN_OUT) : 0u);
+}
+/* What of `parts` (a block's: tz_model_block_parts) a layer that recomputes `recompute`
+ * recomputes: with the attention part, whether its output is kept. */
+static inline unsigned tz_model_parts_recomputed(unsigned recompute, unsigned parts) {
+  unsigned r = recompute & parts;
+  return (r & TZ_PART_ATTN) ? r | (recompute & TZ_PART_ATTN_OUT) : r;
+}
 
 /* The forward of some parts (TZ_PART_*), writing every tensor of the part, kept or not: the
  * attention part from x_in into acts (h1 .. x2), the MLP part from acts->x2 into acts (h2 .. a)
  * and x_out; both (tz_model_layer_fwd) in that order. A part reads only its block of w: the
- * attention w[0], the MLP w[tz_model_layer_blocks - 1]. */
+ * attention w[0], the MLP w[tz_model_layer_blocks - 1]. With TZ_PART_ATTN_OUT beside
+ * TZ_PART_ATTN the attention op is not run: acts->att and acts->lse hold its output. */
 int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, int layer,
                             void *const *w, const void *x_in, void *x_out,
                             const struct tz_layer_acts *acts, unsigned parts, int B, int T,
@@ -538,11 +562,12 @@ int tz_model_layer_part_fwd(tz_compute *cm, const struct tz_model_config *cfg, i
 
 /* Backward of one layer. recompute (TZ_PART_* bits) names the parts whose forward runs into acts
  * first, from x_in alone for the attention part and from acts->x2 for the MLP (activation
- * checkpointing); the parts not named must hold what tz_model_acts_carve_parts keeps of this
- * layer's forward of x_in, and the backward rebuilds the rest of them into acts (the norms'
- * outputs, the SwiGLU). Either way the bits are the same: the same kernels on the same inputs.
- * dw (the layer's blocks as w, G) += the parameter gradients; dx_in (B,T,C) = the gradient at
- * x_in, given dx_out at x_out. dx_in may alias dx_out. acts and scratch are clobbered. */
+ * checkpointing; with TZ_PART_ATTN_OUT the attention's but its op's, acts->att and acts->lse
+ * holding that layer's forward's); the parts not named must hold what tz_model_acts_carve_parts
+ * keeps of this layer's forward of x_in, and the backward rebuilds the rest of them into acts (the
+ * norms' outputs, the SwiGLU). Either way the bits are the same: the same kernels on the same
+ * inputs. dw (the layer's blocks as w, G) += the parameter gradients; dx_in (B,T,C) = the gradient
+ * at x_in, given dx_out at x_out. dx_in may alias dx_out. acts and scratch are clobbered. */
 int tz_model_layer_bwd(tz_compute *cm, const struct tz_model_config *cfg, int layer, void *const *w,
                        void *const *dw, const void *x_in, const struct tz_layer_acts *acts,
                        unsigned recompute, const void *dx_out, void *dx_in,
@@ -590,7 +615,7 @@ int tz_model_checkpoint_default(const struct tz_model_config *cfg, enum tz_dtype
  * Backward is twice that, and three times with the forward recomputed. */
 double tz_model_layer_flop(const struct tz_model_config *cfg, int B, int T);
 /* The forward FLOP of some parts (TZ_PART_*) as tz_model_layer_flop counts them: their sum over
- * both parts is that. */
+ * both parts is that; with TZ_PART_ATTN_OUT beside TZ_PART_ATTN, less the attention op's. */
 double tz_model_layer_part_flop(const struct tz_model_config *cfg, int B, int T, unsigned parts);
 
 /* One layer's parameters (S) and their gradients (G), its input and output and their gradients,

@@ -416,6 +416,9 @@ static void acts_layout(const struct tz_model_config *cfg, enum tz_dtype dt, int
     a->lse = carve(c, (size_t)B * cfg->n_head * T * sizeof(float));
     if (!(kept_only == 2 && moe))
       a->x2 = carve(c, N * C * es);
+  } else if (parts & TZ_PART_ATTN_OUT) { /* the op's output alone, beside a recomputed part */
+    a->att = carve(c, N * HD * es);
+    a->lse = carve(c, (size_t)B * cfg->n_head * T * sizeof(float));
   }
   if (parts & TZ_PART_MLP) {
     int chunk = work && !tz_model_moe(cfg);

@@ -392,7 +392,8 @@ static int run_compute(tz_trainer *tr, const struct job *j, const struct phase *
       a.x2 = j->ptr[TZ_PLAN_ACT];
     void *wl[2] = {w, w}, *gl[2] = {fg, fg};
     TZ_CHECK(tz_model_layer_part_bwd(tr->cm, mc, l, wl, gl, j->ptr[TZ_PLAN_ACT], &a, parts,
-                                     tr->recompute[l] & parts, tr->dx, tr->dx, &tr->ls, B, T, pos));
+                                     tz_model_parts_recomputed(tr->recompute[l], parts), tr->dx,
+                                     tr->dx, &tr->ls, B, T, pos));
     if (ov)
       return 0;
     TZ_CHECK(reduce_into(tr, b, fg, j->ptr[TZ_PLAN_GRAD], k));

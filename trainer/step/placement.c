@@ -28,7 +28,9 @@ static double phase_flop(const tz_trainer *tr, const struct phase *p) {
   double layer = l < 0 ? 0 : tz_model_layer_part_flop(c, tr->B, tr->T, parts);
   switch (p->kind) {
   case PH_FWD: return layer;
-  case PH_BWD: return 2.0 * layer + tz_train_recompute_flop(tr, tr->recompute[l] & parts);
+  case PH_BWD:
+    return 2.0 * layer +
+           tz_train_recompute_flop(tr, tz_model_parts_recomputed(tr->recompute[l], parts));
   case PH_HEAD: return 3.0 * 2.0 * N * C * V;
   default: return 0;
   }
@@ -39,8 +41,9 @@ double tz_train_recompute_flop(const tz_trainer *tr, unsigned parts) {
   double layer = tz_model_layer_flop(c, tr->B, tr->T), t = tr->part_s[0] + tr->part_s[1];
   if (!(t > 0))
     return tz_model_layer_part_flop(c, tr->B, tr->T, parts);
-  return layer *
-         ((parts & TZ_PART_ATTN ? tr->part_s[0] : 0) + (parts & TZ_PART_MLP ? tr->part_s[1] : 0)) /
+  /* the attention part without its op: part_s[2], timed alike */
+  double attn = parts & TZ_PART_ATTN_OUT ? tr->part_s[2] : tr->part_s[0];
+  return layer * ((parts & TZ_PART_ATTN ? attn : 0) + (parts & TZ_PART_MLP ? tr->part_s[1] : 0)) /
          t;
 }
 
@@ -613,9 +616,12 @@ static int plan_once(tz_trainer *tr, const struct tz_trainer_params *p) {
 
 /* The most the compute tier could grow by beyond the plan tr->plan (made with every part
  * recomputed): what tierzero.hbm_budget, the GPU's free memory or, on a CPU-only machine, the host
- * budget its homes leave allows, less the buffers, the homes in the compute tier and the window
- * (only its minimum where the plan gives the window what the tier has left: a budget, or
- * window_takes_free). */
+ * budget its homes leave allows, less the buffers and the window (only its minimum where the plan
+ * gives the window what the tier has left: a budget, or window_takes_free). Not less the homes
+ * in the compute tier: kept activations may take their room where the bound gains (at 131,072
+ * tokens of Llama-3.1-8B's shape on an H200 the state filled the HBM that keeping the attention's
+ * output would have saved a quarter of the step with), and a plan that cannot place them fails
+ * (choose_recompute stops there). */
 static int keep_room(tz_trainer *tr, const struct tz_trainer_params *p, uint64_t *room) {
   const struct tz_plan *pl = &tr->plan;
   uint64_t have = tr->cfg.tierzero.hbm_budget;
@@ -626,8 +632,7 @@ static int keep_room(tz_trainer *tr, const struct tz_trainer_params *p, uint64_t
                ? pl->capacity[TZ_PLAN_HOST] - pl->used[TZ_PLAN_HOST]
                : 0;
   int window_free = !p->window && (tr->cfg.tierzero.hbm_budget || window_takes_free(tr, p));
-  uint64_t use =
-      pl->compute_fixed + pl->used[TZ_PLAN_COMPUTE] + (window_free ? pl->min_window : pl->window);
+  uint64_t use = pl->compute_fixed + (window_free ? pl->min_window : pl->window);
   *room = have > use ? have - use : 0;
   return 0;
 }
@@ -645,15 +650,16 @@ static int choose_recompute(tz_trainer *tr, const struct tz_trainer_params *p) {
     return 0;
   uint64_t room;
   TZ_CHECK(keep_room(tr, p, &room));
-  struct tz_recompute_item *items = malloc(2 * (size_t)L * sizeof *items);
+  struct tz_recompute_item *items = malloc(TZ_RECOMPUTE_ITEMS * (size_t)L * sizeof *items);
   if (!items)
     return tz_err_set(TZ_ENOMEM, "train: no memory for the recompute plan");
-  const double cost[2] = {tz_train_recompute_flop(tr, TZ_PART_ATTN),
-                          tz_train_recompute_flop(tr, TZ_PART_MLP)};
+  const double cost[TZ_RECOMPUTE_ITEMS] = {
+      tz_train_recompute_flop(tr, TZ_PART_ATTN), tz_train_recompute_flop(tr, TZ_PART_MLP),
+      tz_train_recompute_flop(tr, TZ_PART_ATTN | TZ_PART_ATTN_OUT)};
   tz_recompute_order(&tr->mc, tr->S, tr->B, tr->T, cost, items);
   int best = 0;
   double best_s = tr->plan.bound_s;
-  for (int k = 1; k <= 2 * L; k++) {
+  for (int k = 1; k <= TZ_RECOMPUTE_ITEMS * L; k++) {
     tz_recompute_keep_first(items, k, L, tr->recompute);
     if (tz_recompute_kept_bytes(&tr->mc, tr->S, tr->B, tr->T, tr->recompute) > room)
       break;

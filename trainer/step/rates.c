@@ -811,18 +811,19 @@ int tz_rates_get(const struct tz_config *cfg, const char *backend, tz_runtime *r
   return time_collective(rt, comm, &out->collective);
 }
 
-/* part_s[0], part_s[1]: the attention's and the MLP's forward alone on the probe l, the fastest
- * of TZ_RATES_LAYER_PASSES each after one untimed (the layer's passes have warmed the GPU). */
+/* part_s[0], part_s[1], part_s[2]: the attention's and the MLP's forward alone on the probe l,
+ * and the attention's without its op (its output the probe's last), the fastest of
+ * TZ_RATES_LAYER_PASSES each after one untimed (the layer's passes have warmed the GPU). */
 static int time_parts(tz_compute *cm, const struct tz_model_config *mc,
-                      const struct tz_layer_probe *l, double part_s[2]) {
-  const unsigned parts[2] = {TZ_PART_ATTN, TZ_PART_MLP};
+                      const struct tz_layer_probe *l, double part_s[3]) {
+  const unsigned parts[3] = {TZ_PART_ATTN, TZ_PART_MLP, TZ_PART_ATTN | TZ_PART_ATTN_OUT};
   int rc = 0;
-  for (int p = 0; p < 2 && rc == 0; p++) {
+  for (int p = 0; p < 3 && rc == 0; p++) {
     double best = 0;
     for (int n = 0; rc == 0 && n < 1 + TZ_RATES_LAYER_PASSES; n++) {
       double t0 = tz_now_s();
-      rc = tz_model_layer_part_fwd(cm, mc, 0, l->w, l->x_in, l->x_out, &l->acts, parts[p],
-                                   l->B, l->T, NULL);
+      rc = tz_model_layer_part_fwd(cm, mc, 0, l->w, l->x_in, l->x_out, &l->acts, parts[p], l->B,
+                                   l->T, NULL);
       if (rc == 0)
         rc = tz_compute_sync(cm);
       double t = tz_now_s() - t0;
@@ -838,7 +839,7 @@ int tz_rates_layer_time(tz_compute *cm, const struct tz_model_config *mc, int B,
                         double budget_s, double matmul_flops, double *seconds, double *part_s) {
   *seconds = 0;
   if (part_s)
-    part_s[0] = part_s[1] = 0;
+    part_s[0] = part_s[1] = part_s[2] = 0;
   double flop = 4.0 * tz_model_layer_flop(mc, B, T);
   if (budget_s > 0 && matmul_flops > 0) {
     /* The warm-up (at least one pass) and the timed passes, each at least a pass at the matmul

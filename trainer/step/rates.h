@@ -87,8 +87,9 @@ int tz_rates_layer_time(tz_compute *cm, const struct tz_model_config *mc, int B,
                         double budget_s, double matmul_flops, double *seconds, double *part_s);
 /* part_s (may be NULL; zeros when the layer is not timed): on the same probe, the forward of the
  * layer's attention part and of its MLP part (TZ_PART_ATTN, TZ_PART_MLP) alone, part_s[0] and
- * part_s[1] in seconds, the fastest of TZ_RATES_LAYER_PASSES each: what recomputing each costs a
- * backward (tierzero.recompute orders the parts it keeps by it: the attention's kernels run
- * slower per FLOP than the MLP's matrix products). */
+ * part_s[1] in seconds, and the attention part's without its op (TZ_PART_ATTN_OUT) part_s[2],
+ * the fastest of TZ_RATES_LAYER_PASSES each: what recomputing each costs a backward
+ * (tierzero.recompute orders the parts it keeps by it: the attention's kernels run slower per
+ * FLOP than the MLP's matrix products). */
 
 #endif

@@ -140,7 +140,7 @@ int tz_rates_cache_write(const char *path, const char *key, const struct tz_plan
 }
 
 static const char *const layer_fields[TZ_RATES_LAYER_FIELDS] = {"layer_s", "attn_fwd_s",
-                                                                "mlp_fwd_s"};
+                                                                "mlp_fwd_s", "attn_proj_fwd_s"};
 
 int tz_rates_layer_read(const char *path, const char *key, double s[TZ_RATES_LAYER_FIELDS]) {
   json_error_t err;

@@ -20,12 +20,13 @@ int tz_rates_cache_read(const char *path, const char *key, struct tz_plan_rates 
 /* Writes r as key's entry in path (the others kept), durably; the error when it cannot. */
 int tz_rates_cache_write(const char *path, const char *key, const struct tz_plan_rates *r);
 
-/* A layer's timed forward and backward (tz_rates_layer_time: the pass and the attention and MLP
- * parts' forwards, seconds), under its own key in the same file ("layer|..." naming the shape,
- * batch, backend and settings): the probe takes about a second on a tiny layer and minutes on a
- * large one on CPUs, and gives the same figure on the same machine. read: 1 and s[] when path
- * has a complete entry of this version for key, else 0. write: the error when it cannot. */
-#define TZ_RATES_LAYER_FIELDS 3
+/* A layer's timed forward and backward (tz_rates_layer_time: the pass, the attention and MLP
+ * parts' forwards and the attention's without its op, seconds), under its own key in the same file
+ * ("layer|..." naming the shape, batch, backend and settings): the probe takes about a second on a
+ * tiny layer and minutes on a large one on CPUs, and gives the same figure on the same machine.
+ * read: 1 and s[] when path has a complete entry of this version for key, else 0. write: the error
+ * when it cannot. */
+#define TZ_RATES_LAYER_FIELDS 4
 int tz_rates_layer_read(const char *path, const char *key, double s[TZ_RATES_LAYER_FIELDS]);
 int tz_rates_layer_write(const char *path, const char *key, const double s[TZ_RATES_LAYER_FIELDS]);
 

@@ -10,6 +10,9 @@
 #include "core/error.h"
 
 #define KEY "tierzero.recompute"
+/* While a list is parsed: the layer's whole attention part is named ("attn", or no part), which
+ * wins over "attn-proj" (its output kept) whatever the order. */
+#define WHOLE_ATTN 0x80u
 
 /* One list item: a layer or a range of layers (all of them when absent) and a part (both when
  * absent) into parts[]. */
@@ -17,20 +20,30 @@ static int parse_item(const char *item, int n_layer, uint8_t *parts) {
   if (!item[0])
     return tz_err_set(TZ_ECONFIG, "config: %s: an empty item names no layer", KEY);
   const char *dot = strrchr(item, '.'), *part = item;
-  unsigned which = TZ_PARTS_ALL;
+  unsigned which = TZ_PARTS_ALL | WHOLE_ATTN;
   size_t range_len = strlen(item);
   if (dot) {
     part = dot + 1;
     range_len = (size_t)(dot - item);
   }
-  if (strcmp(part, "attn") == 0 || strcmp(part, "mlp") == 0) {
-    which = part[0] == 'a' ? TZ_PART_ATTN : TZ_PART_MLP;
+  static const struct {
+    const char *name;
+    unsigned which;
+  } named[] = {{"attn", TZ_PART_ATTN | WHOLE_ATTN},
+               {"attn-proj", TZ_PART_ATTN | TZ_PART_ATTN_OUT},
+               {"mlp", TZ_PART_MLP}};
+  size_t n = 0;
+  while (n < sizeof named / sizeof named[0] && strcmp(part, named[n].name) != 0)
+    n++;
+  if (n < sizeof named / sizeof named[0]) {
+    which = named[n].which;
     if (!dot)
       range_len = 0;
   } else if (dot) {
     return tz_err_set(TZ_ECONFIG,
-                      "config: %s: \"%s\": the part after the dot must be \"attn\" or \"mlp\"", KEY,
-                      item);
+                      "config: %s: \"%s\": the part after the dot must be \"attn\", "
+                      "\"attn-proj\" or \"mlp\"",
+                      KEY, item);
   }
   long first = 0, last = n_layer - 1;
   if (range_len > 0) {
@@ -52,8 +65,8 @@ static int parse_item(const char *item, int n_layer, uint8_t *parts) {
     if (end == range || *end || errno)
       return tz_err_set(TZ_ECONFIG,
                         "config: %s: \"%s\" is not \"auto\", \"all\", \"none\" or a list item "
-                        "(\"LAYER\", \"FIRST-LAST\", either with \".attn\" or \".mlp\", or "
-                        "\"attn\" or \"mlp\" alone)",
+                        "(\"LAYER\", \"FIRST-LAST\", either with \".attn\", \".attn-proj\" or "
+                        "\".mlp\", or \"attn\", \"attn-proj\" or \"mlp\" alone)",
                         KEY, item);
   }
   if (first < 0 || last < first || last >= n_layer)
@@ -90,34 +103,47 @@ int tz_recompute_parse(const struct tz_config *c, int n_layer, int *mode, uint8_
   memset(parts, 0, (size_t)n_layer);
   for (int i = 0; i < p->n; i++)
     TZ_CHECK(parse_item(p->path[i], n_layer, parts));
+  for (int i = 0; i < n_layer; i++)
+    if (parts[i] & WHOLE_ATTN)
+      parts[i] &= (uint8_t) ~(WHOLE_ATTN | TZ_PART_ATTN_OUT);
   *mode = TZ_RECOMPUTE_LIST;
   return 0;
 }
 
 uint64_t tz_recompute_kept_bytes(const struct tz_model_config *mc, enum tz_dtype S, int B, int T,
                                  const uint8_t *parts) {
-  uint64_t bytes[4];
-  for (unsigned k = 0; k < 4; k++)
+  uint64_t bytes[8];
+  for (unsigned k = 0; k < 8; k++)
     bytes[k] = tz_model_acts_kept_bytes(mc, S, B, T, k);
   uint64_t total = 0;
   for (int i = 0; i < mc->n_layer; i++)
-    total += bytes[TZ_PARTS_ALL & ~parts[i]];
+    total += bytes[tz_model_parts_kept(parts[i])];
   return total;
 }
 
 void tz_recompute_order(const struct tz_model_config *mc, enum tz_dtype S, int B, int T,
-                        const double cost[2], struct tz_recompute_item *items) {
-  double per[2];
-  unsigned part[2] = {TZ_PART_MLP, TZ_PART_ATTN};
-  for (int k = 0; k < 2; k++)
-    per[k] = cost[part[k] == TZ_PART_ATTN ? 0 : 1] /
-             (double)tz_model_acts_kept_bytes(mc, S, B, T, part[k]);
-  if (per[1] > per[0]) {
-    part[0] = TZ_PART_ATTN;
-    part[1] = TZ_PART_MLP;
-  }
+                        const double cost[TZ_RECOMPUTE_ITEMS], struct tz_recompute_item *items) {
+  /* what each item saves a byte, in the order ties keep (the MLP first, as before the output
+   * was an item of its own; the output before the rest of its part, always) */
+  unsigned part[TZ_RECOMPUTE_ITEMS] = {TZ_PART_MLP, TZ_PART_ATTN_OUT, TZ_PART_ATTN};
+  double out = (double)tz_model_acts_kept_bytes(mc, S, B, T, TZ_PART_ATTN_OUT);
+  double attn = (double)tz_model_acts_kept_bytes(mc, S, B, T, TZ_PART_ATTN);
+  double per[TZ_RECOMPUTE_ITEMS] = {cost[1] /
+                                        (double)tz_model_acts_kept_bytes(mc, S, B, T, TZ_PART_MLP),
+                                    (cost[0] - cost[2]) / out, cost[2] / (attn - out)};
+  if (per[2] > per[1])
+    per[2] = per[1];
+  for (int a = 1; a < TZ_RECOMPUTE_ITEMS; a++) /* insertion sort, stable, most first */
+    for (int b = a; b > 0 && per[b] > per[b - 1]; b--) {
+      double t = per[b];
+      per[b] = per[b - 1];
+      per[b - 1] = t;
+      unsigned u = part[b];
+      part[b] = part[b - 1];
+      part[b - 1] = u;
+    }
   int L = mc->n_layer, n = 0;
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < TZ_RECOMPUTE_ITEMS; k++)
     for (int i = L - 1; i >= 0; i--)
       items[n++] = (struct tz_recompute_item){i, part[k]};
 }
@@ -125,8 +151,15 @@ void tz_recompute_order(const struct tz_model_config *mc, enum tz_dtype S, int B
 void tz_recompute_keep_first(const struct tz_recompute_item *items, int k, int n_layer,
                              uint8_t *parts) {
   memset(parts, TZ_PARTS_ALL, (size_t)n_layer);
-  for (int i = 0; i < k; i++)
-    parts[items[i].layer] &= (uint8_t)~items[i].part;
+  for (int i = 0; i < k; i++) {
+    uint8_t *p = &parts[items[i].layer];
+    if (items[i].part == TZ_PART_ATTN_OUT) /* kept beside a recomputed attention part */
+      *p |= (uint8_t)(*p & TZ_PART_ATTN ? TZ_PART_ATTN_OUT : 0);
+    else if (items[i].part == TZ_PART_ATTN) /* the whole part kept, its output with it */
+      *p &= (uint8_t) ~(TZ_PART_ATTN | TZ_PART_ATTN_OUT);
+    else
+      *p &= (uint8_t)~items[i].part;
+  }
 }
 
 /* The layers that recompute part, as ranges ("0-19, 24"), or "none". */
@@ -154,9 +187,11 @@ static size_t ranges(const uint8_t *parts, int n_layer, unsigned part, char *buf
 
 const char *tz_recompute_describe(const uint8_t *parts, int n_layer, char *buf, size_t len) {
   int all = 1, none = 1;
+  int out = 0;
   for (int i = 0; i < n_layer; i++) {
     all &= parts[i] == TZ_PARTS_ALL;
     none &= parts[i] == 0;
+    out |= (parts[i] & TZ_PART_ATTN) && (parts[i] & TZ_PART_ATTN_OUT);
   }
   if (len == 0)
     return buf;
@@ -168,6 +203,13 @@ const char *tz_recompute_describe(const uint8_t *parts, int n_layer, char *buf, 
   if (n >= len)
     return buf;
   n += ranges(parts, n_layer, TZ_PART_ATTN, buf + n, len - n);
+  if (out && n + 1 < len) {
+    n += (size_t)snprintf(buf + n, len - n, " (its output kept in ");
+    if (n + 1 < len)
+      n += ranges(parts, n_layer, TZ_PART_ATTN_OUT, buf + n, len - n);
+    if (n + 1 < len)
+      n += (size_t)snprintf(buf + n, len - n, ")");
+  }
   if (n + 1 < len)
     n += (size_t)snprintf(buf + n, len - n, "; MLP in ");
   if (n + 1 < len)

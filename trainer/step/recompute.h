@@ -4,8 +4,10 @@
  * Each layer has two parts (TZ_PART_ATTN, TZ_PART_MLP, trainer/model/model.h). A kept part's
  * activations stay in the compute tier from the layer's forward to its backward; a recomputed
  * part's are written into the one shared buffer and made again by the backward from the layer's
- * input. Both give the same bits (the same kernels on the same inputs), so the choice moves only
- * memory and time. The key takes:
+ * input. A recomputed attention part may keep its op's output (TZ_PART_ATTN_OUT: att and lse),
+ * so that only its norm, projections and RoPE run again, not the scores. Each gives the same bits
+ * (the same kernels on the same inputs), so the choice moves only memory and time. The key
+ * takes:
  *   "auto" (the default): the plan chooses (trainer/step/placement.c): of the parts in the order
  *          tz_recompute_order gives, it keeps the first k, for the k whose bound is least
  *          among those that fit;
@@ -13,8 +15,11 @@
  *          FSDP run it);
  *   "none": every part kept;
  *   a list of what is recomputed, the rest kept: items "FIRST-LAST", "LAYER", either with
- *          ".attn" or ".mlp" for one part, or "attn" / "mlp" alone for that part of every layer
- *          (["0-15", "16-31.attn"]: layers 0 to 15 recomputed whole, 16 to 31 keep their MLP). */
+ *          ".attn", ".attn-proj" or ".mlp" for one part, or "attn" / "attn-proj" / "mlp" alone
+ *          for that part of every layer; "attn-proj" is the attention part but its op, whose
+ *          output is kept ("attn" names the whole part and wins where both name a layer)
+ *          (["0-15", "16-31.attn"]: layers 0 to 15 recomputed whole, 16 to 31 keep their MLP;
+ *          ["attn-proj", "mlp"]: every layer keeps its attention's output and nothing else). */
 #ifndef TZ_TRAINER_RECOMPUTE_H
 #define TZ_TRAINER_RECOMPUTE_H
 
@@ -46,19 +51,26 @@ struct tz_recompute_item {
   unsigned part;
 };
 
-/* The 2 x n_layer parts in the order auto keeps them: the part that saves the most per byte kept
- * first, by cost[0] for the attention part and cost[1] for the MLP's (what recomputing one costs,
- * in any unit: the plan gives its timed share of the forward), every layer having the same shape,
- * so all of one part before any of the other, from the last layer down. */
+/* The items a layer has: its attention's output, the rest of its attention part, its MLP. */
+#define TZ_RECOMPUTE_ITEMS 3
+
+/* The TZ_RECOMPUTE_ITEMS x n_layer items in the order auto keeps them: the one that saves the
+ * most per byte kept first, by what recomputing costs (in any unit: the plan gives its timed share
+ * of the forward): cost[0] the attention part, cost[1] the MLP's, cost[2] the attention part but
+ * its op. An item's part is TZ_PART_ATTN_OUT (keeping the op's output saves cost[0] - cost[2]),
+ * TZ_PART_ATTN (the rest of the attention part, cost[2]: never before its layer's output) or
+ * TZ_PART_MLP. Every layer has the same shape, so all of one item before any of the next, from the
+ * last layer down. */
 void tz_recompute_order(const struct tz_model_config *mc, enum tz_dtype S, int B, int T,
-                        const double cost[2], struct tz_recompute_item *items);
+                        const double cost[TZ_RECOMPUTE_ITEMS], struct tz_recompute_item *items);
 
 /* parts: every layer recomputes everything but the first k items, which are kept. */
 void tz_recompute_keep_first(const struct tz_recompute_item *items, int k, int n_layer,
                              uint8_t *parts);
 
 /* The choice in words, for the plan's report: "all", "none", or which layers recompute which
- * part ("attention in layers 0-19, MLP in none"). */
+ * part ("attention in layers 0-19; MLP in none", with "(its output kept in 0-19)" after the
+ * attention's layers where some keep it). */
 const char *tz_recompute_describe(const uint8_t *parts, int n_layer, char *buf, size_t len);
 
 #endif

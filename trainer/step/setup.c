@@ -219,12 +219,13 @@ static int measure_layer(tz_trainer *tr, const struct tz_trainer_params *p) {
     s = cached[0];
     tr->part_s[0] = cached[1];
     tr->part_s[1] = cached[2];
+    tr->part_s[2] = cached[3];
     tr->layer_cached = 1;
   } else {
     /* With what each part's recomputing costs, for tierzero.recompute. */
     rc = tz_rates_layer_time(cm, &tr->mc, tr->B, tr->T, p->plan_only ? TZ_RATES_PLAN_PROBE_S : 0,
                              p->rates ? p->rates->flops : 0, &s, tr->part_s);
-    const double v[TZ_RATES_LAYER_FIELDS] = {s, tr->part_s[0], tr->part_s[1]};
+    const double v[TZ_RATES_LAYER_FIELDS] = {s, tr->part_s[0], tr->part_s[1], tr->part_s[2]};
     if (rc == 0 && s > 0 && path && tz_rates_layer_write(path, key, v) < 0)
       TZ_WARN("%s (the layer is timed again next time)", tz_err_msg());
   }
@@ -364,7 +365,7 @@ static int carve_buffers(tz_trainer *tr, const uint64_t *sz) {
 #undef CARVE
   /* Each layer's kept parts side by side in BUF_KEEP; its recomputed ones are the shared acts'. */
   for (int i = 0; i < tr->L; i++) {
-    unsigned kept = TZ_PARTS_ALL & ~(unsigned)tr->recompute[i];
+    unsigned kept = tz_model_parts_kept(tr->recompute[i]);
     tr->lacts[i] = tr->acts;
     tz_model_acts_carve_parts(&tr->mc, tr->S, tr->B, tr->T, kept, keep, &tr->lacts[i]);
     keep += tz_model_acts_kept_bytes(&tr->mc, tr->S, tr->B, tr->T, kept);

@@ -184,8 +184,9 @@ struct tz_trainer {
   int recompute_mode;     /* tierzero.recompute (trainer/step/recompute.h) */
   uint8_t *recompute;     /* L: the parts (TZ_PART_*) each layer's backward recomputes */
   double recompute_all_s; /* auto: the bound with every part recomputed; 0 not planned */
-  double part_s[2]; /* measure_layer: the attention and the MLP part's forward, seconds; 0: not
-                       timed (their FLOPs stand in) */
+  double part_s[3]; /* measure_layer: the attention and the MLP part's forward, and the attention
+                       part's without its op (TZ_PART_ATTN_OUT), seconds; 0: not timed (their
+                       FLOPs stand in) */
 
   int64_t step, updates; /* steps done; Adam updates applied or queued */
   int pending;           /* folded: the last step's update is not applied yet */
