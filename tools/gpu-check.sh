@@ -68,8 +68,9 @@
 # keepout: the attention's output kept while the rest of its part is recomputed
 # (tierzero.recompute "attn-proj", the plan's choice at long sequences): one 131,072-token
 # sequence of llama-3.2-1b's config with every part recomputed ("all") then with the plan's
-# choice, one after the other (about 150 s); with TZ_KEEPOUT_8B=1 also Llama-3.1-8B's shape, one
-# timed step each (about 450 s more: a call of its own);
+# choice, one after the other (about 150 s; TZ_KEEPOUT_1B=0 leaves them out); with
+# TZ_KEEPOUT_8B=1 also Llama-3.1-8B's shape, one timed step each (about 450 s more: a call of
+# its own);
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -376,6 +377,7 @@ if has keepout; then
   ko=(--seq 131072 --micro-batch 1 --warmup 1 --no-disk-ceiling --data synthetic)
   mkdir -p /var/tmp/tz-bench-nvme
   for m in all auto; do
+    [ "${TZ_KEEPOUT_1B:-1}" = 1 ] || break
     step keepout-1b-$m env TZ_BIN=$b/bin tools/bench-train.sh tz-auto \
       tests/data/hf/llama-3.2-1b.json "${ko[@]}" --steps 2 --timeout 240 --tag 1b-$m \
       --set tierzero.recompute=$m
