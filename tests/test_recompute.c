@@ -6,7 +6,9 @@
 #include "testlib.h"
 #include "trainer/model/model.h"
 #include "trainer/step/recompute.h"
+#include "trainer/step/train_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,11 +153,47 @@ static void test_order_and_bytes(void **state) {
   free(it);
 }
 
+/* A layer's phases at their timed shares (tz_train_timed_flop), with times like the 8B shape's at
+ * 131,072 tokens (a pass of 2.1 s, the parts' forwards 0.2 and 0.24 s, the attention's without its
+ * op 0.03): the forward is its parts' forwards and the backward the rest of the pass less the
+ * forward it recomputes, so that the two with every part recomputed are the whole pass (4 x the
+ * layer's FLOP); keeping the attention's output takes its op's time off the backward; a layer with
+ * experts' two blocks add up to the dense layer's; without times, or with parts' forwards that
+ * make no sense beside the pass, -1 (the caller counts FLOPs). */
+static void test_timed_costs(void **state) {
+  (void)state;
+  const double F = 3e14, s = 2.1, part[3] = {0.2, 0.24, 0.03}, unit = 4.0 * F / s;
+  const unsigned A = TZ_PART_ATTN, M = TZ_PART_MLP, O = TZ_PART_ATTN_OUT, ALL = TZ_PARTS_ALL;
+  double fwd = tz_train_timed_flop(F, s, part, 0, ALL, 0);
+  double bwd_all = tz_train_timed_flop(F, s, part, 1, ALL, ALL);
+  assert_true(fabs(fwd - unit * 0.44) < 1e-9 * F);
+  assert_true(fabs(fwd + bwd_all - 4.0 * F) < 1e-9 * F);
+  assert_true(fabs(bwd_all - unit * (2.1 - 0.88 + 0.44)) < 1e-9 * F);
+  double bwd_none = tz_train_timed_flop(F, s, part, 1, ALL, 0);
+  assert_true(fabs(bwd_none - unit * 1.22) < 1e-9 * F);
+  double proj = tz_train_timed_flop(F, s, part, 1, ALL, A | O);
+  double proj_mlp = tz_train_timed_flop(F, s, part, 1, ALL, A | O | M);
+  assert_true(fabs(proj - unit * (1.22 + 0.03)) < 1e-9 * F);
+  assert_true(fabs(proj_mlp - bwd_all + unit * (0.2 - 0.03)) < 1e-9 * F);
+  /* a layer with experts: its attention block and its MLP block */
+  double fa = tz_train_timed_flop(F, s, part, 0, A, 0),
+         fm = tz_train_timed_flop(F, s, part, 0, M, 0);
+  double ba = tz_train_timed_flop(F, s, part, 1, A, A),
+         bm = tz_train_timed_flop(F, s, part, 1, M, M);
+  assert_true(fabs(fa + fm - fwd) < 1e-9 * F && fabs(ba + bm - bwd_all) < 1e-9 * F);
+  assert_true(fabs(ba - unit * (1.22 * 0.2 / 0.44 + 0.2)) < 1e-9 * F);
+  const double none[3] = {0, 0, 0}, slow[3] = {0.6, 0.5, 0.1};
+  assert_true(tz_train_timed_flop(F, s, none, 0, ALL, 0) == -1);
+  assert_true(tz_train_timed_flop(F, 0, part, 1, ALL, ALL) == -1);
+  assert_true(tz_train_timed_flop(F, s, slow, 1, ALL, ALL) == -1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_forms),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_order_and_bytes),
+      cmocka_unit_test(test_timed_costs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

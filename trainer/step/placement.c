@@ -18,23 +18,45 @@
 
 /* ---- sizes and the plan ---- */
 
+/* The seconds of some parts' forwards (TZ_PART_*; with TZ_PART_ATTN_OUT the attention part's
+ * without its op) in the probe's part_s. */
+static double parts_s(const double part_s[3], unsigned parts) {
+  double attn = parts & TZ_PART_ATTN_OUT ? part_s[2] : part_s[0];
+  return (parts & TZ_PART_ATTN ? attn : 0) + (parts & TZ_PART_MLP ? part_s[1] : 0);
+}
+
+double tz_train_timed_flop(double layer_flop, double layer_s, const double part_s[3], int bwd,
+                           unsigned parts, unsigned recompute) {
+  double t = part_s[0] + part_s[1];
+  if (!(t > 0 && layer_s > 2 * t))
+    return -1;
+  double s = parts_s(part_s, parts & TZ_PARTS_ALL);
+  if (bwd)
+    s = (layer_s - 2 * t) * s / t + parts_s(part_s, recompute);
+  return 4.0 * layer_flop * s / layer_s;
+}
+
 /* FLOP of one phase for one micro-batch; backward includes the parts of the forward it
- * recomputes (tr->recompute). */
+ * recomputes (tr->recompute). A layer's phases at their timed shares where the layer was timed
+ * (tz_train_timed_flop), else at their FLOPs: a forward its parts', a backward twice that and
+ * what it recomputes. */
 static double phase_flop(const tz_trainer *tr, const struct phase *p) {
   const struct tz_model_config *c = &tr->mc;
   double N = tr->N, C = c->d_model, V = c->vocab;
   unsigned parts = (unsigned)tz_model_block_parts(c, p->block);
   int l = tz_model_block_layer(c, p->block);
+  if (p->kind == PH_HEAD)
+    return 3.0 * 2.0 * N * C * V;
+  if (l < 0 || (p->kind != PH_FWD && p->kind != PH_BWD))
+    return 0;
+  unsigned rec = tz_model_parts_recomputed(tr->recompute[l], parts);
+  double timed = tz_train_timed_flop(tz_model_layer_flop(c, tr->B, tr->T), tr->layer_s, tr->part_s,
+                                     p->kind == PH_BWD, parts, rec);
+  if (timed >= 0)
+    return timed;
   /* a layer's block: its parts' share (the whole layer but with experts) */
-  double layer = l < 0 ? 0 : tz_model_layer_part_flop(c, tr->B, tr->T, parts);
-  switch (p->kind) {
-  case PH_FWD: return layer;
-  case PH_BWD:
-    return 2.0 * layer +
-           tz_train_recompute_flop(tr, tz_model_parts_recomputed(tr->recompute[l], parts));
-  case PH_HEAD: return 3.0 * 2.0 * N * C * V;
-  default: return 0;
-  }
+  double layer = tz_model_layer_part_flop(c, tr->B, tr->T, parts);
+  return p->kind == PH_FWD ? layer : 2.0 * layer + tz_train_recompute_flop(tr, rec);
 }
 
 double tz_train_recompute_flop(const tz_trainer *tr, unsigned parts) {

@@ -232,6 +232,7 @@ static int measure_layer(tz_trainer *tr, const struct tz_trainer_params *p) {
   tz_compute_destroy(cm);
   TZ_CHECK(rc);
   tr->layer_rate = s > 0 ? 4.0 * tz_model_layer_flop(&tr->mc, tr->B, tr->T) / s : 0;
+  tr->layer_s = s > 0 ? s : 0;
   return 0;
 }
 

@@ -184,6 +184,8 @@ struct tz_trainer {
   int recompute_mode;     /* tierzero.recompute (trainer/step/recompute.h) */
   uint8_t *recompute;     /* L: the parts (TZ_PART_*) each layer's backward recomputes */
   double recompute_all_s; /* auto: the bound with every part recomputed; 0 not planned */
+  double layer_s;   /* measure_layer: the probe's forward and backward with every part recomputed,
+                       seconds; 0: not timed */
   double part_s[3]; /* measure_layer: the attention and the MLP part's forward, and the attention
                        part's without its op (TZ_PART_ATTN_OUT), seconds; 0: not timed (their
                        FLOPs stand in) */
@@ -242,6 +244,18 @@ int tz_train_sizes(tz_trainer *tr);
  * forward's, shared between the parts as their timed forwards share its time (tr->part_s), or
  * as their FLOPs do when they were not timed. */
 double tz_train_recompute_flop(const tz_trainer *tr, unsigned parts);
+/* A layer's block's phase (the forward, or with bwd the backward recomputing `recompute`) in the
+ * plan's FLOP, from the probe's times: layer_s the whole layer's forward, its forward again and its
+ * backward, part_s its parts' forwards alone (tz_rates_layer_time). The forward of the block's
+ * parts is their timed forwards; the backward is the probe's backward (layer_s less twice the
+ * parts' forwards), shared between the parts as their forwards are, and the forwards it
+ * recomputes; seconds become FLOP at the plan's layer rate, 4 layer_flop / layer_s. Where the
+ * layer's forward and backward run at different rates (at 131,072 tokens of the 8B shape its
+ * backward took 3.76 times its forward, not the FLOPs' 3), a backward that recomputes less is
+ * costed at what it runs, not at the whole pass's mean rate. -1 where the times do not allow it
+ * (not timed, or the parts' forwards more than half the pass: noise): the caller counts FLOPs. */
+double tz_train_timed_flop(double layer_flop, double layer_s, const double part_s[3], int bwd,
+                           unsigned parts, unsigned recompute);
 /* The bytes of each trainer-owned buffer in the compute tier (BUF_*). */
 void tz_train_buffer_sizes(const tz_trainer *tr, uint64_t *sz);
 /* Which blocks the CPU steps at their homes, for a share of the parameters (< 0: the default). */
