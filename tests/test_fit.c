@@ -149,7 +149,8 @@ static void test_refusal_names_the_state(void **state) {
   assert_non_null(strstr(m, "the layers' inputs "));
 }
 
-/* The answer holds, one more does not, and the refusal is that of one more. */
+/* The answer holds, one more does not, and the refusal is that of one more; the bound is that of
+ * the plan a run at the answer makes (the search's probes ask only whether a plan holds). */
 static void check_fit(enum tz_fit_what what, const char *offload, const char *hbm,
                       const struct tz_machine_facts *f, int64_t at_least) {
   struct tz_config c;
@@ -174,6 +175,7 @@ static void check_fit(enum tz_fit_what what, const char *offload, const char *hb
   int seq = what == TZ_FIT_SEQ ? (int)r.best : 32;
   tz_trainer *tr = NULL;
   TZ_ASSERT_OK(make(micro, layers, seq, offload, hbm, f, &tr));
+  assert_true(tz_trainer_plan(tr)->bound_s == r.bound_s);
   tz_trainer_destroy(tr);
   tr = NULL;
   assert_int_equal(make(what == TZ_FIT_MICRO_BATCH ? micro + 1 : micro,
@@ -181,6 +183,31 @@ static void check_fit(enum tz_fit_what what, const char *offload, const char *hb
                         what == TZ_FIT_SEQ ? seq + 1 : seq, offload, hbm, f, &tr),
                    TZ_ENOMEM);
   assert_null(tr);
+}
+
+/* A --fit probe (holds_only) asks only whether a plan holds: tierzero.recompute "auto" stops at
+ * its first plan, every part recomputed, where a run's plan keeps what its room allows; the same
+ * plan holds or not either way. */
+static void test_probe_holds_only(void **state) {
+  (void)state;
+  struct tz_machine_facts f = machine(64ull << 30);
+  char what[2][128];
+  for (int probe = 0; probe < 2; probe++) {
+    struct tz_config c;
+    config(&c, 2, "none", NULL);
+    struct tz_model_config mc;
+    model(&mc, 4);
+    struct tz_trainer_params tp;
+    params(&tp, &f);
+    tp.holds_only = probe;
+    tz_trainer *tr = NULL;
+    TZ_ASSERT_OK(tz_trainer_create(&c, &mc, comm, rt, &tp, &tr));
+    tz_config_free(&c);
+    tz_trainer_recompute(tr, what[probe], sizeof what[probe], NULL, NULL);
+    tz_trainer_destroy(tr);
+  }
+  assert_string_equal(what[0], "none"); /* a run's plan: room for every part */
+  assert_string_equal(what[1], "all");
 }
 
 static void test_fit_micro_batch(void **state) {
@@ -249,9 +276,13 @@ int main(void) {
     tz_test_skip("no comm: %s", tz_err_msg());
   nvme_dir = tz_test_mkdtemp("fit");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_table),           cmocka_unit_test(test_refusal_names_the_state),
-      cmocka_unit_test(test_fit_micro_batch), cmocka_unit_test(test_fit_layers),
-      cmocka_unit_test(test_fit_seq),         cmocka_unit_test(test_fit_none),
+      cmocka_unit_test(test_table),
+      cmocka_unit_test(test_refusal_names_the_state),
+      cmocka_unit_test(test_probe_holds_only),
+      cmocka_unit_test(test_fit_micro_batch),
+      cmocka_unit_test(test_fit_layers),
+      cmocka_unit_test(test_fit_seq),
+      cmocka_unit_test(test_fit_none),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   tz_test_rmdir(nvme_dir);

@@ -61,6 +61,7 @@ static int try_value(struct search *s, int64_t v, int measure, char *why, size_t
       mc.max_seq = (int)v;
   }
   tp.plan_only = 1;
+  tp.holds_only = !tr; /* the value's search; the last plan, kept, says what to keep */
   tp.measure_layer = measure;
   tz_trainer *t = NULL;
   int rc = tz_trainer_create(&c, &mc, s->comm, s->rt, &tp, &t);

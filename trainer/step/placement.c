@@ -739,7 +739,7 @@ static int choose_recompute(tz_trainer *tr, const struct tz_trainer_params *p) {
 }
 
 int tz_train_make_plan(tz_trainer *tr, const struct tz_trainer_params *p) {
-  if (tr->recompute_mode == TZ_RECOMPUTE_AUTO)
+  if (tr->recompute_mode == TZ_RECOMPUTE_AUTO && !(p->plan_only && p->holds_only))
     return choose_recompute(tr, p);
   int rc = plan_once(tr, p);
   uint64_t kept = tz_recompute_kept_bytes(&tr->mc, tr->S, tr->B, tr->T, tr->recompute);

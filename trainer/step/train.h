@@ -69,7 +69,11 @@ struct tz_trainer_params {
                                         GPU Adam; more than one rank needs the nccl comm */
   int device;                        /* cuda: the GPU; -1 (default): tierzero.device, else the
                                         calling thread's current device */
-  int plan_only;     /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
+  int plan_only; /* 1: make the plan and stop (tz_trainer_plan), allocate nothing */
+  /* plan_only: whether the plan holds is all that is asked (a --fit probe): tierzero.recompute
+   * "auto" stops at its first plan, every part recomputed, which decides that, and does not
+   * search what to keep (a tenth of a second a plan, dozens of plans) */
+  int holds_only;
   int measure_layer; /* 1: time one layer's forward and backward on the compute backend at the
                         run's shape, and give the plan that rate (tz_trainer_layer_rate)
                         instead of rates->flops, a matmul's */
