@@ -190,8 +190,14 @@ static struct result side_run(struct side *s, const struct tz_model_config *cfg,
      * rebuilt tensors are poisoned, so a read of either before it is written shows */
     size_t attn = tz_model_acts_part_bytes(cfg, s->S, B, T, TZ_PART_ATTN);
     size_t all = tz_model_acts_part_bytes(cfg, s->S, B, T, TZ_PARTS_ALL);
-    if (recompute & TZ_PART_ATTN)
+    if (recompute & TZ_PART_ATTN_OUT) { /* all of the part but att and lse, before x2 */
+      size_t o0 = (size_t)((char *)s->acts.att - (char *)s->acts_mem);
+      size_t o1 = (size_t)((char *)s->acts.x2 - (char *)s->acts_mem);
+      poison(s, s->acts_mem, o0);
+      poison(s, (char *)s->acts_mem + o1, attn - o1);
+    } else if (recompute & TZ_PART_ATTN) {
       poison(s, s->acts_mem, attn);
+    }
     if (recompute & TZ_PART_MLP)
       poison(s, (char *)s->acts_mem + attn, all - attn);
     poison(s, (char *)s->acts_mem + all, s->acts_bytes - all);
@@ -262,6 +268,7 @@ static void layer_case(const char *name, const struct tz_model_config *cfg, int 
   struct result rec = side_run(&g, cfg, B, T, TZ_PARTS_ALL);
   struct result rec_attn = side_run(&g, cfg, B, T, TZ_PART_ATTN);
   struct result rec_mlp = side_run(&g, cfg, B, T, TZ_PART_MLP);
+  struct result rec_proj = side_run(&g, cfg, B, T, TZ_PART_ATTN | TZ_PART_ATTN_OUT);
 
   /* the increments the layer adds to the residual stream and to its gradient */
   float *inc[2][2];
@@ -296,11 +303,15 @@ static void layer_case(const char *name, const struct tz_model_config *cfg, int 
   check_bits(name, "grads, attention recomputed", got.grads, rec_attn.grads, np * sizeof(float));
   check_bits(name, "dx_in, MLP recomputed", got.dx_in, rec_mlp.dx_in, nx * sizeof(float));
   check_bits(name, "grads, MLP recomputed", got.grads, rec_mlp.grads, np * sizeof(float));
+  check_bits(name, "dx_in, attention but its op recomputed", got.dx_in, rec_proj.dx_in,
+             nx * sizeof(float));
+  check_bits(name, "grads, attention but its op recomputed", got.grads, rec_proj.grads,
+             np * sizeof(float));
   printf("  %-14s %s\n", name, g_failures == before ? "ok" : "FAILED");
   for (int i = 0; i < 2; i++)
     free(inc[i][0]), free(inc[i][1]);
   result_free(&ref), result_free(&got), result_free(&again), result_free(&rec);
-  result_free(&rec_attn), result_free(&rec_mlp);
+  result_free(&rec_attn), result_free(&rec_mlp), result_free(&rec_proj);
   free(x), free(dy);
   side_close(&c);
   side_close(&g);
