@@ -195,6 +195,7 @@ struct tz_config {
     int nvme_stage_chunks;   /* staging chunks per direction (tz_sched_params.stage_chunks) */
     char *faults;            /* fault-injection spec for the fault tier; NULL = none */
     int lookahead;           /* phases prefetched ahead; -1 = as far as budget allows */
+    int plan_widen_moves;    /* the plan's moves tried past its best (tz_plan_request) */
     int jitter_us;           /* test hook: random delay up to this before each progress round */
     int sched_debug;         /* log every placement decision */
     int wait_for_write_back; /* a prefetch waits for a write-back in flight rather than evict a

@@ -193,6 +193,7 @@ const struct key tz_config_keys[] = {
   INT("tierzero.nvme_stage_chunks", tierzero.nvme_stage_chunks, 1, 16, 2, 0),
   STR("tierzero.faults", tierzero.faults),
   INT("tierzero.lookahead", tierzero.lookahead, -1, 65536, -1, 0),
+  INT("tierzero.plan_widen_moves", tierzero.plan_widen_moves, 0, 4096, 12, 0),
   INT("tierzero.jitter_us", tierzero.jitter_us, 0, 10000000, 0, 0),
   BOOL("tierzero.sched_debug", tierzero.sched_debug, 0),
   BOOL("tierzero.wait_for_write_back", tierzero.wait_for_write_back, 1),

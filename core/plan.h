@@ -147,6 +147,9 @@ struct tz_plan_request {
   uint64_t chunk;           /* the runtime's chunk: the scheduler keeps one for its lane */
   uint64_t window;          /* the scheduler's budget; 0: all the compute tier has left */
   int lookahead;            /* phases the scheduler may look ahead; <= 0: unlimited */
+  int widen_moves;          /* moves out of the compute tier tried past the best placement seen
+                               while the window is widened (plan.c, widen_window); 0: stop at
+                               the first move that does not lower the bound */
   int no_carry;             /* the scheduler's copies serve only their own step
                                (tz_sched_params.carry 0): each step reads every block again */
   int force[TZ_PLAN_KINDS]; /* a tier, or TZ_PLAN_AUTO */

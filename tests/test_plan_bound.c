@@ -606,6 +606,56 @@ static void test_plan_window_holds_what_there_is(void **state) {
   tz_plan_free(&p);
 }
 
+/* widen_moves: the window's widening tries moves past the best placement it has seen and keeps
+ * the best, so its bound is never above the search that stops at the first move that does not
+ * lower it, and on some requests below: random ones of 8 groups (blocks of 1 to 3 MiB, each
+ * phase reading its own block and maybe the next group's, compute of 0.2 to 3 ms, copies at
+ * 1 GB/s in and out), compute tiers between the least that fits and all of it. */
+static void test_plan_widen_moves(void **state) {
+  (void)state;
+  enum { G = 8 };
+  const uint64_t M = 1 << 20, chunk = 4096;
+  uint64_t st = 42;
+  int better = 0, cases = 0;
+  for (int n = 0; n < 200; n++) {
+    uint64_t bytes[G][TZ_PLAN_KINDS];
+    struct tz_plan_phase ph[G];
+    memset(bytes, 0, sizeof bytes);
+    memset(ph, 0, sizeof ph);
+    uint64_t total = 0;
+    for (int g = 0; g < G; g++) {
+      bytes[g][TZ_PLAN_PARAM] = M * (1 + tz_test_rand(&st) % 3);
+      total += bytes[g][TZ_PLAN_PARAM];
+    }
+    for (int g = 0; g < G; g++) {
+      snprintf(ph[g].name, sizeof ph[g].name, "fwd%d", g);
+      ph[g].flop = 1e9 * (0.2 + (double)(tz_test_rand(&st) % 29) / 10);
+      ph[g].uses[ph[g].n_uses++] = (struct tz_plan_use){g, TZ_PLAN_PARAM, TZ_ACCESS_READ};
+      if (g + 1 < G && tz_test_rand(&st) % 2)
+        ph[g].uses[ph[g].n_uses++] = (struct tz_plan_use){g + 1, TZ_PLAN_PARAM, TZ_ACCESS_READ};
+    }
+    struct tz_plan_request r = plan_request(G, bytes, ph, G, chunk);
+    r.capacity[TZ_PLAN_HOST] = total;
+    r.rates = (struct tz_plan_rates){.flops = 1e12, .copy_in = 1e9, .copy_out = 1e9, .adam = 1e9};
+    r.capacity[TZ_PLAN_COMPUTE] = 6 * M + chunk + tz_test_rand(&st) % total;
+    struct tz_plan p0, p1;
+    r.widen_moves = 0;
+    if (tz_plan_make(&r, &p0) < 0)
+      continue;
+    r.widen_moves = 12;
+    TZ_ASSERT_OK(tz_plan_make(&r, &p1));
+    cases++;
+    assert_true(p1.bound_s <= p0.bound_s * (1 + 1e-9));
+    better += p1.bound_s < p0.bound_s * (1 - 1e-9);
+    assert_true(p1.compute_fixed + p1.used[TZ_PLAN_COMPUTE] + p1.window <=
+                r.capacity[TZ_PLAN_COMPUTE]);
+    tz_plan_free(&p0);
+    tz_plan_free(&p1);
+  }
+  printf("widen_moves: %d of %d requests planned a lower bound\n", better, cases);
+  assert_true(cases > 100 && better > 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_plan_window_holds_what_there_is),
@@ -613,6 +663,7 @@ int main(void) {
       cmocka_unit_test(test_plan_bound_counts_window_hits),
       cmocka_unit_test(test_plan_bound_home_phases),
       cmocka_unit_test(test_plan_trades_homes_for_window),
+      cmocka_unit_test(test_plan_widen_moves),
       cmocka_unit_test(test_plan_bound_keeps_written_copies),
       cmocka_unit_test(test_plan_bound_copy_waits_for_room),
       cmocka_unit_test(test_plan_bound_disk_duplex),

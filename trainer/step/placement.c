@@ -258,6 +258,7 @@ static void plan_request(tz_trainer *tr, const struct tz_trainer_params *p,
   r.chunk = tz_runtime_chunk_bytes(tr->rt);
   r.window = p->window;
   r.lookahead = c->tierzero.lookahead > 0 ? c->tierzero.lookahead : 0;
+  r.widen_moves = c->tierzero.plan_widen_moves;
   r.no_carry = !tr->carry;
   for (int k = 0; k < TZ_PLAN_KINDS; k++)
     r.force[k] = TZ_PLAN_AUTO;
