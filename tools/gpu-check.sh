@@ -71,6 +71,9 @@
 # choice, one after the other (about 150 s; TZ_KEEPOUT_1B=0 leaves them out); with
 # TZ_KEEPOUT_8B=1 also Llama-3.1-8B's shape, one timed step each (about 450 s more: a call of
 # its own);
+# widen: the plan's window search (tierzero.plan_widen_moves) A/B'd: tz-auto llama-7b at 4 x 2048,
+# then llama-13b at 8 x 2048 (an H200's shape), each with the old search (0) then the default,
+# one after the other (about 400 s; TZ_WIDEN_MODELS picks, default "llama-7b");
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -389,6 +392,18 @@ if has keepout; then
         --set tierzero.recompute=$m
     done
   fi
+fi
+if has widen; then
+  mkdir -p /var/tmp/tz-bench-nvme
+  for m in ${TZ_WIDEN_MODELS:-llama-7b}; do
+    mb=4
+    [ "$m" = llama-13b ] && mb=8
+    for w in 0 12; do
+      step widen-$m-$w env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m --micro-batch $mb \
+        --steps 4 --warmup 2 --no-disk-ceiling --timeout 240 --tag w$w \
+        --set tierzero.plan_widen_moves=$w
+    done
+  done
 fi
 if has acts; then
   l1=(--model tests/data/hf/llama-3.2-1b.json --seq 65536 --set train_micro_batch_size_per_gpu=1
