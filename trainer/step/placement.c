@@ -64,10 +64,7 @@ double tz_train_recompute_flop(const tz_trainer *tr, unsigned parts) {
   double layer = tz_model_layer_flop(c, tr->B, tr->T), t = tr->part_s[0] + tr->part_s[1];
   if (!(t > 0))
     return tz_model_layer_part_flop(c, tr->B, tr->T, parts);
-  /* the attention part without its op: part_s[2], timed alike */
-  double attn = parts & TZ_PART_ATTN_OUT ? tr->part_s[2] : tr->part_s[0];
-  return layer * ((parts & TZ_PART_ATTN ? attn : 0) + (parts & TZ_PART_MLP ? tr->part_s[1] : 0)) /
-         t;
+  return layer * parts_s(tr->part_s, parts) / t;
 }
 
 static uint64_t sizes_total(const uint64_t *sizes, int n) {
