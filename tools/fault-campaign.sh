@@ -221,6 +221,18 @@ finish_bg() {
   ran "$?" "$T0" "$SIG_LIMIT"
 }
 
+# signal_case_last NAME SIGNAL: signal_case after the last step, where the run may end (its
+# checkpoint, teardown) before the signal is sent: run again, up to 5 times, until it arrives
+signal_case_last() {
+  local try
+  for try in 1 2 3 4 5; do
+    SIG_GONE=0
+    signal_case "$1" "$SIG_STEPS" "$2" && return
+    [ $? = 3 ] || return
+  done
+  report signals "$1" ok "not exercised: in 5 runs each ended before SIG$2 could be sent after its last step (tests/test_train_cli.c raises it there)"
+}
+
 # signal_case NAME K SIGNALS [EXTRA_ARGS...]: train SIG_STEPS steps saving every step, send
 # SIGNALS ("TERM", "KILL", "STOP+CONT", "INT+INT", ...) after step K (0: before the first step),
 # then resume until the end; the resumed run must end with the uninterrupted run's losses.
@@ -253,11 +265,20 @@ signal_case() {
     sent=$(kill -l INT)
     ;;
   *)
-    kill -"$first" "$CPID" 2> /dev/null
-    sent=$(kill -l "$first")
+    # a run that has ended (gone, or a zombie not yet reaped by timeout) gets no signal: the
+    # last step's case can lose that race, and is then run again (signal_case_last)
+    if [ "$(awk '{ print $3 }' "/proc/$CPID/stat" 2> /dev/null)" != Z ] &&
+      kill -"$first" "$CPID" 2> /dev/null; then
+      sent=$(kill -l "$first")
+    else
+      SIG_GONE=1
+    fi
     ;;
   esac
   finish_bg
+  if [ "${SIG_GONE:-0}" = 1 ] && [ "$k" = "$SIG_STEPS" ]; then
+    return 3
+  fi
   local rc1=$RC o
   o=$(classify_rc "$sent")
   if [ -n "$o" ]; then
@@ -417,7 +438,7 @@ group_signals() {
   for k in 2 5; do signal_case "hup@$k" $k HUP; done
   for k in 3 8; do signal_case "stop-cont@$k" $k STOP+CONT; done
   signal_case term-before-step1 0 TERM
-  signal_case term-at-last-step $SIG_STEPS TERM
+  signal_case_last term-at-last-step TERM
   term_twice
   # the same with every kind of state on nvme files (the save reads the shards from them)
   mkdir -p "$out/signals/nv"
