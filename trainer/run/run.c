@@ -1,9 +1,8 @@
 /* A whole training run (trainer/run/run.h): set-up, the steps and their cadence, the end. */
 #define _GNU_SOURCE
-#include "trainer/run/run.h"
+#include "trainer/run/run_internal.h"
 
 #include "core/error.h"
-#include "core/fence.h"
 #include "core/log.h"
 #include "core/sched.h"
 #include "kernels/compute.h"
@@ -214,44 +213,7 @@ void tz_run_world_close(struct tz_run_world *w) {
 
 /* ---- The run ---- */
 
-struct run {
-  const struct tz_run_options *o;
-  const struct tz_config *cfg;
-  tz_comm *comm;
-  tz_runtime *rt;
-  struct tz_run_result *res;
-  int rank, world;
-  tz_hf_model *hm;
-  struct tz_model_config mc;
-  const char *model_name;
-  char model_dir[4096];     /* the directory of --model's config.json; "" for a preset */
-  char tokenizer_dir[4096]; /* the export's tokenizer files: import_dir's, else model_dir's, when
-                               it has tokenizer.json; "" none */
-  char tokenizer[4096];     /* the tokenizer.json the data's sidecars are checked against; "" */
-  struct tz_plan_rates rates;
-  tz_trainer *tr;
-  tz_data *data;
-  tz_metrics_writer *mw; /* rank 0, with o->metrics */
-  tz_monitor *mon;       /* rank 0, with the config's tensorboard or csv_monitor enabled */
-  struct tz_run_batch batch;
-  int32_t *tok, *tgt; /* a step's batch: batch.accum * batch.micro * seq each */
-  int32_t *pos;       /* packed data: the tokens' positions in their documents */
-  int64_t n;          /* tokens of a step on this rank */
-  double fpt, peak;   /* model FLOPs per token; the peak FLOP/s of all ranks (0: unknown) */
-  double elapsed;     /* the steps' wall time so far */
-  struct tz_metrics_summary sum;
-  /* the tiers' I/O counters at the last step's figures */
-  struct tz_traffic_counters traffic;
-  /* The home phases' work at the end of this run's first step (their rate after it is what
-   * the rates cache learns, tz_rates_learn) */
-  struct tz_home_work home0;
-  int began;     /* TZ_RUN_BEGIN told, TZ_RUN_STEPS_END not yet */
-  double t_last; /* when the last step returned; 0 before */
-  /* rank 0's claim on ckpt_dir, for the whole run */
-  tz_ckpt_lock *lock;
-};
-
-static int emit(struct run *r, struct tz_run_event *ev) {
+static int emit(struct tz_run_state *r, struct tz_run_event *ev) {
   ev->rank = r->rank;
   ev->world = r->world;
   ev->trainer = r->tr;
@@ -260,7 +222,7 @@ static int emit(struct run *r, struct tz_run_event *ev) {
   return r->o->on_event ? r->o->on_event(r->o->arg, ev) : 0;
 }
 
-static int emit_kind(struct run *r, enum tz_run_event_kind kind, int64_t step) {
+static int emit_kind(struct tz_run_state *r, enum tz_run_event_kind kind, int64_t step) {
   struct tz_run_event ev = {.kind = kind, .step = step};
   return emit(r, &ev);
 }
@@ -283,7 +245,7 @@ static double run_disk_rate(const struct tz_metrics_summary *s) {
 }
 
 /* The summary event of the steps this run took, and the metrics file's summary line. */
-static int summarize(struct run *r) {
+static int summarize(struct tz_run_state *r) {
   struct tz_sched_stats st;
   tz_trainer_sched_stats(r->tr, &st);
   /* Two runs of the home phases at least after the first step (the first one's update runs in
@@ -328,157 +290,22 @@ static int summarize(struct run *r) {
   return 0;
 }
 
-/* ---- The checkpoint directory, claimed and checked before the first step ---- */
-
-/* Rank 0's verdict on what it alone makes (what), for every rank: the other ranks of its run
- * follow it, failing with a message that points to rank 0's. */
-static int rank0_agree(struct run *r, int rc, const char *what) {
-  if (r->world == 1)
-    return rc;
-  char saved[1024];
-  snprintf(saved, sizeof saved, "%s", tz_err_msg());
-  float mine = rc < 0 ? 1.0f : 0.0f, sum = 0;
-  tz_fence *f = NULL;
-  int crc = tz_comm_all_reduce(r->comm, &mine, &sum, 1, TZ_F32, NULL, &f);
-  if (crc == 0) {
-    crc = tz_fence_wait(f, -1);
-    tz_fence_release(f);
-  }
-  if (rc < 0)
-    return tz_err_set(rc, "%s", saved);
-  if (crc < 0)
-    return crc;
-  return sum > 0 ? tz_err_set(TZ_ECOMM, "%s: refused by rank 0 (its message says why)", what) : 0;
-}
-
-/* Rank 0's verdict on ckpt_dir for every rank: rank 0 alone holds the lock and writes the
- * directory's shared files (the ranks write their files into the save's directory that rank 0
- * made, so all of them see the same file system), and the other ranks of its run follow it. */
-static int ckpt_agree(struct run *r, int rc) {
-  char what[4200];
-  snprintf(what, sizeof what, "--ckpt-dir %s", r->o->ckpt_dir);
-  return rank0_agree(r, rc, what);
-}
-
-/* The flag before the checkpoint layer's message, which starts with the directory. */
-static int ckpt_refused(int rc) {
-  char why[1024];
-  snprintf(why, sizeof why, "%s", tz_err_msg());
-  return tz_err_set(rc, "--ckpt-dir %s", why);
-}
-
-/* The step the run starts from: the resumed checkpoint's (0 when it cannot be read: the resume
- * itself then fails with its message). */
-static int64_t ckpt_start(const struct tz_run_options *o) {
-  int64_t start = 0;
-  tz_ckpt_reader *rd = NULL;
-  if (o->resume && tz_ckpt_open(o->resume, 0, &rd) == 0)
-    start = (int64_t)tz_ckpt_step(rd);
-  tz_ckpt_close(rd);
-  return start;
-}
-
-/* A run that takes no step saves nothing (an export from a checkpoint: --resume DIR --steps 0),
- * so it may read the directory of a run that is going on. */
-static int ckpt_saves(const struct run *r) {
-  return r->o->ckpt_dir && !r->o->plan_only && r->o->steps > ckpt_start(r->o);
-}
-
-/* Two runs saving into one directory would replace each other's checkpoints: the first to start
- * keeps it until it ends. */
-static int ckpt_claim(struct run *r) {
-  if (!ckpt_saves(r))
-    return 0;
-  int rc = r->rank == 0 ? tz_ckpt_claim(r->o->ckpt_dir, &r->lock) : 0;
-  return ckpt_agree(r, rc < 0 ? ckpt_refused(rc) : 0);
-}
-
-/* The disk space of one save, from what trainer/checkpoint/resume.c's writer puts in each rank
- * file: the config, the state (a JSON text bounded here: its fixed fields and a short entry per
- * block) and each block's param, master, m and v shards, the same size on every rank. */
-static uint64_t ckpt_bytes(struct run *r) {
-  static const int kinds[] = {TZ_PLAN_PARAM, TZ_PLAN_MASTER, TZ_PLAN_M, TZ_PLAN_V};
-  const char *const *groups = tz_trainer_group_names(r->tr);
-  int nb = 0;
-  while (groups[nb])
-    nb++;
-  int n = 2 + 4 * nb;
-  char(*names)[TZ_CKPT_MAX_NAME + 1] = calloc((size_t)n, sizeof *names);
-  const char **np = calloc((size_t)n, sizeof *np);
-  uint64_t *bytes = calloc((size_t)n, sizeof *bytes), total = 0;
-  if (names && np && bytes) {
-    snprintf(names[0], sizeof names[0], "config");
-    bytes[0] = tz_ckpt_config_bytes(r->cfg);
-    snprintf(names[1], sizeof names[1], "state");
-    bytes[1] = 256;
-    for (int b = 0; b < nb; b++) {
-      bytes[1] += 64 + strlen(groups[b]);
-      for (int k = 0; k < 4; k++) {
-        snprintf(names[2 + 4 * b + k], sizeof names[0], "%s.%s", groups[b],
-                 tz_plan_kind_name(kinds[k]));
-        bytes[2 + 4 * b + k] = tz_trainer_shard_bytes(r->tr, b, kinds[k]);
-      }
-    }
-    for (int i = 0; i < n; i++)
-      np[i] = names[i];
-    total = tz_ckpt_bytes(r->world, tz_ckpt_rank_file_bytes(n, np, bytes));
-  }
-  free(names);
-  free(np);
-  free(bytes);
-  return total;
-}
-
-/* How many of this run's checkpoints are on disk at once at most: every save it makes with keep
- * 0 (all kept); else a save is written before the oldest beyond keep goes, so up to keep + 1 with
- * those already in the directory. */
-static int ckpt_count(struct run *r) {
-  const struct tz_run_options *o = r->o;
-  int64_t start = ckpt_start(o);
-  int64_t saves =
-      o->save_every && o->steps > start ? o->steps / o->save_every - start / o->save_every : 0;
-  if (o->steps > start && (!o->save_every || o->steps % o->save_every))
-    saves++; /* the last step's */
-  if (o->keep > 0) {
-    int have = tz_ckpt_list(o->ckpt_dir, NULL, 0);
-    int64_t room = o->keep + 1 - (have > 0 ? have : 0);
-    saves = saves < (room > 1 ? room : 1) ? saves : (room > 1 ? room : 1);
-  }
-  return saves > INT32_MAX ? INT32_MAX : (int)saves;
-}
-
-/* A directory that cannot take the run's saves fails it before its first step, not at its first
- * save with the steps lost. */
-static int ckpt_check(struct run *r) {
-  if (!ckpt_saves(r))
-    return 0;
-  int rc = 0;
-  if (r->rank == 0) {
-    uint64_t one = ckpt_bytes(r);
-    rc = one ? tz_ckpt_dir_check(r->o->ckpt_dir, one, ckpt_count(r), r->o->ckpt_options)
-             : tz_err_set(TZ_ENOMEM, "--ckpt-dir %s: no memory", r->o->ckpt_dir);
-    if (rc < 0 && one)
-      rc = ckpt_refused(rc);
-  }
-  return ckpt_agree(r, rc);
-}
-
 /* ---- Live monitoring (trainer/run/monitor.h), on rank 0 ---- */
 
 /* The config's monitors, their directories made and their files opened before the first step
  * (when the run takes one), so that a place that cannot take them fails the run before it
  * trains. Every rank follows rank 0's verdict. */
-static int monitor_open(struct run *r) {
-  if (r->o->steps <= ckpt_start(r->o))
+static int monitor_open(struct tz_run_state *r) {
+  if (r->o->steps <= tz_run_ckpt_start(r->o))
     return 0;
   int rc = r->rank == 0 ? tz_monitor_create(r->cfg, &r->mon) : 0;
-  return rank0_agree(r, rc, "tensorboard, csv_monitor");
+  return tz_run_rank0_agree(r, rc, "tensorboard, csv_monitor");
 }
 
 /* Step m as DeepSpeed's engine reports it: at its global_samples, every step done (skipped ones
  * too) times the global batch (train_batch_size), with the rate its scheduler gives after the step:
  * that of the update after the ones applied (steps done less the fp16 overflows skipped). */
-static int monitor_write(struct run *r, const struct tz_step_metrics *m) {
+static int monitor_write(struct tz_run_state *r, const struct tz_step_metrics *m) {
   const struct tz_config *tc = tz_trainer_config(r->tr);
   struct tz_monitor_step s = {
       .samples = m->step * r->batch.accum * r->batch.micro * r->world,
@@ -534,7 +361,7 @@ static int has_tokenizer_files(const char *dir) {
 /* Where the tokenizer is: the export copies its files from import_dir, else from the --model
  * directory (the first that holds any); the data's sidecars are checked against --tokenizer,
  * else the tokenizer.json of that directory. */
-static void find_tokenizer(struct run *r) {
+static void find_tokenizer(struct tz_run_state *r) {
   char path[4200];
   const char *dirs[] = {r->o->import_dir, r->model_dir};
   for (int i = 0; i < 2 && !r->tokenizer_dir[0]; i++)
@@ -549,7 +376,7 @@ static void find_tokenizer(struct run *r) {
 
 /* Gemma's math runs on the cpu backend only (kernels/compute.h, variants): refused at start on
  * another, naming what of it the model uses. */
-static int backend_computes(const struct run *r) {
+static int backend_computes(const struct tz_run_state *r) {
   const char *backend = r->o->backend ? r->o->backend : "cpu";
   char settings[256];
   TZ_CHECK(tz_train_compute_settings(r->cfg, backend, settings, sizeof settings));
@@ -559,7 +386,7 @@ static int backend_computes(const struct run *r) {
 /* The model: the preset or config.json named by --model or tierzero.model; with
  * --import-safetensors and none named, the checkpoint's config (its max_seq from the checkpoint
  * too). */
-static int choose_model(struct run *r) {
+static int choose_model(struct tz_run_state *r) {
   const struct tz_run_options *o = r->o;
   const char *preset = o->model ? o->model : r->cfg->tierzero.model;
   if (!preset && !r->hm)
@@ -582,7 +409,7 @@ static int choose_model(struct run *r) {
 }
 
 /* The rates the plan costs with, then the trainer and its plan. */
-static int plan(struct run *r) {
+static int plan(struct tz_run_state *r) {
   const struct tz_run_options *o = r->o;
   double t_start = tz_now_s();
   int rc = tz_rates_get(r->cfg, o->backend, r->rt, r->comm, o->rates, o->remeasure, &r->rates);
@@ -610,7 +437,7 @@ static int plan(struct run *r) {
 
 /* A run's metrics file is its own; a resumed run continues the file of the run it resumes, from
  * the checkpoint's step (docs/data.md). */
-static int open_metrics(struct run *r) {
+static int open_metrics(struct tz_run_state *r) {
   if (r->o->resume)
     TZ_CHECK(tz_metrics_writer_resume(r->o->metrics, r->res->start, &r->mw));
   else
@@ -620,7 +447,7 @@ static int open_metrics(struct run *r) {
 
 /* The special tokens of the data's tokenizer, for the export, where the model has none of its
  * own (an import's config gives them). */
-static void data_token_ids(struct run *r) {
+static void data_token_ids(struct tz_run_state *r) {
   const struct tz_data_tokenizer *t = tz_data_tokenizer(r->data);
   if (!t->known)
     return;
@@ -638,50 +465,11 @@ static void data_token_ids(struct run *r) {
   }
 }
 
-/* An output file the run will write: absent, or a regular file. A FIFO held the run in its
- * open for good (--metrics before the first step, --trace after the last; SIGTERM restarts the
- * open), a device or a directory would take what was meant for a file: refused by name. */
-static int output_file(const char *what, const char *path) {
-  struct stat st;
-  if (!path || stat(path, &st) != 0 || S_ISREG(st.st_mode))
-    return 0;
-  const char *kind = S_ISFIFO(st.st_mode)   ? "a FIFO"
-                     : S_ISDIR(st.st_mode)  ? "a directory"
-                     : S_ISSOCK(st.st_mode) ? "a socket"
-                                            : "a device";
-  return tz_err_set(TZ_EINVAL, "%s %s: %s, not a regular file: give the path of a file to write",
-                    what, path, kind);
-}
-
-/* What the run writes after its steps (the export, the trace) checked before the first: a place
- * that cannot take it would otherwise be found after every step ran, the training lost without a
- * checkpoint (issue 48). Every rank checks, so that every rank stops with the message. The
- * metrics file and the trace are files of their own (output_file). */
-static int check_outputs(struct run *r) {
-  const struct tz_run_options *o = r->o;
-  if (o->plan_only)
-    return 0;
-  TZ_CHECK(output_file("--metrics", o->metrics));
-  TZ_CHECK(output_file("--trace", o->trace_path));
-  if (o->export_dir) {
-    /* the tensors in the export's dtype, and a little for config, index and tokenizer files */
-    uint64_t bytes = tz_model_n_params(&r->mc) * tz_dtype_size(o->export_dtype) + (16u << 20);
-    TZ_CHECK(tz_ckpt_out_check("--export-safetensors", o->export_dir, bytes));
-    TZ_CHECK(tz_hf_export_check_dir(o->export_dir));
-  }
-  if (o->trace_path) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", o->trace_path);
-    TZ_CHECK(tz_ckpt_out_check("--trace", dirname(dir), 0));
-  }
-  return 0;
-}
-
 /* The state to start from (an import or a checkpoint), the data, the metrics file, the buffers. */
 /* The data: --data, else the config's (a resume's: what the run it continues trained on);
  * none for synthetic sequences. Opened before the plan, so that --epochs can count its samples
  * and a refusal comes before any setup. */
-static int open_data(struct run *r) {
+static int open_data(struct tz_run_state *r) {
   const struct tz_run_options *o = r->o;
   const char *data = o->data ? o->data : r->cfg->tierzero.data;
   if (data && strcmp(data, "synthetic") == 0)
@@ -705,7 +493,7 @@ int64_t tz_run_epoch_steps(double epochs, uint64_t samples, int64_t per_step) {
 
 /* tierzero.epochs (--epochs) as steps into *oo (a copy of the options the run reads from then
  * on): ceil(epochs * training samples / the global batch); --steps given too must agree. */
-static int resolve_epochs(struct run *r, struct tz_run_options *oo) {
+static int resolve_epochs(struct tz_run_state *r, struct tz_run_options *oo) {
   double epochs = r->cfg->tierzero.epochs;
   if (!(epochs > 0))
     return 0;
@@ -730,7 +518,7 @@ static int resolve_epochs(struct run *r, struct tz_run_options *oo) {
   return 0;
 }
 
-static int prepare(struct run *r) {
+static int prepare(struct tz_run_state *r) {
   const struct tz_run_options *o = r->o;
   if (r->hm) {
     TZ_CHECK(tz_export_import(r->tr, r->hm, &r->mc));
@@ -758,7 +546,7 @@ static int prepare(struct run *r) {
     struct tz_run_event ev = {.kind = TZ_RUN_DATA, .data = r->data};
     TZ_CHECK(emit(r, &ev));
   }
-  TZ_CHECK(check_outputs(r)); /* before the metrics file is opened: it may be a FIFO */
+  TZ_CHECK(tz_run_check_outputs(r)); /* before the metrics file is opened: it may be a FIFO */
   if (r->rank == 0 && o->metrics)
     TZ_CHECK(open_metrics(r));
   tz_tier *tiers[3];
@@ -790,7 +578,7 @@ static int prepare(struct run *r) {
 }
 
 /* The validation loss (the same batch every time), into *loss. */
-static int evaluate(struct run *r, float *loss) {
+static int evaluate(struct tz_run_state *r, float *loss) {
   struct tz_step_docs docs;
   TZ_CHECK(tz_run_fill_batch(&r->batch, 0, 1, r->tok, r->tgt, &docs, r->pos));
   return tz_trainer_eval(r->tr, r->tok, r->tgt, &docs, loss);
@@ -801,24 +589,12 @@ static int evaluate(struct run *r, float *loss) {
 /* v (non-finite) as printed: "nan", "inf" or "-inf" (a NaN's sign means nothing). */
 static const char *nonfinite_name(double v) { return isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
 
-/* The checkpoint the run would resume from now, into buf: "checkpoint DIR/step-N" or why none. */
-static void last_checkpoint(const struct run *r, char *buf, size_t len) {
-  const struct tz_run_options *o = r->o;
-  int64_t saved = r->res->saved;
-  const char *root = o->resume && saved == r->res->start ? o->resume : o->ckpt_dir;
-  if (saved >= 0 && root)
-    snprintf(buf, len, "the last checkpoint %s/step-%08lld is the last finite state", root,
-             (long long)saved);
-  else
-    snprintf(buf, len, "nothing was saved%s", o->ckpt_dir ? " before it" : " (no --ckpt-dir)");
-}
-
 /* After step `done` (1-based) whose loss or gradient norm is not finite and which the fp16 loss
  * scaler did not skip: the run ends here, before anything writes the state (its update is
  * pending folded, or already applied unfolded): no checkpoint, no export, the summary of the steps
  * taken with that step's own loss, and an error naming the step. Every rank sees the same
  * all-reduced loss and norm, so every rank stops after the same step. */
-static int stop_nonfinite(struct run *r, int64_t done, double loss, double norm) {
+static int stop_nonfinite(struct tz_run_state *r, int64_t done, double loss, double norm) {
   char what[128], ckpt[1200];
   if (isfinite(loss))
     snprintf(what, sizeof what, "gradient norm is %s (loss %.6g)", nonfinite_name(norm), loss);
@@ -827,7 +603,7 @@ static int stop_nonfinite(struct run *r, int64_t done, double loss, double norm)
   else
     snprintf(what, sizeof what, "loss is %s (gradient norm %s)", nonfinite_name(loss),
              nonfinite_name(norm));
-  last_checkpoint(r, ckpt, sizeof ckpt);
+  tz_run_last_checkpoint(r, ckpt, sizeof ckpt);
   r->began = 0;
   TZ_CHECK(emit_kind(r, TZ_RUN_STEPS_END, done));
   TZ_CHECK(summarize(r));
@@ -844,7 +620,7 @@ static int step_finite(const struct tz_step_metrics *m) {
 }
 
 /* Step s (0-based): the step, its figures, its evaluation when due, and the events. */
-static int step(struct run *r, int64_t s) {
+static int step(struct tz_run_state *r, int64_t s) {
   const struct tz_run_options *o = r->o;
   struct tz_step_docs docs;
   TZ_CHECK(tz_run_fill_batch(&r->batch, s, 0, r->tok, r->tgt, &docs, r->pos));
@@ -894,7 +670,7 @@ static int step(struct run *r, int64_t s) {
   return step_finite(&m) ? 0 : stop_nonfinite(r, m.step, m.loss, m.grad_norm);
 }
 
-static int save(struct run *r, int64_t done) {
+static int save(struct tz_run_state *r, int64_t done) {
   TZ_CHECK(tz_resume_save_with(r->tr, r->comm, r->cfg, r->o->ckpt_dir, (int)r->o->keep,
                                r->o->ckpt_options));
   r->res->saved = done;
@@ -906,7 +682,7 @@ static int save(struct run *r, int64_t done) {
 /* The stop watchdog's grace (trainer/run/signals.h): tierzero.stop_grace, or until a step has ended
  * 20 times the plan's bound, at least 120 s (600 s without a bound), then 3 times the longest
  * step so far, at least 60 s. */
-static void set_grace(const struct run *r, double longest_step_s) {
+static void set_grace(const struct tz_run_state *r, double longest_step_s) {
   double g = r->cfg->tierzero.stop_grace, bound = tz_trainer_plan(r->tr)->bound_s;
   if (g <= 0 && longest_step_s > 0)
     g = fmax(60.0, 3.0 * longest_step_s);
@@ -915,7 +691,7 @@ static void set_grace(const struct run *r, double longest_step_s) {
   tz_signals_set_grace((unsigned)ceil(fmin(g, 86400.0)));
 }
 
-static int steps(struct run *r) {
+static int steps(struct tz_run_state *r) {
   const struct tz_run_options *o = r->o;
   double longest = 0;
   set_grace(r, 0);
@@ -950,51 +726,9 @@ static int steps(struct run *r) {
   return 0;
 }
 
-/* An export that failed after the steps, every rank told (rank0_agree): the trained state is not
- * lost. Where the last step is in the run's checkpoint the message says how to export from it;
- * else an emergency checkpoint is saved, beside the export (DIR.emergency-ckpt) or, failing that,
- * in the working directory (tz-emergency-ckpt), and the message names it. rc and the export's
- * message are returned either way: the run did not do all it was asked. */
-static int export_failed(struct run *r, int rc) {
-  const struct tz_run_options *o = r->o;
-  char why[2048];
-  snprintf(why, sizeof why, "%s", tz_err_msg());
-  long long n = (long long)tz_trainer_steps_done(r->tr);
-  if (o->ckpt_dir && r->res->saved == n)
-    return tz_err_set(rc,
-                      "%s; the trained state is in %s (step %lld): export it with --resume %s "
-                      "--steps %lld --export-safetensors DIR",
-                      why, o->ckpt_dir, n, o->ckpt_dir, n);
-  char roots[2][4200];
-  size_t dl = strlen(o->export_dir);
-  while (dl > 1 && o->export_dir[dl - 1] == '/')
-    dl--;
-  snprintf(roots[0], sizeof roots[0], "%.*s.emergency-ckpt", (int)dl, o->export_dir);
-  snprintf(roots[1], sizeof roots[1], "tz-emergency-ckpt");
-  char last[1024] = "";
-  for (int i = 0; i < 2; i++) {
-    tz_ckpt_lock *lock = NULL;
-    int lrc = r->rank == 0 ? tz_ckpt_claim(roots[i], &lock) : 0;
-    lrc = rank0_agree(r, lrc, roots[i]);
-    if (lrc == 0)
-      lrc = tz_resume_save(r->tr, r->comm, r->cfg, roots[i], 1);
-    tz_ckpt_release(lock);
-    if (lrc == 0)
-      return tz_err_set(rc,
-                        "%s; the trained state is saved in the emergency checkpoint %s (step "
-                        "%lld): export it with --resume %s --steps %lld --export-safetensors DIR",
-                        why, roots[i], n, roots[i], n);
-    snprintf(last, sizeof last, "%s", tz_err_msg());
-  }
-  return tz_err_set(rc,
-                    "%s; no emergency checkpoint could be written either (%s): the training "
-                    "is lost",
-                    why, last);
-}
-
 /* After the steps: the last checkpoint, an evaluation of a run without steps, the trace, the
  * export and the summary. */
-static int finish(struct run *r) {
+static int finish(struct tz_run_state *r) {
   const struct tz_run_options *o = r->o;
   if (tz_run_saves_at_end(o, r->res->start, r->res->saved))
     TZ_CHECK(save(r, o->steps));
@@ -1021,9 +755,9 @@ static int finish(struct run *r) {
                       o->export_dir);
     char what[4200];
     snprintf(what, sizeof what, "--export-safetensors %s", o->export_dir);
-    rc = rank0_agree(r, rc, what);
+    rc = tz_run_rank0_agree(r, rc, what);
     if (rc < 0)
-      return export_failed(r, rc);
+      return tz_run_export_failed(r, rc);
     TZ_CHECK(emit_kind(r, TZ_RUN_EXPORTED, tz_trainer_steps_done(r->tr)));
   }
   if (o->trace_path && r->rank == 0) {
@@ -1039,14 +773,14 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
            tz_runtime *rt, struct tz_run_result *res) {
   memset(res, 0, sizeof *res);
   res->saved = -1;
-  struct run r = {.o = o, .cfg = cfg, .comm = comm, .rt = rt, .res = res};
+  struct tz_run_state r = {.o = o, .cfg = cfg, .comm = comm, .rt = rt, .res = res};
   r.rank = tz_comm_rank(comm);
   r.world = o->plan_world ? o->plan_world : tz_comm_size(comm);
   if (o->import_dir)
     TZ_CHECK(tz_hf_open(o->import_dir, &r.hm));
   /* The options the run reads: --epochs resolved into steps once the data is open. */
   struct tz_run_options oo = *o;
-  int rc = ckpt_claim(&r);
+  int rc = tz_run_ckpt_claim(&r);
   if (rc == 0)
     rc = choose_model(&r);
   if (rc == 0 && (!o->plan_only || cfg->tierzero.epochs > 0)) /* a plan needs no data */
@@ -1059,7 +793,7 @@ int tz_run(const struct tz_run_options *o, const struct tz_config *cfg, tz_comm 
   if (rc == 0)
     rc = plan(&r);
   if (rc == 0 && !o->plan_only) {
-    rc = ckpt_check(&r);
+    rc = tz_run_ckpt_check(&r);
     if (rc == 0)
       rc = monitor_open(&r);
     if (rc == 0)
