@@ -253,6 +253,29 @@ int tz_compute_matmul_add(tz_compute *cm, int trans_a, int trans_b, int M, int N
                          R, C, c_dt, ldc);
 }
 
+int tz_compute_matmul_many(tz_compute *cm, int n, const struct tz_matmul_call *calls) {
+  NEED(n >= 0 && (n == 0 || calls), "compute matmul_many: %d calls at %p", n, (const void *)calls);
+  int live = 0;
+  for (int i = 0; i < n; i++) {
+    const struct tz_matmul_call *c = &calls[i];
+    char op[48];
+    snprintf(op, sizeof op, "matmul_many (call %d of %d)", i, n);
+    TZ_CHECK(matmul_check(cm, op, c->trans_a, c->trans_b, c->M, c->N, c->K, c->A, c->lda, c->B,
+                          c->ldb, c->C, c->c_dt, c->ldc));
+    live += c->M && c->N;
+  }
+  if (live == n && live > 1 && cm->ops->matmul_many)
+    return cm->ops->matmul_many(cm->ctx, n, calls);
+  for (int i = 0; i < n; i++) {
+    const struct tz_matmul_call *c = &calls[i];
+    if (c->M && c->N)
+      TZ_CHECK(cm->ops->matmul(cm->ctx, c->trans_a != 0, c->trans_b != 0, c->M, c->N, c->K,
+                               c->alpha, c->A, c->lda, c->B, c->ldb, c->beta, c->C, c->C, c->c_dt,
+                               c->ldc));
+  }
+  return 0;
+}
+
 int tz_compute_embedding_fwd(tz_compute *cm, void *out, const int32_t *tokens, const void *wte,
                              int N, int C, int V) {
   NEED(N >= 0 && C > 0 && V > 0, "compute embedding_fwd: bad sizes N=%d C=%d V=%d", N, C, V);

@@ -205,6 +205,26 @@ int tz_compute_matmul_add(tz_compute *cm, int trans_a, int trans_b, int M, int N
                           float alpha, const void *A, int lda, const void *B, int ldb,
                           const void *R, void *C, enum tz_dtype c_dt, int ldc);
 
+/* One product of tz_compute_matmul_many: tz_compute_matmul's arguments. */
+struct tz_matmul_call {
+  int trans_a, trans_b, M, N, K;
+  float alpha;
+  const void *A;
+  int lda;
+  const void *B;
+  int ldb;
+  float beta;
+  void *C;
+  enum tz_dtype c_dt;
+  int ldc;
+};
+/* n independent products, each calls[i] with the bits tz_compute_matmul gives it alone: no call
+ * writes what another reads or writes. A backend may run them side by side (the cuda backend on
+ * side streams when built with TZ_CUDA_MM_STREAMS: the experts' products, each too small to fill
+ * the GPU alone); all are done, in the instance's order, before its next op. A bad call is
+ * refused naming its index, before any runs. */
+int tz_compute_matmul_many(tz_compute *cm, int n, const struct tz_matmul_call *calls);
+
 /* ---- Embedding ----
  * fwd: out (N,C) S = wte (V,C) S [tokens (N) int32]
  * bwd: dwte (V,C) G += scatter of dout (N,C) S by token, each row's contributions added in

@@ -46,6 +46,9 @@ struct tz_compute_ops {
   int (*matmul)(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
                 const void *A, int lda, const void *B, int ldb, float beta, const void *R, void *C,
                 enum tz_dtype c_dt, int ldc);
+  /* optional: NULL means the wrapper runs the calls through matmul one after the other. The
+   * calls are checked, none with M or N 0, n >= 1. */
+  int (*matmul_many)(void *ctx, int n, const struct tz_matmul_call *calls);
 
   int (*embedding_fwd)(void *ctx, void *out, const int32_t *tokens, const void *wte, int N, int C,
                        int V);
@@ -91,8 +94,8 @@ struct tz_compute_ops {
               enum tz_dtype copy_dtype, size_t n);
   /* optional, all or none: NULL means the backend has no mixture-of-experts ops (the wrapper
    * refuses them by name); norm is 0 or 1 */
-  int (*moe_route)(void *ctx, const struct tz_moe_route *r, float *stats, const void *logits,
-                   int N, int E, int k, int norm);
+  int (*moe_route)(void *ctx, const struct tz_moe_route *r, float *stats, const void *logits, int N,
+                   int E, int k, int norm);
   int (*moe_route_bwd)(void *ctx, void *dlogits, const struct tz_moe_route *r, const float *dw,
                        const float *daux, int N, int E, int k, int norm);
   int (*moe_gather)(void *ctx, void *xs, const void *x, const int32_t *rows, int M, int C);
@@ -105,8 +108,8 @@ struct tz_compute_ops {
   /* optional, both or neither (with the ones above): the shared expert's gate */
   int (*moe_gate_fwd)(void *ctx, void *out, const void *res, const void *y, const void *s, int N,
                       int C);
-  int (*moe_gate_bwd)(void *ctx, void *dy, void *ds, const void *dout, const void *y,
-                      const void *s, int N, int C);
+  int (*moe_gate_bwd)(void *ctx, void *dy, void *ds, const void *dout, const void *y, const void *s,
+                      int N, int C);
 };
 
 struct tz_compute {

@@ -433,6 +433,75 @@ static void test_matmul_add(void **state) {
   tz_compute_destroy(cm);
 }
 
+/* matmul_many: each call's bits are tz_compute_matmul's alone (the three kinds the experts run:
+ * forward, a weight gradient accumulated, an input gradient overwritten then accumulated), an
+ * empty call among them does nothing, and a bad call is refused naming its index before any call
+ * runs. */
+static void test_matmul_many(void **state) {
+  (void)state;
+  tz_compute *cm = cpu(2);
+  enum { NC = 7, CN = 32 * 32 }; /* C's room: the largest product is K x K */
+  const int M = 19, K = 24, N = 11;
+  uint64_t st = 5;
+  float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * K * N);
+  float *Bt = malloc(sizeof(float) * N * K), *C[NC], *Cs[NC];
+  assert_true(A && B && Bt);
+  for (int i = 0; i < M * K; i++)
+    A[i] = urand(&st) - 0.5f;
+  for (int i = 0; i < K * N; i++)
+    B[i] = urand(&st) - 0.5f, Bt[i] = urand(&st) - 0.5f;
+  struct tz_matmul_call calls[NC];
+  for (int c = 0; c < NC; c++) {
+    C[c] = malloc(sizeof(float) * CN), Cs[c] = malloc(sizeof(float) * CN);
+    assert_true(C[c] && Cs[c]);
+    for (int i = 0; i < CN; i++)
+      C[c][i] = Cs[c][i] = 2.0f * urand(&st) - 1.0f;
+    /* (0,0) A B, (0,1) A Bt^T, (1,0) A^T A accumulated; beta 0 and 1; one call empty */
+    int kind = c % 3, rows = c == 4 ? 0 : M - c;
+    struct tz_matmul_call m = {.M = rows,
+                               .N = N,
+                               .K = K,
+                               .alpha = 1.0f,
+                               .A = A,
+                               .lda = K,
+                               .B = B,
+                               .ldb = N,
+                               .beta = (float)(c & 1),
+                               .C = C[c],
+                               .c_dt = TZ_F32,
+                               .ldc = N};
+    if (kind == 1)
+      m.trans_b = 1, m.alpha = 0.5f, m.B = Bt, m.ldb = K, m.beta = 0.0f;
+    if (kind == 2)
+      m.trans_a = 1, m.M = K, m.N = K, m.K = rows, m.B = A, m.ldb = K, m.beta = 1.0f, m.ldc = K;
+    calls[c] = m;
+  }
+  for (int c = 0; c < NC; c++) {
+    struct tz_matmul_call m = calls[c];
+    TZ_ASSERT_OK(tz_compute_matmul(cm, m.trans_a, m.trans_b, m.M, m.N, m.K, m.alpha, m.A, m.lda,
+                                   m.B, m.ldb, m.beta, Cs[c], m.c_dt, m.ldc));
+  }
+  TZ_ASSERT_OK(tz_compute_matmul_many(cm, NC, calls));
+  for (int c = 0; c < NC; c++)
+    assert_memory_equal(C[c], Cs[c], sizeof(float) * CN);
+  /* a product of the forward kind against float64 */
+  double p = 0;
+  for (int k = 0; k < K; k++)
+    p += (double)A[3 * K + k] * B[k * N + 5];
+  assert_true(fabs(C[0][3 * N + 5] - p) < 1e-5);
+  TZ_ASSERT_OK(tz_compute_matmul_many(cm, 0, NULL));
+  /* call 2's ldc too small: refused by index, call 0 not run */
+  memcpy(Cs[0], C[0], sizeof(float) * CN);
+  calls[2].ldc = calls[2].N - 1;
+  assert_int_equal(tz_compute_matmul_many(cm, NC, calls), TZ_EINVAL);
+  assert_non_null(strstr(tz_err_msg(), "call 2 of 7"));
+  assert_memory_equal(C[0], Cs[0], sizeof(float) * CN);
+  for (int c = 0; c < NC; c++)
+    free(C[c]), free(Cs[c]);
+  free(A), free(B), free(Bt);
+  tz_compute_destroy(cm);
+}
+
 /* rmsnorm_bwd's residual: dx = dres + g in one rounding. dres == dx accumulates; NULL gives the
  * bits of accumulating onto zeros; another tensor gives the bits of copying it into dx first. */
 static void test_rmsnorm_bwd_residual(void **state) {
@@ -1053,6 +1122,7 @@ int main(void) {
       cmocka_unit_test(test_sumsq_segments),
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_matmul_add),
+      cmocka_unit_test(test_matmul_many),
       cmocka_unit_test(test_rmsnorm_bwd_residual),
       cmocka_unit_test(test_swiglu_bwd_rebuild),
       cmocka_unit_test(test_rope_inverse),

@@ -2438,6 +2438,117 @@ static void moe_gpu_case(struct env *e, int N, int E, int k, int norm) {
   free(lg), free(x), free(y), free(g), free(sg);
 }
 
+/* matmul_many as the experts run it (trainer/model/model_moe.c): each expert's forward (x W^T,
+ * bf16 out) and weight gradient (dy^T x accumulated in f32) over rows of 0 to 600, the calls of
+ * a round together, twice: the same bits as the calls one by one, and every product done before
+ * the next op on the instance's stream (the read back right after) and after the op before it
+ * (the gradients put back just before are what the first round accumulates onto). With the
+ * backend built with TZ_CUDA_MM_STREAMS the calls run side by side on its side streams; without,
+ * one after the other (the wrapper's loop). */
+static void test_matmul_many(void **state) {
+  (void)state;
+  g_failures = 0;
+  struct env e;
+  TZ_ASSERT_OK(env_open(&e, TZ_BF16, TZ_F32));
+  tz_compute *cm = e.gpu;
+  enum { E = 9, C = 192, F = 128 };
+  static const int rows[E] = {600, 1, 0, 7, 64, 130, 333, 2, 512};
+  int off[E + 1] = {0};
+  for (int x = 0; x < E; x++)
+    off[x + 1] = off[x] + rows[x];
+  const int M = off[E];
+  size_t nx = (size_t)M * C, nw = (size_t)E * F * C, ny = (size_t)M * F;
+  float *vx = randv(nx, 1.0f), *vw = randv(nw, 0.1f), *vd = randv(ny, 1.0f), *vg = randv(nw, 1.0f);
+  void *px = pack(vx, nx, TZ_BF16), *pw = pack(vw, nw, TZ_BF16), *pd = pack(vd, ny, TZ_BF16);
+  void *X = moe_alloc(cm, nx * 2), *W = moe_alloc(cm, nw * 2), *D = moe_alloc(cm, ny * 2);
+  void *Y[2], *G[2];
+  for (int r = 0; r < 2; r++) {
+    Y[r] = moe_alloc(cm, ny * 2);
+    G[r] = moe_alloc(cm, nw * 4);
+  }
+  TZ_ASSERT_OK(tz_compute_copy_in(cm, X, px, nx * 2));
+  TZ_ASSERT_OK(tz_compute_copy_in(cm, W, pw, nw * 2));
+  TZ_ASSERT_OK(tz_compute_copy_in(cm, D, pd, ny * 2));
+  struct tz_matmul_call calls[2][2 * E];
+  int n = 0;
+  for (int x = 0; x < E; x++) {
+    if (!rows[x])
+      continue;
+    for (int r = 0; r < 2; r++) {
+      const char *xs = (const char *)X + (size_t)off[x] * C * 2;
+      const char *w = (const char *)W + (size_t)x * F * C * 2;
+      calls[r][n] = (struct tz_matmul_call){.trans_b = 1,
+                                            .M = rows[x],
+                                            .N = F,
+                                            .K = C,
+                                            .alpha = 1.0f,
+                                            .A = xs,
+                                            .lda = C,
+                                            .B = w,
+                                            .ldb = C,
+                                            .C = (char *)Y[r] + (size_t)off[x] * F * 2,
+                                            .c_dt = TZ_BF16,
+                                            .ldc = F};
+      calls[r][n + 1] = (struct tz_matmul_call){.trans_a = 1,
+                                                .M = F,
+                                                .N = C,
+                                                .K = rows[x],
+                                                .alpha = 1.0f,
+                                                .A = (const char *)D + (size_t)off[x] * F * 2,
+                                                .lda = F,
+                                                .B = xs,
+                                                .ldb = C,
+                                                .beta = 1.0f,
+                                                .C = (char *)G[r] + (size_t)x * F * C * 4,
+                                                .c_dt = TZ_F32,
+                                                .ldc = C};
+    }
+    n += 2;
+  }
+  for (int r = 0; r < 2; r++)
+    TZ_ASSERT_OK(tz_compute_copy_in(cm, G[r], vg, nw * 4));
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < n; i++) {
+      struct tz_matmul_call m = calls[0][i];
+      TZ_ASSERT_OK(tz_compute_matmul(cm, m.trans_a, m.trans_b, m.M, m.N, m.K, m.alpha, m.A, m.lda,
+                                     m.B, m.ldb, m.beta, m.C, m.c_dt, m.ldc));
+    }
+    TZ_ASSERT_OK(tz_compute_matmul_many(cm, n, calls[1]));
+    void *hy[2], *hg[2];
+    for (int r = 0; r < 2; r++) {
+      hy[r] = malloc(ny * 2), hg[r] = malloc(nw * 4);
+      assert_true(hy[r] && hg[r]);
+      TZ_ASSERT_OK(tz_compute_copy_out(cm, hy[r], Y[r], ny * 2));
+      TZ_ASSERT_OK(tz_compute_copy_out(cm, hg[r], G[r], nw * 4));
+    }
+    check_bits(round ? "matmul_many: the experts' outputs, again"
+                     : "matmul_many: the experts' outputs",
+               hy[0], hy[1], ny * 2);
+    check_bits(round ? "matmul_many: the weights' gradients, accumulated again"
+                     : "matmul_many: the weights' gradients",
+               hg[0], hg[1], nw * 4);
+    /* one product against float64: row 3 of expert 6, column 5 */
+    float y[1];
+    unpack(y, (const char *)hy[1] + ((size_t)(off[6] + 3) * F + 5) * 2, 1, TZ_BF16);
+    double ref = 0;
+    for (int c = 0; c < C; c++)
+      ref += (double)round_to(TZ_BF16, vx[(size_t)(off[6] + 3) * C + c]) *
+             round_to(TZ_BF16, vw[((size_t)6 * F + 5) * C + c]);
+    if (fabs(y[0] - ref) > 1e-2 * (1 + fabs(ref))) {
+      printf("  matmul_many: expert 6 row 3 col 5 %g, float64 %g: FAIL\n", (double)y[0], ref);
+      g_failures++;
+    }
+    for (int r = 0; r < 2; r++)
+      free(hy[r]), free(hg[r]);
+  }
+  for (int r = 0; r < 2; r++)
+    tz_compute_free(cm, Y[r]), tz_compute_free(cm, G[r]);
+  tz_compute_free(cm, X), tz_compute_free(cm, W), tz_compute_free(cm, D);
+  free(vx), free(vw), free(vd), free(vg), free(px), free(pw), free(pd);
+  env_close(&e);
+  assert_int_equal(g_failures, 0);
+}
+
 static void test_moe_ops(void **state) {
   (void)state;
   g_failures = 0;
@@ -2493,6 +2604,7 @@ int main(void) {
       cmocka_unit_test(test_model),
       cmocka_unit_test(test_adam_op),
       cmocka_unit_test(test_moe_ops),
+      cmocka_unit_test(test_matmul_many),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

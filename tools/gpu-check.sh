@@ -74,6 +74,11 @@
 # widen: the plan's window search (tierzero.plan_widen_moves) A/B'd: tz-auto llama-7b at 4 x 2048,
 # then llama-13b at 8 x 2048 (an H200's shape), each with the old search (0) then the default,
 # one after the other (about 400 s; TZ_WIDEN_MODELS picks, default "llama-7b");
+# mmstreams: the experts' products side by side (tz_compute_matmul_many on TZ_MM_LANES streams,
+# 4 by default; off in main until this ran): a second tree built with -DTZ_CUDA_MM_STREAMS, its
+# GPU tests that run the experts (test_compute_cuda's test_matmul_many: the same bits as one by
+# one; test_train_gpu's experts placement), then tz-bench layer at OLMoE-1B-7B's and Mixtral's
+# experts on main's build and on it, one after the other, twice (about 300 s);
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -336,6 +341,23 @@ if has moelayer; then
     --experts 64 --experts-used 8 --moe-ffn 1024
   step moelayer-mixtral $b/bin/tz-bench layer --rounds 3 --kv-heads 8 --experts 8 \
     --experts-used 2 --moe-ffn 14336 --norm-topk
+fi
+if has mmstreams; then
+  bm=/tmp/tz-build-mm
+  step mm-configure cmake --preset gpu -B $bm -DCMAKE_CUDA_FLAGS="-DTZ_CUDA_MM_STREAMS=${TZ_MM_LANES:-4}"
+  step mm-build cmake --build $bm -j"$(nproc)" --target tz-bench test_compute_cuda test_train_gpu
+  step mm-tests ctest --test-dir $bm --output-on-failure -j2 --timeout 300 \
+    -R '^(test_compute_cuda|test_train_gpu.*)$'
+  for r in 1 2; do
+    for t in main mm; do
+      d=$b
+      [ $t = mm ] && d=$bm
+      step mm-olmoe-$t-$r $d/bin/tz-bench layer --no-torch --rounds 3 --d-model 2048 --heads 16 \
+        --kv-heads 16 --experts 64 --experts-used 8 --moe-ffn 1024
+      step mm-mixtral-$t-$r $d/bin/tz-bench layer --no-torch --rounds 3 --kv-heads 8 --experts 8 \
+        --experts-used 2 --moe-ffn 14336 --norm-topk
+    done
+  done
 fi
 # dsmoe: issue 53's pair on the 7B-total MoE (tests/data/hf/olmoe-1b-7b-0924.json, random
 # weights): DeepSpeed ZeRO-3 with parameters and optimizer on the CPU and the experts' blocks as

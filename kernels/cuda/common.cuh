@@ -47,6 +47,14 @@ enum {
   TZ_CUDA_BAD_TARGET = 3, /* a cross-entropy target outside [0, V) */
 };
 
+/* matmul_many's streams (matmul.cu): TZ_CUDA_MM_STREAMS when built with it (-D, a count of 2 or
+ * more; the ops table then has matmul_many), else 4 (the function is compiled either way). */
+#if defined(TZ_CUDA_MM_STREAMS) && TZ_CUDA_MM_STREAMS > 1
+#define TZ_CUDA_MM_LANES TZ_CUDA_MM_STREAMS
+#else
+#define TZ_CUDA_MM_LANES 4
+#endif
+
 /* Matmul descriptors and the algorithm chosen for one shape (matmul.cu). */
 struct tz_cuda_mm_entry;
 
@@ -66,6 +74,12 @@ struct tz_cuda {
   cublasLtHandle_t lt;
   void *workspace; /* cuBLASLt workspace, allocated once */
   size_t workspace_bytes;
+  /* matmul_many's lanes (matmul.cu), made at its first call: lane[0] is stream with workspace,
+   * the others side streams with their own workspaces; lanes 0 until made */
+  int lanes;
+  cudaStream_t lane[TZ_CUDA_MM_LANES];
+  void *lane_ws[TZ_CUDA_MM_LANES];
+  cudaEvent_t lane_fork, lane_done[TZ_CUDA_MM_LANES];
   struct tz_cuda_mm_entry *mm; /* open-addressing table of chosen algorithms */
   size_t mm_cap, mm_count;
   void *scratch; /* per-operation scratch (partial sums, tables), grown on demand */
@@ -253,6 +267,10 @@ int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, flo
                    const void *A, int lda, const void *B, int ldb, float beta, const void *R,
                    void *C, enum tz_dtype c_dt, int ldc);
 void tz_cuda_matmul_release(struct tz_cuda *c); /* destroys the table's descriptors */
+/* Independent products over the instance's stream and its side streams (matmul.cu; the ops
+ * table's matmul_many when built with TZ_CUDA_MM_STREAMS), and the side streams' release. */
+int tz_cuda_matmul_many(void *ctx, int n, const struct tz_matmul_call *calls);
+int tz_cuda_matmul_lanes_release(struct tz_cuda *c);
 int tz_cuda_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte, int N,
                           int C, int V);
 int tz_cuda_embedding_bwd(void *ctx, void *dwte, const void *dout, const int32_t *tokens, int N,

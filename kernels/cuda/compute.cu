@@ -50,6 +50,7 @@ static void cuda_destroy(void *ctx) {
   /* Errors here have nowhere to go; the instance is gone either way. */
   if (c->stream)
     (void)cudaStreamSynchronize(c->stream);
+  tz_cuda_matmul_lanes_release(c);
   tz_cuda_matmul_release(c);
   if (c->lt)
     (void)cublasLtDestroy(c->lt);
@@ -202,18 +203,27 @@ static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, f
     .zero = cuda_zero, .fill = tz_cuda_fill, .scale = tz_cuda_scale, .axpy = tz_cuda_axpy,         \
     .add = tz_cuda_add, .cast = tz_cuda_cast, .sum = tz_cuda_sum,                                  \
     .sumsq_segments = tz_cuda_sumsq_segments, .matmul = tz_cuda_matmul,                            \
-    .embedding_fwd = tz_cuda_embedding_fwd, .embedding_bwd = tz_cuda_embedding_bwd,                \
-    .rmsnorm_fwd = tz_cuda_rmsnorm_fwd, .rmsnorm_bwd = tz_cuda_rmsnorm_bwd, .rope = tz_cuda_rope,  \
-    .bias_add = tz_cuda_bias_add, .bias_grad = tz_cuda_bias_grad,                                  \
-    .attention_fwd = tz_cuda_attention_fwd, .attention_bwd = tz_cuda_attention_bwd, .docs = 1,     \
-    .variants = VARIANTS, .glu_fwd = tz_cuda_glu_fwd, .glu_bwd = tz_cuda_glu_bwd,                  \
-    .xent = tz_cuda_xent, .softcap = tz_cuda_softcap, .adam = cuda_adam,                           \
-    .moe_route = tz_cuda_moe_route, .moe_route_bwd = tz_cuda_moe_route_bwd,                        \
-    .moe_gather = tz_cuda_moe_gather, .moe_scatter = tz_cuda_moe_scatter,                          \
-    .moe_combine = tz_cuda_moe_combine, .moe_combine_bwd = tz_cuda_moe_combine_bwd,                \
-    .moe_gate_fwd = tz_cuda_moe_gate_fwd, .moe_gate_bwd = tz_cuda_moe_gate_bwd,                    \
+    .matmul_many = MATMUL_MANY, .embedding_fwd = tz_cuda_embedding_fwd,                            \
+    .embedding_bwd = tz_cuda_embedding_bwd, .rmsnorm_fwd = tz_cuda_rmsnorm_fwd,                    \
+    .rmsnorm_bwd = tz_cuda_rmsnorm_bwd, .rope = tz_cuda_rope, .bias_add = tz_cuda_bias_add,        \
+    .bias_grad = tz_cuda_bias_grad, .attention_fwd = tz_cuda_attention_fwd,                        \
+    .attention_bwd = tz_cuda_attention_bwd, .docs = 1, .variants = VARIANTS,                       \
+    .glu_fwd = tz_cuda_glu_fwd, .glu_bwd = tz_cuda_glu_bwd, .xent = tz_cuda_xent,                  \
+    .softcap = tz_cuda_softcap, .adam = cuda_adam, .moe_route = tz_cuda_moe_route,                 \
+    .moe_route_bwd = tz_cuda_moe_route_bwd, .moe_gather = tz_cuda_moe_gather,                      \
+    .moe_scatter = tz_cuda_moe_scatter, .moe_combine = tz_cuda_moe_combine,                        \
+    .moe_combine_bwd = tz_cuda_moe_combine_bwd, .moe_gate_fwd = tz_cuda_moe_gate_fwd,              \
+    .moe_gate_bwd = tz_cuda_moe_gate_bwd,                                                          \
   }
+/* The independent products side by side (tz_compute_matmul_many on side streams) stay off until
+ * their GPU tests ran: built with -DTZ_CUDA_MM_STREAMS=N (tools/gpu-check.sh mmstreams). */
+#if defined(TZ_CUDA_MM_STREAMS) && TZ_CUDA_MM_STREAMS > 1
+#define MATMUL_MANY tz_cuda_matmul_many
+#else
+#define MATMUL_MANY NULL
+#endif
 static const struct tz_compute_ops cuda_ops = CUDA_OPS(0), cuda_ops_variants = CUDA_OPS(1);
+#undef MATMUL_MANY
 #undef CUDA_OPS
 
 static int cuda_probe(char *why, size_t why_len) {

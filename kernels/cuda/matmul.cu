@@ -245,9 +245,9 @@ __global__ void gemm_plain_kernel(int trans_a, int trans_b, int M, int N, int K,
   }
 }
 
-static int gemm_plain(struct tz_cuda *c, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                      const void *A, int lda, const void *B, int ldb, float beta, const void *R,
-                      void *C, enum tz_dtype c_dt, int ldc) {
+static int gemm_plain(struct tz_cuda *c, cudaStream_t st, int trans_a, int trans_b, int M, int N,
+                      int K, float alpha, const void *A, int lda, const void *B, int ldb,
+                      float beta, const void *R, void *C, enum tz_dtype c_dt, int ldc) {
   if ((M + PT - 1) / PT > 65535)
     return tz_err_set(TZ_EINVAL, "compute cuda matmul: M=%d too large for the plain kernel", M);
   dim3 grid((unsigned)((N + PT - 1) / PT), (unsigned)((M + PT - 1) / PT)), block(PT, PT);
@@ -255,32 +255,34 @@ static int gemm_plain(struct tz_cuda *c, int trans_a, int trans_b, int M, int N,
     using T = decltype(stag);
     return tz_cuda_dispatch(c_dt, [&](auto ctag) {
       using TC = decltype(ctag);
-      gemm_plain_kernel<T, TC><<<grid, block, 0, c->stream>>>(trans_a, trans_b, M, N, K, alpha,
-                                                              (const T *)A, lda, (const T *)B, ldb,
-                                                              beta, (const TC *)R, (TC *)C, ldc);
+      gemm_plain_kernel<T, TC><<<grid, block, 0, st>>>(trans_a, trans_b, M, N, K, alpha,
+                                                       (const T *)A, lda, (const T *)B, ldb, beta,
+                                                       (const TC *)R, (TC *)C, ldc);
       TZ_CU_LAUNCHED();
       return 0;
     });
   });
 }
 
-int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                   const void *A, int lda, const void *B, int ldb, float beta, const void *R,
-                   void *C, enum tz_dtype c_dt, int ldc) {
-  struct tz_cuda *c = (struct tz_cuda *)ctx;
+/* tz_cuda_matmul on stream st with cuBLASLt's workspace ws (of c->workspace_bytes): the same
+ * kernel with the same workspace size for the same call on any stream, so the same bits. */
+static int matmul_on(struct tz_cuda *c, cudaStream_t st, void *ws, int trans_a, int trans_b, int M,
+                     int N, int K, float alpha, const void *A, int lda, const void *B, int ldb,
+                     float beta, const void *R, void *C, enum tz_dtype c_dt, int ldc) {
   if (K == 0 || alpha == 0.0f) {
     if (beta == 1.0f && R == C)
       return 0;
     return tz_cuda_dispatch(c_dt, [&](auto tag) {
       using T = decltype(tag);
-      scale_c_kernel<T><<<tz_cuda_grid(c, (size_t)M * N, 256), 256, 0, c->stream>>>(
-          (const T *)R, (T *)C, M, N, ldc, beta);
+      scale_c_kernel<T><<<tz_cuda_grid(c, (size_t)M * N, 256), 256, 0, st>>>((const T *)R, (T *)C,
+                                                                             M, N, ldc, beta);
       TZ_CU_LAUNCHED();
       return 0;
     });
   }
   if (c->mm_plain)
-    return gemm_plain(c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, R, C, c_dt, ldc);
+    return gemm_plain(c, st, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, R, C, c_dt,
+                      ldc);
   struct mm_key k;
   memset(&k, 0, sizeof k);
   k.trans_a = trans_a;
@@ -302,8 +304,98 @@ int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, flo
   struct tz_cuda_mm_entry *e;
   TZ_CHECK(lookup(c, &k, &e));
   if (e->plain)
-    return gemm_plain(c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, R, C, c_dt, ldc);
+    return gemm_plain(c, st, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, R, C, c_dt,
+                      ldc);
   TZ_LT(cublasLtMatmul(c->lt, e->op, &alpha, B, e->la, A, e->lb, &beta, R, e->lc, C, e->lc,
-                       &e->algo, c->workspace, c->workspace_bytes, c->stream));
+                       &e->algo, ws, c->workspace_bytes, st));
   return 0;
+}
+
+int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                   const void *A, int lda, const void *B, int ldb, float beta, const void *R,
+                   void *C, enum tz_dtype c_dt, int ldc) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  return matmul_on(c, c->stream, c->workspace, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
+                   beta, R, C, c_dt, ldc);
+}
+
+/* ---- Independent products side by side (tz_compute_matmul_many) ----
+ * The experts' products are many and each too small to fill the GPU (at OLMoE's shape an
+ * expert's 512 rows make 16 to 32 output tiles for 132 multiprocessors: 0.2 of the matmul
+ * ceiling, docs/benchmarks.md). Here the calls go round-robin over the instance's stream and
+ * TZ_CUDA_MM_LANES - 1 side streams, each with its own cuBLASLt workspace (one call's workspace
+ * must not be another's while both run), forked from the instance's stream by an event and joined
+ * back to it by one each: what came before runs first, what comes after waits for all. Each call
+ * is matmul_on's, the kernel the algorithm table holds for its shape, so its bits are the call's
+ * alone, whatever runs beside it. The side streams and workspaces are made at the first call
+ * (an instance that never has one pays nothing): TZ_CUDA_MM_LANES - 1 workspaces of
+ * workspace_bytes (32 MiB by default) more device memory. */
+int tz_cuda_matmul_lanes_release(struct tz_cuda *c) {
+  for (int i = 0; i < TZ_CUDA_MM_LANES; i++) {
+    if (c->lane_done[i])
+      (void)cudaEventDestroy(c->lane_done[i]);
+    if (i > 0 && c->lane[i])
+      (void)cudaStreamDestroy(c->lane[i]);
+    if (i > 0 && c->lane_ws[i])
+      (void)cudaFree(c->lane_ws[i]);
+    c->lane_done[i] = NULL, c->lane[i] = NULL, c->lane_ws[i] = NULL;
+  }
+  if (c->lane_fork)
+    (void)cudaEventDestroy(c->lane_fork);
+  c->lane_fork = NULL;
+  c->lanes = 0;
+  return 0;
+}
+
+static int lanes_make(struct tz_cuda *c) {
+  if (c->lanes)
+    return 0;
+  c->lane[0] = c->stream;
+  c->lane_ws[0] = c->workspace;
+  TZ_CU(cudaEventCreateWithFlags(&c->lane_fork, cudaEventDisableTiming));
+  for (int i = 0; i < TZ_CUDA_MM_LANES; i++) {
+    TZ_CU(cudaEventCreateWithFlags(&c->lane_done[i], cudaEventDisableTiming));
+    if (i > 0) {
+      TZ_CU(cudaStreamCreateWithFlags(&c->lane[i], cudaStreamNonBlocking));
+      cudaError_t e = cudaMalloc(&c->lane_ws[i], c->workspace_bytes);
+      if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return tz_err_set(TZ_ENOMEM,
+                          "compute cuda matmul_many: cannot allocate the workspace of side stream "
+                          "%d (%zu bytes)",
+                          i, c->workspace_bytes);
+      }
+      TZ_CU(e);
+    }
+  }
+  c->lanes = TZ_CUDA_MM_LANES;
+  return 0;
+}
+
+int tz_cuda_matmul_many(void *ctx, int n, const struct tz_matmul_call *calls) {
+  struct tz_cuda *c = (struct tz_cuda *)ctx;
+  if (!c->lanes) {
+    int rc = lanes_make(c);
+    if (rc < 0) {
+      tz_cuda_matmul_lanes_release(c);
+      return rc;
+    }
+  }
+  const int used = n < c->lanes ? n : c->lanes;
+  TZ_CU(cudaEventRecord(c->lane_fork, c->stream));
+  for (int l = 1; l < used; l++)
+    TZ_CU(cudaStreamWaitEvent(c->lane[l], c->lane_fork, 0));
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    const struct tz_matmul_call *m = &calls[i];
+    const int l = i % used;
+    rc = matmul_on(c, c->lane[l], c->lane_ws[l], m->trans_a != 0, m->trans_b != 0, m->M, m->N, m->K,
+                   m->alpha, m->A, m->lda, m->B, m->ldb, m->beta, m->C, m->C, m->c_dt, m->ldc);
+  }
+  /* joined whatever happened: nothing after this call runs beside a side stream's work */
+  for (int l = 1; l < used; l++) {
+    TZ_CU(cudaEventRecord(c->lane_done[l], c->lane[l]));
+    TZ_CU(cudaStreamWaitEvent(c->stream, c->lane_done[l], 0));
+  }
+  return rc;
 }

@@ -13,6 +13,27 @@ static const void *expert_w(const void *W, int e, int rows, int cols, enum tz_dt
   return at(W, (uint64_t)e * rows * cols, S);
 }
 
+/* The experts' products, queued and run a batch at a time through tz_compute_matmul_many (side
+ * by side where the backend can: each expert's rows alone are too few to fill a GPU); the calls
+ * of a batch are independent, and a batch runs before anything after it. */
+#define MM_BATCH 64
+struct mm_queue {
+  tz_compute *cm;
+  int n;
+  struct tz_matmul_call c[MM_BATCH];
+};
+
+static int mm_flush(struct mm_queue *q) {
+  int rc = tz_compute_matmul_many(q->cm, q->n, q->c);
+  q->n = 0;
+  return rc;
+}
+
+static int mm_push(struct mm_queue *q, struct tz_matmul_call c) {
+  q->c[q->n++] = c;
+  return q->n == MM_BATCH ? mm_flush(q) : 0;
+}
+
 /* The experts' offsets (E+1), on the host: each expert's matmuls need its rows. */
 static int moe_offsets(tz_compute *cm, const struct tz_model_config *cfg,
                        const struct tz_layer_acts *a, int32_t *off) {
@@ -36,23 +57,26 @@ int tz_model_moe_fwd(tz_compute *cm, const struct tz_model_config *cfg,
   int32_t off[TZ_MOE_MAX_EXPERTS + 1];
   TZ_CHECK(moe_offsets(cm, cfg, a, off));
   TZ_CHECK(tz_compute_moe_gather(cm, a->xs, h2, a->rows, N * k, C));
+  struct mm_queue q = {.cm = cm};
   for (int e = 0; e < E; e++) {
     int m = off[e + 1] - off[e];
     if (!m)
       continue;
     const void *xs = at(a->xs, (uint64_t)off[e] * C, S);
-    TZ_CHECK(
-        linear_fwd(cm, at(a->g, (uint64_t)off[e] * F, S), xs, expert_w(Wg, e, F, C, S), m, C, F));
-    TZ_CHECK(
-        linear_fwd(cm, at(a->u, (uint64_t)off[e] * F, S), xs, expert_w(Wu, e, F, C, S), m, C, F));
+    void *g = at(a->g, (uint64_t)off[e] * F, S), *u = at(a->u, (uint64_t)off[e] * F, S);
+    TZ_CHECK(mm_push(&q, linear_fwd_call(cm, g, xs, expert_w(Wg, e, F, C, S), m, C, F)));
+    TZ_CHECK(mm_push(&q, linear_fwd_call(cm, u, xs, expert_w(Wu, e, F, C, S), m, C, F)));
   }
+  TZ_CHECK(mm_flush(&q));
   TZ_CHECK(tz_compute_glu_fwd(cm, (enum tz_glu)cfg->glu_act, a->a, a->g, a->u, (size_t)N * k * F));
   for (int e = 0; e < E; e++) {
     int m = off[e + 1] - off[e];
     if (m)
-      TZ_CHECK(linear_fwd(cm, at(a->y, (uint64_t)off[e] * C, S), at(a->a, (uint64_t)off[e] * F, S),
-                          expert_w(Wd, e, C, F, S), m, F, C));
+      TZ_CHECK(mm_push(&q, linear_fwd_call(cm, at(a->y, (uint64_t)off[e] * C, S),
+                                           at(a->a, (uint64_t)off[e] * F, S),
+                                           expert_w(Wd, e, C, F, S), m, F, C)));
   }
+  TZ_CHECK(mm_flush(&q));
   TZ_CHECK(tz_compute_moe_combine(cm, x_out, a->x2, a->y, a->rw, a->slot, N, k, C));
   int Fs = cfg->shared_ffn_dim;
   if (!Fs)
@@ -81,24 +105,48 @@ int tz_model_moe_bwd(tz_compute *cm, const struct tz_model_config *cfg,
   TZ_CHECK(tz_compute_moe_combine_bwd(cm, s->dy, s->dw, dx_out, a->y, a->rw, a->slot, N, k, C));
   int32_t off[TZ_MOE_MAX_EXPERTS + 1];
   TZ_CHECK(moe_offsets(cm, cfg, a, off));
+  /* Each product is the one a loop over the experts would run, in four rounds of independent
+   * calls (the same bits: no product reads what another of its round writes): da = dy Wd, then
+   * the SwiGLU's backward over every row at once (elementwise), then the weights' gradients,
+   * then the gradient at the inputs, written where dy was (read no more), dg Wg and then += du
+   * Wu. */
+  struct mm_queue q = {.cm = cm};
+  for (int e = 0; e < E; e++) {
+    int m = off[e + 1] - off[e];
+    if (m)
+      TZ_CHECK(mm_push(&q, linear_bwd_dx_call(cm, at(s->da, (uint64_t)off[e] * F, S), 0,
+                                              at(s->dy, (uint64_t)off[e] * C, S),
+                                              expert_w(Wd, e, C, F, S), m, F, C)));
+  }
+  TZ_CHECK(mm_flush(&q));
+  TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, s->dg, s->du, a_rebuilt, s->da, a->g,
+                              a->u, (size_t)N * k * F));
   for (int e = 0; e < E; e++) {
     int m = off[e + 1] - off[e];
     if (!m)
       continue;
     uint64_t rf = (uint64_t)off[e] * F, rc = (uint64_t)off[e] * C;
-    void *dy = at(s->dy, rc, S), *da = at(s->da, rf, S), *dg = at(s->dg, rf, S);
-    void *du = at(s->du, rf, S);
-    const void *xs = at(a->xs, rc, S), *ae = at(a->a, rf, S);
-    TZ_CHECK(linear_bwd_dx(cm, da, 0, dy, expert_w(Wd, e, C, F, S), m, F, C));
-    TZ_CHECK(tz_compute_glu_bwd(cm, (enum tz_glu)cfg->glu_act, dg, du,
-                                a_rebuilt ? at(a_rebuilt, rf, S) : NULL, da, at(a->g, rf, S),
-                                at(a->u, rf, S), (size_t)m * F));
-    TZ_CHECK(linear_bwd_dw(cm, (void *)expert_w(dWd, e, C, F, G), dy, ae, m, F, C));
-    /* the gradient at the expert's inputs goes where dy was (read no more) */
-    TZ_CHECK(linear_bwd(cm, dy, 0, (void *)expert_w(dWg, e, F, C, G), dg, xs,
-                        expert_w(Wg, e, F, C, S), m, C, F));
-    TZ_CHECK(linear_bwd(cm, dy, 1, (void *)expert_w(dWu, e, F, C, G), du, xs,
-                        expert_w(Wu, e, F, C, S), m, C, F));
+    const void *dy = at(s->dy, rc, S), *xs = at(a->xs, rc, S);
+    TZ_CHECK(mm_push(&q, linear_bwd_dw_call(cm, (void *)expert_w(dWd, e, C, F, G), dy,
+                                            at(a->a, rf, S), m, F, C)));
+    TZ_CHECK(mm_push(&q, linear_bwd_dw_call(cm, (void *)expert_w(dWg, e, F, C, G), at(s->dg, rf, S),
+                                            xs, m, C, F)));
+    TZ_CHECK(mm_push(&q, linear_bwd_dw_call(cm, (void *)expert_w(dWu, e, F, C, G), at(s->du, rf, S),
+                                            xs, m, C, F)));
+  }
+  TZ_CHECK(mm_flush(&q));
+  for (int pass = 0; pass < 2; pass++) {
+    for (int e = 0; e < E; e++) {
+      int m = off[e + 1] - off[e];
+      if (!m)
+        continue;
+      uint64_t rf = (uint64_t)off[e] * F;
+      const void *d = at(pass ? s->du : s->dg, rf, S);
+      const void *W = expert_w(pass ? Wu : Wg, e, F, C, S);
+      TZ_CHECK(mm_push(
+          &q, linear_bwd_dx_call(cm, at(s->dy, (uint64_t)off[e] * C, S), pass, d, W, m, C, F)));
+    }
+    TZ_CHECK(mm_flush(&q));
   }
   TZ_CHECK(tz_compute_moe_scatter(cm, s->dh, s->dy, a->slot, N, k, C));
   struct tz_moe_route r = moe_route_of(a);
