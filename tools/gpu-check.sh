@@ -91,12 +91,21 @@ cd "$root"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 b=/tmp/tz-build
 summary=()
+# A step past TZ_GPU_DEADLINE seconds (unset: none) is not started, and says so: a call given more
+# steps than its time limit holds ends with what ran, and the summary and logs are written after
+# every step, so a call cut off by its limit still brings back what it did.
 step() {
   local name=$1; shift
   local t0=$SECONDS
+  if [ -n "${TZ_GPU_DEADLINE:-}" ] && [ "$SECONDS" -ge "$TZ_GPU_DEADLINE" ]; then
+    summary+=("$(printf '%-14s not started: past TZ_GPU_DEADLINE (%ss)' "$name" "$TZ_GPU_DEADLINE")")
+    return 124
+  fi
   "$@" > "$logs/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-14s rc=%-3d %4ds' "$name" "$rc" $((SECONDS - t0)))")
+  printf '%s\n' "${summary[@]}" > "$logs/summary.txt"
+  [ -n "${OUT:-}" ] && tar czf "$OUT/logs.tgz" -C "$logs" . 2> /dev/null
   return $rc
 }
 has() { [[ " $steps " == *" $1 "* ]]; }
