@@ -220,9 +220,9 @@ struct tz_matmul_call {
 };
 /* n independent products, each calls[i] with the bits tz_compute_matmul gives it alone: no call
  * writes what another reads or writes. A backend may run them side by side (the cuda backend on
- * side streams when built with TZ_CUDA_MM_STREAMS: the experts' products, each too small to fill
- * the GPU alone); all are done, in the instance's order, before its next op. A bad call is
- * refused naming its index, before any runs. */
+ * its stream and three side streams: the experts' products, each too small to fill the GPU
+ * alone); all are done, in the instance's order, before its next op. A bad call is refused
+ * naming its index, before any runs. */
 int tz_compute_matmul_many(tz_compute *cm, int n, const struct tz_matmul_call *calls);
 
 /* ---- Embedding ----

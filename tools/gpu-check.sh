@@ -74,11 +74,11 @@
 # widen: the plan's window search (tierzero.plan_widen_moves) A/B'd: tz-auto llama-7b at 4 x 2048,
 # then llama-13b at 8 x 2048 (an H200's shape), each with the old search (0) then the default,
 # one after the other (about 400 s; TZ_WIDEN_MODELS picks, default "llama-7b");
-# mmstreams: the experts' products side by side (tz_compute_matmul_many on TZ_MM_LANES streams,
-# 4 by default; off in main until this ran): a second tree built with -DTZ_CUDA_MM_STREAMS, its
-# GPU tests that run the experts (test_compute_cuda's test_matmul_many: the same bits as one by
-# one; test_train_gpu's experts placement), then tz-bench layer at OLMoE-1B-7B's and Mixtral's
-# experts on main's build and on it, one after the other, twice (about 300 s);
+# mmstreams: the experts' products side by side (tz_compute_matmul_many on 4 streams in main): a
+# second tree built with -DTZ_CUDA_MM_STREAMS=$TZ_MM_LANES (1 by default: one after the other),
+# its GPU tests that run the experts (test_compute_cuda's test_matmul_many: the same bits as one
+# by one; test_train_gpu's experts placement), then tz-bench layer at OLMoE-1B-7B's and Mixtral's
+# experts on main's build and on it, one after the other, twice (about 200 s);
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
@@ -353,7 +353,7 @@ if has moelayer; then
 fi
 if has mmstreams; then
   bm=/tmp/tz-build-mm
-  step mm-configure cmake --preset gpu -B $bm -DCMAKE_CUDA_FLAGS="-DTZ_CUDA_MM_STREAMS=${TZ_MM_LANES:-4}"
+  step mm-configure cmake --preset gpu -B $bm -DCMAKE_CUDA_FLAGS="-DTZ_CUDA_MM_STREAMS=${TZ_MM_LANES:-1}"
   step mm-build cmake --build $bm -j"$(nproc)" --target tz-bench test_compute_cuda test_train_gpu
   step mm-tests ctest --test-dir $bm --output-on-failure -j2 --timeout 300 \
     -R '^(test_compute_cuda|test_train_gpu.*)$'

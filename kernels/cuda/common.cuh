@@ -47,13 +47,13 @@ enum {
   TZ_CUDA_BAD_TARGET = 3, /* a cross-entropy target outside [0, V) */
 };
 
-/* matmul_many's streams (matmul.cu): TZ_CUDA_MM_STREAMS when built with it (-D, a count of 2 or
- * more; the ops table then has matmul_many), else 4 (the function is compiled either way). */
-#if defined(TZ_CUDA_MM_STREAMS) && TZ_CUDA_MM_STREAMS > 1
-#define TZ_CUDA_MM_LANES TZ_CUDA_MM_STREAMS
-#else
-#define TZ_CUDA_MM_LANES 4
+/* matmul_many's streams (matmul.cu): 4, the instance's and three side streams (measured on an
+ * H100, docs/cuda-kernels.md); built with -DTZ_CUDA_MM_STREAMS=1 the ops table has no
+ * matmul_many and the wrapper runs the calls one after the other. */
+#ifndef TZ_CUDA_MM_STREAMS
+#define TZ_CUDA_MM_STREAMS 4
 #endif
+#define TZ_CUDA_MM_LANES (TZ_CUDA_MM_STREAMS > 1 ? TZ_CUDA_MM_STREAMS : 1)
 
 /* Matmul descriptors and the algorithm chosen for one shape (matmul.cu). */
 struct tz_cuda_mm_entry;
@@ -268,7 +268,7 @@ int tz_cuda_matmul(void *ctx, int trans_a, int trans_b, int M, int N, int K, flo
                    void *C, enum tz_dtype c_dt, int ldc);
 void tz_cuda_matmul_release(struct tz_cuda *c); /* destroys the table's descriptors */
 /* Independent products over the instance's stream and its side streams (matmul.cu; the ops
- * table's matmul_many when built with TZ_CUDA_MM_STREAMS), and the side streams' release. */
+ * table's matmul_many unless built with TZ_CUDA_MM_STREAMS 1), and the side streams' release. */
 int tz_cuda_matmul_many(void *ctx, int n, const struct tz_matmul_call *calls);
 int tz_cuda_matmul_lanes_release(struct tz_cuda *c);
 int tz_cuda_embedding_fwd(void *ctx, void *out, const int32_t *tokens, const void *wte, int N,

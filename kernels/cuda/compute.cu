@@ -215,9 +215,9 @@ static int cuda_adam(void *ctx, const struct tz_adam_params *p, float *master, f
     .moe_combine_bwd = tz_cuda_moe_combine_bwd, .moe_gate_fwd = tz_cuda_moe_gate_fwd,              \
     .moe_gate_bwd = tz_cuda_moe_gate_bwd,                                                          \
   }
-/* The independent products side by side (tz_compute_matmul_many on side streams) stay off until
- * their GPU tests ran: built with -DTZ_CUDA_MM_STREAMS=N (tools/gpu-check.sh mmstreams). */
-#if defined(TZ_CUDA_MM_STREAMS) && TZ_CUDA_MM_STREAMS > 1
+/* The independent products side by side (tz_compute_matmul_many on side streams, common.cuh's
+ * TZ_CUDA_MM_STREAMS; tools/gpu-check.sh mmstreams times them beside a build without). */
+#if TZ_CUDA_MM_STREAMS > 1
 #define MATMUL_MANY tz_cuda_matmul_many
 #else
 #define MATMUL_MANY NULL
