@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(128) rate(int iters, const uint32_t *ain, floa
 #endif
 }
 
-template <int N, bool RS, bool PIPE> static int run(int nsm, int per_sm, const uint32_t *ain, float *sink) {
+template <int N, bool RS, bool PIPE>
+static int run(int nsm, int per_sm, const uint32_t *ain, float *sink) {
   size_t smem = 2 * (size_t)N * 128 + 2 * 64 * 128 + 1024;
   CHECK(cudaFuncSetAttribute(rate<N, RS, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem));
