@@ -703,6 +703,37 @@ static void test_mlp_chunks(void **state) {
   assert_true(whole_b - chunked == 4 * (N - R) * F * es);
 }
 
+/* The head in chunks of tokens (head_chunk): against the float64 reference (loss, logits and every
+ * gradient, the head's and the tied embedding's among them), with Gemma 2's final softcap; the
+ * recompute and thread counts change no bit; the chunk is what the logits' scratch holds; and the
+ * automatic chunk: 2^28 / V rows. */
+static void test_head_chunks(void **state) {
+  (void)state;
+  struct tz_model_config cfgs[] = {small_cfg(), all_on_cfg(), gemma2_cfg()};
+  for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+    struct tz_model_config c = cfgs[i];
+    c.head_chunk = 4; /* 14 rows: 4, 4, 4, 2; 18 rows: four of 4 and one of 2 */
+    compare_with_reference(c, 2, 7, 141 + i);
+    recompute_thread_bits(c);
+  }
+  struct tz_model_config c = small_cfg();
+  assert_int_equal(tz_model_head_rows(&c, 18), 18); /* auto: far more than 18 */
+  c.head_chunk = 4;
+  assert_int_equal(tz_model_head_rows(&c, 18), 4);
+  assert_int_equal(tz_model_head_rows(&c, 3), 3);
+  struct tz_model_config q;
+  TZ_ASSERT_OK(tz_model_preset("llama-7b", &q));
+  assert_int_equal(tz_model_head_rows(&q, 4 * 2048), 4 * 2048); /* 2^28 / 32000: one chunk */
+  q.vocab = 128256;                                             /* Llama 3's vocabulary */
+  assert_int_equal(tz_model_head_rows(&q, 131072), 2092);       /* 2^28 / 128256 */
+  size_t N = 131072, R = 2092, V = (size_t)q.vocab, es = 2;
+  q.head_chunk = (int)N;
+  size_t whole = tz_model_head_scratch_bytes(&q, TZ_BF16, 1, (int)N);
+  q.head_chunk = 0;
+  size_t chunked = tz_model_head_scratch_bytes(&q, TZ_BF16, 1, (int)N);
+  assert_true(whole - chunked == (N - R) * V * es);
+}
+
 static void test_partial_recompute_bits(void **state) {
   (void)state;
   partial_recompute_bits(all_on_cfg());
@@ -930,6 +961,7 @@ int main(void) {
       cmocka_unit_test(test_layer_probe),
       cmocka_unit_test(test_partial_recompute_bits),
       cmocka_unit_test(test_mlp_chunks),
+      cmocka_unit_test(test_head_chunks),
       cmocka_unit_test(test_init),
       cmocka_unit_test(test_bad_inputs),
   };

@@ -522,19 +522,21 @@ static void test_recompute_modes(void **state) {
 }
 
 /* The MLP in chunks of 5 tokens (32 rows a micro-batch: six of 5 and one of 2), where the trainer's
- * working activations hold one chunk of g and u: every recompute mode, and every placement, gives
- * the bits of the others. */
+ * working activations hold one chunk of g and u, and the head in chunks of 7 (four of 7 and one of
+ * 4): every recompute mode, and every placement, gives the bits of the others. */
 static void test_mlp_chunks(void **state) {
   (void)state;
   struct tc_opts o;
   tc_opts_init(&o);
   o.mlp_chunk = 5;
+  o.head_chunk = 7;
   o.hbm_budget = "64MiB";
   struct tz_plan_rates rates = {.flops = 1e9, .copy_in = 2e9, .copy_out = 2e9, .adam = 1e8};
   o.rates = &rates;
   tc_check_recompute(&o, jitter_us, nvme_dir, "chunks: ");
   tc_opts_init(&o);
   o.mlp_chunk = 5;
+  o.head_chunk = 7;
   tc_check_placement(&o, jitter_us, nvme_dir, "chunks: ");
   /* the compute tier holds a chunk of g, u, a, da, dg and du where it held every row's (32 rows
    * of 160 floats each, 5 now; the buffers' sum is rounded to pages) */

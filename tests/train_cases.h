@@ -99,6 +99,7 @@ struct tc_opts {
   const tz_data *data;   /* the batches: NULL synthetic sequences; else this data set's (seq_len
                             TC_SEQ), packed rows with their positions and targets */
   int mlp_chunk;         /* the model's mlp_chunk (tokens a chunk of the MLP); 0 auto (one chunk) */
+  int head_chunk;        /* the model's head_chunk (tokens a chunk of the head); 0 auto (one) */
   const char *act_dev;   /* tierzero.offload_activations ("cpu", "nvme"); NULL the default */
   int cpu_checkpointing; /* activation_checkpointing.cpu_checkpointing true */
   int experts; /* the model's MLPs 4 experts, 2 a token, renormalised, the load-balancing loss on
@@ -109,6 +110,7 @@ struct tc_opts {
 static inline void tc_model_of(const struct tc_opts *o, struct tz_model_config *m) {
   tc_model(m);
   m->mlp_chunk = o->mlp_chunk;
+  m->head_chunk = o->head_chunk;
   if (o->untied)
     m->tie_embeddings = 0;
   if (o->experts) {

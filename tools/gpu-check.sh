@@ -368,6 +368,32 @@ if has mmstreams; then
     done
   done
 fi
+# headchunk: the head's chunk of tokens (TZ_MODEL_HEAD_CHUNK_ELEMS 2^28 / V rows, 2^24 before): a
+# second tree built with 2^24, then tz-train on llama-3.2-1b's config (Llama 3's 128,256-token
+# vocabulary) at one sequence of 16,384 and of 65,536 tokens, main's build and that one in turn,
+# twice at 16k, the step traced (its "head" line: the head's time on the compute lane); the GPU
+# tests that run the head (test_train_gpu) on main's build (about 250 s)
+if has headchunk; then
+  bh=/tmp/tz-build-hc24
+  step hc-configure cmake --preset gpu -B $bh -DCMAKE_C_FLAGS="-DTZ_MODEL_HEAD_CHUNK_ELEMS=16777216u"
+  step hc-build cmake --build $bh -j"$(nproc)" --target tz-train
+  hc() { # tag, build, tokens
+    step hc-$1 timeout 150 $2/bin/tz-train --model tests/data/hf/llama-3.2-1b.json --seq $3 \
+      --set train_micro_batch_size_per_gpu=1 --auto-placement --data synthetic --steps 4 \
+      --trace-step 3 --trace /tmp/tz-hc-$1.json
+    python3 tools/trace_summary.py /tmp/tz-hc-$1.json > $logs/hc-$1.trace.txt 2>&1
+  }
+  for r in 1 2; do
+    hc main-16k-$r $b 16384
+    hc old-16k-$r $bh 16384
+  done
+  hc main-64k $b 65536
+  hc old-64k $bh 65536
+  step hc-tests ctest --test-dir $b --output-on-failure -j2 --timeout 300 -R '^test_train_gpu'
+  { grep -H "step time" $logs/hc-*.log; grep -H "^    head " $logs/hc-*.trace.txt; } \
+    > $logs/hc-summary.txt 2> /dev/null
+  cat $logs/hc-summary.txt
+fi
 # dsmoe: issue 53's pair on the 7B-total MoE (tests/data/hf/olmoe-1b-7b-0924.json, random
 # weights): DeepSpeed ZeRO-3 with parameters and optimizer on the CPU and the experts' blocks as
 # leaf modules, then tz-auto, one after the other. Where that DeepSpeed is killed for host memory

@@ -159,6 +159,10 @@ struct tz_model_config {
    * gradients add into the same sums in chunk order, so the bits are fixed by this and the shape.
    */
   int mlp_chunk;
+  /* The head (logits, loss and their backward) runs over chunks of this many tokens, so that the
+   * logits are a chunk's; 0: auto, tz_model_head_rows. The head's weight gradient adds each
+   * chunk's product in chunk order, so the bits are fixed by this and the shape. */
+  int head_chunk;
 };
 
 /* The first of the variants (Gemma's math, sliding windows) that cfg uses on sequences of T tokens
@@ -433,10 +437,16 @@ struct tz_layer_scratch {
   void *dys, *dsa, *dsg, *dsu, *dslog;
 };
 
-/* Scratch for the head. The head works on TZ_MODEL_HEAD_CHUNK_ELEMS / V rows of logits at a
- * time (at least one row): a constant of the config, so the order of its sums never depends on
- * memory. */
-#define TZ_MODEL_HEAD_CHUNK_ELEMS (1u << 24)
+/* Scratch for the head. The head works on cfg->head_chunk rows of logits at a time, or (auto)
+ * TZ_MODEL_HEAD_CHUNK_ELEMS / V rows (at least one): a constant of the config, so the order of its
+ * sums never depends on memory. Each chunk's weight gradient is a product of depth `rows` added
+ * onto the whole fp32 (V, C) gradient, which it reads and writes: 4.2 GB at Llama-3's vocabulary,
+ * so a chunk needs some thousands of rows for its products, not that traffic, to set its time
+ * (docs/training.md, "The head in chunks of tokens"). Built with another value (-D) only to
+ * measure against it. */
+#ifndef TZ_MODEL_HEAD_CHUNK_ELEMS
+#define TZ_MODEL_HEAD_CHUNK_ELEMS (1u << 28)
+#endif
 /* The dense MLP's chunk: cfg->mlp_chunk tokens, or (auto) TZ_MODEL_MLP_CHUNK_ELEMS / F rounded down
  * to a multiple of 256 (at least 256), never more than N: one chunk up to some 24k tokens a
  * micro-batch at Llama-7B's F (the MLP then runs as it always did), six at 131k. With experts,

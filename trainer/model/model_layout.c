@@ -569,7 +569,8 @@ int tz_model_mlp_rows(const struct tz_model_config *cfg, int N) {
 }
 
 int tz_model_head_rows(const struct tz_model_config *cfg, int N) {
-  int rows = (int)(TZ_MODEL_HEAD_CHUNK_ELEMS / (unsigned)cfg->vocab);
+  int rows = cfg->head_chunk > 0 ? cfg->head_chunk
+                                 : (int)(TZ_MODEL_HEAD_CHUNK_ELEMS / (unsigned)cfg->vocab);
   if (rows < 1)
     rows = 1;
   return rows < N ? rows : N;
