@@ -79,6 +79,7 @@
 # its GPU tests that run the experts (test_compute_cuda's test_matmul_many: the same bits as one
 # by one; test_train_gpu's experts placement), then tz-bench layer at OLMoE-1B-7B's and Mixtral's
 # experts on main's build and on it, one after the other, twice (about 200 s);
+# headchunk: the head's chunk of tokens A/B'd (2^28 / V rows against 2^24 / V, below);
 # gputests: only the tests that need a GPU (ctest -R), for a call that checks a fix
 # (each step fits one device call).
 set -uo pipefail
