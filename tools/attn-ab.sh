@@ -6,8 +6,8 @@
 # in turn, twice, at llama-7b's attention (4 x 2048, 32 heads of 128) causal, soft-capped (exact
 # and approx), with a window of 512, and at 8192 x 1 causal and with Mistral's window of 4096.
 # --tests: first the attention's GPU tests on the last build given (the one to land), the
-# softcap's approx tanh too.
-#   source .deps/setup.sh && bash tools/attn-ab.sh [--tests] [--base TGZ] FLAGS...
+# softcap's approx tanh too; --tests-all: on every build given.
+#   source .deps/setup.sh && bash tools/attn-ab.sh [--tests | --tests-all] [--base TGZ] FLAGS...
 # Results: $OUT/attn-ab (or /tmp/attn-ab): ab.txt (one line a run), table.md (tools/
 # attn_ab_table.py: each build's ms a case and its per-tile ratios against its causal run),
 # builds.txt, and logs.tgz (tests-*.log with the tests' summaries, the builds' logs).
@@ -18,6 +18,7 @@ tests=0 base=""
 while [ $# -gt 0 ]; do
   case $1 in
     --tests) tests=1 ;;
+    --tests-all) tests=2 ;;
     --base) base=$2; shift ;;
     *) break ;;
   esac
@@ -44,13 +45,15 @@ if [ -n "$base" ]; then
 fi
 i=0
 for f in "$@"; do
-  build "t$i" "$root" "$f" "$([ $tests = 1 ] && [ $((i + 1)) = $# ] || echo tz-bench)" &
+  target=tz-bench # a build that runs the tests builds everything
+  if [ $tests = 2 ] || { [ $tests = 1 ] && [ $((i + 1)) = $# ]; }; then target=""; fi
+  build "t$i" "$root" "$f" "$target" &
   names+=("t$i")
   i=$((i + 1))
 done
 wait
-if [ $tests = 1 ]; then
-  for ((i = $# - 1; i < $#; i++)); do
+if [ $tests -ge 1 ]; then
+  for ((i = tests == 2 ? 0 : $# - 1; i < $#; i++)); do
     d=/tmp/attn-ab-t$i
     ctest --test-dir $d --output-on-failure -j4 --timeout 300 -R \
       '^(test_compute_cuda|test_wgmma|test_model_gpu|test_train_gpu.*|test_recompute|test_train_packed.cuda)$' \

@@ -415,6 +415,14 @@ __device__ __forceinline__ void scores_pair(float (&x)[NS][4], float (&y)[NS][4]
   }
 }
 
+/* Whether a masked chunk hides key from query: a key after the query, a query past T, a key
+ * before the query's document's first (pos, with the sequence b) or window or more before it. */
+__device__ __forceinline__ bool kv_hidden(int query, int key, int T_, const int32_t *pos, int b,
+                                          int window) {
+  return query < key || query >= T_ || (pos && key < query - pos[(size_t)b * T_ + query]) ||
+         (window > 0 && query - key >= window);
+}
+
 /* p^T into st and ds^T into dpt, in place, for the chunk's queries from i0 (Lc: kv_load_rows'
  * lse, Dc: delta, per query); keys after the query and queries past T give 0. mask false:
  * a chunk whose every query sees every key and lies before T (the same arithmetic, no test). pos
@@ -435,14 +443,54 @@ kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *
       int key = e < 2 ? key_lo : key_hi;
       float slope = 1.0f;
       float x = score_log2<CAP>(st[nt][e], scale_log2, cap_in, cap_log2, &slope, approx);
-      float p = mask && (query < key || query >= T_ ||
-                         (pos && key < query - pos[(size_t)b * T_ + query]) ||
-                         (window > 0 && query - key >= window))
+      float p = mask && kv_hidden(query, key, T_, pos, b, window)
                     ? 0.0f
                     : prob_exp2<CAP>(__fsub_rn(x, kv_lse_log2(Lc, qi)));
       st[nt][e] = p;
       float ds = __fmul_rn(p, __fsub_rn(dpt[nt][e], Dc[qi]));
       dpt[nt][e] = capped<CAP>(cap_in) ? __fmul_rn(ds, slope) : ds; /* ds^T */
+    }
+  }
+}
+
+/* kv_probs in two steps for a kernel without a softcap that overlaps them with its products
+ * (attention_wgmma.cu's dk/dv kernel): p^T into st (kv_p) while dp^T's product runs, then ds^T
+ * into dpt from it (kv_ds) while dv's runs; each element's arithmetic is kv_probs'. */
+/* The first key query t (the chunk's qi-th, before T) sees, its position Pc[qi] read from the
+ * chunk's row in shared memory (NULL: no packed documents): tz_first_key's value. */
+__device__ __forceinline__ int kv_first_key(const int32_t *Pc, int t, int qi, int window) {
+  int u0 = Pc ? t - Pc[qi] : 0;
+  return window > 0 && t - window + 1 > u0 ? t - window + 1 : u0;
+}
+
+/* kv_p's masks read the chunk's positions (Pc, as kv_first_key) where kv_probs reads pos. */
+template <int NS>
+__device__ __forceinline__ void kv_p(float (&st)[NS][4], const float *Lc, int i0, int key_lo,
+                                     int key_hi, int T_, float scale_log2, int c, bool mask,
+                                     const int32_t *Pc, int window) {
+#pragma unroll
+  for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int qi = nt * 8 + 2 * c + (e & 1), query = i0 + qi;
+      int key = e < 2 ? key_lo : key_hi;
+      float x = score_log2<CAP_NONE>(st[nt][e], scale_log2, 0.0f, 0.0f);
+      st[nt][e] = mask && (query < key || query >= T_ || key < kv_first_key(Pc, query, qi, window))
+                      ? 0.0f
+                      : prob_exp2<CAP_NONE>(__fsub_rn(x, kv_lse_log2(Lc, qi)));
+    }
+  }
+}
+
+template <int NS>
+__device__ __forceinline__ void kv_ds(float (&dpt)[NS][4], const float (&st)[NS][4],
+                                      const float *Dc, int c) {
+#pragma unroll
+  for (int nt = 0; nt < NS; nt++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int qi = nt * 8 + 2 * c + (e & 1);
+      dpt[nt][e] = __fmul_rn(st[nt][e], __fsub_rn(dpt[nt][e], Dc[qi])); /* ds^T */
     }
   }
 }

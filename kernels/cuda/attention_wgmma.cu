@@ -347,17 +347,22 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
  * registers, K read as an MN-major B), pipelined as the forward. dk, dv: per warpgroup 64 key
  * rows; per chunk of 64 queries (the group's heads in increasing order, then the queries from
  * the warpgroup's first key on), s^T = k q^T and dp^T = v dout^T, p^T and ds^T by kv_probs,
- * dv += p^T dout and dk += ds^T q (not pipelined: the four accumulators and the chunk's
- * fragments leave no registers for a second chunk's). Every product is an m64n64k16 of the
- * forward's shapes, so the tiles, descriptors and fragments are the forward's. */
+ * dv += p^T dout and dk += ds^T q. At head dim 128 without a softcap the loop is pipelined
+ * inside the chunk (kv_p while dp^T's product runs, kv_ds while dv's runs, dk's beside the next
+ * chunk's s^T: the same operations in the same order, so the same bits); the other kinds run
+ * the chunk's steps one after another (a softcap's slope, or padded tiles, leave no registers
+ * for it; at head dim 64 ptxas serializes the products, its note C7513). Every product is an
+ * m64n64k16 of the forward's shapes, so the tiles, descriptors and fragments are the
+ * forward's. */
 
 /* Q, dO (a tile per warpgroup each), three K, two V */
 template <int DP> constexpr size_t dq_smem(int nwg) {
   return (size_t)(2 * nwg + 5) * tile_bytes<DP>() + 1024;
 }
-/* K, V (a tile per warpgroup each), two buffers of Q, dO, lse and delta */
+/* K, V (a tile per warpgroup each), two buffers of Q, dO, lse, delta and the queries'
+ * positions */
 template <int DP> constexpr size_t kv_smem(int nwg) {
-  return (size_t)(2 * nwg + 4) * tile_bytes<DP>() + 4 * WR * sizeof(float) + 1024;
+  return (size_t)(2 * nwg + 4) * tile_bytes<DP>() + 6 * WR * 4 + 1024;
 }
 
 template <int NWG, bool AREG, int DP, bool PAD, int VAR>
@@ -469,6 +474,7 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   uint8_t *sK = sm, *sV = sm + NWG * TILE, *sQ = sm + 2 * NWG * TILE;
   uint8_t *sdO = sm + (2 * NWG + 2) * TILE;
   float *sL = (float *)(sm + (2 * NWG + 4) * TILE), *sD = sL + 2 * WR; /* per buffer */
+  int32_t *sP = (int32_t *)(sD + 2 * WR); /* the queries' positions, per buffer */
   const int hk = blockIdx.y, b = blockIdx.z;
   const int group = H / Hkv;
   const int k0 = blockIdx.x * NWG * WR; /* the block's 64 NWG keys */
@@ -511,6 +517,11 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
     load_sw<WR, NT, DP>(sQ + buf * TILE, qb, qs, i0, T_ - i0, D);
     load_sw<WR, NT, DP>(sdO + buf * TILE, dob, qs, i0, T_ - i0, D);
     kv_load_rows<WR>(sL, sD, lse, delta, b, H, h, i0, T_, buf);
+    if (VAR == 1 && pos && threadIdx.x < WR) { /* the pipelined loop's masks read them here */
+      int t = i0 + (int)threadIdx.x;
+      cp_async4(sP + buf * WR + threadIdx.x, pos + (t < T_ ? (size_t)b * T_ + t : 0),
+                t < T_ ? 4 : 0);
+    }
   };
 
   load_sw<NWG * WR, NT, DP>(sK, kb, ks, k0, T_ - k0, D);
@@ -522,41 +533,92 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   zero(dka);
   zero(dva);
 
-  for (int it = 0; it < n_it; it++) {
-    const int buf = it & 1;
-    next_step(it, n_it, [&] { load_chunk(it + 1, buf ^ 1); });
-    const int i0 = k0 + (it % n_chunks) * WR;
-    if (mine && !(wg > 0 && it % n_chunks == 0)) {
+  if constexpr (DP == 128 && !PAD && VAR <= 1) { /* pipelined (above): no softcap */
+    uint32_t pa[WR / 16][4], dsa[WR / 16][4];
+    for (int it = 0; it < n_it; it++) {
+      const int buf = it & 1;
+      cp_async_wait<0>();
+      tz_wgmma::fence_smem();
+      __syncthreads(); /* chunk it's tiles, visible to the products */
+      const int i0 = k0 + (it % n_chunks) * WR;
+      /* one warpgroup a block: it has keys (k0 < T) and takes every chunk (no branch) */
+      const bool act = NWG == 1 || (mine && !(wg > 0 && it % n_chunks == 0));
       const uint8_t *Qc = sQ + buf * TILE, *dOc = sdO + buf * TILE;
       const float *Lc = sL + buf * WR, *Dc = sD + buf * WR;
-
       float st[WR / 8][4], dpt[WR / 8][4];
-      tz_wgmma::fence();
-      product_k<DP>(flat(st), Kw, Qc);
-      product_k<DP>(flat(dpt), Vw, dOc);
-      tz_wgmma::commit();
-      tz_wgmma::wait<0>();
-
-      /* the diagonal chunk, one past T, or one hiding keys before its queries' first */
-      if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_ ||
-          (firsts && tz_first_key(pos, b, T_, i0 + WR - 1, W_) > k0 + wg * WR))
-        kv_probs<WR / 8, CAP>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true,
-                              firsts ? pos : nullptr, b, W_, cap_in, cap_log2, approx);
-      else
-        kv_probs<WR / 8, CAP>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, false,
-                              nullptr, b, 0, cap_in, cap_log2, approx);
-
-      /* dv += p^T dout, dk += ds^T q */
-      uint32_t pa[WR / 16][4], dsa[WR / 16][4];
-      pack_all<WR / 8>(pa, st);
-      pack_all<WR / 8>(dsa, dpt);
-      tz_wgmma::fence();
-      product_mn<DP>(dva, pa, dOc);
-      product_mn<DP>(dka, dsa, Qc);
-      tz_wgmma::commit();
-      tz_wgmma::wait<0>();
+      if (act) {
+        tz_wgmma::fence();
+        product_k<DP>(flat(st), Kw, Qc);
+        tz_wgmma::commit();
+        product_k<DP>(flat(dpt), Vw, dOc);
+        tz_wgmma::commit();
+        tz_wgmma::wait<1>(); /* s^T, and the chunk before's dv and dk */
+        /* the diagonal chunk, one past T, or one hiding keys before its queries' first */
+        const int32_t *Pc = VAR == 1 && pos ? sP + buf * WR : nullptr;
+        if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_ ||
+            (firsts && kv_first_key(Pc, i0 + WR - 1, WR - 1, W_) > k0 + wg * WR))
+          kv_p<WR / 8>(st, Lc, i0, key_lo, key_hi, T_, scale_log2, c, true, Pc, W_);
+        else
+          kv_p<WR / 8>(st, Lc, i0, key_lo, key_hi, T_, scale_log2, c, false, nullptr, 0);
+        pack_all<WR / 8>(pa, st);
+        tz_wgmma::fence();
+        product_mn<DP>(dva, pa, dOc); /* dv += p^T dout */
+        tz_wgmma::commit();
+      } else {
+        tz_wgmma::wait<0>();
+      }
+      __syncthreads(); /* no warp reads the other buffer any more */
+      if (it + 1 < n_it) {
+        load_chunk(it + 1, buf ^ 1);
+        cp_async_commit();
+      }
+      if (act) {
+        tz_wgmma::wait<1>(); /* dp^T */
+        kv_ds<WR / 8>(dpt, st, Dc, c);
+        pack_all<WR / 8>(dsa, dpt);
+        tz_wgmma::fence();
+        product_mn<DP>(dka, dsa, Qc); /* dk += ds^T q, beside the next chunk's s^T */
+        tz_wgmma::commit();
+      }
     }
-    __syncthreads();
+    tz_wgmma::wait<0>();
+  } else {
+    for (int it = 0; it < n_it; it++) {
+      const int buf = it & 1;
+      next_step(it, n_it, [&] { load_chunk(it + 1, buf ^ 1); });
+      const int i0 = k0 + (it % n_chunks) * WR;
+      if (mine && !(wg > 0 && it % n_chunks == 0)) {
+        const uint8_t *Qc = sQ + buf * TILE, *dOc = sdO + buf * TILE;
+        const float *Lc = sL + buf * WR, *Dc = sD + buf * WR;
+
+        float st[WR / 8][4], dpt[WR / 8][4];
+        tz_wgmma::fence();
+        product_k<DP>(flat(st), Kw, Qc);
+        product_k<DP>(flat(dpt), Vw, dOc);
+        tz_wgmma::commit();
+        tz_wgmma::wait<0>();
+
+        /* the diagonal chunk, one past T, or one hiding keys before its queries' first */
+        if (i0 < k0 + (wg + 1) * WR || i0 + WR > T_ ||
+            (firsts && tz_first_key(pos, b, T_, i0 + WR - 1, W_) > k0 + wg * WR))
+          kv_probs<WR / 8, CAP>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, true,
+                                firsts ? pos : nullptr, b, W_, cap_in, cap_log2, approx);
+        else
+          kv_probs<WR / 8, CAP>(st, dpt, Lc, Dc, i0, key_lo, key_hi, T_, scale_log2, c, false,
+                                nullptr, b, 0, cap_in, cap_log2, approx);
+
+        /* dv += p^T dout, dk += ds^T q */
+        uint32_t pa[WR / 16][4], dsa[WR / 16][4];
+        pack_all<WR / 8>(pa, st);
+        pack_all<WR / 8>(dsa, dpt);
+        tz_wgmma::fence();
+        product_mn<DP>(dva, pa, dOc);
+        product_mn<DP>(dka, dsa, Qc);
+        tz_wgmma::commit();
+        tz_wgmma::wait<0>();
+      }
+      __syncthreads();
+    }
   }
 
   __nv_bfloat16 *dkb = dk + (size_t)b * T_ * ks + (size_t)hk * D;
