@@ -475,14 +475,18 @@ fi
 # The data: this repository's docs as byte text (740 KB of long English documents, one token a
 # byte), so that the loss has something to fall on (synthetic tokens, uniform over the vocabulary,
 # have not; the H100 rows of 2026-12-07 ran on them).
+# The learning rate is a fine-tune's, 1e-5: at configs/bench-auto.json's 1e-4 with no warm-up the
+# random 8B weights' loss rose over the first steps (H100, 2026-12-07: 12.52, 12.88, 18.50 at
+# 131,072 tokens; 12.56, 14.52, 17.45 at 8,192). TZ_LONG8B_SEQS: the lengths (8192 131072).
 if has long8b; then
   m8=configs/models/llama-3.1-8b.json
   cat docs/*.md README.md > /tmp/tz-long-docs.txt
-  l8=(--micro-batch 1 --steps 3 --warmup 1 --no-disk-ceiling --data text:/tmp/tz-long-docs.txt)
-  step long8b-8k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 8192 "${l8[@]}" \
-    --timeout 120 --tag 8k
-  step long8b-128k env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq 131072 "${l8[@]}" \
-    --timeout 420 --tag 128k
+  l8=(--micro-batch 1 --steps "${TZ_LONG8B_STEPS:-3}" --warmup 1 --no-disk-ceiling
+    --data text:/tmp/tz-long-docs.txt --set optimizer.params.lr=1e-5)
+  for s8 in ${TZ_LONG8B_SEQS:-8192 131072}; do
+    step "long8b-$s8" env TZ_BIN=$b/bin tools/bench-train.sh tz-auto $m8 --seq "$s8" "${l8[@]}" \
+      --timeout "$((s8 > 8192 ? 420 : 120))" --tag "$((s8 / 1024))k"
+  done
   # configs/bench-auto.json's disk directory must exist for the rates' probe (about 140 s with it)
   mkdir -p /var/tmp/tz-bench-nvme
   [ "${TZ_LONG8B_FIT:-0}" = 1 ] && step long8b-fit timeout 200 $b/bin/tz-train --backend cuda \
