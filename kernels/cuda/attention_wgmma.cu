@@ -43,6 +43,14 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
+/* TZ_ATTN_KV_KIND 1: the dk/dv kernels that keep the loop without the pipeline (softcaps, head
+ * dim 64, padded head dims) built for their call's kind (cap_of), so a softcap's score is the
+ * forward's and dq's arithmetic; ptxas: 32 bytes of spill for the exact softcap, 72 for approx
+ * at head dim 128. Off until its GPU tests and its A/B ran (docs/cuda-kernels.md). */
+#ifndef TZ_ATTN_KV_KIND
+#define TZ_ATTN_KV_KIND 0
+#endif
+
 namespace {
 
 using namespace tz_attn;
@@ -494,9 +502,14 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   const int W_ = VAR ? var.window : 0;
   const bool firsts = VAR && (pos || W_ > 0);
   const float cap_in = VAR ? var.cap_in : 0.0f, cap_log2 = VAR ? var.cap_log2 : 0.0f;
-  /* the softcap read at every score (CAP_RUNTIME): built for each kind, this kernel's straight-
-   * line loops need more than the 255 registers (ptxas then serializes the products) */
+  /* the softcap read at every score (CAP_RUNTIME): built for each kind, this loop once needed
+   * more than the 255 registers (ptxas serialized the products); at this tree ptxas fits it with
+   * some spill and no such note, so TZ_ATTN_KV_KIND builds it per kind for its A/B */
+#if TZ_ATTN_KV_KIND
+  constexpr int CAP = cap_of(VAR); /* built per kind, as the forward and dq are */
+#else
   constexpr int CAP = VAR ? CAP_RUNTIME : CAP_NONE;
+#endif
   const bool approx = cap_of(VAR) == CAP_APPROX;
   if (firsts) {
     int n = 0;
