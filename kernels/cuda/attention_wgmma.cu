@@ -50,6 +50,10 @@
 #ifndef TZ_ATTN_KV_KIND
 #define TZ_ATTN_KV_KIND 0
 #endif
+/* TZ_ATTN_FWD_PP 1: the causal forward at head dim 128 on attn_fwd_pp_kernel (below) */
+#ifndef TZ_ATTN_FWD_PP
+#define TZ_ATTN_FWD_PP 0
+#endif
 
 namespace {
 
@@ -348,6 +352,171 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   __trap();
 #endif
 }
+
+#if TZ_ATTN_FWD_PP
+/* ---- the causal forward with a producer warpgroup and two consumers taking turns
+ * (TZ_ATTN_FWD_PP 1, FlashAttention 3's warp specialization and ping-pong; off until its GPU
+ * tests and A/B ran) ----
+ * A block of 128 queries is three warpgroups: warpgroup 0 loads Q and the key tiles' K and V into
+ * a ring of PP_STAGES stages (cp.async; a stage's "full" barrier is arrived on by each loading
+ * thread once its copies landed, its "empty" one by each consumer warp once its products read
+ * it), and warpgroups 1 and 2 each run exactly the one-warpgroup kernel's loop for their 64 rows
+ * (queries 128 i + 64 c..), taking turns to issue their products (two named barriers): while one
+ * computes a tile's softmax the other's products run. The producer gives up registers
+ * (setmaxnreg), but ptxas allocates the consumers' code within the 168 a thread that 384 threads
+ * leave (68 bytes of spill, no serialized products; a producer warp instead of a warpgroup, 288
+ * threads, is rounded up to the same 168 and serializes them). Same operations per row in the
+ * same order, so the same bits as attn_fwd_wgmma_kernel. */
+constexpr int PP_STAGES = 4;
+constexpr size_t pp_smem() {
+  return (size_t)(2 + 2 * PP_STAGES) * tile_bytes<128>() + 2 * PP_STAGES * 8 + 1024;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
+}
+/* Waits until the barrier's phase of the given parity completed. */
+__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
+  asm volatile("{\n"
+               ".reg .pred done;\n"
+               "WAIT%=:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra WAIT%=;\n"
+               "}\n" ::"r"(smem_addr(b)),
+               "r"(parity)
+               : "memory");
+}
+/* Named barriers 1 and 2 between the two consumers (256 threads): sync waits for the other's
+ * arrive. */
+__device__ __forceinline__ void turn_sync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void turn_arrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+#endif
+
+__global__ void __launch_bounds__(384, 1)
+    attn_fwd_pp_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
+                       const __nv_bfloat16 *k, const __nv_bfloat16 *v, int T_, int H, int Hkv,
+                       float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int DP = 128, D = 128, TILE = tile_bytes<DP>();
+  extern __shared__ unsigned char smem_raw[];
+  uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint8_t *sQ = sm, *sKV = sm + 2 * TILE; /* stage s: K at sKV + 2 s TILE, V one tile on */
+  uint64_t *full = (uint64_t *)(sKV + 2 * PP_STAGES * TILE), *empty = full + PP_STAGES;
+  const int i = gridDim.x - 1 - blockIdx.x; /* the longest first */
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
+  /* the warpgroup, warp-uniform to the compiler (so its branches are not divergent ones) */
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
+  const int n64 = (T_ + WR - 1) / WR;
+  const int n_kt = min(2 * i + 2, n64); /* the block's key tiles */
+  const bool both = 2 * i + 1 < n64;    /* the second consumer has rows */
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < PP_STAGES; s++) {
+      mbar_init(&full[s], 128);
+      mbar_init(&empty[s], both ? 8 : 4); /* a consumer warp each */
+    }
+  }
+  __syncthreads();
+  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
+
+  if (wg == 0) { /* the producer */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    const __nv_bfloat16 *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
+    const __nv_bfloat16 *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
+    for (int j = 0; j < n_kt; j++) {
+      const int st = j % PP_STAGES;
+      if (j >= PP_STAGES)
+        mbar_wait(&empty[st], (unsigned)((j / PP_STAGES - 1) & 1));
+      if (j == 0) {
+        const __nv_bfloat16 *qb = q + (size_t)b * T_ * qs + (size_t)h * D;
+        load_sw<2 * WR, 128, DP>(sQ, qb, qs, 2 * i * WR, T_ - 2 * i * WR, D);
+      }
+      load_sw<WR, 128, DP>(sKV + 2 * st * TILE, kb, ks, j * WR, T_ - j * WR, D);
+      load_sw<WR, 128, DP>(sKV + (2 * st + 1) * TILE, vb, ks, j * WR, T_ - j * WR, D);
+      cp_async_commit();
+      if (j > 0) { /* the tile before landed: its stage is full */
+        cp_async_wait<1>();
+        tz_wgmma::fence_smem();
+        mbar_arrive(&full[(j - 1) % PP_STAGES]);
+      }
+    }
+    cp_async_wait<0>();
+    tz_wgmma::fence_smem();
+    mbar_arrive(&full[(n_kt - 1) % PP_STAGES]);
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int c = wg - 1; /* the consumer: rows 64 (2 i + c).. */
+  const int mt = 2 * i + c;
+  if (mt >= n64)
+    return; /* the second consumer of the last block of an odd count: no rows */
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int g = lane >> 2, cq = lane & 3;
+  const int row_lo = mt * WR + warp * 16 + g, row_hi = row_lo + 8;
+  const int n_mine = mt + 1;
+  /* turns: consumer 0 first; barrier 1 is consumer 0's to wait on, 2 consumer 1's */
+  if (both && c == 1)
+    turn_arrive(1);
+  qop<true, DP> Qw;
+  float o[DP / 8][4];
+  zero(o);
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+  uint32_t pa[WR / 16][4];
+  for (int kt = 0; kt < n_mine; kt++) {
+    const int st = kt % PP_STAGES;
+    mbar_wait(&full[st], (unsigned)((kt / PP_STAGES) & 1));
+    tz_wgmma::fence_smem();
+    if (kt == 0)
+      Qw.load(sQ + c * TILE, warp, g, cq);
+    float s[WR / 8][4];
+    if (both)
+      turn_sync(1 + c);
+    tz_wgmma::fence();
+    Qw.product(flat(s), sKV + 2 * st * TILE);
+    tz_wgmma::commit();
+    beside(kt, [&] { product_mn<DP>(o, pa, sKV + (2 * ((kt - 1) % PP_STAGES) + 1) * TILE); });
+    /* the other's turn; consumer 1 owes consumer 0 none after consumer 0's last tile */
+    if (both && (c == 0 || kt < n_mine - 2))
+      turn_arrive(2 - c);
+    float a_lo, a_hi;
+    if (kt == mt)
+      softmax_probs<WR / 8, CAP_NONE>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, true, kt * WR, row_lo,
+                                      row_hi, cq, scale_log2, 0, 0, 0.0f, 0.0f);
+    else
+      softmax_probs<WR / 8, CAP_NONE>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, false, kt * WR, row_lo,
+                                      row_hi, cq, scale_log2, 0, 0, 0.0f, 0.0f);
+    tz_wgmma::wait<0>();
+    if (kt > 0 && lane == 0) /* this warp's products read the tile before's stage: done */
+      mbar_arrive(&empty[(kt - 1) % PP_STAGES]);
+    if (!__all_sync(0xffffffffu, a_lo == 1.0f && a_hi == 1.0f))
+      softmax_rescale<DP / 8>(o, a_lo, a_hi);
+    pack_all<WR / 8>(pa, s);
+  }
+  if (both && c == 0)
+    turn_arrive(2); /* consumer 1's last turn */
+  tz_wgmma::fence();
+  product_mn<DP>(o, pa, sKV + (2 * ((n_mine - 1) % PP_STAGES) + 1) * TILE);
+  tz_wgmma::commit();
+  tz_wgmma::wait<0>();
+  if (lane == 0)
+    mbar_arrive(&empty[(n_mine - 1) % PP_STAGES]);
+  fwd_store<__nv_bfloat16, width<DP, false>>(out, lse, o, l_lo, l_hi, m_lo, m_hi, b, h, H, row_lo,
+                                             row_hi, T_, D, cq);
+#else
+  (void)out, (void)lse, (void)q, (void)k, (void)v, (void)T_, (void)H, (void)Hkv, (void)scale_log2;
+  __trap();
+#endif
+}
+#endif
 
 /* ---- the backward in two passes, attention_mma.cu's algorithm and arithmetic ----
  * dq: per warpgroup 64 query rows; per key tile, s = q k^T and dp = dout v^T (8 k16 slices each,
@@ -673,6 +842,22 @@ int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const vo
 
 typedef __nv_bfloat16 E;
 
+#if TZ_ATTN_FWD_PP
+int launch_fwd_pp(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
+                  const void *v, int B, int T, int H, int Hkv, const tz_attn_var &var) {
+  const size_t sm = pp_smem();
+  if (sm > c->smem_optin)
+    return 1;
+  TZ_CU(cudaFuncSetAttribute((const void *)attn_fwd_pp_kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+  dim3 grid((unsigned)((T + 2 * WR - 1) / (2 * WR)), (unsigned)H, (unsigned)B);
+  attn_fwd_pp_kernel<<<grid, 384, sm, c->stream>>>((E *)out, lse, (const E *)q, (const E *)k,
+                                                   (const E *)v, T, H, Hkv, var.scale * LOG2E);
+  TZ_CU_LAUNCHED();
+  return 0;
+}
+#endif
+
 template <int NWG, bool AREG, int DP, bool PAD, int VAR>
 int launch_dq(struct tz_cuda *c, void *dq, const float *delta, const void *dout, const void *q,
               const void *k, const void *v, const float *lse, int B, int T, int H, int Hkv, int D,
@@ -747,6 +932,10 @@ int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const 
     using W = decltype(t);
     return with_masks(pos, D, var, [&](auto m) {
       using M = decltype(m);
+#if TZ_ATTN_FWD_PP
+      if constexpr (M::VAR == 0 && W::DP == 128 && !W::PAD)
+        return launch_fwd_pp(c, out, lse, q, k, v, B, T, H, Hkv, var);
+#endif
       return launch_fwd<FWD_NWG, true, W::DP, W::PAD, M::VAR>(c, out, lse, q, k, v, B, T, H, Hkv, D,
                                                               pos, var);
     });
