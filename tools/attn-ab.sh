@@ -6,19 +6,23 @@
 # in turn, twice, at llama-7b's attention (4 x 2048, 32 heads of 128) causal, soft-capped (exact
 # and approx), with a window of 512, and at 8192 x 1 causal and with Mistral's window of 4096.
 # --tests: first the attention's GPU tests on the last build given (the one to land), the
-# softcap's approx tanh too; --tests-all: on every build given.
-#   source .deps/setup.sh && bash tools/attn-ab.sh [--tests | --tests-all] [--base TGZ] FLAGS...
+# softcap's approx tanh too; --tests-all: on every build given. --long: also Llama-3.1-8B's
+# attention (32 heads on 8) at one sequence of 32,768 and of 131,072 tokens, one round of a few
+# iterations (about 30 s a build and pass).
+#   source .deps/setup.sh && bash tools/attn-ab.sh [--tests | --tests-all] [--long] [--base TGZ]
+#     FLAGS...
 # Results: $OUT/attn-ab (or /tmp/attn-ab): ab.txt (one line a run), table.md (tools/
 # attn_ab_table.py: each build's ms a case and its per-tile ratios against its causal run),
 # builds.txt, and logs.tgz (tests-*.log with the tests' summaries, the builds' logs).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp}/attn-ab
-tests=0 base=""
+tests=0 base="" long=0
 while [ $# -gt 0 ]; do
   case $1 in
     --tests) tests=1 ;;
     --tests-all) tests=2 ;;
+    --long) long=1 ;;
     --base) base=$2; shift ;;
     *) break ;;
   esac
@@ -66,6 +70,9 @@ if [ $tests -ge 1 ]; then
 fi
 cases=("none:exact:" "cap50:exact:--softcap 50" "cap50a:approx:--softcap 50" "w512:exact:--window 512"
   "t8k:exact:--seq 8192 --batch 1" "t8k-w4096:exact:--seq 8192 --batch 1 --window 4096")
+# the later --rounds, --iters and --warmup win over the defaults below
+[ $long = 1 ] && cases+=("t32k:exact:--seq 32768 --batch 1 --kv-heads 8 --rounds 1 --iters 3 --warmup 1"
+  "t128k:exact:--seq 131072 --batch 1 --kv-heads 8 --rounds 1 --iters 2 --warmup 1")
 for pass in 1 2; do
   for n in "${names[@]}"; do
     for c in "${cases[@]}"; do
