@@ -362,11 +362,12 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
  * thread once its copies landed, its "empty" one by each consumer warp once its products read
  * it), and warpgroups 1 and 2 each run exactly the one-warpgroup kernel's loop for their 64 rows
  * (queries 128 i + 64 c..), taking turns to issue their products (two named barriers): while one
- * computes a tile's softmax the other's products run. The producer gives up registers
- * (setmaxnreg), but ptxas allocates the consumers' code within the 168 a thread that 384 threads
- * leave (68 bytes of spill, no serialized products; a producer warp instead of a warpgroup, 288
- * threads, is rounded up to the same 168 and serializes them). Same operations per row in the
- * same order, so the same bits as attn_fwd_wgmma_kernel. */
+ * computes a tile's softmax the other's products run. 384 threads launch with 168 registers a
+ * thread; the producer gives them up down to 56 and the consumers take 224 (setmaxnreg, 64,512
+ * of the 65,536), which ptxas allocates each side's code within: no spill (at 40 the producer's
+ * loads spilled 68 bytes; a producer warp instead of a warpgroup, 288 threads, is rounded up to
+ * the same 168 a thread and serializes the products). Same operations per row in the same
+ * order, so the same bits as attn_fwd_wgmma_kernel. */
 constexpr int PP_STAGES = 4;
 constexpr size_t pp_smem() {
   return (size_t)(2 + 2 * PP_STAGES) * tile_bytes<128>() + 2 * PP_STAGES * 8 + 1024;
@@ -428,7 +429,7 @@ __global__ void __launch_bounds__(384, 1)
   const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
 
   if (wg == 0) { /* the producer */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
     const __nv_bfloat16 *kb = k + (size_t)b * T_ * ks + (size_t)hk * D;
     const __nv_bfloat16 *vb = v + (size_t)b * T_ * ks + (size_t)hk * D;
     for (int j = 0; j < n_kt; j++) {
@@ -454,7 +455,7 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
   const int c = wg - 1; /* the consumer: rows 64 (2 i + c).. */
   const int mt = 2 * i + c;
   if (mt >= n64)
