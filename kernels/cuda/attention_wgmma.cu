@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -51,7 +52,7 @@
 #define TZ_ATTN_KV_KIND 0
 #endif
 /* TZ_ATTN_FWD_PP 1, TZ_ATTN_DQ_PP 1: the causal forward, and dq, at head dim 128 on
- * attn_fwd_pp_kernel and attn_bwd_dq_pp_kernel (below) */
+ * attention_pp.cu's kernels */
 #ifndef TZ_ATTN_FWD_PP
 #define TZ_ATTN_FWD_PP 0
 #endif
@@ -62,170 +63,12 @@
 namespace {
 
 using namespace tz_attn;
+using namespace tz_wgattn;
 
-constexpr int WR = 64;         /* rows (queries or keys) of a warpgroup, keys of a tile */
-constexpr int HALF = 64 * 128; /* bytes of a 64 x 64 half of a tile */
-/* bytes of a tile of 64 rows by DP columns */
-template <int DP> __host__ __device__ constexpr int tile_bytes() { return DP / 64 * HALF; }
 /* Q (a tile per warpgroup), two K buffers, three V, alignment slack */
 template <int DP> constexpr size_t fwd_smem(int nwg) {
   return (size_t)(nwg + 5) * tile_bytes<DP>() + 1024;
 }
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* ROWS (64 or 128) rows of D bf16 from base + (row0 + r) * stride into swizzled tiles of DP
- * columns (row r in tile r / 64) by the block's threads, 16 bytes a copy; rows at or past `valid`
- * and columns D..DP-1 are zero-filled (D a multiple of 8). */
-template <int ROWS, int NT, int DP>
-__device__ __forceinline__ void load_sw(uint8_t *s, const __nv_bfloat16 *base, size_t stride,
-                                        int row0, int valid, int D) {
-  constexpr unsigned CPR = DP / 8; /* 16-byte chunks a row, a power of 2 */
-  /* The addresses made once (docs/cuda-kernels.md). A thread's chunk column ch is the same in
-   * every pass, its rows r0 + RSTEP j (RSTEP a multiple of 8 dividing 64), so the swizzle's r & 7
-   * is r0's and a pass's shared offset a constant; the global address steps by RSTEP rows. The
-   * profile counted some nine instructions a copy computing them each time (the forward's 16 a key
-   * tile: 18% of its instructions). */
-  constexpr int RSTEP = NT / CPR;
-  static_assert(NT % CPR == 0 && RSTEP % 8 == 0 && 64 % RSTEP == 0, "rows a pass");
-  const int ch = (int)threadIdx.x & (CPR - 1), r0 = (int)threadIdx.x / CPR;
-  uint8_t *sp = s + (ch >> 3) * HALF + r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4);
-  const __nv_bfloat16 *gp = base + (size_t)(row0 + r0) * stride + ch * 8;
-  const size_t gstep = (size_t)RSTEP * stride;
-  /* pass j's shared address: rows j RSTEP.. of the tiles */
-  auto at = [&](int j) {
-    return sp + (j * RSTEP >> 6) * tile_bytes<DP>() + (j * RSTEP & 63) * 128;
-  };
-  if (valid >= ROWS && ch * 8 < D) { /* a whole tile: no test a copy */
-#pragma unroll
-    for (int j = 0; j < ROWS / RSTEP; j++)
-      cp_async16(at(j), gp + j * gstep, 16);
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < ROWS / RSTEP; j++) {
-    int ok = r0 + j * RSTEP < valid && ch * 8 < D; /* nothing is read where not ok */
-    cp_async16(at(j), ok ? gp + j * gstep : base, ok ? 16 : 0);
-  }
-}
-
-/* The streamed tiles of step `it` (of n) are waited for and made visible to the products, the
- * next step's having been started by `issue_next` (called when there is one). */
-template <typename F> __device__ __forceinline__ void next_step(int it, int n, F issue_next) {
-  if (it + 1 < n) {
-    issue_next();
-    cp_async_commit();
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
-  }
-  tz_wgmma::fence_smem(); /* cp.async's writes, before the products read them */
-  __syncthreads();
-}
-
-/* After the first product's commit at tile kt: from the second tile on, the tile before's
- * second product is issued beside it (`issue`, committed here); then the first is waited for
- * alone, the second left running. */
-template <typename F> __device__ __forceinline__ void beside(int kt, F issue) {
-  if (kt > 0) {
-    issue();
-    tz_wgmma::commit();
-    tz_wgmma::wait<1>();
-  } else {
-    tz_wgmma::wait<0>();
-  }
-}
-
-/* d = a b^T over the head dimension, DP / 16 k16 slices, the accumulators overwritten: a and b
- * 64 x DP swizzled tiles, both K-major. Issued, not waited for. */
-template <int DP>
-__device__ __forceinline__ void product_k(float (&d)[32], const uint8_t *a, const uint8_t *b) {
-#pragma unroll
-  for (int kk = 0; kk < DP / 16; kk++) {
-    int off = (kk >> 2) * HALF + (kk & 3) * 32; /* slice kk: 32 bytes into half kk / 4 */
-    tz_wgmma::mma_m64n64k16_bf16<0>(d, tz_wgmma::desc_k(a + off), tz_wgmma::desc_k(b + off),
-                                    kk > 0);
-  }
-}
-
-/* The same with a from registers (load_afrag's fragments): only b is read from shared memory. */
-template <int DP>
-__device__ __forceinline__ void product_k(float (&d)[32], const uint32_t (&a)[DP / 16][4],
-                                          const uint8_t *b) {
-#pragma unroll
-  for (int kk = 0; kk < DP / 16; kk++) {
-    int off = (kk >> 2) * HALF + (kk & 3) * 32;
-    tz_wgmma::mma_m64n64k16_bf16_rs<0>(d, a[kk], tz_wgmma::desc_k(b + off), kk > 0);
-  }
-}
-
-/* A warp's 16 rows (warp * 16..) of a 64 x DP swizzled tile as A fragments of the DP / 16 k16
- * slices (wgmma.cuh's register layout). */
-template <int DP>
-__device__ __forceinline__ void load_afrag(uint32_t (&a)[DP / 16][4], const uint8_t *t, int warp,
-                                           int g, int c) {
-#pragma unroll
-  for (int kk = 0; kk < DP / 16; kk++) {
-    const uint8_t *h = t + (kk >> 2) * HALF;
-    uint32_t r = (uint32_t)(warp * 16 + g), col = (uint32_t)((kk & 3) * 16 + 2 * c);
-    a[kk][0] = *(const uint32_t *)(h + tz_wgmma::sw128(r, col));
-    a[kk][1] = *(const uint32_t *)(h + tz_wgmma::sw128(r + 8, col));
-    a[kk][2] = *(const uint32_t *)(h + tz_wgmma::sw128(r, col + 8));
-    a[kk][3] = *(const uint32_t *)(h + tz_wgmma::sw128(r + 8, col + 8));
-  }
-}
-
-/* Q (or dO) as product_k's first operand: the tile itself, or its fragments in registers. */
-template <bool AREG, int DP> struct qop;
-template <int DP> struct qop<false, DP> {
-  const uint8_t *t;
-  __device__ __forceinline__ void load(const uint8_t *tile, int, int, int) { t = tile; }
-  __device__ __forceinline__ void product(float (&d)[32], const uint8_t *b) const {
-    product_k<DP>(d, t, b);
-  }
-};
-template <int DP> struct qop<true, DP> {
-  uint32_t a[DP / 16][4];
-  __device__ __forceinline__ void load(const uint8_t *tile, int warp, int g, int c) {
-    load_afrag<DP>(a, tile, warp, g, c);
-  }
-  __device__ __forceinline__ void product(float (&d)[32], const uint8_t *b) const {
-    product_k<DP>(d, a, b);
-  }
-};
-
-/* acc += a b over b's 64 rows, 4 k16 slices: a 64 x 64 in registers (pack_a's fragments of
- * probabilities or score gradients, a[j] for rows 16 j.. of b), b a 64 x DP swizzled tile read
- * MN-major, its 64-column half n into acc[8 n .. 8 n + 7]. Issued, not waited for. */
-template <int DP>
-__device__ __forceinline__ void product_mn(float (&acc)[DP / 8][4], const uint32_t (&a)[4][4],
-                                           const uint8_t *b) {
-#pragma unroll
-  for (int j = 0; j < 4; j++) { /* slice j: rows 16 j.., 2048 bytes into each half */
-#pragma unroll
-    for (int n = 0; n < DP / 64; n++) {
-      float(&d)[32] = *reinterpret_cast<float(*)[32]>(&acc[8 * n][0]);
-      tz_wgmma::mma_m64n64k16_bf16_rs<1>(d, a[j], tz_wgmma::desc_mn(b + n * HALF + j * 2048), 1);
-    }
-  }
-}
-
-__device__ __forceinline__ float (&flat(float (&x)[8][4]))[32] {
-  return *reinterpret_cast<float(*)[32]>(&x[0][0]);
-}
-
-template <int NS>
-__device__ __forceinline__ void pack_all(uint32_t (&a)[NS / 2][4], const float (&x)[NS][4]) {
-#pragma unroll
-  for (int j = 0; j < NS / 2; j++)
-    pack_a<__nv_bfloat16, NS>(a[j], x, j);
-}
-
-template <int ND> __device__ __forceinline__ void zero(float (&x)[ND][4]) {
-#pragma unroll
-  for (int i = 0; i < ND; i++)
-    x[i][0] = x[i][1] = x[i][2] = x[i][3] = 0.0f;
-}
-#endif
 
 /* The query side's block (forward, dq) of NWG warpgroups: 64 NWG rows from 64 NWG i (i: the
  * longest first), warpgroup w's 64-row tile mt = NWG i + w; the block streams key tiles 0 ..
@@ -356,302 +199,6 @@ __global__ void __launch_bounds__(128 * NWG, 2 / NWG)
   __trap();
 #endif
 }
-
-#if TZ_ATTN_FWD_PP || TZ_ATTN_DQ_PP
-/* ---- the causal forward and dq with a producer warpgroup and two consumers taking turns
- * (TZ_ATTN_FWD_PP 1, TZ_ATTN_DQ_PP 1: FlashAttention 3's warp specialization and ping-pong; off
- * until their GPU tests and A/B ran) ----
- * A block of 128 queries is three warpgroups: warpgroup 0 loads Q and the key tiles' K and V into
- * a ring of PP_STAGES stages (cp.async; a stage's "full" barrier is arrived on by each loading
- * thread once its copies landed, its "empty" one by each consumer warp once its products read
- * it), and warpgroups 1 and 2 each run exactly the one-warpgroup kernel's loop for their 64 rows
- * (queries 128 i + 64 c..), taking turns to issue their products (two named barriers): while one
- * computes a tile's softmax the other's products run. 384 threads launch with 168 registers a
- * thread; the producer gives them up down to 56 and the consumers take 224 (setmaxnreg, 64,512
- * of the 65,536), which ptxas allocates each side's code within: no spill (at 40 the producer's
- * loads spilled 68 bytes, and dq's producer loading its 128 rows of Q and dO in two calls 188;
- * a producer warp instead of a warpgroup, 288 threads, is rounded up to the same 168 a thread
- * and serializes the products). Same operations per row in the same order, so the same bits as
- * attn_fwd_wgmma_kernel and attn_bwd_dq_wgmma_kernel. */
-constexpr int PP_STAGES = 4;
-/* NQ query-side tiles, the stages' K and V, the barriers */
-constexpr size_t pp_smem(int nq) {
-  return (size_t)(nq + 2 * PP_STAGES) * tile_bytes<128>() + 2 * PP_STAGES * 8 + 1024;
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
-}
-/* Waits until the barrier's phase of the given parity completed. */
-__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
-  asm volatile("{\n"
-               ".reg .pred done;\n"
-               "WAIT%=:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-               "@!done bra WAIT%=;\n"
-               "}\n" ::"r"(smem_addr(b)),
-               "r"(parity)
-               : "memory");
-}
-/* Named barriers 1 and 2 between the two consumers (256 threads): sync waits for the other's
- * arrive. */
-__device__ __forceinline__ void turn_sync(int id) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
-}
-__device__ __forceinline__ void turn_arrive(int id) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
-}
-
-/* A block's shared memory and barriers, its query rows (128 i..) and key tiles, for the
- * producer and the consumers alike. NQ: the query side's tiles (2: Q; 4: Q and dO). */
-template <int NQ> struct pp_block {
-  static constexpr int TILE = tile_bytes<128>();
-  uint8_t *sQ, *sKV; /* query tiles (NQ), then stage s: K at sKV + 2 s TILE, V one tile on */
-  uint64_t *full, *empty;
-  int i, wg, n64, n_kt;
-  bool both; /* the second consumer has rows */
-  __device__ __forceinline__ pp_block(int T_) {
-    extern __shared__ unsigned char smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    sQ = sm, sKV = sm + NQ * TILE;
-    full = (uint64_t *)(sKV + 2 * PP_STAGES * TILE), empty = full + PP_STAGES;
-    i = gridDim.x - 1 - blockIdx.x; /* the longest first */
-    /* the warpgroup, warp-uniform to the compiler (so its branches are not divergent ones) */
-    wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
-    n64 = (T_ + WR - 1) / WR;
-    n_kt = min(2 * i + 2, n64);
-    both = 2 * i + 1 < n64;
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < PP_STAGES; s++) {
-        mbar_init(&full[s], 128);
-        mbar_init(&empty[s], both ? 8 : 4); /* a consumer warp each */
-      }
-    }
-    __syncthreads();
-  }
-  __device__ __forceinline__ uint8_t *K(int kt) const { return sKV + 2 * (kt % PP_STAGES) * TILE; }
-  __device__ __forceinline__ uint8_t *V(int kt) const {
-    return sKV + (2 * (kt % PP_STAGES) + 1) * TILE;
-  }
-  /* warpgroup 0: the query side's tiles (qb's rows, and dob's where NQ is 4) with the first key
-   * tile, then each key tile's K and V into its stage once the consumers released it */
-  __device__ __forceinline__ void produce(const __nv_bfloat16 *qb, const __nv_bfloat16 *dob,
-                                          size_t qs, const __nv_bfloat16 *kb,
-                                          const __nv_bfloat16 *vb, size_t ks, int T_) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-    const int q0 = 2 * i * WR;
-    for (int j = 0; j < n_kt; j++) {
-      if (j >= PP_STAGES)
-        mbar_wait(&empty[j % PP_STAGES], (unsigned)((j / PP_STAGES - 1) & 1));
-      if (j == 0) /* 64 rows a call: fewer addresses live in the producer's registers */
-        for (int t = 0; t < NQ; t++) {
-          const int r0 = q0 + (t & 1) * WR;
-          load_sw<WR, 128, 128>(sQ + t * TILE, t < 2 ? qb : dob, qs, r0, T_ - r0, 128);
-        }
-      load_sw<WR, 128, 128>(K(j), kb, ks, j * WR, T_ - j * WR, 128);
-      load_sw<WR, 128, 128>(V(j), vb, ks, j * WR, T_ - j * WR, 128);
-      cp_async_commit();
-      if (j > 0) { /* the tile before landed: its stage is full */
-        cp_async_wait<1>();
-        tz_wgmma::fence_smem();
-        mbar_arrive(&full[(j - 1) % PP_STAGES]);
-      }
-    }
-    cp_async_wait<0>();
-    tz_wgmma::fence_smem();
-    mbar_arrive(&full[(n_kt - 1) % PP_STAGES]);
-  }
-  /* a consumer's wait for tile kt's stage */
-  __device__ __forceinline__ void wait_full(int kt) {
-    mbar_wait(&full[kt % PP_STAGES], (unsigned)((kt / PP_STAGES) & 1));
-    tz_wgmma::fence_smem();
-  }
-  /* a consumer warp's release of tile kt's stage, its products done */
-  __device__ __forceinline__ void release(int kt, int lane) {
-    if (lane == 0)
-      mbar_arrive(&empty[kt % PP_STAGES]);
-  }
-};
-
-/* The consumers' turns at issuing products: consumer 0 first; barrier 1 is consumer 0's to wait
- * on, 2 consumer 1's. Consumer 1 has one tile more (its diagonal), so it owes consumer 0 no turn
- * after consumer 0's last tile, and consumer 0 gives it one after its loop. */
-struct pp_turns {
-  bool on;
-  int c, n;
-  __device__ __forceinline__ pp_turns(bool both, int c_, int n_mine) : on(both), c(c_), n(n_mine) {
-    if (on && c == 1)
-      turn_arrive(1);
-  }
-  __device__ __forceinline__ void take() const {
-    if (on)
-      turn_sync(1 + c);
-  }
-  __device__ __forceinline__ void give(int kt) const {
-    if (on && (c == 0 || kt < n - 2))
-      turn_arrive(2 - c);
-  }
-  __device__ __forceinline__ void done() const {
-    if (on && c == 0)
-      turn_arrive(2);
-  }
-};
-
-#endif
-
-__global__ void __launch_bounds__(384, 1)
-    attn_fwd_pp_kernel(__nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
-                       const __nv_bfloat16 *k, const __nv_bfloat16 *v, int T_, int H, int Hkv,
-                       float scale_log2) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int DP = 128, D = 128, TILE = tile_bytes<DP>();
-  pp_block<2> B(T_);
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
-  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
-  if (B.wg == 0) { /* the producer */
-    B.produce(q + (size_t)b * T_ * qs + (size_t)h * D, nullptr, qs,
-              k + (size_t)b * T_ * ks + (size_t)hk * D, v + (size_t)b * T_ * ks + (size_t)hk * D,
-              ks, T_);
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-  const int c = B.wg - 1; /* the consumer: rows 64 (2 i + c).. */
-  const int mt = 2 * B.i + c;
-  if (mt >= B.n64)
-    return; /* the second consumer of the last block of an odd count: no rows */
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int g = lane >> 2, cq = lane & 3;
-  const int row_lo = mt * WR + warp * 16 + g, row_hi = row_lo + 8;
-  const int n_mine = mt + 1;
-  const pp_turns turns(B.both, c, n_mine);
-  qop<true, DP> Qw;
-  float o[DP / 8][4];
-  zero(o);
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-  uint32_t pa[WR / 16][4];
-  for (int kt = 0; kt < n_mine; kt++) {
-    B.wait_full(kt);
-    if (kt == 0)
-      Qw.load(B.sQ + c * TILE, warp, g, cq);
-    float s[WR / 8][4];
-    turns.take();
-    tz_wgmma::fence();
-    Qw.product(flat(s), B.K(kt));
-    tz_wgmma::commit();
-    beside(kt, [&] { product_mn<DP>(o, pa, B.V(kt - 1)); });
-    turns.give(kt);
-    float a_lo, a_hi;
-    if (kt == mt)
-      softmax_probs<WR / 8, CAP_NONE>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, true, kt * WR, row_lo,
-                                      row_hi, cq, scale_log2, 0, 0, 0.0f, 0.0f);
-    else
-      softmax_probs<WR / 8, CAP_NONE>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, false, kt * WR, row_lo,
-                                      row_hi, cq, scale_log2, 0, 0, 0.0f, 0.0f);
-    tz_wgmma::wait<0>();
-    if (kt > 0) /* this warp's products read the tile before's stage: done */
-      B.release(kt - 1, lane);
-    if (!__all_sync(0xffffffffu, a_lo == 1.0f && a_hi == 1.0f))
-      softmax_rescale<DP / 8>(o, a_lo, a_hi);
-    pack_all<WR / 8>(pa, s);
-  }
-  turns.done();
-  tz_wgmma::fence();
-  product_mn<DP>(o, pa, B.V(n_mine - 1));
-  tz_wgmma::commit();
-  tz_wgmma::wait<0>();
-  B.release(n_mine - 1, lane);
-  fwd_store<__nv_bfloat16, width<DP, false>>(out, lse, o, l_lo, l_hi, m_lo, m_hi, b, h, H, row_lo,
-                                             row_hi, T_, D, cq);
-#else
-  (void)out, (void)lse, (void)q, (void)k, (void)v, (void)T_, (void)H, (void)Hkv, (void)scale_log2;
-  __trap();
-#endif
-}
-
-/* dq the same way (TZ_ATTN_DQ_PP 1): the one-warpgroup dq kernel's loop per consumer, Q and dO
- * from shared memory, K read one tile late (its stage released after dq's product of it). */
-__global__ void __launch_bounds__(384, 1)
-    attn_bwd_dq_pp_kernel(__nv_bfloat16 *dq, const __nv_bfloat16 *dout, const __nv_bfloat16 *q,
-                          const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse,
-                          const float *delta, int T_, int H, int Hkv, float scale,
-                          float scale_log2) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int DP = 128, D = 128, TILE = tile_bytes<DP>();
-  pp_block<4> B(T_);
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / (H / Hkv);
-  const size_t qs = (size_t)H * D, ks = (size_t)Hkv * D;
-  if (B.wg == 0) {
-    B.produce(q + (size_t)b * T_ * qs + (size_t)h * D, dout + (size_t)b * T_ * qs + (size_t)h * D,
-              qs, k + (size_t)b * T_ * ks + (size_t)hk * D,
-              v + (size_t)b * T_ * ks + (size_t)hk * D, ks, T_);
-    return;
-  }
-
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-  const int c = B.wg - 1;
-  const int mt = 2 * B.i + c;
-  if (mt >= B.n64)
-    return;
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int g = lane >> 2, cq = lane & 3;
-  const int row_lo = mt * WR + warp * 16 + g, row_hi = row_lo + 8;
-  const int n_mine = mt + 1;
-  const float *lb = lse + ((size_t)b * H + h) * T_, *db = delta + ((size_t)b * H + h) * T_;
-  const float lse_lo = row_lo < T_ ? __fmul_rn(lb[row_lo], LOG2E) : 0.0f;
-  const float lse_hi = row_hi < T_ ? __fmul_rn(lb[row_hi], LOG2E) : 0.0f;
-  const float del_lo = row_lo < T_ ? db[row_lo] : 0.0f;
-  const float del_hi = row_hi < T_ ? db[row_hi] : 0.0f;
-  const pp_turns turns(B.both, c, n_mine);
-  qop<false, DP> Qw, dOw;
-  float acc[DP / 8][4];
-  zero(acc);
-  uint32_t dsa[WR / 16][4];
-  for (int kt = 0; kt < n_mine; kt++) {
-    B.wait_full(kt);
-    if (kt == 0) {
-      Qw.load(B.sQ + c * TILE, warp, g, cq);
-      dOw.load(B.sQ + (2 + c) * TILE, warp, g, cq);
-    }
-    float s[WR / 8][4], dp[WR / 8][4];
-    turns.take();
-    tz_wgmma::fence();
-    Qw.product(flat(s), B.K(kt));
-    dOw.product(flat(dp), B.V(kt));
-    tz_wgmma::commit();
-    beside(kt, [&] { product_mn<DP>(acc, dsa, B.K(kt - 1)); });
-    turns.give(kt);
-    if (kt == mt)
-      q_probs<WR / 8, CAP_NONE>(s, dp, true, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo,
-                                del_hi, cq, scale_log2, 0, 0, 0.0f, 0.0f);
-    else
-      q_probs<WR / 8, CAP_NONE>(s, dp, false, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo,
-                                del_hi, cq, scale_log2, 0, 0, 0.0f, 0.0f);
-    tz_wgmma::wait<0>();
-    if (kt > 0)
-      B.release(kt - 1, lane);
-    pack_all<WR / 8>(dsa, dp);
-  }
-  turns.done();
-  tz_wgmma::fence();
-  product_mn<DP>(acc, dsa, B.K(n_mine - 1));
-  tz_wgmma::commit();
-  tz_wgmma::wait<0>();
-  B.release(n_mine - 1, lane);
-  q_store<__nv_bfloat16, width<DP, false>>(dq + (size_t)b * T_ * qs + (size_t)h * D, acc, qs,
-                                           row_lo, row_hi, T_, D, scale, cq);
-#else
-  (void)dq, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)T_, (void)H;
-  (void)Hkv, (void)scale, (void)scale_log2;
-  __trap();
-#endif
-}
-#endif
 
 /* ---- the backward in two passes, attention_mma.cu's algorithm and arithmetic ----
  * dq: per warpgroup 64 query rows; per key tile, s = q k^T and dp = dout v^T (8 k16 slices each,
@@ -977,40 +524,6 @@ int launch_fwd(struct tz_cuda *c, void *out, float *lse, const void *q, const vo
 
 typedef __nv_bfloat16 E;
 
-#if TZ_ATTN_FWD_PP
-int launch_fwd_pp(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
-                  const void *v, int B, int T, int H, int Hkv, const tz_attn_var &var) {
-  const size_t sm = pp_smem(2);
-  if (sm > c->smem_optin)
-    return 1;
-  TZ_CU(cudaFuncSetAttribute((const void *)attn_fwd_pp_kernel,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-  dim3 grid((unsigned)((T + 2 * WR - 1) / (2 * WR)), (unsigned)H, (unsigned)B);
-  attn_fwd_pp_kernel<<<grid, 384, sm, c->stream>>>((E *)out, lse, (const E *)q, (const E *)k,
-                                                   (const E *)v, T, H, Hkv, var.scale * LOG2E);
-  TZ_CU_LAUNCHED();
-  return 0;
-}
-#endif
-
-#if TZ_ATTN_DQ_PP
-int launch_dq_pp(struct tz_cuda *c, void *dq, const float *delta, const void *dout, const void *q,
-                 const void *k, const void *v, const float *lse, int B, int T, int H, int Hkv,
-                 const tz_attn_var &var) {
-  const size_t sm = pp_smem(4);
-  if (sm > c->smem_optin)
-    return 1;
-  TZ_CU(cudaFuncSetAttribute((const void *)attn_bwd_dq_pp_kernel,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-  dim3 grid((unsigned)((T + 2 * WR - 1) / (2 * WR)), (unsigned)H, (unsigned)B);
-  attn_bwd_dq_pp_kernel<<<grid, 384, sm, c->stream>>>((E *)dq, (const E *)dout, (const E *)q,
-                                                      (const E *)k, (const E *)v, lse, delta, T, H,
-                                                      Hkv, var.scale, var.scale * LOG2E);
-  TZ_CU_LAUNCHED();
-  return 0;
-}
-#endif
-
 template <int NWG, bool AREG, int DP, bool PAD, int VAR>
 int launch_dq(struct tz_cuda *c, void *dq, const float *delta, const void *dout, const void *q,
               const void *k, const void *v, const float *lse, int B, int T, int H, int Hkv, int D,
@@ -1087,7 +600,7 @@ int tz_cuda_attention_fwd_wgmma(struct tz_cuda *c, void *out, float *lse, const 
       using M = decltype(m);
 #if TZ_ATTN_FWD_PP
       if constexpr (M::VAR == 0 && W::DP == 128 && !W::PAD)
-        return launch_fwd_pp(c, out, lse, q, k, v, B, T, H, Hkv, var);
+        return tz_cuda_attention_fwd_pp(c, out, lse, q, k, v, B, T, H, Hkv, var);
 #endif
       return launch_fwd<FWD_NWG, true, W::DP, W::PAD, M::VAR>(c, out, lse, q, k, v, B, T, H, Hkv, D,
                                                               pos, var);
@@ -1112,7 +625,7 @@ int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
       int rc;
 #if TZ_ATTN_DQ_PP
       if constexpr (M::VAR == 0 && W::DP == 128 && !W::PAD)
-        rc = launch_dq_pp(c, dq, delta, dout, q, k, v, lse, B, T, H, Hkv, var);
+        rc = tz_cuda_attention_dq_pp(c, dq, delta, dout, q, k, v, lse, B, T, H, Hkv, var);
       else
 #endif
         rc = launch_dq<DQ_NWG, false, W::DP, W::PAD, M::VAR>(c, dq, delta, dout, q, k, v, lse, B, T,

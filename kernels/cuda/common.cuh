@@ -316,5 +316,13 @@ int tz_cuda_attention_bwd_wgmma(struct tz_cuda *c, void *dq, void *dk, void *dv,
                                 const void *dout, const void *q, const void *k, const void *v,
                                 const float *lse, int B, int T, int H, int Hkv, int D,
                                 const int32_t *pos, const struct tz_attn_var &var);
+/* attention_pp.cu's causal forward and dq at head dim 128 (defined only with TZ_ATTN_FWD_PP 1,
+ * TZ_ATTN_DQ_PP 1; 1 where the device's shared memory is too small). */
+int tz_cuda_attention_fwd_pp(struct tz_cuda *c, void *out, float *lse, const void *q, const void *k,
+                             const void *v, int B, int T, int H, int Hkv,
+                             const struct tz_attn_var &var);
+int tz_cuda_attention_dq_pp(struct tz_cuda *c, void *dq, const float *delta, const void *dout,
+                            const void *q, const void *k, const void *v, const float *lse, int B,
+                            int T, int H, int Hkv, const struct tz_attn_var &var);
 
 #endif
