@@ -11,13 +11,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
-#ifndef TZ_ATTN_FWD_PP
-#define TZ_ATTN_FWD_PP 0
-#endif
-#ifndef TZ_ATTN_DQ_PP
-#define TZ_ATTN_DQ_PP 0
-#endif
-
 #if TZ_ATTN_FWD_PP || TZ_ATTN_DQ_PP
 namespace {
 
@@ -142,6 +135,15 @@ template <int NQ> struct pp_block {
     if (lane == 0)
       mbar_arrive(&empty[kt % PP_STAGES]);
   }
+  /* a consumer's last product, acc += a b with b in the last tile kt's stage, then its release */
+  __device__ __forceinline__ void last(float (&acc)[16][4], const uint32_t (&a)[4][4],
+                                       const uint8_t *b, int kt, int lane) {
+    tz_wgmma::fence();
+    product_mn<128>(acc, a, b);
+    tz_wgmma::commit();
+    tz_wgmma::wait<0>();
+    release(kt, lane);
+  }
 };
 
 /* The consumers' turns at issuing products: consumer 0 first; barrier 1 is consumer 0's to wait
@@ -228,11 +230,7 @@ __global__ void __launch_bounds__(384, 1)
     pack_all<WR / 8>(pa, s);
   }
   turns.done();
-  tz_wgmma::fence();
-  product_mn<DP>(o, pa, B.V(n_mine - 1));
-  tz_wgmma::commit();
-  tz_wgmma::wait<0>();
-  B.release(n_mine - 1, lane);
+  B.last(o, pa, B.V(n_mine - 1), n_mine - 1, lane);
   fwd_store<__nv_bfloat16, width<DP, false>>(out, lse, o, l_lo, l_hi, m_lo, m_hi, b, h, H, row_lo,
                                              row_hi, T_, D, cq);
 #else
@@ -307,11 +305,7 @@ __global__ void __launch_bounds__(384, 1)
     pack_all<WR / 8>(dsa, dp);
   }
   turns.done();
-  tz_wgmma::fence();
-  product_mn<DP>(acc, dsa, B.K(n_mine - 1));
-  tz_wgmma::commit();
-  tz_wgmma::wait<0>();
-  B.release(n_mine - 1, lane);
+  B.last(acc, dsa, B.K(n_mine - 1), n_mine - 1, lane);
   q_store<__nv_bfloat16, width<DP, false>>(dq + (size_t)b * T_ * qs + (size_t)h * D, acc, qs,
                                            row_lo, row_hi, T_, D, scale, cq);
 #else

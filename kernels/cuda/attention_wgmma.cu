@@ -51,14 +51,6 @@
 #ifndef TZ_ATTN_KV_KIND
 #define TZ_ATTN_KV_KIND 0
 #endif
-/* TZ_ATTN_FWD_PP 1, TZ_ATTN_DQ_PP 1: the causal forward, and dq, at head dim 128 on
- * attention_pp.cu's kernels */
-#ifndef TZ_ATTN_FWD_PP
-#define TZ_ATTN_FWD_PP 0
-#endif
-#ifndef TZ_ATTN_DQ_PP
-#define TZ_ATTN_DQ_PP 0
-#endif
 
 namespace {
 

@@ -11,6 +11,15 @@
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
+/* TZ_ATTN_FWD_PP 1, TZ_ATTN_DQ_PP 1 (CUDA flags): the causal forward, and dq, at head dim 128
+ * on attention_pp.cu's kernels (off until their GPU tests and A/B ran) */
+#ifndef TZ_ATTN_FWD_PP
+#define TZ_ATTN_FWD_PP 0
+#endif
+#ifndef TZ_ATTN_DQ_PP
+#define TZ_ATTN_DQ_PP 0
+#endif
+
 namespace tz_wgattn {
 
 using namespace tz_attn;
