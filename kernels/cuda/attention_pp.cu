@@ -146,6 +146,22 @@ template <int NQ> struct pp_block {
   }
 };
 
+/* beside() with `between` called once the products are issued, before the wait (the turn passes
+ * there), in the same branch as the issue: with the wait in a branch of its own ptxas serialized
+ * the products (its note C7514). */
+template <typename F, typename G>
+__device__ __forceinline__ void beside_then(int kt, F issue, G between) {
+  if (kt > 0) {
+    issue();
+    tz_wgmma::commit();
+    between();
+    tz_wgmma::wait<1>();
+  } else {
+    between();
+    tz_wgmma::wait<0>();
+  }
+}
+
 /* The consumers' turns at issuing products: consumer 0 first; barrier 1 is consumer 0's to wait
  * on, 2 consumer 1's. Consumer 1 has one tile more (its diagonal), so it owes consumer 0 no turn
  * after consumer 0's last tile, and consumer 0 gives it one after its loop. */
@@ -213,8 +229,9 @@ __global__ void __launch_bounds__(384, 1)
     tz_wgmma::fence();
     Qw.product(flat(s), B.K(kt));
     tz_wgmma::commit();
-    beside(kt, [&] { product_mn<DP>(o, pa, B.V(kt - 1)); });
-    turns.give(kt);
+    /* o += p v of the tile before, beside; the turn passes once they are issued, not done */
+    beside_then(
+        kt, [&] { product_mn<DP>(o, pa, B.V(kt - 1)); }, [&] { turns.give(kt); });
     float a_lo, a_hi;
     if (kt == mt)
       softmax_probs<WR / 8, CAP_NONE>(s, m_lo, m_hi, l_lo, l_hi, a_lo, a_hi, true, kt * WR, row_lo,
@@ -291,8 +308,8 @@ __global__ void __launch_bounds__(384, 1)
     Qw.product(flat(s), B.K(kt));
     dOw.product(flat(dp), B.V(kt));
     tz_wgmma::commit();
-    beside(kt, [&] { product_mn<DP>(acc, dsa, B.K(kt - 1)); });
-    turns.give(kt);
+    beside_then(
+        kt, [&] { product_mn<DP>(acc, dsa, B.K(kt - 1)); }, [&] { turns.give(kt); });
     if (kt == mt)
       q_probs<WR / 8, CAP_NONE>(s, dp, true, kt * WR, row_lo, row_hi, lse_lo, lse_hi, del_lo,
                                 del_hi, cq, scale_log2, 0, 0, 0.0f, 0.0f);
