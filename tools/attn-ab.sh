@@ -6,7 +6,9 @@
 # in turn, twice, at llama-7b's attention (4 x 2048, 32 heads of 128) causal, soft-capped (exact
 # and approx), with a window of 512, and at 8192 x 1 causal and with Mistral's window of 4096.
 # --tests: first the attention's GPU tests on the last build given (the one to land), the
-# softcap's approx tanh too; --tests-all: on every build given. --long: also Llama-3.1-8B's
+# softcap's approx tanh too; --tests-all: on every build given, and on each a short tz-train run
+# (llama-3.2-1b's config, 4,096 tokens, 3 steps) whose losses say whether the builds' bits agree
+# (builds.txt). --long: also Llama-3.1-8B's
 # attention (32 heads on 8) at one sequence of 32,768 and of 131,072 tokens, one round of a few
 # iterations (about 30 s a build and pass).
 #   source .deps/setup.sh && bash tools/attn-ab.sh [--tests | --tests-all] [--long] [--base TGZ]
@@ -66,6 +68,13 @@ if [ $tests -ge 1 ]; then
     TZ_CUDA_SOFTCAP_TANH=approx ctest --test-dir $d --output-on-failure -j4 --timeout 300 \
       -R '^(test_compute_cuda|test_model_gpu|test_train_gpu.*)$' > "$out/tests-t$i-approx.log" 2>&1
     echo "t$i: tests with softcap_tanh approx rc=$? $((SECONDS - t0)) s" >> "$out/builds.txt"
+    if [ $tests = 2 ]; then
+      timeout 120 $d/bin/tz-train --backend cuda --model "$root/tests/data/hf/llama-3.2-1b.json" \
+        --seq 4096 --set train_micro_batch_size_per_gpu=1 --auto-placement --data synthetic \
+        --steps 3 --metrics "$out/losses-t$i.jsonl" > "$out/train-t$i.log" 2>&1
+      echo "t$i: losses $(grep -o '"loss":[^,]*' "$out/losses-t$i.jsonl" | tr '\n' ' ')" \
+        >> "$out/builds.txt"
+    fi
   done
 fi
 cases=("none:exact:" "cap50:exact:--softcap 50" "cap50a:approx:--softcap 50" "w512:exact:--window 512"
