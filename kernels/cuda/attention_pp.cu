@@ -28,7 +28,7 @@ using namespace tz_wgattn;
  * computes a tile's softmax the other's products run. 384 threads launch with 168 registers a
  * thread; the producer gives them up down to 56 and the consumers take 224 (setmaxnreg, 64,512
  * of the 65,536), which ptxas allocates each side's code within: no spill (at 40 the producer's
- * loads spilled 68 bytes, and dq's producer loading its 128 rows of Q and dO in two calls 188;
+ * loads spilled 68 bytes, and dq's producer, loading Q and dO 128 rows a call, 188;
  * a producer warp instead of a warpgroup, 288 threads, is rounded up to the same 168 a thread
  * and serializes the products). Same operations per row in the same order, so the same bits as
  * attn_fwd_wgmma_kernel and attn_bwd_dq_wgmma_kernel. */
