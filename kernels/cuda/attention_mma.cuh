@@ -453,9 +453,6 @@ kv_probs(float (&st)[NS][4], float (&dpt)[NS][4], const float *Lc, const float *
   }
 }
 
-/* kv_probs in two steps for a kernel without a softcap that overlaps them with its products
- * (attention_wgmma.cu's dk/dv kernel): p^T into st (kv_p) while dp^T's product runs, then ds^T
- * into dpt from it (kv_ds) while dv's runs; each element's arithmetic is kv_probs'. */
 /* The first key query t (the chunk's qi-th, before T) sees, its position Pc[qi] read from the
  * chunk's row in shared memory (NULL: no packed documents): tz_first_key's value. */
 __device__ __forceinline__ int kv_first_key(const int32_t *Pc, int t, int qi, int window) {
@@ -463,7 +460,10 @@ __device__ __forceinline__ int kv_first_key(const int32_t *Pc, int t, int qi, in
   return window > 0 && t - window + 1 > u0 ? t - window + 1 : u0;
 }
 
-/* kv_p's masks read the chunk's positions (Pc, as kv_first_key) where kv_probs reads pos. */
+/* kv_probs in two steps for a kernel without a softcap that overlaps them with its products
+ * (attention_wgmma.cu's dk/dv kernel): p^T into st (kv_p) while dp^T's product runs, then ds^T
+ * into dpt from it (kv_ds) while dv's runs; each element's arithmetic is kv_probs'. kv_p's masks
+ * read the chunk's positions (Pc, as kv_first_key) where kv_probs reads pos. */
 template <int NS>
 __device__ __forceinline__ void kv_p(float (&st)[NS][4], const float *Lc, int i0, int key_lo,
                                      int key_hi, int T_, float scale_log2, int c, bool mask,

@@ -206,14 +206,11 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-  const int c = B.wg - 1; /* the consumer: rows 64 (2 i + c).. */
-  const int mt = 2 * B.i + c;
-  if (mt >= B.n64)
+  const qblock<2> p(T_, B.wg - 1); /* consumer p.wg: rows 64 (2 i + p.wg).. */
+  if (p.n_mine == 0)
     return; /* the second consumer of the last block of an odd count: no rows */
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int g = lane >> 2, cq = lane & 3;
-  const int row_lo = mt * WR + warp * 16 + g, row_hi = row_lo + 8;
-  const int n_mine = mt + 1;
+  const int c = p.wg, mt = p.mt, n_mine = p.n_mine, warp = p.warp, g = p.g, cq = p.c;
+  const int row_lo = p.row_lo, row_hi = p.row_hi, lane = threadIdx.x & 31;
   const pp_turns turns(B.both, c, n_mine);
   qop<true, DP> Qw;
   float o[DP / 8][4];
@@ -278,14 +275,11 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-  const int c = B.wg - 1;
-  const int mt = 2 * B.i + c;
-  if (mt >= B.n64)
+  const qblock<2> p(T_, B.wg - 1);
+  if (p.n_mine == 0)
     return;
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int g = lane >> 2, cq = lane & 3;
-  const int row_lo = mt * WR + warp * 16 + g, row_hi = row_lo + 8;
-  const int n_mine = mt + 1;
+  const int c = p.wg, mt = p.mt, n_mine = p.n_mine, warp = p.warp, g = p.g, cq = p.c;
+  const int row_lo = p.row_lo, row_hi = p.row_hi, lane = threadIdx.x & 31;
   const float *lb = lse + ((size_t)b * H + h) * T_, *db = delta + ((size_t)b * H + h) * T_;
   const float lse_lo = row_lo < T_ ? __fmul_rn(lb[row_lo], LOG2E) : 0.0f;
   const float lse_hi = row_hi < T_ ? __fmul_rn(lb[row_hi], LOG2E) : 0.0f;

@@ -62,24 +62,6 @@ template <int DP> constexpr size_t fwd_smem(int nwg) {
   return (size_t)(nwg + 5) * tile_bytes<DP>() + 1024;
 }
 
-/* The query side's block (forward, dq) of NWG warpgroups: 64 NWG rows from 64 NWG i (i: the
- * longest first), warpgroup w's 64-row tile mt = NWG i + w; the block streams key tiles 0 ..
- * min(NWG i + NWG - 1, last), the warpgroup uses 0 .. mt (n_mine of them; none past T). */
-template <int NWG> struct qblock {
-  int i, wg, warp, g, c, mt, n_kt, n_mine, row_lo, row_hi;
-  __device__ __forceinline__ qblock(int T_) {
-    i = gridDim.x - 1 - blockIdx.x;
-    wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3;
-    int lane = threadIdx.x & 31;
-    g = lane >> 2, c = lane & 3;
-    const int n64 = (T_ + WR - 1) / WR;
-    mt = NWG * i + wg;
-    n_kt = min(NWG * i + NWG, n64);
-    n_mine = mt < n64 ? mt + 1 : 0;
-    row_lo = mt * WR + warp * 16 + g, row_hi = row_lo + 8;
-  }
-};
-
 /* VAR, the kernels' kind of call: 0 causal, 1 packed documents or variants without a softcap,
  * 2 and 3 with one, its tanh exact or approximated (the setting softcap_tanh); the softcap's
  * kind, fixed for a kernel, makes a tile's loop straight-line code (attention_mma.cuh, CAP_*). */

@@ -183,6 +183,36 @@ template <int ND> __device__ __forceinline__ void zero(float (&x)[ND][4]) {
 }
 #endif
 
+/* The query side's block (forward, dq) of NWG warpgroups: 64 NWG rows from 64 NWG i (i: the
+ * longest first), warpgroup w's 64-row tile mt = NWG i + w; the block streams key tiles 0 ..
+ * min(NWG i + NWG - 1, last), the warpgroup uses 0 .. mt (n_mine of them; none past T). w: the
+ * thread's warpgroup among the block's query rows, where it is not threadIdx.x / 128
+ * (attention_pp.cu's consumers, after its producer, pass theirs warp-uniform, so that ptxas does
+ * not take their branches as divergent). */
+template <int NWG> struct qblock {
+  int i, wg, warp, g, c, mt, n_kt, n_mine, row_lo, row_hi;
+  __device__ __forceinline__ qblock(int T_) {
+    i = gridDim.x - 1 - blockIdx.x;
+    wg = threadIdx.x >> 7;
+    rows(T_);
+  }
+  __device__ __forceinline__ qblock(int T_, int w) {
+    i = gridDim.x - 1 - blockIdx.x;
+    wg = w;
+    rows(T_);
+  }
+  __device__ __forceinline__ void rows(int T_) {
+    warp = (threadIdx.x >> 5) & 3;
+    int lane = threadIdx.x & 31;
+    g = lane >> 2, c = lane & 3;
+    const int n64 = (T_ + WR - 1) / WR;
+    mt = NWG * i + wg;
+    n_kt = min(NWG * i + NWG, n64);
+    n_mine = mt < n64 ? mt + 1 : 0;
+    row_lo = mt * WR + warp * 16 + g, row_hi = row_lo + 8;
+  }
+};
+
 } /* namespace tz_wgattn */
 
 #endif
