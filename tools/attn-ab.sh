@@ -8,9 +8,8 @@
 # --tests: first the attention's GPU tests on the last build given (the one to land), the
 # softcap's approx tanh too; --tests-all: on every build given, and on each a short tz-train run
 # (llama-3.2-1b's config, 4,096 tokens, 3 steps) whose losses say whether the builds' bits agree
-# (builds.txt). --long: also Llama-3.1-8B's
-# attention (32 heads on 8) at one sequence of 32,768 and of 131,072 tokens, one round of a few
-# iterations (about 30 s a build and pass).
+# (builds.txt). --long: also Llama-3.1-8B's attention (32 heads on 8) at one sequence of 32,768
+# and of 131,072 tokens, one round of a few iterations (about 30 s a build and pass).
 #   source .deps/setup.sh && bash tools/attn-ab.sh [--tests | --tests-all] [--long] [--base TGZ]
 #     FLAGS...
 # Results: $OUT/attn-ab (or /tmp/attn-ab): ab.txt (one line a run), table.md (tools/
